@@ -1,0 +1,1 @@
+"""One click command (or group) per module; builder.cli registers them."""

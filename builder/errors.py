@@ -1,0 +1,138 @@
+"""Typed errors, one class per exit code.
+
+Every fatal condition the tool reports is an instance of a subclass of
+:class:`BuildImageError`; the CLI prints its message (one paragraph) and exits
+with the class's ``exit_code``.  The codes are part of the public interface
+(README, "Exit codes") — never renumber them, only add new ones.
+
+Verdict commands use 0/1 for their answer (``diff``: dangerous change present,
+``plan``: does not fit, ``smoke``: FAIL, ``ray-check``: nodes disagree), and
+the codes below for everything else.
+"""
+
+from __future__ import annotations
+
+
+class BuildImageError(Exception):
+    """Base class: a user-facing, expected failure."""
+
+    exit_code = 70
+    title = "error"
+
+    def __init__(self, message: str, *, hint: str | None = None, details: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.details = details
+
+    def render(self) -> str:
+        text = f"{self.title}: {self.message}"
+        if self.hint:
+            text += f"\n  hint: {self.hint}"
+        if self.details:
+            text += "\n" + self.details.rstrip()
+        return text
+
+
+class VerdictFailure(BuildImageError):
+    """A check ran and its answer is negative (diff dangerous, plan does not fit,
+    smoke FAIL, ray-check mismatch)."""
+
+    exit_code = 1
+    title = "failed"
+
+
+class BadInput(BuildImageError):
+    """Bad flags, malformed spec/manifest/lock/patch files, unknown versions."""
+
+    exit_code = 2
+    title = "bad input"
+
+
+class AbiRejected(BuildImageError):
+    """The ABI gate rejected the resolution."""
+
+    exit_code = 3
+    title = "ABI gate rejected the lock"
+
+
+class Unsatisfiable(BuildImageError):
+    """The resolver found no solution on top of the base."""
+
+    exit_code = 4
+    title = "unsatisfiable"
+
+
+class StaleLock(BuildImageError):
+    """``lock --check``: the lock on disk does not match its inputs."""
+
+    exit_code = 5
+    title = "stale lock"
+
+
+class PatchFailed(BuildImageError):
+    """A patch does not apply, touches a forbidden path, or targets a file whose
+    content differs from the wheel's original."""
+
+    exit_code = 6
+    title = "patch series failed"
+
+
+class IntegrityError(BuildImageError):
+    """A download or a cached file failed its sha256 check, or could not be fetched."""
+
+    exit_code = 7
+    title = "integrity/download error"
+
+
+class EngineUnavailable(BuildImageError):
+    """No reachable container engine."""
+
+    exit_code = 8
+    title = "container engine unavailable"
+
+
+class BuildFailed(BuildImageError):
+    """The image build failed (including the Dockerfile's early checks)."""
+
+    exit_code = 9
+    title = "image build failed"
+
+
+class RegistryError(BuildImageError):
+    """Registry unreachable, push refused, or digest mismatch after push."""
+
+    exit_code = 10
+    title = "registry error"
+
+
+class TagConflict(BuildImageError):
+    """A tag already points at a different digest in the registry."""
+
+    exit_code = 11
+    title = "tag conflict"
+
+
+class ExternalToolError(BuildImageError):
+    """A helper program (uv, docker CLI, ...) failed in an unexpected way."""
+
+    exit_code = 12
+    title = "external tool failed"
+
+
+EXIT_CODES: dict[int, str] = {
+    0: "success / PASS / fits / no dangerous change",
+    1: "verdict negative (diff: dangerous change; plan: does not fit; smoke: FAIL; ray-check: nodes disagree)",
+    BadInput.exit_code: "bad input (flags, spec, manifest, lock, patch files)",
+    AbiRejected.exit_code: "ABI gate rejection",
+    Unsatisfiable.exit_code: "unsatisfiable resolution on top of the base",
+    StaleLock.exit_code: "lock is stale against its inputs (lock --check)",
+    PatchFailed.exit_code: "patch series does not apply / refused",
+    IntegrityError.exit_code: "download or sha256 verification failure",
+    EngineUnavailable.exit_code: "container engine unreachable",
+    BuildFailed.exit_code: "image build failed",
+    RegistryError.exit_code: "registry unreachable / push refused / digest mismatch",
+    TagConflict.exit_code: "tag already points to a different digest",
+    ExternalToolError.exit_code: "a helper tool (uv, docker) failed unexpectedly",
+    70: "internal error (a bug: please report)",
+}

@@ -1,0 +1,179 @@
+"""The build spec: ``build-image.toml`` (optional) + command-line flags (flags win).
+
+Example ``build-image.toml``::
+
+    vllm = "0.26.0"
+    base = "lockfiles/base/vllm-openai-v0.26.0.json"   # manifest file or image ref
+    with = ["ray[serve]", "pyarrow>=15"]               # overlay requirements (added to the default)
+    lock = "lockfiles/vllm-0.26.0/requirements.lock"
+    repo = "127.0.0.1:5000/serving/vllm"               # image repository for tags
+
+    [allow-abi-change]
+    numpy = "reason text, recorded in the lock header"
+
+    [serving]
+    model = "/models/qwen"
+    gpus = 8                 # GPUs per node
+    gpu_memory = "80GiB"
+    tp = 8
+    pp = 1
+    max_model_len = 131072
+    gpu_memory_utilization = 0.90
+    max_num_seqs = 16
+    kv_cache_dtype = "auto"
+
+Unknown keys are rejected (a typo must not be silently ignored).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import BadInput
+from .util import project_root
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_SPEC_FILE = "build-image.toml"
+DEFAULT_OVERLAY = ("ray[serve]",)
+
+
+def supported_vllm_versions() -> list[str]:
+    """vLLM versions this checkout has a base manifest for."""
+    base = project_root() / "lockfiles" / "base"
+    return sorted(p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json"))
+
+
+def default_base_manifest(vllm: str) -> Path:
+    return project_root() / "lockfiles" / "base" / f"vllm-openai-v{vllm}.json"
+
+
+def default_lock_path(vllm: str) -> Path:
+    return Path("lockfiles") / f"vllm-{vllm}" / "requirements.lock"
+
+
+@dataclass
+class Serving:
+    model: str | None = None
+    gpus: int | None = None
+    gpu_memory: str | None = None
+    tp: int = 1
+    pp: int = 1
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.90
+    max_num_seqs: int | None = None
+    kv_cache_dtype: str = "auto"
+    cpu_offload_gb: float = 0.0
+
+
+@dataclass
+class Spec:
+    vllm: str = "0.26.0"
+    base: str | None = None  # manifest path or image ref; None -> lockfiles/base/vllm-openai-v{vllm}.json
+    with_: list[str] = field(default_factory=list)
+    lock: str | None = None
+    repo: str | None = None
+    allow_abi_change: dict[str, str] = field(default_factory=dict)
+    serving: Serving = field(default_factory=Serving)
+    source: str | None = None  # the spec file read, if any
+
+    @property
+    def overlay(self) -> list[str]:
+        return list(DEFAULT_OVERLAY) + list(self.with_)
+
+    @property
+    def base_manifest_path(self) -> Path:
+        return Path(self.base) if self.base and self.base.endswith(".json") else default_base_manifest(self.vllm)
+
+    @property
+    def lock_path(self) -> Path:
+        return Path(self.lock) if self.lock else default_lock_path(self.vllm)
+
+    def with_flags(self, **flags: Any) -> "Spec":
+        """Return a copy where every flag that is not None overrides the spec."""
+        top = {k: v for k, v in flags.items() if v is not None and k in {f.name for f in fields(Spec)}}
+        serving = {k: v for k, v in flags.items() if v is not None and k in {f.name for f in fields(Serving)}}
+        if "with_" in top:
+            top["with_"] = list(self.with_) + [w for w in top["with_"] if w not in self.with_]
+        if "allow_abi_change" in top:
+            top["allow_abi_change"] = {**self.allow_abi_change, **top["allow_abi_change"]}
+        return replace(self, **top, serving=replace(self.serving, **serving))
+
+
+_TOP_KEYS = {"vllm": str, "base": str, "with": list, "lock": str, "repo": str, "allow-abi-change": dict, "serving": dict}
+_SERVING_TYPES = {f.name: f.type for f in fields(Serving)}
+
+
+def parse_spec(text: str, path: str) -> Spec:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise BadInput(f"spec {path} is not valid TOML: {exc}.") from None
+    for key, val in doc.items():
+        if key not in _TOP_KEYS:
+            raise BadInput(f"spec {path}: unknown key '{key}' (known: {', '.join(sorted(_TOP_KEYS))}).")
+        if not isinstance(val, _TOP_KEYS[key]):
+            raise BadInput(f"spec {path}: '{key}' must be a {_TOP_KEYS[key].__name__}, got {type(val).__name__}.")
+    with_ = doc.get("with", [])
+    if not all(isinstance(w, str) for w in with_):
+        raise BadInput(f"spec {path}: 'with' must be a list of requirement strings.")
+    allow = doc.get("allow-abi-change", {})
+    if not all(isinstance(v, str) and v.strip() for v in allow.values()):
+        raise BadInput(f"spec {path}: every 'allow-abi-change' entry needs a non-empty reason string.")
+    serving_doc = doc.get("serving", {})
+    serving_kwargs: dict[str, Any] = {}
+    for key, val in serving_doc.items():
+        if key not in _SERVING_TYPES:
+            raise BadInput(f"spec {path}: unknown key 'serving.{key}' (known: {', '.join(sorted(_SERVING_TYPES))}).")
+        typ = str(_SERVING_TYPES[key])
+        ok = (
+            ("int" in typ and isinstance(val, int) and not isinstance(val, bool))
+            or ("float" in typ and isinstance(val, (int, float)) and not isinstance(val, bool))
+            or ("str" in typ and isinstance(val, str))
+        )
+        if not ok:
+            raise BadInput(f"spec {path}: 'serving.{key}' has the wrong type ({type(val).__name__}: {val!r}).")
+        serving_kwargs[key] = val
+    return Spec(
+        vllm=doc.get("vllm", "0.26.0"),
+        base=doc.get("base"),
+        with_=list(with_),
+        lock=doc.get("lock"),
+        repo=doc.get("repo"),
+        allow_abi_change=dict(allow),
+        serving=Serving(**serving_kwargs),
+        source=path,
+    )
+
+
+def load_spec(path: str | Path | None) -> Spec:
+    """Load ``path``; with ``None``, ``./build-image.toml`` if present, else defaults."""
+    if path is None:
+        p = Path(DEFAULT_SPEC_FILE)
+        if not p.exists():
+            return Spec()
+    else:
+        p = Path(path)
+        if not p.exists():
+            raise BadInput(f"spec file {p} does not exist.")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"spec file {p} cannot be read: {exc}.") from None
+    return parse_spec(text, str(p))
+
+
+def check_vllm_version(vllm: str) -> None:
+    known = supported_vllm_versions()
+    if vllm not in known:
+        raise BadInput(
+            f"vLLM version {vllm!r} is not supported by this checkout: there is no base manifest "
+            f"lockfiles/base/vllm-openai-v{vllm}.json (known: {', '.join(known) or 'none'}).",
+            hint="snapshot the official image with `build-image base snapshot --image vllm/vllm-openai:vX -o ...`.",
+        )

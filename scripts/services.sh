@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Start/stop what the tests need: a Docker engine and a registry on 127.0.0.1:5000.
+#   scripts/services.sh install   apt-get the packages (docker.io docker-registry skopeo debootstrap)
+#   scripts/services.sh start     start dockerd and the registry (PIDs in $STATE_DIR), wait until ready
+#   scripts/services.sh stop      stop both, by PID
+# Nothing listens beyond loopback: dockerd has no bridge/iptables, the registry binds 127.0.0.1.
+set -euo pipefail
+STATE_DIR=${BUILD_IMAGE_SERVICES_DIR:-/tmp/build-image-services}
+mkdir -p "$STATE_DIR"
+
+install() {
+  local need=()
+  command -v dockerd >/dev/null || need+=(docker.io)
+  command -v docker-registry >/dev/null || need+=(docker-registry)
+  command -v skopeo >/dev/null || need+=(skopeo)
+  command -v debootstrap >/dev/null || need+=(debootstrap)
+  if [ ${#need[@]} -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null
+    apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
+  fi
+}
+
+start() {
+  install
+  if ! /usr/bin/docker info >/dev/null 2>&1; then
+    dockerd --storage-driver=overlay2 --bridge=none --iptables=false --ip-forward=false \
+      >"$STATE_DIR/dockerd.log" 2>&1 &
+    echo $! >"$STATE_DIR/dockerd.pid"
+    for _ in $(seq 1 60); do /usr/bin/docker info >/dev/null 2>&1 && break; sleep 1; done
+    /usr/bin/docker info >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -20 "$STATE_DIR/dockerd.log"; exit 1; }
+  fi
+  if ! curl -fsS http://127.0.0.1:5000/v2/ >/dev/null 2>&1; then
+    mkdir -p "$STATE_DIR/registry-data"
+    cat >"$STATE_DIR/registry.yml" <<YML
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: $STATE_DIR/registry-data
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:5000
+YML
+    docker-registry serve "$STATE_DIR/registry.yml" >"$STATE_DIR/registry.log" 2>&1 &
+    echo $! >"$STATE_DIR/registry.pid"
+    for _ in $(seq 1 30); do curl -fsS http://127.0.0.1:5000/v2/ >/dev/null 2>&1 && break; sleep 0.5; done
+    curl -fsS http://127.0.0.1:5000/v2/ >/dev/null || { echo "registry did not start:"; tail -20 "$STATE_DIR/registry.log"; exit 1; }
+  fi
+  echo "docker engine and registry (127.0.0.1:5000) are up"
+}
+
+stop() {
+  for svc in registry dockerd; do
+    if [ -f "$STATE_DIR/$svc.pid" ]; then
+      pid=$(cat "$STATE_DIR/$svc.pid")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      kill -9 "$pid" 2>/dev/null || true
+      rm -f "$STATE_DIR/$svc.pid"
+    fi
+  done
+}
+
+"${1:?usage: services.sh install|start|stop}"

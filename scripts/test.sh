@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The test command: set up, start the Docker engine + local registry, run the whole suite
+# (unit + slow integration; GPU tests are skipped without a GPU), stop what was started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+scripts/services.sh start
+trap 'scripts/services.sh stop' EXIT
+.venv/bin/python -m pytest -m "not gpu" "$@"

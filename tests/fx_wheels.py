@@ -1,0 +1,1 @@
+"""Fixtures: small wheels built by the tests (owned by the base/lock work)."""

@@ -1,0 +1,218 @@
+"""The container-engine adapter: the only module that talks to Docker.
+
+One small :class:`Engine` protocol; :class:`DockerEngine` implements it over the
+Docker CLI (``/usr/bin/docker`` by default, ``BUILD_IMAGE_DOCKER`` overrides; the
+CLI honours ``DOCKER_HOST``/``DOCKER_CONFIG``, so registry credentials stay in the
+engine's own credential store and never pass through this tool).  A Podman
+implementation would satisfy the same protocol (``podman build``/``push`` accept
+the same flags used here).
+
+Errors: engine unreachable -> :class:`EngineUnavailable`; build failure (incl. the
+Dockerfile's early checks) -> :class:`BuildFailed`; push refused/unreachable
+registry -> :class:`RegistryError`; anything else unexpected -> :class:`ExternalToolError`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+from .errors import BuildFailed, EngineUnavailable, ExternalToolError, RegistryError
+
+DEFAULT_DOCKER = "/usr/bin/docker"
+_UNREACHABLE = re.compile(
+    r"Cannot connect to the Docker daemon|Is the docker daemon running|error during connect|"
+    r"connect: (no such file or directory|connection refused)|dial unix .*: connect",
+    re.I,
+)
+_REGISTRY_TROUBLE = re.compile(
+    r"connection refused|no such host|i/o timeout|dial tcp|denied|unauthorized|server gave HTTP response|"
+    r"received unexpected HTTP status|toomanyrequests|blob upload|manifest invalid|name unknown",
+    re.I,
+)
+_SECRETISH = re.compile(r"(?i)(authorization:\s*\S+\s+)\S+|((?:password|token|auth)[\"']?\s*[:=]\s*[\"']?)[^\s\"',]+")
+
+
+def redact(text: str) -> str:
+    """Strip anything that looks like a credential from engine output before logging it."""
+    return _SECRETISH.sub(lambda m: (m.group(1) or m.group(2) or "") + "***", text)
+
+
+@dataclass
+class BuildResult:
+    image_id: str
+    tags: list[str]
+    log: str = ""
+
+
+@dataclass
+class PushResult:
+    ref: str
+    digest: str
+    log: str = ""
+
+
+@dataclass
+class ImageInfo:
+    id: str
+    size: int
+    labels: dict[str, str] = field(default_factory=dict)
+    repo_digests: list[str] = field(default_factory=list)
+    created: str = ""
+
+
+class Engine(Protocol):
+    name: str
+
+    def ping(self) -> str: ...
+    def build(self, context: Path, tags: list[str], *, network: str = "none",
+              build_args: dict[str, str] | None = None,
+              on_line: Callable[[str], None] | None = None) -> BuildResult: ...
+    def inspect(self, ref: str) -> ImageInfo | None: ...
+    def push(self, ref: str, *, on_line: Callable[[str], None] | None = None) -> PushResult: ...
+    def pull(self, ref: str) -> None: ...
+    def tag(self, src: str, dst: str) -> None: ...
+    def remove(self, ref: str) -> None: ...
+    def run(self, image: str, argv: list[str], *, network: str = "none",
+            timeout: int = 300) -> subprocess.CompletedProcess: ...
+
+
+class DockerEngine:
+    """Docker CLI adapter (BuildKit builds)."""
+
+    name = "docker"
+
+    def __init__(self, docker: str | None = None, env: dict[str, str] | None = None):
+        self.docker = docker or os.environ.get("BUILD_IMAGE_DOCKER") or DEFAULT_DOCKER
+        self.env = dict(os.environ if env is None else env)
+        self.env["DOCKER_BUILDKIT"] = "1"
+
+    # -- plumbing -----------------------------------------------------------
+    def _run(self, args: list[str], *, timeout: int = 120, check: bool = True) -> subprocess.CompletedProcess:
+        try:
+            proc = subprocess.run([self.docker, *args], capture_output=True, text=True, env=self.env, timeout=timeout)
+        except FileNotFoundError:
+            raise EngineUnavailable(
+                f"the Docker CLI {self.docker} is not installed.",
+                hint="install docker.io, or set BUILD_IMAGE_DOCKER to the docker binary.",
+            ) from None
+        except subprocess.TimeoutExpired:
+            raise EngineUnavailable(f"`docker {args[0]}` did not answer within {timeout}s.") from None
+        if check and proc.returncode != 0:
+            self._raise_unreachable(proc.stderr)
+            raise ExternalToolError(f"`docker {' '.join(args[:2])}` failed ({proc.returncode}): {redact(proc.stderr.strip())[-800:]}")
+        return proc
+
+    def _raise_unreachable(self, stderr: str) -> None:
+        if _UNREACHABLE.search(stderr or ""):
+            host = self.env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+            raise EngineUnavailable(
+                f"the Docker engine at {host} is not reachable: {redact(stderr.strip().splitlines()[-1])}",
+                hint="start dockerd (scripts/services.sh start) or point DOCKER_HOST at a running engine.",
+            )
+
+    def _stream(self, args: list[str], on_line: Callable[[str], None] | None, timeout: int) -> tuple[int, str]:
+        try:
+            proc = subprocess.Popen([self.docker, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, env=self.env, bufsize=1)
+        except FileNotFoundError:
+            raise EngineUnavailable(f"the Docker CLI {self.docker} is not installed.") from None
+        lines: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = redact(line.rstrip("\n"))
+            lines.append(line)
+            if on_line:
+                on_line(line)
+        rc = proc.wait(timeout=timeout)
+        return rc, "\n".join(lines)
+
+    # -- protocol -----------------------------------------------------------
+    def ping(self) -> str:
+        """Server version; raises EngineUnavailable when the engine does not answer."""
+        proc = self._run(["version", "--format", "{{.Server.Version}}"], timeout=30, check=False)
+        if proc.returncode != 0 or not proc.stdout.strip():
+            self._raise_unreachable(proc.stderr or "Cannot connect to the Docker daemon")
+            raise EngineUnavailable(f"the Docker engine did not answer: {redact(proc.stderr.strip())[-400:]}")
+        return proc.stdout.strip()
+
+    def build(self, context: Path, tags: list[str], *, network: str = "none",
+              build_args: dict[str, str] | None = None,
+              on_line: Callable[[str], None] | None = None, timeout: int = 3600) -> BuildResult:
+        with tempfile.TemporaryDirectory(prefix="build-image-iid.") as tmp:
+            iid = Path(tmp) / "iid"
+            args = ["build", "--progress=plain", f"--network={network}", "--iidfile", str(iid)]
+            for t in tags:
+                args += ["-t", t]
+            for k, v in sorted((build_args or {}).items()):
+                args += ["--build-arg", f"{k}={v}"]
+            args.append(str(context))
+            rc, log = self._stream(args, on_line, timeout)
+            if rc != 0:
+                self._raise_unreachable(log)
+                tail = "\n".join(log.splitlines()[-25:])
+                raise BuildFailed(
+                    f"`docker build` of {context} failed (exit {rc}).",
+                    hint="the lines below show the failing step; the early checks fail with 'build-image check:' messages.",
+                    details=tail,
+                )
+            image_id = iid.read_text().strip()
+        return BuildResult(image_id=image_id, tags=list(tags), log=log)
+
+    def inspect(self, ref: str) -> ImageInfo | None:
+        proc = self._run(["image", "inspect", ref], check=False)
+        if proc.returncode != 0:
+            self._raise_unreachable(proc.stderr)
+            return None
+        doc = json.loads(proc.stdout)[0]
+        return ImageInfo(
+            id=doc["Id"],
+            size=int(doc.get("Size") or 0),
+            labels=(doc.get("Config") or {}).get("Labels") or {},
+            repo_digests=doc.get("RepoDigests") or [],
+            created=doc.get("Created", ""),
+        )
+
+    def push(self, ref: str, *, on_line: Callable[[str], None] | None = None, timeout: int = 3600) -> PushResult:
+        rc, log = self._stream(["push", ref], on_line, timeout)
+        if rc != 0:
+            self._raise_unreachable(log)
+            raise RegistryError(
+                f"pushing {ref} failed (exit {rc}): {log.strip().splitlines()[-1] if log.strip() else 'no output'}",
+                hint="is the registry running and reachable, and does the engine's credential store hold a login for it?",
+            )
+        m = re.search(r"digest: (sha256:[0-9a-f]{64})", log)
+        if not m:
+            raise RegistryError(f"pushing {ref}: the engine did not report a manifest digest.", details=log[-800:])
+        return PushResult(ref=ref, digest=m.group(1), log=log)
+
+    def pull(self, ref: str) -> None:
+        proc = self._run(["pull", "-q", ref], timeout=1800, check=False)
+        if proc.returncode != 0:
+            self._raise_unreachable(proc.stderr)
+            raise RegistryError(f"pulling {ref} failed: {redact(proc.stderr.strip())[-400:]}")
+
+    def tag(self, src: str, dst: str) -> None:
+        self._run(["tag", src, dst])
+
+    def remove(self, ref: str) -> None:
+        self._run(["image", "rm", "-f", ref], check=False)
+
+    def run(self, image: str, argv: list[str], *, network: str = "none", timeout: int = 300) -> subprocess.CompletedProcess:
+        return self._run(["run", "--rm", "--pull=never", f"--network={network}", image, *argv], timeout=timeout, check=False)
+
+
+def get_engine() -> Engine:
+    """The engine to use (only Docker today; ``BUILD_IMAGE_ENGINE=docker``)."""
+    kind = os.environ.get("BUILD_IMAGE_ENGINE", "docker")
+    if kind != "docker":
+        from .errors import BadInput
+
+        raise BadInput(f"BUILD_IMAGE_ENGINE={kind!r} is not supported (known: docker).")
+    return DockerEngine()

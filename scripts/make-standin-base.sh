@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Build the local stand-in for the official vLLM image (tests/benchmarks only).
+#
+#   scripts/make-standin-base.sh [TAG]      (default: standin.local/vllm/vllm-openai:v0.26.0)
+#
+# No image can be pulled here, so the tests need a small local base that looks
+# like the vendor image where it matters to build-image:
+#   - Debian bookworm minbase (debootstrap) with Debian's python3 (3.11),
+#     python3-numpy (a numpy 1.x build: the ABI floor) and python3-pip;
+#   - a small *installed* fake `vllm` 0.26.0 distribution (real dist-info with
+#     RECORD, installed by pip from a wheel built here) whose files the test
+#     patch series in tests/data/standin/patches touches.
+#
+# Idempotent: the image carries the label org.build-image.standin.recipe=<hash
+# of this script + tests/data/standin/vllm>; when an image with that tag and that
+# label exists, nothing is done.  The debootstrap rootfs is cached as a tarball
+# under $BUILD_IMAGE_CACHE (default ~/.cache/build-image)/standin/.
+#
+# Outputs (stdout, last line): the image tag.  Also writes the fake vllm wheel to
+# $CACHE/standin/vllm-0.26.0-py3-none-any.whl (the "vendor wheel" for patch checks).
+set -euo pipefail
+
+TAG=${1:-standin.local/vllm/vllm-openai:v0.26.0}
+DOCKER=${DOCKER:-/usr/bin/docker}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+DATA="$ROOT/tests/data/standin/vllm"
+CACHE=${BUILD_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/build-image}/standin
+SUITE=bookworm
+MIRROR=${STANDIN_MIRROR:-http://deb.debian.org/debian}
+PACKAGES=python3,python3-numpy,python3-pip,python3-venv
+mkdir -p "$CACHE"
+export DOCKER_BUILDKIT=1
+
+log() { echo "make-standin-base: $*" >&2; }
+
+recipe=$( { cat "$0"; (cd "$DATA" && find . -type f | LC_ALL=C sort | xargs sha256sum); } | sha256sum | cut -c1-16)
+
+if have=$($DOCKER image inspect --format '{{ index .Config.Labels "org.build-image.standin.recipe" }}' "$TAG" 2>/dev/null) \
+   && [ "$have" = "$recipe" ] && [ -f "$CACHE/vllm-0.26.0-py3-none-any.whl" ]; then
+  log "$TAG is up to date (recipe $recipe)"
+  echo "$TAG"
+  exit 0
+fi
+
+# 1. the fake vllm wheel (deterministic: fixed timestamps, sorted entries)
+WHEEL="$CACHE/vllm-0.26.0-py3-none-any.whl"
+python3 - "$DATA" "$WHEEL" <<'PY'
+import base64, hashlib, os, sys, zipfile
+src, out = sys.argv[1], sys.argv[2]
+di = "vllm-0.26.0.dist-info"
+files = []
+for dp, dn, fn in os.walk(os.path.join(src, "vllm")):
+    dn.sort()
+    for f in sorted(fn):
+        if f.endswith(".pyc"):
+            continue
+        p = os.path.join(dp, f)
+        files.append((os.path.relpath(p, src), open(p, "rb").read()))
+files.sort()
+files.append((f"{di}/METADATA", open(os.path.join(src, "METADATA"), "rb").read()))
+files.append((f"{di}/WHEEL", b"Wheel-Version: 1.0\nGenerator: build-image-standin\nRoot-Is-Purelib: true\nTag: py3-none-any\n"))
+files.append((f"{di}/top_level.txt", b"vllm\n"))
+def rec(name, data):
+    d = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"{name},sha256={d},{len(data)}"
+record = "\n".join([rec(n, d) for n, d in files] + [f"{di}/RECORD,,"]) + "\n"
+files.append((f"{di}/RECORD", record.encode()))
+tmp = out + ".tmp"
+with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+    for name, data in files:
+        zi = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+        zi.external_attr = 0o644 << 16
+        zi.compress_type = zipfile.ZIP_DEFLATED
+        zf.writestr(zi, data)
+os.replace(tmp, out)
+PY
+log "fake vllm wheel: $WHEEL"
+
+# 2. the debootstrap rootfs (cached tarball keyed by suite + package list)
+rkey=$(echo "$SUITE minbase $PACKAGES" | sha256sum | cut -c1-16)
+ROOTFS_TAR="$CACHE/rootfs-$SUITE-$rkey.tar"
+if [ ! -s "$ROOTFS_TAR" ]; then
+  work=$(mktemp -d /tmp/standin-rootfs.XXXXXX)
+  trap 'rm -rf "$work"' EXIT
+  log "debootstrap --variant=minbase $SUITE (+ $PACKAGES); this takes a few minutes once"
+  debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$work/root" "$MIRROR" >"$work/debootstrap.log" 2>&1 \
+    || { tail -30 "$work/debootstrap.log" >&2; exit 1; }
+  rm -rf "$work/root/var/cache/apt/archives/"*.deb "$work/root/var/lib/apt/lists/"* \
+         "$work/root/usr/share/doc" "$work/root/usr/share/man" "$work/root/usr/share/locale"
+  tar -C "$work/root" --numeric-owner -cf "$ROOTFS_TAR.tmp" .
+  mv "$ROOTFS_TAR.tmp" "$ROOTFS_TAR"
+  rm -rf "$work"
+  trap - EXIT
+fi
+
+# 3. import the rootfs, then install the fake vllm with pip (no network)
+ROOTFS_IMG="standin.local/rootfs:$SUITE-$rkey"
+if ! $DOCKER image inspect "$ROOTFS_IMG" >/dev/null 2>&1; then
+  log "docker import $ROOTFS_IMG"
+  $DOCKER import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    -c 'CMD ["/bin/bash"]' "$ROOTFS_TAR" "$ROOTFS_IMG" >/dev/null
+fi
+
+ctx=$(mktemp -d /tmp/standin-ctx.XXXXXX)
+trap 'rm -rf "$ctx"' EXIT
+cp "$WHEEL" "$ctx/"
+cat >"$ctx/Dockerfile" <<EOF
+FROM $ROOTFS_IMG
+COPY vllm-0.26.0-py3-none-any.whl /tmp/
+RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-index --no-deps --no-cache-dir \\
+      --root-user-action=ignore --disable-pip-version-check /tmp/vllm-0.26.0-py3-none-any.whl \\
+ && rm /tmp/vllm-0.26.0-py3-none-any.whl \\
+ && python3 -c 'import vllm, numpy; assert vllm.__version__ == "0.26.0"; assert numpy.__version__.startswith("1.")'
+LABEL org.build-image.standin.recipe="$recipe" \\
+      org.opencontainers.image.title="build-image stand-in for vllm/vllm-openai:v0.26.0" \\
+      org.opencontainers.image.description="Debian bookworm minbase + python3 + python3-numpy (1.x) + fake vllm 0.26.0; tests only"
+EOF
+log "building $TAG"
+$DOCKER build --network=none -q -t "$TAG" "$ctx" >/dev/null
+echo "$TAG"

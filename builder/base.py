@@ -380,3 +380,346 @@ def snapshot_site_packages(
         provenance_method=method or f"scanned the directory {site_packages} with build-image base snapshot --site-packages",
         distributions=dists,
     )
+
+
+# --------------------------------------------------------------------------- docker-CLI adapter
+
+DOCKER = os.environ.get("BUILD_IMAGE_DOCKER", "/usr/bin/docker")
+
+
+def _engine_error(args: list[str], stderr: str) -> Exception:
+    low = stderr.lower()
+    if "cannot connect to the docker daemon" in low or "is the docker daemon running" in low or "permission denied while trying to connect" in low:
+        return EngineUnavailable(
+            f"the Docker engine did not answer `docker {args[0]}`: {stderr.strip().splitlines()[-1] if stderr.strip() else 'no reply'}.",
+            hint="start dockerd (or set DOCKER_HOST) and retry.",
+        )
+    return ExternalToolError(f"`docker {' '.join(args)}` failed: {stderr.strip()[-800:] or 'no message'}.")
+
+
+def _docker(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
+    """Run one docker CLI command and capture its output (the only engine entry point
+    besides :func:`_docker_stream`).  Never pulls: callers pass ``--pull=never``."""
+    try:
+        proc = subprocess.run([DOCKER, *args], capture_output=True, text=True)
+    except FileNotFoundError:
+        raise EngineUnavailable(f"no docker CLI at {DOCKER}.", hint="install Docker or set BUILD_IMAGE_DOCKER.") from None
+    if check and proc.returncode != 0:
+        raise _engine_error(args, proc.stderr)
+    return proc
+
+
+def _docker_stream(args: list[str]) -> subprocess.Popen:
+    try:
+        return subprocess.Popen([DOCKER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except FileNotFoundError:
+        raise EngineUnavailable(f"no docker CLI at {DOCKER}.", hint="install Docker or set BUILD_IMAGE_DOCKER.") from None
+
+
+# --------------------------------------------------------------------------- image reading
+
+_LIBC_NAME = re.compile(r"^libc(-\d+(\.\d+)+)?\.so(\.6)?$")
+_LIB_DIRS = ("lib/", "lib64/", "usr/lib/", "usr/lib64/")
+_PY_LIB = re.compile(r"^(?P<prefix>(?:.*/)?)lib/python(?P<ver>\d+\.\d+)/(?:site|dist)-packages/")
+_PY_DEB_SHARED = "usr/lib/python3/dist-packages/"
+_PY_BIN = re.compile(r"^python(\d+\.\d+)$")
+_GLIBC_RELEASE = re.compile(rb"release version (\d+\.\d+)")
+
+
+def _norm(name: str) -> str:
+    name = name.lstrip("./")
+    while name.startswith("/"):
+        name = name[1:]
+    return name
+
+
+def _wanted(name: str) -> bool:
+    if name in ("etc/os-release", "usr/lib/os-release"):
+        return True
+    if name.startswith(_PY_DEB_SHARED) or _PY_LIB.match(name):
+        return True
+    base = name.rsplit("/", 1)[-1]
+    return _LIBC_NAME.match(base) is not None and name.startswith(_LIB_DIRS)
+
+
+@dataclass
+class _ImageTree:
+    root: Path
+    links: dict[str, str]          # symlink path -> target (as stored)
+    entries: set[str]              # every path in the image (names only)
+
+    def resolve(self, path: str, depth: int = 0) -> str:
+        """Follow symlinks (absolute or relative) inside the image."""
+        path = _norm(path)
+        if depth > 40:
+            return path
+        parts = path.split("/")
+        for i in range(1, len(parts) + 1):
+            head = "/".join(parts[:i])
+            if head in self.links:
+                target = self.links[head]
+                base = "" if target.startswith("/") else "/".join(parts[: i - 1])
+                joined = os.path.normpath(os.path.join("/", base, target)).lstrip("/")
+                rest = "/".join(parts[i:])
+                return self.resolve(f"{joined}/{rest}" if rest else joined, depth + 1)
+        return path
+
+
+def _read_image_tree(cid: str, dest: Path, progress: Callable[[int], None] | None) -> _ImageTree:
+    """Stream ``docker export`` and keep only what the manifest needs."""
+    import tarfile
+
+    proc = _docker_stream(["export", cid])
+    links: dict[str, str] = {}
+    entries: set[str] = set()
+    seen = 0
+    try:
+        with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
+            for member in tar:
+                name = _norm(member.name)
+                entries.add(name)
+                seen += member.size
+                if progress:
+                    progress(seen)
+                if member.issym():
+                    links[name] = member.linkname
+                    continue
+                if not _wanted(name):
+                    continue
+                if member.isfile():
+                    target = dest / name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    src = tar.extractfile(member)
+                    if src is None:
+                        continue
+                    with open(target, "wb") as out:
+                        shutil.copyfileobj(src, out, 1 << 20)
+                elif member.islnk():
+                    src_path = dest / _norm(member.linkname)
+                    if src_path.is_file():
+                        target = dest / name
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copyfile(src_path, target)
+    except tarfile.TarError as exc:
+        proc.kill()
+        raise ExternalToolError(f"`docker export {cid}` produced an unreadable stream: {exc}.") from None
+    finally:
+        if proc.stdout:
+            proc.stdout.close()
+        err = proc.stderr.read().decode("utf-8", "replace") if proc.stderr else ""
+        rc = proc.wait()
+    if rc != 0:
+        raise _engine_error(["export", cid], err)
+    return _ImageTree(root=dest, links=links, entries=entries)
+
+
+def _read_os_release(tree: _ImageTree) -> str | None:
+    for cand in ("etc/os-release", "usr/lib/os-release"):
+        p = tree.root / tree.resolve(cand)
+        if p.is_file():
+            fields = {}
+            for line in p.read_text(errors="replace").splitlines():
+                if "=" in line:
+                    k, v = line.split("=", 1)
+                    fields[k.strip()] = v.strip().strip('"')
+            return fields.get("PRETTY_NAME") or " ".join(filter(None, [fields.get("NAME"), fields.get("VERSION")])) or None
+    return None
+
+
+def glibc_of_libc(path: Path) -> str | None:
+    """glibc release of a ``libc.so.6``: its banner string, else its highest GLIBC_x.y version definition."""
+    data = path.read_bytes()
+    m = _GLIBC_RELEASE.search(data)
+    if m:
+        return m.group(1).decode()
+    best: Version | None = None
+    from elftools.elf.gnuversions import GNUVerDefSection
+
+    with open(path, "rb") as fh:
+        try:
+            for section in ELFFile(fh).iter_sections():
+                if isinstance(section, GNUVerDefSection):
+                    for _vd, aux_iter in section.iter_versions():
+                        for aux in aux_iter:
+                            mm = _GLIBC_VER.match(aux.name)
+                            if mm and (best is None or Version(mm.group(1)) > best):
+                                best = Version(mm.group(1))
+        except ELFError:
+            return None
+    return str(best) if best else None
+
+
+def _image_glibc(tree: _ImageTree) -> str | None:
+    for d in ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64", "usr/lib64", "lib", "usr/lib",
+              "lib/aarch64-linux-gnu", "usr/lib/aarch64-linux-gnu"):
+        p = tree.root / tree.resolve(f"{d}/libc.so.6")
+        if p.is_file():
+            return glibc_of_libc(p)
+    return None
+
+
+def _python_candidates(tree: _ImageTree, env_path: str) -> list[tuple[str, str]]:
+    """``(version, interpreter path)`` for each ``python3`` on the image's PATH, in PATH order."""
+    found: list[tuple[str, str]] = []
+    for d in [d for d in env_path.split(":") if d]:
+        for exe in ("python3", "python"):
+            p = _norm(f"{d}/{exe}")
+            if p not in tree.entries:
+                continue
+            real = tree.resolve(p)
+            m = _PY_BIN.match(real.rsplit("/", 1)[-1])
+            if m:
+                found.append((m.group(1), p))
+    return found
+
+
+def _site_dirs(tree: _ImageTree, version: str, interpreter: str | None) -> list[str]:
+    """Existing site directories that interpreter ``version`` puts on sys.path, in order."""
+    order: list[str] = []
+    if interpreter:
+        prefix = interpreter.rsplit("/bin/", 1)[0] if "/bin/" in interpreter else ""
+        # a venv (pyvenv.cfg next to bin/) or a self-contained prefix (/opt/conda, /usr/local)
+        order += [f"{prefix}/lib/python{version}/site-packages", f"{prefix}/lib/python{version}/dist-packages"]
+    order += [
+        f"usr/local/lib/python{version}/dist-packages",
+        f"usr/local/lib/python{version}/site-packages",
+        "usr/lib/python3/dist-packages",
+        f"usr/lib/python{version}/dist-packages",
+        f"usr/lib/python{version}/site-packages",
+    ]
+    out: list[str] = []
+    for d in order:
+        d = _norm(d)
+        real = tree.resolve(d)
+        if real not in out and (tree.root / real).is_dir():
+            out.append(real)
+    return out
+
+
+def _versions_from_lib_dirs(tree: _ImageTree) -> list[str]:
+    vers = set()
+    for e in tree.entries:
+        m = _PY_LIB.match(e + "/") if not e.endswith("/") else _PY_LIB.match(e)
+        if m:
+            vers.add(m.group("ver"))
+    return sorted(vers, key=Version)
+
+
+def snapshot_image(
+    ref: str,
+    *,
+    python: str | None = None,
+    glibc: str | None = None,
+    cuda: str | None = None,
+    platform: str | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    export_progress: Callable[[int], None] | None = None,
+) -> BaseManifest:
+    """A ``read-from-image`` manifest of a LOCAL image (never pulled)."""
+    import json as _json
+
+    if python is not None:
+        _check_xy(python, "--python")
+    if glibc is not None:
+        _check_xy(glibc, "--glibc")
+    if cuda is not None:
+        _check_xy(cuda, "--cuda")
+    insp = _docker(["image", "inspect", ref], check=False)
+    if insp.returncode != 0:
+        err = insp.stderr.lower()
+        if "no such image" in err or "no such object" in err:
+            raise BadInput(
+                f"image {ref!r} is not in the local engine; build-image never pulls implicitly.",
+                hint=f"pull or load it first (`docker pull {ref}` / `docker load`), or snapshot a directory with --site-packages.",
+            )
+        raise _engine_error(["image", "inspect", ref], insp.stderr)
+    info = _json.loads(insp.stdout)[0]
+    image_id = info.get("Id")
+    repo = ref.split("@")[0].rsplit(":", 1)[0] if ":" in ref.split("/")[-1] or "@" in ref else ref.split("@")[0]
+    digest = None
+    if "@sha256:" in ref:
+        digest = ref.split("@", 1)[1]
+    else:
+        for rd in info.get("RepoDigests") or []:
+            if rd.split("@")[0] == repo:
+                digest = rd.split("@", 1)[1]
+                break
+    env = {}
+    for kv in (info.get("Config") or {}).get("Env") or []:
+        k, _, v = kv.partition("=")
+        env[k] = v
+
+    created = _docker(["create", "--pull=never", "--network=none", ref, "build-image-snapshot-never-started"])
+    cid = created.stdout.strip().splitlines()[-1]
+    tmp = tempfile.mkdtemp(prefix="bi-image-")
+    try:
+        tree = _read_image_tree(cid, Path(tmp), export_progress)
+        cands = _python_candidates(tree, env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))
+        interpreter = None
+        if python is None:
+            if cands:
+                python, interpreter = cands[0]
+            else:
+                lib_vers = _versions_from_lib_dirs(tree)
+                if len(lib_vers) == 1:
+                    python = lib_vers[0]
+        else:
+            interpreter = next((p for v, p in cands if v == python), None)
+        if not python:
+            raise BadInput(
+                f"image {ref!r} has no Python interpreter that build-image can identify "
+                "(no python3 on its PATH, no lib/pythonX.Y/site-packages).",
+                hint="is this really a Python image? pass --python X.Y if the layout is unusual.",
+            )
+        dirs = _site_dirs(tree, python, interpreter)
+        if not dirs:
+            raise BadInput(f"image {ref!r}: no site-packages directory for Python {python} found.")
+        dists: dict[str, Distribution] = {}
+        counts: dict[str, int] = {}
+        for d in dirs:
+            found = scan_site_packages(Path(tmp) / d, progress=progress)
+            counts[d] = len(found)
+            for k, v in found.items():
+                dists.setdefault(k, v)  # first on sys.path wins, as at import time
+        primary = max(dirs, key=lambda d: counts[d])
+        glibc_found = _image_glibc(tree)
+        os_name = _read_os_release(tree)
+    finally:
+        _docker(["rm", "-f", cid], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if glibc is None:
+        glibc = glibc_found
+    if glibc is None:
+        raise BadInput(f"image {ref!r}: no libc.so.6 found to read the glibc version from (musl or unusual layout?).",
+                       hint="pass --glibc X.Y explicitly.")
+    if cuda is None:
+        m = re.match(r"^(\d+)\.(\d+)", env.get("CUDA_VERSION", ""))
+        if m:
+            cuda = f"{m.group(1)}.{m.group(2)}"
+        else:
+            for key in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12"):
+                if key in dists:
+                    mv = re.match(r"^(\d+)\.(\d+)", dists[key].version)
+                    cuda = f"{mv.group(1)}.{mv.group(2)}" if mv else None
+                    break
+    method = (
+        f"read from the local image {ref} (image id {image_id}) through the Docker engine: "
+        f"`docker create` + streamed `docker export`; scanned {', '.join('/' + d for d in dirs)} "
+        f"({sum(counts.values())} dist-info), glibc from /lib libc.so.6, OS from /etc/os-release"
+        + (", CUDA from the image's CUDA_VERSION" if env.get("CUDA_VERSION") else "")
+        + "."
+    )
+    return BaseManifest(
+        image_ref=ref,
+        image_digest=digest,
+        os=os_name,
+        glibc=glibc,
+        python_version=python,
+        python_abi="cp" + python.replace(".", ""),
+        site_packages="/" + primary,
+        cuda=cuda,
+        platform=platform or platform_for(glibc),
+        provenance_kind="read-from-image",
+        provenance_method=method,
+        distributions=dists,
+    )

@@ -434,7 +434,7 @@ def _norm(name: str) -> str:
 
 
 def _wanted(name: str) -> bool:
-    if name in ("etc/os-release", "usr/lib/os-release"):
+    if name in ("etc/os-release", "usr/lib/os-release") or name.endswith("/pyvenv.cfg"):
         return True
     if name.startswith(_PY_DEB_SHARED) or _PY_LIB.match(name):
         return True
@@ -576,10 +576,17 @@ def _python_candidates(tree: _ImageTree, env_path: str) -> list[tuple[str, str]]
 def _site_dirs(tree: _ImageTree, version: str, interpreter: str | None) -> list[str]:
     """Existing site directories that interpreter ``version`` puts on sys.path, in order."""
     order: list[str] = []
-    if interpreter:
-        prefix = interpreter.rsplit("/bin/", 1)[0] if "/bin/" in interpreter else ""
-        # a venv (pyvenv.cfg next to bin/) or a self-contained prefix (/opt/conda, /usr/local)
+    prefix = _norm(interpreter.rsplit("/bin/", 1)[0]) if interpreter and "/bin/" in interpreter else ""
+    if prefix and prefix not in ("usr", "usr/local"):
+        # a venv or a self-contained prefix (/opt/venv, /opt/conda)
         order += [f"{prefix}/lib/python{version}/site-packages", f"{prefix}/lib/python{version}/dist-packages"]
+        cfg = tree.root / tree.resolve(f"{prefix}/pyvenv.cfg")
+        if cfg.is_file():
+            text = cfg.read_text(errors="replace").lower().replace(" ", "")
+            if "include-system-site-packages=true" not in text:
+                order = order[:2]
+                return [d for d in (tree.resolve(_norm(o)) for o in order) if (tree.root / d).is_dir()]
+    # Debian/Ubuntu system or deadsnakes python, python.org builds under /usr/local: sys.path order
     order += [
         f"usr/local/lib/python{version}/dist-packages",
         f"usr/local/lib/python{version}/site-packages",

@@ -52,10 +52,12 @@ On $(date -u +%Y-%m-%d) with ${UV_VERSION}: \`${INSTALL_TEXT}\` (the closure vll
 into ${IMAGE_SITE} with \`uv pip install --system\`: the vllm wheel's requirements plus accelerate, modelscope<1.38, \
 bitsandbytes>=0.46.1, timm>=1.0.17, runai-model-streamer[s3,gcs,azure]>=0.15.7), then \
 \`build-image base snapshot --site-packages DIR --python ${PYTHON} --glibc ${GLIBC} --cuda ${CUDA}\`. \
-Knowingly different from the real image: OS packages (Ubuntu 22.04 debs, /usr/lib/python3/dist-packages of the system \
-python3.10, pip/setuptools bootstrapped by get-pip.py) are not scanned; glibc ${GLIBC} and CUDA ${CUDA} are taken from \
-the Dockerfile's base image nvidia/cuda:13.0.x-base-ubuntu22.04, not read from a libc; versions are those PyPI served \
-before ${EXCLUDE_NEWER} (the image was built from the same index that day, but a build a few hours apart can differ); \
+Knowingly different from the real image: OS packages (Ubuntu 22.04 debs, the system python3.10's \
+/usr/lib/python3/dist-packages) are not scanned; pip and uv, which the Dockerfile puts into the same dist-packages \
+(get-pip.py, \`pip install uv\`), are absent; glibc ${GLIBC} and CUDA ${CUDA} are taken from the Dockerfile's base image \
+nvidia/cuda:13.0.x-base-ubuntu22.04, not read from a libc; versions are those PyPI served before ${EXCLUDE_NEWER}, \
+so a package released later on the image's build day would differ; the extras list follows the project's reading of \
+the v0.26.0 Dockerfile (the reference copies available here were older revisions, which also installed hf_transfer and boto3); \
 the image digest is unknown (null)."
 
 "$BI" base snapshot --site-packages "$TARGET" --python "$PYTHON" --glibc "$GLIBC" --cuda "$CUDA" \

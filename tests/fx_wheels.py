@@ -187,10 +187,13 @@ def build_wheelhouse(dest: Path) -> Path:
 
 def install_into(dest: Path, names: list[str], wheelhouse: Path, python_version: str = "3.12",
                  platform: str = "x86_64-manylinux_2_35") -> Path:
-    """``uv pip install --target dest`` of requirement strings, offline, from ``wheelhouse``."""
+    """``uv pip install --target dest`` of requirement strings, offline, from ``wheelhouse``.
+
+    ``--link-mode copy``: tests may edit installed files; hardlinks would corrupt uv's cache.
+    """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [UV, "pip", "install", "--quiet", "--target", str(dest), "--no-index", "--find-links", str(wheelhouse),
+    cmd = [UV, "pip", "install", "--quiet", "--link-mode", "copy", "--target", str(dest), "--no-index", "--find-links", str(wheelhouse),
            "--python-version", python_version, "--python-platform", platform, "--no-build", *names]
     env = {**os.environ, "UV_NO_CONFIG": "1"}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)

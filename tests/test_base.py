@@ -138,3 +138,186 @@ def test_scan_site_packages_missing_dir(tmp_path):
 
 def test_platform_for():
     assert platform_for("2.35") == "x86_64-manylinux_2_35"
+
+
+# --------------------------------------------------------------------------- snapshot command
+
+
+def _snap(*args: str):
+    return CliRunner().invoke(main, ["base", "snapshot", *args], catch_exceptions=False)
+
+
+def test_snapshot_site_packages_writes_a_reconstructed_manifest(tmp_path, make_site_packages):
+    sp = make_site_packages(tmp_path / "lib" / "python3.12" / "dist-packages",
+                            ["fakearrow==14.0.2", "numpy==1.26.4", "purepkg"])
+    out = tmp_path / "m.json"
+    r = _snap("--site-packages", str(sp), "--glibc", "2.35", "--cuda", "13.0", "--method", "made by a test",
+              "-o", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.output)
+    assert summary["distributions"] == 3 and summary["numpy_1x_built"] == ["fakearrow"]
+    m = load_manifest(out)
+    assert m.python_version == "3.12"  # read from the lib/python3.12 path
+    assert m.python_abi == "cp312" and m.glibc == "2.35" and m.cuda == "13.0"
+    assert m.platform == "x86_64-manylinux_2_35"
+    assert (m.provenance_kind, m.provenance_method) == ("reconstructed", "made by a test")
+    assert m.get("FakeArrow").facts.numpy_abi == {"1": 1, "2": 0}
+    assert m.get("numpy").version == "1.26.4"
+
+
+@pytest.mark.parametrize("args, needle", [
+    ([], "exactly one of"),
+    (["--image", "x:1", "--site-packages", "."], "exactly one of"),
+    (["--site-packages", "."], "--glibc X.Y is required"),
+    (["--site-packages", ".", "--glibc", "2.35", "--python", "3"], "--python must look like X.Y"),
+    (["--site-packages", "/nonexistent/dir", "--glibc", "2.35", "--python", "3.12"], "does not exist"),
+    (["--image", "x:1", "--method", "m"], "only apply to --site-packages"),
+])
+def test_snapshot_bad_input_exits_2_and_writes_nothing(tmp_path, args, needle):
+    out = tmp_path / "m.json"
+    r = CliRunner().invoke(main, ["base", "snapshot", *args, "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output
+    assert not out.exists()
+
+
+def test_snapshot_does_not_replace_a_good_manifest_on_failure(tmp_path, make_site_packages):
+    sp = make_site_packages(tmp_path / "sp", ["purepkg"])
+    out = tmp_path / "m.json"
+    assert _snap("--site-packages", str(sp), "--glibc", "2.35", "--python", "3.12", "-o", str(out)).exit_code == 0
+    before = out.read_bytes()
+    (sp / "purepkg-1.0.0.dist-info" / "METADATA").write_text("Name: purepkg\n")  # Version lost
+    r = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--glibc", "2.35",
+                                  "--python", "3.12", "-o", str(out)])
+    assert r.exit_code == 2 and "missing Name or Version" in r.output
+    assert out.read_bytes() == before
+
+
+# --------------------------------------------------------------------------- the shipped manifest
+
+
+def test_shipped_manifest_is_the_vllm_0_26_0_floor():
+    m = load_manifest(SHIPPED)
+    assert m.image_ref == "vllm/vllm-openai:v0.26.0" and m.image_digest is None
+    assert (m.python_version, m.python_abi, m.glibc, m.cuda) == ("3.12", "cp312", "2.35", "13.0")
+    assert m.platform == "x86_64-manylinux_2_35"
+    assert m.site_packages == "/usr/local/lib/python3.12/dist-packages"
+    assert m.provenance_kind == "reconstructed"
+    for needle in ("uv pip install --target", "--exclude-newer 2026-07-25", "not scanned", "vllm==0.26.0"):
+        assert needle in m.provenance_method
+    assert m.get("vllm").version == "0.26.0"
+    assert m.get("torch").version == "2.11.0"
+    assert m.get("numpy").version.startswith("2.")
+    # binary facts were read: torch ships extensions built against numpy 2, needs a glibc <= the base's
+    torch = m.get("torch").facts
+    assert torch.binary and torch.extensions > 0 and torch.numpy_abi["2"] >= 1 and torch.python_abi == "cp312"
+    from packaging.version import Version
+
+    for d in m.distributions.values():
+        if d.facts.glibc:
+            assert Version(d.facts.glibc) <= Version(m.glibc), d
+    assert not m.get("numpy").facts.numpy_abi["1"] and not m.get("numpy").facts.numpy_abi["2"]
+
+
+# --------------------------------------------------------------------------- --image (docker)
+
+DOCKER = "/usr/bin/docker"
+
+
+def _docker(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([DOCKER, *args], capture_output=True, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def tiny_images(tmp_path_factory, make_site_packages):
+    """Two images made with `docker import`: one with a Debian-style python3.12 layout, one without python."""
+    import os
+    import tarfile
+
+    if _docker("info").returncode != 0:
+        pytest.skip("no Docker engine")
+    tmp = tmp_path_factory.mktemp("tinyimg")
+    sp = make_site_packages(tmp / "sp", ["fakearrow==14.0.2", "numpy==1.26.4", "newglibc", "purepkg"])
+    libc = Path(os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6"))
+    tags = {"py": "build-image-test/tiny-python:1", "nopy": "build-image-test/tiny-nopython:1"}
+
+    def add_bytes(tar, name, data: bytes, mode=0o644):
+        import io
+
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), mode
+        tar.addfile(info, io.BytesIO(data))
+
+    def make(tag: str, with_python: bool):
+        path = tmp / f"{tag.split('/')[-1].replace(':', '_')}.tar"
+        with tarfile.open(path, "w") as tar:
+            add_bytes(tar, "etc/os-release", b'PRETTY_NAME="Tiny Test Linux 1.0"\nNAME="Tiny"\n')
+            tar.add(libc, arcname=f"lib/x86_64-linux-gnu/{libc.name}")
+            if libc.name != "libc.so.6":
+                link = tarfile.TarInfo("lib/x86_64-linux-gnu/libc.so.6")
+                link.type, link.linkname = tarfile.SYMTYPE, libc.name
+                tar.addfile(link)
+            if with_python:
+                add_bytes(tar, "usr/bin/python3.12", b"\x7fELF not really", 0o755)
+                link = tarfile.TarInfo("usr/bin/python3")
+                link.type, link.linkname = tarfile.SYMTYPE, "/usr/bin/python3.12"
+                tar.addfile(link)
+                tar.add(sp, arcname="usr/lib/python3/dist-packages")
+        r = _docker("import", "-c", "ENV CUDA_VERSION=12.9.1", "-c", "ENV PATH=/usr/local/bin:/usr/bin:/bin",
+                    str(path), tag)
+        assert r.returncode == 0, r.stderr
+
+    make(tags["py"], True)
+    make(tags["nopy"], False)
+    yield tags
+    for tag in tags.values():
+        _docker("rmi", "-f", tag)
+
+
+def _containers_of(tag: str) -> list[str]:
+    return _docker("ps", "-aq", "--filter", f"ancestor={tag}").stdout.split()
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_snapshot_image_reads_a_local_image(tmp_path, tiny_images):
+    import os
+
+    tag = tiny_images["py"]
+    out = tmp_path / "m.json"
+    r = _snap("--image", tag, "-o", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    m = load_manifest(out)
+    assert m.provenance_kind == "read-from-image" and m.image_ref == tag
+    assert m.image_digest is None  # imported, never pushed: no registry digest
+    assert m.os == "Tiny Test Linux 1.0"
+    assert m.python_version == "3.12" and m.site_packages == "/usr/lib/python3/dist-packages"
+    host_glibc = os.confstr("CS_GNU_LIBC_VERSION").split()[-1]
+    assert m.glibc == host_glibc and m.platform == platform_for(host_glibc)
+    assert m.cuda == "12.9"
+    assert set(m.distributions) == {"fakearrow", "numpy", "newglibc", "purepkg"}
+    assert m.get("fakearrow").facts.numpy_abi == {"1": 1, "2": 0}
+    assert m.get("newglibc").facts.glibc == "2.99"
+    assert _containers_of(tag) == []  # the helper container was removed
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_snapshot_image_without_python_is_bad_input(tmp_path, tiny_images):
+    tag = tiny_images["nopy"]
+    out = tmp_path / "m.json"
+    r = CliRunner().invoke(main, ["base", "snapshot", "--image", tag, "-o", str(out)])
+    assert r.exit_code == 2 and "no Python interpreter" in r.output
+    assert not out.exists()
+    assert _containers_of(tag) == []
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_snapshot_image_never_pulls(tmp_path):
+    if _docker("info").returncode != 0:
+        pytest.skip("no Docker engine")
+    out = tmp_path / "m.json"
+    r = CliRunner().invoke(main, ["base", "snapshot", "--image", "build-image-test/absent:never", "-o", str(out)])
+    assert r.exit_code == 2 and "never pulls" in r.output
+    assert not out.exists()

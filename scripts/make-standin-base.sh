@@ -104,9 +104,40 @@ fi
 ctx=$(mktemp -d /tmp/standin-ctx.XXXXXX)
 trap 'rm -rf "$ctx"' EXIT
 cp "$WHEEL" "$ctx/"
+# Debian installs its Python packages with .egg-info metadata; the official image has
+# pip-installed ones (.dist-info + RECORD).  Give Debian's numpy & co. a dist-info made
+# from dpkg's file list, so the stand-in's numpy is seen like the vendor image's.
+cat >"$ctx/egg2dist.py" <<'PY'
+import base64, glob, hashlib, os, shutil
+site = "/usr/lib/python3/dist-packages"
+for egg in sorted(glob.glob(f"{site}/*.egg-info")):
+    meta = open(os.path.join(egg, "PKG-INFO") if os.path.isdir(egg) else egg, "rb").read()
+    kv = dict(l.split(": ", 1) for l in meta.decode().splitlines() if ": " in l)
+    name, version = kv["Name"], kv["Version"]
+    owners = [f for f in glob.glob("/var/lib/dpkg/info/*.list") if egg in open(f).read().split("\n")]
+    files = []
+    for lst in owners:
+        for path in open(lst).read().split("\n"):
+            if path.startswith(site + "/") and os.path.isfile(path) and not os.path.islink(path) and ".egg-info" not in path:
+                files.append(path)
+    di = f"{site}/{name.replace('-', '_')}-{version}.dist-info"
+    os.makedirs(di, exist_ok=True)
+    open(f"{di}/METADATA", "wb").write(meta)
+    open(f"{di}/INSTALLER", "w").write("debian\n")
+    rows = []
+    for path in sorted(set(files)):
+        data = open(path, "rb").read()
+        d = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        rows.append(f"{os.path.relpath(path, site)},sha256={d},{len(data)}")
+    rows += [f"{os.path.relpath(di, site)}/{n}" + ",," for n in ("METADATA", "INSTALLER", "RECORD")]
+    open(f"{di}/RECORD", "w").write("\n".join(rows) + "\n")
+    shutil.rmtree(egg) if os.path.isdir(egg) else os.unlink(egg)
+    print(f"egg2dist: {name} {version}: {len(files)} files")
+PY
 cat >"$ctx/Dockerfile" <<EOF
 FROM $ROOTFS_IMG
-COPY vllm-0.26.0-py3-none-any.whl /tmp/
+COPY vllm-0.26.0-py3-none-any.whl egg2dist.py /tmp/
+RUN python3 /tmp/egg2dist.py && rm /tmp/egg2dist.py
 RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-index --no-deps --no-cache-dir \\
       --root-user-action=ignore --disable-pip-version-check /tmp/vllm-0.26.0-py3-none-any.whl \\
  && rm /tmp/vllm-0.26.0-py3-none-any.whl \\

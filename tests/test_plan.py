@@ -1,0 +1,332 @@
+"""Preflight memory plan (builder/plan.py, `build-image plan`): pure arithmetic, fast.
+
+Expected values are derived in each test from the model shape (layers × heads ×
+head_dim × dtype, block rounding), never copied from the code's output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from builder.cli import main
+from builder.errors import BadInput
+from builder.plan import GB, GiB, GPU_PRESETS, load_config, make_plan, parse_size, plan_from_model_dir, pp_partition
+from builder.spec import Serving
+
+DATA = Path(__file__).parent / "data" / "plan"
+
+
+def cfg(name: str) -> dict:
+    return json.loads((DATA / name / "config.json").read_text())
+
+
+def llama(layers=4, kv=8, heads=32, head_dim=128, **extra) -> dict:
+    c = dict(num_hidden_layers=layers, hidden_size=heads * head_dim, intermediate_size=4 * heads * head_dim,
+             num_attention_heads=heads, num_key_value_heads=kv, head_dim=head_dim, vocab_size=32000,
+             max_position_embeddings=131072, torch_dtype="bfloat16")
+    c.update(extra)
+    return c
+
+
+# ---------------------------------------------------------------- seed 000: 8 × 80 GB, 600 GB, util 0.96
+
+SEED000 = dict(weights_bytes=600 * GB, gpus=8, gpu_memory_bytes=80 * GB, tp=8, gpu_memory_utilization=0.96,
+               kv_cache_dtype="fp8")
+
+
+def test_seed000_budget_is_1_8_GB_per_card_decimal():
+    # The seed's arithmetic ignores activations: reproduce it with reserve 0.
+    p = make_plan(cfg("seed000"), reserve_bytes=0, **SEED000)
+    assert p.requested_bytes == 76_800_000_000          # 0.96 × 80 GB (decimal GB, as the seed counts)
+    assert p.weights_per_gpu == 75 * GB                 # 600 GB / 8
+    assert p.available_kv_bytes == 1_800_000_000        # 1.8 GB = 1.68 GiB
+    assert round(p.available_kv_bytes / GiB, 2) == 1.68
+
+
+def test_seed000_default_context_asks_7GB_per_card_and_does_not_fit():
+    p = make_plan(cfg("seed000"), reserve_bytes=0, **SEED000)
+    per_tok = 28 * (8 // 8) * 2 * 128 * 1               # layers × kv heads per GPU × (K,V) × head_dim × fp8
+    assert p.kv_bytes_per_token_per_gpu == per_tok == 7168
+    assert p.kv_bytes_per_token_node == 8 * per_tok     # ~56 KB per token across the node
+    assert 55_000 < p.kv_bytes_per_token_node < 58_000
+    assert p.max_model_len == 1_000_000                 # defaulted from max_position_embeddings
+    assert p.needed_one_seq_bytes == math.ceil(1_000_000 / 16) * 16 * per_tok
+    assert 6.9 * GB < p.needed_one_seq_bytes < 7.3 * GB  # "~7 GB per card"
+    assert not p.boots and not p.fits
+    assert any("raises at boot" in r for r in p.reasons)
+    blocks = 1_800_000_000 // (16 * per_tok)
+    assert p.max_context_one_seq == blocks * 16         # the longest context that fits: ~251k tokens
+    assert p.suggestions[0]["setting"] == "max_model_len" and p.suggestions[0]["value"] == blocks * 16
+
+
+def test_seed000_4096_tokens_is_29MB_per_sequence_and_about_60_fit():
+    p = make_plan(cfg("seed000"), reserve_bytes=0, max_model_len=4096, max_num_seqs=60, **SEED000)
+    per_seq = 4096 * 7168
+    assert p.needed_one_seq_bytes == per_seq and 29.0e6 < per_seq < 29.5e6   # ~29 MB per card per sequence
+    blocks = 1_800_000_000 // (16 * 7168)
+    assert p.num_blocks == blocks
+    assert p.max_seqs_at_context == blocks // 256 == 61  # "~60 concurrent full-length sequences"
+    assert p.fits and p.boots
+    assert p.kv_tokens_per_gpu == blocks * 16
+    assert p.max_concurrency == pytest.approx(blocks / 256)
+
+
+def test_seed000_realistic_reserve_leaves_far_fewer_sequences():
+    zero = make_plan(cfg("seed000"), reserve_bytes=0, max_model_len=4096, max_num_seqs=60, **SEED000)
+    est = make_plan(cfg("seed000"), max_model_len=4096, max_num_seqs=60, **SEED000)
+    assert est.reserve_bytes > 0 and set(est.reserve_breakdown) >= {"activations", "cuda_graphs", "communication"}
+    assert est.available_kv_bytes == zero.available_kv_bytes - est.reserve_bytes
+    assert est.max_seqs_at_context < zero.max_seqs_at_context
+    assert not est.fits
+    # the utilization suggestion really fits when re-planned
+    assert est.min_utilization is not None and est.min_utilization > 0.96
+    again = make_plan(cfg("seed000"), max_model_len=4096, max_num_seqs=60,
+                      **{**SEED000, "gpu_memory_utilization": est.min_utilization})
+    assert again.fits
+    below = make_plan(cfg("seed000"), max_model_len=4096, max_num_seqs=60,
+                      **{**SEED000, "gpu_memory_utilization": round(est.min_utilization - 0.001, 3)})
+    assert not below.fits
+
+
+# ---------------------------------------------------------------- seed 003: held 131,072 × 16 on a hybrid model
+
+SEED003 = dict(weights_bytes=int(186.4 * GB), gpus=2, tp=2, gpu_memory_bytes=GPU_PRESETS["h100"],
+               gpu_memory_utilization=0.9, cpu_offload_gb=102.4 * GB / 2 / GiB)  # the PLE shard offloaded
+
+
+def test_seed003_held_target_fits_and_larger_targets_do_not():
+    held = make_plan(cfg("seed003"), max_model_len=131072, max_num_seqs=16, **SEED003)
+    assert held.fits and held.max_seqs_at_context >= 16
+    assert held.weights_per_gpu == math.ceil(186.4 * GB / 2) - int(102.4 * GB / 2)
+    bigger = make_plan(cfg("seed003"), max_model_len=262144, max_num_seqs=32, **SEED003)
+    assert bigger.boots and not bigger.fits
+    # the suggested context for 32 sequences really holds 32 sequences
+    ctx = bigger.max_context_at_num_seqs
+    assert 0 < ctx < 262144
+    assert make_plan(cfg("seed003"), max_model_len=ctx, max_num_seqs=32, **SEED003).fits
+    assert not make_plan(cfg("seed003"), max_model_len=ctx + held.block_size, max_num_seqs=32, **SEED003).fits
+
+
+def test_linear_attention_layers_hold_state_not_per_token_kv():
+    p = make_plan(cfg("seed003"), max_model_len=131072, max_num_seqs=16, **SEED003)
+    assert p.layers == {"full": 12, "state": 36}        # full_attention_interval 4 over 48 layers
+    assert p.kv_bytes_per_token_per_gpu == 12 * 1 * 2 * 256 * 2  # only the 12 attention layers; 2 kv heads / tp 2
+    # gated-delta-net state per layer per GPU (vLLM MambaStateShapeCalculator), at tp=2
+    conv = (128 * 16 * 2 + 128 * 32) // 2 * (4 - 1) * 2
+    temporal = 32 // 2 * 128 * 128 * 2
+    attn_tok = 1 * 2 * 256 * 2
+    block = 16 * math.ceil((conv + temporal) / (16 * attn_tok))  # attention block raised to cover the state page
+    assert p.block_size == block
+    page = block * attn_tok
+    assert p.per_sequence_fixed_bytes == 36 * page       # one padded page per state layer per sequence
+    # 12 full + 36 state -> 4 groups of 12 layers share one pool (kv_cache_utils grouping)
+    per_req_pages = math.ceil(131072 / block) + 3
+    assert p.num_blocks == p.available_kv_bytes // (page * 12)
+    assert p.max_concurrency == pytest.approx(p.num_blocks / per_req_pages)
+
+
+# ---------------------------------------------------------------- ground truth from the lent H200
+
+def test_tiny_qwen3_matches_vllm_log_on_h200():
+    # vLLM 0.26.0 logged "Available KV cache memory: 69.54 GiB", "GPU KV cache size: 72,916,432 tokens"
+    # at gpu_memory_utilization 0.5 on a 139.8 GiB H200 (shared/gpu/README.md).
+    measured_tokens = 72_916_432
+    c = cfg("tiny_qwen3")
+    exact = make_plan(c, weights_bytes=0, gpu_memory_bytes=GPU_PRESETS["h200"], gpu_memory_utilization=0.5,
+                      max_model_len=2048, reserve_bytes=GPU_PRESETS["h200"] // 2 - int(69.54 * GiB))
+    assert abs(exact.kv_tokens_per_gpu - measured_tokens) / measured_tokens < 0.001
+    est = make_plan(c, weights_bytes=2 * 32000 * 256 * 2, gpu_memory_bytes=parse_size("h200", what="x"),
+                    gpu_memory_utilization=0.5, max_model_len=2048, enforce_eager=True)
+    assert abs(est.kv_tokens_per_gpu - measured_tokens) / measured_tokens < 0.05
+    assert est.kv_bytes_per_token_per_gpu == 2 * 2 * 2 * 64 * 2 == 1024
+
+
+# ---------------------------------------------------------------- model shapes
+
+def test_mla_latent_is_not_split_by_tp():
+    c = cfg("mla")
+    one = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, tp=1, max_model_len=8192, reserve_bytes=0)
+    eight = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, tp=8, max_model_len=8192, reserve_bytes=0)
+    per_tok = 8 * (512 + 64) * 2
+    assert one.kv_bytes_per_token_per_gpu == eight.kv_bytes_per_token_per_gpu == per_tok
+    assert eight.kv_bytes_per_token_node == 8 * per_tok
+    assert one.block_size == 64                         # FlashMLA's kernel block size
+    assert one.num_blocks == one.available_kv_bytes // (64 * per_tok)
+
+
+def test_sliding_window_layers_cap_at_their_window():
+    c = cfg("sliding")
+    p = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=131072, reserve_bytes=0,
+                  max_num_batched_tokens=8192)
+    tok = 2 * 2 * 128 * 2
+    assert p.kv_bytes_per_token_per_gpu == 2 * tok       # only the 2 full-attention layers grow with context
+    in_flight = 2 * 8192
+    sw_blocks = math.ceil(min(1024 - 1 + in_flight, 131072) / 16) + 1
+    assert p.per_sequence_fixed_bytes == 10 * sw_blocks * 16 * tok
+    # 2 full + 10 sliding -> groups of 2 layers: 1 full group + 5 sliding groups share a 2-layer pool
+    page = 16 * tok
+    assert p.num_blocks == p.available_kv_bytes // (page * 2)
+    per_req = math.ceil(131072 / 16) + 5 * sw_blocks
+    assert p.max_concurrency == pytest.approx(p.num_blocks / per_req)
+    all_full = make_plan({**c, "layer_types": ["full_attention"] * 12}, weights_bytes=0, gpu_memory_bytes=80 * GiB,
+                         max_model_len=131072, reserve_bytes=0)
+    assert p.max_concurrency > 3.5 * all_full.max_concurrency  # 12 layers vs ~2 + 10 × 17k/131k
+
+
+def test_nested_text_config_equals_flat():
+    nested = make_plan(cfg("nested"), weights_bytes=GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    flat = make_plan(cfg("tiny_qwen3"), weights_bytes=GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    assert nested.kv_bytes_per_token_per_gpu == flat.kv_bytes_per_token_per_gpu == 1024
+    assert nested.kv_tokens_per_gpu == flat.kv_tokens_per_gpu
+
+
+def test_kv_heads_replicated_when_fewer_than_tp():
+    c = llama(layers=4, kv=2, heads=32)
+    p = make_plan(c, weights_bytes=0, gpus=8, tp=8, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    per_gpu = 4 * 1 * 2 * 128 * 2                       # one (replicated) KV head per GPU, never a quarter
+    assert p.kv_bytes_per_token_per_gpu == per_gpu
+    assert p.kv_bytes_per_token_node == 8 * per_gpu
+    assert any("replica" in n for n in p.notes)
+    p2 = make_plan(llama(kv=8), weights_bytes=0, gpus=2, tp=2, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    assert p2.kv_bytes_per_token_per_gpu == 4 * 4 * 2 * 128 * 2
+
+
+def test_fp8_halves_bf16():
+    c = llama()
+    bf16 = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0, kv_cache_dtype="auto")
+    fp8 = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0, kv_cache_dtype="fp8")
+    assert bf16.kv_bytes_per_token_per_gpu == 2 * fp8.kv_bytes_per_token_per_gpu
+    assert fp8.num_blocks == bf16.available_kv_bytes // (16 * fp8.kv_bytes_per_token_per_gpu)
+    assert fp8.kv_cache_dtype == "fp8" and bf16.kv_cache_dtype == "bfloat16"
+
+
+def test_pp_splits_layers_like_vllm():
+    assert [len(r) for r in pp_partition(7, 2)] == [4, 3]
+    assert [len(r) for r in pp_partition(10, 4)] == [2, 3, 3, 2]
+    c = llama(layers=7, kv=8)
+    p = make_plan(c, weights_bytes=14 * GB, gpus=2, pp=2, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    tok = 8 * 2 * 128 * 2
+    assert p.kv_bytes_per_token_per_gpu == 4 * tok       # the larger stage decides
+    assert p.kv_bytes_per_token_node == 7 * tok
+    assert p.weights_per_gpu == 7 * GB
+    assert p.num_blocks == p.available_kv_bytes // (16 * 4 * tok)
+
+
+def test_cpu_offload_is_per_gpu_gib():
+    c = llama()
+    base = make_plan(c, weights_bytes=40 * GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    off = make_plan(c, weights_bytes=40 * GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0, cpu_offload_gb=10)
+    assert base.weights_per_gpu - off.weights_per_gpu == 10 * GiB
+    assert off.available_kv_bytes - base.available_kv_bytes == 10 * GiB
+
+
+# ---------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(gpu_memory_utilization=0), "(0, 1]"),
+    (dict(gpu_memory_utilization=1.5), "(0, 1]"),
+    (dict(tp=3), "divisible"),                          # 32 heads / 3
+    (dict(tp=16, gpus=16), "not a multiple of num_key_value_heads"),  # kv 8 < tp 16 is fine... see below
+    (dict(gpus=3, tp=2), "multiple of tp"),
+    (dict(pp=9, gpus=9), "larger than"),
+    (dict(max_num_seqs=0), "max-num-seqs"),
+    (dict(kv_cache_dtype="int3"), "kv_cache_dtype"),
+])
+def test_bad_settings_are_refused(kwargs, needle):
+    c = llama(layers=8, kv=8, heads=32) if kwargs.get("tp") != 16 else llama(layers=8, kv=6, heads=48)
+    base = dict(weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096)
+    with pytest.raises(BadInput) as exc:
+        make_plan(c, **{**base, **kwargs})
+    assert needle in exc.value.message
+
+
+def test_bad_configs_are_refused(tmp_path):
+    with pytest.raises(BadInput, match="not valid JSON"):
+        load_config(DATA / "malformed")
+    with pytest.raises(BadInput, match="does not exist"):
+        load_config(tmp_path / "nope")
+    with pytest.raises(BadInput, match="num_hidden_layers"):
+        make_plan({"hidden_size": 8}, weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16)
+    with pytest.raises(BadInput, match="qwen_sparse_attention"):
+        make_plan(llama(layers=2, layer_types=["full_attention", "qwen_sparse_attention"]),
+                  weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16)
+    with pytest.raises(BadInput, match="sliding_window"):
+        make_plan(llama(layers=1, layer_types=["sliding_attention"]), weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16)
+
+
+def test_sizes():
+    assert parse_size("80GB", what="x") == 80 * 10**9
+    assert parse_size("80GiB", what="x") == 80 * 2**30
+    assert parse_size("600e9B", what="x") == 600 * 10**9
+    assert parse_size("H200", what="x") == GPU_PRESETS["h200"]
+    assert parse_size("1234", what="x", bare_unit=1) == 1234
+    for bad in ("80", "eighty GB", "80XB"):
+        with pytest.raises(BadInput):
+            parse_size(bad, what="--gpu-memory")
+
+
+# ---------------------------------------------------------------- checkpoint size and the command
+
+def _model_dir(tmp_path: Path, name="seed000") -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text((DATA / name / "config.json").read_text())
+    return d
+
+
+def test_weights_from_index_or_safetensors(tmp_path):
+    d = _model_dir(tmp_path)
+    serving = Serving(gpus=8, tp=8, gpu_memory="80GB", gpu_memory_utilization=0.96, max_model_len=4096,
+                      kv_cache_dtype="fp8")
+    with pytest.raises(BadInput, match="weights-bytes"):
+        plan_from_model_dir(d, serving)
+    (d / "a.safetensors").write_bytes(b"x" * 3000)
+    (d / "b.safetensors").write_bytes(b"x" * 5000)
+    assert plan_from_model_dir(d, serving, reserve_bytes=0).weights_bytes == 8000
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 600 * GB}, "weight_map": {}}))
+    p = plan_from_model_dir(d / "config.json", serving, reserve_bytes=0)
+    assert p.weights_bytes == 600 * GB and p.available_kv_bytes == 1_800_000_000
+
+
+def test_cli_exit_codes_and_json(tmp_path):
+    d = _model_dir(tmp_path)
+    runner = CliRunner()
+    common = ["plan", "--model", str(d), "--weights-bytes", "600GB", "--gpus", "8", "--tp", "8",
+              "--gpu-memory", "80GB", "--gpu-memory-utilization", "0.96", "--kv-cache-dtype", "fp8", "--reserve-gib", "0"]
+    r = runner.invoke(main, common)
+    assert r.exit_code == 1, r.output
+    assert "DOES NOT FIT" in r.output and "--max-model-len" in r.output
+    r = runner.invoke(main, common + ["--max-model-len", "4096", "--max-num-seqs", "60", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["verdict"] == "fits" and doc["max_seqs_at_context"] == 61 and doc["kv_bytes_per_token_node"] == 57344
+    r = runner.invoke(main, common + ["--gpu-memory-utilization", "1.2"])
+    assert r.exit_code == 2 and "(0, 1]" in r.output
+    r = runner.invoke(main, ["plan", "--model", str(DATA / "malformed"), "--weights-bytes", "1", "--gpu-memory", "h200"])
+    assert r.exit_code == 2 and "not valid JSON" in r.output
+
+
+def test_cli_reads_serving_from_spec_and_flags_win(tmp_path):
+    d = _model_dir(tmp_path)
+    spec = tmp_path / "build-image.toml"
+    spec.write_text(
+        "[serving]\n"
+        f'model = "{d}"\n'
+        'gpus = 8\ngpu_memory = "80GB"\ntp = 8\nmax_model_len = 4096\n'
+        'gpu_memory_utilization = 0.96\nmax_num_seqs = 60\nkv_cache_dtype = "fp8"\n'
+    )
+    runner = CliRunner()
+    base = ["plan", "--spec", str(spec), "--weights-bytes", "600GB", "--reserve-gib", "0"]
+    r = runner.invoke(main, base + ["--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["max_num_seqs"] == 60
+    r = runner.invoke(main, base + ["--max-num-seqs", "100", "--json"])
+    assert r.exit_code == 1
+    doc = json.loads(r.output[: r.output.rindex("}") + 1])
+    assert doc["max_num_seqs"] == 100 and doc["verdict"] == "does-not-fit"
+    assert any(s["setting"] == "max_num_seqs" and s["value"] == 61 for s in doc["suggestions"])

@@ -729,3 +729,127 @@ def textconv(lock: LockFile) -> str:
             line += f"  via {', '.join(e.via)}"
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------- JSON schema
+
+_STR_OR_NULL = {"type": ["string", "null"]}
+_STR_LIST = {"type": "array", "items": {"type": "string"}}
+
+JSON_SCHEMA: dict = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://build-image.invalid/schemas/lock-diff/v1",
+    "title": "build-image lock diff (build-image diff --format json)",
+    "type": "object",
+    "required": ["schema", "dangerous", "exit_code", "counts", "locks"],
+    "additionalProperties": False,
+    "properties": {
+        "schema": {"const": SCHEMA},
+        "dangerous": {"type": "boolean", "description": "true when some lock has a group-1 change that fails the diff"},
+        "exit_code": {"enum": [0, 1]},
+        "counts": {"$ref": "#/$defs/counts"},
+        "locks": {"type": "array", "items": {"$ref": "#/$defs/lock"}},
+    },
+    "$defs": {
+        "counts": {
+            "type": "object",
+            "required": [key for _g, key, _t in GROUPS] + ["noise"],
+            "additionalProperties": False,
+            "properties": {k: {"type": "integer", "minimum": 0} for k in [key for _g, key, _t in GROUPS] + ["noise"]},
+        },
+        "side": {
+            "type": "object",
+            "required": ["label", "present", "entries"],
+            "additionalProperties": False,
+            "properties": {
+                "label": {"type": "string"},
+                "present": {"type": "boolean"},
+                "entries": {"type": "integer", "minimum": 0},
+            },
+        },
+        "change": {
+            "type": "object",
+            "required": ["name", "change", "old", "new", "base", "tags", "rules", "evidence", "chain",
+                         "allowed", "via", "facts"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string"},
+                "change": {"enum": ["added", "removed", "upgraded", "downgraded", "rebuilt", "unchanged"]},
+                "old": _STR_OR_NULL,
+                "new": _STR_OR_NULL,
+                "base": _STR_OR_NULL,
+                "tags": {"type": "array", "items": {"enum": ["major", "minor", "patch", "other", "downgrade",
+                                                               "binary", "base-move"]}},
+                "rules": _STR_LIST,
+                "evidence": _STR_LIST,
+                "chain": _STR_LIST,
+                "allowed": _STR_OR_NULL,
+                "via": _STR_LIST,
+                "facts": _STR_OR_NULL,
+            },
+        },
+        "lock": {
+            "type": "object",
+            "required": ["path", "old", "new", "status", "vllm", "dangerous", "counts", "header", "groups",
+                         "noise", "base", "notes"],
+            "additionalProperties": False,
+            "properties": {
+                "path": {"type": "string"},
+                "old": {"$ref": "#/$defs/side"},
+                "new": {"$ref": "#/$defs/side"},
+                "status": {"enum": ["modified", "added", "deleted", "unchanged"]},
+                "vllm": _STR_OR_NULL,
+                "dangerous": {"type": "boolean"},
+                "counts": {"$ref": "#/$defs/counts"},
+                "header": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["key", "old", "new"],
+                        "additionalProperties": False,
+                        "properties": {"key": {"type": "string"}, "old": _STR_OR_NULL, "new": _STR_OR_NULL},
+                    },
+                },
+                "groups": {
+                    "type": "array",
+                    "minItems": len(GROUPS),
+                    "maxItems": len(GROUPS),
+                    "items": {
+                        "type": "object",
+                        "required": ["id", "key", "title", "count", "changes"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "id": {"type": "integer", "minimum": 1, "maximum": len(GROUPS)},
+                            "key": {"enum": [key for _g, key, _t in GROUPS]},
+                            "title": {"type": "string"},
+                            "count": {"type": "integer", "minimum": 0},
+                            "changes": {"type": "array", "items": {"$ref": "#/$defs/change"}},
+                        },
+                    },
+                },
+                "noise": {
+                    "type": "object",
+                    "required": ["count", "hash_only", "via_only", "reordered", "header_churn", "comments_only"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "count": {"type": "integer", "minimum": 0},
+                        "hash_only": _STR_LIST,
+                        "via_only": _STR_LIST,
+                        "reordered": _STR_LIST,
+                        "header_churn": _STR_LIST,
+                        "comments_only": {"type": "boolean"},
+                    },
+                },
+                "base": {
+                    "type": "object",
+                    "required": ["kind"],
+                    "properties": {
+                        "kind": {"enum": ["manifest", "read-from-image", "reconstructed", "none"]},
+                        "manifest": {"type": "string"},
+                    },
+                },
+                "notes": _STR_LIST,
+            },
+        },
+    },
+}

@@ -231,6 +231,11 @@ def parse_lock(text: str, path: str = "<lock>") -> LockFile:
         if raw.startswith("#"):
             continue
         m = _REQ_LINE.match(raw)
+        if not m and in_header and header.get("build-image-lock") is None:
+            raise BadInput(
+                f"{path} is not a build-image lock: line {i} ({raw.strip()!r:.60}) comes before any "
+                f"'# build-image-lock: {LOCK_FORMAT}' header line and is not a pinned requirement.",
+            )
         if not m:
             raise BadInput(
                 f"lock {path}, line {i}: not a pinned requirement ('name==version'): {raw.strip()!r:.80}.",

@@ -159,7 +159,7 @@ def _file_manifest(lock, lock_path: Path, explicit: Path | None, notes: list[str
     return None, None
 
 
-def _git_manifest(git: Git, rev: str, lock, explicit: Path | None, notes: list[str]):
+def _git_manifest(git: Git, rev: str, label: str, lock, explicit: Path | None, notes: list[str]):
     if explicit is not None:
         return _file_manifest(lock, Path("."), explicit, notes)
     vllm = lock.header.get("vllm")
@@ -169,7 +169,7 @@ def _git_manifest(git: Git, rev: str, lock, explicit: Path | None, notes: list[s
     blob = git.show(rev, path)
     if blob is None:
         return None, None
-    where = f"{rev}:{path}"
+    where = f"{label}:{path}"
     return _manifest_from_text(_decode(blob, where), where, lock, notes), where
 
 
@@ -230,8 +230,8 @@ def _diff_git(spec: str, paths: tuple[str, ...], base_manifest: Path | None, fai
             text = _decode(blob, where)
             sides.append((text, parse_checked(text, where), label))
         notes: list[str] = []
-        old_m = _git_manifest(git, ca, sides[0][1], base_manifest, [])[0] if sides[0][1] else None
-        new_m, new_src = _git_manifest(git, cb, sides[1][1], base_manifest, notes) if sides[1][1] else (None, None)
+        old_m = _git_manifest(git, ca, a, sides[0][1], base_manifest, [])[0] if sides[0][1] else None
+        new_m, new_src = _git_manifest(git, cb, b, sides[1][1], base_manifest, notes) if sides[1][1] else (None, None)
         d = diff_locks(
             sides[0][1], sides[1][1], old_base=old_m, new_base=new_m, path=path,
             old_label=a, new_label=b, old_text=sides[0][0], new_text=sides[1][0],

@@ -1,0 +1,451 @@
+"""build-image diff: grouping, golden outputs, malformed locks, --git, textconv.
+
+Golden files live in tests/data/diff/<case>/expected.{txt,md,json}; regenerate
+them with ``UPDATE_GOLDEN=1 pytest tests/test_diff.py`` and review their git
+diff.  The lock pairs come from tests/data/diff/make_cases.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from builder.cli import main
+from builder.diff import (
+    GROUPS,
+    JSON_SCHEMA,
+    SCHEMA,
+    _moved_out_of_order,
+    bump_kind,
+    diff_locks,
+    glibc_from_platform,
+    textconv,
+)
+from builder.lockfile import format_lock, load_lock, parse_lock
+from builder.manifest import load_manifest
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "diff"
+REL = "tests/data/diff"
+BASE = f"{REL}/base.json"
+CASES = sorted(p.name for p in DATA.iterdir() if (p / "old.lock").is_file() and p.name != "real")
+UPDATE = bool(os.environ.get("UPDATE_GOLDEN"))
+
+EXPECTED_GROUPS = {  # case -> {group id: {package names}}
+    "g1_rejected": {1: {"numpy", "torch", "fastwheel", "oldwheel", "cupy-cuda12x"}},
+    "g1_allowed": {1: {"numpy"}},
+    "g2_base_moves": {2: {"transformers", "packaging", "requests"}},
+    "g3_native": {3: {"orjson", "msgpack", "frozenlist", "jsonschema"}},
+    "g4_major": {4: {"click", "fastapi", "grpcio"}},
+    "g5_minor": {5: {"aiohttp", "filelock", "starlette", "ray"}},
+    "g6_pure": {6: {"typing-inspection", "aiosignal"}},
+    "g7_noise": {},
+    "mixed": {1: {"numpy"}, 2: {"transformers"}, 3: {"orjson"}, 4: {"click"}, 5: {"filelock"},
+              6: {"typing-inspection"}},
+}
+EXIT = {"g1_rejected": 1, "mixed": 1}
+
+
+@pytest.fixture
+def in_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("NO_COLOR", "1")
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, ["diff", *args], catch_exceptions=False)
+
+
+def golden(path: Path, actual: str) -> None:
+    if UPDATE:
+        path.write_text(actual)
+        return
+    assert path.is_file(), f"missing golden {path}; run with UPDATE_GOLDEN=1"
+    assert actual == path.read_text(), f"output differs from {path} (UPDATE_GOLDEN=1 rewrites it)"
+
+
+def pair(case: str):
+    old, new = load_lock(DATA / case / "old.lock"), load_lock(DATA / case / "new.lock")
+    base = load_manifest(DATA / "base.json")
+    return old, new, base
+
+
+# ---------------------------------------------------------------- grouping
+
+
+@pytest.mark.parametrize("case", sorted(EXPECTED_GROUPS))
+def test_every_change_lands_in_its_group(case):
+    old, new, base = pair(case)
+    d = diff_locks(old, new, old_base=base, new_base=base)
+    got = {gid: {c.name for c in d.group(gid)} for gid, _k, _t in GROUPS if d.group(gid)}
+    assert got == EXPECTED_GROUPS[case]
+    assert d.dangerous == (EXIT.get(case, 0) == 1)
+
+
+def test_group1_names_the_gate_rule_and_evidence():
+    old, new, base = pair("g1_rejected")
+    d = diff_locks(old, new, old_base=base, new_base=base)
+    rules = {c.name: c.rules for c in d.group(1)}
+    assert rules == {
+        "numpy": ["numpy-abi"], "torch": ["exact-coupled"], "fastwheel": ["glibc"],
+        "oldwheel": ["python-abi"], "cupy-cuda12x": ["cuda-variant"],
+    }
+    numpy = next(c for c in d.group(1) if c.name == "numpy")
+    # the evidence is the binary fact of the base distribution built against numpy 1.x
+    assert any("pyarrow 14.0.2" in e and "numpy 1.x" in e for e in numpy.evidence)
+    assert numpy.chain[-1] == "overlay (numpy>=2)"
+    assert all(c.allowed is None for c in d.group(1))
+
+
+def test_allowed_change_is_shown_but_only_gates_on_request():
+    old, new, base = pair("g1_allowed")
+    d = diff_locks(old, new, old_base=base, new_base=base)
+    [c] = d.group(1)
+    assert c.allowed == "pyarrow rebuilt in-house against numpy 2 (TICKET-42)"
+    assert not d.dangerous
+    assert diff_locks(old, new, old_base=base, new_base=base, fail_on_allowed=True).dangerous
+    assert any(h.key == "allow-abi-change" and h.old is None for h in d.header)
+
+
+def test_base_change_under_an_unchanged_entry_is_dangerous():
+    """The entry did not change but the new base (older glibc) makes the gate reject it."""
+    old, _new, base = pair("g5_minor")
+    older = copy.deepcopy(base)
+    older.glibc = "2.12"
+    d = diff_locks(old, old, old_base=base, new_base=older)
+    assert d.dangerous
+    assert {c.change for c in d.group(1)} == {"unchanged"}
+    assert {c.rules[0] for c in d.group(1)} == {"glibc"}
+    # the same lock against the same base: nothing at all
+    same = diff_locks(old, old, old_base=base, new_base=base)
+    assert same.changes == [] and same.noise.count == 0 and same.status == "unchanged"
+
+
+def test_base_move_direction_against_what_vllm_shipped():
+    old, new, base = pair("g2_base_moves")
+    d = diff_locks(old, new, old_base=base, new_base=base)
+    ev = {c.name: " ".join(c.evidence) for c in d.group(2)}
+    assert "newer than what vllm 0.26.0 shipped with (4.57.1)" in ev["transformers"]
+    assert "older than what vllm 0.26.0 shipped with (24.2)" in ev["packaging"]
+    assert "back to the base image's 2.32.3" in ev["requests"]
+
+
+def test_noise_is_collapsed():
+    old, new, base = pair("g7_noise")
+    d = diff_locks(old, new, old_base=base, new_base=base)
+    assert d.changes == []
+    assert d.noise.hash_only == ["pyyaml"]
+    assert d.noise.via_only == ["click"]
+    assert d.noise.reordered == ["starlette"]
+    assert d.noise.header_churn == ["inputs-sha256", "tool"]
+
+
+def test_comment_only_edit_is_noise():
+    text = (DATA / "g5_minor" / "old.lock").read_text()
+    edited = text.replace("\nray==", "\n# reviewed by alice\nray==")
+    assert edited != text
+    d = diff_locks(parse_lock(text), parse_lock(edited), old_text=text, new_text=edited)
+    assert d.noise.comments_only and d.changes == [] and d.noise.count == 1
+
+
+def test_without_manifest_the_base_is_rebuilt_from_the_lock():
+    old, new, _base = pair("g1_rejected")
+    d = diff_locks(old, new)
+    rules = {c.name: c.rules for c in d.group(1)}
+    # entries carry their own facts and base= versions: these rules still fire
+    assert rules["torch"] == ["exact-coupled"]
+    assert rules["fastwheel"] == ["glibc"] and rules["oldwheel"] == ["python-abi"]
+    assert any("rebuilt from the lock" in n for n in d.notes)
+
+
+@pytest.mark.parametrize(
+    "old,new,kind",
+    [
+        ("1.26.4", "2.2.6", ("major", False)),
+        ("0.115.0", "0.116.1", ("major", False)),
+        ("0.0.3", "0.0.4", ("patch", False)),
+        ("3.11.10", "3.11.11", ("patch", False)),
+        ("3.16.1", "3.17.0", ("minor", False)),
+        ("2.0.0", "1.9.9", ("major", True)),
+        ("2.9.0+cu128", "2.9.0+cu130", ("other", False)),
+        ("1.0", "1.0.post1", ("other", False)),
+        ("1.0", "1.0.1", ("patch", False)),
+    ],
+)
+def test_bump_kind(old, new, kind):
+    assert bump_kind(old, new) == kind
+
+
+def test_reordering_detects_the_moved_entries_only():
+    assert _moved_out_of_order(list("abcdef"), list("abcdef")) == []
+    assert _moved_out_of_order(list("abcdef"), list("eabcdf")) == ["e"]
+    assert _moved_out_of_order(list("abcdef"), list("abdcef")) in (["d"], ["c"])
+    assert _moved_out_of_order(list("abc"), list("xbc")) == []  # additions are not moves
+
+
+def test_glibc_from_platform():
+    assert glibc_from_platform("x86_64-manylinux_2_35") == "2.35"
+    assert glibc_from_platform("x86_64-unknown-linux-gnu") is None
+
+
+# ---------------------------------------------------------------- golden
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_golden_text_and_markdown(case, in_root):
+    args = [f"{REL}/{case}/old.lock", f"{REL}/{case}/new.lock", "--base-manifest", BASE]
+    r = run(*args)
+    assert r.exit_code == EXIT.get(case, 0), r.output
+    golden(DATA / case / "expected.txt", r.stdout)
+    r = run(*args, "--format", "markdown")
+    assert r.exit_code == EXIT.get(case, 0)
+    golden(DATA / case / "expected.md", r.stdout)
+
+
+def test_golden_json_and_schema(in_root):
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.Draft202012Validator.check_schema(JSON_SCHEMA)
+    for case in CASES:
+        r = run(f"{REL}/{case}/old.lock", f"{REL}/{case}/new.lock", "--base-manifest", BASE, "--format", "json")
+        doc = json.loads(r.stdout)
+        jsonschema.validate(doc, JSON_SCHEMA)
+        assert doc["schema"] == SCHEMA
+        assert doc["exit_code"] == r.exit_code == EXIT.get(case, 0)
+        if case == "mixed":
+            golden(DATA / case / "expected.json", r.stdout)
+
+
+def test_fail_on_allowed_exit_code(in_root):
+    args = [f"{REL}/g1_allowed/old.lock", f"{REL}/g1_allowed/new.lock", "--base-manifest", BASE]
+    assert run(*args).exit_code == 0
+    r = run(*args, "--fail-on-allowed")
+    assert r.exit_code == 1
+    assert "numpy" in r.stderr
+
+
+def test_schema_is_documented():
+    doc = (ROOT / "docs" / "diff.md").read_text()
+    start = doc.index("```json schema\n") + len("```json schema\n")
+    documented = json.loads(doc[start:doc.index("```", start)])
+    assert documented == JSON_SCHEMA
+
+
+# ---------------------------------------------------------------- malformed
+
+
+def _lines(case="g5_minor"):
+    return (DATA / case / "old.lock").read_text().splitlines(keepends=True)
+
+
+def _bad(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    good = DATA / "g5_minor" / "old.lock"
+    r = run(str(good), str(p))
+    assert r.exit_code == 2, r.output
+    return r.stderr
+
+
+def test_truncated_inside_hashes(tmp_path):
+    lines = _lines()
+    cut = next(i for i, ln in enumerate(lines) if ln.startswith("click==")) + 1  # 'click==8.1.7 \' kept
+    err = _bad(tmp_path, "t.lock", "".join(lines[:cut]))
+    assert "truncated" in err and "click==8.1.7" in err and f"line {cut}" in err
+
+
+def test_truncated_before_facts(tmp_path):
+    lines = _lines()
+    cut = next(i for i, ln in enumerate(lines) if ln.startswith("    # wheel:"))  # cut before the 1st wheel line
+    err = _bad(tmp_path, "t.lock", "".join(lines[:cut]))
+    assert "truncated" in err and f"line {cut}" in err
+
+
+def test_truncated_in_the_header(tmp_path):
+    err = _bad(tmp_path, "t.lock", "".join(_lines()[:5]))
+    assert "header lacks" in err
+
+
+def test_duplicate_package(tmp_path):
+    lines = _lines()
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("click=="))
+    j = i + 1
+    while lines[j].startswith("    "):
+        j += 1
+    text = "".join(lines + lines[i:j])
+    err = _bad(tmp_path, "d.lock", text)
+    assert "duplicate package 'click'" in err and f"first at line {i + 1}" in err
+
+
+def test_missing_hashes(tmp_path):
+    lines = _lines()
+    i = next(i for i, ln in enumerate(lines) if ln.startswith("click=="))
+    j = i + 1
+    while lines[j].startswith("    "):
+        j += 1
+    out = lines[:i] + ["click==8.1.7\n"] + [ln for ln in lines[i + 1:j] if "--hash" not in ln] + lines[j:]
+    err = _bad(tmp_path, "h.lock", "".join(out))
+    assert "no --hash lines" in err and f"line {i + 1}" in err
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "# A README\n\nThis is not a lock.\n",
+        '{"schema": "build-image/base-manifest/v1"}\n',
+        "requests==2.32.3\n",
+        "",
+        b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe",
+    ],
+    ids=["readme", "json", "plain-requirements", "empty", "binary"],
+)
+def test_not_a_lock(tmp_path, content):
+    err = _bad(tmp_path, "x.lock", content)
+    assert "not a build-image lock" in err
+    assert str(tmp_path / "x.lock") in err
+
+
+def test_missing_file_and_wrong_arity(tmp_path):
+    r = run(str(tmp_path / "nope.lock"), str(DATA / "g5_minor" / "old.lock"))
+    assert r.exit_code == 2 and "does not exist" in r.stderr
+    r = run(str(DATA / "g5_minor" / "old.lock"))
+    assert r.exit_code == 2 and "two lock files" in r.stderr
+
+
+# ---------------------------------------------------------------- textconv
+
+
+def test_textconv_is_stable_and_order_independent(tmp_path, in_root):
+    new = load_lock(DATA / "g7_noise" / "new.lock")  # hand-reordered file
+    r = run("--textconv", f"{REL}/g7_noise/new.lock")
+    assert r.exit_code == 0
+    assert r.stdout == textconv(new)
+    # the same content written in canonical order gives the same summary
+    p = tmp_path / "sorted.lock"
+    p.write_text(format_lock(new))
+    assert run("--textconv", str(p)).stdout == r.stdout
+    assert "sha256=" in r.stdout and "--hash" not in r.stdout
+    assert len(r.stdout.splitlines()) == len(new.header) + len(new.overlay) + len(new.entries)
+
+
+def test_textconv_shows_an_invalid_file_raw(tmp_path):
+    p = tmp_path / "x.lock"
+    p.write_text("hello\n")
+    r = run("--textconv", str(p))
+    assert r.exit_code == 0
+    assert r.stdout.startswith("# build-image: not a valid lock") and r.stdout.endswith("hello\n")
+
+
+# ---------------------------------------------------------------- --git
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+    return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True, env=env).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A git repo with three commits: c1 (two locks + base manifest), c2 (one lock
+    changed with a numpy move, one deleted, one added), c3 (a README only)."""
+    r = tmp_path / "repo"
+    (r / "lockfiles" / "base").mkdir(parents=True)
+    _git(r, "init", "-q", "-b", "main")
+    shutil.copy(DATA / "base.json", r / "lockfiles" / "base" / "vllm-openai-v0.26.0.json")
+    for d in ("vllm-0.26.0", "gone"):
+        (r / "lockfiles" / d).mkdir()
+        shutil.copy(DATA / "g1_rejected" / "old.lock", r / "lockfiles" / d / "requirements.lock")
+    _git(r, "add", ".")
+    _git(r, "commit", "-q", "-m", "c1")
+    shutil.copy(DATA / "mixed" / "new.lock", r / "lockfiles" / "vllm-0.26.0" / "requirements.lock")
+    shutil.copy(DATA / "base.json", r / "lockfiles" / "base" / "vllm-openai-v0.26.1.json")  # mixed: vllm 0.26.1
+    _git(r, "rm", "-q", "-r", "lockfiles/gone")
+    (r / "lockfiles" / "extra").mkdir()
+    shutil.copy(DATA / "g6_pure" / "new.lock", r / "lockfiles" / "extra" / "requirements.lock")
+    _git(r, "add", ".")
+    _git(r, "commit", "-q", "-m", "c2")
+    (r / "README").write_text("x\n")
+    _git(r, "add", ".")
+    _git(r, "commit", "-q", "-m", "c3")
+    monkeypatch.chdir(r)
+    monkeypatch.setenv("NO_COLOR", "1")
+    return r
+
+
+def test_git_every_changed_lock(repo):
+    r = run("--git", "HEAD~2..HEAD", "--format", "json")
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    by_path = {lk["path"]: lk for lk in doc["locks"]}
+    assert sorted(by_path) == ["lockfiles/extra/requirements.lock", "lockfiles/gone/requirements.lock",
+                               "lockfiles/vllm-0.26.0/requirements.lock"]
+    assert by_path["lockfiles/extra/requirements.lock"]["status"] == "added"
+    assert by_path["lockfiles/gone/requirements.lock"]["status"] == "deleted"
+    main_lock = by_path["lockfiles/vllm-0.26.0/requirements.lock"]
+    assert main_lock["status"] == "modified"
+    assert main_lock["dangerous"] and main_lock["counts"]["abi-rejected"] == 1
+    # judged against the manifest stored in the revision, not a rebuilt one
+    assert main_lock["base"] == {"kind": "manifest",
+                                 "manifest": "HEAD:lockfiles/base/vllm-openai-v0.26.1.json"}
+    assert {h["key"]: h["new"] for h in main_lock["header"]}["vllm"] == "0.26.1"
+
+
+def test_git_single_rev_path_and_merge_base(repo):
+    # BASE alone means BASE..HEAD; a PATH narrows to that lock
+    r = run("--git", "HEAD~2", "lockfiles/extra/requirements.lock")
+    assert r.exit_code == 0, r.output
+    assert "lockfiles/extra/requirements.lock (HEAD~2 → HEAD)" in r.stdout
+    assert "vllm-0.26.0" not in r.stdout
+    r = run("--git", "HEAD~1..HEAD")  # only a README changed
+    assert r.exit_code == 0 and "no lock changed" in r.stdout
+    r = run("--git", "HEAD~2...HEAD", "--format", "markdown")
+    assert r.exit_code == 1 and "3 locks, 1 with dangerous changes" in r.stdout
+
+
+def test_git_bad_revision_and_missing_path(repo):
+    r = run("--git", "nosuchbranch..HEAD")
+    assert r.exit_code == 2 and "'nosuchbranch' is not a revision" in r.stderr
+    r = run("--git", "HEAD~2..HEAD", "lockfiles/none/requirements.lock")
+    assert r.exit_code == 2 and "exists in neither revision" in r.stderr
+
+
+def test_git_malformed_blob_names_revision_and_line(repo):
+    p = repo / "lockfiles" / "vllm-0.26.0" / "requirements.lock"
+    p.write_text(p.read_text() + "click==8.1.7\n")
+    _git(repo, "commit", "-q", "-am", "c4")
+    r = run("--git", "HEAD~1..HEAD")
+    assert r.exit_code == 2
+    assert "HEAD:lockfiles/vllm-0.26.0/requirements.lock" in r.stderr and "duplicate package 'click'" in r.stderr
+
+
+def test_whole_process_exit_codes(in_root):
+    """The installed entry point (not CliRunner) maps the verdicts to 0/1/2."""
+    exe = ROOT / ".venv" / "bin" / "build-image"
+    if not exe.exists():
+        exe = Path(shutil.which("build-image") or "build-image")
+    base = [str(exe), "diff", "--base-manifest", BASE]
+    ok = subprocess.run(base + [f"{REL}/g5_minor/old.lock", f"{REL}/g5_minor/new.lock"], capture_output=True)
+    bad = subprocess.run(base + [f"{REL}/g1_rejected/old.lock", f"{REL}/g1_rejected/new.lock"], capture_output=True)
+    err = subprocess.run(base + [f"{REL}/g1_rejected/old.lock", "README.md"], capture_output=True)
+    assert (ok.returncode, bad.returncode, err.returncode) == (0, 1, 2)
+    assert b"\x1b[" not in ok.stdout  # no colour when not a terminal
+
+
+def test_example_workflow_uses_real_commands():
+    yaml = pytest.importorskip("yaml")
+    wf = yaml.safe_load((ROOT / "examples" / "github-actions-lock-diff.yml").read_text())
+    runs = " ".join(s.get("run", "") for s in wf["jobs"]["lock-diff"]["steps"])
+    assert "build-image lock --check" in runs
+    assert 'build-image diff --git "origin/${{ github.base_ref }}...HEAD" --format markdown' in runs
+    # every flag the workflow passes to diff exists
+    help_text = CliRunner().invoke(main, ["diff", "--help"]).output
+    assert "--git" in help_text and "--format" in help_text and "markdown" in help_text
+    attrs = (ROOT / ".gitattributes").read_text()
+    assert "lockfiles/**/*.lock diff=build-image-lock" in attrs

@@ -263,21 +263,43 @@ def scan_wheel(path: Path) -> tuple[str, str, DistFacts]:
 
 
 def _record_paths(dist_info: Path) -> list[Path]:
+    """Files a ``.dist-info`` RECORD lists (CSV: quoted names may hold commas)."""
+    import csv
+
     record = dist_info / "RECORD"
     if not record.is_file():
         return []
     root = dist_info.parent
-    out: list[Path] = []
-    for line in record.read_text(encoding="utf-8", errors="replace").splitlines():
-        rel = line.rsplit(",", 2)[0] if line.count(",") >= 2 else line.split(",")[0]
-        rel = rel.strip().strip('"')
-        if rel:
-            out.append(root / rel)
-    return out
+    with open(record, newline="", encoding="utf-8", errors="replace") as fh:
+        return [root / row[0] for row in csv.reader(fh) if row and row[0]]
+
+
+def _egg_info_paths(egg_info: Path) -> list[Path]:
+    """Files of a ``.egg-info`` (Debian packages, legacy installs): ``installed-files.txt``
+    when present, else everything under its ``top_level.txt`` packages/modules."""
+    root = egg_info.parent
+    if egg_info.is_dir():
+        listed = egg_info / "installed-files.txt"
+        if listed.is_file():
+            return [(egg_info / line.strip()) for line in listed.read_text(errors="replace").splitlines() if line.strip()]
+        top = egg_info / "top_level.txt"
+        out: list[Path] = []
+        if top.is_file():
+            for mod in (m.strip() for m in top.read_text(errors="replace").splitlines()):
+                if not mod:
+                    continue
+                if (root / mod).is_dir():
+                    out.extend(p for p in (root / mod).rglob("*") if p.is_file())
+                out.extend(root.glob(f"{mod}.*"))
+        return out
+    return []
 
 
 def iter_dist_infos(site_packages: Path) -> Iterator[Path]:
-    yield from sorted(p for p in Path(site_packages).glob("*.dist-info") if p.is_dir())
+    """``*.dist-info`` directories, then ``*.egg-info`` (directories or PKG-INFO files)."""
+    sp = Path(site_packages)
+    yield from sorted(p for p in sp.glob("*.dist-info") if p.is_dir())
+    yield from sorted(sp.glob("*.egg-info"))
 
 
 def scan_site_packages(
@@ -285,8 +307,9 @@ def scan_site_packages(
     *,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Distribution]:
-    """Every ``*.dist-info`` under ``site_packages``: name and version from
-    METADATA, facts from the files its RECORD lists.  Keyed by canonical name.
+    """Every distribution under ``site_packages``: ``*.dist-info`` (name and version from
+    METADATA, facts from the files its RECORD lists) and ``*.egg-info`` (PKG-INFO;
+    files from installed-files.txt or top_level.txt).  Keyed by canonical name.
 
     ``progress(name, index, total)`` is called before each distribution.
     """
@@ -296,25 +319,29 @@ def scan_site_packages(
     dist_infos = list(iter_dist_infos(site_packages))
     dists: dict[str, Distribution] = {}
     for idx, di in enumerate(dist_infos):
-        meta = di / "METADATA"
+        egg = di.suffix == ".egg-info"
+        meta = (di / "PKG-INFO" if di.is_dir() else di) if egg else di / "METADATA"
         if not meta.is_file():
-            raise BadInput(f"{di}: no METADATA file; the site-packages directory looks damaged.")
+            raise BadInput(f"{di}: no {meta.name} file; the site-packages directory looks damaged.")
         name, version = _parse_metadata(meta.read_text(encoding="utf-8", errors="replace"))
         if not name or not version:
             raise BadInput(f"{meta}: missing Name or Version header.")
         if progress:
             progress(name, idx, len(dist_infos))
-        tags: list[str] = []
-        wheel = di / "WHEEL"
-        if wheel.is_file():
-            tags = HeaderParser().parsestr(wheel.read_text(encoding="utf-8", errors="replace")).get_all("Tag") or []
-        facts = scan_files(_record_paths(di), is_numpy=canonical_name(name) == "numpy", wheel_tags=tags or None)
         key = canonical_name(name)
         if key in dists:
+            if egg:  # a dist-info of the same name wins (newer installer metadata)
+                continue
             raise BadInput(
                 f"{site_packages}: distribution {name} is installed twice "
                 f"({dists[key].version} and {version}); the directory is inconsistent."
             )
+        tags: list[str] = []
+        wheel = di / "WHEEL"
+        if not egg and wheel.is_file():
+            tags = HeaderParser().parsestr(wheel.read_text(encoding="utf-8", errors="replace")).get_all("Tag") or []
+        files = _egg_info_paths(di) if egg else _record_paths(di)
+        facts = scan_files(files, is_numpy=key == "numpy", wheel_tags=tags or None)
         dists[key] = Distribution(name=name, version=version, facts=facts)
     return dists
 

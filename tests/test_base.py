@@ -321,3 +321,21 @@ def test_snapshot_image_never_pulls(tmp_path):
     r = CliRunner().invoke(main, ["base", "snapshot", "--image", "build-image-test/absent:never", "-o", str(out)])
     assert r.exit_code == 2 and "never pulls" in r.output
     assert not out.exists()
+
+
+def test_scan_site_packages_reads_debian_style_egg_info(tmp_path):
+    sp = tmp_path / "dist-packages"
+    (sp / "debpkg").mkdir(parents=True)
+    (sp / "debpkg" / "__init__.py").write_text("")
+    _gcc_so(sp / "debpkg", "_speed.cpython-312-x86_64-linux-gnu.so",
+            'const char m[] = "numpy.core._multiarray_umath"; int f(void){return sizeof m;}\n')
+    egg = sp / "debpkg-3.1.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: debpkg\nVersion: 3.1\n")
+    (egg / "top_level.txt").write_text("debpkg\n")
+    (sp / "single_file-0.5.egg-info").write_text("Metadata-Version: 1.1\nName: single-file\nVersion: 0.5\n")
+    dists = scan_site_packages(sp)
+    assert dists["debpkg"].version == "3.1"
+    assert dists["debpkg"].facts.extensions == 1 and dists["debpkg"].facts.numpy_abi == {"1": 1, "2": 0}
+    assert dists["debpkg"].facts.python_abi == "cp312"
+    assert dists["single-file"].version == "0.5" and not dists["single-file"].facts.binary

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput
+from .errors import BadInput, VerdictFailure
 
 GiB = 1 << 30
 GB = 10**9
@@ -785,6 +785,19 @@ def make_plan(
         boots=boots, fits=fits, reasons=reasons, max_context_one_seq=max_ctx_one,
         max_context_at_num_seqs=max_ctx_seqs, max_seqs_at_context=max_seqs, min_utilization=min_util,
         suggestions=suggestions, layers=layer_counts, notes=notes,
+    )
+
+
+def refuse_unless_fits(plan: "Plan", *, show_plan: bool = True) -> None:
+    """Raise :class:`VerdictFailure` (exit 1) with the plan's numbers and suggestions
+    when ``plan.fits`` is false.  For the pipeline / smoke step: call it before
+    booting the engine so an impossible configuration costs zero GPU time."""
+    if plan.fits:
+        return
+    raise VerdictFailure(
+        "the serving settings do not fit: " + "; ".join(plan.reasons or ["see the plan"]) + ".",
+        hint="; ".join(s["text"] for s in plan.suggestions) or None,
+        details=render_text(plan) if show_plan else None,
     )
 
 

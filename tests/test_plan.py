@@ -330,3 +330,31 @@ def test_cli_reads_serving_from_spec_and_flags_win(tmp_path):
     doc = json.loads(r.output[: r.output.rindex("}") + 1])
     assert doc["max_num_seqs"] == 100 and doc["verdict"] == "does-not-fit"
     assert any(s["setting"] == "max_num_seqs" and s["value"] == 61 for s in doc["suggestions"])
+
+
+def test_refuse_unless_fits_carries_the_numbers():
+    from builder.errors import VerdictFailure
+    from builder.plan import refuse_unless_fits
+
+    ok = make_plan(cfg("seed000"), reserve_bytes=0, max_model_len=4096, max_num_seqs=60, **SEED000)
+    refuse_unless_fits(ok)  # no exception
+    bad = make_plan(cfg("seed000"), reserve_bytes=0, **SEED000)
+    with pytest.raises(VerdictFailure) as exc:
+        refuse_unless_fits(bad)
+    assert exc.value.exit_code == 1
+    assert "6.68 GiB" in exc.value.message and "--max-model-len" in exc.value.hint
+    assert "DOES NOT FIT" in exc.value.details
+
+
+def test_gemma4_style_global_head_dim_unifies_pages():
+    c = cfg("sliding")
+    c = {**c, "global_head_dim": 256}                  # full layers: 2× the sliding layers' page
+    p = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=32768, reserve_bytes=0)
+    full_tok, sw_tok = 2 * 2 * 256 * 2, 2 * 2 * 128 * 2
+    assert p.kv_bytes_per_token_per_gpu == 2 * full_tok
+    # vLLM doubles the sliding layers' block size (32 tokens) so every page is 16 × full_tok bytes
+    page = 16 * full_tok
+    assert p.num_blocks == p.available_kv_bytes // (page * 2)
+    sw_blocks = math.ceil(min(1024 - 1 + 2 * 8192, 32768) / 32) + 1
+    assert p.max_concurrency == pytest.approx(p.num_blocks / (math.ceil(32768 / 16) + 5 * sw_blocks))
+    assert sw_tok * 32 == page

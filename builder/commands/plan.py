@@ -9,8 +9,8 @@ import json
 
 import click
 
-from ..errors import BadInput, VerdictFailure
-from ..plan import GiB, parse_size, plan_from_model_dir, render_text
+from ..errors import BadInput
+from ..plan import GiB, parse_size, plan_from_model_dir, refuse_unless_fits, render_text
 from ..spec import load_spec
 
 
@@ -56,8 +56,4 @@ def command(model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu_memor
         click.echo(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
     else:
         click.echo(render_text(plan))
-    if not plan.fits:
-        raise VerdictFailure(
-            "the serving settings do not fit: " + "; ".join(plan.reasons or ["see the plan above"]) + ".",
-            hint="; ".join(s["text"] for s in plan.suggestions) or None,
-        )
+    refuse_unless_fits(plan, show_plan=False)  # the plan is already on stdout

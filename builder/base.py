@@ -111,9 +111,8 @@ def _scan_elf_file(path: Path, *, want_numpy: bool) -> _FileFacts:
         try:
             fh.seek(0)
             facts.glibc = _elf_glibc(fh)
-        except (ELFError, ValueError, KeyError, AssertionError) as exc:  # truncated/odd ELF: still binary
+        except Exception:  # noqa: BLE001 - truncated/odd ELF (pyelftools raises several kinds): still binary, no glibc fact
             facts.glibc = None
-            _ = exc
         if want_numpy and facts.is_shared_object:
             size = os.fstat(fh.fileno()).st_size
             if size:
@@ -132,7 +131,7 @@ def _python_abi_from_suffixes(names: Iterable[str]) -> str | None:
         elif _ABI3_SUFFIX.search(n):
             abi3 = True
     if cp:
-        return sorted(cp, key=lambda t: int(t[2:]))[-1] if len(cp) == 1 else ".".join(sorted(cp))
+        return ".".join(sorted(cp, key=lambda t: int(t[2:])))
     return "abi3" if abi3 else None
 
 

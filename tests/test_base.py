@@ -339,3 +339,11 @@ def test_scan_site_packages_reads_debian_style_egg_info(tmp_path):
     assert dists["debpkg"].facts.extensions == 1 and dists["debpkg"].facts.numpy_abi == {"1": 1, "2": 0}
     assert dists["debpkg"].facts.python_abi == "cp312"
     assert dists["single-file"].version == "0.5" and not dists["single-file"].facts.binary
+
+
+def test_truncated_elf_is_binary_without_glibc(tmp_path):
+    so = _gcc_so(tmp_path, "t.so", '#include <stdio.h>\nint f(void){return printf("x");}\n')
+    cut = tmp_path / "cut.so"
+    cut.write_bytes(so.read_bytes()[:200])
+    facts = scan_files([cut])
+    assert facts.binary and facts.extensions == 1 and facts.glibc is None

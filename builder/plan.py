@@ -194,6 +194,8 @@ def _layer_types(cfg: dict, n_layers: int, where: str) -> list[str]:
     if isinstance(interval, int) and not isinstance(interval, bool) and interval > 0 and "linear_num_value_heads" in cfg:
         return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
     if cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is not False:
+        if str(cfg.get("model_type", "")).startswith("gemma2"):  # Gemma 2 alternates, even layers windowed
+            return ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(n_layers)]
         pattern = cfg.get("sliding_window_pattern")
         if isinstance(pattern, int) and pattern > 0:  # Gemma 2/3: every pattern-th layer is global
             return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)]
@@ -323,6 +325,11 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
             layers.append(LayerKV(i, "chunked", per_tok, window=chunk))
         else:
             layers.append(LayerKV(i, "full", per_tok))
+    if any(l.kind == "chunked" for l in layers) and any(l.kind == "full" for l in layers):
+        # vLLM disables the hybrid KV manager for chunked local attention (latency regression,
+        # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE unset): chunked layers then hold full-length KV.
+        layers = [LayerKV(l.index, "full", l.bytes_per_token) if l.kind == "chunked" else l for l in layers]
+        notes.append("chunked-local-attention layers counted at full length (vLLM disables the hybrid KV manager for them)")
     if shared_from < n_layers:
         notes.append(f"last {n_layers - shared_from} layers reuse earlier layers' KV (num_kv_shared_layers)")
 
@@ -519,8 +526,8 @@ class Plan:
     boots: bool
     fits: bool
     reasons: list[str]
-    max_context_one_seq: int
-    max_context_at_num_seqs: int | None
+    max_context_one_seq: int | None      # None: not limited by KV memory
+    max_context_at_num_seqs: int | None  # None: not asked (no max_num_seqs) or not limited
     max_seqs_at_context: int
     min_utilization: float | None
     suggestions: list[dict[str, Any]]
@@ -730,6 +737,10 @@ def make_plan(
     max_ctx_seqs = None
     if max_num_seqs is not None and startup_ok and not attention_free and available > 0:
         max_ctx_seqs = largest(lambda n: boots_at(n, available) and concurrency(n, num_blocks) >= max_num_seqs, search_top)
+    if max_ctx_one == search_top:   # window/state layers only: context is not limited by KV memory
+        max_ctx_one = None
+    if max_ctx_seqs == search_top:
+        max_ctx_seqs = None
     max_seqs = int(math.floor(conc)) if (boots and not attention_free) else 0
 
     def fits_at_util(uu: float) -> bool:
@@ -918,7 +929,8 @@ def render_text(plan: Plan) -> str:
     else:
         lines.append(f"headroom after one full-length sequence: {_fmt(p.headroom_bytes)}")
     lines += [
-        f"max context, one sequence: {p.max_context_one_seq:,} tokens",
+        "max context, one sequence: "
+        + (f"{p.max_context_one_seq:,} tokens" if p.max_context_one_seq is not None else "not limited by KV memory"),
         f"max concurrent sequences at {p.max_model_len:,} tokens: {p.max_seqs_at_context}",
     ]
     if p.max_context_at_num_seqs is not None:

@@ -358,3 +358,25 @@ def test_gemma4_style_global_head_dim_unifies_pages():
     sw_blocks = math.ceil(min(1024 - 1 + 2 * 8192, 32768) / 32) + 1
     assert p.max_concurrency == pytest.approx(p.num_blocks / (math.ceil(32768 / 16) + 5 * sw_blocks))
     assert sw_tok * 32 == page
+
+
+def test_chunked_local_attention_counts_full_length_next_to_full_layers():
+    c = llama(layers=4, kv=8, attention_chunk_size=8192,
+              layer_types=["chunked_attention", "chunked_attention", "chunked_attention", "full_attention"])
+    p = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=65536, reserve_bytes=0)
+    assert p.kv_bytes_per_token_per_gpu == 4 * 8 * 2 * 128 * 2 and p.per_sequence_fixed_bytes == 0
+    only_chunked = make_plan({**c, "layer_types": ["chunked_attention"] * 4}, weights_bytes=0,
+                             gpu_memory_bytes=80 * GiB, max_model_len=65536, reserve_bytes=0)
+    assert only_chunked.kv_bytes_per_token_per_gpu == 0 and only_chunked.per_sequence_fixed_bytes > 0
+
+
+def test_gemma2_without_layer_types_alternates():
+    c = llama(layers=4, kv=8, model_type="gemma2", sliding_window=4096)
+    p = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=32768, reserve_bytes=0)
+    assert p.layers == {"full": 2, "sliding": 2}
+    mistral = make_plan(llama(layers=4, kv=8, sliding_window=4096), weights_bytes=0, gpu_memory_bytes=80 * GiB,
+                        max_model_len=32768, reserve_bytes=0)
+    assert mistral.layers == {"sliding": 4}
+    qwen = make_plan(llama(layers=4, kv=8, sliding_window=4096, use_sliding_window=False), weights_bytes=0,
+                     gpu_memory_bytes=80 * GiB, max_model_len=32768, reserve_bytes=0)
+    assert qwen.layers == {"full": 4}

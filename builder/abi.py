@@ -250,17 +250,22 @@ def build_chain(
     requires: Mapping[str, list[str]] | None = None,
     overlay: Iterable[str] = (),
     max_len: int = 8,
+    base_versions: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The chain that pulled ``name``: ``["numpy 2.3.5", "opencv-python-headless
-    4.13.0.90 (numpy>=2)", "vllm 0.26.0"]``.
+    4.13.0.90 (numpy>=2)", "vllm 0.26.0"]`` — each link after the first is a
+    parent, with (when known) the requirement it has on the previous link.
 
     ``final`` maps canonical name -> (display name, version) for the final set;
     ``via`` maps canonical name -> its ``# via`` parents (``-r overlay`` for a
     top-level requirement); ``requires`` (optional) maps canonical parent -> its
-    requirement strings, used to show what the parent asked for.  Walks the first
-    acyclic parent, preferring overlay requirements, then entries over base dists.
+    requirement strings; ``base_versions`` maps canonical name -> base version.
+    At each step the culprit is preferred: a parent whose requirement excludes
+    the base's version of the child; then an overlay requirement that does; then
+    the overlay; then any parent.  Cycles are cut.
     """
     requires = requires or {}
+    base_versions = base_versions or {}
     overlay_reqs = list(overlay)
     key = canonical_name(name)
     disp, ver = final.get(key, (name, ""))
@@ -271,24 +276,39 @@ def build_chain(
         parents = via.get(cur, [])
         if not parents:
             break
+        child_name = final.get(cur, (cur, ""))[0]
+        old = base_versions.get(cur)
         roots = [p for p in parents if p.startswith("-r")]
-        if roots and "overlay" in roots[0]:
-            spec = _requirement_on(overlay_reqs, final.get(cur, (cur, ""))[0])
-            chain.append(f"overlay ({spec})" if spec else "overlay")
-            break
         cands = [canonical_name(p) for p in parents if not p.startswith("-")]
         cands = [p for p in cands if p not in seen]
-        if not cands:
-            if roots:
-                chain.append("base pin" if "base" in roots[0] else roots[0])
+
+        def excludes_old(spec: str | None) -> bool:
+            if not spec or not old:
+                return False
+            try:
+                return not Requirement(spec).specifier.contains(old, prereleases=True)
+            except (InvalidRequirement, InvalidVersion):
+                return False
+
+        specs = {p: _requirement_on(requires.get(p, []), child_name) for p in cands}
+        ospec = _requirement_on(overlay_reqs, child_name) if any("overlay" in r for r in roots) else None
+        culprits = [p for p in cands if excludes_old(specs[p])]
+        if culprits:
+            nxt = culprits[0]
+        elif any("overlay" in r for r in roots) and (excludes_old(ospec) or not cands or old is None):
+            chain.append(f"overlay ({ospec or child_name})")
             break
-        nxt = cands[0]
+        elif cands:
+            nxt = cands[0]
+        else:
+            if roots:
+                chain.append("overlay" if "overlay" in roots[0] else ("base pin" if "base" in roots[0] else roots[0]))
+            break
         pdisp, pver = final.get(nxt, (nxt, ""))
-        spec = _requirement_on(requires.get(nxt, []), final.get(cur, (cur, ""))[0])
+        spec = specs[nxt]
         chain.append(f"{pdisp} {pver}".strip() + (f" ({spec})" if spec else ""))
         seen.add(nxt)
         cur = nxt
-    # "parent (child-spec)" reads "parent, which requires child-spec".
     return chain
 
 
@@ -320,11 +340,12 @@ def evaluate(
         final[e.key] = (e.name, e.version)
         final_facts[e.key] = e.facts
         via[e.key] = list(e.via)
+    base_versions = {k: d.version for k, d in base.distributions.items()}
     base_cu = base_cuda_variant(base)
     findings: list[Finding] = []
 
     def chain(name: str) -> list[str]:
-        return build_chain(name, final, via, requires, overlay)
+        return build_chain(name, final, via, requires, overlay, base_versions=base_versions)
 
     def add(rule: str, e: LockEntry, old: str | None, message: str, evidence: list[str] | None = None) -> None:
         findings.append(Finding(e.name, rule, old, e.version, message, evidence or [], chain(e.name)))
@@ -468,8 +489,12 @@ def format_finding(fd: Finding) -> str:
 
 def ways_out(fd: Finding) -> list[str]:
     outs = []
-    if fd.chain and len(fd.chain) > 1 and fd.chain[-1].startswith("overlay"):
-        outs.append(f"drop or loosen the overlay requirement that needs it ({fd.chain[-1]})")
+    if len(fd.chain) == 2 and fd.chain[-1].startswith("overlay"):
+        req = fd.chain[-1][len("overlay"):].strip(" ()") or fd.name
+        outs.append(f"drop or loosen the overlay requirement {req!r}")
+    elif len(fd.chain) > 2 and fd.chain[-1].startswith("overlay"):
+        outs.append(f"drop the overlay requirement that pulls it ({fd.chain[-1][len('overlay'):].strip(' ()')}) or pin "
+                    f"an older {fd.chain[1].split(' ')[0]} with --with")
     elif len(fd.chain) > 1:
         outs.append(f"pin an older version of the package that pulls it ({fd.chain[1].split(' (')[0]})"
                     " with --with so it fits the base")

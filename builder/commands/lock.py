@@ -1,1 +1,183 @@
-"""(not yet implemented)"""
+"""``build-image lock``: resolve the overlay on top of the base, gate it, write the lock."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from ..errors import AbiRejected, BadInput, StaleLock
+from ..util import canonical_name
+
+
+def _load_base(ref: str):
+    """(manifest, bytes-for-the-inputs-hash, label) from a manifest file or a local image ref."""
+    from ..manifest import load_manifest, parse_manifest
+
+    p = Path(ref)
+    if ref.endswith(".json") or p.exists():
+        manifest = load_manifest(p)
+        return manifest, p.read_bytes(), str(p)
+    from ..base import snapshot_image
+
+    manifest = snapshot_image(ref)
+    text = manifest.to_json()
+    parse_manifest(text, ref)  # round-trip check
+    return manifest, text.encode(), ref
+
+
+def _allow(names: tuple[str, ...], reasons: tuple[str, ...]) -> dict[str, str] | None:
+    if not names and not reasons:
+        return None
+    if names and not reasons:
+        raise BadInput("--allow-abi-change needs --reason TEXT: the reason is recorded in the lock header.")
+    if reasons and not names:
+        raise BadInput("--reason is only meaningful with --allow-abi-change NAME.")
+    if any(not r.strip() for r in reasons):
+        raise BadInput("--reason must not be empty.")
+    if len(reasons) == 1:
+        return {canonical_name(n): reasons[0].strip() for n in names}
+    if len(reasons) != len(names):
+        raise BadInput(
+            f"--allow-abi-change given {len(names)} times but --reason {len(reasons)} times; "
+            "give one --reason for all, or one per --allow-abi-change (in the same order)."
+        )
+    return {canonical_name(n): r.strip() for n, r in zip(names, reasons)}
+
+
+def _say_factory(quiet: bool):
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    if quiet or not console.is_terminal:
+        return console, None
+
+    status = console.status("locking")
+    return console, status
+
+
+@click.command("lock")
+@click.option("--vllm", "vllm", metavar="VERSION", help="vLLM version of the base (default: spec, else 0.26.0).")
+@click.option("--with", "with_", multiple=True, metavar="REQ",
+              help="Overlay requirement (repeatable), added to ray[serve]. Naming a base distribution releases its pin.")
+@click.option("--base", "base", metavar="REF_OR_MANIFEST",
+              help="Base manifest (.json) or a LOCAL image ref to snapshot (default: lockfiles/base/vllm-openai-v<vllm>.json).")
+@click.option("--spec", "spec_path", metavar="FILE", type=click.Path(path_type=Path),
+              help="Spec file (default: ./build-image.toml when present). Flags win.")
+@click.option("-o", "--output", "output", metavar="FILE", help="Lock file (default: lockfiles/vllm-<vllm>/requirements.lock).")
+@click.option("--check", is_flag=True, help="Exit 5 when the lock is stale against its inputs; write nothing.")
+@click.option("--upgrade", is_flag=True, help="Resolve again even when the lock is up to date with its inputs.")
+@click.option("--allow-abi-change", "allow_names", multiple=True, metavar="NAME",
+              help="Accept a gate violation for NAME (repeatable; needs --reason, recorded in the lock header).")
+@click.option("--reason", "reasons", multiple=True, metavar="TEXT", help="Why the ABI change is acceptable.")
+@click.option("--find-links", "find_links", multiple=True, metavar="DIR", help="Extra wheel folder (uv --find-links).")
+@click.option("--no-index", is_flag=True, help="Do not use PyPI: only --find-links folders.")
+@click.option("--exclude-newer", "exclude_newer", metavar="DATE", help="Ignore files uploaded after DATE (uv --exclude-newer).")
+@click.option("--no-default-overlay", is_flag=True, help="Do not add ray[serve] to the overlay.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
+def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
+            exclude_newer, no_default_overlay, as_json):
+    """Resolve ray[serve] + --with on top of the base image, run the ABI gate, write a hash-pinned lock.
+
+    Exit codes: 0 written / up to date, 2 bad input, 3 ABI gate rejection,
+    4 unsatisfiable on top of the base, 5 stale lock (--check), 12 uv failed.
+    """
+    from .. import lock as L
+    from ..abi import format_notices, format_rejection
+    from ..manifest import BaseManifest
+    from ..spec import DEFAULT_OVERLAY, check_vllm_version, load_spec
+
+    t_start = time.monotonic()
+    spec = load_spec(spec_path).with_flags(
+        vllm=vllm, with_=list(with_) or None, base=base, lock=output, allow_abi_change=_allow(allow_names, reasons)
+    )
+    if not spec.base:
+        check_vllm_version(spec.vllm)
+        base_ref = str(spec.base_manifest_path)
+    else:
+        base_ref = spec.base
+    manifest, base_bytes, base_label = _load_base(base_ref)
+    assert isinstance(manifest, BaseManifest)
+    base_vllm = manifest.get("vllm")
+    if base_vllm is not None and base_vllm.version != spec.vllm:
+        raise BadInput(
+            f"--vllm {spec.vllm} does not match the base {base_label}, which ships vllm {base_vllm.version}."
+        )
+    overlay = (list(spec.with_) if no_default_overlay else spec.overlay)
+    if not overlay:
+        raise BadInput("the overlay is empty: --no-default-overlay needs at least one --with REQ.")
+    reqs = L.parse_overlay(overlay, where="--with" if not spec.source else f"--with / {spec.source} 'with'")
+    L.check_overlay_against_vllm(reqs, spec.vllm)
+    req = L.LockRequest(
+        vllm=spec.vllm, base=manifest, base_bytes=base_bytes, overlay=overlay,
+        allow=dict(spec.allow_abi_change), find_links=[f if "://" in f else str(Path(f).resolve()) for f in find_links], no_index=no_index,
+        exclude_newer=exclude_newer,
+    )
+    lock_path = spec.lock_path
+    uv = L.Uv()
+
+    if check or (not upgrade and lock_path.exists()):
+        fresh, why = L.is_up_to_date(lock_path, req, uv)
+        if fresh:
+            _emit(as_json, {"status": "up-to-date", "lock": str(lock_path), "written": False,
+                            "seconds": round(time.monotonic() - t_start, 3)},
+                  f"{lock_path} is up to date with its inputs (base {base_label}, overlay {', '.join(overlay)}).")
+            return
+        if check:
+            raise StaleLock(f"{lock_path} is stale: {why}.", hint="run `build-image lock` (without --check) to regenerate it.")
+
+    console, status = _say_factory(False)
+    if status is not None:
+        status.start()
+
+    def say(msg: str) -> None:
+        if status is not None:
+            status.update(msg)
+        else:
+            console.print(f"[dim]lock:[/dim] {msg}", highlight=False)
+
+    try:
+        result = L.lock(req, uv, progress=say)
+    finally:
+        if status is not None:
+            status.stop()
+    gate = result.gate
+    if not gate.ok:
+        n = len(gate.violations)
+        raise AbiRejected(
+            f"{n} violation{'s' if n != 1 else ''} on top of base {base_label} "
+            f"(vllm {spec.vllm}); nothing was written to {lock_path}.",
+            details=format_rejection(gate),
+        )
+    result.lock.save(lock_path)
+    notices = format_notices(gate)
+    if notices and not as_json:
+        click.echo("notices:\n" + notices, err=True)
+    summary = {
+        "status": "written",
+        "lock": str(lock_path),
+        "written": True,
+        "entries": len(result.lock.entries),
+        "resolved": result.resolved,
+        "moved_base": sorted(e.key for e in result.lock.entries if e.base_version),
+        "inputs_sha256": result.lock.header["inputs-sha256"],
+        "lock_hash": result.lock.lock_hash,
+        "gate": gate.to_dict(),
+        "timings": {k: round(v, 3) for k, v in result.timings.items()},
+        "seconds": round(time.monotonic() - t_start, 3),
+    }
+    moved = summary["moved_base"]
+    _emit(as_json, summary,
+          f"wrote {lock_path}: {len(result.lock.entries)} packages on top of base {base_label} "
+          f"({result.resolved} resolved; base distributions moved: {', '.join(moved) or 'none'}; "
+          f"{len(gate.notices)} notice(s), {len(gate.allowed)} allowed ABI change(s)).")
+
+
+def _emit(as_json: bool, doc: dict, text: str) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    else:
+        click.echo(text)

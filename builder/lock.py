@@ -1,0 +1,685 @@
+"""Lock stage: resolve the overlay on top of the base with uv, build the LockFile.
+
+Layers (each usable on its own):
+
+* pure functions — :func:`base_requirements`, :func:`inputs_sha256`,
+  :func:`parse_uv_requirements`, :func:`parse_pylock`, :func:`select_wheel`,
+  :func:`explain_unsatisfiable`, :func:`build_entries` — data in, data out;
+* the **uv adapter** (:class:`Uv`): the only place that runs uv (its CLI, the
+  binary shipped by the pinned ``uv`` package);
+* the **wheel fetcher** (:func:`fetch_wheel`): sha256-verified download cache
+  under ``builder.util.cache_dir()/wheels``; plus a facts cache keyed by the
+  wheel's sha256 so a wheel is scanned once;
+* :func:`lock` — the stage: request in, :class:`LockResult` out (nothing is
+  written here; the command writes the file atomically after the gate).
+
+Resolution: every base distribution is passed as a *requirement* ``name==version``
+(not only a constraint) so uv's derivation names the real culprit; a base
+distribution named in the overlay (``--with``) loses its pin and may move.  uv
+runs twice: ``requirements.txt`` output (the ``# via`` graph), then, offline
+from the cache just filled, ``pylock.toml`` output (the wheel URLs and sha256 of
+the files usable on the base's platform).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import zipfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import Tag, compatible_tags, cpython_tags, parse_tag
+from packaging.utils import parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from . import __version__
+from .abi import GateResult, evaluate
+from .errors import BadInput, ExternalToolError, IntegrityError, Unsatisfiable
+from .lockfile import LockEntry, LockFile, WheelRef
+from .manifest import BaseManifest, DistFacts
+from .util import atomic_write_bytes, atomic_write_text, cache_dir, canonical_name, sha256_bytes, sha256_file
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+FACTS_CACHE_VERSION = "1"
+Progress = Callable[[str], None]
+
+
+# =========================================================================== request
+
+
+@dataclass
+class LockRequest:
+    """Everything a lock depends on (and nothing else)."""
+
+    vllm: str
+    base: BaseManifest
+    base_bytes: bytes  # the manifest file's bytes (or its JSON for an image snapshot)
+    overlay: list[str]  # ray[serve] + --with
+    allow: dict[str, str] = field(default_factory=dict)
+    find_links: list[str] = field(default_factory=list)
+    no_index: bool = False
+    exclude_newer: str | None = None
+
+    @property
+    def manifest_sha256(self) -> str:
+        return sha256_bytes(self.base_bytes)
+
+
+def parse_overlay(reqs: Iterable[str], where: str = "--with") -> list[Requirement]:
+    """Parse overlay requirements; a malformed one or two different requirements
+    on the same package are :class:`BadInput`."""
+    out: list[Requirement] = []
+    seen: dict[str, str] = {}
+    for raw in reqs:
+        try:
+            req = Requirement(raw)
+        except InvalidRequirement as exc:
+            raise BadInput(f"{where} requirement {raw!r} is not a valid PEP 508 requirement ({exc}).") from None
+        if req.url:
+            raise BadInput(f"{where} requirement {raw!r}: direct URLs are not supported; use --find-links DIR.")
+        key = canonical_name(req.name)
+        if key in seen and seen[key] != str(req):
+            a, b = Requirement(seen[key]), req
+            if str(a.specifier) and str(b.specifier) and str(a.specifier) != str(b.specifier):
+                raise BadInput(
+                    f"conflicting overlay requirements for {req.name}: {seen[key]!r} and {raw!r} "
+                    f"({where}); give one requirement per package.",
+                )
+        seen[key] = str(req)
+        out.append(req)
+    return out
+
+
+def check_overlay_against_vllm(overlay: list[Requirement], vllm: str) -> None:
+    for req in overlay:
+        if canonical_name(req.name) == "vllm" and str(req.specifier) and not req.specifier.contains(vllm, prereleases=True):
+            raise BadInput(
+                f"--with {str(req)!r} conflicts with --vllm {vllm}: the overlay cannot replace the base's vllm.",
+            )
+
+
+def base_requirements(base: BaseManifest, overlay: Iterable[Requirement | str]) -> list[str]:
+    """``name==version`` for every base distribution not named in the overlay."""
+    released = {canonical_name(r.name if isinstance(r, Requirement) else Requirement(r).name) for r in overlay}
+    return [
+        f"{d.name}=={d.version}"
+        for key, d in sorted(base.distributions.items())
+        if key not in released
+    ]
+
+
+def inputs_sha256(req: LockRequest, uv_version: str, tool_version: str = __version__) -> str:
+    """Hash over every input of the lock: manifest bytes, overlay, allowed ABI
+    changes, index flags, exclude-newer, tool and uv versions."""
+    doc = {
+        "manifest": req.manifest_sha256,
+        "vllm": req.vllm,
+        "overlay": list(req.overlay),
+        "allow": sorted((canonical_name(k), v) for k, v in req.allow.items()),
+        "find_links": [str(Path(f).resolve()) if "://" not in f else f for f in req.find_links],
+        "no_index": req.no_index,
+        "exclude_newer": req.exclude_newer,
+        "tool": tool_version,
+        "uv": uv_version,
+    }
+    return sha256_bytes(json.dumps(doc, sort_keys=True).encode())
+
+
+# =========================================================================== uv output parsing
+
+
+_UV_REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(\S+?)\s*(?:\\)?\s*(?:;.*)?$")
+
+
+def _norm_via(v: str) -> str:
+    v = v.strip()
+    if v.startswith("-r ") or v.startswith("-c "):
+        stem = Path(v[3:].strip()).stem
+        return f"{v[:2]} {stem}"
+    return v
+
+
+def parse_uv_requirements(text: str) -> dict[str, tuple[str, str, list[str]]]:
+    """uv's ``requirements.txt`` output -> ``{key: (name, version, via)}``."""
+    out: dict[str, tuple[str, str, list[str]]] = {}
+    cur: str | None = None
+    in_via = False
+    for raw in text.splitlines():
+        if not raw.strip():
+            continue
+        if not raw.startswith((" ", "#")):
+            m = _UV_REQ.match(raw.strip())
+            if m:
+                name, ver = m.group(1), m.group(2)
+                cur = canonical_name(name)
+                out[cur] = (name, ver, [])
+                in_via = False
+            continue
+        s = raw.strip()
+        if cur is None or not s.startswith("#"):
+            continue
+        body = s[1:].strip()
+        if body.startswith("via "):
+            out[cur][2].append(_norm_via(body[4:]))
+            in_via = False
+        elif body == "via":
+            in_via = True
+        elif in_via and body:
+            out[cur][2].append(_norm_via(body))
+    return out
+
+
+@dataclass
+class WheelCandidate:
+    filename: str
+    url: str  # https://... or file:///abs/path
+    sha256: str
+    size: int | None = None
+
+
+def parse_pylock(text: str, base_dir: Path | None = None) -> dict[str, tuple[str, str, list[WheelCandidate]]]:
+    """uv's ``pylock.toml`` -> ``{key: (name, version, wheels)}`` (wheels usable on
+    the target platform; ``path`` entries become ``file://`` URLs)."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ExternalToolError(f"uv wrote an unreadable pylock.toml ({exc}).") from None
+    out = {}
+    for pkg in doc.get("packages", []):
+        name, version = pkg["name"], pkg.get("version", "")
+        wheels = []
+        for w in pkg.get("wheels", []):
+            sha = (w.get("hashes") or {}).get("sha256")
+            if not sha:
+                continue
+            if "url" in w:
+                url = w["url"]
+            elif "path" in w:
+                p = Path(w["path"])
+                if not p.is_absolute() and base_dir is not None:
+                    p = (base_dir / p).resolve()
+                url = p.as_uri()
+            else:
+                continue
+            fname = w.get("name") or url.split("#")[0].rsplit("/", 1)[-1]
+            wheels.append(WheelCandidate(fname, url, sha, w.get("size")))
+        out[canonical_name(name)] = (name, version, wheels)
+    return out
+
+
+def target_tags(python_version: str, python_abi: str, platform: str) -> list[Tag]:
+    """The wheel tags an installer accepts on the base, most preferred first
+    (``x86_64-manylinux_2_35`` -> manylinux_2_35 ... 2_5, manylinux1, linux)."""
+    m = re.match(r"^(x86_64|aarch64)-manylinux_(\d+)_(\d+)$", platform)
+    if not m:
+        raise BadInput(f"base platform {platform!r} is not of the form <arch>-manylinux_<major>_<minor>.")
+    arch, major, minor = m.group(1), int(m.group(2)), int(m.group(3))
+    plats = [f"manylinux_{major}_{v}_{arch}" for v in range(minor, 4, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    plats_full = []
+    for p in plats:
+        plats_full.append(p)
+        v = int(p.split("_")[2])
+        if major == 2 and v in legacy:
+            plats_full.append(f"{legacy[v]}_{arch}")
+    plats_full.append(f"linux_{arch}")
+    pv = tuple(int(x) for x in python_version.split(".")[:2])
+    tags = list(cpython_tags(pv, abis=[python_abi], platforms=plats_full))
+    tags += list(compatible_tags(pv, interpreter=f"cp{pv[0]}{pv[1]}", platforms=plats_full))
+    return tags
+
+
+def select_wheel(cands: list[WheelCandidate], tags: list[Tag]) -> WheelCandidate | None:
+    """The candidate an installer would pick: the one whose best tag ranks first."""
+    rank = {t: i for i, t in enumerate(tags)}
+    best, best_rank = None, None
+    for c in cands:
+        try:
+            _, _, _, ctags = parse_wheel_filename(c.filename)
+        except Exception:  # noqa: BLE001 - odd name: cannot rank it
+            continue
+        r = min((rank[t] for t in ctags if t in rank), default=None)
+        if r is not None and (best_rank is None or r < best_rank):
+            best, best_rank = c, r
+    return best
+
+
+def is_pure_wheel(filename: str) -> bool:
+    try:
+        _, _, _, tags = parse_wheel_filename(filename)
+    except Exception:  # noqa: BLE001
+        return False
+    return all(t.platform == "any" for t in tags)
+
+
+def pure_facts(filename: str) -> DistFacts:
+    abis = set()
+    try:
+        _, _, _, tags = parse_wheel_filename(filename)
+        abis = {t.abi for t in tags}
+    except Exception:  # noqa: BLE001
+        pass
+    abi = "none" if not abis or abis == {"none"} else sorted(abis)[0]
+    return DistFacts(binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, glibc=None, python_abi=abi)
+
+
+# =========================================================================== unsatisfiable
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def trim_derivation(stderr: str, max_lines: int = 30) -> str:
+    lines = [_ANSI.sub("", ln).rstrip() for ln in stderr.splitlines()]
+    lines = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith(("Resolved ", "Using ", "warning: "))]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"  ... ({len(lines) - max_lines} more lines)"]
+    return "\n".join(lines)
+
+
+def involved_base_pins(derivation: str, base: BaseManifest, released: Iterable[str] = ()) -> list[str]:
+    """Base distributions (canonical names) whose pin appears in uv's derivation."""
+    released = {canonical_name(r) for r in released}
+    text = _ANSI.sub("", derivation)
+    names = set()
+    for m in re.finditer(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([0-9][^\s,;)]*)", text):
+        key = canonical_name(m.group(1))
+        d = base.get(key)
+        if d is not None and key not in released and m.group(2).rstrip(".") == d.version:
+            names.add(key)
+    return sorted(names)
+
+
+def pin_evidence(key: str, base: BaseManifest) -> list[str]:
+    """Why a base pin matters, from the binary facts of the base."""
+    d = base.get(key)
+    if d is None:
+        return []
+    out = []
+    if key == "numpy":
+        try:
+            gen = "2" if Version(d.version).major >= 2 else "1"
+        except InvalidVersion:
+            gen = "1"
+        users = [
+            (o.name, o.version, o.facts.numpy_abi.get(gen, 0))
+            for k, o in sorted(base.distributions.items())
+            if k != "numpy" and o.facts.numpy_abi.get(gen, 0) > 0 and (gen == "2" or not o.facts.numpy_abi.get("2", 0))
+        ]
+        for name, ver, n in users[:6]:
+            out.append(f"{name} {ver} there has {n} extension{'s' if n != 1 else ''} built against numpy {gen}.x")
+        if len(users) > 6:
+            out.append(f"... and {len(users) - 6} more distributions with numpy {gen}.x extensions")
+    from .abi import is_exact_coupled
+
+    if is_exact_coupled(key):
+        out.append(f"{d.name} is exact-coupled to vllm's compiled kernels: it never moves on top of the base")
+    elif d.facts.binary and key != "numpy":
+        out.append(f"{d.name} {d.version} ships {d.facts.extensions} compiled file(s) in the base")
+    return out
+
+
+def explain_unsatisfiable(stderr: str, base: BaseManifest, overlay: Iterable[str]) -> tuple[str, str]:
+    """(message, details) of an :class:`Unsatisfiable` from uv's stderr."""
+    overlay = list(overlay)
+    released = [Requirement(r).name for r in overlay]
+    derivation = trim_derivation(stderr)
+    pins = involved_base_pins(stderr, base, released)
+    lines = ["uv's derivation:", *("  " + ln for ln in derivation.splitlines())]
+    if pins:
+        lines.append("base pins involved:")
+        for key in pins:
+            d = base.get(key)
+            ev = pin_evidence(key, base)
+            lines.append(f"  {d.name}=={d.version} is pinned by the base" + (f"; {ev[0]}" if ev else ""))
+            lines.extend(f"    {e}" for e in ev[1:])
+    ways = []
+    for key in pins:
+        d = base.get(key)
+        from .abi import is_exact_coupled
+
+        if not is_exact_coupled(key):
+            ways.append(f"--with '{d.name}>=X' releases the {d.name} pin (then the ABI gate decides)")
+    ways.append("drop or loosen the overlay requirement that needs the conflicting version")
+    lines.append("ways out: " + "; or ".join(ways))
+    names = ", ".join(f"{base.get(k).name}=={base.get(k).version}" for k in pins)
+    msg = (
+        f"no resolution of the overlay ({', '.join(overlay)}) fits on top of the base"
+        + (f": it conflicts with the base pin(s) {names}." if pins else ".")
+    )
+    return msg, "\n".join(lines)
+
+
+# =========================================================================== uv adapter
+
+
+class Uv:
+    """Thin adapter over the uv CLI."""
+
+    def __init__(self, binary: str | None = None):
+        self.binary = binary or find_uv()
+        self._version: str | None = None
+
+    def version(self) -> str:
+        if self._version is None:
+            r = subprocess.run([self.binary, "--version"], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise ExternalToolError(f"`{self.binary} --version` failed: {r.stderr.strip()}")
+            self._version = r.stdout.split()[1] if len(r.stdout.split()) > 1 else r.stdout.strip()
+        return self._version
+
+    def compile(self, sources: list[Path], out: Path, *, python_version: str, platform: str,
+                fmt: str = "requirements.txt", hashes: bool = False, find_links: Iterable[str] = (),
+                no_index: bool = False, exclude_newer: str | None = None, offline: bool = False,
+                cwd: Path | None = None) -> subprocess.CompletedProcess:
+        cmd = [self.binary, "pip", "compile", *map(str, sources), "-o", str(out), "--format", fmt,
+               "--python-version", python_version, "--python-platform", platform, "--no-build",
+               "--no-header", "--quiet", "--color", "never"]
+        if hashes:
+            cmd.append("--generate-hashes")
+        for fl in find_links:
+            cmd += ["--find-links", str(fl)]
+        if no_index:
+            cmd.append("--no-index")
+        if exclude_newer:
+            cmd += ["--exclude-newer", exclude_newer]
+        if offline:
+            cmd.append("--offline")
+        env = {**os.environ, "UV_NO_CONFIG": "1", "NO_COLOR": "1"}
+        env.pop("UV_SYSTEM_PYTHON", None)
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
+        except OSError as exc:
+            raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
+
+
+def find_uv() -> str:
+    """The uv binary of the pinned ``uv`` package (``uv.find_uv_bin()``), else the
+    one next to this interpreter, else ``uv`` on PATH."""
+    try:
+        import uv  # type: ignore
+
+        return uv.find_uv_bin()
+    except Exception:  # noqa: BLE001 - the package may be absent in odd installs
+        pass
+    cand = Path(sys.executable).with_name("uv")
+    if cand.exists():
+        return str(cand)
+    found = shutil.which("uv")
+    if found:
+        return found
+    raise ExternalToolError("uv is not installed (pip install uv==0.13.9).")
+
+
+def _is_resolution_failure(stderr: str) -> bool:
+    s = _ANSI.sub("", stderr)
+    return "No solution found" in s or "unsatisfiable" in s.lower() or "requirements are unsatisfiable" in s
+
+
+# =========================================================================== wheels
+
+
+def _download(url: str, dest: Path, sha256: str) -> None:
+    tmp = dest.with_name(dest.name + ".part")
+    try:
+        if url.startswith("file://"):
+            shutil.copyfile(urllib.request.url2pathname(url[len("file://"):]), tmp)
+        else:
+            req = urllib.request.Request(url, headers={"User-Agent": f"build-image/{__version__}"})
+            with urllib.request.urlopen(req, timeout=120) as r, open(tmp, "wb") as fh:
+                shutil.copyfileobj(r, fh, 1 << 20)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise IntegrityError(f"cannot fetch {url}: {exc}.") from None
+    got = sha256_file(tmp)
+    if got != sha256:
+        tmp.unlink(missing_ok=True)
+        raise IntegrityError(f"{url}: sha256 {got} does not match the lock's {sha256}; download refused.")
+    os.replace(tmp, dest)
+
+
+def fetch_wheel(url: str, sha256: str, filename: str | None = None) -> Path:
+    """A verified local copy of ``url`` (cached by sha256; a corrupt cache entry is refetched)."""
+    try:  # the patch stage's fetcher, when present, is the one shared cache
+        from .fetch import fetch  # type: ignore
+
+        return Path(fetch(url, sha256))
+    except ImportError:
+        pass
+    filename = filename or url.split("#")[0].rsplit("/", 1)[-1]
+    dest = cache_dir() / "wheels" / sha256[:2] / sha256 / filename
+    if dest.exists():
+        if sha256_file(dest) == sha256:
+            return dest
+        dest.unlink()
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _download(url, dest, sha256)
+    return dest
+
+
+def _facts_cache_path(sha256: str) -> Path:
+    return cache_dir() / "facts" / f"{sha256}.v{FACTS_CACHE_VERSION}.json"
+
+
+def wheel_facts(cand: WheelCandidate) -> tuple[DistFacts, list[str]]:
+    """(binary facts, Requires-Dist) of a candidate: pure wheels from the name only,
+    binary wheels downloaded (verified) and scanned, both cached by sha256."""
+    if is_pure_wheel(cand.filename):
+        return pure_facts(cand.filename), []
+    cpath = _facts_cache_path(cand.sha256)
+    if cpath.exists():
+        try:
+            doc = json.loads(cpath.read_text())
+            return DistFacts(**doc["facts"]), list(doc["requires"])
+        except (ValueError, KeyError, TypeError):
+            cpath.unlink(missing_ok=True)
+    from .base import scan_wheel
+
+    path = fetch_wheel(cand.url, cand.sha256, cand.filename)
+    _, _, facts = scan_wheel(path)
+    requires = wheel_requires(path)
+    atomic_write_text(cpath, json.dumps({"facts": facts.__dict__, "requires": requires}))
+    return facts, requires
+
+
+def requires_of(cand: WheelCandidate) -> list[str]:
+    """Requires-Dist of a candidate (fetched sha256-verified and cached by sha256);
+    used to show what each link of a chain asked for."""
+    cpath = _facts_cache_path(cand.sha256)
+    if cpath.exists():
+        try:
+            return list(json.loads(cpath.read_text())["requires"])
+        except (ValueError, KeyError, TypeError):
+            cpath.unlink(missing_ok=True)
+    path = fetch_wheel(cand.url, cand.sha256, cand.filename)
+    requires = wheel_requires(path)
+    if is_pure_wheel(cand.filename):
+        atomic_write_text(cpath, json.dumps({"facts": pure_facts(cand.filename).__dict__, "requires": requires}))
+    return requires
+
+
+def chain_ancestors(entries: list[LockEntry], names: Iterable[str]) -> set[str]:
+    """Canonical names of the lock entries on any ``# via`` path above ``names``."""
+    via = {e.key: [canonical_name(v) for v in e.via if not v.startswith("-")] for e in entries}
+    todo, seen = [canonical_name(n) for n in names], set()
+    while todo:
+        k = todo.pop()
+        for p in via.get(k, []):
+            if p not in seen and p in via:
+                seen.add(p)
+                todo.append(p)
+    return seen
+
+
+def wheel_requires(path: Path) -> list[str]:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            meta = [n for n in zf.namelist() if re.match(r"^[^/]+\.dist-info/METADATA$", n)]
+            if not meta:
+                return []
+            msg = HeaderParser().parsestr(zf.read(meta[0]).decode("utf-8", "replace"))
+            return list(msg.get_all("Requires-Dist") or [])
+    except (zipfile.BadZipFile, OSError):
+        return []
+
+
+# =========================================================================== the stage
+
+
+@dataclass
+class LockResult:
+    lock: LockFile
+    gate: GateResult
+    resolved: int  # distributions in the whole resolution (base pins included)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def build_entries(
+    base: BaseManifest,
+    resolved: Mapping[str, tuple[str, str, list[str]]],
+    wheels: Mapping[str, tuple[str, str, list[WheelCandidate]]],
+    tags: list[Tag],
+) -> tuple[list[LockEntry], dict[str, WheelCandidate]]:
+    """Entries for what is not already in the base at the same version (pure)."""
+    entries: list[LockEntry] = []
+    chosen: dict[str, WheelCandidate] = {}
+    for key, (name, version, via) in sorted(resolved.items()):
+        b = base.get(key)
+        if b is not None and _same_version(b.version, version):
+            continue
+        wl = wheels.get(key)
+        if wl is None:
+            raise ExternalToolError(f"uv's pylock.toml lacks {name}=={version} that its requirements output has.")
+        cands = wl[2]
+        pick = select_wheel(cands, tags)
+        if pick is None:
+            raise Unsatisfiable(
+                f"{name}=={version} has no wheel installable on the base "
+                f"(none of {', '.join(c.filename for c in cands) or 'no files'} matches its platform)."
+            )
+        chosen[key] = pick
+        entries.append(LockEntry(
+            name=wl[0], version=version, hashes=sorted({c.sha256 for c in cands}), via=list(via),
+            wheel=WheelRef(url=pick.url, sha256=pick.sha256),
+            base_version=b.version if b is not None else None,
+        ))
+    return entries, chosen
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = None) -> LockResult:
+    """Resolve ``req`` and judge it; raises :class:`Unsatisfiable` / tool errors.
+    Returns the LockFile and the gate's result (the caller decides on exit 3)."""
+    uv = uv or Uv()
+    say = progress or (lambda _m: None)
+    base = req.base
+    overlay_reqs = parse_overlay(req.overlay)
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="bi-lock-") as t:
+        tmp = Path(t)
+        (tmp / "overlay.in").write_text("\n".join(req.overlay) + "\n")
+        (tmp / "base.in").write_text("\n".join(base_requirements(base, overlay_reqs)) + "\n")
+        sources = [tmp / "overlay.in", tmp / "base.in"]
+        common = dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
+                      no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=tmp)
+        say(f"resolving {', '.join(req.overlay)} on top of {len(base.distributions)} base pins (uv)")
+        t0 = time.monotonic()
+        r1 = uv.compile(sources, tmp / "requirements.txt", **common)
+        timings["resolve"] = time.monotonic() - t0
+        if r1.returncode != 0:
+            if _is_resolution_failure(r1.stderr):
+                msg, details = explain_unsatisfiable(r1.stderr, base, req.overlay)
+                raise Unsatisfiable(msg, details=details)
+            raise ExternalToolError(f"uv pip compile failed (exit {r1.returncode}):\n{trim_derivation(r1.stderr)}")
+        resolved = parse_uv_requirements((tmp / "requirements.txt").read_text())
+        say("collecting wheel URLs and hashes for the base's platform (uv, from cache)")
+        t0 = time.monotonic()
+        r2 = uv.compile(sources, tmp / "pylock.toml", fmt="pylock.toml", hashes=True, offline=True, **common)
+        if r2.returncode != 0:  # cache incomplete: same resolution online
+            r2 = uv.compile(sources, tmp / "pylock.toml", fmt="pylock.toml", hashes=True, **common)
+        if r2.returncode != 0:
+            raise ExternalToolError(f"uv pip compile --format pylock.toml failed:\n{trim_derivation(r2.stderr)}")
+        wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp)
+        timings["wheels"] = time.monotonic() - t0
+    tags = target_tags(base.python_version, base.python_abi, base.platform)
+    entries, chosen = build_entries(base, resolved, wheels, tags)
+    t0 = time.monotonic()
+    requires: dict[str, list[str]] = {}
+    binaries = [e for e in entries if not is_pure_wheel(chosen[e.key].filename)]
+    for i, e in enumerate(entries):
+        cand = chosen[e.key]
+        if not is_pure_wheel(cand.filename):
+            say(f"scanning binary wheel {cand.filename} ({binaries.index(e) + 1}/{len(binaries)})")
+        e.facts, requires[e.key] = wheel_facts(cand)
+    gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=req.overlay)
+    flagged = [f.name for f in gate.violations + gate.allowed + gate.notices]
+    missing = [k for k in chain_ancestors(entries, flagged) if not requires.get(k)]
+    if missing:  # what each link of the chains asked for: fetch those few (pure) wheels
+        say(f"reading the requirements of {len(missing)} package(s) on the chains")
+        for k in missing:
+            requires[k] = requires_of(chosen[k])
+        gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=req.overlay)
+    timings["scan"] = time.monotonic() - t0
+    header = {
+        "build-image-lock": "1",
+        "tool": f"build-image {__version__} (uv {uv.version()})",
+        "vllm": req.vllm,
+        "base-ref": base.image_ref or "-",
+        "base-digest": base.image_digest or "-",
+        "base-manifest-sha256": req.manifest_sha256,
+        "python": base.python_version,
+        "platform": base.platform,
+        "inputs-sha256": inputs_sha256(req, uv.version()),
+    }
+    if req.exclude_newer:
+        header["exclude-newer"] = req.exclude_newer
+    if req.no_index or req.find_links:
+        header["index"] = " ".join((["--no-index"] if req.no_index else []) + [f"--find-links {f}" for f in req.find_links])
+    allow_used = {canonical_name(k): v for k, v in req.allow.items()}
+    lockfile = LockFile(header=header, overlay=list(req.overlay), allow_abi_change=allow_used, entries=entries)
+    return LockResult(lock=lockfile, gate=gate, resolved=len(resolved), timings=timings)
+
+
+def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None) -> tuple[bool, str]:
+    """(fresh?, why) comparing the lock's ``inputs-sha256`` with the request's — no resolution."""
+    from .lockfile import load_lock
+
+    if not lock_path.exists():
+        return False, f"{lock_path} does not exist"
+    existing = load_lock(lock_path)
+    uv = uv or Uv()
+    want = inputs_sha256(req, uv.version())
+    have = existing.header.get("inputs-sha256")
+    if have == want:
+        return True, "inputs unchanged"
+    reasons = []
+    if existing.header.get("base-manifest-sha256") != req.manifest_sha256:
+        reasons.append("the base manifest changed")
+    if existing.overlay != list(req.overlay):
+        reasons.append(f"the overlay changed ({', '.join(existing.overlay)} -> {', '.join(req.overlay)})")
+    if {canonical_name(k): v for k, v in req.allow.items()} != existing.allow_abi_change:
+        reasons.append("the allowed ABI changes changed")
+    if existing.header.get("tool") != f"build-image {__version__} (uv {uv.version()})":
+        reasons.append(f"the tool changed ({existing.header.get('tool')})")
+    return False, "; ".join(reasons) or "index flags or exclude-newer changed"

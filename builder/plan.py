@@ -46,14 +46,41 @@ GPU_PRESETS: dict[str, int] = {
     "h100": int(79.19 * GiB),
 }
 
-KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "half", "fp8", "fp8_e4m3", "fp8_e5m2", "float32")
+KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "half", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "float32")
 
 _DTYPE_BYTES = {
     "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
     # vLLM's dtype="auto" serves float32 checkpoints in bfloat16/float16.
     "float32": 2, "fp32": 2, "float": 2,
     "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "nvfp4": 1,  # uint8 storage; the head dim is packed (see _head_bytes)
 }
+
+
+def _head_bytes(head_dim: int, kv_dtype: str) -> int:
+    """Bytes of one K (or V) head vector for one token (kv_cache_interface real_page_size_bytes)."""
+    if kv_dtype == "nvfp4":  # fp4 data + one fp8 scale per 16 elements (nvfp4_kv_cache_full_dim)
+        return head_dim // 2 + head_dim // 16
+    return head_dim * _DTYPE_BYTES[kv_dtype]
+
+
+def _modelopt_kv_dtype(cfg: dict) -> str | None:
+    """What vLLM resolves kv_cache_dtype='auto' to for ModelOpt checkpoints
+    (utils/torch_utils.py:get_kv_cache_quant_algo_string): fp8 or nvfp4 KV, else None."""
+    q = cfg.get("quantization_config")
+    if not isinstance(q, dict) or not str(q.get("quant_method", "")).startswith("modelopt"):
+        return None
+    inner = q.get("quantization", q) if isinstance(q.get("quantization", q), dict) else q
+    algo = inner.get("kv_cache_scheme") or q.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo") or q.get("kv_cache_quant_algo")
+    if isinstance(algo, dict):
+        if algo.get("dynamic") is False and algo.get("num_bits") == 8 and algo.get("type") == "float":
+            return "fp8"
+        if algo.get("num_bits") == 4 and algo.get("type") == "float":
+            return "nvfp4"
+        return None
+    if isinstance(algo, str) and algo.lower() in ("fp8", "nvfp4"):
+        return algo.lower()
+    return None
 
 _FULL_TYPES = {"full_attention", "attention", "global", "global_attention", "full"}
 _SLIDING_TYPES = {"sliding_attention", "sliding_window", "sliding_window_attention", "local", "local_attention", "swa"}
@@ -253,8 +280,12 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
     kv_dt = (kv_cache_dtype or "auto").lower()
     if kv_dt not in KV_CACHE_DTYPES:
         raise BadInput(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}.")
-    kv_bytes = dtype_bytes if kv_dt == "auto" else _DTYPE_BYTES[kv_dt]
+    auto_note = None
+    if kv_dt == "auto" and (resolved := _modelopt_kv_dtype(cfg)):
+        kv_dt = resolved
+        auto_note = f"kv_cache_dtype 'auto' resolves to {resolved} from the checkpoint's ModelOpt quantization_config"
     kv_name = dtype_name if kv_dt == "auto" else kv_dt
+    kv_bytes = _DTYPE_BYTES[kv_name]
 
     # TP checks vLLM itself makes (ModelConfig.verify_with_parallel_config, QKVParallelLinear).
     if n_heads % tp:
@@ -263,7 +294,7 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
             f"(\"Total number of attention heads must be divisible by tensor parallel size\")."
         )
     mla = cfg.get("kv_lora_rank") is not None
-    notes: list[str] = []
+    notes: list[str] = [auto_note] if auto_note else []
     if not mla:
         if n_kv >= tp and n_kv % tp:
             raise BadInput(f"{where}: num_key_value_heads ({n_kv}) is not divisible by tp={tp}; vLLM cannot shard them.")
@@ -314,7 +345,7 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
             hd = int(global_head)
             if cfg.get("attention_k_eq_v") and cfg.get("num_global_key_value_heads"):
                 heads = max(1, int(cfg["num_global_key_value_heads"]) // tp)
-        per_tok = heads * 2 * hd * kv_bytes
+        per_tok = heads * 2 * _head_bytes(hd, kv_name)
         if t in _SLIDING_TYPES:
             if not isinstance(window, int) or window <= 0:
                 raise BadInput(f"{where}: layer {i} is sliding_attention but 'sliding_window' is not a positive integer.")

@@ -380,3 +380,17 @@ def test_gemma2_without_layer_types_alternates():
     qwen = make_plan(llama(layers=4, kv=8, sliding_window=4096, use_sliding_window=False), weights_bytes=0,
                      gpu_memory_bytes=80 * GiB, max_model_len=32768, reserve_bytes=0)
     assert qwen.layers == {"full": 4}
+
+
+def test_modelopt_checkpoint_auto_kv_dtype_and_nvfp4_packing():
+    q = {"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8"}}
+    c = llama(layers=4, kv=8, quantization_config=q)
+    auto = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    assert auto.kv_cache_dtype == "fp8" and auto.kv_bytes_per_token_per_gpu == 4 * 8 * 2 * 128 * 1
+    assert any("ModelOpt" in n for n in auto.notes)
+    forced = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0,
+                       kv_cache_dtype="bf16")
+    assert forced.kv_bytes_per_token_per_gpu == 2 * auto.kv_bytes_per_token_per_gpu
+    fp4 = make_plan(llama(layers=4, kv=8), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096,
+                    reserve_bytes=0, kv_cache_dtype="nvfp4")
+    assert fp4.kv_bytes_per_token_per_gpu == 4 * 8 * 2 * (128 // 2 + 128 // 16)  # fp4 data + fp8 block scales

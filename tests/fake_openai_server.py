@@ -1,0 +1,189 @@
+"""A small stand-in for `vllm serve` (OpenAI-compatible), for CPU tests of the smoke probe.
+
+Standard library only.  It prints real vLLM 0.26.0 log lines to stdout (the
+probe parses them from the server log), answers /health, /v1/models and
+/v1/completions (plain and streaming SSE), and can inject failures.  The
+completion requests are numbered from 1 in arrival order; the probe's warm-up
+request is number 1, so round 1's requests are 2..1+concurrency.
+
+    python tests/fake_openai_server.py --port N [--boot-delay S] [--fail-500-at K ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+BOOT_LINES = [
+    "INFO 11-30 03:10:01 [api_server.py:1880] vLLM API server version 0.26.0",
+    "INFO 11-30 03:10:09 [model.py:612] Resolved architecture: Qwen3ForCausalLM",
+    "INFO 11-30 03:10:31 [default_loader.py:431] Loading weights took 0.05 seconds",
+    "INFO 11-30 03:10:32 [gpu_model_runner.py:5348] Model loading took 0.0079 GiB memory and 1.234567 seconds",
+    "INFO 11-30 03:10:40 [gpu_worker.py:561] Available KV cache memory: 69.54 GiB",
+    "INFO 11-30 03:10:40 [kv_cache_utils.py:2177] GPU KV cache size: 72,916,432 tokens",
+    "INFO 11-30 03:10:40 [kv_cache_utils.py:2179] Maximum concurrency for 2,048 tokens per request: 35603.73x",
+    "INFO 11-30 03:10:41 [core.py:348] init engine (profile, create kv cache, warmup model) took 9.87 s",
+    "INFO 11-30 03:10:42 [launcher.py:37] Route: /v1/completions, Methods: POST",
+    "INFO:     Application startup complete.",
+]
+OOM_LINE = (
+    "ERROR 11-30 03:11:02 [core.py:1012] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+    "2.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 1.06 GiB is free."
+)
+
+
+def log(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+class State:
+    def __init__(self, args):
+        self.args = args
+        self.t0 = time.monotonic()
+        self.count = 0
+        self.lock = threading.Lock()
+
+    def next_index(self) -> int:
+        with self.lock:
+            self.count += 1
+            return self.count
+
+
+def make_handler(state: State):
+    a = state.args
+
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *args):  # quiet access log
+            pass
+
+        def _json(self, code: int, obj) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                if time.monotonic() - state.t0 < a.boot_delay:
+                    self._json(503, {"status": "loading"})
+                else:
+                    self._json(200, {})
+            elif self.path == "/v1/models":
+                self._json(200, {"object": "list", "data": [{"id": a.model_id, "object": "model"}]})
+            else:
+                self._json(404, {"error": "not found"})
+
+        def do_POST(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}")
+            if self.path != "/v1/completions":
+                self._json(404, {"error": "not found"})
+                return
+            k = state.next_index()
+            if k in a.die_at:
+                log("ERROR 11-30 03:11:05 [core.py:1012] EngineCore encountered a fatal error.")
+                os._exit(3)
+            if k in a.oom_at:
+                log(OOM_LINE)
+            if k in a.fail_500_at:
+                self._json(500, {"error": {"message": "Internal Server Error", "type": "InternalServerError"}})
+                return
+            if k in a.hang_at:
+                time.sleep(3600)
+            if body.get("model") != a.model_id:
+                self._json(404, {"error": {"message": f"model {body.get('model')!r} does not exist"}})
+                return
+            n = int(body.get("max_tokens") or 16)
+            if not body.get("stream"):
+                time.sleep(a.token_delay * n)
+                self._json(200, {
+                    "id": f"cmpl-{k}", "object": "text_completion", "model": a.model_id,
+                    "choices": [{"index": 0, "text": " ".join(f"w{i}" for i in range(n)), "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n},
+                })
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            try:
+                for i in range(n):
+                    if k in a.drop_stream_at and i == n // 2:
+                        self.wfile.flush()
+                        self.connection.shutdown(2)
+                        return
+                    if k in a.error_event_at and i == n // 2:
+                        ev = {"error": {"object": "error", "message": "engine error during generation", "code": 500}}
+                        self.wfile.write(f"data: {json.dumps(ev)}\n\n".encode())
+                        self.wfile.flush()
+                        break
+                    chunk = {"id": f"cmpl-{k}", "object": "text_completion", "model": a.model_id,
+                             "choices": [{"index": 0, "text": f" w{i}", "finish_reason": None}]}
+                    self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(a.token_delay)
+                usage = {"id": f"cmpl-{k}", "object": "text_completion", "model": a.model_id, "choices": [],
+                         "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}}
+                self.wfile.write(f"data: {json.dumps(usage)}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+    return H
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model-id", default="fake-model")
+    p.add_argument("--boot-delay", type=float, default=0.0, help="/health answers 503 for this long")
+    p.add_argument("--token-delay", type=float, default=0.001)
+    p.add_argument("--exit-during-boot", action="store_true", help="log a ValueError and exit 1 before serving")
+    p.add_argument("--ignore-sigterm", action="store_true", help="needs SIGKILL to stop")
+    p.add_argument("--child-pidfile", default=None, help="spawn a sleeping child (like the engine core) and write its pid")
+    p.add_argument("--pidfile", default=None)
+    p.add_argument("--no-kv-lines", action="store_true")
+    for name in ("fail-500-at", "drop-stream-at", "error-event-at", "die-at", "oom-at", "hang-at"):
+        p.add_argument(f"--{name}", type=int, action="append", default=[])
+    a = p.parse_args(argv)
+    if a.pidfile:
+        with open(a.pidfile, "w") as fh:
+            fh.write(str(os.getpid()))
+    if a.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if a.child_pidfile:
+        child = subprocess.Popen([sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"])
+        with open(a.child_pidfile, "w") as fh:
+            fh.write(str(child.pid))
+    for line in BOOT_LINES[:2]:
+        log(line)
+    if a.exit_during_boot:
+        log("ERROR 11-30 03:10:20 [core.py:1012] ValueError: To serve at least one request with the model's max seq len "
+            "(1048576), (24.00 GiB KV cache is needed, which is larger than the available KV cache memory (12.02 GiB).")
+        return 1
+    for line in BOOT_LINES[2:]:
+        if a.no_kv_lines and "KV cache" in line or a.no_kv_lines and "concurrency" in line:
+            continue
+        log(line)
+    srv = ThreadingHTTPServer(("127.0.0.1", a.port), make_handler(State(a)))
+    srv.daemon_threads = True
+    srv.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

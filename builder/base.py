@@ -638,6 +638,21 @@ def _versions_from_lib_dirs(tree: _ImageTree) -> list[str]:
     return sorted(vers, key=Version)
 
 
+def _repo_of(ref: str) -> str:
+    """Repository part of an image reference, Docker Hub defaults folded
+    (``docker.io/library/ubuntu:22.04`` and ``ubuntu@sha256:..`` -> ``ubuntu``)."""
+    name = ref.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
+    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    if name.startswith("library/") and name.count("/") == 1:
+        name = name[len("library/"):]
+    return name
+
+
 def snapshot_image(
     ref: str,
     *,
@@ -668,13 +683,13 @@ def snapshot_image(
         raise _engine_error(["image", "inspect", ref], insp.stderr)
     info = _json.loads(insp.stdout)[0]
     image_id = info.get("Id")
-    repo = ref.split("@")[0].rsplit(":", 1)[0] if ":" in ref.split("/")[-1] or "@" in ref else ref.split("@")[0]
     digest = None
     if "@sha256:" in ref:
         digest = ref.split("@", 1)[1]
     else:
+        repo = _repo_of(ref)
         for rd in info.get("RepoDigests") or []:
-            if rd.split("@")[0] == repo:
+            if _repo_of(rd) == repo:
                 digest = rd.split("@", 1)[1]
                 break
     env = {}

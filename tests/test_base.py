@@ -347,3 +347,35 @@ def test_truncated_elf_is_binary_without_glibc(tmp_path):
     cut.write_bytes(so.read_bytes()[:200])
     facts = scan_files([cut])
     assert facts.binary and facts.extensions == 1 and facts.glibc is None
+
+
+def test_repo_of_folds_docker_hub_defaults():
+    from builder.base import _repo_of
+
+    assert _repo_of("docker.io/library/ubuntu:22.04") == "ubuntu"
+    assert _repo_of("ubuntu@sha256:" + "a" * 64) == "ubuntu"
+    assert _repo_of("127.0.0.1:5000/team/img:1") == "127.0.0.1:5000/team/img"
+    assert _repo_of("127.0.0.1:5000/team/img") == "127.0.0.1:5000/team/img"
+    assert _repo_of("vllm/vllm-openai:v0.26.0") == "vllm/vllm-openai"
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_snapshot_image_records_the_registry_digest(tmp_path, tiny_images):
+    if subprocess.run(["curl", "-sf", "http://127.0.0.1:5000/v2/"], capture_output=True).returncode != 0:
+        pytest.skip("no local registry on 127.0.0.1:5000")
+    ref = "127.0.0.1:5000/build-image-test/tiny-python:digest"
+    assert _docker("tag", tiny_images["py"], ref).returncode == 0
+    try:
+        push = _docker("push", ref)
+        assert push.returncode == 0, push.stderr
+        import re
+
+        pushed = re.findall(r"digest: (sha256:[0-9a-f]{64})", push.stdout)
+        out = tmp_path / "m.json"
+        assert _snap("--image", ref, "-o", str(out)).exit_code == 0
+        m = load_manifest(out)
+        assert m.image_digest == pushed[0] and m.image_digest.startswith("sha256:")
+        assert m.pinned_ref == f"{ref}@{pushed[0]}"  # name:tag@digest: the digest decides
+    finally:
+        _docker("rmi", ref)

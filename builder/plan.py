@@ -843,6 +843,51 @@ def refuse_unless_fits(plan: "Plan", *, show_plan: bool = True) -> None:
     )
 
 
+_LOG_AVAILABLE = re.compile(r"Available KV cache memory:\s*([0-9.]+)\s*GiB")
+_LOG_TOKENS = re.compile(r"GPU KV cache size:\s*([0-9,]+)\s*tokens")
+_LOG_CONC = re.compile(r"Maximum concurrency for\s*([0-9,]+)\s*tokens per request:\s*([0-9.]+)x")
+
+
+def parse_vllm_kv_log(text: str) -> dict[str, Any]:
+    """The KV lines vLLM 0.26.0 logs at boot (first occurrence of each); missing ones are None."""
+    out: dict[str, Any] = {"available_kv_bytes": None, "kv_tokens": None, "max_model_len": None, "max_concurrency": None}
+    if m := _LOG_AVAILABLE.search(text):
+        out["available_kv_bytes"] = int(float(m.group(1)) * GiB)
+    if m := _LOG_TOKENS.search(text):
+        out["kv_tokens"] = int(m.group(1).replace(",", ""))
+    if m := _LOG_CONC.search(text):
+        out["max_model_len"] = int(m.group(1).replace(",", ""))
+        out["max_concurrency"] = float(m.group(2))
+    return out
+
+
+def compare_with_log(plan: "Plan", log_text: str, *, tolerance: float = 0.05) -> dict[str, Any]:
+    """Prediction vs what vLLM logged at boot (for the smoke step's ground truth).
+
+    ``implied_reserve_bytes`` is what vLLM actually set aside besides weights
+    (requested − weights − logged available): feed it back as ``reserve_bytes``.
+    """
+    logged = parse_vllm_kv_log(log_text)
+    res: dict[str, Any] = {
+        "predicted_kv_tokens": plan.kv_tokens_per_gpu,
+        "logged_kv_tokens": logged["kv_tokens"],
+        "predicted_max_concurrency": plan.max_concurrency,
+        "logged_max_concurrency": logged["max_concurrency"],
+        "predicted_available_kv_bytes": plan.available_kv_bytes,
+        "logged_available_kv_bytes": logged["available_kv_bytes"],
+        "token_error": None,
+        "within_tolerance": None,
+        "implied_reserve_bytes": None,
+    }
+    if logged["kv_tokens"]:
+        err = (plan.kv_tokens_per_gpu - logged["kv_tokens"]) / logged["kv_tokens"]
+        res["token_error"] = err
+        res["within_tolerance"] = abs(err) <= tolerance
+    if logged["available_kv_bytes"] is not None:
+        res["implied_reserve_bytes"] = plan.requested_bytes - plan.weights_per_gpu - logged["available_kv_bytes"]
+    return res
+
+
 # --------------------------------------------------------------------------- reading a model directory
 
 def load_config(path: str | Path) -> tuple[dict, Path]:

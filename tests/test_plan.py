@@ -394,3 +394,23 @@ def test_modelopt_checkpoint_auto_kv_dtype_and_nvfp4_packing():
     fp4 = make_plan(llama(layers=4, kv=8), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096,
                     reserve_bytes=0, kv_cache_dtype="nvfp4")
     assert fp4.kv_bytes_per_token_per_gpu == 4 * 8 * 2 * (128 // 2 + 128 // 16)  # fp4 data + fp8 block scales
+
+
+def test_compare_with_vllm_boot_log():
+    from builder.plan import compare_with_log
+
+    log = (
+        "INFO 11-30 02:10:01 [gpu_worker.py:561] Available KV cache memory: 69.54 GiB\n"
+        "INFO 11-30 02:10:02 [kv_cache_utils.py:2177] GPU KV cache size: 72,916,432 tokens\n"
+        "INFO 11-30 02:10:02 [kv_cache_utils.py:2179] Maximum concurrency for 2,048 tokens per request: 35603.73x\n"
+    )
+    p = make_plan(cfg("tiny_qwen3"), weights_bytes=0, gpu_memory_bytes=GPU_PRESETS["h200"],
+                  gpu_memory_utilization=0.5, max_model_len=2048, enforce_eager=True)
+    cmp = compare_with_log(p, log)
+    assert cmp["logged_kv_tokens"] == 72_916_432 and cmp["logged_max_concurrency"] == pytest.approx(35603.73)
+    assert cmp["within_tolerance"] is True and abs(cmp["token_error"]) < 0.05
+    # feeding the implied reserve back reproduces the logged capacity almost exactly
+    again = make_plan(cfg("tiny_qwen3"), weights_bytes=0, gpu_memory_bytes=GPU_PRESETS["h200"],
+                      gpu_memory_utilization=0.5, max_model_len=2048, reserve_bytes=cmp["implied_reserve_bytes"])
+    assert abs(again.kv_tokens_per_gpu - 72_916_432) / 72_916_432 < 0.001
+    assert compare_with_log(p, "no kv lines here")["within_tolerance"] is None

@@ -1,1 +1,118 @@
-"""(not yet implemented)"""
+"""``build-image render``: write a self-contained build context (Dockerfile, lock, wheels, patches)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from ..errors import BadInput
+
+
+def default_out_dir(vllm: str) -> Path:
+    return Path("build") / f"vllm-{vllm}"
+
+
+def stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def load_inputs(spec, *, lock_file: str | None, base: str | None):
+    """(base manifest, lock, lock text) named by flags/spec; BadInput naming the file otherwise."""
+    from ..lockfile import parse_lock
+    from ..manifest import load_manifest
+    from ..spec import check_vllm_version
+
+    if base:
+        if not base.endswith(".json"):
+            raise BadInput(f"--base {base!r}: render needs a base manifest file (.json); "
+                           "snapshot an image with `build-image base snapshot --image REF -o FILE`.")
+        manifest = load_manifest(base)
+    else:
+        if not spec.base:
+            check_vllm_version(spec.vllm)
+        manifest = load_manifest(spec.base_manifest_path)
+    lock_path = Path(lock_file) if lock_file else spec.lock_path
+    try:
+        lock_text = lock_path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"lock {lock_path} does not exist.", hint="create it with `build-image lock` (or pass --lock FILE).") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"lock {lock_path} cannot be read: {exc}.") from None
+    lock = parse_lock(lock_text, str(lock_path))
+    vm = manifest.get("vllm")
+    if vm is not None and vm.version != spec.vllm:
+        raise BadInput(f"--vllm {spec.vllm} does not match the base manifest, which ships vllm {vm.version}.")
+    return manifest, lock, lock_text
+
+
+def git_revision() -> str | None:
+    import subprocess
+
+    from ..util import project_root
+
+    try:
+        out = subprocess.run(["git", "-C", str(project_root()), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+@click.command("render")
+@click.option("--vllm", "vllm", metavar="VERSION", help="vLLM version (default: spec, else 0.26.0).")
+@click.option("--spec", "spec_file", metavar="FILE", type=click.Path(dir_okay=False), help="Spec file (default ./build-image.toml).")
+@click.option("--lock", "lock_file", metavar="FILE", help="Lock file (default: spec 'lock', else lockfiles/vllm-<v>/requirements.lock).")
+@click.option("--base", "base", metavar="MANIFEST", help="Base manifest (default: lockfiles/base/vllm-openai-v<v>.json).")
+@click.option("--series", "series", metavar="DIR", type=click.Path(file_okay=False, path_type=Path),
+              help="Patch series directory (default: patches/vllm/<v>/).")
+@click.option("--wheel", "wheel", metavar="VLLM_WHEEL", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="The vllm wheel the series is checked against (default: fetched from PyPI, cached).")
+@click.option("-o", "--output", "out", metavar="DIR", type=click.Path(file_okay=False, path_type=Path),
+              help="Context directory (default: build/vllm-<v>); replaced atomically.")
+@click.option("--tag", "repo", metavar="REPO", help="Image repository the tags are made for (default: spec 'repo').")
+@click.option("--kuberay", is_flag=True, help="Also write rayservice.yaml / raycluster.yaml into the context.")
+@click.option("--image", "kuberay_image", metavar="REF", help="Image the KubeRay manifests run (default: the content-addressed tag).")
+@click.option("--allow-tag", is_flag=True, help="KubeRay manifests may reference the image by tag instead of digest.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
+def command(vllm, spec_file, lock_file, base, series, wheel, out, repo, kuberay, kuberay_image, allow_tag, as_json):
+    """Write a self-contained build context: Dockerfile, requirements.lock, wheels/, patches/, app/.
+
+    Exit codes: 0 written, 2 bad input, 6 patch series does not apply, 7 download/sha256 failure.
+    Nothing is written on failure (the context is built in a temp dir and renamed into place).
+    """
+    from ..render import render_context
+    from ..spec import load_spec
+
+    spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo)
+    manifest, lock, lock_text = load_inputs(spec, lock_file=lock_file, base=base)
+    out = out or default_out_dir(spec.vllm)
+    console = stderr_console()
+    with console.status("render") as status:
+        result = render_context(
+            vllm=spec.vllm, base=manifest, lock=lock, lock_text=lock_text, out_dir=out,
+            series_dir=series, vllm_wheel=wheel, repo=spec.repo, kuberay=kuberay,
+            kuberay_image=kuberay_image, allow_tag=allow_tag, spec=spec, revision=git_revision(),
+            on_step=lambda s: status.update(f"render: {s}"),
+        )
+    doc = {
+        "context": str(result.out_dir),
+        "files": result.files,
+        "tags": result.tags,
+        "lock_hash": lock.lock_hash,
+        "wheels": len(lock.entries),
+        "patches": result.plan.patches,
+        "patched_files": [p.relpath for p in result.plan.patched],
+        "base": manifest.pinned_ref,
+    }
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    else:
+        click.echo(f"wrote {result.out_dir}: {len(lock.entries)} wheels, {len(result.plan.patched)} patched file(s) "
+                   f"from {len(result.plan.patches)} patch(es); FROM {manifest.pinned_ref}")
+        click.echo(f"build it: build-image build {result.out_dir}" + (f" --tag {spec.repo}" if spec.repo else "")
+                   + f"   (or: cd {result.out_dir} && DOCKER_BUILDKIT=1 docker build --network=none"
+                   + "".join(f" -t {t}" for t in result.tags) + " .)")

@@ -1,0 +1,495 @@
+"""Render: (base manifest, lock, patched files) -> Dockerfile text + build context.
+
+The decisions are pure functions of data (:class:`RenderPlan` -> Dockerfile text,
+labels, tags, file list, sha256 lists) so they are tested as text.  Writing the
+context (:func:`write_context`) is the only side effect: everything goes into a
+temporary directory beside the target, which is renamed into place at the end,
+so a failure leaves the previous context (or nothing) and never half of one.
+
+Context layout (and nothing else)::
+
+    Dockerfile
+    requirements.lock           the lock, verbatim (pip/uv --require-hashes accept it)
+    wheels/<file>.whl           exactly the locked wheels, sha256-verified
+    patches/original.sha256     sha256 of each file the series touches, as in the vllm wheel
+    patches/patched.sha256      sha256 of each patched file     (paths relative to site-packages)
+    patches/files/<relpath>     the patched files
+    app/build_image_serve_app.py  the Ray Serve application module
+    (+ rayservice.yaml / raycluster.yaml with --kuberay)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Protocol
+
+import jinja2
+
+from . import __version__
+from .errors import BadInput, IntegrityError
+from .lockfile import LockFile
+from .manifest import BaseManifest
+from .util import project_root, sha256_file
+
+SERVE_MODULE = "build_image_serve_app"
+SERVE_APP_FILE = f"{SERVE_MODULE}.py"
+LABEL_PREFIX = "org.build-image"
+DEFAULT_SITE_PACKAGES = "/usr/local/lib/python{python}/dist-packages"
+
+
+class PatchedFileLike(Protocol):
+    relpath: str
+    original_sha256: str
+    patched_sha256: str
+
+
+@dataclass(frozen=True)
+class PatchedFile:
+    relpath: str
+    original_sha256: str
+    patched_sha256: str
+
+
+@dataclass
+class RenderPlan:
+    """Everything the Dockerfile depends on (no paths to the host, no secrets)."""
+
+    vllm: str
+    base: BaseManifest
+    lock: LockFile
+    patched: list[PatchedFile] = field(default_factory=list)
+    patches: list[str] = field(default_factory=list)   # patch names, series order
+    repo: str | None = None
+    serve_app: bool = True
+    source_date_epoch: int = 0
+    revision: str | None = None
+
+    @property
+    def lock_hash(self) -> str:
+        return self.lock.lock_hash
+
+    @property
+    def site_packages(self) -> str:
+        return self.base.site_packages or DEFAULT_SITE_PACKAGES.format(python=self.base.python_version)
+
+
+# ---------------------------------------------------------------- pure decisions
+def tag_names(vllm: str, lock_hash: str) -> list[str]:
+    """The two tag names: content-addressed first, then the moving one."""
+    return [f"vllm{vllm}-{lock_hash[:12]}", f"vllm{vllm}"]
+
+
+def image_tags(repo: str, vllm: str, lock_hash: str) -> list[str]:
+    repo = repo.strip()
+    if not repo or "@" in repo or repo.rsplit("/", 1)[-1].count(":"):
+        raise BadInput(f"--tag {repo!r}: give an image repository without a tag or digest (e.g. 127.0.0.1:5000/serving/vllm).")
+    return [f"{repo}:{t}" for t in tag_names(vllm, lock_hash)]
+
+
+def default_repo(vllm: str) -> str:
+    return "build-image/vllm-serving"
+
+
+def from_ref(base: BaseManifest) -> str:
+    ref = base.pinned_ref
+    if not ref:
+        raise BadInput("base manifest: 'image.ref' is empty; render needs the base image reference.",
+                       hint="snapshot the base with `build-image base snapshot --image REF`.")
+    return ref
+
+
+def choose_installer(base: BaseManifest) -> str:
+    """uv when the base image carries it (the official vLLM image does), else pip."""
+    return "uv" if base.get("uv") is not None else "pip"
+
+
+def check_consistency(plan: RenderPlan) -> None:
+    """The lock must have been made for this base and this vllm; every entry needs its wheel."""
+    h = plan.lock.header
+    problems = []
+    if h.get("vllm") and h["vllm"] != plan.vllm:
+        problems.append(f"the lock is for vllm {h['vllm']}, not {plan.vllm}")
+    if h.get("python") and h["python"] != plan.base.python_version:
+        problems.append(f"the lock is for Python {h['python']}, the base manifest has {plan.base.python_version}")
+    ref = (plan.base.image_ref or "").split("@")[0]
+    if h.get("base-ref") not in (None, "-", "") and ref and h["base-ref"].split("@")[0] != ref:
+        problems.append(f"the lock's base-ref is {h['base-ref']}, the base manifest's is {ref}")
+    lock_digest = h.get("base-digest")
+    if lock_digest not in (None, "-", "") and plan.base.image_digest and lock_digest != plan.base.image_digest:
+        problems.append(f"the lock's base-digest is {lock_digest}, the base manifest's is {plan.base.image_digest}")
+    if problems:
+        raise BadInput("lock and base manifest do not belong together: " + "; ".join(problems) + ".",
+                       hint="re-run `build-image lock` against this base manifest.")
+    missing = [e.name for e in plan.lock.entries if e.wheel is None]
+    if missing:
+        raise BadInput(
+            f"lock: {len(missing)} entr{'y has' if len(missing) == 1 else 'ies have'} no '# wheel:' line "
+            f"({', '.join(missing[:5])}); render needs each locked wheel's URL and sha256.",
+            hint="regenerate the lock with `build-image lock`.",
+        )
+    for e in plan.lock.entries:
+        if e.wheel and e.wheel.sha256 not in e.hashes:
+            raise BadInput(f"lock, line {e.line}: {e.name}'s wheel sha256 is not among its --hash lines.")
+        if e.wheel and not e.wheel.filename.endswith(".whl"):
+            raise BadInput(f"lock, line {e.line}: {e.name} is locked to {e.wheel.filename}, not a wheel; "
+                           "the image build installs wheels only (no compiler, no network).")
+
+
+def epoch_iso(epoch: int) -> str:
+    return _dt.datetime.fromtimestamp(epoch, tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def oci_labels(plan: RenderPlan) -> list[tuple[str, str]]:
+    """Image labels, in a stable order.  Nothing host- or user-specific, no credentials."""
+    tags = tag_names(plan.vllm, plan.lock_hash)
+    labels = [
+        ("org.opencontainers.image.title", "vllm-serving"),
+        ("org.opencontainers.image.description",
+         f"vLLM {plan.vllm} serving image with a hash-locked overlay on {plan.base.image_ref}"),
+        ("org.opencontainers.image.version", tags[0]),
+        ("org.opencontainers.image.created", epoch_iso(plan.source_date_epoch)),
+        ("org.opencontainers.image.base.name", (plan.base.image_ref or "").split("@")[0]),
+        ("org.opencontainers.image.base.digest", plan.base.image_digest or ""),
+        ("org.opencontainers.image.vendor", "build-image"),
+    ]
+    if plan.revision:
+        labels.append(("org.opencontainers.image.revision", plan.revision))
+    labels += [
+        (f"{LABEL_PREFIX}.vllm", plan.vllm),
+        (f"{LABEL_PREFIX}.lock-hash", plan.lock_hash),
+        (f"{LABEL_PREFIX}.base-digest", plan.base.image_digest or "-"),
+        (f"{LABEL_PREFIX}.python", plan.base.python_version),
+        (f"{LABEL_PREFIX}.packages", str(len(plan.lock.entries))),
+        (f"{LABEL_PREFIX}.patches", ",".join(plan.patches) or "-"),
+        (f"{LABEL_PREFIX}.patched-files", str(len(plan.patched))),
+        (f"{LABEL_PREFIX}.tool", f"build-image {__version__}"),
+    ]
+    return labels
+
+
+def sha256_list(patched: Iterable[PatchedFileLike], which: str) -> str:
+    """``sha256sum -c`` input: ``<hex>  <relpath>`` lines, sorted by path."""
+    attr = {"original": "original_sha256", "patched": "patched_sha256"}[which]
+    lines = [f"{getattr(p, attr)}  {p.relpath}" for p in sorted(patched, key=lambda p: p.relpath)]
+    return "".join(line + "\n" for line in lines)
+
+
+def context_files(plan: RenderPlan) -> list[str]:
+    """Every file of the context, relative, sorted (the test of 'nothing else')."""
+    files = ["Dockerfile", "requirements.lock"]
+    files += [f"wheels/{e.wheel.filename}" for e in plan.lock.entries if e.wheel]
+    if plan.patched:
+        files += ["patches/original.sha256", "patches/patched.sha256"]
+        files += [f"patches/files/{p.relpath}" for p in plan.patched]
+    if plan.serve_app:
+        files.append(f"app/{SERVE_APP_FILE}")
+    return sorted(files)
+
+
+def _dq(value: str) -> str:
+    """A Dockerfile double-quoted word: escape backslash, quote and $ (no variable expansion)."""
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$").replace("\n", " ") + '"'
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(project_root() / "templates")),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["dq"] = _dq
+    env.filters["pycache_dir"] = lambda rel: (str(Path(rel).parent / "__pycache__"))
+    return env
+
+
+def render_dockerfile(plan: RenderPlan) -> str:
+    """The Dockerfile text: a pure function of the plan."""
+    for p in plan.patched:
+        if p.relpath.startswith("/") or ".." in Path(p.relpath).parts or any(c.isspace() for c in p.relpath):
+            raise BadInput(f"patched file path {p.relpath!r} must be relative to site-packages, without '..' or spaces.")
+    repo = plan.repo or default_repo(plan.vllm)
+    return _env().get_template("Dockerfile.j2").render(
+        tool_version=__version__,
+        vllm=plan.vllm,
+        python=plan.base.python_version,
+        from_ref=from_ref(plan.base),
+        site_packages=plan.site_packages.rstrip("/"),
+        installer=choose_installer(plan.base),
+        patched=sorted(plan.patched, key=lambda p: p.relpath),
+        patches=plan.patches,
+        serve_app=SERVE_APP_FILE if plan.serve_app else None,
+        serve_module=SERVE_MODULE,
+        source_date_epoch=int(plan.source_date_epoch),
+        labels=oci_labels(plan),
+        tags=image_tags(repo, plan.vllm, plan.lock_hash),
+    )
+
+
+# ---------------------------------------------------------------- side effects
+def serve_app_source() -> Path:
+    return project_root() / "templates" / "serve" / SERVE_APP_FILE
+
+
+def default_source_date_epoch() -> int:
+    """``SOURCE_DATE_EPOCH`` from the environment, else 0 (stable across commits, so a
+    no-op rebuild is a cache hit and the same inputs give the same image)."""
+    raw = os.environ.get("SOURCE_DATE_EPOCH")
+    if raw is None or raw == "":
+        return 0
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadInput(f"SOURCE_DATE_EPOCH={raw!r} is not an integer number of seconds.") from None
+
+
+def fetch_wheels(lock: LockFile, *, on_wheel: Callable[[str], None] | None = None) -> dict[str, Path]:
+    """Download (or take from the cache) every locked wheel, sha256-verified. filename -> path."""
+    try:
+        from .fetch import fetch
+    except ImportError:  # the shared fetcher not present: the lock stage's verified download
+        from .lock import fetch_wheel as fetch
+
+    out: dict[str, Path] = {}
+    for e in sorted(lock.entries, key=lambda e: e.key):
+        assert e.wheel is not None
+        if on_wheel:
+            on_wheel(e.wheel.filename)
+        path = Path(fetch(e.wheel.url, e.wheel.sha256))
+        got = sha256_file(path)
+        if got != e.wheel.sha256:  # fetch verifies; this guards the copy we are about to make
+            raise IntegrityError(f"{e.wheel.filename}: sha256 {got} does not match the lock's {e.wheel.sha256}.")
+        out[e.wheel.filename] = path
+    return out
+
+
+def _place(src: Path, dst: Path, sha256: str) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+    got = sha256_file(dst)
+    if got != sha256:
+        raise IntegrityError(f"{dst.name}: sha256 {got} does not match the lock's {sha256} after copying it into the context.")
+
+
+def write_context(
+    out_dir: str | Path,
+    plan: RenderPlan,
+    *,
+    wheels: dict[str, Path],
+    patched_root: Path | None = None,
+    lock_text: str | None = None,
+    extra: Callable[[Path], Iterable[Path]] | None = None,
+) -> list[str]:
+    """Write the context for ``plan`` into ``out_dir`` atomically (temp dir + rename).
+
+    ``patched_root`` holds the patched files at their site-packages-relative paths;
+    ``extra(tmp_dir)`` may add files (KubeRay manifests) before the rename.
+    Returns the relative paths written.
+    """
+    out = Path(out_dir)
+    check_consistency(plan)
+    dockerfile = render_dockerfile(plan)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
+        (tmp / "requirements.lock").write_text(lock_text if lock_text is not None else plan.lock.format(), encoding="utf-8")
+        (tmp / "wheels").mkdir()
+        for e in plan.lock.entries:
+            assert e.wheel is not None
+            src = wheels.get(e.wheel.filename)
+            if src is None:
+                raise IntegrityError(f"no downloaded file for locked wheel {e.wheel.filename}.")
+            _place(Path(src), tmp / "wheels" / e.wheel.filename, e.wheel.sha256)
+        if plan.patched:
+            if patched_root is None:
+                raise BadInput("render: patched files were listed but no directory holding them was given.")
+            (tmp / "patches").mkdir()
+            (tmp / "patches" / "original.sha256").write_text(sha256_list(plan.patched, "original"))
+            (tmp / "patches" / "patched.sha256").write_text(sha256_list(plan.patched, "patched"))
+            for p in plan.patched:
+                src = Path(patched_root) / p.relpath
+                dst = tmp / "patches" / "files" / p.relpath
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dst)
+                if sha256_file(dst) != p.patched_sha256:
+                    raise IntegrityError(f"patched file {p.relpath}: its sha256 differs from the patch result's.")
+        if plan.serve_app:
+            (tmp / "app").mkdir()
+            shutil.copyfile(serve_app_source(), tmp / "app" / SERVE_APP_FILE)
+        written = context_files(plan)
+        if extra is not None:
+            written += [str(Path(p).relative_to(tmp)) for p in extra(tmp)]
+        for dp, _dn, fn in os.walk(tmp):
+            for f in fn:
+                os.chmod(os.path.join(dp, f), 0o644)
+        for dp, dn, _fn in os.walk(tmp):
+            for d in dn:
+                os.chmod(os.path.join(dp, d), 0o755)
+        os.chmod(tmp, 0o755)
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return sorted(written)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# ---------------------------------------------------------------- context verification (build time)
+def verify_context(context: str | Path) -> LockFile:
+    """Before building: the context is complete and every wheel / patched file matches its sha256.
+
+    Missing Dockerfile/lock -> BadInput; missing wheel -> BadInput; hash mismatch -> IntegrityError.
+    """
+    from .lockfile import load_lock
+
+    ctx = Path(context)
+    if not (ctx / "Dockerfile").is_file():
+        raise BadInput(f"build context {ctx} has no Dockerfile.", hint="create it with `build-image render`.")
+    if not (ctx / "requirements.lock").is_file():
+        raise BadInput(f"build context {ctx} has no requirements.lock.", hint="re-run `build-image render`.")
+    lock = load_lock(ctx / "requirements.lock")
+    missing, bad = [], []
+    for e in lock.entries:
+        if e.wheel is None:
+            raise BadInput(f"{ctx}/requirements.lock: {e.name} has no '# wheel:' line.")
+        p = ctx / "wheels" / e.wheel.filename
+        if not p.is_file():
+            missing.append(e.wheel.filename)
+        elif sha256_file(p) != e.wheel.sha256:
+            bad.append(f"{e.wheel.filename} (sha256 {sha256_file(p)[:16]}..., lock says {e.wheel.sha256[:16]}...)")
+    if missing:
+        raise BadInput(
+            f"build context {ctx}: wheels/ lacks {len(missing)} locked wheel(s): {', '.join(missing[:5])}.",
+            hint="re-run `build-image render` to rebuild the context.",
+        )
+    if bad:
+        raise IntegrityError(
+            f"build context {ctx}: wheel(s) whose sha256 does not match requirements.lock: {'; '.join(bad[:5])}.",
+            hint="the context was modified or corrupted; re-run `build-image render`.",
+        )
+    sums = ctx / "patches" / "patched.sha256"
+    if sums.is_file():
+        for line in sums.read_text().splitlines():
+            if not line.strip():
+                continue
+            digest, _, rel = line.partition("  ")
+            f = ctx / "patches" / "files" / rel
+            if not f.is_file():
+                raise BadInput(f"build context {ctx}: patched file patches/files/{rel} is missing.")
+            if sha256_file(f) != digest:
+                raise IntegrityError(f"build context {ctx}: patches/files/{rel} does not match patches/patched.sha256.")
+    return lock
+
+
+# ---------------------------------------------------------------- orchestration (render command / pipeline)
+@dataclass
+class RenderResult:
+    out_dir: Path
+    files: list[str]
+    tags: list[str]
+    plan: RenderPlan
+
+
+def _series_patch_names(series) -> list[str]:
+    items = getattr(series, "patches", series)
+    names = []
+    for p in items:
+        name = getattr(p, "name", None) or getattr(p, "filename", None) or getattr(p, "path", None) or p
+        names.append(Path(str(name)).name)
+    return names
+
+
+def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, out_dir: Path) -> tuple[list[PatchedFile], list[str]]:
+    """Check and apply the patch series to the vllm wheel on the host; patched files land in ``out_dir``.
+
+    ``series_dir=None``: the series for ``vllm`` (patches/vllm/<v>/), none if it holds no series.
+    """
+    try:
+        from . import patches as P
+    except ImportError:  # pragma: no cover - the patch stage not installed
+        if series_dir is None:
+            return [], []
+        raise BadInput("render --series: patch support (builder.patches) is not available in this checkout.")
+    if series_dir is None:
+        try:
+            series_dir = Path(P.series_dir_for(vllm))
+        except BadInput:
+            return [], []
+        if not (series_dir / "series").is_file():
+            return [], []
+    series = P.load_series(series_dir)
+    names = _series_patch_names(series)
+    if not names:
+        return [], []
+    if vllm_wheel is None:
+        from .fetch import vllm_wheel as fetch_vllm_wheel
+
+        vllm_wheel = Path(fetch_vllm_wheel(vllm))
+    P.check(series, vllm_wheel)  # raises PatchFailed with the failing hunk
+    done = P.apply_to_dir(series, vllm_wheel, out_dir)
+    patched = [PatchedFile(p.relpath, p.original_sha256, p.patched_sha256) for p in done]
+    return patched, names
+
+
+def render_context(
+    *,
+    vllm: str,
+    base: BaseManifest,
+    lock: LockFile,
+    out_dir: Path,
+    lock_text: str | None = None,
+    series_dir: Path | None = None,
+    vllm_wheel: Path | None = None,
+    repo: str | None = None,
+    kuberay: bool = False,
+    kuberay_image: str | None = None,
+    allow_tag: bool = False,
+    spec=None,
+    revision: str | None = None,
+    on_step: Callable[[str], None] | None = None,
+) -> RenderResult:
+    """Patch on the host, fetch the wheels, write the context atomically (+ KubeRay manifests)."""
+    step = on_step or (lambda s: None)
+    plan = RenderPlan(vllm=vllm, base=base, lock=lock, repo=repo,
+                      source_date_epoch=default_source_date_epoch(), revision=revision,
+                      serve_app=serve_app_source().is_file())
+    check_consistency(plan)
+    tags = image_tags(repo or default_repo(vllm), vllm, lock.lock_hash)
+    with tempfile.TemporaryDirectory(prefix="build-image-patched.") as ptmp:
+        step("patch series")
+        plan.patched, plan.patches = apply_series(series_dir, vllm, vllm_wheel, Path(ptmp))
+        step(f"wheelhouse ({len(lock.entries)} wheels)")
+        wheels = fetch_wheels(lock, on_wheel=lambda f: step(f"wheel {f}"))
+
+        extra = None
+        if kuberay:
+            from .kuberay import write_manifests
+
+            def extra(tmp: Path):
+                return write_manifests(tmp, lock=lock, spec=spec, image=kuberay_image or tags[0],
+                                       allow_tag=allow_tag, base=base)
+
+        step("write context")
+        files = write_context(out_dir, plan, wheels=wheels, patched_root=Path(ptmp), lock_text=lock_text, extra=extra)
+    return RenderResult(out_dir=Path(out_dir), files=files, tags=tags, plan=plan)
+
+
+def tags_for_context(context: str | Path, repo: str | None) -> tuple[str, list[str], LockFile]:
+    """(vllm, tags, lock) of a rendered context (tags recomputed from its requirements.lock)."""
+    lock = verify_context(context)
+    vllm = lock.header.get("vllm") or "-"
+    return vllm, image_tags(repo or default_repo(vllm), vllm, lock.lock_hash), lock

@@ -1,1 +1,48 @@
-"""(not yet implemented)"""
+"""``build-image ray-check IMAGE``: the same image, the same versions on every Ray node.
+
+Starts a real Ray head and N workers as containers of IMAGE on the local engine
+(never pulls; host network on 127.0.0.1 only; no GPU), runs one task pinned to
+each node, and compares what the nodes report with each other and with the lock.
+
+Exit 0: PASS; 1: the nodes disagree (or one did not join); 2: bad input;
+8: no engine; 12: docker failed unexpectedly.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import VerdictFailure
+
+
+@click.command("ray-check")
+@click.argument("image")
+@click.option("--workers", type=int, default=1, show_default=True, help="Number of Ray worker nodes besides the head.")
+@click.option("--lock", "lock_path", type=click.Path(dir_okay=False), default=None,
+              help="Lock file: every locked package's version must match on every node.")
+@click.option("--worker-image", default=None,
+              help="Run the last worker from this image instead (to demonstrate / investigate a mismatch).")
+@click.option("--timeout", type=float, default=180.0, show_default=True,
+              help="Seconds to wait for the cluster to form and report.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+def command(image: str, workers: int, lock_path: str | None, worker_image: str | None, timeout: float, as_json: bool) -> None:
+    """Start a Ray head and N workers from IMAGE and check that every node runs the same thing."""
+    from rich.console import Console
+
+    from .. import raycheck
+    from ..lockfile import load_lock
+
+    lock = load_lock(lock_path) if lock_path else None
+    err = Console(stderr=True)
+    with err.status("ray-check: starting") as status:
+        result = raycheck.run_check(
+            image, workers=workers, lock=lock, lock_path=lock_path, timeout=timeout,
+            worker_image=worker_image, on_event=lambda msg: status.update(f"ray-check: {msg}"),
+        )
+    if as_json:
+        click.echo(result.to_json(), nl=False)
+    else:
+        click.echo(raycheck.render_text(result))
+    if not result.ok:
+        subjects = list(dict.fromkeys(f.subject for f in result.findings))
+        raise VerdictFailure(f"ray-check: the nodes disagree on {', '.join(subjects)} (details above).")

@@ -22,6 +22,7 @@ is deferred into the functions that need it, so the image can import-check it.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 from typing import Any, Mapping
 
@@ -133,9 +134,13 @@ def vllm_cli_args(cfg: Mapping[str, Any], port: int) -> list[str]:
 
 
 def _has_ray_serve_llm() -> bool:
+    """True when ``ray.serve.llm`` imports (it needs ray's ``llm`` extra, e.g. pyarrow)."""
     try:
-        return importlib.util.find_spec("ray.serve.llm") is not None
-    except (ImportError, ValueError):
+        if importlib.util.find_spec("ray.serve.llm") is None:
+            return False
+        importlib.import_module("ray.serve.llm")
+        return True
+    except Exception:  # noqa: BLE001 - any import failure means: use the fallback
         return False
 
 

@@ -324,6 +324,7 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
             notes.append(state_note)
 
     layers: list[LayerKV] = []
+    unknown_attn: list[int] = []
     for i, t in enumerate(types):
         if i >= shared_from:
             layers.append(LayerKV(i, "shared"))
@@ -331,6 +332,9 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
         if t in _STATE_TYPES:
             layers.append(LayerKV(i, "state", state_bytes=state_bytes))
             continue
+        if t not in _FULL_TYPES | _SLIDING_TYPES | _CHUNKED_TYPES and "attention" in t:
+            unknown_attn.append(i)
+            t = "full_attention"  # the upper bound: an attention layer keeps at most every token
         if t not in _FULL_TYPES | _SLIDING_TYPES | _CHUNKED_TYPES:
             raise BadInput(
                 f"{where}: layer_types[{i}] is {t!r}, which vLLM 0.26.0 has no KV spec for here "
@@ -356,6 +360,12 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
             layers.append(LayerKV(i, "chunked", per_tok, window=chunk))
         else:
             layers.append(LayerKV(i, "full", per_tok))
+    if unknown_attn:
+        names = sorted({types[i] for i in unknown_attn})
+        notes.append(
+            f"layer_types {', '.join(map(repr, names))} at layers {unknown_attn} are not a type vLLM 0.26.0 knows "
+            "(stock vLLM refuses them; seed 003 rewrote them to full_attention): counted as full attention"
+        )
     if any(l.kind == "chunked" for l in layers) and any(l.kind == "full" for l in layers):
         # vLLM disables the hybrid KV manager for chunked local attention (latency regression,
         # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE unset): chunked layers then hold full-length KV.

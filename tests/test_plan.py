@@ -252,8 +252,8 @@ def test_bad_configs_are_refused(tmp_path):
         load_config(tmp_path / "nope")
     with pytest.raises(BadInput, match="num_hidden_layers"):
         make_plan({"hidden_size": 8}, weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16)
-    with pytest.raises(BadInput, match="qwen_sparse_attention"):
-        make_plan(llama(layers=2, layer_types=["full_attention", "qwen_sparse_attention"]),
+    with pytest.raises(BadInput, match="'mystery'"):
+        make_plan(llama(layers=2, layer_types=["full_attention", "mystery"]),
                   weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16)
     with pytest.raises(BadInput, match="sliding_window"):
         make_plan(llama(layers=1, layer_types=["sliding_attention"]), weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16)
@@ -414,3 +414,13 @@ def test_compare_with_vllm_boot_log():
                       gpu_memory_utilization=0.5, max_model_len=2048, reserve_bytes=cmp["implied_reserve_bytes"])
     assert abs(again.kv_tokens_per_gpu - 72_916_432) / 72_916_432 < 0.001
     assert compare_with_log(p, "no kv lines here")["within_tolerance"] is None
+
+
+def test_unknown_attention_layer_type_counts_as_full_attention_with_a_note():
+    # seed 003: layers declared `qwen_sparse_attention`, rewritten to full_attention to load
+    c = llama(layers=4, kv=8, layer_types=["full_attention", "qwen_sparse_attention"] * 2)
+    p = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    full = make_plan(llama(layers=4, kv=8), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    assert p.kv_bytes_per_token_per_gpu == full.kv_bytes_per_token_per_gpu == 4 * 8 * 2 * 128 * 2
+    assert p.kv_tokens_per_gpu == full.kv_tokens_per_gpu
+    assert any("qwen_sparse_attention" in n and "[1, 3]" in n for n in p.notes)

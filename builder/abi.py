@@ -393,7 +393,7 @@ def evaluate(
                 f"{base.python_abi} (Python {base.python_version}).",
                 [f"{e.name} {e.version}: python-abi={f.python_abi}; base: {base.python_abi}"],
             )
-        if moved and not is_exact_coupled(e.name) and e.key != "numpy":
+        if moved and not is_exact_coupled(e.name):
             base_binary = b.facts.binary or f.binary
             if base_binary:
                 findings.append(Finding(

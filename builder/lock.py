@@ -39,7 +39,7 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.tags import Tag, compatible_tags, cpython_tags, parse_tag
+from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
@@ -48,7 +48,7 @@ from .abi import GateResult, evaluate
 from .errors import BadInput, ExternalToolError, IntegrityError, Unsatisfiable
 from .lockfile import LockEntry, LockFile, WheelRef
 from .manifest import BaseManifest, DistFacts
-from .util import atomic_write_bytes, atomic_write_text, cache_dir, canonical_name, sha256_bytes, sha256_file
+from .util import atomic_write_text, cache_dir, canonical_name, sha256_bytes, sha256_file
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -629,8 +629,8 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
     binaries = [e for e in entries if not is_pure_wheel(chosen[e.key].filename)]
     for i, e in enumerate(entries):
         cand = chosen[e.key]
-        if not is_pure_wheel(cand.filename):
-            say(f"scanning binary wheel {cand.filename} ({binaries.index(e) + 1}/{len(binaries)})")
+        if not is_pure_wheel(cand.filename) and not _facts_cache_path(cand.sha256).exists():
+            say(f"downloading + scanning binary wheel {cand.filename} ({binaries.index(e) + 1}/{len(binaries)})")
         e.facts, requires[e.key] = wheel_facts(cand)
     gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=req.overlay)
     flagged = [f.name for f in gate.violations + gate.allowed + gate.notices]

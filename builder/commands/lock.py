@@ -137,7 +137,7 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
         if status is not None:
             status.update(msg)
         else:
-            console.print(f"[dim]lock:[/dim] {msg}", highlight=False)
+            console.print(f"lock: {msg}", highlight=False, markup=False, soft_wrap=True)
 
     try:
         result = L.lock(req, uv, progress=say)

@@ -15,9 +15,9 @@ def build_context(context: Path, repo: str | None, *, engine=None, console=None)
     from ..engine import get_engine
     from ..render import tags_for_context
 
+    vllm, tags, lock = tags_for_context(context, repo)  # verifies every wheel's sha256 first
     engine = engine or get_engine()
     engine.ping()
-    vllm, tags, lock = tags_for_context(context, repo)
     t0 = time.monotonic()
     steps: list[str] = []
 

@@ -1,0 +1,280 @@
+"""Render as text: the Dockerfile, labels, tags, sha256 lists, the context's file list (fast)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from builder.errors import BadInput, IntegrityError
+from builder.lockfile import LockEntry, LockFile, WheelRef
+from builder.manifest import BaseManifest, DistFacts, Distribution
+from builder.render import (
+    PatchedFile,
+    RenderPlan,
+    check_consistency,
+    context_files,
+    image_tags,
+    oci_labels,
+    render_dockerfile,
+    sha256_list,
+    verify_context,
+    write_context,
+)
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def _manifest(digest=DIGEST, with_uv=True, python="3.12") -> BaseManifest:
+    dists = {"vllm": Distribution("vllm", "0.26.0"), "numpy": Distribution("numpy", "1.26.4", DistFacts(binary=True))}
+    if with_uv:
+        dists["uv"] = Distribution("uv", "0.9.0")
+    return BaseManifest(
+        image_ref="vllm/vllm-openai:v0.26.0", image_digest=digest, os="Ubuntu 22.04", glibc="2.35",
+        python_version=python, python_abi="cp" + python.replace(".", ""),
+        site_packages=f"/usr/local/lib/python{python}/dist-packages", cuda="13.0",
+        platform="x86_64-manylinux_2_35", provenance_kind="read-from-image", provenance_method="test",
+        distributions=dists,
+    )
+
+
+def _wheel_bytes(name: str) -> bytes:
+    return f"not really a wheel: {name}\n".encode()
+
+
+def _lock(names=("ray", "six"), python="3.12", digest=DIGEST, base_dir: Path | None = None) -> LockFile:
+    entries = []
+    for n in names:
+        data = _wheel_bytes(n)
+        h = hashlib.sha256(data).hexdigest()
+        fn = f"{n}-1.0-py3-none-any.whl"
+        url = (base_dir / fn).as_uri() if base_dir else f"https://files.example/{fn}"
+        entries.append(LockEntry(name=n, version="1.0", hashes=[h], wheel=WheelRef(url=url, sha256=h)))
+    header = {"build-image-lock": "1", "tool": "t", "vllm": "0.26.0", "base-ref": "vllm/vllm-openai:v0.26.0",
+              "base-digest": digest or "-", "base-manifest-sha256": "0" * 64, "python": python,
+              "platform": "x86_64-manylinux_2_35", "inputs-sha256": "1" * 64}
+    return LockFile(header=header, overlay=list(names), allow_abi_change={}, entries=entries)
+
+
+PATCHED = [
+    PatchedFile("vllm/entrypoints/openai/api_server.py", "1" * 64, "2" * 64),
+    PatchedFile("vllm/engine/arg_utils.py", "3" * 64, "4" * 64),
+]
+
+
+def _plan(**kw) -> RenderPlan:
+    args = dict(vllm="0.26.0", base=_manifest(), lock=_lock(), patched=list(PATCHED),
+                patches=["0001-a.patch", "0002-b.patch"], repo="127.0.0.1:5000/serving/vllm", source_date_epoch=1700000000)
+    args.update(kw)
+    return RenderPlan(**args)
+
+
+def _instructions(text: str) -> list[str]:
+    """Dockerfile instructions (continuations joined, comments dropped)."""
+    out, cur = [], ""
+    for line in text.splitlines():
+        if not cur and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        cur += line.rstrip("\\").rstrip() + " " if line.endswith("\\") else line
+        if not line.endswith("\\"):
+            out.append(" ".join(cur.split()))
+            cur = ""
+    return out
+
+
+def test_from_is_pinned_by_digest_when_the_manifest_has_one():
+    text = render_dockerfile(_plan())
+    froms = [i for i in _instructions(text) if i.startswith("FROM ")]
+    assert froms and all(f.split()[1] == f"vllm/vllm-openai:v0.26.0@{DIGEST}" for f in froms)
+    unpinned = render_dockerfile(_plan(base=_manifest(digest=None), lock=_lock(digest=None)))
+    assert all(i.split()[1] == "vllm/vllm-openai:v0.26.0" for i in _instructions(unpinned) if i.startswith("FROM "))
+
+
+def test_layer_order_install_before_anything_patch_dependent():
+    ins = _instructions(render_dockerfile(_plan()))
+    main_start = max(i for i, x in enumerate(ins) if x.startswith("FROM "))
+    main = ins[main_start:]
+    install = next(i for i, x in enumerate(main) if "--require-hashes" in x)
+    patch_layer = next(i for i, x in enumerate(main) if "source=patches" in x)
+    # nothing that depends on the patches (or the checks stage, which copies original.sha256)
+    # comes before the dependency layer in the final stage
+    assert not any("patches" in x or "--from=checks" in x for x in main[:install])
+    assert install < patch_layer
+    assert main[-1].startswith("LABEL ")
+    # the install never resolves and never touches the network: offline and hash-pinned
+    assert all(flag in main[install] for flag in ("--no-index", "--no-deps", "--require-hashes"))
+    assert "--mount=type=bind,source=wheels" in main[install]
+    # the wheels never stay in a layer: no COPY of wheels anywhere
+    assert not any(x.startswith(("COPY", "ADD")) and "wheels" in x for x in ins)
+
+
+def test_changing_only_a_patch_leaves_the_dependency_layer_text_identical():
+    a = _instructions(render_dockerfile(_plan()))
+    b = _instructions(render_dockerfile(_plan(patched=[PATCHED[0]], patches=["0001-a.patch"])))
+
+    def upto_install(ins):
+        s = max(i for i, x in enumerate(ins) if x.startswith("FROM "))
+        k = next(i for i, x in enumerate(ins) if "--require-hashes" in x)
+        return ins[s:k + 1]
+
+    assert upto_install(a) == upto_install(b)
+    assert a != b
+
+
+def test_early_checks_compare_python_vllm_and_original_sums():
+    ins = _instructions(render_dockerfile(_plan()))
+    checks_stage = ins[: max(i for i, x in enumerate(ins) if x.startswith("FROM "))]
+    assert checks_stage[0].endswith(" AS checks")
+    run = " ".join(x for x in checks_stage if x.startswith("RUN"))
+    assert '[ "$py" = "3.12" ]' in run and '[ "$v" = "0.26.0" ]' in run
+    assert "sha256sum --quiet --strict -c /build-image/original.sha256" in run
+    assert any(x.startswith("COPY patches/original.sha256") for x in checks_stage)
+    # python 3.11 base: the check follows the manifest
+    t311 = render_dockerfile(_plan(base=_manifest(python="3.11"), lock=_lock(python="3.11")))
+    assert '[ "$py" = "3.11" ]' in t311
+
+
+def test_installer_follows_the_base():
+    assert "python3 -m uv pip install --system" in render_dockerfile(_plan())
+    pip = render_dockerfile(_plan(base=_manifest(with_uv=False)))
+    assert "python3 -m pip install" in pip and "uv pip" not in pip
+
+
+def test_no_patches_means_no_patch_steps():
+    text = render_dockerfile(_plan(patched=[], patches=[]))
+    assert "patches/" not in text and "sha256sum" not in text
+    assert "patches/original.sha256" not in context_files(_plan(patched=[], patches=[]))
+
+
+def test_labels_and_tags():
+    plan = _plan()
+    labels = dict(oci_labels(plan))
+    h = plan.lock.lock_hash
+    assert labels["org.build-image.lock-hash"] == h
+    assert labels["org.build-image.vllm"] == "0.26.0"
+    assert labels["org.build-image.base-digest"] == DIGEST
+    assert labels["org.opencontainers.image.base.digest"] == DIGEST
+    assert labels["org.build-image.patches"] == "0001-a.patch,0002-b.patch"
+    assert labels["org.opencontainers.image.created"] == "2023-11-14T22:13:20Z"
+    assert image_tags("127.0.0.1:5000/serving/vllm", "0.26.0", h) == [
+        f"127.0.0.1:5000/serving/vllm:vllm0.26.0-{h[:12]}", "127.0.0.1:5000/serving/vllm:vllm0.26.0"]
+    text = render_dockerfile(plan)
+    label_line = next(i for i in _instructions(text) if i.startswith("LABEL"))
+    assert f'org.build-image.lock-hash="{h}"' in label_line
+    # a different lock gives a different content tag
+    assert image_tags("r/x", "0.26.0", _lock(names=("six",)).lock_hash)[0] != image_tags("r/x", "0.26.0", h)[0]
+    for bad in ("repo:tag", "repo@sha256:" + "0" * 64, ""):
+        with pytest.raises(BadInput):
+            image_tags(bad, "0.26.0", h)
+
+
+def test_label_values_are_quoted_against_expansion():
+    base = _manifest()
+    base.image_ref = 'evil/$HOME"x:v1'
+    text = render_dockerfile(_plan(base=base, lock=_lock()))
+    assert '\\$HOME\\"x' in text
+
+
+def test_sha256_lists_are_sha256sum_format_sorted():
+    orig = sha256_list(PATCHED, "original")
+    assert orig.splitlines() == [f"{'3' * 64}  vllm/engine/arg_utils.py", f"{'1' * 64}  vllm/entrypoints/openai/api_server.py"]
+    assert sha256_list(PATCHED, "patched").splitlines()[0].startswith("4" * 64 + "  ")
+
+
+def test_consistency_errors():
+    with pytest.raises(BadInput, match="Python 3.11"):
+        check_consistency(_plan(lock=_lock(python="3.11")))
+    with pytest.raises(BadInput, match="base-digest"):
+        check_consistency(_plan(lock=_lock(digest="sha256:" + "cd" * 32)))
+    lock = _lock()
+    lock.entries[0].wheel = None
+    with pytest.raises(BadInput, match="no '# wheel:' line"):
+        check_consistency(_plan(lock=lock))
+
+
+def _write(tmp_path: Path, plan: RenderPlan | None = None) -> tuple[Path, RenderPlan]:
+    src = tmp_path / "src"
+    src.mkdir()
+    lock = _lock(base_dir=src)
+    wheels = {}
+    for e in lock.entries:
+        p = src / e.wheel.filename
+        p.write_bytes(_wheel_bytes(e.name))
+        wheels[e.wheel.filename] = p
+    pr = tmp_path / "patched"
+    patched = []
+    for rel, content in (("vllm/a.py", b"A = 2\n"), ("vllm/sub/b.py", b"B = 2\n")):
+        (pr / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pr / rel).write_bytes(content)
+        patched.append(PatchedFile(rel, hashlib.sha256(content.replace(b"2", b"1")).hexdigest(), hashlib.sha256(content).hexdigest()))
+    plan = plan or _plan(lock=lock, patched=patched, patches=["0001-x.patch"])
+    out = tmp_path / "ctx"
+    write_context(out, plan, wheels=wheels, patched_root=pr)
+    return out, plan
+
+
+def test_write_context_holds_exactly_the_listed_files(tmp_path):
+    out, plan = _write(tmp_path)
+    on_disk = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert on_disk == context_files(plan)
+    assert "wheels/ray-1.0-py3-none-any.whl" in on_disk and "app/build_image_serve_app.py" in on_disk
+    assert (out / "patches" / "patched.sha256").read_text() == sha256_list(plan.patched, "patched")
+    assert verify_context(out).lock_hash == plan.lock.lock_hash
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ctx.")]  # no temp dirs left
+
+
+def test_write_context_is_atomic_on_a_bad_wheel(tmp_path):
+    out, plan = _write(tmp_path)
+    before = sorted(p.name for p in out.rglob("*"))
+    bad = tmp_path / "bad.whl"
+    bad.write_bytes(b"corrupt")
+    wheels = {e.wheel.filename: bad for e in plan.lock.entries}
+    with pytest.raises(IntegrityError, match="does not match"):
+        write_context(out, plan, wheels=wheels, patched_root=tmp_path / "patched")
+    assert sorted(p.name for p in out.rglob("*")) == before
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ctx.")]
+
+
+def test_verify_context_missing_wheel_and_hash_mismatch(tmp_path):
+    out, plan = _write(tmp_path)
+    first = out / "wheels" / plan.lock.entries[0].wheel.filename
+    data = first.read_bytes()
+    first.write_bytes(data + b"tampered")
+    with pytest.raises(IntegrityError, match="does not match"):
+        verify_context(out)
+    first.unlink()
+    with pytest.raises(BadInput, match="lacks 1 locked wheel"):
+        verify_context(out)
+    first.write_bytes(data)
+    verify_context(out)
+    (out / "patches" / "files" / "vllm" / "a.py").write_text("changed\n")
+    with pytest.raises(IntegrityError, match="patched.sha256"):
+        verify_context(out)
+
+
+def test_cli_build_reports_missing_wheel_with_exit_code(tmp_path):
+    from click.testing import CliRunner
+
+    from builder.cli import main
+
+    out, plan = _write(tmp_path)
+    wheel = out / "wheels" / plan.lock.entries[0].wheel.filename
+    data = wheel.read_bytes()
+    env = {"DOCKER_HOST": f"unix://{tmp_path}/dead.sock"}
+    # the context is verified before the engine is asked: broken contexts fail the same everywhere
+    wheel.write_bytes(data + b"x")
+    r = CliRunner().invoke(main, ["build", str(out)], env=env)
+    assert r.exit_code == 7, r.output
+    assert "does not match requirements.lock" in r.output
+    wheel.unlink()
+    r = CliRunner().invoke(main, ["build", str(out)], env=env)
+    assert r.exit_code == 2, r.output
+    assert wheel.name in r.output
+    wheel.write_bytes(data)
+    r = CliRunner().invoke(main, ["build", str(out)], env=env)
+    assert r.exit_code == 8, r.output
+    assert "not reachable" in r.output

@@ -617,6 +617,7 @@ def _python_candidates(tree: _ImageTree, env_path: str) -> list[tuple[str, str]]
             m = _PY_BIN.match(real.rsplit("/", 1)[-1])
             if m:
                 found.append((m.group(1), p))
+                break  # python3 before python, one per directory
     return found
 
 

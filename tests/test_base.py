@@ -379,3 +379,39 @@ def test_snapshot_image_records_the_registry_digest(tmp_path, tiny_images):
         assert m.pinned_ref == f"{ref}@{pushed[0]}"  # name:tag@digest: the digest decides
     finally:
         _docker("rmi", ref)
+
+
+def _tree(tmp: Path, links: dict[str, str], files: list[str], dirs: list[str]):
+    from builder.base import _ImageTree
+
+    for f in files:
+        (tmp / f).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / f).write_text("include-system-site-packages = false\n" if f.endswith("pyvenv.cfg") else "")
+    for d in dirs:
+        (tmp / d).mkdir(parents=True, exist_ok=True)
+    entries = set(links) | set(files) | set(dirs)
+    return _ImageTree(root=tmp, links=links, entries=entries)
+
+
+def test_image_python_follows_path_and_symlinks_into_a_venv(tmp_path):
+    from builder.base import _python_candidates, _site_dirs
+
+    tree = _tree(
+        tmp_path,
+        links={"opt/venv/bin/python3": "python", "opt/venv/bin/python": "/usr/bin/python3.12",
+               "usr/bin/python3": "/etc/alternatives/python3", "etc/alternatives/python3": "/usr/bin/python3.10"},
+        files=["usr/bin/python3.12", "usr/bin/python3.10", "opt/venv/pyvenv.cfg"],
+        dirs=["opt/venv/lib/python3.12/site-packages", "usr/local/lib/python3.12/dist-packages",
+              "usr/lib/python3/dist-packages"],
+    )
+    cands = _python_candidates(tree, "/opt/venv/bin:/usr/local/bin:/usr/bin")
+    assert cands == [("3.12", "opt/venv/bin/python3"), ("3.10", "usr/bin/python3")]
+    # a venv without system site-packages sees only its own directory
+    assert _site_dirs(tree, "3.12", "opt/venv/bin/python3") == ["opt/venv/lib/python3.12/site-packages"]
+    (tmp_path / "opt/venv/pyvenv.cfg").write_text("include-system-site-packages = true\n")
+    assert _site_dirs(tree, "3.12", "opt/venv/bin/python3") == [
+        "opt/venv/lib/python3.12/site-packages", "usr/local/lib/python3.12/dist-packages",
+        "usr/lib/python3/dist-packages"]
+    # a system interpreter: Debian sys.path order
+    assert _site_dirs(tree, "3.12", "usr/bin/python3") == [
+        "usr/local/lib/python3.12/dist-packages", "usr/lib/python3/dist-packages"]

@@ -557,13 +557,15 @@ def _classify(
 
             c.rules = sorted(rules)
 
-            newer = bump_kind(b.base_version, b.version)
-            if NEWER_THAN_BASE in rules or (not rules and not newer[1]):
-                ev.append(f"newer than {shipped} ({b.base_version})")
-            elif OLDER_THAN_BASE in rules or newer[1]:
+            mag, down = bump_kind(b.base_version, b.version)
+            if OLDER_THAN_BASE in rules or (NEWER_THAN_BASE not in rules and down):
                 ev.append(f"older than {shipped} ({b.base_version})")
+            else:
+                ev.append(f"newer than {shipped} ({b.base_version})")
+            if mag == "major":
+                ev.append("across a major version")
             if BINARY_MOVE in rules:
-                ev.append("binary base distribution moves (passed the gate's binary checks)")
+                ev.append("binary: passed the gate's binary checks")
         ev += [fd.message for fd in notices if fd.rule not in ("newer-than-base", "older-than-base", "binary-move")]
         c.evidence = ev
         return c

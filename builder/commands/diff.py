@@ -123,11 +123,16 @@ def _manifest_name(vllm: str) -> str:
     return f"vllm-openai-v{vllm}.json"
 
 
+_PARSED: dict[str, object] = {}
+
+
 def _manifest_from_text(text: str, where: str, lock, notes: list[str]):
     from ..manifest import parse_manifest
     from ..util import sha256_bytes
 
-    m = parse_manifest(text, where)
+    m = _PARSED.get(text)
+    if m is None:  # both sides usually share one manifest: parse it once
+        m = _PARSED[text] = parse_manifest(text, where)
     want = lock.header.get("base-manifest-sha256")
     got = sha256_bytes(text.encode("utf-8"))
     if want and want not in ("-", got):

@@ -23,8 +23,10 @@ Facts per distribution (see :class:`builder.manifest.DistFacts`):
                 files are never counted;
 ``glibc``       highest ``GLIBC_x.y`` in the ELF ``.gnu.version_r`` sections,
                 compared as versions (``2.9 < 2.17``);
-``python_abi``  the wheel's ABI tag (``cp312``, ``abi3``, ``none``), else the
-                extension-module suffixes (``.cpython-312-...so``, ``.abi3.so``).
+``python_abi``  the wheel's ABI tag (``cp312``, ``abi3``), unless its extension
+                modules contradict it or it says ``none``: then the module
+                suffixes (``.cpython-312-...so`` -> ``cp312``; several versions ->
+                ``cp311.cp312``, any one suffices; ``.abi3.so`` -> ``abi3``).
 """
 
 from __future__ import annotations
@@ -153,6 +155,24 @@ def python_abi_from_tags(tags: Iterable[str]) -> str | None:
     return "none" if abis else None
 
 
+def _decide_python_abi(tag_abi: str | None, suffix_abi: str | None) -> str:
+    """The wheel tag's ABI, unless the extension modules contradict it.
+
+    ``suffix_abi``: ``cpXY[.cpZW...]`` (version-specific modules: the wheel loads on
+    any of them), ``abi3`` or None.  A specific tag stands when no version-specific
+    module exists, when it is ``abi3`` (such wheels may add per-version modules),
+    or when the modules include its version; a ``none``/absent tag or a tag the
+    modules contradict (tag cp312, only a ``.cpython-39`` module) yields the modules'
+    set.  ``none`` when there is no evidence at all.
+    """
+    suffix_cp = {t for t in (suffix_abi or "").split(".") if t.startswith("cp")}
+    if tag_abi and tag_abi != "none":
+        tag_cp = {t for t in tag_abi.split(".") if t.startswith("cp")}
+        if not suffix_cp or "abi3" in tag_abi.split(".") or tag_cp & suffix_cp:
+            return tag_abi
+    return suffix_abi or tag_abi or "none"
+
+
 def _might_be_elf(name: str) -> bool:
     suffix = PurePosixPath(name).suffix.lower()
     return suffix not in _TEXT_SUFFIXES
@@ -194,8 +214,10 @@ def scan_files(
         if ff.glibc is not None and (best_glibc is None or ff.glibc > best_glibc):
             best_glibc = ff.glibc
     facts.glibc = str(best_glibc) if best_glibc is not None else None
-    tag_abi = python_abi_from_tags(wheel_tags) if wheel_tags is not None else None
-    facts.python_abi = tag_abi or _python_abi_from_suffixes(so_names) or "none"
+    facts.python_abi = _decide_python_abi(
+        python_abi_from_tags(wheel_tags) if wheel_tags is not None else None,
+        _python_abi_from_suffixes(so_names),
+    )
     return facts
 
 

@@ -415,3 +415,17 @@ def test_image_python_follows_path_and_symlinks_into_a_venv(tmp_path):
     # a system interpreter: Debian sys.path order
     assert _site_dirs(tree, "3.12", "usr/bin/python3") == [
         "usr/local/lib/python3.12/dist-packages", "usr/lib/python3/dist-packages"]
+
+
+def test_extension_suffix_beats_a_none_wheel_tag(tmp_path):
+    so = _gcc_so(tmp_path, "m.cpython-39-x86_64-linux-gnu.so", "int f(void){return 1;}\n")
+    assert scan_files([so], wheel_tags=["py3-none-manylinux_2_17_x86_64"]).python_abi == "cp39"
+    stable = _gcc_so(tmp_path, "s.abi3.so", "int f(void){return 1;}\n")
+    assert scan_files([stable], wheel_tags=["cp312-cp312-manylinux_2_17_x86_64"]).python_abi == "cp312"
+    assert scan_files([stable], wheel_tags=["py3-none-any"]).python_abi == "abi3"
+    # a cp312-tagged wheel whose only module is for 3.9: the module is the evidence
+    assert scan_files([so], wheel_tags=["cp312-cp312-manylinux_2_17_x86_64"]).python_abi == "cp39"
+    # an abi3 wheel carrying per-version modules too (vllm's deep_gemm) stays abi3
+    so312 = _gcc_so(tmp_path, "m.cpython-312-x86_64-linux-gnu.so", "int f(void){return 1;}\n")
+    assert scan_files([so, so312], wheel_tags=["cp38-abi3-manylinux_2_28_x86_64"]).python_abi == "abi3"
+    assert scan_files([so, so312]).python_abi == "cp39.cp312"

@@ -47,7 +47,7 @@ REPORTED_PACKAGES = ("ray", "numpy", "torch", "vllm", "transformers")
 # Where the render step leaves the list of patched vllm files (sha256sum format:
 # "<hex>  <path>", path absolute or relative to vllm's site-packages).  The image
 # label ``org.build-image.patched-sums`` (a path) overrides the default.
-PATCHED_SUMS_DEFAULT = "/opt/build-image/patched.sha256"
+PATCHED_SUMS_DEFAULT = "/usr/share/build-image/patched.sha256"
 PATCHED_SUMS_LABEL = "org.build-image.patched-sums"
 CONTAINER_LABEL = "org.build-image.ray-check"
 MARKER = "@@BUILD-IMAGE-RAY-CHECK@@"

@@ -138,8 +138,9 @@ def _render_rich(doc: Document, width: int | None) -> str:
             con.print(f"[{st}]{escape(s.title)}[/]: [dim]{escape(s.line)}[/]")
             continue
         con.print(f"[{st}]{escape(s.title)} ({s.n})[/]")
+        row_style = "red" if s.style == "danger" else ""
         for ln in _align(s.columns, s.rows):
-            con.print(escape(ln))
+            con.print(f"[{row_style}]{escape(ln)}[/]" if row_style else escape(ln))
     for n in doc.notes:
         con.print(f"  [dim]note: {escape(n)}[/]")
     return buf.getvalue()

@@ -505,3 +505,33 @@ def test_git_textconv_setup_as_documented(repo):
     assert "--hash" not in out
     raw = _git(repo, "diff", "--no-textconv", "HEAD~2", "HEAD", "--", "lockfiles/vllm-0.26.0/requirements.lock")
     assert "--hash=sha256:" in raw
+
+
+# ---------------------------------------------------------------- report helpers
+
+
+def test_report_renderers():
+    import re
+
+    from builder.report import Document, Section, md_table, render_markdown, render_text, use_color
+
+    doc = Document(
+        title="t", status="fail", summary="s", top=["vllm: a → b"],
+        sections=[
+            Section("1 danger", ["p", "why"], [["a|b", "<x>"]], style="danger"),
+            Section("4 folded", ["p"], [[str(i)] for i in range(5)], folded=True, max_rows=3),
+            Section("7 noise", line="2 hash-only", style="dim", count=2),
+        ],
+        notes=["n"],
+    )
+    plain = render_text(doc)
+    assert "\x1b[" not in plain and "a|b  <x>" in plain and "7 noise: 2 hash-only" in plain
+    coloured = render_text(doc, color=True)
+    assert "\x1b[" in coloured
+    assert re.sub(r"\x1b\[[0-9;]*m", "", coloured) == plain  # same text, only colour added
+    md = render_markdown(doc)
+    assert "| a\\|b | &lt;x&gt; |" in md  # pipes and angle brackets cannot break the table
+    assert "<details>\n<summary>ℹ️ 4 folded (5)</summary>" in md and "… 2 more rows" in md
+    assert "**7 noise**: 2 hash-only" in md
+    assert md_table(["a"], []) == "| a |\n|---|"
+    assert use_color(None, force=True) and not use_color(None, force=False)

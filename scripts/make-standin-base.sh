@@ -6,7 +6,8 @@
 # No image can be pulled here, so the tests need a small local base that looks
 # like the vendor image where it matters to build-image:
 #   - Debian bookworm minbase (debootstrap) with Debian's python3 (3.11),
-#     python3-numpy (a numpy 1.x build: the ABI floor) and python3-pip;
+#     python3-numpy (a numpy 1.x build: the ABI floor), python3-numexpr (a C extension
+#     compiled against that numpy 1.x C API, like the vendor image's binary packages) and python3-pip;
 #   - a small *installed* fake `vllm` 0.26.0 distribution (real dist-info with
 #     RECORD, installed by pip from a wheel built here) whose files the test
 #     patch series in tests/data/standin/patches touches.
@@ -27,7 +28,7 @@ DATA="$ROOT/tests/data/standin/vllm"
 CACHE=${BUILD_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/build-image}/standin
 SUITE=bookworm
 MIRROR=${STANDIN_MIRROR:-http://deb.debian.org/debian}
-PACKAGES=python3,python3-numpy,python3-pip,python3-venv
+PACKAGES=python3,python3-numpy,python3-numexpr,python3-pip,python3-venv
 mkdir -p "$CACHE"
 export DOCKER_BUILDKIT=1
 

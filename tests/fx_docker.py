@@ -18,6 +18,7 @@ in which case a missing engine is an error.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import urllib.request
@@ -100,3 +101,106 @@ def standin_base_image(docker_engine) -> StandinBase:
     wheel = _cache_dir() / "standin" / "vllm-0.26.0-py3-none-any.whl"
     assert wheel.is_file(), wheel
     return StandinBase(ref=STANDIN_REF, vllm_wheel=wheel)
+
+
+# --------------------------------------------------------------------------- overlays on the stand-in
+VENV_BIN = Path(__import__("sys").executable).parent
+BUILD_IMAGE = str(VENV_BIN / "build-image")
+# every distribution of the stand-in base except vllm (the lock resolves the base pins too)
+STANDIN_PINS = ("numpy==1.24.2", "numexpr==2.8.4", "packaging==23.0", "pip==23.0.1", "setuptools==66.1.1", "wheel==0.38.4")
+_PIP_TARGET = ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
+               "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
+               "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_34_x86_64"]
+
+
+def standin_findlinks(requirements: list[str] | tuple[str, ...] = ()) -> Path:
+    """A --find-links folder for locking ``requirements`` on the stand-in base offline (--no-index).
+
+    Holds the stand-in's fake vllm wheel, wheels for every other base pin (numpy 1.24.2 ...),
+    and ``requirements`` with their dependencies for CPython 3.11 / manylinux x86_64 (downloaded
+    once from PyPI with pip, numpy constrained to the base's 1.24.2; cached by requirement list).
+    Why offline: PyPI's real vllm 0.26.0 needs numpy>=1.25, which Debian bookworm's 1.24.2 is not.
+    """
+    import hashlib
+    import shutil
+
+    key = hashlib.sha256("\n".join(sorted(requirements)).encode()).hexdigest()[:12]
+    root = _cache_dir() / "standin" / f"findlinks-{key}"
+    done = root / ".complete"
+    if done.exists():
+        return root
+    tmp = root.with_name(root.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    pip = [str(VENV_BIN / "python"), "-m", "pip", "download", "-q", "--disable-pip-version-check", "-d", str(tmp)]
+    r = subprocess.run(pip + ["--no-deps", *_PIP_TARGET, *STANDIN_PINS], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    if requirements:
+        cons = tmp / "constraints.txt"
+        cons.write_text("numpy==1.24.2\n")
+        r = subprocess.run(pip + [*_PIP_TARGET, "-c", str(cons), *requirements], capture_output=True, text=True, timeout=1800)
+        cons.unlink()
+        assert r.returncode == 0, r.stderr[-2000:]
+    wheel = _cache_dir() / "standin" / "vllm-0.26.0-py3-none-any.whl"
+    shutil.copyfile(wheel, tmp / wheel.name)
+    (tmp / ".complete").write_text("ok\n")
+    shutil.rmtree(root, ignore_errors=True)
+    tmp.rename(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def standin_manifest(standin_base_image, tmp_path_factory) -> Path:
+    """Base manifest read from the stand-in image with `build-image base snapshot --image`."""
+    out = tmp_path_factory.mktemp("standin-manifest") / "standin.json"
+    r = subprocess.run([BUILD_IMAGE, "base", "snapshot", "--image", standin_base_image.ref, "-o", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@dataclass
+class BuiltImage:
+    tags: list[str]
+    image_id: str
+    context: Path
+    lock: Path
+    summary: dict
+
+
+def run_pipeline(args: list[str], *, env: dict | None = None, timeout: int = 1800) -> subprocess.CompletedProcess:
+    """``build-image ARGS`` as a subprocess (the real CLI, the real engine)."""
+    return subprocess.run([BUILD_IMAGE, *args], capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, **(env or {})))
+
+
+@pytest.fixture(scope="session")
+def built_overlay_image(standin_base_image, standin_manifest, tmp_path_factory):
+    """Factory ``(requirements, *, series=None, repo=...) -> BuiltImage``: lock ``requirements``
+    on the stand-in base (offline, see :func:`standin_findlinks`), render, build.  Cached per
+    (requirements, series, repo) for the session.  E.g. ``built_overlay_image(["ray[serve]==2.52.0"])``
+    gives an image with ray on the stand-in base."""
+    cache: dict = {}
+
+    def _build(requirements, *, series: Path | None = None, repo: str = "build-image-test/overlay") -> BuiltImage:
+        key = (tuple(requirements), str(series), repo)
+        if key in cache:
+            return cache[key]
+        fl = standin_findlinks(tuple(requirements))
+        work = tmp_path_factory.mktemp("overlay")
+        args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(work / "requirements.lock"),
+                "--no-default-overlay", "--no-index", "--find-links", str(fl), "-o", str(work / "ctx"),
+                "--tag", repo, "--json"]
+        for req in requirements:
+            args += ["--with", req]
+        if series is not None:
+            args += ["--series", str(series), "--wheel", str(standin_base_image.vllm_wheel)]
+        r = run_pipeline(args)
+        assert r.returncode == 0, f"pipeline failed ({r.returncode}):\n{r.stderr[-4000:]}"
+        summary = json.loads(r.stdout)
+        built = BuiltImage(tags=summary["tags"], image_id=summary["image_id"], context=work / "ctx",
+                           lock=work / "requirements.lock", summary=summary)
+        cache[key] = built
+        return built
+
+    return _build

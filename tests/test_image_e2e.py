@@ -1,0 +1,249 @@
+"""End to end on a real Docker engine and a real registry (127.0.0.1:5000), on the stand-in base.
+
+snapshot the base from the image -> lock an overlay -> render (with the test patch series) ->
+build -> run the image (--pull=never --network=none) -> push -> pull back by digest; plus the
+refusals and faults: numpy 2 overlay refused before any build, engine down, registry down,
+tag conflict, credentials never leaking.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.fx_docker import DOCKER, REGISTRY, run_pipeline, standin_findlinks
+
+pytestmark = [pytest.mark.slow, pytest.mark.docker]
+
+OVERLAY = ["six==1.17.0", "markupsafe==3.0.2"]  # one pure, one binary (cp311 manylinux) package
+
+
+def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=600)
+    if check:
+        assert r.returncode == 0, f"docker {' '.join(args)}: {r.stderr}"
+    return r
+
+
+def _closed_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture(scope="module")
+def e2e(built_overlay_image, standin_base_image, local_registry):
+    return built_overlay_image(OVERLAY, series=standin_base_image.series_dir, repo=f"{local_registry}/e2e/vllm")
+
+
+def test_built_image_runs_the_overlay_and_the_patched_vllm(e2e, standin_base_image):
+    # the context holds exactly: Dockerfile, lock, the 2 wheels, patches + sums, the serve app
+    files = sorted(str(p.relative_to(e2e.context)) for p in e2e.context.rglob("*") if p.is_file())
+    wheels = [f for f in files if f.startswith("wheels/")]
+    assert len(wheels) == 2 and any("MarkupSafe" in w or "markupsafe" in w for w in wheels)
+    assert "patches/original.sha256" in files and "patches/patched.sha256" in files
+    assert set(files) - set(wheels) == {
+        "Dockerfile", "requirements.lock", "patches/original.sha256", "patches/patched.sha256",
+        "patches/files/vllm/engine/arg_utils.py", "patches/files/vllm/entrypoints/openai/api_server.py",
+        "app/build_image_serve_app.py"}
+    dockerfile = (e2e.context / "Dockerfile").read_text()
+    assert "--no-index --no-deps" in dockerfile and "--require-hashes" in dockerfile
+
+    code = (
+        "import six, markupsafe, vllm, build_image_serve_app\n"
+        "from markupsafe import _speedups  # the binary extension\n"
+        "import vllm.engine.arg_utils as a, vllm.entrypoints.openai.api_server as s\n"
+        "assert a.DEFAULT_MAX_MODEL_LEN == 4096, a.DEFAULT_MAX_MODEL_LEN\n"
+        "assert s.banner().endswith('(patched by build-image)'), s.banner()\n"
+        "import numpy; assert numpy.__version__ == '1.24.2'\n"
+        "print('OK', six.__version__, vllm.__version__)\n"
+    )
+    r = docker("run", "--rm", "--pull=never", "--network=none", e2e.tags[0], "python3", "-c", code, check=False)
+    assert r.returncode == 0 and "OK 1.17.0 0.26.0" in r.stdout, r.stderr
+    # the patched files in the image verify against the sums the image carries
+    r = docker("run", "--rm", "--pull=never", "--network=none", e2e.tags[0], "sh", "-c",
+               "cd /usr/local/lib/python3.11/dist-packages && sha256sum -c /usr/share/build-image/patched.sha256")
+    assert r.stdout.count(": OK") == 2
+    # no wheel stayed in the image (bind-mounted, not copied)
+    r = docker("run", "--rm", "--pull=never", "--network=none", e2e.tags[0], "sh", "-c",
+               "find / -xdev -name '*.whl' 2>/dev/null | grep -v vllm-0.26.0-py3 || true")
+    assert r.stdout.strip() == ""
+
+
+def test_labels_tags_and_digest_round_trip(e2e, local_registry):
+    info = json.loads(docker("image", "inspect", e2e.tags[0]).stdout)[0]
+    labels = info["Config"]["Labels"]
+    lock_text = e2e.lock.read_text()
+    from builder.lockfile import parse_lock
+
+    lock = parse_lock(lock_text)
+    assert labels["org.build-image.lock-hash"] == lock.lock_hash
+    assert labels["org.build-image.vllm"] == "0.26.0"
+    assert labels["org.build-image.patches"] == "0001-default-max-model-len.patch,0002-api-server-banner.patch"
+    assert e2e.tags == [f"{local_registry}/e2e/vllm:vllm0.26.0-{lock.lock_hash[:12]}", f"{local_registry}/e2e/vllm:vllm0.26.0"]
+
+    r = run_pipeline(["push", str(e2e.context), "--tag", f"{local_registry}/e2e/vllm", "--json", "--force"])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    digest = doc["digest"]
+    assert digest.startswith("sha256:") and {p["digest"] for p in doc["pushed"]} == {digest}
+    # the registry serves that digest for both tags (independently of our client: skopeo)
+    for tag in e2e.tags:
+        raw = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", f"docker://{tag}"],
+                             capture_output=True, text=True, timeout=120)
+        if raw.returncode == 0:
+            assert raw.stdout.strip() == digest
+    # pull back by digest into a clean store entry and compare the image
+    pinned = f"{local_registry}/e2e/vllm@{digest}"
+    for t in e2e.tags:
+        docker("image", "rm", t)
+    docker("pull", "-q", pinned)
+    pulled = json.loads(docker("image", "inspect", pinned).stdout)[0]
+    assert pulled["Id"] == e2e.image_id
+    assert pulled["Config"]["Labels"] == labels
+    for t in e2e.tags:  # restore the tags for the tests below
+        docker("tag", pinned, t)
+    # pushing again is a no-op with the same digest (no conflict with itself)
+    r = run_pipeline(["push", str(e2e.context), "--tag", f"{local_registry}/e2e/vllm", "--json"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["digest"] == digest
+
+
+def test_tag_conflict_then_force(e2e, local_registry, tmp_path):
+    """Same lock (same tags), different image content: the registry's tag points elsewhere -> exit 11."""
+    run_pipeline(["push", str(e2e.context), "--tag", f"{local_registry}/e2e/vllm", "--force"])
+    ctx = tmp_path / "ctx"
+    subprocess.run(["cp", "-a", str(e2e.context), str(ctx)], check=True)
+    app = ctx / "app" / "build_image_serve_app.py"
+    app.write_text(app.read_text() + "\n# a different image with the same lock\n")
+    r = run_pipeline(["build", str(ctx), "--tag", f"{local_registry}/e2e/vllm", "--json"])
+    assert r.returncode == 0, r.stderr
+    other = json.loads(r.stdout)["image_id"]
+    assert other != e2e.image_id
+    before = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}",
+                             f"docker://{e2e.tags[0]}"], capture_output=True, text=True).stdout
+    r = run_pipeline(["push", str(ctx), "--tag", f"{local_registry}/e2e/vllm"])
+    assert r.returncode == 11, r.stdout + r.stderr
+    assert "already point at a different image" in r.stderr and "Nothing was pushed" in r.stderr
+    after = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}",
+                            f"docker://{e2e.tags[0]}"], capture_output=True, text=True).stdout
+    assert before == after  # nothing was pushed
+    r = run_pipeline(["push", str(ctx), "--tag", f"{local_registry}/e2e/vllm", "--force", "--json"])
+    assert r.returncode == 0, r.stderr
+    # put the original image back on the tags for other tests
+    for t in e2e.tags:
+        docker("tag", e2e.image_id, t)
+    assert run_pipeline(["push", str(e2e.context), "--tag", f"{local_registry}/e2e/vllm", "--force"]).returncode == 0
+
+
+def test_registry_unreachable_is_exit_10_and_nothing_reported_pushed(e2e):
+    repo = f"127.0.0.1:{_closed_port()}/e2e/vllm"
+    for src, t in zip(e2e.tags, [f"{repo}:{t.rsplit(':', 1)[1]}" for t in e2e.tags]):
+        docker("tag", src, t)
+    r = run_pipeline(["push", str(e2e.context), "--tag", repo, "--json"])
+    assert r.returncode == 10, r.stdout + r.stderr
+    assert "unreachable" in r.stderr and r.stdout.strip() == ""
+    for t in e2e.tags:
+        docker("image", "rm", f"{repo}:{t.rsplit(':', 1)[1]}", check=False)
+
+
+def test_engine_down(e2e, tmp_path):
+    dead = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    r = run_pipeline(["build", str(e2e.context)], env=dead)
+    assert r.returncode == 8 and "not reachable" in r.stderr
+    r = run_pipeline(["push", str(e2e.context), "--tag", f"{REGISTRY}/e2e/vllm"], env=dead)
+    assert r.returncode == 8
+
+
+def test_pipeline_without_engine_stops_after_render(standin_manifest, standin_base_image, tmp_path):
+    fl = standin_findlinks(tuple(OVERLAY))
+    args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(tmp_path / "l.lock"),
+            "--no-default-overlay", "--no-index", "--find-links", str(fl), "-o", str(tmp_path / "ctx"), "--json"]
+    for req in OVERLAY:
+        args += ["--with", req]
+    dead = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    r = run_pipeline(args, env=dead)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "rendered" and "docker build --network=none" in doc["build_command"]
+    assert (tmp_path / "ctx" / "Dockerfile").is_file() and "no container engine reachable" in r.stderr
+    # --push cannot be honoured without an engine: exit 8, the context is still there
+    r = run_pipeline(args + ["--tag", f"{REGISTRY}/e2e/x", "--push"], env=dead)
+    assert r.returncode == 8 and (tmp_path / "ctx" / "Dockerfile").is_file()
+
+
+def test_numpy2_overlay_is_refused_before_any_build(standin_manifest, tmp_path):
+    fl = standin_findlinks(tuple(OVERLAY))
+    import shutil
+
+    numpy2 = tmp_path / "fl"
+    shutil.copytree(fl, numpy2)
+    r = subprocess.run([os.path.join(os.path.dirname(__import__("sys").executable), "python"), "-m", "pip", "download",
+                        "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
+                        "--abi", "cp311", "--platform", "manylinux_2_17_x86_64", "numpy==2.2.6", "-d", str(numpy2)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    repo = "build-image-test/numpy2"
+    for ref in docker("images", "--format", "{{.Repository}}:{{.Tag}}", repo).stdout.split():
+        docker("image", "rm", ref)  # leftovers of an earlier run
+    args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(tmp_path / "n.lock"),
+            "--no-default-overlay", "--no-index", "--find-links", str(numpy2), "-o", str(tmp_path / "ctx"),
+            "--tag", repo]
+    for req in ("six==1.17.0", "numpy>=2"):
+        args += ["--with", req]
+    r = run_pipeline(args)
+    assert r.returncode in (3, 4), r.stdout + r.stderr
+    assert "numpy" in r.stderr
+    assert not (tmp_path / "ctx").exists() and not (tmp_path / "n.lock").exists()
+    assert docker("images", "-q", repo).stdout == ""  # no image was built
+
+
+def test_credentials_never_leak(e2e, local_registry, standin_manifest, tmp_path):
+    """A login in the engine's credential store and a secret in the environment: neither appears
+    in the context, the image (files, labels, history) or the logs."""
+    secret = "s3cr3t-Build-Image-Token-9f1c"
+    cfg = tmp_path / "docker-config"
+    cfg.mkdir()
+    import base64
+
+    auth = base64.b64encode(f"ci-user:{secret}".encode()).decode()
+    (cfg / "config.json").write_text(json.dumps({"auths": {local_registry: {"auth": auth}}}))
+    env = {"DOCKER_CONFIG": str(cfg), "REGISTRY_PASSWORD": secret, "BUILD_IMAGE_REGISTRY_TOKEN": secret}
+    out = tmp_path / "ctx"
+    args = ["render", "--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(e2e.lock), "-o", str(out),
+            "--tag", f"{local_registry}/e2e/secret"]
+    r = run_pipeline(args, env=env)
+    assert r.returncode == 0, r.stderr
+    logs = r.stdout + r.stderr
+    r = run_pipeline(["build", str(out), "--tag", f"{local_registry}/e2e/secret"], env=env)
+    assert r.returncode == 0, r.stderr
+    logs += r.stdout + r.stderr
+    r = run_pipeline(["push", str(out), "--tag", f"{local_registry}/e2e/secret", "--force"], env=env)
+    assert r.returncode == 0, r.stderr
+    logs += r.stdout + r.stderr
+    assert secret not in logs and auth not in logs
+    for p in out.rglob("*"):
+        if p.is_file():
+            data = p.read_bytes()
+            assert secret.encode() not in data and auth.encode() not in data, p
+    tag = json.loads(run_pipeline(["push", str(out), "--tag", f"{local_registry}/e2e/secret", "--json"], env=env).stdout)["pushed"][0]["ref"]
+    inspect = docker("image", "inspect", tag).stdout + docker("history", "--no-trunc", tag).stdout
+    assert secret not in inspect and auth not in inspect
+    # the layers this tool added (everything above the base) hold no trace of it either
+    base_layers = len(json.loads(docker("image", "inspect", "standin.local/vllm/vllm-openai:v0.26.0").stdout)[0]["RootFS"]["Layers"])
+    saved = subprocess.run([DOCKER, "save", tag], capture_output=True, timeout=600).stdout
+    with tarfile.open(fileobj=io.BytesIO(saved)) as tf:
+        manifest = json.load(tf.extractfile("manifest.json"))
+        for layer in manifest[0]["Layers"][base_layers:]:
+            blob = tf.extractfile(layer).read()
+            assert secret.encode() not in blob and auth.encode() not in blob
+

@@ -192,7 +192,8 @@ def _labelled_containers() -> set[str]:
 def ray_image(built_overlay_image, standin_base_image):
     """The stand-in base + ray[serve] from the lock's wheelhouse, built by lock -> render -> build."""
     series = standin_base_image.series_dir if importlib.util.find_spec("builder.patches") else None
-    return built_overlay_image([RAY_REQ], series=series, repo="build-image-test/raycheck")
+    # ray needs packaging>=24.2; naming it releases the stand-in's Debian packaging 23.0 pin
+    return built_overlay_image([RAY_REQ, "packaging>=24.2"], series=series, repo="build-image-test/raycheck")
 
 
 @pytest.fixture(scope="session")
@@ -207,7 +208,7 @@ def changed_ray_image(ray_image, tmp_path_factory):
                         "-d", str(ctx / "wh"), f"filelock=={other}"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     (ctx / "Dockerfile").write_text(
-        f"FROM {ray_image.image_id}\n"
+        f"FROM {ray_image.tags[0]}\n"
         "RUN --mount=type=bind,source=wh,target=/wh python3 -m pip install --break-system-packages "
         "--no-index --no-deps --disable-pip-version-check /wh/*.whl\n"
     )

@@ -389,7 +389,10 @@ class Uv:
                 cwd: Path | None = None) -> subprocess.CompletedProcess:
         cmd = [self.binary, "pip", "compile", *map(str, sources), "-o", str(out), "--format", fmt,
                "--python-version", python_version, "--python-platform", platform, "--no-build",
-               "--no-header", "--quiet", "--color", "never"]
+               "--no-header", "--quiet", "--color", "never",
+               # an interpreter only for uv's bookkeeping (the target is --python-version/--python-platform;
+               # --no-build: nothing is ever built): never let uv look for, or download, a Python
+               "--python", sys.executable]
         if hashes:
             cmd.append("--generate-hashes")
         for fl in find_links:
@@ -400,7 +403,7 @@ class Uv:
             cmd += ["--exclude-newer", exclude_newer]
         if offline:
             cmd.append("--offline")
-        env = {**os.environ, "UV_NO_CONFIG": "1", "NO_COLOR": "1"}
+        env = {**os.environ, "UV_NO_CONFIG": "1", "NO_COLOR": "1", "UV_PYTHON_DOWNLOADS": "never"}
         env.pop("UV_SYSTEM_PYTHON", None)
         try:
             return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)

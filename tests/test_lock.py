@@ -1,0 +1,327 @@
+"""Lock stage: pure helpers, and the real `build-image lock` on the fixture wheels.
+
+The CLI tests are offline and deterministic: the base is made by
+``build-image base snapshot --site-packages`` of a directory holding the
+fixture ``fakearrow 14.0.2`` (a gcc-built extension whose bytes name only
+``numpy.core._multiarray_umath``: built against numpy 1.x) and the fake
+``numpy 1.26.4``; overlays are resolved by the real uv with
+``--no-index --find-links <wheelhouse>``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from builder import lock as L
+from builder.cli import main
+from builder.errors import BadInput, IntegrityError
+from builder.lockfile import load_lock
+from builder.manifest import load_manifest
+from builder.util import sha256_file
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path_factory.getbasetemp() / "bi-cache"))
+
+
+def run(*args: str):
+    res = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return res.exit_code, res.output
+
+
+@pytest.fixture(scope="session")
+def np1_base(tmp_path_factory, make_site_packages) -> Path:
+    """Manifest of a base holding fakearrow 14.0.2 (numpy-1.x extension) + numpy 1.26.4 + purepkg."""
+    d = tmp_path_factory.mktemp("np1base")
+    sp = make_site_packages(d / "site-packages", ["fakearrow==14.0.2", "numpy==1.26.4", "purepkg==1.0.0"])
+    out = d / "base.json"
+    res = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12",
+                                    "--glibc", "2.35", "--cuda", "13.0", "-o", str(out)], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    m = load_manifest(out)
+    assert m.get("fakearrow").facts.numpy_abi == {"1": 1, "2": 0}
+    return out
+
+
+@pytest.fixture
+def offline(np1_base, wheelhouse):
+    def args(*extra: str) -> list[str]:
+        return ["lock", "--base", str(np1_base), "--no-default-overlay", "--no-index",
+                "--find-links", str(wheelhouse), *extra]
+
+    return args
+
+
+# ------------------------------------------------------------------ the numpy story, end to end
+
+def test_overlay_needing_numpy2_is_refused_with_base_pin_and_evidence(offline, tmp_path):
+    out = tmp_path / "r.lock"
+    code, text = run(*offline("--with", "numpy2user", "-o", str(out)))
+    assert code == 4, text
+    assert "numpy==1.26.4 is pinned by the base" in text
+    assert "fakearrow 14.0.2 there has 1 extension built against numpy 1.x" in text
+    assert "numpy2user" in text and "No solution found" in text  # uv's derivation passed through
+    assert "--with 'numpy>=X' releases the numpy pin" in text
+    assert not out.exists()
+
+
+def test_releasing_numpy_pin_hits_the_gate_with_evidence_and_chain(offline, tmp_path):
+    out = tmp_path / "r.lock"
+    code, text = run(*offline("--with", "numpy2user", "--with", "numpy>=2", "-o", str(out)))
+    assert code == 3, text
+    assert "[numpy-abi] numpy 1.26.4 -> 2.1.0" in text
+    assert "evidence: fakearrow 14.0.2: 1 extension built against numpy 1.x" in text
+    assert "pulled by: numpy 2.1.0 ← numpy2user 1.0.0 (numpy>=2) ← overlay (numpy2user)" in text
+    assert "--allow-abi-change numpy --reason" in text
+    assert not out.exists()
+
+
+def test_allow_abi_change_writes_lock_with_reason_hashes_and_facts(offline, tmp_path, wheelhouse):
+    out = tmp_path / "r.lock"
+    code, text = run(*offline("--with", "numpy2user", "--with", "numpy>=2", "--allow-abi-change", "numpy",
+                              "--reason", "fakearrow is rebuilt in the next layer", "-o", str(out)))
+    assert code == 0, text
+    lock = load_lock(out)
+    assert lock.allow_abi_change == {"numpy": "fakearrow is rebuilt in the next layer"}
+    assert lock.overlay == ["numpy2user", "numpy>=2"]
+    assert lock.header["python"] == "3.12" and lock.header["platform"] == "x86_64-manylinux_2_35"
+    assert lock.header["base-manifest-sha256"] == sha256_file(offline()[2])
+    by = lock.by_name()
+    assert sorted(by) == ["numpy", "numpy2user"]  # fakearrow/purepkg stay in the base
+    np = by["numpy"]
+    assert (np.version, np.base_version) == ("2.1.0", "1.26.4")
+    wheel = wheelhouse / "numpy-2.1.0-py3-none-any.whl"
+    assert np.hashes == [sha256_file(wheel)] and np.wheel.sha256 == sha256_file(wheel)
+    assert np.wheel.url == wheel.resolve().as_uri()
+    assert "numpy2user" in np.via and "-r overlay" in by["numpy2user"].via
+    assert by["numpy2user"].base_version is None
+
+
+def test_binary_overlay_is_scanned_and_recorded(offline, tmp_path, wheelhouse):
+    out = tmp_path / "r.lock"
+    code, text = run(*offline("--with", "stableabi", "-o", str(out)))
+    assert code == 0, text
+    e = load_lock(out).by_name()["stableabi"]
+    assert e.facts.binary and e.facts.extensions == 1 and e.facts.python_abi == "abi3"
+    assert e.facts.glibc is not None and e.wheel.url.endswith("stableabi-1.0.0-cp38-abi3-manylinux_2_17_x86_64.whl")
+
+
+def test_new_glibc_wheel_is_rejected_by_elf_evidence(offline, tmp_path):
+    out = tmp_path / "r.lock"
+    code, text = run(*offline("--with", "newglibc", "-o", str(out)))
+    assert code == 3, text
+    assert "[glibc] newglibc 1.0.0" in text and "GLIBC_2.99" in text and "glibc 2.35" in text
+    assert not out.exists()
+
+
+def test_wrong_python_abi_only_wheel_is_unsatisfiable(offline, tmp_path):
+    code, text = run(*offline("--with", "oldabi", "-o", str(tmp_path / "r.lock")))
+    assert code == 4, text
+    assert "oldabi" in text
+
+
+def test_failed_lock_never_replaces_a_good_one(offline, tmp_path):
+    out = tmp_path / "r.lock"
+    code, text = run(*offline("--with", "purepkg", "--with", "stableabi", "-o", str(out)))
+    assert code == 0, text
+    before = out.read_bytes()
+    code, _ = run(*offline("--with", "newglibc", "--upgrade", "-o", str(out)))
+    assert code == 3
+    assert out.read_bytes() == before
+    code, _ = run(*offline("--with", "numpy2user", "-o", str(out)))
+    assert code == 4
+    assert out.read_bytes() == before
+
+
+def test_check_up_to_date_then_stale_and_relock_short_circuit(offline, tmp_path):
+    out = tmp_path / "r.lock"
+    assert run(*offline("--with", "stableabi", "-o", str(out)))[0] == 0
+    before = out.read_bytes()
+    code, text = run(*offline("--with", "stableabi", "-o", str(out), "--check"))
+    assert code == 0 and "up to date" in text
+    code, text = run(*offline("--with", "stableabi", "--with", "purepkg>=1", "-o", str(out), "--check"))
+    assert code == 5 and "overlay changed" in text
+    assert out.read_bytes() == before
+    # an up-to-date re-lock does not resolve again (and keeps the file byte for byte)
+    code, text = run(*offline("--with", "stableabi", "-o", str(out), "--json"))
+    assert code == 0 and json.loads(text)["status"] == "up-to-date"
+    assert out.read_bytes() == before
+
+
+def test_check_on_missing_lock_is_stale(offline, tmp_path):
+    out = tmp_path / "none.lock"
+    code, text = run(*offline("--with", "stableabi", "-o", str(out), "--check"))
+    assert code == 5 and not out.exists()
+
+
+def test_pure_base_upgrade_is_a_notice(tmp_path, make_site_packages, wheelhouse):
+    sp = make_site_packages(tmp_path / "sp", ["numpy==1.26.4"])
+    base = tmp_path / "b.json"
+    assert run("base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35",
+               "-o", str(base))[0] == 0
+    code, text = run("lock", "--base", str(base), "--no-default-overlay", "--no-index", "--find-links",
+                     str(wheelhouse), "--with", "numpy>=2", "-o", str(tmp_path / "r.lock"), "--json")
+    assert code == 0, text
+    doc = json.loads(text[text.index("{"):])
+    assert doc["moved_base"] == ["numpy"]
+    assert [(n["name"], n["rule"]) for n in doc["gate"]["notices"]] == [("numpy", "newer-than-base")]
+
+
+# ------------------------------------------------------------------ bad input: exit 2, nothing written
+
+@pytest.mark.parametrize("case", ["unknown-vllm", "malformed-spec", "unreadable-manifest", "conflicting-with",
+                                  "reason-missing", "vllm-vs-with"])
+def test_bad_input_exit_2_nothing_written(case, tmp_path, offline):
+    out = tmp_path / "r.lock"
+    if case == "unknown-vllm":
+        args = ["lock", "--vllm", "9.9.9", "-o", str(out)]
+        needle = "9.9.9"
+    elif case == "malformed-spec":
+        spec = tmp_path / "spec.toml"
+        spec.write_text('vllm = "0.26.0"\nwith = [1, 2\n')
+        args = ["lock", "--spec", str(spec), "-o", str(out)]
+        needle = "not valid TOML"
+    elif case == "unreadable-manifest":
+        bad = tmp_path / "bad.json"
+        bad.write_text('{"schema": "build-image/base-manifest/v1", "image": ')
+        args = ["lock", "--base", str(bad), "-o", str(out)]
+        needle = "bad.json"
+    elif case == "conflicting-with":
+        args = offline("--with", "numpy==1.26.4", "--with", "numpy>=2", "-o", str(out))
+        needle = "conflicting overlay requirements for numpy"
+    elif case == "reason-missing":
+        args = offline("--with", "purepkg", "--allow-abi-change", "numpy", "-o", str(out))
+        needle = "--reason"
+    else:
+        args = ["lock", "--with", "vllm==0.25.0", "-o", str(out)]
+        needle = "conflicts with --vllm 0.26.0"
+    code, text = run(*args)
+    assert code == 2, text
+    assert needle in text
+    assert text.startswith("bad input:")
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------ pure helpers
+
+UV_REQS = """\
+aiohttp==3.14.5
+    # via
+    #   aiohttp-cors
+    #   ray
+numpy==2.1.0
+    # via
+    #   -r /tmp/bi-lock-x/overlay.in
+    #   numpy2user
+ray==2.59.0
+    # via -r /tmp/bi-lock-x/overlay.in
+torch==2.11.0
+    # via -r base.in
+"""
+
+
+def test_parse_uv_requirements():
+    got = L.parse_uv_requirements(UV_REQS)
+    assert got["aiohttp"] == ("aiohttp", "3.14.5", ["aiohttp-cors", "ray"])
+    assert got["numpy"] == ("numpy", "2.1.0", ["-r overlay", "numpy2user"])
+    assert got["ray"][2] == ["-r overlay"] and got["torch"][2] == ["-r base"]
+
+
+PYLOCK = """\
+lock-version = "1.0"
+created-by = "uv"
+requires-python = ">=3.12"
+
+[[packages]]
+name = "aiohttp"
+version = "3.14.5"
+wheels = [
+    { url = "https://h/aiohttp-3.14.5-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.manylinux_2_28_x86_64.whl", size = 10, hashes = { sha256 = "aa" } },
+    { url = "https://h/aiohttp-3.14.5-py3-none-any.whl", size = 5, hashes = { sha256 = "bb" } },
+]
+
+[[packages]]
+name = "numpy"
+version = "2.1.0"
+wheels = [{ path = "wh/numpy-2.1.0-py3-none-any.whl", hashes = { sha256 = "cc" } }]
+"""
+
+
+def test_parse_pylock_and_select_wheel(tmp_path):
+    got = L.parse_pylock(PYLOCK, tmp_path)
+    assert [c.sha256 for c in got["aiohttp"][2]] == ["aa", "bb"]
+    assert got["numpy"][2][0].url == (tmp_path / "wh" / "numpy-2.1.0-py3-none-any.whl").as_uri()
+    tags = L.target_tags("3.12", "cp312", "x86_64-manylinux_2_35")
+    assert L.select_wheel(got["aiohttp"][2], tags).sha256 == "aa"  # the binary wheel outranks py3-none-any
+    cands = [L.WheelCandidate("x-1-cp39-cp39-manylinux_2_17_x86_64.whl", "u", "1"),
+             L.WheelCandidate("x-1-cp312-cp312-manylinux_2_39_x86_64.whl", "u", "2")]
+    assert L.select_wheel(cands, tags) is None  # wrong ABI / too new a glibc: nothing installable
+    cands.append(L.WheelCandidate("x-1-cp312-cp312-manylinux_2_31_x86_64.whl", "u", "3"))
+    cands.append(L.WheelCandidate("x-1-cp312-cp312-manylinux_2_17_x86_64.whl", "u", "4"))
+    assert L.select_wheel(cands, tags).sha256 == "3"  # most specific compatible platform first
+
+
+def test_base_requirements_release_only_named_dists():
+    m = load_manifest_from_dict({"numpy": "1.26.4", "transformers": "5.14.1", "torch": "2.11.0"})
+    reqs = L.base_requirements(m, ["ray[serve]", "Transformers==5.23.0"])
+    assert reqs == ["numpy==1.26.4", "torch==2.11.0"]
+
+
+def test_inputs_sha256_covers_every_input():
+    m = load_manifest_from_dict({"numpy": "1.26.4"})
+    mk = lambda **kw: L.LockRequest(**{"vllm": "0.26.0", "base": m, "base_bytes": b"m", "overlay": ["ray[serve]"], **kw})
+    ref = L.inputs_sha256(mk(), "0.13.9")
+    assert ref == L.inputs_sha256(mk(), "0.13.9")
+    variants = [
+        L.inputs_sha256(mk(base_bytes=b"m2"), "0.13.9"),
+        L.inputs_sha256(mk(overlay=["ray[serve]", "x"]), "0.13.9"),
+        L.inputs_sha256(mk(allow={"numpy": "r"}), "0.13.9"),
+        L.inputs_sha256(mk(no_index=True), "0.13.9"),
+        L.inputs_sha256(mk(find_links=["/w"]), "0.13.9"),
+        L.inputs_sha256(mk(exclude_newer="2026-07-25"), "0.13.9"),
+        L.inputs_sha256(mk(), "0.14.0"),
+        L.inputs_sha256(mk(), "0.13.9", tool_version="9.9"),
+    ]
+    assert len(set(variants + [ref])) == len(variants) + 1
+
+
+def test_parse_overlay_conflicts_and_garbage():
+    assert [r.name for r in L.parse_overlay(["ray[serve]", "numpy>=2", "numpy>=2"])] == ["ray", "numpy", "numpy"]
+    with pytest.raises(BadInput, match="conflicting"):
+        L.parse_overlay(["numpy==1.26.4", "numpy>=2"])
+    with pytest.raises(BadInput, match="not a valid PEP 508"):
+        L.parse_overlay(["numpy>>2"])
+
+
+def test_involved_base_pins_from_derivation():
+    m = load_manifest_from_dict({"numpy": "1.26.4", "torch": "2.11.0", "pyarrow": "14.0.2"})
+    deriv = ("× No solution found when resolving dependencies:\n"
+             "╰─▶ Because opencv-python-headless==4.13.0.90 depends on numpy>=2 and you require numpy==1.26.4, "
+             "we can conclude that your requirements are unsatisfiable.")
+    assert L.involved_base_pins(deriv, m) == ["numpy"]
+    assert L.involved_base_pins(deriv, m, released=["numpy"]) == []
+
+
+def test_fetch_wheel_verifies_and_refetches_corrupt_cache(tmp_path, monkeypatch, fixture_wheel):
+    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
+    src = fixture_wheel("purepkg", "1.0.0")
+    sha = sha256_file(src)
+    got = L.fetch_wheel(src.resolve().as_uri(), sha)
+    assert sha256_file(got) == sha
+    got.write_bytes(b"truncated")  # corrupt the cached copy
+    again = L.fetch_wheel(src.resolve().as_uri(), sha)
+    assert again == got and sha256_file(again) == sha
+    with pytest.raises(IntegrityError, match="does not match"):
+        L.fetch_wheel(src.resolve().as_uri(), "0" * 64)
+
+
+def load_manifest_from_dict(versions: dict[str, str]):
+    from builder.manifest import BaseManifest, Distribution
+
+    return BaseManifest(None, None, None, "2.35", "3.12", "cp312", None, "13.0", "x86_64-manylinux_2_35",
+                        "reconstructed", "test", {k: Distribution(k, v) for k, v in versions.items()})

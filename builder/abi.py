@@ -229,14 +229,33 @@ def _major(version: str | None) -> str | None:
 # ---------------------------------------------------------------- chains
 
 
-def _requirement_on(parent_reqs: Iterable[str], child: str) -> str | None:
-    """The requirement string in ``parent_reqs`` naming ``child`` (markers dropped)."""
+def target_environment(python_version: str = "3.12") -> dict[str, str]:
+    """PEP 508 marker environment of a Linux x86_64 CPython base (for chains)."""
+    return {
+        "python_version": python_version, "python_full_version": f"{python_version}.0",
+        "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+        "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
+        "platform_release": "", "platform_version": "", "implementation_version": f"{python_version}.0",
+        "extra": "",
+    }
+
+
+def _requirement_on(parent_reqs: Iterable[str], child: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The requirement in ``parent_reqs`` naming ``child`` whose marker holds on the
+    target (``env``; default Linux x86_64 CPython 3.12), without its marker."""
     key = canonical_name(child)
+    env = dict(env or target_environment())
     for raw in parent_reqs:
         try:
             req = Requirement(raw)
         except InvalidRequirement:
             continue
+        if req.marker is not None:
+            try:
+                if not req.marker.evaluate(env):
+                    continue
+            except Exception:  # noqa: BLE001 - undefined marker variable: keep the requirement
+                pass
         if canonical_name(req.name) == key:
             extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
             return f"{req.name}{extras}{req.specifier}" if str(req.specifier) else None
@@ -251,6 +270,7 @@ def build_chain(
     overlay: Iterable[str] = (),
     max_len: int = 8,
     base_versions: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The chain that pulled ``name``: ``["numpy 2.3.5", "opencv-python-headless
     4.13.0.90 (numpy>=2)", "vllm 0.26.0"]`` — each link after the first is a
@@ -290,8 +310,8 @@ def build_chain(
             except (InvalidRequirement, InvalidVersion):
                 return False
 
-        specs = {p: _requirement_on(requires.get(p, []), child_name) for p in cands}
-        ospec = _requirement_on(overlay_reqs, child_name) if any("overlay" in r for r in roots) else None
+        specs = {p: _requirement_on(requires.get(p, []), child_name, env) for p in cands}
+        ospec = _requirement_on(overlay_reqs, child_name, env) if any("overlay" in r for r in roots) else None
         culprits = [p for p in cands if excludes_old(specs[p])]
         if culprits:
             nxt = culprits[0]
@@ -345,7 +365,8 @@ def evaluate(
     findings: list[Finding] = []
 
     def chain(name: str) -> list[str]:
-        return build_chain(name, final, via, requires, overlay, base_versions=base_versions)
+        return build_chain(name, final, via, requires, overlay, base_versions=base_versions,
+                           env=target_environment(base.python_version))
 
     def add(rule: str, e: LockEntry, old: str | None, message: str, evidence: list[str] | None = None) -> None:
         findings.append(Finding(e.name, rule, old, e.version, message, evidence or [], chain(e.name)))

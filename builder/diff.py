@@ -9,8 +9,8 @@ in 2 and 4); the other facets are kept as ``tags``.
 
 1 ``abi-rejected``  the ABI gate (``builder.abi.evaluate``, the same rules the
                     lock command applies) rejects the NEW lock for this package,
-                    and the package changed or the finding is new (e.g. the base
-                    moved under an unchanged entry).  Findings covered by the lock
+                    and the package changed or the finding is new or different
+                    (e.g. the base moved under an unchanged entry, or new evidence).  Findings covered by the lock
                     header's ``allow-abi-change`` are listed here too, marked
                     ``allowed: <reason>``; they do not fail the diff unless
                     ``fail_on_allowed``.
@@ -341,6 +341,14 @@ def _moved_out_of_order(old_keys: list[str], new_keys: list[str]) -> list[str]:
     return [order[i] for i in range(len(seq)) if i not in keep]
 
 
+def _finding_sig(fd) -> tuple:
+    """What makes a gate finding "the same" across two locks: its evidence and
+    whether (and why) the header allows it.  A finding on an unchanged entry is
+    reported when this differs (new evidence, e.g. another extension built against
+    the other numpy generation; or the escape hatch added/removed/reworded)."""
+    return (tuple(fd.evidence), fd.reason)
+
+
 def _gate(base: BaseManifest, lock: LockFile):
     from .abi import evaluate
 
@@ -428,9 +436,9 @@ def diff_locks(
     if new_res is not None:
         for fd in new_res.violations + new_res.allowed:
             new_find.setdefault(canonical_name(fd.name), []).append(fd)
-    old_rules: set[tuple[str, str]] = set()
+    old_rules: dict[tuple[str, str], tuple] = {}
     if old_res is not None:
-        old_rules = {(canonical_name(fd.name), fd.rule) for fd in old_res.violations + old_res.allowed}
+        old_rules = {(canonical_name(fd.name), fd.rule): _finding_sig(fd) for fd in old_res.violations + old_res.allowed}
     notices: dict[str, list] = {}
     if new_res is not None:
         for fd in new_res.notices:
@@ -481,7 +489,7 @@ def _classify(
     a: LockEntry | None,
     b: LockEntry | None,
     findings: list,
-    old_rules: set[tuple[str, str]],
+    old_rules: dict[tuple[str, str], tuple],
     notices: list,
     base: BaseManifest | None,
     vllm: str | None,
@@ -522,7 +530,7 @@ def _classify(
         c.tags.append("base-move")
 
     # group 1: gate findings on the new lock, for a changed package or a new finding
-    relevant = [fd for fd in findings if kind != "unchanged" or (key, fd.rule) not in old_rules]
+    relevant = [fd for fd in findings if kind != "unchanged" or old_rules.get((key, fd.rule)) != _finding_sig(fd)]
     if relevant:
         c.group = 1
         c.rules = sorted({fd.rule for fd in relevant})

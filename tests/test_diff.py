@@ -535,3 +535,29 @@ def test_report_renderers():
     assert "**7 noise**: 2 hash-only" in md
     assert md_table(["a"], []) == "| a |\n|---|"
     assert use_color(None, force=True) and not use_color(None, force=False)
+
+
+def test_new_evidence_on_an_unchanged_entry_is_reported():
+    """numpy stays at its (allowed) 2.x move, but a newly added overlay extension built
+    against numpy 1.x changes the gate's evidence: numpy is listed again in group 1."""
+    from builder.lockfile import LockEntry
+    from builder.manifest import DistFacts
+
+    _old, allowed, base = pair("g1_allowed")
+    new = copy.deepcopy(allowed)
+    new.entries.append(LockEntry(
+        name="legacy-ext", version="1.0", hashes=["a" * 64],
+        facts=DistFacts(binary=True, extensions=1, numpy_abi={"1": 1, "2": 0}, glibc="2.17", python_abi="cp312")))
+    d = diff_locks(allowed, new, old_base=base, new_base=base)
+    g1 = {c.name: c for c in d.group(1)}
+    # the gate attaches the numpy-abi finding to numpy (the move), with the new extension
+    # as evidence; the header's allow-abi-change for numpy still covers it, so it is shown
+    # (reason and all) at the top of the review but does not fail the diff
+    assert set(g1) == {"numpy"}
+    assert g1["numpy"].change == "unchanged" and g1["numpy"].allowed is not None
+    assert any("legacy-ext 1.0: 1 extension built against numpy 1.x" in e for e in g1["numpy"].evidence)
+    assert not d.dangerous and diff_locks(allowed, new, old_base=base, new_base=base, fail_on_allowed=True).dangerous
+    assert "legacy-ext" in {c.name for c in d.group(3)}
+    # same lock on both sides: the allowed numpy finding is not news
+    same = diff_locks(allowed, copy.deepcopy(allowed), old_base=base, new_base=base)
+    assert same.group(1) == []

@@ -11,6 +11,7 @@ in which case a missing engine is an error.
   local stand-in for ``vllm/vllm-openai:v0.26.0`` built by scripts/make-standin-base.sh
   (Debian bookworm minbase + python3 3.11 + python3-numpy 1.x + a fake installed vllm 0.26.0).
 - ``standin_manifest``: path of a base manifest snapshotted from that image (``base snapshot --image``).
+- ``standin_pinned_manifest``: the same after pushing the stand-in to the local registry (has a digest).
 - ``built_overlay_image``: factory ``(requirements: list[str], find_links=None) -> BuiltImage``:
   lock those requirements on the stand-in base, render, build; cached per requirement list
   for the session.  Use it to get e.g. an image with ``ray`` cheaply.
@@ -118,13 +119,13 @@ def standin_findlinks(requirements: list[str] | tuple[str, ...] = ()) -> Path:
 
     Holds the stand-in's fake vllm wheel, wheels for every other base pin (numpy 1.24.2 ...),
     and ``requirements`` with their dependencies for CPython 3.11 / manylinux x86_64 (downloaded
-    once from PyPI with pip, numpy constrained to the base's 1.24.2; cached by requirement list).
+    once from PyPI with pip, constrained to the base's versions; cached by requirement list + pins).
     Why offline: PyPI's real vllm 0.26.0 needs numpy>=1.25, which Debian bookworm's 1.24.2 is not.
     """
     import hashlib
     import shutil
 
-    key = hashlib.sha256("\n".join(sorted(requirements)).encode()).hexdigest()[:12]
+    key = hashlib.sha256("\n".join(sorted(requirements) + ["--pins--", *STANDIN_PINS]).encode()).hexdigest()[:12]
     root = _cache_dir() / "standin" / f"findlinks-{key}"
     done = root / ".complete"
     if done.exists():
@@ -137,7 +138,7 @@ def standin_findlinks(requirements: list[str] | tuple[str, ...] = ()) -> Path:
     assert r.returncode == 0, r.stderr[-2000:]
     if requirements:
         cons = tmp / "constraints.txt"
-        cons.write_text("numpy==1.24.2\n")
+        cons.write_text("".join(p + "\n" for p in STANDIN_PINS))  # stay compatible with the base
         r = subprocess.run(pip + [*_PIP_TARGET, "-c", str(cons), *requirements], capture_output=True, text=True, timeout=1800)
         cons.unlink()
         assert r.returncode == 0, r.stderr[-2000:]
@@ -159,6 +160,22 @@ def standin_manifest(standin_base_image, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def standin_pinned_manifest(standin_base_image, local_registry, tmp_path_factory) -> Path:
+    """Like ``standin_manifest`` but with a digest: the stand-in is pushed to the local registry as
+    ``127.0.0.1:5000/vllm/vllm-openai:v0.26.0`` first, so the Dockerfile's FROM is ``ref@sha256:...``."""
+    ref = f"{local_registry}/vllm/vllm-openai:v0.26.0"
+    for args in (["tag", standin_base_image.ref, ref], ["push", "-q", ref]):
+        r = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr
+    out = tmp_path_factory.mktemp("standin-pinned") / "standin-pinned.json"
+    r = subprocess.run([BUILD_IMAGE, "base", "snapshot", "--image", ref, "-o", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["image"]["digest"], "the snapshot has no digest"
+    return out
+
+
 @dataclass
 class BuiltImage:
     tags: list[str]
@@ -166,6 +183,7 @@ class BuiltImage:
     context: Path
     lock: Path
     summary: dict
+    manifest: Path | None = None
 
 
 def run_pipeline(args: list[str], *, env: dict | None = None, timeout: int = 1800) -> subprocess.CompletedProcess:
@@ -176,19 +194,20 @@ def run_pipeline(args: list[str], *, env: dict | None = None, timeout: int = 180
 
 @pytest.fixture(scope="session")
 def built_overlay_image(standin_base_image, standin_manifest, tmp_path_factory):
-    """Factory ``(requirements, *, series=None, repo=...) -> BuiltImage``: lock ``requirements``
+    """Factory ``(requirements, *, series=None, repo=..., manifest=None) -> BuiltImage``: lock ``requirements``
     on the stand-in base (offline, see :func:`standin_findlinks`), render, build.  Cached per
     (requirements, series, repo) for the session.  E.g. ``built_overlay_image(["ray[serve]==2.52.0"])``
     gives an image with ray on the stand-in base."""
     cache: dict = {}
 
-    def _build(requirements, *, series: Path | None = None, repo: str = "build-image-test/overlay") -> BuiltImage:
-        key = (tuple(requirements), str(series), repo)
+    def _build(requirements, *, series: Path | None = None, repo: str = "build-image-test/overlay",
+               manifest: Path | None = None) -> BuiltImage:
+        key = (tuple(requirements), str(series), repo, str(manifest))
         if key in cache:
             return cache[key]
         fl = standin_findlinks(tuple(requirements))
         work = tmp_path_factory.mktemp("overlay")
-        args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(work / "requirements.lock"),
+        args = ["--vllm", "0.26.0", "--base", str(manifest or standin_manifest), "--lock", str(work / "requirements.lock"),
                 "--no-default-overlay", "--no-index", "--find-links", str(fl), "-o", str(work / "ctx"),
                 "--tag", repo, "--json"]
         for req in requirements:
@@ -199,7 +218,7 @@ def built_overlay_image(standin_base_image, standin_manifest, tmp_path_factory):
         assert r.returncode == 0, f"pipeline failed ({r.returncode}):\n{r.stderr[-4000:]}"
         summary = json.loads(r.stdout)
         built = BuiltImage(tags=summary["tags"], image_id=summary["image_id"], context=work / "ctx",
-                           lock=work / "requirements.lock", summary=summary)
+                           lock=work / "requirements.lock", summary=summary, manifest=manifest or standin_manifest)
         cache[key] = built
         return built
 

@@ -43,9 +43,9 @@ def _closed_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def e2e(built_overlay_image, standin_base_image, local_registry):
+def e2e(built_overlay_image, standin_base_image, standin_pinned_manifest, local_registry):
     series = standin_base_image.series_dir if HAVE_PATCHES else None
-    return built_overlay_image(OVERLAY, series=series, repo=f"{local_registry}/e2e/vllm")
+    return built_overlay_image(OVERLAY, series=series, repo=f"{local_registry}/e2e/vllm", manifest=standin_pinned_manifest)
 
 
 def test_built_image_runs_the_overlay(e2e):
@@ -58,6 +58,9 @@ def test_built_image_runs_the_overlay(e2e):
     assert set(files) - set(wheels) == {"Dockerfile", "requirements.lock", "app/build_image_serve_app.py"} | patch_files
     dockerfile = (e2e.context / "Dockerfile").read_text()
     assert "--no-index --no-deps" in dockerfile and "--require-hashes" in dockerfile
+    base = json.loads(e2e.manifest.read_text())["image"]
+    froms = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("FROM ")]
+    assert froms and set(froms) == {f"{base['ref']}@{base['digest']}"}  # pinned by digest
 
     code = (
         "import six, markupsafe, vllm, build_image_serve_app\n"
@@ -102,6 +105,7 @@ def test_labels_tags_and_digest_round_trip(e2e, local_registry):
     lock = parse_lock(lock_text)
     assert labels["org.build-image.lock-hash"] == lock.lock_hash
     assert labels["org.build-image.vllm"] == "0.26.0"
+    assert labels["org.build-image.base-digest"] == json.loads(e2e.manifest.read_text())["image"]["digest"]
     assert e2e.tags == [f"{local_registry}/e2e/vllm:vllm0.26.0-{lock.lock_hash[:12]}", f"{local_registry}/e2e/vllm:vllm0.26.0"]
 
     r = run_pipeline(["push", str(e2e.context), "--tag", f"{local_registry}/e2e/vllm", "--json", "--force"])
@@ -220,7 +224,7 @@ def test_numpy2_overlay_is_refused_before_any_build(standin_manifest, tmp_path):
     assert docker("images", "-q", repo).stdout == ""  # no image was built
 
 
-def test_credentials_never_leak(e2e, local_registry, standin_manifest, tmp_path):
+def test_credentials_never_leak(e2e, local_registry, tmp_path):
     """A login in the engine's credential store and a secret in the environment: neither appears
     in the context, the image (files, labels, history) or the logs."""
     secret = "s3cr3t-Build-Image-Token-9f1c"
@@ -232,7 +236,7 @@ def test_credentials_never_leak(e2e, local_registry, standin_manifest, tmp_path)
     (cfg / "config.json").write_text(json.dumps({"auths": {local_registry: {"auth": auth}}}))
     env = {"DOCKER_CONFIG": str(cfg), "REGISTRY_PASSWORD": secret, "BUILD_IMAGE_REGISTRY_TOKEN": secret}
     out = tmp_path / "ctx"
-    args = ["render", "--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(e2e.lock), "-o", str(out),
+    args = ["render", "--vllm", "0.26.0", "--base", str(e2e.manifest), "--lock", str(e2e.lock), "-o", str(out),
             "--tag", f"{local_registry}/e2e/secret"]
     r = run_pipeline(args, env=env)
     assert r.returncode == 0, r.stderr
@@ -260,3 +264,24 @@ def test_credentials_never_leak(e2e, local_registry, standin_manifest, tmp_path)
             blob = tf.extractfile(layer).read()
             assert secret.encode() not in blob and auth.encode() not in blob
 
+
+
+def test_early_check_fails_the_build_in_seconds(e2e, tmp_path):
+    """A base that is not the one the manifest describes (here: Python 3.12 claimed, 3.11 present)
+    fails in the checks stage, before/while the wheelhouse installs: exit 9 with the reason."""
+    import time
+
+    doc = json.loads(e2e.manifest.read_text())
+    doc["python"]["version"], doc["python"]["abi"] = "3.12", "cp312"
+    manifest = tmp_path / "wrong-python.json"
+    manifest.write_text(json.dumps(doc))
+    lock = tmp_path / "wrong-python.lock"
+    lock.write_text(e2e.lock.read_text().replace("# python: 3.11", "# python: 3.12"))
+    out = tmp_path / "ctx"
+    r = run_pipeline(["render", "--vllm", "0.26.0", "--base", str(manifest), "--lock", str(lock), "-o", str(out)])
+    assert r.returncode == 0, r.stderr
+    t0 = time.monotonic()
+    r = run_pipeline(["build", str(out), "--tag", "build-image-test/wrong-python"])
+    assert r.returncode == 9, r.stdout + r.stderr
+    assert "build-image check: " in r.stderr and "Python 3.11" in r.stderr
+    assert time.monotonic() - t0 < 60

@@ -349,6 +349,22 @@ def write_context(
 
 
 # ---------------------------------------------------------------- context verification (build time)
+def base_refs(dockerfile_text: str) -> list[str]:
+    """The images a Dockerfile builds FROM (stage names excluded), in order, unique."""
+    refs: list[str] = []
+    stages: set[str] = set()
+    for line in dockerfile_text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].upper() == "FROM":
+            args = [p for p in parts[1:] if not p.startswith("--")]
+            ref = args[0]
+            if ref not in stages and ref not in refs:
+                refs.append(ref)
+            if len(args) >= 3 and args[1].upper() == "AS":
+                stages.add(args[2])
+    return refs
+
+
 def verify_context(context: str | Path) -> LockFile:
     """Before building: the context is complete and every wheel / patched file matches its sha256.
 

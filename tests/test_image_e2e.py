@@ -285,3 +285,13 @@ def test_early_check_fails_the_build_in_seconds(e2e, tmp_path):
     assert r.returncode == 9, r.stdout + r.stderr
     assert "build-image check: " in r.stderr and "Python 3.11" in r.stderr
     assert time.monotonic() - t0 < 60
+
+
+def test_missing_base_is_not_pulled_implicitly(e2e, tmp_path):
+    ctx = tmp_path / "ctx"
+    subprocess.run(["cp", "-a", str(e2e.context), str(ctx)], check=True)
+    df = ctx / "Dockerfile"
+    base = json.loads(e2e.manifest.read_text())["image"]
+    df.write_text(df.read_text().replace(f"{base['ref']}@{base['digest']}", "standin.local/absent/base:v0"))
+    r = run_pipeline(["build", str(ctx), "--tag", "build-image-test/absent"])
+    assert r.returncode == 9 and "not in the engine's image store" in r.stderr, r.stderr

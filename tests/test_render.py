@@ -278,3 +278,11 @@ def test_cli_build_reports_missing_wheel_with_exit_code(tmp_path):
     r = CliRunner().invoke(main, ["build", str(out)], env=env)
     assert r.exit_code == 8, r.output
     assert "not reachable" in r.output
+
+
+def test_base_refs_lists_images_not_stages():
+    from builder.render import base_refs
+
+    text = render_dockerfile(_plan())
+    assert base_refs(text) == [f"vllm/vllm-openai:v0.26.0@{DIGEST}"]
+    assert base_refs("FROM a:1 AS x\nFROM x\nFROM --platform=linux/amd64 b:2\n") == ["a:1", "b:2"]

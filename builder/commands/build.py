@@ -9,15 +9,36 @@ from pathlib import Path
 
 import click
 
+from ..engine import get_engine
 
-def build_context(context: Path, repo: str | None, *, engine=None, console=None) -> dict:
-    """Verify the context, build it, tag it.  Returns a summary dict."""
-    from ..engine import get_engine
+
+def missing_bases(context: Path, engine) -> list[str]:
+    """Base images the context builds FROM that the engine does not hold locally."""
+    from ..render import base_refs
+
+    text = (Path(context) / "Dockerfile").read_text(encoding="utf-8")
+    return [ref for ref in base_refs(text) if engine.inspect(ref) is None]
+
+
+def build_context(context: Path, repo: str | None, *, engine=None, console=None, pull: bool = False) -> dict:
+    """Verify the context, build it, tag it.  Returns a summary dict.
+
+    Without ``pull`` a base image that is not in the engine's store is an error (exit 9)
+    instead of an implicit multi-GB download from a registry."""
+    from ..errors import BuildFailed
     from ..render import tags_for_context
 
     vllm, tags, lock = tags_for_context(context, repo)  # verifies every wheel's sha256 first
     engine = engine or get_engine()
     engine.ping()
+    if not pull:
+        missing = missing_bases(context, engine)
+        if missing:
+            raise BuildFailed(
+                f"the base image {', '.join(missing)} is not in the engine's image store; "
+                "build-image does not pull it implicitly.",
+                hint=f"pull it first (`docker pull {missing[0]}`) or pass --pull to let the engine fetch it.",
+            )
     t0 = time.monotonic()
     steps: list[str] = []
 
@@ -50,20 +71,22 @@ def build_context(context: Path, repo: str | None, *, engine=None, console=None)
 @click.option("--vllm", "vllm", default=None, metavar="VERSION", help="Picks the default context build/vllm-<v>.")
 @click.option("--tag", "repo", metavar="REPO", help="Image repository (default: spec 'repo', else build-image/vllm-serving).")
 @click.option("--spec", "spec_file", metavar="FILE", type=click.Path(dir_okay=False), help="Spec file.")
+@click.option("--pull", is_flag=True, help="Let the engine pull a base image it does not have (default: refuse).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-def command(context, vllm, repo, spec_file, as_json):
+def command(context, vllm, repo, spec_file, pull, as_json):
     """Build CONTEXT (default build/vllm-<v>) with BuildKit, --network=none, and tag it.
 
     Tags: REPO:vllm<v>-<first 12 of the lock hash> and REPO:vllm<v>.
     Exit codes: 0 built, 2 bad/missing context or missing wheel, 7 wheel/patched file sha256
-    mismatch, 8 engine unreachable, 9 build failed (incl. the Dockerfile's early checks).
+    mismatch, 8 engine unreachable, 9 build failed (incl. the Dockerfile's early checks, and a
+    base image missing from the engine without --pull).
     """
     from ..spec import load_spec
     from .render import default_out_dir, stderr_console
 
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo)
     context = context or default_out_dir(spec.vllm)
-    doc = build_context(context, spec.repo, console=stderr_console())
+    doc = build_context(context, spec.repo, console=stderr_console(), pull=pull)
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:

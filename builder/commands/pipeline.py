@@ -63,11 +63,12 @@ class _Stages:
 @click.option("--kuberay", "kuberay", is_flag=True, help="Write KubeRay manifests (by digest after --push, else by tag).")
 @click.option("--smoke", "smoke", is_flag=True, help="After build (and push), boot the image and run the smoke test.")
 @click.option("--model", "model", default=None, metavar="PATH", help="Smoke: checkpoint directory.")
+@click.option("--pull", "pull", is_flag=True, help="Build: let the engine pull a base image it does not hold.")
 @click.option("--json", "as_json", is_flag=True, help="Final summary as JSON on stdout.")
 @click.pass_context
 def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=None, repo=None, push=False, force=False,
                  series=None, wheel=None, find_links=(), no_index=False, no_default_overlay=False, kuberay=False,
-                 smoke=False, model=None, as_json=False):
+                 smoke=False, model=None, pull=False, as_json=False):
     """lock -> ABI gate -> patch check -> render -> build -> push -> smoke."""
     from rich.console import Console
 
@@ -147,10 +148,27 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
         _emit(as_json, summary, console)
         return
 
-    from .build import build_context
+    from .build import build_context, missing_bases
+
+    missing = [] if pull else missing_bases(out, engine)
+    if missing:
+        how = (f"docker pull {missing[0]} && build-image build {out}" + (f" --tag {spec.repo}" if spec.repo else ""))
+        summary.update(status="rendered", missing_base=missing, build_command=how,
+                       total_s=round(time.monotonic() - t_all, 2))
+        msg = (f"the base image {', '.join(missing)} is not in the engine's image store (build-image never pulls "
+               f"it implicitly; --pull allows it).")
+        if push or smoke:
+            _emit(as_json, summary, console)
+            from ..errors import BuildFailed
+
+            raise BuildFailed(msg + f" The context is complete in {out}.", hint=how)
+        console.print(f"[yellow]{msg}[/yellow]\nstopped after render; the context in {out} is self-contained. "
+                      f"Build it:\n  {how}", highlight=False)
+        _emit(as_json, summary, console)
+        return
 
     with stages.stage("build", "BuildKit, --network=none"):
-        built = build_context(out, spec.repo, engine=engine, console=console)
+        built = build_context(out, spec.repo, engine=engine, console=console, pull=pull)
     summary.update(image_id=built["image_id"], image_bytes=built["size_bytes"], cached_steps=built["cached_steps"])
     image_for_later = result.tags[0]
 

@@ -469,8 +469,19 @@ class Containers:
                           "-e", f"BUILD_IMAGE_DIGEST={node.image_digest or ''}",
                           "--entrypoint", PYTHON, node.image, "-", arg], timeout=timeout, input=script)
 
-    def remove_all(self) -> None:
-        """Remove every container this object started, by ID; never raises."""
+    def remove_all(self, run_id: str | None = None) -> None:
+        """Remove every container this run started, by ID; never raises.
+
+        With ``run_id``, containers carrying this run's unique label are removed too
+        (one created by a ``docker run`` interrupted before it printed its ID)."""
+        if run_id:
+            try:
+                proc = self._cli(["ps", "-aq", "--no-trunc", "--filter", f"label={CONTAINER_LABEL}={run_id}"], timeout=30)
+                for cid in proc.stdout.split():
+                    if not any(s.startswith(cid) or cid.startswith(s) for s in self.started):
+                        self.started.append(cid)
+            except Exception:  # noqa: BLE001
+                pass
         while self.started:
             cid = self.started.pop()
             try:
@@ -555,7 +566,7 @@ def run_check(
     reports: dict[str, NodeReport] = {}
     with ExitStack() as stack:
         stack.enter_context(_sigterm_as_interrupt())
-        stack.callback(containers.remove_all)
+        stack.callback(containers.remove_all, run_id)
         say(f"starting head ({nodes[0].image})")
         cids["head"] = containers.start(nodes[0], common + ["--head", "--include-dashboard=false", "--node-name=head",
                                                            *ports[0].args()], run_id)

@@ -12,9 +12,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -188,12 +191,50 @@ def _labelled_containers() -> set[str]:
     return set(out.stdout.split())
 
 
+def ray_wheelhouse() -> Path:
+    """ray[serve] and its dependencies for the stand-in (CPython 3.11, manylinux x86_64), downloaded
+    once from PyPI with pip (hash-checked by the lock and again by render), numpy held at the base's."""
+    from builder.util import cache_dir
+
+    from tests.fx_docker import _PIP_TARGET
+
+    root = cache_dir() / "raycheck" / ("wheelhouse-" + RAY_REQ.replace("[", "-").replace("]", "").replace("==", "-"))
+    if (root / ".complete").exists():
+        return root
+    tmp = root.with_name(root.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    (tmp / "constraints.txt").write_text("numpy==1.24.2\n")
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "-d", str(tmp),
+                        *_PIP_TARGET, "-c", str(tmp / "constraints.txt"), RAY_REQ, "packaging>=24.2"],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-2000:]
+    (tmp / "constraints.txt").unlink()
+    (tmp / ".complete").write_text("ok\n")
+    shutil.rmtree(root, ignore_errors=True)
+    tmp.rename(root)
+    return root
+
+
 @pytest.fixture(scope="session")
-def ray_image(built_overlay_image, standin_base_image):
-    """The stand-in base + ray[serve] from the lock's wheelhouse, built by lock -> render -> build."""
-    series = standin_base_image.series_dir if importlib.util.find_spec("builder.patches") else None
-    # ray needs packaging>=24.2; naming it releases the stand-in's Debian packaging 23.0 pin
-    return built_overlay_image([RAY_REQ, "packaging>=24.2"], series=series, repo="build-image-test/raycheck")
+def ray_image(standin_base_image, standin_manifest, tmp_path_factory):
+    """The stand-in base + ray[serve] from the lock's wheelhouse, through the project's own
+    path: `build-image` (lock -> ABI gate -> render -> build), offline against the wheelhouse."""
+    from tests.fx_docker import BuiltImage, run_pipeline, standin_findlinks
+
+    work = tmp_path_factory.mktemp("ray-image")
+    # ray needs packaging>=24.2: naming it releases the stand-in's Debian packaging 23.0 pin
+    args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(work / "requirements.lock"),
+            "--no-default-overlay", "--with", RAY_REQ, "--with", "packaging>=24.2", "--no-index",
+            "--find-links", str(standin_findlinks(())), "--find-links", str(ray_wheelhouse()),
+            "-o", str(work / "ctx"), "--tag", "build-image-test/raycheck", "--json"]
+    if importlib.util.find_spec("builder.patches"):
+        args += ["--series", str(standin_base_image.series_dir), "--wheel", str(standin_base_image.vllm_wheel)]
+    r = run_pipeline(args)
+    assert r.returncode == 0, f"pipeline failed ({r.returncode}):\n{r.stderr[-4000:]}"
+    summary = json.loads(r.stdout)
+    return BuiltImage(tags=summary["tags"], image_id=summary["image_id"], context=work / "ctx",
+                      lock=work / "requirements.lock", summary=summary)
 
 
 @pytest.fixture(scope="session")
@@ -234,6 +275,8 @@ def test_head_and_worker_from_one_image_pass(ray_image):
         assert n.packages["torch"] is None  # absent in the stand-in: reported as null, not skipped
         assert n.image_id == ray_image.image_id
         assert n.patched == n.patched_recorded
+        if importlib.util.find_spec("builder.patches"):  # the image was built with the stand-in's patch series
+            assert n.patched and all(n.patched.values())
     assert result.nodes[0].packages == result.nodes[1].packages
     assert _labelled_containers() == before  # the containers are gone
 
@@ -285,3 +328,45 @@ def test_serve_app_in_the_image_imports_and_accepts_the_rayservice_config(ray_im
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["app"] == "Application"
     assert doc["file"].endswith("site-packages/build_image_serve_app.py") or "dist-packages" in doc["file"]
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_containers_are_removed_when_interrupted(ray_image, sig):
+    before = _labelled_containers()
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "build-image"), "ray-check", ray_image.tags[0],
+                             "--workers", "1", "--timeout", "150"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while len(_labelled_containers() - before) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        assert len(_labelled_containers() - before) == 2, "the head and the worker never started"
+        proc.send_signal(sig)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert _labelled_containers() == before
+
+
+def test_bad_flags_are_bad_input_before_anything_starts():
+    from builder.errors import BadInput
+
+    with pytest.raises(BadInput, match="--workers"):
+        raycheck.run_check("img:1", workers=0, engine=object())
+    with pytest.raises(BadInput, match="--timeout"):
+        raycheck.run_check("img:1", timeout=0, engine=object())
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_an_image_not_in_the_engine_is_bad_input_and_never_pulled(docker_engine):
+    before = _labelled_containers()
+    out = subprocess.run([str(Path(sys.executable).parent / "build-image"), "ray-check",
+                          "127.0.0.1:5000/build-image-test/no-such-image:never"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stderr
+    assert "never pulls" in out.stderr
+    assert _labelled_containers() == before

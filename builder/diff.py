@@ -397,8 +397,8 @@ def diff_locks(
                 header.append(HeaderChange(key, a, b))
     else:
         side = n if status == "added" else o
-        header.append(HeaderChange("lock", None if status == "added" else path or "lock",
-                                   path or "lock" if status == "added" else None))
+        name = path or "lock"
+        header.append(HeaderChange("lock", None, name) if status == "added" else HeaderChange("lock", name, None))
         for key in _EMPTY_HEADER_KEYS:
             v = side.header.get(key)
             if v:

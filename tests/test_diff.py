@@ -388,6 +388,12 @@ def test_git_every_changed_lock(repo):
                                "lockfiles/vllm-0.26.0/requirements.lock"]
     assert by_path["lockfiles/extra/requirements.lock"]["status"] == "added"
     assert by_path["lockfiles/gone/requirements.lock"]["status"] == "deleted"
+    gone = by_path["lockfiles/gone/requirements.lock"]
+    assert gone["header"][0] == {"key": "lock", "old": "lockfiles/gone/requirements.lock", "new": None}
+    assert gone["new"]["present"] is False and gone["counts"]["abi-rejected"] == 0
+    extra = by_path["lockfiles/extra/requirements.lock"]
+    assert extra["header"][0] == {"key": "lock", "old": None, "new": "lockfiles/extra/requirements.lock"}
+    assert sum(extra["counts"].values()) == extra["new"]["entries"]  # every entry reported once
     main_lock = by_path["lockfiles/vllm-0.26.0/requirements.lock"]
     assert main_lock["status"] == "modified"
     assert main_lock["dangerous"] and main_lock["counts"]["abi-rejected"] == 1

@@ -286,3 +286,27 @@ def test_base_refs_lists_images_not_stages():
     text = render_dockerfile(_plan())
     assert base_refs(text) == [f"vllm/vllm-openai:v0.26.0@{DIGEST}"]
     assert base_refs("FROM a:1 AS x\nFROM x\nFROM --platform=linux/amd64 b:2\n") == ["a:1", "b:2"]
+
+
+def test_render_context_with_kuberay_manifests(tmp_path, monkeypatch):
+    """render --kuberay: the manifests land in the context beside the Dockerfile, naming the image."""
+    from builder.render import render_context
+    from builder.spec import Spec
+
+    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "src"
+    src.mkdir()
+    lock = _lock(base_dir=src)
+    for e in lock.entries:
+        (src / e.wheel.filename).write_bytes(_wheel_bytes(e.name))
+    spec = Spec().with_flags(model="/models/m", repo="127.0.0.1:5000/serving/vllm")
+    import builder.render as R
+
+    monkeypatch.setattr(R, "apply_series", lambda *a, **k: ([], []))
+    res = render_context(vllm="0.26.0", base=_manifest(), lock=lock, out_dir=tmp_path / "ctx",
+                         repo=spec.repo, kuberay=True, allow_tag=True, spec=spec)
+    assert "rayservice.yaml" in res.files and "raycluster.yaml" in res.files
+    text = (tmp_path / "ctx" / "rayservice.yaml").read_text()
+    assert res.tags[0] in text
+    on_disk = sorted(str(p.relative_to(tmp_path / "ctx")) for p in (tmp_path / "ctx").rglob("*") if p.is_file())
+    assert on_disk == sorted(res.files)

@@ -79,7 +79,7 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
 
     console = Console(stderr=True, highlight=False)
     t_all = time.monotonic()
-    spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo, lock=lock_file)
+    spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo, lock=lock_file, model=model)
     if smoke and not model and not spec.serving.model:
         raise BadInput("--smoke needs --model PATH (or serving.model in the spec).")
     if push and not spec.repo:

@@ -77,8 +77,9 @@ def git_revision() -> str | None:
 @click.option("--kuberay", is_flag=True, help="Also write rayservice.yaml / raycluster.yaml into the context.")
 @click.option("--image", "kuberay_image", metavar="REF", help="Image the KubeRay manifests run (default: the content-addressed tag).")
 @click.option("--allow-tag", is_flag=True, help="KubeRay manifests may reference the image by tag instead of digest.")
+@click.option("--model", "model", metavar="PATH", help="KubeRay: the model the Serve app loads (default: spec serving.model).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-def command(vllm, spec_file, lock_file, base, series, wheel, out, repo, kuberay, kuberay_image, allow_tag, as_json):
+def command(vllm, spec_file, lock_file, base, series, wheel, out, repo, kuberay, kuberay_image, allow_tag, model, as_json):
     """Write a self-contained build context: Dockerfile, requirements.lock, wheels/, patches/, app/.
 
     Exit codes: 0 written, 2 bad input, 6 patch series does not apply, 7 download/sha256 failure.
@@ -87,7 +88,7 @@ def command(vllm, spec_file, lock_file, base, series, wheel, out, repo, kuberay,
     from ..render import render_context
     from ..spec import load_spec
 
-    spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo)
+    spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo, model=model)
     manifest, lock, lock_text = load_inputs(spec, lock_file=lock_file, base=base)
     out = out or default_out_dir(spec.vllm)
     console = stderr_console()

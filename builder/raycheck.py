@@ -578,9 +578,10 @@ def run_check(
         cfg = {"mode": "cluster", "address": gcs, "giveup": f"/tmp/build-image-ray-check-{run_id}.giveup", "nodes": [n.name for n in nodes], "packages": packages,
                "timeout": max(5.0, deadline - time.monotonic() - 10), "sums": {n.name: n.sums for n in nodes}}
         answer = _drive(containers, cids, nodes, cfg, deadline)
-        joined = set(answer.get("joined", [])) if answer else set()
+        driver_error = answer.pop("error", None)
+        joined = set(answer.get("joined", []))
         for node in nodes:
-            doc = (answer or {}).get("reports", {}).get(node.name)
+            doc = answer.get("reports", {}).get(node.name)
             if doc is not None:
                 reports[node.name] = NodeReport.from_dict(doc, node=node.name, image=node.image, joined=True)
         # nodes without a report from the cluster: probe them alone, so the failure names the difference
@@ -590,8 +591,10 @@ def run_check(
             say(f"{node.name} did not report from the cluster; probing its container alone")
             why = _why_not_joined(containers, cids[node.name])
             doc = _probe_alone(containers, cids[node.name], node, packages)
-            in_cluster = node.name in joined or (node.name == "head" and answer is not None)
+            in_cluster = node.name in joined or (node.name == "head" and driver_error is None)
             rep = NodeReport.from_dict(doc or {}, node=node.name, image=node.image, joined=in_cluster)
+            if node.name == "head" and driver_error:
+                why = driver_error if containers.running(cids["head"]) else why
             rep.error = why if not rep.joined else (rep.error or "its pinned task did not return")
             if doc is None:
                 rep.error = (rep.error or "") + " (and probing the container alone failed too)"
@@ -601,13 +604,13 @@ def run_check(
                        elapsed_s=time.monotonic() - t0)
 
 
-def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], cfg: dict, deadline: float) -> dict | None:
+def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], cfg: dict, deadline: float) -> dict:
     """Run the cluster probe in the head; give up early when a node's container has exited."""
     proc = subprocess.Popen([containers.docker, "exec", "-i", cids["head"], PYTHON, "-", json.dumps(cfg)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=containers.env)
-    out: list[str] = []
-    reader = threading.Thread(target=lambda: out.append(proc.communicate(PROBE_SCRIPT)[0] or ""), daemon=True)
+    out: list[tuple[str, str]] = []
+    reader = threading.Thread(target=lambda: out.append(proc.communicate(PROBE_SCRIPT)), daemon=True)
     reader.start()
     gave_up = False
     try:
@@ -626,7 +629,12 @@ def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], 
     finally:
         if proc.poll() is None:
             proc.kill()
-    return _parse_marker(out[0]) if out else None
+    stdout, stderr = out[0] if out else ("", "")
+    answer = _parse_marker(stdout or "")
+    if answer is None:
+        answer_error = explain_log((stderr or "") + "\n" + (stdout or ""))
+        return {"error": f"the probe in the head failed: {answer_error}"}
+    return answer
 
 
 def explain_log(log: str) -> str:

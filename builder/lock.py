@@ -383,10 +383,9 @@ class Uv:
             self._version = r.stdout.split()[1] if len(r.stdout.split()) > 1 else r.stdout.strip()
         return self._version
 
-    def compile(self, sources: list[Path], out: Path, *, python_version: str, platform: str,
-                fmt: str = "requirements.txt", hashes: bool = False, find_links: Iterable[str] = (),
-                no_index: bool = False, exclude_newer: str | None = None, offline: bool = False,
-                cwd: Path | None = None) -> subprocess.CompletedProcess:
+    def compile_cmd(self, sources: list[Path], out: Path, *, python_version: str, platform: str,
+                    fmt: str = "requirements.txt", hashes: bool = False, find_links: Iterable[str] = (),
+                    no_index: bool = False, exclude_newer: str | None = None, offline: bool = False) -> list[str]:
         cmd = [self.binary, "pip", "compile", *map(str, sources), "-o", str(out), "--format", fmt,
                "--python-version", python_version, "--python-platform", platform, "--no-build",
                "--no-header", "--quiet", "--color", "never",
@@ -403,12 +402,29 @@ class Uv:
             cmd += ["--exclude-newer", exclude_newer]
         if offline:
             cmd.append("--offline")
+        return cmd
+
+    @staticmethod
+    def env() -> dict[str, str]:
         env = {**os.environ, "UV_NO_CONFIG": "1", "NO_COLOR": "1", "UV_PYTHON_DOWNLOADS": "never"}
         env.pop("UV_SYSTEM_PYTHON", None)
+        return env
+
+    def start(self, sources: list[Path], out: Path, *, cwd: Path | None = None, **kw) -> subprocess.Popen:
+        """Start ``uv pip compile`` (see :meth:`compile_cmd`); collect with :meth:`wait`."""
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, env=env)
+            return subprocess.Popen(self.compile_cmd(sources, out, **kw), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, cwd=cwd, env=self.env())
         except OSError as exc:
             raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
+
+    @staticmethod
+    def wait(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def compile(self, sources: list[Path], out: Path, *, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess:
+        return self.wait(self.start(sources, out, cwd=cwd, **kw))
 
 
 def find_uv() -> str:
@@ -584,6 +600,12 @@ def build_entries(
     return entries, chosen
 
 
+def _agrees(resolved: Mapping[str, tuple[str, str, list[str]]],
+            wheels: Mapping[str, tuple[str, str, list[WheelCandidate]]]) -> bool:
+    """Do the two uv runs describe the same resolution?"""
+    return bool(wheels) and all(k in wheels and _same_version(wheels[k][1], v) for k, (_, v, _) in resolved.items())
+
+
 def _same_version(a: str, b: str) -> bool:
     try:
         return Version(a) == Version(b)
@@ -606,9 +628,16 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
         sources = [tmp / "overlay.in", tmp / "base.in"]
         common = dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
                       no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=tmp)
+
         say(f"resolving {', '.join(req.overlay)} on top of {len(base.distributions)} base pins (uv)")
         t0 = time.monotonic()
-        r1 = uv.compile(sources, tmp / "requirements.txt", **common)
+        pylock_args = dict(fmt="pylock.toml", hashes=True, offline=True, **common)
+        # The wheel URLs come from a second uv run in pylock format, offline from uv's cache.  It
+        # starts alongside the resolution (a warm cache answers it at once); it is run again after
+        # the resolution when it could not answer or saw other versions (cold or stale cache).
+        p1 = uv.start(sources, tmp / "requirements.txt", **common)
+        p2 = uv.start(sources, tmp / "pylock.toml", **pylock_args)
+        r1, r2 = uv.wait(p1), uv.wait(p2)
         timings["resolve"] = time.monotonic() - t0
         if r1.returncode != 0:
             if _is_resolution_failure(r1.stderr):
@@ -616,14 +645,18 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
                 raise Unsatisfiable(msg, details=details)
             raise ExternalToolError(f"uv pip compile failed (exit {r1.returncode}):\n{trim_derivation(r1.stderr)}")
         resolved = parse_uv_requirements((tmp / "requirements.txt").read_text())
-        say("collecting wheel URLs and hashes for the base's platform (uv, from cache)")
         t0 = time.monotonic()
-        r2 = uv.compile(sources, tmp / "pylock.toml", fmt="pylock.toml", hashes=True, offline=True, **common)
-        if r2.returncode != 0:  # cache incomplete: same resolution online
-            r2 = uv.compile(sources, tmp / "pylock.toml", fmt="pylock.toml", hashes=True, **common)
-        if r2.returncode != 0:
-            raise ExternalToolError(f"uv pip compile --format pylock.toml failed:\n{trim_derivation(r2.stderr)}")
-        wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp)
+        wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp) if r2.returncode == 0 else {}
+        if not _agrees(resolved, wheels):
+            say("collecting wheel URLs and hashes for the base's platform (uv, from cache)")
+            r2 = uv.compile(sources, tmp / "pylock.toml", **pylock_args)
+            if r2.returncode != 0:  # cache incomplete: same resolution online
+                r2 = uv.compile(sources, tmp / "pylock.toml", **{**pylock_args, "offline": False})
+            if r2.returncode != 0:
+                raise ExternalToolError(f"uv pip compile --format pylock.toml failed:\n{trim_derivation(r2.stderr)}")
+            wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp)
+            if not _agrees(resolved, wheels):
+                raise ExternalToolError("uv's two runs on the same inputs resolved different versions; retry the lock.")
         timings["wheels"] = time.monotonic() - t0
     tags = target_tags(base.python_version, base.python_abi, base.platform)
     entries, chosen = build_entries(base, resolved, wheels, tags)

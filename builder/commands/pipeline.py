@@ -75,7 +75,7 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
     from ..render import render_context
     from ..spec import load_spec
     from .lock import command as lock_cmd
-    from .render import default_out_dir, git_revision, load_inputs
+    from .render import default_out_dir, load_inputs
 
     console = Console(stderr=True, highlight=False)
     t_all = time.monotonic()
@@ -119,7 +119,7 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
         t0 = time.monotonic()
         result = render_context(vllm=spec.vllm, base=manifest, lock=lock, lock_text=lock_text, out_dir=out,
                                 series_dir=series, vllm_wheel=wheel, repo=spec.repo, spec=spec,
-                                revision=git_revision(), on_step=on_step)
+                                on_step=on_step)
     if "wheelhouse" in marks:
         stages.times["patch"] = round(marks["wheelhouse"] - marks.get("patch", t0), 2)
     summary.update(tags=result.tags, patches=result.plan.patches, context_bytes=_dir_size(out),

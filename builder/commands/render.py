@@ -50,18 +50,6 @@ def load_inputs(spec, *, lock_file: str | None, base: str | None):
     return manifest, lock, lock_text
 
 
-def git_revision() -> str | None:
-    import subprocess
-
-    from ..util import project_root
-
-    try:
-        out = subprocess.run(["git", "-C", str(project_root()), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
-
-
 @click.command("render")
 @click.option("--vllm", "vllm", metavar="VERSION", help="vLLM version (default: spec, else 0.26.0).")
 @click.option("--spec", "spec_file", metavar="FILE", type=click.Path(dir_okay=False), help="Spec file (default ./build-image.toml).")
@@ -96,7 +84,7 @@ def command(vllm, spec_file, lock_file, base, series, wheel, out, repo, kuberay,
         result = render_context(
             vllm=spec.vllm, base=manifest, lock=lock, lock_text=lock_text, out_dir=out,
             series_dir=series, vllm_wheel=wheel, repo=spec.repo, kuberay=kuberay,
-            kuberay_image=kuberay_image, allow_tag=allow_tag, spec=spec, revision=git_revision(),
+            kuberay_image=kuberay_image, allow_tag=allow_tag, spec=spec,
             on_step=lambda s: status.update(f"render: {s}"),
         )
     doc = {

@@ -341,6 +341,13 @@ def _moved_out_of_order(old_keys: list[str], new_keys: list[str]) -> list[str]:
     return [order[i] for i in range(len(seq)) if i not in keep]
 
 
+def _same_entry(a: LockEntry | None, b: LockEntry | None) -> bool:
+    return (
+        a is not None and b is not None and a.version == b.version
+        and a.base_version == b.base_version and _facts_eq(a.facts, b.facts)
+    )
+
+
 def _finding_sig(fd) -> tuple:
     """What makes a gate finding "the same" across two locks: its evidence and
     whether (and why) the header allows it.  A finding on an unchanged entry is
@@ -431,7 +438,14 @@ def diff_locks(
     if old is not None and old_base is None:
         old_base = base_from_lock(old)
     new_res = _gate(new_base, new) if new is not None else None
-    old_res = _gate(old_base, old) if old is not None else None
+    # The old lock's findings only matter for entries that did not change (is the
+    # finding news?); skip the second evaluation when no such finding exists.
+    old_res = None
+    if old is not None and new_res is not None:
+        ob0, nb0 = old.by_name(), new.by_name()
+        if any(_same_entry(ob0.get(canonical_name(fd.name)), nb0.get(canonical_name(fd.name)))
+               for fd in new_res.violations + new_res.allowed):
+            old_res = _gate(old_base, old)
     new_find: dict[str, list] = {}
     if new_res is not None:
         for fd in new_res.violations + new_res.allowed:

@@ -325,3 +325,12 @@ def load_manifest_from_dict(versions: dict[str, str]):
 
     return BaseManifest(None, None, None, "2.35", "3.12", "cp312", None, "13.0", "x86_64-manylinux_2_35",
                         "reconstructed", "test", {k: Distribution(k, v) for k, v in versions.items()})
+
+
+def test_json_rejection_carries_the_gate_findings(offline, tmp_path):
+    code, text = run(*offline("--with", "newglibc", "-o", str(tmp_path / "r.lock"), "--json"))
+    assert code == 3
+    doc = json.loads(text[text.index("{"):text.rindex("}") + 1])
+    assert doc["status"] == "abi-rejected" and doc["written"] is False
+    (v,) = doc["gate"]["violations"]
+    assert (v["name"], v["rule"], v["new"]) == ("newglibc", "glibc", "1.0.0")

@@ -98,3 +98,22 @@ def test_numpy2_overlay_on_numpy1_binary_base_is_refused(pyarrow14_base, tmp_pat
     assert "evidence: pyarrow 14.0.2:" in text and "built against numpy 1.x" in text
     assert "← opencv-python-headless " in text and "(numpy>=2)" in text
     assert not out.exists()
+
+
+@pytest.mark.docker
+def test_base_given_as_a_local_image_ref_is_snapshotted(standin_base_image, tmp_path):
+    """--base REF: the stand-in image is read through the engine (never pulled) and locked on."""
+    from tests.fx_docker import standin_findlinks
+
+    fl = standin_findlinks(())
+    out = tmp_path / "r.lock"
+    args = ["lock", "--base", standin_base_image.ref, "--no-default-overlay", "--no-index", "--find-links", str(fl),
+            "-o", str(out)]
+    code, text = run(*args, "--with", "packaging")
+    assert code == 0, text
+    lock = load_lock(out)
+    assert lock.header["base-ref"] == standin_base_image.ref.split("@")[0]
+    assert lock.header["python"] == "3.11" and lock.entries == []  # packaging is already in the base
+    assert run(*args, "--with", "packaging", "--check")[0] == 0
+    code, text = run(*args, "--with", "packaging>=99")
+    assert code == 4 and "packaging" in text

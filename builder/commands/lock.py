@@ -147,6 +147,9 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
     gate = result.gate
     if not gate.ok:
         n = len(gate.violations)
+        if as_json:
+            _emit(True, {"status": "abi-rejected", "lock": str(lock_path), "written": False,
+                         "gate": gate.to_dict(), "seconds": round(time.monotonic() - t_start, 3)}, "")
         raise AbiRejected(
             f"{n} violation{'s' if n != 1 else ''} on top of base {base_label} "
             f"(vllm {spec.vllm}); nothing was written to {lock_path}.",

@@ -334,6 +334,19 @@ def pin_evidence(key: str, base: BaseManifest) -> list[str]:
     return out
 
 
+def wanted_specifier(derivation: str, name: str, pinned: str) -> str | None:
+    """The specifier uv says is required of ``name`` other than the base pin
+    (``tokenizers>=0.23.1,<0.24.0``), to suggest a concrete ``--with``."""
+    text = _ANSI.sub("", derivation)
+    pat = re.compile(r"(?<![A-Za-z0-9._-])" + re.escape(name).replace(r"\-", "[-_.]") +
+                     r"(?:\{[^}]*\})?((?:[<>=!~]=?[^\s,]+)(?:,[<>=!~]=?[^\s,]+)*)", re.I)
+    for m in pat.finditer(text):
+        spec = m.group(1).rstrip(".,")
+        if spec != f"=={pinned}":
+            return spec
+    return None
+
+
 def explain_unsatisfiable(stderr: str, base: BaseManifest, overlay: Iterable[str]) -> tuple[str, str]:
     """(message, details) of an :class:`Unsatisfiable` from uv's stderr."""
     overlay = list(overlay)
@@ -348,15 +361,19 @@ def explain_unsatisfiable(stderr: str, base: BaseManifest, overlay: Iterable[str
             ev = pin_evidence(key, base)
             lines.append(f"  {d.name}=={d.version} is pinned by the base" + (f"; {ev[0]}" if ev else ""))
             lines.extend(f"    {e}" for e in ev[1:])
+    from .abi import is_exact_coupled
+
     ways = []
     for key in pins:
         d = base.get(key)
-        from .abi import is_exact_coupled
-
         if not is_exact_coupled(key):
-            ways.append(f"--with '{d.name}>=X' releases the {d.name} pin (then the ABI gate decides)")
+            wanted = wanted_specifier(stderr, d.name, d.version)
+            ways.append(f"--with '{d.name}{wanted or '>=X'}' releases the {d.name} pin (then the ABI gate decides)")
     ways.append("drop or loosen the overlay requirement that needs the conflicting version")
     lines.append("ways out: " + "; or ".join(ways))
+    for name in [r for r in released if is_exact_coupled(r) and base.get(r) is not None]:
+        lines.append(f"note: {name} is exact-coupled to vllm's kernels — even when it resolves, the gate rejects "
+                     f"moving it unless --allow-abi-change {canonical_name(name)} --reason TEXT")
     names = ", ".join(f"{base.get(k).name}=={base.get(k).version}" for k in pins)
     msg = (
         f"no resolution of the overlay ({', '.join(overlay)}) fits on top of the base"

@@ -66,7 +66,7 @@ def test_overlay_needing_numpy2_is_refused_with_base_pin_and_evidence(offline, t
     assert "numpy==1.26.4 is pinned by the base" in text
     assert "fakearrow 14.0.2 there has 1 extension built against numpy 1.x" in text
     assert "numpy2user" in text and "No solution found" in text  # uv's derivation passed through
-    assert "--with 'numpy>=X' releases the numpy pin" in text
+    assert "--with 'numpy>=2' releases the numpy pin" in text  # the specifier uv says is needed
     assert not out.exists()
 
 
@@ -305,6 +305,10 @@ def test_involved_base_pins_from_derivation():
              "we can conclude that your requirements are unsatisfiable.")
     assert L.involved_base_pins(deriv, m) == ["numpy"]
     assert L.involved_base_pins(deriv, m, released=["numpy"]) == []
+    assert L.wanted_specifier(deriv, "numpy", "1.26.4") == ">=2"
+    tok = "Because transformers>=5.24.0 depends on tokenizers>=0.23.1,<0.24.0 and you require tokenizers==0.22.2"
+    assert L.wanted_specifier(tok, "tokenizers", "0.22.2") == ">=0.23.1,<0.24.0"
+    assert L.wanted_specifier("you require tokenizers==0.22.2", "tokenizers", "0.22.2") is None
 
 
 def test_fetch_wheel_verifies_and_refetches_corrupt_cache(tmp_path, monkeypatch, fixture_wheel):

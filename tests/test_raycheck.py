@@ -237,26 +237,32 @@ def ray_image(standin_base_image, standin_manifest, tmp_path_factory):
                       lock=work / "requirements.lock", summary=summary)
 
 
-@pytest.fixture(scope="session")
-def changed_ray_image(ray_image, tmp_path_factory):
-    """ray_image with one package (filelock) at another version, installed offline."""
-    lock = load_lock(ray_image.lock)
-    locked = lock.by_name()["filelock"].version
-    other = "3.16.1" if locked != "3.16.1" else "3.15.4"
-    ctx = tmp_path_factory.mktemp("changed-image")
+def _derived_image(base: str, tag: str, requirements: list[str], ctx: Path) -> str:
+    """``base`` plus ``requirements`` (wheels only, no dependencies) installed offline."""
+    from tests.fx_docker import _PIP_TARGET
+
     (ctx / "wh").mkdir()
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "-d", str(ctx / "wh"), f"filelock=={other}"], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *_PIP_TARGET,
+                        "-d", str(ctx / "wh"), *requirements], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     (ctx / "Dockerfile").write_text(
-        f"FROM {ray_image.tags[0]}\n"
+        f"FROM {base}\n"
         "RUN --mount=type=bind,source=wh,target=/wh python3 -m pip install --break-system-packages "
         "--no-index --no-deps --disable-pip-version-check /wh/*.whl\n"
     )
-    tag = "build-image-test/raycheck-changed:1"
     r = subprocess.run([DOCKER, "build", "--network=none", "-q", "-t", tag, str(ctx)], capture_output=True, text=True,
                        timeout=600, env=dict(os.environ, DOCKER_BUILDKIT="1"))
     assert r.returncode == 0, r.stderr
+    return tag
+
+
+@pytest.fixture(scope="session")
+def changed_ray_image(ray_image, tmp_path_factory):
+    """ray_image with one package (filelock) at another version, installed offline."""
+    locked = load_lock(ray_image.lock).by_name()["filelock"].version
+    other = "3.16.1" if locked != "3.16.1" else "3.15.4"
+    tag = _derived_image(ray_image.tags[0], "build-image-test/raycheck-changed:1", [f"filelock=={other}"],
+                         tmp_path_factory.mktemp("changed-image"))
     return tag, locked, other
 
 
@@ -370,3 +376,30 @@ def test_an_image_not_in_the_engine_is_bad_input_and_never_pulled(docker_engine)
     assert out.returncode == 2, out.stderr
     assert "never pulls" in out.stderr
     assert _labelled_containers() == before
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_serve_app_llm_config_is_accepted_by_ray_serve_llm(ray_image, tmp_path):
+    """The LLMConfig the module hands to ray.serve.llm.build_openai_app validates against the locked
+    ray's own pydantic model (ray's llm config needs pyarrow, added here; numpy stays 1.x)."""
+    tag = _derived_image(ray_image.tags[0], "build-image-test/raycheck-pyarrow:1", ["pyarrow==17.0.0"], tmp_path)
+    args = {"model": "/models/qwen", "tensor_parallel_size": 2, "max_model_len": 4096, "max_num_seqs": 8,
+            "gpu_memory_utilization": 0.9, "kv_cache_dtype": "fp8"}
+    code = (
+        "import json, sys\n"
+        "import build_image_serve_app as m\n"
+        "from ray.llm._internal.serve.core.configs.llm_config import LLMConfig\n"
+        "c = LLMConfig(**m.llm_config(m.parse_args(json.loads(sys.argv[1]))))\n"
+        "print(json.dumps({'id': c.model_loading_config.model_id, 'source': c.model_loading_config.model_source,\n"
+        "                  'engine': c.engine_kwargs, 'deployment': c.deployment_config, 'runtime_env': c.runtime_env}))\n"
+    )
+    out = subprocess.run([DOCKER, "run", "--rm", "--pull=never", "--network=none", "--entrypoint", "python3", tag,
+                          "-c", code, json.dumps(args)], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout.strip().splitlines()[-1])
+    assert doc["id"] == "qwen" and doc["source"] == "/models/qwen"
+    assert doc["engine"] == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1, "gpu_memory_utilization": 0.9,
+                             "kv_cache_dtype": "fp8", "max_model_len": 4096, "max_num_seqs": 8}
+    assert doc["deployment"] == {"num_replicas": 1}
+    assert not doc["runtime_env"]

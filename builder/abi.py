@@ -428,8 +428,7 @@ def evaluate(
                 findings.append(Finding(
                     e.name, rule, old, e.version,
                     f"{e.name} {e.version} is {word} than what vllm {vllm} shipped with ({old}); "
-                    "pure Python, allowed — test it (e.g. transformers beyond the base's version can break "
-                    "vllm's model configs).",
+                    "pure Python, allowed — test it with this vllm before shipping.",
                     [], chain(e.name)))
 
     findings.extend(_numpy_findings(base, entries, final, final_facts, chain))

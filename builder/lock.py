@@ -338,7 +338,8 @@ def wanted_specifier(derivation: str, name: str, pinned: str) -> str | None:
     """The specifier uv says is required of ``name`` other than the base pin
     (``tokenizers>=0.23.1,<0.24.0``), to suggest a concrete ``--with``."""
     text = _ANSI.sub("", derivation)
-    pat = re.compile(r"(?<![A-Za-z0-9._-])" + re.escape(name).replace(r"\-", "[-_.]") +
+    name_pat = "[-_.]+".join(re.escape(p) for p in canonical_name(name).split("-"))
+    pat = re.compile(r"(?<![A-Za-z0-9._-])" + name_pat +
                      r"(?:\{[^}]*\})?((?:[<>=!~]=?[^\s,]+)(?:,[<>=!~]=?[^\s,]+)*)", re.I)
     for m in pat.finditer(text):
         spec = m.group(1).rstrip(".,")

@@ -309,6 +309,8 @@ def test_involved_base_pins_from_derivation():
     tok = "Because transformers>=5.24.0 depends on tokenizers>=0.23.1,<0.24.0 and you require tokenizers==0.22.2"
     assert L.wanted_specifier(tok, "tokenizers", "0.22.2") == ">=0.23.1,<0.24.0"
     assert L.wanted_specifier("you require tokenizers==0.22.2", "tokenizers", "0.22.2") is None
+    hub = "transformers>=5.24.0 depends on huggingface-hub>=1.31.0,<3.0 and you require huggingface-hub==1.24.0"
+    assert L.wanted_specifier(hub, "huggingface_hub", "1.24.0") == ">=1.31.0,<3.0"
 
 
 def test_fetch_wheel_verifies_and_refetches_corrupt_cache(tmp_path, monkeypatch, fixture_wheel):

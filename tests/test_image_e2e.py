@@ -295,3 +295,47 @@ def test_missing_base_is_not_pulled_implicitly(e2e, tmp_path):
     df.write_text(df.read_text().replace(f"{base['ref']}@{base['digest']}", "standin.local/absent/base:v0"))
     r = run_pipeline(["build", str(ctx), "--tag", "build-image-test/absent"])
     assert r.returncode == 9 and "not in the engine's image store" in r.stderr, r.stderr
+
+
+def test_registry_refusing_the_push_is_exit_10(e2e):
+    """A registry that answers /v2/ but refuses every upload (403): exit 10, nothing reported pushed."""
+    import http.server
+    import threading
+
+    class Refuse(http.server.BaseHTTPRequestHandler):
+        def _answer(self, code, body=b"{}"):
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Docker-Distribution-API-Version", "registry/2.0")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_GET(self):
+            self._answer(200 if self.path == "/v2/" else 404,
+                         b"{}" if self.path == "/v2/" else b'{"errors":[{"code":"MANIFEST_UNKNOWN"}]}')
+
+        do_HEAD = do_GET
+
+        def do_POST(self):
+            self._answer(403, b'{"errors":[{"code":"DENIED","message":"pushes are refused here"}]}')
+
+        do_PUT = do_PATCH = do_POST
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    repo = f"127.0.0.1:{srv.server_address[1]}/e2e/vllm"
+    try:
+        for src in e2e.tags:
+            docker("tag", src, f"{repo}:{src.rsplit(':', 1)[1]}")
+        r = run_pipeline(["push", str(e2e.context), "--tag", repo, "--json"])
+        assert r.returncode == 10, r.stdout + r.stderr
+        assert "registry error" in r.stderr and r.stdout.strip() == ""
+    finally:
+        srv.shutdown()
+        for src in e2e.tags:
+            docker("image", "rm", f"{repo}:{src.rsplit(':', 1)[1]}", check=False)

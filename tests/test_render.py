@@ -310,3 +310,40 @@ def test_render_context_with_kuberay_manifests(tmp_path, monkeypatch):
     assert res.tags[0] in text
     on_disk = sorted(str(p.relative_to(tmp_path / "ctx")) for p in (tmp_path / "ctx").rglob("*") if p.is_file())
     assert on_disk == sorted(res.files)
+
+
+def test_parse_ref_and_loopback_scheme():
+    from builder.registry import RegistryClient, parse_ref
+
+    r = parse_ref("127.0.0.1:5000/serving/vllm:vllm0.26.0-abc")
+    assert (r.registry, r.repository, r.tag, r.digest) == ("127.0.0.1:5000", "serving/vllm", "vllm0.26.0-abc", None)
+    r = parse_ref("vllm/vllm-openai:v0.26.0@" + DIGEST)
+    assert (r.registry, r.repository, r.tag, r.digest) == ("docker.io", "vllm/vllm-openai", "v0.26.0", DIGEST)
+    assert parse_ref("ubuntu").repository == "library/ubuntu"
+    assert RegistryClient("127.0.0.1:5000").base == "http://127.0.0.1:5000"
+    assert RegistryClient("ghcr.io").base == "https://ghcr.io"
+    for bad in ("Upper/Case:x", "a b", "x@sha256:123"):
+        with pytest.raises(BadInput):
+            parse_ref(bad)
+
+
+def test_registry_unreachable_is_a_registry_error():
+    import socket
+
+    from builder.errors import RegistryError
+    from builder.registry import RegistryClient
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    with pytest.raises(RegistryError, match="unreachable"):
+        RegistryClient(f"127.0.0.1:{port}", timeout=2).manifest_digest("x/y", "latest")
+
+
+def test_engine_output_is_redacted():
+    from builder.engine import redact
+
+    text = 'Authorization: Basic dXNlcjpzM2NyM3Q= and "password": "hunter2", token=abc123 ok'
+    out = redact(text)
+    assert "dXNlcjpzM2NyM3Q=" not in out and "hunter2" not in out and "abc123" not in out and out.endswith("ok")

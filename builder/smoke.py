@@ -83,6 +83,7 @@ class SmokeConfig:
     gpus: int | None = None              # default: tp
     docker_bin: str | None = None
     env: dict[str, str] = field(default_factory=dict)
+    stop_grace: float = 15.0            # SIGTERM -> SIGKILL delay when stopping the server
 
     def validate(self) -> None:
         where = "smoke"
@@ -126,9 +127,12 @@ class SmokeConfig:
 _RE_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _RE_MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 _RE_KV_MEM = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
-_RE_MODEL_LOAD = re.compile(r"Model loading took ([\d.]+) GiB memory and ([\d.]+) seconds")
+_RE_MODEL_LOAD = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
+_RE_USAGE = re.compile(
+    r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for peak activation, ([\d.]+) GiB for non-torch memory"
+)
 _RE_INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
-_RE_SERVER_START = re.compile(r"Starting vLLM (?:API|server)|vLLM API server version")
+_RE_SERVER_START = re.compile(r"Starting vLLM (?:API )?server on")  # once per boot
 
 # Out-of-memory and "does not fit" messages vLLM / torch / CUDA print.
 OOM_PATTERNS: tuple[re.Pattern, ...] = tuple(
@@ -158,7 +162,9 @@ FATAL_PATTERNS: tuple[re.Pattern, ...] = tuple(
     )
 )
 
-_RE_LAYER_REWRITE = re.compile(r".*(?:layer[_ ]types?).*(?:rewr|overrid).*", re.IGNORECASE)
+# The layer-type override patch logs one warning naming the rewritten layers.
+_RE_LAYER_TYPES = re.compile(r"layer[_ ]types?", re.IGNORECASE)
+_RE_REWRITE = re.compile(r"rewr|overrid|->|\u2192", re.IGNORECASE)
 
 
 @dataclass
@@ -170,6 +176,9 @@ class LogFacts:
     model_load_gib: float | None = None
     model_load_s: float | None = None
     init_engine_s: float | None = None
+    weights_gib: float | None = None
+    peak_activation_gib: float | None = None
+    non_torch_gib: float | None = None
     server_starts: int = 0
     oom_lines: list[str] = field(default_factory=list)
     fatal_lines: list[str] = field(default_factory=list)
@@ -190,6 +199,8 @@ def parse_server_log(text: str) -> LogFacts:
         if (m := _RE_MODEL_LOAD.search(line)):
             facts.model_load_gib = float(m.group(1))
             facts.model_load_s = float(m.group(2))
+        if (m := _RE_USAGE.search(line)):
+            facts.weights_gib, facts.peak_activation_gib, facts.non_torch_gib = (float(m.group(i)) for i in (1, 2, 3))
         if (m := _RE_INIT_ENGINE.search(line)):
             facts.init_engine_s = float(m.group(1))
         if _RE_SERVER_START.search(line):
@@ -201,9 +212,7 @@ def parse_server_log(text: str) -> LogFacts:
         elif any(p.search(line) for p in FATAL_PATTERNS):
             if stripped not in facts.fatal_lines:
                 facts.fatal_lines.append(stripped)
-        if _RE_LAYER_REWRITE.match(line) and "qwen_sparse_attention" in line or (
-            "layer_types" in line and "rewr" in line.lower()
-        ):
+        if _RE_LAYER_TYPES.search(line) and _RE_REWRITE.search(line) and "Error" not in line:
             if stripped not in facts.layer_rewrite_lines:
                 facts.layer_rewrite_lines.append(stripped)
     return facts
@@ -401,12 +410,27 @@ def decide(
         failures.append(f"only {len(rounds)} of {expected_rounds} rounds ran")
     if server_exited:
         failures.append(f"server process exited (code {server_exit_code})")
+        root = first_error_line(facts)
+        if root and not facts.oom_lines:
+            failures.append(f"server log: {root[:300]}")
     if facts.server_starts > 1:
         failures.append(f"server restarted ({facts.server_starts} starts in its log)")
     if facts.oom_lines:
         failures.append(f"out-of-memory in server log: {facts.oom_lines[0][:300]}")
     failures.extend(extra_failures or [])
     return (FAIL if failures else PASS), failures
+
+
+_RE_EXC = re.compile(r"\b\w*(?:Error|Exception): ")
+
+
+def first_error_line(facts: LogFacts) -> str | None:
+    """The root cause among the fatal lines: the first ``XxxError: ...`` that
+    is not vLLM's generic "Engine core initialization failed" wrapper."""
+    for line in facts.fatal_lines:
+        if _RE_EXC.search(line) and "Engine core initialization failed" not in line:
+            return re.sub(r"^\(\w+ pid=\d+\)\s*", "", line).strip()
+    return facts.fatal_lines[0] if facts.fatal_lines else None
 
 
 def render_text(rep: SmokeReport) -> str:
@@ -689,6 +713,9 @@ class ServerProcess:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 pass
+            deadline = time.monotonic() + 10
+            while _group_alive(pgid) and time.monotonic() < deadline:
+                time.sleep(0.05)
         finally:
             if self._cleanup:
                 try:
@@ -698,6 +725,28 @@ class ServerProcess:
             if self._log_fh:
                 self._log_fh.close()
         return self.proc.returncode
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any non-zombie process left in the process group?"""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(pgid, 0)
+            return True
+        except (ProcessLookupError, PermissionError):
+            return False
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 def _killpg(pgid: int, sig: int) -> None:
@@ -1020,10 +1069,17 @@ def run_smoke(
         interrupted = True
         extra_failures.append("interrupted (Ctrl-C / SIGTERM); server stopped")
     finally:
+        lost = any(("Connection" in e or "Disconnected" in e) for r in rounds for e in r.errors)
+        if server.alive() and (boot_error or lost):
+            # a dying server resets its connections a moment before it can be reaped
+            try:
+                server.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
         exited = not server.alive() and server.proc is not None
         exit_code = server.poll() if exited else None
         say("stopping server")
-        server.stop()
+        server.stop(grace=cfg.stop_grace)
         if old_term is not None:
             signal.signal(signal.SIGTERM, old_term)
 
@@ -1050,6 +1106,9 @@ def run_smoke(
             "tokens_per_request": facts.max_concurrency_tokens_per_request,
             "available_gib": facts.available_kv_cache_gib,
             "model_load_gib": facts.model_load_gib,
+            "model_load_s": facts.model_load_s,
+            "peak_activation_gib": facts.peak_activation_gib,
+            "non_torch_gib": facts.non_torch_gib,
             "init_engine_s": facts.init_engine_s,
         },
         rounds=rounds,

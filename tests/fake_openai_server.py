@@ -4,7 +4,8 @@ Standard library only.  It prints real vLLM 0.26.0 log lines to stdout (the
 probe parses them from the server log), answers /health, /v1/models and
 /v1/completions (plain and streaming SSE), and can inject failures.  The
 completion requests are numbered from 1 in arrival order; the probe's warm-up
-request is number 1, so round 1's requests are 2..1+concurrency.
+request is number 1, so round 1's requests are 2..1+concurrency.  Stream faults
+(--drop-stream-at, --error-event-at K) hit the first streaming request >= K.
 
     python tests/fake_openai_server.py --port N [--boot-delay S] [--fail-500-at K ...]
 """
@@ -21,21 +22,23 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-BOOT_LINES = [
-    "INFO 11-30 03:10:01 [api_server.py:1880] vLLM API server version 0.26.0",
-    "INFO 11-30 03:10:09 [model.py:612] Resolved architecture: Qwen3ForCausalLM",
-    "INFO 11-30 03:10:31 [default_loader.py:431] Loading weights took 0.05 seconds",
-    "INFO 11-30 03:10:32 [gpu_model_runner.py:5348] Model loading took 0.0079 GiB memory and 1.234567 seconds",
-    "INFO 11-30 03:10:40 [gpu_worker.py:561] Available KV cache memory: 69.54 GiB",
-    "INFO 11-30 03:10:40 [kv_cache_utils.py:2177] GPU KV cache size: 72,916,432 tokens",
-    "INFO 11-30 03:10:40 [kv_cache_utils.py:2179] Maximum concurrency for 2,048 tokens per request: 35603.73x",
-    "INFO 11-30 03:10:41 [core.py:348] init engine (profile, create kv cache, warmup model) took 9.87 s",
-    "INFO 11-30 03:10:42 [launcher.py:37] Route: /v1/completions, Methods: POST",
-    "INFO:     Application startup complete.",
+BOOT_LINES = [  # real vLLM 0.26.0 lines (H200 run of scripts/gpu-proof.sh, model qwen3-b)
+    "(APIServer pid=2855) INFO 11-30 03:07:58 [model.py:623] Resolved architecture: Qwen3ForCausalLM",
+    "(EngineCore pid=2925) INFO 11-30 03:08:31 [default_loader.py:430] Loading weights took 0.03 seconds",
+    "(EngineCore pid=2925) INFO 11-30 03:08:32 [model_runner.py:305] Model loading took 0.29 GiB and 1.316428 seconds",
+    "(EngineCore pid=2925) INFO 11-30 03:08:34 [gpu_worker.py:560] Available KV cache memory: 69.24 GiB",
+    "(EngineCore pid=2925) INFO 11-30 03:08:34 [kv_cache_utils.py:2177] GPU KV cache size: 3,024,928 tokens",
+    "(EngineCore pid=2925) INFO 11-30 03:08:34 [kv_cache_utils.py:2178] Maximum concurrency for 4,096 tokens per request: 738.51x",
+    "(EngineCore pid=2925) INFO 11-30 03:08:34 [gpu_worker.py:857] Free memory on device (139.29/139.8 GiB) on startup. "
+    "Desired GPU memory utilization is (0.5, 69.9 GiB). Actual usage is 0.29 GiB for weight, 0.15 GiB for peak "
+    "activation, 0.22 GiB for non-torch memory, and 0.0 GiB for CUDAGraph memory.",
+    "(EngineCore pid=2925) INFO 11-30 03:08:35 [core.py:347] init engine (profile, create kv cache, warmup model) took 2.45 s",
+    "(APIServer pid=2855) INFO 11-30 03:08:35 [api_server.py:677] Starting vLLM server on http://127.0.0.1:41627",
+    "(APIServer pid=2855) INFO:     Application startup complete.",
 ]
-OOM_LINE = (
-    "ERROR 11-30 03:11:02 [core.py:1012] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-    "2.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 1.06 GiB is free."
+OOM_LINE = (  # torch's message, as vLLM's engine core logs it when a forward pass runs out of memory
+    "(EngineCore pid=2925) ERROR 11-30 03:11:02 [core.py:1012] torch.OutOfMemoryError: CUDA out of memory. Tried to "
+    "allocate 2.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 1.06 GiB is free."
 )
 
 
@@ -50,11 +53,22 @@ class State:
         self.t0 = time.monotonic()
         self.count = 0
         self.lock = threading.Lock()
+        self.pending: dict[str, list[int]] = {}
 
     def next_index(self) -> int:
         with self.lock:
             self.count += 1
             return self.count
+
+    def take_stream_fault(self, kind: str, k: int) -> bool:
+        """Stream faults hit the first *streaming* request numbered >= K."""
+        with self.lock:
+            pending = self.pending.setdefault(kind, sorted(getattr(self.args, kind)))
+            for K in pending:
+                if k >= K:
+                    pending.remove(K)
+                    return True
+            return False
 
 
 def make_handler(state: State):
@@ -93,7 +107,7 @@ def make_handler(state: State):
                 return
             k = state.next_index()
             if k in a.die_at:
-                log("ERROR 11-30 03:11:05 [core.py:1012] EngineCore encountered a fatal error.")
+                log("(EngineCore pid=2925) ERROR 11-30 03:11:05 [core.py:1012] EngineCore encountered a fatal error.")
                 os._exit(3)
             if k in a.oom_at:
                 log(OOM_LINE)
@@ -114,6 +128,8 @@ def make_handler(state: State):
                     "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n},
                 })
                 return
+            drop = state.take_stream_fault("drop_stream_at", k)
+            err = state.take_stream_fault("error_event_at", k)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
@@ -121,11 +137,11 @@ def make_handler(state: State):
             self.close_connection = True
             try:
                 for i in range(n):
-                    if k in a.drop_stream_at and i == n // 2:
+                    if drop and i == n // 2:
                         self.wfile.flush()
                         self.connection.shutdown(2)
                         return
-                    if k in a.error_event_at and i == n // 2:
+                    if err and i == n // 2:
                         ev = {"error": {"object": "error", "message": "engine error during generation", "code": 500}}
                         self.wfile.write(f"data: {json.dumps(ev)}\n\n".encode())
                         self.wfile.flush()
@@ -172,8 +188,11 @@ def main(argv=None) -> int:
     for line in BOOT_LINES[:2]:
         log(line)
     if a.exit_during_boot:
-        log("ERROR 11-30 03:10:20 [core.py:1012] ValueError: To serve at least one request with the model's max seq len "
-            "(1048576), (24.00 GiB KV cache is needed, which is larger than the available KV cache memory (12.02 GiB).")
+        log("(EngineCore pid=2422) ERROR 11-30 03:06:53 [core.py:1330] EngineCore failed to start.")
+        log("(EngineCore pid=2422) ERROR 11-30 03:06:53 [core.py:1330] ValueError: To serve at least one request with "
+            "the model's max seq len (1048576), (24.0 GiB KV cache is needed, which is larger than the available KV "
+            "cache memory (10.51 GiB). Based on the available memory, the estimated maximum model length is 459232.")
+        log("(APIServer pid=2283) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}")
         return 1
     for line in BOOT_LINES[2:]:
         if a.no_kv_lines and "KV cache" in line or a.no_kv_lines and "concurrency" in line:

@@ -495,7 +495,8 @@ def fetch_wheel(url: str, sha256: str, filename: str | None = None) -> Path:
     try:  # the patch stage's fetcher, when present, is the one shared cache
         from .fetch import fetch  # type: ignore
 
-        return Path(fetch(url, sha256))
+        # no second live display under the lock's own status line
+        return Path(fetch(url, sha256, filename=filename, progress=False))
     except ImportError:
         pass
     filename = filename or url.split("#")[0].rsplit("/", 1)[-1]

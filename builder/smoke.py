@@ -120,6 +120,36 @@ class SmokeConfig:
             )
 
 
+def config_from_serving(serving: Any, *, model: str, image: str | None = None, **overrides: Any) -> SmokeConfig:
+    """A SmokeConfig from a spec's ``[serving]`` table (:class:`builder.spec.Serving`),
+    for the pipeline's last stage: ``run_smoke(config_from_serving(spec.serving, model=..., image=ref))``."""
+    gpu_mem = None
+    if getattr(serving, "gpu_memory", None):
+        try:
+            from .plan import parse_size
+
+            gpu_mem = parse_size(serving.gpu_memory, what="serving.gpu_memory")
+        except ImportError:
+            gpu_mem = None
+    kv = getattr(serving, "kv_cache_dtype", None)
+    cfg = SmokeConfig(
+        model=model,
+        image=image,
+        tp=getattr(serving, "tp", 1) or 1,
+        max_model_len=getattr(serving, "max_model_len", None),
+        gpu_memory_utilization=getattr(serving, "gpu_memory_utilization", None),
+        max_num_seqs=getattr(serving, "max_num_seqs", None),
+        kv_cache_dtype=None if kv in (None, "auto") else kv,
+        gpu_memory_bytes=gpu_mem,
+        gpus=getattr(serving, "gpus", None),
+    )
+    for k, v in overrides.items():
+        if not hasattr(cfg, k):
+            raise TypeError(f"SmokeConfig has no field {k!r}")
+        setattr(cfg, k, v)
+    return cfg
+
+
 # --------------------------------------------------------------------------
 # Pure: server log parsing (real vLLM 0.26.0 lines)
 # --------------------------------------------------------------------------

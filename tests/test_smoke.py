@@ -436,3 +436,17 @@ def test_checkpoint_tokenizer_covers_vocab(tmp_path):
     ids = sorted(tok["model"]["vocab"].values())
     assert ids == list(range(300))
     assert json.loads((tmp_path / "tokenizer_config.json").read_text())["eos_token"] == "<eos>"
+
+
+def test_config_from_serving(tmp_path):
+    from builder.smoke import config_from_serving
+    from builder.spec import Serving
+
+    s = Serving(tp=2, max_model_len=131072, gpu_memory_utilization=0.93, max_num_seqs=16, kv_cache_dtype="auto",
+                gpu_memory="80GiB", gpus=8)
+    cfg = config_from_serving(s, model=str(tmp_path), image="reg/x:1", rounds=1)
+    assert (cfg.tp, cfg.max_model_len, cfg.gpu_memory_utilization, cfg.max_num_seqs) == (2, 131072, 0.93, 16)
+    assert cfg.kv_cache_dtype is None and cfg.image == "reg/x:1" and cfg.rounds == 1 and cfg.gpus == 8
+    assert cfg.gpu_memory_bytes == 80 << 30
+    with pytest.raises(TypeError):
+        config_from_serving(s, model=str(tmp_path), nonsense=1)

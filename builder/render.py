@@ -447,14 +447,14 @@ def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, ou
             return [], []
         if not (series_dir / "series").is_file():
             return [], []
-    series = P.load_series(series_dir)
+    series = P.load_series(series_dir, vllm)
     names = _series_patch_names(series)
     if not names:
         return [], []
     if vllm_wheel is None:
         from .fetch import vllm_wheel as fetch_vllm_wheel
 
-        vllm_wheel = Path(fetch_vllm_wheel(vllm))
+        vllm_wheel = Path(fetch_vllm_wheel(vllm, getattr(series, "wheel_sha256", None)))
     P.check(series, vllm_wheel)  # raises PatchFailed with the failing hunk
     done = P.apply_to_dir(series, vllm_wheel, out_dir)
     patched = [PatchedFile(p.relpath, p.original_sha256, p.patched_sha256) for p in done]

@@ -339,3 +339,27 @@ def test_registry_refusing_the_push_is_exit_10(e2e):
         srv.shutdown()
         for src in e2e.tags:
             docker("image", "rm", f"{repo}:{src.rsplit(':', 1)[1]}", check=False)
+
+
+@pytest.mark.skipif(not HAVE_PATCHES, reason="builder.patches (the patch stage) is not in this checkout")
+def test_base_whose_vllm_files_differ_from_the_wheel_fails_the_early_check(e2e, standin_base_image, tmp_path):
+    """The series is checked against a vllm wheel whose arg_utils.py differs from the file in the
+    base image: the checks stage's `sha256sum -c original.sha256` fails the build (exit 9)."""
+    import zipfile
+
+    src = standin_base_image.vllm_wheel
+    other = tmp_path / src.name
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(other, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename == "vllm/engine/arg_utils.py":
+                data += b"\n# a different build of vllm 0.26.0\n"
+            zout.writestr(info, data)
+    out = tmp_path / "ctx"
+    r = run_pipeline(["render", "--vllm", "0.26.0", "--base", str(e2e.manifest), "--lock", str(e2e.lock), "-o", str(out),
+                      "--series", str(standin_base_image.series_dir), "--wheel", str(other)])
+    assert r.returncode == 0, r.stderr
+    r = run_pipeline(["build", str(out), "--tag", "build-image-test/wrong-originals"])
+    assert r.returncode == 9, r.stdout + r.stderr
+    assert "differ from the vllm 0.26.0 wheel's originals" in r.stderr
+    assert "vllm/engine/arg_utils.py: FAILED" in r.stderr

@@ -403,7 +403,8 @@ class Uv:
 
     def compile_cmd(self, sources: list[Path], out: Path, *, python_version: str, platform: str,
                     fmt: str = "requirements.txt", hashes: bool = False, find_links: Iterable[str] = (),
-                    no_index: bool = False, exclude_newer: str | None = None, offline: bool = False) -> list[str]:
+                    no_index: bool = False, exclude_newer: str | None = None, offline: bool = False,
+                    constraints: Iterable[Path] = ()) -> list[str]:
         cmd = [self.binary, "pip", "compile", *map(str, sources), "-o", str(out), "--format", fmt,
                "--python-version", python_version, "--python-platform", platform, "--no-build",
                "--no-header", "--quiet", "--color", "never",
@@ -420,6 +421,8 @@ class Uv:
             cmd += ["--exclude-newer", exclude_newer]
         if offline:
             cmd.append("--offline")
+        for c in constraints:
+            cmd += ["-c", str(c)]
         return cmd
 
     @staticmethod
@@ -632,9 +635,14 @@ def _same_version(a: str, b: str) -> bool:
         return a == b
 
 
-def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = None) -> LockResult:
+def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = None,
+         prefer: Mapping[str, str] | None = None) -> LockResult:
     """Resolve ``req`` and judge it; raises :class:`Unsatisfiable` / tool errors.
-    Returns the LockFile and the gate's result (the caller decides on exit 3)."""
+    Returns the LockFile and the gate's result (the caller decides on exit 3).
+
+    ``prefer`` (name -> version, e.g. the previous lock's pins) are resolver
+    preferences, as uv and pip-compile treat an existing output file: kept when
+    they still fit, so a re-lock after an input change moves as little as possible."""
     uv = uv or Uv()
     say = progress or (lambda _m: None)
     base = req.base
@@ -645,6 +653,8 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
         (tmp / "overlay.in").write_text("\n".join(req.overlay) + "\n")
         (tmp / "base.in").write_text("\n".join(base_requirements(base, overlay_reqs)) + "\n")
         sources = [tmp / "overlay.in", tmp / "base.in"]
+        if prefer:  # uv reads an existing output file as preferences
+            (tmp / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(prefer.items())))
         common = dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
                       no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=tmp)
 
@@ -667,10 +677,13 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
         t0 = time.monotonic()
         wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp) if r2.returncode == 0 else {}
         if not _agrees(resolved, wheels):
+            # again, constrained to exactly the resolution just made (so both runs agree)
             say("collecting wheel URLs and hashes for the base's platform (uv, from cache)")
-            r2 = uv.compile(sources, tmp / "pylock.toml", **pylock_args)
+            (tmp / "pylock.toml").unlink(missing_ok=True)
+            pinned = {**pylock_args, "constraints": [tmp / "requirements.txt"]}
+            r2 = uv.compile(sources, tmp / "pylock.toml", **pinned)
             if r2.returncode != 0:  # cache incomplete: same resolution online
-                r2 = uv.compile(sources, tmp / "pylock.toml", **{**pylock_args, "offline": False})
+                r2 = uv.compile(sources, tmp / "pylock.toml", **{**pinned, "offline": False})
             if r2.returncode != 0:
                 raise ExternalToolError(f"uv pip compile --format pylock.toml failed:\n{trim_derivation(r2.stderr)}")
             wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp)

@@ -340,3 +340,22 @@ def test_json_rejection_carries_the_gate_findings(offline, tmp_path):
     assert doc["status"] == "abi-rejected" and doc["written"] is False
     (v,) = doc["gate"]["violations"]
     assert (v["name"], v["rule"], v["new"]) == ("newglibc", "glibc", "1.0.0")
+
+
+def test_relock_after_input_change_prefers_previous_pins_upgrade_does_not(tmp_path, make_site_packages, wheelhouse):
+    sp = make_site_packages(tmp_path / "sp", ["numpy==1.26.4"])
+    base = tmp_path / "b.json"
+    assert run("base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35",
+               "-o", str(base))[0] == 0
+    out = tmp_path / "r.lock"
+    common = ["lock", "--base", str(base), "--no-default-overlay", "--no-index", "--find-links", str(wheelhouse),
+              "-o", str(out)]
+    assert run(*common, "--with", "fakearrow==14.0.2")[0] == 0
+    assert load_lock(out).by_name()["fakearrow"].version == "14.0.2"
+    code, text = run(*common, "--with", "fakearrow", "--with", "purepkg")  # inputs changed: re-resolve
+    assert code == 0, text
+    assert load_lock(out).by_name()["fakearrow"].version == "14.0.2"  # kept: still fits
+    code, text = run(*common, "--with", "fakearrow", "--with", "purepkg", "--upgrade")
+    assert code == 0, text
+    e = load_lock(out).by_name()["fakearrow"]
+    assert e.version == "17.0.0" and e.facts.numpy_abi == {"1": 0, "2": 1}

@@ -139,8 +139,16 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
         else:
             console.print(f"lock: {msg}", highlight=False, markup=False, soft_wrap=True)
 
+    prefer = None
+    if not upgrade and lock_path.exists():  # re-lock after an input change: move as little as possible
+        from ..lockfile import load_lock
+
+        try:
+            prefer = {e.name: e.version for e in load_lock(lock_path).entries}
+        except BadInput:
+            prefer = None
     try:
-        result = L.lock(req, uv, progress=say)
+        result = L.lock(req, uv, progress=say, prefer=prefer)
     finally:
         if status is not None:
             status.stop()

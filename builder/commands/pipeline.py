@@ -120,8 +120,10 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
         result = render_context(vllm=spec.vllm, base=manifest, lock=lock, lock_text=lock_text, out_dir=out,
                                 series_dir=series, vllm_wheel=wheel, repo=spec.repo, spec=spec,
                                 on_step=on_step)
-    if "wheelhouse" in marks:
+    if "wheelhouse" in marks:  # split the stage: patch check+apply, then wheelhouse + context
+        both = stages.times.pop("patch+render")
         stages.times["patch"] = round(marks["wheelhouse"] - marks.get("patch", t0), 2)
+        stages.times["render"] = round(both - stages.times["patch"], 2)
     summary.update(tags=result.tags, patches=result.plan.patches, context_bytes=_dir_size(out),
                    base=manifest.pinned_ref)
 

@@ -1,1 +1,128 @@
-"""(not yet implemented)"""
+"""``build-image patch check|apply|sums``: the versioned vllm patch series (docs/patches.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from .. import patches as P
+from ..errors import PatchFailed
+from ..util import atomic_write_text, sha256_file
+
+
+def _series(vllm: str, series_dir: str | None) -> P.Series:
+    if series_dir:  # --series overrides --vllm; still refuse a series made for another version when both are given
+        return P.load_series(series_dir, vllm if vllm else None)
+    return P.load_series(P.series_dir_for(vllm), vllm)
+
+
+def _wheel(series: P.Series, wheel: str | None, progress: bool) -> Path:
+    if wheel:
+        path = Path(wheel)
+        if series.wheel_sha256 and path.is_file() and sha256_file(path) != series.wheel_sha256:
+            raise PatchFailed(
+                f"--wheel {path}: sha256 differs from the wheel the series was made for "
+                f"({series.wheel_filename} {series.wheel_sha256}).")
+        return path
+    from ..fetch import vllm_wheel
+
+    return vllm_wheel(series.version, series.wheel_sha256, progress=progress)
+
+
+_series_opts = [
+    click.option("--vllm", "vllm", default=None, help="vllm version whose series to use (patches/vllm/<v>/)."),
+    click.option("--series", "series_dir", type=click.Path(file_okay=False), default=None,
+                 help="Patch series directory (overrides --vllm's default location)."),
+]
+
+
+def _with_series_opts(f):
+    for opt in reversed(_series_opts):
+        f = opt(f)
+    return f
+
+
+def _need_version(vllm: str | None, series_dir: str | None) -> None:
+    if not vllm and not series_dir:
+        raise click.UsageError("give --vllm VERSION or --series DIR.")
+
+
+@click.group("patch")
+def command():
+    """Check or apply the versioned vllm patch series (patches/vllm/<version>/)."""
+
+
+@command.command("check")
+@_with_series_opts
+@click.option("--wheel", type=click.Path(dir_okay=True, exists=True), default=None,
+              help="vllm wheel (or a directory holding vllm/) to check against; default: fetched from PyPI, cached.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
+def check_cmd(vllm, series_dir, wheel, as_json):
+    """Apply the series in memory to the exact vllm wheel: no fuzz, no offset.
+
+    Reports per patch: applied / already-applied / does-not-apply (with the failing hunk).
+    Exit codes: 0 every patch applies (or is already applied), 6 a patch does not apply
+    or is refused, 2 bad input, 7 download/sha256 failure.
+    """
+    _need_version(vllm, series_dir)
+    series = _series(vllm, series_dir)
+    source = _wheel(series, wheel, progress=not as_json)
+    results = P.check(series, source, raise_on_failure=False)
+    ok = all(r.status != P.DOES_NOT_APPLY for r in results)
+    if as_json:
+        click.echo(json.dumps({"series": str(series.dir), "vllm": series.version, "source": str(source),
+                               "ok": ok, "patches": [r.to_dict() for r in results]}, indent=2))
+    else:
+        click.echo(f"series {series.dir} (vllm=={series.version}) against {source}:")
+        for r in results:
+            click.echo(f"  {r.status:16} {r.name}  {r.subject}")
+            if r.detail:
+                for line in r.detail.rstrip().splitlines():
+                    click.echo(f"      {line}")
+    if not ok:
+        sys.exit(PatchFailed.exit_code)
+
+
+@command.command("apply")
+@_with_series_opts
+@click.option("--site-packages", "site_packages", type=click.Path(file_okay=False, exists=True), required=True,
+              help="site-packages holding the installed vllm/ to patch in place.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable list of patched files.")
+def apply_cmd(vllm, series_dir, site_packages, as_json):
+    """Patch an installed vllm in place, all or nothing.
+
+    First checks every target file's sha256 equals the wheel's original
+    (sha256sums.orig): a base with a different vllm is refused before anything
+    changes.  Prints each patched file with its new sha256 (sha256sum format).
+    Exit codes: 0 patched (or already patched by this series), 6 refused, 2 bad input.
+    """
+    _need_version(vllm, series_dir)
+    series = _series(vllm, series_dir)
+    done = P.apply_site_packages(series, site_packages)
+    if as_json:
+        click.echo(json.dumps({"series": str(series.dir), "vllm": series.version, "site_packages": site_packages,
+                               "patches": [p.name for p in series.patches],
+                               "files": [vars(f) for f in done]}, indent=2))
+    else:
+        click.echo(P.sha256_list(done, "patched"), nl=False)
+
+
+@command.command("sums")
+@_with_series_opts
+@click.option("--wheel", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="The vllm wheel the series is made against; default: fetched from PyPI.")
+def sums_cmd(vllm, series_dir, wheel):
+    """(Re)write the series' sha256sums.orig and wheel.sha256 from the wheel.
+
+    Run once when creating or porting a series; review and commit both files.
+    """
+    _need_version(vllm, series_dir)
+    series = _series(vllm, series_dir)
+    source = Path(wheel) if wheel else _wheel(P.Series(series.dir, series.package, series.version, series.patches), None, True)
+    sums = P.original_sums(series, source)
+    atomic_write_text(series.dir / P.ORIG_SUMS, P.format_sums(sums))
+    atomic_write_text(series.dir / P.WHEEL_SUM, f"{sha256_file(source)}  {source.name}\n")
+    click.echo(f"wrote {series.dir / P.ORIG_SUMS} ({len(sums)} files) and {series.dir / P.WHEEL_SUM}")

@@ -52,6 +52,8 @@ def pipeline(work: Path, manifest: Path, fl: Path, series: Path, wheel: Path, ov
             "--tag", f"{REGISTRY}/bench/vllm", "--push", "--json"]
     if HAVE_PATCHES:
         args += ["--series", str(series), "--wheel", str(wheel)]
+    else:
+        args += ["--no-patches"]
     for req in overlay:
         args += ["--with", req]
     if force:

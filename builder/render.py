@@ -474,6 +474,7 @@ def render_context(
     kuberay: bool = False,
     kuberay_image: str | None = None,
     allow_tag: bool = False,
+    no_patches: bool = False,
     spec=None,
     revision: str | None = None,
     on_step: Callable[[str], None] | None = None,
@@ -487,7 +488,8 @@ def render_context(
     tags = image_tags(repo or default_repo(vllm), vllm, lock.lock_hash)
     with tempfile.TemporaryDirectory(prefix="build-image-patched.") as ptmp:
         step("patch series")
-        plan.patched, plan.patches = apply_series(series_dir, vllm, vllm_wheel, Path(ptmp))
+        if not no_patches:
+            plan.patched, plan.patches = apply_series(series_dir, vllm, vllm_wheel, Path(ptmp))
         step(f"wheelhouse ({len(lock.entries)} wheels)")
         wheels = fetch_wheels(lock, on_wheel=lambda f: step(f"wheel {f}"))
 

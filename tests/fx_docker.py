@@ -196,7 +196,7 @@ def run_pipeline(args: list[str], *, env: dict | None = None, timeout: int = 180
 def built_overlay_image(standin_base_image, standin_manifest, tmp_path_factory):
     """Factory ``(requirements, *, series=None, repo=..., manifest=None) -> BuiltImage``: lock ``requirements``
     on the stand-in base (offline, see :func:`standin_findlinks`), render, build.  Cached per
-    (requirements, series, repo) for the session.  E.g. ``built_overlay_image(["ray[serve]==2.52.0"])``
+    (requirements, series, repo) for the session.  ``series=None``: no patches (``--no-patches``).  E.g. ``built_overlay_image(["ray[serve]==2.52.0"])``
     gives an image with ray on the stand-in base."""
     cache: dict = {}
 
@@ -214,6 +214,8 @@ def built_overlay_image(standin_base_image, standin_manifest, tmp_path_factory):
             args += ["--with", req]
         if series is not None:
             args += ["--series", str(series), "--wheel", str(standin_base_image.vllm_wheel)]
+        else:  # not the repository's real vllm series: the stand-in's vllm is a fake
+            args += ["--no-patches"]
         r = run_pipeline(args)
         assert r.returncode == 0, f"pipeline failed ({r.returncode}):\n{r.stderr[-4000:]}"
         summary = json.loads(r.stdout)

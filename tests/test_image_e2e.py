@@ -184,7 +184,8 @@ def test_engine_down(e2e, tmp_path):
 def test_pipeline_without_engine_stops_after_render(standin_manifest, standin_base_image, tmp_path):
     fl = standin_findlinks(tuple(OVERLAY))
     args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(tmp_path / "l.lock"),
-            "--no-default-overlay", "--no-index", "--find-links", str(fl), "-o", str(tmp_path / "ctx"), "--json"]
+            "--no-default-overlay", "--no-index", "--find-links", str(fl), "-o", str(tmp_path / "ctx"), "--json",
+            "--no-patches"]
     for req in OVERLAY:
         args += ["--with", req]
     dead = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
@@ -214,7 +215,7 @@ def test_numpy2_overlay_is_refused_before_any_build(standin_manifest, tmp_path):
         docker("image", "rm", ref)  # leftovers of an earlier run
     args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(tmp_path / "n.lock"),
             "--no-default-overlay", "--no-index", "--find-links", str(numpy2), "-o", str(tmp_path / "ctx"),
-            "--tag", repo]
+            "--tag", repo, "--no-patches"]
     for req in ("six==1.17.0", "numpy>=2"):
         args += ["--with", req]
     r = run_pipeline(args)
@@ -237,7 +238,7 @@ def test_credentials_never_leak(e2e, local_registry, tmp_path):
     env = {"DOCKER_CONFIG": str(cfg), "REGISTRY_PASSWORD": secret, "BUILD_IMAGE_REGISTRY_TOKEN": secret}
     out = tmp_path / "ctx"
     args = ["render", "--vllm", "0.26.0", "--base", str(e2e.manifest), "--lock", str(e2e.lock), "-o", str(out),
-            "--tag", f"{local_registry}/e2e/secret"]
+            "--tag", f"{local_registry}/e2e/secret", "--no-patches"]
     r = run_pipeline(args, env=env)
     assert r.returncode == 0, r.stderr
     logs = r.stdout + r.stderr
@@ -278,7 +279,8 @@ def test_early_check_fails_the_build_in_seconds(e2e, tmp_path):
     lock = tmp_path / "wrong-python.lock"
     lock.write_text(e2e.lock.read_text().replace("# python: 3.11", "# python: 3.12"))
     out = tmp_path / "ctx"
-    r = run_pipeline(["render", "--vllm", "0.26.0", "--base", str(manifest), "--lock", str(lock), "-o", str(out)])
+    r = run_pipeline(["render", "--vllm", "0.26.0", "--base", str(manifest), "--lock", str(lock), "-o", str(out),
+                      "--no-patches"])
     assert r.returncode == 0, r.stderr
     t0 = time.monotonic()
     r = run_pipeline(["build", str(out), "--tag", "build-image-test/wrong-python"])

@@ -55,6 +55,7 @@ class _Stages:
 @click.option("--force", "force", is_flag=True, help="Push: move tags that point at a different image.")
 @click.option("--series", "series", default=None, metavar="DIR", type=click.Path(file_okay=False, path_type=Path),
               help="Patch series (default patches/vllm/<v>/).")
+@click.option("--no-patches", "no_patches", is_flag=True, help="Apply no patch series.")
 @click.option("--wheel", "wheel", default=None, metavar="VLLM_WHEEL", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="vllm wheel for the patch check (default: fetched, cached).")
 @click.option("--find-links", "find_links", multiple=True, metavar="DIR", help="Extra wheel folder for the lock (uv --find-links).")
@@ -67,7 +68,7 @@ class _Stages:
 @click.option("--json", "as_json", is_flag=True, help="Final summary as JSON on stdout.")
 @click.pass_context
 def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=None, repo=None, push=False, force=False,
-                 series=None, wheel=None, find_links=(), no_index=False, no_default_overlay=False, kuberay=False,
+                 series=None, no_patches=False, wheel=None, find_links=(), no_index=False, no_default_overlay=False, kuberay=False,
                  smoke=False, model=None, pull=False, as_json=False):
     """lock -> ABI gate -> patch check -> render -> build -> push -> smoke."""
     from rich.console import Console
@@ -82,6 +83,8 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo, lock=lock_file, model=model)
     if smoke and not model and not spec.serving.model:
         raise BadInput("--smoke needs --model PATH (or serving.model in the spec).")
+    if series and no_patches:
+        raise BadInput("--series and --no-patches contradict each other.")
     if push and not spec.repo:
         raise BadInput("--push needs --tag HOST[:PORT]/REPO (or 'repo' in the spec).")
     out = out or default_out_dir(spec.vllm)
@@ -118,7 +121,7 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
     with stages.stage("patch+render", f"patch check, wheelhouse, context -> {out}"):
         t0 = time.monotonic()
         result = render_context(vllm=spec.vllm, base=manifest, lock=lock, lock_text=lock_text, out_dir=out,
-                                series_dir=series, vllm_wheel=wheel, repo=spec.repo, spec=spec,
+                                series_dir=series, vllm_wheel=wheel, repo=spec.repo, spec=spec, no_patches=no_patches,
                                 on_step=on_step)
     if "wheelhouse" in marks:  # split the stage: patch check+apply, then wheelhouse + context
         both = stages.times.pop("patch+render")
@@ -186,14 +189,23 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
 
         paths = write_manifests(out, lock=lock, spec=spec, image=image_for_later, allow_tag=not push, base=manifest)
         summary["kuberay"] = [str(p) for p in paths]
+    verdict_failed = None
     if smoke:
-        from .smoke import command as smoke_cmd
+        from ..smoke import config_from_serving, render_text, run_smoke
 
         with stages.stage("smoke", f"{image_for_later} with {model or spec.serving.model}"):
-            with contextlib.redirect_stdout(sys.stderr):
-                ctx.invoke(smoke_cmd, image=image_for_later, model=model or spec.serving.model)
+            rep = run_smoke(config_from_serving(spec.serving, model=model or spec.serving.model, image=image_for_later),
+                            progress=lambda m: console.print(f"  smoke: {m}", highlight=False, markup=False))
+        console.print(render_text(rep), highlight=False, markup=False)
+        summary.update(smoke=rep.to_dict(), smoke_verdict=rep.verdict)
+        if rep.exit_code != 0:
+            verdict_failed = rep
     summary.update(status="pushed" if push else "built", total_s=round(time.monotonic() - t_all, 2))
     _emit(as_json, summary, console)
+    if verdict_failed is not None:
+        from ..errors import VerdictFailure
+
+        raise VerdictFailure(f"smoke test of {image_for_later}: {verdict_failed.verdict}.")
 
 
 def _emit(as_json: bool, summary: dict, console) -> None:

@@ -57,6 +57,7 @@ def load_inputs(spec, *, lock_file: str | None, base: str | None):
 @click.option("--base", "base", metavar="MANIFEST", help="Base manifest (default: lockfiles/base/vllm-openai-v<v>.json).")
 @click.option("--series", "series", metavar="DIR", type=click.Path(file_okay=False, path_type=Path),
               help="Patch series directory (default: patches/vllm/<v>/).")
+@click.option("--no-patches", "no_patches", is_flag=True, help="Apply no patch series (the image carries vllm as the base has it).")
 @click.option("--wheel", "wheel", metavar="VLLM_WHEEL", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="The vllm wheel the series is checked against (default: fetched from PyPI, cached).")
 @click.option("-o", "--output", "out", metavar="DIR", type=click.Path(file_okay=False, path_type=Path),
@@ -67,7 +68,7 @@ def load_inputs(spec, *, lock_file: str | None, base: str | None):
 @click.option("--allow-tag", is_flag=True, help="KubeRay manifests may reference the image by tag instead of digest.")
 @click.option("--model", "model", metavar="PATH", help="KubeRay: the model the Serve app loads (default: spec serving.model).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-def command(vllm, spec_file, lock_file, base, series, wheel, out, repo, kuberay, kuberay_image, allow_tag, model, as_json):
+def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, repo, kuberay, kuberay_image, allow_tag, model, as_json):
     """Write a self-contained build context: Dockerfile, requirements.lock, wheels/, patches/, app/.
 
     Exit codes: 0 written, 2 bad input, 6 patch series does not apply, 7 download/sha256 failure.
@@ -76,6 +77,8 @@ def command(vllm, spec_file, lock_file, base, series, wheel, out, repo, kuberay,
     from ..render import render_context
     from ..spec import load_spec
 
+    if series and no_patches:
+        raise BadInput("--series and --no-patches contradict each other.")
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo, model=model)
     manifest, lock, lock_text = load_inputs(spec, lock_file=lock_file, base=base)
     out = out or default_out_dir(spec.vllm)
@@ -83,7 +86,7 @@ def command(vllm, spec_file, lock_file, base, series, wheel, out, repo, kuberay,
     with console.status("render") as status:
         result = render_context(
             vllm=spec.vllm, base=manifest, lock=lock, lock_text=lock_text, out_dir=out,
-            series_dir=series, vllm_wheel=wheel, repo=spec.repo, kuberay=kuberay,
+            series_dir=series, vllm_wheel=wheel, repo=spec.repo, kuberay=kuberay, no_patches=no_patches,
             kuberay_image=kuberay_image, allow_tag=allow_tag, spec=spec,
             on_step=lambda s: status.update(f"render: {s}"),
         )

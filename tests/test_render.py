@@ -300,10 +300,7 @@ def test_render_context_with_kuberay_manifests(tmp_path, monkeypatch):
     for e in lock.entries:
         (src / e.wheel.filename).write_bytes(_wheel_bytes(e.name))
     spec = Spec().with_flags(model="/models/m", repo="127.0.0.1:5000/serving/vllm")
-    import builder.render as R
-
-    monkeypatch.setattr(R, "apply_series", lambda *a, **k: ([], []))
-    res = render_context(vllm="0.26.0", base=_manifest(), lock=lock, out_dir=tmp_path / "ctx",
+    res = render_context(vllm="0.26.0", base=_manifest(), lock=lock, out_dir=tmp_path / "ctx", no_patches=True,
                          repo=spec.repo, kuberay=True, allow_tag=True, spec=spec)
     assert "rayservice.yaml" in res.files and "raycluster.yaml" in res.files
     text = (tmp_path / "ctx" / "rayservice.yaml").read_text()

@@ -42,7 +42,7 @@ from builder.spec import default_base_manifest  # noqa: E402
 BIN = Path(sys.executable).parent
 
 
-def timed(cmd: list[str], *, env=None, cwd=None, timeout=None, ok=(0,)) -> float | str:
+def timed(cmd: list[str], *, env=None, cwd=None, timeout=None, ok=(0,), expect: str | None = None) -> float | str:
     t0 = time.monotonic()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
@@ -51,6 +51,12 @@ def timed(cmd: list[str], *, env=None, cwd=None, timeout=None, ok=(0,)) -> float
     dt = time.monotonic() - t0
     if r.returncode not in ok:
         return f"failed({r.returncode}): {(r.stderr or r.stdout).strip().splitlines()[-1:]}"
+    if expect is not None:  # build-image --json: make sure the row measured what it claims
+        import json
+
+        status = json.loads(r.stdout).get("status")
+        if status != expect:
+            return f"measured the wrong thing: status {status!r}, expected {expect!r}"
     return dt
 
 
@@ -87,9 +93,11 @@ def main() -> int:
     (work / "base.in").write_text("\n".join(base_requirements(base, parse_overlay(overlay))) + "\n")
     lock_out = work / "requirements.lock"
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1"}
-    bi = [str(BIN / "build-image"), "lock", "--vllm", args.vllm, "-o", str(lock_out)]
+    bi = [str(BIN / "build-image"), "lock", "--vllm", args.vllm, "--json", "-o", str(lock_out)]
+    bi_other = [str(BIN / "build-image"), "lock", "--vllm", args.vllm, "--json", "-o", str(work / "changed.lock")]
     for w in args.with_:
         bi += ["--with", w]
+        bi_other += ["--with", w]
     raw = [uv, "pip", "compile", "overlay.in", "base.in", "-o", "raw.txt", "--quiet",
            "--python-version", base.python_version, "--python-platform", base.platform,
            "--no-build", "--generate-hashes", "--python", sys.executable]
@@ -97,11 +105,26 @@ def main() -> int:
     rows: list[tuple[str, float | str]] = []
     print(f"inputs: {len(base.distributions)} base pins from {manifest_path.relative_to(ROOT)}, overlay {overlay}; "
           f"median of {args.repeat} after a warm-up", file=sys.stderr)
+    def raw_fresh():
+        (work / "raw.txt").unlink(missing_ok=True)  # no existing output: no preferences
+        return timed(raw, env=env, cwd=work)
+
+    toggle = {"n": 0}
+
+    def bi_changed():
+        # each call changes an input (an overlay line already satisfied by the base), so the lock
+        # is stale and re-resolved with the previous pins as preferences
+        toggle["n"] += 1
+        extra = ["--with", "requests"] if toggle["n"] % 2 else ["--with", "requests>=2"]
+        return timed(bi_other + extra, env=env, expect="written")
+
     rows += interleaved(args.repeat, [
-        ("raw uv pip compile --generate-hashes", lambda: timed(raw, env=env, cwd=work)),
-        ("build-image lock (full resolution)", lambda: timed(bi + ["--upgrade"], env=env)),
-        ("build-image lock (up to date: re-lock)", lambda: timed(bi, env=env)),
-        ("build-image lock --check (up to date)", lambda: timed(bi + ["--check"], env=env)),
+        ("raw uv pip compile (fresh)", raw_fresh),
+        ("build-image lock --upgrade (fresh)", lambda: timed(bi + ["--upgrade"], env=env, expect="written")),
+        ("raw uv pip compile (existing output)", lambda: timed(raw, env=env, cwd=work)),
+        ("build-image lock (input changed)", bi_changed),
+        ("build-image lock (up to date: re-lock)", lambda: timed(bi, env=env, expect="up-to-date")),
+        ("build-image lock --check (up to date)", lambda: timed(bi + ["--check"], env=env, expect="up-to-date")),
     ])
     if args.with_pip_compile:
         pc = [str(BIN / "pip-compile"), "--generate-hashes", "--quiet", "--no-header", "-o", "pc.txt",
@@ -111,18 +134,20 @@ def main() -> int:
     else:
         rows.append(("pip-compile --generate-hashes", "skipped (--with-pip-compile; measured here: 367 s, 34.7 GB)"))
 
-    ref = rows[0][1]
+    refs = {"fresh": rows[0][1], "existing output": rows[2][1]}
     print(f"\n{'tool':<46} {'seconds':>9} {'x raw uv':>9}")
-    for name, val in rows:
+    for i, (name, val) in enumerate(rows):
+        ref = refs["existing output"] if i in (2, 3) else refs["fresh"]
         if isinstance(val, str):
             print(f"{name:<46} {val}")
         else:
             ratio = f"{val / ref:.2f}x" if isinstance(ref, float) else "-"
             print(f"{name:<46} {val:9.2f} {ratio:>9}")
-    full = rows[1][1]
-    check = rows[3][1]
-    if isinstance(full, float) and isinstance(ref, float):
-        print(f"\ntarget build-image/raw uv <= 1.3x: {'met' if full / ref <= 1.3 else 'NOT met'} ({full / ref:.2f}x)")
+    print("(ratios: rows 1-2 and 5-7 against raw uv fresh; rows 3-4 against raw uv with an existing output file)")
+    for label, a, b in (("fresh", rows[1][1], rows[0][1]), ("with preferences", rows[3][1], rows[2][1])):
+        if isinstance(a, float) and isinstance(b, float):
+            print(f"target build-image/raw uv <= 1.3x ({label}): {'met' if a / b <= 1.3 else 'NOT met'} ({a / b:.2f}x)")
+    check = rows[5][1]
     if isinstance(check, float):
         print(f"target up-to-date --check < 1 s warm: {'met' if check < 1.0 else 'NOT met'} ({check:.2f} s)")
     shutil.rmtree(work, ignore_errors=True)

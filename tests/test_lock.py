@@ -359,3 +359,19 @@ def test_relock_after_input_change_prefers_previous_pins_upgrade_does_not(tmp_pa
     assert code == 0, text
     e = load_lock(out).by_name()["fakearrow"]
     assert e.version == "17.0.0" and e.facts.numpy_abi == {"1": 0, "2": 1}
+
+
+def test_spec_file_holds_what_the_flags_hold(np1_base, wheelhouse, tmp_path):
+    spec = tmp_path / "build-image.toml"
+    spec.write_text(
+        f'vllm = "0.26.0"\nbase = "{np1_base}"\nwith = ["numpy2user", "numpy>=2"]\nlock = "{tmp_path / "spec.lock"}"\n'
+        '[allow-abi-change]\nnumpy = "fakearrow is rebuilt in the next layer"\n'
+    )
+    out = tmp_path / "flag.lock"
+    code, text = run("lock", "--spec", str(spec), "--no-default-overlay", "--no-index", "--find-links", str(wheelhouse),
+                     "-o", str(out))
+    assert code == 0, text
+    assert not (tmp_path / "spec.lock").exists()  # -o wins over the spec's lock
+    lock = load_lock(out)
+    assert lock.allow_abi_change == {"numpy": "fakearrow is rebuilt in the next layer"}
+    assert lock.by_name()["numpy"].version == "2.1.0"

@@ -375,3 +375,13 @@ def test_spec_file_holds_what_the_flags_hold(np1_base, wheelhouse, tmp_path):
     lock = load_lock(out)
     assert lock.allow_abi_change == {"numpy": "fakearrow is rebuilt in the next layer"}
     assert lock.by_name()["numpy"].version == "2.1.0"
+
+
+def test_damaged_lock_on_disk_is_stale_and_gets_replaced(offline, tmp_path):
+    out = tmp_path / "r.lock"
+    out.write_text("# build-image-lock: 1\nnumpy==2.1.0 \\\n")  # truncated
+    code, text = run(*offline("--with", "stableabi", "-o", str(out), "--check"))
+    assert code == 5 and "truncated" in text
+    code, text = run(*offline("--with", "stableabi", "-o", str(out)))
+    assert code == 0, text
+    assert "stableabi" in load_lock(out).by_name()

@@ -120,7 +120,12 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
     uv = L.Uv()
 
     if check or (not upgrade and lock_path.exists()):
-        fresh, why = L.is_up_to_date(lock_path, req, uv)
+        try:
+            fresh, why = L.is_up_to_date(lock_path, req, uv)
+        except BadInput as exc:  # a damaged lock on disk is stale; a new lock replaces it
+            if check:
+                raise StaleLock(f"{lock_path} is not a readable lock: {exc.message}") from None
+            fresh, why = False, exc.message
         if fresh:
             _emit(as_json, {"status": "up-to-date", "lock": str(lock_path), "written": False,
                             "seconds": round(time.monotonic() - t_start, 3)},

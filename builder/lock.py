@@ -16,9 +16,11 @@ Layers (each usable on its own):
 Resolution: every base distribution is passed as a *requirement* ``name==version``
 (not only a constraint) so uv's derivation names the real culprit; a base
 distribution named in the overlay (``--with``) loses its pin and may move.  uv
-runs twice: ``requirements.txt`` output (the ``# via`` graph), then, offline
-from the cache just filled, ``pylock.toml`` output (the wheel URLs and sha256 of
-the files usable on the base's platform).
+runs twice: ``requirements.txt`` output (the ``# via`` graph) and, offline from
+uv's cache, ``pylock.toml`` output (the wheel URLs and sha256 of the files usable
+on the base's platform).  The second run starts alongside the first; when it
+could not answer from the cache or saw other versions, it runs again after the
+first, constrained to exactly its resolution (``-c requirements.txt``).
 """
 
 from __future__ import annotations

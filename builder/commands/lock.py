@@ -88,7 +88,7 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
     from .. import lock as L
     from ..abi import format_notices, format_rejection
     from ..manifest import BaseManifest
-    from ..spec import DEFAULT_OVERLAY, check_vllm_version, load_spec
+    from ..spec import check_vllm_version, load_spec
 
     t_start = time.monotonic()
     spec = load_spec(spec_path).with_flags(

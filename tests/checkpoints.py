@@ -14,6 +14,7 @@ Checkpoints (each a directory under OUT_DIR):
   qwen3-sparse      qwen3-a whose config.json declares `qwen_sparse_attention` in layers 1 and 3 of 4
   gemma4-ple-ref    Gemma 4 text (Gemma4ForCausalLM) with per-layer embeddings, table under the plain name
   gemma4-ple-long   ... table as `model.language_model.embed_tokens_per_layer.shard_.weight`
+  gemma4-ple-mid    ... table as `model.embed_tokens_per_layer.shard_.weight`
   gemma4-ple-short  ... table as `embed_tokens_per_layer.shard_.weight`
   gemma4-ple-numbered ... table as 4 row blocks `model.language_model.embed_tokens_per_layer.shard_{0..3}.weight`
 All gemma4-ple-* share the same random weights (same seed), so a greedy
@@ -120,6 +121,7 @@ def gemma4_text_config(*, vocab: int = 1024, max_pos: int = 8192):
 PLE_VARIANTS = {
     "ref": None,
     "long": "model.language_model.embed_tokens_per_layer.shard_.weight",
+    "mid": "model.embed_tokens_per_layer.shard_.weight",
     "short": "embed_tokens_per_layer.shard_.weight",
     "numbered": "model.language_model.embed_tokens_per_layer.shard_{i}.weight",
 }
@@ -171,6 +173,7 @@ BUILDERS = {
     ),
     "gemma4-ple-ref": lambda o: make_gemma4_ple(o, "ref"),
     "gemma4-ple-long": lambda o: make_gemma4_ple(o, "long"),
+    "gemma4-ple-mid": lambda o: make_gemma4_ple(o, "mid"),
     "gemma4-ple-short": lambda o: make_gemma4_ple(o, "short"),
     "gemma4-ple-numbered": lambda o: make_gemma4_ple(o, "numbered"),
 }

@@ -88,10 +88,10 @@ def _progress_printer():
     try:
         from rich.console import Console
 
-        console = Console(stderr=True)
+        console = Console(stderr=True, log_path=False)
 
         def say(msg: str) -> None:
-            console.log(msg, markup=False, highlight=False, log_locals=False)
+            console.log(msg, markup=False, highlight=False)
 
         return say
     except ImportError:  # the probe also runs on bare GPU hosts

@@ -47,8 +47,8 @@ try:
 except Exception as e:
     print(f"builder.cli import failed ({e!r}); using builder.commands.patch", file=sys.stderr)
     from builder.commands.patch import command as main
-    main(["apply", "--site-packages", "/tmp/sitep"], prog_name="build-image patch")
-main(["patch", "apply", "--site-packages", "/tmp/sitep"], prog_name="build-image")' ) > "$R/patch-apply.txt" 2>&1
+    main(["apply", "--vllm", "0.26.0", "--site-packages", "/tmp/sitep"], prog_name="build-image patch")
+main(["patch", "apply", "--vllm", "0.26.0", "--site-packages", "/tmp/sitep"], prog_name="build-image")' ) > "$R/patch-apply.txt" 2>&1
 echo $? > "$R/patch-apply.rc"
 say "patch apply rc=$(cat "$R/patch-apply.rc"): $(tail -3 "$R/patch-apply.txt" | tr '\n' ' ' | cut -c1-300)"
 (cd /tmp && diff -r -q site/vllm sitep/vllm) > "$R/patched-files.txt" 2>&1
@@ -89,8 +89,11 @@ smoke g-qwen3-b "$PP_UN" --model "$CK/qwen3-b" "${GT[@]}"
 fi
 
 if has patched; then
-say "wave P: patched PLE variants + unpatched reference (parallel)"
+say "wave P: patched PLE variants + unpatched reference and mid-name variant (parallel)"
 smoke u-gemma4-ple-ref2 "$PP_UN" --model "$CK/gemma4-ple-ref" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
+smoke u-gemma4-ple-mid "$PP_UN" --model "$CK/gemma4-ple-mid" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
+smoke p-gemma4-ple-ref "$PP_PA" --model "$CK/gemma4-ple-ref" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
+smoke p-gemma4-ple-mid "$PP_PA" --model "$CK/gemma4-ple-mid" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
 smoke p-gemma4-ple-long "$PP_PA" --model "$CK/gemma4-ple-long" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
 smoke p-gemma4-ple-short "$PP_PA" --model "$CK/gemma4-ple-short" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
 smoke p-gemma4-ple-numbered "$PP_PA" --model "$CK/gemma4-ple-numbered" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &

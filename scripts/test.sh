@@ -3,6 +3,8 @@
 # (unit + slow integration; GPU tests are skipped without a GPU), stop what was started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# uv must never fetch CPython from the network (only PyPI is allowed/reachable).
+export UV_PYTHON_DOWNLOADS=never
 scripts/setup.sh
 scripts/services.sh start
 trap 'scripts/services.sh stop' EXIT

@@ -225,35 +225,94 @@ def test_numpy2_overlay_is_refused_before_any_build(standin_manifest, tmp_path):
     assert docker("images", "-q", repo).stdout == ""  # no image was built
 
 
-def test_credentials_never_leak(e2e, local_registry, tmp_path):
-    """A login in the engine's credential store and a secret in the environment: neither appears
-    in the context, the image (files, labels, history) or the logs."""
-    secret = "s3cr3t-Build-Image-Token-9f1c"
+@pytest.fixture()
+def auth_registry(tmp_path):
+    """A second local registry (docker-registry, 127.0.0.1:<free port>) that demands a login
+    (htpasswd, bcrypt).  Yields (address, user, password); stopped by PID afterwards."""
+    import shutil
+    import time
+    import urllib.error
+    import urllib.request
+    import warnings
+
+    exe = shutil.which("docker-registry")
+    if exe is None:
+        pytest.skip("docker-registry is not installed")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            import crypt
+        except ImportError:
+            pytest.skip("no bcrypt implementation for the htpasswd file (Python's crypt module)")
+    password = "s3cr3t-Build-Image-Token-9f1c"
+    hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+    if not hashed or not hashed.startswith("$2"):
+        pytest.skip("libcrypt has no bcrypt")
+    (tmp_path / "htpasswd").write_text(f"ci-user:{hashed}\n")
+    port = _closed_port()
+    (tmp_path / "registry.yml").write_text(
+        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {tmp_path}/data\nhttp:\n  addr: 127.0.0.1:{port}\n"
+        f"auth:\n  htpasswd:\n    realm: build-image-test\n    path: {tmp_path}/htpasswd\n")
+    log = open(tmp_path / "registry.log", "wb")
+    proc = subprocess.Popen([exe, "serve", str(tmp_path / "registry.yml")], stdout=log, stderr=log)
+    try:
+        for _ in range(50):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
+            except urllib.error.HTTPError as exc:
+                if exc.code == 401:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            pytest.fail("the auth registry did not start: " + (tmp_path / "registry.log").read_text()[-1000:])
+        yield f"127.0.0.1:{port}", "ci-user", password
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+
+
+def test_credentials_come_from_the_engine_store_and_never_leak(e2e, auth_registry, tmp_path):
+    """A registry that demands a login: without one the push is refused (exit 10); after
+    `docker login` (the engine's credential store, DOCKER_CONFIG) it succeeds and the digest is
+    verified through the same stored login.  The password appears nowhere: not in the context,
+    the image (files, labels, history) or the logs."""
+    addr, user, secret = auth_registry
     cfg = tmp_path / "docker-config"
     cfg.mkdir()
+    env = {"DOCKER_CONFIG": str(cfg), "REGISTRY_PASSWORD": secret}
     import base64
 
-    auth = base64.b64encode(f"ci-user:{secret}".encode()).decode()
-    (cfg / "config.json").write_text(json.dumps({"auths": {local_registry: {"auth": auth}}}))
-    env = {"DOCKER_CONFIG": str(cfg), "REGISTRY_PASSWORD": secret, "BUILD_IMAGE_REGISTRY_TOKEN": secret}
+    auth = base64.b64encode(f"{user}:{secret}".encode()).decode()
+    repo = f"{addr}/e2e/secret"
     out = tmp_path / "ctx"
-    args = ["render", "--vllm", "0.26.0", "--base", str(e2e.manifest), "--lock", str(e2e.lock), "-o", str(out),
-            "--tag", f"{local_registry}/e2e/secret", "--no-patches"]
-    r = run_pipeline(args, env=env)
-    assert r.returncode == 0, r.stderr
-    logs = r.stdout + r.stderr
-    r = run_pipeline(["build", str(out), "--tag", f"{local_registry}/e2e/secret"], env=env)
+    logs = ""
+    for args in (["render", "--vllm", "0.26.0", "--base", str(e2e.manifest), "--lock", str(e2e.lock), "-o", str(out),
+                  "--tag", repo, "--no-patches"],
+                 ["build", str(out), "--tag", repo]):
+        r = run_pipeline(args, env=env)
+        assert r.returncode == 0, r.stderr
+        logs += r.stdout + r.stderr
+    r = run_pipeline(["push", str(out), "--tag", repo], env=env)
+    assert r.returncode == 10, r.stdout + r.stderr  # no login yet: refused
+    assert "docker login" in r.stderr
+    logs += r.stdout + r.stderr
+    login = subprocess.run([DOCKER, "login", "-u", user, "--password-stdin", addr], input=secret, text=True,
+                           capture_output=True, env=dict(os.environ, **env), timeout=60)
+    assert login.returncode == 0, login.stderr
+    r = run_pipeline(["push", str(out), "--tag", repo, "--json"], env=env)
     assert r.returncode == 0, r.stderr
     logs += r.stdout + r.stderr
-    r = run_pipeline(["push", str(out), "--tag", f"{local_registry}/e2e/secret", "--force"], env=env)
-    assert r.returncode == 0, r.stderr
-    logs += r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["digest"].startswith("sha256:") and doc["pinned"].startswith(f"{repo}@")
     assert secret not in logs and auth not in logs
     for p in out.rglob("*"):
         if p.is_file():
             data = p.read_bytes()
             assert secret.encode() not in data and auth.encode() not in data, p
-    tag = json.loads(run_pipeline(["push", str(out), "--tag", f"{local_registry}/e2e/secret", "--json"], env=env).stdout)["pushed"][0]["ref"]
+    tag = doc["pushed"][0]["ref"]
     inspect = docker("image", "inspect", tag).stdout + docker("history", "--no-trunc", tag).stdout
     assert secret not in inspect and auth not in inspect
     # the layers this tool added (everything above the base) hold no trace of it either
@@ -261,10 +320,12 @@ def test_credentials_never_leak(e2e, local_registry, tmp_path):
     saved = subprocess.run([DOCKER, "save", tag], capture_output=True, timeout=600).stdout
     with tarfile.open(fileobj=io.BytesIO(saved)) as tf:
         manifest = json.load(tf.extractfile("manifest.json"))
+        assert len(manifest[0]["Layers"]) > base_layers
         for layer in manifest[0]["Layers"][base_layers:]:
             blob = tf.extractfile(layer).read()
             assert secret.encode() not in blob and auth.encode() not in blob
-
+    for t in doc["pushed"]:
+        docker("image", "rm", t["ref"], check=False)
 
 
 def test_early_check_fails_the_build_in_seconds(e2e, tmp_path):

@@ -500,13 +500,18 @@ def apply_site_packages(series: Series, site_packages_dir: str | os.PathLike) ->
             hint=f"generate {ORIG_SUMS} with `build-image patch sums --series {series.dir} --wheel <the wheel>`.",
         )
     src = _Source(root)
-    results, originals, final = _patch_texts(series, src)
+    originals: dict[str, bytes] = {}
+    for rel in series.targets:
+        data = src.read(rel)
+        if data is not None:
+            originals[rel] = data
     absent = [rel for rel in series.targets if rel not in originals]
     if absent:
         raise PatchFailed(f"{root}: target file(s) missing: {', '.join(absent)}; is {series.package} installed there?")
-    if all(r.status == ALREADY_APPLIED for r in results):
-        return [PatchedFile(rel, series.originals[rel], sha256_bytes(originals[rel])) for rel in series.targets]
     wrong = _mismatched_originals(series, originals)
+    results, _, final = _patch_texts(series, src)
+    if wrong and all(r.status == ALREADY_APPLIED for r in results):  # patched earlier by this very series
+        return [PatchedFile(rel, series.originals[rel], sha256_bytes(originals[rel])) for rel in series.targets]
     if wrong:
         raise PatchFailed(
             f"{root}: {len(wrong)} target file(s) differ from the {series.package} {series.version} wheel's originals; "

@@ -51,6 +51,7 @@ except Exception as e:
 main(["patch", "apply", "--vllm", "0.26.0", "--site-packages", "/tmp/sitep"], prog_name="build-image")' ) > "$R/patch-apply.txt" 2>&1
 echo $? > "$R/patch-apply.rc"
 say "patch apply rc=$(cat "$R/patch-apply.rc"): $(tail -3 "$R/patch-apply.txt" | tr '\n' ' ' | cut -c1-300)"
+[ "$(cat "$R/patch-apply.rc")" = 0 ] || { say "patch apply FAILED: patched runs skipped"; exit 1; }
 (cd /tmp && diff -r -q site/vllm sitep/vllm) > "$R/patched-files.txt" 2>&1
 say "files differing after patch: $(grep -c differ "$R/patched-files.txt")"
 fi
@@ -89,14 +90,17 @@ smoke g-qwen3-b "$PP_UN" --model "$CK/qwen3-b" "${GT[@]}"
 fi
 
 if has patched; then
+# Parallel boots on one GPU: a fixed KV size (--kv-cache-memory) so that no server sizes its
+# KV cache from free memory that its siblings are allocating at the same time.
+PAR=(--gpu-memory-utilization 0.08 --no-plan --extra-arg=--kv-cache-memory --extra-arg=2147483648 "${COMMON[@]}")
 say "wave P: patched PLE variants + unpatched reference and mid-name variant (parallel)"
-smoke u-gemma4-ple-ref2 "$PP_UN" --model "$CK/gemma4-ple-ref" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
-smoke u-gemma4-ple-mid "$PP_UN" --model "$CK/gemma4-ple-mid" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
-smoke p-gemma4-ple-ref "$PP_PA" --model "$CK/gemma4-ple-ref" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
-smoke p-gemma4-ple-mid "$PP_PA" --model "$CK/gemma4-ple-mid" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
-smoke p-gemma4-ple-long "$PP_PA" --model "$CK/gemma4-ple-long" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
-smoke p-gemma4-ple-short "$PP_PA" --model "$CK/gemma4-ple-short" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
-smoke p-gemma4-ple-numbered "$PP_PA" --model "$CK/gemma4-ple-numbered" --gpu-memory-utilization 0.08 --no-plan "${COMMON[@]}" &
+smoke u-gemma4-ple-ref2 "$PP_UN" --model "$CK/gemma4-ple-ref" "${PAR[@]}" &
+smoke u-gemma4-ple-mid "$PP_UN" --model "$CK/gemma4-ple-mid" "${PAR[@]}" &
+smoke p-gemma4-ple-ref "$PP_PA" --model "$CK/gemma4-ple-ref" "${PAR[@]}" &
+smoke p-gemma4-ple-mid "$PP_PA" --model "$CK/gemma4-ple-mid" "${PAR[@]}" &
+smoke p-gemma4-ple-long "$PP_PA" --model "$CK/gemma4-ple-long" "${PAR[@]}" &
+smoke p-gemma4-ple-short "$PP_PA" --model "$CK/gemma4-ple-short" "${PAR[@]}" &
+smoke p-gemma4-ple-numbered "$PP_PA" --model "$CK/gemma4-ple-numbered" "${PAR[@]}" &
 wait
 say "wave S: patched layer-type rewrite, alone (also plan ground truth #3)"
 smoke p-qwen3-sparse "$PP_PA" --model "$CK/qwen3-sparse" "${GT[@]}"

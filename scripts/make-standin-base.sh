@@ -80,7 +80,8 @@ log "fake vllm wheel: $WHEEL"
 # 2. the debootstrap rootfs (cached tarball keyed by suite + package list)
 rkey=$(echo "$SUITE minbase $PACKAGES" | sha256sum | cut -c1-16)
 ROOTFS_TAR="$CACHE/rootfs-$SUITE-$rkey.tar"
-if [ ! -s "$ROOTFS_TAR" ]; then
+ROOTFS_IMG="standin.local/rootfs:$SUITE-$rkey"
+if ! $DOCKER image inspect "$ROOTFS_IMG" >/dev/null 2>&1 && [ ! -s "$ROOTFS_TAR" ]; then
   work=$(mktemp -d /tmp/standin-rootfs.XXXXXX)
   trap 'rm -rf "$work"' EXIT
   log "debootstrap --variant=minbase $SUITE (+ $PACKAGES); this takes a few minutes once"
@@ -95,7 +96,6 @@ if [ ! -s "$ROOTFS_TAR" ]; then
 fi
 
 # 3. import the rootfs, then install the fake vllm with pip (no network)
-ROOTFS_IMG="standin.local/rootfs:$SUITE-$rkey"
 if ! $DOCKER image inspect "$ROOTFS_IMG" >/dev/null 2>&1; then
   log "docker import $ROOTFS_IMG"
   $DOCKER import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \

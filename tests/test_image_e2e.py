@@ -426,3 +426,45 @@ def test_base_whose_vllm_files_differ_from_the_wheel_fails_the_early_check(e2e, 
     assert r.returncode == 9, r.stdout + r.stderr
     assert "differ from the vllm 0.26.0 wheel's originals" in r.stderr
     assert "vllm/engine/arg_utils.py: FAILED" in r.stderr
+
+
+def test_uv_installer_path_on_a_base_that_has_uv(standin_base_image, tmp_path):
+    """The official image carries uv; the Dockerfile then installs with `uv pip install --system`.
+    A stand-in variant with uv installed goes the whole way: snapshot (uv in the manifest) ->
+    lock -> render (uv chosen) -> build -> run."""
+    import shutil
+
+    fl = tmp_path / "fl"
+    shutil.copytree(standin_findlinks(tuple(OVERLAY)), fl)
+    py = os.path.join(os.path.dirname(__import__("sys").executable), "python")
+    r = subprocess.run([py, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
+                        "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "uv==0.13.9",
+                        "-d", str(fl)], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    uv_wheel = next(fl.glob("uv-0.13.9-*.whl"))
+    ctx = tmp_path / "uvbase"
+    ctx.mkdir()
+    shutil.copyfile(uv_wheel, ctx / uv_wheel.name)
+    (ctx / "Dockerfile").write_text(
+        f"FROM {standin_base_image.ref}\nCOPY {uv_wheel.name} /tmp/\n"
+        f"RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-index --no-deps --root-user-action=ignore "
+        f"/tmp/{uv_wheel.name} && rm /tmp/{uv_wheel.name}\n")
+    ref = "standin.local/vllm/vllm-openai:v0.26.0-uv"
+    docker("build", "--network=none", "-q", "-t", ref, str(ctx))
+    manifest = tmp_path / "uv-base.json"
+    r = run_pipeline(["base", "snapshot", "--image", ref, "-o", str(manifest)])
+    assert r.returncode == 0, r.stderr
+    assert "uv" in json.loads(manifest.read_text())["distributions"]
+    args = ["--vllm", "0.26.0", "--base", str(manifest), "--lock", str(tmp_path / "uv.lock"), "--no-default-overlay",
+            "--no-index", "--find-links", str(fl), "-o", str(tmp_path / "ctx"), "--tag", "build-image-test/uvpath",
+            "--no-patches", "--json"]
+    for req in OVERLAY:
+        args += ["--with", req]
+    r = run_pipeline(args)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert "python3 -m uv pip install --system" in (tmp_path / "ctx" / "Dockerfile").read_text()
+    r = docker("run", "--rm", "--pull=never", "--network=none", doc["tags"][0], "python3", "-c",
+               "import six, markupsafe._speedups, importlib.metadata as m; "
+               "print('UV-OK', m.distribution('six').read_text('INSTALLER').strip())")
+    assert "UV-OK uv" in r.stdout  # installed by uv, not pip

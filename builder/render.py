@@ -279,6 +279,30 @@ def _place(src: Path, dst: Path, sha256: str) -> None:
         raise IntegrityError(f"{dst.name}: sha256 {got} does not match the lock's {sha256} after copying it into the context.")
 
 
+RENDERED_MARK = "# Rendered by build-image"
+
+
+def _check_replaceable(out: Path) -> None:
+    """``out`` may be replaced only when absent, empty, or a context rendered by this tool."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise BadInput(f"-o {out}: exists and is not a directory.")
+    if not any(out.iterdir()):
+        return
+    df = out / "Dockerfile"
+    try:
+        ours = df.is_file() and df.read_text(encoding="utf-8", errors="replace").startswith(RENDERED_MARK)
+    except OSError:
+        ours = False
+    if not ours:
+        raise BadInput(
+            f"-o {out}: the directory exists and is not a build context rendered by build-image; "
+            "render replaces its output directory as a whole, so it refuses to touch this one.",
+            hint="choose a new or empty directory (default build/vllm-<version>).",
+        )
+
+
 def write_context(
     out_dir: str | Path,
     plan: RenderPlan,
@@ -297,6 +321,7 @@ def write_context(
     out = Path(out_dir)
     check_consistency(plan)
     dockerfile = render_dockerfile(plan)
+    _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:

@@ -197,6 +197,7 @@ def test_consistency_errors():
 
 
 def _write(tmp_path: Path, plan: RenderPlan | None = None) -> tuple[Path, RenderPlan]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     src = tmp_path / "src"
     src.mkdir()
     lock = _lock(base_dir=src)
@@ -344,3 +345,19 @@ def test_engine_output_is_redacted():
     text = 'Authorization: Basic dXNlcjpzM2NyM3Q= and "password": "hunter2", token=abc123 ok'
     out = redact(text)
     assert "dXNlcjpzM2NyM3Q=" not in out and "hunter2" not in out and "abc123" not in out and out.endswith("ok")
+
+
+def test_render_refuses_to_replace_a_directory_it_did_not_write(tmp_path):
+    precious = tmp_path / "ctx"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine\n")
+    plan = _plan()
+    with pytest.raises(BadInput, match="not a build context rendered by build-image"):
+        write_context(precious, plan, wheels={}, patched_root=None)
+    assert (precious / "notes.txt").read_text() == "mine\n"
+    # a context it rendered is replaced
+    out, plan = _write(tmp_path / "again")
+    before = (out / "Dockerfile").read_text()
+    wheels = {e.wheel.filename: tmp_path / "again" / "src" / e.wheel.filename for e in plan.lock.entries}
+    write_context(out, plan, wheels=wheels, patched_root=tmp_path / "again" / "patched")
+    assert (out / "Dockerfile").read_text() == before

@@ -5,6 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # uv must never fetch CPython from the network (only PyPI is allowed/reachable).
 export UV_PYTHON_DOWNLOADS=never
+# Docker-backed tests fail (not skip) when the engine the script started is unusable.
+export BUILD_IMAGE_REQUIRE_DOCKER=1
 scripts/setup.sh
 scripts/services.sh start
 trap 'scripts/services.sh stop' EXIT

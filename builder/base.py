@@ -46,7 +46,7 @@ from typing import IO, Callable, Iterable, Iterator
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from .errors import BadInput, EngineUnavailable, ExternalToolError
 from .manifest import BaseManifest, DistFacts, Distribution

@@ -13,7 +13,6 @@ printed or written anywhere.
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re

@@ -26,7 +26,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable
 
 import jinja2
 
@@ -34,25 +34,13 @@ from . import __version__
 from .errors import BadInput, IntegrityError
 from .lockfile import LockFile
 from .manifest import BaseManifest
+from .patches import PatchedFile, sha256_list
 from .util import project_root, sha256_file
 
 SERVE_MODULE = "build_image_serve_app"
 SERVE_APP_FILE = f"{SERVE_MODULE}.py"
 LABEL_PREFIX = "org.build-image"
 DEFAULT_SITE_PACKAGES = "/usr/local/lib/python{python}/dist-packages"
-
-
-class PatchedFileLike(Protocol):
-    relpath: str
-    original_sha256: str
-    patched_sha256: str
-
-
-@dataclass(frozen=True)
-class PatchedFile:
-    relpath: str
-    original_sha256: str
-    patched_sha256: str
 
 
 @dataclass
@@ -170,13 +158,6 @@ def oci_labels(plan: RenderPlan) -> list[tuple[str, str]]:
         (f"{LABEL_PREFIX}.tool", f"build-image {__version__}"),
     ]
     return labels
-
-
-def sha256_list(patched: Iterable[PatchedFileLike], which: str) -> str:
-    """``sha256sum -c`` input: ``<hex>  <relpath>`` lines, sorted by path."""
-    attr = {"original": "original_sha256", "patched": "patched_sha256"}[which]
-    lines = [f"{getattr(p, attr)}  {p.relpath}" for p in sorted(patched, key=lambda p: p.relpath)]
-    return "".join(line + "\n" for line in lines)
 
 
 def context_files(plan: RenderPlan) -> list[str]:
@@ -445,26 +426,13 @@ class RenderResult:
     plan: RenderPlan
 
 
-def _series_patch_names(series) -> list[str]:
-    items = getattr(series, "patches", series)
-    names = []
-    for p in items:
-        name = getattr(p, "name", None) or getattr(p, "filename", None) or getattr(p, "path", None) or p
-        names.append(Path(str(name)).name)
-    return names
-
-
 def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, out_dir: Path) -> tuple[list[PatchedFile], list[str]]:
     """Check and apply the patch series to the vllm wheel on the host; patched files land in ``out_dir``.
 
     ``series_dir=None``: the series for ``vllm`` (patches/vllm/<v>/), none if it holds no series.
     """
-    try:
-        from . import patches as P
-    except ImportError:  # pragma: no cover - the patch stage not installed
-        if series_dir is None:
-            return [], []
-        raise BadInput("render --series: patch support (builder.patches) is not available in this checkout.")
+    from . import patches as P
+
     if series_dir is None:
         try:
             series_dir = Path(P.series_dir_for(vllm))
@@ -473,17 +441,15 @@ def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, ou
         if not (series_dir / "series").is_file():
             return [], []
     series = P.load_series(series_dir, vllm)
-    names = _series_patch_names(series)
+    names = [p.name for p in series.patches]
     if not names:
         return [], []
     if vllm_wheel is None:
         from .fetch import vllm_wheel as fetch_vllm_wheel
 
-        vllm_wheel = Path(fetch_vllm_wheel(vllm, getattr(series, "wheel_sha256", None)))
+        vllm_wheel = Path(fetch_vllm_wheel(vllm, series.wheel_sha256))
     P.check(series, vllm_wheel)  # raises PatchFailed with the failing hunk
-    done = P.apply_to_dir(series, vllm_wheel, out_dir)
-    patched = [PatchedFile(p.relpath, p.original_sha256, p.patched_sha256) for p in done]
-    return patched, names
+    return P.apply_to_dir(series, vllm_wheel, out_dir), names
 
 
 def render_context(

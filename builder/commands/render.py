@@ -23,7 +23,7 @@ def stderr_console():
 
 def load_inputs(spec, *, lock_file: str | None, base: str | None):
     """(base manifest, lock, lock text) named by flags/spec; BadInput naming the file otherwise."""
-    from ..lockfile import parse_lock
+    from ..lockfile import load_lock
     from ..manifest import load_manifest
     from ..spec import check_vllm_version
 
@@ -37,13 +37,8 @@ def load_inputs(spec, *, lock_file: str | None, base: str | None):
             check_vllm_version(spec.vllm)
         manifest = load_manifest(spec.base_manifest_path)
     lock_path = Path(lock_file) if lock_file else spec.lock_path
-    try:
-        lock_text = lock_path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"lock {lock_path} does not exist.", hint="create it with `build-image lock` (or pass --lock FILE).") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"lock {lock_path} cannot be read: {exc}.") from None
-    lock = parse_lock(lock_text, str(lock_path))
+    lock = load_lock(lock_path)  # BadInput naming the file/line when missing or malformed
+    lock_text = lock_path.read_text(encoding="utf-8")  # copied verbatim into the context
     vm = manifest.get("vllm")
     if vm is not None and vm.version != spec.vllm:
         raise BadInput(f"--vllm {spec.vllm} does not match the base manifest, which ships vllm {vm.version}.")

@@ -38,7 +38,7 @@ PYTHONPATH=$PP_UN python3 -c "import vllm, transformers, torch; print('vllm', vl
 say "versions: $(tail -1 "$R/versions.txt")"
 
 PHASES=${PHASES:-"unpatched impossible gt patched"}
-if [[ " $PHASES " == *" patched "* ]]; then
+if [[ " $PHASES " == *" patched "* || " $PHASES " == *" prod "* ]]; then
 rm -rf /tmp/sitep && mkdir -p /tmp/sitep && cp -a /tmp/site/vllm /tmp/site/vllm-0.26.0.dist-info /tmp/sitep/
 say "patch apply (the project's own series) on /tmp/sitep"
 ( cd "$REPO" && PYTHONPATH=$PP_UN python3 -c 'import sys
@@ -104,5 +104,11 @@ smoke p-gemma4-ple-numbered "$PP_PA" --model "$CK/gemma4-ple-numbered" "${PAR[@]
 wait
 say "wave S: patched layer-type rewrite, alone (also plan ground truth #3)"
 smoke p-qwen3-sparse "$PP_PA" --model "$CK/qwen3-sparse" "${GT[@]}"
+fi
+if has prod; then
+say "wave F: production flags (CUDA graphs + torch.compile, no --enforce-eager), patched, alone"
+PROD=(--gpu-memory-utilization 0.5 --max-model-len 4096 --max-num-seqs 32 --extra-arg=--max-num-batched-tokens --extra-arg=8192 --no-plan --boot-timeout 480 --timeout 120 --concurrency 16 --rounds 3 --max-tokens 64 --prompt-tokens 128)
+smoke f-qwen3-sparse "$PP_PA" --model "$CK/qwen3-sparse" "${PROD[@]}"
+smoke f-qwen3-b "$PP_PA" --model "$CK/qwen3-b" "${PROD[@]}"
 fi
 say "DONE"

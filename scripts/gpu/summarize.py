@@ -76,7 +76,7 @@ def fingerprints(runs: dict[str, dict]) -> str:
 
 # Runs that had the GPU to themselves (proof-run.sh): vLLM measures its non-torch
 # memory from the device's free memory, so concurrent boots skew each other's KV size.
-ALONE = {"g-qwen3-a", "g-qwen3-b", "u-gemma4-ple-ref", "p-qwen3-sparse"}
+ALONE = {"g-qwen3-a", "g-qwen3-b", "u-gemma4-ple-ref", "p-qwen3-sparse", "f-qwen3-sparse", "f-qwen3-b"}
 
 
 def ground_truth(runs: dict[str, dict]) -> str:

@@ -44,12 +44,23 @@ def fmt(v, nd=2):
 
 
 def runs_table(runs: dict[str, dict]) -> str:
-    out = ["| run | verdict | /health s | first token s | KV tokens (vLLM) | max conc. (vLLM) | p50 / p95 s (rounds) | out tok/s | GPU MiB peak | first failure |",
+    out = ["| run | verdict | /health s | first token s | KV tokens (vLLM) | max conc. (vLLM) | p50 / p95 s (rounds) | out tok/s | GPU MiB peak | failure (root cause) |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         lat = "; ".join(f"{fmt(x['latency_p50_s'])}/{fmt(x['latency_p95_s'])}" for x in r["rounds"]) or "–"
         gpu = (r.get("gpu") or {}).get("memory_used_mib_peak")
-        fail = (r["failures"][-1] if r["failures"] else "").replace("|", "/")[:160]
+        fail = ""
+        if r["failures"]:
+            fail = r["failures"][-1]
+            log = r["_dir"] / "logs" / f"{name}.log"
+            if log.exists():
+                from builder.smoke import first_error_line, parse_server_log
+
+                facts = parse_server_log(log.read_text("utf-8", "replace"))
+                root = facts.oom_lines[0] if facts.oom_lines else first_error_line(facts)
+                if root:
+                    fail = root.split("] ", 1)[-1] if "] " in root[:80] else root
+            fail = fail.replace("|", "/")[:170]
         out.append(
             f"| {name} | {r['verdict']} | {fmt(r['boot']['health_s'])} | {fmt(r['boot']['first_token_s'])} | "
             f"{fmt(r['kv_cache']['tokens'])} | {fmt(r['kv_cache']['max_concurrency'])} | {lat} | "

@@ -84,6 +84,7 @@ class SmokeConfig:
     docker_bin: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     stop_grace: float = 15.0            # SIGTERM -> SIGKILL delay when stopping the server
+    docker_gpus: str | None = "all"     # docker mode: --gpus value (None: no --gpus, for CPU tests)
 
     def validate(self) -> None:
         where = "smoke"
@@ -533,15 +534,19 @@ def build_local_command(cfg: SmokeConfig, port: int, vllm_bin: list[str]) -> lis
 
 def build_docker_command(cfg: SmokeConfig, port: int, name: str, docker_bin: str) -> list[str]:
     model = str(Path(cfg.model).resolve())
-    cmd = [
-        docker_bin, "run", "--rm", "--name", name, "--pull=never", "--gpus", "all", "--ipc=host",
-        "-p", f"127.0.0.1:{port}:{port}", "-v", f"{model}:/model:ro",
+    cmd = [docker_bin, "run", "--rm", "--name", name, "--pull=never"]
+    if cfg.docker_gpus:
+        cmd += ["--gpus", cfg.docker_gpus]
+    # host networking: the server binds 127.0.0.1:PORT on the host itself (no bridge needed,
+    # nothing exposed beyond loopback)
+    cmd += [
+        "--ipc=host", "--network=host", "-v", f"{model}:/model:ro",
         "-e", "HF_HUB_OFFLINE=1", "-e", "VLLM_NO_USAGE_STATS=1",
     ]
     for k, v in sorted(cfg.env.items()):
         cmd += ["-e", f"{k}={v}"]
     cmd += ["--entrypoint", "vllm", cfg.image or "", "serve"]
-    return cmd + serve_flags(cfg, "/model", port, "0.0.0.0")
+    return cmd + serve_flags(cfg, "/model", port, "127.0.0.1")
 
 
 def build_override_command(cfg: SmokeConfig, port: int) -> list[str]:

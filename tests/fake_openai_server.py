@@ -164,7 +164,9 @@ def make_handler(state: State):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
+    p.add_argument("model", nargs="?", default=None, help="ignored (as `vllm serve MODEL`)")
     p.add_argument("--port", type=int, required=True)
+    p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--model-id", default="fake-model")
     p.add_argument("--boot-delay", type=float, default=0.0, help="/health answers 503 for this long")
     p.add_argument("--token-delay", type=float, default=0.001)
@@ -175,7 +177,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-kv-lines", action="store_true")
     for name in ("fail-500-at", "drop-stream-at", "error-event-at", "die-at", "oom-at", "hang-at"):
         p.add_argument(f"--{name}", type=int, action="append", default=[])
-    a = p.parse_args(argv)
+    a, _unknown = p.parse_known_args(argv)  # vLLM serving flags are accepted and ignored
     if a.pidfile:
         with open(a.pidfile, "w") as fh:
             fh.write(str(os.getpid()))
@@ -198,7 +200,7 @@ def main(argv=None) -> int:
         if a.no_kv_lines and "KV cache" in line or a.no_kv_lines and "concurrency" in line:
             continue
         log(line)
-    srv = ThreadingHTTPServer(("127.0.0.1", a.port), make_handler(State(a)))
+    srv = ThreadingHTTPServer((a.host, a.port), make_handler(State(a)))
     srv.daemon_threads = True
     srv.serve_forever()
     return 0

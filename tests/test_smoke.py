@@ -189,8 +189,8 @@ def test_local_and_docker_commands(tmp_path):
     dk = build_docker_command(cfg, 8123, "smoke-x", "/usr/bin/docker")
     s = " ".join(dk)
     for expect in ("run --rm --name smoke-x", "--pull=never", "--gpus all", "--ipc=host",
-                   f"-v {tmp_path.resolve()}:/model:ro", "-p 127.0.0.1:8123:8123",
-                   "--entrypoint vllm reg:5000/vllm:1 serve /model", "--host 0.0.0.0"):
+                   f"-v {tmp_path.resolve()}:/model:ro", "--network=host",
+                   "--entrypoint vllm reg:5000/vllm:1 serve /model", "--host 127.0.0.1", "--port 8123"):
         assert expect in s
 
 
@@ -450,3 +450,54 @@ def test_config_from_serving(tmp_path):
     assert cfg.gpu_memory_bytes == 80 << 30
     with pytest.raises(TypeError):
         config_from_serving(s, model=str(tmp_path), nonsense=1)
+
+
+# ----------------------------------------------------------------- docker mode (stand-in image, no GPU)
+
+DOCKER = "/usr/bin/docker"
+
+
+@pytest.fixture(scope="module")
+def fake_vllm_image(standin_base_image, tmp_path_factory):
+    """The stand-in base plus a `vllm` shim that runs the fake server (`vllm serve /model ...`)."""
+    ctx = tmp_path_factory.mktemp("fake-vllm-image")
+    (ctx / "fake_openai_server.py").write_bytes(FAKE.read_bytes())
+    shim = ctx / "vllm"
+    shim.write_text('#!/bin/sh\n[ "$1" = serve ] && shift\nexec python3 -u /opt/fake_openai_server.py "$@"\n')
+    shim.chmod(0o755)
+    (ctx / "Dockerfile").write_text(
+        f"FROM {standin_base_image.ref}\nCOPY fake_openai_server.py /opt/\nCOPY vllm /usr/local/bin/vllm\n")
+    tag = "build-image-test/smoke-fake-vllm:1"
+    r = subprocess.run([DOCKER, "build", "--network=none", "-q", "-t", tag, str(ctx)], capture_output=True, text=True,
+                       env=dict(os.environ, DOCKER_BUILDKIT="1"), timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return tag
+
+
+def _smoke_containers() -> list[str]:
+    r = subprocess.run([DOCKER, "ps", "-a", "-q", "--filter", "name=build-image-smoke-"], capture_output=True,
+                       text=True, timeout=60)
+    return r.stdout.split()
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_docker_mode_pass_and_cleanup(fake_vllm_image, tmp_path):
+    rep = run_smoke(SmokeConfig(model=str(tmp_path), image=fake_vllm_image, docker_gpus=None, docker_bin=DOCKER,
+                                rounds=2, concurrency=4, max_tokens=8, prompt_tokens=16, boot_timeout=90,
+                                timeout=30, stop_grace=5))
+    assert rep.verdict == PASS, (rep.failures, rep.log_tail)
+    assert rep.mode == "docker" and "--pull=never" in rep.command and "--ipc=host" in rep.command
+    assert rep.kv_cache["tokens"] == 3_024_928  # parsed from the container's log
+    assert _smoke_containers() == []
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_docker_mode_server_death_fails_and_removes_container(fake_vllm_image, tmp_path):
+    rep = run_smoke(SmokeConfig(model=str(tmp_path), image=fake_vllm_image, docker_gpus=None, docker_bin=DOCKER,
+                                rounds=2, concurrency=4, max_tokens=8, prompt_tokens=16, boot_timeout=90,
+                                timeout=30, stop_grace=5, extra_args=["--die-at", "3"]))
+    assert rep.verdict == FAIL
+    assert any("server process exited" in f for f in rep.failures), rep.failures
+    assert _smoke_containers() == []

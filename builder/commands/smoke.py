@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from ..errors import BadInput
+from ..errors import BadInput, VerdictFailure
 from ..smoke import SmokeConfig, render_text, run_smoke
 
 
@@ -81,7 +81,12 @@ def command(image, local, model, tp, max_model_len, gpu_memory_utilization, max_
         click.echo(json.dumps(rep.to_dict(), indent=2, default=str))
     else:
         click.echo(render_text(rep))
-    sys.exit(rep.exit_code)
+    if rep.interrupted:
+        sys.exit(130)
+    if not rep.passed:
+        # exit 1 through the CLI's error handler (also when the pipeline ctx.invoke()s this command)
+        raise VerdictFailure(f"smoke FAIL: {rep.failures[0] if rep.failures else 'see the report'}")
+    return rep
 
 
 def _progress_printer():

@@ -501,3 +501,21 @@ def test_docker_mode_server_death_fails_and_removes_container(fake_vllm_image, t
     assert rep.verdict == FAIL
     assert any("server process exited" in f for f in rep.failures), rep.failures
     assert _smoke_containers() == []
+
+
+def test_checkpoint_generators_write_the_ple_variants(tmp_path):
+    """Needs torch + transformers (>= 5.14 for Gemma 4); skipped where they are absent (CI)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers.models.gemma4")
+    from safetensors import safe_open
+
+    from tests.checkpoints import BUILDERS
+
+    BUILDERS["gemma4-ple-numbered"](tmp_path / "n")
+    BUILDERS["gemma4-ple-short"](tmp_path / "s")
+    with safe_open(str(tmp_path / "n" / "model.safetensors"), "pt") as f:
+        names = [k for k in f.keys() if "per_layer" in k and "embed_tokens" in k]
+        assert sorted(names) == [f"model.language_model.embed_tokens_per_layer.shard_{i}.weight" for i in range(4)]
+        assert sum(f.get_tensor(k).shape[0] for k in names) == 1024
+    with safe_open(str(tmp_path / "s" / "model.safetensors"), "pt") as f:
+        assert "embed_tokens_per_layer.shard_.weight" in f.keys()

@@ -15,21 +15,33 @@ import click
 from . import __version__
 from .errors import BuildImageError
 
-COMMAND_MODULES = (
-    "base",      # build-image base snapshot
-    "lock",      # build-image lock
-    "patch",     # build-image patch check|apply
-    "render",    # build-image render
-    "build",     # build-image build
-    "push",      # build-image push
-    "diff",      # build-image diff
-    "plan",      # build-image plan
-    "smoke",     # build-image smoke
-    "raycheck",  # build-image ray-check
-)
+# command name -> module under builder/commands/ exposing ``command``.  Modules are
+# imported only when their command runs (or for --help), so `build-image diff`
+# does not pay for importing the smoke probe, the docker adapter, etc.
+COMMANDS = {
+    "base": "base",          # build-image base snapshot
+    "lock": "lock",          # build-image lock
+    "patch": "patch",        # build-image patch check|apply|sums
+    "render": "render",      # build-image render
+    "build": "build",        # build-image build
+    "push": "push",          # build-image push
+    "diff": "diff",          # build-image diff
+    "plan": "plan",          # build-image plan
+    "smoke": "smoke",        # build-image smoke
+    "ray-check": "raycheck", # build-image ray-check
+}
 
 
 class ErrorHandlingGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        module = COMMANDS.get(name)
+        if module is None:
+            return None
+        return importlib.import_module(f"{__package__}.commands.{module}").command
+
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
@@ -60,11 +72,6 @@ def _register() -> None:
     # The pipeline's options live on the group itself (`build-image --vllm 0.26.0 ...`).
     for param in pipeline.run_pipeline.params:
         main.params.append(param)
-    for name in COMMAND_MODULES:
-        mod = importlib.import_module(f"{__package__}.commands.{name}")
-        cmd = getattr(mod, "command", None)
-        if cmd is not None:
-            main.add_command(cmd)
 
 
 _register()

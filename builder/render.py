@@ -185,7 +185,8 @@ def _env() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["dq"] = _dq
-    env.filters["pycache_dir"] = lambda rel: (str(Path(rel).parent / "__pycache__"))
+    # Only the patched modules' own stale bytecode (`<stem>.*.pyc`), quoted up to the glob.
+    env.filters["pyc_glob"] = lambda rel: f'"{Path(rel).parent / "__pycache__" / Path(rel).stem}".*.pyc'
     return env
 
 

@@ -199,6 +199,22 @@ def test_pipeline_without_engine_stops_after_render(standin_manifest, standin_ba
     assert r.returncode == 8 and (tmp_path / "ctx" / "Dockerfile").is_file()
 
 
+def test_pipeline_kuberay_is_not_dropped_when_it_stops_after_render(tmp_path):
+    """The committed lock (ray from the overlay), engine down: --kuberay still writes both manifests
+    (by tag, said so); without serving.model it is exit 2 before any context is written."""
+    args = ["--vllm", "0.26.0", "--no-patches", "-o", str(tmp_path / "ctx"), "--kuberay", "--json"]
+    dead = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    r = run_pipeline(args, env=dead)
+    assert r.returncode == 2 and "serving.model" in r.stderr and not (tmp_path / "ctx").exists()
+    r = run_pipeline(args + ["--model", "/models/m"], env=dead)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "rendered"
+    assert sorted(Path(p).name for p in doc["kuberay"]) == ["raycluster.yaml", "rayservice.yaml"]
+    assert f'image: "{doc["tags"][0]}"' in (tmp_path / "ctx" / "raycluster.yaml").read_text()
+    assert "by tag" in " ".join(r.stderr.split()) and "[2/3]" in r.stderr
+
+
 def test_numpy2_overlay_is_refused_before_any_build(standin_manifest, tmp_path):
     fl = standin_findlinks(tuple(OVERLAY))
     import shutil

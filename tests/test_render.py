@@ -361,3 +361,27 @@ def test_render_refuses_to_replace_a_directory_it_did_not_write(tmp_path):
     wheels = {e.wheel.filename: tmp_path / "again" / "src" / e.wheel.filename for e in plan.lock.entries}
     write_context(out, plan, wheels=wheels, patched_root=tmp_path / "again" / "patched")
     assert (out / "Dockerfile").read_text() == before
+
+
+def test_stale_bytecode_of_patched_modules_only_is_removed(tmp_path):
+    """The patch layer drops the patched modules' own .pyc (every interpreter tag), and no other
+    module's: a `find __pycache__ -delete` wiped the whole models/ bytecode of the base."""
+    import subprocess
+
+    ins = _instructions(render_dockerfile(_plan()))
+    run = next(x for x in ins if "source=patches" in x)
+    rm = run[run.index("rm -f "):]
+    cache = tmp_path / "vllm/entrypoints/openai/__pycache__"
+    cache.mkdir(parents=True)
+    other = tmp_path / "vllm/engine/__pycache__"
+    other.mkdir(parents=True)
+    for name in ("api_server.cpython-312.pyc", "api_server.cpython-312.opt-1.pyc", "api_server_x.cpython-312.pyc",
+                 "serving_chat.cpython-312.pyc"):
+        (cache / name).write_bytes(b"")
+    (other / "arg_utils.cpython-312.pyc").write_bytes(b"")
+    (other / "llm_engine.cpython-312.pyc").write_bytes(b"")
+    subprocess.run(["sh", "-c", "set -eu; " + rm], cwd=tmp_path, check=True)
+    assert sorted(p.name for p in cache.iterdir()) == ["api_server_x.cpython-312.pyc", "serving_chat.cpython-312.pyc"]
+    assert sorted(p.name for p in other.iterdir()) == ["llm_engine.cpython-312.pyc"]
+    # a second run (nothing left to delete) still succeeds
+    subprocess.run(["sh", "-c", "set -eu; " + rm], cwd=tmp_path, check=True)

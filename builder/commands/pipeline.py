@@ -87,7 +87,7 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
     if push and not spec.repo:
         raise BadInput("--push needs --tag HOST[:PORT]/REPO (or 'repo' in the spec).")
     out = out or default_out_dir(spec.vllm)
-    stages = _Stages(console, 4 + int(push) + int(smoke))
+    stages = _Stages(console, 3 + int(push) + int(smoke))  # lock, patch+render, build [, push] [, smoke]
     summary: dict = {"vllm": spec.vllm, "context": str(out), "stages_s": stages.times}
 
     base_arg = base or spec.base
@@ -95,10 +95,10 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
         from ..base import snapshot_image
 
         manifest_path = out.parent / f"base-{base_arg.replace('/', '_').replace(':', '_').replace('@', '_')}.json"
+        stages.total += 1
         with stages.stage("base", f"snapshot {base_arg}"):
             snapshot_image(base_arg).save(manifest_path)
         base_arg = str(manifest_path)
-        stages.total += 1
 
     with stages.stage("lock", f"{spec.lock_path} (reused when up to date; ABI gate on a new resolution)"):
         with contextlib.redirect_stdout(sys.stderr):
@@ -109,6 +109,11 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
     manifest, lock, lock_text = load_inputs(spec, lock_file=str(spec.lock_path), base=base_arg)
     summary["lock"] = str(spec.lock_path)
     summary["lock_hash"] = lock.lock_hash
+
+    if kuberay:  # bad serving settings fail here (exit 2, before the context is written), not after the build
+        from ..kuberay import render_manifests
+
+        render_manifests(lock=lock, spec=spec, image="build-image.invalid/check:kuberay", allow_tag=True, base=manifest)
 
     marks: dict[str, float] = {}
 
@@ -129,6 +134,16 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
     summary.update(tags=result.tags, patches=result.plan.patches, context_bytes=_dir_size(out),
                    base=manifest.pinned_ref)
 
+    def write_kuberay(image: str, allow_tag: bool) -> None:
+        from ..kuberay import write_manifests
+
+        paths = write_manifests(out, lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=manifest)
+        summary["kuberay"] = [str(p) for p in paths]
+        if allow_tag and "@sha256:" not in image:
+            console.print(f"[yellow]kuberay: the manifests run {image} by tag[/yellow] (not pushed, so no registry "
+                          "digest yet; --push pins them by digest).", highlight=False)
+
+
     from ..engine import get_engine
 
     engine = get_engine()
@@ -140,6 +155,8 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
                + "".join(f" -t {t}" for t in result.tags) + " .)")
         summary.update(status="rendered", engine=exc.message, build_command=how,
                        total_s=round(time.monotonic() - t_all, 2))
+        if kuberay:
+            write_kuberay(result.tags[0], allow_tag=True)
         if push or smoke:
             _emit(as_json, summary, console)
             raise EngineUnavailable(
@@ -161,6 +178,8 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
                        total_s=round(time.monotonic() - t_all, 2))
         msg = (f"the base image {', '.join(missing)} is not in the engine's image store (build-image never pulls "
                f"it implicitly; --pull allows it).")
+        if kuberay:
+            write_kuberay(result.tags[0], allow_tag=True)
         if push or smoke:
             _emit(as_json, summary, console)
             from ..errors import BuildFailed
@@ -184,10 +203,7 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
         summary.update(digest=pushed["digest"], pinned=pushed["pinned"])
         image_for_later = pushed["pinned"]
     if kuberay:
-        from ..kuberay import write_manifests
-
-        paths = write_manifests(out, lock=lock, spec=spec, image=image_for_later, allow_tag=not push, base=manifest)
-        summary["kuberay"] = [str(p) for p in paths]
+        write_kuberay(image_for_later, allow_tag=not push)
     verdict_failed = None
     if smoke:
         from ..smoke import config_from_serving, render_text, run_smoke

@@ -482,6 +482,24 @@ def apply_to_dir(series: Series, source: str | os.PathLike, out_dir: str | os.Pa
     return done
 
 
+def _reverted(series: Series, current: dict[str, bytes]) -> dict[str, bytes] | None:
+    """``current`` (patched contents) with the whole series reverted, last patch first; None if it does not revert."""
+    out = {}
+    for rel, data in current.items():
+        try:
+            lines: list[str] | None = _lines(data)
+        except UnicodeDecodeError:
+            return None
+        for p in reversed(series.patches):
+            for f in p.files:
+                if f.relpath == rel and lines is not None:
+                    lines, _ = _apply_hunks(lines, f.hunks, reverse=True)
+        if lines is None:
+            return None
+        out[rel] = "".join(lines).encode("utf-8")
+    return out
+
+
 def apply_site_packages(series: Series, site_packages_dir: str | os.PathLike) -> list[PatchedFile]:
     """Patch an installed package in place, all or nothing.
 
@@ -510,8 +528,17 @@ def apply_site_packages(series: Series, site_packages_dir: str | os.PathLike) ->
         raise PatchFailed(f"{root}: target file(s) missing: {', '.join(absent)}; is {series.package} installed there?")
     wrong = _mismatched_originals(series, originals)
     results, _, final = _patch_texts(series, src)
-    if wrong and all(r.status == ALREADY_APPLIED for r in results):  # patched earlier by this very series
-        return [PatchedFile(rel, series.originals[rel], sha256_bytes(originals[rel])) for rel in series.targets]
+    if wrong and all(r.status == ALREADY_APPLIED for r in results):  # patched earlier by this very series?
+        # Only if reverting the series gives back exactly the wheel's originals: a tree patched
+        # by it *and* changed elsewhere is refused, not reported as patched.
+        unpatched = _reverted(series, originals)
+        still = _mismatched_originals(series, unpatched) if unpatched is not None else ["the series does not revert"]
+        if not still:
+            return [PatchedFile(rel, series.originals[rel], sha256_bytes(originals[rel])) for rel in series.targets]
+        raise PatchFailed(
+            f"{root}: the series looks applied already, but reverting it does not give the {series.package} "
+            f"{series.version} wheel's originals: the files were changed beyond this series. Nothing was changed.",
+            details="\n".join(still))
     if wrong:
         raise PatchFailed(
             f"{root}: {len(wrong)} target file(s) differ from the {series.package} {series.version} wheel's originals; "

@@ -222,6 +222,20 @@ def test_apply_site_packages_refuses_different_original_nothing_changed(series, 
     assert snapshot(tree) == before  # vllm/a.py (whose original matched) untouched too
 
 
+def test_apply_site_packages_refuses_a_patched_tree_changed_beyond_the_series(series, tree):
+    """Every hunk reads as already applied, but a line outside the hunks was changed too: that is
+    not "this series on the wheel's originals", so it is refused instead of reported as patched."""
+    P.apply_site_packages(series, tree)
+    a = tree / "vllm" / "a.py"
+    a.write_text(edit(a.read_text(), 30, "line thirty, edited by hand\n"))
+    before = snapshot(tree)
+    assert [r.status for r in P.check(series, tree)] == ["already-applied", "already-applied"]
+    with pytest.raises(PatchFailed, match="changed beyond this series") as ei:
+        P.apply_site_packages(series, tree)
+    assert "vllm/a.py" in ei.value.details and "vllm/sub/b.py" not in ei.value.details
+    assert snapshot(tree) == before
+
+
 def test_apply_site_packages_needs_recorded_originals(series, tree):
     (series.dir / P.ORIG_SUMS).unlink()
     with pytest.raises(PatchFailed, match="records no original sha256"):

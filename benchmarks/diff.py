@@ -41,6 +41,10 @@ def _h(rng: random.Random) -> str:
     return "%064x" % rng.getrandbits(256)
 
 
+def _wheel_url(name: str, version: str, sha: str) -> str:
+    return f"https://files.pythonhosted.org/packages/{sha[:2]}/{name.replace('-', '_')}-{version}-py3-none-any.whl"
+
+
 def make_pair(n: int, seed: int = 7) -> tuple[str, str]:
     """Two realistic locks of ``n`` entries: the new one bumps ~10%, adds and
     removes a few, re-hashes some, moves numpy across a major (group 1)."""
@@ -62,7 +66,7 @@ def make_pair(n: int, seed: int = 7) -> tuple[str, str]:
         entries.append(LockEntry(
             name=f"pkg-{i:03d}", version=v, hashes=[sha, _h(rng)] if binary else [sha],
             via=[f"pkg-{rng.randint(0, n - 1):03d}", "-r overlay"][: rng.randint(1, 2)],
-            wheel=WheelRef(f"https://files.pythonhosted.org/packages/{sha[:2]}/pkg_{i:03d}-{v}-py3-none-any.whl", sha),
+            wheel=WheelRef(_wheel_url(f"pkg-{i:03d}", v, sha), sha),
             facts=f, base_version=v if rng.random() < 0.1 else None,
         ))
     old = LockFile(header=dict(header), overlay=["ray[serve]"], allow_abi_change={}, entries=entries)
@@ -75,14 +79,18 @@ def make_pair(n: int, seed: int = 7) -> tuple[str, str]:
         parts[rng.randint(0, 2)] = str(int(parts[0]) + 1)
         e.version = ".".join(parts)
         e.hashes = [_h(rng)]
-        e.wheel = WheelRef(e.wheel.url, e.hashes[0])
+        e.wheel = WheelRef(_wheel_url(e.name, e.version, e.hashes[0]), e.hashes[0])
     for e in rng.sample(new.entries, n // 20):
         e.hashes = [_h(rng)]
+        e.wheel = WheelRef(_wheel_url(e.name, e.version, e.hashes[0]), e.hashes[0])
     del new.entries[: 4]
+    sha = _h(rng)
     new.entries.append(LockEntry(
-        name="numpy", version="2.2.6", hashes=[_h(rng)], via=["-r overlay"],
+        name="numpy", version="2.2.6", hashes=[sha], via=["-r overlay"], wheel=WheelRef(_wheel_url("numpy", "2.2.6", sha), sha),
         facts=DistFacts(binary=True, extensions=12, glibc="2.17", python_abi="cp312"), base_version="1.26.4"))
-    new.entries.append(LockEntry(name="pyarrow", version="14.0.2", hashes=[_h(rng)], via=["pkg-001"],
+    sha = _h(rng)
+    new.entries.append(LockEntry(name="pyarrow", version="14.0.2", hashes=[sha], via=["pkg-001"],
+                                 wheel=WheelRef(_wheel_url("pyarrow", "14.0.2", sha), sha),
                                  facts=DistFacts(binary=True, extensions=20, numpy_abi={"1": 1, "2": 0},
                                                  glibc="2.17", python_abi="cp312")))
     return format_lock(old), format_lock(new)

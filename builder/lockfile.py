@@ -182,12 +182,18 @@ def parse_lock(text: str, path: str = "<lock>") -> LockFile:
     expect_hash = False
     in_header = True
 
+    has_facts: set[int] = set()  # ids of entries whose '# facts:' line was read
+    last_line = 0  # last non-blank line read (the end of the current entry)
+
     def finish(entry: LockEntry | None) -> None:
-        if entry is not None and not entry.hashes:
+        if entry is None:
+            return
+        if not entry.hashes:
             raise BadInput(
                 f"lock {path}, line {entry.line}: '{entry.name}=={entry.version}' has no --hash lines; "
                 "a lock must pin every package by sha256.",
             )
+        _check_entry(entry, id(entry) in has_facts, path, last_line)
 
     for i, raw in enumerate(lines, start=1):
         if not raw.strip():
@@ -202,7 +208,12 @@ def parse_lock(text: str, path: str = "<lock>") -> LockFile:
                 )
             cur.hashes.append(m.group(1))
             expect_hash = bool(m.group(2))
+            last_line = i
             continue
+        if cur is not None and not raw.startswith("    "):
+            finish(cur)  # the entry ends where its indented lines end
+            cur = None
+        last_line = i
         if in_header and raw.startswith("#"):
             m = _HEADER_LINE.match(raw)
             if m:
@@ -227,6 +238,7 @@ def parse_lock(text: str, path: str = "<lock>") -> LockFile:
                 cur.wheel = WheelRef(url=u, sha256=h)
             elif body.startswith("facts: "):
                 cur.facts, cur.base_version = _parse_facts(body[7:], path, i)
+                has_facts.add(id(cur))
             continue
         if raw.startswith("#"):
             continue
@@ -248,7 +260,6 @@ def parse_lock(text: str, path: str = "<lock>") -> LockFile:
                     f"{path} is not a build-image lock: no '# build-image-lock: {LOCK_FORMAT}' header line "
                     f"before the first requirement (line {i}).",
                 )
-        finish(cur)
         name, version = m.group(1), m.group(3)
         key = canonical_name(name)
         if key in seen:
@@ -275,6 +286,43 @@ def parse_lock(text: str, path: str = "<lock>") -> LockFile:
     if missing:
         raise BadInput(f"lock {path}: header lacks {', '.join(missing)}; the file is truncated or not written by build-image.")
     return LockFile(header=header, overlay=overlay, allow_abi_change=allow, entries=entries)
+
+
+def _check_entry(e: LockEntry, has_facts: bool, path: str, end: int) -> None:
+    """Every entry `build-image lock` writes carries a '# wheel:' line whose sha256 is one
+    of its --hash lines and whose file name is this name and version, and a '# facts:'
+    line; anything else is a truncated or hand-edited lock (``end``: the entry's last line)."""
+    what = f"'{e.name}=={e.version}'"
+    for label, missing in (("# wheel:", e.wheel is None), ("# facts:", not has_facts)):
+        if missing:
+            raise BadInput(
+                f"lock {path}, line {end}: {what} (line {e.line}) has no '{label}' line; "
+                "the file is truncated or hand-edited.",
+                hint="regenerate it with `build-image lock`.",
+            )
+    if e.wheel.sha256 not in e.hashes:
+        raise BadInput(
+            f"lock {path}, line {e.line}: {what}: its wheel's sha256 {e.wheel.sha256[:12]}… is not one of its "
+            "--hash lines; the file is hand-edited.",
+            hint="regenerate it with `build-image lock`.",
+        )
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        wname, wver, _, _ = parse_wheel_filename(e.wheel.filename)
+    except (InvalidWheelFilename, InvalidVersion):
+        return  # not a standard wheel file name (a stand-in URL): nothing more to compare
+    try:
+        same = wname == canonical_name(e.name) and wver == Version(e.version)
+    except InvalidVersion:
+        same = False
+    if not same:
+        raise BadInput(
+            f"lock {path}, line {e.line}: {what} names the wheel {e.wheel.filename}, which is "
+            f"{wname} {wver}; the file is hand-edited.",
+            hint="regenerate it with `build-image lock`.",
+        )
 
 
 def load_lock(path: str | Path) -> LockFile:

@@ -385,3 +385,48 @@ def test_damaged_lock_on_disk_is_stale_and_gets_replaced(offline, tmp_path):
     code, text = run(*offline("--with", "stableabi", "-o", str(out)))
     assert code == 0, text
     assert "stableabi" in load_lock(out).by_name()
+
+
+@pytest.mark.parametrize(
+    "edit, needle",
+    [
+        # the version bumped by hand: the wheel line still names 1.0.0
+        (lambda t: t.replace("stableabi==1.0.0", "stableabi==1.0.1"), "names the wheel stableabi-1.0.0"),
+        # the pinned hash swapped by hand: the wheel's sha256 is no longer among the --hash lines
+        (lambda t: t.replace(t.split("--hash=sha256:")[1][:64], "0" * 64, 1), "is not one of its --hash lines"),
+        # truncated after the hash lines: no '# wheel:' / '# facts:' line for the last entry
+        (lambda t: t[: t.index("    # via")], "has no '# wheel:' line"),
+    ],
+    ids=["version", "hash", "truncated-after-hashes"],
+)
+def test_hand_edited_or_truncated_lock_is_caught_by_check(offline, tmp_path, edit, needle):
+    """--check must not call a lock "up to date" when its body no longer matches what
+    `build-image lock` wrote (the header's inputs-sha256 alone cannot see that)."""
+    out = tmp_path / "r.lock"
+    assert run(*offline("--with", "stableabi", "-o", str(out)))[0] == 0
+    edited = edit(out.read_text())
+    assert edited != out.read_text()
+    out.write_text(edited)
+    code, text = run(*offline("--with", "stableabi", "-o", str(out), "--check"))
+    assert code == 5, text
+    assert needle in text and f"lock {out}, line " in text
+    assert out.read_text() == edited  # --check writes nothing
+
+
+def test_json_on_every_failure_is_a_document_on_stdout(offline, tmp_path):
+    """--json: unsatisfiable, stale and bad input also answer with JSON on stdout (not only
+    success and ABI rejection), so a script never parses an empty stdout."""
+    out = tmp_path / "r.lock"
+    for args, code, status in [
+        (offline("--with", "numpy2user", "-o", str(out), "--json"), 4, "unsatisfiable"),
+        (offline("--with", "stableabi", "-o", str(out), "--check", "--json"), 5, "stale"),
+        (["lock", "--vllm", "0.0.1", "-o", str(out), "--json"], 2, "bad-input"),
+    ]:
+        res = CliRunner().invoke(main, args, catch_exceptions=False)
+        assert res.exit_code == code, res.output
+        doc = json.loads(res.stdout)
+        assert doc["status"] == status and doc["exit_code"] == code and doc["written"] is False
+        assert doc["message"] and doc["message"] in res.stderr
+    assert "numpy==1.26.4 is pinned by the base" in json.loads(
+        CliRunner().invoke(main, offline("--with", "numpy2user", "-o", str(out), "--json")).stdout)["details"]
+    assert not out.exists()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import AbiRejected, BadInput, StaleLock
+from ..errors import AbiRejected, BadInput, BuildImageError, StaleLock, Unsatisfiable
 from ..util import canonical_name
 
 
@@ -85,6 +85,23 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
     Exit codes: 0 written / up to date, 2 bad input, 3 ABI gate rejection,
     4 unsatisfiable on top of the base, 5 stale lock (--check), 12 uv failed.
     """
+    try:
+        _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
+              exclude_newer, no_default_overlay, as_json)
+    except BuildImageError as exc:
+        # --json: every outcome is a JSON document on stdout (the message stays on stderr)
+        if as_json and not getattr(exc, "json_emitted", False):
+            _emit(True, {"status": _ERROR_STATUS.get(type(exc), "error"), "written": False,
+                         "exit_code": exc.exit_code, "error": exc.title, "message": exc.message,
+                         "hint": exc.hint, "details": exc.details}, "")
+        raise
+
+
+_ERROR_STATUS = {BadInput: "bad-input", StaleLock: "stale", Unsatisfiable: "unsatisfiable", AbiRejected: "abi-rejected"}
+
+
+def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
+          exclude_newer, no_default_overlay, as_json):
     from .. import lock as L
     from ..abi import format_notices, format_rejection
     from ..manifest import BaseManifest
@@ -163,11 +180,13 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
         if as_json:
             _emit(True, {"status": "abi-rejected", "lock": str(lock_path), "written": False,
                          "gate": gate.to_dict(), "seconds": round(time.monotonic() - t_start, 3)}, "")
-        raise AbiRejected(
+        exc = AbiRejected(
             f"{n} violation{'s' if n != 1 else ''} on top of base {base_label} "
             f"(vllm {spec.vllm}); nothing was written to {lock_path}.",
             details=format_rejection(gate),
         )
+        exc.json_emitted = as_json
+        raise exc
     result.lock.save(lock_path)
     notices = format_notices(gate)
     if notices and not as_json:

@@ -99,11 +99,24 @@ class Spec:
         """Return a copy where every flag that is not None overrides the spec."""
         top = {k: v for k, v in flags.items() if v is not None and k in {f.name for f in fields(Spec)}}
         serving = {k: v for k, v in flags.items() if v is not None and k in {f.name for f in fields(Serving)}}
-        if "with_" in top:
-            top["with_"] = list(self.with_) + [w for w in top["with_"] if w not in self.with_]
+        if "with_" in top:  # a --with naming a package replaces the spec's requirement on it (flags win)
+            named = {_req_key(w) for w in top["with_"]} - {None}
+            kept = [w for w in self.with_ if _req_key(w) not in named]
+            top["with_"] = kept + [w for w in top["with_"] if w not in kept]
         if "allow_abi_change" in top:
             top["allow_abi_change"] = {**self.allow_abi_change, **top["allow_abi_change"]}
         return replace(self, **top, serving=replace(self.serving, **serving))
+
+
+def _req_key(req: str) -> str | None:
+    """Canonical package name of a requirement string (None when it does not parse)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    try:
+        return canonicalize_name(Requirement(req).name)
+    except InvalidRequirement:
+        return None
 
 
 _TOP_KEYS = {"vllm": str, "base": str, "with": list, "lock": str, "repo": str, "allow-abi-change": dict, "serving": dict}

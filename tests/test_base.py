@@ -429,3 +429,14 @@ def test_extension_suffix_beats_a_none_wheel_tag(tmp_path):
     so312 = _gcc_so(tmp_path, "m.cpython-312-x86_64-linux-gnu.so", "int f(void){return 1;}\n")
     assert scan_files([so, so312], wheel_tags=["cp38-abi3-manylinux_2_28_x86_64"]).python_abi == "abi3"
     assert scan_files([so, so312]).python_abi == "cp39.cp312"
+
+
+def test_snapshot_to_an_unwritable_path_is_bad_input_not_a_traceback(tmp_path, make_site_packages):
+    sp = make_site_packages(tmp_path / "sp", ["purepkg==1.0.0"])
+    out = tmp_path / "no-such-dir-parent-is-a-file"
+    out.write_text("x")
+    res = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12",
+                                    "--glibc", "2.35", "-o", str(out / "base.json")])
+    assert res.exit_code == 2, res.output
+    assert "cannot write the manifest" in res.output and str(out / "base.json") in res.output
+    assert out.read_text() == "x"

@@ -430,3 +430,33 @@ def test_json_on_every_failure_is_a_document_on_stdout(offline, tmp_path):
     assert "numpy==1.26.4 is pinned by the base" in json.loads(
         CliRunner().invoke(main, offline("--with", "numpy2user", "-o", str(out), "--json")).stdout)["details"]
     assert not out.exists()
+
+
+def test_output_that_is_a_directory_or_unwritable_is_bad_input(offline, tmp_path):
+    """-o naming a directory or an unwritable place: exit 2 with the path, not a traceback (exit 1
+    would read as a verdict)."""
+    d = tmp_path / "locks"
+    d.mkdir()
+    code, text = run(*offline("--with", "stableabi", "-o", str(d)))
+    assert code == 2 and f"lock path {d} is a directory" in text
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    res = CliRunner().invoke(main, offline("--with", "stableabi", "-o", str(blocker / "r.lock")))
+    assert res.exit_code == 2, res.output
+    assert f"cannot write the lock {blocker / 'r.lock'}" in res.output and blocker.read_text() == "x"
+
+
+def test_a_with_flag_replaces_the_specs_requirement_on_the_same_package(np1_base, wheelhouse, tmp_path):
+    """Flags win: `--with 'numpy<2'` overrides the spec's `with = ["numpy>=2"]` instead of
+    being refused as a conflict; requirements on other packages are kept."""
+    from builder.spec import parse_spec
+
+    s = parse_spec('with = ["numpy2user", "NumPy>=2"]\n', "s.toml").with_flags(with_=["numpy<2"])
+    assert s.with_ == ["numpy2user", "numpy<2"]
+    spec = tmp_path / "build-image.toml"
+    spec.write_text(f'base = "{np1_base}"\nwith = ["purepkg", "numpy>=2"]\n')
+    out = tmp_path / "r.lock"
+    code, text = run("lock", "--spec", str(spec), "--no-default-overlay", "--no-index", "--find-links",
+                     str(wheelhouse), "--with", "numpy<2", "-o", str(out))
+    assert code == 0, text
+    assert load_lock(out).overlay == ["purepkg", "numpy<2"]

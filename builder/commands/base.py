@@ -78,7 +78,10 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
             manifest = base.snapshot_site_packages(
                 site_packages, python=python, glibc=glibc, cuda=cuda, platform=platform, image_ref=image_ref,
                 os_name=os_name, site_packages_label=as_path, method=method, progress=on_dist)
-    manifest.save(output)
+    try:
+        manifest.save(output)
+    except OSError as exc:  # atomic: a manifest already there is untouched
+        raise BadInput(f"cannot write the manifest {output}: {exc.strerror or exc}.") from None
 
     dists = manifest.distributions.values()
     summary = {

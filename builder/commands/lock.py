@@ -134,6 +134,8 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
         exclude_newer=exclude_newer,
     )
     lock_path = spec.lock_path
+    if lock_path.is_dir():
+        raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
     uv = L.Uv()
 
     if check or (not upgrade and lock_path.exists()):
@@ -187,7 +189,10 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
         )
         exc.json_emitted = as_json
         raise exc
-    result.lock.save(lock_path)
+    try:
+        result.lock.save(lock_path)
+    except OSError as exc:  # the lock on disk (if any) is untouched: the write is atomic
+        raise BadInput(f"cannot write the lock {lock_path}: {exc.strerror or exc}.") from None
     notices = format_notices(gate)
     if notices and not as_json:
         click.echo("notices:\n" + notices, err=True)

@@ -184,7 +184,7 @@ class DockerEngine:
         if rc != 0:
             self._raise_unreachable(log)
             raise RegistryError(
-                f"pushing {ref} failed (exit {rc}): {log.strip().splitlines()[-1] if log.strip() else 'no output'}",
+                f"pushing {ref} failed (exit {rc}): {redact(log.strip().splitlines()[-1]) if log.strip() else 'no output'}",
                 hint="is the registry running and reachable, and does the engine's credential store hold a login for it?",
             )
         m = re.search(r"digest: (sha256:[0-9a-f]{64})", log)

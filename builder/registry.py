@@ -6,9 +6,10 @@ one the engine pushed? -> RegistryError otherwise).
 
 Plain HTTP for loopback registries (``127.0.0.1``, ``localhost``, ``[::1]``), HTTPS
 for everything else.  Credentials are only read, on a 401 challenge, from the
-engine's own store (``$DOCKER_CONFIG/config.json`` ``auths`` entry, base64
-``user:password``); they are sent in an Authorization header and never logged,
-printed or written anywhere.
+engine's own store (``$DOCKER_CONFIG/config.json``: its ``auths`` entry, base64
+``user:password``, or the ``credHelpers``/``credsStore`` helper ``docker login``
+used); they are sent in an Authorization header and never logged, printed or
+written anywhere.
 """
 
 from __future__ import annotations
@@ -85,9 +86,37 @@ def _docker_config_auth(registry: str) -> str | None:
         return None
     for key, entry in (doc.get("auths") or {}).items():
         host = re.sub(r"^https?://", "", key).split("/")[0]
-        if host == registry and isinstance(entry, dict) and entry.get("auth"):
+        if host in (registry, _HUB_AUTH_HOSTS.get(registry)) and isinstance(entry, dict) and entry.get("auth"):
             return entry["auth"]
+    # `docker login` with a credential helper (credHelpers per registry, else credsStore) keeps
+    # only an empty `auths` entry; the secret is in the helper, asked the way the engine asks it.
+    helper = (doc.get("credHelpers") or {}).get(registry) or doc.get("credsStore")
+    if isinstance(helper, str) and re.fullmatch(r"[A-Za-z0-9._-]+", helper):
+        return _helper_auth(helper, "https://index.docker.io/v1/" if registry == "docker.io" else registry)
     return None
+
+
+_HUB_AUTH_HOSTS = {"docker.io": "index.docker.io"}
+
+
+def _helper_auth(helper: str, server: str) -> str | None:
+    """base64 ``user:secret`` from ``docker-credential-<helper> get``; None when it has nothing."""
+    import base64
+    import shutil
+    import subprocess
+
+    exe = shutil.which(f"docker-credential-{helper}")
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run([exe, "get"], input=server, capture_output=True, text=True, timeout=30)
+        doc = json.loads(proc.stdout) if proc.returncode == 0 else {}
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None  # never echo the helper's output: it may hold the secret
+    user, secret = doc.get("Username"), doc.get("Secret")
+    if not (isinstance(user, str) and isinstance(secret, str) and secret) or user == "<token>":
+        return None  # identity tokens (OAuth refresh) are not basic credentials
+    return base64.b64encode(f"{user}:{secret}".encode()).decode()
 
 
 class RegistryClient:

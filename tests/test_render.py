@@ -385,3 +385,94 @@ def test_stale_bytecode_of_patched_modules_only_is_removed(tmp_path):
     assert sorted(p.name for p in other.iterdir()) == ["llm_engine.cpython-312.pyc"]
     # a second run (nothing left to delete) still succeeds
     subprocess.run(["sh", "-c", "set -eu; " + rm], cwd=tmp_path, check=True)
+
+
+# ------------------------------------------------------------------ push logic (fake engine + registry)
+class _FakeEngine:
+    def __init__(self, image_id, pushed_digest):
+        self.image_id, self.pushed_digest, self.pushes = image_id, pushed_digest, []
+
+    def ping(self):
+        return "fake"
+
+    def inspect(self, ref):
+        from builder.engine import ImageInfo
+
+        return ImageInfo(id=self.image_id, size=1)
+
+    def push(self, ref, on_line=None):
+        from builder.engine import PushResult
+
+        self.pushes.append(ref)
+        return PushResult(ref=ref, digest=self.pushed_digest)
+
+
+class _FakeRegistry:
+    def __init__(self, before, after):
+        self.before, self.after, self.calls = before, after, 0
+
+    def ping(self):
+        pass
+
+    def manifest(self, repository, reference):
+        self.calls += 1
+        return self.before if self.calls == 1 else self.after
+
+
+def _push_with(monkeypatch, engine, registry, **kw):
+    import builder.registry as R
+    from builder.commands.push import push_tags
+
+    monkeypatch.setattr(R, "client_for", lambda t: (registry, R.parse_ref(t)))
+    return push_tags(["127.0.0.1:5000/s/v:t1"], engine=engine, **kw)
+
+
+IMG = "sha256:" + "1" * 64
+MAN = "sha256:" + "2" * 64
+
+
+def test_push_tag_on_a_manifest_list_is_a_conflict(monkeypatch):
+    """An index has no single config: it is not "nothing there", so it is not silently overwritten."""
+    from builder.errors import TagConflict
+
+    index = (MAN, {"mediaType": "application/vnd.oci.image.index.v1+json", "manifests": []})
+    eng = _FakeEngine(IMG, MAN)
+    with pytest.raises(TagConflict, match="index"):
+        _push_with(monkeypatch, eng, _FakeRegistry(index, None))
+    assert eng.pushes == []
+
+
+def test_push_verifies_the_registry_serves_the_local_image(monkeypatch):
+    """The registry's manifest digest equals what the engine reported, but its config is another image."""
+    from builder.errors import RegistryError
+
+    other = (MAN, {"config": {"digest": "sha256:" + "3" * 64}})
+    with pytest.raises(RegistryError, match="local image"):
+        _push_with(monkeypatch, _FakeEngine(IMG, MAN), _FakeRegistry(None, other))
+    same = (MAN, {"config": {"digest": IMG}})
+    doc = _push_with(monkeypatch, _FakeEngine(IMG, MAN), _FakeRegistry(None, same))
+    assert doc["digest"] == MAN and doc["pinned"] == f"127.0.0.1:5000/s/v@{MAN}"
+
+
+def test_registry_credentials_from_a_credential_helper(tmp_path, monkeypatch):
+    """`docker login` with credsStore/credHelpers leaves `auths` empty: the helper is asked, per registry."""
+    import base64
+
+    from builder.registry import _docker_config_auth
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    helper = bindir / "docker-credential-fake"
+    helper.write_text('#!/bin/sh\n[ "$1" = get ] || exit 1\nread server\n'
+                      'case "$server" in 127.0.0.1:5000) echo \'{"ServerURL":"x","Username":"u","Secret":"s3cret"}\';; '
+                      '*) echo "credentials not found in native keychain"; exit 1;; esac\n')
+    helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"auths": {"127.0.0.1:5000": {}}, "credsStore": "fake"}))
+    assert base64.b64decode(_docker_config_auth("127.0.0.1:5000")).decode() == "u:s3cret"
+    assert _docker_config_auth("127.0.0.1:5001") is None  # the helper has nothing: no auth, no error
+    (tmp_path / "config.json").write_text(json.dumps({"credHelpers": {"127.0.0.1:5000": "fake"}}))
+    assert base64.b64decode(_docker_config_auth("127.0.0.1:5000")).decode() == "u:s3cret"
+    (tmp_path / "config.json").write_text(json.dumps({"credHelpers": {"127.0.0.1:5000": "../../bin/sh"}}))
+    assert _docker_config_auth("127.0.0.1:5000") is None  # a helper name is a name, never a path

@@ -44,9 +44,13 @@ def push_tags(tags: list[str], *, force: bool = False, engine=None, console=None
     # conflict check before anything is pushed
     conflicts = []
     for t, (client, ref) in clients.items():
-        cfg = client.config_digest(ref.repository, ref.tag or "latest")
-        if cfg is not None and cfg != image_id:
-            conflicts.append(f"{t} -> image {cfg[:19]}… (local {image_id[:19]}…)")
+        got = client.manifest(ref.repository, ref.tag or "latest")
+        if got is None:
+            continue
+        cfg = _config_of(got[1])
+        if cfg != image_id:  # a manifest list / index (no single config) is a different image too
+            what = f"image {cfg[:19]}…" if cfg else f"{got[1].get('mediaType') or 'a manifest without a config'} {got[0][:19]}…"
+            conflicts.append(f"{t} -> {what} (local {image_id[:19]}…)")
     if conflicts and not force:
         raise TagConflict(
             "tag(s) already point at a different image in the registry: " + "; ".join(conflicts) + ". Nothing was pushed.",
@@ -57,10 +61,12 @@ def push_tags(tags: list[str], *, force: bool = False, engine=None, console=None
         if console is not None:
             console.print(f"push: {t}", markup=False, highlight=False)
         res = engine.push(t)
-        remote = client.manifest_digest(ref.repository, ref.tag or "latest")
-        if remote != res.digest:
+        got = client.manifest(ref.repository, ref.tag or "latest")
+        remote, cfg = (got[0], _config_of(got[1])) if got else (None, None)
+        if remote != res.digest or cfg != image_id:
             raise RegistryError(
-                f"after pushing {t} the registry serves manifest {remote or 'nothing'}, but the engine pushed {res.digest}.",
+                f"after pushing {t} the registry serves manifest {remote or 'nothing'} (image {cfg or 'none'}), "
+                f"but the engine pushed {res.digest} of the local image {image_id}.",
                 details="pushed so far: " + (", ".join(p["ref"] for p in pushed) or "none"),
             )
         pushed.append({"ref": t, "digest": res.digest, "pinned": f"{ref.registry}/{ref.repository}@{res.digest}"})
@@ -72,6 +78,12 @@ def push_tags(tags: list[str], *, force: bool = False, engine=None, console=None
         "pushed": pushed,
         "moved_tags": [c.split(" ->")[0] for c in conflicts],
     }
+
+
+def _config_of(manifest: dict) -> str | None:
+    """The image config digest (= the engine's image ID) of a single-image manifest; None for an index."""
+    cfg = (manifest.get("config") or {}).get("digest")
+    return cfg if isinstance(cfg, str) else None
 
 
 @click.command("push")

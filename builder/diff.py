@@ -585,7 +585,8 @@ def _classify(
             else:
                 ev.append(f"newer than {shipped} ({b.base_version})")
             if mag == "major":
-                ev.append("across a major version")
+                ev.append("a 0.x minor bump (breaking under semver)" if _major0(b.base_version, b.version)
+                          else "across a major version")
             if BINARY_MOVE in rules:
                 ev.append("binary: passed the gate's binary checks")
         ev += [fd.message for fd in notices if fd.rule not in ("newer-than-base", "older-than-base", "binary-move")]
@@ -612,6 +613,11 @@ def _classify(
     if b_bin and a is not None and not _facts_eq(a.facts, b.facts):
         c.evidence.append(f"{_facts_text(a.facts)} → {_facts_text(b.facts)}")
     return c
+
+
+def _major0(a: str, b: str) -> bool:
+    """Both versions 0.y.z: a "major" bump between them is a 0.x minor bump."""
+    return a.split(".")[0].lstrip("v") == "0" and b.split(".")[0].lstrip("v") == "0"
 
 
 # ---------------------------------------------------------------- rendering
@@ -705,10 +711,10 @@ def to_document(d: LockDiff):
         else:
             cols = ["package", "change", "via"]
             rows = [[c.name, c.versions, _via(c)] for c in rows_c]
-        sections.append(Section(title=f"{gid} {gtitle}", columns=cols, rows=rows,
+        sections.append(Section(title=f"{gid}. {gtitle}", columns=cols, rows=rows,
                                 style=_GROUP_STYLE[gid], folded=gid >= 4))
     if d.noise.count:
-        sections.append(Section(title=f"7 {NOISE_TITLE}", line=d.noise.line(), style="dim", count=d.noise.count))
+        sections.append(Section(title=f"7. {NOISE_TITLE}", line=d.noise.line(), style="dim", count=d.noise.count))
     return Document(title=title, status=status, summary=summary_line(d), top=top, sections=sections,
                     notes=list(d.notes))
 

@@ -567,3 +567,15 @@ def test_new_evidence_on_an_unchanged_entry_is_reported():
     # same lock on both sides: the allowed numpy finding is not news
     same = diff_locks(allowed, copy.deepcopy(allowed), old_base=base, new_base=base)
     assert same.group(1) == []
+
+
+def test_group_titles_keep_number_and_count_apart_and_0x_bumps_are_not_called_major():
+    """'2 base-image moves (2)' read as two numbers for one thing: the group number is
+    '2.'; tokenizers 0.22 -> 0.23 is a 0.x minor bump, not 'across a major version'."""
+    r = run(str(REAL / "default.lock"), str(REAL / "transformers-5.16.0.lock"))
+    assert r.exit_code == 0, r.output
+    assert "\n2. base-image moves (2)\n" in r.stdout and "\n7. noise: " in r.stdout
+    tok = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("tokenizers"))
+    assert "a 0.x minor bump" in tok and "across a major version" not in tok
+    md = run(str(REAL / "default.lock"), str(REAL / "transformers-5.16.0.lock"), "--format", "markdown").stdout
+    assert "**⚠️ 2. base-image moves (2)**" in md

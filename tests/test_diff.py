@@ -449,6 +449,13 @@ def test_example_workflow_uses_real_commands():
     wf = yaml.safe_load((ROOT / "examples" / "github-actions-lock-diff.yml").read_text())
     runs = " ".join(s.get("run", "") for s in wf["jobs"]["lock-diff"]["steps"])
     assert "build-image lock --check" in runs
+    # a stale lock must not stop the comment from being posted: the check step continues,
+    # and a later step fails the job on its outcome
+    steps = wf["jobs"]["lock-diff"]["steps"]
+    check = next(s for s in steps if "build-image lock --check" in s.get("run", ""))
+    assert check.get("continue-on-error") is True and check.get("id")
+    assert any(f"steps.{check['id']}.outcome == 'failure'" in str(s.get("if", "")) and "exit 1" in s.get("run", "")
+               for s in steps[steps.index(check):])
     assert 'build-image diff --git "origin/${{ github.base_ref }}...HEAD" --format markdown' in runs
     # every flag the workflow passes to diff exists
     help_text = CliRunner().invoke(main, ["diff", "--help"]).output

@@ -370,9 +370,12 @@ def scan_site_packages(
 # --------------------------------------------------------------------------- snapshot
 
 
+_XY_EXAMPLE = {"--python": "3.12", "--glibc": "2.35", "--cuda": "13.0"}
+
+
 def _check_xy(value: str, flag: str) -> str:
     if not re.fullmatch(r"\d+\.\d+", value or ""):
-        raise BadInput(f"{flag} must look like X.Y (e.g. 3.12), got {value!r}.")
+        raise BadInput(f"{flag} must look like X.Y (e.g. {_XY_EXAMPLE.get(flag, '3.12')}), got {value!r}.")
     return value
 
 

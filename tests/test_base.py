@@ -170,6 +170,8 @@ def test_snapshot_site_packages_writes_a_reconstructed_manifest(tmp_path, make_s
     (["--image", "x:1", "--site-packages", "."], "exactly one of"),
     (["--site-packages", "."], "--glibc X.Y is required"),
     (["--site-packages", ".", "--glibc", "2.35", "--python", "3"], "--python must look like X.Y"),
+    (["--site-packages", ".", "--glibc", "2.35.1", "--python", "3.12"], "--glibc must look like X.Y (e.g. 2.35)"),
+    (["--site-packages", ".", "--glibc", "2.35", "--python", "3.12", "--cuda", "13"], "--cuda must look like X.Y (e.g. 13.0)"),
     (["--site-packages", "/nonexistent/dir", "--glibc", "2.35", "--python", "3.12"], "does not exist"),
     (["--image", "x:1", "--method", "m"], "only apply to --site-packages"),
 ])

@@ -403,3 +403,33 @@ def test_serve_app_llm_config_is_accepted_by_ray_serve_llm(ray_image, tmp_path):
                              "kv_cache_dtype": "fp8", "max_model_len": 4096, "max_num_seqs": 8}
     assert doc["deployment"] == {"num_replicas": 1}
     assert not doc["runtime_env"]
+
+
+def test_default_lock_is_the_one_whose_hash_the_image_carries(tmp_path, monkeypatch):
+    """Without --lock, ray-check compares with lockfiles/vllm-<v>/requirements.lock, but only when its
+    hash equals the image's lock-hash label (so a stale lock never produces false findings)."""
+    import shutil
+
+    from builder.commands.raycheck import image_lock
+    from builder.engine import ImageInfo
+    from builder.lockfile import load_lock
+    from builder.util import project_root
+
+    src = project_root() / "lockfiles" / "vllm-0.26.0" / "requirements.lock"
+    (tmp_path / "lockfiles" / "vllm-0.26.0").mkdir(parents=True)
+    shutil.copy(src, tmp_path / "lockfiles" / "vllm-0.26.0" / "requirements.lock")
+    monkeypatch.chdir(tmp_path)
+    h = load_lock(src).lock_hash
+
+    class Eng:
+        def __init__(self, labels):
+            self.labels = labels
+
+        def inspect(self, ref):
+            return ImageInfo(id="sha256:" + "0" * 64, size=0, labels=self.labels)
+
+    assert image_lock("img", Eng({"org.build-image.vllm": "0.26.0", "org.build-image.lock-hash": h})) \
+        == "lockfiles/vllm-0.26.0/requirements.lock"
+    assert image_lock("img", Eng({"org.build-image.vllm": "0.26.0", "org.build-image.lock-hash": "f" * 64})) is None
+    assert image_lock("img", Eng({})) is None
+    assert image_lock("img", Eng({"org.build-image.vllm": "9.9.9", "org.build-image.lock-hash": h})) is None

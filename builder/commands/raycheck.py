@@ -32,8 +32,16 @@ def command(image: str, workers: int, lock_path: str | None, worker_image: str |
     from .. import raycheck
     from ..lockfile import load_lock
 
-    lock = load_lock(lock_path) if lock_path else None
     err = Console(stderr=True)
+    if lock_path is None:
+        lock_path = image_lock(image)
+        if lock_path:
+            err.print(f"ray-check: comparing with {lock_path} (its hash is the image's org.build-image.lock-hash label)",
+                      highlight=False, markup=False)
+        else:
+            err.print("ray-check: no --lock and no lock file matching the image's lock-hash label: the nodes are "
+                      "compared with each other only, not with a lock", highlight=False, markup=False)
+    lock = load_lock(lock_path) if lock_path else None
     with err.status("ray-check: starting") as status:
         result = raycheck.run_check(
             image, workers=workers, lock=lock, lock_path=lock_path, timeout=timeout,
@@ -46,3 +54,29 @@ def command(image: str, workers: int, lock_path: str | None, worker_image: str |
     if not result.ok:
         subjects = list(dict.fromkeys(f.subject for f in result.findings))
         raise VerdictFailure(f"ray-check: the nodes disagree on {', '.join(subjects)} (details above).")
+
+
+def image_lock(image: str, engine=None) -> str | None:
+    """The default lock of ``image`` (``lockfiles/vllm-<label vllm>/requirements.lock``), only when its
+    hash equals the image's ``org.build-image.lock-hash`` label; else None."""
+    from ..errors import BuildImageError
+    from ..lockfile import load_lock
+    from ..spec import default_lock_path
+
+    try:
+        if engine is None:
+            from ..engine import get_engine
+
+            engine = get_engine()
+        info = engine.inspect(image)
+    except BuildImageError:
+        return None  # run_check reports the engine / image problem itself
+    labels = (info.labels if info else None) or {}
+    vllm, want = labels.get("org.build-image.vllm"), labels.get("org.build-image.lock-hash")
+    if not (vllm and want):
+        return None
+    path = default_lock_path(vllm)
+    try:
+        return str(path) if path.is_file() and load_lock(path).lock_hash == want else None
+    except BuildImageError:
+        return None

@@ -460,3 +460,13 @@ def test_a_with_flag_replaces_the_specs_requirement_on_the_same_package(np1_base
                      str(wheelhouse), "--with", "numpy<2", "-o", str(out))
     assert code == 0, text
     assert load_lock(out).overlay == ["purepkg", "numpy<2"]
+
+
+def test_an_allow_abi_change_that_allows_nothing_is_warned_about(offline, tmp_path):
+    out = tmp_path / "r.lock"
+    res = CliRunner().invoke(main, offline("--with", "stableabi", "--allow-abi-change", "torch", "--reason", "old",
+                                           "-o", str(out), "--json"))
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["unused_allow_abi_change"] == ["torch"]
+    assert "--allow-abi-change torch: no gate violation to allow" in res.stderr
+    assert load_lock(out).allow_abi_change == {"torch": "old"}  # still an input, still recorded

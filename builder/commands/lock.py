@@ -196,6 +196,12 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
     notices = format_notices(gate)
     if notices and not as_json:
         click.echo("notices:\n" + notices, err=True)
+    used = {canonical_name(f.name) for f in gate.allowed}
+    unused = sorted(k for k in result.lock.allow_abi_change if k not in used)
+    if unused:  # recorded anyway (it is an input); say so: a stale escape hatch would cover a future change
+        click.echo(f"warning: --allow-abi-change {', '.join(unused)}: no gate violation to allow in this lock; "
+                   "it is still recorded in the header and covers a later violation — drop it if it is stale.",
+                   err=True)
     summary = {
         "status": "written",
         "lock": str(lock_path),
@@ -206,6 +212,7 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
         "inputs_sha256": result.lock.header["inputs-sha256"],
         "lock_hash": result.lock.lock_hash,
         "gate": gate.to_dict(),
+        "unused_allow_abi_change": unused,
         "timings": {k: round(v, 3) for k, v in result.timings.items()},
         "seconds": round(time.monotonic() - t_start, 3),
     }

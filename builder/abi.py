@@ -518,6 +518,15 @@ def ways_out(fd: Finding) -> list[str]:
     elif len(fd.chain) > 1:
         outs.append(f"pin an older version of the package that pulls it ({fd.chain[1].split(' (')[0]})"
                     " with --with so it fits the base")
+    if fd.rule == NUMPY_ABI and canonical_name(fd.name) == "numpy" and _major(fd.new) not in (None, "0", "1"):
+        # numpy goes to 2.x: the distributions in the evidence (built against 1.x) can move to a
+        # release built against numpy 2 — naming them in --with releases their base pins
+        olds = [ev.split(":", 1)[0].split(" ") for ev in fd.evidence if ev.endswith("numpy 1.x")]
+        olds = [o for o in olds if len(o) == 2]
+        if olds:
+            names = ", ".join(n for n, _ in olds[:4]) + (", ..." if len(olds) > 4 else "")
+            reqs = " ".join(f"--with '{n}>{v}'" for n, v in olds[:4])
+            outs.append(f"move {names} to a release built against numpy 2 ({reqs}; the gate checks the new files)")
     outs.append(f"--allow-abi-change {fd.name} --reason TEXT (recorded in the lock header; you own the risk)")
     return outs
 

@@ -140,6 +140,8 @@ def test_numpy_major_move_rejected_with_binary_evidence_and_chain():
     text = abi.format_rejection(res)
     assert "pyarrow 14.0.2: 1 extension built against numpy 1.x" in text
     assert "--allow-abi-change numpy --reason" in text
+    # the binary evidence is also a way out: move pyarrow to a release built against numpy 2
+    assert "move pyarrow to a release built against numpy 2 (--with 'pyarrow>14.0.2';" in text
 
 
 def test_numpy_move_allowed_when_no_extension_of_other_generation():

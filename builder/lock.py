@@ -696,9 +696,20 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
     entries, chosen = build_entries(base, resolved, wheels, tags)
     t0 = time.monotonic()
     requires: dict[str, list[str]] = {}
-    binaries = [e for e in entries if not is_pure_wheel(chosen[e.key].filename)]
+    # An exact-coupled binary (torch, nvidia-*, ...) that is not allowed is rejected by name: its
+    # files cannot change the verdict, so it is not downloaded (torch and its CUDA wheels are GBs).
+    from .abi import is_exact_coupled
+
+    allowed = {canonical_name(k) for k in req.allow}
+    by_name_only = {e.key for e in entries if is_exact_coupled(e.name) and e.key not in allowed
+                    and not is_pure_wheel(chosen[e.key].filename)}
+    binaries = [e for e in entries if not is_pure_wheel(chosen[e.key].filename) and e.key not in by_name_only]
     for i, e in enumerate(entries):
         cand = chosen[e.key]
+        if e.key in by_name_only:
+            e.facts, requires[e.key] = pure_facts(cand.filename), []
+            e.facts.binary = True  # not scanned: unknown extension count / glibc
+            continue
         if not is_pure_wheel(cand.filename) and not _facts_cache_path(cand.sha256).exists():
             say(f"downloading + scanning binary wheel {cand.filename} ({binaries.index(e) + 1}/{len(binaries)})")
         e.facts, requires[e.key] = wheel_facts(cand)

@@ -470,3 +470,24 @@ def test_an_allow_abi_change_that_allows_nothing_is_warned_about(offline, tmp_pa
     assert json.loads(res.stdout)["unused_allow_abi_change"] == ["torch"]
     assert "--allow-abi-change torch: no gate violation to allow" in res.stderr
     assert load_lock(out).allow_abi_change == {"torch": "old"}  # still an input, still recorded
+
+
+def test_exact_coupled_binary_is_rejected_without_downloading_it(offline, tmp_path, monkeypatch):
+    """torch/nvidia-* moves are rejected by name: the gate must not fetch GBs of wheels first.
+    (stableabi stands in for torch here.)"""
+    from builder import abi
+
+    monkeypatch.setattr(abi, "_EXACT_NAMES", abi._EXACT_NAMES | {"stableabi"})
+    fetched = []
+    real = L.wheel_facts
+    monkeypatch.setattr(L, "wheel_facts", lambda cand: fetched.append(cand.filename) or real(cand))
+    out = tmp_path / "r.lock"
+    code, text = run(*offline("--with", "stableabi", "-o", str(out)))
+    assert code == 3, text
+    assert "[exact-coupled] stableabi 1.0.0" in text and not out.exists()
+    assert not any(f.startswith("stableabi-") for f in fetched)
+    # allowed: now its files matter (glibc, python ABI), so it is scanned and recorded
+    code, text = run(*offline("--with", "stableabi", "--allow-abi-change", "stableabi", "--reason", "test", "-o", str(out)))
+    assert code == 0, text
+    assert any(f.startswith("stableabi-") for f in fetched)
+    assert load_lock(out).by_name()["stableabi"].facts.extensions == 1

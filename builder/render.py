@@ -404,17 +404,37 @@ def verify_context(context: str | Path) -> LockFile:
             f"build context {ctx}: wheel(s) whose sha256 does not match requirements.lock: {'; '.join(bad[:5])}.",
             hint="the context was modified or corrupted; re-run `build-image render`.",
         )
+    locked = {e.wheel.filename for e in lock.entries if e.wheel is not None}
+    extra = sorted(p.name for p in (ctx / "wheels").iterdir() if p.name not in locked) if (ctx / "wheels").is_dir() else []
+    if extra:
+        raise IntegrityError(
+            f"build context {ctx}: wheels/ holds file(s) the lock does not list: {', '.join(extra[:5])}; "
+            "the wheelhouse is exactly the locked wheels.",
+            hint="the context was modified; re-run `build-image render`.",
+        )
     sums = ctx / "patches" / "patched.sha256"
+    files_dir = ctx / "patches" / "files"
+    listed: set[str] = set()
     if sums.is_file():
         for line in sums.read_text().splitlines():
             if not line.strip():
                 continue
             digest, _, rel = line.partition("  ")
+            listed.add(rel)
             f = ctx / "patches" / "files" / rel
             if not f.is_file():
                 raise BadInput(f"build context {ctx}: patched file patches/files/{rel} is missing.")
             if sha256_file(f) != digest:
                 raise IntegrityError(f"build context {ctx}: patches/files/{rel} does not match patches/patched.sha256.")
+    # the image copies all of patches/files/ over vllm, but sha256sum -c checks only the listed files
+    unlisted = sorted(str(p.relative_to(files_dir)) for p in files_dir.rglob("*")
+                      if not p.is_dir() and str(p.relative_to(files_dir)) not in listed) if files_dir.is_dir() else []
+    if unlisted:
+        raise IntegrityError(
+            f"build context {ctx}: patches/files/ holds file(s) patches/patched.sha256 does not list: "
+            f"{', '.join(unlisted[:5])}; they would be copied into the image unverified.",
+            hint="the context was modified; re-run `build-image render`.",
+        )
     return lock
 
 

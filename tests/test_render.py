@@ -257,6 +257,21 @@ def test_verify_context_missing_wheel_and_hash_mismatch(tmp_path):
         verify_context(out)
 
 
+def test_verify_context_refuses_files_nothing_verifies(tmp_path):
+    """The image copies all of patches/files/ over vllm and sha256sum -c checks only the listed files;
+    the wheelhouse is exactly the lock: an extra file in either is refused, not built in unverified."""
+    out, plan = _write(tmp_path)
+    verify_context(out)
+    evil = out / "patches" / "files" / "vllm" / "evil.py"
+    evil.write_text("import os\n")
+    with pytest.raises(IntegrityError, match=r"does not list: vllm/evil\.py"):
+        verify_context(out)
+    evil.unlink()
+    (out / "wheels" / "extra-1.0-py3-none-any.whl").write_bytes(b"x")
+    with pytest.raises(IntegrityError, match="extra-1.0-py3-none-any.whl"):
+        verify_context(out)
+
+
 def test_cli_build_reports_missing_wheel_with_exit_code(tmp_path):
     from click.testing import CliRunner
 

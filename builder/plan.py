@@ -46,6 +46,9 @@ GPU_PRESETS: dict[str, int] = {
     "h100": int(79.19 * GiB),
 }
 
+#: vLLM 0.26.0's default ``gpu_memory_utilization`` (``vllm/config/cache.py``: ``Field(default=0.92)``).
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+
 KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "half", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "float32")
 
 _DTYPE_BYTES = {
@@ -108,32 +111,35 @@ _UNITS = {
 }
 
 
-def parse_size(value: str | int | float, *, what: str, bare_unit: int | None = None) -> int:
+def parse_size(value: str | int | float, *, what: str, bare_unit: int | None = None, presets: bool = True) -> int:
     """``"80GiB"`` / ``"80GB"`` / ``"h200"`` / ``123`` -> bytes.
 
     GB is 10**9, GiB is 2**30.  A bare number is multiplied by ``bare_unit``;
-    with ``bare_unit=None`` a bare number is refused (ambiguous).
+    with ``bare_unit=None`` a bare number is refused (ambiguous).  ``presets``:
+    accept the GPU names of :data:`GPU_PRESETS` (a GPU's memory, not a checkpoint's size).
     """
+    examples = "80GiB, 80GB, 141e9B" + (f", {', '.join(sorted(GPU_PRESETS))}" if presets else "")
     if isinstance(value, bool):
         raise BadInput(f"{what}: expected a size, got {value!r}.")
     if isinstance(value, (int, float)):
         if bare_unit is None:
             raise BadInput(f"{what}: {value!r} has no unit; write e.g. '80GiB' or '80GB' (GB = 10^9, GiB = 2^30).")
+        if not math.isfinite(value) or value < 0:
+            raise BadInput(f"{what}: {value!r} is not a size.")
         return int(value * bare_unit)
     text = str(value).strip()
-    if text.lower() in GPU_PRESETS:
+    if presets and text.lower() in GPU_PRESETS:
         return GPU_PRESETS[text.lower()]
     m = _SIZE_RE.match(text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise BadInput(
-            f"{what}: cannot read {value!r} as a size (examples: 80GiB, 80GB, 141e9B, "
-            f"{', '.join(sorted(GPU_PRESETS))})."
-        )
+        raise BadInput(f"{what}: cannot read {value!r} as a size (examples: {examples}).")
     number, unit = float(m.group(1)), _UNITS[m.group(2).lower()]
     if unit is None:
         if bare_unit is None:
             raise BadInput(f"{what}: {value!r} has no unit; write e.g. '80GiB' or '80GB' (GB = 10^9, GiB = 2^30).")
         unit = bare_unit
+    if not math.isfinite(number * unit):   # "1e400GB"
+        raise BadInput(f"{what}: {value!r} is not a finite size.")
     return int(number * unit)
 
 
@@ -605,7 +611,7 @@ def make_plan(
     gpu_memory_bytes: int,
     tp: int = 1,
     pp: int = 1,
-    gpu_memory_utilization: float = 0.9,
+    gpu_memory_utilization: float = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
     max_model_len: int | None = None,
     max_num_seqs: int | None = None,
     kv_cache_dtype: str = "auto",
@@ -638,8 +644,9 @@ def make_plan(
         raise BadInput(f"--gpu-memory must be a positive size, got {gpu_memory_bytes!r}.")
     if isinstance(weights_bytes, bool) or not isinstance(weights_bytes, int) or weights_bytes < 0:
         raise BadInput(f"--weights-bytes must be a non-negative integer, got {weights_bytes!r}.")
-    if cpu_offload_gb is None or cpu_offload_gb < 0:
-        raise BadInput(f"--cpu-offload-gb must be >= 0, got {cpu_offload_gb!r}.")
+    if (cpu_offload_gb is None or isinstance(cpu_offload_gb, bool) or not isinstance(cpu_offload_gb, (int, float))
+            or not math.isfinite(cpu_offload_gb) or cpu_offload_gb < 0):
+        raise BadInput(f"--cpu-offload-gb must be a finite number >= 0, got {cpu_offload_gb!r}.")
     if reserve_bytes is not None and reserve_bytes < 0:
         raise BadInput(f"--reserve-gib must be >= 0, got {reserve_bytes / GiB!r}.")
     if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1):
@@ -955,7 +962,7 @@ def plan_from_model_dir(path: str | Path, serving: Any, *, weights_bytes: int | 
             )
     if not serving.gpu_memory:
         raise BadInput("no GPU memory size: pass --gpu-memory (e.g. 80GiB, 80GB, h200) or set serving.gpu_memory.")
-    gpu_bytes = parse_size(serving.gpu_memory, what="gpu_memory")
+    gpu_bytes = parse_size(serving.gpu_memory, what="--gpu-memory (serving.gpu_memory)")
     return make_plan(
         config,
         weights_bytes=int(weights_bytes),

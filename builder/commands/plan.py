@@ -6,6 +6,7 @@ Exit 0: fits.  Exit 1: does not fit (the plan is printed first).  Exit 2: bad in
 from __future__ import annotations
 
 import json
+import math
 
 import click
 
@@ -42,10 +43,10 @@ def command(model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu_memor
     serving = spec.serving
     if not serving.model:
         raise BadInput("no model: pass --model DIR_OR_CONFIG_JSON or set serving.model in the spec.")
-    wb = None if weights_bytes is None else parse_size(weights_bytes, what="--weights-bytes", bare_unit=1)
+    wb = None if weights_bytes is None else parse_size(weights_bytes, what="--weights-bytes", bare_unit=1, presets=False)
+    if reserve_gib is not None and not (math.isfinite(reserve_gib) and reserve_gib >= 0):
+        raise BadInput(f"--reserve-gib must be a finite number >= 0, got {reserve_gib}.")
     reserve = None if reserve_gib is None else int(reserve_gib * GiB)
-    if reserve is not None and reserve < 0:
-        raise BadInput(f"--reserve-gib must be >= 0, got {reserve_gib}.")
     if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
         raise BadInput(f"--max-num-batched-tokens must be >= 1, got {max_num_batched_tokens}.")
     plan = plan_from_model_dir(

@@ -63,10 +63,12 @@ class SmokeConfig:
     model: str                          # host path of the checkpoint directory
     image: str | None = None            # docker mode when set, else local mode
     tp: int = 1
+    pp: int = 1
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
     kv_cache_dtype: str | None = None
+    cpu_offload_gb: float | None = None  # vLLM --cpu-offload-gb (GiB per GPU)
     concurrency: int = 16
     rounds: int = 3
     max_tokens: int = 64
@@ -97,6 +99,7 @@ class SmokeConfig:
             raise BadInput(f"{where}: --model {self.model}: not a directory")
         for name, value, lo in (
             ("--tp", self.tp, 1),
+            ("--pp", self.pp, 1),
             ("--concurrency", self.concurrency, 1),
             ("--rounds", self.rounds, 1),
             ("--max-tokens", self.max_tokens, 1),
@@ -112,8 +115,12 @@ class SmokeConfig:
             raise BadInput(
                 f"{where}: --gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
-        if self.timeout <= 0 or self.boot_timeout <= 0:
-            raise BadInput(f"{where}: --timeout and --boot-timeout must be positive")
+        for name, value in (("--timeout", self.timeout), ("--boot-timeout", self.boot_timeout)):
+            # nan/inf would make the deadlines never expire: the probe must stay bounded
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise BadInput(f"{where}: {name} must be a positive number of seconds, got {value!r}")
+        if self.cpu_offload_gb is not None and not (math.isfinite(self.cpu_offload_gb) and self.cpu_offload_gb >= 0):
+            raise BadInput(f"{where}: --cpu-offload-gb must be a finite number >= 0, got {self.cpu_offload_gb!r}")
         if self.max_model_len is not None and self.prompt_tokens + self.max_tokens > self.max_model_len:
             raise BadInput(
                 f"{where}: --prompt-tokens ({self.prompt_tokens}) + --max-tokens ({self.max_tokens}) "
@@ -137,6 +144,8 @@ def config_from_serving(serving: Any, *, model: str, image: str | None = None, *
         model=model,
         image=image,
         tp=getattr(serving, "tp", 1) or 1,
+        pp=getattr(serving, "pp", 1) or 1,
+        cpu_offload_gb=getattr(serving, "cpu_offload_gb", None) or None,
         max_model_len=getattr(serving, "max_model_len", None),
         gpu_memory_utilization=getattr(serving, "gpu_memory_utilization", None),
         max_num_seqs=getattr(serving, "max_num_seqs", None),
@@ -430,15 +439,13 @@ def decide(
 ) -> tuple[str, list[str]]:
     """The verdict: PASS only if every request of every round succeeded, the
     server is still the same running process, and its log holds no OOM."""
+    # Root causes first (the CLI's one-line message is failures[0]); "only N of M
+    # rounds ran" is a consequence and goes last.
     failures: list[str] = []
     if boot_error:
         failures.append(boot_error)
-    for r in rounds:
-        if r.failed:
-            first = r.errors[0] if r.errors else "unknown error"
-            failures.append(f"round {r.round}: {r.failed}/{r.requests} requests failed (first: {first})")
-    if not boot_error and len(rounds) < expected_rounds:
-        failures.append(f"only {len(rounds)} of {expected_rounds} rounds ran")
+    if facts.oom_lines:
+        failures.append(f"out-of-memory in server log: {facts.oom_lines[0][:300]}")
     if server_exited:
         failures.append(f"server process exited (code {server_exit_code})")
         root = first_error_line(facts)
@@ -446,9 +453,13 @@ def decide(
             failures.append(f"server log: {root[:300]}")
     if facts.server_starts > 1:
         failures.append(f"server restarted ({facts.server_starts} starts in its log)")
-    if facts.oom_lines:
-        failures.append(f"out-of-memory in server log: {facts.oom_lines[0][:300]}")
     failures.extend(extra_failures or [])
+    for r in rounds:
+        if r.failed:
+            first = r.errors[0] if r.errors else "unknown error"
+            failures.append(f"round {r.round}: {r.failed}/{r.requests} requests failed (first: {first})")
+    if not boot_error and len(rounds) < expected_rounds:
+        failures.append(f"only {len(rounds)} of {expected_rounds} rounds ran")
     return (FAIL if failures else PASS), failures
 
 
@@ -523,9 +534,22 @@ def serve_flags(cfg: SmokeConfig, model_arg: str, port: int, host: str) -> list[
         flags += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     if cfg.max_num_seqs is not None:
         flags += ["--max-num-seqs", str(cfg.max_num_seqs)]
+    if cfg.pp > 1:
+        flags += ["--pipeline-parallel-size", str(cfg.pp)]
+    if cfg.cpu_offload_gb:
+        flags += ["--cpu-offload-gb", f"{cfg.cpu_offload_gb:g}"]
     if cfg.kv_cache_dtype:
-        flags += ["--kv-cache-dtype", cfg.kv_cache_dtype]
+        flags += ["--kv-cache-dtype", vllm_kv_cache_dtype(cfg.kv_cache_dtype)]
     return flags + list(cfg.extra_args)
+
+
+# The planner (and the spec) accept short names; vLLM 0.26.0's --kv-cache-dtype
+# (vllm/config/cache.py CacheDType) only knows "bfloat16" / "float16".
+_VLLM_KV_DTYPE = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def vllm_kv_cache_dtype(name: str) -> str:
+    return _VLLM_KV_DTYPE.get(name, name)
 
 
 def build_local_command(cfg: SmokeConfig, port: int, vllm_bin: list[str]) -> list[str]:
@@ -730,18 +754,19 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, grace: float = 15.0) -> int | None:
-        """SIGTERM the process group, then SIGKILL after ``grace`` seconds."""
+    def stop(self, grace: float = 15.0, hurry: threading.Event | None = None) -> int | None:
+        """SIGTERM the process group, then SIGKILL after ``grace`` seconds (at
+        once when ``hurry`` is set, e.g. by a second Ctrl-C)."""
         if self.proc is None:
             return None
         pgid = self.proc.pid  # start_new_session: the pid is the group id
         try:
             if self.proc.poll() is None:
                 _killpg(pgid, signal.SIGTERM)
-                try:
-                    self.proc.wait(timeout=grace)
-                except subprocess.TimeoutExpired:
-                    pass
+                until = time.monotonic() + grace
+                while (self.proc.poll() is None and time.monotonic() < until
+                       and not (hurry is not None and hurry.is_set())):
+                    time.sleep(0.05)
             # children (engine core, workers) may outlive the leader: kill the group
             _killpg(pgid, signal.SIGKILL)
             try:
@@ -760,6 +785,26 @@ class ServerProcess:
             if self._log_fh:
                 self._log_fh.close()
         return self.proc.returncode
+
+
+def _defer_signals(hurry: threading.Event) -> Callable[[], None]:
+    """While the server is being stopped, SIGINT/SIGTERM set ``hurry`` instead of
+    raising (main thread only; elsewhere signals cannot be handled anyway).
+    Returns the function that puts the previous handlers back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    saved = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            saved[sig] = signal.signal(sig, lambda signum, frame: hurry.set())
+        except (ValueError, OSError):
+            pass
+
+    def restore() -> None:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+    return restore
 
 
 def _group_alive(pgid: int) -> bool:
@@ -896,10 +941,14 @@ def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, A
         plan = planmod.make_plan(
             config,
             weights_bytes=int(weights),
-            gpus=cfg.gpus or cfg.tp,
+            gpus=cfg.gpus or cfg.tp * cfg.pp,
             gpu_memory_bytes=int(gpu_mem),
             tp=cfg.tp,
-            gpu_memory_utilization=cfg.gpu_memory_utilization if cfg.gpu_memory_utilization is not None else 0.9,
+            pp=cfg.pp,
+            cpu_offload_gb=cfg.cpu_offload_gb or 0,
+            # unset: vLLM's own default, which is what `vllm serve` will use
+            gpu_memory_utilization=(cfg.gpu_memory_utilization if cfg.gpu_memory_utilization is not None
+                                    else planmod.VLLM_DEFAULT_GPU_MEMORY_UTILIZATION),
             max_model_len=cfg.max_model_len,
             max_num_seqs=cfg.max_num_seqs,
             kv_cache_dtype=cfg.kv_cache_dtype or "auto",
@@ -918,6 +967,7 @@ def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, A
         f"{'fits' if fits else 'DOES NOT FIT'}: predicted KV cache {plan.kv_tokens_per_gpu:,} tokens per GPU, "
         f"max concurrency {plan.max_concurrency:.2f}x at max_model_len {plan.max_model_len:,}"
         + ("" if fits else " — " + "; ".join(getattr(plan, "reasons", []) or []))
+        + ("" if fits or not plan.suggestions else "; try: " + "; ".join(x["text"] for x in plan.suggestions))
     )
     return d
 
@@ -936,8 +986,9 @@ def run_smoke(
     *,
     progress: Callable[[str], None] | None = None,
 ) -> SmokeReport:
-    """Boot, probe, stop; return the report (never raises for a FAIL verdict;
-    raises BadInput for bad input, including a configuration the plan refuses)."""
+    """Boot, probe, stop; return the report.  Never raises for a FAIL verdict: a
+    configuration the plan refuses is a FAIL report with ``refused_by_plan``
+    (nothing booted).  Raises BadInput for bad input (flags, config.json)."""
     say = progress or (lambda msg: None)
     cfg.validate()
     if cfg.image and cfg.server_cmd:
@@ -982,7 +1033,7 @@ def run_smoke(
         argv = build_local_command(cfg, port, shlex.split(cfg.vllm_bin) if cfg.vllm_bin else find_vllm())
 
     settings = {
-        "tp": cfg.tp, "max_model_len": cfg.max_model_len, "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "tp": cfg.tp, "pp": cfg.pp, "cpu_offload_gb": cfg.cpu_offload_gb, "max_model_len": cfg.max_model_len, "gpu_memory_utilization": cfg.gpu_memory_utilization,
         "max_num_seqs": cfg.max_num_seqs, "kv_cache_dtype": cfg.kv_cache_dtype, "concurrency": cfg.concurrency,
         "rounds": cfg.rounds, "prompt_tokens": cfg.prompt_tokens, "max_tokens": cfg.max_tokens,
         "timeout_s": cfg.timeout, "boot_timeout_s": cfg.boot_timeout, "extra_args": list(cfg.extra_args),
@@ -1085,8 +1136,8 @@ def run_smoke(
                 rounds.append(rr)
                 sample_gpu()
                 say(
-                    f"round {n}: {rr.ok}/{rr.requests} ok, p50 {rr.latency_p50_s}s p95 {rr.latency_p95_s}s, "
-                    f"{rr.output_tokens_per_s} tok/s"
+                    f"round {n}: {rr.ok}/{rr.requests} ok, p50 {_fmt(rr.latency_p50_s, 's')} "
+                    f"p95 {_fmt(rr.latency_p95_s, 's')}, {_fmt(rr.output_tokens_per_s, ' tok/s')}"
                 )
                 if rr.failed or not server.alive():
                     break
@@ -1104,19 +1155,29 @@ def run_smoke(
         interrupted = True
         extra_failures.append("interrupted (Ctrl-C / SIGTERM); server stopped")
     finally:
-        lost = any(("Connection" in e or "Disconnected" in e) for r in rounds for e in r.errors)
-        if server.alive() and (boot_error or lost):
-            # a dying server resets its connections a moment before it can be reaped
-            try:
-                server.proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                pass
-        exited = not server.alive() and server.proc is not None
-        exit_code = server.poll() if exited else None
-        say("stopping server")
-        server.stop(grace=cfg.stop_grace)
-        if old_term is not None:
-            signal.signal(signal.SIGTERM, old_term)
+        # A second Ctrl-C / SIGTERM while stopping must not abandon the server:
+        # it only cuts the SIGTERM grace period short (SIGKILL at once).
+        hurry = threading.Event()
+        restore_signals = _defer_signals(hurry)
+        try:
+            lost = any(("Connection" in e or "Disconnected" in e) for r in rounds for e in r.errors)
+            if server.alive() and (boot_error or lost):
+                # a dying server resets its connections a moment before it can be reaped
+                try:
+                    server.proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    pass
+            exited = not server.alive() and server.proc is not None
+            exit_code = server.poll() if exited else None
+            say("stopping server")
+            server.stop(grace=cfg.stop_grace, hurry=hurry)
+        finally:
+            restore_signals()
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
+        if hurry.is_set() and not interrupted:
+            interrupted = True
+            extra_failures.append("interrupted (Ctrl-C / SIGTERM) while stopping the server; server stopped")
 
     text = read_log(log_path)
     facts = parse_server_log(text)

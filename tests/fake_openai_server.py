@@ -200,6 +200,9 @@ def main(argv=None) -> int:
         if a.no_kv_lines and "KV cache" in line or a.no_kv_lines and "concurrency" in line:
             continue
         log(line)
+    # the listen backlog must hold a whole round (the default of 5 resets connections
+    # beyond it, so the probe's default --concurrency 16 failed against this server)
+    ThreadingHTTPServer.request_queue_size = 256
     srv = ThreadingHTTPServer((a.host, a.port), make_handler(State(a)))
     srv.daemon_threads = True
     srv.serve_forever()

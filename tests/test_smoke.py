@@ -519,3 +519,122 @@ def test_checkpoint_generators_write_the_ple_variants(tmp_path):
         assert sum(f.get_tensor(k).shape[0] for k in names) == 1024
     with safe_open(str(tmp_path / "s" / "model.safetensors"), "pt") as f:
         assert "embed_tokens_per_layer.shard_.weight" in f.keys()
+
+
+# ----------------------------------------------------------------- review: cleanup, ordering, bounds, wiring
+
+
+def test_second_ctrl_c_while_stopping_still_kills_the_server(tmp_path):
+    """The first Ctrl-C starts the stop (SIGTERM + grace); an impatient second one used to
+    abort the stop and leave the server and its engine child running. Now it only skips
+    the grace period."""
+    (tmp_path / "m").mkdir()
+    pidfile, child = tmp_path / "srv.pid", tmp_path / "child.pid"
+    proc = subprocess.Popen(
+        CLI + ["smoke", "--model", str(tmp_path / "m"), "--server-cmd",
+               _fake_cmd("--hang-at", "3", "--ignore-sigterm", "--pidfile", str(pidfile), "--child-pidfile", str(child)),
+               "--rounds", "2", "--concurrency", "4", "--max-tokens", "4", "--timeout", "100", "--json"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        log_deadline = time.monotonic() + 30
+        while time.monotonic() < log_deadline and not (pidfile.exists() and child.exists() and child.read_text()):
+            time.sleep(0.1)
+        assert pidfile.exists(), "the fake server never started"
+        time.sleep(2)                      # inside round 1: request 3 hangs
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.7)                    # stopping: SIGTERM is ignored, the 15 s grace runs
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out[-500:], err[-2000:])
+    assert time.monotonic() - t0 < 10, "the second Ctrl-C should cut the grace period short"
+    assert json.loads(out)["interrupted"] is True
+    assert _dead(int(pidfile.read_text())) and _dead(int(child.read_text()))
+
+
+def test_root_cause_comes_first():
+    """The CLI's one-line message is failures[0]: it must name the cause, not 'only 1 of 3 rounds ran'."""
+    ok_round = summarize_round(1, [RequestResult(index=0, stream=True, ok=True, latency_s=0.1, output_tokens=4)], 0.1, 1)
+    facts = parse_server_log("(EngineCore pid=1) ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n")
+    _, failures = decide(rounds=[ok_round], expected_rounds=3, facts=facts, server_exit_code=None,
+                         server_exited=False, boot_error=None)
+    assert failures[0].startswith("out-of-memory") and failures[-1] == "only 1 of 3 rounds ran"
+    _, failures = decide(rounds=[], expected_rounds=3, facts=LogFacts(), server_exit_code=None, server_exited=False,
+                         boot_error=None, extra_failures=["interrupted (Ctrl-C / SIGTERM); server stopped"])
+    assert failures[0].startswith("interrupted")
+    bad_round = summarize_round(1, [RequestResult(index=0, stream=True, ok=False, error="ConnectionResetError")], 0.1, 1)
+    _, failures = decide(rounds=[bad_round], expected_rounds=3, facts=LogFacts(), server_exit_code=3,
+                         server_exited=True, boot_error=None)
+    assert failures[0] == "server process exited (code 3)"
+
+
+def test_oom_headline_on_the_cli(tmp_path):
+    (tmp_path / "m").mkdir()
+    r = _cli(["smoke", "--model", str(tmp_path / "m"), "--server-cmd", _fake_cmd("--oom-at", "3"), "--rounds", "3",
+              "--concurrency", "2", "--max-tokens", "4"])
+    assert r.returncode == 1
+    assert "smoke FAIL: out-of-memory in server log" in r.stderr
+
+
+@pytest.mark.parametrize("kwargs,msg", [
+    ({"timeout": float("nan")}, "--timeout"),
+    ({"boot_timeout": float("inf")}, "--boot-timeout"),
+    ({"boot_timeout": 0}, "--boot-timeout"),
+    ({"pp": 0}, "--pp"),
+    ({"cpu_offload_gb": float("nan")}, "--cpu-offload-gb"),
+])
+def test_deadlines_must_be_finite(tmp_path, kwargs, msg):
+    # a nan deadline never expires: `time.monotonic() > nan` is always False
+    with pytest.raises(BadInput, match=msg):
+        SmokeConfig(model=str(tmp_path), **kwargs).validate()
+
+
+@pytest.mark.parametrize("value,ok", [("141", False), ("garbage", False), ("0GiB", False), ("h200", True), ("80GB", True)])
+def test_gpu_memory_flag_uses_the_planner_syntax(tmp_path, value, ok):
+    model = _tiny_checkpoint(tmp_path / "m")
+    r = _cli(["smoke", "--model", str(model), "--server-cmd", _fake_cmd(), "--gpu-memory", value,
+              "--max-model-len", "4096", "--rounds", "1", "--concurrency", "2", "--max-tokens", "4", "--json"])
+    if ok:
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout)["plan"]["gpu_memory_bytes"] > 10**10
+    else:  # a bare "141" used to be taken as 141 bytes
+        assert r.returncode == 2 and "--gpu-memory" in r.stderr, (r.returncode, r.stderr)
+
+
+def test_default_concurrency_against_the_fake_server(tmp_path):
+    # the fake's listen backlog was 5: 16 simultaneous connects got "Connection reset by peer"
+    rep = _run(tmp_path, rounds=1, concurrency=48, max_tokens=4)
+    assert rep.verdict == PASS, rep.failures
+
+
+def test_plan_uses_vllms_default_utilization_and_suggests(tmp_path):
+    from builder.plan import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+
+    model = _tiny_checkpoint(tmp_path / "m")
+    d = smoke.preflight_plan(SmokeConfig(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096), lambda m: None)
+    assert d["gpu_memory_utilization"] == VLLM_DEFAULT_GPU_MEMORY_UTILIZATION == 0.92
+    # issue 7: refused "with the plan's numbers and suggestions"
+    rep = run_smoke(SmokeConfig(model=str(model), server_cmd=_fake_cmd(), gpu_memory_bytes=8 << 30,
+                                gpu_memory_utilization=0.9, max_model_len=1 << 20, rounds=1, concurrency=2,
+                                max_tokens=4, prompt_tokens=8))
+    assert rep.refused_by_plan and "try: --max-model-len" in rep.failures[0]
+
+
+def test_pp_offload_and_kv_dtype_reach_vllm_and_the_plan(tmp_path):
+    from builder.smoke import config_from_serving
+    from builder.spec import Serving
+
+    s = Serving(tp=2, pp=2, gpus=4, cpu_offload_gb=3.0, kv_cache_dtype="bf16", gpu_memory="80GiB",
+                max_model_len=4096, gpu_memory_utilization=0.9)
+    model = _tiny_checkpoint(tmp_path / "m", weights=8 << 20)
+    cfg = config_from_serving(s, model=str(model))
+    flags = " ".join(build_local_command(cfg, 8000, ["vllm"]))
+    # vLLM 0.26.0's --kv-cache-dtype choices have "bfloat16", not "bf16"
+    assert "--pipeline-parallel-size 2" in flags and "--cpu-offload-gb 3" in flags
+    assert "--kv-cache-dtype bfloat16" in flags and "bf16" not in flags
+    d = smoke.preflight_plan(cfg, lambda m: None)
+    assert (d["tp"], d["pp"], d["gpus"]) == (2, 2, 4) and d["cpu_offload_bytes"] == 3 << 30

@@ -17,20 +17,15 @@ from ..smoke import SmokeConfig, render_text, run_smoke
 
 
 def _parse_size(text: str | None) -> int | None:
+    """--gpu-memory: the planner's size syntax (a unit is required; h100/h200 presets)."""
     if text is None:
         return None
-    units = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-             "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-    t = text.strip().lower().replace(" ", "")
-    num = t.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = t[len(num):]
-    try:
-        value = float(num)
-    except ValueError:
-        value = -1
-    if unit not in units or value <= 0:
-        raise BadInput(f"smoke: --gpu-memory {text!r}: expected a size like 141GiB or 80GB")
-    return int(value * units[unit])
+    from ..plan import parse_size
+
+    value = parse_size(text, what="smoke: --gpu-memory")
+    if value <= 0:
+        raise BadInput(f"smoke: --gpu-memory must be a positive size, got {text!r}.")
+    return value
 
 
 @click.command("smoke")
@@ -38,6 +33,8 @@ def _parse_size(text: str | None) -> int | None:
 @click.option("--local", "local", is_flag=True, help="Start `vllm serve` from the current environment instead of an image.")
 @click.option("--model", required=True, help="Checkpoint directory (mounted read-only in docker mode).")
 @click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel size.")
+@click.option("--pp", default=1, show_default=True, type=int, help="Pipeline-parallel size.")
+@click.option("--cpu-offload-gb", type=float, default=None, help="vLLM --cpu-offload-gb (GiB of weights per GPU kept in host memory; also planned).")
 @click.option("--max-model-len", type=int, default=None)
 @click.option("--gpu-memory-utilization", type=float, default=None)
 @click.option("--max-num-seqs", type=int, default=None)
@@ -50,25 +47,27 @@ def _parse_size(text: str | None) -> int | None:
 @click.option("--boot-timeout", default=900.0, show_default=True, type=float, help="Seconds until /health must answer.")
 @click.option("--extra-arg", "extra_args", multiple=True, help="Extra `vllm serve` argument (repeatable).")
 @click.option("--no-plan", is_flag=True, help="Boot even if the memory plan says the configuration cannot fit.")
-@click.option("--gpu-memory", default=None, help="Per-GPU memory for the plan (default: nvidia-smi), e.g. 141GiB.")
+@click.option("--gpu-memory", default=None, help="Per-GPU memory for the plan (default: nvidia-smi): 141GiB, 80GB (10^9), or h100/h200.")
 @click.option("--vllm-bin", default=None, help="Local mode: command that runs vllm (default: `vllm` on PATH, else python -m).")
 @click.option("--server-cmd", default=None, hidden=True, help="Replace the server command ({port}, {model}); for tests.")
 @click.option("--port", type=int, default=None)
 @click.option("--log-file", default=None, help="Keep the server log here (default: a temp file, kept on FAIL).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def command(image, local, model, tp, max_model_len, gpu_memory_utilization, max_num_seqs, kv_cache_dtype,
+def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memory_utilization, max_num_seqs, kv_cache_dtype,
             concurrency, rounds, max_tokens, prompt_tokens, timeout, boot_timeout, extra_args, no_plan,
             gpu_memory, vllm_bin, server_cmd, port, log_file, as_json):
     """Boot the engine and generate at target concurrency: PASS or FAIL."""
     if image and local:
         raise BadInput("smoke: give either IMAGE or --local, not both")
+    if server_cmd and (image or local):
+        raise BadInput("smoke: --server-cmd replaces the server; give it without IMAGE or --local")
     if not image and not local and not server_cmd:
         raise BadInput("smoke: give an IMAGE to run with docker, or --local to start `vllm serve` here")
     extra: list[str] = []
     for a in extra_args:  # "--extra-arg '--max-num-batched-tokens 4096'" or one token per flag
         extra.extend(shlex.split(a)) if a.startswith("-") and " " in a else extra.append(a)
     cfg = SmokeConfig(
-        model=model, image=image, tp=tp, max_model_len=max_model_len,
+        model=model, image=image, tp=tp, pp=pp, cpu_offload_gb=cpu_offload_gb, max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
         kv_cache_dtype=kv_cache_dtype, concurrency=concurrency, rounds=rounds, max_tokens=max_tokens,
         prompt_tokens=prompt_tokens, timeout=timeout, boot_timeout=boot_timeout, extra_args=extra,

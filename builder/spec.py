@@ -44,18 +44,27 @@ DEFAULT_SPEC_FILE = "build-image.toml"
 DEFAULT_OVERLAY = ("ray[serve]",)
 
 
+def lockfiles_dir() -> Path:
+    """``./lockfiles`` of the checkout the command runs in; else (run from elsewhere, e.g. a
+    subdirectory with an editable install) the one beside the package.  Base manifests and
+    default locks are both found here, so they never come from two different checkouts and
+    a non-editable install (``pip install .`` in CI) still finds the repository's manifests."""
+    local = Path("lockfiles")
+    return local if local.is_dir() else project_root() / "lockfiles"
+
+
 def supported_vllm_versions() -> list[str]:
     """vLLM versions this checkout has a base manifest for."""
-    base = project_root() / "lockfiles" / "base"
+    base = lockfiles_dir() / "base"
     return sorted(p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json"))
 
 
 def default_base_manifest(vllm: str) -> Path:
-    return project_root() / "lockfiles" / "base" / f"vllm-openai-v{vllm}.json"
+    return lockfiles_dir() / "base" / f"vllm-openai-v{vllm}.json"
 
 
 def default_lock_path(vllm: str) -> Path:
-    return Path("lockfiles") / f"vllm-{vllm}" / "requirements.lock"
+    return lockfiles_dir() / f"vllm-{vllm}" / "requirements.lock"
 
 
 @dataclass

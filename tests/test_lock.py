@@ -491,3 +491,28 @@ def test_exact_coupled_binary_is_rejected_without_downloading_it(offline, tmp_pa
     assert code == 0, text
     assert any(f.startswith("stableabi-") for f in fetched)
     assert load_lock(out).by_name()["stableabi"].facts.extensions == 1
+
+
+def test_default_manifest_and_lock_come_from_the_checkout_the_command_runs_in(tmp_path, monkeypatch):
+    """A non-editable install (`pip install .`, as in the example CI workflow) has no
+    lockfiles/ beside the package: `lock --check` from the repository root must still find
+    the manifest and the lock there; from a subdirectory of an editable checkout, both come
+    from the package's checkout (never a manifest from one place and a lock from another)."""
+    import shutil
+
+    from builder import spec as S
+    from builder.util import project_root
+
+    root = project_root()
+    monkeypatch.chdir(root / "docs")
+    code, text = run("lock", "--check")
+    assert code == 0, text
+    assert str(root / "lockfiles" / "vllm-0.26.0" / "requirements.lock") in text
+    checkout = tmp_path / "checkout"
+    shutil.copytree(root / "lockfiles", checkout / "lockfiles")
+    monkeypatch.chdir(checkout)
+    monkeypatch.setattr(S, "project_root", lambda: tmp_path / "site-packages")  # installed elsewhere
+    assert S.supported_vllm_versions() == ["0.26.0"]
+    code, text = run("lock", "--check")
+    assert code == 0, text
+    assert "lockfiles/vllm-0.26.0/requirements.lock is up to date" in text

@@ -129,6 +129,7 @@ def _req_key(req: str) -> str | None:
 
 
 _TOP_KEYS = {"vllm": str, "base": str, "with": list, "lock": str, "repo": str, "allow-abi-change": dict, "serving": dict}
+_TOML_TYPE = {str: "string", list: "array", dict: "table", int: "integer", float: "float", bool: "boolean"}
 _SERVING_TYPES = {f.name: f.type for f in fields(Serving)}
 
 
@@ -141,7 +142,8 @@ def parse_spec(text: str, path: str) -> Spec:
         if key not in _TOP_KEYS:
             raise BadInput(f"spec {path}: unknown key '{key}' (known: {', '.join(sorted(_TOP_KEYS))}).")
         if not isinstance(val, _TOP_KEYS[key]):
-            raise BadInput(f"spec {path}: '{key}' must be a {_TOP_KEYS[key].__name__}, got {type(val).__name__}.")
+            raise BadInput(f"spec {path}: '{key}' must be a TOML {_TOML_TYPE[_TOP_KEYS[key]]}, "
+                           f"got {_TOML_TYPE.get(type(val), type(val).__name__)} {val!r:.60}.")
     with_ = doc.get("with", [])
     if not all(isinstance(w, str) for w in with_):
         raise BadInput(f"spec {path}: 'with' must be a list of requirement strings.")
@@ -160,7 +162,9 @@ def parse_spec(text: str, path: str) -> Spec:
             or ("str" in typ and isinstance(val, str))
         )
         if not ok:
-            raise BadInput(f"spec {path}: 'serving.{key}' has the wrong type ({type(val).__name__}: {val!r}).")
+            want = "an integer" if "int" in typ else ("a number" if "float" in typ else "a string")
+            raise BadInput(f"spec {path}: 'serving.{key}' has the wrong type: it must be {want}, "
+                           f"got {_TOML_TYPE.get(type(val), type(val).__name__)} {val!r:.60}.")
         serving_kwargs[key] = val
     return Spec(
         vllm=doc.get("vllm", "0.26.0"),

@@ -175,7 +175,8 @@ def test_pure_base_upgrade_is_a_notice(tmp_path, make_site_packages, wheelhouse)
 # ------------------------------------------------------------------ bad input: exit 2, nothing written
 
 @pytest.mark.parametrize("case", ["unknown-vllm", "malformed-spec", "unreadable-manifest", "conflicting-with",
-                                  "reason-missing", "vllm-vs-with"])
+                                  "reason-missing", "vllm-vs-with", "spec-unknown-key", "spec-wrong-type",
+                                  "spec-serving-type"])
 def test_bad_input_exit_2_nothing_written(case, tmp_path, offline):
     out = tmp_path / "r.lock"
     if case == "unknown-vllm":
@@ -186,6 +187,14 @@ def test_bad_input_exit_2_nothing_written(case, tmp_path, offline):
         spec.write_text('vllm = "0.26.0"\nwith = [1, 2\n')
         args = ["lock", "--spec", str(spec), "-o", str(out)]
         needle = "not valid TOML"
+    elif case.startswith("spec-"):
+        spec = tmp_path / "spec.toml"
+        spec.write_text({"spec-unknown-key": 'wiht = ["numpy"]\n', "spec-wrong-type": "vllm = 0.26\n",
+                         "spec-serving-type": '[serving]\ntp = "8"\n'}[case])
+        args = ["lock", "--spec", str(spec), "-o", str(out)]
+        needle = {"spec-unknown-key": f"spec {spec}: unknown key 'wiht'",
+                  "spec-wrong-type": f"spec {spec}: 'vllm' must be a TOML string, got float 0.26",
+                  "spec-serving-type": f"spec {spec}: 'serving.tp' has the wrong type: it must be an integer, got string '8'"}[case]
     elif case == "unreadable-manifest":
         bad = tmp_path / "bad.json"
         bad.write_text('{"schema": "build-image/base-manifest/v1", "image": ')

@@ -762,7 +762,7 @@ def make_plan(
         if boots and conc < max_num_seqs:
             reasons.append(
                 f"{max_num_seqs} concurrent {max_model_len:,}-token sequences need {needed_req / GiB:.2f} GiB of KV per GPU; "
-                f"the pool holds {conc:.2f}: vLLM boots but preempts/queues under full load"
+                f"the KV pool holds {conc:.2f} such sequences: vLLM boots but preempts/queues under full load"
             )
     fits = boots and (max_num_seqs is None or conc >= max_num_seqs)
     headroom = available - (needed_req if needed_req is not None else needed_one)
@@ -803,10 +803,17 @@ def make_plan(
         nb = min(max(0, av) // w.bytes_per_block(specs) for w in workers if not w.empty)
         return concurrency(max_model_len, nb) >= max_num_seqs
 
+    # Below the startup limit, the utilizations that do not fit are a prefix; above it
+    # nothing fits (vLLM refuses at startup), so search only up to that limit -- else the
+    # bisection can step over a narrow window that fits (e.g. seed 000 at 0.986..0.989).
     min_util = None
-    k = largest(lambda m: not fits_at_util(m / 1000), 1000)  # utilizations that do not fit are a prefix
-    if k < 1000 and fits_at_util((k + 1) / 1000):
-        min_util = (k + 1) / 1000
+    top = min(1000, math.floor(startup_free * 1000 / gpu_memory_bytes))
+    while top > 0 and math.ceil(gpu_memory_bytes * top / 1000) > startup_free:
+        top -= 1
+    if top >= 1:
+        k = largest(lambda m: not fits_at_util(m / 1000), top)
+        if k < top and fits_at_util((k + 1) / 1000):
+            min_util = (k + 1) / 1000
 
     suggestions: list[dict[str, Any]] = []
     if not fits:

@@ -516,3 +516,15 @@ def test_plan_vs_the_h200_proof_logs(run, model, util, max_len, seqs, extra, log
     assert cmp["logged_kv_tokens"] and cmp["logged_max_concurrency"]
     assert abs(cmp["token_error"]) < 0.02, (run, cmp)
     assert p.max_concurrency == pytest.approx(cmp["logged_max_concurrency"], rel=0.02)
+
+
+def test_min_utilization_finds_a_narrow_window_below_the_startup_limit():
+    # seed 000 at 4,096 tokens: 74..82 sequences fit only at 0.986..0.989, just under the
+    # startup limit (~0.99); the bisection over 0..1 used to step over that window
+    base = dict(SEED000, max_model_len=4096)
+    for n in (60, 74, 78, 82, 84):
+        brute = next((m / 1000 for m in range(900, 1001)
+                      if make_plan(cfg("seed000"), max_num_seqs=n, **{**base, "gpu_memory_utilization": m / 1000}).fits),
+                     None)
+        assert make_plan(cfg("seed000"), max_num_seqs=n, **base).min_utilization == brute, n
+    assert make_plan(cfg("seed000"), max_num_seqs=78, **base).min_utilization is not None

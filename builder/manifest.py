@@ -29,6 +29,7 @@ This module is pure data: load/validate/save.  The binary scan lives in
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,19 @@ def _req(doc: dict, key: str, typ: type | tuple, where: str, path: str) -> Any:
     return val
 
 
+def _opt(doc: dict, key: str, typ: type, where: str, path: str) -> Any:
+    """An optional field: absent or null -> None; present -> of type ``typ`` (a bool is not an int)."""
+    val = doc.get(key)
+    if val is None:
+        return None
+    if not isinstance(val, typ) or (typ is int and isinstance(val, bool)):
+        raise BadInput(
+            f"base manifest {path}: field '{where}{key}' should be {typ.__name__}, "
+            f"got {type(val).__name__} ({val!r:.60})."
+        )
+    return val
+
+
 def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
     try:
         doc = json.loads(text)
@@ -152,17 +166,33 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
     for key, d in dists_doc.items():
         if not isinstance(d, dict):
             raise BadInput(f"base manifest {path}: 'distributions.{key}' must be an object.")
-        name = _req(d, "name", str, f"distributions.{key}.", path)
-        version = _req(d, "version", str, f"distributions.{key}.", path)
-        numpy_abi = d.get("numpy_abi") or {"1": 0, "2": 0}
+        where = f"distributions.{key}."
+        name = _req(d, "name", str, where, path)
+        version = _req(d, "version", str, where, path)
+        if canonical_name(name) != canonical_name(key):
+            raise BadInput(f"base manifest {path}: 'distributions.{key}' holds {name!r}; the key must be "
+                           "the distribution's (canonical) name.")
+        if canonical_name(name) in dists:
+            raise BadInput(f"base manifest {path}: distribution {name!r} is listed twice.")
+        numpy_abi = _opt(d, "numpy_abi", dict, where, path) or {"1": 0, "2": 0}
+        for gen in ("1", "2"):
+            _opt(numpy_abi, gen, int, f"{where}numpy_abi.", path)
         facts = DistFacts(
-            binary=bool(d.get("binary", False)),
-            extensions=int(d.get("extensions", 0)),
-            numpy_abi={"1": int(numpy_abi.get("1", 0)), "2": int(numpy_abi.get("2", 0))},
-            glibc=d.get("glibc"),
-            python_abi=d.get("python_abi", "none"),
+            binary=bool(_opt(d, "binary", bool, where, path)),
+            extensions=_opt(d, "extensions", int, where, path) or 0,
+            numpy_abi={"1": numpy_abi.get("1", 0), "2": numpy_abi.get("2", 0)},
+            glibc=_opt(d, "glibc", str, where, path),
+            python_abi=_opt(d, "python_abi", str, where, path) or "none",
         )
         dists[canonical_name(name)] = Distribution(name=name, version=version, facts=facts)
+    for field_, val, pat, example in (
+        ("glibc", _req(doc, "glibc", str, "", path), r"\d+\.\d+", "2.35"),
+        ("python.version", _req(py, "version", str, "python.", path), r"\d+\.\d+", "3.12"),
+        ("platform", _req(doc, "platform", str, "", path), r"(x86_64|aarch64)-manylinux_\d+_\d+",
+         "x86_64-manylinux_2_35"),
+    ):
+        if not re.fullmatch(pat, val):
+            raise BadInput(f"base manifest {path}: field '{field_}' must look like {example}, got {val!r:.60}.")
     return BaseManifest(
         image_ref=image.get("ref"),
         image_digest=image.get("digest"),

@@ -442,3 +442,27 @@ def test_snapshot_to_an_unwritable_path_is_bad_input_not_a_traceback(tmp_path, m
     assert res.exit_code == 2, res.output
     assert "cannot write the manifest" in res.output and str(out / "base.json") in res.output
     assert out.read_text() == "x"
+
+
+@pytest.mark.parametrize("mutate, needle", [
+    (lambda d: d["distributions"]["numpy"].__setitem__("numpy_abi", "x"), "'distributions.numpy.numpy_abi' should be dict"),
+    (lambda d: d["distributions"]["numpy"].__setitem__("numpy_abi", {"1": "2"}), "'distributions.numpy.numpy_abi.1' should be int"),
+    (lambda d: d["distributions"]["numpy"].__setitem__("extensions", "3"), "'distributions.numpy.extensions' should be int"),
+    (lambda d: d["python"].__setitem__("version", "3"), "'python.version' must look like 3.12"),
+    (lambda d: d.__setitem__("platform", "linux"), "'platform' must look like x86_64-manylinux_2_35"),
+    (lambda d: d["distributions"]["numpy"].__setitem__("name", "pandas"), "'distributions.numpy' holds 'pandas'"),
+    (lambda d: d["distributions"].__setitem__("NumPy", dict(d["distributions"]["numpy"])), "'numpy' is listed twice"),
+])
+def test_malformed_manifest_fields_are_bad_input_naming_the_field(tmp_path, mutate, needle):
+    """Not a traceback (numpy_abi of the wrong type), nor a misleading 'unsatisfiable' from uv
+    (python.version '3'), nor a pin under another package's key."""
+    from builder.manifest import load_manifest as load
+    from builder.util import project_root
+
+    d = json.loads((project_root() / "lockfiles" / "base" / "vllm-openai-v0.26.0.json").read_text())
+    mutate(d)
+    p = tmp_path / "m.json"
+    p.write_text(json.dumps(d))
+    with pytest.raises(BadInput) as ei:
+        load(p)
+    assert needle in ei.value.message and str(p) in ei.value.message

@@ -201,6 +201,9 @@ FATAL_PATTERNS: tuple[re.Pattern, ...] = tuple(
         r"ValueError: .*",
     )
 )
+# Any other exception line (ModuleNotFoundError, ImportError, ...): the last one is the
+# fallback root cause when a server exits without one of the lines above.
+_RE_ANY_EXC = re.compile(r"\b[A-Z]\w*(?:Error|Exception): ")
 
 # The layer-type override patch logs one warning naming the rewritten layers.
 _RE_LAYER_TYPES = re.compile(r"layer[_ ]types?", re.IGNORECASE)
@@ -223,6 +226,7 @@ class LogFacts:
     oom_lines: list[str] = field(default_factory=list)
     fatal_lines: list[str] = field(default_factory=list)
     layer_rewrite_lines: list[str] = field(default_factory=list)
+    last_exception_line: str | None = None
 
 
 def parse_server_log(text: str) -> LogFacts:
@@ -252,6 +256,8 @@ def parse_server_log(text: str) -> LogFacts:
         elif any(p.search(line) for p in FATAL_PATTERNS):
             if stripped not in facts.fatal_lines:
                 facts.fatal_lines.append(stripped)
+        elif _RE_ANY_EXC.search(line):
+            facts.last_exception_line = stripped
         if _RE_LAYER_TYPES.search(line) and _RE_REWRITE.search(line) and "Error" not in line:
             if stripped not in facts.layer_rewrite_lines:
                 facts.layer_rewrite_lines.append(stripped)
@@ -447,8 +453,9 @@ def decide(
     if facts.oom_lines:
         failures.append(f"out-of-memory in server log: {facts.oom_lines[0][:300]}")
     if server_exited:
-        failures.append(f"server process exited (code {server_exit_code})")
-        root = first_error_line(facts)
+        if not (boot_error and "exited" in boot_error):  # already said
+            failures.append(f"server process exited (code {server_exit_code})")
+        root = first_error_line(facts) or facts.last_exception_line
         if root and not facts.oom_lines:
             failures.append(f"server log: {root[:300]}")
     if facts.server_starts > 1:
@@ -1006,11 +1013,6 @@ def run_smoke(
     refused = cfg.plan and plan_dict is not None and plan_dict.get("fits") is False
     port = cfg.port or free_port()
     host = "127.0.0.1"
-    own_log = cfg.log_file is None
-    log_path = cfg.log_file or tempfile.mkstemp(prefix="smoke-server-", suffix=".log")[1]
-    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(log_path).write_bytes(b"")
-
     cleanup = None
     env = dict(os.environ)
     env.update(cfg.env)
@@ -1040,10 +1042,6 @@ def run_smoke(
     }
     if refused:
         say("refused by the memory plan; the server was not started (--no-plan boots anyway)")
-        try:
-            os.unlink(log_path)
-        except OSError:
-            pass
         return SmokeReport(
             verdict=FAIL,
             failures=[f"memory plan: {plan_dict['summary']} (no GPU time spent; --no-plan boots anyway)"],
@@ -1053,6 +1051,16 @@ def run_smoke(
             rounds=[], throughput={"output_tokens_per_s": None}, gpu=None, plan=plan_dict,
             server_exit_code=None, log_file=None, log_tail=[], layer_rewrites=[], refused_by_plan=True,
         )
+    # the log is created only now: bad input and a plan refusal leave no file behind
+    # (and do not truncate a --log-file the user pointed at)
+    own_log = cfg.log_file is None
+    if cfg.log_file:
+        log_path = cfg.log_file
+    else:
+        fd, log_path = tempfile.mkstemp(prefix="smoke-server-", suffix=".log")
+        os.close(fd)
+    Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(log_path).write_bytes(b"")
     server = ServerProcess(argv, log_path, env=env, cleanup=cleanup)
     rounds: list[RoundResult] = []
     boot = {"health_s": None, "first_token_s": None}
@@ -1085,7 +1093,12 @@ def run_smoke(
     say(f"starting server ({mode}): {' '.join(shlex.quote(a) for a in argv)}")
     say(f"server log: {log_path}")
     try:
-        server.start()
+        try:
+            server.start()
+        except BadInput:
+            if own_log:
+                Path(log_path).unlink(missing_ok=True)
+            raise
         # ---- boot: wait for /health
         deadline = t_start + cfg.boot_timeout
         while True:

@@ -14,6 +14,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -638,3 +639,33 @@ def test_pp_offload_and_kv_dtype_reach_vllm_and_the_plan(tmp_path):
     assert "--kv-cache-dtype bfloat16" in flags and "bf16" not in flags
     d = smoke.preflight_plan(cfg, lambda m: None)
     assert (d["tp"], d["pp"], d["gpus"]) == (2, 2, 4) and d["cpu_offload_bytes"] == 3 << 30
+
+
+def test_any_exception_names_the_cause_when_the_server_exits(tmp_path):
+    # `--local` without vllm installed: python prints one ModuleNotFoundError line and exits 1
+    line = ("/usr/bin/python3: Error while finding module specification for 'vllm.entrypoints.cli.main' "
+            "(ModuleNotFoundError: No module named 'vllm')")
+    facts = parse_server_log("INFO starting\n" + line + "\n")
+    _, failures = decide(rounds=[], expected_rounds=3, facts=facts, server_exit_code=1, server_exited=True,
+                         boot_error="server exited during boot (code 1) before /health answered")
+    assert failures == ["server exited during boot (code 1) before /health answered", f"server log: {line}"]
+    # the specific vLLM lines still win over a generic one
+    facts = parse_server_log("WARNING x ImportError: optional thing\n(EngineCore pid=1) ERROR ValueError: bad config\n")
+    _, failures = decide(rounds=[], expected_rounds=1, facts=facts, server_exit_code=1, server_exited=True, boot_error=None)
+    assert failures == ["server process exited (code 1)", "server log: ERROR ValueError: bad config",
+                        "only 0 of 1 rounds ran"]
+
+
+def test_refusal_and_bad_start_leave_no_log_behind(tmp_path, monkeypatch):
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))   # where mkstemp puts the temp log
+    model = _tiny_checkpoint(tmp_path / "m")
+    keep = tmp_path / "mine.log"
+    keep.write_text("an earlier run\n")
+    rep = run_smoke(SmokeConfig(model=str(model), server_cmd=_fake_cmd(), gpu_memory_bytes=8 << 30,
+                                max_model_len=1 << 20, log_file=str(keep), prompt_tokens=8, max_tokens=4))
+    assert rep.refused_by_plan and keep.read_text() == "an earlier run\n"   # used to be truncated, then deleted
+    with pytest.raises(BadInput, match="cannot start the server"):
+        run_smoke(SmokeConfig(model=str(model), server_cmd="/nonexistent/vllm-serve --port {port}", plan=False))
+    assert list(own_tmp.iterdir()) == []

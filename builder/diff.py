@@ -424,7 +424,7 @@ def diff_locks(
     if status == "modified":
         churn = sorted(
             k for k in set(o.header) | set(n.header)
-            if k not in TOP_KEYS and o.header.get(k) != n.header.get(k)
+            if k not in TOP_KEYS and k != "entries" and o.header.get(k) != n.header.get(k)
         )
         noise.header_churn = churn
 
@@ -741,7 +741,7 @@ def textconv(lock: LockFile) -> str:
     header fields, overlay and escape hatches, then ``name==version  facts  base=
     wheel=<sha256 prefix>  via ...``.  Hash changes show as a changed 12-hex prefix."""
     out = []
-    for key in sorted(lock.header):
+    for key in sorted(k for k in lock.header if k != "entries"):  # the count is derived from the entries
         out.append(f"# {key}: {lock.header[key]}")
     for req in lock.overlay:
         out.append(f"# overlay: {req}")

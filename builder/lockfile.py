@@ -16,6 +16,7 @@ the exact wheel, diff reads the binary facts, the gate reads base versions)::
     # python: 3.12
     # platform: x86_64-manylinux_2_35
     # inputs-sha256: <hex over every input: manifest, overlay, flags, tool version>
+    # entries: <number of packages below: a lock cut between two entries is caught>
     # overlay: ray[serve]                       (one line per overlay requirement)
     # allow-abi-change: numpy: <reason>         (one line per escape hatch used)
     #
@@ -54,6 +55,9 @@ REQUIRED_HEADER = (
     "inputs-sha256",
 )
 MULTI_HEADER = ("overlay", "allow-abi-change")
+# "# entries: N" (written since the review; optional when reading): the number of packages, so a
+# lock cut between two entries is not mistaken for a shorter lock.  Derived, never an input.
+COUNT_HEADER = "entries"
 _HEADER_LINE = re.compile(r"^#\s*([a-z0-9-]+):\s?(.*)$")
 _REQ_LINE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?==([^\s\\;]+)\s*(\\)?\s*$")
 _HASH_LINE = re.compile(r"^\s+--hash=sha256:([0-9a-f]{64})\s*(\\)?\s*$")
@@ -127,8 +131,9 @@ def format_lock(lock: LockFile) -> str:
     ]
     for key in REQUIRED_HEADER[1:]:
         out.append(f"# {key}: {lock.header.get(key, '-') or '-'}")
+    out.append(f"# {COUNT_HEADER}: {len(lock.entries)}")
     for key, val in lock.header.items():
-        if key not in REQUIRED_HEADER and key not in MULTI_HEADER:
+        if key not in REQUIRED_HEADER and key not in MULTI_HEADER and key != COUNT_HEADER:
             out.append(f"# {key}: {val}")
     for req in lock.overlay:
         out.append(f"# overlay: {req}")
@@ -285,6 +290,13 @@ def parse_lock(text: str, path: str = "<lock>") -> LockFile:
     missing = [k for k in REQUIRED_HEADER if k not in header]
     if missing:
         raise BadInput(f"lock {path}: header lacks {', '.join(missing)}; the file is truncated or not written by build-image.")
+    if COUNT_HEADER in header and header[COUNT_HEADER] != str(len(entries)):
+        last = f"; the last is '{entries[-1].name}=={entries[-1].version}' (line {entries[-1].line})" if entries else ""
+        raise BadInput(
+            f"lock {path}: the header says '{COUNT_HEADER}: {header[COUNT_HEADER]}' but the file holds "
+            f"{len(entries)} package(s){last}; it is truncated or hand-edited.",
+            hint="regenerate it with `build-image lock`.",
+        )
     return LockFile(header=header, overlay=overlay, allow_abi_change=allow, entries=entries)
 
 

@@ -525,3 +525,23 @@ def test_default_manifest_and_lock_come_from_the_checkout_the_command_runs_in(tm
     code, text = run("lock", "--check")
     assert code == 0, text
     assert "lockfiles/vllm-0.26.0/requirements.lock is up to date" in text
+
+
+def test_a_lock_cut_between_two_entries_is_caught_by_its_entry_count(offline, tmp_path):
+    """Every entry ends with its '# facts:' line, so a cut right after one looked like a shorter
+    lock; the '# entries: N' header line catches it (--check: stale, naming the last entry)."""
+    out = tmp_path / "r.lock"
+    assert run(*offline("--with", "stableabi", "--with", "purepkg", "--with", "numpy2user", "--with", "numpy>=2",
+                        "--allow-abi-change", "numpy", "--reason", "r", "-o", str(out)))[0] == 0
+    text = out.read_text()
+    assert "# entries: 3\n" in text  # numpy, numpy2user, stableabi (purepkg is in the base)
+    cut = text[: text.index("stableabi==")]  # drop the last entry whole
+    out.write_text(cut)
+    code, msg = run(*offline("--with", "stableabi", "--with", "purepkg", "--with", "numpy2user", "--with", "numpy>=2",
+                             "--allow-abi-change", "numpy", "--reason", "r", "-o", str(out), "--check"))
+    assert code == 5, msg
+    assert "the header says 'entries: 3' but the file holds 2 package(s)" in msg and "numpy2user==1.0.0" in msg
+    # locks written before the count existed still read (the line is optional)
+    from builder.lockfile import parse_lock
+
+    assert len(parse_lock(text.replace("# entries: 3\n", "")).entries) == 3

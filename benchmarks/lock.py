@@ -103,7 +103,7 @@ def main() -> int:
            "--no-build", "--generate-hashes", "--python", sys.executable]
 
     rows: list[tuple[str, float | str]] = []
-    print(f"inputs: {len(base.distributions)} base pins from {manifest_path.relative_to(ROOT)}, overlay {overlay}; "
+    print(f"inputs: {len(base.distributions)} base pins from {manifest_path}, overlay {overlay}; "
           f"median of {args.repeat} after a warm-up", file=sys.stderr)
     def raw_fresh():
         (work / "raw.txt").unlink(missing_ok=True)  # no existing output: no preferences

@@ -119,7 +119,8 @@ for key, sc in scenarios.items():
             os.environ["VLLM_LAYER_TYPE_REWRITES"] = sc["env"]
         try:
             _, cfg = HFConfigParser().parse(sc["model"], trust_remote_code=False)
-            out[key] = {"layer_types": list(cfg.get_text_config().layer_types),
+            lt = getattr(cfg.get_text_config(), "layer_types", None)
+            out[key] = {"layer_types": list(lt) if lt is not None else None,
                         "warnings": [w for w in grab.records if "layer_types" in w]}
         except Exception as e:
             out[key] = {"error": f"{type(e).__name__}: {e}"}
@@ -148,6 +149,43 @@ for key, sc in scenarios.items():
         for name, (a, b) in zip(sc["names"], sc.get("rows") or [(0, V)] * len(sc["names"])):
             weights.append((name, table[a:b].clone()))
         m = CausalLM()
+        if sc.get("mm"):  # through Gemma4ForConditionalGeneration.load_weights (vLLM's own) and its mapper
+            if "torchvision" not in sys.modules:  # only transformers' Gemma4 image processor needs it
+                import importlib.machinery
+                class _Meta(type):
+                    def __getattr__(cls, name):
+                        if name.startswith("__"):
+                            raise AttributeError(name)
+                        return _Meta(name, (), {})
+                class _Stub(types.ModuleType):
+                    def __getattr__(self, name):
+                        if name.startswith("__"):
+                            raise AttributeError(name)
+                        return _Meta(name, (), {})
+                for n in ("torchvision", "torchvision.transforms", "torchvision.transforms.v2",
+                          "torchvision.transforms.v2.functional", "torchvision.transforms.functional", "torchvision.io"):
+                    stub = _Stub(n); stub.__spec__ = importlib.machinery.ModuleSpec(n, None); stub.__path__ = []
+                    sys.modules[n] = stub
+            import vllm.model_executor.models.gemma4_mm as g4mm
+            class CausalLM2(nn.Module):
+                load_weights = g4.Gemma4ForCausalLM.load_weights
+                def __init__(self):
+                    super().__init__(); self.config = cfg; self.model = Text()
+            class MM(nn.Module):
+                hf_to_vllm_mapper = g4mm.Gemma4ForConditionalGeneration.hf_to_vllm_mapper
+                load_weights = g4mm.Gemma4ForConditionalGeneration.load_weights
+                def __init__(self):
+                    super().__init__(); self.config = types.SimpleNamespace(text_config=cfg)
+                    self.audio_tower = None; self.language_model = CausalLM2()
+            mmodel = MM()
+            try:
+                loaded = mmodel.load_weights(weights)
+                w = mmodel.language_model.model.embed_tokens_per_layer.weight
+                out[key] = {"loaded": sorted(loaded), "equal": bool(torch.equal(w, table)),
+                            "untouched": bool(torch.count_nonzero(w) == 0)}
+            except Exception as e:
+                out[key] = {"error": f"{type(e).__name__}: {e}"}
+            continue
         try:
             loaded = g4.Gemma4ForCausalLM.load_weights(m, weights)
             w = m.model.embed_tokens_per_layer.weight
@@ -241,6 +279,9 @@ def test_layer_type_rewrite_through_vllm_config_parser(cpu_env, tmp_path):
         "text_config": {"model_type": "qwen3_5_text", "num_hidden_layers": 4, "hidden_size": 64, "head_dim": 16,
                         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
                         "layer_types": ["linear_attention", "qwen_sparse_attention", "linear_attention", "full_attention"]}})
+    llama = _write_config(tmp_path / "llama", {
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128})
     scen = {  # one process, in this order: "env_off" first, before any rewrite extends transformers' allowed types
         "env_off": {"kind": "config", "model": declared, "env": "{}"},
         "default": {"kind": "config", "model": declared},
@@ -248,6 +289,9 @@ def test_layer_type_rewrite_through_vllm_config_parser(cpu_env, tmp_path):
         "env_bad": {"kind": "config", "model": declared, "env": "{not json"},
         "plain": {"kind": "config", "model": plain},
         "nested": {"kind": "config", "model": nested},
+        "env_list": {"kind": "config", "model": declared, "env": '["qwen_sparse_attention"]'},
+        "env_nonstr": {"kind": "config", "model": declared, "env": '{"qwen_sparse_attention": 1}'},
+        "no_layer_types": {"kind": "config", "model": llama},
     }
     unpatched = probe(cpu_env, "unpatched", {"default": scen["default"], "plain": scen["plain"]})
     # the claim of issue 3: transformers rejects the declared type while parsing, before any --hf-overrides
@@ -267,6 +311,9 @@ def test_layer_type_rewrite_through_vllm_config_parser(cpu_env, tmp_path):
     assert got["plain"] == {"layer_types": ["linear_attention", "full_attention"], "warnings": []}
     assert got["nested"]["layer_types"] == ["linear_attention", "full_attention", "linear_attention", "full_attention"]
     assert "[1]" in got["nested"]["warnings"][0]
+    for key in ("env_list", "env_nonstr"):  # valid JSON but not a str -> str object: named, not a TypeError
+        assert got[key]["error"].startswith("ValueError: VLLM_LAYER_TYPE_REWRITES must be a JSON object"), got[key]
+    assert got["no_layer_types"] == {"layer_types": None, "warnings": []}  # no layer_types at all: untouched
 
 
 PLE = "embed_tokens_per_layer"
@@ -295,4 +342,21 @@ def test_ple_table_names_through_vllm_gemma4_loader(cpu_env):
         assert got[key] == {"loaded": ["model.embed_tokens_per_layer.weight"], "equal": True, "untouched": False}, (key, got[key])
     assert "shard(s) [1] missing" in got["missing"]["error"]
     assert "has shape (4, 6), expected (6, 6)" in got["short_total"]["error"]
+    assert "has shape (5, 6), expected (6, 6)" in got["bad_whole"]["error"]
+
+
+def test_ple_table_names_through_vllm_gemma4_multimodal_loader(cpu_env):
+    """The same names through Gemma4ForConditionalGeneration.load_weights (patched in gemma4_mm.py), whose
+    hf_to_vllm_mapper hands the table to the language model's loader; shape checked there."""
+    scen = {n: {"kind": "ple", "mm": True, "names": [n]} for n in NAMES}
+    scen["shards"] = {"kind": "ple", "mm": True, "names": [f"{PLE}.shard_{i}.weight" for i in (1, 0)],
+                      "rows": [(3, 6), (0, 3)]}
+    scen["missing"] = {"kind": "ple", "mm": True, "names": [f"model.{PLE}.shard_{i}.weight" for i in (0, 2)],
+                       "rows": [(0, 3), (3, 6)]}
+    scen["bad_whole"] = {"kind": "ple", "mm": True, "names": [f"{PLE}.shard_.weight"], "rows": [(0, 5)]}
+    got = probe(cpu_env, "patched", scen)
+    for key in NAMES + ["shards"]:
+        assert got[key] == {"loaded": ["language_model.model.embed_tokens_per_layer.weight"], "equal": True,
+                            "untouched": False}, (key, got[key])
+    assert "shard(s) [1] missing" in got["missing"]["error"]
     assert "has shape (5, 6), expected (6, 6)" in got["bad_whole"]["error"]

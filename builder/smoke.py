@@ -442,6 +442,7 @@ def decide(
     server_exited: bool,
     boot_error: str | None,
     extra_failures: list[str] | None = None,
+    starts_after_boot: int | None = None,
 ) -> tuple[str, list[str]]:
     """The verdict: PASS only if every request of every round succeeded, the
     server is still the same running process, and its log holds no OOM."""
@@ -458,7 +459,13 @@ def decide(
         root = first_error_line(facts) or facts.last_exception_line
         if root and not facts.oom_lines:
             failures.append(f"server log: {root[:300]}")
-    if facts.server_starts > 1:
+    # A restart is a "Starting vLLM server on" after /health first answered (``starts_after_boot``,
+    # from run_smoke).  Counting all starts in the log would call data parallelism a restart:
+    # vLLM 0.26.0 defaults --api-server-count to the DP size, and every API server logs the line.
+    if starts_after_boot is not None:
+        if starts_after_boot > 0:
+            failures.append(f"server restarted ({starts_after_boot} start(s) logged after /health first answered)")
+    elif facts.server_starts > 1:
         failures.append(f"server restarted ({facts.server_starts} starts in its log)")
     failures.extend(extra_failures or [])
     for r in rounds:
@@ -843,6 +850,13 @@ def _killpg(pgid: int, sig: int) -> None:
         pass
 
 
+def _file_size(path: str) -> int | None:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return None
+
+
 def read_log(path: str | None) -> str:
     if not path:
         return ""
@@ -1064,6 +1078,7 @@ def run_smoke(
     server = ServerProcess(argv, log_path, env=env, cleanup=cleanup)
     rounds: list[RoundResult] = []
     boot = {"health_s": None, "first_token_s": None}
+    boot_log_bytes: int | None = None   # size of the server log when /health first answered
     boot_error: str | None = None
     probe: dict[str, Any] | None = None
     extra_failures: list[str] = []
@@ -1112,6 +1127,7 @@ def run_smoke(
                 status, _ = http_get(host, port, "/health", timeout=5)
                 if status == 200:
                     boot["health_s"] = round(time.monotonic() - t_start, 2)
+                    boot_log_bytes = _file_size(log_path)
                     break
             except (OSError, http.client.HTTPException):
                 pass
@@ -1194,9 +1210,17 @@ def run_smoke(
 
     text = read_log(log_path)
     facts = parse_server_log(text)
+    starts_after_boot = None
+    if boot_log_bytes is not None:
+        try:
+            later = Path(log_path).read_bytes()[boot_log_bytes:].decode("utf-8", "replace")
+        except OSError:
+            later = ""
+        starts_after_boot = len(_RE_SERVER_START.findall(later))
     verdict, failures = decide(
         rounds=rounds, expected_rounds=cfg.rounds, facts=facts, server_exit_code=exit_code,
         server_exited=exited, boot_error=boot_error, extra_failures=extra_failures,
+        starts_after_boot=starts_after_boot,
     )
     total_tokens = sum(r.output_tokens for r in rounds)
     total_wall = sum(r.wall_s for r in rounds)

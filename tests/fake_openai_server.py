@@ -111,6 +111,9 @@ def make_handler(state: State):
                 os._exit(3)
             if k in a.oom_at:
                 log(OOM_LINE)
+            if k in a.restart_at:  # as a supervisor restarting the server would log it
+                for line in BOOT_LINES:
+                    log(line.replace("pid=2855", "pid=3999").replace("pid=2925", "pid=4011"))
             if k in a.fail_500_at:
                 self._json(500, {"error": {"message": "Internal Server Error", "type": "InternalServerError"}})
                 return
@@ -175,7 +178,9 @@ def main(argv=None) -> int:
     p.add_argument("--child-pidfile", default=None, help="spawn a sleeping child (like the engine core) and write its pid")
     p.add_argument("--pidfile", default=None)
     p.add_argument("--no-kv-lines", action="store_true")
-    for name in ("fail-500-at", "drop-stream-at", "error-event-at", "die-at", "oom-at", "hang-at"):
+    p.add_argument("--api-servers", type=int, default=1,
+                   help="log 'Starting vLLM server on' once per API server (vLLM's data-parallel default)")
+    for name in ("fail-500-at", "drop-stream-at", "error-event-at", "die-at", "oom-at", "hang-at", "restart-at"):
         p.add_argument(f"--{name}", type=int, action="append", default=[])
     a, _unknown = p.parse_known_args(argv)  # vLLM serving flags are accepted and ignored
     if a.pidfile:
@@ -198,6 +203,10 @@ def main(argv=None) -> int:
         return 1
     for line in BOOT_LINES[2:]:
         if a.no_kv_lines and "KV cache" in line or a.no_kv_lines and "concurrency" in line:
+            continue
+        if "Starting vLLM server on" in line:
+            for i in range(a.api_servers):
+                log(line if a.api_servers == 1 else line.replace("(APIServer pid=2855)", f"(ApiServer_{i} pid={2855 + i})"))
             continue
         log(line)
     # the listen backlog must hold a whole round (the default of 5 resets connections

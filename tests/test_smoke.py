@@ -669,3 +669,12 @@ def test_refusal_and_bad_start_leave_no_log_behind(tmp_path, monkeypatch):
     with pytest.raises(BadInput, match="cannot start the server"):
         run_smoke(SmokeConfig(model=str(model), server_cmd="/nonexistent/vllm-serve --port {port}", plan=False))
     assert list(own_tmp.iterdir()) == []
+
+
+def test_data_parallel_api_servers_are_not_a_restart_but_a_restart_is(tmp_path):
+    # vLLM 0.26.0 defaults --api-server-count to the data-parallel size: each logs the start line
+    rep = _run(tmp_path, "--api-servers", "2", rounds=1)
+    assert rep.verdict == PASS, rep.failures
+    rep = _run(tmp_path, "--restart-at", "3", rounds=2)
+    assert rep.verdict == FAIL
+    assert any("server restarted (1 start(s) logged after /health first answered)" in f for f in rep.failures), rep.failures

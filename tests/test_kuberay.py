@@ -182,6 +182,15 @@ def test_allow_tag_accepts_a_tag_but_not_garbage(tmp_path):
         render(image="not an image", allow_tag=True)
 
 
+def test_header_comment_does_not_claim_a_digest_for_a_tag():
+    tagged = kuberay.render_manifests(lock=make_lock(), spec=make_spec(), image="127.0.0.1:5000/s/v:1", allow_tag=True)
+    pinned = kuberay.render_manifests(lock=make_lock(), spec=make_spec(), image=DIGEST_REF)
+    for name in ("raycluster.yaml", "rayservice.yaml"):
+        head = [ln for ln in tagged[name].splitlines() if ln.startswith("#")]
+        assert not any("pinned by digest" in ln for ln in head) and any("BY TAG" in ln for ln in head)
+        assert any("pinned by digest" in ln for ln in pinned[name].splitlines() if ln.startswith("#"))
+
+
 def test_digest_with_tag_is_accepted():
     ref = "127.0.0.1:5000/serving/vllm:0.26.0@sha256:" + "cd" * 32
     docs = render(image=ref)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -76,7 +77,15 @@ def image_tags(repo: str, vllm: str, lock_hash: str) -> list[str]:
     repo = repo.strip()
     if not repo or "@" in repo or repo.rsplit("/", 1)[-1].count(":"):
         raise BadInput(f"--tag {repo!r}: give an image repository without a tag or digest (e.g. 127.0.0.1:5000/serving/vllm).")
-    return [f"{repo}:{t}" for t in tag_names(vllm, lock_hash)]
+    from .registry import parse_ref
+
+    parse_ref(repo)  # lowercase path components etc.: refused here, not by `docker build` after the render
+    tags = tag_names(vllm, lock_hash)
+    bad = [t for t in tags if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", t)]
+    if bad:
+        raise BadInput(f"vllm version {vllm!r} gives the tag(s) {', '.join(bad)}, which are not valid image tags "
+                       "(letters, digits, '_', '.', '-'; at most 128).")
+    return [f"{repo}:{t}" for t in tags]
 
 
 def default_repo(vllm: str) -> str:

@@ -491,3 +491,12 @@ def test_registry_credentials_from_a_credential_helper(tmp_path, monkeypatch):
     assert base64.b64decode(_docker_config_auth("127.0.0.1:5000")).decode() == "u:s3cret"
     (tmp_path / "config.json").write_text(json.dumps({"credHelpers": {"127.0.0.1:5000": "../../bin/sh"}}))
     assert _docker_config_auth("127.0.0.1:5000") is None  # a helper name is a name, never a path
+
+
+def test_tags_refused_at_render_when_docker_would_refuse_them():
+    """An uppercase repository or a vllm local version ('+') would only fail in `docker build`, after render."""
+    with pytest.raises(BadInput, match="not a valid name"):
+        image_tags("127.0.0.1:5000/Serving/vllm", "0.26.0", "a" * 64)
+    with pytest.raises(BadInput, match="not valid image tags"):
+        image_tags("127.0.0.1:5000/serving/vllm", "0.26.0+cu130", "a" * 64)
+    assert image_tags("127.0.0.1:5000/serving/vllm", "0.26.0", "a" * 64)[0] == "127.0.0.1:5000/serving/vllm:vllm0.26.0-aaaaaaaaaaaa"

@@ -917,6 +917,21 @@ def find_docker() -> str:
     raise BadInput("smoke: IMAGE given but no docker CLI found (set BUILD_IMAGE_DOCKER or use --local)")
 
 
+def check_docker_image(docker: str, image: str) -> None:
+    """Before `docker run --pull=never`: the engine answers (else EngineUnavailable,
+    exit 8) and holds the image (else BadInput, exit 2) -- not a FAIL verdict with
+    `docker run`'s exit code 125 in it."""
+    from .engine import DockerEngine
+
+    eng = DockerEngine(docker=docker)
+    eng.ping()
+    if eng.inspect(image) is None:
+        raise BadInput(
+            f"smoke: image {image} is not in the local engine (the smoke test runs it with --pull=never); "
+            "build it, or pull it first"
+        )
+
+
 # --------------------------------------------------------------------------
 # Preflight plan (builder.plan), zero GPU time
 # --------------------------------------------------------------------------
@@ -1065,6 +1080,8 @@ def run_smoke(
             rounds=[], throughput={"output_tokens_per_s": None}, gpu=None, plan=plan_dict,
             server_exit_code=None, log_file=None, log_tail=[], layer_rewrites=[], refused_by_plan=True,
         )
+    if mode == "docker":
+        check_docker_image(docker, cfg.image or "")
     # the log is created only now: bad input and a plan refusal leave no file behind
     # (and do not truncate a --log-file the user pointed at)
     own_log = cfg.log_file is None

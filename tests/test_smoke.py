@@ -504,6 +504,24 @@ def test_docker_mode_server_death_fails_and_removes_container(fake_vllm_image, t
     assert _smoke_containers() == []
 
 
+@pytest.mark.slow
+@pytest.mark.docker
+def test_docker_mode_missing_image_is_bad_input_not_a_verdict(tmp_path):
+    # `docker run --pull=never` of an absent image used to be a FAIL (exit 1) carrying docker's 125
+    with pytest.raises(BadInput, match="not in the local engine"):
+        run_smoke(SmokeConfig(model=str(tmp_path), image="build-image-test/no-such-image:404", docker_gpus=None,
+                              docker_bin=DOCKER))
+    assert _smoke_containers() == []
+
+
+@pytest.mark.skipif(not os.path.exists(DOCKER), reason="needs the docker CLI (no engine needed)")
+def test_docker_mode_unreachable_engine_exits_8(tmp_path):
+    r = _cli(["smoke", "some/image:1", "--model", str(tmp_path)],
+             env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    assert r.returncode == 8, (r.returncode, r.stderr)
+    assert "not reachable" in r.stderr
+
+
 def test_checkpoint_generators_write_the_ple_variants(tmp_path):
     """Needs torch + transformers (>= 5.14 for Gemma 4); skipped where they are absent (CI)."""
     pytest.importorskip("torch")

@@ -419,7 +419,9 @@ def evaluate(
             if base_binary:
                 findings.append(Finding(
                     e.name, BINARY_MOVE, old, e.version,
-                    f"binary base distribution {e.name} moves {old} -> {e.version} (passed the binary checks).",
+                    f"binary base distribution {e.name} moves {old} -> {e.version}: "
+                    f"{'newer' if _newer(e.version, old) else 'older'} than what vllm {vllm} shipped with; "
+                    "passed the binary checks — test it with this vllm before shipping.",
                     [], chain(e.name)))
             else:
                 newer = _newer(e.version, old)

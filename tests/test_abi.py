@@ -195,6 +195,10 @@ def test_pure_upgrade_allowed_but_flagged_newer_than_vllm_shipped():
     assert "newer than what vllm 0.26.0 shipped with (5.14.1)" in res.notices[0].message
     down = abi.evaluate(BASE, [entry("transformers", "5.0.0", base_version="5.14.1")], {})
     assert rules(down.notices) == [("transformers", "older-than-base")]
+    # a binary base distribution that moves (and passes the binary rules) is flagged the same way
+    up = abi.evaluate(BASE, [entry("pyarrow", "15.0.0", facts(True, 5, 0, 0, "2.17", "cp312"), base_version="14.0.2")], {})
+    assert rules(up.notices) == [("pyarrow", "binary-move")]
+    assert "newer than what vllm 0.26.0 shipped with" in up.notices[0].message
 
 
 def test_allow_moves_violation_to_allowed_with_reason():

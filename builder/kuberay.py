@@ -148,6 +148,11 @@ def serve_args(spec: Spec) -> dict[str, Any]:
         args["max_num_seqs"] = s.max_num_seqs
     if s.cpu_offload_gb:
         args["cpu_offload_gb"] = float(s.cpu_offload_gb)
+    if layout(spec).worker_pods > 1:
+        # The model spans worker pods: only ray.serve.llm places it across nodes. The module's fallback
+        # (vLLM's server in one replica holding every GPU) would stay pending forever; forcing the
+        # backend makes a ray without ray.serve.llm fail at deploy time with a message instead.
+        args["backend"] = "ray-serve-llm"
     return args
 
 

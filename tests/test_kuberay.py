@@ -257,6 +257,20 @@ def test_gpu_counts_come_from_the_spec(serving, pods, gpus_per_pod):
         assert "nvidia.com/gpu" not in head["template"]["spec"]["containers"][0]["resources"]["limits"]
 
 
+@pytest.mark.parametrize("serving, backend", [({"tp": 8, "gpus": 8}, None), ({"tp": 8, "pp": 2, "gpus": 8}, "ray-serve-llm"),
+                                              ({"tp": 16, "gpus": 8}, "ray-serve-llm")])
+def test_a_model_spanning_pods_forces_ray_serve_llm(serving, backend):
+    """The module's fallback backend holds every GPU in one replica (one node): across pods it would stay
+    pending forever. A multi-pod layout asks for ray.serve.llm, so a ray without it fails at deploy."""
+    docs = render(spec=make_spec(**serving))
+    args = yaml.safe_load(docs["rayservice.yaml"]["spec"]["serveConfigV2"])["applications"][0]["args"]
+    assert args.get("backend") == backend
+    mod = load_serve_module()
+    if backend:
+        with pytest.raises(RuntimeError, match="ray-serve-llm' requested"):
+            mod.backend(mod.parse_args(args), has_ray_serve_llm=False)
+
+
 def test_serving_settings_come_from_the_spec_and_the_serve_module_accepts_them():
     spec = parse_spec(
         '[serving]\nmodel = "/models/inkling"\ngpus = 8\ntp = 8\nmax_model_len = 4096\n'

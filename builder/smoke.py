@@ -937,6 +937,16 @@ def check_docker_image(docker: str, image: str) -> None:
 # --------------------------------------------------------------------------
 
 
+def _extra_value(extra: list[str], flag: str) -> str | None:
+    """The value of ``flag`` among the extra `vllm serve` arguments (``--flag V`` or ``--flag=V``)."""
+    for i, a in enumerate(extra):
+        if a == flag and i + 1 < len(extra):
+            return extra[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
 def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, Any] | None:
     """Plan the serving settings before booting (:func:`builder.plan.make_plan`).
 
@@ -964,10 +974,15 @@ def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, A
     kwargs: dict[str, Any] = {}
     if "--enforce-eager" in extra:
         kwargs["enforce_eager"] = True
-    if "--max-num-batched-tokens" in extra:
-        i = extra.index("--max-num-batched-tokens")
-        if i + 1 < len(extra) and extra[i + 1].isdigit():
-            kwargs["max_num_batched_tokens"] = int(extra[i + 1])
+    mnbt = _extra_value(extra, "--max-num-batched-tokens")
+    if mnbt is not None and mnbt.isdigit():
+        kwargs["max_num_batched_tokens"] = int(mnbt)
+    # A fixed KV size (--kv-cache-memory-bytes, also abbreviated as --kv-cache-memory) or block
+    # count replaces the utilization arithmetic: the plan would predict, and refuse, the wrong pool.
+    fixed = [a for a in extra if a.split("=", 1)[0].startswith(("--kv-cache-memory", "--num-gpu-blocks-override"))]
+    if fixed:
+        warn(f"plan skipped: {fixed[0].split('=', 1)[0]} fixes the KV cache size; the plan models gpu_memory_utilization")
+        return None
     try:
         config, _ = planmod.load_config(model_dir)
         weights = planmod.checkpoint_bytes(model_dir)

@@ -696,3 +696,17 @@ def test_data_parallel_api_servers_are_not_a_restart_but_a_restart_is(tmp_path):
     rep = _run(tmp_path, "--restart-at", "3", rounds=2)
     assert rep.verdict == FAIL
     assert any("server restarted (1 start(s) logged after /health first answered)" in f for f in rep.failures), rep.failures
+
+
+def test_plan_reads_extra_args_in_both_forms_and_steps_aside_for_a_fixed_kv_size(tmp_path):
+    model = _tiny_checkpoint(tmp_path / "m")
+    base = dict(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096)
+    d = smoke.preflight_plan(SmokeConfig(**base, extra_args=["--max-num-batched-tokens=2048"]), lambda m: None)
+    assert d["max_num_batched_tokens"] == 2048
+    d = smoke.preflight_plan(SmokeConfig(**base, extra_args=["--max-num-batched-tokens", "4096"]), lambda m: None)
+    assert d["max_num_batched_tokens"] == 4096
+    # the proof's parallel wave: --kv-cache-memory 2GiB at utilization 0.08 -- the plan must not refuse it
+    notes: list[str] = []
+    for extra in (["--kv-cache-memory", "2147483648"], ["--kv-cache-memory-bytes=2G"]):
+        assert smoke.preflight_plan(SmokeConfig(**base, gpu_memory_utilization=0.01, extra_args=extra), notes.append) is None
+    assert all("fixes the KV cache size" in n for n in notes) and len(notes) == 2

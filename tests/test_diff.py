@@ -420,6 +420,10 @@ def test_git_bad_revision_and_missing_path(repo):
     assert r.exit_code == 2 and "'nosuchbranch' is not a revision" in r.stderr
     r = run("--git", "HEAD~2..HEAD", "lockfiles/none/requirements.lock")
     assert r.exit_code == 2 and "exists in neither revision" in r.stderr
+    # a file that is not a lock was silently "no lock changed"
+    r = run("--git", "HEAD~2..HEAD", "lockfiles/base/vllm-openai-v0.26.1.json")
+    assert r.exit_code == 2 and "vllm-openai-v0.26.1.json is a file but not a lock" in r.stderr
+    assert run("--git", "HEAD~2..HEAD", "lockfiles/base").exit_code == 0  # a folder: fine (no lock in it)
 
 
 def test_git_malformed_blob_names_revision_and_line(repo):

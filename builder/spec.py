@@ -7,6 +7,9 @@ Example ``build-image.toml``::
     with = ["ray[serve]", "pyarrow>=15"]               # overlay requirements (added to the default)
     lock = "lockfiles/vllm-0.26.0/requirements.lock"
     repo = "127.0.0.1:5000/serving/vllm"               # image repository for tags
+    find-links = ["wheels/"]                           # lock: extra wheel folders (added to --find-links)
+    no-index = false                                   # lock: only the find-links folders (--no-index wins)
+    exclude-newer = "2026-07-25"                       # lock: uv --exclude-newer (the flag wins)
 
     [allow-abi-change]
     numpy = "reason text, recorded in the lock header"
@@ -89,6 +92,9 @@ class Spec:
     lock: str | None = None
     repo: str | None = None
     allow_abi_change: dict[str, str] = field(default_factory=dict)
+    find_links: list[str] = field(default_factory=list)  # extra wheel folders (uv --find-links)
+    no_index: bool = False
+    exclude_newer: str | None = None
     serving: Serving = field(default_factory=Serving)
     source: str | None = None  # the spec file read, if any
 
@@ -112,6 +118,8 @@ class Spec:
             named = {_req_key(w) for w in top["with_"]} - {None}
             kept = [w for w in self.with_ if _req_key(w) not in named]
             top["with_"] = kept + [w for w in top["with_"] if w not in kept]
+        if "find_links" in top:
+            top["find_links"] = list(self.find_links) + [f for f in top["find_links"] if f not in self.find_links]
         if "allow_abi_change" in top:
             top["allow_abi_change"] = {**self.allow_abi_change, **top["allow_abi_change"]}
         return replace(self, **top, serving=replace(self.serving, **serving))
@@ -128,7 +136,8 @@ def _req_key(req: str) -> str | None:
         return None
 
 
-_TOP_KEYS = {"vllm": str, "base": str, "with": list, "lock": str, "repo": str, "allow-abi-change": dict, "serving": dict}
+_TOP_KEYS = {"vllm": str, "base": str, "with": list, "lock": str, "repo": str, "allow-abi-change": dict, "serving": dict,
+             "find-links": list, "no-index": bool, "exclude-newer": str}
 _TOML_TYPE = {str: "string", list: "array", dict: "table", int: "integer", float: "float", bool: "boolean"}
 _SERVING_TYPES = {f.name: f.type for f in fields(Serving)}
 
@@ -147,6 +156,8 @@ def parse_spec(text: str, path: str) -> Spec:
     with_ = doc.get("with", [])
     if not all(isinstance(w, str) for w in with_):
         raise BadInput(f"spec {path}: 'with' must be a list of requirement strings.")
+    if not all(isinstance(f, str) for f in doc.get("find-links", [])):
+        raise BadInput(f"spec {path}: 'find-links' must be a list of folder paths or URLs (strings).")
     allow = doc.get("allow-abi-change", {})
     if not all(isinstance(v, str) and v.strip() for v in allow.values()):
         raise BadInput(f"spec {path}: every 'allow-abi-change' entry needs a non-empty reason string.")
@@ -173,6 +184,9 @@ def parse_spec(text: str, path: str) -> Spec:
         lock=doc.get("lock"),
         repo=doc.get("repo"),
         allow_abi_change=dict(allow),
+        find_links=list(doc.get("find-links", [])),
+        no_index=doc.get("no-index", False),
+        exclude_newer=doc.get("exclude-newer"),
         serving=Serving(**serving_kwargs),
         source=path,
     )

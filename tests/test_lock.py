@@ -545,3 +545,23 @@ def test_a_lock_cut_between_two_entries_is_caught_by_its_entry_count(offline, tm
     from builder.lockfile import parse_lock
 
     assert len(parse_lock(text.replace("# entries: 3\n", "")).entries) == 3
+
+
+def test_spec_holds_the_index_flags_too(np1_base, wheelhouse, tmp_path):
+    """find-links / no-index / exclude-newer are flags of `lock`, so the spec holds them too
+    (the issue: 'the spec file holds what the flags hold'); the flag wins for exclude-newer."""
+    spec = tmp_path / "build-image.toml"
+    spec.write_text(f'base = "{np1_base}"\nwith = ["stableabi"]\nfind-links = ["{wheelhouse}"]\nno-index = true\n'
+                    'exclude-newer = "2000-01-01"\n')
+    out = tmp_path / "r.lock"
+    code, text = run("lock", "--spec", str(spec), "--no-default-overlay", "-o", str(out))
+    assert code == 0, text
+    assert load_lock(out).header["exclude-newer"] == "2000-01-01"  # (find-links files carry no upload date)
+    code, text = run("lock", "--spec", str(spec), "--no-default-overlay", "--exclude-newer", "2100-01-01", "-o", str(out))
+    assert code == 0, text
+    lock = load_lock(out)
+    assert lock.header["index"] == f"--no-index --find-links {wheelhouse.resolve()}"
+    assert lock.header["exclude-newer"] == "2100-01-01" and "stableabi" in lock.by_name()
+    spec.write_text('no-index = "yes"\n')
+    code, text = run("lock", "--spec", str(spec), "-o", str(out))
+    assert code == 2 and "'no-index' must be a TOML boolean" in text

@@ -109,7 +109,8 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
 
     t_start = time.monotonic()
     spec = load_spec(spec_path).with_flags(
-        vllm=vllm, with_=list(with_) or None, base=base, lock=output, allow_abi_change=_allow(allow_names, reasons)
+        vllm=vllm, with_=list(with_) or None, base=base, lock=output, allow_abi_change=_allow(allow_names, reasons),
+        find_links=list(find_links) or None, no_index=no_index or None, exclude_newer=exclude_newer,
     )
     if not spec.base:
         check_vllm_version(spec.vllm)
@@ -130,8 +131,9 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
     L.check_overlay_against_vllm(reqs, spec.vllm)
     req = L.LockRequest(
         vllm=spec.vllm, base=manifest, base_bytes=base_bytes, overlay=overlay,
-        allow=dict(spec.allow_abi_change), find_links=[f if "://" in f else str(Path(f).resolve()) for f in find_links], no_index=no_index,
-        exclude_newer=exclude_newer,
+        allow=dict(spec.allow_abi_change),
+        find_links=[f if "://" in f else str(Path(f).resolve()) for f in spec.find_links], no_index=spec.no_index,
+        exclude_newer=spec.exclude_newer,
     )
     lock_path = spec.lock_path
     if lock_path.is_dir():

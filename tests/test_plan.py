@@ -528,3 +528,19 @@ def test_min_utilization_finds_a_narrow_window_below_the_startup_limit():
                      None)
         assert make_plan(cfg("seed000"), max_num_seqs=n, **base).min_utilization == brute, n
     assert make_plan(cfg("seed000"), max_num_seqs=78, **base).min_utilization is not None
+
+
+def test_docs_example_is_what_the_command_prints():
+    import re
+    import subprocess
+    import sys
+
+    root = Path(__file__).parent.parent
+    doc = (root / "docs" / "plan.md").read_text()
+    m = re.search(r"\$ build-image plan (.*?)\n    (.*?)\n(.*?)\$ echo \$\?\n(\d+)\n", doc, re.S)
+    assert m, "the seed 000 example block in docs/plan.md"
+    args = (m.group(1).rstrip(" \\") + " " + m.group(2)).split()
+    r = subprocess.run([sys.executable, "-c", "from builder.cli import main; main(prog_name='build-image')", "plan", *args],
+                       cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
+    assert r.returncode == int(m.group(4))
+    assert r.stdout == m.group(3)

@@ -544,3 +544,12 @@ def test_docs_example_is_what_the_command_prints():
                        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert r.returncode == int(m.group(4))
     assert r.stdout == m.group(3)
+
+
+def test_docs_seed003_numbers_are_the_plans():
+    doc = (Path(__file__).parent.parent / "docs" / "plan.md").read_text()
+    held = make_plan(cfg("seed003"), max_model_len=131072, max_num_seqs=16, **SEED003)
+    bigger = make_plan(cfg("seed003"), max_model_len=262144, max_num_seqs=32, **SEED003)
+    assert f"131,072 tokens × 16 sequences fits ({held.max_seqs_at_context} would fit)" in doc
+    assert f"holds only {bigger.max_seqs_at_context} at once" in doc
+    assert f"`--max-model-len {bigger.max_context_at_num_seqs}` for 32 sequences" in doc

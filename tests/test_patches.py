@@ -193,6 +193,18 @@ def test_symlink_in_tree_refused(series, tree, tmp_path):
         P.check(series, tree)
 
 
+def test_symlink_in_wheel_refused(series, tmp_path):
+    """A wheel (zip) entry stored as a symlink (mode 120777) for a target is refused, not read as text."""
+    whl = tmp_path / "vllm-0.26.0-py3-none-any.whl"
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("vllm/a.py", ORIG)
+        link = zipfile.ZipInfo("vllm/sub/b.py")
+        link.external_attr = (0o120777 << 16)
+        z.writestr(link, "../a.py")
+    with pytest.raises(PatchFailed, match="vllm/sub/b.py is a symlink in the wheel"):
+        P.check(series, whl)
+
+
 def test_apply_to_dir_refuses_source_differing_from_recorded_originals(series, tree, tmp_path):
     # a change outside every hunk: the diff still applies, but this is not the wheel the series was made for
     (tree / "vllm/a.py").write_text(ORIG + "line 41\n")

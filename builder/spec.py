@@ -128,10 +128,11 @@ class Spec:
 def _req_key(req: str) -> str | None:
     """Canonical package name of a requirement string (None when it does not parse)."""
     from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.utils import canonicalize_name
+
+    from .util import canonical_name
 
     try:
-        return canonicalize_name(Requirement(req).name)
+        return canonical_name(Requirement(req).name)
     except InvalidRequirement:
         return None
 

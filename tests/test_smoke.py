@@ -506,7 +506,7 @@ def test_docker_mode_server_death_fails_and_removes_container(fake_vllm_image, t
 
 @pytest.mark.slow
 @pytest.mark.docker
-def test_docker_mode_missing_image_is_bad_input_not_a_verdict(tmp_path):
+def test_docker_mode_missing_image_is_bad_input_not_a_verdict(docker_engine, tmp_path):
     # `docker run --pull=never` of an absent image used to be a FAIL (exit 1) carrying docker's 125
     with pytest.raises(BadInput, match="not in the local engine"):
         run_smoke(SmokeConfig(model=str(tmp_path), image="build-image-test/no-such-image:404", docker_gpus=None,

@@ -417,6 +417,11 @@ def snapshot_site_packages(
     if cuda is not None:
         _check_xy(cuda, "--cuda")
     dists = scan_site_packages(site_packages, progress=progress)
+    if not dists:  # an empty floor would pin nothing: almost always the wrong directory
+        raise BadInput(
+            f"site-packages directory {site_packages} holds no installed distribution (no *.dist-info or "
+            "*.egg-info); point --site-packages at the site-packages/dist-packages directory itself.",
+        )
     return BaseManifest(
         image_ref=image_ref,
         image_digest=None,

@@ -173,6 +173,7 @@ def test_snapshot_site_packages_writes_a_reconstructed_manifest(tmp_path, make_s
     (["--site-packages", ".", "--glibc", "2.35.1", "--python", "3.12"], "--glibc must look like X.Y (e.g. 2.35)"),
     (["--site-packages", ".", "--glibc", "2.35", "--python", "3.12", "--cuda", "13"], "--cuda must look like X.Y (e.g. 13.0)"),
     (["--site-packages", "/nonexistent/dir", "--glibc", "2.35", "--python", "3.12"], "does not exist"),
+    (["--site-packages", "tests", "--glibc", "2.35", "--python", "3.12"], "holds no installed distribution"),
     (["--image", "x:1", "--method", "m"], "only apply to --site-packages"),
 ])
 def test_snapshot_bad_input_exits_2_and_writes_nothing(tmp_path, args, needle):

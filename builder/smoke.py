@@ -979,6 +979,10 @@ def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, A
         kwargs["max_num_batched_tokens"] = int(mnbt)
     # A fixed KV size (--kv-cache-memory-bytes, also abbreviated as --kv-cache-memory) or block
     # count replaces the utilization arithmetic: the plan would predict, and refuse, the wrong pool.
+    if cfg.kv_cache_dtype and cfg.kv_cache_dtype not in planmod.KV_CACHE_DTYPES:
+        # vLLM knows more KV dtypes (fp8_inc, fp8_ds_mla, turboquant_*, ...) than the planner models
+        warn(f"plan skipped: the planner does not model --kv-cache-dtype {cfg.kv_cache_dtype}")
+        return None
     fixed = [a for a in extra if a.split("=", 1)[0].startswith(("--kv-cache-memory", "--num-gpu-blocks-override"))]
     if fixed:
         warn(f"plan skipped: {fixed[0].split('=', 1)[0]} fixes the KV cache size; the plan models gpu_memory_utilization")

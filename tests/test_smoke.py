@@ -710,3 +710,11 @@ def test_plan_reads_extra_args_in_both_forms_and_steps_aside_for_a_fixed_kv_size
     for extra in (["--kv-cache-memory", "2147483648"], ["--kv-cache-memory-bytes=2G"]):
         assert smoke.preflight_plan(SmokeConfig(**base, gpu_memory_utilization=0.01, extra_args=extra), notes.append) is None
     assert all("fixes the KV cache size" in n for n in notes) and len(notes) == 2
+
+
+def test_a_kv_dtype_the_planner_does_not_model_skips_the_plan_not_the_smoke(tmp_path):
+    model = _tiny_checkpoint(tmp_path / "m")
+    notes: list[str] = []
+    cfg = SmokeConfig(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096, kv_cache_dtype="fp8_ds_mla")
+    assert smoke.preflight_plan(cfg, notes.append) is None       # used to be BadInput (exit 2)
+    assert "fp8_ds_mla" in notes[0]

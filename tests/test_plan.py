@@ -553,3 +553,11 @@ def test_docs_seed003_numbers_are_the_plans():
     assert f"131,072 tokens × 16 sequences fits ({held.max_seqs_at_context} would fit)" in doc
     assert f"holds only {bigger.max_seqs_at_context} at once" in doc
     assert f"`--max-model-len {bigger.max_context_at_num_seqs}` for 32 sequences" in doc
+
+
+def test_cli_accepts_vllms_own_kv_dtype_names():
+    # `vllm serve --kv-cache-dtype` takes bfloat16/float16 (not bf16/fp16): both spellings plan the same
+    common = ["plan", "--model", str(DATA / "tiny_qwen3"), "--weights-bytes", "1MB", "--gpu-memory", "h200",
+              "--max-model-len", "4096", "--json"]
+    docs = [json.loads(CliRunner().invoke(main, common + ["--kv-cache-dtype", d]).output) for d in ("bfloat16", "bf16")]
+    assert docs[0]["kv_tokens_per_gpu"] == docs[1]["kv_tokens_per_gpu"] > 0

@@ -26,7 +26,7 @@ from ..spec import load_spec
 @click.option("--gpu-memory-utilization", type=float, default=None, help="vLLM gpu_memory_utilization, in (0, 1].")
 @click.option("--max-model-len", type=int, default=None, help="Context length (default: the model's max_position_embeddings).")
 @click.option("--max-num-seqs", type=int, default=None, help="Concurrent full-length sequences that must fit.")
-@click.option("--kv-cache-dtype", type=click.Choice(["auto", "bf16", "fp16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4"]), default=None, help="KV cache dtype (auto = the model's torch_dtype, or the ModelOpt checkpoint's KV quantization).")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "bf16", "bfloat16", "fp16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4"]), default=None, help="KV cache dtype (auto = the model's torch_dtype, or the ModelOpt checkpoint's KV quantization).")
 @click.option("--cpu-offload-gb", type=float, default=None, help="vLLM cpu_offload_gb (GiB of weights per GPU kept in host memory).")
 @click.option("--reserve-gib", type=float, default=None, help="Per-GPU reserve for activations, CUDA graphs and workspace (GiB); default: estimated, see docs/plan.md.")
 @click.option("--max-num-batched-tokens", type=int, default=None, help="Tokens per forward step (drives the activation estimate; vLLM server default 8192 on >=70 GiB GPUs).")

@@ -213,10 +213,13 @@ class RegistryClient:
     def config_digest(self, repository: str, reference: str) -> str | None:
         """The image config digest (= the engine's image ID) a tag points at, or None."""
         got = self.manifest(repository, reference)
-        if not got:
-            return None
-        cfg = (got[1].get("config") or {}).get("digest")
-        return cfg
+        return config_of(got[1]) if got else None
+
+
+def config_of(manifest: dict) -> str | None:
+    """The image config digest (= the engine's image ID) of a single-image manifest; None for an index."""
+    cfg = (manifest.get("config") or {}).get("digest")
+    return cfg if isinstance(cfg, str) else None
 
 
 def client_for(ref: str) -> tuple[RegistryClient, ImageRef]:

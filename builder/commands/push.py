@@ -20,7 +20,7 @@ def push_tags(tags: list[str], *, force: bool = False, engine=None, console=None
     pushed that the registry does not serve.
     """
     from ..engine import get_engine
-    from ..registry import client_for
+    from ..registry import client_for, config_of
 
     engine = engine or get_engine()
     engine.ping()
@@ -47,7 +47,7 @@ def push_tags(tags: list[str], *, force: bool = False, engine=None, console=None
         got = client.manifest(ref.repository, ref.tag or "latest")
         if got is None:
             continue
-        cfg = _config_of(got[1])
+        cfg = config_of(got[1])
         if cfg != image_id:  # a manifest list / index (no single config) is a different image too
             what = f"image {cfg[:19]}…" if cfg else f"{got[1].get('mediaType') or 'a manifest without a config'} {got[0][:19]}…"
             conflicts.append(f"{t} -> {what} (local {image_id[:19]}…)")
@@ -62,7 +62,7 @@ def push_tags(tags: list[str], *, force: bool = False, engine=None, console=None
             console.print(f"push: {t}", markup=False, highlight=False)
         res = engine.push(t)
         got = client.manifest(ref.repository, ref.tag or "latest")
-        remote, cfg = (got[0], _config_of(got[1])) if got else (None, None)
+        remote, cfg = (got[0], config_of(got[1])) if got else (None, None)
         if remote != res.digest or cfg != image_id:
             raise RegistryError(
                 f"after pushing {t} the registry serves manifest {remote or 'nothing'} (image {cfg or 'none'}), "
@@ -78,12 +78,6 @@ def push_tags(tags: list[str], *, force: bool = False, engine=None, console=None
         "pushed": pushed,
         "moved_tags": [c.split(" ->")[0] for c in conflicts],
     }
-
-
-def _config_of(manifest: dict) -> str | None:
-    """The image config digest (= the engine's image ID) of a single-image manifest; None for an index."""
-    cfg = (manifest.get("config") or {}).get("digest")
-    return cfg if isinstance(cfg, str) else None
 
 
 @click.command("push")

@@ -73,6 +73,11 @@ def tag_names(vllm: str, lock_hash: str) -> list[str]:
     return [f"vllm{vllm}-{lock_hash[:12]}", f"vllm{vllm}"]
 
 
+def is_content_addressed(tag: str) -> bool:
+    """``REPO:vllm<v>-<12 hex>`` (names one lock) as opposed to the moving ``REPO:vllm<v>``."""
+    return re.search(r":vllm[^:/]*-[0-9a-f]{12}$", tag) is not None
+
+
 def image_tags(repo: str, vllm: str, lock_hash: str) -> list[str]:
     repo = repo.strip()
     if not repo or "@" in repo or repo.rsplit("/", 1)[-1].count(":"):

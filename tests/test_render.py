@@ -434,12 +434,16 @@ class _FakeRegistry:
         return self.before if self.calls == 1 else self.after
 
 
-def _push_with(monkeypatch, engine, registry, **kw):
+CA_TAG = "127.0.0.1:5000/s/v:vllm0.26.0-0123456789ab"
+MOVING_TAG = "127.0.0.1:5000/s/v:vllm0.26.0"
+
+
+def _push_with(monkeypatch, engine, registry, tags=(CA_TAG,), **kw):
     import builder.registry as R
     from builder.commands.push import push_tags
 
     monkeypatch.setattr(R, "client_for", lambda t: (registry, R.parse_ref(t)))
-    return push_tags(["127.0.0.1:5000/s/v:t1"], engine=engine, **kw)
+    return push_tags(list(tags), engine=engine, **kw)
 
 
 IMG = "sha256:" + "1" * 64
@@ -467,6 +471,32 @@ def test_push_verifies_the_registry_serves_the_local_image(monkeypatch):
     same = (MAN, {"config": {"digest": IMG}})
     doc = _push_with(monkeypatch, _FakeEngine(IMG, MAN), _FakeRegistry(None, same))
     assert doc["digest"] == MAN and doc["pinned"] == f"127.0.0.1:5000/s/v@{MAN}"
+
+
+def test_moving_tag_moves_without_force_the_content_addressed_one_does_not(monkeypatch):
+    """A new lock: REPO:vllm0.26.0 points at the previous image -> it moves (routine, listed in moved_tags);
+    REPO:vllm0.26.0-<hash> pointing elsewhere means a different build of the same lock -> exit 11."""
+    from builder.errors import TagConflict
+
+    old = (MAN, {"config": {"digest": "sha256:" + "9" * 64}})
+
+    class Reg(_FakeRegistry):
+        def __init__(self, before):
+            self.before, self.seen = before, set()
+
+        def manifest(self, repository, reference):
+            tag = f"127.0.0.1:5000/{repository}:{reference}"
+            if tag in self.seen:  # after its push
+                return (MAN, {"config": {"digest": IMG}})
+            self.seen.add(tag)
+            return self.before.get(tag)
+
+    doc = _push_with(monkeypatch, _FakeEngine(IMG, MAN), Reg({MOVING_TAG: old}), tags=(CA_TAG, MOVING_TAG))
+    assert doc["moved_tags"] == [MOVING_TAG] and [p["ref"] for p in doc["pushed"]] == [CA_TAG, MOVING_TAG]
+    eng = _FakeEngine(IMG, MAN)
+    with pytest.raises(TagConflict, match="vllm0.26.0-0123456789ab"):
+        _push_with(monkeypatch, eng, Reg({CA_TAG: old, MOVING_TAG: old}), tags=(CA_TAG, MOVING_TAG))
+    assert eng.pushes == []
 
 
 def test_registry_credentials_from_a_credential_helper(tmp_path, monkeypatch):

@@ -14,13 +14,16 @@ from ..errors import BadInput, RegistryError, TagConflict
 def push_tags(tags: list[str], *, force: bool = False, engine=None, console=None) -> dict:
     """Push every tag of one local image; verify the registry's manifest digest.
 
-    Before pushing: a tag that already points at a different image in the registry ->
-    TagConflict (unless ``force``).  After pushing: the registry's digest for each tag must
+    Before pushing: a content-addressed tag (``…:vllm<v>-<12 hex>``) that already points at a
+    different image in the registry -> TagConflict (unless ``force``).  The moving tag
+    (``…:vllm<v>``) is meant to move to each new lock: it moves without ``force`` and is
+    listed in ``moved_tags``.  After pushing: the registry's digest for each tag must
     equal the digest the engine pushed -> RegistryError otherwise.  Nothing is reported as
     pushed that the registry does not serve.
     """
     from ..engine import get_engine
     from ..registry import client_for, config_of
+    from ..render import is_content_addressed
 
     engine = engine or get_engine()
     engine.ping()
@@ -42,7 +45,7 @@ def push_tags(tags: list[str], *, force: bool = False, engine=None, console=None
         client.ping()
         clients[t] = (client, ref)
     # conflict check before anything is pushed
-    conflicts = []
+    conflicts, moving = [], []
     for t, (client, ref) in clients.items():
         got = client.manifest(ref.repository, ref.tag or "latest")
         if got is None:
@@ -50,12 +53,15 @@ def push_tags(tags: list[str], *, force: bool = False, engine=None, console=None
         cfg = config_of(got[1])
         if cfg != image_id:  # a manifest list / index (no single config) is a different image too
             what = f"image {cfg[:19]}…" if cfg else f"{got[1].get('mediaType') or 'a manifest without a config'} {got[0][:19]}…"
-            conflicts.append(f"{t} -> {what} (local {image_id[:19]}…)")
+            (conflicts if is_content_addressed(t) else moving).append(f"{t} -> {what} (local {image_id[:19]}…)")
     if conflicts and not force:
         raise TagConflict(
             "tag(s) already point at a different image in the registry: " + "; ".join(conflicts) + ". Nothing was pushed.",
             hint="a content-addressed tag moving means the build is not the same; pass --force to move the tag(s).",
         )
+    if console is not None:
+        for m in moving:
+            console.print(f"push: moving tag {m}", markup=False, highlight=False)
     pushed = []
     for t, (client, ref) in clients.items():
         if console is not None:
@@ -76,7 +82,7 @@ def push_tags(tags: list[str], *, force: bool = False, engine=None, console=None
         "digest": pushed[0]["digest"] if len(digests) == 1 else None,
         "pinned": pushed[0]["pinned"],
         "pushed": pushed,
-        "moved_tags": [c.split(" ->")[0] for c in conflicts],
+        "moved_tags": [c.split(" ->")[0] for c in conflicts + moving],
     }
 
 

@@ -336,18 +336,34 @@ def pin_evidence(key: str, base: BaseManifest) -> list[str]:
     return out
 
 
+_COMPLEMENT = {">=": "<", ">": "<=", "<": ">=", "<=": ">"}
+
+
 def wanted_specifier(derivation: str, name: str, pinned: str) -> str | None:
     """The specifier uv says is required of ``name`` other than the base pin
-    (``tokenizers>=0.23.1,<0.24.0``), to suggest a concrete ``--with``."""
+    (``tokenizers>=0.23.1,<0.24.0``), to suggest a concrete ``--with``.
+
+    Only a specifier in *object* position ("... depends on X>=2", "you require X>=2") is
+    what is wanted; one in *subject* position ("X>=5.0 depends on numpy>=2", "... and
+    X>=5.0 are incompatible") is the range that conflicts, so its complement is suggested
+    (``X<5.0``) when it is a single bound, else nothing."""
     text = _ANSI.sub("", derivation)
     name_pat = "[-_.]+".join(re.escape(p) for p in canonical_name(name).split("-"))
     pat = re.compile(r"(?<![A-Za-z0-9._-])" + name_pat +
                      r"(?:\{[^}]*\})?((?:[<>=!~]=?[^\s,]+)(?:,[<>=!~]=?[^\s,]+)*)", re.I)
+    complement = None
     for m in pat.finditer(text):
         spec = m.group(1).rstrip(".,")
-        if spec != f"=={pinned}":
+        if spec == f"=={pinned}":
+            continue
+        before, after = text[max(0, m.start() - 24):m.start()], text[m.end():m.end() + 24]
+        if re.search(r"(?:depends on|requires?|require)\s+$", before):
             return spec
-    return None
+        sub = re.fullmatch(r"(>=|>|<=|<)([^,<>=!~]+)", spec)
+        if complement is None and sub and re.match(r"\s+(?:depends on|depend on|are incompatible|is incompatible)",
+                                                   after):
+            complement = _COMPLEMENT[sub.group(1)] + sub.group(2)
+    return complement
 
 
 def explain_unsatisfiable(stderr: str, base: BaseManifest, overlay: Iterable[str]) -> tuple[str, str]:
@@ -371,7 +387,7 @@ def explain_unsatisfiable(stderr: str, base: BaseManifest, overlay: Iterable[str
         d = base.get(key)
         if not is_exact_coupled(key):
             wanted = wanted_specifier(stderr, d.name, d.version)
-            ways.append(f"--with '{d.name}{wanted or '>=X'}' releases the {d.name} pin (then the ABI gate decides)")
+            ways.append(f"--with '{d.name}{wanted or ''}' releases the {d.name} pin (then the ABI gate decides)")
     ways.append("drop or loosen the overlay requirement that needs the conflicting version")
     lines.append("ways out: " + "; or ".join(ways))
     for name in [r for r in released if is_exact_coupled(r) and base.get(r) is not None]:

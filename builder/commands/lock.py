@@ -83,7 +83,8 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
     """Resolve ray[serve] + --with on top of the base image, run the ABI gate, write a hash-pinned lock.
 
     Exit codes: 0 written / up to date, 2 bad input, 3 ABI gate rejection,
-    4 unsatisfiable on top of the base, 5 stale lock (--check), 12 uv failed.
+    4 unsatisfiable on top of the base, 5 stale lock (--check), 7 wheel download / sha256
+    failure, 12 uv failed.  With --json every outcome is a JSON document on stdout.
     """
     try:
         _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,

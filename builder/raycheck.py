@@ -5,8 +5,9 @@ Two halves:
 * **pure** — :class:`NodeReport` (what one node says about itself) and
   :func:`compare` (node reports + lock -> findings).  No subprocess, no Ray.
 * **adapter** — :class:`LocalRayCluster` starts a Ray head and N workers as
-  containers on the local engine (``--pull=never``, host network, every Ray
-  port bound to 127.0.0.1 and distinct per node, dashboard off, small object
+  containers on the local engine (``--pull=never``; the head in a namespace of
+  its own with only loopback, ``--network=none``, the workers joining it with
+  ``--network=container:<head>``; Ray ports distinct per node, dashboard off, small object
   store), runs :data:`PROBE_SCRIPT` in the head, which waits for the nodes to
   join and runs one task pinned to each node (``NodeAffinitySchedulingStrategy``,
   ``soft=False``).  Containers are always removed by ID, also on error or Ctrl-C.
@@ -433,9 +434,9 @@ class Containers:
             )
         return info
 
-    def start(self, node: NodeSpec, argv: list[str], run_id: str) -> str:
+    def start(self, node: NodeSpec, argv: list[str], run_id: str, *, network: str = "none") -> str:
         args = [
-            "run", "-d", "--pull=never", "--network=host", "--shm-size=256m", "--init",
+            "run", "-d", "--pull=never", f"--network={network}", "--shm-size=256m", "--init",
             "--label", f"{CONTAINER_LABEL}={run_id}", "--label", f"org.build-image.image-digest={node.image_digest or node.image_id}",
             "-e", f"BUILD_IMAGE_NODE={node.name}", "-e", f"BUILD_IMAGE_IMAGE_ID={node.image_id}",
             "-e", f"BUILD_IMAGE_DIGEST={node.image_digest or ''}",
@@ -568,11 +569,16 @@ def run_check(
         stack.enter_context(_sigterm_as_interrupt())
         stack.callback(containers.remove_all, run_id)
         say(f"starting head ({nodes[0].image})")
+        # Loopback only: the head gets a network namespace of its own that holds nothing but `lo`
+        # (--network=none), and every worker joins that namespace. Ray listens on 0.0.0.0 whatever
+        # --node-ip-address says; with --network=host that exposed GCS, raylets and agents on every
+        # host interface. Workers removed first (remove_all pops the last started).
         cids["head"] = containers.start(nodes[0], common + ["--head", "--include-dashboard=false", "--node-name=head",
-                                                           *ports[0].args()], run_id)
+                                                           *ports[0].args()], run_id, network="none")
         for node, p in zip(nodes[1:], ports[1:]):
             say(f"starting {node.name} ({node.image})")
-            cids[node.name] = containers.start(node, common + [f"--address={gcs}", f"--node-name={node.name}", *p.args()], run_id)
+            cids[node.name] = containers.start(node, common + [f"--address={gcs}", f"--node-name={node.name}", *p.args()],
+                                               run_id, network=f"container:{cids['head']}")
 
         say(f"waiting for {len(nodes)} nodes to join (up to {int(deadline - time.monotonic())}s)")
         cfg = {"mode": "cluster", "address": gcs, "giveup": f"/tmp/build-image-ray-check-{run_id}.giveup", "nodes": [n.name for n in nodes], "packages": packages,

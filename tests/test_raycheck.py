@@ -433,3 +433,33 @@ def test_default_lock_is_the_one_whose_hash_the_image_carries(tmp_path, monkeypa
     assert image_lock("img", Eng({"org.build-image.vllm": "0.26.0", "org.build-image.lock-hash": "f" * 64})) is None
     assert image_lock("img", Eng({})) is None
     assert image_lock("img", Eng({"org.build-image.vllm": "9.9.9", "org.build-image.lock-hash": h})) is None
+
+
+def test_nodes_share_one_loopback_only_namespace(monkeypatch):
+    """Ray binds 0.0.0.0 whatever --node-ip-address says: with --network=host its GCS, raylets and agents
+    listened on every host interface. The head gets --network=none, the workers join its namespace."""
+    from builder import raycheck as RC
+
+    started = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_start(self, node, argv, run_id, *, network="none"):
+        started.append((node.name, network))
+        if len(started) == 3:
+            raise Stop
+        return f"cid-{node.name}"
+
+    class Eng:
+        def ping(self):
+            return "fake"
+
+    monkeypatch.setattr(RC.Containers, "start", fake_start)
+    monkeypatch.setattr(RC.Containers, "remove_all", lambda self, run_id=None: None)
+    monkeypatch.setattr(RC, "node_specs", lambda image, workers, worker_image, containers: [
+        RC.NodeSpec(name=n, image="img", image_id="sha256:" + "0" * 64, image_digest=None, sums="")
+        for n in ("head", "worker-1", "worker-2")])
+    with pytest.raises(Stop):
+        RC.run_check("img", workers=2, engine=Eng())
+    assert started == [("head", "none"), ("worker-1", "container:cid-head"), ("worker-2", "container:cid-head")]

@@ -1,7 +1,7 @@
 """``build-image ray-check IMAGE``: the same image, the same versions on every Ray node.
 
 Starts a real Ray head and N workers as containers of IMAGE on the local engine
-(never pulls; host network on 127.0.0.1 only; no GPU), runs one task pinned to
+(never pulls; one network namespace holding only loopback, shared by all nodes; no GPU), runs one task pinned to
 each node, and compares what the nodes report with each other and with the lock.
 
 Exit 0: PASS; 1: the nodes disagree (or one did not join); 2: bad input;

@@ -443,10 +443,20 @@ class Uv:
             cmd += ["-c", str(c)]
         return cmd
 
+    # uv settings from the environment that change *what* resolves: they are not inputs of the lock
+    # (not in inputs-sha256), so an ambient UV_RESOLUTION=lowest would write another lock that
+    # `--check` still calls up to date.  The tool passes what it means on the command line.
+    # Index URLs stay (mirrors, credentials): the wheel URLs in the lock show where files came from.
+    IGNORED_ENV = ("UV_SYSTEM_PYTHON", "UV_RESOLUTION", "UV_PRERELEASE", "UV_CONSTRAINT", "UV_OVERRIDE",
+                   "UV_BUILD_CONSTRAINT", "UV_EXCLUDE_NEWER", "UV_INDEX_STRATEGY", "UV_TORCH_BACKEND",
+                   "UV_FIND_LINKS", "UV_NO_INDEX", "UV_NO_BINARY", "UV_NO_BINARY_PACKAGE", "UV_NO_BUILD",
+                   "UV_NO_BUILD_PACKAGE", "UV_ONLY_BINARY", "UV_NO_SOURCES", "UV_PYTHON", "UV_EXCLUDE")
+
     @staticmethod
     def env() -> dict[str, str]:
         env = {**os.environ, "UV_NO_CONFIG": "1", "NO_COLOR": "1", "UV_PYTHON_DOWNLOADS": "never"}
-        env.pop("UV_SYSTEM_PYTHON", None)
+        for var in Uv.IGNORED_ENV:
+            env.pop(var, None)
         return env
 
     def start(self, sources: list[Path], out: Path, *, cwd: Path | None = None, **kw) -> subprocess.Popen:

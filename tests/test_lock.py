@@ -577,3 +577,19 @@ def test_spec_holds_the_index_flags_too(np1_base, wheelhouse, tmp_path):
     spec.write_text('no-index = "yes"\n')
     code, text = run("lock", "--spec", str(spec), "-o", str(out))
     assert code == 2 and "'no-index' must be a TOML boolean" in text
+
+
+def test_ambient_uv_settings_do_not_change_the_lock(offline, tmp_path, monkeypatch):
+    """UV_RESOLUTION=lowest (or a UV_CONSTRAINT file) in the caller's environment changed the
+    resolution while inputs-sha256 stayed the same, so `--check` vouched for either lock."""
+    plain = tmp_path / "plain.lock"
+    assert run(*offline("--with", "fakearrow>=14", "-o", str(plain)))[0] == 0
+    cons = tmp_path / "c.txt"
+    cons.write_text("fakearrow==14.0.2\n")
+    monkeypatch.setenv("UV_RESOLUTION", "lowest")
+    monkeypatch.setenv("UV_CONSTRAINT", str(cons))
+    ambient = tmp_path / "ambient.lock"
+    code, text = run(*offline("--with", "fakearrow>=14", "-o", str(ambient)))
+    assert code == 0, text
+    assert [(e.name, e.version) for e in load_lock(ambient).entries] == \
+        [(e.name, e.version) for e in load_lock(plain).entries] == [("fakearrow", "17.0.0")]

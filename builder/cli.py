@@ -15,6 +15,8 @@ import click
 from . import __version__
 from .errors import BuildImageError
 
+INTERNAL_ERROR = 70
+
 # command name -> module under builder/commands/ exposing ``command``.  Modules are
 # imported only when their command runs (or for --help), so `build-image diff`
 # does not pay for importing the smoke probe, the docker adapter, etc.
@@ -48,6 +50,18 @@ class ErrorHandlingGroup(click.Group):
         except BuildImageError as exc:
             click.echo(exc.render(), err=True)
             ctx.exit(exc.exit_code)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise  # click's own exits and usage errors keep their codes
+        except Exception as exc:  # a bug: never let it read as a verdict (exit 1)
+            import traceback
+
+            traceback.print_exc()
+            click.echo(
+                f"internal error: {type(exc).__name__}: {exc}\n"
+                "This is a bug in build-image; please report it with the traceback above.",
+                err=True,
+            )
+            ctx.exit(INTERNAL_ERROR)
 
 
 @click.group(cls=ErrorHandlingGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})

@@ -309,6 +309,30 @@ def test_worker_on_a_different_image_fails_naming_the_package(ray_image, changed
 
 @pytest.mark.slow
 @pytest.mark.docker
+def test_pipeline_push_kuberay_pins_the_pushed_digest(ray_image, standin_base_image, standin_manifest, local_registry):
+    """`build-image ... --push --kuberay` (the ray_image inputs, so every layer is cached): both
+    manifests run the image by the digest the registry serves."""
+    from tests.fx_docker import run_pipeline, standin_findlinks
+
+    args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(ray_image.lock),
+            "--no-default-overlay", "--with", RAY_REQ, "--with", "packaging>=24.2", "--no-index",
+            "--find-links", str(standin_findlinks(())), "--find-links", str(ray_wheelhouse()),
+            "-o", str(ray_image.context.parent / "ctx-push"), "--tag", f"{local_registry}/raycheck/vllm",
+            "--push", "--force", "--kuberay", "--model", "/models/m", "--json"]
+    if importlib.util.find_spec("builder.patches"):
+        args += ["--series", str(standin_base_image.series_dir), "--wheel", str(standin_base_image.vllm_wheel)]
+    r = run_pipeline(args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    assert doc["status"] == "pushed" and "@sha256:" in doc["pinned"]
+    assert sorted(Path(p).name for p in doc["kuberay"]) == ["raycluster.yaml", "rayservice.yaml"]
+    for path in doc["kuberay"]:
+        text = Path(path).read_text()
+        assert f'image: "{doc["pinned"]}"' in text and "pinned by digest" in text
+
+
+@pytest.mark.slow
+@pytest.mark.docker
 def test_serve_app_in_the_image_imports_and_accepts_the_rayservice_config(ray_image, tmp_path):
     """The module the image carries imports without GPU/vllm engine, builds a Serve application from
     the rendered serveConfigV2 args, and the serveConfigV2 passes Ray Serve's own config schema."""

@@ -416,3 +416,9 @@ def test_serve_module_args_validation_and_backends():
     sa = mod.serving_args(cfg)
     assert sa["llm_configs"][0]["model_loading_config"] == {"model_id": "qwen", "model_source": "/models/qwen/"}
     assert "runtime_env" not in sa["llm_configs"][0]
+
+
+def test_serve_fallback_forwards_the_query_string():
+    mod = load_serve_module()
+    assert mod.upstream_url("http://127.0.0.1:9", "v1/models", "") == "http://127.0.0.1:9/v1/models"
+    assert mod.upstream_url("http://127.0.0.1:9", "v1/models", "a=1&b=2") == "http://127.0.0.1:9/v1/models?a=1&b=2"

@@ -133,6 +133,11 @@ def vllm_cli_args(cfg: Mapping[str, Any], port: int) -> list[str]:
     return argv
 
 
+def upstream_url(base: str, path: str, query: str = "") -> str:
+    """Where the fallback forwards a request: same path, same query string."""
+    return f"{base}/{path}" + (f"?{query}" if query else "")
+
+
 def _has_ray_serve_llm() -> bool:
     """True when ``ray.serve.llm`` imports (it needs ray's ``llm`` extra, e.g. pyarrow)."""
     try:
@@ -220,7 +225,7 @@ def _build_vllm_server_app(cfg: Mapping[str, Any]):
 
             session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
             upstream = await session.request(
-                request.method, f"{self.base}/{path}", data=await request.body(),
+                request.method, upstream_url(self.base, path, request.url.query), data=await request.body(),
                 headers={k: v for k, v in request.headers.items() if k.lower() in ("content-type", "authorization", "accept")},
             )
 

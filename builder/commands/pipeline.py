@@ -143,7 +143,6 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
             console.print(f"[yellow]kuberay: the manifests run {image} by tag[/yellow] (not pushed, so no registry "
                           "digest yet; --push pins them by digest).", highlight=False)
 
-
     from ..engine import get_engine
 
     engine = get_engine()

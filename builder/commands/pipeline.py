@@ -16,11 +16,32 @@ from pathlib import Path
 
 import click
 
-from ..errors import BadInput, EngineUnavailable
+from ..errors import BadInput, EngineUnavailable, VerdictFailure
 
 
 def _dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+def _preflight_plan_or_refuse(spec, model: str, console) -> None:
+    """Issue 7: plan the spec's serving settings before anything is locked, built or
+    booted; an impossible configuration is refused here with the plan's numbers and
+    suggestions (zero GPU time, zero build time).  The smoke stage plans again on the
+    GPU host (where nvidia-smi knows the card); here the card size comes from
+    ``serving.gpu_memory`` or nvidia-smi when present."""
+    from ..smoke import config_from_serving, preflight_plan
+
+    cfg = config_from_serving(spec.serving, model=model)
+    plan = preflight_plan(cfg, lambda m: console.print(f"  preflight: {m}", highlight=False, markup=False))
+    if plan is None:
+        return
+    console.print(f"  preflight: {plan['summary']}", highlight=False, markup=False)
+    if not plan["fits"]:
+        raise VerdictFailure(
+            f"memory plan refuses the serving settings before any build or boot: {plan['summary']}",
+            hint="change serving.max_model_len / max_num_seqs / gpu_memory_utilization (or the flags), "
+            "or run `build-image plan` for the full table.",
+        )
 
 
 class _Stages:
@@ -86,6 +107,8 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
         raise BadInput("--series and --no-patches contradict each other.")
     if push and not spec.repo:
         raise BadInput("--push needs --tag HOST[:PORT]/REPO (or 'repo' in the spec).")
+    if smoke:
+        _preflight_plan_or_refuse(spec, model or spec.serving.model, console)
     out = out or default_out_dir(spec.vllm)
     stages = _Stages(console, 3 + int(push) + int(smoke))  # lock, patch+render, build [, push] [, smoke]
     summary: dict = {"vllm": spec.vllm, "context": str(out), "stages_s": stages.times}

@@ -575,6 +575,10 @@ def run_check(
         # host interface. Workers removed first (remove_all pops the last started).
         cids["head"] = containers.start(nodes[0], common + ["--head", "--include-dashboard=false", "--node-name=head",
                                                            *ports[0].args()], run_id, network="none")
+        # Workers started before the head's GCS listens can give up and exit (seen under load
+        # on a cold CI machine); start them only once the GCS port accepts connections.
+        say("waiting for the head's GCS")
+        _wait_for_gcs(containers, cids["head"], ports[0].gcs, deadline)
         for node, p in zip(nodes[1:], ports[1:]):
             say(f"starting {node.name} ({node.image})")
             cids[node.name] = containers.start(node, common + [f"--address={gcs}", f"--node-name={node.name}", *p.args()],
@@ -653,6 +657,24 @@ def explain_log(log: str) -> str:
         if "Error" in lines[i] or "error:" in lines[i].lower():
             return " ".join(" ".join(ln.split()) for ln in lines[i:i + 3])[:600]
     return " ".join(lines[-2:])[:600] if lines else "no output"
+
+
+_GCS_PROBE = (
+    "import socket, sys\n"
+    "s = socket.socket(); s.settimeout(1.0)\n"
+    "sys.exit(0 if s.connect_ex(('127.0.0.1', int(sys.argv[1]))) == 0 else 1)\n"
+)
+
+
+def _wait_for_gcs(containers: Containers, head_cid: str, port: int, deadline: float) -> None:
+    """Block until the head's GCS accepts TCP connections, the head exits, or the deadline;
+    in the last two cases return anyway (the join step then reports why)."""
+    while time.monotonic() < deadline:
+        if containers.exec_python(head_cid, _GCS_PROBE, str(port), timeout=30).returncode == 0:
+            return
+        if not containers.running(head_cid):
+            return
+        time.sleep(0.5)
 
 
 def _why_not_joined(containers: Containers, cid: str) -> str:

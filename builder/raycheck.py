@@ -579,15 +579,21 @@ def run_check(
         # on a cold CI machine); start them only once the GCS port accepts connections.
         say("waiting for the head's GCS")
         _wait_for_gcs(containers, cids["head"], ports[0].gcs, deadline)
-        for node, p in zip(nodes[1:], ports[1:]):
+        worker_argv = {node.name: common + [f"--address={gcs}", f"--node-name={node.name}", *p.args()]
+                       for node, p in zip(nodes[1:], ports[1:])}
+
+        def start_worker(node: NodeSpec) -> str:
             say(f"starting {node.name} ({node.image})")
-            cids[node.name] = containers.start(node, common + [f"--address={gcs}", f"--node-name={node.name}", *p.args()],
-                                               run_id, network=f"container:{cids['head']}")
+            cids[node.name] = containers.start(node, worker_argv[node.name], run_id, network=f"container:{cids['head']}")
+            return cids[node.name]
+
+        for node in nodes[1:]:
+            start_worker(node)
 
         say(f"waiting for {len(nodes)} nodes to join (up to {int(deadline - time.monotonic())}s)")
         cfg = {"mode": "cluster", "address": gcs, "giveup": f"/tmp/build-image-ray-check-{run_id}.giveup", "nodes": [n.name for n in nodes], "packages": packages,
                "timeout": max(5.0, deadline - time.monotonic() - 10), "sums": {n.name: n.sums for n in nodes}}
-        answer = _drive(containers, cids, nodes, cfg, deadline)
+        answer = _drive(containers, cids, nodes, cfg, deadline, restart=start_worker, say=say)
         driver_error = answer.pop("error", None)
         joined = set(answer.get("joined", []))
         for node in nodes:
@@ -614,8 +620,14 @@ def run_check(
                        elapsed_s=time.monotonic() - t0)
 
 
-def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], cfg: dict, deadline: float) -> dict:
-    """Run the cluster probe in the head; give up early when a node's container has exited."""
+def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], cfg: dict, deadline: float,
+           *, restart: Callable[[NodeSpec], str] | None = None, say: Callable[[str], None] = lambda m: None) -> dict:
+    """Run the cluster probe in the head; give up early when a node's container has exited.
+
+    A worker whose container exits before joining is restarted once (its reason is said):
+    a transient start-up failure on a loaded machine must not read as a version mismatch.
+    A node Ray refuses (version mismatch) exits again, and then the survivors report."""
+    restarted: set[str] = set()
     proc = subprocess.Popen([containers.docker, "exec", "-i", cids["head"], PYTHON, "-", json.dumps(cfg)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=containers.env)
@@ -632,8 +644,14 @@ def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], 
                 proc.kill()
                 reader.join(timeout=10)
                 break
-            if not gave_up and any(not containers.running(cids[n.name]) for n in nodes[1:]):
-                # a worker's container exited (Ray refused it): the survivors report now
+            exited = [] if gave_up else [n for n in nodes[1:] if not containers.running(cids[n.name])]
+            retry = [n for n in exited if restart is not None and n.name not in restarted]
+            for n in retry:
+                say(f"{n.name} exited before joining ({explain_log(containers.logs(cids[n.name], 60))}); restarting it once")
+                restarted.add(n.name)
+                restart(n)
+            if exited and not retry:
+                # a worker's container exited again (Ray refused it): the survivors report now
                 containers.exec_sh(cids["head"], f"touch {cfg['giveup']}")
                 gave_up = True
     finally:

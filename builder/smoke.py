@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from . import plan as _plan_mod
 from .errors import BadInput
 
 PASS = "PASS"
@@ -164,9 +165,8 @@ def config_from_serving(serving: Any, *, model: str, image: str | None = None, *
 # Pure: server log parsing (real vLLM 0.26.0 lines)
 # --------------------------------------------------------------------------
 
-_RE_KV_TOKENS = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
-_RE_MAX_CONC = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
-_RE_KV_MEM = re.compile(r"Available KV cache memory: ([\d.]+) GiB")
+# The KV-cache log lines are defined once, in builder.plan (its ground-truth check reads them too).
+_RE_KV_TOKENS, _RE_MAX_CONC, _RE_KV_MEM = _plan_mod._LOG_TOKENS, _plan_mod._LOG_CONC, _plan_mod._LOG_AVAILABLE
 _RE_MODEL_LOAD = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
 _RE_USAGE = re.compile(
     r"Actual usage is ([\d.]+) GiB for weight, ([\d.]+) GiB for peak activation, ([\d.]+) GiB for non-torch memory"

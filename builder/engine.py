@@ -26,9 +26,11 @@ from typing import Callable, Protocol
 from .errors import BuildFailed, EngineUnavailable, ExternalToolError, RegistryError
 
 DEFAULT_DOCKER = "/usr/bin/docker"
+# Only the CLI's own connection to the engine: a registry's dial error ("dial tcp HOST:PORT:
+# connect: connection refused", relayed by the engine during a push or pull) is a registry fault.
 _UNREACHABLE = re.compile(
     r"Cannot connect to the Docker daemon|Is the docker daemon running|error during connect|"
-    r"connect: (no such file or directory|connection refused)|dial unix .*: connect",
+    r"dial unix [^:]*: connect",
     re.I,
 )
 _REGISTRY_TROUBLE = re.compile(
@@ -37,6 +39,27 @@ _REGISTRY_TROUBLE = re.compile(
     re.I,
 )
 _SECRETISH = re.compile(r"(?i)(authorization:\s*\S+\s+)\S+|((?:password|token|auth)[\"']?\s*[:=]\s*[\"']?)[^\s\"',]+")
+
+
+def engine_unreachable(output: str) -> bool:
+    """Pure: does docker CLI output say the CLI could not reach the engine itself?"""
+    return bool(_UNREACHABLE.search(output or ""))
+
+
+def registry_of(ref: str) -> str:
+    """Pure: the registry host[:port] of an image reference (``docker.io`` when it names none)."""
+    first, _, rest = ref.partition("/")
+    return first if rest and ("." in first or ":" in first or first == "localhost") else "docker.io"
+
+
+def registry_fault(output: str, registry: str) -> bool:
+    """Pure: does engine output of a push/pull say the *registry* could not be reached
+    (the engine dials the registry; its dial error names the registry's address)?"""
+    text = output or ""
+    host = re.escape(registry)
+    return bool(re.search(rf"(dial tcp|lookup|Get|Head|Put|Post|Patch) \"?(https?://)?\[?{host}", text)
+                or re.search(rf"{host}\S*: (connect: connection refused|i/o timeout|no such host|EOF|"
+                             rf"connection reset by peer)", text))
 
 
 def redact(text: str) -> str:
@@ -110,7 +133,7 @@ class DockerEngine:
         return proc
 
     def _raise_unreachable(self, stderr: str) -> None:
-        if _UNREACHABLE.search(stderr or ""):
+        if engine_unreachable(stderr):
             host = self.env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
             raise EngineUnavailable(
                 f"the Docker engine at {host} is not reachable: {redact(stderr.strip().splitlines()[-1])}",
@@ -182,10 +205,16 @@ class DockerEngine:
     def push(self, ref: str, *, on_line: Callable[[str], None] | None = None, timeout: int = 3600) -> PushResult:
         rc, log = self._stream(["push", ref], on_line, timeout)
         if rc != 0:
-            self._raise_unreachable(log)
+            registry = registry_of(ref)
+            if not registry_fault(log, registry):
+                self._raise_unreachable(log)
+            last = redact(log.strip().splitlines()[-1]) if log.strip() else "no output"
             raise RegistryError(
-                f"pushing {ref} failed (exit {rc}): {redact(log.strip().splitlines()[-1]) if log.strip() else 'no output'}",
-                hint="is the registry running and reachable, and does the engine's credential store hold a login for it?",
+                f"pushing {ref} failed (exit {rc}): the registry {registry} " +
+                ("is not reachable" if registry_fault(log, registry) else "refused the push") + f": {last}",
+                hint=f"is the registry {registry} running and reachable, and does the engine's credential store "
+                     "hold a login for it? A push that stopped midway is retried from the start; the registry "
+                     "digest is verified after each push.",
             )
         m = re.search(r"digest: (sha256:[0-9a-f]{64})", log)
         if not m:
@@ -195,8 +224,9 @@ class DockerEngine:
     def pull(self, ref: str) -> None:
         proc = self._run(["pull", "-q", ref], timeout=1800, check=False)
         if proc.returncode != 0:
-            self._raise_unreachable(proc.stderr)
-            raise RegistryError(f"pulling {ref} failed: {redact(proc.stderr.strip())[-400:]}")
+            if not registry_fault(proc.stderr, registry_of(ref)):
+                self._raise_unreachable(proc.stderr)
+            raise RegistryError(f"pulling {ref} from the registry {registry_of(ref)} failed: {redact(proc.stderr.strip())[-400:]}")
 
     def tag(self, src: str, dst: str) -> None:
         self._run(["tag", src, dst])

@@ -748,45 +748,70 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
             requires[k] = requires_of(chosen[k])
         gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=req.overlay)
     timings["scan"] = time.monotonic() - t0
+    header = lock_header(req, uv.version())
+    allow_used = {canonical_name(k): v for k, v in req.allow.items()}
+    lockfile = LockFile(header=header, overlay=list(req.overlay), allow_abi_change=allow_used, entries=entries)
+    return LockResult(lock=lockfile, gate=gate, resolved=len(resolved), timings=timings)
+
+
+def lock_header(req: LockRequest, uv_version: str) -> dict[str, str]:
+    """Pure: the header a lock of ``req`` carries (every input it records, and their hash)."""
+    base = req.base
     header = {
         "build-image-lock": "1",
-        "tool": f"build-image {__version__} (uv {uv.version()})",
+        "tool": f"build-image {__version__} (uv {uv_version})",
         "vllm": req.vllm,
         "base-ref": base.image_ref or "-",
         "base-digest": base.image_digest or "-",
         "base-manifest-sha256": req.manifest_sha256,
         "python": base.python_version,
         "platform": base.platform,
-        "inputs-sha256": inputs_sha256(req, uv.version()),
+        "inputs-sha256": inputs_sha256(req, uv_version),
     }
     if req.exclude_newer:
         header["exclude-newer"] = req.exclude_newer
     if req.no_index or req.find_links:
         header["index"] = " ".join((["--no-index"] if req.no_index else []) + [f"--find-links {f}" for f in req.find_links])
-    allow_used = {canonical_name(k): v for k, v in req.allow.items()}
-    lockfile = LockFile(header=header, overlay=list(req.overlay), allow_abi_change=allow_used, entries=entries)
-    return LockResult(lock=lockfile, gate=gate, resolved=len(resolved), timings=timings)
+    return header
+
+
+# header fields that are inputs (``entries`` is derived; ``build-image-lock`` is the format)
+_HEADER_INPUTS = ("vllm", "base-ref", "base-digest", "base-manifest-sha256", "python", "platform", "tool",
+                  "exclude-newer", "index")
+
+
+def header_mismatches(have: Mapping[str, str], want: Mapping[str, str]) -> list[str]:
+    """Pure: ``key: lock says X, inputs say Y`` for every recorded input that differs."""
+    out = []
+    for key in _HEADER_INPUTS:
+        a, b = have.get(key), want.get(key)
+        if (a or None) != (b or None):
+            out.append(f"{key}: the lock says {a or '(absent)'}, the inputs say {b or '(absent)'}")
+    return out
 
 
 def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None) -> tuple[bool, str]:
-    """(fresh?, why) comparing the lock's ``inputs-sha256`` with the request's — no resolution."""
+    """(fresh?, why) comparing every input the lock's header records (and their hash,
+    ``inputs-sha256``) with the request's — no resolution.  A header edited by hand
+    (``vllm: 0.25.0`` under the hash of a 0.26.0 request) is stale, not up to date."""
     from .lockfile import load_lock
 
     if not lock_path.exists():
         return False, f"{lock_path} does not exist"
     existing = load_lock(lock_path)
     uv = uv or Uv()
-    want = inputs_sha256(req, uv.version())
-    have = existing.header.get("inputs-sha256")
-    if have == want:
+    want_header = lock_header(req, uv.version())
+    fields = header_mismatches(existing.header, want_header)
+    same_lists = (existing.overlay == list(req.overlay)
+                  and {canonical_name(k): v for k, v in req.allow.items()} == existing.allow_abi_change)
+    if existing.header.get("inputs-sha256") == want_header["inputs-sha256"] and not fields and same_lists:
         return True, "inputs unchanged"
-    reasons = []
-    if existing.header.get("base-manifest-sha256") != req.manifest_sha256:
+    reasons = list(fields)
+    if existing.header.get("base-manifest-sha256") != req.manifest_sha256 and not any(
+            r.startswith("base-manifest-sha256") for r in reasons):
         reasons.append("the base manifest changed")
     if existing.overlay != list(req.overlay):
         reasons.append(f"the overlay changed ({', '.join(existing.overlay)} -> {', '.join(req.overlay)})")
     if {canonical_name(k): v for k, v in req.allow.items()} != existing.allow_abi_change:
         reasons.append("the allowed ABI changes changed")
-    if existing.header.get("tool") != f"build-image {__version__} (uv {uv.version()})":
-        reasons.append(f"the tool changed ({existing.header.get('tool')})")
     return False, "; ".join(reasons) or "index flags or exclude-newer changed"

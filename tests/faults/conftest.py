@@ -134,3 +134,7 @@ def tiny_context(tmp_path: Path, names=("six",)) -> tuple[Path, "object"]:
     out = tmp_path / "ctx"
     write_context(out, plan, wheels=wheels)
     return out, plan
+
+
+# the offline lock fixtures (a numpy-1.x base snapshot + the fixture wheelhouse, real uv)
+from tests.test_lock import np1_base, offline  # noqa: E402,F401

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,8 @@ REL = "tests/data/diff"
 BASE = f"{REL}/base.json"
 CASES = sorted(p.name for p in DATA.iterdir() if (p / "old.lock").is_file() and p.name != "real")
 UPDATE = bool(os.environ.get("UPDATE_GOLDEN"))
+# the console script of the environment running the tests (pip/venv put it next to the interpreter)
+CLI_SCRIPT = Path(sys.executable).with_name("build-image")
 
 EXPECTED_GROUPS = {  # case -> {group id: {package names}}
     "g1_rejected": {1: {"numpy", "torch", "fastwheel", "oldwheel", "cupy-cuda12x"}},
@@ -437,9 +440,7 @@ def test_git_malformed_blob_names_revision_and_line(repo):
 
 def test_whole_process_exit_codes(in_root):
     """The installed entry point (not CliRunner) maps the verdicts to 0/1/2."""
-    exe = ROOT / ".venv" / "bin" / "build-image"
-    if not exe.exists():
-        exe = Path(shutil.which("build-image") or "build-image")
+    exe = CLI_SCRIPT
     base = [str(exe), "diff", "--base-manifest", BASE]
     ok = subprocess.run(base + [f"{REL}/g5_minor/old.lock", f"{REL}/g5_minor/new.lock"], capture_output=True)
     bad = subprocess.run(base + [f"{REL}/g1_rejected/old.lock", f"{REL}/g1_rejected/new.lock"], capture_output=True)
@@ -511,9 +512,7 @@ def test_real_ray_downgrade_and_binary_moves(in_root):
 
 def test_git_textconv_setup_as_documented(repo):
     """.gitattributes + `git config diff.build-image-lock.textconv` make `git diff` readable."""
-    exe = ROOT / ".venv" / "bin" / "build-image"
-    if not exe.exists():
-        exe = Path(shutil.which("build-image") or "build-image")
+    exe = CLI_SCRIPT
     shutil.copy(ROOT / ".gitattributes", repo / ".gitattributes")
     _git(repo, "config", "diff.build-image-lock.textconv", f"{exe} diff --textconv")
     out = _git(repo, "diff", "HEAD~2", "HEAD", "--", "lockfiles/vllm-0.26.0/requirements.lock")
@@ -590,3 +589,25 @@ def test_group_titles_keep_number_and_count_apart_and_0x_bumps_are_not_called_ma
     assert "a 0.x minor bump" in tok and "across a major version" not in tok
     md = run(str(REAL / "default.lock"), str(REAL / "transformers-5.16.0.lock"), "--format", "markdown").stdout
     assert "**⚠️ 2. base-image moves (2)**" in md
+
+
+def test_a_major_downgrade_is_a_major_change_not_a_minor_one():
+    """click 8.1.7 -> 7.1.2 crosses a major version going down: it breaks like a major bump,
+    so it sits in group 4 tagged 'downgrade'; 8.1.7 -> 8.0.0 stays a minor change (group 5)."""
+    old, _new, base = pair("g5_minor")
+
+    def moved(version: str):
+        new = copy.deepcopy(old)
+        next(e for e in new.entries if e.name == "click").version = version
+        d = diff_locks(old, new, old_base=base, new_base=base)
+        (c,) = [c for c in d.changes if c.name == "click"]
+        return c
+
+    major = moved("7.1.2")
+    assert (major.change, major.group) == ("downgraded", 4)
+    assert "major" in major.tags and "downgrade" in major.tags
+    minor = moved("8.0.0")
+    assert (minor.change, minor.group) == ("downgraded", 5)
+    assert "minor" in minor.tags and "downgrade" in minor.tags
+    up = moved("9.0.0")
+    assert (up.change, up.group) == ("upgraded", 4) and "downgrade" not in up.tags

@@ -561,3 +561,39 @@ def test_cli_accepts_vllms_own_kv_dtype_names():
               "--max-model-len", "4096", "--json"]
     docs = [json.loads(CliRunner().invoke(main, common + ["--kv-cache-dtype", d]).output) for d in ("bfloat16", "bf16")]
     assert docs[0]["kv_tokens_per_gpu"] == docs[1]["kv_tokens_per_gpu"] > 0
+
+
+# ---------------------------------------------------------------- rules pinned one by one (each written out here)
+
+def test_global_kv_heads_of_k_eq_v_models_are_split_by_tp():
+    # Gemma-4 style: full-attention layers use global_head_dim and, with attention_k_eq_v,
+    # num_global_key_value_heads; like every KV head count they are sharded over TP.
+    c = llama(layers=4, kv=8, heads=32, head_dim=128, sliding_window=1024, global_head_dim=512,
+              attention_k_eq_v=True, num_global_key_value_heads=4,
+              layer_types=["sliding_attention", "full_attention"] * 2)
+    for tp, global_heads_per_gpu in ((1, 4), (2, 2), (4, 1)):
+        p = make_plan(c, weights_bytes=0, gpus=tp, tp=tp, gpu_memory_bytes=80 * GiB, max_model_len=8192,
+                      reserve_bytes=0)
+        full_layers = 2
+        assert p.kv_bytes_per_token_per_gpu == full_layers * global_heads_per_gpu * 2 * 512 * 2, tp
+        assert p.kv_bytes_per_token_node == tp * p.kv_bytes_per_token_per_gpu
+
+
+@pytest.mark.parametrize("dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
+def test_every_fp8_kv_dtype_is_one_byte_per_element(dtype):
+    p = make_plan(llama(layers=4, kv=8), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096,
+                  reserve_bytes=0, kv_cache_dtype=dtype)
+    assert p.kv_bytes_per_token_per_gpu == 4 * 8 * 2 * 128 * 1   # layers × kv heads × (K,V) × head_dim × 1 byte
+    assert p.num_blocks == p.available_kv_bytes // (16 * 4 * 8 * 2 * 128)
+
+
+def test_chunked_attention_window_holds_the_in_flight_tokens_too():
+    # Only chunked layers (no full layer next to them): each holds chunk + in-flight tokens, capped at
+    # max_model_len, with async scheduling keeping 2 batches of max_num_batched_tokens in flight.
+    c = llama(layers=4, kv=8, attention_chunk_size=8192, layer_types=["chunked_attention"] * 4)
+    tok = 8 * 2 * 128 * 2
+    for batched, max_len in ((2048, 65536), (8192, 65536), (8192, 16384)):
+        p = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=max_len, reserve_bytes=0,
+                      max_num_batched_tokens=batched)
+        held = min(8192 + 2 * batched, max_len)
+        assert p.per_sequence_fixed_bytes == 4 * math.ceil(held / 16) * 16 * tok, (batched, max_len)

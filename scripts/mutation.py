@@ -1,0 +1,227 @@
+#!/usr/bin/env python3
+"""Mutation testing of the pure decision modules, on demand (not part of CI).
+
+Two modes:
+
+``scripts/mutation.py audit``
+    Re-plants the mutants an audit of the suite once found unguarded (each a
+    small, plausible bug in a decision rule), one at a time, into a scratch copy
+    of the tree and runs the tests that pin that rule.  Every mutant must make
+    them fail; the script exits 1 naming any that survives.  Takes ~30 s.
+
+``scripts/mutation.py run MODULE [MODULE ...]``
+    Runs mutmut 3 (``pip install -e '.[mutation]'``) over ``builder/MODULE.py``
+    in a scratch copy of the tree, with that module's own tests as the test
+    command (the narrowest selection that covers it: see ``TESTS``), and prints
+    killed / survived / timeout / no-tests and the score per module.  One module
+    at a time, nice'd, ``--max-children`` 1 by default: the machine is shared.
+    ``--json FILE`` writes the per-module numbers and the surviving mutants.
+    Survivors are shown with ``mutmut show NAME`` in ``--work``'s mutants dir.
+
+Modules and their test selections are in ``TESTS`` below; docs/testing.md lists
+the last measured scores and the survivors judged equivalent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+#: module -> the tests that exercise it (the test command mutmut runs per mutant).
+TESTS: dict[str, list[str]] = {
+    "abi": ["tests/test_abi.py", "tests/test_diff.py"],
+    "plan": ["tests/test_plan.py"],
+    "diff": ["tests/test_diff.py"],
+    "lockfile": ["tests/test_lockfile.py", "tests/test_diff.py"],
+    "patches": ["tests/test_patches.py", "tests/test_patch_rules.py"],
+}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: replace ``old`` (which must occur exactly once) by ``new``."""
+
+    module: str
+    what: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+
+
+AUDIT: list[Mutant] = [
+    Mutant("plan", "global KV heads of attention_k_eq_v models not divided by TP",
+           'int(cfg["num_global_key_value_heads"]) // tp', 'int(cfg["num_global_key_value_heads"])',
+           ("tests/test_plan.py",)),
+    Mutant("plan", "fp8_e5m2 KV counted as 2 bytes",
+           '"fp8_e4m3": 1, "fp8_e5m2": 1,', '"fp8_e4m3": 1, "fp8_e5m2": 2,', ("tests/test_plan.py",)),
+    Mutant("plan", "chunked-attention window ignores in-flight tokens",
+           "min(self.window + in_flight, max_len)", "min(self.window, max_len)", ("tests/test_plan.py",)),
+    Mutant("diff", "a major downgrade grouped with the minor bumps",
+           'c.group = 4 if "major" in c.tags else 5',
+           'c.group = 4 if "major" in c.tags and "downgrade" not in c.tags else 5', ("tests/test_diff.py",)),
+    Mutant("lockfile", "duplicate detection on the raw name",
+           "key = canonical_name(name)\n        if key in seen:", "key = name\n        if key in seen:",
+           ("tests/test_lockfile.py", "tests/test_diff.py")),
+    Mutant("lockfile", "allow-abi-change reason split at the last colon",
+           'name, _, reason = val.partition(":")', 'name, _, reason = val.rpartition(":")',
+           ("tests/test_lockfile.py", "tests/test_diff.py")),
+    Mutant("patches", "context compared after rstrip() (whitespace fuzz)",
+           "if tuple(lines[start:start + len(old)]) == old:",
+           "if tuple(x.rstrip() for x in lines[start:start + len(old)]) == tuple(x.rstrip() for x in old):",
+           ("tests/test_patches.py", "tests/test_patch_rules.py")),
+    Mutant("patches", "zero-context (-U0) insertion placed one line early",
+           "start = start_line - 1 if length > 0 else start_line", "start = start_line - 1",
+           ("tests/test_patches.py", "tests/test_patch_rules.py")),
+]
+
+
+def _copy_tree(dest: Path) -> None:
+    """The working tree as git sees it (tracked + untracked, not ignored), uncommitted edits included."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = ROOT / rel
+        if not src.is_file() or rel.startswith("mutants/"):
+            continue
+        out = dest / rel
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, out, follow_symlinks=False)
+
+
+def _env() -> dict[str, str]:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "NO_COLOR": "1"}
+    env.pop("UPDATE_GOLDEN", None)
+    return env
+
+
+def _pytest(cwd: Path, tests: tuple[str, ...] | list[str], timeout: int = 600) -> int:
+    cmd = ["nice", "-n", "10", str(VENV_BIN / "python"), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+           "-m", "not slow", *tests]
+    env = _env()
+    env["PYTHONPATH"] = str(cwd)  # the scratch copy's builder, not the editable install's
+    return subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                          timeout=timeout).returncode
+
+
+def audit(work: Path) -> int:
+    _copy_tree(work)
+    survivors = []
+    for m in AUDIT:
+        path = work / "builder" / f"{m.module}.py"
+        text = path.read_text()
+        if text.count(m.old) != 1:
+            print(f"?  {m.module}: {m.what}: the code it mutates is not there once (rule moved?)")
+            survivors.append(m)
+            continue
+        path.write_text(text.replace(m.old, m.new))
+        try:
+            t0 = time.monotonic()
+            rc = _pytest(work, m.tests)
+        finally:
+            path.write_text(text)
+        verdict = "killed" if rc == 1 else "SURVIVED" if rc == 0 else f"error (pytest exit {rc})"
+        print(f"{'ok' if rc == 1 else '!!'} {m.module}: {m.what}: {verdict} ({time.monotonic() - t0:.0f} s)")
+        if rc != 1:
+            survivors.append(m)
+    if _pytest(work, sorted({t for m in AUDIT for t in m.tests})) != 0:
+        print("!! the unmutated tree fails these tests: the verdicts above mean nothing")
+        return 1
+    print(f"{len(AUDIT) - len(survivors)}/{len(AUDIT)} audit mutants killed")
+    return 1 if survivors else 0
+
+
+def _mutmut_config(module: str, max_children: int) -> str:
+    tests = ", ".join(json.dumps(t) for t in TESTS[module])
+    return (
+        "\n[tool.mutmut]\n"
+        'source_paths = ["builder"]\n'
+        f'only_mutate = ["builder/{module}.py"]\n'
+        f"pytest_add_cli_args_test_selection = [{tests}]\n"
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow", "-q"]\n'
+        "use_git_change_detection = false\n"
+    )
+
+
+def _mutmut_stats(work: Path) -> tuple[dict[str, int], list[str]]:
+    out = subprocess.run([str(VENV_BIN / "mutmut"), "results", "--all", "true"], cwd=work, env=_env(),
+                         capture_output=True, text=True, check=True).stdout
+    counts: dict[str, int] = {}
+    survivors = []
+    for line in out.splitlines():
+        name, sep, status = line.strip().rpartition(": ")
+        if not sep:
+            continue
+        counts[status] = counts.get(status, 0) + 1
+        if status in ("survived", "no tests"):
+            survivors.append(name)
+    return counts, survivors
+
+
+def run(modules: list[str], work: Path, max_children: int, show: bool) -> dict:
+    report = {}
+    for module in modules:
+        wdir = work / module
+        if wdir.exists():
+            shutil.rmtree(wdir)
+        wdir.mkdir(parents=True)
+        _copy_tree(wdir)
+        with open(wdir / "pyproject.toml", "a") as f:
+            f.write(_mutmut_config(module, max_children))
+        t0 = time.monotonic()
+        env = _env()
+        env["PYTHONPATH"] = str(wdir / "mutants")
+        rc = subprocess.run(["nice", "-n", "10", str(VENV_BIN / "mutmut"), "run", "--max-children", str(max_children)],
+                            cwd=wdir, env=env, stdout=subprocess.DEVNULL if not show else None).returncode
+        secs = time.monotonic() - t0
+        counts, survivors = _mutmut_stats(wdir)
+        killed = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("caught by type check", 0)
+        tested = sum(counts.values()) - counts.get("skipped", 0)
+        score = 100.0 * killed / tested if tested else 0.0
+        report[module] = {"counts": counts, "tested": tested, "killed": killed, "score": round(score, 1),
+                          "seconds": round(secs), "survivors": survivors, "mutmut_exit": rc, "work": str(wdir)}
+        print(f"{module:9} {killed}/{tested} killed = {score:.1f}%  {counts}  ({secs:.0f} s, {wdir})")
+        for s in survivors:
+            print(f"    survivor: {s}")
+    return report
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("audit", help="re-plant the audit's mutants; each must fail the tests that pin it")
+    a.add_argument("--work", type=Path, help="scratch directory (default: a fresh temporary one)")
+    r = sub.add_parser("run", help="mutmut over builder/MODULE.py with that module's tests")
+    r.add_argument("modules", nargs="+", choices=sorted(TESTS))
+    r.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "build-image-mutation")
+    r.add_argument("--max-children", type=int, default=1)
+    r.add_argument("--json", type=Path, help="write the per-module report here")
+    r.add_argument("--show", action="store_true", help="show mutmut's own progress")
+    args = ap.parse_args(argv)
+    if args.cmd == "audit":
+        if args.work:
+            args.work.mkdir(parents=True, exist_ok=True)
+            return audit(args.work)
+        with tempfile.TemporaryDirectory(prefix="mutation-audit-") as d:
+            return audit(Path(d))
+    if not (VENV_BIN / "mutmut").exists():
+        print("mutmut is not installed: pip install -e '.[mutation]'", file=sys.stderr)
+        return 2
+    report = run(args.modules, args.work, args.max_children, args.show)
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BadInput, VerdictFailure
+from .vllm_log import parse_vllm_kv_log
 
 GiB = 1 << 30
 GB = 10**9
@@ -865,24 +866,6 @@ def refuse_unless_fits(plan: "Plan", *, show_plan: bool = True) -> None:
         hint="; ".join(s["text"] for s in plan.suggestions) or None,
         details=render_text(plan) if show_plan else None,
     )
-
-
-_LOG_AVAILABLE = re.compile(r"Available KV cache memory:\s*([0-9.]+)\s*GiB")
-_LOG_TOKENS = re.compile(r"GPU KV cache size:\s*([0-9,]+)\s*tokens")
-_LOG_CONC = re.compile(r"Maximum concurrency for\s*([0-9,]+)\s*tokens per request:\s*([0-9.]+)x")
-
-
-def parse_vllm_kv_log(text: str) -> dict[str, Any]:
-    """The KV lines vLLM 0.26.0 logs at boot (first occurrence of each); missing ones are None."""
-    out: dict[str, Any] = {"available_kv_bytes": None, "kv_tokens": None, "max_model_len": None, "max_concurrency": None}
-    if m := _LOG_AVAILABLE.search(text):
-        out["available_kv_bytes"] = int(float(m.group(1)) * GiB)
-    if m := _LOG_TOKENS.search(text):
-        out["kv_tokens"] = int(m.group(1).replace(",", ""))
-    if m := _LOG_CONC.search(text):
-        out["max_model_len"] = int(m.group(1).replace(",", ""))
-        out["max_concurrency"] = float(m.group(2))
-    return out
 
 
 def compare_with_log(plan: "Plan", log_text: str, *, tolerance: float = 0.05) -> dict[str, Any]:

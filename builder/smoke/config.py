@@ -1,0 +1,110 @@
+"""What a smoke run is asked to do: :class:`SmokeConfig`, its validation, and
+the configuration built from a spec's ``[serving]`` table."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import BadInput
+
+
+@dataclass
+class SmokeConfig:
+    model: str                          # host path of the checkpoint directory
+    image: str | None = None            # docker mode when set, else local mode
+    tp: int = 1
+    pp: int = 1
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+    max_num_seqs: int | None = None
+    kv_cache_dtype: str | None = None
+    cpu_offload_gb: float | None = None  # vLLM --cpu-offload-gb (GiB per GPU)
+    concurrency: int = 16
+    rounds: int = 3
+    max_tokens: int = 64
+    prompt_tokens: int = 128
+    timeout: float = 300.0              # per request (and per round) seconds
+    boot_timeout: float = 900.0         # until /health answers 200
+    extra_args: list[str] = field(default_factory=list)
+    server_cmd: str | None = None       # full override ({port} {model} substituted); used by tests
+    vllm_bin: str | None = None         # local mode: the vllm executable (default: PATH, else python -m)
+    port: int | None = None             # default: a free port
+    log_file: str | None = None         # default: a temp file, kept on failure
+    plan: bool = True
+    gpu_memory_bytes: int | None = None  # default: nvidia-smi
+    gpus: int | None = None              # default: tp
+    docker_bin: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    stop_grace: float = 15.0            # SIGTERM -> SIGKILL delay when stopping the server
+    docker_gpus: str | None = "all"     # docker mode: --gpus value (None: no --gpus, for CPU tests)
+
+    def validate(self) -> None:
+        where = "smoke"
+        if not self.model:
+            raise BadInput(f"{where}: --model is required (the checkpoint directory to serve)")
+        p = Path(self.model)
+        if not p.exists():
+            raise BadInput(f"{where}: --model {self.model}: no such file or directory")
+        if self.image is None and self.server_cmd is None and not p.is_dir():
+            raise BadInput(f"{where}: --model {self.model}: not a directory")
+        for name, value, lo in (
+            ("--tp", self.tp, 1),
+            ("--pp", self.pp, 1),
+            ("--concurrency", self.concurrency, 1),
+            ("--rounds", self.rounds, 1),
+            ("--max-tokens", self.max_tokens, 1),
+            ("--prompt-tokens", self.prompt_tokens, 1),
+        ):
+            if not isinstance(value, int) or value < lo:
+                raise BadInput(f"{where}: {name} must be an integer >= {lo}, got {value!r}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise BadInput(f"{where}: --max-model-len must be >= 2, got {self.max_model_len}")
+        if self.max_num_seqs is not None and self.max_num_seqs < 1:
+            raise BadInput(f"{where}: --max-num-seqs must be >= 1, got {self.max_num_seqs}")
+        if self.gpu_memory_utilization is not None and not (0.0 < self.gpu_memory_utilization <= 1.0):
+            raise BadInput(
+                f"{where}: --gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        for name, value in (("--timeout", self.timeout), ("--boot-timeout", self.boot_timeout)):
+            # nan/inf would make the deadlines never expire: the probe must stay bounded
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise BadInput(f"{where}: {name} must be a positive number of seconds, got {value!r}")
+        if self.cpu_offload_gb is not None and not (math.isfinite(self.cpu_offload_gb) and self.cpu_offload_gb >= 0):
+            raise BadInput(f"{where}: --cpu-offload-gb must be a finite number >= 0, got {self.cpu_offload_gb!r}")
+        if self.max_model_len is not None and self.prompt_tokens + self.max_tokens > self.max_model_len:
+            raise BadInput(
+                f"{where}: --prompt-tokens ({self.prompt_tokens}) + --max-tokens ({self.max_tokens}) "
+                f"exceeds --max-model-len ({self.max_model_len}); the requests could never be served"
+            )
+
+
+def config_from_serving(serving: Any, *, model: str, image: str | None = None, **overrides: Any) -> SmokeConfig:
+    """A SmokeConfig from a spec's ``[serving]`` table (:class:`builder.spec.Serving`),
+    for the pipeline's last stage: ``run_smoke(config_from_serving(spec.serving, model=..., image=ref))``."""
+    gpu_mem = None
+    if getattr(serving, "gpu_memory", None):
+        from ..plan import parse_size
+
+        gpu_mem = parse_size(serving.gpu_memory, what="serving.gpu_memory")
+    kv = getattr(serving, "kv_cache_dtype", None)
+    cfg = SmokeConfig(
+        model=model,
+        image=image,
+        tp=getattr(serving, "tp", 1) or 1,
+        pp=getattr(serving, "pp", 1) or 1,
+        cpu_offload_gb=getattr(serving, "cpu_offload_gb", None) or None,
+        max_model_len=getattr(serving, "max_model_len", None),
+        gpu_memory_utilization=getattr(serving, "gpu_memory_utilization", None),
+        max_num_seqs=getattr(serving, "max_num_seqs", None),
+        kv_cache_dtype=None if kv in (None, "auto") else kv,
+        gpu_memory_bytes=gpu_mem,
+        gpus=getattr(serving, "gpus", None),
+    )
+    for k, v in overrides.items():
+        if not hasattr(cfg, k):
+            raise TypeError(f"SmokeConfig has no field {k!r}")
+        setattr(cfg, k, v)
+    return cfg

@@ -1,0 +1,418 @@
+"""One smoke run: plan, start, boot, probe, stop, decide.
+
+:func:`run_smoke` is a short composition of the named steps below; each step
+reads the configuration and writes what it observed into :class:`Observed`,
+which :func:`make_report` turns into the report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..errors import BadInput
+from ..vllm_log import count_server_starts, log_tail, parse_server_log, read_log
+from .client import (
+    PROBE_TOKENS,
+    completion_body,
+    http_get,
+    make_prompt,
+    model_vocab_size,
+    post_completion,
+    run_round,
+)
+from .config import SmokeConfig
+from .gpu import nvidia_smi_memory
+from .preflight import preflight_plan
+from .report import FAIL, PASS, RoundResult, SmokeReport, _fmt, decide, summarize_round
+from .server import (
+    ServerProcess,
+    build_docker_command,
+    build_local_command,
+    build_override_command,
+    check_docker_image,
+    defer_signals,
+    file_size,
+    find_docker,
+    find_vllm,
+    free_port,
+)
+
+HOST = "127.0.0.1"
+
+
+@dataclass
+class Launch:
+    """How the server is started: the mode, its command line and environment,
+    where it listens, and what removes it besides its process group (docker mode)."""
+    mode: str                      # local | docker | command
+    argv: list[str]
+    env: dict[str, str]
+    port: int
+    host: str = HOST
+    docker: str | None = None
+    cleanup: Callable[[], None] | None = None
+
+
+@dataclass
+class Observed:
+    """What the run saw, filled in step by step."""
+    boot: dict[str, float | None] = field(default_factory=lambda: {"health_s": None, "first_token_s": None})
+    boot_log_bytes: int | None = None   # size of the server log when /health first answered
+    boot_error: str | None = None
+    model_id: str | None = None
+    probe: dict[str, Any] | None = None
+    rounds: list[RoundResult] = field(default_factory=list)
+    extra_failures: list[str] = field(default_factory=list)
+    gpu_peak: dict[str, Any] | None = None
+    exit_code: int | None = None
+    exited: bool = False
+    interrupted: bool = False
+
+    def sample_gpu(self) -> None:
+        m = nvidia_smi_memory()
+        if m is None:
+            return
+        if self.gpu_peak is None:
+            self.gpu_peak = {"memory_used_mib_peak": m["memory_used_mib"], "memory_total_mib": m["memory_total_mib"],
+                             "gpus": m["gpus"]}
+        else:
+            self.gpu_peak["memory_used_mib_peak"] = max(self.gpu_peak["memory_used_mib_peak"], m["memory_used_mib"])
+
+
+# --------------------------------------------------------------------------- steps before the boot
+
+
+def plan_step(cfg: SmokeConfig, say: Callable[[str], None]) -> dict[str, Any] | None:
+    """The plan is computed whenever it can be (it is the prediction the report
+    sets beside vLLM's own numbers); a config it cannot read is bad input unless --no-plan."""
+    try:
+        return preflight_plan(cfg, say)
+    except BadInput as exc:
+        if cfg.plan:
+            raise
+        say(f"plan skipped (--no-plan): {exc.message}")
+        return None
+
+
+def prepare_launch(cfg: SmokeConfig) -> Launch:
+    env = dict(os.environ)
+    env.update(cfg.env)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    port = cfg.port or free_port()
+    if cfg.server_cmd:
+        return Launch("command", build_override_command(cfg, port), env, port)
+    if cfg.image:
+        docker = cfg.docker_bin or find_docker()
+        name = f"build-image-smoke-{uuid.uuid4().hex[:10]}"
+
+        def cleanup() -> None:  # the container outlives a killed CLI
+            subprocess.run([docker, "rm", "-f", name], capture_output=True, timeout=60)
+
+        return Launch("docker", build_docker_command(cfg, port, name, docker), env, port, docker=docker,
+                      cleanup=cleanup)
+    vllm = shlex.split(cfg.vllm_bin) if cfg.vllm_bin else find_vllm()
+    return Launch("local", build_local_command(cfg, port, vllm), env, port)
+
+
+def settings_of(cfg: SmokeConfig) -> dict[str, Any]:
+    return {
+        "tp": cfg.tp, "pp": cfg.pp, "cpu_offload_gb": cfg.cpu_offload_gb, "max_model_len": cfg.max_model_len,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization, "max_num_seqs": cfg.max_num_seqs,
+        "kv_cache_dtype": cfg.kv_cache_dtype, "concurrency": cfg.concurrency, "rounds": cfg.rounds,
+        "prompt_tokens": cfg.prompt_tokens, "max_tokens": cfg.max_tokens, "timeout_s": cfg.timeout,
+        "boot_timeout_s": cfg.boot_timeout, "extra_args": list(cfg.extra_args),
+    }
+
+
+def refused_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], plan: dict[str, Any]) -> SmokeReport:
+    return SmokeReport(
+        verdict=FAIL,
+        failures=[f"memory plan: {plan['summary']} (no GPU time spent; --no-plan boots anyway)"],
+        mode=launch.mode, model=str(cfg.model), image=cfg.image, command=launch.argv, settings=settings,
+        boot={"health_s": None, "first_token_s": None},
+        kv_cache={"tokens": None, "max_concurrency": None, "tokens_per_request": None, "available_gib": None},
+        rounds=[], throughput={"output_tokens_per_s": None}, gpu=None, plan=plan,
+        server_exit_code=None, log_file=None, log_tail=[], layer_rewrites=[], refused_by_plan=True,
+    )
+
+
+def open_log(cfg: SmokeConfig) -> tuple[str, bool]:
+    """The server log, created only now: bad input and a plan refusal leave no file
+    behind (and do not truncate a --log-file the user pointed at).  Returns (path, ours)."""
+    if cfg.log_file:
+        path, own = cfg.log_file, False
+    else:
+        fd, path = tempfile.mkstemp(prefix="smoke-server-", suffix=".log")
+        os.close(fd)
+        own = True
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(b"")
+    return path, own
+
+
+# --------------------------------------------------------------------------- steps while the server runs
+
+
+def start_server(server: ServerProcess, log_path: str, own_log: bool) -> None:
+    try:
+        server.start()
+    except BadInput:
+        if own_log:
+            Path(log_path).unlink(missing_ok=True)
+        raise
+
+
+def wait_for_health(cfg: SmokeConfig, server: ServerProcess, launch: Launch, t_start: float, log_path: str,
+                    obs: Observed) -> None:
+    """Until ``/health`` answers 200, the server exits, or the boot timeout passes."""
+    deadline = t_start + cfg.boot_timeout
+    while True:
+        if not server.alive():
+            obs.boot_error = f"server exited during boot (code {server.poll()}) before /health answered"
+            return
+        if time.monotonic() > deadline:
+            obs.boot_error = f"timeout: /health did not answer 200 within {cfg.boot_timeout:g}s"
+            return
+        try:
+            status, _ = http_get(launch.host, launch.port, "/health", timeout=5)
+            if status == 200:
+                obs.boot["health_s"] = round(time.monotonic() - t_start, 2)
+                obs.boot_log_bytes = file_size(log_path)
+                return
+        except (OSError, http.client.HTTPException):
+            pass
+        time.sleep(0.5)
+
+
+def discover_model(launch: Launch, obs: Observed) -> None:
+    """The served model's id, from ``/v1/models``."""
+    try:
+        status, raw = http_get(launch.host, launch.port, "/v1/models", timeout=30)
+        if status == 200:
+            data = json.loads(raw).get("data") or []
+            obs.model_id = data[0]["id"] if data else None
+        if obs.model_id is None:
+            obs.boot_error = f"/v1/models answered {status} with no model"
+    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
+        obs.boot_error = f"/v1/models failed: {exc}"
+
+
+def first_token(cfg: SmokeConfig, launch: Launch, vocab: int | None, t_start: float, obs: Observed,
+                say: Callable[[str], None]) -> None:
+    """A greedy streamed warm-up request: the first-token time and an output fingerprint."""
+    prompt = make_prompt(-1, min(cfg.prompt_tokens, 16), vocab)
+    body = completion_body(obs.model_id or "", prompt, PROBE_TOKENS, True)
+    body["ignore_eos"] = False
+    r = post_completion(launch.host, launch.port, body, cfg.timeout, -1)
+    obs.probe = {"prompt": prompt, "text": r.text, "max_tokens": PROBE_TOKENS}
+    if r.ok and r.ttft_s is not None:
+        obs.boot["first_token_s"] = round(time.monotonic() - t_start - (r.latency_s - r.ttft_s), 2)
+        say(f"first token after {obs.boot['first_token_s']}s")
+    else:
+        obs.boot_error = f"first request failed: {r.error}"
+
+
+def one_round(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: int | None, n: int,
+              model_id: str) -> RoundResult:
+    """``concurrency`` simultaneous requests (even index: streaming, odd: not)."""
+    bodies = [completion_body(model_id, make_prompt(i, cfg.prompt_tokens, vocab, seed=n), cfg.max_tokens, i % 2 == 0)
+              for i in range(cfg.concurrency)]
+    run = run_round(launch.host, launch.port, bodies, timeout=cfg.timeout, alive=server.alive)
+    rr = summarize_round(n, run.results, run.wall_s, cfg.concurrency)
+    if run.pending and not run.server_died:
+        rr.errors.append(f"timeout: {run.pending} request(s) still running after {cfg.timeout:g}s")
+    if run.server_died:
+        rr.errors.append("server process died during the round")
+    return rr
+
+
+def probe_rounds(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: int | None, log_path: str,
+                 obs: Observed, say: Callable[[str], None]) -> None:
+    """The rounds; stop at the first failed request, a dead server, an OOM line or a failing /health."""
+    for n in range(1, cfg.rounds + 1):
+        say(f"round {n}/{cfg.rounds}: {cfg.concurrency} concurrent requests")
+        rr = one_round(cfg, server, launch, vocab, n, obs.model_id or "")
+        obs.rounds.append(rr)
+        obs.sample_gpu()
+        say(
+            f"round {n}: {rr.ok}/{rr.requests} ok, p50 {_fmt(rr.latency_p50_s, 's')} "
+            f"p95 {_fmt(rr.latency_p95_s, 's')}, {_fmt(rr.output_tokens_per_s, ' tok/s')}"
+        )
+        if rr.failed or not server.alive():
+            return
+        if parse_server_log(read_log(log_path)).oom_lines:
+            return
+        try:
+            status, _ = http_get(launch.host, launch.port, "/health", timeout=10)
+            if status != 200:
+                obs.extra_failures.append(f"/health answered {status} after round {n}")
+                return
+        except (OSError, http.client.HTTPException) as exc:
+            obs.extra_failures.append(f"/health failed after round {n}: {exc}")
+            return
+
+
+def stop_server(cfg: SmokeConfig, server: ServerProcess, obs: Observed, say: Callable[[str], None]) -> None:
+    """Record how the server ended, then stop it by its process group.  A second
+    Ctrl-C / SIGTERM while stopping must not abandon the server: it only cuts the
+    SIGTERM grace period short (SIGKILL at once)."""
+    hurry = threading.Event()
+    restore_signals = defer_signals(hurry)
+    try:
+        lost = any(("Connection" in e or "Disconnected" in e) for r in obs.rounds for e in r.errors)
+        if server.alive() and (obs.boot_error or lost):
+            # a dying server resets its connections a moment before it can be reaped
+            try:
+                server.proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        obs.exited = not server.alive() and server.proc is not None
+        obs.exit_code = server.poll() if obs.exited else None
+        say("stopping server")
+        server.stop(grace=cfg.stop_grace, hurry=hurry)
+    finally:
+        restore_signals()
+    if hurry.is_set() and not obs.interrupted:
+        obs.interrupted = True
+        obs.extra_failures.append("interrupted (Ctrl-C / SIGTERM) while stopping the server; server stopped")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM takes Ctrl-C's path (main thread only) while the server runs."""
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_term) if threading.current_thread() is threading.main_thread() else None
+    try:
+        yield
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+# --------------------------------------------------------------------------- after the stop
+
+
+def make_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], plan: dict[str, Any] | None,
+                obs: Observed, log_path: str) -> SmokeReport:
+    text = read_log(log_path)
+    facts = parse_server_log(text)
+    starts_after_boot = None
+    if obs.boot_log_bytes is not None:
+        try:
+            later = Path(log_path).read_bytes()[obs.boot_log_bytes:].decode("utf-8", "replace")
+        except OSError:
+            later = ""
+        starts_after_boot = count_server_starts(later)
+    verdict, failures = decide(
+        rounds=obs.rounds, expected_rounds=cfg.rounds, facts=facts, server_exit_code=obs.exit_code,
+        server_exited=obs.exited, boot_error=obs.boot_error, extra_failures=obs.extra_failures,
+        starts_after_boot=starts_after_boot,
+    )
+    total_tokens = sum(r.output_tokens for r in obs.rounds)
+    total_wall = sum(r.wall_s for r in obs.rounds)
+    return SmokeReport(
+        verdict=verdict,
+        failures=failures,
+        mode=launch.mode,
+        model=str(cfg.model),
+        image=cfg.image,
+        command=launch.argv,
+        settings=settings,
+        boot=obs.boot,
+        kv_cache={
+            "tokens": facts.kv_cache_tokens,
+            "max_concurrency": facts.max_concurrency,
+            "tokens_per_request": facts.max_concurrency_tokens_per_request,
+            "available_gib": facts.available_kv_cache_gib,
+            "model_load_gib": facts.model_load_gib,
+            "model_load_s": facts.model_load_s,
+            "peak_activation_gib": facts.peak_activation_gib,
+            "non_torch_gib": facts.non_torch_gib,
+            "init_engine_s": facts.init_engine_s,
+        },
+        rounds=obs.rounds,
+        throughput={"output_tokens_per_s": round(total_tokens / total_wall, 1) if total_wall > 0 else None},
+        gpu=obs.gpu_peak,
+        plan=plan,
+        server_exit_code=obs.exit_code,
+        log_file=log_path,
+        log_tail=log_tail(text) if verdict == FAIL else [],
+        layer_rewrites=facts.layer_rewrite_lines,
+        probe=obs.probe,
+        interrupted=obs.interrupted,
+    )
+
+
+def drop_passing_log(rep: SmokeReport, own_log: bool) -> None:
+    """A temp log is kept only for a FAIL."""
+    if own_log and rep.verdict == PASS and rep.log_file:
+        try:
+            os.unlink(rep.log_file)
+            rep.log_file = None
+        except OSError:
+            pass
+
+
+# --------------------------------------------------------------------------- the composition
+
+
+def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None) -> SmokeReport:
+    """Boot, probe, stop; return the report.  Never raises for a FAIL verdict: a
+    configuration the plan refuses is a FAIL report with ``refused_by_plan``
+    (nothing booted).  Raises BadInput for bad input (flags, config.json)."""
+    say = progress or (lambda msg: None)
+    cfg.validate()
+    if cfg.image and cfg.server_cmd:
+        raise BadInput("smoke: give either IMAGE or --server-cmd, not both")
+    plan = plan_step(cfg, say)
+    launch = prepare_launch(cfg)
+    settings = settings_of(cfg)
+    if cfg.plan and plan is not None and plan.get("fits") is False:
+        say("refused by the memory plan; the server was not started (--no-plan boots anyway)")
+        return refused_report(cfg, launch, settings, plan)
+    if launch.mode == "docker":
+        check_docker_image(launch.docker or "", cfg.image or "")
+    log_path, own_log = open_log(cfg)
+    server = ServerProcess(launch.argv, log_path, env=launch.env, cleanup=launch.cleanup)
+    obs = Observed()
+    with sigterm_as_interrupt():
+        t_start = time.monotonic()
+        say(f"starting server ({launch.mode}): {' '.join(shlex.quote(a) for a in launch.argv)}")
+        say(f"server log: {log_path}")
+        try:
+            start_server(server, log_path, own_log)
+            wait_for_health(cfg, server, launch, t_start, log_path, obs)
+            if obs.boot_error is None:
+                say(f"/health OK after {obs.boot['health_s']}s")
+                obs.sample_gpu()
+                discover_model(launch, obs)
+            vocab = model_vocab_size(cfg.model)
+            if obs.boot_error is None:
+                first_token(cfg, launch, vocab, t_start, obs, say)
+            if obs.boot_error is None:
+                probe_rounds(cfg, server, launch, vocab, log_path, obs, say)
+        except KeyboardInterrupt:
+            obs.interrupted = True
+            obs.extra_failures.append("interrupted (Ctrl-C / SIGTERM); server stopped")
+        finally:
+            stop_server(cfg, server, obs, say)
+    rep = make_report(cfg, launch, settings, plan, obs, log_path)
+    drop_passing_log(rep, own_log)
+    return rep

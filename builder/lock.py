@@ -3,7 +3,8 @@
 Layers (each usable on its own):
 
 * pure functions — :func:`base_requirements`, :func:`inputs_sha256`,
-  :func:`parse_uv_requirements`, :func:`parse_pylock`, :func:`select_wheel`,
+  :func:`parse_uv_requirements`, :func:`parse_pylock`, :func:`select_wheel` (both by
+  ``packaging.pylock``, :mod:`builder.pylock`),
   :func:`explain_unsatisfiable`, :func:`build_entries` — data in, data out;
 * the **uv adapter** (:class:`Uv`): the only place that runs uv (its CLI, the
   binary shipped by the pinned ``uv`` package);
@@ -46,16 +47,13 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from . import __version__
+from . import pylock as _pylock
 from .abi import GateResult, evaluate
 from .errors import BadInput, ExternalToolError, IntegrityError, Unsatisfiable
 from .lockfile import LockEntry, LockFile, WheelRef
 from .manifest import BaseManifest, DistFacts
+from .pylock import WheelCandidate
 from .util import atomic_write_text, cache_dir, canonical_name, sha256_bytes, sha256_file
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 FACTS_CACHE_VERSION = "1"
 Progress = Callable[[str], None]
@@ -186,42 +184,14 @@ def parse_uv_requirements(text: str) -> dict[str, tuple[str, str, list[str]]]:
     return out
 
 
-@dataclass
-class WheelCandidate:
-    filename: str
-    url: str  # https://... or file:///abs/path
-    sha256: str
-    size: int | None = None
-
-
 def parse_pylock(text: str, base_dir: Path | None = None) -> dict[str, tuple[str, str, list[WheelCandidate]]]:
-    """uv's ``pylock.toml`` -> ``{key: (name, version, wheels)}`` (wheels usable on
-    the target platform; ``path`` entries become ``file://`` URLs)."""
+    """uv's ``pylock.toml`` -> ``{key: (name, version, wheels)}`` (read and validated by
+    ``packaging.pylock``; ``path`` entries become ``file://`` URLs)."""
     try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ExternalToolError(f"uv wrote an unreadable pylock.toml ({exc}).") from None
-    out = {}
-    for pkg in doc.get("packages", []):
-        name, version = pkg["name"], pkg.get("version", "")
-        wheels = []
-        for w in pkg.get("wheels", []):
-            sha = (w.get("hashes") or {}).get("sha256")
-            if not sha:
-                continue
-            if "url" in w:
-                url = w["url"]
-            elif "path" in w:
-                p = Path(w["path"])
-                if not p.is_absolute() and base_dir is not None:
-                    p = (base_dir / p).resolve()
-                url = p.as_uri()
-            else:
-                continue
-            fname = w.get("name") or url.split("#")[0].rsplit("/", 1)[-1]
-            wheels.append(WheelCandidate(fname, url, sha, w.get("size")))
-        out[canonical_name(name)] = (name, version, wheels)
-    return out
+        doc = _pylock.read(text, "uv's pylock.toml")
+    except BadInput as exc:
+        raise ExternalToolError(f"uv wrote an unreadable pylock.toml: {exc.message}") from None
+    return _pylock.candidates(doc, base_dir)
 
 
 def target_tags(python_version: str, python_abi: str, platform: str) -> list[Tag]:
@@ -246,19 +216,9 @@ def target_tags(python_version: str, python_abi: str, platform: str) -> list[Tag
     return tags
 
 
-def select_wheel(cands: list[WheelCandidate], tags: list[Tag]) -> WheelCandidate | None:
-    """The candidate an installer would pick: the one whose best tag ranks first."""
-    rank = {t: i for i, t in enumerate(tags)}
-    best, best_rank = None, None
-    for c in cands:
-        try:
-            _, _, _, ctags = parse_wheel_filename(c.filename)
-        except Exception:  # noqa: BLE001 - odd name: cannot rank it
-            continue
-        r = min((rank[t] for t in ctags if t in rank), default=None)
-        if r is not None and (best_rank is None or r < best_rank):
-            best, best_rank = c, r
-    return best
+def select_wheel(cands: list[WheelCandidate], tags: list[Tag], name: str = "x") -> WheelCandidate | None:
+    """The candidate an installer would pick (``packaging.pylock``'s selection for ``tags``)."""
+    return _pylock.select_wheel(cands, tags, name)
 
 
 def is_pure_wheel(filename: str) -> bool:
@@ -635,7 +595,7 @@ def build_entries(
         if wl is None:
             raise ExternalToolError(f"uv's pylock.toml lacks {name}=={version} that its requirements output has.")
         cands = wl[2]
-        pick = select_wheel(cands, tags)
+        pick = select_wheel(cands, tags, name)
         if pick is None:
             raise Unsatisfiable(
                 f"{name}=={version} has no wheel installable on the base "

@@ -176,7 +176,13 @@ def _parse_facts(text: str, path: str, lineno: int) -> tuple[DistFacts, str | No
 
 
 def parse_lock(text: str, path: str = "<lock>") -> LockFile:
-    """Parse a lock; every problem is a :class:`BadInput` naming the file and line."""
+    """Parse a lock; every problem is a :class:`BadInput` naming the file and line.
+    A ``pylock.toml`` (PEP 751, the twin ``build-image lock`` writes) is read by
+    :func:`builder.pylock.parse_pylock_lock` into the same :class:`LockFile`."""
+    from .pylock import is_pylock_path, parse_pylock_lock
+
+    if is_pylock_path(path):
+        return parse_pylock_lock(text, path)
     lines = text.splitlines()
     header: dict[str, str] = {}
     overlay: list[str] = []

@@ -208,15 +208,17 @@ def _diff_git(spec: str, paths: tuple[str, ...], base_manifest: Path | None, fai
     scope = [git.rel(p) for p in paths] if paths else ["lockfiles"]
     changed = [p for p in git.changed(ca, cb, scope) if p.endswith(".lock")]
     if paths:
+        from ..pylock import is_pylock_path
+
         for p, given in zip(scope, paths):
-            if not p.endswith(".lock") and (git.show(ca, p) is not None or git.show(cb, p) is not None):
-                raise BadInput(f"`diff --git {spec}`: {given} is a file but not a lock (*.lock); "
+            if not (p.endswith(".lock") or is_pylock_path(p)) and (git.show(ca, p) is not None or git.show(cb, p) is not None):
+                raise BadInput(f"`diff --git {spec}`: {given} is a file but not a lock (*.lock, pylock.toml); "
                                "name a lock, or a folder holding locks.")
         # An explicit PATH that is a file is always compared (even if unchanged: "no changes").
         for p in scope:
-            if p.endswith(".lock") and p not in changed and (git.show(ca, p) is not None or git.show(cb, p) is not None):
+            if (p.endswith(".lock") or is_pylock_path(p)) and p not in changed and (git.show(ca, p) is not None or git.show(cb, p) is not None):
                 changed.append(p)
-        if not changed and all(p.endswith(".lock") for p in scope):
+        if not changed and all(p.endswith(".lock") or is_pylock_path(p) for p in scope):
             raise BadInput(f"`diff --git {spec}`: {', '.join(paths)} exists in neither revision.")
     diffs = []
     for path in sorted(changed):

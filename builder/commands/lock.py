@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ..errors import AbiRejected, BadInput, BuildImageError, StaleLock, Unsatisfiable
+from ..pylock import is_pylock_path, twin_path, twin_problem, write_pylock
 from ..util import canonical_name
 
 
@@ -139,6 +140,9 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
     lock_path = spec.lock_path
     if lock_path.is_dir():
         raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
+    if not check and is_pylock_path(lock_path):
+        raise BadInput(f"-o {lock_path}: name the requirements.lock; `lock` writes its PEP 751 twin "
+                       f"({twin_path(lock_path).name}) beside it. `lock --check` accepts either file.")
     uv = L.Uv()
 
     if check or (not upgrade and lock_path.exists()):
@@ -149,8 +153,9 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
                 raise StaleLock(f"{lock_path} is not a readable lock: {exc.message}") from None
             fresh, why = False, exc.message
         if fresh:
+            twin = _sync_twin(lock_path, check)
             _emit(as_json, {"status": "up-to-date", "lock": str(lock_path), "written": False,
-                            "seconds": round(time.monotonic() - t_start, 3)},
+                            "pylock": twin, "seconds": round(time.monotonic() - t_start, 3)},
                   f"{lock_path} is up to date with its inputs (base {base_label}, overlay {', '.join(overlay)}).")
             return
         if check:
@@ -194,6 +199,7 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
         raise exc
     try:
         result.lock.save(lock_path)
+        write_pylock(twin_path(lock_path), result.lock)
     except OSError as exc:  # the lock on disk (if any) is untouched: the write is atomic
         raise BadInput(f"cannot write the lock {lock_path}: {exc.strerror or exc}.") from None
     notices = format_notices(gate)
@@ -208,6 +214,7 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
     summary = {
         "status": "written",
         "lock": str(lock_path),
+        "pylock": str(twin_path(lock_path)),
         "written": True,
         "entries": len(result.lock.entries),
         "resolved": result.resolved,
@@ -224,6 +231,24 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
           f"wrote {lock_path}: {len(result.lock.entries)} packages on top of base {base_label} "
           f"({result.resolved} resolved; base distributions moved: {', '.join(moved) or 'none'}; "
           f"{len(gate.notices)} notice(s), {len(gate.allowed)} allowed ABI change(s)).")
+
+
+def _sync_twin(lock_path: Path, check: bool) -> str | None:
+    """The pylock.toml beside an up-to-date requirements.lock: --check fails (exit 5) when it is
+    missing or pins anything else; otherwise it is rewritten from the lock (no resolution)."""
+    from ..lockfile import load_lock
+
+    if is_pylock_path(lock_path):
+        return str(lock_path)
+    lock = load_lock(lock_path)
+    problem = twin_problem(lock_path, lock)
+    if problem and check:
+        raise StaleLock(f"{lock_path} is up to date but {problem}.",
+                        hint="run `build-image lock` (without --check): it rewrites pylock.toml from requirements.lock.")
+    if problem:
+        write_pylock(twin_path(lock_path), lock)
+        click.echo(f"rewrote {twin_path(lock_path)} from {lock_path} ({problem}).", err=True)
+    return str(twin_path(lock_path))
 
 
 def _emit(as_json: bool, doc: dict, text: str) -> None:

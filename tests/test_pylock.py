@@ -1,0 +1,153 @@
+"""pylock.toml (PEP 751) beside requirements.lock: same pins, read back by packaging.pylock,
+installed alike by uv (``uv pip install --dry-run`` of each lists the same packages)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from packaging.pylock import Pylock
+
+from builder import pylock as P
+from builder.cli import main
+from builder.errors import BadInput
+from builder.lock import find_uv, target_tags
+from builder.lockfile import load_lock, parse_lock
+from builder.util import project_root
+
+PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
+UV = find_uv()
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path_factory.getbasetemp() / "bi-cache"))
+
+
+def run(*args: str):
+    res = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return res.exit_code, res.output
+
+
+def test_the_default_locks_twin_pins_what_requirements_lock_pins_one_wheel_each():
+    for req in sorted((project_root() / "lockfiles").glob("vllm-*/requirements.lock")):
+        lock = load_lock(req)
+        twin = req.with_name("pylock.toml")
+        assert twin.is_file(), f"{twin} is missing"
+        text = twin.read_text()
+        doc = P.read(text, str(twin))  # packaging.pylock validates it
+        assert isinstance(doc, Pylock) and all(len(p.wheels) == 1 for p in doc.packages)
+        back = parse_lock(text, str(twin))
+        assert P.same_pins(lock, back) == [] and back.lock_hash == lock.lock_hash
+        assert [e.hashes for e in back.entries] == [e.hashes for e in sorted(lock.entries, key=lambda e: e.key)]
+        # the wheel packaging.pylock selects for the base is the one the lock installs
+        h = lock.header
+        tags = target_tags(h["python"], "cp" + h["python"].replace(".", ""), h["platform"])
+        env = P.target_environment(h["python"], h["platform"])
+        picked = {str(pkg.name): dist.filename for pkg, dist in doc.select(environment=env, tags=tags)}
+        assert picked == {e.key: e.wheel.filename for e in lock.entries}
+        assert P.twin_problem(req, lock) is None
+
+
+def test_twin_round_trip_keeps_header_facts_via_and_other_hashes():
+    lock = load_lock(project_root() / "lockfiles" / "vllm-0.26.0" / "requirements.lock")
+    back = parse_lock(P.format_pylock(lock), "x/pylock.toml")
+    assert back.header == lock.header and back.overlay == lock.overlay
+    for a, b in zip(sorted(lock.entries, key=lambda e: e.key), back.entries):
+        assert (a.name, a.version, a.hashes, a.via, a.wheel, a.facts, a.base_version) == \
+               (b.name, b.version, b.hashes, b.via, b.wheel, b.facts, b.base_version)
+    assert parse_lock(P.format_pylock(back), "x/pylock.toml").entries == back.entries
+
+
+def test_foreign_or_invalid_pylock_is_bad_input_naming_the_file(tmp_path):
+    foreign = 'lock-version = "1.0"\ncreated-by = "uv"\n[[packages]]\nname = "six"\nversion = "1.0"\n' \
+              '[[packages.wheels]]\nurl = "https://h/six-1.0-py3-none-any.whl"\nhashes = { sha256 = "aa" }\n'
+    with pytest.raises(BadInput, match=r"a/pylock.toml is a PEP 751 lock but not one build-image wrote"):
+        parse_lock(foreign, "a/pylock.toml")
+    with pytest.raises(BadInput, match=r"b/pylock.toml is not a valid PEP 751 lock"):
+        parse_lock('lock-version = "1.0"\n', "b/pylock.toml")
+    with pytest.raises(BadInput, match=r"lock-version"):
+        parse_lock('lock-version = "2.0"\ncreated-by = "x"\npackages = []\n', "c/pylock.toml")
+    with pytest.raises(BadInput, match="not valid TOML"):
+        parse_lock("[[packages", "d/pylock.toml")
+
+
+# ------------------------------------------------------------------ the real lock command, offline
+
+
+@pytest.fixture(scope="session")
+def here_base(tmp_path_factory, make_site_packages) -> Path:
+    """A base manifest for *this* interpreter's Python (so uv can dry-run installs into a venv)."""
+    d = tmp_path_factory.mktemp("herebase")
+    sp = make_site_packages(d / "site-packages", ["numpy==1.26.4", "purepkg==1.0.0"], python_version=PY)
+    out = d / "base.json"
+    code, text = run("base", "snapshot", "--site-packages", str(sp), "--python", PY, "--glibc", "2.35", "-o", str(out))
+    assert code == 0, text
+    return out
+
+
+def _dry_run(venv: Path, *args: str) -> list[str]:
+    r = subprocess.run([UV, "pip", "install", "--dry-run", "--python", str(venv / "bin" / "python"), *args],
+                       capture_output=True, text=True, env={"UV_NO_CONFIG": "1", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    return sorted(re.findall(r"^ \+ (\S+==\S+)$", r.stderr + r.stdout, re.M))
+
+
+def test_lock_writes_the_twin_check_reads_both_and_uv_installs_the_same_set(here_base, wheelhouse, tmp_path):
+    out = tmp_path / "locks" / "requirements.lock"
+    base_args = ["lock", "--base", str(here_base), "--no-default-overlay", "--no-index", "--find-links", str(wheelhouse),
+                 "--with", "numpy2user", "--with", "numpy>=2", "--allow-abi-change", "numpy", "--reason", "test"]
+    code, text = run(*base_args, "-o", str(out))
+    assert code == 0, text
+    twin = out.with_name("pylock.toml")
+    lock, back = load_lock(out), load_lock(twin)
+    assert sorted(P.pins(lock)) == ["numpy", "numpy2user"] and P.same_pins(lock, back) == []
+
+    venv = tmp_path / "venv"
+    subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(venv)], check=True,
+                   env={"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never", "PATH": "/usr/bin:/bin"})
+    from_req = _dry_run(venv, "--no-deps", "--require-hashes", "--no-index", "--find-links", str(wheelhouse), "-r", str(out))
+    from_pylock = _dry_run(venv, "-r", str(twin))
+    assert from_req == from_pylock == ["numpy2user==1.0.0", "numpy==2.1.0"]
+
+    # --check reads either file; a missing or disagreeing twin is a stale lock (exit 5)
+    assert run(*base_args, "-o", str(out), "--check")[0] == 0
+    assert run(*base_args, "-o", str(twin), "--check")[0] == 0
+    sha = lock.by_name()["numpy"].wheel.sha256
+    twin.write_text(twin.read_text().replace(f'sha256 = "{sha}"', f'sha256 = "{"0" * 64}"', 1))
+    code, text = run(*base_args, "-o", str(out), "--check")
+    assert code == 5 and f"pylock.toml pins other packages than requirements.lock: numpy: 2.1.0 ({sha[:12]}) vs 2.1.0 " \
+        f"({'0' * 12})" in " ".join(text.split())
+    twin.write_text(twin.read_text().replace('version = "2.1.0"', 'version = "2.2.0"', 1))
+    code, text = run(*base_args, "-o", str(out), "--check")  # packaging.pylock: the wheel is not 2.2.0
+    assert code == 5 and "is not a valid PEP 751 lock" in text
+    twin.unlink()
+    code, text = run(*base_args, "-o", str(out), "--check")
+    assert code == 5 and "does not exist" in text
+    # without --check the twin is rewritten from the (fresh) lock, no resolution
+    code, text = run(*base_args, "-o", str(out))
+    assert code == 0 and twin.is_file() and P.twin_problem(out, load_lock(out)) is None
+    # writing to a pylock path is refused: the lock is requirements.lock, the twin is derived
+    code, text = run(*base_args, "-o", str(tmp_path / "pylock.toml"))
+    assert code == 2 and "name the requirements.lock" in text
+
+
+def test_diff_reads_pylock_on_either_side(tmp_path):
+    req = project_root() / "lockfiles" / "vllm-0.26.0" / "requirements.lock"
+    twin = req.with_name("pylock.toml")
+    code, text = run("diff", str(req), str(twin))
+    assert code == 0 and "colorful" not in text  # the same pins: nothing but the file format differs
+    lock = load_lock(req)
+    e = lock.by_name()["colorful"]
+    e.version, e.hashes = "0.5.9", ["f" * 64]
+    e.wheel = type(e.wheel)(url=e.wheel.url.replace("0.5.8", "0.5.9"), sha256="f" * 64)
+    moved = tmp_path / "pylock.toml"
+    P.write_pylock(moved, lock)
+    code, text = run("diff", str(req), str(moved))
+    assert code == 0 and re.search(r"colorful\s+0\.5\.8\s*(→|->)\s*0\.5\.9", text), text
+    code, text = run("diff", "--format", "json", str(moved), str(req))
+    assert '"0.5.9"' in text and '"0.5.8"' in text

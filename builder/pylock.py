@@ -22,7 +22,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import tomli_w
 from packaging.markers import Marker
 from packaging.pylock import (
     Package,
@@ -231,6 +230,8 @@ def to_pylock(lock) -> Pylock:
 def format_pylock(lock, wheel_dir: str | None = None) -> str:
     """TOML text of the twin.  ``wheel_dir`` (relative to the pylock file, e.g. ``wheels``): each
     wheel is given by ``path`` into that folder instead of its URL (a build context's offline copy)."""
+    import tomli_w  # the TOML writer (tomllib only reads)
+
     d = to_pylock(lock).to_dict()
     if wheel_dir is not None:
         for pkg in d["packages"]:

@@ -265,14 +265,30 @@ def fetch_wheels(lock: LockFile, *, on_wheel: Callable[[str], None] | None = Non
 
 
 def _place(src: Path, dst: Path, sha256: str) -> None:
+    """Copy a cached wheel into the context: its own inode (never a hard link into the cache,
+    so damage to a cache entry cannot reach a rendered context), a reflink where the file
+    system shares blocks copy-on-write, a byte copy elsewhere."""
     dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
+    copy_or_reflink(src, dst)
     got = sha256_file(dst)
     if got != sha256:
         raise IntegrityError(f"{dst.name}: sha256 {got} does not match the lock's {sha256} after copying it into the context.")
+
+
+_FICLONE = 0x40049409  # linux/fs.h: clone src's extents into dst (btrfs, xfs, bcachefs)
+
+
+def copy_or_reflink(src: Path, dst: Path) -> None:
+    """``dst`` becomes an independent copy of ``src`` (a copy-on-write clone when supported)."""
+    import fcntl
+
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        try:
+            fcntl.ioctl(fout.fileno(), _FICLONE, fin.fileno())
+            return
+        except OSError:
+            pass
+        shutil.copyfileobj(fin, fout, 1 << 20)
 
 
 RENDERED_MARK = "# Rendered by build-image"

@@ -102,8 +102,9 @@ def own_registry(tmp_path):
         reg.kill()
 
 
-def tiny_context(tmp_path: Path, names=("six",)) -> tuple[Path, "object"]:
-    """A rendered context (real write_context) over small stand-in wheels; no engine needed."""
+def tiny_context(tmp_path: Path, names=("six",), *, via_cache: bool = False) -> tuple[Path, "object"]:
+    """A rendered context (real write_context) over small stand-in wheels; no engine needed.
+    ``via_cache``: the wheels come from the download cache (builder.fetch), as render takes them."""
     from builder.lockfile import LockEntry, LockFile, WheelRef
     from builder.manifest import BaseManifest, DistFacts, Distribution
     from builder.render import RenderPlan, write_context
@@ -117,6 +118,10 @@ def tiny_context(tmp_path: Path, names=("six",)) -> tuple[Path, "object"]:
         fn = f"{n}-1.0-py3-none-any.whl"
         (src / fn).write_bytes(data)
         wheels[fn] = src / fn
+        if via_cache:
+            from builder.fetch import fetch
+
+            wheels[fn] = fetch((src / fn).as_uri(), h, progress=False)
         entries.append(LockEntry(name=n, version="1.0", hashes=[h], wheel=WheelRef(url=(src / fn).as_uri(), sha256=h)))
     header = {"build-image-lock": "1", "tool": "t", "vllm": "0.26.0", "base-ref": "vllm/vllm-openai:v0.26.0",
               "base-digest": "sha256:" + "ab" * 32, "base-manifest-sha256": "0" * 64, "python": "3.12",

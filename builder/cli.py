@@ -55,9 +55,11 @@ class ErrorHandlingGroup(click.Group):
         except Exception as exc:  # a bug: never let it read as a verdict (exit 1)
             import traceback
 
-            traceback.print_exc()
+            from .credentials import redact_text
+
+            click.echo(redact_text(traceback.format_exc()).rstrip(), err=True)
             click.echo(
-                f"internal error: {type(exc).__name__}: {exc}\n"
+                f"internal error: {type(exc).__name__}: {redact_text(str(exc))}\n"
                 "This is a bug in build-image; please report it with the traceback above.",
                 err=True,
             )

@@ -64,7 +64,9 @@ def registry_fault(output: str, registry: str) -> bool:
 
 def redact(text: str) -> str:
     """Strip anything that looks like a credential from engine output before logging it."""
-    return _SECRETISH.sub(lambda m: (m.group(1) or m.group(2) or "") + "***", text)
+    from .credentials import redact_text
+
+    return redact_text(_SECRETISH.sub(lambda m: (m.group(1) or m.group(2) or "") + "***", text))
 
 
 @dataclass

@@ -105,11 +105,22 @@ def _download_to(url: str, out, name: str, progress: bool) -> None:
         except OSError as exc:
             raise IntegrityError(f"cannot read {url}: {exc}.") from None
         return
+    from .credentials import auth_header
+
+    target, auth = auth_header(url)  # credentials from the URL, the flags' URLs, netrc or keyring
     try:
-        req = urllib.request.Request(url, headers={"User-Agent": f"build-image/{__version__}"})
+        req = urllib.request.Request(target, headers={"User-Agent": f"build-image/{__version__}", **auth})
         with urllib.request.urlopen(req, timeout=120) as resp:
             total = int(resp.headers.get("Content-Length") or 0)
             got = _copy_with_progress(resp, out, total, name, progress)
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            raise IntegrityError(
+                f"cannot fetch {url}: HTTP {exc.code} ({'no credential was found' if not auth else 'the credential was refused'}).",
+                hint="build-image finds a credential for a URL without one in $NETRC or ~/.netrc (machine HOST login "
+                     "USER password SECRET), or the keyring package; locks never record it.",
+            ) from None
+        raise IntegrityError(f"cannot fetch {url}: HTTP {exc.code} {exc.reason}.") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise IntegrityError(f"cannot fetch {url}: {getattr(exc, 'reason', exc)}.") from None
     if total and got != total:

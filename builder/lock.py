@@ -49,6 +49,7 @@ from packaging.version import InvalidVersion, Version
 from . import __version__
 from . import pylock as _pylock
 from .abi import GateResult, evaluate
+from .credentials import redact_url, remember
 from .errors import BadInput, ExternalToolError, IntegrityError, Unsatisfiable
 from .lockfile import LockEntry, LockFile, WheelRef
 from .manifest import BaseManifest, DistFacts
@@ -131,7 +132,8 @@ def inputs_sha256(req: LockRequest, uv_version: str, tool_version: str = __versi
         "vllm": req.vllm,
         "overlay": list(req.overlay),
         "allow": sorted((canonical_name(k), v) for k, v in req.allow.items()),
-        "find_links": [str(Path(f).resolve()) if "://" not in f else f for f in req.find_links],
+        # a credential in a URL is not an input: the same index with another password is the same lock
+        "find_links": [str(Path(f).resolve()) if "://" not in f else redact_url(f) for f in req.find_links],
         "no_index": req.no_index,
         "exclude_newer": req.exclude_newer,
         "tool": tool_version,
@@ -604,7 +606,7 @@ def build_entries(
         chosen[key] = pick
         entries.append(LockEntry(
             name=wl[0], version=version, hashes=sorted({c.sha256 for c in cands}), via=list(via),
-            wheel=WheelRef(url=pick.url, sha256=pick.sha256),
+            wheel=WheelRef(url=redact_url(pick.url), sha256=pick.sha256),
             base_version=b.version if b is not None else None,
         ))
     return entries, chosen
@@ -635,6 +637,8 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
     say = progress or (lambda _m: None)
     base = req.base
     overlay_reqs = parse_overlay(req.overlay)
+    for f in req.find_links:  # their credentials, in memory only, for the wheel downloads below
+        remember(f)
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bi-lock-") as t:
         tmp = Path(t)
@@ -731,7 +735,7 @@ def lock_header(req: LockRequest, uv_version: str) -> dict[str, str]:
     if req.exclude_newer:
         header["exclude-newer"] = req.exclude_newer
     if req.no_index or req.find_links:
-        header["index"] = " ".join((["--no-index"] if req.no_index else []) + [f"--find-links {f}" for f in req.find_links])
+        header["index"] = " ".join((["--no-index"] if req.no_index else []) + [f"--find-links {redact_url(f)}" for f in req.find_links])
     return header
 
 

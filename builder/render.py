@@ -338,7 +338,10 @@ def write_context(
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
-        (tmp / "requirements.lock").write_text(lock_text if lock_text is not None else plan.lock.format(), encoding="utf-8")
+        from .credentials import redact_text  # a lock written before redaction keeps no secret in a context
+
+        (tmp / "requirements.lock").write_text(redact_text(lock_text) if lock_text is not None else plan.lock.format(),
+                                               encoding="utf-8")
         (tmp / "wheels").mkdir()
         for e in plan.lock.entries:
             assert e.wheel is not None

@@ -143,3 +143,59 @@ def tiny_context(tmp_path: Path, names=("six",), *, via_cache: bool = False) -> 
 
 # the offline lock fixtures (a numpy-1.x base snapshot + the fixture wheelhouse, real uv)
 from tests.test_lock import np1_base, offline  # noqa: E402,F401
+
+
+class AuthFileServer:
+    """A loopback HTTP file server over ``root`` that answers only with Basic ``user:password``
+    (a directory answers with a links page, as a find-links index does)."""
+
+    def __init__(self, root: Path, user: str = "ci-bot", password: str = "s3cr3t-PASSWORD-42"):
+        import base64
+        import functools
+        import http.server
+        import threading
+
+        self.user, self.password, self.hits = user, password, []
+        want = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        server = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *a):  # quiet
+                pass
+
+            def do_GET(self):  # noqa: N802
+                ok = self.headers.get("Authorization") == want
+                server.hits.append((self.path, ok))
+                if not ok:
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="wheels"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                return super().do_GET()
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=str(root)))
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.user}:{self.password}@127.0.0.1:{self.port}/"
+
+    @property
+    def bare_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def auth_wheel_server(wheelhouse):
+    srv = AuthFileServer(wheelhouse)
+    try:
+        yield srv
+    finally:
+        srv.close()

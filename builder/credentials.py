@@ -1,0 +1,142 @@
+"""Credentials in URLs: kept out of every file, label, log and JSON document; found at use time.
+
+Pure part: :func:`redact_url` removes the userinfo (``user:password@``) and the values of
+token-like query parameters (``token``, ``access_token``, ``X-Amz-Signature``, ...) from a URL;
+:func:`redact_text` does it for every URL in a text.  What build-image writes (the lock's
+``# index:`` line and wheel URLs, the context's ``requirements.lock``, messages, ``--json``)
+goes through them, so a lock records where its files come from without the secret needed to
+fetch them.
+
+Use time (:func:`auth_header`): like uv, the credential for a URL comes from the URL itself
+when a flag carried one (kept in memory only, :func:`remember`, so every later fetch from the
+same scheme://host:port in this process authenticates too), else from netrc (``$NETRC``, else
+``~/.netrc``), else from the ``keyring`` package when it is installed.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import urllib.parse
+from pathlib import Path
+
+MASK = "****"
+_TOKEN_PARAM = re.compile(
+    r"^(?:.*token.*|.*secret.*|.*passw(?:or)?d.*|pwd|auth|authorization|.*api[-_]?key.*|key|sig|signature|"
+    r"x-amz-(?:signature|credential|security-token)|x-goog-(?:signature|credential)|se?ssion(?:id)?|credential)$",
+    re.I,
+)
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]+")
+_remembered: dict[str, tuple[str, str]] = {}
+
+
+def _origin(parts: urllib.parse.SplitResult) -> str:
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{parts.port or ''}"
+
+
+def redact_url(url: str) -> str:
+    """Pure: ``url`` without userinfo (``****@``) and with token-like query values masked."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url
+    if not parts.scheme or not parts.netloc and not parts.query:
+        return url
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{MASK}@" + netloc.rsplit("@", 1)[1]
+    query = parts.query
+    if query:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
+        if any(_TOKEN_PARAM.match(k) for k, _ in pairs):
+            query = "&".join(f"{urllib.parse.quote(k, safe='-_.~')}=" + (MASK if _TOKEN_PARAM.match(k) else
+                             urllib.parse.quote(v, safe="-_.~/:")) for k, v in pairs)
+    if netloc == parts.netloc and query == parts.query:
+        return url
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def redact_text(text: str) -> str:
+    """Pure: every URL in ``text`` passed through :func:`redact_url`."""
+    if not text or "://" not in text:
+        return text
+    def one(m: re.Match) -> str:
+        url = m.group(0)
+        core = url.rstrip(".,:;)]}")  # sentence punctuation after a URL is not part of it
+        return redact_url(core) + url[len(core):]
+
+    return _URL.sub(one, text)
+
+
+def has_credentials(url: str) -> bool:
+    return redact_url(url) != url
+
+
+def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
+    """Pure: (url without userinfo, (user, password) or None)."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    host = parts.netloc.rsplit("@", 1)[1]
+    user = urllib.parse.unquote(parts.username or "")
+    password = urllib.parse.unquote(parts.password or "")
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), (user, password)
+
+
+def remember(url: str) -> None:
+    """Keep the userinfo of ``url`` (a --find-links / index flag) in memory for its origin."""
+    if "://" not in url:
+        return
+    _bare, cred = split_userinfo(url)
+    if cred is not None:
+        _remembered[_origin(urllib.parse.urlsplit(url))] = cred
+
+
+def _netrc(host: str) -> tuple[str, str] | None:
+    import netrc
+
+    path = os.environ.get("NETRC") or str(Path.home() / ".netrc")
+    if not os.path.isfile(path):
+        return None
+    try:
+        found = netrc.netrc(path).authenticators(host)
+    except (netrc.NetrcParseError, OSError):
+        return None
+    if not found:
+        return None
+    login, _account, password = found
+    return login or "", password or ""
+
+
+def _keyring(url: str, user: str | None) -> tuple[str, str] | None:
+    try:
+        import keyring  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        cred = keyring.get_credential(url, user)
+    except Exception:  # noqa: BLE001 - a broken keyring backend is "no credential"
+        return None
+    return (cred.username, cred.password) if cred is not None else None
+
+
+def credential_for(url: str) -> tuple[str, tuple[str, str] | None]:
+    """(url without userinfo, (user, password) or None) from the URL, memory, netrc, keyring."""
+    bare, cred = split_userinfo(url)
+    if cred is not None:
+        return bare, cred
+    parts = urllib.parse.urlsplit(bare)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return bare, None
+    cred = _remembered.get(_origin(parts)) or _netrc(parts.hostname) or _keyring(bare, None)
+    return bare, cred
+
+
+def auth_header(url: str) -> tuple[str, dict[str, str]]:
+    """(url to request, headers) with an ``Authorization: Basic`` header when a credential is known."""
+    bare, cred = credential_for(url)
+    if cred is None:
+        return bare, {}
+    token = base64.b64encode(f"{cred[0]}:{cred[1]}".encode()).decode()
+    return bare, {"Authorization": f"Basic {token}"}

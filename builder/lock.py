@@ -54,9 +54,12 @@ from .errors import BadInput, ExternalToolError, IntegrityError, Unsatisfiable
 from .lockfile import LockEntry, LockFile, WheelRef
 from .manifest import BaseManifest, DistFacts
 from .pylock import WheelCandidate
+from .raychoice import RayChoice
 from .util import atomic_write_text, cache_dir, canonical_name, sha256_bytes, sha256_file
 
 FACTS_CACHE_VERSION = "1"
+DEFAULT_RAY = "ray[serve]"  # the default overlay (builder.spec.DEFAULT_OVERLAY)
+RAY_POLICY = "ray[llm]-pins-vllm/1"  # inputs-sha256 names the rule that picks the default ray
 Progress = Callable[[str], None]
 
 
@@ -75,10 +78,20 @@ class LockRequest:
     find_links: list[str] = field(default_factory=list)
     no_index: bool = False
     exclude_newer: str | None = None
+    # the default overlay's ray is chosen per vLLM release (builder.raychoice); False when the
+    # overlay names ray itself or the default overlay is off
+    default_ray: bool = False
+    ray: RayChoice | None = None  # the choice, made when resolving (not an input: the policy is)
 
     @property
     def manifest_sha256(self) -> str:
         return sha256_bytes(self.base_bytes)
+
+    def resolution_overlay(self) -> list[str]:
+        """What uv resolves: the overlay, with the default ray replaced by the chosen one."""
+        if not (self.default_ray and self.ray and self.ray.requirement):
+            return list(self.overlay)
+        return [self.ray.requirement if r == DEFAULT_RAY else r for r in self.overlay]
 
 
 def parse_overlay(reqs: Iterable[str], where: str = "--with") -> list[Requirement]:
@@ -139,6 +152,8 @@ def inputs_sha256(req: LockRequest, uv_version: str, tool_version: str = __versi
         "tool": tool_version,
         "uv": uv_version,
     }
+    if req.default_ray:
+        doc["ray_policy"] = RAY_POLICY
     return sha256_bytes(json.dumps(doc, sort_keys=True).encode())
 
 
@@ -636,13 +651,14 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
     uv = uv or Uv()
     say = progress or (lambda _m: None)
     base = req.base
-    overlay_reqs = parse_overlay(req.overlay)
+    resolving = req.resolution_overlay()
+    overlay_reqs = parse_overlay(resolving)
     for f in req.find_links:  # their credentials, in memory only, for the wheel downloads below
         remember(f)
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bi-lock-") as t:
         tmp = Path(t)
-        (tmp / "overlay.in").write_text("\n".join(req.overlay) + "\n")
+        (tmp / "overlay.in").write_text("\n".join(resolving) + "\n")
         (tmp / "base.in").write_text("\n".join(base_requirements(base, overlay_reqs)) + "\n")
         sources = [tmp / "overlay.in", tmp / "base.in"]
         if prefer:  # uv reads an existing output file as preferences
@@ -650,7 +666,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
         common = dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
                       no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=tmp)
 
-        say(f"resolving {', '.join(req.overlay)} on top of {len(base.distributions)} base pins (uv)")
+        say(f"resolving {', '.join(resolving)} on top of {len(base.distributions)} base pins (uv)")
         t0 = time.monotonic()
         pylock_args = dict(fmt="pylock.toml", hashes=True, offline=True, **common)
         # The wheel URLs come from a second uv run in pylock format, offline from uv's cache.  It
@@ -662,7 +678,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
         timings["resolve"] = time.monotonic() - t0
         if r1.returncode != 0:
             if _is_resolution_failure(r1.stderr):
-                msg, details = explain_unsatisfiable(r1.stderr, base, req.overlay)
+                msg, details = explain_unsatisfiable(r1.stderr, base, resolving)
                 raise Unsatisfiable(msg, details=details)
             raise ExternalToolError(f"uv pip compile failed (exit {r1.returncode}):\n{trim_derivation(r1.stderr)}")
         resolved = parse_uv_requirements((tmp / "requirements.txt").read_text())
@@ -703,19 +719,34 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
         if not is_pure_wheel(cand.filename) and not _facts_cache_path(cand.sha256).exists():
             say(f"downloading + scanning binary wheel {cand.filename} ({binaries.index(e) + 1}/{len(binaries)})")
         e.facts, requires[e.key] = wheel_facts(cand)
-    gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=req.overlay)
+    gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving)
     flagged = [f.name for f in gate.violations + gate.allowed + gate.notices]
     missing = [k for k in chain_ancestors(entries, flagged) if not requires.get(k)]
     if missing:  # what each link of the chains asked for: fetch those few (pure) wheels
         say(f"reading the requirements of {len(missing)} package(s) on the chains")
         for k in missing:
             requires[k] = requires_of(chosen[k])
-        gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=req.overlay)
+        gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving)
     timings["scan"] = time.monotonic() - t0
     header = lock_header(req, uv.version())
+    header.update(ray_header(req, entries, base))
     allow_used = {canonical_name(k): v for k, v in req.allow.items()}
     lockfile = LockFile(header=header, overlay=list(req.overlay), allow_abi_change=allow_used, entries=entries)
     return LockResult(lock=lockfile, gate=gate, resolved=len(resolved), timings=timings)
+
+
+def header_vllm(req: LockRequest) -> str:
+    """The ``vllm:`` a lock of ``req`` names (pure): the base's vllm, else the overlay's ``vllm==X``
+    (the lock then holds X), else ``-`` — never a vllm that is neither in the base nor in the lock."""
+    d = req.base.get("vllm")
+    if d is not None:
+        return d.version
+    for raw in req.overlay:
+        r = Requirement(raw)
+        pins = [s.version for s in r.specifier if s.operator == "=="]
+        if canonical_name(r.name) == "vllm" and len(pins) == 1 and "*" not in pins[0]:
+            return pins[0]
+    return "-"
 
 
 def lock_header(req: LockRequest, uv_version: str) -> dict[str, str]:
@@ -724,7 +755,7 @@ def lock_header(req: LockRequest, uv_version: str) -> dict[str, str]:
     header = {
         "build-image-lock": "1",
         "tool": f"build-image {__version__} (uv {uv_version})",
-        "vllm": req.vllm,
+        "vllm": header_vllm(req),
         "base-ref": base.image_ref or "-",
         "base-digest": base.image_digest or "-",
         "base-manifest-sha256": req.manifest_sha256,
@@ -754,6 +785,21 @@ def header_mismatches(have: Mapping[str, str], want: Mapping[str, str]) -> list[
     return out
 
 
+def ray_header(req: LockRequest, entries: list[LockEntry], base: BaseManifest) -> dict[str, str]:
+    """``ray`` / ``serve-backend`` header lines: which ray the lock holds and why (pure)."""
+    e = next((e for e in entries if e.key == "ray"), None)
+    version = e.version if e is not None else (base.get("ray").version if base.get("ray") is not None else None)
+    if version is None:
+        return {}
+    if req.default_ray and req.ray is not None:
+        return {"ray": f"{version} ({req.ray.reason})", "serve-backend": req.ray.backend}
+    named = [r for r in req.overlay if canonical_name(Requirement(r).name) == "ray"]
+    where = f"named in the overlay ({', '.join(named)})" if named else "from the base"
+    if req.ray is not None:  # the named ray's llm pin, looked up by the caller
+        return {"ray": f"{version} ({where}; {req.ray.reason})", "serve-backend": req.ray.backend}
+    return {"ray": f"{version} ({where})", "serve-backend": "auto"}
+
+
 def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None) -> tuple[bool, str]:
     """(fresh?, why) comparing every input the lock's header records (and their hash,
     ``inputs-sha256``) with the request's — no resolution.  A header edited by hand
@@ -778,4 +824,152 @@ def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None) -> tu
         reasons.append(f"the overlay changed ({', '.join(existing.overlay)} -> {', '.join(req.overlay)})")
     if {canonical_name(k): v for k, v in req.allow.items()} != existing.allow_abi_change:
         reasons.append("the allowed ABI changes changed")
+    if req.default_ray and "serve-backend" not in existing.header:
+        reasons.append("the default ray is now chosen per vLLM release (the newest whose ray[llm] pins its vllm)")
     return False, "; ".join(reasons) or "index flags or exclude-newer changed"
+
+
+# =========================================================================== the stage, end to end
+
+
+@dataclass
+class LockOutcome:
+    """What :func:`run` did: ``status`` is ``up-to-date`` (nothing resolved) or ``written``."""
+
+    status: str
+    path: Path
+    result: LockResult | None = None
+    unused_allow: list[str] = field(default_factory=list)
+
+
+def request_for(*, vllm: str, base: "ResolvedBase", with_: Iterable[str], default_overlay: bool, vllm_given: bool = True,
+                allow: Mapping[str, str] | None = None, find_links: Iterable[str] = (), no_index: bool = False,
+                exclude_newer: str | None = None, where: str = "--with") -> LockRequest:
+    """The :class:`LockRequest` for ``--vllm X`` on ``base`` (pure but for resolving find-links paths).
+
+    The overlay is the default (``ray[serve]``, its version chosen per release) plus ``with_``; on a base
+    without vllm, ``--vllm X`` (``vllm_given``: a flag or the spec named it) adds ``vllm==X`` (the resolver and the gate then judge it like any overlay
+    requirement); a base shipping another vllm is exit 2 (:func:`builder.baseref.vllm_on_base`)."""
+    from .baseref import vllm_on_base
+
+    with_ = list(with_)
+    overlay = ([DEFAULT_RAY] if default_overlay else []) + [w for w in with_ if not (default_overlay and w == DEFAULT_RAY)]
+    reqs = parse_overlay(overlay, where=where)
+    check_overlay_against_vllm(reqs, vllm)
+    add = vllm_on_base(base, vllm) if (vllm_given or base.vllm is not None) else None
+    if add and not any(canonical_name(r.name) == "vllm" for r in reqs):
+        overlay.append(add)
+    if not overlay:
+        raise BadInput("the overlay is empty: --no-default-overlay needs at least one --with REQ.")
+    named = [w for w in with_ if w != DEFAULT_RAY]
+    names_ray = any(canonical_name(r.name) == "ray" for r in parse_overlay(named, where=where)) if named else False
+    return LockRequest(
+        vllm=vllm, base=base.manifest, base_bytes=base.data, overlay=overlay, allow=dict(allow or {}),
+        find_links=[f if "://" in f else str(Path(f).resolve()) for f in find_links], no_index=no_index,
+        exclude_newer=exclude_newer, default_ray=default_overlay and not names_ray,
+    )
+
+
+def _other_base(lock_path: Path, req: LockRequest) -> str | None:
+    """The base-ref of an existing lock at ``lock_path`` when it names another base than ``req``'s."""
+    from .lockfile import load_lock
+
+    try:
+        have = load_lock(lock_path).header.get("base-ref", "-")
+    except BadInput:
+        return None  # a damaged lock is replaced
+    want = req.base.image_ref or "-"
+    return have if have != want else None
+
+
+def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool = False, force: bool = False,
+        uv: Uv | None = None, index=None, progress: Progress | None = None) -> LockOutcome:
+    """Freshness, preferences, ray choice, resolution, gate and the atomic write, in that order.
+
+    * ``check``: :class:`StaleLock` (exit 5) when the lock is stale, nothing written;
+    * a lock up to date with its inputs is kept unless ``upgrade``;
+    * a re-lock prefers the previous lock's pins (moves as little as possible) unless ``upgrade``;
+    * a lock whose header names another base is never replaced without ``force`` (exit 2);
+    * a gate violation is :class:`AbiRejected` (exit 3) carrying ``.gate``; nothing is written.
+    """
+    from .errors import AbiRejected, StaleLock
+    from .lockfile import load_lock
+
+    uv = uv or Uv()
+    say = progress or (lambda _m: None)
+    lock_path = Path(lock_path)
+    if lock_path.is_dir():
+        raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
+    if check or (not upgrade and lock_path.exists()):
+        try:
+            fresh, why = is_up_to_date(lock_path, req, uv)
+        except BadInput as exc:  # a damaged lock on disk is stale; a new lock replaces it
+            if check:
+                raise StaleLock(f"{lock_path} is not a readable lock: {exc.message}") from None
+            fresh, why = False, exc.message
+        if fresh:
+            return LockOutcome(status="up-to-date", path=lock_path)
+        if check:
+            raise StaleLock(f"{lock_path} is stale: {why}.", hint="run `build-image lock` (without --check) to regenerate it.")
+    other = _other_base(lock_path, req) if lock_path.exists() and not force else None
+    if other is not None:
+        raise BadInput(
+            f"{lock_path} was made on another base ({other}); a lock on {req.base.image_ref or 'this base'} "
+            "does not replace it.",
+            hint="write this lock elsewhere with -o FILE, or pass --force to replace it.",
+        )
+    prefer = None
+    if not upgrade and lock_path.exists():
+        try:
+            prefer = {e.name: e.version for e in load_lock(lock_path).entries}
+        except BadInput:
+            prefer = None
+    tags = target_tags(req.base.python_version, req.base.python_abi, req.base.platform)
+    if req.default_ray and req.ray is None:
+        from datetime import datetime as _dt
+
+        from . import index as ix
+        from .raychoice import choose, ray_releases
+
+        index = index or ix.for_request(req.find_links, req.no_index)
+        vllm = req.base.get("vllm").version if req.base.get("vllm") is not None else req.vllm
+        say(f"choosing ray for vllm {vllm} (ray[llm] pins, from the index)")
+        cutoff = ix.parse_time(req.exclude_newer) if req.exclude_newer and "T" in req.exclude_newer else (
+            _dt.fromisoformat(req.exclude_newer + "T00:00:00+00:00") if req.exclude_newer else None)
+        req.ray = choose(vllm, ray_releases(index, vllm, tags, cutoff))
+    elif not req.default_ray and any(canonical_name(Requirement(r).name) == "ray" for r in req.overlay):
+        pass  # the named ray's backend is looked up after the resolution
+    result = lock(req, uv, progress=say, prefer=prefer)
+    locked_ray = result.lock.by_name().get("ray")
+    if not req.default_ray and locked_ray is not None:
+        from . import index as ix
+        from .raychoice import backend_for
+
+        try:
+            req.ray = backend_for(index or ix.for_request(req.find_links, req.no_index), locked_ray.version,
+                                  result.lock.header["vllm"] if result.lock.header["vllm"] != "-" else None, tags)
+            result.lock.header.update(ray_header(req, result.lock.entries, req.base))
+        except (IntegrityError, IndexError):
+            pass  # the header says "serve-backend: auto"
+    gate = result.gate
+    if not gate.ok:
+        from .abi import format_rejection
+
+        n = len(gate.violations)
+        exc = AbiRejected(
+            f"{n} violation{'s' if n != 1 else ''} on top of base {req.base.image_ref or '-'} "
+            f"(vllm {req.vllm}); nothing was written to {lock_path}.",
+            details=format_rejection(gate),
+        )
+        exc.gate = gate
+        raise exc
+    from .pylock import twin_path, write_pylock
+
+    try:
+        result.lock.save(lock_path)
+        write_pylock(twin_path(lock_path), result.lock)  # its PEP 751 twin beside it
+    except OSError as exc:  # the lock on disk (if any) is untouched: the write is atomic
+        raise BadInput(f"cannot write the lock {lock_path}: {exc.strerror or exc}.") from None
+    used = {canonical_name(f.name) for f in gate.allowed}
+    unused = sorted(k for k in result.lock.allow_abi_change if k not in used)
+    return LockOutcome(status="written", path=lock_path, result=result, unused_allow=unused)

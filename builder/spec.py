@@ -97,6 +97,7 @@ class Spec:
     exclude_newer: str | None = None
     serving: Serving = field(default_factory=Serving)
     source: str | None = None  # the spec file read, if any
+    vllm_given: bool = False  # vllm named by a flag or the spec file (not the built-in default)
 
     @property
     def overlay(self) -> list[str]:
@@ -113,6 +114,8 @@ class Spec:
     def with_flags(self, **flags: Any) -> "Spec":
         """Return a copy where every flag that is not None overrides the spec."""
         top = {k: v for k, v in flags.items() if v is not None and k in {f.name for f in fields(Spec)}}
+        if "vllm" in top:
+            top["vllm_given"] = True
         serving = {k: v for k, v in flags.items() if v is not None and k in {f.name for f in fields(Serving)}}
         if "with_" in top:  # a --with naming a package replaces the spec's requirement on it (flags win)
             named = {_req_key(w) for w in top["with_"]} - {None}
@@ -190,6 +193,7 @@ def parse_spec(text: str, path: str) -> Spec:
         exclude_newer=doc.get("exclude-newer"),
         serving=Serving(**serving_kwargs),
         source=path,
+        vllm_given="vllm" in doc,
     )
 
 

@@ -385,7 +385,7 @@ def test_relock_after_input_change_prefers_previous_pins_upgrade_does_not(tmp_pa
 def test_spec_file_holds_what_the_flags_hold(np1_base, wheelhouse, tmp_path):
     spec = tmp_path / "build-image.toml"
     spec.write_text(
-        f'vllm = "0.26.0"\nbase = "{np1_base}"\nwith = ["numpy2user", "numpy>=2"]\nlock = "{tmp_path / "spec.lock"}"\n'
+        f'base = "{np1_base}"\nwith = ["numpy2user", "numpy>=2"]\nlock = "{tmp_path / "spec.lock"}"\n'
         '[allow-abi-change]\nnumpy = "fakearrow is rebuilt in the next layer"\n'
     )
     out = tmp_path / "flag.lock"

@@ -45,6 +45,8 @@ def test_default_lock_leaves_every_base_version_unchanged(default_lock):
     assert moved == [], f"base distributions moved: {moved}"
     names = lock.by_name()
     assert "ray" in names
+    # ray per release: the newest ray whose ray[llm] pins vllm 0.26.0
+    assert names["ray"].version == "2.58.1" and lock.header["serve-backend"] == "ray-serve-llm"
     for e in lock.entries:
         assert e.wheel is not None and e.wheel.url.startswith("https://")
         assert e.wheel.sha256 in e.hashes

@@ -123,6 +123,14 @@ class ExternalToolError(BuildImageError):
     title = "external tool failed"
 
 
+class CheckpointNotReady(BuildImageError):
+    """``smoke`` / the pipeline's ``--smoke``: the checkpoint failed the structural
+    readiness checks (``checkpoint verify``), so no server was started."""
+
+    exit_code = 13
+    title = "checkpoint not ready"
+
+
 EXIT_CODES: dict[int, str] = {
     0: "success / PASS / fits / no dangerous change",
     1: "verdict negative (diff: dangerous change; plan: does not fit; smoke: FAIL; ray-check: nodes disagree)",
@@ -137,5 +145,6 @@ EXIT_CODES: dict[int, str] = {
     RegistryError.exit_code: "registry unreachable / push refused / digest mismatch",
     TagConflict.exit_code: "tag already points to a different digest",
     ExternalToolError.exit_code: "a helper tool (uv, docker) failed unexpectedly",
+    CheckpointNotReady.exit_code: "smoke: the checkpoint is not ready (checkpoint verify's structural checks); no server started",
     70: "internal error (a bug: please report)",
 }

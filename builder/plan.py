@@ -2,7 +2,7 @@
 
 Pure arithmetic: a model ``config.json`` (a dict) plus serving settings in,
 a :class:`Plan` out.  No torch, no GPU, no subprocess.  The only I/O lives in
-:func:`plan_from_model_dir` (reads ``config.json`` and the checkpoint's size).
+:func:`plan_from_model_dir` (reads ``config.json`` and the safetensors headers for the exact weight bytes).
 
 What is mirrored from vLLM 0.26.0 (read from the wheel; see docs/plan.md):
 
@@ -913,25 +913,12 @@ def load_config(path: str | Path) -> tuple[dict, Path]:
 
 
 def checkpoint_bytes(model_dir: str | Path) -> int | None:
-    """Weights size from ``*.safetensors.index.json`` (metadata.total_size), else the
-    sum of ``*.safetensors`` file sizes; ``None`` when neither is there."""
-    d = Path(model_dir)
-    indexes = sorted(d.glob("*.safetensors.index.json"))
-    if indexes:
-        preferred = [p for p in indexes if p.name == "model.safetensors.index.json"] or indexes
-        idx = preferred[0]
-        try:
-            meta = json.loads(idx.read_text(encoding="utf-8")).get("metadata", {})
-            total = meta.get("total_size")
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
-            raise BadInput(f"checkpoint index {idx} is not valid JSON: {exc}.") from None
-        if isinstance(total, (int, float)) and not isinstance(total, bool) and total >= 0:
-            return int(total)
-        raise BadInput(f"checkpoint index {idx} has no numeric metadata.total_size.")
-    files = sorted(d.glob("*.safetensors"))
-    if files:
-        return sum(f.stat().st_size for f in files)
-    return None
+    """Exact weight bytes from the safetensors headers (see :func:`builder.checkpoint.weight_size`);
+    ``None`` when the directory has no safetensors files."""
+    from .checkpoint import weight_size
+
+    ws = weight_size(model_dir)
+    return None if ws is None else ws.bytes
 
 
 def plan_from_model_dir(path: str | Path, serving: Any, *, weights_bytes: int | None = None,
@@ -942,18 +929,23 @@ def plan_from_model_dir(path: str | Path, serving: Any, *, weights_bytes: int | 
     come from ``weights_bytes`` or the checkpoint's index/safetensors files.
     Extra keyword arguments go to :func:`make_plan` (e.g. ``enforce_eager``).
     """
+    from .checkpoint import weight_size
+
     config, model_dir = load_config(path)
+    size_notes: list[str] = []
     if weights_bytes is None:
-        weights_bytes = checkpoint_bytes(model_dir)
-        if weights_bytes is None:
+        ws = weight_size(model_dir)
+        if ws is None:
             raise BadInput(
-                f"cannot tell the weights size of {path}: no *.safetensors.index.json or *.safetensors next to "
-                "config.json; pass --weights-bytes."
+                f"cannot tell the weights size of {path}: no *.safetensors files next to config.json; "
+                "pass --weights-bytes."
             )
+        weights_bytes = ws.bytes
+        size_notes = [f"weights: {ws.bytes} bytes from the {ws.source}", *ws.notes]
     if not serving.gpu_memory:
         raise BadInput("no GPU memory size: pass --gpu-memory (e.g. 80GiB, 80GB, h200) or set serving.gpu_memory.")
     gpu_bytes = parse_size(serving.gpu_memory, what="--gpu-memory (serving.gpu_memory)")
-    return make_plan(
+    plan = make_plan(
         config,
         weights_bytes=int(weights_bytes),
         gpus=serving.gpus,
@@ -969,6 +961,8 @@ def plan_from_model_dir(path: str | Path, serving: Any, *, weights_bytes: int | 
         where=str(Path(path)),
         **kwargs,
     )
+    plan.notes.extend(size_notes)
+    return plan
 
 
 # --------------------------------------------------------------------------- rendering

@@ -279,18 +279,30 @@ def _model_dir(tmp_path: Path, name="seed000") -> Path:
     return d
 
 
-def test_weights_from_index_or_safetensors(tmp_path):
+def test_weights_from_the_safetensors_headers(tmp_path):
+    from tests.fx_checkpoint import shard_bytes
+
     d = _model_dir(tmp_path)
     serving = Serving(gpus=8, tp=8, gpu_memory="80GB", gpu_memory_utilization=0.96, max_model_len=4096,
                       kv_cache_dtype="fp8")
     with pytest.raises(BadInput, match="weights-bytes"):
         plan_from_model_dir(d, serving)
-    (d / "a.safetensors").write_bytes(b"x" * 3000)
-    (d / "b.safetensors").write_bytes(b"x" * 5000)
-    assert plan_from_model_dir(d, serving, reserve_bytes=0).weights_bytes == 8000
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 600 * GB}, "weight_map": {}}))
+    # exact tensor bytes from the headers, not the file sizes (which include the headers)
+    (d / "a.safetensors").write_bytes(shard_bytes({"w1": ("BF16", [100, 15])}))
+    (d / "b.safetensors").write_bytes(shard_bytes({"w2": ("F32", [1250])}))
+    p = plan_from_model_dir(d, serving, reserve_bytes=0)
+    assert p.weights_bytes == 100 * 15 * 2 + 1250 * 4 == 8000
+    assert any("safetensors headers" in n for n in p.notes)
+    # shards that are not there yet: the index's metadata.total_size
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 600 * GB}, "weight_map": {"w1": "a.safetensors", "w9": "c.safetensors"}}))
     p = plan_from_model_dir(d / "config.json", serving, reserve_bytes=0)
     assert p.weights_bytes == 600 * GB and p.available_kv_bytes == 1_800_000_000
+    assert any("c.safetensors" in n for n in p.notes)
+    # a header that is not one: bad input naming the shard
+    (d / "c.safetensors").write_bytes(b"x" * 3000)
+    with pytest.raises(BadInput, match="c.safetensors"):
+        plan_from_model_dir(d, serving)
 
 
 def test_cli_exit_codes_and_json(tmp_path):

@@ -18,7 +18,7 @@ from ..spec import load_spec
 @click.command("plan")
 @click.option("--model", "model", default=None, help="Model directory or its config.json (default: spec serving.model).")
 @click.option("--spec", "spec_file", default=None, type=click.Path(dir_okay=False), help="Spec file (default ./build-image.toml if present); flags win over its [serving] table.")
-@click.option("--weights-bytes", default=None, help="Checkpoint size (bytes, or with a unit: 600GB). Default: *.safetensors.index.json metadata.total_size, else the sum of *.safetensors sizes.")
+@click.option("--weights-bytes", default=None, help="Checkpoint size (bytes, or with a unit: 600GB). Default: the exact tensor bytes from the safetensors headers (the index's metadata.total_size while shards are still missing).")
 @click.option("--gpus", type=int, default=None, help="GPUs (default tp × pp).")
 @click.option("--gpu-memory", default=None, help="Per-GPU memory as CUDA reports it: 80GiB, 80GB (10^9), or a preset: h100, h200.")
 @click.option("--tp", type=int, default=None, help="Tensor-parallel size.")

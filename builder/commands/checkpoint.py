@@ -1,0 +1,112 @@
+"""`build-image checkpoint verify DIR`: is the downloaded checkpoint complete and intact?
+
+Exit 0 READY, 1 NOT READY (the report names each file and what is wrong),
+2 bad input (no such directory, an unreadable or malformed sums file, flags).
+Nothing is written except the digest cache under the user cache directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from ..checkpoint import (
+    HashCache, Sha256Hasher, content_plan_from_sums, hf_expected, inspect_checkpoint, load_sums,
+    render_text, scan_directory, ContentPlan,
+)
+from ..errors import BadInput, VerdictFailure
+
+
+def _default_jobs() -> int:
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    return max(1, min(n, 8))
+
+
+@click.group("checkpoint")
+def command():
+    """Checkpoint readiness: prove a download complete and intact before any load."""
+
+
+@command.command("verify")
+@click.argument("directory", type=click.Path(file_okay=True, dir_okay=True))
+@click.option("--sha256", "sums_file", default=None, metavar="FILE",
+              help="sha256sum-format sums (HEX  NAME, names relative to DIR); every shard must be listed.")
+@click.option("--hf-cache", "hf_cache", default=None, metavar="DIR",
+              help="Compare with what a Hugging Face download recorded: the hub cache (or its models--* folder) "
+                   "whose blobs the snapshot DIR links to, or DIR itself for a --local-dir download.")
+@click.option("--jobs", "-j", type=int, default=None, help="Files hashed at once (default: usable CPUs, at most 8).")
+@click.option("--rehash", is_flag=True, help="Hash every file again, ignoring the cache of digests already verified.")
+@click.option("--strict", is_flag=True, help="Warnings (a shard outside the index, ...) make it NOT READY too.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
+def verify(directory, sums_file, hf_cache, jobs, rehash, strict, as_json):
+    """READY / NOT READY: headers, index, shapes, leftovers; with --sha256/--hf-cache, every shard's sha256."""
+    if sums_file and hf_cache:
+        raise BadInput("checkpoint verify: give --sha256 FILE or --hf-cache DIR, not both.")
+    hasher = Sha256Hasher(jobs if jobs is not None else _default_jobs())  # BadInput for --jobs < 1
+    sums = load_sums(sums_file) if sums_file else None  # bad input before any work
+    inv = scan_directory(directory)
+    rep = inspect_checkpoint(directory, inv)
+    shard_names = [s["file"] for s in rep.shards if s["loaded"]]
+    plan: ContentPlan | None = None
+    if sums is not None:
+        plan = content_plan_from_sums(inv, sums, sums_file, shard_names)
+    elif hf_cache:
+        expected, problems = hf_expected(inv, hf_cache, shard_names)
+        plan = ContentPlan(expected, problems, f"the Hugging Face download records ({hf_cache})")
+    if plan is not None:
+        if rep.errors:
+            rep.content = {"checked": False, "skipped": "structural problems: fix those first (hashing would not make it ready)"}
+        else:
+            content, problems = _hash(inv, plan, hasher, None if rehash else HashCache(), quiet=as_json)
+            rep.problems += problems
+            rep.content = content
+    if as_json:
+        click.echo(json.dumps(rep.to_dict(strict=strict), indent=2))
+    else:
+        click.echo(render_text(rep, strict=strict))
+    if not rep.ready(strict=strict):
+        first = (rep.errors or rep.warnings)[0]
+        more = len(rep.errors) + (len(rep.warnings) if strict else 0) - 1
+        raise VerdictFailure(f"checkpoint {directory} is NOT READY: {first.file}: {first.message}"
+                             + (f" (and {more} more problem(s), listed above)" if more > 0 else ""))
+
+
+def _hash(inv, plan, hasher, cache, *, quiet: bool):
+    """Run the hashing with a rich progress bar on a terminal, plain lines otherwise."""
+    from ..checkpoint import verify_content
+
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                                   TransferSpeedColumn)
+
+        progress = Progress(TextColumn("sha256"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                            TimeRemainingColumn(), transient=True, console=Console(stderr=True))
+        task = progress.add_task("sha256", total=0)
+        with progress:
+            return verify_content(
+                inv, plan, hasher=hasher, cache=cache,
+                start=lambda files, total: progress.update(task, total=total),
+                advance=lambda n: progress.advance(task, n),
+            )
+
+    def done(entry, digest, err):
+        if quiet:
+            return
+        if err:
+            verdict = f"unreadable ({err})"
+        else:
+            verdict = "ok" if digest == plan.expected.get(entry.name) else "MISMATCH"
+        click.echo(f"sha256 {verdict}: {entry.name} ({entry.size / 1e9:.2f} GB)", err=True)
+
+    def start(files, total):
+        if not quiet and files:
+            click.echo(f"sha256: hashing {files} file(s), {total / 1e9:.2f} GB, {hasher.jobs} job(s)", err=True)
+
+    return verify_content(inv, plan, hasher=hasher, cache=cache, start=start, done=done)

@@ -31,9 +31,10 @@ from .errors import BadInput
 from .lockfile import LockFile
 from .manifest import BaseManifest, load_manifest
 from .spec import Spec
-from .util import atomic_write_text, project_root
+from .data import path as data_path
+from .util import atomic_write_text
 
-TEMPLATE_DIR = project_root() / "templates" / "kuberay"
+TEMPLATE_DIR = data_path("templates/kuberay")
 RAYSERVICE_FILE = "rayservice.yaml"
 RAYCLUSTER_FILE = "raycluster.yaml"
 SERVE_MODULE = "build_image_serve_app"

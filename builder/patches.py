@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from .errors import BadInput, PatchFailed
-from .util import atomic_write_bytes, project_root, sha256_bytes
+from .data import path as data_path
+from .util import atomic_write_bytes, sha256_bytes
 
 HEADER_FIELDS = ("Subject", "Why", "Applies-To", "Upstream-Status", "Risk")
 ORIG_SUMS = "sha256sums.orig"
@@ -115,7 +116,7 @@ class PatchResult:
 
 # =========================================================================== loading
 def patches_root() -> Path:
-    return project_root() / "patches"
+    return data_path("patches")
 
 
 def series_dir_for(vllm_version: str, package: str = "vllm") -> Path:

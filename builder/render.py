@@ -36,7 +36,8 @@ from .errors import BadInput, IntegrityError
 from .lockfile import LockFile
 from .manifest import BaseManifest
 from .patches import PatchedFile, sha256_list
-from .util import project_root, sha256_file
+from .data import path as data_path
+from .util import sha256_file
 
 SERVE_MODULE = "build_image_serve_app"
 SERVE_APP_FILE = f"{SERVE_MODULE}.py"
@@ -193,7 +194,7 @@ def _dq(value: str) -> str:
 
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(project_root() / "templates")),
+        loader=jinja2.FileSystemLoader(str(data_path("templates"))),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -229,7 +230,7 @@ def render_dockerfile(plan: RenderPlan) -> str:
 
 # ---------------------------------------------------------------- side effects
 def serve_app_source() -> Path:
-    return project_root() / "templates" / "serve" / SERVE_APP_FILE
+    return data_path(f"templates/serve/{SERVE_APP_FILE}")
 
 
 def default_source_date_epoch() -> int:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BadInput
-from .util import project_root
+from .data import path as data_path
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -48,12 +48,11 @@ DEFAULT_OVERLAY = ("ray[serve]",)
 
 
 def lockfiles_dir() -> Path:
-    """``./lockfiles`` of the checkout the command runs in; else (run from elsewhere, e.g. a
-    subdirectory with an editable install) the one beside the package.  Base manifests and
-    default locks are both found here, so they never come from two different checkouts and
-    a non-editable install (``pip install .`` in CI) still finds the repository's manifests."""
+    """``./lockfiles`` of the checkout the command runs in; else (run from elsewhere) the
+    package's own ``lockfiles`` (:func:`builder.data.path`).  Base manifests and default
+    locks are both found here, so they never come from two different places."""
     local = Path("lockfiles")
-    return local if local.is_dir() else project_root() / "lockfiles"
+    return local if local.is_dir() else data_path("lockfiles")
 
 
 def supported_vllm_versions() -> list[str]:

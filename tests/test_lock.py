@@ -532,7 +532,7 @@ def test_default_manifest_and_lock_come_from_the_checkout_the_command_runs_in(tm
     checkout = tmp_path / "checkout"
     shutil.copytree(root / "lockfiles", checkout / "lockfiles")
     monkeypatch.chdir(checkout)
-    monkeypatch.setattr(S, "project_root", lambda: tmp_path / "site-packages")  # installed elsewhere
+    monkeypatch.setattr(S, "data_path", lambda rel="": tmp_path / "site-packages" / rel)  # installed elsewhere
     assert S.supported_vllm_versions() == ["0.26.0"]
     code, text = run("lock", "--check")
     assert code == 0, text

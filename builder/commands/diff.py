@@ -136,7 +136,7 @@ def _file_manifest(lock, lock_path: Path, explicit: Path | None, notes: list[str
     """The base manifest for a lock read from a file: --base-manifest, else
     lockfiles/base/vllm-openai-v<vllm>.json beside the lock's folder, in the cwd,
     or in the checkout."""
-    from ..util import project_root
+    from ..data import path as data_path
 
     if explicit is not None:
         try:
@@ -149,7 +149,7 @@ def _file_manifest(lock, lock_path: Path, explicit: Path | None, notes: list[str
         return None, None
     name = _manifest_name(vllm)
     for cand in (lock_path.resolve().parent.parent / "base" / name, Path("lockfiles/base") / name,
-                 project_root() / "lockfiles" / "base" / name):
+                 data_path("lockfiles/base") / name):
         if cand.is_file():
             return _manifest_from_text(cand.read_text(encoding="utf-8"), str(cand), lock, notes), str(cand)
     return None, None

@@ -438,9 +438,7 @@ def snapshot_site_packages(
     )
 
 
-# --------------------------------------------------------------------------- docker-CLI adapter
-
-DOCKER = os.environ.get("BUILD_IMAGE_DOCKER", "/usr/bin/docker")
+# --------------------------------------------------------------------------- the engine (builder/engine.py)
 
 
 def _engine_error(args: list[str], stderr: str) -> Exception:
@@ -454,22 +452,20 @@ def _engine_error(args: list[str], stderr: str) -> Exception:
 
 
 def _docker(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
-    """Run one docker CLI command and capture its output (the only engine entry point
-    besides :func:`_docker_stream`).  Never pulls: callers pass ``--pull=never``."""
-    try:
-        proc = subprocess.run([DOCKER, *args], capture_output=True, text=True)
-    except FileNotFoundError:
-        raise EngineUnavailable(f"no docker CLI at {DOCKER}.", hint="install Docker or set BUILD_IMAGE_DOCKER.") from None
+    """One engine command through :mod:`builder.engine`, output captured.  Never pulls:
+    callers pass ``--pull=never``."""
+    from .engine import get_engine
+
+    proc = get_engine().cli(args, timeout=1800)
     if check and proc.returncode != 0:
         raise _engine_error(args, proc.stderr)
     return proc
 
 
 def _docker_stream(args: list[str]) -> subprocess.Popen:
-    try:
-        return subprocess.Popen([DOCKER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    except FileNotFoundError:
-        raise EngineUnavailable(f"no docker CLI at {DOCKER}.", hint="install Docker or set BUILD_IMAGE_DOCKER.") from None
+    from .engine import get_engine
+
+    return get_engine().popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 # --------------------------------------------------------------------------- image reading

@@ -1,11 +1,17 @@
-"""The container-engine adapter: the only module that talks to Docker.
+"""The container-engine adapter: the only module that runs the container engine.
 
 One small :class:`Engine` protocol; :class:`DockerEngine` implements it over the
-Docker CLI (``/usr/bin/docker`` by default, ``BUILD_IMAGE_DOCKER`` overrides; the
-CLI honours ``DOCKER_HOST``/``DOCKER_CONFIG``, so registry credentials stay in the
-engine's own credential store and never pass through this tool).  A Podman
-implementation would satisfy the same protocol (``podman build``/``push`` accept
-the same flags used here).
+Docker CLI: ``BUILD_IMAGE_DOCKER`` (a path or a command name) when set, else
+``docker`` on ``PATH`` (:func:`docker_cli`); neither -> :class:`EngineUnavailable`,
+exit 8, with one message for every command.  The CLI honours
+``DOCKER_HOST``/``DOCKER_CONFIG``, so registry credentials stay in the engine's own
+credential store and never pass through this tool.  A Podman implementation would
+satisfy the same protocol (``podman build``/``push`` accept the same flags used here).
+
+Every other module reaches the engine through this one: builds and pushes
+(:meth:`~DockerEngine.build`, :meth:`~DockerEngine.push`), the base snapshot's
+``create``/``export`` (:meth:`~DockerEngine.cli`, :meth:`~DockerEngine.popen`),
+ray-check's containers and smoke's ``docker run`` server (:meth:`~DockerEngine.popen`).
 
 Errors: engine unreachable -> :class:`EngineUnavailable`; build failure (incl. the
 Dockerfile's early checks) -> :class:`BuildFailed`; push refused/unreachable
@@ -17,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -25,11 +32,12 @@ from typing import Callable, Protocol
 
 from .errors import BuildFailed, EngineUnavailable, ExternalToolError, RegistryError
 
-DEFAULT_DOCKER = "/usr/bin/docker"
+DOCKER_ENV = "BUILD_IMAGE_DOCKER"
 # Only the CLI's own connection to the engine: a registry's dial error ("dial tcp HOST:PORT:
 # connect: connection refused", relayed by the engine during a push or pull) is a registry fault.
 _UNREACHABLE = re.compile(
     r"Cannot connect to the Docker daemon|Is the docker daemon running|error during connect|"
+    r"permission denied while trying to connect|"
     r"dial unix [^:]*: connect",
     re.I,
 )
@@ -60,6 +68,62 @@ def registry_fault(output: str, registry: str) -> bool:
     return bool(re.search(rf"(dial tcp|lookup|Get|Head|Put|Post|Patch) \"?(https?://)?\[?{host}", text)
                 or re.search(rf"{host}\S*: (connect: connection refused|i/o timeout|no such host|EOF|"
                              rf"connection reset by peer)", text))
+
+
+_BUILDX_MISSING = re.compile(r"buildx component|BuildKit is enabled but the buildx", re.I)
+_found: dict[tuple[str, str], str] = {}
+
+
+def docker_cli(env: dict[str, str] | None = None) -> str:
+    """The Docker CLI to run: ``BUILD_IMAGE_DOCKER`` (a path, or a name looked up on
+    ``PATH``) when set, else ``docker`` on ``PATH``.  :class:`EngineUnavailable`
+    (exit 8) when it is not there.
+
+    When ``PATH`` holds more than one ``docker``, the first that can build with
+    BuildKit wins (a CLI from 23.0 on needs its buildx plugin for that; older ones
+    have it built in), so a plugin-less CLI early on ``PATH`` does not hide a working
+    one; with none able to, the first."""
+    env = os.environ if env is None else env
+    search = env.get("PATH", os.defpath)
+    if env.get(DOCKER_ENV):
+        found = shutil.which(env[DOCKER_ENV], path=search)
+        if not found:
+            raise _cli_missing(f"{DOCKER_ENV}={env[DOCKER_ENV]}")
+        return found
+    key = (search, env.get("DOCKER_CONFIG", ""))
+    if key not in _found:
+        cands: list[str] = []
+        for folder in search.split(os.pathsep):
+            exe = shutil.which("docker", path=folder) if folder else None
+            if exe and os.path.realpath(exe) not in {os.path.realpath(c) for c in cands}:
+                cands.append(exe)
+        if not cands:
+            raise _cli_missing("`docker` on PATH")
+        _found[key] = cands[0] if len(cands) == 1 else next(
+            (c for c in cands if _builds_with_buildkit(c, env)), cands[0])
+    return _found[key]
+
+
+def _builds_with_buildkit(cli: str, env: dict[str, str]) -> bool:
+    """Whether ``cli`` can run a BuildKit build (client-side checks only; no engine needed)."""
+    try:
+        ver = subprocess.run([cli, "version", "--format", "{{.Client.Version}}"], capture_output=True,
+                             text=True, env=dict(env), timeout=20)
+        m = re.match(r"(\d+)\.", ver.stdout.strip())
+        if m and int(m.group(1)) < 23:
+            return True
+        return subprocess.run([cli, "buildx", "version"], capture_output=True, text=True,
+                              env=dict(env), timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _cli_missing(what: str) -> EngineUnavailable:
+    """The one message for a missing CLI (exit 8), whichever command needed it."""
+    return EngineUnavailable(
+        f"the Docker CLI was not found ({what} is not an executable file).",
+        hint=f"install the Docker CLI (Debian: docker.io), or set {DOCKER_ENV} to the docker binary.",
+    )
 
 
 def redact(text: str) -> str:
@@ -102,6 +166,9 @@ class Engine(Protocol):
     def inspect(self, ref: str) -> ImageInfo | None: ...
     def push(self, ref: str, *, on_line: Callable[[str], None] | None = None) -> PushResult: ...
     def pull(self, ref: str) -> None: ...
+    def cli(self, args: list[str], *, timeout: float = 120, input: str | None = None,
+            check: bool = False) -> subprocess.CompletedProcess: ...
+    def popen(self, args: list[str], **popen_kw) -> subprocess.Popen: ...
     def tag(self, src: str, dst: str) -> None: ...
     def remove(self, ref: str) -> None: ...
     def run(self, image: str, argv: list[str], *, network: str = "none",
@@ -114,19 +181,48 @@ class DockerEngine:
     name = "docker"
 
     def __init__(self, docker: str | None = None, env: dict[str, str] | None = None):
-        self.docker = docker or os.environ.get("BUILD_IMAGE_DOCKER") or DEFAULT_DOCKER
         self.env = dict(os.environ if env is None else env)
         self.env["DOCKER_BUILDKIT"] = "1"
+        self._docker = docker
 
-    # -- plumbing -----------------------------------------------------------
-    def _run(self, args: list[str], *, timeout: int = 120, check: bool = True) -> subprocess.CompletedProcess:
+    @property
+    def docker(self) -> str:
+        """The CLI's path, looked up on first use (a command that never reaches the
+        engine does not need one)."""
+        if self._docker is None:
+            self._docker = docker_cli(self.env)
+        return self._docker
+
+    # -- plumbing: every engine process is started by popen() or _run() -----------
+    def _missing(self) -> EngineUnavailable:
+        return _cli_missing(str(self._docker))
+
+    def popen(self, args: list[str], **popen_kw) -> subprocess.Popen:
+        """Start ``docker ARGS`` (streams, long-lived servers); the caller owns the process."""
+        popen_kw.setdefault("env", self.env)
         try:
-            proc = subprocess.run([self.docker, *args], capture_output=True, text=True, env=self.env, timeout=timeout)
+            return subprocess.Popen([self.docker, *args], **popen_kw)
         except FileNotFoundError:
-            raise EngineUnavailable(
-                f"the Docker CLI {self.docker} is not installed.",
-                hint="install docker.io, or set BUILD_IMAGE_DOCKER to the docker binary.",
-            ) from None
+            raise self._missing() from None
+
+    def argv(self, args: list[str]) -> list[str]:
+        """The full command line of ``docker ARGS`` (for reports; run it with :meth:`popen`)."""
+        return [self.docker, *args]
+
+    def cli(self, args: list[str], *, timeout: float = 120, input: str | None = None,
+            check: bool = False) -> subprocess.CompletedProcess:
+        """Run ``docker ARGS`` to completion, output captured as text.  ``check``: a
+        non-zero exit raises (EngineUnavailable when the engine is unreachable, else
+        ExternalToolError)."""
+        return self._run(args, timeout=timeout, input=input, check=check)
+
+    def _run(self, args: list[str], *, timeout: float = 120, check: bool = True,
+             input: str | None = None) -> subprocess.CompletedProcess:
+        try:
+            proc = subprocess.run([self.docker, *args], capture_output=True, text=True, env=self.env,
+                                  timeout=timeout, input=input)
+        except FileNotFoundError:
+            raise self._missing() from None
         except subprocess.TimeoutExpired:
             raise EngineUnavailable(f"`docker {args[0]}` did not answer within {timeout}s.") from None
         if check and proc.returncode != 0:
@@ -143,11 +239,7 @@ class DockerEngine:
             )
 
     def _stream(self, args: list[str], on_line: Callable[[str], None] | None, timeout: int) -> tuple[int, str]:
-        try:
-            proc = subprocess.Popen([self.docker, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, env=self.env, bufsize=1)
-        except FileNotFoundError:
-            raise EngineUnavailable(f"the Docker CLI {self.docker} is not installed.") from None
+        proc = self.popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         lines: list[str] = []
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -181,6 +273,12 @@ class DockerEngine:
             rc, log = self._stream(args, on_line, timeout)
             if rc != 0:
                 self._raise_unreachable(log)
+                if _BUILDX_MISSING.search(log):
+                    raise EngineUnavailable(
+                        f"the Docker CLI {self.docker} cannot build with BuildKit: its buildx plugin is missing.",
+                        hint=f"install the buildx plugin, or set {DOCKER_ENV} to a docker CLI that builds with "
+                             "BuildKit (one before 23.0 has it built in).",
+                    )
                 tail = "\n".join(log.splitlines()[-25:])
                 raise BuildFailed(
                     f"`docker build` of {context} failed (exit {rc}).",

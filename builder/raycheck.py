@@ -40,7 +40,7 @@ from typing import Any, Callable, Iterator
 
 from packaging.version import InvalidVersion, Version
 
-from .errors import BadInput, EngineUnavailable, ExternalToolError
+from .errors import BadInput, ExternalToolError
 from .lockfile import LockFile
 from .util import canonical_name
 
@@ -407,23 +407,18 @@ class NodeSpec:
 
 
 class Containers:
-    """The container operations ray-check needs, over the engine's Docker CLI.
+    """The container operations ray-check needs, through the engine adapter
+    (:meth:`builder.engine.DockerEngine.cli`/:meth:`~builder.engine.DockerEngine.popen`).
 
     Every container it starts is labelled and recorded; :meth:`remove_all` removes
     them by ID (never by name pattern)."""
 
     def __init__(self, engine) -> None:
         self.engine = engine
-        self.docker = getattr(engine, "docker", "/usr/bin/docker")
-        self.env = getattr(engine, "env", dict(os.environ))
         self.started: list[str] = []
 
     def _cli(self, args: list[str], *, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
-        try:
-            return subprocess.run([self.docker, *args], capture_output=True, text=True, env=self.env,
-                                  timeout=timeout, input=input)
-        except FileNotFoundError:
-            raise EngineUnavailable(f"the Docker CLI {self.docker} is not installed.") from None
+        return self.engine.cli(args, timeout=timeout, input=input)
 
     def image(self, ref: str, role: str):
         info = self.engine.inspect(ref)
@@ -628,9 +623,8 @@ def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], 
     a transient start-up failure on a loaded machine must not read as a version mismatch.
     A node Ray refuses (version mismatch) exits again, and then the survivors report."""
     restarted: set[str] = set()
-    proc = subprocess.Popen([containers.docker, "exec", "-i", cids["head"], PYTHON, "-", json.dumps(cfg)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=containers.env)
+    proc = containers.engine.popen(["exec", "-i", cids["head"], PYTHON, "-", json.dumps(cfg)],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out: list[tuple[str, str]] = []
     reader = threading.Thread(target=lambda: out.append(proc.communicate(PROBE_SCRIPT)), daemon=True)
     reader.start()

@@ -22,7 +22,7 @@
 set -euo pipefail
 
 TAG=${1:-standin.local/vllm/vllm-openai:v0.26.0}
-DOCKER=${DOCKER:-/usr/bin/docker}
+DOCKER=${DOCKER:-${BUILD_IMAGE_DOCKER:-docker}}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DATA="$ROOT/tests/data/standin/vllm"
 CACHE=${BUILD_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/build-image}/standin

@@ -6,6 +6,8 @@
 # Nothing listens beyond loopback: dockerd has no bridge/iptables, the registry binds 127.0.0.1.
 set -euo pipefail
 STATE_DIR=${BUILD_IMAGE_SERVICES_DIR:-/tmp/build-image-services}
+# the docker CLI as build-image finds it: BUILD_IMAGE_DOCKER, else `docker` on PATH
+DOCKER=${BUILD_IMAGE_DOCKER:-docker}
 mkdir -p "$STATE_DIR"
 
 install() {
@@ -23,12 +25,12 @@ install() {
 
 start() {
   install
-  if ! /usr/bin/docker info >/dev/null 2>&1; then
+  if ! "$DOCKER" info >/dev/null 2>&1; then
     dockerd --storage-driver=overlay2 --bridge=none --iptables=false --ip-forward=false \
       >"$STATE_DIR/dockerd.log" 2>&1 &
     echo $! >"$STATE_DIR/dockerd.pid"
-    for _ in $(seq 1 60); do /usr/bin/docker info >/dev/null 2>&1 && break; sleep 1; done
-    /usr/bin/docker info >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -20 "$STATE_DIR/dockerd.log"; exit 1; }
+    for _ in $(seq 1 60); do "$DOCKER" info >/dev/null 2>&1 && break; sleep 1; done
+    "$DOCKER" info >/dev/null 2>&1 || { echo "dockerd did not start:"; tail -20 "$STATE_DIR/dockerd.log"; exit 1; }
   fi
   if ! curl -fsS http://127.0.0.1:5000/v2/ >/dev/null 2>&1; then
     mkdir -p "$STATE_DIR/registry-data"

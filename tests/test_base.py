@@ -224,7 +224,7 @@ def test_shipped_manifest_is_the_vllm_0_26_0_floor():
 
 # --------------------------------------------------------------------------- --image (docker)
 
-DOCKER = "/usr/bin/docker"
+from tests.fx_docker import DOCKER  # noqa: E402 - the CLI the tool itself runs
 
 
 def _docker(*args: str, **kw) -> subprocess.CompletedProcess:

@@ -27,7 +27,7 @@ from builder import raycheck
 from builder.lockfile import LockEntry, LockFile, WheelRef, load_lock, parse_lock
 from builder.raycheck import Finding, NodeReport, compare
 
-DOCKER = "/usr/bin/docker"
+from tests.fx_docker import DOCKER  # noqa: E402 - the CLI the tool itself runs
 RAY_REQ = "ray[serve]==2.60.0"
 
 
@@ -480,6 +480,11 @@ def test_nodes_share_one_loopback_only_namespace(monkeypatch):
     class Eng:
         def ping(self):
             return "fake"
+
+        def cli(self, args, **kw):  # the GCS probe: the head is gone, join now
+            import subprocess
+
+            return subprocess.CompletedProcess(args, 1, "", "")
 
     monkeypatch.setattr(RC.Containers, "start", fake_start)
     monkeypatch.setattr(RC.Containers, "remove_all", lambda self, run_id=None: None)

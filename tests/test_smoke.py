@@ -455,7 +455,7 @@ def test_config_from_serving(tmp_path):
 
 # ----------------------------------------------------------------- docker mode (stand-in image, no GPU)
 
-DOCKER = "/usr/bin/docker"
+from tests.fx_docker import DOCKER  # noqa: E402 - the CLI the tool itself runs
 
 
 @pytest.fixture(scope="module")

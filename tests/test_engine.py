@@ -1,0 +1,102 @@
+"""The container-engine adapter: where the Docker CLI is found, and one exit code (8)
+with one message when it is not there, whichever command needed it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from builder.cli import main
+from builder.engine import DockerEngine, docker_cli
+from builder.errors import EngineUnavailable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _fake_cli(folder: Path, name: str = "docker") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    exe = folder / name
+    exe.write_text("#!/bin/sh\necho fake-docker \"$@\"\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_the_cli_is_found_on_path_not_at_a_fixed_location(tmp_path):
+    exe = _fake_cli(tmp_path / "opt" / "bin")
+    assert docker_cli({"PATH": f"{tmp_path / 'empty'}:{exe.parent}"}) == str(exe)
+    # BUILD_IMAGE_DOCKER wins, as a path or as a name looked up on PATH
+    other = _fake_cli(tmp_path / "elsewhere", "podman-docker")
+    assert docker_cli({"PATH": str(exe.parent), "BUILD_IMAGE_DOCKER": str(other)}) == str(other)
+    assert docker_cli({"PATH": f"{exe.parent}:{other.parent}", "BUILD_IMAGE_DOCKER": "podman-docker"}) == str(other)
+
+
+def test_a_missing_cli_is_engine_unavailable_naming_what_was_looked_for(tmp_path):
+    with pytest.raises(EngineUnavailable, match="`docker` on PATH") as exc:
+        docker_cli({"PATH": str(tmp_path)})
+    assert exc.value.exit_code == 8
+    with pytest.raises(EngineUnavailable, match=f"BUILD_IMAGE_DOCKER={tmp_path}/nope"):
+        docker_cli({"PATH": os.environ["PATH"], "BUILD_IMAGE_DOCKER": str(tmp_path / "nope")})
+    # the adapter looks it up on first use only, and says the same
+    eng = DockerEngine(env={"PATH": str(tmp_path)})
+    with pytest.raises(EngineUnavailable, match="the Docker CLI was not found"):
+        eng.ping()
+
+
+def test_the_adapter_runs_the_cli_it_found(tmp_path):
+    exe = _fake_cli(tmp_path / "bin")
+    eng = DockerEngine(env={"PATH": str(exe.parent)})
+    assert eng.cli(["version"]).stdout.strip() == "fake-docker version"
+    assert eng.argv(["ps"]) == [str(exe), "ps"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["base", "snapshot", "--image", "example/base:1", "-o", "{tmp}/m.json"],
+    ["ray-check", "example/image:1"],
+    ["build", "{tmp}/ctx"],
+    ["push", "{tmp}/ctx", "--tag", "127.0.0.1:5000/x/y"],
+])
+def test_every_command_says_the_same_when_the_cli_is_missing(tmp_path, monkeypatch, argv):
+    from tests.test_render import _write
+
+    _write(tmp_path)  # a valid build context in tmp/ctx
+    monkeypatch.setenv("BUILD_IMAGE_DOCKER", str(tmp_path / "no-docker"))
+    res = CliRunner().invoke(main, [a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert res.exit_code == 8, res.output
+    assert f"the Docker CLI was not found (BUILD_IMAGE_DOCKER={tmp_path}/no-docker" in " ".join(res.output.split())
+
+
+def _versioned_cli(folder: Path, version: str, buildx: bool) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    exe = folder / "docker"
+    exe.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = version ]; then echo {version}; exit 0; fi\n'
+        f'if [ "$1" = buildx ]; then exit {0 if buildx else 1}; fi\n'
+        'if [ "$1" = build ]; then\n'
+        '  echo "ERROR: BuildKit is enabled but the buildx component is missing or broken."\n'
+        '  echo "       Install the buildx component to build images with BuildKit:"\n'
+        "  exit 1\nfi\n"
+        "exit 0\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_a_cli_that_cannot_build_with_buildkit_does_not_hide_one_that_can(tmp_path):
+    """A docker >= 23 without its buildx plugin first on PATH (as on a machine with a
+    static CLI in /usr/local/bin and Debian's docker.io in /usr/bin): the later one builds."""
+    new = _versioned_cli(tmp_path / "local", "28.2.2", buildx=False)
+    old = _versioned_cli(tmp_path / "usr", "20.10.24+dfsg1", buildx=False)
+    assert docker_cli({"PATH": f"{new.parent}:{old.parent}"}) == str(old)
+    with_plugin = _versioned_cli(tmp_path / "plugin", "28.2.2", buildx=True)
+    assert docker_cli({"PATH": f"{with_plugin.parent}:{old.parent}"}) == str(with_plugin)
+    # none can: the first on PATH, and its build fails with a message saying why (exit 8)
+    other = _versioned_cli(tmp_path / "other", "27.0.1", buildx=False)
+    assert docker_cli({"PATH": f"{new.parent}:{other.parent}"}) == str(new)
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    with pytest.raises(EngineUnavailable, match="cannot build with BuildKit: its buildx plugin is missing") as exc:
+        DockerEngine(env={"PATH": f"{new.parent}:{other.parent}"}).build(ctx, ["x/y:1"])
+    assert exc.value.exit_code == 8

@@ -3,6 +3,7 @@ with one message when it is not there, whichever command needed it."""
 
 from __future__ import annotations
 
+import ast
 import os
 from pathlib import Path
 
@@ -57,6 +58,7 @@ def test_the_adapter_runs_the_cli_it_found(tmp_path):
     ["ray-check", "example/image:1"],
     ["build", "{tmp}/ctx"],
     ["push", "{tmp}/ctx", "--tag", "127.0.0.1:5000/x/y"],
+    ["smoke", "example/image:1", "--model", "{tmp}", "--no-plan"],
 ])
 def test_every_command_says_the_same_when_the_cli_is_missing(tmp_path, monkeypatch, argv):
     from tests.test_render import _write
@@ -100,3 +102,29 @@ def test_a_cli_that_cannot_build_with_buildkit_does_not_hide_one_that_can(tmp_pa
     with pytest.raises(EngineUnavailable, match="cannot build with BuildKit: its buildx plugin is missing") as exc:
         DockerEngine(env={"PATH": f"{new.parent}:{other.parent}"}).build(ctx, ["x/y:1"])
     assert exc.value.exit_code == 8
+def _spawns(tree: ast.AST) -> list[int]:
+    """Lines that start a process (subprocess.run/Popen/call/check_output, os.exec*/spawn*)."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+            mod, fn = node.func.value.id, node.func.attr
+            if (mod == "subprocess" and fn in {"run", "Popen", "call", "check_call", "check_output"}) or \
+                    (mod == "os" and (fn.startswith("exec") or fn.startswith("spawn") or fn == "system")):
+                out.append(node.lineno)
+    return out
+
+
+def test_only_the_engine_module_starts_the_container_engine():
+    """No module but builder/engine.py starts a process whose command line names docker:
+    every process-starting call elsewhere is checked for a docker word on its line."""
+    offenders = []
+    for path in sorted((ROOT / "builder").rglob("*.py")):
+        if path.name == "engine.py" and path.parent.name == "builder":
+            continue
+        text = path.read_text()
+        lines = text.splitlines()
+        for ln in _spawns(ast.parse(text)):
+            window = " ".join(lines[ln - 1:ln + 2]).lower()
+            if "docker" in window or "podman" in window:
+                offenders.append(f"{path.relative_to(ROOT)}:{ln}")
+    assert offenders == []

@@ -44,10 +44,12 @@ from .server import (
     build_override_command,
     check_docker_image,
     defer_signals,
+    docker_spawn,
     file_size,
     find_docker,
     find_vllm,
     free_port,
+    remove_container,
 )
 
 HOST = "127.0.0.1"
@@ -64,6 +66,7 @@ class Launch:
     host: str = HOST
     docker: str | None = None
     cleanup: Callable[[], None] | None = None
+    spawn: Callable[..., subprocess.Popen] = subprocess.Popen
 
 
 @dataclass
@@ -121,10 +124,10 @@ def prepare_launch(cfg: SmokeConfig) -> Launch:
         name = f"build-image-smoke-{uuid.uuid4().hex[:10]}"
 
         def cleanup() -> None:  # the container outlives a killed CLI
-            subprocess.run([docker, "rm", "-f", name], capture_output=True, timeout=60)
+            remove_container(docker, name)
 
         return Launch("docker", build_docker_command(cfg, port, name, docker), env, port, docker=docker,
-                      cleanup=cleanup)
+                      cleanup=cleanup, spawn=docker_spawn(docker))
     vllm = shlex.split(cfg.vllm_bin) if cfg.vllm_bin else find_vllm()
     return Launch("local", build_local_command(cfg, port, vllm), env, port)
 
@@ -390,7 +393,7 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
     if launch.mode == "docker":
         check_docker_image(launch.docker or "", cfg.image or "")
     log_path, own_log = open_log(cfg)
-    server = ServerProcess(launch.argv, log_path, env=launch.env, cleanup=launch.cleanup)
+    server = ServerProcess(launch.argv, log_path, env=launch.env, cleanup=launch.cleanup, spawn=launch.spawn)
     obs = Observed()
     with sigterm_as_interrupt():
         t_start = time.monotonic()

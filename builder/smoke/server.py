@@ -78,24 +78,29 @@ class ServerProcess:
     """A server started in its own process group; stopped by PID (group)."""
 
     def __init__(self, argv: list[str], log_path: str, env: dict[str, str] | None = None,
-                 cleanup: Callable[[], None] | None = None):
+                 cleanup: Callable[[], None] | None = None,
+                 spawn: Callable[..., subprocess.Popen] = subprocess.Popen):
         self.argv = argv
         self.log_path = log_path
         self._env = env
         self._cleanup = cleanup
+        self._spawn = spawn  # docker mode: the engine adapter starts `docker run`
         self.proc: subprocess.Popen | None = None
         self._log_fh = None
 
     def start(self) -> None:
         self._log_fh = open(self.log_path, "ab", buffering=0)
         try:
-            self.proc = subprocess.Popen(
+            self.proc = self._spawn(
                 self.argv, stdout=self._log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=self._env, start_new_session=True,
             )
         except OSError as exc:
             self._log_fh.close()
             raise BadInput(f"smoke: cannot start the server {self.argv[0]!r}: {exc}") from exc
+        except BaseException:
+            self._log_fh.close()
+            raise
 
     @property
     def pid(self) -> int | None:
@@ -210,10 +215,31 @@ def find_vllm() -> list[str]:
 
 
 def find_docker() -> str:
-    for cand in (os.environ.get("BUILD_IMAGE_DOCKER"), "/usr/bin/docker", shutil.which("docker")):
-        if cand and os.path.exists(cand):
-            return cand
-    raise BadInput("smoke: IMAGE given but no docker CLI found (set BUILD_IMAGE_DOCKER or use --local)")
+    """The Docker CLI, as every command finds it (:func:`builder.engine.docker_cli`;
+    none: EngineUnavailable, exit 8)."""
+    from ..engine import docker_cli
+
+    return docker_cli()
+
+
+def docker_spawn(docker: str) -> Callable[..., subprocess.Popen]:
+    """``ServerProcess``'s spawn for docker mode: the engine adapter starts the
+    ``docker run`` command line that :func:`build_docker_command` made."""
+    from ..engine import DockerEngine
+
+    engine = DockerEngine(docker=docker)
+
+    def spawn(argv: list[str], **popen_kw) -> subprocess.Popen:
+        return engine.popen(argv[1:], **popen_kw)
+
+    return spawn
+
+
+def remove_container(docker: str, name: str) -> None:
+    """``docker rm -f NAME`` through the engine adapter (the container outlives a killed CLI)."""
+    from ..engine import DockerEngine
+
+    DockerEngine(docker=docker).cli(["rm", "-f", name], timeout=60)
 
 
 def check_docker_image(docker: str, image: str) -> None:

@@ -141,8 +141,10 @@ def audit(work: Path) -> int:
     return 1 if survivors else 0
 
 
-def _mutmut_config(module: str, max_children: int) -> str:
+def _mutmut_config(module: str, work: Path) -> str:
     tests = ", ".join(json.dumps(t) for t in TESTS[module])
+    # mutmut runs the tests inside work/mutants/: everything else they read comes along
+    extra = sorted(p.name for p in work.iterdir() if p.name not in ("builder", "tests", "mutants", "pyproject.toml"))
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["builder"]\n'
@@ -150,6 +152,8 @@ def _mutmut_config(module: str, max_children: int) -> str:
         f"pytest_add_cli_args_test_selection = [{tests}]\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow", "-q"]\n'
         "use_git_change_detection = false\n"
+        f"also_copy = {json.dumps(extra)}\n"
+        f"debug = {'true' if os.environ.get('MUTATION_DEBUG') else 'false'}\n"
     )
 
 
@@ -177,10 +181,10 @@ def run(modules: list[str], work: Path, max_children: int, show: bool) -> dict:
         wdir.mkdir(parents=True)
         _copy_tree(wdir)
         with open(wdir / "pyproject.toml", "a") as f:
-            f.write(_mutmut_config(module, max_children))
+            f.write(_mutmut_config(module, wdir))
         t0 = time.monotonic()
         env = _env()
-        env["PYTHONPATH"] = str(wdir / "mutants")
+        env.pop("PYTHONPATH", None)  # mutmut puts work/mutants first on sys.path itself
         rc = subprocess.run(["nice", "-n", "10", str(VENV_BIN / "mutmut"), "run", "--max-children", str(max_children)],
                             cwd=wdir, env=env, stdout=subprocess.DEVNULL if not show else None).returncode
         secs = time.monotonic() - t0

@@ -2,7 +2,9 @@
 
 Golden files live in tests/data/diff/<case>/expected.{txt,md,json}; regenerate
 them with ``UPDATE_GOLDEN=1 pytest tests/test_diff.py`` and review their git
-diff.  The lock pairs come from tests/data/diff/make_cases.py.
+diff.  They catch change, not wrong output: the hand-written EXPECTED_GROUPS table
+and the hand-written reviews of the dangerous groups (``handwritten.{txt,md}``,
+never rewritten by code) are what guard correctness.  The lock pairs come from tests/data/diff/make_cases.py.
 """
 
 from __future__ import annotations
@@ -212,6 +214,21 @@ def test_golden_text_and_markdown(case, in_root):
     golden(DATA / case / "expected.md", r.stdout)
 
 
+@pytest.mark.parametrize("case", ["g1_rejected", "g1_allowed", "g2_base_moves"])
+def test_dangerous_groups_match_the_handwritten_reviews(case, in_root):
+    """handwritten.{txt,md} were written by hand from make_cases.py's inputs (and base.json),
+    never by the code: UPDATE_GOLDEN does not touch them.  Each row is one rule applied to
+    one input: e.g. g1_rejected's fastwheel carries glibc=2.39 facts against the base's 2.35,
+    numpy 2.2.6 lands beside the base's pyarrow 14.0.2 (1 extension built against numpy 1.x);
+    g2_base_moves adds transformers 4.58.0 over the base's 4.57.1 (newer), packaging 24.1
+    under 24.2 (older), and drops the lock's requests 2.32.4 (back to the base's 2.32.3)."""
+    args = [f"{REL}/{case}/old.lock", f"{REL}/{case}/new.lock", "--base-manifest", BASE]
+    text, md = run(*args), run(*args, "--format", "markdown")
+    assert text.exit_code == md.exit_code == EXIT.get(case, 0), text.output
+    assert text.stdout == (DATA / case / "handwritten.txt").read_text()
+    assert md.stdout == (DATA / case / "handwritten.md").read_text()
+
+
 def test_golden_json_and_schema(in_root):
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.Draft202012Validator.check_schema(JSON_SCHEMA)
@@ -334,7 +351,13 @@ def test_textconv_is_stable_and_order_independent(tmp_path, in_root):
     p.write_text(format_lock(new))
     assert run("--textconv", str(p)).stdout == r.stdout
     assert "sha256=" in r.stdout and "--hash" not in r.stdout
-    assert len(r.stdout.splitlines()) == len(new.header) + len(new.overlay) + len(new.entries)
+    # one line per header field, overlay requirement and package; the '# entries: N' count is
+    # derived from the packages (a one-package change must not also change a header line)
+    assert new.header["entries"] == str(len(new.entries)) and "# entries:" not in r.stdout
+    assert len(r.stdout.splitlines()) == (len(new.header) - 1) + len(new.overlay) + len(new.entries)
+    names = [ln.split("==")[0] for ln in r.stdout.splitlines()[-len(new.entries):]]
+    in_file = [e.name for e in new.entries]
+    assert names == sorted(in_file) != in_file  # sorted, whatever the file's order
 
 
 def test_textconv_shows_an_invalid_file_raw(tmp_path):

@@ -8,6 +8,8 @@ small base manifest (numpy 1.26.4 with a pyarrow built against numpy 1.x, torch
 for CUDA 13, glibc 2.35, cp312).  Each ``<case>/`` holds ``old.lock`` and
 ``new.lock``; ``expected.*`` are the golden outputs (tests/test_diff.py rewrites
 them with UPDATE_GOLDEN=1; review the git diff of the goldens before committing).
+``handwritten.{txt,md}`` (groups 1 and 2) are written by hand, never by code: when a
+change here alters them, rewrite them by hand from the inputs.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ so a failure leaves the previous context (or nothing) and never half of one.
 Context layout (and nothing else)::
 
     Dockerfile
-    requirements.lock           the lock, verbatim (pip/uv --require-hashes accept it)
+    requirements.lock           the lock, verbatim (pip/uv --require-hashes accept it; the image installs it)
+    pylock.toml                 the same pins as PEP 751, each wheel by path into wheels/ (offline)
+    sbom.cdx.json               CycloneDX 1.6 SBOM of the Python layer (copied into the image)
     wheels/<file>.whl           exactly the locked wheels, sha256-verified
     patches/original.sha256     sha256 of each file the series touches, as in the vllm wheel
     patches/patched.sha256      sha256 of each patched file     (paths relative to site-packages)
@@ -40,6 +42,8 @@ from .data import path as data_path
 from .util import sha256_file
 
 SERVE_MODULE = "build_image_serve_app"
+SBOM_FILE = "sbom.cdx.json"
+PYLOCK_FILE = "pylock.toml"
 SERVE_APP_FILE = f"{SERVE_MODULE}.py"
 LABEL_PREFIX = "org.build-image"
 DEFAULT_SITE_PACKAGES = "/usr/local/lib/python{python}/dist-packages"
@@ -58,6 +62,8 @@ class RenderPlan:
     serve_app: bool = True
     source_date_epoch: int = 0
     revision: str | None = None
+    patch_texts: dict[str, str] = field(default_factory=dict)  # patch name -> its text (SBOM, provenance)
+    vllm_wheel: tuple[str, str] | None = None  # (file name, sha256) of the wheel the series is made for
 
     @property
     def lock_hash(self) -> str:
@@ -66,6 +72,16 @@ class RenderPlan:
     @property
     def site_packages(self) -> str:
         return self.base.site_packages or DEFAULT_SITE_PACKAGES.format(python=self.base.python_version)
+
+    def sbom_text(self) -> str:
+        """The image's CycloneDX SBOM (pure: a function of the plan)."""
+        from .sbom import SbomInput, sbom_json
+
+        return sbom_json(SbomInput(
+            vllm=self.vllm, base=self.base, lock=self.lock, image_name=self.repo or default_repo(self.vllm),
+            image_version=tag_names(self.vllm, self.lock_hash)[0], patched=list(self.patched),
+            patches=list(self.patches), patch_texts=dict(self.patch_texts), vllm_wheel=self.vllm_wheel,
+            source_date_epoch=self.source_date_epoch))
 
 
 # ---------------------------------------------------------------- pure decisions
@@ -147,8 +163,14 @@ def epoch_iso(epoch: int) -> str:
     return _dt.datetime.fromtimestamp(epoch, tz=_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def oci_labels(plan: RenderPlan) -> list[tuple[str, str]]:
-    """Image labels, in a stable order.  Nothing host- or user-specific, no credentials."""
+def oci_labels(plan: RenderPlan, sbom_sha256: str | None = None) -> list[tuple[str, str]]:
+    """Image labels, in a stable order.  Nothing host- or user-specific, no credentials.
+    ``sbom_sha256``: of the SBOM the image carries (computed from the plan when not given)."""
+    from .sbom import IMAGE_SBOM_PATH
+    from .util import sha256_bytes
+
+    if sbom_sha256 is None:
+        sbom_sha256 = sha256_bytes(plan.sbom_text().encode())
     tags = tag_names(plan.vllm, plan.lock_hash)
     labels = [
         ("org.opencontainers.image.title", "vllm-serving"),
@@ -171,13 +193,15 @@ def oci_labels(plan: RenderPlan) -> list[tuple[str, str]]:
         (f"{LABEL_PREFIX}.patches", ",".join(plan.patches) or "-"),
         (f"{LABEL_PREFIX}.patched-files", str(len(plan.patched))),
         (f"{LABEL_PREFIX}.tool", f"build-image {__version__}"),
+        (f"{LABEL_PREFIX}.sbom", IMAGE_SBOM_PATH),
+        (f"{LABEL_PREFIX}.sbom-sha256", sbom_sha256),
     ]
     return labels
 
 
 def context_files(plan: RenderPlan) -> list[str]:
     """Every file of the context, relative, sorted (the test of 'nothing else')."""
-    files = ["Dockerfile", "requirements.lock"]
+    files = ["Dockerfile", "requirements.lock", PYLOCK_FILE, SBOM_FILE]
     files += [f"wheels/{e.wheel.filename}" for e in plan.lock.entries if e.wheel]
     if plan.patched:
         files += ["patches/original.sha256", "patches/patched.sha256"]
@@ -205,8 +229,10 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def render_dockerfile(plan: RenderPlan) -> str:
-    """The Dockerfile text: a pure function of the plan."""
+def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
+    """The Dockerfile text: a pure function of the plan (``sbom_sha256``: of ``plan.sbom_text()``,
+    computed when not given)."""
+    from .sbom import IMAGE_SBOM_PATH
     for p in plan.patched:
         if p.relpath.startswith("/") or ".." in Path(p.relpath).parts or any(c.isspace() for c in p.relpath):
             raise BadInput(f"patched file path {p.relpath!r} must be relative to site-packages, without '..' or spaces.")
@@ -223,7 +249,9 @@ def render_dockerfile(plan: RenderPlan) -> str:
         serve_app=SERVE_APP_FILE if plan.serve_app else None,
         serve_module=SERVE_MODULE,
         source_date_epoch=int(plan.source_date_epoch),
-        labels=oci_labels(plan),
+        labels=oci_labels(plan, sbom_sha256),
+        sbom_file=SBOM_FILE,
+        sbom_path=IMAGE_SBOM_PATH,
         tags=image_tags(repo, plan.vllm, plan.lock_hash),
     )
 
@@ -331,9 +359,13 @@ def write_context(
     ``extra(tmp_dir)`` may add files (KubeRay manifests) before the rename.
     Returns the relative paths written.
     """
+    from .pylock import format_pylock
+    from .util import sha256_bytes
+
     out = Path(out_dir)
     check_consistency(plan)
-    dockerfile = render_dockerfile(plan)
+    sbom = plan.sbom_text()
+    dockerfile = render_dockerfile(plan, sha256_bytes(sbom.encode()))
     _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
@@ -343,6 +375,8 @@ def write_context(
 
         (tmp / "requirements.lock").write_text(redact_text(lock_text) if lock_text is not None else plan.lock.format(),
                                                encoding="utf-8")
+        (tmp / PYLOCK_FILE).write_text(format_pylock(plan.lock, wheel_dir="wheels"), encoding="utf-8")
+        (tmp / SBOM_FILE).write_text(sbom, encoding="utf-8")
         (tmp / "wheels").mkdir()
         for e in plan.lock.entries:
             assert e.wheel is not None
@@ -446,6 +480,7 @@ def verify_context(context: str | Path) -> LockFile:
             "the wheelhouse is exactly the locked wheels.",
             hint="the context was modified; re-run `build-image render`.",
         )
+    _verify_twins(ctx, lock)
     sums = ctx / "patches" / "patched.sha256"
     files_dir = ctx / "patches" / "files"
     listed: set[str] = set()
@@ -470,6 +505,27 @@ def verify_context(context: str | Path) -> LockFile:
             hint="the context was modified; re-run `build-image render`.",
         )
     return lock
+
+
+def _verify_twins(ctx: Path, lock: LockFile) -> None:
+    """pylock.toml pins what requirements.lock pins; sbom.cdx.json is the one the Dockerfile's label names."""
+    from .pylock import parse_pylock_lock, same_pins
+
+    py = ctx / PYLOCK_FILE
+    if py.is_file():
+        diffs = same_pins(lock, parse_pylock_lock(py.read_text(encoding="utf-8"), str(py)))
+        if diffs:
+            raise IntegrityError(f"build context {ctx}: {PYLOCK_FILE} pins other packages than requirements.lock "
+                                 f"({'; '.join(diffs[:3])}).", hint="the context was modified; re-run `build-image render`.")
+    sbom = ctx / SBOM_FILE
+    m = re.search(rf'{re.escape(LABEL_PREFIX)}\.sbom-sha256="([0-9a-f]{{64}})"', (ctx / "Dockerfile").read_text(encoding="utf-8"))
+    if m and not sbom.is_file():
+        raise BadInput(f"build context {ctx} has no {SBOM_FILE}, which its Dockerfile copies into the image.",
+                       hint="re-run `build-image render`.")
+    if m and sha256_file(sbom) != m.group(1):
+        raise IntegrityError(f"build context {ctx}: {SBOM_FILE} has sha256 {sha256_file(sbom)[:16]}..., the Dockerfile's "
+                             f"{LABEL_PREFIX}.sbom-sha256 label says {m.group(1)[:16]}....",
+                             hint="the context was modified; re-run `build-image render`.")
 
 
 # ---------------------------------------------------------------- orchestration (render command / pipeline)
@@ -507,6 +563,17 @@ def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, ou
     return P.apply_to_dir(series, vllm_wheel, out_dir), names
 
 
+def series_texts(series_dir: Path | None, vllm: str) -> tuple[dict[str, str], tuple[str, str] | None]:
+    """(patch name -> text, (wheel file name, sha256) the series is made for) of the series render applied."""
+    from . import patches as P
+
+    d = Path(series_dir) if series_dir is not None else Path(P.series_dir_for(vllm))
+    series = P.load_series(d, vllm)
+    texts = {p.name: (d / p.name).read_text(encoding="utf-8") for p in series.patches}
+    wheel = (series.wheel_filename or f"vllm-{vllm}.whl", series.wheel_sha256) if series.wheel_sha256 else None
+    return texts, wheel
+
+
 def render_context(
     *,
     vllm: str,
@@ -536,6 +603,8 @@ def render_context(
         step("patch series")
         if not no_patches:
             plan.patched, plan.patches = apply_series(series_dir, vllm, vllm_wheel, Path(ptmp))
+            if plan.patches:
+                plan.patch_texts, plan.vllm_wheel = series_texts(series_dir, vllm)
         step(f"wheelhouse ({len(lock.entries)} wheels)")
         wheels = fetch_wheels(lock, on_wheel=lambda f: step(f"wheel {f}"))
 

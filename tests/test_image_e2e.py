@@ -9,11 +9,14 @@ tag conflict, credentials never leaking.
 from __future__ import annotations
 
 import importlib.util
+import hashlib
 import io
 import json
 import os
+import re
 import socket
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -55,7 +58,8 @@ def test_built_image_runs_the_overlay(e2e):
     assert len(wheels) == 2 and any("MarkupSafe" in w or "markupsafe" in w for w in wheels)
     patch_files = {"patches/original.sha256", "patches/patched.sha256", "patches/files/vllm/engine/arg_utils.py",
                    "patches/files/vllm/entrypoints/openai/api_server.py"} if HAVE_PATCHES else set()
-    assert set(files) - set(wheels) == {"Dockerfile", "requirements.lock", "app/build_image_serve_app.py"} | patch_files
+    assert set(files) - set(wheels) == {"Dockerfile", "requirements.lock", "pylock.toml", "sbom.cdx.json",
+                                        "app/build_image_serve_app.py"} | patch_files
     dockerfile = (e2e.context / "Dockerfile").read_text()
     assert "--no-index --no-deps" in dockerfile and "--require-hashes" in dockerfile
     base = json.loads(e2e.manifest.read_text())["image"]
@@ -75,6 +79,36 @@ def test_built_image_runs_the_overlay(e2e):
     r = docker("run", "--rm", "--pull=never", "--network=none", e2e.tags[0], "sh", "-c",
                f"find / -xdev \\( {names} \\) 2>/dev/null || true")
     assert r.stdout.strip() == ""
+
+
+def test_the_image_carries_its_sbom_whose_sha256_is_the_label(e2e):
+    from builder.sbom import IMAGE_SBOM_PATH, validate
+
+    labels = json.loads(docker("image", "inspect", e2e.tags[0]).stdout)[0]["Config"]["Labels"]
+    assert labels["org.build-image.sbom"] == IMAGE_SBOM_PATH
+    r = docker("run", "--rm", "--pull=never", "--network=none", e2e.tags[0], "cat", IMAGE_SBOM_PATH)
+    assert hashlib.sha256(r.stdout.encode()).hexdigest() == labels["org.build-image.sbom-sha256"]
+    assert r.stdout == (e2e.context / "sbom.cdx.json").read_text() and validate(r.stdout) == []
+    doc = json.loads(r.stdout)
+    names = {c["name"].lower() for c in doc["components"]}
+    assert {"six", "markupsafe", "vllm", "numpy"} <= names
+
+
+def test_the_contexts_pylock_installs_the_same_set_as_its_requirements_lock(e2e, tmp_path):
+    """The image installs requirements.lock; the context's pylock.toml (wheels by path) is the same set."""
+    from builder.lock import find_uv
+
+    uv, env = find_uv(), {"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never", "PATH": "/usr/bin:/bin"}
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(tmp_path / "v")], check=True, env=env)
+
+    def dry(*args):
+        r = subprocess.run([uv, "pip", "install", "--dry-run", "--offline", "--python", str(tmp_path / "v" / "bin" / "python"),
+                            *args], capture_output=True, text=True, env=env, cwd=e2e.context)
+        assert r.returncode == 0, r.stderr
+        return sorted(re.findall(r"^ \+ (\S+==\S+)$", r.stderr, re.M))
+
+    from_req = dry("--no-deps", "--require-hashes", "--no-index", "--find-links", "wheels", "-r", "requirements.lock")
+    assert from_req == dry("-r", "pylock.toml") and len(from_req) == 2
 
 
 @pytest.mark.skipif(not HAVE_PATCHES, reason="builder.patches (the patch stage) is not in this checkout")

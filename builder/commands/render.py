@@ -38,7 +38,10 @@ def load_inputs(spec, *, lock_file: str | None, base: str | None):
         manifest = load_manifest(spec.base_manifest_path)
     lock_path = Path(lock_file) if lock_file else spec.lock_path
     lock = load_lock(lock_path)  # BadInput naming the file/line when missing or malformed
-    lock_text = lock_path.read_text(encoding="utf-8")  # copied verbatim into the context
+    from ..pylock import is_pylock_path
+
+    # a requirements.lock is copied verbatim into the context; a pylock.toml is read into the same lock
+    lock_text = None if is_pylock_path(lock_path) else lock_path.read_text(encoding="utf-8")
     vm = manifest.get("vllm")
     if vm is not None and vm.version != spec.vllm:
         raise BadInput(f"--vllm {spec.vllm} does not match the base manifest, which ships vllm {vm.version}.")
@@ -94,6 +97,7 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
         "patches": result.plan.patches,
         "patched_files": [p.relpath for p in result.plan.patched],
         "base": manifest.pinned_ref,
+        "sbom": str(result.out_dir / "sbom.cdx.json"),
     }
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")

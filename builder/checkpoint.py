@@ -655,6 +655,23 @@ def inspect_checkpoint(root: str | os.PathLike, inventory: Inventory | None = No
     )
 
 
+def safetensors_expected(model_dir: str | os.PathLike) -> bool:
+    """Whether ``model_dir`` is a safetensors checkpoint to check: it has ``*.safetensors``
+    files, or an index whose weight map names some (all of them possibly still missing).
+    A checkpoint in another format (``*.bin``, GGUF) is not judged here."""
+    d = Path(model_dir)
+    if any(d.glob("*.safetensors")):
+        return True
+    for idx in d.glob("*.safetensors.index.json"):
+        try:
+            wm = json.loads(idx.read_text(encoding="utf-8")).get("weight_map")
+        except (OSError, ValueError, AttributeError):
+            return True  # a broken index: let the check report it
+        if isinstance(wm, dict) and wm:
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class WeightSize:
     bytes: int

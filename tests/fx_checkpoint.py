@@ -55,6 +55,7 @@ CONFIG = {
     "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "vocab_size": VOCAB, "hidden_size": HIDDEN,
     "num_hidden_layers": LAYERS, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
     "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": PLE_DIM, "torch_dtype": "bfloat16",
+    "intermediate_size": 64, "max_position_embeddings": 4096,
     "tie_word_embeddings": False,
 }
 

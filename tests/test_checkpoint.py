@@ -592,3 +592,56 @@ def test_weight_size_for_the_plan(tmp_path):
     (d / "model.safetensors.index.json").write_text(json.dumps(idx))
     ws = ck.weight_size(d)
     assert ws.bytes == 12345 and S3 in ws.notes[0]
+
+
+# --------------------------------------------------------------------------- smoke and the pipeline refuse a checkpoint that is not ready
+
+FAKE_SERVER = Path(__file__).parent / "fake_openai_server.py"
+
+
+def _marker_server(marker: Path) -> str:
+    """A server command that leaves a marker when it is started (and then serves)."""
+    import shlex
+
+    return (f"sh -c {shlex.quote(f'touch {marker} && exec {sys.executable} {FAKE_SERVER} --port $0')} {{port}}")
+
+
+def test_smoke_refuses_a_truncated_checkpoint_without_starting_a_server(tmp_path):
+    d = sharded(tmp_path / "ck")
+    p = d / S3
+    p.write_bytes(p.read_bytes()[:-1])
+    marker = tmp_path / "server-started"
+    log = tmp_path / "server.log"
+    args = ["smoke", "--model", str(d), "--server-cmd", _marker_server(marker), "--rounds", "1", "--concurrency", "1",
+            "--max-tokens", "4", "--prompt-tokens", "8", "--gpu-memory", "80GiB", "--log-file", str(log)]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 13, r.output
+    assert "checkpoint not ready" in r.stderr and S3 in r.stderr and "truncated" in r.stderr
+    assert not marker.exists() and not log.exists()
+    # the escape hatch boots anyway (and the fake server then serves)
+    r = CliRunner().invoke(main, args + ["--skip-checkpoint-check"])
+    assert marker.exists(), r.output
+    assert r.exit_code == 0, r.output
+
+
+def test_smoke_boots_a_ready_checkpoint(tmp_path):
+    d = sharded(tmp_path / "ck")
+    marker = tmp_path / "server-started"
+    r = CliRunner().invoke(main, ["smoke", "--model", str(d), "--server-cmd", _marker_server(marker), "--rounds", "1",
+                                  "--concurrency", "1", "--max-tokens", "4", "--prompt-tokens", "8", "--gpu-memory", "80GiB"])
+    assert r.exit_code == 0, r.output
+    assert marker.exists() and "checkpoint READY (structure): 3 shard(s)" in r.stderr
+
+
+def test_pipeline_smoke_refuses_a_missing_shard_before_lock_and_render(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    d = sharded(tmp_path / "ck")
+    (d / S2).unlink()
+    spec = tmp_path / "build-image.toml"
+    spec.write_text(f'vllm = "0.26.0"\nlock = "{tmp_path / "lock" / "requirements.lock"}"\n'
+                    f'[serving]\nmodel = "{d}"\ngpus = 1\ngpu_memory = "80GiB"\ntp = 1\nmax_model_len = 4096\n')
+    out = tmp_path / "ctx"
+    r = CliRunner().invoke(main, ["--spec", str(spec), "--smoke", "-o", str(out)])
+    assert r.exit_code == 13, r.output
+    assert S2 in r.stderr and "missing" in r.stderr
+    assert not (tmp_path / "lock").exists() and not out.exists()

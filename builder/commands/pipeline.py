@@ -29,10 +29,12 @@ def _preflight_plan_or_refuse(spec, model: str, console) -> None:
     suggestions (zero GPU time, zero build time).  The smoke stage plans again on the
     GPU host (where nvidia-smi knows the card); here the card size comes from
     ``serving.gpu_memory`` or nvidia-smi when present."""
-    from ..smoke import config_from_serving, preflight_plan
+    from ..smoke import checkpoint_ready, config_from_serving, preflight_plan
 
     cfg = config_from_serving(spec.serving, model=model)
-    plan = preflight_plan(cfg, lambda m: console.print(f"  preflight: {m}", highlight=False, markup=False))
+    say = lambda m: console.print(f"  preflight: {m}", highlight=False, markup=False)  # noqa: E731
+    checkpoint_ready(cfg, say)  # a checkpoint that is not ready: exit 13 before lock, build or boot
+    plan = preflight_plan(cfg, say)
     if plan is None:
         return
     console.print(f"  preflight: {plan['summary']}", highlight=False, markup=False)

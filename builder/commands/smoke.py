@@ -1,6 +1,7 @@
 """`build-image smoke [IMAGE | --local] --model PATH ...`: boot + concurrent generation verdict.
 
 Exit 0 PASS, 1 FAIL (or the plan refuses the configuration), 2 bad input,
+13 the checkpoint is not ready (`checkpoint verify`'s structural checks; nothing started),
 130 interrupted (the server is stopped first).
 """
 
@@ -47,6 +48,7 @@ def _parse_size(text: str | None) -> int | None:
 @click.option("--boot-timeout", default=900.0, show_default=True, type=float, help="Seconds until /health must answer.")
 @click.option("--extra-arg", "extra_args", multiple=True, help="Extra `vllm serve` argument (repeatable).")
 @click.option("--no-plan", is_flag=True, help="Boot even if the memory plan says the configuration cannot fit.")
+@click.option("--skip-checkpoint-check", is_flag=True, help="Boot even if the checkpoint's structural check (checkpoint verify) says NOT READY.")
 @click.option("--gpu-memory", default=None, help="Per-GPU memory for the plan (default: nvidia-smi): 141GiB, 80GB (10^9), or h100/h200.")
 @click.option("--vllm-bin", default=None, help="Local mode: command that runs vllm (default: `vllm` on PATH, else python -m).")
 @click.option("--server-cmd", default=None, hidden=True, help="Replace the server command ({port}, {model}); for tests.")
@@ -54,7 +56,7 @@ def _parse_size(text: str | None) -> int | None:
 @click.option("--log-file", default=None, help="Keep the server log here (default: a temp file, kept on FAIL).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memory_utilization, max_num_seqs, kv_cache_dtype,
-            concurrency, rounds, max_tokens, prompt_tokens, timeout, boot_timeout, extra_args, no_plan,
+            concurrency, rounds, max_tokens, prompt_tokens, timeout, boot_timeout, extra_args, no_plan, skip_checkpoint_check,
             gpu_memory, vllm_bin, server_cmd, port, log_file, as_json):
     """Boot the engine and generate at target concurrency: PASS or FAIL."""
     if image and local:
@@ -72,6 +74,7 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
         kv_cache_dtype=kv_cache_dtype, concurrency=concurrency, rounds=rounds, max_tokens=max_tokens,
         prompt_tokens=prompt_tokens, timeout=timeout, boot_timeout=boot_timeout, extra_args=extra,
         server_cmd=server_cmd, vllm_bin=vllm_bin, port=port, log_file=log_file, plan=not no_plan,
+        checkpoint_check=not skip_checkpoint_check,
         gpu_memory_bytes=_parse_size(gpu_memory),
     )
     progress = _progress_printer()

@@ -58,7 +58,7 @@ from .client import (
 )
 from .config import SmokeConfig, config_from_serving
 from .gpu import nvidia_smi_memory
-from .preflight import preflight_plan
+from .preflight import checkpoint_ready, preflight_plan
 from .report import (
     FAIL,
     PASS,
@@ -88,7 +88,7 @@ __all__ = [
     "FAIL", "FATAL_PATTERNS", "OOM_PATTERNS", "PASS", "PROBE_TOKENS", "SMOKE_REPORT_SCHEMA",
     "HttpError", "LogFacts", "RequestResult", "RoundResult", "RoundRun", "ServerProcess", "SmokeConfig",
     "SmokeReport", "build_docker_command", "build_local_command", "build_override_command",
-    "check_docker_image", "completion_body", "config_from_serving", "decide", "find_docker", "find_vllm",
+    "check_docker_image", "checkpoint_ready", "completion_body", "config_from_serving", "decide", "find_docker", "find_vllm",
     "first_error_line", "free_port", "http_get", "log_tail", "make_prompt", "model_vocab_size",
     "nvidia_smi_memory", "parse_server_log", "percentile", "post_completion", "preflight_plan", "read_log",
     "render_text", "run_round", "run_smoke", "serve_flags", "summarize_round", "vllm_kv_cache_dtype",

@@ -34,6 +34,7 @@ class SmokeConfig:
     port: int | None = None             # default: a free port
     log_file: str | None = None         # default: a temp file, kept on failure
     plan: bool = True
+    checkpoint_check: bool = True       # refuse a checkpoint that is not ready (builder.checkpoint)
     gpu_memory_bytes: int | None = None  # default: nvidia-smi
     gpus: int | None = None              # default: tp
     docker_bin: str | None = None

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import plan as planmod
-from ..errors import BadInput
+from ..errors import BadInput, CheckpointNotReady
 from .config import SmokeConfig
 from .gpu import nvidia_smi_memory
 
@@ -20,6 +20,39 @@ def _extra_value(extra: list[str], flag: str) -> str | None:
         if a.startswith(flag + "="):
             return a.split("=", 1)[1]
     return None
+
+
+def checkpoint_ready(cfg: SmokeConfig, say: Callable[[str], None]) -> dict[str, Any] | None:
+    """The structural pass of `build-image checkpoint verify` (headers, index, shapes,
+    download leftovers; no hashing, well under a second): a checkpoint that is not
+    ready raises :class:`CheckpointNotReady` before any server or GPU work.
+
+    Returns a summary, or None when the check does not apply (``--skip-checkpoint-check``,
+    a model that is not a directory, no safetensors files and no index naming any).
+    """
+    from ..checkpoint import inspect_checkpoint, safetensors_expected
+
+    if not cfg.checkpoint_check:
+        say("checkpoint check skipped (--skip-checkpoint-check)")
+        return None
+    model_dir = Path(cfg.model)
+    if not model_dir.is_dir() or not safetensors_expected(model_dir):
+        say("checkpoint check skipped: no safetensors checkpoint in the model directory")
+        return None
+    rep = inspect_checkpoint(model_dir)
+    if not rep.ready():
+        problems = "\n".join(f"  {p.file}: {p.message}" for p in rep.errors)
+        raise CheckpointNotReady(
+            f"{model_dir} is not ready to load ({len(rep.errors)} problem(s)); no server was started.",
+            hint=f"build-image checkpoint verify {model_dir} (add --sha256 SUMS or --hf-cache DIR to check the bytes too)",
+            details=problems,
+        )
+    summary = {"ready": True, "shards": len(rep.shards), "weight_bytes": rep.weight_bytes,
+               "ple_bytes": rep.ple_bytes, "warnings": [p.to_dict() for p in rep.warnings],
+               "structural_seconds": rep.structural_seconds}
+    say(f"checkpoint READY (structure): {len(rep.shards)} shard(s), {rep.weight_bytes / 1e9:.2f} GB of weights, "
+        f"{len(rep.warnings)} warning(s), {rep.structural_seconds * 1000:.0f} ms")
+    return summary
 
 
 def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, Any] | None:

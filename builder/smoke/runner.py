@@ -35,7 +35,7 @@ from .client import (
 )
 from .config import SmokeConfig
 from .gpu import nvidia_smi_memory
-from .preflight import preflight_plan
+from .preflight import checkpoint_ready, preflight_plan
 from .report import FAIL, PASS, RoundResult, SmokeReport, _fmt, decide, summarize_round
 from .server import (
     ServerProcess,
@@ -384,6 +384,7 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
     cfg.validate()
     if cfg.image and cfg.server_cmd:
         raise BadInput("smoke: give either IMAGE or --server-cmd, not both")
+    checkpoint_ready(cfg, say)  # CheckpointNotReady (exit 13) before any plan, server or GPU work
     plan = plan_step(cfg, say)
     launch = prepare_launch(cfg)
     settings = settings_of(cfg)

@@ -452,6 +452,22 @@ class Uv:
     def compile(self, sources: list[Path], out: Path, *, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess:
         return self.wait(self.start(sources, out, cwd=cwd, **kw))
 
+    def venv(self, path: Path, *, python: str) -> None:
+        """``uv venv`` at ``path`` for the interpreter ``python`` (never downloads one)."""
+        r = subprocess.run([self.binary, "venv", "-q", "--python", python, str(path)], capture_output=True,
+                           text=True, env=self.env(), timeout=300)
+        if r.returncode != 0:
+            raise ExternalToolError(f"`uv venv {path}` failed: {r.stderr.strip()[-1500:]}")
+
+    def pip_install(self, python: Path | str, requirements: list[str], *, find_links: Iterable[str] = (),
+                    timeout: int = 1800) -> subprocess.CompletedProcess:
+        """``uv pip install`` of ``requirements`` into the environment of ``python``."""
+        cmd = [self.binary, "pip", "install", "-q", "--python", str(python)]
+        for fl in find_links:
+            cmd += ["--find-links", str(fl)]
+        return subprocess.run([*cmd, *requirements], capture_output=True, text=True, env=self.env(),
+                              timeout=timeout)
+
 
 def find_uv() -> str:
     """The uv binary of the pinned ``uv`` package (``uv.find_uv_bin()``), else the

@@ -267,7 +267,7 @@ def test_cpu_env_trees_hold_original_and_patched_targets(cpu_env, series):
     # every PLE name through gemma4's helper before its WeightsMapper
     src = (cpu_env["patched"] / "vllm/model_executor/models/gemma4_mm.py").read_text()
     compile(src, "gemma4_mm.py", "exec")
-    assert "import Gemma4ForCausalLM, _merge_ple_table" in src
+    assert "from vllm.model_executor.models.gemma4 import _merge_ple_table" in src
     assert src.index("_merge_ple_table(\n            weights") < src.index("loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)")
 
 

@@ -1,4 +1,4 @@
-"""``build-image patch check|apply|sums``: the versioned vllm patch series (docs/patches.md)."""
+"""``build-image patch check|port|apply|sums``: the versioned vllm patch series (docs/patches.md)."""
 
 from __future__ import annotations
 
@@ -59,31 +59,105 @@ def command():
 @_with_series_opts
 @click.option("--wheel", type=click.Path(dir_okay=True, exists=True), default=None,
               help="vllm wheel (or a directory holding vllm/) to check against; default: fetched from PyPI, cached.")
+@click.option("--probe", "run_probes", is_flag=True,
+              help="Also run each patch's probe through the package's own code on CPU, unpatched and patched.")
+@click.option("--probe-python", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Interpreter for the probes (default: a cached venv from the series' probe-env.txt).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-def check_cmd(vllm, series_dir, wheel, as_json):
+def check_cmd(vllm, series_dir, wheel, run_probes, probe_python, as_json):
     """Apply the series in memory to the exact vllm wheel: no fuzz, no offset.
 
     Reports per patch: applied / already-applied / does-not-apply (with the failing hunk).
-    Exit codes: 0 every patch applies (or is already applied), 6 a patch does not apply
-    or is refused, 2 bad input, 7 download/sha256 failure.
+    With --probe, per patch also: needed (its probe fails on the unpatched code) and
+    works (it passes on the patched code).
+    Exit codes: 0 every patch applies (and, with --probe, every probe is needed and
+    works), 6 a patch does not apply or is refused, 1 a probe does not pass patched,
+    passes unpatched (the patch is not needed: retire it) or errors, 2 bad input,
+    7 download/sha256 failure.
     """
     _need_version(vllm, series_dir)
     series = _series(vllm, series_dir)
     source = _wheel(series, wheel, progress=not as_json)
     results = P.check(series, source, raise_on_failure=False)
     ok = all(r.status != P.DOES_NOT_APPLY for r in results)
+    probes = []
+    if run_probes and ok:
+        from .. import probe as PR
+
+        for p in series.patches:
+            PR.probe_path(series.dir, p)  # every patch names an existing probe, before any work
+        say = (lambda m: click.echo(m, err=True)) if not as_json else None
+        probes = PR.probe_series(series, source, runner=PR.runner_for(series.dir, probe_python), progress=say)
+    probes_ok = all(pr.needed is True and pr.works is True for pr in probes)
     if as_json:
+        by = {pr.patch: pr.to_dict() for pr in probes}
         click.echo(json.dumps({"series": str(series.dir), "vllm": series.version, "source": str(source),
-                               "ok": ok, "patches": [r.to_dict() for r in results]}, indent=2))
+                               "ok": ok and probes_ok,
+                               "patches": [{**r.to_dict(), **({"probe": by[r.name]} if r.name in by else {})}
+                                           for r in results]}, indent=2))
     else:
         click.echo(f"series {series.dir} (vllm=={series.version}) against {source}:")
+        by = {pr.patch: pr for pr in probes}
         for r in results:
             click.echo(f"  {r.status:16} {r.name}  {r.subject}")
             if r.detail:
                 for line in r.detail.rstrip().splitlines():
                     click.echo(f"      {line}")
+            pr = by.get(r.name)
+            if pr is not None:
+                word = {True: "yes", False: "NO", None: "error"}
+                click.echo(f"      probe {pr.probe}: needed {word[pr.needed]} (unpatched: {pr.unpatched.summary()}); "
+                           f"works {word[pr.works]} (patched: {pr.patched.summary()})")
+                if pr.needed is False:
+                    click.echo("      the unpatched code already passes: propose retiring this patch.")
     if not ok:
         sys.exit(PatchFailed.exit_code)
+    if not probes_ok:
+        sys.exit(1)
+
+
+@command.command("port")
+@click.option("--from", "from_version", required=True, help="Release the series is made for (patches/vllm/<A>/).")
+@click.option("--to", "to_version", required=True, help="Release to port it to.")
+@click.option("--series", "series_dir", type=click.Path(file_okay=False), default=None,
+              help="A's series directory (default: patches/vllm/<A>/).")
+@click.option("--from-wheel", type=click.Path(exists=True), default=None,
+              help="A's wheel or a directory holding the package (default: fetched, sha256-pinned).")
+@click.option("--to-wheel", type=click.Path(exists=True), default=None,
+              help="B's wheel or a directory holding the package (default: fetched from PyPI, cached).")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write B's series here (nothing is written without it).")
+@click.option("--probe-python", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Interpreter for the probes on B (default: a venv from B's probe-env.txt when "
+                   "patches/vllm/<B>/ has one, else A's).")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text")
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
+def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir, probe_python, fmt, as_json):
+    """Port A's patch series to release B, patch by patch (docs/patches.md).
+
+    Status per patch: applies (exact context on B, offsets regenerated), merged (a
+    three-way merge with A's original as the ancestor: review it), conflict (the
+    regions that did not merge are shown), upstream (B unpatched passes the probe:
+    retire it).  Every changed line must land in the same function/class as in A and
+    the probe must pass on the ported tree.
+    Exit codes: 0 every patch applies or is upstream, 1 something needs review
+    (merged/conflict), 2 bad input, 7 download/sha256 failure.
+    """
+    from .. import port as PO
+    from .. import probe as PR
+    from ..fetch import vllm_wheel
+
+    fmt = "json" if as_json else fmt
+    series = _series(from_version, series_dir)
+    for p in series.patches:
+        PR.probe_path(series.dir, p)
+    a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, progress=fmt == "text")
+    b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, progress=fmt == "text")
+    say = (lambda m: click.echo(m, err=True)) if fmt == "text" else None
+    report = PO.port(series, a_src, b_src, to_version, out_dir=out_dir, probe_python=probe_python, progress=say)
+    click.echo(PO.render(report, fmt), nl=False)
+    if report.needs_review:
+        sys.exit(1)
 
 
 @command.command("apply")

@@ -131,6 +131,13 @@ class CheckpointNotReady(BuildImageError):
     title = "checkpoint not ready"
 
 
+class OutputBusy(BuildImageError):
+    """Another build-image run holds the output file or directory for longer than the wait allows."""
+
+    exit_code = 14
+    title = "output busy"
+
+
 EXIT_CODES: dict[int, str] = {
     0: "success / PASS / fits / no dangerous change",
     1: "verdict negative (diff: dangerous change; plan: does not fit; smoke: FAIL; ray-check: nodes disagree)",
@@ -146,5 +153,6 @@ EXIT_CODES: dict[int, str] = {
     TagConflict.exit_code: "tag already points to a different digest",
     ExternalToolError.exit_code: "a helper tool (uv, docker) failed unexpectedly",
     CheckpointNotReady.exit_code: "smoke: the checkpoint is not ready (checkpoint verify's structural checks); no server started",
+    OutputBusy.exit_code: "another run holds the output (-o) longer than BUILD_IMAGE_LOCK_TIMEOUT",
     70: "internal error (a bug: please report)",
 }

@@ -366,6 +366,17 @@ def write_context(
     check_consistency(plan)
     sbom = plan.sbom_text()
     dockerfile = render_dockerfile(plan, sha256_bytes(sbom.encode()))
+    from .util import output_lock
+
+    with output_lock(out):  # two renders to one -o: the second waits, then replaces the first's whole
+        return _write_context_locked(out, plan, dockerfile, sbom, wheels=wheels, patched_root=patched_root,
+                                     lock_text=lock_text, extra=extra)
+
+
+def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: str, *, wheels, patched_root,
+                          lock_text, extra) -> list[str]:
+    from .pylock import format_pylock
+
     _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))

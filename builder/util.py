@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
+import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -70,3 +73,50 @@ def cache_dir() -> Path:
     base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "build-image"
     base.mkdir(parents=True, exist_ok=True)
     return base
+
+
+LOCK_TIMEOUT_ENV = "BUILD_IMAGE_LOCK_TIMEOUT"
+
+
+def output_lock_path(path: str | os.PathLike) -> Path:
+    """The lock file guarding writes to ``path``: outside the user's tree (nothing to commit or
+    ignore), one per absolute output path and user; the kernel drops it when its holder dies."""
+    target = os.path.abspath(os.fspath(path))
+    d = Path(tempfile.gettempdir()) / f"build-image-{os.getuid()}-locks"
+    d.mkdir(mode=0o700, exist_ok=True)
+    return d / f"{sha256_bytes(target.encode())[:32]}.lock"
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike, *, timeout: float | None = None) -> Iterator[None]:
+    """Hold the exclusive write lock of an output (``filelock``): a second run writing the same
+    file or directory says so on stderr and waits for the first (``BUILD_IMAGE_LOCK_TIMEOUT``
+    seconds, default 1800); past that, :class:`builder.errors.OutputBusy`."""
+    from filelock import FileLock, Timeout
+
+    from .errors import BadInput, OutputBusy
+
+    if timeout is None:
+        raw = os.environ.get(LOCK_TIMEOUT_ENV, "1800")
+        try:
+            timeout = float(raw)
+        except ValueError:
+            raise BadInput(f"{LOCK_TIMEOUT_ENV}={raw!r} is not a number of seconds.") from None
+    lock = FileLock(str(output_lock_path(path)))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        sys.stderr.write(f"waiting: another build-image run is writing {path}; this run continues when it is done "
+                         f"(at most {timeout:g} s, {LOCK_TIMEOUT_ENV})\n")
+        sys.stderr.flush()
+        try:
+            lock.acquire(timeout=timeout)
+        except Timeout:
+            raise OutputBusy(
+                f"another build-image run has been writing {path} for more than {timeout:g} s; nothing was written.",
+                hint=f"wait for it to finish (or raise {LOCK_TIMEOUT_ENV}); each run writes its output whole.",
+            ) from None
+    try:
+        yield
+    finally:
+        lock.release()

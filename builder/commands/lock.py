@@ -77,8 +77,9 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
     failure, 12 uv failed.  With --json every outcome is a JSON document on stdout.
     """
     try:
-        _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
-              exclude_newer, no_default_overlay, as_json, force)
+        with _output_guard(spec_path, vllm, output, check):  # a second writer waits, then sees the first's lock
+            _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
+                  exclude_newer, no_default_overlay, as_json, force)
     except AbiRejected as exc:
         if as_json and getattr(exc, "gate", None) is not None:
             _emit(True, {"status": "abi-rejected", "written": False, "exit_code": exc.exit_code,
@@ -92,6 +93,18 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
                          "exit_code": exc.exit_code, "error": exc.title, "message": exc.message,
                          "hint": exc.hint, "details": exc.details}, "")
         raise
+
+
+def _output_guard(spec_path, vllm, output, check):
+    """The output lock of the lock file this run writes (none for --check: it writes nothing)."""
+    import contextlib
+
+    from ..spec import load_spec
+    from ..util import output_lock
+
+    if check:
+        return contextlib.nullcontext()
+    return output_lock(load_spec(spec_path).with_flags(vllm=vllm, lock=output).lock_path)
 
 
 _ERROR_STATUS = {BadInput: "bad-input", StaleLock: "stale", Unsatisfiable: "unsatisfiable", AbiRejected: "abi-rejected"}

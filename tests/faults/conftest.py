@@ -138,7 +138,15 @@ def tiny_context(tmp_path: Path, names=("six",), *, via_cache: bool = False) -> 
                       source_date_epoch=0)
     out = tmp_path / "ctx"
     write_context(out, plan, wheels=wheels)
+    base.save(tmp_path / "base.json")
+    lock.save(tmp_path / "requirements.lock")
     return out, plan
+
+
+def render_args(tmp_path: Path, out: Path) -> list[str]:
+    """`build-image render` of :func:`tiny_context`'s inputs (base.json, requirements.lock) to ``out``."""
+    return ["render", "--vllm", "0.26.0", "--base", str(tmp_path / "base.json"), "--lock",
+            str(tmp_path / "requirements.lock"), "--no-patches", "-o", str(out)]
 
 
 # the offline lock fixtures (a numpy-1.x base snapshot + the fixture wheelhouse, real uv)

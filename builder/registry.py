@@ -128,16 +128,18 @@ class RegistryClient:
         self.base = f"{scheme}://{host}"
         self._auth_header: str | None = None
 
-    def _open(self, method: str, path: str, headers: dict[str, str] | None = None):
+    def _open(self, method: str, path: str, headers: dict[str, str] | None = None, data: bytes | None = None,
+              _retried: bool = False):
         hdrs = dict(headers or {})
         if self._auth_header:
             hdrs["Authorization"] = self._auth_header
-        req = urllib.request.Request(self.base + path, method=method, headers=hdrs)
+        req = urllib.request.Request(self.base + path, method=method, headers=hdrs, data=data)
         try:
             return urllib.request.urlopen(req, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
-            if exc.code == 401 and not self._auth_header and self._authenticate(exc.headers.get("WWW-Authenticate", "")):
-                return self._open(method, path, headers)
+            # one (re-)authentication per request: a pull-scoped token is traded for a push-scoped one
+            if exc.code == 401 and not _retried and self._authenticate(exc.headers.get("WWW-Authenticate", "")):
+                return self._open(method, path, headers, data, _retried=True)
             raise
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -170,6 +172,19 @@ class RegistryClient:
                 self._auth_header = f"Bearer {token}"
                 return True
         return False
+
+    def request(self, method: str, path: str, headers: dict[str, str] | None = None,
+                data: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers, body) of one request; an HTTP error status is returned, not raised."""
+        if path.startswith(("http://", "https://")):
+            if not path.startswith(self.base + "/"):
+                raise RegistryError(f"registry {self.registry} redirected an upload to another host ({path.split('/')[2]}).")
+            path = path[len(self.base):]
+        try:
+            with self._open(method, path, headers, data) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers or {}), exc.read() if exc.fp else b""
 
     def ping(self) -> None:
         try:

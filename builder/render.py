@@ -12,6 +12,7 @@ Context layout (and nothing else)::
     requirements.lock           the lock, verbatim (pip/uv --require-hashes accept it; the image installs it)
     pylock.toml                 the same pins as PEP 751, each wheel by path into wheels/ (offline)
     sbom.cdx.json               CycloneDX 1.6 SBOM of the Python layer (copied into the image)
+    provenance.intoto.json      in-toto statement, SLSA provenance v1 (subject: these files; build/push: the image)
     wheels/<file>.whl           exactly the locked wheels, sha256-verified
     patches/original.sha256     sha256 of each file the series touches, as in the vllm wheel
     patches/patched.sha256      sha256 of each patched file     (paths relative to site-packages)
@@ -44,6 +45,7 @@ from .util import sha256_file
 SERVE_MODULE = "build_image_serve_app"
 SBOM_FILE = "sbom.cdx.json"
 PYLOCK_FILE = "pylock.toml"
+PROVENANCE_FILE = "provenance.intoto.json"
 SERVE_APP_FILE = f"{SERVE_MODULE}.py"
 LABEL_PREFIX = "org.build-image"
 DEFAULT_SITE_PACKAGES = "/usr/local/lib/python{python}/dist-packages"
@@ -201,7 +203,7 @@ def oci_labels(plan: RenderPlan, sbom_sha256: str | None = None) -> list[tuple[s
 
 def context_files(plan: RenderPlan) -> list[str]:
     """Every file of the context, relative, sorted (the test of 'nothing else')."""
-    files = ["Dockerfile", "requirements.lock", PYLOCK_FILE, SBOM_FILE]
+    files = ["Dockerfile", "requirements.lock", PYLOCK_FILE, SBOM_FILE, PROVENANCE_FILE]
     files += [f"wheels/{e.wheel.filename}" for e in plan.lock.entries if e.wheel]
     if plan.patched:
         files += ["patches/original.sha256", "patches/patched.sha256"]
@@ -386,8 +388,16 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
 
         (tmp / "requirements.lock").write_text(redact_text(lock_text) if lock_text is not None else plan.lock.format(),
                                                encoding="utf-8")
-        (tmp / PYLOCK_FILE).write_text(format_pylock(plan.lock, wheel_dir="wheels"), encoding="utf-8")
+        pylock_text = format_pylock(plan.lock, wheel_dir="wheels")
+        (tmp / PYLOCK_FILE).write_text(pylock_text, encoding="utf-8")
         (tmp / SBOM_FILE).write_text(sbom, encoding="utf-8")
+        from . import provenance
+
+        prov = provenance.for_render(
+            plan, lock_text=(tmp / "requirements.lock").read_text(encoding="utf-8"),
+            outputs={"Dockerfile": dockerfile, PYLOCK_FILE: pylock_text, SBOM_FILE: sbom},
+            template_text=_env().loader.get_source(_env(), "Dockerfile.j2")[0])
+        (tmp / PROVENANCE_FILE).write_text(provenance.dumps(prov), encoding="utf-8")
         (tmp / "wheels").mkdir()
         for e in plan.lock.entries:
             assert e.wheel is not None

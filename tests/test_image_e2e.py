@@ -169,6 +169,41 @@ def test_labels_tags_and_digest_round_trip(e2e, local_registry):
     assert json.loads(r.stdout)["digest"] == digest
 
 
+def test_push_attaches_sbom_and_provenance_as_referrers_of_the_image(e2e, local_registry):
+    """The Debian registry (distribution 2.8) stores OCI artifacts with a subject but has no referrers
+    API: push indexes them under the sha256-<hex> tag (OCI referrers tag schema); skopeo reads them back."""
+    from builder.provenance import validate as validate_provenance
+    from builder.referrers import INTOTO_TYPE, SBOM_TYPE
+
+    r = run_pipeline(["push", str(e2e.context), "--tag", f"{local_registry}/e2e/vllm", "--json", "--force"])
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    att, digest = doc["attestations"], doc["digest"]
+    assert att["pushed"] is True and att["referrers"] == "tag-schema", att
+    assert att["index"] == f"{local_registry}/e2e/vllm:{digest.replace(':', '-')}"
+
+    def raw(ref: str) -> dict:
+        p = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{ref}"],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        return json.loads(p.stdout)
+
+    index = raw(att["index"])
+    by_type = {m["artifactType"]: m["digest"] for m in index["manifests"]}
+    assert by_type[SBOM_TYPE] == att["sbom"]["digest"] and by_type[INTOTO_TYPE] == att["provenance"]["digest"]
+    for key, atype, name in (("sbom", SBOM_TYPE, "sbom.cdx.json"), ("provenance", INTOTO_TYPE, "provenance.intoto.json")):
+        m = raw(att[key]["ref"])
+        assert m["artifactType"] == atype and m["subject"]["digest"] == digest
+        (layer,) = m["layers"]
+        assert layer["digest"] == "sha256:" + hashlib.sha256((e2e.context / name).read_bytes()).hexdigest()
+    # the provenance now names what the registry serves
+    prov = json.loads((e2e.context / "provenance.intoto.json").read_text())
+    assert prov["subject"] == [{"name": f"{local_registry}/e2e/vllm", "digest": {"sha256": digest.split(":")[1]}}]
+    assert validate_provenance(prov) == []
+    assert "--tls-verify" not in r.stderr and "attached to" in run_pipeline(
+        ["push", str(e2e.context), "--tag", f"{local_registry}/e2e/vllm"]).stderr
+
+
 def test_tag_conflict_then_force(e2e, local_registry, tmp_path):
     """Same lock (same tags), different image content: the registry's tag points elsewhere -> exit 11."""
     run_pipeline(["push", str(e2e.context), "--tag", f"{local_registry}/e2e/vllm", "--force"])

@@ -52,6 +52,9 @@ def build_context(context: Path, repo: str | None, *, engine=None, console=None,
                     console.print("build: " + " ".join(head.split())[:110], markup=False, highlight=False, soft_wrap=True)
 
     result = engine.build(Path(context), tags, network="none", on_line=on_line)
+    from .. import provenance  # the statement's subject is now the image (its ID under each tag)
+
+    provenance.record_subject(context, provenance.image_subject(tags, result.image_id), stage="build")
     info = engine.inspect(result.image_id)
     cached = sum(1 for l in result.log.splitlines() if l.rstrip().endswith("CACHED"))
     return {

@@ -226,6 +226,10 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
             pushed = push_tags(result.tags, force=force, engine=engine, console=console)
         summary.update(digest=pushed["digest"], pinned=pushed["pinned"])
         image_for_later = pushed["pinned"]
+        from ..referrers import push_attestations, summary_line
+
+        summary["attestations"] = push_attestations(out, pushed["pinned"], result.tags)
+        console.print(f"  push: {summary_line(summary['attestations'])}", highlight=False, markup=False)
     if kuberay:
         write_kuberay(image_for_later, allow_tag=not push)
     verdict_failed = None

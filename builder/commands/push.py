@@ -110,9 +110,13 @@ def command(context, vllm, repo, spec_file, force, as_json):
     context = context or default_out_dir(spec.vllm)
     _vllm, tags, _lock = tags_for_context(context, spec.repo)
     doc = push_tags(tags, force=force, console=stderr_console())
+    from ..referrers import push_attestations, summary_line
+
+    doc["attestations"] = push_attestations(context, doc["pinned"], tags)
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=2) + "\n")
     else:
         for p in doc["pushed"]:
             click.echo(f"pushed {p['ref']}  {p['digest']}")
+        click.echo(summary_line(doc["attestations"]), err=True)
         click.echo(doc["pinned"])

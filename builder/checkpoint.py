@@ -941,14 +941,36 @@ class ContentPlan:
     source: str
 
 
+def _nested_entry(root: Path, name: str) -> FileEntry | str:
+    """A file a sums list names below the checkpoint directory (``original/x.safetensors``),
+    or why it cannot be hashed."""
+    rel = Path(name)
+    if rel.is_absolute() or ".." in rel.parts:
+        return "the name is not inside the checkpoint directory"
+    p = root / rel
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        return "not in the checkpoint"
+    except OSError as exc:
+        return f"it cannot be read: {exc.strerror or exc}"
+    if not statmod.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    return FileEntry(name, p, Path(os.path.realpath(p)), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
 def content_plan_from_sums(inv: Inventory, sums: dict[str, str], source: str, shard_names: Iterable[str]) -> ContentPlan:
     problems: list[Problem] = []
     expected: dict[str, str] = {}
     for name, digest in sums.items():
+        if name not in inv.files and not any(p.file == name for p in inv.problems):
+            nested = _nested_entry(inv.root, name)
+            if isinstance(nested, str):
+                problems.append(Problem(name, f"listed in {source} but {nested}"))
+                continue
+            inv.files[name] = nested
         if name in inv.files:
             expected[name] = digest
-        elif not any(p.file == name for p in inv.problems):
-            problems.append(Problem(name, f"listed in {source} but not in the checkpoint"))
     for name in shard_names:
         if name not in sums and name in inv.files:
             problems.append(Problem(name, f"{source} has no sha256 for this shard"))

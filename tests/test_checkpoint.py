@@ -432,6 +432,18 @@ def test_sums_file_must_cover_every_shard(tmp_path):
     assert "has no sha256 for this shard" in errors_for(doc, S3)[0]
 
 
+def test_sums_may_name_files_below_the_directory(tmp_path):
+    d = sharded(tmp_path / "ck")
+    (d / "original").mkdir()
+    (d / "original" / "params.json").write_text("{}")
+    sums = sha256sum_file(d)
+    digest = hashlib.sha256(b"{}").hexdigest()
+    sums.write_text(sums.read_text() + f"{digest}  original/params.json\n{digest}  ../outside.json\n")
+    code, doc, _ = verify(str(d), "--sha256", str(sums))
+    assert code == 1 and doc["content"]["files"] == 4
+    assert [e["file"] for e in doc["errors"]] == ["../outside.json"]
+
+
 def test_sums_formats():
     h = "ab" * 32
     assert ck.parse_sums(f"{h}  ./a.safetensors\n{h.upper()} *b.safetensors\nSHA256 (c.safetensors) = {h}\n", "s") == {

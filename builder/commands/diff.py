@@ -283,7 +283,13 @@ def render(diffs, fmt: str, color: bool) -> str:
 @click.option("--fail-on-allowed", is_flag=True,
               help="Exit 1 also for group-1 changes the lock header allows (allow-abi-change).")
 @click.option("--color/--no-color", default=None, help="Force colour on/off (default: on for a terminal, off with NO_COLOR).")
-def command(paths, git_revs, fmt, as_json, textconv_file, base_manifest, fail_on_allowed, color):
+@click.option("--max-chars", "max_chars", type=click.IntRange(min=1024), metavar="N",
+              help="Markdown: cut the report to at most N characters (UTF-16 units, as GitHub counts; a PR comment "
+                   "holds 65,536), closing open blocks and ending with a pointer to the full report.")
+@click.option("--full-report", "full_report", metavar="TEXT",
+              help="With --max-chars: where the full report is (e.g. the workflow run's summary URL).")
+def command(paths, git_revs, fmt, as_json, textconv_file, base_manifest, fail_on_allowed, color, max_chars=None,
+            full_report=None):
     """Review a lock change: ABI-aware groups, most dangerous first.
 
     \b
@@ -312,6 +318,12 @@ def command(paths, git_revs, fmt, as_json, textconv_file, base_manifest, fail_on
     from .. import report
 
     out = render(diffs, fmt, report.use_color(sys.stdout, color) if fmt == "text" else False)
+    if max_chars is not None:
+        if fmt != "markdown":
+            raise BadInput("--max-chars applies to --format markdown (a PR comment); text and json are never cut.")
+        from ..comment_fit import fit
+
+        out = fit(out, max_chars, full_report)
     sys.stdout.write(out)
     sys.stdout.flush()
     dangerous = [d for d in diffs if d.dangerous]

@@ -31,6 +31,7 @@ COMMANDS = {
     "plan": "plan",          # build-image plan
     "smoke": "smoke",        # build-image smoke
     "ray-check": "raycheck", # build-image ray-check
+    "upgrade": "upgrade",    # build-image upgrade
     "checkpoint": "checkpoint",  # build-image checkpoint verify
 }
 

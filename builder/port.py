@@ -280,18 +280,8 @@ def _tree_with(b_tree: Path, b_cur: dict[str, list[str]], b_orig: dict[str, byte
 def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tree, tmp, runner, progress):
     pp = PortedPatch(p.name, p.subject, CONFLICT, probe=PR.probe_name(p))
     probe_file = (series.dir / pp.probe) if pp.probe else None
-    # 1. upstream? B (with the earlier ported patches) already passes the probe
-    if runner is not None and probe_file is not None and probe_file.is_file():
-        if progress:
-            progress(f"{p.name}: probe on {series.package} {b_version} as shipped")
-        pp.probe_unpatched = runner.run(probe_file, _tree_with(b_tree, b_cur, b_orig, tmp, f"pre{k}"))
-        if pp.probe_unpatched.status == PR.PASS:
-            pp.status = UPSTREAM
-            pp.detail.append(f"{series.package} {b_version} unpatched passes the probe {pp.probe}: "
-                             "propose retiring the patch.")
-            _advance_a(p, a_cur)
-            return pp
-    # 2. place each file's hunks on B
+    has_probe = runner is not None and probe_file is not None and probe_file.is_file()
+    # 1. place each file's hunks on B (pure, cheap)
     method = APPLIES
     staged: dict[str, list[str]] = {}
     for f in p.files:
@@ -302,7 +292,7 @@ def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tre
         if f.relpath not in b_cur:
             pp.detail.append(f"{f.relpath}: no such file in {series.package} {b_version}.")
             method = CONFLICT
-            break
+            continue
         b_old = b_cur[f.relpath]
         b_new = exact_apply(b_old, f.hunks, scopes("".join(a_old)), a_old)
         how = APPLIES
@@ -331,19 +321,35 @@ def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tre
         if how == MERGED and method == APPLIES:
             method = MERGED
     _advance_a(p, a_cur)
+    # 2. the probes: B as it is (with the earlier ported patches) and, if the hunks landed, B ported;
+    #    run side by side (independent processes)
+    if has_probe:
+        from concurrent.futures import ThreadPoolExecutor
+
+        if progress:
+            progress(f"{p.name}: probe on {series.package} {b_version} as shipped"
+                     + (" and on the ported tree" if method != CONFLICT else ""))
+        pre = _tree_with(b_tree, b_cur, b_orig, tmp, f"pre{k}")
+        post = _tree_with(b_tree, {**b_cur, **staged}, b_orig, tmp, f"post{k}") if method != CONFLICT else None
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            f_pre = pool.submit(runner.run, probe_file, pre)
+            f_post = pool.submit(runner.run, probe_file, post) if post is not None else None
+            pp.probe_unpatched = f_pre.result()
+            pp.probe_ported = f_post.result() if f_post is not None else None
+        if pp.probe_unpatched.status == PR.PASS:
+            pp.status = UPSTREAM
+            pp.detail.insert(0, f"{series.package} {b_version} unpatched passes the probe {pp.probe}: "
+                                "propose retiring the patch.")
+            return pp
     if method == CONFLICT:
         pp.status = CONFLICT
         return pp
     # 3. the probe must pass on the ported tree
-    trial = {**b_cur, **staged}
-    if runner is None or probe_file is None or not probe_file.is_file():
+    if not has_probe:
         pp.status = CONFLICT
         pp.detail.append(f"no probe to run ({pp.probe or 'no Probe: header'}): a port is never accepted "
                          "without its probe passing.")
         return pp
-    if progress:
-        progress(f"{p.name}: probe on the ported tree")
-    pp.probe_ported = runner.run(probe_file, _tree_with(b_tree, trial, b_orig, tmp, f"post{k}"))
     if pp.probe_ported.status != PR.PASS:
         pp.status = CONFLICT
         pp.detail.append(f"the hunks land, but the probe {pp.probe} does not pass on the ported tree: "

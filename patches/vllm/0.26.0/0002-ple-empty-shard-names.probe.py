@@ -74,12 +74,15 @@ class Text(nn.Module):  # the parameter tree Gemma4Model exposes for PLE, loaded
     def __init__(self):
         super().__init__()
         self.config = cfg
+        if hasattr(g4, "_gemma4_layer_weights_mapper"):  # releases whose Gemma4Model builds its mapper
+            self.hf_to_vllm_mapper = g4._gemma4_layer_weights_mapper(cfg)
         self.embed_tokens_per_layer = nn.Module()
         self.embed_tokens_per_layer.weight = nn.Parameter(torch.zeros(V, L * D), requires_grad=False)
 
 
 class CausalLM(nn.Module):  # loaded by Gemma4ForCausalLM.load_weights (vLLM's own code)
     load_weights = g4.Gemma4ForCausalLM.load_weights
+    hf_to_vllm_mapper = getattr(g4.Gemma4ForCausalLM, "hf_to_vllm_mapper", None)
 
     def __init__(self):
         super().__init__()

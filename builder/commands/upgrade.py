@@ -1,0 +1,87 @@
+"""``build-image upgrade``: port, re-lock, gate and report one vLLM release upgrade (docs/upgrade.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command("upgrade")
+@click.option("--to", "to_version", required=True, help="The vLLM release to upgrade to (B).")
+@click.option("--from", "from_version", default=None,
+              help="The release upgraded from (A; default: the newest shipped patch series older than B).")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text",
+              help="Report format (markdown: a pull-request body).")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Write B's series, lock (and a reconstructed base manifest) under DIR in the repository layout, "
+                   "and the report as DIR/upgrade-<A>-<B>.<md|txt|json>. Without it nothing is written.")
+@click.option("--spec", "spec_path", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Spec whose [serving] settings are planned on both releases.")
+@click.option("--lock", "lock_from", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="A's lock, whose overlay is re-locked (default lockfiles/vllm-<A>/requirements.lock).")
+@click.option("--with", "with_", multiple=True, metavar="REQ", help="Overlay requirement (replaces the lock's overlay).")
+@click.option("--no-default-overlay", is_flag=True, help="Do not add ray[serve] to the overlay.")
+@click.option("--base-from", default=None, type=click.Path(dir_okay=False), help="A's base manifest (default: shipped).")
+@click.option("--base-to", default=None, type=click.Path(dir_okay=False),
+              help="B's base manifest (default: shipped, else reconstructed from its recipe).")
+@click.option("--series", "series_dir", type=click.Path(file_okay=False), default=None,
+              help="A's patch series (default patches/vllm/<A>/).")
+@click.option("--from-wheel", type=click.Path(exists=True), default=None, help="A's vllm wheel or package tree.")
+@click.option("--to-wheel", type=click.Path(exists=True), default=None, help="B's vllm wheel or package tree.")
+@click.option("--find-links", multiple=True, metavar="DIR", help="Extra wheel folder for the lock (uv --find-links).")
+@click.option("--no-index", is_flag=True, help="Lock from --find-links folders only.")
+@click.option("--probe-python", default=None, type=click.Path(dir_okay=False, exists=True),
+              help="Interpreter for the patch probes (default: a venv from the series' probe-env.txt).")
+def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_, no_default_overlay, base_from,
+            base_to, series_dir, from_wheel, to_wheel, find_links, no_index, probe_python):
+    """Upgrade to vLLM B as one reviewable report.
+
+    Reconstructs B's base manifest if none is shipped, ports A's patch series
+    (applies / merged / conflict / upstream, each backed by its probe), re-locks A's
+    overlay on B's base (the ABI gate runs there; ray is chosen per release), and
+    reports the base-image moves, overlay changes, the ray chosen, each patch's status
+    and what the plan says differently.
+
+    Exit codes: 0 every patch applies or is retired upstream and the gate passes;
+    1 something needs review (a merged or conflict patch, a gate rejection, an overlay
+    that no longer resolves); 2 bad input; 7 download/sha256 failure.
+    """
+    from .. import upgrade as U
+    from ..errors import BadInput
+    from ..util import atomic_write_text
+
+    if from_version is None:
+        from_version = _previous_series(to_version)
+    if from_version == to_version:
+        raise BadInput(f"--from and --to are both {to_version}: nothing to upgrade.")
+    say = (lambda m: click.echo(f"upgrade: {m}", err=True)) if fmt == "text" or out_dir else None
+    rep = U.upgrade(from_version=from_version, to_version=to_version, series_dir=series_dir, from_wheel=from_wheel,
+                    to_wheel=to_wheel, base_from=base_from, base_to=base_to, lock_from=lock_from,
+                    with_=list(with_) or None, default_overlay=False if no_default_overlay else None,
+                    find_links=find_links, no_index=no_index, spec_path=spec_path, out_dir=out_dir,
+                    probe_python=probe_python, progress=say)
+    text = U.render(rep, fmt)
+    if out_dir:
+        ext = {"markdown": "md", "json": "json", "text": "txt"}[fmt]
+        dest = Path(out_dir) / f"upgrade-{from_version}-{to_version}.{ext}"
+        rep.written.append(str(dest))
+        text = U.render(rep, fmt)
+        atomic_write_text(dest, text)
+    click.echo(text, nl=False)
+    sys.exit(rep.exit_code)
+
+
+def _previous_series(to_version: str) -> str:
+    from packaging.version import Version
+
+    from .. import patches as P
+    from ..errors import BadInput
+
+    root = P.patches_root() / "vllm"
+    older = sorted((p.name for p in root.iterdir() if (p / P.SERIES_FILE).is_file()
+                    and Version(p.name) < Version(to_version)), key=Version) if root.is_dir() else []
+    if not older:
+        raise BadInput(f"no shipped patch series older than {to_version}: pass --from A.")
+    return older[-1]

@@ -1,0 +1,412 @@
+"""``build-image upgrade``: one vLLM release to the next, as one reviewable report.
+
+Stages, composed in memory (each is the project's own stage, not a re-implementation):
+
+1. **bases**: A's and B's base manifests (shipped ``lockfiles/base/vllm-openai-vX.json``
+   or given); a B without one is reconstructed from its recipe (``builder.reconstruct``);
+2. **port**: A's patch series ported to B (:func:`builder.port.port`: applies / merged /
+   conflict / upstream, every status backed by the patch's probe);
+3. **lock**: the overlay A's lock records, re-locked on B's base (:func:`builder.lock.run`,
+   ``upgrade``: a fresh resolution; the ray per release is chosen there) — the ABI gate runs
+   as part of it;
+4. **report**: base moves (torch, CUDA, Python, glibc, numpy, transformers and vllm's
+   transformers window, flashinfer), overlay changes, the ray chosen, each patch's
+   status, and what ``plan`` says differently for the spec's serving settings.
+
+Nothing is written unless ``out_dir`` is given; then B's base manifest (when
+reconstructed), series, lock and the report go under it in the repository's layout
+(``lockfiles/...``, ``patches/vllm/B/``), ready to be committed as one pull request.
+
+Verdict (:attr:`UpgradeReport.exit_code`): 0 every patch ``applies``/``upstream`` and the
+gate passes; 1 something needs review (a ``merged`` or ``conflict`` patch, a gate
+rejection, an overlay that no longer resolves).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import patches as P
+from . import port as PO
+from .errors import AbiRejected, BadInput, Unsatisfiable
+from .manifest import BaseManifest, load_manifest
+from .util import atomic_write_text
+
+#: base-image distributions whose move the report always shows (when either side has them)
+KEY_DISTS = ("torch", "numpy", "transformers", "flashinfer-python", "triton", "nvidia-cuda-runtime", "ray", "vllm")
+
+
+# =========================================================================== data
+@dataclass
+class Move:
+    what: str
+    old: str | None
+    new: str | None
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+    def to_dict(self) -> dict:
+        return {"what": self.what, "old": self.old, "new": self.new, "changed": self.changed}
+
+
+@dataclass
+class LockStep:
+    status: str                     # written | abi-rejected | unsatisfiable
+    path: str | None = None
+    message: str = ""
+    details: str = ""
+    ray: str | None = None
+    serve_backend: str | None = None
+    overlay: list[str] = field(default_factory=list)
+    changes: list[Move] = field(default_factory=list)   # overlay entries A's lock -> B's lock
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "path": self.path, "message": self.message, "details": self.details,
+                "ray": self.ray, "serve_backend": self.serve_backend, "overlay": self.overlay,
+                "changes": [c.to_dict() for c in self.changes]}
+
+
+@dataclass
+class UpgradeReport:
+    from_version: str
+    to_version: str
+    base_from: str
+    base_to: str
+    base_to_source: str             # shipped | given | reconstructed
+    moves: list[Move]
+    port: PO.PortReport
+    lock: LockStep
+    plan: list[Move] = field(default_factory=list)
+    plan_notes: list[str] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def review(self) -> list[str]:
+        out = [f"patch {p.name}: {p.status}" for p in self.port.patches if p.status in (PO.MERGED, PO.CONFLICT)]
+        if self.lock.status != "written":
+            out.append(f"lock: {self.lock.status}")
+        return out
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.review else 0
+
+    def to_dict(self) -> dict:
+        return {"from": self.from_version, "to": self.to_version, "exit_code": self.exit_code,
+                "needs_review": self.review, "base": {"from": self.base_from, "to": self.base_to,
+                                                      "to_source": self.base_to_source,
+                                                      "moves": [m.to_dict() for m in self.moves]},
+                "patches": self.port.to_dict(), "lock": self.lock.to_dict(),
+                "plan": {"changes": [m.to_dict() for m in self.plan], "notes": self.plan_notes},
+                "written": self.written, "seconds": self.seconds}
+
+
+# =========================================================================== pure parts
+def wheel_requirement(wheel: Path | None, name: str) -> str | None:
+    """The specifier a vllm wheel's METADATA puts on ``name`` (e.g. ``>=5.16.1,<5.21.0``)."""
+    if wheel is None or not Path(wheel).is_file():
+        return None
+    from email.parser import HeaderParser
+
+    from packaging.requirements import Requirement
+
+    with zipfile.ZipFile(wheel) as z:
+        meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
+        if meta is None:
+            return None
+        msg = HeaderParser().parsestr(z.read(meta).decode("utf-8", "replace"))
+    for raw in msg.get_all("Requires-Dist") or []:
+        try:
+            r = Requirement(raw)
+        except Exception:  # noqa: BLE001 - a malformed line is not ours to judge here
+            continue
+        if r.name.lower() == name and (r.marker is None or "extra" not in str(r.marker)):
+            return str(r.specifier) or "any"
+    return None
+
+
+def base_moves(a: BaseManifest, b: BaseManifest, *, a_wheel: Path | None = None, b_wheel: Path | None = None) -> list[Move]:
+    """Pure but for reading two wheels' METADATA: what moves in the base image from A to B."""
+    moves = [Move("python", a.python_version, b.python_version), Move("glibc", a.glibc, b.glibc),
+             Move("CUDA", a.cuda, b.cuda), Move("platform", a.platform, b.platform)]
+    for name in KEY_DISTS:
+        da, db = a.get(name), b.get(name)
+        if da is None and db is None:
+            continue
+        moves.append(Move(name, da.version if da else None, db.version if db else None))
+    wa, wb = wheel_requirement(a_wheel, "transformers"), wheel_requirement(b_wheel, "transformers")
+    if wa or wb:
+        moves.append(Move("transformers window (vllm requires)", wa, wb))
+    return moves
+
+
+def lock_changes(a_entries: dict[str, str], b_entries: dict[str, str]) -> list[Move]:
+    """Pure: per locked overlay distribution, A's version -> B's (added/removed as None)."""
+    names = sorted(set(a_entries) | set(b_entries))
+    return [Move(n, a_entries.get(n), b_entries.get(n)) for n in names if a_entries.get(n) != b_entries.get(n)]
+
+
+def release_defaults(wheel: Path | None) -> dict[str, str]:
+    """Serving defaults the planner models, as the release's own code declares them (ast, no import):
+    ``CacheConfig.gpu_memory_utilization`` in ``vllm/config/cache.py``."""
+    out: dict[str, str] = {}
+    if wheel is None or not Path(wheel).is_file():
+        return out
+    with zipfile.ZipFile(wheel) as z:
+        try:
+            src = z.read("vllm/config/cache.py").decode()
+        except KeyError:
+            return out
+    try:
+        tree = ast.parse(src)
+    except SyntaxError:
+        return out
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and node.target.id == "gpu_memory_utilization" and node.value is not None):
+            v = node.value
+            if isinstance(v, ast.Call):
+                kw = {k.arg: k.value for k in v.keywords}
+                v = kw.get("default", v.args[0] if v.args else None)
+            if isinstance(v, ast.Constant):
+                out["gpu_memory_utilization"] = repr(v.value)
+                break
+    return out
+
+
+# =========================================================================== rendering
+def render(r: UpgradeReport, fmt: str = "text") -> str:
+    if fmt == "json":
+        return json.dumps(r.to_dict(), indent=2) + "\n"
+    md = fmt == "markdown"
+    out: list[str] = []
+    head = f"vLLM {r.from_version} -> {r.to_version}"
+    verdict = ("ready: every patch applies or is retired upstream, the gate passes" if not r.review
+               else "needs review: " + "; ".join(r.review))
+    if md:
+        out += [f"## build-image upgrade: {head}", "", f"**{verdict}**", ""]
+    else:
+        out += [f"build-image upgrade: {head}", f"  verdict: {verdict}"]
+    # base
+    changed = [m for m in r.moves if m.changed]
+    if md:
+        out += ["### Base image", "", f"`{r.base_from}` -> `{r.base_to}` ({r.base_to_source})", "",
+                "| | " + r.from_version + " | " + r.to_version + " |", "| --- | --- | --- |"]
+        out += [f"| {'**' + m.what + '**' if m.changed else m.what} | {m.old or '-'} | {m.new or '-'} |" for m in r.moves]
+    else:
+        out.append(f"  base: {r.base_from} -> {r.base_to} ({r.base_to_source})")
+        out += [f"    {m.what:38} {m.old or '-'} -> {m.new or '-'}" for m in changed]
+        same = [m.what for m in r.moves if not m.changed]
+        if same:
+            out.append(f"    unchanged: {', '.join(same)}")
+    # lock
+    lk = r.lock
+    if md:
+        out += ["", "### Overlay lock", ""]
+        out.append(f"overlay `{' '.join(lk.overlay) or '-'}`: **{lk.status}**" + (f" ({lk.path})" if lk.path else ""))
+        if lk.ray:
+            out.append(f"\nray: {lk.ray}; serve backend: {lk.serve_backend}")
+        if lk.changes:
+            out += ["", "| package | " + r.from_version + " | " + r.to_version + " |", "| --- | --- | --- |"]
+            out += [f"| {c.what} | {c.old or '(new)'} | {c.new or '(removed)'} |" for c in lk.changes]
+        if lk.message and lk.status != "written":
+            out += ["", "```", lk.message, *(lk.details.splitlines()[:40]), "```"]
+    else:
+        out.append(f"  lock ({' '.join(lk.overlay) or '-'}): {lk.status}" + (f" -> {lk.path}" if lk.path else ""))
+        if lk.ray:
+            out.append(f"    ray: {lk.ray}; serve backend: {lk.serve_backend}")
+        out += [f"    {c.what:38} {c.old or '(new)'} -> {c.new or '(removed)'}" for c in lk.changes]
+        if lk.message and lk.status != "written":
+            out += ["    " + ln for ln in (lk.message + "\n" + lk.details).strip().splitlines()[:40]]
+    # patches
+    if md:
+        out += ["", PO.render(r.port, "markdown").rstrip()]
+    else:
+        out += ["  " + ln for ln in PO.render(r.port, "text").rstrip().splitlines()]
+    # plan
+    if md:
+        out += ["", "### Plan", ""]
+        if r.plan:
+            out += ["| | " + r.from_version + " | " + r.to_version + " |", "| --- | --- | --- |"]
+            out += [f"| {m.what} | {m.old} | {m.new} |" for m in r.plan]
+        out += [f"- {n}" for n in r.plan_notes]
+    else:
+        out.append("  plan:")
+        out += [f"    {m.what:38} {m.old} -> {m.new}" for m in r.plan]
+        out += [f"    {n}" for n in r.plan_notes]
+    if r.written:
+        out += (["", "### Written", ""] + [f"- `{w}`" for w in r.written]) if md else \
+            ["  written:"] + [f"    {w}" for w in r.written]
+    return "\n".join(out) + "\n"
+
+
+# =========================================================================== the command's job
+def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Path, progress) -> tuple[Path, str]:
+    from .spec import default_base_manifest
+
+    if given:
+        p = Path(given)
+        if not p.is_file():
+            raise BadInput(f"base manifest {p} does not exist.")
+        return p, "given"
+    shipped = default_base_manifest(version)
+    if shipped.is_file():
+        return shipped, "shipped"
+    try:
+        from .reconstruct import load_recipes, recipe_for, reconstruct
+    except ImportError:
+        raise BadInput(
+            f"no base manifest for vllm {version} ({shipped}) and this build cannot reconstruct one.",
+            hint="pass --base-to MANIFEST (build-image base snapshot --image vllm/vllm-openai:v<B> on a machine "
+                 "that can pull it).") from None
+    if progress:
+        progress(f"reconstructing the base manifest of vllm {version} from its recipe")
+    rec = reconstruct(recipe_for(load_recipes(), version), progress=progress)
+    dest = (out_dir / "lockfiles" / "base" / shipped.name) if out_dir else scratch / shipped.name
+    atomic_write_text(dest, rec.manifest.to_json())
+    return dest, "reconstructed"
+
+
+def _entries(lock) -> dict[str, str]:
+    return {e.name: e.version for e in lock.entries}
+
+
+def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None, from_wheel=None, to_wheel=None,
+            base_from: str | None = None, base_to: str | None = None, lock_from: str | None = None,
+            with_: list[str] | None = None, default_overlay: bool | None = None, find_links=(), no_index=False,
+            spec_path: str | None = None, out_dir: str | None = None, probe_python: str | None = None,
+            progress=None) -> UpgradeReport:
+    from . import lock as L
+    from .baseref import resolve_base
+    from .fetch import vllm_wheel
+    from .lockfile import load_lock
+    from .spec import default_lock_path
+
+    say = progress or (lambda _m: None)
+    timings: dict[str, float] = {}
+    out = Path(out_dir) if out_dir else None
+    scratch = Path(tempfile.mkdtemp(prefix="build-image-upgrade-"))
+    written: list[str] = []
+    try:
+        # 1. bases
+        t0 = time.monotonic()
+        a_path, _ = _base_for(from_version, base_from, None, scratch, None)
+        if not a_path.is_file():
+            raise BadInput(f"no base manifest for vllm {from_version} ({a_path}); pass --base-from MANIFEST.")
+        b_path, b_source = _base_for(to_version, base_to, out, scratch, say)
+        if b_source == "reconstructed" and out:
+            written.append(str(b_path))
+        a_base, b_base = load_manifest(a_path), load_manifest(b_path)
+        timings["bases"] = time.monotonic() - t0
+        # 2. port
+        t0 = time.monotonic()
+        series = P.load_series(series_dir or P.series_dir_for(from_version), from_version)
+        a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, progress=False)
+        b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, progress=False)
+        series_out = out / "patches" / series.package / to_version if out else None
+        report = PO.port(series, a_src, b_src, to_version, out_dir=series_out, probe_python=probe_python,
+                         progress=say)
+        if series_out:
+            written.append(str(series_out))
+        timings["port"] = time.monotonic() - t0
+        moves = base_moves(a_base, b_base, a_wheel=a_src if a_src.is_file() else None,
+                           b_wheel=b_src if b_src.is_file() else None)
+        # 3. lock: A's overlay on B's base
+        t0 = time.monotonic()
+        a_lock_path = Path(lock_from) if lock_from else default_lock_path(from_version)
+        a_lock = load_lock(a_lock_path) if a_lock_path.is_file() else None
+        overlay = list(with_) if with_ else (list(a_lock.overlay) if a_lock else [])
+        if default_overlay is None:
+            default_overlay = L.DEFAULT_RAY in overlay or not overlay
+        named = [w for w in overlay if w != L.DEFAULT_RAY]
+        b_lock_path = (out / "lockfiles" / f"vllm-{to_version}" / "requirements.lock") if out \
+            else scratch / "requirements.lock"
+        resolved = resolve_base(str(b_path), to_version)
+        req = L.request_for(vllm=to_version, base=resolved, with_=named, default_overlay=default_overlay,
+                            vllm_given=False, allow=dict(a_lock.allow_abi_change) if a_lock else {},
+                            find_links=list(find_links), no_index=no_index)
+        step = LockStep(status="written", overlay=list(req.overlay))
+        try:
+            say(f"locking {' '.join(req.overlay)} on {b_path.name}")
+            outcome = L.run(req, b_lock_path, upgrade=True, force=True, progress=say)
+            b_lock = load_lock(outcome.path)
+            step.path = str(outcome.path) if out else None
+            step.ray = b_lock.header.get("ray")
+            step.serve_backend = b_lock.header.get("serve-backend")
+            step.changes = lock_changes(_entries(a_lock) if a_lock else {}, _entries(b_lock))
+            if out:
+                written.append(str(outcome.path))
+        except AbiRejected as exc:
+            step.status, step.message, step.details = "abi-rejected", exc.message, exc.details or ""
+        except Unsatisfiable as exc:
+            step.status, step.message, step.details = "unsatisfiable", exc.message, exc.details or ""
+        timings["lock"] = time.monotonic() - t0
+        # 4. plan
+        plan_moves, plan_notes = _plan_diff(spec_path, a_src, b_src, from_version, to_version)
+        rep = UpgradeReport(from_version, to_version, str(a_path), str(b_path), b_source, moves, report, step,
+                            plan_moves, plan_notes, written, {k: round(v, 2) for k, v in timings.items()})
+        return rep
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[list[Move], list[str]]:
+    """What ``plan`` says differently on B for the spec's serving settings.
+
+    The planner models one allocator; what a release changes for it is the defaults it
+    assumes where the spec is silent.  Those are read from each release's code; with a
+    spec naming a model, the plan is made with each release's defaults and compared."""
+    from . import plan as PL
+
+    da = release_defaults(a_src if a_src.is_file() else None)
+    db = release_defaults(b_src if b_src.is_file() else None)
+    moves = [Move(f"vLLM default {k}", da.get(k), db.get(k)) for k in sorted(set(da) | set(db))]
+    notes: list[str] = []
+    if not da and not db:
+        notes.append("the releases' serving defaults could not be read (no wheels): plan compared on the spec only.")
+    if not spec_path:
+        notes.append("no --spec: no serving settings to plan (pass --spec FILE with a [serving] table naming the model).")
+        return [m for m in moves if m.changed] or moves, notes
+    from .spec import load_spec
+
+    serving = load_spec(spec_path).serving
+    if not serving.model:
+        notes.append(f"{spec_path}: [serving] names no model: nothing to plan.")
+        return moves, notes
+    plan = PL.plan_from_model_dir(serving.model, serving).to_dict()
+    keys = [k for k in ("verdict", "kv_tokens_per_gpu", "max_concurrency", "available_kv_bytes", "headroom_bytes")
+            if k in plan]
+    notes.append("plan for the spec's serving settings (the planner models one allocator; the only "
+                 "release-specific inputs it has are the defaults above): "
+                 + ", ".join(f"{k}={plan[k]}" for k in keys))
+    if util_default_moved := next((m for m in moves if m.what.endswith("gpu_memory_utilization") and m.changed), None):
+        notes.append(f"vLLM's default gpu_memory_utilization moves {util_default_moved.old} -> "
+                     f"{util_default_moved.new}; the spec sets {serving.gpu_memory_utilization} explicitly.")
+    return moves, notes
+    plans = {}
+    for ver, d in ((a, da), (b, db)):
+        util = serving.gpu_memory_utilization
+        if util is None and "gpu_memory_utilization" in d:
+            util = float(d["gpu_memory_utilization"])
+        import dataclasses
+
+        s = dataclasses.replace(serving, gpu_memory_utilization=util if util is not None else
+                                PL.VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
+        plans[ver] = PL.plan_from_model_dir(serving.model, s).to_dict()
+    pa, pb = plans[a], plans[b]
+    for k in sorted(set(pa) | set(pb)):
+        if isinstance(pa.get(k), (int, float, str, bool)) and pa.get(k) != pb.get(k):
+            moves.append(Move(f"plan {k}", str(pa.get(k)), str(pb.get(k))))
+    if all(not m.changed for m in moves):
+        notes.append("the plan for the spec's serving settings is the same on both releases.")
+    return moves, notes

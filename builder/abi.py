@@ -52,7 +52,8 @@ OLDER_THAN_BASE = "older-than-base"
 BINARY_MOVE = "binary-move"
 
 VIOLATION_RULES = (EXACT_COUPLED, CUDA_VARIANT, NUMPY_ABI, GLIBC, PYTHON_ABI)
-NOTICE_RULES = (NEWER_THAN_BASE, OLDER_THAN_BASE, BINARY_MOVE)
+NEW_STACK = "new-vllm-stack"
+NOTICE_RULES = (NEWER_THAN_BASE, OLDER_THAN_BASE, BINARY_MOVE, NEW_STACK)
 
 _EXACT_NAMES = frozenset({"torch", "torchvision", "torchaudio", "triton", "vllm", "xformers"})
 _EXACT_PREFIXES = ("flashinfer", "nvidia-", "cuda-")
@@ -371,12 +372,21 @@ def evaluate(
     def add(rule: str, e: LockEntry, old: str | None, message: str, evidence: list[str] | None = None) -> None:
         findings.append(Finding(e.name, rule, old, e.version, message, evidence or [], chain(e.name)))
 
+    # A base with no member of the exact-coupled family (a ray or python image) that gets vllm in the
+    # lock takes the whole family as vllm pins it: nothing of the base is coupled to it.
+    fresh_stack = (not any(is_exact_coupled(k) for k in base.distributions)
+                   and any(e.key == "vllm" for e in entries))
     for e in sorted(entries, key=lambda x: x.key):
         b: Distribution | None = base.get(e.name)
         old = b.version if b else None
         moved = b is not None and b.version != e.version
         f = e.facts
-        if is_exact_coupled(e.name) and (moved or b is None):
+        if is_exact_coupled(e.name) and b is None and fresh_stack:
+            findings.append(Finding(
+                e.name, NEW_STACK, None, e.version,
+                f"{e.name} {e.version} is new on this base, which ships none of vllm's exact-coupled family: "
+                f"installed with vllm {vllm} at the version its requirements pin.", [], chain(e.name)))
+        elif is_exact_coupled(e.name) and (moved or b is None):
             what = f"moves {e.name} {old} -> {e.version}" if moved else f"adds {e.name} {e.version}, which the base does not ship"
             add(
                 EXACT_COUPLED,

@@ -468,6 +468,29 @@ class Uv:
         return subprocess.run([*cmd, *requirements], capture_output=True, text=True, env=self.env(),
                               timeout=timeout)
 
+    def install_target(self, target: Path, requirements: list[str], *, python_version: str, platform: str,
+                       exclude_newer: str | None = None, find_links: Iterable[str] = (), no_index: bool = False,
+                       index_url: str | None = None) -> tuple[list[str], subprocess.CompletedProcess]:
+        """``uv pip install --target`` of ``requirements`` for a described interpreter (never run):
+        (the command, its result).  Files are hard links into uv's cache (a scratch tree, read only)."""
+        cmd = [self.binary, "pip", "install", "--target", str(target), "--python-version", python_version,
+               "--python-platform", platform, "--no-build", "--link-mode", "hardlink", "--color", "never",
+               "--python", sys.executable]
+        if exclude_newer:
+            cmd += ["--exclude-newer", exclude_newer]
+        if index_url:
+            cmd += ["--index-url", index_url]
+        for fl in find_links:
+            cmd += ["--find-links", str(fl)]
+        if no_index:
+            cmd.append("--no-index")
+        cmd += list(requirements)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, env=self.env())
+        except OSError as exc:
+            raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
+        return cmd, r
+
 
 def find_uv() -> str:
     """The uv binary of the pinned ``uv`` package (``uv.find_uv_bin()``), else the

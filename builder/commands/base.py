@@ -105,3 +105,98 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
             f"Python {manifest.python_version}, glibc {manifest.glibc}, CUDA {manifest.cuda or '-'}, "
             f"{manifest.platform}, provenance {manifest.provenance_kind}"
         )
+
+
+@command.command("reconstruct")
+@click.option("--vllm", "vllm", required=True, metavar="VERSION", help="The vLLM release whose image is rebuilt.")
+@click.option("-o", "--output", "output", type=click.Path(path_type=Path, dir_okay=False),
+              help="Manifest file (default: lockfiles/base/vllm-openai-v<vllm>.json).")
+@click.option("--recipes", "recipes", type=click.Path(path_type=Path, dir_okay=False),
+              help="Recipes file (default: lockfiles/base/recipes.toml).")
+@click.option("--find-links", "find_links", multiple=True, metavar="DIR", help="Extra wheel folder (uv --find-links).")
+@click.option("--no-index", is_flag=True, help="Only the --find-links folders (upload time = file modification time).")
+@click.option("--keep", "keep", type=click.Path(path_type=Path, file_okay=False),
+              help="Install into this (empty) directory and keep it (default: a scratch dir, removed).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable summary on stdout.")
+def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json):
+    """Rebuild the Python layer of vllm/vllm-openai:v<vllm> from its recipe and write its manifest.
+
+    The exclude-newer instant is the vllm wheel's upload time on the index.  Exit codes: 0 written,
+    2 bad input (no recipe, bad recipes file), 4 the recipe does not resolve, 7 index unreachable,
+    12 uv failed.
+    """
+    from rich.console import Console
+
+    from ..reconstruct import default_recipes_path, load_recipes, recipe_for, reconstruct
+    from ..spec import default_base_manifest
+
+    path = recipes or default_recipes_path()
+    recipe = recipe_for(load_recipes(path), vllm, str(path))
+    out = output or default_base_manifest(vllm)
+    console = Console(stderr=True, highlight=False)
+
+    def say(msg: str) -> None:
+        console.print(f"reconstruct: {msg}", markup=False, soft_wrap=True)
+
+    rec = reconstruct(recipe, find_links=list(find_links), no_index=no_index, keep=keep, progress=say)
+    try:
+        rec.manifest.save(out)
+    except OSError as exc:
+        raise BadInput(f"cannot write the manifest {out}: {exc.strerror or exc}.") from None
+    m = rec.manifest
+    summary = {"output": str(out), "vllm": vllm, "exclude_newer": rec.exclude_newer,
+               "vllm_uploaded": rec.uploaded.isoformat(), "distributions": len(m.distributions),
+               "binary": sum(1 for d in m.distributions.values() if d.facts.binary),
+               "timings": {k: round(v, 2) for k, v in rec.timings.items()}, **_row(m)}
+    if as_json:
+        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        click.echo(f"wrote {out}: {summary['distributions']} distributions ({summary['binary']} binary); torch "
+                   f"{summary['torch']}, CUDA {m.cuda}, Python {m.python_version}, glibc {m.glibc}; exclude-newer "
+                   f"{rec.exclude_newer} (vllm {vllm} uploaded {rec.uploaded.isoformat()}); install "
+                   f"{rec.timings['install']:.1f} s, scan {rec.timings['scan']:.1f} s")
+
+
+def _row(m) -> dict:
+    def v(name: str) -> str | None:
+        d = m.get(name)
+        return d.version if d is not None else None
+
+    return {"torch": v("torch"), "torchvision": v("torchvision"), "cuda": m.cuda, "python": m.python_version,
+            "glibc": m.glibc, "numpy": v("numpy"), "transformers": v("transformers"),
+            "flashinfer": v("flashinfer-python"), "os": m.os}
+
+
+@command.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable list on stdout.")
+def list_cmd(as_json):
+    """The shipped base manifests: vllm, torch, CUDA, Python, glibc, transformers, and the default lock's ray."""
+    from packaging.version import Version
+
+    from ..lockfile import load_lock
+    from ..manifest import load_manifest
+    from ..spec import default_base_manifest, default_lock_path, supported_vllm_versions
+
+    rows = []
+    for vllm in sorted(supported_vllm_versions(), key=Version):
+        m = load_manifest(default_base_manifest(vllm))
+        lock_path = default_lock_path(vllm)
+        ray = backend = entries = None
+        if lock_path.exists():
+            lock = load_lock(lock_path)
+            e = lock.by_name().get("ray")
+            ray = e.version if e is not None else None
+            backend = lock.header.get("serve-backend")
+            entries = len(lock.entries)
+        rows.append({"vllm": vllm, **_row(m), "ray": ray, "serve_backend": backend, "lock_entries": entries,
+                     "provenance": m.provenance_kind, "manifest": str(default_base_manifest(vllm)),
+                     "lock": str(lock_path) if lock_path.exists() else None})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    cols = [("vllm", "vllm"), ("torch", "torch"), ("cuda", "CUDA"), ("python", "Python"), ("glibc", "glibc"),
+            ("transformers", "transformers"), ("ray", "default ray"), ("serve_backend", "Serve backend")]
+    table = [[h for _, h in cols]] + [[str(r[k] or "-") for k, _ in cols] for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+    for row in table:
+        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())

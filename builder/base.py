@@ -105,21 +105,110 @@ def _elf_glibc(stream: IO[bytes]) -> Version | None:
     return best
 
 
-def _scan_elf_file(path: Path, *, want_numpy: bool) -> _FileFacts:
+_SHT_GNU_VERNEED = 0x6FFFFFFE
+_RODATA = (b".rodata", b".lrodata")
+
+
+class _NotParsed(Exception):
+    """The fast reader met a layout it does not handle; pyelftools reads the file instead."""
+
+
+def _elf_fast(mm, *, want_numpy: bool) -> tuple[Version | None, str | None]:
+    """(highest GLIBC_x.y in ``.gnu.version_r``, numpy C-API generation) of an ELF image in ``mm``.
+
+    Reads only the section headers, the version-needed section and its string table, and searches
+    the numpy module names only inside the read-only data sections (``.rodata*``, where the string
+    literals of numpy's ``_import_array`` live) — not through code or CUDA fat binaries, which are
+    most of a large library's bytes.  Raises :class:`_NotParsed` on anything unexpected."""
+    import struct
+
+    try:
+        cls, data = mm[4], mm[5]
+        if cls not in (1, 2) or data not in (1, 2):
+            raise _NotParsed
+        e = "<" if data == 1 else ">"
+        if cls == 2:
+            shoff, = struct.unpack_from(e + "Q", mm, 0x28)
+            shentsize, shnum, shstrndx = struct.unpack_from(e + "HHH", mm, 0x3A)
+            sh_fmt, sh_size = e + "IIQQQQIIQQ", 64
+        else:
+            shoff, = struct.unpack_from(e + "I", mm, 0x20)
+            shentsize, shnum, shstrndx = struct.unpack_from(e + "HHH", mm, 0x2E)
+            sh_fmt, sh_size = e + "IIIIIIIIII", 40
+        if shoff == 0:  # no section headers: search the whole file, no glibc fact
+            return None, (_numpy_generation(mm) if want_numpy else None)
+        if shentsize != sh_size:
+            raise _NotParsed
+        first = struct.unpack_from(sh_fmt, mm, shoff)
+        if shnum == 0:
+            shnum = first[5]
+        if shstrndx == 0xFFFF:
+            shstrndx = first[6]
+        secs = [struct.unpack_from(sh_fmt, mm, shoff + i * sh_size) for i in range(shnum)]
+        names_off = secs[shstrndx][4]
+
+        def sec_name(sec) -> bytes:
+            start = names_off + sec[0]
+            return mm[start:mm.find(b"\0", start)]
+
+        best: Version | None = None
+        for sec in secs:
+            if sec[1] != _SHT_GNU_VERNEED:
+                continue
+            str_off = secs[sec[6]][4]
+            off, count = sec[4], sec[7]
+            for _ in range(count):
+                _ver, cnt, _file, aux, nxt = struct.unpack_from(e + "HHIII", mm, off)
+                a = off + aux
+                for _ in range(cnt):
+                    _hash, _flags, _other, name, anext = struct.unpack_from(e + "IHHII", mm, a)
+                    start = str_off + name
+                    m = _GLIBC_VER.match(mm[start:mm.find(b"\0", start)].decode("ascii", "replace"))
+                    if m:
+                        v = Version(m.group(1))
+                        if best is None or v > best:
+                            best = v
+                    if not anext:
+                        break
+                    a += anext
+                if not nxt:
+                    break
+                off += nxt
+        gen = None
+        if want_numpy:
+            ranges = [(sec[4], sec[4] + sec[5]) for sec in secs if sec[1] != 8 and sec_name(sec).startswith(_RODATA)]
+            if not ranges:  # unusual layout: the whole file
+                gen = _numpy_generation(mm)
+            elif any(mm.find(NUMPY2_MARKER, lo, hi) != -1 for lo, hi in ranges):
+                gen = "2"
+            elif any(mm.find(NUMPY1_MARKER, lo, hi) != -1 for lo, hi in ranges):
+                gen = "1"
+        return best, gen
+    except (struct.error, IndexError, ValueError) as exc:
+        raise _NotParsed from exc
+
+
+def _scan_elf_file(path, *, want_numpy: bool) -> _FileFacts:
     with open(path, "rb") as fh:
         if fh.read(4) != ELF_MAGIC:
             return _FileFacts()
-        facts = _FileFacts(is_elf=True, is_shared_object=bool(_SO_NAME.search(path.name)))
+        facts = _FileFacts(is_elf=True, is_shared_object=bool(_SO_NAME.search(os.path.basename(path))))
+        want = want_numpy and facts.is_shared_object
+        size = os.fstat(fh.fileno()).st_size
         try:
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                facts.glibc, facts.numpy_gen = _elf_fast(mm, want_numpy=want)
+            return facts
+        except (_NotParsed, ValueError, OSError):
+            pass
+        try:  # the reference reader, for layouts the fast one does not handle
             fh.seek(0)
             facts.glibc = _elf_glibc(fh)
         except Exception:  # noqa: BLE001 - truncated/odd ELF (pyelftools raises several kinds): still binary, no glibc fact
             facts.glibc = None
-        if want_numpy and facts.is_shared_object:
-            size = os.fstat(fh.fileno()).st_size
-            if size:
-                with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                    facts.numpy_gen = _numpy_generation(mm)
+        if want and size:
+            with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                facts.numpy_gen = _numpy_generation(mm)
     return facts
 
 
@@ -174,8 +263,8 @@ def _decide_python_abi(tag_abi: str | None, suffix_abi: str | None) -> str:
 
 
 def _might_be_elf(name: str) -> bool:
-    suffix = PurePosixPath(name).suffix.lower()
-    return suffix not in _TEXT_SUFFIXES
+    dot = name.rfind(".")
+    return dot <= 0 or name[dot:].lower() not in _TEXT_SUFFIXES
 
 
 def scan_files(
@@ -194,13 +283,14 @@ def scan_files(
     best_glibc: Version | None = None
     so_names: list[str] = []
     for p in paths:
-        p = Path(p)
-        if not _might_be_elf(p.name):
+        p = os.fspath(p)
+        name = os.path.basename(p)
+        if not _might_be_elf(name):
             continue
         try:
-            if not p.is_file():
-                continue
             ff = _scan_elf_file(p, want_numpy=not is_numpy)
+        except (IsADirectoryError, FileNotFoundError, PermissionError):
+            continue
         except OSError:
             continue
         if not ff.is_elf:
@@ -208,7 +298,7 @@ def scan_files(
         facts.binary = True
         if ff.is_shared_object:
             facts.extensions += 1
-            so_names.append(p.name)
+            so_names.append(name)
         if ff.numpy_gen:
             facts.numpy_abi[ff.numpy_gen] += 1
         if ff.glibc is not None and (best_glibc is None or ff.glibc > best_glibc):
@@ -290,9 +380,9 @@ def _record_paths(dist_info: Path) -> list[Path]:
     record = dist_info / "RECORD"
     if not record.is_file():
         return []
-    root = dist_info.parent
+    root = os.fspath(dist_info.parent)
     with open(record, newline="", encoding="utf-8", errors="replace") as fh:
-        return [root / row[0] for row in csv.reader(fh) if row and row[0]]
+        return [os.path.join(root, row[0]) for row in csv.reader(fh) if row and row[0]]
 
 
 def _egg_info_paths(egg_info: Path) -> list[Path]:

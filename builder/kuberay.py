@@ -252,8 +252,14 @@ def render_manifests(
 def _base_for(lock: LockFile, spec: Spec) -> BaseManifest | None:
     if lock.by_name().get("ray") is not None:
         return None
-    path = spec.base_manifest_path
-    return load_manifest(path) if Path(path).exists() else None
+    from .baseref import classify, resolve_base
+
+    if classify(spec.base) == "image":  # only a manifest file is read here; an image is not snapshotted again
+        return None
+    try:
+        return resolve_base(spec.base, spec.vllm).manifest
+    except BadInput:
+        return None
 
 
 def write_manifests(

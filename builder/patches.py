@@ -133,6 +133,34 @@ def series_dir_for(vllm_version: str, package: str = "vllm") -> Path:
     )
 
 
+def require_series(vllm_version: str, package: str = "vllm") -> Path:
+    """The shipped series for ``vllm_version``, or :class:`PatchFailed` (exit 6) saying how to port one:
+    an image of a release whose patches were never carried over must not be built silently without them."""
+    try:
+        return series_dir_for(vllm_version, package)
+    except BadInput:
+        root = patches_root() / package
+        avail = sorted((p.name for p in root.iterdir() if (p / SERIES_FILE).is_file()), key=_vkey) if root.is_dir() else []
+        older = [v for v in avail if _vkey(v) < _vkey(vllm_version)]
+        src = (older or avail or ["<A>"])[-1]
+        raise PatchFailed(
+            f"no patch series for {package} {vllm_version} yet (no {root / vllm_version / SERIES_FILE}); "
+            f"the image would carry none of the local loader patches. Port the series of {src}: "
+            f"`build-image patch port --from {src} --to {vllm_version} -o patches/{package}/{vllm_version}` "
+            "(review what it reports, docs/patches.md).",
+            hint="or pass --series DIR for a series elsewhere, or --no-patches to build knowingly without patches.",
+        ) from None
+
+
+def _vkey(v: str):
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return Version(v)
+    except InvalidVersion:
+        return Version("0")
+
+
 _HEADER_LINE = re.compile(r"^([A-Za-z][A-Za-z0-9-]*):\s?(.*)$")
 _APPLIES_TO = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")
 

@@ -565,13 +565,8 @@ def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, ou
     """
     from . import patches as P
 
-    if series_dir is None:
-        try:
-            series_dir = Path(P.series_dir_for(vllm))
-        except BadInput:
-            return [], []
-        if not (series_dir / "series").is_file():
-            return [], []
+    if series_dir is None:  # a release without a shipped series stops here, naming how to port one
+        series_dir = Path(P.require_series(vllm))
     series = P.load_series(series_dir, vllm)
     names = [p.name for p in series.patches]
     if not names:

@@ -57,8 +57,16 @@ def lockfiles_dir() -> Path:
 
 def supported_vllm_versions() -> list[str]:
     """vLLM versions this checkout has a base manifest for."""
+    from packaging.version import InvalidVersion, Version
+
+    def key(v: str):
+        try:
+            return (0, Version(v))
+        except InvalidVersion:
+            return (1, v)
+
     base = lockfiles_dir() / "base"
-    return sorted(p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json"))
+    return sorted((p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json")), key=key)
 
 
 def default_base_manifest(vllm: str) -> Path:
@@ -101,10 +109,6 @@ class Spec:
     @property
     def overlay(self) -> list[str]:
         return list(DEFAULT_OVERLAY) + list(self.with_)
-
-    @property
-    def base_manifest_path(self) -> Path:
-        return Path(self.base) if self.base and self.base.endswith(".json") else default_base_manifest(self.vllm)
 
     @property
     def lock_path(self) -> Path:

@@ -533,7 +533,8 @@ def test_default_manifest_and_lock_come_from_the_checkout_the_command_runs_in(tm
     shutil.copytree(root / "lockfiles", checkout / "lockfiles")
     monkeypatch.chdir(checkout)
     monkeypatch.setattr(S, "data_path", lambda rel="": tmp_path / "site-packages" / rel)  # installed elsewhere
-    assert S.supported_vllm_versions() == ["0.26.0"]
+    shipped = sorted(p.name[len("vllm-openai-v"):-len(".json")] for p in (checkout / "lockfiles" / "base").glob("vllm-openai-v*.json"))
+    assert "0.26.0" in shipped and sorted(S.supported_vllm_versions()) == shipped  # the checkout's, not the package's
     code, text = run("lock", "--check")
     assert code == 0, text
     assert "lockfiles/vllm-0.26.0/requirements.lock is up to date" in text

@@ -109,6 +109,10 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
         raise BadInput("--series and --no-patches contradict each other.")
     if push and not spec.repo:
         raise BadInput("--push needs --tag HOST[:PORT]/REPO (or 'repo' in the spec).")
+    if not series and not no_patches:  # before any lock or download: a release nobody ported patches to
+        from ..patches import require_series
+
+        require_series(spec.vllm)
     if smoke:
         _preflight_plan_or_refuse(spec, model or spec.serving.model, console)
     out = out or default_out_dir(spec.vllm)

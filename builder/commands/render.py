@@ -23,28 +23,18 @@ def stderr_console():
 
 def load_inputs(spec, *, lock_file: str | None, base: str | None):
     """(base manifest, lock, lock text) named by flags/spec; BadInput naming the file otherwise."""
+    from ..baseref import resolve_base, vllm_on_base
     from ..lockfile import load_lock
-    from ..manifest import load_manifest
-    from ..spec import check_vllm_version
 
-    if base:
-        if not base.endswith(".json"):
-            raise BadInput(f"--base {base!r}: render needs a base manifest file (.json); "
-                           "snapshot an image with `build-image base snapshot --image REF -o FILE`.")
-        manifest = load_manifest(base)
-    else:
-        if not spec.base:
-            check_vllm_version(spec.vllm)
-        manifest = load_manifest(spec.base_manifest_path)
+    resolved = resolve_base(base or spec.base, spec.vllm)  # the one rule (builder/baseref.py)
+    manifest = resolved.manifest
     lock_path = Path(lock_file) if lock_file else spec.lock_path
     lock = load_lock(lock_path)  # BadInput naming the file/line when missing or malformed
     from ..pylock import is_pylock_path
 
     # a requirements.lock is copied verbatim into the context; a pylock.toml is read into the same lock
     lock_text = None if is_pylock_path(lock_path) else lock_path.read_text(encoding="utf-8")
-    vm = manifest.get("vllm")
-    if vm is not None and vm.version != spec.vllm:
-        raise BadInput(f"--vllm {spec.vllm} does not match the base manifest, which ships vllm {vm.version}.")
+    vllm_on_base(resolved, spec.vllm)  # a base with another vllm: exit 2 naming both
     return manifest, lock, lock_text
 
 

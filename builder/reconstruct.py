@@ -141,7 +141,7 @@ def recipe_for(recipes: dict[str, Recipe], vllm: str, path: str = "lockfiles/bas
 
 
 def release_instant(index, recipe: Recipe) -> tuple[datetime, str]:
-    """(the vllm wheel's upload time, the exclude-newer instant: that time rounded up to the second)."""
+    """(the vllm wheel's upload time, the exclude-newer instant: the next whole second after it)."""
     from .index import format_time
     from .lock import target_tags
 
@@ -156,8 +156,8 @@ def release_instant(index, recipe: Recipe) -> tuple[datetime, str]:
         raise BadInput(f"the index reports no upload time for the vllm {recipe.vllm} wheel "
                        f"({files[0].filename}); the exclude-newer instant cannot be derived.")
     t = max(times)
-    ceil = (t + timedelta(seconds=1)).replace(microsecond=0) if t.microsecond else t
-    return t, format_time(ceil)
+    after = t.replace(microsecond=0) + timedelta(seconds=1)  # uv excludes a file uploaded at the instant itself
+    return t, format_time(after)
 
 
 def provenance_text(recipe: Recipe, *, command: str, uv_version: str, uploaded: datetime, instant: str,

@@ -224,7 +224,7 @@ def test_shipped_manifest_is_the_vllm_0_26_0_floor():
 
 # --------------------------------------------------------------------------- --image (docker)
 
-from tests.fx_docker import DOCKER  # noqa: E402 - the CLI the tool itself runs
+from tests.fx_docker import DOCKER, missing  # noqa: E402 - the CLI the tool itself runs
 
 
 def _docker(*args: str, **kw) -> subprocess.CompletedProcess:
@@ -238,7 +238,7 @@ def tiny_images(tmp_path_factory, make_site_packages):
     import tarfile
 
     if _docker("info").returncode != 0:
-        pytest.skip("no Docker engine")
+        missing("no Docker engine")
     tmp = tmp_path_factory.mktemp("tinyimg")
     sp = make_site_packages(tmp / "sp", ["fakearrow==14.0.2", "numpy==1.26.4", "newglibc", "purepkg"])
     libc = Path(os.path.realpath("/lib/x86_64-linux-gnu/libc.so.6"))
@@ -319,7 +319,7 @@ def test_snapshot_image_without_python_is_bad_input(tmp_path, tiny_images):
 @pytest.mark.docker
 def test_snapshot_image_never_pulls(tmp_path):
     if _docker("info").returncode != 0:
-        pytest.skip("no Docker engine")
+        missing("no Docker engine")
     out = tmp_path / "m.json"
     r = CliRunner().invoke(main, ["base", "snapshot", "--image", "build-image-test/absent:never", "-o", str(out)])
     assert r.exit_code == 2 and "never pulls" in r.output
@@ -366,7 +366,7 @@ def test_repo_of_folds_docker_hub_defaults():
 @pytest.mark.docker
 def test_snapshot_image_records_the_registry_digest(tmp_path, tiny_images):
     if subprocess.run(["curl", "-sf", "http://127.0.0.1:5000/v2/"], capture_output=True).returncode != 0:
-        pytest.skip("no local registry on 127.0.0.1:5000")
+        missing("no local registry on 127.0.0.1:5000")
     ref = "127.0.0.1:5000/build-image-test/tiny-python:digest"
     assert _docker("tag", tiny_images["py"], ref).returncode == 0
     try:

@@ -8,7 +8,6 @@ tag conflict, credentials never leaking.
 
 from __future__ import annotations
 
-import importlib.util
 import hashlib
 import io
 import json
@@ -22,12 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.fx_docker import DOCKER, REGISTRY, run_pipeline, standin_findlinks
+from tests.fx_docker import DOCKER, REGISTRY, missing, run_pipeline, standin_findlinks
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 OVERLAY = ["six==1.17.0", "markupsafe==3.0.2"]  # one pure, one binary (cp311 manylinux) package
-HAVE_PATCHES = importlib.util.find_spec("builder.patches") is not None
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -47,8 +45,7 @@ def _closed_port() -> int:
 
 @pytest.fixture(scope="module")
 def e2e(built_overlay_image, standin_base_image, standin_pinned_manifest, local_registry):
-    series = standin_base_image.series_dir if HAVE_PATCHES else None
-    return built_overlay_image(OVERLAY, series=series, repo=f"{local_registry}/e2e/vllm", manifest=standin_pinned_manifest)
+    return built_overlay_image(OVERLAY, series=standin_base_image.series_dir, repo=f"{local_registry}/e2e/vllm", manifest=standin_pinned_manifest)
 
 
 def test_built_image_runs_the_overlay(e2e):
@@ -57,7 +54,7 @@ def test_built_image_runs_the_overlay(e2e):
     wheels = [f for f in files if f.startswith("wheels/")]
     assert len(wheels) == 2 and any("MarkupSafe" in w or "markupsafe" in w for w in wheels)
     patch_files = {"patches/original.sha256", "patches/patched.sha256", "patches/files/vllm/engine/arg_utils.py",
-                   "patches/files/vllm/entrypoints/openai/api_server.py"} if HAVE_PATCHES else set()
+                   "patches/files/vllm/entrypoints/openai/api_server.py"}
     assert set(files) - set(wheels) == {"Dockerfile", "requirements.lock", "pylock.toml", "sbom.cdx.json",
                                         "app/build_image_serve_app.py"} | patch_files
     dockerfile = (e2e.context / "Dockerfile").read_text()
@@ -111,7 +108,6 @@ def test_the_contexts_pylock_installs_the_same_set_as_its_requirements_lock(e2e,
     assert from_req == dry("-r", "pylock.toml") and len(from_req) == 2
 
 
-@pytest.mark.skipif(not HAVE_PATCHES, reason="builder.patches (the patch stage) is not in this checkout")
 def test_built_image_carries_the_patched_vllm(e2e):
     code = (
         "import vllm.engine.arg_utils as a, vllm.entrypoints.openai.api_server as s\n"
@@ -318,21 +314,14 @@ def auth_registry(tmp_path):
     import time
     import urllib.error
     import urllib.request
-    import warnings
+
+    import bcrypt  # the registry's htpasswd takes bcrypt hashes only
 
     exe = shutil.which("docker-registry")
     if exe is None:
-        pytest.skip("docker-registry is not installed")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            import crypt
-        except ImportError:
-            pytest.skip("no bcrypt implementation for the htpasswd file (Python's crypt module)")
+        missing("docker-registry is not installed")
     password = "s3cr3t-Build-Image-Token-9f1c"
-    hashed = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
-    if not hashed or not hashed.startswith("$2"):
-        pytest.skip("libcrypt has no bcrypt")
+    hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=5)).decode()
     (tmp_path / "htpasswd").write_text(f"ci-user:{hashed}\n")
     port = _closed_port()
     (tmp_path / "registry.yml").write_text(
@@ -489,7 +478,6 @@ def test_registry_refusing_the_push_is_exit_10(e2e):
             docker("image", "rm", f"{repo}:{src.rsplit(':', 1)[1]}", check=False)
 
 
-@pytest.mark.skipif(not HAVE_PATCHES, reason="builder.patches (the patch stage) is not in this checkout")
 def test_base_whose_vllm_files_differ_from_the_wheel_fails_the_early_check(e2e, standin_base_image, tmp_path):
     """The series is checked against a vllm wheel whose arg_utils.py differs from the file in the
     base image: the checks stage's `sha256sum -c original.sha256` fails the build (exit 9)."""

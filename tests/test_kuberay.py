@@ -178,7 +178,7 @@ def test_image_without_digest_is_refused_and_nothing_is_written(tmp_path, image)
 def test_allow_tag_accepts_a_tag_but_not_garbage(tmp_path):
     docs = render(image="127.0.0.1:5000/serving/vllm:0.26.0", allow_tag=True)
     assert cluster_spec(docs, "cluster")["headGroupSpec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.26.0")
-    with pytest.raises(BadInput):
+    with pytest.raises(BadInput, match="'not an image' is not a valid image reference"):
         render(image="not an image", allow_tag=True)
 
 
@@ -359,7 +359,7 @@ def test_write_manifests_writes_both_files_atomically(tmp_path):
     kinds = sorted(yaml.safe_load(p.read_text())["kind"] for p in paths)
     assert kinds == ["RayCluster", "RayService"]
     before = {p.name: p.read_text() for p in paths}
-    with pytest.raises(BadInput):
+    with pytest.raises(BadInput, match="image 'repo:tag' is not pinned by digest"):
         kuberay.write_manifests(tmp_path, lock=make_lock(), spec=make_spec(), image="repo:tag")
     assert {p.name: p.read_text() for p in paths} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["raycluster.yaml", "rayservice.yaml"]

@@ -265,8 +265,9 @@ def test_sizes():
     assert parse_size("600e9B", what="x") == 600 * 10**9
     assert parse_size("H200", what="x") == GPU_PRESETS["h200"]
     assert parse_size("1234", what="x", bare_unit=1) == 1234
-    for bad in ("80", "eighty GB", "80XB"):
-        with pytest.raises(BadInput):
+    for bad, why in (("80", r"'80' has no unit; write e\.g\. '80GiB'"),
+                     ("eighty GB", r"cannot read 'eighty GB' as a size"), ("80XB", r"cannot read '80XB' as a size")):
+        with pytest.raises(BadInput, match=rf"^--gpu-memory: {why}"):
             parse_size(bad, what="--gpu-memory")
 
 

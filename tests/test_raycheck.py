@@ -9,7 +9,6 @@ from a second image with one package version changed and expect FAIL naming it.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -228,8 +227,7 @@ def ray_image(standin_base_image, standin_manifest, tmp_path_factory):
             "--no-default-overlay", "--with", RAY_REQ, "--with", "packaging>=24.2", "--no-index",
             "--find-links", str(standin_findlinks(())), "--find-links", str(ray_wheelhouse()),
             "-o", str(work / "ctx"), "--tag", "build-image-test/raycheck", "--json"]
-    if importlib.util.find_spec("builder.patches"):
-        args += ["--series", str(standin_base_image.series_dir), "--wheel", str(standin_base_image.vllm_wheel)]
+    args += ["--series", str(standin_base_image.series_dir), "--wheel", str(standin_base_image.vllm_wheel)]
     r = run_pipeline(args)
     assert r.returncode == 0, f"pipeline failed ({r.returncode}):\n{r.stderr[-4000:]}"
     summary = json.loads(r.stdout)
@@ -281,8 +279,7 @@ def test_head_and_worker_from_one_image_pass(ray_image):
         assert n.packages["torch"] is None  # absent in the stand-in: reported as null, not skipped
         assert n.image_id == ray_image.image_id
         assert n.patched == n.patched_recorded
-        if importlib.util.find_spec("builder.patches"):  # the image was built with the stand-in's patch series
-            assert n.patched and all(n.patched.values())
+        assert n.patched and all(n.patched.values())  # the image was built with the stand-in's patch series
     assert result.nodes[0].packages == result.nodes[1].packages
     assert _labelled_containers() == before  # the containers are gone
 
@@ -321,8 +318,7 @@ def test_pipeline_push_kuberay_pins_the_pushed_digest(ray_image, standin_base_im
             "--find-links", str(standin_findlinks(())), "--find-links", str(ray_wheelhouse()),
             "-o", str(ray_image.context.parent / "ctx-push"), "--tag", f"{local_registry}/raycheck/vllm",
             "--push", "--force", "--kuberay", "--model", "/models/m", "--json"]
-    if importlib.util.find_spec("builder.patches"):
-        args += ["--series", str(standin_base_image.series_dir), "--wheel", str(standin_base_image.vllm_wheel)]
+    args += ["--series", str(standin_base_image.series_dir), "--wheel", str(standin_base_image.vllm_wheel)]
     r = run_pipeline(args)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)

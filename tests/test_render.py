@@ -168,7 +168,7 @@ def test_labels_and_tags():
     # a different lock gives a different content tag
     assert image_tags("r/x", "0.26.0", _lock(names=("six",)).lock_hash)[0] != image_tags("r/x", "0.26.0", h)[0]
     for bad in ("repo:tag", "repo@sha256:" + "0" * 64, ""):
-        with pytest.raises(BadInput):
+        with pytest.raises(BadInput, match=rf"--tag '{re.escape(bad)}': give an image repository without a tag or digest"):
             image_tags(bad, "0.26.0", h)
 
 
@@ -335,8 +335,9 @@ def test_parse_ref_and_loopback_scheme():
     assert parse_ref("ubuntu").repository == "library/ubuntu"
     assert RegistryClient("127.0.0.1:5000").base == "http://127.0.0.1:5000"
     assert RegistryClient("ghcr.io").base == "https://ghcr.io"
-    for bad in ("Upper/Case:x", "a b", "x@sha256:123"):
-        with pytest.raises(BadInput):
+    for bad, why in (("Upper/Case:x", "repository 'Upper/Case' is not a valid name"), ("a b", "is not valid"),
+                     ("x@sha256:123", r"digest 'sha256:123' is not sha256:<64 hex>")):
+        with pytest.raises(BadInput, match=why):
             parse_ref(bad)
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fx_docker import missing
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_IMAGE = str(Path(sys.executable).parent / "build-image")
 
@@ -92,7 +94,7 @@ class OwnRegistry:
 @pytest.fixture
 def own_registry(tmp_path):
     if shutil.which("docker-registry") is None:
-        pytest.skip("docker-registry is not installed (scripts/services.sh install)")
+        missing("docker-registry is not installed (scripts/services.sh install)")
     root = tmp_path / "own-registry"
     root.mkdir()
     reg = OwnRegistry(root).start()

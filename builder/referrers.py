@@ -30,6 +30,7 @@ EMPTY = b"{}"
 SBOM_TYPE = "application/vnd.cyclonedx+json"
 INTOTO_TYPE = "application/vnd.in-toto+json"
 TITLE = "org.opencontainers.image.title"
+KIND = "org.build-image.attestation"   # sbom | provenance: the one of each kind build-image keeps indexed
 
 
 def digest_of(data: bytes) -> str:
@@ -58,8 +59,13 @@ def artifact_manifest(artifact_type: str, blob: bytes, title: str, subject: dict
 
 
 def merge_index(index: dict | None, descriptor: dict) -> dict:
-    """The referrers-tag index with ``descriptor`` added (pure; an entry with the same digest is replaced)."""
-    manifests = [m for m in (index or {}).get("manifests", []) if m.get("digest") != descriptor["digest"]]
+    """The referrers-tag index with ``descriptor`` added (pure).  An entry with the same digest, or one
+    build-image wrote for the same kind (``org.build-image.attestation``: a re-push's provenance replaces
+    the previous one), is replaced; every other referrer (signatures, other tools') is kept."""
+    kind = (descriptor.get("annotations") or {}).get(KIND)
+    manifests = [m for m in (index or {}).get("manifests", [])
+                 if m.get("digest") != descriptor["digest"]
+                 and not (kind and (m.get("annotations") or {}).get(KIND) == kind)]
     manifests.append(descriptor)
     return {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests}
 
@@ -176,7 +182,7 @@ def push_attestations(context: str | Path, pinned: str, tags: list[str]) -> dict
     try:
         subject = subject_descriptor(client, ref.repository, digest)
         for key, atype, name, blob in docs:
-            a = attach(client, ref.repository, subject, blob, atype, name)
+            a = attach(client, ref.repository, subject, blob, atype, name, {KIND: key})
             out[key] = {"digest": a.digest, "artifactType": a.artifact_type,
                         "ref": f"{ref.registry}/{ref.repository}@{a.digest}", "referrers": a.referrers}
         out["pushed"] = bool(docs)

@@ -110,3 +110,8 @@ def test_artifact_manifest_and_referrers_tag_index():
     idx = merge_index(merge_index(None, a), b)
     assert idx["mediaType"] == OCI_INDEX and [x["digest"] for x in idx["manifests"]] == [a["digest"], b["digest"]]
     assert merge_index(idx, a)["manifests"] == [b, a]  # pushing the same artifact again lists it once
+    # a re-push's provenance replaces build-image's previous one; other referrers (a signature) stay
+    p1 = {**a, "annotations": {"org.build-image.attestation": "provenance"}}
+    p2 = {**b, "digest": "sha256:" + "3" * 64, "annotations": {"org.build-image.attestation": "provenance"}}
+    sig = {"mediaType": "m", "digest": "sha256:" + "4" * 64, "size": 1, "artifactType": "application/vnd.dev.cosign"}
+    assert merge_index(merge_index(merge_index(None, p1), sig), p2)["manifests"] == [sig, p2]

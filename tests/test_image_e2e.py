@@ -55,7 +55,7 @@ def test_built_image_runs_the_overlay(e2e):
     assert len(wheels) == 2 and any("MarkupSafe" in w or "markupsafe" in w for w in wheels)
     patch_files = {"patches/original.sha256", "patches/patched.sha256", "patches/files/vllm/engine/arg_utils.py",
                    "patches/files/vllm/entrypoints/openai/api_server.py"}
-    assert set(files) - set(wheels) == {"Dockerfile", "requirements.lock", "pylock.toml", "sbom.cdx.json",
+    assert set(files) - set(wheels) == {"Dockerfile", "requirements.lock", "pylock.toml", "sbom.cdx.json", "provenance.intoto.json",
                                         "app/build_image_serve_app.py"} | patch_files
     dockerfile = (e2e.context / "Dockerfile").read_text()
     assert "--no-index --no-deps" in dockerfile and "--require-hashes" in dockerfile

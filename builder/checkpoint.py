@@ -46,7 +46,8 @@ import os
 import re
 import stat as statmod
 import time
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -354,6 +355,9 @@ def scan_directory(root: str | os.PathLike) -> Inventory:
         files[e.name] = FileEntry(e.name, p, real, s.st_size, s.st_mtime_ns, s.st_ino, s.st_dev, target)
         if target is not None and e.name.endswith(".safetensors"):
             hub_repo = hub_repo or _hub_repo_of(real)
+    if hub_repo is not None:
+        notes.append(f"the shards are links into the Hugging Face cache {hub_repo}: "
+                     f"--hf-cache {hub_repo} checks each against its LFS sha256")
     # huggingface_hub --local-dir bookkeeping
     local_meta = root / ".cache" / "huggingface" / "download"
     if local_meta.is_dir():
@@ -855,6 +859,10 @@ class HashCache:
     def _key(entry: FileEntry) -> dict[str, Any]:
         return {"size": entry.size, "mtime_ns": entry.mtime_ns, "ino": entry.ino, "dev": entry.dev}
 
+    def forget_all(self) -> None:
+        """Answer no lookups from disk (``--rehash``); new digests are still saved."""
+        self._entries = {}
+
     def get(self, entry: FileEntry) -> str | None:
         rec = self._entries.get(str(entry.real))
         if not isinstance(rec, dict) or any(rec.get(k) != v for k, v in self._key(entry).items()):
@@ -875,19 +883,29 @@ class HashCache:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             entries = self._read()
             entries.update(self._new)
+            entries = {p: rec for p, rec in entries.items() if os.path.exists(p)}  # drop deleted files
             atomic_write_text(self.path, json.dumps({"version": self.VERSION, "entries": entries}, sort_keys=True))
         self._new.clear()
 
 
+class HashInterrupted(Exception):
+    """:meth:`Sha256Hasher.stop` was called while a file was being hashed."""
+
+
 class Sha256Hasher:
     """sha256 of whole files, several at a time (hashlib releases the GIL while it
-    hashes and while the file is read, so threads use every core)."""
+    hashes and while the file is read, so threads use every core).  Ctrl-C stops
+    every worker within one block, not at the end of a 100 GB file."""
 
     def __init__(self, jobs: int = 1, block: int = 4 << 20):
         if jobs < 1:
             raise BadInput(f"--jobs must be >= 1, got {jobs}.")
         self.jobs = jobs
         self.block = block
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
 
     def hash_file(self, path: str | os.PathLike, advance: Callable[[int], None] | None = None) -> str:
         h = hashlib.sha256()
@@ -899,6 +917,8 @@ class Sha256Hasher:
             except (AttributeError, OSError):
                 pass
             while True:
+                if self._stop.is_set():
+                    raise HashInterrupted(str(path))
                 n = fh.readinto(buf)
                 if not n:
                     break
@@ -909,7 +929,8 @@ class Sha256Hasher:
 
     def hash_many(self, entries: list[FileEntry], *, advance: Callable[[int], None] | None = None,
                   done: Callable[[FileEntry, str | None, str | None], None] | None = None) -> dict[str, str | Exception]:
-        """{name: hex digest or the OSError}; largest files first so the pool stays busy."""
+        """{name: hex digest or the OSError}; largest files first so the pool stays busy.
+        ``done`` is called as each file finishes (from the worker thread)."""
         order = sorted(entries, key=lambda e: -e.size)
         results: dict[str, str | Exception] = {}
 
@@ -926,9 +947,22 @@ class Sha256Hasher:
         if self.jobs == 1 or len(order) <= 1:
             for e in order:
                 one(e)
-        else:
-            with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="sha256") as pool:
-                list(pool.map(one, order))
+            return results
+        pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="sha256")
+        futures = [pool.submit(one, e) for e in order]
+        try:
+            pending = set(futures)
+            while pending:  # a timeout keeps the main thread able to take Ctrl-C
+                finished, pending = wait(pending, timeout=0.2, return_when=FIRST_EXCEPTION)
+                for f in finished:
+                    f.result()
+        except BaseException:
+            self.stop()
+            for f in futures:
+                f.cancel()
+            raise
+        finally:
+            pool.shutdown(wait=True)
         return results
 
 
@@ -997,18 +1031,27 @@ def verify_content(inv: Inventory, plan: ContentPlan, *, hasher: Sha256Hasher, c
     t0 = time.perf_counter()
     if start:
         start(len(todo), sum(e.size for e in todo))
-    results = hasher.hash_many(todo, advance=advance, done=done)
+    lock = threading.Lock()
+
+    def finished(e: FileEntry, digest: str | None, err: str | None) -> None:
+        if digest is not None and cache:
+            with lock:  # kept even if the run is interrupted later
+                cache.put(e, digest)
+        if done:
+            done(e, digest, err)
+
+    try:
+        results = hasher.hash_many(todo, advance=advance, done=finished)
+    finally:
+        if cache:
+            cache.save()
     seconds = time.perf_counter() - t0
     for e in todo:
         r = results.get(e.name)
         if isinstance(r, str):
             digests[e.name] = r
-            if cache:
-                cache.put(e, r)
         else:
             problems.append(Problem(e.name, f"cannot be read while hashing: {getattr(r, 'strerror', None) or r}"))
-    if cache:
-        cache.save()
     for name, want in sorted(plan.expected.items()):
         got = digests.get(name)
         if got is not None and got != want:

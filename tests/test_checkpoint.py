@@ -422,6 +422,55 @@ def test_rehash_ignores_a_cache_that_an_identical_stat_would_fool(tmp_path):
     assert verify(str(d), "--sha256", str(sums))[0] == 0  # documented limit of a stat-keyed cache
     code, doc, _ = verify(str(d), "--sha256", str(sums), "--rehash")
     assert code == 1 and errors_for(doc, S1)
+    # --rehash also refreshed the cache: the next plain run knows the new digest
+    code, doc, _ = verify(str(d), "--sha256", str(sums))
+    assert code == 1 and errors_for(doc, S1) and doc["content"]["hashed_files"] == 0
+
+
+def _entries(tmp_path: Path, sizes: list[int]) -> list:
+    out = []
+    for i, n in enumerate(sizes):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(os.urandom(n))
+        st = p.stat()
+        out.append(ck.FileEntry(p.name, p, p, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev))
+    return out
+
+
+def test_interrupted_hashing_keeps_the_finished_digests(tmp_path):
+    files = _entries(tmp_path, [300_000, 200_000, 100_000])
+    inv = ck.Inventory(tmp_path, {f.name: f for f in files}, [], [])
+    plan = ck.ContentPlan({f.name: "0" * 64 for f in files}, [], "test")
+    cache = ck.HashCache(tmp_path / "cache.json")
+
+    def done(entry, digest, err):
+        raise KeyboardInterrupt  # Ctrl-C right after the first (largest) file
+
+    with pytest.raises(KeyboardInterrupt):
+        ck.verify_content(inv, plan, hasher=ck.Sha256Hasher(1), cache=cache, done=done)
+    again = ck.HashCache(tmp_path / "cache.json")
+    assert again.get(files[0]) == hashlib.sha256(files[0].path.read_bytes()).hexdigest()
+    assert again.get(files[1]) is None and again.get(files[2]) is None
+
+
+def test_interrupt_stops_every_worker_within_a_block(tmp_path):
+    files = []
+    for i in range(2):  # sparse: 512 MiB to hash, no disk used
+        p = tmp_path / f"sparse{i}"
+        with open(p, "wb") as fh:
+            fh.truncate(256 << 20)
+        st = p.stat()
+        files.append(ck.FileEntry(p.name, p, p, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev))
+    seen = []
+
+    def advance(n):
+        seen.append(n)
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ck.Sha256Hasher(jobs=2, block=64 << 10).hash_many(files, advance=advance)
+    assert sum(seen) < 64 << 20  # of 512 MiB: the other worker stopped too, not at the end of its file
 
 
 def test_sums_file_must_cover_every_shard(tmp_path):

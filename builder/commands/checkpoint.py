@@ -1,7 +1,8 @@
 """`build-image checkpoint verify DIR`: is the downloaded checkpoint complete and intact?
 
 Exit 0 READY, 1 NOT READY (the report names each file and what is wrong),
-2 bad input (no such directory, an unreadable or malformed sums file, flags).
+2 bad input (no such directory, an unreadable or malformed sums file, flags),
+130 interrupted while hashing (the digests finished so far are kept).
 Nothing is written except the digest cache under the user cache directory.
 """
 
@@ -63,7 +64,15 @@ def verify(directory, sums_file, hf_cache, jobs, rehash, strict, as_json):
         if rep.errors:
             rep.content = {"checked": False, "skipped": "structural problems: fix those first (hashing would not make it ready)"}
         else:
-            content, problems = _hash(inv, plan, hasher, None if rehash else HashCache(), quiet=as_json)
+            cache = HashCache()  # --rehash: nothing is read from it, every digest is still stored
+            if rehash:
+                cache.forget_all()
+            try:
+                content, problems = _hash(inv, plan, hasher, cache, quiet=as_json)
+            except KeyboardInterrupt:
+                click.echo("checkpoint verify: interrupted; the digests finished so far are kept, "
+                           "a re-run hashes only the rest.", err=True)
+                sys.exit(130)
             rep.problems += problems
             rep.content = content
     if as_json:

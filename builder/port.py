@@ -384,6 +384,7 @@ def write_series(report: PortReport, series: P.Series, out_dir: str | os.PathLik
     for pp, p in zip(report.patches, series.patches):
         if pp.status in (APPLIES, MERGED) and pp.text:
             atomic_write_text(d / pp.name, pp.text)
+            (d / f"{pp.name}.conflict").unlink(missing_ok=True)  # left by an earlier run
             lines.append(pp.name + ("  # merged: review" if pp.status == MERGED else ""))
             kept.append(p)
         elif pp.status == UPSTREAM:
@@ -438,7 +439,7 @@ def render(report: PortReport, fmt: str = "text") -> str:
             out.append(f"  {p.status:9} {p.name}  {p.subject}")
             for d in p.detail:
                 out += ["      " + ln for ln in d.rstrip().splitlines()]
-            if ev and not ev.startswith(tuple(p.detail[:1]) or "\0"):
+            if ev and (p.probe_ported or p.status == UPSTREAM):
                 out.append("      " + ev)
     if md:
         for p in report.patches:

@@ -11,6 +11,9 @@ import logging
 import os
 from pathlib import Path
 
+# imported here, outside every check: a module that does not import is a probe error, not evidence
+from vllm.transformers_utils.config import HFConfigParser
+
 checks = []
 
 
@@ -36,8 +39,6 @@ def write(name, doc):
 
 
 def parse(model, env=None):
-    from vllm.transformers_utils.config import HFConfigParser
-
     grab = Grab()
     log = logging.getLogger("vllm.transformers_utils.config")
     log.addHandler(grab)

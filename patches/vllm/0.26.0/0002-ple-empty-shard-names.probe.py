@@ -96,11 +96,11 @@ def load(names, rows=None, mm=False):
     log = logging.getLogger(g4.__name__)
     log.addHandler(grab)
     log.setLevel(logging.INFO)
+    if mm:  # imported outside the try: a module that does not import is a probe error, not evidence
+        stub_torchvision()
+        import vllm.model_executor.models.gemma4_mm as g4mm
     try:
         if mm:
-            stub_torchvision()
-            import vllm.model_executor.models.gemma4_mm as g4mm
-
             class MM(nn.Module):
                 hf_to_vllm_mapper = g4mm.Gemma4ForConditionalGeneration.hf_to_vllm_mapper
                 load_weights = g4mm.Gemma4ForConditionalGeneration.load_weights

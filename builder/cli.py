@@ -47,8 +47,12 @@ class ErrorHandlingGroup(click.Group):
         return importlib.import_module(f"{__package__}.commands.{module}").command
 
     def invoke(self, ctx: click.Context):
+        from .scratch import scratch
+        from .util import cache_dir
+
         try:
-            return super().invoke(ctx)
+            with scratch(cache_dir()):  # temp files under the cache; a killed run's litter is swept here
+                return super().invoke(ctx)
         except BuildImageError as exc:
             click.echo(exc.render(), err=True)
             ctx.exit(exc.exit_code)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
+from .scratch import die_with_parent
 from .errors import BuildFailed, EngineUnavailable, ExternalToolError, RegistryError
 
 DOCKER_ENV = "BUILD_IMAGE_DOCKER"
@@ -200,6 +201,7 @@ class DockerEngine:
     def popen(self, args: list[str], **popen_kw) -> subprocess.Popen:
         """Start ``docker ARGS`` (streams, long-lived servers); the caller owns the process."""
         popen_kw.setdefault("env", self.env)
+        popen_kw.setdefault("preexec_fn", die_with_parent)  # no docker CLI outlives a killed build-image
         try:
             return subprocess.Popen([self.docker, *args], **popen_kw)
         except FileNotFoundError:
@@ -220,7 +222,7 @@ class DockerEngine:
              input: str | None = None) -> subprocess.CompletedProcess:
         try:
             proc = subprocess.run([self.docker, *args], capture_output=True, text=True, env=self.env,
-                                  timeout=timeout, input=input)
+                                  timeout=timeout, input=input, preexec_fn=die_with_parent)
         except FileNotFoundError:
             raise self._missing() from None
         except subprocess.TimeoutExpired:

@@ -78,7 +78,10 @@ def fetch(url: str, sha256: str, *, filename: str | None = None, progress: bool 
         # partial / corrupt / tampered cache entry: drop it and fetch again
         dest.unlink(missing_ok=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=dest.parent)
+    from .scratch import process_tag
+
+    # named by this process (pid + start time): a run killed mid-download leaves a .part the next sweeps
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.{process_tag()}.", suffix=".part", dir=dest.parent)
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out:

@@ -50,6 +50,7 @@ from . import __version__
 from . import pylock as _pylock
 from .abi import GateResult, evaluate
 from .credentials import redact_url, remember
+from .scratch import die_with_parent
 from .errors import BadInput, ExternalToolError, IntegrityError, Unsatisfiable
 from .lockfile import LockEntry, LockFile, WheelRef
 from .manifest import BaseManifest, DistFacts
@@ -440,7 +441,8 @@ class Uv:
         """Start ``uv pip compile`` (see :meth:`compile_cmd`); collect with :meth:`wait`."""
         try:
             return subprocess.Popen(self.compile_cmd(sources, out, **kw), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, cwd=cwd, env=self.env())
+                                    stderr=subprocess.PIPE, text=True, cwd=cwd, env=self.env(),
+                                    preexec_fn=die_with_parent)
         except OSError as exc:
             raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
 
@@ -455,7 +457,7 @@ class Uv:
     def venv(self, path: Path, *, python: str) -> None:
         """``uv venv`` at ``path`` for the interpreter ``python`` (never downloads one)."""
         r = subprocess.run([self.binary, "venv", "-q", "--python", python, str(path)], capture_output=True,
-                           text=True, env=self.env(), timeout=300)
+                           text=True, env=self.env(), timeout=300, preexec_fn=die_with_parent)
         if r.returncode != 0:
             raise ExternalToolError(f"`uv venv {path}` failed: {r.stderr.strip()[-1500:]}")
 
@@ -466,7 +468,7 @@ class Uv:
         for fl in find_links:
             cmd += ["--find-links", str(fl)]
         return subprocess.run([*cmd, *requirements], capture_output=True, text=True, env=self.env(),
-                              timeout=timeout)
+                              timeout=timeout, preexec_fn=die_with_parent)
 
     def install_target(self, target: Path, requirements: list[str], *, python_version: str, platform: str,
                        exclude_newer: str | None = None, find_links: Iterable[str] = (), no_index: bool = False,

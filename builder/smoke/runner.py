@@ -154,13 +154,22 @@ def refused_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], p
     )
 
 
+LOGS_KEPT = 20
+
+
 def open_log(cfg: SmokeConfig) -> tuple[str, bool]:
     """The server log, created only now: bad input and a plan refusal leave no file
     behind (and do not truncate a --log-file the user pointed at).  Returns (path, ours)."""
     if cfg.log_file:
         path, own = cfg.log_file, False
-    else:
-        fd, path = tempfile.mkstemp(prefix="smoke-server-", suffix=".log")
+    else:  # kept after the run (the report names it), under the cache, the newest LOGS_KEPT only
+        from ..util import cache_dir
+
+        logs = cache_dir() / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        for old in sorted(logs.glob("smoke-server-*.log"), key=lambda p: p.stat().st_mtime)[:-LOGS_KEPT]:
+            old.unlink(missing_ok=True)
+        fd, path = tempfile.mkstemp(prefix="smoke-server-", suffix=".log", dir=logs)
         os.close(fd)
         own = True
     Path(path).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,101 @@
+"""Scratch space that a killed run cannot leave behind, and children that die with their parent.
+
+Every command runs with its temporary files in one directory of its own under the cache,
+``<cache>/tmp/<pid>-<start time>/`` (``tempfile``'s default directory and ``TMPDIR`` for the
+helpers it starts point there), removed when the command ends.  A run killed with SIGKILL
+cannot remove it, so each command first sweeps the directories — and the download cache's
+``.part`` files — whose process is gone (the PID is not running, or runs a newer process:
+the start time tells them apart).  Helpers (uv, the docker CLI) get ``PR_SET_PDEATHSIG``:
+the kernel kills them when the build-image process dies, so none is re-parented to init.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+_TAG = re.compile(r"(\d+)-(\d+)")
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def process_tag(pid: int | None = None) -> str:
+    """``<pid>-<start time>``: names scratch owned by one process (a reused PID has another start time)."""
+    pid = os.getpid() if pid is None else pid
+    return f"{pid}-{_start_time(pid) or 0}"
+
+
+def owner_alive(tag: str) -> bool:
+    m = _TAG.fullmatch(tag)
+    if not m:
+        return False
+    start = _start_time(int(m.group(1)))
+    return start is not None and (start == m.group(2) or m.group(2) == "0")
+
+
+def scratch_root(cache: Path) -> Path:
+    return cache / "tmp"
+
+
+def sweep(cache: Path) -> list[Path]:
+    """Remove scratch directories and ``.part`` downloads whose owning process is gone."""
+    removed: list[Path] = []
+    root = scratch_root(cache)
+    for d in root.iterdir() if root.is_dir() else []:
+        if not owner_alive(d.name):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    downloads = cache / "downloads"
+    for part in downloads.glob("*/.*.part") if downloads.is_dir() else []:
+        m = re.search(r"\.(\d+-\d+)\.[^.]*\.part$", part.name)
+        if m is None or not owner_alive(m.group(1)):  # untagged: written by an older build-image
+            part.unlink(missing_ok=True)
+            removed.append(part)
+    return removed
+
+
+@contextlib.contextmanager
+def scratch(cache: Path) -> Iterator[Path]:
+    """Sweep, then run with a private scratch directory as the temp dir; remove it afterwards."""
+    sweep(cache)
+    d = scratch_root(cache) / process_tag()
+    d.mkdir(parents=True, exist_ok=True)
+    saved_dir, saved_env = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir = str(d)
+    os.environ["TMPDIR"] = str(d)
+    try:
+        yield d
+    finally:
+        tempfile.tempdir = saved_dir
+        if saved_env is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved_env
+        shutil.rmtree(d, ignore_errors=True)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """``preexec_fn`` for helpers: SIGKILL this child when its parent dies (Linux; no-op elsewhere)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass

@@ -51,7 +51,7 @@ class ErrorHandlingGroup(click.Group):
         from .util import cache_dir
 
         try:
-            with scratch(cache_dir()):  # temp files under the cache; a killed run's litter is swept here
+            with scratch(cache_dir(create=False)):  # temp files under the cache; a killed run's litter is swept here
                 return super().invoke(ctx)
         except BuildImageError as exc:
             click.echo(exc.render(), err=True)

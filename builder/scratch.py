@@ -46,6 +46,15 @@ def owner_alive(tag: str) -> bool:
     return start is not None and (start == m.group(2) or m.group(2) == "0")
 
 
+_SYSTEM_TMP_ENV = "BUILD_IMAGE_SYSTEM_TMPDIR"
+
+
+def system_tmp() -> str:
+    """The system's temp directory, as it was before :func:`scratch` pointed ``TMPDIR`` at a
+    private one (locks shared between runs live there)."""
+    return os.environ.get(_SYSTEM_TMP_ENV) or tempfile.gettempdir()
+
+
 def scratch_root(cache: Path) -> Path:
     return cache / "tmp"
 
@@ -70,8 +79,10 @@ def sweep(cache: Path) -> list[Path]:
 @contextlib.contextmanager
 def scratch(cache: Path) -> Iterator[Path]:
     """Sweep, then run with a private scratch directory as the temp dir; remove it afterwards."""
+    os.environ.setdefault(_SYSTEM_TMP_ENV, tempfile.gettempdir())
     sweep(cache)
     d = scratch_root(cache) / process_tag()
+    made = [p for p in (cache, scratch_root(cache)) if not p.exists()]  # removed again when left empty
     d.mkdir(parents=True, exist_ok=True)
     saved_dir, saved_env = tempfile.tempdir, os.environ.get("TMPDIR")
     tempfile.tempdir = str(d)
@@ -85,6 +96,9 @@ def scratch(cache: Path) -> Iterator[Path]:
         else:
             os.environ["TMPDIR"] = saved_env
         shutil.rmtree(d, ignore_errors=True)
+        for p in reversed(made):
+            with contextlib.suppress(OSError):
+                p.rmdir()  # only when empty: a run that wrote nothing leaves nothing
 
 
 _PR_SET_PDEATHSIG = 1

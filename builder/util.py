@@ -67,11 +67,12 @@ def project_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def cache_dir() -> Path:
+def cache_dir(create: bool = True) -> Path:
     """Download cache; ``BUILD_IMAGE_CACHE`` overrides ``~/.cache/build-image``."""
     env = os.environ.get("BUILD_IMAGE_CACHE")
     base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "build-image"
-    base.mkdir(parents=True, exist_ok=True)
+    if create:
+        base.mkdir(parents=True, exist_ok=True)
     return base
 
 
@@ -81,8 +82,10 @@ LOCK_TIMEOUT_ENV = "BUILD_IMAGE_LOCK_TIMEOUT"
 def output_lock_path(path: str | os.PathLike) -> Path:
     """The lock file guarding writes to ``path``: outside the user's tree (nothing to commit or
     ignore), one per absolute output path and user; the kernel drops it when its holder dies."""
+    from .scratch import system_tmp
+
     target = os.path.abspath(os.fspath(path))
-    d = Path(tempfile.gettempdir()) / f"build-image-{os.getuid()}-locks"
+    d = Path(system_tmp()) / f"build-image-{os.getuid()}-locks"
     d.mkdir(mode=0o700, exist_ok=True)
     return d / f"{sha256_bytes(target.encode())[:32]}.lock"
 

@@ -185,6 +185,7 @@ class LockDiff:
     old_count: int = 0
     new_count: int = 0
     fail_on_allowed: bool = False
+    base_move: list[HeaderChange] = field(default_factory=list)  # what moved between the two base images
 
     def group(self, gid: int) -> list[Change]:
         return [c for c in self.changes if c.group == gid]
@@ -222,10 +223,36 @@ class LockDiff:
             "noise": self.noise.to_dict(),
             "base": dict(self.base_source),
             "notes": list(self.notes),
+            **({"base_move": [h.to_dict() for h in self.base_move]} if self.base_move else {}),
         }
 
 
 # ------------------------------------------------------------------ helpers
+
+# the base-image facts a move between releases is summarised by: (label, distribution or None for a field)
+BASE_MOVE_FIELDS = (("image", None), ("torch", "torch"), ("torchvision", "torchvision"), ("CUDA", None),
+                    ("Python", None), ("glibc", None), ("numpy", "numpy"), ("transformers", "transformers"),
+                    ("flashinfer", "flashinfer-python"), ("vllm", "vllm"))
+
+
+def base_move(old: BaseManifest | None, new: BaseManifest | None) -> list[HeaderChange]:
+    """What moved between two base manifests (pure): the image, torch, torchvision, CUDA, Python, glibc,
+    numpy, transformers, flashinfer and vllm, each only when it differs."""
+    if old is None or new is None:
+        return []
+
+    def value(m: BaseManifest, label: str, dist: str | None) -> str | None:
+        if dist is not None:
+            d = m.get(dist)
+            return d.version if d is not None else None
+        return {"image": m.image_ref, "CUDA": m.cuda, "Python": m.python_version, "glibc": m.glibc}[label]
+
+    out = []
+    for label, dist in BASE_MOVE_FIELDS:
+        a, b = value(old, label, dist), value(new, label, dist)
+        if a != b:
+            out.append(HeaderChange(label, a, b))
+    return out
 
 
 def glibc_from_platform(platform: str) -> str | None:
@@ -428,6 +455,7 @@ def diff_locks(
         )
         noise.header_churn = churn
 
+    moved_base = base_move(old_base, new_base) if old is not None and new is not None else []
     # ---- gate on each side
     if new is not None and new_base is None:
         new_base = base_from_lock(new)
@@ -495,6 +523,7 @@ def diff_locks(
         old_count=len(o.entries),
         new_count=len(n.entries),
         fail_on_allowed=fail_on_allowed,
+        base_move=moved_base,
     )
 
 
@@ -690,6 +719,9 @@ def to_document(d: LockDiff):
         title = f"{d.old_label} → {d.new_label}"
     top = [HeaderChange(h.key, _short(h.old), _short(h.new)).text() for h in d.header]
     sections = []
+    if d.base_move:  # a release upgrade: what the new base image moves, before any package of the lock
+        sections.append(Section(title="0. base move (from the two base manifests)", columns=["", "old", "new"],
+                                rows=[[h.key, h.old or "-", h.new or "-"] for h in d.base_move], style="warn"))
     for gid, _key, gtitle in GROUPS:
         rows_c = d.group(gid)
         if not rows_c:
@@ -879,6 +911,16 @@ JSON_SCHEMA: dict = {
                     },
                 },
                 "notes": _STR_LIST,
+                "base_move": {
+                    "type": "array",
+                    "description": "what moved between the two base images (only when it differs)",
+                    "items": {
+                        "type": "object",
+                        "required": ["key", "old", "new"],
+                        "additionalProperties": False,
+                        "properties": {"key": {"type": "string"}, "old": _STR_OR_NULL, "new": _STR_OR_NULL},
+                    },
+                },
             },
         },
     },

@@ -379,6 +379,73 @@ def explain_unsatisfiable(stderr: str, base: BaseManifest, overlay: Iterable[str
     return msg, "\n".join(lines)
 
 
+MAX_MOVE_ROUNDS = 8
+
+
+@dataclass
+class PinMoves:
+    """Every base pin that must move for the overlay to resolve, found in one pass."""
+
+    moves: list[tuple[str, str, str | None]]  # (name, base version, resolved version or None)
+    resolves: bool                            # releasing them all makes the overlay resolve
+    blocked: list[str]                        # exact-coupled pins that would have to move (never on this base)
+    rounds: int = 0
+
+    @property
+    def with_line(self) -> str:
+        return " ".join(f"--with '{n}=={v}'" for n, _b, v in self.moves if v)
+
+
+def find_pin_moves(stderr: str, base: BaseManifest, overlay: list[str],
+                   attempt: Callable[[list[str]], tuple[bool, str, dict]]) -> PinMoves:
+    """Release the base pins uv's derivation names, resolve again, repeat until it resolves
+    (or nothing more can be released): every pin that must move, not only the first one.
+
+    ``attempt(extra)`` resolves ``overlay + extra`` with the named pins released: (ok, stderr, resolved).
+    Exact-coupled pins are never released (the gate would refuse them anyway): they stop the search."""
+    from .abi import is_exact_coupled
+
+    released = [Requirement(r).name for r in overlay]
+    extra: list[str] = []
+    names: list[str] = []
+    rounds = 0
+    while rounds < MAX_MOVE_ROUNDS:
+        pins = involved_base_pins(stderr, base, released)
+        coupled = [p for p in pins if is_exact_coupled(p)]
+        if not pins or coupled:
+            return PinMoves([(base.get(k).name, base.get(k).version, None) for k in names], False, coupled, rounds)
+        for key in pins:
+            d = base.get(key)
+            extra.append(d.name + (wanted_specifier(stderr, d.name, d.version) or ""))
+            released.append(d.name)
+            names.append(key)
+        rounds += 1
+        ok, stderr, resolved = attempt(extra)
+        if ok:
+            return PinMoves([(base.get(k).name, base.get(k).version, resolved.get(k, (None, None))[1]) for k in names],
+                            True, [], rounds)
+    return PinMoves([(base.get(k).name, base.get(k).version, None) for k in names], False, [], rounds)
+
+
+def format_pin_moves(moves: PinMoves, base: BaseManifest) -> tuple[str, str]:
+    """(sentence for the message, lines for the details) of :func:`find_pin_moves`'s result (pure)."""
+    if not moves.moves and not moves.blocked:
+        return "", ""
+    lines = ["", "every base pin that must move (found in one pass):"]
+    for name, old, new in moves.moves:
+        lines.append(f"  {name} {old} -> {new or '?'}")
+    if moves.resolves:
+        lines.append(f"one line that moves them all (then the ABI gate decides): {moves.with_line}")
+        return (f" Releasing {len(moves.moves)} base pin(s) makes it resolve: "
+                + ", ".join(f"{n} {o} -> {v}" for n, o, v in moves.moves) + f"; add {moves.with_line}."), "\n".join(lines)
+    if moves.blocked:
+        lines.append("and exact-coupled pins that would have to move (never on this base): "
+                     + ", ".join(f"{base.get(k).name}=={base.get(k).version}" for k in moves.blocked))
+    else:
+        lines.append("releasing them does not make it resolve: the overlay itself needs to change")
+    return "", "\n".join(lines)
+
+
 # =========================================================================== uv adapter
 
 
@@ -720,7 +787,23 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
         if r1.returncode != 0:
             if _is_resolution_failure(r1.stderr):
                 msg, details = explain_unsatisfiable(r1.stderr, base, resolving)
-                raise Unsatisfiable(msg, details=details)
+                say("finding every base pin that must move (one pass)")
+
+                def attempt(extra: list[str]) -> tuple[bool, str, dict]:
+                    (tmp / "try-overlay.in").write_text("\n".join(resolving + extra) + "\n")
+                    (tmp / "try-base.in").write_text("\n".join(base_requirements(base, parse_overlay(resolving + extra))) + "\n")
+                    r = uv.compile([tmp / "try-overlay.in", tmp / "try-base.in"], tmp / "try.txt", **common)
+                    if r.returncode == 0:
+                        return True, "", parse_uv_requirements((tmp / "try.txt").read_text())
+                    if not _is_resolution_failure(r.stderr):
+                        raise ExternalToolError(f"uv pip compile failed (exit {r.returncode}):\n{trim_derivation(r.stderr)}")
+                    return False, r.stderr, {}
+
+                moves = find_pin_moves(r1.stderr, base, resolving, attempt)
+                extra_msg, extra_details = format_pin_moves(moves, base)
+                exc = Unsatisfiable(msg + extra_msg, details=details + extra_details)
+                exc.pin_moves = moves
+                raise exc
             raise ExternalToolError(f"uv pip compile failed (exit {r1.returncode}):\n{trim_derivation(r1.stderr)}")
         resolved = parse_uv_requirements((tmp / "requirements.txt").read_text())
         t0 = time.monotonic()

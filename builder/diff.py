@@ -53,7 +53,7 @@ GROUPS: tuple[tuple[int, str, str], ...] = (
     (6, "pure-python", "pure-Python packages added / removed"),
 )
 NOISE_TITLE = "noise"
-TOP_KEYS = ("vllm", "base-ref", "base-digest", "python", "platform")
+TOP_KEYS = ("vllm", "base-ref", "base-digest", "python", "platform", "serve-backend")
 
 
 @dataclass

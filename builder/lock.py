@@ -1063,7 +1063,25 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
         req.ray = choose(vllm, ray_releases(index, vllm, tags, cutoff))
     elif not req.default_ray and any(canonical_name(Requirement(r).name) == "ray" for r in req.overlay):
         pass  # the named ray's backend is looked up after the resolution
-    result = lock(req, uv, progress=say, prefer=prefer)
+    try:
+        result = lock(req, uv, progress=say, prefer=prefer)
+    except Unsatisfiable as exc:
+        # the ray whose ray[llm] pins this vllm does not fit on the base as it is: the default lock never
+        # moves base pins for it; the newest ray that fits, the fallback backend, and how to get the other
+        if not (req.default_ray and req.ray is not None and req.ray.requirement):
+            raise
+        from .raychoice import BACKEND_FALLBACK
+
+        moves = getattr(exc, "pin_moves", None)
+        moved = ", ".join(f"{n} {o} -> {v}" for n, o, v in moves.moves) if moves and moves.resolves else ""
+        line = f"--with '{req.ray.requirement}'" + (f" {moves.with_line}" if moved else "")
+        why = f"moving base pins ({moved})" if moved else "changes the base cannot take"
+        say(f"{req.ray.requirement} does not fit on the base; locking the newest ray that does")
+        req.ray = RayChoice(
+            requirement=None, version=None, backend=BACKEND_FALLBACK,
+            reason=f"{req.ray.reason.split(':')[0]} but needs {why}; newest ray that fits instead, the Serve app "
+                   f"starts `vllm serve` (its vllm-server fallback); for ray.serve.llm: {line}")
+        result = lock(req, uv, progress=say, prefer=prefer)
     locked_ray = result.lock.by_name().get("ray")
     if not req.default_ray and locked_ray is not None:
         from . import index as ix

@@ -191,3 +191,26 @@ def test_a_ray_named_in_the_overlay_wins_and_its_backend_is_judged(rayhouse, tmp
     assert lock.by_name()["ray"].version == "2.59.0"
     assert lock.header["serve-backend"] == BACKEND_FALLBACK
     assert "named in the overlay" in lock.header["ray"] and "pins vllm==0.27.0, not 0.26.0" in lock.header["ray"]
+
+
+def test_a_matching_ray_that_does_not_fit_the_base_falls_back_and_says_how_to_get_it(rayhouse, tmp_path):
+    import shutil
+
+    house = tmp_path / "house"
+    shutil.copytree(rayhouse, house)
+    p = write_wheel(house, "ray", "2.58.2", "py3-none-any", {"ray/__init__.py": ""},
+                    requires=["click>=9", 'vllm[audio]==0.26.0; extra == "llm"', 'purepkg; extra == "serve"'])
+    t = datetime(2026, 10, 3, 12, tzinfo=timezone.utc).timestamp()
+    os.utime(p, (t, t))
+    write_wheel(house, "click", "9.0.0", "py3-none-any", {"click/__init__.py": ""})
+    base = _vllm_base(tmp_path, rayhouse, "0.26.0")  # click 8.1.0 in the base
+    out = tmp_path / "l.lock"
+    r = CliRunner().invoke(main, ["lock", "--vllm", "0.26.0", "--base", str(base), "--no-index", "--find-links",
+                                  str(house), "-o", str(out)], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    lock = load_lock(out)
+    assert lock.by_name()["ray"].version == "2.60.0"  # the newest that fits, base pins untouched
+    assert not [e for e in lock.entries if e.base_version]
+    assert lock.header["serve-backend"] == BACKEND_FALLBACK
+    assert "ray[llm] 2.58.2 pins vllm==0.26.0 but needs moving base pins (click 8.1.0 -> 9.0.0)" in lock.header["ray"]
+    assert "--with 'ray[serve]==2.58.2' --with 'click==9.0.0'" in lock.header["ray"]

@@ -136,7 +136,7 @@ def first_error_line(facts: LogFacts) -> str | None:
     is not vLLM's generic "Engine core initialization failed" wrapper."""
     for line in facts.fatal_lines:
         if _EXC.search(line) and "Engine core initialization failed" not in line:
-            return re.sub(r"^\(\w+ pid=\d+\)\s*", "", line).strip()
+            return re.sub(r"^\([^()]*pid=\d+[^()]*\)\s*", "", line).strip()
     return facts.fatal_lines[0] if facts.fatal_lines else None
 
 

@@ -42,6 +42,52 @@ OOM_LINE = (  # torch's message, as vLLM's engine core logs it when a forward pa
 )
 
 
+VOCAB = 1000  # the toy model's vocabulary (token ids 0..999)
+
+
+def toy_logprobs(prev: int, position: int, seed: int, noise: float) -> list[float]:
+    """The toy model: log-softmax over VOCAB of pseudo-random logits that depend on the
+    previous token, the model seed and (for --logprob-noise) the position.  Deterministic."""
+    import math
+    import random
+
+    rng = random.Random(seed * 1_000_003 + prev)
+    logits = [rng.gauss(0.0, 3.0) for _ in range(VOCAB)]
+    if noise:
+        jitter = random.Random(seed * 7_919 + prev * 31 + position)
+        logits = [x + jitter.uniform(-noise, noise) for x in logits]
+    m = max(logits)
+    lse = m + math.log(sum(math.exp(x - m) for x in logits))
+    return [x - lse for x in logits]
+
+
+def toy_generate(prompt: list[int], n: int, seed: int, noise: float) -> tuple[list[int], list[float]]:
+    toks: list[int] = []
+    lps: list[float] = []
+    prev = prompt[-1] if prompt else 0
+    for i in range(n):
+        lp = toy_logprobs(prev, len(prompt) + i, seed, noise)
+        t = max(range(VOCAB), key=lp.__getitem__)
+        toks.append(t)
+        lps.append(lp[t])
+        prev = t
+    return toks, lps
+
+
+def toy_prompt_logprobs(prompt: list[int], k: int, seed: int, noise: float) -> list:
+    """vLLM's ``prompt_logprobs`` shape: None for the first token, then {token_id: Logprob} with
+    the actual token and the top-k, ranks from 1."""
+    out: list = [None]
+    for j in range(1, len(prompt)):
+        lp = toy_logprobs(prompt[j - 1], j, seed, noise)
+        order = sorted(range(VOCAB), key=lambda t: -lp[t])
+        rank = {t: r + 1 for r, t in enumerate(order)}
+        entry = {str(t): {"logprob": lp[t], "rank": rank[t], "decoded_token": f"w{t}"} for t in order[:k]}
+        entry[str(prompt[j])] = {"logprob": lp[prompt[j]], "rank": rank[prompt[j]], "decoded_token": f"w{prompt[j]}"}
+        out.append(entry)
+    return out
+
+
 def log(line: str) -> None:
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
@@ -123,6 +169,30 @@ def make_handler(state: State):
                 self._json(404, {"error": {"message": f"model {body.get('model')!r} does not exist"}})
                 return
             n = int(body.get("max_tokens") or 16)
+            prompt = body.get("prompt")
+            wants_model = any(body.get(f) is not None for f in ("logprobs", "prompt_logprobs", "return_token_ids"))
+            if (wants_model and not body.get("stream") and isinstance(prompt, list)
+                    and all(isinstance(t, int) for t in prompt)):
+                # token-id prompts asking for logprobs or token ids are answered by the toy model
+                if any(not 0 <= t < VOCAB for t in prompt):
+                    self._json(400, {"error": {"message": f"token id out of vocabulary (0..{VOCAB - 1})"}})
+                    return
+                toks, lps = toy_generate(prompt, n, a.model_seed, a.logprob_noise)
+                choice = {"index": 0, "text": "".join(f" w{t}" for t in toks), "finish_reason": "length"}
+                if body.get("return_token_ids"):
+                    choice["token_ids"] = toks
+                    choice["prompt_token_ids"] = prompt
+                if body.get("logprobs") is not None:
+                    choice["logprobs"] = {"tokens": [f"w{t}" for t in toks], "token_logprobs": lps,
+                                          "top_logprobs": [], "text_offset": []}
+                if body.get("prompt_logprobs") is not None:
+                    choice["prompt_logprobs"] = toy_prompt_logprobs(prompt, int(body["prompt_logprobs"]),
+                                                                    a.model_seed, a.logprob_noise)
+                self._json(200, {"id": f"cmpl-{k}", "object": "text_completion", "model": a.model_id,
+                                 "choices": [choice],
+                                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
+                                           "total_tokens": len(prompt) + n}})
+                return
             if not body.get("stream"):
                 time.sleep(a.token_delay * n)
                 self._json(200, {
@@ -170,7 +240,9 @@ def main(argv=None) -> int:
     p.add_argument("model", nargs="?", default=None, help="ignored (as `vllm serve MODEL`)")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--model-id", default="fake-model")
+    p.add_argument("--model-id", "--served-model-name", dest="model_id", default="fake-model")
+    p.add_argument("--model-seed", type=int, default=0, help="the toy model's weights (token-id prompts)")
+    p.add_argument("--logprob-noise", type=float, default=0.0, help="per-position logit jitter (run-to-run noise)")
     p.add_argument("--boot-delay", type=float, default=0.0, help="/health answers 503 for this long")
     p.add_argument("--token-delay", type=float, default=0.001)
     p.add_argument("--exit-during-boot", action="store_true", help="log a ValueError and exit 1 before serving")

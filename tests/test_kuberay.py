@@ -408,7 +408,7 @@ def test_serve_module_args_validation_and_backends():
         mod.backend(mod.parse_args({"model": "/m", "pipeline_parallel_size": 2}), has_ray_serve_llm=False)
     argv = mod.vllm_cli_args(mod.parse_args({"model": "/m", "tensor_parallel_size": 4, "max_model_len": 4096,
                                              "enforce_eager": True}), 8123)
-    assert argv[:2] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[:2] == ["serve", "/m"]
     assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
     assert argv[argv.index("--max-model-len") + 1] == "4096"
     assert argv[argv.index("--port") + 1] == "8123"

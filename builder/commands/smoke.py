@@ -54,10 +54,29 @@ def _parse_size(text: str | None) -> int | None:
 @click.option("--server-cmd", default=None, hidden=True, help="Replace the server command ({port}, {model}); for tests.")
 @click.option("--port", type=int, default=None)
 @click.option("--log-file", default=None, help="Keep the server log here (default: a temp file, kept on FAIL).")
+@click.option("--serve", "serve", is_flag=True,
+              help="Deploy the image's Ray Serve application (build_image_serve_app) on a local Ray head "
+                   "(loopback, stopped by PID) and probe it through Serve's HTTP proxy.")
+@click.option("--serve-backend", type=click.Choice(["auto", "ray-serve-llm", "vllm-server"]), default="auto",
+              show_default=True, help="--serve: the application's backend (auto: ray.serve.llm when ray's llm "
+                                      "extra pins the installed vllm, else vLLM's server in the replica).")
+@click.option("--serve-python", default=None,
+              help="--local --serve: the Python that has ray and vllm (default: the one running build-image).")
+@click.option("--serve-num-gpus", type=int, default=None, hidden=True,
+              help="--serve: GPUs the Ray head declares (default: Ray detects them); for CPU tests.")
+@click.option("--save-reference", default=None, metavar="FILE",
+              help="After a PASS, record greedy outputs with per-token logprobs of a fixed prompt set into FILE.")
+@click.option("--reference", default=None, metavar="FILE",
+              help="Compare greedy outputs and logprobs with FILE (from --save-reference); FAIL beyond the thresholds.")
+@click.option("--reference-logprob-tolerance", type=float, default=None,
+              help="Largest |Δ logprob| (nats) of a reference token that passes (default: measured H200 noise, see docs/smoke.md).")
+@click.option("--reference-tie-margin", type=float, default=None,
+              help="A greedy token may differ where the reference's top-2 margin is at most this (nats).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memory_utilization, max_num_seqs, kv_cache_dtype,
             concurrency, rounds, max_tokens, prompt_tokens, timeout, boot_timeout, extra_args, no_plan, skip_checkpoint_check,
-            gpu_memory, vllm_bin, server_cmd, port, log_file, as_json):
+            gpu_memory, vllm_bin, server_cmd, port, log_file, serve, serve_backend, serve_python, serve_num_gpus, save_reference,
+            reference, reference_logprob_tolerance, reference_tie_margin, as_json):
     """Boot the engine and generate at target concurrency: PASS or FAIL."""
     if image and local:
         raise BadInput("smoke: give either IMAGE or --local, not both")
@@ -75,7 +94,9 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
         prompt_tokens=prompt_tokens, timeout=timeout, boot_timeout=boot_timeout, extra_args=extra,
         server_cmd=server_cmd, vllm_bin=vllm_bin, port=port, log_file=log_file, plan=not no_plan,
         checkpoint_check=not skip_checkpoint_check,
-        gpu_memory_bytes=_parse_size(gpu_memory),
+        gpu_memory_bytes=_parse_size(gpu_memory), serve=serve, serve_backend=serve_backend,
+        serve_python=serve_python, serve_num_gpus=serve_num_gpus, reference=reference, save_reference=save_reference,
+        reference_logprob_tolerance=reference_logprob_tolerance, reference_tie_margin=reference_tie_margin,
     )
     progress = _progress_printer()
     rep = run_smoke(cfg, progress=progress)

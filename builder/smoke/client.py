@@ -90,6 +90,24 @@ def http_get(host: str, port: int, path: str, timeout: float) -> tuple[int, byte
         conn.close()
 
 
+def post_json(host: str, port: int, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """One non-streaming JSON POST; a non-200 answer or a non-object body raises ValueError."""
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("POST", path, body=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+        if resp.status != 200:
+            text = raw[:2000].decode("utf-8", "replace").strip().replace("\n", " ")
+            raise ValueError(f"{path} answered HTTP {resp.status}: {text[:300]}")
+        data = json.loads(raw)
+        if not isinstance(data, dict) or not data.get("choices"):
+            raise ValueError(f"{path} answered without choices")
+        return data
+    finally:
+        conn.close()
+
+
 def post_completion(host: str, port: int, body: dict[str, Any], timeout: float, index: int) -> RequestResult:
     """One /v1/completions request; streaming bodies are read as SSE and any
     ``error`` event or a missing ``[DONE]`` is a failure."""

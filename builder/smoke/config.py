@@ -10,6 +10,8 @@ from typing import Any
 
 from ..errors import BadInput
 
+SERVE_BACKENDS = ("auto", "ray-serve-llm", "vllm-server")
+
 
 @dataclass
 class SmokeConfig:
@@ -41,6 +43,14 @@ class SmokeConfig:
     env: dict[str, str] = field(default_factory=dict)
     stop_grace: float = 15.0            # SIGTERM -> SIGKILL delay when stopping the server
     docker_gpus: str | None = "all"     # docker mode: --gpus value (None: no --gpus, for CPU tests)
+    serve: bool = False                 # deploy the image's Ray Serve application on a local Ray head
+    serve_backend: str = "auto"         # auto | ray-serve-llm | vllm-server (the application's `backend`)
+    serve_python: str | None = None     # local --serve: the Python that has ray (default: this one)
+    serve_num_gpus: int | None = None   # --serve: GPUs the Ray head declares (default: Ray detects them)
+    reference: str | None = None        # compare outputs with this reference file
+    save_reference: str | None = None   # record the reference outputs into this file
+    reference_logprob_tolerance: float | None = None  # default: equivalence.LOGPROB_TOLERANCE
+    reference_tie_margin: float | None = None         # default: equivalence.TIE_MARGIN
 
     def validate(self) -> None:
         where = "smoke"
@@ -75,6 +85,16 @@ class SmokeConfig:
                 raise BadInput(f"{where}: {name} must be a positive number of seconds, got {value!r}")
         if self.cpu_offload_gb is not None and not (math.isfinite(self.cpu_offload_gb) and self.cpu_offload_gb >= 0):
             raise BadInput(f"{where}: --cpu-offload-gb must be a finite number >= 0, got {self.cpu_offload_gb!r}")
+        if self.reference and self.save_reference:
+            raise BadInput(f"{where}: give either --reference or --save-reference, not both")
+        if self.serve and self.server_cmd:
+            raise BadInput(f"{where}: --serve deploys the Serve application; it does not take --server-cmd")
+        if self.serve_backend not in SERVE_BACKENDS:
+            raise BadInput(f"{where}: --serve-backend must be one of {', '.join(SERVE_BACKENDS)}, got {self.serve_backend!r}")
+        for name, value in (("--reference-logprob-tolerance", self.reference_logprob_tolerance),
+                            ("--reference-tie-margin", self.reference_tie_margin)):
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise BadInput(f"{where}: {name} must be a finite number >= 0, got {value!r}")
         if self.max_model_len is not None and self.prompt_tokens + self.max_tokens > self.max_model_len:
             raise BadInput(
                 f"{where}: --prompt-tokens ({self.prompt_tokens}) + --max-tokens ({self.max_tokens}) "

@@ -97,6 +97,9 @@ class SmokeReport:
     probe: dict[str, Any] | None = None
     refused_by_plan: bool = False
     interrupted: bool = False
+    serve: dict[str, Any] | None = None          # --serve: Ray timings, backend, replica log tail
+    equivalence: dict[str, Any] | None = None    # --reference: the output-equivalence comparison
+    reference_saved: str | None = None           # --save-reference: the file written
 
     @property
     def passed(self) -> bool:
@@ -164,6 +167,12 @@ SMOKE_REPORT_SCHEMA: dict[str, Any] = {
         "interrupted": {"type": "boolean"},
         "probe": {"type": ["object", "null"]},
         "refused_by_plan": {"type": "boolean"},
+        "serve": {"type": ["object", "null"]},
+        "equivalence": {
+            "type": ["object", "null"],
+            "required": ["verdict", "failures", "first_diff", "max_abs_dlogprob", "logprob_tolerance", "tie_margin"],
+        },
+        "reference_saved": {"type": ["string", "null"]},
     },
 }
 
@@ -222,7 +231,15 @@ def render_text(rep: SmokeReport) -> str:
         "max_tokens={max_tokens}".format(**s)
     )
     b = rep.boot
-    lines.append(f"  boot: /health after {_fmt(b.get('health_s'), 's')}, first token after {_fmt(b.get('first_token_s'), 's')}")
+    if rep.serve is not None:
+        sv = rep.serve
+        lines.append(
+            f"  ray serve: ray {sv.get('ray_version') or '?'} started in {_fmt(sv.get('ray_start_s'), 's')}, "
+            f"application RUNNING after {_fmt(sv.get('app_running_s'), 's')}, backend {sv.get('backend') or '?'}"
+            + (f" ({sv['backend_reason']})" if sv.get("backend_reason") else "")
+        )
+    ready = "/v1/models" if rep.serve is not None else "/health"
+    lines.append(f"  boot: {ready} after {_fmt(b.get('health_s'), 's')}, first token after {_fmt(b.get('first_token_s'), 's')}")
     kv = rep.kv_cache
     if kv.get("tokens") is not None:
         lines.append(
@@ -246,11 +263,18 @@ def render_text(rep: SmokeReport) -> str:
         lines.append(f"  plan: {rep.plan.get('summary', json.dumps(rep.plan)[:200])}")
     for line in rep.layer_rewrites[:3]:
         lines.append(f"  layer types: {line[:240]}")
+    if rep.equivalence is not None:
+        lines.append(f"  output equivalence: {rep.equivalence.get('summary', rep.equivalence.get('verdict'))}")
+    if rep.reference_saved:
+        lines.append(f"  reference written: {rep.reference_saved}")
     for f in rep.failures:
         lines.append(f"  FAIL: {f}")
     if rep.verdict == FAIL and rep.log_tail:
         lines.append(f"  server log tail ({rep.log_file}):")
         lines.extend("    | " + ln for ln in rep.log_tail)
+    if rep.verdict == FAIL and rep.serve and rep.serve.get("replica_log_tail"):
+        lines.append(f"  replica log tail ({rep.serve.get('replica_log')}):")
+        lines.extend("    | " + ln for ln in rep.serve["replica_log_tail"])
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@ which :func:`make_report` turns into the report.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import http.client
 import json
 import os
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..errors import BadInput
-from ..vllm_log import count_server_starts, log_tail, parse_server_log, read_log
+from ..vllm_log import count_server_starts, first_error_line, log_tail, parse_server_log, read_log
 from .client import (
     PROBE_TOKENS,
     completion_body,
@@ -33,6 +34,8 @@ from .client import (
     post_completion,
     run_round,
 )
+from . import equivalence as eqv
+from . import serve as serve_mode
 from .config import SmokeConfig
 from .gpu import nvidia_smi_memory
 from .preflight import checkpoint_ready, preflight_plan
@@ -67,6 +70,18 @@ class Launch:
     docker: str | None = None
     cleanup: Callable[[], None] | None = None
     spawn: Callable[..., subprocess.Popen] = subprocess.Popen
+    health_path: str = "/health"
+    ready: Callable[[str], bool] | None = None   # serve mode: the runner's RUNNING line must be in the log
+    ray_temp_dir: str | None = None
+
+
+@dataclass
+class Gate:
+    """The output-equivalence gate of this run (--reference / --save-reference), checked before the boot."""
+    identity: dict[str, Any]
+    reference: "eqv.Reference | None" = None
+    save_to: str | None = None
+    config_keys_differ: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -83,6 +98,8 @@ class Observed:
     exit_code: int | None = None
     exited: bool = False
     interrupted: bool = False
+    equivalence: dict[str, Any] | None = None
+    reference_outputs: list[dict[str, Any]] | None = None
 
     def sample_gpu(self) -> None:
         m = nvidia_smi_memory()
@@ -117,6 +134,8 @@ def prepare_launch(cfg: SmokeConfig) -> Launch:
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     port = cfg.port or free_port()
+    if cfg.serve:
+        return serve_launch(cfg, env, port)
     if cfg.server_cmd:
         return Launch("command", build_override_command(cfg, port), env, port)
     if cfg.image:
@@ -132,6 +151,45 @@ def prepare_launch(cfg: SmokeConfig) -> Launch:
     return Launch("local", build_local_command(cfg, port, vllm), env, port)
 
 
+def serve_launch(cfg: SmokeConfig, env: dict[str, str], port: int) -> Launch:
+    """The Serve application on a local Ray head (in the image with docker): its Ray temp dir
+    is ours, so the replica logs can be read back, and it is removed after a PASS."""
+    ready = serve_mode.is_ready
+    if cfg.image:
+        docker = cfg.docker_bin or find_docker()
+        args = serve_mode.app_args(cfg, "/model")
+        name = f"build-image-smoke-{uuid.uuid4().hex[:10]}"
+        inner = "/tmp/ray-smoke"
+        temp_dir = tempfile.mkdtemp(prefix="smoke-ray-")
+        argv = build_docker_command(
+            cfg, port, name, docker, entrypoint="python3",
+            args=serve_mode.runner_args(args, port, inner, cfg.serve_num_gpus),
+            volumes=[(temp_dir, inner)], env=serve_mode.serve_env({}),
+        )
+
+        def cleanup() -> None:  # the container outlives a killed CLI
+            remove_container(docker, name)
+
+        return Launch("docker", argv, env, port, docker=docker, cleanup=cleanup, spawn=docker_spawn(docker),
+                      health_path="/v1/models", ready=ready, ray_temp_dir=temp_dir)
+    serve_mode.app_args(cfg, str(cfg.model))  # bad --extra-arg: refused before anything is created
+    temp_dir = tempfile.mkdtemp(prefix="smoke-ray-")
+    return Launch("local", serve_mode.local_command(cfg, port, temp_dir), serve_mode.local_env(env), port,
+                  health_path="/v1/models", ready=ready, ray_temp_dir=temp_dir)
+
+
+def gate_step(cfg: SmokeConfig) -> Gate | None:
+    """Before any GPU time: a reference for another model or prompt set is bad input."""
+    if not cfg.reference and not cfg.save_reference:
+        return None
+    identity = eqv.model_identity(cfg.model)
+    eqv.vocab_size(identity)
+    if cfg.reference:
+        ref = eqv.load_reference(cfg.reference)
+        return Gate(identity=identity, reference=ref, config_keys_differ=eqv.check_compatible(ref, identity))
+    return Gate(identity=identity, save_to=cfg.save_reference)
+
+
 def settings_of(cfg: SmokeConfig) -> dict[str, Any]:
     return {
         "tp": cfg.tp, "pp": cfg.pp, "cpu_offload_gb": cfg.cpu_offload_gb, "max_model_len": cfg.max_model_len,
@@ -139,6 +197,7 @@ def settings_of(cfg: SmokeConfig) -> dict[str, Any]:
         "kv_cache_dtype": cfg.kv_cache_dtype, "concurrency": cfg.concurrency, "rounds": cfg.rounds,
         "prompt_tokens": cfg.prompt_tokens, "max_tokens": cfg.max_tokens, "timeout_s": cfg.timeout,
         "boot_timeout_s": cfg.boot_timeout, "extra_args": list(cfg.extra_args),
+        "serve": cfg.serve, "serve_backend": cfg.serve_backend if cfg.serve else None,
     }
 
 
@@ -195,13 +254,16 @@ def wait_for_health(cfg: SmokeConfig, server: ServerProcess, launch: Launch, t_s
     deadline = t_start + cfg.boot_timeout
     while True:
         if not server.alive():
-            obs.boot_error = f"server exited during boot (code {server.poll()}) before /health answered"
+            obs.boot_error = f"server exited during boot (code {server.poll()}) before {launch.health_path} answered"
             return
         if time.monotonic() > deadline:
-            obs.boot_error = f"timeout: /health did not answer 200 within {cfg.boot_timeout:g}s"
+            obs.boot_error = f"timeout: {launch.health_path} did not answer 200 within {cfg.boot_timeout:g}s"
             return
+        if launch.ready is not None and not launch.ready(read_log(log_path)):
+            time.sleep(0.5)
+            continue
         try:
-            status, _ = http_get(launch.host, launch.port, "/health", timeout=5)
+            status, _ = http_get(launch.host, launch.port, launch.health_path, timeout=5)
             if status == 200:
                 obs.boot["health_s"] = round(time.monotonic() - t_start, 2)
                 obs.boot_log_bytes = file_size(log_path)
@@ -270,13 +332,37 @@ def probe_rounds(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab:
         if parse_server_log(read_log(log_path)).oom_lines:
             return
         try:
-            status, _ = http_get(launch.host, launch.port, "/health", timeout=10)
+            status, _ = http_get(launch.host, launch.port, launch.health_path, timeout=10)
             if status != 200:
-                obs.extra_failures.append(f"/health answered {status} after round {n}")
+                obs.extra_failures.append(f"{launch.health_path} answered {status} after round {n}")
                 return
         except (OSError, http.client.HTTPException) as exc:
-            obs.extra_failures.append(f"/health failed after round {n}: {exc}")
+            obs.extra_failures.append(f"{launch.health_path} failed after round {n}: {exc}")
             return
+
+
+def gate_run(cfg: SmokeConfig, gate: Gate, launch: Launch, obs: Observed, say: Callable[[str], None]) -> None:
+    """After clean rounds: record the reference outputs, or compare with the reference."""
+    model_id = obs.model_id or ""
+    try:
+        if gate.reference is not None:
+            say(f"output equivalence: {len(gate.reference.prompts)} prompts vs {gate.reference.path}")
+            eq = eqv.check(launch.host, launch.port, model_id, gate.reference, cfg.timeout,
+                           logprob_tolerance=(cfg.reference_logprob_tolerance if cfg.reference_logprob_tolerance
+                                              is not None else eqv.LOGPROB_TOLERANCE),
+                           tie_margin=(cfg.reference_tie_margin if cfg.reference_tie_margin is not None
+                                       else eqv.TIE_MARGIN),
+                           config_keys_differ=gate.config_keys_differ)
+            obs.equivalence = eq.to_dict()
+            obs.equivalence["summary"] = eqv.summary(eq)
+            say(f"output equivalence {obs.equivalence['summary']}")
+            obs.extra_failures.extend(f"output equivalence: {f}" for f in eq.failures)
+        else:
+            prompts = eqv.prompt_set(eqv.vocab_size(gate.identity))
+            say(f"recording the reference outputs of {len(prompts)} prompts")
+            obs.reference_outputs = eqv.record(launch.host, launch.port, model_id, prompts, cfg.timeout)
+    except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError, IndexError) as exc:
+        obs.extra_failures.append(f"output equivalence: the server's answer could not be read: {exc}"[:400])
 
 
 def stop_server(cfg: SmokeConfig, server: ServerProcess, obs: Observed, say: Callable[[str], None]) -> None:
@@ -325,8 +411,15 @@ def make_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], plan
                 obs: Observed, log_path: str) -> SmokeReport:
     text = read_log(log_path)
     facts = parse_server_log(text)
+    serve_info = None
+    if launch.ray_temp_dir is not None:
+        serve_info = serve_mode.parse_serve_lines(text)
+        obs.boot["ray_start_s"] = serve_info["ray_start_s"]
+        obs.boot["app_running_s"] = serve_info["app_running_s"]
+        obs.extra_failures[:0] = [f"serve: {f}" for f in serve_info["failed"]]
+        obs.extra_failures.extend(f"serve: replica restarted: {r}" for r in serve_info["restarts"])
     starts_after_boot = None
-    if obs.boot_log_bytes is not None:
+    if obs.boot_log_bytes is not None and serve_info is None:
         try:
             later = Path(log_path).read_bytes()[obs.boot_log_bytes:].decode("utf-8", "replace")
         except OSError:
@@ -337,6 +430,10 @@ def make_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], plan
         server_exited=obs.exited, boot_error=obs.boot_error, extra_failures=obs.extra_failures,
         starts_after_boot=starts_after_boot,
     )
+    if serve_info is not None and failures and not obs.exited:
+        root = first_error_line(facts) or facts.last_exception_line
+        if root and not any(root[:200] in f for f in failures):
+            failures.append(f"replica log: {root[:300]}")
     total_tokens = sum(r.output_tokens for r in obs.rounds)
     total_wall = sum(r.wall_s for r in obs.rounds)
     return SmokeReport(
@@ -369,11 +466,40 @@ def make_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], plan
         layer_rewrites=facts.layer_rewrite_lines,
         probe=obs.probe,
         interrupted=obs.interrupted,
+        serve=_serve_section(serve_info, launch, verdict),
+        equivalence=obs.equivalence,
     )
 
 
-def drop_passing_log(rep: SmokeReport, own_log: bool) -> None:
-    """A temp log is kept only for a FAIL."""
+def _serve_section(info: dict[str, Any] | None, launch: Launch, verdict: str) -> dict[str, Any] | None:
+    if info is None:
+        return None
+    replica_log, tail = serve_mode.replica_log_tail(launch.ray_temp_dir) if verdict == FAIL else (None, [])
+    return {**info, "ray_temp_dir": launch.ray_temp_dir if verdict == FAIL else None,
+            "replica_log": replica_log, "replica_log_tail": tail}
+
+
+def save_reference(cfg: SmokeConfig, gate: Gate | None, launch: Launch, rep: SmokeReport, obs: Observed,
+                   say: Callable[[str], None]) -> None:
+    """Write the reference file (atomically), only for a PASS: a failing server's outputs are no reference."""
+    if gate is None or gate.save_to is None:
+        return
+    if rep.verdict != PASS or obs.reference_outputs is None:
+        say(f"reference not written ({gate.save_to}): the smoke test did not pass")
+        return
+    prompts = eqv.prompt_set(eqv.vocab_size(gate.identity))
+    doc = eqv.reference_document(gate.identity, prompts, obs.reference_outputs,
+                                 eqv.recorded_info(launch.mode + (" serve" if cfg.serve else ""), cfg.image,
+                                                   cfg.extra_args, str(cfg.model)))
+    eqv.write_reference(gate.save_to, doc)
+    rep.reference_saved = gate.save_to
+    say(f"reference written: {gate.save_to}")
+
+
+def drop_passing_log(rep: SmokeReport, own_log: bool, launch: Launch | None = None) -> None:
+    """A temp log (and the Ray temp dir of --serve) is kept only for a FAIL."""
+    if launch is not None and launch.ray_temp_dir and rep.verdict == PASS:
+        shutil.rmtree(launch.ray_temp_dir, ignore_errors=True)
     if own_log and rep.verdict == PASS and rep.log_file:
         try:
             os.unlink(rep.log_file)
@@ -394,15 +520,23 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
     if cfg.image and cfg.server_cmd:
         raise BadInput("smoke: give either IMAGE or --server-cmd, not both")
     checkpoint_ready(cfg, say)  # CheckpointNotReady (exit 13) before any plan, server or GPU work
+    gate = gate_step(cfg)
     plan = plan_step(cfg, say)
     launch = prepare_launch(cfg)
     settings = settings_of(cfg)
-    if cfg.plan and plan is not None and plan.get("fits") is False:
-        say("refused by the memory plan; the server was not started (--no-plan boots anyway)")
-        return refused_report(cfg, launch, settings, plan)
-    if launch.mode == "docker":
-        check_docker_image(launch.docker or "", cfg.image or "")
-    log_path, own_log = open_log(cfg)
+    try:
+        if cfg.plan and plan is not None and plan.get("fits") is False:
+            say("refused by the memory plan; the server was not started (--no-plan boots anyway)")
+            if launch.ray_temp_dir:
+                shutil.rmtree(launch.ray_temp_dir, ignore_errors=True)
+            return refused_report(cfg, launch, settings, plan)
+        if launch.mode == "docker":
+            check_docker_image(launch.docker or "", cfg.image or "")
+        log_path, own_log = open_log(cfg)
+    except BaseException:
+        if launch.ray_temp_dir:
+            shutil.rmtree(launch.ray_temp_dir, ignore_errors=True)
+        raise
     server = ServerProcess(launch.argv, log_path, env=launch.env, cleanup=launch.cleanup, spawn=launch.spawn)
     obs = Observed()
     with sigterm_as_interrupt():
@@ -421,11 +555,19 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
                 first_token(cfg, launch, vocab, t_start, obs, say)
             if obs.boot_error is None:
                 probe_rounds(cfg, server, launch, vocab, log_path, obs, say)
+            if gate is not None and clean_so_far(cfg, server, obs):
+                gate_run(cfg, gate, launch, obs, say)
         except KeyboardInterrupt:
             obs.interrupted = True
             obs.extra_failures.append("interrupted (Ctrl-C / SIGTERM); server stopped")
         finally:
             stop_server(cfg, server, obs, say)
     rep = make_report(cfg, launch, settings, plan, obs, log_path)
-    drop_passing_log(rep, own_log)
+    save_reference(cfg, gate, launch, rep, obs, say)
+    drop_passing_log(rep, own_log, launch)
     return rep
+
+
+def clean_so_far(cfg: SmokeConfig, server: ServerProcess, obs: Observed) -> bool:
+    return (obs.boot_error is None and not obs.extra_failures and server.alive()
+            and len(obs.rounds) == cfg.rounds and not any(r.failed for r in obs.rounds))

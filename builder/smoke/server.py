@@ -52,7 +52,10 @@ def build_local_command(cfg: SmokeConfig, port: int, vllm_bin: list[str]) -> lis
     return vllm_bin + ["serve"] + serve_flags(cfg, str(Path(cfg.model).resolve()), port, "127.0.0.1")
 
 
-def build_docker_command(cfg: SmokeConfig, port: int, name: str, docker_bin: str) -> list[str]:
+def build_docker_command(cfg: SmokeConfig, port: int, name: str, docker_bin: str, *,
+                         entrypoint: str = "vllm", args: list[str] | None = None,
+                         volumes: list[tuple[str, str]] | None = None, env: dict[str, str] | None = None) -> list[str]:
+    """``docker run`` of the image: ``vllm serve`` by default, or ``entrypoint args``."""
     model = str(Path(cfg.model).resolve())
     cmd = [docker_bin, "run", "--rm", "--name", name, "--pull=never"]
     if cfg.docker_gpus:
@@ -63,10 +66,14 @@ def build_docker_command(cfg: SmokeConfig, port: int, name: str, docker_bin: str
         "--ipc=host", "--network=host", "-v", f"{model}:/model:ro",
         "-e", "HF_HUB_OFFLINE=1", "-e", "VLLM_NO_USAGE_STATS=1",
     ]
-    for k, v in sorted(cfg.env.items()):
+    for host_path, path in volumes or []:
+        cmd += ["-v", f"{host_path}:{path}"]
+    for k, v in sorted({**(env or {}), **cfg.env}.items()):
         cmd += ["-e", f"{k}={v}"]
-    cmd += ["--entrypoint", "vllm", cfg.image or "", "serve"]
-    return cmd + serve_flags(cfg, "/model", port, "127.0.0.1")
+    cmd += ["--entrypoint", entrypoint, cfg.image or ""]
+    if args is not None:
+        return cmd + args
+    return cmd + ["serve"] + serve_flags(cfg, "/model", port, "127.0.0.1")
 
 
 def build_override_command(cfg: SmokeConfig, port: int) -> list[str]:

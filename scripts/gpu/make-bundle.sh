@@ -14,8 +14,10 @@ PLAT=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platfo
 mkdir -p "$WORK/whl" "$VLLM_WHEEL_DIR"
 ls "$VLLM_WHEEL_DIR"/vllm-0.26.0-*.whl >/dev/null 2>&1 || \
   "$PY" -m pip download -q --no-deps vllm==0.26.0 --only-binary=:all: --python-version 3.12 \
-      --platform manylinux_2_35_x86_64 -d "$VLLM_WHEEL_DIR"
-grep -v '^#' "$ROOT/scripts/gpu/wheels.txt" | grep . | xargs "$PY" -m pip download -q --no-deps \
+      --implementation cp --abi abi3 --abi cp312 --abi none "${PLAT[@]}" -d "$VLLM_WHEEL_DIR"
+# wheels.txt (engine, server, Gemma 4, build-image) and wheels-serve.txt (ray 2.58.1 + serve extra)
+cat "$ROOT/scripts/gpu/wheels.txt" "$ROOT/scripts/gpu/wheels-serve.txt" | grep -v '^#' | grep . | sort -u | \
+  xargs "$PY" -m pip download -q --no-deps \
   --only-binary=:all: --python-version 3.12 --implementation cp "${PLAT[@]}" -d "$WORK/whl"
 VW=$(ls "$VLLM_WHEEL_DIR"/vllm-0.26.0-*.whl | head -1)
 [ -f "$WORK/whl/$(basename "$VW")" ] || "$PY" "$ROOT/scripts/gpu/slim_wheel.py" "$VW" "$WORK/whl/$(basename "$VW")"

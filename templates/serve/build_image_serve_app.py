@@ -487,7 +487,19 @@ def run_local(args: Mapping[str, Any], *, port: int, temp_dir: Optional[str] = N
             init_kw["_temp_dir"] = temp_dir
         if num_gpus is not None:
             init_kw["num_gpus"] = num_gpus
-        ray.init(**init_kw)
+        for attempt in (1, 2):
+            try:
+                ray.init(**init_kw)
+                break
+            except Exception as exc:  # noqa: BLE001 - Ray waits a fixed 30 s for its raylet to register
+                if attempt == 2 or "timed out during startup" not in str(exc):
+                    raise
+                _say(f"ray start failed after {time.monotonic() - t0:.2f} s ({exc}); retrying once")
+                try:
+                    ray.shutdown()
+                except Exception:  # noqa: BLE001
+                    pass
+                _reap(set(_descendants(os.getpid())), grace=3.0)
         # Ray's core worker installs its own SIGTERM handler (print a stack, die at once), which
         # would leave the replicas and their children running: take SIGTERM/SIGINT back.
         signal.signal(signal.SIGTERM, on_signal)

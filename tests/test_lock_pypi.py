@@ -119,3 +119,16 @@ def test_base_given_as_a_local_image_ref_is_snapshotted(standin_base_image, tmp_
     assert run(*args, "--with", "packaging", "--check")[0] == 0
     code, text = run(*args, "--with", "packaging>=99")
     assert code == 4 and "packaging" in text
+
+
+def test_seed_000_only_vllm_refuses_the_numpy1_ray_base(pyarrow14_base, tmp_path):
+    """Seed 000's headline: `lock --vllm 0.26.0` on a ray-like base (pyarrow built for numpy 1.x, no vllm)
+    adds vllm==0.26.0 and is refused naming numpy, pyarrow's numpy-1.x extension and the chain."""
+    out = tmp_path / "r.lock"
+    code, text = run("lock", "--vllm", "0.26.0", "--base", str(pyarrow14_base), "--exclude-newer", "2026-07-25",
+                     "-o", str(out))
+    assert code in (3, 4), text
+    assert "vllm==0.26.0" in text
+    assert "numpy==1.26.4 is pinned by the base; pyarrow 14.0.2 there has" in text and "numpy 1.x" in text
+    assert "every base pin that must move" in text and "numpy 1.26.4 -> 2." in text
+    assert not out.exists()

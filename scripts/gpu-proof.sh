@@ -8,12 +8,14 @@
 #            scripts/gpu-proof.sh recv 1   (carry c01) ...
 #            scripts/gpu-proof.sh start 4  (carry c04)   # last part, join, verify, run in background, wait
 #            scripts/gpu-proof.sh wait                   # until scripts/gpu/proof-run.sh prints DONE
+#   RUN=serve-proof-run.sh ... start N               # the Serve path + output-equivalence proof instead
 #
 # Results come back as $OUT/proof.tgz (results/*.json, logs/*.log, progress.txt).
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 P=${P:-/tmp/proof}
 WAIT=${WAIT:-540}
+RUN=${RUN:-proof-run.sh}   # or serve-proof-run.sh (the Serve path + the output-equivalence gate)
 mode=${1:-}; n=${2:-}
 
 recv() {
@@ -48,7 +50,7 @@ case "$mode" in
     sha256sum -c "$REPO/c0$n/bundle.sha256" || { echo "bundle sha256 mismatch"; exit 7; }
     rm -rf /tmp/bwhl && mkdir -p /tmp/bwhl && tar xf /tmp/bundle.tar -C /tmp/bwhl && rm -f /tmp/bundle.tar
     rm -rf "$P" && mkdir -p "$P"
-    setsid nohup "$REPO/scripts/gpu/proof-run.sh" > "$P/run.log" 2>&1 < /dev/null &
+    setsid nohup "$REPO/scripts/gpu/$RUN" > "$P/run.log" 2>&1 < /dev/null &
     sleep 2; waitdone ;;
   wait) waitdone ;;
   *) echo "usage: $0 recv N | start N | wait"; exit 2 ;;

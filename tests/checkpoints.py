@@ -171,6 +171,11 @@ BUILDERS = {
         o, seed=3, **{**SHAPE_A, "layers": 4},
         declared_layer_types=["full_attention", "qwen_sparse_attention", "full_attention", "qwen_sparse_attention"],
     ),
+    # the same weights as qwen3-sparse (same seed and shape), every layer declared full_attention:
+    # what the layer-type override turns qwen3-sparse into, for the output-equivalence gate
+    "qwen3-sparse-full": lambda o: make_qwen3(
+        o, seed=3, **{**SHAPE_A, "layers": 4}, declared_layer_types=["full_attention"] * 4,
+    ),
     "gemma4-ple-ref": lambda o: make_gemma4_ple(o, "ref"),
     "gemma4-ple-long": lambda o: make_gemma4_ple(o, "long"),
     "gemma4-ple-mid": lambda o: make_gemma4_ple(o, "mid"),

@@ -206,7 +206,12 @@ def test_save_reference_is_not_written_for_a_failing_run(tmp_path):
     assert not out.exists()
 
 
-def test_reference_and_save_reference_together_is_bad_input(tmp_path):
-    model = _model(tmp_path / "m")
-    with pytest.raises(BadInput, match="either --reference or --save-reference"):
-        _smoke(tmp_path, model, reference="a.json", save_reference="b.json")
+def test_check_and_record_in_one_run(tmp_path, reference):
+    """--reference A --save-reference B: compared with A, and B recorded (a second engine's reference)."""
+    model, path = reference
+    out = tmp_path / "b.json"
+    rep = _smoke(tmp_path, model, reference=str(path), save_reference=str(out))
+    assert rep.verdict == "PASS" and rep.equivalence["verdict"] == "PASS" and rep.reference_saved == str(out)
+    assert json.loads(out.read_text())["prompts"] == json.loads(path.read_text())["prompts"]
+    with pytest.raises(BadInput, match="another file than --reference"):
+        _smoke(tmp_path, model, reference=str(path), save_reference=str(path))

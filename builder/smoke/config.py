@@ -85,8 +85,8 @@ class SmokeConfig:
                 raise BadInput(f"{where}: {name} must be a positive number of seconds, got {value!r}")
         if self.cpu_offload_gb is not None and not (math.isfinite(self.cpu_offload_gb) and self.cpu_offload_gb >= 0):
             raise BadInput(f"{where}: --cpu-offload-gb must be a finite number >= 0, got {self.cpu_offload_gb!r}")
-        if self.reference and self.save_reference:
-            raise BadInput(f"{where}: give either --reference or --save-reference, not both")
+        if self.reference and self.save_reference and Path(self.reference).resolve() == Path(self.save_reference).resolve():
+            raise BadInput(f"{where}: --save-reference must name another file than --reference")
         if self.serve and self.server_cmd:
             raise BadInput(f"{where}: --serve deploys the Serve application; it does not take --server-cmd")
         if self.serve_backend not in SERVE_BACKENDS:

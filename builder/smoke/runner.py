@@ -186,7 +186,8 @@ def gate_step(cfg: SmokeConfig) -> Gate | None:
     eqv.vocab_size(identity)
     if cfg.reference:
         ref = eqv.load_reference(cfg.reference)
-        return Gate(identity=identity, reference=ref, config_keys_differ=eqv.check_compatible(ref, identity))
+        return Gate(identity=identity, reference=ref, config_keys_differ=eqv.check_compatible(ref, identity),
+                    save_to=cfg.save_reference)
     return Gate(identity=identity, save_to=cfg.save_reference)
 
 
@@ -357,7 +358,7 @@ def gate_run(cfg: SmokeConfig, gate: Gate, launch: Launch, obs: Observed, say: C
             obs.equivalence["summary"] = eqv.summary(eq)
             say(f"output equivalence {obs.equivalence['summary']}")
             obs.extra_failures.extend(f"output equivalence: {f}" for f in eq.failures)
-        else:
+        if gate.save_to is not None:
             prompts = eqv.prompt_set(eqv.vocab_size(gate.identity))
             say(f"recording the reference outputs of {len(prompts)} prompts")
             obs.reference_outputs = eqv.record(launch.host, launch.port, model_id, prompts, cfg.timeout)

@@ -177,14 +177,20 @@ def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP}
 
 
+_IMPORT_ERROR: dict = {}
+
+
 def _has_ray_serve_llm() -> bool:
-    """True when ``ray.serve.llm`` imports (it needs ray's ``llm`` extra, e.g. pyarrow)."""
+    """True when ``ray.serve.llm`` imports (it needs ray's ``llm`` extra, e.g. pyarrow); the
+    import error, if any, becomes the fallback's reason."""
     try:
         if importlib.util.find_spec("ray.serve.llm") is None:
+            _IMPORT_ERROR["ray.serve.llm"] = "ray.serve.llm is not installed"
             return False
         importlib.import_module("ray.serve.llm")
         return True
-    except Exception:  # noqa: BLE001 - any import failure means: use the fallback
+    except Exception as exc:  # noqa: BLE001 - any import failure means: use the fallback
+        _IMPORT_ERROR["ray.serve.llm"] = f"{type(exc).__name__}: {exc}"[:500]
         return False
 
 
@@ -251,7 +257,8 @@ def backend_decision(cfg: Mapping[str, Any], *, has_ray_serve_llm: Optional[bool
     if cfg["backend"] == "vllm-server":
         reason = "backend 'vllm-server' requested"
     elif not have:
-        reason = "this ray has no ray.serve.llm"
+        reason = "this ray has no ray.serve.llm" + (
+            f" ({_IMPORT_ERROR['ray.serve.llm']})" if has_ray_serve_llm is None and _IMPORT_ERROR.get("ray.serve.llm") else "")
     elif mismatch:
         reason = mismatch
     if reason is None:

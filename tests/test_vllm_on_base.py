@@ -102,6 +102,10 @@ def test_a_base_with_another_vllm_is_refused_naming_both(wheelhouse, vllm_house,
     assert code == 2, text
     assert "--vllm 0.26.0" in text and "ships vllm 0.27.0" in text
     assert not (tmp_path / "x.lock").exists()
+    # without --vllm the base's own vllm is the one locked for (not the built-in default)
+    code, text = _lock(base, [wheelhouse, vllm_house], "--with", "purepkg", "-o", str(tmp_path / "x.lock"))
+    assert code == 0, text
+    assert load_lock(tmp_path / "x.lock").header["vllm"] == "0.27.0"
 
 
 def test_a_lock_on_another_base_never_replaces_the_lock_there(raylike_base, wheelhouse, vllm_house, tmp_path):

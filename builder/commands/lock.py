@@ -123,6 +123,8 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
         find_links=list(find_links) or None, no_index=no_index or None, exclude_newer=exclude_newer,
     )
     resolved = resolve_base(spec.base, spec.vllm)
+    if not spec.vllm_given and resolved.vllm:  # no --vllm: the base's vllm (and its default lock path)
+        spec = spec.with_flags(vllm=resolved.vllm)
     req = L.request_for(
         vllm=spec.vllm, base=resolved, with_=spec.with_, default_overlay=not no_default_overlay,
         vllm_given=spec.vllm_given, allow=spec.allow_abi_change, find_links=spec.find_links, no_index=spec.no_index,

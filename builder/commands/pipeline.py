@@ -120,7 +120,9 @@ def run_pipeline(ctx, vllm, spec_file, with_=(), base=None, lock_file=None, out=
     summary: dict = {"vllm": spec.vllm, "context": str(out), "stages_s": stages.times}
 
     base_arg = base or spec.base
-    if base_arg and not base_arg.endswith(".json"):
+    from ..baseref import classify
+
+    if classify(base_arg) == "image":  # the one rule (builder/baseref.py): snapshot once, beside the context
         from ..base import snapshot_image
 
         manifest_path = out.parent / f"base-{base_arg.replace('/', '_').replace(':', '_').replace('@', '_')}.json"

@@ -89,9 +89,14 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
     except BuildImageError as exc:
         # --json: every outcome is a JSON document on stdout (the message stays on stderr)
         if as_json and not getattr(exc, "json_emitted", False):
-            _emit(True, {"status": _ERROR_STATUS.get(type(exc), "error"), "written": False,
-                         "exit_code": exc.exit_code, "error": exc.title, "message": exc.message,
-                         "hint": exc.hint, "details": exc.details}, "")
+            doc = {"status": _ERROR_STATUS.get(type(exc), "error"), "written": False,
+                   "exit_code": exc.exit_code, "error": exc.title, "message": exc.message,
+                   "hint": exc.hint, "details": exc.details}
+            moves = getattr(exc, "pin_moves", None)
+            if moves is not None:  # every base pin that must move, for CI to read
+                doc["pin_moves"] = {"resolves": moves.resolves, "with": moves.with_line, "blocked": moves.blocked,
+                                    "moves": [{"name": n, "base": o, "to": v} for n, o, v in moves.moves]}
+            _emit(True, doc, "")
         raise
 
 

@@ -42,9 +42,11 @@ VENV_BIN = Path(sys.executable).parent
 TESTS: dict[str, list[str]] = {
     "abi": ["tests/test_abi.py", "tests/test_diff.py"],
     "plan": ["tests/test_plan.py"],
-    "diff": ["tests/test_diff.py"],
+    "diff": ["tests/test_diff.py", "tests/test_diff_release.py"],
     "lockfile": ["tests/test_lockfile.py", "tests/test_diff.py"],
     "patches": ["tests/test_patches.py", "tests/test_patch_rules.py"],
+    "port": ["tests/test_port.py"],
+    "probe": ["tests/test_port.py", "tests/test_patches.py"],
 }
 
 
@@ -157,38 +159,65 @@ def _mutmut_config(module: str, work: Path) -> str:
     )
 
 
-def _mutmut_stats(work: Path) -> tuple[dict[str, int], list[str]]:
+def _mutmut_stats(work: Path) -> tuple[dict[str, int], list[str], list[str]]:
     out = subprocess.run([str(VENV_BIN / "mutmut"), "results", "--all", "true"], cwd=work, env=_env(),
                          capture_output=True, text=True, check=True).stdout
     counts: dict[str, int] = {}
-    survivors = []
+    survivors, everything = [], []
     for line in out.splitlines():
         name, sep, status = line.strip().rpartition(": ")
         if not sep:
             continue
         counts[status] = counts.get(status, 0) + 1
+        everything.append(name)
         if status in ("survived", "no tests"):
             survivors.append(name)
-    return counts, survivors
+    return counts, survivors, everything
 
 
-def run(modules: list[str], work: Path, max_children: int, show: bool) -> dict:
+def _refresh_tree(wdir: Path, module: str) -> None:
+    """Copy the current tree over a finished run's (work/, and work/mutants/ for all but the
+    mutated module): mutmut then regenerates the mutants of the functions that changed (it keeps
+    a hash per function) and the survivors can be re-run against the new tests."""
+    mutated = wdir / "mutants" / "builder" / f"{module}.py"
+    keep = mutated.read_bytes()
+    _copy_tree(wdir)
+    _copy_tree(wdir / "mutants")
+    mutated.write_bytes(keep)
+    with open(wdir / "pyproject.toml", "a") as f:
+        f.write(_mutmut_config(module, wdir))
+    shutil.copy2(wdir / "pyproject.toml", wdir / "mutants" / "pyproject.toml")
+    (wdir / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)  # the tests changed: re-map them
+
+
+def run(modules: list[str], work: Path, max_children: int, show: bool, survivors_only: bool = False) -> dict:
     report = {}
     for module in modules:
         wdir = work / module
-        if wdir.exists():
-            shutil.rmtree(wdir)
-        wdir.mkdir(parents=True)
-        _copy_tree(wdir)
-        with open(wdir / "pyproject.toml", "a") as f:
-            f.write(_mutmut_config(module, wdir))
+        names: list[str] = []
+        if survivors_only:
+            if not (wdir / "mutants").is_dir():
+                raise SystemExit(f"--survivors: no earlier run of {module} in {wdir}")
+            names = _mutmut_stats(wdir)[1]
+            _refresh_tree(wdir, module)
+        else:
+            if wdir.exists():
+                shutil.rmtree(wdir)
+            wdir.mkdir(parents=True)
+            _copy_tree(wdir)
+            with open(wdir / "pyproject.toml", "a") as f:
+                f.write(_mutmut_config(module, wdir))
         t0 = time.monotonic()
         env = _env()
         env.pop("PYTHONPATH", None)  # mutmut puts work/mutants first on sys.path itself
-        rc = subprocess.run(["nice", "-n", "10", str(VENV_BIN / "mutmut"), "run", "--max-children", str(max_children)],
-                            cwd=wdir, env=env, stdout=subprocess.DEVNULL if not show else None).returncode
+        mutmut = ["nice", "-n", "10", str(VENV_BIN / "mutmut"), "run", "--max-children", str(max_children)]
+        out = subprocess.DEVNULL if not show else None
+        rc = subprocess.run(mutmut, cwd=wdir, env=env, stdout=out).returncode  # new / not yet checked mutants
+        if names:  # the earlier survivors, against the current tests
+            live = set(_mutmut_stats(wdir)[2])
+            rc = subprocess.run(mutmut + [n for n in names if n in live], cwd=wdir, env=env, stdout=out).returncode
         secs = time.monotonic() - t0
-        counts, survivors = _mutmut_stats(wdir)
+        counts, survivors, _ = _mutmut_stats(wdir)
         killed = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("caught by type check", 0)
         tested = sum(counts.values()) - counts.get("skipped", 0)
         score = 100.0 * killed / tested if tested else 0.0
@@ -211,6 +240,8 @@ def main(argv: list[str]) -> int:
     r.add_argument("--max-children", type=int, default=1)
     r.add_argument("--json", type=Path, help="write the per-module report here")
     r.add_argument("--show", action="store_true", help="show mutmut's own progress")
+    r.add_argument("--survivors", action="store_true",
+                   help="re-run only the survivors of the last run in --work, against the current tests")
     args = ap.parse_args(argv)
     if args.cmd == "audit":
         if args.work:
@@ -221,7 +252,7 @@ def main(argv: list[str]) -> int:
     if not (VENV_BIN / "mutmut").exists():
         print("mutmut is not installed: pip install -e '.[mutation]'", file=sys.stderr)
         return 2
-    report = run(args.modules, args.work, args.max_children, args.show)
+    report = run(args.modules, args.work, args.max_children, args.show, args.survivors)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -206,3 +206,11 @@ def test_load_lock_names_the_missing_or_unreadable_file(tmp_path):
     with pytest.raises(BadInput, match=rf"lock {re.escape(str(tmp_path / 'cut.lock'))}: the file ends inside"):
         (tmp_path / "cut.lock").write_text(WRITTEN[:WRITTEN.index(f"    --hash=sha256:{HC}")])
         load_lock(tmp_path / "cut.lock")
+
+
+def test_save_writes_the_formatted_lock_and_format_is_format_lock(tmp_path):
+    lk = two_entries()
+    assert lk.format() == WRITTEN
+    lk.save(tmp_path / "r.lock")
+    assert (tmp_path / "r.lock").read_text() == WRITTEN
+    assert [p.name for p in tmp_path.iterdir()] == ["r.lock"]   # no temporary file left beside it

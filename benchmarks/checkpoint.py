@@ -7,7 +7,7 @@ Writes a safetensors checkpoint (``--small`` shards of ``--small-mb`` MB and one
 under ``--dir`` (default: a temp dir), measures, and deletes it again:
 
 1. the structural pass (headers only) on it, and on sparse stand-ins of seed 003's
-   186 GB / 31-file checkpoint and of a 600 GB one (no disk used): the goal is < 1 s
+   186 GB / 31-file checkpoint and of a 600 GB / 163-file / 91k-tensor one (no disk used): the goal is < 1 s
    whatever the size;
 2. sha256 throughput, side by side in one run on the same files: ``sha256sum`` on the
    large shard vs build-image's hasher on it (per-job rate; goal >= 90% of sha256sum),
@@ -53,9 +53,10 @@ def _header(tensors: dict[str, tuple[str, list[int], int]]) -> bytes:
     return len(raw).to_bytes(8, "little") + raw
 
 
-def _shard_tensors(i: int, nbytes: int, width: int = 4096) -> dict[str, tuple[str, list[int], int]]:
-    rows = nbytes // (2 * width)
-    return {f"model.layers.{i}.mlp.weight": ("BF16", [rows, width], rows * width * 2)}
+def _shard_tensors(i: int, nbytes: int, count: int = 1, width: int = 4096) -> dict[str, tuple[str, list[int], int]]:
+    """``count`` BF16 tensors sharing ``nbytes`` (real checkpoints: hundreds per shard)."""
+    rows = nbytes // (2 * width * count)
+    return {f"model.layers.{i}.experts.{j}.weight": ("BF16", [rows, width], rows * width * 2) for j in range(count)}
 
 
 def write_shard(path: Path, tensors, *, sparse: bool = False, block: bytes = b"") -> int:
@@ -76,14 +77,14 @@ def write_shard(path: Path, tensors, *, sparse: bool = False, block: bytes = b""
     return len(head) + data
 
 
-def make_checkpoint(d: Path, sizes: list[int], *, sparse: bool) -> dict[str, str]:
+def make_checkpoint(d: Path, sizes: list[int], *, sparse: bool, tensors_per_shard: int = 1) -> dict[str, str]:
     d.mkdir(parents=True)
     block = os.urandom(8 << 20) if not sparse else b""
     wm = {}
     n = len(sizes)
     for i, size in enumerate(sizes):
         name = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-        tensors = _shard_tensors(i, size)
+        tensors = _shard_tensors(i, size, tensors_per_shard)
         if not sparse:  # vary the data per shard (identical shards would still hash the same cost)
             block = block[4096:] + block[:4096]
         write_shard(d / name, tensors, sparse=sparse, block=block)
@@ -154,16 +155,18 @@ def run(work: Path, args, env: dict) -> int:
     # 1. structural pass: sparse stand-ins of real checkpoints (no disk used)
     print("\n== structural pass (headers only)")
     seed003 = [int(102.4 * GB)] + [int((186.4 - 102.4) / 30 * GB)] * 30
-    big600 = [int(600 / 120 * GB)] * 120
-    for label, sizes in (("seed 003 (31 files, 186.4 GB, one 102.4 GB shard), sparse", seed003),
-                         ("600 GB in 120 shards, sparse", big600)):
+    big600 = [int(600 / 163 * GB)] * 163
+    for label, sizes, per_shard in (
+            ("seed 003 (31 files, 186.4 GB, one 102.4 GB shard, 2,000 tensors), sparse", seed003, 65),
+            ("600 GB in 163 shards, 91,000 tensors (DeepSeek-V3-like), sparse", big600, 560)):
         d = work / label.split()[0].replace("(", "")
-        make_checkpoint(d, sizes, sparse=True)
+        make_checkpoint(d, sizes, sparse=True, tensors_per_shard=per_shard)
         runs = [inspect_checkpoint(d) for _ in range(3)]
         rep = runs[-1]
         assert rep.ready(), [p.message for p in rep.errors]
         best = min(r.structural_seconds for r in runs)
-        print(f"  {label}: {rep.weight_bytes / GB:.1f} GB of weights, READY in {best * 1000:.1f} ms (best of 3)")
+        print(f"  {label}: {rep.weight_bytes / GB:.1f} GB of weights in {rep.tensors:,} tensors, "
+              f"READY in {best * 1000:.1f} ms (best of 3)")
         shutil.rmtree(d)
 
     # 2. the real checkpoint

@@ -47,10 +47,12 @@ import re
 import stat as statmod
 import time
 import threading
+from collections import Counter
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from operator import itemgetter
+from typing import Any, Callable, Iterable, NamedTuple
 
 from .errors import BadInput
 from .util import atomic_write_text, cache_dir
@@ -83,8 +85,7 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 # --------------------------------------------------------------------------- data
 
-@dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     name: str
     dtype: str
     shape: tuple[int, ...]
@@ -105,10 +106,7 @@ class ShardHeader:
     header_len: int
     tensors: dict[str, TensorInfo]
     metadata: dict[str, str]
-
-    @property
-    def data_bytes(self) -> int:
-        return max((t.end for t in self.tensors.values()), default=0)
+    data_bytes: int  # where the last tensor ends (the data is contiguous from 0)
 
     @property
     def expected_size(self) -> int:
@@ -188,15 +186,21 @@ def parse_header(prefix: bytes, file_size: int, name: str, *, check_size: bool =
         raise HeaderError(f"the {n}-byte header is not UTF-8 ({exc.reason} at byte {8 + exc.start})") from None
 
     def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for k, v in items:
-            if k in out:
-                raise HeaderError(f"the header names {k!r} twice")
-            out[k] = v
+        out = dict(items)
+        if len(out) != len(items):
+            seen: set[str] = set()
+            for k, _ in items:
+                if k in seen:
+                    raise HeaderError(f"the header names {k!r} twice")
+                seen.add(k)
         return out
 
     try:
-        doc = json.loads(text, object_pairs_hook=pairs)
+        doc = json.loads(text)
+        # A name given twice collapses into one dict entry: fewer tensors than "data_offsets"
+        # keys betrays it; only then is the header parsed again, slowly, to name the duplicate.
+        if isinstance(doc, dict) and text.count('"data_offsets"') != len(doc) - ("__metadata__" in doc):
+            doc = json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as exc:
         raise HeaderError(f"the {n}-byte header is not valid JSON: {exc.msg} at byte {8 + exc.pos}") from None
     if not isinstance(doc, dict):
@@ -213,15 +217,24 @@ def parse_header(prefix: bytes, file_size: int, name: str, *, check_size: bool =
             raise HeaderError(f"tensor {tname!r}: 'dtype' is missing or not a string")
         if dtype not in DTYPE_BITS:
             raise HeaderError(f"tensor {tname!r}: unknown dtype {dtype!r} (safetensors knows {', '.join(DTYPE_BITS)})")
-        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        numel = 1
+        if type(shape) is not list:
+            numel = -1
+        else:
+            for dim in shape:  # type() is int: a JSON true/false is not a dimension
+                if type(dim) is not int or dim < 0:
+                    numel = -1
+                    break
+                numel *= dim
+        if numel < 0:
             raise HeaderError(f"tensor {tname!r}: 'shape' must be a list of non-negative integers, got {shape!r}")
-        if (not isinstance(offsets, list) or len(offsets) != 2
-                or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)):
+        if (type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int
+                or type(offsets[1]) is not int or offsets[0] < 0):
             raise HeaderError(f"tensor {tname!r}: 'data_offsets' must be [begin, end] non-negative integers, got {offsets!r}")
         start, end = offsets
         if end < start:
             raise HeaderError(f"tensor {tname!r}: data_offsets [{start}, {end}] end before they begin")
-        bits = math.prod(shape) * DTYPE_BITS[dtype]
+        bits = numel * DTYPE_BITS[dtype]
         if bits % 8:
             raise HeaderError(f"tensor {tname!r}: {shape} x {dtype} is {bits} bits, not a whole number of bytes")
         if bits // 8 != end - start:
@@ -230,7 +243,7 @@ def parse_header(prefix: bytes, file_size: int, name: str, *, check_size: bool =
                 f"[{start}, {end}] span {end - start}")
         tensors[tname] = TensorInfo(tname, dtype, tuple(shape), start, end)
     pos, prev = 0, None
-    for t in sorted(tensors.values(), key=lambda t: (t.start, t.end)):
+    for t in sorted(tensors.values(), key=itemgetter(3, 4)):
         if t.start < pos:
             raise HeaderError(
                 f"tensors {prev.name!r} [{prev.start}, {prev.end}) and {t.name!r} [{t.start}, {t.end}) overlap")
@@ -238,7 +251,7 @@ def parse_header(prefix: bytes, file_size: int, name: str, *, check_size: bool =
             after = f"after {prev.name!r} (ends at {pos})" if prev else "at the start of the data"
             raise HeaderError(f"{t.start - pos} bytes {after} belong to no tensor: safetensors data must be contiguous")
         pos, prev = t.end, t
-    hdr = ShardHeader(name, file_size, n, tensors, dict(meta))
+    hdr = ShardHeader(name, file_size, n, tensors, dict(meta), pos)
     if check_size and (why := size_problem(hdr)):
         raise HeaderError(why)
     return hdr
@@ -385,7 +398,8 @@ def scan_directory(root: str | os.PathLike) -> Inventory:
 _EMBED_RE = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings)\.weight$")
 _HEAD_RE = re.compile(r"(^|\.)lm_head\.weight$")
 _PLE_RE = re.compile(r"(^|\.)embed_tokens_per_layer(\.shard_\d*)?\.weight$")
-_NOT_TEXT = ("vision", "visual", "audio", "image", "mm_projector", "multi_modal")
+_NOT_TEXT_RE = re.compile(r"vision|visual|audio|image|mm_projector|multi_modal")
+_SHAPE_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "tok_embeddings.weight", "lm_head.weight")
 
 
 def _text_config(config: dict) -> dict:
@@ -419,9 +433,9 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo]) -> tuple[list[Pro
     problems: list[Problem] = []
     notes: list[str] = []
     vocab, hidden = _cfg_int(cfg, "vocab_size"), _cfg_int(cfg, "hidden_size")
-    text = {n: t for n, t in tensors.items() if not any(w in n for w in _NOT_TEXT)}
-    embeds = [t for n, t in text.items() if _EMBED_RE.search(n)]
-    heads = [t for n, t in text.items() if _HEAD_RE.search(n)]
+    cands = [t for n, t in tensors.items() if n.endswith(_SHAPE_SUFFIXES) and not _NOT_TEXT_RE.search(n)]
+    embeds = [t for t in cands if _EMBED_RE.search(t.name)]
+    heads = [t for t in cands if _HEAD_RE.search(t.name)]
     checked = 0
     for t in embeds + heads:
         if t.dtype not in FLOAT_DTYPES or len(t.shape) != 2:
@@ -438,7 +452,7 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo]) -> tuple[list[Pro
         notes.append("no token-embedding tensor found: vocabulary/hidden size not checked")
     if cfg.get("tie_word_embeddings") is False and embeds and not heads:
         problems.append(Problem("config.json", "tie_word_embeddings is false but no checkpoint tensor is an lm_head.weight"))
-    ple = [t for n, t in tensors.items() if is_ple_tensor(n)]
+    ple = [t for n, t in tensors.items() if "embed_tokens_per_layer" in n and is_ple_tensor(n)]
     if ple:
         rows = sum(t.shape[0] for t in ple if t.shape)
         cols = {t.shape[1] for t in ple if len(t.shape) == 2}
@@ -486,12 +500,14 @@ def check_index(index: dict | None, index_name: str | None, headers: dict[str, S
         wm = index.get("weight_map")
         if not isinstance(wm, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
             return [Problem(index_name, "'weight_map' is missing or does not map tensor names to file names")], []
-        loaded = sorted(set(wm.values()))
+        named = set(wm.values())
+        loaded = sorted(named)
+        per_shard = Counter(wm.values())
         for shard in loaded:
             if shard not in present:
-                n = sum(1 for v in wm.values() if v == shard)
+                n = per_shard[shard]
                 problems.append(Problem(shard, f"missing: {index_name} names it for {n} tensor(s) but the file is not there"))
-        for tname, shard in sorted(wm.items()):
+        for tname, shard in wm.items():
             if shard not in headers:
                 continue  # missing or unreadable shard: already reported
             if tname not in headers[shard].tensors:
@@ -499,18 +515,19 @@ def check_index(index: dict | None, index_name: str | None, headers: dict[str, S
                 also = f"; it is in {', '.join(where)}" if where else ""
                 problems.append(Problem(shard, f"tensor {tname!r}: {index_name} puts it in {shard}, whose header does not have it{also}"))
         for fname in sorted(present):
-            if fname.endswith(".safetensors") and fname not in wm.values():
+            if fname.endswith(".safetensors") and fname not in named:
                 problems.append(Problem(fname, f"not in {index_name}: vLLM will not load it (a stray or renamed shard?)", "warning"))
         for fname in loaded:
             hdr = headers.get(fname)
             if hdr is None:
                 continue
-            stray = sorted(t for t in hdr.tensors if wm.get(t) != fname and t not in wm)
+            stray = sorted(t for t in hdr.tensors if t not in wm)
             if stray:
                 more = f" and {len(stray) - 3} more" if len(stray) > 3 else ""
                 problems.append(Problem(fname, f"{len(stray)} tensor(s) the weight map does not list: {', '.join(stray[:3])}{more}", "warning"))
-    for tname, files in sorted(owners.items()):
-        in_loaded = [f for f in files if f in loaded]
+    loaded_set = set(loaded)
+    for tname, files in sorted((k, v) for k, v in owners.items() if len(v) > 1):
+        in_loaded = [f for f in files if f in loaded_set]
         if len(in_loaded) > 1:
             problems.append(Problem(in_loaded[1], f"tensor {tname!r} is claimed twice: in {' and '.join(in_loaded)}"))
     return problems, loaded
@@ -641,7 +658,7 @@ def inspect_checkpoint(root: str | os.PathLike, inventory: Inventory | None = No
         notes += shape_notes
     elif config is not None and not isinstance(config, dict):
         problems.append(Problem("config.json", "is not a JSON object"))
-    ple = sorted(n for n in tensors if is_ple_tensor(n))
+    ple = sorted(n for n in tensors if "embed_tokens_per_layer" in n and is_ple_tensor(n))
     shards = [
         {"file": n, "size": inv.files[n].size, "expected_size": headers[n].expected_size if n in headers else None,
          "tensors": len(headers[n].tensors) if n in headers else None,

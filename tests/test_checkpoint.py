@@ -634,6 +634,14 @@ def test_parser_agrees_with_safetensors(header, data_len):
     assert ours == lib_ok
 
 
+def test_a_tensor_named_twice_in_one_header():
+    raw = (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
+           b'"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}')
+    blob = len(raw).to_bytes(8, "little") + raw + b"\0" * 8
+    with pytest.raises(ck.HeaderError, match="names 'a' twice"):
+        ck.parse_header(blob, len(blob), "t.safetensors")
+
+
 # --------------------------------------------------------------------------- plan sizing
 
 def test_weight_size_for_the_plan(tmp_path):

@@ -1,8 +1,11 @@
 """A small stand-in for `vllm serve` (OpenAI-compatible), for CPU tests of the smoke probe.
 
 Standard library only.  It prints real vLLM 0.26.0 log lines to stdout (the
-probe parses them from the server log), answers /health, /v1/models and
-/v1/completions (plain and streaming SSE), and can inject failures.  The
+probe parses them from the server log), answers /health, /v1/models,
+/v1/completions and /v1/chat/completions (plain and streaming SSE; a chat stream
+opens with vLLM's role-only delta), and can inject failures, including a chat
+template that does not render (``--broken-chat-template 400|500``: every chat
+request answers that status with vLLM's error shape, completions still work).  The
 completion requests are numbered from 1 in arrival order; the probe's warm-up
 request is number 1, so round 1's requests are 2..1+concurrency.  Stream faults
 (--drop-stream-at, --error-event-at K) hit the first streaming request >= K.
@@ -148,9 +151,10 @@ def make_handler(state: State):
         def do_POST(self):
             length = int(self.headers.get("Content-Length") or 0)
             body = json.loads(self.rfile.read(length) or b"{}")
-            if self.path != "/v1/completions":
+            if self.path not in ("/v1/completions", "/v1/chat/completions"):
                 self._json(404, {"error": "not found"})
                 return
+            chat = self.path == "/v1/chat/completions"
             k = state.next_index()
             if k in a.die_at:
                 log("(EngineCore pid=2925) ERROR 11-30 03:11:05 [core.py:1012] EngineCore encountered a fatal error.")
@@ -167,6 +171,18 @@ def make_handler(state: State):
                 time.sleep(3600)
             if body.get("model") != a.model_id:
                 self._json(404, {"error": {"message": f"model {body.get('model')!r} does not exist"}})
+                return
+            if chat and a.broken_chat_template:
+                # what vLLM answers when the chat template cannot be rendered
+                code = a.broken_chat_template
+                msg = ("jinja2.exceptions.TemplateSyntaxError: unexpected '}' in chat template" if code == 500 else
+                       "As of transformers v4.44, default chat template is no longer allowed, so you must "
+                       "provide a chat template if the tokenizer does not define one.")
+                self._json(code, {"object": "error", "message": msg,
+                                  "type": "BadRequestError" if code == 400 else "InternalServerError", "code": code})
+                return
+            if chat and not (isinstance(body.get("messages"), list) and body["messages"]):
+                self._json(400, {"object": "error", "message": "messages must be a non-empty list", "code": 400})
                 return
             n = int(body.get("max_tokens") or 16)
             prompt = body.get("prompt")
@@ -195,9 +211,13 @@ def make_handler(state: State):
                 return
             if not body.get("stream"):
                 time.sleep(a.token_delay * n)
+                text = " ".join(f"w{i}" for i in range(n))
+                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                          if chat else {"index": 0, "text": text, "finish_reason": "length"})
                 self._json(200, {
-                    "id": f"cmpl-{k}", "object": "text_completion", "model": a.model_id,
-                    "choices": [{"index": 0, "text": " ".join(f"w{i}" for i in range(n)), "finish_reason": "length"}],
+                    "id": f"{'chatcmpl' if chat else 'cmpl'}-{k}",
+                    "object": "chat.completion" if chat else "text_completion", "model": a.model_id,
+                    "choices": [choice],
                     "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n},
                 })
                 return
@@ -208,7 +228,14 @@ def make_handler(state: State):
             self.send_header("Connection", "close")
             self.end_headers()
             self.close_connection = True
+            obj = "chat.completion.chunk" if chat else "text_completion"
             try:
+                if chat:  # vLLM's first chat chunk carries only the role
+                    first = {"id": f"chatcmpl-{k}", "object": obj, "model": a.model_id,
+                             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+                    self.wfile.write(f"data: {json.dumps(first)}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(a.token_delay)
                 for i in range(n):
                     if drop and i == n // 2:
                         self.wfile.flush()
@@ -219,12 +246,13 @@ def make_handler(state: State):
                         self.wfile.write(f"data: {json.dumps(ev)}\n\n".encode())
                         self.wfile.flush()
                         break
-                    chunk = {"id": f"cmpl-{k}", "object": "text_completion", "model": a.model_id,
-                             "choices": [{"index": 0, "text": f" w{i}", "finish_reason": None}]}
+                    piece = {"delta": {"content": f" w{i}"}} if chat else {"text": f" w{i}"}
+                    chunk = {"id": f"cmpl-{k}", "object": obj, "model": a.model_id,
+                             "choices": [{"index": 0, **piece, "finish_reason": None}]}
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()
                     time.sleep(a.token_delay)
-                usage = {"id": f"cmpl-{k}", "object": "text_completion", "model": a.model_id, "choices": [],
+                usage = {"id": f"cmpl-{k}", "object": obj, "model": a.model_id, "choices": [],
                          "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}}
                 self.wfile.write(f"data: {json.dumps(usage)}\n\n".encode())
                 self.wfile.write(b"data: [DONE]\n\n")
@@ -252,6 +280,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-kv-lines", action="store_true")
     p.add_argument("--api-servers", type=int, default=1,
                    help="log 'Starting vLLM server on' once per API server (vLLM's data-parallel default)")
+    p.add_argument("--broken-chat-template", type=int, choices=(400, 500), default=None,
+                   help="every /v1/chat/completions request answers this status (the template does not render)")
     for name in ("fail-500-at", "drop-stream-at", "error-event-at", "die-at", "oom-at", "hang-at", "restart-at"):
         p.add_argument(f"--{name}", type=int, action="append", default=[])
     a, _unknown = p.parse_known_args(argv)  # vLLM serving flags are accepted and ignored

@@ -258,9 +258,12 @@ def test_pass_reports_numbers_and_stops_the_server(tmp_path):
     assert rep.exit_code == 0
     assert rep.boot["health_s"] >= 1.0 and rep.boot["first_token_s"] >= rep.boot["health_s"]
     assert rep.kv_cache["tokens"] == 3_024_928 and rep.kv_cache["max_concurrency"] == pytest.approx(738.51)
-    assert [r.ok for r in rep.rounds] == [4, 4, 4]
+    # 3 rounds of /v1/completions, then one of /v1/chat/completions (streaming and not)
+    assert [(r.kind, r.ok) for r in rep.rounds] == [("completion", 4)] * 3 + [("chat", 4)]
     assert all(r.output_tokens == 4 * 8 for r in rep.rounds)
     assert all(r.latency_p50_s is not None and r.latency_p95_s >= r.latency_p50_s for r in rep.rounds)
+    assert all(r.ttft_p50_s is not None and r.ttft_p95_s >= r.ttft_p50_s for r in rep.rounds)
+    assert "round 4 (chat): 4/4 ok" in render_text(rep) and "TTFT p50" in render_text(rep)
     assert rep.throughput["output_tokens_per_s"] > 0
     assert rep.probe["text"].strip().startswith("w0")
     # stopped by process group: the server and its (SIGTERM-ignoring) child are gone
@@ -278,6 +281,48 @@ def test_request_failures_fail_the_verdict(tmp_path, flags, needle):
     assert any(needle in f for f in rep.failures), rep.failures
     assert len(rep.rounds) == 1  # stops after the failing round
     assert rep.log_tail, "the server log tail is reported on failure"
+
+
+@pytest.mark.parametrize("status", [400, 500])
+def test_a_broken_chat_template_fails_the_verdict_though_completions_pass(tmp_path, status):
+    rep = _run(tmp_path, "--broken-chat-template", str(status), rounds=2)
+    assert rep.verdict == FAIL and rep.exit_code == 1
+    assert [(r.kind, r.failed) for r in rep.rounds] == [("completion", 0), ("completion", 0), ("chat", 4)]
+    assert rep.failures[0].startswith(f"round 3 (chat): 4/4 requests failed (first: chat request 0 (stream): HTTP {status}")
+    assert ("chat template" in rep.failures[0]) and rep.log_tail
+    # a model without a chat template: --no-chat skips the round, and the verdict is the completions'
+    off = _run(tmp_path, "--broken-chat-template", str(status), rounds=2, chat=False)
+    assert off.verdict == PASS and [r.kind for r in off.rounds] == ["completion", "completion"]
+
+
+def test_chat_stream_ttft_is_the_first_content_delta_not_the_role_chunk():
+    """Against a live fake server: the role-only first chunk of a chat stream is no token."""
+    import socket
+    import subprocess as sp
+
+    from builder.smoke.client import chat_body, post_completion
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    proc = sp.Popen([sys.executable, str(FAKE), "--port", str(port), "--token-delay", "0.2"], stdout=sp.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        r = post_completion("127.0.0.1", port, chat_body("fake-model", "hello there", 3, True), 20, 0)
+        assert r.ok and r.kind == "chat" and r.output_tokens == 3 and r.text == " w0 w1 w2"
+        assert r.ttft_s >= 0.2  # the role chunk came at once; the first content delta one token-delay later
+        plain = post_completion("127.0.0.1", port, chat_body("fake-model", "hello there", 3, False), 20, 1)
+        assert plain.ok and plain.text == "w0 w1 w2"
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_server_dying_mid_round_fails_fast(tmp_path):

@@ -41,7 +41,9 @@ def _parse_size(text: str | None) -> int | None:
 @click.option("--max-num-seqs", type=int, default=None)
 @click.option("--kv-cache-dtype", default=None)
 @click.option("--concurrency", default=16, show_default=True, type=int, help="Simultaneous requests per round.")
-@click.option("--rounds", default=3, show_default=True, type=int)
+@click.option("--rounds", default=3, show_default=True, type=int, help="Rounds of /v1/completions.")
+@click.option("--no-chat", "no_chat", is_flag=True,
+              help="Skip the /v1/chat/completions round (a base model without a chat template).")
 @click.option("--max-tokens", default=64, show_default=True, type=int, help="Output tokens per request.")
 @click.option("--prompt-tokens", default=128, show_default=True, type=int, help="Approximate prompt length.")
 @click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds per request / round.")
@@ -76,7 +78,7 @@ def _parse_size(text: str | None) -> int | None:
 def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memory_utilization, max_num_seqs, kv_cache_dtype,
             concurrency, rounds, max_tokens, prompt_tokens, timeout, boot_timeout, extra_args, no_plan, skip_checkpoint_check,
             gpu_memory, vllm_bin, server_cmd, port, log_file, serve, serve_backend, serve_python, serve_num_gpus, save_reference,
-            reference, reference_logprob_tolerance, reference_tie_margin, as_json):
+            reference, reference_logprob_tolerance, reference_tie_margin, as_json, no_chat=False):
     """Boot the engine and generate at target concurrency: PASS or FAIL."""
     if image and local:
         raise BadInput("smoke: give either IMAGE or --local, not both")
@@ -90,7 +92,7 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
     cfg = SmokeConfig(
         model=model, image=image, tp=tp, pp=pp, cpu_offload_gb=cpu_offload_gb, max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
-        kv_cache_dtype=kv_cache_dtype, concurrency=concurrency, rounds=rounds, max_tokens=max_tokens,
+        kv_cache_dtype=kv_cache_dtype, concurrency=concurrency, rounds=rounds, chat=not no_chat, max_tokens=max_tokens,
         prompt_tokens=prompt_tokens, timeout=timeout, boot_timeout=boot_timeout, extra_args=extra,
         server_cmd=server_cmd, vllm_bin=vllm_bin, port=port, log_file=log_file, plan=not no_plan,
         checkpoint_check=not skip_checkpoint_check,

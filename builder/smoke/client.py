@@ -2,9 +2,11 @@
 server (vLLM's own, or Ray Serve's HTTP proxy in front of it) and what it reads
 back.
 
-Prompts and request bodies are pure; :func:`post_completion` is one request
+Prompts and request bodies are pure; :func:`post_completion` is one request to
+``/v1/completions`` or, for a body with ``messages``, ``/v1/chat/completions``
 (SSE streams read line by line, an ``error`` event or a missing ``[DONE]`` is a
-failure); :func:`run_round` sends ``concurrency`` requests at once.  Standard
+failure; a chat stream's time to first token is its first content delta, not
+the role-only chunk); :func:`run_round` sends ``concurrency`` requests at once.  Standard
 library only (``http.client``), so the probe runs on a bare GPU host.
 """
 
@@ -22,6 +24,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 PROBE_TOKENS = 8  # the greedy warm-up request: first-token time + an output fingerprint
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
 
 
 @dataclass
@@ -35,6 +39,7 @@ class RequestResult:
     output_tokens: int = 0
     error: str | None = None
     text: str = ""
+    kind: str = "completion"  # completion | chat
 
 
 def make_prompt(index: int, prompt_tokens: int, vocab_size: int | None, seed: int = 0) -> str | list[int]:
@@ -61,6 +66,34 @@ def completion_body(model_id: str, prompt: str | list[int], max_tokens: int, str
     if stream:
         body["stream_options"] = {"include_usage": True}
     return body
+
+
+def chat_body(model_id: str, prompt: str, max_tokens: int, stream: bool) -> dict[str, Any]:
+    """A /v1/chat/completions body: the prompt as one user message, so the server renders it
+    through the model's chat template (a broken template fails here, not in completions)."""
+    body: dict[str, Any] = {
+        "model": model_id,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def endpoint_of(body: dict[str, Any]) -> tuple[str, str]:
+    """(path, kind) a body is sent to."""
+    return (CHAT_PATH, "chat") if "messages" in body else (COMPLETIONS_PATH, "completion")
+
+
+def _choice_text(choice: dict[str, Any], chat: bool, stream: bool) -> str:
+    if not chat:
+        return str(choice.get("text") or "")
+    part = choice.get("delta" if stream else "message") or {}
+    return str(part.get("content") or "") if isinstance(part, dict) else ""
 
 
 def model_vocab_size(model_dir: str) -> int | None:
@@ -109,16 +142,18 @@ def post_json(host: str, port: int, path: str, body: dict[str, Any], timeout: fl
 
 
 def post_completion(host: str, port: int, body: dict[str, Any], timeout: float, index: int) -> RequestResult:
-    """One /v1/completions request; streaming bodies are read as SSE and any
-    ``error`` event or a missing ``[DONE]`` is a failure."""
+    """One /v1/completions (or, with ``messages``, /v1/chat/completions) request; streaming
+    bodies are read as SSE and any ``error`` event or a missing ``[DONE]`` is a failure."""
     stream = bool(body.get("stream"))
+    path, kind = endpoint_of(body)
+    chat = kind == "chat"
     t0 = time.monotonic()
     deadline = t0 + timeout
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    res = RequestResult(index=index, stream=stream, ok=False)
+    res = RequestResult(index=index, stream=stream, ok=False, kind=kind)
     try:
         payload = json.dumps(body).encode()
-        conn.request("POST", "/v1/completions", body=payload, headers={"Content-Type": "application/json"})
+        conn.request("POST", path, body=payload, headers={"Content-Type": "application/json"})
         resp = conn.getresponse()
         res.status = resp.status
         if resp.status != 200:
@@ -135,7 +170,10 @@ def post_completion(host: str, port: int, body: dict[str, Any], timeout: float, 
             if not data.get("choices"):
                 res.error = "response has no choices"
                 return res
-            res.text = str(data["choices"][0].get("text") or "")
+            res.text = _choice_text(data["choices"][0], chat, stream=False)
+            if chat and not res.text and res.output_tokens:
+                res.error = "chat response has no message content"
+                return res
             res.latency_s = time.monotonic() - t0
             res.ok = True
             return res
@@ -171,10 +209,13 @@ def post_completion(host: str, port: int, body: dict[str, Any], timeout: float, 
                 res.error = f"error event in stream: {str(data['error'])[:300]}"
                 return res
             if data.get("choices"):
+                piece = _choice_text(data["choices"][0], chat, stream=True)
+                if chat and not piece:
+                    continue  # the role-only first chunk (or an empty delta) is no token
                 if res.ttft_s is None:
                     res.ttft_s = time.monotonic() - t0
                 chunks += 1
-                parts.append(str(data["choices"][0].get("text") or ""))
+                parts.append(piece)
             if data.get("usage"):
                 usage_tokens = data["usage"].get("completion_tokens")
         if not done:

@@ -25,7 +25,8 @@ class SmokeConfig:
     kv_cache_dtype: str | None = None
     cpu_offload_gb: float | None = None  # vLLM --cpu-offload-gb (GiB per GPU)
     concurrency: int = 16
-    rounds: int = 3
+    rounds: int = 3                     # rounds of /v1/completions
+    chat: bool = True                   # then one round of /v1/chat/completions (off: a model without a chat template)
     max_tokens: int = 64
     prompt_tokens: int = 128
     timeout: float = 300.0              # per request (and per round) seconds

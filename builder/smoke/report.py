@@ -45,13 +45,17 @@ class RoundResult:
     output_tokens: int
     output_tokens_per_s: float | None
     errors: list[str]
+    kind: str = "completion"            # completion (/v1/completions) | chat (/v1/chat/completions)
+    ttft_p95_s: float | None = None
 
 
-def summarize_round(n: int, results: list[RequestResult], wall_s: float, expected: int) -> RoundResult:
+def summarize_round(n: int, results: list[RequestResult], wall_s: float, expected: int,
+                    kind: str = "completion") -> RoundResult:
     lat = [r.latency_s for r in results if r.ok and r.latency_s is not None]
     ttft = [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
     tokens = sum(r.output_tokens for r in results if r.ok)
-    errors = [f"request {r.index} ({'stream' if r.stream else 'plain'}): {r.error}" for r in results if not r.ok]
+    what = "chat " if kind == "chat" else ""
+    errors = [f"{what}request {r.index} ({'stream' if r.stream else 'plain'}): {r.error}" for r in results if not r.ok]
     missing = expected - len(results)
     if missing > 0:
         errors.append(f"{missing} request(s) did not finish")
@@ -68,6 +72,8 @@ def summarize_round(n: int, results: list[RequestResult], wall_s: float, expecte
         output_tokens=tokens,
         output_tokens_per_s=_r(tokens / wall_s) if wall_s > 0 and tokens else None,
         errors=errors,
+        kind=kind,
+        ttft_p95_s=_r(percentile(ttft, 95)),
     )
 
 
@@ -155,8 +161,13 @@ SMOKE_REPORT_SCHEMA: dict[str, Any] = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["round", "requests", "ok", "failed", "latency_p50_s", "latency_p95_s",
-                             "output_tokens", "output_tokens_per_s", "errors"],
+                "required": ["round", "kind", "requests", "ok", "failed", "latency_p50_s", "latency_p95_s",
+                             "ttft_p50_s", "ttft_p95_s", "output_tokens", "output_tokens_per_s", "errors"],
+                "properties": {
+                    "kind": {"enum": ["completion", "chat"]},
+                    "ttft_p50_s": {"type": ["number", "null"]},
+                    "ttft_p95_s": {"type": ["number", "null"]},
+                },
             },
         },
         "throughput": {"type": "object", "required": ["output_tokens_per_s"]},
@@ -215,7 +226,8 @@ def decide(
     for r in rounds:
         if r.failed:
             first = r.errors[0] if r.errors else "unknown error"
-            failures.append(f"round {r.round}: {r.failed}/{r.requests} requests failed (first: {first})")
+            what = " (chat)" if r.kind == "chat" else ""
+            failures.append(f"round {r.round}{what}: {r.failed}/{r.requests} requests failed (first: {first})")
     if not boot_error and len(rounds) < expected_rounds:
         failures.append(f"only {len(rounds)} of {expected_rounds} rounds ran")
     return (FAIL if failures else PASS), failures
@@ -250,7 +262,9 @@ def render_text(rep: SmokeReport) -> str:
         lines.append("  KV cache: (not found in the server log)")
     for r in rep.rounds:
         lines.append(
-            f"  round {r.round}: {r.ok}/{r.requests} ok, p50 {_fmt(r.latency_p50_s, 's')}, p95 {_fmt(r.latency_p95_s, 's')}, "
+            f"  round {r.round}{' (chat)' if r.kind == 'chat' else ''}: {r.ok}/{r.requests} ok, "
+            f"p50 {_fmt(r.latency_p50_s, 's')}, p95 {_fmt(r.latency_p95_s, 's')}, "
+            f"TTFT p50 {_fmt(r.ttft_p50_s, 's')} p95 {_fmt(r.ttft_p95_s, 's')}, "
             f"{r.output_tokens} tokens in {r.wall_s:.2f}s ({_fmt(r.output_tokens_per_s, ' tok/s')})"
         )
     if rep.throughput.get("output_tokens_per_s") is not None:

@@ -27,6 +27,7 @@ from ..errors import BadInput
 from ..vllm_log import count_server_starts, first_error_line, log_tail, parse_server_log, read_log
 from .client import (
     PROBE_TOKENS,
+    chat_body,
     completion_body,
     http_get,
     make_prompt,
@@ -196,6 +197,7 @@ def settings_of(cfg: SmokeConfig) -> dict[str, Any]:
         "tp": cfg.tp, "pp": cfg.pp, "cpu_offload_gb": cfg.cpu_offload_gb, "max_model_len": cfg.max_model_len,
         "gpu_memory_utilization": cfg.gpu_memory_utilization, "max_num_seqs": cfg.max_num_seqs,
         "kv_cache_dtype": cfg.kv_cache_dtype, "concurrency": cfg.concurrency, "rounds": cfg.rounds,
+        "chat": cfg.chat,
         "prompt_tokens": cfg.prompt_tokens, "max_tokens": cfg.max_tokens, "timeout_s": cfg.timeout,
         "boot_timeout_s": cfg.boot_timeout, "extra_args": list(cfg.extra_args),
         "serve": cfg.serve, "serve_backend": cfg.serve_backend if cfg.serve else None,
@@ -303,12 +305,17 @@ def first_token(cfg: SmokeConfig, launch: Launch, vocab: int | None, t_start: fl
 
 
 def one_round(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: int | None, n: int,
-              model_id: str) -> RoundResult:
-    """``concurrency`` simultaneous requests (even index: streaming, odd: not)."""
-    bodies = [completion_body(model_id, make_prompt(i, cfg.prompt_tokens, vocab, seed=n), cfg.max_tokens, i % 2 == 0)
-              for i in range(cfg.concurrency)]
+              model_id: str, kind: str = "completion") -> RoundResult:
+    """``concurrency`` simultaneous requests (even index: streaming, odd: not); ``kind`` chat:
+    /v1/chat/completions with the prompt as a user message (words: it goes through the template)."""
+    if kind == "chat":
+        bodies = [chat_body(model_id, str(make_prompt(i, cfg.prompt_tokens, None, seed=n)), cfg.max_tokens, i % 2 == 0)
+                  for i in range(cfg.concurrency)]
+    else:
+        bodies = [completion_body(model_id, make_prompt(i, cfg.prompt_tokens, vocab, seed=n), cfg.max_tokens, i % 2 == 0)
+                  for i in range(cfg.concurrency)]
     run = run_round(launch.host, launch.port, bodies, timeout=cfg.timeout, alive=server.alive)
-    rr = summarize_round(n, run.results, run.wall_s, cfg.concurrency)
+    rr = summarize_round(n, run.results, run.wall_s, cfg.concurrency, kind=kind)
     if run.pending and not run.server_died:
         rr.errors.append(f"timeout: {run.pending} request(s) still running after {cfg.timeout:g}s")
     if run.server_died:
@@ -318,15 +325,19 @@ def one_round(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: in
 
 def probe_rounds(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: int | None, log_path: str,
                  obs: Observed, say: Callable[[str], None]) -> None:
-    """The rounds; stop at the first failed request, a dead server, an OOM line or a failing /health."""
-    for n in range(1, cfg.rounds + 1):
-        say(f"round {n}/{cfg.rounds}: {cfg.concurrency} concurrent requests")
-        rr = one_round(cfg, server, launch, vocab, n, obs.model_id or "")
+    """The rounds (``cfg.rounds`` of /v1/completions, then one of /v1/chat/completions unless
+    ``cfg.chat`` is off); stop at the first failed request, a dead server, an OOM line or a failing /health."""
+    total = expected_rounds(cfg)
+    for n in range(1, total + 1):
+        kind = "chat" if n > cfg.rounds else "completion"
+        say(f"round {n}/{total}: {cfg.concurrency} concurrent {'chat ' if kind == 'chat' else ''}requests")
+        rr = one_round(cfg, server, launch, vocab, n, obs.model_id or "", kind)
         obs.rounds.append(rr)
         obs.sample_gpu()
         say(
             f"round {n}: {rr.ok}/{rr.requests} ok, p50 {_fmt(rr.latency_p50_s, 's')} "
-            f"p95 {_fmt(rr.latency_p95_s, 's')}, {_fmt(rr.output_tokens_per_s, ' tok/s')}"
+            f"p95 {_fmt(rr.latency_p95_s, 's')}, TTFT p50 {_fmt(rr.ttft_p50_s, 's')} p95 {_fmt(rr.ttft_p95_s, 's')}, "
+            f"{_fmt(rr.output_tokens_per_s, ' tok/s')}"
         )
         if rr.failed or not server.alive():
             return
@@ -364,6 +375,10 @@ def gate_run(cfg: SmokeConfig, gate: Gate, launch: Launch, obs: Observed, say: C
             obs.reference_outputs = eqv.record(launch.host, launch.port, model_id, prompts, cfg.timeout)
     except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError, IndexError) as exc:
         obs.extra_failures.append(f"output equivalence: the server's answer could not be read: {exc}"[:400])
+
+
+def expected_rounds(cfg: SmokeConfig) -> int:
+    return cfg.rounds + (1 if cfg.chat else 0)
 
 
 def stop_server(cfg: SmokeConfig, server: ServerProcess, obs: Observed, say: Callable[[str], None]) -> None:
@@ -427,7 +442,7 @@ def make_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], plan
             later = ""
         starts_after_boot = count_server_starts(later)
     verdict, failures = decide(
-        rounds=obs.rounds, expected_rounds=cfg.rounds, facts=facts, server_exit_code=obs.exit_code,
+        rounds=obs.rounds, expected_rounds=expected_rounds(cfg), facts=facts, server_exit_code=obs.exit_code,
         server_exited=obs.exited, boot_error=obs.boot_error, extra_failures=obs.extra_failures,
         starts_after_boot=starts_after_boot,
     )

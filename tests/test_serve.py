@@ -124,8 +124,8 @@ def test_requests_through_a_real_ray_serve_deployment_of_the_fallback(tmp_path):
     rep = run_smoke(_serve_cfg(tmp_path, "--pidfile", str(tmp_path / "fake.pid")))
     text = render_text(rep)
     assert rep.verdict == "PASS", text
-    # every request answered 200 through Serve's proxy, streaming (even) and not (odd)
-    assert [(r.ok, r.failed) for r in rep.rounds] == [(4, 0), (4, 0)]
+    # every request answered 200 through Serve's proxy, streaming (even) and not (odd); the chat round too
+    assert [(r.kind, r.ok, r.failed) for r in rep.rounds] == [("completion", 4, 0)] * 2 + [("chat", 4, 0)]
     assert rep.boot["first_token_s"] is not None
     sv = rep.serve
     assert sv["ray_version"] == "2.58.1" and sv["backend"] == "vllm-server"

@@ -44,7 +44,8 @@ def reconstruct_row(vllm: str) -> dict:
 
     t0 = time.monotonic()
     rec = reconstruct(recipe_for(load_recipes(), vllm))
-    return {"install_s": round(rec.timings["install"], 1), "scan_s": round(rec.timings["scan"], 1),
+    return {"index_s": round(rec.timings["index"], 1), "install_s": round(rec.timings["install"], 1),
+            "scan_s": round(rec.timings["scan"], 1), "cleanup_s": round(rec.timings.get("cleanup", 0), 1),
             "total_s": round(time.monotonic() - t0, 1), "dists": len(rec.manifest.distributions)}
 
 
@@ -116,7 +117,7 @@ def main() -> None:
     if a.json:
         print(json.dumps(rows, indent=2))
         return
-    cols = [k for k in ("vllm", "install_s", "scan_s", "total_s", "dists", "uv_compile_s", "lock_s", "ratio", "entries",
+    cols = [k for k in ("vllm", "index_s", "install_s", "scan_s", "cleanup_s", "total_s", "dists", "uv_compile_s", "lock_s", "ratio", "entries",
                         "error") if any(k in r for r in rows)]
     print(" | ".join(cols))
     for r in rows:

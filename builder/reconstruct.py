@@ -220,8 +220,10 @@ def reconstruct(recipe: Recipe, *, index=None, uv=None, find_links: list[str] | 
     index = index or ix.for_request(find_links, no_index)
     if index_url is None and not no_index:
         index_url = ix.index_url()  # named on the command line: the provenance shows where files came from
-    uploaded, instant = release_instant(index, recipe)
     timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    uploaded, instant = release_instant(index, recipe)
+    timings["index"] = time.monotonic() - t0
     scratch = Path(tempfile.mkdtemp(prefix="bi-reconstruct-")) if keep is None else Path(keep)
     if keep is not None:
         if scratch.exists() and any(scratch.iterdir()):
@@ -274,4 +276,6 @@ def reconstruct(recipe: Recipe, *, index=None, uv=None, find_links: list[str] | 
                               timings=timings, files=files)
     finally:
         if keep is None:
+            t0 = time.monotonic()
             shutil.rmtree(scratch, ignore_errors=True)
+            timings["cleanup"] = time.monotonic() - t0

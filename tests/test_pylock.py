@@ -151,3 +151,29 @@ def test_diff_reads_pylock_on_either_side(tmp_path):
     assert code == 0 and re.search(r"colorful\s+0\.5\.8\s*(→|->)\s*0\.5\.9", text), text
     code, text = run("diff", "--format", "json", str(moved), str(req))
     assert '"0.5.9"' in text and '"0.5.8"' in text
+
+
+def test_render_from_pylock_writes_the_same_context_as_from_requirements_lock(here_base, wheelhouse, tmp_path):
+    import json
+
+    doc = json.loads(here_base.read_text())
+    doc["image"]["ref"] = "vllm/vllm-openai:v0.26.0"  # render builds FROM it
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(doc))
+    out = tmp_path / "requirements.lock"
+    code, text = run("lock", "--base", str(base), "--no-default-overlay", "--no-index", "--find-links",
+                     str(wheelhouse), "--with", "purepkg", "--with", "numpy2user", "--with", "numpy>=2",
+                     "--allow-abi-change", "numpy", "--reason", "test", "-o", str(out))
+    assert code == 0, text
+    vllm = load_lock(out).header["vllm"]
+    ctx = {}
+    for name in ("requirements.lock", "pylock.toml"):
+        ctx[name] = tmp_path / f"ctx-{name}"
+        code, text = run("render", "--vllm", vllm, "--base", str(base), "--lock", str(out.with_name(name)),
+                         "--no-patches", "-o", str(ctx[name]))
+        assert code == 0, text
+    a, b = ctx["requirements.lock"], ctx["pylock.toml"]
+    files = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
+    assert files == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
+    for f in ("Dockerfile", "pylock.toml", "sbom.cdx.json", "requirements.lock"):
+        assert (a / f).read_text() == (b / f).read_text(), f

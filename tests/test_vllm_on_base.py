@@ -124,3 +124,12 @@ def test_a_lock_on_another_base_never_replaces_the_lock_there(raylike_base, whee
                        "--force")
     assert code == 0, text
     assert load_lock(lock).header["base-ref"] == "standin.local/vllm/vllm-openai:v0.27.0"
+
+
+def test_a_release_without_a_patch_series_stops_the_pipeline_naming_patch_port(tmp_path):
+    """Before any lock or download: the image would silently carry none of the loader patches."""
+    code, text = run("--vllm", "0.99.0", "-o", str(tmp_path / "ctx"))
+    assert code == 6, text
+    assert "no patch series for vllm 0.99.0 yet" in text
+    assert "build-image patch port --from " in text and "--to 0.99.0" in text and "--no-patches" in text
+    assert not (tmp_path / "ctx").exists()

@@ -204,4 +204,5 @@ def summary_line(att: dict) -> str:
                else f"indexed under the referrers tag {att.get('index')} (the registry has no referrers API)")
         return f"attached to {att['subject']}: {kinds}; {how}"
     files = ", ".join(att.get("files", {}).values()) or "none"
-    return f"SBOM/provenance not pushed ({att.get('reason', 'nothing to push')}); kept as files: {files}"
+    reason = str(att.get("reason") or "nothing to push").rstrip(".")
+    return f"SBOM/provenance not pushed ({reason}); kept as files: {files}"

@@ -1,0 +1,83 @@
+"""SBOM/provenance referrers on a private docker-registry: attached and found when it accepts
+them; a read-only registry refusing them is reported, not a failure, and the files stay."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from builder.referrers import (
+    INTOTO_TYPE,
+    OCI_MANIFEST,
+    SBOM_TYPE,
+    digest_of,
+    list_referrers,
+    push_attestations,
+    upload_blob,
+)
+from builder.registry import RegistryClient
+from tests.faults.conftest import OwnRegistry, wait_http
+
+
+def _push_subject(addr: str, repo: str = "t/img") -> str:
+    """A minimal image manifest (one config blob, no layers) pushed over the v2 API; its digest."""
+    client = RegistryClient(addr)
+    cfg = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}).encode()
+    upload_blob(client, repo, cfg)
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "layers": [],
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                      "digest": digest_of(cfg), "size": len(cfg)}}).encode()
+    status, _, body = client.request("PUT", f"/v2/{repo}/manifests/v1", {"Content-Type": OCI_MANIFEST}, manifest)
+    assert status == 201, body
+    return digest_of(manifest)
+
+
+class ReadOnlyRegistry(OwnRegistry):
+    def start(self) -> "ReadOnlyRegistry":
+        cfg = self.root / "registry-ro.yml"
+        cfg.write_text(
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
+            f"    rootdirectory: {self.root / 'data'}\n  maintenance:\n    readonly:\n      enabled: true\n"
+            f"http:\n  addr: {self.addr}\n")
+        self.proc = subprocess.Popen(["docker-registry", "serve", str(cfg)], stdout=subprocess.DEVNULL,
+                                     stderr=open(self.root / "registry.log", "ab"))
+        assert wait_http(f"http://{self.addr}/v2/"), (self.root / "registry.log").read_text()[-2000:]
+        return self
+
+
+def test_attached_then_found_through_the_referrers_tag_schema(own_registry, tmp_path):
+    from tests.test_render import _write
+
+    ctx, _plan = _write(tmp_path / "r")
+    digest = _push_subject(own_registry.addr)
+    pinned = f"{own_registry.addr}/t/img@{digest}"
+    att = push_attestations(ctx, pinned, [f"{own_registry.addr}/t/img:v1"])
+    assert att["pushed"] is True and att["referrers"] == "tag-schema", att
+    how, found = list_referrers(RegistryClient(own_registry.addr), "t/img", digest)
+    assert how == "tag-schema" and sorted(m["artifactType"] for m in found) == sorted([SBOM_TYPE, INTOTO_TYPE])
+    prov = json.loads((ctx / "provenance.intoto.json").read_text())
+    assert prov["subject"][0]["digest"]["sha256"] == digest.split(":")[1]
+    # pushing again keeps one of each (the provenance is rewritten: a new finishedOn, a new digest)
+    again = push_attestations(ctx, pinned, [])
+    _, found = list_referrers(RegistryClient(own_registry.addr), "t/img", digest)
+    assert len(found) == 2 and again["provenance"]["digest"] in {m["digest"] for m in found}
+
+
+def test_a_registry_that_refuses_them_is_reported_and_the_files_stay(own_registry, tmp_path):
+    from tests.test_render import _write
+
+    ctx, _plan = _write(tmp_path / "r")
+    digest = _push_subject(own_registry.addr)
+    own_registry.kill()
+    ro = ReadOnlyRegistry(own_registry.root, port=own_registry.port).start()
+    try:
+        att = push_attestations(ctx, f"{ro.addr}/t/img@{digest}", [])
+    finally:
+        ro.kill()
+    assert att["pushed"] is False and f"registry {ro.addr} refused" in att["reason"], att
+    assert "sbom" not in att and "provenance" not in att
+    for key in ("sbom", "provenance"):
+        assert (ctx / att["files"][key].rsplit("/", 1)[-1]).is_file()
+    # the statement still names the pushed digest: the image is in the registry, its provenance is a file
+    prov = json.loads((ctx / "provenance.intoto.json").read_text())
+    assert prov["subject"][0]["digest"]["sha256"] == digest.split(":")[1]

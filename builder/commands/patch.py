@@ -130,7 +130,7 @@ def check_cmd(vllm, series_dir, wheel, run_probes, probe_python, as_json):
 @click.option("--probe-python", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Interpreter for the probes on B (default: a venv from B's probe-env.txt when "
                    "patches/vllm/<B>/ has one, else A's).")
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", help="Report format (markdown for a pull request comment).")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir, probe_python, fmt, as_json):
     """Port A's patch series to release B, patch by patch (docs/patches.md).

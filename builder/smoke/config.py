@@ -12,6 +12,29 @@ from ..errors import BadInput
 
 SERVE_BACKENDS = ("auto", "ray-serve-llm", "vllm-server")
 
+# The probe sends a round's requests at once, one thread and one socket each: a documented bound
+# (far above any engine's --max-num-seqs) refused up front, not a thread that cannot start mid-run.
+MAX_CONCURRENCY = 4096
+_SPARE_FDS = 64  # the server log, the health checks, the interpreter's own files
+
+
+def ensure_fd_room(concurrency: int) -> None:
+    """Raise the soft open-files limit to fit ``concurrency`` sockets (up to the hard limit);
+    :class:`BadInput` naming ``ulimit -n`` when even the hard limit is too small."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: nothing to check
+        return
+    need = concurrency + _SPARE_FDS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard == resource.RLIM_INFINITY or hard >= need:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+        return
+    raise BadInput(f"smoke: --concurrency {concurrency} needs {need} open files, but this shell allows {hard} "
+                   f"(ulimit -n); lower --concurrency or raise the limit.")
+
 
 @dataclass
 class SmokeConfig:
@@ -72,6 +95,10 @@ class SmokeConfig:
         ):
             if not isinstance(value, int) or value < lo:
                 raise BadInput(f"{where}: {name} must be an integer >= {lo}, got {value!r}")
+        if self.concurrency > MAX_CONCURRENCY:
+            raise BadInput(f"{where}: --concurrency {self.concurrency} is above the probe's bound of "
+                           f"{MAX_CONCURRENCY} simultaneous requests (one thread and one connection each); "
+                           "an engine admits at most --max-num-seqs at once, so a higher load only queues.")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise BadInput(f"{where}: --max-model-len must be >= 2, got {self.max_model_len}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:

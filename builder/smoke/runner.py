@@ -37,7 +37,7 @@ from .client import (
 )
 from . import equivalence as eqv
 from . import serve as serve_mode
-from .config import SmokeConfig
+from .config import SmokeConfig, ensure_fd_room
 from .gpu import nvidia_smi_memory
 from .preflight import checkpoint_ready, preflight_plan
 from .report import FAIL, PASS, RoundResult, SmokeReport, _fmt, decide, summarize_round
@@ -533,6 +533,7 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
     (nothing booted).  Raises BadInput for bad input (flags, config.json)."""
     say = progress or (lambda msg: None)
     cfg.validate()
+    ensure_fd_room(cfg.concurrency)  # one socket per simultaneous request
     if cfg.image and cfg.server_cmd:
         raise BadInput("smoke: give either IMAGE or --server-cmd, not both")
     checkpoint_ready(cfg, say)  # CheckpointNotReady (exit 13) before any plan, server or GPU work

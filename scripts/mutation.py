@@ -94,10 +94,15 @@ def _copy_tree(dest: Path) -> None:
                            capture_output=True).stdout.decode().split("\0")
     for rel in filter(None, files):
         src = ROOT / rel
-        if not src.is_file() or rel.startswith("mutants/"):
+        if rel.startswith("mutants/") or not (src.is_file() or src.is_symlink()):
             continue
         out = dest / rel
         out.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():  # builder/data/* link to the top-level data folders
+            if out.is_symlink() or out.exists():
+                out.unlink() if not out.is_dir() or out.is_symlink() else shutil.rmtree(out)
+            os.symlink(os.readlink(src), out)
+            continue
         shutil.copy2(src, out, follow_symlinks=False)
 
 

@@ -214,3 +214,62 @@ def test_save_writes_the_formatted_lock_and_format_is_format_lock(tmp_path):
     lk.save(tmp_path / "r.lock")
     assert (tmp_path / "r.lock").read_text() == WRITTEN
     assert [p.name for p in tmp_path.iterdir()] == ["r.lock"]   # no temporary file left beside it
+
+
+def test_sparse_data_is_written_with_the_documented_placeholders():
+    # a missing header field, numpy counts, python ABI or hash list each have a written placeholder
+    bare = LockEntry(name="x", version="1", hashes=[], facts=DistFacts(binary=False, extensions=0, numpy_abi={},
+                                                                       python_abi=None))
+    header = {k: v for k, v in HEADER.items() if k != "base-digest"}
+    text = format_lock(LockFile(header=header, overlay=[], allow_abi_change={}, entries=[bare]))
+    assert "\n# base-digest: -\n" in text
+    assert text.endswith("\n#\nx==1\n    # facts: binary=0 extensions=0 numpy-abi=0/0 glibc=- python-abi=none base=-\n")
+    one = DistFacts(binary=True, extensions=1, numpy_abi={"2": 1}, glibc="2.28", python_abi="abi3")
+    text = format_lock(LockFile(header=dict(HEADER, **{"base-digest": ""}), overlay=[], allow_abi_change={},
+                                entries=[LockEntry(name="y", version="2", hashes=[HA], facts=one,
+                                                   wheel=WheelRef(url=f"https://h/y-2-py3-none-any.whl#frag", sha256=HA))]))
+    assert "\n# base-digest: -\n" in text
+    assert "    # wheel: https://h/y-2-py3-none-any.whl#sha256=" + HA + "\n" in text   # the URL's fragment is replaced
+    assert "numpy-abi=0/1 glibc=2.28 python-abi=abi3" in text
+
+
+def test_an_indented_line_that_is_not_a_comment_is_refused():
+    text = WRITTEN.replace("    # via ray\n", "    # via ray\n    stray words\n")
+    with pytest.raises(BadInput, match=r"lock w\.lock, line 27: not a pinned requirement"):
+        parse_lock(text, "w.lock")
+
+
+def test_truncated_right_after_the_hashes_names_the_last_line_read():
+    cut = WRITTEN[:WRITTEN.index("    # via -r overlay\n")]          # click's requirement + hash lines only
+    with pytest.raises(BadInput, match=r"^lock w\.lock, line 18: 'click==8\.1\.7' \(line 17\) has no '# wheel:' line; "
+                                       r"the file is truncated or hand-edited\.$"):
+        parse_lock(cut, "w.lock")
+
+
+def test_a_broken_hash_continuation_is_named():
+    text = WRITTEN.replace(f"    --hash=sha256:{HC}\n", "    --hash=md5:abc\n")
+    with pytest.raises(BadInput, match=r"^lock w\.lock, line 24: expected a '--hash=sha256:<64 hex>' line continuing "
+                                       r"'numpy==2\.2\.6' \(line 22\), found '--hash=md5:abc'\. "
+                                       r"The file may be truncated or hand-edited\.$"):
+        parse_lock(text, "w.lock")
+    text = WRITTEN.replace(f"click==8.1.7 \\\n    --hash=sha256:{HA}\n", "click==8.1.7\n")
+    with pytest.raises(BadInput, match=r"^lock w\.lock, line 17: 'click==8\.1\.7' has no --hash lines; "
+                                       r"a lock must pin every package by sha256\.$"):
+        parse_lock(text, "w.lock")
+
+
+def test_header_problems_are_named():
+    with pytest.raises(BadInput, match=r"^lock w\.lock: format version '2' is not supported \(expected 1\)\.$"):
+        parse_lock(WRITTEN.replace("# build-image-lock: 1", "# build-image-lock: 2"), "w.lock")
+    cut = WRITTEN.replace("# vllm: 0.26.0\n", "").replace("# python: 3.12\n", "")
+    with pytest.raises(BadInput, match=r"^lock w\.lock: header lacks vllm, python; the file is truncated"):
+        parse_lock(cut, "w.lock")
+    with pytest.raises(BadInput, match=r"^lock w\.lock: the header says 'entries: 3' but the file holds 2 package\(s\); "
+                                       r"the last is 'numpy==2\.2\.6' \(line 22\); it is truncated or hand-edited\.$") as ei:
+        parse_lock(WRITTEN.replace("# entries: 2", "# entries: 3"), "w.lock")
+    assert ei.value.hint == "regenerate it with `build-image lock`."
+    empty = WRITTEN[:WRITTEN.index("click==")]
+    with pytest.raises(BadInput, match=r"^lock w\.lock: the header says 'entries: 2' but the file holds 0 package\(s\); it is"):
+        parse_lock(empty, "w.lock")
+    with pytest.raises(BadInput, match=r"^<lock>: the header says|^lock <lock>: the header says"):
+        parse_lock(empty)

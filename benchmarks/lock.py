@@ -8,7 +8,8 @@ ratios to raw uv.
 
     .venv/bin/python benchmarks/lock.py                     # build-image vs raw uv, --check, re-lock
     .venv/bin/python benchmarks/lock.py --with-pip-compile  # + pip-compile (slow: it downloads every
-                                                            #   wheel to hash it; 367 s / 34.7 GB here)
+                                                            #   wheel to hash it; 367 s / 34.7 GB here;
+                                                            #   needs the bench extra: pip install -e '.[bench]')
 
 Notes on fairness:
 * raw uv gets the same flags build-image uses (``--python-version/--python-platform`` of the
@@ -127,6 +128,8 @@ def main() -> int:
         ("build-image lock --check (up to date)", lambda: timed(bi + ["--check"], env=env, expect="up-to-date")),
     ])
     if args.with_pip_compile:
+        if not (BIN / "pip-compile").exists():
+            sys.exit("--with-pip-compile needs pip-tools: pip install -e '.[bench]'")
         pc = [str(BIN / "pip-compile"), "--generate-hashes", "--quiet", "--no-header", "-o", "pc.txt",
               "overlay.in", "base.in"]
         rows.append(("pip-compile --generate-hashes (host python)",

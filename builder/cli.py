@@ -85,7 +85,7 @@ def main(ctx: click.Context, **kwargs):
         return
     from .commands import pipeline
 
-    ctx.invoke(pipeline.run_pipeline, **kwargs)
+    pipeline.run_pipeline.callback(**kwargs)  # the command's function itself: its options are the group's
 
 
 def _register() -> None:

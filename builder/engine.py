@@ -135,14 +135,18 @@ def redact(text: str) -> str:
 
 
 @dataclass
-class BuildResult:
+class BuiltImage:
+    """What ``docker build`` produced (the build stage's result is :class:`builder.build.BuildResult`)."""
+
     image_id: str
     tags: list[str]
     log: str = ""
 
 
 @dataclass
-class PushResult:
+class PushedRef:
+    """What ``docker push`` reported for one ref (the stage's result is :class:`builder.push.PushResult`)."""
+
     ref: str
     digest: str
     log: str = ""
@@ -163,9 +167,9 @@ class Engine(Protocol):
     def ping(self) -> str: ...
     def build(self, context: Path, tags: list[str], *, network: str = "none",
               build_args: dict[str, str] | None = None,
-              on_line: Callable[[str], None] | None = None) -> BuildResult: ...
+              on_line: Callable[[str], None] | None = None) -> BuiltImage: ...
     def inspect(self, ref: str) -> ImageInfo | None: ...
-    def push(self, ref: str, *, on_line: Callable[[str], None] | None = None) -> PushResult: ...
+    def push(self, ref: str, *, on_line: Callable[[str], None] | None = None) -> PushedRef: ...
     def pull(self, ref: str) -> None: ...
     def cli(self, args: list[str], *, timeout: float = 120, input: str | None = None,
             check: bool = False) -> subprocess.CompletedProcess: ...
@@ -263,7 +267,7 @@ class DockerEngine:
 
     def build(self, context: Path, tags: list[str], *, network: str = "none",
               build_args: dict[str, str] | None = None,
-              on_line: Callable[[str], None] | None = None, timeout: int = 3600) -> BuildResult:
+              on_line: Callable[[str], None] | None = None, timeout: int = 3600) -> BuiltImage:
         with tempfile.TemporaryDirectory(prefix="build-image-iid.") as tmp:
             iid = Path(tmp) / "iid"
             args = ["build", "--progress=plain", f"--network={network}", "--iidfile", str(iid)]
@@ -288,7 +292,7 @@ class DockerEngine:
                     details=tail,
                 )
             image_id = iid.read_text().strip()
-        return BuildResult(image_id=image_id, tags=list(tags), log=log)
+        return BuiltImage(image_id=image_id, tags=list(tags), log=log)
 
     def inspect(self, ref: str) -> ImageInfo | None:
         proc = self._run(["image", "inspect", ref], check=False)
@@ -304,7 +308,7 @@ class DockerEngine:
             created=doc.get("Created", ""),
         )
 
-    def push(self, ref: str, *, on_line: Callable[[str], None] | None = None, timeout: int = 3600) -> PushResult:
+    def push(self, ref: str, *, on_line: Callable[[str], None] | None = None, timeout: int = 3600) -> PushedRef:
         rc, log = self._stream(["push", ref], on_line, timeout)
         if rc != 0:
             registry = registry_of(ref)
@@ -321,7 +325,7 @@ class DockerEngine:
         m = re.search(r"digest: (sha256:[0-9a-f]{64})", log)
         if not m:
             raise RegistryError(f"pushing {ref}: the engine did not report a manifest digest.", details=log[-800:])
-        return PushResult(ref=ref, digest=m.group(1), log=log)
+        return PushedRef(ref=ref, digest=m.group(1), log=log)
 
     def pull(self, ref: str) -> None:
         proc = self._run(["pull", "-q", ref], timeout=1800, check=False)

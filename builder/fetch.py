@@ -6,7 +6,8 @@ Adapter module (network + disk).  Public interface:
   cached, verified copy of ``url``.  Files live in
   ``builder.util.cache_dir()/downloads/<sha256>/<filename>``; a download is written
   to a temp file in that folder, hashed, and renamed into place only when its
-  sha256 matches.  A cached file is re-hashed on every call: a partial or corrupt
+  sha256 matches.  A cached file is re-hashed on the first call of a process (and
+  whenever it changed since: :func:`builder.util.file_digest`): a partial or corrupt
   one (wrong size or hash) is deleted and fetched again.  Any failure raises
   :class:`builder.errors.IntegrityError`.
 * :func:`vllm_wheel` ``(version, sha256=None) -> Path`` — the manylinux x86_64
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from . import __version__
 from .errors import BadInput, IntegrityError
-from .util import cache_dir, sha256_file
+from .util import cache_dir, file_digest, remember_digest, sha256_file
 
 PYPI_JSON = os.environ.get("BUILD_IMAGE_PYPI_JSON", "https://pypi.org/pypi")
 WHEEL_ENV = "BUILD_IMAGE_VLLM_WHEEL"
@@ -60,7 +61,7 @@ def cached_path(sha256: str, filename: str) -> Path:
 
 def _verified(path: Path, sha256: str) -> bool:
     try:
-        return path.is_file() and sha256_file(path) == sha256
+        return path.is_file() and file_digest(path) == sha256
     except OSError:
         return False
 
@@ -94,6 +95,7 @@ def fetch(url: str, sha256: str, *, filename: str | None = None, progress: bool 
             )
         os.chmod(tmp, 0o644)
         os.replace(tmp, dest)
+        remember_digest(dest, got)  # the bytes just hashed: the cache check of this run does not hash them again
     finally:
         tmp.unlink(missing_ok=True)
     return dest

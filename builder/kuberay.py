@@ -1,7 +1,7 @@
 """KubeRay manifests: a RayService (Ray Serve) and a RayCluster for one image.
 
 Pure rendering from (lock, spec, image ref) to YAML text, plus one function that
-writes the files atomically.  The rules the manifests follow (issue 8):
+writes the files atomically.  The rules the manifests follow:
 
 * the head and every worker group run the *same* image, referenced **by digest**
   (``repo@sha256:...``); a tag-only reference is refused unless ``allow_tag``;

@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import zipfile
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -56,7 +55,7 @@ from .lockfile import LockEntry, LockFile, WheelRef
 from .manifest import BaseManifest, DistFacts
 from .pylock import WheelCandidate
 from .raychoice import RayChoice
-from .util import atomic_write_text, cache_dir, canonical_name, sha256_bytes, sha256_file
+from .util import atomic_write_text, cache_dir, canonical_name, sha256_bytes
 
 FACTS_CACHE_VERSION = "1"
 DEFAULT_RAY = "ray[serve]"  # the default overlay (builder.spec.DEFAULT_OVERLAY)
@@ -587,43 +586,12 @@ def _is_resolution_failure(stderr: str) -> bool:
 # =========================================================================== wheels
 
 
-def _download(url: str, dest: Path, sha256: str) -> None:
-    tmp = dest.with_name(dest.name + ".part")
-    try:
-        if url.startswith("file://"):
-            shutil.copyfile(urllib.request.url2pathname(url[len("file://"):]), tmp)
-        else:
-            req = urllib.request.Request(url, headers={"User-Agent": f"build-image/{__version__}"})
-            with urllib.request.urlopen(req, timeout=120) as r, open(tmp, "wb") as fh:
-                shutil.copyfileobj(r, fh, 1 << 20)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise IntegrityError(f"cannot fetch {url}: {exc}.") from None
-    got = sha256_file(tmp)
-    if got != sha256:
-        tmp.unlink(missing_ok=True)
-        raise IntegrityError(f"{url}: sha256 {got} does not match the lock's {sha256}; download refused.")
-    os.replace(tmp, dest)
-
-
 def fetch_wheel(url: str, sha256: str, filename: str | None = None) -> Path:
-    """A verified local copy of ``url`` (cached by sha256; a corrupt cache entry is refetched)."""
-    try:  # the patch stage's fetcher, when present, is the one shared cache
-        from .fetch import fetch  # type: ignore
+    """A verified local copy of ``url`` from the one download cache (:func:`builder.fetch.fetch`)."""
+    from .fetch import fetch
 
-        # no second live display under the lock's own status line
-        return Path(fetch(url, sha256, filename=filename, progress=False))
-    except ImportError:
-        pass
-    filename = filename or url.split("#")[0].rsplit("/", 1)[-1]
-    dest = cache_dir() / "wheels" / sha256[:2] / sha256 / filename
-    if dest.exists():
-        if sha256_file(dest) == sha256:
-            return dest
-        dest.unlink()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    _download(url, dest, sha256)
-    return dest
+    # no second live display under the lock's own status line
+    return Path(fetch(url, sha256, filename=filename, progress=False))
 
 
 def _facts_cache_path(sha256: str) -> Path:

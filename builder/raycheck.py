@@ -27,7 +27,6 @@ container its task ran in.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import signal
 import socket
@@ -45,11 +44,9 @@ from .lockfile import LockFile
 from .util import canonical_name
 
 REPORTED_PACKAGES = ("ray", "numpy", "torch", "vllm", "transformers")
-# Where the render step leaves the list of patched vllm files (sha256sum format:
-# "<hex>  <path>", path absolute or relative to vllm's site-packages).  The image
-# label ``org.build-image.patched-sums`` (a path) overrides the default.
-PATCHED_SUMS_DEFAULT = "/usr/share/build-image/patched.sha256"
-PATCHED_SUMS_LABEL = "org.build-image.patched-sums"
+# Where the rendered Dockerfile leaves the list of patched vllm files (sha256sum format:
+# "<hex>  <path>", path relative to vllm's site-packages); absent in an image without patches.
+PATCHED_SUMS = "/usr/share/build-image/patched.sha256"
 CONTAINER_LABEL = "org.build-image.ray-check"
 MARKER = "@@BUILD-IMAGE-RAY-CHECK@@"
 PYTHON = "python3"
@@ -521,7 +518,7 @@ def node_specs(image: str, workers: int, worker_image: str | None, containers: C
         if ref not in infos:
             infos[ref] = containers.image(ref, "worker" if ref != image else "cluster")
         info = infos[ref]
-        sums = (info.labels or {}).get(PATCHED_SUMS_LABEL, PATCHED_SUMS_DEFAULT)
+        sums = PATCHED_SUMS
         out.append(NodeSpec(name=name, image=ref, image_id=info.id, image_digest=_digest_for(info), sums=sums))
     return out
 

@@ -30,7 +30,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 import jinja2
 
@@ -40,7 +40,7 @@ from .lockfile import LockFile
 from .manifest import BaseManifest
 from .patches import PatchedFile, sha256_list
 from .data import path as data_path
-from .util import sha256_file
+from .util import file_digest, remember_digest, sha256_file
 
 SERVE_MODULE = "build_image_serve_app"
 SBOM_FILE = "sbom.cdx.json"
@@ -48,7 +48,6 @@ PYLOCK_FILE = "pylock.toml"
 PROVENANCE_FILE = "provenance.intoto.json"
 SERVE_APP_FILE = f"{SERVE_MODULE}.py"
 LABEL_PREFIX = "org.build-image"
-DEFAULT_SITE_PACKAGES = "/usr/local/lib/python{python}/dist-packages"
 
 
 @dataclass
@@ -70,10 +69,6 @@ class RenderPlan:
     @property
     def lock_hash(self) -> str:
         return self.lock.lock_hash
-
-    @property
-    def site_packages(self) -> str:
-        return self.base.site_packages or DEFAULT_SITE_PACKAGES.format(python=self.base.python_version)
 
     def sbom_text(self) -> str:
         """The image's CycloneDX SBOM (pure: a function of the plan)."""
@@ -244,7 +239,6 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
         vllm=plan.vllm,
         python=plan.base.python_version,
         from_ref=from_ref(plan.base),
-        site_packages=plan.site_packages.rstrip("/"),
         installer=choose_installer(plan.base),
         patched=sorted(plan.patched, key=lambda p: p.relpath),
         patches=plan.patches,
@@ -276,34 +270,36 @@ def default_source_date_epoch() -> int:
 
 
 def fetch_wheels(lock: LockFile, *, on_wheel: Callable[[str], None] | None = None) -> dict[str, Path]:
-    """Download (or take from the cache) every locked wheel, sha256-verified. filename -> path."""
-    try:
-        from .fetch import fetch
-    except ImportError:  # the shared fetcher not present: the lock stage's verified download
-        from .lock import fetch_wheel as fetch
+    """Download (or take from the cache) every locked wheel, sha256-verified by :func:`builder.fetch.fetch`.
+    filename -> path."""
+    from .fetch import fetch
 
     out: dict[str, Path] = {}
     for e in sorted(lock.entries, key=lambda e: e.key):
         assert e.wheel is not None
         if on_wheel:
             on_wheel(e.wheel.filename)
-        path = Path(fetch(e.wheel.url, e.wheel.sha256))
-        got = sha256_file(path)
-        if got != e.wheel.sha256:  # fetch verifies; this guards the copy we are about to make
-            raise IntegrityError(f"{e.wheel.filename}: sha256 {got} does not match the lock's {e.wheel.sha256}.")
-        out[e.wheel.filename] = path
+        out[e.wheel.filename] = Path(fetch(e.wheel.url, e.wheel.sha256))
     return out
 
 
 def _place(src: Path, dst: Path, sha256: str) -> None:
     """Copy a cached wheel into the context: its own inode (never a hard link into the cache,
     so damage to a cache entry cannot reach a rendered context), a reflink where the file
-    system shares blocks copy-on-write, a byte copy elsewhere."""
+    system shares blocks copy-on-write, a byte copy elsewhere.
+
+    The source is checked against the lock right before the copy (:func:`file_digest`: no
+    second hash of a file this run already verified, a new one if it changed since), the
+    copy against the source's size; the copy's digest is then known without hashing it."""
+    got = file_digest(src)
+    if got != sha256:
+        raise IntegrityError(f"{dst.name}: sha256 {got} does not match the lock's {sha256}.")
     dst.parent.mkdir(parents=True, exist_ok=True)
     copy_or_reflink(src, dst)
-    got = sha256_file(dst)
-    if got != sha256:
-        raise IntegrityError(f"{dst.name}: sha256 {got} does not match the lock's {sha256} after copying it into the context.")
+    size, want = dst.stat().st_size, src.stat().st_size
+    if size != want:
+        raise IntegrityError(f"{dst.name}: the copy in the context has {size} bytes, the verified wheel {want}.")
+    remember_digest(dst, sha256)
 
 
 _FICLONE = 0x40049409  # linux/fs.h: clone src's extents into dst (btrfs, xfs, bcachefs)
@@ -481,8 +477,8 @@ def verify_context(context: str | Path) -> LockFile:
         p = ctx / "wheels" / e.wheel.filename
         if not p.is_file():
             missing.append(e.wheel.filename)
-        elif sha256_file(p) != e.wheel.sha256:
-            bad.append(f"{e.wheel.filename} (sha256 {sha256_file(p)[:16]}..., lock says {e.wheel.sha256[:16]}...)")
+        elif (got := file_digest(p)) != e.wheel.sha256:
+            bad.append(f"{e.wheel.filename} (sha256 {got[:16]}..., lock says {e.wheel.sha256[:16]}...)")
     if missing:
         raise BadInput(
             f"build context {ctx}: wheels/ lacks {len(missing)} locked wheel(s): {', '.join(missing[:5])}.",
@@ -549,13 +545,68 @@ def _verify_twins(ctx: Path, lock: LockFile) -> None:
                              hint="the context was modified; re-run `build-image render`.")
 
 
-# ---------------------------------------------------------------- orchestration (render command / pipeline)
-@dataclass
+# ---------------------------------------------------------------- the render stage (render command / pipeline)
+@dataclass(frozen=True)
+class RenderInputs:
+    """What render works from: the base manifest and the lock (read once), and the lock's text
+    (copied verbatim into the context; None for a pylock.toml)."""
+
+    manifest: BaseManifest
+    lock: LockFile
+    lock_text: str | None
+    lock_path: Path | None = None
+
+
+@dataclass(frozen=True)
 class RenderResult:
+    """The render stage's result: what build, push and the KubeRay manifests need.
+
+    ``wheel_digests`` (wheel file name -> sha256) are the digests of the wheels placed in
+    the context, verified this run; ``base_refs`` are the images the Dockerfile builds
+    FROM (so build never re-reads the Dockerfile it was handed)."""
+
     out_dir: Path
-    files: list[str]
-    tags: list[str]
+    files: tuple[str, ...]
+    tags: tuple[str, ...]
+    labels: tuple[tuple[str, str], ...]
+    wheel_digests: Mapping[str, str]
+    base_refs: tuple[str, ...]
     plan: RenderPlan
+
+    @property
+    def vllm(self) -> str:
+        return self.plan.vllm
+
+    @property
+    def lock(self) -> LockFile:
+        return self.plan.lock
+
+    @property
+    def lock_hash(self) -> str:
+        return self.plan.lock_hash
+
+
+def render_inputs(spec, *, lock_file: str | Path | None = None, base: str | None = None,
+                  locked=None) -> RenderInputs:
+    """The base manifest and the lock render works from.
+
+    ``locked`` (a :class:`builder.lockstage.Locked` the pipeline just made) is used as is;
+    otherwise the base comes from :func:`builder.baseref.resolve_base` (the one rule for
+    every command) and the lock from ``lock_file`` or the spec, each read once.  A base
+    with another vllm than ``spec.vllm`` is exit 2 naming both; BadInput naming the file
+    for a missing or malformed one."""
+    from .baseref import resolve_base, vllm_on_base
+    from .lockstage import _read
+
+    if locked is not None:
+        resolved, lock, text, lock_path = locked.base, locked.lock, locked.text, locked.path
+    else:
+        resolved = resolve_base(base or spec.base, spec.vllm)
+        lock_path = Path(lock_file) if lock_file else spec.lock_path
+        lock, text = _read(lock_path)  # BadInput naming the file/line when missing or malformed
+    vllm_on_base(resolved, spec.vllm)  # a base with another vllm: exit 2 naming both
+    manifest = resolved.manifest
+    return RenderInputs(manifest=manifest, lock=lock, lock_text=text, lock_path=lock_path)
 
 
 def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, out_dir: Path) -> tuple[list[PatchedFile], list[str]]:
@@ -634,7 +685,49 @@ def render_context(
 
         step("write context")
         files = write_context(out_dir, plan, wheels=wheels, patched_root=Path(ptmp), lock_text=lock_text, extra=extra)
-    return RenderResult(out_dir=Path(out_dir), files=files, tags=tags, plan=plan)
+    from types import MappingProxyType
+
+    return RenderResult(
+        out_dir=Path(out_dir), files=tuple(files), tags=tuple(tags), labels=tuple(oci_labels(plan)),
+        wheel_digests=MappingProxyType({e.wheel.filename: e.wheel.sha256 for e in lock.entries if e.wheel}),
+        base_refs=(from_ref(base),), plan=plan,
+    )
+
+
+def build_hint(context: str | Path, repo: str | None, tags: Iterable[str]) -> str:
+    """How to build a rendered context, with the tool or without it (one line, copy-pasteable)."""
+    return (f"build-image build {context}" + (f" --tag {repo}" if repo else "")
+            + f"   (or: cd {context} && DOCKER_BUILDKIT=1 docker build --network=none"
+            + "".join(f" -t {t}" for t in tags) + " .)")
+
+
+def default_out_dir(vllm: str) -> Path:
+    """``build/vllm-<v>``: where render writes and build/push look by default."""
+    return Path("build") / f"vllm-{vllm}"
+
+
+@dataclass(frozen=True)
+class ContextOnDisk:
+    """A rendered context read back from disk (``build``/``push`` without the pipeline), verified."""
+
+    out_dir: Path
+    vllm: str
+    tags: tuple[str, ...]
+    lock: LockFile
+    base_refs: tuple[str, ...]
+
+    @property
+    def lock_hash(self) -> str:
+        return self.lock.lock_hash
+
+
+def read_context(context: str | Path, repo: str | None) -> ContextOnDisk:
+    """Verify a context (every wheel, patched file and twin against its sha256: each file hashed
+    once) and read what build and push need from it: tags from its lock, bases from its Dockerfile."""
+    ctx = Path(context)
+    vllm, tags, lock = tags_for_context(ctx, repo)
+    refs = base_refs((ctx / "Dockerfile").read_text(encoding="utf-8"))
+    return ContextOnDisk(out_dir=ctx, vllm=vllm, tags=tuple(tags), lock=lock, base_refs=tuple(refs))
 
 
 def tags_for_context(context: str | Path, repo: str | None) -> tuple[str, list[str], LockFile]:

@@ -54,6 +54,34 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+_DIGESTS: dict[tuple[int, int, int, int, int], str] = {}
+
+
+def _stat_key(path: str | os.PathLike) -> tuple[int, int, int, int, int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """sha256 of a file, computed at most once per process while the file is unchanged.
+
+    Keyed by (device, inode, size, mtime, ctime): a write to the file, a truncation, a
+    chmod or a replacement changes the key and the file is hashed again.  Every check of
+    a downloaded or copied wheel goes through here, so a run hashes each wheel once."""
+    key = _stat_key(path)
+    got = _DIGESTS.get(key)
+    if got is None:
+        got = _DIGESTS[key] = sha256_file(path)
+    return got
+
+
+def remember_digest(path: str | os.PathLike, sha256: str) -> None:
+    """Record ``sha256`` as the digest of ``path`` as it is now: for a file this process has
+    just written from bytes whose hash it knows (a verified download renamed into place,
+    an exact copy of a verified file)."""
+    _DIGESTS[_stat_key(path)] = sha256
+
+
 _CANON = re.compile(r"[-_.]+")
 
 

@@ -1,4 +1,4 @@
-"""Fixtures: Docker engine, local registry, stand-in base image (owned by the render/build work).
+"""Fixtures: Docker engine, local registry, stand-in base image.
 
 Session scoped; every docker-needing test should be marked ``@pytest.mark.slow``
 and ``@pytest.mark.docker``.  Tests are *skipped* (not failed) when the engine or

@@ -1,4 +1,4 @@
-"""Fixtures: small wheels built by the tests (owned by the base/lock work).
+"""Fixtures: small wheels built by the tests.
 
 ``build_wheelhouse(dest)`` writes, deterministically and offline (gcc + zipfile,
 fixed timestamps), these wheels into one find-links folder ``dest``:

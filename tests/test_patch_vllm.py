@@ -294,7 +294,7 @@ def test_layer_type_rewrite_through_vllm_config_parser(cpu_env, tmp_path):
         "no_layer_types": {"kind": "config", "model": llama},
     }
     unpatched = probe(cpu_env, "unpatched", {"default": scen["default"], "plain": scen["plain"]})
-    # the claim of issue 3: transformers rejects the declared type while parsing, before any --hf-overrides
+    # the claim: transformers rejects the declared type while parsing, before any --hf-overrides
     assert "qwen_sparse_attention" in unpatched["default"]["error"] and "ValueError" in unpatched["default"]["error"]
     assert unpatched["plain"]["layer_types"] == ["linear_attention", "full_attention"]
 

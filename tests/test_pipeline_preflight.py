@@ -1,4 +1,4 @@
-"""Issue 7 wired into the pipeline: `build-image --smoke` plans the spec's serving
+"""The memory plan wired into the pipeline: `build-image --smoke` plans the spec's serving
 settings before anything is locked, rendered or built (zero GPU and build time)."""
 
 from __future__ import annotations

@@ -417,10 +417,10 @@ class _FakeEngine:
         return ImageInfo(id=self.image_id, size=1)
 
     def push(self, ref, on_line=None):
-        from builder.engine import PushResult
+        from builder.engine import PushedRef
 
         self.pushes.append(ref)
-        return PushResult(ref=ref, digest=self.pushed_digest)
+        return PushedRef(ref=ref, digest=self.pushed_digest)
 
 
 class _FakeRegistry:
@@ -441,10 +441,10 @@ MOVING_TAG = "127.0.0.1:5000/s/v:vllm0.26.0"
 
 def _push_with(monkeypatch, engine, registry, tags=(CA_TAG,), **kw):
     import builder.registry as R
-    from builder.commands.push import push_tags
+    from builder.push import push_image
 
     monkeypatch.setattr(R, "client_for", lambda t: (registry, R.parse_ref(t)))
-    return push_tags(list(tags), engine=engine, **kw)
+    return push_image(list(tags), engine=engine, **kw).to_dict()
 
 
 IMG = "sha256:" + "1" * 64

@@ -681,7 +681,7 @@ def test_plan_uses_vllms_default_utilization_and_suggests(tmp_path):
     model = _tiny_checkpoint(tmp_path / "m")
     d = smoke.preflight_plan(SmokeConfig(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096), lambda m: None)
     assert d["gpu_memory_utilization"] == VLLM_DEFAULT_GPU_MEMORY_UTILIZATION == 0.92
-    # issue 7: refused "with the plan's numbers and suggestions"
+    # refused "with the plan's numbers and suggestions"
     rep = run_smoke(SmokeConfig(model=str(model), server_cmd=_fake_cmd(), gpu_memory_bytes=8 << 30,
                                 gpu_memory_utilization=0.9, max_model_len=1 << 20, rounds=1, concurrency=2,
                                 max_tokens=4, prompt_tokens=8))

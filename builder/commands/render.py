@@ -9,33 +9,7 @@ from pathlib import Path
 import click
 
 from ..errors import BadInput
-
-
-def default_out_dir(vllm: str) -> Path:
-    return Path("build") / f"vllm-{vllm}"
-
-
-def stderr_console():
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False)
-
-
-def load_inputs(spec, *, lock_file: str | None, base: str | None):
-    """(base manifest, lock, lock text) named by flags/spec; BadInput naming the file otherwise."""
-    from ..baseref import resolve_base, vllm_on_base
-    from ..lockfile import load_lock
-
-    resolved = resolve_base(base or spec.base, spec.vllm)  # the one rule (builder/baseref.py)
-    manifest = resolved.manifest
-    lock_path = Path(lock_file) if lock_file else spec.lock_path
-    lock = load_lock(lock_path)  # BadInput naming the file/line when missing or malformed
-    from ..pylock import is_pylock_path
-
-    # a requirements.lock is copied verbatim into the context; a pylock.toml is read into the same lock
-    lock_text = None if is_pylock_path(lock_path) else lock_path.read_text(encoding="utf-8")
-    vllm_on_base(resolved, spec.vllm)  # a base with another vllm: exit 2 naming both
-    return manifest, lock, lock_text
+from . import stderr_console
 
 
 @click.command("render")
@@ -62,26 +36,27 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
     Exit codes: 0 written, 2 bad input, 6 patch series does not apply, 7 download/sha256 failure.
     Nothing is written on failure (the context is built in a temp dir and renamed into place).
     """
-    from ..render import render_context
+    from ..render import build_hint, default_out_dir, render_context, render_inputs
     from ..spec import load_spec
 
     if series and no_patches:
         raise BadInput("--series and --no-patches contradict each other.")
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo, model=model)
-    manifest, lock, lock_text = load_inputs(spec, lock_file=lock_file, base=base)
+    inputs = render_inputs(spec, lock_file=lock_file, base=base)
+    manifest, lock = inputs.manifest, inputs.lock
     out = out or default_out_dir(spec.vllm)
     console = stderr_console()
     with console.status("render") as status:
         result = render_context(
-            vllm=spec.vllm, base=manifest, lock=lock, lock_text=lock_text, out_dir=out,
+            vllm=spec.vllm, base=manifest, lock=lock, lock_text=inputs.lock_text, out_dir=out,
             series_dir=series, vllm_wheel=wheel, repo=spec.repo, kuberay=kuberay, no_patches=no_patches,
             kuberay_image=kuberay_image, allow_tag=allow_tag, spec=spec,
             on_step=lambda s: status.update(f"render: {s}"),
         )
     doc = {
         "context": str(result.out_dir),
-        "files": result.files,
-        "tags": result.tags,
+        "files": list(result.files),
+        "tags": list(result.tags),
         "lock_hash": lock.lock_hash,
         "wheels": len(lock.entries),
         "patches": result.plan.patches,
@@ -94,6 +69,4 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
     else:
         click.echo(f"wrote {result.out_dir}: {len(lock.entries)} wheels, {len(result.plan.patched)} patched file(s) "
                    f"from {len(result.plan.patches)} patch(es); FROM {manifest.pinned_ref}")
-        click.echo(f"build it: build-image build {result.out_dir}" + (f" --tag {spec.repo}" if spec.repo else "")
-                   + f"   (or: cd {result.out_dir} && DOCKER_BUILDKIT=1 docker build --network=none"
-                   + "".join(f" -t {t}" for t in result.tags) + " .)")
+        click.echo(f"build it: {build_hint(result.out_dir, spec.repo, result.tags)}")

@@ -46,7 +46,6 @@ from ..vllm_log import (
 )
 from .client import (
     PROBE_TOKENS,
-    HttpError,
     RequestResult,
     RoundRun,
     completion_body,
@@ -86,7 +85,7 @@ from .server import (
 
 __all__ = [
     "FAIL", "FATAL_PATTERNS", "OOM_PATTERNS", "PASS", "PROBE_TOKENS", "SMOKE_REPORT_SCHEMA",
-    "HttpError", "LogFacts", "RequestResult", "RoundResult", "RoundRun", "ServerProcess", "SmokeConfig",
+    "LogFacts", "RequestResult", "RoundResult", "RoundRun", "ServerProcess", "SmokeConfig",
     "SmokeReport", "build_docker_command", "build_local_command", "build_override_command",
     "check_docker_image", "checkpoint_ready", "completion_body", "config_from_serving", "decide", "find_docker", "find_vllm",
     "first_error_line", "free_port", "http_get", "log_tail", "make_prompt", "model_vocab_size",

@@ -109,10 +109,6 @@ def model_vocab_size(model_dir: str) -> int | None:
     return None
 
 
-class HttpError(Exception):
-    pass
-
-
 def http_get(host: str, port: int, path: str, timeout: float) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:

@@ -527,18 +527,23 @@ def drop_passing_log(rep: SmokeReport, own_log: bool, launch: Launch | None = No
 # --------------------------------------------------------------------------- the composition
 
 
-def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None) -> SmokeReport:
+def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None,
+              planned: dict[str, Any] | None = None) -> SmokeReport:
     """Boot, probe, stop; return the report.  Never raises for a FAIL verdict: a
     configuration the plan refuses is a FAIL report with ``refused_by_plan``
-    (nothing booted).  Raises BadInput for bad input (flags, config.json)."""
+    (nothing booted).  Raises BadInput for bad input (flags, config.json).
+
+    ``planned``: the preflight plan the caller computed in this run, after its checkpoint
+    check (the pipeline's preflight); both are then not done again."""
     say = progress or (lambda msg: None)
     cfg.validate()
     ensure_fd_room(cfg.concurrency)  # one socket per simultaneous request
     if cfg.image and cfg.server_cmd:
         raise BadInput("smoke: give either IMAGE or --server-cmd, not both")
-    checkpoint_ready(cfg, say)  # CheckpointNotReady (exit 13) before any plan, server or GPU work
+    if planned is None:
+        checkpoint_ready(cfg, say)  # CheckpointNotReady (exit 13) before any plan, server or GPU work
     gate = gate_step(cfg)
-    plan = plan_step(cfg, say)
+    plan = planned if planned is not None else plan_step(cfg, say)
     launch = prepare_launch(cfg)
     settings = settings_of(cfg)
     try:

@@ -1,0 +1,204 @@
+"""The pipeline composes its stages in memory: lock -> render -> build -> push, each on the
+previous stage's frozen result, offline on the fixture wheels with an in-memory engine and
+registry.  Each wheel is hashed once in a run (counted by wrapping every hashing helper)."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+
+from builder.cli import main
+from builder.engine import BuiltImage, ImageInfo, PushedRef
+from tests.fx_wheels import install_into, write_wheel
+
+IMAGE_ID = "sha256:" + "1" * 64
+MANIFEST = "sha256:" + "2" * 64
+BASE_REF = "example.org/vllm/vllm-openai:v0.26.0"
+
+
+class MemoryEngine:
+    """The engine protocol in memory: holds the base, builds by recording, pushes what it built."""
+
+    name = "memory"
+
+    def __init__(self):
+        self.images = {BASE_REF: ImageInfo(id="sha256:" + "b" * 64, size=1)}
+        self.builds: list[tuple[Path, list[str]]] = []
+        self.pushes: list[str] = []
+
+    def ping(self):
+        return "memory"
+
+    def inspect(self, ref):
+        return self.images.get(ref)
+
+    def build(self, context, tags, *, network="none", build_args=None, on_line=None):
+        assert network == "none"
+        self.builds.append((Path(context), list(tags)))
+        for line in ("#5 [stage-1 2/4] RUN install", "#5 CACHED"):
+            if on_line:
+                on_line(line)
+        for t in tags:
+            self.images[t] = ImageInfo(id=IMAGE_ID, size=123)
+        self.images[IMAGE_ID] = ImageInfo(id=IMAGE_ID, size=123)
+        return BuiltImage(image_id=IMAGE_ID, tags=list(tags), log="#5 CACHED\n")
+
+    def push(self, ref, *, on_line=None):
+        self.pushes.append(ref)
+        return PushedRef(ref=ref, digest=MANIFEST)
+
+
+class MemoryRegistry:
+    def __init__(self):
+        self.served: dict[str, tuple[str, dict]] = {}
+
+    def ping(self):
+        pass
+
+    def manifest(self, repository, reference):
+        return self.served.get(f"{repository}:{reference}")
+
+
+@pytest.fixture
+def world(tmp_path, monkeypatch, wheelhouse):
+    """A base with vllm 0.26.0 (a fake wheel) and numpy 1.26.4; an overlay of a pure and an
+    abi3 wheel from a find-links folder; a private cache; the engine and registry in memory."""
+    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
+    house = tmp_path / "house"
+    shutil.copytree(wheelhouse, house)
+    write_wheel(house, "vllm", "0.26.0", "py3-none-any", {"vllm/__init__.py": "__version__ = '0.26.0'\n"})
+    sp = install_into(tmp_path / "sp", ["vllm==0.26.0", "numpy==1.26.4"], house)
+    manifest = tmp_path / "base.json"
+    r = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35",
+                                  "--cuda", "13.0", "--image-ref", BASE_REF, "-o", str(manifest)],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    engine, registry = MemoryEngine(), MemoryRegistry()
+    import builder.registry as R
+
+    def client_for(tag):
+        ref = R.parse_ref(tag)
+        real_push = engine.push
+
+        def push(t, *, on_line=None):  # the registry serves what the engine pushed
+            res = real_push(t, on_line=on_line)
+            pr = R.parse_ref(t)
+            registry.served[f"{pr.repository}:{pr.tag}"] = (MANIFEST, {"config": {"digest": IMAGE_ID}})
+            return res
+
+        engine.push = push
+        return registry, ref
+
+    monkeypatch.setattr(R, "client_for", client_for)
+    monkeypatch.setattr("builder.engine.get_engine", lambda: engine)
+    attached = []  # the referrers upload has its own tests (tests/test_referrers.py); here: what it is handed
+
+    def push_attestations(context, pinned, tags):
+        attached.append((Path(context), pinned, list(tags)))
+        return {"subject": pinned, "pushed": False, "reason": "in-memory registry", "files": {}}
+
+    monkeypatch.setattr("builder.referrers.push_attestations", push_attestations)
+    engine.attached = attached
+    return dataclasses.make_dataclass("World", ["manifest", "house", "engine", "tmp"])(manifest, house, engine, tmp_path)
+
+
+def _count_hashes(monkeypatch) -> dict[str, int]:
+    """Wrap every module-level sha256 helper of the package: file name -> times hashed."""
+    import builder.util as U
+
+    counts: dict[str, int] = {}
+    real = U.sha256_file
+
+    def counting(path, *a, **kw):
+        name = re.sub(r"^\.(.+)\.[^.]+\.part$", r"\1", Path(path).name)  # a download's temp file
+        counts[name] = counts.get(name, 0) + 1
+        return real(path, *a, **kw)
+
+    for name, mod in list(sys.modules.items()):
+        if (name == "builder" or name.startswith("builder.")) and getattr(mod, "sha256_file", None) is real:
+            monkeypatch.setattr(mod, "sha256_file", counting)
+    U._DIGESTS.clear()  # a fresh process
+    return counts
+
+
+def _request(world, **kw):
+    from builder.pipeline import PipelineRequest
+    from builder.spec import Spec
+
+    spec = Spec().with_flags(base=str(world.manifest), lock=str(world.tmp / "overlay.lock"),
+                             with_=["purepkg==1.0.0", "stableabi==1.0.0"], find_links=[str(world.house)],
+                             no_index=True, repo="127.0.0.1:5000/serving/vllm")
+    return PipelineRequest(spec=spec, out=world.tmp / "ctx", default_overlay=False, no_patches=True, **kw)
+
+
+def test_the_pipeline_hands_each_stage_the_previous_result_and_hashes_each_wheel_once(world, monkeypatch):
+    from builder.pipeline import run
+
+    counts = _count_hashes(monkeypatch)
+    res = run(_request(world, push=True), Console(file=io.StringIO()), engine=world.engine)
+    assert res.status == "pushed" and res.error is None
+    wheels = [e.wheel.filename for e in res.locked.entries]
+    assert sorted(w.split("-")[0] for w in wheels) == ["purepkg", "stableabi"]
+    # one hash per wheel in the whole run: lock (the abi3 wheel's facts), fetch, copy, build, push
+    assert {w: counts.get(w, 0) for w in wheels} == {w: 1 for w in wheels}, counts
+    # each stage's result is frozen and carries what the next one used
+    for r in (res.locked, res.rendered, res.built, res.pushed):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            r.status = "x"  # type: ignore[misc]
+    assert res.rendered.lock is res.locked.lock  # render used the lock object, not a re-read
+    assert dict(res.rendered.wheel_digests) == {e.wheel.filename: e.wheel.sha256 for e in res.locked.entries}
+    assert res.rendered.base_refs == (BASE_REF,)
+    assert ("org.build-image.lock-hash", res.locked.lock_hash) in res.rendered.labels
+    assert world.engine.builds == [(res.rendered.out_dir, list(res.rendered.tags))]
+    assert res.built.tags == res.rendered.tags and res.built.image_id == IMAGE_ID
+    assert world.engine.pushes == list(res.rendered.tags)
+    assert res.pushed.digest == MANIFEST and res.pushed.pinned == f"127.0.0.1:5000/serving/vllm@{MANIFEST}"
+    assert world.engine.attached == [(res.rendered.out_dir, res.pushed.pinned, list(res.rendered.tags))]
+    assert res.summary["digest"] == MANIFEST and res.summary["lock_hash"] == res.locked.lock_hash
+
+    # the same run again in this process: the lock is up to date, the verified wheels unchanged
+    again = run(_request(world, push=True, force=True), Console(file=io.StringIO()), engine=world.engine)
+    assert again.locked.status == "up-to-date" and again.rendered.tags == res.rendered.tags
+    assert {w: counts.get(w, 0) for w in wheels} == {w: 1 for w in wheels}, counts
+
+
+def test_build_of_a_context_read_from_disk_hashes_each_wheel_once(world, monkeypatch):
+    """`build-image build CTX` (a new process: nothing verified yet) verifies every wheel once."""
+    from builder.pipeline import run
+
+    res = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    assert res.status == "built"
+    counts = _count_hashes(monkeypatch)
+    r = CliRunner().invoke(main, ["build", str(res.rendered.out_dir), "--tag", "127.0.0.1:5000/serving/vllm", "--json"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    wheels = [e.wheel.filename for e in res.locked.entries]
+    assert {w: counts.get(w, 0) for w in wheels} == {w: 1 for w in wheels}, counts
+    # a wheel changed on disk after it was verified is hashed again and refused
+    victim = res.rendered.out_dir / "wheels" / wheels[0]
+    victim.write_bytes(victim.read_bytes() + b"x")
+    r = CliRunner().invoke(main, ["build", str(res.rendered.out_dir)])
+    assert r.exit_code == 7, r.output
+
+
+def test_the_pipeline_stops_after_render_without_an_engine(world, monkeypatch):
+    from builder.errors import EngineUnavailable
+    from builder.pipeline import run
+
+    class Down(MemoryEngine):
+        def ping(self):
+            raise EngineUnavailable("the Docker engine at unix:///nowhere is not reachable: no")
+
+    res = run(_request(world), Console(file=io.StringIO()), engine=Down())
+    assert res.status == "rendered" and res.built is None and res.error is None
+    assert "stopped after render" in res.notice and "build-image build" in res.summary["build_command"]
+    pushed = run(_request(world, push=True), Console(file=io.StringIO()), engine=Down())
+    assert isinstance(pushed.error, EngineUnavailable) and pushed.notice is None

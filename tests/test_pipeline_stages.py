@@ -99,7 +99,7 @@ def world(tmp_path, monkeypatch, wheelhouse):
 
     monkeypatch.setattr(R, "client_for", client_for)
     monkeypatch.setattr("builder.engine.get_engine", lambda: engine)
-    attached = []  # the referrers upload has its own tests (tests/test_referrers.py); here: what it is handed
+    attached = []  # the referrers upload is tested against a real registry (test_image_e2e); here: what it is handed
 
     def push_attestations(context, pinned, tags):
         attached.append((Path(context), pinned, list(tags)))

@@ -109,7 +109,7 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
     if rep.interrupted:
         sys.exit(130)
     if not rep.passed:
-        # exit 1 through the CLI's error handler (also when the pipeline ctx.invoke()s this command)
+        # exit 1 through the CLI's error handler
         raise VerdictFailure(f"smoke FAIL: {rep.failures[0] if rep.failures else 'see the report'}")
     return rep
 

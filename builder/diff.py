@@ -186,6 +186,8 @@ class LockDiff:
     new_count: int = 0
     fail_on_allowed: bool = False
     base_move: list[HeaderChange] = field(default_factory=list)  # what moved between the two base images
+    # findings that a side is not a file `build-image lock` wrote as it stands (hand-edited, cut)
+    hand_edited: list[str] = field(default_factory=list)
 
     def group(self, gid: int) -> list[Change]:
         return [c for c in self.changes if c.group == gid]
@@ -196,6 +198,8 @@ class LockDiff:
 
     @property
     def dangerous(self) -> bool:
+        if self.hand_edited:  # what it installs no longer follows from its inputs: a reviewer must look
+            return True
         g1 = self.group(1)
         return bool(g1) if self.fail_on_allowed else any(c.allowed is None for c in g1)
 
@@ -224,6 +228,7 @@ class LockDiff:
             "base": dict(self.base_source),
             "notes": list(self.notes),
             **({"base_move": [h.to_dict() for h in self.base_move]} if self.base_move else {}),
+            **({"hand_edited": list(self.hand_edited)} if self.hand_edited else {}),
         }
 
 
@@ -524,6 +529,8 @@ def diff_locks(
         new_count=len(n.entries),
         fail_on_allowed=fail_on_allowed,
         base_move=moved_base,
+        hand_edited=[f"{label}: {msg}" for label, side in ((old_label, old), (new_label, new))
+                     if side is not None for msg in getattr(side, "problems", [])],
     )
 
 
@@ -683,6 +690,8 @@ def summary_line(d: LockDiff) -> str:
             parts.append(text)
     if d.noise.count:
         parts.append(f"{d.noise.count} noise")
+    if d.hand_edited:
+        parts.insert(0, f"hand-edited lock ({len(d.hand_edited)} finding{'s' if len(d.hand_edited) != 1 else ''})")
     if not parts:
         return "no package changes" + (" (header only)" if d.header else "")
     return ", ".join(parts)
@@ -719,6 +728,9 @@ def to_document(d: LockDiff):
         title = f"{d.old_label} → {d.new_label}"
     top = [HeaderChange(h.key, _short(h.old), _short(h.new)).text() for h in d.header]
     sections = []
+    if d.hand_edited:  # before everything: the file itself is not what `build-image lock` wrote
+        sections.append(Section(title="0. not produced by `build-image lock` (hand-edited or truncated)",
+                                columns=["finding"], rows=[[h] for h in d.hand_edited], style="danger"))
     if d.base_move:  # a release upgrade: what the new base image moves, before any package of the lock
         sections.append(Section(title="0. base move (from the two base manifests)", columns=["", "old", "new"],
                                 rows=[[h.key, h.old or "-", h.new or "-"] for h in d.base_move], style="warn"))
@@ -920,6 +932,13 @@ JSON_SCHEMA: dict = {
                         "additionalProperties": False,
                         "properties": {"key": {"type": "string"}, "old": _STR_OR_NULL, "new": _STR_OR_NULL},
                     },
+                },
+                "hand_edited": {
+                    "type": "array",
+                    "description": "findings that a side is not what `build-image lock` wrote (hand-edited or "
+                                   "truncated), each naming the side, file and line; present only when any",
+                    "items": {"type": "string"},
+                    "minItems": 1,
                 },
             },
         },

@@ -95,6 +95,9 @@ class LockFile:
     overlay: list[str]
     allow_abi_change: dict[str, str]
     entries: list[LockEntry]
+    # parse_lock(strict=False): what makes this file one `build-image lock` did not write as it
+    # stands (a hand edit or a cut), one message per finding naming the line; empty otherwise
+    problems: list[str] = field(default_factory=list)
 
     def by_name(self) -> dict[str, LockEntry]:
         return {e.key: e for e in self.entries}
@@ -175,10 +178,17 @@ def _parse_facts(text: str, path: str, lineno: int) -> tuple[DistFacts, str | No
     return facts, (None if base == "-" else base)
 
 
-def parse_lock(text: str, path: str = "<lock>") -> LockFile:
+def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockFile:
     """Parse a lock; every problem is a :class:`BadInput` naming the file and line.
     A ``pylock.toml`` (PEP 751, the twin ``build-image lock`` writes) is read by
-    :func:`builder.pylock.parse_pylock_lock` into the same :class:`LockFile`."""
+    :func:`builder.pylock.parse_pylock_lock` into the same :class:`LockFile`.
+
+    ``strict=False`` (``diff``: a reviewer must see a hand-edited lock): a file that is a lock
+    (its header says so) but that `build-image lock` did not write as it stands — an entry
+    without its hash, ``# wheel:`` or ``# facts:`` line, a wheel that is not the entry's, an
+    ``entries:`` count that does not match, a line that is not a pinned requirement — is read
+    as far as it goes, each finding in :attr:`LockFile.problems`.  A file that is not a lock
+    at all is :class:`BadInput` either way."""
     from .pylock import is_pylock_path, parse_pylock_lock
 
     if is_pylock_path(path):
@@ -194,33 +204,45 @@ def parse_lock(text: str, path: str = "<lock>") -> LockFile:
     in_header = True
 
     has_facts: set[int] = set()  # ids of entries whose '# facts:' line was read
+    orphans: set[int] = set()  # ids of entries read but not kept (lenient: a duplicate)
     last_line = 0  # last non-blank line read (the end of the current entry)
+    problems: list[str] = []
+
+    def problem(exc: BadInput) -> None:
+        if strict:
+            raise exc
+        problems.append(exc.message)
 
     def finish(entry: LockEntry | None) -> None:
-        if entry is None:
+        if entry is None or id(entry) in orphans:
             return
         if not entry.hashes:
-            raise BadInput(
+            problem(BadInput(
                 f"lock {path}, line {entry.line}: '{entry.name}=={entry.version}' has no --hash lines; "
                 "a lock must pin every package by sha256.",
-            )
-        _check_entry(entry, id(entry) in has_facts, path, last_line)
+            ))
+            return
+        try:
+            _check_entry(entry, id(entry) in has_facts, path, last_line)
+        except BadInput as exc:
+            problem(exc)
 
     for i, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
         if expect_hash:
             m = _HASH_LINE.match(raw)
-            if not m:
-                raise BadInput(
-                    f"lock {path}, line {i}: expected a '--hash=sha256:<64 hex>' line continuing "
-                    f"'{cur.name}=={cur.version}' (line {cur.line}), found {raw.strip()!r:.80}. "
-                    "The file may be truncated or hand-edited."
-                )
-            cur.hashes.append(m.group(1))
-            expect_hash = bool(m.group(2))
-            last_line = i
-            continue
+            if m:
+                cur.hashes.append(m.group(1))
+                expect_hash = bool(m.group(2))
+                last_line = i
+                continue
+            problem(BadInput(
+                f"lock {path}, line {i}: expected a '--hash=sha256:<64 hex>' line continuing "
+                f"'{cur.name}=={cur.version}' (line {cur.line}), found {raw.strip()!r:.80}. "
+                "The file may be truncated or hand-edited."
+            ))
+            expect_hash = False  # lenient: read the line as what it is
         if cur is not None and not raw.startswith("    "):
             finish(cur)  # the entry ends where its indented lines end
             cur = None
@@ -244,12 +266,16 @@ def parse_lock(text: str, path: str = "<lock>") -> LockFile:
             elif body.startswith("wheel: "):
                 url = body[7:].strip()
                 if "#sha256=" not in url:
-                    raise BadInput(f"lock {path}, line {i}: wheel line lacks '#sha256=<hex>'.")
+                    problem(BadInput(f"lock {path}, line {i}: wheel line lacks '#sha256=<hex>'."))
+                    continue
                 u, h = url.split("#sha256=", 1)
                 cur.wheel = WheelRef(url=u, sha256=h)
             elif body.startswith("facts: "):
-                cur.facts, cur.base_version = _parse_facts(body[7:], path, i)
-                has_facts.add(id(cur))
+                try:
+                    cur.facts, cur.base_version = _parse_facts(body[7:], path, i)
+                    has_facts.add(id(cur))
+                except BadInput as exc:
+                    problem(exc)
             continue
         if raw.startswith("#"):
             continue
@@ -260,10 +286,14 @@ def parse_lock(text: str, path: str = "<lock>") -> LockFile:
                 f"'# build-image-lock: {LOCK_FORMAT}' header line and is not a pinned requirement.",
             )
         if not m:
-            raise BadInput(
+            problem(BadInput(
                 f"lock {path}, line {i}: not a pinned requirement ('name==version'): {raw.strip()!r:.80}.",
                 hint="locks are written by `build-image lock`; do not edit them by hand.",
-            )
+            ))
+            cur = LockEntry(name=raw.strip()[:60], version="?", hashes=[], line=i)  # its indented lines go with it
+            orphans.add(id(cur))
+            expect_hash = raw.rstrip().endswith("\\")
+            continue
         if in_header:
             in_header = False
             if header.get("build-image-lock") is None:
@@ -273,19 +303,21 @@ def parse_lock(text: str, path: str = "<lock>") -> LockFile:
                 )
         name, version = m.group(1), m.group(3)
         key = canonical_name(name)
-        if key in seen:
-            raise BadInput(
-                f"lock {path}, line {i}: duplicate package '{name}' (first at line {seen[key]}).",
-            )
-        seen[key] = i
         cur = LockEntry(name=name, version=version, hashes=[], line=i)
-        entries.append(cur)
         expect_hash = bool(m.group(4))
+        if key in seen:
+            problem(BadInput(
+                f"lock {path}, line {i}: duplicate package '{name}' (first at line {seen[key]}).",
+            ))
+            orphans.add(id(cur))
+            continue
+        seen[key] = i
+        entries.append(cur)
     if expect_hash:
-        raise BadInput(
+        problem(BadInput(
             f"lock {path}: the file ends inside the hash list of '{cur.name}=={cur.version}' "
             f"(line {cur.line}); it is truncated.",
-        )
+        ))
     finish(cur)
     if header.get("build-image-lock") is None:
         raise BadInput(f"{path} is not a build-image lock: no '# build-image-lock: {LOCK_FORMAT}' header line.")
@@ -298,12 +330,12 @@ def parse_lock(text: str, path: str = "<lock>") -> LockFile:
         raise BadInput(f"lock {path}: header lacks {', '.join(missing)}; the file is truncated or not written by build-image.")
     if COUNT_HEADER in header and header[COUNT_HEADER] != str(len(entries)):
         last = f"; the last is '{entries[-1].name}=={entries[-1].version}' (line {entries[-1].line})" if entries else ""
-        raise BadInput(
+        problem(BadInput(
             f"lock {path}: the header says '{COUNT_HEADER}: {header[COUNT_HEADER]}' but the file holds "
             f"{len(entries)} package(s){last}; it is truncated or hand-edited.",
             hint="regenerate it with `build-image lock`.",
-        )
-    return LockFile(header=header, overlay=overlay, allow_abi_change=allow, entries=entries)
+        ))
+    return LockFile(header=header, overlay=overlay, allow_abi_change=allow, entries=entries, problems=problems)
 
 
 def _check_entry(e: LockEntry, has_facts: bool, path: str, end: int) -> None:

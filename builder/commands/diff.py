@@ -102,12 +102,13 @@ def _decode(data: bytes, where: str) -> str:
         raise BadInput(f"{where} is not a build-image lock: it is not UTF-8 text (byte {exc.start}).") from None
 
 
-def parse_checked(text: str, where: str):
-    """parse_lock: it names the line of a truncated or hand-edited lock (every entry
-    must carry its '# wheel:' and '# facts:' lines)."""
+def parse_checked(text: str, where: str, strict: bool = False):
+    """parse_lock, lenient by default: a truncated or hand-edited lock is diffed anyway, its
+    findings (each naming the line) in ``problems``, flagged by the diff as dangerous; a file
+    that is not a lock is BadInput (exit 2)."""
     from ..lockfile import parse_lock
 
-    return parse_lock(text, where)
+    return parse_lock(text, where, strict=strict)
 
 
 def _manifest_name(vllm: str) -> str:
@@ -350,7 +351,7 @@ def _textconv(path: str) -> None:
     if not text.strip():
         return
     try:
-        lock = parse_checked(text, path)
+        lock = parse_checked(text, path, strict=True)
     except BadInput as exc:
         sys.stdout.write(f"# build-image: not a valid lock, shown raw ({exc.message})\n{text}")
         return

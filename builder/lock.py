@@ -992,6 +992,9 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     lock_path = Path(lock_path)
     if lock_path.is_dir():
         raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
+    from .pylock import refuse_pylock_output, sync_twin
+
+    refuse_pylock_output(lock_path, check)
     if check or (not upgrade and lock_path.exists()):
         try:
             fresh, why = is_up_to_date(lock_path, req, uv)
@@ -1000,6 +1003,7 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
                 raise StaleLock(f"{lock_path} is not a readable lock: {exc.message}") from None
             fresh, why = False, exc.message
         if fresh:
+            sync_twin(lock_path, check, say)  # its PEP 751 twin: missing or different is stale too
             return LockOutcome(status="up-to-date", path=lock_path)
         if check:
             raise StaleLock(f"{lock_path} is stale: {why}.", hint="run `build-image lock` (without --check) to regenerate it.")

@@ -71,8 +71,14 @@ def is_pylock_path(path: str | Path) -> bool:
 
 
 def twin_path(lock_path: str | Path) -> Path:
-    """The ``pylock.toml`` written beside a ``requirements.lock``."""
-    return Path(lock_path).with_name(PYLOCK_NAME)
+    """The PEP 751 file written beside a lock: ``pylock.toml`` beside ``requirements.lock``,
+    ``pylock.<stem>.toml`` beside any other ``<stem>.lock`` (two locks in one folder never share one)."""
+    p = Path(lock_path)
+    if p.name == "requirements.lock":
+        return p.with_name(PYLOCK_NAME)
+    stem = p.name[: -len(".lock")] if p.name.endswith(".lock") else p.name
+    stem = "".join(c if c.isalnum() or c in "-_" else "-" for c in stem) or "lock"
+    return p.with_name(f"pylock.{stem}.toml")
 
 
 # =========================================================================== reading
@@ -324,3 +330,32 @@ def twin_problem(lock_path: str | Path, lock) -> str | None:
     if other.header.get("inputs-sha256") != lock.header.get("inputs-sha256"):
         return f"{twin} was written for other inputs (inputs-sha256 differs from {Path(lock_path).name}'s)"
     return None
+
+
+def sync_twin(lock_path: str | Path, check: bool, say=None) -> None:
+    """The twin of an up-to-date lock: with ``check``, :class:`~builder.errors.StaleLock` (exit 5) when it
+    is missing, invalid or pins anything else; otherwise it is rewritten from the lock (no resolution)."""
+    from .errors import StaleLock
+    from .lockfile import load_lock
+
+    if is_pylock_path(lock_path):
+        return
+    lock = load_lock(lock_path)
+    problem = twin_problem(lock_path, lock)
+    if problem is None:
+        return
+    if check:
+        raise StaleLock(f"{lock_path} is up to date but {problem}.",
+                        hint="run `build-image lock` (without --check): it rewrites the pylock file from the lock.")
+    write_pylock(twin_path(lock_path), lock)
+    if say is not None:
+        say(f"rewrote {twin_path(lock_path)} from {lock_path} ({problem})")
+
+
+def refuse_pylock_output(lock_path: str | Path, check: bool) -> None:
+    """``-o pylock.toml`` names the derived file: refused except for ``--check``."""
+    p = Path(lock_path)
+    if not check and is_pylock_path(p):
+        raise BadInput(f"-o {p}: name the requirements.lock; `lock` writes its PEP 751 twin "
+                       f"({twin_path(p.with_name('requirements.lock')).name}) beside it. "
+                       "`lock --check` accepts either file.")

@@ -177,3 +177,10 @@ def test_render_from_pylock_writes_the_same_context_as_from_requirements_lock(he
     assert files == sorted(str(p.relative_to(b)) for p in b.rglob("*") if p.is_file())
     for f in ("Dockerfile", "pylock.toml", "sbom.cdx.json", "requirements.lock"):
         assert (a / f).read_text() == (b / f).read_text(), f
+
+
+def test_two_locks_in_one_folder_get_their_own_twins(tmp_path):
+    assert P.twin_path(tmp_path / "requirements.lock") == tmp_path / "pylock.toml"
+    a, b = P.twin_path(tmp_path / "serving.lock"), P.twin_path(tmp_path / "r.v2.lock")
+    assert (a.name, b.name) == ("pylock.serving.toml", "pylock.r-v2.toml")
+    assert P.is_pylock_path(a) and P.is_pylock_path(b)  # PEP 751's pylock.<name>.toml

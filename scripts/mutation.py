@@ -25,6 +25,7 @@ the last measured scores and the survivors judged equivalent.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import shutil
@@ -164,14 +165,14 @@ def _mutmut_config(module: str, work: Path) -> str:
     )
 
 
-def _mutmut_stats(work: Path) -> tuple[dict[str, int], list[str], list[str]]:
+def _mutmut_stats(work: Path, only: list[str] | None = None) -> tuple[dict[str, int], list[str], list[str]]:
     out = subprocess.run([str(VENV_BIN / "mutmut"), "results", "--all", "true"], cwd=work, env=_env(),
                          capture_output=True, text=True, check=True).stdout
     counts: dict[str, int] = {}
     survivors, everything = [], []
     for line in out.splitlines():
         name, sep, status = line.strip().rpartition(": ")
-        if not sep:
+        if not sep or (only and not any(fnmatch.fnmatch(name, pat) for pat in only)):
             continue
         counts[status] = counts.get(status, 0) + 1
         everything.append(name)
@@ -195,15 +196,17 @@ def _refresh_tree(wdir: Path, module: str) -> None:
     (wdir / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)  # the tests changed: re-map them
 
 
-def run(modules: list[str], work: Path, max_children: int, show: bool, survivors_only: bool = False) -> dict:
+def run(modules: list[str], work: Path, max_children: int, show: bool, survivors_only: bool = False,
+        functions: list[str] | None = None) -> dict:
     report = {}
     for module in modules:
         wdir = work / module
         names: list[str] = []
+        only = [f"builder.{module}.x{'' if f.startswith('ǁ') else '_'}{f}__mutmut_*" for f in functions or []]
         if survivors_only:
             if not (wdir / "mutants").is_dir():
                 raise SystemExit(f"--survivors: no earlier run of {module} in {wdir}")
-            names = _mutmut_stats(wdir)[1]
+            names = _mutmut_stats(wdir, only)[1]
             _refresh_tree(wdir, module)
         else:
             if wdir.exists():
@@ -212,21 +215,23 @@ def run(modules: list[str], work: Path, max_children: int, show: bool, survivors
             _copy_tree(wdir)
             with open(wdir / "pyproject.toml", "a") as f:
                 f.write(_mutmut_config(module, wdir))
+            _copy_tree(wdir / "mutants")  # mutmut copies .py files, not the builder/data links: lay them first
+            shutil.copy2(wdir / "pyproject.toml", wdir / "mutants" / "pyproject.toml")
         t0 = time.monotonic()
         env = _env()
         env.pop("PYTHONPATH", None)  # mutmut puts work/mutants first on sys.path itself
         mutmut = ["nice", "-n", "10", str(VENV_BIN / "mutmut"), "run", "--max-children", str(max_children)]
         out = subprocess.DEVNULL if not show else None
-        rc = subprocess.run(mutmut, cwd=wdir, env=env, stdout=out).returncode  # new / not yet checked mutants
+        rc = subprocess.run(mutmut + only, cwd=wdir, env=env, stdout=out).returncode  # new / not yet checked
         if names:  # the earlier survivors, against the current tests
-            live = set(_mutmut_stats(wdir)[2])
+            live = set(_mutmut_stats(wdir, only)[2])
             rc = subprocess.run(mutmut + [n for n in names if n in live], cwd=wdir, env=env, stdout=out).returncode
         secs = time.monotonic() - t0
-        counts, survivors, _ = _mutmut_stats(wdir)
+        counts, survivors, _ = _mutmut_stats(wdir, only)
         killed = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("caught by type check", 0)
         tested = sum(counts.values()) - counts.get("skipped", 0)
         score = 100.0 * killed / tested if tested else 0.0
-        report[module] = {"counts": counts, "tested": tested, "killed": killed, "score": round(score, 1),
+        report[module] = {"functions": functions or "all", "counts": counts, "tested": tested, "killed": killed, "score": round(score, 1),
                           "seconds": round(secs), "survivors": survivors, "mutmut_exit": rc, "work": str(wdir)}
         print(f"{module:9} {killed}/{tested} killed = {score:.1f}%  {counts}  ({secs:.0f} s, {wdir})")
         for s in survivors:
@@ -245,6 +250,8 @@ def main(argv: list[str]) -> int:
     r.add_argument("--max-children", type=int, default=1)
     r.add_argument("--json", type=Path, help="write the per-module report here")
     r.add_argument("--show", action="store_true", help="show mutmut's own progress")
+    r.add_argument("--functions", nargs="+", metavar="NAME",
+                   help="mutate only these functions of the module (a budget on 2 shared cores); the score covers them")
     r.add_argument("--survivors", action="store_true",
                    help="re-run only the survivors of the last run in --work, against the current tests")
     args = ap.parse_args(argv)
@@ -257,7 +264,7 @@ def main(argv: list[str]) -> int:
     if not (VENV_BIN / "mutmut").exists():
         print("mutmut is not installed: pip install -e '.[mutation]'", file=sys.stderr)
         return 2
-    report = run(args.modules, args.work, args.max_children, args.show, args.survivors)
+    report = run(args.modules, args.work, args.max_children, args.show, args.survivors, args.functions)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     return 0

@@ -5,11 +5,13 @@ its old lines are byte-for-byte in the file at the line it names, and a zero-con
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 
 import pytest
 
 from builder import patches as P
+from builder.errors import BadInput, PatchFailed
 from builder.util import sha256_bytes
 
 ORIG = "".join(f"line {i}\n" for i in range(1, 21))
@@ -81,3 +83,128 @@ def test_zero_context_replacement_and_deletion(tmp_path):
     out = tmp_path / "out"
     P.apply_to_dir(s, tree_with(tmp_path, ORIG), out)
     assert (out / "vllm" / "a.py").read_text() == want
+
+
+@pytest.fixture
+def shipped(tmp_path, monkeypatch):
+    """A patches root holding series for 0.9.0, 0.10.0 and 0.28.0 (and a dir that is not a series)."""
+    root = tmp_path / "patches"
+    for v in ("0.9.0", "0.10.0", "0.28.0"):
+        (root / "vllm" / v).mkdir(parents=True)
+        (root / "vllm" / v / "series").write_text("")
+    (root / "vllm" / "0.27.0").mkdir()          # no series file: not a series
+    monkeypatch.setattr(P, "patches_root", lambda: root)
+    return root
+
+
+def test_series_dir_for_lists_what_is_available(shipped):
+    assert P.series_dir_for("0.10.0") == shipped / "vllm" / "0.10.0"
+    with pytest.raises(BadInput, match=r"^no patch series for vllm 0\.27\.0 \(looked for .*/vllm/0\.27\.0/series\); "
+                                       r"series available: 0\.10\.0, 0\.28\.0, 0\.9\.0\.$") as ei:
+        P.series_dir_for("0.27.0")
+    assert ei.value.hint.startswith("pass --series DIR for a series elsewhere")
+    with pytest.raises(BadInput, match=r"series available: none\."):
+        P.series_dir_for("0.27.0", package="other")
+
+
+@pytest.mark.parametrize("wanted, port_from", [
+    ("0.29.0", "0.28.0"),    # the newest release below the wanted one (by version, not by name: 0.10 > 0.9)
+    ("0.11.0", "0.10.0"),
+    ("0.9.5", "0.9.0"),
+    ("0.1.0", "0.28.0"),     # nothing older: the newest there is
+])
+def test_require_series_names_the_series_to_port_from(shipped, wanted, port_from):
+    assert P.require_series("0.28.0") == shipped / "vllm" / "0.28.0"
+    with pytest.raises(PatchFailed, match=rf"^no patch series for vllm {re.escape(wanted)} yet .*Port the series of "
+                                          rf"{re.escape(port_from)}: `build-image patch port --from {re.escape(port_from)} "
+                                          rf"--to {re.escape(wanted)} -o patches/vllm/{re.escape(wanted)}`") as ei:
+        P.require_series(wanted)
+    assert "--no-patches" in ei.value.hint
+
+
+def test_require_series_without_any_series(tmp_path, monkeypatch):
+    monkeypatch.setattr(P, "patches_root", lambda: tmp_path)
+    with pytest.raises(PatchFailed, match=r"Port the series of <A>: `build-image patch port --from <A> --to 0\.30\.0"):
+        P.require_series("0.30.0")
+
+
+def series_of(tmp_path: Path, patches: dict[str, dict[str, tuple[str, str]]]) -> P.Series:
+    """patches: name -> {relpath: (old text, new text)}, in series order."""
+    d = tmp_path / "series"
+    d.mkdir()
+    sums = {}
+    for name, files in patches.items():
+        diff = "".join("".join(difflib.unified_diff(o.splitlines(True), n.splitlines(True), f"a/{rel}", f"b/{rel}"))
+                       for rel, (o, n) in files.items())
+        (d / name).write_text(HEADER.replace("Subject: t", f"Subject: {name} subject") + diff)
+        for rel, (o, _) in files.items():
+            sums.setdefault(rel, sha256_bytes(o.encode()))
+    (d / "series").write_text("".join(f"{n}\n" for n in patches))
+    (d / P.ORIG_SUMS).write_text(P.format_sums(sums))
+    return P.load_series(d, "0.26.0")
+
+
+B = ORIG.replace("line", "row")
+
+
+def two_file_tree(tmp_path: Path, a: str = ORIG, b: str = B) -> Path:
+    root = tree_with(tmp_path, a)
+    (root / "vllm" / "b.py").write_text(b)
+    return root
+
+
+def test_a_half_applied_patch_is_refused_naming_each_file(tmp_path):
+    a2, b2 = with_line(ORIG, 10, "line ten\n"), with_line(B, 5, "row five\n")
+    s = series_of(tmp_path, {"0001-two.patch": {"vllm/a.py": (ORIG, a2), "vllm/b.py": (B, b2)}})
+    (r,) = P.check(s, two_file_tree(tmp_path / "fresh"))
+    assert (r.status, r.files) == ("applied", ["vllm/a.py", "vllm/b.py"])
+    (r,) = P.check(s, two_file_tree(tmp_path / "done", a2, b2))
+    assert r.status == "already-applied"
+    (r,) = P.check(s, two_file_tree(tmp_path / "half", a2, B), raise_on_failure=False)
+    assert r.status == "does-not-apply"
+    assert r.detail == ("partly applied already (vllm/a.py: already-applied, vllm/b.py: applied); "
+                        "refusing a half-patched tree.")
+    assert r.to_dict() == {"patch": "0001-two.patch", "subject": "0001-two.patch subject", "status": "does-not-apply",
+                           "files": ["vllm/a.py", "vllm/b.py"], "detail": r.detail}
+
+
+def test_a_missing_target_file_does_not_apply_and_later_patches_still_run(tmp_path):
+    s = series_of(tmp_path, {
+        "0001-b.patch": {"vllm/b.py": (B, with_line(B, 5, "row five\n"))},
+        "0002-a.patch": {"vllm/a.py": (ORIG, with_line(ORIG, 10, "line ten\n"))},
+    })
+    tree = tree_with(tmp_path, ORIG)                       # holds a.py only
+    res = P.check(s, tree, raise_on_failure=False)
+    assert [(r.name, r.status) for r in res] == [("0001-b.patch", "does-not-apply"), ("0002-a.patch", "applied")]
+    assert res[0].detail == f"vllm/b.py: no such file in {tree}."
+    with pytest.raises(PatchFailed, match=rf"^1 of 2 patch\(es\) of series {re.escape(str(s.dir))} do not apply to "
+                                          rf"{re.escape(str(tree))}: 0001-b\.patch\.$") as ei:
+        P.check(s, tree)
+    assert ei.value.hint == "port the patch to this vllm (exact context, no fuzz/offset) or remove it from the series."
+    assert ei.value.details == f"--- 0001-b.patch: vllm/b.py: no such file in {tree}."
+    assert [r.status for r in ei.value.results] == ["does-not-apply", "applied"]
+
+
+def test_a_target_that_is_not_utf8_is_refused(tmp_path):
+    s = series_for(tmp_path, ORIG, with_line(ORIG, 10, "line ten\n"), n=3)
+    tree = tree_with(tmp_path, ORIG.encode() + b"\xff\xfe\n")
+    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(tree))}: vllm/a\.py is not UTF-8 text; refused\.$"):
+        P.check(s, tree)
+
+
+def test_an_offset_match_at_the_very_end_of_the_file_is_reported(tmp_path):
+    # the hunk's old lines (last 4 lines of the original) sit 2 lines lower: reported as an offset
+    s = series_for(tmp_path, ORIG, with_line(ORIG, 20, "line twenty\n"), n=3)
+    (r,) = P.check(s, tree_with(tmp_path, "# one\n# two\n" + ORIG), raise_on_failure=False)
+    assert r.status == "does-not-apply"
+    assert "matches exactly at line(s) 19 (offset +2): offsets are refused" in r.detail
+
+
+def test_already_applied_is_found_at_the_patched_line_numbers(tmp_path):
+    # hunk 1 inserts 3 lines, so hunk 2 sits 3 lines lower in the patched file than in the original
+    new = with_line(with_line(ORIG, 3, "line 3\nextra a\nextra b\nextra c\n"), 17, "line seventeen\n")
+    s = series_for(tmp_path, ORIG, new, n=1)
+    hunks = s.patches[0].files[0].hunks
+    assert len(hunks) == 2 and hunks[1].target_start == hunks[1].source_start + 3
+    (r,) = P.check(s, tree_with(tmp_path, new))
+    assert r.status == "already-applied"

@@ -592,4 +592,4 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
 
 def clean_so_far(cfg: SmokeConfig, server: ServerProcess, obs: Observed) -> bool:
     return (obs.boot_error is None and not obs.extra_failures and server.alive()
-            and len(obs.rounds) == cfg.rounds and not any(r.failed for r in obs.rounds))
+            and len(obs.rounds) == expected_rounds(cfg) and not any(r.failed for r in obs.rounds))

@@ -208,3 +208,73 @@ def test_already_applied_is_found_at_the_patched_line_numbers(tmp_path):
     assert len(hunks) == 2 and hunks[1].target_start == hunks[1].source_start + 3
     (r,) = P.check(s, tree_with(tmp_path, new))
     assert r.status == "already-applied"
+
+
+def test_apply_site_packages_reports_both_sums_keeps_the_mode_and_lists_them(tmp_path):
+    new = with_line(ORIG, 10, "line ten\n")
+    s = series_for(tmp_path, ORIG, new, n=3)
+    tree = tree_with(tmp_path, ORIG)
+    target = tree / "vllm" / "a.py"
+    target.chmod(0o640)
+    (f,) = P.apply_site_packages(s, tree)
+    assert (f.relpath, f.original_sha256, f.patched_sha256) == ("vllm/a.py", sha256_bytes(ORIG.encode()),
+                                                                sha256_bytes(new.encode()))
+    assert target.read_text() == new and (target.stat().st_mode & 0o777) == 0o640
+    assert P.sha256_list([f]) == f"{sha256_bytes(new.encode())}  vllm/a.py\n"
+    assert P.sha256_list([f], "original") == f"{sha256_bytes(ORIG.encode())}  vllm/a.py\n"
+    (again,) = P.apply_site_packages(s, tree)                 # patched by this very series: left as is
+    assert (again.original_sha256, again.patched_sha256) == (f.original_sha256, f.patched_sha256)
+    assert target.read_text() == new
+
+
+def test_apply_site_packages_refusals_are_named(tmp_path):
+    s = series_for(tmp_path, ORIG, with_line(ORIG, 10, "line ten\n"), n=3)
+    with pytest.raises(BadInput, match=rf"^--site-packages {re.escape(str(tmp_path / 'nope'))}: not a directory\.$"):
+        P.apply_site_packages(s, tmp_path / "nope")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(empty))}: target file\(s\) missing: vllm/a\.py; "
+                                          r"is vllm installed there\?$"):
+        P.apply_site_packages(s, empty)
+    (s.dir / P.ORIG_SUMS).write_text("")
+    bare = P.load_series(s.dir, "0.26.0")
+    with pytest.raises(PatchFailed, match=rf"^series {re.escape(str(s.dir))} records no original sha256 for vllm/a\.py; "
+                                          r"in-place patching needs them to refuse a different base\.$") as ei:
+        P.apply_site_packages(bare, tree_with(tmp_path, ORIG))
+    assert ei.value.hint == (f"generate {P.ORIG_SUMS} with `build-image patch sums --series {s.dir} "
+                             "--wheel <the wheel>`.")
+
+
+def test_apply_site_packages_puts_every_original_back_when_a_write_fails(tmp_path, monkeypatch):
+    a2, b2 = with_line(ORIG, 10, "line ten\n"), with_line(B, 5, "row five\n")
+    s = series_of(tmp_path, {"0001-two.patch": {"vllm/a.py": (ORIG, a2), "vllm/b.py": (B, b2)}})
+    tree = two_file_tree(tmp_path)
+    real, calls = P.atomic_write_bytes, []
+
+    def failing_second(path, data, *mode):
+        calls.append(path)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real(path, data, *mode)
+
+    monkeypatch.setattr(P, "atomic_write_bytes", failing_second)
+    with pytest.raises(OSError, match="disk full"):
+        P.apply_site_packages(s, tree)
+    assert (tree / "vllm" / "a.py").read_text() == ORIG and (tree / "vllm" / "b.py").read_text() == B
+    assert calls[2] == tree / "vllm" / "a.py"                  # the rollback rewrote the one already written
+
+
+def test_a_source_that_is_neither_a_wheel_nor_a_directory(tmp_path):
+    s = series_for(tmp_path, ORIG, with_line(ORIG, 10, "line ten\n"), n=3)
+    (tmp_path / "plain.txt").write_text("not a zip")
+    with pytest.raises(BadInput, match=rf"^patch source {re.escape(str(tmp_path / 'plain.txt'))} is neither a wheel "
+                                       r"\(zip\) nor a directory\.$"):
+        P.check(s, tmp_path / "plain.txt")
+
+
+def test_apply_to_dir_lists_each_file_that_differs_from_the_originals(tmp_path):
+    s = series_for(tmp_path, ORIG, with_line(ORIG, 10, "line ten\n"), n=3)
+    tree = tree_with(tmp_path, with_line(ORIG, 1, "line one\n"))
+    with pytest.raises(PatchFailed, match="refusing to patch") as ei:
+        P.apply_to_dir(s, tree, tmp_path / "out")
+    assert "vllm/a.py" in ei.value.details and not (tmp_path / "out" / "vllm" / "a.py").exists()

@@ -107,9 +107,22 @@ class CheckResult:
     def ok(self) -> bool:
         return not self.findings
 
+    @property
+    def mismatch(self) -> str | None:
+        """None (PASS); ``"lock"`` when the nodes agree with each other and only differ from the
+        lock; ``"nodes"`` when they disagree among themselves, a node did not join or could not be
+        probed; ``"image"`` when they agree but a patched file differs from the build's record."""
+        kinds = {f.kind for f in self.findings}
+        if not kinds:
+            return None
+        if kinds & {"not-joined", "probe-failed", "differs"}:
+            return "nodes"
+        return "image" if "patch" in kinds else "lock"
+
     def to_json(self) -> str:
         doc = {
             "verdict": "PASS" if self.ok else "FAIL",
+            "mismatch": self.mismatch,
             "image": self.image,
             "lock": self.lock,
             "elapsed_s": round(self.elapsed_s, 1),
@@ -191,7 +204,9 @@ def compare(reports: list[NodeReport], lock: LockFile | None = None) -> list[Fin
 def render_text(result: CheckResult) -> str:
     """Human-readable report (the CLI prints it; --json prints CheckResult.to_json())."""
     lines = [f"ray-check {'PASS' if result.ok else 'FAIL'}: {result.image} "
-             f"({len(result.nodes)} node(s), {result.elapsed_s:.1f}s)"]
+             f"({len(result.nodes)} node(s), {result.elapsed_s:.1f}s)"
+             + {None: "", "nodes": ": the nodes disagree", "lock": ": the nodes agree with each other, not with the lock",
+                "image": ": the nodes agree, but a patched file differs from the build's record"}[result.mismatch]]
     for r in result.nodes:
         pk = " ".join(f"{n}={r.packages.get(n) or '-'}" for n in REPORTED_PACKAGES)
         state = "joined" if r.joined else "NOT JOINED"

@@ -4,8 +4,14 @@ Each command parses its flags, calls one stage function in ``builder/``, prints 
 maps the outcome to an exit code; no command imports or invokes another."""
 
 
-def stderr_console():
-    """The rich console every command reports progress on (stderr; stdout stays for results)."""
+def stderr_console(**kw):
+    """The rich console every command reports progress on (stderr; stdout stays for results).
+    Not a terminal (a CI log, a pipe): no wrapping at 80 columns, so a wheel name or a suggested
+    command stays on one line, copy-pasteable."""
     from rich.console import Console
 
-    return Console(stderr=True, highlight=False)
+    kw.setdefault("highlight", False)
+    console = Console(stderr=True, **kw)
+    if not console.is_terminal:
+        console.soft_wrap = True
+    return console

@@ -12,10 +12,10 @@ from ..errors import BadInput
 
 def _progress():
     """A rich progress bar on stderr (quiet when stderr is not a terminal)."""
-    from rich.console import Console
+    from . import stderr_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    console = Console(stderr=True)
+    console = stderr_console(highlight=True)
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -125,7 +125,7 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json):
     2 bad input (no recipe, bad recipes file), 4 the recipe does not resolve, 7 index unreachable,
     12 uv failed.
     """
-    from rich.console import Console
+    from . import stderr_console
 
     from ..reconstruct import default_recipes_path, load_recipes, recipe_for, reconstruct
     from ..spec import default_base_manifest
@@ -133,7 +133,7 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json):
     path = recipes or default_recipes_path()
     recipe = recipe_for(load_recipes(path), vllm, str(path))
     out = output or default_base_manifest(vllm)
-    console = Console(stderr=True, highlight=False)
+    console = stderr_console()
 
     def say(msg: str) -> None:
         console.print(f"reconstruct: {msg}", markup=False, soft_wrap=True)

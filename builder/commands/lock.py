@@ -32,9 +32,9 @@ def _allow(names: tuple[str, ...], reasons: tuple[str, ...]) -> dict[str, str] |
 
 
 def _say_factory(quiet: bool):
-    from rich.console import Console
+    from . import stderr_console
 
-    console = Console(stderr=True)
+    console = stderr_console(highlight=True)
     if quiet or not console.is_terminal:
         return console, None
 

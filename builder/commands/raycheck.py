@@ -27,12 +27,12 @@ from ..errors import VerdictFailure
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def command(image: str, workers: int, lock_path: str | None, worker_image: str | None, timeout: float, as_json: bool) -> None:
     """Start a Ray head and N workers from IMAGE and check that every node runs the same thing."""
-    from rich.console import Console
+    from . import stderr_console
 
     from .. import raycheck
     from ..lockfile import load_lock
 
-    err = Console(stderr=True)
+    err = stderr_console(highlight=True)
     if lock_path is None:
         lock_path = image_lock(image)
         if lock_path:
@@ -52,8 +52,14 @@ def command(image: str, workers: int, lock_path: str | None, worker_image: str |
     else:
         click.echo(raycheck.render_text(result))
     if not result.ok:
-        subjects = list(dict.fromkeys(f.subject for f in result.findings))
-        raise VerdictFailure(f"ray-check: the nodes disagree on {', '.join(subjects)} (details above).")
+        subjects = ", ".join(dict.fromkeys(f.subject for f in result.findings))
+        if result.mismatch == "lock":
+            raise VerdictFailure(f"ray-check: the nodes agree with each other but not with the lock {lock_path} on "
+                                 f"{subjects} (details above): the image is not the one this lock builds.")
+        if result.mismatch == "image":
+            raise VerdictFailure(f"ray-check: the nodes agree, but {subjects} differ from what the build recorded "
+                                 "(details above).")
+        raise VerdictFailure(f"ray-check: the nodes disagree on {subjects} (details above).")
 
 
 def image_lock(image: str, engine=None) -> str | None:

@@ -116,9 +116,9 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
 
 def _progress_printer():
     try:
-        from rich.console import Console
+        from . import stderr_console
 
-        console = Console(stderr=True, log_path=False)
+        console = stderr_console(log_path=False, highlight=True)
 
         def say(msg: str) -> None:
             console.log(msg, markup=False, highlight=False)

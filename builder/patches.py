@@ -288,14 +288,20 @@ def load_series(series_dir: str | os.PathLike, vllm_version: str | None = None) 
     sf = d / SERIES_FILE
     if not sf.is_file():
         raise BadInput(f"{d} is not a patch series: it has no '{SERIES_FILE}' file.")
+    if sf.is_symlink():
+        raise PatchFailed(f"{sf} is a symlink; a series' files must be regular files in {d} (refused, like a "
+                          "symlink in a patch).")
     names = [ln.split("#", 1)[0].strip() for ln in sf.read_text(encoding="utf-8").splitlines()]
     names = [n for n in names if n]
     patches: list[Patch] = []
     applies: dict[str, str] = {}
     for n in names:
         p = d / n
-        if "/" in n or not p.is_file():
+        if "/" in n or n in (".", "..") or not p.is_file():
             raise BadInput(f"{sf}: lists {n!r}, which is not a file in {d}.")
+        if p.is_symlink():  # it would read a file from anywhere (outside the reviewed series) as a patch
+            raise PatchFailed(f"patch {p} is a symlink (to {os.readlink(p)}); a series' patches must be regular "
+                              "files in the series directory (refused, like a symlink in a patch).")
         try:
             text = p.read_text(encoding="utf-8")
         except UnicodeDecodeError:

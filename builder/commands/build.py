@@ -33,6 +33,9 @@ def command(context, vllm, repo, spec_file, pull, as_json):
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo)
     ctx = read_context(context or default_out_dir(spec.vllm), spec.repo)  # verifies every sha256 first
     console = stderr_console()
+    note = source_date_epoch_note(ctx.out_dir)
+    if note:
+        console.print(note, markup=False, highlight=False)
     built = build_image(ctx.out_dir, ctx.tags, vllm=ctx.vllm, lock_hash=ctx.lock_hash, base_refs=ctx.base_refs,
                         pull=pull, on_step=lambda s: console.print("build: " + s, markup=False, highlight=False,
                                                                    soft_wrap=True))
@@ -42,3 +45,27 @@ def command(context, vllm, repo, spec_file, pull, as_json):
         click.echo(f"built {built.image_id} ({(built.size_bytes or 0) / 1e6:.1f} MB) in {built.seconds}s")
         for t in built.tags:
             click.echo(f"  tagged {t}")
+
+
+def source_date_epoch_note(context: Path) -> str | None:
+    """A note when ``SOURCE_DATE_EPOCH`` is set at build time to another moment than the one the
+    context was rendered with: render reads it (the created label and file times are in the
+    Dockerfile), build cannot change it; None when unset or the same."""
+    import os
+    import re
+
+    from ..render import default_source_date_epoch, epoch_iso
+
+    if not os.environ.get("SOURCE_DATE_EPOCH"):
+        return None
+    want = epoch_iso(default_source_date_epoch())
+    try:
+        m = re.search(r'org\.opencontainers\.image\.created="?([0-9TZ:-]+)', (context / "Dockerfile").read_text())
+    except OSError:
+        return None
+    have = m.group(1) if m else None
+    if have == want:
+        return None
+    return (f"note: SOURCE_DATE_EPOCH={os.environ['SOURCE_DATE_EPOCH']} ({want}) is ignored by build: the context "
+            f"{context} was rendered with created={have or 'unknown'}, and render fixes that time. Re-render with "
+            "SOURCE_DATE_EPOCH set (build-image render) to build an image with it.")

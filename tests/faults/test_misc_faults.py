@@ -38,3 +38,35 @@ def test_progress_on_a_pipe_is_not_wrapped_at_80_columns():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stderr.rstrip("\n") == line
+
+
+def test_a_symlinked_patch_in_a_series_is_refused(tmp_path):
+    import shutil
+
+    from .conftest import ROOT, cli
+
+    src = ROOT / "tests" / "data" / "standin" / "patches"
+    series = tmp_path / "series"
+    shutil.copytree(src, series)
+    first = next(ln.split("#")[0].strip() for ln in (series / "series").read_text().splitlines()
+                 if ln.split("#")[0].strip())
+    outside = tmp_path / "elsewhere.patch"
+    outside.write_bytes((series / first).read_bytes())
+    (series / first).unlink()
+    (series / first).symlink_to(outside)
+    r = cli(["patch", "check", "--series", str(series), "--vllm", "0.26.0", "--wheel", str(outside)])
+    assert r.returncode == 6, r.stdout + r.stderr
+    assert f"patch {series / first} is a symlink" in r.stderr
+
+
+def test_source_date_epoch_at_build_time_is_not_silently_ignored(tmp_path):
+    from .conftest import cli, tiny_context
+
+    ctx, _plan = tiny_context(tmp_path)  # rendered with epoch 0
+    dead = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock", "BUILD_IMAGE_CACHE": str(tmp_path / "c")}
+    r = cli(["build", str(ctx)], env={**dead, "SOURCE_DATE_EPOCH": "1700000000"})
+    assert r.returncode == 8  # the engine is down; the note comes before
+    assert "SOURCE_DATE_EPOCH=1700000000 (2023-11-14T22:13:20Z) is ignored by build" in r.stderr
+    assert "created=1970-01-01T00:00:00Z" in r.stderr
+    r = cli(["build", str(ctx)], env={**dead, "SOURCE_DATE_EPOCH": "0"})
+    assert "SOURCE_DATE_EPOCH" not in r.stderr

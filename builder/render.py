@@ -350,11 +350,13 @@ def write_context(
     patched_root: Path | None = None,
     lock_text: str | None = None,
     extra: Callable[[Path], Iterable[Path]] | None = None,
+    sbom_text: str | None = None,
 ) -> list[str]:
     """Write the context for ``plan`` into ``out_dir`` atomically (temp dir + rename).
 
     ``patched_root`` holds the patched files at their site-packages-relative paths;
-    ``extra(tmp_dir)`` may add files (KubeRay manifests) before the rename.
+    ``extra(tmp_dir)`` may add files (KubeRay manifests) before the rename; ``sbom_text``:
+    ``plan.sbom_text()`` when the caller made it already (it is not made twice).
     Returns the relative paths written.
     """
     from .pylock import format_pylock
@@ -362,7 +364,7 @@ def write_context(
 
     out = Path(out_dir)
     check_consistency(plan)
-    sbom = plan.sbom_text()
+    sbom = sbom_text if sbom_text is not None else plan.sbom_text()
     dockerfile = render_dockerfile(plan, sha256_bytes(sbom.encode()))
     from .util import output_lock
 
@@ -684,11 +686,16 @@ def render_context(
                                        allow_tag=allow_tag, base=base)
 
         step("write context")
-        files = write_context(out_dir, plan, wheels=wheels, patched_root=Path(ptmp), lock_text=lock_text, extra=extra)
+        sbom = plan.sbom_text()  # once: the context's file and the label's sha256
+        files = write_context(out_dir, plan, wheels=wheels, patched_root=Path(ptmp), lock_text=lock_text, extra=extra,
+                              sbom_text=sbom)
     from types import MappingProxyType
 
+    from .util import sha256_bytes
+
     return RenderResult(
-        out_dir=Path(out_dir), files=tuple(files), tags=tuple(tags), labels=tuple(oci_labels(plan)),
+        out_dir=Path(out_dir), files=tuple(files), tags=tuple(tags),
+        labels=tuple(oci_labels(plan, sha256_bytes(sbom.encode()))),
         wheel_digests=MappingProxyType({e.wheel.filename: e.wheel.sha256 for e in lock.entries if e.wheel}),
         base_refs=(from_ref(base),), plan=plan,
     )

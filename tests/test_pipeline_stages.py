@@ -5,6 +5,7 @@ registry.  Each wheel is hashed once in a run (counted by wrapping every hashing
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import shutil
 import sys
@@ -162,6 +163,11 @@ def test_the_pipeline_hands_each_stage_the_previous_result_and_hashes_each_wheel
     assert dict(res.rendered.wheel_digests) == {e.wheel.filename: e.wheel.sha256 for e in res.locked.entries}
     assert res.rendered.base_refs == (BASE_REF,)
     assert ("org.build-image.lock-hash", res.locked.lock_hash) in res.rendered.labels
+    labels = dict(res.rendered.labels)  # the labels the Dockerfile sets, the SBOM's digest among them
+    sbom = (res.rendered.out_dir / "sbom.cdx.json").read_bytes()
+    assert labels["org.build-image.sbom-sha256"] == hashlib.sha256(sbom).hexdigest()
+    assert f'org.build-image.sbom-sha256="{labels["org.build-image.sbom-sha256"]}"' in \
+        (res.rendered.out_dir / "Dockerfile").read_text()
     assert world.engine.builds == [(res.rendered.out_dir, list(res.rendered.tags))]
     assert res.built.tags == res.rendered.tags and res.built.image_id == IMAGE_ID
     assert world.engine.pushes == list(res.rendered.tags)

@@ -29,6 +29,7 @@ import yaml
 from . import __version__
 from .errors import BadInput
 from .lockfile import LockFile
+from .render import serve_backend_of
 from .manifest import BaseManifest, load_manifest
 from .spec import Spec
 from .data import path as data_path
@@ -121,8 +122,12 @@ def model_id(model: str) -> str:
     return model.rstrip("/").rsplit("/", 1)[-1] or model
 
 
-def serve_args(spec: Spec) -> dict[str, Any]:
-    """Arguments of ``build_image_serve_app.build_app`` (the ``args`` of the Serve application)."""
+def serve_args(spec: Spec, lock: LockFile | None = None) -> dict[str, Any]:
+    """Arguments of ``build_image_serve_app.build_app`` (the ``args`` of the Serve application).
+
+    ``backend`` is the lock's ``serve-backend`` (the image's default too, stated here so a reviewer
+    of the manifest sees it); a model spanning worker pods needs ``ray-serve-llm``, and a lock that
+    chose ``vllm-server`` for it is refused."""
     s = spec.serving
     if not s.model:
         raise BadInput(
@@ -149,15 +154,27 @@ def serve_args(spec: Spec) -> dict[str, Any]:
         args["max_num_seqs"] = s.max_num_seqs
     if s.cpu_offload_gb:
         args["cpu_offload_gb"] = float(s.cpu_offload_gb)
-    if layout(spec).worker_pods > 1:
+    chosen = "auto"
+    if lock is not None:
+        chosen = serve_backend_of(lock)
+    lay = layout(spec)
+    if lay.worker_pods > 1:
         # The model spans worker pods: only ray.serve.llm places it across nodes. The module's fallback
         # (vLLM's server in one replica holding every GPU) would stay pending forever; forcing the
         # backend makes a ray without ray.serve.llm fail at deploy time with a message instead.
-        args["backend"] = "ray-serve-llm"
+        if chosen == "vllm-server":
+            raise BadInput(
+                f"kuberay: the model spans {lay.worker_pods} worker pods (tp x pp = {lay.gpus_needed} GPUs, "
+                f"{lay.gpus_per_pod} per pod), which only ray.serve.llm can place, but the lock's serve-backend is "
+                f"vllm-server ({lock.header.get('ray', 'its ray')}): vLLM's server in one replica serves one node only.",
+                hint="fit the model on one node (serving.gpus >= tp x pp), or lock a ray whose llm extra pins this vllm.")
+        chosen = "ray-serve-llm"
+    if chosen != "auto":
+        args["backend"] = chosen
     return args
 
 
-def serve_config(spec: Spec) -> dict[str, Any]:
+def serve_config(spec: Spec, lock: LockFile | None = None) -> dict[str, Any]:
     """The Ray Serve config (``serveConfigV2``) as data."""
     return {
         "applications": [
@@ -165,7 +182,7 @@ def serve_config(spec: Spec) -> dict[str, Any]:
                 "name": "llm",
                 "route_prefix": "/",
                 "import_path": SERVE_IMPORT_PATH,
-                "args": serve_args(spec),
+                "args": serve_args(spec, lock),
             }
         ]
     }
@@ -202,6 +219,7 @@ def _context(*, lock: LockFile, spec: Spec, image: str, allow_tag: bool, base: B
         "build-image/image": image,
         "build-image/lock-hash": lock.lock_hash,
         "build-image/ray-version": ray_version(lock, base),
+        "build-image/serve-backend": serve_backend_of(lock),
     }
     return {
         "tool_version": __version__,
@@ -212,7 +230,7 @@ def _context(*, lock: LockFile, spec: Spec, image: str, allow_tag: bool, base: B
         "worker_groups": [worker],
         "labels": labels,
         "annotations": annotations,
-        "serve_config": yaml.safe_dump(serve_config(spec), sort_keys=False, default_flow_style=False).rstrip("\n"),
+        "serve_config": yaml.safe_dump(serve_config(spec, lock), sort_keys=False, default_flow_style=False).rstrip("\n"),
     }
 
 

@@ -70,6 +70,11 @@ class RenderPlan:
     def lock_hash(self) -> str:
         return self.lock.lock_hash
 
+    @property
+    def serve_backend(self) -> str:
+        """The Serve application's default backend in the image: the lock's ``serve-backend``."""
+        return serve_backend_of(self.lock)
+
     def sbom_text(self) -> str:
         """The image's CycloneDX SBOM (pure: a function of the plan)."""
         from .sbom import SbomInput, sbom_json
@@ -82,6 +87,20 @@ class RenderPlan:
 
 
 # ---------------------------------------------------------------- pure decisions
+SERVE_BACKENDS = ("auto", "ray-serve-llm", "vllm-server")
+SERVE_BACKEND_ENV = "BUILD_IMAGE_SERVE_BACKEND"  # what build_image_serve_app reads as its default backend
+
+
+def serve_backend_of(lock: LockFile) -> str:
+    """The lock header's ``serve-backend`` (``auto`` for a lock without one); anything else is refused."""
+    value = (lock.header.get("serve-backend") or "auto").strip()
+    if value not in SERVE_BACKENDS:
+        raise BadInput(f"lock{f' {lock.path}' if getattr(lock, 'path', None) else ''}: header 'serve-backend' is "
+                       f"{value!r}; it must be one of {', '.join(SERVE_BACKENDS)}.",
+                       hint="regenerate the lock with `build-image lock`.")
+    return value
+
+
 def tag_names(vllm: str, lock_hash: str) -> list[str]:
     """The two tag names: content-addressed first, then the moving one."""
     return [f"vllm{vllm}-{lock_hash[:12]}", f"vllm{vllm}"]
@@ -189,6 +208,7 @@ def oci_labels(plan: RenderPlan, sbom_sha256: str | None = None) -> list[tuple[s
         (f"{LABEL_PREFIX}.packages", str(len(plan.lock.entries))),
         (f"{LABEL_PREFIX}.patches", ",".join(plan.patches) or "-"),
         (f"{LABEL_PREFIX}.patched-files", str(len(plan.patched))),
+        (f"{LABEL_PREFIX}.serve-backend", plan.serve_backend if plan.serve_app else "-"),
         (f"{LABEL_PREFIX}.tool", f"build-image {__version__}"),
         (f"{LABEL_PREFIX}.sbom", IMAGE_SBOM_PATH),
         (f"{LABEL_PREFIX}.sbom-sha256", sbom_sha256),
@@ -244,6 +264,8 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
         patches=plan.patches,
         serve_app=SERVE_APP_FILE if plan.serve_app else None,
         serve_module=SERVE_MODULE,
+        serve_backend=plan.serve_backend,
+        serve_backend_env=SERVE_BACKEND_ENV,
         source_date_epoch=int(plan.source_date_epoch),
         labels=oci_labels(plan, sbom_sha256),
         sbom_file=SBOM_FILE,

@@ -422,3 +422,35 @@ def test_serve_fallback_forwards_the_query_string():
     mod = load_serve_module()
     assert mod.upstream_url("http://127.0.0.1:9", "v1/models", "") == "http://127.0.0.1:9/v1/models"
     assert mod.upstream_url("http://127.0.0.1:9", "v1/models", "a=1&b=2") == "http://127.0.0.1:9/v1/models?a=1&b=2"
+
+
+@pytest.mark.parametrize("lock_backend", ["ray-serve-llm", "vllm-server", "auto", None])
+def test_the_serve_application_gets_the_locks_backend(lock_backend):
+    """On one node the RayService states the lock's serve-backend (the image's default too) and
+    annotates it; `auto` (or a lock without the line) leaves the arg out."""
+    lock = make_lock()
+    if lock_backend:
+        lock.header["serve-backend"] = lock_backend
+    docs = render(lock=lock, spec=make_spec(tp=8, gpus=8))
+    args = yaml.safe_load(docs["rayservice.yaml"]["spec"]["serveConfigV2"])["applications"][0]["args"]
+    want = None if lock_backend in (None, "auto") else lock_backend
+    assert args.get("backend") == want
+    for pod in all_pod_templates(cluster_spec(docs, "cluster")):
+        assert pod["metadata"]["annotations"]["build-image/serve-backend"] == (lock_backend or "auto")
+    mod = load_serve_module()
+    if want:
+        assert mod.parse_args(args)["backend"] == want
+
+
+def test_a_multi_pod_model_on_a_vllm_server_lock_is_refused(tmp_path):
+    """vLLM's server in one replica cannot span pods; the lock chose it (its ray's llm extra does not
+    pin this vllm), so the manifests would never serve: refused, naming the layout and the lock's ray."""
+    lock = make_lock()
+    lock.header["serve-backend"] = "vllm-server"
+    lock.header["ray"] = "2.60.0 (newest ray; its llm extra pins vllm==0.29.0, not 0.26.0)"
+    with pytest.raises(BadInput, match=r"spans 2 worker pods .*serve-backend is vllm-server \(2.60.0 \(newest ray"):
+        kuberay.write_manifests(tmp_path, lock=lock, spec=make_spec(tp=16, gpus=8), image=DIGEST_REF)
+    assert list(tmp_path.iterdir()) == []
+    lock.header["serve-backend"] = "ray-serve-llm"
+    docs = render(lock=lock, spec=make_spec(tp=16, gpus=8))
+    assert yaml.safe_load(docs["rayservice.yaml"]["spec"]["serveConfigV2"])["applications"][0]["args"]["backend"] == "ray-serve-llm"

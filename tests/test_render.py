@@ -531,3 +531,49 @@ def test_tags_refused_at_render_when_docker_would_refuse_them():
     with pytest.raises(BadInput, match="not valid image tags"):
         image_tags("127.0.0.1:5000/serving/vllm", "0.26.0+cu130", "a" * 64)
     assert image_tags("127.0.0.1:5000/serving/vllm", "0.26.0", "a" * 64)[0] == "127.0.0.1:5000/serving/vllm:vllm0.26.0-aaaaaaaaaaaa"
+
+
+@pytest.mark.parametrize("header, expect", [("ray-serve-llm", "ray-serve-llm"), ("vllm-server", "vllm-server"),
+                                            (None, "auto")])
+def test_the_locks_serve_backend_becomes_the_images_default(header, expect):
+    """The lock's `serve-backend` line is what the image's Serve application uses by default:
+    an ENV the module reads, and a label a reviewer (or smoke) can inspect."""
+    lock = _lock()
+    if header:
+        lock.header["serve-backend"] = header
+    plan = _plan(lock=lock)
+    assert plan.serve_backend == expect
+    instr = _instructions(render_dockerfile(plan))
+    assert f"ENV BUILD_IMAGE_SERVE_BACKEND={expect}" in instr
+    # set after the application module is copied, before the labels
+    env_at = instr.index(f"ENV BUILD_IMAGE_SERVE_BACKEND={expect}")
+    assert env_at > next(i for i, s in enumerate(instr) if "build_image_serve_app.py" in s)
+    assert dict(oci_labels(plan))["org.build-image.serve-backend"] == expect
+    # without the application there is nothing to configure
+    no_app = _plan(lock=lock, serve_app=False)
+    assert not any(s.startswith("ENV BUILD_IMAGE_SERVE_BACKEND") for s in _instructions(render_dockerfile(no_app)))
+    assert dict(oci_labels(no_app))["org.build-image.serve-backend"] == "-"
+
+
+def test_a_lock_with_an_unknown_serve_backend_is_refused():
+    lock = _lock()
+    lock.header["serve-backend"] = "ray-serve-llm; rm -rf /"
+    with pytest.raises(BadInput, match="header 'serve-backend' is .*must be one of auto, ray-serve-llm, vllm-server"):
+        render_dockerfile(_plan(lock=lock))
+
+
+def test_the_committed_default_locks_serve_backend_reaches_the_dockerfile():
+    """Every committed default lock's serve-backend is rendered as the image's default backend."""
+    from builder.lockfile import load_lock
+    from builder.util import project_root
+
+    locks = sorted((project_root() / "lockfiles").glob("vllm-*/requirements.lock"))
+    assert len(locks) >= 9
+    seen = set()
+    for path in locks:
+        lock = load_lock(path)
+        plan = _plan(vllm=lock.header["vllm"], lock=lock, base=_manifest(digest=None), patched=[], patches=[])
+        backend = lock.header["serve-backend"]
+        seen.add(backend)
+        assert f"ENV BUILD_IMAGE_SERVE_BACKEND={backend}" in _instructions(render_dockerfile(plan)), path
+    assert seen <= {"ray-serve-llm", "vllm-server", "auto"}

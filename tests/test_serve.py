@@ -66,6 +66,33 @@ def test_auto_falls_back_when_rays_llm_extra_targets_another_vllm():
         m.backend_decision(m.parse_args({"model": "/m", "pipeline_parallel_size": 2}), has_ray_serve_llm=True, mismatch=why)
 
 
+def test_the_default_backend_is_the_images(monkeypatch):
+    """The image carries the lock's serve-backend as BUILD_IMAGE_SERVE_BACKEND: it is the default of
+    the application's `backend`; an explicit arg overrides it; a bad value names the variable."""
+    m = load_module()
+    monkeypatch.delenv("BUILD_IMAGE_SERVE_BACKEND", raising=False)
+    assert m.parse_args({"model": "/m"})["backend"] == "auto"
+    monkeypatch.setenv("BUILD_IMAGE_SERVE_BACKEND", "vllm-server")
+    cfg = m.parse_args({"model": "/m"})
+    assert cfg["backend"] == "vllm-server"
+    # the lock's choice holds even where auto would take ray.serve.llm
+    assert m.backend_decision(cfg, has_ray_serve_llm=True, mismatch=None) == ("vllm-server", "backend 'vllm-server' requested")
+    assert m.parse_args({"model": "/m", "backend": "ray-serve-llm"})["backend"] == "ray-serve-llm"
+    monkeypatch.setenv("BUILD_IMAGE_SERVE_BACKEND", "ray-serve-llm")
+    assert m.backend_decision(m.parse_args({"model": "/m"}), has_ray_serve_llm=True,
+                              mismatch="ray's llm extra requires vllm==0.27.0") == ("ray-serve-llm", None)
+    monkeypatch.setenv("BUILD_IMAGE_SERVE_BACKEND", "fast")
+    with pytest.raises(ValueError, match=r"\$BUILD_IMAGE_SERVE_BACKEND must be one of auto, ray-serve-llm, vllm-server, got 'fast'"):
+        m.parse_args({"model": "/m"})
+
+
+def test_smoke_serve_leaves_the_backend_to_the_image_unless_asked():
+    from builder.smoke.serve import app_args
+
+    assert "backend" not in app_args(SmokeConfig(model="/m", serve=True), "/models/m")
+    assert app_args(SmokeConfig(model="/m", serve=True, serve_backend="auto"), "/models/m")["backend"] == "auto"
+
+
 def test_fallback_starts_vllm_serve():
     m = load_module()
     cfg = m.parse_args({"model": "/models/q", "enforce_eager": True, "max_num_batched_tokens": 8192})
@@ -99,7 +126,10 @@ def _serve_cfg(tmp_path, *fake_flags, **kw) -> SmokeConfig:
     kw.setdefault("boot_timeout", 240)
     kw.setdefault("stop_grace", 20)
     vllm_bin = " ".join([sys.executable, str(FAKE), *fake_flags])
-    return SmokeConfig(model=str(model), serve=True, serve_backend="vllm-server", serve_num_gpus=1,
+    # the backend as an image built from a vllm-server lock sets it (ENV BUILD_IMAGE_SERVE_BACKEND),
+    # not as an application arg: the application's default comes from the environment
+    kw.setdefault("env", {"BUILD_IMAGE_SERVE_BACKEND": "vllm-server"})
+    return SmokeConfig(model=str(model), serve=True, serve_num_gpus=1,
                        vllm_bin=vllm_bin, plan=False, log_file=str(tmp_path / "serve.log"), **kw)
 
 

@@ -59,9 +59,10 @@ def _parse_size(text: str | None) -> int | None:
 @click.option("--serve", "serve", is_flag=True,
               help="Deploy the image's Ray Serve application (build_image_serve_app) on a local Ray head "
                    "(loopback, stopped by PID) and probe it through Serve's HTTP proxy.")
-@click.option("--serve-backend", type=click.Choice(["auto", "ray-serve-llm", "vllm-server"]), default="auto",
-              show_default=True, help="--serve: the application's backend (auto: ray.serve.llm when ray's llm "
-                                      "extra pins the installed vllm, else vLLM's server in the replica).")
+@click.option("--serve-backend", type=click.Choice(["auto", "ray-serve-llm", "vllm-server"]), default=None,
+              help="--serve: the application's backend (default: the one the lock chose, its `serve-backend` line, "
+                   "which the image carries as BUILD_IMAGE_SERVE_BACKEND; auto: ray.serve.llm when ray's llm "
+                   "extra pins the installed vllm, else vLLM's server in the replica).")
 @click.option("--serve-python", default=None,
               help="--local --serve: the Python that has ray and vllm (default: the one running build-image).")
 @click.option("--serve-num-gpus", type=int, default=None, hidden=True,

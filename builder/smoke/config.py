@@ -68,7 +68,7 @@ class SmokeConfig:
     stop_grace: float = 15.0            # SIGTERM -> SIGKILL delay when stopping the server
     docker_gpus: str | None = "all"     # docker mode: --gpus value (None: no --gpus, for CPU tests)
     serve: bool = False                 # deploy the image's Ray Serve application on a local Ray head
-    serve_backend: str = "auto"         # auto | ray-serve-llm | vllm-server (the application's `backend`)
+    serve_backend: str | None = None    # auto | ray-serve-llm | vllm-server; None: the image's default (the lock's)
     serve_python: str | None = None     # local --serve: the Python that has ray (default: this one)
     serve_num_gpus: int | None = None   # --serve: GPUs the Ray head declares (default: Ray detects them)
     reference: str | None = None        # compare outputs with this reference file
@@ -117,7 +117,7 @@ class SmokeConfig:
             raise BadInput(f"{where}: --save-reference must name another file than --reference")
         if self.serve and self.server_cmd:
             raise BadInput(f"{where}: --serve deploys the Serve application; it does not take --server-cmd")
-        if self.serve_backend not in SERVE_BACKENDS:
+        if self.serve_backend is not None and self.serve_backend not in SERVE_BACKENDS:
             raise BadInput(f"{where}: --serve-backend must be one of {', '.join(SERVE_BACKENDS)}, got {self.serve_backend!r}")
         for name, value in (("--reference-logprob-tolerance", self.reference_logprob_tolerance),
                             ("--reference-tie-margin", self.reference_tie_margin)):

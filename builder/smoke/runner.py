@@ -200,7 +200,7 @@ def settings_of(cfg: SmokeConfig) -> dict[str, Any]:
         "chat": cfg.chat,
         "prompt_tokens": cfg.prompt_tokens, "max_tokens": cfg.max_tokens, "timeout_s": cfg.timeout,
         "boot_timeout_s": cfg.boot_timeout, "extra_args": list(cfg.extra_args),
-        "serve": cfg.serve, "serve_backend": cfg.serve_backend if cfg.serve else None,
+        "serve": cfg.serve, "serve_backend": (cfg.serve_backend or "image default") if cfg.serve else None,
     }
 
 

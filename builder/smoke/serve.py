@@ -42,8 +42,9 @@ def app_args(cfg: SmokeConfig, model_arg: str) -> dict[str, Any]:
         "model_id": Path(cfg.model).resolve().name or "model",
         "tensor_parallel_size": cfg.tp,
         "pipeline_parallel_size": cfg.pp,
-        "backend": cfg.serve_backend,
     }
+    if cfg.serve_backend is not None:  # else the application's default: the image's BUILD_IMAGE_SERVE_BACKEND
+        args["backend"] = cfg.serve_backend
     if cfg.max_model_len is not None:
         args["max_model_len"] = cfg.max_model_len
     if cfg.gpu_memory_utilization is not None:

@@ -16,6 +16,11 @@ start-up::
 deployment that runs vLLM's OpenAI server in the replica and forwards HTTP to
 it (single node only).
 
+The default ``backend`` is the image's: ``build-image render`` writes the lock's
+``serve-backend`` into the image as ``ENV BUILD_IMAGE_SERVE_BACKEND`` (and the
+``org.build-image.serve-backend`` label); an explicit ``backend`` arg overrides it,
+and without the variable the default is ``auto``.
+
 ``auto`` uses ``ray.serve.llm`` only when the installed ray's ``llm`` extra pins
 the installed vllm (a ray whose LLM integration targets another vllm fails in
 every replica); otherwise it falls back, and the replica log says why.
@@ -45,7 +50,7 @@ import time
 from typing import Any, Mapping, Optional
 
 __all__ = ["build_app", "parse_args", "engine_kwargs", "llm_config", "serving_args", "vllm_cli_args", "backend",
-           "backend_decision", "ray_llm_vllm_pin", "main"]
+           "backend_decision", "ray_llm_vllm_pin", "default_backend", "main"]
 
 log = logging.getLogger("build_image_serve_app")
 
@@ -66,10 +71,22 @@ ARGS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "enforce_eager": (bool, False),
     "num_replicas": (int, 1),
     "accelerator_type": (str, None),
-    "backend": (str, "auto"),  # auto | ray-serve-llm | vllm-server
+    "backend": (str, "auto"),  # auto | ray-serve-llm | vllm-server (default: default_backend())
     "vllm_bin": (str, None),   # fallback: the command that runs vLLM's CLI (default: this Python, -m vllm...)
 }
 BACKENDS = ("auto", "ray-serve-llm", "vllm-server")
+BACKEND_ENV = "BUILD_IMAGE_SERVE_BACKEND"  # the image's default backend (the lock's serve-backend)
+
+
+def default_backend(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The ``backend`` used when the args give none: ``$BUILD_IMAGE_SERVE_BACKEND`` (set by the
+    image build from the lock), else ``auto``; a value outside BACKENDS raises ValueError."""
+    value = (os.environ if environ is None else environ).get(BACKEND_ENV, "").strip()
+    if not value:
+        return "auto"
+    if value not in BACKENDS:
+        raise ValueError(f"build_image_serve_app: ${BACKEND_ENV} must be one of {', '.join(BACKENDS)}, got {value!r}.")
+    return value
 
 
 def parse_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -83,6 +100,8 @@ def parse_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
     cfg: dict[str, Any] = {}
     for key, (typ, default) in ARGS.items():
         if key not in args or args[key] is None:
+            if key == "backend":
+                default = default_backend()
             if default is REQUIRED:
                 raise ValueError(f"build_image_serve_app: arg '{key}' is required.")
             cfg[key] = default

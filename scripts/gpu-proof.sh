@@ -34,12 +34,12 @@ collect() {
 waitdone() {
   local t0=$SECONDS
   while [ $((SECONDS - t0)) -lt "$WAIT" ]; do
-    grep -q "DONE\|FAILED" "$P/progress.txt" 2>/dev/null && break
+    grep -qE "^[0-9:]+ DONE$|FAILED$" "$P/progress.txt" 2>/dev/null && break
     sleep 5
   done
   cat "$P/progress.txt"
   collect
-  grep -q DONE "$P/progress.txt" && echo "PROOF FINISHED" || echo "PROOF STILL RUNNING (call: scripts/gpu-proof.sh wait)"
+  grep -qE "^[0-9:]+ DONE$" "$P/progress.txt" && echo "PROOF FINISHED" || echo "PROOF STILL RUNNING (call: scripts/gpu-proof.sh wait)"
 }
 
 case "$mode" in

@@ -49,9 +49,14 @@ MAX_TOKENS = 16        # greedy tokens per prompt
 TOP_K = 2              # prompt_logprobs: the actual token plus the best 2
 PROMPT_SEED = 20261201
 
-# Thresholds (nats): see docs/smoke.md "Output equivalence" for the H200 noise they rest on.
-LOGPROB_TOLERANCE = 0.1
-TIE_MARGIN = 0.1
+# Thresholds (nats), from run-to-run noise measured on the H200 (docs/gpu-proof-results.md):
+# the same engine settings twice gave bit-identical logprobs (eager twice, CUDA graphs twice,
+# two models); an eager reference against a CUDA-graph run differed by at most 0.037 (and the
+# plain- vs long-name PLE table, both loaded, by 0.0039); an unloaded PLE table by 0.143-0.192.
+# The tolerance is twice the largest noise; a greedy token may flip where the reference's margin
+# is within what two such errors can close (2 x tolerance).
+LOGPROB_TOLERANCE = 0.075
+TIE_MARGIN = 0.15
 
 # What makes two checkpoints "the same model" for the gate: token ids and shapes mean the
 # same thing.  Other config keys (layer_types, rope settings, ...) may differ; the

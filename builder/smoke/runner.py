@@ -161,7 +161,7 @@ def serve_launch(cfg: SmokeConfig, env: dict[str, str], port: int) -> Launch:
         args = serve_mode.app_args(cfg, "/model")
         name = f"build-image-smoke-{uuid.uuid4().hex[:10]}"
         inner = "/tmp/ray-smoke"
-        temp_dir = tempfile.mkdtemp(prefix="smoke-ray-")
+        temp_dir = tempfile.mkdtemp(prefix="smoke-ray-", dir=_short_tmp())
         argv = build_docker_command(
             cfg, port, name, docker, entrypoint="python3",
             args=serve_mode.runner_args(args, port, inner, cfg.serve_num_gpus),
@@ -174,9 +174,15 @@ def serve_launch(cfg: SmokeConfig, env: dict[str, str], port: int) -> Launch:
         return Launch("docker", argv, env, port, docker=docker, cleanup=cleanup, spawn=docker_spawn(docker),
                       health_path="/v1/models", ready=ready, ray_temp_dir=temp_dir)
     serve_mode.app_args(cfg, str(cfg.model))  # bad --extra-arg: refused before anything is created
-    temp_dir = tempfile.mkdtemp(prefix="smoke-ray-")
+    temp_dir = tempfile.mkdtemp(prefix="smoke-ray-", dir=_short_tmp())
     return Launch("local", serve_mode.local_command(cfg, port, temp_dir), serve_mode.local_env(env), port,
                   health_path="/v1/models", ready=ready, ray_temp_dir=temp_dir)
+
+
+def _short_tmp() -> str:
+    """Ray's temp dir holds AF_UNIX sockets (at most 107 bytes of path): /tmp, not the
+    tool's scratch directory under the cache (seen failing on the H200 with a 115-byte path)."""
+    return "/tmp" if os.access("/tmp", os.W_OK) else tempfile.gettempdir()
 
 
 def gate_step(cfg: SmokeConfig) -> Gate | None:

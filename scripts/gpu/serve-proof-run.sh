@@ -6,8 +6,9 @@
 #   S (sequential, one Ray head at a time): `smoke --local --serve` through ray.serve.llm (auto) and
 #     through the vllm-server fallback, for qwen3-sparse and gemma4-ple-long, patched, 3 x 16;
 #   L (pairs): the reference gate: PLE reference (unpatched plain name, eager), the long name
-#     unpatched and patched against it, run-to-run noise (eager twice, CUDA graphs twice), and
-#     qwen3-sparse under the override against the same weights declared full_attention.
+#     unpatched and patched against it (eager and CUDA graphs), run-to-run noise (eager twice,
+#     CUDA graphs twice, eager reference vs CUDA graphs; two models), and qwen3-sparse under the
+#     override against the same weights declared full_attention.
 # Writes $P/progress.txt, results/*.json (smoke reports), refs/*.json (references), logs/*.log.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -30,7 +31,8 @@ smoke() {  # smoke NAME PYTHONPATH ARGS...  -> results/NAME.json, logs/NAME.log,
 import json; d=json.load(open('$R/$name.json')); e=d.get('equivalence') or {}; s=d.get('serve') or {}
 print(d['verdict'], d['boot'], [r['ok'] for r in d['rounds']], 'backend', s.get('backend'), 'eq', e.get('verdict'), e.get('first_diff'), e.get('max_abs_dlogprob'), d['failures'][:2])" 2>/dev/null | cut -c1-600)"
 }
-COMMON=(--max-model-len 2048 --boot-timeout 420 --timeout 120 --concurrency 16 --rounds 3 --max-tokens 64 --prompt-tokens 128 --no-plan)
+# --no-chat: the synthetic checkpoints have no chat template (vLLM answers the chat round 400)
+COMMON=(--no-chat --max-model-len 2048 --boot-timeout 420 --timeout 120 --concurrency 16 --rounds 3 --max-tokens 64 --prompt-tokens 128 --no-plan)
 EAGER=(--extra-arg=--enforce-eager)
 PAR=(--gpu-memory-utilization 0.08 --extra-arg=--kv-cache-memory --extra-arg=2147483648)
 
@@ -66,6 +68,15 @@ chain_local() {
   wait
   smoke r-u-ple-ref-graphs1 "$PP_UN" --model "$CK/gemma4-ple-ref" "${PAR[@]}" "${COMMON[@]}" --reference "$F/ple-ref-eager.json" --save-reference "$F/ple-ref-graphs.json"
   smoke r-u-ple-ref-graphs2 "$PP_UN" --model "$CK/gemma4-ple-ref" "${PAR[@]}" "${COMMON[@]}" --reference "$F/ple-ref-graphs.json"
+  # more noise (a second model) and the unloaded PLE table under CUDA graphs
+  smoke n-q-full-eager2 "$PP_PA" --model "$CK/qwen3-sparse-full" "${PAR[@]}" "${EAGER[@]}" "${COMMON[@]}" --reference "$F/qwen3-full.json" &
+  smoke n-q-full-graphs1 "$PP_PA" --model "$CK/qwen3-sparse-full" "${PAR[@]}" "${COMMON[@]}" --reference "$F/qwen3-full.json" --save-reference "$F/qwen3-full-graphs.json" &
+  smoke n-u-ple-long-graphs "$PP_UN" --model "$CK/gemma4-ple-long" "${PAR[@]}" "${COMMON[@]}" --reference "$F/ple-ref-graphs.json" &
+  smoke n-p-ple-long-graphs "$PP_PA" --model "$CK/gemma4-ple-long" "${PAR[@]}" "${COMMON[@]}" --reference "$F/ple-ref-graphs.json" &
+  wait
+  smoke n-q-full-graphs2 "$PP_PA" --model "$CK/qwen3-sparse-full" "${PAR[@]}" "${COMMON[@]}" --reference "$F/qwen3-full-graphs.json" &
+  smoke n-p-q-sparse-graphs "$PP_PA" --model "$CK/qwen3-sparse" "${PAR[@]}" "${COMMON[@]}" --reference "$F/qwen3-full-graphs.json" &
+  wait
   say "chain L done"
 }
 say "chains S and L"

@@ -278,3 +278,93 @@ def test_apply_to_dir_lists_each_file_that_differs_from_the_originals(tmp_path):
     with pytest.raises(PatchFailed, match="refusing to patch") as ei:
         P.apply_to_dir(s, tree, tmp_path / "out")
     assert "vllm/a.py" in ei.value.details and not (tmp_path / "out" / "vllm" / "a.py").exists()
+
+
+# ---------------------------------------------------------------- the diff format, line by line
+
+def series_text(tmp_path: Path, diff: str) -> P.Series:
+    d = tmp_path / "series"
+    d.mkdir(exist_ok=True)
+    (d / "0001-t.patch").write_text(HEADER + diff)
+    (d / "series").write_text("0001-t.patch\n")
+    return P.load_series(d, "0.26.0")
+
+
+NONL = "\\ No newline at end of file\n"
+HUNK = "--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1,3 +1,3 @@\n"
+
+
+@pytest.mark.parametrize("old, body, new", [
+    ("a\nb\nc", " a\n b\n-c\n" + NONL + "+C\n" + NONL, "a\nb\nC"),          # last line changed, still no newline
+    ("a\nb\nc", " a\n b\n-c\n" + NONL + "+c\n", "a\nb\nc\n"),                # a newline added at the end
+    ("a\nb\nc\n", " a\n b\n-c\n+c\n" + NONL, "a\nb\nc"),                     # the final newline removed
+    ("a\nb\nc", " a\n-b\n+B\n c\n" + NONL, "a\nB\nc"),                       # unchanged last line without newline
+])
+def test_no_newline_at_end_of_file_is_exact_both_ways(tmp_path, old, body, new):
+    s = series_text(tmp_path, HUNK + body)
+    out = tmp_path / "out"
+    P.apply_to_dir(s, tree_with(tmp_path, old), out)
+    assert (out / "vllm" / "a.py").read_bytes() == new.encode()
+    (r,) = P.check(s, tree_with(tmp_path / "done", new))
+    assert r.status == "already-applied"
+    # the same lines with the other ending are another file: no fuzz on the final newline
+    other = old[:-1] if old.endswith("\n") else old + "\n"
+    (r,) = P.check(s, tree_with(tmp_path / "other", other), raise_on_failure=False)
+    assert r.status == ("already-applied" if other == new else "does-not-apply")
+
+
+@pytest.mark.parametrize("line, why", [
+    ("similarity index 90%", r"renames/copies are refused \('similarity index 90%'\)"),
+    ("rename from vllm/a.py", r"renames/copies are refused \('rename from vllm/a\.py'\)"),
+    ("rename to vllm/b.py", r"renames/copies are refused \('rename to vllm/b\.py'\)"),
+    ("copy from vllm/a.py", r"renames/copies are refused \('copy from vllm/a\.py'\)"),
+    ("copy to vllm/b.py", r"renames/copies are refused \('copy to vllm/b\.py'\)"),
+    ("Rename From vllm/a.py", r"renames/copies are refused"),
+    ("new file mode 100644", r"file creation/deletion/mode changes are refused \('new file mode 100644'\)"),
+    ("deleted file mode 100644", r"file creation/deletion/mode changes are refused \('deleted file mode 100644'\)"),
+    ("old mode 100644", r"file creation/deletion/mode changes are refused \('old mode 100644'\)"),
+    ("new mode 100755", r"file creation/deletion/mode changes are refused \('new mode 100755'\)"),
+    ("new file mode 120000", r"symlink in the diff refused \('new file mode 120000'\)"),
+    ("GIT binary patch", r"binary diffs are refused"),
+    ("Binary files a/vllm/x.so and b/vllm/x.so differ", r"binary diffs are refused"),
+])
+def test_every_git_extended_header_that_is_not_a_plain_edit_is_refused(tmp_path, line, why):
+    diff = f"diff --git a/vllm/a.py b/vllm/a.py\n{line}\n" + HUNK + " a\n-b\n+B\n c\n"
+    with pytest.raises(PatchFailed, match=rf"^patch 0001-t\.patch: {why}"):
+        series_text(tmp_path, diff)
+
+
+@pytest.mark.parametrize("diff, exc, why", [
+    ("@@ -1 +1 @@\n-x\n+y\n", BadInput, r"^patch 0001-t\.patch: holds no diff after its header\.$"),
+    ("--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1,3 +1,3 @@\n a\n", BadInput, r"^patch 0001-t\.patch: not a valid unified diff"),
+    ("--- a/vllm/a.py\n+++ b/vllm/../etc/x\n@@ -1 +1 @@\n-x\n+y\n", PatchFailed,
+     r"^patch 0001-t\.patch: path 'b/vllm/\.\./etc/x' contains '\.\.' or a backslash; refused\.$"),
+    ("--- a/vllm\\a.py\n+++ b/vllm\\a.py\n@@ -1 +1 @@\n-x\n+y\n", PatchFailed, r"contains '\.\.' or a backslash"),
+    ("--- a/other/a.py\n+++ b/other/a.py\n@@ -1 +1 @@\n-x\n+y\n", PatchFailed,
+     r"^patch 0001-t\.patch: path 'a/other/a\.py' is outside the vllm/ package; refused\.$"),
+    ("--- a/vllm\n+++ b/vllm\n@@ -1 +1 @@\n-x\n+y\n", PatchFailed, r"path 'a/vllm' is outside the vllm/ package"),
+    ("--- /vllm/a.py\n+++ /vllm/a.py\n@@ -1 +1 @@\n-x\n+y\n", PatchFailed, r"absolute path '/vllm/a\.py' refused"),
+])
+def test_malformed_or_escaping_diffs_are_refused(tmp_path, diff, exc, why):
+    with pytest.raises(exc, match=why):
+        series_text(tmp_path, diff)
+
+
+def test_paths_with_timestamps_or_without_prefix_are_the_package_file(tmp_path):
+    s = series_text(tmp_path, "--- vllm/a.py\t2026-01-01 00:00:00\n+++ vllm/a.py\t2026-01-02 00:00:00\n"
+                              "@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n")
+    assert s.targets == ["vllm/a.py"]
+    out = tmp_path / "out"
+    P.apply_to_dir(s, tree_with(tmp_path, "a\nb\nc\n"), out)
+    assert (out / "vllm" / "a.py").read_text() == "a\nB\nc\n"
+
+
+def test_recorded_sums_file_skips_comments_and_names_a_bad_line(tmp_path):
+    s = series_for(tmp_path, ORIG, with_line(ORIG, 10, "line ten\n"), n=3)
+    sha = sha256_bytes(ORIG.encode())
+    (s.dir / P.ORIG_SUMS).write_text(f"# made by patch sums\n\n{sha} *vllm/a.py\n")
+    assert P.load_series(s.dir, "0.26.0").originals == {"vllm/a.py": sha}
+    (s.dir / P.ORIG_SUMS).write_text(f"# made by patch sums\n{sha}  vllm/a.py\nnot a sum line\n")
+    with pytest.raises(BadInput, match=rf"^{re.escape(str(s.dir / P.ORIG_SUMS))}, line 3: expected '<sha256>  <path>' "
+                                       r"\(sha256sum format\), got 'not a sum line'\.$"):
+        P.load_series(s.dir, "0.26.0")

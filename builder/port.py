@@ -194,9 +194,9 @@ def three_way(base: list[str], ours: list[str], theirs: list[str]) -> tuple[list
             z1, z2, a1, a2, b1, b2 = region[1:]
             conflicts.append(
                 f"conflict at {B_LABEL} lines {b1 + 1}-{b2} (A's original lines {z1 + 1}-{z2}):\n"
-                + "".join("<<<<<<< patched A\n" if k == 0 else ("||||||| A original\n" if k == 1 else
-                          ("=======\n" if k == 2 else ">>>>>>> B original\n")) + "".join(block)
-                          for k, block in enumerate((ours[a1:a2], base[z1:z2], theirs[b1:b2], [])))
+                + "".join(marker + "".join(block) for marker, block in (
+                    ("<<<<<<< patched A\n", ours[a1:a2]), ("||||||| A original\n", base[z1:z2]),
+                    ("=======\n", theirs[b1:b2]), (">>>>>>> B original\n", [])))
             )
     return (None, conflicts) if conflicts else (merged, [])
 

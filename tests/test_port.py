@@ -144,7 +144,7 @@ def test_conflict_shows_the_region(tmp_path, a_series):
     (pp,) = rep.patches
     assert pp.status == PO.CONFLICT and pp.text is None
     shown = "\n".join(pp.detail)
-    assert "<<<<<<< patched A" in shown and "c = b - 3  # B changed this line" in shown and "c = b - 4" in shown
+    assert "<<<<<<< patched A\n    c = b - 4\n" in shown and "=======\n    c = b - 3  # B changed this line\n" in shown
     assert (tmp_path / "out" / "0001-f.patch.conflict").is_file()
     assert not (tmp_path / "out" / "0001-f.patch").exists()
 

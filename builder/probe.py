@@ -283,16 +283,16 @@ def probe_series(series: P.Series, source: str | os.PathLike, *, runner: ProbeRu
     base = unpatched_tree(source, series.package)
     files = series_files(series, source)
     out: list[PatchProbe] = []
+    from concurrent.futures import ThreadPoolExecutor
+
     with tempfile.TemporaryDirectory(prefix="build-image-patched-") as tmp:
-        patched = None
+        # the cached tree's bytecode (from earlier runs) is shared with the patched copy
+        patched = patched_tree(base, files, Path(tmp) / "tree")
         for p, probe in probes:
             if progress:
-                progress(f"probe {probe.name}: unpatched")
-            before = runner.run(probe, base)
-            if patched is None:  # after one run: the tree's bytecode is shared with the patched copy
-                patched = patched_tree(base, files, Path(tmp) / "tree")
-            if progress:
-                progress(f"probe {probe.name}: patched")
-            after = runner.run(probe, patched)
-            out.append(PatchProbe(p.name, probe.name, before, after))
+                progress(f"probe {probe.name}: unpatched and patched")
+            with ThreadPoolExecutor(max_workers=2) as pool:  # two independent processes, side by side
+                before = pool.submit(runner.run, probe, base)
+                after = pool.submit(runner.run, probe, patched)
+                out.append(PatchProbe(p.name, probe.name, before.result(), after.result()))
     return out

@@ -58,6 +58,7 @@ def verify(directory, sums_file, hf_cache, jobs, rehash, strict, as_json):
     if sums is not None:
         plan = content_plan_from_sums(inv, sums, sums_file, shard_names)
     elif hf_cache:
+        rep.notes = [n for n in rep.notes if "--hf-cache" not in n]  # it is being done
         expected, problems = hf_expected(inv, hf_cache, shard_names)
         plan = ContentPlan(expected, problems, f"the Hugging Face download records ({hf_cache})")
     if plan is not None:

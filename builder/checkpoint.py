@@ -793,56 +793,107 @@ def load_sums(path: str | os.PathLike) -> dict[str, str]:
     return parse_sums(text, str(p))
 
 
-def hf_expected(inv: Inventory, cache: str | os.PathLike, names: Iterable[str]) -> tuple[dict[str, str], list[Problem]]:
-    """What a Hugging Face download recorded as each shard's sha256.
+_HEX40 = re.compile(r"^[0-9a-f]{40}$")
+#: Non-shard files (config, tokenizer) up to this size are checked in-process with --hf-cache.
+SMALL_FILE_BYTES = 64 << 20
 
-    ``cache`` is the hub cache (``~/.cache/huggingface/hub``), one ``models--*`` folder
-    of it, or the checkpoint directory itself when it was downloaded with ``--local-dir``.
-    Hub cache: the snapshot's files are symlinks to ``blobs/<sha256>`` (LFS files).
-    ``--local-dir``: ``.cache/huggingface/download/NAME.metadata`` holds the etag,
-    the sha256 for LFS files.
-    """
+
+@dataclass(frozen=True)
+class HfSource:
+    """Where a Hugging Face download recorded each file's etag (see :func:`hf_source`)."""
+
+    cache: Path
+    real: Path
+    local_meta: Path | None  # a --local-dir download's .cache/huggingface/download
+
+
+def hf_source(inv: Inventory, cache: str | os.PathLike) -> HfSource:
+    """``cache`` is the hub cache (``~/.cache/huggingface/hub``), one ``models--*`` folder
+    of it, or the checkpoint directory itself when it was downloaded with ``--local-dir``."""
     cache = Path(cache)
     if not cache.is_dir():
         raise BadInput(f"--hf-cache {cache}: not a directory.")
-    cache_real = Path(os.path.realpath(cache))
+    real = Path(os.path.realpath(cache))
     local_meta = inv.root / ".cache" / "huggingface" / "download"
-    is_local = cache_real == Path(os.path.realpath(inv.root))
-    if not is_local and not (cache / "blobs").is_dir() and not any(cache.glob("models--*")):
+    if real == Path(os.path.realpath(inv.root)):
+        if not local_meta.is_dir():
+            raise BadInput(f"--hf-cache {cache}: the checkpoint has no .cache/huggingface/download metadata "
+                           "(not a --local-dir download).")
+        return HfSource(cache, real, local_meta)
+    if not (cache / "blobs").is_dir() and not any(cache.glob("models--*")):
         raise BadInput(
             f"--hf-cache {cache}: neither a Hugging Face hub cache (models--*/blobs, snapshots) nor the checkpoint "
             "directory itself (a --local-dir download).")
-    if is_local and not local_meta.is_dir():
-        raise BadInput(f"--hf-cache {cache}: the checkpoint has no .cache/huggingface/download metadata (not a --local-dir download).")
+    return HfSource(cache, real, None)
+
+
+def _recorded_etag(src: HfSource, entry: FileEntry) -> tuple[str | None, str | None]:
+    """(etag, None) or (None, why not): a blob's name in the hub cache, or the etag line of a
+    --local-dir download's metadata.  LFS files: the sha256 (64 hex); others: the git blob sha1."""
+    if src.local_meta is not None:
+        meta = src.local_meta / f"{entry.name}.metadata"
+        try:
+            lines = meta.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return None, f"the download metadata records nothing for it ({meta} is missing)"
+        etag = lines[1].strip().strip('"').lower() if len(lines) > 1 else ""
+        return (etag, None) if _HEX64.match(etag) or _HEX40.match(etag) else (None, f"{meta} records etag {etag!r}")
+    try:
+        entry.real.relative_to(src.real)
+    except ValueError:
+        return None, f"is not a file of the Hugging Face cache {src.cache} (resolves to {entry.real})"
+    if entry.real.parent.name != "blobs" or not (_HEX64.match(entry.real.name) or _HEX40.match(entry.real.name)):
+        return None, f"resolves to {entry.real}, not a blob named by its hash"
+    return entry.real.name, None
+
+
+def hf_expected(inv: Inventory, src: HfSource, names: Iterable[str]) -> tuple[dict[str, str], list[Problem]]:
+    """What a Hugging Face download recorded as each shard's sha256 (shards are LFS files:
+    hub blobs are named by their sha256; a --local-dir download's metadata holds it as the etag)."""
     expected: dict[str, str] = {}
     problems: list[Problem] = []
     for name in names:
         entry = inv.files.get(name)
         if entry is None:
             continue
-        if is_local:
-            meta = local_meta / f"{name}.metadata"
-            try:
-                lines = meta.read_text(encoding="utf-8").splitlines()
-            except OSError:
-                problems.append(Problem(name, f"the download metadata records nothing for it ({meta} is missing)"))
-                continue
-            etag = lines[1].strip().lower() if len(lines) > 1 else ""
-            if not _HEX64.match(etag):
-                problems.append(Problem(name, f"{meta} records etag {etag!r}, not an LFS sha256"))
-                continue
+        etag, why = _recorded_etag(src, entry)
+        if etag is None:
+            problems.append(Problem(name, why or "no etag"))
+        elif not _HEX64.match(etag):
+            problems.append(Problem(name, f"the download records {etag}, not an LFS sha256, for this shard"))
+        else:
             expected[name] = etag
+    return expected, problems
+
+
+def git_blob_sha1(data: bytes) -> str:
+    """The git object id of a file's content (what the Hub names a non-LFS file's blob)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data, usedforsecurity=False).hexdigest()
+
+
+def check_hf_small_files(inv: Inventory, src: HfSource, skip: Iterable[str]) -> tuple[int, list[Problem]]:
+    """The checkpoint's other files (config.json, tokenizer, ...) against the etags the download
+    recorded: git blob sha1 for regular files, sha256 for LFS ones.  Files over
+    :data:`SMALL_FILE_BYTES` and files with no record are left to the shard check."""
+    skip = set(skip)
+    checked, problems = 0, []
+    for name, entry in sorted(inv.files.items()):
+        if name in skip or name.endswith(".safetensors") or entry.size > SMALL_FILE_BYTES:
+            continue
+        etag, _ = _recorded_etag(src, entry)
+        if etag is None:
             continue
         try:
-            entry.real.relative_to(cache_real)
-        except ValueError:
-            problems.append(Problem(name, f"is not a file of the Hugging Face cache {cache} (resolves to {entry.real})"))
+            data = entry.path.read_bytes()
+        except OSError as exc:
+            problems.append(Problem(name, f"cannot be read: {exc.strerror or exc}"))
             continue
-        if entry.real.parent.name != "blobs" or not _HEX64.match(entry.real.name):
-            problems.append(Problem(name, f"resolves to {entry.real}, not a blob named by its LFS sha256"))
-            continue
-        expected[name] = entry.real.name
-    return expected, problems
+        got = hashlib.sha256(data).hexdigest() if len(etag) == 64 else git_blob_sha1(data)
+        checked += 1
+        if got != etag:
+            kind = "sha256" if len(etag) == 64 else "git blob sha1"
+            problems.append(Problem(name, f"{kind} {got} does not match {etag} recorded by the Hugging Face download"))
+    return checked, problems
 
 
 # --------------------------------------------------------------------------- hashing (the adapter)

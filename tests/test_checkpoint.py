@@ -533,7 +533,10 @@ def _hub_cache(tmp_path: Path) -> tuple[Path, Path]:
     (repo / "refs" / "main").write_text(snap.name)
     for p in sorted(src.iterdir()):
         data = p.read_bytes()
-        blob = hashlib.sha256(data).hexdigest() if p.suffix == ".safetensors" else hashlib.sha1(data).hexdigest()
+        if p.suffix == ".safetensors":
+            blob = hashlib.sha256(data).hexdigest()  # LFS: the blob is named by its sha256
+        else:  # a regular git file: by its git object id, as git itself computes it
+            blob = subprocess.run(["git", "hash-object", str(p)], capture_output=True, text=True, check=True).stdout.strip()
         (repo / "blobs" / blob).write_bytes(data)
         os.symlink(f"../../blobs/{blob}", snap / p.name)
     return hub, snap
@@ -551,6 +554,18 @@ def test_hf_hub_cache_lfs_sha256(tmp_path):
     blob.write_bytes(bytes(data))
     code, doc, _ = verify(str(snap), "--hf-cache", str(hub / "models--org--tiny"))
     assert code == 1 and "does not match" in errors_for(doc, S3)[0]
+
+
+def test_hf_hub_cache_checks_config_and_index_by_git_blob_sha1(tmp_path):
+    hub, snap = _hub_cache(tmp_path)
+    code, doc, _ = verify(str(snap), "--hf-cache", str(hub))
+    assert code == 0 and doc["content"]["other_files_checked"] == 2  # config.json, the index
+    blob = (snap / "config.json").resolve()
+    assert blob.name == ck.git_blob_sha1(blob.read_bytes())
+    # same JSON, one space more: vLLM would load it, but it is not the file that was published
+    blob.write_text(blob.read_text() + " ")
+    code, doc, _ = verify(str(snap), "--hf-cache", str(hub))
+    assert code == 1 and "git blob sha1" in errors_for(doc, "config.json")[0]
 
 
 def test_hf_hub_cache_partial_blob_and_held_lock(tmp_path):

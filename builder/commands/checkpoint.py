@@ -15,8 +15,8 @@ import sys
 import click
 
 from ..checkpoint import (
-    HashCache, Sha256Hasher, content_plan_from_sums, hf_expected, inspect_checkpoint, load_sums,
-    render_text, scan_directory, ContentPlan,
+    ContentPlan, HashCache, Sha256Hasher, check_hf_small_files, content_plan_from_sums, hf_expected, hf_source,
+    inspect_checkpoint, load_sums, render_text, scan_directory,
 )
 from ..errors import BadInput, VerdictFailure
 
@@ -59,7 +59,8 @@ def verify(directory, sums_file, hf_cache, jobs, rehash, strict, as_json):
         plan = content_plan_from_sums(inv, sums, sums_file, shard_names)
     elif hf_cache:
         rep.notes = [n for n in rep.notes if "--hf-cache" not in n]  # it is being done
-        expected, problems = hf_expected(inv, hf_cache, shard_names)
+        src = hf_source(inv, hf_cache)
+        expected, problems = hf_expected(inv, src, shard_names)
         plan = ContentPlan(expected, problems, f"the Hugging Face download records ({hf_cache})")
     if plan is not None:
         if rep.errors:
@@ -76,6 +77,10 @@ def verify(directory, sums_file, hf_cache, jobs, rehash, strict, as_json):
                 sys.exit(130)
             rep.problems += problems
             rep.content = content
+            if hf_cache:
+                checked, small = check_hf_small_files(inv, src, plan.expected)
+                rep.problems += small
+                rep.content["other_files_checked"] = checked
     if as_json:
         click.echo(json.dumps(rep.to_dict(strict=strict), indent=2))
     else:

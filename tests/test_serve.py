@@ -184,3 +184,38 @@ def test_a_replica_that_fails_to_start_is_a_fail_with_the_replica_log(tmp_path):
     assert rep.serve["replica_log_tail"] and "replica log tail" in text
     assert "\x1b[" not in " ".join(rep.failures)   # no terminal colours in the report
     assert rep.serve["ray_temp_dir"] and os.path.isdir(rep.serve["ray_temp_dir"])   # kept for a FAIL
+
+
+def test_runner_lines_are_read_into_the_report():
+    from builder.smoke import serve as sv
+
+    text = "\n".join([
+        "build-image-serve: ray 2.58.1 started in 13.73 s (resources {\"GPU\": 1.0})",
+        "build-image-serve: backend vllm-server (ray 2.59.0's llm extra requires vllm[audio]==0.27.0, but vllm 0.26.0 is installed)",
+        "(ServeReplica:llm:VLLMServer pid=8290) INFO ... vLLM server ready",
+        "build-image-serve: status RUNNING {}",
+        "build-image-serve: application RUNNING after 55.42 s (total 68.00 s)",
+        "build-image-serve: replica restarted: deployment VLLMServer replicas {\"STARTING\": 1}: vLLM server exited with code 3",
+        "build-image-serve: FAILED: application UNHEALTHY: replica died",
+    ])
+    info = sv.parse_serve_lines(text)
+    assert info["ray_version"] == "2.58.1" and info["ray_start_s"] == 13.73 and info["app_running_s"] == 55.42
+    assert info["backend"] == "vllm-server" and "requires vllm[audio]==0.27.0" in info["backend_reason"]
+    assert info["restarts"] == ['deployment VLLMServer replicas {"STARTING": 1}: vLLM server exited with code 3']
+    assert info["failed"] == ["application UNHEALTHY: replica died"]
+    assert sv.is_ready(text) and not sv.is_ready("build-image-serve: status DEPLOYING {}")
+
+
+def test_serve_app_args_carry_the_serving_settings_and_refuse_what_the_app_cannot_take(tmp_path):
+    from builder.errors import BadInput
+    from builder.smoke import serve as sv
+
+    cfg = SmokeConfig(model=str(tmp_path), serve=True, tp=2, max_model_len=4096, gpu_memory_utilization=0.5,
+                      max_num_seqs=32, kv_cache_dtype="bf16", extra_args=["--enforce-eager", "--max-num-batched-tokens=8192"])
+    args = sv.app_args(cfg, "/model")
+    assert args["model"] == "/model" and args["tensor_parallel_size"] == 2 and args["kv_cache_dtype"] == "bfloat16"
+    assert args["enforce_eager"] is True and args["max_num_batched_tokens"] == 8192
+    assert "backend" not in args            # the image's default (its lock's serve-backend)
+    load_module().parse_args(args)          # the application accepts every key
+    with pytest.raises(BadInput, match="--kv-cache-memory has no Serve application setting"):
+        sv.app_args(SmokeConfig(model=str(tmp_path), serve=True, extra_args=["--kv-cache-memory", "2GiB"]), "/model")

@@ -729,3 +729,28 @@ def test_pipeline_smoke_refuses_a_missing_shard_before_lock_and_render(tmp_path,
     assert r.exit_code == 13, r.output
     assert S2 in r.stderr and "missing" in r.stderr
     assert not (tmp_path / "lock").exists() and not out.exists()
+
+
+# --------------------------------------------------------------------------- real checkpoints, written by transformers
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen3-a", "gemma4-ple-numbered", "gemma4-ple-short", "gemma4-ple-ref"])
+def test_transformers_checkpoints_are_ready_with_the_loaders_byte_count(tmp_path, name):
+    """Needs torch + transformers (the 'checkpoints' extra that scripts/setup.sh installs)."""
+    from safetensors.torch import load_file
+
+    from tests.checkpoints import BUILDERS
+
+    d = tmp_path / name
+    BUILDERS[name](d)
+    code, doc, _ = verify(str(d))
+    assert code == 0, doc
+    assert doc["notes"] == []  # the embeddings (and the PLE table) were found and checked against config.json
+    tensors = {}
+    for f in sorted(d.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    assert doc["weight_bytes"] == sum(t.numel() * t.element_size() for t in tensors.values())
+    ple = [k for k in tensors if "embed_tokens_per_layer" in k]
+    assert doc["ple_tensors"] == sorted(ple)
+    assert doc["ple_bytes"] == sum(tensors[k].numel() * tensors[k].element_size() for k in ple)
+    assert (doc["ple_bytes"] > 0) == name.startswith("gemma4")

@@ -368,3 +368,75 @@ def test_recorded_sums_file_skips_comments_and_names_a_bad_line(tmp_path):
     with pytest.raises(BadInput, match=rf"^{re.escape(str(s.dir / P.ORIG_SUMS))}, line 3: expected '<sha256>  <path>' "
                                        r"\(sha256sum format\), got 'not a sum line'\.$"):
         P.load_series(s.dir, "0.26.0")
+
+
+# ---------------------------------------------------------------- the series folder and the patch header
+
+EDIT = "--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n"
+
+
+def write(d: Path, files: dict[str, str | bytes], series: str | None = None) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (d / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    (d / "series").write_text(series if series is not None else "".join(f"{n}\n" for n in files))
+    return d
+
+
+def test_header_fields_continue_on_indented_lines_and_free_text_is_allowed(tmp_path):
+    text = ("Subject: fix the loader\nWhy: the checkpoint names\n  its table differently\n\tand twice\n"
+            "Applies-To: vllm==0.26.0\nUpstream-Status: Pending\nRisk: low\n\n"
+            "  an indented note after a blank line is not a continuation\nFree text before the diff.\n" + EDIT)
+    (p,) = P.load_series(write(tmp_path / "s", {"0001.patch": text})).patches
+    assert p.headers["Why"] == "the checkpoint names its table differently and twice"
+    assert p.headers["Risk"] == "low" and p.subject == "fix the loader"
+    assert [f.relpath for f in p.files] == ["vllm/a.py"]
+    svn = HEADER + "Index: vllm/a.py\n===================================================================\n" + EDIT
+    (p,) = P.load_series(write(tmp_path / "svn", {"0001.patch": svn})).patches
+    assert p.headers["Risk"] == "none" and [f.relpath for f in p.files] == ["vllm/a.py"]
+
+
+def test_a_header_field_left_empty_is_missing(tmp_path):
+    text = HEADER.replace("Risk: none", "Risk:") + EDIT
+    with pytest.raises(BadInput, match=r"header field\(s\) Risk missing or empty \(every patch starts with Subject, Why, "
+                                       r"Applies-To, Upstream-Status, Risk\)\.$"):
+        P.load_series(write(tmp_path / "s", {"0001.patch": text}))
+
+
+def test_the_series_file_lists_names_with_comments(tmp_path):
+    d = write(tmp_path / "s", {"0001.patch": HEADER + EDIT, "0002.patch": HEADER + EDIT.replace("B", "b2").replace("-b", "-B")},
+              series="# the series\n0001.patch  # first\n\n0002.patch\n")
+    s = P.load_series(d, "0.26.0")
+    assert [p.name for p in s.patches] == ["0001.patch", "0002.patch"]
+    assert (s.package, s.version) == ("vllm", "0.26.0")
+    (d / P.WHEEL_SUM).write_text("ab" * 32 + "  vllm-0.26.0-cp38-abi3-manylinux1_x86_64.whl\n")
+    s = P.load_series(d, "0.26.0")
+    assert (s.wheel_filename, s.wheel_sha256) == ("vllm-0.26.0-cp38-abi3-manylinux1_x86_64.whl", "ab" * 32)
+
+
+@pytest.mark.parametrize("files, series, why", [
+    ({"0001.patch": HEADER + EDIT}, "sub/0001.patch\n", r"series: lists 'sub/0001\.patch', which is not a file in "),
+    ({"0001.patch": HEADER + EDIT}, "0002.patch\n", r"series: lists '0002\.patch', which is not a file in "),
+    ({"0001.patch": HEADER + EDIT}, "# nothing\n\n", r"series lists no patches\.$"),
+    ({"0001.patch": (HEADER + EDIT).encode() + b"\xff"}, None, r"^patch .*0001\.patch is not UTF-8 text\.$"),
+    ({"0001.patch": HEADER.replace("vllm==0.26.0", "vllm 0.26.0") + EDIT}, None,
+     r"0001\.patch: 'Applies-To' must read '<package>==<version>', got 'vllm 0\.26\.0'\.$"),
+    ({"0001.patch": HEADER + EDIT, "0002.patch": HEADER.replace("0.26.0", "0.27.0") + EDIT}, None,
+     r"mixes Applies-To values: 0001\.patch: vllm==0\.26\.0, 0002\.patch: vllm==0\.27\.0\.$"),
+])
+def test_series_folder_problems_are_named(tmp_path, files, series, why):
+    with pytest.raises(BadInput, match=why):
+        P.load_series(write(tmp_path / "s", files, series))
+
+
+def test_a_folder_without_a_series_file_is_not_a_series(tmp_path):
+    with pytest.raises(BadInput, match=rf"^{re.escape(str(tmp_path))} is not a patch series: it has no 'series' file\.$"):
+        P.load_series(tmp_path)
+
+
+def test_a_series_for_another_version_says_how_to_port_it(tmp_path):
+    d = write(tmp_path / "s", {"0001.patch": HEADER + EDIT})
+    with pytest.raises(BadInput, match=r"is for vllm==0\.26\.0 \(its patches' Applies-To\), not vllm==0\.27\.0; "
+                                       r"a series is never applied to another version\.$") as ei:
+        P.load_series(d, "0.27.0")
+    assert ei.value.hint == "port the patches into patches/vllm/0.27.0/ and check them against that wheel."

@@ -610,3 +610,99 @@ def test_chunked_attention_window_holds_the_in_flight_tokens_too():
                       max_num_batched_tokens=batched)
         held = min(8192 + 2 * batched, max_len)
         assert p.per_sequence_fixed_bytes == 4 * math.ceil(held / 16) * 16 * tok, (batched, max_len)
+
+
+# ---------------------------------------------------------------- recurrent state per layer (MambaStateShapeCalculator)
+
+def _state(c: dict, tp: int = 1):
+    from builder.plan import describe_model
+
+    shape = describe_model(c, tp=tp)
+    states = {l.state_bytes for l in shape.layers if l.kind == "state"}
+    assert len(states) == 1
+    return states.pop(), shape.notes
+
+
+def _gdn(**over) -> dict:
+    c = llama(layers=4, kv=4, heads=16, head_dim=64, layer_types=["linear_attention"] * 3 + ["full_attention"],
+              linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=64,
+              linear_conv_kernel_dim=5)
+    c.update(over)
+    return c
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_gated_delta_net_state_is_conv_plus_temporal_split_by_tp(tp):
+    # conv: (key dim × key heads × 2 + value dim × value heads) / tp channels × (kernel − 1) × dtype;
+    # temporal: value heads / tp × value dim × key dim × ssm dtype (the model dtype, bf16)
+    conv = (32 * 4 * 2 + 64 * 8) // tp * (5 - 1) * 2
+    temporal = 8 // tp * 64 * 32 * 2
+    assert _state(_gdn(), tp)[0] == conv + temporal
+
+
+def test_gated_delta_net_defaults_and_fp32_ssm_state():
+    c = _gdn()
+    del c["linear_conv_kernel_dim"]                        # vLLM's default kernel: 4
+    assert _state(c)[0] == (32 * 4 * 2 + 64 * 8) * 3 * 2 + 8 * 64 * 32 * 2
+    for name in ("float32", "torch.float32", "fp32"):
+        assert _state(_gdn(mamba_ssm_dtype=name))[0] == (32 * 4 * 2 + 64 * 8) * 4 * 2 + 8 * 64 * 32 * 4
+    assert _state(_gdn(mamba_ssm_cache_dtype="float32"))[0] == (32 * 4 * 2 + 64 * 8) * 4 * 2 + 8 * 64 * 32 * 4
+    with pytest.raises(BadInput, match=r"linear-attention heads \(4 key, 6 value\) cannot be split across tp=4"):
+        _state(_gdn(linear_num_value_heads=6), tp=4)
+
+
+def _mamba2(**over) -> dict:
+    c = llama(layers=2, kv=4, heads=16, head_dim=64, layer_types=["mamba", "full_attention"],
+              mamba_n_heads=16, mamba_head_dim=32, ssm_state_size=64, n_groups=1, conv_kernel=4)
+    c.update(over)
+    return c
+
+
+def test_mamba2_state_pads_groups_to_tp_and_splits_heads():
+    # conv: (heads × head_dim + 2 × groups × state) / tp × (kernel − 1) × dtype; temporal: heads / tp × head_dim × state
+    assert _state(_mamba2())[0] == (16 * 32 + 2 * 1 * 64) * 3 * 2 + 16 * 32 * 64 * 2
+    # 1 group at tp=2 is padded to 2 (each rank holds one group)
+    assert _state(_mamba2(), tp=2)[0] == (16 * 32 + 2 * 2 * 64) // 2 * 3 * 2 + 8 * 32 * 64 * 2
+    assert _state(_mamba2(n_groups=3), tp=2)[0] == (16 * 32 + 2 * 4 * 64) // 2 * 3 * 2 + 8 * 32 * 64 * 2
+    # the other spellings (mamba_num_heads, mamba_d_state, mamba_n_groups, mamba_d_conv) and their defaults
+    alt = _mamba2()
+    for k in ("mamba_n_heads", "ssm_state_size", "n_groups", "conv_kernel"):
+        del alt[k]
+    alt.update(mamba_num_heads=16, mamba_d_state=32, mamba_n_groups=2, mamba_d_conv=3)
+    assert _state(alt)[0] == (16 * 32 + 2 * 2 * 32) * 2 * 2 + 16 * 32 * 32 * 2
+    bare = {k: v for k, v in alt.items() if not k.startswith("mamba_d") and k != "mamba_n_groups"}
+    assert _state(bare)[0] == (16 * 32 + 2 * 1 * 128) * 3 * 2 + 16 * 32 * 128 * 2   # state 128, 1 group, kernel 4
+
+
+def test_nemotron_h_keeps_its_ssm_state_in_fp32_unless_told():
+    assert _state(_mamba2(model_type="nemotron_h"))[0] == (16 * 32 + 2 * 64) * 3 * 2 + 16 * 32 * 64 * 4
+    assert _state(_mamba2(model_type="nemotron_h", mamba_ssm_dtype="bfloat16"))[0] == (16 * 32 + 2 * 64) * 3 * 2 + 16 * 32 * 64 * 2
+
+
+def test_state_layers_of_an_unknown_shape_count_zero_with_a_note():
+    c = llama(layers=2, kv=4, heads=16, head_dim=64, layer_types=["mamba", "full_attention"])
+    size, notes = _state(c)
+    assert size == 0
+    assert "state layers present but their state shape is unknown for this config: counted as 0 bytes" in notes
+
+
+@pytest.mark.parametrize("q, kv", [
+    ({"quant_method": "modelopt", "quantization": {"kv_cache_quant_algo": "FP8"}}, "fp8"),
+    ({"quant_method": "modelopt_fp4", "quantization": {"kv_cache_quant_algo": "NVFP4"}}, "nvfp4"),
+    ({"quant_method": "modelopt", "kv_cache_quant_algo": "fp8"}, "fp8"),                 # flat, no 'quantization'
+    ({"quant_method": "modelopt", "quantization": {"kv_cache_quant_algo": "INT8"}}, None),
+    ({"quant_method": "modelopt", "quantization": {}}, None),
+    ({"quant_method": "modelopt", "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"}}, "fp8"),
+    ({"quant_method": "modelopt", "quantization": {"kv_cache_scheme": {"num_bits": 8, "type": "float"}}}, None),
+    ({"quant_method": "modelopt", "kv_cache_scheme": {"dynamic": True, "num_bits": 8, "type": "float"}}, None),
+    ({"quant_method": "modelopt", "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "int"}}, None),
+    ({"quant_method": "modelopt", "kv_cache_scheme": {"num_bits": 4, "type": "float"}}, "nvfp4"),
+    ({"quant_method": "modelopt", "kv_cache_scheme": {"num_bits": 4, "type": "int"}}, None),
+    ({"quant_method": "fp8", "kv_cache_quant_algo": "FP8"}, None),                       # not ModelOpt
+    ("modelopt", None),
+])
+def test_auto_kv_dtype_of_modelopt_checkpoints(q, kv):
+    from builder.plan import _modelopt_kv_dtype
+
+    assert _modelopt_kv_dtype({"quantization_config": q}) == kv
+    assert _modelopt_kv_dtype({}) is None

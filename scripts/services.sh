@@ -2,7 +2,7 @@
 # Start/stop what the tests need: a Docker engine and a registry on 127.0.0.1:5000.
 #   scripts/services.sh install   apt-get the packages (docker.io docker-registry skopeo debootstrap)
 #   scripts/services.sh start     start dockerd and the registry (PIDs in $STATE_DIR), wait until ready
-#   scripts/services.sh stop      stop both, by PID
+#   scripts/services.sh stop [registry] [dockerd]   stop those (default both), by the PID start recorded
 # Nothing listens beyond loopback: dockerd has no bridge/iptables, the registry binds 127.0.0.1.
 set -euo pipefail
 STATE_DIR=${BUILD_IMAGE_SERVICES_DIR:-/tmp/build-image-services}
@@ -55,7 +55,11 @@ YML
 }
 
 stop() {
-  for svc in registry dockerd; do
+  # stop [registry] [dockerd]: only the named services (default both), each by the PID its start recorded
+  local svcs=("$@")
+  [ ${#svcs[@]} -gt 0 ] || svcs=(registry dockerd)
+  for svc in "${svcs[@]}"; do
+    case "$svc" in registry|dockerd) ;; *) echo "services.sh stop: unknown service $svc" >&2; exit 2 ;; esac
     if [ -f "$STATE_DIR/$svc.pid" ]; then
       pid=$(cat "$STATE_DIR/$svc.pid")
       kill "$pid" 2>/dev/null || true
@@ -66,4 +70,6 @@ stop() {
   done
 }
 
-"${1:?usage: services.sh install|start|stop}"
+cmd=${1:?usage: services.sh install|start|stop [registry] [dockerd]}
+shift
+"$cmd" "$@"

@@ -1,13 +1,51 @@
 #!/usr/bin/env bash
 # The test command: set up, start the Docker engine + local registry, run the whole suite
-# (unit + slow integration; GPU tests are skipped without a GPU), stop what was started.
+# (unit + slow integration; GPU tests are skipped without a GPU), then stop and remove only what
+# this run started: an engine or registry that was already running stays running, and images
+# that were there before stay; the run's temp files (smoke server logs, vLLM's cache) go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # uv must never fetch CPython from the network (only PyPI is allowed/reachable).
 export UV_PYTHON_DOWNLOADS=never
 # Docker-backed tests fail (not skip) when the engine the script started is unusable.
 export BUILD_IMAGE_REQUIRE_DOCKER=1
+DOCKER=${BUILD_IMAGE_DOCKER:-docker}
 scripts/setup.sh
+
+# Everything the suite writes outside the checkout and the download cache lands in one run dir.
+RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/build-image-test.XXXXXX")
+export TMPDIR="$RUN_DIR/tmp" VLLM_CACHE_ROOT="$RUN_DIR/vllm-cache"
+mkdir -p "$TMPDIR" "$VLLM_CACHE_ROOT"
+
+engine_was_up=0; registry_was_up=0
+"$DOCKER" info >/dev/null 2>&1 && engine_was_up=1
+curl -fsS http://127.0.0.1:5000/v2/ >/dev/null 2>&1 && registry_was_up=1
+images_before=""
+[ "$engine_was_up" = 1 ] && images_before=$("$DOCKER" image ls -aq --no-trunc | sort -u)
+
+cleanup() {
+  local rc=$?
+  if "$DOCKER" info >/dev/null 2>&1; then
+    if [ "$engine_was_up" = 1 ]; then
+      # a shared engine: remove only the images this run added (by ID), keep its build cache
+      local new
+      new=$(comm -13 <(printf '%s\n' "$images_before") <("$DOCKER" image ls -aq --no-trunc | sort -u) | grep . || true)
+      [ -z "$new" ] || "$DOCKER" image rm -f $new >/dev/null 2>&1 || true
+    else
+      # this run's own engine: nothing in it predates the run
+      "$DOCKER" image prune -af >/dev/null 2>&1 || true
+      "$DOCKER" builder prune -af >/dev/null 2>&1 || true
+    fi
+  fi
+  local stop=()
+  [ "$registry_was_up" = 1 ] || stop+=(registry)
+  [ "$engine_was_up" = 1 ] || stop+=(dockerd)
+  [ ${#stop[@]} -eq 0 ] || scripts/services.sh stop "${stop[@]}"
+  # the registry this run started kept what the tests pushed: its storage goes with it
+  [ "$registry_was_up" = 1 ] || rm -rf "${BUILD_IMAGE_SERVICES_DIR:-/tmp/build-image-services}/registry-data"
+  rm -rf "$RUN_DIR"
+  exit "$rc"
+}
+trap cleanup EXIT
 scripts/services.sh start
-trap 'scripts/services.sh stop' EXIT
 .venv/bin/python -m pytest -m "not gpu" "$@"

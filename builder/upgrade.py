@@ -89,6 +89,7 @@ class UpgradeReport:
     plan_notes: list[str] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    shipped_series: str | None = None   # a series for B already in this checkout (finished by hand)
 
     @property
     def review(self) -> list[str]:
@@ -108,7 +109,7 @@ class UpgradeReport:
                                                       "moves": [m.to_dict() for m in self.moves]},
                 "patches": self.port.to_dict(), "lock": self.lock.to_dict(),
                 "plan": {"changes": [m.to_dict() for m in self.plan], "notes": self.plan_notes},
-                "written": self.written, "seconds": self.seconds}
+                "shipped_series": self.shipped_series, "written": self.written, "seconds": self.seconds}
 
 
 # =========================================================================== pure parts
@@ -233,6 +234,11 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
         out += ["", PO.render(r.port, "markdown").rstrip()]
     else:
         out += ["  " + ln for ln in PO.render(r.port, "text").rstrip().splitlines()]
+    if r.shipped_series:
+        note = (f"A series for {r.to_version} already ships in this checkout ({r.shipped_series}); its patches' "
+                f"Ported-From headers say what was finished by hand. Check it with "
+                f"`build-image patch check --vllm {r.to_version} --probe`.")
+        out += ["", note] if md else ["  " + note]
     # plan
     if md:
         out += ["", "### Plan", ""]
@@ -355,6 +361,10 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         plan_moves, plan_notes = _plan_diff(spec_path, a_src, b_src, from_version, to_version)
         rep = UpgradeReport(from_version, to_version, str(a_path), str(b_path), b_source, moves, report, step,
                             plan_moves, plan_notes, written, {k: round(v, 2) for k, v in timings.items()})
+        try:
+            rep.shipped_series = str(P.series_dir_for(to_version, series.package))
+        except BadInput:
+            rep.shipped_series = None
         return rep
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -49,6 +49,70 @@ GPU_PRESETS: dict[str, int] = {
 
 #: vLLM 0.26.0's default ``gpu_memory_utilization`` (``vllm/config/cache.py``: ``Field(default=0.92)``).
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+DEFAULT_VLLM = "0.26.0"
+
+
+@dataclass(frozen=True)
+class ReleaseFacts:
+    """What the plan takes from one vLLM release, read from its wheel's ``vllm/config/cache.py``:
+    ``CacheConfig.gpu_memory_utilization``'s default and the ``CacheDType`` literal (the
+    ``--kv-cache-dtype`` values the release accepts)."""
+
+    vllm: str
+    default_gpu_memory_utilization: float
+    kv_cache_dtypes: tuple[str, ...]
+
+
+_DT_0260 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "turboquant_k8v4",
+    "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "int4_per_token_head", "int8_per_token_head",
+    "fp8_per_token_head", "nvfp4")
+_DT_0280 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "turboquant_k8v4",
+    "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "int4_per_token_head", "int8_per_token_head",
+    "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
+_DT_0300 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "int4_per_token_head",
+    "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
+_DT_0320 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
+    "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
+_DT_0330 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "octave_k3v4", "octave_k3v3",
+    "octave_k3v3_compact", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
+    "nvfp4", "nvfp4_4over6")
+
+#: One entry per shipped release (a test holds it to lockfiles/base/); read from the wheels with
+#: ``scripts/vllm-release-facts.py`` (the ``CacheDType`` literal and the ``gpu_memory_utilization`` field).
+RELEASE_FACTS: dict[str, ReleaseFacts] = {
+    v: ReleaseFacts(v, 0.92, dts) for v, dts in (
+        ("0.26.0", _DT_0260), ("0.27.0", _DT_0260), ("0.27.1", _DT_0260), ("0.28.0", _DT_0280), ("0.29.0",
+        _DT_0280), ("0.30.0", _DT_0300), ("0.31.0", _DT_0300), ("0.32.0", _DT_0320), ("0.33.0", _DT_0330))
+}
+
+# the planner's spellings -> vLLM's CacheDType values
+_KV_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+
+def release_facts(vllm: str | None) -> ReleaseFacts:
+    """The facts of a shipped vLLM release (None: the default release); exit 2 naming the known
+    ones for any other (a release the checkout has no base manifest for is not planned)."""
+    vllm = vllm or DEFAULT_VLLM
+    from .spec import check_vllm_version
+
+    check_vllm_version(vllm)
+    facts = RELEASE_FACTS.get(vllm)
+    if facts is None:
+        raise BadInput(f"plan: no release facts for vLLM {vllm} (known: {', '.join(RELEASE_FACTS)}); add its entry "
+                       "to builder/plan.py:RELEASE_FACTS from the wheel (scripts/vllm-release-facts.py).")
+    return facts
+
+
+def check_kv_cache_dtype(kv_cache_dtype: str, facts: ReleaseFacts) -> None:
+    """vLLM refuses a ``--kv-cache-dtype`` outside its ``CacheDType`` at argument parsing."""
+    name = _KV_DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
+    if name == "float32" or name in facts.kv_cache_dtypes:
+        return
+    raise BadInput(f"kv_cache_dtype {kv_cache_dtype!r} (--kv-cache-dtype): vLLM {facts.vllm} does not accept it "
+                   f"(its CacheDType: {', '.join(facts.kv_cache_dtypes)}).")
 
 KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "half", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "float32")
 
@@ -581,6 +645,7 @@ class Plan:
     suggestions: list[dict[str, Any]]
     layers: dict[str, int]
     notes: list[str]
+    vllm: str = DEFAULT_VLLM             # the release planned for (its facts: RELEASE_FACTS)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -612,7 +677,7 @@ def make_plan(
     gpu_memory_bytes: int,
     tp: int = 1,
     pp: int = 1,
-    gpu_memory_utilization: float = VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+    gpu_memory_utilization: float | None = None,
     max_model_len: int | None = None,
     max_num_seqs: int | None = None,
     kv_cache_dtype: str = "auto",
@@ -622,14 +687,22 @@ def make_plan(
     block_size: int = 16,
     enforce_eager: bool = False,
     where: str = "model config",
+    vllm: str | None = None,
 ) -> Plan:
-    """Predict what vLLM 0.26.0 will allocate per GPU and whether the settings fit.
+    """Predict what vLLM ``vllm`` (a shipped release; None: 0.26.0) will allocate per GPU and
+    whether the settings fit.  ``gpu_memory_utilization`` None is the release's default; a
+    ``kv_cache_dtype`` the release does not accept is BadInput.  The arithmetic is vLLM 0.26.0's
+    (module doc); what differs per release is in :data:`RELEASE_FACTS`.
 
     ``gpu_memory_bytes`` is the per-GPU total as CUDA reports it; ``weights_bytes``
     the whole checkpoint (split evenly over tp × pp).  ``reserve_bytes`` replaces
     the default activation/workspace/CUDA-graph estimate.  Raises BadInput for
     settings vLLM would refuse before loading anything.
     """
+    facts = release_facts(vllm)
+    if gpu_memory_utilization is None:
+        gpu_memory_utilization = facts.default_gpu_memory_utilization
+    check_kv_cache_dtype(kv_cache_dtype, facts)
     for name, val in (("tp", tp), ("pp", pp)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise BadInput(f"--{name} must be a positive integer, got {val!r}.")
@@ -851,7 +924,7 @@ def make_plan(
         max_concurrency=conc if conc != float("inf") else -1.0,
         boots=boots, fits=fits, reasons=reasons, max_context_one_seq=max_ctx_one,
         max_context_at_num_seqs=max_ctx_seqs, max_seqs_at_context=max_seqs, min_utilization=min_util,
-        suggestions=suggestions, layers=layer_counts, notes=notes,
+        suggestions=suggestions, layers=layer_counts, notes=notes, vllm=facts.vllm,
     )
 
 
@@ -979,7 +1052,8 @@ def _fmt(n: float) -> str:
 def render_text(plan: Plan) -> str:
     p = plan
     lines = [
-        f"verdict: {'FITS' if p.fits else 'DOES NOT FIT'}" + ("" if p.boots else " (vLLM would fail at boot)"),
+        f"verdict: {'FITS' if p.fits else 'DOES NOT FIT'}" + ("" if p.boots else " (vLLM would fail at boot)")
+        + f" — vLLM {p.vllm}",
         f"layout: {p.gpus} GPU(s), tp={p.tp} pp={p.pp} ({p.replicas} replica(s)); layers: "
         + ", ".join(f"{v} {k}" for k, v in p.layers.items()),
         f"per GPU: {p.gpu_memory_utilization} × {_fmt(p.gpu_memory_bytes)} = {_fmt(p.requested_bytes)} requested",

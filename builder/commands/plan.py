@@ -1,4 +1,4 @@
-"""`build-image plan`: preflight memory plan for vLLM 0.26.0 (no GPU touched).
+"""`build-image plan [--vllm X]`: preflight memory plan for a shipped vLLM release (no GPU touched).
 
 Exit 0: fits.  Exit 1: does not fit (the plan is printed first).  Exit 2: bad input.
 """
@@ -16,6 +16,7 @@ from ..spec import load_spec
 
 
 @click.command("plan")
+@click.option("--vllm", "vllm", default=None, help="vLLM release to plan for (any shipped one; default: the spec's vllm, else 0.26.0): its default gpu_memory_utilization and accepted --kv-cache-dtype values.")
 @click.option("--model", "model", default=None, help="Model directory or its config.json (default: spec serving.model).")
 @click.option("--spec", "spec_file", default=None, type=click.Path(dir_okay=False), help="Spec file (default ./build-image.toml if present); flags win over its [serving] table.")
 @click.option("--weights-bytes", default=None, help="Checkpoint size (bytes, or with a unit: 600GB). Default: the exact tensor bytes from the safetensors headers (the index's metadata.total_size while shards are still missing).")
@@ -32,11 +33,11 @@ from ..spec import load_spec
 @click.option("--max-num-batched-tokens", type=int, default=None, help="Tokens per forward step (drives the activation estimate; vLLM server default 8192 on >=70 GiB GPUs).")
 @click.option("--enforce-eager", is_flag=True, default=False, help="No CUDA graphs (drops the CUDA-graph part of the reserve).")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Machine-readable plan on stdout.")
-def command(model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu_memory_utilization, max_model_len,
+def command(vllm, model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu_memory_utilization, max_model_len,
             max_num_seqs, kv_cache_dtype, cpu_offload_gb, reserve_gib, max_num_batched_tokens, enforce_eager, as_json):
     """Predict vLLM's KV cache before paying for the weights load: fits / does not fit."""
     spec = load_spec(spec_file).with_flags(
-        model=model, gpus=gpus, gpu_memory=gpu_memory, tp=tp, pp=pp,
+        vllm=vllm, model=model, gpus=gpus, gpu_memory=gpu_memory, tp=tp, pp=pp,
         gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype, cpu_offload_gb=cpu_offload_gb,
     )
@@ -51,7 +52,7 @@ def command(model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu_memor
         raise BadInput(f"--max-num-batched-tokens must be >= 1, got {max_num_batched_tokens}.")
     plan = plan_from_model_dir(
         serving.model, serving, weights_bytes=wb, reserve_bytes=reserve,
-        max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager,
+        max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager, vllm=spec.vllm,
     )
     if as_json:
         click.echo(json.dumps(plan.to_dict(), indent=2, sort_keys=True))

@@ -31,6 +31,10 @@ def _parse_size(text: str | None) -> int | None:
 
 @click.command("smoke")
 @click.argument("image", required=False)
+@click.option("--vllm", "vllm", default=None,
+              help="Shipped vLLM release X (`build-image base list`): without IMAGE or --local, smoke the image the "
+                   "pipeline tags from X's default lock; plan with X's defaults and --kv-cache-dtype values; an IMAGE "
+                   "labelled with another vllm is refused; the report records X, its lock, image and patch series.")
 @click.option("--local", "local", is_flag=True, help="Start `vllm serve` from the current environment instead of an image.")
 @click.option("--model", required=True, help="Checkpoint directory (mounted read-only in docker mode).")
 @click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel size.")
@@ -79,14 +83,43 @@ def _parse_size(text: str | None) -> int | None:
 def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memory_utilization, max_num_seqs, kv_cache_dtype,
             concurrency, rounds, max_tokens, prompt_tokens, timeout, boot_timeout, extra_args, no_plan, skip_checkpoint_check,
             gpu_memory, vllm_bin, server_cmd, port, log_file, serve, serve_backend, serve_python, serve_num_gpus, save_reference,
-            reference, reference_logprob_tolerance, reference_tie_margin, as_json, no_chat=False):
+            reference, reference_logprob_tolerance, reference_tie_margin, as_json, no_chat=False, vllm=None):
     """Boot the engine and generate at target concurrency: PASS or FAIL."""
     if image and local:
         raise BadInput("smoke: give either IMAGE or --local, not both")
     if server_cmd and (image or local):
         raise BadInput("smoke: --server-cmd replaces the server; give it without IMAGE or --local")
+    release = None
+    env: dict[str, str] = {}
+    if vllm:
+        from ..smoke.release import check_image_release, resolve_release
+
+        release = resolve_release(vllm)
+        if kv_cache_dtype:
+            from ..plan import check_kv_cache_dtype, release_facts
+
+            check_kv_cache_dtype(kv_cache_dtype, release_facts(vllm))
+        if not image and not local and not server_cmd:
+            if release.image is None:
+                raise BadInput(f"smoke --vllm {vllm}: no default lock (lockfiles/vllm-{vllm}/requirements.lock) names "
+                               "an image; give IMAGE or --local.")
+            image = release.image
+        if image:
+            from ..engine import DockerEngine
+
+            info = DockerEngine().inspect(image)
+            if info is None:
+                raise BadInput(f"smoke: image {image} is not in the local engine (the smoke test runs it with "
+                               "--pull=never)" + (f"; it is the tag of vllm {vllm}'s default lock "
+                                                  f"({release.lock}): build it with `build-image --vllm {vllm}`"
+                                                  if image == release.image else "") + ".")
+            check_image_release(info.labels, image, vllm)
+        elif serve and serve_backend is None and release.serve_backend:
+            # no image carries the lock's choice here: give the application the lock's default
+            env["BUILD_IMAGE_SERVE_BACKEND"] = release.serve_backend
     if not image and not local and not server_cmd:
-        raise BadInput("smoke: give an IMAGE to run with docker, or --local to start `vllm serve` here")
+        raise BadInput("smoke: give an IMAGE to run with docker, or --local to start `vllm serve` here"
+                       " (or --vllm X for the image of X's default lock)")
     extra: list[str] = []
     for a in extra_args:  # "--extra-arg '--max-num-batched-tokens 4096'" or one token per flag
         extra.extend(shlex.split(a)) if a.startswith("-") and " " in a else extra.append(a)
@@ -100,6 +133,7 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
         gpu_memory_bytes=_parse_size(gpu_memory), serve=serve, serve_backend=serve_backend,
         serve_python=serve_python, serve_num_gpus=serve_num_gpus, reference=reference, save_reference=save_reference,
         reference_logprob_tolerance=reference_logprob_tolerance, reference_tie_margin=reference_tie_margin,
+        vllm=vllm, release=release.to_dict() if release else None, env=env,
     )
     progress = _progress_printer()
     rep = run_smoke(cfg, progress=progress)

@@ -71,6 +71,8 @@ class SmokeConfig:
     serve_backend: str | None = None    # auto | ray-serve-llm | vllm-server; None: the image's default (the lock's)
     serve_python: str | None = None     # local --serve: the Python that has ray (default: this one)
     serve_num_gpus: int | None = None   # --serve: GPUs the Ray head declares (default: Ray detects them)
+    vllm: str | None = None             # --vllm X: the shipped release planned for (None: the plan's default)
+    release: dict[str, Any] | None = None  # --vllm X: builder.smoke.release.Release.to_dict(), recorded in the report
     reference: str | None = None        # compare outputs with this reference file
     save_reference: str | None = None   # record the reference outputs into this file
     reference_logprob_tolerance: float | None = None  # default: equivalence.LOGPROB_TOLERANCE

@@ -82,6 +82,9 @@ def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, A
         kwargs["max_num_batched_tokens"] = int(mnbt)
     # A fixed KV size (--kv-cache-memory-bytes, also abbreviated as --kv-cache-memory) or block
     # count replaces the utilization arithmetic: the plan would predict, and refuse, the wrong pool.
+    if cfg.kv_cache_dtype and cfg.vllm:
+        # a dtype the release itself refuses is bad input, not a plan to skip
+        planmod.check_kv_cache_dtype(cfg.kv_cache_dtype, planmod.release_facts(cfg.vllm))
     if cfg.kv_cache_dtype and cfg.kv_cache_dtype not in planmod.KV_CACHE_DTYPES:
         # vLLM knows more KV dtypes (fp8_inc, fp8_ds_mla, turboquant_*, ...) than the planner models
         warn(f"plan skipped: the planner does not model --kv-cache-dtype {cfg.kv_cache_dtype}")
@@ -104,9 +107,9 @@ def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, A
             tp=cfg.tp,
             pp=cfg.pp,
             cpu_offload_gb=cfg.cpu_offload_gb or 0,
-            # unset: vLLM's own default, which is what `vllm serve` will use
-            gpu_memory_utilization=(cfg.gpu_memory_utilization if cfg.gpu_memory_utilization is not None
-                                    else planmod.VLLM_DEFAULT_GPU_MEMORY_UTILIZATION),
+            # unset: the release's own default, which is what `vllm serve` will use
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            vllm=cfg.vllm,
             max_model_len=cfg.max_model_len,
             max_num_seqs=cfg.max_num_seqs,
             kv_cache_dtype=cfg.kv_cache_dtype or "auto",

@@ -242,6 +242,14 @@ def render_text(rep: SmokeReport) -> str:
         "max_num_seqs={max_num_seqs} concurrency={concurrency} rounds={rounds} prompt~{prompt_tokens} "
         "max_tokens={max_tokens}".format(**s)
     )
+    rel = s.get("release")
+    if rel:
+        lines.append(
+            f"  release: vllm {rel['vllm']}, lock {rel.get('lock') or 'none committed'}"
+            + (f" ({rel['lock_hash'][:12]}, serve-backend {rel.get('serve_backend')})" if rel.get("lock_hash") else "")
+            + ", patch series " + (f"{rel['patch_series']} ({len(rel.get('patches') or [])} patch(es))"
+                                   if rel.get("patch_series") else "none shipped")
+        )
     b = rep.boot
     if rep.serve is not None:
         sv = rep.serve

@@ -207,6 +207,7 @@ def settings_of(cfg: SmokeConfig) -> dict[str, Any]:
         "prompt_tokens": cfg.prompt_tokens, "max_tokens": cfg.max_tokens, "timeout_s": cfg.timeout,
         "boot_timeout_s": cfg.boot_timeout, "extra_args": list(cfg.extra_args),
         "serve": cfg.serve, "serve_backend": (cfg.serve_backend or "image default") if cfg.serve else None,
+        "vllm": cfg.vllm, "release": cfg.release,
     }
 
 

@@ -183,9 +183,11 @@ def _mutmut_stats(work: Path, only: list[str] | None = None) -> tuple[dict[str, 
 
 def _refresh_tree(wdir: Path, module: str) -> None:
     """Copy the current tree over a finished run's (work/, and work/mutants/ for all but the
-    mutated module): mutmut then regenerates the mutants of the functions that changed (it keeps
-    a hash per function) and the survivors can be re-run against the new tests."""
+    mutated module, which must be unchanged) so that the survivors can be re-run against the
+    new tests."""
     mutated = wdir / "mutants" / "builder" / f"{module}.py"
+    if (ROOT / "builder" / f"{module}.py").read_bytes() != (wdir / "builder" / f"{module}.py").read_bytes():
+        raise SystemExit(f"--survivors: builder/{module}.py changed since the run in {wdir}; run it afresh")
     keep = mutated.read_bytes()
     _copy_tree(wdir)
     _copy_tree(wdir / "mutants")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -706,3 +707,36 @@ def test_auto_kv_dtype_of_modelopt_checkpoints(q, kv):
 
     assert _modelopt_kv_dtype({"quantization_config": q}) == kv
     assert _modelopt_kv_dtype({}) is None
+
+
+def test_nvfp4_packs_an_odd_head_dim_in_whole_bytes():
+    p = make_plan(llama(layers=2, kv=4, heads=16, head_dim=72), weights_bytes=0, gpu_memory_bytes=80 * GiB,
+                  max_model_len=4096, reserve_bytes=0, kv_cache_dtype="nvfp4")
+    per_head = 72 // 2 + 72 // 16                          # 36 bytes of fp4 data + 4 fp8 scales (one per 16)
+    assert p.kv_bytes_per_token_per_gpu == 2 * 4 * 2 * per_head == 640
+    assert isinstance(p.kv_bytes_per_token_per_gpu, int)
+
+
+def test_sliding_window_holds_window_minus_one_plus_in_flight_tokens():
+    # window 1026: 1025 + 2 × 8192 = 17409 tokens -> ceil(17409 / 16) + 1 = 1090 blocks per sliding layer
+    c = llama(layers=2, kv=8, sliding_window=1026, layer_types=["sliding_attention", "full_attention"])
+    p = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=131072, reserve_bytes=0,
+                  max_num_batched_tokens=8192)
+    assert p.per_sequence_fixed_bytes == (math.ceil(17409 / 16) + 1) * 16 * (8 * 2 * 128 * 2) == 1090 * 16 * 4096
+
+
+def test_sizes_given_as_numbers():
+    assert parse_size(3, what="x", bare_unit=GiB) == 3 * GiB
+    assert parse_size(0.5, what="x", bare_unit=GiB) == GiB // 2
+    assert parse_size(0, what="x", bare_unit=GiB) == 0
+    with pytest.raises(BadInput, match=r"^--reserve: 3 has no unit; write e\.g\. '80GiB'"):
+        parse_size(3, what="--reserve")
+    for bad in (-1, float("inf"), float("nan")):
+        with pytest.raises(BadInput, match=rf"^--reserve: {re.escape(repr(bad))} is not a size\.$"):
+            parse_size(bad, what="--reserve", bare_unit=GiB)
+    with pytest.raises(BadInput, match=r"^--reserve: expected a size, got True\.$"):
+        parse_size(True, what="--reserve", bare_unit=GiB)
+    with pytest.raises(BadInput, match=r"examples: 80GiB, 80GB, 141e9B, h100, h200\)"):
+        parse_size("big", what="--gpu-memory")
+    with pytest.raises(BadInput, match=r"examples: 80GiB, 80GB, 141e9B\)"):
+        parse_size("big", what="--weights-bytes", presets=False)

@@ -4,7 +4,8 @@ Every command runs with its temporary files in one directory of its own under th
 ``<cache>/tmp/<pid>-<start time>/`` (``tempfile``'s default directory and ``TMPDIR`` for the
 helpers it starts point there), removed when the command ends.  A run killed with SIGKILL
 cannot remove it, so each command first sweeps the directories — and the download cache's
-``.part`` files — whose process is gone (the PID is not running, or runs a newer process:
+``.part`` files — whose process is gone (a ``.part`` without an owner in its name, from an older
+build-image, only once nobody has written it for an hour: its writer may still be running) (the PID is not running, or runs a newer process:
 the start time tells them apart).  Helpers (uv, the docker CLI) get ``PR_SET_PDEATHSIG``:
 the kernel kills them when the build-image process dies, so none is re-parented to init.
 """
@@ -17,6 +18,7 @@ import re
 import shutil
 import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,6 +64,7 @@ def scratch_root(cache: Path) -> Path:
 def sweep(cache: Path) -> list[Path]:
     """Remove scratch directories and ``.part`` downloads whose owning process is gone."""
     removed: list[Path] = []
+    now = time.time()
     root = scratch_root(cache)
     for d in root.iterdir() if root.is_dir() else []:
         if not owner_alive(d.name):
@@ -70,10 +73,28 @@ def sweep(cache: Path) -> list[Path]:
     downloads = cache / "downloads"
     for part in downloads.glob("*/.*.part") if downloads.is_dir() else []:
         m = re.search(r"\.(\d+-\d+)\.[^.]*\.part$", part.name)
-        if m is None or not owner_alive(m.group(1)):  # untagged: written by an older build-image
-            part.unlink(missing_ok=True)
-            removed.append(part)
+        if m is not None:
+            if owner_alive(m.group(1)):
+                continue
+        elif not _idle(part, now):
+            # untagged: written by an older build-image (no owner in the name), perhaps still running
+            # and writing it; only one nobody has written for UNTAGGED_PART_IDLE_S is abandoned
+            continue
+        part.unlink(missing_ok=True)
+        removed.append(part)
     return removed
+
+
+#: An untagged ``.part`` download untouched this long is abandoned (a live download writes it every
+#: second or so; a stalled one times out after 120 s of silence).
+UNTAGGED_PART_IDLE_S = 3600
+
+
+def _idle(path: Path, now: float) -> bool:
+    try:
+        return now - path.stat().st_mtime > UNTAGGED_PART_IDLE_S
+    except OSError:
+        return False  # gone already
 
 
 @contextlib.contextmanager

@@ -77,7 +77,9 @@ def test_kill9_during_lock(offline, tmp_path, point):
     stale_dir = cache / "downloads" / ("0" * 64)
     stale_dir.mkdir(parents=True)
     (stale_dir / ".x-1.0-py3-none-any.whl.999999-1.abcd1234.part").write_bytes(b"half")
-    (stale_dir / ".x-1.0-py3-none-any.whl.abcd1234.part").write_bytes(b"half")
+    untagged = stale_dir / ".x-1.0-py3-none-any.whl.abcd1234.part"
+    untagged.write_bytes(b"half")
+    os.utime(untagged, (time.time() - 2 * 3600,) * 2)  # untagged: swept only once idle for an hour
     mine = stale_dir / f".x-1.0-py3-none-any.whl.{process_tag()}.abcd1234.part"  # a live owner: kept
     mine.write_bytes(b"in progress")
 

@@ -96,7 +96,7 @@ def preflight(req: PipelineRequest, console) -> dict | None:
     and build time).  The plan is handed to the smoke stage, which does not compute it again."""
     from .smoke import checkpoint_ready, config_from_serving, preflight_plan
 
-    cfg = config_from_serving(req.spec.serving, model=req.model)
+    cfg = config_from_serving(req.spec.serving, model=req.model, vllm=req.spec.vllm)  # the release's plan facts
 
     def say(m: str) -> None:
         console.print(f"  preflight: {m}", highlight=False, markup=False)
@@ -241,7 +241,7 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
         from .smoke import config_from_serving, render_text, run_smoke
 
         with stages.stage("smoke", f"{image_for_later} with {req.model}"):
-            rep = run_smoke(config_from_serving(spec.serving, model=req.model, image=image_for_later),
+            rep = run_smoke(config_from_serving(spec.serving, model=req.model, image=image_for_later, vllm=spec.vllm),
                             progress=lambda m: console.print(f"  smoke: {m}", highlight=False, markup=False),
                             planned=plan)
         console.print(render_text(rep), highlight=False, markup=False)

@@ -44,7 +44,7 @@ TESTS: dict[str, list[str]] = {
     "abi": ["tests/test_abi.py", "tests/test_diff.py"],
     "plan": ["tests/test_plan.py"],
     "diff": ["tests/test_diff.py", "tests/test_diff_release.py"],
-    "lockfile": ["tests/test_lockfile.py", "tests/test_diff.py"],
+    "lockfile": ["tests/test_lockfile.py", "tests/test_diff.py", "tests/test_pylock.py"],
     "patches": ["tests/test_patches.py", "tests/test_patch_rules.py"],
     "port": ["tests/test_port.py"],
     "probe": ["tests/test_port.py", "tests/test_patches.py"],

@@ -74,7 +74,7 @@ AUDIT: list[Mutant] = [
            'c.group = 4 if "major" in c.tags else 5',
            'c.group = 4 if "major" in c.tags and "downgrade" not in c.tags else 5', ("tests/test_diff.py",)),
     Mutant("lockfile", "duplicate detection on the raw name",
-           "key = canonical_name(name)\n        if key in seen:", "key = name\n        if key in seen:",
+           "        key = canonical_name(name)\n", "        key = name\n",
            ("tests/test_lockfile.py", "tests/test_diff.py")),
     Mutant("lockfile", "allow-abi-change reason split at the last colon",
            'name, _, reason = val.partition(":")', 'name, _, reason = val.rpartition(":")',

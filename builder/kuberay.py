@@ -154,6 +154,8 @@ def serve_args(spec: Spec, lock: LockFile | None = None) -> dict[str, Any]:
         args["max_num_seqs"] = s.max_num_seqs
     if s.cpu_offload_gb:
         args["cpu_offload_gb"] = float(s.cpu_offload_gb)
+    if getattr(s, "distributed_executor_backend", None):
+        args["distributed_executor_backend"] = s.distributed_executor_backend
     chosen = "auto"
     if lock is not None:
         chosen = serve_backend_of(lock)

@@ -20,6 +20,7 @@ Example ``build-image.toml``::
     gpu_memory = "80GiB"
     tp = 8
     pp = 1
+    distributed_executor_backend = "mp"   # or "ray" (vLLM's executor across the TP x PP GPUs)
     max_model_len = 131072
     gpu_memory_utilization = 0.90
     max_num_seqs = 16
@@ -45,6 +46,7 @@ else:  # pragma: no cover
 
 DEFAULT_SPEC_FILE = "build-image.toml"
 DEFAULT_OVERLAY = ("ray[serve]",)
+EXECUTOR_BACKENDS = ("mp", "ray")  # serving.distributed_executor_backend (vLLM --distributed-executor-backend)
 
 
 def lockfiles_dir() -> Path:
@@ -84,6 +86,7 @@ class Serving:
     gpu_memory: str | None = None
     tp: int = 1
     pp: int = 1
+    distributed_executor_backend: str | None = None  # mp | ray (None: vLLM's choice)
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.90
     max_num_seqs: int | None = None
@@ -184,6 +187,13 @@ def parse_spec(text: str, path: str) -> Spec:
             raise BadInput(f"spec {path}: 'serving.{key}' has the wrong type: it must be {want}, "
                            f"got {_TOML_TYPE.get(type(val), type(val).__name__)} {val!r:.60}.")
         serving_kwargs[key] = val
+    for key in ("tp", "pp"):
+        if key in serving_kwargs and serving_kwargs[key] < 1:
+            raise BadInput(f"spec {path}: 'serving.{key}' must be a positive integer, got {serving_kwargs[key]!r}.")
+    backend = serving_kwargs.get("distributed_executor_backend")
+    if backend is not None and backend not in EXECUTOR_BACKENDS:
+        raise BadInput(f"spec {path}: 'serving.distributed_executor_backend' must be one of "
+                       f"{', '.join(EXECUTOR_BACKENDS)}, got {backend!r}.")
     return Spec(
         vllm=doc.get("vllm", "0.26.0"),
         base=doc.get("base"),

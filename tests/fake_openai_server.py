@@ -277,6 +277,7 @@ def main(argv=None) -> int:
     p.add_argument("--ignore-sigterm", action="store_true", help="needs SIGKILL to stop")
     p.add_argument("--child-pidfile", default=None, help="spawn a sleeping child (like the engine core) and write its pid")
     p.add_argument("--pidfile", default=None)
+    p.add_argument("--record", default=None, help="write {argv, env} as JSON here (what the server was started with)")
     p.add_argument("--no-kv-lines", action="store_true")
     p.add_argument("--api-servers", type=int, default=1,
                    help="log 'Starting vLLM server on' once per API server (vLLM's data-parallel default)")
@@ -285,6 +286,9 @@ def main(argv=None) -> int:
     for name in ("fail-500-at", "drop-stream-at", "error-event-at", "die-at", "oom-at", "hang-at", "restart-at"):
         p.add_argument(f"--{name}", type=int, action="append", default=[])
     a, _unknown = p.parse_known_args(argv)  # vLLM serving flags are accepted and ignored
+    if a.record:
+        with open(a.record, "w") as fh:
+            json.dump({"argv": list(sys.argv[1:] if argv is None else argv), "env": dict(os.environ)}, fh)
     if a.pidfile:
         with open(a.pidfile, "w") as fh:
             fh.write(str(os.getpid()))

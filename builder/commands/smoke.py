@@ -39,6 +39,12 @@ def _parse_size(text: str | None) -> int | None:
 @click.option("--model", required=True, help="Checkpoint directory (mounted read-only in docker mode).")
 @click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel size.")
 @click.option("--pp", default=1, show_default=True, type=int, help="Pipeline-parallel size.")
+@click.option("--distributed-executor-backend", "distributed_executor_backend", type=click.Choice(["mp", "ray"]),
+              default=None, help="vLLM's executor across the TP x PP GPUs (default: vLLM's choice). ray: --local "
+                                 "starts a loopback-only Ray head (stopped by PID) unless --ray-address is given.")
+@click.option("--ray-address", default=None,
+              help="With --distributed-executor-backend ray: join this Ray cluster (RAY_ADDRESS) instead of "
+                   "starting a head.")
 @click.option("--cpu-offload-gb", type=float, default=None, help="vLLM --cpu-offload-gb (GiB of weights per GPU kept in host memory; also planned).")
 @click.option("--max-model-len", type=int, default=None, help="vLLM --max-model-len: context length per sequence (default: the model's; also planned).")
 @click.option("--gpu-memory-utilization", type=float, default=None, help="vLLM --gpu-memory-utilization in (0, 1] (default: vLLM's 0.9; also planned).")
@@ -83,7 +89,8 @@ def _parse_size(text: str | None) -> int | None:
 def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memory_utilization, max_num_seqs, kv_cache_dtype,
             concurrency, rounds, max_tokens, prompt_tokens, timeout, boot_timeout, extra_args, no_plan, skip_checkpoint_check,
             gpu_memory, vllm_bin, server_cmd, port, log_file, serve, serve_backend, serve_python, serve_num_gpus, save_reference,
-            reference, reference_logprob_tolerance, reference_tie_margin, as_json, no_chat=False, vllm=None):
+            reference, reference_logprob_tolerance, reference_tie_margin, as_json, no_chat=False, vllm=None,
+            distributed_executor_backend=None, ray_address=None):
     """Boot the engine and generate at target concurrency: PASS or FAIL."""
     if image and local:
         raise BadInput("smoke: give either IMAGE or --local, not both")
@@ -124,7 +131,8 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
     for a in extra_args:  # "--extra-arg '--max-num-batched-tokens 4096'" or one token per flag
         extra.extend(shlex.split(a)) if a.startswith("-") and " " in a else extra.append(a)
     cfg = SmokeConfig(
-        model=model, image=image, tp=tp, pp=pp, cpu_offload_gb=cpu_offload_gb, max_model_len=max_model_len,
+        model=model, image=image, tp=tp, pp=pp, distributed_executor_backend=distributed_executor_backend,
+        ray_address=ray_address, cpu_offload_gb=cpu_offload_gb, max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
         kv_cache_dtype=kv_cache_dtype, concurrency=concurrency, rounds=rounds, chat=not no_chat, max_tokens=max_tokens,
         prompt_tokens=prompt_tokens, timeout=timeout, boot_timeout=boot_timeout, extra_args=extra,

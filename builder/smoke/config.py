@@ -11,6 +11,22 @@ from typing import Any
 from ..errors import BadInput
 
 SERVE_BACKENDS = ("auto", "ray-serve-llm", "vllm-server")
+EXECUTOR_BACKENDS = ("mp", "ray")  # vLLM --distributed-executor-backend values smoke accepts
+
+# Set in every environment smoke starts (local server, docker -e, the Serve runner), always to
+# these values: NVLink multicast (NVLS) stays off for NCCL, torch symmetric memory and NVSHMEM.
+# Rented nodes often lack the fabric manager / IMEX setup multicast needs, and a TP>1 engine
+# then fails or hangs in its first all-reduce; smoke never turns it on.
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+def with_multicast_off(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with :data:`MULTICAST_OFF` applied over it (a caller's value never enables multicast)."""
+    return {**env, **MULTICAST_OFF}
 
 # The probe sends a round's requests at once, one thread and one socket each: a documented bound
 # (far above any engine's --max-num-seqs) refused up front, not a thread that cannot start mid-run.
@@ -42,6 +58,8 @@ class SmokeConfig:
     image: str | None = None            # docker mode when set, else local mode
     tp: int = 1
     pp: int = 1
+    distributed_executor_backend: str | None = None  # vLLM --distributed-executor-backend: mp | ray (None: vLLM's choice)
+    ray_address: str | None = None      # ray backend: join this Ray cluster (default local mode: start a loopback head)
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
@@ -97,6 +115,18 @@ class SmokeConfig:
         ):
             if not isinstance(value, int) or value < lo:
                 raise BadInput(f"{where}: {name} must be an integer >= {lo}, got {value!r}")
+        if self.distributed_executor_backend is not None and self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise BadInput(f"{where}: --distributed-executor-backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+                           f"got {self.distributed_executor_backend!r}")
+        if self.ray_address is not None:
+            if self.distributed_executor_backend != "ray":
+                raise BadInput(f"{where}: --ray-address joins a Ray cluster for vLLM's Ray executor; "
+                               "give it with --distributed-executor-backend ray")
+            if self.serve:
+                raise BadInput(f"{where}: --serve starts its own Ray head for the Serve application; "
+                               "it does not take --ray-address")
+            if not self.ray_address.strip():
+                raise BadInput(f"{where}: --ray-address must name a Ray cluster (HOST:PORT or ray://...), got ''")
         if self.concurrency > MAX_CONCURRENCY:
             raise BadInput(f"{where}: --concurrency {self.concurrency} is above the probe's bound of "
                            f"{MAX_CONCURRENCY} simultaneous requests (one thread and one connection each); "
@@ -132,6 +162,16 @@ class SmokeConfig:
             )
 
 
+def check_gpus_visible(cfg: SmokeConfig, visible: int | None) -> None:
+    """TP x PP GPUs must exist on this host when ``visible`` (nvidia-smi's count) is known:
+    BadInput naming --tp/--pp, before anything starts."""
+    need = cfg.tp * cfg.pp
+    if visible is not None and need > visible:
+        raise BadInput(f"smoke: --tp {cfg.tp} x --pp {cfg.pp} = {need} GPUs, but nvidia-smi reports {visible} "
+                       f"GPU{'s' if visible != 1 else ''} on this host; lower --tp/--pp or run on a node with "
+                       f"{need} GPUs.")
+
+
 def config_from_serving(serving: Any, *, model: str, image: str | None = None, **overrides: Any) -> SmokeConfig:
     """A SmokeConfig from a spec's ``[serving]`` table (:class:`builder.spec.Serving`),
     for the pipeline's last stage: ``run_smoke(config_from_serving(spec.serving, model=..., image=ref))``."""
@@ -146,6 +186,7 @@ def config_from_serving(serving: Any, *, model: str, image: str | None = None, *
         image=image,
         tp=getattr(serving, "tp", 1) or 1,
         pp=getattr(serving, "pp", 1) or 1,
+        distributed_executor_backend=getattr(serving, "distributed_executor_backend", None),
         cpu_offload_gb=getattr(serving, "cpu_offload_gb", None) or None,
         max_model_len=getattr(serving, "max_model_len", None),
         gpu_memory_utilization=getattr(serving, "gpu_memory_utilization", None),

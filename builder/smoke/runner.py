@@ -37,7 +37,8 @@ from .client import (
 )
 from . import equivalence as eqv
 from . import serve as serve_mode
-from .config import SmokeConfig, ensure_fd_room
+from . import rayhead
+from .config import SmokeConfig, check_gpus_visible, ensure_fd_room, with_multicast_off
 from .gpu import nvidia_smi_memory
 from .preflight import checkpoint_ready, preflight_plan
 from .report import FAIL, PASS, RoundResult, SmokeReport, _fmt, decide, summarize_round
@@ -134,6 +135,9 @@ def prepare_launch(cfg: SmokeConfig) -> Launch:
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env = with_multicast_off(env)
+    if cfg.ray_address:
+        env["RAY_ADDRESS"] = cfg.ray_address
     port = cfg.port or free_port()
     if cfg.serve:
         return serve_launch(cfg, env, port)
@@ -146,7 +150,8 @@ def prepare_launch(cfg: SmokeConfig) -> Launch:
         def cleanup() -> None:  # the container outlives a killed CLI
             remove_container(docker, name)
 
-        return Launch("docker", build_docker_command(cfg, port, name, docker), env, port, docker=docker,
+        inner = {"RAY_ADDRESS": cfg.ray_address} if cfg.ray_address else None
+        return Launch("docker", build_docker_command(cfg, port, name, docker, env=inner), env, port, docker=docker,
                       cleanup=cleanup, spawn=docker_spawn(docker))
     vllm = shlex.split(cfg.vllm_bin) if cfg.vllm_bin else find_vllm()
     return Launch("local", build_local_command(cfg, port, vllm), env, port)
@@ -179,6 +184,12 @@ def serve_launch(cfg: SmokeConfig, env: dict[str, str], port: int) -> Launch:
                   health_path="/v1/models", ready=ready, ray_temp_dir=temp_dir)
 
 
+def needs_ray_head(cfg: SmokeConfig, launch: Launch) -> bool:
+    """Local ``vllm serve`` with the Ray executor and no --ray-address: smoke starts the head."""
+    return (cfg.distributed_executor_backend == "ray" and not cfg.ray_address and launch.mode == "local"
+            and not cfg.serve)
+
+
 def _short_tmp() -> str:
     """Ray's temp dir holds AF_UNIX sockets (at most 107 bytes of path): /tmp, not the
     tool's scratch directory under the cache (seen failing on the H200 with a 115-byte path)."""
@@ -200,7 +211,8 @@ def gate_step(cfg: SmokeConfig) -> Gate | None:
 
 def settings_of(cfg: SmokeConfig) -> dict[str, Any]:
     return {
-        "tp": cfg.tp, "pp": cfg.pp, "cpu_offload_gb": cfg.cpu_offload_gb, "max_model_len": cfg.max_model_len,
+        "tp": cfg.tp, "pp": cfg.pp, "distributed_executor_backend": cfg.distributed_executor_backend,
+        "ray_address": cfg.ray_address, "cpu_offload_gb": cfg.cpu_offload_gb, "max_model_len": cfg.max_model_len,
         "gpu_memory_utilization": cfg.gpu_memory_utilization, "max_num_seqs": cfg.max_num_seqs,
         "kv_cache_dtype": cfg.kv_cache_dtype, "concurrency": cfg.concurrency, "rounds": cfg.rounds,
         "chat": cfg.chat,
@@ -544,6 +556,8 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
     check (the pipeline's preflight); both are then not done again."""
     say = progress or (lambda msg: None)
     cfg.validate()
+    gpus = nvidia_smi_memory()
+    check_gpus_visible(cfg, gpus["gpus"] if gpus else None)  # TP x PP GPUs must exist here
     ensure_fd_room(cfg.concurrency)  # one socket per simultaneous request
     if cfg.image and cfg.server_cmd:
         raise BadInput("smoke: give either IMAGE or --server-cmd, not both")
@@ -568,7 +582,16 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
         raise
     server = ServerProcess(launch.argv, log_path, env=launch.env, cleanup=launch.cleanup, spawn=launch.spawn)
     obs = Observed()
+    head: rayhead.RayHead | None = None
     with sigterm_as_interrupt():
+        if needs_ray_head(cfg, launch):
+            try:
+                head = rayhead.start_head(launch.env, timeout=min(cfg.boot_timeout, 180.0), say=say)
+            except BaseException:
+                if launch.ray_temp_dir:
+                    shutil.rmtree(launch.ray_temp_dir, ignore_errors=True)
+                raise
+            launch.env["RAY_ADDRESS"] = head.address
         t_start = time.monotonic()
         say(f"starting server ({launch.mode}): {' '.join(shlex.quote(a) for a in launch.argv)}")
         say(f"server log: {log_path}")
@@ -590,7 +613,12 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
             obs.interrupted = True
             obs.extra_failures.append("interrupted (Ctrl-C / SIGTERM); server stopped")
         finally:
-            stop_server(cfg, server, obs, say)
+            try:
+                stop_server(cfg, server, obs, say)
+            finally:
+                if head is not None:
+                    say(f"stopping the Ray head (pid {head.pid})")
+                    head.stop(grace=cfg.stop_grace)
     rep = make_report(cfg, launch, settings, plan, obs, log_path)
     save_reference(cfg, gate, launch, rep, obs, say)
     drop_passing_log(rep, own_log, launch)

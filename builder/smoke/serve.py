@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import BadInput
-from .config import SmokeConfig
+from .config import SmokeConfig, with_multicast_off
 from .server import vllm_kv_cache_dtype
 
 SERVE_MODULE = "build_image_serve_app"
@@ -43,6 +43,8 @@ def app_args(cfg: SmokeConfig, model_arg: str) -> dict[str, Any]:
         "tensor_parallel_size": cfg.tp,
         "pipeline_parallel_size": cfg.pp,
     }
+    if cfg.distributed_executor_backend is not None:
+        args["distributed_executor_backend"] = cfg.distributed_executor_backend
     if cfg.serve_backend is not None:  # else the application's default: the image's BUILD_IMAGE_SERVE_BACKEND
         args["backend"] = cfg.serve_backend
     if cfg.max_model_len is not None:
@@ -111,7 +113,7 @@ def serve_env(env: dict[str, str]) -> dict[str, str]:
     out.setdefault("RAY_DEDUP_LOGS", "0")          # every replica line, not "[repeated 2x across cluster]"
     out.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     out.setdefault("RAY_COLOR_PREFIX", "0")        # plain "(ServeReplica:... pid=N)" prefixes in the log
-    return out
+    return with_multicast_off(out)
 
 
 def parse_serve_lines(text: str) -> dict[str, Any]:

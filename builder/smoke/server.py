@@ -19,19 +19,20 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import BadInput
-from .config import SmokeConfig
+from .config import MULTICAST_OFF, SmokeConfig
 
 
 def serve_flags(cfg: SmokeConfig, model_arg: str, port: int, host: str) -> list[str]:
-    flags = [model_arg, "--host", host, "--port", str(port), "--tensor-parallel-size", str(cfg.tp)]
+    flags = [model_arg, "--host", host, "--port", str(port), "--tensor-parallel-size", str(cfg.tp),
+             "--pipeline-parallel-size", str(cfg.pp)]
+    if cfg.distributed_executor_backend:
+        flags += ["--distributed-executor-backend", cfg.distributed_executor_backend]
     if cfg.max_model_len is not None:
         flags += ["--max-model-len", str(cfg.max_model_len)]
     if cfg.gpu_memory_utilization is not None:
         flags += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
     if cfg.max_num_seqs is not None:
         flags += ["--max-num-seqs", str(cfg.max_num_seqs)]
-    if cfg.pp > 1:
-        flags += ["--pipeline-parallel-size", str(cfg.pp)]
     if cfg.cpu_offload_gb:
         flags += ["--cpu-offload-gb", f"{cfg.cpu_offload_gb:g}"]
     if cfg.kv_cache_dtype:
@@ -68,7 +69,7 @@ def build_docker_command(cfg: SmokeConfig, port: int, name: str, docker_bin: str
     ]
     for host_path, path in volumes or []:
         cmd += ["-v", f"{host_path}:{path}"]
-    for k, v in sorted({**(env or {}), **cfg.env}.items()):
+    for k, v in sorted({**(env or {}), **cfg.env, **MULTICAST_OFF}.items()):
         cmd += ["-e", f"{k}={v}"]
     cmd += ["--entrypoint", entrypoint, cfg.image or ""]
     if args is not None:

@@ -61,6 +61,7 @@ ARGS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "model_id": (str, None),
     "tensor_parallel_size": (int, 1),
     "pipeline_parallel_size": (int, 1),
+    "distributed_executor_backend": (str, None),  # mp | ray (None: vLLM's choice)
     "max_model_len": (int, None),
     "gpu_memory_utilization": ((int, float), 0.90),
     "max_num_seqs": (int, None),
@@ -75,6 +76,7 @@ ARGS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "vllm_bin": (str, None),   # fallback: the command that runs vLLM's CLI (default: this Python, -m vllm...)
 }
 BACKENDS = ("auto", "ray-serve-llm", "vllm-server")
+EXECUTOR_BACKENDS = ("mp", "ray")  # vLLM's distributed_executor_backend values the application accepts
 BACKEND_ENV = "BUILD_IMAGE_SERVE_BACKEND"  # the image's default backend (the lock's serve-backend)
 
 
@@ -118,6 +120,9 @@ def parse_args(args: Mapping[str, Any] | None) -> dict[str, Any]:
         raise ValueError(
             f"build_image_serve_app: arg 'gpu_memory_utilization' must be in (0, 1], got {cfg['gpu_memory_utilization']}."
         )
+    if cfg["distributed_executor_backend"] is not None and cfg["distributed_executor_backend"] not in EXECUTOR_BACKENDS:
+        raise ValueError(f"build_image_serve_app: arg 'distributed_executor_backend' must be one of "
+                         f"{', '.join(EXECUTOR_BACKENDS)}, got {cfg['distributed_executor_backend']!r}.")
     if cfg["backend"] not in BACKENDS:
         raise ValueError(f"build_image_serve_app: arg 'backend' must be one of {', '.join(BACKENDS)}, got {cfg['backend']!r}.")
     if not cfg["model_id"]:
@@ -133,7 +138,7 @@ def engine_kwargs(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "gpu_memory_utilization": float(cfg["gpu_memory_utilization"]),
         "kv_cache_dtype": cfg["kv_cache_dtype"],
     }
-    for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
+    for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "distributed_executor_backend"):
         if cfg.get(key) is not None:
             kw[key] = cfg[key]
     if cfg.get("cpu_offload_gb"):

@@ -167,6 +167,8 @@ SHAPE_B = dict(layers=6, hidden=512, heads=8, kv_heads=8, head_dim=128, intermed
 BUILDERS = {
     "qwen3-a": lambda o: make_qwen3(o, seed=1, **SHAPE_A),
     "qwen3-b": lambda o: make_qwen3(o, seed=2, **SHAPE_B),
+    # one KV head: fewer KV heads than any TP > 1 (vLLM replicates it on every rank)
+    "qwen3-kv1": lambda o: make_qwen3(o, seed=4, **{**SHAPE_A, "kv_heads": 1}),
     "qwen3-sparse": lambda o: make_qwen3(
         o, seed=3, **{**SHAPE_A, "layers": 4},
         declared_layer_types=["full_attention", "qwen_sparse_attention", "full_attention", "qwen_sparse_attention"],

@@ -20,7 +20,7 @@ import pytest
 
 from builder.errors import BadInput
 from builder.kuberay import serve_args
-from builder.smoke import SmokeConfig, run_smoke
+from builder.smoke import SmokeConfig, render_text, run_smoke
 from builder.smoke.config import MULTICAST_OFF, check_gpus_visible, config_from_serving
 from builder.smoke.runner import prepare_launch
 from builder.smoke.serve import app_args
@@ -71,6 +71,7 @@ def test_local_server_receives_parallel_flags_and_multicast_stays_off(tmp_path, 
         assert seen["env"][k] == v, k
     assert "RAY_ADDRESS" not in seen["env"] or seen["env"]["RAY_ADDRESS"] == os.environ.get("RAY_ADDRESS")
     assert rep.to_dict()["settings"]["distributed_executor_backend"] == "mp"
+    assert "parallel: tp=2 pp=2 executor=mp" in render_text(rep)
 
 
 def test_docker_and_serve_environments_keep_multicast_off(tmp_path):

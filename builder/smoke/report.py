@@ -242,6 +242,9 @@ def render_text(rep: SmokeReport) -> str:
         "max_num_seqs={max_num_seqs} concurrency={concurrency} rounds={rounds} prompt~{prompt_tokens} "
         "max_tokens={max_tokens}".format(**s)
     )
+    if s.get("pp", 1) != 1 or s.get("distributed_executor_backend") or s.get("ray_address"):
+        lines.append(f"  parallel: tp={s.get('tp')} pp={s.get('pp')} executor={s.get('distributed_executor_backend') or 'vLLM default'}"
+                     + (f" ray={s['ray_address']}" if s.get("ray_address") else ""))
     rel = s.get("release")
     if rel:
         lines.append(

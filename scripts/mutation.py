@@ -41,13 +41,13 @@ VENV_BIN = Path(sys.executable).parent
 
 #: module -> the tests that exercise it (the test command mutmut runs per mutant).
 TESTS: dict[str, list[str]] = {
-    "abi": ["tests/test_abi.py", "tests/test_diff.py"],
-    "plan": ["tests/test_plan.py"],
+    "abi": ["tests/test_abi.py", "tests/test_lock.py", "tests/test_diff.py"],
+    "plan": ["tests/test_plan.py", "tests/test_release_facts.py"],
     "diff": ["tests/test_diff.py", "tests/test_diff_release.py"],
     "lockfile": ["tests/test_lockfile.py", "tests/test_diff.py", "tests/test_pylock.py"],
-    "patches": ["tests/test_patches.py", "tests/test_patch_rules.py"],
-    "port": ["tests/test_port.py"],
-    "probe": ["tests/test_port.py", "tests/test_patches.py"],
+    "patches": ["tests/test_patches.py", "tests/test_patch_rules.py", "tests/test_patch_series.py"],
+    "port": ["tests/test_port.py", "tests/test_patch_series.py"],
+    "probe": ["tests/test_port.py", "tests/test_patch_series.py", "tests/test_patches.py"],
 }
 
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -187,8 +191,9 @@ def test_an_entry_without_its_wheel_or_facts_line_is_truncated(label):
 def test_a_non_requirement_before_the_header_is_not_a_lock():
     with pytest.raises(BadInput, match=r"x\.lock is not a build-image lock: line 1 \('hello'\) comes before any"):
         parse_lock("hello\n" + WRITTEN, "x.lock")
-    with pytest.raises(BadInput, match=r"lock x\.lock, line 17: not a pinned requirement \('name==version'\): 'click>=8 "):
+    with pytest.raises(BadInput, match=r"lock x\.lock, line 17: not a pinned requirement \('name==version'\): 'click>=8 ") as ei:
         parse_lock(WRITTEN.replace("click==8.1.7 \\", "click>=8 \\"), "x.lock")
+    assert ei.value.hint == "locks are written by `build-image lock`; do not edit them by hand."
 
 
 def test_load_lock_names_the_missing_or_unreadable_file(tmp_path):
@@ -273,3 +278,127 @@ def test_header_problems_are_named():
         parse_lock(empty, "w.lock")
     with pytest.raises(BadInput, match=r"^<lock>: the header says|^lock <lock>: the header says"):
         parse_lock(empty)
+
+
+def test_blank_lines_are_skipped_and_lines_keep_their_file_numbers():
+    # a blank line after the header and between entries (pip allows them); line numbers count them
+    text = WRITTEN.replace("#\nclick==", "#\n\nclick==").replace("base=-\nnumpy==", "base=-\n\n\nnumpy==") + "\n\n"
+    lk = parse_lock(text, "w.lock")
+    assert [(e.name, e.line) for e in lk.entries] == [("click", 18), ("numpy", 25)]
+    assert lk.entries[1].hashes == [HB, HC] and lk.entries[1].base_version == "1.26.4"
+    assert format_lock(lk) == WRITTEN
+
+
+def test_only_the_first_separator_splits_a_facts_token_or_a_wheel_line():
+    # 'key=value': the key ends at the first '=', the rest (even with '=') is the value
+    text = WRITTEN.replace("python-abi=cp312 base=1.26.4", "python-abi=cp312 base=1.26.4=x")
+    assert parse_lock(text, "w.lock").entries[1].base_version == "1.26.4=x"
+    # '# wheel: URL#sha256=HEX': a second '#sha256=' belongs to the hash, which then is none of the --hash lines
+    text = WRITTEN.replace(f"#sha256={HC}", f"#sha256={HB}#sha256={HC}")
+    with pytest.raises(BadInput, match=r"^lock w\.lock, line 22: 'numpy==2\.2\.6': its wheel's sha256 bbbbbbbbbbbb… "
+                                       r"is not one of its --hash lines"):
+        parse_lock(text, "w.lock")
+
+
+def test_entry_comments_are_read_with_or_without_a_space_after_the_hash_sign():
+    # like the header lines ('#\s*key:'), '#via' and '#wheel:' are the entry's comments
+    text = WRITTEN.replace("    # via ray\n", "    #via ray\n").replace(
+        "    # wheel: https://files.example/click", "    #wheel: https://files.example/click")
+    click, numpy = parse_lock(text, "w.lock").entries
+    assert numpy.via == ["-r overlay", "ray"]
+    assert click.wheel == WheelRef(url="https://files.example/click-8.1.7-py3-none-any.whl", sha256=HA)
+
+
+def test_the_header_ends_at_the_first_requirement():
+    # a '# key: value' comment between entries is a comment, not a header field nor an overlay line
+    text = WRITTEN.replace("base=-\nnumpy==", "base=-\n# pinned: see TICKET-2\n# overlay: evil\nnumpy==")
+    lk = parse_lock(text, "w.lock")
+    assert "pinned" not in lk.header and lk.overlay == ["click", "numpy>=2"]
+    assert format_lock(lk) == WRITTEN
+
+
+def _lenient(text: str, *expected: str) -> LockFile:
+    """parse_lock(strict=False) of a hand-edited WRITTEN: exactly the problems given, in order, each
+    a regular expression for the message after 'lock w.lock'."""
+    assert text != WRITTEN
+    lk = parse_lock(text, "w.lock", strict=False)
+    assert len(lk.problems) == len(expected), lk.problems
+    for got, want in zip(lk.problems, expected):
+        assert re.match(r"lock w\.lock" + want, got), (got, want)
+    with pytest.raises(BadInput, match=r"lock w\.lock" + expected[0]):   # strict: the first one is raised
+        parse_lock(text, "w.lock")
+    return lk
+
+
+COUNT_SHORT = r": the header says 'entries: 2' but the file holds 1 package\(s\); the last is 'numpy==2\.2\.6' \(line 22\)"
+
+
+def test_lenient_an_entry_whose_hash_lines_were_deleted_is_read_on():
+    # one finding where the hash should be, one for the entry; its comments still belong to it
+    lk = _lenient(WRITTEN.replace(f"    --hash=sha256:{HA}\n", ""),
+                  r", line 18: expected a '--hash=sha256:<64 hex>' line continuing 'click==8\.1\.7' \(line 17\), "
+                  r"found '# via -r overlay'\.",
+                  r", line 17: 'click==8\.1\.7' has no --hash lines")
+    click, numpy = lk.entries
+    assert (click.hashes, click.via, click.wheel.sha256) == ([], ["-r overlay"], HA)
+    assert (numpy.hashes, numpy.via, numpy.line) == ([HB, HC], ["-r overlay", "ray"], 21)
+
+
+def test_lenient_a_wheel_line_without_its_hash_is_reported_and_the_rest_read():
+    lk = _lenient(WRITTEN.replace(f"click-8.1.7-py3-none-any.whl#sha256={HA}", "click-8.1.7-py3-none-any.whl"),
+                  r", line 20: wheel line lacks '#sha256=<hex>'\.",
+                  r", line 21: 'click==8\.1\.7' \(line 17\) has no '# wheel:' line")
+    click, numpy = lk.entries
+    assert click.wheel is None and click.facts.python_abi == "none"
+    assert numpy.wheel.sha256 == HC and numpy.base_version == "1.26.4"
+
+
+def test_lenient_a_duplicate_is_reported_once_and_not_kept():
+    # a hand-added second pin of click: one finding; the entries after it are still read
+    lk = _lenient(WRITTEN.replace("base=-\nnumpy==", "base=-\nclick==8.2.0\nnumpy=="),
+                  r", line 22: duplicate package 'click' \(first at line 17\)\.$")
+    assert [(e.name, e.version, e.line) for e in lk.entries] == [("click", "8.1.7", 17), ("numpy", "2.2.6", 23)]
+
+
+def test_lenient_a_line_that_is_no_pin_takes_its_indented_lines_with_it():
+    # a direct URL in place of 'click==8.1.7' (trailing blanks after its '\'): one finding for the line;
+    # its hash, via, wheel and facts lines are its own, not findings, and not numpy's
+    url = "https://files.example/click-8.1.7-py3-none-any.whl"
+    line = url + " \\"                          # quoted in the message as Python writes it (repr)
+    lk = _lenient(WRITTEN.replace("click==8.1.7 \\\n", line + "   \n"),
+                  rf", line 17: not a pinned requirement \('name==version'\): {re.escape(repr(line))}\.$",
+                  COUNT_SHORT)
+    (numpy,) = lk.entries
+    assert (numpy.hashes, numpy.via, numpy.wheel.sha256, numpy.line) == ([HB, HC], ["-r overlay", "ray"], HC, 22)
+
+
+def test_lenient_a_broken_continuation_of_a_line_that_is_no_pin_names_that_line():
+    # the line is named by its first 60 characters (version '?') and its line number
+    url = "https://files.example/packages/click/click-8.1.7-py3-none-any.whl"
+    assert len(url) > 60
+    lk = _lenient(WRITTEN.replace(f"click==8.1.7 \\\n    --hash=sha256:{HA}\n", url + " \\\n"),
+                  r", line 17: not a pinned requirement",
+                  rf", line 18: expected a '--hash=sha256:<64 hex>' line continuing '{re.escape(url[:60])}==\?' "
+                  r"\(line 17\), found '# via -r overlay'\.",
+                  COUNT_SHORT.replace("22", "21"))
+    assert [e.name for e in lk.entries] == ["numpy"]
+
+
+def test_a_lock_is_read_as_utf8_whatever_the_locale(tmp_path):
+    # written as UTF-8 (atomic_write_text); read back by a process whose locale encoding is ASCII
+    from builder.lockfile import load_lock
+
+    reason = "numpy 2 \u2014 every extension rebuilt upstream"
+    lk = two_entries()
+    lk.allow_abi_change = {"numpy": reason}
+    lk.save(tmp_path / "u.lock")
+    assert load_lock(tmp_path / "u.lock").allow_abi_change == {"numpy": reason}
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
+           "PYTHONPATH": str(root)}
+    code = ("import locale, sys; from builder.lockfile import load_lock; "
+            "assert locale.getpreferredencoding(False).lower() in ('ascii', 'ansi_x3.4-1968'), locale.getpreferredencoding(False); "
+            f"sys.exit(0 if load_lock(sys.argv[1]).allow_abi_change == {{'numpy': {reason!a}}} else 3)")
+    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "u.lock")], cwd=root, env=env,
+                       capture_output=True, text=True, encoding="utf-8", errors="replace")
+    assert r.returncode == 0, r.stderr

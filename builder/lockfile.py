@@ -230,6 +230,7 @@ def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockF
     for i, raw in enumerate(lines, start=1):
         if not raw.strip():
             continue
+        named = False  # this line is already a finding
         if expect_hash:
             m = _HASH_LINE.match(raw)
             if m:
@@ -243,6 +244,7 @@ def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockF
                 "The file may be truncated or hand-edited."
             ))
             expect_hash = False  # lenient: read the line as what it is
+            named = True
         if cur is not None and not raw.startswith("    "):
             finish(cur)  # the entry ends where its indented lines end
             cur = None
@@ -278,6 +280,16 @@ def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockF
                     problem(exc)
             continue
         if raw.startswith("#"):
+            continue
+        if raw.startswith("    ") and cur is not None:
+            # an indented line of the current entry that is neither a hash nor a comment: named
+            # once and skipped; the entry's comments after it are still the entry's
+            if not named:
+                problem(BadInput(
+                    f"lock {path}, line {i}: {raw.strip()!r:.80} under '{cur.name}=={cur.version}' (line {cur.line}) "
+                    "is neither a '--hash=sha256:' line nor a comment.",
+                    hint="locks are written by `build-image lock`; do not edit them by hand.",
+                ))
             continue
         m = _REQ_LINE.match(raw)
         if not m and in_header and header.get("build-image-lock") is None:

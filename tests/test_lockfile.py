@@ -240,8 +240,10 @@ def test_sparse_data_is_written_with_the_documented_placeholders():
 
 def test_an_indented_line_that_is_not_a_comment_is_refused():
     text = WRITTEN.replace("    # via ray\n", "    # via ray\n    stray words\n")
-    with pytest.raises(BadInput, match=r"lock w\.lock, line 27: not a pinned requirement"):
+    with pytest.raises(BadInput, match=r"^lock w\.lock, line 27: 'stray words' under 'numpy==2\.2\.6' \(line 22\) "
+                                       r"is neither a '--hash=sha256:' line nor a comment\.$") as ei:
         parse_lock(text, "w.lock")
+    assert ei.value.hint == "locks are written by `build-image lock`; do not edit them by hand."
 
 
 def test_truncated_right_after_the_hashes_names_the_last_line_read():
@@ -382,6 +384,23 @@ def test_lenient_a_broken_continuation_of_a_line_that_is_no_pin_names_that_line(
                   r"\(line 17\), found '# via -r overlay'\.",
                   COUNT_SHORT.replace("22", "21"))
     assert [e.name for e in lk.entries] == ["numpy"]
+
+
+def test_lenient_a_stray_line_inside_an_entry_is_one_finding_and_the_entry_is_read_on():
+    # the entry's comments after the stray line (wheel, facts) are still the entry's
+    lk = _lenient(WRITTEN.replace("    # via ray\n", "    # via ray\n    stray words\n"),
+                  r", line 27: 'stray words' under 'numpy==2\.2\.6' \(line 22\) is neither")
+    numpy = lk.entries[1]
+    assert (numpy.wheel.sha256, numpy.facts.binary, numpy.facts.numpy_abi, numpy.base_version) == \
+        (HC, True, {"1": 1, "2": 2}, "1.26.4")
+    # a broken hash continuation: one finding for the line; the hash list ends there (HC is lost, so
+    # the wheel's sha256 is none of the entry's hashes), the entry's comments are still its own
+    lk = _lenient(WRITTEN.replace(f"    --hash=sha256:{HC}\n", "    --hash=md5:abc\n"),
+                  r", line 24: expected a '--hash=sha256:<64 hex>' line continuing 'numpy==2\.2\.6' \(line 22\), "
+                  r"found '--hash=md5:abc'\.",
+                  r", line 22: 'numpy==2\.2\.6': its wheel's sha256 cccccccccccc… is not one of its --hash lines")
+    numpy = lk.entries[1]
+    assert (numpy.hashes, numpy.via, numpy.facts.extensions, numpy.base_version) == ([HB], ["-r overlay", "ray"], 12, "1.26.4")
 
 
 def test_a_lock_is_read_as_utf8_whatever_the_locale(tmp_path):

@@ -292,11 +292,18 @@ def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockF
                 ))
             continue
         m = _REQ_LINE.match(raw)
-        if not m and in_header and header.get("build-image-lock") is None:
-            raise BadInput(
-                f"{path} is not a build-image lock: line {i} ({raw.strip()!r:.60}) comes before any "
-                f"'# build-image-lock: {LOCK_FORMAT}' header line and is not a pinned requirement.",
-            )
+        if in_header:  # the header ends at the first line that is not a comment
+            in_header = False
+            if header.get("build-image-lock") is None and not m:
+                raise BadInput(
+                    f"{path} is not a build-image lock: line {i} ({raw.strip()!r:.60}) comes before any "
+                    f"'# build-image-lock: {LOCK_FORMAT}' header line and is not a pinned requirement.",
+                )
+            if header.get("build-image-lock") is None:
+                raise BadInput(
+                    f"{path} is not a build-image lock: no '# build-image-lock: {LOCK_FORMAT}' header line "
+                    f"before the first requirement (line {i}).",
+                )
         if not m:
             problem(BadInput(
                 f"lock {path}, line {i}: not a pinned requirement ('name==version'): {raw.strip()!r:.80}.",
@@ -306,13 +313,6 @@ def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockF
             orphans.add(id(cur))
             expect_hash = raw.rstrip().endswith("\\")
             continue
-        if in_header:
-            in_header = False
-            if header.get("build-image-lock") is None:
-                raise BadInput(
-                    f"{path} is not a build-image lock: no '# build-image-lock: {LOCK_FORMAT}' header line "
-                    f"before the first requirement (line {i}).",
-                )
         name, version = m.group(1), m.group(3)
         key = canonical_name(name)
         cur = LockEntry(name=name, version=version, hashes=[], line=i)

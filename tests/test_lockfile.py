@@ -191,6 +191,9 @@ def test_an_entry_without_its_wheel_or_facts_line_is_truncated(label):
 def test_a_non_requirement_before_the_header_is_not_a_lock():
     with pytest.raises(BadInput, match=r"x\.lock is not a build-image lock: line 1 \('hello'\) comes before any"):
         parse_lock("hello\n" + WRITTEN, "x.lock")
+    with pytest.raises(BadInput, match=r"^x\.lock is not a build-image lock: no '# build-image-lock: 1' header line "
+                                       r"before the first requirement \(line 2\)\.$"):
+        parse_lock("# pinned by hand\nrequests==2.32.3\n" + WRITTEN, "x.lock")
     with pytest.raises(BadInput, match=r"lock x\.lock, line 17: not a pinned requirement \('name==version'\): 'click>=8 ") as ei:
         parse_lock(WRITTEN.replace("click==8.1.7 \\", "click>=8 \\"), "x.lock")
     assert ei.value.hint == "locks are written by `build-image lock`; do not edit them by hand."
@@ -311,12 +314,17 @@ def test_entry_comments_are_read_with_or_without_a_space_after_the_hash_sign():
     assert click.wheel == WheelRef(url="https://files.example/click-8.1.7-py3-none-any.whl", sha256=HA)
 
 
-def test_the_header_ends_at_the_first_requirement():
+def test_the_header_ends_at_the_first_line_that_is_not_a_comment():
     # a '# key: value' comment between entries is a comment, not a header field nor an overlay line
-    text = WRITTEN.replace("base=-\nnumpy==", "base=-\n# pinned: see TICKET-2\n# overlay: evil\nnumpy==")
-    lk = parse_lock(text, "w.lock")
+    comments = "# pinned: see TICKET-2\n# overlay: evil\n"
+    lk = parse_lock(WRITTEN.replace("base=-\nnumpy==", "base=-\n" + comments + "numpy=="), "w.lock")
     assert "pinned" not in lk.header and lk.overlay == ["click", "numpy>=2"]
     assert format_lock(lk) == WRITTEN
+    # also when that first line is no pin (read leniently)
+    text = WRITTEN.replace("click==8.1.7 \\\n", "click>=8 \\\n").replace("base=-\nnumpy==", "base=-\n" + comments + "numpy==")
+    lk = parse_lock(text, "w.lock", strict=False)
+    assert "pinned" not in lk.header and lk.overlay == ["click", "numpy>=2"]
+    assert [e.name for e in lk.entries] == ["numpy"] and len(lk.problems) == 2   # the line, the entries count
 
 
 def _lenient(text: str, *expected: str) -> LockFile:

@@ -1,11 +1,17 @@
-"""The no-fuzz rule of builder/patches.py, pinned on tiny trees: a hunk applies only where
-its old lines are byte-for-byte in the file at the line it names, and a zero-context hunk
-(``diff -U0``) inserts exactly after the line it names."""
+"""The rules of builder/patches.py one by one, pinned on tiny trees: the no-fuzz rule (a hunk
+applies only where its old lines are byte-for-byte in the file at the line it names, and a
+zero-context hunk (``diff -U0``) inserts exactly after the line it names), the series folder
+and patch header format, what a file diff may name, and what each refusal names."""
 
 from __future__ import annotations
 
 import difflib
+import json
+import os
 import re
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -117,9 +123,32 @@ def test_require_series_names_the_series_to_port_from(shipped, wanted, port_from
     assert P.require_series("0.28.0") == shipped / "vllm" / "0.28.0"
     with pytest.raises(PatchFailed, match=rf"^no patch series for vllm {re.escape(wanted)} yet .*Port the series of "
                                           rf"{re.escape(port_from)}: `build-image patch port --from {re.escape(port_from)} "
-                                          rf"--to {re.escape(wanted)} -o patches/vllm/{re.escape(wanted)}`") as ei:
+                                          rf"--to {re.escape(wanted)} -o patches/vllm/{re.escape(wanted)}` "
+                                          r"\(review what it reports, docs/patches\.md\)\.$") as ei:
         P.require_series(wanted)
-    assert "--no-patches" in ei.value.hint
+    assert ei.value.hint == ("or pass --series DIR for a series elsewhere, or --no-patches to build knowingly "
+                             "without patches.")
+
+
+def test_require_series_passes_the_package_on(shipped):
+    (shipped / "other" / "1.0").mkdir(parents=True)
+    (shipped / "other" / "1.0" / "series").write_text("")
+    assert P.require_series("1.0", package="other") == shipped / "other" / "1.0"
+    with pytest.raises(PatchFailed, match=r"^no patch series for other 1\.1 yet .*Port the series of 1\.0: "
+                                          r"`build-image patch port --from 1\.0 --to 1\.1 -o patches/other/1\.1`"):
+        P.require_series("1.1", package="other")
+
+
+def test_require_series_counts_a_name_that_is_no_version_as_the_oldest(shipped):
+    # a folder named "main" sorts as version 0: below every release, so 0.28.0 is still the newest below 0.29.0
+    (shipped / "vllm" / "main").mkdir()
+    (shipped / "vllm" / "main" / "series").write_text("")
+    with pytest.raises(PatchFailed, match=r"Port the series of 0\.28\.0: `build-image patch port --from 0\.28\.0 "):
+        P.require_series("0.29.0")
+    # a wanted name that is no version is 0 too: nothing is below it, so the newest there is
+    with pytest.raises(PatchFailed, match=r"Port the series of 0\.28\.0: `build-image patch port --from 0\.28\.0 "
+                                          r"--to nightly "):
+        P.require_series("nightly")
 
 
 def test_require_series_without_any_series(tmp_path, monkeypatch):
@@ -157,9 +186,10 @@ def test_a_half_applied_patch_is_refused_naming_each_file(tmp_path):
     a2, b2 = with_line(ORIG, 10, "line ten\n"), with_line(B, 5, "row five\n")
     s = series_of(tmp_path, {"0001-two.patch": {"vllm/a.py": (ORIG, a2), "vllm/b.py": (B, b2)}})
     (r,) = P.check(s, two_file_tree(tmp_path / "fresh"))
-    assert (r.status, r.files) == ("applied", ["vllm/a.py", "vllm/b.py"])
+    assert r.to_dict() == {"patch": "0001-two.patch", "subject": "0001-two.patch subject", "status": "applied",
+                           "files": ["vllm/a.py", "vllm/b.py"], "detail": ""}
     (r,) = P.check(s, two_file_tree(tmp_path / "done", a2, b2))
-    assert r.status == "already-applied"
+    assert (r.status, r.detail) == ("already-applied", "")
     (r,) = P.check(s, two_file_tree(tmp_path / "half", a2, B), raise_on_failure=False)
     assert r.status == "does-not-apply"
     assert r.detail == ("partly applied already (vllm/a.py: already-applied, vllm/b.py: applied); "
@@ -299,6 +329,10 @@ HUNK = "--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1,3 +1,3 @@\n"
     ("a\nb\nc", " a\n b\n-c\n" + NONL + "+c\n", "a\nb\nc\n"),                # a newline added at the end
     ("a\nb\nc\n", " a\n b\n-c\n+c\n" + NONL, "a\nb\nc"),                     # the final newline removed
     ("a\nb\nc", " a\n-b\n+B\n c\n" + NONL, "a\nB\nc"),                       # unchanged last line without newline
+    # the marker takes away the newline only: trailing blanks and letters of that last line stay
+    ("a\nb\nc  ", " a\n-b\n+B\n c  \n" + NONL, "a\nB\nc  "),
+    ("a\nb\nMAX", " a\n-b\n+B\n MAX\n" + NONL, "a\nB\nMAX"),
+    ("a\nb\nc", " a\n b\n-c\n" + NONL + "+c X\n" + NONL, "a\nb\nc X"),
 ])
 def test_no_newline_at_end_of_file_is_exact_both_ways(tmp_path, old, body, new):
     s = series_text(tmp_path, HUNK + body)
@@ -393,19 +427,38 @@ def test_header_fields_continue_on_indented_lines_and_free_text_is_allowed(tmp_p
     assert [f.relpath for f in p.files] == ["vllm/a.py"]
     svn = HEADER + "Index: vllm/a.py\n===================================================================\n" + EDIT
     (p,) = P.load_series(write(tmp_path / "svn", {"0001.patch": svn})).patches
-    assert p.headers["Risk"] == "none" and [f.relpath for f in p.files] == ["vllm/a.py"]
+    # "Index:" starts the diff (svn's format): it is not one more header field
+    assert p.headers == {"Subject": "t", "Why": "test", "Applies-To": "vllm==0.26.0",
+                         "Upstream-Status": "Inappropriate [test]", "Risk": "none"}
+    assert [f.relpath for f in p.files] == ["vllm/a.py"]
+
+
+def test_header_lines_are_fields_only_where_they_look_like_one(tmp_path):
+    # an indented line continues the field above it, never free text nor the start of the file;
+    # a field's value keeps everything but the line ending; "X-" fields are fields of their own
+    text = ("  a note before any field\n"
+            "Subject: read the shard index of model X\nX-Tracker: PR 1234\nWhy: test\n"
+            "Applies-To: vllm==0.26.0\nUpstream-Status: Pending\r\nRisk: none\n"
+            "Free text, then\n  an indented line after it\n" + EDIT)
+    (p,) = P.load_series(write(tmp_path / "s", {"0001.patch": text})).patches
+    assert p.headers == {"Subject": "read the shard index of model X", "X-Tracker": "PR 1234", "Why": "test",
+                         "Applies-To": "vllm==0.26.0", "Upstream-Status": "Pending", "Risk": "none"}
 
 
 def test_a_header_field_left_empty_is_missing(tmp_path):
     text = HEADER.replace("Risk: none", "Risk:") + EDIT
-    with pytest.raises(BadInput, match=r"header field\(s\) Risk missing or empty \(every patch starts with Subject, Why, "
-                                       r"Applies-To, Upstream-Status, Risk\)\.$"):
+    path = tmp_path / "s" / "0001.patch"
+    with pytest.raises(BadInput, match=rf"^patch {re.escape(str(path))}: header field\(s\) Risk missing or empty "
+                                       r"\(every patch starts with Subject, Why, Applies-To, Upstream-Status, Risk\)\.$"):
         P.load_series(write(tmp_path / "s", {"0001.patch": text}))
+    with pytest.raises(BadInput, match=r"^patch 0002-x\.patch: header field\(s\) Why, Applies-To, Upstream-Status, Risk "
+                                       r"missing or empty "):
+        P.parse_patch("Subject: x\n\n" + EDIT, "0002-x.patch", "vllm")
 
 
 def test_the_series_file_lists_names_with_comments(tmp_path):
     d = write(tmp_path / "s", {"0001.patch": HEADER + EDIT, "0002.patch": HEADER + EDIT.replace("B", "b2").replace("-b", "-B")},
-              series="# the series\n0001.patch  # first\n\n0002.patch\n")
+              series="# the series\n0001.patch  # first # of two\n\n0002.patch\n")
     s = P.load_series(d, "0.26.0")
     assert [p.name for p in s.patches] == ["0001.patch", "0002.patch"]
     assert (s.package, s.version) == ("vllm", "0.26.0")
@@ -440,3 +493,216 @@ def test_a_series_for_another_version_says_how_to_port_it(tmp_path):
                                        r"a series is never applied to another version\.$") as ei:
         P.load_series(d, "0.27.0")
     assert ei.value.hint == "port the patches into patches/vllm/0.27.0/ and check them against that wheel."
+
+
+def test_a_series_entry_must_be_a_file_of_the_series_folder_itself(tmp_path):
+    d = write(tmp_path / "s", {"0001.patch": HEADER + EDIT}, series="sub/0001.patch\n")
+    (d / "sub").mkdir()
+    (d / "sub" / "0001.patch").write_text(HEADER + EDIT)       # a file, but one folder down
+    with pytest.raises(BadInput, match=rf"^{re.escape(str(d / 'series'))}: lists 'sub/0001\.patch', which is not a "
+                                       rf"file in {re.escape(str(d))}\.$"):
+        P.load_series(d)
+
+
+def test_symlinks_in_the_series_folder_are_refused_naming_them(tmp_path):
+    d = write(tmp_path / "s", {"0001.patch": HEADER + EDIT})
+    elsewhere = tmp_path / "elsewhere.patch"
+    elsewhere.write_text(HEADER + EDIT)
+    (d / "0001.patch").unlink()
+    (d / "0001.patch").symlink_to(elsewhere)
+    with pytest.raises(PatchFailed, match=rf"^patch {re.escape(str(d / '0001.patch'))} is a symlink \(to "
+                                          rf"{re.escape(str(elsewhere))}\); a series' patches must be regular files in "
+                                          r"the series directory \(refused, like a symlink in a patch\)\.$"):
+        P.load_series(d)
+    listing = tmp_path / "listing"
+    listing.write_text("0001.patch\n")
+    (d / "series").unlink()
+    (d / "series").symlink_to(listing)
+    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(d / 'series'))} is a symlink; a series' files must be "
+                                          rf"regular files in {re.escape(str(d))} \(refused, like a symlink in a patch\)\.$"):
+        P.load_series(d)
+
+
+# ---------------------------------------------------------------- what a file diff may name
+
+def test_a_path_with_blanks_is_one_name(tmp_path):
+    # the name runs to the end of the line (or to the tab before a timestamp), blanks included
+    s = series_text(tmp_path, EDIT.replace("vllm/a.py", "vllm/my file.py"))
+    assert s.targets == ["vllm/my file.py"]
+
+
+@pytest.mark.parametrize("diff, why", [
+    # both header lines must spell the same path: the tool does not guess that two spellings are one file
+    ("--- vllm/a.py\n+++ b/vllm/a.py\n", r"renames are refused \(vllm/a\.py -> b/vllm/a\.py\)\.$"),
+    ("--- a/vllm/a.py\n+++ b/vllm/./a.py\n", r"renames are refused \(a/vllm/a\.py -> b/vllm/\./a\.py\)\.$"),
+    ("--- a/vllm/a.py\n+++ b/vllm/b.py\n", r"renames are refused \(a/vllm/a\.py -> b/vllm/b\.py\)\.$"),
+    # a symlink whose target changes: git marks it only by the mode on its index line
+    ("diff --git a/vllm/l b/vllm/l\nindex 1234567..89abcde 120000\n--- a/vllm/l\n+++ b/vllm/l\n",
+     r"binary or symlink diff for 'vllm/l' refused\.$"),
+])
+def test_renamed_and_symlinked_files_are_refused(tmp_path, diff, why):
+    with pytest.raises(PatchFailed, match=rf"^patch 0001-t\.patch: {why}"):
+        series_text(tmp_path, diff + "@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n")
+
+
+def test_one_file_named_twice_is_refused(tmp_path):
+    with pytest.raises(BadInput, match=r"^patch 0001-t\.patch: names the same file twice; merge its hunks into one "
+                                       r"file diff\.$"):
+        series_text(tmp_path, EDIT + EDIT.replace("-1,3 +1,3", "-5,3 +5,3"))
+
+
+# ---------------------------------------------------------------- what a refusal names
+
+def test_an_offset_report_lists_at_most_five_places(tmp_path):
+    # the hunk replaces line 1 ("dup"); in the tree "dup" is on lines 2 to 8 instead
+    old = "dup\n" + ORIG
+    s = series_for(tmp_path, old, with_line(old, 1, "DUP\n"), n=0)
+    (r,) = P.check(s, tree_with(tmp_path, "other\n" + "dup\n" * 7 + ORIG), raise_on_failure=False)
+    assert r.detail.startswith("vllm/a.py: hunk #1 does not match at line 1; it matches exactly at line(s) "
+                               "2, 3, 4, 5, 6 (offset +1): offsets are refused.\n")
+
+
+def failing_three(tmp_path: Path) -> tuple[P.Series, Path]:
+    """A series of three one-file patches of which the first and the last do not apply to the tree."""
+    c = ORIG.replace("line", "col")
+    s = series_of(tmp_path, {
+        "0001-b.patch": {"vllm/b.py": (B, with_line(B, 5, "row five\n"))},
+        "0002-a.patch": {"vllm/a.py": (ORIG, with_line(ORIG, 10, "line ten\n"))},
+        "0003-c.patch": {"vllm/c.py": (c, with_line(c, 3, "col three\n"))},
+    })
+    return s, tree_with(tmp_path, ORIG)                       # a.py only
+
+
+def test_every_patch_that_does_not_apply_is_named(tmp_path):
+    s, tree = failing_three(tmp_path)
+    with pytest.raises(PatchFailed, match=rf"^2 of 3 patch\(es\) of series {re.escape(str(s.dir))} do not apply to "
+                                          rf"{re.escape(str(tree))}: 0001-b\.patch, 0003-c\.patch\.$") as ei:
+        P.check(s, tree)
+    assert ei.value.details == (f"--- 0001-b.patch: vllm/b.py: no such file in {tree}.\n"
+                                f"--- 0003-c.patch: vllm/c.py: no such file in {tree}.")
+    out = tmp_path / "out"
+    with pytest.raises(PatchFailed, match=rf"^2 of 3 patch\(es\) of series {re.escape(str(s.dir))} do not apply to "
+                                          rf"{re.escape(str(tree))}: 0001-b\.patch, 0003-c\.patch\.$"):
+        P.apply_to_dir(s, tree, out)
+    assert not out.exists()
+
+
+def test_apply_to_dir_names_each_target_that_differs_from_the_originals(tmp_path):
+    a2, b2 = with_line(ORIG, 10, "line ten\n"), with_line(B, 5, "row five\n")
+    s = series_of(tmp_path, {"0001-two.patch": {"vllm/a.py": (ORIG, a2), "vllm/b.py": (B, b2)}})
+    a, b = with_line(ORIG, 1, "line one\n"), with_line(B, 20, "row twenty\n")    # the patch still applies to both
+    tree = two_file_tree(tmp_path, a, b)
+    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(tree))}: target files differ from the vllm 0\.26\.0 "
+                                          r"originals; refusing to patch\.$") as ei:
+        P.apply_to_dir(s, tree, tmp_path / "out")
+    assert ei.value.details == (
+        f"vllm/a.py: sha256 {sha256_bytes(a.encode())}, the series was made for {sha256_bytes(ORIG.encode())}\n"
+        f"vllm/b.py: sha256 {sha256_bytes(b.encode())}, the series was made for {sha256_bytes(B.encode())}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_apply_site_packages_names_every_file_it_cannot_check(tmp_path):
+    a2, b2 = with_line(ORIG, 10, "line ten\n"), with_line(B, 5, "row five\n")
+    s = series_of(tmp_path, {"0001-two.patch": {"vllm/a.py": (ORIG, a2), "vllm/b.py": (B, b2)}})
+    empty = tmp_path / "empty"
+    (empty / "vllm").mkdir(parents=True)
+    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(empty))}: target file\(s\) missing: vllm/a\.py, vllm/b\.py; "
+                                          r"is vllm installed there\?$"):
+        P.apply_site_packages(s, empty)
+    (s.dir / P.ORIG_SUMS).write_text("")
+    with pytest.raises(PatchFailed, match=r"records no original sha256 for vllm/a\.py, vllm/b\.py; "):
+        P.apply_site_packages(P.load_series(s.dir, "0.26.0"), two_file_tree(tmp_path))
+
+
+def test_apply_site_packages_refuses_another_base_naming_each_file(tmp_path):
+    a2, b2 = with_line(ORIG, 10, "line ten\n"), with_line(B, 5, "row five\n")
+    s = series_of(tmp_path, {"0001-two.patch": {"vllm/a.py": (ORIG, a2), "vllm/b.py": (B, b2)}})
+    a, b = with_line(ORIG, 1, "line one\n"), with_line(B, 20, "row twenty\n")
+    tree = two_file_tree(tmp_path, a, b)
+    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(tree))}: 2 target file\(s\) differ from the vllm 0\.26\.0 "
+                                          r"wheel's originals; this is not the vllm the series was made for\. "
+                                          r"Nothing was changed\.$") as ei:
+        P.apply_site_packages(s, tree)
+    assert ei.value.details == (
+        f"vllm/a.py: sha256 {sha256_bytes(a.encode())}, the series was made for {sha256_bytes(ORIG.encode())}\n"
+        f"vllm/b.py: sha256 {sha256_bytes(b.encode())}, the series was made for {sha256_bytes(B.encode())}")
+    assert (tree / "vllm" / "a.py").read_text() == a and (tree / "vllm" / "b.py").read_text() == b
+
+
+def test_apply_site_packages_refuses_a_patched_tree_changed_elsewhere_naming_each_file(tmp_path):
+    a2, b2 = with_line(ORIG, 10, "line ten\n"), with_line(B, 5, "row five\n")
+    s = series_of(tmp_path, {"0001-two.patch": {"vllm/a.py": (ORIG, a2), "vllm/b.py": (B, b2)}})
+    tree = two_file_tree(tmp_path, with_line(a2, 1, "line one\n"), with_line(b2, 20, "row twenty\n"))
+    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(tree))}: the series looks applied already, but reverting it "
+                                          r"does not give the vllm 0\.26\.0 wheel's originals") as ei:
+        P.apply_site_packages(s, tree)
+    # reverting the patch gives the originals with the other change still in them
+    a_back, b_back = with_line(ORIG, 1, "line one\n"), with_line(B, 20, "row twenty\n")
+    assert ei.value.details == (
+        f"vllm/a.py: sha256 {sha256_bytes(a_back.encode())}, the series was made for {sha256_bytes(ORIG.encode())}\n"
+        f"vllm/b.py: sha256 {sha256_bytes(b_back.encode())}, the series was made for {sha256_bytes(B.encode())}")
+
+
+def test_apply_site_packages_refuses_a_tree_that_looks_patched_but_does_not_revert(tmp_path):
+    # 0001 edits line 10 (hunk on lines 7-13); 0002, made on top of it, inserts a line after line 2.
+    # The tree is the patched file without its line 7 ("line 6"): each patch finds its new lines where it names them,
+    # yet undoing 0002 moves 0001's lines one up, so the series cannot be undone.
+    a1 = with_line(ORIG, 10, "line ten\n")
+    a2 = with_line(a1, 2, "line 2\nextra\n")
+    s = series_of(tmp_path, {"0001-a.patch": {"vllm/a.py": (ORIG, a1)}, "0002-a.patch": {"vllm/a.py": (a1, a2)}})
+    lines = a2.splitlines(True)
+    tree = tree_with(tmp_path, "".join(lines[:6] + lines[7:]))
+    assert [r.status for r in P.check(s, tree)] == ["already-applied", "already-applied"]
+    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(tree))}: the series looks applied already, but reverting it "
+                                          r"does not give the vllm 0\.26\.0 wheel's originals: the files were changed "
+                                          r"beyond this series\. Nothing was changed\.$") as ei:
+        P.apply_site_packages(s, tree)
+    assert ei.value.details == "the series does not revert"
+
+
+def test_apply_site_packages_refuses_the_right_base_when_a_patch_does_not_apply(tmp_path):
+    s = series_for(tmp_path, ORIG, with_line(ORIG, 10, "line ten\n"), n=3)
+    base = with_line(ORIG, 9, "line nine\n")                  # the series' recorded original, but not what it patches
+    (s.dir / P.ORIG_SUMS).write_text(P.format_sums({"vllm/a.py": sha256_bytes(base.encode())}))
+    s = P.load_series(s.dir, "0.26.0")
+    tree = tree_with(tmp_path, base)
+    with pytest.raises(PatchFailed, match=rf"^1 of 1 patch\(es\) of series {re.escape(str(s.dir))} do not apply to "
+                                          rf"{re.escape(str(tree))}: 0001-t\.patch\.$"):
+        P.apply_site_packages(s, tree)
+    assert (tree / "vllm" / "a.py").read_text() == base
+
+
+# ---------------------------------------------------------------- sha256sums.orig
+
+def test_original_sums_are_the_sha256_of_each_target_as_found(tmp_path):
+    a2, b2 = with_line(ORIG, 10, "line ten\n"), with_line(B, 5, "row five\n")
+    s = series_of(tmp_path, {"0001-two.patch": {"vllm/a.py": (ORIG, a2), "vllm/b.py": (B, b2)}})
+    want = {"vllm/a.py": sha256_bytes(ORIG.encode()), "vllm/b.py": sha256_bytes(B.encode())}
+    assert P.original_sums(s, two_file_tree(tmp_path)) == want
+    wheel = tmp_path / "vllm-0.26.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("vllm/a.py", ORIG)
+        z.writestr("vllm/b.py", B)
+    assert P.original_sums(s, wheel) == want
+    tree = tree_with(tmp_path / "one", ORIG)
+    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(tree))}: vllm/b\.py \(a target of the series\) does not "
+                                          r"exist\.$"):
+        P.original_sums(s, tree)
+
+
+def test_series_files_are_read_as_utf8_whatever_the_locale(tmp_path):
+    # an ASCII locale with Python's UTF-8 mode off: a reader that used the locale's codec would fail here
+    why = "the checkpoint’s table — renamed"
+    sha = sha256_bytes(b"a\nb\nc\n")
+    d = write(tmp_path / "s", {"0001.patch": HEADER.replace("Why: test", f"Why: {why}") + EDIT},
+              series="# série\n0001.patch\n")
+    (d / P.ORIG_SUMS).write_text(f"# sommes d’origine\n{sha}  vllm/a.py\n", encoding="utf-8")
+    s = P.load_series(d, "0.26.0")
+    assert (s.patches[0].headers["Why"], s.originals) == (why, {"vllm/a.py": sha})
+    code = ("import json, sys; from builder import patches as P; s = P.load_series(sys.argv[1], '0.26.0'); "
+            "print(json.dumps([s.patches[0].headers['Why'], s.originals]))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHON"))}
+    env |= {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PYTHONPATH": str(Path(P.__file__).parents[1])}
+    r = subprocess.run([sys.executable, "-c", code, str(d)], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [why, {"vllm/a.py": sha}]

@@ -390,6 +390,8 @@ def _apply_hunks(lines: list[str], hunks: tuple[Hunk, ...], reverse: bool = Fals
         start = start_line - 1 if length > 0 else start_line
         if start < cur:
             return None, f"hunk #{k} overlaps the previous hunk.\n{h.text}"
+        if not old and start > len(lines):  # no old lines: the empty slice past the end would "match"
+            return None, f"hunk #{k} names line {start_line}, past the end of the file ({len(lines)} lines).\n{h.text}"
         if tuple(lines[start:start + len(old)]) == old:
             out += lines[cur:start] + list(new)
             cur = start + len(old)

@@ -706,3 +706,29 @@ def test_series_files_are_read_as_utf8_whatever_the_locale(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(d)], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == [why, {"vllm/a.py": sha}]
+
+
+@pytest.mark.parametrize("hunk", [
+    "@@ -30,0 +31,1 @@\n+inserted\n",    # insert after line 30
+    "@@ -21,0 +22,1 @@\n+inserted\n",    # insert after line 21: one past the last line
+])
+def test_a_zero_context_insertion_past_the_end_of_the_file_does_not_apply(tmp_path, hunk):
+    # the file has 20 lines: there is no line 21 or 30 to insert after (appending is '@@ -20,0 +21 @@')
+    s = series_text(tmp_path, "--- a/vllm/a.py\n+++ b/vllm/a.py\n" + hunk)
+    start = int(hunk.split()[1].split(",")[0][1:])
+    (r,) = P.check(s, tree_with(tmp_path, ORIG), raise_on_failure=False)
+    assert r.status == "does-not-apply"
+    assert r.detail == f"vllm/a.py: hunk #1 names line {start}, past the end of the file (20 lines).\n{hunk}"
+    (tmp_path / "end").mkdir()
+    appended = series_text(tmp_path / "end", "--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -20,0 +21 @@\n+inserted\n")
+    out = tmp_path / "out"
+    P.apply_to_dir(appended, tree_with(tmp_path / "end", ORIG), out)
+    assert (out / "vllm" / "a.py").read_text() == ORIG + "inserted\n"
+
+
+def test_a_zero_context_deletion_past_the_end_of_the_file_is_not_already_applied(tmp_path):
+    # deleting line 30 of a 20-line file: neither applicable nor "already applied" (it is undone past the end)
+    s = series_text(tmp_path, "--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -30 +29,0 @@\n-line 30\n")
+    (r,) = P.check(s, tree_with(tmp_path, ORIG), raise_on_failure=False)
+    assert (r.status, r.detail.splitlines()[0]) == (
+        "does-not-apply", "vllm/a.py: hunk #1 does not match at line 30 (nor anywhere else: fuzz is refused).")

@@ -207,7 +207,7 @@ def _check_relpath(raw: str, package: str, where: str) -> str:
         raise PatchFailed(f"patch {where}: path {path!r} contains '..' or a backslash; refused.")
     if parts and parts[0] in ("a", "b"):
         parts = parts[1:]
-    if len(parts) < 2 or parts[0] != package or any(p in ("", ".") for p in parts):
+    if len(parts) < 2 or parts[0] != package:  # (PurePosixPath drops "" and "." parts: vllm//a.py is vllm/a.py)
         raise PatchFailed(f"patch {where}: path {path!r} is outside the {package}/ package; refused.")
     return "/".join(parts)
 
@@ -297,7 +297,7 @@ def load_series(series_dir: str | os.PathLike, vllm_version: str | None = None) 
     applies: dict[str, str] = {}
     for n in names:
         p = d / n
-        if "/" in n or n in (".", "..") or not p.is_file():
+        if "/" in n or not p.is_file():  # ("." and ".." are folders)
             raise BadInput(f"{sf}: lists {n!r}, which is not a file in {d}.")
         if p.is_symlink():  # it would read a file from anywhere (outside the reviewed series) as a patch
             raise PatchFailed(f"patch {p} is a symlink (to {os.readlink(p)}); a series' patches must be regular "

@@ -470,6 +470,8 @@ def test_the_series_file_lists_names_with_comments(tmp_path):
 @pytest.mark.parametrize("files, series, why", [
     ({"0001.patch": HEADER + EDIT}, "sub/0001.patch\n", r"series: lists 'sub/0001\.patch', which is not a file in "),
     ({"0001.patch": HEADER + EDIT}, "0002.patch\n", r"series: lists '0002\.patch', which is not a file in "),
+    ({"0001.patch": HEADER + EDIT}, "..\n", r"series: lists '\.\.', which is not a file in "),
+    ({"0001.patch": HEADER + EDIT}, ".\n", r"series: lists '\.', which is not a file in "),
     ({"0001.patch": HEADER + EDIT}, "# nothing\n\n", r"series lists no patches\.$"),
     ({"0001.patch": (HEADER + EDIT).encode() + b"\xff"}, None, r"^patch .*0001\.patch is not UTF-8 text\.$"),
     ({"0001.patch": HEADER.replace("vllm==0.26.0", "vllm 0.26.0") + EDIT}, None,
@@ -525,10 +527,16 @@ def test_symlinks_in_the_series_folder_are_refused_naming_them(tmp_path):
 
 # ---------------------------------------------------------------- what a file diff may name
 
-def test_a_path_with_blanks_is_one_name(tmp_path):
+@pytest.mark.parametrize("spelled, relpath", [
     # the name runs to the end of the line (or to the tab before a timestamp), blanks included
-    s = series_text(tmp_path, EDIT.replace("vllm/a.py", "vllm/my file.py"))
-    assert s.targets == ["vllm/my file.py"]
+    ("vllm/my file.py", "vllm/my file.py"),
+    # empty and "." components name no folder
+    ("vllm//a.py", "vllm/a.py"),
+    ("vllm/./a.py", "vllm/a.py"),
+])
+def test_how_a_path_is_read(tmp_path, spelled, relpath):
+    s = series_text(tmp_path, EDIT.replace("vllm/a.py", spelled))
+    assert s.targets == [relpath]
 
 
 @pytest.mark.parametrize("diff, why", [

@@ -145,7 +145,7 @@ def test_require_series_counts_a_name_that_is_no_version_as_the_oldest(shipped):
     (shipped / "vllm" / "main" / "series").write_text("")
     with pytest.raises(PatchFailed, match=r"Port the series of 0\.28\.0: `build-image patch port --from 0\.28\.0 "):
         P.require_series("0.29.0")
-    # a wanted name that is no version is 0 too: nothing is below it, so the newest there is
+    # a wanted name that is no version is 0 too: nothing is below it ("main" is not: it is equal), so the newest there is
     with pytest.raises(PatchFailed, match=r"Port the series of 0\.28\.0: `build-image patch port --from 0\.28\.0 "
                                           r"--to nightly "):
         P.require_series("nightly")

@@ -411,6 +411,14 @@ def test_lenient_a_stray_line_inside_an_entry_is_one_finding_and_the_entry_is_re
     assert (numpy.hashes, numpy.via, numpy.facts.extensions, numpy.base_version) == ([HB], ["-r overlay", "ray"], 12, "1.26.4")
 
 
+def test_lenient_an_indented_line_under_no_entry_is_a_line_that_is_no_pin():
+    # after the header and after a comment between entries there is no entry for it to belong to
+    text = WRITTEN.replace("#\nclick==", "#\n    stray\nclick==").replace("base=-\nnumpy==", "base=-\n# note\n    more\nnumpy==")
+    lk = _lenient(text, r", line 17: not a pinned requirement \('name==version'\): 'stray'\.$",
+                  r", line 24: not a pinned requirement \('name==version'\): 'more'\.$")
+    assert [(e.name, e.line) for e in lk.entries] == [("click", 18), ("numpy", 25)]
+    assert lk.entries[1].wheel.sha256 == HC
+
 def test_a_lock_is_read_as_utf8_whatever_the_locale(tmp_path):
     # written as UTF-8 (atomic_write_text); read back by a process whose locale encoding is ASCII
     from builder.lockfile import load_lock

@@ -303,6 +303,11 @@ def test_chain_requirement_is_the_one_whose_marker_holds_on_the_target():
     assert abi.build_chain("numpy", final, via, requires) == ["numpy 2.1.0", "opencv 4.13 (numpy>=2)"]
     on_310 = abi.build_chain("numpy", final, via, requires, env=abi.target_environment("3.10"))
     assert on_310 == ["numpy 2.1.0", "opencv 4.13 (numpy>=1.21)"]
+    # the overlay's own requirement is read on the target too
+    overlay = ["numpy>=2; python_version >= '3.11'", "numpy>=1.21; python_version < '3.11'"]
+    assert abi.build_chain("numpy", final, {"numpy": ["-r overlay"]}, overlay=overlay,
+                           base_versions={"numpy": "1.26.4"}, env=abi.target_environment("3.10")) == [
+        "numpy 2.1.0", "overlay (numpy>=1.21)"]
     # extras are kept, sorted; a requirement without a specifier names no version
     assert abi.build_chain("numpy", final, via, {"opencv": ["numpy[typing,dev]>=2"]})[1] == "opencv 4.13 (numpy[dev,typing]>=2)"
     assert abi.build_chain("numpy", final, via, {"opencv": ["numpy"]})[1] == "opencv 4.13"

@@ -221,14 +221,15 @@ def unpatched_tree(source: str | os.PathLike, package: str = "vllm") -> Path:
     if (tree / ".complete").is_file():
         return tree
     shutil.rmtree(tree, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=tree.parent if tree.parent.exists() else None))
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    # extracted beside the entry: the rename is atomic and never crosses filesystems
+    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=tree.parent))
     try:
         with zipfile.ZipFile(src) as z:
             members = [m for m in z.namelist()
                        if (m.startswith(f"{package}/") and not m.endswith(".so")) or ".dist-info/" in m]
             z.extractall(tmp, members)
         (tmp / ".complete").touch()
-        tree.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, tree)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

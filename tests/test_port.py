@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +19,8 @@ from builder import patches as P
 from builder import port as PO
 from builder import probe as PR
 from builder.cli import main
+from builder.errors import BadInput, ExternalToolError, PatchFailed
+from tests.fx_wheels import write_wheel
 
 BODY = """    a = x + 1
     b = a * 2
@@ -111,6 +119,347 @@ def test_cli_check_probe_reports_needed_and_works(a_series):
     assert r.exit_code == 0, r.output
     (p,) = json.loads(r.stdout)["patches"]
     assert p["status"] == "applied" and p["probe"]["needed"] is True and p["probe"]["works"] is True
+
+
+def _checks(*oks: bool) -> list[dict]:
+    return [{"name": n, "ok": ok} for n, ok in zip("abcde", oks)]
+
+
+def test_probe_output_evidence_is_the_tail_of_both_streams():
+    """Up to the last 3000 characters of stdout, then of stderr on a line of their own."""
+    out, err = "A" * 10 + "B" * 3000, "C" * 10 + "D" * 3000
+    assert PR.parse_output(out, 1, err).output == "exit 1, no PROBE-RESULT line\n" + "B" * 3000 + "\n" + "D" * 3000
+    assert PR.parse_output("  just this  \n", 2).output == "exit 2, no PROBE-RESULT line\njust this"
+    line = 'PROBE-RESULT {"checks": [{"name": "x", "ok": true}]}'
+    ok = PR.parse_output(f"{line}\n", 0, "a warning\n")
+    # stdout as printed (its last newline kept), a newline, then stderr; stripped at both ends
+    assert (ok.status, ok.checks, ok.output) == (PR.PASS, [{"name": "x", "ok": True}], f"{line}\n" + "\na warning")
+
+
+def test_probe_output_only_the_last_result_line_counts_and_ok_must_be_true():
+    first = 'PROBE-RESULT {"checks": [{"name": "a", "ok": false}]}'
+    last = 'PROBE-RESULT {"checks": [{"name": "b", "ok": true}]}'
+    run = PR.parse_output(f"{first}\n{last}\n", 0)
+    assert (run.status, run.checks) == (PR.PASS, [{"name": "b", "ok": True}])
+    assert PR.parse_output(f"  {last}", 0).status == PR.ERROR            # the prefix starts the line
+    assert PR.parse_output('PROBE-RESULT {"checks": [{"name": "x", "ok": 1}]}', 0).status == PR.FAIL
+    none = PR.parse_output('PROBE-RESULT {"checks": []}', 0)
+    assert (none.status, none.checks, none.output) == (PR.ERROR, [], 'the probe ran no check\nPROBE-RESULT {"checks": []}')
+
+
+@pytest.mark.parametrize("doc", ['{"checks": {}}', '{"checks": [{"name": "x"}]}', '{"checks": ["ok"]}'])
+def test_probe_output_checks_must_be_a_list_of_dicts_with_ok(doc):
+    stdout = f"PROBE-RESULT {doc}"
+    run = PR.parse_output(stdout, 0)
+    assert (run.status, run.output) == (
+        PR.ERROR, f"malformed PROBE-RESULT line (checks must be a list of {{name, ok, detail}})\n{stdout}")
+
+
+@pytest.mark.parametrize("doc", ['{"results": []}', "[1]", '{"checks": ['])
+def test_probe_output_unreadable_result_line_is_an_error(doc):
+    stdout = f"PROBE-RESULT {doc}"
+    run = PR.parse_output(stdout, 0)
+    assert run.status == PR.ERROR and run.checks == []
+    assert run.output.startswith("malformed PROBE-RESULT line (") and run.output.endswith(f")\n{stdout}")
+
+
+def test_probe_summary_names_at_most_three_failing_checks():
+    assert PR.ProbeRun(PR.PASS, _checks(True, True)).summary() == "2 check(s) pass"
+    assert PR.ProbeRun(PR.FAIL, _checks(False, False, False)).summary() == "3 of 3 check(s) fail: a; b; c"
+    assert PR.ProbeRun(PR.FAIL, _checks(True, False, False, False, False)).summary() == \
+        "4 of 5 check(s) fail: b; c; d; +1 more"
+    assert PR.ProbeRun(PR.FAIL, [{"name": "n" * 130, "ok": False}]).summary() == "1 of 1 check(s) fail: " + "n" * 120
+    # an error names the last line of its evidence, cut to 300 characters
+    tb = "exit 1, no PROBE-RESULT line\nTraceback (most recent call last):\nImportError: no toy\n\n"
+    assert PR.ProbeRun(PR.ERROR, output=tb).summary() == "error: ImportError: no toy"
+    assert PR.ProbeRun(PR.ERROR, output="x" * 400).summary() == "error: " + "x" * 300
+    assert PR.ProbeRun(PR.ERROR, output=" \n ").summary() == "error: no output"
+
+
+def test_probe_json_keeps_the_output_of_errors_only():
+    passed = PR.ProbeRun(PR.PASS, _checks(True), output="noise", seconds=1.23456)
+    assert passed.to_dict() == {"status": "pass", "checks": [{"name": "a", "ok": True}], "seconds": 1.23}
+    err = PR.ProbeRun(PR.ERROR, output="E" * 500 + "F" * 2000, seconds=2)
+    assert err.to_dict() == {"status": "error", "checks": [], "seconds": 2, "output": "F" * 2000}
+    failed = PR.ProbeRun(PR.FAIL, _checks(False))
+    one = PR.PatchProbe("0001-f.patch", "0001-f.probe.py", failed, None)
+    assert one.to_dict() == {"patch": "0001-f.patch", "probe": "0001-f.probe.py", "needed": True, "works": None,
+                             "unpatched": {"status": "fail", "checks": [{"name": "a", "ok": False}], "seconds": 0.0},
+                             "patched": None}
+    both = PR.PatchProbe("0001-f.patch", "0001-f.probe.py", err, passed).to_dict()
+    assert (both["needed"], both["works"], both["patched"]) == (None, True, passed.to_dict())
+    assert PR.PatchProbe("p", "q", passed, failed).works is False
+    assert PR.PatchProbe("p", "q", passed, err).works is None       # an error is no evidence
+
+
+def test_probe_path_is_a_file_beside_the_patch(a_series, tmp_path):
+    series, _ = a_series
+    (patch,) = series.patches
+    assert PR.probe_path(series.dir, patch) == series.dir / "0001-f.probe.py"
+    (tmp_path / "outside.probe.py").write_text(PROBE)
+    (series.dir / "sub").mkdir()
+    (series.dir / "sub" / "x.probe.py").write_text(PROBE)
+    for name in ("../outside.probe.py", "sub/x.probe.py", "0002-missing.probe.py"):
+        patch.headers[PR.PROBE_FIELD] = name
+        with pytest.raises(BadInput) as e:
+            PR.probe_path(series.dir, patch)
+        assert e.value.message == f"patch {series.dir / '0001-f.patch'}: its probe {name!r} is not a file in {series.dir}."
+    patch.headers[PR.PROBE_FIELD] = "   "
+    with pytest.raises(BadInput, match="no 'Probe:' header naming its probe"):
+        PR.probe_path(series.dir, patch)
+
+
+def test_probe_env_requirements_one_a_line_comments_dropped(tmp_path):
+    assert PR.env_requirements(tmp_path) is None
+    f = tmp_path / "probe-env.txt"
+    f.write_text("# CPU interpreter for the probes\n\ntorch >= 2.1  # cpu # wheel\n  numpy==1.26.4\n", encoding="utf-8")
+    assert PR.env_requirements(tmp_path) == ["torch >= 2.1", "numpy==1.26.4"]
+    f.write_text("# nothing yet\n\n")
+    with pytest.raises(BadInput) as e:
+        PR.env_requirements(tmp_path)
+    assert e.value.message == f"{f}: lists no requirement."
+
+
+ENV_PROBE = '''import json, os, sys
+keys = ["PYTHONPATH", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_LOGGING_LEVEL", "PYTHONNOUSERSITE",
+        "VLLM_PLUGINS", "PYTHONMPROBE", "MPROBE_KEPT"]
+print("PROBE-RESULT " + json.dumps({"checks": [
+    {"name": "env", "ok": True, "detail": {k: os.environ.get(k) for k in keys}},
+    {"name": "cwd", "ok": True, "detail": os.getcwd()}]}))
+print("probe stderr", file=sys.stderr)
+'''
+
+
+def test_probe_runner_isolates_the_probe(tmp_path, monkeypatch):
+    """PYTHONPATH is the tree under test; the caller's VLLM_* and PYTHON* settings do not leak in;
+    hubs offline; the probe runs in a scratch directory of its own."""
+    for k, v in {"VLLM_PLUGINS": "x", "VLLM_LOGGING_LEVEL": "DEBUG", "PYTHONMPROBE": "1", "MPROBE_KEPT": "yes"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.chdir(tmp_path)
+    Path("env.probe.py").write_text(ENV_PROBE)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    run = PR.ProbeRunner().run(Path("env.probe.py"), tree)         # relative to the caller's directory
+    assert run.status == PR.PASS, run.output
+    env, cwd = run.checks[0]["detail"], Path(run.checks[1]["detail"])
+    assert env == {"PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                   "VLLM_LOGGING_LEVEL": "INFO", "PYTHONNOUSERSITE": "1", "VLLM_PLUGINS": None,
+                   "PYTHONMPROBE": None, "MPROBE_KEPT": "yes"}
+    assert cwd.parent == Path(tempfile.gettempdir()).resolve() and cwd.name.startswith("build-image-probe-")
+    assert not cwd.exists()
+    assert run.output.endswith("\nprobe stderr") and 0 < run.seconds < 60
+
+
+def test_probe_runner_crash_timeout_and_missing_interpreter(tmp_path):
+    crash = tmp_path / "crash.probe.py"
+    crash.write_text("import sys\nprint('partial')\nsys.exit(3)\n")
+    run = PR.ProbeRunner().run(crash, tmp_path)
+    assert (run.status, run.output) == (PR.ERROR, "exit 3, no PROBE-RESULT line\npartial")
+    slow = tmp_path / "slow.probe.py"
+    slow.write_text("import time\ntime.sleep(10)\n")
+    run = PR.ProbeRunner(timeout=1).run(slow, tmp_path)
+    assert (run.status, run.output) == (PR.ERROR, "timed out after 1 s") and 1 <= run.seconds < 9
+    with pytest.raises(ExternalToolError, match=f"cannot run the probe interpreter {tmp_path / 'no-python'}: "):
+        PR.ProbeRunner(str(tmp_path / "no-python")).run(crash, tmp_path)
+
+
+# ------------------------------------------------------------------ probe interpreter and trees (isolated cache)
+@pytest.fixture(scope="module")
+def probe_wheels(tmp_path_factory) -> Path:
+    wh = tmp_path_factory.mktemp("probe-wheels")
+    write_wheel(wh, "probedep", "1.0", "py3-none-any", {"probedep/__init__.py": "X = 7\n"})
+    write_wheel(wh, "probeaux", "2.0", "py3-none-any", {"probeaux/__init__.py": "Y = 8\n"})
+    return wh
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch) -> Path:
+    """An empty build-image cache; uv offline with a cache of its own: only find-links resolve."""
+    c = tmp_path / "cache"
+    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(c))
+    monkeypatch.setenv("UV_OFFLINE", "1")
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
+    return c
+
+
+def _imports(python: str) -> str:
+    r = subprocess.run([python, "-c", "import sys, probedep, probeaux; print(probedep.X, probeaux.Y, sys.version_info[:2])"],
+                       capture_output=True, text=True)
+    return r.stdout.strip()
+
+
+def test_probe_env_is_built_once_per_content_and_rebuilt_when_incomplete(cache, probe_wheels, tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))       # explicit find-links win over the default
+    reqs = ["probedep==1.0", "probeaux"]
+    key = hashlib.sha256(b"probedep==1.0\nprobeaux").hexdigest()[:12]    # the requirement lines
+    venv = cache / "probe-env" / f"venv-{key}"
+    py = PR.cpu_env(reqs, find_links=[str(probe_wheels)])
+    want = f"7 8 {sys.version_info[:2]}"                       # this interpreter's Python
+    assert py == str(venv / "bin" / "python") and _imports(py) == want and (venv / ".complete").is_file()
+    (venv / "kept").touch()
+    assert PR.cpu_env(reqs, find_links=[]) == py and (venv / "kept").exists()   # cached: nothing installed
+    (venv / ".complete").unlink()                              # an interrupted build is built again
+    assert PR.cpu_env(reqs, find_links=[str(probe_wheels)]) == py
+    assert not (venv / "kept").exists() and (venv / ".complete").is_file() and _imports(py) == want
+    (venv / "bin" / "python").unlink()                         # marker but no interpreter: built again
+    assert PR.cpu_env(reqs, find_links=[str(probe_wheels)]) == py and _imports(py) == want
+
+
+def test_a_failed_probe_env_install_raises_and_leaves_no_venv(cache, probe_wheels, monkeypatch):
+    reqs = ["probedep==1.0", "probeaux", "nosuchpkg", "fourth"]
+    with pytest.raises(ExternalToolError) as e:
+        PR.cpu_env(reqs, find_links=[str(probe_wheels)])
+    head, _, uv_says = e.value.message.partition(" ...): ")
+    assert head == "cannot build the probe environment (probedep==1.0, probeaux, nosuchpkg," and "not found" in uv_says
+    assert list((cache / "probe-env").iterdir()) == []
+    # uv's reason comes last: the message keeps the last 1500 characters of its output
+    from builder.lock import Uv
+
+    err = "".join(f"uv line {i:04d}\n" for i in range(300)) + "\n"
+    monkeypatch.setattr(Uv, "pip_install", lambda self, *a, **k: subprocess.CompletedProcess([], 2, "", err))
+    with pytest.raises(ExternalToolError) as e:
+        PR.cpu_env(reqs[:1], find_links=[])
+    assert e.value.message == "cannot build the probe environment (probedep==1.0, ...): " + err.strip()[-1500:]
+    assert list((cache / "probe-env").iterdir()) == []
+
+
+def test_a_series_probe_env_gives_the_probes_interpreter(cache, probe_wheels, tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_FIND_LINKS", str(probe_wheels))   # the default find-links
+    d = tmp_path / "series"
+    d.mkdir()
+    (d / "probe-env.txt").write_text("probedep==1.0  # the probes' one dependency\n")
+    runner = PR.runner_for(d)
+    assert runner.python == str(cache / "probe-env" / f"venv-{hashlib.sha256(b'probedep==1.0').hexdigest()[:12]}"
+                                / "bin" / "python")
+    (d / "dep.probe.py").write_text('import json, probedep\n'
+                                    'print("PROBE-RESULT " + json.dumps({"checks": [{"name": "X", "ok": probedep.X == 7}]}))\n')
+    assert runner.run(d / "dep.probe.py", tmp_path).status == PR.PASS
+    assert PR.runner_for(d, python="/given/python").python == "/given/python"
+    (d / "probe-env.txt").unlink()
+    assert PR.runner_for(d).python == sys.executable
+
+
+def test_default_find_links(monkeypatch):
+    real_is_dir = Path.is_dir
+
+    def links(env: str | None, opt_wheels: bool) -> list[str]:
+        with monkeypatch.context() as m:
+            if env is None:
+                m.delenv("PIP_FIND_LINKS", raising=False)
+            else:
+                m.setenv("PIP_FIND_LINKS", env)
+            m.setattr(Path, "is_dir", lambda p: opt_wheels if str(p) == "/opt/wheels" else real_is_dir(p))
+            return PR.default_find_links()
+
+    assert links(" /a  /b ", True) == ["/a", "/b"]
+    assert links(None, True) == links("  ", True) == ["/opt/wheels"]
+    assert links(None, False) == []
+
+
+def _toy_wheel(dest: Path) -> Path:
+    return write_wheel(dest, "toy", "1.0", "cp312-cp312-manylinux_2_17_x86_64", {
+        "toy/__init__.py": "", "toy/mod.py": A_MOD, "toy/_ext.cpython-312-x86_64-linux-gnu.so": b"\x7fELF",
+        "toyish/x.py": "", "other/y.py": ""})
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+def test_unpatched_tree_from_a_wheel_is_extracted_once_and_rebuilt_when_incomplete(cache, tmp_path, monkeypatch):
+    whl = _toy_wheel(tmp_path)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))   # extracted beside the entry
+    tree = PR.unpatched_tree(whl, "toy")
+    assert tree == cache / "probe-trees" / hashlib.sha256(whl.read_bytes()).hexdigest()[:32]
+    dist = "toy-1.0.dist-info"
+    want = {".complete", "toy/__init__.py", "toy/mod.py", f"{dist}/METADATA", f"{dist}/WHEEL", f"{dist}/RECORD"}
+    assert _files(tree) == want                              # the package without .so files, and its metadata
+    assert [p.name for p in tree.parent.iterdir()] == [tree.name]   # no extraction left beside it
+    (tree / "toy" / "mod.py").write_text("edited")
+    assert PR.unpatched_tree(whl, "toy") == tree and (tree / "toy" / "mod.py").read_text() == "edited"  # cached
+    (tree / ".complete").unlink()                            # an interrupted extraction is redone
+    (tree / "stray.py").touch()
+    assert PR.unpatched_tree(whl, "toy") == tree
+    assert _files(tree) == want and (tree / "toy" / "mod.py").read_text() == A_MOD
+
+
+def test_a_failed_extraction_leaves_nothing_in_the_cache(cache, tmp_path, monkeypatch):
+    whl = _toy_wheel(tmp_path)
+
+    def full(self, *a, **k):
+        raise OSError("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(zipfile.ZipFile, "extractall", full)
+        with pytest.raises(OSError, match="disk full"):
+            PR.unpatched_tree(whl, "toy")
+    assert list((cache / "probe-trees").iterdir()) == []
+    assert (PR.unpatched_tree(whl, "toy") / ".complete").is_file()
+
+
+def test_unpatched_tree_from_a_directory_or_bad_input(tmp_path):
+    (tmp_path / "site" / "vllm").mkdir(parents=True)
+    assert PR.unpatched_tree(tmp_path / "site") == tmp_path / "site"      # vllm by default, used in place
+    with pytest.raises(BadInput) as e:
+        PR.unpatched_tree(tmp_path / "site", "toy")
+    assert e.value.message == f"{tmp_path / 'site'} holds no toy/ package to probe."
+    (tmp_path / "notes.txt").write_text("not a wheel")
+    for src in (tmp_path / "notes.txt", tmp_path / "missing.whl"):
+        with pytest.raises(BadInput) as e:
+            PR.unpatched_tree(src, "toy")
+        assert e.value.message == f"probe source {src} is neither a wheel nor a directory."
+
+
+def test_patched_tree_links_unchanged_files_and_drops_stale_bytecode(tmp_path, monkeypatch):
+    base = tree(tmp_path / "base", A_MOD)
+    (base / "toy" / "other.py").write_text("Z = 1\n")
+    cache = base / "toy" / "__pycache__"
+    cache.mkdir()
+    for pyc in ("mod.cpython-312.pyc", "mod.cpython-312.opt-1.pyc", "other.cpython-312.pyc", "model.cpython-312.pyc"):
+        (cache / pyc).write_bytes(b"pyc")
+    files = {"toy/mod.py": PATCHED_A.encode(), "toy/new/extra.py": b"NEW = 1\n"}
+    dest = PR.patched_tree(base, files, tmp_path / "patched")
+    assert dest == tmp_path / "patched"
+    assert (dest / "toy" / "mod.py").read_text() == PATCHED_A and (base / "toy" / "mod.py").read_text() == A_MOD
+    assert (dest / "toy" / "new" / "extra.py").read_bytes() == b"NEW = 1\n"
+    assert (dest / "toy" / "other.py").stat().st_ino == (base / "toy" / "other.py").stat().st_ino   # hard link
+    assert sorted(p.name for p in (dest / "toy" / "__pycache__").iterdir()) == ["model.cpython-312.pyc",
+                                                                               "other.cpython-312.pyc"]
+    assert len(list(cache.iterdir())) == 4                   # the unpatched tree keeps its bytecode
+    # where hard links are refused (another filesystem), unchanged files are copied
+    monkeypatch.setattr(os, "link", lambda s, d: (_ for _ in ()).throw(OSError(18, "cross-device link")))
+    copy = PR.patched_tree(base, {"toy/mod.py": PATCHED_A.encode()}, tmp_path / "copied")
+    other = copy / "toy" / "other.py"
+    assert other.read_text() == "Z = 1\n" and other.stat().st_ino != (base / "toy" / "other.py").stat().st_ino
+
+
+def test_series_files_are_the_patched_targets_or_patch_failed(tmp_path, a_series):
+    series, a = a_series
+    assert PR.series_files(series, a) == {"toy/mod.py": PATCHED_A.encode()}
+    b = tree(tmp_path / "b", A_MOD.replace("    c = b - 3\n", "    c = b - 5\n", 1))
+    with pytest.raises(PatchFailed) as e:
+        PR.series_files(series, b)
+    assert e.value.message == f"1 of 1 patch(es) of series {series.dir} do not apply to {b}: 0001-f.patch."
+
+
+def test_probe_series_runs_each_probe_on_the_shipped_and_the_patched_tree(a_series):
+    series, a = a_series
+    trees, said = [], []
+
+    class Recording(PR.ProbeRunner):
+        def run(self, probe, tree):
+            trees.append(Path(tree))
+            return super().run(probe, tree)
+
+    (res,) = PR.probe_series(series, a, runner=Recording(), progress=said.append)
+    assert said == ["probe 0001-f.probe.py: unpatched and patched"]
+    assert (res.patch, res.probe, res.needed, res.works) == ("0001-f.patch", "0001-f.probe.py", True, True)
+    (patched,) = [t for t in trees if t != a]
+    assert len(trees) == 2 and a in trees
+    # the patched copy's path (seen in a probe's traceback) says what it is; it is removed afterwards
+    assert patched.name == "tree" and patched.parent.name.startswith("build-image-patched-")
+    assert not patched.exists()
 
 
 # ------------------------------------------------------------------ port: one test per status

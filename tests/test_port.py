@@ -414,10 +414,10 @@ def test_unpatched_tree_from_a_directory_or_bad_input(tmp_path):
 def test_patched_tree_links_unchanged_files_and_drops_stale_bytecode(tmp_path, monkeypatch):
     base = tree(tmp_path / "base", A_MOD)
     (base / "toy" / "other.py").write_text("Z = 1\n")
-    cache = base / "toy" / "__pycache__"
-    cache.mkdir()
+    pycache = base / "toy" / "__pycache__"
+    pycache.mkdir()
     for pyc in ("mod.cpython-312.pyc", "mod.cpython-312.opt-1.pyc", "other.cpython-312.pyc", "model.cpython-312.pyc"):
-        (cache / pyc).write_bytes(b"pyc")
+        (pycache / pyc).write_bytes(b"pyc")
     files = {"toy/mod.py": PATCHED_A.encode(), "toy/new/extra.py": b"NEW = 1\n"}
     dest = PR.patched_tree(base, files, tmp_path / "patched")
     assert dest == tmp_path / "patched"
@@ -426,7 +426,7 @@ def test_patched_tree_links_unchanged_files_and_drops_stale_bytecode(tmp_path, m
     assert (dest / "toy" / "other.py").stat().st_ino == (base / "toy" / "other.py").stat().st_ino   # hard link
     assert sorted(p.name for p in (dest / "toy" / "__pycache__").iterdir()) == ["model.cpython-312.pyc",
                                                                                "other.cpython-312.pyc"]
-    assert len(list(cache.iterdir())) == 4                   # the unpatched tree keeps its bytecode
+    assert len(list(pycache.iterdir())) == 4                   # the unpatched tree keeps its bytecode
     # where hard links are refused (another filesystem), unchanged files are copied
     monkeypatch.setattr(os, "link", lambda s, d: (_ for _ in ()).throw(OSError(18, "cross-device link")))
     copy = PR.patched_tree(base, {"toy/mod.py": PATCHED_A.encode()}, tmp_path / "copied")

@@ -555,3 +555,466 @@ def test_cli_port_json_and_exit_codes(tmp_path, a_series):
     r = CliRunner().invoke(main, ["patch", "port", "--from", "1.0", "--to", "2.0", "--series", str(series.dir),
                                   "--from-wheel", str(a), "--to-wheel", str(tmp_path / "nothing")])
     assert r.exit_code == 2
+
+
+# ------------------------------------------------------------------ scopes and changed lines (pure)
+def test_scopes_name_the_innermost_def_or_class_of_every_line():
+    src = ("import os\n"                 # 1  module level
+           "@dec\n"                      # 2  a decorator belongs to what it decorates
+           "class C:\n"                  # 3
+           "    x = 1\n"                 # 4
+           "    if x:\n"                 # 5  an if inside the class: still C
+           "        def m(self):\n"      # 6  nested below the if: C.m
+           "            return 1\n"      # 7
+           "    async def n(self):\n"    # 8
+           "        pass\n"              # 9
+           "y = 2\n"                     # 10
+           "def last():\n"               # 11 a def on the file's last lines
+           "    return y\n")             # 12
+    # 12 newline-terminated lines: 13 entries (the 13th is the empty line after the last newline)
+    assert PO.scopes(src) == ["<module>", "C", "C", "C", "C", "C.m", "C.m", "C.n", "C.n", "<module>",
+                              "last", "last", "<module>"]
+    assert PO.scopes("def f():\n    return 1") == ["f", "f"]   # no final newline: 2 lines, 2 entries
+    assert PO.scopes("def (:\n") is None
+
+
+def test_changed_lines_number_removed_lines_in_old_and_added_lines_in_new():
+    old = ["a\n", "b\n", "c\n", "d\n", "e\n"]
+    new = ["a\n", "B\n", "c\n", "e\n", "f\n"]   # b replaced (line 2), d deleted (old line 4), f inserted (new line 5)
+    assert PO.changed_lines(old, new) == ([(2, "b\n"), (4, "d\n")], [(2, "B\n"), (5, "f\n")])
+    assert PO.changed_lines(old, old) == ([], [])
+
+
+def test_changed_lines_of_a_long_file_with_repeated_lines_are_only_the_changed_one():
+    # 40 functions of 7 lines (280 lines): the body lines each occur 40-120 times, so a matcher that
+    # treats popular lines as junk would report the whole tail after the change as replaced
+    old = "".join(f"def f{i}(x):\n    x += 1\n    x += 1\n    x += 1\n    return x\n\n\n" for i in range(40))
+    new = old.replace("def f39(x):\n    x += 1\n    x += 1\n", "def f39(x):\n    x += 1\n    x += 2\n")
+    line = 39 * 7 + 3    # f39 starts at line 274; its second body line is 276
+    assert PO.changed_lines(old.splitlines(True), new.splitlines(True)) == (
+        [(line, "    x += 1\n")], [(line, "    x += 2\n")])
+
+
+# ------------------------------------------------------------------ placement (pure)
+F_LINE = "    c = b - 3\n"
+G_ADDED = A_MOD.replace("def g(x):\n" + BODY, "def g(x):\n" + BODY.replace(F_LINE, F_LINE + "    c = b - 4\n"))
+
+
+def test_placement_checks_removed_and_added_lines_separately():
+    # B removes f's line as A does, but adds the new line in g
+    b_new = G_ADDED.replace(F_LINE, "", 1)
+    assert PO.placement(A_MOD, PATCHED_A, A_MOD, b_new) == [
+        "a added line lands in g, in A it is in f: 'c = b - 4'"]
+    # B removes nothing and adds the line in g: both comparisons fail, both are reported
+    assert PO.placement(A_MOD, PATCHED_A, A_MOD, G_ADDED) == [
+        "the removed lines differ from A's (1 in A, 0 in B)",
+        "a added line lands in g, in A it is in f: 'c = b - 4'"]
+
+
+def test_placement_at_the_edges_of_a_function():
+    # A changes f's def line and its last line; B (3 lines further down) gets the same change
+    a_new = A_MOD.replace("def f(x):\n", "def f(x, y=0):\n").replace("    return e\n", "    return e + y\n", 1)
+    top = "import os\nimport re\n\n"
+    assert PO.placement(A_MOD, a_new, top + A_MOD, top + a_new) == []
+
+
+def test_placement_shows_a_long_line_cut_at_80_characters():
+    a_old = "def f():\n    x = 1\n\n\ndef g():\n    x = 1\n"
+    long = "    x = '" + "y" * 100 + "'\n"
+    a_new = a_old.replace("    x = 1\n", long, 1)
+    b_new = a_old.replace("def g():\n    x = 1\n", "def g():\n" + long)   # g's line instead
+    shown = long.strip()[:80]
+    assert len(shown) == 80
+    assert PO.placement(a_old, a_new, a_old, b_new) == [
+        f"a removed line lands in g, in A it is in f: {'x = 1'!r}",
+        f"a added line lands in g, in A it is in f: {shown!r}"]
+
+
+def test_placement_refuses_an_original_that_does_not_parse():
+    assert PO.placement("def (:\n", PATCHED_A, A_MOD, PATCHED_A) == ["an original file does not parse as Python"]
+    assert PO.placement(A_MOD, PATCHED_A, "def (:\n", PATCHED_A) == ["an original file does not parse as Python"]
+
+
+# ------------------------------------------------------------------ hunks on B (pure)
+def hunk(start: int, old: list[str], new: list[str]) -> P.Hunk:
+    return P.Hunk(start, len(old), start, len(new), tuple(old), tuple(new), "")
+
+
+def test_exact_apply_finds_each_block_at_any_offset_in_order():
+    lines = ["x = 1\n", "y = 2\n", "z = 3\n", "w = 4\n"]
+    # the first block starts on B's first line, the second right where the first ends
+    two = (hunk(1, ["x = 1\n"], ["x = 10\n"]), hunk(2, ["y = 2\n", "z = 3\n"], ["y = 20\n"]))
+    assert PO.exact_apply(lines, two) == ["x = 10\n", "y = 20\n", "w = 4\n"]
+    assert PO.exact_apply(["# B\n", *lines], two) == ["# B\n", "x = 10\n", "y = 20\n", "w = 4\n"]
+    assert PO.exact_apply(lines, (hunk(1, ["x = 2\n"], ["x = 3\n"]),)) is None          # no fuzz
+    assert PO.exact_apply(lines, (hunk(4, ["w = 4\n"], ["w = 5\n"]), hunk(1, ["x = 1\n"], []))) is None  # order
+    assert PO.exact_apply(lines, (hunk(3, [], ["v = 0\n"]),)) is None   # a pure insertion has no context
+    assert PO.exact_apply(["x = 1\n", "x = 1\n"], (hunk(1, ["x = 1\n"], ["x = 2\n"]),)) is None   # ambiguous
+
+
+def test_exact_apply_takes_the_occurrence_in_the_scope_the_hunk_has_in_a():
+    a = "def f(x):\n    return x\n\n\ndef g(x):\n    return x\n"      # g's return is line 6, the last
+    b = "import os\n\n" + a                                           # both 2 lines further down in B
+    last = (hunk(6, ["    return x\n"], ["    return x + 1\n"]),)
+    assert PO.exact_apply(b.splitlines(True), last, PO.scopes(a)) == (
+        "import os\n\ndef f(x):\n    return x\n\n\ndef g(x):\n    return x + 1\n").splitlines(True)
+    assert PO.exact_apply(b.splitlines(True), last) is None   # without A's scopes the block is ambiguous
+
+    two = "class A:\n    def run(self):\n        return 1\n\n\nclass B:\n    def run(self):\n        return 1\n"
+    on_def = (hunk(7, ["    def run(self):\n"], ["    def run(self, x=0):\n"]),)   # B.run's def line
+    assert PO.exact_apply(two.splitlines(True), on_def, PO.scopes(two)) == two.replace(
+        "class B:\n    def run(self):\n", "class B:\n    def run(self, x=0):\n").splitlines(True)
+
+    first = 'X = 1\ndef f():\n    return """\nX = 1\n"""\n'     # line 1 at module level, line 4 inside f
+    on_first = (hunk(1, ["X = 1\n"], ["X = 2\n"]),)
+    assert PO.exact_apply(first.splitlines(True), on_first, PO.scopes(first)) == (
+        'X = 2\ndef f():\n    return """\nX = 1\n"""\n').splitlines(True)
+
+
+def test_exact_apply_on_a_file_that_does_not_parse():
+    # B's file no longer parses (new syntax, a template): a unique block still applies, an ambiguous one does not
+    a = "def f():\n    y = 1\n"
+    broken = ["def f(:\n", "    y = 1\n"]
+    assert PO.exact_apply(broken, (hunk(2, ["    y = 1\n"], ["    y = 2\n"]),), PO.scopes(a)) == ["def f(:\n", "    y = 2\n"]
+    assert PO.exact_apply(broken + ["    y = 1\n"], (hunk(2, ["    y = 1\n"], ["    y = 2\n"]),), PO.scopes(a)) is None
+
+
+def test_three_way_reports_each_conflict_with_both_line_ranges_and_all_three_versions():
+    base = ["a\n", "b\n", "c\n", "d\n", "e\n"]
+    ours = ["a\n", "b\n", "C1\n", "D1\n", "e\n"]             # A's patch rewrites lines 3-4
+    theirs = ["x\n", "a\n", "b\n", "C2\n", "D2\n", "e\n"]    # B added a line on top and rewrote them too: 4-5
+    assert PO.three_way(base, ours, theirs) == (None, [
+        "conflict at B's lines 4-5 (A's original lines 3-4):\n"
+        "<<<<<<< patched A\nC1\nD1\n"
+        "||||||| A original\nc\nd\n"
+        "=======\nC2\nD2\n"
+        ">>>>>>> B original\n"])
+    # B's new first line and A's change do not touch: they merge
+    assert PO.three_way(base, ours, ["x\n", *base]) == (["x\n", "a\n", "b\n", "C1\n", "D1\n", "e\n"], [])
+
+
+def test_unified_marks_a_missing_final_newline_on_both_sides():
+    text = PO.unified("toy/x.py", "a\nb", "a\nc")
+    assert text == ("--- a/toy/x.py\n+++ b/toy/x.py\n@@ -1,2 +1,2 @@\n a\n-b\n"
+                    "\\ No newline at end of file\n+c\n\\ No newline at end of file\n")
+    (f,) = P.parse_patch(HEADER.format(v="2.0") + text, "x.patch", "toy").files
+    assert P._apply_hunks(["a\n", "b"], f.hunks) == (["a\n", "c"], "")   # the series reader reads it back
+
+
+def test_header_text_wraps_long_values_at_88_columns():
+    words = ["a" * 9] * 8
+    line1 = "Why: " + " ".join(words)                        # 5 + 8 * 9 + 7 = 84 columns
+    assert len(line1) == 84
+    # "bb-cccc" would make line 1 92 columns: it moves down whole (its hyphen is no break point,
+    # though "bb-" alone would fit in 88)
+    line2 = " " + " ".join(["bb-cccc", *(["d" * 9] * 7), "d" * 8])   # 1 + 7 + 63 + 8 + 8 spaces
+    assert len(line2) == 87                                  # + " e" would be 89 columns: one too many
+    url = "https://example.org/" + "x" * 80                 # longer than a line: kept whole on its own line
+    value = " ".join([*words, "bb-cccc", *(["d" * 9] * 7), "d" * 8, "e", url])
+    assert PO.header_text({"Subject": "s", "Why": value, "Empty": ""}) == (
+        "Subject: s\n" + line1 + "\n" + line2 + "\n" + " e\n" + " " + url + "\n" + "Empty:\n\n")
+
+
+# ------------------------------------------------------------------ the port's verdicts and details
+# where B changes f near the hunk, its exact context is left only in g's identical body (refused there)
+IN_G = ("toy/mod.py: the exact context matches, but in another place: "
+        "a removed line lands in g, in A it is in f: 'c = b - 3'; a added line lands in g, in A it is in f: 'c = b - 4'")
+
+def test_applies_reports_every_field(tmp_path, a_series):
+    b_mod = "import os\n" + A_MOD
+    said: list[str] = []
+    rep = PO.port(a_series[0], a_series[1], tree(tmp_path / "b", b_mod), "2.0", out_dir=tmp_path / "out",
+                  progress=said.append)
+    assert said == ["0001-f.patch: probe on toy 2.0 as shipped and on the ported tree"]
+    (pp,) = rep.patches
+    assert pp.detail == ["toy/mod.py: every hunk's context found exactly in 2.0."]
+    doc = json.loads(PO.render(rep, "json"))
+    assert {k: v for k, v in doc.items() if k != "patches"} == {
+        "package": "toy", "from": "1.0", "to": "2.0", "merge": "merge3", "out_dir": str(tmp_path / "out"),
+        "needs_review": False}
+    (p,) = doc["patches"]
+    assert {k: v for k, v in p.items() if not k.startswith("probe_")} == {
+        "patch": "0001-f.patch", "subject": "f subtracts four", "status": "applies", "detail": pp.detail,
+        "files": ["toy/mod.py"], "probe": "0001-f.probe.py"}
+    assert (p["probe_unpatched"]["status"], p["probe_ported"]["status"]) == ("fail", "pass")
+    assert PO.render(rep, "json").startswith('{\n  "package": "toy",\n  "from": "1.0",\n')   # indented by 2
+    assert PO.render(rep).endswith(f"\nseries written to {tmp_path / 'out'}\n")            # text by default
+    assert (tmp_path / "out" / "series").read_text() == (
+        "# toy 2.0, ported from 1.0 by build-image patch port\n0001-f.patch\n")
+    text = (tmp_path / "out" / "0001-f.patch").read_text()
+    assert "\nApplies-To: toy==2.0\n" in text
+    assert "\nPorted-From: toy==1.0: applies (no fuzz; offsets regenerated)\n\n--- a/toy/mod.py\n" in text
+
+
+def test_merged_says_so_in_its_header_and_detail(tmp_path, a_series):
+    b_mod = A_MOD.replace("    a = x + 1\n", "    a = x + 1  # B\n", 1)
+    rep = port_to(tmp_path, a_series, b_mod, out="out")
+    (pp,) = rep.patches
+    assert pp.status == PO.MERGED
+    assert pp.detail == [IN_G, "toy/mod.py: three-way merge (A's original as the ancestor) succeeded; review it."]
+    ported = P.load_series(tmp_path / "out", "2.0").patches[0]
+    assert ported.headers["Ported-From"] == (
+        "toy==1.0: merged (three-way merge with the old release's original as the ancestor; needs review)")
+
+
+def test_upstream_puts_the_retirement_first(tmp_path, a_series):
+    rep = port_to(tmp_path, a_series, PATCHED_A)
+    (pp,) = rep.patches
+    assert pp.status == PO.UPSTREAM and len(pp.detail) > 1
+    assert pp.detail[0] == "toy 2.0 unpatched passes the probe 0001-f.probe.py: propose retiring the patch."
+    assert pp.to_dict()["probe_ported"] is None and pp.to_dict()["probe_unpatched"]["status"] == "pass"
+
+
+def test_conflict_runs_only_the_unpatched_probe(tmp_path, a_series):
+    b_mod = A_MOD.replace("    c = b - 3\n", "    c = b - 3  # B changed this line\n", 1)
+    said: list[str] = []
+    series, a = a_series
+    rep = PO.port(series, a, tree(tmp_path / "b", b_mod), "2.0", progress=said.append)
+    (pp,) = rep.patches
+    assert said == ["0001-f.patch: probe on toy 2.0 as shipped"]
+    assert pp.status == PO.CONFLICT and pp.probe_ported is None and pp.probe_unpatched.status == PR.FAIL
+    assert pp.detail == [
+        IN_G, "toy/mod.py: 1 region(s) did not merge:",
+        "conflict at B's lines 8-8 (A's original lines 8-8):\n<<<<<<< patched A\n    c = b - 4\n"
+        "||||||| A original\n    c = b - 3\n=======\n    c = b - 3  # B changed this line\n>>>>>>> B original\n"]
+
+
+def test_exact_context_in_the_wrong_function_names_every_misplaced_line(tmp_path, a_series):
+    b_mod = A_MOD.replace("    p = b + 0\n", "    p = b + 0  # B\n", 1)   # the context now matches only in g
+    (pp,) = port_to(tmp_path, a_series, b_mod).patches
+    assert pp.status == PO.CONFLICT
+    assert pp.detail[0] == IN_G
+
+
+@pytest.mark.parametrize("probe_header, shown", [("", "no Probe: header"), ("Probe: 0001-f.probe.py\n", "0001-f.probe.py")])
+def test_no_probe_no_port(tmp_path, a_series, probe_header, shown):
+    series, a = a_series
+    p = series.dir / "0001-f.patch"
+    p.write_text(p.read_text().replace("Probe: 0001-f.probe.py\n", probe_header))
+    (series.dir / "0001-f.probe.py").unlink()        # named but missing, or not named at all
+    series = P.load_series(series.dir, "1.0")
+    rep = PO.port(series, a, tree(tmp_path / "b", "import os\n" + A_MOD), "2.0", out_dir=tmp_path / "out")
+    (pp,) = rep.patches
+    assert pp.status == PO.CONFLICT and pp.probe_unpatched is None
+    assert pp.detail[-1] == f"no probe to run ({shown}): a port is never accepted without its probe passing."
+    assert not (tmp_path / "out" / "0001-f.probe.py").exists()
+    assert (tmp_path / "out" / "0001-f.patch.conflict").read_text().splitlines()[-1] == pp.detail[-1]
+
+
+def test_patch_that_does_not_fit_its_own_release_is_bad_input(tmp_path, a_series):
+    series, _ = a_series
+    other_a = tree(tmp_path / "a2", A_MOD.replace("    c = b - 3\n", "    c = b - 7\n", 1))
+    with pytest.raises(PO.BadInput, match=r"0001-f.patch does not apply to its own release: hunk #1 does not match"):
+        PO.port_series(series, other_a, tree(tmp_path / "b", A_MOD), "2.0", probes=False)
+    empty = tmp_path / "a3"
+    (empty / "toy").mkdir(parents=True)
+    with pytest.raises(PO.BadInput, match=r"a3: toy/mod.py \(a target of series .*series-1.0\) does not exist"):
+        PO.port_series(series, empty, tree(tmp_path / "b2", A_MOD), "2.0", probes=False)
+
+
+# ------------------------------------------------------------------ patches of two files; series of two patches
+OTHER = '"""other."""\n\n\ndef h(x):\n    y = x\n    z = y\n    w = z\n    return w\n'
+PATCHED_OTHER = OTHER.replace("    z = y\n", "    z = y + 1\n")
+PROBE2 = PROBE.replace('import toy.mod as m\n', 'import toy.mod as m\nimport toy.other as o\n').replace(
+    'checks = [', 'checks = [{"name": "h(1) == 2", "ok": o.h(1) == 2},\n          ')
+
+
+@pytest.fixture
+def two_files(tmp_path) -> tuple[P.Series, Path]:
+    a = tree(tmp_path / "a", A_MOD)
+    (a / "toy" / "other.py").write_text(OTHER)
+    d = tmp_path / "series-1.0"
+    d.mkdir()
+    (d / "0001-f.patch").write_text(HEADER.format(v="1.0") + diff("toy/mod.py", A_MOD, PATCHED_A)
+                                    + diff("toy/other.py", OTHER, PATCHED_OTHER))
+    (d / "0001-f.probe.py").write_text(PROBE2)
+    (d / "series").write_text("0001-f.patch\n")
+    return P.load_series(d, "1.0"), a
+
+
+def port_two(tmp_path, two_files, b_mod: str | None, b_other: str = OTHER, out: str | None = None):
+    series, a = two_files
+    b = tmp_path / "b"
+    (b / "toy").mkdir(parents=True)
+    (b / "toy" / "__init__.py").write_text("")
+    if b_mod is not None:
+        (b / "toy" / "mod.py").write_text(b_mod)
+    (b / "toy" / "other.py").write_text(b_other)
+    return PO.port(series, a, b, "2.0", out_dir=tmp_path / out if out else None)
+
+
+OTHER_OK = "toy/other.py: every hunk's context found exactly in 2.0."
+
+
+def test_two_files_that_apply_are_one_ported_patch(tmp_path, two_files):
+    rep = port_two(tmp_path, two_files, "import os\n" + A_MOD, "import os\n" + OTHER, out="out")
+    (pp,) = rep.patches
+    assert pp.status == PO.APPLIES and sorted(pp.files) == ["toy/mod.py", "toy/other.py"]
+    ported = P.load_series(tmp_path / "out", "2.0")
+    assert [f.relpath for f in ported.patches[0].files] == ["toy/mod.py", "toy/other.py"]
+    assert [r.status for r in P.check(ported, tmp_path / "b")] == ["applied"]
+
+
+def test_every_file_of_a_patch_is_reported_when_an_earlier_one_fails(tmp_path, two_files):
+    # the first file is missing in B
+    (pp,) = port_two(tmp_path / "1", two_files, None).patches
+    assert pp.status == PO.CONFLICT and pp.probe_ported is None
+    assert pp.detail == ["toy/mod.py: no such file in toy 2.0.", OTHER_OK]
+    # the first file's change conflicts with B's
+    b_mod = A_MOD.replace("    c = b - 3\n", "    c = b - 3  # B\n", 1)
+    (pp,) = port_two(tmp_path / "2", two_files, b_mod).patches
+    assert pp.status == PO.CONFLICT and pp.probe_ported is None
+    assert pp.detail[1] == "toy/mod.py: 1 region(s) did not merge:" and pp.detail[3:] == [OTHER_OK]
+    # B renamed the function: the first file merges, but into another function
+    b_mod = A_MOD.replace("def f(x):\n", "def f2(x):\n")
+    (pp,) = port_two(tmp_path / "3", two_files, b_mod).patches
+    assert pp.status == PO.CONFLICT and pp.probe_ported is None
+    assert pp.detail == ["toy/mod.py: the merge puts the change elsewhere: "
+                         "a removed line lands in f2, in A it is in f: 'c = b - 3'; "
+                         "a added line lands in f2, in A it is in f: 'c = b - 4'", OTHER_OK]
+
+
+PATCHED_A2 = PATCHED_A.replace("    d = c * c\n", "    d = c * c + 1\n", 1)   # next to the first patch's line
+PROBE_2 = PROBE.replace('"f(1) == 2 (patched)", "ok": m.f(1) == 2', '"f(1) == 3 (both)", "ok": m.f(1) == 3')
+
+
+class Recording(PR.ProbeRunner):
+    """Runs probes and records (probe, tree, toy/mod.py as the probe saw it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[str, Path, str]] = []
+
+    def run(self, probe, tree):
+        self.seen.append((Path(probe).name, Path(tree), (Path(tree) / "toy" / "mod.py").read_text()))
+        return super().run(probe, tree)
+
+
+def test_a_series_ports_in_order_each_patch_on_top_of_the_earlier_ones(tmp_path, a_series):
+    series, a = a_series
+    d = series.dir
+    (d / "0002-f.patch").write_text(HEADER.format(v="1.0").replace("0001-f.probe.py", "0002-f.probe.py")
+                                    + diff("toy/mod.py", PATCHED_A, PATCHED_A2))
+    (d / "0002-f.probe.py").write_text(PROBE_2)
+    (d / "series").write_text("0001-f.patch\n0002-f.patch\n")
+    series = P.load_series(d, "1.0")
+    top = "import os\n"
+    b = tree(tmp_path / "b", top + A_MOD)
+    runner = Recording()
+    rep = PO.port_series(series, a, b, "2.0", runner_b=runner)
+    assert [p.status for p in rep.patches] == [PO.APPLIES, PO.APPLIES]
+    assert (rep.package, rep.from_version, rep.to_version) == ("toy", "1.0", "2.0")
+    # patch 1: B as shipped (the tree itself, no copy) and B + patch 1;
+    # patch 2: B + patch 1 (its unpatched tree) and B + both
+    assert sorted((name, text) for name, _, text in runner.seen) == sorted([
+        ("0001-f.probe.py", top + A_MOD), ("0001-f.probe.py", top + PATCHED_A),
+        ("0002-f.probe.py", top + PATCHED_A), ("0002-f.probe.py", top + PATCHED_A2)])
+    assert [t for name, t, text in runner.seen if text == top + A_MOD] == [b]
+    assert (b / "toy" / "mod.py").read_text() == top + A_MOD      # B itself is never modified
+    PO.write_series(rep, series, tmp_path / "out", b_originals=PO.b_originals(series, b), wheel=None)
+    ported = P.load_series(tmp_path / "out", "2.0")
+    assert [r.status for r in P.check(ported, b)] == ["applied", "applied"]
+
+
+def test_port_leaves_no_temporary_files(tmp_path, a_series, monkeypatch):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    (pp,) = port_to(tmp_path, a_series, "import os\n" + A_MOD).patches
+    assert pp.status == PO.APPLIES and pp.probe_ported.status == PR.PASS   # a ported tree was made and probed
+    assert list(tmp.iterdir()) == []
+
+
+# ------------------------------------------------------------------ writing B's series
+def wheel(path: Path, mod: str) -> Path:
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("toy/__init__.py", "")
+        z.writestr("toy/mod.py", mod)
+    return path
+
+
+def test_port_from_a_wheel_records_the_wheel(tmp_path, a_series, monkeypatch):
+    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
+    series, a = a_series
+    whl = wheel(tmp_path / "toy-2.0-py3-none-any.whl", "import os\n" + A_MOD)
+    rep = PO.port(series, a, whl, "2.0", out_dir=tmp_path / "out")
+    assert [p.status for p in rep.patches] == [PO.APPLIES] and rep.out_dir == str(tmp_path / "out")
+    assert (tmp_path / "out" / "wheel.sha256").read_text() == (
+        f"{hashlib.sha256(whl.read_bytes()).hexdigest()}  toy-2.0-py3-none-any.whl\n")
+    ported = P.load_series(tmp_path / "out", "2.0")
+    assert (ported.wheel_filename, ported.originals) == (
+        "toy-2.0-py3-none-any.whl", {"toy/mod.py": hashlib.sha256(("import os\n" + A_MOD).encode()).hexdigest()})
+
+
+def test_without_probes_nothing_is_extracted_or_run(tmp_path, a_series, monkeypatch):
+    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
+    series, a = a_series
+    whl = wheel(tmp_path / "toy-2.0-py3-none-any.whl", "import os\n" + A_MOD)
+    rep = PO.port_series(series, a, whl, "2.0", runner_b=Recording(), probes=False)
+    (pp,) = rep.patches
+    assert pp.status == PO.CONFLICT and (pp.probe_unpatched, pp.probe_ported) == (None, None)
+    assert pp.detail[-1].startswith("no probe to run (0001-f.probe.py)")
+    assert not (tmp_path / "cache" / "probe-trees").exists()
+
+
+def test_write_series_files(tmp_path, a_series):
+    series, a = a_series
+    (series.dir / "probe-env.txt").write_text("torch==2.11.0\n")
+    b = tree(tmp_path / "b", A_MOD.replace("    c = b - 3\n", "    c = b - 3  # B\n", 1))
+    rep = PO.port_series(series, a, b, "2.0", probes=False)        # a conflict
+    out = tmp_path / "deep" / "er" / "out"                         # parents are made
+    PO.write_series(rep, series, out, b_originals=PO.b_originals(series, b), wheel=None)
+    (pp,) = rep.patches
+    conflict = (out / "0001-f.patch.conflict").read_text()
+    # the report's detail, one entry after another on its own lines
+    assert conflict == (IN_G + "\ntoy/mod.py: 1 region(s) did not merge:\n"
+                        "conflict at B's lines 8-8 (A's original lines 8-8):\n<<<<<<< patched A\n    c = b - 4\n"
+                        "||||||| A original\n    c = b - 3\n=======\n    c = b - 3  # B\n>>>>>>> B original\n\n")
+    assert (out / "series").read_text() == (
+        "# toy 2.0, ported from 1.0 by build-image patch port\n"
+        "# 0001-f.patch  conflict: see 0001-f.patch.conflict, finish by hand, then list it here\n")
+    assert (out / "probe-env.txt").read_text() == "torch==2.11.0\n"     # the probes' environment comes along
+    assert (out / "0001-f.probe.py").read_text() == PROBE
+    assert not (out / "wheel.sha256").exists()
+    # a second run into the same folder keeps a probe-env.txt already there (edited for B)
+    (out / "probe-env.txt").write_text("torch==2.12.0\n")
+    whl = wheel(tmp_path / "toy-2.0-py3-none-any.whl", A_MOD)
+    PO.write_series(rep, series, out, b_originals=PO.b_originals(series, b), wheel=whl)
+    assert (out / "probe-env.txt").read_text() == "torch==2.12.0\n"
+    assert (out / "wheel.sha256").read_text() == f"{hashlib.sha256(whl.read_bytes()).hexdigest()}  {whl.name}\n"
+
+
+def test_probe_env_comes_from_the_output_then_the_shipped_b_series_then_a(tmp_path, a_series, monkeypatch):
+    series, _ = a_series
+    root = tmp_path / "patches"
+    shipped = root / "toy" / "2.0"
+    shipped.mkdir(parents=True)
+    (shipped / "series").write_text("")
+    monkeypatch.setattr(P, "patches_root", lambda: root)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert PO.probe_env_dir(series, "2.0", out) == series.dir        # nobody has one: A's series
+    (shipped / "probe-env.txt").write_text("torch\n")
+    assert PO.probe_env_dir(series, "2.0", None) == shipped          # B's shipped series
+    assert PO.probe_env_dir(series, "2.0", out) == shipped
+    (out / "probe-env.txt").write_text("torch\n")
+    assert PO.probe_env_dir(series, "2.0", out) == out               # the output folder first
+    assert PO.probe_env_dir(series, "3.0", None) == series.dir       # no series shipped for 3.0
+
+
+def test_port_runs_the_probes_where_the_output_says(tmp_path, a_series, monkeypatch):
+    seen = []
+
+    def runner_for(series_dir, python=None):
+        seen.append((series_dir, python))
+        return PR.ProbeRunner(python)
+
+    monkeypatch.setattr(PR, "runner_for", runner_for)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "probe-env.txt").write_text("torch\n")
+    series, a = a_series
+    PO.port(series, a, tree(tmp_path / "b", A_MOD), "2.0", out_dir=out, probe_python=sys.executable)
+    assert seen == [(out, sys.executable)]

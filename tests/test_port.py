@@ -1018,3 +1018,112 @@ def test_port_runs_the_probes_where_the_output_says(tmp_path, a_series, monkeypa
     series, a = a_series
     PO.port(series, a, tree(tmp_path / "b", A_MOD), "2.0", out_dir=out, probe_python=sys.executable)
     assert seen == [(out, sys.executable)]
+
+
+# ------------------------------------------------------------------ rendering (pure)
+def report_of_every_status() -> PO.PortReport:
+    ok = PR.ProbeRun(PR.PASS, [{"name": "f(1) == 2", "ok": True}])
+    bad = PR.ProbeRun(PR.FAIL, [{"name": "f(1) == 2", "ok": False}])
+    piped = PR.ProbeRun(PR.FAIL, [{"name": "a|b", "ok": False}])
+    region = ("conflict at B's lines 8-8 (A's original lines 8-8):\n<<<<<<< patched A\n    c = b - 4\n"
+              "||||||| A original\n    c = b - 3\n=======\n    c = b - 3  # B\n>>>>>>> B original\n")
+    return PO.PortReport("toy", "1.0", "2.0", [
+        PO.PortedPatch("0001-a.patch", "a fix", PO.APPLIES, ["toy/mod.py: every hunk's context found exactly in 2.0."],
+                       files={"toy/z.py": (b"", b""), "toy/a.py": (b"", b"")},
+                       probe_unpatched=bad, probe_ported=ok, probe="0001-a.probe.py"),
+        PO.PortedPatch("0002-b.patch", "b fix", PO.MERGED, ["toy/mod.py: merged; review it."],
+                       probe_unpatched=bad, probe_ported=ok),
+        PO.PortedPatch("0003-c.patch", "c fix", PO.CONFLICT, ["toy/mod.py: 1 region(s) did not merge:", region],
+                       probe_unpatched=bad),
+        PO.PortedPatch("0004-d.patch", "d fix", PO.UPSTREAM, ["toy 2.0 unpatched passes: retire it.", "toy/mod.py: x"],
+                       probe_unpatched=ok),
+        PO.PortedPatch("0005-e.patch", "e fix", PO.CONFLICT, ["the probe does not pass on the ported tree."],
+                       probe_unpatched=piped, probe_ported=piped),
+    ], out_dir="/srv/out")
+
+
+REGION_LINES = ["conflict at B's lines 8-8 (A's original lines 8-8):", "<<<<<<< patched A", "    c = b - 4",
+                "||||||| A original", "    c = b - 3", "=======", "    c = b - 3  # B", ">>>>>>> B original"]
+
+
+def test_render_text():
+    # per patch: status (padded to 9) name subject; its detail indented by 6; the probe evidence where
+    # a probe ran on the ported tree or retires the patch
+    assert PO.render(report_of_every_status(), "text") == "\n".join([
+        "toy patch series: 1.0 -> 2.0",
+        "  applies   0001-a.patch  a fix",
+        "      toy/mod.py: every hunk's context found exactly in 2.0.",
+        "      probe on the ported tree: 1 check(s) pass",
+        "  merged    0002-b.patch  b fix",
+        "      toy/mod.py: merged; review it.",
+        "      probe on the ported tree: 1 check(s) pass",
+        "  conflict  0003-c.patch  c fix",
+        "      toy/mod.py: 1 region(s) did not merge:",
+        *["      " + ln for ln in REGION_LINES],
+        "  upstream  0004-d.patch  d fix",
+        "      toy 2.0 unpatched passes: retire it.",
+        "      toy/mod.py: x",
+        "      probe passes unpatched: 1 check(s) pass",
+        "  conflict  0005-e.patch  e fix",
+        "      the probe does not pass on the ported tree.",
+        "      probe on the ported tree: 1 of 1 check(s) fail: a|b",
+        "series written to /srv/out",
+    ]) + "\n"
+    assert PO.render(report_of_every_status()) == PO.render(report_of_every_status(), "text")
+
+
+def test_render_markdown():
+    # a table (evidence: the probe, else the first line of the detail; no '|' or newline in a cell),
+    # then each conflict's detail in a collapsed diff block
+    assert PO.render(report_of_every_status(), "markdown") == "\n".join([
+        "### toy patch series: 1.0 -> 2.0",
+        "",
+        "| patch | status | evidence |",
+        "| --- | --- | --- |",
+        "| `0001-a.patch` | **applies** | probe on the ported tree: 1 check(s) pass |",
+        "| `0002-b.patch` | **merged** | probe on the ported tree: 1 check(s) pass |",
+        "| `0003-c.patch` | **conflict** | toy/mod.py: 1 region(s) did not merge: |",
+        "| `0004-d.patch` | **upstream** | probe passes unpatched: 1 check(s) pass |",
+        "| `0005-e.patch` | **conflict** | probe on the ported tree: 1 of 1 check(s) fail: a b |",
+        "",
+        "<details><summary>0003-c.patch: what did not port</summary>",
+        "",
+        "```diff",
+        "toy/mod.py: 1 region(s) did not merge:",
+        *REGION_LINES,
+        "```",
+        "</details>",
+        "",
+        "<details><summary>0005-e.patch: what did not port</summary>",
+        "",
+        "```diff",
+        "the probe does not pass on the ported tree.",
+        "```",
+        "</details>",
+        "",
+        "series written to /srv/out",
+    ]) + "\n"
+
+
+def test_markdown_evidence_cell_is_one_line_of_at_most_400_characters():
+    detail = "x|" * 300 + "\nsecond line"
+    rep = PO.PortReport("toy", "1.0", "2.0", [PO.PortedPatch("0001-a.patch", "a", PO.CONFLICT, [detail])])
+    row = PO.render(rep, "markdown").splitlines()[4]
+    assert row == "| `0001-a.patch` | **conflict** | " + "x " * 200 + " |"
+
+
+def test_report_as_json():
+    rep = report_of_every_status()
+    doc = json.loads(PO.render(rep, "json"))
+    assert {k: v for k, v in doc.items() if k != "patches"} == {
+        "package": "toy", "from": "1.0", "to": "2.0", "merge": "merge3", "out_dir": "/srv/out", "needs_review": True}
+    assert doc["patches"][0] == {
+        "patch": "0001-a.patch", "subject": "a fix", "status": "applies",
+        "detail": ["toy/mod.py: every hunk's context found exactly in 2.0."], "files": ["toy/a.py", "toy/z.py"],
+        "probe": "0001-a.probe.py",
+        "probe_unpatched": {"status": "fail", "checks": [{"name": "f(1) == 2", "ok": False}], "seconds": 0.0},
+        "probe_ported": {"status": "pass", "checks": [{"name": "f(1) == 2", "ok": True}], "seconds": 0.0}}
+    assert (doc["patches"][2]["probe_ported"], doc["patches"][2]["probe"]) == (None, None)
+    assert [p["status"] for p in doc["patches"]] == ["applies", "merged", "conflict", "upstream", "conflict"]
+    no_probes = PO.PortedPatch("0006-f.patch", "f", PO.CONFLICT, ["x"]).to_dict()
+    assert (no_probes["probe_unpatched"], no_probes["probe_ported"]) == (None, None)

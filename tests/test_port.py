@@ -927,8 +927,6 @@ def test_port_leaves_no_temporary_files(tmp_path, a_series, monkeypatch):
 
 # ------------------------------------------------------------------ writing B's series
 def wheel(path: Path, mod: str) -> Path:
-    import zipfile
-
     with zipfile.ZipFile(path, "w") as z:
         z.writestr("toy/__init__.py", "")
         z.writestr("toy/mod.py", mod)

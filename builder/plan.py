@@ -903,6 +903,10 @@ def make_plan(
         if min_util is not None and min_util > u:
             suggestions.append({"setting": "gpu_memory_utilization", "value": min_util,
                                 "text": f"--gpu-memory-utilization {min_util} fits the requested settings"})
+        elif min_util is not None and not startup_ok:   # too high to start; the highest that starts fits
+            suggestions.append({"setting": "gpu_memory_utilization", "value": top / 1000,
+                                "text": f"--gpu-memory-utilization {top / 1000} is the highest that starts "
+                                        f"(~{startup_free / GiB:.2f} GiB free after the CUDA context) and fits"})
         if not suggestions:
             suggestions.append({"setting": "gpus", "value": None,
                                 "text": "nothing within one GPU's budget fits: more GPUs (tp/pp), cpu offload, or a smaller checkpoint"})

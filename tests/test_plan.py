@@ -852,3 +852,108 @@ def test_sizes_given_as_numbers():
         parse_size("big", what="--gpu-memory")
     with pytest.raises(BadInput, match=r"examples: 80GiB, 80GB, 141e9B\)"):
         parse_size("big", what="--weights-bytes", presets=False)
+
+
+# ---------------------------------------------------------------- settings refused before any arithmetic
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(tp=0), "--tp must be a positive integer, got 0."),
+    (dict(tp=True), "--tp must be a positive integer, got True."),
+    (dict(tp="2"), "--tp must be a positive integer, got '2'."),
+    (dict(pp=0), "--pp must be a positive integer, got 0."),
+    (dict(pp=True), "--pp must be a positive integer, got True."),
+    (dict(pp=2.0), "--pp must be a positive integer, got 2.0."),
+    (dict(gpus=0), "--gpus must be a positive integer, got 0."),
+    (dict(gpus=True), "--gpus must be a positive integer, got True."),
+    (dict(gpus="8"), "--gpus must be a positive integer, got '8'."),
+    (dict(gpus=6, tp=2, pp=2), "--gpus 6 is not a multiple of tp × pp = 4; vLLM needs tp × pp GPUs per replica."),
+    (dict(gpus=2, tp=2, pp=2), "--gpus 2 is not a multiple of tp × pp = 4; vLLM needs tp × pp GPUs per replica."),
+    (dict(gpu_memory_utilization=True), "--gpu-memory-utilization must be in (0, 1], got True."),
+    (dict(gpu_memory_utilization="0.9"), "--gpu-memory-utilization must be in (0, 1], got '0.9'."),
+    (dict(gpu_memory_utilization=-0.5), "--gpu-memory-utilization must be in (0, 1], got -0.5."),
+    (dict(gpu_memory_bytes=0), "--gpu-memory must be a positive size, got 0."),
+    (dict(gpu_memory_bytes=80.0 * GiB), f"--gpu-memory must be a positive size, got {80.0 * GiB!r}."),
+    (dict(weights_bytes=-1), "--weights-bytes must be a non-negative integer, got -1."),
+    (dict(weights_bytes=True), "--weights-bytes must be a non-negative integer, got True."),
+    (dict(weights_bytes=1.5), "--weights-bytes must be a non-negative integer, got 1.5."),
+    (dict(cpu_offload_gb=None), "--cpu-offload-gb must be a finite number >= 0, got None."),
+    (dict(cpu_offload_gb=True), "--cpu-offload-gb must be a finite number >= 0, got True."),
+    (dict(cpu_offload_gb="1"), "--cpu-offload-gb must be a finite number >= 0, got '1'."),
+    (dict(cpu_offload_gb=float("nan")), "--cpu-offload-gb must be a finite number >= 0, got nan."),
+    (dict(cpu_offload_gb=-1), "--cpu-offload-gb must be a finite number >= 0, got -1."),
+    (dict(reserve_bytes=-GiB), "--reserve-gib must be >= 0, got -1.0."),
+    (dict(max_num_seqs=True), "--max-num-seqs must be a positive integer, got True."),
+    (dict(max_num_seqs=2.0), "--max-num-seqs must be a positive integer, got 2.0."),
+    (dict(block_size=0), "block size must be a positive integer, got 0."),
+    (dict(block_size=16.0), "block size must be a positive integer, got 16.0."),
+    (dict(max_model_len=0), "--max-model-len must be a positive integer, got 0."),
+    (dict(max_model_len=True), "--max-model-len must be a positive integer, got True."),
+    (dict(max_model_len=4096.0), "--max-model-len must be a positive integer, got 4096.0."),
+])
+def test_settings_vllm_would_refuse_are_bad_input_naming_the_flag_and_value(kwargs, message):
+    base = dict(weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096)
+    with pytest.raises(BadInput) as exc:
+        make_plan(llama(layers=8, kv=8, heads=32), **{**base, **kwargs})
+    assert exc.value.message == message
+
+
+def test_config_errors_name_the_config_given_as_where():
+    with pytest.raises(BadInput) as exc:
+        make_plan({"hidden_size": 8}, weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16)
+    assert exc.value.message == "model config: required field 'num_hidden_layers' is missing."
+    with pytest.raises(BadInput) as exc:
+        make_plan({"hidden_size": 8}, weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16, where="m/config.json")
+    assert exc.value.message == "m/config.json: required field 'num_hidden_layers' is missing."
+    with pytest.raises(BadInput) as exc:
+        make_plan({**llama(), "max_position_embeddings": None}, weights_bytes=0, gpu_memory_bytes=GiB, where="m")
+    assert exc.value.message == "m: no --max-model-len given and no 'max_position_embeddings' to default to."
+    with pytest.raises(BadInput) as exc:
+        make_plan(llama(layers=2), weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16, pp=3, gpus=3)
+    assert exc.value.message == "--pp 3 is larger than the model's 2 layers."
+
+
+# ---------------------------------------------------------------- verdicts: startup limit, no KV memory, the boot check
+
+def test_weights_larger_than_the_budget_leave_no_kv_memory_and_no_setting_fits():
+    # 4 layers x 8 KV heads x (K, V) x 128 x bf16 = 16 KiB per token; 80 GiB of weights on an 80 GiB card at 0.9
+    p = make_plan(llama(), weights_bytes=80 * GiB, gpu_memory_bytes=80 * GiB, gpu_memory_utilization=0.9,
+                  max_model_len=4096, max_num_seqs=4, reserve_bytes=0)
+    requested = math.ceil(80 * GiB * 0.9)
+    assert p.requested_bytes == requested and p.available_kv_bytes == requested - 80 * GiB < 0
+    assert (p.boots, p.fits, p.num_blocks, p.kv_tokens_per_gpu) == (False, False, 0, 0)
+    assert (p.max_context_one_seq, p.max_context_at_num_seqs, p.max_seqs_at_context, p.min_utilization) == (0, None, 0, None)
+    assert p.reasons == [
+        f"no memory left for the KV cache: 0.9 × 80.00 GiB = {requested / GiB:.2f} GiB requested, "
+        "weights take 80.00 GiB and the reserve 0.00 GiB per GPU"]
+    assert p.needed_one_seq_bytes == 4096 * 16384 and p.needed_requested_bytes == 4 * 4096 * 16384
+    assert p.headroom_bytes == p.available_kv_bytes - 4 * 4096 * 16384
+    assert [s["setting"] for s in p.suggestions] == ["gpus"]
+    assert p.suggestions[0]["value"] is None
+    assert p.suggestions[0]["text"].startswith("nothing within one GPU's budget fits: more GPUs (tp/pp)")
+
+
+@pytest.mark.parametrize("tp, outside", [(1, int(0.50 * GiB)), (2, int(0.50 * GiB) + int(0.25 * GiB))])
+def test_utilization_above_what_is_free_after_the_cuda_context_is_refused_at_startup(tp, outside):
+    # the CUDA context (and NCCL with tp x pp > 1) sits outside the requested pool but must be free at startup
+    c = llama()
+    common = dict(weights_bytes=0, gpus=tp, tp=tp, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    free = 80 * GiB - outside
+    top = max(m for m in range(1, 1001) if math.ceil(80 * GiB * m / 1000) <= free)
+    ok = make_plan(c, gpu_memory_utilization=top / 1000, **common)
+    assert ok.boots and ok.fits and ok.reasons == []
+    over = make_plan(c, gpu_memory_utilization=(top + 1) / 1000, **common)
+    assert not over.boots and not over.fits
+    requested = math.ceil(80 * GiB * (top + 1) / 1000)
+    assert over.reasons == [
+        f"utilization {(top + 1) / 1000} requests {requested / GiB:.2f} GiB but only ~{free / GiB:.2f} GiB is free "
+        "after the CUDA context: vLLM refuses at startup (\"Free memory on device ... is less than desired GPU "
+        "memory utilization\")"]
+    # the KV pool itself would hold the sequence: only the startup check fails; nothing is searched past it
+    assert over.available_kv_bytes == requested and over.num_blocks == requested // (16 * 4 * (8 // tp) * 2 * 128 * 2)
+    assert over.max_context_one_seq == 0 and over.max_seqs_at_context == 0
+    assert over.min_utilization == 0.001                 # weights 0, reserve 0: the smallest step fits
+    # the nearest setting that fits is the highest utilization that starts, not "more GPUs"
+    assert over.suggestions == [{
+        "setting": "gpu_memory_utilization", "value": top / 1000,
+        "text": f"--gpu-memory-utilization {top / 1000} is the highest that starts (~{free / GiB:.2f} GiB free after "
+                "the CUDA context) and fits"}]

@@ -957,3 +957,101 @@ def test_utilization_above_what_is_free_after_the_cuda_context_is_refused_at_sta
         "setting": "gpu_memory_utilization", "value": top / 1000,
         "text": f"--gpu-memory-utilization {top / 1000} is the highest that starts (~{free / GiB:.2f} GiB free after "
                 "the CUDA context) and fits"}]
+
+
+# ---------------------------------------------------------------- KV groups and pages (kv_cache_utils, _align_hybrid_block_size)
+
+def _plan(c: dict, **kw):
+    return make_plan(c, **{**dict(weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=32768, reserve_bytes=0), **kw})
+
+
+def test_layers_that_share_earlier_kv_hold_none_of_their_own():
+    # num_kv_shared_layers 2 of 6: 4 owners x 8 KV heads x (K, V) x 128 x bf16
+    p = _plan(llama(layers=6, kv=8, num_kv_shared_layers=2))
+    tok = 8 * 2 * 128 * 2
+    assert p.layers == {"full": 4, "shared": 2}
+    assert p.kv_bytes_per_token_per_gpu == 4 * tok
+    assert p.num_blocks == p.available_kv_bytes // (16 * 4 * tok)
+    assert p.max_concurrency == pytest.approx(p.num_blocks / (32768 // 16))
+    assert "last 2 layers reuse earlier layers' KV (num_kv_shared_layers)" in p.notes
+
+
+def test_a_model_whose_layers_all_share_kv_holds_no_kv_cache():
+    p = _plan(llama(layers=2, kv=8, num_kv_shared_layers=2), max_num_seqs=8)
+    assert p.layers == {"shared": 2}
+    assert (p.kv_bytes_per_token_per_gpu, p.num_blocks, p.kv_tokens_per_gpu, p.max_concurrency) == (0, 0, 0, -1.0)
+    assert (p.block_size, p.needed_one_seq_bytes, p.per_sequence_fixed_bytes) == (16, 0, 0)
+    assert p.boots and p.fits and p.needed_requested_bytes is None
+    assert (p.max_context_one_seq, p.max_context_at_num_seqs, p.max_seqs_at_context) == (None, None, 0)
+
+
+def _gdn_parts(tp: int = 1) -> tuple[int, int]:
+    """(attention bytes per token, state bytes per layer) of _gdn() at tp."""
+    attn_tok = 4 // tp * 2 * 64 * 2                        # KV heads per GPU x (K, V) x head_dim x bf16
+    state = (32 * 4 * 2 + 64 * 8) // tp * (5 - 1) * 2 + 8 // tp * 64 * 32 * 2
+    return attn_tok, state
+
+
+def test_one_full_layer_next_to_state_layers_gets_a_block_that_holds_the_state():
+    attn_tok, state = _gdn_parts()
+    assert (attn_tok, state) == (1024, 38912)
+    block = 16 * math.ceil(state / (16 * attn_tok))       # 48 tokens: one attention page >= one state page
+    p = _plan(_gdn(), max_num_seqs=4)
+    assert p.block_size == block == 48
+    assert "attention block size raised to 48 tokens (vLLM aligns it to the state/MLA page)" in p.notes
+    page = block * attn_tok
+    assert p.per_sequence_fixed_bytes == 3 * page          # the state page padded to the attention page
+    # 1 full + 3 state layers: groups of 1 layer (3 >= 1.5 x 1), 1 attention group + 3 state groups
+    assert p.num_blocks == p.available_kv_bytes // page
+    per_req = math.ceil(32768 / block) + 3
+    assert p.max_concurrency == pytest.approx(p.num_blocks / per_req)
+    assert p.needed_one_seq_bytes == per_req * page
+    assert p.needed_requested_bytes == 4 * per_req * page
+    assert p.kv_tokens_per_gpu == int(p.num_blocks / per_req * 32768)
+
+
+def test_a_model_of_state_layers_only_holds_one_state_page_per_sequence():
+    _, state = _gdn_parts(tp=2)
+    p = _plan(_gdn(layer_types=["linear_attention"] * 4), gpus=2, tp=2, max_num_seqs=16)
+    assert p.layers == {"state": 4}
+    assert (p.kv_bytes_per_token_per_gpu, p.block_size) == (0, 16)
+    assert p.per_sequence_fixed_bytes == 4 * state
+    assert p.num_blocks == p.available_kv_bytes // (4 * state)   # one group of the 4 identical state layers
+    assert p.max_concurrency == p.num_blocks and p.max_seqs_at_context == p.num_blocks
+    assert p.needed_one_seq_bytes == 4 * state and p.needed_requested_bytes == 16 * 4 * state
+    assert p.fits and p.max_context_one_seq is None and p.max_context_at_num_seqs is None
+
+
+def test_mla_requests_take_one_64_token_block_per_64_tokens():
+    per_tok = 8 * (512 + 64) * 2
+    p = _plan(cfg("mla"), max_model_len=8192 + 1)
+    assert p.block_size == 64 and p.num_blocks == p.available_kv_bytes // (64 * per_tok)
+    assert p.max_concurrency == pytest.approx(p.num_blocks / math.ceil(8193 / 64))
+    assert p.needed_one_seq_bytes == math.ceil(8193 / 64) * 64 * per_tok
+
+
+def test_mla_next_to_state_layers_aligns_the_block_in_64_token_steps():
+    c = {**cfg("mla"), "num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+         "linear_num_key_heads": 4, "linear_num_value_heads": 8, "linear_key_head_dim": 128,
+         "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+    mla_tok = (512 + 64) * 2
+    state = (128 * 4 * 2 + 128 * 8) * 3 * 2 + 8 * 128 * 128 * 2
+    block = 64 * math.ceil(state / (64 * mla_tok))
+    assert block > 64                                    # raised: one 64-token MLA page is smaller than the state
+    p = _plan(c)
+    assert p.block_size == block
+    assert p.per_sequence_fixed_bytes == 3 * block * mla_tok
+
+
+def test_a_one_layer_model_is_one_group_of_one_page():
+    tok = 8 * 2 * 128 * 2
+    p = _plan(llama(layers=1, kv=8))
+    assert p.layers == {"full": 1} and p.kv_bytes_per_token_per_gpu == tok
+    assert p.num_blocks == p.available_kv_bytes // (16 * tok)
+    assert p.max_concurrency == pytest.approx(p.num_blocks / (32768 // 16))
+
+
+def test_any_positive_gpu_size_is_planned_even_one_byte():
+    p = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=1, gpu_memory_utilization=1.0, max_model_len=16,
+                  reserve_bytes=0)
+    assert p.requested_bytes == 1 and p.available_kv_bytes == 1 and not p.boots

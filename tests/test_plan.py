@@ -1055,3 +1055,40 @@ def test_any_positive_gpu_size_is_planned_even_one_byte():
     p = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=1, gpu_memory_utilization=1.0, max_model_len=16,
                   reserve_bytes=0)
     assert p.requested_bytes == 1 and p.available_kv_bytes == 1 and not p.boots
+
+
+def test_full_layers_of_different_page_sizes_are_one_group_of_summed_pages():
+    # chunked layers next to a full layer hold full-length KV, at head_dim 128; the full layer uses
+    # global_head_dim 256: one attention type, two page sizes (UniformTypeKVCacheSpecs)
+    c = llama(layers=4, kv=8, head_dim=128, attention_chunk_size=8192, global_head_dim=256,
+              layer_types=["chunked_attention"] * 3 + ["full_attention"])
+    small, big = 8 * 2 * 128 * 2, 8 * 2 * 256 * 2
+    p = _plan(c, max_model_len=10000)
+    assert p.layers == {"full": 4} and p.block_size == 16
+    assert p.kv_bytes_per_token_per_gpu == 3 * small + big
+    assert p.num_blocks == p.available_kv_bytes // (16 * (3 * small + big))
+    assert p.max_concurrency == pytest.approx(p.num_blocks / math.ceil(10000 / 16))
+    assert p.needed_one_seq_bytes == math.ceil(10000 / 16) * 16 * (3 * small + big)
+
+
+def test_the_smallest_accepted_settings_plan():
+    # pp equal to the layer count, one sequence, one-token blocks, a one-token context
+    p = make_plan(llama(layers=2, kv=8), weights_bytes=0, gpus=2, pp=2, gpu_memory_bytes=80 * GiB, max_model_len=1,
+                  max_num_seqs=1, block_size=1, reserve_bytes=0)
+    tok = 8 * 2 * 128 * 2                                   # one layer per stage
+    assert (p.pp, p.max_num_seqs, p.block_size, p.max_model_len) == (2, 1, 1, 1)
+    assert p.kv_bytes_per_token_per_gpu == tok and p.num_blocks == p.available_kv_bytes // tok
+    assert p.needed_one_seq_bytes == tok and p.fits
+
+
+def test_max_model_len_against_max_position_embeddings():
+    c = llama(max_position_embeddings=8192)
+    common = dict(weights_bytes=0, gpu_memory_bytes=80 * GiB, reserve_bytes=0)
+    assert make_plan(c, **common).max_model_len == 8192
+    assert "max_model_len defaults to the model's max_position_embeddings (8,192)" in make_plan(c, **common).notes
+    assert make_plan(c, max_model_len=8192, **common).notes == []
+    assert make_plan(c, max_model_len=8193, **common).notes == [
+        "max_model_len 8,193 exceeds max_position_embeddings 8,192: vLLM refuses this unless rope scaling extends "
+        "it or VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"]
+    bare = {k: v for k, v in c.items() if k != "max_position_embeddings"}
+    assert make_plan(bare, max_model_len=1 << 20, **common).notes == []

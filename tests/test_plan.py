@@ -1092,3 +1092,41 @@ def test_max_model_len_against_max_position_embeddings():
         "it or VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"]
     bare = {k: v for k, v in c.items() if k != "max_position_embeddings"}
     assert make_plan(bare, max_model_len=1 << 20, **common).notes == []
+
+
+def test_batched_tokens_default_to_8192_from_70_GiB_cards_up():
+    c = llama()
+    at = make_plan(c, weights_bytes=0, gpu_memory_bytes=70 * GiB, max_model_len=4096)
+    below = make_plan(c, weights_bytes=0, gpu_memory_bytes=70 * GiB - 1, max_model_len=4096)
+    assert (at.max_num_batched_tokens, below.max_num_batched_tokens) == (8192, 2048)
+    assert at.reserve_breakdown["sampler"] == 1024 * 32000 * 10 and below.reserve_breakdown["sampler"] == 256 * 32000 * 10
+
+
+def test_pipeline_stages_keep_pp_batches_in_flight_in_their_windows():
+    # 6 sliding layers over pp=3: 2 per stage; a window holds window - 1 + pp x batched tokens (+1 block)
+    c = llama(layers=6, kv=8, sliding_window=1024)
+    p = make_plan(c, weights_bytes=0, gpus=3, pp=3, gpu_memory_bytes=80 * GiB, max_model_len=131072, reserve_bytes=0,
+                  max_num_batched_tokens=4096)
+    tok = 8 * 2 * 128 * 2
+    assert p.layers == {"sliding": 6}
+    assert p.per_sequence_fixed_bytes == 2 * (math.ceil((1024 - 1 + 3 * 4096) / 16) + 1) * 16 * tok
+
+
+def test_state_pages_are_padded_to_the_largest_attention_page():
+    # sliding (head 64) + full (global head 128) + 2 GDN layers: the block is aligned to the first
+    # attention layer (sliding, 1 KiB per token); the full page is twice that, so the sliding layer
+    # gets a 2x block and the state pages are padded to the full page
+    c = _gdn(sliding_window=1024, global_head_dim=128,
+             layer_types=["sliding_attention", "full_attention", "linear_attention", "linear_attention"])
+    sw_tok, _ = _gdn_parts()
+    full_tok = 4 * 2 * 128 * 2
+    state = _gdn_parts()[1]
+    block = 16 * math.ceil(state / (16 * sw_tok))
+    page = block * full_tok
+    p = _plan(c)
+    assert p.block_size == block
+    sw_blocks = math.ceil(min(1024 - 1 + 2 * 8192, 32768) / (2 * block)) + 1
+    assert p.per_sequence_fixed_bytes == sw_blocks * page + 2 * page
+    # groups of one layer: 1 full, 1 sliding, 2 state groups
+    assert p.num_blocks == p.available_kv_bytes // page
+    assert p.max_concurrency == pytest.approx(p.num_blocks / (math.ceil(32768 / block) + sw_blocks + 2))

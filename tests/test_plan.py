@@ -1127,6 +1127,30 @@ def test_state_pages_are_padded_to_the_largest_attention_page():
     assert p.block_size == block
     sw_blocks = math.ceil(min(1024 - 1 + 2 * 8192, 32768) / (2 * block)) + 1
     assert p.per_sequence_fixed_bytes == sw_blocks * page + 2 * page
+    assert isinstance(p.per_sequence_fixed_bytes, int) and isinstance(p.needed_one_seq_bytes, int)  # whole blocks
     # groups of one layer: 1 full, 1 sliding, 2 state groups
     assert p.num_blocks == p.available_kv_bytes // page
     assert p.max_concurrency == pytest.approx(p.num_blocks / (math.ceil(32768 / block) + sw_blocks + 2))
+
+
+def test_pages_that_do_not_divide_the_largest_page_are_refused():
+    # sliding layers at head 128 (8 KiB per 16-token page per KV head pair) next to full layers at
+    # global head 192: 1.5x, which vLLM 0.26.0 cannot unify
+    c = llama(layers=2, kv=8, head_dim=128, sliding_window=1024, global_head_dim=192,
+              layer_types=["sliding_attention", "full_attention"])
+    sw_page, full_page = 16 * 8 * 2 * 128 * 2, 16 * 8 * 2 * 192 * 2
+    with pytest.raises(BadInput) as exc:
+        _plan(c)
+    assert exc.value.message == (
+        f"model config: layer 0's KV page ({sw_page} B) does not divide the largest page ({full_page} B); "
+        "vLLM 0.26.0 cannot unify these page sizes (NotImplementedError at boot).")
+
+
+def test_reserve_source_says_whether_it_was_given_or_estimated():
+    given = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=GiB)
+    assert (given.reserve_breakdown, given.reserve_bytes, given.reserve_source) == ({"given": GiB}, GiB,
+                                                                                    "given (--reserve-gib)")
+    est = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096)
+    assert est.reserve_source == "estimated (docs/plan.md: activations, sampler, workspace, communication, CUDA graphs)"
+    assert est.reserve_bytes == sum(est.reserve_breakdown.values())
+    assert given.available_kv_bytes - est.available_kv_bytes == est.reserve_bytes - GiB

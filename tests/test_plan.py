@@ -1154,3 +1154,27 @@ def test_reserve_source_says_whether_it_was_given_or_estimated():
     assert est.reserve_source == "estimated (docs/plan.md: activations, sampler, workspace, communication, CUDA graphs)"
     assert est.reserve_bytes == sum(est.reserve_breakdown.values())
     assert given.available_kv_bytes - est.available_kv_bytes == est.reserve_bytes - GiB
+
+
+@pytest.mark.parametrize("n_full, n_sliding", [(2, 3), (4, 5), (2, 10), (3, 3)])
+def test_hybrid_groups_hold_min_layers_or_max_when_the_counts_are_close(n_full, n_sliding):
+    # _get_kv_cache_groups_uniform_page_size: group_size = min(count), or max(count) when max < 1.5 x min;
+    # each type then splits into cdiv(count, group_size) groups; a block holds group_size pages
+    lo, hi = min(n_full, n_sliding), max(n_full, n_sliding)
+    group_size = hi if hi < 1.5 * lo else lo
+    c = llama(layers=n_full + n_sliding, kv=8, sliding_window=1024,
+              layer_types=["full_attention"] * n_full + ["sliding_attention"] * n_sliding)
+    p = _plan(c)
+    page = 16 * 8 * 2 * 128 * 2
+    sw_blocks = math.ceil((1024 - 1 + 2 * 8192) / 16) + 1
+    full_groups, sw_groups = math.ceil(n_full / group_size), math.ceil(n_sliding / group_size)
+    assert p.num_blocks == p.available_kv_bytes // (page * group_size)
+    assert p.max_concurrency == pytest.approx(p.num_blocks / (full_groups * 32768 // 16 + sw_groups * sw_blocks))
+
+
+def test_describe_model_defaults_to_one_gpu_and_the_model_dtype():
+    from builder.plan import describe_model
+
+    shape = describe_model(llama(layers=2, kv=8))
+    assert [(l.kind, l.bytes_per_token) for l in shape.layers] == [("full", 8 * 2 * 128 * 2)] * 2
+    assert shape.kv_dtype == "bfloat16" and shape.notes == []

@@ -492,6 +492,8 @@ def _build_layout(model: ModelShape, block_size: int) -> _Layout:
         return _Layout({}, [], False, block_size)
     attn = [l for l in owners if l.kind != "state"]
     states = [l for l in owners if l.kind == "state"]
+    if not attn and not any(l.state_bytes for l in states):
+        return _Layout({}, [], False, block_size)  # state of an unknown shape (counted as 0 bytes) only: no pages
     if model.mla:
         block_size = max(block_size, 64)  # FlashMLA kernel block size on Hopper
     if attn and states:

@@ -983,6 +983,12 @@ def test_a_model_whose_layers_all_share_kv_holds_no_kv_cache():
     assert (p.block_size, p.needed_one_seq_bytes, p.per_sequence_fixed_bytes) == (16, 0, 0)
     assert p.boots and p.fits and p.needed_requested_bytes is None
     assert (p.max_context_one_seq, p.max_context_at_num_seqs, p.max_seqs_at_context) == (None, None, 0)
+    assert p.headroom_bytes == p.available_kv_bytes
+    # it boots while any memory is left for the (empty) pool
+    requested = math.ceil(80 * GiB * 0.92)
+    for reserve, boots in ((requested, False), (requested - 1, True)):
+        q = _plan(llama(layers=2, kv=8, num_kv_shared_layers=2), reserve_bytes=reserve)
+        assert (q.available_kv_bytes, q.boots) == (requested - reserve, boots)
 
 
 def _gdn_parts(tp: int = 1) -> tuple[int, int]:
@@ -1178,3 +1184,48 @@ def test_describe_model_defaults_to_one_gpu_and_the_model_dtype():
     shape = describe_model(llama(layers=2, kv=8))
     assert [(l.kind, l.bytes_per_token) for l in shape.layers] == [("full", 8 * 2 * 128 * 2)] * 2
     assert shape.kv_dtype == "bfloat16" and shape.notes == []
+
+
+def test_state_layers_of_an_unknown_shape_alone_leave_nothing_to_allocate():
+    # counted as 0 bytes (with the note): no page, no pool; the plan says "not limited" instead of dividing by 0
+    p = _plan(llama(layers=2, kv=4, heads=16, head_dim=64, layer_types=["mamba", "mamba"]), max_num_seqs=4)
+    assert p.layers == {"state": 2}
+    assert (p.num_blocks, p.kv_tokens_per_gpu, p.max_concurrency, p.per_sequence_fixed_bytes) == (0, 0, -1.0, 0)
+    assert p.boots and p.fits and p.max_context_one_seq is None
+    assert "state layers present but their state shape is unknown for this config: counted as 0 bytes" in p.notes
+
+
+@pytest.mark.parametrize("drop, over, message", [
+    ("hidden_size", {}, "m: required field 'hidden_size' is missing."),
+    ("num_attention_heads", {}, "m: required field 'num_attention_heads' is missing."),
+    ("head_dim", {"hidden_size": 100}, "m: no 'head_dim' and hidden_size 100 is not divisible by num_attention_heads 32."),
+    (None, {"head_dim": 0}, "m: field 'head_dim' must be an integer >= 1, got 0."),
+    (None, {"num_key_value_heads": 0}, "m: field 'num_key_value_heads' must be an integer >= 1, got 0."),
+    (None, {"text_config": "x"}, "m: 'text_config' must be an object."),
+])
+def test_model_config_errors_name_the_config_and_the_field(drop, over, message):
+    from builder.plan import describe_model
+
+    c = {**{k: v for k, v in llama().items() if k != drop}, **over}
+    with pytest.raises(BadInput) as exc:
+        describe_model(c, where="m")
+    assert exc.value.message == message
+
+
+def test_kv_heads_default_to_the_attention_heads_and_head_dim_to_hidden_over_heads():
+    from builder.plan import describe_model
+
+    c = {k: v for k, v in llama(kv=8, heads=32, head_dim=128).items() if k not in ("num_key_value_heads", "head_dim")}
+    shape = describe_model(c)
+    assert (shape.num_kv_heads, shape.head_dim) == (32, 4096 // 32)
+    assert shape.layers[0].bytes_per_token == 32 * 2 * 128 * 2
+
+
+def test_describe_model_kv_dtype_none_is_auto_and_unknown_names_are_refused():
+    from builder.plan import KV_CACHE_DTYPES, describe_model
+
+    assert describe_model(llama(), kv_cache_dtype=None).kv_dtype == "bfloat16"
+    assert describe_model(llama(), kv_cache_dtype="FP8").kv_dtype == "fp8"
+    with pytest.raises(BadInput) as exc:
+        describe_model(llama(), kv_cache_dtype="int3")
+    assert exc.value.message == f"kv_cache_dtype 'int3' is not one of {', '.join(KV_CACHE_DTYPES)}."

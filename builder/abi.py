@@ -379,7 +379,7 @@ def evaluate(
     for e in sorted(entries, key=lambda x: x.key):
         b: Distribution | None = base.get(e.name)
         old = b.version if b else None
-        moved = b is not None and b.version != e.version
+        moved = b is not None and not _same_version(b.version, e.version)
         f = e.facts
         if is_exact_coupled(e.name) and b is None and fresh_stack:
             findings.append(Finding(
@@ -455,6 +455,14 @@ def evaluate(
         else:
             result.violations.append(fd)
     return result
+
+
+def _same_version(a: str, b: str) -> bool:
+    """One release however it is spelled (``2.0`` is ``2.0.0``, PEP 440); else the same string."""
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
 
 
 def _newer(new: str, old: str | None) -> bool:

@@ -619,3 +619,15 @@ def test_result_to_dict_has_every_field():
                      "evidence": [], "chain": ["torch 2.12.0"], "reason": "tested"}],
     }
     assert abi.GateResult(notices=[n]).to_dict()["ok"] is True
+
+
+def test_one_release_spelled_two_ways_is_no_move():
+    # PEP 440: 2.11 is 2.11.0 and 14.0.2.0 is 14.0.2 -- the same release as the base's, so no
+    # exact-coupled move and no binary-move notice; 2.11.1 is a move.
+    same = abi.evaluate(BASE, [entry("torch", "2.11", facts(True, 30, 0, 1, "2.28", "cp312"), base_version="2.11.0"),
+                               entry("pyarrow", "14.0.2.0", facts(True, 5, 1, 0, "2.17", "cp312"), base_version="14.0.2")], {})
+    assert same.ok and not same.notices and not same.allowed
+    moved = abi.evaluate(BASE, [entry("torch", "2.11.1", facts(True, 30, 0, 1, "2.28", "cp312"), base_version="2.11.0"),
+                                entry("pyarrow", "14.0.3", facts(True, 5, 1, 0, "2.17", "cp312"), base_version="14.0.2")], {})
+    assert rules(moved.violations) == [("torch", "exact-coupled")]
+    assert [(f.name, f.rule) for f in moved.notices] == [("pyarrow", abi.BINARY_MOVE)]

@@ -100,8 +100,7 @@ def scopes(text: str) -> list[str] | None:
                 q = f"{prefix}.{child.name}" if prefix else child.name
                 start = min([child.lineno] + [d.lineno for d in child.decorator_list])
                 for i in range(start, (child.end_lineno or child.lineno) + 1):
-                    if i - 1 < n:
-                        out[i - 1] = q
+                    out[i - 1] = q
                 walk(child, q)
             else:
                 walk(child, prefix)
@@ -153,8 +152,7 @@ def placement(a_old: str, a_new: str, b_old: str, b_new: str) -> list[str]:
 
 
 # =========================================================================== hunks on B (pure)
-def exact_apply(lines: list[str], hunks: tuple[P.Hunk, ...], scope_of_a: list[str] | None = None,
-                a_lines: list[str] | None = None) -> list[str] | None:
+def exact_apply(lines: list[str], hunks: tuple[P.Hunk, ...], scope_of_a: list[str] | None = None) -> list[str] | None:
     """Every hunk's old lines found exactly in ``lines`` (any offset), in order, without overlap.
     Where a block occurs more than once, the occurrence in A's scope is taken (else None)."""
     out: list[str] = []
@@ -164,7 +162,7 @@ def exact_apply(lines: list[str], hunks: tuple[P.Hunk, ...], scope_of_a: list[st
         if not h.old:
             return None  # a pure insertion has no context to place it by
         cands = [i for i in P._find(lines, h.old) if i >= cur]
-        if len(cands) > 1 and sc is not None and scope_of_a is not None:
+        if len(cands) > 1 and sc is not None:  # (sc is None without A's scopes, or when B does not parse)
             want = scope_of_a[max(h.source_start - 1, 0)] if h.source_start - 1 < len(scope_of_a) else None
             cands = [i for i in cands if sc[i] == want] or cands
         if len(cands) != 1:
@@ -294,7 +292,7 @@ def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tre
             method = CONFLICT
             continue
         b_old = b_cur[f.relpath]
-        b_new = exact_apply(b_old, f.hunks, scopes("".join(a_old)), a_old)
+        b_new = exact_apply(b_old, f.hunks, scopes("".join(a_old)))
         how = APPLIES
         if b_new is not None:
             bad = placement("".join(a_old), "".join(a_new), "".join(b_old), "".join(b_new))
@@ -447,7 +445,7 @@ def render(report: PortReport, fmt: str = "text") -> str:
                 out += ["", f"<details><summary>{p.name}: what did not port</summary>", "", "```diff",
                         *[ln for d in p.detail for ln in d.rstrip().splitlines()], "```", "</details>"]
     if report.out_dir:
-        out.append(("" if md else "") + f"{'' if not md else chr(10)}series written to {report.out_dir}")
+        out.append(("\n" if md else "") + f"series written to {report.out_dir}")
     return "\n".join(out) + "\n"
 
 

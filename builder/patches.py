@@ -407,8 +407,10 @@ def _apply_hunks(lines: list[str], hunks: tuple[Hunk, ...], reverse: bool = Fals
     return out, ""
 
 
-def _patch_texts(series: Series, src: _Source) -> tuple[list[PatchResult], dict[str, bytes], dict[str, bytes]]:
-    """Run the series in order over in-memory copies: results, originals, final contents."""
+def _patch_texts(series: Series, src, *, whole: bool = True) -> tuple[list[PatchResult], dict[str, bytes], dict[str, bytes]]:
+    """Run the series in order over in-memory copies of ``src``'s files (a :class:`_Source` or
+    :class:`_Memory`): results, originals, final contents.  ``whole``: where some patch does not
+    apply, a tree that is the whole series applied is still every patch ``already-applied``."""
     originals: dict[str, bytes] = {}
     current: dict[str, list[str]] = {}
     results: list[PatchResult] = []
@@ -454,7 +456,41 @@ def _patch_texts(series: Series, src: _Source) -> tuple[list[PatchResult], dict[
             current.update(staged)
         results.append(PatchResult(p.name, p.subject, status, [f.relpath for f in p.files], detail))
     final = {rel: "".join(lines).encode("utf-8") for rel, lines in current.items()}
+    if whole and any(r.status != APPLIED for r in results):
+        done = _applied_as_a_whole(series, src)
+        if done is not None:
+            return [PatchResult(r.name, r.subject, ALREADY_APPLIED, r.files, "") for r in results], done, done
     return results, originals, final
+
+
+class _Memory:
+    """Package files held in memory, read like a :class:`_Source`."""
+
+    def __init__(self, files: dict[str, bytes], path: Path):
+        self.files, self.path = files, path
+
+    def read(self, relpath: str) -> bytes | None:
+        return self.files.get(relpath)
+
+
+def _applied_as_a_whole(series: Series, src) -> dict[str, bytes] | None:
+    """The target files if ``src`` is exactly the series applied (reverted last patch first, then
+    re-applied in order, every patch applies and gives ``src`` back), else None.  Patch by patch,
+    an applied series can look unapplied: a later patch that moves an earlier one's lines in the
+    same file leaves the earlier one's new lines where it does not name them."""
+    current: dict[str, bytes] = {}
+    for rel in series.targets:
+        data = src.read(rel)
+        if data is None:
+            return None
+        current[rel] = data
+    unpatched = _reverted(series, current)
+    if unpatched is None:
+        return None
+    results, _, final = _patch_texts(series, _Memory(unpatched, src.path), whole=False)
+    if all(r.status == APPLIED for r in results) and final == current:
+        return current
+    return None
 
 
 def _raise_if_failed(series: Series, results: list[PatchResult], source) -> None:

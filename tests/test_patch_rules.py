@@ -740,3 +740,29 @@ def test_a_zero_context_deletion_past_the_end_of_the_file_is_not_already_applied
     (r,) = P.check(s, tree_with(tmp_path, ORIG), raise_on_failure=False)
     assert (r.status, r.detail.splitlines()[0]) == (
         "does-not-apply", "vllm/a.py: hunk #1 does not match at line 30 (nor anywhere else: fuzz is refused).")
+
+
+def test_a_series_whose_later_patch_moves_an_earlier_ones_lines_is_found_applied(tmp_path):
+    # 0001 edits line 10; 0002, made on top of it, inserts a line after line 2: in the fully patched
+    # file 0001's new line is at line 11, not where 0001 names it, so patch by patch 0001 looks unapplied.
+    a1 = with_line(ORIG, 10, "line ten\n")
+    a2 = with_line(a1, 2, "line 2\nextra\n")
+    s = series_of(tmp_path, {"0001-a.patch": {"vllm/a.py": (ORIG, a1)}, "0002-a.patch": {"vllm/a.py": (a1, a2)}})
+    patched = tree_with(tmp_path, a2)
+    assert [(r.status, r.detail) for r in P.check(s, patched)] == [("already-applied", ""), ("already-applied", "")]
+    # in place: left as it is, reported with the original and the present sums
+    done = P.apply_site_packages(s, patched)
+    assert [(f.relpath, f.original_sha256, f.patched_sha256) for f in done] == [
+        ("vllm/a.py", sha256_bytes(ORIG.encode()), sha256_bytes(a2.encode()))]
+    assert (patched / "vllm" / "a.py").read_text() == a2
+    # the unpatched file still applies, to exactly a2
+    (patched / "vllm" / "a.py").write_text(ORIG)
+    assert [r.status for r in P.check(s, patched)] == ["applied", "applied"]
+    P.apply_site_packages(s, patched)
+    assert (patched / "vllm" / "a.py").read_text() == a2
+    # a change elsewhere in the file is not the series' business (the recorded sums are); a change
+    # to 0001's own line makes 0001 not apply, while 0002 still looks applied
+    (patched / "vllm" / "a.py").write_text(with_line(a2, 20, "changed\n"))
+    assert [r.status for r in P.check(s, patched)] == ["already-applied", "already-applied"]
+    (patched / "vllm" / "a.py").write_text(with_line(a2, 11, "line TEN\n"))
+    assert [r.status for r in P.check(s, patched, raise_on_failure=False)] == ["does-not-apply", "already-applied"]

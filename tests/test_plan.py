@@ -932,11 +932,13 @@ def test_weights_larger_than_the_budget_leave_no_kv_memory_and_no_setting_fits()
     assert p.suggestions[0]["text"].startswith("nothing within one GPU's budget fits: more GPUs (tp/pp)")
 
 
-@pytest.mark.parametrize("tp, outside", [(1, int(0.50 * GiB)), (2, int(0.50 * GiB) + int(0.25 * GiB))])
-def test_utilization_above_what_is_free_after_the_cuda_context_is_refused_at_startup(tp, outside):
+@pytest.mark.parametrize("tp, pp, outside", [(1, 1, int(0.50 * GiB)), (2, 1, int(0.50 * GiB) + int(0.25 * GiB)),
+                                             (1, 2, int(0.50 * GiB) + int(0.25 * GiB))])
+def test_utilization_above_what_is_free_after_the_cuda_context_is_refused_at_startup(tp, pp, outside):
     # the CUDA context (and NCCL with tp x pp > 1) sits outside the requested pool but must be free at startup
     c = llama()
-    common = dict(weights_bytes=0, gpus=tp, tp=tp, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    common = dict(weights_bytes=0, gpus=tp * pp, tp=tp, pp=pp, gpu_memory_bytes=80 * GiB, max_model_len=4096,
+                  reserve_bytes=0)
     free = 80 * GiB - outside
     top = max(m for m in range(1, 1001) if math.ceil(80 * GiB * m / 1000) <= free)
     ok = make_plan(c, gpu_memory_utilization=top / 1000, **common)
@@ -949,7 +951,7 @@ def test_utilization_above_what_is_free_after_the_cuda_context_is_refused_at_sta
         "after the CUDA context: vLLM refuses at startup (\"Free memory on device ... is less than desired GPU "
         "memory utilization\")"]
     # the KV pool itself would hold the sequence: only the startup check fails; nothing is searched past it
-    assert over.available_kv_bytes == requested and over.num_blocks == requested // (16 * 4 * (8 // tp) * 2 * 128 * 2)
+    assert over.available_kv_bytes == requested and over.num_blocks == requested // (16 * (4 // pp) * (8 // tp) * 2 * 128 * 2)
     assert over.max_context_one_seq == 0 and over.max_seqs_at_context == 0
     assert over.min_utilization == 0.001                 # weights 0, reserve 0: the smallest step fits
     # the nearest setting that fits is the highest utilization that starts, not "more GPUs"
@@ -1069,8 +1071,9 @@ def test_full_layers_of_different_page_sizes_are_one_group_of_summed_pages():
     c = llama(layers=4, kv=8, head_dim=128, attention_chunk_size=8192, global_head_dim=256,
               layer_types=["chunked_attention"] * 3 + ["full_attention"])
     small, big = 8 * 2 * 128 * 2, 8 * 2 * 256 * 2
-    p = _plan(c, max_model_len=10000)
+    p = _plan(c, max_model_len=10000, max_num_seqs=5)
     assert p.layers == {"full": 4} and p.block_size == 16
+    assert p.needed_requested_bytes == 5 * math.ceil(10000 / 16) * 16 * (3 * small + big)
     assert p.kv_bytes_per_token_per_gpu == 3 * small + big
     assert p.num_blocks == p.available_kv_bytes // (16 * (3 * small + big))
     assert p.max_concurrency == pytest.approx(p.num_blocks / math.ceil(10000 / 16))
@@ -1170,12 +1173,14 @@ def test_hybrid_groups_hold_min_layers_or_max_when_the_counts_are_close(n_full, 
     group_size = hi if hi < 1.5 * lo else lo
     c = llama(layers=n_full + n_sliding, kv=8, sliding_window=1024,
               layer_types=["full_attention"] * n_full + ["sliding_attention"] * n_sliding)
-    p = _plan(c)
+    p = _plan(c, max_num_seqs=3)
     page = 16 * 8 * 2 * 128 * 2
     sw_blocks = math.ceil((1024 - 1 + 2 * 8192) / 16) + 1
     full_groups, sw_groups = math.ceil(n_full / group_size), math.ceil(n_sliding / group_size)
     assert p.num_blocks == p.available_kv_bytes // (page * group_size)
-    assert p.max_concurrency == pytest.approx(p.num_blocks / (full_groups * 32768 // 16 + sw_groups * sw_blocks))
+    per_req = full_groups * 32768 // 16 + sw_groups * sw_blocks
+    assert p.max_concurrency == pytest.approx(p.num_blocks / per_req)
+    assert p.needed_requested_bytes == 3 * page * group_size * per_req
 
 
 def test_describe_model_defaults_to_one_gpu_and_the_model_dtype():
@@ -1229,3 +1234,89 @@ def test_describe_model_kv_dtype_none_is_auto_and_unknown_names_are_refused():
     with pytest.raises(BadInput) as exc:
         describe_model(llama(), kv_cache_dtype="int3")
     assert exc.value.message == f"kv_cache_dtype 'int3' is not one of {', '.join(KV_CACHE_DTYPES)}."
+
+
+def test_the_boot_check_and_the_concurrency_check_accept_an_exact_fit():
+    # 4 layers x 8 KV heads x (K, V) x 128 x bf16 = 16 KiB per token; one 4,096-token sequence = 64 MiB
+    needed = 4096 * 16384
+    requested = math.ceil(80 * GiB * 0.9)
+    common = dict(weights_bytes=0, gpu_memory_bytes=80 * GiB, gpu_memory_utilization=0.9, max_model_len=4096,
+                  max_num_seqs=1)
+    exact = make_plan(llama(), reserve_bytes=requested - needed, **common)
+    assert exact.available_kv_bytes == needed and exact.max_concurrency == 1.0
+    assert exact.boots and exact.fits and exact.reasons == [] and exact.headroom_bytes == 0
+    short = make_plan(llama(), reserve_bytes=requested - needed + 1, **common)
+    assert not short.boots and not short.fits
+    assert short.reasons == [
+        f"one 4,096-token sequence needs {needed / GiB:.2f} GiB of KV per GPU but only {(needed - 1) / GiB:.2f} GiB "
+        "is available: vLLM raises at boot, after the weights are loaded"]
+    two = make_plan(llama(), reserve_bytes=requested - needed, **{**common, "max_num_seqs": 2})
+    assert two.boots and not two.fits
+    assert two.reasons == [
+        f"2 concurrent 4,096-token sequences need {2 * needed / GiB:.2f} GiB of KV per GPU; the KV pool holds 1.00 "
+        "such sequences: vLLM boots but preempts/queues under full load"]
+    assert two.headroom_bytes == needed - 2 * needed
+
+
+@pytest.mark.parametrize("left", [0, 1])
+def test_no_kv_memory_is_zero_bytes_or_less(left):
+    reserve = math.ceil(80 * GiB * 0.9) - left
+    p = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=80 * GiB, gpu_memory_utilization=0.9,
+                  max_model_len=4096, reserve_bytes=reserve)
+    assert p.available_kv_bytes == left and not p.boots
+    if left == 0:
+        assert p.reasons == [
+            f"no memory left for the KV cache: 0.9 × 80.00 GiB = {reserve / GiB:.2f} GiB requested, "
+            f"weights take 0.00 GiB and the reserve {reserve / GiB:.2f} GiB per GPU"]
+    else:
+        assert p.reasons[0].startswith("one 4,096-token sequence needs 0.06 GiB of KV per GPU but only 0.00 GiB")
+
+
+def test_a_one_gib_card_at_half_starts_exactly_beside_the_half_gib_cuda_context():
+    common = dict(weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16, reserve_bytes=0)
+    assert math.ceil(GiB * 0.5) == GiB - int(0.50 * GiB)
+    at = make_plan(llama(), gpu_memory_utilization=0.5, **common)
+    assert at.reasons == [] and at.boots
+    over = make_plan(llama(), gpu_memory_utilization=0.501, **common)
+    assert not over.boots and over.reasons[0].startswith("utilization 0.501 requests 0.50 GiB but only ~0.50 GiB is free")
+
+
+def test_the_longest_context_search_can_answer_one_token():
+    # one-token blocks and exactly one token's KV available: the longest sequence that fits is 1 token
+    tok = 4 * 8 * 2 * 128 * 2
+    requested = math.ceil(80 * GiB * 0.9)
+    p = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=80 * GiB, gpu_memory_utilization=0.9, max_model_len=4096,
+                  block_size=1, reserve_bytes=requested - tok)
+    assert p.num_blocks == 1 and p.max_context_one_seq == 1 and not p.boots
+    assert p.suggestions[0] == {"setting": "max_model_len", "value": 1,
+                                "text": "--max-model-len 1 is the longest single sequence that fits"}
+
+
+def test_kv_heads_against_tp():
+    from builder.plan import describe_model
+
+    with pytest.raises(BadInput) as exc:
+        describe_model(llama(kv=6, heads=32), tp=4, where="m")
+    assert exc.value.message == "m: num_key_value_heads (6) is not divisible by tp=4; vLLM cannot shard them."
+    with pytest.raises(BadInput) as exc:
+        describe_model(llama(kv=4, heads=48), tp=6, where="m")
+    assert exc.value.message == "m: tp=6 is not a multiple of num_key_value_heads (4); vLLM cannot replicate them."
+    assert describe_model(llama(kv=8), tp=8).notes == []                  # one head per GPU, no replica
+    assert describe_model(llama(kv=2), tp=8).notes == [
+        "2 KV heads < tp=8: each GPU holds a replica of one KV head (4 copies per head)"]
+
+
+def test_mla_latent_uses_the_configs_rope_dim_and_refuses_a_bad_rank():
+    from builder.plan import describe_model
+
+    shape = describe_model({**cfg("mla"), "qk_rope_head_dim": 32})
+    assert {l.bytes_per_token for l in shape.layers} == {(512 + 32) * 2}
+    assert "MLA: one 512+32 latent per token per layer, identical on every TP rank (not split)" in shape.notes
+    no_rope = {k: v for k, v in cfg("mla").items() if k != "qk_rope_head_dim"}
+    assert {l.bytes_per_token for l in describe_model(no_rope).layers} == {(512 + 64) * 2}
+    with pytest.raises(BadInput) as exc:
+        describe_model({**cfg("mla"), "kv_lora_rank": 0}, where="m")
+    assert exc.value.message == "m: field 'kv_lora_rank' must be an integer >= 1, got 0."
+    with pytest.raises(BadInput) as exc:
+        describe_model(llama(layers=2, layer_types=["full_attention"]), where="m")
+    assert exc.value.message == "m: 'layer_types' has 1 entries but num_hidden_layers is 2."

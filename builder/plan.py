@@ -859,7 +859,7 @@ def make_plan(
     search_top = max(max_model_len, 1 << 31)
     max_ctx_one = largest(lambda n: boots_at(n, available), search_top) if startup_ok else 0
     max_ctx_seqs = None
-    if max_num_seqs is not None and startup_ok and not attention_free and available > 0:
+    if max_num_seqs is not None and startup_ok and not attention_free:
         max_ctx_seqs = largest(lambda n: boots_at(n, available) and concurrency(n, num_blocks) >= max_num_seqs, search_top)
     if max_ctx_one == search_top:   # window/state layers only: context is not limited by KV memory
         max_ctx_one = None

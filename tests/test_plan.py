@@ -109,6 +109,8 @@ def test_seed003_held_target_fits_and_larger_targets_do_not():
     # the suggested context for 32 sequences really holds 32 sequences
     ctx = bigger.max_context_at_num_seqs
     assert 0 < ctx < 262144
+    assert bigger.suggestions[0] == {"setting": "max_model_len", "value": ctx,
+                                     "text": f"--max-model-len {ctx} keeps 32 concurrent sequences"}
     assert make_plan(cfg("seed003"), max_model_len=ctx, max_num_seqs=32, **SEED003).fits
     assert not make_plan(cfg("seed003"), max_model_len=ctx + held.block_size, max_num_seqs=32, **SEED003).fits
 
@@ -648,6 +650,8 @@ def test_docs_seed000_reserve_numbers_are_worked_out():
     assert f"the plan suggests `--gpu-memory-utilization {util}`" in doc
     est = make_plan(cfg("seed000"), max_model_len=4096, max_num_seqs=60, **SEED000)
     assert (est.reserve_bytes, est.max_seqs_at_context, est.min_utilization) == (reserve, seqs, util)
+    assert {"setting": "gpu_memory_utilization", "value": util,
+            "text": f"--gpu-memory-utilization {util} fits the requested settings"} in est.suggestions
 
 
 def test_docs_seed003_numbers_are_worked_out():
@@ -921,7 +925,7 @@ def test_weights_larger_than_the_budget_leave_no_kv_memory_and_no_setting_fits()
     requested = math.ceil(80 * GiB * 0.9)
     assert p.requested_bytes == requested and p.available_kv_bytes == requested - 80 * GiB < 0
     assert (p.boots, p.fits, p.num_blocks, p.kv_tokens_per_gpu) == (False, False, 0, 0)
-    assert (p.max_context_one_seq, p.max_context_at_num_seqs, p.max_seqs_at_context, p.min_utilization) == (0, None, 0, None)
+    assert (p.max_context_one_seq, p.max_context_at_num_seqs, p.max_seqs_at_context, p.min_utilization) == (0, 0, 0, None)
     assert p.reasons == [
         f"no memory left for the KV cache: 0.9 × 80.00 GiB = {requested / GiB:.2f} GiB requested, "
         "weights take 80.00 GiB and the reserve 0.00 GiB per GPU"]
@@ -1057,6 +1061,7 @@ def test_a_one_layer_model_is_one_group_of_one_page():
     assert p.layers == {"full": 1} and p.kv_bytes_per_token_per_gpu == tok
     assert p.num_blocks == p.available_kv_bytes // (16 * tok)
     assert p.max_concurrency == pytest.approx(p.num_blocks / (32768 // 16))
+    assert p.notes == [] and p.max_context_one_seq == p.num_blocks * 16   # the search goes past max_model_len
 
 
 def test_any_positive_gpu_size_is_planned_even_one_byte():
@@ -1245,6 +1250,7 @@ def test_the_boot_check_and_the_concurrency_check_accept_an_exact_fit():
     exact = make_plan(llama(), reserve_bytes=requested - needed, **common)
     assert exact.available_kv_bytes == needed and exact.max_concurrency == 1.0
     assert exact.boots and exact.fits and exact.reasons == [] and exact.headroom_bytes == 0
+    assert exact.max_context_at_num_seqs == exact.max_context_one_seq == 4096 and exact.max_seqs_at_context == 1
     short = make_plan(llama(), reserve_bytes=requested - needed + 1, **common)
     assert not short.boots and not short.fits
     assert short.reasons == [
@@ -1256,14 +1262,16 @@ def test_the_boot_check_and_the_concurrency_check_accept_an_exact_fit():
         f"2 concurrent 4,096-token sequences need {2 * needed / GiB:.2f} GiB of KV per GPU; the KV pool holds 1.00 "
         "such sequences: vLLM boots but preempts/queues under full load"]
     assert two.headroom_bytes == needed - 2 * needed
+    assert {"setting": "max_num_seqs", "value": 1, "text": "--max-num-seqs 1 at 4,096 tokens"} in two.suggestions
 
 
 @pytest.mark.parametrize("left", [0, 1])
 def test_no_kv_memory_is_zero_bytes_or_less(left):
     reserve = math.ceil(80 * GiB * 0.9) - left
     p = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=80 * GiB, gpu_memory_utilization=0.9,
-                  max_model_len=4096, reserve_bytes=reserve)
+                  max_model_len=4096, reserve_bytes=reserve, max_num_seqs=2)
     assert p.available_kv_bytes == left and not p.boots
+    assert (p.max_context_one_seq, p.max_context_at_num_seqs) == (0, 0)   # nothing fits, not "not limited"
     if left == 0:
         assert p.reasons == [
             f"no memory left for the KV cache: 0.9 × 80.00 GiB = {reserve / GiB:.2f} GiB requested, "
@@ -1320,3 +1328,68 @@ def test_mla_latent_uses_the_configs_rope_dim_and_refuses_a_bad_rank():
     with pytest.raises(BadInput) as exc:
         describe_model(llama(layers=2, layer_types=["full_attention"]), where="m")
     assert exc.value.message == "m: 'layer_types' has 1 entries but num_hidden_layers is 2."
+
+
+def test_min_utilization_can_be_exactly_the_startup_limit_and_exactly_full():
+    # a 1 GiB card: at 0.5 the request is exactly what the 0.5 GiB CUDA context leaves; one 16-token
+    # sequence (16 x 16 KiB) fits exactly at 0.5 and not at 0.499
+    needed = 16 * 16384
+    common = dict(weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16, max_num_seqs=1,
+                  reserve_bytes=GiB // 2 - needed)
+    at = make_plan(llama(), gpu_memory_utilization=0.5, **common)
+    assert at.available_kv_bytes == needed and at.fits and at.min_utilization == 0.5
+    below = make_plan(llama(), gpu_memory_utilization=0.499, **common)
+    assert not below.fits and below.min_utilization == 0.5
+    assert below.suggestions[-1] == {"setting": "gpu_memory_utilization", "value": 0.5,
+                                     "text": "--gpu-memory-utilization 0.5 fits the requested settings"}
+
+
+def test_min_utilization_searches_down_to_one_thousandth():
+    # a card with only ~0.0012 of it free beside the CUDA context: 0.001 is the one step that starts
+    g = 537_500_000
+    assert math.ceil(g * 0.001) <= g - int(0.50 * GiB) < math.ceil(g * 0.002)
+    p = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=g, gpu_memory_utilization=0.5, max_model_len=16,
+                  reserve_bytes=0)
+    assert not p.boots and p.min_utilization == 0.001
+
+
+def test_nothing_fits_when_too_high_to_start_and_too_small_below():
+    p = make_plan(llama(), weights_bytes=80 * GiB, gpu_memory_bytes=80 * GiB, gpu_memory_utilization=1.0,
+                  max_model_len=4096, reserve_bytes=0)
+    assert not p.boots and p.min_utilization is None
+    assert [s["setting"] for s in p.suggestions] == ["gpus"]
+
+
+def test_contexts_beyond_2_to_the_31_tokens_count_as_not_limited():
+    # 1 layer x 1 KV head x (K, V) x head_dim 1 x fp8 = 2 bytes per token; 6 GiB hold 3 x 2^30 tokens
+    c = llama(layers=1, kv=1, heads=1, head_dim=1)
+    requested = math.ceil(80 * GiB * 0.9)
+    p = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, gpu_memory_utilization=0.9, max_model_len=4096,
+                  kv_cache_dtype="fp8", reserve_bytes=requested - 6 * GiB, max_num_seqs=1)
+    assert p.kv_bytes_per_token_per_gpu == 2 and p.num_blocks * 16 == 3 << 30
+    assert p.max_context_one_seq is None and p.max_context_at_num_seqs is None
+
+
+def test_plan_echoes_the_layout_it_planned():
+    p = make_plan(llama(), weights_bytes=8 * GiB, gpus=8, tp=2, pp=2, gpu_memory_bytes=80 * GiB, max_model_len=4096,
+                  cpu_offload_gb=0.5, reserve_bytes=0)
+    assert (p.gpus, p.tp, p.pp, p.replicas) == (8, 2, 2, 2)
+    assert isinstance(p.replicas, int)
+    assert p.cpu_offload_bytes == GiB // 2 and p.weights_per_gpu == 2 * GiB - GiB // 2
+    assert p.to_dict()["replicas"] == 2 and p.to_dict()["cpu_offload_bytes"] == GiB // 2
+
+
+def test_default_reserve_rounds_split_tensors_down_to_whole_elements():
+    # tp 8 over 8 heads, 1 KV head (replicated), head_dim 18, intermediate 100: QKV (8 + 2) x 18 / 8 = 22.5
+    # and the MLP 3 x 100 / 8 = 37.5 are whole elements per GPU: 22 and 37
+    c = llama(layers=8, kv=1, heads=8, head_dim=18, intermediate_size=100)
+    p = make_plan(c, weights_bytes=0, gpus=8, tp=8, gpu_memory_bytes=80 * GiB, max_model_len=4096, enforce_eager=True)
+    assert p.reserve_breakdown["activations"] == 8192 * 2 * (2 * 8 * 18 + (8 + 2 * 1) * 18 // 8 + 3 * 100 // 8)
+    assert isinstance(p.reserve_bytes, int)
+    pp2 = make_plan(llama(), weights_bytes=0, gpus=2, pp=2, gpu_memory_bytes=80 * GiB, max_model_len=4096)
+    assert pp2.reserve_breakdown["communication"] == int(0.25 * GiB)   # NCCL between pipeline stages too
+
+
+def test_a_size_too_large_for_a_float_is_refused():
+    with pytest.raises(BadInput, match=r"^--gpu-memory: '1e300TiB' is not a finite size\.$"):
+        parse_size("1e300TiB", what="--gpu-memory")

@@ -560,7 +560,8 @@ def _classify(
         kind = "unchanged"
 
     base_dist = base.get(e.name) if base is not None else None
-    base_v = (b.base_version if b is not None else None) or (a.base_version if a is not None else None)
+    # the base's version: what the new entry records (base=), for a removed entry what the old one did
+    base_v = b.base_version if b is not None else a.base_version
     if base_v is None and base_dist is not None:
         base_v = base_dist.version
     facts = (b or a).facts
@@ -607,8 +608,10 @@ def _classify(
         c.group = 2
         ev = []
         shipped = f"what vllm {vllm} shipped with" if vllm else "the base image"
-        if b is None or not b.base_version:
-            ev.append(f"back to the base image's {base_v}" if base_v else "no longer moves a base distribution")
+        if b is None:
+            ev.append(f"back to the base image's {base_v}")
+        elif not b.base_version:  # still installed, but the base no longer ships it
+            ev.append("no longer moves a base distribution")
         else:
             rules = {fd.rule for fd in notices}
             from .abi import BINARY_MOVE, NEWER_THAN_BASE, OLDER_THAN_BASE
@@ -755,8 +758,10 @@ def to_document(d: LockDiff):
         else:
             cols = ["package", "change", "via"]
             rows = [[c.name, c.versions, _via(c)] for c in rows_c]
-        sections.append(Section(title=f"{gid}. {gtitle}", columns=cols, rows=rows,
-                                style=_GROUP_STYLE[gid], folded=gid >= 4))
+        style = _GROUP_STYLE[gid]
+        if gid == 1 and not d.fail_on_allowed and all(c.allowed is not None for c in rows_c):
+            style = "warn"  # every change here is allowed by the lock header: shown, but it fails nothing
+        sections.append(Section(title=f"{gid}. {gtitle}", columns=cols, rows=rows, style=style, folded=gid >= 4))
     if d.noise.count:
         sections.append(Section(title=f"7. {NOISE_TITLE}", line=d.noise.line(), style="dim", count=d.noise.count))
     return Document(title=title, status=status, summary=summary_line(d), top=top, sections=sections,

@@ -25,14 +25,22 @@ from builder.diff import (
     GROUPS,
     JSON_SCHEMA,
     SCHEMA,
+    Noise,
+    _join,
     _moved_out_of_order,
+    base_from_lock,
+    base_move,
     bump_kind,
     diff_locks,
     glibc_from_platform,
+    summary_line,
     textconv,
+    to_document,
+    to_json_doc,
 )
-from builder.lockfile import format_lock, load_lock, parse_lock
-from builder.manifest import load_manifest
+from builder.errors import BadInput
+from builder.lockfile import LockEntry, LockFile, WheelRef, format_lock, load_lock, parse_lock
+from builder.manifest import DistFacts, Distribution, load_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "diff"
@@ -645,3 +653,424 @@ def test_a_major_downgrade_is_a_major_change_not_a_minor_one():
     assert "minor" in minor.tags and "downgrade" in minor.tags
     up = moved("9.0.0")
     assert (up.change, up.group) == ("upgraded", 4) and "downgrade" not in up.tags
+
+
+# ---------------------------------------------------------------- rules, one by one
+
+NATIVE = DistFacts(binary=True, extensions=1, numpy_abi={"1": 0, "2": 0}, glibc="2.17", python_abi="cp312")
+
+
+def _with(lock: LockFile, name: str, **attrs) -> LockFile:
+    """A copy of ``lock`` with the entry ``name`` changed (version=, facts=, via=, ...)."""
+    out = copy.deepcopy(lock)
+    e = next(e for e in out.entries if e.name == name)
+    for k, v in attrs.items():
+        setattr(e, k, v)
+    return out
+
+
+def _plus(lock: LockFile, *entries: LockEntry) -> LockFile:
+    out = copy.deepcopy(lock)
+    out.entries += list(entries)
+    return out
+
+
+def _ent(name: str, version: str, *, base: str | None = None, via=("ray",), f: DistFacts | None = None,
+         sha: str = "e" * 64) -> LockEntry:
+    return LockEntry(name=name, version=version, hashes=[sha], via=list(via),
+                     wheel=WheelRef(url=f"https://files.example/{name}-{version}-py3-none-any.whl", sha256=sha),
+                     facts=f or DistFacts(), base_version=base)
+
+
+def _hc(d) -> list[tuple]:
+    return [(h.key, h.old, h.new) for h in d.header]
+
+
+def test_noise_line_names_six_packages_then_counts_the_rest():
+    assert Noise().line() == "none"
+    assert Noise(comments_only=True).line() == "comments/whitespace only"
+    assert Noise(hash_only=list("abcdef")).line() == "6 hash-only (a, b, c, d, e, f)"
+    assert Noise(via_only=list("abcdefg")).line() == "7 '# via' only (a, b, c, d, e, f, … 1 more)"
+    assert Noise(reordered=list("abcdefghi"), header_churn=["tool"]).line() == (
+        "9 reordered (a, b, c, d, e, f, … 3 more); header churn (tool)")
+
+
+def test_base_rebuilt_from_a_lock_takes_its_header_and_base_versions():
+    _old, new, _base = pair("g1_rejected")
+    m = base_from_lock(new)
+    assert m.image_ref == "vllm/vllm-openai:v0.26.0"
+    assert m.image_digest == new.header["base-digest"] and m.image_digest.startswith("sha256:")
+    assert (m.python_version, m.python_abi, m.platform, m.glibc) == ("3.12", "cp312", "x86_64-manylinux_2_35", "2.35")
+    assert m.provenance_kind == "reconstructed"
+    assert m.provenance_method.startswith("rebuilt by build-image diff from the lock header")
+    # one distribution per entry that moves a base distribution (base=X), at the base's version X;
+    # the base's own binary facts are not in the lock
+    assert {k: d.version for k, d in m.distributions.items()} == {
+        "numpy": "1.26.4", "torch": "2.9.0+cu130", "requests": "2.32.3"}
+    assert all(d.facts == DistFacts() for d in m.distributions.values())
+    # '-' for no digest, no python, a platform without a manylinux tag
+    bare = copy.deepcopy(new)
+    bare.header.update({"base-digest": "-", "platform": "x86_64-unknown-linux-gnu"})
+    del bare.header["python"]
+    m = base_from_lock(bare)
+    assert (m.image_digest, m.python_version, m.python_abi, m.platform, m.glibc) == (
+        None, "", "none", "x86_64-unknown-linux-gnu", "")
+    del bare.header["platform"], bare.header["base-digest"]
+    m = base_from_lock(bare)
+    assert (m.image_digest, m.platform, m.glibc) == (None, "", "")
+
+
+def test_base_source_says_where_the_base_came_from():
+    old, new, base = pair("g5_minor")
+    assert diff_locks(old, new).to_dict()["base"] == {"kind": "reconstructed"}
+    assert diff_locks(old, None).to_dict()["base"] == {"kind": "none"}  # no new lock: nothing judged
+    given = diff_locks(old, new, old_base=base, new_base=base, base_source={"kind": "manifest", "manifest": "m.json"})
+    assert given.to_dict()["base"] == {"kind": "manifest", "manifest": "m.json"}
+
+
+def test_a_deleted_or_added_lock_lists_its_header_as_gone_or_new():
+    old, new, _base = pair("g5_minor")
+    ref, plat = "vllm/vllm-openai:v0.26.0", "x86_64-manylinux_2_35"
+    gone = diff_locks(old, None)
+    assert gone.status == "deleted" and gone.vllm == "0.26.0"
+    assert _hc(gone) == [("lock", "lock", None), ("vllm", "0.26.0", None), ("base-ref", ref, None),
+                         ("python", "3.12", None), ("platform", plat, None), ("overlay", "ray[serve]", None)]
+    assert {c.change for c in gone.changes} == {"removed"} and len(gone.changes) == len(old.entries)
+    js = gone.to_dict()
+    assert js["old"] == {"label": "old", "present": True, "entries": 13}
+    assert js["new"] == {"label": "new", "present": False, "entries": 0}
+    assert to_document(gone).title == "old → new"  # no path given: the two labels
+    added = diff_locks(None, new, path="lockfiles/x/requirements.lock", old_label="main", new_label="HEAD")
+    assert added.status == "added" and added.vllm == "0.26.0"
+    assert _hc(added) == [("lock", None, "lockfiles/x/requirements.lock"), ("vllm", None, "0.26.0"),
+                          ("base-ref", None, ref), ("python", None, "3.12"), ("platform", None, plat),
+                          ("overlay", None, "ray[serve]")]
+    js = added.to_dict()
+    assert (js["old"]["present"], js["new"]["present"], js["new"]["entries"]) == (False, True, 13)
+    assert to_document(added).title == "lockfiles/x/requirements.lock (main → HEAD)"
+
+
+def test_two_missing_sides_are_bad_input_naming_the_lock():
+    with pytest.raises(BadInput) as exc:
+        diff_locks(None, None, path="lockfiles/a.lock")
+    assert exc.value.message == "diff lockfiles/a.lock: neither side has a lock to compare."
+    with pytest.raises(BadInput) as exc:
+        diff_locks(None, None)
+    assert exc.value.message == "diff <locks>: neither side has a lock to compare."
+
+
+def test_overlay_and_escape_hatch_changes_are_listed_both_ways():
+    _old, allowed, base = pair("g1_allowed")
+    reason = "pyarrow rebuilt in-house against numpy 2 (TICKET-42)"
+    back = copy.deepcopy(allowed)
+    back.overlay.remove("numpy>=2")
+    back.allow_abi_change = {}
+    back.header["resolver"] = "uv"  # a header field only one side has is churn
+    d = diff_locks(allowed, back, old_base=base, new_base=base)
+    assert _hc(d) == [("overlay", "numpy>=2", None), ("allow-abi-change", f"numpy: {reason}", None)]
+    assert d.noise.header_churn == ["resolver"]
+    reworded = copy.deepcopy(allowed)
+    reworded.allow_abi_change = {"numpy": "TICKET-43"}
+    d = diff_locks(allowed, reworded, old_base=base, new_base=base)
+    assert _hc(d) == [("allow-abi-change", f"numpy: {reason}", "numpy: TICKET-43")]
+    # the unchanged numpy move is listed again: the reason that allows it changed
+    assert [(c.name, c.change, c.allowed) for c in d.group(1)] == [("numpy", "unchanged", "TICKET-43")]
+
+
+def test_base_move_needs_both_manifests_and_both_locks():
+    _old, new, base = pair("g5_minor")
+    other = copy.deepcopy(base)
+    other.glibc = "2.39"
+    assert base_move(None, base) == [] and base_move(base, None) == []
+    assert [(h.key, h.old, h.new) for h in base_move(base, other)] == [("glibc", "2.35", "2.39")]
+    assert diff_locks(None, new, old_base=base, new_base=other).base_move == []
+    assert diff_locks(new, None, old_base=base, new_base=other).base_move == []
+
+
+def test_base_move_section_shows_a_side_without_the_fact_as_a_dash():
+    old, _new, base = pair("g5_minor")
+    other = copy.deepcopy(base)
+    other.cuda = "13.1"
+    del other.distributions["transformers"]
+    other.distributions["flashinfer-python"] = Distribution("flashinfer-python", "0.5.0")
+    s = to_document(diff_locks(old, old, old_base=base, new_base=other)).sections[0]
+    assert (s.title, s.columns, s.style) == ("0. base move (from the two base manifests)", ["", "old", "new"], "warn")
+    assert s.rows == [["CUDA", "13.0", "13.1"], ["transformers", "4.57.1", "-"], ["flashinfer", "-", "0.5.0"]]
+
+
+def test_without_manifests_the_note_says_what_is_unknown():
+    """Both sides rebuilt from their locks: the findings on unchanged entries are no news, and
+    the gate's messages name the lock's vllm (the rebuilt base has no vllm distribution)."""
+    old, new, _base = pair("g1_rejected")
+    same = diff_locks(new, copy.deepcopy(new))
+    assert same.notes == [
+        "no base manifest for the new lock: the base was rebuilt from the lock itself "
+        "(binary facts of base distributions unknown; CUDA-variant rule not applied)."]
+    assert same.changes == [] and same.status == "unchanged"
+    doc = to_document(same)
+    assert doc.notes == same.notes
+    torch = next(c for c in diff_locks(old, new).group(1) if c.name == "torch")
+    assert "vllm 0.26.0's compiled kernels" in torch.evidence[0]
+
+
+def test_status_and_summary_of_a_header_only_or_package_only_change():
+    old, _new, base = pair("g5_minor")
+
+    def diff(new):
+        return diff_locks(old, new, old_base=base, new_base=base)
+
+    pkg = diff(_with(old, "click", version="8.1.8"))
+    assert (pkg.status, pkg.header, pkg.noise.count, [c.name for c in pkg.changes]) == ("modified", [], 0, ["click"])
+    moved = copy.deepcopy(old)
+    moved.header["vllm"] = "0.26.1"
+    d = diff(moved)
+    assert (d.status, _hc(d), d.changes, d.noise.count) == ("modified", [("vllm", "0.26.0", "0.26.1")], [], 0)
+    assert summary_line(d) == "no package changes (header only)"
+    assert to_document(d).status == "warn"  # vllm, base, python or platform moved: a reviewer looks
+    overlay = copy.deepcopy(old)
+    overlay.overlay.append("orjson")
+    d = diff(overlay)
+    assert summary_line(d) == "no package changes (header only)" and to_document(d).status == "ok"
+    same = diff(copy.deepcopy(old))
+    assert summary_line(same) == "no package changes" and to_document(same).status == "ok"
+    # a lock appearing is news even when its header names none of those fields
+    bare = LockFile(header={"build-image-lock": "1"}, overlay=[], allow_abi_change={},
+                    entries=[_ent("six", "1.17.0")])
+    d = diff_locks(None, bare, path="x.lock")
+    assert _hc(d) == [("lock", None, "x.lock")] and to_document(d).status == "warn"
+
+
+def test_hand_edit_findings_lead_the_summary_the_json_and_the_document():
+    old, new, base = pair("g5_minor")
+    for problems, word in ((["line 9: a"], "1 finding"), (["line 9: a", "line 12: b"], "2 findings")):
+        edited = copy.deepcopy(new)
+        edited.problems = list(problems)
+        d = diff_locks(old, edited, old_base=base, new_base=base)
+        assert summary_line(d) == f"hand-edited lock ({word}), 4 minor/patch bumps, 1 noise"
+        assert d.to_dict()["hand_edited"] == [f"new: {p}" for p in problems]
+        s = to_document(d).sections[0]
+        assert (s.title, s.columns, s.style) == (
+            "0. not produced by `build-image lock` (hand-edited or truncated)", ["finding"], "danger")
+        assert s.rows == [[f"new: {p}"] for p in problems]
+    assert "hand_edited" not in diff_locks(old, new, old_base=base, new_base=base).to_dict()
+
+
+def test_digests_in_the_header_lines_keep_twelve_hex_digits():
+    old, _new, base = pair("g5_minor")
+    was = old.header["base-digest"]
+    assert len(was) == len("sha256:") + 64
+    for digest, shown in (("sha256:" + "a" * 12, "sha256:" + "a" * 12),
+                          ("sha256:" + "b" * 13, "sha256:" + "b" * 12 + "…")):
+        new = copy.deepcopy(old)
+        new.header["base-digest"] = digest
+        top = to_document(diff_locks(old, new, old_base=base, new_base=base)).top
+        assert top == [f"base-digest: {was[:19]}… → {shown}"]
+
+
+def test_base_move_direction_and_size_come_from_the_versions_when_the_gate_says_nothing():
+    """The gate tells newer/older only for a distribution the manifest ships; otherwise the
+    versions decide.  A move across a major is named; a 0.x minor bump is not called major."""
+    old, _new, base = pair("g5_minor")
+    stale = copy.deepcopy(base)
+    del stale.distributions["packaging"]
+    new = _plus(old, _ent("packaging", "24.1", base="24.2"), _ent("transformers", "5.0.0", base="4.57.1"),
+                _ent("tokenizers", "0.23.0", base="0.22.1"), _ent("huggingface-hub", "1.0.0", base="0.36.0"),
+                _ent("safetensors", "v0.7.0", base="v0.6.2"))
+    d = diff_locks(old, new, old_base=stale, new_base=stale)
+    ev = {c.name: c.evidence[:2] for c in d.group(2)}
+    shipped = "what vllm 0.26.0 shipped with"
+    assert ev == {
+        "packaging": [f"older than {shipped} (24.2)"],
+        "transformers": [f"newer than {shipped} (4.57.1)", "across a major version"],
+        "tokenizers": [f"newer than {shipped} (0.22.1)", "a 0.x minor bump (breaking under semver)"],
+        "huggingface-hub": [f"newer than {shipped} (0.36.0)", "across a major version"],
+        "safetensors": [f"newer than {shipped} (v0.6.2)", "a 0.x minor bump (breaking under semver)"],
+    }
+    # a lock that names no vllm compares with the base image
+    anon_old, anon_new = copy.deepcopy(old), copy.deepcopy(new)
+    del anon_old.header["vllm"], anon_new.header["vllm"]
+    d = diff_locks(anon_old, anon_new, old_base=stale, new_base=stale)
+    assert next(c for c in d.group(2) if c.name == "packaging").evidence[0] == "older than the base image (24.2)"
+
+
+def test_the_base_version_shown_is_the_entry_base_else_the_manifest():
+    old, new, base = pair("g2_base_moves")
+    # no manifest: the removed requests is compared with the base= its old entry recorded
+    req = next(c for c in diff_locks(old, new).group(2) if c.name == "requests")
+    assert (req.base, req.evidence) == ("2.32.3", ["back to the base image's 2.32.3"])
+    # the base moved under a moved entry: the new entry's base= is the base
+    a = _plus(old, _ent("transformers", "4.58.0", base="4.57.1"))
+    b = _plus(old, _ent("transformers", "4.59.0", base="4.58.0"))
+    tr = next(c for c in diff_locks(a, b).group(2) if c.name == "transformers")
+    assert tr.base == "4.58.0" and tr.evidence[0] == "newer than what vllm 0.26.0 shipped with (4.58.0)"
+    # the entry's base= wins over the manifest: the base column and the evidence name one version
+    c = next(c for c in diff_locks(old, _plus(old, _ent("transformers", "4.58.0", base="4.56.0")),
+                                   old_base=base, new_base=base).group(2) if c.name == "transformers")
+    assert c.base == "4.56.0" and "(4.56.0)" in c.evidence[0]
+    # an entry without base= of a distribution the manifest ships shows the manifest's version
+    g4_old, g4_new, _ = pair("g4_major")
+    shipping = copy.deepcopy(base)
+    shipping.distributions["click"] = Distribution("click", "8.0.0")
+    click = next(c for c in diff_locks(g4_old, g4_new, old_base=shipping, new_base=shipping).changes
+                 if c.name == "click")
+    assert click.base == "8.0.0"
+
+
+def test_turning_native_or_pure_across_a_version_is_a_native_change():
+    old, _new, base = pair("g5_minor")
+
+    def only(new):
+        (c,) = diff_locks(old, new, old_base=base, new_base=base).changes
+        return c
+
+    c = only(_with(old, "jsonschema", version="4.24.0", facts=NATIVE))
+    assert (c.group, c.change) == (3, "upgraded")
+    assert c.evidence == ["becomes native (ships extensions)", "pure → ext=1 glibc=2.17 cp312"]
+    c = only(_with(old, "msgpack", version="1.1.1", facts=DistFacts()))
+    assert (c.group, c.change, c.evidence) == (3, "upgraded", ["no longer native (pure Python now)"])
+
+
+def test_a_hash_change_is_hash_only_noise_with_or_without_a_wheel_ref():
+    old, _new, base = pair("g5_minor")
+    click = next(e for e in old.entries if e.name == "click")
+    no_wheel = _with(old, "click", wheel=None)
+    d = diff_locks(no_wheel, _with(no_wheel, "click", hashes=["0" * 64]), old_base=base, new_base=base)
+    assert (d.changes, d.noise.hash_only) == ([], ["click"])
+    # same hashes, another wheel file (e.g. a re-tagged upload)
+    other = WheelRef(url="https://files.example/click-8.1.7-py3-none-any.whl", sha256=click.hashes[0])
+    d = diff_locks(old, _with(old, "click", wheel=other), old_base=base, new_base=base)
+    assert (d.changes, d.noise.hash_only) == ([], ["click"])
+
+
+def test_document_rows_join_rules_and_vias_and_skip_empty_parts():
+    old, new, base = pair("g1_rejected")
+    two = _with(new, "fastwheel", facts=DistFacts(binary=True, extensions=3, numpy_abi={"1": 0, "2": 0},
+                                                  glibc="2.39", python_abi="cp313"))
+    d = diff_locks(old, two, old_base=base, new_base=base)
+    fw = next(c for c in d.group(1) if c.name == "fastwheel")
+    assert fw.rules == ["glibc", "python-abi"]
+    rows = {r[0]: r for r in to_document(d).sections[0].rows}
+    assert rows["fastwheel"][2] == "glibc,python-abi"
+    assert rows["fastwheel"][3].endswith("; pulled by: fastwheel 1.0.0 ← ray 2.50.0 ← overlay (ray)")
+    # a chain of one link (the package itself) says nothing more
+    fw.chain = ["fastwheel 1.0.0"]
+    rows = {r[0]: r for r in to_document(d).sections[0].rows}
+    assert "pulled by" not in rows["fastwheel"][3]
+    # group 6 lists every '# via'; a group-5 note without evidence or via is empty
+    g6 = _plus(old, _ent("typing-inspection", "0.4.0", via=("fastapi", "pydantic")))
+    g6 = _with(g6, "filelock", version="3.16.2", via=[])
+    doc = to_document(diff_locks(old, g6, old_base=base, new_base=base))
+    by_title = {s.title: s for s in doc.sections}
+    assert by_title["6. pure-Python packages added / removed"].rows == [
+        ["typing-inspection", "+ 0.4.0", "fastapi, pydantic"]]
+    assert by_title["5. minor / patch bumps"].rows == [["filelock", "3.16.1 → 3.16.2", ""]]
+    assert _join(["ends with a period. ", "", "TICKET-X"]) == "ends with a period; TICKET-X"
+
+
+def test_noise_section_counts_every_noise_item():
+    old, new, base = pair("g7_noise")
+    d = diff_locks(old, new, old_base=base, new_base=base)
+    # pyyaml hash-only, click '# via', starlette reordered, 2 header fields
+    assert d.noise.count == 5
+    s = to_document(d).sections[-1]
+    assert (s.title, s.n, s.style) == ("7. noise", 5, "dim")
+
+
+def test_json_totals_add_up_every_lock():
+    docs = []
+    for case in ("g5_minor", "g6_pure", "g5_minor"):
+        old, new, base = pair(case)
+        docs.append(diff_locks(old, new, old_base=base, new_base=base))
+    # g5: 4 minor bumps + 1 noise; g6: 2 pure-Python adds/removes + 1 noise
+    assert to_json_doc(docs)["counts"] == {"abi-rejected": 0, "base-moves": 0, "native": 0, "major": 0,
+                                           "minor": 8, "pure-python": 2, "noise": 3}
+
+
+@pytest.mark.parametrize(
+    "old,new,kind",
+    [
+        ("not-a-version", "1.0", ("other", True)),  # not PEP 440: compared as strings
+        ("unknown", "unknown", ("other", False)),
+        ("1", "1.post1", ("other", False)),
+        ("1.post1", "1", ("other", True)),
+        ("1.2.3.4", "1.2.3.5", ("patch", False)),
+    ],
+)
+def test_bump_kind_labels_and_unparsable_versions(old, new, kind):
+    assert bump_kind(old, new) == kind
+
+
+def test_versions_equal_under_pep440_are_not_a_downgrade():
+    assert bump_kind("1.0", "1.0.0")[1] is False
+
+
+def test_reordering_of_locks_with_nothing_in_common_is_empty():
+    assert _moved_out_of_order([], []) == []
+    assert _moved_out_of_order(["a"], ["b"]) == []
+
+
+def test_textconv_line_per_entry():
+    """header fields (sorted, without the derived entry count), overlay, escape hatches, then each
+    entry sorted by name: facts, base=, the first 12 hex of the wheel's sha256 (else of the smallest
+    --hash, '-' without either) with '(+N)' for N more hashes, and its '# via'."""
+    lock = LockFile(
+        header={"vllm": "0.26.0", "build-image-lock": "1", "entries": "4"},
+        overlay=["numpy>=2"], allow_abi_change={"numpy": "TICKET-42"},
+        entries=[
+            LockEntry(name="b-pkg", version="1.0", hashes=["f" * 64, "0" * 64], via=["ray", "fastapi"]),
+            LockEntry(name="a-pkg", version="2.0", hashes=["ab" * 32, "cd" * 32, "ef" * 32],
+                      wheel=WheelRef(url="https://files.example/a_pkg-2.0.whl", sha256="cd" * 32),
+                      facts=DistFacts(binary=True, extensions=5, numpy_abi={"2": 3}, glibc="2.17",
+                                      python_abi="cp312"), base_version="1.9"),
+            LockEntry(name="d-pkg", version="3.0", hashes=["1" * 64]),
+            LockEntry(name="c", version="0.1", hashes=[],
+                      facts=DistFacts(binary=True, extensions=1, numpy_abi={"1": 2}, glibc=None, python_abi="")),
+        ],
+    )
+    assert textconv(lock) == (
+        "# build-image-lock: 1\n"
+        "# vllm: 0.26.0\n"
+        "# overlay: numpy>=2\n"
+        "# allow-abi-change: numpy: TICKET-42\n"
+        "a-pkg==2.0  [ext=5 numpy-abi=0/3 glibc=2.17 cp312]  base=1.9  sha256=cdcdcdcdcdcd(+2)\n"
+        "b-pkg==1.0  [pure]  sha256=000000000000(+1)  via ray, fastapi\n"
+        "c==0.1  [ext=1 numpy-abi=2/0 glibc=- none]  sha256=-\n"
+        "d-pkg==3.0  [pure]  sha256=111111111111\n"
+    )
+    lock.entries[3].facts.numpy_abi = {}
+    assert textconv(lock).splitlines()[-2] == "c==0.1  [ext=1 glibc=- none]  sha256=-"
+
+
+def test_group1_alarms_only_when_a_change_in_it_fails_the_diff(in_root):
+    """Group 1 lists the changes the header allows too; the group is styled as danger (🛑) only
+    when one of them fails the diff: rejected, or allowed under --fail-on-allowed."""
+    old, new, base = pair("g1_allowed")
+
+    def style(d):
+        return next(s.style for s in to_document(d).sections if s.title.startswith("1. "))
+
+    assert style(diff_locks(old, new, old_base=base, new_base=base)) == "warn"
+    assert style(diff_locks(old, new, old_base=base, new_base=base, fail_on_allowed=True)) == "danger"
+    both = _plus(new, _ent("fastwheel", "1.0.0", f=DistFacts(binary=True, extensions=3, glibc="2.39",
+                                                                 python_abi="cp312")))
+    d = diff_locks(old, both, old_base=base, new_base=base)
+    assert {c.name: c.allowed is None for c in d.group(1)} == {"numpy": False, "fastwheel": True}
+    assert style(d) == "danger"
+    args = [f"{REL}/g1_allowed/old.lock", f"{REL}/g1_allowed/new.lock", "--base-manifest", BASE, "--format", "markdown"]
+    assert "\n**⚠️ 1. ABI-coupled changes the gate would reject (1)**\n" in run(*args).stdout
+    assert "\n**🛑 1. ABI-coupled changes the gate would reject (1)**\n" in run(*args, "--fail-on-allowed").stdout
+
+
+def test_an_entry_the_new_base_no_longer_ships_no_longer_moves_it():
+    """requests stays installed, but its entry lost base= (the new base image does not ship it):
+    not "back to the base image's 2.32.3", and no base version to show."""
+    old, _new, base = pair("g5_minor")
+    dropped = copy.deepcopy(base)
+    del dropped.distributions["requests"]
+    for version, change in (("2.32.4", "rebuilt"), ("2.32.5", "upgraded")):
+        new = _with(old, "requests", version=version, base_version=None)
+        d = diff_locks(old, new, old_base=base, new_base=dropped)
+        (c,) = d.changes
+        assert (c.group, c.change, c.base, c.evidence) == (2, change, None, ["no longer moves a base distribution"])
+        (row,) = to_document(d).sections[0].rows
+        assert row[2:] == ["-", "no longer moves a base distribution"]

@@ -289,6 +289,8 @@ def _edited(tmp_path, name, text):
     r = run(str(good), str(p))
     assert r.exit_code == 1, r.output
     assert "not produced by `build-image lock`" in r.stdout
+    # the verdict names the lock and why, not an empty list of rejected packages
+    assert f"dangerous lock change: {p}: not what `build-image lock` wrote (hand-edited or truncated)." in r.stderr
     return r.stdout
 
 

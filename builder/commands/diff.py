@@ -329,9 +329,11 @@ def command(paths, git_revs, fmt, as_json, textconv_file, base_manifest, fail_on
     sys.stdout.flush()
     dangerous = [d for d in diffs if d.dangerous]
     if dangerous:
-        names = ", ".join(sorted({c.name for d in dangerous for c in d.group(1)
-                                   if c.allowed is None or fail_on_allowed}))
-        raise VerdictFailure(f"dangerous lock change: the ABI gate would reject {names}.")
+        names = sorted({c.name for d in dangerous for c in d.group(1) if c.allowed is None or fail_on_allowed})
+        edited = [d.path or d.new_label for d in dangerous if d.hand_edited]
+        why = ([f"the ABI gate would reject {', '.join(names)}"] if names else []) + (
+            [f"{', '.join(edited)}: not what `build-image lock` wrote (hand-edited or truncated)"] if edited else [])
+        raise VerdictFailure(f"dangerous lock change: {'; '.join(why)}.")
 
 
 def _textconv(path: str) -> None:

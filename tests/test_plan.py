@@ -707,6 +707,11 @@ def test_global_kv_heads_of_k_eq_v_models_are_split_by_tp():
         full_layers = 2
         assert p.kv_bytes_per_token_per_gpu == full_layers * global_heads_per_gpu * 2 * 512 * 2, tp
         assert p.kv_bytes_per_token_node == tp * p.kv_bytes_per_token_per_gpu
+        assert isinstance(p.kv_bytes_per_token_per_gpu, int)      # whole heads per GPU
+    # without attention_k_eq_v the global layers keep the ordinary KV heads
+    plain = {k: v for k, v in c.items() if k != "attention_k_eq_v"}
+    p = make_plan(plain, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=8192, reserve_bytes=0)
+    assert p.kv_bytes_per_token_per_gpu == 2 * 8 * 2 * 512 * 2
 
 
 @pytest.mark.parametrize("dtype", ["fp8", "fp8_e4m3", "fp8_e5m2"])
@@ -780,6 +785,8 @@ def test_mamba2_state_pads_groups_to_tp_and_splits_heads():
     assert _state(_mamba2())[0] == (16 * 32 + 2 * 1 * 64) * 3 * 2 + 16 * 32 * 64 * 2
     # 1 group at tp=2 is padded to 2 (each rank holds one group)
     assert _state(_mamba2(), tp=2)[0] == (16 * 32 + 2 * 2 * 64) // 2 * 3 * 2 + 8 * 32 * 64 * 2
+    assert isinstance(_state(_mamba2(), tp=2)[0], int)
+    assert _state(_mamba2(conv_kernel=3))[0] == (16 * 32 + 2 * 1 * 64) * 2 * 2 + 16 * 32 * 64 * 2
     assert _state(_mamba2(n_groups=3), tp=2)[0] == (16 * 32 + 2 * 4 * 64) // 2 * 3 * 2 + 8 * 32 * 64 * 2
     # the other spellings (mamba_num_heads, mamba_d_state, mamba_n_groups, mamba_d_conv) and their defaults
     alt = _mamba2()
@@ -1393,3 +1400,158 @@ def test_default_reserve_rounds_split_tensors_down_to_whole_elements():
 def test_a_size_too_large_for_a_float_is_refused():
     with pytest.raises(BadInput, match=r"^--gpu-memory: '1e300TiB' is not a finite size\.$"):
         parse_size("1e300TiB", what="--gpu-memory")
+
+
+# ---------------------------------------------------------------- config fields and layer types
+
+def _kinds(c: dict) -> list[str]:
+    from builder.plan import describe_model
+
+    shape = describe_model(c)
+    assert not any("not a type vLLM" in n for n in shape.notes), shape.notes
+    return [l.kind for l in shape.layers]
+
+
+def test_layer_types_from_the_config_patterns():
+    lin = dict(linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=64)
+    assert _kinds(llama(layers=6, full_attention_interval=3, **lin)) == ["state", "state", "full"] * 2
+    assert _kinds(llama(layers=2, full_attention_interval=1, sliding_window=512, **lin)) == ["full", "full"]
+    for interval in (0, True, None):   # no positive interval: not the Qwen3-Next pattern
+        assert _kinds(llama(layers=2, full_attention_interval=interval, **lin)) == ["full", "full"], interval
+    assert _kinds(llama(layers=2, full_attention_interval=2)) == ["full", "full"]   # no linear heads: not GDN
+    assert _kinds(llama(layers=4, model_type="gemma2", sliding_window=512)) == ["sliding", "full"] * 2
+    assert _kinds(llama(layers=6, sliding_window=512, sliding_window_pattern=3)) == ["sliding", "sliding", "full"] * 2
+    assert _kinds(llama(layers=2, sliding_window=512, sliding_window_pattern=1)) == ["full", "full"]
+    assert _kinds(llama(layers=2, sliding_window=512, sliding_window_pattern=0)) == ["sliding", "sliding"]
+    assert _kinds(llama(layers=2)) == ["full", "full"]
+
+
+def test_chunked_layers_become_full_next_to_full_layers_but_sliding_layers_stay():
+    from builder.plan import describe_model
+
+    c = llama(layers=3, kv=8, sliding_window=1024, attention_chunk_size=8192,
+              layer_types=["chunked_attention", "sliding_attention", "full_attention"])
+    shape = describe_model(c)
+    assert [l.kind for l in shape.layers] == ["full", "sliding", "full"]
+    assert shape.notes == [
+        "chunked-local-attention layers counted at full length (vLLM disables the hybrid KV manager for them)"]
+
+
+@pytest.mark.parametrize("over, message", [
+    (dict(sliding_window=0, layer_types=["sliding_attention"]),
+     "m: layer 0 is sliding_attention but 'sliding_window' is not a positive integer."),
+    (dict(attention_chunk_size=0, layer_types=["chunked_attention"]),
+     "m: layer 0 is chunked_attention but 'attention_chunk_size' is missing."),
+    (dict(attention_chunk_size="8192", layer_types=["chunked_attention"]),
+     "m: layer 0 is chunked_attention but 'attention_chunk_size' is missing."),
+    (dict(layer_types=[1]), "m: 'layer_types' must be a list of strings."),
+    (dict(layer_types="full_attention"), "m: 'layer_types' must be a list of strings."),
+    (dict(hidden_size=True), "m: field 'hidden_size' must be an integer >= 1, got True."),
+    (dict(hidden_size="4096"), "m: field 'hidden_size' must be an integer >= 1, got '4096'."),
+    (dict(num_attention_heads=None), "m: field 'num_attention_heads' must be an integer >= 1, got None."),
+])
+def test_bad_layer_fields_are_refused_naming_the_config(over, message):
+    from builder.plan import describe_model
+
+    with pytest.raises(BadInput) as exc:
+        describe_model(llama(layers=1, **over), where="m")
+    assert exc.value.message == message
+
+
+def test_one_token_windows_and_chunks_are_accepted():
+    from builder.plan import describe_model
+
+    assert [l.window for l in describe_model(llama(layers=1, sliding_window=1, layer_types=["sliding_attention"])).layers] == [1]
+    c = llama(layers=1, attention_chunk_size=1, layer_types=["chunked_attention"])
+    assert [(l.kind, l.window) for l in describe_model(c).layers] == [("chunked", 1)]
+
+
+def test_unknown_attention_types_are_named_in_one_note():
+    from builder.plan import describe_model
+
+    c = llama(layers=4, layer_types=["full_attention", "b_attention", "full_attention", "a_attention"])
+    assert describe_model(c).notes == [
+        "layer_types 'a_attention', 'b_attention' at layers [1, 3] are not a type vLLM 0.26.0 knows (stock vLLM "
+        "refuses them; seed 003 rewrote them to full_attention): counted as full attention"]
+
+
+def test_sparse_mla_indexer_is_noted_as_not_counted():
+    from builder.plan import describe_model
+
+    assert "sparse-MLA indexer cache (DeepSeek V3.2 style) not counted" in describe_model({**cfg("mla"), "index_topk": 2048}).notes
+    assert not any("indexer" in n for n in describe_model(cfg("mla")).notes)
+
+
+def test_activation_width_defaults_and_moe():
+    from builder.plan import describe_model
+
+    bare = {k: v for k, v in llama().items() if k not in ("intermediate_size", "vocab_size")}
+    shape = describe_model(bare)
+    assert (shape.intermediate_size, shape.vocab_size) == (4 * 4096, 32000)
+    bare["vocab_size"] = 1000
+    assert describe_model(bare).vocab_size == 1000
+    # MoE: I = max(intermediate_size, moe_intermediate_size x experts per token)
+    assert describe_model(llama(intermediate_size=1000, moe_intermediate_size=2048, num_experts_per_tok=8)).intermediate_size == 16384
+    assert describe_model(llama(intermediate_size=30000, moe_intermediate_size=2048, num_experts_per_tok=8)).intermediate_size == 30000
+    assert describe_model(llama(intermediate_size=1000, moe_intermediate_size=2048)).intermediate_size == 1000
+    assert describe_model(llama(intermediate_size=1000, num_experts_per_tok=8)).intermediate_size == 1000
+
+
+@pytest.mark.parametrize("key", ["llm_config", "language_config"])
+def test_other_nestings_of_the_decoder_config_equal_flat(key):
+    from builder.plan import describe_model
+
+    inner = {k: v for k, v in llama(layers=2, kv=4).items() if k != "torch_dtype"}
+    nested = describe_model({key: inner, "torch_dtype": "float16", "vision_config": {"hidden_size": 8}})
+    flat = describe_model({**inner, "torch_dtype": "float16"})
+    assert [l.bytes_per_token for l in nested.layers] == [l.bytes_per_token for l in flat.layers] == [4 * 2 * 128 * 2] * 2
+    assert nested.kv_dtype == "float16"
+
+
+def test_text_config_takes_the_wrappers_dtype_and_quantization_and_wins_over_llm_config():
+    from builder.plan import describe_model
+
+    inner = {k: v for k, v in llama(layers=2, kv=4).items() if k != "torch_dtype"}
+    q = {"quant_method": "modelopt", "quantization": {"kv_cache_quant_algo": "FP8"}}
+    assert describe_model({"text_config": inner, "dtype": "float16"}).kv_dtype == "float16"
+    assert describe_model({"text_config": inner, "torch_dtype": "float16"}).kv_dtype == "float16"
+    assert describe_model({"text_config": inner, "quantization_config": q}).kv_dtype == "fp8"
+    assert describe_model({"text_config": {**inner, "torch_dtype": "float16"}, "torch_dtype": "bfloat16"}).kv_dtype == "float16"
+    other = {**inner, "num_hidden_layers": 5}
+    assert len(describe_model({"text_config": inner, "llm_config": other}).layers) == 2
+    with pytest.raises(BadInput) as exc:
+        describe_model([], where="m")
+    assert exc.value.message == "m: the model config must be a JSON object."
+
+
+@pytest.mark.parametrize("make, drop, bad, message", [
+    ("gdn", "linear_num_key_heads", None, "m: required field 'linear_num_key_heads' is missing."),
+    ("gdn", "linear_num_value_heads", 0, "m: field 'linear_num_value_heads' must be an integer >= 1, got 0."),
+    ("gdn", "linear_key_head_dim", None, "m: required field 'linear_key_head_dim' is missing."),
+    ("gdn", "linear_value_head_dim", None, "m: required field 'linear_value_head_dim' is missing."),
+    ("gdn", "linear_conv_kernel_dim", 0, "m: field 'linear_conv_kernel_dim' must be an integer >= 1, got 0."),
+    ("gdn", "linear_conv_kernel_dim", "null", "m: field 'linear_conv_kernel_dim' must be an integer >= 1, got None."),
+    ("mamba", "mamba_head_dim", None, "m: required field 'mamba_head_dim' is missing."),
+    ("mamba", "mamba_head_dim", "null", "m: field 'mamba_head_dim' must be an integer >= 1, got None."),
+    ("mamba", "ssm_state_size", 0, "m: field 'ssm_state_size' must be an integer >= 1, got 0."),
+    ("mamba", "n_groups", 0, "m: field 'n_groups' must be an integer >= 1, got 0."),
+    ("mamba", "conv_kernel", 0, "m: field 'conv_kernel' must be an integer >= 1, got 0."),
+])
+def test_state_shape_fields_are_checked_naming_the_config(make, drop, bad, message):
+    from builder.plan import describe_model
+
+    c = _gdn() if make == "gdn" else _mamba2()
+    del c[drop]
+    if bad is not None:
+        c[drop] = None if bad == "null" else bad
+    with pytest.raises(BadInput) as exc:
+        describe_model(c, where="m")
+    assert exc.value.message == message
+
+
+def test_gdn_heads_that_do_not_split_name_the_config():
+    from builder.plan import describe_model
+
+    with pytest.raises(BadInput) as exc:
+        describe_model(_gdn(linear_num_value_heads=6), tp=4, where="m")
+    assert exc.value.message == "m: linear-attention heads (4 key, 6 value) cannot be split across tp=4."

@@ -1555,3 +1555,81 @@ def test_gdn_heads_that_do_not_split_name_the_config():
     with pytest.raises(BadInput) as exc:
         describe_model(_gdn(linear_num_value_heads=6), tp=4, where="m")
     assert exc.value.message == "m: linear-attention heads (4 key, 6 value) cannot be split across tp=4."
+
+
+# ---------------------------------------------------------------- pipeline split, log comparison, model dirs, refusal
+
+def test_pp_partition_ranges_are_contiguous_with_the_remainder_before_the_last_stage():
+    assert pp_partition(10, 4) == [range(0, 2), range(2, 5), range(5, 8), range(8, 10)]
+    assert pp_partition(7, 3) == [range(0, 2), range(2, 5), range(5, 7)]
+    assert pp_partition(4, 1) == [range(0, 4)]
+
+
+def test_compare_with_log_fields_and_tolerance_bound():
+    import dataclasses
+
+    from builder.plan import compare_with_log
+
+    p = make_plan(llama(), weights_bytes=4 * GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    log = ("Available KV cache memory: 60.00 GiB\nGPU KV cache size: 1,000,000 tokens\n"
+           "Maximum concurrency for 4,096 tokens per request: 244.14x\n")
+    at = compare_with_log(dataclasses.replace(p, kv_tokens_per_gpu=1_050_000), log)
+    assert at == {
+        "predicted_kv_tokens": 1_050_000, "logged_kv_tokens": 1_000_000,
+        "predicted_max_concurrency": p.max_concurrency, "logged_max_concurrency": pytest.approx(244.14),
+        "predicted_available_kv_bytes": p.available_kv_bytes, "logged_available_kv_bytes": 60 * GiB,
+        "token_error": pytest.approx(0.05), "within_tolerance": True,
+        "implied_reserve_bytes": math.ceil(80 * GiB * 0.92) - 4 * GiB - 60 * GiB}
+    assert compare_with_log(dataclasses.replace(p, kv_tokens_per_gpu=1_060_000), log)["within_tolerance"] is False
+    assert compare_with_log(dataclasses.replace(p, kv_tokens_per_gpu=1_060_000), log, tolerance=0.1)["within_tolerance"] is True
+    none = compare_with_log(p, "nothing")
+    assert (none["token_error"], none["within_tolerance"], none["implied_reserve_bytes"]) == (None, None, None)
+
+
+def test_plan_from_model_dir_passes_every_serving_setting(tmp_path):
+    d = _model_dir(tmp_path)
+    serving = Serving(gpus=16, tp=4, pp=2, gpu_memory="80GB", gpu_memory_utilization=0.96, max_model_len=4096,
+                      max_num_seqs=8, kv_cache_dtype="fp8", cpu_offload_gb=1.0)
+    p = plan_from_model_dir(d, serving, weights_bytes=600 * GB, reserve_bytes=0, enforce_eager=True)
+    assert (p.gpus, p.tp, p.pp, p.replicas, p.gpu_memory_bytes) == (16, 4, 2, 2, 80 * GB)
+    assert (p.gpu_memory_utilization, p.max_model_len, p.max_num_seqs, p.kv_cache_dtype) == (0.96, 4096, 8, "fp8")
+    assert p.cpu_offload_bytes == GiB and p.weights_per_gpu == 600 * GB // 8 - GiB
+    assert p.reserve_source == "given (--reserve-gib)" and p.notes == []
+
+
+def test_plan_from_model_dir_messages(tmp_path):
+    d = _model_dir(tmp_path)
+    serving = Serving(gpus=8, tp=8, gpu_memory="80GB", max_model_len=4096)
+    with pytest.raises(BadInput) as exc:
+        plan_from_model_dir(d, serving)
+    assert exc.value.message == (f"cannot tell the weights size of {d}: no *.safetensors files next to config.json; "
+                                 "pass --weights-bytes.")
+    with pytest.raises(BadInput) as exc:
+        plan_from_model_dir(d, Serving(gpus=8, tp=8, max_model_len=4096), weights_bytes=1)
+    assert exc.value.message == "no GPU memory size: pass --gpu-memory (e.g. 80GiB, 80GB, h200) or set serving.gpu_memory."
+    with pytest.raises(BadInput) as exc:
+        plan_from_model_dir(d, Serving(gpus=8, tp=8, gpu_memory="lots"), weights_bytes=1)
+    assert exc.value.message.startswith("--gpu-memory (serving.gpu_memory): cannot read 'lots' as a size")
+    (d / "config.json").write_text(json.dumps({"hidden_size": 8}))
+    with pytest.raises(BadInput) as exc:
+        plan_from_model_dir(d, serving, weights_bytes=1)
+    assert exc.value.message == f"{d}: required field 'num_hidden_layers' is missing."
+
+
+def test_refuse_unless_fits_joins_every_reason_and_suggestion():
+    import dataclasses
+
+    from builder.errors import VerdictFailure
+    from builder.plan import refuse_unless_fits
+
+    bad = make_plan(llama(), weights_bytes=80 * GiB, gpu_memory_bytes=80 * GiB, gpu_memory_utilization=1.0,
+                    max_model_len=4096, reserve_bytes=0)
+    assert len(bad.reasons) == 2
+    with pytest.raises(VerdictFailure) as exc:
+        refuse_unless_fits(bad, show_plan=False)
+    assert exc.value.message == "the serving settings do not fit: " + "; ".join(bad.reasons) + "."
+    assert exc.value.hint == bad.suggestions[0]["text"] and exc.value.details is None
+    two = dataclasses.replace(bad, reasons=[], suggestions=[{"text": "a"}, {"text": "b"}])
+    with pytest.raises(VerdictFailure) as exc:
+        refuse_unless_fits(two, show_plan=False)
+    assert exc.value.message == "the serving settings do not fit: see the plan." and exc.value.hint == "a; b"

@@ -823,6 +823,13 @@ def test_state_layers_of_an_unknown_shape_count_zero_with_a_note():
     ({"quant_method": "modelopt", "kv_cache_scheme": {"num_bits": 4, "type": "float"}}, "nvfp4"),
     ({"quant_method": "modelopt", "kv_cache_scheme": {"num_bits": 4, "type": "int"}}, None),
     ({"quant_method": "fp8", "kv_cache_quant_algo": "FP8"}, None),                       # not ModelOpt
+    # nested 'quantization' next to top-level keys: each level is read
+    ({"quant_method": "modelopt", "quantization": {"kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"}}},
+     "fp8"),
+    ({"quant_method": "modelopt", "quantization": {"quant_algo": "FP8"},
+      "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"}}, "fp8"),
+    ({"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4"}, "kv_cache_quant_algo": "NVFP4"}, "nvfp4"),
+    ({"quant_method": "modelopt", "quantization": "fp8", "kv_cache_quant_algo": "FP8"}, "fp8"),  # not an object: flat
     ("modelopt", None),
 ])
 def test_auto_kv_dtype_of_modelopt_checkpoints(q, kv):
@@ -1633,3 +1640,45 @@ def test_refuse_unless_fits_joins_every_reason_and_suggestion():
     with pytest.raises(VerdictFailure) as exc:
         refuse_unless_fits(two, show_plan=False)
     assert exc.value.message == "the serving settings do not fit: see the plan." and exc.value.hint == "a; b"
+
+
+def test_model_dtype_spellings():
+    from builder.plan import describe_model
+
+    bare = {k: v for k, v in llama().items() if k != "torch_dtype"}
+    assert describe_model(bare).kv_dtype == "bfloat16"                      # no dtype given: bf16
+    assert describe_model({**bare, "torch_dtype": "torch.float16"}).kv_dtype == "float16"
+    assert describe_model({**bare, "dtype": "float16"}).kv_dtype == "float16"
+    assert describe_model({**bare, "torch_dtype": "float16", "dtype": "bfloat16"}).kv_dtype == "float16"
+    with pytest.raises(BadInput) as exc:
+        describe_model({**bare, "torch_dtype": "int4"})
+    assert exc.value.message == "model config: unsupported torch_dtype 'int4'."
+
+
+def test_load_config_reads_utf8_whatever_the_locale_and_wants_an_object(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({**llama(), "_comment": "Größe"}, ensure_ascii=False), encoding="utf-8")
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "utf-8"}
+    code = f"from builder.plan import load_config; print(load_config({str(d)!r})[0]['_comment'] == 'Gr\\u00f6\\u00dfe')"
+    r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent, env=env,
+                       capture_output=True, text=True, encoding="utf-8", timeout=60)
+    assert r.stdout.strip() == "True", r.stderr
+    (d / "config.json").write_text("[1, 2]")
+    with pytest.raises(BadInput) as exc:
+        load_config(d)
+    assert exc.value.message == f"model config {d / 'config.json'} must hold a JSON object."
+
+
+def test_checkpoint_bytes_from_the_safetensors_headers(tmp_path):
+    from builder.plan import checkpoint_bytes
+    from tests.fx_checkpoint import shard_bytes
+
+    d = _model_dir(tmp_path)
+    assert checkpoint_bytes(d) is None
+    (d / "a.safetensors").write_bytes(shard_bytes({"w": ("BF16", [10, 3])}))
+    assert checkpoint_bytes(d) == 10 * 3 * 2

@@ -1208,6 +1208,9 @@ def test_describe_model_defaults_to_one_gpu_and_the_model_dtype():
     shape = describe_model(llama(layers=2, kv=8))
     assert [(l.kind, l.bytes_per_token) for l in shape.layers] == [("full", 8 * 2 * 128 * 2)] * 2
     assert shape.kv_dtype == "bfloat16" and shape.notes == []
+    with pytest.raises(BadInput) as exc:
+        describe_model({})
+    assert exc.value.message == "model config: required field 'num_hidden_layers' is missing."
 
 
 def test_state_layers_of_an_unknown_shape_alone_leave_nothing_to_allocate():
@@ -1682,3 +1685,78 @@ def test_checkpoint_bytes_from_the_safetensors_headers(tmp_path):
     assert checkpoint_bytes(d) is None
     (d / "a.safetensors").write_bytes(shard_bytes({"w": ("BF16", [10, 3])}))
     assert checkpoint_bytes(d) == 10 * 3 * 2
+
+
+# ---------------------------------------------------------------- the text report
+
+def test_sizes_print_in_both_units_by_magnitude():
+    from builder.plan import _fmt
+
+    assert _fmt(2 * 10**8) == "0.20 GB (0.19 GiB)"
+    assert _fmt(10**8) == "0.10 GB (0.09 GiB)"
+    assert _fmt(-3 * 10**9) == "-3.00 GB (-2.79 GiB)"
+    assert _fmt(10**8 - 1) == "100.0 MB (95.4 MiB)"
+    assert _fmt(12_345_678) == "12.3 MB (11.8 MiB)"
+    assert _fmt(123_456) == "0.1 MB (0.1 MiB)"
+    assert _fmt(10**5) == "0.1 MB (0.1 MiB)"
+    assert _fmt(99_999) == "99,999 B"
+    assert _fmt(0) == "0 B"
+
+
+def test_render_text_of_a_fitting_hybrid_plan_on_a_pipeline():
+    from builder.plan import _fmt, render_text
+
+    c = cfg("sliding")
+    p = make_plan(c, weights_bytes=16 * GiB, gpus=4, tp=2, pp=2, gpu_memory_bytes=80 * GiB, max_model_len=32768,
+                  max_num_seqs=8, cpu_offload_gb=1)
+    assert p.fits and p.cpu_offload_bytes == GiB
+    lines = render_text(p).splitlines()
+    assert lines[0] == "verdict: FITS — vLLM 0.26.0"
+    assert lines[1] == "layout: 4 GPU(s), tp=2 pp=2 (1 replica(s)); layers: 2 full, 10 sliding"
+    assert lines[2] == f"per GPU: 0.92 × 85.90 GB (80.00 GiB) = {_fmt(math.ceil(80 * GiB * 0.92))} requested"
+    assert lines[3] == f"  − weights {_fmt(4 * GiB - GiB)} (after 1.0 GiB CPU offload)"
+    parts = ", ".join(f"{k} {v / GiB:.2f} GiB" for k, v in p.reserve_breakdown.items())
+    assert lines[4] == f"  − reserve {_fmt(p.reserve_bytes)} [{p.reserve_source}: {parts}]"
+    assert parts.startswith("activations ") and "communication 0.25 GiB, cuda_graphs 0.50 GiB" in parts
+    assert lines[5] == f"  = available for KV cache {_fmt(p.available_kv_bytes)}"
+    assert lines[6] == (f"KV per token: {p.kv_bytes_per_token_per_gpu:,} B per GPU, {p.kv_bytes_per_token_node:,} B "
+                        "across the 4 GPUs of a replica (bfloat16, block 16)")
+    assert lines[7] == f"  + per sequence, window/state layers: {_fmt(p.per_sequence_fixed_bytes)} per GPU (independent of context)"
+    assert lines[8] == f"one 32,768-token sequence: {_fmt(p.needed_one_seq_bytes)} per GPU"
+    assert lines[9] == (f"predicted vLLM log: GPU KV cache size: {p.kv_tokens_per_gpu:,} tokens; Maximum concurrency for "
+                        f"32,768 tokens per request: {p.max_concurrency:.2f}x")
+    assert lines[10] == f"8 × 32,768 tokens: {_fmt(p.needed_requested_bytes)} per GPU; headroom {_fmt(p.headroom_bytes)}"
+    assert lines[11] == f"max context, one sequence: {p.max_context_one_seq:,} tokens"
+    assert lines[12] == f"max concurrent sequences at 32,768 tokens: {p.max_seqs_at_context}"
+    assert lines[13] == f"max context at 8 sequences: {p.max_context_at_num_seqs:,} tokens"
+    assert lines[14] == f"lowest gpu_memory_utilization that fits: {p.min_utilization}"
+    assert lines[15:] == [f"note: {n}" for n in p.notes]
+
+
+def test_render_text_of_a_plan_that_fails_at_boot():
+    from builder.plan import render_text
+
+    p = make_plan(llama(), weights_bytes=80 * GiB, gpu_memory_bytes=80 * GiB, gpu_memory_utilization=1.0,
+                  max_model_len=4096, reserve_bytes=0)
+    text = render_text(p)
+    lines = text.splitlines()
+    assert lines[0] == "verdict: DOES NOT FIT (vLLM would fail at boot) — vLLM 0.26.0"
+    assert lines[3] == "  − weights 85.90 GB (80.00 GiB)"
+    assert lines[4] == "  − reserve 0 B [given (--reserve-gib): given 0.00 GiB]"
+    assert "  + per sequence" not in text and "max context at" not in text
+    assert lines[7] == "one 4,096-token sequence: 67.1 MB (64.0 MiB) per GPU"      # 4,096 x 16 KiB
+    assert "Maximum concurrency for 4,096 tokens per request: 0.00x" in lines[8]
+    assert lines[9] == "headroom after one full-length sequence: -67.1 MB (-64.0 MiB)"
+    assert "lowest gpu_memory_utilization that fits: none ≤ 1.0" in lines
+    assert [l for l in lines if l.startswith(("why: ", "try: "))] == (
+        [f"why: {r}" for r in p.reasons] + [f"try: {s['text']}" for s in p.suggestions])
+
+
+def test_render_text_of_a_plan_without_kv_limits():
+    from builder.plan import render_text
+
+    p = _plan(llama(layers=2, kv=8, num_kv_shared_layers=2))
+    text = render_text(p)
+    assert "max context, one sequence: not limited by KV memory" in text.splitlines()
+    assert "Maximum concurrency for 32,768 tokens per request: 0.00x" in text
+    assert "\n" in text and "XX" not in text

@@ -1216,7 +1216,7 @@ def test_describe_model_defaults_to_one_gpu_and_the_model_dtype():
 def test_state_layers_of_an_unknown_shape_alone_leave_nothing_to_allocate():
     # counted as 0 bytes (with the note): no page, no pool; the plan says "not limited" instead of dividing by 0
     p = _plan(llama(layers=2, kv=4, heads=16, head_dim=64, layer_types=["mamba", "mamba"]), max_num_seqs=4)
-    assert p.layers == {"state": 2}
+    assert p.layers == {"state": 2} and p.block_size == 16
     assert (p.num_blocks, p.kv_tokens_per_gpu, p.max_concurrency, p.per_sequence_fixed_bytes) == (0, 0, -1.0, 0)
     assert p.boots and p.fits and p.max_context_one_seq is None
     assert "state layers present but their state shape is unknown for this config: counted as 0 bytes" in p.notes
@@ -1759,4 +1759,43 @@ def test_render_text_of_a_plan_without_kv_limits():
     text = render_text(p)
     assert "max context, one sequence: not limited by KV memory" in text.splitlines()
     assert "Maximum concurrency for 32,768 tokens per request: 0.00x" in text
+    seqs = render_text(_plan(llama(layers=2, kv=8, num_kv_shared_layers=2), max_num_seqs=8)).splitlines()
+    assert any(l.startswith("8 × 32,768 tokens: 0 B per GPU; headroom ") for l in seqs), seqs
     assert "\n" in text and "XX" not in text
+
+
+def test_release_facts_and_the_kv_dtypes_a_release_accepts(monkeypatch):
+    import builder.plan as plan
+    from builder.plan import RELEASE_FACTS, check_kv_cache_dtype, release_facts
+
+    facts = release_facts(None)
+    check_kv_cache_dtype("float32", facts)               # not a CacheDType value, but vLLM takes it
+    check_kv_cache_dtype("bf16", facts)                  # the planner's spelling of bfloat16
+    with pytest.raises(BadInput) as exc:
+        check_kv_cache_dtype("int3", facts)
+    assert exc.value.message == (f"kv_cache_dtype 'int3' (--kv-cache-dtype): vLLM 0.26.0 does not accept it "
+                                 f"(its CacheDType: {', '.join(facts.kv_cache_dtypes)}).")
+    assert make_plan(llama(), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096,
+                     kv_cache_dtype="float32").kv_cache_dtype == "float32"
+    last = list(RELEASE_FACTS)[-1]
+    monkeypatch.delitem(plan.RELEASE_FACTS, last)
+    with pytest.raises(BadInput) as exc:
+        release_facts(last)
+    assert exc.value.message == (f"plan: no release facts for vLLM {last} (known: {', '.join(plan.RELEASE_FACTS)}); "
+                                 "add its entry to builder/plan.py:RELEASE_FACTS from the wheel "
+                                 "(scripts/vllm-release-facts.py).")
+
+
+def test_json_document_names_its_schema_and_verdict():
+    fits = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096)
+    assert (fits.to_dict()["schema"], fits.to_dict()["verdict"]) == ("build-image/plan/v1", "fits")
+    bad = make_plan(llama(), weights_bytes=80 * GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096)
+    assert bad.to_dict()["verdict"] == "does-not-fit"
+
+
+def test_mla_rope_dim_errors_name_the_config():
+    from builder.plan import describe_model
+
+    with pytest.raises(BadInput) as exc:
+        describe_model({**cfg("mla"), "qk_rope_head_dim": 0}, where="m")
+    assert exc.value.message == "m: field 'qk_rope_head_dim' must be an integer >= 1, got 0."

@@ -749,7 +749,9 @@ def test_a_series_whose_later_patch_moves_an_earlier_ones_lines_is_found_applied
     a2 = with_line(a1, 2, "line 2\nextra\n")
     s = series_of(tmp_path, {"0001-a.patch": {"vllm/a.py": (ORIG, a1)}, "0002-a.patch": {"vllm/a.py": (a1, a2)}})
     patched = tree_with(tmp_path, a2)
-    assert [(r.status, r.detail) for r in P.check(s, patched)] == [("already-applied", ""), ("already-applied", "")]
+    assert [(r.name, r.subject, r.status, r.files, r.detail) for r in P.check(s, patched)] == [
+        ("0001-a.patch", "0001-a.patch subject", "already-applied", ["vllm/a.py"], ""),
+        ("0002-a.patch", "0002-a.patch subject", "already-applied", ["vllm/a.py"], "")]
     # in place: left as it is, reported with the original and the present sums
     done = P.apply_site_packages(s, patched)
     assert [(f.relpath, f.original_sha256, f.patched_sha256) for f in done] == [

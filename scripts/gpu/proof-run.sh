@@ -3,16 +3,7 @@
 # scripts/gpu-proof.sh in the background.  Needs /tmp/bundle.tar (joined parts).
 # Writes everything under $P (default /tmp/proof): progress.txt, results/*.json, logs/*.log.
 set -uo pipefail
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
-P=${P:-/tmp/proof}; R=$P/results; L=$P/logs; CK=${CK:-/tmp/ck}
-mkdir -p "$R" "$L" "$CK"
-say() { echo "$(date -u +%T) $*" | tee -a "$P/progress.txt"; }
-export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-CUTE=/tmp/site/nvidia_cutlass_dsl/dsl_packages
-PP_UN=/tmp/site:$CUTE:$REPO            # unpatched vllm
-PP_PA=/tmp/sitep:/tmp/site:$CUTE:$REPO # patched copy of the vllm package shadows the unpatched one
-VB="python3 -m vllm.entrypoints.cli.main"
+. "$(dirname "$0")/env.sh"
 SMOKE_PY='import sys
 try:
     from builder.cli import main

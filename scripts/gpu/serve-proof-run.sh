@@ -11,16 +11,8 @@
 #     override against the same weights declared full_attention.
 # Writes $P/progress.txt, results/*.json (smoke reports), refs/*.json (references), logs/*.log.
 set -uo pipefail
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
-P=${P:-/tmp/proof}; R=$P/results; L=$P/logs; F=$P/refs; CK=${CK:-/tmp/ck}
-mkdir -p "$R" "$L" "$F" "$CK"
-say() { echo "$(date -u +%T) $*" | tee -a "$P/progress.txt"; }
-export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 RAY_USAGE_STATS_ENABLED=0
-CUTE=/tmp/site/nvidia_cutlass_dsl/dsl_packages
-PP_UN=/tmp/site:$CUTE:$REPO
-PP_PA=/tmp/sitep:/tmp/site:$CUTE:$REPO
-VB="python3 -m vllm.entrypoints.cli.main"
+. "$(dirname "$0")/env.sh"
+F=$P/refs; mkdir -p "$F"
 smoke() {  # smoke NAME PYTHONPATH ARGS...  -> results/NAME.json, logs/NAME.log, logs/NAME.smoke.txt
   local name=$1 pp=$2; shift 2
   PYTHONPATH=$pp python3 -c 'import sys; from builder.cli import main; main(["smoke"] + sys.argv[1:], prog_name="build-image")' \

@@ -18,16 +18,7 @@
 # results/tp-compare.md, a row per run, "ok" within 5%.
 # Writes $P/progress.txt, results/*.json (smoke reports), results/tp-compare.{md,json}, logs/*.log.
 set -uo pipefail
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
-P=${P:-/tmp/proof}; R=$P/results; L=$P/logs; CK=${CK:-/tmp/ck}
-mkdir -p "$R" "$L" "$CK"
-say() { echo "$(date -u +%T) $*" | tee -a "$P/progress.txt"; }
-export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 RAY_USAGE_STATS_ENABLED=0
-CUTE=/tmp/site/nvidia_cutlass_dsl/dsl_packages
-PP_UN=/tmp/site:$CUTE:$REPO
-PP_PA=/tmp/sitep:/tmp/site:$CUTE:$REPO
-VB="python3 -m vllm.entrypoints.cli.main"
+. "$(dirname "$0")/env.sh"
 smoke() {  # smoke NAME PYTHONPATH ARGS...  -> results/NAME.json, logs/NAME.log, logs/NAME.smoke.txt
   local name=$1 pp=$2; shift 2
   # the Ray head smoke starts runs `ray` next to this Python or on PATH: the bundle's ray is in /tmp/site

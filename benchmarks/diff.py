@@ -31,8 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder.lockfile import LockEntry, LockFile, WheelRef, format_lock  # noqa: E402
-from builder.manifest import DistFacts  # noqa: E402
+from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, format_lock  # noqa: E402
+from builder.resolve.manifest import DistFacts  # noqa: E402
 
 TARGET_S = 0.3
 
@@ -174,9 +174,9 @@ def main() -> None:
             ("build-image diff --textconv", timeit([exe, "diff", "--textconv", str(new)], args.runs)),
         ]
         # in-process: parse + diff + render, no interpreter/CLI startup
-        from builder.diff import diff_locks, to_document, to_json_doc
-        from builder.lockfile import parse_lock
         from builder.report import render_json, render_text
+        from builder.resolve.diff import diff_locks, to_document, to_json_doc
+        from builder.resolve.lockfile import parse_lock
 
         t = time.perf_counter()
         reps = 20

@@ -36,8 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder.lock import base_requirements, find_uv, parse_overlay  # noqa: E402
-from builder.manifest import load_manifest  # noqa: E402
+from builder.resolve.lock import base_requirements, find_uv, parse_overlay  # noqa: E402
+from builder.resolve.manifest import load_manifest  # noqa: E402
 from builder.spec import default_base_manifest  # noqa: E402
 
 BIN = Path(sys.executable).parent

@@ -30,7 +30,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.fx_docker import (  # noqa: E402
-    BUILD_IMAGE, REGISTRY, STANDIN_DATA, engine_running, registry_running, standin_findlinks,
+    BUILD_IMAGE,
+    REGISTRY,
+    STANDIN_DATA,
+    engine_running,
+    registry_running,
+    standin_findlinks,
 )
 
 DEFAULT_OVERLAY = ["six==1.17.0", "markupsafe==3.0.2"]
@@ -43,7 +48,7 @@ def sh(args, env=None, check=True):
     return r
 
 
-HAVE_PATCHES = importlib.util.find_spec("builder.patches") is not None
+HAVE_PATCHES = importlib.util.find_spec("builder.patching.series") is not None
 
 
 def pipeline(work: Path, manifest: Path, fl: Path, series: Path, wheel: Path, overlay, epoch: int, force=False):
@@ -95,7 +100,7 @@ def main() -> None:
             p.write_text(p.read_text().replace("(patched by build-image)", "(patched by build-image, v2)"))
             results["patch-only"] = pipeline(work, manifest, fl, series, wheel, overlay, epoch, force=True)
         else:
-            print("note: builder.patches is missing in this checkout; the patch-only run is skipped")
+            print("note: builder.patching.series is missing in this checkout; the patch-only run is skipped")
 
     names = list(results)
     stages = []

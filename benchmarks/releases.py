@@ -31,16 +31,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder.lock import DEFAULT_RAY, Uv, base_requirements, parse_overlay  # noqa: E402
-from builder.lockfile import load_lock  # noqa: E402
-from builder.manifest import load_manifest  # noqa: E402
+from builder.resolve.lock import DEFAULT_RAY, Uv, base_requirements, parse_overlay  # noqa: E402
+from builder.resolve.lockfile import load_lock  # noqa: E402
+from builder.resolve.manifest import load_manifest  # noqa: E402
 from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
 
 def reconstruct_row(vllm: str) -> dict:
-    from builder.reconstruct import load_recipes, recipe_for, reconstruct
+    from builder.resolve.reconstruct import load_recipes, recipe_for, reconstruct
 
     t0 = time.monotonic()
     rec = reconstruct(recipe_for(load_recipes(), vllm))
@@ -52,7 +52,7 @@ def reconstruct_row(vllm: str) -> dict:
 def scan_tree(tree: Path, n: int = 5) -> None:
     import os
 
-    from builder.base import scan_site_packages
+    from builder.resolve.base import scan_site_packages
 
     files = sum(len(f) for _r, _d, f in os.walk(tree))
     times = []

@@ -12,8 +12,8 @@ import sys
 
 import click
 
-from . import __version__
-from .errors import BuildImageError
+from builder import __version__
+from builder.errors import BuildImageError
 
 INTERNAL_ERROR = 70
 
@@ -47,8 +47,8 @@ class ErrorHandlingGroup(click.Group):
         return importlib.import_module(f"{__package__}.commands.{module}").command
 
     def invoke(self, ctx: click.Context):
-        from .scratch import scratch
-        from .util import cache_dir
+        from builder.scratch import scratch
+        from builder.util import cache_dir
 
         try:
             with scratch(cache_dir(create=False)):  # temp files under the cache; a killed run's litter is swept here
@@ -61,7 +61,7 @@ class ErrorHandlingGroup(click.Group):
         except Exception as exc:  # a bug: never let it read as a verdict (exit 1)
             import traceback
 
-            from .credentials import redact_text
+            from builder.credentials import redact_text
 
             click.echo(redact_text(traceback.format_exc()).rstrip(), err=True)
             click.echo(
@@ -83,13 +83,13 @@ def main(ctx: click.Context, **kwargs):
     """
     if ctx.invoked_subcommand is not None:
         return
-    from .commands import pipeline
+    from builder.commands import pipeline
 
     pipeline.run_pipeline.callback(**kwargs)  # the command's function itself: its options are the group's
 
 
 def _register() -> None:
-    from .commands import pipeline
+    from builder.commands import pipeline
 
     # The pipeline's options live on the group itself (`build-image --vllm 0.26.0 ...`).
     for param in pipeline.run_pipeline.params:

@@ -26,12 +26,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
-from .scratch import die_with_parent
-from .errors import BuildFailed, EngineUnavailable, ExternalToolError, RegistryError
+from builder.errors import BuildFailed, EngineUnavailable, ExternalToolError, RegistryError
+from builder.scratch import die_with_parent
 
 DOCKER_ENV = "BUILD_IMAGE_DOCKER"
 # Only the CLI's own connection to the engine: a registry's dial error ("dial tcp HOST:PORT:
@@ -129,14 +130,14 @@ def _cli_missing(what: str) -> EngineUnavailable:
 
 def redact(text: str) -> str:
     """Strip anything that looks like a credential from engine output before logging it."""
-    from .credentials import redact_text
+    from builder.credentials import redact_text
 
     return redact_text(_SECRETISH.sub(lambda m: (m.group(1) or m.group(2) or "") + "***", text))
 
 
 @dataclass
 class BuiltImage:
-    """What ``docker build`` produced (the build stage's result is :class:`builder.build.BuildResult`)."""
+    """What ``docker build`` produced (the build stage's result is :class:`builder.image.build.BuildResult`)."""
 
     image_id: str
     tags: list[str]
@@ -145,7 +146,7 @@ class BuiltImage:
 
 @dataclass
 class PushedRef:
-    """What ``docker push`` reported for one ref (the stage's result is :class:`builder.push.PushResult`)."""
+    """What ``docker push`` reported for one ref (the stage's result is :class:`builder.image.push.PushResult`)."""
 
     ref: str
     digest: str
@@ -348,7 +349,7 @@ def get_engine() -> Engine:
     """The engine to use (only Docker today; ``BUILD_IMAGE_ENGINE=docker``)."""
     kind = os.environ.get("BUILD_IMAGE_ENGINE", "docker")
     if kind != "docker":
-        from .errors import BadInput
+        from builder.errors import BadInput
 
         raise BadInput(f"BUILD_IMAGE_ENGINE={kind!r} is not supported (known: docker).")
     return DockerEngine()

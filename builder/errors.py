@@ -20,7 +20,7 @@ class BuildImageError(Exception):
     title = "error"
 
     def __init__(self, message: str, *, hint: str | None = None, details: str | None = None):
-        from .credentials import redact_text  # no secret reaches a message, a log or a --json document
+        from builder.credentials import redact_text  # no secret reaches a message, a log or a --json document
 
         message, hint, details = redact_text(message), redact_text(hint or "") or None, redact_text(details or "") or None
         super().__init__(message)

@@ -29,9 +29,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from . import __version__
-from .errors import BadInput, IntegrityError
-from .util import cache_dir, file_digest, remember_digest, sha256_file
+from builder import __version__
+from builder.errors import BadInput, IntegrityError
+from builder.util import cache_dir, file_digest, remember_digest, sha256_file
 
 PYPI_JSON = os.environ.get("BUILD_IMAGE_PYPI_JSON", "https://pypi.org/pypi")
 WHEEL_ENV = "BUILD_IMAGE_VLLM_WHEEL"
@@ -79,7 +79,7 @@ def fetch(url: str, sha256: str, *, filename: str | None = None, progress: bool 
         # partial / corrupt / tampered cache entry: drop it and fetch again
         dest.unlink(missing_ok=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    from .scratch import process_tag
+    from builder.scratch import process_tag
 
     # named by this process (pid + start time): a run killed mid-download leaves a .part the next sweeps
     fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.{process_tag()}.", suffix=".part", dir=dest.parent)
@@ -110,7 +110,7 @@ def _download_to(url: str, out, name: str, progress: bool) -> None:
         except OSError as exc:
             raise IntegrityError(f"cannot read {url}: {exc}.") from None
         return
-    from .credentials import auth_header
+    from builder.credentials import auth_header
 
     target, auth = auth_header(url)  # credentials from the URL, the flags' URLs, netrc or keyring
     try:
@@ -140,7 +140,7 @@ def _copy_with_progress(resp, out, total: int, name: str, progress: bool) -> int
             got += len(block)
         return got
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
     with Progress(
         "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),

@@ -2,11 +2,11 @@
 -> push -> smoke.
 
 Each stage is a function of ``builder/`` that returns a frozen result the next one takes:
-:func:`builder.lockstage.run_lock` -> :class:`~builder.lockstage.Locked` ->
-:func:`builder.render.render_context` -> :class:`~builder.render.RenderResult` ->
-:func:`builder.build.build_image` -> :class:`~builder.build.BuildResult` ->
-:func:`builder.push.push_image` -> :class:`~builder.push.PushResult` ->
-:func:`builder.smoke.run_smoke` -> :class:`~builder.smoke.SmokeReport`.  Nothing is read
+:func:`builder.resolve.lockstage.run_lock` -> :class:`~builder.resolve.lockstage.Locked` ->
+:func:`builder.image.render.render_context` -> :class:`~builder.image.render.RenderResult` ->
+:func:`builder.image.build.build_image` -> :class:`~builder.image.build.BuildResult` ->
+:func:`builder.image.push.push_image` -> :class:`~builder.image.push.PushResult` ->
+:func:`builder.serving.smoke.run_smoke` -> :class:`~builder.serving.smoke.SmokeReport`.  Nothing is read
 back from disk between them (the lock, the manifest, the Dockerfile), and each wheel is
 hashed once in a run.
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
+from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,11 @@ class PipelineResult:
 
     status: str                      # rendered | built | pushed
     summary: dict
-    locked: Any = None               # builder.lockstage.Locked
-    rendered: Any = None             # builder.render.RenderResult
-    built: Any = None                # builder.build.BuildResult
-    pushed: Any = None               # builder.push.PushResult
-    smoke: Any = None                # builder.smoke.SmokeReport
+    locked: Any = None               # builder.resolve.lockstage.Locked
+    rendered: Any = None             # builder.image.render.RenderResult
+    built: Any = None                # builder.image.build.BuildResult
+    pushed: Any = None               # builder.image.push.PushResult
+    smoke: Any = None                # builder.serving.smoke.SmokeReport
     error: BuildImageError | None = None
     notice: str | None = None        # why it stopped after render, with how to go on
 
@@ -94,7 +94,7 @@ def preflight(req: PipelineRequest, console) -> dict | None:
     """Before anything is locked, built or booted (``--smoke``): the checkpoint is ready and the
     memory plan fits the serving settings, else refused here with the plan's numbers (zero GPU
     and build time).  The plan is handed to the smoke stage, which does not compute it again."""
-    from .smoke import checkpoint_ready, config_from_serving, preflight_plan
+    from builder.serving.smoke import checkpoint_ready, config_from_serving, preflight_plan
 
     cfg = config_from_serving(req.spec.serving, model=req.model, vllm=req.spec.vllm)  # the release's plan facts
 
@@ -121,14 +121,14 @@ def _dir_size(path: Path) -> int:
 
 def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     """Run the stages in order, each on the previous one's result (see the module doc)."""
-    from .baseref import classify, resolve_base
-    from .lockstage import run_lock
-    from .render import build_hint, render_context, render_inputs
+    from builder.image.render import build_hint, render_context, render_inputs
+    from builder.resolve.baseref import classify, resolve_base
+    from builder.resolve.lockstage import run_lock
 
     req.check()
     spec, out = req.spec, req.out
     if not req.series and not req.no_patches:  # before any lock or download: a release nobody ported patches to
-        from .patches import require_series
+        from builder.patching.series import require_series
 
         require_series(spec.vllm)
     t_all = time.monotonic()
@@ -153,7 +153,7 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     summary["lock_hash"] = locked.lock_hash
 
     if req.kuberay:  # bad serving settings fail here (exit 2, before the context is written), not after the build
-        from .kuberay import render_manifests
+        from builder.serving.kuberay import render_manifests
 
         render_manifests(lock=lock, spec=spec, image="build-image.invalid/check:kuberay", allow_tag=True, base=manifest)
 
@@ -177,7 +177,7 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
                    base=manifest.pinned_ref)
 
     def write_kuberay(image: str, allow_tag: bool) -> None:
-        from .kuberay import write_manifests
+        from builder.serving.kuberay import write_manifests
 
         paths = write_manifests(out, lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=manifest)
         summary["kuberay"] = [str(p) for p in paths]
@@ -194,8 +194,8 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
         return PipelineResult(status="rendered", summary=summary, locked=locked, rendered=rendered,
                               error=error if wanted else None, notice=notice)
 
-    from .build import build_image, missing_bases
-    from .engine import get_engine
+    from builder.engine import get_engine
+    from builder.image.build import build_image, missing_bases
 
     engine = engine or get_engine()
     try:
@@ -227,7 +227,7 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
 
     pushed = None
     if req.push:
-        from .push import push_image
+        from builder.image.push import push_image
 
         with stages.stage("push", f"{', '.join(rendered.tags)}"):
             pushed = push_image(rendered.tags, force=req.force, engine=engine, context=rendered.out_dir,
@@ -238,7 +238,7 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
         write_kuberay(image_for_later, allow_tag=not req.push)
     rep, error = None, None
     if req.smoke:
-        from .smoke import config_from_serving, render_text, run_smoke
+        from builder.serving.smoke import config_from_serving, render_text, run_smoke
 
         with stages.stage("smoke", f"{image_for_later} with {req.model}"):
             rep = run_smoke(config_from_serving(spec.serving, model=req.model, image=image_for_later, vllm=spec.vllm),

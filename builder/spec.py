@@ -36,8 +36,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import BadInput
-from .data import path as data_path
+from builder.data import path as data_path
+from builder.errors import BadInput
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -117,7 +117,7 @@ class Spec:
     def lock_path(self) -> Path:
         return Path(self.lock) if self.lock else default_lock_path(self.vllm)
 
-    def with_flags(self, **flags: Any) -> "Spec":
+    def with_flags(self, **flags: Any) -> Spec:
         """Return a copy where every flag that is not None overrides the spec."""
         top = {k: v for k, v in flags.items() if v is not None and k in {f.name for f in fields(Spec)}}
         if "vllm" in top:
@@ -138,7 +138,7 @@ def _req_key(req: str) -> str | None:
     """Canonical package name of a requirement string (None when it does not parse)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
-    from .util import canonical_name
+    from builder.util import canonical_name
 
     try:
         return canonical_name(Requirement(req).name)

@@ -3,10 +3,10 @@
 Stages, composed in memory (each is the project's own stage, not a re-implementation):
 
 1. **bases**: A's and B's base manifests (shipped ``lockfiles/base/vllm-openai-vX.json``
-   or given); a B without one is reconstructed from its recipe (``builder.reconstruct``);
-2. **port**: A's patch series ported to B (:func:`builder.port.port`: applies / merged /
+   or given); a B without one is reconstructed from its recipe (``builder.resolve.reconstruct``);
+2. **port**: A's patch series ported to B (:func:`builder.patching.port.port`: applies / merged /
    conflict / upstream, every status backed by the patch's probe);
-3. **lock**: the overlay A's lock records, re-locked on B's base (:func:`builder.lock.run`,
+3. **lock**: the overlay A's lock records, re-locked on B's base (:func:`builder.resolve.lock.run`,
    ``upgrade``: a fresh resolution; the ray per release is chosen there) — the ABI gate runs
    as part of it;
 4. **report**: base moves (torch, CUDA, Python, glibc, numpy, transformers and vllm's
@@ -33,11 +33,11 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import patches as P
-from . import port as PO
-from .errors import AbiRejected, BadInput, Unsatisfiable
-from .manifest import BaseManifest, load_manifest
-from .util import atomic_write_text
+from builder.errors import AbiRejected, BadInput, Unsatisfiable
+from builder.patching import port as PO
+from builder.patching import series as P
+from builder.resolve.manifest import BaseManifest, load_manifest
+from builder.util import atomic_write_text
 
 #: base-image distributions whose move the report always shows (when either side has them)
 KEY_DISTS = ("torch", "numpy", "transformers", "flashinfer-python", "triton", "nvidia-cuda-runtime", "ray", "vllm")
@@ -258,7 +258,7 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
 
 # =========================================================================== the command's job
 def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Path, progress) -> tuple[Path, str]:
-    from .spec import default_base_manifest
+    from builder.spec import default_base_manifest
 
     if given:
         p = Path(given)
@@ -269,7 +269,7 @@ def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Pa
     if shipped.is_file():
         return shipped, "shipped"
     try:
-        from .reconstruct import load_recipes, recipe_for, reconstruct
+        from builder.resolve.reconstruct import load_recipes, recipe_for, reconstruct
     except ImportError:
         raise BadInput(
             f"no base manifest for vllm {version} ({shipped}) and this build cannot reconstruct one.",
@@ -292,11 +292,11 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
             with_: list[str] | None = None, default_overlay: bool | None = None, find_links=(), no_index=False,
             spec_path: str | None = None, out_dir: str | None = None, probe_python: str | None = None,
             progress=None) -> UpgradeReport:
-    from . import lock as L
-    from .baseref import resolve_base
-    from .fetch import vllm_wheel
-    from .lockfile import load_lock
-    from .spec import default_lock_path
+    from builder.fetch import vllm_wheel
+    from builder.resolve import lock as L
+    from builder.resolve.baseref import resolve_base
+    from builder.resolve.lockfile import load_lock
+    from builder.spec import default_lock_path
 
     say = progress or (lambda _m: None)
     timings: dict[str, float] = {}
@@ -376,7 +376,7 @@ def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[lis
     The planner models one allocator; what a release changes for it is the defaults it
     assumes where the spec is silent.  Those are read from each release's code; with a
     spec naming a model, the plan is made with each release's defaults and compared."""
-    from . import plan as PL
+    from builder.serving import plan as PL
 
     da = release_defaults(a_src if a_src.is_file() else None)
     db = release_defaults(b_src if b_src.is_file() else None)
@@ -387,7 +387,7 @@ def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[lis
     if not spec_path:
         notes.append("no --spec: no serving settings to plan (pass --spec FILE with a [serving] table naming the model).")
         return [m for m in moves if m.changed] or moves, notes
-    from .spec import load_spec
+    from builder.spec import load_spec
 
     serving = load_spec(spec_path).serving
     if not serving.model:

@@ -110,7 +110,7 @@ LOCK_TIMEOUT_ENV = "BUILD_IMAGE_LOCK_TIMEOUT"
 def output_lock_path(path: str | os.PathLike) -> Path:
     """The lock file guarding writes to ``path``: outside the user's tree (nothing to commit or
     ignore), one per absolute output path and user; the kernel drops it when its holder dies."""
-    from .scratch import system_tmp
+    from builder.scratch import system_tmp
 
     target = os.path.abspath(os.fspath(path))
     d = Path(system_tmp()) / f"build-image-{os.getuid()}-locks"
@@ -125,7 +125,7 @@ def output_lock(path: str | os.PathLike, *, timeout: float | None = None) -> Ite
     seconds, default 1800); past that, :class:`builder.errors.OutputBusy`."""
     from filelock import FileLock, Timeout
 
-    from .errors import BadInput, OutputBusy
+    from builder.errors import BadInput, OutputBusy
 
     if timeout is None:
         raw = os.environ.get(LOCK_TIMEOUT_ENV, "1800")

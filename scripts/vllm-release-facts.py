@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Print what `builder/plan.py:RELEASE_FACTS` holds, read from unpacked vllm wheels.
+"""Print what `builder/serving/plan.py:RELEASE_FACTS` holds, read from unpacked vllm wheels.
 
 Usage: scripts/vllm-release-facts.py [DIR ...]
 Each DIR is a site-packages-like folder holding ``vllm/config/cache.py`` and a

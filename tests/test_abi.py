@@ -1,12 +1,12 @@
-"""Unit tests of the pure ABI gate rules (builder/abi.py): no I/O, hand-made data."""
+"""Unit tests of the pure ABI gate rules (builder/resolve/abi.py): no I/O, hand-made data."""
 
 from __future__ import annotations
 
 import pytest
 
-from builder import abi
-from builder.lockfile import LockEntry
-from builder.manifest import BaseManifest, DistFacts, Distribution
+from builder.resolve import abi
+from builder.resolve.lockfile import LockEntry
+from builder.resolve.manifest import BaseManifest, DistFacts, Distribution
 
 
 def facts(binary=False, ext=0, np1=0, np2=0, glibc=None, pyabi="none") -> DistFacts:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from builder.base import platform_for, python_abi_from_tags, scan_files, scan_site_packages, scan_wheel
 from builder.cli import main
 from builder.errors import BadInput
-from builder.manifest import load_manifest
+from builder.resolve.base import platform_for, python_abi_from_tags, scan_files, scan_site_packages, scan_wheel
+from builder.resolve.manifest import load_manifest
 from tests.fx_wheels import write_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -353,7 +353,7 @@ def test_truncated_elf_is_binary_without_glibc(tmp_path):
 
 
 def test_repo_of_folds_docker_hub_defaults():
-    from builder.base import _repo_of
+    from builder.resolve.base import _repo_of
 
     assert _repo_of("docker.io/library/ubuntu:22.04") == "ubuntu"
     assert _repo_of("ubuntu@sha256:" + "a" * 64) == "ubuntu"
@@ -385,7 +385,7 @@ def test_snapshot_image_records_the_registry_digest(tmp_path, tiny_images):
 
 
 def _tree(tmp: Path, links: dict[str, str], files: list[str], dirs: list[str]):
-    from builder.base import _ImageTree
+    from builder.resolve.base import _ImageTree
 
     for f in files:
         (tmp / f).parent.mkdir(parents=True, exist_ok=True)
@@ -397,7 +397,7 @@ def _tree(tmp: Path, links: dict[str, str], files: list[str], dirs: list[str]):
 
 
 def test_image_python_follows_path_and_symlinks_into_a_venv(tmp_path):
-    from builder.base import _python_candidates, _site_dirs
+    from builder.resolve.base import _python_candidates, _site_dirs
 
     tree = _tree(
         tmp_path,
@@ -457,7 +457,7 @@ def test_snapshot_to_an_unwritable_path_is_bad_input_not_a_traceback(tmp_path, m
 def test_malformed_manifest_fields_are_bad_input_naming_the_field(tmp_path, mutate, needle):
     """Not a traceback (numpy_abi of the wrong type), nor a misleading 'unsatisfiable' from uv
     (python.version '3'), nor a pin under another package's key."""
-    from builder.manifest import load_manifest as load
+    from builder.resolve.manifest import load_manifest as load
     from builder.util import project_root
 
     d = json.loads((project_root() / "lockfiles" / "base" / "vllm-openai-v0.26.0.json").read_text())
@@ -473,9 +473,8 @@ def test_fast_elf_reader_agrees_with_pyelftools_on_every_fixture_extension(wheel
     """The section-header reader (glibc from .gnu.version_r, numpy names in .rodata only) must give
     what pyelftools plus a whole-file search give, on real gcc-built objects (GLIBC_2.99 one included)."""
     import mmap
-    import zipfile
 
-    from builder import base as B
+    from builder.resolve import base as B
 
     seen = 0
     for whl in sorted(wheelhouse.glob("*.whl")):

@@ -1,4 +1,4 @@
-"""Checkpoint readiness (builder/checkpoint.py, `build-image checkpoint verify`).
+"""Checkpoint readiness (builder/serving/checkpoint.py, `build-image checkpoint verify`).
 
 Good shards are written by the safetensors library (tests/fx_checkpoint.py);
 bad ones are those files damaged the way real downloads and hand edits damage
@@ -21,9 +21,19 @@ import pytest
 import safetensors
 from click.testing import CliRunner
 
-from builder import checkpoint as ck
 from builder.cli import main
-from tests.fx_checkpoint import CONFIG, HIDDEN, LAYERS, PLE_DIM, VOCAB, sha256sum_file, shard_bytes, sharded, write_checkpoint
+from builder.serving import checkpoint as ck
+from tests.fx_checkpoint import (
+    CONFIG,
+    HIDDEN,
+    LAYERS,
+    PLE_DIM,
+    VOCAB,
+    sha256sum_file,
+    shard_bytes,
+    sharded,
+    write_checkpoint,
+)
 
 S1, S2, S3 = (f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3))
 
@@ -376,7 +386,7 @@ def test_local_dir_download_leftovers_and_locks(tmp_path):
     with open(lock) as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # a download in progress holds it
         child = subprocess.run([sys.executable, "-c", (
-            "import json,sys; from builder.checkpoint import inspect_checkpoint as i; "
+            "import json,sys; from builder.serving.checkpoint import inspect_checkpoint as i; "
             f"print(json.dumps([p.file for p in i({str(d)!r}).errors]))")],
             capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert json.loads(child.stdout) == [f".cache/huggingface/download/{S3}.lock (held: a download is running)"], child.stderr

@@ -21,7 +21,8 @@ import pytest
 from click.testing import CliRunner
 
 from builder.cli import main
-from builder.diff import (
+from builder.errors import BadInput
+from builder.resolve.diff import (
     GROUPS,
     JSON_SCHEMA,
     SCHEMA,
@@ -38,9 +39,8 @@ from builder.diff import (
     to_document,
     to_json_doc,
 )
-from builder.errors import BadInput
-from builder.lockfile import LockEntry, LockFile, WheelRef, format_lock, load_lock, parse_lock
-from builder.manifest import DistFacts, Distribution, load_manifest
+from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, format_lock, load_lock, parse_lock
+from builder.resolve.manifest import DistFacts, Distribution, load_manifest
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "diff"
@@ -600,8 +600,8 @@ def test_report_renderers():
 def test_new_evidence_on_an_unchanged_entry_is_reported():
     """numpy stays at its (allowed) 2.x move, but a newly added overlay extension built
     against numpy 1.x changes the gate's evidence: numpy is listed again in group 1."""
-    from builder.lockfile import LockEntry
-    from builder.manifest import DistFacts
+    from builder.resolve.lockfile import LockEntry
+    from builder.resolve.manifest import DistFacts
 
     _old, allowed, base = pair("g1_allowed")
     new = copy.deepcopy(allowed)

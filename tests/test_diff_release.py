@@ -8,9 +8,9 @@ import json
 from click.testing import CliRunner
 
 from builder.cli import main
-from builder.diff import base_move, diff_locks, to_document
-from builder.lockfile import load_lock
-from builder.manifest import Distribution, load_manifest
+from builder.resolve.diff import base_move, diff_locks, to_document
+from builder.resolve.lockfile import load_lock
+from builder.resolve.manifest import Distribution, load_manifest
 from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions
 
 

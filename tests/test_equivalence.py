@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from builder.errors import BadInput
-from builder.smoke import SmokeConfig, run_smoke
-from builder.smoke import equivalence as eqv
+from builder.serving.smoke import SmokeConfig, run_smoke
+from builder.serving.smoke import equivalence as eqv
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fake_openai_server.py"

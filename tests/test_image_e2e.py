@@ -79,7 +79,7 @@ def test_built_image_runs_the_overlay(e2e):
 
 
 def test_the_image_carries_its_sbom_whose_sha256_is_the_label(e2e):
-    from builder.sbom import IMAGE_SBOM_PATH, validate
+    from builder.image.sbom import IMAGE_SBOM_PATH, validate
 
     labels = json.loads(docker("image", "inspect", e2e.tags[0]).stdout)[0]["Config"]["Labels"]
     assert labels["org.build-image.sbom"] == IMAGE_SBOM_PATH
@@ -93,7 +93,7 @@ def test_the_image_carries_its_sbom_whose_sha256_is_the_label(e2e):
 
 def test_the_contexts_pylock_installs_the_same_set_as_its_requirements_lock(e2e, tmp_path):
     """The image installs requirements.lock; the context's pylock.toml (wheels by path) is the same set."""
-    from builder.lock import find_uv
+    from builder.resolve.lock import find_uv
 
     uv, env = find_uv(), {"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never", "PATH": "/usr/bin:/bin"}
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(tmp_path / "v")], check=True, env=env)
@@ -130,7 +130,7 @@ def test_labels_tags_and_digest_round_trip(e2e, local_registry):
     info = json.loads(docker("image", "inspect", e2e.tags[0]).stdout)[0]
     labels = info["Config"]["Labels"]
     lock_text = e2e.lock.read_text()
-    from builder.lockfile import parse_lock
+    from builder.resolve.lockfile import parse_lock
 
     lock = parse_lock(lock_text)
     assert labels["org.build-image.lock-hash"] == lock.lock_hash
@@ -168,8 +168,8 @@ def test_labels_tags_and_digest_round_trip(e2e, local_registry):
 def test_push_attaches_sbom_and_provenance_as_referrers_of_the_image(e2e, local_registry):
     """The Debian registry (distribution 2.8) stores OCI artifacts with a subject but has no referrers
     API: push indexes them under the sha256-<hex> tag (OCI referrers tag schema); skopeo reads them back."""
-    from builder.provenance import validate as validate_provenance
-    from builder.referrers import INTOTO_TYPE, SBOM_TYPE
+    from builder.image.provenance import validate as validate_provenance
+    from builder.image.referrers import INTOTO_TYPE, SBOM_TYPE
 
     r = run_pipeline(["push", str(e2e.context), "--tag", f"{local_registry}/e2e/vllm", "--json", "--force"])
     assert r.returncode == 0, r.stderr

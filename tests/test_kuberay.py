@@ -1,4 +1,4 @@
-"""KubeRay manifests (builder/kuberay.py) and the Serve application module.
+"""KubeRay manifests (builder/serving/kuberay.py) and the Serve application module.
 
 The rendered YAML is validated against the KubeRay v1.7.0 CRDs' openAPIV3Schema
 (openapi-schema-validator, OpenAPI 3.0 dialect, with Kubernetes' strict field
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder import kuberay
 from builder.errors import BadInput
-from builder.lockfile import LockEntry, LockFile, WheelRef, parse_lock
-from builder.manifest import BaseManifest, Distribution
+from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, parse_lock
+from builder.resolve.manifest import BaseManifest, Distribution
+from builder.serving import kuberay
 from builder.spec import Serving, Spec, parse_spec
 from builder.util import project_root
 

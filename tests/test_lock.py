@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from builder import lock as L
 from builder.cli import main
 from builder.errors import BadInput, IntegrityError
-from builder.lockfile import load_lock
-from builder.manifest import load_manifest
+from builder.resolve import lock as L
+from builder.resolve.lockfile import load_lock
+from builder.resolve.manifest import load_manifest
 from builder.util import sha256_file
 
 
@@ -348,7 +348,7 @@ def test_fetch_wheel_verifies_and_refetches_corrupt_cache(tmp_path, monkeypatch,
 
 
 def load_manifest_from_dict(versions: dict[str, str]):
-    from builder.manifest import BaseManifest, Distribution
+    from builder.resolve.manifest import BaseManifest, Distribution
 
     return BaseManifest(None, None, None, "2.35", "3.12", "cp312", None, "13.0", "x86_64-manylinux_2_35",
                         "reconstructed", "test", {k: Distribution(k, v) for k, v in versions.items()})
@@ -496,7 +496,7 @@ def test_an_allow_abi_change_that_allows_nothing_is_warned_about(offline, tmp_pa
 def test_exact_coupled_binary_is_rejected_without_downloading_it(offline, tmp_path, monkeypatch):
     """torch/nvidia-* moves are rejected by name: the gate must not fetch GBs of wheels first.
     (stableabi stands in for torch here.)"""
-    from builder import abi
+    from builder.resolve import abi
 
     monkeypatch.setattr(abi, "_EXACT_NAMES", abi._EXACT_NAMES | {"stableabi"})
     fetched = []
@@ -555,7 +555,7 @@ def test_a_lock_cut_between_two_entries_is_caught_by_its_entry_count(offline, tm
     assert code == 5, msg
     assert "the header says 'entries: 3' but the file holds 2 package(s)" in msg and "numpy2user==1.0.0" in msg
     # locks written before the count existed still read (the line is optional)
-    from builder.lockfile import parse_lock
+    from builder.resolve.lockfile import parse_lock
 
     assert len(parse_lock(text.replace("# entries: 3\n", "")).entries) == 3
 

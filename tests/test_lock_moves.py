@@ -6,13 +6,12 @@ depa>=2, and depa 2.0 needs depb>=2; the base pins depa 1.0 and depb 1.0."""
 from __future__ import annotations
 
 import shlex
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from builder.cli import main
-from builder.lockfile import load_lock
+from builder.resolve.lockfile import load_lock
 from tests.fx_wheels import install_into, write_wheel
 
 

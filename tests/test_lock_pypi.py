@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from builder.cli import main
-from builder.lockfile import load_lock
-from builder.manifest import load_manifest
+from builder.resolve.lockfile import load_lock
+from builder.resolve.manifest import load_manifest
 from builder.util import project_root
 
 pytestmark = pytest.mark.slow

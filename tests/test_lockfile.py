@@ -1,4 +1,4 @@
-"""The lock file format (builder/lockfile.py): pure parse/format rules, each written out here."""
+"""The lock file format (builder/resolve/lockfile.py): pure parse/format rules, each written out here."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from builder.errors import BadInput
-from builder.lockfile import LockEntry, LockFile, WheelRef, format_lock, parse_lock
-from builder.manifest import DistFacts
+from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, format_lock, parse_lock
+from builder.resolve.manifest import DistFacts
 
 HEADER = {
     "tool": "build-image 0.1.0 (uv 0.13.9)", "vllm": "0.26.0", "base-ref": "vllm/vllm-openai:v0.26.0",
@@ -200,7 +200,7 @@ def test_a_non_requirement_before_the_header_is_not_a_lock():
 
 
 def test_load_lock_names_the_missing_or_unreadable_file(tmp_path):
-    from builder.lockfile import load_lock
+    from builder.resolve.lockfile import load_lock
 
     with pytest.raises(BadInput, match=rf"lock {re.escape(str(tmp_path / 'nope.lock'))} does not exist") as ei:
         load_lock(tmp_path / "nope.lock")
@@ -235,7 +235,7 @@ def test_sparse_data_is_written_with_the_documented_placeholders():
     one = DistFacts(binary=True, extensions=1, numpy_abi={"2": 1}, glibc="2.28", python_abi="abi3")
     text = format_lock(LockFile(header=dict(HEADER, **{"base-digest": ""}), overlay=[], allow_abi_change={},
                                 entries=[LockEntry(name="y", version="2", hashes=[HA], facts=one,
-                                                   wheel=WheelRef(url=f"https://h/y-2-py3-none-any.whl#frag", sha256=HA))]))
+                                                   wheel=WheelRef(url="https://h/y-2-py3-none-any.whl#frag", sha256=HA))]))
     assert "\n# base-digest: -\n" in text
     assert "    # wheel: https://h/y-2-py3-none-any.whl#sha256=" + HA + "\n" in text   # the URL's fragment is replaced
     assert "numpy-abi=0/1 glibc=2.28 python-abi=abi3" in text
@@ -421,7 +421,7 @@ def test_lenient_an_indented_line_under_no_entry_is_a_line_that_is_no_pin():
 
 def test_a_lock_is_read_as_utf8_whatever_the_locale(tmp_path):
     # written as UTF-8 (atomic_write_text); read back by a process whose locale encoding is ASCII
-    from builder.lockfile import load_lock
+    from builder.resolve.lockfile import load_lock
 
     reason = "numpy 2 \u2014 every extension rebuilt upstream"
     lk = two_entries()
@@ -431,7 +431,7 @@ def test_a_lock_is_read_as_utf8_whatever_the_locale(tmp_path):
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
            "PYTHONPATH": str(root)}
-    code = ("import locale, sys; from builder.lockfile import load_lock; "
+    code = ("import locale, sys; from builder.resolve.lockfile import load_lock; "
             "assert locale.getpreferredencoding(False).lower() in ('ascii', 'ansi_x3.4-1968'), locale.getpreferredencoding(False); "
             f"sys.exit(0 if load_lock(sys.argv[1]).allow_abi_change == {{'numpy': {reason!a}}} else 3)")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "u.lock")], cwd=root, env=env,

@@ -1,4 +1,4 @@
-"""The rules of builder/patches.py one by one, pinned on tiny trees: the no-fuzz rule (a hunk
+"""The rules of builder/patching/series.py one by one, pinned on tiny trees: the no-fuzz rule (a hunk
 applies only where its old lines are byte-for-byte in the file at the line it names, and a
 zero-context hunk (``diff -U0``) inserts exactly after the line it names), the series folder
 and patch header format, what a file diff may name, and what each refusal names."""
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from builder import patches as P
 from builder.errors import BadInput, PatchFailed
+from builder.patching import series as P
 from builder.util import sha256_bytes
 
 ORIG = "".join(f"line {i}\n" for i in range(1, 21))
@@ -707,10 +707,10 @@ def test_series_files_are_read_as_utf8_whatever_the_locale(tmp_path):
     (d / P.ORIG_SUMS).write_text(f"# sommes d’origine\n{sha}  vllm/a.py\n", encoding="utf-8")
     s = P.load_series(d, "0.26.0")
     assert (s.patches[0].headers["Why"], s.originals) == (why, {"vllm/a.py": sha})
-    code = ("import json, sys; from builder import patches as P; s = P.load_series(sys.argv[1], '0.26.0'); "
+    code = ("import json, sys; from builder.patching import series as P; s = P.load_series(sys.argv[1], '0.26.0'); "
             "print(json.dumps([s.patches[0].headers['Why'], s.originals]))")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHON"))}
-    env |= {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PYTHONPATH": str(Path(P.__file__).parents[1])}
+    env |= {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PYTHONPATH": str(Path(P.__file__).parents[2])}
     r = subprocess.run([sys.executable, "-c", code, str(d)], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == [why, {"vllm/a.py": sha}]

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from builder import patches as P
-from builder import port as PO
-from builder import probe as PR
+from builder.patching import port as PO
+from builder.patching import probe as PR
+from builder.patching import series as P
 
 ROOT = Path(__file__).resolve().parent.parent
 SERIES_ROOT = ROOT / "patches" / "vllm"
@@ -45,7 +45,7 @@ def test_series_structure(version):
     assert not list(d.glob("*.conflict")), "an unfinished conflict is shipped"
     manifest = ROOT / "lockfiles" / "base" / f"vllm-openai-v{version}.json"
     if manifest.is_file():  # the probes run with the transformers the release's base image holds
-        from builder.manifest import load_manifest
+        from builder.resolve.manifest import load_manifest
 
         pins = {r.split("==")[0]: r.split("==")[1] for r in PR.env_requirements(d) if "==" in r}
         assert pins["transformers"] == load_manifest(manifest).get("transformers").version

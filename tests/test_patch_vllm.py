@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import patches as P
 from builder.errors import PatchFailed
 from builder.fetch import vllm_wheel
+from builder.patching import series as P
 from builder.util import cache_dir, sha256_file
 
 pytestmark = pytest.mark.slow

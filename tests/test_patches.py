@@ -14,9 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from builder import fetch as F
-from builder import patches as P
 from builder.cli import main
 from builder.errors import BadInput, IntegrityError, PatchFailed
+from builder.patching import series as P
 from builder.util import sha256_bytes, sha256_file
 
 ORIG = "".join(f"line {i}\n" for i in range(1, 41))

@@ -82,7 +82,7 @@ def world(tmp_path, monkeypatch, wheelhouse):
                            catch_exceptions=False)
     assert r.exit_code == 0, r.output
     engine, registry = MemoryEngine(), MemoryRegistry()
-    import builder.registry as R
+    import builder.image.registry as R
 
     def client_for(tag):
         ref = R.parse_ref(tag)
@@ -105,7 +105,7 @@ def world(tmp_path, monkeypatch, wheelhouse):
         attached.append((Path(context), pinned, list(tags)))
         return {"subject": pinned, "pushed": False, "reason": "in-memory registry", "files": {}}
 
-    monkeypatch.setattr("builder.referrers.push_attestations", push_attestations)
+    monkeypatch.setattr("builder.image.referrers.push_attestations", push_attestations)
     engine.attached = attached
     return dataclasses.make_dataclass("World", ["manifest", "house", "engine", "tmp"])(manifest, house, engine, tmp_path)
 

@@ -1,4 +1,4 @@
-"""Preflight memory plan (builder/plan.py, `build-image plan`): pure arithmetic, fast.
+"""Preflight memory plan (builder/serving/plan.py, `build-image plan`): pure arithmetic, fast.
 
 Expected values are derived in each test from the model shape (layers × heads ×
 head_dim × dtype, block rounding), never copied from the code's output.
@@ -16,7 +16,16 @@ from click.testing import CliRunner
 
 from builder.cli import main
 from builder.errors import BadInput
-from builder.plan import GB, GiB, GPU_PRESETS, load_config, make_plan, parse_size, plan_from_model_dir, pp_partition
+from builder.serving.plan import (
+    GB,
+    GPU_PRESETS,
+    GiB,
+    load_config,
+    make_plan,
+    parse_size,
+    plan_from_model_dir,
+    pp_partition,
+)
 from builder.spec import Serving
 
 DATA = Path(__file__).parent / "data" / "plan"
@@ -371,7 +380,7 @@ def test_cli_reads_serving_from_spec_and_flags_win(tmp_path):
 
 def test_refuse_unless_fits_carries_the_numbers():
     from builder.errors import VerdictFailure
-    from builder.plan import refuse_unless_fits
+    from builder.serving.plan import refuse_unless_fits
 
     ok = make_plan(cfg("seed000"), reserve_bytes=0, max_model_len=4096, max_num_seqs=60, **SEED000)
     refuse_unless_fits(ok)  # no exception
@@ -434,7 +443,7 @@ def test_modelopt_checkpoint_auto_kv_dtype_and_nvfp4_packing():
 
 
 def test_compare_with_vllm_boot_log():
-    from builder.plan import compare_with_log
+    from builder.serving.plan import compare_with_log
 
     log = (
         "INFO 11-30 02:10:01 [gpu_worker.py:561] Available KV cache memory: 69.54 GiB\n"
@@ -493,7 +502,7 @@ def test_cli_bad_numbers_exit_2_naming_the_flag(extra, needle):
 
 def test_default_utilization_is_vllm_0_26s():
     # vllm/config/cache.py in the 0.26.0 wheel: gpu_memory_utilization Field(default=0.92)
-    from builder.plan import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+    from builder.serving.plan import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 
     assert VLLM_DEFAULT_GPU_MEMORY_UTILIZATION == 0.92
     p = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096)
@@ -543,7 +552,7 @@ def test_plan_vs_the_h200_proof_logs(run, model, util, max_len, seqs, extra, log
     """Independent of the reserve calibration (qwen3-a): two more shapes, eager and CUDA graphs,
     planned as the smoke step did (nvidia-smi total, checkpoint size) against vLLM 0.26.0's own lines.
     The issue's target is 5%; the proof measured <= 0.74%, so 2% catches a regression."""
-    from builder.plan import compare_with_log
+    from builder.serving.plan import compare_with_log
 
     weights = {"qwen3-b": 45_112_592, "gemma4-ple-ref": 949_572}[model]
     p = make_plan(json.loads((PROOF / model / "config.json").read_text()), weights_bytes=weights,
@@ -737,7 +746,7 @@ def test_chunked_attention_window_holds_the_in_flight_tokens_too():
 # ---------------------------------------------------------------- recurrent state per layer (MambaStateShapeCalculator)
 
 def _state(c: dict, tp: int = 1):
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     shape = describe_model(c, tp=tp)
     states = {l.state_bytes for l in shape.layers if l.kind == "state"}
@@ -833,7 +842,7 @@ def test_state_layers_of_an_unknown_shape_count_zero_with_a_note():
     ("modelopt", None),
 ])
 def test_auto_kv_dtype_of_modelopt_checkpoints(q, kv):
-    from builder.plan import _modelopt_kv_dtype
+    from builder.serving.plan import _modelopt_kv_dtype
 
     assert _modelopt_kv_dtype({"quantization_config": q}) == kv
     assert _modelopt_kv_dtype({}) is None
@@ -1203,7 +1212,7 @@ def test_hybrid_groups_hold_min_layers_or_max_when_the_counts_are_close(n_full, 
 
 
 def test_describe_model_defaults_to_one_gpu_and_the_model_dtype():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     shape = describe_model(llama(layers=2, kv=8))
     assert [(l.kind, l.bytes_per_token) for l in shape.layers] == [("full", 8 * 2 * 128 * 2)] * 2
@@ -1231,7 +1240,7 @@ def test_state_layers_of_an_unknown_shape_alone_leave_nothing_to_allocate():
     (None, {"text_config": "x"}, "m: 'text_config' must be an object."),
 ])
 def test_model_config_errors_name_the_config_and_the_field(drop, over, message):
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     c = {**{k: v for k, v in llama().items() if k != drop}, **over}
     with pytest.raises(BadInput) as exc:
@@ -1240,7 +1249,7 @@ def test_model_config_errors_name_the_config_and_the_field(drop, over, message):
 
 
 def test_kv_heads_default_to_the_attention_heads_and_head_dim_to_hidden_over_heads():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     c = {k: v for k, v in llama(kv=8, heads=32, head_dim=128).items() if k not in ("num_key_value_heads", "head_dim")}
     shape = describe_model(c)
@@ -1249,7 +1258,7 @@ def test_kv_heads_default_to_the_attention_heads_and_head_dim_to_hidden_over_hea
 
 
 def test_describe_model_kv_dtype_none_is_auto_and_unknown_names_are_refused():
-    from builder.plan import KV_CACHE_DTYPES, describe_model
+    from builder.serving.plan import KV_CACHE_DTYPES, describe_model
 
     assert describe_model(llama(), kv_cache_dtype=None).kv_dtype == "bfloat16"
     assert describe_model(llama(), kv_cache_dtype="FP8").kv_dtype == "fp8"
@@ -1318,7 +1327,7 @@ def test_the_longest_context_search_can_answer_one_token():
 
 
 def test_kv_heads_against_tp():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     with pytest.raises(BadInput) as exc:
         describe_model(llama(kv=6, heads=32), tp=4, where="m")
@@ -1332,7 +1341,7 @@ def test_kv_heads_against_tp():
 
 
 def test_mla_latent_uses_the_configs_rope_dim_and_refuses_a_bad_rank():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     shape = describe_model({**cfg("mla"), "qk_rope_head_dim": 32})
     assert {l.bytes_per_token for l in shape.layers} == {(512 + 32) * 2}
@@ -1415,7 +1424,7 @@ def test_a_size_too_large_for_a_float_is_refused():
 # ---------------------------------------------------------------- config fields and layer types
 
 def _kinds(c: dict) -> list[str]:
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     shape = describe_model(c)
     assert not any("not a type vLLM" in n for n in shape.notes), shape.notes
@@ -1437,7 +1446,7 @@ def test_layer_types_from_the_config_patterns():
 
 
 def test_chunked_layers_become_full_next_to_full_layers_but_sliding_layers_stay():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     c = llama(layers=3, kv=8, sliding_window=1024, attention_chunk_size=8192,
               layer_types=["chunked_attention", "sliding_attention", "full_attention"])
@@ -1461,7 +1470,7 @@ def test_chunked_layers_become_full_next_to_full_layers_but_sliding_layers_stay(
     (dict(num_attention_heads=None), "m: field 'num_attention_heads' must be an integer >= 1, got None."),
 ])
 def test_bad_layer_fields_are_refused_naming_the_config(over, message):
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     with pytest.raises(BadInput) as exc:
         describe_model(llama(layers=1, **over), where="m")
@@ -1469,7 +1478,7 @@ def test_bad_layer_fields_are_refused_naming_the_config(over, message):
 
 
 def test_one_token_windows_and_chunks_are_accepted():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     assert [l.window for l in describe_model(llama(layers=1, sliding_window=1, layer_types=["sliding_attention"])).layers] == [1]
     c = llama(layers=1, attention_chunk_size=1, layer_types=["chunked_attention"])
@@ -1477,7 +1486,7 @@ def test_one_token_windows_and_chunks_are_accepted():
 
 
 def test_unknown_attention_types_are_named_in_one_note():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     c = llama(layers=4, layer_types=["full_attention", "b_attention", "full_attention", "a_attention"])
     assert describe_model(c).notes == [
@@ -1486,14 +1495,14 @@ def test_unknown_attention_types_are_named_in_one_note():
 
 
 def test_sparse_mla_indexer_is_noted_as_not_counted():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     assert "sparse-MLA indexer cache (DeepSeek V3.2 style) not counted" in describe_model({**cfg("mla"), "index_topk": 2048}).notes
     assert not any("indexer" in n for n in describe_model(cfg("mla")).notes)
 
 
 def test_activation_width_defaults_and_moe():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     bare = {k: v for k, v in llama().items() if k not in ("intermediate_size", "vocab_size")}
     shape = describe_model(bare)
@@ -1509,7 +1518,7 @@ def test_activation_width_defaults_and_moe():
 
 @pytest.mark.parametrize("key", ["llm_config", "language_config"])
 def test_other_nestings_of_the_decoder_config_equal_flat(key):
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     inner = {k: v for k, v in llama(layers=2, kv=4).items() if k != "torch_dtype"}
     nested = describe_model({key: inner, "torch_dtype": "float16", "vision_config": {"hidden_size": 8}})
@@ -1519,7 +1528,7 @@ def test_other_nestings_of_the_decoder_config_equal_flat(key):
 
 
 def test_text_config_takes_the_wrappers_dtype_and_quantization_and_wins_over_llm_config():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     inner = {k: v for k, v in llama(layers=2, kv=4).items() if k != "torch_dtype"}
     q = {"quant_method": "modelopt", "quantization": {"kv_cache_quant_algo": "FP8"}}
@@ -1548,7 +1557,7 @@ def test_text_config_takes_the_wrappers_dtype_and_quantization_and_wins_over_llm
     ("mamba", "conv_kernel", 0, "m: field 'conv_kernel' must be an integer >= 1, got 0."),
 ])
 def test_state_shape_fields_are_checked_naming_the_config(make, drop, bad, message):
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     c = _gdn() if make == "gdn" else _mamba2()
     del c[drop]
@@ -1560,7 +1569,7 @@ def test_state_shape_fields_are_checked_naming_the_config(make, drop, bad, messa
 
 
 def test_gdn_heads_that_do_not_split_name_the_config():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     with pytest.raises(BadInput) as exc:
         describe_model(_gdn(linear_num_value_heads=6), tp=4, where="m")
@@ -1578,7 +1587,7 @@ def test_pp_partition_ranges_are_contiguous_with_the_remainder_before_the_last_s
 def test_compare_with_log_fields_and_tolerance_bound():
     import dataclasses
 
-    from builder.plan import compare_with_log
+    from builder.serving.plan import compare_with_log
 
     p = make_plan(llama(), weights_bytes=4 * GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
     log = ("Available KV cache memory: 60.00 GiB\nGPU KV cache size: 1,000,000 tokens\n"
@@ -1630,7 +1639,7 @@ def test_refuse_unless_fits_joins_every_reason_and_suggestion():
     import dataclasses
 
     from builder.errors import VerdictFailure
-    from builder.plan import refuse_unless_fits
+    from builder.serving.plan import refuse_unless_fits
 
     bad = make_plan(llama(), weights_bytes=80 * GiB, gpu_memory_bytes=80 * GiB, gpu_memory_utilization=1.0,
                     max_model_len=4096, reserve_bytes=0)
@@ -1646,7 +1655,7 @@ def test_refuse_unless_fits_joins_every_reason_and_suggestion():
 
 
 def test_model_dtype_spellings():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     bare = {k: v for k, v in llama().items() if k != "torch_dtype"}
     assert describe_model(bare).kv_dtype == "bfloat16"                      # no dtype given: bf16
@@ -1667,7 +1676,7 @@ def test_load_config_reads_utf8_whatever_the_locale_and_wants_an_object(tmp_path
     d.mkdir()
     (d / "config.json").write_text(json.dumps({**llama(), "_comment": "Größe"}, ensure_ascii=False), encoding="utf-8")
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "utf-8"}
-    code = f"from builder.plan import load_config; print(load_config({str(d)!r})[0]['_comment'] == 'Gr\\u00f6\\u00dfe')"
+    code = f"from builder.serving.plan import load_config; print(load_config({str(d)!r})[0]['_comment'] == 'Gr\\u00f6\\u00dfe')"
     r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent, env=env,
                        capture_output=True, text=True, encoding="utf-8", timeout=60)
     assert r.stdout.strip() == "True", r.stderr
@@ -1678,7 +1687,7 @@ def test_load_config_reads_utf8_whatever_the_locale_and_wants_an_object(tmp_path
 
 
 def test_checkpoint_bytes_from_the_safetensors_headers(tmp_path):
-    from builder.plan import checkpoint_bytes
+    from builder.serving.plan import checkpoint_bytes
     from tests.fx_checkpoint import shard_bytes
 
     d = _model_dir(tmp_path)
@@ -1690,7 +1699,7 @@ def test_checkpoint_bytes_from_the_safetensors_headers(tmp_path):
 # ---------------------------------------------------------------- the text report
 
 def test_sizes_print_in_both_units_by_magnitude():
-    from builder.plan import _fmt
+    from builder.serving.plan import _fmt
 
     assert _fmt(2 * 10**8) == "0.20 GB (0.19 GiB)"
     assert _fmt(10**8) == "0.10 GB (0.09 GiB)"
@@ -1704,7 +1713,7 @@ def test_sizes_print_in_both_units_by_magnitude():
 
 
 def test_render_text_of_a_fitting_hybrid_plan_on_a_pipeline():
-    from builder.plan import _fmt, render_text
+    from builder.serving.plan import _fmt, render_text
 
     c = cfg("sliding")
     p = make_plan(c, weights_bytes=16 * GiB, gpus=4, tp=2, pp=2, gpu_memory_bytes=80 * GiB, max_model_len=32768,
@@ -1734,7 +1743,7 @@ def test_render_text_of_a_fitting_hybrid_plan_on_a_pipeline():
 
 
 def test_render_text_of_a_plan_that_fails_at_boot():
-    from builder.plan import render_text
+    from builder.serving.plan import render_text
 
     p = make_plan(llama(), weights_bytes=80 * GiB, gpu_memory_bytes=80 * GiB, gpu_memory_utilization=1.0,
                   max_model_len=4096, reserve_bytes=0)
@@ -1753,7 +1762,7 @@ def test_render_text_of_a_plan_that_fails_at_boot():
 
 
 def test_render_text_of_a_plan_without_kv_limits():
-    from builder.plan import render_text
+    from builder.serving.plan import render_text
 
     p = _plan(llama(layers=2, kv=8, num_kv_shared_layers=2))
     text = render_text(p)
@@ -1765,8 +1774,8 @@ def test_render_text_of_a_plan_without_kv_limits():
 
 
 def test_release_facts_and_the_kv_dtypes_a_release_accepts(monkeypatch):
-    import builder.plan as plan
-    from builder.plan import RELEASE_FACTS, check_kv_cache_dtype, release_facts
+    import builder.serving.plan as plan
+    from builder.serving.plan import RELEASE_FACTS, check_kv_cache_dtype, release_facts
 
     facts = release_facts(None)
     check_kv_cache_dtype("float32", facts)               # not a CacheDType value, but vLLM takes it
@@ -1782,7 +1791,7 @@ def test_release_facts_and_the_kv_dtypes_a_release_accepts(monkeypatch):
     with pytest.raises(BadInput) as exc:
         release_facts(last)
     assert exc.value.message == (f"plan: no release facts for vLLM {last} (known: {', '.join(plan.RELEASE_FACTS)}); "
-                                 "add its entry to builder/plan.py:RELEASE_FACTS from the wheel "
+                                 "add its entry to builder/serving/plan.py:RELEASE_FACTS from the wheel "
                                  "(scripts/vllm-release-facts.py).")
 
 
@@ -1794,7 +1803,7 @@ def test_json_document_names_its_schema_and_verdict():
 
 
 def test_mla_rope_dim_errors_name_the_config():
-    from builder.plan import describe_model
+    from builder.serving.plan import describe_model
 
     with pytest.raises(BadInput) as exc:
         describe_model({**cfg("mla"), "qk_rope_head_dim": 0}, where="m")

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from builder import patches as P
-from builder import port as PO
-from builder import probe as PR
 from builder.cli import main
 from builder.errors import BadInput, ExternalToolError, PatchFailed
+from builder.patching import port as PO
+from builder.patching import probe as PR
+from builder.patching import series as P
 from tests.fx_wheels import write_wheel
 
 BODY = """    a = x + 1
@@ -314,7 +314,7 @@ def test_a_failed_probe_env_install_raises_and_leaves_no_venv(cache, probe_wheel
     assert head == "cannot build the probe environment (probedep==1.0, probeaux, nosuchpkg," and "not found" in uv_says
     assert list((cache / "probe-env").iterdir()) == []
     # uv's reason comes last: the message keeps the last 1500 characters of its output
-    from builder.lock import Uv
+    from builder.resolve.lock import Uv
 
     err = "".join(f"uv line {i:04d}\n" for i in range(300)) + "\n"
     monkeypatch.setattr(Uv, "pip_install", lambda self, *a, **k: subprocess.CompletedProcess([], 2, "", err))

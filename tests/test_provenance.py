@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 
-from builder import provenance as PV
-from builder.referrers import EMPTY, OCI_INDEX, artifact_manifest, digest_of, merge_index, referrers_tag
+from builder.image import provenance as PV
+from builder.image.referrers import EMPTY, OCI_INDEX, artifact_manifest, digest_of, merge_index, referrers_tag
 
 
 def _sha(b: bytes) -> str:
@@ -31,7 +31,7 @@ def test_render_writes_a_valid_statement_naming_every_input(tmp_path, monkeypatc
     assert deps["requirements.lock"]["digest"]["sha256"] == _sha((out / "requirements.lock").read_bytes())
     assert deps["requirements.lock"]["annotations"]["lockHash"] == plan.lock.lock_hash
     assert deps["base-manifest"]["digest"]["sha256"] == plan.lock.header["base-manifest-sha256"]
-    from builder.render import _env
+    from builder.image.render import _env
 
     template = _env().loader.get_source(_env(), "Dockerfile.j2")[0].encode()
     assert deps["templates/Dockerfile.j2"]["digest"]["sha256"] == _sha(template) == bd["internalParameters"]["templateSha256"]

@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 from packaging.pylock import Pylock
 
-from builder import pylock as P
 from builder.cli import main
 from builder.errors import BadInput
-from builder.lock import find_uv, target_tags
-from builder.lockfile import load_lock, parse_lock
+from builder.resolve import pylock as P
+from builder.resolve.lock import find_uv, target_tags
+from builder.resolve.lockfile import load_lock, parse_lock
 from builder.util import project_root
 
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"

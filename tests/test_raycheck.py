@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builder import raycheck
-from builder.lockfile import LockEntry, LockFile, WheelRef, load_lock, parse_lock
-from builder.raycheck import Finding, NodeReport, compare
-
+from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, load_lock, parse_lock
+from builder.serving import raycheck
+from builder.serving.raycheck import Finding, NodeReport, compare
 from tests.fx_docker import DOCKER  # noqa: E402 - the CLI the tool itself runs
+
 RAY_REQ = "ray[serve]==2.60.0"
 
 
@@ -194,7 +194,6 @@ def ray_wheelhouse() -> Path:
     """ray[serve] and its dependencies for the stand-in (CPython 3.11, manylinux x86_64), downloaded
     once from PyPI with pip (hash-checked by the lock and again by render), numpy held at the base's."""
     from builder.util import cache_dir
-
     from tests.fx_docker import _PIP_TARGET
 
     root = cache_dir() / "raycheck" / ("wheelhouse-" + RAY_REQ.replace("[", "-").replace("]", "").replace("==", "-"))
@@ -334,7 +333,7 @@ def test_pipeline_push_kuberay_pins_the_pushed_digest(ray_image, standin_base_im
 def test_serve_app_in_the_image_imports_and_accepts_the_rayservice_config(ray_image, tmp_path):
     """The module the image carries imports without GPU/vllm engine, builds a Serve application from
     the rendered serveConfigV2 args, and the serveConfigV2 passes Ray Serve's own config schema."""
-    from builder import kuberay
+    from builder.serving import kuberay
     from builder.spec import Serving, Spec
 
     lock = load_lock(ray_image.lock)
@@ -434,7 +433,7 @@ def test_default_lock_is_the_one_whose_hash_the_image_carries(tmp_path, monkeypa
 
     from builder.commands.raycheck import image_lock
     from builder.engine import ImageInfo
-    from builder.lockfile import load_lock
+    from builder.resolve.lockfile import load_lock
     from builder.util import project_root
 
     src = project_root() / "lockfiles" / "vllm-0.26.0" / "requirements.lock"
@@ -460,7 +459,7 @@ def test_default_lock_is_the_one_whose_hash_the_image_carries(tmp_path, monkeypa
 def test_nodes_share_one_loopback_only_namespace(monkeypatch):
     """Ray binds 0.0.0.0 whatever --node-ip-address says: with --network=host its GCS, raylets and agents
     listened on every host interface. The head gets --network=none, the workers join its namespace."""
-    from builder import raycheck as RC
+    from builder.serving import raycheck as RC
 
     started = []
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from builder import index as ix
 from builder.cli import main
-from builder.lock import target_tags
-from builder.lockfile import load_lock
-from builder.raychoice import BACKEND_FALLBACK, BACKEND_RAY_LLM, RayRelease, choose, llm_vllm_pin, ray_releases
+from builder.resolve import index as ix
+from builder.resolve.lock import target_tags
+from builder.resolve.lockfile import load_lock
+from builder.resolve.raychoice import BACKEND_FALLBACK, BACKEND_RAY_LLM, RayRelease, choose, llm_vllm_pin, ray_releases
 from tests.fx_wheels import install_into, write_wheel
 
 TAGS = target_tags("3.12", "cp312", "x86_64-manylinux_2_35")

@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from builder.cli import main
 from builder.errors import BadInput
-from builder.manifest import load_manifest
-from builder.reconstruct import parse_recipes, provenance_text, recipe_for
+from builder.resolve.manifest import load_manifest
+from builder.resolve.reconstruct import parse_recipes, provenance_text, recipe_for
 from tests.fx_index import serve_index
 from tests.fx_wheels import write_wheel
 
@@ -84,7 +84,7 @@ def test_recipes_parse_defaults_overrides_and_errors():
 
 
 def test_the_shipped_recipes_cover_every_shipped_manifest():
-    from builder.reconstruct import load_recipes
+    from builder.resolve.reconstruct import load_recipes
     from builder.spec import supported_vllm_versions
 
     recipes = load_recipes()

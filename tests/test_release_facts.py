@@ -13,9 +13,9 @@ from click.testing import CliRunner
 
 from builder.cli import main
 from builder.errors import BadInput
-from builder.lockfile import load_lock
-from builder.plan import GiB, RELEASE_FACTS, make_plan, release_facts
-from builder.smoke.release import check_image_release, resolve_release
+from builder.resolve.lockfile import load_lock
+from builder.serving.plan import RELEASE_FACTS, GiB, make_plan, release_facts
+from builder.serving.smoke.release import check_image_release, resolve_release
 from builder.spec import default_lock_path, supported_vllm_versions
 from builder.util import project_root
 
@@ -47,7 +47,7 @@ def test_the_plan_records_the_release_and_takes_its_defaults():
 
 
 def test_a_kv_cache_dtype_is_checked_against_the_releases_cachedtype():
-    from builder.plan import check_kv_cache_dtype
+    from builder.serving.plan import check_kv_cache_dtype
 
     check_kv_cache_dtype("nvfp4_4over6", release_facts("0.28.0"))
     with pytest.raises(BadInput, match=r"'nvfp4_4over6' .*vLLM 0.27.1 does not accept it"):
@@ -166,8 +166,8 @@ def test_smoke_vllm_without_image_runs_the_default_locks_tag(tmp_path):
 
 
 def test_a_release_without_a_series_says_none_shipped(tmp_path, monkeypatch):
-    import builder.patches as patches
-    from builder.smoke.report import render_text  # noqa: F401 - the text is checked through the dict below
+    import builder.patching.series as patches
+    from builder.serving.smoke.report import render_text  # noqa: F401 - the text is checked through the dict below
 
     monkeypatch.setattr(patches, "patches_root", lambda: tmp_path)
     rel = resolve_release("0.27.0")

@@ -6,12 +6,12 @@ import pytest
 from click.testing import CliRunner
 
 from builder.cli import main
-from builder.index import SimpleIndex
-from builder.lock import target_tags
-from builder.lockfile import load_lock
-from builder.manifest import load_manifest
-from builder.raychoice import choose, ray_releases
-from builder.reconstruct import load_recipes, release_instant
+from builder.resolve.index import SimpleIndex
+from builder.resolve.lock import target_tags
+from builder.resolve.lockfile import load_lock
+from builder.resolve.manifest import load_manifest
+from builder.resolve.raychoice import choose, ray_releases
+from builder.resolve.reconstruct import load_recipes, release_instant
 from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions
 
 pytestmark = pytest.mark.slow

@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from builder.errors import BadInput, IntegrityError
-from builder.lockfile import LockEntry, LockFile, WheelRef
-from builder.manifest import BaseManifest, DistFacts, Distribution
-from builder.render import (
+from builder.image.render import (
     PatchedFile,
     RenderPlan,
     check_consistency,
@@ -25,6 +23,8 @@ from builder.render import (
     verify_context,
     write_context,
 )
+from builder.resolve.lockfile import LockEntry, LockFile, WheelRef
+from builder.resolve.manifest import BaseManifest, DistFacts, Distribution
 
 DIGEST = "sha256:" + "ab" * 32
 
@@ -297,7 +297,7 @@ def test_cli_build_reports_missing_wheel_with_exit_code(tmp_path):
 
 
 def test_base_refs_lists_images_not_stages():
-    from builder.render import base_refs
+    from builder.image.render import base_refs
 
     text = render_dockerfile(_plan())
     assert base_refs(text) == [f"vllm/vllm-openai:v0.26.0@{DIGEST}"]
@@ -306,7 +306,7 @@ def test_base_refs_lists_images_not_stages():
 
 def test_render_context_with_kuberay_manifests(tmp_path, monkeypatch):
     """render --kuberay: the manifests land in the context beside the Dockerfile, naming the image."""
-    from builder.render import render_context
+    from builder.image.render import render_context
     from builder.spec import Spec
 
     monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
@@ -326,7 +326,7 @@ def test_render_context_with_kuberay_manifests(tmp_path, monkeypatch):
 
 
 def test_parse_ref_and_loopback_scheme():
-    from builder.registry import RegistryClient, parse_ref
+    from builder.image.registry import RegistryClient, parse_ref
 
     r = parse_ref("127.0.0.1:5000/serving/vllm:vllm0.26.0-abc")
     assert (r.registry, r.repository, r.tag, r.digest) == ("127.0.0.1:5000", "serving/vllm", "vllm0.26.0-abc", None)
@@ -345,7 +345,7 @@ def test_registry_unreachable_is_a_registry_error():
     import socket
 
     from builder.errors import RegistryError
-    from builder.registry import RegistryClient
+    from builder.image.registry import RegistryClient
 
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -440,8 +440,8 @@ MOVING_TAG = "127.0.0.1:5000/s/v:vllm0.26.0"
 
 
 def _push_with(monkeypatch, engine, registry, tags=(CA_TAG,), **kw):
-    import builder.registry as R
-    from builder.push import push_image
+    import builder.image.registry as R
+    from builder.image.push import push_image
 
     monkeypatch.setattr(R, "client_for", lambda t: (registry, R.parse_ref(t)))
     return push_image(list(tags), engine=engine, **kw).to_dict()
@@ -504,7 +504,7 @@ def test_registry_credentials_from_a_credential_helper(tmp_path, monkeypatch):
     """`docker login` with credsStore/credHelpers leaves `auths` empty: the helper is asked, per registry."""
     import base64
 
-    from builder.registry import _docker_config_auth
+    from builder.image.registry import _docker_config_auth
 
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -564,7 +564,7 @@ def test_a_lock_with_an_unknown_serve_backend_is_refused():
 
 def test_the_committed_default_locks_serve_backend_reaches_the_dockerfile():
     """Every committed default lock's serve-backend is rendered as the image's default backend."""
-    from builder.lockfile import load_lock
+    from builder.resolve.lockfile import load_lock
     from builder.util import project_root
 
     locks = sorted((project_root() / "lockfiles").glob("vllm-*/requirements.lock"))

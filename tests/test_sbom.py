@@ -8,12 +8,12 @@ import re
 
 import pytest
 
-from builder import sbom as S
 from builder.errors import IntegrityError
-from builder.lockfile import LockEntry, WheelRef, load_lock
-from builder.manifest import DistFacts, load_manifest
-from builder.patches import PatchedFile, load_series
-from builder.render import RenderPlan, oci_labels, render_dockerfile, verify_context
+from builder.image import sbom as S
+from builder.image.render import RenderPlan, oci_labels, render_dockerfile, verify_context
+from builder.patching.series import PatchedFile, load_series
+from builder.resolve.lockfile import LockEntry, WheelRef, load_lock
+from builder.resolve.manifest import DistFacts, load_manifest
 from builder.util import project_root
 
 ROOT = project_root()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from builder.smoke import SmokeConfig, render_text, run_smoke
+from builder.serving.smoke import SmokeConfig, render_text, run_smoke
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fake_openai_server.py"
@@ -87,7 +87,7 @@ def test_the_default_backend_is_the_images(monkeypatch):
 
 
 def test_smoke_serve_leaves_the_backend_to_the_image_unless_asked():
-    from builder.smoke.serve import app_args
+    from builder.serving.smoke.serve import app_args
 
     assert "backend" not in app_args(SmokeConfig(model="/m", serve=True), "/models/m")
     assert app_args(SmokeConfig(model="/m", serve=True, serve_backend="auto"), "/models/m")["backend"] == "auto"
@@ -187,7 +187,7 @@ def test_a_replica_that_fails_to_start_is_a_fail_with_the_replica_log(tmp_path):
 
 
 def test_runner_lines_are_read_into_the_report():
-    from builder.smoke import serve as sv
+    from builder.serving.smoke import serve as sv
 
     text = "\n".join([
         "build-image-serve: ray 2.58.1 started in 13.73 s (resources {\"GPU\": 1.0})",
@@ -208,7 +208,7 @@ def test_runner_lines_are_read_into_the_report():
 
 def test_serve_app_args_carry_the_serving_settings_and_refuse_what_the_app_cannot_take(tmp_path):
     from builder.errors import BadInput
-    from builder.smoke import serve as sv
+    from builder.serving.smoke import serve as sv
 
     cfg = SmokeConfig(model=str(tmp_path), serve=True, tp=2, max_model_len=4096, gpu_memory_utilization=0.5,
                       max_num_seqs=32, kv_cache_dtype="bf16", extra_args=["--enforce-eager", "--max-num-batched-tokens=8192"])

@@ -1,4 +1,4 @@
-"""CPU tests of the smoke probe (builder/smoke.py, `build-image smoke`).
+"""CPU tests of the smoke probe (builder/serving/smoke.py, `build-image smoke`).
 
 The probe runs against tests/fake_openai_server.py (started by the probe, as it
 starts `vllm serve`), with failures injected; log parsing uses real vLLM 0.26.0
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from builder import smoke
 from builder.errors import BadInput
-from builder.smoke import (
+from builder.serving import smoke
+from builder.serving.smoke import (
     FAIL,
     PASS,
     SMOKE_REPORT_SCHEMA,
@@ -300,7 +300,7 @@ def test_chat_stream_ttft_is_the_first_content_delta_not_the_role_chunk():
     import socket
     import subprocess as sp
 
-    from builder.smoke.client import chat_body, post_completion
+    from builder.serving.smoke.client import chat_body, post_completion
 
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -484,7 +484,7 @@ def test_checkpoint_tokenizer_covers_vocab(tmp_path):
 
 
 def test_config_from_serving(tmp_path):
-    from builder.smoke import config_from_serving
+    from builder.serving.smoke import config_from_serving
     from builder.spec import Serving
 
     s = Serving(tp=2, max_model_len=131072, gpu_memory_utilization=0.93, max_num_seqs=16, kv_cache_dtype="auto",
@@ -676,7 +676,7 @@ def test_default_concurrency_against_the_fake_server(tmp_path):
 
 
 def test_plan_uses_vllms_default_utilization_and_suggests(tmp_path):
-    from builder.plan import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+    from builder.serving.plan import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 
     model = _tiny_checkpoint(tmp_path / "m")
     d = smoke.preflight_plan(SmokeConfig(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096), lambda m: None)
@@ -689,7 +689,7 @@ def test_plan_uses_vllms_default_utilization_and_suggests(tmp_path):
 
 
 def test_pp_offload_and_kv_dtype_reach_vllm_and_the_plan(tmp_path):
-    from builder.smoke import config_from_serving
+    from builder.serving.smoke import config_from_serving
     from builder.spec import Serving
 
     s = Serving(tp=2, pp=2, gpus=4, cpu_offload_gb=3.0, kv_cache_dtype="bf16", gpu_memory="80GiB",

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from builder.errors import BadInput
-from builder.kuberay import serve_args
-from builder.smoke import SmokeConfig, render_text, run_smoke
-from builder.smoke.config import MULTICAST_OFF, check_gpus_visible, config_from_serving
-from builder.smoke.runner import prepare_launch
-from builder.smoke.serve import app_args
-from builder.smoke.server import build_docker_command, build_local_command
+from builder.serving.kuberay import serve_args
+from builder.serving.smoke import SmokeConfig, render_text, run_smoke
+from builder.serving.smoke.config import MULTICAST_OFF, check_gpus_visible, config_from_serving
+from builder.serving.smoke.runner import prepare_launch
+from builder.serving.smoke.serve import app_args
+from builder.serving.smoke.server import build_docker_command, build_local_command
 from builder.spec import parse_spec
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 
 from builder import upgrade as U
 from builder.cli import main
-from builder.manifest import load_manifest
-from tests.test_port import A_MOD, HEADER, PROBE, PATCHED_A, diff, tree
+from builder.resolve.manifest import load_manifest
+from tests.test_port import A_MOD, HEADER, PATCHED_A, PROBE, diff, tree
 
 
 @pytest.fixture(autouse=True)

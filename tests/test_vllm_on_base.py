@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from builder.cli import main
-from builder.lockfile import load_lock
-from builder.manifest import load_manifest
+from builder.resolve.lockfile import load_lock
+from builder.resolve.manifest import load_manifest
 from tests.fx_wheels import install_into, write_wheel
 
 

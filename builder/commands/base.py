@@ -7,13 +7,14 @@ from pathlib import Path
 
 import click
 
-from ..errors import BadInput
+from builder.errors import BadInput
 
 
 def _progress():
     """A rich progress bar on stderr (quiet when stderr is not a terminal)."""
-    from . import stderr_console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from builder.commands import stderr_console
 
     console = stderr_console(highlight=True)
     return Progress(
@@ -51,7 +52,7 @@ def command() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_name, as_path, method, output, as_json):
     """Write a base manifest from --image REF or --site-packages DIR."""
-    from .. import base
+    from builder.resolve import base
 
     if bool(image) == bool(site_packages):
         raise BadInput("base snapshot: give exactly one of --image REF or --site-packages DIR.")
@@ -125,10 +126,9 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json):
     2 bad input (no recipe, bad recipes file), 4 the recipe does not resolve, 7 index unreachable,
     12 uv failed.
     """
-    from . import stderr_console
-
-    from ..reconstruct import default_recipes_path, load_recipes, recipe_for, reconstruct
-    from ..spec import default_base_manifest
+    from builder.commands import stderr_console
+    from builder.resolve.reconstruct import default_recipes_path, load_recipes, recipe_for, reconstruct
+    from builder.spec import default_base_manifest
 
     path = recipes or default_recipes_path()
     recipe = recipe_for(load_recipes(path), vllm, str(path))
@@ -173,9 +173,9 @@ def list_cmd(as_json):
     """The shipped base manifests: vllm, torch, CUDA, Python, glibc, transformers, and the default lock's ray."""
     from packaging.version import Version
 
-    from ..lockfile import load_lock
-    from ..manifest import load_manifest
-    from ..spec import default_base_manifest, default_lock_path, supported_vllm_versions
+    from builder.resolve.lockfile import load_lock
+    from builder.resolve.manifest import load_manifest
+    from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions
 
     rows = []
     for vllm in sorted(supported_vllm_versions(), key=Version):

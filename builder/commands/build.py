@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from . import stderr_console
+from builder.commands import stderr_console
 
 
 @click.command("build")
@@ -26,9 +26,9 @@ def command(context, vllm, repo, spec_file, pull, as_json):
     mismatch, 8 engine unreachable, 9 build failed (incl. the Dockerfile's early checks, and a
     base image missing from the engine without --pull).
     """
-    from ..build import build_image
-    from ..render import default_out_dir, read_context
-    from ..spec import load_spec
+    from builder.image.build import build_image
+    from builder.image.render import default_out_dir, read_context
+    from builder.spec import load_spec
 
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo)
     ctx = read_context(context or default_out_dir(spec.vllm), spec.repo)  # verifies every sha256 first
@@ -54,7 +54,7 @@ def source_date_epoch_note(context: Path) -> str | None:
     import os
     import re
 
-    from ..render import default_source_date_epoch, epoch_iso
+    from builder.image.render import default_source_date_epoch, epoch_iso
 
     if not os.environ.get("SOURCE_DATE_EPOCH"):
         return None

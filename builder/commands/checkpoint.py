@@ -14,11 +14,20 @@ import sys
 
 import click
 
-from ..checkpoint import (
-    ContentPlan, HashCache, Sha256Hasher, check_hf_small_files, content_plan_from_sums, hf_expected, hf_source,
-    inspect_checkpoint, load_sums, render_text, scan_directory,
+from builder.errors import BadInput, VerdictFailure
+from builder.serving.checkpoint import (
+    ContentPlan,
+    HashCache,
+    Sha256Hasher,
+    check_hf_small_files,
+    content_plan_from_sums,
+    hf_expected,
+    hf_source,
+    inspect_checkpoint,
+    load_sums,
+    render_text,
+    scan_directory,
 )
-from ..errors import BadInput, VerdictFailure
 
 
 def _default_jobs() -> int:
@@ -94,12 +103,18 @@ def verify(directory, sums_file, hf_cache, jobs, rehash, strict, as_json):
 
 def _hash(inv, plan, hasher, cache, *, quiet: bool):
     """Run the hashing with a rich progress bar on a terminal, plain lines otherwise."""
-    from ..checkpoint import verify_content
+    from builder.serving.checkpoint import verify_content
 
     if sys.stderr.isatty():
         from rich.console import Console
-        from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                                   TransferSpeedColumn)
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
 
         progress = Progress(TextColumn("sha256"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                             TimeRemainingColumn(), transient=True, console=Console(stderr=True))

@@ -7,7 +7,7 @@
 Exit 0: no dangerous change; 1: a change the ABI gate would reject (group 1;
 allowed ones only with --fail-on-allowed); 2: bad input.
 
-Imports stay lazy (rich, packaging, builder.abi are loaded only when used): the
+Imports stay lazy (rich, packaging, builder.resolve.abi are loaded only when used): the
 command runs as a git textconv and in CI on every PR.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import BadInput, ExternalToolError, VerdictFailure
+from builder.errors import BadInput, ExternalToolError, VerdictFailure
 
 FORMATS = ("text", "markdown", "json")
 
@@ -106,7 +106,7 @@ def parse_checked(text: str, where: str, strict: bool = False):
     """parse_lock, lenient by default: a truncated or hand-edited lock is diffed anyway, its
     findings (each naming the line) in ``problems``, flagged by the diff as dangerous; a file
     that is not a lock is BadInput (exit 2)."""
-    from ..lockfile import parse_lock
+    from builder.resolve.lockfile import parse_lock
 
     return parse_lock(text, where, strict=strict)
 
@@ -119,8 +119,8 @@ _PARSED: dict[str, object] = {}
 
 
 def _manifest_from_text(text: str, where: str, lock, notes: list[str]):
-    from ..manifest import parse_manifest
-    from ..util import sha256_bytes
+    from builder.resolve.manifest import parse_manifest
+    from builder.util import sha256_bytes
 
     m = _PARSED.get(text)
     if m is None:  # both sides usually share one manifest: parse it once
@@ -137,7 +137,7 @@ def _file_manifest(lock, lock_path: Path, explicit: Path | None, notes: list[str
     """The base manifest for a lock read from a file: --base-manifest, else
     lockfiles/base/vllm-openai-v<vllm>.json beside the lock's folder, in the cwd,
     or in the checkout."""
-    from ..data import path as data_path
+    from builder.data import path as data_path
 
     if explicit is not None:
         try:
@@ -171,7 +171,7 @@ def _git_manifest(git: Git, rev: str, label: str, lock, explicit: Path | None, n
 
 
 def _diff_files(old: str, new: str, base_manifest: Path | None, fail_on_allowed: bool):
-    from ..diff import diff_locks
+    from builder.resolve.diff import diff_locks
 
     sides = []
     for p in (old, new):
@@ -198,7 +198,7 @@ def _diff_files(old: str, new: str, base_manifest: Path | None, fail_on_allowed:
 
 
 def _diff_git(spec: str, paths: tuple[str, ...], base_manifest: Path | None, fail_on_allowed: bool):
-    from ..diff import diff_locks
+    from builder.resolve.diff import diff_locks
 
     git = Git(".")
     a, b, use_mb = split_revs(spec)
@@ -209,7 +209,7 @@ def _diff_git(spec: str, paths: tuple[str, ...], base_manifest: Path | None, fai
     scope = [git.rel(p) for p in paths] if paths else ["lockfiles"]
     changed = [p for p in git.changed(ca, cb, scope) if p.endswith(".lock")]
     if paths:
-        from ..pylock import is_pylock_path
+        from builder.resolve.pylock import is_pylock_path
 
         for p, given in zip(scope, paths):
             if not (p.endswith(".lock") or is_pylock_path(p)) and (git.show(ca, p) is not None or git.show(cb, p) is not None):
@@ -250,8 +250,8 @@ def _diff_git(spec: str, paths: tuple[str, ...], base_manifest: Path | None, fai
 
 
 def render(diffs, fmt: str, color: bool) -> str:
-    from .. import report
-    from ..diff import to_document, to_json_doc
+    from builder import report
+    from builder.resolve.diff import to_document, to_json_doc
 
     if fmt == "json":
         return report.render_json(to_json_doc(diffs))
@@ -316,13 +316,13 @@ def command(paths, git_revs, fmt, as_json, textconv_file, base_manifest, fail_on
                 hint="or use `build-image diff --git origin/main..HEAD` to compare across git revisions.",
             )
         diffs = _diff_files(paths[0], paths[1], base_manifest, fail_on_allowed)
-    from .. import report
+    from builder import report
 
     out = render(diffs, fmt, report.use_color(sys.stdout, color) if fmt == "text" else False)
     if max_chars is not None:
         if fmt != "markdown":
             raise BadInput("--max-chars applies to --format markdown (a PR comment); text and json are never cut.")
-        from ..comment_fit import fit
+        from builder.comment_fit import fit
 
         out = fit(out, max_chars, full_report)
     sys.stdout.write(out)
@@ -339,7 +339,7 @@ def command(paths, git_revs, fmt, as_json, textconv_file, base_manifest, fail_on
 def _textconv(path: str) -> None:
     """git calls the textconv with a temp file; a file that is not a valid lock is
     printed as is, under a one-line warning, so `git diff` still shows it."""
-    from ..diff import textconv
+    from builder.resolve.diff import textconv
 
     try:
         data = Path(path).read_bytes()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import AbiRejected, BadInput, BuildImageError, StaleLock, Unsatisfiable
-from ..util import canonical_name
+from builder.errors import AbiRejected, BadInput, BuildImageError, StaleLock, Unsatisfiable
+from builder.util import canonical_name
 
 
 def _allow(names: tuple[str, ...], reasons: tuple[str, ...]) -> dict[str, str] | None:
@@ -32,7 +32,7 @@ def _allow(names: tuple[str, ...], reasons: tuple[str, ...]) -> dict[str, str] |
 
 
 def _say_factory(quiet: bool):
-    from . import stderr_console
+    from builder.commands import stderr_console
 
     console = stderr_console(highlight=True)
     if quiet or not console.is_terminal:
@@ -102,8 +102,8 @@ _ERROR_STATUS = {BadInput: "bad-input", StaleLock: "stale", Unsatisfiable: "unsa
 
 def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
           exclude_newer, no_default_overlay, as_json, force):
-    from ..lockstage import run_lock
-    from ..spec import load_spec
+    from builder.resolve.lockstage import run_lock
+    from builder.spec import load_spec
 
     spec = load_spec(spec_path).with_flags(
         vllm=vllm, with_=list(with_) or None, base=base, lock=output, allow_abi_change=_allow(allow_names, reasons),

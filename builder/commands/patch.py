@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from .. import patches as P
-from ..errors import PatchFailed
-from ..util import atomic_write_text, sha256_file
+from builder.errors import PatchFailed
+from builder.patching import series as P
+from builder.util import atomic_write_text, sha256_file
 
 
 def _series(vllm: str, series_dir: str | None) -> P.Series:
@@ -27,7 +27,7 @@ def _wheel(series: P.Series, wheel: str | None, progress: bool) -> Path:
                 f"--wheel {path}: sha256 differs from the wheel the series was made for "
                 f"({series.wheel_filename} {series.wheel_sha256}).")
         return path
-    from ..fetch import vllm_wheel
+    from builder.fetch import vllm_wheel
 
     return vllm_wheel(series.version, series.wheel_sha256, progress=progress)
 
@@ -82,7 +82,7 @@ def check_cmd(vllm, series_dir, wheel, run_probes, probe_python, as_json):
     ok = all(r.status != P.DOES_NOT_APPLY for r in results)
     probes = []
     if run_probes and ok:
-        from .. import probe as PR
+        from builder.patching import probe as PR
 
         for p in series.patches:
             PR.probe_path(series.dir, p)  # every patch names an existing probe, before any work
@@ -143,9 +143,9 @@ def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir
     Exit codes: 0 every patch applies or is upstream, 1 something needs review
     (merged/conflict), 2 bad input, 7 download/sha256 failure.
     """
-    from .. import port as PO
-    from .. import probe as PR
-    from ..fetch import vllm_wheel
+    from builder.fetch import vllm_wheel
+    from builder.patching import port as PO
+    from builder.patching import probe as PR
 
     fmt = "json" if as_json else fmt
     series = _series(from_version, series_dir)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from . import stderr_console
+from builder.commands import stderr_console
 
 
 @click.command("pipeline")
@@ -45,9 +45,9 @@ def run_pipeline(vllm, spec_file, with_=(), base=None, lock_file=None, out=None,
                  series=None, no_patches=False, wheel=None, find_links=(), no_index=False, no_default_overlay=False, kuberay=False,
                  smoke=False, model=None, pull=False, as_json=False):
     """lock -> ABI gate -> patch check -> render -> build -> push -> smoke."""
-    from ..pipeline import PipelineRequest, run
-    from ..render import default_out_dir
-    from ..spec import load_spec
+    from builder.image.render import default_out_dir
+    from builder.pipeline import PipelineRequest, run
+    from builder.spec import load_spec
 
     console = stderr_console()
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo, lock=lock_file, model=model, base=base,

@@ -10,9 +10,9 @@ import math
 
 import click
 
-from ..errors import BadInput
-from ..plan import GiB, parse_size, plan_from_model_dir, refuse_unless_fits, render_text
-from ..spec import load_spec
+from builder.errors import BadInput
+from builder.serving.plan import GiB, parse_size, plan_from_model_dir, refuse_unless_fits, render_text
+from builder.spec import load_spec
 
 
 @click.command("plan")

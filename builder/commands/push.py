@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import BadInput
-from . import stderr_console
+from builder.commands import stderr_console
+from builder.errors import BadInput
 
 
 @click.command("push")
@@ -26,9 +26,9 @@ def command(context, vllm, repo, spec_file, force, as_json):
     10 registry unreachable / push refused / digest mismatch, 11 a tag already points at a
     different image (use --force).  Credentials: only the engine's own store (docker login).
     """
-    from ..push import push_image
-    from ..render import default_out_dir, read_context
-    from ..spec import load_spec
+    from builder.image.push import push_image
+    from builder.image.render import default_out_dir, read_context
+    from builder.spec import load_spec
 
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo)
     if not spec.repo:

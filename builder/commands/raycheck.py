@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import click
 
-from ..errors import VerdictFailure
+from builder.errors import VerdictFailure
 
 
 @click.command("ray-check")
@@ -27,10 +27,9 @@ from ..errors import VerdictFailure
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def command(image: str, workers: int, lock_path: str | None, worker_image: str | None, timeout: float, as_json: bool) -> None:
     """Start a Ray head and N workers from IMAGE and check that every node runs the same thing."""
-    from . import stderr_console
-
-    from .. import raycheck
-    from ..lockfile import load_lock
+    from builder.commands import stderr_console
+    from builder.resolve.lockfile import load_lock
+    from builder.serving import raycheck
 
     err = stderr_console(highlight=True)
     if lock_path is None:
@@ -65,13 +64,13 @@ def command(image: str, workers: int, lock_path: str | None, worker_image: str |
 def image_lock(image: str, engine=None) -> str | None:
     """The default lock of ``image`` (``lockfiles/vllm-<label vllm>/requirements.lock``), only when its
     hash equals the image's ``org.build-image.lock-hash`` label; else None."""
-    from ..errors import BuildImageError
-    from ..lockfile import load_lock
-    from ..spec import default_lock_path
+    from builder.errors import BuildImageError
+    from builder.resolve.lockfile import load_lock
+    from builder.spec import default_lock_path
 
     try:
         if engine is None:
-            from ..engine import get_engine
+            from builder.engine import get_engine
 
             engine = get_engine()
         info = engine.inspect(image)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import BadInput
-from . import stderr_console
+from builder.commands import stderr_console
+from builder.errors import BadInput
 
 
 @click.command("render")
@@ -36,8 +36,8 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
     Exit codes: 0 written, 2 bad input, 6 patch series does not apply, 7 download/sha256 failure.
     Nothing is written on failure (the context is built in a temp dir and renamed into place).
     """
-    from ..render import build_hint, default_out_dir, render_context, render_inputs
-    from ..spec import load_spec
+    from builder.image.render import build_hint, default_out_dir, render_context, render_inputs
+    from builder.spec import load_spec
 
     if series and no_patches:
         raise BadInput("--series and --no-patches contradict each other.")

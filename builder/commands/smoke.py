@@ -13,15 +13,15 @@ import sys
 
 import click
 
-from ..errors import BadInput, VerdictFailure
-from ..smoke import SmokeConfig, render_text, run_smoke
+from builder.errors import BadInput, VerdictFailure
+from builder.serving.smoke import SmokeConfig, render_text, run_smoke
 
 
 def _parse_size(text: str | None) -> int | None:
     """--gpu-memory: the planner's size syntax (a unit is required; h100/h200 presets)."""
     if text is None:
         return None
-    from ..plan import parse_size
+    from builder.serving.plan import parse_size
 
     value = parse_size(text, what="smoke: --gpu-memory")
     if value <= 0:
@@ -99,11 +99,11 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
     release = None
     env: dict[str, str] = {}
     if vllm:
-        from ..smoke.release import check_image_release, resolve_release
+        from builder.serving.smoke.release import check_image_release, resolve_release
 
         release = resolve_release(vllm)
         if kv_cache_dtype:
-            from ..plan import check_kv_cache_dtype, release_facts
+            from builder.serving.plan import check_kv_cache_dtype, release_facts
 
             check_kv_cache_dtype(kv_cache_dtype, release_facts(vllm))
         if not image and not local and not server_cmd:
@@ -112,7 +112,7 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
                                "an image; give IMAGE or --local.")
             image = release.image
         if image:
-            from ..engine import DockerEngine
+            from builder.engine import DockerEngine
 
             info = DockerEngine().inspect(image)
             if info is None:
@@ -159,7 +159,7 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
 
 def _progress_printer():
     try:
-        from . import stderr_console
+        from builder.commands import stderr_console
 
         console = stderr_console(log_path=False, highlight=True)
 

@@ -48,9 +48,9 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
     1 something needs review (a merged or conflict patch, a gate rejection, an overlay
     that no longer resolves); 2 bad input; 7 download/sha256 failure.
     """
-    from .. import upgrade as U
-    from ..errors import BadInput
-    from ..util import atomic_write_text
+    from builder import upgrade as U
+    from builder.errors import BadInput
+    from builder.util import atomic_write_text
 
     if from_version is None:
         from_version = _previous_series(to_version)
@@ -76,8 +76,8 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
 def _previous_series(to_version: str) -> str:
     from packaging.version import Version
 
-    from .. import patches as P
-    from ..errors import BadInput
+    from builder.errors import BadInput
+    from builder.patching import series as P
 
     root = P.patches_root() / "vllm"
     older = sorted((p.name for p in root.iterdir() if (p / P.SERIES_FILE).is_file()

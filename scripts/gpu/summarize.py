@@ -4,7 +4,7 @@
     python scripts/gpu/summarize.py DIR [DIR ...]     # DIR holds results/ and logs/
 
 Prints markdown: per-run verdicts and numbers, the PLE output fingerprints
-against the unpatched reference, and the plan (builder.plan, recomputed with the
+against the unpatched reference, and the plan (builder.serving.plan, recomputed with the
 current code) against vLLM's logged KV capacity.
 """
 
@@ -54,7 +54,7 @@ def runs_table(runs: dict[str, dict]) -> str:
             fail = r["failures"][-1]
             log = r["_dir"] / "logs" / f"{name}.log"
             if log.exists():
-                from builder.smoke import first_error_line, parse_server_log
+                from builder.serving.smoke import first_error_line, parse_server_log
 
                 facts = parse_server_log(log.read_text("utf-8", "replace"))
                 root = facts.oom_lines[0] if facts.oom_lines else first_error_line(facts)
@@ -92,9 +92,9 @@ ALONE = {"g-qwen3-a", "g-qwen3-b", "u-gemma4-ple-ref", "p-qwen3-sparse", "f-qwen
 
 def ground_truth(runs: dict[str, dict]) -> str:
     try:
-        from builder import plan as planmod
+        from builder.serving import plan as planmod
     except ImportError:
-        return "(builder.plan not importable)"
+        return "(builder.serving.plan not importable)"
     out = ["| run | model (layers × KV heads × head_dim) | util | max_model_len | KV tokens: plan | vLLM | error | max concurrency: plan | vLLM | error | available KV GiB: plan | vLLM |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():

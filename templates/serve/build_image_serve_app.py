@@ -47,7 +47,8 @@ import os
 import re
 import sys
 import time
-from typing import Any, Mapping, Optional
+from collections.abc import Mapping
+from typing import Any
 
 __all__ = ["build_app", "parse_args", "engine_kwargs", "llm_config", "serving_args", "vllm_cli_args", "backend",
            "backend_decision", "ray_llm_vllm_pin", "default_backend", "main"]
@@ -80,7 +81,7 @@ EXECUTOR_BACKENDS = ("mp", "ray")  # vLLM's distributed_executor_backend values 
 BACKEND_ENV = "BUILD_IMAGE_SERVE_BACKEND"  # the image's default backend (the lock's serve-backend)
 
 
-def default_backend(environ: Optional[Mapping[str, str]] = None) -> str:
+def default_backend(environ: Mapping[str, str] | None = None) -> str:
     """The ``backend`` used when the args give none: ``$BUILD_IMAGE_SERVE_BACKEND`` (set by the
     image build from the lock), else ``auto``; a value outside BACKENDS raises ValueError."""
     value = (os.environ if environ is None else environ).get(BACKEND_ENV, "").strip()
@@ -221,7 +222,7 @@ def _has_ray_serve_llm() -> bool:
 _EXTRA_LLM = re.compile(r"""extra\s*==\s*["']llm["']""")
 
 
-def ray_llm_vllm_pin(requires: Optional[list] = None) -> Optional[str]:
+def ray_llm_vllm_pin(requires: list | None = None) -> str | None:
     """The vllm requirement of the installed ray's ``llm`` extra (``vllm[audio]==0.26.0``), from
     ray's metadata; None when ray is not installed or its extra names no vllm."""
     if requires is None:
@@ -238,7 +239,7 @@ def ray_llm_vllm_pin(requires: Optional[list] = None) -> Optional[str]:
     return None
 
 
-def _installed_version(dist: str) -> Optional[str]:
+def _installed_version(dist: str) -> str | None:
     from importlib import metadata
 
     try:
@@ -247,7 +248,7 @@ def _installed_version(dist: str) -> Optional[str]:
         return None
 
 
-def pin_mismatch(pin: Optional[str], vllm_version: Optional[str]) -> Optional[str]:
+def pin_mismatch(pin: str | None, vllm_version: str | None) -> str | None:
     """Why ray's LLM integration does not target the installed vllm, or None when it does
     (or when there is nothing to compare)."""
     if not pin or not vllm_version:
@@ -266,8 +267,8 @@ def pin_mismatch(pin: Optional[str], vllm_version: Optional[str]) -> Optional[st
             f"but vllm {vllm_version} is installed")
 
 
-def backend_decision(cfg: Mapping[str, Any], *, has_ray_serve_llm: Optional[bool] = None,
-                     mismatch: Optional[str] = "") -> tuple:
+def backend_decision(cfg: Mapping[str, Any], *, has_ray_serve_llm: bool | None = None,
+                     mismatch: str | None = "") -> tuple:
     """(backend, reason): which backend ``build_app`` uses for ``cfg`` and, for a fallback, why.
     ``mismatch`` "" means: read ray's metadata and the installed vllm."""
     have = _has_ray_serve_llm() if has_ray_serve_llm is None else has_ray_serve_llm
@@ -295,12 +296,12 @@ def backend_decision(cfg: Mapping[str, Any], *, has_ray_serve_llm: Optional[bool
     return "vllm-server", reason
 
 
-def backend(cfg: Mapping[str, Any], *, has_ray_serve_llm: Optional[bool] = None, mismatch: Optional[str] = "") -> str:
+def backend(cfg: Mapping[str, Any], *, has_ray_serve_llm: bool | None = None, mismatch: str | None = "") -> str:
     """Which backend ``build_app`` uses for ``cfg``."""
     return backend_decision(cfg, has_ray_serve_llm=has_ray_serve_llm, mismatch=mismatch)[0]
 
 
-def build_app(args: Optional[Mapping[str, Any]] = None):
+def build_app(args: Mapping[str, Any] | None = None):
     """Ray Serve application builder (``import_path: build_image_serve_app:build_app``)."""
     cfg = parse_args(args)
     chosen, reason = backend_decision(cfg)
@@ -324,7 +325,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _build_vllm_server_app(cfg: Mapping[str, Any], reason: Optional[str] = None):
+def _build_vllm_server_app(cfg: Mapping[str, Any], reason: str | None = None):
     """Fallback: one replica holding all GPUs runs ``vllm serve`` as a child process; the
     Serve ingress forwards every request to it, streaming the response body through."""
     import http.client
@@ -492,8 +493,8 @@ def _status_line(app_name: str):
     return str(getattr(st.status, "value", st.status)), deps, st.message or ""
 
 
-def run_local(args: Mapping[str, Any], *, port: int, temp_dir: Optional[str] = None, app_name: str = "llm",
-              num_gpus: Optional[int] = None) -> int:
+def run_local(args: Mapping[str, Any], *, port: int, temp_dir: str | None = None, app_name: str = "llm",
+              num_gpus: int | None = None) -> int:
     """Start a Ray head on loopback in this process, deploy the application, and watch it until
     SIGTERM/SIGINT.  Prints ``build-image-serve:`` lines: the timings (``ray started in S s``,
     ``application RUNNING after S s``), status changes, ``replica restarted``, ``FAILED: ...``."""
@@ -594,7 +595,7 @@ def run_local(args: Mapping[str, Any], *, port: int, temp_dir: Optional[str] = N
     return rc
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m build_image_serve_app")

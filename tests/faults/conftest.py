@@ -70,7 +70,7 @@ class OwnRegistry:
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> "OwnRegistry":
+    def start(self) -> OwnRegistry:
         cfg = self.root / "registry.yml"
         cfg.write_text(
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
@@ -104,12 +104,12 @@ def own_registry(tmp_path):
         reg.kill()
 
 
-def tiny_context(tmp_path: Path, names=("six",), *, via_cache: bool = False) -> tuple[Path, "object"]:
+def tiny_context(tmp_path: Path, names=("six",), *, via_cache: bool = False) -> tuple[Path, object]:
     """A rendered context (real write_context) over small stand-in wheels; no engine needed.
     ``via_cache``: the wheels come from the download cache (builder.fetch), as render takes them."""
-    from builder.lockfile import LockEntry, LockFile, WheelRef
-    from builder.manifest import BaseManifest, DistFacts, Distribution
-    from builder.render import RenderPlan, write_context
+    from builder.image.render import RenderPlan, write_context
+    from builder.resolve.lockfile import LockEntry, LockFile, WheelRef
+    from builder.resolve.manifest import BaseManifest, DistFacts, Distribution
 
     src = tmp_path / "wheels-src"
     src.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 
-from builder.lockfile import load_lock
-from builder.render import verify_context
+from builder.image.render import verify_context
+from builder.resolve.lockfile import load_lock
 
 from .conftest import BUILD_IMAGE, render_args, tiny_context
 
@@ -76,7 +76,7 @@ def test_a_writer_held_too_long_is_reported_and_nothing_is_written(tmp_path):
     before = sorted((p.relative_to(ctx), p.read_bytes()) for p in ctx.rglob("*") if p.is_file())
     with output_lock(ctx):
         p = _start(render_args(tmp_path, ctx), env)
-        rc, (out, err) = p.wait(timeout=120), p.communicate()
+        rc, (_out, err) = p.wait(timeout=120), p.communicate()
     assert rc == 14, err
     assert f"another build-image run has been writing {ctx}" in err and "nothing was written" in err
     assert sorted((p.relative_to(ctx), p.read_bytes()) for p in ctx.rglob("*") if p.is_file()) == before

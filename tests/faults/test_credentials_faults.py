@@ -52,10 +52,10 @@ def test_password_in_find_links_url_is_never_written(offline, tmp_path, auth_whe
     assert r.returncode == 0, r.stderr
 
     # render time, another process: no URL carries the secret; netrc does
-    from builder.lockfile import load_lock
+    from builder.resolve.lockfile import load_lock
 
     lock = load_lock(out)
-    code = ("import sys; from builder.lockfile import load_lock; from builder.render import fetch_wheels\n"
+    code = ("import sys; from builder.resolve.lockfile import load_lock; from builder.image.render import fetch_wheels\n"
             "from builder.errors import BuildImageError\n"
             f"try: print(sorted(fetch_wheels(load_lock({str(out)!r}))))\n"
             "except BuildImageError as exc: sys.exit(print(exc.render(), file=sys.stderr) or exc.exit_code)")
@@ -76,8 +76,9 @@ def test_password_in_find_links_url_is_never_written(offline, tmp_path, auth_whe
 
 
 def test_a_lock_carrying_a_password_is_redacted_in_the_context(tmp_path):
+    from builder.image.render import write_context
+
     from .conftest import tiny_context
-    from builder.render import write_context
 
     ctx, plan = tiny_context(tmp_path)
     text = plan.lock.format().replace("# python:", "# index: --find-links https://bot:hunter2@wheels.example/\n# python:")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -58,7 +57,7 @@ def test_not_a_lock_is_still_bad_input(tmp_path):
 
 def test_check_and_render_still_refuse_a_hand_edited_lock(tmp_path):
     from builder.errors import BadInput
-    from builder.lockfile import load_lock
+    from builder.resolve.lockfile import load_lock
 
     text, _ = _edits((DATA / "g5_minor" / "old.lock").read_text())["no-wheel-line"]
     p = tmp_path / "requirements.lock"

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from builder.errors import BadInput
-from builder.smoke.config import MAX_CONCURRENCY, SmokeConfig
+from builder.serving.smoke.config import MAX_CONCURRENCY, SmokeConfig
 
 from .conftest import cli
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from builder.lockfile import LockEntry, LockFile, WheelRef
-from builder.raycheck import CheckResult, NodeReport, compare, render_text
+from builder.resolve.lockfile import LockEntry, LockFile, WheelRef
+from builder.serving.raycheck import CheckResult, NodeReport, compare, render_text
 
 
 def _node(name: str, numpy: str) -> NodeReport:

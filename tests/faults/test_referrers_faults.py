@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-from builder.referrers import (
+from builder.image.referrers import (
     INTOTO_TYPE,
     OCI_MANIFEST,
     SBOM_TYPE,
@@ -15,7 +15,7 @@ from builder.referrers import (
     push_attestations,
     upload_blob,
 )
-from builder.registry import RegistryClient
+from builder.image.registry import RegistryClient
 from tests.faults.conftest import OwnRegistry, wait_http
 
 
@@ -33,7 +33,7 @@ def _push_subject(addr: str, repo: str = "t/img") -> str:
 
 
 class ReadOnlyRegistry(OwnRegistry):
-    def start(self) -> "ReadOnlyRegistry":
+    def start(self) -> ReadOnlyRegistry:
         cfg = self.root / "registry-ro.yml"
         cfg.write_text(
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import urllib.request
 
@@ -40,7 +39,7 @@ def _manifest_digest(addr: str, repo: str, tag: str) -> str | None:
 @pytest.mark.slow
 @pytest.mark.docker
 def test_registry_killed_during_push_is_a_registry_error(tmp_path, docker_engine, own_registry):
-    from builder.render import tags_for_context
+    from builder.image.render import tags_for_context
 
     ctx, _plan = tiny_context(tmp_path)
     repo = f"{own_registry.addr}/faults/vllm"

@@ -2,7 +2,7 @@
 
     .venv/bin/python tests/data/diff/make_cases.py
 
-Every lock is built from builder.lockfile's dataclasses and written with
+Every lock is built from builder.resolve.lockfile's dataclasses and written with
 format_lock, so it is a real lock (the parser reads it back).  ``base.json`` is a
 small base manifest (numpy 1.26.4 with a pyarrow built against numpy 1.x, torch
 for CUDA 13, glibc 2.35, cp312).  Each ``<case>/`` holds ``old.lock`` and
@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from builder.lockfile import LockEntry, LockFile, WheelRef, format_lock  # noqa: E402
-from builder.manifest import BaseManifest, DistFacts, Distribution  # noqa: E402
+from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, format_lock  # noqa: E402
+from builder.resolve.manifest import BaseManifest, DistFacts, Distribution  # noqa: E402
 from builder.util import sha256_bytes  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

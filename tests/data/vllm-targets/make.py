@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from builder import patches as P  # noqa: E402
+from builder.patching import series as P  # noqa: E402
 from builder.fetch import vllm_wheel  # noqa: E402
 
 for v in sys.argv[1:]:

@@ -1,0 +1,208 @@
+"""Attach the SBOM and the provenance to a pushed image as OCI 1.1 artifacts (referrers).
+
+Each artifact is an OCI image manifest with ``artifactType`` (``application/vnd.cyclonedx+json``,
+``application/vnd.in-toto+json``), the empty config, one layer (the document), and a
+``subject`` naming the image's manifest.  A registry that implements the OCI 1.1 referrers
+API answers the manifest PUT with an ``OCI-Subject`` header and lists the artifact under
+``GET /v2/<repo>/referrers/<digest>``; one that does not (Debian 12's docker-registry 2.8)
+stores the manifest as it is, and the client maintains the *referrers tag schema* the OCI
+distribution spec defines for that case: an image index under the tag ``sha256-<hex>`` of
+the subject listing every referrer.  Both are what ``oras discover`` / ``cosign tree`` read.
+
+Every upload goes through :class:`builder.image.registry.RegistryClient` (the one registry client:
+its auth, loopback-HTTP rule and error mapping); every digest is computed here and checked
+against what the registry answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.errors import RegistryError
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+EMPTY_TYPE = "application/vnd.oci.empty.v1+json"
+EMPTY = b"{}"
+SBOM_TYPE = "application/vnd.cyclonedx+json"
+INTOTO_TYPE = "application/vnd.in-toto+json"
+TITLE = "org.opencontainers.image.title"
+KIND = "org.build-image.attestation"   # sbom | provenance: the one of each kind build-image keeps indexed
+
+
+def digest_of(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def referrers_tag(subject_digest: str) -> str:
+    """The referrers-tag-schema tag of a subject: ``sha256:<hex>`` -> ``sha256-<hex>``."""
+    return subject_digest.replace(":", "-", 1)
+
+
+def artifact_manifest(artifact_type: str, blob: bytes, title: str, subject: dict, annotations: dict | None = None) -> bytes:
+    """The artifact's manifest bytes (pure; the digest is of exactly these bytes)."""
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "artifactType": artifact_type,
+        "config": {"mediaType": EMPTY_TYPE, "digest": digest_of(EMPTY), "size": len(EMPTY), "data": "e30="},
+        "layers": [{"mediaType": artifact_type, "digest": digest_of(blob), "size": len(blob),
+                    "annotations": {TITLE: title}}],
+        "subject": subject,
+    }
+    if annotations:
+        doc["annotations"] = dict(sorted(annotations.items()))
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+def merge_index(index: dict | None, descriptor: dict) -> dict:
+    """The referrers-tag index with ``descriptor`` added (pure).  An entry with the same digest, or one
+    build-image wrote for the same kind (``org.build-image.attestation``: a re-push's provenance replaces
+    the previous one), is replaced; every other referrer (signatures, other tools') is kept."""
+    kind = (descriptor.get("annotations") or {}).get(KIND)
+    manifests = [m for m in (index or {}).get("manifests", [])
+                 if m.get("digest") != descriptor["digest"]
+                 and not (kind and (m.get("annotations") or {}).get(KIND) == kind)]
+    manifests.append(descriptor)
+    return {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests}
+
+
+@dataclass
+class Attached:
+    artifact_type: str
+    digest: str
+    size: int
+    referrers: str          # "api" (the registry lists it) | "tag-schema" (sha256-<hex> index)
+
+
+def _check(status: int, body: bytes, what: str, registry: str, ok=(200, 201, 202, 204)) -> None:
+    if status not in ok:
+        text = body.decode("utf-8", "replace").strip().replace("\n", " ")[:300]
+        raise RegistryError(f"registry {registry} refused {what} (HTTP {status}{': ' + text if text else ''}).")
+
+
+def upload_blob(client, repository: str, data: bytes) -> str:
+    """Monolithic blob upload (skipped when the registry has it); returns its digest."""
+    digest = digest_of(data)
+    status, _, _ = client.request("HEAD", f"/v2/{repository}/blobs/{digest}")
+    if status == 200:
+        return digest
+    status, headers, body = client.request("POST", f"/v2/{repository}/blobs/uploads/")
+    _check(status, body, "a blob upload", client.registry)
+    loc = headers.get("Location") or headers.get("location")
+    if not loc:
+        raise RegistryError(f"registry {client.registry} started a blob upload without a Location.")
+    sep = "&" if "?" in loc else "?"
+    status, headers, body = client.request("PUT", f"{loc}{sep}digest={digest}",
+                                           {"Content-Type": "application/octet-stream"}, data)
+    _check(status, body, f"the blob {digest[:19]}…", client.registry)
+    got = headers.get("Docker-Content-Digest")
+    if got and got != digest:
+        raise RegistryError(f"registry {client.registry} stored blob {got}, the upload was {digest}.")
+    return digest
+
+
+def subject_descriptor(client, repository: str, digest: str) -> dict:
+    """(mediaType, digest, size) of the pushed image manifest, read back and its digest verified."""
+    status, headers, body = client.request("GET", f"/v2/{repository}/manifests/{digest}",
+                                           {"Accept": f"{OCI_MANIFEST}, {OCI_INDEX}, "
+                                                      "application/vnd.docker.distribution.manifest.v2+json, "
+                                                      "application/vnd.docker.distribution.manifest.list.v2+json"})
+    _check(status, body, f"to show {repository}@{digest}", client.registry, ok=(200,))
+    if digest_of(body) != digest:
+        raise RegistryError(f"registry {client.registry} served {repository}@{digest} with content of digest {digest_of(body)}.")
+    media = headers.get("Content-Type") or json.loads(body).get("mediaType") or OCI_MANIFEST
+    return {"mediaType": media.split(";")[0].strip(), "digest": digest, "size": len(body)}
+
+
+def attach(client, repository: str, subject: dict, blob: bytes, artifact_type: str, title: str,
+           annotations: dict | None = None) -> Attached:
+    """Push ``blob`` as an artifact referring to ``subject``; index it when the registry has no referrers API."""
+    upload_blob(client, repository, EMPTY)
+    upload_blob(client, repository, blob)
+    manifest = artifact_manifest(artifact_type, blob, title, subject, annotations)
+    digest = digest_of(manifest)
+    status, headers, body = client.request("PUT", f"/v2/{repository}/manifests/{digest}",
+                                           {"Content-Type": OCI_MANIFEST}, manifest)
+    _check(status, body, f"the {artifact_type} artifact manifest", client.registry)
+    got = headers.get("Docker-Content-Digest")
+    if got and got != digest:
+        raise RegistryError(f"registry {client.registry} stored the artifact as {got}, its digest is {digest}.")
+    if headers.get("OCI-Subject") == subject["digest"]:
+        return Attached(artifact_type, digest, len(manifest), "api")
+    # no referrers API: the referrers tag schema (OCI distribution spec 1.1, "Referrers Tag Schema")
+    tag = referrers_tag(subject["digest"])
+    status, _, body = client.request("GET", f"/v2/{repository}/manifests/{tag}", {"Accept": OCI_INDEX})
+    index = json.loads(body) if status == 200 else None
+    desc = {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(manifest), "artifactType": artifact_type}
+    if annotations:
+        desc["annotations"] = dict(sorted(annotations.items()))
+    data = json.dumps(merge_index(index, desc), separators=(",", ":"), sort_keys=True).encode()
+    status, _, body = client.request("PUT", f"/v2/{repository}/manifests/{tag}", {"Content-Type": OCI_INDEX}, data)
+    _check(status, body, f"the referrers index {tag}", client.registry)
+    return Attached(artifact_type, digest, len(manifest), "tag-schema")
+
+
+def list_referrers(client, repository: str, subject_digest: str) -> tuple[str, list[dict]]:
+    """("api" | "tag-schema" | "none", descriptors) as a reader (oras discover) finds them."""
+    status, _, body = client.request("GET", f"/v2/{repository}/referrers/{subject_digest}", {"Accept": OCI_INDEX})
+    if status == 200:
+        return "api", json.loads(body).get("manifests", [])
+    status, _, body = client.request("GET", f"/v2/{repository}/manifests/{referrers_tag(subject_digest)}",
+                                     {"Accept": OCI_INDEX})
+    if status == 200:
+        return "tag-schema", json.loads(body).get("manifests", [])
+    return "none", []
+
+
+def push_attestations(context: str | Path, pinned: str, tags: list[str]) -> dict:
+    """After a push: record the registry digest as the provenance subject, then push the SBOM and the
+    provenance as referrers of ``pinned`` (``HOST/REPO@sha256:…``).  A registry that refuses them
+    is reported (``pushed: false`` and why), not an error: the files stay in the context."""
+    from builder.image import provenance
+    from builder.image.registry import client_for
+    from builder.image.render import SBOM_FILE
+
+    ctx = Path(context)
+    client, ref = client_for(pinned)
+    digest = ref.digest
+    out: dict = {"subject": pinned, "files": {}}
+    prov = provenance.record_subject(ctx, provenance.image_subject([f"{ref.registry}/{ref.repository}"], digest),
+                                     stage="push")
+    docs = []
+    if (ctx / SBOM_FILE).is_file():
+        docs.append(("sbom", SBOM_TYPE, SBOM_FILE, (ctx / SBOM_FILE).read_bytes()))
+    if prov is not None:
+        docs.append(("provenance", INTOTO_TYPE, provenance.PROVENANCE_FILE, (ctx / provenance.PROVENANCE_FILE).read_bytes()))
+    for key, _t, name, _b in docs:
+        out["files"][key] = str(ctx / name)
+    try:
+        subject = subject_descriptor(client, ref.repository, digest)
+        for key, atype, name, blob in docs:
+            a = attach(client, ref.repository, subject, blob, atype, name, {KIND: key})
+            out[key] = {"digest": a.digest, "artifactType": a.artifact_type,
+                        "ref": f"{ref.registry}/{ref.repository}@{a.digest}", "referrers": a.referrers}
+        out["pushed"] = bool(docs)
+        if docs:
+            out["referrers"] = out[docs[0][0]]["referrers"]
+            if out["referrers"] == "tag-schema":
+                out["index"] = f"{ref.registry}/{ref.repository}:{referrers_tag(digest)}"
+    except RegistryError as exc:
+        out["pushed"] = False
+        out["reason"] = exc.message
+    return out
+
+
+def summary_line(att: dict) -> str:
+    """One line for the terminal: what the registry accepted, or why the files stayed local."""
+    if att.get("pushed"):
+        kinds = ", ".join(f"{k} {att[k]['digest'][:19]}…" for k in ("sbom", "provenance") if k in att)
+        how = ("listed by its referrers API" if att.get("referrers") == "api"
+               else f"indexed under the referrers tag {att.get('index')} (the registry has no referrers API)")
+        return f"attached to {att['subject']}: {kinds}; {how}"
+    files = ", ".join(att.get("files", {}).values()) or "none"
+    reason = str(att.get("reason") or "nothing to push").rstrip(".")
+    return f"SBOM/provenance not pushed ({reason}); kept as files: {files}"

@@ -1,0 +1,242 @@
+"""Registry v2 HTTP client: just enough to read manifest digests (no pushing).
+
+``build-image push`` uses it before a push (does the tag already point at a
+different image? -> TagConflict) and after (is the registry's manifest digest the
+one the engine pushed? -> RegistryError otherwise).
+
+Plain HTTP for loopback registries (``127.0.0.1``, ``localhost``, ``[::1]``), HTTPS
+for everything else.  Credentials are only read, on a 401 challenge, from the
+engine's own store (``$DOCKER_CONFIG/config.json``: its ``auths`` entry, base64
+``user:password``, or the ``credHelpers``/``credsStore`` helper ``docker login``
+used); they are sent in an Authorization header and never logged, printed or
+written anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from builder.errors import BadInput, RegistryError
+
+MANIFEST_TYPES = ", ".join([
+    "application/vnd.docker.distribution.manifest.v2+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.oci.image.index.v1+json",
+])
+_LOOPBACK = re.compile(r"^(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?$")
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    registry: str     # host[:port]
+    repository: str   # path inside the registry
+    tag: str | None
+    digest: str | None
+
+    @property
+    def reference(self) -> str:
+        return self.digest or self.tag or "latest"
+
+    def __str__(self) -> str:
+        s = f"{self.registry}/{self.repository}"
+        if self.tag:
+            s += f":{self.tag}"
+        if self.digest:
+            s += f"@{self.digest}"
+        return s
+
+
+def parse_ref(ref: str) -> ImageRef:
+    """``host:port/repo/name:tag[@sha256:...]`` -> parts (Docker Hub when no host)."""
+    if not ref or any(c.isspace() for c in ref):
+        raise BadInput(f"image reference {ref!r} is not valid.")
+    digest = None
+    if "@" in ref:
+        ref, digest = ref.split("@", 1)
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise BadInput(f"image reference digest {digest!r} is not sha256:<64 hex>.")
+    first, _, rest = ref.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        registry, path = first, rest
+    else:
+        registry, path = "docker.io", ref if "/" in ref else f"library/{ref}"
+    tag = None
+    last = path.rsplit("/", 1)[-1]
+    if ":" in last:
+        path, tag = path.rsplit(":", 1)
+    if not re.fullmatch(r"[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*", path):
+        raise BadInput(f"image reference {ref!r}: repository {path!r} is not a valid name (lowercase, digits, . _ - /).")
+    return ImageRef(registry=registry, repository=path, tag=tag, digest=digest)
+
+
+def _docker_config_auth(registry: str) -> str | None:
+    """Basic credentials for ``registry`` from the engine's config (never logged)."""
+    cfg = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
+    try:
+        doc = json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return None
+    for key, entry in (doc.get("auths") or {}).items():
+        host = re.sub(r"^https?://", "", key).split("/")[0]
+        if host in (registry, _HUB_AUTH_HOSTS.get(registry)) and isinstance(entry, dict) and entry.get("auth"):
+            return entry["auth"]
+    # `docker login` with a credential helper (credHelpers per registry, else credsStore) keeps
+    # only an empty `auths` entry; the secret is in the helper, asked the way the engine asks it.
+    helper = (doc.get("credHelpers") or {}).get(registry) or doc.get("credsStore")
+    if isinstance(helper, str) and re.fullmatch(r"[A-Za-z0-9._-]+", helper):
+        return _helper_auth(helper, "https://index.docker.io/v1/" if registry == "docker.io" else registry)
+    return None
+
+
+_HUB_AUTH_HOSTS = {"docker.io": "index.docker.io"}
+
+
+def _helper_auth(helper: str, server: str) -> str | None:
+    """base64 ``user:secret`` from ``docker-credential-<helper> get``; None when it has nothing."""
+    import base64
+    import shutil
+    import subprocess
+
+    exe = shutil.which(f"docker-credential-{helper}")
+    if exe is None:
+        return None
+    try:
+        proc = subprocess.run([exe, "get"], input=server, capture_output=True, text=True, timeout=30)
+        doc = json.loads(proc.stdout) if proc.returncode == 0 else {}
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None  # never echo the helper's output: it may hold the secret
+    user, secret = doc.get("Username"), doc.get("Secret")
+    if not (isinstance(user, str) and isinstance(secret, str) and secret) or user == "<token>":
+        return None  # identity tokens (OAuth refresh) are not basic credentials
+    return base64.b64encode(f"{user}:{secret}".encode()).decode()
+
+
+class RegistryClient:
+    def __init__(self, registry: str, *, timeout: float = 10.0):
+        self.registry = registry
+        self.timeout = timeout
+        host = "registry-1.docker.io" if registry == "docker.io" else registry
+        scheme = "http" if _LOOPBACK.match(registry) else "https"
+        self.base = f"{scheme}://{host}"
+        self._auth_header: str | None = None
+
+    def _open(self, method: str, path: str, headers: dict[str, str] | None = None, data: bytes | None = None,
+              _retried: bool = False):
+        hdrs = dict(headers or {})
+        if self._auth_header:
+            hdrs["Authorization"] = self._auth_header
+        req = urllib.request.Request(self.base + path, method=method, headers=hdrs, data=data)
+        try:
+            return urllib.request.urlopen(req, timeout=self.timeout)
+        except urllib.error.HTTPError as exc:
+            # one (re-)authentication per request: a pull-scoped token is traded for a push-scoped one
+            if exc.code == 401 and not _retried and self._authenticate(exc.headers.get("WWW-Authenticate", "")):
+                return self._open(method, path, headers, data, _retried=True)
+            raise
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise RegistryError(
+                f"registry {self.registry} is unreachable ({reason}).",
+                hint="is the registry running? (scripts/services.sh start runs one on 127.0.0.1:5000)",
+            ) from None
+
+    def _authenticate(self, challenge: str) -> bool:
+        basic = _docker_config_auth(self.registry)
+        if challenge.lower().startswith("basic"):
+            if basic:
+                self._auth_header = f"Basic {basic}"
+                return True
+            return False
+        if challenge.lower().startswith("bearer"):
+            params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+            realm = params.pop("realm", None)
+            if not realm:
+                return False
+            url = realm + "?" + urllib.parse.urlencode(params)
+            req = urllib.request.Request(url, headers={"Authorization": f"Basic {basic}"} if basic else {})
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    doc = json.loads(resp.read())
+            except (OSError, ValueError):
+                return False
+            token = doc.get("token") or doc.get("access_token")
+            if token:
+                self._auth_header = f"Bearer {token}"
+                return True
+        return False
+
+    def request(self, method: str, path: str, headers: dict[str, str] | None = None,
+                data: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers, body) of one request; an HTTP error status is returned, not raised."""
+        if path.startswith(("http://", "https://")):
+            if not path.startswith(self.base + "/"):
+                raise RegistryError(f"registry {self.registry} redirected an upload to another host ({path.split('/')[2]}).")
+            path = path[len(self.base):]
+        try:
+            with self._open(method, path, headers, data) as resp:
+                return resp.status, dict(resp.headers), resp.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers or {}), exc.read() if exc.fp else b""
+
+    def ping(self) -> None:
+        try:
+            with self._open("GET", "/v2/"):
+                return
+        except urllib.error.HTTPError as exc:
+            if exc.code == 401:
+                return  # reachable; auth handled per request
+            raise RegistryError(f"registry {self.registry} answered /v2/ with HTTP {exc.code}.") from None
+
+    def manifest(self, repository: str, reference: str) -> tuple[str, dict] | None:
+        """(digest, manifest document) for ``repository:reference``; None when it does not exist."""
+        path = f"/v2/{repository}/manifests/{reference}"
+        try:
+            with self._open("GET", path, {"Accept": MANIFEST_TYPES}) as resp:
+                body = resp.read()
+                digest = resp.headers.get("Docker-Content-Digest")
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            if exc.code in (401, 403):
+                raise RegistryError(
+                    f"registry {self.registry} refused to show {repository}:{reference} (HTTP {exc.code}).",
+                    hint="log in with the engine (`docker login`); build-image reads only its credential store.",
+                ) from None
+            raise RegistryError(f"registry {self.registry}: GET {path} answered HTTP {exc.code}.") from None
+        if not digest:
+            import hashlib
+
+            digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            raise RegistryError(f"registry {self.registry}: the manifest of {repository}:{reference} is not JSON.") from None
+        return digest, doc
+
+    def manifest_digest(self, repository: str, reference: str) -> str | None:
+        got = self.manifest(repository, reference)
+        return got[0] if got else None
+
+    def config_digest(self, repository: str, reference: str) -> str | None:
+        """The image config digest (= the engine's image ID) a tag points at, or None."""
+        got = self.manifest(repository, reference)
+        return config_of(got[1]) if got else None
+
+
+def config_of(manifest: dict) -> str | None:
+    """The image config digest (= the engine's image ID) of a single-image manifest; None for an index."""
+    cfg = (manifest.get("config") or {}).get("digest")
+    return cfg if isinstance(cfg, str) else None
+
+
+def client_for(ref: str) -> tuple[RegistryClient, ImageRef]:
+    r = parse_ref(ref)
+    return RegistryClient(r.registry), r

@@ -1,0 +1,564 @@
+"""The ABI gate: pure rules deciding whether a lock may go on top of the base.
+
+Everything here is pure (data in, data out, no I/O) so the rules are tested
+directly and reused by ``diff`` to classify lock changes.
+
+Rules (rule ids are stable; ``diff`` and the docs refer to them):
+
+``exact-coupled``   a change (or addition) of torch / torchvision / torchaudio /
+                    triton / vllm / flashinfer* / xformers / nvidia-* / cuda-*:
+                    vllm's compiled kernels are built against those exact builds.
+``cuda-variant``    a package built for another CUDA major than the base
+                    (``nvidia-cublas-cu12``, ``cupy-cuda12x``, ``torch 2.x+cu126``
+                    on a ``cu13`` base).
+``numpy-abi``       numpy crosses a major version while an extension of the final
+                    set (base ∪ overlay) was built against the other C-API
+                    generation; or an overlay extension built against numpy 1.x
+                    would run on numpy 2.x.  Binary evidence only (the scan of the
+                    files), never names.
+``glibc``           a wheel's ELF files need a ``GLIBC_x.y`` newer than the base's.
+``python-abi``      a wheel's Python ABI tag does not match the base interpreter.
+``newer-than-base`` (notice) a pure-Python base distribution moves up: allowed but
+                    flagged "newer than what vllm X shipped with".
+``older-than-base`` (notice) a pure-Python base distribution moves down.
+``binary-move``     (notice) a binary base distribution moves and passed the
+                    binary rules above.
+
+A violation whose name appears in ``allow`` (``--allow-abi-change NAME --reason``)
+is moved to ``allowed`` with the reason; the lock records it in its header.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
+
+from builder.resolve.lockfile import LockEntry
+from builder.resolve.manifest import BaseManifest, DistFacts, Distribution
+from builder.util import canonical_name
+
+# rule ids
+EXACT_COUPLED = "exact-coupled"
+CUDA_VARIANT = "cuda-variant"
+NUMPY_ABI = "numpy-abi"
+GLIBC = "glibc"
+PYTHON_ABI = "python-abi"
+NEWER_THAN_BASE = "newer-than-base"
+OLDER_THAN_BASE = "older-than-base"
+BINARY_MOVE = "binary-move"
+
+VIOLATION_RULES = (EXACT_COUPLED, CUDA_VARIANT, NUMPY_ABI, GLIBC, PYTHON_ABI)
+NEW_STACK = "new-vllm-stack"
+NOTICE_RULES = (NEWER_THAN_BASE, OLDER_THAN_BASE, BINARY_MOVE, NEW_STACK)
+
+_EXACT_NAMES = frozenset({"torch", "torchvision", "torchaudio", "triton", "vllm", "xformers"})
+_EXACT_PREFIXES = ("flashinfer", "nvidia-", "cuda-")
+
+
+def is_exact_coupled(name: str) -> bool:
+    """True for distributions vllm's compiled kernels are coupled to exactly:
+    torch, torchvision, torchaudio, triton, vllm, xformers, ``flashinfer*``,
+    ``nvidia-*`` and ``cuda-*`` (any spelling: names are canonicalised)."""
+    key = canonical_name(name)
+    return key in _EXACT_NAMES or key.startswith(_EXACT_PREFIXES)
+
+
+_NAME_CU = re.compile(r"(?:^|-)cu(?:da)?(\d{2,3})x?(?:-|$)")
+_LOCAL_CU = re.compile(r"(?:^|[.+])cu(\d{2,3})(?:[.]|$)")
+
+
+def _cuda_major(digits: str) -> str:
+    """'12' -> '12', '126' -> '12', '130' -> '13', '118' -> '11', '92' -> '9'."""
+    if len(digits) == 3:
+        return digits[:2]
+    if digits.startswith("1"):
+        return digits
+    return digits[0]
+
+
+def cuda_variant(name: str, version: str | None = None) -> str | None:
+    """The CUDA major a distribution is built for, as ``'cu12'``/``'cu13'``, or None.
+
+    Read from the name (``nvidia-cublas-cu12``, ``cupy-cuda12x``,
+    ``jax-cuda12-plugin``) or from the local version label (``2.9.0+cu126``).
+    """
+    m = _NAME_CU.search(canonical_name(name))
+    if m:
+        return "cu" + _cuda_major(m.group(1))
+    if version and "+" in version:
+        m = _LOCAL_CU.search(version.split("+", 1)[1].lower())
+        if m:
+            return "cu" + _cuda_major(m.group(1))
+    return None
+
+
+def base_cuda_variant(manifest: BaseManifest) -> str | None:
+    """The base's CUDA major (``'cu13'``): from the manifest's ``cuda`` field, else
+    from torch's local version, else the most common variant among its dists."""
+    if manifest.cuda:
+        major = manifest.cuda.strip().split(".")[0]
+        if major.isdigit():
+            return f"cu{major}"
+    torch = manifest.get("torch")
+    if torch is not None:
+        v = cuda_variant(torch.name, torch.version)
+        if v:
+            return v
+    counts: dict[str, int] = {}
+    for d in manifest.distributions.values():
+        v = cuda_variant(d.name, d.version)
+        if v:
+            counts[v] = counts.get(v, 0) + 1
+    if not counts:
+        return None
+    return max(sorted(counts), key=lambda k: counts[k])
+
+
+def _vtuple(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", v))
+
+
+def glibc_too_new(need: str | None, have: str | None) -> bool:
+    """True when ELF files needing ``GLIBC_<need>`` cannot run on glibc ``have``.
+    Unknown needs (no ELF files) are never too new; an unknown base is assumed old
+    enough only for nothing (any need is too new)."""
+    if not need:
+        return False
+    if not have:
+        return True
+    return _vtuple(need) > _vtuple(have)
+
+
+def python_abi_ok(tag: str | None, base_abi: str) -> bool:
+    """Can a wheel whose Python ABI tag is ``tag`` load in the base interpreter?
+
+    ``none``/``abi3``/``py*`` are interpreter-independent; ``cpXY`` must equal the
+    base's ABI (``cp312``); a free-threaded ``cp312t`` or another minor does not.
+    """
+    if not tag or tag in ("none", "abi3") or tag.startswith("py"):
+        return True
+    tags = {t for t in re.split(r"[.,\s]+", tag) if t}
+    if len(tags) > 1:  # compressed tag sets: one compatible member suffices
+        return any(python_abi_ok(t, base_abi) for t in tags)
+    return tag == base_abi
+
+
+@dataclass
+class Finding:
+    """One verdict of the gate about one distribution."""
+
+    name: str
+    rule: str
+    old: str | None  # base version (None: not in the base)
+    new: str | None  # version in the lock
+    message: str
+    evidence: list[str] = field(default_factory=list)
+    chain: list[str] = field(default_factory=list)  # ["numpy 2.3.5", "opencv 4.13 (numpy>=2)", "vllm 0.26.0"]
+    reason: str | None = None  # set on allowed findings: the --reason text
+
+    @property
+    def change(self) -> str:
+        if self.old and self.new and self.old != self.new:
+            return f"{self.name} {self.old} -> {self.new}"
+        if self.new and not self.old:
+            return f"{self.name} {self.new} (new, not in the base)"
+        return f"{self.name} {self.new or self.old}"
+
+    @property
+    def chain_text(self) -> str:
+        return " ← ".join(self.chain)
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "rule": self.rule,
+            "old": self.old,
+            "new": self.new,
+            "message": self.message,
+            "evidence": list(self.evidence),
+            "chain": list(self.chain),
+            "reason": self.reason,
+        }
+
+
+@dataclass
+class GateResult:
+    violations: list[Finding] = field(default_factory=list)
+    notices: list[Finding] = field(default_factory=list)
+    allowed: list[Finding] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "violations": [f.to_dict() for f in self.violations],
+            "notices": [f.to_dict() for f in self.notices],
+            "allowed": [f.to_dict() for f in self.allowed],
+        }
+
+
+# ---------------------------------------------------------------- evidence
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def numpy_evidence(name: str, version: str, facts: DistFacts, generation: str) -> str:
+    """'pyarrow 14.0.2: 1 extension built against numpy 1.x'."""
+    n = facts.numpy_abi.get(generation, 0)
+    return f"{name} {version}: {_plural(n, 'extension')} built against numpy {generation}.x"
+
+
+def _major(version: str | None) -> str | None:
+    if not version:
+        return None
+    try:
+        return str(Version(version).major)
+    except InvalidVersion:
+        m = re.match(r"\d+", version)
+        return m.group(0) if m else None
+
+
+# ---------------------------------------------------------------- chains
+
+
+def target_environment(python_version: str = "3.12") -> dict[str, str]:
+    """PEP 508 marker environment of a Linux x86_64 CPython base (for chains)."""
+    return {
+        "python_version": python_version, "python_full_version": f"{python_version}.0",
+        "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+        "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
+        "platform_release": "", "platform_version": "", "implementation_version": f"{python_version}.0",
+        "extra": "",
+    }
+
+
+def _requirement_on(parent_reqs: Iterable[str], child: str, env: Mapping[str, str] | None = None) -> str | None:
+    """The requirement in ``parent_reqs`` naming ``child`` whose marker holds on the
+    target (``env``; default Linux x86_64 CPython 3.12), without its marker."""
+    key = canonical_name(child)
+    env = dict(env or target_environment())
+    for raw in parent_reqs:
+        try:
+            req = Requirement(raw)
+        except InvalidRequirement:
+            continue
+        if req.marker is not None:
+            try:
+                if not req.marker.evaluate(env):
+                    continue
+            except Exception:  # noqa: BLE001 - undefined marker variable: keep the requirement
+                pass
+        if canonical_name(req.name) == key:
+            extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+            return f"{req.name}{extras}{req.specifier}" if str(req.specifier) else None
+    return None
+
+
+def build_chain(
+    name: str,
+    final: Mapping[str, tuple[str, str]],
+    via: Mapping[str, list[str]],
+    requires: Mapping[str, list[str]] | None = None,
+    overlay: Iterable[str] = (),
+    max_len: int = 8,
+    base_versions: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The chain that pulled ``name``: ``["numpy 2.3.5", "opencv-python-headless
+    4.13.0.90 (numpy>=2)", "vllm 0.26.0"]`` — each link after the first is a
+    parent, with (when known) the requirement it has on the previous link.
+
+    ``final`` maps canonical name -> (display name, version) for the final set;
+    ``via`` maps canonical name -> its ``# via`` parents (``-r overlay`` for a
+    top-level requirement); ``requires`` (optional) maps canonical parent -> its
+    requirement strings; ``base_versions`` maps canonical name -> base version.
+    At each step the culprit is preferred: a parent whose requirement excludes
+    the base's version of the child; then an overlay requirement that does; then
+    the overlay; then any parent.  Cycles are cut.
+    """
+    requires = requires or {}
+    base_versions = base_versions or {}
+    overlay_reqs = list(overlay)
+    key = canonical_name(name)
+    disp, ver = final.get(key, (name, ""))
+    chain = [f"{disp} {ver}".strip()]
+    seen = {key}
+    cur = key
+    while len(chain) < max_len:
+        parents = via.get(cur, [])
+        if not parents:
+            break
+        child_name = final.get(cur, (cur, ""))[0]
+        old = base_versions.get(cur)
+        roots = [p for p in parents if p.startswith("-r")]
+        cands = [canonical_name(p) for p in parents if not p.startswith("-")]
+        cands = [p for p in cands if p not in seen]
+
+        def excludes_old(spec: str | None) -> bool:
+            if not spec or not old:
+                return False
+            try:
+                return not Requirement(spec).specifier.contains(old, prereleases=True)
+            except (InvalidRequirement, InvalidVersion):
+                return False
+
+        specs = {p: _requirement_on(requires.get(p, []), child_name, env) for p in cands}
+        ospec = _requirement_on(overlay_reqs, child_name, env) if any("overlay" in r for r in roots) else None
+        culprits = [p for p in cands if excludes_old(specs[p])]
+        if culprits:
+            nxt = culprits[0]
+        elif any("overlay" in r for r in roots) and (excludes_old(ospec) or not cands or old is None):
+            chain.append(f"overlay ({ospec or child_name})")
+            break
+        elif cands:
+            nxt = cands[0]
+        else:
+            if roots:
+                chain.append("overlay" if "overlay" in roots[0] else ("base pin" if "base" in roots[0] else roots[0]))
+            break
+        pdisp, pver = final.get(nxt, (nxt, ""))
+        spec = specs[nxt]
+        chain.append(f"{pdisp} {pver}".strip() + (f" ({spec})" if spec else ""))
+        seen.add(nxt)
+        cur = nxt
+    return chain
+
+
+# ---------------------------------------------------------------- the gate
+
+
+def evaluate(
+    base: BaseManifest,
+    entries: list[LockEntry],
+    allow: Mapping[str, str] | None = None,
+    *,
+    vllm: str | None = None,
+    requires: Mapping[str, list[str]] | None = None,
+    overlay: Iterable[str] = (),
+) -> GateResult:
+    """Judge ``entries`` (packages installed on top of ``base``) against the rules.
+
+    ``allow`` maps a distribution name to the reason given with
+    ``--allow-abi-change``; ``vllm`` is the version named in messages (default:
+    the base's vllm); ``requires``/``overlay`` only enrich the chains.
+    """
+    allow = {canonical_name(k): v for k, v in (allow or {}).items()}
+    vllm = vllm or (base.get("vllm").version if base.get("vllm") else "?")
+    overlay = list(overlay)
+    final: dict[str, tuple[str, str]] = {k: (d.name, d.version) for k, d in base.distributions.items()}
+    final_facts: dict[str, DistFacts] = {k: d.facts for k, d in base.distributions.items()}
+    via: dict[str, list[str]] = {}
+    for e in entries:
+        final[e.key] = (e.name, e.version)
+        final_facts[e.key] = e.facts
+        via[e.key] = list(e.via)
+    base_versions = {k: d.version for k, d in base.distributions.items()}
+    base_cu = base_cuda_variant(base)
+    findings: list[Finding] = []
+
+    def chain(name: str) -> list[str]:
+        return build_chain(name, final, via, requires, overlay, base_versions=base_versions,
+                           env=target_environment(base.python_version))
+
+    def add(rule: str, e: LockEntry, old: str | None, message: str, evidence: list[str] | None = None) -> None:
+        findings.append(Finding(e.name, rule, old, e.version, message, evidence or [], chain(e.name)))
+
+    # A base with no member of the exact-coupled family (a ray or python image) that gets vllm in the
+    # lock takes the whole family as vllm pins it: nothing of the base is coupled to it.
+    fresh_stack = (not any(is_exact_coupled(k) for k in base.distributions)
+                   and any(e.key == "vllm" for e in entries))
+    for e in sorted(entries, key=lambda x: x.key):
+        b: Distribution | None = base.get(e.name)
+        old = b.version if b else None
+        moved = b is not None and not _same_version(b.version, e.version)
+        f = e.facts
+        if is_exact_coupled(e.name) and b is None and fresh_stack:
+            findings.append(Finding(
+                e.name, NEW_STACK, None, e.version,
+                f"{e.name} {e.version} is new on this base, which ships none of vllm's exact-coupled family: "
+                f"installed with vllm {vllm} at the version its requirements pin.", [], chain(e.name)))
+        elif is_exact_coupled(e.name) and (moved or b is None):
+            what = f"moves {e.name} {old} -> {e.version}" if moved else f"adds {e.name} {e.version}, which the base does not ship"
+            add(
+                EXACT_COUPLED,
+                e,
+                old,
+                f"the lock {what}; vllm {vllm}'s compiled kernels are built against the exact "
+                "torch/triton/CUDA-library builds of the base, so this family may never change on top of it.",
+                [f"{e.name} is in the exact-coupled family (torch, torchvision, torchaudio, triton, vllm, "
+                 "flashinfer*, xformers, nvidia-*, cuda-*)"],
+            )
+        cu = cuda_variant(e.name, e.version)
+        if cu and base_cu and cu != base_cu:
+            add(
+                CUDA_VARIANT,
+                e,
+                old,
+                f"{e.name} {e.version} is built for CUDA {cu[2:]} but the base runs CUDA {base_cu[2:]}.",
+                [f"{e.name} {e.version}: variant {cu} (from its name/version); base: {base_cu}"
+                 + (f" (cuda {base.cuda})" if base.cuda else "")],
+            )
+        if glibc_too_new(f.glibc, base.glibc):
+            add(
+                GLIBC,
+                e,
+                old,
+                f"{e.name} {e.version} needs GLIBC_{f.glibc} but the base has glibc {base.glibc}.",
+                [f"{e.name} {e.version}: ELF files require GLIBC_{f.glibc} (highest symbol version); base glibc {base.glibc}"],
+            )
+        if not python_abi_ok(f.python_abi, base.python_abi):
+            add(
+                PYTHON_ABI,
+                e,
+                old,
+                f"{e.name} {e.version} is built for Python ABI {f.python_abi}, the base interpreter is "
+                f"{base.python_abi} (Python {base.python_version}).",
+                [f"{e.name} {e.version}: python-abi={f.python_abi}; base: {base.python_abi}"],
+            )
+        if moved and not is_exact_coupled(e.name):
+            base_binary = b.facts.binary or f.binary
+            if base_binary:
+                findings.append(Finding(
+                    e.name, BINARY_MOVE, old, e.version,
+                    f"binary base distribution {e.name} moves {old} -> {e.version}: "
+                    f"{'newer' if _newer(e.version, old) else 'older'} than what vllm {vllm} shipped with; "
+                    "passed the binary checks — test it with this vllm before shipping.",
+                    [], chain(e.name)))
+            else:
+                newer = _newer(e.version, old)
+                rule = NEWER_THAN_BASE if newer else OLDER_THAN_BASE
+                word = "newer" if newer else "older"
+                findings.append(Finding(
+                    e.name, rule, old, e.version,
+                    f"{e.name} {e.version} is {word} than what vllm {vllm} shipped with ({old}); "
+                    "pure Python, allowed — test it with this vllm before shipping.",
+                    [], chain(e.name)))
+
+    findings.extend(_numpy_findings(base, entries, final, final_facts, chain))
+
+    result = GateResult()
+    for fd in findings:
+        if fd.rule in NOTICE_RULES:
+            result.notices.append(fd)
+        elif canonical_name(fd.name) in allow:
+            fd.reason = allow[canonical_name(fd.name)]
+            result.allowed.append(fd)
+        else:
+            result.violations.append(fd)
+    return result
+
+
+def _same_version(a: str, b: str) -> bool:
+    """One release however it is spelled (``2.0`` is ``2.0.0``, PEP 440); else the same string."""
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def _newer(new: str, old: str | None) -> bool:
+    try:
+        return old is None or Version(new) > Version(old)
+    except InvalidVersion:
+        return new > (old or "")
+
+
+def _numpy_findings(base, entries, final, final_facts, chain) -> list[Finding]:
+    out: list[Finding] = []
+    by_key = {e.key: e for e in entries}
+    base_np = base.get("numpy")
+    final_np = final.get("numpy")
+    if final_np is None:
+        return out
+    old_v = base_np.version if base_np else None
+    new_v = final_np[1]
+    old_major, new_major = _major(old_v), _major(new_v)
+    gen_new = "2" if new_major and int(new_major) >= 2 else "1"
+    moved_across = old_major is not None and new_major is not None and (int(old_major) >= 2) != (int(new_major) >= 2)
+    if moved_across:
+        other = "1" if gen_new == "2" else "2"
+        evidence = [
+            numpy_evidence(final[k][0], final[k][1], facts, other)
+            for k, facts in sorted(final_facts.items())
+            if k != "numpy" and facts.numpy_abi.get(other, 0) > 0 and facts.numpy_abi.get(gen_new, 0) == 0
+        ]
+        if evidence:
+            e = by_key["numpy"]
+            out.append(Finding(
+                "numpy", NUMPY_ABI, old_v, new_v,
+                f"numpy would move {old_v} -> {new_v} (across a major version) while "
+                f"{_plural(len(evidence), 'distribution')} of the final set {'ships' if len(evidence) == 1 else 'ship'} extensions built against "
+                f"numpy {other}.x, which cannot be loaded by numpy {new_v}.",
+                evidence, chain(e.name)))
+    elif gen_new == "2":
+        # numpy stays 2.x: an overlay extension built against 1.x cannot load.
+        for e in sorted(entries, key=lambda x: x.key):
+            if e.key == "numpy":
+                continue
+            if e.facts.numpy_abi.get("1", 0) > 0 and e.facts.numpy_abi.get("2", 0) == 0:
+                b = base.get(e.name)
+                out.append(Finding(
+                    e.name, NUMPY_ABI, b.version if b else None, e.version,
+                    f"{e.name} {e.version} ships extensions built against numpy 1.x, the final set has numpy {new_v}.",
+                    [numpy_evidence(e.name, e.version, e.facts, "1")], chain(e.name)))
+    return out
+
+
+# ---------------------------------------------------------------- messages
+
+
+def format_finding(fd: Finding) -> str:
+    lines = [f"- [{fd.rule}] {fd.change}: {fd.message}"]
+    for ev in fd.evidence:
+        lines.append(f"    evidence: {ev}")
+    if len(fd.chain) > 1:
+        lines.append(f"    pulled by: {fd.chain_text}")
+    if fd.reason:
+        lines.append(f"    allowed: {fd.reason}")
+    return "\n".join(lines)
+
+
+def ways_out(fd: Finding) -> list[str]:
+    outs = []
+    if len(fd.chain) == 2 and fd.chain[-1].startswith("overlay"):
+        req = fd.chain[-1][len("overlay"):].strip(" ()") or fd.name
+        outs.append(f"drop or loosen the overlay requirement {req!r}")
+    elif len(fd.chain) > 2 and fd.chain[-1].startswith("overlay"):
+        outs.append(f"drop the overlay requirement that pulls it ({fd.chain[-1][len('overlay'):].strip(' ()')}) or pin "
+                    f"an older {fd.chain[1].split(' ')[0]} with --with")
+    elif len(fd.chain) > 1:
+        outs.append(f"pin an older version of the package that pulls it ({fd.chain[1].split(' (')[0]})"
+                    " with --with so it fits the base")
+    if fd.rule == NUMPY_ABI and canonical_name(fd.name) == "numpy" and _major(fd.new) not in (None, "0", "1"):
+        # numpy goes to 2.x: the distributions in the evidence (built against 1.x) can move to a
+        # release built against numpy 2 — naming them in --with releases their base pins
+        olds = [ev.split(":", 1)[0].split(" ") for ev in fd.evidence if ev.endswith("numpy 1.x")]
+        olds = [o for o in olds if len(o) == 2]
+        if olds:
+            names = ", ".join(n for n, _ in olds[:4]) + (", ..." if len(olds) > 4 else "")
+            reqs = " ".join(f"--with '{n}>{v}'" for n, v in olds[:4])
+            outs.append(f"move {names} to a release built against numpy 2 ({reqs}; the gate checks the new files)")
+    outs.append(f"--allow-abi-change {fd.name} --reason TEXT (recorded in the lock header; you own the risk)")
+    return outs
+
+
+def format_rejection(result: GateResult) -> str:
+    """The multi-line explanation printed with exit 3."""
+    parts = []
+    for fd in result.violations:
+        parts.append(format_finding(fd))
+        parts.append("    ways out: " + "; or ".join(ways_out(fd)))
+    return "\n".join(parts)
+
+
+def format_notices(result: GateResult) -> str:
+    return "\n".join(format_finding(fd) for fd in result.notices + result.allowed)

@@ -1,0 +1,1093 @@
+"""Lock stage: resolve the overlay on top of the base with uv, build the LockFile.
+
+Layers (each usable on its own):
+
+* pure functions — :func:`base_requirements`, :func:`inputs_sha256`,
+  :func:`parse_uv_requirements`, :func:`parse_pylock`, :func:`select_wheel` (both by
+  ``packaging.pylock``, :mod:`builder.resolve.pylock`),
+  :func:`explain_unsatisfiable`, :func:`build_entries` — data in, data out;
+* the **uv adapter** (:class:`Uv`): the only place that runs uv (its CLI, the
+  binary shipped by the pinned ``uv`` package);
+* the **wheel fetcher** (:func:`fetch_wheel`): sha256-verified download cache
+  under ``builder.util.cache_dir()/wheels``; plus a facts cache keyed by the
+  wheel's sha256 so a wheel is scanned once;
+* :func:`lock` — the stage: request in, :class:`LockResult` out (nothing is
+  written here; the command writes the file atomically after the gate).
+
+Resolution: every base distribution is passed as a *requirement* ``name==version``
+(not only a constraint) so uv's derivation names the real culprit; a base
+distribution named in the overlay (``--with``) loses its pin and may move.  uv
+runs twice: ``requirements.txt`` output (the ``# via`` graph) and, offline from
+uv's cache, ``pylock.toml`` output (the wheel URLs and sha256 of the files usable
+on the base's platform).  The second run starts alongside the first; when it
+could not answer from the cache or saw other versions, it runs again after the
+first, constrained to exactly its resolution (``-c requirements.txt``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from email.parser import HeaderParser
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import parse_wheel_filename
+from packaging.version import InvalidVersion, Version
+
+from builder import __version__
+from builder.credentials import redact_url, remember
+from builder.errors import BadInput, ExternalToolError, IntegrityError, Unsatisfiable
+from builder.resolve import pylock as _pylock
+from builder.resolve.abi import GateResult, evaluate
+from builder.resolve.lockfile import LockEntry, LockFile, WheelRef
+from builder.resolve.manifest import BaseManifest, DistFacts
+from builder.resolve.pylock import WheelCandidate
+from builder.resolve.raychoice import RayChoice
+from builder.scratch import die_with_parent
+from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes
+
+if TYPE_CHECKING:
+    from builder.resolve.baseref import ResolvedBase
+
+FACTS_CACHE_VERSION = "1"
+DEFAULT_RAY = "ray[serve]"  # the default overlay (builder.spec.DEFAULT_OVERLAY)
+RAY_POLICY = "ray[llm]-pins-vllm/1"  # inputs-sha256 names the rule that picks the default ray
+Progress = Callable[[str], None]
+
+
+# =========================================================================== request
+
+
+@dataclass
+class LockRequest:
+    """Everything a lock depends on (and nothing else)."""
+
+    vllm: str
+    base: BaseManifest
+    base_bytes: bytes  # the manifest file's bytes (or its JSON for an image snapshot)
+    overlay: list[str]  # ray[serve] + --with
+    allow: dict[str, str] = field(default_factory=dict)
+    find_links: list[str] = field(default_factory=list)
+    no_index: bool = False
+    exclude_newer: str | None = None
+    # the default overlay's ray is chosen per vLLM release (builder.resolve.raychoice); False when the
+    # overlay names ray itself or the default overlay is off
+    default_ray: bool = False
+    ray: RayChoice | None = None  # the choice, made when resolving (not an input: the policy is)
+
+    @property
+    def manifest_sha256(self) -> str:
+        return sha256_bytes(self.base_bytes)
+
+    def resolution_overlay(self) -> list[str]:
+        """What uv resolves: the overlay, with the default ray replaced by the chosen one."""
+        if not (self.default_ray and self.ray and self.ray.requirement):
+            return list(self.overlay)
+        return [self.ray.requirement if r == DEFAULT_RAY else r for r in self.overlay]
+
+
+def parse_overlay(reqs: Iterable[str], where: str = "--with") -> list[Requirement]:
+    """Parse overlay requirements; a malformed one or two different requirements
+    on the same package are :class:`BadInput`."""
+    out: list[Requirement] = []
+    seen: dict[str, str] = {}
+    for raw in reqs:
+        try:
+            req = Requirement(raw)
+        except InvalidRequirement as exc:
+            raise BadInput(f"{where} requirement {raw!r} is not a valid PEP 508 requirement ({exc}).") from None
+        if req.url:
+            raise BadInput(f"{where} requirement {raw!r}: direct URLs are not supported; use --find-links DIR.")
+        key = canonical_name(req.name)
+        if key in seen and seen[key] != str(req):
+            a, b = Requirement(seen[key]), req
+            if str(a.specifier) and str(b.specifier) and str(a.specifier) != str(b.specifier):
+                raise BadInput(
+                    f"conflicting overlay requirements for {req.name}: {seen[key]!r} and {raw!r} "
+                    f"({where}); give one requirement per package.",
+                )
+        seen[key] = str(req)
+        out.append(req)
+    return out
+
+
+def check_overlay_against_vllm(overlay: list[Requirement], vllm: str) -> None:
+    for req in overlay:
+        if canonical_name(req.name) == "vllm" and str(req.specifier) and not req.specifier.contains(vllm, prereleases=True):
+            raise BadInput(
+                f"--with {str(req)!r} conflicts with --vllm {vllm}: the overlay cannot replace the base's vllm.",
+            )
+
+
+def base_requirements(base: BaseManifest, overlay: Iterable[Requirement | str]) -> list[str]:
+    """``name==version`` for every base distribution not named in the overlay."""
+    released = {canonical_name(r.name if isinstance(r, Requirement) else Requirement(r).name) for r in overlay}
+    return [
+        f"{d.name}=={d.version}"
+        for key, d in sorted(base.distributions.items())
+        if key not in released
+    ]
+
+
+def inputs_sha256(req: LockRequest, uv_version: str, tool_version: str = __version__) -> str:
+    """Hash over every input of the lock: manifest bytes, overlay, allowed ABI
+    changes, index flags, exclude-newer, tool and uv versions."""
+    doc = {
+        "manifest": req.manifest_sha256,
+        "vllm": req.vllm,
+        "overlay": list(req.overlay),
+        "allow": sorted((canonical_name(k), v) for k, v in req.allow.items()),
+        # a credential in a URL is not an input: the same index with another password is the same lock
+        "find_links": [str(Path(f).resolve()) if "://" not in f else redact_url(f) for f in req.find_links],
+        "no_index": req.no_index,
+        "exclude_newer": req.exclude_newer,
+        "tool": tool_version,
+        "uv": uv_version,
+    }
+    if req.default_ray:
+        doc["ray_policy"] = RAY_POLICY
+    return sha256_bytes(json.dumps(doc, sort_keys=True).encode())
+
+
+# =========================================================================== uv output parsing
+
+
+_UV_REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(\S+?)\s*(?:\\)?\s*(?:;.*)?$")
+
+
+def _norm_via(v: str) -> str:
+    v = v.strip()
+    if v.startswith("-r ") or v.startswith("-c "):
+        stem = Path(v[3:].strip()).stem
+        return f"{v[:2]} {stem}"
+    return v
+
+
+def parse_uv_requirements(text: str) -> dict[str, tuple[str, str, list[str]]]:
+    """uv's ``requirements.txt`` output -> ``{key: (name, version, via)}``."""
+    out: dict[str, tuple[str, str, list[str]]] = {}
+    cur: str | None = None
+    in_via = False
+    for raw in text.splitlines():
+        if not raw.strip():
+            continue
+        if not raw.startswith((" ", "#")):
+            m = _UV_REQ.match(raw.strip())
+            if m:
+                name, ver = m.group(1), m.group(2)
+                cur = canonical_name(name)
+                out[cur] = (name, ver, [])
+                in_via = False
+            continue
+        s = raw.strip()
+        if cur is None or not s.startswith("#"):
+            continue
+        body = s[1:].strip()
+        if body.startswith("via "):
+            out[cur][2].append(_norm_via(body[4:]))
+            in_via = False
+        elif body == "via":
+            in_via = True
+        elif in_via and body:
+            out[cur][2].append(_norm_via(body))
+    return out
+
+
+def parse_pylock(text: str, base_dir: Path | None = None) -> dict[str, tuple[str, str, list[WheelCandidate]]]:
+    """uv's ``pylock.toml`` -> ``{key: (name, version, wheels)}`` (read and validated by
+    ``packaging.pylock``; ``path`` entries become ``file://`` URLs)."""
+    try:
+        doc = _pylock.read(text, "uv's pylock.toml")
+    except BadInput as exc:
+        raise ExternalToolError(f"uv wrote an unreadable pylock.toml: {exc.message}") from None
+    return _pylock.candidates(doc, base_dir)
+
+
+def target_tags(python_version: str, python_abi: str, platform: str) -> list[Tag]:
+    """The wheel tags an installer accepts on the base, most preferred first
+    (``x86_64-manylinux_2_35`` -> manylinux_2_35 ... 2_5, manylinux1, linux)."""
+    m = re.match(r"^(x86_64|aarch64)-manylinux_(\d+)_(\d+)$", platform)
+    if not m:
+        raise BadInput(f"base platform {platform!r} is not of the form <arch>-manylinux_<major>_<minor>.")
+    arch, major, minor = m.group(1), int(m.group(2)), int(m.group(3))
+    plats = [f"manylinux_{major}_{v}_{arch}" for v in range(minor, 4, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    plats_full = []
+    for p in plats:
+        plats_full.append(p)
+        v = int(p.split("_")[2])
+        if major == 2 and v in legacy:
+            plats_full.append(f"{legacy[v]}_{arch}")
+    plats_full.append(f"linux_{arch}")
+    pv = tuple(int(x) for x in python_version.split(".")[:2])
+    tags = list(cpython_tags(pv, abis=[python_abi], platforms=plats_full))
+    tags += list(compatible_tags(pv, interpreter=f"cp{pv[0]}{pv[1]}", platforms=plats_full))
+    return tags
+
+
+def select_wheel(cands: list[WheelCandidate], tags: list[Tag], name: str = "x") -> WheelCandidate | None:
+    """The candidate an installer would pick (``packaging.pylock``'s selection for ``tags``)."""
+    return _pylock.select_wheel(cands, tags, name)
+
+
+def is_pure_wheel(filename: str) -> bool:
+    try:
+        _, _, _, tags = parse_wheel_filename(filename)
+    except Exception:  # noqa: BLE001
+        return False
+    return all(t.platform == "any" for t in tags)
+
+
+def pure_facts(filename: str) -> DistFacts:
+    abis = set()
+    try:
+        _, _, _, tags = parse_wheel_filename(filename)
+        abis = {t.abi for t in tags}
+    except Exception:  # noqa: BLE001
+        pass
+    abi = "none" if not abis or abis == {"none"} else sorted(abis)[0]
+    return DistFacts(binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, glibc=None, python_abi=abi)
+
+
+# =========================================================================== unsatisfiable
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def trim_derivation(stderr: str, max_lines: int = 30) -> str:
+    lines = [_ANSI.sub("", ln).rstrip() for ln in stderr.splitlines()]
+    lines = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith(("Resolved ", "Using ", "warning: "))]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"  ... ({len(lines) - max_lines} more lines)"]
+    return "\n".join(lines)
+
+
+def involved_base_pins(derivation: str, base: BaseManifest, released: Iterable[str] = ()) -> list[str]:
+    """Base distributions (canonical names) whose pin appears in uv's derivation."""
+    released = {canonical_name(r) for r in released}
+    text = _ANSI.sub("", derivation)
+    names = set()
+    for m in re.finditer(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([0-9][^\s,;)]*)", text):
+        key = canonical_name(m.group(1))
+        d = base.get(key)
+        if d is not None and key not in released and m.group(2).rstrip(".") == d.version:
+            names.add(key)
+    return sorted(names)
+
+
+def pin_evidence(key: str, base: BaseManifest) -> list[str]:
+    """Why a base pin matters, from the binary facts of the base."""
+    d = base.get(key)
+    if d is None:
+        return []
+    out = []
+    if key == "numpy":
+        try:
+            gen = "2" if Version(d.version).major >= 2 else "1"
+        except InvalidVersion:
+            gen = "1"
+        users = [
+            (o.name, o.version, o.facts.numpy_abi.get(gen, 0))
+            for k, o in sorted(base.distributions.items())
+            if k != "numpy" and o.facts.numpy_abi.get(gen, 0) > 0 and (gen == "2" or not o.facts.numpy_abi.get("2", 0))
+        ]
+        for name, ver, n in users[:6]:
+            out.append(f"{name} {ver} there has {n} extension{'s' if n != 1 else ''} built against numpy {gen}.x")
+        if len(users) > 6:
+            out.append(f"... and {len(users) - 6} more distributions with numpy {gen}.x extensions")
+    from builder.resolve.abi import is_exact_coupled
+
+    if is_exact_coupled(key):
+        out.append(f"{d.name} is exact-coupled to vllm's compiled kernels: it never moves on top of the base")
+    elif d.facts.binary and key != "numpy":
+        out.append(f"{d.name} {d.version} ships {d.facts.extensions} compiled file(s) in the base")
+    return out
+
+
+_COMPLEMENT = {">=": "<", ">": "<=", "<": ">=", "<=": ">"}
+
+
+def wanted_specifier(derivation: str, name: str, pinned: str) -> str | None:
+    """The specifier uv says is required of ``name`` other than the base pin
+    (``tokenizers>=0.23.1,<0.24.0``), to suggest a concrete ``--with``.
+
+    Only a specifier in *object* position ("... depends on X>=2", "you require X>=2") is
+    what is wanted; one in *subject* position ("X>=5.0 depends on numpy>=2", "... and
+    X>=5.0 are incompatible") is the range that conflicts, so its complement is suggested
+    (``X<5.0``) when it is a single bound, else nothing."""
+    text = _ANSI.sub("", derivation)
+    name_pat = "[-_.]+".join(re.escape(p) for p in canonical_name(name).split("-"))
+    pat = re.compile(r"(?<![A-Za-z0-9._-])" + name_pat +
+                     r"(?:\{[^}]*\})?((?:[<>=!~]=?[^\s,]+)(?:,[<>=!~]=?[^\s,]+)*)", re.I)
+    complement = None
+    for m in pat.finditer(text):
+        spec = m.group(1).rstrip(".,")
+        if spec == f"=={pinned}":
+            continue
+        before, after = text[max(0, m.start() - 24):m.start()], text[m.end():m.end() + 24]
+        if re.search(r"(?:depends on|requires?|require)\s+$", before):
+            return spec
+        sub = re.fullmatch(r"(>=|>|<=|<)([^,<>=!~]+)", spec)
+        if complement is None and sub and re.match(r"\s+(?:depends on|depend on|are incompatible|is incompatible)",
+                                                   after):
+            complement = _COMPLEMENT[sub.group(1)] + sub.group(2)
+    return complement
+
+
+def explain_unsatisfiable(stderr: str, base: BaseManifest, overlay: Iterable[str]) -> tuple[str, str]:
+    """(message, details) of an :class:`Unsatisfiable` from uv's stderr."""
+    overlay = list(overlay)
+    released = [Requirement(r).name for r in overlay]
+    derivation = trim_derivation(stderr)
+    pins = involved_base_pins(stderr, base, released)
+    lines = ["uv's derivation:", *("  " + ln for ln in derivation.splitlines())]
+    if pins:
+        lines.append("base pins involved:")
+        for key in pins:
+            d = base.get(key)
+            ev = pin_evidence(key, base)
+            lines.append(f"  {d.name}=={d.version} is pinned by the base" + (f"; {ev[0]}" if ev else ""))
+            lines.extend(f"    {e}" for e in ev[1:])
+    from builder.resolve.abi import is_exact_coupled
+
+    ways = []
+    for key in pins:
+        d = base.get(key)
+        if not is_exact_coupled(key):
+            wanted = wanted_specifier(stderr, d.name, d.version)
+            ways.append(f"--with '{d.name}{wanted or ''}' releases the {d.name} pin (then the ABI gate decides)")
+    ways.append("drop or loosen the overlay requirement that needs the conflicting version")
+    lines.append("ways out: " + "; or ".join(ways))
+    for name in [r for r in released if is_exact_coupled(r) and base.get(r) is not None]:
+        lines.append(f"note: {name} is exact-coupled to vllm's kernels — even when it resolves, the gate rejects "
+                     f"moving it unless --allow-abi-change {canonical_name(name)} --reason TEXT")
+    names = ", ".join(f"{base.get(k).name}=={base.get(k).version}" for k in pins)
+    msg = (
+        f"no resolution of the overlay ({', '.join(overlay)}) fits on top of the base"
+        + (f": it conflicts with the base pin(s) {names}." if pins else ".")
+    )
+    return msg, "\n".join(lines)
+
+
+MAX_MOVE_ROUNDS = 8
+
+
+@dataclass
+class PinMoves:
+    """Every base pin that must move for the overlay to resolve, found in one pass."""
+
+    moves: list[tuple[str, str, str | None]]  # (name, base version, resolved version or None)
+    resolves: bool                            # releasing them all makes the overlay resolve
+    blocked: list[str]                        # exact-coupled pins that would have to move (never on this base)
+    rounds: int = 0
+
+    @property
+    def with_line(self) -> str:
+        return " ".join(f"--with '{n}=={v}'" for n, _b, v in self.moves if v)
+
+
+def find_pin_moves(stderr: str, base: BaseManifest, overlay: list[str],
+                   attempt: Callable[[list[str]], tuple[bool, str, dict]]) -> PinMoves:
+    """Release the base pins uv's derivation names, resolve again, repeat until it resolves
+    (or nothing more can be released): every pin that must move, not only the first one.
+
+    ``attempt(extra)`` resolves ``overlay + extra`` with the named pins released: (ok, stderr, resolved).
+    Exact-coupled pins are never released (the gate would refuse them anyway): they stop the search."""
+    from builder.resolve.abi import is_exact_coupled
+
+    released = [Requirement(r).name for r in overlay]
+    extra: list[str] = []
+    names: list[str] = []
+    rounds = 0
+    while rounds < MAX_MOVE_ROUNDS:
+        pins = involved_base_pins(stderr, base, released)
+        coupled = [p for p in pins if is_exact_coupled(p)]
+        if not pins or coupled:
+            return PinMoves([(base.get(k).name, base.get(k).version, None) for k in names], False, coupled, rounds)
+        for key in pins:
+            d = base.get(key)
+            extra.append(d.name + (wanted_specifier(stderr, d.name, d.version) or ""))
+            released.append(d.name)
+            names.append(key)
+        rounds += 1
+        ok, stderr, resolved = attempt(extra)
+        if ok:
+            return PinMoves([(base.get(k).name, base.get(k).version, resolved.get(k, (None, None))[1]) for k in names],
+                            True, [], rounds)
+    return PinMoves([(base.get(k).name, base.get(k).version, None) for k in names], False, [], rounds)
+
+
+def format_pin_moves(moves: PinMoves, base: BaseManifest) -> tuple[str, str]:
+    """(sentence for the message, lines for the details) of :func:`find_pin_moves`'s result (pure)."""
+    if not moves.moves and not moves.blocked:
+        return "", ""
+    lines = ["", "every base pin that must move (found in one pass):"]
+    for name, old, new in moves.moves:
+        lines.append(f"  {name} {old} -> {new or '?'}")
+    if moves.resolves:
+        lines.append(f"one line that moves them all (then the ABI gate decides): {moves.with_line}")
+        return (f" Releasing {len(moves.moves)} base pin(s) makes it resolve: "
+                + ", ".join(f"{n} {o} -> {v}" for n, o, v in moves.moves) + f"; add {moves.with_line}."), "\n".join(lines)
+    if moves.blocked:
+        lines.append("and exact-coupled pins that would have to move (never on this base): "
+                     + ", ".join(f"{base.get(k).name}=={base.get(k).version}" for k in moves.blocked))
+    else:
+        lines.append("releasing them does not make it resolve: the overlay itself needs to change")
+    return "", "\n".join(lines)
+
+
+# =========================================================================== uv adapter
+
+
+class Uv:
+    """Thin adapter over the uv CLI."""
+
+    def __init__(self, binary: str | None = None):
+        self.binary = binary or find_uv()
+        self._version: str | None = None
+
+    def version(self) -> str:
+        if self._version is None:
+            r = subprocess.run([self.binary, "--version"], capture_output=True, text=True)
+            if r.returncode != 0:
+                raise ExternalToolError(f"`{self.binary} --version` failed: {r.stderr.strip()}")
+            self._version = r.stdout.split()[1] if len(r.stdout.split()) > 1 else r.stdout.strip()
+        return self._version
+
+    def compile_cmd(self, sources: list[Path], out: Path, *, python_version: str, platform: str,
+                    fmt: str = "requirements.txt", hashes: bool = False, find_links: Iterable[str] = (),
+                    no_index: bool = False, exclude_newer: str | None = None, offline: bool = False,
+                    constraints: Iterable[Path] = ()) -> list[str]:
+        cmd = [self.binary, "pip", "compile", *map(str, sources), "-o", str(out), "--format", fmt,
+               "--python-version", python_version, "--python-platform", platform, "--no-build",
+               "--no-header", "--quiet", "--color", "never",
+               # an interpreter only for uv's bookkeeping (the target is --python-version/--python-platform;
+               # --no-build: nothing is ever built): never let uv look for, or download, a Python
+               "--python", sys.executable]
+        if hashes:
+            cmd.append("--generate-hashes")
+        for fl in find_links:
+            cmd += ["--find-links", str(fl)]
+        if no_index:
+            cmd.append("--no-index")
+        if exclude_newer:
+            cmd += ["--exclude-newer", exclude_newer]
+        if offline:
+            cmd.append("--offline")
+        for c in constraints:
+            cmd += ["-c", str(c)]
+        return cmd
+
+    # uv settings from the environment that change *what* resolves: they are not inputs of the lock
+    # (not in inputs-sha256), so an ambient UV_RESOLUTION=lowest would write another lock that
+    # `--check` still calls up to date.  The tool passes what it means on the command line.
+    # Index URLs stay (mirrors, credentials): the wheel URLs in the lock show where files came from.
+    IGNORED_ENV = ("UV_SYSTEM_PYTHON", "UV_RESOLUTION", "UV_PRERELEASE", "UV_CONSTRAINT", "UV_OVERRIDE",
+                   "UV_BUILD_CONSTRAINT", "UV_EXCLUDE_NEWER", "UV_INDEX_STRATEGY", "UV_TORCH_BACKEND",
+                   "UV_FIND_LINKS", "UV_NO_INDEX", "UV_NO_BINARY", "UV_NO_BINARY_PACKAGE", "UV_NO_BUILD",
+                   "UV_NO_BUILD_PACKAGE", "UV_ONLY_BINARY", "UV_NO_SOURCES", "UV_PYTHON", "UV_EXCLUDE")
+
+    @staticmethod
+    def env() -> dict[str, str]:
+        env = {**os.environ, "UV_NO_CONFIG": "1", "NO_COLOR": "1", "UV_PYTHON_DOWNLOADS": "never"}
+        for var in Uv.IGNORED_ENV:
+            env.pop(var, None)
+        return env
+
+    def start(self, sources: list[Path], out: Path, *, cwd: Path | None = None, **kw) -> subprocess.Popen:
+        """Start ``uv pip compile`` (see :meth:`compile_cmd`); collect with :meth:`wait`."""
+        try:
+            return subprocess.Popen(self.compile_cmd(sources, out, **kw), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True, cwd=cwd, env=self.env(),
+                                    preexec_fn=die_with_parent)
+        except OSError as exc:
+            raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
+
+    @staticmethod
+    def wait(proc: subprocess.Popen) -> subprocess.CompletedProcess:
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def compile(self, sources: list[Path], out: Path, *, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess:
+        return self.wait(self.start(sources, out, cwd=cwd, **kw))
+
+    def venv(self, path: Path, *, python: str) -> None:
+        """``uv venv`` at ``path`` for the interpreter ``python`` (never downloads one)."""
+        r = subprocess.run([self.binary, "venv", "-q", "--python", python, str(path)], capture_output=True,
+                           text=True, env=self.env(), timeout=300, preexec_fn=die_with_parent)
+        if r.returncode != 0:
+            raise ExternalToolError(f"`uv venv {path}` failed: {r.stderr.strip()[-1500:]}")
+
+    def pip_install(self, python: Path | str, requirements: list[str], *, find_links: Iterable[str] = (),
+                    timeout: int = 1800) -> subprocess.CompletedProcess:
+        """``uv pip install`` of ``requirements`` into the environment of ``python``."""
+        cmd = [self.binary, "pip", "install", "-q", "--python", str(python)]
+        for fl in find_links:
+            cmd += ["--find-links", str(fl)]
+        return subprocess.run([*cmd, *requirements], capture_output=True, text=True, env=self.env(),
+                              timeout=timeout, preexec_fn=die_with_parent)
+
+    def install_target(self, target: Path, requirements: list[str], *, python_version: str, platform: str,
+                       exclude_newer: str | None = None, find_links: Iterable[str] = (), no_index: bool = False,
+                       index_url: str | None = None) -> tuple[list[str], subprocess.CompletedProcess]:
+        """``uv pip install --target`` of ``requirements`` for a described interpreter (never run):
+        (the command, its result).  Files are hard links into uv's cache (a scratch tree, read only)."""
+        cmd = [self.binary, "pip", "install", "--target", str(target), "--python-version", python_version,
+               "--python-platform", platform, "--no-build", "--link-mode", "hardlink", "--color", "never",
+               "--python", sys.executable]
+        if exclude_newer:
+            cmd += ["--exclude-newer", exclude_newer]
+        if index_url:
+            cmd += ["--index-url", index_url]
+        for fl in find_links:
+            cmd += ["--find-links", str(fl)]
+        if no_index:
+            cmd.append("--no-index")
+        cmd += list(requirements)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, env=self.env())
+        except OSError as exc:
+            raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
+        return cmd, r
+
+
+def find_uv() -> str:
+    """The uv binary of the pinned ``uv`` package (``uv.find_uv_bin()``), else the
+    one next to this interpreter, else ``uv`` on PATH."""
+    try:
+        import uv  # type: ignore
+
+        return uv.find_uv_bin()
+    except Exception:  # noqa: BLE001 - the package may be absent in odd installs
+        pass
+    cand = Path(sys.executable).with_name("uv")
+    if cand.exists():
+        return str(cand)
+    found = shutil.which("uv")
+    if found:
+        return found
+    raise ExternalToolError("uv is not installed (pip install uv==0.13.9).")
+
+
+def _is_resolution_failure(stderr: str) -> bool:
+    s = _ANSI.sub("", stderr)
+    return "No solution found" in s or "unsatisfiable" in s.lower() or "requirements are unsatisfiable" in s
+
+
+# =========================================================================== wheels
+
+
+def fetch_wheel(url: str, sha256: str, filename: str | None = None) -> Path:
+    """A verified local copy of ``url`` from the one download cache (:func:`builder.fetch.fetch`)."""
+    from builder.fetch import fetch
+
+    # no second live display under the lock's own status line
+    return Path(fetch(url, sha256, filename=filename, progress=False))
+
+
+def _facts_cache_path(sha256: str) -> Path:
+    return cache_dir() / "facts" / f"{sha256}.v{FACTS_CACHE_VERSION}.json"
+
+
+def wheel_facts(cand: WheelCandidate) -> tuple[DistFacts, list[str]]:
+    """(binary facts, Requires-Dist) of a candidate: pure wheels from the name only,
+    binary wheels downloaded (verified) and scanned, both cached by sha256."""
+    if is_pure_wheel(cand.filename):
+        return pure_facts(cand.filename), []
+    cpath = _facts_cache_path(cand.sha256)
+    if cpath.exists():
+        try:
+            doc = json.loads(cpath.read_text())
+            return DistFacts(**doc["facts"]), list(doc["requires"])
+        except (ValueError, KeyError, TypeError):
+            cpath.unlink(missing_ok=True)
+    from builder.resolve.base import scan_wheel
+
+    path = fetch_wheel(cand.url, cand.sha256, cand.filename)
+    _, _, facts = scan_wheel(path)
+    requires = wheel_requires(path)
+    atomic_write_text(cpath, json.dumps({"facts": facts.__dict__, "requires": requires}))
+    return facts, requires
+
+
+def requires_of(cand: WheelCandidate) -> list[str]:
+    """Requires-Dist of a candidate (fetched sha256-verified and cached by sha256);
+    used to show what each link of a chain asked for."""
+    cpath = _facts_cache_path(cand.sha256)
+    if cpath.exists():
+        try:
+            return list(json.loads(cpath.read_text())["requires"])
+        except (ValueError, KeyError, TypeError):
+            cpath.unlink(missing_ok=True)
+    path = fetch_wheel(cand.url, cand.sha256, cand.filename)
+    requires = wheel_requires(path)
+    if is_pure_wheel(cand.filename):
+        atomic_write_text(cpath, json.dumps({"facts": pure_facts(cand.filename).__dict__, "requires": requires}))
+    return requires
+
+
+def chain_ancestors(entries: list[LockEntry], names: Iterable[str]) -> set[str]:
+    """Canonical names of the lock entries on any ``# via`` path above ``names``."""
+    via = {e.key: [canonical_name(v) for v in e.via if not v.startswith("-")] for e in entries}
+    todo, seen = [canonical_name(n) for n in names], set()
+    while todo:
+        k = todo.pop()
+        for p in via.get(k, []):
+            if p not in seen and p in via:
+                seen.add(p)
+                todo.append(p)
+    return seen
+
+
+def wheel_requires(path: Path) -> list[str]:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            meta = [n for n in zf.namelist() if re.match(r"^[^/]+\.dist-info/METADATA$", n)]
+            if not meta:
+                return []
+            msg = HeaderParser().parsestr(zf.read(meta[0]).decode("utf-8", "replace"))
+            return list(msg.get_all("Requires-Dist") or [])
+    except (zipfile.BadZipFile, OSError):
+        return []
+
+
+# =========================================================================== the stage
+
+
+@dataclass
+class LockResult:
+    lock: LockFile
+    gate: GateResult
+    resolved: int  # distributions in the whole resolution (base pins included)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def build_entries(
+    base: BaseManifest,
+    resolved: Mapping[str, tuple[str, str, list[str]]],
+    wheels: Mapping[str, tuple[str, str, list[WheelCandidate]]],
+    tags: list[Tag],
+) -> tuple[list[LockEntry], dict[str, WheelCandidate]]:
+    """Entries for what is not already in the base at the same version (pure)."""
+    entries: list[LockEntry] = []
+    chosen: dict[str, WheelCandidate] = {}
+    for key, (name, version, via) in sorted(resolved.items()):
+        b = base.get(key)
+        if b is not None and _same_version(b.version, version):
+            continue
+        wl = wheels.get(key)
+        if wl is None:
+            raise ExternalToolError(f"uv's pylock.toml lacks {name}=={version} that its requirements output has.")
+        cands = wl[2]
+        pick = select_wheel(cands, tags, name)
+        if pick is None:
+            raise Unsatisfiable(
+                f"{name}=={version} has no wheel installable on the base "
+                f"(none of {', '.join(c.filename for c in cands) or 'no files'} matches its platform)."
+            )
+        chosen[key] = pick
+        entries.append(LockEntry(
+            name=wl[0], version=version, hashes=sorted({c.sha256 for c in cands}), via=list(via),
+            wheel=WheelRef(url=redact_url(pick.url), sha256=pick.sha256),
+            base_version=b.version if b is not None else None,
+        ))
+    return entries, chosen
+
+
+def _agrees(resolved: Mapping[str, tuple[str, str, list[str]]],
+            wheels: Mapping[str, tuple[str, str, list[WheelCandidate]]]) -> bool:
+    """Do the two uv runs describe the same resolution?"""
+    return bool(wheels) and all(k in wheels and _same_version(wheels[k][1], v) for k, (_, v, _) in resolved.items())
+
+
+def _same_version(a: str, b: str) -> bool:
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = None,
+         prefer: Mapping[str, str] | None = None) -> LockResult:
+    """Resolve ``req`` and judge it; raises :class:`Unsatisfiable` / tool errors.
+    Returns the LockFile and the gate's result (the caller decides on exit 3).
+
+    ``prefer`` (name -> version, e.g. the previous lock's pins) are resolver
+    preferences, as uv and pip-compile treat an existing output file: kept when
+    they still fit, so a re-lock after an input change moves as little as possible."""
+    uv = uv or Uv()
+    say = progress or (lambda _m: None)
+    base = req.base
+    resolving = req.resolution_overlay()
+    overlay_reqs = parse_overlay(resolving)
+    for f in req.find_links:  # their credentials, in memory only, for the wheel downloads below
+        remember(f)
+    timings: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="bi-lock-") as t:
+        tmp = Path(t)
+        (tmp / "overlay.in").write_text("\n".join(resolving) + "\n")
+        (tmp / "base.in").write_text("\n".join(base_requirements(base, overlay_reqs)) + "\n")
+        sources = [tmp / "overlay.in", tmp / "base.in"]
+        if prefer:  # uv reads an existing output file as preferences
+            (tmp / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(prefer.items())))
+        common = dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
+                      no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=tmp)
+
+        say(f"resolving {', '.join(resolving)} on top of {len(base.distributions)} base pins (uv)")
+        t0 = time.monotonic()
+        pylock_args = dict(fmt="pylock.toml", hashes=True, offline=True, **common)
+        # The wheel URLs come from a second uv run in pylock format, offline from uv's cache.  It
+        # starts alongside the resolution (a warm cache answers it at once); it is run again after
+        # the resolution when it could not answer or saw other versions (cold or stale cache).
+        p1 = uv.start(sources, tmp / "requirements.txt", **common)
+        p2 = uv.start(sources, tmp / "pylock.toml", **pylock_args)
+        r1, r2 = uv.wait(p1), uv.wait(p2)
+        timings["resolve"] = time.monotonic() - t0
+        if r1.returncode != 0:
+            if _is_resolution_failure(r1.stderr):
+                msg, details = explain_unsatisfiable(r1.stderr, base, resolving)
+                say("finding every base pin that must move (one pass)")
+
+                def attempt(extra: list[str]) -> tuple[bool, str, dict]:
+                    (tmp / "try-overlay.in").write_text("\n".join(resolving + extra) + "\n")
+                    (tmp / "try-base.in").write_text("\n".join(base_requirements(base, parse_overlay(resolving + extra))) + "\n")
+                    r = uv.compile([tmp / "try-overlay.in", tmp / "try-base.in"], tmp / "try.txt", **common)
+                    if r.returncode == 0:
+                        return True, "", parse_uv_requirements((tmp / "try.txt").read_text())
+                    if not _is_resolution_failure(r.stderr):
+                        raise ExternalToolError(f"uv pip compile failed (exit {r.returncode}):\n{trim_derivation(r.stderr)}")
+                    return False, r.stderr, {}
+
+                moves = find_pin_moves(r1.stderr, base, resolving, attempt)
+                extra_msg, extra_details = format_pin_moves(moves, base)
+                exc = Unsatisfiable(msg + extra_msg, details=details + extra_details)
+                exc.pin_moves = moves
+                raise exc
+            raise ExternalToolError(f"uv pip compile failed (exit {r1.returncode}):\n{trim_derivation(r1.stderr)}")
+        resolved = parse_uv_requirements((tmp / "requirements.txt").read_text())
+        t0 = time.monotonic()
+        wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp) if r2.returncode == 0 else {}
+        if not _agrees(resolved, wheels):
+            # again, constrained to exactly the resolution just made (so both runs agree)
+            say("collecting wheel URLs and hashes for the base's platform (uv, from cache)")
+            (tmp / "pylock.toml").unlink(missing_ok=True)
+            pinned = {**pylock_args, "constraints": [tmp / "requirements.txt"]}
+            r2 = uv.compile(sources, tmp / "pylock.toml", **pinned)
+            if r2.returncode != 0:  # cache incomplete: same resolution online
+                r2 = uv.compile(sources, tmp / "pylock.toml", **{**pinned, "offline": False})
+            if r2.returncode != 0:
+                raise ExternalToolError(f"uv pip compile --format pylock.toml failed:\n{trim_derivation(r2.stderr)}")
+            wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp)
+            if not _agrees(resolved, wheels):
+                raise ExternalToolError("uv's two runs on the same inputs resolved different versions; retry the lock.")
+        timings["wheels"] = time.monotonic() - t0
+    tags = target_tags(base.python_version, base.python_abi, base.platform)
+    entries, chosen = build_entries(base, resolved, wheels, tags)
+    t0 = time.monotonic()
+    requires: dict[str, list[str]] = {}
+    # An exact-coupled binary (torch, nvidia-*, ...) that is not allowed is rejected by name: its
+    # files cannot change the verdict, so it is not downloaded (torch and its CUDA wheels are GBs).
+    from builder.resolve.abi import is_exact_coupled
+
+    allowed = {canonical_name(k) for k in req.allow}
+    by_name_only = {e.key for e in entries if is_exact_coupled(e.name) and e.key not in allowed
+                    and not is_pure_wheel(chosen[e.key].filename)}
+    binaries = [e for e in entries if not is_pure_wheel(chosen[e.key].filename) and e.key not in by_name_only]
+    for i, e in enumerate(entries):
+        cand = chosen[e.key]
+        if e.key in by_name_only:
+            e.facts, requires[e.key] = pure_facts(cand.filename), []
+            e.facts.binary = True  # not scanned: unknown extension count / glibc
+            continue
+        if not is_pure_wheel(cand.filename) and not _facts_cache_path(cand.sha256).exists():
+            say(f"downloading + scanning binary wheel {cand.filename} ({binaries.index(e) + 1}/{len(binaries)})")
+        e.facts, requires[e.key] = wheel_facts(cand)
+    gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving)
+    flagged = [f.name for f in gate.violations + gate.allowed + gate.notices]
+    missing = [k for k in chain_ancestors(entries, flagged) if not requires.get(k)]
+    if missing:  # what each link of the chains asked for: fetch those few (pure) wheels
+        say(f"reading the requirements of {len(missing)} package(s) on the chains")
+        for k in missing:
+            requires[k] = requires_of(chosen[k])
+        gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving)
+    timings["scan"] = time.monotonic() - t0
+    header = lock_header(req, uv.version())
+    header.update(ray_header(req, entries, base))
+    allow_used = {canonical_name(k): v for k, v in req.allow.items()}
+    lockfile = LockFile(header=header, overlay=list(req.overlay), allow_abi_change=allow_used, entries=entries)
+    return LockResult(lock=lockfile, gate=gate, resolved=len(resolved), timings=timings)
+
+
+def header_vllm(req: LockRequest) -> str:
+    """The ``vllm:`` a lock of ``req`` names (pure): the base's vllm, else the overlay's ``vllm==X``
+    (the lock then holds X), else ``-`` — never a vllm that is neither in the base nor in the lock."""
+    d = req.base.get("vllm")
+    if d is not None:
+        return d.version
+    for raw in req.overlay:
+        r = Requirement(raw)
+        pins = [s.version for s in r.specifier if s.operator == "=="]
+        if canonical_name(r.name) == "vllm" and len(pins) == 1 and "*" not in pins[0]:
+            return pins[0]
+    return "-"
+
+
+def lock_header(req: LockRequest, uv_version: str) -> dict[str, str]:
+    """Pure: the header a lock of ``req`` carries (every input it records, and their hash)."""
+    base = req.base
+    header = {
+        "build-image-lock": "1",
+        "tool": f"build-image {__version__} (uv {uv_version})",
+        "vllm": header_vllm(req),
+        "base-ref": base.image_ref or "-",
+        "base-digest": base.image_digest or "-",
+        "base-manifest-sha256": req.manifest_sha256,
+        "python": base.python_version,
+        "platform": base.platform,
+        "inputs-sha256": inputs_sha256(req, uv_version),
+    }
+    if req.exclude_newer:
+        header["exclude-newer"] = req.exclude_newer
+    if req.no_index or req.find_links:
+        header["index"] = " ".join((["--no-index"] if req.no_index else []) + [f"--find-links {redact_url(f)}" for f in req.find_links])
+    return header
+
+
+# header fields that are inputs (``entries`` is derived; ``build-image-lock`` is the format)
+_HEADER_INPUTS = ("vllm", "base-ref", "base-digest", "base-manifest-sha256", "python", "platform", "tool",
+                  "exclude-newer", "index")
+
+
+def header_mismatches(have: Mapping[str, str], want: Mapping[str, str]) -> list[str]:
+    """Pure: ``key: lock says X, inputs say Y`` for every recorded input that differs."""
+    out = []
+    for key in _HEADER_INPUTS:
+        a, b = have.get(key), want.get(key)
+        if (a or None) != (b or None):
+            out.append(f"{key}: the lock says {a or '(absent)'}, the inputs say {b or '(absent)'}")
+    return out
+
+
+def ray_header(req: LockRequest, entries: list[LockEntry], base: BaseManifest) -> dict[str, str]:
+    """``ray`` / ``serve-backend`` header lines: which ray the lock holds and why (pure)."""
+    e = next((e for e in entries if e.key == "ray"), None)
+    version = e.version if e is not None else (base.get("ray").version if base.get("ray") is not None else None)
+    if version is None:
+        return {}
+    if req.default_ray and req.ray is not None:
+        return {"ray": f"{version} ({req.ray.reason})", "serve-backend": req.ray.backend}
+    named = [r for r in req.overlay if canonical_name(Requirement(r).name) == "ray"]
+    where = f"named in the overlay ({', '.join(named)})" if named else "from the base"
+    if req.ray is not None:  # the named ray's llm pin, looked up by the caller
+        return {"ray": f"{version} ({where}; {req.ray.reason})", "serve-backend": req.ray.backend}
+    return {"ray": f"{version} ({where})", "serve-backend": "auto"}
+
+
+def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None) -> tuple[bool, str]:
+    """(fresh?, why) comparing every input the lock's header records (and their hash,
+    ``inputs-sha256``) with the request's — no resolution.  A header edited by hand
+    (``vllm: 0.25.0`` under the hash of a 0.26.0 request) is stale, not up to date."""
+    from builder.resolve.lockfile import load_lock
+
+    if not lock_path.exists():
+        return False, f"{lock_path} does not exist"
+    existing = load_lock(lock_path)
+    uv = uv or Uv()
+    want_header = lock_header(req, uv.version())
+    fields = header_mismatches(existing.header, want_header)
+    same_lists = (existing.overlay == list(req.overlay)
+                  and {canonical_name(k): v for k, v in req.allow.items()} == existing.allow_abi_change)
+    if existing.header.get("inputs-sha256") == want_header["inputs-sha256"] and not fields and same_lists:
+        return True, "inputs unchanged"
+    reasons = list(fields)
+    if existing.header.get("base-manifest-sha256") != req.manifest_sha256 and not any(
+            r.startswith("base-manifest-sha256") for r in reasons):
+        reasons.append("the base manifest changed")
+    if existing.overlay != list(req.overlay):
+        reasons.append(f"the overlay changed ({', '.join(existing.overlay)} -> {', '.join(req.overlay)})")
+    if {canonical_name(k): v for k, v in req.allow.items()} != existing.allow_abi_change:
+        reasons.append("the allowed ABI changes changed")
+    if req.default_ray and "serve-backend" not in existing.header:
+        reasons.append("the default ray is now chosen per vLLM release (the newest whose ray[llm] pins its vllm)")
+    return False, "; ".join(reasons) or "index flags or exclude-newer changed"
+
+
+# =========================================================================== the stage, end to end
+
+
+@dataclass
+class LockOutcome:
+    """What :func:`run` did: ``status`` is ``up-to-date`` (nothing resolved) or ``written``."""
+
+    status: str
+    path: Path
+    result: LockResult | None = None
+    unused_allow: list[str] = field(default_factory=list)
+
+
+def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_overlay: bool, vllm_given: bool = True,
+                allow: Mapping[str, str] | None = None, find_links: Iterable[str] = (), no_index: bool = False,
+                exclude_newer: str | None = None, where: str = "--with") -> LockRequest:
+    """The :class:`LockRequest` for ``--vllm X`` on ``base`` (pure but for resolving find-links paths).
+
+    The overlay is the default (``ray[serve]``, its version chosen per release) plus ``with_``; on a base
+    without vllm, ``--vllm X`` (``vllm_given``: a flag or the spec named it) adds ``vllm==X`` (the resolver and the gate then judge it like any overlay
+    requirement); a base shipping another vllm is exit 2 (:func:`builder.resolve.baseref.vllm_on_base`)."""
+    from builder.resolve.baseref import vllm_on_base
+
+    with_ = list(with_)
+    overlay = ([DEFAULT_RAY] if default_overlay else []) + [w for w in with_ if not (default_overlay and w == DEFAULT_RAY)]
+    reqs = parse_overlay(overlay, where=where)
+    check_overlay_against_vllm(reqs, vllm)
+    add = vllm_on_base(base, vllm) if (vllm_given or base.vllm is not None) else None
+    if add and not any(canonical_name(r.name) == "vllm" for r in reqs):
+        overlay.append(add)
+    if not overlay:
+        raise BadInput("the overlay is empty: --no-default-overlay needs at least one --with REQ.")
+    named = [w for w in with_ if w != DEFAULT_RAY]
+    names_ray = any(canonical_name(r.name) == "ray" for r in parse_overlay(named, where=where)) if named else False
+    return LockRequest(
+        vllm=vllm, base=base.manifest, base_bytes=base.data, overlay=overlay, allow=dict(allow or {}),
+        find_links=[f if "://" in f else str(Path(f).resolve()) for f in find_links], no_index=no_index,
+        exclude_newer=exclude_newer, default_ray=default_overlay and not names_ray,
+    )
+
+
+def _other_base(lock_path: Path, req: LockRequest) -> str | None:
+    """The base-ref of an existing lock at ``lock_path`` when it names another base than ``req``'s."""
+    from builder.resolve.lockfile import load_lock
+
+    try:
+        have = load_lock(lock_path).header.get("base-ref", "-")
+    except BadInput:
+        return None  # a damaged lock is replaced
+    want = req.base.image_ref or "-"
+    return have if have != want else None
+
+
+def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool = False, force: bool = False,
+        uv: Uv | None = None, index=None, progress: Progress | None = None) -> LockOutcome:
+    """Freshness, preferences, ray choice, resolution, gate and the atomic write, in that order.
+
+    * ``check``: :class:`StaleLock` (exit 5) when the lock is stale, nothing written;
+    * a lock up to date with its inputs is kept unless ``upgrade``;
+    * a re-lock prefers the previous lock's pins (moves as little as possible) unless ``upgrade``;
+    * a lock whose header names another base is never replaced without ``force`` (exit 2);
+    * a gate violation is :class:`AbiRejected` (exit 3) carrying ``.gate``; nothing is written.
+    """
+    from builder.errors import AbiRejected, StaleLock
+    from builder.resolve.lockfile import load_lock
+
+    uv = uv or Uv()
+    say = progress or (lambda _m: None)
+    lock_path = Path(lock_path)
+    if lock_path.is_dir():
+        raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
+    from builder.resolve.pylock import refuse_pylock_output, sync_twin
+
+    refuse_pylock_output(lock_path, check)
+    if check or (not upgrade and lock_path.exists()):
+        try:
+            fresh, why = is_up_to_date(lock_path, req, uv)
+        except BadInput as exc:  # a damaged lock on disk is stale; a new lock replaces it
+            if check:
+                raise StaleLock(f"{lock_path} is not a readable lock: {exc.message}") from None
+            fresh, why = False, exc.message
+        if fresh:
+            sync_twin(lock_path, check, say)  # its PEP 751 twin: missing or different is stale too
+            return LockOutcome(status="up-to-date", path=lock_path)
+        if check:
+            raise StaleLock(f"{lock_path} is stale: {why}.", hint="run `build-image lock` (without --check) to regenerate it.")
+    other = _other_base(lock_path, req) if lock_path.exists() and not force else None
+    if other is not None:
+        raise BadInput(
+            f"{lock_path} was made on another base ({other}); a lock on {req.base.image_ref or 'this base'} "
+            "does not replace it.",
+            hint="write this lock elsewhere with -o FILE, or pass --force to replace it.",
+        )
+    prefer = None
+    if not upgrade and lock_path.exists():
+        try:
+            prefer = {e.name: e.version for e in load_lock(lock_path).entries}
+        except BadInput:
+            prefer = None
+    tags = target_tags(req.base.python_version, req.base.python_abi, req.base.platform)
+    if req.default_ray and req.ray is None:
+        from datetime import datetime as _dt
+
+        from builder.resolve import index as ix
+        from builder.resolve.raychoice import choose, ray_releases
+
+        index = index or ix.for_request(req.find_links, req.no_index)
+        vllm = req.base.get("vllm").version if req.base.get("vllm") is not None else req.vllm
+        say(f"choosing ray for vllm {vllm} (ray[llm] pins, from the index)")
+        cutoff = ix.parse_time(req.exclude_newer) if req.exclude_newer and "T" in req.exclude_newer else (
+            _dt.fromisoformat(req.exclude_newer + "T00:00:00+00:00") if req.exclude_newer else None)
+        req.ray = choose(vllm, ray_releases(index, vllm, tags, cutoff))
+    elif not req.default_ray and any(canonical_name(Requirement(r).name) == "ray" for r in req.overlay):
+        pass  # the named ray's backend is looked up after the resolution
+    try:
+        result = lock(req, uv, progress=say, prefer=prefer)
+    except Unsatisfiable as exc:
+        # the ray whose ray[llm] pins this vllm does not fit on the base as it is: the default lock never
+        # moves base pins for it; the newest ray that fits, the fallback backend, and how to get the other
+        if not (req.default_ray and req.ray is not None and req.ray.requirement):
+            raise
+        from builder.resolve.raychoice import BACKEND_FALLBACK
+
+        moves = getattr(exc, "pin_moves", None)
+        moved = ", ".join(f"{n} {o} -> {v}" for n, o, v in moves.moves) if moves and moves.resolves else ""
+        line = f"--with '{req.ray.requirement}'" + (f" {moves.with_line}" if moved else "")
+        why = f"moving base pins ({moved})" if moved else "changes the base cannot take"
+        say(f"{req.ray.requirement} does not fit on the base; locking the newest ray that does")
+        req.ray = RayChoice(
+            requirement=None, version=None, backend=BACKEND_FALLBACK,
+            reason=f"{req.ray.reason.split(':')[0]} but needs {why}; newest ray that fits instead, the Serve app "
+                   f"starts `vllm serve` (its vllm-server fallback); for ray.serve.llm: {line}")
+        result = lock(req, uv, progress=say, prefer=prefer)
+    locked_ray = result.lock.by_name().get("ray")
+    if not req.default_ray and locked_ray is not None:
+        from builder.resolve import index as ix
+        from builder.resolve.raychoice import backend_for
+
+        try:
+            req.ray = backend_for(index or ix.for_request(req.find_links, req.no_index), locked_ray.version,
+                                  result.lock.header["vllm"] if result.lock.header["vllm"] != "-" else None, tags)
+            result.lock.header.update(ray_header(req, result.lock.entries, req.base))
+        except (IntegrityError, IndexError):
+            pass  # the header says "serve-backend: auto"
+    gate = result.gate
+    if not gate.ok:
+        from builder.resolve.abi import format_rejection
+
+        n = len(gate.violations)
+        exc = AbiRejected(
+            f"{n} violation{'s' if n != 1 else ''} on top of base {req.base.image_ref or '-'} "
+            f"(vllm {req.vllm}); nothing was written to {lock_path}.",
+            details=format_rejection(gate),
+        )
+        exc.gate = gate
+        raise exc
+    from builder.resolve.pylock import twin_path, write_pylock
+
+    try:
+        result.lock.save(lock_path)
+        write_pylock(twin_path(lock_path), result.lock)  # its PEP 751 twin beside it
+    except OSError as exc:  # the lock on disk (if any) is untouched: the write is atomic
+        raise BadInput(f"cannot write the lock {lock_path}: {exc.strerror or exc}.") from None
+    used = {canonical_name(f.name) for f in gate.allowed}
+    unused = sorted(k for k in result.lock.allow_abi_change if k not in used)
+    return LockOutcome(status="written", path=lock_path, result=result, unused_allow=unused)

@@ -1,0 +1,173 @@
+"""The lock stage as commands run it: spec -> base -> :func:`builder.resolve.lock.run` -> :class:`Locked`.
+
+``build-image lock`` and the pipeline both call :func:`run_lock`; it returns a frozen
+:class:`Locked` carrying everything later stages use (the lock's entries with their
+facts, its text and hash, the gate verdicts of a new resolution, the resolved base),
+so nothing downstream reads the lock or the manifest from disk again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from builder.errors import BadInput, StaleLock
+from builder.resolve.lockfile import LockFile, parse_lock
+from builder.resolve.pylock import is_pylock_path, twin_path, twin_problem, write_pylock
+from builder.util import output_lock
+
+
+@dataclass(frozen=True)
+class Locked:
+    """The lock stage's result.
+
+    ``status`` is ``written`` (a new resolution, ``gate`` holds its verdicts) or
+    ``up-to-date`` (the lock on disk was reused, ``gate`` is None).  ``text`` is the
+    lock file as written (None for a pylock.toml), copied verbatim into the context."""
+
+    status: str
+    path: Path
+    lock: LockFile
+    text: str | None
+    base: object                     # builder.resolve.baseref.ResolvedBase
+    overlay: tuple[str, ...]
+    gate: object | None = None       # builder.resolve.abi.GateResult of a new resolution
+    resolved: int = 0                # distributions in the resolution (written only)
+    timings: dict = field(default_factory=dict)
+    unused_allow: tuple[str, ...] = ()
+    pylock: str | None = None        # the pylock.toml twin beside the lock
+    messages: tuple[str, ...] = ()   # what the stage says on stderr (twin rewritten, notices, warnings)
+    seconds: float = 0.0
+
+    @property
+    def lock_hash(self) -> str:
+        return self.lock.lock_hash
+
+    @property
+    def entries(self):
+        return self.lock.entries
+
+    @property
+    def manifest(self):
+        return self.base.manifest
+
+    def summary_line(self) -> str:
+        """The one line ``lock`` prints on stdout."""
+        if self.status == "up-to-date":
+            return (f"{self.path} is up to date with its inputs (base {self.base.label}, "
+                    f"overlay {', '.join(self.overlay)}).")
+        header = self.lock.header
+        moved = sorted(e.key for e in self.lock.entries if e.base_version)
+        ray_line = f"; ray {header['ray']}" if header.get("ray") else ""
+        return (f"wrote {self.path}: {len(self.lock.entries)} packages on top of base {self.base.label} "
+                f"({self.resolved} resolved; base distributions moved: {', '.join(moved) or 'none'}; "
+                f"{len(self.gate.notices)} notice(s), {len(self.gate.allowed)} allowed ABI change(s)){ray_line}.")
+
+    def to_dict(self) -> dict:
+        if self.status == "up-to-date":
+            return {"status": "up-to-date", "lock": str(self.path), "written": False,
+                    "pylock": self.pylock, "seconds": round(self.seconds, 3)}
+        header = self.lock.header
+        return {
+            "status": "written",
+            "lock": str(self.path),
+            "pylock": self.pylock,
+            "written": True,
+            "entries": len(self.lock.entries),
+            "resolved": self.resolved,
+            "moved_base": sorted(e.key for e in self.lock.entries if e.base_version),
+            "inputs_sha256": header["inputs-sha256"],
+            "lock_hash": self.lock.lock_hash,
+            "vllm": header.get("vllm"),
+            "ray": header.get("ray"),
+            "serve_backend": header.get("serve-backend"),
+            "gate": self.gate.to_dict(),
+            "unused_allow_abi_change": list(self.unused_allow),
+            "timings": {k: round(v, 3) for k, v in self.timings.items()},
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = False,
+             default_overlay: bool = True, base=None, progress: Callable[[str], None] | None = None,
+             on_message: Callable[[str], None] | None = None) -> Locked:
+    """Resolve the spec's base (``base``: a :class:`builder.resolve.baseref.ResolvedBase` the caller
+    resolved already), make the request, run the lock stage, keep the pylock twin in step.
+
+    Raises what :func:`builder.resolve.lock.run` raises (StaleLock with ``check``, AbiRejected,
+    Unsatisfiable, BadInput).  ``on_message`` gets the stage's stderr lines as they happen."""
+    from builder.resolve import lock as L
+    from builder.resolve.abi import format_notices
+    from builder.resolve.baseref import resolve_base
+
+    t_start = time.monotonic()
+    said: list[str] = []
+
+    def tell(msg: str) -> None:
+        said.append(msg)
+        if on_message is not None:
+            on_message(msg)
+
+    resolved = base if base is not None else resolve_base(spec.base, spec.vllm)
+    if not spec.vllm_given and resolved.vllm:  # no --vllm: the base's vllm (and its default lock path)
+        spec = spec.with_flags(vllm=resolved.vllm)
+    req = L.request_for(
+        vllm=spec.vllm, base=resolved, with_=spec.with_, default_overlay=default_overlay,
+        vllm_given=spec.vllm_given, allow=spec.allow_abi_change, find_links=spec.find_links, no_index=spec.no_index,
+        exclude_newer=spec.exclude_newer, where="--with" if not spec.source else f"--with / {spec.source} 'with'",
+    )
+    if not check and is_pylock_path(spec.lock_path):
+        raise BadInput(f"-o {spec.lock_path}: name the requirements.lock; `lock` writes its PEP 751 twin "
+                       f"({twin_path(spec.lock_path).name}) beside it. `lock --check` accepts either file.")
+    # a second writer of the same lock waits, then sees the first's lock (--check writes nothing)
+    with contextlib.nullcontext() if check else output_lock(spec.lock_path):
+        out = L.run(req, spec.lock_path, check=check, upgrade=upgrade, force=force, progress=progress)
+        if out.status == "up-to-date":
+            lock, text = _read(out.path)
+            twin = _sync_twin(out.path, lock, check, tell)
+    lock_path = out.path
+    if out.status == "up-to-date":
+        return Locked(status="up-to-date", path=lock_path, lock=lock, text=text, base=resolved,
+                      overlay=tuple(req.overlay), pylock=twin, messages=tuple(said),
+                      seconds=time.monotonic() - t_start)
+    result = out.result
+    notices = format_notices(result.gate)
+    if notices:
+        tell("notices:\n" + notices)
+    if out.unused_allow:  # recorded anyway (it is an input); say so: a stale escape hatch would cover a future change
+        tell(f"warning: --allow-abi-change {', '.join(out.unused_allow)}: no gate violation to allow in this lock; "
+             "it is still recorded in the header and covers a later violation — drop it if it is stale.")
+    return Locked(status="written", path=lock_path, lock=result.lock, text=result.lock.format(), base=resolved,
+                  overlay=tuple(req.overlay), gate=result.gate, resolved=result.resolved,
+                  timings=dict(result.timings), unused_allow=tuple(out.unused_allow),
+                  pylock=str(twin_path(lock_path)), messages=tuple(said), seconds=time.monotonic() - t_start)
+
+
+def _read(lock_path: Path) -> tuple[LockFile, str | None]:
+    """The lock on disk, read once: (lock, text; None for a pylock.toml, which the context
+    does not carry verbatim)."""
+    try:
+        text = Path(lock_path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"lock {lock_path} does not exist.", hint="create it with `build-image lock`.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"lock {lock_path} cannot be read: {exc}.") from None
+    return parse_lock(text, str(lock_path)), (None if is_pylock_path(lock_path) else text)
+
+
+def _sync_twin(lock_path: Path, lock: LockFile, check: bool, tell: Callable[[str], None]) -> str | None:
+    """The pylock.toml beside an up-to-date requirements.lock: --check fails (exit 5) when it is
+    missing or pins anything else; otherwise it is rewritten from the lock (no resolution)."""
+    if is_pylock_path(lock_path):
+        return str(lock_path)
+    problem = twin_problem(lock_path, lock)
+    if problem and check:
+        raise StaleLock(f"{lock_path} is up to date but {problem}.",
+                        hint="run `build-image lock` (without --check): it rewrites pylock.toml from requirements.lock.")
+    if problem:
+        write_pylock(twin_path(lock_path), lock)
+        tell(f"rewrote {twin_path(lock_path)} from {lock_path} ({problem}).")
+    return str(twin_path(lock_path))

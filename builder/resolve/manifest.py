@@ -1,0 +1,220 @@
+"""Base manifest: what the official image already holds (the immovable floor).
+
+File format (JSON, ``schema = "build-image/base-manifest/v1"``)::
+
+    {
+      "schema": "build-image/base-manifest/v1",
+      "image": {"ref": "vllm/vllm-openai:v0.26.0", "digest": "sha256:..." | null},
+      "os": "Ubuntu 22.04.5 LTS" | null,
+      "glibc": "2.35",
+      "python": {"version": "3.12", "abi": "cp312",
+                 "site_packages": "/usr/local/lib/python3.12/dist-packages"},
+      "cuda": "13.0" | null,
+      "platform": "x86_64-manylinux_2_35",          # uv --python-platform
+      "provenance": {"kind": "read-from-image" | "reconstructed",
+                     "method": "free text: exactly how it was produced"},
+      "distributions": {                           # keyed by canonical name
+        "numpy": {"name": "numpy", "version": "1.26.4",
+                  "binary": true, "extensions": 12,
+                  "numpy_abi": {"1": 0, "2": 0},   # extensions referencing each C-API generation
+                  "glibc": "2.17" | null,          # highest GLIBC_x.y needed by its ELF files
+                  "python_abi": "cp312" | "abi3" | "none"}
+      }
+    }
+
+This module is pure data: load/validate/save.  The binary scan lives in
+``builder.resolve.base``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from builder.errors import BadInput
+from builder.util import atomic_write_text, canonical_name
+
+SCHEMA = "build-image/base-manifest/v1"
+PROVENANCE_KINDS = ("read-from-image", "reconstructed")
+
+
+@dataclass
+class DistFacts:
+    """Binary facts of one distribution, read from its files (never from its name)."""
+
+    binary: bool = False
+    extensions: int = 0
+    numpy_abi: dict[str, int] = field(default_factory=lambda: {"1": 0, "2": 0})
+    glibc: str | None = None
+    python_abi: str = "none"
+
+    @property
+    def numpy_generations(self) -> set[str]:
+        return {gen for gen, n in self.numpy_abi.items() if n}
+
+
+@dataclass
+class Distribution:
+    name: str
+    version: str
+    facts: DistFacts = field(default_factory=DistFacts)
+
+    @property
+    def key(self) -> str:
+        return canonical_name(self.name)
+
+
+@dataclass
+class BaseManifest:
+    image_ref: str | None
+    image_digest: str | None
+    os: str | None
+    glibc: str
+    python_version: str
+    python_abi: str
+    site_packages: str | None
+    cuda: str | None
+    platform: str
+    provenance_kind: str
+    provenance_method: str
+    distributions: dict[str, Distribution]
+
+    def get(self, name: str) -> Distribution | None:
+        return self.distributions.get(canonical_name(name))
+
+    @property
+    def pinned_ref(self) -> str | None:
+        """``ref@digest`` when the digest is known, else the ref."""
+        if self.image_ref and self.image_digest:
+            return f"{self.image_ref.split('@')[0]}@{self.image_digest}"
+        return self.image_ref
+
+    def to_json(self) -> str:
+        doc: dict[str, Any] = {
+            "schema": SCHEMA,
+            "image": {"ref": self.image_ref, "digest": self.image_digest},
+            "os": self.os,
+            "glibc": self.glibc,
+            "python": {
+                "version": self.python_version,
+                "abi": self.python_abi,
+                "site_packages": self.site_packages,
+            },
+            "cuda": self.cuda,
+            "platform": self.platform,
+            "provenance": {"kind": self.provenance_kind, "method": self.provenance_method},
+            "distributions": {
+                key: {"name": d.name, "version": d.version, **asdict(d.facts)}
+                for key, d in sorted(self.distributions.items())
+            },
+        }
+        return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+
+    def save(self, path: str | Path) -> None:
+        atomic_write_text(path, self.to_json())
+
+
+def _req(doc: dict, key: str, typ: type | tuple, where: str, path: str) -> Any:
+    if key not in doc:
+        raise BadInput(f"base manifest {path}: missing field '{where}{key}'.")
+    val = doc[key]
+    if not isinstance(val, typ):
+        raise BadInput(
+            f"base manifest {path}: field '{where}{key}' should be {getattr(typ, '__name__', typ)}, "
+            f"got {type(val).__name__} ({val!r:.60})."
+        )
+    return val
+
+
+def _opt(doc: dict, key: str, typ: type, where: str, path: str) -> Any:
+    """An optional field: absent or null -> None; present -> of type ``typ`` (a bool is not an int)."""
+    val = doc.get(key)
+    if val is None:
+        return None
+    if not isinstance(val, typ) or (typ is int and isinstance(val, bool)):
+        raise BadInput(
+            f"base manifest {path}: field '{where}{key}' should be {typ.__name__}, "
+            f"got {type(val).__name__} ({val!r:.60})."
+        )
+    return val
+
+
+def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BadInput(
+            f"base manifest {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).",
+            hint="regenerate it with `build-image base snapshot`.",
+        ) from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise BadInput(
+            f"base manifest {path}: field 'schema' must be {SCHEMA!r} "
+            f"(got {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}).",
+        )
+    image = _req(doc, "image", dict, "", path)
+    py = _req(doc, "python", dict, "", path)
+    prov = _req(doc, "provenance", dict, "", path)
+    kind = _req(prov, "kind", str, "provenance.", path)
+    if kind not in PROVENANCE_KINDS:
+        raise BadInput(f"base manifest {path}: 'provenance.kind' must be one of {PROVENANCE_KINDS}, got {kind!r}.")
+    dists_doc = _req(doc, "distributions", dict, "", path)
+    dists: dict[str, Distribution] = {}
+    for key, d in dists_doc.items():
+        if not isinstance(d, dict):
+            raise BadInput(f"base manifest {path}: 'distributions.{key}' must be an object.")
+        where = f"distributions.{key}."
+        name = _req(d, "name", str, where, path)
+        version = _req(d, "version", str, where, path)
+        if canonical_name(name) != canonical_name(key):
+            raise BadInput(f"base manifest {path}: 'distributions.{key}' holds {name!r}; the key must be "
+                           "the distribution's (canonical) name.")
+        if canonical_name(name) in dists:
+            raise BadInput(f"base manifest {path}: distribution {name!r} is listed twice.")
+        numpy_abi = _opt(d, "numpy_abi", dict, where, path) or {"1": 0, "2": 0}
+        for gen in ("1", "2"):
+            _opt(numpy_abi, gen, int, f"{where}numpy_abi.", path)
+        facts = DistFacts(
+            binary=bool(_opt(d, "binary", bool, where, path)),
+            extensions=_opt(d, "extensions", int, where, path) or 0,
+            numpy_abi={"1": numpy_abi.get("1", 0), "2": numpy_abi.get("2", 0)},
+            glibc=_opt(d, "glibc", str, where, path),
+            python_abi=_opt(d, "python_abi", str, where, path) or "none",
+        )
+        dists[canonical_name(name)] = Distribution(name=name, version=version, facts=facts)
+    for field_, val, pat, example in (
+        ("glibc", _req(doc, "glibc", str, "", path), r"\d+\.\d+", "2.35"),
+        ("python.version", _req(py, "version", str, "python.", path), r"\d+\.\d+", "3.12"),
+        ("platform", _req(doc, "platform", str, "", path), r"(x86_64|aarch64)-manylinux_\d+_\d+",
+         "x86_64-manylinux_2_35"),
+    ):
+        if not re.fullmatch(pat, val):
+            raise BadInput(f"base manifest {path}: field '{field_}' must look like {example}, got {val!r:.60}.")
+    return BaseManifest(
+        image_ref=image.get("ref"),
+        image_digest=image.get("digest"),
+        os=doc.get("os"),
+        glibc=_req(doc, "glibc", str, "", path),
+        python_version=_req(py, "version", str, "python.", path),
+        python_abi=py.get("abi") or "cp" + _req(py, "version", str, "python.", path).replace(".", ""),
+        site_packages=py.get("site_packages"),
+        cuda=doc.get("cuda"),
+        platform=_req(doc, "platform", str, "", path),
+        provenance_kind=kind,
+        provenance_method=_req(prov, "method", str, "provenance.", path),
+        distributions=dists,
+    )
+
+
+def load_manifest(path: str | Path) -> BaseManifest:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BadInput(f"base manifest {p} does not exist.", hint="pass --base with a manifest file or an image ref.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BadInput(f"base manifest {p} cannot be read: {exc}.") from None
+    return parse_manifest(text, str(p))

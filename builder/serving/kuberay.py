@@ -1,0 +1,307 @@
+"""KubeRay manifests: a RayService (Ray Serve) and a RayCluster for one image.
+
+Pure rendering from (lock, spec, image ref) to YAML text, plus one function that
+writes the files atomically.  The rules the manifests follow:
+
+* the head and every worker group run the *same* image, referenced **by digest**
+  (``repo@sha256:...``); a tag-only reference is refused unless ``allow_tag``;
+* ``rayVersion`` is the ray version of the lock (or of the base manifest when
+  ray comes from the base image, not the overlay);
+* GPU counts and serving settings come from ``Spec.serving``;
+* nothing is installed at start-up: no ``runtime_env`` anywhere, no pip/conda/uv
+  in any command.  The Serve application is ``build_image_serve_app`` which the
+  image itself carries (``templates/serve/build_image_serve_app.py``).
+
+``build-image render --kuberay [--allow-tag]`` calls :func:`write_manifests`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from builder import __version__
+from builder.data import path as data_path
+from builder.errors import BadInput
+from builder.image.render import serve_backend_of
+from builder.resolve.lockfile import LockFile
+from builder.resolve.manifest import BaseManifest
+from builder.spec import Spec
+from builder.util import atomic_write_text
+
+TEMPLATE_DIR = data_path("templates/kuberay")
+RAYSERVICE_FILE = "rayservice.yaml"
+RAYCLUSTER_FILE = "raycluster.yaml"
+SERVE_MODULE = "build_image_serve_app"
+SERVE_IMPORT_PATH = f"{SERVE_MODULE}:build_app"
+DEFAULT_NAME = "vllm-serve"
+
+# Resource requests of the pods.  The spec has no fields for these; they are
+# documented (docs/ray.md) and can be overridden through render_manifests().
+HEAD_CPU = "4"
+HEAD_MEMORY = "16Gi"
+WORKER_CPU_PER_GPU = 4
+WORKER_MIN_CPU = 8
+WORKER_MEMORY_PER_GPU_GI = 32
+
+_DIGEST_REF = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._:/-]*)@sha256:[0-9a-f]{64}$")
+_ANY_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    name: str
+    replicas: int
+    gpus: int
+    cpu: str
+    memory: str
+    ray_start_params: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the model's GPUs are spread over pods (pure arithmetic on the spec)."""
+
+    gpus_needed: int  # tensor parallel x pipeline parallel
+    gpus_per_pod: int
+    worker_pods: int
+
+
+def check_image_ref(image: str, *, allow_tag: bool = False) -> str:
+    """Return ``image`` if it is pinned by digest (or ``allow_tag``), else raise BadInput."""
+    image = (image or "").strip()
+    if _DIGEST_REF.match(image):
+        return image
+    if allow_tag and image and _ANY_REF.match(image):
+        return image
+    if not image or not _ANY_REF.match(image):
+        raise BadInput(f"kuberay: image reference {image!r} is not a valid image reference.")
+    raise BadInput(
+        f"kuberay: image {image!r} is not pinned by digest; the head and every worker must run the exact "
+        "same image, which only a digest guarantees (a tag can move between the head's and a worker's pull).",
+        hint="push the image first and pass REPO@sha256:<digest>, or give --allow-tag to accept a tag.",
+    )
+
+
+def ray_version(lock: LockFile, base: BaseManifest | None = None) -> str:
+    """The ray version the image carries: the lock's ray entry, else the base manifest's."""
+    entry = lock.by_name().get("ray")
+    if entry is not None:
+        return entry.version
+    if base is not None and base.get("ray") is not None:
+        return base.get("ray").version
+    raise BadInput(
+        "kuberay: neither the lock nor the base manifest has a 'ray' distribution, so the manifests "
+        "cannot state a rayVersion (and the image could not run Ray).",
+        hint="keep 'ray[serve]' in the overlay (it is in the default) and regenerate the lock.",
+    )
+
+
+def layout(spec: Spec) -> Layout:
+    s = spec.serving
+    for field_name in ("tp", "pp"):
+        val = getattr(s, field_name)
+        if not isinstance(val, int) or val < 1:
+            raise BadInput(f"spec {spec.source or '<flags>'}: 'serving.{field_name}' must be a positive integer, got {val!r}.")
+    needed = s.tp * s.pp
+    if s.gpus is not None and s.gpus < 1:
+        raise BadInput(f"spec {spec.source or '<flags>'}: 'serving.gpus' must be a positive integer, got {s.gpus!r}.")
+    per_pod = s.gpus if s.gpus is not None else needed
+    return Layout(gpus_needed=needed, gpus_per_pod=per_pod, worker_pods=max(1, math.ceil(needed / per_pod)))
+
+
+def model_id(model: str) -> str:
+    """The name clients use in OpenAI requests: the last path component of the model."""
+    return model.rstrip("/").rsplit("/", 1)[-1] or model
+
+
+def serve_args(spec: Spec, lock: LockFile | None = None) -> dict[str, Any]:
+    """Arguments of ``build_image_serve_app.build_app`` (the ``args`` of the Serve application).
+
+    ``backend`` is the lock's ``serve-backend`` (the image's default too, stated here so a reviewer
+    of the manifest sees it); a model spanning worker pods needs ``ray-serve-llm``, and a lock that
+    chose ``vllm-server`` for it is refused."""
+    s = spec.serving
+    if not s.model:
+        raise BadInput(
+            f"spec {spec.source or '<flags>'}: 'serving.model' is required to render the RayService "
+            "(the model path or Hugging Face id the Serve application loads).",
+        )
+    if not 0.0 < float(s.gpu_memory_utilization) <= 1.0:
+        raise BadInput(
+            f"spec {spec.source or '<flags>'}: 'serving.gpu_memory_utilization' must be in (0, 1], "
+            f"got {s.gpu_memory_utilization!r}."
+        )
+    args: dict[str, Any] = {
+        "model": s.model,
+        "model_id": model_id(s.model),
+        "tensor_parallel_size": s.tp,
+        "pipeline_parallel_size": s.pp,
+        "gpu_memory_utilization": float(s.gpu_memory_utilization),
+        "kv_cache_dtype": s.kv_cache_dtype,
+        "num_replicas": 1,
+    }
+    if s.max_model_len is not None:
+        args["max_model_len"] = s.max_model_len
+    if s.max_num_seqs is not None:
+        args["max_num_seqs"] = s.max_num_seqs
+    if s.cpu_offload_gb:
+        args["cpu_offload_gb"] = float(s.cpu_offload_gb)
+    if getattr(s, "distributed_executor_backend", None):
+        args["distributed_executor_backend"] = s.distributed_executor_backend
+    chosen = "auto"
+    if lock is not None:
+        chosen = serve_backend_of(lock)
+    lay = layout(spec)
+    if lay.worker_pods > 1:
+        # The model spans worker pods: only ray.serve.llm places it across nodes. The module's fallback
+        # (vLLM's server in one replica holding every GPU) would stay pending forever; forcing the
+        # backend makes a ray without ray.serve.llm fail at deploy time with a message instead.
+        if chosen == "vllm-server":
+            raise BadInput(
+                f"kuberay: the model spans {lay.worker_pods} worker pods (tp x pp = {lay.gpus_needed} GPUs, "
+                f"{lay.gpus_per_pod} per pod), which only ray.serve.llm can place, but the lock's serve-backend is "
+                f"vllm-server ({lock.header.get('ray', 'its ray')}): vLLM's server in one replica serves one node only.",
+                hint="fit the model on one node (serving.gpus >= tp x pp), or lock a ray whose llm extra pins this vllm.")
+        chosen = "ray-serve-llm"
+    if chosen != "auto":
+        args["backend"] = chosen
+    return args
+
+
+def serve_config(spec: Spec, lock: LockFile | None = None) -> dict[str, Any]:
+    """The Ray Serve config (``serveConfigV2``) as data."""
+    return {
+        "applications": [
+            {
+                "name": "llm",
+                "route_prefix": "/",
+                "import_path": SERVE_IMPORT_PATH,
+                "args": serve_args(spec, lock),
+            }
+        ]
+    }
+
+
+def _context(*, lock: LockFile, spec: Spec, image: str, allow_tag: bool, base: BaseManifest | None, name: str) -> dict:
+    if not _DNS1123.match(name) or len(name) > 40:
+        raise BadInput(f"kuberay: name {name!r} must be a DNS-1123 label of at most 40 characters.")
+    image = check_image_ref(image, allow_tag=allow_tag)
+    lay = layout(spec)
+    worker = NodeGroup(
+        name="gpu-workers",
+        replicas=lay.worker_pods,
+        gpus=lay.gpus_per_pod,
+        cpu=str(max(WORKER_MIN_CPU, WORKER_CPU_PER_GPU * lay.gpus_per_pod)),
+        memory=f"{WORKER_MEMORY_PER_GPU_GI * lay.gpus_per_pod}Gi",
+        ray_start_params={"num-gpus": str(lay.gpus_per_pod)},
+    )
+    head = NodeGroup(
+        name="head",
+        replicas=1,
+        gpus=0,
+        cpu=HEAD_CPU,
+        memory=HEAD_MEMORY,
+        # No GPUs and no CPUs for tasks on the head: the model replicas go to the GPU workers.
+        ray_start_params={"dashboard-host": "0.0.0.0", "num-gpus": "0", "num-cpus": "0"},
+    )
+    labels = {
+        "app.kubernetes.io/name": name,
+        "app.kubernetes.io/managed-by": "build-image",
+        "build-image/vllm": lock.header.get("vllm", spec.vllm).replace("+", "_")[:63],
+    }
+    annotations = {
+        "build-image/image": image,
+        "build-image/lock-hash": lock.lock_hash,
+        "build-image/ray-version": ray_version(lock, base),
+        "build-image/serve-backend": serve_backend_of(lock),
+    }
+    return {
+        "tool_version": __version__,
+        "name": name,
+        "image": image,
+        "ray_version": ray_version(lock, base),
+        "head": head,
+        "worker_groups": [worker],
+        "labels": labels,
+        "annotations": annotations,
+        "serve_config": yaml.safe_dump(serve_config(spec, lock), sort_keys=False, default_flow_style=False).rstrip("\n"),
+    }
+
+
+def _env() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def render_manifests(
+    *,
+    lock: LockFile,
+    spec: Spec,
+    image: str,
+    allow_tag: bool = False,
+    base: BaseManifest | None = None,
+    name: str = DEFAULT_NAME,
+) -> dict[str, str]:
+    """Pure: file name -> YAML text for the RayService and the RayCluster."""
+    ctx = _context(lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=base, name=name)
+    env = _env()
+    out = {
+        RAYSERVICE_FILE: env.get_template("rayservice.yaml.j2").render(**ctx),
+        RAYCLUSTER_FILE: env.get_template("raycluster.yaml.j2").render(**ctx),
+    }
+    for fname, text in out.items():  # a template bug must never reach a cluster
+        try:
+            yaml.safe_load(text)
+        except yaml.YAMLError as exc:  # pragma: no cover - guards the templates
+            raise RuntimeError(f"template for {fname} produced invalid YAML: {exc}") from exc
+    return out
+
+
+def _base_for(lock: LockFile, spec: Spec) -> BaseManifest | None:
+    if lock.by_name().get("ray") is not None:
+        return None
+    from builder.resolve.baseref import classify, resolve_base
+
+    if classify(spec.base) == "image":  # only a manifest file is read here; an image is not snapshotted again
+        return None
+    try:
+        return resolve_base(spec.base, spec.vllm).manifest
+    except BadInput:
+        return None
+
+
+def write_manifests(
+    out_dir: str | Path,
+    *,
+    lock: LockFile,
+    spec: Spec,
+    image: str,
+    allow_tag: bool = False,
+    base: BaseManifest | None = None,
+    name: str = DEFAULT_NAME,
+) -> list[Path]:
+    """Render both manifests and write them into ``out_dir`` (beside the Dockerfile).
+
+    Everything is rendered before anything is written: on bad input no file changes.
+    """
+    if base is None:
+        base = _base_for(lock, spec)
+    texts = render_manifests(lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=base, name=name)
+    out = Path(out_dir)
+    paths = []
+    for fname, text in texts.items():
+        atomic_write_text(out / fname, text)
+        paths.append(out / fname)
+    return paths

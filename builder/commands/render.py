@@ -11,6 +11,9 @@ import click
 from builder.commands import stderr_console
 from builder.errors import BadInput
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 @click.command("render")
 @click.option("--vllm", "vllm", metavar="VERSION", help="vLLM version (default: spec, else 0.26.0).")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from builder.data import path as data_path
 from builder.errors import BadInput
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: the smoke test imports this module, which stays light
     from builder.resolve.lockfile import LockFile
     from builder.resolve.manifest import BaseManifest
 

@@ -39,7 +39,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag, compatible_tags, cpython_tags
@@ -54,7 +53,7 @@ from builder.resolve import index as ix
 from builder.resolve import pylock as _pylock
 from builder.resolve.abi import GateResult, evaluate, format_rejection, is_exact_coupled
 from builder.resolve.base import scan_wheel
-from builder.resolve.baseref import vllm_on_base
+from builder.resolve.baseref import ResolvedBase, vllm_on_base
 from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, load_lock
 from builder.resolve.manifest import BaseManifest, DistFacts
 from builder.resolve.pylock import WheelCandidate
@@ -62,9 +61,6 @@ from builder.resolve.raychoice import BACKEND_FALLBACK, RayChoice, backend_for, 
 from builder.resolve.twin import sync_twin, twin_path, write_pylock
 from builder.scratch import die_with_parent
 from builder.util import atomic_write_text, cache_dir, canonical_name, same_version, sha256_bytes
-
-if TYPE_CHECKING:
-    from builder.resolve.baseref import ResolvedBase
 
 FACTS_CACHE_VERSION = "1"
 DEFAULT_RAY = "ray[serve]"  # the default overlay (builder.spec.DEFAULT_OVERLAY)

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import click
 
+from builder.commands import stderr_console
 from builder.errors import BadInput
+from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions
 
 # Stages are imported inside the command functions, not here: `build-image --help` imports every
 # command module to list it, and a stage (with its dependencies) loads only when its command runs.
@@ -16,8 +18,6 @@ from builder.errors import BadInput
 def _progress():
     """A rich progress bar on stderr (quiet when stderr is not a terminal)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from builder.commands import stderr_console
 
     console = stderr_console(highlight=True)
     return Progress(
@@ -129,9 +129,7 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json):
     2 bad input (no recipe, bad recipes file), 4 the recipe does not resolve, 7 index unreachable,
     12 uv failed.
     """
-    from builder.commands import stderr_console
     from builder.resolve.reconstruct import default_recipes_path, load_recipes, recipe_for, reconstruct
-    from builder.spec import default_base_manifest
 
     path = recipes or default_recipes_path()
     recipe = recipe_for(load_recipes(path), vllm, str(path))
@@ -178,7 +176,6 @@ def list_cmd(as_json):
 
     from builder.resolve.lockfile import load_lock
     from builder.resolve.manifest import load_manifest
-    from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions
 
     rows = []
     for vllm in sorted(supported_vllm_versions(), key=Version):

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from builder.commands import stderr_console
+from builder.spec import load_spec
 
 # Stages are imported inside the command functions, not here: `build-image --help` imports every
 # command module to list it, and a stage (with its dependencies) loads only when its command runs.
@@ -31,7 +32,6 @@ def command(context, vllm, repo, spec_file, pull, as_json):
     """
     from builder.image.build import build_image
     from builder.image.render import default_out_dir, read_context
-    from builder.spec import load_spec
 
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo)
     ctx = read_context(context or default_out_dir(spec.vllm), spec.repo)  # verifies every sha256 first

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import click
 
+from builder.data import path as data_path
 from builder.errors import BadInput, ExternalToolError, VerdictFailure
+from builder.util import sha256_bytes
 
 # Stages are imported inside the command functions, not here: `build-image --help` imports every
 # command module to list it, and a stage (with its dependencies) loads only when its command runs.
@@ -123,7 +125,6 @@ _PARSED: dict[str, object] = {}
 
 def _manifest_from_text(text: str, where: str, lock, notes: list[str]):
     from builder.resolve.manifest import parse_manifest
-    from builder.util import sha256_bytes
 
     m = _PARSED.get(text)
     if m is None:  # both sides usually share one manifest: parse it once
@@ -140,8 +141,6 @@ def _file_manifest(lock, lock_path: Path, explicit: Path | None, notes: list[str
     """The base manifest for a lock read from a file: --base-manifest, else
     lockfiles/base/vllm-openai-v<vllm>.json beside the lock's folder, in the cwd,
     or in the checkout."""
-    from builder.data import path as data_path
-
     if explicit is not None:
         try:
             text = explicit.read_text(encoding="utf-8")

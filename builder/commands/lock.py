@@ -8,7 +8,9 @@ from pathlib import Path
 
 import click
 
+from builder.commands import stderr_console
 from builder.errors import AbiRejected, BadInput, BuildImageError, StaleLock, Unsatisfiable
+from builder.spec import load_spec
 from builder.util import canonical_name
 
 # Stages are imported inside the command functions, not here: `build-image --help` imports every
@@ -35,8 +37,6 @@ def _allow(names: tuple[str, ...], reasons: tuple[str, ...]) -> dict[str, str] |
 
 
 def _say_factory(quiet: bool):
-    from builder.commands import stderr_console
-
     console = stderr_console(highlight=True)
     if quiet or not console.is_terminal:
         return console, None
@@ -106,7 +106,6 @@ _ERROR_STATUS = {BadInput: "bad-input", StaleLock: "stale", Unsatisfiable: "unsa
 def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
           exclude_newer, no_default_overlay, as_json, force):
     from builder.resolve.lockstage import run_lock
-    from builder.spec import load_spec
 
     spec = load_spec(spec_path).with_flags(
         vllm=vllm, with_=list(with_) or None, base=base, lock=output, allow_abi_change=_allow(allow_names, reasons),

@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 
 from builder.commands import stderr_console
+from builder.spec import load_spec
 
 # Stages are imported inside the command functions, not here: `build-image --help` imports every
 # command module to list it, and a stage (with its dependencies) loads only when its command runs.
@@ -50,7 +51,6 @@ def run_pipeline(vllm, spec_file, with_=(), base=None, lock_file=None, out=None,
     """lock -> ABI gate -> patch check -> render -> build -> push -> smoke."""
     from builder.image.render import default_out_dir
     from builder.pipeline import PipelineRequest, run
-    from builder.spec import load_spec
 
     console = stderr_console()
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo, lock=lock_file, model=model, base=base,

@@ -10,6 +10,7 @@ import click
 
 from builder.commands import stderr_console
 from builder.errors import BadInput
+from builder.spec import load_spec
 
 # Stages are imported inside the command functions, not here: `build-image --help` imports every
 # command module to list it, and a stage (with its dependencies) loads only when its command runs.
@@ -31,7 +32,6 @@ def command(context, vllm, repo, spec_file, force, as_json):
     """
     from builder.image.push import push_image
     from builder.image.render import default_out_dir, read_context
-    from builder.spec import load_spec
 
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo)
     if not spec.repo:

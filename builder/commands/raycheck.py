@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import click
 
-from builder.errors import VerdictFailure
+from builder.commands import stderr_console
+from builder.errors import BuildImageError, VerdictFailure
+from builder.spec import default_lock_path
 
 # Stages are imported inside the command functions, not here: `build-image --help` imports every
 # command module to list it, and a stage (with its dependencies) loads only when its command runs.
@@ -30,7 +32,6 @@ from builder.errors import VerdictFailure
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def command(image: str, workers: int, lock_path: str | None, worker_image: str | None, timeout: float, as_json: bool) -> None:
     """Start a Ray head and N workers from IMAGE and check that every node runs the same thing."""
-    from builder.commands import stderr_console
     from builder.resolve.lockfile import load_lock
     from builder.serving import raycheck
 
@@ -67,9 +68,7 @@ def command(image: str, workers: int, lock_path: str | None, worker_image: str |
 def image_lock(image: str, engine=None) -> str | None:
     """The default lock of ``image`` (``lockfiles/vllm-<label vllm>/requirements.lock``), only when its
     hash equals the image's ``org.build-image.lock-hash`` label; else None."""
-    from builder.errors import BuildImageError
     from builder.resolve.lockfile import load_lock
-    from builder.spec import default_lock_path
 
     try:
         if engine is None:

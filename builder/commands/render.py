@@ -10,6 +10,7 @@ import click
 
 from builder.commands import stderr_console
 from builder.errors import BadInput
+from builder.spec import load_spec
 
 # Stages are imported inside the command functions, not here: `build-image --help` imports every
 # command module to list it, and a stage (with its dependencies) loads only when its command runs.
@@ -41,7 +42,6 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
     """
     from builder.image.render import build_hint, default_out_dir, render_context, render_inputs
     from builder.serving.kuberay import write_manifests
-    from builder.spec import load_spec
 
     if series and no_patches:
         raise BadInput("--series and --no-patches contradict each other.")

@@ -13,6 +13,7 @@ import sys
 
 import click
 
+from builder.commands import stderr_console
 from builder.errors import BadInput, VerdictFailure
 from builder.serving.smoke import SmokeConfig, render_text, run_smoke
 
@@ -162,8 +163,6 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
 
 def _progress_printer():
     try:
-        from builder.commands import stderr_console
-
         console = stderr_console(log_path=False, highlight=True)
 
         def say(msg: str) -> None:

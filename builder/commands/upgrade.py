@@ -7,6 +7,9 @@ from pathlib import Path
 
 import click
 
+from builder.errors import BadInput
+from builder.util import atomic_write_text
+
 # Stages are imported inside the command functions, not here: `build-image --help` imports every
 # command module to list it, and a stage (with its dependencies) loads only when its command runs.
 
@@ -52,8 +55,6 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
     that no longer resolves); 2 bad input; 7 download/sha256 failure.
     """
     from builder import upgrade as U
-    from builder.errors import BadInput
-    from builder.util import atomic_write_text
 
     if from_version is None:
         from_version = _previous_series(to_version)
@@ -79,7 +80,6 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
 def _previous_series(to_version: str) -> str:
     from packaging.version import Version
 
-    from builder.errors import BadInput
     from builder.patching import series as P
 
     root = P.patches_root() / "vllm"

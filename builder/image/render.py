@@ -18,6 +18,8 @@ Context layout (and nothing else)::
     patches/patched.sha256      sha256 of each patched file     (paths relative to site-packages)
     patches/files/<relpath>     the patched files
     app/build_image_serve_app.py  the Ray Serve application module
+    checks/base_check.py        the floor checks the image build runs with the base's python (stdlib only)
+    checks/base-manifest.json   the base manifest the lock was made against, byte for byte (sha256 in the Dockerfile)
     (+ rayservice.yaml / raycluster.yaml with --kuberay)
 """
 
@@ -48,6 +50,10 @@ PYLOCK_FILE = "pylock.toml"
 PROVENANCE_FILE = "provenance.intoto.json"
 SERVE_APP_FILE = f"{SERVE_MODULE}.py"
 LABEL_PREFIX = "org.build-image"
+CHECKS_DIR = "checks"
+CHECKER_FILE = "base_check.py"
+MANIFEST_COPY = "base-manifest.json"
+CONSTRAINTS_PATH = "/etc/build-image/constraints.txt"  # the image's constraint set (PIP_/UV_CONSTRAINT)
 
 
 @dataclass
@@ -65,6 +71,20 @@ class RenderPlan:
     revision: str | None = None
     patch_texts: dict[str, str] = field(default_factory=dict)  # patch name -> its text (SBOM, provenance)
     vllm_wheel: tuple[str, str] | None = None  # (file name, sha256) of the wheel the series is made for
+    base_data: bytes | None = None  # the base manifest's bytes as the lock hashed them (None: base.to_json())
+    allow_base_drift: bool = False  # the checks stage lists base drift as a warning instead of failing
+    base_note: str | None = None    # where the manifest came from when the pipeline replaced it (a snapshot)
+
+    @property
+    def manifest_bytes(self) -> bytes:
+        """The base manifest the context ships (checks/base-manifest.json)."""
+        return self.base_data if self.base_data is not None else self.base.to_json().encode("utf-8")
+
+    @property
+    def manifest_sha256(self) -> str:
+        from builder.util import sha256_bytes
+
+        return sha256_bytes(self.manifest_bytes)
 
     @property
     def lock_hash(self) -> str:
@@ -212,13 +232,17 @@ def oci_labels(plan: RenderPlan, sbom_sha256: str | None = None) -> list[tuple[s
         (f"{LABEL_PREFIX}.tool", f"build-image {__version__}"),
         (f"{LABEL_PREFIX}.sbom", IMAGE_SBOM_PATH),
         (f"{LABEL_PREFIX}.sbom-sha256", sbom_sha256),
+        (f"{LABEL_PREFIX}.base-manifest-sha256", plan.manifest_sha256),
+        (f"{LABEL_PREFIX}.allow-base-drift", "true" if plan.allow_base_drift else "false"),
+        (f"{LABEL_PREFIX}.constraints", CONSTRAINTS_PATH),
     ]
     return labels
 
 
 def context_files(plan: RenderPlan) -> list[str]:
     """Every file of the context, relative, sorted (the test of 'nothing else')."""
-    files = ["Dockerfile", "requirements.lock", PYLOCK_FILE, SBOM_FILE, PROVENANCE_FILE]
+    files = ["Dockerfile", "requirements.lock", PYLOCK_FILE, SBOM_FILE, PROVENANCE_FILE,
+             f"{CHECKS_DIR}/{CHECKER_FILE}", f"{CHECKS_DIR}/{MANIFEST_COPY}"]
     files += [f"wheels/{e.wheel.filename}" for e in plan.lock.entries if e.wheel]
     if plan.patched:
         files += ["patches/original.sha256", "patches/patched.sha256"]
@@ -253,8 +277,15 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
     for p in plan.patched:
         if p.relpath.startswith("/") or ".." in Path(p.relpath).parts or any(c.isspace() for c in p.relpath):
             raise BadInput(f"patched file path {p.relpath!r} must be relative to site-packages, without '..' or spaces.")
+    from builder.resolve.floor import consistency_tool
+
     repo = plan.repo or default_repo(plan.vllm)
     return _env().get_template("Dockerfile.j2").render(
+        manifest_file=MANIFEST_COPY,
+        manifest_sha256=plan.manifest_sha256,
+        check_tool=consistency_tool(plan.base),
+        allow_base_drift=plan.allow_base_drift,
+        constraints_path=CONSTRAINTS_PATH,
         tool_version=__version__,
         vllm=plan.vllm,
         python=plan.base.python_version,
@@ -394,6 +425,15 @@ def write_context(
                                      lock_text=lock_text, extra=extra)
 
 
+def write_checks(ctx: Path, plan: RenderPlan) -> None:
+    """checks/: the checker script and the manifest copy whose sha256 the Dockerfile names."""
+    from builder.resolve.floor import checker_path
+
+    (ctx / CHECKS_DIR).mkdir()
+    shutil.copyfile(checker_path(), ctx / CHECKS_DIR / CHECKER_FILE)
+    (ctx / CHECKS_DIR / MANIFEST_COPY).write_bytes(plan.manifest_bytes)
+
+
 def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: str, *, wheels, patched_root,
                           lock_text, extra) -> list[str]:
     from builder.resolve.pylock import format_pylock
@@ -437,6 +477,7 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
                 shutil.copyfile(src, dst)
                 if sha256_file(dst) != p.patched_sha256:
                     raise IntegrityError(f"patched file {p.relpath}: its sha256 differs from the patch result's.")
+        write_checks(tmp, plan)
         if plan.serve_app:
             (tmp / "app").mkdir()
             shutil.copyfile(serve_app_source(), tmp / "app" / SERVE_APP_FILE)
@@ -578,6 +619,7 @@ class RenderInputs:
     lock: LockFile
     lock_text: str | None
     lock_path: Path | None = None
+    base_data: bytes | None = None  # the manifest's bytes (what the context ships)
 
 
 @dataclass(frozen=True)
@@ -629,7 +671,7 @@ def render_inputs(spec, *, lock_file: str | Path | None = None, base: str | None
         lock, text = _read(lock_path)  # BadInput naming the file/line when missing or malformed
     vllm_on_base(resolved, spec.vllm)  # a base with another vllm: exit 2 naming both
     manifest = resolved.manifest
-    return RenderInputs(manifest=manifest, lock=lock, lock_text=text, lock_path=lock_path)
+    return RenderInputs(manifest=manifest, lock=lock, lock_text=text, lock_path=lock_path, base_data=resolved.data)
 
 
 def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, out_dir: Path) -> tuple[list[PatchedFile], list[str]]:
@@ -681,12 +723,20 @@ def render_context(
     spec=None,
     revision: str | None = None,
     on_step: Callable[[str], None] | None = None,
+    base_data: bytes | None = None,
+    allow_base_drift: bool = False,
+    base_note: str | None = None,
 ) -> RenderResult:
-    """Patch on the host, fetch the wheels, write the context atomically (+ KubeRay manifests)."""
+    """Patch on the host, fetch the wheels, write the context atomically (+ KubeRay manifests).
+
+    ``base_data``: the manifest's bytes as the lock hashed them (shipped in checks/);
+    ``allow_base_drift``: the checks stage warns about base drift instead of failing;
+    ``base_note``: the manifest is the pipeline's snapshot of the base (SBOM, provenance)."""
     step = on_step or (lambda s: None)
     plan = RenderPlan(vllm=vllm, base=base, lock=lock, repo=repo,
                       source_date_epoch=default_source_date_epoch(), revision=revision,
-                      serve_app=serve_app_source().is_file())
+                      serve_app=serve_app_source().is_file(), base_data=base_data,
+                      allow_base_drift=allow_base_drift, base_note=base_note)
     check_consistency(plan)
     tags = image_tags(repo or default_repo(vllm), vllm, lock.lock_hash)
     with tempfile.TemporaryDirectory(prefix="build-image-patched.") as ptmp:

@@ -454,8 +454,17 @@ def scan_site_packages(
             tags = HeaderParser().parsestr(wheel.read_text(encoding="utf-8", errors="replace")).get_all("Tag") or []
         files = _egg_info_paths(di) if egg else _record_paths(di)
         facts = scan_files(files, is_numpy=key == "numpy", wheel_tags=tags or None)
+        if facts.binary and not egg:
+            facts.native_sha256 = _native_digest(di)
         dists[key] = Distribution(name=name, version=version, facts=facts)
     return dists
+
+
+def _native_digest(dist_info: Path) -> str | None:
+    """The digest of a distribution's ELF files the image's checks stage compares (``native_sha256``)."""
+    from builder.resolve.floor import native_digest
+
+    return native_digest(dist_info)
 
 
 # --------------------------------------------------------------------------- snapshot
@@ -909,4 +918,26 @@ def snapshot_image(
         provenance_kind="read-from-image",
         provenance_method=method,
         distributions=dists,
+        consistency=image_consistency(ref, dists, interpreter),
     )
+
+
+def image_consistency(ref: str, dists: dict[str, Distribution], interpreter: str | None) -> dict | None:
+    """The base's own dependency problems: ``pip check`` (``uv pip check`` on a base with uv and
+    no pip) run in a throw-away container of the LOCAL image (``--pull=never --network=none``).
+    None when the image has neither tool (the checks stage then refuses the base, naming it)."""
+    from builder.resolve.floor import checker, consistency_tool
+
+    tool = consistency_tool(dists)
+    if tool not in dists:
+        return None
+    py = "/" + _norm(interpreter) if interpreter else "python3"
+    argv = ([py, "-m", "uv", "pip", "check", "--python", py] if tool == "uv"
+            else [py, "-m", "pip", "check", "--disable-pip-version-check", "--no-input"])
+    proc = _docker(["run", "--rm", "--pull=never", "--network=none", "--entrypoint", argv[0], ref, *argv[1:]],
+                   check=False)
+    out = proc.stdout + proc.stderr
+    if proc.returncode not in (0, 1) or (proc.returncode == 1 and not checker().problems(proc.stdout)):
+        raise ExternalToolError(f"`{' '.join(argv)}` in the image {ref} failed ({proc.returncode}): "
+                                f"{out.strip()[-600:] or 'no output'}.")
+    return {"tool": tool, "problems": checker().problems(proc.stdout)}

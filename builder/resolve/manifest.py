@@ -18,9 +18,20 @@ File format (JSON, ``schema = "build-image/base-manifest/v1"``)::
                   "binary": true, "extensions": 12,
                   "numpy_abi": {"1": 0, "2": 0},   # extensions referencing each C-API generation
                   "glibc": "2.17" | null,          # highest GLIBC_x.y needed by its ELF files
-                  "python_abi": "cp312" | "abi3" | "none"}
-      }
+                  "python_abi": "cp312" | "abi3" | "none",
+                  "native_sha256": "..."}          # optional: digest of its ELF files (below)
+      },
+      "consistency": {"tool": "pip" | "uv",        # optional: the base's own `pip check` problems
+                      "problems": ["..."]}
     }
+
+``native_sha256`` (optional, distributions with native code): sha256 over the lines
+``relpath<TAB>sha256`` of the ELF files its RECORD lists (``templates/checks/base_check.py``
+computes it, on the host for the manifest and in the image's checks stage).
+``consistency`` (optional): what ``pip check`` (``uv pip check`` on a base whose
+manifest lists uv but not pip) reports on the base itself, recorded when the manifest
+is made; the image build allows exactly these.  Manifests without either field stay
+readable: the build compares what the manifest has.
 
 This module is pure data: load/validate/save.  The binary scan lives in
 ``builder.resolve.base``.
@@ -50,6 +61,7 @@ class DistFacts:
     numpy_abi: dict[str, int] = field(default_factory=lambda: {"1": 0, "2": 0})
     glibc: str | None = None
     python_abi: str = "none"
+    native_sha256: str | None = None  # digest of its ELF files (optional; see the module doc)
 
     @property
     def numpy_generations(self) -> set[str]:
@@ -81,6 +93,7 @@ class BaseManifest:
     provenance_kind: str
     provenance_method: str
     distributions: dict[str, Distribution]
+    consistency: dict | None = None  # {"tool": "pip"|"uv", "problems": [...]}, when recorded
 
     def get(self, name: str) -> Distribution | None:
         return self.distributions.get(canonical_name(name))
@@ -107,14 +120,37 @@ class BaseManifest:
             "platform": self.platform,
             "provenance": {"kind": self.provenance_kind, "method": self.provenance_method},
             "distributions": {
-                key: {"name": d.name, "version": d.version, **asdict(d.facts)}
+                key: {"name": d.name, "version": d.version, **_facts_doc(d.facts)}
                 for key, d in sorted(self.distributions.items())
             },
         }
+        if self.consistency is not None:
+            doc["consistency"] = {"tool": self.consistency["tool"], "problems": list(self.consistency["problems"])}
         return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, self.to_json())
+
+
+def _facts_doc(facts: DistFacts) -> dict:
+    """The facts as the file holds them: an optional field that is None is left out (old files stay byte-identical)."""
+    doc = asdict(facts)
+    if doc.get("native_sha256") is None:
+        doc.pop("native_sha256", None)
+    return doc
+
+
+def _consistency(doc: dict, path: str) -> dict | None:
+    rec = _opt(doc, "consistency", dict, "", path)
+    if rec is None:
+        return None
+    tool = _req(rec, "tool", str, "consistency.", path)
+    if tool not in ("pip", "uv"):
+        raise BadInput(f"base manifest {path}: 'consistency.tool' must be 'pip' or 'uv', got {tool!r:.60}.")
+    probs = _req(rec, "problems", list, "consistency.", path)
+    if not all(isinstance(p, str) for p in probs):
+        raise BadInput(f"base manifest {path}: 'consistency.problems' must be a list of strings.")
+    return {"tool": tool, "problems": list(probs)}
 
 
 def _req(doc: dict, key: str, typ: type | tuple, where: str, path: str) -> Any:
@@ -183,7 +219,11 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
             numpy_abi={"1": numpy_abi.get("1", 0), "2": numpy_abi.get("2", 0)},
             glibc=_opt(d, "glibc", str, where, path),
             python_abi=_opt(d, "python_abi", str, where, path) or "none",
+            native_sha256=_opt(d, "native_sha256", str, where, path),
         )
+        if facts.native_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", facts.native_sha256):
+            raise BadInput(f"base manifest {path}: field '{where}native_sha256' must be 64 lowercase hex digits, "
+                           f"got {facts.native_sha256!r:.60}.")
         dists[canonical_name(name)] = Distribution(name=name, version=version, facts=facts)
     for field_, val, pat, example in (
         ("glibc", _req(doc, "glibc", str, "", path), r"\d+\.\d+", "2.35"),
@@ -206,6 +246,7 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
         provenance_kind=kind,
         provenance_method=_req(prov, "method", str, "provenance.", path),
         distributions=dists,
+        consistency=_consistency(doc, path),
     )
 
 

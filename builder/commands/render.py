@@ -29,8 +29,11 @@ from builder.errors import BadInput
 @click.option("--image", "kuberay_image", metavar="REF", help="Image the KubeRay manifests run (default: the content-addressed tag).")
 @click.option("--allow-tag", is_flag=True, help="KubeRay manifests may reference the image by tag instead of digest.")
 @click.option("--model", "model", metavar="PATH", help="KubeRay: the model the Serve app loads (default: spec serving.model).")
+@click.option("--allow-base-drift", is_flag=True,
+              help="The image build lists base drift (against the manifest) as a warning instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, repo, kuberay, kuberay_image, allow_tag, model, as_json):
+def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, repo, kuberay, kuberay_image, allow_tag, model,
+            allow_base_drift, as_json):
     """Write a self-contained build context: Dockerfile, requirements.lock, wheels/, patches/, app/.
 
     Exit codes: 0 written, 2 bad input, 6 patch series does not apply, 7 download/sha256 failure.
@@ -51,7 +54,8 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
             vllm=spec.vllm, base=manifest, lock=lock, lock_text=inputs.lock_text, out_dir=out,
             series_dir=series, vllm_wheel=wheel, repo=spec.repo, kuberay=kuberay, no_patches=no_patches,
             kuberay_image=kuberay_image, allow_tag=allow_tag, spec=spec,
-            on_step=lambda s: status.update(f"render: {s}"),
+            on_step=lambda s: status.update(f"render: {s}"), base_data=inputs.base_data,
+            allow_base_drift=allow_base_drift,
         )
     doc = {
         "context": str(result.out_dir),

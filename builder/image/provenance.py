@@ -52,6 +52,8 @@ class ProvenanceInput:
     installer: str
     source_date_epoch: int
     outputs: dict[str, str] = field(default_factory=dict)   # file name -> sha256 (render's subject)
+    allow_base_drift: bool = False
+    base_manifest_source: str | None = None  # the pipeline's snapshot of the base, when it replaced the manifest
 
 
 def builder_id(env: Mapping[str, str] | None = None) -> str:
@@ -89,7 +91,10 @@ def statement(inp: ProvenanceInput, subject: list[dict] | None = None, *, env: M
         deps.append(base)
     deps.append({"name": "requirements.lock", "digest": {"sha256": inp.lock_sha256},
                  "annotations": {"lockHash": inp.lock_hash}})
-    deps.append({"name": "base-manifest", "digest": {"sha256": inp.base_manifest_sha256}})
+    manifest_dep: dict = {"name": "base-manifest", "digest": {"sha256": inp.base_manifest_sha256}}
+    if inp.base_manifest_source:
+        manifest_dep["annotations"] = {"source": inp.base_manifest_source}
+    deps.append(manifest_dep)
     deps.append({"name": "templates/Dockerfile.j2", "digest": {"sha256": inp.template_sha256}})
     for name, sha in inp.patches:
         deps.append({"name": f"patches/vllm/{inp.vllm}/{name}", "digest": {"sha256": sha},
@@ -124,6 +129,7 @@ def statement(inp: ProvenanceInput, subject: list[dict] | None = None, *, env: M
                 "externalParameters": {
                     "vllm": inp.vllm, "repository": inp.repository, "tags": list(inp.tags),
                     "overlay": list(inp.overlay), "allowAbiChange": dict(sorted(inp.allow_abi_change.items())),
+                    "allowBaseDrift": bool(inp.allow_base_drift),
                 },
                 "internalParameters": {
                     "tool": f"build-image {__version__}", "templateSha256": inp.template_sha256,
@@ -210,6 +216,7 @@ def for_render(plan, *, lock_text: str, outputs: Mapping[str, str], template_tex
         patched_files=[(p.relpath, p.patched_sha256) for p in sorted(plan.patched, key=lambda p: p.relpath)],
         vllm_wheel=plan.vllm_wheel, template_sha256=sha256_text(template_text), installer=choose_installer(plan.base),
         source_date_epoch=plan.source_date_epoch, outputs={n: sha256_text(t) for n, t in outputs.items()},
+        allow_base_drift=plan.allow_base_drift, base_manifest_source=plan.base_note,
     )
     return statement(inp)
 

@@ -103,7 +103,7 @@ class RenderPlan:
             vllm=self.vllm, base=self.base, lock=self.lock, image_name=self.repo or default_repo(self.vllm),
             image_version=tag_names(self.vllm, self.lock_hash)[0], patched=list(self.patched),
             patches=list(self.patches), patch_texts=dict(self.patch_texts), vllm_wheel=self.vllm_wheel,
-            source_date_epoch=self.source_date_epoch))
+            source_date_epoch=self.source_date_epoch, base_manifest=self.base_note))
 
 
 # ---------------------------------------------------------------- pure decisions

@@ -941,3 +941,32 @@ def image_consistency(ref: str, dists: dict[str, Distribution], interpreter: str
         raise ExternalToolError(f"`{' '.join(argv)}` in the image {ref} failed ({proc.returncode}): "
                                 f"{out.strip()[-600:] or 'no output'}.")
     return {"tool": tool, "problems": checker().problems(proc.stdout)}
+
+
+# --------------------------------------------------------------------------- snapshots cached by image
+
+
+def _snapshot_cache_path(ref: str, image_id: str) -> Path:
+    from builder import __version__
+    from builder.util import cache_dir, sha256_bytes
+
+    key = sha256_bytes(f"{__version__}\n{image_id}\n{ref}".encode())[:32]
+    return cache_dir() / "snapshots" / f"{key}.json"
+
+
+def snapshot_cached(ref: str, *, image_id: str) -> tuple[BaseManifest, bool]:
+    """(manifest, reused) of a LOCAL image: the snapshot made earlier of the same image ID under
+    the same reference (by this tool version), else a new :func:`snapshot_image`, kept for next time."""
+    from builder.resolve.manifest import parse_manifest
+    from builder.util import atomic_write_text
+
+    path = _snapshot_cache_path(ref, image_id)
+    if path.is_file():
+        try:
+            return parse_manifest(path.read_text(encoding="utf-8"), str(path)), True
+        except (BadInput, OSError, UnicodeDecodeError):
+            pass  # a damaged cache entry is made again
+    manifest = snapshot_image(ref)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, manifest.to_json())
+    return manifest, False

@@ -115,7 +115,8 @@ def test_pip_and_uv_check_output_parsed_into_problems_and_packages():
     assert c.problems(pip_out) == ["bar 2.0 requires baz, which is not installed.",
                                    "six 1.17.0 has requirement foo>=2, but you have foo 1.0."]
     assert c.problems("No broken requirements found.\n") == []
-    uv_out = "Checked 9 packages in 2ms\nFound 1 incompatibility\nThe package `bar` requires `baz`, but it's not installed\n"
+    uv_out = ("Checked 9 packages in 2ms\nFound 1 incompatibility\n"
+              "The package `bar` requires `baz`, but it's not installed\n")
     (problem,) = c.problems(uv_out)
     assert c.named(problem) == "bar" and c.named("bar 2.0 requires baz, which is not installed.") == "bar"
     assert c.new_problems(["a", "b"], ["a"]) == ["b"]

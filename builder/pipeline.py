@@ -320,6 +320,10 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
                             on_step=lambda s: console.print("build: " + s, markup=False, highlight=False,
                                                             soft_wrap=True))
     summary.update(image_id=built.image_id, image_bytes=built.size_bytes, cached_steps=built.cached_steps)
+    for line in built.warnings:  # allowed base drift, listed by the checks stage
+        console.print(f"build warning: {line}", highlight=False, markup=False, soft_wrap=True)
+    if built.warnings:
+        summary["build_warnings"] = list(built.warnings)
     image_for_later = rendered.tags[0]
 
     pushed = None

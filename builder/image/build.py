@@ -30,6 +30,7 @@ class BuildResult:
     size_bytes: int | None
     seconds: float
     cached_steps: int
+    warnings: tuple[str, ...] = ()   # the checks' warnings (allowed base drift), from the build's output
 
     def to_dict(self) -> dict:
         return {
@@ -40,6 +41,7 @@ class BuildResult:
             "size_bytes": self.size_bytes,
             "seconds": self.seconds,
             "cached_steps": self.cached_steps,
+            "warnings": list(self.warnings),
             "context": str(self.context),
         }
 
@@ -66,6 +68,20 @@ def build_step(line: str, seen: list[str]) -> str | None:
             seen.append(head)
             return head
     return None
+
+
+WARNING_MARK = "build-image warning: "
+
+
+def build_warnings(log: str) -> tuple[str, ...]:
+    """Pure: the lines the Dockerfile's checks printed as warnings (``build-image warning: ...``) in a
+    BuildKit plain-progress log, in order, each once (a cached checks stage prints none)."""
+    out: list[str] = []
+    for line in log.splitlines():
+        _, mark, rest = line.partition(WARNING_MARK)
+        if mark and rest.rstrip() not in out:
+            out.append(rest.rstrip())
+    return tuple(out)
 
 
 def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str, base_refs: Sequence[str],
@@ -101,4 +117,5 @@ def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str
     cached = sum(1 for ln in built.log.splitlines() if ln.rstrip().endswith("CACHED"))
     return BuildResult(image_id=built.image_id, tags=tuple(tags), context=Path(context), vllm=vllm,
                        lock_hash=lock_hash, size_bytes=info.size if info else None,
-                       seconds=round(time.monotonic() - t0, 2), cached_steps=cached)
+                       seconds=round(time.monotonic() - t0, 2), cached_steps=cached,
+                       warnings=build_warnings(built.log))

@@ -31,6 +31,7 @@ import subprocess
 import sys
 
 PREFIX = "build-image check: "
+WARNING = "build-image warning: "  # each line of a warning (the build stage lists them after the build)
 ELF_MAGIC = b"\x7fELF"
 # Files never read as ELF (the same list as builder.resolve.base._TEXT_SUFFIXES).
 TEXT_SUFFIXES = frozenset(
@@ -44,7 +45,7 @@ _PEP440 = re.compile(
     r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?\s*$",
     re.I,
 )
-_NOISE = ("No broken requirements found", "Checked ", "Found ", "All installed packages are compatible")
+_NOISE = ("No broken requirements found", "Checked ", "Found ", "All installed packages are compatible", "Using Python ")
 
 
 def canonical(name: str) -> str:
@@ -220,7 +221,8 @@ def cmd_drift(opts) -> None:
                    "against it (`build-image lock --base FILE`), or render with --allow-base-drift to build anyway.")
         if not opts.allow_drift:
             _fail("\n".join(report + [way_out]))
-        print("build-image warning: " + "\n".join(report) + "\n  (allowed: --allow-base-drift)", file=sys.stderr)
+        for line in report + ["  (allowed: --allow-base-drift)"]:
+            print(WARNING + line, file=sys.stderr)
     rec = doc.get("consistency")
     base_problems = []
     if not rec or rec.get("tool") != opts.tool:  # the manifest records none: measure the base's own

@@ -45,7 +45,8 @@ _PEP440 = re.compile(
     r"(?:\+[a-z0-9]+(?:[-_.][a-z0-9]+)*)?\s*$",
     re.I,
 )
-_NOISE = ("No broken requirements found", "Checked ", "Found ", "All installed packages are compatible", "Using Python ")
+_NOISE = ("No broken requirements found", "Checked ", "Found ", "All installed packages are compatible",
+          "Using Python ")
 
 
 def canonical(name: str) -> str:

@@ -4,5 +4,7 @@ Base manifests (``manifest``, ``base`` snapshots, ``reconstruct`` from a release
 ``baseref`` naming which manifest a run uses), the package index (``index``), ray's version per
 release (``raychoice``), the overlay lock (``lock``, the pipeline stage ``lockstage``), the lock
 file formats (``lockfile`` for requirements.lock, ``pylock`` for PEP 751), the ABI gate (``abi``)
-and the review diff of two locks (``diff``).  Imports only the ground floor.
+the review diff of two locks (``diff``) and the floor checks' host side (``floor``: the image's
+checker, imported for the native digest and the manifest-vs-image comparison).  Imports only the
+ground floor.
 """

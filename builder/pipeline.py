@@ -163,9 +163,10 @@ def base_held_by_engine(spec, engine) -> HeldBase | None:
         return None
     if info is None:
         return None
-    name = ref.split("@", 1)[0].rsplit(":", 1)[0] if "@" not in ref else ref.split("@", 1)[0]
+    from builder.resolve.base import repo_of
+
     digest = ref.split("@", 1)[1] if "@" in ref else next(
-        (d.split("@", 1)[1] for d in info.repo_digests if d.split("@", 1)[0] == name), None)
+        (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and repo_of(d) == repo_of(ref)), None)
     return HeldBase(resolved=resolved, ref=ref, image_id=info.id, digest=digest)
 
 
@@ -226,7 +227,8 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
 
     engine = engine or get_engine()
     held = base_held_by_engine(spec, engine)
-    stages = Stages(console, 3 + int(req.push) + int(req.smoke) + int(classify(spec.base) == "image" or held is not None))
+    base_stage = classify(spec.base) == "image" or held is not None
+    stages = Stages(console, 3 + int(req.push) + int(req.smoke) + int(base_stage))
     summary: dict = {"vllm": spec.vllm, "context": str(out), "stages_s": stages.times}
 
     def tell(msg: str) -> None:

@@ -236,3 +236,25 @@ def test_the_checker_refuses_an_edited_manifest_copy(tmp_path):
     assert r.returncode == 1
     assert f"expects {good}: it was edited after render" in r.stderr and r.stderr.startswith("build-image check: ")
     assert not (tmp_path / "d.json").exists()
+
+
+def test_the_checker_itself_is_pinned_by_sha256_in_the_dockerfile():
+    sha = hashlib.sha256(data_path("templates/checks/base_check.py").read_bytes()).hexdigest()
+    drift = next(x for x in _instructions(render_dockerfile(_plan())) if "base_check.py drift" in x)
+    assert f'echo "{sha} /build-image/checks/base_check.py" | sha256sum --quiet --strict -c -' in drift  # spaces joined
+    assert drift.index("sha256sum --quiet --strict -c -") < drift.index("base_check.py drift")
+
+
+def test_build_refuses_a_context_without_its_checks(tmp_path):
+    from builder.image.render import verify_context
+
+    lock = _lock(base_dir=tmp_path)
+    wheels = {}
+    for e in lock.entries:
+        (tmp_path / e.wheel.filename).write_bytes(f"not really a wheel: {e.name}\n".encode())
+        wheels[e.wheel.filename] = tmp_path / e.wheel.filename
+    write_context(tmp_path / "ctx", _plan(lock=lock, serve_app=False), wheels=wheels)
+    verify_context(tmp_path / "ctx")
+    (tmp_path / "ctx" / "checks" / "base-manifest.json").unlink()
+    with pytest.raises(BadInput, match=r"has no checks/base-manifest\.json, which its Dockerfile's checks run"):
+        verify_context(tmp_path / "ctx")

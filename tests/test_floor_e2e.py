@@ -266,6 +266,12 @@ def test_an_edited_manifest_copy_fails_at_the_checks_stage(image, tmp_path):
     assert "build-image check: the base manifest copy in the context (checks/base-manifest.json)" in r.stderr
     assert "it was edited after render" in r.stderr
     assert docker("images", "-q", "build-image-test/edited-manifest").stdout == ""  # nothing to push
+    shutil.copyfile(image.context / "checks" / "base-manifest.json", m)
+    checker = ctx / "checks" / "base_check.py"
+    checker.write_text(checker.read_text().replace("def compare(", "def compare_(", 1))
+    r = run_pipeline(["build", str(ctx), "--tag", "build-image-test/edited-manifest"])
+    assert r.returncode == 9, r.stdout + r.stderr
+    assert "build-image check: checks/base_check.py in the context is not the one render wrote" in r.stderr
 
 
 def test_a_base_without_pip_fails_at_the_checks_stage_naming_it(image, nopip_base, tmp_path):

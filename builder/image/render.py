@@ -277,12 +277,14 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
     for p in plan.patched:
         if p.relpath.startswith("/") or ".." in Path(p.relpath).parts or any(c.isspace() for c in p.relpath):
             raise BadInput(f"patched file path {p.relpath!r} must be relative to site-packages, without '..' or spaces.")
-    from builder.resolve.floor import consistency_tool
+    from builder.resolve.floor import checker_path, consistency_tool
 
     repo = plan.repo or default_repo(plan.vllm)
     return _env().get_template("Dockerfile.j2").render(
         manifest_file=MANIFEST_COPY,
         manifest_sha256=plan.manifest_sha256,
+        checker_file=CHECKER_FILE,
+        checker_sha256=sha256_file(checker_path()),
         check_tool=consistency_tool(plan.base),
         allow_base_drift=plan.allow_base_drift,
         constraints_path=CONSTRAINTS_PATH,
@@ -562,6 +564,7 @@ def verify_context(context: str | Path) -> LockFile:
             hint="the context was modified; re-run `build-image render`.",
         )
     _verify_twins(ctx, lock)
+    _verify_checks(ctx)
     sums = ctx / "patches" / "patched.sha256"
     files_dir = ctx / "patches" / "files"
     listed: set[str] = set()
@@ -586,6 +589,17 @@ def verify_context(context: str | Path) -> LockFile:
             hint="the context was modified; re-run `build-image render`.",
         )
     return lock
+
+
+def _verify_checks(ctx: Path) -> None:
+    """checks/: present when the Dockerfile runs them (their sha256 is checked in the image's checks
+    stage, so a context built without the tool fails the same way)."""
+    text = (ctx / "Dockerfile").read_text(encoding="utf-8")
+    missing = [f"{CHECKS_DIR}/{name}" for name in (CHECKER_FILE, MANIFEST_COPY)
+               if f"{CHECKS_DIR}/{name}" in text and not (ctx / CHECKS_DIR / name).is_file()]
+    if missing:
+        raise BadInput(f"build context {ctx} has no {' or '.join(missing)}, which its Dockerfile's checks run.",
+                       hint="re-run `build-image render`.")
 
 
 def _verify_twins(ctx: Path, lock: LockFile) -> None:

@@ -801,6 +801,9 @@ def _repo_of(ref: str) -> str:
     return name
 
 
+repo_of = _repo_of  # the public name: the pipeline matches an image's RepoDigests by repository
+
+
 def snapshot_image(
     ref: str,
     *,

@@ -24,7 +24,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from builder import engine as engine_adapter
 from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
+from builder.image.build import build_image, missing_bases
+from builder.image.push import push_image
+from builder.image.render import build_hint, render_context, render_inputs
+from builder.patching.series import require_series
+from builder.resolve import base as base_snapshot
+from builder.resolve.base import repo_of
+from builder.resolve.baseref import ResolvedBase, classify, resolve_base
+from builder.resolve.floor import compare
+from builder.resolve.lockstage import run_lock
+from builder.serving.kuberay import render_manifests, write_manifests
+from builder.serving.smoke import checkpoint_ready, config_from_serving, preflight_plan, render_text, run_smoke
 
 
 @dataclass(frozen=True)
@@ -95,8 +107,6 @@ def preflight(req: PipelineRequest, console) -> dict | None:
     """Before anything is locked, built or booted (``--smoke``): the checkpoint is ready and the
     memory plan fits the serving settings, else refused here with the plan's numbers (zero GPU
     and build time).  The plan is handed to the smoke stage, which does not compute it again."""
-    from builder.serving.smoke import checkpoint_ready, config_from_serving, preflight_plan
-
     cfg = config_from_serving(req.spec.serving, model=req.model, vllm=req.spec.vllm)  # the release's plan facts
 
     def say(m: str) -> None:
@@ -148,8 +158,6 @@ class BaseCheck:
 def base_held_by_engine(spec, engine) -> HeldBase | None:
     """The spec's base manifest (shipped or a file) and its image, when the engine is reachable and
     holds that image; None otherwise (no engine, image not there, a manifest without a reference)."""
-    from builder.resolve.baseref import classify, resolve_base
-
     if classify(spec.base) == "image":
         return None
     resolved = resolve_base(spec.base, spec.vllm)
@@ -163,8 +171,6 @@ def base_held_by_engine(spec, engine) -> HeldBase | None:
         return None
     if info is None:
         return None
-    from builder.resolve.base import repo_of
-
     digest = ref.split("@", 1)[1] if "@" in ref else next(
         (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and repo_of(d) == repo_of(ref)), None)
     return HeldBase(resolved=resolved, ref=ref, image_id=info.id, digest=digest)
@@ -174,12 +180,8 @@ def verify_base(held: HeldBase, tell) -> BaseCheck:
     """Snapshot the held base (cached by image ID) and compare it with its manifest: the same ->
     ``verified``, the manifest kept; different -> ``drift``, each difference told, and the lock made
     against the snapshot (a ``ResolvedBase`` of kind ``image``)."""
-    from builder.resolve import base as B
-    from builder.resolve.baseref import ResolvedBase
-    from builder.resolve.floor import compare
-
     t0 = time.monotonic()
-    snap, reused = B.snapshot_cached(held.ref, image_id=held.image_id)
+    snap, reused = base_snapshot.snapshot_cached(held.ref, image_id=held.image_id)
     seconds = round(time.monotonic() - t0, 2)
     against = held.digest or f"image {held.image_id}"
     diffs = tuple(compare(held.resolved.manifest, snap))
@@ -211,21 +213,14 @@ def _dir_size(path: Path) -> int:
 
 def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     """Run the stages in order, each on the previous one's result (see the module doc)."""
-    from builder.image.render import build_hint, render_context, render_inputs
-    from builder.resolve.baseref import classify, resolve_base
-    from builder.resolve.lockstage import run_lock
-
     req.check()
     spec, out = req.spec, req.out
     if not req.series and not req.no_patches:  # before any lock or download: a release nobody ported patches to
-        from builder.patching.series import require_series
 
         require_series(spec.vllm)
     t_all = time.monotonic()
     plan = preflight(req, console) if req.smoke else None
-    from builder.engine import get_engine
-
-    engine = engine or get_engine()
+    engine = engine or engine_adapter.get_engine()
     held = base_held_by_engine(spec, engine)
     base_stage = classify(spec.base) == "image" or held is not None
     stages = Stages(console, 3 + int(req.push) + int(req.smoke) + int(base_stage))
@@ -253,7 +248,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     summary["lock_hash"] = locked.lock_hash
 
     if req.kuberay:  # bad serving settings fail here (exit 2, before the context is written), not after the build
-        from builder.serving.kuberay import render_manifests
 
         render_manifests(lock=lock, spec=spec, image="build-image.invalid/check:kuberay", allow_tag=True, base=manifest)
 
@@ -267,7 +261,7 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     with stages.stage("patch+render", f"patch check, wheelhouse, context -> {out}"):
         t0 = time.monotonic()
         rendered = render_context(vllm=spec.vllm, base=manifest, lock=lock, lock_text=inputs.lock_text, out_dir=out,
-                                  series_dir=req.series, vllm_wheel=req.wheel, repo=spec.repo, spec=spec,
+                                  series_dir=req.series, vllm_wheel=req.wheel, repo=spec.repo,
                                   no_patches=req.no_patches, on_step=on_step, base_data=inputs.base_data,
                                   allow_base_drift=req.allow_base_drift, base_note=_base_note(checked))
     if "wheelhouse" in marks:  # split the stage: patch check+apply, then wheelhouse + context
@@ -278,8 +272,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
                    base=manifest.pinned_ref)
 
     def write_kuberay(image: str, allow_tag: bool) -> None:
-        from builder.serving.kuberay import write_manifests
-
         paths = write_manifests(out, lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=manifest)
         summary["kuberay"] = [str(p) for p in paths]
         if allow_tag and "@sha256:" not in image:
@@ -294,8 +286,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
         notice = None if wanted else f"{why}\nstopped after render; the context in {out} is self-contained. {build_it}:\n  {how}"
         return PipelineResult(status="rendered", summary=summary, locked=locked, rendered=rendered,
                               error=error if wanted else None, notice=notice)
-
-    from builder.image.build import build_image, missing_bases
 
     try:
         engine.ping()
@@ -330,8 +320,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
 
     pushed = None
     if req.push:
-        from builder.image.push import push_image
-
         with stages.stage("push", f"{', '.join(rendered.tags)}"):
             pushed = push_image(rendered.tags, force=req.force, engine=engine, context=rendered.out_dir,
                                 on_step=lambda s: console.print(f"push: {s}", markup=False, highlight=False))
@@ -341,8 +329,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
         write_kuberay(image_for_later, allow_tag=not req.push)
     rep, error = None, None
     if req.smoke:
-        from builder.serving.smoke import config_from_serving, render_text, run_smoke
-
         with stages.stage("smoke", f"{image_for_later} with {req.model}"):
             rep = run_smoke(config_from_serving(spec.serving, model=req.model, image=image_for_later, vllm=spec.vllm),
                             progress=lambda m: console.print(f"  smoke: {m}", highlight=False, markup=False),

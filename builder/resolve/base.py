@@ -49,9 +49,12 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 from packaging.version import Version
 
+from builder import __version__
+from builder import engine as engine_adapter
 from builder.errors import BadInput, EngineUnavailable, ExternalToolError
-from builder.resolve.manifest import BaseManifest, DistFacts, Distribution
-from builder.util import canonical_name
+from builder.resolve.floor import checker, consistency_tool, native_digest
+from builder.resolve.manifest import BaseManifest, DistFacts, Distribution, parse_manifest
+from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes
 
 ELF_MAGIC = b"\x7fELF"
 NUMPY2_MARKER = b"numpy._core._multiarray_umath"
@@ -462,8 +465,6 @@ def scan_site_packages(
 
 def _native_digest(dist_info: Path) -> str | None:
     """The digest of a distribution's ELF files the image's checks stage compares (``native_sha256``)."""
-    from builder.resolve.floor import native_digest
-
     return native_digest(dist_info)
 
 
@@ -554,18 +555,14 @@ def _engine_error(args: list[str], stderr: str) -> Exception:
 def _docker(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
     """One engine command through :mod:`builder.engine`, output captured.  Never pulls:
     callers pass ``--pull=never``."""
-    from builder.engine import get_engine
-
-    proc = get_engine().cli(args, timeout=1800)
+    proc = engine_adapter.get_engine().cli(args, timeout=1800)
     if check and proc.returncode != 0:
         raise _engine_error(args, proc.stderr)
     return proc
 
 
 def _docker_stream(args: list[str]) -> subprocess.Popen:
-    from builder.engine import get_engine
-
-    return get_engine().popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return engine_adapter.get_engine().popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 # --------------------------------------------------------------------------- image reading
@@ -929,8 +926,6 @@ def image_consistency(ref: str, dists: dict[str, Distribution], interpreter: str
     """The base's own dependency problems: ``pip check`` (``uv pip check`` on a base with uv and
     no pip) run in a throw-away container of the LOCAL image (``--pull=never --network=none``).
     None when the image has neither tool (the checks stage then refuses the base, naming it)."""
-    from builder.resolve.floor import checker, consistency_tool
-
     tool = consistency_tool(dists)
     if tool not in dists:
         return None
@@ -950,9 +945,6 @@ def image_consistency(ref: str, dists: dict[str, Distribution], interpreter: str
 
 
 def _snapshot_cache_path(ref: str, image_id: str) -> Path:
-    from builder import __version__
-    from builder.util import cache_dir, sha256_bytes
-
     key = sha256_bytes(f"{__version__}\n{image_id}\n{ref}".encode())[:32]
     return cache_dir() / "snapshots" / f"{key}.json"
 
@@ -960,9 +952,6 @@ def _snapshot_cache_path(ref: str, image_id: str) -> Path:
 def snapshot_cached(ref: str, *, image_id: str) -> tuple[BaseManifest, bool]:
     """(manifest, reused) of a LOCAL image: the snapshot made earlier of the same image ID under
     the same reference (by this tool version), else a new :func:`snapshot_image`, kept for next time."""
-    from builder.resolve.manifest import parse_manifest
-    from builder.util import atomic_write_text
-
     path = _snapshot_cache_path(ref, image_id)
     if path.is_file():
         try:

@@ -33,8 +33,8 @@ manifest lists uv but not pip) reports on the base itself, recorded when the man
 is made; the image build allows exactly these.  Manifests without either field stay
 readable: the build compares what the manifest has.
 
-This module is pure data: load/validate/save.  The binary scan lives in
-``builder.resolve.base``.
+This module is pure data: load/validate/save, and the base's PEP 508 marker environment
+(:func:`target_environment`).  The binary scan lives in ``builder.resolve.base``.
 """
 
 from __future__ import annotations
@@ -151,6 +151,26 @@ def _consistency(doc: dict, path: str) -> dict | None:
     if not all(isinstance(p, str) for p in probs):
         raise BadInput(f"base manifest {path}: 'consistency.problems' must be a list of strings.")
     return {"tool": tool, "problems": list(probs)}
+
+
+def target_environment(python_version: str, platform: str) -> dict[str, str]:
+    """PEP 508 marker environment of a CPython base on Linux, read from its Python version and
+    platform (``3.12``, ``x86_64-manylinux_2_35``: the manifest's ``python.version`` and ``platform``)."""
+    arch = platform.split("-", 1)[0]
+    full = python_version if python_version.count(".") >= 2 else f"{python_version}.0"
+    return {
+        "implementation_name": "cpython",
+        "implementation_version": full,
+        "os_name": "posix",
+        "platform_machine": arch,
+        "platform_release": "",
+        "platform_system": "Linux",
+        "platform_version": "",
+        "python_full_version": full,
+        "platform_python_implementation": "CPython",
+        "python_version": ".".join(python_version.split(".")[:2]),
+        "sys_platform": "linux",
+    }
 
 
 def _req(doc: dict, key: str, typ: type | tuple, where: str, path: str) -> Any:

@@ -258,3 +258,18 @@ def test_build_refuses_a_context_without_its_checks(tmp_path):
     (tmp_path / "ctx" / "checks" / "base-manifest.json").unlink()
     with pytest.raises(BadInput, match=r"has no checks/base-manifest\.json, which its Dockerfile's checks run"):
         verify_context(tmp_path / "ctx")
+
+
+def test_build_lists_the_checks_warnings_from_the_plain_log_once_each():
+    from builder.image.build import build_warnings
+
+    log = ("#8 [checks 3/3] RUN set -eu; ...\n"
+           "#8 0.35 build-image warning: the base image differs from the base manifest (1 difference(s)):\n"
+           "#8 0.35 build-image warning:   - six: the manifest has 1.16.0, the image has 1.17.0\n"
+           "#8 0.35 build-image warning:   (allowed: --allow-base-drift)\n"
+           "#8 0.35 build-image warning:   (allowed: --allow-base-drift)\n"
+           "#8 DONE 0.4s\n")
+    assert build_warnings(log) == ("the base image differs from the base manifest (1 difference(s)):",
+                                   "  - six: the manifest has 1.16.0, the image has 1.17.0",
+                                   "  (allowed: --allow-base-drift)")
+    assert build_warnings("#8 CACHED\n") == ()

@@ -143,6 +143,9 @@ def test_allow_base_drift_builds_listing_the_differences(image, drifted_base, tm
     assert warnings[0].startswith("the base image differs from the base manifest") and len(warnings) == 5
     assert "  - packaging: the manifest has 23.0, the image has 23.1" in warnings
     assert "warning: the base image differs" in r.stderr and "(allowed: --allow-base-drift)" in r.stderr
+    again = run_pipeline(["build", str(ctx), "--tag", "build-image-test/drift-allowed", "--json"])
+    assert again.returncode == 0 and json.loads(again.stdout)["cached_steps"] > 0, again.stderr
+    assert json.loads(again.stdout)["warnings"] == warnings  # a cached checks stage: listed from the image
     tag = json.loads(r.stdout)["tags"][0]
     labels = json.loads(docker("image", "inspect", tag).stdout)[0]["Config"]["Labels"]
     assert labels["org.build-image.allow-base-drift"] == "true"

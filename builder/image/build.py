@@ -10,6 +10,7 @@ pipeline hands over its :class:`builder.image.render.RenderResult` instead.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -86,6 +87,19 @@ def build_warnings(log: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+DRIFT_RECORD = "/usr/share/build-image/base-drift.json"  # in the image: the checks stage's drift report
+
+
+def drift_warnings(engine, image_id: str) -> tuple[str, ...]:
+    """The allowed base drift an image records (its checks stage ran earlier and is cached now,
+    so the build's output does not repeat it): the report lines of :data:`DRIFT_RECORD`."""
+    proc = engine.run(image_id, ["cat", DRIFT_RECORD], timeout=120)
+    try:
+        return tuple(json.loads(proc.stdout).get("report") or ()) if proc.returncode == 0 else ()
+    except ValueError:
+        return ()
+
+
 def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str, base_refs: Sequence[str],
                 engine=None, pull: bool = False, bases_checked: bool = False,
                 on_step: Callable[[str], None] | None = None) -> BuildResult:
@@ -117,4 +131,6 @@ def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str
     return BuildResult(image_id=built.image_id, tags=tuple(tags), context=Path(context), vllm=vllm,
                        lock_hash=lock_hash, size_bytes=info.size if info else None,
                        seconds=round(time.monotonic() - t0, 2), cached_steps=cached,
-                       warnings=build_warnings(built.log))
+                       warnings=build_warnings(built.log) or (
+                           drift_warnings(engine, built.image_id)
+                           if info and info.labels.get("org.build-image.allow-base-drift") == "true" else ()))

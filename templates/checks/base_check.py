@@ -222,7 +222,8 @@ def cmd_drift(opts) -> None:
                    "against it (`build-image lock --base FILE`), or render with --allow-base-drift to build anyway.")
         if not opts.allow_drift:
             _fail("\n".join(report + [way_out]))
-        for line in report + ["  (allowed: --allow-base-drift)"]:
+        report.append("  (allowed: --allow-base-drift)")
+        for line in report:
             print(WARNING + line, file=sys.stderr)
     rec = doc.get("consistency")
     base_problems = []
@@ -231,7 +232,8 @@ def cmd_drift(opts) -> None:
         base_problems = problems(out)
     os.makedirs(os.path.dirname(opts.out) or ".", exist_ok=True)
     with open(opts.out, "w", encoding="utf-8") as fh:
-        json.dump({"drift": diffs, "allowed": bool(opts.allow_drift), "base_problems": base_problems}, fh, indent=1)
+        json.dump({"drift": diffs, "allowed": bool(opts.allow_drift), "base_problems": base_problems,
+                   "report": report}, fh, indent=1)
         fh.write("\n")
     print(f"base matches its manifest: {len(doc.get('distributions') or {})} distributions"
           if not diffs else f"base drift allowed: {len(diffs)} difference(s)")

@@ -288,3 +288,14 @@ def test_a_base_the_engine_does_not_hold_is_not_snapshotted(world):
     del world.engine.images[BASE_REF]
     res = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
     assert "base_check" not in res.summary and world.engine.snapshot_calls == []
+
+
+def test_allow_base_drift_reaches_the_rendered_context(world):
+    from builder.pipeline import run
+
+    res = run(_request(world, allow_base_drift=True), Console(file=io.StringIO()), engine=world.engine)
+    dockerfile = (res.rendered.out_dir / "Dockerfile").read_text()
+    assert "--out /build-image/drift.json --allow-drift;" in dockerfile
+    assert dict(res.rendered.labels)["org.build-image.allow-base-drift"] == "true"
+    default = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    assert "--allow-drift" not in (default.rendered.out_dir / "Dockerfile").read_text()

@@ -388,11 +388,9 @@ def _check_entry(e: LockEntry, has_facts: bool, path: str, end: int) -> None:
 
 
 def load_lock(path: str | Path) -> LockFile:
+    from builder.validate import read_bounded_text
+
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"lock {p} does not exist.", hint="create it with `build-image lock`.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"lock {p} cannot be read: {exc}.") from None
-    return parse_lock(text, str(p))
+    if not p.exists() and not p.is_symlink():
+        raise BadInput(f"lock {p} does not exist.", hint="create it with `build-image lock`.")
+    return parse_lock(read_bounded_text(p, "lock"), str(p))

@@ -143,8 +143,10 @@ def _opt(doc: dict, key: str, typ: type, where: str, path: str) -> Any:
 
 
 def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
+    from builder.validate import load_json
+
     try:
-        doc = json.loads(text)
+        doc = load_json(text, f"base manifest {path}")
     except json.JSONDecodeError as exc:
         raise BadInput(
             f"base manifest {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).",
@@ -210,11 +212,9 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
 
 
 def load_manifest(path: str | Path) -> BaseManifest:
+    from builder.validate import read_bounded_text
+
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"base manifest {p} does not exist.", hint="pass --base with a manifest file or an image ref.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"base manifest {p} cannot be read: {exc}.") from None
-    return parse_manifest(text, str(p))
+    if not p.exists() and not p.is_symlink():
+        raise BadInput(f"base manifest {p} does not exist.", hint="pass --base with a manifest file or an image ref.")
+    return parse_manifest(read_bounded_text(p, "base manifest"), str(p))

@@ -86,8 +86,10 @@ def twin_path(lock_path: str | Path) -> Path:
 
 def read(text: str, where: str = PYLOCK_NAME) -> Pylock:
     """A validated :class:`Pylock`; an unreadable or invalid file is :class:`BadInput` naming it."""
+    from builder.validate import load_toml
+
     try:
-        doc = tomllib.loads(text)
+        doc = load_toml(text, where)
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"{where} is not valid TOML ({exc}).") from None
     try:
@@ -256,6 +258,18 @@ def write_pylock(path: str | Path, lock, wheel_dir: str | None = None) -> None:
 # =========================================================================== reading a twin back
 
 
+def refuse_duplicates(packages: Sequence[Package], path: str) -> None:
+    """A build-image pylock lists each package once (as requirements.lock does): a second
+    ``[[packages]]`` of the same (canonical) name is BadInput naming both positions."""
+    seen: dict[str, int] = {}
+    for i, pkg in enumerate(packages):
+        key = canonical_name(str(pkg.name))
+        if key in seen:
+            raise BadInput(f"{path}: duplicate package '{pkg.name}' (packages[{i}], first at packages[{seen[key]}]); "
+                           "the file is hand-edited.", hint="regenerate it with `build-image lock`.")
+        seen[key] = i
+
+
 def parse_pylock_lock(text: str, path: str = PYLOCK_NAME):
     """A :class:`~builder.resolve.lockfile.LockFile` from a ``pylock.toml`` written by build-image."""
     from builder.resolve.lockfile import REQUIRED_HEADER, LockEntry, LockFile, WheelRef
@@ -271,6 +285,7 @@ def parse_pylock_lock(text: str, path: str = PYLOCK_NAME):
     missing = [k for k in REQUIRED_HEADER if k not in header]
     if missing:
         raise BadInput(f"{path}: [tool.build-image.header] lacks {', '.join(missing)}; the file is hand-edited.")
+    refuse_duplicates(doc.packages, path)
     entries = []
     for i, pkg in enumerate(doc.packages):
         where = f"{path}, packages[{i}] ({pkg.name})"
@@ -320,7 +335,9 @@ def twin_problem(lock_path: str | Path, lock) -> str | None:
     if not twin.is_file():
         return f"{twin} (its PEP 751 twin) does not exist"
     try:
-        other = parse_pylock_lock(twin.read_text(encoding="utf-8"), str(twin))
+        from builder.validate import read_bounded_text
+
+        other = parse_pylock_lock(read_bounded_text(twin, "pylock"), str(twin))
     except (BadInput, OSError, UnicodeDecodeError) as exc:
         return f"{twin} is not readable: {getattr(exc, 'message', exc)}"
     diffs = same_pins(lock, other)

@@ -195,12 +195,14 @@ def parse_header(prefix: bytes, file_size: int, name: str, *, check_size: bool =
                 seen.add(k)
         return out
 
+    from builder.validate import load_json
+
     try:
-        doc = json.loads(text)
+        doc = load_json(text, f"the {n}-byte header", error=HeaderError)
         # A name given twice collapses into one dict entry: fewer tensors than "data_offsets"
         # keys betrays it; only then is the header parsed again, slowly, to name the duplicate.
         if isinstance(doc, dict) and text.count('"data_offsets"') != len(doc) - ("__metadata__" in doc):
-            doc = json.loads(text, object_pairs_hook=pairs)
+            doc = load_json(text, f"the {n}-byte header", error=HeaderError, object_pairs_hook=pairs)
     except json.JSONDecodeError as exc:
         raise HeaderError(f"the {n}-byte header is not valid JSON: {exc.msg} at byte {8 + exc.pos}") from None
     if not isinstance(doc, dict):
@@ -582,11 +584,13 @@ class Report:
 def _load_json(entry: FileEntry | None, name: str, problems: list[Problem]) -> Any:
     if entry is None:
         return None
+    from builder.validate import load_json, read_bounded_text
+
     try:
-        return json.loads(entry.path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        problems.append(Problem(name, f"cannot be read: {exc.strerror or exc}"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return load_json(read_bounded_text(entry.path, name), name)
+    except BadInput as exc:  # unreadable, not a regular file, too large, not UTF-8, nested too deep
+        problems.append(Problem(name, exc.message.removeprefix(f"{name} {entry.path}: ").removeprefix(f"{name} ")))
+    except json.JSONDecodeError as exc:
         where = f" (line {exc.lineno}, column {exc.colno}: {exc.msg})" if isinstance(exc, json.JSONDecodeError) else ""
         problems.append(Problem(name, f"is not valid JSON{where}"))
     return None
@@ -684,9 +688,11 @@ def safetensors_expected(model_dir: str | os.PathLike) -> bool:
     if any(d.glob("*.safetensors")):
         return True
     for idx in d.glob("*.safetensors.index.json"):
+        from builder.validate import load_json, read_bounded_text
+
         try:
-            wm = json.loads(idx.read_text(encoding="utf-8")).get("weight_map")
-        except (OSError, ValueError, AttributeError):
+            wm = load_json(read_bounded_text(idx, "index"), str(idx)).get("weight_map")
+        except (BadInput, ValueError, AttributeError):
             return True  # a broken index: let the check report it
         if isinstance(wm, dict) and wm:
             return True
@@ -783,14 +789,10 @@ def parse_sums(text: str, source: str) -> dict[str, str]:
 
 
 def load_sums(path: str | os.PathLike) -> dict[str, str]:
+    from builder.validate import read_bounded_text
+
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"--sha256 {p}: no such file.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"--sha256 {p}: cannot be read ({getattr(exc, 'strerror', None) or exc}).") from None
-    return parse_sums(text, str(p))
+    return parse_sums(read_bounded_text(p, "--sha256"), str(p))
 
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")

@@ -109,6 +109,8 @@ def number(value: Any, where: str, *, minimum: float | None = None, maximum: flo
     [``minimum``, ``maximum``] (``exclusive_minimum``: strictly above it), and a whole number when
     ``integral`` (returned as int); else BadInput naming ``where`` and the value."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if integral and minimum is not None:
+            raise BadInput(f"{where} must be an integer >= {minimum:g}, got {value!r:.60}.")
         kind = "string" if isinstance(value, str) else type(value).__name__
         raise BadInput(f"{where} must be a number, got {kind} {value!r:.60}.")
     if isinstance(value, float) and not math.isfinite(value):

@@ -233,7 +233,7 @@ CONFIG_COUNTS: dict[str, tuple[int, int]] = {
     "moe_intermediate_size": (1, 1 << 24), "num_experts_per_tok": (1, 1 << 16), "vocab_size": (1, 1 << 24),
     "max_position_embeddings": (1, 1 << 34), "sliding_window": (0, 1 << 34), "attention_chunk_size": (0, 1 << 34),
     "num_kv_shared_layers": (0, 10_000), "kv_lora_rank": (1, 1 << 16), "qk_rope_head_dim": (0, 1 << 16),
-    "index_topk": (1, 1 << 34), "full_attention_interval": (0, 10_000), "sliding_window_pattern": (0, 10_000),
+    "index_topk": (1, 1 << 34),
     "conv_kernel": (1, 1 << 16), "linear_conv_kernel_dim": (1, 1 << 16), "linear_key_head_dim": (1, 1 << 16),
     "linear_num_key_heads": (1, 1 << 16), "linear_num_value_heads": (1, 1 << 16),
     "linear_value_head_dim": (1, 1 << 16), "mamba_d_conv": (1, 1 << 16), "mamba_d_state": (1, 1 << 16),

@@ -115,6 +115,20 @@ def preflight(req: PipelineRequest, console) -> dict | None:
     return plan
 
 
+def check_release_input(spec) -> None:
+    """The release the pipeline builds: a version (never a word or a path), and, on the shipped base
+    (no ``--base``), one this checkout has a base manifest for: exit 2 naming the known releases, before
+    the patch series, the lock or anything else is looked at."""
+    from builder.resolve.baseref import classify
+    from builder.spec import check_vllm_version
+    from builder.validate import version_string
+
+    where = "--vllm" if not spec.source else f"--vllm / {spec.source} 'vllm'"
+    version_string(spec.vllm, where=where)
+    if classify(spec.base) == "default":
+        check_vllm_version(spec.vllm, where=where)
+
+
 def _dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
@@ -126,6 +140,7 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     from builder.resolve.lockstage import run_lock
 
     req.check()
+    check_release_input(req.spec)
     spec, out = req.spec, req.out
     if not req.series and not req.no_patches:  # before any lock or download: a release nobody ported patches to
         from builder.patching.series import require_series

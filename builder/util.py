@@ -96,12 +96,37 @@ def project_root() -> Path:
 
 
 def cache_dir(create: bool = True) -> Path:
-    """Download cache; ``BUILD_IMAGE_CACHE`` overrides ``~/.cache/build-image``."""
+    """Download cache; ``BUILD_IMAGE_CACHE`` overrides ``~/.cache/build-image``.
+
+    ``create``: made when absent; a path that cannot be a writable directory (a file, read-only,
+    ``XDG_CACHE_HOME=/dev/null``) is :class:`~builder.errors.BadInput` naming it and the variable
+    that moves it (only commands that need the cache ask for it)."""
     env = os.environ.get("BUILD_IMAGE_CACHE")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "build-image"
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "build-image"
     if create:
-        base.mkdir(parents=True, exist_ok=True)
+        problem = cache_problem(base)
+        if problem is not None:
+            from builder.errors import BadInput
+
+            raise BadInput(f"the build-image cache {base} cannot be used: {problem}; this command keeps downloads "
+                           "and helper environments there.",
+                           hint="point BUILD_IMAGE_CACHE at a writable directory (or fix XDG_CACHE_HOME).")
     return base
+
+
+def cache_problem(base: Path) -> str | None:
+    """Why ``base`` cannot serve as the cache directory (made when absent), or None when it can."""
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        return "it exists and is not a directory"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not base.is_dir():
+        return "it is not a directory"
+    if not os.access(base, os.W_OK | os.X_OK):
+        return "it is not writable"
+    return None
 
 
 LOCK_TIMEOUT_ENV = "BUILD_IMAGE_LOCK_TIMEOUT"
@@ -118,6 +143,18 @@ def output_lock_path(path: str | os.PathLike) -> Path:
     return d / f"{sha256_bytes(target.encode())[:32]}.lock"
 
 
+#: The longest wait ``BUILD_IMAGE_LOCK_TIMEOUT`` may ask for (a week, in seconds).
+MAX_LOCK_TIMEOUT = 7 * 24 * 3600
+
+
+def lock_timeout() -> float:
+    """``BUILD_IMAGE_LOCK_TIMEOUT`` in seconds (default 1800): a finite number from 0 to a week
+    (:func:`builder.validate.env_number`), else BadInput naming the variable."""
+    from builder.validate import env_number
+
+    return float(env_number(LOCK_TIMEOUT_ENV, 1800, minimum=0, maximum=MAX_LOCK_TIMEOUT))
+
+
 @contextlib.contextmanager
 def output_lock(path: str | os.PathLike, *, timeout: float | None = None) -> Iterator[None]:
     """Hold the exclusive write lock of an output (``filelock``): a second run writing the same
@@ -125,14 +162,10 @@ def output_lock(path: str | os.PathLike, *, timeout: float | None = None) -> Ite
     seconds, default 1800); past that, :class:`builder.errors.OutputBusy`."""
     from filelock import FileLock, Timeout
 
-    from builder.errors import BadInput, OutputBusy
+    from builder.errors import OutputBusy
 
     if timeout is None:
-        raw = os.environ.get(LOCK_TIMEOUT_ENV, "1800")
-        try:
-            timeout = float(raw)
-        except ValueError:
-            raise BadInput(f"{LOCK_TIMEOUT_ENV}={raw!r} is not a number of seconds.") from None
+        timeout = lock_timeout()
     lock = FileLock(str(output_lock_path(path)))
     try:
         lock.acquire(timeout=0)

@@ -65,6 +65,18 @@ def check_release(vllm: str, known: Iterable[str], *, where: str = "--vllm") -> 
     )
 
 
+def version_string(value: str, *, where: str = "--vllm") -> str:
+    """``value`` when it is a PEP 440 version (``0.26.0``, ``0.27.0rc1``), else BadInput: a word like
+    ``latest`` or a path like ``../../etc`` is not a release."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(value)
+    except (InvalidVersion, TypeError):
+        raise BadInput(f"{where} {value!r:.60} is not a version (like 0.26.0); name a vLLM release.") from None
+    return value
+
+
 # ---------------------------------------------------------------- timestamps
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:\d{2})")

@@ -104,6 +104,9 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
           exclude_newer, no_default_overlay, as_json, force):
     from builder.resolve.lockstage import run_lock
     from builder.spec import load_spec
+    from builder.validate import exclude_newer as valid_exclude_newer
+
+    exclude_newer = valid_exclude_newer(exclude_newer)
 
     spec = load_spec(spec_path).with_flags(
         vllm=vllm, with_=list(with_) or None, base=base, lock=output, allow_abi_change=_allow(allow_names, reasons),

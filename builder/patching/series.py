@@ -136,6 +136,9 @@ def series_dir_for(vllm_version: str, package: str = "vllm") -> Path:
 def require_series(vllm_version: str, package: str = "vllm") -> Path:
     """The shipped series for ``vllm_version``, or :class:`PatchFailed` (exit 6) saying how to port one:
     an image of a release whose patches were never carried over must not be built silently without them."""
+    from builder.validate import version_string
+
+    version_string(vllm_version)  # nothing below turns a word or a path into a suggested command
     try:
         return series_dir_for(vllm_version, package)
     except BadInput:

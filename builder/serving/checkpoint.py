@@ -912,13 +912,26 @@ class HashCache:
     VERSION = 1
 
     def __init__(self, path: str | os.PathLike | None = None):
-        self.path = Path(path) if path else cache_dir() / "checkpoint-sha256.json"
+        self.path: Path | None = Path(path) if path else self._default_path()
         self._entries: dict[str, dict[str, Any]] = self._read()
         self._new: dict[str, dict[str, Any]] = {}
 
-    def _read(self) -> dict[str, dict[str, Any]]:
+    @staticmethod
+    def _default_path() -> Path | None:
+        """The cache file under the user cache; None when that cache cannot be used (a file, read-only,
+        ``XDG_CACHE_HOME=/dev/null``): verification then keeps its digests in memory for this run only."""
         try:
-            doc = json.loads(self.path.read_text(encoding="utf-8"))
+            return cache_dir() / "checkpoint-sha256.json"
+        except BadInput:
+            return None
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        from builder.validate import load_json
+
+        if self.path is None:
+            return {}
+        try:
+            doc = load_json(self.path.read_text(encoding="utf-8"), str(self.path), error=ValueError)
         except (OSError, ValueError):
             return {}  # absent or damaged: start empty (it is only a cache)
         if not isinstance(doc, dict) or doc.get("version") != self.VERSION or not isinstance(doc.get("entries"), dict):
@@ -946,15 +959,18 @@ class HashCache:
         self._new[str(entry.real)] = rec
 
     def save(self) -> None:
-        if not self._new:
+        if not self._new or self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            entries = self._read()
-            entries.update(self._new)
-            entries = {p: rec for p, rec in entries.items() if os.path.exists(p)}  # drop deleted files
-            atomic_write_text(self.path, json.dumps({"version": self.VERSION, "entries": entries}, sort_keys=True))
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+                entries = self._read()
+                entries.update(self._new)
+                entries = {p: rec for p, rec in entries.items() if os.path.exists(p)}  # drop deleted files
+                atomic_write_text(self.path, json.dumps({"version": self.VERSION, "entries": entries}, sort_keys=True))
+        except OSError:
+            pass  # a full or read-only cache keeps nothing: it is only a cache, the verdict stands
         self._new.clear()
 
 

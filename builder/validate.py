@@ -77,6 +77,31 @@ def version_string(value: str, *, where: str = "--vllm") -> str:
     return value
 
 
+def release_direction(from_version: str, to_version: str, *, allow_downgrade: bool = False,
+                      what: str = "upgrade") -> str:
+    """``"upgrade"`` when ``to_version`` is newer than ``from_version``, ``"downgrade"`` when older and
+    ``allow_downgrade``; BadInput for equal versions, a version that is not one, or a downgrade not
+    asked for (``--allow-downgrade``)."""
+    from packaging.version import Version
+
+    a = Version(version_string(from_version, where="--from"))
+    b = Version(version_string(to_version, where="--to"))
+    if a == b:
+        raise BadInput(f"--from and --to are both {to_version}: nothing to {what}.")
+    if b > a:
+        return "upgrade"
+    if not allow_downgrade:
+        raise BadInput(f"--from {from_version} --to {to_version} is a downgrade ({to_version} is older than "
+                       f"{from_version}); {what} refuses it unless asked.",
+                       hint=f"swap --from and --to for the {what} to the newer release, or pass --allow-downgrade.")
+    return "downgrade"
+
+
+def same_directory(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` name one directory (after symlinks, ``..`` and relative paths)."""
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 # ---------------------------------------------------------------- timestamps
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 _DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:\d{2})")

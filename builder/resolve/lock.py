@@ -768,7 +768,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
                     if r.returncode == 0:
                         return True, "", parse_uv_requirements((tmp / "try.txt").read_text())
                     if not _is_resolution_failure(r.stderr):
-                        raise ExternalToolError(f"uv pip compile failed (exit {r.returncode}):\n{trim_derivation(r.stderr)}")
+                        raise uv_failure(r.stderr, f"uv pip compile (exit {r.returncode})")
                     return False, r.stderr, {}
 
                 moves = find_pin_moves(r1.stderr, base, resolving, attempt)
@@ -776,7 +776,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
                 exc = Unsatisfiable(msg + extra_msg, details=details + extra_details)
                 exc.pin_moves = moves
                 raise exc
-            raise ExternalToolError(f"uv pip compile failed (exit {r1.returncode}):\n{trim_derivation(r1.stderr)}")
+            raise uv_failure(r1.stderr, f"uv pip compile (exit {r1.returncode})")
         resolved = parse_uv_requirements((tmp / "requirements.txt").read_text())
         t0 = time.monotonic()
         wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp) if r2.returncode == 0 else {}
@@ -789,7 +789,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
             if r2.returncode != 0:  # cache incomplete: same resolution online
                 r2 = uv.compile(sources, tmp / "pylock.toml", **{**pinned, "offline": False})
             if r2.returncode != 0:
-                raise ExternalToolError(f"uv pip compile --format pylock.toml failed:\n{trim_derivation(r2.stderr)}")
+                raise uv_failure(r2.stderr, "uv pip compile --format pylock.toml")
             wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp)
             if not _agrees(resolved, wheels):
                 raise ExternalToolError("uv's two runs on the same inputs resolved different versions; retry the lock.")
@@ -938,6 +938,46 @@ class LockOutcome:
     unused_allow: list[str] = field(default_factory=list)
 
 
+def check_wheel_sources(find_links: Iterable[str], no_index: bool) -> None:
+    """Before uv runs: every local ``--find-links`` folder exists (a missing one is bad input naming it, not
+    a uv failure), and ``--no-index`` has at least one ``--find-links`` (else nothing could be found, and the
+    resolver would blame a base pin)."""
+    find_links = list(find_links)
+    for f in find_links:
+        if "://" in f:
+            continue
+        p = Path(f)
+        if not p.exists():
+            raise BadInput(f"--find-links {f}: no such folder (or file).",
+                           hint="name a folder of wheels (or a flat HTML index), or drop the flag.")
+    if no_index and not find_links:
+        raise BadInput("--no-index without --find-links: with the package index off and no wheel folder given, "
+                       "uv has nowhere to find any package.",
+                       hint="add --find-links DIR (a folder of wheels), or drop --no-index.")
+
+
+_UV_UNREACHABLE = re.compile(r"Failed to read `--find-links` URL: (\S+)|Failed to fetch: (\S+)|"
+                             r"error sending request for url \((\S+)\)|dns error|tcp connect error|"
+                             r"Connection refused|operation timed out|Network is unreachable")
+_UV_MISSING_INPUT = re.compile(r"Failed to read `--find-links` (?:directory|file): (.+)")
+
+
+def uv_failure(stderr: str, what: str = "uv pip compile"):
+    """Pure: the typed error of a failed uv run, by cause — a missing ``--find-links`` path is BadInput (2), an
+    unreachable wheel source IntegrityError (7, as an unreachable index), anything else ExternalToolError (12)."""
+    text = trim_derivation(stderr)
+    m = _UV_MISSING_INPUT.search(stderr)
+    if m:
+        return BadInput(f"--find-links {m.group(1).strip()}: uv cannot read it ({text.splitlines()[-1].strip()}).")
+    m = _UV_UNREACHABLE.search(stderr)
+    if m:
+        url = next((g for g in m.groups() if g), None) if m.groups() else None
+        where = f" {url.rstrip(')')}" if url else ""
+        return IntegrityError(f"a wheel source{where} is not reachable ({what}):\n{text}",
+                              hint="check the --find-links / index URL and the network, then run again.")
+    return ExternalToolError(f"{what} failed:\n{text}")
+
+
 def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_overlay: bool, vllm_given: bool = True,
                 allow: Mapping[str, str] | None = None, find_links: Iterable[str] = (), no_index: bool = False,
                 exclude_newer: str | None = None, where: str = "--with") -> LockRequest:
@@ -948,6 +988,7 @@ def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_
     requirement); a base shipping another vllm is exit 2 (:func:`builder.resolve.baseref.vllm_on_base`)."""
     from builder.resolve.baseref import vllm_on_base
 
+    check_wheel_sources(find_links, no_index)
     with_ = list(with_)
     overlay = ([DEFAULT_RAY] if default_overlay else []) + [w for w in with_ if not (default_overlay and w == DEFAULT_RAY)]
     reqs = parse_overlay(overlay, where=where)

@@ -1157,13 +1157,26 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 10**7 else f"{n} B"
 
 
+#: The text report lists at most this many errors and this many warnings, then "… and K more" (--json: all).
+MAX_LISTED_PROBLEMS = 20
+
+
+def bounded_lines(items: list[str], limit: int = MAX_LISTED_PROBLEMS, what: str = "problem(s)") -> list[str]:
+    """Pure: the first ``limit`` of ``items``, then one line saying how many more there are (--json has them all)."""
+    if len(items) <= limit:
+        return list(items)
+    return items[:limit] + [f"  … and {len(items) - limit} more {what} (--json lists every one)"]
+
+
+def _short(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters; --json has it whole)"
+
+
 def render_text(rep: Report, *, strict: bool = False) -> str:
     ready = rep.ready(strict=strict)
     lines = [f"{'READY' if ready else 'NOT READY'}: {rep.directory}"]
-    for p in rep.errors:
-        lines.append(f"  error   {p.file}: {p.message}")
-    for p in rep.warnings:
-        lines.append(f"  warning {p.file}: {p.message}")
+    lines += bounded_lines([f"  error   {p.file}: {_short(p.message)}" for p in rep.errors], what="error(s)")
+    lines += bounded_lines([f"  warning {p.file}: {_short(p.message)}" for p in rep.warnings], what="warning(s)")
     loaded = sum(1 for s in rep.shards if s["loaded"])
     lines.append(f"  shards: {len(rep.shards)} ({loaded} loaded{', index ' + rep.index if rep.index else ', no index'}), "
                  f"{rep.tensors} tensors, files {_gb(rep.file_bytes)}")

@@ -224,9 +224,11 @@ def write(context: str | Path, doc: dict) -> Path:
 
 
 def load(context: str | Path) -> dict | None:
+    from builder.validate import load_json
+
     path = Path(context) / PROVENANCE_FILE
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return load_json(path.read_text(encoding="utf-8"), str(path), error=ValueError)
     except (OSError, ValueError):
         return None
 

@@ -78,8 +78,10 @@ def default_recipes_path() -> Path:
 
 def parse_recipes(text: str, path: str = "recipes.toml") -> dict[str, Recipe]:
     """Every release's recipe (defaults applied); a bad file is :class:`BadInput` naming the key (pure)."""
+    from builder.validate import load_toml
+
     try:
-        doc = tomllib.loads(text)
+        doc = load_toml(text, f"recipes {path}")
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"recipes {path} is not valid TOML: {exc}.") from None
     if doc.get("schema") != RECIPES_SCHEMA:

@@ -80,9 +80,13 @@ def _sha(obj: Any) -> str:
 
 
 def _load_config(model_dir: str) -> dict:
+    from builder.validate import load_json, read_bounded_text
+
     path = Path(model_dir) / "config.json"
+    if not path.exists():
+        raise BadInput(f"smoke: {path}: no config.json; the output-equivalence gate needs the model's config")
     try:
-        cfg = json.loads(path.read_text())
+        cfg = load_json(read_bounded_text(path, "smoke: model config"), f"smoke: {path}")
     except FileNotFoundError:
         raise BadInput(f"smoke: {path}: no config.json; the output-equivalence gate needs the model's config") from None
     except (OSError, ValueError) as exc:
@@ -155,8 +159,12 @@ def _bad(path: str, why: str) -> BadInput:
 
 def load_reference(path: str) -> Reference:
     """Read and check a reference file; anything malformed is BadInput naming the field."""
+    from builder.validate import load_json, read_bounded_text
+
+    if not Path(path).exists():
+        raise _bad(path, "no such file")
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = load_json(read_bounded_text(path, "smoke: --reference"), f"smoke: --reference {path}")
     except FileNotFoundError:
         raise _bad(path, "no such file") from None
     except (OSError, ValueError) as exc:

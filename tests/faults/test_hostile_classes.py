@@ -376,11 +376,9 @@ def test_render_on_a_full_file_system_is_exit_2_and_the_old_context_survives(tmp
         r = cli(render_args(tmp_path, out), env=env, timeout=120)
         assert r.returncode == 0, r.stderr
         before = _snapshot(out)
-        with open(small / "filler", "wb") as fh:  # fill the file system to the last block
-            with contextlib.suppress(OSError):
-                while True:
-                    fh.write(b"\0" * 4096)
-                    fh.flush()
+        with open(small / "filler", "wb", buffering=0) as fh, contextlib.suppress(OSError):
+            while True:  # fill the file system to the last block
+                fh.write(b"\0" * 4096)
         r = cli(render_args(tmp_path, out), env=env, timeout=120)
         _no_bug(r)
         assert r.returncode == 2 and "cannot write" in r.stderr and str(out) in r.stderr, r.stderr

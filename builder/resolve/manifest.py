@@ -117,6 +117,16 @@ class BaseManifest:
         atomic_write_text(path, self.to_json())
 
 
+def refuse_foreign_manifest(path: str | Path, *, force: bool = False) -> None:
+    """The output rule for a manifest ``-o``: an existing file that is not a base manifest build-image wrote
+    (its second line is not the schema line :meth:`BaseManifest.to_json` writes) is not replaced without
+    ``--force``; a device node or FIFO never is."""
+    from builder.util import refuse_foreign, write_target
+
+    write_target(path)
+    refuse_foreign(path, "base manifest", force=force, marks=(f'  "schema": "{SCHEMA}"',))
+
+
 def _req(doc: dict, key: str, typ: type | tuple, where: str, path: str) -> Any:
     if key not in doc:
         raise BadInput(f"base manifest {path}: missing field '{where}{key}'.")

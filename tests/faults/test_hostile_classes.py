@@ -281,6 +281,18 @@ def test_lock_refuses_a_fifo_and_a_device_node(tmp_path, env):
     assert stat.S_ISCHR(os.lstat(dev).st_mode)
 
 
+def test_base_snapshot_does_not_replace_a_file_that_is_not_a_manifest(tmp_path, env):
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": true}\n')
+    sp = tmp_path / "sp"
+    sp.mkdir()
+    r = cli(["base", "snapshot", "--site-packages", str(sp), "--glibc", "2.35", "--python", "3.12", "-o", str(notes)],
+            env=env, timeout=120)
+    _no_bug(r)
+    assert r.returncode == 2 and "is not a base manifest written by build-image" in r.stderr, r.stderr
+    assert notes.read_text() == '{"mine": true}\n' and not _leftovers(tmp_path, "notes.json")
+
+
 def test_atomic_write_goes_through_a_symlink_and_keeps_it(tmp_path):
     from builder.util import atomic_write_text
 
@@ -539,6 +551,22 @@ def test_a_command_that_needs_the_cache_names_it(tmp_path):
     _no_bug(r)
     assert r.returncode == 2 and f"the build-image cache {bad} cannot be used" in r.stderr, r.stderr
     assert "BUILD_IMAGE_CACHE" in r.stderr and not out.exists() and bad.read_text() == "x"
+
+
+def test_a_read_only_cache_is_named_by_commands_that_need_it_and_ignored_by_others(tmp_path):
+    tiny_context(tmp_path)
+    with _tmpfs(tmp_path / "ro", "64k") as ro:
+        if subprocess.run(["mount", "-o", "remount,ro", str(ro)], capture_output=True).returncode != 0:
+            pytest.skip("cannot remount read-only here")
+        env = {"BUILD_IMAGE_CACHE": str(ro / "cache")}
+        out = tmp_path / "ctx2"
+        r = cli(render_args(tmp_path, out), env=env, timeout=120)
+        _no_bug(r)
+        assert r.returncode == 2 and f"the build-image cache {ro / 'cache'} cannot be used" in r.stderr, r.stderr
+        assert "Read-only file system" in r.stderr and not out.exists()
+        lock = str(ROOT / "lockfiles" / "vllm-0.26.0" / "requirements.lock")
+        r = cli(["diff", lock, lock], env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize("cli_path", ["/bin/false", "/bin/true"])

@@ -58,8 +58,8 @@ def check_release(vllm: str, known: Iterable[str], *, where: str = "--vllm") -> 
         return vllm
     shown = repr(vllm) if len(vllm) <= 60 else repr(vllm[:60]) + "…"
     raise BadInput(
-        f"vLLM version {shown} ({where}) is not supported by this checkout: there is no base manifest for it "
-        f"(known: {', '.join(known) or 'none'}).",
+        f"vLLM version {shown} is not supported by this checkout: there is no base manifest for it "
+        f"(known: {', '.join(known) or 'none'}; the version came from {where}).",
         hint="pick one of the known releases, or pass --base with a manifest or a local image for another one "
              "(`build-image base snapshot --image vllm/vllm-openai:vX.Y.Z -o FILE`).",
     )
@@ -247,7 +247,7 @@ def read_bounded(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_DOC
     except FileNotFoundError:
         raise BadInput(f"{what} {p}: no such file.") from None
     except OSError as exc:
-        raise BadInput(f"{what} {p}: cannot be read ({exc.strerror or exc}).") from None
+        raise BadInput(f"{what} {p} cannot be read: {exc.strerror or exc}.") from None
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fh.fileno())
         if not stat.S_ISREG(st.st_mode):
@@ -257,7 +257,7 @@ def read_bounded(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_DOC
         try:
             data = fh.read(max_bytes + 1)
         except OSError as exc:
-            raise BadInput(f"{what} {p}: cannot be read ({exc.strerror or exc}).") from None
+            raise BadInput(f"{what} {p} cannot be read: {exc.strerror or exc}.") from None
     if len(data) > max_bytes:
         raise BadInput(f"{what} {p}: more than the {max_bytes}-byte bound for this input.")
     return data
@@ -269,7 +269,7 @@ def read_bounded_text(path: str | os.PathLike, what: str, *, max_bytes: int = MA
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise BadInput(f"{what} {path}: not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
+        raise BadInput(f"{what} {path} cannot be read: not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
 
 
 def describe_kind(mode: int) -> str:

@@ -120,7 +120,11 @@ def patches_root() -> Path:
 
 
 def series_dir_for(vllm_version: str, package: str = "vllm") -> Path:
-    """``patches/<package>/<version>``; :class:`BadInput` naming the available versions."""
+    """``patches/<package>/<version>``; :class:`BadInput` naming the available versions (or saying that
+    ``vllm_version`` is not a version: a path like ``../x`` never reaches the file system)."""
+    from builder.validate import version_string
+
+    version_string(vllm_version)
     root = patches_root() / package
     d = root / vllm_version
     if (d / SERIES_FILE).is_file():
@@ -138,7 +142,7 @@ def require_series(vllm_version: str, package: str = "vllm") -> Path:
     an image of a release whose patches were never carried over must not be built silently without them."""
     from builder.validate import version_string
 
-    version_string(vllm_version)  # nothing below turns a word or a path into a suggested command
+    version_string(vllm_version)  # nothing below turns a word or a path into a suggested command or a path
     try:
         return series_dir_for(vllm_version, package)
     except BadInput:

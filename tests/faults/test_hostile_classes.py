@@ -98,6 +98,15 @@ def test_upgrade_to_a_word_is_exit_2(env):
     assert r.returncode == 2 and "--to 'latest' is not a version" in r.stderr, r.stderr
 
 
+def test_patch_check_with_a_path_for_vllm_reads_nothing_outside_the_series_tree(tmp_path, env):
+    evil = tmp_path / "evil"
+    shutil.copytree(ROOT / "tests" / "data" / "standin" / "patches", evil)
+    rel = os.path.relpath(evil, ROOT / "patches" / "vllm")
+    r = cli(["patch", "check", "--vllm", rel], env=env, timeout=120)
+    _no_bug(r)
+    assert r.returncode == 2 and "is not a version" in r.stderr and "series" not in r.stdout, r.stdout + r.stderr
+
+
 def test_check_release_suggests_nothing_built_from_the_raw_value():
     from builder.validate import check_release
 

@@ -43,15 +43,19 @@ def write_error(path: str | os.PathLike, exc: OSError):
                     hint="free space or choose a writable place for the output (-o).")
 
 
+def through_link(path: str | os.PathLike) -> Path:
+    """``path``, or the path a symlink at ``path`` points to (resolved): the output rule writes through links."""
+    p = Path(path)
+    return Path(os.path.realpath(p)) if p.is_symlink() else p
+
+
 def write_target(path: str | os.PathLike) -> Path:
     """The file to replace when writing ``path``: ``path`` itself, or the file a symlink points to
     (written through); a device node, FIFO, socket or directory is BadInput, never replaced."""
     from builder.errors import BadInput
     from builder.validate import describe_kind
 
-    p = Path(path)
-    if p.is_symlink():
-        p = Path(os.path.realpath(p))
+    p = through_link(path)
     try:
         st = os.stat(p)
     except (FileNotFoundError, NotADirectoryError):  # the write itself names what is in the way

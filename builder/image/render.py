@@ -425,9 +425,7 @@ def write_context(
     check_consistency(plan)
     sbom = sbom_text if sbom_text is not None else plan.sbom_text()
     dockerfile = render_dockerfile(plan, sha256_bytes(sbom.encode()))
-    from builder.util import output_lock
-
-    from builder.util import write_error
+    from builder.util import output_lock, write_error
 
     with output_lock(out):  # two renders to one -o: the second waits, then replaces the first's whole
         sweep_leftovers(out)

@@ -56,7 +56,7 @@ from builder.resolve.manifest import BaseManifest, DistFacts
 from builder.resolve.pylock import WheelCandidate
 from builder.resolve.raychoice import RayChoice
 from builder.scratch import die_with_parent
-from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes
+from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes, through_link
 
 if TYPE_CHECKING:
     from builder.resolve.baseref import ResolvedBase
@@ -1046,7 +1046,7 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
 
     uv = uv or Uv()
     say = progress or (lambda _m: None)
-    lock_path = Path(lock_path)
+    lock_path = through_link(lock_path)  # a symlinked -o: the lock it points to (and its twin beside it) is written
     if lock_path.is_dir():
         raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
     from builder.resolve.pylock import refuse_pylock_output, sync_twin

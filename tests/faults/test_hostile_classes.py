@@ -325,6 +325,9 @@ def test_a_lock_written_through_a_symlink_updates_the_lock_it_points_to(offline,
     r = cli(offline("--with", "purepkg", "-o", str(link)), env=env)
     assert r.returncode == 0, r.stderr
     assert link.is_symlink() and real.read_text() != before and "purepkg" in real.read_text()
+    from builder.resolve.pylock import twin_path
+
+    assert "purepkg" in twin_path(real).read_text() and not twin_path(link).exists()  # the twin beside the lock
 
 
 def test_atomic_write_on_a_full_disk_is_exit_2_and_keeps_the_old_file(tmp_path, monkeypatch):

@@ -38,6 +38,8 @@ from typing import Any
 
 from builder.data import path as data_path
 from builder.errors import BadInput
+from builder.util import canonical_name
+from builder.validate import check_release, exclude_newer, load_toml, number, read_bounded_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -138,8 +140,6 @@ def _req_key(req: str) -> str | None:
     """Canonical package name of a requirement string (None when it does not parse)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
-    from builder.util import canonical_name
-
     try:
         return canonical_name(Requirement(req).name)
     except InvalidRequirement:
@@ -153,8 +153,6 @@ _SERVING_TYPES = {f.name: f.type for f in fields(Serving)}
 
 
 def parse_spec(text: str, path: str) -> Spec:
-    from builder.validate import load_toml
-
     try:
         doc = load_toml(text, f"spec {path}")
     except tomllib.TOMLDecodeError as exc:
@@ -222,8 +220,6 @@ _SERVING_BOUNDS = {"gpus": (1, 4096, True), "tp": (1, 4096, True), "pp": (1, 409
 def _check_values(doc: dict, serving: dict, path: str) -> None:
     """The spec's values through :mod:`builder.validate`: serving numbers finite and in range, counts whole,
     ``exclude-newer`` a real date or instant."""
-    from builder.validate import exclude_newer, number
-
     for key, (low, high, whole) in _SERVING_BOUNDS.items():
         if key in serving:
             number(serving[key], f"spec {path}: 'serving.{key}'", minimum=low, maximum=high, integral=whole,
@@ -241,14 +237,10 @@ def load_spec(path: str | Path | None) -> Spec:
         p = Path(path)
         if not p.exists():
             raise BadInput(f"spec file {p} does not exist.")
-    from builder.validate import read_bounded_text
-
     return parse_spec(read_bounded_text(p, "spec file"), str(p))
 
 
 def check_vllm_version(vllm: str, where: str = "--vllm") -> None:
     """BadInput (exit 2, "no base manifest", the known releases named) for a release this checkout
     has no base manifest for (:func:`builder.validate.check_release`)."""
-    from builder.validate import check_release
-
     check_release(vllm, supported_vllm_versions(), where=where)

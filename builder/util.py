@@ -1,4 +1,4 @@
-"""Small shared helpers: atomic writes, hashing, canonical names."""
+"""Small shared helpers: atomic writes, hashing, canonical names and versions."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from builder.errors import BadInput, OutputBusy
+from builder.scratch import system_tmp
+from builder.validate import describe_kind, env_number
 
 # ---------------------------------------------------------------- the output rule
 #
@@ -36,8 +42,6 @@ def write_error(path: str | os.PathLike, exc: OSError):
     """The BadInput (exit 2) for an OSError of :data:`WRITE_ERRNOS` while writing ``path``, else None."""
     if exc.errno not in WRITE_ERRNOS:
         return None
-    from builder.errors import BadInput
-
     return BadInput(f"cannot write {path}: {exc.strerror or exc} ({errno.errorcode.get(exc.errno, exc.errno)}); "
                     "nothing was replaced: what was there before is intact.",
                     hint="free space or choose a writable place for the output (-o).")
@@ -52,9 +56,6 @@ def through_link(path: str | os.PathLike) -> Path:
 def write_target(path: str | os.PathLike) -> Path:
     """The file to replace when writing ``path``: ``path`` itself, or the file a symlink points to
     (written through); a device node, FIFO, socket or directory is BadInput, never replaced."""
-    from builder.errors import BadInput
-    from builder.validate import describe_kind
-
     p = through_link(path)
     try:
         st = os.stat(p)
@@ -84,8 +85,6 @@ def refuse_foreign(path: str | os.PathLike, what: str, *, force: bool = False, m
                    flag: str = "--force") -> None:
     """``path`` exists, is not a ``what`` build-image wrote (:func:`is_own_output`) and ``force`` is not
     given: BadInput (exit 2), nothing written.  Absent paths and own outputs pass."""
-    from builder.errors import BadInput
-
     p = Path(path)
     if force or not (p.exists() or p.is_symlink()):
         return
@@ -186,6 +185,17 @@ def canonical_name(name: str) -> str:
     return _CANON.sub("-", name).lower()
 
 
+def same_version(a: str | None, b: str | None) -> bool:
+    """One release however it is spelled (``2.0`` is ``2.0.0``, PEP 440); else the same string
+    (None is only the same as None)."""
+    if a is None or b is None:
+        return a is b
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
 def project_root() -> Path:
     """The repository root (where ``patches/``, ``templates/``, ``lockfiles/`` live)."""
     return Path(__file__).resolve().parent.parent
@@ -202,8 +212,6 @@ def cache_dir(create: bool = True) -> Path:
     if create:
         problem = cache_problem(base)
         if problem is not None:
-            from builder.errors import BadInput
-
             raise BadInput(f"the build-image cache {base} cannot be used: {problem}; this command keeps downloads "
                            "and helper environments there.",
                            hint="point BUILD_IMAGE_CACHE at a writable directory (or fix XDG_CACHE_HOME).")
@@ -231,8 +239,6 @@ LOCK_TIMEOUT_ENV = "BUILD_IMAGE_LOCK_TIMEOUT"
 def output_lock_path(path: str | os.PathLike) -> Path:
     """The lock file guarding writes to ``path``: outside the user's tree (nothing to commit or
     ignore), one per absolute output path and user; the kernel drops it when its holder dies."""
-    from builder.scratch import system_tmp
-
     target = os.path.abspath(os.fspath(path))
     d = Path(system_tmp()) / f"build-image-{os.getuid()}-locks"
     d.mkdir(mode=0o700, exist_ok=True)
@@ -246,8 +252,6 @@ MAX_LOCK_TIMEOUT = 7 * 24 * 3600
 def lock_timeout() -> float:
     """``BUILD_IMAGE_LOCK_TIMEOUT`` in seconds (default 1800): a finite number from 0 to a week
     (:func:`builder.validate.env_number`), else BadInput naming the variable."""
-    from builder.validate import env_number
-
     return float(env_number(LOCK_TIMEOUT_ENV, 1800, minimum=0, maximum=MAX_LOCK_TIMEOUT))
 
 
@@ -257,8 +261,6 @@ def output_lock(path: str | os.PathLike, *, timeout: float | None = None) -> Ite
     file or directory says so on stderr and waits for the first (``BUILD_IMAGE_LOCK_TIMEOUT``
     seconds, default 1800); past that, :class:`builder.errors.OutputBusy`."""
     from filelock import FileLock, Timeout
-
-    from builder.errors import OutputBusy
 
     if timeout is None:
         timeout = lock_timeout()

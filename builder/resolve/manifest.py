@@ -22,8 +22,8 @@ File format (JSON, ``schema = "build-image/base-manifest/v1"``)::
       }
     }
 
-This module is pure data: load/validate/save.  The binary scan lives in
-``builder.resolve.base``.
+This module is pure data: load/validate/save, and the base's PEP 508 marker environment
+(:func:`target_environment`).  The binary scan lives in ``builder.resolve.base``.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BadInput
-from builder.util import atomic_write_text, canonical_name
+from builder.util import atomic_write_text, canonical_name, refuse_foreign, write_target
+from builder.validate import load_json, read_bounded_text
 
 SCHEMA = "build-image/base-manifest/v1"
 PROVENANCE_KINDS = ("read-from-image", "reconstructed")
@@ -121,10 +122,28 @@ def refuse_foreign_manifest(path: str | Path, *, force: bool = False) -> None:
     """The output rule for a manifest ``-o``: an existing file that is not a base manifest build-image wrote
     (its second line is not the schema line :meth:`BaseManifest.to_json` writes) is not replaced without
     ``--force``; a device node or FIFO never is."""
-    from builder.util import refuse_foreign, write_target
-
     write_target(path)
     refuse_foreign(path, "base manifest", force=force, marks=(f'  "schema": "{SCHEMA}"',))
+
+
+def target_environment(python_version: str, platform: str) -> dict[str, str]:
+    """PEP 508 marker environment of a CPython base on Linux, read from its Python version and
+    platform (``3.12``, ``x86_64-manylinux_2_35``: the manifest's ``python.version`` and ``platform``)."""
+    arch = platform.split("-", 1)[0]
+    full = python_version if python_version.count(".") >= 2 else f"{python_version}.0"
+    return {
+        "implementation_name": "cpython",
+        "implementation_version": full,
+        "os_name": "posix",
+        "platform_machine": arch,
+        "platform_release": "",
+        "platform_system": "Linux",
+        "platform_version": "",
+        "python_full_version": full,
+        "platform_python_implementation": "CPython",
+        "python_version": ".".join(python_version.split(".")[:2]),
+        "sys_platform": "linux",
+    }
 
 
 def _req(doc: dict, key: str, typ: type | tuple, where: str, path: str) -> Any:
@@ -153,8 +172,6 @@ def _opt(doc: dict, key: str, typ: type, where: str, path: str) -> Any:
 
 
 def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
-    from builder.validate import load_json
-
     try:
         doc = load_json(text, f"base manifest {path}")
     except json.JSONDecodeError as exc:
@@ -222,8 +239,6 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
 
 
 def load_manifest(path: str | Path) -> BaseManifest:
-    from builder.validate import read_bounded_text
-
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         raise BadInput(f"base manifest {p} does not exist.", hint="pass --base with a manifest file or an image ref.")

@@ -56,6 +56,7 @@ from typing import Any, NamedTuple
 
 from builder.errors import BadInput
 from builder.util import atomic_write_text, cache_dir
+from builder.validate import load_json, read_bounded_text
 
 #: Element size in bits of every dtype the safetensors format defines (the
 #: ``Dtype`` enum of safetensors 0.8: 22 variants).
@@ -194,8 +195,6 @@ def parse_header(prefix: bytes, file_size: int, name: str, *, check_size: bool =
                     raise HeaderError(f"the header names {k!r} twice")
                 seen.add(k)
         return out
-
-    from builder.validate import load_json
 
     try:
         doc = load_json(text, f"the {n}-byte header", error=HeaderError)
@@ -584,8 +583,6 @@ class Report:
 def _load_json(entry: FileEntry | None, name: str, problems: list[Problem]) -> Any:
     if entry is None:
         return None
-    from builder.validate import load_json, read_bounded_text
-
     try:
         return load_json(read_bounded_text(entry.path, name), name)
     except BadInput as exc:  # unreadable, not a regular file, too large, not UTF-8, nested too deep
@@ -688,8 +685,6 @@ def safetensors_expected(model_dir: str | os.PathLike) -> bool:
     if any(d.glob("*.safetensors")):
         return True
     for idx in d.glob("*.safetensors.index.json"):
-        from builder.validate import load_json, read_bounded_text
-
         try:
             wm = load_json(read_bounded_text(idx, "index"), str(idx)).get("weight_map")
         except (BadInput, ValueError, AttributeError):
@@ -789,8 +784,6 @@ def parse_sums(text: str, source: str) -> dict[str, str]:
 
 
 def load_sums(path: str | os.PathLike) -> dict[str, str]:
-    from builder.validate import read_bounded_text
-
     p = Path(path)
     return parse_sums(read_bounded_text(p, "--sha256"), str(p))
 
@@ -926,8 +919,6 @@ class HashCache:
             return None
 
     def _read(self) -> dict[str, dict[str, Any]]:
-        from builder.validate import load_json
-
         if self.path is None:
             return {}
         try:

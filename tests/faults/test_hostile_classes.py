@@ -325,7 +325,7 @@ def test_a_lock_written_through_a_symlink_updates_the_lock_it_points_to(offline,
     r = cli(offline("--with", "purepkg", "-o", str(link)), env=env)
     assert r.returncode == 0, r.stderr
     assert link.is_symlink() and real.read_text() != before and "purepkg" in real.read_text()
-    from builder.resolve.pylock import twin_path
+    from builder.resolve.twin import twin_path
 
     assert "purepkg" in twin_path(real).read_text() and not twin_path(link).exists()  # the twin beside the lock
 
@@ -640,8 +640,7 @@ def _dup_pylock(tmp_path: Path) -> Path:
     import tomli_w
     import tomllib
 
-    from builder.resolve.lockfile import load_lock
-    from builder.resolve.pylock import format_pylock
+    from builder.resolve.lockfile import format_pylock, load_lock
 
     doc = tomllib.loads(format_pylock(load_lock(tmp_path / "requirements.lock")))
     doc["packages"].append(doc["packages"][0])
@@ -662,7 +661,7 @@ def test_render_refuses_a_pylock_with_a_duplicated_package(tmp_path, env):
 
 
 def test_parse_pylock_lock_refuses_duplicates_whatever_the_spelling(tmp_path):
-    from builder.resolve.pylock import parse_pylock_lock
+    from builder.resolve.lockfile import parse_pylock_lock
 
     tiny_context(tmp_path, names=("six",))
     text = _dup_pylock(tmp_path).read_text()
@@ -677,7 +676,7 @@ def test_lock_check_of_a_duplicated_pylock_is_stale(offline, tmp_path, env):
     import tomli_w
     import tomllib
 
-    from builder.resolve.pylock import twin_path
+    from builder.resolve.twin import twin_path
 
     twin = twin_path(out)
     doc = tomllib.loads(twin.read_text())

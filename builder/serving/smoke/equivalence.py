@@ -41,6 +41,7 @@ from typing import Any
 
 from builder.errors import BadInput
 from builder.serving.smoke.client import post_json
+from builder.validate import load_json, read_bounded_text
 
 SCHEMA = "build-image/smoke-reference/v1"
 PROMPTS = 8            # prompts in the set
@@ -80,8 +81,6 @@ def _sha(obj: Any) -> str:
 
 
 def _load_config(model_dir: str) -> dict:
-    from builder.validate import load_json, read_bounded_text
-
     path = Path(model_dir) / "config.json"
     if not path.exists():
         raise BadInput(f"smoke: {path}: no config.json; the output-equivalence gate needs the model's config")
@@ -159,8 +158,6 @@ def _bad(path: str, why: str) -> BadInput:
 
 def load_reference(path: str) -> Reference:
     """Read and check a reference file; anything malformed is BadInput naming the field."""
-    from builder.validate import load_json, read_bounded_text
-
     if not Path(path).exists():
         raise _bad(path, "no such file")
     try:

@@ -37,6 +37,8 @@ from builder.resolve.floor import compare
 from builder.resolve.lockstage import run_lock
 from builder.serving.kuberay import render_manifests, write_manifests
 from builder.serving.smoke import checkpoint_ready, config_from_serving, preflight_plan, render_text, run_smoke
+from builder.spec import check_vllm_version
+from builder.validate import version_string
 
 
 @dataclass(frozen=True)
@@ -207,6 +209,16 @@ def _base_note(checked: BaseCheck | None) -> str | None:
             f"base manifest differing from it in {len(checked.differences)} place(s)")
 
 
+def check_release_input(spec) -> None:
+    """The release the pipeline builds: a version (never a word or a path), and, on the shipped base
+    (no ``--base``), one this checkout has a base manifest for: exit 2 naming the known releases, before
+    the patch series, the lock or anything else is looked at."""
+    where = "--vllm" if not spec.source else f"--vllm / {spec.source} 'vllm'"
+    version_string(spec.vllm, where=where)
+    if classify(spec.base) == "default":
+        check_vllm_version(spec.vllm, where=where)
+
+
 def _dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
@@ -214,6 +226,7 @@ def _dir_size(path: Path) -> int:
 def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     """Run the stages in order, each on the previous one's result (see the module doc)."""
     req.check()
+    check_release_input(req.spec)
     spec, out = req.spec, req.out
     if not req.series and not req.no_patches:  # before any lock or download: a release nobody ported patches to
 

@@ -48,6 +48,7 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
 
     if series and no_patches:
         raise BadInput("--series and --no-patches contradict each other.")
+    check_kuberay_flags(kuberay, kuberay_image, allow_tag)
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo, model=model)
     inputs = render_inputs(spec, lock_file=lock_file, base=base)
     manifest, lock = inputs.manifest, inputs.lock
@@ -82,3 +83,12 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
         click.echo(f"wrote {result.out_dir}: {len(lock.entries)} wheels, {len(result.plan.patched)} patched file(s) "
                    f"from {len(result.plan.patches)} patch(es); FROM {manifest.pinned_ref}")
         click.echo(f"build it: {build_hint(result.out_dir, spec.repo, result.tags)}")
+
+
+def check_kuberay_flags(kuberay: bool, image: str | None, allow_tag: bool) -> None:
+    """``--image`` and ``--allow-tag`` only shape the KubeRay manifests: without ``--kuberay`` they would be
+    ignored silently, so they are bad input (exit 2) instead."""
+    given = [f for f, v in (("--image", image), ("--allow-tag", allow_tag)) if v]
+    if given and not kuberay:
+        raise BadInput(f"{' and '.join(given)} only apply to the KubeRay manifests, and --kuberay was not given: "
+                       "nothing would use them.", hint="add --kuberay, or drop " + " and ".join(given) + ".")

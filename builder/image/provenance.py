@@ -25,6 +25,7 @@ from builder import __version__
 from builder.credentials import redact_url
 from builder.image.naming import PROVENANCE_FILE, choose_installer, default_repo, image_tags
 from builder.util import atomic_write_text, sha256_bytes
+from builder.validate import load_json
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -230,7 +231,7 @@ def write(context: str | Path, doc: dict) -> Path:
 def load(context: str | Path) -> dict | None:
     path = Path(context) / PROVENANCE_FILE
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return load_json(path.read_text(encoding="utf-8"), str(path), error=ValueError)
     except (OSError, ValueError):
         return None
 

@@ -71,7 +71,7 @@ from builder.resolve.lockstage import _read
 from builder.resolve.manifest import BaseManifest
 from builder.resolve.pylock import PYLOCK_NAME
 from builder.resolve.twin import same_pins
-from builder.util import file_digest, output_lock, remember_digest, sha256_bytes, sha256_file
+from builder.util import file_digest, output_lock, remember_digest, sha256_bytes, sha256_file, write_error
 
 
 @dataclass
@@ -328,6 +328,34 @@ def copy_or_reflink(src: Path, dst: Path) -> None:
 
 
 RENDERED_MARK = "# Rendered by build-image"
+#: Files besides :func:`context_files` a render may put in a context (``builder.serving.kuberay`` writes them).
+EXTRA_CONTEXT_FILES = ("rayservice.yaml", "raycluster.yaml")
+#: Folders of a context whose whole content is the render's (wheels, patched files, the Serve app).
+OWN_CONTEXT_DIRS = ("wheels", "patches", "app")
+
+
+def foreign_entries(out: Path) -> list[str]:
+    """What ``out`` (an existing context) holds that no render writes: a user's NOTES.md, a data folder.
+    Sorted, relative; folders of the render (:data:`OWN_CONTEXT_DIRS`) are the render's whole."""
+    own = {"Dockerfile", "requirements.lock", PYLOCK_NAME, SBOM_FILE, PROVENANCE_FILE, *EXTRA_CONTEXT_FILES}
+    return sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in out.iterdir()
+                  if not (p.name in own and p.is_file() and not p.is_symlink())
+                  and not (p.name in OWN_CONTEXT_DIRS and p.is_dir() and not p.is_symlink()))
+
+
+def sweep_leftovers(out: Path) -> list[Path]:
+    """Remove the temp and old directories an interrupted render of ``out`` left beside it
+    (``.NAME.XXXX.tmp``, ``.NAME.old-PID``).  Called with the output lock held: no other run is
+    writing ``out``, so every such sibling is abandoned."""
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    pat = re.compile(rf"^\.{re.escape(out.name)}\.(?:old-\d+(?:-\d+)?|[A-Za-z0-9_]+\.tmp)$")
+    for p in out.parent.iterdir():
+        if pat.match(p.name) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
 def _check_replaceable(out: Path) -> None:
@@ -343,6 +371,14 @@ def _check_replaceable(out: Path) -> None:
         ours = df.is_file() and df.read_text(encoding="utf-8", errors="replace").startswith(RENDERED_MARK)
     except OSError:
         ours = False
+    added = foreign_entries(out) if ours else []
+    if added:
+        more = f" and {len(added) - 5} more" if len(added) > 5 else ""
+        raise BadInput(
+            f"-o {out}: the context holds {', '.join(added[:5])}{more}, which render did not write; render replaces "
+            "a context as a whole, so it refuses rather than delete them. Nothing was changed.",
+            hint="move them out of the context (keep notes and data beside it), or render into a new directory.",
+        )
     if not ours:
         raise BadInput(
             f"-o {out}: the directory exists and is not a build context rendered by build-image; "
@@ -369,13 +405,22 @@ def write_context(
     Returns the relative paths written.
     """
     out = Path(out_dir)
+    if out.is_symlink():  # the output rule: a link is written through (its directory replaced), never replaced
+        out = Path(os.path.realpath(out))
     check_consistency(plan)
     sbom = sbom_text if sbom_text is not None else plan.sbom_text()
     dockerfile = render_dockerfile(plan, sha256_bytes(sbom.encode()))
 
     with output_lock(out):  # two renders to one -o: the second waits, then replaces the first's whole
-        return _write_context_locked(out, plan, dockerfile, sbom, wheels=wheels, patched_root=patched_root,
-                                     lock_text=lock_text, extra=extra)
+        sweep_leftovers(out)
+        try:
+            return _write_context_locked(out, plan, dockerfile, sbom, wheels=wheels, patched_root=patched_root,
+                                         lock_text=lock_text, extra=extra)
+        except OSError as exc:  # a full or read-only file system: exit 2 naming it; the previous context is intact
+            err = write_error(out, exc)
+            if err is None:
+                raise
+            raise err from None
 
 
 def write_checks(ctx: Path, plan: RenderPlan) -> None:
@@ -390,6 +435,7 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
     _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    old: Path | None = None
     try:
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
 
@@ -438,7 +484,6 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
             for d in dn:
                 os.chmod(os.path.join(dp, d), 0o755)
         os.chmod(tmp, 0o755)
-        old = None
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)
@@ -448,6 +493,8 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
         return sorted(written)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and old.exists() and not out.exists():
+            os.replace(old, out)  # interrupted between the two renames: the previous context comes back
         raise
 
 

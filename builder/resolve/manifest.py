@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BadInput
-from builder.util import atomic_write_text, canonical_name
+from builder.util import atomic_write_text, canonical_name, refuse_foreign, write_target
+from builder.validate import load_json, read_bounded_text
 
 SCHEMA = "build-image/base-manifest/v1"
 PROVENANCE_KINDS = ("read-from-image", "reconstructed")
@@ -153,6 +154,14 @@ def _consistency(doc: dict, path: str) -> dict | None:
     return {"tool": tool, "problems": list(probs)}
 
 
+def refuse_foreign_manifest(path: str | Path, *, force: bool = False) -> None:
+    """The output rule for a manifest ``-o``: an existing file that is not a base manifest build-image wrote
+    (its second line is not the schema line :meth:`BaseManifest.to_json` writes) is not replaced without
+    ``--force``; a device node or FIFO never is."""
+    write_target(path)
+    refuse_foreign(path, "base manifest", force=force, marks=(f'  "schema": "{SCHEMA}"',))
+
+
 def target_environment(python_version: str, platform: str) -> dict[str, str]:
     """PEP 508 marker environment of a CPython base on Linux, read from its Python version and
     platform (``3.12``, ``x86_64-manylinux_2_35``: the manifest's ``python.version`` and ``platform``)."""
@@ -200,7 +209,7 @@ def _opt(doc: dict, key: str, typ: type, where: str, path: str) -> Any:
 
 def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
     try:
-        doc = json.loads(text)
+        doc = load_json(text, f"base manifest {path}")
     except json.JSONDecodeError as exc:
         raise BadInput(
             f"base manifest {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).",
@@ -272,10 +281,6 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
 
 def load_manifest(path: str | Path) -> BaseManifest:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"base manifest {p} does not exist.", hint="pass --base with a manifest file or an image ref.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"base manifest {p} cannot be read: {exc}.") from None
-    return parse_manifest(text, str(p))
+    if not p.exists() and not p.is_symlink():
+        raise BadInput(f"base manifest {p} does not exist.", hint="pass --base with a manifest file or an image ref.")
+    return parse_manifest(read_bounded_text(p, "base manifest"), str(p))

@@ -21,6 +21,7 @@ import click
 from builder.data import path as data_path
 from builder.errors import BadInput, ExternalToolError, VerdictFailure
 from builder.util import sha256_bytes
+from builder.validate import read_bounded, read_bounded_text
 
 # Stages are imported inside the command functions, not here: `build-image --help` imports every
 # command module to list it, and a stage (with its dependencies) loads only when its command runs.
@@ -142,10 +143,7 @@ def _file_manifest(lock, lock_path: Path, explicit: Path | None, notes: list[str
     lockfiles/base/vllm-openai-v<vllm>.json beside the lock's folder, in the cwd,
     or in the checkout."""
     if explicit is not None:
-        try:
-            text = explicit.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise BadInput(f"base manifest {explicit} cannot be read: {exc.strerror or exc}.") from None
+        text = read_bounded_text(explicit, "base manifest")
         return _manifest_from_text(text, str(explicit), lock, notes), str(explicit)
     vllm = lock.header.get("vllm")
     if not vllm:
@@ -178,13 +176,9 @@ def _diff_files(old: str, new: str, base_manifest: Path | None, fail_on_allowed:
     sides = []
     for p in (old, new):
         path = Path(p)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise BadInput(f"lock {p} does not exist.") from None
-        except OSError as exc:
-            raise BadInput(f"lock {p} cannot be read: {exc.strerror or exc}.") from None
-        text = _decode(data, p)
+        if not path.exists():
+            raise BadInput(f"lock {p} does not exist.")
+        text = _decode(read_bounded(path, "lock"), p)
         sides.append((text, parse_checked(text, p)))
     notes: list[str] = []
     old_m, _ = _file_manifest(sides[0][1], Path(old), base_manifest, [])
@@ -343,10 +337,7 @@ def _textconv(path: str) -> None:
     printed as is, under a one-line warning, so `git diff` still shows it."""
     from builder.resolve.diff import textconv
 
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise BadInput(f"--textconv: {path} cannot be read: {exc.strerror or exc}.") from None
+    data = read_bounded(path, "--textconv")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

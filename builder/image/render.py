@@ -331,7 +331,7 @@ RENDERED_MARK = "# Rendered by build-image"
 #: Files besides :func:`context_files` a render may put in a context (``builder.serving.kuberay`` writes them).
 EXTRA_CONTEXT_FILES = ("rayservice.yaml", "raycluster.yaml")
 #: Folders of a context whose whole content is the render's (wheels, patched files, the Serve app).
-OWN_CONTEXT_DIRS = ("wheels", "patches", "app")
+OWN_CONTEXT_DIRS = ("wheels", "patches", "app", CHECKS_DIR)
 
 
 def foreign_entries(out: Path) -> list[str]:

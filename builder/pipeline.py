@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from builder import engine as engine_adapter
 from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
+from builder.image.build import build_image, missing_bases
+from builder.image.push import push_image
+from builder.image.render import build_hint, render_context, render_inputs
+from builder.patching.series import require_series
+from builder.resolve.baseref import classify, resolve_base
+from builder.resolve.lockstage import run_lock
+from builder.serving.kuberay import render_manifests, write_manifests
+from builder.serving.smoke import checkpoint_ready, config_from_serving, preflight_plan, render_text, run_smoke
 
 
 @dataclass(frozen=True)
@@ -94,8 +103,6 @@ def preflight(req: PipelineRequest, console) -> dict | None:
     """Before anything is locked, built or booted (``--smoke``): the checkpoint is ready and the
     memory plan fits the serving settings, else refused here with the plan's numbers (zero GPU
     and build time).  The plan is handed to the smoke stage, which does not compute it again."""
-    from builder.serving.smoke import checkpoint_ready, config_from_serving, preflight_plan
-
     cfg = config_from_serving(req.spec.serving, model=req.model, vllm=req.spec.vllm)  # the release's plan facts
 
     def say(m: str) -> None:
@@ -121,14 +128,9 @@ def _dir_size(path: Path) -> int:
 
 def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     """Run the stages in order, each on the previous one's result (see the module doc)."""
-    from builder.image.render import build_hint, render_context, render_inputs
-    from builder.resolve.baseref import classify, resolve_base
-    from builder.resolve.lockstage import run_lock
-
     req.check()
     spec, out = req.spec, req.out
     if not req.series and not req.no_patches:  # before any lock or download: a release nobody ported patches to
-        from builder.patching.series import require_series
 
         require_series(spec.vllm)
     t_all = time.monotonic()
@@ -153,7 +155,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     summary["lock_hash"] = locked.lock_hash
 
     if req.kuberay:  # bad serving settings fail here (exit 2, before the context is written), not after the build
-        from builder.serving.kuberay import render_manifests
 
         render_manifests(lock=lock, spec=spec, image="build-image.invalid/check:kuberay", allow_tag=True, base=manifest)
 
@@ -167,7 +168,7 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     with stages.stage("patch+render", f"patch check, wheelhouse, context -> {out}"):
         t0 = time.monotonic()
         rendered = render_context(vllm=spec.vllm, base=manifest, lock=lock, lock_text=inputs.lock_text, out_dir=out,
-                                  series_dir=req.series, vllm_wheel=req.wheel, repo=spec.repo, spec=spec,
+                                  series_dir=req.series, vllm_wheel=req.wheel, repo=spec.repo,
                                   no_patches=req.no_patches, on_step=on_step)
     if "wheelhouse" in marks:  # split the stage: patch check+apply, then wheelhouse + context
         both = stages.times.pop("patch+render")
@@ -177,8 +178,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
                    base=manifest.pinned_ref)
 
     def write_kuberay(image: str, allow_tag: bool) -> None:
-        from builder.serving.kuberay import write_manifests
-
         paths = write_manifests(out, lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=manifest)
         summary["kuberay"] = [str(p) for p in paths]
         if allow_tag and "@sha256:" not in image:
@@ -194,10 +193,7 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
         return PipelineResult(status="rendered", summary=summary, locked=locked, rendered=rendered,
                               error=error if wanted else None, notice=notice)
 
-    from builder.engine import get_engine
-    from builder.image.build import build_image, missing_bases
-
-    engine = engine or get_engine()
+    engine = engine or engine_adapter.get_engine()
     try:
         engine.ping()
     except EngineUnavailable as exc:
@@ -227,8 +223,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
 
     pushed = None
     if req.push:
-        from builder.image.push import push_image
-
         with stages.stage("push", f"{', '.join(rendered.tags)}"):
             pushed = push_image(rendered.tags, force=req.force, engine=engine, context=rendered.out_dir,
                                 on_step=lambda s: console.print(f"push: {s}", markup=False, highlight=False))
@@ -238,8 +232,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
         write_kuberay(image_for_later, allow_tag=not req.push)
     rep, error = None, None
     if req.smoke:
-        from builder.serving.smoke import config_from_serving, render_text, run_smoke
-
         with stages.stage("smoke", f"{image_for_later} with {req.model}"):
             rep = run_smoke(config_from_serving(spec.serving, model=req.model, image=image_for_later, vllm=spec.vllm),
                             progress=lambda m: console.print(f"  smoke: {m}", highlight=False, markup=False),

@@ -12,7 +12,15 @@ import click
 
 from builder.errors import BadInput
 from builder.serving import coldstart
-from builder.serving.plan import GiB, parse_size, plan_from_model_dir, refuse_unless_fits, render_text
+from builder.serving.plan import (
+    GiB,
+    check_load_format,
+    parse_size,
+    plan_from_model_dir,
+    refuse_unless_fits,
+    release_facts,
+    render_text,
+)
 from builder.spec import load_spec
 
 
@@ -99,8 +107,6 @@ def command(vllm, model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu
 def cold_start_of(plan, serving, vllm, *, load_format, load_rate, storage_rate, pull_bandwidth, image_size,
                   image_manifest, page_cache, storage, compile_cache, engine_start, nodes) -> dict:
     """The cold-start estimate of the planned model and of seed 000, from the flags (exit 2 on bad ones)."""
-    from builder.serving.plan import check_load_format, release_facts
-
     fmt = check_load_format(load_format or getattr(serving, "load_format", None) or "auto",
                             release_facts(vllm), where="--load-format")
     if image_size is not None and image_manifest is not None:

@@ -33,6 +33,7 @@ from builder.image.naming import SERVE_MODULE, serve_backend_of
 from builder.resolve.baseref import classify, resolve_base
 from builder.resolve.lockfile import LockFile
 from builder.resolve.manifest import BaseManifest
+from builder.serving.plan import check_load_format, release_facts
 from builder.spec import Spec
 from builder.util import atomic_write_text
 
@@ -192,8 +193,6 @@ def cold_start_settings(spec: Spec) -> dict[str, Any]:
     """The cold-start settings of ``[serving]``, checked: the load format against the release's LoadFormats,
     the compile cache (node | none | pvc:CLAIM) and the model cache (none | node | object: the model is an
     object-storage URI and the load format runai_streamer)."""
-    from builder.serving.plan import check_load_format, release_facts
-
     s, where = spec.serving, f"spec {spec.source or '<flags>'}"
     fmt = check_load_format(getattr(s, "load_format", "auto") or "auto", release_facts(spec.vllm),
                             where=f"{where}: serving.load_format")

@@ -10,7 +10,7 @@ from typing import Any
 
 from builder.errors import BadInput
 from builder.image.naming import SERVE_BACKENDS
-from builder.serving.plan import parse_size
+from builder.serving.plan import check_load_format, parse_size, release_facts
 
 EXECUTOR_BACKENDS = ("mp", "ray")  # vLLM --distributed-executor-backend values smoke accepts
 
@@ -148,8 +148,6 @@ class SmokeConfig:
         if self.cpu_offload_gb is not None and not (math.isfinite(self.cpu_offload_gb) and self.cpu_offload_gb >= 0):
             raise BadInput(f"{where}: --cpu-offload-gb must be a finite number >= 0, got {self.cpu_offload_gb!r}")
         if self.load_format is not None:
-            from builder.serving.plan import check_load_format, release_facts
-
             self.load_format = check_load_format(self.load_format, release_facts(self.vllm),
                                                  where="smoke: --load-format")
         if self.reference and self.save_reference and Path(self.reference).resolve() == Path(self.save_reference).resolve():

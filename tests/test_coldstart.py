@@ -229,6 +229,26 @@ def test_manifest_compressed_bytes(tmp_path):
         coldstart.manifest_compressed_bytes(m)
 
 
+def test_compressed_size_of_a_pushed_manifest_and_the_push_result(tmp_path):
+    from builder.image.registry import compressed_size
+
+    manifest = {"config": {"digest": "sha256:c", "size": 10}, "layers": [{"size": 5}, {"size": 7}]}
+    assert compressed_size(manifest) == 22
+    assert compressed_size({"manifests": []}) is None and compressed_size({"layers": [{"digest": "x"}]}) is None
+    res = tmp_path / "push.json"
+    res.write_text(json.dumps({"digest": "sha256:d", "compressed_bytes": 12 * GB}))
+    assert coldstart.push_result_compressed_bytes(res) == 12 * GB
+    res.write_text(json.dumps({"digest": "sha256:d", "compressed_bytes": None}))
+    with pytest.raises(BadInput, match="compressed_bytes"):
+        coldstart.push_result_compressed_bytes(res)
+    res.write_text(json.dumps({"digest": "sha256:d", "compressed_bytes": 25 * 10**8}))
+    r = CliRunner().invoke(main, PLAN + ["--json", "--image-result", str(res)])
+    cs = json.loads(r.output)["cold_start"]
+    assert cs["pull_s"] == 20.0 and cs["terms"][0]["inputs"]["image_source"] == f"push result {res}"
+    r = CliRunner().invoke(main, PLAN + ["--image-result", str(res), "--image-size", "1GB"])
+    assert r.exit_code == 2 and "one of" in r.output
+
+
 def test_predicted_within_20_percent_of_the_measured_h200_runs():
     """docs/cold-start.md: predicted (weights load + engine start) vs the measured /health of each run."""
     runs = {"st-cold-cc0": ("auto", "cold", "empty"), "st-cold-ccw": ("auto", "cold", "warm"),

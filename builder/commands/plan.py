@@ -54,6 +54,8 @@ from builder.spec import load_spec
 @click.option("--image-size", default=None, help="The image's compressed size (e.g. 12GB) for the pull term.")
 @click.option("--image-manifest", default=None, type=click.Path(dir_okay=False),
               help="The image's OCI manifest JSON (crane manifest IMAGE): its layers' sizes are the pull's bytes.")
+@click.option("--image-result", default=None, type=click.Path(dir_okay=False),
+              help="The JSON of `build-image push --json`: its compressed_bytes (the pushed manifest's layers).")
 @click.option("--page-cache", type=click.Choice(["cold", "warm"]), default="cold", show_default=True,
               help="Checkpoint in the node's page cache (warm: a restart on the same node) or not (a new node).")
 @click.option("--storage", type=click.Choice(["local", "object"]), default="local", show_default=True,
@@ -68,8 +70,8 @@ from builder.spec import load_spec
 def command(vllm, model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu_memory_utilization, max_model_len,
             max_num_seqs, kv_cache_dtype, cpu_offload_gb, reserve_gib, max_num_batched_tokens, enforce_eager, as_json,
             load_format=None, load_rate=None, storage_rate=None, pull_bandwidth=None, image_size=None,
-            image_manifest=None, page_cache="cold", storage="local", compile_cache="empty", engine_start=None,
-            nodes=1):
+            image_manifest=None, image_result=None, page_cache="cold", storage="local", compile_cache="empty",
+            engine_start=None, nodes=1):
     """Predict vLLM's KV cache before paying for the weights load: fits / does not fit."""
     spec = load_spec(spec_file).with_flags(
         vllm=vllm, model=model, gpus=gpus, gpu_memory=gpu_memory, tp=tp, pp=pp,
@@ -91,8 +93,8 @@ def command(vllm, model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu
     )
     cold = cold_start_of(plan, serving, spec.vllm, load_format=load_format, load_rate=load_rate,
                          storage_rate=storage_rate, pull_bandwidth=pull_bandwidth, image_size=image_size,
-                         image_manifest=image_manifest, page_cache=page_cache, storage=storage,
-                         compile_cache=compile_cache, engine_start=engine_start, nodes=nodes)
+                         image_manifest=image_manifest, image_result=image_result, page_cache=page_cache,
+                         storage=storage, compile_cache=compile_cache, engine_start=engine_start, nodes=nodes)
     if as_json:
         doc = plan.to_dict()
         doc["cold_start"] = {**cold["model"].to_dict(), "seed000": cold["seed000"].to_dict()}
@@ -105,12 +107,12 @@ def command(vllm, model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu
 
 
 def cold_start_of(plan, serving, vllm, *, load_format, load_rate, storage_rate, pull_bandwidth, image_size,
-                  image_manifest, page_cache, storage, compile_cache, engine_start, nodes) -> dict:
+                  image_manifest, image_result, page_cache, storage, compile_cache, engine_start, nodes) -> dict:
     """The cold-start estimate of the planned model and of seed 000, from the flags (exit 2 on bad ones)."""
     fmt = check_load_format(load_format or getattr(serving, "load_format", None) or "auto",
                             release_facts(vllm), where="--load-format")
-    if image_size is not None and image_manifest is not None:
-        raise BadInput("give --image-size or --image-manifest, not both.")
+    if sum(x is not None for x in (image_size, image_manifest, image_result)) > 1:
+        raise BadInput("give one of --image-size, --image-manifest and --image-result.")
     image_bytes, image_source = None, None
     if image_size is not None:
         image_bytes = parse_size(image_size, what="--image-size", presets=False)
@@ -119,6 +121,9 @@ def cold_start_of(plan, serving, vllm, *, load_format, load_rate, storage_rate, 
         image_source = "given (--image-size)"
     elif image_manifest is not None:
         image_bytes, image_source = coldstart.manifest_compressed_bytes(image_manifest), f"manifest {image_manifest}"
+    elif image_result is not None:
+        image_bytes = coldstart.push_result_compressed_bytes(image_result)
+        image_source = f"push result {image_result}"
     rate = lambda v, what: None if v is None else coldstart.parse_rate(v, what=what)  # noqa: E731
     kw = dict(load_format=fmt, page_cache=page_cache, storage=storage, compile_cache=compile_cache, vllm=vllm,
               image_bytes=image_bytes, image_source=image_source,

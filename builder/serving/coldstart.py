@@ -109,6 +109,21 @@ def manifest_compressed_bytes(path: str | Path) -> int:
     return int(sum(int(x["size"]) for x in layers) + int(config.get("size", 0)))
 
 
+def push_result_compressed_bytes(path: str | Path) -> int:
+    """The compressed size from ``build-image push --json``'s result (``compressed_bytes``, the registry
+    manifest's layer sizes), or from an OCI manifest JSON (:func:`manifest_compressed_bytes`)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise BadInput(f"--image-result {path}: not a readable JSON file ({e}).") from None
+    if isinstance(doc, dict) and isinstance(doc.get("compressed_bytes"), int) and doc["compressed_bytes"] > 0:
+        return doc["compressed_bytes"]
+    if isinstance(doc, dict) and isinstance(doc.get("layers"), list):
+        return manifest_compressed_bytes(path)
+    raise BadInput(f"--image-result {path}: no compressed_bytes (the JSON of `build-image push --json`) and no "
+                   "manifest layers.")
+
+
 @dataclass(frozen=True)
 class ColdStartInputs:
     weights_bytes: int                 # the whole checkpoint

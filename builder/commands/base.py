@@ -53,7 +53,9 @@ def command() -> None:
 @click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path, dir_okay=False),
               help="Manifest file to write (JSON, atomically).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
-def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_name, as_path, method, output, as_json):
+@click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote.")
+def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_name, as_path, method, output, as_json,
+             force=False):
     """Write a base manifest from --image REF or --site-packages DIR."""
     from builder.resolve import base
 
@@ -66,6 +68,9 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
         raise BadInput(f"base snapshot --site-packages {site_packages}: --glibc X.Y is required "
                        "(a directory does not say which C library it will run on).")
 
+    from builder.resolve.manifest import refuse_foreign_manifest
+
+    refuse_foreign_manifest(output, force=force)
     with _progress() as bar:
         task = bar.add_task("scanning", total=None, current="")
 
@@ -122,7 +127,8 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
 @click.option("--keep", "keep", type=click.Path(path_type=Path, file_okay=False),
               help="Install into this (empty) directory and keep it (default: a scratch dir, removed).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary on stdout.")
-def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json):
+@click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote.")
+def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, force=False):
     """Rebuild the Python layer of vllm/vllm-openai:v<vllm> from its recipe and write its manifest.
 
     The exclude-newer instant is the vllm wheel's upload time on the index.  Exit codes: 0 written,
@@ -136,6 +142,9 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json):
     path = recipes or default_recipes_path()
     recipe = recipe_for(load_recipes(path), vllm, str(path))
     out = output or default_base_manifest(vllm)
+    from builder.resolve.manifest import refuse_foreign_manifest
+
+    refuse_foreign_manifest(out, force=force)
     console = stderr_console()
 
     def say(msg: str) -> None:

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 # files of a build context (its pylock.toml: builder.resolve.pylock.PYLOCK_NAME)
 SBOM_FILE = "sbom.cdx.json"
 PROVENANCE_FILE = "provenance.intoto.json"
+CHECKS_DIR = "checks"                 # the floor checks the image build runs (templates/checks/)
+CHECKER_FILE = "base_check.py"
+MANIFEST_COPY = "base-manifest.json"  # the base manifest the lock was made against, byte for byte
+CONSTRAINTS_PATH = "/etc/build-image/constraints.txt"  # in the image: its constraint set (PIP_/UV_CONSTRAINT)
 
 # the Ray Serve application the image carries (templates/serve/build_image_serve_app.py)
 SERVE_MODULE = "build_image_serve_app"

@@ -61,7 +61,16 @@ from builder.resolve.pylock import WheelCandidate
 from builder.resolve.raychoice import BACKEND_FALLBACK, RayChoice, backend_for, choose, ray_releases
 from builder.resolve.twin import sync_twin, twin_path, write_pylock
 from builder.scratch import die_with_parent
-from builder.util import atomic_write_text, cache_dir, canonical_name, same_version, sha256_bytes
+from builder.util import (
+    atomic_write_text,
+    cache_dir,
+    canonical_name,
+    refuse_foreign,
+    same_version,
+    sha256_bytes,
+    through_link,
+    write_target,
+)
 
 if TYPE_CHECKING:
     from builder.resolve.baseref import ResolvedBase
@@ -759,7 +768,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
                     if r.returncode == 0:
                         return True, "", parse_uv_requirements((tmp / "try.txt").read_text())
                     if not _is_resolution_failure(r.stderr):
-                        raise ExternalToolError(f"uv pip compile failed (exit {r.returncode}):\n{trim_derivation(r.stderr)}")
+                        raise uv_failure(r.stderr, f"uv pip compile (exit {r.returncode})")
                     return False, r.stderr, {}
 
                 moves = find_pin_moves(r1.stderr, base, resolving, attempt)
@@ -767,7 +776,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
                 exc = Unsatisfiable(msg + extra_msg, details=details + extra_details)
                 exc.pin_moves = moves
                 raise exc
-            raise ExternalToolError(f"uv pip compile failed (exit {r1.returncode}):\n{trim_derivation(r1.stderr)}")
+            raise uv_failure(r1.stderr, f"uv pip compile (exit {r1.returncode})")
         resolved = parse_uv_requirements((tmp / "requirements.txt").read_text())
         t0 = time.monotonic()
         wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp) if r2.returncode == 0 else {}
@@ -780,7 +789,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
             if r2.returncode != 0:  # cache incomplete: same resolution online
                 r2 = uv.compile(sources, tmp / "pylock.toml", **{**pinned, "offline": False})
             if r2.returncode != 0:
-                raise ExternalToolError(f"uv pip compile --format pylock.toml failed:\n{trim_derivation(r2.stderr)}")
+                raise uv_failure(r2.stderr, "uv pip compile --format pylock.toml")
             wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp)
             if not _agrees(resolved, wheels):
                 raise ExternalToolError("uv's two runs on the same inputs resolved different versions; retry the lock.")
@@ -926,6 +935,46 @@ class LockOutcome:
     unused_allow: list[str] = field(default_factory=list)
 
 
+def check_wheel_sources(find_links: Iterable[str], no_index: bool) -> None:
+    """Before uv runs: every local ``--find-links`` folder exists (a missing one is bad input naming it, not
+    a uv failure), and ``--no-index`` has at least one ``--find-links`` (else nothing could be found, and the
+    resolver would blame a base pin)."""
+    find_links = list(find_links)
+    for f in find_links:
+        if "://" in f:
+            continue
+        p = Path(f)
+        if not p.exists():
+            raise BadInput(f"--find-links {f}: no such folder (or file).",
+                           hint="name a folder of wheels (or a flat HTML index), or drop the flag.")
+    if no_index and not find_links:
+        raise BadInput("--no-index without --find-links: with the package index off and no wheel folder given, "
+                       "uv has nowhere to find any package.",
+                       hint="add --find-links DIR (a folder of wheels), or drop --no-index.")
+
+
+_UV_UNREACHABLE = re.compile(r"Failed to read `--find-links` URL: (\S+)|Failed to fetch: (\S+)|"
+                             r"error sending request for url \((\S+)\)|dns error|tcp connect error|"
+                             r"Connection refused|operation timed out|Network is unreachable")
+_UV_MISSING_INPUT = re.compile(r"Failed to read `--find-links` (?:directory|file): (.+)")
+
+
+def uv_failure(stderr: str, what: str = "uv pip compile"):
+    """Pure: the typed error of a failed uv run, by cause — a missing ``--find-links`` path is BadInput (2), an
+    unreachable wheel source IntegrityError (7, as an unreachable index), anything else ExternalToolError (12)."""
+    text = trim_derivation(stderr)
+    m = _UV_MISSING_INPUT.search(stderr)
+    if m:
+        return BadInput(f"--find-links {m.group(1).strip()}: uv cannot read it ({text.splitlines()[-1].strip()}).")
+    m = _UV_UNREACHABLE.search(stderr)
+    if m:
+        url = next((g for g in m.groups() if g), None) if m.groups() else None
+        where = f" {url.rstrip(')')}" if url else ""
+        return IntegrityError(f"a wheel source{where} is not reachable ({what}):\n{text}",
+                              hint="check the --find-links / index URL and the network, then run again.")
+    return ExternalToolError(f"{what} failed:\n{text}")
+
+
 def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_overlay: bool, vllm_given: bool = True,
                 allow: Mapping[str, str] | None = None, find_links: Iterable[str] = (), no_index: bool = False,
                 exclude_newer: str | None = None, where: str = "--with") -> LockRequest:
@@ -934,6 +983,7 @@ def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_
     The overlay is the default (``ray[serve]``, its version chosen per release) plus ``with_``; on a base
     without vllm, ``--vllm X`` (``vllm_given``: a flag or the spec named it) adds ``vllm==X`` (the resolver and the gate then judge it like any overlay
     requirement); a base shipping another vllm is exit 2 (:func:`builder.resolve.baseref.vllm_on_base`)."""
+    check_wheel_sources(find_links, no_index)
     with_ = list(with_)
     overlay = ([DEFAULT_RAY] if default_overlay else []) + [w for w in with_ if not (default_overlay and w == DEFAULT_RAY)]
     reqs = parse_overlay(overlay, where=where)
@@ -950,6 +1000,15 @@ def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_
         find_links=[f if "://" in f else str(Path(f).resolve()) for f in find_links], no_index=no_index,
         exclude_newer=exclude_newer, default_ray=default_overlay and not names_ray,
     )
+
+
+def refuse_foreign_outputs(lock_path: Path, force: bool) -> None:
+    """The output rule for ``lock``: an existing ``-o`` file or pylock twin that build-image did not write
+    (a README, a hand-made file: no "# Generated by build-image" first line) is not replaced without
+    ``--force``; a device node or FIFO never is (:func:`builder.util.write_target`)."""
+    for p in (lock_path, twin_path(lock_path)):
+        write_target(p)
+        refuse_foreign(p, "lock", force=force)
 
 
 def _other_base(lock_path: Path, req: LockRequest) -> str | None:
@@ -974,9 +1033,11 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     """
     uv = uv or Uv()
     say = progress or (lambda _m: None)
-    lock_path = Path(lock_path)
+    lock_path = through_link(lock_path)  # a symlinked -o: the lock it points to (and its twin beside it) is written
     if lock_path.is_dir():
         raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
+    if not check:
+        refuse_foreign_outputs(lock_path, force)
     if check or (not upgrade and lock_path.exists()):
         try:
             fresh, why = is_up_to_date(lock_path, req, uv)

@@ -40,6 +40,7 @@ from builder.resolve.index import format_time
 from builder.resolve.lock import Uv, _is_resolution_failure, target_tags, trim_derivation
 from builder.resolve.manifest import BaseManifest
 from builder.spec import lockfiles_dir
+from builder.validate import load_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -82,7 +83,7 @@ def default_recipes_path() -> Path:
 def parse_recipes(text: str, path: str = "recipes.toml") -> dict[str, Recipe]:
     """Every release's recipe (defaults applied); a bad file is :class:`BadInput` naming the key (pure)."""
     try:
-        doc = tomllib.loads(text)
+        doc = load_toml(text, f"recipes {path}")
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"recipes {path} is not valid TOML: {exc}.") from None
     if doc.get("schema") != RECIPES_SCHEMA:

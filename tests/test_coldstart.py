@@ -365,3 +365,20 @@ def test_spec_accepts_the_cold_start_keys():
     assert (spec.serving.load_format, spec.serving.compile_cache, spec.serving.model_cache) == (
         "runai_streamer", "none", "node")
     assert kuberay.cold_start_settings(spec)["load_format"] == "runai_streamer"
+
+
+def test_every_smoke_report_names_the_phases(tmp_path):
+    """Against the fake OpenAI server (real vLLM 0.26.0 boot lines): the report's cold_start, text and JSON."""
+    import jsonschema
+
+    from builder.serving.smoke import SMOKE_REPORT_SCHEMA, render_text
+    from tests.test_smoke import _run
+
+    rep = _run(tmp_path, "--boot-delay", "1", rounds=1, load_format="safetensors")
+    assert rep.verdict == "PASS", rep.failures
+    cs = rep.cold_start
+    assert cs["load_format"] == "safetensors" and rep.settings["load_format"] == "safetensors"
+    assert cs["model_load_s"] == 1.316428 and cs["weights_gib"] == 0.29 and cs["init_engine_s"] == 2.45
+    assert cs["health_s"] == rep.boot["health_s"] and cs["first_token_s"] == rep.boot["first_token_s"]
+    assert "cold start (load format safetensors): weights load 1.3 s (0.29 GiB" in render_text(rep)
+    jsonschema.validate(rep.to_dict(), SMOKE_REPORT_SCHEMA)

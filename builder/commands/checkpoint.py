@@ -29,8 +29,9 @@ from builder.serving.checkpoint import (
     scan_directory,
 )
 
-# Stages are imported inside the command functions, not here: `build-image --help` imports every
-# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+# What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
+# function, not here: `build-image --help` imports every command module to list it, and a stage
+# (with its dependencies) loads only when its command runs.
 
 
 def _default_jobs() -> int:

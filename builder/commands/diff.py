@@ -23,8 +23,9 @@ from builder.errors import BadInput, ExternalToolError, VerdictFailure
 from builder.util import sha256_bytes
 from builder.validate import read_bounded, read_bounded_text
 
-# Stages are imported inside the command functions, not here: `build-image --help` imports every
-# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+# What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
+# function, not here: `build-image --help` imports every command module to list it, and a stage
+# (with its dependencies) loads only when its command runs.
 
 FORMATS = ("text", "markdown", "json")
 

@@ -14,8 +14,9 @@ from builder.spec import load_spec
 from builder.util import canonical_name
 from builder.validate import exclude_newer as valid_exclude_newer
 
-# Stages are imported inside the command functions, not here: `build-image --help` imports every
-# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+# What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
+# function, not here: `build-image --help` imports every command module to list it, and a stage
+# (with its dependencies) loads only when its command runs.
 
 
 def _allow(names: tuple[str, ...], reasons: tuple[str, ...]) -> dict[str, str] | None:

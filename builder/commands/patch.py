@@ -14,8 +14,9 @@ from builder.patching import series as P
 from builder.util import atomic_write_text, sha256_file
 from builder.validate import release_direction, same_directory
 
-# Stages are imported inside the command functions, not here: `build-image --help` imports every
-# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+# What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
+# function, not here: `build-image --help` imports every command module to list it, and a stage
+# (with its dependencies) loads only when its command runs.
 
 
 def _series(vllm: str, series_dir: str | None) -> P.Series:

@@ -12,8 +12,9 @@ from builder.commands import stderr_console
 from builder.errors import BadInput
 from builder.spec import load_spec
 
-# Stages are imported inside the command functions, not here: `build-image --help` imports every
-# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+# What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
+# function, not here: `build-image --help` imports every command module to list it, and a stage
+# (with its dependencies) loads only when its command runs.
 
 
 @click.command("push")

@@ -17,8 +17,9 @@ from builder.commands import stderr_console
 from builder.errors import BadInput, VerdictFailure
 from builder.serving.smoke import SmokeConfig, render_text, run_smoke
 
-# Stages are imported inside the command functions, not here: `build-image --help` imports every
-# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+# What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
+# function, not here: `build-image --help` imports every command module to list it, and a stage
+# (with its dependencies) loads only when its command runs.
 
 
 def _parse_size(text: str | None) -> int | None:

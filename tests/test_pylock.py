@@ -186,3 +186,34 @@ def test_two_locks_in_one_folder_get_their_own_twins(tmp_path):
     a, b = T.twin_path(tmp_path / "serving.lock"), T.twin_path(tmp_path / "r.v2.lock")
     assert (a.name, b.name) == ("pylock.serving.toml", "pylock.r-v2.toml")
     assert P.is_pylock_path(a) and P.is_pylock_path(b)  # PEP 751's pylock.<name>.toml
+
+
+def test_one_lock_run_checks_and_rewrites_the_twin_once(tmp_path, monkeypatch):
+    """An up-to-date lock whose twin is missing: the lock stage looks at the twin once and
+    rewrites it once (no resolution); an -o naming the twin is refused before anything runs."""
+    from builder.resolve import twin as twin_mod
+    from builder.resolve.lockstage import run_lock
+    from builder.spec import Spec
+
+    shipped = project_root() / "lockfiles" / "vllm-0.26.0"
+    (tmp_path / "requirements.lock").write_bytes((shipped / "requirements.lock").read_bytes())
+    calls = {"twin_problem": 0, "write_pylock": 0}
+    for name in calls:
+        real = getattr(twin_mod, name)
+
+        def counted(*a, _real=real, _name=name, **kw):
+            calls[_name] += 1
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(twin_mod, name, counted)
+    said = []
+    locked = run_lock(Spec().with_flags(vllm="0.26.0", lock=str(tmp_path / "requirements.lock")), progress=said.append)
+    assert locked.status == "up-to-date" and locked.pylock == str(tmp_path / "pylock.toml")
+    assert calls == {"twin_problem": 1, "write_pylock": 1}
+    assert [m for m in said if m.startswith("rewrote")] == [
+        f"rewrote {tmp_path / 'pylock.toml'} from {tmp_path / 'requirements.lock'} "
+        f"({tmp_path / 'pylock.toml'} (its PEP 751 twin) does not exist)"]
+    assert (tmp_path / "pylock.toml").read_bytes() == (shipped / "pylock.toml").read_bytes()
+    with pytest.raises(BadInput, match=r"name the requirements\.lock"):
+        run_lock(Spec().with_flags(vllm="0.26.0", lock=str(tmp_path / "pylock.toml")))
+    assert calls == {"twin_problem": 1, "write_pylock": 1}

@@ -1,4 +1,4 @@
-"""Cold-start estimate: how long from a new node to vLLM's first token (issue 28).
+"""Cold-start estimate: how long from a new node to vLLM's first token.
 
 Three terms, each shown with its inputs, and their total:
 

@@ -564,6 +564,23 @@ class Uv:
         return cmd, r
 
 
+    def pip_target(self, sub: str, target: Path, args: list[str], *, python_version: str | None = None,
+                   platform: str | None = None) -> tuple[list[str], subprocess.CompletedProcess]:
+        """``uv pip install|uninstall --target DIR ARGS`` for a described interpreter (never run): the
+        replay of one install step of an image into one tree, each step seeing what earlier ones
+        installed, as ``uv pip install --system`` does in the image."""
+        cmd = [self.binary, "pip", sub, "--target", str(target), "--color", "never", "--python", sys.executable]
+        if sub == "install":
+            cmd += ["--python-version", python_version or "", "--python-platform", platform or "", "--no-build",
+                    "--link-mode", "hardlink"]
+        cmd += list(args)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, env=self.env())
+        except OSError as exc:
+            raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
+        return cmd, r
+
+
 def find_uv() -> str:
     """The uv binary of the pinned ``uv`` package (``uv.find_uv_bin()``), else the
     one next to this interpreter, else ``uv`` on PATH."""

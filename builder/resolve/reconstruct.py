@@ -35,7 +35,7 @@ from packaging.version import Version
 from builder.errors import BadInput, ExternalToolError, Unsatisfiable
 from builder.resolve.manifest import BaseManifest
 from builder.resolve.recipe import (
-    INSTALLED,
+    _INSTALLED_RE,
     Recipe,
     Step,
     derive,
@@ -109,13 +109,48 @@ def release_instant(index, vllm: str, python: str, platform: str) -> tuple[datet
 
 # --------------------------------------------------------------------------- pure planning
 _INDEX_OPTION = re.compile(r"^\s*(--extra-index-url|--index-url|-i|--find-links|-f|--trusted-host)\b")
-_INSTALLED_MARK = re.compile(re.escape(INSTALLED).replace(r"\{\}", r"([\w.-]+)"))
+_INSTALLED_MARK = _INSTALLED_RE
 
 
 def sanitized_requirements(text: str) -> str:
     """A requirements file without its index options (the replay resolves from the one index) (pure)."""
     return "".join(("# (index option kept in the recipe) " + ln) if _INDEX_OPTION.match(ln) else ln
                    for ln in text.splitlines(keepends=True))
+
+
+def pinned_in_index_files(files: Mapping[str, str], paths: tuple[str, ...]) -> list[tuple[str, str, str, str]]:
+    """``==`` pins of the requirement files (and their includes) that carry an index option of their own:
+    (canonical name, version, "file:line", the file's index) (pure).  Such a pin may exist only on that index."""
+    import posixpath
+
+    out: list[tuple[str, str, str, str]] = []
+    seen: set[str] = set()
+
+    def walk(p: str) -> None:
+        if p in seen or p not in files:
+            return
+        seen.add(p)
+        lines = files[p].splitlines()
+        idx = next((m.group(2) for ln in lines for m in [re.match(r"^\s*(--extra-index-url|--index-url|-i)[\s=]+(\S+)", ln)]
+                    if m), None)
+        for i, ln in enumerate(lines, 1):
+            body = re.split(r"\s+#|^#", ln, maxsplit=1)[0].strip()
+            m = re.match(r"^(-r|--requirement)[\s=]+(\S+)", body)
+            if m:
+                walk(posixpath.normpath(posixpath.join(posixpath.dirname(p), m.group(2))))
+                continue
+            m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;,]+)\s*(;.*)?$", body)
+            if m and idx:
+                out.append((canonical_name(m.group(1)), m.group(3), f"{p}:{i}", idx))
+
+    for path in paths:
+        walk(path)
+    return out
+
+
+def drop_lines(text: str, lines: set[int], why: str) -> str:
+    """``text`` with the given 1-based lines commented out (pure)."""
+    return "".join((f"# ({why}) " + ln) if i in lines else ln for i, ln in enumerate(text.splitlines(keepends=True), 1))
 
 
 def installed_in(target: Path) -> dict[str, str]:
@@ -210,10 +245,10 @@ def install_args(plan: StepPlan, src: Path, work: Path, n: int, *, exclude_newer
 
 
 def provenance_text(recipe: Recipe, *, uv_version: str, uploaded: datetime, instant: str, day: str,
-                    cuda_found: str | None) -> str:
+                    cuda_found: str | None, lacks: dict | None = None) -> str:
     """What the manifest's ``provenance.method`` says (pure)."""
     n_replayed = sum(1 for s in recipe.steps if s.replay in ("index", "uninstall"))
-    lacks = recipe.lacks()
+    lacks = lacks or recipe.lacks()
     diff = []
     if lacks["off_index"]:
         diff.append("absent, taken from outside the index: " + "; ".join(lacks["off_index"]))
@@ -275,13 +310,39 @@ def _write_sources(files, src: Path) -> None:
             p.write_text(sanitized_requirements(text), encoding="utf-8")
 
 
+def off_index_pins(recipe: Recipe, files, index) -> list[tuple[str, str, str, str]]:
+    """The pins of the steps' requirement files that the index does not serve (adapter: asks the index)."""
+    from packaging.version import InvalidVersion
+
+    out = []
+    for step in recipe.steps:
+        if step.replay != "index" or not step.file_indexes:
+            continue
+        for name, version, where, idx in pinned_in_index_files(files.files, step.requirement_files):
+            try:
+                want = Version(version)
+            except InvalidVersion:
+                continue
+            if not any(f.version == want for f in index.files(name)):
+                out.append((name, version, where, idx))
+    return list(dict.fromkeys(out))
+
+
 def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str, index_args: list[str],
-           say: Callable[[str], None]) -> list[dict]:
-    """Run the recipe's steps into ``target`` in order; the record of each (adapter: runs uv)."""
+           say: Callable[[str], None], absent: list[tuple[str, str, str, str]] = ()) -> list[dict]:
+    """Run the recipe's steps into ``target`` in order; the record of each (adapter: runs uv).  ``absent``:
+    pins only another index serves (:func:`off_index_pins`), left out of the replayed files."""
     from builder.resolve.lock import _is_resolution_failure, trim_derivation
 
     src = work / "src"
     _write_sources(files, src)
+    by_file: dict[str, set[int]] = {}
+    for _n, _v, where, _i in absent:
+        f, _, ln = where.rpartition(":")
+        by_file.setdefault(f, set()).add(int(ln))
+    for f, lines in by_file.items():
+        (src / f).write_text(drop_lines((src / f).read_text(encoding="utf-8"), lines, "only on another index"),
+                             encoding="utf-8")
     records: list[dict] = []
     captured: dict[str, str] = {}
     for step in recipe.steps:
@@ -370,7 +431,11 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
     work = Path(tempfile.mkdtemp(prefix="bi-replay-"))
     try:
         t0 = time.monotonic()
-        records = replay(recipe, files, target, work, uv=uv, exclude_newer=instant, index_args=index_args, say=say)
+        absent = off_index_pins(recipe, files, index)
+        timings["index"] += time.monotonic() - t0
+        t0 = time.monotonic()
+        records = replay(recipe, files, target, work, uv=uv, exclude_newer=instant, index_args=index_args, say=say,
+                         absent=absent)
         timings["install"] = time.monotonic() - t0
         say(f"scanning {target}")
         t0 = time.monotonic()
@@ -379,13 +444,22 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
             platform=recipe.platform, image_ref=recipe.image, os_name=f"{recipe.os.value} ({recipe.final_base_image.value})",
             site_packages_label=recipe.site_packages.value, method="-")
         timings["scan"] = time.monotonic() - t0
-        manifest.provenance_method = provenance_text(
-            recipe, uv_version=uv.version(), uploaded=uploaded, instant=instant, cuda_found=_cuda_of(manifest),
-            day=datetime.now(timezone.utc).strftime("%Y-%m-%d"))
         manifest.provenance_recipe = {"sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},
                                       "exclude_newer": instant, "steps": records}
         lacks = recipe.lacks()
-        manifest.lacks = {**{k: v for k, v in lacks.items()}, "unversioned": recipe.unversioned_names()}
+        unversioned = recipe.unversioned_names()
+        for name, version, where, idx in absent:
+            lacks["off_index"].append(f"{name}=={version} ({where}; served by {idx} only, not by the index)")
+            unversioned.setdefault(name, f"off-index: {name}=={version} from {idx} ({recipe.sdist.filename} {where})")
+        for name in sorted(unversioned):
+            d = manifest.distributions.pop(canonical_name(name), None)
+            if d is not None:  # an earlier step's index build, replaced in the image by the off-index/source one
+                lacks["off_index"].append(f"{d.name} {d.version}, which an earlier step installed from the index, "
+                                          f"is left out: a later step replaces it ({unversioned[name]})")
+        manifest.provenance_method = provenance_text(
+            recipe, uv_version=uv.version(), uploaded=uploaded, instant=instant, cuda_found=_cuda_of(manifest),
+            day=datetime.now(timezone.utc).strftime("%Y-%m-%d"), lacks=lacks)
+        manifest.lacks = {**lacks, "unversioned": unversioned}
         files_n = sum(1 for _ in target.rglob("*")) if keep is not None else 0
         return Reconstruction(manifest=manifest, recipe=recipe, exclude_newer=instant, uploaded=uploaded,
                               steps=records, timings=timings, files=files_n)

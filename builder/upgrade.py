@@ -269,15 +269,16 @@ def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Pa
     if shipped.is_file():
         return shipped, "shipped"
     try:
-        from builder.resolve.reconstruct import load_recipes, recipe_for, reconstruct
+        from builder.resolve.reconstruct import reconstruct
     except ImportError:
         raise BadInput(
             f"no base manifest for vllm {version} ({shipped}) and this build cannot reconstruct one.",
             hint="pass --base-to MANIFEST (build-image base snapshot --image vllm/vllm-openai:v<B> on a machine "
                  "that can pull it).") from None
     if progress:
-        progress(f"reconstructing the base manifest of vllm {version} from its recipe")
-    rec = reconstruct(recipe_for(load_recipes(), version), progress=progress)
+        progress(f"reconstructing the base manifest of vllm {version}: its recipe derived from its sdist, the "
+                 "install steps replayed")
+    rec = reconstruct(version, progress=progress, recorded_only=False)
     dest = (out_dir / "lockfiles" / "base" / shipped.name) if out_dir else scratch / shipped.name
     atomic_write_text(dest, rec.manifest.to_json())
     return dest, "reconstructed"

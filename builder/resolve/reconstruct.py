@@ -68,17 +68,21 @@ def recipe_table_for(tables: Mapping[str, dict], vllm: str, path: str = "lockfil
     return tables[vllm]
 
 
-def derived_recipe(vllm: str, *, recipes: Path | None = None, index=None, check: bool = True) -> tuple[Recipe, object]:
+def derived_recipe(vllm: str, *, recipes: Path | None = None, index=None, check: bool = True,
+                   recorded_only: bool = True) -> tuple[Recipe, object]:
     """(the recipe derived from the release's sdist, its build files); with ``check`` the release's table
-    in recipes.toml must equal the derivation."""
+    in recipes.toml must equal the derivation (``recorded_only=False``: a release without a table is
+    derived from its sdist alone, as ``upgrade`` does for a release newer than the file)."""
     from builder.resolve import sdist
 
     path = recipes or default_recipes_path()
     sha = None
     table = None
     if check:
-        table = recipe_table_for(load_recipes(path), vllm, str(path))
-        sha = table.get("sdist_sha256")
+        tables = load_recipes(path)
+        if recorded_only or vllm in tables:
+            table = recipe_table_for(tables, vllm, str(path))
+            sha = table.get("sdist_sha256")
     files = sdist.load(vllm, sha256=sha, index=index)
     recipe = derive(files)
     if table is not None and recipe_table(recipe) != table:
@@ -395,7 +399,7 @@ def shown_command(action: str, args: list[str], recipe: Recipe, *, src: Path, wo
 def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, find_links: list[str] | None = None,
                 no_index: bool = False, index_url: str | None = None, keep: Path | None = None,
                 progress: Callable[[str], None] | None = None, recipe: Recipe | None = None,
-                files=None) -> Reconstruction:
+                files=None, recorded_only: bool = True) -> Reconstruction:
     """Replay release ``vllm``'s install steps into a scratch tree, scan it, return the manifest (nothing written)."""
     from builder.resolve import index as ix
     from builder.resolve.base import snapshot_site_packages
@@ -408,7 +412,7 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     if recipe is None or files is None:
-        recipe, files = derived_recipe(vllm, recipes=recipes, index=index)
+        recipe, files = derived_recipe(vllm, recipes=recipes, index=index, recorded_only=recorded_only)
     timings["recipe"] = time.monotonic() - t0
     if index_url is None and not no_index:
         index_url = ix.index_url()

@@ -261,7 +261,8 @@ def _row(m) -> dict:
 @command.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list on stdout.")
 def list_cmd(as_json):
-    """The shipped base manifests: vllm, torch, CUDA, Python, glibc, transformers, and the default lock's ray."""
+    """The shipped base manifests: vllm, torch, CUDA, Python, OS and glibc (derived from the release's own
+    build files), numpy, transformers, and the default lock's ray."""
     from packaging.version import Version
 
     from builder.resolve.lockfile import load_lock
@@ -279,14 +280,21 @@ def list_cmd(as_json):
             ray = e.version if e is not None else None
             backend = lock.header.get("serve-backend")
             entries = len(lock.entries)
+        recipe = m.provenance_recipe or {}
         rows.append({"vllm": vllm, **_row(m), "ray": ray, "serve_backend": backend, "lock_entries": entries,
                      "provenance": m.provenance_kind, "manifest": str(default_base_manifest(vllm)),
-                     "lock": str(lock_path) if lock_path.exists() else None})
+                     "lock": str(lock_path) if lock_path.exists() else None,
+                     "sdist": (recipe.get("sdist") or {}).get("filename"),
+                     "sdist_sha256": (recipe.get("sdist") or {}).get("sha256"),
+                     "steps": len(recipe.get("steps") or []), "unversioned": sorted(m.unversioned)})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    cols = [("vllm", "vllm"), ("torch", "torch"), ("cuda", "CUDA"), ("python", "Python"), ("glibc", "glibc"),
-            ("transformers", "transformers"), ("ray", "default ray"), ("serve_backend", "Serve backend")]
+    for r in rows:
+        r["os_short"] = (r["os"] or "").split(" (")[0] or None
+    cols = [("vllm", "vllm"), ("torch", "torch"), ("cuda", "CUDA"), ("python", "Python"), ("os_short", "OS"),
+            ("glibc", "glibc"), ("numpy", "numpy"), ("transformers", "transformers"), ("ray", "default ray"),
+            ("serve_backend", "Serve backend")]
     table = [[h for _, h in cols]] + [[str(r[k] or "-") for k, _ in cols] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     for row in table:

@@ -470,7 +470,7 @@ class Uv:
     def compile_cmd(self, sources: list[Path], out: Path, *, python_version: str, platform: str,
                     fmt: str = "requirements.txt", hashes: bool = False, find_links: Iterable[str] = (),
                     no_index: bool = False, exclude_newer: str | None = None, offline: bool = False,
-                    constraints: Iterable[Path] = ()) -> list[str]:
+                    constraints: Iterable[Path] = (), overrides: Iterable[Path] = ()) -> list[str]:
         cmd = [self.binary, "pip", "compile", *map(str, sources), "-o", str(out), "--format", fmt,
                "--python-version", python_version, "--python-platform", platform, "--no-build",
                "--no-header", "--quiet", "--color", "never",
@@ -489,6 +489,8 @@ class Uv:
             cmd.append("--offline")
         for c in constraints:
             cmd += ["-c", str(c)]
+        for o in overrides:
+            cmd += ["--override", str(o)]
         return cmd
 
     # uv settings from the environment that change *what* resolves: they are not inputs of the lock
@@ -762,6 +764,9 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
             (tmp / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(prefer.items())))
         common = dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
                       no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=tmp)
+        if base.uv_overrides:  # the image's UV_OVERRIDE applies to any `uv pip install` in it: the overlay's too
+            (tmp / "base-overrides.txt").write_text("\n".join(base.uv_overrides) + "\n")
+            common["overrides"] = [tmp / "base-overrides.txt"]
 
         say(f"resolving {', '.join(resolving)} on top of {len(base.distributions)} base pins (uv)")
         t0 = time.monotonic()

@@ -16,6 +16,7 @@ File format (JSON, ``schema = "build-image/base-manifest/v1"``)::
                      "recipe": {"sdist": {"filename", "sha256"}, "exclude_newer", "steps": [...]}},  # reconstructed
       "lacks": {"off_index": [...], "source_builds": [...], "other_indexes": [...], "os_packages": [...],
                 "unversioned": {"name": "why the manifest cannot version it"}},          # optional
+      "uv_overrides": ["nvidia-nccl-cu13==2.30.7"],  # optional: the image's ENV UV_OVERRIDE pins
       "distributions": {                           # keyed by canonical name
         "numpy": {"name": "numpy", "version": "1.26.4",
                   "binary": true, "extensions": 12,
@@ -89,6 +90,8 @@ class BaseManifest:
     # what the manifest knowingly lacks: off_index, source_builds, other_indexes, os_packages (lists of text) and
     # unversioned ({name: reason}: distributions the image holds whose version the manifest cannot give)
     lacks: dict | None = None
+    # pins the image's environment applies to every `uv pip install` in it (ENV UV_OVERRIDE's file)
+    uv_overrides: list[str] | None = None
 
     @property
     def unversioned(self) -> dict[str, str]:
@@ -121,6 +124,7 @@ class BaseManifest:
             "provenance": {"kind": self.provenance_kind, "method": self.provenance_method,
                            **({"recipe": self.provenance_recipe} if self.provenance_recipe else {})},
             **({"lacks": self.lacks} if self.lacks else {}),
+            **({"uv_overrides": self.uv_overrides} if self.uv_overrides else {}),
             "distributions": {
                 key: {"name": d.name, "version": d.version, **asdict(d.facts)}
                 for key, d in sorted(self.distributions.items())
@@ -223,7 +227,15 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
         distributions=dists,
         provenance_recipe=_opt(prov, "recipe", dict, "provenance.", path),
         lacks=_lacks(doc, path),
+        uv_overrides=_overrides(doc, path),
     )
+
+
+def _overrides(doc: dict, path: str) -> list[str] | None:
+    val = _opt(doc, "uv_overrides", list, "", path)
+    if val is not None and not all(isinstance(x, str) for x in val):
+        raise BadInput(f"base manifest {path}: 'uv_overrides' must be a list of requirement strings.")
+    return val
 
 
 def _lacks(doc: dict, path: str) -> dict | None:

@@ -170,6 +170,9 @@ class Recipe:
     steps: tuple[Step, ...]
     os_packages: tuple[Derived, ...] = ()
     off_index_fetches: tuple[Derived, ...] = ()
+    # the UV_OVERRIDE pins the published image keeps in its environment: every later `uv pip install` in it
+    # (an overlay too) resolves with them
+    image_overrides: tuple[Derived, ...] = ()
 
     @property
     def image(self) -> str:
@@ -227,6 +230,7 @@ class Recipe:
             "steps": [s.to_json() for s in self.steps],
             "os_packages": [d.to_json() for d in self.os_packages],
             "off_index_fetches": [d.to_json() for d in self.off_index_fetches],
+            "image_overrides": [d.to_json() for d in self.image_overrides],
             "lacks": self.lacks(),
         }
 
@@ -347,10 +351,7 @@ def parse_dockerfile(text: str) -> tuple[tuple[Instruction, ...], tuple[Stage, .
             continue
         ins = Instruction(d["instruction"].upper(), d["value"], d["startline"] + 1, d["endline"] + 1)
         if ins.op == "FROM":
-            parts = ins.value.split()
-            flags = [x for x in parts if x.startswith("--")]
-            parts = [x for x in parts if not x.startswith("--")]
-            del flags
+            parts = [x for x in ins.value.split() if not x.startswith("--")]  # FROM --platform=... is not the base
             name = parts[2] if len(parts) >= 3 and parts[1].lower() == "as" else None
             stages.append([name, parts[0] if parts else "", ins.line, []])
         elif stages:
@@ -389,6 +390,7 @@ class Var:
     value: str
     where: tuple[Where, ...]
     env: bool = False  # an ENV (inherited by the stages built FROM this one), not an ARG
+    default: str | None = None  # a global ARG's default text (its provenance follows the ARGs it uses)
 
 
 class Unknown(Exception):
@@ -1168,6 +1170,174 @@ def _apt_packages(script: str, get) -> list[str]:
 
 
 # --------------------------------------------------------------------------- derive
+def _getter(table: Mapping[str, Var]) -> Callable[[str], str]:
+    def get(name: str) -> str:
+        if name in table:
+            return table[name].value
+        raise Unknown(f"${name}")
+    return get
+
+
+def global_args(pre: Iterable[Instruction], build_args: Mapping[str, Derived], dpath: str) -> dict[str, Var]:
+    """The ARGs before the first FROM: defaults (which may use earlier ARGs), a build arg wins (pure)."""
+    glob: dict[str, Var] = {}
+    for ins in pre:
+        if ins.op != "ARG":
+            continue
+        for k, v in _split_arg(ins.value):
+            if k in build_args:
+                glob[k] = Var(build_args[k].value, build_args[k].where)
+            elif v is not None:
+                try:
+                    val = "".join(expand(v, _getter(glob), split=False))
+                except Unknown:
+                    val = ""
+                glob[k] = Var(val, (Where(dpath, ins.line),), default=v)
+            else:
+                glob.setdefault(k, Var("", (Where(dpath, ins.line),)))
+    return glob
+
+
+def _sources_of(expr: str, table: Mapping[str, Var]) -> list[Where]:
+    """Where the variables of ``expr`` got their values, following ARG defaults that use other ARGs."""
+    out: list[Where] = []
+    for name in re.findall(r"\$\{?(\w+)", expr):
+        if name in table:
+            out += table[name].where
+            out += _sources_of(table[name].default or "", table)
+    return out
+
+
+@dataclass(frozen=True)
+class _BaseFacts:
+    final_base_image: Derived
+    os: Derived
+    glibc: Derived
+    cuda: Derived
+    python: Derived
+
+
+def base_facts(root: Stage, glob: Mapping[str, Var], dpath: str) -> _BaseFacts:
+    """The final base image and what it decides: OS, glibc (:data:`UBUNTU_GLIBC`), CUDA, Python (pure)."""
+    try:
+        image = "".join(expand(root.base, _getter(glob), split=False))
+    except Unknown as exc:
+        raise BadInput(f"{dpath}:{root.line}: the base image {root.base} of stage {root.name!r} is not "
+                       f"determined ({exc}).") from None
+    where = tuple(dict.fromkeys([Where(dpath, root.line), *_sources_of(root.base, glob)]))
+    m = re.search(r"ubuntu(\d+\.\d+)", image)
+    if not m:
+        raise BadInput(f"{dpath}:{root.line}: the final base image {image} names no Ubuntu release.")
+    ubuntu = m.group(1)
+    if ubuntu not in UBUNTU_GLIBC:
+        raise BadInput(f"{dpath}:{root.line}: Ubuntu {ubuntu} of {image} is not in the glibc table "
+                       f"({', '.join(UBUNTU_GLIBC)}).")
+    for name in ("CUDA_VERSION", "PYTHON_VERSION"):
+        if name not in glob:
+            raise BadInput(f"{dpath} declares no global ARG {name}.")
+    cv, pv = glob["CUDA_VERSION"], glob["PYTHON_VERSION"]
+    return _BaseFacts(
+        final_base_image=Derived(image, where),
+        os=Derived(f"Ubuntu {ubuntu}", where, rule=f"the Ubuntu release in the tag of {image}"),
+        glibc=Derived(UBUNTU_GLIBC[ubuntu], where, rule=UBUNTU_GLIBC_SOURCE),
+        cuda=Derived(".".join(cv.value.split(".")[:2]), cv.where, rule=f"major.minor of CUDA_VERSION={cv.value}"),
+        python=Derived(pv.value, pv.where),
+    )
+
+
+@dataclass
+class _Walk:
+    """What walking the stage chain collects."""
+
+    files: BuildFiles
+    dpath: str
+    build_args: Mapping[str, Derived]
+    glob: Mapping[str, Var]
+    steps: list[Step] = field(default_factory=list)
+    fetches: list[Derived] = field(default_factory=list)
+    apt: dict[str, Where] = field(default_factory=dict)
+    written: dict[str, tuple[str, Where]] = field(default_factory=dict)
+    overrides: tuple[tuple[str, ...], tuple[Where, ...]] = ((), ())
+    python_line: Where | None = None
+
+    def arg(self, value: str, w: Where, local: dict[str, Var]) -> None:
+        for k, v in _split_arg(value):
+            if k in self.build_args:
+                local[k] = Var(self.build_args[k].value, self.build_args[k].where)
+            elif v is None:
+                local[k] = self.glob[k] if k in self.glob else local.get(k, Var("", (w,)))
+            else:
+                try:
+                    local[k] = Var("".join(expand(v, _getter(local), split=False)), (w,))
+                except Unknown:
+                    local[k] = Var("", (w,))
+
+    def env(self, value: str, w: Where, local: dict[str, Var]) -> None:
+        for k, v in _env_pairs(value):
+            try:
+                val = "".join(expand(v, _getter(local), split=False))
+            except Unknown:
+                val = v
+            local[k] = Var(val, (w,), env=True)
+            if k == "UV_OVERRIDE":
+                content = self.written.get(val)
+                if content is None:
+                    raise BadInput(f"{w}: ENV UV_OVERRIDE={val} names a file the Dockerfile does not write.")
+                self.overrides = (tuple(ln.strip() for ln in content[0].splitlines() if ln.strip()), (content[1], w))
+
+    def run(self, st: Stage, value: str, w: Where, local: dict[str, Var], copies: Mapping[str, str]) -> None:
+        script_mounts, binds, script = _mounts(value)
+        for pkg in _apt_packages(script, _getter(local)):
+            self.apt.setdefault(pkg, w)
+        if re.search(r"update-alternatives --install /usr/bin/python3", script):
+            self.python_line = w
+        if re.search(r"curl[^|;&]*\$\{?GET_PIP_URL\}?[^|;&]*\|\s*python", script):
+            url = local.get("GET_PIP_URL", Var("", ())).value or "GET_PIP_URL"
+            self.fetches.append(Derived(f"pip (get-pip.py from {url})", (w,)))
+        wants = bool(re.search(r"\b(uv pip|pip install|pip uninstall)\b", script)) or any(
+            p in script for p in _override_targets(st.instructions))
+        if not wants and not any(" ".join(k) in script for k in OFF_INDEX_COMMANDS):
+            return
+        ctx = _Ctx(vars=dict(local), files=self.written, mounts={**copies, **script_mounts}, binds=binds,
+                   stage=st.name or "", where=w, steps=self.steps, overrides=self.overrides, fetches=self.fetches,
+                   sdist_files=frozenset(self.files.files))
+        try:
+            _run(parse_script(script), ctx)
+        except Unknown as exc:
+            raise BadInput(f"{self.files.sdist.filename}: {w}: cannot interpret the RUN line ({exc}); the "
+                           "recipe reader does not guess an install step.") from None
+        except (ValueError, IndexError) as exc:
+            raise BadInput(f"{self.files.sdist.filename}: {w}: cannot read the RUN line ({exc}).") from None
+
+    def stage(self, st: Stage, local: dict[str, Var]) -> None:
+        copies: dict[str, str] = {}
+        for ins in st.instructions:
+            w = Where(self.dpath, ins.line)
+            if ins.op == "ARG":
+                self.arg(ins.value, w, local)
+            elif ins.op == "ENV":
+                self.env(ins.value, w, local)
+            elif ins.op == "COPY":
+                parts = [p for p in shlex.split(ins.value) if not p.startswith("--")]
+                if len(parts) == 2 and "--from" not in ins.value:
+                    copies[parts[1]] = parts[0]
+            elif ins.op == "RUN":
+                self.run(st, ins.value, w, local, copies)
+
+
+def _numbered(steps: list[Step], files: BuildFiles) -> tuple[Step, ...]:
+    """Steps numbered in order, each with the index options of its requirement files (which must exist)."""
+    out = []
+    for i, s in enumerate(steps):
+        opts = []
+        for rf in (*s.requirement_files, *s.constraint_files):
+            if rf not in files.files:
+                raise BadInput(f"{files.sdist.filename} has no {rf} (step {i + 1}, {s.where}, installs it).")
+            opts += [f"{v} ({w})" for _o, v, w in requirement_file_options(files.files, rf)]
+        out.append(replace(s, n=i + 1, file_indexes=tuple(dict.fromkeys(opts))))
+    return tuple(out)
+
+
 def derive(files: BuildFiles) -> Recipe:
     """The recipe of ``files.vllm``'s published image (pure; :class:`BadInput` on what the files lack)."""
     step = release_step(files.text(PIPELINE, "the release pipeline"))
@@ -1175,155 +1345,31 @@ def derive(files: BuildFiles) -> Recipe:
         raise BadInput(f"{PIPELINE}:{step.label.where[0].line}: step {RELEASE_STEP!r} builds target {step.target!r}, "
                        f"not {TARGET!r}.")
     dpath = step.dockerfile if step.dockerfile != "Dockerfile" else DOCKERFILE
-    text = files.text(dpath, f"the Dockerfile the step {RELEASE_STEP!r} builds")
-    pre, stages = parse_dockerfile(text)
+    pre, stages = parse_dockerfile(files.text(dpath, f"the Dockerfile the step {RELEASE_STEP!r} builds"))
     chain = stage_chain(stages, TARGET, dpath)
-    # global ARGs: defaults (may reference earlier ARGs), build args win
-    glob: dict[str, Var] = {}
-
-    def getter(table):
-        def get(name):
-            if name in table:
-                return table[name].value
-            raise Unknown(f"${name}")
-        return get
-
-    for ins in pre:
-        if ins.op != "ARG":
-            continue
-        for k, v in _split_arg(ins.value):
-            if k in step.build_args:
-                b = step.build_args[k]
-                glob[k] = Var(b.value, b.where)
-            elif v is not None:
-                try:
-                    val = "".join(expand(v, getter(glob), split=False))
-                except Unknown:
-                    val = ""
-                glob[k] = Var(val, (Where(dpath, ins.line),))
-            else:
-                glob.setdefault(k, Var("", (Where(dpath, ins.line),)))
-    root = chain[0]
-    try:
-        final_base = "".join(expand(root.base, getter(glob), split=False))
-    except Unknown as exc:
-        raise BadInput(f"{dpath}:{root.line}: the base image {root.base} of stage {root.name!r} is not determined ({exc}).") from None
-    fb_where = tuple(glob[m].where[0] for m in re.findall(r"\$\{?(\w+)", root.base) if m in glob)
-    fb_where = (Where(dpath, root.line),) + fb_where
-    fb_where += tuple(w for m in re.findall(r"\$\{?(\w+)", root.base) if m in glob
-                      for ins in pre if ins.op == "ARG" and ins.value.startswith(m + "=")
-                      for sub in re.findall(r"\$\{?(\w+)", ins.value) if sub in glob for w in glob[sub].where)
-    fb_where = tuple(dict.fromkeys(fb_where))
-    m = re.search(r"ubuntu(\d+\.\d+)", final_base)
-    if not m:
-        raise BadInput(f"{dpath}:{root.line}: the final base image {final_base} names no Ubuntu release.")
-    ubuntu = m.group(1)
-    if ubuntu not in UBUNTU_GLIBC:
-        raise BadInput(f"{dpath}:{root.line}: Ubuntu {ubuntu} of {final_base} is not in the glibc table "
-                       f"({', '.join(UBUNTU_GLIBC)}).")
-    os_ = Derived(f"Ubuntu {ubuntu}", fb_where, rule=f"the Ubuntu release in the tag of {final_base}")
-    glibc = Derived(UBUNTU_GLIBC[ubuntu], fb_where, rule=UBUNTU_GLIBC_SOURCE)
-    if "CUDA_VERSION" not in glob:
-        raise BadInput(f"{dpath} declares no global ARG CUDA_VERSION.")
-    cv = glob["CUDA_VERSION"]
-    cuda = Derived(".".join(cv.value.split(".")[:2]), cv.where, rule=f"major.minor of CUDA_VERSION={cv.value}")
-    if "PYTHON_VERSION" not in glob:
-        raise BadInput(f"{dpath} declares no global ARG PYTHON_VERSION.")
-    pv = glob["PYTHON_VERSION"]
-    python = Derived(pv.value, pv.where)
-
-    steps: list[Step] = []
-    fetches: list[Derived] = []
-    apt: dict[str, Where] = {}
-    files_written: dict[str, tuple[str, Where]] = {}
-    overrides: tuple[tuple[str, ...], tuple[Where, ...]] = ((), ())
-    alt_line: Where | None = None
-    stage_list = []
-    inherited: dict[str, Var] = base_image_env(final_base, fb_where)
+    glob = global_args(pre, step.build_args, dpath)
+    facts = base_facts(chain[0], glob, dpath)
+    walk = _Walk(files, dpath, step.build_args, glob)
+    inherited: dict[str, Var] = base_image_env(facts.final_base_image.value, facts.final_base_image.where)
+    label_where = (step.label.where[0],)
     for st in chain:
-        stage_list.append(Derived(f"{st.name} FROM {st.base}", (Where(dpath, st.line),)))
-        local: dict[str, Var] = {**inherited,
-                                 "TARGETPLATFORM": Var(TARGETPLATFORM, (step.label.where[0],)),
-                                 "TARGETARCH": Var("amd64", (step.label.where[0],)),
-                                 "VLLM_RELEASE": Var(files.vllm, ())}
-        copies: dict[str, str] = {}
-        for ins in st.instructions:
-            w = Where(dpath, ins.line)
-            if ins.op == "ARG":
-                for k, v in _split_arg(ins.value):
-                    if k in step.build_args:
-                        b = step.build_args[k]
-                        local[k] = Var(b.value, b.where)
-                    elif v is None:
-                        if k in glob:
-                            local[k] = glob[k]
-                        else:
-                            local.setdefault(k, Var("", (w,)))
-                    else:
-                        try:
-                            local[k] = Var("".join(expand(v, getter(local), split=False)), (w,))
-                        except Unknown:
-                            local[k] = Var("", (w,))
-            elif ins.op == "ENV":
-                for k, v in _env_pairs(ins.value):
-                    try:
-                        val = "".join(expand(v, getter(local), split=False))
-                    except Unknown:
-                        val = v
-                    local[k] = Var(val, (w,), env=True)
-                    if k == "UV_OVERRIDE":
-                        content = files_written.get(val)
-                        if content is None:
-                            raise BadInput(f"{w}: ENV UV_OVERRIDE={val} names a file the Dockerfile does not write.")
-                        pins = tuple(ln.strip() for ln in content[0].splitlines() if ln.strip())
-                        overrides = (pins, (content[1], w))
-            elif ins.op == "COPY":
-                parts = [p for p in shlex.split(ins.value) if not p.startswith("--")]
-                if len(parts) == 2 and "--from" not in ins.value:
-                    copies[parts[1]] = parts[0]
-            elif ins.op == "RUN":
-                script_mounts, binds, script = _mounts(ins.value)
-                mounts = {**copies, **script_mounts}
-                for pkg in _apt_packages(script, getter(local)):
-                    apt.setdefault(pkg, w)
-                if re.search(r"update-alternatives --install /usr/bin/python3", script):
-                    alt_line = w
-                wants = bool(re.search(r"\b(uv pip|pip install|pip uninstall)\b", script)) or any(
-                    p in script for p in _override_targets(st.instructions))
-                m_pip = re.search(r"curl[^|;&]*\$\{?GET_PIP_URL\}?[^|;&]*\|\s*python", script)
-                if m_pip:
-                    url = local.get("GET_PIP_URL", Var("", ())).value or "GET_PIP_URL"
-                    fetches.append(Derived(f"pip (get-pip.py from {url})", (w,)))
-                if not wants and not any(" ".join(k) in script for k in OFF_INDEX_COMMANDS):
-                    continue
-                ctx = _Ctx(vars=dict(local), files=files_written, mounts=mounts, binds=binds, stage=st.name or "",
-                           where=w, steps=steps, overrides=overrides, fetches=fetches,
-                           sdist_files=frozenset(files.files))
-                try:
-                    _run(parse_script(script), ctx)
-                except Unknown as exc:
-                    raise BadInput(f"{files.sdist.filename}: {w}: cannot interpret the RUN line ({exc}); the "
-                                   "recipe reader does not guess an install step.") from None
-                except (ValueError, IndexError) as exc:
-                    raise BadInput(f"{files.sdist.filename}: {w}: cannot read the RUN line ({exc}).") from None
-        inherited = {**inherited, **{k: v for k, v in local.items() if v.env}}
-    site = f"/usr/local/lib/python{python.value}/dist-packages"
-    site_d = Derived(site, tuple(x for x in (alt_line,) if x) + python.where,
-                     rule="python3 is Ubuntu's python" + python.value + " (update-alternatives); `uv pip install --system` "
-                          "and pip install into its /usr/local/lib/pythonX.Y/dist-packages")
-    step_final = []
-    for i, s_ in enumerate(steps):
-        opts = []
-        for rf in (*s_.requirement_files, *s_.constraint_files):
-            if rf not in files.files:
-                raise BadInput(f"{files.sdist.filename} has no {rf} (step {i + 1}, {s_.where}, installs it).")
-            opts += [f"{v} ({w})" for o, v, w in requirement_file_options(files.files, rf)]
-        step_final.append(replace(s_, n=i + 1, file_indexes=tuple(dict.fromkeys(opts))))
-    build_args = tuple(sorted(step.build_args.items()))
+        local: dict[str, Var] = {**inherited, "TARGETPLATFORM": Var(TARGETPLATFORM, label_where),
+                                 "TARGETARCH": Var("amd64", label_where), "VLLM_RELEASE": Var(files.vllm, ())}
+        walk.stage(st, local)
+        inherited = {**inherited, **{k: v for k, v in local.items() if v.env}}  # ENV carries to the next stage
+    py = facts.python.value
+    site = Derived(f"/usr/local/lib/python{py}/dist-packages",
+                   tuple(x for x in (walk.python_line,) if x) + facts.python.where,
+                   rule=f"python3 is Ubuntu's python{py} (update-alternatives); `uv pip install --system` and pip "
+                        "install into its /usr/local/lib/pythonX.Y/dist-packages")
     return Recipe(vllm=files.vllm, sdist=files.sdist, target=TARGET, pipeline_step=step.label,
-                  stages=tuple(stage_list), build_args=build_args, final_base_image=Derived(final_base, fb_where),
-                  os=os_, glibc=glibc, cuda=cuda, python=python, site_packages=site_d, steps=tuple(step_final),
-                  os_packages=tuple(Derived(p, (w,)) for p, w in apt.items()), off_index_fetches=tuple(fetches))
+                  stages=tuple(Derived(f"{st.name} FROM {st.base}", (Where(dpath, st.line),)) for st in chain),
+                  build_args=tuple(sorted(step.build_args.items())), final_base_image=facts.final_base_image,
+                  os=facts.os, glibc=facts.glibc, cuda=facts.cuda, python=facts.python, site_packages=site,
+                  steps=_numbered(walk.steps, files),
+                  os_packages=tuple(Derived(p, (w,)) for p, w in walk.apt.items()),
+                  off_index_fetches=tuple(walk.fetches),
+                  image_overrides=tuple(Derived(pin, walk.overrides[1]) for pin in walk.overrides[0]))
 
 
 def requirement_file_options(files: Mapping[str, str], path: str) -> list[tuple[str, str, Where]]:
@@ -1413,6 +1459,8 @@ def recipe_table(r: Recipe) -> dict:
         "build_args_from": {k: str(d.where[0]) for k, d in r.build_args},
         "steps": [s.to_json() for s in r.steps],
         "unversioned": r.unversioned_names(),
+        "image_overrides": [d.value for d in r.image_overrides],
+        "image_overrides_from": sorted({str(w) for d in r.image_overrides for w in d.where}),
         "lacks": lacks,
     }
 

@@ -464,6 +464,7 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
             recipe, uv_version=uv.version(), uploaded=uploaded, instant=instant, cuda_found=_cuda_of(manifest),
             day=datetime.now(timezone.utc).strftime("%Y-%m-%d"), lacks=lacks)
         manifest.lacks = {**lacks, "unversioned": unversioned}
+        manifest.uv_overrides = [d.value for d in recipe.image_overrides] or None
         files_n = sum(1 for _ in target.rglob("*")) if keep is not None else 0
         return Reconstruction(manifest=manifest, recipe=recipe, exclude_newer=instant, uploaded=uploaded,
                               steps=records, timings=timings, files=files_n)

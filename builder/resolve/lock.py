@@ -338,7 +338,7 @@ def wanted_specifier(derivation: str, name: str, pinned: str) -> str | None:
         if spec == f"=={pinned}":
             continue
         before, after = text[max(0, m.start() - 24):m.start()], text[m.end():m.end() + 24]
-        if re.search(r"(?:depends on|requires?|require)\s+$", before):
+        if re.search(r"(?:depends? on|requires?|require)\s+$", before):
             return spec
         sub = re.fullmatch(r"(>=|>|<=|<)([^,<>=!~]+)", spec)
         if complement is None and sub and re.match(r"\s+(?:depends on|depend on|are incompatible|is incompatible)",
@@ -759,11 +759,15 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
         tmp = Path(t)
         (tmp / "overlay.in").write_text("\n".join(resolving) + "\n")
         (tmp / "base.in").write_text("\n".join(base_requirements(base, overlay_reqs)) + "\n")
-        sources = [tmp / "overlay.in", tmp / "base.in"]
+        # The base's pins constrain what the overlay pulls in (installed distributions never move unless
+        # --with releases them), as `uv pip install` into the image keeps them; a base pin the overlay does
+        # not reach is not re-resolved: the published images are not pip-consistent as a whole (a step
+        # installed with --no-deps, or a later step moving a pin an earlier package needed).
+        sources = [tmp / "overlay.in"]
         if prefer:  # uv reads an existing output file as preferences
             (tmp / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(prefer.items())))
         common = dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
-                      no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=tmp)
+                      no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=tmp, constraints=[tmp / "base.in"])
         if base.uv_overrides:  # the image's UV_OVERRIDE applies to any `uv pip install` in it: the overlay's too
             (tmp / "base-overrides.txt").write_text("\n".join(base.uv_overrides) + "\n")
             common["overrides"] = [tmp / "base-overrides.txt"]
@@ -786,7 +790,8 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
                 def attempt(extra: list[str]) -> tuple[bool, str, dict]:
                     (tmp / "try-overlay.in").write_text("\n".join(resolving + extra) + "\n")
                     (tmp / "try-base.in").write_text("\n".join(base_requirements(base, parse_overlay(resolving + extra))) + "\n")
-                    r = uv.compile([tmp / "try-overlay.in", tmp / "try-base.in"], tmp / "try.txt", **common)
+                    r = uv.compile([tmp / "try-overlay.in"], tmp / "try.txt",
+                                   **{**common, "constraints": [tmp / "try-base.in"]})
                     if r.returncode == 0:
                         return True, "", parse_uv_requirements((tmp / "try.txt").read_text())
                     if not _is_resolution_failure(r.stderr):
@@ -806,7 +811,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
             # again, constrained to exactly the resolution just made (so both runs agree)
             say("collecting wheel URLs and hashes for the base's platform (uv, from cache)")
             (tmp / "pylock.toml").unlink(missing_ok=True)
-            pinned = {**pylock_args, "constraints": [tmp / "requirements.txt"]}
+            pinned = {**pylock_args, "constraints": [tmp / "base.in", tmp / "requirements.txt"]}
             r2 = uv.compile(sources, tmp / "pylock.toml", **pinned)
             if r2.returncode != 0:  # cache incomplete: same resolution online
                 r2 = uv.compile(sources, tmp / "pylock.toml", **{**pinned, "offline": False})

@@ -253,3 +253,28 @@ def test_the_shipped_releases_facts_as_their_files_say():
                if s["n"] > 1 and s["replay"] != "uninstall")  # the pip step before the file is written has none
     assert "overrides" not in json.dumps(steps["0.26.0"])  # no NCCL_VERSION before 0.27.0
     assert t["0.26.0"].get("image_overrides", []) == [] and t["0.33.0"]["image_overrides"] == ["nvidia-nccl-cu13==2.31.2"]
+
+
+def test_the_sdist_is_downloaded_once_and_then_read_from_the_cache_by_its_recorded_sha256(sdist_index, tmp_path,
+                                                                                        monkeypatch):
+    from builder.resolve import sdist
+
+    out = tmp_path / "recipes.toml"
+    r = CliRunner().invoke(main, ["base", "recipe", "--vllm", "0.99.0", "--write", "--recipes", str(out)],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    monkeypatch.setenv("UV_DEFAULT_INDEX", "http://127.0.0.1:9/simple")  # nothing listens: no index asked
+    r = CliRunner().invoke(main, ["base", "recipe", "--vllm", "0.99.0", "--json", "--recipes", str(out)],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    sha = R.parse_recipes(out.read_text())["0.99.0"]["sdist_sha256"]
+    path, ref = sdist.sdist_file("0.99.0", sha256=sha)
+    assert ref.sha256 == sha and path.read_bytes() == sdist_index.read_bytes()
+
+
+def test_an_index_hash_other_than_the_recorded_one_is_an_integrity_error(sdist_index):
+    from builder.errors import IntegrityError
+    from builder.resolve import sdist
+
+    with pytest.raises(IntegrityError, match="the index lists vllm-0.99.0.tar.gz with sha256"):
+        sdist.sdist_file("0.99.0", sha256="f" * 64)

@@ -138,8 +138,17 @@ def wheel_requirement(wheel: Path | None, name: str) -> str | None:
 
 def base_moves(a: BaseManifest, b: BaseManifest, *, a_wheel: Path | None = None, b_wheel: Path | None = None) -> list[Move]:
     """Pure but for reading two wheels' METADATA: what moves in the base image from A to B."""
-    moves = [Move("python", a.python_version, b.python_version), Move("glibc", a.glibc, b.glibc),
-             Move("CUDA", a.cuda, b.cuda), Move("platform", a.platform, b.platform)]
+    def os_of(m: BaseManifest) -> str | None:
+        return m.os.split(" (")[0] if m.os else None
+
+    def listed(items) -> str | None:
+        return ", ".join(sorted(items)) or None
+
+    moves = [Move("python", a.python_version, b.python_version), Move("OS", os_of(a), os_of(b)),
+             Move("glibc", a.glibc, b.glibc), Move("CUDA", a.cuda, b.cuda), Move("platform", a.platform, b.platform),
+             # derived from each release's build files: the image's uv overrides, what the manifest cannot version
+             Move("image uv overrides", listed(a.uv_overrides or []), listed(b.uv_overrides or [])),
+             Move("unversioned in the image", listed(a.unversioned), listed(b.unversioned))]
     for name in KEY_DISTS:
         da, db = a.get(name), b.get(name)
         if da is None and db is None:

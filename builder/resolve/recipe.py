@@ -197,8 +197,8 @@ class Recipe:
         return {
             "off_index": off + [f"{d.value} ({', '.join(map(str, d.where))})" for d in self.off_index_fetches],
             "source_builds": src,
-            "other_indexes": [f"{u}: the replay resolves from the Python index only; a file this index serves "
-                              f"(e.g. a +cu local build of torch) is absent" for u in idx],
+            "other_indexes": [f"{u}: not asked (the replay resolves from the Python index only): a file only it "
+                              "serves is absent, or replaced by the index's build of the same version" for u in idx],
             "os_packages": [d.value for d in self.os_packages],
         }
 

@@ -282,7 +282,7 @@ def provenance_text(recipe: Recipe, *, uv_version: str, uploaded: datetime, inst
         f"step seeing what the earlier ones installed; the exclude-newer instant is the vllm {recipe.vllm} "
         f"wheel's upload time on the index, {uploaded.isoformat()}, rounded up), then the binary scan of "
         f"`build-image base snapshot --site-packages DIR`. Each step, its source line and what it moved are in "
-        f"provenance.steps. Knowingly different from the real image: " + "; ".join(diff) + "."
+        f"provenance.recipe.steps. Knowingly different from the real image: " + "; ".join(diff) + "."
     )
 
 

@@ -126,6 +126,17 @@ def test_plan_step_from_what_the_tree_holds():
     assert plan_step(un, {}, {}).action == "skip"
 
 
+def test_unmet_requirements_of_a_tree():
+    from builder.resolve.abi import target_environment
+    from builder.resolve.reconstruct import unmet_requirements
+
+    tree = {"nixl": ("1.3.1", ["nixl-cu13==1.3.1", 'extra-only; extra == "x"']), "nixl-cu13": ("1.3.2", []),
+            "a": ("1", ['old>=2; python_version < "3.0"', "gone"])}
+    assert unmet_requirements(tree, target_environment("3.12")) == [
+        "a 1 requires gone, which the image does not hold",
+        "nixl 1.3.1 requires nixl-cu13==1.3.1, the image holds nixl-cu13 1.3.2"]
+
+
 def test_pure_helpers_of_the_replay(tmp_path):
     assert moved({"a": "1", "b": "2", "c": "3"}, {"a": "1", "b": "1", "d": "4"}) == {"b": "2 -> 1", "c": "-3", "d": "+4"}
     assert sanitized_requirements("a\n--extra-index-url https://x/\nb\n").splitlines()[1].startswith("# (index option")
@@ -179,6 +190,7 @@ def test_reconstruct_replays_the_steps_in_order_and_a_later_step_moves_an_earlie
     assert set(m.unversioned) == {"jit-cache", "jit-cubin"}  # another index's wheel, a pin only it serves
     assert any("jit-cubin==1.0 (requirements/cuda.txt:3" in x for x in m.lacks["off_index"])
     assert "python3.12" in m.lacks["os_packages"] and "unverified" not in m.provenance_method
+    assert m.provenance_recipe["unmet_requirements"] == []  # purepkg 1.0.0 still satisfies vllm's requirement
     assert {"index", "install", "scan", "recipe"} <= set(doc["timings"])
 
 

@@ -168,6 +168,45 @@ def installed_in(target: Path) -> dict[str, str]:
     return out
 
 
+def unmet_requirements(requires: Mapping[str, tuple[str, list[str]]], env: Mapping[str, str]) -> list[str]:
+    """What the tree's own distributions require and the tree does not satisfy (pure): ``requires`` maps a
+    canonical name to (its version, its Requires-Dist lines); markers are evaluated for ``env`` (no extras)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    versions = {k: v for k, (v, _r) in requires.items()}
+    out = []
+    for key in sorted(requires):
+        version, lines = requires[key]
+        for line in lines:
+            try:
+                r = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if r.marker is not None and not r.marker.evaluate(dict(env)):
+                continue
+            have = versions.get(canonical_name(r.name))
+            if have is None:
+                out.append(f"{key} {version} requires {r}, which the image does not hold")
+            elif r.specifier and not r.specifier.contains(have, prereleases=True):
+                out.append(f"{key} {version} requires {r}, the image holds {canonical_name(r.name)} {have}")
+    return out
+
+
+def requirements_in(target: Path) -> dict[str, tuple[str, list[str]]]:
+    """Canonical name → (version, Requires-Dist lines) of the distributions in a tree (reads METADATA)."""
+    from email.parser import HeaderParser
+
+    out: dict[str, tuple[str, list[str]]] = {}
+    for d in target.glob("*.dist-info"):
+        try:
+            msg = HeaderParser().parsestr((d / "METADATA").read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+        if msg.get("Name") and msg.get("Version"):
+            out[canonical_name(msg["Name"])] = (msg["Version"], list(msg.get_all("Requires-Dist") or []))
+    return out
+
+
 def moved(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, str]:
     """What one step changed: name → "old -> new", "+new" (added) or "-old" (removed) (pure)."""
     out: dict[str, str] = {}
@@ -249,7 +288,7 @@ def install_args(plan: StepPlan, src: Path, work: Path, n: int, *, exclude_newer
 
 
 def provenance_text(recipe: Recipe, *, uv_version: str, uploaded: datetime, instant: str, day: str,
-                    cuda_found: str | None, lacks: dict | None = None) -> str:
+                    cuda_found: str | None, lacks: dict | None = None, unmet: list[str] | None = None) -> str:
     """What the manifest's ``provenance.method`` says (pure)."""
     n_replayed = sum(1 for s in recipe.steps if s.replay in ("index", "uninstall"))
     lacks = lacks or recipe.lacks()
@@ -272,6 +311,10 @@ def provenance_text(recipe: Recipe, *, uv_version: str, uploaded: datetime, inst
     ]
     if cuda_found and cuda_found != recipe.cuda.value:
         diff.append(f"the tree's nvidia-cuda-runtime says CUDA {cuda_found}, the recipe {recipe.cuda.value}")
+    if unmet:
+        diff.append(f"not different but worth knowing: as replayed, the tree leaves {len(unmet)} requirement(s) of its "
+                    "own distributions unmet (a --no-deps reinstall, a later step moving a pin an earlier package "
+                    "needed), listed in provenance.recipe.unmet_requirements")
     return (
         f"Reconstructed, not read from the image ({recipe.image} cannot be pulled here). On {day} with uv "
         f"{uv_version}: the {len(recipe.steps)} install steps of the release's docker/Dockerfile (target "
@@ -448,8 +491,13 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
             platform=recipe.platform, image_ref=recipe.image, os_name=f"{recipe.os.value} ({recipe.final_base_image.value})",
             site_packages_label=recipe.site_packages.value, method="-")
         timings["scan"] = time.monotonic() - t0
+        from builder.resolve.abi import target_environment
+
+        unmet = unmet_requirements(requirements_in(target), target_environment(recipe.python.value))
         manifest.provenance_recipe = {"sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},
-                                      "exclude_newer": instant, "steps": records}
+                                      "exclude_newer": instant, "steps": records,
+                                      # the replayed tree is not pip-consistent where the image's steps leave it so
+                                      "unmet_requirements": unmet}
         lacks = recipe.lacks()
         unversioned = recipe.unversioned_names()
         for name, version, where, idx in absent:
@@ -462,7 +510,7 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
                                           f"is left out: a later step replaces it ({unversioned[name]})")
         manifest.provenance_method = provenance_text(
             recipe, uv_version=uv.version(), uploaded=uploaded, instant=instant, cuda_found=_cuda_of(manifest),
-            day=datetime.now(timezone.utc).strftime("%Y-%m-%d"), lacks=lacks)
+            day=datetime.now(timezone.utc).strftime("%Y-%m-%d"), lacks=lacks, unmet=unmet)
         manifest.lacks = {**lacks, "unversioned": unversioned}
         manifest.uv_overrides = [d.value for d in recipe.image_overrides] or None
         files_n = sum(1 for _ in target.rglob("*")) if keep is not None else 0

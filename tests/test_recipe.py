@@ -278,3 +278,13 @@ def test_an_index_hash_other_than_the_recorded_one_is_an_integrity_error(sdist_i
 
     with pytest.raises(IntegrityError, match="the index lists vllm-0.99.0.tar.gz with sha256"):
         sdist.sdist_file("0.99.0", sha256="f" * 64)
+
+
+@pytest.mark.parametrize("mangle", [
+    lambda d: d.replace('ENV UV_OVERRIDE=/etc/uv-overrides.txt', 'ENV UV_OVERRIDE="/etc/uv-overrides.txt'),
+    lambda d: d.replace("RUN python3 -m pip install uv", "RUN python3 -m pip install 'uv"),
+    lambda d: d.replace("ARG PYTHON_VERSION=3.12\n", ""),
+])
+def test_mangled_build_files_are_bad_input_never_an_internal_error(mangle):
+    with pytest.raises(BadInput, match="vllm-0.99.0.tar.gz|docker/Dockerfile"):
+        derive(dockerfile=mangle(DOCKERFILE))

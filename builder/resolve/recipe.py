@@ -1339,7 +1339,15 @@ def _numbered(steps: list[Step], files: BuildFiles) -> tuple[Step, ...]:
 
 
 def derive(files: BuildFiles) -> Recipe:
-    """The recipe of ``files.vllm``'s published image (pure; :class:`BadInput` on what the files lack)."""
+    """The recipe of ``files.vllm``'s published image (pure; :class:`BadInput` on what the files lack, and on
+    text the readers cannot take apart: an unbalanced quote, a malformed instruction)."""
+    try:
+        return _derive(files)
+    except (ValueError, IndexError, KeyError) as exc:
+        raise BadInput(f"{files.sdist.filename}: its build files cannot be read ({type(exc).__name__}: {exc}).") from None
+
+
+def _derive(files: BuildFiles) -> Recipe:
     step = release_step(files.text(PIPELINE, "the release pipeline"))
     if step.target != TARGET:
         raise BadInput(f"{PIPELINE}:{step.label.where[0].line}: step {RELEASE_STEP!r} builds target {step.target!r}, "

@@ -138,7 +138,8 @@ def test_unmet_requirements_of_a_tree():
 
 
 def test_pure_helpers_of_the_replay(tmp_path):
-    assert moved({"a": "1", "b": "2", "c": "3"}, {"a": "1", "b": "1", "d": "4"}) == {"b": "2 -> 1", "c": "-3", "d": "+4"}
+    assert moved({"a": "1", "b": "2", "c": "3"}, {"a": "1", "b": "1", "d": "4"}) == {
+        "b": "2 -> 1", "c": "-3", "d": "+4"}
     assert sanitized_requirements("a\n--extra-index-url https://x/\nb\n").splitlines()[1].startswith("# (index option")
     assert drop_lines("a\nb\n", {2}, "why") == "a\n# (why) b\n"
     assert pinned_in_index_files(REQS, ("requirements/cuda.txt",)) == [
@@ -185,7 +186,8 @@ def test_reconstruct_replays_the_steps_in_order_and_a_later_step_moves_an_earlie
     steps = m.provenance_recipe["steps"]
     assert m.provenance_recipe["sdist"]["filename"] == "vllm-0.99.0.tar.gz"
     assert [s["action"] for s in steps] == ["install", "skip", "install", "install", "install"]
-    assert steps[0]["moved"]["purepkg"] == "+1.2.0" and steps[4]["moved"] == {"kvpin": "+1.0.0", "purepkg": "1.2.0 -> 1.0.0"}
+    assert steps[0]["moved"]["purepkg"] == "+1.2.0"
+    assert steps[4]["moved"] == {"kvpin": "+1.0.0", "purepkg": "1.2.0 -> 1.0.0"}
     assert "--override step1-overrides.txt" in steps[0]["command"] and steps[0]["overrides"] == ["numpy==1.26.4"]
     assert set(m.unversioned) == {"jit-cache", "jit-cubin"}  # another index's wheel, a pin only it serves
     assert any("jit-cubin==1.0 (requirements/cuda.txt:3" in x for x in m.lacks["off_index"])

@@ -120,8 +120,8 @@ def recipe_cmd(vllm, as_json, write, recipes):
     file and line.  Exit codes: 0; 2 the sdist is missing or lacks the target, stage or release step;
     7 index unreachable or a download failed its sha256."""
     from builder.resolve import sdist
-    from builder.resolve.reconstruct import default_recipes_path
     from builder.resolve.recipe import RECIPES_SCHEMA, derive, parse_recipes, recipe_table, render_recipes
+    from builder.resolve.reconstruct import default_recipes_path
     from builder.util import atomic_write_text
 
     path = recipes or default_recipes_path()

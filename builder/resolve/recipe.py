@@ -32,8 +32,8 @@ from __future__ import annotations
 import io
 import re
 import shlex
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Callable, Iterable, Mapping
 
 from builder.errors import BadInput
 
@@ -51,7 +51,8 @@ UBUNTU_GLIBC_SOURCE = "Ubuntu's libc6 package of that release (focal 2.31, jammy
 
 # Wheels the image builds from source in another stage: the distributions they install.
 SOURCE_BUILDS = {
-    "ep_kernels/dist/*.whl": ("deep-ep", "DeepEP built from git in stage extensions-build (tools/ep_kernels/install_python_libraries.sh)"),
+    "ep_kernels/dist/*.whl": ("deep-ep", "DeepEP built from git in stage extensions-build "
+                                         "(tools/ep_kernels/install_python_libraries.sh)"),
 }
 # Commands inside an interpreted RUN that bring files from outside the Python indexes.
 OFF_INDEX_COMMANDS = {
@@ -257,7 +258,8 @@ def release_step(text: str, path: str = PIPELINE, label: str = RELEASE_STEP) -> 
     if step is None:
         raise BadInput(f"{path} has no step labelled {label!r} (the step that builds the published image).")
     lines = text.splitlines()
-    label_line = next((i + 1 for i, ln in enumerate(lines) if re.search(r"label:\s*[\"']?" + re.escape(label) + r"[\"']?\s*$", ln)), 1)
+    label_re = re.compile(r"label:\s*[\"']?" + re.escape(label) + r"[\"']?\s*$")
+    label_line = next((i + 1 for i, ln in enumerate(lines) if label_re.search(ln)), 1)
     env.update({k: str(v) for k, v in (step.get("env") or {}).items()})
     cmds = step.get("commands") or step.get("command") or []
     if isinstance(cmds, str):
@@ -365,7 +367,8 @@ def stage_chain(stages: tuple[Stage, ...], target: str, path: str = DOCKERFILE) 
     """The target stage and the stages it is built FROM, root first (pure)."""
     by = {s.name: s for s in stages if s.name}
     if target not in by:
-        raise BadInput(f"{path} has no stage {target!r} (stages: {', '.join(s.name for s in stages if s.name) or 'none'}).")
+        names = ", ".join(s.name for s in stages if s.name) or "none"
+        raise BadInput(f"{path} has no stage {target!r} (stages: {names}).")
     chain: list[Stage] = []
     cur: Stage | None = by[target]
     while cur is not None:
@@ -427,7 +430,8 @@ def _majmin(m, get):
     return ".".join(get(m.group(1)).split(".")[:2])
 
 
-@_substitution("installed version", r"""^python3 -c "import importlib\.metadata as m; print\(m\.version\('([\w.-]+)'\)\)"( 2>/dev/null)?( \|\| true)?$""")
+@_substitution("installed version", r"""^python3 -c "import importlib\.metadata as m; """
+                                    r"""print\(m\.version\('([\w.-]+)'\)\)"( 2>/dev/null)?( \|\| true)?$""")
 def _installed(m, get):
     return INSTALLED.format(m.group(1))
 
@@ -810,7 +814,8 @@ def _relevant(node) -> bool:
     """Whether a subtree installs, uninstalls or writes a file (a condition on it then matters)."""
     if isinstance(node, Cmd):
         s = " ".join(node.words)
-        return bool(re.search(r"\bpip\b", s)) or bool(node.redirects) or (len(node.words) >= 2 and node.words[0] == "touch")
+        touches = len(node.words) >= 2 and node.words[0] == "touch"
+        return bool(re.search(r"\bpip\b", s)) or bool(node.redirects) or touches
     if isinstance(node, Opaque):
         return bool(re.search(r"\bpip\b", node.text))
     if isinstance(node, (Seq,)):
@@ -820,7 +825,8 @@ def _relevant(node) -> bool:
     if isinstance(node, Pipe):
         return any(_relevant(x) for x in node.cmds)
     if isinstance(node, If):
-        return any(_relevant(c) or _relevant(b) for c, b in node.branches) or (node.otherwise is not None and _relevant(node.otherwise))
+        return any(_relevant(c) or _relevant(b) for c, b in node.branches) or (
+            node.otherwise is not None and _relevant(node.otherwise))
     if isinstance(node, Group):
         return _relevant(node.body)
     return False
@@ -1092,7 +1098,8 @@ def _install_step(installer: str, args: list[str], ctx: _Ctx) -> Step:
             parts = fname[:-4].split("-")
             name = re.sub(r"[-_.]+", "-", parts[0]).lower()
             return Step(replay="off-index", names=(name,), requirements=(w,),
-                        note=f"{name} {parts[1] if len(parts) > 1 else '?'} from a URL off the index ({fname})", **common)
+                        note=f"{name} {parts[1] if len(parts) > 1 else '?'} from a URL off the index ({fname})",
+                        **common)
         raise Unknown(f"install of {w}")
     if index_url and not _is_python_index(index_url):
         names = tuple(re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs)
@@ -1344,7 +1351,8 @@ def derive(files: BuildFiles) -> Recipe:
     try:
         return _derive(files)
     except (ValueError, IndexError, KeyError) as exc:
-        raise BadInput(f"{files.sdist.filename}: its build files cannot be read ({type(exc).__name__}: {exc}).") from None
+        raise BadInput(f"{files.sdist.filename}: its build files cannot be read "
+                       f"({type(exc).__name__}: {exc}).") from None
 
 
 def _derive(files: BuildFiles) -> Recipe:

@@ -135,8 +135,8 @@ def pinned_in_index_files(files: Mapping[str, str], paths: tuple[str, ...]) -> l
             return
         seen.add(p)
         lines = files[p].splitlines()
-        idx = next((m.group(2) for ln in lines for m in [re.match(r"^\s*(--extra-index-url|--index-url|-i)[\s=]+(\S+)", ln)]
-                    if m), None)
+        index_opt = re.compile(r"^\s*(--extra-index-url|--index-url|-i)[\s=]+(\S+)")
+        idx = next((m.group(2) for ln in lines for m in [index_opt.match(ln)] if m), None)
         for i, ln in enumerate(lines, 1):
             body = re.split(r"\s+#|^#", ln, maxsplit=1)[0].strip()
             m = re.match(r"^(-r|--requirement)[\s=]+(\S+)", body)
@@ -269,7 +269,8 @@ def plan_step(step: Step, installed: Mapping[str, str], captured: Mapping[str, s
                     constraint_pins=pins, overrides=step.overrides, flags=tuple(dict.fromkeys(flags)))
 
 
-def install_args(plan: StepPlan, src: Path, work: Path, n: int, *, exclude_newer: str, index_args: list[str]) -> list[str]:
+def install_args(plan: StepPlan, src: Path, work: Path, n: int, *, exclude_newer: str,
+                 index_args: list[str]) -> list[str]:
     """uv arguments of an install plan; writes its pin files under ``work`` (the replay's scratch)."""
     args = ["--exclude-newer", exclude_newer, *index_args]
     if plan.overrides:
@@ -488,7 +489,8 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
         t0 = time.monotonic()
         manifest = snapshot_site_packages(
             target, python=recipe.python.value, glibc=recipe.glibc.value, cuda=recipe.cuda.value,
-            platform=recipe.platform, image_ref=recipe.image, os_name=f"{recipe.os.value} ({recipe.final_base_image.value})",
+            platform=recipe.platform, image_ref=recipe.image,
+            os_name=f"{recipe.os.value} ({recipe.final_base_image.value})",
             site_packages_label=recipe.site_packages.value, method="-")
         timings["scan"] = time.monotonic() - t0
         from builder.resolve.abi import target_environment

@@ -24,7 +24,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from builder import engine as engine_adapter
 from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
+from builder.image.build import build_image, missing_bases
+from builder.image.push import push_image
+from builder.image.render import build_hint, render_context, render_inputs
+from builder.patching.series import require_series
+from builder.resolve import base as base_snapshot
+from builder.resolve.base import repo_of
+from builder.resolve.baseref import ResolvedBase, classify, resolve_base
+from builder.resolve.floor import compare
+from builder.resolve.lockstage import run_lock
+from builder.serving.kuberay import render_manifests, write_manifests
+from builder.serving.smoke import checkpoint_ready, config_from_serving, preflight_plan, render_text, run_smoke
+from builder.spec import check_vllm_version
+from builder.validate import version_string
 
 
 @dataclass(frozen=True)
@@ -43,6 +57,7 @@ class PipelineRequest:
     smoke: bool = False
     model: str | None = None
     pull: bool = False
+    allow_base_drift: bool = False
 
     def check(self) -> None:
         """Contradictory or incomplete flags: BadInput before any work."""
@@ -94,8 +109,6 @@ def preflight(req: PipelineRequest, console) -> dict | None:
     """Before anything is locked, built or booted (``--smoke``): the checkpoint is ready and the
     memory plan fits the serving settings, else refused here with the plan's numbers (zero GPU
     and build time).  The plan is handed to the smoke stage, which does not compute it again."""
-    from builder.serving.smoke import checkpoint_ready, config_from_serving, preflight_plan
-
     cfg = config_from_serving(req.spec.serving, model=req.model, vllm=req.spec.vllm)  # the release's plan facts
 
     def say(m: str) -> None:
@@ -115,34 +128,129 @@ def preflight(req: PipelineRequest, console) -> dict | None:
     return plan
 
 
+@dataclass(frozen=True)
+class HeldBase:
+    """The base manifest's image, held by the engine: what :func:`verify_base` snapshots."""
+
+    resolved: Any                   # builder.resolve.baseref.ResolvedBase (the shipped or given manifest)
+    ref: str                        # the manifest's pinned reference, as the engine holds it
+    image_id: str
+    digest: str | None              # the registry digest the engine knows for it, if any
+
+
+@dataclass(frozen=True)
+class BaseCheck:
+    """What :func:`verify_base` found: ``verified`` (the manifest describes the image) or ``drift``
+    (``differences``; the lock is then made against ``base``, the snapshot)."""
+
+    status: str                     # verified | drift
+    base: Any                       # the ResolvedBase the lock uses
+    ref: str
+    image: str                      # digest (or image ID) the manifest was compared with
+    differences: tuple[str, ...]
+    seconds: float
+    reused: bool                    # the snapshot came from the cache (same image ID)
+
+    def to_dict(self, context: Path) -> dict:
+        return {"status": self.status, "image": self.ref, "against": self.image, "differences": list(self.differences),
+                "snapshot_s": self.seconds, "snapshot_reused": self.reused,
+                "manifest": str(Path(context) / "checks" / "base-manifest.json")}
+
+
+def base_held_by_engine(spec, engine) -> HeldBase | None:
+    """The spec's base manifest (shipped or a file) and its image, when the engine is reachable and
+    holds that image; None otherwise (no engine, image not there, a manifest without a reference)."""
+    if classify(spec.base) == "image":
+        return None
+    resolved = resolve_base(spec.base, spec.vllm)
+    ref = resolved.manifest.pinned_ref
+    if not ref:
+        return None
+    try:
+        engine.ping()
+        info = engine.inspect(ref)
+    except EngineUnavailable:
+        return None
+    if info is None:
+        return None
+    digest = ref.split("@", 1)[1] if "@" in ref else next(
+        (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and repo_of(d) == repo_of(ref)), None)
+    return HeldBase(resolved=resolved, ref=ref, image_id=info.id, digest=digest)
+
+
+def verify_base(held: HeldBase, tell) -> BaseCheck:
+    """Snapshot the held base (cached by image ID) and compare it with its manifest: the same ->
+    ``verified``, the manifest kept; different -> ``drift``, each difference told, and the lock made
+    against the snapshot (a ``ResolvedBase`` of kind ``image``)."""
+    t0 = time.monotonic()
+    snap, reused = base_snapshot.snapshot_cached(held.ref, image_id=held.image_id)
+    seconds = round(time.monotonic() - t0, 2)
+    against = held.digest or f"image {held.image_id}"
+    diffs = tuple(compare(held.resolved.manifest, snap))
+    how = f"snapshot {'reused' if reused else 'taken'} in {seconds}s"
+    if not diffs:
+        tell(f"base manifest verified against {against} ({how})")
+        return BaseCheck(status="verified", base=held.resolved, ref=held.ref, image=against, differences=(),
+                         seconds=seconds, reused=reused)
+    tell(f"base manifest {held.resolved.label} differs from the image {held.ref} ({against}; {how}) in "
+         f"{len(diffs)} place(s):\n" + "\n".join(f"  - {d}" for d in diffs)
+         + "\nlocking against the snapshot of the real image (shipped in the context as checks/base-manifest.json).")
+    text = snap.to_json()
+    snapshot = ResolvedBase(manifest=snap, data=text.encode("utf-8"), label=f"snapshot of {held.ref}", kind="image")
+    return BaseCheck(status="drift", base=snapshot, ref=held.ref, image=against, differences=diffs,
+                     seconds=seconds, reused=reused)
+
+
+def _base_note(checked: BaseCheck | None) -> str | None:
+    """What the SBOM and the provenance say about a manifest the pipeline replaced with its snapshot."""
+    if checked is None or checked.status != "drift":
+        return None
+    return (f"snapshot of the local image {checked.ref} ({checked.image}) taken by the pipeline, which found the "
+            f"base manifest differing from it in {len(checked.differences)} place(s)")
+
+
+def check_release_input(spec) -> None:
+    """The release the pipeline builds: a version (never a word or a path), and, on the shipped base
+    (no ``--base``), one this checkout has a base manifest for: exit 2 naming the known releases, before
+    the patch series, the lock or anything else is looked at."""
+    where = "--vllm" if not spec.source else f"--vllm / {spec.source} 'vllm'"
+    version_string(spec.vllm, where=where)
+    if classify(spec.base) == "default":
+        check_vllm_version(spec.vllm, where=where)
+
+
 def _dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
 def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     """Run the stages in order, each on the previous one's result (see the module doc)."""
-    from builder.image.render import build_hint, render_context, render_inputs
-    from builder.resolve.baseref import classify, resolve_base
-    from builder.resolve.lockstage import run_lock
-
     req.check()
+    check_release_input(req.spec)
     spec, out = req.spec, req.out
     if not req.series and not req.no_patches:  # before any lock or download: a release nobody ported patches to
-        from builder.patching.series import require_series
 
         require_series(spec.vllm)
     t_all = time.monotonic()
     plan = preflight(req, console) if req.smoke else None
-    stages = Stages(console, 3 + int(req.push) + int(req.smoke) + int(classify(spec.base) == "image"))
+    engine = engine or engine_adapter.get_engine()
+    held = base_held_by_engine(spec, engine)
+    base_stage = classify(spec.base) == "image" or held is not None
+    stages = Stages(console, 3 + int(req.push) + int(req.smoke) + int(base_stage))
     summary: dict = {"vllm": spec.vllm, "context": str(out), "stages_s": stages.times}
 
     def tell(msg: str) -> None:
         console.print(msg, highlight=False, markup=False, soft_wrap=True)
 
-    base = None
+    base, checked = None, None
     if classify(spec.base) == "image":
         with stages.stage("base", f"snapshot {spec.base}"):
             base = resolve_base(spec.base, spec.vllm)
+    elif held is not None:
+        with stages.stage("base", f"verify the manifest against {held.ref} (the engine holds it)"):
+            checked = verify_base(held, tell)
+            base = checked.base
+            summary["base_check"] = checked.to_dict(out)
     with stages.stage("lock", f"{spec.lock_path} (reused when up to date; ABI gate on a new resolution)"):
         locked = run_lock(spec, default_overlay=req.default_overlay, base=base,
                           progress=lambda m: tell(f"lock: {m}"), on_message=tell)
@@ -153,7 +261,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     summary["lock_hash"] = locked.lock_hash
 
     if req.kuberay:  # bad serving settings fail here (exit 2, before the context is written), not after the build
-        from builder.serving.kuberay import render_manifests
 
         render_manifests(lock=lock, spec=spec, image="build-image.invalid/check:kuberay", allow_tag=True, base=manifest)
 
@@ -167,8 +274,9 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     with stages.stage("patch+render", f"patch check, wheelhouse, context -> {out}"):
         t0 = time.monotonic()
         rendered = render_context(vllm=spec.vllm, base=manifest, lock=lock, lock_text=inputs.lock_text, out_dir=out,
-                                  series_dir=req.series, vllm_wheel=req.wheel, repo=spec.repo, spec=spec,
-                                  no_patches=req.no_patches, on_step=on_step)
+                                  series_dir=req.series, vllm_wheel=req.wheel, repo=spec.repo,
+                                  no_patches=req.no_patches, on_step=on_step, base_data=inputs.base_data,
+                                  allow_base_drift=req.allow_base_drift, base_note=_base_note(checked))
     if "wheelhouse" in marks:  # split the stage: patch check+apply, then wheelhouse + context
         both = stages.times.pop("patch+render")
         stages.times["patch"] = round(marks["wheelhouse"] - marks.get("patch", t0), 2)
@@ -177,8 +285,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
                    base=manifest.pinned_ref)
 
     def write_kuberay(image: str, allow_tag: bool) -> None:
-        from builder.serving.kuberay import write_manifests
-
         paths = write_manifests(out, lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=manifest)
         summary["kuberay"] = [str(p) for p in paths]
         if allow_tag and "@sha256:" not in image:
@@ -194,10 +300,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
         return PipelineResult(status="rendered", summary=summary, locked=locked, rendered=rendered,
                               error=error if wanted else None, notice=notice)
 
-    from builder.engine import get_engine
-    from builder.image.build import build_image, missing_bases
-
-    engine = engine or get_engine()
     try:
         engine.ping()
     except EngineUnavailable as exc:
@@ -223,12 +325,14 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
                             on_step=lambda s: console.print("build: " + s, markup=False, highlight=False,
                                                             soft_wrap=True))
     summary.update(image_id=built.image_id, image_bytes=built.size_bytes, cached_steps=built.cached_steps)
+    for line in built.warnings:  # allowed base drift, listed by the checks stage
+        console.print(f"build warning: {line}", highlight=False, markup=False, soft_wrap=True)
+    if built.warnings:
+        summary["build_warnings"] = list(built.warnings)
     image_for_later = rendered.tags[0]
 
     pushed = None
     if req.push:
-        from builder.image.push import push_image
-
         with stages.stage("push", f"{', '.join(rendered.tags)}"):
             pushed = push_image(rendered.tags, force=req.force, engine=engine, context=rendered.out_dir,
                                 on_step=lambda s: console.print(f"push: {s}", markup=False, highlight=False))
@@ -238,8 +342,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
         write_kuberay(image_for_later, allow_tag=not req.push)
     rep, error = None, None
     if req.smoke:
-        from builder.serving.smoke import config_from_serving, render_text, run_smoke
-
         with stages.stage("smoke", f"{image_for_later} with {req.model}"):
             rep = run_smoke(config_from_serving(spec.serving, model=req.model, image=image_for_later, vllm=spec.vllm),
                             progress=lambda m: console.print(f"  smoke: {m}", highlight=False, markup=False),

@@ -452,7 +452,7 @@ def test_snapshot_to_an_unwritable_path_is_bad_input_not_a_traceback(tmp_path, m
     res = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12",
                                     "--glibc", "2.35", "-o", str(out / "base.json")])
     assert res.exit_code == 2, res.output
-    assert "cannot write the manifest" in res.output and str(out / "base.json") in res.output
+    assert "cannot write" in res.output and str(out / "base.json") in res.output
     assert out.read_text() == "x"
 
 

@@ -127,12 +127,12 @@ def test_plan_step_from_what_the_tree_holds():
 
 
 def test_unmet_requirements_of_a_tree():
-    from builder.resolve.abi import target_environment
+    from builder.resolve.manifest import target_environment
     from builder.resolve.reconstruct import unmet_requirements
 
     tree = {"nixl": ("1.3.1", ["nixl-cu13==1.3.1", 'extra-only; extra == "x"']), "nixl-cu13": ("1.3.2", []),
             "a": ("1", ['old>=2; python_version < "3.0"', "gone"])}
-    assert unmet_requirements(tree, target_environment("3.12")) == [
+    assert unmet_requirements(tree, target_environment("3.12", "x86_64-manylinux_2_35")) == [
         "a 1 requires gone, which the image does not hold",
         "nixl 1.3.1 requires nixl-cu13==1.3.1, the image holds nixl-cu13 1.3.2"]
 

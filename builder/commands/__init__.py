@@ -1,7 +1,9 @@
 """One click command (or group) per module; builder.cli registers them.
 
 Each command parses its flags, calls one stage function in ``builder/``, prints and
-maps the outcome to an exit code; no command imports or invokes another."""
+maps the outcome to an exit code; no command imports or invokes another.  A command imports
+its stage inside its function: ``build-image --help`` imports every command module to list it,
+and a stage (with its dependencies) loads only when its command runs."""
 
 
 def stderr_console(**kw):
@@ -15,3 +17,19 @@ def stderr_console(**kw):
     if not console.is_terminal:
         console.soft_wrap = True
     return console
+
+
+def mark_direction(text: str, fmt: str, direction: str, from_version: str, to_version: str) -> str:
+    """A report (``upgrade``, ``patch port``) of a downgrade says so first (text, markdown) or carries
+    ``"direction": "downgrade"`` (json); an upgrade's report is unchanged."""
+    if direction != "downgrade":
+        return text
+    if fmt == "json":
+        import json
+
+        doc = json.loads(text)
+        if isinstance(doc, dict):
+            doc = {"direction": "downgrade", **doc}
+        return json.dumps(doc, indent=2) + "\n"
+    line = f"DOWNGRADE: vllm {from_version} -> {to_version} ({to_version} is the older release)"
+    return (f"**{line}**\n\n" if fmt == "markdown" else f"{line}\n") + text

@@ -9,6 +9,9 @@ import click
 
 from builder.errors import BadInput
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 def _progress():
     """A rich progress bar on stderr (quiet when stderr is not a terminal)."""
@@ -50,7 +53,9 @@ def command() -> None:
 @click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path, dir_okay=False),
               help="Manifest file to write (JSON, atomically).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
-def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_name, as_path, method, output, as_json):
+@click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote.")
+def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_name, as_path, method, output, as_json,
+             force=False):
     """Write a base manifest from --image REF or --site-packages DIR."""
     from builder.resolve import base
 
@@ -63,6 +68,9 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
         raise BadInput(f"base snapshot --site-packages {site_packages}: --glibc X.Y is required "
                        "(a directory does not say which C library it will run on).")
 
+    from builder.resolve.manifest import refuse_foreign_manifest
+
+    refuse_foreign_manifest(output, force=force)
     with _progress() as bar:
         task = bar.add_task("scanning", total=None, current="")
 
@@ -206,7 +214,8 @@ def render_recipe_text(r) -> str:
 @click.option("--keep", "keep", type=click.Path(path_type=Path, file_okay=False),
               help="Install into this (empty) directory and keep it (default: a scratch dir, removed).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary on stdout.")
-def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json):
+@click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote.")
+def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, force=False):
     """Rebuild the Python layer of vllm/vllm-openai:v<vllm> by replaying its recipe's install steps
     in order, and write its manifest.
 
@@ -220,6 +229,9 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json):
     from builder.spec import default_base_manifest
 
     out = output or default_base_manifest(vllm)
+    from builder.resolve.manifest import refuse_foreign_manifest
+
+    refuse_foreign_manifest(out, force=force)
     console = stderr_console()
 
     def say(msg: str) -> None:

@@ -10,12 +10,15 @@ pipeline hands over its :class:`builder.image.render.RenderResult` instead.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder import engine as engine_adapter
 from builder.errors import BuildFailed
+from builder.image import provenance  # the statement's subject is now the image (its ID under each tag)
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,7 @@ class BuildResult:
     size_bytes: int | None
     seconds: float
     cached_steps: int
+    warnings: tuple[str, ...] = ()   # the checks' warnings (allowed base drift), from the build's output
 
     def to_dict(self) -> dict:
         return {
@@ -40,6 +44,7 @@ class BuildResult:
             "size_bytes": self.size_bytes,
             "seconds": self.seconds,
             "cached_steps": self.cached_steps,
+            "warnings": list(self.warnings),
             "context": str(self.context),
         }
 
@@ -68,6 +73,33 @@ def build_step(line: str, seen: list[str]) -> str | None:
     return None
 
 
+WARNING_MARK = "build-image warning: "
+
+
+def build_warnings(log: str) -> tuple[str, ...]:
+    """Pure: the lines the Dockerfile's checks printed as warnings (``build-image warning: ...``) in a
+    BuildKit plain-progress log, in order, each once (a cached checks stage prints none)."""
+    out: list[str] = []
+    for line in log.splitlines():
+        _, mark, rest = line.partition(WARNING_MARK)
+        if mark and rest.rstrip() not in out:
+            out.append(rest.rstrip())
+    return tuple(out)
+
+
+DRIFT_RECORD = "/usr/share/build-image/base-drift.json"  # in the image: the checks stage's drift report
+
+
+def drift_warnings(engine, image_id: str) -> tuple[str, ...]:
+    """The allowed base drift an image records (its checks stage ran earlier and is cached now,
+    so the build's output does not repeat it): the report lines of :data:`DRIFT_RECORD`."""
+    proc = engine.run(image_id, ["cat", DRIFT_RECORD], timeout=120)
+    try:
+        return tuple(json.loads(proc.stdout).get("report") or ()) if proc.returncode == 0 else ()
+    except ValueError:
+        return ()
+
+
 def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str, base_refs: Sequence[str],
                 engine=None, pull: bool = False, bases_checked: bool = False,
                 on_step: Callable[[str], None] | None = None) -> BuildResult:
@@ -76,9 +108,7 @@ def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str
     Without ``pull`` a base image that is not in the engine's store is BuildFailed (exit 9)
     instead of an implicit multi-GB download from a registry; ``bases_checked``: the caller
     has just asked the engine (the pipeline, deciding whether to stop after render)."""
-    from builder.engine import get_engine
-
-    engine = engine or get_engine()
+    engine = engine or engine_adapter.get_engine()
     if not bases_checked:
         engine.ping()
         if not pull:
@@ -94,11 +124,13 @@ def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str
             on_step(" ".join(head.split())[:110])
 
     built = engine.build(Path(context), list(tags), network="none", on_line=on_line)
-    from builder.image import provenance  # the statement's subject is now the image (its ID under each tag)
 
     provenance.record_subject(context, provenance.image_subject(list(tags), built.image_id), stage="build")
     info = engine.inspect(built.image_id)
     cached = sum(1 for ln in built.log.splitlines() if ln.rstrip().endswith("CACHED"))
     return BuildResult(image_id=built.image_id, tags=tuple(tags), context=Path(context), vllm=vllm,
                        lock_hash=lock_hash, size_bytes=info.size if info else None,
-                       seconds=round(time.monotonic() - t0, 2), cached_steps=cached)
+                       seconds=round(time.monotonic() - t0, 2), cached_steps=cached,
+                       warnings=build_warnings(built.log) or (
+                           drift_warnings(engine, built.image_id)
+                           if info and info.labels.get("org.build-image.allow-base-drift") == "true" else ()))

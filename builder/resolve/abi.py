@@ -42,8 +42,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from builder.resolve.lockfile import LockEntry
-from builder.resolve.manifest import BaseManifest, DistFacts, Distribution
-from builder.util import canonical_name
+from builder.resolve.manifest import BaseManifest, DistFacts, Distribution, target_environment
+from builder.util import canonical_name, same_version
 
 # rule ids
 EXACT_COUPLED = "exact-coupled"
@@ -235,22 +235,16 @@ def _major(version: str | None) -> str | None:
 # ---------------------------------------------------------------- chains
 
 
-def target_environment(python_version: str = "3.12") -> dict[str, str]:
-    """PEP 508 marker environment of a Linux x86_64 CPython base (for chains)."""
-    return {
-        "python_version": python_version, "python_full_version": f"{python_version}.0",
-        "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
-        "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
-        "platform_release": "", "platform_version": "", "implementation_version": f"{python_version}.0",
-        "extra": "",
-    }
+#: the marker environment a chain is read on when no base is given: the official image's
+#: (CPython 3.12 on x86_64 Linux); the gate reads the base's own (its Python and platform)
+DEFAULT_TARGET = target_environment("3.12", "x86_64-manylinux_2_35")
 
 
 def _requirement_on(parent_reqs: Iterable[str], child: str, env: Mapping[str, str] | None = None) -> str | None:
     """The requirement in ``parent_reqs`` naming ``child`` whose marker holds on the
-    target (``env``; default Linux x86_64 CPython 3.12), without its marker."""
+    target (``env``; default :data:`DEFAULT_TARGET`), without its marker."""
     key = canonical_name(child)
-    env = dict(env or target_environment())
+    env = dict(env or DEFAULT_TARGET)
     for raw in parent_reqs:
         try:
             req = Requirement(raw)
@@ -372,7 +366,7 @@ def evaluate(
 
     def chain(name: str) -> list[str]:
         return build_chain(name, final, via, requires, overlay, base_versions=base_versions,
-                           env=target_environment(base.python_version))
+                           env=target_environment(base.python_version, base.platform))
 
     def add(rule: str, e: LockEntry, old: str | None, message: str, evidence: list[str] | None = None) -> None:
         findings.append(Finding(e.name, rule, old, e.version, message, evidence or [], chain(e.name)))
@@ -385,7 +379,7 @@ def evaluate(
     for e in sorted(entries, key=lambda x: x.key):
         b: Distribution | None = base.get(e.name)
         old = b.version if b else None
-        moved = b is not None and not _same_version(b.version, e.version)
+        moved = b is not None and not same_version(b.version, e.version)
         f = e.facts
         if b is None and e.key in unversioned:
             add(
@@ -471,14 +465,6 @@ def evaluate(
         else:
             result.violations.append(fd)
     return result
-
-
-def _same_version(a: str, b: str) -> bool:
-    """One release however it is spelled (``2.0`` is ``2.0.0``, PEP 440); else the same string."""
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
 
 
 def _newer(new: str, old: str | None) -> bool:

@@ -48,15 +48,29 @@ from packaging.version import InvalidVersion, Version
 
 from builder import __version__
 from builder.credentials import redact_url, remember
-from builder.errors import BadInput, ExternalToolError, IntegrityError, Unsatisfiable
+from builder.errors import AbiRejected, BadInput, ExternalToolError, IntegrityError, StaleLock, Unsatisfiable
+from builder.fetch import fetch
+from builder.resolve import index as ix
 from builder.resolve import pylock as _pylock
-from builder.resolve.abi import GateResult, evaluate
-from builder.resolve.lockfile import LockEntry, LockFile, WheelRef
+from builder.resolve.abi import GateResult, evaluate, format_rejection, is_exact_coupled
+from builder.resolve.base import scan_wheel
+from builder.resolve.baseref import vllm_on_base
+from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, load_lock
 from builder.resolve.manifest import BaseManifest, DistFacts
 from builder.resolve.pylock import WheelCandidate
-from builder.resolve.raychoice import RayChoice
+from builder.resolve.raychoice import BACKEND_FALLBACK, RayChoice, backend_for, choose, ray_releases
+from builder.resolve.twin import sync_twin, twin_path, write_pylock
 from builder.scratch import die_with_parent
-from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes
+from builder.util import (
+    atomic_write_text,
+    cache_dir,
+    canonical_name,
+    refuse_foreign,
+    same_version,
+    sha256_bytes,
+    through_link,
+    write_target,
+)
 
 if TYPE_CHECKING:
     from builder.resolve.baseref import ResolvedBase
@@ -308,7 +322,6 @@ def pin_evidence(key: str, base: BaseManifest) -> list[str]:
             out.append(f"{name} {ver} there has {n} extension{'s' if n != 1 else ''} built against numpy {gen}.x")
         if len(users) > 6:
             out.append(f"... and {len(users) - 6} more distributions with numpy {gen}.x extensions")
-    from builder.resolve.abi import is_exact_coupled
 
     if is_exact_coupled(key):
         out.append(f"{d.name} is exact-coupled to vllm's compiled kernels: it never moves on top of the base")
@@ -361,7 +374,6 @@ def explain_unsatisfiable(stderr: str, base: BaseManifest, overlay: Iterable[str
             ev = pin_evidence(key, base)
             lines.append(f"  {d.name}=={d.version} is pinned by the base" + (f"; {ev[0]}" if ev else ""))
             lines.extend(f"    {e}" for e in ev[1:])
-    from builder.resolve.abi import is_exact_coupled
 
     ways = []
     for key in pins:
@@ -406,8 +418,6 @@ def find_pin_moves(stderr: str, base: BaseManifest, overlay: list[str],
 
     ``attempt(extra)`` resolves ``overlay + extra`` with the named pins released: (ok, stderr, resolved).
     Exact-coupled pins are never released (the gate would refuse them anyway): they stop the search."""
-    from builder.resolve.abi import is_exact_coupled
-
     released = [Requirement(r).name for r in overlay]
     extra: list[str] = []
     names: list[str] = []
@@ -611,8 +621,6 @@ def _is_resolution_failure(stderr: str) -> bool:
 
 def fetch_wheel(url: str, sha256: str, filename: str | None = None) -> Path:
     """A verified local copy of ``url`` from the one download cache (:func:`builder.fetch.fetch`)."""
-    from builder.fetch import fetch
-
     # no second live display under the lock's own status line
     return Path(fetch(url, sha256, filename=filename, progress=False))
 
@@ -633,7 +641,6 @@ def wheel_facts(cand: WheelCandidate) -> tuple[DistFacts, list[str]]:
             return DistFacts(**doc["facts"]), list(doc["requires"])
         except (ValueError, KeyError, TypeError):
             cpath.unlink(missing_ok=True)
-    from builder.resolve.base import scan_wheel
 
     path = fetch_wheel(cand.url, cand.sha256, cand.filename)
     _, _, facts = scan_wheel(path)
@@ -705,7 +712,7 @@ def build_entries(
     chosen: dict[str, WheelCandidate] = {}
     for key, (name, version, via) in sorted(resolved.items()):
         b = base.get(key)
-        if b is not None and _same_version(b.version, version):
+        if b is not None and same_version(b.version, version):
             continue
         wl = wheels.get(key)
         if wl is None:
@@ -729,14 +736,7 @@ def build_entries(
 def _agrees(resolved: Mapping[str, tuple[str, str, list[str]]],
             wheels: Mapping[str, tuple[str, str, list[WheelCandidate]]]) -> bool:
     """Do the two uv runs describe the same resolution?"""
-    return bool(wheels) and all(k in wheels and _same_version(wheels[k][1], v) for k, (_, v, _) in resolved.items())
-
-
-def _same_version(a: str, b: str) -> bool:
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
+    return bool(wheels) and all(k in wheels and same_version(wheels[k][1], v) for k, (_, v, _) in resolved.items())
 
 
 def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = None,
@@ -795,7 +795,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
                     if r.returncode == 0:
                         return True, "", parse_uv_requirements((tmp / "try.txt").read_text())
                     if not _is_resolution_failure(r.stderr):
-                        raise ExternalToolError(f"uv pip compile failed (exit {r.returncode}):\n{trim_derivation(r.stderr)}")
+                        raise uv_failure(r.stderr, f"uv pip compile (exit {r.returncode})")
                     return False, r.stderr, {}
 
                 moves = find_pin_moves(r1.stderr, base, resolving, attempt)
@@ -803,7 +803,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
                 exc = Unsatisfiable(msg + extra_msg, details=details + extra_details)
                 exc.pin_moves = moves
                 raise exc
-            raise ExternalToolError(f"uv pip compile failed (exit {r1.returncode}):\n{trim_derivation(r1.stderr)}")
+            raise uv_failure(r1.stderr, f"uv pip compile (exit {r1.returncode})")
         resolved = parse_uv_requirements((tmp / "requirements.txt").read_text())
         t0 = time.monotonic()
         wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp) if r2.returncode == 0 else {}
@@ -816,7 +816,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
             if r2.returncode != 0:  # cache incomplete: same resolution online
                 r2 = uv.compile(sources, tmp / "pylock.toml", **{**pinned, "offline": False})
             if r2.returncode != 0:
-                raise ExternalToolError(f"uv pip compile --format pylock.toml failed:\n{trim_derivation(r2.stderr)}")
+                raise uv_failure(r2.stderr, "uv pip compile --format pylock.toml")
             wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp)
             if not _agrees(resolved, wheels):
                 raise ExternalToolError("uv's two runs on the same inputs resolved different versions; retry the lock.")
@@ -827,7 +827,6 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
     requires: dict[str, list[str]] = {}
     # An exact-coupled binary (torch, nvidia-*, ...) that is not allowed is rejected by name: its
     # files cannot change the verdict, so it is not downloaded (torch and its CUDA wheels are GBs).
-    from builder.resolve.abi import is_exact_coupled
 
     allowed = {canonical_name(k) for k in req.allow}
     by_name_only = {e.key for e in entries if is_exact_coupled(e.name) and e.key not in allowed
@@ -927,8 +926,6 @@ def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None) -> tu
     """(fresh?, why) comparing every input the lock's header records (and their hash,
     ``inputs-sha256``) with the request's — no resolution.  A header edited by hand
     (``vllm: 0.25.0`` under the hash of a 0.26.0 request) is stale, not up to date."""
-    from builder.resolve.lockfile import load_lock
-
     if not lock_path.exists():
         return False, f"{lock_path} does not exist"
     existing = load_lock(lock_path)
@@ -965,6 +962,46 @@ class LockOutcome:
     unused_allow: list[str] = field(default_factory=list)
 
 
+def check_wheel_sources(find_links: Iterable[str], no_index: bool) -> None:
+    """Before uv runs: every local ``--find-links`` folder exists (a missing one is bad input naming it, not
+    a uv failure), and ``--no-index`` has at least one ``--find-links`` (else nothing could be found, and the
+    resolver would blame a base pin)."""
+    find_links = list(find_links)
+    for f in find_links:
+        if "://" in f:
+            continue
+        p = Path(f)
+        if not p.exists():
+            raise BadInput(f"--find-links {f}: no such folder (or file).",
+                           hint="name a folder of wheels (or a flat HTML index), or drop the flag.")
+    if no_index and not find_links:
+        raise BadInput("--no-index without --find-links: with the package index off and no wheel folder given, "
+                       "uv has nowhere to find any package.",
+                       hint="add --find-links DIR (a folder of wheels), or drop --no-index.")
+
+
+_UV_UNREACHABLE = re.compile(r"Failed to read `--find-links` URL: (\S+)|Failed to fetch: (\S+)|"
+                             r"error sending request for url \((\S+)\)|dns error|tcp connect error|"
+                             r"Connection refused|operation timed out|Network is unreachable")
+_UV_MISSING_INPUT = re.compile(r"Failed to read `--find-links` (?:directory|file): (.+)")
+
+
+def uv_failure(stderr: str, what: str = "uv pip compile"):
+    """Pure: the typed error of a failed uv run, by cause — a missing ``--find-links`` path is BadInput (2), an
+    unreachable wheel source IntegrityError (7, as an unreachable index), anything else ExternalToolError (12)."""
+    text = trim_derivation(stderr)
+    m = _UV_MISSING_INPUT.search(stderr)
+    if m:
+        return BadInput(f"--find-links {m.group(1).strip()}: uv cannot read it ({text.splitlines()[-1].strip()}).")
+    m = _UV_UNREACHABLE.search(stderr)
+    if m:
+        url = next((g for g in m.groups() if g), None) if m.groups() else None
+        where = f" {url.rstrip(')')}" if url else ""
+        return IntegrityError(f"a wheel source{where} is not reachable ({what}):\n{text}",
+                              hint="check the --find-links / index URL and the network, then run again.")
+    return ExternalToolError(f"{what} failed:\n{text}")
+
+
 def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_overlay: bool, vllm_given: bool = True,
                 allow: Mapping[str, str] | None = None, find_links: Iterable[str] = (), no_index: bool = False,
                 exclude_newer: str | None = None, where: str = "--with") -> LockRequest:
@@ -973,8 +1010,7 @@ def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_
     The overlay is the default (``ray[serve]``, its version chosen per release) plus ``with_``; on a base
     without vllm, ``--vllm X`` (``vllm_given``: a flag or the spec named it) adds ``vllm==X`` (the resolver and the gate then judge it like any overlay
     requirement); a base shipping another vllm is exit 2 (:func:`builder.resolve.baseref.vllm_on_base`)."""
-    from builder.resolve.baseref import vllm_on_base
-
+    check_wheel_sources(find_links, no_index)
     with_ = list(with_)
     overlay = ([DEFAULT_RAY] if default_overlay else []) + [w for w in with_ if not (default_overlay and w == DEFAULT_RAY)]
     reqs = parse_overlay(overlay, where=where)
@@ -993,10 +1029,17 @@ def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_
     )
 
 
+def refuse_foreign_outputs(lock_path: Path, force: bool) -> None:
+    """The output rule for ``lock``: an existing ``-o`` file or pylock twin that build-image did not write
+    (a README, a hand-made file: no "# Generated by build-image" first line) is not replaced without
+    ``--force``; a device node or FIFO never is (:func:`builder.util.write_target`)."""
+    for p in (lock_path, twin_path(lock_path)):
+        write_target(p)
+        refuse_foreign(p, "lock", force=force)
+
+
 def _other_base(lock_path: Path, req: LockRequest) -> str | None:
     """The base-ref of an existing lock at ``lock_path`` when it names another base than ``req``'s."""
-    from builder.resolve.lockfile import load_lock
-
     try:
         have = load_lock(lock_path).header.get("base-ref", "-")
     except BadInput:
@@ -1015,17 +1058,13 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     * a lock whose header names another base is never replaced without ``force`` (exit 2);
     * a gate violation is :class:`AbiRejected` (exit 3) carrying ``.gate``; nothing is written.
     """
-    from builder.errors import AbiRejected, StaleLock
-    from builder.resolve.lockfile import load_lock
-
     uv = uv or Uv()
     say = progress or (lambda _m: None)
-    lock_path = Path(lock_path)
+    lock_path = through_link(lock_path)  # a symlinked -o: the lock it points to (and its twin beside it) is written
     if lock_path.is_dir():
         raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
-    from builder.resolve.pylock import refuse_pylock_output, sync_twin
-
-    refuse_pylock_output(lock_path, check)
+    if not check:
+        refuse_foreign_outputs(lock_path, force)
     if check or (not upgrade and lock_path.exists()):
         try:
             fresh, why = is_up_to_date(lock_path, req, uv)
@@ -1055,9 +1094,6 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     if req.default_ray and req.ray is None:
         from datetime import datetime as _dt
 
-        from builder.resolve import index as ix
-        from builder.resolve.raychoice import choose, ray_releases
-
         index = index or ix.for_request(req.find_links, req.no_index)
         vllm = req.base.get("vllm").version if req.base.get("vllm") is not None else req.vllm
         say(f"choosing ray for vllm {vllm} (ray[llm] pins, from the index)")
@@ -1073,7 +1109,6 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
         # moves base pins for it; the newest ray that fits, the fallback backend, and how to get the other
         if not (req.default_ray and req.ray is not None and req.ray.requirement):
             raise
-        from builder.resolve.raychoice import BACKEND_FALLBACK
 
         moves = getattr(exc, "pin_moves", None)
         moved = ", ".join(f"{n} {o} -> {v}" for n, o, v in moves.moves) if moves and moves.resolves else ""
@@ -1087,9 +1122,6 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
         result = lock(req, uv, progress=say, prefer=prefer)
     locked_ray = result.lock.by_name().get("ray")
     if not req.default_ray and locked_ray is not None:
-        from builder.resolve import index as ix
-        from builder.resolve.raychoice import backend_for
-
         try:
             req.ray = backend_for(index or ix.for_request(req.find_links, req.no_index), locked_ray.version,
                                   result.lock.header["vllm"] if result.lock.header["vllm"] != "-" else None, tags)
@@ -1098,8 +1130,6 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
             pass  # the header says "serve-backend: auto"
     gate = result.gate
     if not gate.ok:
-        from builder.resolve.abi import format_rejection
-
         n = len(gate.violations)
         exc = AbiRejected(
             f"{n} violation{'s' if n != 1 else ''} on top of base {req.base.image_ref or '-'} "
@@ -1108,8 +1138,6 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
         )
         exc.gate = gate
         raise exc
-    from builder.resolve.pylock import twin_path, write_pylock
-
     try:
         result.lock.save(lock_path)
         write_pylock(twin_path(lock_path), result.lock)  # its PEP 751 twin beside it

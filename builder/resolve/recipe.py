@@ -1492,16 +1492,9 @@ def render_recipes(tables: Mapping[str, dict]) -> str:
 
 def parse_recipes(text: str, path: str = "recipes.toml") -> dict[str, dict]:
     """The release tables of a recipes.toml (pure); a file of another schema is :class:`BadInput`."""
-    import sys
+    from builder.validate import load_toml
 
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise BadInput(f"recipes {path} is not valid TOML: {exc}.") from None
+    doc = load_toml(text, f"recipes {path}")
     if doc.get("schema") != RECIPES_SCHEMA:
         raise BadInput(f"recipes {path}: 'schema' must be {RECIPES_SCHEMA!r}, got {doc.get('schema')!r}.",
                        hint="the file is generated: `build-image base recipe --vllm X --write` for each release.")

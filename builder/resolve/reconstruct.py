@@ -30,10 +30,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from packaging.version import Version
+from email.parser import HeaderParser
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 
 from builder.errors import BadInput, ExternalToolError, Unsatisfiable
-from builder.resolve.manifest import BaseManifest
+from builder.resolve import index as ix
+from builder.resolve import sdist
+from builder.resolve.base import snapshot_site_packages
+from builder.resolve.index import format_time
+from builder.resolve.lock import Uv, _is_resolution_failure, target_tags, trim_derivation
+from builder.resolve.manifest import BaseManifest, target_environment
 from builder.resolve.recipe import (
     _INSTALLED_RE,
     Recipe,
@@ -42,12 +50,11 @@ from builder.resolve.recipe import (
     parse_recipes,
     recipe_table,
 )
+from builder.spec import lockfiles_dir
 from builder.util import canonical_name
 
 
 def default_recipes_path() -> Path:
-    from builder.spec import lockfiles_dir
-
     return lockfiles_dir() / "base" / "recipes.toml"
 
 
@@ -73,8 +80,6 @@ def derived_recipe(vllm: str, *, recipes: Path | None = None, index=None, check:
     """(the recipe derived from the release's sdist, its build files); with ``check`` the release's table
     in recipes.toml must equal the derivation (``recorded_only=False``: a release without a table is
     derived from its sdist alone, as ``upgrade`` does for a release newer than the file)."""
-    from builder.resolve import sdist
-
     path = recipes or default_recipes_path()
     sha = None
     table = None
@@ -93,9 +98,6 @@ def derived_recipe(vllm: str, *, recipes: Path | None = None, index=None, check:
 
 def release_instant(index, vllm: str, python: str, platform: str) -> tuple[datetime, str]:
     """(the vllm wheel's upload time, the exclude-newer instant: the next whole second after it)."""
-    from builder.resolve.index import format_time
-    from builder.resolve.lock import target_tags
-
     tags = set(target_tags(python, "cp" + python.replace(".", ""), platform))
     want = Version(vllm)
     files = [f for f in index.files("vllm") if f.version == want and f.filename.endswith(".whl")
@@ -171,8 +173,6 @@ def installed_in(target: Path) -> dict[str, str]:
 def unmet_requirements(requires: Mapping[str, tuple[str, list[str]]], env: Mapping[str, str]) -> list[str]:
     """What the tree's own distributions require and the tree does not satisfy (pure): ``requires`` maps a
     canonical name to (its version, its Requires-Dist lines); markers are evaluated for ``env`` (no extras)."""
-    from packaging.requirements import InvalidRequirement, Requirement
-
     versions = {k: v for k, (v, _r) in requires.items()}
     out = []
     for key in sorted(requires):
@@ -194,8 +194,6 @@ def unmet_requirements(requires: Mapping[str, tuple[str, list[str]]], env: Mappi
 
 def requirements_in(target: Path) -> dict[str, tuple[str, list[str]]]:
     """Canonical name → (version, Requires-Dist lines) of the distributions in a tree (reads METADATA)."""
-    from email.parser import HeaderParser
-
     out: dict[str, tuple[str, list[str]]] = {}
     for d in target.glob("*.dist-info"):
         try:
@@ -360,8 +358,6 @@ def _write_sources(files, src: Path) -> None:
 
 def off_index_pins(recipe: Recipe, files, index) -> list[tuple[str, str, str, str]]:
     """The pins of the steps' requirement files that the index does not serve (adapter: asks the index)."""
-    from packaging.version import InvalidVersion
-
     out = []
     for step in recipe.steps:
         if step.replay != "index" or not step.file_indexes:
@@ -380,8 +376,6 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
            say: Callable[[str], None], absent: list[tuple[str, str, str, str]] = ()) -> list[dict]:
     """Run the recipe's steps into ``target`` in order; the record of each (adapter: runs uv).  ``absent``:
     pins only another index serves (:func:`off_index_pins`), left out of the replayed files."""
-    from builder.resolve.lock import _is_resolution_failure, trim_derivation
-
     src = work / "src"
     _write_sources(files, src)
     by_file: dict[str, set[int]] = {}
@@ -445,10 +439,6 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
                 progress: Callable[[str], None] | None = None, recipe: Recipe | None = None,
                 files=None, recorded_only: bool = True) -> Reconstruction:
     """Replay release ``vllm``'s install steps into a scratch tree, scan it, return the manifest (nothing written)."""
-    from builder.resolve import index as ix
-    from builder.resolve.base import snapshot_site_packages
-    from builder.resolve.lock import Uv
-
     say = progress or (lambda _m: None)
     uv = uv or Uv()
     find_links = list(find_links or [])
@@ -493,9 +483,7 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
             os_name=f"{recipe.os.value} ({recipe.final_base_image.value})",
             site_packages_label=recipe.site_packages.value, method="-")
         timings["scan"] = time.monotonic() - t0
-        from builder.resolve.abi import target_environment
-
-        unmet = unmet_requirements(requirements_in(target), target_environment(recipe.python.value))
+        unmet = unmet_requirements(requirements_in(target), target_environment(recipe.python.value, recipe.platform))
         manifest.provenance_recipe = {"sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},
                                       "exclude_newer": instant, "steps": records,
                                       # the replayed tree is not pip-consistent where the image's steps leave it so

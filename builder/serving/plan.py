@@ -34,7 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BadInput, VerdictFailure
+from builder.serving.checkpoint import weight_size
 from builder.serving.vllm_log import parse_vllm_kv_log
+from builder.spec import check_vllm_version
+from builder.validate import load_json, number, read_bounded_text
 
 GiB = 1 << 30
 GB = 10**9
@@ -96,7 +99,6 @@ def release_facts(vllm: str | None) -> ReleaseFacts:
     """The facts of a shipped vLLM release (None: the default release); exit 2 naming the known
     ones for any other (a release the checkout has no base manifest for is not planned)."""
     vllm = vllm or DEFAULT_VLLM
-    from builder.spec import check_vllm_version
 
     check_vllm_version(vllm)
     facts = RELEASE_FACTS.get(vllm)
@@ -223,6 +225,35 @@ def _int_field(cfg: dict, key: str, where: str, default: Any = ..., minimum: int
     return val
 
 
+#: The model config's numeric fields the plan reads: (lowest, highest).  Each is a whole number (a
+#: count or a size); the highest is far beyond any real model, so a value past it is a damaged or
+#: hostile config, not a big model.
+CONFIG_COUNTS: dict[str, tuple[int, int]] = {
+    "num_hidden_layers": (1, 10_000), "hidden_size": (1, 1 << 20), "num_attention_heads": (1, 1 << 16),
+    "num_key_value_heads": (1, 1 << 16), "head_dim": (1, 1 << 16), "global_head_dim": (1, 1 << 16),
+    "num_global_key_value_heads": (1, 1 << 16), "intermediate_size": (1, 1 << 24),
+    "moe_intermediate_size": (1, 1 << 24), "num_experts_per_tok": (1, 1 << 16), "vocab_size": (1, 1 << 24),
+    "max_position_embeddings": (1, 1 << 34), "sliding_window": (0, 1 << 34), "attention_chunk_size": (0, 1 << 34),
+    "num_kv_shared_layers": (0, 10_000), "kv_lora_rank": (1, 1 << 16), "qk_rope_head_dim": (0, 1 << 16),
+    "index_topk": (1, 1 << 34),
+    "conv_kernel": (1, 1 << 16), "linear_conv_kernel_dim": (1, 1 << 16), "linear_key_head_dim": (1, 1 << 16),
+    "linear_num_key_heads": (1, 1 << 16), "linear_num_value_heads": (1, 1 << 16),
+    "linear_value_head_dim": (1, 1 << 16), "mamba_d_conv": (1, 1 << 16), "mamba_d_state": (1, 1 << 16),
+    "mamba_head_dim": (1, 1 << 16), "mamba_n_groups": (1, 1 << 16), "mamba_n_heads": (1, 1 << 16),
+    "mamba_num_heads": (1, 1 << 16), "n_groups": (1, 1 << 16), "ssm_state_size": (1, 1 << 16),
+}
+
+
+def check_config_numbers(cfg: dict, where: str) -> None:
+    """Every numeric field of :data:`CONFIG_COUNTS` that the config sets (null: unset) is a whole number
+    in its range (:func:`builder.validate.number`): BadInput naming the config field, before any arithmetic."""
+    for key, (low, high) in CONFIG_COUNTS.items():
+        val = cfg.get(key)
+        if val is None or (key == "sliding_window" and val is False):
+            continue
+        number(val, f"{where}: field '{key}'", minimum=low, maximum=high, integral=True)
+
+
 # --------------------------------------------------------------------------- model shape
 
 @dataclass(frozen=True)
@@ -337,6 +368,7 @@ def _state_bytes(cfg: dict, tp: int, dtype_bytes: int, where: str) -> tuple[int,
 def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", where: str = "model config") -> ModelShape:
     """Per-layer KV footprint on one GPU, as vLLM 0.26.0 would build its KV specs."""
     cfg = _text_config(config, where)
+    check_config_numbers(cfg, where)
     n_layers = _int_field(cfg, "num_hidden_layers", where)
     hidden = _int_field(cfg, "hidden_size", where)
     n_heads = _int_field(cfg, "num_attention_heads", where)
@@ -983,8 +1015,8 @@ def load_config(path: str | Path) -> tuple[dict, Path]:
     if not cfg_path.is_file():
         raise BadInput(f"model config {cfg_path} does not exist (give a model directory or its config.json).")
     try:
-        config = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        config = load_json(read_bounded_text(cfg_path, "model config"), f"model config {cfg_path}")
+    except json.JSONDecodeError as exc:
         raise BadInput(f"model config {cfg_path} is not valid JSON: {exc}.") from None
     if not isinstance(config, dict):
         raise BadInput(f"model config {cfg_path} must hold a JSON object.")
@@ -994,8 +1026,6 @@ def load_config(path: str | Path) -> tuple[dict, Path]:
 def checkpoint_bytes(model_dir: str | Path) -> int | None:
     """Exact weight bytes from the safetensors headers (see :func:`builder.serving.checkpoint.weight_size`);
     ``None`` when the directory has no safetensors files."""
-    from builder.serving.checkpoint import weight_size
-
     ws = weight_size(model_dir)
     return None if ws is None else ws.bytes
 
@@ -1008,8 +1038,6 @@ def plan_from_model_dir(path: str | Path, serving: Any, *, weights_bytes: int | 
     come from ``weights_bytes`` or the checkpoint's index/safetensors files.
     Extra keyword arguments go to :func:`make_plan` (e.g. ``enforce_eager``).
     """
-    from builder.serving.checkpoint import weight_size
-
     config, model_dir = load_config(path)
     size_notes: list[str] = []
     if weights_bytes is None:

@@ -25,6 +25,10 @@ Example ``build-image.toml``::
     gpu_memory_utilization = 0.90
     max_num_seqs = 16
     kv_cache_dtype = "auto"
+    load_format = "auto"                  # vLLM --load-format (checked against the release's LoadFormats)
+    compile_cache = "node"                # VLLM_CACHE_ROOT on a hostPath of the node ("none", or "pvc:CLAIM")
+    model_cache = "none"                  # "node": the checkpoint from a node-local cache (hostPath at /models);
+                                          # "object": streamed from object storage (s3://..., runai_streamer)
 
 Unknown keys are rejected (a typo must not be silently ignored).
 """
@@ -94,6 +98,9 @@ class Serving:
     max_num_seqs: int | None = None
     kv_cache_dtype: str = "auto"
     cpu_offload_gb: float = 0.0
+    load_format: str = "auto"          # vLLM --load-format (docs/cold-start.md)
+    compile_cache: str = "node"        # KubeRay: VLLM_CACHE_ROOT volume: node (hostPath) | none | pvc:CLAIM
+    model_cache: str = "none"          # KubeRay: none | node (hostPath mounted at /models) | object (runai_streamer)
 
 
 @dataclass

@@ -54,6 +54,8 @@ from builder.image.naming import (
     SERVE_APP_FILE,
     SERVE_BACKEND_ENV,
     SERVE_MODULE,
+    TRITON_CACHE_DIR,
+    VLLM_CACHE_ROOT,
     choose_installer,
     default_repo,
     image_tags,
@@ -248,6 +250,8 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
         check_tool=consistency_tool(plan.base),
         allow_base_drift=plan.allow_base_drift,
         constraints_path=CONSTRAINTS_PATH,
+        vllm_cache_root=VLLM_CACHE_ROOT,
+        triton_cache_dir=TRITON_CACHE_DIR,
         tool_version=__version__,
         vllm=plan.vllm,
         python=plan.base.python_version,
@@ -331,7 +335,7 @@ RENDERED_MARK = "# Rendered by build-image"
 #: Files besides :func:`context_files` a render may put in a context (``builder.serving.kuberay`` writes them).
 EXTRA_CONTEXT_FILES = ("rayservice.yaml", "raycluster.yaml")
 #: Folders of a context whose whole content is the render's (wheels, patched files, the Serve app).
-OWN_CONTEXT_DIRS = ("wheels", "patches", "app")
+OWN_CONTEXT_DIRS = ("wheels", "patches", "app", CHECKS_DIR)
 
 
 def foreign_entries(out: Path) -> list[str]:

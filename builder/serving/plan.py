@@ -64,6 +64,8 @@ class ReleaseFacts:
     vllm: str
     default_gpu_memory_utilization: float
     kv_cache_dtypes: tuple[str, ...]
+    #: the ``LoadFormats`` literal of ``vllm/model_executor/model_loader/__init__.py`` (``--load-format`` values)
+    load_formats: tuple[str, ...] = ()
 
 
 _DT_0260 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "turboquant_k8v4",
@@ -83,12 +85,19 @@ _DT_0330 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_i
     "octave_k3v3_compact", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
     "nvfp4", "nvfp4_4over6")
 
+_LF_0260 = ("auto", "hf", "bitsandbytes", "dummy", "fastsafetensors", "instanttensor", "mistral", "modelexpress",
+    "npcache", "pt", "runai_streamer", "runai_streamer_sharded", "safetensors", "sharded_state", "tensorizer")
+_LF_0280 = tuple(f for f in _LF_0260 if f != "bitsandbytes")  # 0.28.0 dropped the bitsandbytes load format
+_LF_0300 = tuple(sorted((*_LF_0280, "ipc_cache"), key=lambda f: (f not in ("auto", "hf"), f)))  # 0.30.0 added ipc_cache
+
 #: One entry per shipped release (a test holds it to lockfiles/base/); read from the wheels with
-#: ``scripts/vllm-release-facts.py`` (the ``CacheDType`` literal and the ``gpu_memory_utilization`` field).
+#: ``scripts/vllm-release-facts.py`` (the ``CacheDType`` literal, the ``gpu_memory_utilization`` field and the
+#: ``LoadFormats`` literal).
 RELEASE_FACTS: dict[str, ReleaseFacts] = {
-    v: ReleaseFacts(v, 0.92, dts) for v, dts in (
-        ("0.26.0", _DT_0260), ("0.27.0", _DT_0260), ("0.27.1", _DT_0260), ("0.28.0", _DT_0280), ("0.29.0",
-        _DT_0280), ("0.30.0", _DT_0300), ("0.31.0", _DT_0300), ("0.32.0", _DT_0320), ("0.33.0", _DT_0330))
+    v: ReleaseFacts(v, 0.92, dts, lfs) for v, dts, lfs in (
+        ("0.26.0", _DT_0260, _LF_0260), ("0.27.0", _DT_0260, _LF_0260), ("0.27.1", _DT_0260, _LF_0260),
+        ("0.28.0", _DT_0280, _LF_0280), ("0.29.0", _DT_0280, _LF_0280), ("0.30.0", _DT_0300, _LF_0300),
+        ("0.31.0", _DT_0300, _LF_0300), ("0.32.0", _DT_0320, _LF_0300), ("0.33.0", _DT_0330, _LF_0300))
 }
 
 # the planner's spellings -> vLLM's CacheDType values
@@ -115,6 +124,16 @@ def check_kv_cache_dtype(kv_cache_dtype: str, facts: ReleaseFacts) -> None:
         return
     raise BadInput(f"kv_cache_dtype {kv_cache_dtype!r} (--kv-cache-dtype): vLLM {facts.vllm} does not accept it "
                    f"(its CacheDType: {', '.join(facts.kv_cache_dtypes)}).")
+
+def check_load_format(load_format: str, facts: ReleaseFacts, *, where: str = "--load-format") -> str:
+    """vLLM lowercases ``--load-format`` and refuses one outside its ``LoadFormats``: the lowercased
+    name, or :class:`BadInput` naming the formats that release accepts."""
+    name = (load_format or "").strip().lower()
+    if name in facts.load_formats:
+        return name
+    raise BadInput(f"load format {load_format!r} ({where}): vLLM {facts.vllm} does not accept it "
+                   f"(its LoadFormats: {', '.join(facts.load_formats)}).")
+
 
 KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "half", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "float32")
 

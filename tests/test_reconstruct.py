@@ -225,6 +225,8 @@ def test_base_list_shows_every_shipped_release():
     assert [x["vllm"] for x in rows] == sorted(supported_vllm_versions(), key=lambda v: tuple(map(int, v.split("."))))
     first = rows[0]
     assert first["vllm"] == "0.26.0" and first["torch"] == "2.11.0" and first["ray"] == "2.58.1"
+    assert first["sdist"] == "vllm-0.26.0.tar.gz" and first["steps"] == 9 and "deep-ep" in first["unversioned"]
+    assert {r["vllm"]: r["glibc"] for r in rows}["0.28.0"] == "2.39"  # derived: Ubuntu 24.04 from 0.28.0 on
     text = CliRunner().invoke(main, ["base", "list"], catch_exceptions=False).output
     assert text.splitlines()[0].split()[:3] == ["vllm", "torch", "CUDA"]
     assert any(line.startswith("0.26.0 ") for line in text.splitlines())

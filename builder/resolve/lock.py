@@ -347,7 +347,7 @@ def wanted_specifier(derivation: str, name: str, pinned: str) -> str | None:
         if spec == f"=={pinned}":
             continue
         before, after = text[max(0, m.start() - 24):m.start()], text[m.end():m.end() + 24]
-        if re.search(r"(?:depends on|requires?|require)\s+$", before):
+        if re.search(r"(?:depends? on|requires?|require)\s+$", before):
             return spec
         sub = re.fullmatch(r"(>=|>|<=|<)([^,<>=!~]+)", spec)
         if complement is None and sub and re.match(r"\s+(?:depends on|depend on|are incompatible|is incompatible)",
@@ -476,7 +476,7 @@ class Uv:
     def compile_cmd(self, sources: list[Path], out: Path, *, python_version: str, platform: str,
                     fmt: str = "requirements.txt", hashes: bool = False, find_links: Iterable[str] = (),
                     no_index: bool = False, exclude_newer: str | None = None, offline: bool = False,
-                    constraints: Iterable[Path] = ()) -> list[str]:
+                    constraints: Iterable[Path] = (), overrides: Iterable[Path] = ()) -> list[str]:
         cmd = [self.binary, "pip", "compile", *map(str, sources), "-o", str(out), "--format", fmt,
                "--python-version", python_version, "--python-platform", platform, "--no-build",
                "--no-header", "--quiet", "--color", "never",
@@ -495,6 +495,8 @@ class Uv:
             cmd.append("--offline")
         for c in constraints:
             cmd += ["-c", str(c)]
+        for o in overrides:
+            cmd += ["--override", str(o)]
         return cmd
 
     # uv settings from the environment that change *what* resolves: they are not inputs of the lock
@@ -563,6 +565,23 @@ class Uv:
         if no_index:
             cmd.append("--no-index")
         cmd += list(requirements)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, env=self.env())
+        except OSError as exc:
+            raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
+        return cmd, r
+
+
+    def pip_target(self, sub: str, target: Path, args: list[str], *, python_version: str | None = None,
+                   platform: str | None = None) -> tuple[list[str], subprocess.CompletedProcess]:
+        """``uv pip install|uninstall --target DIR ARGS`` for a described interpreter (never run): the
+        replay of one install step of an image into one tree, each step seeing what earlier ones
+        installed, as ``uv pip install --system`` does in the image."""
+        cmd = [self.binary, "pip", sub, "--target", str(target), "--color", "never", "--python", sys.executable]
+        if sub == "install":
+            cmd += ["--python-version", python_version or "", "--python-platform", platform or "", "--no-build",
+                    "--link-mode", "hardlink"]
+        cmd += list(args)
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, env=self.env())
         except OSError as exc:
@@ -736,11 +755,18 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
         tmp = Path(t)
         (tmp / "overlay.in").write_text("\n".join(resolving) + "\n")
         (tmp / "base.in").write_text("\n".join(base_requirements(base, overlay_reqs)) + "\n")
-        sources = [tmp / "overlay.in", tmp / "base.in"]
+        # The base's pins constrain what the overlay pulls in (installed distributions never move unless
+        # --with releases them), as `uv pip install` into the image keeps them; a base pin the overlay does
+        # not reach is not re-resolved: the published images are not pip-consistent as a whole (a step
+        # installed with --no-deps, or a later step moving a pin an earlier package needed).
+        sources = [tmp / "overlay.in"]
         if prefer:  # uv reads an existing output file as preferences
             (tmp / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(prefer.items())))
         common = dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
-                      no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=tmp)
+                      no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=tmp, constraints=[tmp / "base.in"])
+        if base.uv_overrides:  # the image's UV_OVERRIDE applies to any `uv pip install` in it: the overlay's too
+            (tmp / "base-overrides.txt").write_text("\n".join(base.uv_overrides) + "\n")
+            common["overrides"] = [tmp / "base-overrides.txt"]
 
         say(f"resolving {', '.join(resolving)} on top of {len(base.distributions)} base pins (uv)")
         t0 = time.monotonic()
@@ -760,7 +786,8 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
                 def attempt(extra: list[str]) -> tuple[bool, str, dict]:
                     (tmp / "try-overlay.in").write_text("\n".join(resolving + extra) + "\n")
                     (tmp / "try-base.in").write_text("\n".join(base_requirements(base, parse_overlay(resolving + extra))) + "\n")
-                    r = uv.compile([tmp / "try-overlay.in", tmp / "try-base.in"], tmp / "try.txt", **common)
+                    r = uv.compile([tmp / "try-overlay.in"], tmp / "try.txt",
+                                   **{**common, "constraints": [tmp / "try-base.in"]})
                     if r.returncode == 0:
                         return True, "", parse_uv_requirements((tmp / "try.txt").read_text())
                     if not _is_resolution_failure(r.stderr):
@@ -780,7 +807,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
             # again, constrained to exactly the resolution just made (so both runs agree)
             say("collecting wheel URLs and hashes for the base's platform (uv, from cache)")
             (tmp / "pylock.toml").unlink(missing_ok=True)
-            pinned = {**pylock_args, "constraints": [tmp / "requirements.txt"]}
+            pinned = {**pylock_args, "constraints": [tmp / "base.in", tmp / "requirements.txt"]}
             r2 = uv.compile(sources, tmp / "pylock.toml", **pinned)
             if r2.returncode != 0:  # cache incomplete: same resolution online
                 r2 = uv.compile(sources, tmp / "pylock.toml", **{**pinned, "offline": False})

@@ -12,7 +12,11 @@ File format (JSON, ``schema = "build-image/base-manifest/v1"``)::
       "cuda": "13.0" | null,
       "platform": "x86_64-manylinux_2_35",          # uv --python-platform
       "provenance": {"kind": "read-from-image" | "reconstructed",
-                     "method": "free text: exactly how it was produced"},
+                     "method": "free text: exactly how it was produced",
+                     "recipe": {"sdist": {"filename", "sha256"}, "exclude_newer", "steps": [...]}},  # reconstructed
+      "lacks": {"off_index": [...], "source_builds": [...], "other_indexes": [...], "os_packages": [...],
+                "unversioned": {"name": "why the manifest cannot version it"}},          # optional
+      "uv_overrides": ["nvidia-nccl-cu13==2.30.7"],  # optional: the image's ENV UV_OVERRIDE pins
       "distributions": {                           # keyed by canonical name
         "numpy": {"name": "numpy", "version": "1.26.4",
                   "binary": true, "extensions": 12,
@@ -95,6 +99,18 @@ class BaseManifest:
     provenance_method: str
     distributions: dict[str, Distribution]
     consistency: dict | None = None  # {"tool": "pip"|"uv", "problems": [...]}, when recorded
+    # reconstructed from a recipe: the sdist and the replayed steps ({"sdist": {...}, "exclude_newer": ..., "steps": [...]})
+    provenance_recipe: dict | None = None
+    # what the manifest knowingly lacks: off_index, source_builds, other_indexes, os_packages (lists of text) and
+    # unversioned ({name: reason}: distributions the image holds whose version the manifest cannot give)
+    lacks: dict | None = None
+    # pins the image's environment applies to every `uv pip install` in it (ENV UV_OVERRIDE's file)
+    uv_overrides: list[str] | None = None
+
+    @property
+    def unversioned(self) -> dict[str, str]:
+        """Canonical name → reason, for what the image holds but the manifest cannot version."""
+        return {canonical_name(k): v for k, v in ((self.lacks or {}).get("unversioned") or {}).items()}
 
     def get(self, name: str) -> Distribution | None:
         return self.distributions.get(canonical_name(name))
@@ -119,7 +135,10 @@ class BaseManifest:
             },
             "cuda": self.cuda,
             "platform": self.platform,
-            "provenance": {"kind": self.provenance_kind, "method": self.provenance_method},
+            "provenance": {"kind": self.provenance_kind, "method": self.provenance_method,
+                           **({"recipe": self.provenance_recipe} if self.provenance_recipe else {})},
+            **({"lacks": self.lacks} if self.lacks else {}),
+            **({"uv_overrides": self.uv_overrides} if self.uv_overrides else {}),
             "distributions": {
                 key: {"name": d.name, "version": d.version, **_facts_doc(d.facts)}
                 for key, d in sorted(self.distributions.items())
@@ -275,8 +294,31 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
         provenance_kind=kind,
         provenance_method=_req(prov, "method", str, "provenance.", path),
         distributions=dists,
+        provenance_recipe=_opt(prov, "recipe", dict, "provenance.", path),
+        lacks=_lacks(doc, path),
+        uv_overrides=_overrides(doc, path),
         consistency=_consistency(doc, path),
     )
+
+
+def _overrides(doc: dict, path: str) -> list[str] | None:
+    val = _opt(doc, "uv_overrides", list, "", path)
+    if val is not None and not all(isinstance(x, str) for x in val):
+        raise BadInput(f"base manifest {path}: 'uv_overrides' must be a list of requirement strings.")
+    return val
+
+
+def _lacks(doc: dict, path: str) -> dict | None:
+    lacks = _opt(doc, "lacks", dict, "", path)
+    if lacks is None:
+        return None
+    for k, v in lacks.items():
+        if k == "unversioned":
+            if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+                raise BadInput(f"base manifest {path}: 'lacks.unversioned' must map names to reasons.")
+        elif not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise BadInput(f"base manifest {path}: 'lacks.{k}' must be a list of strings.")
+    return lacks
 
 
 def load_manifest(path: str | Path) -> BaseManifest:

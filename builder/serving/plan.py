@@ -341,13 +341,58 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
     hidden = _int_field(cfg, "hidden_size", where)
     n_heads = _int_field(cfg, "num_attention_heads", where)
     n_kv = _int_field(cfg, "num_key_value_heads", where, n_heads)
+    head_dim = _head_dim(cfg, hidden, n_heads, where)
+    dtype_name, dtype_bytes = _model_dtype(cfg)
+    kv_name, auto_note = _kv_dtype(cfg, kv_cache_dtype, dtype_name)
+    kv_bytes = _DTYPE_BYTES[kv_name]
+    mla = cfg.get("kv_lora_rank") is not None
+    notes: list[str] = [auto_note] if auto_note else []
+    _check_tp(n_heads, n_kv, tp, mla, where, notes)
+    types = _layer_types(cfg, n_layers, where)
+    shared_from = n_layers - int(cfg.get("num_kv_shared_layers") or 0)
+    attn = _Attention(cfg=cfg, tp=tp, where=where, kv_name=kv_name, head_dim=head_dim,
+                      kv_heads_per_gpu=max(1, n_kv // tp))
+    if mla:
+        attn.mla_tok = _mla_latent(cfg, kv_bytes, where, notes)
+    state_bytes = 0
+    if any(t in _STATE_TYPES for t in types):
+        state_bytes, state_note = _state_bytes(cfg, tp, dtype_bytes, where)
+        if state_note:
+            notes.append(state_note)
+    layers: list[LayerKV] = []
+    unknown_attn: list[int] = []
+    for i, t in enumerate(types):
+        if i >= shared_from:
+            layers.append(LayerKV(i, "shared"))
+        elif t in _STATE_TYPES:
+            layers.append(LayerKV(i, "state", state_bytes=state_bytes))
+        else:
+            if t not in _FULL_TYPES | _SLIDING_TYPES | _CHUNKED_TYPES and "attention" in t:
+                unknown_attn.append(i)
+                t = "full_attention"  # the upper bound: an attention layer keeps at most every token
+            layers.append(attn.layer(i, t))
+    layers = _layer_notes(layers, types, unknown_attn, n_layers, shared_from, notes)
+    return ModelShape(
+        layers=layers, dtype_bytes=dtype_bytes, kv_dtype=kv_name, hidden_size=hidden,
+        intermediate_size=_intermediate_size(cfg, hidden), vocab_size=int(cfg.get("vocab_size") or 32000),
+        num_attention_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
+        max_position_embeddings=cfg.get("max_position_embeddings"), mla=mla, notes=notes,
+    )
+
+
+def _head_dim(cfg: dict, hidden: int, n_heads: int, where: str) -> int:
     head_dim = cfg.get("head_dim")
     if head_dim is None:
         if hidden % n_heads:
-            raise BadInput(f"{where}: no 'head_dim' and hidden_size {hidden} is not divisible by num_attention_heads {n_heads}.")
+            raise BadInput(
+                f"{where}: no 'head_dim' and hidden_size {hidden} is not divisible by num_attention_heads {n_heads}.")
         head_dim = hidden // n_heads
-    head_dim = _int_field({"head_dim": head_dim}, "head_dim", where)
-    dtype_name, dtype_bytes = _model_dtype(cfg)
+    return _int_field({"head_dim": head_dim}, "head_dim", where)
+
+
+def _kv_dtype(cfg: dict, kv_cache_dtype: str, dtype_name: str) -> tuple[str, str | None]:
+    """The KV cache's dtype ('auto': the checkpoint's ModelOpt KV quantization, else the model's
+    dtype) and the note saying what 'auto' resolved to."""
     kv_dt = (kv_cache_dtype or "auto").lower()
     if kv_dt not in KV_CACHE_DTYPES:
         raise BadInput(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}.")
@@ -355,82 +400,86 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
     if kv_dt == "auto" and (resolved := _modelopt_kv_dtype(cfg)):
         kv_dt = resolved
         auto_note = f"kv_cache_dtype 'auto' resolves to {resolved} from the checkpoint's ModelOpt quantization_config"
-    kv_name = dtype_name if kv_dt == "auto" else kv_dt
-    kv_bytes = _DTYPE_BYTES[kv_name]
+    return (dtype_name if kv_dt == "auto" else kv_dt), auto_note
 
-    # TP checks vLLM itself makes (ModelConfig.verify_with_parallel_config, QKVParallelLinear).
+
+def _check_tp(n_heads: int, n_kv: int, tp: int, mla: bool, where: str, notes: list[str]) -> None:
+    """The TP checks vLLM itself makes (ModelConfig.verify_with_parallel_config, QKVParallelLinear)."""
     if n_heads % tp:
         raise BadInput(
             f"{where}: num_attention_heads ({n_heads}) is not divisible by tp={tp}; vLLM refuses this "
             f"(\"Total number of attention heads must be divisible by tensor parallel size\")."
         )
-    mla = cfg.get("kv_lora_rank") is not None
-    notes: list[str] = [auto_note] if auto_note else []
-    if not mla:
-        if n_kv >= tp and n_kv % tp:
-            raise BadInput(f"{where}: num_key_value_heads ({n_kv}) is not divisible by tp={tp}; vLLM cannot shard them.")
-        if n_kv < tp and tp % n_kv:
-            raise BadInput(f"{where}: tp={tp} is not a multiple of num_key_value_heads ({n_kv}); vLLM cannot replicate them.")
-        if n_kv < tp:
-            notes.append(f"{n_kv} KV heads < tp={tp}: each GPU holds a replica of one KV head ({tp // n_kv} copies per head)")
-    kv_heads_per_gpu = max(1, n_kv // tp)
-
-    types = _layer_types(cfg, n_layers, where)
-    window = cfg.get("sliding_window")
-    chunk = cfg.get("attention_chunk_size")
-    global_head = cfg.get("global_head_dim")
-    shared_from = n_layers - int(cfg.get("num_kv_shared_layers") or 0)
-
     if mla:
-        rank = _int_field(cfg, "kv_lora_rank", where)
-        rope = _int_field(cfg, "qk_rope_head_dim", where, 64)
-        mla_tok = (rank + rope) * kv_bytes  # one latent per token per layer, replicated on every TP rank
-        notes.append(f"MLA: one {rank}+{rope} latent per token per layer, identical on every TP rank (not split)")
-        if cfg.get("index_topk") is not None:
-            notes.append("sparse-MLA indexer cache (DeepSeek V3.2 style) not counted")
-    state_bytes, state_note = (0, None)
-    if any(t in _STATE_TYPES for t in types):
-        state_bytes, state_note = _state_bytes(cfg, tp, dtype_bytes, where)
-        if state_note:
-            notes.append(state_note)
+        return
+    if n_kv >= tp and n_kv % tp:
+        raise BadInput(f"{where}: num_key_value_heads ({n_kv}) is not divisible by tp={tp}; vLLM cannot shard them.")
+    if n_kv < tp and tp % n_kv:
+        raise BadInput(
+            f"{where}: tp={tp} is not a multiple of num_key_value_heads ({n_kv}); vLLM cannot replicate them.")
+    if n_kv < tp:
+        notes.append(
+            f"{n_kv} KV heads < tp={tp}: each GPU holds a replica of one KV head ({tp // n_kv} copies per head)")
 
-    layers: list[LayerKV] = []
-    unknown_attn: list[int] = []
-    for i, t in enumerate(types):
-        if i >= shared_from:
-            layers.append(LayerKV(i, "shared"))
-            continue
-        if t in _STATE_TYPES:
-            layers.append(LayerKV(i, "state", state_bytes=state_bytes))
-            continue
-        if t not in _FULL_TYPES | _SLIDING_TYPES | _CHUNKED_TYPES and "attention" in t:
-            unknown_attn.append(i)
-            t = "full_attention"  # the upper bound: an attention layer keeps at most every token
+
+def _mla_latent(cfg: dict, kv_bytes: int, where: str, notes: list[str]) -> int:
+    """Bytes per token per layer of an MLA model: one latent, replicated on every TP rank."""
+    rank = _int_field(cfg, "kv_lora_rank", where)
+    rope = _int_field(cfg, "qk_rope_head_dim", where, 64)
+    notes.append(f"MLA: one {rank}+{rope} latent per token per layer, identical on every TP rank (not split)")
+    if cfg.get("index_topk") is not None:
+        notes.append("sparse-MLA indexer cache (DeepSeek V3.2 style) not counted")
+    return (rank + rope) * kv_bytes
+
+
+@dataclass
+class _Attention:
+    """What an attention layer's KV spec depends on."""
+
+    cfg: dict
+    tp: int
+    where: str
+    kv_name: str
+    head_dim: int
+    kv_heads_per_gpu: int
+    mla_tok: int | None = None  # MLA: bytes per token per layer
+
+    def layer(self, i: int, t: str) -> LayerKV:
+        """The KV of attention layer ``i`` of type ``t``."""
+        cfg, where = self.cfg, self.where
         if t not in _FULL_TYPES | _SLIDING_TYPES | _CHUNKED_TYPES:
             raise BadInput(
                 f"{where}: layer_types[{i}] is {t!r}, which vLLM 0.26.0 has no KV spec for here "
                 f"(known: full_attention, sliding_attention, chunked_attention, linear_attention, mamba)."
             )
-        if mla:
-            layers.append(LayerKV(i, "mla", bytes_per_token=mla_tok))
-            continue
-        hd = head_dim
-        heads = kv_heads_per_gpu
+        if self.mla_tok is not None:
+            return LayerKV(i, "mla", bytes_per_token=self.mla_tok)
+        hd = self.head_dim
+        heads = self.kv_heads_per_gpu
+        global_head = cfg.get("global_head_dim")
         if t in _FULL_TYPES and global_head:
             hd = int(global_head)
             if cfg.get("attention_k_eq_v") and cfg.get("num_global_key_value_heads"):
-                heads = max(1, int(cfg["num_global_key_value_heads"]) // tp)
-        per_tok = heads * 2 * _head_bytes(hd, kv_name)
+                heads = max(1, int(cfg["num_global_key_value_heads"]) // self.tp)
+        per_tok = heads * 2 * _head_bytes(hd, self.kv_name)
         if t in _SLIDING_TYPES:
+            window = cfg.get("sliding_window")
             if not isinstance(window, int) or window <= 0:
-                raise BadInput(f"{where}: layer {i} is sliding_attention but 'sliding_window' is not a positive integer.")
-            layers.append(LayerKV(i, "sliding", per_tok, window=window))
-        elif t in _CHUNKED_TYPES:
+                raise BadInput(
+                    f"{where}: layer {i} is sliding_attention but 'sliding_window' is not a positive integer.")
+            return LayerKV(i, "sliding", per_tok, window=window)
+        if t in _CHUNKED_TYPES:
+            chunk = cfg.get("attention_chunk_size")
             if not isinstance(chunk, int) or chunk <= 0:
                 raise BadInput(f"{where}: layer {i} is chunked_attention but 'attention_chunk_size' is missing.")
-            layers.append(LayerKV(i, "chunked", per_tok, window=chunk))
-        else:
-            layers.append(LayerKV(i, "full", per_tok))
+            return LayerKV(i, "chunked", per_tok, window=chunk)
+        return LayerKV(i, "full", per_tok)
+
+
+def _layer_notes(layers: list[LayerKV], types: list[str], unknown_attn: list[int], n_layers: int,
+                 shared_from: int, notes: list[str]) -> list[LayerKV]:
+    """What the layers' notes say (unknown attention types, chunked layers at full length,
+    shared KV), and the layers with chunked ones at full length where vLLM keeps them so."""
     if unknown_attn:
         names = sorted({types[i] for i in unknown_attn})
         notes.append(
@@ -441,20 +490,19 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
         # vLLM disables the hybrid KV manager for chunked local attention (latency regression,
         # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE unset): chunked layers then hold full-length KV.
         layers = [LayerKV(l.index, "full", l.bytes_per_token) if l.kind == "chunked" else l for l in layers]
-        notes.append("chunked-local-attention layers counted at full length (vLLM disables the hybrid KV manager for them)")
+        notes.append(
+            "chunked-local-attention layers counted at full length (vLLM disables the hybrid KV manager for them)")
     if shared_from < n_layers:
         notes.append(f"last {n_layers - shared_from} layers reuse earlier layers' KV (num_kv_shared_layers)")
+    return layers
 
+
+def _intermediate_size(cfg: dict, hidden: int) -> int:
     inter = cfg.get("intermediate_size") or 4 * hidden
     moe_inter, topk = cfg.get("moe_intermediate_size"), cfg.get("num_experts_per_tok")
     if isinstance(moe_inter, int) and isinstance(topk, int):
         inter = max(int(inter), moe_inter * topk)
-    return ModelShape(
-        layers=layers, dtype_bytes=dtype_bytes, kv_dtype=kv_name, hidden_size=hidden,
-        intermediate_size=int(inter), vocab_size=int(cfg.get("vocab_size") or 32000),
-        num_attention_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
-        max_position_embeddings=cfg.get("max_position_embeddings"), mla=mla, notes=notes,
-    )
+    return int(inter)
 
 
 # --------------------------------------------------------------------------- vLLM KV allocator model

@@ -13,7 +13,11 @@ import sys
 import click
 
 from builder import __version__
+from builder.commands import pipeline
+from builder.credentials import redact_text
 from builder.errors import BuildImageError
+from builder.scratch import scratch
+from builder.util import cache_dir
 
 INTERNAL_ERROR = 70
 
@@ -47,9 +51,6 @@ class ErrorHandlingGroup(click.Group):
         return importlib.import_module(f"{__package__}.commands.{module}").command
 
     def invoke(self, ctx: click.Context):
-        from builder.scratch import scratch
-        from builder.util import cache_dir
-
         try:
             with scratch(cache_dir(create=False)):  # temp files under the cache; a killed run's litter is swept here
                 return super().invoke(ctx)
@@ -60,8 +61,6 @@ class ErrorHandlingGroup(click.Group):
             raise  # click's own exits and usage errors keep their codes
         except Exception as exc:  # a bug: never let it read as a verdict (exit 1)
             import traceback
-
-            from builder.credentials import redact_text
 
             click.echo(redact_text(traceback.format_exc()).rstrip(), err=True)
             click.echo(
@@ -83,14 +82,11 @@ def main(ctx: click.Context, **kwargs):
     """
     if ctx.invoked_subcommand is not None:
         return
-    from builder.commands import pipeline
 
     pipeline.run_pipeline.callback(**kwargs)  # the command's function itself: its options are the group's
 
 
 def _register() -> None:
-    from builder.commands import pipeline
-
     # The pipeline's options live on the group itself (`build-image --vllm 0.26.0 ...`).
     for param in pipeline.run_pipeline.params:
         main.params.append(param)

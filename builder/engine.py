@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from builder.errors import BuildFailed, EngineUnavailable, ExternalToolError, RegistryError
+from builder.credentials import redact_text
+from builder.errors import BadInput, BuildFailed, EngineUnavailable, ExternalToolError, RegistryError
 from builder.scratch import die_with_parent
 
 DOCKER_ENV = "BUILD_IMAGE_DOCKER"
@@ -130,8 +131,6 @@ def _cli_missing(what: str) -> EngineUnavailable:
 
 def redact(text: str) -> str:
     """Strip anything that looks like a credential from engine output before logging it."""
-    from builder.credentials import redact_text
-
     return redact_text(_SECRETISH.sub(lambda m: (m.group(1) or m.group(2) or "") + "***", text))
 
 
@@ -349,7 +348,5 @@ def get_engine() -> Engine:
     """The engine to use (only Docker today; ``BUILD_IMAGE_ENGINE=docker``)."""
     kind = os.environ.get("BUILD_IMAGE_ENGINE", "docker")
     if kind != "docker":
-        from builder.errors import BadInput
-
         raise BadInput(f"BUILD_IMAGE_ENGINE={kind!r} is not supported (known: docker).")
     return DockerEngine()

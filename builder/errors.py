@@ -12,6 +12,8 @@ the codes below for everything else.
 
 from __future__ import annotations
 
+from builder.credentials import redact_text  # no secret reaches a message, a log or a --json document
+
 
 class BuildImageError(Exception):
     """Base class: a user-facing, expected failure."""
@@ -20,8 +22,6 @@ class BuildImageError(Exception):
     title = "error"
 
     def __init__(self, message: str, *, hint: str | None = None, details: str | None = None):
-        from builder.credentials import redact_text  # no secret reaches a message, a log or a --json document
-
         message, hint, details = redact_text(message), redact_text(hint or "") or None, redact_text(details or "") or None
         super().__init__(message)
         self.message = message

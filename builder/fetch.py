@@ -30,7 +30,9 @@ import urllib.request
 from pathlib import Path
 
 from builder import __version__
+from builder.credentials import auth_header
 from builder.errors import BadInput, IntegrityError
+from builder.scratch import process_tag
 from builder.util import cache_dir, file_digest, remember_digest, sha256_file
 
 PYPI_JSON = os.environ.get("BUILD_IMAGE_PYPI_JSON", "https://pypi.org/pypi")
@@ -79,7 +81,6 @@ def fetch(url: str, sha256: str, *, filename: str | None = None, progress: bool 
         # partial / corrupt / tampered cache entry: drop it and fetch again
         dest.unlink(missing_ok=True)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    from builder.scratch import process_tag
 
     # named by this process (pid + start time): a run killed mid-download leaves a .part the next sweeps
     fd, tmp_name = tempfile.mkstemp(prefix=f".{name}.{process_tag()}.", suffix=".part", dir=dest.parent)
@@ -110,7 +111,6 @@ def _download_to(url: str, out, name: str, progress: bool) -> None:
         except OSError as exc:
             raise IntegrityError(f"cannot read {url}: {exc}.") from None
         return
-    from builder.credentials import auth_header
 
     target, auth = auth_header(url)  # credentials from the URL, the flags' URLs, netrc or keyring
     try:

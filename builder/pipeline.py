@@ -24,7 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from builder import engine as engine_adapter
 from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
+from builder.image.build import build_image, missing_bases
+from builder.image.push import push_image
+from builder.image.render import build_hint, render_context, render_inputs
+from builder.patching.series import require_series
+from builder.resolve.baseref import classify, resolve_base
+from builder.resolve.lockstage import run_lock
+from builder.serving.kuberay import render_manifests, write_manifests
+from builder.serving.smoke import checkpoint_ready, config_from_serving, preflight_plan, render_text, run_smoke
 
 
 @dataclass(frozen=True)
@@ -94,8 +103,6 @@ def preflight(req: PipelineRequest, console) -> dict | None:
     """Before anything is locked, built or booted (``--smoke``): the checkpoint is ready and the
     memory plan fits the serving settings, else refused here with the plan's numbers (zero GPU
     and build time).  The plan is handed to the smoke stage, which does not compute it again."""
-    from builder.serving.smoke import checkpoint_ready, config_from_serving, preflight_plan
-
     cfg = config_from_serving(req.spec.serving, model=req.model, vllm=req.spec.vllm)  # the release's plan facts
 
     def say(m: str) -> None:
@@ -121,13 +128,9 @@ def _dir_size(path: Path) -> int:
 
 def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     """Run the stages in order, each on the previous one's result (see the module doc)."""
-    from builder.resolve.baseref import classify
-
     req.check()
     spec = req.spec
     if not req.series and not req.no_patches:  # before any lock or download: a release nobody ported patches to
-        from builder.patching.series import require_series
-
         require_series(spec.vllm)
     t_all = time.monotonic()
     plan = preflight(req, console) if req.smoke else None
@@ -136,8 +139,6 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
              summary={"vllm": spec.vllm, "context": str(req.out), "stages_s": stages.times})
     r.lock()
     if req.kuberay:  # bad serving settings fail here (exit 2, before the context is written), not after the build
-        from builder.serving.kuberay import render_manifests
-
         render_manifests(lock=r.inputs.lock, spec=spec, image="build-image.invalid/check:kuberay", allow_tag=True,
                          base=r.inputs.manifest)
     r.render()
@@ -178,10 +179,6 @@ class _Run:
 
     def lock(self) -> None:
         """The base (an image reference is snapshotted) and the lock on it."""
-        from builder.image.render import render_inputs
-        from builder.resolve.baseref import classify, resolve_base
-        from builder.resolve.lockstage import run_lock
-
         spec = self.req.spec
         base = None
         if classify(spec.base) == "image":
@@ -197,8 +194,6 @@ class _Run:
 
     def render(self) -> None:
         """Patch check and the build context, timed as two stages when the wheelhouse step is seen."""
-        from builder.image.render import render_context
-
         req, spec, out, inputs = self.req, self.req.spec, self.req.out, self.inputs
         marks: dict[str, float] = {}
 
@@ -211,7 +206,7 @@ class _Run:
             t0 = time.monotonic()
             self.rendered = render_context(vllm=spec.vllm, base=inputs.manifest, lock=inputs.lock,
                                            lock_text=inputs.lock_text, out_dir=out, series_dir=req.series,
-                                           vllm_wheel=req.wheel, repo=spec.repo, spec=spec,
+                                           vllm_wheel=req.wheel, repo=spec.repo,
                                            no_patches=req.no_patches, on_step=on_step)
         times = self.stages.times
         if "wheelhouse" in marks:  # split the stage: patch check+apply, then wheelhouse + context
@@ -222,8 +217,6 @@ class _Run:
                             context_bytes=_dir_size(out), base=inputs.manifest.pinned_ref)
 
     def write_kuberay(self, image: str, allow_tag: bool) -> None:
-        from builder.serving.kuberay import write_manifests
-
         paths = write_manifests(self.req.out, lock=self.inputs.lock, spec=self.req.spec, image=image,
                                 allow_tag=allow_tag, base=self.inputs.manifest)
         self.summary["kuberay"] = [str(p) for p in paths]
@@ -246,12 +239,8 @@ class _Run:
 
     def reach_engine(self, engine) -> tuple[Any, PipelineResult | None]:
         """The engine, with the base images in its store; else the run stops after render."""
-        from builder.engine import get_engine
-        from builder.image.build import missing_bases
-        from builder.image.render import build_hint
-
         out, spec, rendered = self.req.out, self.req.spec, self.rendered
-        engine = engine or get_engine()
+        engine = engine or engine_adapter.get_engine()
         try:
             engine.ping()
         except EngineUnavailable as exc:
@@ -272,8 +261,6 @@ class _Run:
         return engine, None
 
     def build(self, engine) -> None:
-        from builder.image.build import build_image
-
         rendered = self.rendered
         with self.stages.stage("build", "BuildKit, --network=none"):
             self.built = build_image(rendered.out_dir, rendered.tags, vllm=rendered.vllm,
@@ -286,8 +273,6 @@ class _Run:
 
     def push(self, engine) -> str:
         """Push every tag; the image later stages use is the pushed digest."""
-        from builder.image.push import push_image
-
         rendered = self.rendered
         with self.stages.stage("push", f"{', '.join(rendered.tags)}"):
             self.pushed = push_image(rendered.tags, force=self.req.force, engine=engine, context=rendered.out_dir,
@@ -299,8 +284,6 @@ class _Run:
 
     def smoke(self, image: str, plan: dict | None) -> BuildImageError | None:
         """Boot the image and generate; a verdict other than PASS is the error the command raises."""
-        from builder.serving.smoke import config_from_serving, render_text, run_smoke
-
         req, spec = self.req, self.req.spec
         with self.stages.stage("smoke", f"{image} with {req.model}"):
             self.smoked = run_smoke(

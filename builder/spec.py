@@ -38,6 +38,7 @@ from typing import Any
 
 from builder.data import path as data_path
 from builder.errors import BadInput
+from builder.util import canonical_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -137,8 +138,6 @@ class Spec:
 def _req_key(req: str) -> str | None:
     """Canonical package name of a requirement string (None when it does not parse)."""
     from packaging.requirements import InvalidRequirement, Requirement
-
-    from builder.util import canonical_name
 
     try:
         return canonical_name(Requirement(req).name)

@@ -34,9 +34,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.errors import AbiRejected, BadInput, Unsatisfiable
+from builder.fetch import vllm_wheel
 from builder.patching import port as PO
 from builder.patching import series as P
+from builder.resolve import lock as L
+from builder.resolve.baseref import resolve_base
+from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import BaseManifest, load_manifest
+from builder.resolve.reconstruct import load_recipes, recipe_for, reconstruct
+from builder.serving import plan as PL
+from builder.spec import default_base_manifest, default_lock_path, load_spec
 from builder.util import atomic_write_text
 
 #: base-image distributions whose move the report always shows (when either side has them)
@@ -258,8 +265,6 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
 
 # =========================================================================== the command's job
 def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Path, progress) -> tuple[Path, str]:
-    from builder.spec import default_base_manifest
-
     if given:
         p = Path(given)
         if not p.is_file():
@@ -268,13 +273,6 @@ def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Pa
     shipped = default_base_manifest(version)
     if shipped.is_file():
         return shipped, "shipped"
-    try:
-        from builder.resolve.reconstruct import load_recipes, recipe_for, reconstruct
-    except ImportError:
-        raise BadInput(
-            f"no base manifest for vllm {version} ({shipped}) and this build cannot reconstruct one.",
-            hint="pass --base-to MANIFEST (build-image base snapshot --image vllm/vllm-openai:v<B> on a machine "
-                 "that can pull it).") from None
     if progress:
         progress(f"reconstructing the base manifest of vllm {version} from its recipe")
     rec = reconstruct(recipe_for(load_recipes(), version), progress=progress)
@@ -292,8 +290,6 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
             with_: list[str] | None = None, default_overlay: bool | None = None, find_links=(), no_index=False,
             spec_path: str | None = None, out_dir: str | None = None, probe_python: str | None = None,
             progress=None) -> UpgradeReport:
-    from builder.fetch import vllm_wheel
-
     say = progress or (lambda _m: None)
     timings: dict[str, float] = {}
     out = Path(out_dir) if out_dir else None
@@ -346,11 +342,6 @@ def _lock_on_b(from_version: str, to_version: str, b_path: Path, lock_from: str 
                written: list[str], say) -> LockStep:
     """A's overlay (its lock's, or ``with_``) locked on B's base; a lock the gate rejects or
     that cannot be resolved is a step with that status, not an error."""
-    from builder.resolve import lock as L
-    from builder.resolve.baseref import resolve_base
-    from builder.resolve.lockfile import load_lock
-    from builder.spec import default_lock_path
-
     a_lock_path = Path(lock_from) if lock_from else default_lock_path(from_version)
     a_lock = load_lock(a_lock_path) if a_lock_path.is_file() else None
     overlay = list(with_) if with_ else (list(a_lock.overlay) if a_lock else [])
@@ -387,8 +378,6 @@ def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[lis
     The planner models one allocator; what a release changes for it is the defaults it
     assumes where the spec is silent.  Those are read from each release's code; with a
     spec naming a model, the plan is made with each release's defaults and compared."""
-    from builder.serving import plan as PL
-
     da = release_defaults(a_src if a_src.is_file() else None)
     db = release_defaults(b_src if b_src.is_file() else None)
     moves = [Move(f"vLLM default {k}", da.get(k), db.get(k)) for k in sorted(set(da) | set(db))]
@@ -398,7 +387,6 @@ def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[lis
     if not spec_path:
         notes.append("no --spec: no serving settings to plan (pass --spec FILE with a [serving] table naming the model).")
         return [m for m in moves if m.changed] or moves, notes
-    from builder.spec import load_spec
 
     serving = load_spec(spec_path).serving
     if not serving.model:

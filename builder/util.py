@@ -1,4 +1,4 @@
-"""Small shared helpers: atomic writes, hashing, canonical names."""
+"""Small shared helpers: atomic writes, hashing, canonical names and versions."""
 
 from __future__ import annotations
 
@@ -10,6 +10,11 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
+
+from builder.errors import BadInput, OutputBusy
+from builder.scratch import system_tmp
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
@@ -90,6 +95,17 @@ def canonical_name(name: str) -> str:
     return _CANON.sub("-", name).lower()
 
 
+def same_version(a: str | None, b: str | None) -> bool:
+    """One release however it is spelled (``2.0`` is ``2.0.0``, PEP 440); else the same string
+    (None is only the same as None)."""
+    if a is None or b is None:
+        return a is b
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
 def project_root() -> Path:
     """The repository root (where ``patches/``, ``templates/``, ``lockfiles/`` live)."""
     return Path(__file__).resolve().parent.parent
@@ -110,8 +126,6 @@ LOCK_TIMEOUT_ENV = "BUILD_IMAGE_LOCK_TIMEOUT"
 def output_lock_path(path: str | os.PathLike) -> Path:
     """The lock file guarding writes to ``path``: outside the user's tree (nothing to commit or
     ignore), one per absolute output path and user; the kernel drops it when its holder dies."""
-    from builder.scratch import system_tmp
-
     target = os.path.abspath(os.fspath(path))
     d = Path(system_tmp()) / f"build-image-{os.getuid()}-locks"
     d.mkdir(mode=0o700, exist_ok=True)
@@ -124,8 +138,6 @@ def output_lock(path: str | os.PathLike, *, timeout: float | None = None) -> Ite
     file or directory says so on stderr and waits for the first (``BUILD_IMAGE_LOCK_TIMEOUT``
     seconds, default 1800); past that, :class:`builder.errors.OutputBusy`."""
     from filelock import FileLock, Timeout
-
-    from builder.errors import BadInput, OutputBusy
 
     if timeout is None:
         raw = os.environ.get(LOCK_TIMEOUT_ENV, "1800")

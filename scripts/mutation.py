@@ -10,16 +10,17 @@ Two modes:
     them fail; the script exits 1 naming any that survives.  Takes ~30 s.
 
 ``scripts/mutation.py run MODULE [MODULE ...]``
-    Runs mutmut 3 (``pip install -e '.[mutation]'``) over ``builder/MODULE.py``
-    in a scratch copy of the tree, with that module's own tests as the test
+    Runs mutmut 3 (``pip install -e '.[mutation]'``) over the module (a short name:
+    ``abi`` is ``builder/resolve/abi.py``, see ``MODULES``; ``patches`` is the old name of
+    ``series``) in a scratch copy of the tree, with that module's own tests as the test
     command (the narrowest selection that covers it: see ``TESTS``), and prints
     killed / survived / timeout / no-tests and the score per module.  One module
     at a time, nice'd, ``--max-children`` 1 by default: the machine is shared.
     ``--json FILE`` writes the per-module numbers and the surviving mutants.
     Survivors are shown with ``mutmut show NAME`` in ``--work``'s mutants dir.
 
-Modules and their test selections are in ``TESTS`` below; docs/testing.md lists
-the last measured scores and the survivors judged equivalent.
+Modules, their files and their test selections are in ``MODULES`` and ``TESTS`` below;
+docs/testing.md lists the last measured scores and the survivors judged equivalent.
 """
 
 from __future__ import annotations
@@ -39,13 +40,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 
+#: module (short name) -> its file
+MODULES: dict[str, str] = {
+    "abi": "builder/resolve/abi.py",
+    "diff": "builder/resolve/diff.py",
+    "lockfile": "builder/resolve/lockfile.py",
+    "plan": "builder/serving/plan.py",
+    "port": "builder/patching/port.py",
+    "probe": "builder/patching/probe.py",
+    "series": "builder/patching/series.py",
+}
+#: names the modules had before builder/ was grouped by concern
+ALIASES = {"patches": "series"}
+
 #: module -> the tests that exercise it (the test command mutmut runs per mutant).
 TESTS: dict[str, list[str]] = {
     "abi": ["tests/test_abi.py", "tests/test_lock.py", "tests/test_diff.py"],
     "plan": ["tests/test_plan.py", "tests/test_release_facts.py"],
     "diff": ["tests/test_diff.py", "tests/test_diff_release.py"],
     "lockfile": ["tests/test_lockfile.py", "tests/test_diff.py", "tests/test_pylock.py"],
-    "patches": ["tests/test_patches.py", "tests/test_patch_rules.py", "tests/test_patch_series.py"],
+    "series": ["tests/test_patches.py", "tests/test_patch_rules.py", "tests/test_patch_series.py"],
     "port": ["tests/test_port.py", "tests/test_patch_series.py"],
     "probe": ["tests/test_port.py", "tests/test_patch_series.py", "tests/test_patches.py"],
 }
@@ -79,14 +93,31 @@ AUDIT: list[Mutant] = [
     Mutant("lockfile", "allow-abi-change reason split at the last colon",
            'name, _, reason = val.partition(":")', 'name, _, reason = val.rpartition(":")',
            ("tests/test_lockfile.py", "tests/test_diff.py")),
-    Mutant("patches", "context compared after rstrip() (whitespace fuzz)",
+    Mutant("series", "context compared after rstrip() (whitespace fuzz)",
            "if tuple(lines[start:start + len(old)]) == old:",
            "if tuple(x.rstrip() for x in lines[start:start + len(old)]) == tuple(x.rstrip() for x in old):",
            ("tests/test_patches.py", "tests/test_patch_rules.py")),
-    Mutant("patches", "zero-context (-U0) insertion placed one line early",
+    Mutant("series", "zero-context (-U0) insertion placed one line early",
            "start = start_line - 1 if length > 0 else start_line", "start = start_line - 1",
            ("tests/test_patches.py", "tests/test_patch_rules.py")),
 ]
+
+
+def module_name(name: str) -> str:
+    """A module's short name (``abi``) from a short name, an old name (``patches``), a path
+    (``builder/resolve/abi.py``) or a dotted name (``builder.resolve.abi``)."""
+    name = ALIASES.get(name, name)
+    if name in MODULES:
+        return name
+    for short, path in MODULES.items():
+        if name in (path, path[:-3].replace("/", ".")):
+            return short
+    raise argparse.ArgumentTypeError(f"unknown module {name!r}; one of {', '.join(sorted(MODULES))}")
+
+
+def dotted(module: str) -> str:
+    """``builder.resolve.abi``: how mutmut names the module's functions."""
+    return MODULES[module][:-3].replace("/", ".")
 
 
 def _copy_tree(dest: Path) -> None:
@@ -126,7 +157,7 @@ def audit(work: Path) -> int:
     _copy_tree(work)
     survivors = []
     for m in AUDIT:
-        path = work / "builder" / f"{m.module}.py"
+        path = work / MODULES[m.module]
         text = path.read_text()
         if text.count(m.old) != 1:
             print(f"?  {m.module}: {m.what}: the code it mutates is not there once (rule moved?)")
@@ -156,7 +187,7 @@ def _mutmut_config(module: str, work: Path) -> str:
     return (
         "\n[tool.mutmut]\n"
         'source_paths = ["builder"]\n'
-        f'only_mutate = ["builder/{module}.py"]\n'
+        f'only_mutate = ["{MODULES[module]}"]\n'
         f"pytest_add_cli_args_test_selection = [{tests}]\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-m", "not slow", "-q"]\n'
         "use_git_change_detection = false\n"
@@ -185,9 +216,9 @@ def _refresh_tree(wdir: Path, module: str) -> None:
     """Copy the current tree over a finished run's (work/, and work/mutants/ for all but the
     mutated module, which must be unchanged) so that the survivors can be re-run against the
     new tests."""
-    mutated = wdir / "mutants" / "builder" / f"{module}.py"
-    if (ROOT / "builder" / f"{module}.py").read_bytes() != (wdir / "builder" / f"{module}.py").read_bytes():
-        raise SystemExit(f"--survivors: builder/{module}.py changed since the run in {wdir}; run it afresh")
+    mutated = wdir / "mutants" / MODULES[module]
+    if (ROOT / MODULES[module]).read_bytes() != (wdir / MODULES[module]).read_bytes():
+        raise SystemExit(f"--survivors: {MODULES[module]} changed since the run in {wdir}; run it afresh")
     keep = mutated.read_bytes()
     _copy_tree(wdir)
     _copy_tree(wdir / "mutants")
@@ -204,7 +235,7 @@ def run(modules: list[str], work: Path, max_children: int, show: bool, survivors
     for module in modules:
         wdir = work / module
         names: list[str] = []
-        only = [f"builder.{module}.x{'' if f.startswith('ǁ') else '_'}{f}__mutmut_*" for f in functions or []]
+        only = [f"{dotted(module)}.x{'' if f.startswith('ǁ') else '_'}{f}__mutmut_*" for f in functions or []]
         if survivors_only:
             if not (wdir / "mutants").is_dir():
                 raise SystemExit(f"--survivors: no earlier run of {module} in {wdir}")
@@ -246,8 +277,10 @@ def main(argv: list[str]) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("audit", help="re-plant the audit's mutants; each must fail the tests that pin it")
     a.add_argument("--work", type=Path, help="scratch directory (default: a fresh temporary one)")
-    r = sub.add_parser("run", help="mutmut over builder/MODULE.py with that module's tests")
-    r.add_argument("modules", nargs="+", choices=sorted(TESTS))
+    r = sub.add_parser("run", help="mutmut over one module (abi, diff, lockfile, plan, port, probe, series) "
+                                   "with that module's tests")
+    r.add_argument("modules", nargs="+", type=module_name, metavar="MODULE",
+                   help=f"one of {', '.join(sorted(MODULES))} (or its path, or 'patches' for series)")
     r.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "build-image-mutation")
     r.add_argument("--max-children", type=int, default=1)
     r.add_argument("--json", type=Path, help="write the per-module report here")

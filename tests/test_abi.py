@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from builder.resolve import abi
 from builder.resolve.lockfile import LockEntry
-from builder.resolve.manifest import BaseManifest, DistFacts, Distribution
+from builder.resolve.manifest import BaseManifest, DistFacts, Distribution, target_environment
 
 
 def facts(binary=False, ext=0, np1=0, np2=0, glibc=None, pyabi="none") -> DistFacts:
@@ -277,15 +279,28 @@ def test_numpy_evidence_counts_a_missing_generation_as_zero():
     assert abi.numpy_evidence("x", "1.0", facts(np2=3), "2") == "x 1.0: 3 extensions built against numpy 2.x"
 
 
-def test_target_environment_is_linux_x86_64_cpython():
+def test_target_environment_reads_the_bases_python_and_platform():
     # PEP 508 marker variables of the base interpreter (platform_release/version unknown: empty)
-    assert abi.target_environment("3.11") == {
+    assert target_environment("3.11", "aarch64-manylinux_2_28") == {
         "python_version": "3.11", "python_full_version": "3.11.0", "implementation_version": "3.11.0",
-        "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
+        "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "aarch64",
         "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
-        "platform_release": "", "platform_version": "", "extra": "",
+        "platform_release": "", "platform_version": "",
     }
-    assert abi.target_environment()["python_version"] == "3.12"
+    assert target_environment("3.12.4", "x86_64-manylinux_2_35")["python_version"] == "3.12"
+    assert target_environment("3.12.4", "x86_64-manylinux_2_35")["python_full_version"] == "3.12.4"
+    assert abi.DEFAULT_TARGET == target_environment("3.12", "x86_64-manylinux_2_35")
+
+
+def test_the_gate_reads_chains_on_the_bases_platform():
+    # opencv asks for another numpy per machine: the chain names the requirement that holds on the base's platform
+    entries = [entry("numpy", "2.1.0", facts(True, 20, 0, 0, "2.17", "cp312"), via=["opencv"], base_version="1.26.4"),
+               entry("opencv", "4.13", facts())]
+    requires = {"opencv": ["numpy>=2; platform_machine == 'x86_64'", "numpy>=1.22; platform_machine == 'aarch64'"]}
+    for platform, want in (("aarch64-manylinux_2_28", "numpy>=1.22"), ("x86_64-manylinux_2_35", "numpy>=2")):
+        res = abi.evaluate(dataclasses.replace(BASE, platform=platform), entries, {}, requires=requires)
+        chains = {tuple(f.chain) for f in res.violations + res.notices if f.name == "numpy"}
+        assert chains == {("numpy 2.1.0", f"opencv 4.13 ({want})", "overlay (opencv)")}, platform
 
 
 # ------------------------------------------------------------------ chains
@@ -301,12 +316,12 @@ def test_chain_requirement_is_the_one_whose_marker_holds_on_the_target():
     ]}
     # the default target is CPython 3.12 on Linux (whatever interpreter runs the tool)
     assert abi.build_chain("numpy", final, via, requires) == ["numpy 2.1.0", "opencv 4.13 (numpy>=2)"]
-    on_310 = abi.build_chain("numpy", final, via, requires, env=abi.target_environment("3.10"))
+    on_310 = abi.build_chain("numpy", final, via, requires, env=target_environment("3.10", "x86_64-manylinux_2_35"))
     assert on_310 == ["numpy 2.1.0", "opencv 4.13 (numpy>=1.21)"]
     # the overlay's own requirement is read on the target too
     overlay = ["numpy>=2; python_version >= '3.11'", "numpy>=1.21; python_version < '3.11'"]
     assert abi.build_chain("numpy", final, {"numpy": ["-r overlay"]}, overlay=overlay,
-                           base_versions={"numpy": "1.26.4"}, env=abi.target_environment("3.10")) == [
+                           base_versions={"numpy": "1.26.4"}, env=target_environment("3.10", "x86_64-manylinux_2_35")) == [
         "numpy 2.1.0", "overlay (numpy>=1.21)"]
     # extras are kept, sorted; a requirement without a specifier names no version
     assert abi.build_chain("numpy", final, via, {"opencv": ["numpy[typing,dev]>=2"]})[1] == "opencv 4.13 (numpy[dev,typing]>=2)"

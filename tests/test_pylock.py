@@ -15,8 +15,10 @@ from packaging.pylock import Pylock
 from builder.cli import main
 from builder.errors import BadInput
 from builder.resolve import pylock as P
+from builder.resolve import twin as T
 from builder.resolve.lock import find_uv, target_tags
-from builder.resolve.lockfile import load_lock, parse_lock
+from builder.resolve.lockfile import format_pylock, load_lock, parse_lock
+from builder.resolve.manifest import target_environment
 from builder.util import project_root
 
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
@@ -42,25 +44,25 @@ def test_the_default_locks_twin_pins_what_requirements_lock_pins_one_wheel_each(
         doc = P.read(text, str(twin))  # packaging.pylock validates it
         assert isinstance(doc, Pylock) and all(len(p.wheels) == 1 for p in doc.packages)
         back = parse_lock(text, str(twin))
-        assert P.same_pins(lock, back) == [] and back.lock_hash == lock.lock_hash
+        assert T.same_pins(lock, back) == [] and back.lock_hash == lock.lock_hash
         assert [e.hashes for e in back.entries] == [e.hashes for e in sorted(lock.entries, key=lambda e: e.key)]
         # the wheel packaging.pylock selects for the base is the one the lock installs
         h = lock.header
         tags = target_tags(h["python"], "cp" + h["python"].replace(".", ""), h["platform"])
-        env = P.target_environment(h["python"], h["platform"])
+        env = target_environment(h["python"], h["platform"])
         picked = {str(pkg.name): dist.filename for pkg, dist in doc.select(environment=env, tags=tags)}
         assert picked == {e.key: e.wheel.filename for e in lock.entries}
-        assert P.twin_problem(req, lock) is None
+        assert T.twin_problem(req, lock) is None
 
 
 def test_twin_round_trip_keeps_header_facts_via_and_other_hashes():
     lock = load_lock(project_root() / "lockfiles" / "vllm-0.26.0" / "requirements.lock")
-    back = parse_lock(P.format_pylock(lock), "x/pylock.toml")
+    back = parse_lock(format_pylock(lock), "x/pylock.toml")
     assert back.header == lock.header and back.overlay == lock.overlay
     for a, b in zip(sorted(lock.entries, key=lambda e: e.key), back.entries):
         assert (a.name, a.version, a.hashes, a.via, a.wheel, a.facts, a.base_version) == \
                (b.name, b.version, b.hashes, b.via, b.wheel, b.facts, b.base_version)
-    assert parse_lock(P.format_pylock(back), "x/pylock.toml").entries == back.entries
+    assert parse_lock(format_pylock(back), "x/pylock.toml").entries == back.entries
 
 
 def test_foreign_or_invalid_pylock_is_bad_input_naming_the_file(tmp_path):
@@ -105,7 +107,7 @@ def test_lock_writes_the_twin_check_reads_both_and_uv_installs_the_same_set(here
     assert code == 0, text
     twin = out.with_name("pylock.toml")
     lock, back = load_lock(out), load_lock(twin)
-    assert sorted(P.pins(lock)) == ["numpy", "numpy2user"] and P.same_pins(lock, back) == []
+    assert sorted(T.pins(lock)) == ["numpy", "numpy2user"] and T.same_pins(lock, back) == []
 
     venv = tmp_path / "venv"
     subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(venv)], check=True,
@@ -130,7 +132,7 @@ def test_lock_writes_the_twin_check_reads_both_and_uv_installs_the_same_set(here
     assert code == 5 and "does not exist" in text
     # without --check the twin is rewritten from the (fresh) lock, no resolution
     code, text = run(*base_args, "-o", str(out))
-    assert code == 0 and twin.is_file() and P.twin_problem(out, load_lock(out)) is None
+    assert code == 0 and twin.is_file() and T.twin_problem(out, load_lock(out)) is None
     # writing to a pylock path is refused: the lock is requirements.lock, the twin is derived
     code, text = run(*base_args, "-o", str(tmp_path / "pylock.toml"))
     assert code == 2 and "name the requirements.lock" in text
@@ -146,7 +148,7 @@ def test_diff_reads_pylock_on_either_side(tmp_path):
     e.version, e.hashes = "0.5.9", ["f" * 64]
     e.wheel = type(e.wheel)(url=e.wheel.url.replace("0.5.8", "0.5.9"), sha256="f" * 64)
     moved = tmp_path / "pylock.toml"
-    P.write_pylock(moved, lock)
+    T.write_pylock(moved, lock)
     code, text = run("diff", str(req), str(moved))
     assert code == 0 and re.search(r"colorful\s+0\.5\.8\s*(→|->)\s*0\.5\.9", text), text
     code, text = run("diff", "--format", "json", str(moved), str(req))
@@ -180,7 +182,7 @@ def test_render_from_pylock_writes_the_same_context_as_from_requirements_lock(he
 
 
 def test_two_locks_in_one_folder_get_their_own_twins(tmp_path):
-    assert P.twin_path(tmp_path / "requirements.lock") == tmp_path / "pylock.toml"
-    a, b = P.twin_path(tmp_path / "serving.lock"), P.twin_path(tmp_path / "r.v2.lock")
+    assert T.twin_path(tmp_path / "requirements.lock") == tmp_path / "pylock.toml"
+    a, b = T.twin_path(tmp_path / "serving.lock"), T.twin_path(tmp_path / "r.v2.lock")
     assert (a.name, b.name) == ("pylock.serving.toml", "pylock.r-v2.toml")
     assert P.is_pylock_path(a) and P.is_pylock_path(b)  # PEP 751's pylock.<name>.toml

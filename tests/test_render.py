@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from builder.errors import BadInput, IntegrityError
+from builder.image.naming import image_tags
 from builder.image.render import (
     PatchedFile,
     RenderPlan,
     check_consistency,
     context_files,
-    image_tags,
     oci_labels,
     render_dockerfile,
     sha256_list,
@@ -307,6 +307,7 @@ def test_base_refs_lists_images_not_stages():
 def test_render_context_with_kuberay_manifests(tmp_path, monkeypatch):
     """render --kuberay: the manifests land in the context beside the Dockerfile, naming the image."""
     from builder.image.render import render_context
+    from builder.serving.kuberay import write_manifests
     from builder.spec import Spec
 
     monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
@@ -316,13 +317,52 @@ def test_render_context_with_kuberay_manifests(tmp_path, monkeypatch):
     for e in lock.entries:
         (src / e.wheel.filename).write_bytes(_wheel_bytes(e.name))
     spec = Spec().with_flags(model="/models/m", repo="127.0.0.1:5000/serving/vllm")
+    seen = []
+
+    def kuberay(tmp, tags):  # what the render command hands render_context for --kuberay
+        seen.append((tmp, list(tags)))
+        assert (tmp / "Dockerfile").is_file() and tmp != tmp_path / "ctx"  # written before the rename
+        return write_manifests(tmp, lock=lock, spec=spec, image=tags[0], allow_tag=True, base=_manifest())
+
     res = render_context(vllm="0.26.0", base=_manifest(), lock=lock, out_dir=tmp_path / "ctx", no_patches=True,
-                         repo=spec.repo, kuberay=True, allow_tag=True, spec=spec)
+                         repo=spec.repo, extra=kuberay)
+    assert [t for _, t in seen] == [list(res.tags)]
     assert "rayservice.yaml" in res.files and "raycluster.yaml" in res.files
     text = (tmp_path / "ctx" / "rayservice.yaml").read_text()
     assert res.tags[0] in text
     on_disk = sorted(str(p.relative_to(tmp_path / "ctx")) for p in (tmp_path / "ctx").rglob("*") if p.is_file())
     assert on_disk == sorted(res.files)
+
+
+def test_render_command_writes_kuberay_manifests_into_the_context(tmp_path, monkeypatch):
+    """`render --kuberay`: the manifests are in the context (listed in --json files), running the
+    content-addressed tag, or the --image given."""
+    from click.testing import CliRunner
+
+    from builder.cli import main
+
+    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    src = tmp_path / "src"
+    src.mkdir()
+    lock = _lock(base_dir=src)
+    for e in lock.entries:
+        (src / e.wheel.filename).write_bytes(_wheel_bytes(e.name))
+    lock.save(tmp_path / "requirements.lock")
+    _manifest().save(tmp_path / "base.json")
+    args = ["render", "--vllm", "0.26.0", "--base", "base.json", "--lock", "requirements.lock", "--no-patches",
+            "--tag", "127.0.0.1:5000/serving/vllm", "--json"]
+    kuberay = ["--model", "/models/m", "--kuberay", "--allow-tag"]
+    for extra, image in (([], None), (["--image", "127.0.0.1:5000/serving/vllm@sha256:" + "c" * 64], "given")):
+        r = CliRunner().invoke(main, [*args, *kuberay, "-o", "ctx", *extra])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.stdout)
+        assert {"rayservice.yaml", "raycluster.yaml"} <= set(doc["files"])
+        text = (tmp_path / "ctx" / "rayservice.yaml").read_text()
+        assert (extra[1] if image else doc["tags"][0]) in text
+    r = CliRunner().invoke(main, [*args, "-o", "plain"])
+    assert r.exit_code == 0, r.output
+    assert not (tmp_path / "plain" / "rayservice.yaml").exists()
 
 
 def test_parse_ref_and_loopback_scheme():

@@ -1,7 +1,9 @@
 """One click command (or group) per module; builder.cli registers them.
 
 Each command parses its flags, calls one stage function in ``builder/``, prints and
-maps the outcome to an exit code; no command imports or invokes another."""
+maps the outcome to an exit code; no command imports or invokes another.  A command imports
+its stage inside its function: ``build-image --help`` imports every command module to list it,
+and a stage (with its dependencies) loads only when its command runs."""
 
 
 def stderr_console(**kw):

@@ -9,6 +9,9 @@ import click
 
 from builder.errors import BadInput
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 def _progress():
     """A rich progress bar on stderr (quiet when stderr is not a terminal)."""

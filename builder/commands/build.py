@@ -10,6 +10,9 @@ import click
 
 from builder.commands import stderr_console
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 @click.command("build")
 @click.argument("context", required=False, type=click.Path(file_okay=False, path_type=Path))

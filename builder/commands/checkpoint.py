@@ -29,6 +29,9 @@ from builder.serving.checkpoint import (
     scan_directory,
 )
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 def _default_jobs() -> int:
     try:

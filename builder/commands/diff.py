@@ -20,6 +20,9 @@ import click
 
 from builder.errors import BadInput, ExternalToolError, VerdictFailure
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 FORMATS = ("text", "markdown", "json")
 
 

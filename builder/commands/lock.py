@@ -11,6 +11,9 @@ import click
 from builder.errors import AbiRejected, BadInput, BuildImageError, StaleLock, Unsatisfiable
 from builder.util import canonical_name
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 def _allow(names: tuple[str, ...], reasons: tuple[str, ...]) -> dict[str, str] | None:
     if not names and not reasons:

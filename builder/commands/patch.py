@@ -12,6 +12,9 @@ from builder.errors import PatchFailed
 from builder.patching import series as P
 from builder.util import atomic_write_text, sha256_file
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 def _series(vllm: str, series_dir: str | None) -> P.Series:
     if series_dir:  # --series overrides --vllm; still refuse a series made for another version when both are given

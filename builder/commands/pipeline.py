@@ -16,6 +16,9 @@ import click
 
 from builder.commands import stderr_console
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 @click.command("pipeline")
 @click.option("--vllm", "vllm", default=None, help="vLLM version (default: spec or 0.26.0).")

@@ -11,6 +11,9 @@ import click
 from builder.commands import stderr_console
 from builder.errors import BadInput
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 @click.command("push")
 @click.argument("context", required=False, type=click.Path(file_okay=False, path_type=Path))

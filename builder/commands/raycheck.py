@@ -14,6 +14,9 @@ import click
 
 from builder.errors import VerdictFailure
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 @click.command("ray-check")
 @click.argument("image")

@@ -11,6 +11,9 @@ import click
 from builder.commands import stderr_console
 from builder.errors import BadInput
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 @click.command("render")
 @click.option("--vllm", "vllm", metavar="VERSION", help="vLLM version (default: spec, else 0.26.0).")
@@ -37,6 +40,7 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
     Nothing is written on failure (the context is built in a temp dir and renamed into place).
     """
     from builder.image.render import build_hint, default_out_dir, render_context, render_inputs
+    from builder.serving.kuberay import write_manifests
     from builder.spec import load_spec
 
     if series and no_patches:
@@ -46,12 +50,16 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
     manifest, lock = inputs.manifest, inputs.lock
     out = out or default_out_dir(spec.vllm)
     console = stderr_console()
+
+    def kuberay_manifests(tmp: Path, tags: list[str]) -> list[Path]:  # into the context before its rename
+        return write_manifests(tmp, lock=lock, spec=spec, image=kuberay_image or tags[0], allow_tag=allow_tag,
+                               base=manifest)
+
     with console.status("render") as status:
         result = render_context(
             vllm=spec.vllm, base=manifest, lock=lock, lock_text=inputs.lock_text, out_dir=out,
-            series_dir=series, vllm_wheel=wheel, repo=spec.repo, kuberay=kuberay, no_patches=no_patches,
-            kuberay_image=kuberay_image, allow_tag=allow_tag, spec=spec,
-            on_step=lambda s: status.update(f"render: {s}"),
+            series_dir=series, vllm_wheel=wheel, repo=spec.repo, no_patches=no_patches,
+            on_step=lambda s: status.update(f"render: {s}"), extra=kuberay_manifests if kuberay else None,
         )
     doc = {
         "context": str(result.out_dir),

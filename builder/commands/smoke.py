@@ -16,6 +16,9 @@ import click
 from builder.errors import BadInput, VerdictFailure
 from builder.serving.smoke import SmokeConfig, render_text, run_smoke
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 def _parse_size(text: str | None) -> int | None:
     """--gpu-memory: the planner's size syntax (a unit is required; h100/h200 presets)."""

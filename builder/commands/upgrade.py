@@ -7,6 +7,9 @@ from pathlib import Path
 
 import click
 
+# Stages are imported inside the command functions, not here: `build-image --help` imports every
+# command module to list it, and a stage (with its dependencies) loads only when its command runs.
+
 
 @click.command("upgrade")
 @click.option("--to", "to_version", required=True, help="The vLLM release to upgrade to (B).")

@@ -15,7 +15,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder import engine as engine_adapter
 from builder.errors import BuildFailed
+from builder.image import provenance  # the statement's subject is now the image (its ID under each tag)
 
 
 @dataclass(frozen=True)
@@ -76,9 +78,7 @@ def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str
     Without ``pull`` a base image that is not in the engine's store is BuildFailed (exit 9)
     instead of an implicit multi-GB download from a registry; ``bases_checked``: the caller
     has just asked the engine (the pipeline, deciding whether to stop after render)."""
-    from builder.engine import get_engine
-
-    engine = engine or get_engine()
+    engine = engine or engine_adapter.get_engine()
     if not bases_checked:
         engine.ping()
         if not pull:
@@ -94,7 +94,6 @@ def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str
             on_step(" ".join(head.split())[:110])
 
     built = engine.build(Path(context), list(tags), network="none", on_line=on_line)
-    from builder.image import provenance  # the statement's subject is now the image (its ID under each tag)
 
     provenance.record_subject(context, provenance.image_subject(list(tags), built.image_id), stage="build")
     info = engine.inspect(built.image_id)

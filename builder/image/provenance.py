@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder import __version__
+from builder.credentials import redact_url
+from builder.image.naming import PROVENANCE_FILE, choose_installer, default_repo, image_tags
 from builder.util import atomic_write_text, sha256_bytes
 
-PROVENANCE_FILE = "provenance.intoto.json"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "urn:build-image:build-type:container-image:v1"
@@ -79,8 +80,6 @@ def _hex(digest: str) -> str:
 def statement(inp: ProvenanceInput, subject: list[dict] | None = None, *, env: Mapping[str, str] | None = None,
               started: str | None = None, finished: str | None = None) -> dict:
     """The in-toto statement (pure given ``env`` and the times)."""
-    from builder.credentials import redact_url
-
     deps: list[dict] = []
     if inp.base_ref:
         base = {"uri": f"oci://{inp.base_ref.split('@')[0]}", "annotations": {"role": "base-image"}}
@@ -195,10 +194,8 @@ def validate(doc: dict) -> list[str]:
 def for_render(plan, *, lock_text: str, outputs: Mapping[str, str], template_text: str) -> dict:
     """The statement render writes: ``plan`` is the :class:`~builder.image.render.RenderPlan`,
     ``outputs`` the files render produced (name -> text), the subject until build/push."""
-    from builder.image.render import choose_installer, default_repo, image_tags
-
     lock = plan.lock
-    repo = plan.repo or default_repo(plan.vllm)
+    repo = plan.repo or default_repo()
     inp = ProvenanceInput(
         vllm=plan.vllm, repository=repo, tags=image_tags(repo, plan.vllm, lock.lock_hash), lock_hash=lock.lock_hash,
         lock_sha256=sha256_text(lock_text), base_ref=plan.base.image_ref, base_digest=plan.base.image_digest,

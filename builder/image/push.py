@@ -11,7 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder import engine as engine_adapter
 from builder.errors import BadInput, RegistryError, TagConflict
+from builder.image import referrers, registry
+from builder.image.naming import is_content_addressed
 
 
 @dataclass(frozen=True)
@@ -54,12 +57,8 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
     listed in ``moved_tags``.  After pushing: the registry's digest for each tag must
     equal the digest the engine pushed -> RegistryError otherwise.
     """
-    from builder.engine import get_engine
-    from builder.image.registry import client_for, config_of
-    from builder.image.render import is_content_addressed
-
     say = on_step or (lambda _m: None)
-    engine = engine or get_engine()
+    engine = engine or engine_adapter.get_engine()
     engine.ping()
     infos = {}
     for t in tags:
@@ -73,7 +72,7 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
     image_id = ids.pop()
     clients = {}
     for t in tags:
-        client, ref = client_for(t)
+        client, ref = registry.client_for(t)
         if ref.registry == "docker.io" and "/" not in t.split(":")[0]:
             raise BadInput(f"tag {t} has no registry host; use --tag HOST[:PORT]/REPO.")
         client.ping()
@@ -84,7 +83,7 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
         got = client.manifest(ref.repository, ref.tag or "latest")
         if got is None:
             continue
-        cfg = config_of(got[1])
+        cfg = registry.config_of(got[1])
         if cfg != image_id:  # a manifest list / index (no single config) is a different image too
             what = f"image {cfg[:19]}…" if cfg else f"{got[1].get('mediaType') or 'a manifest without a config'} {got[0][:19]}…"
             (conflicts if is_content_addressed(t) else moving).append(f"{t} -> {what} (local {image_id[:19]}…)")
@@ -100,7 +99,7 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
         say(t)
         res = engine.push(t)
         got = client.manifest(ref.repository, ref.tag or "latest")
-        remote, cfg = (got[0], config_of(got[1])) if got else (None, None)
+        remote, cfg = (got[0], registry.config_of(got[1])) if got else (None, None)
         if remote != res.digest or cfg != image_id:
             raise RegistryError(
                 f"after pushing {t} the registry serves manifest {remote or 'nothing'} (image {cfg or 'none'}), "
@@ -111,10 +110,8 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
     digests = {p.digest for p in pushed}
     attestations = None
     if context is not None:
-        from builder.image.referrers import push_attestations, summary_line
-
-        attestations = push_attestations(context, pushed[0].pinned, list(tags))
-        say(summary_line(attestations))
+        attestations = referrers.push_attestations(context, pushed[0].pinned, list(tags))
+        say(referrers.summary_line(attestations))
     return PushResult(image_id=image_id, digest=pushed[0].digest if len(digests) == 1 else None,
                       pinned=pushed[0].pinned, pushed=tuple(pushed),
                       moved_tags=tuple(c.split(" ->")[0] for c in conflicts + moving), attestations=attestations)

@@ -22,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import RegistryError
+from builder.image import provenance
+from builder.image.naming import PROVENANCE_FILE, SBOM_FILE
+from builder.image.registry import client_for
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -162,10 +165,6 @@ def push_attestations(context: str | Path, pinned: str, tags: list[str]) -> dict
     """After a push: record the registry digest as the provenance subject, then push the SBOM and the
     provenance as referrers of ``pinned`` (``HOST/REPO@sha256:…``).  A registry that refuses them
     is reported (``pushed: false`` and why), not an error: the files stay in the context."""
-    from builder.image import provenance
-    from builder.image.registry import client_for
-    from builder.image.render import SBOM_FILE
-
     ctx = Path(context)
     client, ref = client_for(pinned)
     digest = ref.digest
@@ -176,7 +175,7 @@ def push_attestations(context: str | Path, pinned: str, tags: list[str]) -> dict
     if (ctx / SBOM_FILE).is_file():
         docs.append(("sbom", SBOM_TYPE, SBOM_FILE, (ctx / SBOM_FILE).read_bytes()))
     if prov is not None:
-        docs.append(("provenance", INTOTO_TYPE, provenance.PROVENANCE_FILE, (ctx / provenance.PROVENANCE_FILE).read_bytes()))
+        docs.append(("provenance", INTOTO_TYPE, PROVENANCE_FILE, (ctx / PROVENANCE_FILE).read_bytes()))
     for key, _t, name, _b in docs:
         out["files"][key] = str(ctx / name)
     try:

@@ -20,10 +20,10 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
-from builder.errors import BadInput, RegistryError
+from builder.errors import RegistryError
+from builder.image.naming import ImageRef, parse_ref
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.docker.distribution.manifest.v2+json",
@@ -32,49 +32,6 @@ MANIFEST_TYPES = ", ".join([
     "application/vnd.oci.image.index.v1+json",
 ])
 _LOOPBACK = re.compile(r"^(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?$")
-
-
-@dataclass(frozen=True)
-class ImageRef:
-    registry: str     # host[:port]
-    repository: str   # path inside the registry
-    tag: str | None
-    digest: str | None
-
-    @property
-    def reference(self) -> str:
-        return self.digest or self.tag or "latest"
-
-    def __str__(self) -> str:
-        s = f"{self.registry}/{self.repository}"
-        if self.tag:
-            s += f":{self.tag}"
-        if self.digest:
-            s += f"@{self.digest}"
-        return s
-
-
-def parse_ref(ref: str) -> ImageRef:
-    """``host:port/repo/name:tag[@sha256:...]`` -> parts (Docker Hub when no host)."""
-    if not ref or any(c.isspace() for c in ref):
-        raise BadInput(f"image reference {ref!r} is not valid.")
-    digest = None
-    if "@" in ref:
-        ref, digest = ref.split("@", 1)
-        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-            raise BadInput(f"image reference digest {digest!r} is not sha256:<64 hex>.")
-    first, _, rest = ref.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        registry, path = first, rest
-    else:
-        registry, path = "docker.io", ref if "/" in ref else f"library/{ref}"
-    tag = None
-    last = path.rsplit("/", 1)[-1]
-    if ":" in last:
-        path, tag = path.rsplit(":", 1)
-    if not re.fullmatch(r"[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*", path):
-        raise BadInput(f"image reference {ref!r}: repository {path!r} is not a valid name (lowercase, digits, . _ - /).")
-    return ImageRef(registry=registry, repository=path, tag=tag, digest=digest)
 
 
 def _docker_config_auth(registry: str) -> str | None:

@@ -35,19 +35,36 @@ from pathlib import Path
 import jinja2
 
 from builder import __version__
+from builder.credentials import redact_text  # a lock written before redaction keeps no secret in a context
 from builder.data import path as data_path
 from builder.errors import BadInput, IntegrityError
+from builder.fetch import fetch
+from builder.fetch import vllm_wheel as fetch_vllm_wheel
+from builder.image import provenance
+from builder.image.naming import (
+    LABEL_PREFIX,
+    PROVENANCE_FILE,
+    SBOM_FILE,
+    SERVE_APP_FILE,
+    SERVE_BACKEND_ENV,
+    SERVE_MODULE,
+    choose_installer,
+    default_repo,
+    image_tags,
+    serve_app_source,
+    serve_backend_of,
+    tag_names,
+)
+from builder.image.sbom import IMAGE_SBOM_PATH, SbomInput, sbom_json
+from builder.patching import series as P
 from builder.patching.series import PatchedFile, sha256_list
-from builder.resolve.lockfile import LockFile
+from builder.resolve.baseref import resolve_base, vllm_on_base
+from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock
+from builder.resolve.lockstage import _read
 from builder.resolve.manifest import BaseManifest
-from builder.util import file_digest, remember_digest, sha256_file
-
-SERVE_MODULE = "build_image_serve_app"
-SBOM_FILE = "sbom.cdx.json"
-PYLOCK_FILE = "pylock.toml"
-PROVENANCE_FILE = "provenance.intoto.json"
-SERVE_APP_FILE = f"{SERVE_MODULE}.py"
-LABEL_PREFIX = "org.build-image"
+from builder.resolve.pylock import PYLOCK_NAME
+from builder.resolve.twin import same_pins
+from builder.util import file_digest, output_lock, remember_digest, sha256_bytes, sha256_file
 
 
 @dataclass
@@ -77,70 +94,20 @@ class RenderPlan:
 
     def sbom_text(self) -> str:
         """The image's CycloneDX SBOM (pure: a function of the plan)."""
-        from builder.image.sbom import SbomInput, sbom_json
-
         return sbom_json(SbomInput(
-            vllm=self.vllm, base=self.base, lock=self.lock, image_name=self.repo or default_repo(self.vllm),
+            vllm=self.vllm, base=self.base, lock=self.lock, image_name=self.repo or default_repo(),
             image_version=tag_names(self.vllm, self.lock_hash)[0], patched=list(self.patched),
             patches=list(self.patches), patch_texts=dict(self.patch_texts), vllm_wheel=self.vllm_wheel,
             source_date_epoch=self.source_date_epoch))
 
 
 # ---------------------------------------------------------------- pure decisions
-SERVE_BACKENDS = ("auto", "ray-serve-llm", "vllm-server")
-SERVE_BACKEND_ENV = "BUILD_IMAGE_SERVE_BACKEND"  # what build_image_serve_app reads as its default backend
-
-
-def serve_backend_of(lock: LockFile) -> str:
-    """The lock header's ``serve-backend`` (``auto`` for a lock without one); anything else is refused."""
-    value = (lock.header.get("serve-backend") or "auto").strip()
-    if value not in SERVE_BACKENDS:
-        raise BadInput(f"lock{f' {lock.path}' if getattr(lock, 'path', None) else ''}: header 'serve-backend' is "
-                       f"{value!r}; it must be one of {', '.join(SERVE_BACKENDS)}.",
-                       hint="regenerate the lock with `build-image lock`.")
-    return value
-
-
-def tag_names(vllm: str, lock_hash: str) -> list[str]:
-    """The two tag names: content-addressed first, then the moving one."""
-    return [f"vllm{vllm}-{lock_hash[:12]}", f"vllm{vllm}"]
-
-
-def is_content_addressed(tag: str) -> bool:
-    """``REPO:vllm<v>-<12 hex>`` (names one lock) as opposed to the moving ``REPO:vllm<v>``."""
-    return re.search(r":vllm[^:/]*-[0-9a-f]{12}$", tag) is not None
-
-
-def image_tags(repo: str, vllm: str, lock_hash: str) -> list[str]:
-    repo = repo.strip()
-    if not repo or "@" in repo or repo.rsplit("/", 1)[-1].count(":"):
-        raise BadInput(f"--tag {repo!r}: give an image repository without a tag or digest (e.g. 127.0.0.1:5000/serving/vllm).")
-    from builder.image.registry import parse_ref
-
-    parse_ref(repo)  # lowercase path components etc.: refused here, not by `docker build` after the render
-    tags = tag_names(vllm, lock_hash)
-    bad = [t for t in tags if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", t)]
-    if bad:
-        raise BadInput(f"vllm version {vllm!r} gives the tag(s) {', '.join(bad)}, which are not valid image tags "
-                       "(letters, digits, '_', '.', '-'; at most 128).")
-    return [f"{repo}:{t}" for t in tags]
-
-
-def default_repo(vllm: str) -> str:
-    return "build-image/vllm-serving"
-
-
 def from_ref(base: BaseManifest) -> str:
     ref = base.pinned_ref
     if not ref:
         raise BadInput("base manifest: 'image.ref' is empty; render needs the base image reference.",
                        hint="snapshot the base with `build-image base snapshot --image REF`.")
     return ref
-
-
-def choose_installer(base: BaseManifest) -> str:
-    """uv when the base image carries it (the official vLLM image does), else pip."""
-    return "uv" if base.get("uv") is not None else "pip"
 
 
 def check_consistency(plan: RenderPlan) -> None:
@@ -182,9 +149,6 @@ def epoch_iso(epoch: int) -> str:
 def oci_labels(plan: RenderPlan, sbom_sha256: str | None = None) -> list[tuple[str, str]]:
     """Image labels, in a stable order.  Nothing host- or user-specific, no credentials.
     ``sbom_sha256``: of the SBOM the image carries (computed from the plan when not given)."""
-    from builder.image.sbom import IMAGE_SBOM_PATH
-    from builder.util import sha256_bytes
-
     if sbom_sha256 is None:
         sbom_sha256 = sha256_bytes(plan.sbom_text().encode())
     tags = tag_names(plan.vllm, plan.lock_hash)
@@ -218,7 +182,7 @@ def oci_labels(plan: RenderPlan, sbom_sha256: str | None = None) -> list[tuple[s
 
 def context_files(plan: RenderPlan) -> list[str]:
     """Every file of the context, relative, sorted (the test of 'nothing else')."""
-    files = ["Dockerfile", "requirements.lock", PYLOCK_FILE, SBOM_FILE, PROVENANCE_FILE]
+    files = ["Dockerfile", "requirements.lock", PYLOCK_NAME, SBOM_FILE, PROVENANCE_FILE]
     files += [f"wheels/{e.wheel.filename}" for e in plan.lock.entries if e.wheel]
     if plan.patched:
         files += ["patches/original.sha256", "patches/patched.sha256"]
@@ -249,11 +213,10 @@ def _env() -> jinja2.Environment:
 def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
     """The Dockerfile text: a pure function of the plan (``sbom_sha256``: of ``plan.sbom_text()``,
     computed when not given)."""
-    from builder.image.sbom import IMAGE_SBOM_PATH
     for p in plan.patched:
         if p.relpath.startswith("/") or ".." in Path(p.relpath).parts or any(c.isspace() for c in p.relpath):
             raise BadInput(f"patched file path {p.relpath!r} must be relative to site-packages, without '..' or spaces.")
-    repo = plan.repo or default_repo(plan.vllm)
+    repo = plan.repo or default_repo()
     return _env().get_template("Dockerfile.j2").render(
         tool_version=__version__,
         vllm=plan.vllm,
@@ -275,10 +238,6 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
 
 
 # ---------------------------------------------------------------- side effects
-def serve_app_source() -> Path:
-    return data_path(f"templates/serve/{SERVE_APP_FILE}")
-
-
 def default_source_date_epoch() -> int:
     """``SOURCE_DATE_EPOCH`` from the environment, else 0 (stable across commits, so a
     no-op rebuild is a cache hit and the same inputs give the same image)."""
@@ -294,8 +253,6 @@ def default_source_date_epoch() -> int:
 def fetch_wheels(lock: LockFile, *, on_wheel: Callable[[str], None] | None = None) -> dict[str, Path]:
     """Download (or take from the cache) every locked wheel, sha256-verified by :func:`builder.fetch.fetch`.
     filename -> path."""
-    from builder.fetch import fetch
-
     out: dict[str, Path] = {}
     for e in sorted(lock.entries, key=lambda e: e.key):
         assert e.wheel is not None
@@ -381,13 +338,10 @@ def write_context(
     ``plan.sbom_text()`` when the caller made it already (it is not made twice).
     Returns the relative paths written.
     """
-    from builder.util import sha256_bytes
-
     out = Path(out_dir)
     check_consistency(plan)
     sbom = sbom_text if sbom_text is not None else plan.sbom_text()
     dockerfile = render_dockerfile(plan, sha256_bytes(sbom.encode()))
-    from builder.util import output_lock
 
     with output_lock(out):  # two renders to one -o: the second waits, then replaces the first's whole
         return _write_context_locked(out, plan, dockerfile, sbom, wheels=wheels, patched_root=patched_root,
@@ -396,25 +350,21 @@ def write_context(
 
 def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: str, *, wheels, patched_root,
                           lock_text, extra) -> list[str]:
-    from builder.resolve.pylock import format_pylock
-
     _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
-        from builder.credentials import redact_text  # a lock written before redaction keeps no secret in a context
 
         (tmp / "requirements.lock").write_text(redact_text(lock_text) if lock_text is not None else plan.lock.format(),
                                                encoding="utf-8")
         pylock_text = format_pylock(plan.lock, wheel_dir="wheels")
-        (tmp / PYLOCK_FILE).write_text(pylock_text, encoding="utf-8")
+        (tmp / PYLOCK_NAME).write_text(pylock_text, encoding="utf-8")
         (tmp / SBOM_FILE).write_text(sbom, encoding="utf-8")
-        from builder.image import provenance
 
         prov = provenance.for_render(
             plan, lock_text=(tmp / "requirements.lock").read_text(encoding="utf-8"),
-            outputs={"Dockerfile": dockerfile, PYLOCK_FILE: pylock_text, SBOM_FILE: sbom},
+            outputs={"Dockerfile": dockerfile, PYLOCK_NAME: pylock_text, SBOM_FILE: sbom},
             template_text=_env().loader.get_source(_env(), "Dockerfile.j2")[0])
         (tmp / PROVENANCE_FILE).write_text(provenance.dumps(prov), encoding="utf-8")
         (tmp / "wheels").mkdir()
@@ -485,8 +435,6 @@ def verify_context(context: str | Path) -> LockFile:
 
     Missing Dockerfile/lock -> BadInput; missing wheel -> BadInput; hash mismatch -> IntegrityError.
     """
-    from builder.resolve.lockfile import load_lock
-
     ctx = Path(context)
     if not (ctx / "Dockerfile").is_file():
         raise BadInput(f"build context {ctx} has no Dockerfile.", hint="create it with `build-image render`.")
@@ -549,13 +497,11 @@ def verify_context(context: str | Path) -> LockFile:
 
 def _verify_twins(ctx: Path, lock: LockFile) -> None:
     """pylock.toml pins what requirements.lock pins; sbom.cdx.json is the one the Dockerfile's label names."""
-    from builder.resolve.pylock import parse_pylock_lock, same_pins
-
-    py = ctx / PYLOCK_FILE
+    py = ctx / PYLOCK_NAME
     if py.is_file():
         diffs = same_pins(lock, parse_pylock_lock(py.read_text(encoding="utf-8"), str(py)))
         if diffs:
-            raise IntegrityError(f"build context {ctx}: {PYLOCK_FILE} pins other packages than requirements.lock "
+            raise IntegrityError(f"build context {ctx}: {PYLOCK_NAME} pins other packages than requirements.lock "
                                  f"({'; '.join(diffs[:3])}).", hint="the context was modified; re-run `build-image render`.")
     sbom = ctx / SBOM_FILE
     m = re.search(rf'{re.escape(LABEL_PREFIX)}\.sbom-sha256="([0-9a-f]{{64}})"', (ctx / "Dockerfile").read_text(encoding="utf-8"))
@@ -618,9 +564,6 @@ def render_inputs(spec, *, lock_file: str | Path | None = None, base: str | None
     every command) and the lock from ``lock_file`` or the spec, each read once.  A base
     with another vllm than ``spec.vllm`` is exit 2 naming both; BadInput naming the file
     for a missing or malformed one."""
-    from builder.resolve.baseref import resolve_base, vllm_on_base
-    from builder.resolve.lockstage import _read
-
     if locked is not None:
         resolved, lock, text, lock_path = locked.base, locked.lock, locked.text, locked.path
     else:
@@ -637,8 +580,6 @@ def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, ou
 
     ``series_dir=None``: the series for ``vllm`` (patches/vllm/<v>/), none if it holds no series.
     """
-    from builder.patching import series as P
-
     if series_dir is None:  # a release without a shipped series stops here, naming how to port one
         series_dir = Path(P.require_series(vllm))
     series = P.load_series(series_dir, vllm)
@@ -646,8 +587,6 @@ def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, ou
     if not names:
         return [], []
     if vllm_wheel is None:
-        from builder.fetch import vllm_wheel as fetch_vllm_wheel
-
         vllm_wheel = Path(fetch_vllm_wheel(vllm, series.wheel_sha256))
     P.check(series, vllm_wheel)  # raises PatchFailed with the failing hunk
     return P.apply_to_dir(series, vllm_wheel, out_dir), names
@@ -655,8 +594,6 @@ def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, ou
 
 def series_texts(series_dir: Path | None, vllm: str) -> tuple[dict[str, str], tuple[str, str] | None]:
     """(patch name -> text, (wheel file name, sha256) the series is made for) of the series render applied."""
-    from builder.patching import series as P
-
     d = Path(series_dir) if series_dir is not None else Path(P.series_dir_for(vllm))
     series = P.load_series(d, vllm)
     texts = {p.name: (d / p.name).read_text(encoding="utf-8") for p in series.patches}
@@ -674,21 +611,21 @@ def render_context(
     series_dir: Path | None = None,
     vllm_wheel: Path | None = None,
     repo: str | None = None,
-    kuberay: bool = False,
-    kuberay_image: str | None = None,
-    allow_tag: bool = False,
     no_patches: bool = False,
-    spec=None,
     revision: str | None = None,
     on_step: Callable[[str], None] | None = None,
+    extra: Callable[[Path, list[str]], Iterable[Path]] | None = None,
 ) -> RenderResult:
-    """Patch on the host, fetch the wheels, write the context atomically (+ KubeRay manifests)."""
+    """Patch on the host, fetch the wheels, write the context atomically.
+
+    ``extra(tmp_dir, tags)`` may add files to the context before it is renamed into place
+    (``render --kuberay``: the KubeRay manifests); it returns the paths it wrote."""
     step = on_step or (lambda s: None)
     plan = RenderPlan(vllm=vllm, base=base, lock=lock, repo=repo,
                       source_date_epoch=default_source_date_epoch(), revision=revision,
                       serve_app=serve_app_source().is_file())
     check_consistency(plan)
-    tags = image_tags(repo or default_repo(vllm), vllm, lock.lock_hash)
+    tags = image_tags(repo or default_repo(), vllm, lock.lock_hash)
     with tempfile.TemporaryDirectory(prefix="build-image-patched.") as ptmp:
         step("patch series")
         if not no_patches:
@@ -698,21 +635,11 @@ def render_context(
         step(f"wheelhouse ({len(lock.entries)} wheels)")
         wheels = fetch_wheels(lock, on_wheel=lambda f: step(f"wheel {f}"))
 
-        extra = None
-        if kuberay:
-            from builder.serving.kuberay import write_manifests
-
-            def extra(tmp: Path):
-                return write_manifests(tmp, lock=lock, spec=spec, image=kuberay_image or tags[0],
-                                       allow_tag=allow_tag, base=base)
-
         step("write context")
         sbom = plan.sbom_text()  # once: the context's file and the label's sha256
-        files = write_context(out_dir, plan, wheels=wheels, patched_root=Path(ptmp), lock_text=lock_text, extra=extra,
-                              sbom_text=sbom)
+        files = write_context(out_dir, plan, wheels=wheels, patched_root=Path(ptmp), lock_text=lock_text,
+                              extra=None if extra is None else (lambda tmp: extra(tmp, tags)), sbom_text=sbom)
     from types import MappingProxyType
-
-    from builder.util import sha256_bytes
 
     return RenderResult(
         out_dir=Path(out_dir), files=tuple(files), tags=tuple(tags),
@@ -762,4 +689,4 @@ def tags_for_context(context: str | Path, repo: str | None) -> tuple[str, list[s
     """(vllm, tags, lock) of a rendered context (tags recomputed from its requirements.lock)."""
     lock = verify_context(context)
     vllm = lock.header.get("vllm") or "-"
-    return vllm, image_tags(repo or default_repo(vllm), vllm, lock.lock_hash), lock
+    return vllm, image_tags(repo or default_repo(), vllm, lock.lock_hash), lock

@@ -24,12 +24,12 @@ import warnings
 from dataclasses import dataclass, field
 
 from builder import __version__
+from builder.credentials import redact_url  # a lock written before redaction keeps no secret in the SBOM
 from builder.patching.series import PatchedFile
 from builder.resolve.lockfile import LockEntry, LockFile
 from builder.resolve.manifest import BaseManifest, Distribution
 from builder.util import canonical_name
 
-SBOM_FILE = "sbom.cdx.json"
 IMAGE_SBOM_PATH = "/usr/share/build-image/sbom.cdx.json"
 PROP = "build-image"
 
@@ -92,7 +92,6 @@ def _overlay_component(e: LockEntry, base: BaseManifest):
     if e.wheel is not None:
         fname = e.wheel.filename
         hashes = [HashType(alg=HashAlgorithm.SHA_256, content=e.wheel.sha256)]
-        from builder.credentials import redact_url  # a lock written before redaction keeps no secret in the SBOM
 
         url = redact_url(e.wheel.url.split("#")[0])
         if url.startswith(("https://", "http://")):

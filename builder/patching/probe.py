@@ -40,6 +40,7 @@ from pathlib import Path
 
 from builder.errors import BadInput, ExternalToolError
 from builder.patching import series as P
+from builder.resolve.lock import Uv
 from builder.util import atomic_write_bytes, cache_dir, sha256_file
 
 PROBE_FIELD = "Probe"
@@ -179,8 +180,6 @@ class ProbeRunner:
 
 def cpu_env(requirements: list[str], *, find_links: list[str] | None = None) -> str:
     """The python of a CPU venv holding ``requirements`` (built once per content, cached)."""
-    from builder.resolve.lock import Uv
-
     key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
     venv = cache_dir() / "probe-env" / f"venv-{key}"
     python = venv / "bin" / "python"

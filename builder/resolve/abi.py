@@ -38,8 +38,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from builder.resolve.lockfile import LockEntry
-from builder.resolve.manifest import BaseManifest, DistFacts, Distribution
-from builder.util import canonical_name
+from builder.resolve.manifest import BaseManifest, DistFacts, Distribution, target_environment
+from builder.util import canonical_name, same_version
 
 # rule ids
 EXACT_COUPLED = "exact-coupled"
@@ -230,22 +230,16 @@ def _major(version: str | None) -> str | None:
 # ---------------------------------------------------------------- chains
 
 
-def target_environment(python_version: str = "3.12") -> dict[str, str]:
-    """PEP 508 marker environment of a Linux x86_64 CPython base (for chains)."""
-    return {
-        "python_version": python_version, "python_full_version": f"{python_version}.0",
-        "sys_platform": "linux", "platform_system": "Linux", "platform_machine": "x86_64",
-        "os_name": "posix", "implementation_name": "cpython", "platform_python_implementation": "CPython",
-        "platform_release": "", "platform_version": "", "implementation_version": f"{python_version}.0",
-        "extra": "",
-    }
+#: the marker environment a chain is read on when no base is given: the official image's
+#: (CPython 3.12 on x86_64 Linux); the gate reads the base's own (its Python and platform)
+DEFAULT_TARGET = target_environment("3.12", "x86_64-manylinux_2_35")
 
 
 def _requirement_on(parent_reqs: Iterable[str], child: str, env: Mapping[str, str] | None = None) -> str | None:
     """The requirement in ``parent_reqs`` naming ``child`` whose marker holds on the
-    target (``env``; default Linux x86_64 CPython 3.12), without its marker."""
+    target (``env``; default :data:`DEFAULT_TARGET`), without its marker."""
     key = canonical_name(child)
-    env = dict(env or target_environment())
+    env = dict(env or DEFAULT_TARGET)
     for raw in parent_reqs:
         try:
             req = Requirement(raw)
@@ -354,7 +348,8 @@ class _Gate:
 
     def chain(self, name: str) -> list[str]:
         return build_chain(name, self.final, self.via, self.requires, self.overlay,
-                           base_versions=self.base_versions, env=target_environment(self.base.python_version))
+                           base_versions=self.base_versions,
+                           env=target_environment(self.base.python_version, self.base.platform))
 
     def finding(self, rule: str, e: LockEntry, old: str | None, message: str,
                 evidence: list[str] | None = None) -> Finding:
@@ -412,7 +407,7 @@ def _stack_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[F
     if not is_exact_coupled(e.name):
         return []
     old = b.version if b else None
-    moved = b is not None and not _same_version(b.version, e.version)
+    moved = b is not None and not same_version(b.version, e.version)
     vllm = gate.vllm
     if b is None and gate.fresh_stack:
         return [Finding(
@@ -471,7 +466,7 @@ def _binary_findings(gate: _Gate, e: LockEntry, old: str | None) -> list[Finding
 
 def _move_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
     """A base distribution outside the exact-coupled family that moves: a notice, binary or pure Python."""
-    if b is None or _same_version(b.version, e.version) or is_exact_coupled(e.name):
+    if b is None or same_version(b.version, e.version) or is_exact_coupled(e.name):
         return []
     old, vllm = b.version, gate.vllm
     if b.facts.binary or e.facts.binary:
@@ -503,14 +498,6 @@ def _sorted_out(findings: list[Finding], allow: Mapping[str, str]) -> GateResult
         else:
             result.violations.append(fd)
     return result
-
-
-def _same_version(a: str, b: str) -> bool:
-    """One release however it is spelled (``2.0`` is ``2.0.0``, PEP 440); else the same string."""
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
 
 
 def _newer(new: str, old: str | None) -> bool:

@@ -49,6 +49,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 from packaging.version import Version
 
+from builder import engine as engine_adapter
 from builder.errors import BadInput, EngineUnavailable, ExternalToolError
 from builder.resolve.manifest import BaseManifest, DistFacts, Distribution
 from builder.util import canonical_name
@@ -545,18 +546,14 @@ def _engine_error(args: list[str], stderr: str) -> Exception:
 def _docker(args: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
     """One engine command through :mod:`builder.engine`, output captured.  Never pulls:
     callers pass ``--pull=never``."""
-    from builder.engine import get_engine
-
-    proc = get_engine().cli(args, timeout=1800)
+    proc = engine_adapter.get_engine().cli(args, timeout=1800)
     if check and proc.returncode != 0:
         raise _engine_error(args, proc.stderr)
     return proc
 
 
 def _docker_stream(args: list[str]) -> subprocess.Popen:
-    from builder.engine import get_engine
-
-    return get_engine().popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return engine_adapter.get_engine().popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
 # --------------------------------------------------------------------------- image reading

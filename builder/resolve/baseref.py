@@ -27,7 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder.errors import BadInput
-from builder.resolve.manifest import BaseManifest
+from builder.resolve.base import snapshot_image
+from builder.resolve.manifest import BaseManifest, load_manifest, parse_manifest
+from builder.spec import check_vllm_version, default_base_manifest
 
 
 @dataclass
@@ -62,9 +64,6 @@ def resolve_base(value: str | None, vllm: str, *, snapshot=None) -> ResolvedBase
 
     ``snapshot(ref) -> BaseManifest`` makes the manifest of a local image (default:
     :func:`builder.resolve.base.snapshot_image`)."""
-    from builder.resolve.manifest import load_manifest, parse_manifest
-    from builder.spec import check_vllm_version, default_base_manifest
-
     kind = classify(value)
     if kind == "default":
         check_vllm_version(vllm)
@@ -78,7 +77,7 @@ def resolve_base(value: str | None, vllm: str, *, snapshot=None) -> ResolvedBase
         manifest = load_manifest(p)
         return ResolvedBase(manifest=manifest, data=p.read_bytes(), label=str(p), kind=kind, path=p)
     if snapshot is None:
-        from builder.resolve.base import snapshot_image as snapshot
+        snapshot = snapshot_image
     manifest = snapshot(value)
     text = manifest.to_json()
     parse_manifest(text, value)  # round-trip check: what is hashed is what is read back

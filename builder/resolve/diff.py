@@ -38,6 +38,8 @@ import re
 from dataclasses import dataclass, field
 
 from builder.errors import BadInput
+from builder.report import Document, Section
+from builder.resolve.abi import BINARY_MOVE, NEWER_THAN_BASE, OLDER_THAN_BASE, evaluate
 from builder.resolve.lockfile import LockEntry, LockFile
 from builder.resolve.manifest import BaseManifest, DistFacts, Distribution
 from builder.util import canonical_name
@@ -389,8 +391,6 @@ def _finding_sig(fd) -> tuple:
 
 
 def _gate(base: BaseManifest, lock: LockFile):
-    from builder.resolve.abi import evaluate
-
     return evaluate(base, lock.entries, lock.allow_abi_change, vllm=lock.header.get("vllm"), overlay=lock.overlay)
 
 
@@ -682,10 +682,7 @@ def _base_moved(c: Change, b: LockEntry | None, notices: list, vllm: str | None)
         ev.append("no longer moves a base distribution")
     else:
         rules = {fd.rule for fd in notices}
-        from builder.resolve.abi import BINARY_MOVE, NEWER_THAN_BASE, OLDER_THAN_BASE
-
         c.rules = sorted(rules)
-
         mag, down = bump_kind(b.base_version, b.version)
         if OLDER_THAN_BASE in rules or (NEWER_THAN_BASE not in rules and down):
             ev.append(f"older than {shipped} ({b.base_version})")
@@ -779,8 +776,6 @@ def _via(c: Change) -> str:
 
 def to_document(d: LockDiff):
     """The report document (``builder.report.Document``) for one lock diff."""
-    from builder.report import Document, Section
-
     status = "fail" if d.dangerous else (
         "warn" if d.group(1) or d.group(2) or d.group(3) or any(h.key in TOP_KEYS or h.key == "lock" for h in d.header)
         else "ok"

@@ -48,15 +48,20 @@ from packaging.version import InvalidVersion, Version
 
 from builder import __version__
 from builder.credentials import redact_url, remember
-from builder.errors import BadInput, ExternalToolError, IntegrityError, Unsatisfiable
+from builder.errors import AbiRejected, BadInput, ExternalToolError, IntegrityError, StaleLock, Unsatisfiable
+from builder.fetch import fetch
+from builder.resolve import index as ix
 from builder.resolve import pylock as _pylock
-from builder.resolve.abi import GateResult, evaluate
-from builder.resolve.lockfile import LockEntry, LockFile, WheelRef
+from builder.resolve.abi import GateResult, evaluate, format_rejection, is_exact_coupled
+from builder.resolve.base import scan_wheel
+from builder.resolve.baseref import vllm_on_base
+from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, load_lock
 from builder.resolve.manifest import BaseManifest, DistFacts
 from builder.resolve.pylock import WheelCandidate
-from builder.resolve.raychoice import RayChoice
+from builder.resolve.raychoice import BACKEND_FALLBACK, RayChoice, backend_for, choose, ray_releases
+from builder.resolve.twin import sync_twin, twin_path, write_pylock
 from builder.scratch import die_with_parent
-from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes
+from builder.util import atomic_write_text, cache_dir, canonical_name, same_version, sha256_bytes
 
 if TYPE_CHECKING:
     from builder.resolve.baseref import ResolvedBase
@@ -308,7 +313,6 @@ def pin_evidence(key: str, base: BaseManifest) -> list[str]:
             out.append(f"{name} {ver} there has {n} extension{'s' if n != 1 else ''} built against numpy {gen}.x")
         if len(users) > 6:
             out.append(f"... and {len(users) - 6} more distributions with numpy {gen}.x extensions")
-    from builder.resolve.abi import is_exact_coupled
 
     if is_exact_coupled(key):
         out.append(f"{d.name} is exact-coupled to vllm's compiled kernels: it never moves on top of the base")
@@ -361,7 +365,6 @@ def explain_unsatisfiable(stderr: str, base: BaseManifest, overlay: Iterable[str
             ev = pin_evidence(key, base)
             lines.append(f"  {d.name}=={d.version} is pinned by the base" + (f"; {ev[0]}" if ev else ""))
             lines.extend(f"    {e}" for e in ev[1:])
-    from builder.resolve.abi import is_exact_coupled
 
     ways = []
     for key in pins:
@@ -406,8 +409,6 @@ def find_pin_moves(stderr: str, base: BaseManifest, overlay: list[str],
 
     ``attempt(extra)`` resolves ``overlay + extra`` with the named pins released: (ok, stderr, resolved).
     Exact-coupled pins are never released (the gate would refuse them anyway): they stop the search."""
-    from builder.resolve.abi import is_exact_coupled
-
     released = [Requirement(r).name for r in overlay]
     extra: list[str] = []
     names: list[str] = []
@@ -592,8 +593,6 @@ def _is_resolution_failure(stderr: str) -> bool:
 
 def fetch_wheel(url: str, sha256: str, filename: str | None = None) -> Path:
     """A verified local copy of ``url`` from the one download cache (:func:`builder.fetch.fetch`)."""
-    from builder.fetch import fetch
-
     # no second live display under the lock's own status line
     return Path(fetch(url, sha256, filename=filename, progress=False))
 
@@ -614,7 +613,6 @@ def wheel_facts(cand: WheelCandidate) -> tuple[DistFacts, list[str]]:
             return DistFacts(**doc["facts"]), list(doc["requires"])
         except (ValueError, KeyError, TypeError):
             cpath.unlink(missing_ok=True)
-    from builder.resolve.base import scan_wheel
 
     path = fetch_wheel(cand.url, cand.sha256, cand.filename)
     _, _, facts = scan_wheel(path)
@@ -686,7 +684,7 @@ def build_entries(
     chosen: dict[str, WheelCandidate] = {}
     for key, (name, version, via) in sorted(resolved.items()):
         b = base.get(key)
-        if b is not None and _same_version(b.version, version):
+        if b is not None and same_version(b.version, version):
             continue
         wl = wheels.get(key)
         if wl is None:
@@ -710,14 +708,7 @@ def build_entries(
 def _agrees(resolved: Mapping[str, tuple[str, str, list[str]]],
             wheels: Mapping[str, tuple[str, str, list[WheelCandidate]]]) -> bool:
     """Do the two uv runs describe the same resolution?"""
-    return bool(wheels) and all(k in wheels and _same_version(wheels[k][1], v) for k, (_, v, _) in resolved.items())
-
-
-def _same_version(a: str, b: str) -> bool:
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
+    return bool(wheels) and all(k in wheels and same_version(wheels[k][1], v) for k, (_, v, _) in resolved.items())
 
 
 def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = None,
@@ -863,8 +854,6 @@ def _scan_wheels(req: LockRequest, entries: list[LockEntry], chosen: dict, say: 
     requires: dict[str, list[str]] = {}
     # An exact-coupled binary (torch, nvidia-*, ...) that is not allowed is rejected by name: its
     # files cannot change the verdict, so it is not downloaded (torch and its CUDA wheels are GBs).
-    from builder.resolve.abi import is_exact_coupled
-
     allowed = {canonical_name(k) for k in req.allow}
     by_name_only = {e.key for e in entries if is_exact_coupled(e.name) and e.key not in allowed
                     and not is_pure_wheel(chosen[e.key].filename)}
@@ -950,8 +939,6 @@ def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None) -> tu
     """(fresh?, why) comparing every input the lock's header records (and their hash,
     ``inputs-sha256``) with the request's — no resolution.  A header edited by hand
     (``vllm: 0.25.0`` under the hash of a 0.26.0 request) is stale, not up to date."""
-    from builder.resolve.lockfile import load_lock
-
     if not lock_path.exists():
         return False, f"{lock_path} does not exist"
     existing = load_lock(lock_path)
@@ -996,8 +983,6 @@ def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_
     The overlay is the default (``ray[serve]``, its version chosen per release) plus ``with_``; on a base
     without vllm, ``--vllm X`` (``vllm_given``: a flag or the spec named it) adds ``vllm==X`` (the resolver and the gate then judge it like any overlay
     requirement); a base shipping another vllm is exit 2 (:func:`builder.resolve.baseref.vllm_on_base`)."""
-    from builder.resolve.baseref import vllm_on_base
-
     with_ = list(with_)
     overlay = ([DEFAULT_RAY] if default_overlay else []) + [w for w in with_ if not (default_overlay and w == DEFAULT_RAY)]
     reqs = parse_overlay(overlay, where=where)
@@ -1018,8 +1003,6 @@ def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_
 
 def _other_base(lock_path: Path, req: LockRequest) -> str | None:
     """The base-ref of an existing lock at ``lock_path`` when it names another base than ``req``'s."""
-    from builder.resolve.lockfile import load_lock
-
     try:
         have = load_lock(lock_path).header.get("base-ref", "-")
     except BadInput:
@@ -1043,9 +1026,6 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     lock_path = Path(lock_path)
     if lock_path.is_dir():
         raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
-    from builder.resolve.pylock import refuse_pylock_output
-
-    refuse_pylock_output(lock_path, check)
     if check or (not upgrade and lock_path.exists()):
         kept = _kept_if_fresh(req, lock_path, check, uv, say)
         if kept is not None:
@@ -1079,9 +1059,6 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
 def _kept_if_fresh(req: LockRequest, lock_path: Path, check: bool, uv: Uv, say: Progress) -> LockOutcome | None:
     """The lock on disk, kept when it is up to date with its inputs; with ``check``, a stale
     one is :class:`StaleLock`.  None: it is to be (re)written."""
-    from builder.errors import StaleLock
-    from builder.resolve.pylock import sync_twin
-
     try:
         fresh, why = is_up_to_date(lock_path, req, uv)
     except BadInput as exc:  # a damaged lock on disk is stale; a new lock replaces it
@@ -1099,8 +1076,6 @@ def _kept_if_fresh(req: LockRequest, lock_path: Path, check: bool, uv: Uv, say: 
 
 def _previous_pins(lock_path: Path) -> dict[str, str] | None:
     """The previous lock's pins, preferred by a re-lock (None when it cannot be read)."""
-    from builder.resolve.lockfile import load_lock
-
     try:
         return {e.name: e.version for e in load_lock(lock_path).entries}
     except BadInput:
@@ -1110,9 +1085,6 @@ def _previous_pins(lock_path: Path) -> dict[str, str] | None:
 def _choose_default_ray(req: LockRequest, index, tags: list[Tag], say: Progress) -> None:
     """The default overlay's ray: the one whose ray[llm] pins this vllm (from the index)."""
     from datetime import datetime as _dt
-
-    from builder.resolve import index as ix
-    from builder.resolve.raychoice import choose, ray_releases
 
     index = index or ix.for_request(req.find_links, req.no_index)
     vllm = req.base.get("vllm").version if req.base.get("vllm") is not None else req.vllm
@@ -1132,7 +1104,6 @@ def _lock_with_fitting_ray(req: LockRequest, uv: Uv, say: Progress, prefer: Mapp
         # moves base pins for it; the newest ray that fits, the fallback backend, and how to get the other
         if not (req.default_ray and req.ray is not None and req.ray.requirement):
             raise
-        from builder.resolve.raychoice import BACKEND_FALLBACK
 
         moves = getattr(exc, "pin_moves", None)
         moved = ", ".join(f"{n} {o} -> {v}" for n, o, v in moves.moves) if moves and moves.resolves else ""
@@ -1149,9 +1120,6 @@ def _lock_with_fitting_ray(req: LockRequest, uv: Uv, say: Progress, prefer: Mapp
 def _named_ray_backend(req: LockRequest, result: LockResult, ray_version: str, index, tags: list[Tag]) -> None:
     """The Serve backend of a ray the overlay names, looked up once it is resolved; the header
     says "serve-backend: auto" when the index cannot tell."""
-    from builder.resolve import index as ix
-    from builder.resolve.raychoice import backend_for
-
     try:
         req.ray = backend_for(index or ix.for_request(req.find_links, req.no_index), ray_version,
                               result.lock.header["vllm"] if result.lock.header["vllm"] != "-" else None, tags)
@@ -1161,9 +1129,6 @@ def _named_ray_backend(req: LockRequest, result: LockResult, ray_version: str, i
 
 
 def _reject(req: LockRequest, gate: GateResult, lock_path: Path) -> None:
-    from builder.errors import AbiRejected
-    from builder.resolve.abi import format_rejection
-
     n = len(gate.violations)
     exc = AbiRejected(
         f"{n} violation{'s' if n != 1 else ''} on top of base {req.base.image_ref or '-'} "
@@ -1176,8 +1141,6 @@ def _reject(req: LockRequest, gate: GateResult, lock_path: Path) -> None:
 
 def _write_lock(result: LockResult, lock_path: Path) -> None:
     """The lock and its PEP 751 twin beside it, each written atomically."""
-    from builder.resolve.pylock import twin_path, write_pylock
-
     try:
         result.lock.save(lock_path)
         write_pylock(twin_path(lock_path), result.lock)  # its PEP 751 twin beside it

@@ -30,15 +30,29 @@ the exact wheel, diff reads the binary facts, the gate reads base versions)::
 ``numpy-abi=A/B``: number of extensions built against numpy 1.x / 2.x.
 ``base=-``: not in the base image; ``base=X`` the base's version this entry moves.
 Entries are sorted by canonical name.
+
+The same lock as PEP 751 ``pylock.toml`` (the twin ``build-image lock`` writes beside it,
+:mod:`builder.resolve.twin`): :func:`to_pylock` / :func:`format_pylock` write it, one wheel per
+package, with the header and each entry's ``# via`` / ``# facts:`` / extra ``--hash`` lines in
+``[tool.build-image]`` tables, so :func:`parse_pylock_lock` reads it back into the same
+:class:`LockFile` (``render``, ``diff`` and ``lock --check`` accept either file).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.markers import Marker
+from packaging.pylock import Package, PackageWheel, Pylock
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
 from builder.errors import BadInput
+from builder.resolve import pylock
 from builder.resolve.manifest import DistFacts
 from builder.util import atomic_write_text, canonical_name, sha256_bytes
 
@@ -181,7 +195,7 @@ def _parse_facts(text: str, path: str, lineno: int) -> tuple[DistFacts, str | No
 def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockFile:
     """Parse a lock; every problem is a :class:`BadInput` naming the file and line.
     A ``pylock.toml`` (PEP 751, the twin ``build-image lock`` writes) is read by
-    :func:`builder.resolve.pylock.parse_pylock_lock` into the same :class:`LockFile`.
+    :func:`parse_pylock_lock` into the same :class:`LockFile`.
 
     ``strict=False`` (``diff``: a reviewer must see a hand-edited lock): a file that is a lock
     (its header says so) but that `build-image lock` did not write as it stands — an entry
@@ -193,9 +207,7 @@ def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockF
     The file is read in two passes: its lines are grouped (:func:`_group_lines`: the header,
     then items that are an entry with its lines or a comment), then the header and each entry
     are parsed."""
-    from builder.resolve.pylock import is_pylock_path, parse_pylock_lock
-
-    if is_pylock_path(path):
+    if pylock.is_pylock_path(path):
         return parse_pylock_lock(text, path)
     header_lines, items = _group_lines(text.splitlines())
     header, overlay, allow = _parse_header(header_lines)
@@ -492,3 +504,104 @@ def load_lock(path: str | Path) -> LockFile:
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"lock {p} cannot be read: {exc}.") from None
     return parse_lock(text, str(p))
+
+
+# =========================================================================== the same lock as PEP 751
+
+
+def _facts_table(f: DistFacts) -> dict:
+    return {"binary": f.binary, "extensions": f.extensions, "numpy-abi": [f.numpy_abi.get("1", 0), f.numpy_abi.get("2", 0)],
+            "glibc": f.glibc or "", "python-abi": f.python_abi or "none"}
+
+
+def _facts_from(t: Mapping, where: str) -> DistFacts:
+    try:
+        n1, n2 = t.get("numpy-abi", [0, 0])
+        return DistFacts(binary=bool(t.get("binary", False)), extensions=int(t.get("extensions", 0)),
+                         numpy_abi={"1": int(n1), "2": int(n2)}, glibc=t.get("glibc") or None,
+                         python_abi=str(t.get("python-abi", "none")))
+    except (TypeError, ValueError):
+        raise BadInput(f"{where}: malformed [tool.build-image.facts] table {dict(t)!r}.") from None
+
+
+def to_pylock(lock: LockFile) -> Pylock:
+    """The PEP 751 twin of a :class:`LockFile` (one wheel per package)."""
+    h = lock.header
+    python, platform = h.get("python", ""), h.get("platform", "")
+    arch = platform.split("-", 1)[0] if platform else ""
+    env_marker = f"python_version == '{python}' and sys_platform == 'linux'" + (
+        f" and platform_machine == '{arch}'" if arch else "")
+    packages = []
+    for e in sorted(lock.entries, key=lambda e: e.key):
+        if e.wheel is None:
+            raise BadInput(f"lock: {e.name}=={e.version} has no '# wheel:' line; pylock.toml needs its wheel.")
+        extra: dict = {"facts": _facts_table(e.facts)}
+        others = sorted(set(e.hashes) - {e.wheel.sha256})
+        if others:  # the lock's other files (other platforms): requirements.lock's --hash lines
+            extra["other-hashes"] = others
+        if e.name != str(canonicalize_name(e.name)):
+            extra["name"] = e.name
+        if e.via:
+            extra["via"] = list(e.via)
+        if e.base_version:
+            extra["base-version"] = e.base_version
+        packages.append(Package(
+            name=canonicalize_name(e.name), version=Version(e.version),
+            wheels=[PackageWheel(name=e.wheel.filename, url=e.wheel.url.split("#")[0], hashes={"sha256": e.wheel.sha256})],
+            tool={pylock.TOOL: extra},
+        ))
+    header = {k: v for k, v in h.items() if k != "entries"}
+    tool = {"header": header, "overlay": list(lock.overlay),
+            "allow-abi-change": dict(sorted(lock.allow_abi_change.items()))}
+    doc = Pylock(lock_version=Version("1.0"), created_by=pylock.CREATED_BY,
+                 requires_python=SpecifierSet(f"=={python}.*") if python else None,
+                 environments=[Marker(env_marker)] if python else None,
+                 packages=packages, tool={pylock.TOOL: tool})
+    doc.validate()
+    return doc
+
+
+def format_pylock(lock: LockFile, wheel_dir: str | None = None) -> str:
+    """TOML text of the twin.  ``wheel_dir`` (relative to the pylock file, e.g. ``wheels``): each
+    wheel is given by ``path`` into that folder instead of its URL (a build context's offline copy)."""
+    head = ("# Generated by build-image from requirements.lock; do not edit by hand. Regenerate with "
+            "`build-image lock`.\n# PEP 751 lock: `uv pip install -r pylock.toml` / `pip install -r pylock.toml`.\n")
+    return head + pylock.dumps(to_pylock(lock), wheel_dir)
+
+
+def parse_pylock_lock(text: str, path: str = pylock.PYLOCK_NAME) -> LockFile:
+    """A :class:`LockFile` from a ``pylock.toml`` written by build-image."""
+    doc = pylock.read(text, path)
+    tool = (doc.tool or {}).get(pylock.TOOL)
+    if not isinstance(tool, Mapping) or not isinstance(tool.get("header"), Mapping):
+        raise BadInput(
+            f"{path} is a PEP 751 lock but not one build-image wrote (no [tool.build-image.header] table); "
+            "build-image reads the pylock.toml that `build-image lock` writes beside requirements.lock.",
+        )
+    header = {str(k): str(v) for k, v in tool["header"].items()}
+    missing = [k for k in REQUIRED_HEADER if k not in header]
+    if missing:
+        raise BadInput(f"{path}: [tool.build-image.header] lacks {', '.join(missing)}; the file is hand-edited.")
+    entries = []
+    for i, pkg in enumerate(doc.packages):
+        where = f"{path}, packages[{i}] ({pkg.name})"
+        extra = (pkg.tool or {}).get(pylock.TOOL) or {}
+        wheels = list(pkg.wheels or ())
+        if len(wheels) != 1 or pkg.version is None:
+            raise BadInput(f"{where}: a build-image pylock has exactly one wheel and a version per package.")
+        w = wheels[0]
+        sha = (w.hashes or {}).get("sha256")
+        url = pylock.wheel_url(w, Path(path).parent)
+        if not sha or not url:
+            raise BadInput(f"{where}: the wheel has no sha256 or no url/path.")
+        hashes = sorted(set(extra.get("other-hashes") or []) | {sha})
+        entries.append(LockEntry(
+            name=str(extra.get("name") or pkg.name), version=str(pkg.version), hashes=hashes,
+            via=[str(v) for v in extra.get("via", [])], wheel=WheelRef(url=url, sha256=sha),
+            facts=_facts_from(extra.get("facts") or {}, where), base_version=extra.get("base-version") or None,
+            line=i + 1,
+        ))
+    header["entries"] = str(len(entries))
+    return LockFile(header=header, overlay=[str(o) for o in tool.get("overlay", [])],
+                    allow_abi_change={canonical_name(k): str(v) for k, v in (tool.get("allow-abi-change") or {}).items()},
+                    entries=entries)

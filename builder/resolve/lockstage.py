@@ -14,9 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder.errors import BadInput, StaleLock
+from builder.errors import BadInput
+from builder.resolve import lock as L
+from builder.resolve.abi import format_notices
+from builder.resolve.baseref import resolve_base
 from builder.resolve.lockfile import LockFile, parse_lock
-from builder.resolve.pylock import is_pylock_path, twin_path, twin_problem, write_pylock
+from builder.resolve.pylock import is_pylock_path
+from builder.resolve.twin import refuse_pylock_output, twin_path
 from builder.util import output_lock
 
 
@@ -98,11 +102,8 @@ def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = 
     resolved already), make the request, run the lock stage, keep the pylock twin in step.
 
     Raises what :func:`builder.resolve.lock.run` raises (StaleLock with ``check``, AbiRejected,
-    Unsatisfiable, BadInput).  ``on_message`` gets the stage's stderr lines as they happen."""
-    from builder.resolve import lock as L
-    from builder.resolve.abi import format_notices
-    from builder.resolve.baseref import resolve_base
-
+    Unsatisfiable, BadInput).  ``on_message`` gets the stage's stderr lines as they happen.
+    The twin is refused as an output here and kept in step by :func:`builder.resolve.lock.run`."""
     t_start = time.monotonic()
     said: list[str] = []
 
@@ -119,19 +120,17 @@ def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = 
         vllm_given=spec.vllm_given, allow=spec.allow_abi_change, find_links=spec.find_links, no_index=spec.no_index,
         exclude_newer=spec.exclude_newer, where="--with" if not spec.source else f"--with / {spec.source} 'with'",
     )
-    if not check and is_pylock_path(spec.lock_path):
-        raise BadInput(f"-o {spec.lock_path}: name the requirements.lock; `lock` writes its PEP 751 twin "
-                       f"({twin_path(spec.lock_path).name}) beside it. `lock --check` accepts either file.")
+    refuse_pylock_output(spec.lock_path, check)
     # a second writer of the same lock waits, then sees the first's lock (--check writes nothing)
     with contextlib.nullcontext() if check else output_lock(spec.lock_path):
         out = L.run(req, spec.lock_path, check=check, upgrade=upgrade, force=force, progress=progress)
         if out.status == "up-to-date":
             lock, text = _read(out.path)
-            twin = _sync_twin(out.path, lock, check, tell)
     lock_path = out.path
     if out.status == "up-to-date":
+        twin = lock_path if is_pylock_path(lock_path) else twin_path(lock_path)
         return Locked(status="up-to-date", path=lock_path, lock=lock, text=text, base=resolved,
-                      overlay=tuple(req.overlay), pylock=twin, messages=tuple(said),
+                      overlay=tuple(req.overlay), pylock=str(twin), messages=tuple(said),
                       seconds=time.monotonic() - t_start)
     result = out.result
     notices = format_notices(result.gate)
@@ -156,18 +155,3 @@ def _read(lock_path: Path) -> tuple[LockFile, str | None]:
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"lock {lock_path} cannot be read: {exc}.") from None
     return parse_lock(text, str(lock_path)), (None if is_pylock_path(lock_path) else text)
-
-
-def _sync_twin(lock_path: Path, lock: LockFile, check: bool, tell: Callable[[str], None]) -> str | None:
-    """The pylock.toml beside an up-to-date requirements.lock: --check fails (exit 5) when it is
-    missing or pins anything else; otherwise it is rewritten from the lock (no resolution)."""
-    if is_pylock_path(lock_path):
-        return str(lock_path)
-    problem = twin_problem(lock_path, lock)
-    if problem and check:
-        raise StaleLock(f"{lock_path} is up to date but {problem}.",
-                        hint="run `build-image lock` (without --check): it rewrites pylock.toml from requirements.lock.")
-    if problem:
-        write_pylock(twin_path(lock_path), lock)
-        tell(f"rewrote {twin_path(lock_path)} from {lock_path} ({problem}).")
-    return str(twin_path(lock_path))

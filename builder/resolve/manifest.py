@@ -22,8 +22,8 @@ File format (JSON, ``schema = "build-image/base-manifest/v1"``)::
       }
     }
 
-This module is pure data: load/validate/save.  The binary scan lives in
-``builder.resolve.base``.
+This module is pure data: load/validate/save, and the base's PEP 508 marker environment
+(:func:`target_environment`).  The binary scan lives in ``builder.resolve.base``.
 """
 
 from __future__ import annotations
@@ -115,6 +115,26 @@ class BaseManifest:
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, self.to_json())
+
+
+def target_environment(python_version: str, platform: str) -> dict[str, str]:
+    """PEP 508 marker environment of a CPython base on Linux, read from its Python version and
+    platform (``3.12``, ``x86_64-manylinux_2_35``: the manifest's ``python.version`` and ``platform``)."""
+    arch = platform.split("-", 1)[0]
+    full = python_version if python_version.count(".") >= 2 else f"{python_version}.0"
+    return {
+        "implementation_name": "cpython",
+        "implementation_version": full,
+        "os_name": "posix",
+        "platform_machine": arch,
+        "platform_release": "",
+        "platform_system": "Linux",
+        "platform_version": "",
+        "python_full_version": full,
+        "platform_python_implementation": "CPython",
+        "python_version": ".".join(python_version.split(".")[:2]),
+        "sys_platform": "linux",
+    }
 
 
 def _req(doc: dict, key: str, typ: type | tuple, where: str, path: str) -> Any:

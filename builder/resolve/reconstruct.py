@@ -34,7 +34,12 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import BadInput, ExternalToolError, Unsatisfiable
+from builder.resolve import index as ix
+from builder.resolve.base import snapshot_site_packages
+from builder.resolve.index import format_time
+from builder.resolve.lock import Uv, _is_resolution_failure, target_tags, trim_derivation
 from builder.resolve.manifest import BaseManifest
+from builder.spec import lockfiles_dir
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -71,8 +76,6 @@ class Recipe:
 
 
 def default_recipes_path() -> Path:
-    from builder.spec import lockfiles_dir
-
     return lockfiles_dir() / "base" / "recipes.toml"
 
 
@@ -143,9 +146,6 @@ def recipe_for(recipes: dict[str, Recipe], vllm: str, path: str = "lockfiles/bas
 
 def release_instant(index, recipe: Recipe) -> tuple[datetime, str]:
     """(the vllm wheel's upload time, the exclude-newer instant: the next whole second after it)."""
-    from builder.resolve.index import format_time
-    from builder.resolve.lock import target_tags
-
     tags = set(target_tags(recipe.python, "cp" + recipe.python.replace(".", ""), recipe.platform))
     want = Version(recipe.vllm)
     files = [f for f in index.files("vllm") if f.version == want and f.filename.endswith(".whl")
@@ -211,10 +211,6 @@ def reconstruct(recipe: Recipe, *, index=None, uv=None, find_links: list[str] | 
                 index_url: str | None = None, keep: Path | None = None,
                 progress: Callable[[str], None] | None = None) -> Reconstruction:
     """Install the recipe's closure into a scratch tree, scan it, return the manifest (nothing written)."""
-    from builder.resolve import index as ix
-    from builder.resolve.base import snapshot_site_packages
-    from builder.resolve.lock import Uv
-
     say = progress or (lambda _m: None)
     uv = uv or Uv()
     find_links = list(find_links or [])
@@ -240,8 +236,6 @@ def reconstruct(recipe: Recipe, *, index=None, uv=None, find_links: list[str] | 
                                    no_index=no_index, index_url=index_url)
         timings["install"] = time.monotonic() - t0
         if r.returncode != 0:
-            from builder.resolve.lock import _is_resolution_failure, trim_derivation
-
             if _is_resolution_failure(r.stderr):
                 raise Unsatisfiable(f"the recipe for vllm {recipe.vllm} does not resolve:\n{trim_derivation(r.stderr)}")
             raise ExternalToolError(f"uv pip install --target failed (exit {r.returncode}):\n{trim_derivation(r.stderr)}")

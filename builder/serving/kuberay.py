@@ -29,7 +29,8 @@ import yaml
 from builder import __version__
 from builder.data import path as data_path
 from builder.errors import BadInput
-from builder.image.render import serve_backend_of
+from builder.image.naming import SERVE_MODULE, serve_backend_of
+from builder.resolve.baseref import classify, resolve_base
 from builder.resolve.lockfile import LockFile
 from builder.resolve.manifest import BaseManifest
 from builder.spec import Spec
@@ -38,7 +39,6 @@ from builder.util import atomic_write_text
 TEMPLATE_DIR = data_path("templates/kuberay")
 RAYSERVICE_FILE = "rayservice.yaml"
 RAYCLUSTER_FILE = "raycluster.yaml"
-SERVE_MODULE = "build_image_serve_app"
 SERVE_IMPORT_PATH = f"{SERVE_MODULE}:build_app"
 DEFAULT_NAME = "vllm-serve"
 
@@ -272,7 +272,6 @@ def render_manifests(
 def _base_for(lock: LockFile, spec: Spec) -> BaseManifest | None:
     if lock.by_name().get("ray") is not None:
         return None
-    from builder.resolve.baseref import classify, resolve_base
 
     if classify(spec.base) == "image":  # only a manifest file is read here; an image is not snapshotted again
         return None

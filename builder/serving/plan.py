@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BadInput, VerdictFailure
+from builder.serving.checkpoint import weight_size
 from builder.serving.vllm_log import parse_vllm_kv_log
+from builder.spec import check_vllm_version
 
 GiB = 1 << 30
 GB = 10**9
@@ -97,7 +99,6 @@ def release_facts(vllm: str | None) -> ReleaseFacts:
     """The facts of a shipped vLLM release (None: the default release); exit 2 naming the known
     ones for any other (a release the checkout has no base manifest for is not planned)."""
     vllm = vllm or DEFAULT_VLLM
-    from builder.spec import check_vllm_version
 
     check_vllm_version(vllm)
     facts = RELEASE_FACTS.get(vllm)
@@ -1157,8 +1158,6 @@ def load_config(path: str | Path) -> tuple[dict, Path]:
 def checkpoint_bytes(model_dir: str | Path) -> int | None:
     """Exact weight bytes from the safetensors headers (see :func:`builder.serving.checkpoint.weight_size`);
     ``None`` when the directory has no safetensors files."""
-    from builder.serving.checkpoint import weight_size
-
     ws = weight_size(model_dir)
     return None if ws is None else ws.bytes
 
@@ -1171,8 +1170,6 @@ def plan_from_model_dir(path: str | Path, serving: Any, *, weights_bytes: int | 
     come from ``weights_bytes`` or the checkpoint's index/safetensors files.
     Extra keyword arguments go to :func:`make_plan` (e.g. ``enforce_eager``).
     """
-    from builder.serving.checkpoint import weight_size
-
     config, model_dir = load_config(path)
     size_notes: list[str] = []
     if weights_bytes is None:

@@ -38,11 +38,10 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
-
+from builder import engine as engine_adapter
 from builder.errors import BadInput, ExternalToolError
 from builder.resolve.lockfile import LockFile
-from builder.util import canonical_name
+from builder.util import canonical_name, same_version
 
 REPORTED_PACKAGES = ("ray", "numpy", "torch", "vllm", "transformers")
 # Where the rendered Dockerfile leaves the list of patched vllm files (sha256sum format:
@@ -133,15 +132,6 @@ class CheckResult:
         return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
 
-def _same_version(a: str | None, b: str | None) -> bool:
-    if a is None or b is None:
-        return a is b
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
-
-
 def _fmt(values: dict[str, Any]) -> str:
     return ", ".join(f"{k}={'absent' if v is None else v}" for k, v in values.items())
 
@@ -168,7 +158,7 @@ def compare(reports: list[NodeReport], lock: LockFile | None = None) -> list[Fin
     across("python", lambda r: r.python)
     names = sorted({n for r in probed for n in r.packages})
     for name in names:
-        across(f"package {name}", lambda r, n=name: r.packages.get(n), _same_version)
+        across(f"package {name}", lambda r, n=name: r.packages.get(n), same_version)
     paths = sorted({p for r in probed for p in (*r.patched, *r.patched_recorded)})
     for path in paths:
         across(f"patched {path}", lambda r, p=path: r.patched.get(p))
@@ -194,7 +184,7 @@ def compare(reports: list[NodeReport], lock: LockFile | None = None) -> list[Fin
                 have = r.packages.get(entry.key, "<not probed>")
                 if have == "<not probed>":
                     continue
-                if not _same_version(have, entry.version):
+                if not same_version(have, entry.version):
                     findings.append(Finding(
                         "lock", f"package {entry.key}",
                         f"node {r.node} has {entry.key} {have or 'absent'}, the lock pins {entry.version}",
@@ -557,9 +547,7 @@ def run_check(
         raise BadInput(f"ray-check: --timeout must be positive, got {timeout}.")
     say = on_event or (lambda msg: None)
     if engine is None:
-        from builder.engine import get_engine
-
-        engine = get_engine()
+        engine = engine_adapter.get_engine()
     engine.ping()
     t0 = time.monotonic()
     containers = Containers(engine)

@@ -1,8 +1,8 @@
 """Reading a vLLM server log: the lines vLLM 0.26.0 prints at boot and when it dies.
 
-One definition of every pattern, shared by the smoke probe (its verdict and
+One definition of every pattern, shared by the smoke test (its verdict and
 report) and the memory planner (its ground-truth check against vLLM's own KV
-numbers).  Pure functions over text; standard library only, so the probe runs
+numbers).  Pure functions over text; standard library only, so the smoke test runs
 on a bare GPU host next to vLLM.
 """
 

@@ -3,7 +3,7 @@ concurrency, and give a verdict.
 
 A passing ``/health`` is not a verdict (seed 003: the first configuration
 booted, answered a few requests, then ran out of GPU memory under 16
-concurrent requests).  The probe:
+concurrent requests).  A smoke run:
 
 1. plans the configuration with :mod:`builder.serving.plan` when it can (zero GPU time
    for an impossible configuration; ``plan=False`` skips it);
@@ -21,7 +21,7 @@ concurrent requests).  The probe:
 The package, one concern per module:
 
 * :mod:`.config` -- :class:`SmokeConfig` and its validation;
-* :mod:`.client` -- the probe client (prompts, request bodies, HTTP/SSE, a round);
+* :mod:`.client` -- the smoke client (prompts, request bodies, HTTP/SSE, a round);
 * :mod:`.server` -- the server's lifecycle (commands, process group, signals);
 * :mod:`builder.serving.vllm_log` -- reading vLLM's log (shared with :mod:`builder.serving.plan`);
 * :mod:`.report` -- statistics, the verdict, the report and its schema;
@@ -29,14 +29,14 @@ The package, one concern per module:
 * :mod:`.gpu` -- nvidia-smi;
 * :mod:`.runner` -- :func:`run_smoke`, the composition of named steps.
 
-Only the standard library (and this package) is used, so the probe runs
+Only the standard library (and this package) is used, so the smoke test runs
 unchanged on a bare GPU host's Python 3.12 next to vLLM.
 """
 
 from __future__ import annotations
 
 from builder.serving.smoke.client import (
-    PROBE_TOKENS,
+    WARMUP_TOKENS,
     RequestResult,
     RoundRun,
     completion_body,
@@ -84,7 +84,7 @@ from builder.serving.vllm_log import (
 )
 
 __all__ = [
-    "FAIL", "FATAL_PATTERNS", "OOM_PATTERNS", "PASS", "PROBE_TOKENS", "SMOKE_REPORT_SCHEMA",
+    "FAIL", "FATAL_PATTERNS", "OOM_PATTERNS", "PASS", "SMOKE_REPORT_SCHEMA", "WARMUP_TOKENS",
     "LogFacts", "RequestResult", "RoundResult", "RoundRun", "ServerProcess", "SmokeConfig",
     "SmokeReport", "build_docker_command", "build_local_command", "build_override_command",
     "check_docker_image", "checkpoint_ready", "completion_body", "config_from_serving", "decide", "find_docker", "find_vllm",

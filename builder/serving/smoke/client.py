@@ -1,4 +1,4 @@
-"""The probe client: the requests a smoke run sends to an OpenAI-compatible
+"""The smoke client: the requests a smoke run sends to an OpenAI-compatible
 server (vLLM's own, or Ray Serve's HTTP proxy in front of it) and what it reads
 back.
 
@@ -7,7 +7,7 @@ Prompts and request bodies are pure; :func:`post_completion` is one request to
 (SSE streams read line by line, an ``error`` event or a missing ``[DONE]`` is a
 failure; a chat stream's time to first token is its first content delta, not
 the role-only chunk); :func:`run_round` sends ``concurrency`` requests at once.  Standard
-library only (``http.client``), so the probe runs on a bare GPU host.
+library only (``http.client``), so the smoke test runs on a bare GPU host.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PROBE_TOKENS = 8  # the greedy warm-up request: first-token time + an output fingerprint
+WARMUP_TOKENS = 8  # the greedy warm-up request: first-token time + an output fingerprint
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
 

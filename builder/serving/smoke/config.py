@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BadInput
+from builder.image.naming import SERVE_BACKENDS
+from builder.serving.plan import parse_size
 
-SERVE_BACKENDS = ("auto", "ray-serve-llm", "vllm-server")
 EXECUTOR_BACKENDS = ("mp", "ray")  # vLLM --distributed-executor-backend values smoke accepts
 
 # Set in every environment smoke starts (local server, docker -e, the Serve runner), always to
@@ -28,7 +29,7 @@ def with_multicast_off(env: dict[str, str]) -> dict[str, str]:
     """``env`` with :data:`MULTICAST_OFF` applied over it (a caller's value never enables multicast)."""
     return {**env, **MULTICAST_OFF}
 
-# The probe sends a round's requests at once, one thread and one socket each: a documented bound
+# A smoke run sends a round's requests at once, one thread and one socket each: a documented bound
 # (far above any engine's --max-num-seqs) refused up front, not a thread that cannot start mid-run.
 MAX_CONCURRENCY = 4096
 _SPARE_FDS = 64  # the server log, the health checks, the interpreter's own files
@@ -140,7 +141,7 @@ class SmokeConfig:
                 f"{where}: --gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
             )
         for name, value in (("--timeout", self.timeout), ("--boot-timeout", self.boot_timeout)):
-            # nan/inf would make the deadlines never expire: the probe must stay bounded
+            # nan/inf would make the deadlines never expire: a smoke run must stay bounded
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise BadInput(f"{where}: {name} must be a positive number of seconds, got {value!r}")
         if self.cpu_offload_gb is not None and not (math.isfinite(self.cpu_offload_gb) and self.cpu_offload_gb >= 0):
@@ -177,8 +178,6 @@ def config_from_serving(serving: Any, *, model: str, image: str | None = None, *
     for the pipeline's last stage: ``run_smoke(config_from_serving(spec.serving, model=..., image=ref))``."""
     gpu_mem = None
     if getattr(serving, "gpu_memory", None):
-        from builder.serving.plan import parse_size
-
         gpu_mem = parse_size(serving.gpu_memory, what="serving.gpu_memory")
     kv = getattr(serving, "kv_cache_dtype", None)
     cfg = SmokeConfig(

@@ -9,6 +9,7 @@ from typing import Any
 
 from builder.errors import BadInput, CheckpointNotReady
 from builder.serving import plan as planmod
+from builder.serving.checkpoint import inspect_checkpoint, safetensors_expected
 from builder.serving.smoke.config import SmokeConfig
 from builder.serving.smoke.gpu import nvidia_smi_memory
 
@@ -31,8 +32,6 @@ def checkpoint_ready(cfg: SmokeConfig, say: Callable[[str], None]) -> dict[str, 
     Returns a summary, or None when the check does not apply (``--skip-checkpoint-check``,
     a model that is not a directory, no safetensors files and no index naming any).
     """
-    from builder.serving.checkpoint import inspect_checkpoint, safetensors_expected
-
     if not cfg.checkpoint_check:
         say("checkpoint check skipped (--skip-checkpoint-check)")
         return None
@@ -119,7 +118,7 @@ def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, A
         )
     except BadInput:
         raise
-    except Exception as exc:  # noqa: BLE001 - the planner is advisory for the probe
+    except Exception as exc:  # noqa: BLE001 - the planner is advisory for the smoke test
         warn(f"plan skipped: {type(exc).__name__}: {exc}")
         return None
     d = plan.to_dict()

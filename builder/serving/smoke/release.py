@@ -14,6 +14,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from builder.errors import BadInput
+from builder.image.naming import default_repo, image_tags, serve_backend_of
+from builder.patching.series import load_series, series_dir_for
+from builder.resolve.lockfile import load_lock
+from builder.serving.plan import release_facts
+from builder.spec import default_lock_path
 
 
 @dataclass(frozen=True)
@@ -37,12 +42,6 @@ class Release:
 
 def resolve_release(vllm: str, *, repo: str | None = None) -> Release:
     """The release's facts, default lock, default image tag and patch series (BadInput for an unknown X)."""
-    from builder.image.render import default_repo, image_tags, serve_backend_of
-    from builder.patching.series import load_series, series_dir_for
-    from builder.resolve.lockfile import load_lock
-    from builder.serving.plan import release_facts
-    from builder.spec import default_lock_path
-
     facts = release_facts(vllm)
     kw: dict[str, Any] = {}
     lock_path = default_lock_path(vllm)
@@ -50,7 +49,7 @@ def resolve_release(vllm: str, *, repo: str | None = None) -> Release:
         lock = load_lock(lock_path)
         kw.update(lock=str(lock_path), lock_hash=lock.lock_hash, serve_backend=serve_backend_of(lock),
                   ray=lock.header.get("ray"),
-                  image=image_tags(repo or default_repo(vllm), vllm, lock.lock_hash)[0])
+                  image=image_tags(repo or default_repo(), vllm, lock.lock_hash)[0])
     try:
         series = load_series(series_dir_for(vllm), vllm)
     except BadInput:

@@ -1,4 +1,4 @@
-"""One smoke run: plan, start, boot, probe, stop, decide.
+"""One smoke run: plan, start, boot, send the rounds, stop, decide.
 
 :func:`run_smoke` is a short composition of the named steps below; each step
 reads the configuration and writes what it observed into :class:`Observed`,
@@ -29,7 +29,7 @@ from builder.serving.smoke import equivalence as eqv
 from builder.serving.smoke import rayhead
 from builder.serving.smoke import serve as serve_mode
 from builder.serving.smoke.client import (
-    PROBE_TOKENS,
+    WARMUP_TOKENS,
     chat_body,
     completion_body,
     http_get,
@@ -57,6 +57,7 @@ from builder.serving.smoke.server import (
     remove_container,
 )
 from builder.serving.vllm_log import count_server_starts, first_error_line, log_tail, parse_server_log, read_log
+from builder.util import cache_dir
 
 HOST = "127.0.0.1"
 
@@ -94,7 +95,7 @@ class Observed:
     boot_log_bytes: int | None = None   # size of the server log when /health first answered
     boot_error: str | None = None
     model_id: str | None = None
-    probe: dict[str, Any] | None = None
+    warmup: dict[str, Any] | None = None   # the greedy warm-up request (the report's "probe")
     rounds: list[RoundResult] = field(default_factory=list)
     extra_failures: list[str] = field(default_factory=list)
     gpu_peak: dict[str, Any] | None = None
@@ -245,7 +246,6 @@ def open_log(cfg: SmokeConfig) -> tuple[str, bool]:
     if cfg.log_file:
         path, own = cfg.log_file, False
     else:  # kept after the run (the report names it), under the cache, the newest LOGS_KEPT only
-        from builder.util import cache_dir
 
         logs = cache_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
@@ -313,10 +313,10 @@ def first_token(cfg: SmokeConfig, launch: Launch, vocab: int | None, t_start: fl
                 say: Callable[[str], None]) -> None:
     """A greedy streamed warm-up request: the first-token time and an output fingerprint."""
     prompt = make_prompt(-1, min(cfg.prompt_tokens, 16), vocab)
-    body = completion_body(obs.model_id or "", prompt, PROBE_TOKENS, True)
+    body = completion_body(obs.model_id or "", prompt, WARMUP_TOKENS, True)
     body["ignore_eos"] = False
     r = post_completion(launch.host, launch.port, body, cfg.timeout, -1)
-    obs.probe = {"prompt": prompt, "text": r.text, "max_tokens": PROBE_TOKENS}
+    obs.warmup = {"prompt": prompt, "text": r.text, "max_tokens": WARMUP_TOKENS}
     if r.ok and r.ttft_s is not None:
         obs.boot["first_token_s"] = round(time.monotonic() - t_start - (r.latency_s - r.ttft_s), 2)
         say(f"first token after {obs.boot['first_token_s']}s")
@@ -343,8 +343,8 @@ def one_round(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: in
     return rr
 
 
-def probe_rounds(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: int | None, log_path: str,
-                 obs: Observed, say: Callable[[str], None]) -> None:
+def request_rounds(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: int | None, log_path: str,
+                   obs: Observed, say: Callable[[str], None]) -> None:
     """The rounds (``cfg.rounds`` of /v1/completions, then one of /v1/chat/completions unless
     ``cfg.chat`` is off); stop at the first failed request, a dead server, an OOM line or a failing /health."""
     total = expected_rounds(cfg)
@@ -500,7 +500,7 @@ def make_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], plan
         log_file=log_path,
         log_tail=log_tail(text) if verdict == FAIL else [],
         layer_rewrites=facts.layer_rewrite_lines,
-        probe=obs.probe,
+        probe=obs.warmup,
         interrupted=obs.interrupted,
         serve=_serve_section(serve_info, launch, verdict),
         equivalence=obs.equivalence,
@@ -549,7 +549,7 @@ def drop_passing_log(rep: SmokeReport, own_log: bool, launch: Launch | None = No
 
 def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None,
               planned: dict[str, Any] | None = None) -> SmokeReport:
-    """Boot, probe, stop; return the report.  Never raises for a FAIL verdict: a
+    """Boot, send the rounds, stop; return the report.  Never raises for a FAIL verdict: a
     configuration the plan refuses is a FAIL report with ``refused_by_plan``
     (nothing booted).  Raises BadInput for bad input (flags, config.json).
 
@@ -607,7 +607,7 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
             if obs.boot_error is None:
                 first_token(cfg, launch, vocab, t_start, obs, say)
             if obs.boot_error is None:
-                probe_rounds(cfg, server, launch, vocab, log_path, obs, say)
+                request_rounds(cfg, server, launch, vocab, log_path, obs, say)
             if gate is not None and clean_so_far(cfg, server, obs):
                 gate_run(cfg, gate, launch, obs, say)
         except KeyboardInterrupt:

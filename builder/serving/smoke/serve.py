@@ -5,7 +5,7 @@ carries; locally the one in ``templates/serve/``): it starts a Ray head on loopb
 with its own temp directory, deploys ``build_app(args)`` with the spec's serving
 settings, and prints ``build-image-serve:`` lines (Ray start, application RUNNING,
 status changes, a replica restart, FAILED) while Ray forwards every replica's output
-(vLLM's engine included) to it.  The probe then talks to Serve's HTTP proxy exactly as
+(vLLM's engine included) to it.  The smoke client then talks to Serve's HTTP proxy exactly as
 it talks to ``vllm serve``.  Pure functions (application args, commands, reading the
 lines) plus the replica log files of the Ray session.
 """
@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BadInput
+from builder.image.naming import SERVE_MODULE, serve_app_source
 from builder.serving.smoke.config import SmokeConfig, with_multicast_off
 from builder.serving.smoke.server import vllm_kv_cache_dtype
 
-SERVE_MODULE = "build_image_serve_app"
 READY = re.compile(r"build-image-serve: application RUNNING after ([\d.]+) s")
 RAY_STARTED = re.compile(r"build-image-serve: ray (\S+) started in ([\d.]+) s")
 BACKEND = re.compile(r"build-image-serve: backend (\S+)(?: \((.*)\))?$")
@@ -86,8 +86,6 @@ def app_args(cfg: SmokeConfig, model_arg: str) -> dict[str, Any]:
 
 def module_dir() -> Path:
     """Where this checkout keeps the Serve application module (put first on PYTHONPATH locally)."""
-    from builder.image.render import serve_app_source
-
     return Path(serve_app_source()).parent
 
 

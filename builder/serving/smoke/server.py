@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from builder.engine import DockerEngine, docker_cli
 from builder.errors import BadInput
 from builder.serving.smoke.config import MULTICAST_OFF, SmokeConfig
 
@@ -225,16 +226,12 @@ def find_vllm() -> list[str]:
 def find_docker() -> str:
     """The Docker CLI, as every command finds it (:func:`builder.engine.docker_cli`;
     none: EngineUnavailable, exit 8)."""
-    from builder.engine import docker_cli
-
     return docker_cli()
 
 
 def docker_spawn(docker: str) -> Callable[..., subprocess.Popen]:
     """``ServerProcess``'s spawn for docker mode: the engine adapter starts the
     ``docker run`` command line that :func:`build_docker_command` made."""
-    from builder.engine import DockerEngine
-
     engine = DockerEngine(docker=docker)
 
     def spawn(argv: list[str], **popen_kw) -> subprocess.Popen:
@@ -245,8 +242,6 @@ def docker_spawn(docker: str) -> Callable[..., subprocess.Popen]:
 
 def remove_container(docker: str, name: str) -> None:
     """``docker rm -f NAME`` through the engine adapter (the container outlives a killed CLI)."""
-    from builder.engine import DockerEngine
-
     DockerEngine(docker=docker).cli(["rm", "-f", name], timeout=60)
 
 
@@ -254,8 +249,6 @@ def check_docker_image(docker: str, image: str) -> None:
     """Before `docker run --pull=never`: the engine answers (else EngineUnavailable,
     exit 8) and holds the image (else BadInput, exit 2) -- not a FAIL verdict with
     `docker run`'s exit code 125 in it."""
-    from builder.engine import DockerEngine
-
     eng = DockerEngine(docker=docker)
     eng.ping()
     if eng.inspect(image) is None:

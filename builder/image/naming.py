@@ -1,0 +1,128 @@
+"""The image's names: references (:func:`parse_ref`), its tags and repository, the installer and serve backend it is rendered
+for, and the names of the files a build context holds.
+
+Pure functions and constants, one definition each; :mod:`builder.image.render`,
+:mod:`builder.image.provenance`, :mod:`builder.image.push`, :mod:`builder.image.referrers`,
+:mod:`builder.serving.kuberay` and the smoke test read them from here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from builder.data import path as data_path
+from builder.errors import BadInput
+
+if TYPE_CHECKING:
+    from builder.resolve.lockfile import LockFile
+    from builder.resolve.manifest import BaseManifest
+
+# files of a build context (its pylock.toml: builder.resolve.pylock.PYLOCK_NAME)
+SBOM_FILE = "sbom.cdx.json"
+PROVENANCE_FILE = "provenance.intoto.json"
+
+# the Ray Serve application the image carries (templates/serve/build_image_serve_app.py)
+SERVE_MODULE = "build_image_serve_app"
+SERVE_APP_FILE = f"{SERVE_MODULE}.py"
+SERVE_BACKENDS = ("auto", "ray-serve-llm", "vllm-server")
+SERVE_BACKEND_ENV = "BUILD_IMAGE_SERVE_BACKEND"  # what build_image_serve_app reads as its default backend
+
+LABEL_PREFIX = "org.build-image"
+
+
+def serve_app_source() -> Path:
+    """The Serve application module the image carries (package data)."""
+    return data_path(f"templates/serve/{SERVE_APP_FILE}")
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    registry: str     # host[:port]
+    repository: str   # path inside the registry
+    tag: str | None
+    digest: str | None
+
+    @property
+    def reference(self) -> str:
+        return self.digest or self.tag or "latest"
+
+    def __str__(self) -> str:
+        s = f"{self.registry}/{self.repository}"
+        if self.tag:
+            s += f":{self.tag}"
+        if self.digest:
+            s += f"@{self.digest}"
+        return s
+
+
+def parse_ref(ref: str) -> ImageRef:
+    """``host:port/repo/name:tag[@sha256:...]`` -> parts (Docker Hub when no host)."""
+    if not ref or any(c.isspace() for c in ref):
+        raise BadInput(f"image reference {ref!r} is not valid.")
+    digest = None
+    if "@" in ref:
+        ref, digest = ref.split("@", 1)
+        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+            raise BadInput(f"image reference digest {digest!r} is not sha256:<64 hex>.")
+    first, _, rest = ref.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        registry, path = first, rest
+    else:
+        registry, path = "docker.io", ref if "/" in ref else f"library/{ref}"
+    tag = None
+    last = path.rsplit("/", 1)[-1]
+    if ":" in last:
+        path, tag = path.rsplit(":", 1)
+    if not re.fullmatch(r"[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*", path):
+        raise BadInput(f"image reference {ref!r}: repository {path!r} is not a valid name (lowercase, digits, . _ - /).")
+    return ImageRef(registry=registry, repository=path, tag=tag, digest=digest)
+
+
+def serve_backend_of(lock: LockFile) -> str:
+    """The lock header's ``serve-backend`` (``auto`` for a lock without one); anything else is refused."""
+    value = (lock.header.get("serve-backend") or "auto").strip()
+    if value not in SERVE_BACKENDS:
+        raise BadInput(f"lock{f' {lock.path}' if getattr(lock, 'path', None) else ''}: header 'serve-backend' is "
+                       f"{value!r}; it must be one of {', '.join(SERVE_BACKENDS)}.",
+                       hint="regenerate the lock with `build-image lock`.")
+    return value
+
+
+def tag_names(vllm: str, lock_hash: str) -> list[str]:
+    """The two tag names: content-addressed first, then the moving one."""
+    return [f"vllm{vllm}-{lock_hash[:12]}", f"vllm{vllm}"]
+
+
+def is_content_addressed(tag: str) -> bool:
+    """``REPO:vllm<v>-<12 hex>`` (names one lock) as opposed to the moving ``REPO:vllm<v>``."""
+    return re.search(r":vllm[^:/]*-[0-9a-f]{12}$", tag) is not None
+
+
+def image_tags(repo: str, vllm: str, lock_hash: str) -> list[str]:
+    """``REPO:<tag>`` for both :func:`tag_names`; a repository with a tag or digest, or one the
+    registry would refuse, is :class:`BadInput` here rather than at ``docker build``."""
+    repo = repo.strip()
+    if not repo or "@" in repo or repo.rsplit("/", 1)[-1].count(":"):
+        raise BadInput(f"--tag {repo!r}: give an image repository without a tag or digest "
+                       "(e.g. 127.0.0.1:5000/serving/vllm).")
+    parse_ref(repo)  # lowercase path components etc.: refused here, not by `docker build` after the render
+    tags = tag_names(vllm, lock_hash)
+    bad = [t for t in tags if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", t)]
+    if bad:
+        raise BadInput(f"vllm version {vllm!r} gives the tag(s) {', '.join(bad)}, which are not valid image tags "
+                       "(letters, digits, '_', '.', '-'; at most 128).")
+    return [f"{repo}:{t}" for t in tags]
+
+
+def default_repo() -> str:
+    """The repository the tags are made for when neither ``--tag`` nor the spec names one (the same
+    for every release)."""
+    return "build-image/vllm-serving"
+
+
+def choose_installer(base: BaseManifest) -> str:
+    """uv when the base image carries it (the official vLLM image does), else pip."""
+    return "uv" if base.get("uv") is not None else "pip"

@@ -10,7 +10,10 @@ Three scenarios, each the real CLI (`build-image --vllm 0.26.0 ... --push --json
   patch-only one patch of the test series edited: lock reused, dependency layer CACHED,
              only the patch layer rebuilt (pushed with --force: same lock, new image)
 
-Prints per-stage seconds side by side and the ratios to the full run.
+Prints per-stage seconds side by side and the ratios to the full run, then the floor checks'
+cost: the context built again with --no-cache, each step's seconds from BuildKit's plain log
+(the drift check in the parallel checks stage, the consistency check + constraint set after the
+install), and whether the no-op rebuild was all cache hits (same image ID).
 """
 
 from __future__ import annotations
@@ -71,6 +74,36 @@ def pipeline(work: Path, manifest: Path, fl: Path, series: Path, wheel: Path, ov
     return doc
 
 
+def floor_steps(ctx: Path) -> dict:
+    """Seconds of each step of a --no-cache build of ``ctx`` (BuildKit plain log): the floor steps,
+    the install step and the whole build."""
+    import re
+
+    from builder.engine import docker_cli
+
+    t0 = time.monotonic()
+    r = sh([docker_cli(), "build", "--progress=plain", "--no-cache", "--network=none", "-t", "bench/floor:nocache",
+            str(ctx)], env={"DOCKER_BUILDKIT": "1"})
+    wall = time.monotonic() - t0
+    heads, done = {}, {}
+    for line in r.stderr.splitlines():
+        m = re.match(r"^#(\d+) (\[[^\]]+\] .*)$", line)
+        if m and "[internal]" not in m.group(2):
+            heads.setdefault(m.group(1), m.group(2))
+        m = re.match(r"^#(\d+) DONE ([\d.]+)s$", line)
+        if m:
+            done[m.group(1)] = float(m.group(2))
+    out = {"build_no_cache_s": round(wall, 2)}
+    for n, head in heads.items():
+        if "base_check.py drift" in head:
+            out["checks_stage_run_s"] = done.get(n)
+        elif "base_check.py consistency" in head:
+            out["consistency_and_constraints_s"] = done.get(n)
+        elif "--require-hashes" in head:
+            out["install_s"] = done.get(n)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--with", dest="overlay", action="append", help="overlay requirement (default: six, markupsafe)")
@@ -101,6 +134,7 @@ def main() -> None:
             results["patch-only"] = pipeline(work, manifest, fl, series, wheel, overlay, epoch, force=True)
         else:
             print("note: builder.patching.series is missing in this checkout; the patch-only run is skipped")
+        floor = floor_steps(work / "ctx")
 
     names = list(results)
     stages = []
@@ -120,6 +154,16 @@ def main() -> None:
         print(f"{name:<14}{cells}{ratios}")
     print("cached build steps: " + ", ".join(f"{n} {d.get('cached_steps')}" for n, d in results.items()))
     print("image ids: " + ", ".join(f"{n} {d.get('image_id', '')[7:19]}" for n, d in results.items()))
+    print(f"no-op rebuild all cache hits: {results['no-op'].get('image_id') == results['full'].get('image_id')} "
+          f"(same image ID as the full run)")
+    print(f"floor checks, --no-cache build of the context ({floor['build_no_cache_s']} s): drift check in the "
+          f"checks stage {floor.get('checks_stage_run_s')} s (in parallel with the install, "
+          f"{floor.get('install_s')} s); consistency check + constraint set after the install "
+          f"{floor.get('consistency_and_constraints_s')} s")
+    check = results["full"].get("base_check") or {}
+    if check:
+        print(f"base verification: {check.get('status')}, snapshot {check.get('snapshot_s')} s "
+              f"(full run), reused {results['no-op'].get('base_check', {}).get('snapshot_reused')} (no-op run)")
 
 
 if __name__ == "__main__":

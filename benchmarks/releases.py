@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
-"""Benchmark per vLLM release: `base reconstruct` split into install (download) and scan, and
-`build-image lock` beside raw `uv pip compile` on the same inputs, in one run.
+"""Benchmark per vLLM release: `base recipe` (the recipe derived from the cached sdist, warm),
+`base reconstruct` split into recipe, install (the replayed steps) and scan, and `build-image lock`
+beside raw `uv pip compile` on the same inputs, in one run.
 
     .venv/bin/python benchmarks/releases.py                       # every shipped release
     .venv/bin/python benchmarks/releases.py --vllm 0.26.0 --vllm 0.33.0 --repeat 3
-    .venv/bin/python benchmarks/releases.py --skip-reconstruct    # only the lock columns
+    .venv/bin/python benchmarks/releases.py --skip-reconstruct    # only the recipe and lock columns
     .venv/bin/python benchmarks/releases.py --scan-tree DIR       # scan one installed tree (warm), 5 times
 
-Reconstruct: the real command (`reconstruct()`), into a scratch tree it removes; "install" is
-uv's `pip install --target` (downloads when uv's cache is cold, hard links when warm), "scan" the
-binary scan of the installed tree.  Written manifests go to a temp dir, never over the shipped ones.
+Recipe: the real command `build-image base recipe --vllm X --json` in a subprocess (the sdist from the
+download cache by its recorded sha256: no index asked; targets < 5 s), median of `--repeat` runs.
+Reconstruct: the real function (`reconstruct()`), into a scratch tree it removes; "install" is the
+replay of every step with uv's `pip install --target` (downloads when uv's cache is cold, hard links
+when warm; target < 20 s warm for the whole reconstruction), "scan" the binary scan of the installed
+tree.  Written manifests go to a temp dir, never over the shipped ones.
 
 Lock: `build-image lock --vllm X --upgrade -o TMP --json` (a full resolution: ray choice, uv twice,
 wheel facts from the cache) vs raw `uv pip compile` of exactly the overlay and base pins it hands to
@@ -39,12 +43,26 @@ from builder.spec import default_base_manifest, default_lock_path, supported_vll
 BIN = Path(sys.executable).parent
 
 
+def recipe_row(vllm: str, repeat: int) -> dict:
+    cmd = [str(BIN / "build-image"), "base", "recipe", "--vllm", vllm, "--json"]
+    times = []
+    for i in range(repeat + 1):
+        t0 = time.monotonic()
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        if r.returncode != 0:
+            return {"error": f"base recipe failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}"}
+        if i:  # the first run fills the download cache when it is cold
+            times.append(time.monotonic() - t0)
+    return {"recipe_s": round(statistics.median(times), 2)}
+
+
 def reconstruct_row(vllm: str) -> dict:
-    from builder.resolve.reconstruct import load_recipes, recipe_for, reconstruct
+    from builder.resolve.reconstruct import reconstruct
 
     t0 = time.monotonic()
-    rec = reconstruct(recipe_for(load_recipes(), vllm))
-    return {"index_s": round(rec.timings["index"], 1), "install_s": round(rec.timings["install"], 1),
+    rec = reconstruct(vllm)
+    return {"recipe_in_s": round(rec.timings["recipe"], 1), "index_s": round(rec.timings["index"], 1),
+            "install_s": round(rec.timings["install"], 1),
             "scan_s": round(rec.timings["scan"], 1), "cleanup_s": round(rec.timings.get("cleanup", 0), 1),
             "total_s": round(time.monotonic() - t0, 1), "dists": len(rec.manifest.distributions)}
 
@@ -99,6 +117,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-reconstruct", action="store_true")
     ap.add_argument("--skip-lock", action="store_true")
+    ap.add_argument("--skip-recipe", action="store_true")
     ap.add_argument("--scan-tree", type=Path)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -108,6 +127,8 @@ def main() -> None:
     rows = []
     for v in a.vllm or supported_vllm_versions():
         row = {"vllm": v}
+        if not a.skip_recipe:
+            row.update(recipe_row(v, a.repeat))
         if not a.skip_reconstruct:
             row.update(reconstruct_row(v))
         if not a.skip_lock:
@@ -117,7 +138,7 @@ def main() -> None:
     if a.json:
         print(json.dumps(rows, indent=2))
         return
-    cols = [k for k in ("vllm", "index_s", "install_s", "scan_s", "cleanup_s", "total_s", "dists", "uv_compile_s", "lock_s", "ratio", "entries",
+    cols = [k for k in ("vllm", "recipe_s", "recipe_in_s", "index_s", "install_s", "scan_s", "cleanup_s", "total_s", "dists", "uv_compile_s", "lock_s", "ratio", "entries",
                         "error") if any(k in r for r in rows)]
     print(" | ".join(cols))
     for r in rows:

@@ -16,7 +16,8 @@ from builder import __version__
 from builder.commands import pipeline
 from builder.credentials import redact_text
 from builder.errors import BuildImageError
-from builder.scratch import scratch
+from builder.scratch import scratch, scratch_home
+from builder.signals import SIGINT_EXIT, SIGTERM_EXIT, Terminated, signals_unwind
 from builder.util import cache_dir
 
 INTERNAL_ERROR = 70
@@ -52,13 +53,20 @@ class ErrorHandlingGroup(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            with scratch(cache_dir(create=False)):  # temp files under the cache; a killed run's litter is swept here
+            # temp files under the cache (a killed run's litter is swept here); SIGTERM unwinds like SIGINT
+            with signals_unwind(), scratch(scratch_home(cache_dir(create=False))):
                 return super().invoke(ctx)
         except BuildImageError as exc:
             click.echo(exc.render(), err=True)
             ctx.exit(exc.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.Abort):
             raise  # click's own exits and usage errors keep their codes
+        except KeyboardInterrupt:  # not click's "Aborted!" (exit 1, the negative-verdict code)
+            click.echo("interrupted (SIGINT): stopped; every output is as it was before this run.", err=True)
+            ctx.exit(SIGINT_EXIT)
+        except Terminated:
+            click.echo("terminated (SIGTERM): stopped; every output is as it was before this run.", err=True)
+            ctx.exit(SIGTERM_EXIT)
         except Exception as exc:  # a bug: never let it read as a verdict (exit 1)
             import traceback
 

@@ -57,16 +57,31 @@ def redact_url(url: str) -> str:
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+# ``https:/user:PW@host``: a URL whose ``//`` a path normalisation collapsed to ``/``
+_COLLAPSED = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*:/)(?!/)([^\s'\"<>`/@]+)@")
+# ``user:PW@host[:port]/repo``: an image reference (or a scheme-less URL) carrying userinfo; the host is
+# followed by a path, a space or the end (``repo:tag@sha256:…`` is a digest, not a credential)
+_BARE_USERINFO = re.compile(r"(?<![\w/.@:-])([^\s'\"<>`/@:]+:[^\s'\"<>`/@]+)@"
+                            r"(?!sha256:|sha512:)([A-Za-z0-9][A-Za-z0-9.-]*(?::\d+)?)(?=[/\s'\"<>`,;)]|$)")
+
+
 def redact_text(text: str) -> str:
-    """Pure: every URL in ``text`` passed through :func:`redact_url`."""
-    if not text or "://" not in text:
+    """Pure: every URL in ``text`` passed through :func:`redact_url`, whatever its form: with a scheme
+    (``https://user:PW@host``), with its ``//`` collapsed (``https:/user:PW@host``), or without a scheme
+    (``user:PW@host/repo``, as an image reference or a ``--tag`` carries it)."""
+    if not text or ("://" not in text and "@" not in text):
         return text
+
     def one(m: re.Match) -> str:
         url = m.group(0)
         core = url.rstrip(".,:;)]}")  # sentence punctuation after a URL is not part of it
         return redact_url(core) + url[len(core):]
 
-    return _URL.sub(one, text)
+    text = _URL.sub(one, text) if "://" in text else text
+    if "@" in text:
+        text = _COLLAPSED.sub(lambda m: f"{m.group(1)}{MASK}@", text)
+        text = _BARE_USERINFO.sub(lambda m: f"{MASK}@{m.group(2)}", text)
+    return text
 
 
 def has_credentials(url: str) -> bool:

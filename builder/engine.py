@@ -236,6 +236,17 @@ class DockerEngine:
             raise ExternalToolError(f"`docker {' '.join(args[:2])}` failed ({proc.returncode}): {redact(proc.stderr.strip())[-800:]}")
         return proc
 
+    def _refuse_silent_cli(self, proc: subprocess.CompletedProcess) -> None:
+        """A CLI that says nothing at all for ``docker version`` (``/bin/false``, a broken wrapper) is not an
+        engine that is down: ExternalToolError (exit 12) naming the CLI, not "start dockerd"."""
+        if proc.stderr.strip() or proc.stdout.strip():
+            return
+        raise ExternalToolError(
+            f"the Docker CLI {self.docker} exited {proc.returncode} without a word for `docker version`: it does "
+            "not behave like a docker CLI, so whether the engine runs is unknown.",
+            hint=f"check {DOCKER_ENV} (or the docker on PATH): it must name a working docker binary.",
+        )
+
     def _raise_unreachable(self, stderr: str) -> None:
         if engine_unreachable(stderr):
             host = self.env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
@@ -261,7 +272,8 @@ class DockerEngine:
         """Server version; raises EngineUnavailable when the engine does not answer."""
         proc = self._run(["version", "--format", "{{.Server.Version}}"], timeout=30, check=False)
         if proc.returncode != 0 or not proc.stdout.strip():
-            self._raise_unreachable(proc.stderr or "Cannot connect to the Docker daemon")
+            self._refuse_silent_cli(proc)
+            self._raise_unreachable(proc.stderr)
             raise EngineUnavailable(f"the Docker engine did not answer: {redact(proc.stderr.strip())[-400:]}")
         return proc.stdout.strip()
 

@@ -154,5 +154,7 @@ EXIT_CODES: dict[int, str] = {
     ExternalToolError.exit_code: "a helper tool (uv, docker) failed unexpectedly",
     CheckpointNotReady.exit_code: "smoke: the checkpoint is not ready (checkpoint verify's structural checks); no server started",
     OutputBusy.exit_code: "another run holds the output (-o) longer than BUILD_IMAGE_LOCK_TIMEOUT",
+    130: "interrupted by SIGINT; outputs as they were before the run",
+    143: "terminated by SIGTERM; outputs as they were before the run",
     70: "internal error (a bug: please report)",
 }

@@ -30,10 +30,15 @@ from builder.image.build import build_image, missing_bases
 from builder.image.push import push_image
 from builder.image.render import build_hint, render_context, render_inputs
 from builder.patching.series import require_series
-from builder.resolve.baseref import classify, resolve_base
+from builder.resolve import base as base_snapshot
+from builder.resolve.base import repo_of
+from builder.resolve.baseref import ResolvedBase, classify, resolve_base
+from builder.resolve.floor import compare
 from builder.resolve.lockstage import run_lock
 from builder.serving.kuberay import render_manifests, write_manifests
 from builder.serving.smoke import checkpoint_ready, config_from_serving, preflight_plan, render_text, run_smoke
+from builder.spec import check_vllm_version
+from builder.validate import version_string
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,7 @@ class PipelineRequest:
     smoke: bool = False
     model: str | None = None
     pull: bool = False
+    allow_base_drift: bool = False
 
     def check(self) -> None:
         """Contradictory or incomplete flags: BadInput before any work."""
@@ -122,6 +128,97 @@ def preflight(req: PipelineRequest, console) -> dict | None:
     return plan
 
 
+@dataclass(frozen=True)
+class HeldBase:
+    """The base manifest's image, held by the engine: what :func:`verify_base` snapshots."""
+
+    resolved: Any                   # builder.resolve.baseref.ResolvedBase (the shipped or given manifest)
+    ref: str                        # the manifest's pinned reference, as the engine holds it
+    image_id: str
+    digest: str | None              # the registry digest the engine knows for it, if any
+
+
+@dataclass(frozen=True)
+class BaseCheck:
+    """What :func:`verify_base` found: ``verified`` (the manifest describes the image) or ``drift``
+    (``differences``; the lock is then made against ``base``, the snapshot)."""
+
+    status: str                     # verified | drift
+    base: Any                       # the ResolvedBase the lock uses
+    ref: str
+    image: str                      # digest (or image ID) the manifest was compared with
+    differences: tuple[str, ...]
+    seconds: float
+    reused: bool                    # the snapshot came from the cache (same image ID)
+
+    def to_dict(self, context: Path) -> dict:
+        return {"status": self.status, "image": self.ref, "against": self.image, "differences": list(self.differences),
+                "snapshot_s": self.seconds, "snapshot_reused": self.reused,
+                "manifest": str(Path(context) / "checks" / "base-manifest.json")}
+
+
+def base_held_by_engine(spec, engine) -> HeldBase | None:
+    """The spec's base manifest (shipped or a file) and its image, when the engine is reachable and
+    holds that image; None otherwise (no engine, image not there, a manifest without a reference)."""
+    if classify(spec.base) == "image":
+        return None
+    resolved = resolve_base(spec.base, spec.vllm)
+    ref = resolved.manifest.pinned_ref
+    if not ref:
+        return None
+    try:
+        engine.ping()
+        info = engine.inspect(ref)
+    except EngineUnavailable:
+        return None
+    if info is None:
+        return None
+    digest = ref.split("@", 1)[1] if "@" in ref else next(
+        (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and repo_of(d) == repo_of(ref)), None)
+    return HeldBase(resolved=resolved, ref=ref, image_id=info.id, digest=digest)
+
+
+def verify_base(held: HeldBase, tell) -> BaseCheck:
+    """Snapshot the held base (cached by image ID) and compare it with its manifest: the same ->
+    ``verified``, the manifest kept; different -> ``drift``, each difference told, and the lock made
+    against the snapshot (a ``ResolvedBase`` of kind ``image``)."""
+    t0 = time.monotonic()
+    snap, reused = base_snapshot.snapshot_cached(held.ref, image_id=held.image_id)
+    seconds = round(time.monotonic() - t0, 2)
+    against = held.digest or f"image {held.image_id}"
+    diffs = tuple(compare(held.resolved.manifest, snap))
+    how = f"snapshot {'reused' if reused else 'taken'} in {seconds}s"
+    if not diffs:
+        tell(f"base manifest verified against {against} ({how})")
+        return BaseCheck(status="verified", base=held.resolved, ref=held.ref, image=against, differences=(),
+                         seconds=seconds, reused=reused)
+    tell(f"base manifest {held.resolved.label} differs from the image {held.ref} ({against}; {how}) in "
+         f"{len(diffs)} place(s):\n" + "\n".join(f"  - {d}" for d in diffs)
+         + "\nlocking against the snapshot of the real image (shipped in the context as checks/base-manifest.json).")
+    text = snap.to_json()
+    snapshot = ResolvedBase(manifest=snap, data=text.encode("utf-8"), label=f"snapshot of {held.ref}", kind="image")
+    return BaseCheck(status="drift", base=snapshot, ref=held.ref, image=against, differences=diffs,
+                     seconds=seconds, reused=reused)
+
+
+def _base_note(checked: BaseCheck | None) -> str | None:
+    """What the SBOM and the provenance say about a manifest the pipeline replaced with its snapshot."""
+    if checked is None or checked.status != "drift":
+        return None
+    return (f"snapshot of the local image {checked.ref} ({checked.image}) taken by the pipeline, which found the "
+            f"base manifest differing from it in {len(checked.differences)} place(s)")
+
+
+def check_release_input(spec) -> None:
+    """The release the pipeline builds: a version (never a word or a path), and, on the shipped base
+    (no ``--base``), one this checkout has a base manifest for: exit 2 naming the known releases, before
+    the patch series, the lock or anything else is looked at."""
+    where = "--vllm" if not spec.source else f"--vllm / {spec.source} 'vllm'"
+    version_string(spec.vllm, where=where)
+    if classify(spec.base) == "default":
+        check_vllm_version(spec.vllm, where=where)
+
+
 def _dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
@@ -129,20 +226,24 @@ def _dir_size(path: Path) -> int:
 def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     """Run the stages in order, each on the previous one's result (see the module doc)."""
     req.check()
+    check_release_input(req.spec)
     spec = req.spec
     if not req.series and not req.no_patches:  # before any lock or download: a release nobody ported patches to
         require_series(spec.vllm)
     t_all = time.monotonic()
     plan = preflight(req, console) if req.smoke else None
-    stages = Stages(console, 3 + int(req.push) + int(classify(spec.base) == "image") + int(req.smoke))
+    engine = engine or engine_adapter.get_engine()
+    held = base_held_by_engine(spec, engine)
+    base_stage = classify(spec.base) == "image" or held is not None
+    stages = Stages(console, 3 + int(req.push) + int(req.smoke) + int(base_stage))
     r = _Run(req=req, console=console, stages=stages, t_all=t_all,
              summary={"vllm": spec.vllm, "context": str(req.out), "stages_s": stages.times})
-    r.lock()
+    r.lock(held)
     if req.kuberay:  # bad serving settings fail here (exit 2, before the context is written), not after the build
         render_manifests(lock=r.inputs.lock, spec=spec, image="build-image.invalid/check:kuberay", allow_tag=True,
                          base=r.inputs.manifest)
     r.render()
-    engine, stopped = r.reach_engine(engine)
+    stopped = r.reach_engine(engine)
     if stopped is not None:
         return stopped
     r.build(engine)
@@ -167,6 +268,7 @@ class _Run:
     stages: Stages
     t_all: float
     summary: dict
+    checked: BaseCheck | None = None  # the base manifest against the image the engine holds
     locked: Any = None
     inputs: Any = None      # builder.image.render.RenderInputs
     rendered: Any = None
@@ -177,13 +279,19 @@ class _Run:
     def tell(self, msg: str) -> None:
         self.console.print(msg, highlight=False, markup=False, soft_wrap=True)
 
-    def lock(self) -> None:
-        """The base (an image reference is snapshotted) and the lock on it."""
+    def lock(self, held: HeldBase | None) -> None:
+        """The base (an image reference is snapshotted; a manifest whose image the engine holds is
+        verified against it, and its snapshot used where they differ) and the lock on it."""
         spec = self.req.spec
         base = None
         if classify(spec.base) == "image":
             with self.stages.stage("base", f"snapshot {spec.base}"):
                 base = resolve_base(spec.base, spec.vllm)
+        elif held is not None:
+            with self.stages.stage("base", f"verify the manifest against {held.ref} (the engine holds it)"):
+                self.checked = verify_base(held, self.tell)
+                base = self.checked.base
+                self.summary["base_check"] = self.checked.to_dict(self.req.out)
         with self.stages.stage("lock", f"{spec.lock_path} (reused when up to date; ABI gate on a new resolution)"):
             self.locked = run_lock(spec, default_overlay=self.req.default_overlay, base=base,
                                    progress=lambda m: self.tell(f"lock: {m}"), on_message=self.tell)
@@ -207,7 +315,8 @@ class _Run:
             self.rendered = render_context(vllm=spec.vllm, base=inputs.manifest, lock=inputs.lock,
                                            lock_text=inputs.lock_text, out_dir=out, series_dir=req.series,
                                            vllm_wheel=req.wheel, repo=spec.repo,
-                                           no_patches=req.no_patches, on_step=on_step)
+                                           no_patches=req.no_patches, on_step=on_step, base_data=inputs.base_data,
+                                           allow_base_drift=req.allow_base_drift, base_note=_base_note(self.checked))
         times = self.stages.times
         if "wheelhouse" in marks:  # split the stage: patch check+apply, then wheelhouse + context
             both = times.pop("patch+render")
@@ -237,15 +346,14 @@ class _Run:
         return PipelineResult(status="rendered", summary=self.summary, locked=self.locked, rendered=self.rendered,
                               error=error if wanted else None, notice=notice)
 
-    def reach_engine(self, engine) -> tuple[Any, PipelineResult | None]:
-        """The engine, with the base images in its store; else the run stops after render."""
+    def reach_engine(self, engine) -> PipelineResult | None:
+        """None when the engine answers and holds the base images; else the run stops after render."""
         out, spec, rendered = self.req.out, self.req.spec, self.rendered
-        engine = engine or engine_adapter.get_engine()
         try:
             engine.ping()
         except EngineUnavailable as exc:
             how = build_hint(out, spec.repo, rendered.tags)
-            return engine, self.stop_after_render(
+            return self.stop_after_render(
                 f"[yellow]no container engine reachable[/yellow] ({exc.message})", "Build it where an engine runs",
                 how, EngineUnavailable(f"{exc.message} The context is complete in {out}, but --push/--smoke need "
                                        "an engine.", hint=f"build where an engine runs: {how}"),
@@ -255,10 +363,10 @@ class _Run:
             how = f"docker pull {missing[0]} && build-image build {out}" + (f" --tag {spec.repo}" if spec.repo else "")
             msg = (f"the base image {', '.join(missing)} is not in the engine's image store (build-image never pulls "
                    f"it implicitly; --pull allows it).")
-            return engine, self.stop_after_render(f"[yellow]{msg}[/yellow]", "Build it", how,
-                                                  BuildFailed(msg + f" The context is complete in {out}.", hint=how),
-                                                  missing_base=missing)
-        return engine, None
+            return self.stop_after_render(f"[yellow]{msg}[/yellow]", "Build it", how,
+                                          BuildFailed(msg + f" The context is complete in {out}.", hint=how),
+                                          missing_base=missing)
+        return None
 
     def build(self, engine) -> None:
         rendered = self.rendered
@@ -270,6 +378,10 @@ class _Run:
                                                                           highlight=False, soft_wrap=True))
         self.summary.update(image_id=self.built.image_id, image_bytes=self.built.size_bytes,
                             cached_steps=self.built.cached_steps)
+        for line in self.built.warnings:  # allowed base drift, listed by the checks stage
+            self.console.print(f"build warning: {line}", highlight=False, markup=False, soft_wrap=True)
+        if self.built.warnings:
+            self.summary["build_warnings"] = list(self.built.warnings)
 
     def push(self, engine) -> str:
         """Push every tag; the image later stages use is the pushed digest."""

@@ -57,6 +57,18 @@ def system_tmp() -> str:
     return os.environ.get(_SYSTEM_TMP_ENV) or tempfile.gettempdir()
 
 
+def scratch_home(cache: Path) -> Path:
+    """Where :func:`scratch` keeps a command's temp files: under ``cache`` when it is (or can become) a
+    writable directory, else a per-user folder in the system temp dir, so a command that needs no cache
+    (``diff``, ``checkpoint verify``) runs with a cache path that is a file, read-only or under /dev/null."""
+    probe = cache
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    if probe.is_dir() and os.access(probe, os.W_OK | os.X_OK):
+        return cache
+    return Path(tempfile.gettempdir()) / f"build-image-{os.getuid()}-scratch"
+
+
 def scratch_root(cache: Path) -> Path:
     return cache / "tmp"
 

@@ -25,6 +25,10 @@ Example ``build-image.toml``::
     gpu_memory_utilization = 0.90
     max_num_seqs = 16
     kv_cache_dtype = "auto"
+    load_format = "auto"                  # vLLM --load-format (checked against the release's LoadFormats)
+    compile_cache = "node"                # VLLM_CACHE_ROOT on a hostPath of the node ("none", or "pvc:CLAIM")
+    model_cache = "none"                  # "node": the checkpoint from a node-local cache (hostPath at /models);
+                                          # "object": streamed from object storage (s3://..., runai_streamer)
 
 Unknown keys are rejected (a typo must not be silently ignored).
 """
@@ -39,6 +43,7 @@ from typing import Any
 from builder.data import path as data_path
 from builder.errors import BadInput
 from builder.util import canonical_name
+from builder.validate import check_release, exclude_newer, load_toml, number, read_bounded_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -93,6 +98,9 @@ class Serving:
     max_num_seqs: int | None = None
     kv_cache_dtype: str = "auto"
     cpu_offload_gb: float = 0.0
+    load_format: str = "auto"          # vLLM --load-format (docs/cold-start.md)
+    compile_cache: str = "node"        # KubeRay: VLLM_CACHE_ROOT volume: node (hostPath) | none | pvc:CLAIM
+    model_cache: str = "none"          # KubeRay: none | node (hostPath mounted at /models) | object (runai_streamer)
 
 
 @dataclass
@@ -153,7 +161,7 @@ _SERVING_TYPES = {f.name: f.type for f in fields(Serving)}
 
 def parse_spec(text: str, path: str) -> Spec:
     try:
-        doc = tomllib.loads(text)
+        doc = load_toml(text, f"spec {path}")
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"spec {path} is not valid TOML: {exc}.") from None
     for key, val in doc.items():
@@ -189,6 +197,7 @@ def parse_spec(text: str, path: str) -> Spec:
     for key in ("tp", "pp"):
         if key in serving_kwargs and serving_kwargs[key] < 1:
             raise BadInput(f"spec {path}: 'serving.{key}' must be a positive integer, got {serving_kwargs[key]!r}.")
+    _check_values(doc, serving_kwargs, path)
     backend = serving_kwargs.get("distributed_executor_backend")
     if backend is not None and backend not in EXECUTOR_BACKENDS:
         raise BadInput(f"spec {path}: 'serving.distributed_executor_backend' must be one of "
@@ -209,6 +218,22 @@ def parse_spec(text: str, path: str) -> Spec:
     )
 
 
+#: serving numbers: (lowest, highest, whole number); a count is integral, a fraction is in (0, 1]
+_SERVING_BOUNDS = {"gpus": (1, 4096, True), "tp": (1, 4096, True), "pp": (1, 4096, True),
+                   "max_model_len": (1, 1 << 40, True), "max_num_seqs": (1, 1 << 20, True),
+                   "gpu_memory_utilization": (0, 1, False), "cpu_offload_gb": (0, 1 << 20, False)}
+
+
+def _check_values(doc: dict, serving: dict, path: str) -> None:
+    """The spec's values through :mod:`builder.validate`: serving numbers finite and in range, counts whole,
+    ``exclude-newer`` a real date or instant."""
+    for key, (low, high, whole) in _SERVING_BOUNDS.items():
+        if key in serving:
+            number(serving[key], f"spec {path}: 'serving.{key}'", minimum=low, maximum=high, integral=whole,
+                   exclusive_minimum=key == "gpu_memory_utilization")
+    exclude_newer(doc.get("exclude-newer"), where=f"spec {path}: 'exclude-newer'")
+
+
 def load_spec(path: str | Path | None) -> Spec:
     """Load ``path``; with ``None``, ``./build-image.toml`` if present, else defaults."""
     if path is None:
@@ -219,18 +244,10 @@ def load_spec(path: str | Path | None) -> Spec:
         p = Path(path)
         if not p.exists():
             raise BadInput(f"spec file {p} does not exist.")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"spec file {p} cannot be read: {exc}.") from None
-    return parse_spec(text, str(p))
+    return parse_spec(read_bounded_text(p, "spec file"), str(p))
 
 
-def check_vllm_version(vllm: str) -> None:
-    known = supported_vllm_versions()
-    if vllm not in known:
-        raise BadInput(
-            f"vLLM version {vllm!r} is not supported by this checkout: there is no base manifest "
-            f"lockfiles/base/vllm-openai-v{vllm}.json (known: {', '.join(known) or 'none'}).",
-            hint="snapshot the official image with `build-image base snapshot --image vllm/vllm-openai:vX -o ...`.",
-        )
+def check_vllm_version(vllm: str, where: str = "--vllm") -> None:
+    """BadInput (exit 2, "no base manifest", the known releases named) for a release this checkout
+    has no base manifest for (:func:`builder.validate.check_release`)."""
+    check_release(vllm, supported_vllm_versions(), where=where)

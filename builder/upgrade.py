@@ -41,7 +41,7 @@ from builder.resolve import lock as L
 from builder.resolve.baseref import resolve_base
 from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import BaseManifest, load_manifest
-from builder.resolve.reconstruct import load_recipes, recipe_for, reconstruct
+from builder.resolve.reconstruct import reconstruct
 from builder.serving import plan as PL
 from builder.spec import default_base_manifest, default_lock_path, load_spec
 from builder.util import atomic_write_text
@@ -145,8 +145,17 @@ def wheel_requirement(wheel: Path | None, name: str) -> str | None:
 
 def base_moves(a: BaseManifest, b: BaseManifest, *, a_wheel: Path | None = None, b_wheel: Path | None = None) -> list[Move]:
     """Pure but for reading two wheels' METADATA: what moves in the base image from A to B."""
-    moves = [Move("python", a.python_version, b.python_version), Move("glibc", a.glibc, b.glibc),
-             Move("CUDA", a.cuda, b.cuda), Move("platform", a.platform, b.platform)]
+    def os_of(m: BaseManifest) -> str | None:
+        return m.os.split(" (")[0] if m.os else None
+
+    def listed(items) -> str | None:
+        return ", ".join(sorted(items)) or None
+
+    moves = [Move("python", a.python_version, b.python_version), Move("OS", os_of(a), os_of(b)),
+             Move("glibc", a.glibc, b.glibc), Move("CUDA", a.cuda, b.cuda), Move("platform", a.platform, b.platform),
+             # derived from each release's build files: the image's uv overrides, what the manifest cannot version
+             Move("image uv overrides", listed(a.uv_overrides or []), listed(b.uv_overrides or [])),
+             Move("unversioned in the image", listed(a.unversioned), listed(b.unversioned))]
     for name in KEY_DISTS:
         da, db = a.get(name), b.get(name)
         if da is None and db is None:
@@ -274,8 +283,9 @@ def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Pa
     if shipped.is_file():
         return shipped, "shipped"
     if progress:
-        progress(f"reconstructing the base manifest of vllm {version} from its recipe")
-    rec = reconstruct(recipe_for(load_recipes(), version), progress=progress)
+        progress(f"reconstructing the base manifest of vllm {version}: its recipe derived from its sdist, the "
+                 "install steps replayed")
+    rec = reconstruct(version, progress=progress, recorded_only=False)
     dest = (out_dir / "lockfiles" / "base" / shipped.name) if out_dir else scratch / shipped.name
     atomic_write_text(dest, rec.manifest.to_json())
     return dest, "reconstructed"

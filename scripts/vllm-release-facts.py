@@ -2,7 +2,8 @@
 """Print what `builder/serving/plan.py:RELEASE_FACTS` holds, read from unpacked vllm wheels.
 
 Usage: scripts/vllm-release-facts.py [DIR ...]
-Each DIR is a site-packages-like folder holding ``vllm/config/cache.py`` and a
+Each DIR is a site-packages-like folder holding ``vllm/config/cache.py`` (KV dtypes, utilization),
+``vllm/model_executor/model_loader/__init__.py`` (``LoadFormats``: the ``--load-format`` values) and a
 ``vllm-X.dist-info``; without arguments, uv's unpacked-wheel cache is searched
 (``$UV_CACHE_DIR`` or ~/.cache/uv, ``archive-v0/*``).  Pure reading: ``ast``, no import of vllm.
 """
@@ -14,6 +15,19 @@ import json
 import os
 import sys
 from pathlib import Path
+
+
+def load_formats(root: Path) -> list[str]:
+    """The ``LoadFormats`` Literal of ``vllm/model_executor/model_loader/__init__.py`` (the ``--load-format``
+    values)."""
+    src = root / "vllm" / "model_executor" / "model_loader" / "__init__.py"
+    if not src.is_file():
+        return []
+    for node in ast.walk(ast.parse(src.read_text())):
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "LoadFormats":
+            sl = node.value.slice
+            return [e.value for e in (sl.elts if isinstance(sl, ast.Tuple) else [sl])]
+    return []
 
 
 def facts(root: Path) -> tuple[str, float | None, list[str]] | None:
@@ -45,7 +59,8 @@ def main(argv: list[str]) -> int:
     for root in roots:
         got = facts(root)
         if got and got[0] not in out:
-            out[got[0]] = {"default_gpu_memory_utilization": got[1], "kv_cache_dtypes": got[2], "from": str(root)}
+            out[got[0]] = {"default_gpu_memory_utilization": got[1], "kv_cache_dtypes": got[2],
+                           "load_formats": load_formats(root), "from": str(root)}
     print(json.dumps(dict(sorted(out.items())), indent=2))
     return 0 if out else 1
 

@@ -1,6 +1,6 @@
 """Fixture: a package index on loopback (PEP 691 JSON simple API + PEP 658 metadata files).
 
-``local_index(wheels)`` serves the given wheel files with made-up upload times, so
+``local_index(wheels)`` serves the given wheel (and sdist) files with made-up upload times, so
 uv's ``--exclude-newer`` and the tool's index adapter see exactly what a real
 index would report.  Only 127.0.0.1; the server thread stops with the fixture.
 
@@ -19,7 +19,12 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from packaging.utils import parse_wheel_filename
+from packaging.utils import parse_sdist_filename, parse_wheel_filename
+
+
+def _parse(name: str):
+    """(project, version) of a wheel or an sdist (``.tar.gz``) file name."""
+    return parse_sdist_filename(name) if name.endswith(".tar.gz") else parse_wheel_filename(name)[:2]
 
 
 def _metadata(path: Path) -> bytes:
@@ -33,7 +38,7 @@ def serve_index(wheels: dict[Path, datetime]):
     files = {p.name: (p, t) for p, t in wheels.items()}
     projects: dict[str, list[str]] = {}
     for name in files:
-        projects.setdefault(str(parse_wheel_filename(name)[0]), []).append(name)
+        projects.setdefault(str(_parse(name)[0]), []).append(name)
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a):  # quiet
@@ -57,14 +62,16 @@ def serve_index(wheels: dict[Path, datetime]):
                 for fname in sorted(projects[parts[1]]):
                     p, t = files[fname]
                     data = p.read_bytes()
-                    doc["files"].append({
+                    row = {
                         "filename": fname, "url": f"../../files/{fname}",
                         "hashes": {"sha256": hashlib.sha256(data).hexdigest()},
                         "upload-time": t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"),
-                        "core-metadata": {"sha256": hashlib.sha256(_metadata(p)).hexdigest()},
                         "size": len(data), "yanked": False,
-                    })
-                    doc["versions"].append(str(parse_wheel_filename(fname)[1]))
+                    }
+                    if fname.endswith(".whl"):
+                        row["core-metadata"] = {"sha256": hashlib.sha256(_metadata(p)).hexdigest()}
+                    doc["files"].append(row)
+                    doc["versions"].append(str(_parse(fname)[1]))
                 return self._send(json.dumps(doc).encode(), "application/vnd.pypi.simple.v1+json")
             if len(parts) == 2 and parts[0] == "files":
                 name = parts[1]

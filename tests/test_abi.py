@@ -646,3 +646,24 @@ def test_one_release_spelled_two_ways_is_no_move():
                                 entry("pyarrow", "14.0.3", facts(True, 5, 1, 0, "2.17", "cp312"), base_version="14.0.2")], {})
     assert rules(moved.violations) == [("torch", "exact-coupled")]
     assert [(f.name, f.rule) for f in moved.notices] == [("pyarrow", abi.BINARY_MOVE)]
+
+
+# ------------------------------------------------------------------ what the image holds but the manifest cannot version
+
+def test_a_lock_pinning_a_name_the_base_cannot_version_is_a_conflict_with_the_reason():
+    import dataclasses
+
+    base = dataclasses.replace(BASE, lacks={"unversioned": {
+        "mooncake_transfer_engine": "off-index: mooncake-transfer-engine 0.3.10.post2 from a URL off the index "
+                                    "(vllm-0.26.0.tar.gz docker/Dockerfile:1029)"}})
+    res = abi.evaluate(base, [entry("mooncake-transfer-engine", "0.3.12.post1", via=("-r overlay", "lmcache"))], {})
+    assert not res.ok and [f.rule for f in res.violations] == [abi.UNVERSIONED_IN_BASE]
+    fd = res.violations[0]
+    assert fd.old is None and "image already holds its own mooncake-transfer-engine" in fd.message
+    assert fd.evidence == ["mooncake-transfer-engine: off-index: mooncake-transfer-engine 0.3.10.post2 from a URL off "
+                           "the index (vllm-0.26.0.tar.gz docker/Dockerfile:1029)"]
+    assert abi.UNVERSIONED_IN_BASE in abi.VIOLATION_RULES
+    allowed = abi.evaluate(base, [entry("mooncake-transfer-engine", "0.3.12.post1")],
+                           {"mooncake-transfer-engine": "replace the image's wheel on purpose"})
+    assert allowed.ok and [f.rule for f in allowed.allowed] == [abi.UNVERSIONED_IN_BASE]
+    assert abi.evaluate(BASE, [entry("mooncake-transfer-engine", "0.3.12.post1")], {}).ok  # nothing known: no verdict

@@ -206,11 +206,22 @@ def test_shipped_manifest_is_the_vllm_0_26_0_floor():
     assert m.platform == "x86_64-manylinux_2_35"
     assert m.site_packages == "/usr/local/lib/python3.12/dist-packages"
     assert m.provenance_kind == "reconstructed"
-    for needle in ("uv pip install --target", "--exclude-newer 2026-07-25", "not scanned", "vllm==0.26.0"):
+    sdist_sha = "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502"
+    for needle in ("uv pip install --target", "--exclude-newer 2026-07-25", "not scanned",
+                   f"vllm-0.26.0.tar.gz (sha256 {sdist_sha})"):
         assert needle in m.provenance_method
+    assert "unverified" not in m.provenance_method
+    assert m.provenance_recipe["sdist"] == {"filename": "vllm-0.26.0.tar.gz", "sha256": sdist_sha}
+    steps = m.provenance_recipe["steps"]
+    assert [s["action"] for s in steps] == ["install", "install", "skip", "install", "install", "skip", "install",
+                                            "install", "skip"]
+    assert steps[6]["moved"]["numpy"] == "2.3.5 -> 2.2.6"  # the kv-connectors step moves the earlier pin
     assert m.get("vllm").version == "0.26.0"
     assert m.get("torch").version == "2.11.0"
-    assert m.get("numpy").version.startswith("2.")
+    assert m.get("numpy").version == "2.2.6"
+    assert set(m.unversioned) == {"flashinfer-jit-cache", "flashinfer-cubin", "deep-ep", "mooncake-transfer-engine"}
+    assert m.get("mooncake-transfer-engine") is None  # the image's comes from a URL: the index's is left out
+    assert m.uv_overrides is None  # no NCCL_VERSION override before 0.27.0
     # binary facts were read: torch ships extensions built against numpy 2, needs a glibc <= the base's
     torch = m.get("torch").facts
     assert torch.binary and torch.extensions > 0 and torch.numpy_abi["2"] >= 1 and torch.python_abi == "cp312"
@@ -441,7 +452,7 @@ def test_snapshot_to_an_unwritable_path_is_bad_input_not_a_traceback(tmp_path, m
     res = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12",
                                     "--glibc", "2.35", "-o", str(out / "base.json")])
     assert res.exit_code == 2, res.output
-    assert "cannot write the manifest" in res.output and str(out / "base.json") in res.output
+    assert "cannot write" in res.output and str(out / "base.json") in res.output
     assert out.read_text() == "x"
 
 

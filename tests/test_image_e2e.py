@@ -56,7 +56,8 @@ def test_built_image_runs_the_overlay(e2e):
     patch_files = {"patches/original.sha256", "patches/patched.sha256", "patches/files/vllm/engine/arg_utils.py",
                    "patches/files/vllm/entrypoints/openai/api_server.py"}
     assert set(files) - set(wheels) == {"Dockerfile", "requirements.lock", "pylock.toml", "sbom.cdx.json", "provenance.intoto.json",
-                                        "app/build_image_serve_app.py"} | patch_files
+                                        "app/build_image_serve_app.py", "checks/base_check.py",
+                                        "checks/base-manifest.json"} | patch_files
     dockerfile = (e2e.context / "Dockerfile").read_text()
     assert "--no-index --no-deps" in dockerfile and "--require-hashes" in dockerfile
     base = json.loads(e2e.manifest.read_text())["image"]
@@ -545,3 +546,22 @@ def test_uv_installer_path_on_a_base_that_has_uv(standin_base_image, tmp_path):
                "import six, markupsafe._speedups, importlib.metadata as m; "
                "print('UV-OK', m.distribution('six').read_text('INSTALLER').strip())")
     assert "UV-OK uv" in r.stdout  # installed by uv, not pip
+    # the guard holds for uv too: UV_CONSTRAINT keeps the pins, a new unrelated package installs
+    from tests.fx_wheels import write_wheel
+
+    w = tmp_path / "guard"
+    w.mkdir()
+    write_wheel(w, "six", "1.99.0", "py3-none-any", {"six.py": "__version__ = '1.99.0'\n"})
+    write_wheel(w, "bi-unrelated", "1.0", "py3-none-any", {"bi_unrelated.py": ""})
+
+    def uv(*args):
+        return docker("run", "--rm", "--pull=never", "--network=none", "-v", f"{w}:/w:ro", doc["tags"][0], "python3",
+                      "-m", "uv", "pip", "install", "--system", "--break-system-packages", "--no-index", "-f", "/w",
+                      *args, check=False)
+
+    moved = uv("six==1.99.0")
+    assert moved.returncode != 0 and "six==1.17.0" in moved.stderr, moved.stderr  # the constraint, named
+    kept = uv("-U", "six")
+    assert kept.returncode == 0 and "six==1.99.0" not in kept.stderr, kept.stderr  # the pin held
+    new = uv("bi-unrelated")
+    assert new.returncode == 0 and "bi-unrelated==1.0" in new.stderr, new.stderr

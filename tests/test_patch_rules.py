@@ -145,9 +145,8 @@ def test_require_series_counts_a_name_that_is_no_version_as_the_oldest(shipped):
     (shipped / "vllm" / "main" / "series").write_text("")
     with pytest.raises(PatchFailed, match=r"Port the series of 0\.28\.0: `build-image patch port --from 0\.28\.0 "):
         P.require_series("0.29.0")
-    # a wanted name that is no version is 0 too: nothing is below it ("main" is not: it is equal), so the newest there is
-    with pytest.raises(PatchFailed, match=r"Port the series of 0\.28\.0: `build-image patch port --from 0\.28\.0 "
-                                          r"--to nightly "):
+    # a wanted name that is no version is refused as bad input: no port command is built from it
+    with pytest.raises(BadInput, match=r"--vllm 'nightly' is not a version \(like 0\.26\.0\)"):
         P.require_series("nightly")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
 import shutil
 import sys
 from pathlib import Path
@@ -107,6 +108,16 @@ def world(tmp_path, monkeypatch, wheelhouse):
 
     monkeypatch.setattr("builder.image.referrers.push_attestations", push_attestations)
     engine.attached = attached
+    from builder.resolve.manifest import load_manifest
+
+    # what a snapshot of the held base reads (the real one is tested on the engine: test_floor_e2e)
+    engine.snapshots, engine.snapshot_calls = {BASE_REF: load_manifest(manifest)}, []
+
+    def snapshot_image(ref, **kw):
+        engine.snapshot_calls.append(ref)
+        return engine.snapshots[ref]
+
+    monkeypatch.setattr("builder.resolve.base.snapshot_image", snapshot_image)
     return dataclasses.make_dataclass("World", ["manifest", "house", "engine", "tmp"])(manifest, house, engine, tmp_path)
 
 
@@ -213,3 +224,78 @@ def test_the_pipeline_stops_after_render_without_an_engine(world, monkeypatch):
     assert "stopped after render" in res.notice and "build-image build" in res.summary["build_command"]
     pushed = run(_request(world, push=True), Console(file=io.StringIO()), engine=Down())
     assert isinstance(pushed.error, EngineUnavailable) and pushed.notice is None
+
+
+def test_a_held_base_is_verified_against_its_manifest_once_per_image(world):
+    """The engine holds the manifest's image: the pipeline snapshots it before locking, says it is
+    verified, and a repeat reuses the snapshot (same image ID) instead of reading the image again."""
+    from builder.pipeline import run
+
+    out = io.StringIO()
+    res = run(_request(world), Console(file=out, width=300), engine=world.engine)
+    check = res.summary["base_check"]
+    assert check["status"] == "verified" and check["differences"] == [] and not check["snapshot_reused"]
+    assert f"base manifest verified against image {world.engine.images[BASE_REF].id}" in out.getvalue()
+    assert "[1/4] base" in out.getvalue()
+    assert (res.rendered.out_dir / "checks" / "base-manifest.json").read_bytes() == world.manifest.read_bytes()
+    again = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    assert again.summary["base_check"]["snapshot_reused"] is True
+    assert world.engine.snapshot_calls == [BASE_REF]
+    world.engine.images[BASE_REF] = ImageInfo(id="sha256:" + "c" * 64, size=1)  # rebuilt under the same tag
+    run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    assert world.engine.snapshot_calls == [BASE_REF, BASE_REF]
+
+
+def test_a_held_base_that_drifted_is_locked_against_its_snapshot(world):
+    """The image holds numpy 2.1.0 where the manifest says 1.26.4: the differences are listed and the
+    lock, the context's manifest copy, the SBOM and the provenance all name the snapshot."""
+    import copy
+
+    from builder.pipeline import run
+    from builder.resolve.lockfile import load_lock
+
+    snap = copy.deepcopy(world.engine.snapshots[BASE_REF])
+    snap.distributions["numpy"].version = "2.1.0"
+    snap.provenance_kind = "read-from-image"
+    world.engine.snapshots[BASE_REF] = snap
+    out = io.StringIO()
+    res = run(_request(world), Console(file=out, width=300), engine=world.engine)
+    check = res.summary["base_check"]
+    assert check["status"] == "drift"
+    assert check["differences"] == ["numpy: the manifest has 1.26.4, the image has 2.1.0"]
+    assert "numpy: the manifest has 1.26.4, the image has 2.1.0" in out.getvalue()
+    assert "locking against the snapshot" in out.getvalue()
+    ctx = res.rendered.out_dir
+    shipped = (ctx / "checks" / "base-manifest.json").read_bytes()
+    assert shipped == snap.to_json().encode() and check["manifest"] == str(ctx / "checks" / "base-manifest.json")
+    lock = load_lock(world.tmp / "overlay.lock")
+    assert lock.header["base-manifest-sha256"] == hashlib.sha256(shipped).hexdigest()
+    assert json.loads(shipped)["distributions"]["numpy"]["version"] == "2.1.0"
+    prov = json.loads((ctx / "provenance.intoto.json").read_text())
+    deps = prov["predicate"]["buildDefinition"]["resolvedDependencies"]
+    dep = next(d for d in deps if d.get("name") == "base-manifest")
+    assert dep["digest"]["sha256"] == hashlib.sha256(shipped).hexdigest() and "snapshot" in dep["annotations"]["source"]
+    sbom = json.loads((ctx / "sbom.cdx.json").read_text())
+    props = {p["name"]: p["value"] for p in sbom["metadata"]["component"]["properties"]}
+    assert "snapshot of the local image" in props["build-image:base-manifest"]
+    dockerfile = (ctx / "Dockerfile").read_text()
+    assert f"--sha256 {hashlib.sha256(shipped).hexdigest()}" in dockerfile
+
+
+def test_a_base_the_engine_does_not_hold_is_not_snapshotted(world):
+    from builder.pipeline import run
+
+    del world.engine.images[BASE_REF]
+    res = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    assert "base_check" not in res.summary and world.engine.snapshot_calls == []
+
+
+def test_allow_base_drift_reaches_the_rendered_context(world):
+    from builder.pipeline import run
+
+    res = run(_request(world, allow_base_drift=True), Console(file=io.StringIO()), engine=world.engine)
+    dockerfile = (res.rendered.out_dir / "Dockerfile").read_text()
+    assert "--out /build-image/drift.json --allow-drift;" in dockerfile
+    assert dict(res.rendered.labels)["org.build-image.allow-base-drift"] == "true"
+    default = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    assert "--allow-drift" not in (default.rendered.out_dir / "Dockerfile").read_text()

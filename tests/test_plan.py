@@ -1462,7 +1462,7 @@ def test_chunked_layers_become_full_next_to_full_layers_but_sliding_layers_stay(
     (dict(attention_chunk_size=0, layer_types=["chunked_attention"]),
      "m: layer 0 is chunked_attention but 'attention_chunk_size' is missing."),
     (dict(attention_chunk_size="8192", layer_types=["chunked_attention"]),
-     "m: layer 0 is chunked_attention but 'attention_chunk_size' is missing."),
+     "m: field 'attention_chunk_size' must be an integer >= 0, got '8192'."),
     (dict(layer_types=[1]), "m: 'layer_types' must be a list of strings."),
     (dict(layer_types="full_attention"), "m: 'layer_types' must be a list of strings."),
     (dict(hidden_size=True), "m: field 'hidden_size' must be an integer >= 1, got True."),

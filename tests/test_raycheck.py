@@ -243,7 +243,8 @@ def ray_image(standin_base_image, standin_manifest, tmp_path_factory):
 
 
 def _derived_image(base: str, tag: str, requirements: list[str], ctx: Path) -> str:
-    """``base`` plus ``requirements`` (wheels only, no dependencies) installed offline."""
+    """``base`` plus ``requirements`` (wheels only, no dependencies) installed offline, past the image's
+    pin guard on purpose (``env -u PIP_CONSTRAINT``: the derived image is meant to differ)."""
     from tests.fx_docker import _PIP_TARGET
 
     (ctx / "wh").mkdir()
@@ -252,7 +253,8 @@ def _derived_image(base: str, tag: str, requirements: list[str], ctx: Path) -> s
     assert r.returncode == 0, r.stderr
     (ctx / "Dockerfile").write_text(
         f"FROM {base}\n"
-        "RUN --mount=type=bind,source=wh,target=/wh python3 -m pip install --break-system-packages "
+        "RUN --mount=type=bind,source=wh,target=/wh env -u PIP_CONSTRAINT \\\n"
+        "    python3 -m pip install --break-system-packages "
         "--no-index --no-deps --disable-pip-version-check /wh/*.whl\n"
     )
     r = subprocess.run([DOCKER, "build", "--network=none", "-q", "-t", tag, str(ctx)], capture_output=True, text=True,

@@ -1,5 +1,6 @@
-"""`base reconstruct` / `base list` offline: a synthetic recipe, a fake vllm wheel, a loopback index
-with made-up upload times (uv's --exclude-newer and the index adapter read the same listing)."""
+"""`base reconstruct` / `base list` offline: a small sdist whose Dockerfile installs in several steps, a fake
+vllm wheel and a loopback index with made-up upload times (uv's --exclude-newer and the index adapter read
+the same listing); the replay of the steps in order, each seeing what the earlier ones installed."""
 
 from __future__ import annotations
 
@@ -11,36 +12,66 @@ import pytest
 from click.testing import CliRunner
 
 from builder.cli import main
-from builder.errors import BadInput
 from builder.resolve.manifest import load_manifest
-from builder.resolve.reconstruct import parse_recipes, provenance_text, recipe_for
+from builder.resolve.recipe import BuildFiles, SdistRef, Step, Where, derive
+from builder.resolve.reconstruct import (
+    drop_lines,
+    installed_in,
+    moved,
+    pinned_in_index_files,
+    plan_step,
+    provenance_text,
+    sanitized_requirements,
+)
 from tests.fx_index import serve_index
+from tests.fx_sdist import write_sdist
 from tests.fx_wheels import write_wheel
 
 T_OLD = datetime(2026, 3, 1, 8, 0, 0, tzinfo=timezone.utc)
 T_VLLM = datetime(2026, 4, 2, 10, 40, 32, 107640, tzinfo=timezone.utc)
 T_NEW = datetime(2026, 4, 3, 9, 0, 0, tzinfo=timezone.utc)
 
-RECIPES = '''
-schema = "build-image/base-recipes/v1"
-[defaults]
-image = "example.invalid/vllm-openai:v{vllm}"
-python = "3.12"
-site_packages = "/usr/local/lib/python3.12/dist-packages"
-arch = "x86_64"
-cuda = "13.0"
-final_base_image = "nvidia/cuda:13.0.1-base-ubuntu22.04"
-os = "Ubuntu 22.04"
-glibc = "2.35"
-extras = ["extra-a>=1"]
-not_on_index = ["jit-cache-elsewhere"]
-source = "a synthetic recipe"
-[release."0.99.0"]
-[release."0.99.1"]
-os = "Ubuntu 24.04"
-glibc = "2.39"
-extras = []
-'''
+DOCKERFILE = """\
+ARG CUDA_VERSION=13.0.1
+ARG PYTHON_VERSION=3.12
+ARG UBUNTU_VERSION=22.04
+ARG FINAL_BASE_IMAGE=nvidia/cuda:${CUDA_VERSION}-base-ubuntu${UBUNTU_VERSION}
+ARG INSTALL_KV_CONNECTORS=false
+FROM ${FINAL_BASE_IMAGE} AS build
+FROM ${FINAL_BASE_IMAGE} AS vllm-base
+ARG CUDA_VERSION
+ARG PYTHON_VERSION
+RUN apt-get install -y python${PYTHON_VERSION} && update-alternatives --install /usr/bin/python3 python3 /usr/bin/python${PYTHON_VERSION} 1
+RUN echo "numpy==1.26.4" > /etc/uv-overrides.txt
+ENV UV_OVERRIDE=/etc/uv-overrides.txt
+COPY requirements/cuda.txt /tmp/requirements-cuda.txt
+RUN uv pip install --system -r /tmp/requirements-cuda.txt
+RUN uv pip install --system jit-cache==1.0 --index-url https://jit.example.invalid/whl/cu$(echo $CUDA_VERSION | cut -d. -f1,2 | tr -d '.')
+RUN uv pip install --system "extra-a>=1"
+RUN --mount=type=bind,from=build,src=/workspace/dist,target=/vllm-workspace/dist uv pip install --system dist/*.whl
+FROM vllm-base AS vllm-openai-base
+ARG INSTALL_KV_CONNECTORS
+RUN --mount=type=bind,source=requirements/kv_connectors.txt,target=/tmp/kv_connectors.txt,ro \\
+    if [ "$INSTALL_KV_CONNECTORS" = "true" ]; then uv pip install --system -r /tmp/kv_connectors.txt --no-build; fi
+FROM vllm-openai-base AS vllm-openai
+"""
+
+PIPELINE = """\
+steps:
+  - label: "Build release image - x86_64 - CUDA 13.0"
+    commands:
+      - "docker build --build-arg INSTALL_KV_CONNECTORS=true --target vllm-openai -f docker/Dockerfile ."
+"""
+
+REQS = {
+    "requirements/common.txt": "purepkg\n",
+    "requirements/cuda.txt": "-r common.txt\n--extra-index-url https://jit.example.invalid/whl/\njit-cubin==1.0\n",
+    "requirements/kv_connectors.txt": "kvpin\n",
+}
+
+
+def _files(version: str = "0.99.0") -> dict[str, str]:
+    return {"docker/Dockerfile": DOCKERFILE, ".buildkite/release-pipeline.yaml": PIPELINE, **REQS}
 
 
 @pytest.fixture(autouse=True)
@@ -50,14 +81,20 @@ def _private_cache(tmp_path_factory, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def index_wheels(tmp_path_factory, wheelhouse) -> dict[Path, datetime]:
+def index_files(tmp_path_factory, wheelhouse) -> dict[Path, datetime]:
     d = tmp_path_factory.mktemp("recipe-wheels")
     w = {
         write_wheel(d, "vllm", "0.99.0", "py3-none-any", {"vllm/__init__.py": ""},
                     requires=["purepkg", "fakearrow"]): T_VLLM,
         write_wheel(d, "purepkg", "1.0.0", "py3-none-any", {"purepkg/__init__.py": ""}): T_OLD,
+        write_wheel(d, "purepkg", "1.2.0", "py3-none-any", {"purepkg/__init__.py": ""}): T_OLD,
         write_wheel(d, "purepkg", "2.0.0", "py3-none-any", {"purepkg/__init__.py": ""}): T_NEW,  # after vllm: excluded
         write_wheel(d, "extra-a", "1.5.0", "py3-none-any", {"extra_a/__init__.py": ""}): T_OLD,
+        # the last step's requirement moves purepkg below what the first step installed
+        write_wheel(d, "kvpin", "1.0.0", "py3-none-any", {"kvpin/__init__.py": ""}, requires=["purepkg<1.1"]): T_OLD,
+        write_sdist(d, "0.99.0", _files()): T_VLLM,
+        write_sdist(d, "0.99.1", {**_files(), "docker/Dockerfile": DOCKERFILE.replace("ubuntu${UBUNTU_VERSION}",
+                                                                                         "ubuntu24.04")}): T_VLLM,
     }
     for p in wheelhouse.glob("fakearrow-14.0.2-*.whl"):  # a real gcc-built extension (numpy 1.x C-API)
         w[p] = T_OLD
@@ -66,73 +103,116 @@ def index_wheels(tmp_path_factory, wheelhouse) -> dict[Path, datetime]:
     return w
 
 
-def test_recipes_parse_defaults_overrides_and_errors():
-    r = parse_recipes(RECIPES)
-    assert sorted(r) == ["0.99.0", "0.99.1"]
-    a, b = r["0.99.0"], r["0.99.1"]
-    assert a.image == "example.invalid/vllm-openai:v0.99.0" and a.platform == "x86_64-manylinux_2_35"
-    assert a.requirements == ["vllm==0.99.0", "extra-a>=1"]
-    assert b.glibc == "2.39" and b.platform == "x86_64-manylinux_2_39" and b.extras == ()
-    with pytest.raises(BadInput, match="no recipe for vllm 1.0.0 .*known: 0.99.0, 0.99.1"):
-        recipe_for(r, "1.0.0")
-    for bad, needle in [(RECIPES.replace('glibc = "2.39"', 'glibc = "2.39.1"'), "'glibc' must look like X.Y"),
-                        (RECIPES.replace('extras = []', 'extra = []'), "unknown key 'extra'"),
-                        (RECIPES.replace('image = "example.invalid/vllm-openai:v{vllm}"', ''), "lacks image"),
-                        (RECIPES.replace("v1", "v9"), "'schema' must be")]:
-        with pytest.raises(BadInput, match=needle):
-            parse_recipes(bad)
+def _recipe():
+    return derive(BuildFiles("0.99.0", SdistRef("vllm-0.99.0.tar.gz", "0" * 64), _files()))
 
 
-def test_the_shipped_recipes_cover_every_shipped_manifest():
-    from builder.resolve.reconstruct import load_recipes
-    from builder.spec import supported_vllm_versions
+def test_plan_step_from_what_the_tree_holds():
+    r = _recipe()
+    steps = {s.n: s for s in r.steps}
+    p = plan_step(steps[1], {}, {})
+    assert p.action == "install" and p.requirement_files == ("requirements/cuda.txt",)
+    assert p.overrides == ("numpy==1.26.4",)  # UV_OVERRIDE's file, for every later uv step
+    assert plan_step(steps[2], {}, {}).action == "skip" and "jit.example.invalid" in plan_step(steps[2], {}, {}).reason
+    where = Where("docker/Dockerfile", 9)
+    swap = Step(9, "s", where, "index", requirements=("eng-cuda13=={installed:eng}",), when_installed="eng",
+                constrain_installed=("torch", "absent"), flags=("--force-reinstall", "--no-deps", "--pre"))
+    assert plan_step(swap, {"torch": "2.11.0"}, {}).action == "skip"  # eng not installed
+    p = plan_step(swap, {"torch": "2.11.0"}, {"eng": "0.3.12"})  # captured before the uninstall
+    assert p.requirements == ("eng-cuda13==0.3.12",) and p.constraint_pins == ("torch==2.11.0",)
+    assert p.flags == ("--reinstall", "--no-deps", "--prerelease", "allow")
+    un = Step(8, "s", where, "uninstall", requirements=("eng", "other"))
+    assert plan_step(un, {"eng": "1"}, {}).requirements == ("eng",)
+    assert plan_step(un, {}, {}).action == "skip"
 
-    recipes = load_recipes()
-    assert set(supported_vllm_versions()) <= set(recipes)
+
+def test_unmet_requirements_of_a_tree():
+    from builder.resolve.manifest import target_environment
+    from builder.resolve.reconstruct import unmet_requirements
+
+    tree = {"nixl": ("1.3.1", ["nixl-cu13==1.3.1", 'extra-only; extra == "x"']), "nixl-cu13": ("1.3.2", []),
+            "a": ("1", ['old>=2; python_version < "3.0"', "gone"])}
+    assert unmet_requirements(tree, target_environment("3.12", "x86_64-manylinux_2_35")) == [
+        "a 1 requires gone, which the image does not hold",
+        "nixl 1.3.1 requires nixl-cu13==1.3.1, the image holds nixl-cu13 1.3.2"]
 
 
-def test_provenance_names_the_command_the_instant_and_the_differences():
-    rec = parse_recipes(RECIPES)["0.99.0"]
-    text = provenance_text(rec, command="uv pip install --target DIR vllm==0.99.0", uv_version="uv 0.13.9",
-                           uploaded=T_VLLM, instant="2026-04-02T10:40:33Z", cuda_found="13.1", day="2026-12-01")
-    assert "`uv pip install --target DIR vllm==0.99.0`" in text and "2026-04-02T10:40:32.107640+00:00" in text
-    assert "jit-cache-elsewhere" in text and "CUDA 13.1, the recipe 13.0" in text and "a synthetic recipe" in text
+def test_pure_helpers_of_the_replay(tmp_path):
+    assert moved({"a": "1", "b": "2", "c": "3"}, {"a": "1", "b": "1", "d": "4"}) == {
+        "b": "2 -> 1", "c": "-3", "d": "+4"}
+    assert sanitized_requirements("a\n--extra-index-url https://x/\nb\n").splitlines()[1].startswith("# (index option")
+    assert drop_lines("a\nb\n", {2}, "why") == "a\n# (why) b\n"
+    assert pinned_in_index_files(REQS, ("requirements/cuda.txt",)) == [
+        ("jit-cubin", "1.0", "requirements/cuda.txt:3", "https://jit.example.invalid/whl/")]
+    (tmp_path / "purepkg-1.2.0.dist-info").mkdir()
+    (tmp_path / "Foo_Bar-2.0.dist-info").mkdir()
+    assert installed_in(tmp_path) == {"purepkg": "1.2.0", "foo-bar": "2.0"}
 
 
-def test_reconstruct_uses_the_wheels_upload_time_and_scans_the_tree(index_wheels, tmp_path, monkeypatch):
+def test_provenance_names_the_sdist_the_steps_the_instant_and_the_differences():
+    text = provenance_text(_recipe(), uv_version="0.13.9", uploaded=T_VLLM, instant="2026-04-02T10:40:33Z",
+                           cuda_found="13.1", day="2026-12-01")
+    assert "vllm-0.99.0.tar.gz (sha256 " + "0" * 64 in text and "2026-04-02T10:40:32.107640+00:00" in text
+    assert "--exclude-newer 2026-04-02T10:40:33Z" in text and "jit-cache" in text
+    assert "CUDA 13.1, the recipe 13.0" in text and "unverified" not in text
+
+
+def _write_recipes(url_env, tmp_path, version="0.99.0") -> Path:
     recipes = tmp_path / "recipes.toml"
-    recipes.write_text(RECIPES)
+    r = CliRunner().invoke(main, ["base", "recipe", "--vllm", version, "--write", "--recipes", str(recipes)],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    return recipes
+
+
+def test_reconstruct_replays_the_steps_in_order_and_a_later_step_moves_an_earlier_pin(index_files, tmp_path,
+                                                                                      monkeypatch):
     out = tmp_path / "m.json"
-    with serve_index(index_wheels) as url:
+    with serve_index(index_files) as url:
         monkeypatch.setenv("UV_DEFAULT_INDEX", url)
+        recipes = _write_recipes(url, tmp_path)
         r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.99.0", "--recipes", str(recipes),
                                       "-o", str(out), "--json"], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["exclude_newer"] == "2026-04-02T10:40:33Z"  # the upload time, rounded up: the wheel itself is in
     m = load_manifest(out)
-    assert m.get("vllm").version == "0.99.0"
-    assert m.get("purepkg").version == "1.0.0"  # 2.0.0 was uploaded after vllm: not what the image saw
-    assert m.get("extra-a").version == "1.5.0"
+    assert m.get("vllm").version == "0.99.0" and m.get("extra-a").version == "1.5.0"
+    assert m.get("purepkg").version == "1.0.0"  # step 1 put 1.2.0, the kv step moved it down; 2.0.0 was too new
     assert m.get("fakearrow").facts.numpy_abi == {"1": 1, "2": 0}  # scanned, not named
-    assert m.image_ref == "example.invalid/vllm-openai:v0.99.0" and m.glibc == "2.35"
+    assert m.image_ref == "vllm/vllm-openai:v0.99.0" and (m.glibc, m.os) == ("2.35", "Ubuntu 22.04 "
+                                                                             "(nvidia/cuda:13.0.1-base-ubuntu22.04)")
     assert m.site_packages == "/usr/local/lib/python3.12/dist-packages" and m.provenance_kind == "reconstructed"
-    assert "--exclude-newer 2026-04-02T10:40:33Z" in m.provenance_method
-    assert {"index", "install", "scan"} <= set(doc["timings"])
+    steps = m.provenance_recipe["steps"]
+    assert m.provenance_recipe["sdist"]["filename"] == "vllm-0.99.0.tar.gz"
+    assert [s["action"] for s in steps] == ["install", "skip", "install", "install", "install"]
+    assert steps[0]["moved"]["purepkg"] == "+1.2.0"
+    assert steps[4]["moved"] == {"kvpin": "+1.0.0", "purepkg": "1.2.0 -> 1.0.0"}
+    assert "--override step1-overrides.txt" in steps[0]["command"] and steps[0]["overrides"] == ["numpy==1.26.4"]
+    assert set(m.unversioned) == {"jit-cache", "jit-cubin"}  # another index's wheel, a pin only it serves
+    assert any("jit-cubin==1.0 (requirements/cuda.txt:3" in x for x in m.lacks["off_index"])
+    assert "python3.12" in m.lacks["os_packages"] and "unverified" not in m.provenance_method
+    assert m.provenance_recipe["unmet_requirements"] == []  # purepkg 1.0.0 still satisfies vllm's requirement
+    assert {"index", "install", "scan", "recipe"} <= set(doc["timings"])
 
 
-def test_reconstruct_without_a_wheel_for_the_platform_or_recipe_is_refused(index_wheels, tmp_path, monkeypatch):
-    recipes = tmp_path / "recipes.toml"
-    recipes.write_text(RECIPES)
+def test_reconstruct_refuses_a_stale_recipe_a_missing_recipe_and_a_platform_without_the_wheel(index_files, tmp_path,
+                                                                                                monkeypatch):
     out = tmp_path / "m.json"
-    with serve_index(index_wheels) as url:
+    with serve_index(index_files) as url:
         monkeypatch.setenv("UV_DEFAULT_INDEX", url)
+        recipes = _write_recipes(url, tmp_path)
+        r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.98.0", "--recipes", str(recipes),
+                                      "-o", str(out)])
+        assert r.exit_code == 2 and "no recipe for vllm 0.98.0" in r.output and "base recipe --vllm 0.98.0" in r.output
+        recipes.write_text(recipes.read_text().replace('glibc = "2.35"', 'glibc = "2.31"'))
+        r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.99.0", "--recipes", str(recipes),
+                                      "-o", str(out)])
+        assert r.exit_code == 2 and "differs from what its sdist vllm-0.99.0.tar.gz says" in r.output
+        recipes = _write_recipes(url, tmp_path, "0.99.1")
         r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.99.1", "--recipes", str(recipes),
                                       "-o", str(out)])
         assert r.exit_code == 4 and "no vllm 0.99.1 wheel" in r.output
-        r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.98.0", "--recipes", str(recipes),
-                                      "-o", str(out)])
-        assert r.exit_code == 2 and "no recipe for vllm 0.98.0" in r.output
     assert not out.exists()
 
 
@@ -145,6 +225,8 @@ def test_base_list_shows_every_shipped_release():
     assert [x["vllm"] for x in rows] == sorted(supported_vllm_versions(), key=lambda v: tuple(map(int, v.split("."))))
     first = rows[0]
     assert first["vllm"] == "0.26.0" and first["torch"] == "2.11.0" and first["ray"] == "2.58.1"
+    assert first["sdist"] == "vllm-0.26.0.tar.gz" and first["steps"] == 9 and "deep-ep" in first["unversioned"]
+    assert {r["vllm"]: r["glibc"] for r in rows}["0.28.0"] == "2.39"  # derived: Ubuntu 24.04 from 0.28.0 on
     text = CliRunner().invoke(main, ["base", "list"], catch_exceptions=False).output
     assert text.splitlines()[0].split()[:3] == ["vllm", "torch", "CUDA"]
     assert any(line.startswith("0.26.0 ") for line in text.splitlines())

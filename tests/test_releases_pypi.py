@@ -49,10 +49,11 @@ def test_release_locks_on_its_own_base_and_agrees_with_the_committed_lock(vllm, 
 @pytest.mark.parametrize("vllm", PICKED)
 def test_exclude_newer_is_the_wheels_upload_time_and_ray_follows_the_llm_pin(vllm):
     recipe = load_recipes()[vllm]
-    uploaded, instant = release_instant(SimpleIndex(), recipe)
-    assert instant in load_manifest(default_base_manifest(vllm)).provenance_method
+    uploaded, instant = release_instant(SimpleIndex(), vllm, recipe["python"], recipe["platform"])
+    base = load_manifest(default_base_manifest(vllm))
+    assert instant in base.provenance_method and base.provenance_recipe["exclude_newer"] == instant
     assert uploaded.year >= 2026
-    rels = ray_releases(SimpleIndex(), vllm, target_tags("3.12", "cp312", recipe.platform))
+    rels = ray_releases(SimpleIndex(), vllm, target_tags("3.12", "cp312", recipe["platform"]))
     choice = choose(vllm, rels)
     if vllm == "0.26.0":
         assert choice.version == "2.58.1"

@@ -146,7 +146,8 @@ def test_installer_follows_the_base():
 
 def test_no_patches_means_no_patch_steps():
     text = render_dockerfile(_plan(patched=[], patches=[]))
-    assert "patches/" not in text and "sha256sum" not in text
+    assert "patches/" not in text and "original.sha256" not in text and "patched.sha256" not in text
+    assert text.count("sha256sum") == 1  # only the floor checker's own sum (tests/test_floor.py)
     assert "patches/original.sha256" not in context_files(_plan(patched=[], patches=[]))
 
 

@@ -127,8 +127,10 @@ def test_a_lock_on_another_base_never_replaces_the_lock_there(raylike_base, whee
 
 
 def test_a_release_without_a_patch_series_stops_the_pipeline_naming_patch_port(tmp_path):
-    """Before any lock or download: the image would silently carry none of the loader patches."""
-    code, text = run("--vllm", "0.99.0", "-o", str(tmp_path / "ctx"))
+    """Before any lock or download: the image would silently carry none of the loader patches.  The release
+    has a base (given with --base); without one it is refused as unknown (exit 2) before the series is looked at."""
+    manifest = Path(__file__).resolve().parents[1] / "lockfiles" / "base" / "vllm-openai-v0.33.0.json"
+    code, text = run("--vllm", "0.99.0", "--base", str(manifest), "-o", str(tmp_path / "ctx"))
     assert code == 6, text
     assert "no patch series for vllm 0.99.0 yet" in text
     assert "build-image patch port --from " in text and "--to 0.99.0" in text and "--no-patches" in text

@@ -17,3 +17,19 @@ def stderr_console(**kw):
     if not console.is_terminal:
         console.soft_wrap = True
     return console
+
+
+def mark_direction(text: str, fmt: str, direction: str, from_version: str, to_version: str) -> str:
+    """A report (``upgrade``, ``patch port``) of a downgrade says so first (text, markdown) or carries
+    ``"direction": "downgrade"`` (json); an upgrade's report is unchanged."""
+    if direction != "downgrade":
+        return text
+    if fmt == "json":
+        import json
+
+        doc = json.loads(text)
+        if isinstance(doc, dict):
+            doc = {"direction": "downgrade", **doc}
+        return json.dumps(doc, indent=2) + "\n"
+    line = f"DOWNGRADE: vllm {from_version} -> {to_version} ({to_version} is the older release)"
+    return (f"**{line}**\n\n" if fmt == "markdown" else f"{line}\n") + text

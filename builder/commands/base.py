@@ -53,7 +53,9 @@ def command() -> None:
 @click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path, dir_okay=False),
               help="Manifest file to write (JSON, atomically).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
-def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_name, as_path, method, output, as_json):
+@click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote.")
+def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_name, as_path, method, output, as_json,
+             force=False):
     """Write a base manifest from --image REF or --site-packages DIR."""
     from builder.resolve import base
 
@@ -66,6 +68,9 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
         raise BadInput(f"base snapshot --site-packages {site_packages}: --glibc X.Y is required "
                        "(a directory does not say which C library it will run on).")
 
+    from builder.resolve.manifest import refuse_foreign_manifest
+
+    refuse_foreign_manifest(output, force=force)
     with _progress() as bar:
         task = bar.add_task("scanning", total=None, current="")
 
@@ -111,6 +116,93 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
         )
 
 
+@command.command("recipe")
+@click.option("--vllm", "vllm", required=True, metavar="VERSION", help="The vLLM release whose image recipe is derived.")
+@click.option("--json", "as_json", is_flag=True, help="The recipe with every value's provenance as JSON on stdout.")
+@click.option("--write", is_flag=True, help="Write the release's table into the recipes file (generated, atomically).")
+@click.option("--recipes", "recipes", type=click.Path(path_type=Path, dir_okay=False),
+              help="Recipes file --write updates (default: lockfiles/base/recipes.toml).")
+def recipe_cmd(vllm, as_json, write, recipes):
+    """Derive vllm/vllm-openai:v<vllm>'s recipe from the release's sdist (Dockerfile, release pipeline,
+    requirements): base image, OS, glibc, CUDA, Python, and every install step, each value with its
+    file and line.  Exit codes: 0; 2 the sdist is missing or lacks the target, stage or release step;
+    7 index unreachable or a download failed its sha256."""
+    from builder.resolve import sdist
+    from builder.resolve.recipe import RECIPES_SCHEMA, derive, parse_recipes, recipe_table, render_recipes
+    from builder.resolve.reconstruct import default_recipes_path
+    from builder.util import atomic_write_text
+
+    path = recipes or default_recipes_path()
+    sha = None
+    tables: dict = {}
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise BadInput(f"recipes file {path} cannot be read: {exc.strerror or exc}.") from None
+        if f'schema = "{RECIPES_SCHEMA}"' in text:
+            tables = parse_recipes(text, str(path))
+            sha = (tables.get(vllm) or {}).get("sdist_sha256")
+    recipe = derive(sdist.load(vllm, sha256=sha))
+    if write:
+        tables = {**tables, vllm: recipe_table(recipe)}
+        try:
+            atomic_write_text(path, render_recipes(tables))
+        except OSError as exc:
+            raise BadInput(f"cannot write the recipes file {path}: {exc.strerror or exc}.") from None
+    if as_json:
+        click.echo(json.dumps(recipe.to_json(), indent=2))
+        return
+    click.echo(render_recipe_text(recipe) + (f"\nwrote the table of {vllm} into {path}" if write else ""))
+
+
+def render_recipe_text(r) -> str:
+    """The human-readable recipe (pure)."""
+    def src(d) -> str:
+        return ", ".join(map(str, d.where)) + (f"; {d.rule}" if d.rule else "")
+
+    lines = [f"{r.image}: recipe from {r.sdist.filename} (sha256 {r.sdist.sha256})",
+             f"  target {r.target}, pipeline step {r.pipeline_step.value!r} ({src(r.pipeline_step)})",
+             "  stages: " + " <- ".join(s.value.split(" FROM ")[0] for s in reversed(r.stages))]
+    for key in ("final_base_image", "os", "glibc", "cuda", "python", "site_packages"):
+        d = getattr(r, key)
+        lines.append(f"  {key:<17}{d.value}   [{src(d)}]")
+    lines.append(f"  {'platform':<17}{r.platform}")
+    if r.build_args:
+        lines.append("  build args: " + ", ".join(f"{k}={d.value}" for k, d in r.build_args))
+    lines.append("  install steps (Dockerfile order):")
+    for s in r.steps:
+        what = " ".join([*s.requirements, *(f"-r {f}" for f in s.requirement_files),
+                         *(f"-c {f}" for f in s.constraint_files)])
+        extra = []
+        if s.constrain_installed:
+            extra.append("constrained to the installed " + ", ".join(s.constrain_installed))
+        if s.overrides:
+            extra.append("overrides " + ", ".join(s.overrides) + " (" + ", ".join(map(str, s.override_where)) + ")")
+        if s.index_url:
+            extra.append(f"index {s.index_url}")
+        if s.extra_index_urls or s.file_indexes:
+            extra.append("extra index " + ", ".join([*s.extra_index_urls, *s.file_indexes]))
+        if s.flags:
+            extra.append(" ".join(s.flags))
+        if s.when_installed:
+            extra.append(f"only when {s.when_installed} is installed")
+        if s.fallback:
+            extra.append("on failure: " + s.fallback[:80] + ("..." if len(s.fallback) > 80 else ""))
+        if s.note:
+            extra.append(s.note)
+        lines.append(f"   {s.n:>2}. [{s.replay}] {s.installer} {'uninstall' if s.replay == 'uninstall' else 'install'} "
+                     f"{what}   ({s.where}, stage {s.stage})")
+        lines += [f"       {e}" for e in extra]
+    lacks = r.lacks()
+    lines.append("  a replay from the index knowingly lacks:")
+    for k in ("off_index", "source_builds", "other_indexes"):
+        for x in lacks[k]:
+            lines.append(f"    {k.replace('_', ' ')}: {x}")
+    lines.append(f"    OS packages: {', '.join(lacks['os_packages']) or 'none'}")
+    return "\n".join(lines)
+
+
 @command.command("reconstruct")
 @click.option("--vllm", "vllm", required=True, metavar="VERSION", help="The vLLM release whose image is rebuilt.")
 @click.option("-o", "--output", "output", type=click.Path(path_type=Path, dir_okay=False),
@@ -122,26 +214,30 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
 @click.option("--keep", "keep", type=click.Path(path_type=Path, file_okay=False),
               help="Install into this (empty) directory and keep it (default: a scratch dir, removed).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary on stdout.")
-def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json):
-    """Rebuild the Python layer of vllm/vllm-openai:v<vllm> from its recipe and write its manifest.
+@click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote.")
+def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, force=False):
+    """Rebuild the Python layer of vllm/vllm-openai:v<vllm> by replaying its recipe's install steps
+    in order, and write its manifest.
 
-    The exclude-newer instant is the vllm wheel's upload time on the index.  Exit codes: 0 written,
-    2 bad input (no recipe, bad recipes file), 4 the recipe does not resolve, 7 index unreachable,
-    12 uv failed.
+    The recipe is derived from the release's sdist and must equal its table in recipes.toml; the
+    exclude-newer instant is the vllm wheel's upload time on the index.  Exit codes: 0 written,
+    2 bad input (no recipe, a stale or bad recipes file, an sdist lacking its build files), 4 a step
+    does not resolve, 7 index unreachable, 12 uv failed.
     """
     from builder.commands import stderr_console
-    from builder.resolve.reconstruct import default_recipes_path, load_recipes, recipe_for, reconstruct
+    from builder.resolve.reconstruct import reconstruct
     from builder.spec import default_base_manifest
 
-    path = recipes or default_recipes_path()
-    recipe = recipe_for(load_recipes(path), vllm, str(path))
     out = output or default_base_manifest(vllm)
+    from builder.resolve.manifest import refuse_foreign_manifest
+
+    refuse_foreign_manifest(out, force=force)
     console = stderr_console()
 
     def say(msg: str) -> None:
         console.print(f"reconstruct: {msg}", markup=False, soft_wrap=True)
 
-    rec = reconstruct(recipe, find_links=list(find_links), no_index=no_index, keep=keep, progress=say)
+    rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep, progress=say)
     try:
         rec.manifest.save(out)
     except OSError as exc:
@@ -150,14 +246,18 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json):
     summary = {"output": str(out), "vllm": vllm, "exclude_newer": rec.exclude_newer,
                "vllm_uploaded": rec.uploaded.isoformat(), "distributions": len(m.distributions),
                "binary": sum(1 for d in m.distributions.values() if d.facts.binary),
+               "sdist": rec.recipe.sdist.filename, "sdist_sha256": rec.recipe.sdist.sha256,
+               "steps": rec.steps, "unversioned": sorted(m.unversioned),
                "timings": {k: round(v, 2) for k, v in rec.timings.items()}, **_row(m)}
     if as_json:
         click.echo(json.dumps(summary, indent=2, sort_keys=True))
     else:
+        done = sum(1 for s in rec.steps if s["action"] != "skip")
         click.echo(f"wrote {out}: {summary['distributions']} distributions ({summary['binary']} binary); torch "
-                   f"{summary['torch']}, CUDA {m.cuda}, Python {m.python_version}, glibc {m.glibc}; exclude-newer "
-                   f"{rec.exclude_newer} (vllm {vllm} uploaded {rec.uploaded.isoformat()}); install "
-                   f"{rec.timings['install']:.1f} s, scan {rec.timings['scan']:.1f} s")
+                   f"{summary['torch']}, numpy {summary['numpy']}, CUDA {m.cuda}, Python {m.python_version}, glibc "
+                   f"{m.glibc}; {done} of {len(rec.steps)} steps replayed; exclude-newer {rec.exclude_newer} (vllm "
+                   f"{vllm} uploaded {rec.uploaded.isoformat()}); install {rec.timings['install']:.1f} s, scan "
+                   f"{rec.timings['scan']:.1f} s")
 
 
 def _row(m) -> dict:
@@ -173,7 +273,8 @@ def _row(m) -> dict:
 @command.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list on stdout.")
 def list_cmd(as_json):
-    """The shipped base manifests: vllm, torch, CUDA, Python, glibc, transformers, and the default lock's ray."""
+    """The shipped base manifests: vllm, torch, CUDA, Python, OS and glibc (derived from the release's own
+    build files), numpy, transformers, and the default lock's ray."""
     from packaging.version import Version
 
     from builder.resolve.lockfile import load_lock
@@ -191,14 +292,21 @@ def list_cmd(as_json):
             ray = e.version if e is not None else None
             backend = lock.header.get("serve-backend")
             entries = len(lock.entries)
+        recipe = m.provenance_recipe or {}
         rows.append({"vllm": vllm, **_row(m), "ray": ray, "serve_backend": backend, "lock_entries": entries,
                      "provenance": m.provenance_kind, "manifest": str(default_base_manifest(vllm)),
-                     "lock": str(lock_path) if lock_path.exists() else None})
+                     "lock": str(lock_path) if lock_path.exists() else None,
+                     "sdist": (recipe.get("sdist") or {}).get("filename"),
+                     "sdist_sha256": (recipe.get("sdist") or {}).get("sha256"),
+                     "steps": len(recipe.get("steps") or []), "unversioned": sorted(m.unversioned)})
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    cols = [("vllm", "vllm"), ("torch", "torch"), ("cuda", "CUDA"), ("python", "Python"), ("glibc", "glibc"),
-            ("transformers", "transformers"), ("ray", "default ray"), ("serve_backend", "Serve backend")]
+    for r in rows:
+        r["os_short"] = (r["os"] or "").split(" (")[0] or None
+    cols = [("vllm", "vllm"), ("torch", "torch"), ("cuda", "CUDA"), ("python", "Python"), ("os_short", "OS"),
+            ("glibc", "glibc"), ("numpy", "numpy"), ("transformers", "transformers"), ("ray", "default ray"),
+            ("serve_backend", "Serve backend")]
     table = [[h for _, h in cols]] + [[str(r[k] or "-") for k, _ in cols] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     for row in table:

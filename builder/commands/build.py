@@ -42,6 +42,8 @@ def command(context, vllm, repo, spec_file, pull, as_json):
     built = build_image(ctx.out_dir, ctx.tags, vllm=ctx.vllm, lock_hash=ctx.lock_hash, base_refs=ctx.base_refs,
                         pull=pull, on_step=lambda s: console.print("build: " + s, markup=False, highlight=False,
                                                                    soft_wrap=True))
+    for line in built.warnings:
+        console.print("[yellow]warning:[/yellow] " + line.replace("[", r"\["), highlight=False, soft_wrap=True)
     if as_json:
         sys.stdout.write(json.dumps(built.to_dict(), indent=2) + "\n")
     else:

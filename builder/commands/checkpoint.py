@@ -98,10 +98,17 @@ def verify(directory, sums_file, hf_cache, jobs, rehash, strict, as_json):
     else:
         click.echo(render_text(rep, strict=strict))
     if not rep.ready(strict=strict):
-        first = (rep.errors or rep.warnings)[0]
-        more = len(rep.errors) + (len(rep.warnings) if strict else 0) - 1
-        raise VerdictFailure(f"checkpoint {directory} is NOT READY: {first.file}: {first.message}"
-                             + (f" (and {more} more problem(s), listed above)" if more > 0 else ""))
+        raise VerdictFailure(not_ready_message(directory, rep, strict))
+
+
+def not_ready_message(directory, rep, strict: bool) -> str:
+    """The one-line verdict on stderr: how many problems, the first one shortened (the report above lists them)."""
+    first = (rep.errors or rep.warnings)[0]
+    n = len(rep.errors) + (len(rep.warnings) if strict else 0)
+    text = f"{first.file}: {first.message}"
+    text = text if len(text) <= 300 else text[:300] + "…"
+    return (f"checkpoint {directory} is NOT READY: {n} problem(s), listed above; the first: {text}" if n > 1
+            else f"checkpoint {directory} is NOT READY: {text}")
 
 
 def _hash(inv, plan, hasher, cache, *, quiet: bool):

@@ -143,10 +143,9 @@ def _file_manifest(lock, lock_path: Path, explicit: Path | None, notes: list[str
     from builder.data import path as data_path
 
     if explicit is not None:
-        try:
-            text = explicit.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise BadInput(f"base manifest {explicit} cannot be read: {exc.strerror or exc}.") from None
+        from builder.validate import read_bounded_text
+
+        text = read_bounded_text(explicit, "base manifest")
         return _manifest_from_text(text, str(explicit), lock, notes), str(explicit)
     vllm = lock.header.get("vllm")
     if not vllm:
@@ -175,17 +174,14 @@ def _git_manifest(git: Git, rev: str, label: str, lock, explicit: Path | None, n
 
 def _diff_files(old: str, new: str, base_manifest: Path | None, fail_on_allowed: bool):
     from builder.resolve.diff import diff_locks
+    from builder.validate import read_bounded
 
     sides = []
     for p in (old, new):
         path = Path(p)
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise BadInput(f"lock {p} does not exist.") from None
-        except OSError as exc:
-            raise BadInput(f"lock {p} cannot be read: {exc.strerror or exc}.") from None
-        text = _decode(data, p)
+        if not path.exists():
+            raise BadInput(f"lock {p} does not exist.")
+        text = _decode(read_bounded(path, "lock"), p)
         sides.append((text, parse_checked(text, p)))
     notes: list[str] = []
     old_m, _ = _file_manifest(sides[0][1], Path(old), base_manifest, [])
@@ -344,10 +340,9 @@ def _textconv(path: str) -> None:
     printed as is, under a one-line warning, so `git diff` still shows it."""
     from builder.resolve.diff import textconv
 
-    try:
-        data = Path(path).read_bytes()
-    except OSError as exc:
-        raise BadInput(f"--textconv: {path} cannot be read: {exc.strerror or exc}.") from None
+    from builder.validate import read_bounded
+
+    data = read_bounded(path, "--textconv")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

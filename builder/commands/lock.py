@@ -63,7 +63,8 @@ def _say_factory(quiet: bool):
 @click.option("--no-index", is_flag=True, help="Do not use PyPI: only --find-links folders.")
 @click.option("--exclude-newer", "exclude_newer", metavar="DATE", help="Ignore files uploaded after DATE (uv --exclude-newer).")
 @click.option("--no-default-overlay", is_flag=True, help="Do not add ray[serve] to the overlay.")
-@click.option("--force", is_flag=True, help="Replace a lock whose header names another base.")
+@click.option("--force", is_flag=True,
+              help="Replace a lock whose header names another base, or an -o file that is not a build-image lock.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
 def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
             exclude_newer, no_default_overlay, as_json, force=False):
@@ -107,6 +108,9 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
           exclude_newer, no_default_overlay, as_json, force):
     from builder.resolve.lockstage import run_lock
     from builder.spec import load_spec
+    from builder.validate import exclude_newer as valid_exclude_newer
+
+    exclude_newer = valid_exclude_newer(exclude_newer)
 
     spec = load_spec(spec_path).with_flags(
         vllm=vllm, with_=list(with_) or None, base=base, lock=output, allow_abi_change=_allow(allow_names, reasons),

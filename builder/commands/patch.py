@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from builder.errors import PatchFailed
+from builder.errors import BadInput, PatchFailed
 from builder.patching import series as P
 from builder.util import atomic_write_text, sha256_file
 
@@ -135,7 +135,9 @@ def check_cmd(vllm, series_dir, wheel, run_probes, probe_python, as_json):
                    "patches/vllm/<B>/ has one, else A's).")
 @click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", help="Report format (markdown for a pull request comment).")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
-def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir, probe_python, fmt, as_json):
+@click.option("--allow-downgrade", is_flag=True, help="Port to an older release (refused, exit 2, without it).")
+def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir, probe_python, fmt, as_json,
+             allow_downgrade=False):
     """Port A's patch series to release B, patch by patch (docs/patches.md).
 
     Status per patch: applies (exact context on B, offsets regenerated), merged (a
@@ -150,17 +152,32 @@ def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir
     from builder.patching import port as PO
     from builder.patching import probe as PR
 
+    from builder.commands import mark_direction
+    from builder.validate import release_direction
+
     fmt = "json" if as_json else fmt
+    direction = release_direction(from_version, to_version, allow_downgrade=allow_downgrade, what="port")
     series = _series(from_version, series_dir)
+    _check_port_output(out_dir, series.dir)
     for p in series.patches:
         PR.probe_path(series.dir, p)
     a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, progress=fmt == "text")
     b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, progress=fmt == "text")
     say = (lambda m: click.echo(m, err=True)) if fmt == "text" else None
     report = PO.port(series, a_src, b_src, to_version, out_dir=out_dir, probe_python=probe_python, progress=say)
-    click.echo(PO.render(report, fmt), nl=False)
+    click.echo(mark_direction(PO.render(report, fmt), fmt, direction, from_version, to_version), nl=False)
     if report.needs_review:
         sys.exit(1)
+
+
+def _check_port_output(out_dir: str | None, series_dir: Path) -> None:
+    """``-o`` naming A's own series folder would rewrite the series being read: refused before anything is written."""
+    from builder.validate import same_directory
+
+    if out_dir is not None and Path(out_dir).exists() and same_directory(out_dir, series_dir):
+        raise BadInput(f"-o {out_dir} is the series being ported (--series {series_dir}); writing B's series there "
+                       "would overwrite A's. Nothing was written.",
+                       hint="write B's series to its own folder, e.g. -o patches/vllm/<B>.")
 
 
 @command.command("apply")

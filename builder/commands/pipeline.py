@@ -43,10 +43,12 @@ from builder.commands import stderr_console
 @click.option("--smoke", "smoke", is_flag=True, help="After build (and push), boot the image and run the smoke test.")
 @click.option("--model", "model", default=None, metavar="PATH", help="Smoke: checkpoint directory.")
 @click.option("--pull", "pull", is_flag=True, help="Build: let the engine pull a base image it does not hold.")
+@click.option("--allow-base-drift", "allow_base_drift", is_flag=True,
+              help="The image build lists base drift (against the manifest) as a warning instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Final summary as JSON on stdout.")
 def run_pipeline(vllm, spec_file, with_=(), base=None, lock_file=None, out=None, repo=None, push=False, force=False,
                  series=None, no_patches=False, wheel=None, find_links=(), no_index=False, no_default_overlay=False, kuberay=False,
-                 smoke=False, model=None, pull=False, as_json=False):
+                 smoke=False, model=None, pull=False, allow_base_drift=False, as_json=False):
     """lock -> ABI gate -> patch check -> render -> build -> push -> smoke."""
     from builder.image.render import default_out_dir
     from builder.pipeline import PipelineRequest, run
@@ -59,7 +61,7 @@ def run_pipeline(vllm, spec_file, with_=(), base=None, lock_file=None, out=None,
     spec = spec.with_flags(vllm=spec.vllm)  # the pipeline always names its vllm to the lock stage
     req = PipelineRequest(spec=spec, out=out or default_out_dir(spec.vllm), push=push, force=force, series=series,
                           no_patches=no_patches, wheel=wheel, default_overlay=not no_default_overlay, kuberay=kuberay,
-                          smoke=smoke, model=model or spec.serving.model, pull=pull)
+                          smoke=smoke, model=model or spec.serving.model, pull=pull, allow_base_drift=allow_base_drift)
     result = run(req, console)
     if result.notice:
         console.print(result.notice, highlight=False)
@@ -76,6 +78,12 @@ def _emit(as_json: bool, summary: dict) -> None:
              f"context {summary['context']} ({summary.get('context_bytes', 0) / 1e6:.1f} MB)"]
     if summary.get("image_id"):
         lines.append(f"image {summary['image_id']} ({(summary.get('image_bytes') or 0) / 1e6:.1f} MB)")
+    check = summary.get("base_check")
+    if check and check["status"] == "verified":
+        lines.append(f"base manifest verified against {check['against']}")
+    elif check:
+        lines.append(f"base {check['image']} differs from its manifest ({len(check['differences'])} difference(s)): "
+                     f"locked against its snapshot, {check['manifest']}")
     for t in summary.get("tags", []):
         lines.append(f"tag {t}")
     if summary.get("digest"):

@@ -11,7 +11,16 @@ import math
 import click
 
 from builder.errors import BadInput
-from builder.serving.plan import GiB, parse_size, plan_from_model_dir, refuse_unless_fits, render_text
+from builder.serving import coldstart
+from builder.serving.plan import (
+    GiB,
+    check_load_format,
+    parse_size,
+    plan_from_model_dir,
+    refuse_unless_fits,
+    release_facts,
+    render_text,
+)
 from builder.spec import load_spec
 
 
@@ -32,9 +41,37 @@ from builder.spec import load_spec
 @click.option("--reserve-gib", type=float, default=None, help="Per-GPU reserve for activations, CUDA graphs and workspace (GiB); default: estimated, see docs/plan.md.")
 @click.option("--max-num-batched-tokens", type=int, default=None, help="Tokens per forward step (drives the activation estimate; vLLM server default 8192 on >=70 GiB GPUs).")
 @click.option("--enforce-eager", is_flag=True, default=False, help="No CUDA graphs (drops the CUDA-graph part of the reserve).")
+@click.option("--load-format", "load_format", default=None,
+              help="vLLM --load-format the cold-start estimate is for (default: spec serving.load_format, else auto); "
+                   "checked against the release's LoadFormats.")
+@click.option("--load-rate", default=None,
+              help="Weights load rate per GPU (1.2GiB/s, 10Gbit/s, 500MB/s; bare: GiB/s). Default: measured on the "
+                   "H200 for the load format and page cache (docs/cold-start.md).")
+@click.option("--storage-rate", default=None,
+              help="Read rate of one node's storage shared by its GPUs (default: the load rate).")
+@click.option("--pull-bandwidth", default=None,
+              help="Image pull bandwidth (default 1 Gbit/s = 125 MB/s, an assumption).")
+@click.option("--image-size", default=None, help="The image's compressed size (e.g. 12GB) for the pull term.")
+@click.option("--image-manifest", default=None, type=click.Path(dir_okay=False),
+              help="The image's OCI manifest JSON (crane manifest IMAGE): its layers' sizes are the pull's bytes.")
+@click.option("--image-result", default=None, type=click.Path(dir_okay=False),
+              help="The JSON of `build-image push --json`: its compressed_bytes (the pushed manifest's layers).")
+@click.option("--page-cache", type=click.Choice(["cold", "warm"]), default="cold", show_default=True,
+              help="Checkpoint in the node's page cache (warm: a restart on the same node) or not (a new node).")
+@click.option("--storage", type=click.Choice(["local", "object"]), default="local", show_default=True,
+              help="Where the weights come from: local disk / node-local model cache, or streamed from object "
+                   "storage (not measured: needs --load-rate).")
+@click.option("--compile-cache", type=click.Choice(["empty", "warm"]), default="empty", show_default=True,
+              help="VLLM_CACHE_ROOT from a run before (warm: the compile-cache volume of the KubeRay manifests).")
+@click.option("--engine-start", type=float, default=None,
+              help="Seconds from process start to /health without the weights load (default: measured).")
+@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes one replica spans (cold start).")
 @click.option("--json", "as_json", is_flag=True, default=False, help="Machine-readable plan on stdout.")
 def command(vllm, model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu_memory_utilization, max_model_len,
-            max_num_seqs, kv_cache_dtype, cpu_offload_gb, reserve_gib, max_num_batched_tokens, enforce_eager, as_json):
+            max_num_seqs, kv_cache_dtype, cpu_offload_gb, reserve_gib, max_num_batched_tokens, enforce_eager, as_json,
+            load_format=None, load_rate=None, storage_rate=None, pull_bandwidth=None, image_size=None,
+            image_manifest=None, image_result=None, page_cache="cold", storage="local", compile_cache="empty",
+            engine_start=None, nodes=1):
     """Predict vLLM's KV cache before paying for the weights load: fits / does not fit."""
     spec = load_spec(spec_file).with_flags(
         vllm=vllm, model=model, gpus=gpus, gpu_memory=gpu_memory, tp=tp, pp=pp,
@@ -54,8 +91,44 @@ def command(vllm, model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu
         serving.model, serving, weights_bytes=wb, reserve_bytes=reserve,
         max_num_batched_tokens=max_num_batched_tokens, enforce_eager=enforce_eager, vllm=spec.vllm,
     )
+    cold = cold_start_of(plan, serving, spec.vllm, load_format=load_format, load_rate=load_rate,
+                         storage_rate=storage_rate, pull_bandwidth=pull_bandwidth, image_size=image_size,
+                         image_manifest=image_manifest, image_result=image_result, page_cache=page_cache,
+                         storage=storage, compile_cache=compile_cache, engine_start=engine_start, nodes=nodes)
     if as_json:
-        click.echo(json.dumps(plan.to_dict(), indent=2, sort_keys=True))
+        doc = plan.to_dict()
+        doc["cold_start"] = {**cold["model"].to_dict(), "seed000": cold["seed000"].to_dict()}
+        click.echo(json.dumps(doc, indent=2, sort_keys=True))
     else:
         click.echo(render_text(plan))
+        click.echo("\n".join(coldstart.render_text(cold["model"], f"cold start of {serving.model}")))
+        click.echo("\n".join(coldstart.render_text(cold["seed000"], "cold start of seed 000 (600 GB over 8 GPUs)")))
     refuse_unless_fits(plan, show_plan=False)  # the plan is already on stdout
+
+
+def cold_start_of(plan, serving, vllm, *, load_format, load_rate, storage_rate, pull_bandwidth, image_size,
+                  image_manifest, image_result, page_cache, storage, compile_cache, engine_start, nodes) -> dict:
+    """The cold-start estimate of the planned model and of seed 000, from the flags (exit 2 on bad ones)."""
+    fmt = check_load_format(load_format or getattr(serving, "load_format", None) or "auto",
+                            release_facts(vllm), where="--load-format")
+    if sum(x is not None for x in (image_size, image_manifest, image_result)) > 1:
+        raise BadInput("give one of --image-size, --image-manifest and --image-result.")
+    image_bytes, image_source = None, None
+    if image_size is not None:
+        image_bytes = parse_size(image_size, what="--image-size", presets=False)
+        if image_bytes <= 0:
+            raise BadInput(f"--image-size must be a positive size, got {image_size!r}.")
+        image_source = "given (--image-size)"
+    elif image_manifest is not None:
+        image_bytes, image_source = coldstart.manifest_compressed_bytes(image_manifest), f"manifest {image_manifest}"
+    elif image_result is not None:
+        image_bytes = coldstart.push_result_compressed_bytes(image_result)
+        image_source = f"push result {image_result}"
+    rate = lambda v, what: None if v is None else coldstart.parse_rate(v, what=what)  # noqa: E731
+    kw = dict(load_format=fmt, page_cache=page_cache, storage=storage, compile_cache=compile_cache, vllm=vllm,
+              image_bytes=image_bytes, image_source=image_source,
+              pull_bandwidth=rate(pull_bandwidth, "--pull-bandwidth"), load_rate=rate(load_rate, "--load-rate"),
+              storage_rate=rate(storage_rate, "--storage-rate"), engine_start_s=engine_start)
+    model = coldstart.estimate(coldstart.ColdStartInputs(
+        weights_bytes=plan.weights_bytes, gpus=plan.tp * plan.pp, nodes=nodes, **kw))
+    return {"model": model, "seed000": coldstart.seed000(**kw)}

@@ -32,8 +32,11 @@ from builder.errors import BadInput
 @click.option("--image", "kuberay_image", metavar="REF", help="Image the KubeRay manifests run (default: the content-addressed tag).")
 @click.option("--allow-tag", is_flag=True, help="KubeRay manifests may reference the image by tag instead of digest.")
 @click.option("--model", "model", metavar="PATH", help="KubeRay: the model the Serve app loads (default: spec serving.model).")
+@click.option("--allow-base-drift", is_flag=True,
+              help="The image build lists base drift (against the manifest) as a warning instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, repo, kuberay, kuberay_image, allow_tag, model, as_json):
+def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, repo, kuberay, kuberay_image, allow_tag, model,
+            allow_base_drift, as_json):
     """Write a self-contained build context: Dockerfile, requirements.lock, wheels/, patches/, app/.
 
     Exit codes: 0 written, 2 bad input, 6 patch series does not apply, 7 download/sha256 failure.
@@ -45,6 +48,7 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
 
     if series and no_patches:
         raise BadInput("--series and --no-patches contradict each other.")
+    check_kuberay_flags(kuberay, kuberay_image, allow_tag)
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo, model=model)
     inputs = render_inputs(spec, lock_file=lock_file, base=base)
     manifest, lock = inputs.manifest, inputs.lock
@@ -60,6 +64,7 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
             vllm=spec.vllm, base=manifest, lock=lock, lock_text=inputs.lock_text, out_dir=out,
             series_dir=series, vllm_wheel=wheel, repo=spec.repo, no_patches=no_patches,
             on_step=lambda s: status.update(f"render: {s}"), extra=kuberay_manifests if kuberay else None,
+            base_data=inputs.base_data, allow_base_drift=allow_base_drift,
         )
     doc = {
         "context": str(result.out_dir),
@@ -78,3 +83,12 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
         click.echo(f"wrote {result.out_dir}: {len(lock.entries)} wheels, {len(result.plan.patched)} patched file(s) "
                    f"from {len(result.plan.patches)} patch(es); FROM {manifest.pinned_ref}")
         click.echo(f"build it: {build_hint(result.out_dir, spec.repo, result.tags)}")
+
+
+def check_kuberay_flags(kuberay: bool, image: str | None, allow_tag: bool) -> None:
+    """``--image`` and ``--allow-tag`` only shape the KubeRay manifests: without ``--kuberay`` they would be
+    ignored silently, so they are bad input (exit 2) instead."""
+    given = [f for f, v in (("--image", image), ("--allow-tag", allow_tag)) if v]
+    if given and not kuberay:
+        raise BadInput(f"{' and '.join(given)} only apply to the KubeRay manifests, and --kuberay was not given: "
+                       "nothing would use them.", hint="add --kuberay, or drop " + " and ".join(given) + ".")

@@ -53,6 +53,10 @@ def _parse_size(text: str | None) -> int | None:
 @click.option("--gpu-memory-utilization", type=float, default=None, help="vLLM --gpu-memory-utilization in (0, 1] (default: vLLM's 0.9; also planned).")
 @click.option("--max-num-seqs", type=int, default=None, help="vLLM --max-num-seqs: sequences the engine admits at once (default: vLLM's).")
 @click.option("--kv-cache-dtype", default=None, help="vLLM --kv-cache-dtype (auto, fp8, ...; also planned).")
+@click.option("--load-format", "load_format", default=None,
+              help="vLLM --load-format (safetensors, runai_streamer, fastsafetensors, ...; default: vLLM's auto); "
+                   "checked against the release's LoadFormats (--vllm X, else the default release): exit 2 otherwise. "
+                   "The report's cold_start records the weights load it gave (docs/cold-start.md).")
 @click.option("--concurrency", default=16, show_default=True, type=int, help="Simultaneous requests per round (1..4096).")
 @click.option("--rounds", default=3, show_default=True, type=int, help="Rounds of --concurrency simultaneous /v1/completions requests (half of them streamed); stops at the first failure.")
 @click.option("--no-chat", "no_chat", is_flag=True,
@@ -93,7 +97,7 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
             concurrency, rounds, max_tokens, prompt_tokens, timeout, boot_timeout, extra_args, no_plan, skip_checkpoint_check,
             gpu_memory, vllm_bin, server_cmd, port, log_file, serve, serve_backend, serve_python, serve_num_gpus, save_reference,
             reference, reference_logprob_tolerance, reference_tie_margin, as_json, no_chat=False, vllm=None,
-            distributed_executor_backend=None, ray_address=None):
+            distributed_executor_backend=None, ray_address=None, load_format=None):
     """Boot the engine and generate at target concurrency: PASS or FAIL."""
     if image and local:
         raise BadInput("smoke: give either IMAGE or --local, not both")
@@ -137,7 +141,8 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
         model=model, image=image, tp=tp, pp=pp, distributed_executor_backend=distributed_executor_backend,
         ray_address=ray_address, cpu_offload_gb=cpu_offload_gb, max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
-        kv_cache_dtype=kv_cache_dtype, concurrency=concurrency, rounds=rounds, chat=not no_chat, max_tokens=max_tokens,
+        kv_cache_dtype=kv_cache_dtype, load_format=load_format,
+        concurrency=concurrency, rounds=rounds, chat=not no_chat, max_tokens=max_tokens,
         prompt_tokens=prompt_tokens, timeout=timeout, boot_timeout=boot_timeout, extra_args=extra,
         server_cmd=server_cmd, vllm_bin=vllm_bin, port=port, log_file=log_file, plan=not no_plan,
         checkpoint_check=not skip_checkpoint_check,

@@ -37,8 +37,9 @@ import click
 @click.option("--no-index", is_flag=True, help="Lock from --find-links folders only.")
 @click.option("--probe-python", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Interpreter for the patch probes (default: a venv from the series' probe-env.txt).")
+@click.option("--allow-downgrade", is_flag=True, help="Go to an older release (refused, exit 2, without it).")
 def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_, no_default_overlay, base_from,
-            base_to, series_dir, from_wheel, to_wheel, find_links, no_index, probe_python):
+            base_to, series_dir, from_wheel, to_wheel, find_links, no_index, probe_python, allow_downgrade=False):
     """Upgrade to vLLM B as one reviewable report.
 
     Reconstructs B's base manifest if none is shipped, ports A's patch series
@@ -55,22 +56,27 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
     from builder.errors import BadInput
     from builder.util import atomic_write_text
 
+    from builder.commands import mark_direction
+    from builder.validate import release_direction, version_string
+
+    version_string(to_version, where="--to")
     if from_version is None:
         from_version = _previous_series(to_version)
     if from_version == to_version:
         raise BadInput(f"--from and --to are both {to_version}: nothing to upgrade.")
+    direction = release_direction(from_version, to_version, allow_downgrade=allow_downgrade)
     say = (lambda m: click.echo(f"upgrade: {m}", err=True)) if fmt == "text" or out_dir else None
     rep = U.upgrade(from_version=from_version, to_version=to_version, series_dir=series_dir, from_wheel=from_wheel,
                     to_wheel=to_wheel, base_from=base_from, base_to=base_to, lock_from=lock_from,
                     with_=list(with_) or None, default_overlay=False if no_default_overlay else None,
                     find_links=find_links, no_index=no_index, spec_path=spec_path, out_dir=out_dir,
                     probe_python=probe_python, progress=say)
-    text = U.render(rep, fmt)
+    text = mark_direction(U.render(rep, fmt), fmt, direction, from_version, to_version)
     if out_dir:
         ext = {"markdown": "md", "json": "json", "text": "txt"}[fmt]
         dest = Path(out_dir) / f"upgrade-{from_version}-{to_version}.{ext}"
         rep.written.append(str(dest))
-        text = U.render(rep, fmt)
+        text = mark_direction(U.render(rep, fmt), fmt, direction, from_version, to_version)
         atomic_write_text(dest, text)
     click.echo(text, nl=False)
     sys.exit(rep.exit_code)

@@ -10,6 +10,7 @@ pipeline hands over its :class:`builder.image.render.RenderResult` instead.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ class BuildResult:
     size_bytes: int | None
     seconds: float
     cached_steps: int
+    warnings: tuple[str, ...] = ()   # the checks' warnings (allowed base drift), from the build's output
 
     def to_dict(self) -> dict:
         return {
@@ -42,6 +44,7 @@ class BuildResult:
             "size_bytes": self.size_bytes,
             "seconds": self.seconds,
             "cached_steps": self.cached_steps,
+            "warnings": list(self.warnings),
             "context": str(self.context),
         }
 
@@ -68,6 +71,33 @@ def build_step(line: str, seen: list[str]) -> str | None:
             seen.append(head)
             return head
     return None
+
+
+WARNING_MARK = "build-image warning: "
+
+
+def build_warnings(log: str) -> tuple[str, ...]:
+    """Pure: the lines the Dockerfile's checks printed as warnings (``build-image warning: ...``) in a
+    BuildKit plain-progress log, in order, each once (a cached checks stage prints none)."""
+    out: list[str] = []
+    for line in log.splitlines():
+        _, mark, rest = line.partition(WARNING_MARK)
+        if mark and rest.rstrip() not in out:
+            out.append(rest.rstrip())
+    return tuple(out)
+
+
+DRIFT_RECORD = "/usr/share/build-image/base-drift.json"  # in the image: the checks stage's drift report
+
+
+def drift_warnings(engine, image_id: str) -> tuple[str, ...]:
+    """The allowed base drift an image records (its checks stage ran earlier and is cached now,
+    so the build's output does not repeat it): the report lines of :data:`DRIFT_RECORD`."""
+    proc = engine.run(image_id, ["cat", DRIFT_RECORD], timeout=120)
+    try:
+        return tuple(json.loads(proc.stdout).get("report") or ()) if proc.returncode == 0 else ()
+    except ValueError:
+        return ()
 
 
 def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str, base_refs: Sequence[str],
@@ -100,4 +130,7 @@ def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str
     cached = sum(1 for ln in built.log.splitlines() if ln.rstrip().endswith("CACHED"))
     return BuildResult(image_id=built.image_id, tags=tuple(tags), context=Path(context), vllm=vllm,
                        lock_hash=lock_hash, size_bytes=info.size if info else None,
-                       seconds=round(time.monotonic() - t0, 2), cached_steps=cached)
+                       seconds=round(time.monotonic() - t0, 2), cached_steps=cached,
+                       warnings=build_warnings(built.log) or (
+                           drift_warnings(engine, built.image_id)
+                           if info and info.labels.get("org.build-image.allow-base-drift") == "true" else ()))

@@ -25,6 +25,7 @@ from builder import __version__
 from builder.credentials import redact_url
 from builder.image.naming import PROVENANCE_FILE, choose_installer, default_repo, image_tags
 from builder.util import atomic_write_text, sha256_bytes
+from builder.validate import load_json
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://slsa.dev/provenance/v1"
@@ -53,6 +54,8 @@ class ProvenanceInput:
     installer: str
     source_date_epoch: int
     outputs: dict[str, str] = field(default_factory=dict)   # file name -> sha256 (render's subject)
+    allow_base_drift: bool = False
+    base_manifest_source: str | None = None  # the pipeline's snapshot of the base, when it replaced the manifest
 
 
 def builder_id(env: Mapping[str, str] | None = None) -> str:
@@ -88,7 +91,10 @@ def statement(inp: ProvenanceInput, subject: list[dict] | None = None, *, env: M
         deps.append(base)
     deps.append({"name": "requirements.lock", "digest": {"sha256": inp.lock_sha256},
                  "annotations": {"lockHash": inp.lock_hash}})
-    deps.append({"name": "base-manifest", "digest": {"sha256": inp.base_manifest_sha256}})
+    manifest_dep: dict = {"name": "base-manifest", "digest": {"sha256": inp.base_manifest_sha256}}
+    if inp.base_manifest_source:
+        manifest_dep["annotations"] = {"source": inp.base_manifest_source}
+    deps.append(manifest_dep)
     deps.append({"name": "templates/Dockerfile.j2", "digest": {"sha256": inp.template_sha256}})
     for name, sha in inp.patches:
         deps.append({"name": f"patches/vllm/{inp.vllm}/{name}", "digest": {"sha256": sha},
@@ -123,6 +129,7 @@ def statement(inp: ProvenanceInput, subject: list[dict] | None = None, *, env: M
                 "externalParameters": {
                     "vllm": inp.vllm, "repository": inp.repository, "tags": list(inp.tags),
                     "overlay": list(inp.overlay), "allowAbiChange": dict(sorted(inp.allow_abi_change.items())),
+                    "allowBaseDrift": bool(inp.allow_base_drift),
                 },
                 "internalParameters": {
                     "tool": f"build-image {__version__}", "templateSha256": inp.template_sha256,
@@ -207,6 +214,7 @@ def for_render(plan, *, lock_text: str, outputs: Mapping[str, str], template_tex
         patched_files=[(p.relpath, p.patched_sha256) for p in sorted(plan.patched, key=lambda p: p.relpath)],
         vllm_wheel=plan.vllm_wheel, template_sha256=sha256_text(template_text), installer=choose_installer(plan.base),
         source_date_epoch=plan.source_date_epoch, outputs={n: sha256_text(t) for n, t in outputs.items()},
+        allow_base_drift=plan.allow_base_drift, base_manifest_source=plan.base_note,
     )
     return statement(inp)
 
@@ -223,7 +231,7 @@ def write(context: str | Path, doc: dict) -> Path:
 def load(context: str | Path) -> dict | None:
     path = Path(context) / PROVENANCE_FILE
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return load_json(path.read_text(encoding="utf-8"), str(path), error=ValueError)
     except (OSError, ValueError):
         return None
 

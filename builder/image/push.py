@@ -37,12 +37,14 @@ class PushResult:
     pushed: tuple[PushedTag, ...]
     moved_tags: tuple[str, ...]
     attestations: dict | None = None  # SBOM + provenance as OCI referrers (builder.image.referrers.push_attestations)
+    compressed_bytes: int | None = None  # what a pull downloads: the registry manifest's layer + config sizes
 
     def to_dict(self) -> dict:
         doc = {"image_id": self.image_id, "digest": self.digest, "pinned": self.pinned,
                "pushed": [p.to_dict() for p in self.pushed], "moved_tags": list(self.moved_tags)}
         if self.attestations is not None:
             doc["attestations"] = self.attestations
+        doc["compressed_bytes"] = self.compressed_bytes
         return doc
 
 
@@ -95,6 +97,7 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
     for m in moving:
         say(f"moving tag {m}")
     pushed: list[PushedTag] = []
+    compressed = None
     for t, (client, ref) in clients.items():
         say(t)
         res = engine.push(t)
@@ -107,6 +110,8 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
                 details="pushed so far: " + (", ".join(p.ref for p in pushed) or "none"),
             )
         pushed.append(PushedTag(ref=t, digest=res.digest, pinned=f"{ref.registry}/{ref.repository}@{res.digest}"))
+        if compressed is None:
+            compressed = registry.compressed_size(got[1])
     digests = {p.digest for p in pushed}
     attestations = None
     if context is not None:
@@ -114,4 +119,5 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
         say(referrers.summary_line(attestations))
     return PushResult(image_id=image_id, digest=pushed[0].digest if len(digests) == 1 else None,
                       pinned=pushed[0].pinned, pushed=tuple(pushed),
-                      moved_tags=tuple(c.split(" ->")[0] for c in conflicts + moving), attestations=attestations)
+                      moved_tags=tuple(c.split(" ->")[0] for c in conflicts + moving), attestations=attestations,
+                      compressed_bytes=compressed)

@@ -194,6 +194,19 @@ def config_of(manifest: dict) -> str | None:
     return cfg if isinstance(cfg, str) else None
 
 
+def compressed_size(manifest: dict) -> int | None:
+    """What a pull downloads of a single-image manifest: its layers' and config's ``size`` (compressed blobs);
+    None for an index or a manifest without sizes."""
+    layers = manifest.get("layers")
+    if not isinstance(layers, list) or not layers:
+        return None
+    sizes = [x.get("size") for x in layers if isinstance(x, dict)]
+    if len(sizes) != len(layers) or not all(isinstance(s, int) and s >= 0 for s in sizes):
+        return None
+    cfg = (manifest.get("config") or {}).get("size", 0)
+    return sum(sizes) + (cfg if isinstance(cfg, int) and cfg >= 0 else 0)
+
+
 def client_for(ref: str) -> tuple[RegistryClient, ImageRef]:
     r = parse_ref(ref)
     return RegistryClient(r.registry), r

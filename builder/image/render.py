@@ -18,6 +18,8 @@ Context layout (and nothing else)::
     patches/patched.sha256      sha256 of each patched file     (paths relative to site-packages)
     patches/files/<relpath>     the patched files
     app/build_image_serve_app.py  the Ray Serve application module
+    checks/base_check.py        the floor checks the image build runs with the base's python (stdlib only)
+    checks/base-manifest.json   the base manifest the lock was made against, byte for byte (sha256 in the Dockerfile)
     (+ rayservice.yaml / raycluster.yaml with --kuberay)
 """
 
@@ -42,12 +44,18 @@ from builder.fetch import fetch
 from builder.fetch import vllm_wheel as fetch_vllm_wheel
 from builder.image import provenance
 from builder.image.naming import (
+    CHECKER_FILE,
+    CHECKS_DIR,
+    CONSTRAINTS_PATH,
     LABEL_PREFIX,
+    MANIFEST_COPY,
     PROVENANCE_FILE,
     SBOM_FILE,
     SERVE_APP_FILE,
     SERVE_BACKEND_ENV,
     SERVE_MODULE,
+    TRITON_CACHE_DIR,
+    VLLM_CACHE_ROOT,
     choose_installer,
     default_repo,
     image_tags,
@@ -59,12 +67,13 @@ from builder.image.sbom import IMAGE_SBOM_PATH, SbomInput, sbom_json
 from builder.patching import series as P
 from builder.patching.series import PatchedFile, sha256_list
 from builder.resolve.baseref import resolve_base, vllm_on_base
+from builder.resolve.floor import checker_path, consistency_tool
 from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock
 from builder.resolve.lockstage import _read
 from builder.resolve.manifest import BaseManifest
 from builder.resolve.pylock import PYLOCK_NAME
 from builder.resolve.twin import same_pins
-from builder.util import file_digest, output_lock, remember_digest, sha256_bytes, sha256_file
+from builder.util import file_digest, output_lock, remember_digest, sha256_bytes, sha256_file, write_error
 
 
 @dataclass
@@ -82,6 +91,18 @@ class RenderPlan:
     revision: str | None = None
     patch_texts: dict[str, str] = field(default_factory=dict)  # patch name -> its text (SBOM, provenance)
     vllm_wheel: tuple[str, str] | None = None  # (file name, sha256) of the wheel the series is made for
+    base_data: bytes | None = None  # the base manifest's bytes as the lock hashed them (None: base.to_json())
+    allow_base_drift: bool = False  # the checks stage lists base drift as a warning instead of failing
+    base_note: str | None = None    # where the manifest came from when the pipeline replaced it (a snapshot)
+
+    @property
+    def manifest_bytes(self) -> bytes:
+        """The base manifest the context ships (checks/base-manifest.json)."""
+        return self.base_data if self.base_data is not None else self.base.to_json().encode("utf-8")
+
+    @property
+    def manifest_sha256(self) -> str:
+        return sha256_bytes(self.manifest_bytes)
 
     @property
     def lock_hash(self) -> str:
@@ -98,7 +119,7 @@ class RenderPlan:
             vllm=self.vllm, base=self.base, lock=self.lock, image_name=self.repo or default_repo(),
             image_version=tag_names(self.vllm, self.lock_hash)[0], patched=list(self.patched),
             patches=list(self.patches), patch_texts=dict(self.patch_texts), vllm_wheel=self.vllm_wheel,
-            source_date_epoch=self.source_date_epoch))
+            source_date_epoch=self.source_date_epoch, base_manifest=self.base_note))
 
 
 # ---------------------------------------------------------------- pure decisions
@@ -176,13 +197,17 @@ def oci_labels(plan: RenderPlan, sbom_sha256: str | None = None) -> list[tuple[s
         (f"{LABEL_PREFIX}.tool", f"build-image {__version__}"),
         (f"{LABEL_PREFIX}.sbom", IMAGE_SBOM_PATH),
         (f"{LABEL_PREFIX}.sbom-sha256", sbom_sha256),
+        (f"{LABEL_PREFIX}.base-manifest-sha256", plan.manifest_sha256),
+        (f"{LABEL_PREFIX}.allow-base-drift", "true" if plan.allow_base_drift else "false"),
+        (f"{LABEL_PREFIX}.constraints", CONSTRAINTS_PATH),
     ]
     return labels
 
 
 def context_files(plan: RenderPlan) -> list[str]:
     """Every file of the context, relative, sorted (the test of 'nothing else')."""
-    files = ["Dockerfile", "requirements.lock", PYLOCK_NAME, SBOM_FILE, PROVENANCE_FILE]
+    files = ["Dockerfile", "requirements.lock", PYLOCK_NAME, SBOM_FILE, PROVENANCE_FILE,
+             f"{CHECKS_DIR}/{CHECKER_FILE}", f"{CHECKS_DIR}/{MANIFEST_COPY}"]
     files += [f"wheels/{e.wheel.filename}" for e in plan.lock.entries if e.wheel]
     if plan.patched:
         files += ["patches/original.sha256", "patches/patched.sha256"]
@@ -218,6 +243,15 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
             raise BadInput(f"patched file path {p.relpath!r} must be relative to site-packages, without '..' or spaces.")
     repo = plan.repo or default_repo()
     return _env().get_template("Dockerfile.j2").render(
+        manifest_file=MANIFEST_COPY,
+        manifest_sha256=plan.manifest_sha256,
+        checker_file=CHECKER_FILE,
+        checker_sha256=sha256_file(checker_path()),
+        check_tool=consistency_tool(plan.base),
+        allow_base_drift=plan.allow_base_drift,
+        constraints_path=CONSTRAINTS_PATH,
+        vllm_cache_root=VLLM_CACHE_ROOT,
+        triton_cache_dir=TRITON_CACHE_DIR,
         tool_version=__version__,
         vllm=plan.vllm,
         python=plan.base.python_version,
@@ -298,6 +332,34 @@ def copy_or_reflink(src: Path, dst: Path) -> None:
 
 
 RENDERED_MARK = "# Rendered by build-image"
+#: Files besides :func:`context_files` a render may put in a context (``builder.serving.kuberay`` writes them).
+EXTRA_CONTEXT_FILES = ("rayservice.yaml", "raycluster.yaml")
+#: Folders of a context whose whole content is the render's (wheels, patched files, the Serve app).
+OWN_CONTEXT_DIRS = ("wheels", "patches", "app", CHECKS_DIR)
+
+
+def foreign_entries(out: Path) -> list[str]:
+    """What ``out`` (an existing context) holds that no render writes: a user's NOTES.md, a data folder.
+    Sorted, relative; folders of the render (:data:`OWN_CONTEXT_DIRS`) are the render's whole."""
+    own = {"Dockerfile", "requirements.lock", PYLOCK_NAME, SBOM_FILE, PROVENANCE_FILE, *EXTRA_CONTEXT_FILES}
+    return sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in out.iterdir()
+                  if not (p.name in own and p.is_file() and not p.is_symlink())
+                  and not (p.name in OWN_CONTEXT_DIRS and p.is_dir() and not p.is_symlink()))
+
+
+def sweep_leftovers(out: Path) -> list[Path]:
+    """Remove the temp and old directories an interrupted render of ``out`` left beside it
+    (``.NAME.XXXX.tmp``, ``.NAME.old-PID``).  Called with the output lock held: no other run is
+    writing ``out``, so every such sibling is abandoned."""
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    pat = re.compile(rf"^\.{re.escape(out.name)}\.(?:old-\d+(?:-\d+)?|[A-Za-z0-9_]+\.tmp)$")
+    for p in out.parent.iterdir():
+        if pat.match(p.name) and p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(p)
+    return removed
 
 
 def _check_replaceable(out: Path) -> None:
@@ -313,6 +375,14 @@ def _check_replaceable(out: Path) -> None:
         ours = df.is_file() and df.read_text(encoding="utf-8", errors="replace").startswith(RENDERED_MARK)
     except OSError:
         ours = False
+    added = foreign_entries(out) if ours else []
+    if added:
+        more = f" and {len(added) - 5} more" if len(added) > 5 else ""
+        raise BadInput(
+            f"-o {out}: the context holds {', '.join(added[:5])}{more}, which render did not write; render replaces "
+            "a context as a whole, so it refuses rather than delete them. Nothing was changed.",
+            hint="move them out of the context (keep notes and data beside it), or render into a new directory.",
+        )
     if not ours:
         raise BadInput(
             f"-o {out}: the directory exists and is not a build context rendered by build-image; "
@@ -339,13 +409,29 @@ def write_context(
     Returns the relative paths written.
     """
     out = Path(out_dir)
+    if out.is_symlink():  # the output rule: a link is written through (its directory replaced), never replaced
+        out = Path(os.path.realpath(out))
     check_consistency(plan)
     sbom = sbom_text if sbom_text is not None else plan.sbom_text()
     dockerfile = render_dockerfile(plan, sha256_bytes(sbom.encode()))
 
     with output_lock(out):  # two renders to one -o: the second waits, then replaces the first's whole
-        return _write_context_locked(out, plan, dockerfile, sbom, wheels=wheels, patched_root=patched_root,
-                                     lock_text=lock_text, extra=extra)
+        sweep_leftovers(out)
+        try:
+            return _write_context_locked(out, plan, dockerfile, sbom, wheels=wheels, patched_root=patched_root,
+                                         lock_text=lock_text, extra=extra)
+        except OSError as exc:  # a full or read-only file system: exit 2 naming it; the previous context is intact
+            err = write_error(out, exc)
+            if err is None:
+                raise
+            raise err from None
+
+
+def write_checks(ctx: Path, plan: RenderPlan) -> None:
+    """checks/: the checker script and the manifest copy whose sha256 the Dockerfile names."""
+    (ctx / CHECKS_DIR).mkdir()
+    shutil.copyfile(checker_path(), ctx / CHECKS_DIR / CHECKER_FILE)
+    (ctx / CHECKS_DIR / MANIFEST_COPY).write_bytes(plan.manifest_bytes)
 
 
 def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: str, *, wheels, patched_root,
@@ -353,6 +439,7 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
     _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    old: Path | None = None
     try:
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
 
@@ -387,6 +474,7 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
                 shutil.copyfile(src, dst)
                 if sha256_file(dst) != p.patched_sha256:
                     raise IntegrityError(f"patched file {p.relpath}: its sha256 differs from the patch result's.")
+        write_checks(tmp, plan)
         if plan.serve_app:
             (tmp / "app").mkdir()
             shutil.copyfile(serve_app_source(), tmp / "app" / SERVE_APP_FILE)
@@ -400,7 +488,6 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
             for d in dn:
                 os.chmod(os.path.join(dp, d), 0o755)
         os.chmod(tmp, 0o755)
-        old = None
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)
@@ -410,6 +497,8 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
         return sorted(written)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and old.exists() and not out.exists():
+            os.replace(old, out)  # interrupted between the two renames: the previous context comes back
         raise
 
 
@@ -469,6 +558,7 @@ def verify_context(context: str | Path) -> LockFile:
             hint="the context was modified; re-run `build-image render`.",
         )
     _verify_twins(ctx, lock)
+    _verify_checks(ctx)
     sums = ctx / "patches" / "patched.sha256"
     files_dir = ctx / "patches" / "files"
     listed: set[str] = set()
@@ -493,6 +583,17 @@ def verify_context(context: str | Path) -> LockFile:
             hint="the context was modified; re-run `build-image render`.",
         )
     return lock
+
+
+def _verify_checks(ctx: Path) -> None:
+    """checks/: present when the Dockerfile runs them (their sha256 is checked in the image's checks
+    stage, so a context built without the tool fails the same way)."""
+    text = (ctx / "Dockerfile").read_text(encoding="utf-8")
+    missing = [f"{CHECKS_DIR}/{name}" for name in (CHECKER_FILE, MANIFEST_COPY)
+               if f"{CHECKS_DIR}/{name}" in text and not (ctx / CHECKS_DIR / name).is_file()]
+    if missing:
+        raise BadInput(f"build context {ctx} has no {' or '.join(missing)}, which its Dockerfile's checks run.",
+                       hint="re-run `build-image render`.")
 
 
 def _verify_twins(ctx: Path, lock: LockFile) -> None:
@@ -524,6 +625,7 @@ class RenderInputs:
     lock: LockFile
     lock_text: str | None
     lock_path: Path | None = None
+    base_data: bytes | None = None  # the manifest's bytes (what the context ships)
 
 
 @dataclass(frozen=True)
@@ -572,7 +674,7 @@ def render_inputs(spec, *, lock_file: str | Path | None = None, base: str | None
         lock, text = _read(lock_path)  # BadInput naming the file/line when missing or malformed
     vllm_on_base(resolved, spec.vllm)  # a base with another vllm: exit 2 naming both
     manifest = resolved.manifest
-    return RenderInputs(manifest=manifest, lock=lock, lock_text=text, lock_path=lock_path)
+    return RenderInputs(manifest=manifest, lock=lock, lock_text=text, lock_path=lock_path, base_data=resolved.data)
 
 
 def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, out_dir: Path) -> tuple[list[PatchedFile], list[str]]:
@@ -615,15 +717,22 @@ def render_context(
     revision: str | None = None,
     on_step: Callable[[str], None] | None = None,
     extra: Callable[[Path, list[str]], Iterable[Path]] | None = None,
+    base_data: bytes | None = None,
+    allow_base_drift: bool = False,
+    base_note: str | None = None,
 ) -> RenderResult:
     """Patch on the host, fetch the wheels, write the context atomically.
 
     ``extra(tmp_dir, tags)`` may add files to the context before it is renamed into place
-    (``render --kuberay``: the KubeRay manifests); it returns the paths it wrote."""
+    (``render --kuberay``: the KubeRay manifests); it returns the paths it wrote.
+    ``base_data``: the manifest's bytes as the lock hashed them (shipped in checks/);
+    ``allow_base_drift``: the checks stage warns about base drift instead of failing;
+    ``base_note``: the manifest is the pipeline's snapshot of the base (SBOM, provenance)."""
     step = on_step or (lambda s: None)
     plan = RenderPlan(vllm=vllm, base=base, lock=lock, repo=repo,
                       source_date_epoch=default_source_date_epoch(), revision=revision,
-                      serve_app=serve_app_source().is_file())
+                      serve_app=serve_app_source().is_file(), base_data=base_data,
+                      allow_base_drift=allow_base_drift, base_note=base_note)
     check_consistency(plan)
     tags = image_tags(repo or default_repo(), vllm, lock.lock_hash)
     with tempfile.TemporaryDirectory(prefix="build-image-patched.") as ptmp:

@@ -46,6 +46,7 @@ class SbomInput:
     patch_texts: dict[str, str] = field(default_factory=dict)  # name -> patch file text
     vllm_wheel: tuple[str, str] | None = None                 # (file name, sha256) the series is made for
     source_date_epoch: int = 0
+    base_manifest: str | None = None  # where the manifest came from when the pipeline snapshotted the base
 
 
 def _sha(text: str | bytes) -> str:
@@ -177,7 +178,8 @@ def build_bom(inp: SbomInput):
                       pedigree=Pedigree(ancestors=[_base_image(inp.base)], notes="built FROM the base image (its parent)"),
                       properties=_props([("vllm", inp.vllm), ("lock-hash", inp.lock.lock_hash),
                                          ("overlay", ", ".join(inp.lock.overlay)),
-                                         ("base-manifest-sha256", inp.lock.header.get("base-manifest-sha256"))]))
+                                         ("base-manifest-sha256", inp.lock.header.get("base-manifest-sha256")),
+                                         ("base-manifest", inp.base_manifest)]))
     tool = Component(type=ComponentType.APPLICATION, name="build-image", version=__version__)
     ts = _dt.datetime.fromtimestamp(int(inp.source_date_epoch), tz=_dt.timezone.utc)
     seed = json.dumps([inp.image_name, inp.image_version, inp.lock.lock_hash, inp.base.image_digest,

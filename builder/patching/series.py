@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 from builder.data import path as data_path
 from builder.errors import BadInput, PatchFailed
 from builder.util import atomic_write_bytes, sha256_bytes
+from builder.validate import version_string
 
 HEADER_FIELDS = ("Subject", "Why", "Applies-To", "Upstream-Status", "Risk")
 ORIG_SUMS = "sha256sums.orig"
@@ -120,7 +121,9 @@ def patches_root() -> Path:
 
 
 def series_dir_for(vllm_version: str, package: str = "vllm") -> Path:
-    """``patches/<package>/<version>``; :class:`BadInput` naming the available versions."""
+    """``patches/<package>/<version>``; :class:`BadInput` naming the available versions (or saying that
+    ``vllm_version`` is not a version: a path like ``../x`` never reaches the file system)."""
+    version_string(vllm_version)
     root = patches_root() / package
     d = root / vllm_version
     if (d / SERIES_FILE).is_file():
@@ -136,6 +139,7 @@ def series_dir_for(vllm_version: str, package: str = "vllm") -> Path:
 def require_series(vllm_version: str, package: str = "vllm") -> Path:
     """The shipped series for ``vllm_version``, or :class:`PatchFailed` (exit 6) saying how to port one:
     an image of a release whose patches were never carried over must not be built silently without them."""
+    version_string(vllm_version)  # nothing below turns a word or a path into a suggested command or a path
     try:
         return series_dir_for(vllm_version, package)
     except BadInput:

@@ -18,6 +18,10 @@ Rules (rule ids are stable; ``diff`` and the docs refer to them):
                     files), never names.
 ``glibc``           a wheel's ELF files need a ``GLIBC_x.y`` newer than the base's.
 ``python-abi``      a wheel's Python ABI tag does not match the base interpreter.
+``unversioned-in-base`` the lock pins a distribution the image holds but the manifest cannot
+                    version (a wheel from another index, one built from source in the image:
+                    the manifest's ``lacks.unversioned``): installing it would replace the
+                    image's own build, a conflict with the base whatever the version.
 ``newer-than-base`` (notice) a pure-Python base distribution moves up: allowed but
                     flagged "newer than what vllm X shipped with".
 ``older-than-base`` (notice) a pure-Python base distribution moves down.
@@ -47,11 +51,12 @@ CUDA_VARIANT = "cuda-variant"
 NUMPY_ABI = "numpy-abi"
 GLIBC = "glibc"
 PYTHON_ABI = "python-abi"
+UNVERSIONED_IN_BASE = "unversioned-in-base"
 NEWER_THAN_BASE = "newer-than-base"
 OLDER_THAN_BASE = "older-than-base"
 BINARY_MOVE = "binary-move"
 
-VIOLATION_RULES = (EXACT_COUPLED, CUDA_VARIANT, NUMPY_ABI, GLIBC, PYTHON_ABI)
+VIOLATION_RULES = (EXACT_COUPLED, CUDA_VARIANT, NUMPY_ABI, GLIBC, PYTHON_ABI, UNVERSIONED_IN_BASE)
 NEW_STACK = "new-vllm-stack"
 NOTICE_RULES = (NEWER_THAN_BASE, OLDER_THAN_BASE, BINARY_MOVE, NEW_STACK)
 
@@ -376,6 +381,7 @@ def evaluate(
     findings: list[Finding] = []
     for e in sorted(entries, key=lambda x: x.key):
         b: Distribution | None = base.get(e.name)
+        findings += _unversioned_findings(gate, e, b)
         findings += _stack_findings(gate, e, b)
         findings += _binary_findings(gate, e, b.version if b else None)
         findings += _move_findings(gate, e, b)
@@ -400,6 +406,23 @@ def _gate_of(base: BaseManifest, entries: list[LockEntry], vllm: str | None,
     gate.fresh_stack = (not any(is_exact_coupled(k) for k in base.distributions)
                         and any(e.key == "vllm" for e in entries))
     return gate
+
+
+def _unversioned_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
+    """A distribution the image holds but its manifest cannot version: installing the lock's
+    would replace the image's own build."""
+    unversioned = gate.base.unversioned
+    if b is not None or e.key not in unversioned:
+        return []
+    return [gate.finding(
+        UNVERSIONED_IN_BASE,
+        e,
+        None,
+        f"the lock pins {e.name} {e.version}, but the image already holds its own {e.name}, which the base "
+        "manifest cannot version; installing this one on top would replace the image's build: a conflict "
+        "with the base.",
+        [f"{e.name}: {unversioned[e.key]}"],
+    )]
 
 
 def _stack_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:

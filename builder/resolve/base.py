@@ -49,10 +49,12 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 from packaging.version import Version
 
+from builder import __version__
 from builder import engine as engine_adapter
 from builder.errors import BadInput, EngineUnavailable, ExternalToolError
-from builder.resolve.manifest import BaseManifest, DistFacts, Distribution
-from builder.util import canonical_name
+from builder.resolve.floor import checker, consistency_tool, native_digest
+from builder.resolve.manifest import BaseManifest, DistFacts, Distribution, parse_manifest
+from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes
 
 ELF_MAGIC = b"\x7fELF"
 NUMPY2_MARKER = b"numpy._core._multiarray_umath"
@@ -455,8 +457,15 @@ def scan_site_packages(
             tags = HeaderParser().parsestr(wheel.read_text(encoding="utf-8", errors="replace")).get_all("Tag") or []
         files = _egg_info_paths(di) if egg else _record_paths(di)
         facts = scan_files(files, is_numpy=key == "numpy", wheel_tags=tags or None)
+        if facts.binary and not egg:
+            facts.native_sha256 = _native_digest(di)
         dists[key] = Distribution(name=name, version=version, facts=facts)
     return dists
+
+
+def _native_digest(dist_info: Path) -> str | None:
+    """The digest of a distribution's ELF files the image's checks stage compares (``native_sha256``)."""
+    return native_digest(dist_info)
 
 
 # --------------------------------------------------------------------------- snapshot
@@ -789,6 +798,9 @@ def _repo_of(ref: str) -> str:
     return name
 
 
+repo_of = _repo_of  # the public name: the pipeline matches an image's RepoDigests by repository
+
+
 def snapshot_image(
     ref: str,
     *,
@@ -846,6 +858,7 @@ def snapshot_image(
         provenance_kind="read-from-image",
         provenance_method=method,
         distributions=scan.dists,
+        consistency=image_consistency(ref, scan.dists, scan.interpreter),
     )
 
 
@@ -882,6 +895,7 @@ class _TreeScan:
     """What an image's file tree says: its Python, site-packages and distributions, glibc, OS."""
 
     python: str
+    interpreter: str | None  # the python3 found on the image's PATH, as a path in the image
     dirs: list[str]
     dists: dict[str, Distribution]
     counts: dict[str, int]  # site-packages directory -> dist-info found there
@@ -921,8 +935,8 @@ def _scan_image_tree(ref: str, cid: str, tmp: Path, env: dict[str, str], python:
         counts[d] = len(found)
         for k, v in found.items():
             dists.setdefault(k, v)  # first on sys.path wins, as at import time
-    return _TreeScan(python=python, dirs=dirs, dists=dists, counts=counts, glibc=_image_glibc(tree),
-                     os_name=_read_os_release(tree))
+    return _TreeScan(python=python, interpreter=interpreter, dirs=dirs, dists=dists, counts=counts,
+                     glibc=_image_glibc(tree), os_name=_read_os_release(tree))
 
 
 def _image_cuda(env: dict[str, str], dists: dict[str, Distribution]) -> str | None:
@@ -935,3 +949,45 @@ def _image_cuda(env: dict[str, str], dists: dict[str, Distribution]) -> str | No
             mv = re.match(r"^(\d+)\.(\d+)", dists[key].version)
             return f"{mv.group(1)}.{mv.group(2)}" if mv else None
     return None
+
+
+def image_consistency(ref: str, dists: dict[str, Distribution], interpreter: str | None) -> dict | None:
+    """The base's own dependency problems: ``pip check`` (``uv pip check`` on a base with uv and
+    no pip) run in a throw-away container of the LOCAL image (``--pull=never --network=none``).
+    None when the image has neither tool (the checks stage then refuses the base, naming it)."""
+    tool = consistency_tool(dists)
+    if tool not in dists:
+        return None
+    py = "/" + _norm(interpreter) if interpreter else "python3"
+    argv = ([py, "-m", "uv", "pip", "check", "--python", py] if tool == "uv"
+            else [py, "-m", "pip", "check", "--disable-pip-version-check", "--no-input"])
+    proc = _docker(["run", "--rm", "--pull=never", "--network=none", "--entrypoint", argv[0], ref, *argv[1:]],
+                   check=False)
+    out = proc.stdout + proc.stderr
+    if proc.returncode not in (0, 1) or (proc.returncode == 1 and not checker().problems(proc.stdout)):
+        raise ExternalToolError(f"`{' '.join(argv)}` in the image {ref} failed ({proc.returncode}): "
+                                f"{out.strip()[-600:] or 'no output'}.")
+    return {"tool": tool, "problems": checker().problems(proc.stdout)}
+
+
+# --------------------------------------------------------------------------- snapshots cached by image
+
+
+def _snapshot_cache_path(ref: str, image_id: str) -> Path:
+    key = sha256_bytes(f"{__version__}\n{image_id}\n{ref}".encode())[:32]
+    return cache_dir() / "snapshots" / f"{key}.json"
+
+
+def snapshot_cached(ref: str, *, image_id: str) -> tuple[BaseManifest, bool]:
+    """(manifest, reused) of a LOCAL image: the snapshot made earlier of the same image ID under
+    the same reference (by this tool version), else a new :func:`snapshot_image`, kept for next time."""
+    path = _snapshot_cache_path(ref, image_id)
+    if path.is_file():
+        try:
+            return parse_manifest(path.read_text(encoding="utf-8"), str(path)), True
+        except (BadInput, OSError, UnicodeDecodeError):
+            pass  # a damaged cache entry is made again
+    manifest = snapshot_image(ref)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, manifest.to_json())
+    return manifest, False

@@ -218,6 +218,10 @@ class SimpleIndex:
                     raw = r.read()
                 doc = json.loads(raw)
                 atomic_write_text(cpath, raw.decode("utf-8"))
+            except urllib.error.HTTPError as exc:
+                if exc.code != 404:
+                    raise IntegrityError(f"cannot read the index listing {url}: {exc}.") from None
+                return []  # the index has no such project: it lists no files
             except (OSError, ValueError) as exc:
                 if cpath.exists():  # a stale listing beats none (offline); it only lacks newer uploads
                     doc = json.loads(cpath.read_text())

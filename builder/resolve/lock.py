@@ -61,7 +61,16 @@ from builder.resolve.pylock import WheelCandidate
 from builder.resolve.raychoice import BACKEND_FALLBACK, RayChoice, backend_for, choose, ray_releases
 from builder.resolve.twin import sync_twin, twin_path, write_pylock
 from builder.scratch import die_with_parent
-from builder.util import atomic_write_text, cache_dir, canonical_name, same_version, sha256_bytes
+from builder.util import (
+    atomic_write_text,
+    cache_dir,
+    canonical_name,
+    refuse_foreign,
+    same_version,
+    sha256_bytes,
+    through_link,
+    write_target,
+)
 
 if TYPE_CHECKING:
     from builder.resolve.baseref import ResolvedBase
@@ -342,7 +351,7 @@ def wanted_specifier(derivation: str, name: str, pinned: str) -> str | None:
         if spec == f"=={pinned}":
             continue
         before, after = text[max(0, m.start() - 24):m.start()], text[m.end():m.end() + 24]
-        if re.search(r"(?:depends on|requires?|require)\s+$", before):
+        if re.search(r"(?:depends? on|requires?|require)\s+$", before):
             return spec
         sub = re.fullmatch(r"(>=|>|<=|<)([^,<>=!~]+)", spec)
         if complement is None and sub and re.match(r"\s+(?:depends on|depend on|are incompatible|is incompatible)",
@@ -471,7 +480,7 @@ class Uv:
     def compile_cmd(self, sources: list[Path], out: Path, *, python_version: str, platform: str,
                     fmt: str = "requirements.txt", hashes: bool = False, find_links: Iterable[str] = (),
                     no_index: bool = False, exclude_newer: str | None = None, offline: bool = False,
-                    constraints: Iterable[Path] = ()) -> list[str]:
+                    constraints: Iterable[Path] = (), overrides: Iterable[Path] = ()) -> list[str]:
         cmd = [self.binary, "pip", "compile", *map(str, sources), "-o", str(out), "--format", fmt,
                "--python-version", python_version, "--python-platform", platform, "--no-build",
                "--no-header", "--quiet", "--color", "never",
@@ -490,6 +499,8 @@ class Uv:
             cmd.append("--offline")
         for c in constraints:
             cmd += ["-c", str(c)]
+        for o in overrides:
+            cmd += ["--override", str(o)]
         return cmd
 
     # uv settings from the environment that change *what* resolves: they are not inputs of the lock
@@ -558,6 +569,23 @@ class Uv:
         if no_index:
             cmd.append("--no-index")
         cmd += list(requirements)
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, env=self.env())
+        except OSError as exc:
+            raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
+        return cmd, r
+
+
+    def pip_target(self, sub: str, target: Path, args: list[str], *, python_version: str | None = None,
+                   platform: str | None = None) -> tuple[list[str], subprocess.CompletedProcess]:
+        """``uv pip install|uninstall --target DIR ARGS`` for a described interpreter (never run): the
+        replay of one install step of an image into one tree, each step seeing what earlier ones
+        installed, as ``uv pip install --system`` does in the image."""
+        cmd = [self.binary, "pip", sub, "--target", str(target), "--color", "never", "--python", sys.executable]
+        if sub == "install":
+            cmd += ["--python-version", python_version or "", "--python-platform", platform or "", "--no-build",
+                    "--link-mode", "hardlink"]
+        cmd += list(args)
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, env=self.env())
         except OSError as exc:
@@ -769,13 +797,21 @@ class _UvRun:
 
     @property
     def sources(self) -> list[Path]:
-        return [self.tmp / "overlay.in", self.tmp / "base.in"]
+        # The base's pins constrain what the overlay pulls in (installed distributions never move unless
+        # --with releases them), as `uv pip install` into the image keeps them; a base pin the overlay does
+        # not reach is not re-resolved: the published images are not pip-consistent as a whole (a step
+        # installed with --no-deps, or a later step moving a pin an earlier package needed).
+        return [self.tmp / "overlay.in"]
 
     @property
     def common(self) -> dict:
         base, req = self.req.base, self.req
-        return dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
-                    no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=self.tmp)
+        common = dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
+                      no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=self.tmp,
+                      constraints=[self.tmp / "base.in"])
+        if base.uv_overrides:  # the image's UV_OVERRIDE applies to any `uv pip install` in it: the overlay's too
+            common["overrides"] = [self.tmp / "base-overrides.txt"]
+        return common
 
     @property
     def pylock_args(self) -> dict:
@@ -785,6 +821,8 @@ class _UvRun:
         tmp = self.tmp
         (tmp / "overlay.in").write_text("\n".join(self.resolving) + "\n")
         (tmp / "base.in").write_text("\n".join(base_requirements(self.req.base, overlay_reqs)) + "\n")
+        if self.req.base.uv_overrides:
+            (tmp / "base-overrides.txt").write_text("\n".join(self.req.base.uv_overrides) + "\n")
         if prefer:  # uv reads an existing output file as preferences
             (tmp / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(prefer.items())))
 
@@ -800,7 +838,7 @@ class _UvRun:
         if r1.returncode != 0:
             if _is_resolution_failure(r1.stderr):
                 self.unsatisfiable(r1.stderr, say)
-            raise ExternalToolError(f"uv pip compile failed (exit {r1.returncode}):\n{trim_derivation(r1.stderr)}")
+            raise uv_failure(r1.stderr, f"uv pip compile (exit {r1.returncode})")
         return parse_uv_requirements((self.tmp / "requirements.txt").read_text()), r2
 
     def unsatisfiable(self, stderr: str, say: Progress) -> None:
@@ -819,11 +857,12 @@ class _UvRun:
         (tmp / "try-overlay.in").write_text("\n".join(resolving + extra) + "\n")
         (tmp / "try-base.in").write_text(
             "\n".join(base_requirements(self.req.base, parse_overlay(resolving + extra))) + "\n")
-        r = self.uv.compile([tmp / "try-overlay.in", tmp / "try-base.in"], tmp / "try.txt", **self.common)
+        r = self.uv.compile([tmp / "try-overlay.in"], tmp / "try.txt",
+                            **{**self.common, "constraints": [tmp / "try-base.in"]})
         if r.returncode == 0:
             return True, "", parse_uv_requirements((tmp / "try.txt").read_text())
         if not _is_resolution_failure(r.stderr):
-            raise ExternalToolError(f"uv pip compile failed (exit {r.returncode}):\n{trim_derivation(r.stderr)}")
+            raise uv_failure(r.stderr, f"uv pip compile (exit {r.returncode})")
         return False, r.stderr, {}
 
     def wheels(self, resolved: dict, r2: subprocess.CompletedProcess, say: Progress) -> dict:
@@ -836,12 +875,12 @@ class _UvRun:
         # again, constrained to exactly the resolution just made (so both runs agree)
         say("collecting wheel URLs and hashes for the base's platform (uv, from cache)")
         (tmp / "pylock.toml").unlink(missing_ok=True)
-        pinned = {**self.pylock_args, "constraints": [tmp / "requirements.txt"]}
+        pinned = {**self.pylock_args, "constraints": [tmp / "base.in", tmp / "requirements.txt"]}
         r2 = self.uv.compile(self.sources, tmp / "pylock.toml", **pinned)
         if r2.returncode != 0:  # cache incomplete: same resolution online
             r2 = self.uv.compile(self.sources, tmp / "pylock.toml", **{**pinned, "offline": False})
         if r2.returncode != 0:
-            raise ExternalToolError(f"uv pip compile --format pylock.toml failed:\n{trim_derivation(r2.stderr)}")
+            raise uv_failure(r2.stderr, "uv pip compile --format pylock.toml")
         wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp)
         if not _agrees(resolved, wheels):
             raise ExternalToolError("uv's two runs on the same inputs resolved different versions; retry the lock.")
@@ -975,6 +1014,46 @@ class LockOutcome:
     unused_allow: list[str] = field(default_factory=list)
 
 
+def check_wheel_sources(find_links: Iterable[str], no_index: bool) -> None:
+    """Before uv runs: every local ``--find-links`` folder exists (a missing one is bad input naming it, not
+    a uv failure), and ``--no-index`` has at least one ``--find-links`` (else nothing could be found, and the
+    resolver would blame a base pin)."""
+    find_links = list(find_links)
+    for f in find_links:
+        if "://" in f:
+            continue
+        p = Path(f)
+        if not p.exists():
+            raise BadInput(f"--find-links {f}: no such folder (or file).",
+                           hint="name a folder of wheels (or a flat HTML index), or drop the flag.")
+    if no_index and not find_links:
+        raise BadInput("--no-index without --find-links: with the package index off and no wheel folder given, "
+                       "uv has nowhere to find any package.",
+                       hint="add --find-links DIR (a folder of wheels), or drop --no-index.")
+
+
+_UV_UNREACHABLE = re.compile(r"Failed to read `--find-links` URL: (\S+)|Failed to fetch: (\S+)|"
+                             r"error sending request for url \((\S+)\)|dns error|tcp connect error|"
+                             r"Connection refused|operation timed out|Network is unreachable")
+_UV_MISSING_INPUT = re.compile(r"Failed to read `--find-links` (?:directory|file): (.+)")
+
+
+def uv_failure(stderr: str, what: str = "uv pip compile"):
+    """Pure: the typed error of a failed uv run, by cause — a missing ``--find-links`` path is BadInput (2), an
+    unreachable wheel source IntegrityError (7, as an unreachable index), anything else ExternalToolError (12)."""
+    text = trim_derivation(stderr)
+    m = _UV_MISSING_INPUT.search(stderr)
+    if m:
+        return BadInput(f"--find-links {m.group(1).strip()}: uv cannot read it ({text.splitlines()[-1].strip()}).")
+    m = _UV_UNREACHABLE.search(stderr)
+    if m:
+        url = next((g for g in m.groups() if g), None) if m.groups() else None
+        where = f" {url.rstrip(')')}" if url else ""
+        return IntegrityError(f"a wheel source{where} is not reachable ({what}):\n{text}",
+                              hint="check the --find-links / index URL and the network, then run again.")
+    return ExternalToolError(f"{what} failed:\n{text}")
+
+
 def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_overlay: bool, vllm_given: bool = True,
                 allow: Mapping[str, str] | None = None, find_links: Iterable[str] = (), no_index: bool = False,
                 exclude_newer: str | None = None, where: str = "--with") -> LockRequest:
@@ -983,6 +1062,7 @@ def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_
     The overlay is the default (``ray[serve]``, its version chosen per release) plus ``with_``; on a base
     without vllm, ``--vllm X`` (``vllm_given``: a flag or the spec named it) adds ``vllm==X`` (the resolver and the gate then judge it like any overlay
     requirement); a base shipping another vllm is exit 2 (:func:`builder.resolve.baseref.vllm_on_base`)."""
+    check_wheel_sources(find_links, no_index)
     with_ = list(with_)
     overlay = ([DEFAULT_RAY] if default_overlay else []) + [w for w in with_ if not (default_overlay and w == DEFAULT_RAY)]
     reqs = parse_overlay(overlay, where=where)
@@ -999,6 +1079,15 @@ def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_
         find_links=[f if "://" in f else str(Path(f).resolve()) for f in find_links], no_index=no_index,
         exclude_newer=exclude_newer, default_ray=default_overlay and not names_ray,
     )
+
+
+def refuse_foreign_outputs(lock_path: Path, force: bool) -> None:
+    """The output rule for ``lock``: an existing ``-o`` file or pylock twin that build-image did not write
+    (a README, a hand-made file: no "# Generated by build-image" first line) is not replaced without
+    ``--force``; a device node or FIFO never is (:func:`builder.util.write_target`)."""
+    for p in (lock_path, twin_path(lock_path)):
+        write_target(p)
+        refuse_foreign(p, "lock", force=force)
 
 
 def _other_base(lock_path: Path, req: LockRequest) -> str | None:
@@ -1023,9 +1112,11 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     """
     uv = uv or Uv()
     say = progress or (lambda _m: None)
-    lock_path = Path(lock_path)
+    lock_path = through_link(lock_path)  # a symlinked -o: the lock it points to (and its twin beside it) is written
     if lock_path.is_dir():
         raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
+    if not check:
+        refuse_foreign_outputs(lock_path, force)
     if check or (not upgrade and lock_path.exists()):
         kept = _kept_if_fresh(req, lock_path, check, uv, say)
         if kept is not None:

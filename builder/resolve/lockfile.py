@@ -55,6 +55,7 @@ from builder.errors import BadInput
 from builder.resolve import pylock
 from builder.resolve.manifest import DistFacts
 from builder.util import atomic_write_text, canonical_name, sha256_bytes
+from builder.validate import read_bounded_text
 
 LOCK_FORMAT = "1"
 REQUIRED_HEADER = (
@@ -497,13 +498,9 @@ def _check_entry(e: LockEntry, has_facts: bool, path: str, end: int) -> None:
 
 def load_lock(path: str | Path) -> LockFile:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"lock {p} does not exist.", hint="create it with `build-image lock`.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"lock {p} cannot be read: {exc}.") from None
-    return parse_lock(text, str(p))
+    if not p.exists() and not p.is_symlink():
+        raise BadInput(f"lock {p} does not exist.", hint="create it with `build-image lock`.")
+    return parse_lock(read_bounded_text(p, "lock"), str(p))
 
 
 # =========================================================================== the same lock as PEP 751
@@ -582,6 +579,7 @@ def parse_pylock_lock(text: str, path: str = pylock.PYLOCK_NAME) -> LockFile:
     missing = [k for k in REQUIRED_HEADER if k not in header]
     if missing:
         raise BadInput(f"{path}: [tool.build-image.header] lacks {', '.join(missing)}; the file is hand-edited.")
+    pylock.refuse_duplicates(doc.packages, path)
     entries = []
     for i, pkg in enumerate(doc.packages):
         where = f"{path}, packages[{i}] ({pkg.name})"

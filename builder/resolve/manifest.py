@@ -12,15 +12,30 @@ File format (JSON, ``schema = "build-image/base-manifest/v1"``)::
       "cuda": "13.0" | null,
       "platform": "x86_64-manylinux_2_35",          # uv --python-platform
       "provenance": {"kind": "read-from-image" | "reconstructed",
-                     "method": "free text: exactly how it was produced"},
+                     "method": "free text: exactly how it was produced",
+                     "recipe": {"sdist": {"filename", "sha256"}, "exclude_newer", "steps": [...]}},  # reconstructed
+      "lacks": {"off_index": [...], "source_builds": [...], "other_indexes": [...], "os_packages": [...],
+                "unversioned": {"name": "why the manifest cannot version it"}},          # optional
+      "uv_overrides": ["nvidia-nccl-cu13==2.30.7"],  # optional: the image's ENV UV_OVERRIDE pins
       "distributions": {                           # keyed by canonical name
         "numpy": {"name": "numpy", "version": "1.26.4",
                   "binary": true, "extensions": 12,
                   "numpy_abi": {"1": 0, "2": 0},   # extensions referencing each C-API generation
                   "glibc": "2.17" | null,          # highest GLIBC_x.y needed by its ELF files
-                  "python_abi": "cp312" | "abi3" | "none"}
-      }
+                  "python_abi": "cp312" | "abi3" | "none",
+                  "native_sha256": "..."}          # optional: digest of its ELF files (below)
+      },
+      "consistency": {"tool": "pip" | "uv",        # optional: the base's own `pip check` problems
+                      "problems": ["..."]}
     }
+
+``native_sha256`` (optional, distributions with native code): sha256 over the lines
+``relpath<TAB>sha256`` of the ELF files its RECORD lists (``templates/checks/base_check.py``
+computes it, on the host for the manifest and in the image's checks stage).
+``consistency`` (optional): what ``pip check`` (``uv pip check`` on a base whose
+manifest lists uv but not pip) reports on the base itself, recorded when the manifest
+is made; the image build allows exactly these.  Manifests without either field stay
+readable: the build compares what the manifest has.
 
 This module is pure data: load/validate/save, and the base's PEP 508 marker environment
 (:func:`target_environment`).  The binary scan lives in ``builder.resolve.base``.
@@ -35,7 +50,8 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BadInput
-from builder.util import atomic_write_text, canonical_name
+from builder.util import atomic_write_text, canonical_name, refuse_foreign, write_target
+from builder.validate import load_json, read_bounded_text
 
 SCHEMA = "build-image/base-manifest/v1"
 PROVENANCE_KINDS = ("read-from-image", "reconstructed")
@@ -50,6 +66,7 @@ class DistFacts:
     numpy_abi: dict[str, int] = field(default_factory=lambda: {"1": 0, "2": 0})
     glibc: str | None = None
     python_abi: str = "none"
+    native_sha256: str | None = None  # digest of its ELF files (optional; see the module doc)
 
     @property
     def numpy_generations(self) -> set[str]:
@@ -81,6 +98,19 @@ class BaseManifest:
     provenance_kind: str
     provenance_method: str
     distributions: dict[str, Distribution]
+    consistency: dict | None = None  # {"tool": "pip"|"uv", "problems": [...]}, when recorded
+    # reconstructed from a recipe: the sdist and the replayed steps ({"sdist": {...}, "exclude_newer": ..., "steps": [...]})
+    provenance_recipe: dict | None = None
+    # what the manifest knowingly lacks: off_index, source_builds, other_indexes, os_packages (lists of text) and
+    # unversioned ({name: reason}: distributions the image holds whose version the manifest cannot give)
+    lacks: dict | None = None
+    # pins the image's environment applies to every `uv pip install` in it (ENV UV_OVERRIDE's file)
+    uv_overrides: list[str] | None = None
+
+    @property
+    def unversioned(self) -> dict[str, str]:
+        """Canonical name → reason, for what the image holds but the manifest cannot version."""
+        return {canonical_name(k): v for k, v in ((self.lacks or {}).get("unversioned") or {}).items()}
 
     def get(self, name: str) -> Distribution | None:
         return self.distributions.get(canonical_name(name))
@@ -105,16 +135,50 @@ class BaseManifest:
             },
             "cuda": self.cuda,
             "platform": self.platform,
-            "provenance": {"kind": self.provenance_kind, "method": self.provenance_method},
+            "provenance": {"kind": self.provenance_kind, "method": self.provenance_method,
+                           **({"recipe": self.provenance_recipe} if self.provenance_recipe else {})},
+            **({"lacks": self.lacks} if self.lacks else {}),
+            **({"uv_overrides": self.uv_overrides} if self.uv_overrides else {}),
             "distributions": {
-                key: {"name": d.name, "version": d.version, **asdict(d.facts)}
+                key: {"name": d.name, "version": d.version, **_facts_doc(d.facts)}
                 for key, d in sorted(self.distributions.items())
             },
         }
+        if self.consistency is not None:
+            doc["consistency"] = {"tool": self.consistency["tool"], "problems": list(self.consistency["problems"])}
         return json.dumps(doc, indent=2, sort_keys=False) + "\n"
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, self.to_json())
+
+
+def _facts_doc(facts: DistFacts) -> dict:
+    """The facts as the file holds them: an optional field that is None is left out (old files stay byte-identical)."""
+    doc = asdict(facts)
+    if doc.get("native_sha256") is None:
+        doc.pop("native_sha256", None)
+    return doc
+
+
+def _consistency(doc: dict, path: str) -> dict | None:
+    rec = _opt(doc, "consistency", dict, "", path)
+    if rec is None:
+        return None
+    tool = _req(rec, "tool", str, "consistency.", path)
+    if tool not in ("pip", "uv"):
+        raise BadInput(f"base manifest {path}: 'consistency.tool' must be 'pip' or 'uv', got {tool!r:.60}.")
+    probs = _req(rec, "problems", list, "consistency.", path)
+    if not all(isinstance(p, str) for p in probs):
+        raise BadInput(f"base manifest {path}: 'consistency.problems' must be a list of strings.")
+    return {"tool": tool, "problems": list(probs)}
+
+
+def refuse_foreign_manifest(path: str | Path, *, force: bool = False) -> None:
+    """The output rule for a manifest ``-o``: an existing file that is not a base manifest build-image wrote
+    (its second line is not the schema line :meth:`BaseManifest.to_json` writes) is not replaced without
+    ``--force``; a device node or FIFO never is."""
+    write_target(path)
+    refuse_foreign(path, "base manifest", force=force, marks=(f'  "schema": "{SCHEMA}"',))
 
 
 def target_environment(python_version: str, platform: str) -> dict[str, str]:
@@ -164,7 +228,7 @@ def _opt(doc: dict, key: str, typ: type, where: str, path: str) -> Any:
 
 def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
     try:
-        doc = json.loads(text)
+        doc = load_json(text, f"base manifest {path}")
     except json.JSONDecodeError as exc:
         raise BadInput(
             f"base manifest {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).",
@@ -203,7 +267,11 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
             numpy_abi={"1": numpy_abi.get("1", 0), "2": numpy_abi.get("2", 0)},
             glibc=_opt(d, "glibc", str, where, path),
             python_abi=_opt(d, "python_abi", str, where, path) or "none",
+            native_sha256=_opt(d, "native_sha256", str, where, path),
         )
+        if facts.native_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", facts.native_sha256):
+            raise BadInput(f"base manifest {path}: field '{where}native_sha256' must be 64 lowercase hex digits, "
+                           f"got {facts.native_sha256!r:.60}.")
         dists[canonical_name(name)] = Distribution(name=name, version=version, facts=facts)
     for field_, val, pat, example in (
         ("glibc", _req(doc, "glibc", str, "", path), r"\d+\.\d+", "2.35"),
@@ -226,15 +294,35 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
         provenance_kind=kind,
         provenance_method=_req(prov, "method", str, "provenance.", path),
         distributions=dists,
+        provenance_recipe=_opt(prov, "recipe", dict, "provenance.", path),
+        lacks=_lacks(doc, path),
+        uv_overrides=_overrides(doc, path),
+        consistency=_consistency(doc, path),
     )
+
+
+def _overrides(doc: dict, path: str) -> list[str] | None:
+    val = _opt(doc, "uv_overrides", list, "", path)
+    if val is not None and not all(isinstance(x, str) for x in val):
+        raise BadInput(f"base manifest {path}: 'uv_overrides' must be a list of requirement strings.")
+    return val
+
+
+def _lacks(doc: dict, path: str) -> dict | None:
+    lacks = _opt(doc, "lacks", dict, "", path)
+    if lacks is None:
+        return None
+    for k, v in lacks.items():
+        if k == "unversioned":
+            if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
+                raise BadInput(f"base manifest {path}: 'lacks.unversioned' must map names to reasons.")
+        elif not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise BadInput(f"base manifest {path}: 'lacks.{k}' must be a list of strings.")
+    return lacks
 
 
 def load_manifest(path: str | Path) -> BaseManifest:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"base manifest {p} does not exist.", hint="pass --base with a manifest file or an image ref.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"base manifest {p} cannot be read: {exc}.") from None
-    return parse_manifest(text, str(p))
+    if not p.exists() and not p.is_symlink():
+        raise BadInput(f"base manifest {p} does not exist.", hint="pass --base with a manifest file or an image ref.")
+    return parse_manifest(read_bounded_text(p, "base manifest"), str(p))

@@ -31,6 +31,7 @@ from packaging.version import Version
 
 from builder.errors import BadInput
 from builder.util import canonical_name
+from builder.validate import load_toml
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -66,7 +67,7 @@ def is_pylock_path(path: str | Path) -> bool:
 def read(text: str, where: str = PYLOCK_NAME) -> Pylock:
     """A validated :class:`Pylock`; an unreadable or invalid file is :class:`BadInput` naming it."""
     try:
-        doc = tomllib.loads(text)
+        doc = load_toml(text, where)
     except tomllib.TOMLDecodeError as exc:
         raise BadInput(f"{where} is not valid TOML ({exc}).") from None
     try:
@@ -75,6 +76,18 @@ def read(text: str, where: str = PYLOCK_NAME) -> Pylock:
         raise BadInput(f"{where}: {exc}; this tool reads pylock lock-version 1.x.") from None
     except PylockValidationError as exc:
         raise BadInput(f"{where} is not a valid PEP 751 lock: {exc}.") from None
+
+
+def refuse_duplicates(packages: Sequence[Package], path: str) -> None:
+    """A build-image pylock lists each package once (as requirements.lock does): a second
+    ``[[packages]]`` of the same (canonical) name is BadInput naming both positions."""
+    seen: dict[str, int] = {}
+    for i, pkg in enumerate(packages):
+        key = canonical_name(str(pkg.name))
+        if key in seen:
+            raise BadInput(f"{path}: duplicate package '{pkg.name}' (packages[{i}], first at packages[{seen[key]}]); "
+                           "the file is hand-edited.", hint="regenerate it with `build-image lock`.")
+        seen[key] = i
 
 
 def wheel_url(w: PackageWheel, base_dir: Path | None) -> str | None:

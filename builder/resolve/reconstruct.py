@@ -1,132 +1,63 @@
-"""Reconstruct a base manifest for a vLLM release from its recipe (when the image cannot be pulled).
+"""Reconstruct a release's base manifest by replaying its image's install steps (when the image cannot be pulled).
 
-The official ``vllm/vllm-openai:vX`` image's Python layer is the vllm wheel's
-closure plus the extras its ``docker/Dockerfile`` installs, on a CUDA base
-image with a known OS, glibc and Python.  :func:`reconstruct` rebuilds that
-layer on this machine and scans it like ``base snapshot --site-packages``:
+The recipe (:mod:`builder.resolve.recipe`) is derived from the release's own build files in its
+sdist; ``lockfiles/base/recipes.toml`` is that derivation's generated record.  :func:`reconstruct`:
 
-1. the recipe (``lockfiles/base/recipes.toml``, :func:`load_recipes`) gives the
-   base image, OS, glibc, Python, install location and extras of release X;
-2. the exclude-newer instant is the upload time of the vllm X wheel for the
-   platform **as the index reports it** (:func:`release_instant`), rounded up to
-   the next second — the versions the image's build saw on its day;
-3. ``uv pip install --target DIR`` for the described interpreter (never run), then
-4. the binary scan of DIR (:func:`builder.resolve.base.snapshot_site_packages`), with a
-   provenance text that says exactly how, and what is knowingly different from the
-   real image.
+1. derives the recipe from the cached, sha256-verified sdist and requires it to equal the
+   release's table in recipes.toml (a stale table is :class:`BadInput`: regenerate it);
+2. takes the exclude-newer instant from the index: the upload time of the vllm X wheel for the
+   recipe's platform, rounded up to the next second (:func:`release_instant`);
+3. replays the recipe's steps in order into one ``--target`` tree (:func:`plan_step` decides each
+   step's arguments from what the earlier steps installed; ``uv pip install --target`` keeps what
+   satisfies a step and moves what does not, as ``uv pip install --system`` does in the image);
+   steps that take wheels from another index or build from source are skipped and listed;
+4. scans the tree (:func:`builder.resolve.base.snapshot_site_packages`) and returns the manifest with
+   its provenance: the sdist, every step with what it moved, and what the manifest knowingly lacks.
 
-Pure parts: :func:`parse_recipes`, :func:`recipe_for`, :func:`provenance_text`.
+Pure parts: :func:`plan_step`, :func:`installed_in`, :func:`sanitized_requirements`,
+:func:`provenance_text`, :func:`moved`.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
-import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from email.parser import HeaderParser
 from pathlib import Path
-from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import BadInput, ExternalToolError, Unsatisfiable
 from builder.resolve import index as ix
+from builder.resolve import sdist
 from builder.resolve.base import snapshot_site_packages
 from builder.resolve.index import format_time
 from builder.resolve.lock import Uv, _is_resolution_failure, target_tags, trim_derivation
-from builder.resolve.manifest import BaseManifest
+from builder.resolve.manifest import BaseManifest, target_environment
+from builder.resolve.recipe import (
+    _INSTALLED_RE,
+    Recipe,
+    Step,
+    derive,
+    parse_recipes,
+    recipe_table,
+)
 from builder.spec import lockfiles_dir
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-RECIPES_SCHEMA = "build-image/base-recipes/v1"
-_KEYS = {"image": str, "python": str, "site_packages": str, "arch": str, "cuda": str, "final_base_image": str,
-         "os": str, "glibc": str, "extras": list, "not_on_index": list, "source": str}
-
-
-@dataclass(frozen=True)
-class Recipe:
-    vllm: str
-    image: str
-    python: str
-    site_packages: str
-    arch: str
-    cuda: str
-    final_base_image: str
-    os: str
-    glibc: str
-    extras: tuple[str, ...]
-    not_on_index: tuple[str, ...]
-    source: str
-
-    @property
-    def platform(self) -> str:
-        return f"{self.arch}-manylinux_{self.glibc.replace('.', '_')}"
-
-    @property
-    def requirements(self) -> list[str]:
-        return [f"vllm=={self.vllm}", *self.extras]
+from builder.util import canonical_name
 
 
 def default_recipes_path() -> Path:
     return lockfiles_dir() / "base" / "recipes.toml"
 
 
-def parse_recipes(text: str, path: str = "recipes.toml") -> dict[str, Recipe]:
-    """Every release's recipe (defaults applied); a bad file is :class:`BadInput` naming the key (pure)."""
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise BadInput(f"recipes {path} is not valid TOML: {exc}.") from None
-    if doc.get("schema") != RECIPES_SCHEMA:
-        raise BadInput(f"recipes {path}: 'schema' must be {RECIPES_SCHEMA!r}, got {doc.get('schema')!r}.")
-    unknown = set(doc) - {"schema", "defaults", "release"}
-    if unknown:
-        raise BadInput(f"recipes {path}: unknown top-level key(s) {', '.join(sorted(unknown))} "
-                       "(known: schema, defaults, release).")
-    defaults = doc.get("defaults", {})
-    _check_table(defaults, path, "defaults")
-    out: dict[str, Recipe] = {}
-    for vllm, table in (doc.get("release") or {}).items():
-        where = f'release."{vllm}"'
-        try:
-            Version(vllm)
-        except InvalidVersion:
-            raise BadInput(f"recipes {path}: [{where}] is not a version.") from None
-        _check_table(table, path, where)
-        merged: dict[str, Any] = {**defaults, **table}
-        missing = sorted(k for k in _KEYS if k not in merged)
-        if missing:
-            raise BadInput(f"recipes {path}: [{where}] lacks {', '.join(missing)} (and [defaults] does not set it).")
-        out[vllm] = Recipe(vllm=vllm, image=merged["image"].format(vllm=vllm), python=merged["python"],
-                           site_packages=merged["site_packages"], arch=merged["arch"], cuda=merged["cuda"],
-                           final_base_image=merged["final_base_image"], os=merged["os"], glibc=merged["glibc"],
-                           extras=tuple(merged["extras"]), not_on_index=tuple(merged["not_on_index"]),
-                           source=" ".join(merged["source"].split()))
-    return out
-
-
-def _check_table(table: dict, path: str, where: str) -> None:
-    import re
-
-    for k, v in table.items():
-        if k not in _KEYS:
-            raise BadInput(f"recipes {path}: [{where}] unknown key '{k}' (known: {', '.join(sorted(_KEYS))}).")
-        if not isinstance(v, _KEYS[k]) or (isinstance(v, list) and not all(isinstance(x, str) for x in v)):
-            raise BadInput(f"recipes {path}: [{where}] '{k}' must be a "
-                           f"{'list of strings' if _KEYS[k] is list else 'string'}, got {v!r:.60}.")
-        if k in ("python", "glibc", "cuda") and not re.fullmatch(r"\d+\.\d+", v):
-            raise BadInput(f"recipes {path}: [{where}] '{k}' must look like X.Y, got {v!r}.")
-
-
-def load_recipes(path: Path | None = None) -> dict[str, Recipe]:
+def load_recipes(path: Path | None = None) -> dict[str, dict]:
     p = Path(path) if path else default_recipes_path()
     try:
         text = p.read_text(encoding="utf-8")
@@ -135,56 +66,264 @@ def load_recipes(path: Path | None = None) -> dict[str, Recipe]:
     return parse_recipes(text, str(p))
 
 
-def recipe_for(recipes: dict[str, Recipe], vllm: str, path: str = "lockfiles/base/recipes.toml") -> Recipe:
-    if vllm not in recipes:
-        known = ", ".join(sorted(recipes, key=Version)) or "none"
+def recipe_table_for(tables: Mapping[str, dict], vllm: str, path: str = "lockfiles/base/recipes.toml") -> dict:
+    if vllm not in tables:
+        known = ", ".join(sorted(tables, key=Version)) or "none"
         raise BadInput(f"no recipe for vllm {vllm} in {path} (known: {known}).",
-                       hint=f'add a [release."{vllm}"] table (see the file\'s header), then run '
-                            f"`build-image base reconstruct --vllm {vllm}`.")
-    return recipes[vllm]
+                       hint=f"derive it from the release's sdist: `build-image base recipe --vllm {vllm} --write`.")
+    return tables[vllm]
 
 
-def release_instant(index, recipe: Recipe) -> tuple[datetime, str]:
+def derived_recipe(vllm: str, *, recipes: Path | None = None, index=None, check: bool = True,
+                   recorded_only: bool = True) -> tuple[Recipe, object]:
+    """(the recipe derived from the release's sdist, its build files); with ``check`` the release's table
+    in recipes.toml must equal the derivation (``recorded_only=False``: a release without a table is
+    derived from its sdist alone, as ``upgrade`` does for a release newer than the file)."""
+    path = recipes or default_recipes_path()
+    sha = None
+    table = None
+    if check:
+        tables = load_recipes(path)
+        if recorded_only or vllm in tables:
+            table = recipe_table_for(tables, vllm, str(path))
+            sha = table.get("sdist_sha256")
+    files = sdist.load(vllm, sha256=sha, index=index)
+    recipe = derive(files)
+    if table is not None and recipe_table(recipe) != table:
+        raise BadInput(f"{path}: the table of vllm {vllm} differs from what its sdist {recipe.sdist.filename} says.",
+                       hint=f"the file is generated: `build-image base recipe --vllm {vllm} --write`.")
+    return recipe, files
+
+
+def release_instant(index, vllm: str, python: str, platform: str) -> tuple[datetime, str]:
     """(the vllm wheel's upload time, the exclude-newer instant: the next whole second after it)."""
-    tags = set(target_tags(recipe.python, "cp" + recipe.python.replace(".", ""), recipe.platform))
-    want = Version(recipe.vllm)
+    tags = set(target_tags(python, "cp" + python.replace(".", ""), platform))
+    want = Version(vllm)
     files = [f for f in index.files("vllm") if f.version == want and f.filename.endswith(".whl")
              and not tags.isdisjoint(f.tags)]
     if not files:
-        raise Unsatisfiable(f"the index has no vllm {recipe.vllm} wheel for {recipe.platform} (Python {recipe.python}).")
+        raise Unsatisfiable(f"the index has no vllm {vllm} wheel for {platform} (Python {python}).")
     times = [f.upload_time for f in files if f.upload_time is not None]
     if not times:
-        raise BadInput(f"the index reports no upload time for the vllm {recipe.vllm} wheel "
+        raise BadInput(f"the index reports no upload time for the vllm {vllm} wheel "
                        f"({files[0].filename}); the exclude-newer instant cannot be derived.")
     t = max(times)
     after = t.replace(microsecond=0) + timedelta(seconds=1)  # uv excludes a file uploaded at the instant itself
     return t, format_time(after)
 
 
-def provenance_text(recipe: Recipe, *, command: str, uv_version: str, uploaded: datetime, instant: str,
-                    cuda_found: str | None, day: str) -> str:
+# --------------------------------------------------------------------------- pure planning
+_INDEX_OPTION = re.compile(r"^\s*(--extra-index-url|--index-url|-i|--find-links|-f|--trusted-host)\b")
+_INSTALLED_MARK = _INSTALLED_RE
+
+
+def sanitized_requirements(text: str) -> str:
+    """A requirements file without its index options (the replay resolves from the one index) (pure)."""
+    return "".join(("# (index option kept in the recipe) " + ln) if _INDEX_OPTION.match(ln) else ln
+                   for ln in text.splitlines(keepends=True))
+
+
+def pinned_in_index_files(files: Mapping[str, str], paths: tuple[str, ...]) -> list[tuple[str, str, str, str]]:
+    """``==`` pins of the requirement files (and their includes) that carry an index option of their own:
+    (canonical name, version, "file:line", the file's index) (pure).  Such a pin may exist only on that index."""
+    import posixpath
+
+    out: list[tuple[str, str, str, str]] = []
+    seen: set[str] = set()
+
+    def walk(p: str) -> None:
+        if p in seen or p not in files:
+            return
+        seen.add(p)
+        lines = files[p].splitlines()
+        index_opt = re.compile(r"^\s*(--extra-index-url|--index-url|-i)[\s=]+(\S+)")
+        idx = next((m.group(2) for ln in lines for m in [index_opt.match(ln)] if m), None)
+        for i, ln in enumerate(lines, 1):
+            body = re.split(r"\s+#|^#", ln, maxsplit=1)[0].strip()
+            m = re.match(r"^(-r|--requirement)[\s=]+(\S+)", body)
+            if m:
+                walk(posixpath.normpath(posixpath.join(posixpath.dirname(p), m.group(2))))
+                continue
+            m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;,]+)\s*(;.*)?$", body)
+            if m and idx:
+                out.append((canonical_name(m.group(1)), m.group(3), f"{p}:{i}", idx))
+
+    for path in paths:
+        walk(path)
+    return out
+
+
+def drop_lines(text: str, lines: set[int], why: str) -> str:
+    """``text`` with the given 1-based lines commented out (pure)."""
+    return "".join((f"# ({why}) " + ln) if i in lines else ln for i, ln in enumerate(text.splitlines(keepends=True), 1))
+
+
+def installed_in(target: Path) -> dict[str, str]:
+    """Canonical name → version of the distributions in a tree (its ``*.dist-info`` folders)."""
+    out: dict[str, str] = {}
+    if target.is_dir():
+        for d in target.glob("*.dist-info"):
+            m = re.match(r"^(.+)-([^-]+)\.dist-info$", d.name)
+            if m:
+                out[canonical_name(m.group(1))] = m.group(2)
+    return out
+
+
+def unmet_requirements(requires: Mapping[str, tuple[str, list[str]]], env: Mapping[str, str]) -> list[str]:
+    """What the tree's own distributions require and the tree does not satisfy (pure): ``requires`` maps a
+    canonical name to (its version, its Requires-Dist lines); markers are evaluated for ``env`` (no extras)."""
+    versions = {k: v for k, (v, _r) in requires.items()}
+    out = []
+    for key in sorted(requires):
+        version, lines = requires[key]
+        for line in lines:
+            try:
+                r = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if r.marker is not None and not r.marker.evaluate(dict(env)):
+                continue
+            have = versions.get(canonical_name(r.name))
+            if have is None:
+                out.append(f"{key} {version} requires {r}, which the image does not hold")
+            elif r.specifier and not r.specifier.contains(have, prereleases=True):
+                out.append(f"{key} {version} requires {r}, the image holds {canonical_name(r.name)} {have}")
+    return out
+
+
+def requirements_in(target: Path) -> dict[str, tuple[str, list[str]]]:
+    """Canonical name → (version, Requires-Dist lines) of the distributions in a tree (reads METADATA)."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for d in target.glob("*.dist-info"):
+        try:
+            msg = HeaderParser().parsestr((d / "METADATA").read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+        if msg.get("Name") and msg.get("Version"):
+            out[canonical_name(msg["Name"])] = (msg["Version"], list(msg.get_all("Requires-Dist") or []))
+    return out
+
+
+def moved(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, str]:
+    """What one step changed: name → "old -> new", "+new" (added) or "-old" (removed) (pure)."""
+    out: dict[str, str] = {}
+    for n in sorted(set(before) | set(after)):
+        a, b = before.get(n), after.get(n)
+        if a == b:
+            continue
+        out[n] = f"+{b}" if a is None else f"-{a}" if b is None else f"{a} -> {b}"
+    return out
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the replay does for one step: ``install``, ``uninstall`` or ``skip`` (with the reason)."""
+
+    action: str
+    reason: str = ""
+    requirements: tuple[str, ...] = ()
+    requirement_files: tuple[str, ...] = ()
+    constraint_files: tuple[str, ...] = ()
+    constraint_pins: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+
+
+_UV_FLAGS = {"--no-deps": ("--no-deps",), "--force-reinstall": ("--reinstall",), "--reinstall": ("--reinstall",),
+             "--pre": ("--prerelease", "allow"), "--upgrade": ("--upgrade",), "-U": ("--upgrade",)}
+
+
+def plan_step(step: Step, installed: Mapping[str, str], captured: Mapping[str, str]) -> StepPlan:
+    """The replay of ``step`` given what the tree holds and the versions captured for state tests (pure)."""
+    if step.replay in ("off-index", "source-build"):
+        return StepPlan("skip", f"{step.replay}: {step.note}")
+    if step.when_installed and canonical_name(step.when_installed) not in installed \
+            and canonical_name(step.when_installed) not in captured:
+        return StepPlan("skip", f"runs only when {step.when_installed} is installed, and it is not")
+    if step.replay == "uninstall":
+        names = tuple(n for n in step.requirements if canonical_name(n) in installed)
+        if not names:
+            return StepPlan("skip", f"none of {', '.join(step.requirements)} is installed")
+        return StepPlan("uninstall", requirements=names)
+
+    def fill(req: str) -> str:
+        def one(m: re.Match) -> str:
+            name = canonical_name(m.group(1))
+            v = captured.get(name) or installed.get(name)
+            if v is None:
+                raise BadInput(f"step {step.n} ({step.where}) needs the installed version of {m.group(1)}, "
+                               "which no earlier step installed.")
+            return v
+        return _INSTALLED_MARK.sub(one, req)
+
+    pins = tuple(f"{canonical_name(n)}=={installed[canonical_name(n)]}" for n in step.constrain_installed
+                 if canonical_name(n) in installed)
+    flags: list[str] = []
+    for f in step.flags:
+        flags += _UV_FLAGS.get(f, ())
+    return StepPlan("install", requirements=tuple(fill(r) for r in step.requirements),
+                    requirement_files=step.requirement_files, constraint_files=step.constraint_files,
+                    constraint_pins=pins, overrides=step.overrides, flags=tuple(dict.fromkeys(flags)))
+
+
+def install_args(plan: StepPlan, src: Path, work: Path, n: int, *, exclude_newer: str,
+                 index_args: list[str]) -> list[str]:
+    """uv arguments of an install plan; writes its pin files under ``work`` (the replay's scratch)."""
+    args = ["--exclude-newer", exclude_newer, *index_args]
+    if plan.overrides:
+        p = work / f"step{n}-overrides.txt"
+        p.write_text("\n".join(plan.overrides) + "\n", encoding="utf-8")
+        args += ["--override", str(p)]
+    if plan.constraint_pins:
+        p = work / f"step{n}-installed-constraints.txt"
+        p.write_text("\n".join(plan.constraint_pins) + "\n", encoding="utf-8")
+        args += ["-c", str(p)]
+    for c in plan.constraint_files:
+        args += ["-c", str(src / c)]
+    for r in plan.requirement_files:
+        args += ["-r", str(src / r)]
+    return args + list(plan.requirements) + list(plan.flags)
+
+
+def provenance_text(recipe: Recipe, *, uv_version: str, uploaded: datetime, instant: str, day: str,
+                    cuda_found: str | None, lacks: dict | None = None, unmet: list[str] | None = None) -> str:
     """What the manifest's ``provenance.method`` says (pure)."""
-    diff = [
-        f"OS packages ({recipe.os} debs, the system Python's dist-packages) are not scanned",
-        "pip and uv, which the Dockerfile puts into the same dist-packages, are absent",
-        f"glibc {recipe.glibc} and CUDA {recipe.cuda} are the recipe's values for {recipe.final_base_image}, "
-        "not read from a libc",
-        f"versions are those the index served up to {instant} (the vllm wheel's upload time), so a package "
-        "released later on the image's build day would differ",
+    n_replayed = sum(1 for s in recipe.steps if s.replay in ("index", "uninstall"))
+    lacks = lacks or recipe.lacks()
+    diff = []
+    if lacks["off_index"]:
+        diff.append("absent, taken from outside the index: " + "; ".join(lacks["off_index"]))
+    if lacks["source_builds"]:
+        diff.append("absent, built from source in the image: " + "; ".join(lacks["source_builds"]))
+    if lacks["other_indexes"]:
+        diff.append("other indexes the steps name are not asked (" + ", ".join(
+            u.split(":", 2)[0] + ":" + u.split(":", 2)[1] for u in lacks["other_indexes"]) + "): a file only they "
+            "serve, such as a +cuXYZ local build of torch, is replaced by the index's build of the same version")
+    diff += [
+        f"OS packages ({recipe.os.value} debs: {len(lacks['os_packages'])} named by apt-get install lines) and the "
+        "system Python's own files are not scanned",
+        f"glibc {recipe.glibc.value} is {recipe.os.value}'s ({recipe.glibc.rule}), CUDA {recipe.cuda.value} the "
+        f"build's CUDA_VERSION, not read from a libc or the image",
+        f"versions are those the index served up to {instant}; a package released later on the build day would differ",
         "the image digest is unknown (null)",
     ]
-    if recipe.not_on_index:
-        diff.append(f"{', '.join(recipe.not_on_index)} (installed by the Dockerfile from another index) is absent")
-    if cuda_found and cuda_found != recipe.cuda:
-        diff.append(f"the tree's nvidia-cuda-runtime says CUDA {cuda_found}, the recipe {recipe.cuda}")
+    if cuda_found and cuda_found != recipe.cuda.value:
+        diff.append(f"the tree's nvidia-cuda-runtime says CUDA {cuda_found}, the recipe {recipe.cuda.value}")
+    if unmet:
+        diff.append(f"not different but worth knowing: as replayed, the tree leaves {len(unmet)} requirement(s) of its "
+                    "own distributions unmet (a --no-deps reinstall, a later step moving a pin an earlier package "
+                    "needed), listed in provenance.recipe.unmet_requirements")
     return (
-        f"Reconstructed, not read from the image ({recipe.image} cannot be pulled here). On {day} with "
-        f"{uv_version}: `{command}` (the closure the release's docker/Dockerfile installs into {recipe.site_packages}: "
-        f"the vllm wheel's requirements plus {', '.join(recipe.extras) or 'nothing else'}), exclude-newer = the "
-        f"vllm {recipe.vllm} wheel's upload time on the index ({uploaded.isoformat()}, rounded up); then the "
-        f"binary scan of `build-image base snapshot --site-packages DIR --python {recipe.python} --glibc "
-        f"{recipe.glibc} --cuda {recipe.cuda}`. Recipe: {recipe.source}. Knowingly different from the real image: "
-        + "; ".join(diff) + "."
+        f"Reconstructed, not read from the image ({recipe.image} cannot be pulled here). On {day} with uv "
+        f"{uv_version}: the {len(recipe.steps)} install steps of the release's docker/Dockerfile (target "
+        f"{recipe.target}, build args of the pipeline step {recipe.pipeline_step.value!r}) from its sdist "
+        f"{recipe.sdist.filename} (sha256 {recipe.sdist.sha256}) replayed in order into one tree "
+        f"({n_replayed} resolved from the index with `uv pip install --target DIR --python-version "
+        f"{recipe.python.value} --python-platform {recipe.platform} --no-build --exclude-newer {instant}`, each "
+        f"step seeing what the earlier ones installed; the exclude-newer instant is the vllm {recipe.vllm} "
+        f"wheel's upload time on the index, {uploaded.isoformat()}, rounded up), then the binary scan of "
+        f"`build-image base snapshot --site-packages DIR`. Each step, its source line and what it moved are in "
+        f"provenance.recipe.steps. Knowingly different from the real image: " + "; ".join(diff) + "."
     )
 
 
@@ -194,6 +333,7 @@ class Reconstruction:
     recipe: Recipe
     exclude_newer: str
     uploaded: datetime
+    steps: list[dict] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     files: int = 0
 
@@ -207,19 +347,117 @@ def _cuda_of(manifest: BaseManifest) -> str | None:
     return None
 
 
-def reconstruct(recipe: Recipe, *, index=None, uv=None, find_links: list[str] | None = None, no_index: bool = False,
-                index_url: str | None = None, keep: Path | None = None,
-                progress: Callable[[str], None] | None = None) -> Reconstruction:
-    """Install the recipe's closure into a scratch tree, scan it, return the manifest (nothing written)."""
+def _write_sources(files, src: Path) -> None:
+    for rel, text in files.files.items():
+        if rel.startswith("requirements/"):
+            p = src / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(sanitized_requirements(text), encoding="utf-8")
+
+
+def off_index_pins(recipe: Recipe, files, index) -> list[tuple[str, str, str, str]]:
+    """The pins of the steps' requirement files that the index does not serve (adapter: asks the index)."""
+    out = []
+    for step in recipe.steps:
+        if step.replay != "index" or not step.file_indexes:
+            continue
+        for name, version, where, idx in pinned_in_index_files(files.files, step.requirement_files):
+            try:
+                want = Version(version)
+            except InvalidVersion:
+                continue
+            if not any(f.version == want for f in index.files(name)):
+                out.append((name, version, where, idx))
+    return list(dict.fromkeys(out))
+
+
+def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str, index_args: list[str],
+           say: Callable[[str], None], absent: list[tuple[str, str, str, str]] = ()) -> list[dict]:
+    """Run the recipe's steps into ``target`` in order; the record of each (adapter: runs uv).  ``absent``:
+    pins only another index serves (:func:`off_index_pins`), left out of the replayed files."""
+    src = work / "src"
+    _write_sources(files, src)
+    by_file: dict[str, set[int]] = {}
+    for _n, _v, where, _i in absent:
+        f, _, ln = where.rpartition(":")
+        by_file.setdefault(f, set()).add(int(ln))
+    for f, lines in by_file.items():
+        (src / f).write_text(drop_lines((src / f).read_text(encoding="utf-8"), lines, "only on another index"),
+                             encoding="utf-8")
+    records: list[dict] = []
+    captured: dict[str, str] = {}
+    for step in recipe.steps:
+        before = installed_in(target)
+        if step.when_installed:
+            name = canonical_name(step.when_installed)
+            if name in before:
+                captured.setdefault(name, before[name])
+        plan = plan_step(step, before, captured)
+        rec = {"n": step.n, "from": str(step.where), "stage": step.stage, "action": plan.action}
+        if plan.action == "skip":
+            rec["reason"] = plan.reason
+            records.append(rec)
+            continue
+        args: list[str] = []
+        if plan.action == "uninstall":
+            say(f"step {step.n} ({step.where}): uninstall {' '.join(plan.requirements)}")
+            cmd, r = uv.pip_target("uninstall", target, list(plan.requirements))
+        else:
+            args = install_args(plan, src, work, step.n, exclude_newer=exclude_newer, index_args=index_args)
+            say(f"step {step.n} ({step.where}): install {' '.join(plan.requirements + plan.requirement_files)}")
+            cmd, r = uv.pip_target("install", target, args, python_version=recipe.python.value,
+                                   platform=recipe.platform)
+        if r.returncode != 0:
+            if _is_resolution_failure(r.stderr):
+                raise Unsatisfiable(f"step {step.n} of the vllm {recipe.vllm} image ({step.where} in "
+                                    f"{recipe.sdist.filename}) does not resolve:\n{trim_derivation(r.stderr)}")
+            raise ExternalToolError(f"uv pip {plan.action} --target (step {step.n}, {step.where}) failed "
+                                    f"(exit {r.returncode}):\n{trim_derivation(r.stderr)}")
+        rec["command"] = shown_command(plan.action, args if plan.action == "install" else list(plan.requirements),
+                                       recipe, src=src, work=work)
+        if plan.overrides:
+            rec["overrides"] = list(plan.overrides)
+        if plan.constraint_pins:
+            rec["constraints_from_installed"] = list(plan.constraint_pins)
+        rec["moved"] = moved(before, installed_in(target))
+        records.append(rec)
+    return records
+
+
+def shown_command(action: str, args: list[str], recipe: Recipe, *, src: Path, work: Path) -> str:
+    """The step's uv command as the provenance shows it: scratch paths relative, the tree as DIR (pure)."""
+    head = ["uv", "pip", action, "--target", "DIR"]
+    if action == "install":
+        head += ["--python-version", recipe.python.value, "--python-platform", recipe.platform, "--no-build"]
+    rel = [a.replace(str(src) + "/", "").replace(str(work) + "/", "") for a in args]
+    return shlex.join(head + rel)
+
+
+def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, find_links: list[str] | None = None,
+                no_index: bool = False, index_url: str | None = None, keep: Path | None = None,
+                progress: Callable[[str], None] | None = None, recipe: Recipe | None = None,
+                files=None, recorded_only: bool = True) -> Reconstruction:
+    """Replay release ``vllm``'s install steps into a scratch tree, scan it, return the manifest (nothing written)."""
     say = progress or (lambda _m: None)
     uv = uv or Uv()
     find_links = list(find_links or [])
     index = index or ix.for_request(find_links, no_index)
-    if index_url is None and not no_index:
-        index_url = ix.index_url()  # named on the command line: the provenance shows where files came from
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    uploaded, instant = release_instant(index, recipe)
+    if recipe is None or files is None:
+        recipe, files = derived_recipe(vllm, recipes=recipes, index=index, recorded_only=recorded_only)
+    timings["recipe"] = time.monotonic() - t0
+    if index_url is None and not no_index:
+        index_url = ix.index_url()
+    index_args: list[str] = []
+    if index_url:
+        index_args += ["--index-url", index_url]
+    for fl in find_links:
+        index_args += ["--find-links", str(fl)]
+    if no_index:
+        index_args.append("--no-index")
+    t0 = time.monotonic()
+    uploaded, instant = release_instant(index, recipe.vllm, recipe.python.value, recipe.platform)
     timings["index"] = time.monotonic() - t0
     scratch = Path(tempfile.mkdtemp(prefix="bi-reconstruct-")) if keep is None else Path(keep)
     if keep is not None:
@@ -227,49 +465,48 @@ def reconstruct(recipe: Recipe, *, index=None, uv=None, find_links: list[str] | 
             raise BadInput(f"--keep {scratch}: the directory is not empty.")
         scratch.mkdir(parents=True, exist_ok=True)
     target = scratch / "dist-packages"
+    work = Path(tempfile.mkdtemp(prefix="bi-replay-"))
     try:
-        say(f"installing vllm=={recipe.vllm} + {len(recipe.extras)} extras for {recipe.platform} "
-            f"(exclude-newer {instant}; uv)")
         t0 = time.monotonic()
-        cmd, r = uv.install_target(target, recipe.requirements, python_version=recipe.python,
-                                   platform=recipe.platform, exclude_newer=instant, find_links=find_links,
-                                   no_index=no_index, index_url=index_url)
+        absent = off_index_pins(recipe, files, index)
+        timings["index"] += time.monotonic() - t0
+        t0 = time.monotonic()
+        records = replay(recipe, files, target, work, uv=uv, exclude_newer=instant, index_args=index_args, say=say,
+                         absent=absent)
         timings["install"] = time.monotonic() - t0
-        if r.returncode != 0:
-            if _is_resolution_failure(r.stderr):
-                raise Unsatisfiable(f"the recipe for vllm {recipe.vllm} does not resolve:\n{trim_derivation(r.stderr)}")
-            raise ExternalToolError(f"uv pip install --target failed (exit {r.returncode}):\n{trim_derivation(r.stderr)}")
         say(f"scanning {target}")
         t0 = time.monotonic()
-        count = [0]
-
-        def on_dist(name: str, idx: int, total: int) -> None:
-            count[0] = total
-
         manifest = snapshot_site_packages(
-            target, python=recipe.python, glibc=recipe.glibc, cuda=recipe.cuda, platform=recipe.platform,
-            image_ref=recipe.image, os_name=f"{recipe.os} ({recipe.final_base_image})",
-            site_packages_label=recipe.site_packages, method="-", progress=on_dist)
+            target, python=recipe.python.value, glibc=recipe.glibc.value, cuda=recipe.cuda.value,
+            platform=recipe.platform, image_ref=recipe.image,
+            os_name=f"{recipe.os.value} ({recipe.final_base_image.value})",
+            site_packages_label=recipe.site_packages.value, method="-")
         timings["scan"] = time.monotonic() - t0
-        shown = ["uv", "pip", "install", "--target", "DIR", *cmd[cmd.index("--python-version"):]]
-        drop = {"--python", "--color", "--link-mode"}
-        cleaned: list[str] = []
-        skip = False
-        for a in shown:
-            if skip:
-                skip = False
-                continue
-            if a in drop:
-                skip = True
-                continue
-            cleaned.append(a)
+        unmet = unmet_requirements(requirements_in(target), target_environment(recipe.python.value, recipe.platform))
+        manifest.provenance_recipe = {"sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},
+                                      "exclude_newer": instant, "steps": records,
+                                      # the replayed tree is not pip-consistent where the image's steps leave it so
+                                      "unmet_requirements": unmet}
+        lacks = recipe.lacks()
+        unversioned = recipe.unversioned_names()
+        for name, version, where, idx in absent:
+            lacks["off_index"].append(f"{name}=={version} ({where}; served by {idx} only, not by the index)")
+            unversioned.setdefault(name, f"off-index: {name}=={version} from {idx} ({recipe.sdist.filename} {where})")
+        for name in sorted(unversioned):
+            d = manifest.distributions.pop(canonical_name(name), None)
+            if d is not None:  # an earlier step's index build, replaced in the image by the off-index/source one
+                lacks["off_index"].append(f"{d.name} {d.version}, which an earlier step installed from the index, "
+                                          f"is left out: a later step replaces it ({unversioned[name]})")
         manifest.provenance_method = provenance_text(
-            recipe, command=shlex.join(cleaned), uv_version=f"uv {uv.version()}", uploaded=uploaded, instant=instant,
-            cuda_found=_cuda_of(manifest), day=datetime.now(timezone.utc).strftime("%Y-%m-%d"))
-        files = sum(1 for _ in target.rglob("*")) if keep is not None else 0
+            recipe, uv_version=uv.version(), uploaded=uploaded, instant=instant, cuda_found=_cuda_of(manifest),
+            day=datetime.now(timezone.utc).strftime("%Y-%m-%d"), lacks=lacks, unmet=unmet)
+        manifest.lacks = {**lacks, "unversioned": unversioned}
+        manifest.uv_overrides = [d.value for d in recipe.image_overrides] or None
+        files_n = sum(1 for _ in target.rglob("*")) if keep is not None else 0
         return Reconstruction(manifest=manifest, recipe=recipe, exclude_newer=instant, uploaded=uploaded,
-                              timings=timings, files=files)
+                              steps=records, timings=timings, files=files_n)
     finally:
+        shutil.rmtree(work, ignore_errors=True)
         if keep is None:
             t0 = time.monotonic()
             shutil.rmtree(scratch, ignore_errors=True)

@@ -16,6 +16,7 @@ from builder.errors import BadInput, StaleLock
 from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock
 from builder.resolve.pylock import PYLOCK_NAME, is_pylock_path
 from builder.util import atomic_write_text
+from builder.validate import read_bounded_text
 
 
 def twin_path(lock_path: str | Path) -> Path:
@@ -56,7 +57,7 @@ def twin_problem(lock_path: str | Path, lock: LockFile) -> str | None:
     if not twin.is_file():
         return f"{twin} (its PEP 751 twin) does not exist"
     try:
-        other = parse_pylock_lock(twin.read_text(encoding="utf-8"), str(twin))
+        other = parse_pylock_lock(read_bounded_text(twin, "pylock"), str(twin))
     except (BadInput, OSError, UnicodeDecodeError) as exc:
         return f"{twin} is not readable: {getattr(exc, 'message', exc)}"
     diffs = same_pins(lock, other)

@@ -56,6 +56,7 @@ from typing import Any, NamedTuple
 
 from builder.errors import BadInput
 from builder.util import atomic_write_text, cache_dir
+from builder.validate import load_json, read_bounded_text
 
 #: Element size in bits of every dtype the safetensors format defines (the
 #: ``Dtype`` enum of safetensors 0.8: 22 variants).
@@ -215,11 +216,11 @@ def _unique_pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _header_json(text: str, n: int) -> dict[str, Any]:
     try:
-        doc = json.loads(text)
+        doc = load_json(text, f"the {n}-byte header", error=HeaderError)
         # A name given twice collapses into one dict entry: fewer tensors than "data_offsets"
         # keys betrays it; only then is the header parsed again, slowly, to name the duplicate.
         if isinstance(doc, dict) and text.count('"data_offsets"') != len(doc) - ("__metadata__" in doc):
-            doc = json.loads(text, object_pairs_hook=_unique_pairs)
+            doc = load_json(text, f"the {n}-byte header", error=HeaderError, object_pairs_hook=_unique_pairs)
     except json.JSONDecodeError as exc:
         raise HeaderError(f"the {n}-byte header is not valid JSON: {exc.msg} at byte {8 + exc.pos}") from None
     if not isinstance(doc, dict):
@@ -610,10 +611,10 @@ def _load_json(entry: FileEntry | None, name: str, problems: list[Problem]) -> A
     if entry is None:
         return None
     try:
-        return json.loads(entry.path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        problems.append(Problem(name, f"cannot be read: {exc.strerror or exc}"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return load_json(read_bounded_text(entry.path, name), name)
+    except BadInput as exc:  # unreadable, not a regular file, too large, not UTF-8, nested too deep
+        problems.append(Problem(name, exc.message.removeprefix(f"{name} {entry.path}: ").removeprefix(f"{name} ")))
+    except json.JSONDecodeError as exc:
         where = f" (line {exc.lineno}, column {exc.colno}: {exc.msg})" if isinstance(exc, json.JSONDecodeError) else ""
         problems.append(Problem(name, f"is not valid JSON{where}"))
     return None
@@ -744,8 +745,8 @@ def safetensors_expected(model_dir: str | os.PathLike) -> bool:
         return True
     for idx in d.glob("*.safetensors.index.json"):
         try:
-            wm = json.loads(idx.read_text(encoding="utf-8")).get("weight_map")
-        except (OSError, ValueError, AttributeError):
+            wm = load_json(read_bounded_text(idx, "index"), str(idx)).get("weight_map")
+        except (BadInput, ValueError, AttributeError):
             return True  # a broken index: let the check report it
         if isinstance(wm, dict) and wm:
             return True
@@ -843,13 +844,7 @@ def parse_sums(text: str, source: str) -> dict[str, str]:
 
 def load_sums(path: str | os.PathLike) -> dict[str, str]:
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"--sha256 {p}: no such file.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"--sha256 {p}: cannot be read ({getattr(exc, 'strerror', None) or exc}).") from None
-    return parse_sums(text, str(p))
+    return parse_sums(read_bounded_text(p, "--sha256"), str(p))
 
 
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
@@ -969,13 +964,24 @@ class HashCache:
     VERSION = 1
 
     def __init__(self, path: str | os.PathLike | None = None):
-        self.path = Path(path) if path else cache_dir() / "checkpoint-sha256.json"
+        self.path: Path | None = Path(path) if path else self._default_path()
         self._entries: dict[str, dict[str, Any]] = self._read()
         self._new: dict[str, dict[str, Any]] = {}
 
-    def _read(self) -> dict[str, dict[str, Any]]:
+    @staticmethod
+    def _default_path() -> Path | None:
+        """The cache file under the user cache; None when that cache cannot be used (a file, read-only,
+        ``XDG_CACHE_HOME=/dev/null``): verification then keeps its digests in memory for this run only."""
         try:
-            doc = json.loads(self.path.read_text(encoding="utf-8"))
+            return cache_dir() / "checkpoint-sha256.json"
+        except BadInput:
+            return None
+
+    def _read(self) -> dict[str, dict[str, Any]]:
+        if self.path is None:
+            return {}
+        try:
+            doc = load_json(self.path.read_text(encoding="utf-8"), str(self.path), error=ValueError)
         except (OSError, ValueError):
             return {}  # absent or damaged: start empty (it is only a cache)
         if not isinstance(doc, dict) or doc.get("version") != self.VERSION or not isinstance(doc.get("entries"), dict):
@@ -1003,15 +1009,18 @@ class HashCache:
         self._new[str(entry.real)] = rec
 
     def save(self) -> None:
-        if not self._new:
+        if not self._new or self.path is None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            entries = self._read()
-            entries.update(self._new)
-            entries = {p: rec for p, rec in entries.items() if os.path.exists(p)}  # drop deleted files
-            atomic_write_text(self.path, json.dumps({"version": self.VERSION, "entries": entries}, sort_keys=True))
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+                entries = self._read()
+                entries.update(self._new)
+                entries = {p: rec for p, rec in entries.items() if os.path.exists(p)}  # drop deleted files
+                atomic_write_text(self.path, json.dumps({"version": self.VERSION, "entries": entries}, sort_keys=True))
+        except OSError:
+            pass  # a full or read-only cache keeps nothing: it is only a cache, the verdict stands
         self._new.clear()
 
 
@@ -1198,13 +1207,26 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 10**7 else f"{n} B"
 
 
+#: The text report lists at most this many errors and this many warnings, then "… and K more" (--json: all).
+MAX_LISTED_PROBLEMS = 20
+
+
+def bounded_lines(items: list[str], limit: int = MAX_LISTED_PROBLEMS, what: str = "problem(s)") -> list[str]:
+    """Pure: the first ``limit`` of ``items``, then one line saying how many more there are (--json has them all)."""
+    if len(items) <= limit:
+        return list(items)
+    return items[:limit] + [f"  … and {len(items) - limit} more {what} (--json lists every one)"]
+
+
+def _short(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}… ({len(text) - limit} more characters; --json has it whole)"
+
+
 def render_text(rep: Report, *, strict: bool = False) -> str:
     ready = rep.ready(strict=strict)
     lines = [f"{'READY' if ready else 'NOT READY'}: {rep.directory}"]
-    for p in rep.errors:
-        lines.append(f"  error   {p.file}: {p.message}")
-    for p in rep.warnings:
-        lines.append(f"  warning {p.file}: {p.message}")
+    lines += bounded_lines([f"  error   {p.file}: {_short(p.message)}" for p in rep.errors], what="error(s)")
+    lines += bounded_lines([f"  warning {p.file}: {_short(p.message)}" for p in rep.warnings], what="warning(s)")
     loaded = sum(1 for s in rep.shards if s["loaded"])
     lines.append(f"  shards: {len(rep.shards)} ({loaded} loaded{', index ' + rep.index if rep.index else ', no index'}), "
                  f"{rep.tensors} tensors, files {_gb(rep.file_bytes)}")

@@ -38,6 +38,7 @@ from builder.errors import BadInput, VerdictFailure
 from builder.serving.checkpoint import weight_size
 from builder.serving.vllm_log import parse_vllm_kv_log
 from builder.spec import check_vllm_version
+from builder.validate import load_json, number, read_bounded_text
 
 GiB = 1 << 30
 GB = 10**9
@@ -64,6 +65,8 @@ class ReleaseFacts:
     vllm: str
     default_gpu_memory_utilization: float
     kv_cache_dtypes: tuple[str, ...]
+    #: the ``LoadFormats`` literal of ``vllm/model_executor/model_loader/__init__.py`` (``--load-format`` values)
+    load_formats: tuple[str, ...] = ()
 
 
 _DT_0260 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "turboquant_k8v4",
@@ -83,12 +86,19 @@ _DT_0330 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_i
     "octave_k3v3_compact", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
     "nvfp4", "nvfp4_4over6")
 
+_LF_0260 = ("auto", "hf", "bitsandbytes", "dummy", "fastsafetensors", "instanttensor", "mistral", "modelexpress",
+    "npcache", "pt", "runai_streamer", "runai_streamer_sharded", "safetensors", "sharded_state", "tensorizer")
+_LF_0280 = tuple(f for f in _LF_0260 if f != "bitsandbytes")  # 0.28.0 dropped the bitsandbytes load format
+_LF_0300 = tuple(sorted((*_LF_0280, "ipc_cache"), key=lambda f: (f not in ("auto", "hf"), f)))  # 0.30.0 added ipc_cache
+
 #: One entry per shipped release (a test holds it to lockfiles/base/); read from the wheels with
-#: ``scripts/vllm-release-facts.py`` (the ``CacheDType`` literal and the ``gpu_memory_utilization`` field).
+#: ``scripts/vllm-release-facts.py`` (the ``CacheDType`` literal, the ``gpu_memory_utilization`` field and the
+#: ``LoadFormats`` literal).
 RELEASE_FACTS: dict[str, ReleaseFacts] = {
-    v: ReleaseFacts(v, 0.92, dts) for v, dts in (
-        ("0.26.0", _DT_0260), ("0.27.0", _DT_0260), ("0.27.1", _DT_0260), ("0.28.0", _DT_0280), ("0.29.0",
-        _DT_0280), ("0.30.0", _DT_0300), ("0.31.0", _DT_0300), ("0.32.0", _DT_0320), ("0.33.0", _DT_0330))
+    v: ReleaseFacts(v, 0.92, dts, lfs) for v, dts, lfs in (
+        ("0.26.0", _DT_0260, _LF_0260), ("0.27.0", _DT_0260, _LF_0260), ("0.27.1", _DT_0260, _LF_0260),
+        ("0.28.0", _DT_0280, _LF_0280), ("0.29.0", _DT_0280, _LF_0280), ("0.30.0", _DT_0300, _LF_0300),
+        ("0.31.0", _DT_0300, _LF_0300), ("0.32.0", _DT_0320, _LF_0300), ("0.33.0", _DT_0330, _LF_0300))
 }
 
 # the planner's spellings -> vLLM's CacheDType values
@@ -115,6 +125,16 @@ def check_kv_cache_dtype(kv_cache_dtype: str, facts: ReleaseFacts) -> None:
         return
     raise BadInput(f"kv_cache_dtype {kv_cache_dtype!r} (--kv-cache-dtype): vLLM {facts.vllm} does not accept it "
                    f"(its CacheDType: {', '.join(facts.kv_cache_dtypes)}).")
+
+def check_load_format(load_format: str, facts: ReleaseFacts, *, where: str = "--load-format") -> str:
+    """vLLM lowercases ``--load-format`` and refuses one outside its ``LoadFormats``: the lowercased
+    name, or :class:`BadInput` naming the formats that release accepts."""
+    name = (load_format or "").strip().lower()
+    if name in facts.load_formats:
+        return name
+    raise BadInput(f"load format {load_format!r} ({where}): vLLM {facts.vllm} does not accept it "
+                   f"(its LoadFormats: {', '.join(facts.load_formats)}).")
+
 
 KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "half", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "float32")
 
@@ -223,6 +243,35 @@ def _int_field(cfg: dict, key: str, where: str, default: Any = ..., minimum: int
     if isinstance(val, bool) or not isinstance(val, int) or val < minimum:
         raise BadInput(f"{where}: field '{key}' must be an integer >= {minimum}, got {val!r}.")
     return val
+
+
+#: The model config's numeric fields the plan reads: (lowest, highest).  Each is a whole number (a
+#: count or a size); the highest is far beyond any real model, so a value past it is a damaged or
+#: hostile config, not a big model.
+CONFIG_COUNTS: dict[str, tuple[int, int]] = {
+    "num_hidden_layers": (1, 10_000), "hidden_size": (1, 1 << 20), "num_attention_heads": (1, 1 << 16),
+    "num_key_value_heads": (1, 1 << 16), "head_dim": (1, 1 << 16), "global_head_dim": (1, 1 << 16),
+    "num_global_key_value_heads": (1, 1 << 16), "intermediate_size": (1, 1 << 24),
+    "moe_intermediate_size": (1, 1 << 24), "num_experts_per_tok": (1, 1 << 16), "vocab_size": (1, 1 << 24),
+    "max_position_embeddings": (1, 1 << 34), "sliding_window": (0, 1 << 34), "attention_chunk_size": (0, 1 << 34),
+    "num_kv_shared_layers": (0, 10_000), "kv_lora_rank": (1, 1 << 16), "qk_rope_head_dim": (0, 1 << 16),
+    "index_topk": (1, 1 << 34),
+    "conv_kernel": (1, 1 << 16), "linear_conv_kernel_dim": (1, 1 << 16), "linear_key_head_dim": (1, 1 << 16),
+    "linear_num_key_heads": (1, 1 << 16), "linear_num_value_heads": (1, 1 << 16),
+    "linear_value_head_dim": (1, 1 << 16), "mamba_d_conv": (1, 1 << 16), "mamba_d_state": (1, 1 << 16),
+    "mamba_head_dim": (1, 1 << 16), "mamba_n_groups": (1, 1 << 16), "mamba_n_heads": (1, 1 << 16),
+    "mamba_num_heads": (1, 1 << 16), "n_groups": (1, 1 << 16), "ssm_state_size": (1, 1 << 16),
+}
+
+
+def check_config_numbers(cfg: dict, where: str) -> None:
+    """Every numeric field of :data:`CONFIG_COUNTS` that the config sets (null: unset) is a whole number
+    in its range (:func:`builder.validate.number`): BadInput naming the config field, before any arithmetic."""
+    for key, (low, high) in CONFIG_COUNTS.items():
+        val = cfg.get(key)
+        if val is None or (key == "sliding_window" and val is False):
+            continue
+        number(val, f"{where}: field '{key}'", minimum=low, maximum=high, integral=True)
 
 
 # --------------------------------------------------------------------------- model shape
@@ -339,6 +388,7 @@ def _state_bytes(cfg: dict, tp: int, dtype_bytes: int, where: str) -> tuple[int,
 def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", where: str = "model config") -> ModelShape:
     """Per-layer KV footprint on one GPU, as vLLM 0.26.0 would build its KV specs."""
     cfg = _text_config(config, where)
+    check_config_numbers(cfg, where)
     n_layers = _int_field(cfg, "num_hidden_layers", where)
     hidden = _int_field(cfg, "hidden_size", where)
     n_heads = _int_field(cfg, "num_attention_heads", where)
@@ -1147,8 +1197,8 @@ def load_config(path: str | Path) -> tuple[dict, Path]:
     if not cfg_path.is_file():
         raise BadInput(f"model config {cfg_path} does not exist (give a model directory or its config.json).")
     try:
-        config = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        config = load_json(read_bounded_text(cfg_path, "model config"), f"model config {cfg_path}")
+    except json.JSONDecodeError as exc:
         raise BadInput(f"model config {cfg_path} is not valid JSON: {exc}.") from None
     if not isinstance(config, dict):
         raise BadInput(f"model config {cfg_path} must hold a JSON object.")

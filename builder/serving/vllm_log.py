@@ -27,6 +27,22 @@ MEMORY_USAGE = re.compile(
 INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 SERVER_START = re.compile(r"Starting vLLM (?:API )?server on")  # once per boot (per API server)
 
+# The cold-start phases (vLLM 0.26.0: model_executor/model_loader/default_loader.py, v1/worker/gpu/model_runner.py,
+# compilation/backends.py + monitor.py, v1/engine/core.py); lines as captured on the H200
+# (benchmarks/coldstart-h200/).  "Loading weights" is the default loader's (safetensors, fastsafetensors, ...);
+# the runai streamer logs only "Model loading", which also counts building the model on the GPU.
+WEIGHTS_LOAD = re.compile(r"Loading weights took ([\d.]+) seconds")
+DYNAMO_TRANSFORM = re.compile(r"Dynamo bytecode transform time: ([\d.]+) s")
+GRAPH_COMPILE = re.compile(r"Compiling a graph for compile range \([^)]*\) takes ([\d.]+) s")
+GRAPH_FROM_CACHE = re.compile(
+    r"Directly load the compiled graph\(s\) for compile range \([^)]*\) from the cache, took ([\d.]+) s")
+TORCH_COMPILE = re.compile(r"torch\.compile took ([\d.]+) s in total")
+CUDA_GRAPHS = re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.]+) GiB")
+ENGINE_START = re.compile(r"Initializing a V1 LLM engine")
+# "INFO 12-02 07:24:56 [file.py:1]": month-day and a whole second (vLLM's default log format)
+LOAD_FORMAT_ARG = re.compile(r"non-default args: .*'load_format': '([^']+)'")
+LOG_TIME = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d) \[")
+
 # Out-of-memory and "does not fit" messages vLLM / torch / CUDA print.
 OOM_PATTERNS: tuple[re.Pattern, ...] = tuple(
     re.compile(p, re.IGNORECASE)
@@ -76,6 +92,16 @@ class LogFacts:
     weights_gib: float | None = None
     peak_activation_gib: float | None = None
     non_torch_gib: float | None = None
+    load_format: str | None = None              # --load-format as vLLM echoed it ("non-default args"); None: auto
+    weights_load_s: float | None = None
+    dynamo_transform_s: float | None = None
+    graph_compile_s: float | None = None        # Inductor compiled the graph(s) (an empty compile cache)
+    graph_from_cache_s: float | None = None     # the graph(s) came from VLLM_CACHE_ROOT (a warm compile cache)
+    torch_compile_s: float | None = None
+    cuda_graph_capture_s: float | None = None
+    cuda_graph_gib: float | None = None
+    log_to_engine_start_s: float | None = None  # first log line -> "Initializing a V1 LLM engine" (1 s resolution)
+    log_to_server_start_s: float | None = None  # first log line -> "Starting vLLM server on"
     server_starts: int = 0
     oom_lines: list[str] = field(default_factory=list)
     fatal_lines: list[str] = field(default_factory=list)
@@ -86,6 +112,7 @@ class LogFacts:
 def parse_server_log(text: str) -> LogFacts:
     """Extract what the smoke verdict and report need from a vLLM server log."""
     facts = LogFacts()
+    clock: dict[str, int] = {}
     for line in text.splitlines():
         if (m := KV_TOKENS.search(line)):
             facts.kv_cache_tokens = int(m.group(1).replace(",", ""))
@@ -101,6 +128,7 @@ def parse_server_log(text: str) -> LogFacts:
             facts.weights_gib, facts.peak_activation_gib, facts.non_torch_gib = (float(m.group(i)) for i in (1, 2, 3))
         if (m := INIT_ENGINE.search(line)):
             facts.init_engine_s = float(m.group(1))
+        _cold_start_line(facts, line, clock)
         if SERVER_START.search(line):
             facts.server_starts += 1
         stripped = line.strip()
@@ -116,6 +144,94 @@ def parse_server_log(text: str) -> LogFacts:
             if stripped not in facts.layer_rewrite_lines:
                 facts.layer_rewrite_lines.append(stripped)
     return facts
+
+
+def _seconds(m: re.Match) -> int:
+    """A log timestamp as seconds since the start of its year's month 1 (31-day months: differences within a
+    boot, which never spans a month, are exact)."""
+    mo, d, h, mi, sec = (int(g) for g in m.groups())
+    return ((mo * 31 + d) * 24 + h) * 3600 + mi * 60 + sec
+
+
+def _cold_start_line(facts: LogFacts, line: str, clock: dict[str, int]) -> None:
+    """The cold-start phases of one log line (first occurrence wins for timings of the first boot)."""
+    if (t := LOG_TIME.search(line)) and "first" not in clock:
+        clock["first"] = _seconds(t)
+    for attr, pat in (("weights_load_s", WEIGHTS_LOAD), ("dynamo_transform_s", DYNAMO_TRANSFORM),
+                      ("graph_compile_s", GRAPH_COMPILE), ("graph_from_cache_s", GRAPH_FROM_CACHE),
+                      ("torch_compile_s", TORCH_COMPILE)):
+        if getattr(facts, attr) is None and (m := pat.search(line)):
+            setattr(facts, attr, float(m.group(1)))
+    if facts.load_format is None and (m := LOAD_FORMAT_ARG.search(line)):
+        facts.load_format = m.group(1)
+    if facts.cuda_graph_capture_s is None and (m := CUDA_GRAPHS.search(line)):
+        facts.cuda_graph_capture_s, facts.cuda_graph_gib = float(m.group(1)), float(m.group(2))
+    if t and "first" in clock:
+        if facts.log_to_engine_start_s is None and ENGINE_START.search(line):
+            facts.log_to_engine_start_s = float(_seconds(t) - clock["first"])
+        if facts.log_to_server_start_s is None and SERVER_START.search(line):
+            facts.log_to_server_start_s = float(_seconds(t) - clock["first"])
+
+
+def cold_start_phases(facts: LogFacts, boot: dict[str, Any] | None = None,
+                      load_format: str | None = None) -> dict[str, Any]:
+    """The cold-start phases of one boot, named once for the smoke report and ``--json``: what vLLM logged
+    (weights load time and GiB/s, torch.compile, CUDA-graph capture, engine init) and what the probe timed
+    (``/health`` and the first token, seconds from the server's start).  Missing ones are None."""
+    boot = boot or {}
+    gib, load_s = facts.model_load_gib, facts.model_load_s
+    rate = round(gib / load_s, 3) if gib and load_s else None
+    weights_rate = round(gib / facts.weights_load_s, 3) if gib and facts.weights_load_s else None
+    if facts.graph_compile_s is not None:
+        compile_cache = "miss"
+    elif facts.graph_from_cache_s is not None:
+        compile_cache = "hit"
+    else:
+        compile_cache = None  # eager, or a log without the lines
+    return {
+        "load_format": load_format or facts.load_format or "auto",
+        "weights_gib": gib,
+        "model_load_s": load_s,                    # "Model loading took X GiB and Y seconds"
+        "model_load_gib_per_s": rate,
+        "weights_load_s": facts.weights_load_s,    # "Loading weights took Y seconds" (default loader only)
+        "weights_load_gib_per_s": weights_rate,
+        "dynamo_transform_s": facts.dynamo_transform_s,
+        "graph_compile_s": facts.graph_compile_s,
+        "graph_from_cache_s": facts.graph_from_cache_s,
+        "compile_cache": compile_cache,
+        "torch_compile_s": facts.torch_compile_s,
+        "cuda_graph_capture_s": facts.cuda_graph_capture_s,
+        "cuda_graph_gib": facts.cuda_graph_gib,
+        "init_engine_s": facts.init_engine_s,      # profile + KV cache + compile + CUDA graphs + warmup
+        "log_to_engine_start_s": facts.log_to_engine_start_s,
+        "log_to_server_start_s": facts.log_to_server_start_s,
+        "health_s": boot.get("health_s"),
+        "first_token_s": boot.get("first_token_s"),
+    }
+
+
+COLD_START_LABELS = (  # (key, label) in the order the text report shows them
+    ("model_load_s", "weights load"), ("torch_compile_s", "torch.compile"),
+    ("cuda_graph_capture_s", "CUDA-graph capture"), ("init_engine_s", "engine init"),
+    ("health_s", "/health"), ("first_token_s", "first token"),
+)
+
+
+def render_cold_start(cs: dict[str, Any]) -> str:
+    """One line: ``cold start (load format auto): weights load 17.4 s (20.31 GiB, 1.17 GiB/s), ...``."""
+    parts = []
+    for key, label in COLD_START_LABELS:
+        v = cs.get(key)
+        if v is None:
+            continue
+        extra = ""
+        if key == "model_load_s" and cs.get("weights_gib"):
+            rate = cs.get("model_load_gib_per_s")
+            extra = f" ({cs['weights_gib']:g} GiB" + (f", {rate:.2f} GiB/s)" if rate else ")")
+        elif key == "torch_compile_s" and cs.get("compile_cache"):
+            extra = f" (compile cache {cs['compile_cache']})"
+        parts.append(f"{label} {v:.1f} s{extra}")
+    return f"cold start (load format {cs.get('load_format') or 'auto'}): " + (", ".join(parts) or "no phases logged")
 
 
 def parse_vllm_kv_log(text: str) -> dict[str, Any]:

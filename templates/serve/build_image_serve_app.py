@@ -68,6 +68,7 @@ ARGS: dict[str, tuple[type | tuple[type, ...], Any]] = {
     "max_num_seqs": (int, None),
     "max_num_batched_tokens": (int, None),
     "kv_cache_dtype": (str, "auto"),
+    "load_format": (str, "auto"),  # vLLM --load-format (safetensors, runai_streamer, fastsafetensors, ...)
     "cpu_offload_gb": ((int, float), 0.0),
     "trust_remote_code": (bool, False),
     "enforce_eager": (bool, False),
@@ -144,6 +145,8 @@ def engine_kwargs(cfg: Mapping[str, Any]) -> dict[str, Any]:
             kw[key] = cfg[key]
     if cfg.get("cpu_offload_gb"):
         kw["cpu_offload_gb"] = float(cfg["cpu_offload_gb"])
+    if cfg.get("load_format") not in (None, "auto"):
+        kw["load_format"] = cfg["load_format"]
     if cfg.get("trust_remote_code"):
         kw["trust_remote_code"] = True
     if cfg.get("enforce_eager"):

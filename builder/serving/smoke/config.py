@@ -10,7 +10,7 @@ from typing import Any
 
 from builder.errors import BadInput
 from builder.image.naming import SERVE_BACKENDS
-from builder.serving.plan import parse_size
+from builder.serving.plan import check_load_format, parse_size, release_facts
 
 EXECUTOR_BACKENDS = ("mp", "ray")  # vLLM --distributed-executor-backend values smoke accepts
 
@@ -66,6 +66,7 @@ class SmokeConfig:
     max_num_seqs: int | None = None
     kv_cache_dtype: str | None = None
     cpu_offload_gb: float | None = None  # vLLM --cpu-offload-gb (GiB per GPU)
+    load_format: str | None = None       # vLLM --load-format (None: auto); checked against the release's LoadFormats
     concurrency: int = 16
     rounds: int = 3                     # rounds of /v1/completions
     chat: bool = True                   # then one round of /v1/chat/completions (off: a model without a chat template)
@@ -146,6 +147,9 @@ class SmokeConfig:
                 raise BadInput(f"{where}: {name} must be a positive number of seconds, got {value!r}")
         if self.cpu_offload_gb is not None and not (math.isfinite(self.cpu_offload_gb) and self.cpu_offload_gb >= 0):
             raise BadInput(f"{where}: --cpu-offload-gb must be a finite number >= 0, got {self.cpu_offload_gb!r}")
+        if self.load_format is not None:
+            self.load_format = check_load_format(self.load_format, release_facts(self.vllm),
+                                                 where="smoke: --load-format")
         if self.reference and self.save_reference and Path(self.reference).resolve() == Path(self.save_reference).resolve():
             raise BadInput(f"{where}: --save-reference must name another file than --reference")
         if self.serve and self.server_cmd:
@@ -187,6 +191,7 @@ def config_from_serving(serving: Any, *, model: str, image: str | None = None, *
         pp=getattr(serving, "pp", 1) or 1,
         distributed_executor_backend=getattr(serving, "distributed_executor_backend", None),
         cpu_offload_gb=getattr(serving, "cpu_offload_gb", None) or None,
+        load_format=None if getattr(serving, "load_format", "auto") in (None, "auto") else serving.load_format,
         max_model_len=getattr(serving, "max_model_len", None),
         gpu_memory_utilization=getattr(serving, "gpu_memory_utilization", None),
         max_num_seqs=getattr(serving, "max_num_seqs", None),

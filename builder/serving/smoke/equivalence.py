@@ -41,6 +41,7 @@ from typing import Any
 
 from builder.errors import BadInput
 from builder.serving.smoke.client import post_json
+from builder.validate import load_json, read_bounded_text
 
 SCHEMA = "build-image/smoke-reference/v1"
 PROMPTS = 8            # prompts in the set
@@ -81,8 +82,10 @@ def _sha(obj: Any) -> str:
 
 def _load_config(model_dir: str) -> dict:
     path = Path(model_dir) / "config.json"
+    if not path.exists():
+        raise BadInput(f"smoke: {path}: no config.json; the output-equivalence gate needs the model's config")
     try:
-        cfg = json.loads(path.read_text())
+        cfg = load_json(read_bounded_text(path, "smoke: model config"), f"smoke: {path}")
     except FileNotFoundError:
         raise BadInput(f"smoke: {path}: no config.json; the output-equivalence gate needs the model's config") from None
     except (OSError, ValueError) as exc:
@@ -155,8 +158,10 @@ def _bad(path: str, why: str) -> BadInput:
 
 def load_reference(path: str) -> Reference:
     """Read and check a reference file; anything malformed is BadInput naming the field."""
+    if not Path(path).exists():
+        raise _bad(path, "no such file")
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = load_json(read_bounded_text(path, "smoke: --reference"), f"smoke: --reference {path}")
     except FileNotFoundError:
         raise _bad(path, "no such file") from None
     except (OSError, ValueError) as exc:

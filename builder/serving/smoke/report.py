@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from builder.serving.smoke.client import RequestResult
-from builder.serving.vllm_log import LogFacts, first_error_line
+from builder.serving.vllm_log import LogFacts, first_error_line, render_cold_start
 
 PASS = "PASS"
 FAIL = "FAIL"
@@ -106,6 +106,7 @@ class SmokeReport:
     serve: dict[str, Any] | None = None          # --serve: Ray timings, backend, replica log tail
     equivalence: dict[str, Any] | None = None    # --reference: the output-equivalence comparison
     reference_saved: str | None = None           # --save-reference: the file written
+    cold_start: dict[str, Any] | None = None     # the boot's phases (builder.serving.vllm_log.cold_start_phases)
 
     @property
     def passed(self) -> bool:
@@ -184,6 +185,11 @@ SMOKE_REPORT_SCHEMA: dict[str, Any] = {
             "required": ["verdict", "failures", "first_diff", "max_abs_dlogprob", "logprob_tolerance", "tie_margin"],
         },
         "reference_saved": {"type": ["string", "null"]},
+        "cold_start": {
+            "type": ["object", "null"],
+            "required": ["load_format", "weights_gib", "model_load_s", "model_load_gib_per_s", "torch_compile_s",
+                         "compile_cache", "cuda_graph_capture_s", "init_engine_s", "health_s", "first_token_s"],
+        },
     },
 }
 
@@ -263,6 +269,8 @@ def render_text(rep: SmokeReport) -> str:
         )
     ready = "/v1/models" if rep.serve is not None else "/health"
     lines.append(f"  boot: {ready} after {_fmt(b.get('health_s'), 's')}, first token after {_fmt(b.get('first_token_s'), 's')}")
+    if rep.cold_start:
+        lines.append("  " + render_cold_start(rep.cold_start))
     kv = rep.kv_cache
     if kv.get("tokens") is not None:
         lines.append(

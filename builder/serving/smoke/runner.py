@@ -56,7 +56,14 @@ from builder.serving.smoke.server import (
     free_port,
     remove_container,
 )
-from builder.serving.vllm_log import count_server_starts, first_error_line, log_tail, parse_server_log, read_log
+from builder.serving.vllm_log import (
+    cold_start_phases,
+    count_server_starts,
+    first_error_line,
+    log_tail,
+    parse_server_log,
+    read_log,
+)
 from builder.util import cache_dir
 
 HOST = "127.0.0.1"
@@ -216,7 +223,8 @@ def settings_of(cfg: SmokeConfig) -> dict[str, Any]:
         "tp": cfg.tp, "pp": cfg.pp, "distributed_executor_backend": cfg.distributed_executor_backend,
         "ray_address": cfg.ray_address, "cpu_offload_gb": cfg.cpu_offload_gb, "max_model_len": cfg.max_model_len,
         "gpu_memory_utilization": cfg.gpu_memory_utilization, "max_num_seqs": cfg.max_num_seqs,
-        "kv_cache_dtype": cfg.kv_cache_dtype, "concurrency": cfg.concurrency, "rounds": cfg.rounds,
+        "kv_cache_dtype": cfg.kv_cache_dtype, "load_format": cfg.load_format,
+        "concurrency": cfg.concurrency, "rounds": cfg.rounds,
         "chat": cfg.chat,
         "prompt_tokens": cfg.prompt_tokens, "max_tokens": cfg.max_tokens, "timeout_s": cfg.timeout,
         "boot_timeout_s": cfg.boot_timeout, "extra_args": list(cfg.extra_args),
@@ -492,6 +500,7 @@ def make_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], plan
             "non_torch_gib": facts.non_torch_gib,
             "init_engine_s": facts.init_engine_s,
         },
+        cold_start=cold_start_phases(facts, obs.boot, cfg.load_format),
         rounds=obs.rounds,
         throughput={"output_tokens_per_s": round(total_tokens / total_wall, 1) if total_wall > 0 else None},
         gpu=obs.gpu_peak,

@@ -57,6 +57,8 @@ def app_args(cfg: SmokeConfig, model_arg: str) -> dict[str, Any]:
         args["kv_cache_dtype"] = vllm_kv_cache_dtype(cfg.kv_cache_dtype)
     if cfg.cpu_offload_gb:
         args["cpu_offload_gb"] = float(cfg.cpu_offload_gb)
+    if cfg.load_format:
+        args["load_format"] = cfg.load_format
     extra = list(cfg.extra_args)
     i = 0
     while i < len(extra):

@@ -38,6 +38,8 @@ def serve_flags(cfg: SmokeConfig, model_arg: str, port: int, host: str) -> list[
         flags += ["--cpu-offload-gb", f"{cfg.cpu_offload_gb:g}"]
     if cfg.kv_cache_dtype:
         flags += ["--kv-cache-dtype", vllm_kv_cache_dtype(cfg.kv_cache_dtype)]
+    if cfg.load_format:
+        flags += ["--load-format", cfg.load_format]
     return flags + list(cfg.extra_args)
 
 

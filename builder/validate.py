@@ -1,0 +1,282 @@
+"""One validation layer for values that come from flags, the spec, the environment and files.
+
+Every value a user controls passes one of these before it is used, and a bad one is
+:class:`builder.errors.BadInput` (exit 2) naming where it came from (the flag, the spec key,
+the environment variable, the file and field), never a crash deeper down:
+
+* releases (:func:`check_release`): a ``--vllm`` value is a version this checkout has a base
+  manifest for (``lockfiles/base/vllm-openai-v*.json``); the message names the known releases
+  and nothing is derived from the raw string (no path, no command line);
+* timestamps (:func:`exclude_newer`): ``YYYY-MM-DD`` or an RFC 3339 date-time, a real instant;
+* numbers (:func:`number`, :func:`env_number`): of the right type (a string, a boolean is not a
+  number), finite, in range, integral where they count something;
+* structured files (:func:`load_json`, :func:`load_toml`): nesting depth bounded
+  (:data:`MAX_DEPTH`), so a document nested thousands of levels deep is refused instead of
+  exhausting the interpreter's stack;
+* files the user names (:func:`read_bounded`): regular files only (a device node, a FIFO or a
+  socket is refused before it is read, so ``/dev/zero`` costs nothing) and at most a stated size.
+
+The functions are pure but for :func:`read_bounded` (one ``open``) and :func:`env_number` (one
+environment lookup).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+import sys
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from builder.errors import BadInput
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+#: Deepest nesting of arrays/objects/tables any document build-image reads may have; the deepest
+#: real one (a CycloneDX SBOM, a safetensors header, a Hugging Face config) is under 10.
+MAX_DEPTH = 64
+#: Largest structured document (spec, manifest, config, lock, sums list) read whole.
+MAX_DOC_BYTES = 64 << 20
+
+
+# ---------------------------------------------------------------- releases
+def check_release(vllm: str, known: Iterable[str], *, where: str = "--vllm") -> str:
+    """``vllm`` when it is one of ``known``, else BadInput naming the known releases.
+
+    The message quotes the value (``repr``, at most 60 characters) and suggests nothing built
+    from it: a value like ``../../etc`` must not turn into a path in a hint."""
+    known = list(known)
+    if vllm in known:
+        return vllm
+    shown = repr(vllm) if len(vllm) <= 60 else repr(vllm[:60]) + "…"
+    raise BadInput(
+        f"vLLM version {shown} is not supported by this checkout: there is no base manifest for it "
+        f"(known: {', '.join(known) or 'none'}; the version came from {where}).",
+        hint="pick one of the known releases, or pass --base with a manifest or a local image for another one "
+             "(`build-image base snapshot --image vllm/vllm-openai:vX.Y.Z -o FILE`).",
+    )
+
+
+def version_string(value: str, *, where: str = "--vllm") -> str:
+    """``value`` when it is a PEP 440 version (``0.26.0``, ``0.27.0rc1``), else BadInput: a word like
+    ``latest`` or a path like ``../../etc`` is not a release."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(value)
+    except (InvalidVersion, TypeError):
+        raise BadInput(f"{where} {value!r:.60} is not a version (like 0.26.0); name a vLLM release.") from None
+    return value
+
+
+def release_direction(from_version: str, to_version: str, *, allow_downgrade: bool = False,
+                      what: str = "upgrade") -> str:
+    """``"upgrade"`` when ``to_version`` is newer than ``from_version``, ``"downgrade"`` when older and
+    ``allow_downgrade``; BadInput for equal versions, a version that is not one, or a downgrade not
+    asked for (``--allow-downgrade``)."""
+    from packaging.version import Version
+
+    a = Version(version_string(from_version, where="--from"))
+    b = Version(version_string(to_version, where="--to"))
+    if a == b:
+        raise BadInput(f"--from and --to are both {to_version}: nothing to {what}.")
+    if b > a:
+        return "upgrade"
+    if not allow_downgrade:
+        raise BadInput(f"--from {from_version} --to {to_version} is a downgrade ({to_version} is older than "
+                       f"{from_version}); {what} refuses it unless asked.",
+                       hint=f"swap --from and --to for the {what} to the newer release, or pass --allow-downgrade.")
+    return "downgrade"
+
+
+def same_directory(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` name one directory (after symlinks, ``..`` and relative paths)."""
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+# ---------------------------------------------------------------- timestamps
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_DATETIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?(?:Z|[+-]\d{2}:\d{2})")
+
+
+def exclude_newer(value: str | None, *, where: str = "--exclude-newer") -> str | None:
+    """``value`` (``YYYY-MM-DD``, or an RFC 3339 date-time with ``Z`` or an offset) when it names a
+    real day or instant, else BadInput; ``None`` passes."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise BadInput(f"{where} must be a date (YYYY-MM-DD) or an RFC 3339 date-time, got {value!r:.60}.")
+    text = value.strip()
+    ok = _DATE.fullmatch(text) or _DATETIME.fullmatch(text)
+    if ok:
+        try:
+            parse_instant(text)
+        except ValueError as exc:
+            raise BadInput(f"{where} {value!r:.60} is not a real date or time ({exc}).") from None
+        return text
+    raise BadInput(
+        f"{where} {value!r:.60} is not a date (YYYY-MM-DD) or an RFC 3339 date-time "
+        "(YYYY-MM-DDTHH:MM:SSZ, or with an offset like +02:00).",
+    )
+
+
+def parse_instant(text: str) -> datetime:
+    """Pure: the UTC instant of a :func:`exclude_newer`-valid string (a date is its midnight UTC)."""
+    if _DATE.fullmatch(text):
+        return datetime.fromisoformat(text + "T00:00:00+00:00")
+    frac = re.search(r"\.(\d+)", text)
+    if frac and len(frac.group(1)) > 6:  # fromisoformat takes at most microseconds
+        text = text.replace(frac.group(0), "." + frac.group(1)[:6])
+    dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return dt.astimezone(timezone.utc)
+
+
+# ---------------------------------------------------------------- numbers
+def number(value: Any, where: str, *, minimum: float | None = None, maximum: float | None = None,
+           integral: bool = False, exclusive_minimum: bool = False) -> int | float:
+    """``value`` as a number when it is one (not a string, not a boolean), finite, within
+    [``minimum``, ``maximum``] (``exclusive_minimum``: strictly above it), and a whole number when
+    ``integral`` (returned as int); else BadInput naming ``where`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if integral and minimum is not None:
+            raise BadInput(f"{where} must be an integer >= {minimum:g}, got {value!r:.60}.")
+        kind = "string" if isinstance(value, str) else type(value).__name__
+        raise BadInput(f"{where} must be a number, got {kind} {value!r:.60}.")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise BadInput(f"{where} must be a finite number, got {value!r}.")
+    if integral:
+        if isinstance(value, float) and not value.is_integer():
+            raise BadInput(f"{where} must be a whole number, got {value!r}.")
+        value = int(value)
+    if minimum is not None and (value <= minimum if exclusive_minimum else value < minimum):
+        if integral:
+            bound = f"an integer > {minimum:g}" if exclusive_minimum else f"an integer >= {minimum:g}"
+        else:
+            bound = f"greater than {minimum:g}" if exclusive_minimum else f"at least {minimum:g}"
+        raise BadInput(f"{where} must be {bound}, got {value!r}.")
+    if maximum is not None and value > maximum:
+        raise BadInput(f"{where} must be at most {maximum:g}, got {value!r}.")
+    return value
+
+
+def env_number(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None,
+               integral: bool = False, exclusive_minimum: bool = False) -> int | float:
+    """The environment variable ``name`` as a validated number (:func:`number`); ``default`` when unset."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value: Any = float(raw)
+    except ValueError:
+        raise BadInput(f"{name}={raw!r:.60} is not a number.") from None
+    return number(value, f"{name}={raw.strip()}", minimum=minimum, maximum=maximum, integral=integral,
+                  exclusive_minimum=exclusive_minimum)
+
+
+# ---------------------------------------------------------------- structured documents
+def nesting_depth(doc: Any, limit: int = MAX_DEPTH) -> int:
+    """Pure: how deep ``doc``'s lists/dicts nest (a scalar is 0), counting no further than ``limit + 1``.
+    Iterative, so it cannot itself run out of stack."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(doc, 0)]
+    while stack:
+        obj, d = stack.pop()
+        if isinstance(obj, dict):
+            children: Iterable[Any] = obj.values()
+        elif isinstance(obj, (list, tuple)):
+            children = obj
+        else:
+            continue
+        d += 1
+        deepest = max(deepest, d)
+        if deepest > limit:
+            return deepest
+        stack.extend((c, d) for c in children)
+    return deepest
+
+
+def _too_deep(what: str, limit: int, error: type[Exception]) -> Exception:
+    return error(f"{what} nests deeper than {limit} levels of arrays/objects; no document build-image reads "
+                 "is shaped like that (a damaged or hostile file).")
+
+
+def check_depth(doc: Any, what: str, *, limit: int = MAX_DEPTH, error: type[Exception] = BadInput) -> Any:
+    """``doc`` when it nests at most ``limit`` levels deep, else ``error`` naming ``what``."""
+    if nesting_depth(doc, limit) > limit:
+        raise _too_deep(what, limit, error)
+    return doc
+
+
+def load_json(text: str | bytes, what: str, *, limit: int = MAX_DEPTH, error: type[Exception] = BadInput,
+              **kwargs: Any) -> Any:
+    """``json.loads(text, **kwargs)`` with the nesting bounded: a document deeper than ``limit`` is
+    ``error`` naming ``what`` (:class:`json.JSONDecodeError` still propagates for the caller's own message)."""
+    try:
+        doc = json.loads(text, **kwargs)
+    except RecursionError:
+        raise _too_deep(what, limit, error) from None
+    return check_depth(doc, what, limit=limit, error=error)
+
+
+def load_toml(text: str, what: str, *, limit: int = MAX_DEPTH, error: type[Exception] = BadInput) -> dict:
+    """``tomllib.loads(text)`` with the nesting bounded (see :func:`load_json`);
+    :class:`tomllib.TOMLDecodeError` propagates."""
+    try:
+        doc = tomllib.loads(text)
+    except RecursionError:
+        raise _too_deep(what, limit, error) from None
+    return check_depth(doc, what, limit=limit, error=error)
+
+
+# ---------------------------------------------------------------- files the user names
+def read_bounded(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_DOC_BYTES) -> bytes:
+    """The bytes of the regular file ``path``, at most ``max_bytes``; BadInput naming ``what`` and the
+    path for a missing file, a directory, a device node, a FIFO, a socket, or a file over the bound.
+    Opened non-blocking, so a FIFO without a writer does not hang the command."""
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise BadInput(f"{what} {p}: no such file.") from None
+    except OSError as exc:
+        raise BadInput(f"{what} {p} cannot be read: {exc.strerror or exc}.") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{what} {p}: {describe_kind(st.st_mode)}, not a regular file; only a file is read.")
+        if st.st_size > max_bytes:
+            raise BadInput(f"{what} {p}: {st.st_size} bytes, more than the {max_bytes}-byte bound for this input.")
+        try:
+            data = fh.read(max_bytes + 1)
+        except OSError as exc:
+            raise BadInput(f"{what} {p} cannot be read: {exc.strerror or exc}.") from None
+    if len(data) > max_bytes:
+        raise BadInput(f"{what} {p}: more than the {max_bytes}-byte bound for this input.")
+    return data
+
+
+def read_bounded_text(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_DOC_BYTES) -> str:
+    """:func:`read_bounded`, decoded as UTF-8 (BadInput naming the byte where it is not)."""
+    data = read_bounded(path, what, max_bytes=max_bytes)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadInput(f"{what} {path} cannot be read: not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
+
+
+def describe_kind(mode: int) -> str:
+    """Pure: what a non-regular file is, in words."""
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return name
+    return "not a regular file"

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from builder.errors import BadInput
+from builder.validate import load_toml
 
 TARGET = "vllm-openai"
 RELEASE_STEP = "Build release image - x86_64 - CUDA 13.0"
@@ -1492,8 +1493,6 @@ def render_recipes(tables: Mapping[str, dict]) -> str:
 
 def parse_recipes(text: str, path: str = "recipes.toml") -> dict[str, dict]:
     """The release tables of a recipes.toml (pure); a file of another schema is :class:`BadInput`."""
-    from builder.validate import load_toml
-
     doc = load_toml(text, f"recipes {path}")
     if doc.get("schema") != RECIPES_SCHEMA:
         raise BadInput(f"recipes {path}: 'schema' must be {RECIPES_SCHEMA!r}, got {doc.get('schema')!r}.",

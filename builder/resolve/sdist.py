@@ -19,6 +19,8 @@ import tarfile
 from pathlib import Path
 
 from builder.errors import BadInput, IntegrityError
+from builder.fetch import _verified, cached_path, fetch
+from builder.resolve import index as ix
 from builder.resolve.recipe import DOCKERFILE, PIPELINE, BuildFiles, SdistRef
 
 
@@ -32,24 +34,18 @@ def sdist_name(vllm: str) -> str:
 
 
 def _cached(sha256: str, name: str) -> Path | None:
-    from builder.fetch import _verified, cached_path
-
     p = cached_path(sha256, name)
     return p if _verified(p, sha256) else None
 
 
 def sdist_file(vllm: str, *, sha256: str | None = None, index=None) -> tuple[Path, SdistRef]:
     """The verified sdist of vllm ``vllm`` (see the module doc)."""
-    from builder.fetch import fetch
-
     name = sdist_name(vllm)
     if sha256:
         hit = _cached(sha256, name)
         if hit is not None:
             return hit, SdistRef(name, sha256)
     if index is None:
-        from builder.resolve import index as ix
-
         index = ix.for_request([], False)
     files = [f for f in index.files("vllm") if f.filename == name]
     if not files:

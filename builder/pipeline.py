@@ -227,9 +227,8 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     """Run the stages in order, each on the previous one's result (see the module doc)."""
     req.check()
     check_release_input(req.spec)
-    spec, out = req.spec, req.out
+    spec = req.spec
     if not req.series and not req.no_patches:  # before any lock or download: a release nobody ported patches to
-
         require_series(spec.vllm)
     t_all = time.monotonic()
     plan = preflight(req, console) if req.smoke else None
@@ -237,122 +236,176 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     held = base_held_by_engine(spec, engine)
     base_stage = classify(spec.base) == "image" or held is not None
     stages = Stages(console, 3 + int(req.push) + int(req.smoke) + int(base_stage))
-    summary: dict = {"vllm": spec.vllm, "context": str(out), "stages_s": stages.times}
-
-    def tell(msg: str) -> None:
-        console.print(msg, highlight=False, markup=False, soft_wrap=True)
-
-    base, checked = None, None
-    if classify(spec.base) == "image":
-        with stages.stage("base", f"snapshot {spec.base}"):
-            base = resolve_base(spec.base, spec.vllm)
-    elif held is not None:
-        with stages.stage("base", f"verify the manifest against {held.ref} (the engine holds it)"):
-            checked = verify_base(held, tell)
-            base = checked.base
-            summary["base_check"] = checked.to_dict(out)
-    with stages.stage("lock", f"{spec.lock_path} (reused when up to date; ABI gate on a new resolution)"):
-        locked = run_lock(spec, default_overlay=req.default_overlay, base=base,
-                          progress=lambda m: tell(f"lock: {m}"), on_message=tell)
-        tell(locked.summary_line())
-    inputs = render_inputs(spec, locked=locked)
-    manifest, lock = inputs.manifest, inputs.lock
-    summary["lock"] = str(locked.path)
-    summary["lock_hash"] = locked.lock_hash
-
+    r = _Run(req=req, console=console, stages=stages, t_all=t_all,
+             summary={"vllm": spec.vllm, "context": str(req.out), "stages_s": stages.times})
+    r.lock(held)
     if req.kuberay:  # bad serving settings fail here (exit 2, before the context is written), not after the build
+        render_manifests(lock=r.inputs.lock, spec=spec, image="build-image.invalid/check:kuberay", allow_tag=True,
+                         base=r.inputs.manifest)
+    r.render()
+    stopped = r.reach_engine(engine)
+    if stopped is not None:
+        return stopped
+    r.build(engine)
+    image = r.rendered.tags[0]
+    if req.push:
+        image = r.push(engine)
+    if req.kuberay:
+        r.write_kuberay(image, allow_tag=not req.push)
+    error = r.smoke(image, plan) if req.smoke else None
+    status = "pushed" if req.push else "built"
+    r.summary.update(status=status, total_s=round(time.monotonic() - t_all, 2))
+    return PipelineResult(status=status, summary=r.summary, locked=r.locked, rendered=r.rendered, built=r.built,
+                          pushed=r.pushed, smoke=r.smoked, error=error)
 
-        render_manifests(lock=lock, spec=spec, image="build-image.invalid/check:kuberay", allow_tag=True, base=manifest)
 
-    marks: dict[str, float] = {}
+@dataclass
+class _Run:
+    """One pipeline run: the stages, each filling its result and the summary."""
 
-    def on_step(s: str) -> None:
-        if s == "patch series" or s.startswith("wheelhouse") or s == "write context":
-            marks[s.split(" ")[0]] = time.monotonic()
-        console.print(f"  {s}", highlight=False)
+    req: PipelineRequest
+    console: Any
+    stages: Stages
+    t_all: float
+    summary: dict
+    checked: BaseCheck | None = None  # the base manifest against the image the engine holds
+    locked: Any = None
+    inputs: Any = None      # builder.image.render.RenderInputs
+    rendered: Any = None
+    built: Any = None
+    pushed: Any = None
+    smoked: Any = None
 
-    with stages.stage("patch+render", f"patch check, wheelhouse, context -> {out}"):
-        t0 = time.monotonic()
-        rendered = render_context(vllm=spec.vllm, base=manifest, lock=lock, lock_text=inputs.lock_text, out_dir=out,
-                                  series_dir=req.series, vllm_wheel=req.wheel, repo=spec.repo,
-                                  no_patches=req.no_patches, on_step=on_step, base_data=inputs.base_data,
-                                  allow_base_drift=req.allow_base_drift, base_note=_base_note(checked))
-    if "wheelhouse" in marks:  # split the stage: patch check+apply, then wheelhouse + context
-        both = stages.times.pop("patch+render")
-        stages.times["patch"] = round(marks["wheelhouse"] - marks.get("patch", t0), 2)
-        stages.times["render"] = round(both - stages.times["patch"], 2)
-    summary.update(tags=list(rendered.tags), patches=rendered.plan.patches, context_bytes=_dir_size(out),
-                   base=manifest.pinned_ref)
+    def tell(self, msg: str) -> None:
+        self.console.print(msg, highlight=False, markup=False, soft_wrap=True)
 
-    def write_kuberay(image: str, allow_tag: bool) -> None:
-        paths = write_manifests(out, lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=manifest)
-        summary["kuberay"] = [str(p) for p in paths]
+    def lock(self, held: HeldBase | None) -> None:
+        """The base (an image reference is snapshotted; a manifest whose image the engine holds is
+        verified against it, and its snapshot used where they differ) and the lock on it."""
+        spec = self.req.spec
+        base = None
+        if classify(spec.base) == "image":
+            with self.stages.stage("base", f"snapshot {spec.base}"):
+                base = resolve_base(spec.base, spec.vllm)
+        elif held is not None:
+            with self.stages.stage("base", f"verify the manifest against {held.ref} (the engine holds it)"):
+                self.checked = verify_base(held, self.tell)
+                base = self.checked.base
+                self.summary["base_check"] = self.checked.to_dict(self.req.out)
+        with self.stages.stage("lock", f"{spec.lock_path} (reused when up to date; ABI gate on a new resolution)"):
+            self.locked = run_lock(spec, default_overlay=self.req.default_overlay, base=base,
+                                   progress=lambda m: self.tell(f"lock: {m}"), on_message=self.tell)
+            self.tell(self.locked.summary_line())
+        self.inputs = render_inputs(spec, locked=self.locked)
+        self.summary["lock"] = str(self.locked.path)
+        self.summary["lock_hash"] = self.locked.lock_hash
+
+    def render(self) -> None:
+        """Patch check and the build context, timed as two stages when the wheelhouse step is seen."""
+        req, spec, out, inputs = self.req, self.req.spec, self.req.out, self.inputs
+        marks: dict[str, float] = {}
+
+        def on_step(s: str) -> None:
+            if s == "patch series" or s.startswith("wheelhouse") or s == "write context":
+                marks[s.split(" ")[0]] = time.monotonic()
+            self.console.print(f"  {s}", highlight=False)
+
+        with self.stages.stage("patch+render", f"patch check, wheelhouse, context -> {out}"):
+            t0 = time.monotonic()
+            self.rendered = render_context(vllm=spec.vllm, base=inputs.manifest, lock=inputs.lock,
+                                           lock_text=inputs.lock_text, out_dir=out, series_dir=req.series,
+                                           vllm_wheel=req.wheel, repo=spec.repo,
+                                           no_patches=req.no_patches, on_step=on_step, base_data=inputs.base_data,
+                                           allow_base_drift=req.allow_base_drift, base_note=_base_note(self.checked))
+        times = self.stages.times
+        if "wheelhouse" in marks:  # split the stage: patch check+apply, then wheelhouse + context
+            both = times.pop("patch+render")
+            times["patch"] = round(marks["wheelhouse"] - marks.get("patch", t0), 2)
+            times["render"] = round(both - times["patch"], 2)
+        self.summary.update(tags=list(self.rendered.tags), patches=self.rendered.plan.patches,
+                            context_bytes=_dir_size(out), base=inputs.manifest.pinned_ref)
+
+    def write_kuberay(self, image: str, allow_tag: bool) -> None:
+        paths = write_manifests(self.req.out, lock=self.inputs.lock, spec=self.req.spec, image=image,
+                                allow_tag=allow_tag, base=self.inputs.manifest)
+        self.summary["kuberay"] = [str(p) for p in paths]
         if allow_tag and "@sha256:" not in image:
-            console.print(f"[yellow]kuberay: the manifests run {image} by tag[/yellow] (not pushed, so no registry "
-                          "digest yet; --push pins them by digest).", highlight=False)
+            self.console.print(f"[yellow]kuberay: the manifests run {image} by tag[/yellow] (not pushed, so no "
+                               "registry digest yet; --push pins them by digest).", highlight=False)
 
-    def stop_after_render(why: str, build_it: str, how: str, error: BuildImageError, **extra) -> PipelineResult:
-        summary.update(status="rendered", **extra, build_command=how, total_s=round(time.monotonic() - t_all, 2))
+    def stop_after_render(self, why: str, build_it: str, how: str, error: BuildImageError,
+                          **extra) -> PipelineResult:
+        req, out = self.req, self.req.out
+        self.summary.update(status="rendered", **extra, build_command=how,
+                            total_s=round(time.monotonic() - self.t_all, 2))
         if req.kuberay:
-            write_kuberay(rendered.tags[0], allow_tag=True)
+            self.write_kuberay(self.rendered.tags[0], allow_tag=True)
         wanted = req.push or req.smoke
-        notice = None if wanted else f"{why}\nstopped after render; the context in {out} is self-contained. {build_it}:\n  {how}"
-        return PipelineResult(status="rendered", summary=summary, locked=locked, rendered=rendered,
+        notice = None if wanted else (f"{why}\nstopped after render; the context in {out} is self-contained. "
+                                      f"{build_it}:\n  {how}")
+        return PipelineResult(status="rendered", summary=self.summary, locked=self.locked, rendered=self.rendered,
                               error=error if wanted else None, notice=notice)
 
-    try:
-        engine.ping()
-    except EngineUnavailable as exc:
-        how = build_hint(out, spec.repo, rendered.tags)
-        return stop_after_render(
-            f"[yellow]no container engine reachable[/yellow] ({exc.message})", "Build it where an engine runs", how,
-            EngineUnavailable(f"{exc.message} The context is complete in {out}, but --push/--smoke need an engine.",
-                              hint=f"build where an engine runs: {how}"),
-            engine=exc.message)
+    def reach_engine(self, engine) -> PipelineResult | None:
+        """None when the engine answers and holds the base images; else the run stops after render."""
+        out, spec, rendered = self.req.out, self.req.spec, self.rendered
+        try:
+            engine.ping()
+        except EngineUnavailable as exc:
+            how = build_hint(out, spec.repo, rendered.tags)
+            return self.stop_after_render(
+                f"[yellow]no container engine reachable[/yellow] ({exc.message})", "Build it where an engine runs",
+                how, EngineUnavailable(f"{exc.message} The context is complete in {out}, but --push/--smoke need "
+                                       "an engine.", hint=f"build where an engine runs: {how}"),
+                engine=exc.message)
+        missing = [] if self.req.pull else missing_bases(rendered.base_refs, engine)
+        if missing:
+            how = f"docker pull {missing[0]} && build-image build {out}" + (f" --tag {spec.repo}" if spec.repo else "")
+            msg = (f"the base image {', '.join(missing)} is not in the engine's image store (build-image never pulls "
+                   f"it implicitly; --pull allows it).")
+            return self.stop_after_render(f"[yellow]{msg}[/yellow]", "Build it", how,
+                                          BuildFailed(msg + f" The context is complete in {out}.", hint=how),
+                                          missing_base=missing)
+        return None
 
-    missing = [] if req.pull else missing_bases(rendered.base_refs, engine)
-    if missing:
-        how = f"docker pull {missing[0]} && build-image build {out}" + (f" --tag {spec.repo}" if spec.repo else "")
-        msg = (f"the base image {', '.join(missing)} is not in the engine's image store (build-image never pulls "
-               f"it implicitly; --pull allows it).")
-        return stop_after_render(f"[yellow]{msg}[/yellow]", "Build it", how,
-                                 BuildFailed(msg + f" The context is complete in {out}.", hint=how),
-                                 missing_base=missing)
+    def build(self, engine) -> None:
+        rendered = self.rendered
+        with self.stages.stage("build", "BuildKit, --network=none"):
+            self.built = build_image(rendered.out_dir, rendered.tags, vllm=rendered.vllm,
+                                     lock_hash=rendered.lock_hash, base_refs=rendered.base_refs, engine=engine,
+                                     pull=self.req.pull, bases_checked=True,
+                                     on_step=lambda s: self.console.print("build: " + s, markup=False,
+                                                                          highlight=False, soft_wrap=True))
+        self.summary.update(image_id=self.built.image_id, image_bytes=self.built.size_bytes,
+                            cached_steps=self.built.cached_steps)
+        for line in self.built.warnings:  # allowed base drift, listed by the checks stage
+            self.console.print(f"build warning: {line}", highlight=False, markup=False, soft_wrap=True)
+        if self.built.warnings:
+            self.summary["build_warnings"] = list(self.built.warnings)
 
-    with stages.stage("build", "BuildKit, --network=none"):
-        built = build_image(rendered.out_dir, rendered.tags, vllm=rendered.vllm, lock_hash=rendered.lock_hash,
-                            base_refs=rendered.base_refs, engine=engine, pull=req.pull, bases_checked=True,
-                            on_step=lambda s: console.print("build: " + s, markup=False, highlight=False,
-                                                            soft_wrap=True))
-    summary.update(image_id=built.image_id, image_bytes=built.size_bytes, cached_steps=built.cached_steps)
-    for line in built.warnings:  # allowed base drift, listed by the checks stage
-        console.print(f"build warning: {line}", highlight=False, markup=False, soft_wrap=True)
-    if built.warnings:
-        summary["build_warnings"] = list(built.warnings)
-    image_for_later = rendered.tags[0]
+    def push(self, engine) -> str:
+        """Push every tag; the image later stages use is the pushed digest."""
+        rendered = self.rendered
+        with self.stages.stage("push", f"{', '.join(rendered.tags)}"):
+            self.pushed = push_image(rendered.tags, force=self.req.force, engine=engine, context=rendered.out_dir,
+                                     on_step=lambda s: self.console.print(f"push: {s}", markup=False,
+                                                                          highlight=False))
+        self.summary.update(digest=self.pushed.digest, pinned=self.pushed.pinned,
+                            attestations=self.pushed.attestations)
+        return self.pushed.pinned
 
-    pushed = None
-    if req.push:
-        with stages.stage("push", f"{', '.join(rendered.tags)}"):
-            pushed = push_image(rendered.tags, force=req.force, engine=engine, context=rendered.out_dir,
-                                on_step=lambda s: console.print(f"push: {s}", markup=False, highlight=False))
-        summary.update(digest=pushed.digest, pinned=pushed.pinned, attestations=pushed.attestations)
-        image_for_later = pushed.pinned
-    if req.kuberay:
-        write_kuberay(image_for_later, allow_tag=not req.push)
-    rep, error = None, None
-    if req.smoke:
-        with stages.stage("smoke", f"{image_for_later} with {req.model}"):
-            rep = run_smoke(config_from_serving(spec.serving, model=req.model, image=image_for_later, vllm=spec.vllm),
-                            progress=lambda m: console.print(f"  smoke: {m}", highlight=False, markup=False),
-                            planned=plan)
-        console.print(render_text(rep), highlight=False, markup=False)
-        summary.update(smoke=rep.to_dict(), smoke_verdict=rep.verdict)
-        if rep.exit_code != 0:
-            error = VerdictFailure(f"smoke test of {image_for_later}: {rep.verdict}.")
-    status = "pushed" if req.push else "built"
-    summary.update(status=status, total_s=round(time.monotonic() - t_all, 2))
-    return PipelineResult(status=status, summary=summary, locked=locked, rendered=rendered, built=built,
-                          pushed=pushed, smoke=rep, error=error)
+    def smoke(self, image: str, plan: dict | None) -> BuildImageError | None:
+        """Boot the image and generate; a verdict other than PASS is the error the command raises."""
+        req, spec = self.req, self.req.spec
+        with self.stages.stage("smoke", f"{image} with {req.model}"):
+            self.smoked = run_smoke(
+                config_from_serving(spec.serving, model=req.model, image=image, vllm=spec.vllm),
+                progress=lambda m: self.console.print(f"  smoke: {m}", highlight=False, markup=False),
+                planned=plan)
+        self.console.print(render_text(self.smoked), highlight=False, markup=False)
+        self.summary.update(smoke=self.smoked.to_dict(), smoke_verdict=self.smoked.verdict)
+        if self.smoked.exit_code != 0:
+            return VerdictFailure(f"smoke test of {image}: {self.smoked.verdict}.")
+        return None
 
 

@@ -331,33 +331,8 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
                            b_wheel=b_src if b_src.is_file() else None)
         # 3. lock: A's overlay on B's base
         t0 = time.monotonic()
-        a_lock_path = Path(lock_from) if lock_from else default_lock_path(from_version)
-        a_lock = load_lock(a_lock_path) if a_lock_path.is_file() else None
-        overlay = list(with_) if with_ else (list(a_lock.overlay) if a_lock else [])
-        if default_overlay is None:
-            default_overlay = L.DEFAULT_RAY in overlay or not overlay
-        named = [w for w in overlay if w != L.DEFAULT_RAY]
-        b_lock_path = (out / "lockfiles" / f"vllm-{to_version}" / "requirements.lock") if out \
-            else scratch / "requirements.lock"
-        resolved = resolve_base(str(b_path), to_version)
-        req = L.request_for(vllm=to_version, base=resolved, with_=named, default_overlay=default_overlay,
-                            vllm_given=False, allow=dict(a_lock.allow_abi_change) if a_lock else {},
-                            find_links=list(find_links), no_index=no_index)
-        step = LockStep(status="written", overlay=list(req.overlay))
-        try:
-            say(f"locking {' '.join(req.overlay)} on {b_path.name}")
-            outcome = L.run(req, b_lock_path, upgrade=True, force=True, progress=say)
-            b_lock = load_lock(outcome.path)
-            step.path = str(outcome.path) if out else None
-            step.ray = b_lock.header.get("ray")
-            step.serve_backend = b_lock.header.get("serve-backend")
-            step.changes = lock_changes(_entries(a_lock) if a_lock else {}, _entries(b_lock))
-            if out:
-                written.append(str(outcome.path))
-        except AbiRejected as exc:
-            step.status, step.message, step.details = "abi-rejected", exc.message, exc.details or ""
-        except Unsatisfiable as exc:
-            step.status, step.message, step.details = "unsatisfiable", exc.message, exc.details or ""
+        step = _lock_on_b(from_version, to_version, b_path, lock_from, with_, default_overlay, find_links,
+                          no_index, out, scratch, written, say)
         timings["lock"] = time.monotonic() - t0
         # 4. plan
         plan_moves, plan_notes = _plan_diff(spec_path, a_src, b_src, from_version, to_version)
@@ -370,6 +345,41 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         return rep
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _lock_on_b(from_version: str, to_version: str, b_path: Path, lock_from: str | None, with_: list[str] | None,
+               default_overlay: bool | None, find_links, no_index: bool, out: Path | None, scratch: Path,
+               written: list[str], say) -> LockStep:
+    """A's overlay (its lock's, or ``with_``) locked on B's base; a lock the gate rejects or
+    that cannot be resolved is a step with that status, not an error."""
+    a_lock_path = Path(lock_from) if lock_from else default_lock_path(from_version)
+    a_lock = load_lock(a_lock_path) if a_lock_path.is_file() else None
+    overlay = list(with_) if with_ else (list(a_lock.overlay) if a_lock else [])
+    if default_overlay is None:
+        default_overlay = L.DEFAULT_RAY in overlay or not overlay
+    named = [w for w in overlay if w != L.DEFAULT_RAY]
+    b_lock_path = (out / "lockfiles" / f"vllm-{to_version}" / "requirements.lock") if out \
+        else scratch / "requirements.lock"
+    resolved = resolve_base(str(b_path), to_version)
+    req = L.request_for(vllm=to_version, base=resolved, with_=named, default_overlay=default_overlay,
+                        vllm_given=False, allow=dict(a_lock.allow_abi_change) if a_lock else {},
+                        find_links=list(find_links), no_index=no_index)
+    step = LockStep(status="written", overlay=list(req.overlay))
+    try:
+        say(f"locking {' '.join(req.overlay)} on {b_path.name}")
+        outcome = L.run(req, b_lock_path, upgrade=True, force=True, progress=say)
+        b_lock = load_lock(outcome.path)
+        step.path = str(outcome.path) if out else None
+        step.ray = b_lock.header.get("ray")
+        step.serve_backend = b_lock.header.get("serve-backend")
+        step.changes = lock_changes(_entries(a_lock) if a_lock else {}, _entries(b_lock))
+        if out:
+            written.append(str(outcome.path))
+    except AbiRejected as exc:
+        step.status, step.message, step.details = "abi-rejected", exc.message, exc.details or ""
+    except Unsatisfiable as exc:
+        step.status, step.message, step.details = "unsatisfiable", exc.message, exc.details or ""
+    return step
 
 
 def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[list[Move], list[str]]:

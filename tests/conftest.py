@@ -4,6 +4,21 @@ Shared fixtures live in plugin modules (one per area) so that parallel work on
 different stages does not collide in one file:
   tests/fx_wheels.py  - small wheels built by the tests into a find-links folder (+ gcc extensions)
   tests/fx_docker.py  - Docker engine / local registry / stand-in base image (session scoped)
+  tests/fx_cache.py   - locks for what the tests make in the shared download cache (no fixtures)
+
+Under pytest-xdist (``scripts/test.sh`` runs the tests that need no engine with ``-n N --dist
+loadgroup``) tests that share something run on one worker, in order: an ``xdist_group`` mark
+names what they share; every ``docker`` test is in the group "docker" (the engine, the registry
+on 127.0.0.1:5000, the image tags and the stand-in base).
 """
 
+import pytest
+
 pytest_plugins = ["tests.fx_wheels", "tests.fx_docker"]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("docker") is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("docker"))

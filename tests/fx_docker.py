@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fx_cache import cache_lock
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -109,13 +111,20 @@ def _cache_dir() -> Path:
     return cache_dir()
 
 
+def make_standin_base() -> subprocess.CompletedProcess:
+    """scripts/make-standin-base.sh (idempotent: nothing to do when the image is up to date), one
+    build of the tag at a time (xdist workers, concurrent runs, tests/prepare_docker.py)."""
+    env = dict(os.environ, BUILD_IMAGE_CACHE=str(_cache_dir()), DOCKER=DOCKER)
+    with cache_lock("standin-base"):
+        return subprocess.run(
+            ["bash", str(ROOT / "scripts" / "make-standin-base.sh"), STANDIN_REF],
+            capture_output=True, text=True, env=env, timeout=1200,
+        )
+
+
 @pytest.fixture(scope="session")
 def standin_base_image(docker_engine) -> StandinBase:
-    env = dict(os.environ, BUILD_IMAGE_CACHE=str(_cache_dir()), DOCKER=DOCKER)
-    proc = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "make-standin-base.sh"), STANDIN_REF],
-        capture_output=True, text=True, env=env, timeout=1200,
-    )
+    proc = make_standin_base()
     if proc.returncode != 0:
         pytest.fail(f"make-standin-base.sh failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     wheel = _cache_dir() / "standin" / "vllm-0.26.0-py3-none-any.whl"
@@ -142,13 +151,20 @@ def standin_findlinks(requirements: list[str] | tuple[str, ...] = ()) -> Path:
     Why offline: PyPI's real vllm 0.26.0 needs numpy>=1.25, which Debian bookworm's 1.24.2 is not.
     """
     import hashlib
-    import shutil
 
     key = hashlib.sha256("\n".join(sorted(requirements) + ["--pins--", *STANDIN_PINS]).encode()).hexdigest()[:12]
     root = _cache_dir() / "standin" / f"findlinks-{key}"
-    done = root / ".complete"
-    if done.exists():
+    if (root / ".complete").exists():
         return root
+    with cache_lock(f"standin-findlinks-{key}"):
+        if (root / ".complete").exists():  # made by another process while this one waited
+            return root
+        return _make_findlinks(root, requirements)
+
+
+def _make_findlinks(root: Path, requirements: list[str] | tuple[str, ...]) -> Path:
+    import shutil
+
     tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -20,10 +20,13 @@ from pathlib import Path
 import click
 import pytest
 
+from tests.fx_cache import real_vllm_wheel
+
 ROOT = Path(__file__).resolve().parents[1]
 UV = Path(sys.executable).parent / "uv"
 
-pytestmark = pytest.mark.slow
+# one xdist worker: the tests share one install (a module fixture)
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("install")]
 
 
 class Installed:
@@ -116,6 +119,14 @@ def test_every_command_answers_help(installed):
         assert r.returncode == 0 and "Usage:" in r.stdout, (args, r.stdout + r.stderr)
 
 
+@pytest.fixture(scope="module")
+def wheel_0_26() -> Path:
+    """render patches vllm 0.26.0: its wheel in the download cache before the installed tool
+    looks for it there (fetched under a lock another xdist worker may hold)."""
+    return real_vllm_wheel("0.26.0")
+
+
+@pytest.mark.usefixtures("wheel_0_26")
 def test_render_runs_from_any_directory(installed):
     """`build-image render --vllm 0.26.0`: the Dockerfile, the serve app and the patched files
     come from the installed package."""

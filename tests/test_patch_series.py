@@ -17,6 +17,7 @@ from packaging.version import Version
 from builder.patching import port as PO
 from builder.patching import probe as PR
 from builder.patching import series as P
+from tests.fx_cache import real_vllm_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
 SERIES_ROOT = ROOT / "patches" / "vllm"
@@ -68,7 +69,16 @@ def test_series_applies_exactly_to_the_releases_own_files(version, tmp_path):
 
 
 # ------------------------------------------------------------------ real wheels (slow)
+@pytest.fixture(scope="session")
+def real_wheels() -> list[Path]:
+    """The real wheels the CLI runs below read from the download cache, fetched first under a
+    lock (another xdist worker or run fetching one at the same time is waited for)."""
+    return [real_vllm_wheel(v) for v in REAL]
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("vllm-wheels")  # one worker: the CLI runs share the real wheels
+@pytest.mark.usefixtures("real_wheels")
 @pytest.mark.parametrize("version", REAL)
 def test_patch_check_probe_on_the_real_wheel(version):
     """`build-image patch check --vllm V --probe`: every patch applies, is needed, and works,
@@ -82,6 +92,8 @@ def test_patch_check_probe_on_the_real_wheel(version):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("vllm-wheels")
+@pytest.mark.usefixtures("real_wheels")
 def test_real_port_from_0_26_to_the_newest(tmp_path):
     """The 0.26.0 series against the newest wheel: nothing passes by accident. The layer-type
     patch's seam is gone (0.32.0+), so it is never `applies`; every status names its evidence."""
@@ -99,6 +111,8 @@ def test_real_port_from_0_26_to_the_newest(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("vllm-wheels")
+@pytest.mark.usefixtures("real_wheels")
 def test_upgrade_from_0_26_to_the_newest_markdown():
     """The platform team's command end to end on the real releases: base moves from the shipped
     manifests, the series ported through the real wheels, the overlay re-locked on the newest base."""

@@ -24,11 +24,12 @@ from pathlib import Path
 import pytest
 
 from builder.errors import PatchFailed
-from builder.fetch import vllm_wheel
 from builder.patching import series as P
 from builder.util import cache_dir, sha256_file
+from tests.fx_cache import cache_lock, real_vllm_wheel
 
-pytestmark = pytest.mark.slow
+# one worker under pytest-xdist: the session fixtures (the CPU environment and its trees) are made once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm-cpu-env")]
 
 VLLM = "0.26.0"
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +50,7 @@ def series() -> P.Series:
 
 @pytest.fixture(scope="session")
 def real_wheel(series) -> Path:
-    return vllm_wheel(VLLM, series.wheel_sha256)
+    return real_vllm_wheel(VLLM, series.wheel_sha256)
 
 
 def _find_links() -> list[str]:
@@ -70,29 +71,31 @@ def _series_key(series: P.Series, wheel: Path) -> str:
 def cpu_env(series, real_wheel) -> dict:
     """{"python": venv python, "unpatched": tree, "patched": tree, "seconds": setup time}."""
     t0 = time.monotonic()
-    base = cache_dir() / "patch-vllm-env"
-    venv_key = hashlib.sha256("\n".join(ENV_REQS).encode()).hexdigest()[:12]
-    venv = base / f"venv-{venv_key}"
-    python = venv / "bin" / "python"
-    if not (venv / ".complete").exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(venv)], check=True, timeout=300)
-        r = subprocess.run([UV, "pip", "install", "-q", "--python", str(python), *_find_links(), *ENV_REQS],
-                           capture_output=True, text=True, timeout=900)
-        assert r.returncode == 0, r.stderr[-3000:]
-        (venv / ".complete").touch()
-    trees = base / f"trees-{_series_key(series, real_wheel)}"
-    if not (trees / ".complete").exists():
-        shutil.rmtree(trees, ignore_errors=True)
-        unpatched = trees / "unpatched"
-        with zipfile.ZipFile(real_wheel) as z:
-            members = [m for m in z.namelist()
-                       if (m.startswith("vllm/") and not m.endswith(".so")) or m.startswith(f"vllm-{VLLM}.dist-info/")]
-            z.extractall(unpatched, members)
-        # the patched tree shares unchanged files by hard link; apply_site_packages replaces the targets
-        shutil.copytree(unpatched, trees / "patched", copy_function=os.link)
-        P.apply_site_packages(series, trees / "patched")
-        (trees / ".complete").touch()
+    with cache_lock("patch-vllm-env"):  # xdist workers and concurrent runs build it once
+        base = cache_dir() / "patch-vllm-env"
+        venv_key = hashlib.sha256("\n".join(ENV_REQS).encode()).hexdigest()[:12]
+        venv = base / f"venv-{venv_key}"
+        python = venv / "bin" / "python"
+        if not (venv / ".complete").exists():
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(venv)], check=True, timeout=300)
+            r = subprocess.run([UV, "pip", "install", "-q", "--python", str(python), *_find_links(), *ENV_REQS],
+                               capture_output=True, text=True, timeout=900)
+            assert r.returncode == 0, r.stderr[-3000:]
+            (venv / ".complete").touch()
+        trees = base / f"trees-{_series_key(series, real_wheel)}"
+        if not (trees / ".complete").exists():
+            shutil.rmtree(trees, ignore_errors=True)
+            unpatched = trees / "unpatched"
+            with zipfile.ZipFile(real_wheel) as z:
+                members = [m for m in z.namelist()
+                           if (m.startswith("vllm/") and not m.endswith(".so"))
+                           or m.startswith(f"vllm-{VLLM}.dist-info/")]
+                z.extractall(unpatched, members)
+            # the patched tree shares unchanged files by hard link; apply_site_packages replaces the targets
+            shutil.copytree(unpatched, trees / "patched", copy_function=os.link)
+            P.apply_site_packages(series, trees / "patched")
+            (trees / ".complete").touch()
     return {"python": str(python), "unpatched": trees / "unpatched", "patched": trees / "patched",
             "seconds": round(time.monotonic() - t0, 1)}
 

@@ -25,6 +25,7 @@ import yaml
 from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, load_lock, parse_lock
 from builder.serving import raycheck
 from builder.serving.raycheck import Finding, NodeReport, compare
+from tests.fx_cache import cache_lock
 from tests.fx_docker import DOCKER  # noqa: E402 - the CLI the tool itself runs
 
 RAY_REQ = "ray[serve]==2.60.0"
@@ -199,12 +200,19 @@ def ray_wheelhouse() -> Path:
     root = cache_dir() / "raycheck" / ("wheelhouse-" + RAY_REQ.replace("[", "-").replace("]", "").replace("==", "-"))
     if (root / ".complete").exists():
         return root
+    with cache_lock(root.name):
+        if (root / ".complete").exists():  # made by another process while this one waited
+            return root
+        return _download_ray_wheelhouse(root, _PIP_TARGET)
+
+
+def _download_ray_wheelhouse(root: Path, pip_target: list[str]) -> Path:
     tmp = root.with_name(root.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     (tmp / "constraints.txt").write_text("numpy==1.24.2\n")
     r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "-d", str(tmp),
-                        *_PIP_TARGET, "-c", str(tmp / "constraints.txt"), RAY_REQ, "packaging>=24.2"],
+                        *pip_target, "-c", str(tmp / "constraints.txt"), RAY_REQ, "packaging>=24.2"],
                        capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stderr[-2000:]
     (tmp / "constraints.txt").unlink()

@@ -149,6 +149,7 @@ def _own_ray_processes(temp_dir: str) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("local-ray")  # one local Ray head at a time
 def test_requests_through_a_real_ray_serve_deployment_of_the_fallback(tmp_path):
     pytest.importorskip("ray.serve")
     rep = run_smoke(_serve_cfg(tmp_path, "--pidfile", str(tmp_path / "fake.pid")))
@@ -173,6 +174,7 @@ def test_requests_through_a_real_ray_serve_deployment_of_the_fallback(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("local-ray")
 def test_a_replica_that_fails_to_start_is_a_fail_with_the_replica_log(tmp_path):
     pytest.importorskip("ray.serve")
     rep = run_smoke(_serve_cfg(tmp_path, "--exit-during-boot", boot_timeout=240))

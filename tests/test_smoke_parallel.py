@@ -187,6 +187,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("local-ray")  # one local Ray head at a time
 def test_ray_executor_starts_and_stops_a_loopback_ray_head(tmp_path):
     pytest.importorskip("ray")
     record = tmp_path / "record.json"

@@ -280,60 +280,16 @@ def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tre
     probe_file = (series.dir / pp.probe) if pp.probe else None
     has_probe = runner is not None and probe_file is not None and probe_file.is_file()
     # 1. place each file's hunks on B (pure, cheap)
-    method = APPLIES
-    staged: dict[str, list[str]] = {}
-    for f in p.files:
-        a_old = a_cur[f.relpath]
-        a_new, why = P._apply_hunks(a_old, f.hunks)
-        if a_new is None:
-            raise BadInput(f"series {series.dir}: {p.name} does not apply to its own release: {why}")
-        if f.relpath not in b_cur:
-            pp.detail.append(f"{f.relpath}: no such file in {series.package} {b_version}.")
-            method = CONFLICT
-            continue
-        b_old = b_cur[f.relpath]
-        b_new = exact_apply(b_old, f.hunks, scopes("".join(a_old)))
-        how = APPLIES
-        if b_new is not None:
-            bad = placement("".join(a_old), "".join(a_new), "".join(b_old), "".join(b_new))
-            if bad:
-                pp.detail.append(f"{f.relpath}: the exact context matches, but in another place: " + "; ".join(bad))
-                b_new = None
-        if b_new is None:
-            merged, conflicts = three_way(a_old, a_new, b_old)
-            if merged is None:
-                pp.detail.append(f"{f.relpath}: {len(conflicts)} region(s) did not merge:")
-                pp.detail += conflicts
-                method = CONFLICT
-                continue
-            bad = placement("".join(a_old), "".join(a_new), "".join(b_old), "".join(merged))
-            if bad:
-                pp.detail.append(f"{f.relpath}: the merge puts the change elsewhere: " + "; ".join(bad))
-                method = CONFLICT
-                continue
-            b_new, how = merged, MERGED
-            pp.detail.append(f"{f.relpath}: three-way merge (A's original as the ancestor) succeeded; review it.")
-        else:
-            pp.detail.append(f"{f.relpath}: every hunk's context found exactly in {b_version}.")
-        staged[f.relpath] = b_new
-        if how == MERGED and method == APPLIES:
-            method = MERGED
+    method, staged = _place_hunks(series, p, a_cur, b_cur, b_version, pp)
     _advance_a(p, a_cur)
-    # 2. the probes: B as it is (with the earlier ported patches) and, if the hunks landed, B ported;
-    #    run side by side (independent processes)
+    # 2. the probes: B as it is (with the earlier ported patches) and, if the hunks landed, B ported
     if has_probe:
-        from concurrent.futures import ThreadPoolExecutor
-
         if progress:
             progress(f"{p.name}: probe on {series.package} {b_version} as shipped"
                      + (" and on the ported tree" if method != CONFLICT else ""))
         pre = _tree_with(b_tree, b_cur, b_orig, tmp, f"pre{k}")
         post = _tree_with(b_tree, {**b_cur, **staged}, b_orig, tmp, f"post{k}") if method != CONFLICT else None
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            f_pre = pool.submit(runner.run, probe_file, pre)
-            f_post = pool.submit(runner.run, probe_file, post) if post is not None else None
-            pp.probe_unpatched = f_pre.result()
-            pp.probe_ported = f_post.result() if f_post is not None else None
+        pp.probe_unpatched, pp.probe_ported = _run_probes(runner, probe_file, pre, post)
         if pp.probe_unpatched.status == PR.PASS:
             pp.status = UPSTREAM
             pp.detail.insert(0, f"{series.package} {b_version} unpatched passes the probe {pp.probe}: "
@@ -353,15 +309,79 @@ def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tre
         pp.detail.append(f"the hunks land, but the probe {pp.probe} does not pass on the ported tree: "
                          + pp.probe_ported.summary())
         return pp
+    _accept(series, pp, method, staged, b_cur, b_version, p.headers)
+    return pp
+
+
+def _place_hunks(series, p: P.Patch, a_cur, b_cur, b_version, pp: PortedPatch) -> tuple[str, dict[str, list[str]]]:
+    """Each file's hunks placed on B: APPLIES (exact context), MERGED (three-way merge) or
+    CONFLICT for the patch, and the new lines of each file that landed."""
+    method = APPLIES
+    staged: dict[str, list[str]] = {}
+    for f in p.files:
+        a_old = a_cur[f.relpath]
+        a_new, why = P._apply_hunks(a_old, f.hunks)
+        if a_new is None:
+            raise BadInput(f"series {series.dir}: {p.name} does not apply to its own release: {why}")
+        if f.relpath not in b_cur:
+            pp.detail.append(f"{f.relpath}: no such file in {series.package} {b_version}.")
+            method = CONFLICT
+            continue
+        b_new, how = _place_file(f, a_old, a_new, b_cur[f.relpath], b_version, pp)
+        if b_new is None:
+            method = CONFLICT
+            continue
+        staged[f.relpath] = b_new
+        if how == MERGED and method == APPLIES:
+            method = MERGED
+    return method, staged
+
+
+def _place_file(f, a_old: list[str], a_new: list[str], b_old: list[str], b_version: str,
+                pp: PortedPatch) -> tuple[list[str] | None, str]:
+    """One file's hunks on B: exactly where A's context is, else by a three-way merge; the
+    change must land where it did on A.  (None, CONFLICT) when it does not; why is in ``pp.detail``."""
+    b_new = exact_apply(b_old, f.hunks, scopes("".join(a_old)))
+    if b_new is not None:
+        bad = placement("".join(a_old), "".join(a_new), "".join(b_old), "".join(b_new))
+        if not bad:
+            pp.detail.append(f"{f.relpath}: every hunk's context found exactly in {b_version}.")
+            return b_new, APPLIES
+        pp.detail.append(f"{f.relpath}: the exact context matches, but in another place: " + "; ".join(bad))
+    merged, conflicts = three_way(a_old, a_new, b_old)
+    if merged is None:
+        pp.detail.append(f"{f.relpath}: {len(conflicts)} region(s) did not merge:")
+        pp.detail += conflicts
+        return None, CONFLICT
+    bad = placement("".join(a_old), "".join(a_new), "".join(b_old), "".join(merged))
+    if bad:
+        pp.detail.append(f"{f.relpath}: the merge puts the change elsewhere: " + "; ".join(bad))
+        return None, CONFLICT
+    pp.detail.append(f"{f.relpath}: three-way merge (A's original as the ancestor) succeeded; review it.")
+    return merged, MERGED
+
+
+def _run_probes(runner: PR.ProbeRunner, probe_file: Path, pre: Path, post: Path | None):
+    """The probe on B as it is and on B ported, side by side (independent processes)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        f_pre = pool.submit(runner.run, probe_file, pre)
+        f_post = pool.submit(runner.run, probe_file, post) if post is not None else None
+        return f_pre.result(), (f_post.result() if f_post is not None else None)
+
+
+def _accept(series, pp: PortedPatch, method: str, staged: dict[str, list[str]], b_cur, b_version: str,
+            headers) -> None:
+    """The port is accepted: its files become B's current state and its text is written."""
     pp.status = method
     for rel, new in staged.items():
         pp.files[rel] = ("".join(b_cur[rel]).encode(), "".join(new).encode())
     b_cur.update(staged)
     note = ("applies (no fuzz; offsets regenerated)" if method == APPLIES
             else "merged (three-way merge with the old release's original as the ancestor; needs review)")
-    headers = ported_headers(p.headers, series.package, series.version, b_version, note)
+    headers = ported_headers(headers, series.package, series.version, b_version, note)
     pp.text = header_text(headers) + "".join(unified(rel, o.decode(), n.decode()) for rel, (o, n) in pp.files.items())
-    return pp
 
 
 def _advance_a(p: P.Patch, a_cur: dict[str, list[str]]) -> None:

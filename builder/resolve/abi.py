@@ -335,6 +335,32 @@ def build_chain(
 # ---------------------------------------------------------------- the gate
 
 
+@dataclass
+class _Gate:
+    """What the rules read while judging one lock: the base, the final set of
+    distributions (base + lock), and what builds the chains."""
+
+    base: BaseManifest
+    vllm: str
+    requires: Mapping[str, list[str]] | None
+    overlay: list[str]
+    final: dict[str, tuple[str, str]] = field(default_factory=dict)  # canonical -> (display name, version)
+    final_facts: dict[str, DistFacts] = field(default_factory=dict)
+    via: dict[str, list[str]] = field(default_factory=dict)
+    base_versions: dict[str, str] = field(default_factory=dict)
+    base_cu: str | None = None
+    fresh_stack: bool = False
+
+    def chain(self, name: str) -> list[str]:
+        return build_chain(name, self.final, self.via, self.requires, self.overlay,
+                           base_versions=self.base_versions,
+                           env=target_environment(self.base.python_version, self.base.platform))
+
+    def finding(self, rule: str, e: LockEntry, old: str | None, message: str,
+                evidence: list[str] | None = None) -> Finding:
+        return Finding(e.name, rule, old, e.version, message, evidence or [], self.chain(e.name))
+
+
 def evaluate(
     base: BaseManifest,
     entries: list[LockEntry],
@@ -351,110 +377,140 @@ def evaluate(
     the base's vllm); ``requires``/``overlay`` only enrich the chains.
     """
     allow = {canonical_name(k): v for k, v in (allow or {}).items()}
-    vllm = vllm or (base.get("vllm").version if base.get("vllm") else "?")
-    overlay = list(overlay)
-    final: dict[str, tuple[str, str]] = {k: (d.name, d.version) for k, d in base.distributions.items()}
-    final_facts: dict[str, DistFacts] = {k: d.facts for k, d in base.distributions.items()}
-    via: dict[str, list[str]] = {}
-    for e in entries:
-        final[e.key] = (e.name, e.version)
-        final_facts[e.key] = e.facts
-        via[e.key] = list(e.via)
-    base_versions = {k: d.version for k, d in base.distributions.items()}
-    base_cu = base_cuda_variant(base)
+    gate = _gate_of(base, entries, vllm, requires, overlay)
     findings: list[Finding] = []
-
-    def chain(name: str) -> list[str]:
-        return build_chain(name, final, via, requires, overlay, base_versions=base_versions,
-                           env=target_environment(base.python_version, base.platform))
-
-    def add(rule: str, e: LockEntry, old: str | None, message: str, evidence: list[str] | None = None) -> None:
-        findings.append(Finding(e.name, rule, old, e.version, message, evidence or [], chain(e.name)))
-
-    # A base with no member of the exact-coupled family (a ray or python image) that gets vllm in the
-    # lock takes the whole family as vllm pins it: nothing of the base is coupled to it.
-    fresh_stack = (not any(is_exact_coupled(k) for k in base.distributions)
-                   and any(e.key == "vllm" for e in entries))
-    unversioned = base.unversioned
     for e in sorted(entries, key=lambda x: x.key):
         b: Distribution | None = base.get(e.name)
-        old = b.version if b else None
-        moved = b is not None and not same_version(b.version, e.version)
-        f = e.facts
-        if b is None and e.key in unversioned:
-            add(
-                UNVERSIONED_IN_BASE,
-                e,
-                None,
-                f"the lock pins {e.name} {e.version}, but the image already holds its own {e.name}, which the base "
-                "manifest cannot version; installing this one on top would replace the image's build: a conflict "
-                "with the base.",
-                [f"{e.name}: {unversioned[e.key]}"],
-            )
-        if is_exact_coupled(e.name) and b is None and fresh_stack:
-            findings.append(Finding(
-                e.name, NEW_STACK, None, e.version,
-                f"{e.name} {e.version} is new on this base, which ships none of vllm's exact-coupled family: "
-                f"installed with vllm {vllm} at the version its requirements pin.", [], chain(e.name)))
-        elif is_exact_coupled(e.name) and (moved or b is None):
-            what = f"moves {e.name} {old} -> {e.version}" if moved else f"adds {e.name} {e.version}, which the base does not ship"
-            add(
-                EXACT_COUPLED,
-                e,
-                old,
-                f"the lock {what}; vllm {vllm}'s compiled kernels are built against the exact "
-                "torch/triton/CUDA-library builds of the base, so this family may never change on top of it.",
-                [f"{e.name} is in the exact-coupled family (torch, torchvision, torchaudio, triton, vllm, "
-                 "flashinfer*, xformers, nvidia-*, cuda-*)"],
-            )
-        cu = cuda_variant(e.name, e.version)
-        if cu and base_cu and cu != base_cu:
-            add(
-                CUDA_VARIANT,
-                e,
-                old,
-                f"{e.name} {e.version} is built for CUDA {cu[2:]} but the base runs CUDA {base_cu[2:]}.",
-                [f"{e.name} {e.version}: variant {cu} (from its name/version); base: {base_cu}"
-                 + (f" (cuda {base.cuda})" if base.cuda else "")],
-            )
-        if glibc_too_new(f.glibc, base.glibc):
-            add(
-                GLIBC,
-                e,
-                old,
-                f"{e.name} {e.version} needs GLIBC_{f.glibc} but the base has glibc {base.glibc}.",
-                [f"{e.name} {e.version}: ELF files require GLIBC_{f.glibc} (highest symbol version); base glibc {base.glibc}"],
-            )
-        if not python_abi_ok(f.python_abi, base.python_abi):
-            add(
-                PYTHON_ABI,
-                e,
-                old,
-                f"{e.name} {e.version} is built for Python ABI {f.python_abi}, the base interpreter is "
-                f"{base.python_abi} (Python {base.python_version}).",
-                [f"{e.name} {e.version}: python-abi={f.python_abi}; base: {base.python_abi}"],
-            )
-        if moved and not is_exact_coupled(e.name):
-            base_binary = b.facts.binary or f.binary
-            if base_binary:
-                findings.append(Finding(
-                    e.name, BINARY_MOVE, old, e.version,
-                    f"binary base distribution {e.name} moves {old} -> {e.version}: "
-                    f"{'newer' if _newer(e.version, old) else 'older'} than what vllm {vllm} shipped with; "
-                    "passed the binary checks — test it with this vllm before shipping.",
-                    [], chain(e.name)))
-            else:
-                newer = _newer(e.version, old)
-                rule = NEWER_THAN_BASE if newer else OLDER_THAN_BASE
-                word = "newer" if newer else "older"
-                findings.append(Finding(
-                    e.name, rule, old, e.version,
-                    f"{e.name} {e.version} is {word} than what vllm {vllm} shipped with ({old}); "
-                    "pure Python, allowed — test it with this vllm before shipping.",
-                    [], chain(e.name)))
+        findings += _unversioned_findings(gate, e, b)
+        findings += _stack_findings(gate, e, b)
+        findings += _binary_findings(gate, e, b.version if b else None)
+        findings += _move_findings(gate, e, b)
+    findings.extend(_numpy_findings(base, entries, gate.final, gate.final_facts, gate.chain))
+    return _sorted_out(findings, allow)
 
-    findings.extend(_numpy_findings(base, entries, final, final_facts, chain))
 
+def _gate_of(base: BaseManifest, entries: list[LockEntry], vllm: str | None,
+             requires: Mapping[str, list[str]] | None, overlay: Iterable[str]) -> _Gate:
+    gate = _Gate(base=base, vllm=vllm or (base.get("vllm").version if base.get("vllm") else "?"),
+                 requires=requires, overlay=list(overlay))
+    gate.final = {k: (d.name, d.version) for k, d in base.distributions.items()}
+    gate.final_facts = {k: d.facts for k, d in base.distributions.items()}
+    for e in entries:
+        gate.final[e.key] = (e.name, e.version)
+        gate.final_facts[e.key] = e.facts
+        gate.via[e.key] = list(e.via)
+    gate.base_versions = {k: d.version for k, d in base.distributions.items()}
+    gate.base_cu = base_cuda_variant(base)
+    # A base with no member of the exact-coupled family (a ray or python image) that gets vllm in the
+    # lock takes the whole family as vllm pins it: nothing of the base is coupled to it.
+    gate.fresh_stack = (not any(is_exact_coupled(k) for k in base.distributions)
+                        and any(e.key == "vllm" for e in entries))
+    return gate
+
+
+def _unversioned_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
+    """A distribution the image holds but its manifest cannot version: installing the lock's
+    would replace the image's own build."""
+    unversioned = gate.base.unversioned
+    if b is not None or e.key not in unversioned:
+        return []
+    return [gate.finding(
+        UNVERSIONED_IN_BASE,
+        e,
+        None,
+        f"the lock pins {e.name} {e.version}, but the image already holds its own {e.name}, which the base "
+        "manifest cannot version; installing this one on top would replace the image's build: a conflict "
+        "with the base.",
+        [f"{e.name}: {unversioned[e.key]}"],
+    )]
+
+
+def _stack_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
+    """The exact-coupled family (torch, triton, vllm, CUDA libraries): never moved or added on top of the base."""
+    if not is_exact_coupled(e.name):
+        return []
+    old = b.version if b else None
+    moved = b is not None and not same_version(b.version, e.version)
+    vllm = gate.vllm
+    if b is None and gate.fresh_stack:
+        return [Finding(
+            e.name, NEW_STACK, None, e.version,
+            f"{e.name} {e.version} is new on this base, which ships none of vllm's exact-coupled family: "
+            f"installed with vllm {vllm} at the version its requirements pin.", [], gate.chain(e.name))]
+    if not (moved or b is None):
+        return []
+    what = (f"moves {e.name} {old} -> {e.version}" if moved
+            else f"adds {e.name} {e.version}, which the base does not ship")
+    return [gate.finding(
+        EXACT_COUPLED,
+        e,
+        old,
+        f"the lock {what}; vllm {vllm}'s compiled kernels are built against the exact "
+        "torch/triton/CUDA-library builds of the base, so this family may never change on top of it.",
+        [f"{e.name} is in the exact-coupled family (torch, torchvision, torchaudio, triton, vllm, "
+         "flashinfer*, xformers, nvidia-*, cuda-*)"],
+    )]
+
+
+def _binary_findings(gate: _Gate, e: LockEntry, old: str | None) -> list[Finding]:
+    """The wheel's binary facts against the base: CUDA variant, glibc, Python ABI."""
+    base, f = gate.base, e.facts
+    out: list[Finding] = []
+    cu = cuda_variant(e.name, e.version)
+    if cu and gate.base_cu and cu != gate.base_cu:
+        out.append(gate.finding(
+            CUDA_VARIANT,
+            e,
+            old,
+            f"{e.name} {e.version} is built for CUDA {cu[2:]} but the base runs CUDA {gate.base_cu[2:]}.",
+            [f"{e.name} {e.version}: variant {cu} (from its name/version); base: {gate.base_cu}"
+             + (f" (cuda {base.cuda})" if base.cuda else "")],
+        ))
+    if glibc_too_new(f.glibc, base.glibc):
+        out.append(gate.finding(
+            GLIBC,
+            e,
+            old,
+            f"{e.name} {e.version} needs GLIBC_{f.glibc} but the base has glibc {base.glibc}.",
+            [f"{e.name} {e.version}: ELF files require GLIBC_{f.glibc} (highest symbol version); "
+             f"base glibc {base.glibc}"],
+        ))
+    if not python_abi_ok(f.python_abi, base.python_abi):
+        out.append(gate.finding(
+            PYTHON_ABI,
+            e,
+            old,
+            f"{e.name} {e.version} is built for Python ABI {f.python_abi}, the base interpreter is "
+            f"{base.python_abi} (Python {base.python_version}).",
+            [f"{e.name} {e.version}: python-abi={f.python_abi}; base: {base.python_abi}"],
+        ))
+    return out
+
+
+def _move_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
+    """A base distribution outside the exact-coupled family that moves: a notice, binary or pure Python."""
+    if b is None or same_version(b.version, e.version) or is_exact_coupled(e.name):
+        return []
+    old, vllm = b.version, gate.vllm
+    if b.facts.binary or e.facts.binary:
+        return [Finding(
+            e.name, BINARY_MOVE, old, e.version,
+            f"binary base distribution {e.name} moves {old} -> {e.version}: "
+            f"{'newer' if _newer(e.version, old) else 'older'} than what vllm {vllm} shipped with; "
+            "passed the binary checks — test it with this vllm before shipping.",
+            [], gate.chain(e.name))]
+    newer = _newer(e.version, old)
+    rule = NEWER_THAN_BASE if newer else OLDER_THAN_BASE
+    word = "newer" if newer else "older"
+    return [Finding(
+        e.name, rule, old, e.version,
+        f"{e.name} {e.version} is {word} than what vllm {vllm} shipped with ({old}); "
+        "pure Python, allowed — test it with this vllm before shipping.",
+        [], gate.chain(e.name))]
+
+
+def _sorted_out(findings: list[Finding], allow: Mapping[str, str]) -> GateResult:
+    """Notices, findings the header allows (with its reason), violations."""
     result = GateResult()
     for fd in findings:
         if fd.rule in NOTICE_RULES:

@@ -812,114 +812,143 @@ def snapshot_image(
     export_progress: Callable[[int], None] | None = None,
 ) -> BaseManifest:
     """A ``read-from-image`` manifest of a LOCAL image (never pulled)."""
-    import json as _json
-
     if python is not None:
         _check_xy(python, "--python")
     if glibc is not None:
         _check_xy(glibc, "--glibc")
     if cuda is not None:
         _check_xy(cuda, "--cuda")
+    info = _inspect_local_image(ref)
+    env = {}
+    for kv in (info.get("Config") or {}).get("Env") or []:
+        k, _, v = kv.partition("=")
+        env[k] = v
+    created = _docker(["create", "--pull=never", "--network=none", ref, "build-image-snapshot-never-started"])
+    cid = created.stdout.strip().splitlines()[-1]
+    tmp = tempfile.mkdtemp(prefix="bi-image-")
+    try:
+        scan = _scan_image_tree(ref, cid, Path(tmp), env, python, progress, export_progress)
+    finally:
+        _docker(["rm", "-f", cid], check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+    if glibc is None:
+        glibc = scan.glibc
+    if glibc is None:
+        raise BadInput(f"image {ref!r}: no libc.so.6 found to read the glibc version from (musl or unusual layout?).",
+                       hint="pass --glibc X.Y explicitly.")
+    if cuda is None:
+        cuda = _image_cuda(env, scan.dists)
+    method = (
+        f"read from the local image {ref} (image id {info.get('Id')}) through the Docker engine: "
+        f"`docker create` + streamed `docker export`; scanned {', '.join('/' + d for d in scan.dirs)} "
+        f"({sum(scan.counts.values())} dist-info), glibc from /lib libc.so.6, OS from /etc/os-release"
+        + (", CUDA from the image's CUDA_VERSION" if env.get("CUDA_VERSION") else "")
+        + "."
+    )
+    return BaseManifest(
+        image_ref=ref,
+        image_digest=_local_image_digest(ref, info),
+        os=scan.os_name,
+        glibc=glibc,
+        python_version=scan.python,
+        python_abi="cp" + scan.python.replace(".", ""),
+        site_packages="/" + max(scan.dirs, key=lambda d: scan.counts[d]),
+        cuda=cuda,
+        platform=platform or platform_for(glibc),
+        provenance_kind="read-from-image",
+        provenance_method=method,
+        distributions=scan.dists,
+        consistency=image_consistency(ref, scan.dists, scan.interpreter),
+    )
+
+
+def _inspect_local_image(ref: str) -> dict:
+    """``docker image inspect`` of an image the engine holds; one it does not is BadInput."""
+    import json as _json
+
     insp = _docker(["image", "inspect", ref], check=False)
     if insp.returncode != 0:
         err = insp.stderr.lower()
         if "no such image" in err or "no such object" in err:
             raise BadInput(
                 f"image {ref!r} is not in the local engine; build-image never pulls implicitly.",
-                hint=f"pull or load it first (`docker pull {ref}` / `docker load`), or snapshot a directory with --site-packages.",
+                hint=f"pull or load it first (`docker pull {ref}` / `docker load`), or snapshot a directory "
+                     "with --site-packages.",
             )
         raise _engine_error(["image", "inspect", ref], insp.stderr)
-    info = _json.loads(insp.stdout)[0]
-    image_id = info.get("Id")
-    digest = None
-    if "@sha256:" in ref:
-        digest = ref.split("@", 1)[1]
-    else:
-        repo = _repo_of(ref)
-        for rd in info.get("RepoDigests") or []:
-            if _repo_of(rd) == repo:
-                digest = rd.split("@", 1)[1]
-                break
-    env = {}
-    for kv in (info.get("Config") or {}).get("Env") or []:
-        k, _, v = kv.partition("=")
-        env[k] = v
+    return _json.loads(insp.stdout)[0]
 
-    created = _docker(["create", "--pull=never", "--network=none", ref, "build-image-snapshot-never-started"])
-    cid = created.stdout.strip().splitlines()[-1]
-    tmp = tempfile.mkdtemp(prefix="bi-image-")
-    try:
-        tree = _read_image_tree(cid, Path(tmp), export_progress)
-        cands = _python_candidates(tree, env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))
-        interpreter = None
-        if python is None:
-            if cands:
-                python, interpreter = cands[0]
-            else:
-                lib_vers = _versions_from_lib_dirs(tree)
-                if len(lib_vers) == 1:
-                    python = lib_vers[0]
+
+def _local_image_digest(ref: str, info: dict) -> str | None:
+    """The digest the reference names, else the image's repo digest in the reference's repository."""
+    if "@sha256:" in ref:
+        return ref.split("@", 1)[1]
+    repo = _repo_of(ref)
+    for rd in info.get("RepoDigests") or []:
+        if _repo_of(rd) == repo:
+            return rd.split("@", 1)[1]
+    return None
+
+
+@dataclass
+class _TreeScan:
+    """What an image's file tree says: its Python, site-packages and distributions, glibc, OS."""
+
+    python: str
+    interpreter: str | None  # the python3 found on the image's PATH, as a path in the image
+    dirs: list[str]
+    dists: dict[str, Distribution]
+    counts: dict[str, int]  # site-packages directory -> dist-info found there
+    glibc: str | None
+    os_name: str | None
+
+
+def _scan_image_tree(ref: str, cid: str, tmp: Path, env: dict[str, str], python: str | None,
+                     progress: Callable[[str, int, int], None] | None,
+                     export_progress: Callable[[int], None] | None) -> _TreeScan:
+    """Export the created container's file tree into ``tmp`` and read it."""
+    tree = _read_image_tree(cid, tmp, export_progress)
+    cands = _python_candidates(tree, env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))
+    interpreter = None
+    if python is None:
+        if cands:
+            python, interpreter = cands[0]
         else:
-            interpreter = next((p for v, p in cands if v == python), None)
-        if not python:
-            raise BadInput(
-                f"image {ref!r} has no Python interpreter that build-image can identify "
-                "(no python3 on its PATH, no lib/pythonX.Y/site-packages).",
-                hint="is this really a Python image? pass --python X.Y if the layout is unusual.",
-            )
-        dirs = _site_dirs(tree, python, interpreter)
-        if not dirs:
-            raise BadInput(f"image {ref!r}: no site-packages directory for Python {python} found.")
-        dists: dict[str, Distribution] = {}
-        counts: dict[str, int] = {}
-        for d in dirs:
-            found = scan_site_packages(Path(tmp) / d, progress=progress)
-            counts[d] = len(found)
-            for k, v in found.items():
-                dists.setdefault(k, v)  # first on sys.path wins, as at import time
-        primary = max(dirs, key=lambda d: counts[d])
-        glibc_found = _image_glibc(tree)
-        os_name = _read_os_release(tree)
-    finally:
-        _docker(["rm", "-f", cid], check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
-    if glibc is None:
-        glibc = glibc_found
-    if glibc is None:
-        raise BadInput(f"image {ref!r}: no libc.so.6 found to read the glibc version from (musl or unusual layout?).",
-                       hint="pass --glibc X.Y explicitly.")
-    if cuda is None:
-        m = re.match(r"^(\d+)\.(\d+)", env.get("CUDA_VERSION", ""))
-        if m:
-            cuda = f"{m.group(1)}.{m.group(2)}"
-        else:
-            for key in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12"):
-                if key in dists:
-                    mv = re.match(r"^(\d+)\.(\d+)", dists[key].version)
-                    cuda = f"{mv.group(1)}.{mv.group(2)}" if mv else None
-                    break
-    method = (
-        f"read from the local image {ref} (image id {image_id}) through the Docker engine: "
-        f"`docker create` + streamed `docker export`; scanned {', '.join('/' + d for d in dirs)} "
-        f"({sum(counts.values())} dist-info), glibc from /lib libc.so.6, OS from /etc/os-release"
-        + (", CUDA from the image's CUDA_VERSION" if env.get("CUDA_VERSION") else "")
-        + "."
-    )
-    return BaseManifest(
-        image_ref=ref,
-        image_digest=digest,
-        os=os_name,
-        glibc=glibc,
-        python_version=python,
-        python_abi="cp" + python.replace(".", ""),
-        site_packages="/" + primary,
-        cuda=cuda,
-        platform=platform or platform_for(glibc),
-        provenance_kind="read-from-image",
-        provenance_method=method,
-        distributions=dists,
-        consistency=image_consistency(ref, dists, interpreter),
-    )
+            lib_vers = _versions_from_lib_dirs(tree)
+            if len(lib_vers) == 1:
+                python = lib_vers[0]
+    else:
+        interpreter = next((p for v, p in cands if v == python), None)
+    if not python:
+        raise BadInput(
+            f"image {ref!r} has no Python interpreter that build-image can identify "
+            "(no python3 on its PATH, no lib/pythonX.Y/site-packages).",
+            hint="is this really a Python image? pass --python X.Y if the layout is unusual.",
+        )
+    dirs = _site_dirs(tree, python, interpreter)
+    if not dirs:
+        raise BadInput(f"image {ref!r}: no site-packages directory for Python {python} found.")
+    dists: dict[str, Distribution] = {}
+    counts: dict[str, int] = {}
+    for d in dirs:
+        found = scan_site_packages(tmp / d, progress=progress)
+        counts[d] = len(found)
+        for k, v in found.items():
+            dists.setdefault(k, v)  # first on sys.path wins, as at import time
+    return _TreeScan(python=python, interpreter=interpreter, dirs=dirs, dists=dists, counts=counts,
+                     glibc=_image_glibc(tree), os_name=_read_os_release(tree))
+
+
+def _image_cuda(env: dict[str, str], dists: dict[str, Distribution]) -> str | None:
+    """The image's CUDA X.Y: its CUDA_VERSION, else the CUDA runtime distribution's version."""
+    m = re.match(r"^(\d+)\.(\d+)", env.get("CUDA_VERSION", ""))
+    if m:
+        return f"{m.group(1)}.{m.group(2)}"
+    for key in ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12"):
+        if key in dists:
+            mv = re.match(r"^(\d+)\.(\d+)", dists[key].version)
+            return f"{mv.group(1)}.{mv.group(2)}" if mv else None
+    return None
 
 
 def image_consistency(ref: str, dists: dict[str, Distribution], interpreter: str | None) -> dict | None:

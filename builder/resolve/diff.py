@@ -422,12 +422,44 @@ def diff_locks(
     if old is None and new is None:
         raise BadInput(f"diff {path or '<locks>'}: neither side has a lock to compare.")
     status = "added" if old is None else "deleted" if new is None else "modified"
-    notes: list[str] = []
     empty = LockFile(header={}, overlay=[], allow_abi_change={}, entries=[])
     o, n = old or empty, new or empty
     vllm = n.header.get("vllm") or o.header.get("vllm")
+    header = _header_changes(status, o, n, path)
+    noise = Noise()
+    if status == "modified":
+        noise.header_churn = _header_churn(o, n)
+    moved_base = base_move(old_base, new_base) if old is not None and new is not None else []
+    gated = _gate_sides(old, new, old_base, new_base)
+    changes = _changes(o, n, gated, vllm, noise)
+    if status == "modified":
+        _order_noise(o, n, noise, unchanged=not header and not changes, old_text=old_text, new_text=new_text)
+    src = dict(base_source or {})
+    src.setdefault("kind", gated.new_base.provenance_kind if gated.new_base is not None else "none")
+    return LockDiff(
+        path=path,
+        old_label=old_label,
+        new_label=new_label,
+        status=status if (status != "modified" or header or changes or noise.count) else "unchanged",
+        vllm=vllm,
+        header=header,
+        changes=changes,
+        noise=noise,
+        base_source=src,
+        notes=gated.notes,
+        old_count=len(o.entries),
+        new_count=len(n.entries),
+        fail_on_allowed=fail_on_allowed,
+        base_move=moved_base,
+        hand_edited=[f"{label}: {msg}" for label, side in ((old_label, old), (new_label, new))
+                     if side is not None for msg in getattr(side, "problems", [])],
+    )
 
-    # ---- header on top
+
+def _header_changes(status: str, o: LockFile, n: LockFile, path: str) -> list[HeaderChange]:
+    """The header changes reported on top: the top keys (or, for a lock that appears or
+    disappears, the lock itself and its identifying keys), overlay requirements and
+    allow-abi-change lines."""
     header: list[HeaderChange] = []
     if status == "modified":
         for key in TOP_KEYS:
@@ -452,16 +484,33 @@ def diff_locks(
             header.append(HeaderChange("allow-abi-change",
                                        f"{name}: {a}" if a is not None else None,
                                        f"{name}: {b}" if b is not None else None))
-    noise = Noise()
-    if status == "modified":
-        churn = sorted(
-            k for k in set(o.header) | set(n.header)
-            if k not in TOP_KEYS and k != "entries" and o.header.get(k) != n.header.get(k)
-        )
-        noise.header_churn = churn
+    return header
 
-    moved_base = base_move(old_base, new_base) if old is not None and new is not None else []
-    # ---- gate on each side
+
+def _header_churn(o: LockFile, n: LockFile) -> list[str]:
+    """The other header keys that differ (tool, inputs-sha256, ...): noise."""
+    return sorted(
+        k for k in set(o.header) | set(n.header)
+        if k not in TOP_KEYS and k != "entries" and o.header.get(k) != n.header.get(k)
+    )
+
+
+@dataclass
+class _Gated:
+    """The gate's findings on both sides, indexed for classification."""
+
+    new_base: BaseManifest | None
+    new_find: dict[str, list] = field(default_factory=dict)  # canonical name -> violations + allowed (new lock)
+    old_rules: dict[tuple[str, str], tuple] = field(default_factory=dict)  # (name, rule) -> signature (old lock)
+    notices: dict[str, list] = field(default_factory=dict)  # canonical name -> notices (new lock)
+    notes: list[str] = field(default_factory=list)
+
+
+def _gate_sides(old: LockFile | None, new: LockFile | None,
+                old_base: BaseManifest | None, new_base: BaseManifest | None) -> _Gated:
+    """Run the gate on the new lock, and on the old one when a finding sits on an
+    unchanged entry; a missing base manifest is rebuilt from its lock."""
+    notes: list[str] = []
     if new is not None and new_base is None:
         new_base = base_from_lock(new)
         notes.append(
@@ -470,68 +519,53 @@ def diff_locks(
         )
     if old is not None and old_base is None:
         old_base = base_from_lock(old)
+    gated = _Gated(new_base=new_base, notes=notes)
     new_res = _gate(new_base, new) if new is not None else None
+    if new_res is None:
+        return gated
+    for fd in new_res.violations + new_res.allowed:
+        gated.new_find.setdefault(canonical_name(fd.name), []).append(fd)
+    for fd in new_res.notices:
+        gated.notices.setdefault(canonical_name(fd.name), []).append(fd)
     # The old lock's findings only matter for entries that did not change (is the
     # finding news?); skip the second evaluation when no such finding exists.
-    old_res = None
-    if old is not None and new_res is not None:
+    if old is not None:
         ob0, nb0 = old.by_name(), new.by_name()
         if any(_same_entry(ob0.get(canonical_name(fd.name)), nb0.get(canonical_name(fd.name)))
                for fd in new_res.violations + new_res.allowed):
             old_res = _gate(old_base, old)
-    new_find: dict[str, list] = {}
-    if new_res is not None:
-        for fd in new_res.violations + new_res.allowed:
-            new_find.setdefault(canonical_name(fd.name), []).append(fd)
-    old_rules: dict[tuple[str, str], tuple] = {}
-    if old_res is not None:
-        old_rules = {(canonical_name(fd.name), fd.rule): _finding_sig(fd) for fd in old_res.violations + old_res.allowed}
-    notices: dict[str, list] = {}
-    if new_res is not None:
-        for fd in new_res.notices:
-            notices.setdefault(canonical_name(fd.name), []).append(fd)
+            gated.old_rules = {(canonical_name(fd.name), fd.rule): _finding_sig(fd)
+                               for fd in old_res.violations + old_res.allowed}
+    return gated
 
+
+def _changes(o: LockFile, n: LockFile, gated: _Gated, vllm: str | None, noise: Noise) -> list[Change]:
+    """Every package that changed (or has a new finding), classified; the rest feeds the noise."""
     ob, nb = o.by_name(), n.by_name()
     changes: list[Change] = []
     for key in sorted(set(ob) | set(nb)):
         a, b = ob.get(key), nb.get(key)
-        c = _classify(key, a, b, new_find.get(key, []), old_rules, notices.get(key, []), new_base, vllm, noise)
+        c = _classify(key, a, b, gated.new_find.get(key, []), gated.old_rules, gated.notices.get(key, []),
+                      gated.new_base, vllm, noise)
         if c is not None:
             changes.append(c)
+    return changes
 
-    # ---- ordering / comments
-    if status == "modified":
-        moved = _moved_out_of_order(
-            [e.key for e in sorted(o.entries, key=lambda e: e.line)],
-            [e.key for e in sorted(n.entries, key=lambda e: e.line)],
-        )
-        noise.reordered = [nb[k].name for k in moved]
-        if (
-            not header and not changes and noise.count == 0
-            and old_text is not None and new_text is not None and old_text != new_text
-        ):
-            noise.comments_only = True
 
-    src = dict(base_source or {})
-    src.setdefault("kind", new_base.provenance_kind if new_base is not None else "none")
-    return LockDiff(
-        path=path,
-        old_label=old_label,
-        new_label=new_label,
-        status=status if (status != "modified" or header or changes or noise.count) else "unchanged",
-        vllm=vllm,
-        header=header,
-        changes=changes,
-        noise=noise,
-        base_source=src,
-        notes=notes,
-        old_count=len(o.entries),
-        new_count=len(n.entries),
-        fail_on_allowed=fail_on_allowed,
-        base_move=moved_base,
-        hand_edited=[f"{label}: {msg}" for label, side in ((old_label, old), (new_label, new))
-                     if side is not None for msg in getattr(side, "problems", [])],
+def _order_noise(o: LockFile, n: LockFile, noise: Noise, *, unchanged: bool,
+                 old_text: str | None, new_text: str | None) -> None:
+    """Reordered entries, and an edit that only touched comments or whitespace."""
+    moved = _moved_out_of_order(
+        [e.key for e in sorted(o.entries, key=lambda e: e.line)],
+        [e.key for e in sorted(n.entries, key=lambda e: e.line)],
     )
+    nb = n.by_name()
+    noise.reordered = [nb[k].name for k in moved]
+    if (
+        unchanged and noise.count == 0
+        and old_text is not None and new_text is not None and old_text != new_text
+    ):
+        noise.comments_only = True
 
 
 def _classify(
@@ -545,110 +579,134 @@ def _classify(
     vllm: str | None,
     noise: Noise,
 ) -> Change | None:
+    """The group of one package's change (the most dangerous that applies), or None
+    when the entry did not change in a way that matters (noise)."""
+    c = _new_change(a, b, base)
+    # group 1: gate findings on the new lock, for a changed package or a new finding
+    relevant = [fd for fd in findings
+                if c.change != "unchanged" or old_rules.get((key, fd.rule)) != _finding_sig(fd)]
+    if relevant:
+        return _abi_rejected(c, relevant)
+    if c.change == "unchanged":
+        _unchanged_noise(a, b, noise)
+        return None
+    # group 2: base moves that are new, changed or reverted
+    if "base-move" in c.tags:
+        return _base_moved(c, b, notices, vllm)
+    # group 3: native distributions added / removed / flipped / rebuilt
+    a_bin = a is not None and a.facts.binary
+    b_bin = b is not None and b.facts.binary
+    if (c.change == "rebuilt" or (c.change in ("added", "removed") and (b or a).facts.binary)
+            or (a is not None and b is not None and a_bin != b_bin)):
+        return _native(c, a, b)
+    if c.change in ("added", "removed"):
+        c.group = 6
+        return c
+    c.group = 4 if "major" in c.tags else 5
+    if b_bin and a is not None and not _facts_eq(a.facts, b.facts):
+        c.evidence.append(f"{_facts_text(a.facts)} → {_facts_text(b.facts)}")
+    return c
+
+
+def _change_kind(a: LockEntry | None, b: LockEntry | None) -> str:
+    if a is None:
+        return "added"
+    if b is None:
+        return "removed"
+    if a.version != b.version:
+        down = bump_kind(a.version, b.version)[1]
+        return "downgraded" if down else "upgraded"
+    if not _facts_eq(a.facts, b.facts) or a.base_version != b.base_version:
+        return "rebuilt"
+    return "unchanged"
+
+
+def _new_change(a: LockEntry | None, b: LockEntry | None, base: BaseManifest | None) -> Change:
+    """The change of one entry, not yet grouped, with its tags (bump magnitude,
+    downgrade, binary, base-move)."""
     e = b or a
     assert e is not None
-    if a is None:
-        kind = "added"
-    elif b is None:
-        kind = "removed"
-    elif a.version != b.version:
-        down = bump_kind(a.version, b.version)[1]
-        kind = "downgraded" if down else "upgraded"
-    elif not _facts_eq(a.facts, b.facts) or a.base_version != b.base_version:
-        kind = "rebuilt"
-    else:
-        kind = "unchanged"
-
+    kind = _change_kind(a, b)
     base_dist = base.get(e.name) if base is not None else None
     # the base's version: what the new entry records (base=), for a removed entry what the old one did
     base_v = b.base_version if b is not None else a.base_version
     if base_v is None and base_dist is not None:
         base_v = base_dist.version
-    facts = (b or a).facts
     c = Change(
         name=e.name, change=kind,
         old=a.version if a else None, new=b.version if b else None,
-        group=0, base=base_v, via=list((b or a).via), facts=_facts_text(facts),
+        group=0, base=base_v, via=list(e.via), facts=_facts_text(e.facts),
     )
     if kind in ("upgraded", "downgraded"):
         mag, down = bump_kind(a.version, b.version)
         c.tags.append(mag)
         if down:
             c.tags.append("downgrade")
-    if facts.binary:
+    if e.facts.binary:
         c.tags.append("binary")
     if (a is not None and a.base_version) or (b is not None and b.base_version):
         c.tags.append("base-move")
+    return c
 
-    # group 1: gate findings on the new lock, for a changed package or a new finding
-    relevant = [fd for fd in findings if kind != "unchanged" or old_rules.get((key, fd.rule)) != _finding_sig(fd)]
-    if relevant:
-        c.group = 1
-        c.rules = sorted({fd.rule for fd in relevant})
-        for fd in relevant:
-            c.evidence.append(fd.message)
-            c.evidence.extend(fd.evidence)
-        c.chain = list(relevant[0].chain)
-        reasons = [fd.reason for fd in relevant]
-        if all(r is not None for r in reasons):
-            c.allowed = "; ".join(sorted(set(reasons)))
-        return c
 
-    if kind == "unchanged":
-        wa = (a.wheel.url, a.wheel.sha256) if a.wheel else None
-        wb = (b.wheel.url, b.wheel.sha256) if b.wheel else None
-        if sorted(set(a.hashes)) != sorted(set(b.hashes)) or wa != wb:
-            noise.hash_only.append(e.name)
-        elif a.via != b.via:
-            noise.via_only.append(e.name)
-        return None
+def _abi_rejected(c: Change, relevant: list) -> Change:
+    c.group = 1
+    c.rules = sorted({fd.rule for fd in relevant})
+    for fd in relevant:
+        c.evidence.append(fd.message)
+        c.evidence.extend(fd.evidence)
+    c.chain = list(relevant[0].chain)
+    reasons = [fd.reason for fd in relevant]
+    if all(r is not None for r in reasons):
+        c.allowed = "; ".join(sorted(set(reasons)))
+    return c
 
-    # group 2: base moves that are new, changed or reverted
-    if "base-move" in c.tags:
-        c.group = 2
-        ev = []
-        shipped = f"what vllm {vllm} shipped with" if vllm else "the base image"
-        if b is None:
-            ev.append(f"back to the base image's {base_v}")
-        elif not b.base_version:  # still installed, but the base no longer ships it
-            ev.append("no longer moves a base distribution")
+
+def _unchanged_noise(a: LockEntry, b: LockEntry, noise: Noise) -> None:
+    """An unchanged entry whose hashes, wheel or ``# via`` changed: noise."""
+    wa = (a.wheel.url, a.wheel.sha256) if a.wheel else None
+    wb = (b.wheel.url, b.wheel.sha256) if b.wheel else None
+    if sorted(set(a.hashes)) != sorted(set(b.hashes)) or wa != wb:
+        noise.hash_only.append(b.name)
+    elif a.via != b.via:
+        noise.via_only.append(b.name)
+
+
+def _base_moved(c: Change, b: LockEntry | None, notices: list, vllm: str | None) -> Change:
+    c.group = 2
+    ev = []
+    shipped = f"what vllm {vllm} shipped with" if vllm else "the base image"
+    if b is None:
+        ev.append(f"back to the base image's {c.base}")
+    elif not b.base_version:  # still installed, but the base no longer ships it
+        ev.append("no longer moves a base distribution")
+    else:
+        rules = {fd.rule for fd in notices}
+        c.rules = sorted(rules)
+        mag, down = bump_kind(b.base_version, b.version)
+        if OLDER_THAN_BASE in rules or (NEWER_THAN_BASE not in rules and down):
+            ev.append(f"older than {shipped} ({b.base_version})")
         else:
-            rules = {fd.rule for fd in notices}
+            ev.append(f"newer than {shipped} ({b.base_version})")
+        if mag == "major":
+            ev.append("a 0.x minor bump (breaking under semver)" if _major0(b.base_version, b.version)
+                      else "across a major version")
+        if BINARY_MOVE in rules:
+            ev.append("binary: passed the gate's binary checks")
+    ev += [fd.message for fd in notices if fd.rule not in ("newer-than-base", "older-than-base", "binary-move")]
+    c.evidence = ev
+    return c
 
-            c.rules = sorted(rules)
 
-            mag, down = bump_kind(b.base_version, b.version)
-            if OLDER_THAN_BASE in rules or (NEWER_THAN_BASE not in rules and down):
-                ev.append(f"older than {shipped} ({b.base_version})")
-            else:
-                ev.append(f"newer than {shipped} ({b.base_version})")
-            if mag == "major":
-                ev.append("a 0.x minor bump (breaking under semver)" if _major0(b.base_version, b.version)
-                          else "across a major version")
-            if BINARY_MOVE in rules:
-                ev.append("binary: passed the gate's binary checks")
-        ev += [fd.message for fd in notices if fd.rule not in ("newer-than-base", "older-than-base", "binary-move")]
-        c.evidence = ev
-        return c
-
-    # group 3: native distributions added / removed / flipped / rebuilt
+def _native(c: Change, a: LockEntry | None, b: LockEntry | None) -> Change:
+    c.group = 3
     a_bin = a is not None and a.facts.binary
     b_bin = b is not None and b.facts.binary
-    if kind == "rebuilt" or (kind in ("added", "removed") and facts.binary) or (a is not None and b is not None and a_bin != b_bin):
-        c.group = 3
-        if a is not None and b is not None and a_bin != b_bin:
-            c.evidence.append("becomes native (ships extensions)" if b_bin else "no longer native (pure Python now)")
-        if kind == "rebuilt":
-            c.evidence.append(f"same version, other wheel: {_facts_text(a.facts)} → {_facts_text(b.facts)}")
-        elif a is not None and b is not None and b_bin and not _facts_eq(a.facts, b.facts):
-            c.evidence.append(f"{_facts_text(a.facts)} → {_facts_text(b.facts)}")
-        return c
-
-    if kind in ("added", "removed"):
-        c.group = 6
-        return c
-    c.group = 4 if "major" in c.tags else 5
-    if b_bin and a is not None and not _facts_eq(a.facts, b.facts):
+    if a is not None and b is not None and a_bin != b_bin:
+        c.evidence.append("becomes native (ships extensions)" if b_bin else "no longer native (pure Python now)")
+    if c.change == "rebuilt":
+        c.evidence.append(f"same version, other wheel: {_facts_text(a.facts)} → {_facts_text(b.facts)}")
+    elif a is not None and b is not None and b_bin and not _facts_eq(a.facts, b.facts):
         c.evidence.append(f"{_facts_text(a.facts)} → {_facts_text(b.facts)}")
     return c
 

@@ -752,91 +752,19 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
         remember(f)
     timings: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bi-lock-") as t:
-        tmp = Path(t)
-        (tmp / "overlay.in").write_text("\n".join(resolving) + "\n")
-        (tmp / "base.in").write_text("\n".join(base_requirements(base, overlay_reqs)) + "\n")
-        # The base's pins constrain what the overlay pulls in (installed distributions never move unless
-        # --with releases them), as `uv pip install` into the image keeps them; a base pin the overlay does
-        # not reach is not re-resolved: the published images are not pip-consistent as a whole (a step
-        # installed with --no-deps, or a later step moving a pin an earlier package needed).
-        sources = [tmp / "overlay.in"]
-        if prefer:  # uv reads an existing output file as preferences
-            (tmp / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(prefer.items())))
-        common = dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
-                      no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=tmp, constraints=[tmp / "base.in"])
-        if base.uv_overrides:  # the image's UV_OVERRIDE applies to any `uv pip install` in it: the overlay's too
-            (tmp / "base-overrides.txt").write_text("\n".join(base.uv_overrides) + "\n")
-            common["overrides"] = [tmp / "base-overrides.txt"]
-
+        run = _UvRun(uv=uv, tmp=Path(t), req=req, resolving=resolving)
+        run.write_inputs(overlay_reqs, prefer)
         say(f"resolving {', '.join(resolving)} on top of {len(base.distributions)} base pins (uv)")
         t0 = time.monotonic()
-        pylock_args = dict(fmt="pylock.toml", hashes=True, offline=True, **common)
-        # The wheel URLs come from a second uv run in pylock format, offline from uv's cache.  It
-        # starts alongside the resolution (a warm cache answers it at once); it is run again after
-        # the resolution when it could not answer or saw other versions (cold or stale cache).
-        p1 = uv.start(sources, tmp / "requirements.txt", **common)
-        p2 = uv.start(sources, tmp / "pylock.toml", **pylock_args)
-        r1, r2 = uv.wait(p1), uv.wait(p2)
+        resolved, r2 = run.resolve(say)
         timings["resolve"] = time.monotonic() - t0
-        if r1.returncode != 0:
-            if _is_resolution_failure(r1.stderr):
-                msg, details = explain_unsatisfiable(r1.stderr, base, resolving)
-                say("finding every base pin that must move (one pass)")
-
-                def attempt(extra: list[str]) -> tuple[bool, str, dict]:
-                    (tmp / "try-overlay.in").write_text("\n".join(resolving + extra) + "\n")
-                    (tmp / "try-base.in").write_text("\n".join(base_requirements(base, parse_overlay(resolving + extra))) + "\n")
-                    r = uv.compile([tmp / "try-overlay.in"], tmp / "try.txt",
-                                   **{**common, "constraints": [tmp / "try-base.in"]})
-                    if r.returncode == 0:
-                        return True, "", parse_uv_requirements((tmp / "try.txt").read_text())
-                    if not _is_resolution_failure(r.stderr):
-                        raise uv_failure(r.stderr, f"uv pip compile (exit {r.returncode})")
-                    return False, r.stderr, {}
-
-                moves = find_pin_moves(r1.stderr, base, resolving, attempt)
-                extra_msg, extra_details = format_pin_moves(moves, base)
-                exc = Unsatisfiable(msg + extra_msg, details=details + extra_details)
-                exc.pin_moves = moves
-                raise exc
-            raise uv_failure(r1.stderr, f"uv pip compile (exit {r1.returncode})")
-        resolved = parse_uv_requirements((tmp / "requirements.txt").read_text())
         t0 = time.monotonic()
-        wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp) if r2.returncode == 0 else {}
-        if not _agrees(resolved, wheels):
-            # again, constrained to exactly the resolution just made (so both runs agree)
-            say("collecting wheel URLs and hashes for the base's platform (uv, from cache)")
-            (tmp / "pylock.toml").unlink(missing_ok=True)
-            pinned = {**pylock_args, "constraints": [tmp / "base.in", tmp / "requirements.txt"]}
-            r2 = uv.compile(sources, tmp / "pylock.toml", **pinned)
-            if r2.returncode != 0:  # cache incomplete: same resolution online
-                r2 = uv.compile(sources, tmp / "pylock.toml", **{**pinned, "offline": False})
-            if r2.returncode != 0:
-                raise uv_failure(r2.stderr, "uv pip compile --format pylock.toml")
-            wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp)
-            if not _agrees(resolved, wheels):
-                raise ExternalToolError("uv's two runs on the same inputs resolved different versions; retry the lock.")
+        wheels = run.wheels(resolved, r2, say)
         timings["wheels"] = time.monotonic() - t0
     tags = target_tags(base.python_version, base.python_abi, base.platform)
     entries, chosen = build_entries(base, resolved, wheels, tags)
     t0 = time.monotonic()
-    requires: dict[str, list[str]] = {}
-    # An exact-coupled binary (torch, nvidia-*, ...) that is not allowed is rejected by name: its
-    # files cannot change the verdict, so it is not downloaded (torch and its CUDA wheels are GBs).
-
-    allowed = {canonical_name(k) for k in req.allow}
-    by_name_only = {e.key for e in entries if is_exact_coupled(e.name) and e.key not in allowed
-                    and not is_pure_wheel(chosen[e.key].filename)}
-    binaries = [e for e in entries if not is_pure_wheel(chosen[e.key].filename) and e.key not in by_name_only]
-    for i, e in enumerate(entries):
-        cand = chosen[e.key]
-        if e.key in by_name_only:
-            e.facts, requires[e.key] = pure_facts(cand.filename), []
-            e.facts.binary = True  # not scanned: unknown extension count / glibc
-            continue
-        if not is_pure_wheel(cand.filename) and not _facts_cache_path(cand.sha256).exists():
-            say(f"downloading + scanning binary wheel {cand.filename} ({binaries.index(e) + 1}/{len(binaries)})")
-        e.facts, requires[e.key] = wheel_facts(cand)
+    requires = _scan_wheels(req, entries, chosen, say)
     gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving)
     flagged = [f.name for f in gate.violations + gate.allowed + gate.notices]
     missing = [k for k in chain_ancestors(entries, flagged) if not requires.get(k)]
@@ -851,6 +779,130 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
     allow_used = {canonical_name(k): v for k, v in req.allow.items()}
     lockfile = LockFile(header=header, overlay=list(req.overlay), allow_abi_change=allow_used, entries=entries)
     return LockResult(lock=lockfile, gate=gate, resolved=len(resolved), timings=timings)
+
+
+@dataclass
+class _UvRun:
+    """One lock's uv runs in its scratch directory: the resolution (requirements.txt) and the
+    wheel URLs and hashes (pylock.toml) of the same inputs."""
+
+    uv: Uv
+    tmp: Path
+    req: LockRequest
+    resolving: list[str]
+
+    @property
+    def sources(self) -> list[Path]:
+        # The base's pins constrain what the overlay pulls in (installed distributions never move unless
+        # --with releases them), as `uv pip install` into the image keeps them; a base pin the overlay does
+        # not reach is not re-resolved: the published images are not pip-consistent as a whole (a step
+        # installed with --no-deps, or a later step moving a pin an earlier package needed).
+        return [self.tmp / "overlay.in"]
+
+    @property
+    def common(self) -> dict:
+        base, req = self.req.base, self.req
+        common = dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
+                      no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=self.tmp,
+                      constraints=[self.tmp / "base.in"])
+        if base.uv_overrides:  # the image's UV_OVERRIDE applies to any `uv pip install` in it: the overlay's too
+            common["overrides"] = [self.tmp / "base-overrides.txt"]
+        return common
+
+    @property
+    def pylock_args(self) -> dict:
+        return dict(fmt="pylock.toml", hashes=True, offline=True, **self.common)
+
+    def write_inputs(self, overlay_reqs, prefer: Mapping[str, str] | None) -> None:
+        tmp = self.tmp
+        (tmp / "overlay.in").write_text("\n".join(self.resolving) + "\n")
+        (tmp / "base.in").write_text("\n".join(base_requirements(self.req.base, overlay_reqs)) + "\n")
+        if self.req.base.uv_overrides:
+            (tmp / "base-overrides.txt").write_text("\n".join(self.req.base.uv_overrides) + "\n")
+        if prefer:  # uv reads an existing output file as preferences
+            (tmp / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(prefer.items())))
+
+    def resolve(self, say: Progress) -> tuple[dict, subprocess.CompletedProcess]:
+        """The resolution, and the pylock run started alongside it.  An unsatisfiable overlay
+        raises :class:`Unsatisfiable` with every base pin that must move."""
+        # The wheel URLs come from a second uv run in pylock format, offline from uv's cache.  It
+        # starts alongside the resolution (a warm cache answers it at once); it is run again after
+        # the resolution when it could not answer or saw other versions (cold or stale cache).
+        p1 = self.uv.start(self.sources, self.tmp / "requirements.txt", **self.common)
+        p2 = self.uv.start(self.sources, self.tmp / "pylock.toml", **self.pylock_args)
+        r1, r2 = self.uv.wait(p1), self.uv.wait(p2)
+        if r1.returncode != 0:
+            if _is_resolution_failure(r1.stderr):
+                self.unsatisfiable(r1.stderr, say)
+            raise uv_failure(r1.stderr, f"uv pip compile (exit {r1.returncode})")
+        return parse_uv_requirements((self.tmp / "requirements.txt").read_text()), r2
+
+    def unsatisfiable(self, stderr: str, say: Progress) -> None:
+        base = self.req.base
+        msg, details = explain_unsatisfiable(stderr, base, self.resolving)
+        say("finding every base pin that must move (one pass)")
+        moves = find_pin_moves(stderr, base, self.resolving, self.attempt)
+        extra_msg, extra_details = format_pin_moves(moves, base)
+        exc = Unsatisfiable(msg + extra_msg, details=details + extra_details)
+        exc.pin_moves = moves
+        raise exc
+
+    def attempt(self, extra: list[str]) -> tuple[bool, str, dict]:
+        """Does the overlay resolve with ``extra`` requirements (base pins moved)?"""
+        tmp, resolving = self.tmp, self.resolving
+        (tmp / "try-overlay.in").write_text("\n".join(resolving + extra) + "\n")
+        (tmp / "try-base.in").write_text(
+            "\n".join(base_requirements(self.req.base, parse_overlay(resolving + extra))) + "\n")
+        r = self.uv.compile([tmp / "try-overlay.in"], tmp / "try.txt",
+                            **{**self.common, "constraints": [tmp / "try-base.in"]})
+        if r.returncode == 0:
+            return True, "", parse_uv_requirements((tmp / "try.txt").read_text())
+        if not _is_resolution_failure(r.stderr):
+            raise uv_failure(r.stderr, f"uv pip compile (exit {r.returncode})")
+        return False, r.stderr, {}
+
+    def wheels(self, resolved: dict, r2: subprocess.CompletedProcess, say: Progress) -> dict:
+        """The wheels of the resolution, from the pylock run; run again, pinned to the resolution,
+        when it could not answer offline or saw other versions."""
+        tmp = self.tmp
+        wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp) if r2.returncode == 0 else {}
+        if _agrees(resolved, wheels):
+            return wheels
+        # again, constrained to exactly the resolution just made (so both runs agree)
+        say("collecting wheel URLs and hashes for the base's platform (uv, from cache)")
+        (tmp / "pylock.toml").unlink(missing_ok=True)
+        pinned = {**self.pylock_args, "constraints": [tmp / "base.in", tmp / "requirements.txt"]}
+        r2 = self.uv.compile(self.sources, tmp / "pylock.toml", **pinned)
+        if r2.returncode != 0:  # cache incomplete: same resolution online
+            r2 = self.uv.compile(self.sources, tmp / "pylock.toml", **{**pinned, "offline": False})
+        if r2.returncode != 0:
+            raise uv_failure(r2.stderr, "uv pip compile --format pylock.toml")
+        wheels = parse_pylock((tmp / "pylock.toml").read_text(), tmp)
+        if not _agrees(resolved, wheels):
+            raise ExternalToolError("uv's two runs on the same inputs resolved different versions; retry the lock.")
+        return wheels
+
+
+def _scan_wheels(req: LockRequest, entries: list[LockEntry], chosen: dict, say: Progress) -> dict[str, list[str]]:
+    """Each entry's binary facts and requirements, read from its wheel (binary wheels are
+    downloaded and scanned); the requirements of each, by canonical name."""
+    requires: dict[str, list[str]] = {}
+    # An exact-coupled binary (torch, nvidia-*, ...) that is not allowed is rejected by name: its
+    # files cannot change the verdict, so it is not downloaded (torch and its CUDA wheels are GBs).
+    allowed = {canonical_name(k) for k in req.allow}
+    by_name_only = {e.key for e in entries if is_exact_coupled(e.name) and e.key not in allowed
+                    and not is_pure_wheel(chosen[e.key].filename)}
+    binaries = [e for e in entries if not is_pure_wheel(chosen[e.key].filename) and e.key not in by_name_only]
+    for e in entries:
+        cand = chosen[e.key]
+        if e.key in by_name_only:
+            e.facts, requires[e.key] = pure_facts(cand.filename), []
+            e.facts.binary = True  # not scanned: unknown extension count / glibc
+            continue
+        if not is_pure_wheel(cand.filename) and not _facts_cache_path(cand.sha256).exists():
+            say(f"downloading + scanning binary wheel {cand.filename} ({binaries.index(e) + 1}/{len(binaries)})")
+        e.facts, requires[e.key] = wheel_facts(cand)
+    return requires
 
 
 def header_vllm(req: LockRequest) -> str:
@@ -1062,17 +1114,9 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     if not check:
         refuse_foreign_outputs(lock_path, force)
     if check or (not upgrade and lock_path.exists()):
-        try:
-            fresh, why = is_up_to_date(lock_path, req, uv)
-        except BadInput as exc:  # a damaged lock on disk is stale; a new lock replaces it
-            if check:
-                raise StaleLock(f"{lock_path} is not a readable lock: {exc.message}") from None
-            fresh, why = False, exc.message
-        if fresh:
-            sync_twin(lock_path, check, say)  # its PEP 751 twin: missing or different is stale too
-            return LockOutcome(status="up-to-date", path=lock_path)
-        if check:
-            raise StaleLock(f"{lock_path} is stale: {why}.", hint="run `build-image lock` (without --check) to regenerate it.")
+        kept = _kept_if_fresh(req, lock_path, check, uv, say)
+        if kept is not None:
+            return kept
     other = _other_base(lock_path, req) if lock_path.exists() and not force else None
     if other is not None:
         raise BadInput(
@@ -1080,26 +1124,68 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
             "does not replace it.",
             hint="write this lock elsewhere with -o FILE, or pass --force to replace it.",
         )
-    prefer = None
-    if not upgrade and lock_path.exists():
-        try:
-            prefer = {e.name: e.version for e in load_lock(lock_path).entries}
-        except BadInput:
-            prefer = None
+    prefer = _previous_pins(lock_path) if not upgrade and lock_path.exists() else None
     tags = target_tags(req.base.python_version, req.base.python_abi, req.base.platform)
     if req.default_ray and req.ray is None:
-        from datetime import datetime as _dt
-
-        index = index or ix.for_request(req.find_links, req.no_index)
-        vllm = req.base.get("vllm").version if req.base.get("vllm") is not None else req.vllm
-        say(f"choosing ray for vllm {vllm} (ray[llm] pins, from the index)")
-        cutoff = ix.parse_time(req.exclude_newer) if req.exclude_newer and "T" in req.exclude_newer else (
-            _dt.fromisoformat(req.exclude_newer + "T00:00:00+00:00") if req.exclude_newer else None)
-        req.ray = choose(vllm, ray_releases(index, vllm, tags, cutoff))
+        _choose_default_ray(req, index, tags, say)
     elif not req.default_ray and any(canonical_name(Requirement(r).name) == "ray" for r in req.overlay):
         pass  # the named ray's backend is looked up after the resolution
+    result = _lock_with_fitting_ray(req, uv, say, prefer)
+    locked_ray = result.lock.by_name().get("ray")
+    if not req.default_ray and locked_ray is not None:
+        _named_ray_backend(req, result, locked_ray.version, index, tags)
+    gate = result.gate
+    if not gate.ok:
+        _reject(req, gate, lock_path)
+    _write_lock(result, lock_path)
+    used = {canonical_name(f.name) for f in gate.allowed}
+    unused = sorted(k for k in result.lock.allow_abi_change if k not in used)
+    return LockOutcome(status="written", path=lock_path, result=result, unused_allow=unused)
+
+
+def _kept_if_fresh(req: LockRequest, lock_path: Path, check: bool, uv: Uv, say: Progress) -> LockOutcome | None:
+    """The lock on disk, kept when it is up to date with its inputs; with ``check``, a stale
+    one is :class:`StaleLock`.  None: it is to be (re)written."""
     try:
-        result = lock(req, uv, progress=say, prefer=prefer)
+        fresh, why = is_up_to_date(lock_path, req, uv)
+    except BadInput as exc:  # a damaged lock on disk is stale; a new lock replaces it
+        if check:
+            raise StaleLock(f"{lock_path} is not a readable lock: {exc.message}") from None
+        fresh, why = False, exc.message
+    if fresh:
+        sync_twin(lock_path, check, say)  # its PEP 751 twin: missing or different is stale too
+        return LockOutcome(status="up-to-date", path=lock_path)
+    if check:
+        raise StaleLock(f"{lock_path} is stale: {why}.",
+                        hint="run `build-image lock` (without --check) to regenerate it.")
+    return None
+
+
+def _previous_pins(lock_path: Path) -> dict[str, str] | None:
+    """The previous lock's pins, preferred by a re-lock (None when it cannot be read)."""
+    try:
+        return {e.name: e.version for e in load_lock(lock_path).entries}
+    except BadInput:
+        return None
+
+
+def _choose_default_ray(req: LockRequest, index, tags: list[Tag], say: Progress) -> None:
+    """The default overlay's ray: the one whose ray[llm] pins this vllm (from the index)."""
+    from datetime import datetime as _dt
+
+    index = index or ix.for_request(req.find_links, req.no_index)
+    vllm = req.base.get("vllm").version if req.base.get("vllm") is not None else req.vllm
+    say(f"choosing ray for vllm {vllm} (ray[llm] pins, from the index)")
+    cutoff = ix.parse_time(req.exclude_newer) if req.exclude_newer and "T" in req.exclude_newer else (
+        _dt.fromisoformat(req.exclude_newer + "T00:00:00+00:00") if req.exclude_newer else None)
+    req.ray = choose(vllm, ray_releases(index, vllm, tags, cutoff))
+
+
+def _lock_with_fitting_ray(req: LockRequest, uv: Uv, say: Progress, prefer: Mapping[str, str] | None) -> LockResult:
+    """The lock; when the default ray does not fit on the base as it is, the lock with the
+    newest ray that does (the default lock never moves base pins for ray)."""
+    try:
+        return lock(req, uv, progress=say, prefer=prefer)
     except Unsatisfiable as exc:
         # the ray whose ray[llm] pins this vllm does not fit on the base as it is: the default lock never
         # moves base pins for it; the newest ray that fits, the fallback backend, and how to get the other
@@ -1115,30 +1201,35 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
             requirement=None, version=None, backend=BACKEND_FALLBACK,
             reason=f"{req.ray.reason.split(':')[0]} but needs {why}; newest ray that fits instead, the Serve app "
                    f"starts `vllm serve` (its vllm-server fallback); for ray.serve.llm: {line}")
-        result = lock(req, uv, progress=say, prefer=prefer)
-    locked_ray = result.lock.by_name().get("ray")
-    if not req.default_ray and locked_ray is not None:
-        try:
-            req.ray = backend_for(index or ix.for_request(req.find_links, req.no_index), locked_ray.version,
-                                  result.lock.header["vllm"] if result.lock.header["vllm"] != "-" else None, tags)
-            result.lock.header.update(ray_header(req, result.lock.entries, req.base))
-        except (IntegrityError, IndexError):
-            pass  # the header says "serve-backend: auto"
-    gate = result.gate
-    if not gate.ok:
-        n = len(gate.violations)
-        exc = AbiRejected(
-            f"{n} violation{'s' if n != 1 else ''} on top of base {req.base.image_ref or '-'} "
-            f"(vllm {req.vllm}); nothing was written to {lock_path}.",
-            details=format_rejection(gate),
-        )
-        exc.gate = gate
-        raise exc
+        return lock(req, uv, progress=say, prefer=prefer)
+
+
+def _named_ray_backend(req: LockRequest, result: LockResult, ray_version: str, index, tags: list[Tag]) -> None:
+    """The Serve backend of a ray the overlay names, looked up once it is resolved; the header
+    says "serve-backend: auto" when the index cannot tell."""
+    try:
+        req.ray = backend_for(index or ix.for_request(req.find_links, req.no_index), ray_version,
+                              result.lock.header["vllm"] if result.lock.header["vllm"] != "-" else None, tags)
+        result.lock.header.update(ray_header(req, result.lock.entries, req.base))
+    except (IntegrityError, IndexError):
+        pass  # the header says "serve-backend: auto"
+
+
+def _reject(req: LockRequest, gate: GateResult, lock_path: Path) -> None:
+    n = len(gate.violations)
+    exc = AbiRejected(
+        f"{n} violation{'s' if n != 1 else ''} on top of base {req.base.image_ref or '-'} "
+        f"(vllm {req.vllm}); nothing was written to {lock_path}.",
+        details=format_rejection(gate),
+    )
+    exc.gate = gate
+    raise exc
+
+
+def _write_lock(result: LockResult, lock_path: Path) -> None:
+    """The lock and its PEP 751 twin beside it, each written atomically."""
     try:
         result.lock.save(lock_path)
         write_pylock(twin_path(lock_path), result.lock)  # its PEP 751 twin beside it
     except OSError as exc:  # the lock on disk (if any) is untouched: the write is atomic
         raise BadInput(f"cannot write the lock {lock_path}: {exc.strerror or exc}.") from None
-    used = {canonical_name(f.name) for f in gate.allowed}
-    unused = sorted(k for k in result.lock.allow_abi_change if k not in used)
-    return LockOutcome(status="written", path=lock_path, result=result, unused_allow=unused)

@@ -203,147 +203,239 @@ def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockF
     without its hash, ``# wheel:`` or ``# facts:`` line, a wheel that is not the entry's, an
     ``entries:`` count that does not match, a line that is not a pinned requirement — is read
     as far as it goes, each finding in :attr:`LockFile.problems`.  A file that is not a lock
-    at all is :class:`BadInput` either way."""
+    at all is :class:`BadInput` either way.
+
+    The file is read in two passes: its lines are grouped (:func:`_group_lines`: the header,
+    then items that are an entry with its lines or a comment), then the header and each entry
+    are parsed."""
     if pylock.is_pylock_path(path):
         return parse_pylock_lock(text, path)
-    lines = text.splitlines()
+    header_lines, items = _group_lines(text.splitlines())
+    header, overlay, allow = _parse_header(header_lines)
+    if items:
+        _require_lock_header(header, items[0][0], path)
+    found = _Findings(strict)
+    entries = _parse_entries(items, path, found)
+    _check_header(header, path)
+    _check_count(header, entries, path, found)
+    return LockFile(header=header, overlay=overlay, allow_abi_change=allow, entries=entries,
+                    problems=found.messages)
+
+
+_Line = tuple[int, str]  # (1-based line number, the line as written)
+
+
+@dataclass
+class _Findings:
+    """What makes a lock one `build-image lock` did not write: raised at once when strict,
+    else collected."""
+
+    strict: bool
+    messages: list[str] = field(default_factory=list)
+
+    def add(self, exc: BadInput) -> None:
+        if self.strict:
+            raise exc
+        self.messages.append(exc.message)
+
+
+def _group_lines(lines: list[str]) -> tuple[list[_Line], list[list[_Line]]]:
+    """The header (the leading comment lines) and the items after it: a comment line on its
+    own, or an entry: its first line with the lines that belong to it (the hash lines its
+    backslashes continue to, then its lines indented by four spaces).  Blank lines belong to
+    nothing."""
+    numbered = [(i, raw) for i, raw in enumerate(lines, start=1) if raw.strip()]
+    start = next((k for k, (_, raw) in enumerate(numbered) if not raw.startswith("#")), len(numbered))
+    items: list[list[_Line]] = []
+    for i, raw in numbered[start:]:
+        if items and _belongs(items[-1], raw):
+            items[-1].append((i, raw))
+        else:
+            items.append([(i, raw)])
+    return numbered[:start], items
+
+
+def _belongs(item: list[_Line], raw: str) -> bool:
+    if item[0][1].startswith("#"):
+        return False  # a comment between entries stands alone
+    return raw.startswith("    ") or (_hash_list_open(item) and _HASH_LINE.match(raw) is not None)
+
+
+def _continued(raw: str) -> bool:
+    return raw.rstrip().endswith("\\")
+
+
+def _hash_list_open(item: list[_Line]) -> bool:
+    """Every line of the item so far is its requirement or a hash line, and each ends with a
+    backslash: the next line must be a hash line."""
+    return all(_HASH_LINE.match(raw) for _, raw in item[1:]) and all(_continued(raw) for _, raw in item)
+
+
+def _hash_run(item: list[_Line]) -> int:
+    """How many lines after the entry's first are its hash lines."""
+    k = 1
+    while k < len(item) and _continued(item[k - 1][1]) and _HASH_LINE.match(item[k][1]):
+        k += 1
+    return k - 1
+
+
+def _parse_header(lines: list[_Line]) -> tuple[dict[str, str], list[str], dict[str, str]]:
+    """The header's keys, its overlay requirements and its allow-abi-change reasons."""
     header: dict[str, str] = {}
     overlay: list[str] = []
     allow: dict[str, str] = {}
+    for _, raw in lines:
+        m = _HEADER_LINE.match(raw)
+        if not m:
+            continue
+        key, val = m.group(1), m.group(2).strip()
+        if key == "overlay":
+            overlay.append(val)
+        elif key == "allow-abi-change":
+            name, _, reason = val.partition(":")
+            allow[canonical_name(name.strip())] = reason.strip()
+        else:
+            header[key] = val
+    return header, overlay, allow
+
+
+def _require_lock_header(header: dict[str, str], first: _Line, path: str) -> None:
+    """The header ends at the first line that is not a comment; a lock's header says it is one."""
+    if header.get("build-image-lock") is not None:
+        return
+    i, raw = first
+    if not _REQ_LINE.match(raw):
+        raise BadInput(
+            f"{path} is not a build-image lock: line {i} ({raw.strip()!r:.60}) comes before any "
+            f"'# build-image-lock: {LOCK_FORMAT}' header line and is not a pinned requirement.",
+        )
+    raise BadInput(
+        f"{path} is not a build-image lock: no '# build-image-lock: {LOCK_FORMAT}' header line "
+        f"before the first requirement (line {i}).",
+    )
+
+
+def _parse_entries(items: list[list[_Line]], path: str, found: _Findings) -> list[LockEntry]:
     entries: list[LockEntry] = []
     seen: dict[str, int] = {}
-    cur: LockEntry | None = None
-    expect_hash = False
-    in_header = True
-
-    has_facts: set[int] = set()  # ids of entries whose '# facts:' line was read
-    orphans: set[int] = set()  # ids of entries read but not kept (lenient: a duplicate)
-    last_line = 0  # last non-blank line read (the end of the current entry)
-    problems: list[str] = []
-
-    def problem(exc: BadInput) -> None:
-        if strict:
-            raise exc
-        problems.append(exc.message)
-
-    def finish(entry: LockEntry | None) -> None:
-        if entry is None or id(entry) in orphans:
-            return
-        if not entry.hashes:
-            problem(BadInput(
-                f"lock {path}, line {entry.line}: '{entry.name}=={entry.version}' has no --hash lines; "
-                "a lock must pin every package by sha256.",
-            ))
-            return
-        try:
-            _check_entry(entry, id(entry) in has_facts, path, last_line)
-        except BadInput as exc:
-            problem(exc)
-
-    for i, raw in enumerate(lines, start=1):
-        if not raw.strip():
+    for k, item in enumerate(items):
+        if item[0][1].startswith("#"):
             continue
-        named = False  # this line is already a finding
-        if expect_hash:
-            m = _HASH_LINE.match(raw)
-            if m:
-                cur.hashes.append(m.group(1))
-                expect_hash = bool(m.group(2))
-                last_line = i
-                continue
-            problem(BadInput(
-                f"lock {path}, line {i}: expected a '--hash=sha256:<64 hex>' line continuing "
-                f"'{cur.name}=={cur.version}' (line {cur.line}), found {raw.strip()!r:.80}. "
-                "The file may be truncated or hand-edited."
-            ))
-            expect_hash = False  # lenient: read the line as what it is
-            named = True
-        if cur is not None and not raw.startswith("    "):
-            finish(cur)  # the entry ends where its indented lines end
-            cur = None
-        last_line = i
-        if in_header and raw.startswith("#"):
-            m = _HEADER_LINE.match(raw)
-            if m:
-                key, val = m.group(1), m.group(2).strip()
-                if key == "overlay":
-                    overlay.append(val)
-                elif key == "allow-abi-change":
-                    name, _, reason = val.partition(":")
-                    allow[canonical_name(name.strip())] = reason.strip()
-                else:
-                    header[key] = val
-            continue
-        if raw.startswith("    #") and cur is not None:
-            body = raw.strip()[1:].strip()
-            if body.startswith("via "):
-                cur.via.append(body[4:].strip())
-            elif body.startswith("wheel: "):
-                url = body[7:].strip()
-                if "#sha256=" not in url:
-                    problem(BadInput(f"lock {path}, line {i}: wheel line lacks '#sha256=<hex>'."))
-                    continue
-                u, h = url.split("#sha256=", 1)
-                cur.wheel = WheelRef(url=u, sha256=h)
-            elif body.startswith("facts: "):
-                try:
-                    cur.facts, cur.base_version = _parse_facts(body[7:], path, i)
-                    has_facts.add(id(cur))
-                except BadInput as exc:
-                    problem(exc)
-            continue
-        if raw.startswith("#"):
-            continue
-        if raw.startswith("    ") and cur is not None:
-            # an indented line of the current entry that is neither a hash nor a comment: named
+        after = items[k + 1][0] if k + 1 < len(items) else None
+        entry = _parse_entry(item, after, seen, path, found)
+        if entry is not None:
+            entries.append(entry)
+    return entries
+
+
+def _parse_entry(item: list[_Line], after: _Line | None, seen: dict[str, int], path: str,
+                 found: _Findings) -> LockEntry | None:
+    """One entry: its requirement, hash lines and comments.  None for a line that is not a
+    pinned requirement or a duplicate package (its lines are read, the entry is not kept).
+    ``after``: the line that follows the entry (None at the end of the file)."""
+    entry, kept = _parse_requirement(item[0], seen, path, found)
+    run = _hash_run(item)
+    entry.hashes = [_HASH_LINE.match(raw).group(1) for _, raw in item[1:run + 1]]
+    rest = item[run + 1:]
+    cut = _continued(item[run][1])  # the hash list goes on past its last hash line
+    if cut:
+        found.add(_hash_list_cut(entry, rest[0] if rest else after, path))
+    has_facts = False
+    for k, (i, raw) in enumerate(rest):
+        if raw.startswith("    #"):
+            has_facts = _parse_comment(entry, raw, path, i, found) or has_facts
+        elif not (cut and k == 0):  # the line that cut the hash list is already named
+            # an indented line of the entry that is neither a hash nor a comment: named
             # once and skipped; the entry's comments after it are still the entry's
-            if not named:
-                problem(BadInput(
-                    f"lock {path}, line {i}: {raw.strip()!r:.80} under '{cur.name}=={cur.version}' (line {cur.line}) "
-                    "is neither a '--hash=sha256:' line nor a comment.",
-                    hint="locks are written by `build-image lock`; do not edit them by hand.",
-                ))
-            continue
-        m = _REQ_LINE.match(raw)
-        if in_header:  # the header ends at the first line that is not a comment
-            in_header = False
-            if header.get("build-image-lock") is None and not m:
-                raise BadInput(
-                    f"{path} is not a build-image lock: line {i} ({raw.strip()!r:.60}) comes before any "
-                    f"'# build-image-lock: {LOCK_FORMAT}' header line and is not a pinned requirement.",
-                )
-            if header.get("build-image-lock") is None:
-                raise BadInput(
-                    f"{path} is not a build-image lock: no '# build-image-lock: {LOCK_FORMAT}' header line "
-                    f"before the first requirement (line {i}).",
-                )
-        if not m:
-            problem(BadInput(
-                f"lock {path}, line {i}: not a pinned requirement ('name==version'): {raw.strip()!r:.80}.",
+            found.add(BadInput(
+                f"lock {path}, line {i}: {raw.strip()!r:.80} under '{entry.name}=={entry.version}' "
+                f"(line {entry.line}) is neither a '--hash=sha256:' line nor a comment.",
                 hint="locks are written by `build-image lock`; do not edit them by hand.",
             ))
-            cur = LockEntry(name=raw.strip()[:60], version="?", hashes=[], line=i)  # its indented lines go with it
-            orphans.add(id(cur))
-            expect_hash = raw.rstrip().endswith("\\")
-            continue
-        name, version = m.group(1), m.group(3)
-        key = canonical_name(name)
-        cur = LockEntry(name=name, version=version, hashes=[], line=i)
-        expect_hash = bool(m.group(4))
-        if key in seen:
-            problem(BadInput(
-                f"lock {path}, line {i}: duplicate package '{name}' (first at line {seen[key]}).",
-            ))
-            orphans.add(id(cur))
-            continue
-        seen[key] = i
-        entries.append(cur)
-    if expect_hash:
-        problem(BadInput(
-            f"lock {path}: the file ends inside the hash list of '{cur.name}=={cur.version}' "
-            f"(line {cur.line}); it is truncated.",
+    if not kept:
+        return None
+    _check_complete(entry, has_facts, item[-1][0], path, found)
+    return entry
+
+
+def _parse_requirement(line: _Line, seen: dict[str, int], path: str,
+                       found: _Findings) -> tuple[LockEntry, bool]:
+    """The entry an item's first line starts, and whether it is kept (a pinned requirement
+    of a package not seen before)."""
+    i, raw = line
+    m = _REQ_LINE.match(raw)
+    if not m:
+        found.add(BadInput(
+            f"lock {path}, line {i}: not a pinned requirement ('name==version'): {raw.strip()!r:.80}.",
+            hint="locks are written by `build-image lock`; do not edit them by hand.",
         ))
-    finish(cur)
+        return LockEntry(name=raw.strip()[:60], version="?", hashes=[], line=i), False
+    name, version = m.group(1), m.group(3)
+    key = canonical_name(name)
+    entry = LockEntry(name=name, version=version, hashes=[], line=i)
+    if key in seen:
+        found.add(BadInput(
+            f"lock {path}, line {i}: duplicate package '{name}' (first at line {seen[key]}).",
+        ))
+        return entry, False
+    seen[key] = i
+    return entry, True
+
+
+def _hash_list_cut(entry: LockEntry, line: _Line | None, path: str) -> BadInput:
+    """A hash list whose last line ends with a backslash, followed by ``line`` (None: the end
+    of the file)."""
+    if line is None:
+        return BadInput(
+            f"lock {path}: the file ends inside the hash list of '{entry.name}=={entry.version}' "
+            f"(line {entry.line}); it is truncated.",
+        )
+    i, raw = line
+    return BadInput(
+        f"lock {path}, line {i}: expected a '--hash=sha256:<64 hex>' line continuing "
+        f"'{entry.name}=={entry.version}' (line {entry.line}), found {raw.strip()!r:.80}. "
+        "The file may be truncated or hand-edited."
+    )
+
+
+def _parse_comment(entry: LockEntry, comment: str, path: str, i: int, found: _Findings) -> bool:
+    """One '# via' / '# wheel:' / '# facts:' line of an entry; True when it was a facts line
+    that parsed."""
+    body = comment.strip()[1:].strip()
+    if body.startswith("via "):
+        entry.via.append(body[4:].strip())
+    elif body.startswith("wheel: "):
+        url = body[7:].strip()
+        if "#sha256=" not in url:
+            found.add(BadInput(f"lock {path}, line {i}: wheel line lacks '#sha256=<hex>'."))
+            return False
+        u, h = url.split("#sha256=", 1)
+        entry.wheel = WheelRef(url=u, sha256=h)
+    elif body.startswith("facts: "):
+        try:
+            entry.facts, entry.base_version = _parse_facts(body[7:], path, i)
+        except BadInput as exc:
+            found.add(exc)
+            return False
+        return True
+    return False
+
+
+def _check_complete(entry: LockEntry, has_facts: bool, end: int, path: str, found: _Findings) -> None:
+    """An entry ends with its hash lines, '# wheel:' and '# facts:' (``end``: its last line)."""
+    if not entry.hashes:
+        found.add(BadInput(
+            f"lock {path}, line {entry.line}: '{entry.name}=={entry.version}' has no --hash lines; "
+            "a lock must pin every package by sha256.",
+        ))
+        return
+    try:
+        _check_entry(entry, has_facts, path, end)
+    except BadInput as exc:
+        found.add(exc)
+
+
+def _check_header(header: dict[str, str], path: str) -> None:
     if header.get("build-image-lock") is None:
         raise BadInput(f"{path} is not a build-image lock: no '# build-image-lock: {LOCK_FORMAT}' header line.")
     if header["build-image-lock"] != LOCK_FORMAT:
@@ -352,15 +444,19 @@ def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockF
         )
     missing = [k for k in REQUIRED_HEADER if k not in header]
     if missing:
-        raise BadInput(f"lock {path}: header lacks {', '.join(missing)}; the file is truncated or not written by build-image.")
+        raise BadInput(
+            f"lock {path}: header lacks {', '.join(missing)}; the file is truncated or not written by build-image."
+        )
+
+
+def _check_count(header: dict[str, str], entries: list[LockEntry], path: str, found: _Findings) -> None:
     if COUNT_HEADER in header and header[COUNT_HEADER] != str(len(entries)):
         last = f"; the last is '{entries[-1].name}=={entries[-1].version}' (line {entries[-1].line})" if entries else ""
-        problem(BadInput(
+        found.add(BadInput(
             f"lock {path}: the header says '{COUNT_HEADER}: {header[COUNT_HEADER]}' but the file holds "
             f"{len(entries)} package(s){last}; it is truncated or hand-edited.",
             hint="regenerate it with `build-image lock`.",
         ))
-    return LockFile(header=header, overlay=overlay, allow_abi_change=allow, entries=entries, problems=problems)
 
 
 def _check_entry(e: LockEntry, has_facts: bool, path: str, end: int) -> None:

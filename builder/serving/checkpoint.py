@@ -167,8 +167,23 @@ def parse_header(prefix: bytes, file_size: int, name: str, *, check_size: bool =
     ``check_size=False`` a file shorter or longer than its header says is
     accepted (the header of a download still in progress is already whole).
     """
+    n, text = _header_text(prefix, file_size)
+    doc = _header_json(text, n)
+    meta = doc.pop("__metadata__", None) or {}
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise HeaderError("__metadata__ must map names to strings")
+    tensors = {tname: _tensor_info(tname, info) for tname, info in doc.items()}
+    hdr = ShardHeader(name, file_size, n, tensors, dict(meta), _data_end(tensors))
+    if check_size and (why := size_problem(hdr)):
+        raise HeaderError(why)
+    return hdr
+
+
+def _header_text(prefix: bytes, file_size: int) -> tuple[int, str]:
+    """The header's length field and its text."""
     if file_size < 8 or len(prefix) < 8:
-        raise HeaderError(f"the file is {file_size} bytes, shorter than the 8-byte header length field (truncated or empty)")
+        raise HeaderError(
+            f"the file is {file_size} bytes, shorter than the 8-byte header length field (truncated or empty)")
     n = int.from_bytes(prefix[:8], "little")
     if n > MAX_HEADER_BYTES:
         raise HeaderError(
@@ -182,67 +197,81 @@ def parse_header(prefix: bytes, file_size: int, name: str, *, check_size: bool =
     if len(raw) < n:
         raise HeaderError(f"could read only {len(raw)} of the {n} header bytes")
     try:
-        text = raw.decode("utf-8")
+        return n, raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise HeaderError(f"the {n}-byte header is not UTF-8 ({exc.reason} at byte {8 + exc.start})") from None
 
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
-        out = dict(items)
-        if len(out) != len(items):
-            seen: set[str] = set()
-            for k, _ in items:
-                if k in seen:
-                    raise HeaderError(f"the header names {k!r} twice")
-                seen.add(k)
-        return out
 
+def _unique_pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose names are unique (``object_pairs_hook``)."""
+    out = dict(items)
+    if len(out) != len(items):
+        seen: set[str] = set()
+        for k, _ in items:
+            if k in seen:
+                raise HeaderError(f"the header names {k!r} twice")
+            seen.add(k)
+    return out
+
+
+def _header_json(text: str, n: int) -> dict[str, Any]:
     try:
         doc = load_json(text, f"the {n}-byte header", error=HeaderError)
         # A name given twice collapses into one dict entry: fewer tensors than "data_offsets"
         # keys betrays it; only then is the header parsed again, slowly, to name the duplicate.
         if isinstance(doc, dict) and text.count('"data_offsets"') != len(doc) - ("__metadata__" in doc):
-            doc = load_json(text, f"the {n}-byte header", error=HeaderError, object_pairs_hook=pairs)
+            doc = load_json(text, f"the {n}-byte header", error=HeaderError, object_pairs_hook=_unique_pairs)
     except json.JSONDecodeError as exc:
         raise HeaderError(f"the {n}-byte header is not valid JSON: {exc.msg} at byte {8 + exc.pos}") from None
     if not isinstance(doc, dict):
         raise HeaderError(f"the header is a JSON {type(doc).__name__}, not an object")
-    meta = doc.pop("__metadata__", None) or {}
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise HeaderError("__metadata__ must map names to strings")
-    tensors: dict[str, TensorInfo] = {}
-    for tname, info in doc.items():
-        if not isinstance(info, dict):
-            raise HeaderError(f"tensor {tname!r}: entry is not an object")
-        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-        if not isinstance(dtype, str):
-            raise HeaderError(f"tensor {tname!r}: 'dtype' is missing or not a string")
-        if dtype not in DTYPE_BITS:
-            raise HeaderError(f"tensor {tname!r}: unknown dtype {dtype!r} (safetensors knows {', '.join(DTYPE_BITS)})")
-        numel = 1
-        if type(shape) is not list:
-            numel = -1
-        else:
-            for dim in shape:  # type() is int: a JSON true/false is not a dimension
-                if type(dim) is not int or dim < 0:
-                    numel = -1
-                    break
-                numel *= dim
-        if numel < 0:
-            raise HeaderError(f"tensor {tname!r}: 'shape' must be a list of non-negative integers, got {shape!r}")
-        if (type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int
-                or type(offsets[1]) is not int or offsets[0] < 0):
-            raise HeaderError(f"tensor {tname!r}: 'data_offsets' must be [begin, end] non-negative integers, got {offsets!r}")
-        start, end = offsets
-        if end < start:
-            raise HeaderError(f"tensor {tname!r}: data_offsets [{start}, {end}] end before they begin")
-        bits = numel * DTYPE_BITS[dtype]
-        if bits % 8:
-            raise HeaderError(f"tensor {tname!r}: {shape} x {dtype} is {bits} bits, not a whole number of bytes")
-        if bits // 8 != end - start:
-            raise HeaderError(
-                f"tensor {tname!r}: shape {shape} x {dtype} needs {bits // 8} bytes but data_offsets "
-                f"[{start}, {end}] span {end - start}")
-        tensors[tname] = TensorInfo(tname, dtype, tuple(shape), start, end)
+    return doc
+
+
+def _numel(shape: Any) -> int:
+    """The number of elements of a shape; -1 when it is not a list of non-negative integers."""
+    if type(shape) is not list:
+        return -1
+    numel = 1
+    for dim in shape:  # type() is int: a JSON true/false is not a dimension
+        if type(dim) is not int or dim < 0:
+            return -1
+        numel *= dim
+    return numel
+
+
+def _tensor_info(tname: str, info: Any) -> TensorInfo:
+    """One tensor's entry: a known dtype, a shape, and data offsets that span exactly its bytes."""
+    if not isinstance(info, dict):
+        raise HeaderError(f"tensor {tname!r}: entry is not an object")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise HeaderError(f"tensor {tname!r}: 'dtype' is missing or not a string")
+    if dtype not in DTYPE_BITS:
+        raise HeaderError(
+            f"tensor {tname!r}: unknown dtype {dtype!r} (safetensors knows {', '.join(DTYPE_BITS)})")
+    numel = _numel(shape)
+    if numel < 0:
+        raise HeaderError(f"tensor {tname!r}: 'shape' must be a list of non-negative integers, got {shape!r}")
+    if (type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int
+            or type(offsets[1]) is not int or offsets[0] < 0):
+        raise HeaderError(
+            f"tensor {tname!r}: 'data_offsets' must be [begin, end] non-negative integers, got {offsets!r}")
+    start, end = offsets
+    if end < start:
+        raise HeaderError(f"tensor {tname!r}: data_offsets [{start}, {end}] end before they begin")
+    bits = numel * DTYPE_BITS[dtype]
+    if bits % 8:
+        raise HeaderError(f"tensor {tname!r}: {shape} x {dtype} is {bits} bits, not a whole number of bytes")
+    if bits // 8 != end - start:
+        raise HeaderError(
+            f"tensor {tname!r}: shape {shape} x {dtype} needs {bits // 8} bytes but data_offsets "
+            f"[{start}, {end}] span {end - start}")
+    return TensorInfo(tname, dtype, tuple(shape), start, end)
+
+
+def _data_end(tensors: dict[str, TensorInfo]) -> int:
+    """Where the last tensor ends; the tensors must tile the data from 0 without gaps or overlaps."""
     pos, prev = 0, None
     for t in sorted(tensors.values(), key=itemgetter(3, 4)):
         if t.start < pos:
@@ -250,12 +279,10 @@ def parse_header(prefix: bytes, file_size: int, name: str, *, check_size: bool =
                 f"tensors {prev.name!r} [{prev.start}, {prev.end}) and {t.name!r} [{t.start}, {t.end}) overlap")
         if t.start > pos:
             after = f"after {prev.name!r} (ends at {pos})" if prev else "at the start of the data"
-            raise HeaderError(f"{t.start - pos} bytes {after} belong to no tensor: safetensors data must be contiguous")
+            raise HeaderError(
+                f"{t.start - pos} bytes {after} belong to no tensor: safetensors data must be contiguous")
         pos, prev = t.end, t
-    hdr = ShardHeader(name, file_size, n, tensors, dict(meta), pos)
-    if check_size and (why := size_problem(hdr)):
-        raise HeaderError(why)
-    return hdr
+    return pos
 
 
 def size_problem(hdr: ShardHeader) -> str | None:
@@ -601,6 +628,40 @@ def inspect_checkpoint(root: str | os.PathLike, inventory: Inventory | None = No
     notes = list(inv.notes)
     for name in inv.leftovers:
         problems.append(Problem(name, "left by an interrupted or running download: the checkpoint is not complete"))
+    index_name, index = _read_index(inv, problems, notes)
+    unreadable = {p.file for p in inv.problems}
+    shard_names = sorted(n for n in inv.files if n.endswith(".safetensors"))
+    if not shard_names and not unreadable:
+        problems.append(Problem(str(inv.root), "no *.safetensors files: nothing vLLM's safetensors loader could load"))
+    headers = _read_headers(inv, shard_names, problems)
+    if index_name is not None and index is None:  # the index failed: every shard whose header reads is loaded
+        loaded = [n for n in shard_names if n in headers]
+    else:
+        idx_problems, loaded = check_index(index, index_name, headers, set(inv.files) | unreadable)
+        problems += idx_problems
+    total_size = _index_total_size(index)
+    tensors, by_dtype = _loaded_tensors(loaded, headers)
+    weight_bytes = sum(by_dtype.values())
+    if total_size is not None and not problems and total_size != weight_bytes:
+        problems.append(Problem(index_name, (
+            f"metadata.total_size is {total_size} but the shards' tensors add up to {weight_bytes} bytes "
+            "(the index was written for other shards, or tied weights are counted differently)"), "warning"))
+    _check_config(inv, tensors, unreadable, problems, notes)
+    ple = sorted(n for n in tensors if "embed_tokens_per_layer" in n and is_ple_tensor(n))
+    return Report(
+        directory=str(inv.root), problems=problems, shards=_shard_rows(inv, shard_names, headers, loaded),
+        index=index_name, index_total_size=total_size,
+        weight_bytes=weight_bytes, file_bytes=sum(inv.files[n].size for n in shard_names),
+        bytes_by_dtype=dict(sorted(by_dtype.items(), key=lambda kv: -kv[1])),
+        ple_bytes=sum(tensors[n].nbytes for n in ple), ple_tensors=ple, tensors=len(tensors),
+        leftovers=list(inv.leftovers), notes=notes, structural_seconds=time.perf_counter() - t0,
+        headers_complete=bool(loaded) and all(n in headers for n in loaded),
+    )
+
+
+def _read_index(inv: Inventory, problems: list[Problem], notes: list[str]) -> tuple[str | None, Any]:
+    """The index's name (the standard one when there are several) and its JSON object (None when
+    there is none, or it cannot be read)."""
     indexes = sorted(n for n in inv.files if n.endswith(".safetensors.index.json"))
     index_name = INDEX_NAME if INDEX_NAME in indexes else (indexes[0] if indexes else None)
     if len(indexes) > 1:
@@ -609,12 +670,11 @@ def inspect_checkpoint(root: str | os.PathLike, inventory: Inventory | None = No
     if index_name and index is not None and not isinstance(index, dict):
         problems.append(Problem(index_name, "is not a JSON object"))
         index = None
-    index_failed = index_name is not None and index is None
+    return index_name, index
+
+
+def _read_headers(inv: Inventory, shard_names: list[str], problems: list[Problem]) -> dict[str, ShardHeader]:
     headers: dict[str, ShardHeader] = {}
-    unreadable = {p.file for p in inv.problems}
-    shard_names = sorted(n for n in inv.files if n.endswith(".safetensors"))
-    if not shard_names and not unreadable:
-        problems.append(Problem(str(inv.root), "no *.safetensors files: nothing vLLM's safetensors loader could load"))
     for name in shard_names:
         try:
             headers[name] = hdr = read_header(inv.files[name].path, name, check_size=False)
@@ -623,17 +683,20 @@ def inspect_checkpoint(root: str | os.PathLike, inventory: Inventory | None = No
             continue
         if why := size_problem(hdr):  # the header itself is whole: keep it for the index checks and totals
             problems.append(Problem(name, why))
-    present = set(inv.files) | unreadable
-    if index_failed:
-        loaded = [n for n in shard_names if n in headers]
-    else:
-        idx_problems, loaded = check_index(index, index_name, headers, present)
-        problems += idx_problems
-    total_size = None
+    return headers
+
+
+def _index_total_size(index: Any) -> int | None:
     if isinstance(index, dict):
         meta = index.get("metadata")
         if isinstance(meta, dict) and isinstance(meta.get("total_size"), int):
-            total_size = meta["total_size"]
+            return meta["total_size"]
+    return None
+
+
+def _loaded_tensors(loaded: list[str],
+                    headers: dict[str, ShardHeader]) -> tuple[dict[str, TensorInfo], dict[str, int]]:
+    """The tensors of the loaded shards (the first shard naming one wins) and their bytes by dtype."""
     tensors: dict[str, TensorInfo] = {}
     by_dtype: dict[str, int] = {}
     for name in loaded:
@@ -645,11 +708,12 @@ def inspect_checkpoint(root: str | os.PathLike, inventory: Inventory | None = No
                 continue
             tensors[t.name] = t
             by_dtype[t.dtype] = by_dtype.get(t.dtype, 0) + t.nbytes
-    weight_bytes = sum(by_dtype.values())
-    if total_size is not None and not problems and total_size != weight_bytes:
-        problems.append(Problem(index_name, (
-            f"metadata.total_size is {total_size} but the shards' tensors add up to {weight_bytes} bytes "
-            "(the index was written for other shards, or tied weights are counted differently)"), "warning"))
+    return tensors, by_dtype
+
+
+def _check_config(inv: Inventory, tensors: dict[str, TensorInfo], unreadable: set[str],
+                  problems: list[Problem], notes: list[str]) -> None:
+    """config.json is there, is an object, and its shapes agree with the tensors."""
     config = _load_json(inv.files.get("config.json"), "config.json", problems)
     if "config.json" not in inv.files and "config.json" not in unreadable:
         problems.append(Problem("config.json", "missing: vLLM needs config.json next to the weights"))
@@ -659,22 +723,17 @@ def inspect_checkpoint(root: str | os.PathLike, inventory: Inventory | None = No
         notes += shape_notes
     elif config is not None and not isinstance(config, dict):
         problems.append(Problem("config.json", "is not a JSON object"))
-    ple = sorted(n for n in tensors if "embed_tokens_per_layer" in n and is_ple_tensor(n))
-    shards = [
+
+
+def _shard_rows(inv: Inventory, shard_names: list[str], headers: dict[str, ShardHeader],
+                loaded: list[str]) -> list[dict[str, Any]]:
+    return [
         {"file": n, "size": inv.files[n].size, "expected_size": headers[n].expected_size if n in headers else None,
          "tensors": len(headers[n].tensors) if n in headers else None,
          "header_ok": n in headers, "complete": n in headers and headers[n].size == headers[n].expected_size,
          "loaded": n in loaded}
         for n in shard_names
     ]
-    return Report(
-        directory=str(inv.root), problems=problems, shards=shards, index=index_name, index_total_size=total_size,
-        weight_bytes=weight_bytes, file_bytes=sum(inv.files[n].size for n in shard_names),
-        bytes_by_dtype=dict(sorted(by_dtype.items(), key=lambda kv: -kv[1])),
-        ple_bytes=sum(tensors[n].nbytes for n in ple), ple_tensors=ple, tensors=len(tensors),
-        leftovers=list(inv.leftovers), notes=notes, structural_seconds=time.perf_counter() - t0,
-        headers_complete=bool(loaded) and all(n in headers for n in loaded),
-    )
 
 
 def safetensors_expected(model_dir: str | os.PathLike) -> bool:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -392,13 +393,58 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
     hidden = _int_field(cfg, "hidden_size", where)
     n_heads = _int_field(cfg, "num_attention_heads", where)
     n_kv = _int_field(cfg, "num_key_value_heads", where, n_heads)
+    head_dim = _head_dim(cfg, hidden, n_heads, where)
+    dtype_name, dtype_bytes = _model_dtype(cfg)
+    kv_name, auto_note = _kv_dtype(cfg, kv_cache_dtype, dtype_name)
+    kv_bytes = _DTYPE_BYTES[kv_name]
+    mla = cfg.get("kv_lora_rank") is not None
+    notes: list[str] = [auto_note] if auto_note else []
+    _check_tp(n_heads, n_kv, tp, mla, where, notes)
+    types = _layer_types(cfg, n_layers, where)
+    shared_from = n_layers - int(cfg.get("num_kv_shared_layers") or 0)
+    attn = _Attention(cfg=cfg, tp=tp, where=where, kv_name=kv_name, head_dim=head_dim,
+                      kv_heads_per_gpu=max(1, n_kv // tp))
+    if mla:
+        attn.mla_tok = _mla_latent(cfg, kv_bytes, where, notes)
+    state_bytes = 0
+    if any(t in _STATE_TYPES for t in types):
+        state_bytes, state_note = _state_bytes(cfg, tp, dtype_bytes, where)
+        if state_note:
+            notes.append(state_note)
+    layers: list[LayerKV] = []
+    unknown_attn: list[int] = []
+    for i, t in enumerate(types):
+        if i >= shared_from:
+            layers.append(LayerKV(i, "shared"))
+        elif t in _STATE_TYPES:
+            layers.append(LayerKV(i, "state", state_bytes=state_bytes))
+        else:
+            if t not in _FULL_TYPES | _SLIDING_TYPES | _CHUNKED_TYPES and "attention" in t:
+                unknown_attn.append(i)
+                t = "full_attention"  # the upper bound: an attention layer keeps at most every token
+            layers.append(attn.layer(i, t))
+    layers = _layer_notes(layers, types, unknown_attn, n_layers, shared_from, notes)
+    return ModelShape(
+        layers=layers, dtype_bytes=dtype_bytes, kv_dtype=kv_name, hidden_size=hidden,
+        intermediate_size=_intermediate_size(cfg, hidden), vocab_size=int(cfg.get("vocab_size") or 32000),
+        num_attention_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
+        max_position_embeddings=cfg.get("max_position_embeddings"), mla=mla, notes=notes,
+    )
+
+
+def _head_dim(cfg: dict, hidden: int, n_heads: int, where: str) -> int:
     head_dim = cfg.get("head_dim")
     if head_dim is None:
         if hidden % n_heads:
-            raise BadInput(f"{where}: no 'head_dim' and hidden_size {hidden} is not divisible by num_attention_heads {n_heads}.")
+            raise BadInput(
+                f"{where}: no 'head_dim' and hidden_size {hidden} is not divisible by num_attention_heads {n_heads}.")
         head_dim = hidden // n_heads
-    head_dim = _int_field({"head_dim": head_dim}, "head_dim", where)
-    dtype_name, dtype_bytes = _model_dtype(cfg)
+    return _int_field({"head_dim": head_dim}, "head_dim", where)
+
+
+def _kv_dtype(cfg: dict, kv_cache_dtype: str, dtype_name: str) -> tuple[str, str | None]:
+    """The KV cache's dtype ('auto': the checkpoint's ModelOpt KV quantization, else the model's
+    dtype) and the note saying what 'auto' resolved to."""
     kv_dt = (kv_cache_dtype or "auto").lower()
     if kv_dt not in KV_CACHE_DTYPES:
         raise BadInput(f"kv_cache_dtype {kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}.")
@@ -406,82 +452,86 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
     if kv_dt == "auto" and (resolved := _modelopt_kv_dtype(cfg)):
         kv_dt = resolved
         auto_note = f"kv_cache_dtype 'auto' resolves to {resolved} from the checkpoint's ModelOpt quantization_config"
-    kv_name = dtype_name if kv_dt == "auto" else kv_dt
-    kv_bytes = _DTYPE_BYTES[kv_name]
+    return (dtype_name if kv_dt == "auto" else kv_dt), auto_note
 
-    # TP checks vLLM itself makes (ModelConfig.verify_with_parallel_config, QKVParallelLinear).
+
+def _check_tp(n_heads: int, n_kv: int, tp: int, mla: bool, where: str, notes: list[str]) -> None:
+    """The TP checks vLLM itself makes (ModelConfig.verify_with_parallel_config, QKVParallelLinear)."""
     if n_heads % tp:
         raise BadInput(
             f"{where}: num_attention_heads ({n_heads}) is not divisible by tp={tp}; vLLM refuses this "
             f"(\"Total number of attention heads must be divisible by tensor parallel size\")."
         )
-    mla = cfg.get("kv_lora_rank") is not None
-    notes: list[str] = [auto_note] if auto_note else []
-    if not mla:
-        if n_kv >= tp and n_kv % tp:
-            raise BadInput(f"{where}: num_key_value_heads ({n_kv}) is not divisible by tp={tp}; vLLM cannot shard them.")
-        if n_kv < tp and tp % n_kv:
-            raise BadInput(f"{where}: tp={tp} is not a multiple of num_key_value_heads ({n_kv}); vLLM cannot replicate them.")
-        if n_kv < tp:
-            notes.append(f"{n_kv} KV heads < tp={tp}: each GPU holds a replica of one KV head ({tp // n_kv} copies per head)")
-    kv_heads_per_gpu = max(1, n_kv // tp)
-
-    types = _layer_types(cfg, n_layers, where)
-    window = cfg.get("sliding_window")
-    chunk = cfg.get("attention_chunk_size")
-    global_head = cfg.get("global_head_dim")
-    shared_from = n_layers - int(cfg.get("num_kv_shared_layers") or 0)
-
     if mla:
-        rank = _int_field(cfg, "kv_lora_rank", where)
-        rope = _int_field(cfg, "qk_rope_head_dim", where, 64)
-        mla_tok = (rank + rope) * kv_bytes  # one latent per token per layer, replicated on every TP rank
-        notes.append(f"MLA: one {rank}+{rope} latent per token per layer, identical on every TP rank (not split)")
-        if cfg.get("index_topk") is not None:
-            notes.append("sparse-MLA indexer cache (DeepSeek V3.2 style) not counted")
-    state_bytes, state_note = (0, None)
-    if any(t in _STATE_TYPES for t in types):
-        state_bytes, state_note = _state_bytes(cfg, tp, dtype_bytes, where)
-        if state_note:
-            notes.append(state_note)
+        return
+    if n_kv >= tp and n_kv % tp:
+        raise BadInput(f"{where}: num_key_value_heads ({n_kv}) is not divisible by tp={tp}; vLLM cannot shard them.")
+    if n_kv < tp and tp % n_kv:
+        raise BadInput(
+            f"{where}: tp={tp} is not a multiple of num_key_value_heads ({n_kv}); vLLM cannot replicate them.")
+    if n_kv < tp:
+        notes.append(
+            f"{n_kv} KV heads < tp={tp}: each GPU holds a replica of one KV head ({tp // n_kv} copies per head)")
 
-    layers: list[LayerKV] = []
-    unknown_attn: list[int] = []
-    for i, t in enumerate(types):
-        if i >= shared_from:
-            layers.append(LayerKV(i, "shared"))
-            continue
-        if t in _STATE_TYPES:
-            layers.append(LayerKV(i, "state", state_bytes=state_bytes))
-            continue
-        if t not in _FULL_TYPES | _SLIDING_TYPES | _CHUNKED_TYPES and "attention" in t:
-            unknown_attn.append(i)
-            t = "full_attention"  # the upper bound: an attention layer keeps at most every token
+
+def _mla_latent(cfg: dict, kv_bytes: int, where: str, notes: list[str]) -> int:
+    """Bytes per token per layer of an MLA model: one latent, replicated on every TP rank."""
+    rank = _int_field(cfg, "kv_lora_rank", where)
+    rope = _int_field(cfg, "qk_rope_head_dim", where, 64)
+    notes.append(f"MLA: one {rank}+{rope} latent per token per layer, identical on every TP rank (not split)")
+    if cfg.get("index_topk") is not None:
+        notes.append("sparse-MLA indexer cache (DeepSeek V3.2 style) not counted")
+    return (rank + rope) * kv_bytes
+
+
+@dataclass
+class _Attention:
+    """What an attention layer's KV spec depends on."""
+
+    cfg: dict
+    tp: int
+    where: str
+    kv_name: str
+    head_dim: int
+    kv_heads_per_gpu: int
+    mla_tok: int | None = None  # MLA: bytes per token per layer
+
+    def layer(self, i: int, t: str) -> LayerKV:
+        """The KV of attention layer ``i`` of type ``t``."""
+        cfg, where = self.cfg, self.where
         if t not in _FULL_TYPES | _SLIDING_TYPES | _CHUNKED_TYPES:
             raise BadInput(
                 f"{where}: layer_types[{i}] is {t!r}, which vLLM 0.26.0 has no KV spec for here "
                 f"(known: full_attention, sliding_attention, chunked_attention, linear_attention, mamba)."
             )
-        if mla:
-            layers.append(LayerKV(i, "mla", bytes_per_token=mla_tok))
-            continue
-        hd = head_dim
-        heads = kv_heads_per_gpu
+        if self.mla_tok is not None:
+            return LayerKV(i, "mla", bytes_per_token=self.mla_tok)
+        hd = self.head_dim
+        heads = self.kv_heads_per_gpu
+        global_head = cfg.get("global_head_dim")
         if t in _FULL_TYPES and global_head:
             hd = int(global_head)
             if cfg.get("attention_k_eq_v") and cfg.get("num_global_key_value_heads"):
-                heads = max(1, int(cfg["num_global_key_value_heads"]) // tp)
-        per_tok = heads * 2 * _head_bytes(hd, kv_name)
+                heads = max(1, int(cfg["num_global_key_value_heads"]) // self.tp)
+        per_tok = heads * 2 * _head_bytes(hd, self.kv_name)
         if t in _SLIDING_TYPES:
+            window = cfg.get("sliding_window")
             if not isinstance(window, int) or window <= 0:
-                raise BadInput(f"{where}: layer {i} is sliding_attention but 'sliding_window' is not a positive integer.")
-            layers.append(LayerKV(i, "sliding", per_tok, window=window))
-        elif t in _CHUNKED_TYPES:
+                raise BadInput(
+                    f"{where}: layer {i} is sliding_attention but 'sliding_window' is not a positive integer.")
+            return LayerKV(i, "sliding", per_tok, window=window)
+        if t in _CHUNKED_TYPES:
+            chunk = cfg.get("attention_chunk_size")
             if not isinstance(chunk, int) or chunk <= 0:
                 raise BadInput(f"{where}: layer {i} is chunked_attention but 'attention_chunk_size' is missing.")
-            layers.append(LayerKV(i, "chunked", per_tok, window=chunk))
-        else:
-            layers.append(LayerKV(i, "full", per_tok))
+            return LayerKV(i, "chunked", per_tok, window=chunk)
+        return LayerKV(i, "full", per_tok)
+
+
+def _layer_notes(layers: list[LayerKV], types: list[str], unknown_attn: list[int], n_layers: int,
+                 shared_from: int, notes: list[str]) -> list[LayerKV]:
+    """What the layers' notes say (unknown attention types, chunked layers at full length,
+    shared KV), and the layers with chunked ones at full length where vLLM keeps them so."""
     if unknown_attn:
         names = sorted({types[i] for i in unknown_attn})
         notes.append(
@@ -492,20 +542,19 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", w
         # vLLM disables the hybrid KV manager for chunked local attention (latency regression,
         # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE unset): chunked layers then hold full-length KV.
         layers = [LayerKV(l.index, "full", l.bytes_per_token) if l.kind == "chunked" else l for l in layers]
-        notes.append("chunked-local-attention layers counted at full length (vLLM disables the hybrid KV manager for them)")
+        notes.append(
+            "chunked-local-attention layers counted at full length (vLLM disables the hybrid KV manager for them)")
     if shared_from < n_layers:
         notes.append(f"last {n_layers - shared_from} layers reuse earlier layers' KV (num_kv_shared_layers)")
+    return layers
 
+
+def _intermediate_size(cfg: dict, hidden: int) -> int:
     inter = cfg.get("intermediate_size") or 4 * hidden
     moe_inter, topk = cfg.get("moe_intermediate_size"), cfg.get("num_experts_per_tok")
     if isinstance(moe_inter, int) and isinstance(topk, int):
         inter = max(int(inter), moe_inter * topk)
-    return ModelShape(
-        layers=layers, dtype_bytes=dtype_bytes, kv_dtype=kv_name, hidden_size=hidden,
-        intermediate_size=int(inter), vocab_size=int(cfg.get("vocab_size") or 32000),
-        num_attention_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
-        max_position_embeddings=cfg.get("max_position_embeddings"), mla=mla, notes=notes,
-    )
+    return int(inter)
 
 
 # --------------------------------------------------------------------------- vLLM KV allocator model
@@ -753,9 +802,60 @@ def make_plan(
     settings vLLM would refuse before loading anything.
     """
     facts = release_facts(vllm)
-    if gpu_memory_utilization is None:
-        gpu_memory_utilization = facts.default_gpu_memory_utilization
+    u = facts.default_gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
     check_kv_cache_dtype(kv_cache_dtype, facts)
+    gpus = _check_settings(gpus=gpus, tp=tp, pp=pp, u=u, gpu_memory_bytes=gpu_memory_bytes,
+                           weights_bytes=weights_bytes, cpu_offload_gb=cpu_offload_gb, reserve_bytes=reserve_bytes,
+                           max_num_seqs=max_num_seqs, block_size=block_size)
+    model = describe_model(config, tp=tp, kv_cache_dtype=kv_cache_dtype, where=where)
+    n_layers = len(model.layers)
+    if pp > n_layers:
+        raise BadInput(f"--pp {pp} is larger than the model's {n_layers} layers.")
+    notes = list(model.notes)
+    max_model_len = _max_model_len(model, max_model_len, where, notes)
+    big_gpu = gpu_memory_bytes >= 70 * GiB
+    if max_num_batched_tokens is None:
+        max_num_batched_tokens = 8192 if big_gpu else 2048  # vLLM OpenAI-server defaults (arg_utils.py)
+    sampler_rows = min(max_num_seqs or (1024 if big_gpu else 256), max_num_batched_tokens)
+    in_flight = (2 if pp == 1 else pp) * max_num_batched_tokens  # async scheduling keeps 2 batches in flight
+    budget = _budget(model, gpu_memory_bytes=gpu_memory_bytes, u=u, weights_bytes=weights_bytes, tp=tp, pp=pp,
+                     cpu_offload_gb=cpu_offload_gb, reserve_bytes=reserve_bytes,
+                     max_num_batched_tokens=max_num_batched_tokens, sampler_rows=sampler_rows,
+                     enforce_eager=enforce_eager)
+    layout = _build_layout(model, block_size)
+    pool = _Pool(_workers(layout, n_layers, pp), layout.specs, in_flight)
+    kv_tok_gpu, kv_tok_node, fixed = _kv_per_token(model, pp_partition(n_layers, pp), pool, max_model_len, tp)
+    v = _verdict(pool, budget, u=u, gpu_memory_bytes=gpu_memory_bytes, max_model_len=max_model_len,
+                 max_num_seqs=max_num_seqs)
+    fit = _what_fits(pool, budget, v, gpu_memory_bytes=gpu_memory_bytes, max_model_len=max_model_len,
+                     max_num_seqs=max_num_seqs)
+    suggestions = [] if v.fits else _suggestions(fit, budget, u=u, max_model_len=max_model_len,
+                                                 max_num_seqs=max_num_seqs)
+    kinds = [l.kind for l in model.layers]
+    if layout.block_size != block_size:
+        notes.append(
+            f"attention block size raised to {layout.block_size} tokens (vLLM aligns it to the state/MLA page)")
+    return Plan(
+        gpus=gpus, tp=tp, pp=pp, replicas=gpus // (tp * pp), gpu_memory_bytes=gpu_memory_bytes,
+        gpu_memory_utilization=float(u), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens, kv_cache_dtype=model.kv_dtype, block_size=layout.block_size,
+        weights_bytes=weights_bytes, cpu_offload_bytes=budget.offload,
+        requested_bytes=budget.requested, weights_per_gpu=budget.weights_per_gpu, reserve_bytes=budget.reserve,
+        reserve_breakdown=budget.breakdown, reserve_source=budget.source, available_kv_bytes=budget.available,
+        kv_bytes_per_token_per_gpu=kv_tok_gpu, kv_bytes_per_token_node=kv_tok_node,
+        per_sequence_fixed_bytes=max(fixed), needed_one_seq_bytes=v.needed_one, needed_requested_bytes=v.needed_req,
+        headroom_bytes=v.headroom, num_blocks=v.num_blocks, kv_tokens_per_gpu=v.tokens,
+        max_concurrency=v.conc if v.conc != float("inf") else -1.0,
+        boots=v.boots, fits=v.fits, reasons=v.reasons, max_context_one_seq=fit.max_ctx_one,
+        max_context_at_num_seqs=fit.max_ctx_seqs, max_seqs_at_context=fit.max_seqs, min_utilization=fit.min_util,
+        suggestions=suggestions, layers={k: kinds.count(k) for k in sorted(set(kinds))}, notes=notes, vllm=facts.vllm,
+    )
+
+
+def _check_settings(*, gpus: int | None, tp: int, pp: int, u: float, gpu_memory_bytes: int, weights_bytes: int,
+                    cpu_offload_gb: float, reserve_bytes: int | None, max_num_seqs: int | None,
+                    block_size: int) -> int:
+    """The settings vLLM refuses before loading anything; the number of GPUs (default tp × pp)."""
     for name, val in (("tp", tp), ("pp", pp)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
             raise BadInput(f"--{name} must be a positive integer, got {val!r}.")
@@ -764,7 +864,6 @@ def make_plan(
         raise BadInput(f"--gpus must be a positive integer, got {gpus!r}.")
     if gpus < tp * pp or gpus % (tp * pp):
         raise BadInput(f"--gpus {gpus} is not a multiple of tp × pp = {tp * pp}; vLLM needs tp × pp GPUs per replica.")
-    u = gpu_memory_utilization
     if isinstance(u, bool) or not isinstance(u, (int, float)) or not (0 < u <= 1):
         raise BadInput(f"--gpu-memory-utilization must be in (0, 1], got {u!r}.")
     if not isinstance(gpu_memory_bytes, int) or gpu_memory_bytes <= 0:
@@ -776,16 +875,16 @@ def make_plan(
         raise BadInput(f"--cpu-offload-gb must be a finite number >= 0, got {cpu_offload_gb!r}.")
     if reserve_bytes is not None and reserve_bytes < 0:
         raise BadInput(f"--reserve-gib must be >= 0, got {reserve_bytes / GiB!r}.")
-    if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1):
+    if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)
+                                     or max_num_seqs < 1):
         raise BadInput(f"--max-num-seqs must be a positive integer, got {max_num_seqs!r}.")
     if not isinstance(block_size, int) or block_size < 1:
         raise BadInput(f"block size must be a positive integer, got {block_size!r}.")
+    return gpus
 
-    model = describe_model(config, tp=tp, kv_cache_dtype=kv_cache_dtype, where=where)
-    n_layers = len(model.layers)
-    if pp > n_layers:
-        raise BadInput(f"--pp {pp} is larger than the model's {n_layers} layers.")
-    notes = list(model.notes)
+
+def _max_model_len(model: ModelShape, max_model_len: int | None, where: str, notes: list[str]) -> int:
+    """The context length planned for (default: the model's max_position_embeddings)."""
     if max_model_len is None:
         if not model.max_position_embeddings:
             raise BadInput(f"{where}: no --max-model-len given and no 'max_position_embeddings' to default to.")
@@ -798,17 +897,38 @@ def make_plan(
             f"max_model_len {max_model_len:,} exceeds max_position_embeddings {model.max_position_embeddings:,}: "
             "vLLM refuses this unless rope scaling extends it or VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
         )
+    return max_model_len
 
-    big_gpu = gpu_memory_bytes >= 70 * GiB
-    if max_num_batched_tokens is None:
-        max_num_batched_tokens = 8192 if big_gpu else 2048  # vLLM OpenAI-server defaults (arg_utils.py)
-    sampler_rows = min(max_num_seqs or (1024 if big_gpu else 256), max_num_batched_tokens)
-    in_flight = (2 if pp == 1 else pp) * max_num_batched_tokens  # async scheduling keeps 2 batches in flight
 
-    # ---- budget per GPU
-    requested = math.ceil(gpu_memory_bytes * u)
+@dataclass
+class _Budget:
+    """The memory budget per GPU (worst PP stage)."""
+
+    gpu_memory_bytes: int
+    requested: int
+    offload: int
+    weights_per_gpu: int
+    breakdown: dict[str, int]
+    reserve: int
+    source: str
+    startup_free: int  # what is free after the CUDA context (and communicators)
+
+    @property
+    def available(self) -> int:
+        return self.requested - self.weights_per_gpu - self.reserve
+
+    def available_at(self, uu: float) -> int | None:
+        """The KV budget at utilization ``uu``; None when vLLM refuses it at startup."""
+        req = math.ceil(self.gpu_memory_bytes * uu)
+        if req > self.startup_free:
+            return None
+        return req - self.weights_per_gpu - self.reserve
+
+
+def _budget(model: ModelShape, *, gpu_memory_bytes: int, u: float, weights_bytes: int, tp: int, pp: int,
+            cpu_offload_gb: float, reserve_bytes: int | None, max_num_batched_tokens: int, sampler_rows: int,
+            enforce_eager: bool) -> _Budget:
     offload = int(cpu_offload_gb * GiB)
-    weights_per_gpu = max(0, _cdiv(weights_bytes, tp * pp) - offload)
     if reserve_bytes is None:
         breakdown = _default_reserve(model, tp=tp, pp=pp, max_num_batched_tokens=max_num_batched_tokens,
                                      sampler_rows=sampler_rows, enforce_eager=enforce_eager)
@@ -818,171 +938,214 @@ def make_plan(
         breakdown = {"given": int(reserve_bytes)}
         reserve = int(reserve_bytes)
         source = "given (--reserve-gib)"
-    available = requested - weights_per_gpu - reserve
+    return _Budget(
+        gpu_memory_bytes=gpu_memory_bytes, requested=math.ceil(gpu_memory_bytes * u), offload=offload,
+        weights_per_gpu=max(0, _cdiv(weights_bytes, tp * pp) - offload), breakdown=breakdown, reserve=reserve,
+        source=source,
+        startup_free=gpu_memory_bytes - STARTUP_CONTEXT_BYTES - (RESERVE_COMM_BYTES if tp * pp > 1 else 0),
+    )
 
-    # ---- KV layout
-    layout = _build_layout(model, block_size)
-    workers = _workers(layout, n_layers, pp)
-    specs = layout.specs
-    parts = pp_partition(n_layers, pp)
 
+@dataclass
+class _Pool:
+    """The KV allocator of the PP workers: what a length and a budget give."""
+
+    workers: list[_Worker]
+    specs: dict[int, _Spec]
+    in_flight: int
+
+    @property
+    def first(self) -> _Worker | None:
+        return next((w for w in self.workers if not w.empty), None)
+
+    @property
+    def attention_free(self) -> bool:
+        return all(w.empty for w in self.workers)
+
+    def num_blocks(self, avail: int) -> int:
+        return min(max(0, avail) // w.bytes_per_block(self.specs) for w in self.workers if not w.empty)
+
+    def concurrency(self, length: int, nblocks: int) -> float:
+        first = self.first
+        if first is None:
+            return float("inf")
+        return nblocks / first.per_request_pages(self.specs, length, self.in_flight)
+
+    def boots_at(self, length: int, avail: int) -> bool:
+        if self.first is None:
+            return avail > 0
+        return avail > 0 and all(w.needed_bytes(self.specs, length, self.in_flight) <= avail
+                                 for w in self.workers if not w.empty)
+
+
+def _kv_per_token(model: ModelShape, parts: list[range], pool: _Pool, max_model_len: int,
+                  tp: int) -> tuple[int, int, list[int]]:
+    """KV bytes per token on the worst GPU and on the node, and each stage's fixed bytes per
+    sequence (window and state layers)."""
     per_gpu_tok = []
     fixed = []
+    specs = pool.specs
     for part in parts:
         tok = sum(l.bytes_per_token for l in model.layers if l.index in part and l.kind in ("full", "mla"))
         fx = sum(
-            specs[i].max_mem(max_model_len, in_flight) for i in part
+            specs[i].max_mem(max_model_len, pool.in_flight) for i in part
             if i in specs and specs[i].kind in ("sliding", "chunked", "state")
         )
         per_gpu_tok.append(tok)
         fixed.append(fx)
-    kv_tok_gpu = max(per_gpu_tok)
-    kv_tok_node = sum(per_gpu_tok) * tp
+    return max(per_gpu_tok), sum(per_gpu_tok) * tp, fixed
 
-    attention_free = all(w.empty for w in workers)
-    if attention_free:
-        num_blocks, tokens, conc = 0, 0, float("inf")
-        needed_one = 0
-    else:
-        blocks = [max(0, available) // w.bytes_per_block(specs) for w in workers if not w.empty]
-        num_blocks = min(blocks)
-        needed_one = max(w.needed_bytes(specs, max_model_len, in_flight) for w in workers if not w.empty)
 
-    first = next((w for w in workers if not w.empty), None)
+@dataclass
+class _Verdict:
+    """The KV pool at the requested settings and whether they boot and fit."""
 
-    def concurrency(length: int, nblocks: int) -> float:
-        if first is None:
-            return float("inf")
-        return nblocks / first.per_request_pages(specs, length, in_flight)
+    num_blocks: int = 0
+    tokens: int = 0
+    conc: float = float("inf")
+    needed_one: int = 0
+    startup_ok: bool = True
+    boots: bool = False
+    fits: bool = False
+    reasons: list[str] = field(default_factory=list)
+    needed_req: int | None = None
+    headroom: int = 0
 
-    def boots_at(length: int, avail: int) -> bool:
-        if first is None:
-            return avail > 0
-        return avail > 0 and all(w.needed_bytes(specs, length, in_flight) <= avail for w in workers if not w.empty)
 
-    if not attention_free:
-        conc = concurrency(max_model_len, num_blocks)
-        tokens = int(conc * max_model_len)
-
-    reasons: list[str] = []
-    startup_free = gpu_memory_bytes - STARTUP_CONTEXT_BYTES - (RESERVE_COMM_BYTES if tp * pp > 1 else 0)
-    startup_ok = requested <= startup_free
-    if not startup_ok:
-        reasons.append(
-            f"utilization {u} requests {requested / GiB:.2f} GiB but only ~{startup_free / GiB:.2f} GiB is free after the "
-            "CUDA context: vLLM refuses at startup (\"Free memory on device ... is less than desired GPU memory utilization\")"
+def _verdict(pool: _Pool, budget: _Budget, *, u: float, gpu_memory_bytes: int, max_model_len: int,
+             max_num_seqs: int | None) -> _Verdict:
+    v = _Verdict()
+    available = budget.available
+    if not pool.attention_free:
+        v.num_blocks = pool.num_blocks(available)
+        v.needed_one = max(w.needed_bytes(pool.specs, max_model_len, pool.in_flight)
+                           for w in pool.workers if not w.empty)
+        v.conc = pool.concurrency(max_model_len, v.num_blocks)
+        v.tokens = int(v.conc * max_model_len)
+    requested, startup_free = budget.requested, budget.startup_free
+    v.startup_ok = requested <= startup_free
+    if not v.startup_ok:
+        v.reasons.append(
+            f"utilization {u} requests {requested / GiB:.2f} GiB but only ~{startup_free / GiB:.2f} GiB is free after "
+            "the CUDA context: vLLM refuses at startup (\"Free memory on device ... is less than desired GPU memory "
+            "utilization\")"
         )
-    boots = startup_ok and boots_at(max_model_len, available)
+    v.boots = v.startup_ok and pool.boots_at(max_model_len, available)
     if available <= 0:
-        reasons.append(
-            f"no memory left for the KV cache: {u} × {gpu_memory_bytes / GiB:.2f} GiB = {requested / GiB:.2f} GiB requested, "
-            f"weights take {weights_per_gpu / GiB:.2f} GiB and the reserve {reserve / GiB:.2f} GiB per GPU"
+        v.reasons.append(
+            f"no memory left for the KV cache: {u} × {gpu_memory_bytes / GiB:.2f} GiB = {requested / GiB:.2f} GiB "
+            f"requested, weights take {budget.weights_per_gpu / GiB:.2f} GiB and the reserve "
+            f"{budget.reserve / GiB:.2f} GiB per GPU"
         )
-    elif not boots_at(max_model_len, available):
-        reasons.append(
-            f"one {max_model_len:,}-token sequence needs {needed_one / GiB:.2f} GiB of KV per GPU but only "
+    elif not pool.boots_at(max_model_len, available):
+        v.reasons.append(
+            f"one {max_model_len:,}-token sequence needs {v.needed_one / GiB:.2f} GiB of KV per GPU but only "
             f"{available / GiB:.2f} GiB is available: vLLM raises at boot, after the weights are loaded"
         )
-    needed_req = None
+    first = pool.first
     if max_num_seqs is not None and first is not None:
-        needed_req = first.bytes_per_block(specs) * first.per_request_pages(specs, max_model_len, in_flight) * max_num_seqs
-        if boots and conc < max_num_seqs:
-            reasons.append(
-                f"{max_num_seqs} concurrent {max_model_len:,}-token sequences need {needed_req / GiB:.2f} GiB of KV per GPU; "
-                f"the KV pool holds {conc:.2f} such sequences: vLLM boots but preempts/queues under full load"
+        v.needed_req = (first.bytes_per_block(pool.specs) * first.per_request_pages(pool.specs, max_model_len,
+                                                                                      pool.in_flight) * max_num_seqs)
+        if v.boots and v.conc < max_num_seqs:
+            v.reasons.append(
+                f"{max_num_seqs} concurrent {max_model_len:,}-token sequences need {v.needed_req / GiB:.2f} GiB of KV "
+                f"per GPU; the KV pool holds {v.conc:.2f} such sequences: vLLM boots but preempts/queues under "
+                "full load"
             )
-    fits = boots and (max_num_seqs is None or conc >= max_num_seqs)
-    headroom = available - (needed_req if needed_req is not None else needed_one)
+    v.fits = v.boots and (max_num_seqs is None or v.conc >= max_num_seqs)
+    v.headroom = available - (v.needed_req if v.needed_req is not None else v.needed_one)
+    return v
 
-    # ---- what would fit
-    def largest(pred, hi: int) -> int:
-        if not pred(1):
-            return 0
-        lo = 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if pred(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
 
+def _largest(pred: Callable[[int], bool], hi: int) -> int:
+    """The largest n in [1, hi] for which ``pred`` holds, ``pred`` holding on a prefix; 0 when none."""
+    if not pred(1):
+        return 0
+    lo = 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if pred(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@dataclass
+class _Fit:
+    """What would fit: the longest contexts, the most sequences, the lowest utilization."""
+
+    max_ctx_one: int | None
+    max_ctx_seqs: int | None
+    max_seqs: int
+    min_util: float | None
+    top: int  # the highest utilization (in thousandths) vLLM starts with
+
+
+def _what_fits(pool: _Pool, budget: _Budget, v: _Verdict, *, gpu_memory_bytes: int, max_model_len: int,
+               max_num_seqs: int | None) -> _Fit:
+    available = budget.available
     search_top = max(max_model_len, 1 << 31)
-    max_ctx_one = largest(lambda n: boots_at(n, available), search_top) if startup_ok else 0
+    max_ctx_one = _largest(lambda n: pool.boots_at(n, available), search_top) if v.startup_ok else 0
     max_ctx_seqs = None
-    if max_num_seqs is not None and startup_ok and not attention_free:
-        max_ctx_seqs = largest(lambda n: boots_at(n, available) and concurrency(n, num_blocks) >= max_num_seqs, search_top)
+    if max_num_seqs is not None and v.startup_ok and not pool.attention_free:
+        max_ctx_seqs = _largest(lambda n: pool.boots_at(n, available)
+                                and pool.concurrency(n, v.num_blocks) >= max_num_seqs, search_top)
     if max_ctx_one == search_top:   # window/state layers only: context is not limited by KV memory
         max_ctx_one = None
     if max_ctx_seqs == search_top:
         max_ctx_seqs = None
-    max_seqs = int(math.floor(conc)) if (boots and not attention_free) else 0
-
-    def fits_at_util(uu: float) -> bool:
-        req = math.ceil(gpu_memory_bytes * uu)
-        if req > startup_free:
-            return False
-        av = req - weights_per_gpu - reserve
-        if not boots_at(max_model_len, av):
-            return False
-        if max_num_seqs is None or first is None:
-            return True
-        nb = min(max(0, av) // w.bytes_per_block(specs) for w in workers if not w.empty)
-        return concurrency(max_model_len, nb) >= max_num_seqs
-
+    max_seqs = int(math.floor(v.conc)) if (v.boots and not pool.attention_free) else 0
     # Below the startup limit, the utilizations that do not fit are a prefix; above it
     # nothing fits (vLLM refuses at startup), so search only up to that limit -- else the
     # bisection can step over a narrow window that fits (e.g. seed 000 at 0.986..0.989).
+    startup_free = budget.startup_free
     min_util = None
     top = min(1000, math.floor(startup_free * 1000 / gpu_memory_bytes))
     while top > 0 and math.ceil(gpu_memory_bytes * top / 1000) > startup_free:
         top -= 1
     if top >= 1:
-        k = largest(lambda m: not fits_at_util(m / 1000), top)
-        if k < top and fits_at_util((k + 1) / 1000):
+        k = _largest(lambda m: not _fits_at_util(pool, budget, m / 1000, max_model_len, max_num_seqs), top)
+        if k < top and _fits_at_util(pool, budget, (k + 1) / 1000, max_model_len, max_num_seqs):
             min_util = (k + 1) / 1000
+    return _Fit(max_ctx_one, max_ctx_seqs, max_seqs, min_util, top)
 
+
+def _fits_at_util(pool: _Pool, budget: _Budget, uu: float, max_model_len: int, max_num_seqs: int | None) -> bool:
+    av = budget.available_at(uu)
+    if av is None or not pool.boots_at(max_model_len, av):
+        return False
+    if max_num_seqs is None or pool.first is None:
+        return True
+    return pool.concurrency(max_model_len, pool.num_blocks(av)) >= max_num_seqs
+
+
+def _suggestions(fit: _Fit, budget: _Budget, *, u: float, max_model_len: int,
+                 max_num_seqs: int | None) -> list[dict[str, Any]]:
+    """What to change when the settings do not fit."""
     suggestions: list[dict[str, Any]] = []
-    if not fits:
-        if max_ctx_seqs and max_num_seqs is not None:
-            suggestions.append({"setting": "max_model_len", "value": max_ctx_seqs,
-                                "text": f"--max-model-len {max_ctx_seqs} keeps {max_num_seqs} concurrent sequences"})
-        elif max_ctx_one:
-            suggestions.append({"setting": "max_model_len", "value": max_ctx_one,
-                                "text": f"--max-model-len {max_ctx_one} is the longest single sequence that fits"})
-        if max_seqs >= 1 and max_num_seqs is not None and max_seqs < max_num_seqs:
-            suggestions.append({"setting": "max_num_seqs", "value": max_seqs,
-                                "text": f"--max-num-seqs {max_seqs} at {max_model_len:,} tokens"})
-        if min_util is not None and min_util > u:
-            suggestions.append({"setting": "gpu_memory_utilization", "value": min_util,
-                                "text": f"--gpu-memory-utilization {min_util} fits the requested settings"})
-        elif min_util is not None and not startup_ok:   # too high to start; the highest that starts fits
-            suggestions.append({"setting": "gpu_memory_utilization", "value": top / 1000,
-                                "text": f"--gpu-memory-utilization {top / 1000} is the highest that starts "
-                                        f"(~{startup_free / GiB:.2f} GiB free after the CUDA context) and fits"})
-        if not suggestions:
-            suggestions.append({"setting": "gpus", "value": None,
-                                "text": "nothing within one GPU's budget fits: more GPUs (tp/pp), cpu offload, or a smaller checkpoint"})
-
-    kinds = [l.kind for l in model.layers]
-    layer_counts = {k: kinds.count(k) for k in sorted(set(kinds))}
-    if layout.block_size != block_size:
-        notes.append(f"attention block size raised to {layout.block_size} tokens (vLLM aligns it to the state/MLA page)")
-    return Plan(
-        gpus=gpus, tp=tp, pp=pp, replicas=gpus // (tp * pp), gpu_memory_bytes=gpu_memory_bytes,
-        gpu_memory_utilization=float(u), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, kv_cache_dtype=model.kv_dtype, block_size=layout.block_size,
-        weights_bytes=weights_bytes, cpu_offload_bytes=offload,
-        requested_bytes=requested, weights_per_gpu=weights_per_gpu, reserve_bytes=reserve,
-        reserve_breakdown=breakdown, reserve_source=source, available_kv_bytes=available,
-        kv_bytes_per_token_per_gpu=kv_tok_gpu, kv_bytes_per_token_node=kv_tok_node,
-        per_sequence_fixed_bytes=max(fixed), needed_one_seq_bytes=needed_one, needed_requested_bytes=needed_req,
-        headroom_bytes=headroom, num_blocks=num_blocks, kv_tokens_per_gpu=tokens,
-        max_concurrency=conc if conc != float("inf") else -1.0,
-        boots=boots, fits=fits, reasons=reasons, max_context_one_seq=max_ctx_one,
-        max_context_at_num_seqs=max_ctx_seqs, max_seqs_at_context=max_seqs, min_utilization=min_util,
-        suggestions=suggestions, layers=layer_counts, notes=notes, vllm=facts.vllm,
-    )
+    if fit.max_ctx_seqs and max_num_seqs is not None:
+        suggestions.append({"setting": "max_model_len", "value": fit.max_ctx_seqs,
+                            "text": f"--max-model-len {fit.max_ctx_seqs} keeps {max_num_seqs} concurrent sequences"})
+    elif fit.max_ctx_one:
+        suggestions.append({"setting": "max_model_len", "value": fit.max_ctx_one,
+                            "text": f"--max-model-len {fit.max_ctx_one} is the longest single sequence that fits"})
+    if fit.max_seqs >= 1 and max_num_seqs is not None and fit.max_seqs < max_num_seqs:
+        suggestions.append({"setting": "max_num_seqs", "value": fit.max_seqs,
+                            "text": f"--max-num-seqs {fit.max_seqs} at {max_model_len:,} tokens"})
+    if fit.min_util is not None and fit.min_util > u:
+        suggestions.append({"setting": "gpu_memory_utilization", "value": fit.min_util,
+                            "text": f"--gpu-memory-utilization {fit.min_util} fits the requested settings"})
+    elif fit.min_util is not None and budget.requested > budget.startup_free:
+        # too high to start; the highest that starts fits
+        suggestions.append({"setting": "gpu_memory_utilization", "value": fit.top / 1000,
+                            "text": f"--gpu-memory-utilization {fit.top / 1000} is the highest that starts "
+                                    f"(~{budget.startup_free / GiB:.2f} GiB free after the CUDA context) and fits"})
+    if not suggestions:
+        suggestions.append({"setting": "gpus", "value": None,
+                            "text": "nothing within one GPU's budget fits: more GPUs (tp/pp), cpu offload, or a "
+                                    "smaller checkpoint"})
+    return suggestions
 
 
 def refuse_unless_fits(plan: Plan, *, show_plan: bool = True) -> None:

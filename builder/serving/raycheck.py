@@ -550,70 +550,102 @@ def run_check(
         engine = engine_adapter.get_engine()
     engine.ping()
     t0 = time.monotonic()
-    deadline = t0 + timeout
     containers = Containers(engine)
     packages = sorted({*REPORTED_PACKAGES, *(e.key for e in (lock.entries if lock else []))})
     nodes = node_specs(image, workers, worker_image, containers)
-    run_id = secrets.token_hex(4)
-    ports = allocate_ports(len(nodes))
-    gcs = f"127.0.0.1:{ports[0].gcs}"
-    common = ["-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address=127.0.0.1", "--num-gpus=0",
-              "--num-cpus=1", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats"]
-    cids: dict[str, str] = {}
-    reports: dict[str, NodeReport] = {}
+    cl = _Cluster(containers=containers, nodes=nodes, run_id=secrets.token_hex(4), ports=allocate_ports(len(nodes)),
+                  deadline=t0 + timeout, say=say)
     with ExitStack() as stack:
         stack.enter_context(_sigterm_as_interrupt())
-        stack.callback(containers.remove_all, run_id)
-        say(f"starting head ({nodes[0].image})")
-        # Loopback only: the head gets a network namespace of its own that holds nothing but `lo`
-        # (--network=none), and every worker joins that namespace. Ray listens on 0.0.0.0 whatever
-        # --node-ip-address says; with --network=host that exposed GCS, raylets and agents on every
-        # host interface. Workers removed first (remove_all pops the last started).
-        cids["head"] = containers.start(nodes[0], common + ["--head", "--include-dashboard=false", "--node-name=head",
-                                                           *ports[0].args()], run_id, network="none")
-        # Workers started before the head's GCS listens can give up and exit (seen under load
-        # on a cold CI machine); start them only once the GCS port accepts connections.
-        say("waiting for the head's GCS")
-        _wait_for_gcs(containers, cids["head"], ports[0].gcs, deadline)
-        worker_argv = {node.name: common + [f"--address={gcs}", f"--node-name={node.name}", *p.args()]
-                       for node, p in zip(nodes[1:], ports[1:])}
-
-        def start_worker(node: NodeSpec) -> str:
-            say(f"starting {node.name} ({node.image})")
-            cids[node.name] = containers.start(node, worker_argv[node.name], run_id, network=f"container:{cids['head']}")
-            return cids[node.name]
-
+        stack.callback(containers.remove_all, cl.run_id)
+        cl.start_head()
         for node in nodes[1:]:
-            start_worker(node)
-
-        say(f"waiting for {len(nodes)} nodes to join (up to {int(deadline - time.monotonic())}s)")
-        cfg = {"mode": "cluster", "address": gcs, "giveup": f"/tmp/build-image-ray-check-{run_id}.giveup", "nodes": [n.name for n in nodes], "packages": packages,
-               "timeout": max(5.0, deadline - time.monotonic() - 10), "sums": {n.name: n.sums for n in nodes}}
-        answer = _drive(containers, cids, nodes, cfg, deadline, restart=start_worker, say=say)
+            cl.start_worker(node)
+        say(f"waiting for {len(nodes)} nodes to join (up to {int(cl.deadline - time.monotonic())}s)")
+        answer = _drive(containers, cl.cids, nodes, cl.probe_config(packages), cl.deadline,
+                        restart=cl.start_worker, say=say)
         driver_error = answer.pop("error", None)
-        joined = set(answer.get("joined", []))
+        reports: dict[str, NodeReport] = {}
         for node in nodes:
             doc = answer.get("reports", {}).get(node.name)
             if doc is not None:
                 reports[node.name] = NodeReport.from_dict(doc, node=node.name, image=node.image, joined=True)
         # nodes without a report from the cluster: probe them alone, so the failure names the difference
+        joined = set(answer.get("joined", []))
         for node in nodes:
-            if node.name in reports:
-                continue
-            say(f"{node.name} did not report from the cluster; probing its container alone")
-            why = _why_not_joined(containers, cids[node.name])
-            doc = _probe_alone(containers, cids[node.name], node, packages)
-            in_cluster = node.name in joined or (node.name == "head" and driver_error is None)
-            rep = NodeReport.from_dict(doc or {}, node=node.name, image=node.image, joined=in_cluster)
-            if node.name == "head" and driver_error:
-                why = driver_error if containers.running(cids["head"]) else why
-            rep.error = why if not rep.joined else (rep.error or "its pinned task did not return")
-            if doc is None:
-                rep.error = (rep.error or "") + " (and probing the container alone failed too)"
-            reports[node.name] = rep
+            if node.name not in reports:
+                reports[node.name] = _report_alone(cl, node, packages, joined, driver_error)
     ordered = [reports[n.name] for n in nodes]
     return CheckResult(image=image, nodes=ordered, findings=compare(ordered, lock), lock=lock_path,
                        elapsed_s=time.monotonic() - t0)
+
+
+_RAY_START = ["-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address=127.0.0.1", "--num-gpus=0",
+              "--num-cpus=1", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats"]
+
+
+@dataclass
+class _Cluster:
+    """The containers of one ray-check run: a head and its workers on the head's loopback."""
+
+    containers: Containers
+    nodes: list[NodeSpec]
+    run_id: str
+    ports: list[NodePorts]
+    deadline: float
+    say: Callable[[str], None]
+    cids: dict[str, str] = field(default_factory=dict)  # node name -> container ID
+
+    @property
+    def gcs(self) -> str:
+        return f"127.0.0.1:{self.ports[0].gcs}"
+
+    def start_head(self) -> None:
+        """Start the head and wait until its GCS accepts connections."""
+        self.say(f"starting head ({self.nodes[0].image})")
+        # Loopback only: the head gets a network namespace of its own that holds nothing but `lo`
+        # (--network=none), and every worker joins that namespace. Ray listens on 0.0.0.0 whatever
+        # --node-ip-address says; with --network=host that exposed GCS, raylets and agents on every
+        # host interface. Workers removed first (remove_all pops the last started).
+        self.cids["head"] = self.containers.start(
+            self.nodes[0], _RAY_START + ["--head", "--include-dashboard=false", "--node-name=head",
+                                         *self.ports[0].args()], self.run_id, network="none")
+        # Workers started before the head's GCS listens can give up and exit (seen under load
+        # on a cold CI machine); start them only once the GCS port accepts connections.
+        self.say("waiting for the head's GCS")
+        _wait_for_gcs(self.containers, self.cids["head"], self.ports[0].gcs, self.deadline)
+
+    def start_worker(self, node: NodeSpec) -> str:
+        """Start (or restart) one worker in the head's network namespace."""
+        p = self.ports[[n.name for n in self.nodes].index(node.name)]
+        argv = _RAY_START + [f"--address={self.gcs}", f"--node-name={node.name}", *p.args()]
+        self.say(f"starting {node.name} ({node.image})")
+        self.cids[node.name] = self.containers.start(node, argv, self.run_id, network=f"container:{self.cids['head']}")
+        return self.cids[node.name]
+
+    def probe_config(self, packages: list[str]) -> dict:
+        """What the cluster probe in the head is told: the nodes to wait for, the packages to report."""
+        return {"mode": "cluster", "address": self.gcs, "giveup": f"/tmp/build-image-ray-check-{self.run_id}.giveup",
+                "nodes": [n.name for n in self.nodes], "packages": packages,
+                "timeout": max(5.0, self.deadline - time.monotonic() - 10),
+                "sums": {n.name: n.sums for n in self.nodes}}
+
+
+def _report_alone(cl: _Cluster, node: NodeSpec, packages: list[str], joined: set[str],
+                  driver_error: str | None) -> NodeReport:
+    """The report of a node that did not report from the cluster: its container probed alone,
+    with why it did not join (or, for the head, why the driver failed)."""
+    cl.say(f"{node.name} did not report from the cluster; probing its container alone")
+    why = _why_not_joined(cl.containers, cl.cids[node.name])
+    doc = _probe_alone(cl.containers, cl.cids[node.name], node, packages)
+    in_cluster = node.name in joined or (node.name == "head" and driver_error is None)
+    rep = NodeReport.from_dict(doc or {}, node=node.name, image=node.image, joined=in_cluster)
+    if node.name == "head" and driver_error:
+        why = driver_error if cl.containers.running(cl.cids["head"]) else why
+    rep.error = why if not rep.joined else (rep.error or "its pinned task did not return")
+    if doc is None:
+        rep.error = (rep.error or "") + " (and probing the container alone failed too)"
+    return rep
 
 
 def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], cfg: dict, deadline: float,

@@ -145,7 +145,6 @@ def post_completion(host: str, port: int, body: dict[str, Any], timeout: float, 
     path, kind = endpoint_of(body)
     chat = kind == "chat"
     t0 = time.monotonic()
-    deadline = t0 + timeout
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     res = RequestResult(index=index, stream=stream, ok=False, kind=kind)
     try:
@@ -158,77 +157,102 @@ def post_completion(host: str, port: int, body: dict[str, Any], timeout: float, 
             res.error = f"HTTP {resp.status}: {text[:300]}"
             return res
         if not stream:
-            data = json.loads(resp.read())
-            if "error" in data and data["error"]:
-                res.error = f"error object in response: {str(data['error'])[:300]}"
-                return res
-            usage = data.get("usage") or {}
-            res.output_tokens = int(usage.get("completion_tokens") or 0)
-            if not data.get("choices"):
-                res.error = "response has no choices"
-                return res
-            res.text = _choice_text(data["choices"][0], chat, stream=False)
-            if chat and not res.text and res.output_tokens:
-                res.error = "chat response has no message content"
-                return res
-            res.latency_s = time.monotonic() - t0
-            res.ok = True
-            return res
-        done = False
-        chunks = 0
-        parts: list[str] = []
-        usage_tokens = None
-        while True:
-            if time.monotonic() > deadline:
-                res.error = f"timeout after {timeout:g}s inside the stream"
-                return res
-            raw = resp.readline()
-            if not raw:
-                break
-            line = raw.decode("utf-8", "replace").strip()
-            if not line or line.startswith(":"):
-                continue
-            if line.startswith("event:") and "error" in line:
-                res.error = f"error event in stream: {line[:200]}"
-                return res
-            if not line.startswith("data:"):
-                continue
-            data_s = line[5:].strip()
-            if data_s == "[DONE]":
-                done = True
-                break
-            try:
-                data = json.loads(data_s)
-            except ValueError:
-                res.error = f"malformed stream event: {data_s[:200]}"
-                return res
-            if isinstance(data, dict) and data.get("error"):
-                res.error = f"error event in stream: {str(data['error'])[:300]}"
-                return res
-            if data.get("choices"):
-                piece = _choice_text(data["choices"][0], chat, stream=True)
-                if chat and not piece:
-                    continue  # the role-only first chunk (or an empty delta) is no token
-                if res.ttft_s is None:
-                    res.ttft_s = time.monotonic() - t0
-                chunks += 1
-                parts.append(piece)
-            if data.get("usage"):
-                usage_tokens = data["usage"].get("completion_tokens")
-        if not done:
-            res.error = f"stream ended without [DONE] after {chunks} chunks (dropped)"
-            return res
-        res.output_tokens = int(usage_tokens if usage_tokens is not None else chunks)
-        res.text = "".join(parts)
-        res.latency_s = time.monotonic() - t0
-        res.ok = True
-        return res
+            return _read_response(resp, res, chat, t0)
+        return _read_stream(resp, res, chat, t0, timeout)
     except (OSError, http.client.HTTPException, ValueError) as exc:
         kind = "timeout" if isinstance(exc, (socket.timeout, TimeoutError)) else type(exc).__name__
         res.error = f"{kind}: {exc}"[:300]
         return res
     finally:
         conn.close()
+
+
+def _read_response(resp: http.client.HTTPResponse, res: RequestResult, chat: bool, t0: float) -> RequestResult:
+    """A non-streaming answer: its first choice's text and the usage's token count."""
+    data = json.loads(resp.read())
+    if "error" in data and data["error"]:
+        res.error = f"error object in response: {str(data['error'])[:300]}"
+        return res
+    usage = data.get("usage") or {}
+    res.output_tokens = int(usage.get("completion_tokens") or 0)
+    if not data.get("choices"):
+        res.error = "response has no choices"
+        return res
+    res.text = _choice_text(data["choices"][0], chat, stream=False)
+    if chat and not res.text and res.output_tokens:
+        res.error = "chat response has no message content"
+        return res
+    res.latency_s = time.monotonic() - t0
+    res.ok = True
+    return res
+
+
+@dataclass
+class _Stream:
+    """What an SSE stream has delivered so far."""
+
+    done: bool = False  # the [DONE] event arrived
+    chunks: int = 0
+    parts: list[str] = field(default_factory=list)
+    usage_tokens: int | None = None
+
+
+def _read_stream(resp: http.client.HTTPResponse, res: RequestResult, chat: bool, t0: float,
+                 timeout: float) -> RequestResult:
+    """A streaming answer, read event by event until [DONE]; ``res.error`` says why not."""
+    deadline = t0 + timeout
+    st = _Stream()
+    while not st.done:
+        if time.monotonic() > deadline:
+            res.error = f"timeout after {timeout:g}s inside the stream"
+            return res
+        raw = resp.readline()
+        if not raw:
+            break
+        _stream_line(raw.decode("utf-8", "replace").strip(), res, chat, t0, st)
+        if res.error:
+            return res
+    if not st.done:
+        res.error = f"stream ended without [DONE] after {st.chunks} chunks (dropped)"
+        return res
+    res.output_tokens = int(st.usage_tokens if st.usage_tokens is not None else st.chunks)
+    res.text = "".join(st.parts)
+    res.latency_s = time.monotonic() - t0
+    res.ok = True
+    return res
+
+
+def _stream_line(line: str, res: RequestResult, chat: bool, t0: float, st: _Stream) -> None:
+    """One line of the stream: an event that fails the request sets ``res.error``."""
+    if not line or line.startswith(":"):
+        return
+    if line.startswith("event:") and "error" in line:
+        res.error = f"error event in stream: {line[:200]}"
+        return
+    if not line.startswith("data:"):
+        return
+    data_s = line[5:].strip()
+    if data_s == "[DONE]":
+        st.done = True
+        return
+    try:
+        data = json.loads(data_s)
+    except ValueError:
+        res.error = f"malformed stream event: {data_s[:200]}"
+        return
+    if isinstance(data, dict) and data.get("error"):
+        res.error = f"error event in stream: {str(data['error'])[:300]}"
+        return
+    if data.get("choices"):
+        piece = _choice_text(data["choices"][0], chat, stream=True)
+        if chat and not piece:
+            return  # the role-only first chunk (or an empty delta) is no token
+        if res.ttft_s is None:
+            res.ttft_s = time.monotonic() - t0
+        st.chunks += 1
+        st.parts.append(piece)
+    if data.get("usage"):
+        st.usage_tokens = data["usage"].get("completion_tokens")
 
 
 @dataclass

@@ -79,7 +79,8 @@ class ErrorHandlingGroup(click.Group):
             ctx.exit(INTERNAL_ERROR)
 
 
-@click.group(cls=ErrorHandlingGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ErrorHandlingGroup, invoke_without_command=True,
+             context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="build-image")
 @click.pass_context
 def main(ctx: click.Context, **kwargs):

@@ -233,7 +233,8 @@ class DockerEngine:
             raise EngineUnavailable(f"`docker {args[0]}` did not answer within {timeout}s.") from None
         if check and proc.returncode != 0:
             self._raise_unreachable(proc.stderr)
-            raise ExternalToolError(f"`docker {' '.join(args[:2])}` failed ({proc.returncode}): {redact(proc.stderr.strip())[-800:]}")
+            raise ExternalToolError(f"`docker {' '.join(args[:2])}` failed ({proc.returncode}): "
+                                    f"{redact(proc.stderr.strip())[-800:]}")
         return proc
 
     def _refuse_silent_cli(self, proc: subprocess.CompletedProcess) -> None:
@@ -300,7 +301,8 @@ class DockerEngine:
                 tail = "\n".join(log.splitlines()[-25:])
                 raise BuildFailed(
                     f"`docker build` of {context} failed (exit {rc}).",
-                    hint="the lines below show the failing step; the early checks fail with 'build-image check:' messages.",
+                    hint="the lines below show the failing step; the early checks fail with 'build-image "
+                         "check:' messages.",
                     details=tail,
                 )
             image_id = iid.read_text().strip()
@@ -344,7 +346,8 @@ class DockerEngine:
         if proc.returncode != 0:
             if not registry_fault(proc.stderr, registry_of(ref)):
                 self._raise_unreachable(proc.stderr)
-            raise RegistryError(f"pulling {ref} from the registry {registry_of(ref)} failed: {redact(proc.stderr.strip())[-400:]}")
+            raise RegistryError(f"pulling {ref} from the registry {registry_of(ref)} failed: "
+                                f"{redact(proc.stderr.strip())[-400:]}")
 
     def tag(self, src: str, dst: str) -> None:
         self._run(["tag", src, dst])
@@ -352,8 +355,10 @@ class DockerEngine:
     def remove(self, ref: str) -> None:
         self._run(["image", "rm", "-f", ref], check=False)
 
-    def run(self, image: str, argv: list[str], *, network: str = "none", timeout: int = 300) -> subprocess.CompletedProcess:
-        return self._run(["run", "--rm", "--pull=never", f"--network={network}", image, *argv], timeout=timeout, check=False)
+    def run(self, image: str, argv: list[str], *, network: str = "none",
+            timeout: int = 300) -> subprocess.CompletedProcess:
+        return self._run(["run", "--rm", "--pull=never", f"--network={network}", image, *argv], timeout=timeout,
+                         check=False)
 
 
 def get_engine() -> Engine:

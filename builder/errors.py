@@ -22,7 +22,8 @@ class BuildImageError(Exception):
     title = "error"
 
     def __init__(self, message: str, *, hint: str | None = None, details: str | None = None):
-        message, hint, details = redact_text(message), redact_text(hint or "") or None, redact_text(details or "") or None
+        message, hint, details = (redact_text(message), redact_text(hint or "") or None, redact_text(details or "")
+                                  or None)
         super().__init__(message)
         self.message = message
         self.hint = hint
@@ -152,7 +153,8 @@ EXIT_CODES: dict[int, str] = {
     RegistryError.exit_code: "registry unreachable / push refused / digest mismatch",
     TagConflict.exit_code: "tag already points to a different digest",
     ExternalToolError.exit_code: "a helper tool (uv, docker) failed unexpectedly",
-    CheckpointNotReady.exit_code: "smoke: the checkpoint is not ready (checkpoint verify's structural checks); no server started",
+    CheckpointNotReady.exit_code: "smoke: the checkpoint is not ready (checkpoint verify's structural checks); no "
+                                  "server started",
     OutputBusy.exit_code: "another run holds the output (-o) longer than BUILD_IMAGE_LOCK_TIMEOUT",
     130: "interrupted by SIGINT; outputs as they were before the run",
     143: "terminated by SIGTERM; outputs as they were before the run",

@@ -72,7 +72,8 @@ def fetch(url: str, sha256: str, *, filename: str | None = None, progress: bool 
     """Return a verified local copy of ``url`` whose sha256 is ``sha256`` (see module doc)."""
     sha256 = (sha256 or "").lower().removeprefix("sha256:")
     if not _HEX64.match(sha256):
-        raise IntegrityError(f"fetch {url}: expected sha256 is not 64 hex digits ({sha256!r:.80}); refusing an unverified download.")
+        raise IntegrityError(f"fetch {url}: expected sha256 is not 64 hex digits ({sha256!r:.80}); refusing an "
+                             "unverified download.")
     name = filename or _filename_of(url)
     dest = cached_path(sha256, name)
     if dest.exists():
@@ -121,7 +122,8 @@ def _download_to(url: str, out, name: str, progress: bool) -> None:
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             raise IntegrityError(
-                f"cannot fetch {url}: HTTP {exc.code} ({'no credential was found' if not auth else 'the credential was refused'}).",
+                f"cannot fetch {url}: HTTP {exc.code} "
+                f"({'no credential was found' if not auth else 'the credential was refused'}).",
                 hint="build-image finds a credential for a URL without one in $NETRC or ~/.netrc (machine HOST login "
                      "USER password SECRET), or the keyring package; locks never record it.",
             ) from None
@@ -156,7 +158,8 @@ def _copy_with_progress(resp, out, total: int, name: str, progress: bool) -> int
 
 # --------------------------------------------------------------------------- vllm wheel
 def _get_json(url: str):
-    req = urllib.request.Request(url, headers={"User-Agent": f"build-image/{__version__}", "Accept": "application/json"})
+    req = urllib.request.Request(url,
+                                 headers={"User-Agent": f"build-image/{__version__}", "Accept": "application/json"})
     with urllib.request.urlopen(req, timeout=120) as resp:
         return json.load(resp)
 
@@ -235,7 +238,8 @@ def vllm_wheel(version: str, sha256: str | None = None, *, progress: bool = True
             except (IntegrityError, BadInput):
                 expected = None  # offline and no pin: nothing to check against
         if expected is not None and sha256_file(path) != expected:
-            raise IntegrityError(f"{WHEEL_ENV}={override}: sha256 differs from the pinned vllm {version} wheel ({expected}).")
+            raise IntegrityError(f"{WHEEL_ENV}={override}: sha256 differs from the pinned vllm {version} wheel "
+                                 f"({expected}).")
         return path
     if sha256:
         hit = _find_cached_wheel(version, sha256)

@@ -4,10 +4,11 @@ Every command runs with its temporary files in one directory of its own under th
 ``<cache>/tmp/<pid>-<start time>/`` (``tempfile``'s default directory and ``TMPDIR`` for the
 helpers it starts point there), removed when the command ends.  A run killed with SIGKILL
 cannot remove it, so each command first sweeps the directories — and the download cache's
-``.part`` files — whose process is gone (a ``.part`` without an owner in its name, from an older
-build-image, only once nobody has written it for an hour: its writer may still be running) (the PID is not running, or runs a newer process:
-the start time tells them apart).  Helpers (uv, the docker CLI) get ``PR_SET_PDEATHSIG``:
-the kernel kills them when the build-image process dies, so none is re-parented to init.
+``.part`` files — whose process is gone (a ``.part`` without an owner in its name, from an
+older build-image, only once nobody has written it for an hour: its writer may still be running)
+(the PID is not running, or runs a newer process: the start time tells them apart).  Helpers (uv,
+the docker CLI) get ``PR_SET_PDEATHSIG``: the kernel kills them when the build-image process dies,
+so none is re-parented to init.
 """
 
 from __future__ import annotations

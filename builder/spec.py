@@ -153,8 +153,8 @@ def _req_key(req: str) -> str | None:
         return None
 
 
-_TOP_KEYS = {"vllm": str, "base": str, "with": list, "lock": str, "repo": str, "allow-abi-change": dict, "serving": dict,
-             "find-links": list, "no-index": bool, "exclude-newer": str}
+_TOP_KEYS = {"vllm": str, "base": str, "with": list, "lock": str, "repo": str, "allow-abi-change": dict,
+             "serving": dict, "find-links": list, "no-index": bool, "exclude-newer": str}
 _TOML_TYPE = {str: "string", list: "array", dict: "table", int: "integer", float: "float", bool: "boolean"}
 _SERVING_TYPES = {f.name: f.type for f in fields(Serving)}
 

@@ -143,7 +143,8 @@ def wheel_requirement(wheel: Path | None, name: str) -> str | None:
     return None
 
 
-def base_moves(a: BaseManifest, b: BaseManifest, *, a_wheel: Path | None = None, b_wheel: Path | None = None) -> list[Move]:
+def base_moves(a: BaseManifest, b: BaseManifest, *, a_wheel: Path | None = None,
+               b_wheel: Path | None = None) -> list[Move]:
     """Pure but for reading two wheels' METADATA: what moves in the base image from A to B."""
     def os_of(m: BaseManifest) -> str | None:
         return m.os.split(" (")[0] if m.os else None
@@ -219,7 +220,8 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
     if md:
         out += ["### Base image", "", f"`{r.base_from}` -> `{r.base_to}` ({r.base_to_source})", "",
                 "| | " + r.from_version + " | " + r.to_version + " |", "| --- | --- | --- |"]
-        out += [f"| {'**' + m.what + '**' if m.changed else m.what} | {m.old or '-'} | {m.new or '-'} |" for m in r.moves]
+        out += [f"| {'**' + m.what + '**' if m.changed else m.what} | {m.old or '-'} | {m.new or '-'} |"
+                for m in r.moves]
     else:
         out.append(f"  base: {r.base_from} -> {r.base_to} ({r.base_to_source})")
         out += [f"    {m.what:38} {m.old or '-'} -> {m.new or '-'}" for m in changed]
@@ -395,7 +397,8 @@ def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[lis
     if not da and not db:
         notes.append("the releases' serving defaults could not be read (no wheels): plan compared on the spec only.")
     if not spec_path:
-        notes.append("no --spec: no serving settings to plan (pass --spec FILE with a [serving] table naming the model).")
+        notes.append("no --spec: no serving settings to plan (pass --spec FILE with a [serving] table "
+                     "naming the model).")
         return [m for m in moves if m.changed] or moves, notes
 
     serving = load_spec(spec_path).serving

@@ -44,14 +44,18 @@ def command() -> None:
 @click.option("--site-packages", "site_packages", metavar="DIR", type=click.Path(path_type=Path),
               help="Scan a site-packages directory on this machine (provenance: reconstructed).")
 @click.option("--python", "python", metavar="X.Y", help="Python version (default: read from the image / the path).")
-@click.option("--glibc", "glibc", metavar="X.Y", help="glibc version (required with --site-packages; overrides the image's libc).")
-@click.option("--cuda", "cuda", metavar="X.Y", help="CUDA version (default: the image's CUDA_VERSION / nvidia-cuda-runtime).")
+@click.option("--glibc", "glibc", metavar="X.Y",
+              help="glibc version (required with --site-packages; overrides the image's libc).")
+@click.option("--cuda", "cuda", metavar="X.Y",
+              help="CUDA version (default: the image's CUDA_VERSION / nvidia-cuda-runtime).")
 @click.option("--platform", "platform", metavar="P", help="uv --python-platform (default: x86_64-manylinux_<glibc>).")
-@click.option("--image-ref", "image_ref", metavar="REF", help="With --site-packages: the image this directory stands for.")
+@click.option("--image-ref", "image_ref", metavar="REF",
+              help="With --site-packages: the image this directory stands for.")
 @click.option("--os", "os_name", metavar="TEXT", help="With --site-packages: the OS of the image it stands for.")
 @click.option("--as-path", "as_path", metavar="PATH",
               help="With --site-packages: the directory's path inside the image (recorded as python.site_packages).")
-@click.option("--method", "method", metavar="TEXT", help="With --site-packages: exactly how the directory was produced (provenance).")
+@click.option("--method", "method", metavar="TEXT",
+              help="With --site-packages: exactly how the directory was produced (provenance).")
 @click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path, dir_okay=False),
               help="Manifest file to write (JSON, atomically).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
@@ -119,7 +123,8 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
 
 
 @command.command("recipe")
-@click.option("--vllm", "vllm", required=True, metavar="VERSION", help="The vLLM release whose image recipe is derived.")
+@click.option("--vllm", "vllm", required=True, metavar="VERSION",
+              help="The vLLM release whose image recipe is derived.")
 @click.option("--json", "as_json", is_flag=True, help="The recipe with every value's provenance as JSON on stdout.")
 @click.option("--write", is_flag=True, help="Write the release's table into the recipes file (generated, atomically).")
 @click.option("--recipes", "recipes", type=click.Path(path_type=Path, dir_okay=False),

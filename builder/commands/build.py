@@ -19,7 +19,8 @@ from builder.spec import load_spec
 @click.command("build")
 @click.argument("context", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--vllm", "vllm", default=None, metavar="VERSION", help="Picks the default context build/vllm-<v>.")
-@click.option("--tag", "repo", metavar="REPO", help="Image repository (default: spec 'repo', else build-image/vllm-serving).")
+@click.option("--tag", "repo", metavar="REPO",
+              help="Image repository (default: spec 'repo', else build-image/vllm-serving).")
 @click.option("--spec", "spec_file", metavar="FILE", type=click.Path(dir_okay=False), help="Spec file.")
 @click.option("--pull", is_flag=True, help="Let the engine pull a base image it does not have (default: refuse).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")

@@ -77,7 +77,8 @@ def verify(directory, sums_file, hf_cache, jobs, rehash, strict, as_json):
         plan = ContentPlan(expected, problems, f"the Hugging Face download records ({hf_cache})")
     if plan is not None:
         if rep.errors:
-            rep.content = {"checked": False, "skipped": "structural problems: fix those first (hashing would not make it ready)"}
+            rep.content = {"checked": False,
+                           "skipped": "structural problems: fix those first (hashing would not make it ready)"}
         else:
             cache = HashCache()  # --rehash: nothing is read from it, every digest is still stored
             if rehash:

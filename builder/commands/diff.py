@@ -56,7 +56,8 @@ class Git:
         return p.stdout
 
     def commit(self, rev: str) -> str:
-        out = self._run("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", what=f"resolve {rev!r}", ok_codes=(0, 1))
+        out = self._run("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", what=f"resolve {rev!r}",
+                        ok_codes=(0, 1))
         if not out.strip():
             raise BadInput(f"`diff --git`: {rev!r} is not a revision of this repository.",
                            hint="fetch it first (e.g. `git fetch origin main`) or check the spelling.")
@@ -209,12 +210,14 @@ def _diff_git(spec: str, paths: tuple[str, ...], base_manifest: Path | None, fai
         from builder.resolve.pylock import is_pylock_path
 
         for p, given in zip(scope, paths):
-            if not (p.endswith(".lock") or is_pylock_path(p)) and (git.show(ca, p) is not None or git.show(cb, p) is not None):
+            if (not (p.endswith(".lock") or is_pylock_path(p))
+                    and (git.show(ca, p) is not None or git.show(cb, p) is not None)):
                 raise BadInput(f"`diff --git {spec}`: {given} is a file but not a lock (*.lock, pylock.toml); "
                                "name a lock, or a folder holding locks.")
         # An explicit PATH that is a file is always compared (even if unchanged: "no changes").
         for p in scope:
-            if (p.endswith(".lock") or is_pylock_path(p)) and p not in changed and (git.show(ca, p) is not None or git.show(cb, p) is not None):
+            if ((p.endswith(".lock") or is_pylock_path(p)) and p not in changed
+                    and (git.show(ca, p) is not None or git.show(cb, p) is not None)):
                 changed.append(p)
         if not changed and all(p.endswith(".lock") or is_pylock_path(p) for p in scope):
             raise BadInput(f"`diff --git {spec}`: {', '.join(paths)} exists in neither revision.")
@@ -280,7 +283,8 @@ def render(diffs, fmt: str, color: bool) -> str:
                    "of each side, else rebuilt from the lock).")
 @click.option("--fail-on-allowed", is_flag=True,
               help="Exit 1 also for group-1 changes the lock header allows (allow-abi-change).")
-@click.option("--color/--no-color", default=None, help="Force colour on/off (default: on for a terminal, off with NO_COLOR).")
+@click.option("--color/--no-color", default=None,
+              help="Force colour on/off (default: on for a terminal, off with NO_COLOR).")
 @click.option("--max-chars", "max_chars", type=click.IntRange(min=1024), metavar="N",
               help="Markdown: cut the report to at most N characters (UTF-16 units, as GitHub counts; a PR comment "
                    "holds 65,536), closing open blocks and ending with a pointer to the full report.")

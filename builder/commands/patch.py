@@ -136,7 +136,8 @@ def check_cmd(vllm, series_dir, wheel, run_probes, probe_python, as_json):
 @click.option("--probe-python", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Interpreter for the probes on B (default: a venv from B's probe-env.txt when "
                    "patches/vllm/<B>/ has one, else A's).")
-@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text", help="Report format (markdown for a pull request comment).")
+@click.option("--format", "fmt", type=click.Choice(["text", "markdown", "json"]), default="text",
+              help="Report format (markdown for a pull request comment).")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option("--allow-downgrade", is_flag=True, help="Port to an older release (refused, exit 2, without it).")
 def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir, probe_python, fmt, as_json,
@@ -213,7 +214,8 @@ def sums_cmd(vllm, series_dir, wheel):
     """
     _need_version(vllm, series_dir)
     series = _series(vllm, series_dir)
-    source = Path(wheel) if wheel else _wheel(P.Series(series.dir, series.package, series.version, series.patches), None, True)
+    source = Path(wheel) if wheel else _wheel(P.Series(series.dir, series.package, series.version, series.patches),
+                                              None, True)
     sums = P.original_sums(series, source)
     atomic_write_text(series.dir / P.ORIG_SUMS, P.format_sums(sums))
     atomic_write_text(series.dir / P.WHEEL_SUM, f"{sha256_file(source)}  {source.name}\n")

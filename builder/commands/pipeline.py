@@ -24,10 +24,13 @@ from builder.spec import load_spec
 
 @click.command("pipeline")
 @click.option("--vllm", "vllm", default=None, help="vLLM version (default: spec or 0.26.0).")
-@click.option("--spec", "spec_file", default=None, type=click.Path(dir_okay=False), help="Spec file (default ./build-image.toml if present).")
+@click.option("--spec", "spec_file", default=None, type=click.Path(dir_okay=False),
+              help="Spec file (default ./build-image.toml if present).")
 @click.option("--with", "with_", multiple=True, metavar="REQ", help="Extra overlay requirement (repeatable).")
-@click.option("--base", "base", default=None, metavar="MANIFEST|REF", help="Base manifest file, or a local image to snapshot.")
-@click.option("--lock", "lock_file", default=None, metavar="FILE", help="Lock file (reused when up to date with its inputs).")
+@click.option("--base", "base", default=None, metavar="MANIFEST|REF",
+              help="Base manifest file, or a local image to snapshot.")
+@click.option("--lock", "lock_file", default=None, metavar="FILE",
+              help="Lock file (reused when up to date with its inputs).")
 @click.option("-o", "--output", "out", default=None, metavar="DIR", type=click.Path(file_okay=False, path_type=Path),
               help="Build context directory (default build/vllm-<v>).")
 @click.option("--tag", "repo", default=None, metavar="REPO", help="Image repository, e.g. 127.0.0.1:5000/serving/vllm.")
@@ -36,12 +39,15 @@ from builder.spec import load_spec
 @click.option("--series", "series", default=None, metavar="DIR", type=click.Path(file_okay=False, path_type=Path),
               help="Patch series (default patches/vllm/<v>/).")
 @click.option("--no-patches", "no_patches", is_flag=True, help="Apply no patch series.")
-@click.option("--wheel", "wheel", default=None, metavar="VLLM_WHEEL", type=click.Path(dir_okay=False, exists=True, path_type=Path),
+@click.option("--wheel", "wheel", default=None, metavar="VLLM_WHEEL",
+              type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="vllm wheel for the patch check (default: fetched, cached).")
-@click.option("--find-links", "find_links", multiple=True, metavar="DIR", help="Extra wheel folder for the lock (uv --find-links).")
+@click.option("--find-links", "find_links", multiple=True, metavar="DIR",
+              help="Extra wheel folder for the lock (uv --find-links).")
 @click.option("--no-index", "no_index", is_flag=True, help="Lock from --find-links folders only.")
 @click.option("--no-default-overlay", "no_default_overlay", is_flag=True, help="Do not add ray[serve] to the overlay.")
-@click.option("--kuberay", "kuberay", is_flag=True, help="Write KubeRay manifests (by digest after --push, else by tag).")
+@click.option("--kuberay", "kuberay", is_flag=True,
+              help="Write KubeRay manifests (by digest after --push, else by tag).")
 @click.option("--smoke", "smoke", is_flag=True, help="After build (and push), boot the image and run the smoke test.")
 @click.option("--model", "model", default=None, metavar="PATH", help="Smoke: checkpoint directory.")
 @click.option("--pull", "pull", is_flag=True, help="Build: let the engine pull a base image it does not hold.")
@@ -49,8 +55,8 @@ from builder.spec import load_spec
               help="The image build lists base drift (against the manifest) as a warning instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Final summary as JSON on stdout.")
 def run_pipeline(vllm, spec_file, with_=(), base=None, lock_file=None, out=None, repo=None, push=False, force=False,
-                 series=None, no_patches=False, wheel=None, find_links=(), no_index=False, no_default_overlay=False, kuberay=False,
-                 smoke=False, model=None, pull=False, allow_base_drift=False, as_json=False):
+                 series=None, no_patches=False, wheel=None, find_links=(), no_index=False, no_default_overlay=False,
+                 kuberay=False, smoke=False, model=None, pull=False, allow_base_drift=False, as_json=False):
     """lock -> ABI gate -> patch check -> render -> build -> push -> smoke."""
     from builder.image.render import default_out_dir
     from builder.pipeline import PipelineRequest, run

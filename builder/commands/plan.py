@@ -25,22 +25,38 @@ from builder.spec import load_spec
 
 
 @click.command("plan")
-@click.option("--vllm", "vllm", default=None, help="vLLM release to plan for (any shipped one; default: the spec's vllm, else 0.26.0): its default gpu_memory_utilization and accepted --kv-cache-dtype values.")
-@click.option("--model", "model", default=None, help="Model directory or its config.json (default: spec serving.model).")
-@click.option("--spec", "spec_file", default=None, type=click.Path(dir_okay=False), help="Spec file (default ./build-image.toml if present); flags win over its [serving] table.")
-@click.option("--weights-bytes", default=None, help="Checkpoint size (bytes, or with a unit: 600GB). Default: the exact tensor bytes from the safetensors headers (the index's metadata.total_size while shards are still missing).")
+@click.option("--vllm", "vllm", default=None, help="vLLM release to plan for (any shipped one; default: the spec's "
+                                                   "vllm, else 0.26.0): its default gpu_memory_utilization and "
+                                                   "accepted --kv-cache-dtype values.")
+@click.option("--model", "model", default=None,
+              help="Model directory or its config.json (default: spec serving.model).")
+@click.option("--spec", "spec_file", default=None, type=click.Path(dir_okay=False),
+              help="Spec file (default ./build-image.toml if present); flags win over its [serving] table.")
+@click.option("--weights-bytes", default=None, help="Checkpoint size (bytes, or with a unit: 600GB). Default: the "
+                                                    "exact tensor bytes from the safetensors headers (the index's "
+                                                    "metadata.total_size while shards are still missing).")
 @click.option("--gpus", type=int, default=None, help="GPUs (default tp × pp).")
-@click.option("--gpu-memory", default=None, help="Per-GPU memory as CUDA reports it: 80GiB, 80GB (10^9), or a preset: h100, h200.")
+@click.option("--gpu-memory", default=None,
+              help="Per-GPU memory as CUDA reports it: 80GiB, 80GB (10^9), or a preset: h100, h200.")
 @click.option("--tp", type=int, default=None, help="Tensor-parallel size.")
 @click.option("--pp", type=int, default=None, help="Pipeline-parallel size.")
 @click.option("--gpu-memory-utilization", type=float, default=None, help="vLLM gpu_memory_utilization, in (0, 1].")
-@click.option("--max-model-len", type=int, default=None, help="Context length (default: the model's max_position_embeddings).")
+@click.option("--max-model-len", type=int, default=None,
+              help="Context length (default: the model's max_position_embeddings).")
 @click.option("--max-num-seqs", type=int, default=None, help="Concurrent full-length sequences that must fit.")
-@click.option("--kv-cache-dtype", type=click.Choice(["auto", "bf16", "bfloat16", "fp16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4"]), default=None, help="KV cache dtype (auto = the model's torch_dtype, or the ModelOpt checkpoint's KV quantization).")
-@click.option("--cpu-offload-gb", type=float, default=None, help="vLLM cpu_offload_gb (GiB of weights per GPU kept in host memory).")
-@click.option("--reserve-gib", type=float, default=None, help="Per-GPU reserve for activations, CUDA graphs and workspace (GiB); default: estimated, see docs/plan.md.")
-@click.option("--max-num-batched-tokens", type=int, default=None, help="Tokens per forward step (drives the activation estimate; vLLM server default 8192 on >=70 GiB GPUs).")
-@click.option("--enforce-eager", is_flag=True, default=False, help="No CUDA graphs (drops the CUDA-graph part of the reserve).")
+@click.option("--kv-cache-dtype", type=click.Choice(["auto", "bf16", "bfloat16", "fp16", "float16", "fp8", "fp8_e4m3",
+                                                     "fp8_e5m2", "nvfp4"]), default=None,
+              help="KV cache dtype (auto = the model's torch_dtype, or the ModelOpt checkpoint's KV quantization).")
+@click.option("--cpu-offload-gb", type=float, default=None,
+              help="vLLM cpu_offload_gb (GiB of weights per GPU kept in host memory).")
+@click.option("--reserve-gib", type=float, default=None,
+              help="Per-GPU reserve for activations, CUDA graphs and workspace (GiB); default: estimated, see "
+                   "docs/plan.md.")
+@click.option("--max-num-batched-tokens", type=int, default=None,
+              help="Tokens per forward step (drives the activation estimate; vLLM server default 8192 on "
+                   ">=70 GiB GPUs).")
+@click.option("--enforce-eager", is_flag=True, default=False,
+              help="No CUDA graphs (drops the CUDA-graph part of the reserve).")
 @click.option("--load-format", "load_format", default=None,
               help="vLLM --load-format the cold-start estimate is for (default: spec serving.load_format, else auto); "
                    "checked against the release's LoadFormats.")
@@ -81,7 +97,8 @@ def command(vllm, model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu
     serving = spec.serving
     if not serving.model:
         raise BadInput("no model: pass --model DIR_OR_CONFIG_JSON or set serving.model in the spec.")
-    wb = None if weights_bytes is None else parse_size(weights_bytes, what="--weights-bytes", bare_unit=1, presets=False)
+    wb = None if weights_bytes is None else parse_size(weights_bytes, what="--weights-bytes", bare_unit=1,
+                                                       presets=False)
     if reserve_gib is not None and not (math.isfinite(reserve_gib) and reserve_gib >= 0):
         raise BadInput(f"--reserve-gib must be a finite number >= 0, got {reserve_gib}.")
     reserve = None if reserve_gib is None else int(reserve_gib * GiB)

@@ -20,7 +20,8 @@ from builder.spec import load_spec
 @click.command("push")
 @click.argument("context", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--vllm", "vllm", default=None, metavar="VERSION", help="Picks the default context build/vllm-<v>.")
-@click.option("--tag", "repo", metavar="REPO", help="Image repository, e.g. 127.0.0.1:5000/serving/vllm (default: spec 'repo').")
+@click.option("--tag", "repo", metavar="REPO",
+              help="Image repository, e.g. 127.0.0.1:5000/serving/vllm (default: spec 'repo').")
 @click.option("--spec", "spec_file", metavar="FILE", type=click.Path(dir_okay=False), help="Spec file.")
 @click.option("--force", is_flag=True, help="Move tags that already point at a different image.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")

@@ -31,7 +31,8 @@ from builder.spec import default_lock_path
 @click.option("--timeout", type=float, default=180.0, show_default=True,
               help="Seconds to wait for the cluster to form and report.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def command(image: str, workers: int, lock_path: str | None, worker_image: str | None, timeout: float, as_json: bool) -> None:
+def command(image: str, workers: int, lock_path: str | None, worker_image: str | None, timeout: float,
+            as_json: bool) -> None:
     """Start a Ray head and N workers from IMAGE and check that every node runs the same thing."""
     from builder.resolve.lockfile import load_lock
     from builder.serving import raycheck
@@ -40,7 +41,8 @@ def command(image: str, workers: int, lock_path: str | None, worker_image: str |
     if lock_path is None:
         lock_path = image_lock(image)
         if lock_path:
-            err.print(f"ray-check: comparing with {lock_path} (its hash is the image's org.build-image.lock-hash label)",
+            err.print(f"ray-check: comparing with {lock_path} (its hash is the image's "
+                      "org.build-image.lock-hash label)",
                       highlight=False, markup=False)
         else:
             err.print("ray-check: no --lock and no lock file matching the image's lock-hash label: the nodes are "

@@ -19,26 +19,32 @@ from builder.spec import load_spec
 
 @click.command("render")
 @click.option("--vllm", "vllm", metavar="VERSION", help="vLLM version (default: spec, else 0.26.0).")
-@click.option("--spec", "spec_file", metavar="FILE", type=click.Path(dir_okay=False), help="Spec file (default ./build-image.toml).")
-@click.option("--lock", "lock_file", metavar="FILE", help="Lock file (default: spec 'lock', else lockfiles/vllm-<v>/requirements.lock).")
-@click.option("--base", "base", metavar="MANIFEST", help="Base manifest (default: lockfiles/base/vllm-openai-v<v>.json).")
+@click.option("--spec", "spec_file", metavar="FILE", type=click.Path(dir_okay=False),
+              help="Spec file (default ./build-image.toml).")
+@click.option("--lock", "lock_file", metavar="FILE",
+              help="Lock file (default: spec 'lock', else lockfiles/vllm-<v>/requirements.lock).")
+@click.option("--base", "base", metavar="MANIFEST",
+              help="Base manifest (default: lockfiles/base/vllm-openai-v<v>.json).")
 @click.option("--series", "series", metavar="DIR", type=click.Path(file_okay=False, path_type=Path),
               help="Patch series directory (default: patches/vllm/<v>/).")
-@click.option("--no-patches", "no_patches", is_flag=True, help="Apply no patch series (the image carries vllm as the base has it).")
+@click.option("--no-patches", "no_patches", is_flag=True,
+              help="Apply no patch series (the image carries vllm as the base has it).")
 @click.option("--wheel", "wheel", metavar="VLLM_WHEEL", type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="The vllm wheel the series is checked against (default: fetched from PyPI, cached).")
 @click.option("-o", "--output", "out", metavar="DIR", type=click.Path(file_okay=False, path_type=Path),
               help="Context directory (default: build/vllm-<v>); replaced atomically.")
 @click.option("--tag", "repo", metavar="REPO", help="Image repository the tags are made for (default: spec 'repo').")
 @click.option("--kuberay", is_flag=True, help="Also write rayservice.yaml / raycluster.yaml into the context.")
-@click.option("--image", "kuberay_image", metavar="REF", help="Image the KubeRay manifests run (default: the content-addressed tag).")
+@click.option("--image", "kuberay_image", metavar="REF",
+              help="Image the KubeRay manifests run (default: the content-addressed tag).")
 @click.option("--allow-tag", is_flag=True, help="KubeRay manifests may reference the image by tag instead of digest.")
-@click.option("--model", "model", metavar="PATH", help="KubeRay: the model the Serve app loads (default: spec serving.model).")
+@click.option("--model", "model", metavar="PATH",
+              help="KubeRay: the model the Serve app loads (default: spec serving.model).")
 @click.option("--allow-base-drift", is_flag=True,
               help="The image build lists base drift (against the manifest) as a warning instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, repo, kuberay, kuberay_image, allow_tag, model,
-            allow_base_drift, as_json):
+def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, repo, kuberay, kuberay_image, allow_tag,
+            model, allow_base_drift, as_json):
     """Write a self-contained build context: Dockerfile, requirements.lock, wheels/, patches/, app/.
 
     Exit codes: 0 written, 2 bad input, 6 patch series does not apply, 7 download/sha256 failure.

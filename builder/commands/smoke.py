@@ -40,7 +40,8 @@ def _parse_size(text: str | None) -> int | None:
               help="Shipped vLLM release X (`build-image base list`): without IMAGE or --local, smoke the image the "
                    "pipeline tags from X's default lock; plan with X's defaults and --kv-cache-dtype values; an IMAGE "
                    "labelled with another vllm is refused; the report records X, its lock, image and patch series.")
-@click.option("--local", "local", is_flag=True, help="Start `vllm serve` from the current environment instead of an image.")
+@click.option("--local", "local", is_flag=True,
+              help="Start `vllm serve` from the current environment instead of an image.")
 @click.option("--model", required=True, help="Checkpoint directory (mounted read-only in docker mode).")
 @click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel size.")
 @click.option("--pp", default=1, show_default=True, type=int, help="Pipeline-parallel size.")
@@ -50,17 +51,24 @@ def _parse_size(text: str | None) -> int | None:
 @click.option("--ray-address", default=None,
               help="With --distributed-executor-backend ray: join this Ray cluster (RAY_ADDRESS) instead of "
                    "starting a head.")
-@click.option("--cpu-offload-gb", type=float, default=None, help="vLLM --cpu-offload-gb (GiB of weights per GPU kept in host memory; also planned).")
-@click.option("--max-model-len", type=int, default=None, help="vLLM --max-model-len: context length per sequence (default: the model's; also planned).")
-@click.option("--gpu-memory-utilization", type=float, default=None, help="vLLM --gpu-memory-utilization in (0, 1] (default: vLLM's 0.9; also planned).")
-@click.option("--max-num-seqs", type=int, default=None, help="vLLM --max-num-seqs: sequences the engine admits at once (default: vLLM's).")
+@click.option("--cpu-offload-gb", type=float, default=None,
+              help="vLLM --cpu-offload-gb (GiB of weights per GPU kept in host memory; also planned).")
+@click.option("--max-model-len", type=int, default=None,
+              help="vLLM --max-model-len: context length per sequence (default: the model's; also planned).")
+@click.option("--gpu-memory-utilization", type=float, default=None,
+              help="vLLM --gpu-memory-utilization in (0, 1] (default: vLLM's 0.9; also planned).")
+@click.option("--max-num-seqs", type=int, default=None,
+              help="vLLM --max-num-seqs: sequences the engine admits at once (default: vLLM's).")
 @click.option("--kv-cache-dtype", default=None, help="vLLM --kv-cache-dtype (auto, fp8, ...; also planned).")
 @click.option("--load-format", "load_format", default=None,
               help="vLLM --load-format (safetensors, runai_streamer, fastsafetensors, ...; default: vLLM's auto); "
                    "checked against the release's LoadFormats (--vllm X, else the default release): exit 2 otherwise. "
                    "The report's cold_start records the weights load it gave (docs/cold-start.md).")
-@click.option("--concurrency", default=16, show_default=True, type=int, help="Simultaneous requests per round (1..4096).")
-@click.option("--rounds", default=3, show_default=True, type=int, help="Rounds of --concurrency simultaneous /v1/completions requests (half of them streamed); stops at the first failure.")
+@click.option("--concurrency", default=16, show_default=True, type=int,
+              help="Simultaneous requests per round (1..4096).")
+@click.option("--rounds", default=3, show_default=True, type=int,
+              help="Rounds of --concurrency simultaneous /v1/completions requests (half of them streamed); stops at "
+                   "the first failure.")
 @click.option("--no-chat", "no_chat", is_flag=True,
               help="Skip the /v1/chat/completions round (a base model without a chat template).")
 @click.option("--max-tokens", default=64, show_default=True, type=int, help="Output tokens per request.")
@@ -69,12 +77,17 @@ def _parse_size(text: str | None) -> int | None:
 @click.option("--boot-timeout", default=900.0, show_default=True, type=float, help="Seconds until /health must answer.")
 @click.option("--extra-arg", "extra_args", multiple=True, help="Extra `vllm serve` argument (repeatable).")
 @click.option("--no-plan", is_flag=True, help="Boot even if the memory plan says the configuration cannot fit.")
-@click.option("--skip-checkpoint-check", is_flag=True, help="Boot even if the checkpoint's structural check (checkpoint verify) says NOT READY.")
-@click.option("--gpu-memory", default=None, help="Per-GPU memory for the plan (default: nvidia-smi): 141GiB, 80GB (10^9), or h100/h200.")
-@click.option("--vllm-bin", default=None, help="Local mode: command that runs vllm (default: `vllm` on PATH, else python -m).")
-@click.option("--server-cmd", default=None, hidden=True, help="Replace the server command ({port}, {model}); for tests.")
+@click.option("--skip-checkpoint-check", is_flag=True,
+              help="Boot even if the checkpoint's structural check (checkpoint verify) says NOT READY.")
+@click.option("--gpu-memory", default=None,
+              help="Per-GPU memory for the plan (default: nvidia-smi): 141GiB, 80GB (10^9), or h100/h200.")
+@click.option("--vllm-bin", default=None,
+              help="Local mode: command that runs vllm (default: `vllm` on PATH, else python -m).")
+@click.option("--server-cmd", default=None, hidden=True,
+              help="Replace the server command ({port}, {model}); for tests.")
 @click.option("--port", type=int, default=None, help="Port the server listens on (default: a free one).")
-@click.option("--log-file", default=None, help="Write the server log here (default: <cache>/logs/smoke-server-*.log, the newest 20 kept).")
+@click.option("--log-file", default=None,
+              help="Write the server log here (default: <cache>/logs/smoke-server-*.log, the newest 20 kept).")
 @click.option("--serve", "serve", is_flag=True,
               help="Deploy the image's Ray Serve application (build_image_serve_app) on a local Ray head "
                    "(loopback, stopped by PID) and probe it through Serve's HTTP proxy.")
@@ -91,15 +104,16 @@ def _parse_size(text: str | None) -> int | None:
 @click.option("--reference", default=None, metavar="FILE",
               help="Compare greedy outputs and logprobs with FILE (from --save-reference); FAIL beyond the thresholds.")
 @click.option("--reference-logprob-tolerance", type=float, default=None,
-              help="Largest |Δ logprob| (nats) of a reference token that passes (default: measured H200 noise, see docs/smoke.md).")
+              help="Largest |Δ logprob| (nats) of a reference token that passes (default: measured H200 noise, see "
+                   "docs/smoke.md).")
 @click.option("--reference-tie-margin", type=float, default=None,
               help="A greedy token may differ where the reference's top-2 margin is at most this (nats).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memory_utilization, max_num_seqs, kv_cache_dtype,
-            concurrency, rounds, max_tokens, prompt_tokens, timeout, boot_timeout, extra_args, no_plan, skip_checkpoint_check,
-            gpu_memory, vllm_bin, server_cmd, port, log_file, serve, serve_backend, serve_python, serve_num_gpus, save_reference,
-            reference, reference_logprob_tolerance, reference_tie_margin, as_json, no_chat=False, vllm=None,
-            distributed_executor_backend=None, ray_address=None, load_format=None):
+def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memory_utilization, max_num_seqs,
+            kv_cache_dtype, concurrency, rounds, max_tokens, prompt_tokens, timeout, boot_timeout, extra_args, no_plan,
+            skip_checkpoint_check, gpu_memory, vllm_bin, server_cmd, port, log_file, serve, serve_backend, serve_python,
+            serve_num_gpus, save_reference, reference, reference_logprob_tolerance, reference_tie_margin, as_json,
+            no_chat=False, vllm=None, distributed_executor_backend=None, ray_address=None, load_format=None):
     """Boot the engine and generate at target concurrency: PASS or FAIL."""
     if image and local:
         raise BadInput("smoke: give either IMAGE or --local, not both")

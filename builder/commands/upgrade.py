@@ -30,9 +30,11 @@ from builder.validate import release_direction, version_string
               help="Spec whose [serving] settings are planned on both releases.")
 @click.option("--lock", "lock_from", type=click.Path(dir_okay=False, exists=True), default=None,
               help="A's lock, whose overlay is re-locked (default lockfiles/vllm-<A>/requirements.lock).")
-@click.option("--with", "with_", multiple=True, metavar="REQ", help="Overlay requirement (replaces the lock's overlay).")
+@click.option("--with", "with_", multiple=True, metavar="REQ",
+              help="Overlay requirement (replaces the lock's overlay).")
 @click.option("--no-default-overlay", is_flag=True, help="Do not add ray[serve] to the overlay.")
-@click.option("--base-from", default=None, type=click.Path(dir_okay=False), help="A's base manifest (default: shipped).")
+@click.option("--base-from", default=None, type=click.Path(dir_okay=False),
+              help="A's base manifest (default: shipped).")
 @click.option("--base-to", default=None, type=click.Path(dir_okay=False),
               help="B's base manifest (default: shipped, else reconstructed from its recipe).")
 @click.option("--series", "series_dir", type=click.Path(file_okay=False), default=None,

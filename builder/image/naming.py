@@ -1,5 +1,5 @@
-"""The image's names: references (:func:`parse_ref`), its tags and repository, the installer and serve backend it is rendered
-for, and the names of the files a build context holds.
+"""The image's names: references (:func:`parse_ref`), its tags and repository, the installer and
+serve backend it is rendered for, and the names of the files a build context holds.
 
 Pure functions and constants, one definition each; :mod:`builder.image.render`,
 :mod:`builder.image.provenance`, :mod:`builder.image.push`, :mod:`builder.image.referrers`,
@@ -85,7 +85,8 @@ def parse_ref(ref: str) -> ImageRef:
     if ":" in last:
         path, tag = path.rsplit(":", 1)
     if not re.fullmatch(r"[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*", path):
-        raise BadInput(f"image reference {ref!r}: repository {path!r} is not a valid name (lowercase, digits, . _ - /).")
+        raise BadInput(f"image reference {ref!r}: repository {path!r} is not a valid name (lowercase, "
+                       "digits, . _ - /).")
     return ImageRef(registry=registry, repository=path, tag=tag, digest=digest)
 
 

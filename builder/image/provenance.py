@@ -208,7 +208,8 @@ def for_render(plan, *, lock_text: str, outputs: Mapping[str, str], template_tex
         lock_sha256=sha256_text(lock_text), base_ref=plan.base.image_ref, base_digest=plan.base.image_digest,
         base_manifest_sha256=lock.header.get("base-manifest-sha256", ""), overlay=list(lock.overlay),
         allow_abi_change=dict(lock.allow_abi_change),
-        wheels=[(f"{e.name}=={e.version}", e.wheel.url, e.wheel.sha256) for e in sorted(lock.entries, key=lambda e: e.key)
+        wheels=[(f"{e.name}=={e.version}", e.wheel.url,
+                 e.wheel.sha256) for e in sorted(lock.entries, key=lambda e: e.key)
                 if e.wheel is not None],
         patches=[(n, sha256_text(plan.patch_texts[n])) for n in plan.patches if n in plan.patch_texts],
         patched_files=[(p.relpath, p.patched_sha256) for p in sorted(plan.patched, key=lambda p: p.relpath)],

@@ -87,11 +87,13 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
             continue
         cfg = registry.config_of(got[1])
         if cfg != image_id:  # a manifest list / index (no single config) is a different image too
-            what = f"image {cfg[:19]}…" if cfg else f"{got[1].get('mediaType') or 'a manifest without a config'} {got[0][:19]}…"
+            what = (f"image {cfg[:19]}…" if cfg
+                    else f"{got[1].get('mediaType') or 'a manifest without a config'} {got[0][:19]}…")
             (conflicts if is_content_addressed(t) else moving).append(f"{t} -> {what} (local {image_id[:19]}…)")
     if conflicts and not force:
         raise TagConflict(
-            "tag(s) already point at a different image in the registry: " + "; ".join(conflicts) + ". Nothing was pushed.",
+            "tag(s) already point at a different image in the registry: " + "; ".join(conflicts)
+                          + ". Nothing was pushed.",
             hint="a content-addressed tag moving means the build is not the same; pass --force to move the tag(s).",
         )
     for m in moving:

@@ -45,7 +45,8 @@ def referrers_tag(subject_digest: str) -> str:
     return subject_digest.replace(":", "-", 1)
 
 
-def artifact_manifest(artifact_type: str, blob: bytes, title: str, subject: dict, annotations: dict | None = None) -> bytes:
+def artifact_manifest(artifact_type: str, blob: bytes, title: str, subject: dict,
+                      annotations: dict | None = None) -> bytes:
     """The artifact's manifest bytes (pure; the digest is of exactly these bytes)."""
     doc = {
         "schemaVersion": 2,
@@ -116,7 +117,8 @@ def subject_descriptor(client, repository: str, digest: str) -> dict:
                                                       "application/vnd.docker.distribution.manifest.list.v2+json"})
     _check(status, body, f"to show {repository}@{digest}", client.registry, ok=(200,))
     if digest_of(body) != digest:
-        raise RegistryError(f"registry {client.registry} served {repository}@{digest} with content of digest {digest_of(body)}.")
+        raise RegistryError(f"registry {client.registry} served {repository}@{digest} with content of digest "
+                            f"{digest_of(body)}.")
     media = headers.get("Content-Type") or json.loads(body).get("mediaType") or OCI_MANIFEST
     return {"mediaType": media.split(";")[0].strip(), "digest": digest, "size": len(body)}
 

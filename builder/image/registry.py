@@ -135,7 +135,8 @@ class RegistryClient:
         """(status, headers, body) of one request; an HTTP error status is returned, not raised."""
         if path.startswith(("http://", "https://")):
             if not path.startswith(self.base + "/"):
-                raise RegistryError(f"registry {self.registry} redirected an upload to another host ({path.split('/')[2]}).")
+                raise RegistryError(f"registry {self.registry} redirected an upload to another host "
+                                    f"({path.split('/')[2]}).")
             path = path[len(self.base):]
         try:
             with self._open(method, path, headers, data) as resp:
@@ -175,7 +176,8 @@ class RegistryClient:
         try:
             doc = json.loads(body)
         except ValueError:
-            raise RegistryError(f"registry {self.registry}: the manifest of {repository}:{reference} is not JSON.") from None
+            raise RegistryError(f"registry {self.registry}: the manifest of {repository}:{reference} "
+                                "is not JSON.") from None
         return digest, doc
 
     def manifest_digest(self, repository: str, reference: str) -> str | None:

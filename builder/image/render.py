@@ -240,7 +240,8 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
     computed when not given)."""
     for p in plan.patched:
         if p.relpath.startswith("/") or ".." in Path(p.relpath).parts or any(c.isspace() for c in p.relpath):
-            raise BadInput(f"patched file path {p.relpath!r} must be relative to site-packages, without '..' or spaces.")
+            raise BadInput(f"patched file path {p.relpath!r} must be relative to site-packages, without "
+                           "'..' or spaces.")
     repo = plan.repo or default_repo()
     return _env().get_template("Dockerfile.j2").render(
         manifest_file=MANIFEST_COPY,
@@ -550,7 +551,8 @@ def verify_context(context: str | Path) -> LockFile:
             hint="the context was modified or corrupted; re-run `build-image render`.",
         )
     locked = {e.wheel.filename for e in lock.entries if e.wheel is not None}
-    extra = sorted(p.name for p in (ctx / "wheels").iterdir() if p.name not in locked) if (ctx / "wheels").is_dir() else []
+    extra = (sorted(p.name for p in (ctx / "wheels").iterdir() if p.name not in locked) if (ctx / "wheels").is_dir()
+             else [])
     if extra:
         raise IntegrityError(
             f"build context {ctx}: wheels/ holds file(s) the lock does not list: {', '.join(extra[:5])}; "
@@ -603,14 +605,17 @@ def _verify_twins(ctx: Path, lock: LockFile) -> None:
         diffs = same_pins(lock, parse_pylock_lock(py.read_text(encoding="utf-8"), str(py)))
         if diffs:
             raise IntegrityError(f"build context {ctx}: {PYLOCK_NAME} pins other packages than requirements.lock "
-                                 f"({'; '.join(diffs[:3])}).", hint="the context was modified; re-run `build-image render`.")
+                                 f"({'; '.join(diffs[:3])}).",
+                                 hint="the context was modified; re-run `build-image render`.")
     sbom = ctx / SBOM_FILE
-    m = re.search(rf'{re.escape(LABEL_PREFIX)}\.sbom-sha256="([0-9a-f]{{64}})"', (ctx / "Dockerfile").read_text(encoding="utf-8"))
+    m = re.search(rf'{re.escape(LABEL_PREFIX)}\.sbom-sha256="([0-9a-f]{{64}})"',
+                  (ctx / "Dockerfile").read_text(encoding="utf-8"))
     if m and not sbom.is_file():
         raise BadInput(f"build context {ctx} has no {SBOM_FILE}, which its Dockerfile copies into the image.",
                        hint="re-run `build-image render`.")
     if m and sha256_file(sbom) != m.group(1):
-        raise IntegrityError(f"build context {ctx}: {SBOM_FILE} has sha256 {sha256_file(sbom)[:16]}..., the Dockerfile's "
+        raise IntegrityError(f"build context {ctx}: {SBOM_FILE} has sha256 {sha256_file(sbom)[:16]}..., the "
+                             "Dockerfile's "
                              f"{LABEL_PREFIX}.sbom-sha256 label says {m.group(1)[:16]}....",
                              hint="the context was modified; re-run `build-image render`.")
 
@@ -677,7 +682,8 @@ def render_inputs(spec, *, lock_file: str | Path | None = None, base: str | None
     return RenderInputs(manifest=manifest, lock=lock, lock_text=text, lock_path=lock_path, base_data=resolved.data)
 
 
-def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None, out_dir: Path) -> tuple[list[PatchedFile], list[str]]:
+def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None,
+                 out_dir: Path) -> tuple[list[PatchedFile], list[str]]:
     """Check and apply the patch series to the vllm wheel on the host; patched files land in ``out_dir``.
 
     ``series_dir=None``: the series for ``vllm`` (patches/vllm/<v>/), none if it holds no series.

@@ -105,7 +105,8 @@ def _overlay_component(e: LockEntry, base: BaseManifest):
     return Component(type=ComponentType.LIBRARY, name=e.name, version=e.version, bom_ref=_ref(e.name, e.version),
                      purl=_pypi_purl(e.name, e.version, fname), hashes=hashes, external_references=refs,
                      pedigree=pedigree,
-                     properties=_facts_props(e.facts, "overlay") + _props([("wheel", fname), ("moves-base", e.base_version)]))
+                     properties=_facts_props(e.facts, "overlay")
+                     + _props([("wheel", fname), ("moves-base", e.base_version)]))
 
 
 def _vllm_pedigree(inp: SbomInput, vllm: Distribution):
@@ -117,7 +118,8 @@ def _vllm_pedigree(inp: SbomInput, vllm: Distribution):
     if inp.vllm_wheel:
         fname, sha = inp.vllm_wheel
         ancestors.append(Component(type=ComponentType.LIBRARY, name="vllm", version=vllm.version,
-                                   bom_ref=f"upstream:{_ref('vllm', vllm.version)}", purl=_pypi_purl("vllm", vllm.version, fname),
+                                   bom_ref=f"upstream:{_ref('vllm', vllm.version)}",
+                                   purl=_pypi_purl("vllm", vllm.version, fname),
                                    hashes=[HashType(alg=HashAlgorithm.SHA_256, content=sha)],
                                    properties=_props([("source", "pypi"), ("wheel", fname)])))
     patches = []
@@ -146,10 +148,13 @@ def _base_image(base: BaseManifest):
     qualifiers = {"repository_url": repo if "/" in repo and "." in repo.split("/")[0] else f"docker.io/{repo}"}
     if tag:
         qualifiers["tag"] = tag
-    purl = PackageURL(type="oci", name=repo.rsplit("/", 1)[-1], version=digest, qualifiers=qualifiers) if digest else None
+    purl = PackageURL(type="oci", name=repo.rsplit("/", 1)[-1], version=digest,
+                      qualifiers=qualifiers) if digest else None
     return Component(type=ComponentType.CONTAINER, name=repo, version=tag or None, bom_ref=f"base-image:{ref}",
-                     purl=purl, hashes=[HashType(alg=HashAlgorithm.SHA_256, content=digest.split(":", 1)[1])] if digest else [],
-                     properties=_props([("digest", digest or "unknown (manifest reconstructed, not read from a pinned image)"),
+                     purl=purl,
+                     hashes=[HashType(alg=HashAlgorithm.SHA_256, content=digest.split(":", 1)[1])] if digest else [],
+                     properties=_props([("digest",
+                                         digest or "unknown (manifest reconstructed, not read from a pinned image)"),
                                         ("python", base.python_version), ("platform", base.platform),
                                         ("cuda", base.cuda), ("os", base.os)]))
 
@@ -175,7 +180,8 @@ def build_bom(inp: SbomInput):
 
     image = Component(type=ComponentType.CONTAINER, name=inp.image_name, version=inp.image_version,
                       bom_ref=f"image:{inp.image_name}:{inp.image_version}",
-                      pedigree=Pedigree(ancestors=[_base_image(inp.base)], notes="built FROM the base image (its parent)"),
+                      pedigree=Pedigree(ancestors=[_base_image(inp.base)],
+                                        notes="built FROM the base image (its parent)"),
                       properties=_props([("vllm", inp.vllm), ("lock-hash", inp.lock.lock_hash),
                                          ("overlay", ", ".join(inp.lock.overlay)),
                                          ("base-manifest-sha256", inp.lock.header.get("base-manifest-sha256")),

@@ -144,7 +144,8 @@ def require_series(vllm_version: str, package: str = "vllm") -> Path:
         return series_dir_for(vllm_version, package)
     except BadInput:
         root = patches_root() / package
-        avail = sorted((p.name for p in root.iterdir() if (p / SERIES_FILE).is_file()), key=_vkey) if root.is_dir() else []
+        avail = sorted((p.name for p in root.iterdir() if (p / SERIES_FILE).is_file()),
+                       key=_vkey) if root.is_dir() else []
         older = [v for v in avail if _vkey(v) < _vkey(vllm_version)]
         src = (older or avail or ["<A>"])[-1]
         raise PatchFailed(
@@ -203,7 +204,8 @@ def _check_relpath(raw: str, package: str, where: str) -> str:
     """``a/vllm/x.py`` -> ``vllm/x.py``; PatchFailed for anything outside ``<package>/``."""
     path = raw.split("\t")[0].strip()
     if path == "/dev/null":
-        raise PatchFailed(f"patch {where}: creates or deletes a file ({raw!r}); a series may only modify existing files.")
+        raise PatchFailed(f"patch {where}: creates or deletes a file ({raw!r}); a series may only modify "
+                          "existing files.")
     if path.startswith("/"):
         raise PatchFailed(f"patch {where}: absolute path {path!r} refused.")
     parts = PurePosixPath(path).parts
@@ -320,7 +322,8 @@ def load_series(series_dir: str | os.PathLike, vllm_version: str | None = None) 
         raise BadInput(f"{sf} lists no patches.")
     distinct = sorted(set(applies.values()))
     if len(distinct) > 1:
-        raise BadInput(f"series {d} mixes Applies-To values: " + ", ".join(f"{k}: {v}" for k, v in applies.items()) + ".")
+        raise BadInput(f"series {d} mixes Applies-To values: " + ", ".join(f"{k}: {v}" for k, v in applies.items())
+                       + ".")
     package, version = distinct[0].split("==")
     if vllm_version is not None and version != vllm_version:
         raise BadInput(
@@ -362,7 +365,8 @@ class _Source:
         for part in PurePosixPath(relpath).parts:
             cur = cur / part
             if cur.is_symlink():
-                raise PatchFailed(f"{self.path}: {cur.relative_to(self.path)} is a symlink; patching through symlinks is refused.")
+                raise PatchFailed(f"{self.path}: {cur.relative_to(self.path)} is a symlink; patching through "
+                                  "symlinks is refused.")
         if not cur.is_file():
             return None
         return cur.read_bytes()
@@ -411,7 +415,8 @@ def _apply_hunks(lines: list[str], hunks: tuple[Hunk, ...], reverse: bool = Fals
     return out, ""
 
 
-def _patch_texts(series: Series, src, *, whole: bool = True) -> tuple[list[PatchResult], dict[str, bytes], dict[str, bytes]]:
+def _patch_texts(series: Series, src, *, whole: bool = True) -> tuple[list[PatchResult], dict[str, bytes],
+                                                                      dict[str, bytes]]:
     """Run the series in order over in-memory copies of ``src``'s files (a :class:`_Source` or
     :class:`_Memory`): results, originals, final contents.  ``whole``: where some patch does not
     apply, a tree that is the whole series applied is still every patch ``already-applied``."""

@@ -554,7 +554,8 @@ def _numpy_findings(base, entries, final, final_facts, chain) -> list[Finding]:
             out.append(Finding(
                 "numpy", NUMPY_ABI, old_v, new_v,
                 f"numpy would move {old_v} -> {new_v} (across a major version) while "
-                f"{_plural(len(evidence), 'distribution')} of the final set {'ships' if len(evidence) == 1 else 'ship'} extensions built against "
+                f"{_plural(len(evidence), 'distribution')} of the final set "
+                f"{'ships' if len(evidence) == 1 else 'ship'} extensions built against "
                 f"numpy {other}.x, which cannot be loaded by numpy {new_v}.",
                 evidence, chain(e.name)))
     elif gen_new == "2":

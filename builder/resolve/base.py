@@ -208,7 +208,8 @@ def _scan_elf_file(path, *, want_numpy: bool) -> _FileFacts:
         try:  # the reference reader, for layouts the fast one does not handle
             fh.seek(0)
             facts.glibc = _elf_glibc(fh)
-        except Exception:  # noqa: BLE001 - truncated/odd ELF (pyelftools raises several kinds): still binary, no glibc fact
+        # noqa: BLE001 - truncated/odd ELF (pyelftools raises several kinds): still binary, no glibc fact
+        except Exception:
             facts.glibc = None
         if want and size:
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
@@ -318,7 +319,8 @@ def scan_files(
 # --------------------------------------------------------------------------- wheels
 
 
-_WHEEL_NAME = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")
+_WHEEL_NAME = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?"
+                         r"-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")
 
 
 def _parse_metadata(text: str) -> tuple[str | None, str | None]:
@@ -351,7 +353,8 @@ def scan_wheel(path: Path) -> tuple[str, str, DistFacts]:
                 tags = [v for v in HeaderParser().parsestr(text).get_all("Tag") or []]
         if not name or not version:
             if not m:
-                raise BadInput(f"wheel {path}: no .dist-info/METADATA with Name and Version, and the file name is not a wheel name.")
+                raise BadInput(f"wheel {path}: no .dist-info/METADATA with Name and Version, and the file name is not "
+                               "a wheel name.")
             name, version = name or m["name"], version or m["version"]
         if not tags and m:
             tags = [f"{py}-{m['abi']}-{m['plat']}" for py in m["py"].split(".")]
@@ -396,7 +399,8 @@ def _egg_info_paths(egg_info: Path) -> list[Path]:
     if egg_info.is_dir():
         listed = egg_info / "installed-files.txt"
         if listed.is_file():
-            return [(egg_info / line.strip()) for line in listed.read_text(errors="replace").splitlines() if line.strip()]
+            return [(egg_info / line.strip()) for line in listed.read_text(errors="replace").splitlines()
+                    if line.strip()]
         top = egg_info / "top_level.txt"
         out: list[Path] = []
         if top.is_file():
@@ -534,7 +538,8 @@ def snapshot_site_packages(
         cuda=cuda,
         platform=platform or platform_for(glibc),
         provenance_kind="reconstructed",
-        provenance_method=method or f"scanned the directory {site_packages} with build-image base snapshot --site-packages",
+        provenance_method=method or f"scanned the directory {site_packages} with build-image base snapshot "
+                                    "--site-packages",
         distributions=dists,
     )
 
@@ -544,9 +549,11 @@ def snapshot_site_packages(
 
 def _engine_error(args: list[str], stderr: str) -> Exception:
     low = stderr.lower()
-    if "cannot connect to the docker daemon" in low or "is the docker daemon running" in low or "permission denied while trying to connect" in low:
+    if ("cannot connect to the docker daemon" in low or "is the docker daemon running" in low
+            or "permission denied while trying to connect" in low):
         return EngineUnavailable(
-            f"the Docker engine did not answer `docker {args[0]}`: {stderr.strip().splitlines()[-1] if stderr.strip() else 'no reply'}.",
+            f"the Docker engine did not answer `docker {args[0]}`: "
+            f"{stderr.strip().splitlines()[-1] if stderr.strip() else 'no reply'}.",
             hint="start dockerd (or set DOCKER_HOST) and retry.",
         )
     return ExternalToolError(f"`docker {' '.join(args)}` failed: {stderr.strip()[-800:] or 'no message'}.")
@@ -692,7 +699,8 @@ def _read_os_release(tree: _ImageTree) -> str | None:
                 if "=" in line:
                     k, v = line.split("=", 1)
                     fields[k.strip()] = v.strip().strip('"')
-            return fields.get("PRETTY_NAME") or " ".join(filter(None, [fields.get("NAME"), fields.get("VERSION")])) or None
+            return (fields.get("PRETTY_NAME") or " ".join(filter(None, [fields.get("NAME"), fields.get("VERSION")]))
+                    or None)
     return None
 
 

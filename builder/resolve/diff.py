@@ -808,7 +808,8 @@ def to_document(d: LockDiff):
         elif gid in (4, 5):
             cols = ["package", "change", "note"]
             rows = [[c.name, c.versions,
-                     _join([t for t in c.tags if t == "downgrade"] + c.evidence + ([f"via {_via(c)}"] if c.via else []))]
+                     _join([t for t in c.tags if t == "downgrade"] + c.evidence
+                           + ([f"via {_via(c)}"] if c.via else []))]
                     for c in rows_c]
         else:
             cols = ["package", "change", "via"]

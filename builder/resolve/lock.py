@@ -135,7 +135,8 @@ def parse_overlay(reqs: Iterable[str], where: str = "--with") -> list[Requiremen
 
 def check_overlay_against_vllm(overlay: list[Requirement], vllm: str) -> None:
     for req in overlay:
-        if canonical_name(req.name) == "vllm" and str(req.specifier) and not req.specifier.contains(vllm, prereleases=True):
+        if (canonical_name(req.name) == "vllm" and str(req.specifier)
+                and not req.specifier.contains(vllm, prereleases=True)):
             raise BadInput(
                 f"--with {str(req)!r} conflicts with --vllm {vllm}: the overlay cannot replace the base's vllm.",
             )
@@ -446,7 +447,8 @@ def format_pin_moves(moves: PinMoves, base: BaseManifest) -> tuple[str, str]:
     if moves.resolves:
         lines.append(f"one line that moves them all (then the ABI gate decides): {moves.with_line}")
         return (f" Releasing {len(moves.moves)} base pin(s) makes it resolve: "
-                + ", ".join(f"{n} {o} -> {v}" for n, o, v in moves.moves) + f"; add {moves.with_line}."), "\n".join(lines)
+                + ", ".join(f"{n} {o} -> {v}" for n, o, v in moves.moves)
+                + f"; add {moves.with_line}."), "\n".join(lines)
     if moves.blocked:
         lines.append("and exact-coupled pins that would have to move (never on this base): "
                      + ", ".join(f"{base.get(k).name}=={base.get(k).version}" for k in moves.blocked))
@@ -936,7 +938,8 @@ def lock_header(req: LockRequest, uv_version: str) -> dict[str, str]:
     if req.exclude_newer:
         header["exclude-newer"] = req.exclude_newer
     if req.no_index or req.find_links:
-        header["index"] = " ".join((["--no-index"] if req.no_index else []) + [f"--find-links {redact_url(f)}" for f in req.find_links])
+        header["index"] = " ".join((["--no-index"] if req.no_index else [])
+                                   + [f"--find-links {redact_url(f)}" for f in req.find_links])
     return header
 
 
@@ -1056,11 +1059,13 @@ def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_
     """The :class:`LockRequest` for ``--vllm X`` on ``base`` (pure but for resolving find-links paths).
 
     The overlay is the default (``ray[serve]``, its version chosen per release) plus ``with_``; on a base
-    without vllm, ``--vllm X`` (``vllm_given``: a flag or the spec named it) adds ``vllm==X`` (the resolver and the gate then judge it like any overlay
-    requirement); a base shipping another vllm is exit 2 (:func:`builder.resolve.baseref.vllm_on_base`)."""
+    without vllm, ``--vllm X`` (``vllm_given``: a flag or the spec named it) adds ``vllm==X`` (the resolver
+    and the gate then judge it like any overlay requirement); a base shipping another vllm is exit 2
+    (:func:`builder.resolve.baseref.vllm_on_base`)."""
     check_wheel_sources(find_links, no_index)
     with_ = list(with_)
-    overlay = ([DEFAULT_RAY] if default_overlay else []) + [w for w in with_ if not (default_overlay and w == DEFAULT_RAY)]
+    overlay = (([DEFAULT_RAY] if default_overlay else [])
+               + [w for w in with_ if not (default_overlay and w == DEFAULT_RAY)])
     reqs = parse_overlay(overlay, where=where)
     check_overlay_against_vllm(reqs, vllm)
     add = vllm_on_base(base, vllm) if (vllm_given or base.vllm is not None) else None

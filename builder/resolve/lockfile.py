@@ -125,7 +125,8 @@ class LockFile:
             f"{e.key}=={e.version} {e.wheel.sha256 if e.wheel else ','.join(sorted(e.hashes))}"
             for e in sorted(self.entries, key=lambda e: e.key)
         )
-        return sha256_bytes((self.header.get("base-ref", "") + "\n" + self.header.get("base-digest", "") + "\n" + body).encode())
+        return sha256_bytes((self.header.get("base-ref", "") + "\n" + self.header.get("base-digest", "") + "\n"
+                             + body).encode())
 
     def format(self) -> str:
         return format_lock(self)
@@ -507,8 +508,9 @@ def load_lock(path: str | Path) -> LockFile:
 
 
 def _facts_table(f: DistFacts) -> dict:
-    return {"binary": f.binary, "extensions": f.extensions, "numpy-abi": [f.numpy_abi.get("1", 0), f.numpy_abi.get("2", 0)],
-            "glibc": f.glibc or "", "python-abi": f.python_abi or "none"}
+    return {"binary": f.binary, "extensions": f.extensions,
+            "numpy-abi": [f.numpy_abi.get("1", 0), f.numpy_abi.get("2", 0)], "glibc": f.glibc or "",
+            "python-abi": f.python_abi or "none"}
 
 
 def _facts_from(t: Mapping, where: str) -> DistFacts:
@@ -544,7 +546,8 @@ def to_pylock(lock: LockFile) -> Pylock:
             extra["base-version"] = e.base_version
         packages.append(Package(
             name=canonicalize_name(e.name), version=Version(e.version),
-            wheels=[PackageWheel(name=e.wheel.filename, url=e.wheel.url.split("#")[0], hashes={"sha256": e.wheel.sha256})],
+            wheels=[PackageWheel(name=e.wheel.filename, url=e.wheel.url.split("#")[0],
+                                 hashes={"sha256": e.wheel.sha256})],
             tool={pylock.TOOL: extra},
         ))
     header = {k: v for k, v in h.items() if k != "entries"}
@@ -601,5 +604,6 @@ def parse_pylock_lock(text: str, path: str = pylock.PYLOCK_NAME) -> LockFile:
         ))
     header["entries"] = str(len(entries))
     return LockFile(header=header, overlay=[str(o) for o in tool.get("overlay", [])],
-                    allow_abi_change={canonical_name(k): str(v) for k, v in (tool.get("allow-abi-change") or {}).items()},
+                    allow_abi_change={canonical_name(k): str(v) for k,
+                                      v in (tool.get("allow-abi-change") or {}).items()},
                     entries=entries)

@@ -99,7 +99,8 @@ class BaseManifest:
     provenance_method: str
     distributions: dict[str, Distribution]
     consistency: dict | None = None  # {"tool": "pip"|"uv", "problems": [...]}, when recorded
-    # reconstructed from a recipe: the sdist and the replayed steps ({"sdist": {...}, "exclude_newer": ..., "steps": [...]})
+    # reconstructed from a recipe: the sdist and the replayed steps ({"sdist": {...}, "exclude_newer": ..., "steps":
+    # [...]})
     provenance_recipe: dict | None = None
     # what the manifest knowingly lacks: off_index, source_builds, other_indexes, os_packages (lists of text) and
     # unversioned ({name: reason}: distributions the image holds whose version the manifest cannot give)

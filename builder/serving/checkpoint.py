@@ -352,7 +352,8 @@ def scan_directory(root: str | os.PathLike) -> Inventory:
     except OSError as exc:
         raise BadInput(f"checkpoint directory {root}: {exc.strerror or exc}.") from None
     if not statmod.S_ISDIR(st.st_mode):
-        raise BadInput(f"{root} is not a directory: give the checkpoint directory (the one holding config.json and the *.safetensors files).")
+        raise BadInput(f"{root} is not a directory: give the checkpoint directory (the one holding config.json and the "
+                       "*.safetensors files).")
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except OSError as exc:
@@ -427,7 +428,8 @@ _EMBED_RE = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings)
 _HEAD_RE = re.compile(r"(^|\.)lm_head\.weight$")
 _PLE_RE = re.compile(r"(^|\.)embed_tokens_per_layer(\.shard_\d*)?\.weight$")
 _NOT_TEXT_RE = re.compile(r"vision|visual|audio|image|mm_projector|multi_modal")
-_SHAPE_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "tok_embeddings.weight", "lm_head.weight")
+_SHAPE_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "tok_embeddings.weight",
+                   "lm_head.weight")
 
 
 def _text_config(config: dict) -> dict:
@@ -467,7 +469,8 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo]) -> tuple[list[Pro
     checked = 0
     for t in embeds + heads:
         if t.dtype not in FLOAT_DTYPES or len(t.shape) != 2:
-            notes.append(f"{t.name}: {t.dtype} {list(t.shape)} is packed/quantized: shape not compared with config.json")
+            notes.append(f"{t.name}: {t.dtype} {list(t.shape)} is packed/quantized: shape not compared "
+                         "with config.json")
             continue
         want = (vocab, hidden)
         for axis, (got, exp, key) in enumerate(zip(t.shape, want, ("vocab_size", "hidden_size"))):
@@ -479,7 +482,8 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo]) -> tuple[list[Pro
     if not embeds:
         notes.append("no token-embedding tensor found: vocabulary/hidden size not checked")
     if cfg.get("tie_word_embeddings") is False and embeds and not heads:
-        problems.append(Problem("config.json", "tie_word_embeddings is false but no checkpoint tensor is an lm_head.weight"))
+        problems.append(Problem("config.json",
+                                "tie_word_embeddings is false but no checkpoint tensor is an lm_head.weight"))
     ple = [t for n, t in tensors.items() if "embed_tokens_per_layer" in n and is_ple_tensor(n)]
     if ple:
         rows = sum(t.shape[0] for t in ple if t.shape)
@@ -487,11 +491,13 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo]) -> tuple[list[Pro
         plain = [t.name for t in ple if not re.search(r"\.shard_\d*\.weight$", t.name)]
         empty = [t.name for t in ple if t.name.endswith(".shard_.weight")]
         if len(plain) + len(empty) > 1 or ((plain or empty) and len(ple) > len(plain) + len(empty)):
-            problems.append(Problem("config.json", f"the per-layer-embedding table is stored more than once: {', '.join(sorted(t.name for t in ple))}"))
+            problems.append(Problem("config.json", "the per-layer-embedding table is stored more than once: "
+                                                   f"{', '.join(sorted(t.name for t in ple))}"))
         n_layers, per_layer = _cfg_int(cfg, "num_hidden_layers"), _cfg_int(cfg, "hidden_size_per_layer_input")
         v_ple = _cfg_int(cfg, "vocab_size_per_layer_input")
         if len(cols) != 1 or any(len(t.shape) != 2 for t in ple):
-            problems.append(Problem("config.json", f"per-layer-embedding blocks are not all 2-D with one width: {[list(t.shape) for t in ple]}"))
+            problems.append(Problem("config.json", "per-layer-embedding blocks are not all 2-D with one width: "
+                                                   f"{[list(t.shape) for t in ple]}"))
         else:
             width = cols.pop()
             if n_layers and per_layer and width != n_layers * per_layer:
@@ -534,17 +540,21 @@ def check_index(index: dict | None, index_name: str | None, headers: dict[str, S
         for shard in loaded:
             if shard not in present:
                 n = per_shard[shard]
-                problems.append(Problem(shard, f"missing: {index_name} names it for {n} tensor(s) but the file is not there"))
+                problems.append(Problem(shard,
+                                        f"missing: {index_name} names it for {n} tensor(s) but the file is not there"))
         for tname, shard in wm.items():
             if shard not in headers:
                 continue  # missing or unreadable shard: already reported
             if tname not in headers[shard].tensors:
                 where = [f for f in owners.get(tname, []) if f != shard]
                 also = f"; it is in {', '.join(where)}" if where else ""
-                problems.append(Problem(shard, f"tensor {tname!r}: {index_name} puts it in {shard}, whose header does not have it{also}"))
+                problems.append(Problem(shard, f"tensor {tname!r}: {index_name} puts it in {shard}, whose header does "
+                                               f"not have it{also}"))
         for fname in sorted(present):
             if fname.endswith(".safetensors") and fname not in named:
-                problems.append(Problem(fname, f"not in {index_name}: vLLM will not load it (a stray or renamed shard?)", "warning"))
+                problems.append(Problem(fname,
+                                        f"not in {index_name}: vLLM will not load it (a stray or renamed shard?)",
+                                        "warning"))
         for fname in loaded:
             hdr = headers.get(fname)
             if hdr is None:
@@ -552,7 +562,8 @@ def check_index(index: dict | None, index_name: str | None, headers: dict[str, S
             stray = sorted(t for t in hdr.tensors if t not in wm)
             if stray:
                 more = f" and {len(stray) - 3} more" if len(stray) > 3 else ""
-                problems.append(Problem(fname, f"{len(stray)} tensor(s) the weight map does not list: {', '.join(stray[:3])}{more}", "warning"))
+                problems.append(Problem(fname, f"{len(stray)} tensor(s) the weight map does not list: "
+                                               f"{', '.join(stray[:3])}{more}", "warning"))
     loaded_set = set(loaded)
     for tname, files in sorted((k, v) for k, v in owners.items() if len(v) > 1):
         in_loaded = [f for f in files if f in loaded_set]
@@ -778,7 +789,8 @@ def weight_size(model_dir: str | os.PathLike) -> WeightSize | None:
         why = problems[0].message if problems else "is not a JSON object"
         raise BadInput(f"checkpoint index {Path(model_dir) / index_name} {why}.")
     wm = index.get("weight_map") if isinstance(index, dict) else None
-    names = sorted(set(wm.values())) if isinstance(wm, dict) else sorted(n for n in inv.files if n.endswith(".safetensors"))
+    names = (sorted(set(wm.values())) if isinstance(wm, dict)
+             else sorted(n for n in inv.files if n.endswith(".safetensors")))
     meta = index.get("metadata") if isinstance(index, dict) else None
     size = meta.get("total_size") if isinstance(meta, dict) else None
     size = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
@@ -1064,7 +1076,8 @@ class Sha256Hasher:
         return h.hexdigest()
 
     def hash_many(self, entries: list[FileEntry], *, advance: Callable[[int], None] | None = None,
-                  done: Callable[[FileEntry, str | None, str | None], None] | None = None) -> dict[str, str | Exception]:
+                  done: Callable[[FileEntry, str | None, str | None], None] | None = None,
+                  ) -> dict[str, str | Exception]:
         """{name: hex digest or the OSError}; largest files first so the pool stays busy.
         ``done`` is called as each file finishes (from the worker thread)."""
         order = sorted(entries, key=lambda e: -e.size)
@@ -1129,7 +1142,8 @@ def _nested_entry(root: Path, name: str) -> FileEntry | str:
     return FileEntry(name, p, Path(os.path.realpath(p)), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
 
 
-def content_plan_from_sums(inv: Inventory, sums: dict[str, str], source: str, shard_names: Iterable[str]) -> ContentPlan:
+def content_plan_from_sums(inv: Inventory, sums: dict[str, str], source: str,
+                           shard_names: Iterable[str]) -> ContentPlan:
     problems: list[Problem] = []
     expected: dict[str, str] = {}
     for name, digest in sums.items():
@@ -1191,7 +1205,8 @@ def verify_content(inv: Inventory, plan: ContentPlan, *, hasher: Sha256Hasher, c
     for name, want in sorted(plan.expected.items()):
         got = digests.get(name)
         if got is not None and got != want:
-            problems.append(Problem(name, f"sha256 {got} does not match {want} from {plan.source}: the file's content is wrong"))
+            problems.append(Problem(name, f"sha256 {got} does not match {want} from {plan.source}: the file's "
+                                          "content is wrong"))
     hashed_bytes = sum(e.size for e in todo)
     return {
         "checked": True, "source": plan.source, "files": len(plan.expected), "hashed_files": len(todo),
@@ -1228,7 +1243,8 @@ def render_text(rep: Report, *, strict: bool = False) -> str:
     lines += bounded_lines([f"  error   {p.file}: {_short(p.message)}" for p in rep.errors], what="error(s)")
     lines += bounded_lines([f"  warning {p.file}: {_short(p.message)}" for p in rep.warnings], what="warning(s)")
     loaded = sum(1 for s in rep.shards if s["loaded"])
-    lines.append(f"  shards: {len(rep.shards)} ({loaded} loaded{', index ' + rep.index if rep.index else ', no index'}), "
+    lines.append(f"  shards: {len(rep.shards)} ({loaded} "
+                 f"loaded{', index ' + rep.index if rep.index else ', no index'}), "
                  f"{rep.tensors} tensors, files {_gb(rep.file_bytes)}")
     what = "exact, from the headers" if rep.headers_complete else "only the shards whose header could be read"
     lines.append(f"  weight bytes ({what}): {rep.weight_bytes}  ({_gb(rep.weight_bytes)})")
@@ -1241,12 +1257,14 @@ def render_text(rep: Report, *, strict: bool = False) -> str:
     if c.get("checked"):
         rate = f", {c['bytes_per_second'] / 1e6:.0f} MB/s" if c.get("bytes_per_second") else ""
         lines.append(f"  content: sha256 of {c['files']} file(s) against {c['source']}: {c['hashed_files']} hashed "
-                     f"({_gb(c['hashed_bytes'])} in {c['seconds']:.1f} s{rate}, {c['jobs']} job(s)), {c['cached_files']} unchanged since "
+                     f"({_gb(c['hashed_bytes'])} in {c['seconds']:.1f} s{rate}, {c['jobs']} job(s)), "
+                     f"{c['cached_files']} unchanged since "
                      "last verified (cache)")
     elif c.get("skipped"):
         lines.append(f"  content: not hashed: {c['skipped']}")
     else:
-        lines.append("  content: not hashed (give --sha256 SUMS or --hf-cache DIR to prove the bytes, not just the sizes)")
+        lines.append("  content: not hashed (give --sha256 SUMS or --hf-cache DIR to prove the bytes, not "
+                     "just the sizes)")
     for n in rep.notes:
         lines.append(f"  note: {n}")
     lines.append(f"  structural pass: {rep.structural_seconds * 1000:.0f} ms")

@@ -110,7 +110,8 @@ def layout(spec: Spec) -> Layout:
     for field_name in ("tp", "pp"):
         val = getattr(s, field_name)
         if not isinstance(val, int) or val < 1:
-            raise BadInput(f"spec {spec.source or '<flags>'}: 'serving.{field_name}' must be a positive integer, got {val!r}.")
+            raise BadInput(f"spec {spec.source or '<flags>'}: 'serving.{field_name}' must be a positive integer, "
+                           f"got {val!r}.")
     needed = s.tp * s.pp
     if s.gpus is not None and s.gpus < 1:
         raise BadInput(f"spec {spec.source or '<flags>'}: 'serving.gpus' must be a positive integer, got {s.gpus!r}.")
@@ -172,8 +173,10 @@ def serve_args(spec: Spec, lock: LockFile | None = None) -> dict[str, Any]:
             raise BadInput(
                 f"kuberay: the model spans {lay.worker_pods} worker pods (tp x pp = {lay.gpus_needed} GPUs, "
                 f"{lay.gpus_per_pod} per pod), which only ray.serve.llm can place, but the lock's serve-backend is "
-                f"vllm-server ({lock.header.get('ray', 'its ray')}): vLLM's server in one replica serves one node only.",
-                hint="fit the model on one node (serving.gpus >= tp x pp), or lock a ray whose llm extra pins this vllm.")
+                f"vllm-server ({lock.header.get('ray', 'its ray')}): vLLM's server in one replica serves "
+                "one node only.",
+                hint="fit the model on one node (serving.gpus >= tp x pp), or lock a ray whose llm extra "
+                     "pins this vllm.")
         chosen = "ray-serve-llm"
     if chosen != "auto":
         args["backend"] = chosen
@@ -293,7 +296,8 @@ def _context(*, lock: LockFile, spec: Spec, image: str, allow_tag: bool, base: B
         "labels": labels,
         "annotations": annotations,
         "worker_storage": worker_storage(spec),
-        "serve_config": yaml.safe_dump(serve_config(spec, lock), sort_keys=False, default_flow_style=False).rstrip("\n"),
+        "serve_config": yaml.safe_dump(serve_config(spec, lock), sort_keys=False,
+                                       default_flow_style=False).rstrip("\n"),
     }
 
 

@@ -136,7 +136,8 @@ def check_load_format(load_format: str, facts: ReleaseFacts, *, where: str = "--
                    f"(its LoadFormats: {', '.join(facts.load_formats)}).")
 
 
-KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "half", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4", "float32")
+KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "half", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4",
+                   "float32")
 
 _DTYPE_BYTES = {
     "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
@@ -161,7 +162,8 @@ def _modelopt_kv_dtype(cfg: dict) -> str | None:
     if not isinstance(q, dict) or not str(q.get("quant_method", "")).startswith("modelopt"):
         return None
     inner = q.get("quantization", q) if isinstance(q.get("quantization", q), dict) else q
-    algo = inner.get("kv_cache_scheme") or q.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo") or q.get("kv_cache_quant_algo")
+    algo = (inner.get("kv_cache_scheme") or q.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
+            or q.get("kv_cache_quant_algo"))
     if isinstance(algo, dict):
         if algo.get("dynamic") is False and algo.get("num_bits") == 8 and algo.get("type") == "float":
             return "fp8"
@@ -340,7 +342,8 @@ def _layer_types(cfg: dict, n_layers: int, where: str) -> list[str]:
             raise BadInput(f"{where}: 'layer_types' has {len(lt)} entries but num_hidden_layers is {n_layers}.")
         return [t.lower() for t in lt]
     interval = cfg.get("full_attention_interval")  # Qwen3-Next / Qwen3.5: every N-th layer is full attention
-    if isinstance(interval, int) and not isinstance(interval, bool) and interval > 0 and "linear_num_value_heads" in cfg:
+    if (isinstance(interval, int) and not isinstance(interval, bool) and interval > 0
+            and "linear_num_value_heads" in cfg):
         return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
     if cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is not False:
         if str(cfg.get("model_type", "")).startswith("gemma2"):  # Gemma 2 alternates, even layers windowed
@@ -385,7 +388,8 @@ def _state_bytes(cfg: dict, tp: int, dtype_bytes: int, where: str) -> tuple[int,
     return 0, "state layers present but their state shape is unknown for this config: counted as 0 bytes"
 
 
-def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", where: str = "model config") -> ModelShape:
+def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto",
+                   where: str = "model config") -> ModelShape:
     """Per-layer KV footprint on one GPU, as vLLM 0.26.0 would build its KV specs."""
     cfg = _text_config(config, where)
     check_config_numbers(cfg, where)
@@ -1282,7 +1286,8 @@ def render_text(plan: Plan) -> str:
         f"{p.tp * p.pp} GPUs of a replica ({p.kv_cache_dtype}, block {p.block_size})",
     ]
     if p.per_sequence_fixed_bytes:
-        lines.append(f"  + per sequence, window/state layers: {_fmt(p.per_sequence_fixed_bytes)} per GPU (independent of context)")
+        lines.append(f"  + per sequence, window/state layers: {_fmt(p.per_sequence_fixed_bytes)} per GPU "
+                     "(independent of context)")
     lines += [
         f"one {p.max_model_len:,}-token sequence: {_fmt(p.needed_one_seq_bytes)} per GPU",
         f"predicted vLLM log: GPU KV cache size: {p.kv_tokens_per_gpu:,} tokens; "

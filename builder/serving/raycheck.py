@@ -141,14 +141,16 @@ def compare(reports: list[NodeReport], lock: LockFile | None = None) -> list[Fin
     findings: list[Finding] = []
     for r in reports:
         if not r.joined:
-            findings.append(Finding("not-joined", f"node {r.node}", f"node {r.node} ({r.image}) did not join the cluster"
+            findings.append(Finding("not-joined", f"node {r.node}",
+                                    f"node {r.node} ({r.image}) did not join the cluster"
                                     + (f": {r.error}" if r.error else "."), {r.node: r.error}))
         elif r.error:
             findings.append(Finding("probe-failed", f"node {r.node}", f"the probe on node {r.node} failed: {r.error}",
                                     {r.node: r.error}))
     probed = [r for r in reports if r.python is not None]
 
-    def across(subject: str, get: Callable[[NodeReport], Any], same: Callable[[Any, Any], bool] = lambda a, b: a == b) -> None:
+    def across(subject: str, get: Callable[[NodeReport], Any], same: Callable[[Any, Any], bool] = lambda a,
+               b: a == b) -> None:
         values = {r.node: get(r) for r in probed}
         vals = list(values.values())
         if any(not same(vals[0], v) for v in vals[1:]):
@@ -177,7 +179,8 @@ def compare(reports: list[NodeReport], lock: LockFile | None = None) -> list[Fin
         want_py = lock.header.get("python")
         for r in probed:
             if want_py and want_py != "-" and ".".join(r.python.split(".")[:2]) != want_py:
-                findings.append(Finding("lock", "python", f"node {r.node} runs Python {r.python}, the lock is for {want_py}",
+                findings.append(Finding("lock", "python",
+                                        f"node {r.node} runs Python {r.python}, the lock is for {want_py}",
                                         {r.node: r.python, "lock": want_py}))
         for entry in sorted(lock.entries, key=lambda e: e.key):
             for r in probed:
@@ -196,7 +199,8 @@ def render_text(result: CheckResult) -> str:
     """Human-readable report (the CLI prints it; --json prints CheckResult.to_json())."""
     lines = [f"ray-check {'PASS' if result.ok else 'FAIL'}: {result.image} "
              f"({len(result.nodes)} node(s), {result.elapsed_s:.1f}s)"
-             + {None: "", "nodes": ": the nodes disagree", "lock": ": the nodes agree with each other, not with the lock",
+             + {None: "", "nodes": ": the nodes disagree",
+                "lock": ": the nodes agree with each other, not with the lock",
                 "image": ": the nodes agree, but a patched file differs from the build's record"}[result.mismatch]]
     for r in result.nodes:
         pk = " ".join(f"{n}={r.packages.get(n) or '-'}" for n in REPORTED_PACKAGES)
@@ -435,7 +439,8 @@ class Containers:
     def start(self, node: NodeSpec, argv: list[str], run_id: str, *, network: str = "none") -> str:
         args = [
             "run", "-d", "--pull=never", f"--network={network}", "--shm-size=256m", "--init",
-            "--label", f"{CONTAINER_LABEL}={run_id}", "--label", f"org.build-image.image-digest={node.image_digest or node.image_id}",
+            "--label", f"{CONTAINER_LABEL}={run_id}", "--label",
+                f"org.build-image.image-digest={node.image_digest or node.image_id}",
             "-e", f"BUILD_IMAGE_NODE={node.name}", "-e", f"BUILD_IMAGE_IMAGE_ID={node.image_id}",
             "-e", f"BUILD_IMAGE_DIGEST={node.image_digest or ''}",
             "-e", "RAY_USAGE_STATS_ENABLED=0", "-e", "RAY_DISABLE_DOCKER_CPU_WARNING=1",
@@ -444,7 +449,8 @@ class Containers:
         proc = self._cli(args, timeout=120)
         cid = proc.stdout.strip()
         if proc.returncode != 0 or not cid:
-            raise ExternalToolError(f"ray-check: starting the {node.name} container failed: {proc.stderr.strip()[-600:]}")
+            raise ExternalToolError(f"ray-check: starting the {node.name} container failed: "
+                                    f"{proc.stderr.strip()[-600:]}")
         self.started.append(cid)
         return cid
 
@@ -475,7 +481,8 @@ class Containers:
         (one created by a ``docker run`` interrupted before it printed its ID)."""
         if run_id:
             try:
-                proc = self._cli(["ps", "-aq", "--no-trunc", "--filter", f"label={CONTAINER_LABEL}={run_id}"], timeout=30)
+                proc = self._cli(["ps", "-aq", "--no-trunc", "--filter", f"label={CONTAINER_LABEL}={run_id}"],
+                                 timeout=30)
                 for cid in proc.stdout.split():
                     if not any(s.startswith(cid) or cid.startswith(s) for s in self.started):
                         self.started.append(cid)
@@ -674,7 +681,8 @@ def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], 
             exited = [] if gave_up else [n for n in nodes[1:] if not containers.running(cids[n.name])]
             retry = [n for n in exited if restart is not None and n.name not in restarted]
             for n in retry:
-                say(f"{n.name} exited before joining ({explain_log(containers.logs(cids[n.name], 60))}); restarting it once")
+                say(f"{n.name} exited before joining ({explain_log(containers.logs(cids[n.name], 60))}); "
+                    "restarting it once")
                 restarted.add(n.name)
                 restart(n)
             if exited and not retry:

@@ -236,7 +236,8 @@ def render_cold_start(cs: dict[str, Any]) -> str:
 
 def parse_vllm_kv_log(text: str) -> dict[str, Any]:
     """The KV lines vLLM 0.26.0 logs at boot (first occurrence of each); missing ones are None."""
-    out: dict[str, Any] = {"available_kv_bytes": None, "kv_tokens": None, "max_model_len": None, "max_concurrency": None}
+    out: dict[str, Any] = {"available_kv_bytes": None, "kv_tokens": None, "max_model_len": None,
+                           "max_concurrency": None}
     if m := KV_AVAILABLE.search(text):
         out["available_kv_bytes"] = int(float(m.group(1)) * GiB)
     if m := KV_TOKENS.search(text):

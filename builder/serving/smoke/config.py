@@ -59,7 +59,8 @@ class SmokeConfig:
     image: str | None = None            # docker mode when set, else local mode
     tp: int = 1
     pp: int = 1
-    distributed_executor_backend: str | None = None  # vLLM --distributed-executor-backend: mp | ray (None: vLLM's choice)
+    # vLLM --distributed-executor-backend: mp | ray (None: vLLM's choice)
+    distributed_executor_backend: str | None = None
     ray_address: str | None = None      # ray backend: join this Ray cluster (default local mode: start a loopback head)
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
@@ -92,7 +93,8 @@ class SmokeConfig:
     serve_python: str | None = None     # local --serve: the Python that has ray (default: this one)
     serve_num_gpus: int | None = None   # --serve: GPUs the Ray head declares (default: Ray detects them)
     vllm: str | None = None             # --vllm X: the shipped release planned for (None: the plan's default)
-    release: dict[str, Any] | None = None  # --vllm X: builder.serving.smoke.release.Release.to_dict(), recorded in the report
+    # --vllm X: builder.serving.smoke.release.Release.to_dict(), recorded in the report
+    release: dict[str, Any] | None = None
     reference: str | None = None        # compare outputs with this reference file
     save_reference: str | None = None   # record the reference outputs into this file
     reference_logprob_tolerance: float | None = None  # default: equivalence.LOGPROB_TOLERANCE
@@ -150,12 +152,14 @@ class SmokeConfig:
         if self.load_format is not None:
             self.load_format = check_load_format(self.load_format, release_facts(self.vllm),
                                                  where="smoke: --load-format")
-        if self.reference and self.save_reference and Path(self.reference).resolve() == Path(self.save_reference).resolve():
+        if (self.reference and self.save_reference
+                and Path(self.reference).resolve() == Path(self.save_reference).resolve()):
             raise BadInput(f"{where}: --save-reference must name another file than --reference")
         if self.serve and self.server_cmd:
             raise BadInput(f"{where}: --serve deploys the Serve application; it does not take --server-cmd")
         if self.serve_backend is not None and self.serve_backend not in SERVE_BACKENDS:
-            raise BadInput(f"{where}: --serve-backend must be one of {', '.join(SERVE_BACKENDS)}, got {self.serve_backend!r}")
+            raise BadInput(f"{where}: --serve-backend must be one of {', '.join(SERVE_BACKENDS)}, got "
+                           f"{self.serve_backend!r}")
         for name, value in (("--reference-logprob-tolerance", self.reference_logprob_tolerance),
                             ("--reference-tie-margin", self.reference_tie_margin)):
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):

@@ -185,7 +185,8 @@ def load_reference(path: str) -> Reference:
         for key in ("logprobs", "margins"):
             v = p.get(key)
             if (not isinstance(v, list) or len(v) != len(p["tokens"])
-                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)):
+                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                               and math.isfinite(x) for x in v)):
                 raise _bad(path, f"'prompts[{i}].{key}' must hold one finite number per token of 'tokens'")
     digest = prompt_set_sha256([p["prompt"] for p in prompts], samp)
     if doc.get("prompt_set_sha256") != digest:
@@ -319,7 +320,8 @@ def summary(eq: Equivalence) -> str:
     fd = "none" if eq.first_diff is None else str(eq.first_diff)
     return (f"{eq.verdict}: {eq.prompts} prompts x {eq.tokens_per_prompt} tokens vs {eq.reference}: "
             f"first differing token {fd} ({eq.prompts_diverged} prompt(s) diverged), "
-            f"max |Δ logprob| {eq.max_abs_dlogprob:.4g} (tolerance {eq.logprob_tolerance:g}, tie margin {eq.tie_margin:g})"
+            f"max |Δ logprob| {eq.max_abs_dlogprob:.4g} (tolerance {eq.logprob_tolerance:g}, tie margin "
+            f"{eq.tie_margin:g})"
             + (f"; config keys differ: {', '.join(eq.config_keys_differ)}" if eq.config_keys_differ else ""))
 
 

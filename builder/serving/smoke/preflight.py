@@ -44,7 +44,8 @@ def checkpoint_ready(cfg: SmokeConfig, say: Callable[[str], None]) -> dict[str, 
         problems = "\n".join(f"  {p.file}: {p.message}" for p in rep.errors)
         raise CheckpointNotReady(
             f"{model_dir} is not ready to load ({len(rep.errors)} problem(s)); no server was started.",
-            hint=f"build-image checkpoint verify {model_dir} (add --sha256 SUMS or --hf-cache DIR to check the bytes too)",
+            hint=f"build-image checkpoint verify {model_dir} (add --sha256 SUMS or --hf-cache DIR to check "
+                 "the bytes too)",
             details=problems,
         )
     summary = {"ready": True, "shards": len(rep.shards), "weight_bytes": rep.weight_bytes,
@@ -91,7 +92,8 @@ def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, A
         return None
     fixed = [a for a in extra if a.split("=", 1)[0].startswith(("--kv-cache-memory", "--num-gpu-blocks-override"))]
     if fixed:
-        warn(f"plan skipped: {fixed[0].split('=', 1)[0]} fixes the KV cache size; the plan models gpu_memory_utilization")
+        warn(f"plan skipped: {fixed[0].split('=', 1)[0]} fixes the KV cache size; the plan models "
+             "gpu_memory_utilization")
         return None
     try:
         config, _ = planmod.load_config(model_dir)

@@ -249,7 +249,8 @@ def render_text(rep: SmokeReport) -> str:
         "max_tokens={max_tokens}".format(**s)
     )
     if s.get("pp", 1) != 1 or s.get("distributed_executor_backend") or s.get("ray_address"):
-        lines.append(f"  parallel: tp={s.get('tp')} pp={s.get('pp')} executor={s.get('distributed_executor_backend') or 'vLLM default'}"
+        lines.append(f"  parallel: tp={s.get('tp')} pp={s.get('pp')} "
+                     f"executor={s.get('distributed_executor_backend') or 'vLLM default'}"
                      + (f" ray={s['ray_address']}" if s.get("ray_address") else ""))
     rel = s.get("release")
     if rel:
@@ -268,7 +269,8 @@ def render_text(rep: SmokeReport) -> str:
             + (f" ({sv['backend_reason']})" if sv.get("backend_reason") else "")
         )
     ready = "/v1/models" if rep.serve is not None else "/health"
-    lines.append(f"  boot: {ready} after {_fmt(b.get('health_s'), 's')}, first token after {_fmt(b.get('first_token_s'), 's')}")
+    lines.append(f"  boot: {ready} after {_fmt(b.get('health_s'), 's')}, first token after "
+                 f"{_fmt(b.get('first_token_s'), 's')}")
     if rep.cold_start:
         lines.append("  " + render_cold_start(rep.cold_start))
     kv = rep.kv_cache
@@ -290,7 +292,8 @@ def render_text(rep: SmokeReport) -> str:
         lines.append(f"  output: {rep.throughput['output_tokens_per_s']} tokens/s over all rounds")
     if rep.gpu:
         lines.append(
-            f"  GPU memory used: peak {rep.gpu.get('memory_used_mib_peak')} MiB of {rep.gpu.get('memory_total_mib')} MiB"
+            f"  GPU memory used: peak {rep.gpu.get('memory_used_mib_peak')} MiB of "
+            f"{rep.gpu.get('memory_total_mib')} MiB"
         )
     if rep.plan:
         lines.append(f"  plan: {rep.plan.get('summary', json.dumps(rep.plan)[:200])}")

@@ -340,7 +340,8 @@ def one_round(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: in
         bodies = [chat_body(model_id, str(make_prompt(i, cfg.prompt_tokens, None, seed=n)), cfg.max_tokens, i % 2 == 0)
                   for i in range(cfg.concurrency)]
     else:
-        bodies = [completion_body(model_id, make_prompt(i, cfg.prompt_tokens, vocab, seed=n), cfg.max_tokens, i % 2 == 0)
+        bodies = [completion_body(model_id, make_prompt(i, cfg.prompt_tokens, vocab, seed=n), cfg.max_tokens,
+                                  i % 2 == 0)
                   for i in range(cfg.concurrency)]
     run = run_round(launch.host, launch.port, bodies, timeout=cfg.timeout, alive=server.alive)
     rr = summarize_round(n, run.results, run.wall_s, cfg.concurrency, kind=kind)

@@ -163,8 +163,10 @@ def main() -> int:
 
 def run(work: Path, args, env: dict) -> int:
     cpus = len(os.sched_getaffinity(0))
-    print(f"machine: {cpus} usable CPU(s); sha256sum {subprocess.run(['sha256sum', '--version'], capture_output=True, text=True).stdout.splitlines()[0]}")
-    print(f"python hashlib: {__import__('ssl').OPENSSL_VERSION}; load average {os.getloadavg()[0]:.1f} (a shared machine)")
+    print(f"machine: {cpus} usable CPU(s); sha256sum "
+          f"{subprocess.run(['sha256sum', '--version'], capture_output=True, text=True).stdout.splitlines()[0]}")
+    print(f"python hashlib: {__import__('ssl').OPENSSL_VERSION}; load average {os.getloadavg()[0]:.1f} (a "
+          "shared machine)")
 
     # 1. structural pass: sparse stand-ins of real checkpoints (no disk used)
     print("\n== structural pass (headers only)")
@@ -219,7 +221,8 @@ def run(work: Path, args, env: dict) -> int:
         # warm: best of --repeat, the tools alternating (a shared machine is noisy); cold: once each
         reps = args.repeat if cache_state == "warm" else 1
         prep = warm if cache_state == "warm" else evict
-        print(f"\n== sha256, page cache {cache_state} ({'best of %d, alternating' % reps if reps > 1 else 'one run each'}; "
+        print(f"\n== sha256, page cache {cache_state} "
+              f"({'best of %d, alternating' % reps if reps > 1 else 'one run each'}; "
               f"load average {os.getloadavg()[0]:.1f})")
         t_sum = t_ours = c_sum = c_ours = float("inf")
         for _ in range(reps):
@@ -232,7 +235,8 @@ def run(work: Path, args, env: dict) -> int:
         results[f"sha256sum-1-{cache_state}"], results[f"hasher-1-{cache_state}"] = t_sum, t_ours
         results[f"hasher-cpu-{cache_state}"] = c_ours
         rs, ro = st.st_size / t_sum, st.st_size / t_ours
-        print(f"  one file ({st.st_size / GB:.2f} GB): sha256sum {rs / MB:.0f} MB/s, build-image hasher {ro / MB:.0f} MB/s "
+        print(f"  one file ({st.st_size / GB:.2f} GB): sha256sum {rs / MB:.0f} MB/s, build-image hasher "
+              f"{ro / MB:.0f} MB/s "
               f"= {100 * ro / rs:.0f}% of sha256sum")
         print(f"    per CPU-second (independent of the machine's load): sha256sum {st.st_size / c_sum / MB:.0f} MB, "
               f"build-image hasher {st.st_size / c_ours / MB:.0f} MB")

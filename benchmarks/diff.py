@@ -86,7 +86,8 @@ def make_pair(n: int, seed: int = 7) -> tuple[str, str]:
     del new.entries[: 4]
     sha = _h(rng)
     new.entries.append(LockEntry(
-        name="numpy", version="2.2.6", hashes=[sha], via=["-r overlay"], wheel=WheelRef(_wheel_url("numpy", "2.2.6", sha), sha),
+        name="numpy", version="2.2.6", hashes=[sha], via=["-r overlay"],
+                                 wheel=WheelRef(_wheel_url("numpy", "2.2.6", sha), sha),
         facts=DistFacts(binary=True, extensions=12, glibc="2.17", python_abi="cp312"), base_version="1.26.4"))
     sha = _h(rng)
     new.entries.append(LockEntry(name="pyarrow", version="14.0.2", hashes=[sha], via=["pkg-001"],
@@ -169,8 +170,10 @@ def main() -> None:
             ("python -c 'import builder.cli'", timeit([py, "-c", "import builder.cli"], args.runs)),
             ("build-image --help", timeit([exe, "--help"], args.runs)),
             ("build-image diff (text)", timeit([exe, "diff", str(old), str(new)], args.runs)),
-            ("build-image diff --format json", timeit([exe, "diff", str(old), str(new), "--format", "json"], args.runs)),
-            ("build-image diff --format markdown", timeit([exe, "diff", str(old), str(new), "--format", "markdown"], args.runs)),
+            ("build-image diff --format json",
+             timeit([exe, "diff", str(old), str(new), "--format", "json"], args.runs)),
+            ("build-image diff --format markdown",
+             timeit([exe, "diff", str(old), str(new), "--format", "markdown"], args.runs)),
             ("build-image diff --textconv", timeit([exe, "diff", "--textconv", str(new)], args.runs)),
         ]
         # in-process: parse + diff + render, no interpreter/CLI startup
@@ -181,7 +184,8 @@ def main() -> None:
         t = time.perf_counter()
         reps = 20
         for _ in range(reps):
-            d = diff_locks(parse_lock(old_text, "old"), parse_lock(new_text, "new"), old_text=old_text, new_text=new_text)
+            d = diff_locks(parse_lock(old_text, "old"), parse_lock(new_text, "new"), old_text=old_text,
+                           new_text=new_text)
             render_text(to_document(d))
             render_json(to_json_doc([d]))
         per = (time.perf_counter() - t) / reps

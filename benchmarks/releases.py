@@ -138,8 +138,8 @@ def main() -> None:
     if a.json:
         print(json.dumps(rows, indent=2))
         return
-    cols = [k for k in ("vllm", "recipe_s", "recipe_in_s", "index_s", "install_s", "scan_s", "cleanup_s", "total_s", "dists", "uv_compile_s", "lock_s", "ratio", "entries",
-                        "error") if any(k in r for r in rows)]
+    cols = [k for k in ("vllm", "recipe_s", "recipe_in_s", "index_s", "install_s", "scan_s", "cleanup_s", "total_s",
+                        "dists", "uv_compile_s", "lock_s", "ratio", "entries", "error") if any(k in r for r in rows)]
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(str(r.get(k, "")) for k in cols))

@@ -264,8 +264,9 @@ def run(modules: list[str], work: Path, max_children: int, show: bool, survivors
         killed = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("caught by type check", 0)
         tested = sum(counts.values()) - counts.get("skipped", 0)
         score = 100.0 * killed / tested if tested else 0.0
-        report[module] = {"functions": functions or "all", "counts": counts, "tested": tested, "killed": killed, "score": round(score, 1),
-                          "seconds": round(secs), "survivors": survivors, "mutmut_exit": rc, "work": str(wdir)}
+        report[module] = {"functions": functions or "all", "counts": counts, "tested": tested, "killed": killed,
+                          "score": round(score, 1), "seconds": round(secs), "survivors": survivors, "mutmut_exit": rc,
+                          "work": str(wdir)}
         print(f"{module:9} {killed}/{tested} killed = {score:.1f}%  {counts}  ({secs:.0f} s, {wdir})")
         for s in survivors:
             print(f"    survivor: {s}")

@@ -155,7 +155,8 @@ def make_gemma4_ple(out: Path, variant: str, *, seed: int = 7, shards: int = 4) 
         tensors[pattern] = table
     save_file(tensors, str(files[0]), metadata={"format": "pt"})
     (out / "ple-variant.json").write_text(json.dumps({
-        "variant": variant, "original_name": keys[0], "stored_as": sorted(k for k in tensors if "per_layer" in k and "embed" in k),
+        "variant": variant, "original_name": keys[0], "stored_as": sorted(k for k in tensors
+                                                                          if "per_layer" in k and "embed" in k),
         "shape": list(table.shape),
     }, indent=1))
     return out

@@ -31,11 +31,14 @@ BOOT_LINES = [  # real vLLM 0.26.0 lines (H200 run of scripts/gpu-proof.sh, mode
     "(EngineCore pid=2925) INFO 11-30 03:08:32 [model_runner.py:305] Model loading took 0.29 GiB and 1.316428 seconds",
     "(EngineCore pid=2925) INFO 11-30 03:08:34 [gpu_worker.py:560] Available KV cache memory: 69.24 GiB",
     "(EngineCore pid=2925) INFO 11-30 03:08:34 [kv_cache_utils.py:2177] GPU KV cache size: 3,024,928 tokens",
-    "(EngineCore pid=2925) INFO 11-30 03:08:34 [kv_cache_utils.py:2178] Maximum concurrency for 4,096 tokens per request: 738.51x",
-    "(EngineCore pid=2925) INFO 11-30 03:08:34 [gpu_worker.py:857] Free memory on device (139.29/139.8 GiB) on startup. "
+    "(EngineCore pid=2925) INFO 11-30 03:08:34 [kv_cache_utils.py:2178] Maximum concurrency for 4,096 tokens per "
+    "request: 738.51x",
+    "(EngineCore pid=2925) INFO 11-30 03:08:34 [gpu_worker.py:857] Free memory on device (139.29/139.8 GiB) "
+    "on startup. "
     "Desired GPU memory utilization is (0.5, 69.9 GiB). Actual usage is 0.29 GiB for weight, 0.15 GiB for peak "
     "activation, 0.22 GiB for non-torch memory, and 0.0 GiB for CUDAGraph memory.",
-    "(EngineCore pid=2925) INFO 11-30 03:08:35 [core.py:347] init engine (profile, create kv cache, warmup model) took 2.45 s",
+    "(EngineCore pid=2925) INFO 11-30 03:08:35 [core.py:347] init engine (profile, create kv cache, warmup "
+    "model) took 2.45 s",
     "(APIServer pid=2855) INFO 11-30 03:08:35 [api_server.py:677] Starting vLLM server on http://127.0.0.1:41627",
     "(APIServer pid=2855) INFO:     Application startup complete.",
 ]
@@ -232,7 +235,8 @@ def make_handler(state: State):
             try:
                 if chat:  # vLLM's first chat chunk carries only the role
                     first = {"id": f"chatcmpl-{k}", "object": obj, "model": a.model_id,
-                             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+                             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                          "finish_reason": None}]}
                     self.wfile.write(f"data: {json.dumps(first)}\n\n".encode())
                     self.wfile.flush()
                     time.sleep(a.token_delay)
@@ -275,7 +279,8 @@ def main(argv=None) -> int:
     p.add_argument("--token-delay", type=float, default=0.001)
     p.add_argument("--exit-during-boot", action="store_true", help="log a ValueError and exit 1 before serving")
     p.add_argument("--ignore-sigterm", action="store_true", help="needs SIGKILL to stop")
-    p.add_argument("--child-pidfile", default=None, help="spawn a sleeping child (like the engine core) and write its pid")
+    p.add_argument("--child-pidfile", default=None,
+                   help="spawn a sleeping child (like the engine core) and write its pid")
     p.add_argument("--pidfile", default=None)
     p.add_argument("--record", default=None, help="write {argv, env} as JSON here (what the server was started with)")
     p.add_argument("--no-kv-lines", action="store_true")
@@ -295,7 +300,8 @@ def main(argv=None) -> int:
     if a.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if a.child_pidfile:
-        child = subprocess.Popen([sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)"])
+        child = subprocess.Popen([sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, "
+                                                        "signal.SIG_IGN); time.sleep(3600)"])
         with open(a.child_pidfile, "w") as fh:
             fh.write(str(child.pid))
     for line in BOOT_LINES[:2]:
@@ -305,14 +311,16 @@ def main(argv=None) -> int:
         log("(EngineCore pid=2422) ERROR 11-30 03:06:53 [core.py:1330] ValueError: To serve at least one request with "
             "the model's max seq len (1048576), (24.0 GiB KV cache is needed, which is larger than the available KV "
             "cache memory (10.51 GiB). Based on the available memory, the estimated maximum model length is 459232.")
-        log("(APIServer pid=2283) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}")
+        log("(APIServer pid=2283) RuntimeError: Engine core initialization failed. See root cause above. Failed "
+            "core proc(s): {}")
         return 1
     for line in BOOT_LINES[2:]:
         if a.no_kv_lines and "KV cache" in line or a.no_kv_lines and "concurrency" in line:
             continue
         if "Starting vLLM server on" in line:
             for i in range(a.api_servers):
-                log(line if a.api_servers == 1 else line.replace("(APIServer pid=2855)", f"(ApiServer_{i} pid={2855 + i})"))
+                log(line if a.api_servers == 1 else line.replace("(APIServer pid=2855)",
+                                                                 f"(ApiServer_{i} pid={2855 + i})"))
             continue
         log(line)
     # the listen backlog must hold a whole round (the default of 5 resets connections

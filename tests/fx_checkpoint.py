@@ -44,7 +44,8 @@ def write_checkpoint(d: Path, shards: dict[str, dict[str, tuple[str, list[int]]]
             wm[name] = fname
             total += math.prod(shape) * DTYPES[dtype][1] // 8
     if index:
-        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wm}, indent=1))
+        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
+                                                                    "weight_map": wm}, indent=1))
     if config is not None:
         (d / "config.json").write_text(json.dumps(config, indent=1))
     return d

@@ -136,7 +136,8 @@ def standin_base_image(docker_engine) -> StandinBase:
 VENV_BIN = Path(__import__("sys").executable).parent
 BUILD_IMAGE = str(VENV_BIN / "build-image")
 # every distribution of the stand-in base except vllm (the lock resolves the base pins too)
-STANDIN_PINS = ("numpy==1.24.2", "numexpr==2.8.4", "packaging==23.0", "pip==23.0.1", "setuptools==66.1.1", "wheel==0.38.4")
+STANDIN_PINS = ("numpy==1.24.2", "numexpr==2.8.4", "packaging==23.0", "pip==23.0.1", "setuptools==66.1.1",
+                "wheel==0.38.4")
 _PIP_TARGET = ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
                "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
                "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_34_x86_64"]
@@ -174,7 +175,8 @@ def _make_findlinks(root: Path, requirements: list[str] | tuple[str, ...]) -> Pa
     if requirements:
         cons = tmp / "constraints.txt"
         cons.write_text("".join(p + "\n" for p in STANDIN_PINS))  # stay compatible with the base
-        r = subprocess.run(pip + [*_PIP_TARGET, "-c", str(cons), *requirements], capture_output=True, text=True, timeout=1800)
+        r = subprocess.run(pip + [*_PIP_TARGET, "-c", str(cons), *requirements], capture_output=True, text=True,
+                           timeout=1800)
         cons.unlink()
         assert r.returncode == 0, r.stderr[-2000:]
     wheel = _cache_dir() / "standin" / "vllm-0.26.0-py3-none-any.whl"
@@ -231,8 +233,8 @@ def run_pipeline(args: list[str], *, env: dict | None = None, timeout: int = 180
 def built_overlay_image(standin_base_image, standin_manifest, tmp_path_factory):
     """Factory ``(requirements, *, series=None, repo=..., manifest=None) -> BuiltImage``: lock ``requirements``
     on the stand-in base (offline, see :func:`standin_findlinks`), render, build.  Cached per
-    (requirements, series, repo) for the session.  ``series=None``: no patches (``--no-patches``).  E.g. ``built_overlay_image(["ray[serve]==2.52.0"])``
-    gives an image with ray on the stand-in base."""
+    (requirements, series, repo) for the session.  ``series=None``: no patches (``--no-patches``).
+    E.g. ``built_overlay_image(["ray[serve]==2.52.0"])`` gives an image with ray on the stand-in base."""
     cache: dict = {}
 
     def _build(requirements, *, series: Path | None = None, repo: str = "build-image-test/overlay",
@@ -242,9 +244,9 @@ def built_overlay_image(standin_base_image, standin_manifest, tmp_path_factory):
             return cache[key]
         fl = standin_findlinks(tuple(requirements))
         work = tmp_path_factory.mktemp("overlay")
-        args = ["--vllm", "0.26.0", "--base", str(manifest or standin_manifest), "--lock", str(work / "requirements.lock"),
-                "--no-default-overlay", "--no-index", "--find-links", str(fl), "-o", str(work / "ctx"),
-                "--tag", repo, "--json"]
+        args = ["--vllm", "0.26.0", "--base", str(manifest or standin_manifest), "--lock",
+                str(work / "requirements.lock"), "--no-default-overlay", "--no-index", "--find-links", str(fl), "-o",
+                str(work / "ctx"), "--tag", repo, "--json"]
         for req in requirements:
             args += ["--with", req]
         if series is not None:

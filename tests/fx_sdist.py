@@ -97,7 +97,7 @@ RUN uv pip install --system sagemaker-only
 
 FROM vllm-openai-base AS vllm-openai
 ENTRYPOINT ["vllm", "serve"]
-"""
+"""  # noqa: E501 - verbatim Dockerfile text
 
 PIPELINE = """\
 env:

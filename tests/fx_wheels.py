@@ -32,7 +32,7 @@ Fixtures (session scope):
   ``fixture_wheel``         -> callable ``(name, version) -> Path`` of the built wheel file.
 
 Outside pytest: ``build_wheelhouse(Path)`` and ``install_into(dest, names, wheelhouse)``.
-"""
+"""  # noqa: E501 - verbatim table
 
 from __future__ import annotations
 
@@ -180,7 +180,8 @@ def build_wheelhouse(dest: Path) -> Path:
         })
         write_wheel(dest, "stableabi", "1.0.0", f"cp38-abi3-{PLATFORM_TAG}", {
             "stableabi/__init__.py": "",
-            "stableabi/_stable.abi3.so": _compile_ext(work, "stable.so", "PyInit__stable", ["no numpy here"], "stableabi"),
+            "stableabi/_stable.abi3.so": _compile_ext(work, "stable.so", "PyInit__stable", ["no numpy here"],
+                                                      "stableabi"),
         })
     return dest
 
@@ -193,8 +194,8 @@ def install_into(dest: Path, names: list[str], wheelhouse: Path, python_version:
     """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [UV, "pip", "install", "--quiet", "--link-mode", "copy", "--target", str(dest), "--no-index", "--find-links", str(wheelhouse),
-           "--python-version", python_version, "--python-platform", platform, "--no-build", *names]
+    cmd = [UV, "pip", "install", "--quiet", "--link-mode", "copy", "--target", str(dest), "--no-index", "--find-links",
+           str(wheelhouse), "--python-version", python_version, "--python-platform", platform, "--no-build", *names]
     env = {**os.environ, "UV_NO_CONFIG": "1"}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:

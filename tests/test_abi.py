@@ -222,7 +222,8 @@ def test_pure_upgrade_allowed_but_flagged_newer_than_vllm_shipped():
     down = abi.evaluate(BASE, [entry("transformers", "5.0.0", base_version="5.14.1")], {})
     assert rules(down.notices) == [("transformers", "older-than-base")]
     # a binary base distribution that moves (and passes the binary rules) is flagged the same way
-    up = abi.evaluate(BASE, [entry("pyarrow", "15.0.0", facts(True, 5, 0, 0, "2.17", "cp312"), base_version="14.0.2")], {})
+    up = abi.evaluate(BASE, [entry("pyarrow", "15.0.0", facts(True, 5, 0, 0, "2.17", "cp312"), base_version="14.0.2")],
+                      {})
     assert rules(up.notices) == [("pyarrow", "binary-move")]
     assert "newer than what vllm 0.26.0 shipped with" in up.notices[0].message
 
@@ -321,10 +322,12 @@ def test_chain_requirement_is_the_one_whose_marker_holds_on_the_target():
     # the overlay's own requirement is read on the target too
     overlay = ["numpy>=2; python_version >= '3.11'", "numpy>=1.21; python_version < '3.11'"]
     assert abi.build_chain("numpy", final, {"numpy": ["-r overlay"]}, overlay=overlay,
-                           base_versions={"numpy": "1.26.4"}, env=target_environment("3.10", "x86_64-manylinux_2_35")) == [
+                           base_versions={"numpy": "1.26.4"},
+                           env=target_environment("3.10", "x86_64-manylinux_2_35")) == [
         "numpy 2.1.0", "overlay (numpy>=1.21)"]
     # extras are kept, sorted; a requirement without a specifier names no version
-    assert abi.build_chain("numpy", final, via, {"opencv": ["numpy[typing,dev]>=2"]})[1] == "opencv 4.13 (numpy[dev,typing]>=2)"
+    assert abi.build_chain("numpy", final, via,
+                           {"opencv": ["numpy[typing,dev]>=2"]})[1] == "opencv 4.13 (numpy[dev,typing]>=2)"
     assert abi.build_chain("numpy", final, via, {"opencv": ["numpy"]})[1] == "opencv 4.13"
 
 
@@ -499,7 +502,8 @@ def test_numpy_major_move_evidence_is_the_final_set_built_only_against_the_other
     assert v.evidence == ["halfext 1.0: 2 extensions built against numpy 1.x",
                           "pyarrow 14.0.2: 1 extension built against numpy 1.x"]
     assert v.message == ("numpy would move 1.26.4 -> 2.3.5 (across a major version) while 2 distributions of "
-                         "the final set ship extensions built against numpy 1.x, which cannot be loaded by numpy 2.3.5.")
+                         "the final set ship extensions built against numpy 1.x, which cannot be loaded by "
+                         "numpy 2.3.5.")
 
 
 def test_numpy_major_downgrade_evidence_skips_distributions_built_against_both():
@@ -640,15 +644,18 @@ def test_one_release_spelled_two_ways_is_no_move():
     # PEP 440: 2.11 is 2.11.0 and 14.0.2.0 is 14.0.2 -- the same release as the base's, so no
     # exact-coupled move and no binary-move notice; 2.11.1 is a move.
     same = abi.evaluate(BASE, [entry("torch", "2.11", facts(True, 30, 0, 1, "2.28", "cp312"), base_version="2.11.0"),
-                               entry("pyarrow", "14.0.2.0", facts(True, 5, 1, 0, "2.17", "cp312"), base_version="14.0.2")], {})
+                               entry("pyarrow", "14.0.2.0", facts(True, 5, 1, 0, "2.17", "cp312"),
+                                     base_version="14.0.2")], {})
     assert same.ok and not same.notices and not same.allowed
     moved = abi.evaluate(BASE, [entry("torch", "2.11.1", facts(True, 30, 0, 1, "2.28", "cp312"), base_version="2.11.0"),
-                                entry("pyarrow", "14.0.3", facts(True, 5, 1, 0, "2.17", "cp312"), base_version="14.0.2")], {})
+                                entry("pyarrow", "14.0.3", facts(True, 5, 1, 0, "2.17", "cp312"),
+                                      base_version="14.0.2")], {})
     assert rules(moved.violations) == [("torch", "exact-coupled")]
     assert [(f.name, f.rule) for f in moved.notices] == [("pyarrow", abi.BINARY_MOVE)]
 
 
-# ------------------------------------------------------------------ what the image holds but the manifest cannot version
+# ------------------------------------------------------------------ what the image holds but the manifest cannot
+# version
 
 def test_a_lock_pinning_a_name_the_base_cannot_version_is_a_conflict_with_the_reason():
     import dataclasses

@@ -171,7 +171,8 @@ def test_snapshot_site_packages_writes_a_reconstructed_manifest(tmp_path, make_s
     (["--site-packages", "."], "--glibc X.Y is required"),
     (["--site-packages", ".", "--glibc", "2.35", "--python", "3"], "--python must look like X.Y"),
     (["--site-packages", ".", "--glibc", "2.35.1", "--python", "3.12"], "--glibc must look like X.Y (e.g. 2.35)"),
-    (["--site-packages", ".", "--glibc", "2.35", "--python", "3.12", "--cuda", "13"], "--cuda must look like X.Y (e.g. 13.0)"),
+    (["--site-packages", ".", "--glibc", "2.35", "--python", "3.12", "--cuda", "13"],
+     "--cuda must look like X.Y (e.g. 13.0)"),
     (["--site-packages", "/nonexistent/dir", "--glibc", "2.35", "--python", "3.12"], "does not exist"),
     (["--site-packages", "tests", "--glibc", "2.35", "--python", "3.12"], "holds no installed distribution"),
     (["--image", "x:1", "--method", "m"], "only apply to --site-packages"),
@@ -457,9 +458,12 @@ def test_snapshot_to_an_unwritable_path_is_bad_input_not_a_traceback(tmp_path, m
 
 
 @pytest.mark.parametrize("mutate, needle", [
-    (lambda d: d["distributions"]["numpy"].__setitem__("numpy_abi", "x"), "'distributions.numpy.numpy_abi' should be dict"),
-    (lambda d: d["distributions"]["numpy"].__setitem__("numpy_abi", {"1": "2"}), "'distributions.numpy.numpy_abi.1' should be int"),
-    (lambda d: d["distributions"]["numpy"].__setitem__("extensions", "3"), "'distributions.numpy.extensions' should be int"),
+    (lambda d: d["distributions"]["numpy"].__setitem__("numpy_abi", "x"),
+     "'distributions.numpy.numpy_abi' should be dict"),
+    (lambda d: d["distributions"]["numpy"].__setitem__("numpy_abi", {"1": "2"}),
+     "'distributions.numpy.numpy_abi.1' should be int"),
+    (lambda d: d["distributions"]["numpy"].__setitem__("extensions", "3"),
+     "'distributions.numpy.extensions' should be int"),
     (lambda d: d["python"].__setitem__("version", "3"), "'python.version' must look like 3.12"),
     (lambda d: d.__setitem__("platform", "linux"), "'platform' must look like x86_64-manylinux_2_35"),
     (lambda d: d["distributions"]["numpy"].__setitem__("name", "pandas"), "'distributions.numpy' holds 'pandas'"),

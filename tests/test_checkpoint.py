@@ -110,7 +110,8 @@ def test_structural_pass_reads_no_tensor_data(tmp_path):
     d = tmp_path / "big"
     d.mkdir()
     rows = 40 * 10**9 // (2 * 4096)
-    header = json.dumps({"w.weight": {"dtype": "BF16", "shape": [rows, 4096], "data_offsets": [0, rows * 4096 * 2]}}).encode()
+    header = json.dumps({"w.weight": {"dtype": "BF16", "shape": [rows, 4096],
+                                      "data_offsets": [0, rows * 4096 * 2]}}).encode()
     p = d / "model.safetensors"
     with open(p, "wb") as fh:
         fh.write(len(header).to_bytes(8, "little") + header)
@@ -322,7 +323,8 @@ def test_tensor_claimed_twice_and_tensor_not_where_the_index_says(tmp_path):
     assert code == 1
     msgs = [e["message"] for e in doc["errors"]]
     assert any("'x' is claimed twice: in a.safetensors and b.safetensors" in m for m in msgs), msgs
-    assert any("'lm_head.weight'" in m and "puts it in a.safetensors" in m and "it is in b.safetensors" in m for m in msgs), msgs
+    assert any("'lm_head.weight'" in m and "puts it in a.safetensors" in m
+               and "it is in b.safetensors" in m for m in msgs), msgs
 
 
 def test_config_shape_mismatch(tmp_path):
@@ -337,20 +339,23 @@ def test_config_shape_mismatch(tmp_path):
 
 def test_ple_table_shapes_numbered_blocks_and_duplicates(tmp_path):
     # numbered row blocks: their rows add up to the table
-    blocks = {f"model.embed_tokens_per_layer.shard_{i}.weight": ("BF16", [VOCAB // 4, LAYERS * PLE_DIM]) for i in range(4)}
+    blocks = {f"model.embed_tokens_per_layer.shard_{i}.weight": ("BF16", [VOCAB // 4, LAYERS * PLE_DIM])
+              for i in range(4)}
     base = {"model.embed_tokens.weight": ("BF16", [VOCAB, HIDDEN]), "lm_head.weight": ("BF16", [VOCAB, HIDDEN])}
     d = write_checkpoint(tmp_path / "num", {"a.safetensors": base, "b.safetensors": blocks}, CONFIG)
     rep = ck.inspect_checkpoint(d)
     assert rep.ready(), rep.problems
     assert rep.ple_bytes == 2 * VOCAB * LAYERS * PLE_DIM and len(rep.ple_tensors) == 4
     # wrong width: the table does not match num_hidden_layers x hidden_size_per_layer_input
-    d2 = write_checkpoint(tmp_path / "wide", {"a.safetensors": base,
-                                              "b.safetensors": {"embed_tokens_per_layer.shard_.weight": ("BF16", [VOCAB, 3 * PLE_DIM])}}, CONFIG)
+    wide = {"embed_tokens_per_layer.shard_.weight": ("BF16", [VOCAB, 3 * PLE_DIM])}
+    d2 = write_checkpoint(tmp_path / "wide", {"a.safetensors": base, "b.safetensors": wide}, CONFIG)
     [p] = ck.inspect_checkpoint(d2).errors
     assert "2 x 8 = 16" in p.message
     # stored twice (empty shard index and the plain name)
-    d3 = write_checkpoint(tmp_path / "twice", {"a.safetensors": {**base, "embed_tokens_per_layer.weight": ("BF16", [VOCAB, 16])},
-                                               "b.safetensors": {"embed_tokens_per_layer.shard_.weight": ("BF16", [VOCAB, 16])}}, CONFIG)
+    d3 = write_checkpoint(tmp_path / "twice",
+                          {"a.safetensors": {**base, "embed_tokens_per_layer.weight": ("BF16", [VOCAB, 16])},
+                           "b.safetensors": {"embed_tokens_per_layer.shard_.weight": ("BF16", [VOCAB, 16])}},
+                          CONFIG)
     assert any("more than once" in p.message for p in ck.inspect_checkpoint(d3).errors)
     # declared by config.json, absent from the checkpoint
     d4 = write_checkpoint(tmp_path / "absent", {"a.safetensors": base}, CONFIG)
@@ -358,7 +363,8 @@ def test_ple_table_shapes_numbered_blocks_and_duplicates(tmp_path):
 
 
 def test_no_index_single_file_and_missing_config(tmp_path):
-    d = write_checkpoint(tmp_path / "one", {"model.safetensors": {"model.embed_tokens.weight": ("BF16", [VOCAB, HIDDEN])}},
+    d = write_checkpoint(tmp_path / "one",
+                         {"model.safetensors": {"model.embed_tokens.weight": ("BF16", [VOCAB, HIDDEN])}},
                          {"vocab_size": VOCAB, "hidden_size": HIDDEN}, index=False)
     rep = ck.inspect_checkpoint(d)
     assert rep.ready() and rep.index is None and rep.weight_bytes == 2 * VOCAB * HIDDEN
@@ -389,7 +395,8 @@ def test_local_dir_download_leftovers_and_locks(tmp_path):
             "import json,sys; from builder.serving.checkpoint import inspect_checkpoint as i; "
             f"print(json.dumps([p.file for p in i({str(d)!r}).errors]))")],
             capture_output=True, text=True, cwd=Path(__file__).parent.parent)
-    assert json.loads(child.stdout) == [f".cache/huggingface/download/{S3}.lock (held: a download is running)"], child.stderr
+    held = f".cache/huggingface/download/{S3}.lock (held: a download is running)"
+    assert json.loads(child.stdout) == [held], child.stderr
     (meta / f"{S3}.0123abcd.incomplete").write_bytes(b"partial")
     code, doc, _ = verify(str(d))
     assert code == 1 and errors_for(doc, f".cache/huggingface/download/{S3}.0123abcd.incomplete")
@@ -546,7 +553,8 @@ def _hub_cache(tmp_path: Path) -> tuple[Path, Path]:
         if p.suffix == ".safetensors":
             blob = hashlib.sha256(data).hexdigest()  # LFS: the blob is named by its sha256
         else:  # a regular git file: by its git object id, as git itself computes it
-            blob = subprocess.run(["git", "hash-object", str(p)], capture_output=True, text=True, check=True).stdout.strip()
+            blob = subprocess.run(["git", "hash-object", str(p)], capture_output=True, text=True,
+                                  check=True).stdout.strip()
         (repo / "blobs" / blob).write_bytes(data)
         os.symlink(f"../../blobs/{blob}", snap / p.name)
     return hub, snap
@@ -596,7 +604,8 @@ def test_hf_local_dir_metadata(tmp_path):
     meta = d / ".cache" / "huggingface" / "download"
     meta.mkdir(parents=True)
     for p in d.glob("*.safetensors"):
-        (meta / f"{p.name}.metadata").write_text(f"{'1' * 40}\n{hashlib.sha256(p.read_bytes()).hexdigest()}\n1712656091.1\n")
+        digest = hashlib.sha256(p.read_bytes()).hexdigest()
+        (meta / f"{p.name}.metadata").write_text(f"{'1' * 40}\n{digest}\n1712656091.1\n")
     code, doc, _ = verify(str(d), "--hf-cache", str(d))
     assert code == 0, doc
     (meta / f"{S1}.metadata").unlink()
@@ -688,7 +697,8 @@ def test_weight_size_for_the_plan(tmp_path):
     assert ws.bytes == 12345 and S3 in ws.notes[0]
 
 
-# --------------------------------------------------------------------------- smoke and the pipeline refuse a checkpoint that is not ready
+# --------------------------------------------------------------------------- smoke and the pipeline refuse a checkpoint
+# that is not ready
 
 FAKE_SERVER = Path(__file__).parent / "fake_openai_server.py"
 
@@ -722,7 +732,8 @@ def test_smoke_boots_a_ready_checkpoint(tmp_path):
     d = sharded(tmp_path / "ck")
     marker = tmp_path / "server-started"
     r = CliRunner().invoke(main, ["smoke", "--model", str(d), "--server-cmd", _marker_server(marker), "--rounds", "1",
-                                  "--concurrency", "1", "--max-tokens", "4", "--prompt-tokens", "8", "--gpu-memory", "80GiB"])
+                                  "--concurrency", "1", "--max-tokens", "4", "--prompt-tokens", "8", "--gpu-memory",
+                                  "80GiB"])
     assert r.exit_code == 0, r.output
     assert marker.exists() and "checkpoint READY (structure): 3 shard(s)" in r.stderr
 

@@ -43,7 +43,8 @@ def test_uncaught_exception_exits_70_not_a_verdict(monkeypatch):
 def test_startup_does_not_import_every_stage():
     code = (
         "import sys, builder.cli; "
-        "heavy = [m for m in ('builder.serving.smoke', 'builder.serving.plan', 'builder.engine', 'builder.patching.series', 'builder.image.render') if m in sys.modules]; "
+        "heavy = [m for m in ('builder.serving.smoke', 'builder.serving.plan', 'builder.engine', "
+        "'builder.patching.series', 'builder.image.render') if m in sys.modules]; "
         "print(','.join(heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

@@ -120,7 +120,8 @@ def test_load_formats_per_release_come_from_the_wheels():
     assert "runai_streamer" in RELEASE_FACTS["0.26.0"].load_formats
     assert "bitsandbytes" in RELEASE_FACTS["0.27.1"].load_formats
     assert "bitsandbytes" not in RELEASE_FACTS["0.28.0"].load_formats
-    assert "ipc_cache" in RELEASE_FACTS["0.30.0"].load_formats and "ipc_cache" not in RELEASE_FACTS["0.29.0"].load_formats
+    assert ("ipc_cache" in RELEASE_FACTS["0.30.0"].load_formats
+            and "ipc_cache" not in RELEASE_FACTS["0.29.0"].load_formats)
     assert all(f.load_formats and f.load_formats[0] == "auto" for f in RELEASE_FACTS.values())
 
 

@@ -106,7 +106,8 @@ def _spawns(tree: ast.AST) -> list[int]:
     """Lines that start a process (subprocess.run/Popen/call/check_output, os.exec*/spawn*)."""
     out = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)):
             mod, fn = node.func.value.id, node.func.attr
             if (mod == "subprocess" and fn in {"run", "Popen", "call", "check_call", "check_output"}) or \
                     (mod == "os" and (fn.startswith("exec") or fn.startswith("spawn") or fn == "system")):

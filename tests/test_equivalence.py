@@ -117,7 +117,8 @@ def test_compare_rules():
     real = eqv.compare(ref, [[5, 6, 9, 9]], [[-1.0, -1.0, -1.0, -1.0]])  # differs where the margin was 2.0
     assert real.verdict == "FAIL" and real.first_diff == 2
     drift = eqv.compare(ref, [[5, 6, 7, 8]], [[-1.0, -1.0, -1.5, -1.0]])
-    assert drift.verdict == "FAIL" and drift.max_abs_dlogprob == pytest.approx(0.5) and drift.per_prompt[0].worst_token == 2
+    assert (drift.verdict == "FAIL" and drift.max_abs_dlogprob == pytest.approx(0.5)
+            and drift.per_prompt[0].worst_token == 2)
     assert eqv.compare(ref, [[5, 6, 7, 8]], [[-1.0, -1.0, -1.5, -1.0]], logprob_tolerance=0.6).verdict == "PASS"
     short = eqv.compare(ref, [[5, 6]], [[-1.0, -1.0, -1.0, -1.0]])
     assert short.verdict == "FAIL" and short.first_diff == 2

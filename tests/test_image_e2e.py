@@ -45,7 +45,8 @@ def _closed_port() -> int:
 
 @pytest.fixture(scope="module")
 def e2e(built_overlay_image, standin_base_image, standin_pinned_manifest, local_registry):
-    return built_overlay_image(OVERLAY, series=standin_base_image.series_dir, repo=f"{local_registry}/e2e/vllm", manifest=standin_pinned_manifest)
+    return built_overlay_image(OVERLAY, series=standin_base_image.series_dir, repo=f"{local_registry}/e2e/vllm",
+                               manifest=standin_pinned_manifest)
 
 
 def test_built_image_runs_the_overlay(e2e):
@@ -55,9 +56,9 @@ def test_built_image_runs_the_overlay(e2e):
     assert len(wheels) == 2 and any("MarkupSafe" in w or "markupsafe" in w for w in wheels)
     patch_files = {"patches/original.sha256", "patches/patched.sha256", "patches/files/vllm/engine/arg_utils.py",
                    "patches/files/vllm/entrypoints/openai/api_server.py"}
-    assert set(files) - set(wheels) == {"Dockerfile", "requirements.lock", "pylock.toml", "sbom.cdx.json", "provenance.intoto.json",
-                                        "app/build_image_serve_app.py", "checks/base_check.py",
-                                        "checks/base-manifest.json"} | patch_files
+    assert set(files) - set(wheels) == {"Dockerfile", "requirements.lock", "pylock.toml", "sbom.cdx.json",
+                                        "provenance.intoto.json", "app/build_image_serve_app.py",
+                                        "checks/base_check.py", "checks/base-manifest.json"} | patch_files
     dockerfile = (e2e.context / "Dockerfile").read_text()
     assert "--no-index --no-deps" in dockerfile and "--require-hashes" in dockerfile
     base = json.loads(e2e.manifest.read_text())["image"]
@@ -100,8 +101,9 @@ def test_the_contexts_pylock_installs_the_same_set_as_its_requirements_lock(e2e,
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(tmp_path / "v")], check=True, env=env)
 
     def dry(*args):
-        r = subprocess.run([uv, "pip", "install", "--dry-run", "--offline", "--python", str(tmp_path / "v" / "bin" / "python"),
-                            *args], capture_output=True, text=True, env=env, cwd=e2e.context)
+        r = subprocess.run([uv, "pip", "install", "--dry-run", "--offline", "--python",
+                            str(tmp_path / "v" / "bin" / "python"), *args], capture_output=True, text=True, env=env,
+                           cwd=e2e.context)
         assert r.returncode == 0, r.stderr
         return sorted(re.findall(r"^ \+ (\S+==\S+)$", r.stderr, re.M))
 
@@ -137,7 +139,8 @@ def test_labels_tags_and_digest_round_trip(e2e, local_registry):
     assert labels["org.build-image.lock-hash"] == lock.lock_hash
     assert labels["org.build-image.vllm"] == "0.26.0"
     assert labels["org.build-image.base-digest"] == json.loads(e2e.manifest.read_text())["image"]["digest"]
-    assert e2e.tags == [f"{local_registry}/e2e/vllm:vllm0.26.0-{lock.lock_hash[:12]}", f"{local_registry}/e2e/vllm:vllm0.26.0"]
+    assert e2e.tags == [f"{local_registry}/e2e/vllm:vllm0.26.0-{lock.lock_hash[:12]}",
+                        f"{local_registry}/e2e/vllm:vllm0.26.0"]
 
     r = run_pipeline(["push", str(e2e.context), "--tag", f"{local_registry}/e2e/vllm", "--json", "--force"])
     assert r.returncode == 0, r.stderr
@@ -188,7 +191,8 @@ def test_push_attaches_sbom_and_provenance_as_referrers_of_the_image(e2e, local_
     index = raw(att["index"])
     by_type = {m["artifactType"]: m["digest"] for m in index["manifests"]}
     assert by_type[SBOM_TYPE] == att["sbom"]["digest"] and by_type[INTOTO_TYPE] == att["provenance"]["digest"]
-    for key, atype, name in (("sbom", SBOM_TYPE, "sbom.cdx.json"), ("provenance", INTOTO_TYPE, "provenance.intoto.json")):
+    for key, atype, name in (("sbom", SBOM_TYPE, "sbom.cdx.json"),
+                             ("provenance", INTOTO_TYPE, "provenance.intoto.json")):
         m = raw(att[key]["ref"])
         assert m["artifactType"] == atype and m["subject"]["digest"] == digest
         (layer,) = m["layers"]
@@ -395,7 +399,8 @@ def test_credentials_come_from_the_engine_store_and_never_leak(e2e, auth_registr
     inspect = docker("image", "inspect", tag).stdout + docker("history", "--no-trunc", tag).stdout
     assert secret not in inspect and auth not in inspect
     # the layers this tool added (everything above the base) hold no trace of it either
-    base_layers = len(json.loads(docker("image", "inspect", "standin.local/vllm/vllm-openai:v0.26.0").stdout)[0]["RootFS"]["Layers"])
+    base_layers = len(json.loads(docker("image", "inspect",
+                                        "standin.local/vllm/vllm-openai:v0.26.0").stdout)[0]["RootFS"]["Layers"])
     saved = subprocess.run([DOCKER, "save", tag], capture_output=True, timeout=600).stdout
     with tarfile.open(fileobj=io.BytesIO(saved)) as tf:
         manifest = json.load(tf.extractfile("manifest.json"))
@@ -497,8 +502,8 @@ def test_base_whose_vllm_files_differ_from_the_wheel_fails_the_early_check(e2e, 
                 data += b"\n# a different build of vllm 0.26.0\n"
             zout.writestr(info, data)
     out = tmp_path / "ctx"
-    r = run_pipeline(["render", "--vllm", "0.26.0", "--base", str(e2e.manifest), "--lock", str(e2e.lock), "-o", str(out),
-                      "--series", str(standin_base_image.series_dir), "--wheel", str(other)])
+    r = run_pipeline(["render", "--vllm", "0.26.0", "--base", str(e2e.manifest), "--lock", str(e2e.lock), "-o",
+                      str(out), "--series", str(standin_base_image.series_dir), "--wheel", str(other)])
     assert r.returncode == 0, r.stderr
     r = run_pipeline(["build", str(out), "--tag", "build-image-test/wrong-originals"])
     assert r.returncode == 9, r.stdout + r.stderr
@@ -515,9 +520,9 @@ def test_uv_installer_path_on_a_base_that_has_uv(standin_base_image, tmp_path):
     fl = tmp_path / "fl"
     shutil.copytree(standin_findlinks(tuple(OVERLAY)), fl)
     py = os.path.join(os.path.dirname(__import__("sys").executable), "python")
-    r = subprocess.run([py, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
-                        "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "uv==0.13.9",
-                        "-d", str(fl)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([py, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
+                        "3.11", "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64",
+                        "uv==0.13.9", "-d", str(fl)], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     uv_wheel = next(fl.glob("uv-0.13.9-*.whl"))
     ctx = tmp_path / "uvbase"

@@ -48,7 +48,8 @@ def make_lock(ray: str | None = "2.60.0", extra: dict[str, str] | None = None) -
     entries = []
     for name, ver in ({"ray": ray} if ray else {}).items() | (extra or {}).items():
         h = (name.encode().hex() * 64)[:64]
-        entries.append(LockEntry(name=name, version=ver, hashes=[h], wheel=WheelRef(url=f"https://example/{name}.whl", sha256=h)))
+        entries.append(LockEntry(name=name, version=ver, hashes=[h],
+                                 wheel=WheelRef(url=f"https://example/{name}.whl", sha256=h)))
     # round-trip through the real format so the test uses what `lock` writes
     return parse_lock(LockFile(header=header, overlay=["ray[serve]"], allow_abi_change={}, entries=entries).format())
 
@@ -67,11 +68,13 @@ def render(**kw) -> dict[str, dict]:
 
 
 def cluster_spec(docs: dict, which: str) -> dict:
-    return docs["raycluster.yaml"]["spec"] if which == "cluster" else docs["rayservice.yaml"]["spec"]["rayClusterConfig"]
+    return (docs["raycluster.yaml"]["spec"] if which == "cluster"
+            else docs["rayservice.yaml"]["spec"]["rayClusterConfig"])
 
 
 def all_pod_templates(doc_cluster_spec: dict) -> list[dict]:
-    return [doc_cluster_spec["headGroupSpec"]["template"]] + [g["template"] for g in doc_cluster_spec["workerGroupSpecs"]]
+    return ([doc_cluster_spec["headGroupSpec"]["template"]]
+            + [g["template"] for g in doc_cluster_spec["workerGroupSpecs"]])
 
 
 def load_serve_module():
@@ -128,7 +131,8 @@ def _validate_pod_template(template: dict) -> None:
     )
 
 
-@pytest.mark.parametrize("spec_kw", [{}, {"tp": 16, "gpus": 8, "pp": 1}, {"tp": 1, "gpus": None, "max_model_len": None, "max_num_seqs": None}])
+@pytest.mark.parametrize("spec_kw", [{}, {"tp": 16, "gpus": 8, "pp": 1},
+                                     {"tp": 1, "gpus": None, "max_model_len": None, "max_num_seqs": None}])
 def test_manifests_validate_against_kuberay_crds_and_k8s_schemas(crd_validators, spec_kw):
     docs = render(spec=make_spec(**spec_kw))
     assert _errors(crd_validators["RayCluster"], docs["raycluster.yaml"]) == []
@@ -177,7 +181,8 @@ def test_image_without_digest_is_refused_and_nothing_is_written(tmp_path, image)
 
 def test_allow_tag_accepts_a_tag_but_not_garbage(tmp_path):
     docs = render(image="127.0.0.1:5000/serving/vllm:0.26.0", allow_tag=True)
-    assert cluster_spec(docs, "cluster")["headGroupSpec"]["template"]["spec"]["containers"][0]["image"].endswith(":0.26.0")
+    head = cluster_spec(docs, "cluster")["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert head["image"].endswith(":0.26.0")
     with pytest.raises(BadInput, match="'not an image' is not a valid image reference"):
         render(image="not an image", allow_tag=True)
 
@@ -257,7 +262,8 @@ def test_gpu_counts_come_from_the_spec(serving, pods, gpus_per_pod):
         assert "nvidia.com/gpu" not in head["template"]["spec"]["containers"][0]["resources"]["limits"]
 
 
-@pytest.mark.parametrize("serving, backend", [({"tp": 8, "gpus": 8}, None), ({"tp": 8, "pp": 2, "gpus": 8}, "ray-serve-llm"),
+@pytest.mark.parametrize("serving, backend",
+                         [({"tp": 8, "gpus": 8}, None), ({"tp": 8, "pp": 2, "gpus": 8}, "ray-serve-llm"),
                                               ({"tp": 16, "gpus": 8}, "ray-serve-llm")])
 def test_a_model_spanning_pods_forces_ray_serve_llm(serving, backend):
     """The module's fallback backend holds every GPU in one replica (one node): across pods it would stay
@@ -383,7 +389,8 @@ def test_serve_module_imports_without_ray_vllm_or_gpu():
         "assert not heavy, heavy\n"
         "print(m.backend(m.parse_args({'model': '/m'}), has_ray_serve_llm=True))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ray-serve-llm"
 
@@ -453,4 +460,5 @@ def test_a_multi_pod_model_on_a_vllm_server_lock_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
     lock.header["serve-backend"] = "ray-serve-llm"
     docs = render(lock=lock, spec=make_spec(tp=16, gpus=8))
-    assert yaml.safe_load(docs["rayservice.yaml"]["spec"]["serveConfigV2"])["applications"][0]["args"]["backend"] == "ray-serve-llm"
+    assert (yaml.safe_load(docs["rayservice.yaml"]["spec"]["serveConfigV2"])["applications"][0]["args"]["backend"]
+            == "ray-serve-llm")

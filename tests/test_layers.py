@@ -102,7 +102,8 @@ def imports(root: Path) -> list[Import]:
 
 def upward_imports(root: Path) -> list[str]:
     """Each import from a higher layer (and each module no layer holds), as a message."""
-    problems = [f"{m}: no layer holds it (add it to tests/test_layers.py)" for m in modules(root) if layer_of(m) is None]
+    problems = [f"{m}: no layer holds it (add it to tests/test_layers.py)" for m in modules(root)
+                if layer_of(m) is None]
     for imp in imports(root):
         have, want = layer_of(imp.importer), layer_of(imp.imported)
         if have and want and want[0] > have[0]:

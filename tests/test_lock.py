@@ -194,7 +194,8 @@ def test_bad_input_exit_2_nothing_written(case, tmp_path, offline):
         args = ["lock", "--spec", str(spec), "-o", str(out)]
         needle = {"spec-unknown-key": f"spec {spec}: unknown key 'wiht'",
                   "spec-wrong-type": f"spec {spec}: 'vllm' must be a TOML string, got float 0.26",
-                  "spec-serving-type": f"spec {spec}: 'serving.tp' has the wrong type: it must be an integer, got string '8'"}[case]
+                  "spec-serving-type": f"spec {spec}: 'serving.tp' has the wrong type: it must be an integer, "
+                                       "got string '8'"}[case]
     elif case == "unreadable-manifest":
         bad = tmp_path / "bad.json"
         bad.write_text('{"schema": "build-image/base-manifest/v1", "image": ')
@@ -258,7 +259,7 @@ wheels = [
 name = "numpy"
 version = "2.1.0"
 wheels = [{ path = "wh/numpy-2.1.0-py3-none-any.whl", hashes = { sha256 = "cc" } }]
-"""
+"""  # noqa: E501 - verbatim uv output
 
 
 def test_parse_pylock_and_select_wheel(tmp_path):
@@ -283,7 +284,8 @@ def test_base_requirements_release_only_named_dists():
 
 def test_inputs_sha256_covers_every_input():
     m = load_manifest_from_dict({"numpy": "1.26.4"})
-    mk = lambda **kw: L.LockRequest(**{"vllm": "0.26.0", "base": m, "base_bytes": b"m", "overlay": ["ray[serve]"], **kw})
+    mk = lambda **kw: L.LockRequest(**{"vllm": "0.26.0", "base": m, "base_bytes": b"m", "overlay": ["ray[serve]"],
+                                       **kw})
     ref = L.inputs_sha256(mk(), "0.13.9")
     assert ref == L.inputs_sha256(mk(), "0.13.9")
     variants = [
@@ -508,7 +510,8 @@ def test_exact_coupled_binary_is_rejected_without_downloading_it(offline, tmp_pa
     assert "[exact-coupled] stableabi 1.0.0" in text and not out.exists()
     assert not any(f.startswith("stableabi-") for f in fetched)
     # allowed: now its files matter (glibc, python ABI), so it is scanned and recorded
-    code, text = run(*offline("--with", "stableabi", "--allow-abi-change", "stableabi", "--reason", "test", "-o", str(out)))
+    code, text = run(*offline("--with", "stableabi", "--allow-abi-change", "stableabi", "--reason", "test", "-o",
+                              str(out)))
     assert code == 0, text
     assert any(f.startswith("stableabi-") for f in fetched)
     assert load_lock(out).by_name()["stableabi"].facts.extensions == 1
@@ -533,7 +536,8 @@ def test_default_manifest_and_lock_come_from_the_checkout_the_command_runs_in(tm
     shutil.copytree(root / "lockfiles", checkout / "lockfiles")
     monkeypatch.chdir(checkout)
     monkeypatch.setattr(S, "data_path", lambda rel="": tmp_path / "site-packages" / rel)  # installed elsewhere
-    shipped = sorted(p.name[len("vllm-openai-v"):-len(".json")] for p in (checkout / "lockfiles" / "base").glob("vllm-openai-v*.json"))
+    shipped = sorted(p.name[len("vllm-openai-v"):-len(".json")]
+                     for p in (checkout / "lockfiles" / "base").glob("vllm-openai-v*.json"))
     assert "0.26.0" in shipped and sorted(S.supported_vllm_versions()) == shipped  # the checkout's, not the package's
     code, text = run("lock", "--check")
     assert code == 0, text
@@ -570,7 +574,8 @@ def test_spec_holds_the_index_flags_too(np1_base, wheelhouse, tmp_path):
     code, text = run("lock", "--spec", str(spec), "--no-default-overlay", "-o", str(out))
     assert code == 0, text
     assert load_lock(out).header["exclude-newer"] == "2000-01-01"  # (find-links files carry no upload date)
-    code, text = run("lock", "--spec", str(spec), "--no-default-overlay", "--exclude-newer", "2100-01-01", "-o", str(out))
+    code, text = run("lock", "--spec", str(spec), "--no-default-overlay", "--exclude-newer", "2100-01-01", "-o",
+                     str(out))
     assert code == 0, text
     lock = load_lock(out)
     assert lock.header["index"] == f"--no-index --find-links {wheelhouse.resolve()}"

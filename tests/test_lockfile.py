@@ -52,7 +52,8 @@ def test_duplicate_detection_uses_the_canonical_name(first, second):
     # PEP 503: names equal after lower-casing and folding runs of '-', '_', '.' are one distribution
     one = format_lock(lock(entry(first, "8.1.7", "a")))
     block = one[one.index(f"{first}=="):]
-    text = one.replace("# entries: 1", "# entries: 2") + block.replace(f"{first}==", f"{second}==").replace("a" * 64, "b" * 64)
+    text = (one.replace("# entries: 1", "# entries: 2")
+            + block.replace(f"{first}==", f"{second}==").replace("a" * 64, "b" * 64))
     first_line = one.splitlines().index(f"{first}==8.1.7 \\") + 1
     with pytest.raises(BadInput, match=rf"duplicate package '{second}' \(first at line {first_line}\)"):
         parse_lock(text, "x.lock")
@@ -123,9 +124,11 @@ def test_parse_reads_every_field_back():
     assert lk.header["index"] == "https://pypi.org/simple" and lk.header["entries"] == "2"
     assert lk.overlay == ["click", "numpy>=2"] and lk.allow_abi_change == {"numpy": "rebuilt: see TICKET-1"}
     click, numpy = lk.entries
-    assert (click.name, click.version, click.hashes, click.via, click.line) == ("click", "8.1.7", [HA], ["-r overlay"], 17)
+    assert (click.name, click.version, click.hashes, click.via,
+            click.line) == ("click", "8.1.7", [HA], ["-r overlay"], 17)
     assert click.wheel == WheelRef(url="https://files.example/click-8.1.7-py3-none-any.whl", sha256=HA)
-    assert click.facts == DistFacts(binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, glibc=None, python_abi="none")
+    assert click.facts == DistFacts(binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, glibc=None,
+                                    python_abi="none")
     assert click.base_version is None
     assert (numpy.hashes, numpy.via, numpy.line) == ([HB, HC], ["-r overlay", "ray"], 22)
     assert numpy.facts == DistFacts(binary=True, extensions=12, numpy_abi={"1": 1, "2": 2}, glibc="2.17",
@@ -136,7 +139,8 @@ def test_parse_reads_every_field_back():
 def test_a_facts_line_names_only_what_differs_from_the_defaults():
     text = WRITTEN.replace("binary=0 extensions=0 numpy-abi=0/0 glibc=- python-abi=none base=-", "binary=0")
     click = parse_lock(text).entries[0]
-    assert click.facts == DistFacts(binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, glibc=None, python_abi="none")
+    assert click.facts == DistFacts(binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, glibc=None,
+                                    python_abi="none")
     assert click.base_version is None
     text = WRITTEN.replace("binary=0 extensions=0 numpy-abi=0/0 glibc=- python-abi=none base=-", "extensions=3")
     assert parse_lock(text).entries[0].facts.binary is False and parse_lock(text).entries[0].facts.extensions == 3
@@ -175,11 +179,13 @@ def test_the_wheel_line_must_carry_one_of_the_hashes():
 ])
 def test_the_wheel_file_must_be_this_name_and_version(wheel, names):
     _hand_edited("click-8.1.7-py3-none-any.whl", wheel,
-                 rf"line 17: 'click==8\.1\.7' names the wheel {re.escape(wheel)}, which is {names}; the file is hand-edited")
+                 rf"line 17: 'click==8\.1\.7' names the wheel {re.escape(wheel)}, which is {names}; the file "
+                 r"is hand-edited")
 
 
 def test_a_version_that_is_not_pep440_cannot_match_its_wheel():
-    _hand_edited("click==8.1.7 \\", "click==8.1.7-custom! \\", r"'click==8\.1\.7-custom!' names the wheel click-8\.1\.7")
+    _hand_edited("click==8.1.7 \\", "click==8.1.7-custom! \\",
+                 r"'click==8\.1\.7-custom!' names the wheel click-8\.1\.7")
 
 
 @pytest.mark.parametrize("label", ["# wheel:", "# facts:"])
@@ -194,7 +200,8 @@ def test_a_non_requirement_before_the_header_is_not_a_lock():
     with pytest.raises(BadInput, match=r"^x\.lock is not a build-image lock: no '# build-image-lock: 1' header line "
                                        r"before the first requirement \(line 2\)\.$"):
         parse_lock("# pinned by hand\nrequests==2.32.3\n" + WRITTEN, "x.lock")
-    with pytest.raises(BadInput, match=r"lock x\.lock, line 17: not a pinned requirement \('name==version'\): 'click>=8 ") as ei:
+    with pytest.raises(BadInput,
+                       match=r"lock x\.lock, line 17: not a pinned requirement \('name==version'\): 'click>=8 ") as ei:
         parse_lock(WRITTEN.replace("click==8.1.7 \\", "click>=8 \\"), "x.lock")
     assert ei.value.hint == "locks are written by `build-image lock`; do not edit them by hand."
 
@@ -235,7 +242,8 @@ def test_sparse_data_is_written_with_the_documented_placeholders():
     one = DistFacts(binary=True, extensions=1, numpy_abi={"2": 1}, glibc="2.28", python_abi="abi3")
     text = format_lock(LockFile(header=dict(HEADER, **{"base-digest": ""}), overlay=[], allow_abi_change={},
                                 entries=[LockEntry(name="y", version="2", hashes=[HA], facts=one,
-                                                   wheel=WheelRef(url="https://h/y-2-py3-none-any.whl#frag", sha256=HA))]))
+                                                   wheel=WheelRef(url="https://h/y-2-py3-none-any.whl#frag",
+                                                                  sha256=HA))]))
     assert "\n# base-digest: -\n" in text
     assert "    # wheel: https://h/y-2-py3-none-any.whl#sha256=" + HA + "\n" in text   # the URL's fragment is replaced
     assert "numpy-abi=0/1 glibc=2.28 python-abi=abi3" in text
@@ -274,12 +282,14 @@ def test_header_problems_are_named():
     cut = WRITTEN.replace("# vllm: 0.26.0\n", "").replace("# python: 3.12\n", "")
     with pytest.raises(BadInput, match=r"^lock w\.lock: header lacks vllm, python; the file is truncated"):
         parse_lock(cut, "w.lock")
-    with pytest.raises(BadInput, match=r"^lock w\.lock: the header says 'entries: 3' but the file holds 2 package\(s\); "
-                                       r"the last is 'numpy==2\.2\.6' \(line 22\); it is truncated or hand-edited\.$") as ei:
+    with pytest.raises(BadInput,
+                       match=r"^lock w\.lock: the header says 'entries: 3' but the file holds 2 package\(s\); "
+                             r"the last is 'numpy==2\.2\.6' \(line 22\); it is truncated or hand-edited\.$") as ei:
         parse_lock(WRITTEN.replace("# entries: 2", "# entries: 3"), "w.lock")
     assert ei.value.hint == "regenerate it with `build-image lock`."
     empty = WRITTEN[:WRITTEN.index("click==")]
-    with pytest.raises(BadInput, match=r"^lock w\.lock: the header says 'entries: 2' but the file holds 0 package\(s\); it is"):
+    with pytest.raises(BadInput,
+                       match=r"^lock w\.lock: the header says 'entries: 2' but the file holds 0 package\(s\); it is"):
         parse_lock(empty, "w.lock")
     with pytest.raises(BadInput, match=r"^<lock>: the header says|^lock <lock>: the header says"):
         parse_lock(empty)
@@ -321,7 +331,8 @@ def test_the_header_ends_at_the_first_line_that_is_not_a_comment():
     assert "pinned" not in lk.header and lk.overlay == ["click", "numpy>=2"]
     assert format_lock(lk) == WRITTEN
     # also when that first line is no pin (read leniently)
-    text = WRITTEN.replace("click==8.1.7 \\\n", "click>=8 \\\n").replace("base=-\nnumpy==", "base=-\n" + comments + "numpy==")
+    text = WRITTEN.replace("click==8.1.7 \\\n", "click>=8 \\\n").replace("base=-\nnumpy==",
+                                                                         "base=-\n" + comments + "numpy==")
     lk = parse_lock(text, "w.lock", strict=False)
     assert "pinned" not in lk.header and lk.overlay == ["click", "numpy>=2"]
     assert [e.name for e in lk.entries] == ["numpy"] and len(lk.problems) == 2   # the line, the entries count
@@ -340,7 +351,8 @@ def _lenient(text: str, *expected: str) -> LockFile:
     return lk
 
 
-COUNT_SHORT = r": the header says 'entries: 2' but the file holds 1 package\(s\); the last is 'numpy==2\.2\.6' \(line 22\)"
+COUNT_SHORT = (r": the header says 'entries: 2' but the file holds 1 package\(s\); "
+               r"the last is 'numpy==2\.2\.6' \(line 22\)")
 
 
 def test_lenient_an_entry_whose_hash_lines_were_deleted_is_read_on():
@@ -408,12 +420,14 @@ def test_lenient_a_stray_line_inside_an_entry_is_one_finding_and_the_entry_is_re
                   r"found '--hash=md5:abc'\.",
                   r", line 22: 'numpy==2\.2\.6': its wheel's sha256 cccccccccccc… is not one of its --hash lines")
     numpy = lk.entries[1]
-    assert (numpy.hashes, numpy.via, numpy.facts.extensions, numpy.base_version) == ([HB], ["-r overlay", "ray"], 12, "1.26.4")
+    assert (numpy.hashes, numpy.via, numpy.facts.extensions,
+            numpy.base_version) == ([HB], ["-r overlay", "ray"], 12, "1.26.4")
 
 
 def test_lenient_an_indented_line_under_no_entry_is_a_line_that_is_no_pin():
     # after the header and after a comment between entries there is no entry for it to belong to
-    text = WRITTEN.replace("#\nclick==", "#\n    stray\nclick==").replace("base=-\nnumpy==", "base=-\n# note\n    more\nnumpy==")
+    text = WRITTEN.replace("#\nclick==", "#\n    stray\nclick==").replace("base=-\nnumpy==",
+                                                                          "base=-\n# note\n    more\nnumpy==")
     lk = _lenient(text, r", line 17: not a pinned requirement \('name==version'\): 'stray'\.$",
                   r", line 24: not a pinned requirement \('name==version'\): 'more'\.$")
     assert [(e.name, e.line) for e in lk.entries] == [("click", 18), ("numpy", 25)]
@@ -432,7 +446,8 @@ def test_a_lock_is_read_as_utf8_whatever_the_locale(tmp_path):
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
            "PYTHONPATH": str(root)}
     code = ("import locale, sys; from builder.resolve.lockfile import load_lock; "
-            "assert locale.getpreferredencoding(False).lower() in ('ascii', 'ansi_x3.4-1968'), locale.getpreferredencoding(False); "
+            "assert locale.getpreferredencoding(False).lower() in ('ascii', 'ansi_x3.4-1968'), "
+            "locale.getpreferredencoding(False); "
             f"sys.exit(0 if load_lock(sys.argv[1]).allow_abi_change == {{'numpy': {reason!a}}} else 3)")
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "u.lock")], cwd=root, env=env,
                        capture_output=True, text=True, encoding="utf-8", errors="replace")

@@ -122,7 +122,8 @@ def test_series_dir_for_lists_what_is_available(shipped):
 def test_require_series_names_the_series_to_port_from(shipped, wanted, port_from):
     assert P.require_series("0.28.0") == shipped / "vllm" / "0.28.0"
     with pytest.raises(PatchFailed, match=rf"^no patch series for vllm {re.escape(wanted)} yet .*Port the series of "
-                                          rf"{re.escape(port_from)}: `build-image patch port --from {re.escape(port_from)} "
+                                          rf"{re.escape(port_from)}: `build-image patch port --from "
+                                          rf"{re.escape(port_from)} "
                                           rf"--to {re.escape(wanted)} -o patches/vllm/{re.escape(wanted)}` "
                                           r"\(review what it reports, docs/patches\.md\)\.$") as ei:
         P.require_series(wanted)
@@ -267,7 +268,8 @@ def test_apply_site_packages_refusals_are_named(tmp_path):
         P.apply_site_packages(s, empty)
     (s.dir / P.ORIG_SUMS).write_text("")
     bare = P.load_series(s.dir, "0.26.0")
-    with pytest.raises(PatchFailed, match=rf"^series {re.escape(str(s.dir))} records no original sha256 for vllm/a\.py; "
+    with pytest.raises(PatchFailed,
+                       match=rf"^series {re.escape(str(s.dir))} records no original sha256 for vllm/a\.py; "
                                           r"in-place patching needs them to refuse a different base\.$") as ei:
         P.apply_site_packages(bare, tree_with(tmp_path, ORIG))
     assert ei.value.hint == (f"generate {P.ORIG_SUMS} with `build-image patch sums --series {s.dir} "
@@ -369,7 +371,8 @@ def test_every_git_extended_header_that_is_not_a_plain_edit_is_refused(tmp_path,
 
 @pytest.mark.parametrize("diff, exc, why", [
     ("@@ -1 +1 @@\n-x\n+y\n", BadInput, r"^patch 0001-t\.patch: holds no diff after its header\.$"),
-    ("--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1,3 +1,3 @@\n a\n", BadInput, r"^patch 0001-t\.patch: not a valid unified diff"),
+    ("--- a/vllm/a.py\n+++ b/vllm/a.py\n@@ -1,3 +1,3 @@\n a\n", BadInput,
+     r"^patch 0001-t\.patch: not a valid unified diff"),
     ("--- a/vllm/a.py\n+++ b/vllm/../etc/x\n@@ -1 +1 @@\n-x\n+y\n", PatchFailed,
      r"^patch 0001-t\.patch: path 'b/vllm/\.\./etc/x' contains '\.\.' or a backslash; refused\.$"),
     ("--- a/vllm\\a.py\n+++ b/vllm\\a.py\n@@ -1 +1 @@\n-x\n+y\n", PatchFailed, r"contains '\.\.' or a backslash"),
@@ -448,15 +451,18 @@ def test_a_header_field_left_empty_is_missing(tmp_path):
     text = HEADER.replace("Risk: none", "Risk:") + EDIT
     path = tmp_path / "s" / "0001.patch"
     with pytest.raises(BadInput, match=rf"^patch {re.escape(str(path))}: header field\(s\) Risk missing or empty "
-                                       r"\(every patch starts with Subject, Why, Applies-To, Upstream-Status, Risk\)\.$"):
+                                       r"\(every patch starts with Subject, Why, Applies-To, "
+                                       r"Upstream-Status, Risk\)\.$"):
         P.load_series(write(tmp_path / "s", {"0001.patch": text}))
-    with pytest.raises(BadInput, match=r"^patch 0002-x\.patch: header field\(s\) Why, Applies-To, Upstream-Status, Risk "
+    with pytest.raises(BadInput,
+                       match=r"^patch 0002-x\.patch: header field\(s\) Why, Applies-To, Upstream-Status, Risk "
                                        r"missing or empty "):
         P.parse_patch("Subject: x\n\n" + EDIT, "0002-x.patch", "vllm")
 
 
 def test_the_series_file_lists_names_with_comments(tmp_path):
-    d = write(tmp_path / "s", {"0001.patch": HEADER + EDIT, "0002.patch": HEADER + EDIT.replace("B", "b2").replace("-b", "-B")},
+    d = write(tmp_path / "s",
+              {"0001.patch": HEADER + EDIT, "0002.patch": HEADER + EDIT.replace("B", "b2").replace("-b", "-B")},
               series="# the series\n0001.patch  # first # of two\n\n0002.patch\n")
     s = P.load_series(d, "0.26.0")
     assert [p.name for p in s.patches] == ["0001.patch", "0002.patch"]
@@ -484,7 +490,8 @@ def test_series_folder_problems_are_named(tmp_path, files, series, why):
 
 
 def test_a_folder_without_a_series_file_is_not_a_series(tmp_path):
-    with pytest.raises(BadInput, match=rf"^{re.escape(str(tmp_path))} is not a patch series: it has no 'series' file\.$"):
+    with pytest.raises(BadInput,
+                       match=rf"^{re.escape(str(tmp_path))} is not a patch series: it has no 'series' file\.$"):
         P.load_series(tmp_path)
 
 
@@ -520,7 +527,8 @@ def test_symlinks_in_the_series_folder_are_refused_naming_them(tmp_path):
     (d / "series").unlink()
     (d / "series").symlink_to(listing)
     with pytest.raises(PatchFailed, match=rf"^{re.escape(str(d / 'series'))} is a symlink; a series' files must be "
-                                          rf"regular files in {re.escape(str(d))} \(refused, like a symlink in a patch\)\.$"):
+                                          rf"regular files in {re.escape(str(d))} \(refused, like a symlink in "
+                                          r"a patch\)\.$"):
         P.load_series(d)
 
 
@@ -613,7 +621,8 @@ def test_apply_site_packages_names_every_file_it_cannot_check(tmp_path):
     s = series_of(tmp_path, {"0001-two.patch": {"vllm/a.py": (ORIG, a2), "vllm/b.py": (B, b2)}})
     empty = tmp_path / "empty"
     (empty / "vllm").mkdir(parents=True)
-    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(empty))}: target file\(s\) missing: vllm/a\.py, vllm/b\.py; "
+    with pytest.raises(PatchFailed,
+                       match=rf"^{re.escape(str(empty))}: target file\(s\) missing: vllm/a\.py, vllm/b\.py; "
                                           r"is vllm installed there\?$"):
         P.apply_site_packages(s, empty)
     (s.dir / P.ORIG_SUMS).write_text("")
@@ -640,7 +649,8 @@ def test_apply_site_packages_refuses_a_patched_tree_changed_elsewhere_naming_eac
     a2, b2 = with_line(ORIG, 10, "line ten\n"), with_line(B, 5, "row five\n")
     s = series_of(tmp_path, {"0001-two.patch": {"vllm/a.py": (ORIG, a2), "vllm/b.py": (B, b2)}})
     tree = two_file_tree(tmp_path, with_line(a2, 1, "line one\n"), with_line(b2, 20, "row twenty\n"))
-    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(tree))}: the series looks applied already, but reverting it "
+    with pytest.raises(PatchFailed,
+                       match=rf"^{re.escape(str(tree))}: the series looks applied already, but reverting it "
                                           r"does not give the vllm 0\.26\.0 wheel's originals") as ei:
         P.apply_site_packages(s, tree)
     # reverting the patch gives the originals with the other change still in them
@@ -660,7 +670,8 @@ def test_apply_site_packages_refuses_a_tree_that_looks_patched_but_does_not_reve
     lines = a2.splitlines(True)
     tree = tree_with(tmp_path, "".join(lines[:6] + lines[7:]))
     assert [r.status for r in P.check(s, tree)] == ["already-applied", "already-applied"]
-    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(tree))}: the series looks applied already, but reverting it "
+    with pytest.raises(PatchFailed,
+                       match=rf"^{re.escape(str(tree))}: the series looks applied already, but reverting it "
                                           r"does not give the vllm 0\.26\.0 wheel's originals: the files were changed "
                                           r"beyond this series\. Nothing was changed\.$") as ei:
         P.apply_site_packages(s, tree)
@@ -709,7 +720,8 @@ def test_series_files_are_read_as_utf8_whatever_the_locale(tmp_path):
     code = ("import json, sys; from builder.patching import series as P; s = P.load_series(sys.argv[1], '0.26.0'); "
             "print(json.dumps([s.patches[0].headers['Why'], s.originals]))")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHON"))}
-    env |= {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0", "PYTHONPATH": str(Path(P.__file__).parents[2])}
+    env |= {"LC_ALL": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
+            "PYTHONPATH": str(Path(P.__file__).parents[2])}
     r = subprocess.run([sys.executable, "-c", code, str(d)], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == [why, {"vllm/a.py": sha}]

@@ -166,7 +166,8 @@ for key, sc in scenarios.items():
                             raise AttributeError(name)
                         return _Meta(name, (), {})
                 for n in ("torchvision", "torchvision.transforms", "torchvision.transforms.v2",
-                          "torchvision.transforms.v2.functional", "torchvision.transforms.functional", "torchvision.io"):
+                          "torchvision.transforms.v2.functional", "torchvision.transforms.functional",
+                          "torchvision.io"):
                     stub = _Stub(n); stub.__spec__ = importlib.machinery.ModuleSpec(n, None); stub.__path__ = []
                     sys.modules[n] = stub
             import vllm.model_executor.models.gemma4_mm as g4mm
@@ -220,9 +221,9 @@ QWEN_TYPES = ["linear_attention", "qwen_sparse_attention", "linear_attention", "
 
 
 def _qwen_next(layer_types):
-    return {"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": len(layer_types),
-            "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "vocab_size": 128, "layer_types": layer_types}
+    return {"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
+            "num_hidden_layers": len(layer_types), "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "layer_types": layer_types}
 
 
 # ------------------------------------------------------------------ the series against the real wheel
@@ -271,7 +272,8 @@ def test_cpu_env_trees_hold_original_and_patched_targets(cpu_env, series):
     src = (cpu_env["patched"] / "vllm/model_executor/models/gemma4_mm.py").read_text()
     compile(src, "gemma4_mm.py", "exec")
     assert "from vllm.model_executor.models.gemma4 import _merge_ple_table" in src
-    assert src.index("_merge_ple_table(\n            weights") < src.index("loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)")
+    assert src.index("_merge_ple_table(\n            weights") < src.index("loader.load_weights(weights, "
+                                                                           "mapper=self.hf_to_vllm_mapper)")
 
 
 def test_layer_type_rewrite_through_vllm_config_parser(cpu_env, tmp_path):
@@ -281,7 +283,8 @@ def test_layer_type_rewrite_through_vllm_config_parser(cpu_env, tmp_path):
         "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
         "text_config": {"model_type": "qwen3_5_text", "num_hidden_layers": 4, "hidden_size": 64, "head_dim": 16,
                         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
-                        "layer_types": ["linear_attention", "qwen_sparse_attention", "linear_attention", "full_attention"]}})
+                        "layer_types": ["linear_attention", "qwen_sparse_attention", "linear_attention",
+                                        "full_attention"]}})
     llama = _write_config(tmp_path / "llama", {
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
         "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128})
@@ -328,9 +331,12 @@ def test_ple_table_names_through_vllm_gemma4_loader(cpu_env):
     scen = {n: {"kind": "ple", "names": [n]} for n in NAMES}
     scen["shards"] = {"kind": "ple", "names": [f"model.language_model.{PLE}.shard_{i}.weight" for i in (2, 0, 1)],
                       "rows": [(4, 6), (0, 2), (2, 4)]}
-    scen["short_shards"] = {"kind": "ple", "names": [f"{PLE}.shard_{i}.weight" for i in (0, 1)], "rows": [(0, 3), (3, 6)]}
-    scen["missing"] = {"kind": "ple", "names": [f"model.{PLE}.shard_{i}.weight" for i in (0, 2)], "rows": [(0, 3), (3, 6)]}
-    scen["short_total"] = {"kind": "ple", "names": [f"model.{PLE}.shard_{i}.weight" for i in (0, 1)], "rows": [(0, 2), (2, 4)]}
+    scen["short_shards"] = {"kind": "ple", "names": [f"{PLE}.shard_{i}.weight" for i in (0, 1)],
+                            "rows": [(0, 3), (3, 6)]}
+    scen["missing"] = {"kind": "ple", "names": [f"model.{PLE}.shard_{i}.weight" for i in (0, 2)],
+                       "rows": [(0, 3), (3, 6)]}
+    scen["short_total"] = {"kind": "ple", "names": [f"model.{PLE}.shard_{i}.weight" for i in (0, 1)],
+                           "rows": [(0, 2), (2, 4)]}
     scen["bad_whole"] = {"kind": "ple", "names": [f"{PLE}.shard_.weight"], "rows": [(0, 5)]}
 
     before = probe(cpu_env, "unpatched", {k: scen[k] for k in NAMES[:3] + NAMES[5:]})
@@ -342,7 +348,8 @@ def test_ple_table_names_through_vllm_gemma4_loader(cpu_env):
 
     got = probe(cpu_env, "patched", scen)
     for key in NAMES + ["shards", "short_shards"]:
-        assert got[key] == {"loaded": ["model.embed_tokens_per_layer.weight"], "equal": True, "untouched": False}, (key, got[key])
+        assert got[key] == {"loaded": ["model.embed_tokens_per_layer.weight"], "equal": True,
+                            "untouched": False}, (key, got[key])
     assert "shard(s) [1] missing" in got["missing"]["error"]
     assert "has shape (4, 6), expected (6, 6)" in got["short_total"]["error"]
     assert "has shape (5, 6), expected (6, 6)" in got["bad_whole"]["error"]

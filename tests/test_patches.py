@@ -92,7 +92,8 @@ def test_wrong_applies_to_refused(tmp_path):
 def test_missing_header_field_named(tmp_path):
     d = tmp_path / "s"
     d.mkdir()
-    (d / "0001.patch").write_text("Subject: x\nApplies-To: vllm==0.26.0\n\n" + make_diff("vllm/a.py", ORIG, edit(ORIG, 2, "x\n")))
+    (d / "0001.patch").write_text("Subject: x\nApplies-To: vllm==0.26.0\n\n"
+                                  + make_diff("vllm/a.py", ORIG, edit(ORIG, 2, "x\n")))
     (d / "series").write_text("0001.patch\n")
     with pytest.raises(BadInput, match="Why, Upstream-Status, Risk"):
         P.load_series(d)
@@ -119,8 +120,10 @@ def test_forbidden_paths_refused(tmp_path, path, msg):
 
 
 @pytest.mark.parametrize("diff,msg", [
-    ("diff --git a/vllm/a.py b/vllm/b.py\nsimilarity index 90%\nrename from vllm/a.py\nrename to vllm/b.py\n", "renames"),
-    ("diff --git a/vllm/l b/vllm/l\nnew file mode 120000\n--- /dev/null\n+++ b/vllm/l\n@@ -0,0 +1 @@\n+/etc\n", "symlink"),
+    ("diff --git a/vllm/a.py b/vllm/b.py\nsimilarity index 90%\nrename from vllm/a.py\nrename to vllm/b.py\n",
+     "renames"),
+    ("diff --git a/vllm/l b/vllm/l\nnew file mode 120000\n--- /dev/null\n+++ b/vllm/l\n@@ -0,0 +1 @@\n+/etc\n",
+     "symlink"),
     ("diff --git a/vllm/x.so b/vllm/x.so\nBinary files a/vllm/x.so and b/vllm/x.so differ\n", "binary"),
     ("--- /dev/null\n+++ b/vllm/new.py\n@@ -0,0 +1 @@\n+x\n", "creates or deletes"),
     ("--- a/vllm/a.py\n+++ b/vllm/b.py\n@@ -1 +1 @@\n-x\n+y\n", "renames"),
@@ -137,7 +140,8 @@ def test_applies_cleanly_then_already_applied(series, tree, tmp_path):
     assert [r.status for r in res] == ["applied", "applied"]
     out = tmp_path / "out"
     done = P.apply_to_dir(series, tree, out)
-    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == ["vllm/a.py", "vllm/sub/b.py"]
+    assert (sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+            == ["vllm/a.py", "vllm/sub/b.py"])
     assert (out / "vllm/a.py").read_text() == edit(ORIG, 10, "line ten (patched)\n")
     for f in done:
         assert f.original_sha256 == sha256_file(tree / f.relpath)
@@ -264,7 +268,8 @@ def test_cli_check_json_and_exit_codes(series, tree):
     r = CliRunner().invoke(main, ["patch", "check", "--series", str(series.dir), "--wheel", str(tree)])
     assert r.exit_code == PatchFailed.exit_code
     assert "does-not-apply" in r.output and "offset +1" in r.output
-    r = CliRunner().invoke(main, ["patch", "check", "--series", str(series.dir), "--vllm", "0.25.0", "--wheel", str(tree)])
+    r = CliRunner().invoke(main,
+                           ["patch", "check", "--series", str(series.dir), "--vllm", "0.25.0", "--wheel", str(tree)])
     assert r.exit_code == BadInput.exit_code and "not vllm==0.25.0" in r.output
 
 
@@ -343,7 +348,8 @@ def test_vllm_wheel_via_pypi_json_fallback_and_override(server, cache, monkeypat
     (server.root / "files").mkdir()
     (server.root / "files" / name).write_bytes(data)
     (server.root / "vllm").mkdir()
-    files = [{"filename": "vllm-9.9.9.tar.gz", "packagetype": "sdist", "url": "../files/x.tgz", "digests": {"sha256": "1" * 64}},
+    files = [{"filename": "vllm-9.9.9.tar.gz", "packagetype": "sdist", "url": "../files/x.tgz",
+              "digests": {"sha256": "1" * 64}},
              {"filename": name.replace("x86_64", "aarch64"), "packagetype": "bdist_wheel", "url": "../files/a.whl",
               "digests": {"sha256": "2" * 64}},
              {"filename": name, "packagetype": "bdist_wheel", "url": f"../files/{name}", "digests": {"sha256": sha}}]

@@ -118,7 +118,8 @@ def world(tmp_path, monkeypatch, wheelhouse):
         return engine.snapshots[ref]
 
     monkeypatch.setattr("builder.resolve.base.snapshot_image", snapshot_image)
-    return dataclasses.make_dataclass("World", ["manifest", "house", "engine", "tmp"])(manifest, house, engine, tmp_path)
+    world = dataclasses.make_dataclass("World", ["manifest", "house", "engine", "tmp"])
+    return world(manifest, house, engine, tmp_path)
 
 
 class _Counts(dict):

@@ -213,7 +213,8 @@ def test_sliding_window_layers_cap_at_their_window():
 
 def test_nested_text_config_equals_flat():
     nested = make_plan(cfg("nested"), weights_bytes=GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
-    flat = make_plan(cfg("tiny_qwen3"), weights_bytes=GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    flat = make_plan(cfg("tiny_qwen3"), weights_bytes=GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096,
+                     reserve_bytes=0)
     assert nested.kv_bytes_per_token_per_gpu == flat.kv_bytes_per_token_per_gpu == 1024
     assert nested.kv_tokens_per_gpu == flat.kv_tokens_per_gpu
 
@@ -225,14 +226,17 @@ def test_kv_heads_replicated_when_fewer_than_tp():
     assert p.kv_bytes_per_token_per_gpu == per_gpu
     assert p.kv_bytes_per_token_node == 8 * per_gpu
     assert any("replica" in n for n in p.notes)
-    p2 = make_plan(llama(kv=8), weights_bytes=0, gpus=2, tp=2, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    p2 = make_plan(llama(kv=8), weights_bytes=0, gpus=2, tp=2, gpu_memory_bytes=80 * GiB, max_model_len=4096,
+                   reserve_bytes=0)
     assert p2.kv_bytes_per_token_per_gpu == 4 * 4 * 2 * 128 * 2
 
 
 def test_fp8_halves_bf16():
     c = llama()
-    bf16 = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0, kv_cache_dtype="auto")
-    fp8 = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0, kv_cache_dtype="fp8")
+    bf16 = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0,
+                     kv_cache_dtype="auto")
+    fp8 = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0,
+                    kv_cache_dtype="fp8")
     assert bf16.kv_bytes_per_token_per_gpu == 2 * fp8.kv_bytes_per_token_per_gpu
     assert fp8.num_blocks == bf16.available_kv_bytes // (16 * fp8.kv_bytes_per_token_per_gpu)
     assert fp8.kv_cache_dtype == "fp8" and bf16.kv_cache_dtype == "bfloat16"
@@ -242,7 +246,8 @@ def test_pp_splits_layers_like_vllm():
     assert [len(r) for r in pp_partition(7, 2)] == [4, 3]
     assert [len(r) for r in pp_partition(10, 4)] == [2, 3, 3, 2]
     c = llama(layers=7, kv=8)
-    p = make_plan(c, weights_bytes=14 * GB, gpus=2, pp=2, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    p = make_plan(c, weights_bytes=14 * GB, gpus=2, pp=2, gpu_memory_bytes=80 * GiB, max_model_len=4096,
+                  reserve_bytes=0)
     tok = 8 * 2 * 128 * 2
     assert p.kv_bytes_per_token_per_gpu == 4 * tok       # the larger stage decides
     assert p.kv_bytes_per_token_node == 7 * tok
@@ -253,7 +258,8 @@ def test_pp_splits_layers_like_vllm():
 def test_cpu_offload_is_per_gpu_gib():
     c = llama()
     base = make_plan(c, weights_bytes=40 * GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
-    off = make_plan(c, weights_bytes=40 * GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0, cpu_offload_gb=10)
+    off = make_plan(c, weights_bytes=40 * GiB, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0,
+                    cpu_offload_gb=10)
     assert base.weights_per_gpu - off.weights_per_gpu == 10 * GiB
     assert off.available_kv_bytes - base.available_kv_bytes == 10 * GiB
 
@@ -289,7 +295,8 @@ def test_bad_configs_are_refused(tmp_path):
         make_plan(llama(layers=2, layer_types=["full_attention", "mystery"]),
                   weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16)
     with pytest.raises(BadInput, match="sliding_window"):
-        make_plan(llama(layers=1, layer_types=["sliding_attention"]), weights_bytes=0, gpu_memory_bytes=GiB, max_model_len=16)
+        make_plan(llama(layers=1, layer_types=["sliding_attention"]), weights_bytes=0, gpu_memory_bytes=GiB,
+                  max_model_len=16)
 
 
 def test_sizes():
@@ -343,7 +350,8 @@ def test_cli_exit_codes_and_json(tmp_path):
     d = _model_dir(tmp_path)
     runner = CliRunner()
     common = ["plan", "--model", str(d), "--weights-bytes", "600GB", "--gpus", "8", "--tp", "8",
-              "--gpu-memory", "80GB", "--gpu-memory-utilization", "0.96", "--kv-cache-dtype", "fp8", "--reserve-gib", "0"]
+              "--gpu-memory", "80GB", "--gpu-memory-utilization", "0.96", "--kv-cache-dtype", "fp8", "--reserve-gib",
+              "0"]
     r = runner.invoke(main, common)
     assert r.exit_code == 1, r.output
     assert "DOES NOT FIT" in r.output and "--max-model-len" in r.output
@@ -353,7 +361,8 @@ def test_cli_exit_codes_and_json(tmp_path):
     assert doc["verdict"] == "fits" and doc["max_seqs_at_context"] == 61 and doc["kv_bytes_per_token_node"] == 57344
     r = runner.invoke(main, common + ["--gpu-memory-utilization", "1.2"])
     assert r.exit_code == 2 and "(0, 1]" in r.output
-    r = runner.invoke(main, ["plan", "--model", str(DATA / "malformed"), "--weights-bytes", "1", "--gpu-memory", "h200"])
+    r = runner.invoke(main,
+                      ["plan", "--model", str(DATA / "malformed"), "--weights-bytes", "1", "--gpu-memory", "h200"])
     assert r.exit_code == 2 and "not valid JSON" in r.output
 
 
@@ -466,13 +475,15 @@ def test_unknown_attention_layer_type_counts_as_full_attention_with_a_note():
     # seed 003: layers declared `qwen_sparse_attention`, rewritten to full_attention to load
     c = llama(layers=4, kv=8, layer_types=["full_attention", "qwen_sparse_attention"] * 2)
     p = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
-    full = make_plan(llama(layers=4, kv=8), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
+    full = make_plan(llama(layers=4, kv=8), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096,
+                     reserve_bytes=0)
     assert p.kv_bytes_per_token_per_gpu == full.kv_bytes_per_token_per_gpu == 4 * 8 * 2 * 128 * 2
     assert p.kv_tokens_per_gpu == full.kv_tokens_per_gpu
     assert any("qwen_sparse_attention" in n and "[1, 3]" in n for n in p.notes)
 
 
-# ---------------------------------------------------------------- review: bad numbers never crash, docs name every field
+# ---------------------------------------------------------------- review: bad numbers never crash, docs name every
+# field
 
 @pytest.mark.parametrize("extra, needle", [
     (["--reserve-gib", "nan"], "--reserve-gib"),
@@ -538,15 +549,18 @@ H200_SMI_TOTAL = 143_771 * (1 << 20)   # nvidia-smi memory.total, what the smoke
     ("g-qwen3-b", "qwen3-b", 0.5, 4096, 32, dict(enforce_eager=True, max_num_batched_tokens=8192),
      "(EngineCore pid=2925) INFO 11-30 03:08:34 [gpu_worker.py:560] Available KV cache memory: 69.24 GiB\n"
      "(EngineCore pid=2925) INFO 11-30 03:08:34 [kv_cache_utils.py:2177] GPU KV cache size: 3,024,928 tokens\n"
-     "(EngineCore pid=2925) INFO 11-30 03:08:34 [kv_cache_utils.py:2178] Maximum concurrency for 4,096 tokens per request: 738.51x\n"),
+     "(EngineCore pid=2925) INFO 11-30 03:08:34 [kv_cache_utils.py:2178] Maximum concurrency for 4,096 tokens per "
+     "request: 738.51x\n"),
     ("f-qwen3-b", "qwen3-b", 0.5, 4096, 32, dict(max_num_batched_tokens=8192),   # CUDA graphs + torch.compile
      "(EngineCore pid=1319) INFO 11-30 03:35:08 [gpu_worker.py:560] Available KV cache memory: 68.97 GiB\n"
      "(EngineCore pid=1319) INFO 11-30 03:35:08 [kv_cache_utils.py:2177] GPU KV cache size: 3,013,120 tokens\n"
-     "(EngineCore pid=1319) INFO 11-30 03:35:08 [kv_cache_utils.py:2178] Maximum concurrency for 4,096 tokens per request: 735.62x\n"),
+     "(EngineCore pid=1319) INFO 11-30 03:35:08 [kv_cache_utils.py:2178] Maximum concurrency for 4,096 tokens per "
+     "request: 735.62x\n"),
     ("u-gemma4-ple-ref", "gemma4-ple-ref", 0.08, 2048, None, dict(enforce_eager=True),   # sliding + full, another shape
      "(EngineCore pid=2060) INFO 11-30 03:05:35 [gpu_worker.py:560] Available KV cache memory: 10.9 GiB\n"
      "(EngineCore pid=2060) INFO 11-30 03:05:35 [kv_cache_utils.py:2177] GPU KV cache size: 22,780,095 tokens\n"
-     "(EngineCore pid=2060) INFO 11-30 03:05:35 [kv_cache_utils.py:2178] Maximum concurrency for 2,048 tokens per request: 11123.09x\n"),
+     "(EngineCore pid=2060) INFO 11-30 03:05:35 [kv_cache_utils.py:2178] Maximum concurrency for 2,048 tokens per "
+     "request: 11123.09x\n"),
 ])
 def test_plan_vs_the_h200_proof_logs(run, model, util, max_len, seqs, extra, log):
     """Independent of the reserve calibration (qwen3-a): two more shapes, eager and CUDA graphs,
@@ -570,7 +584,8 @@ def test_min_utilization_finds_a_narrow_window_below_the_startup_limit():
     base = dict(SEED000, max_model_len=4096)
     for n in (60, 74, 78, 82, 84):
         brute = next((m / 1000 for m in range(900, 1001)
-                      if make_plan(cfg("seed000"), max_num_seqs=n, **{**base, "gpu_memory_utilization": m / 1000}).fits),
+                      if make_plan(cfg("seed000"), max_num_seqs=n,
+                                   **{**base, "gpu_memory_utilization": m / 1000}).fits),
                      None)
         assert make_plan(cfg("seed000"), max_num_seqs=n, **base).min_utilization == brute, n
     assert make_plan(cfg("seed000"), max_num_seqs=78, **base).min_utilization is not None
@@ -618,7 +633,8 @@ def test_docs_example_is_what_the_command_prints():
     m = re.search(r"\$ build-image plan (.*?)\n    (.*?)\n(.*?)\$ echo \$\?\n(\d+)\n", doc, re.S)
     assert m, "the seed 000 example block in docs/plan.md"
     args = (m.group(1).rstrip(" \\") + " " + m.group(2)).split()
-    r = subprocess.run([sys.executable, "-c", "from builder.cli import main; main(prog_name='build-image')", "plan", *args],
+    r = subprocess.run([sys.executable, "-c", "from builder.cli import main; main(prog_name='build-image')", "plan",
+                        *args],
                        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert r.returncode == int(m.group(4))
     assert r.stdout == m.group(3)
@@ -635,7 +651,8 @@ def test_docs_example_is_what_the_command_prints():
         f"= available for KV cache {avail / GB:.2f} GB ({avail / GiB:.2f} GiB)",
         f"KV per token: {per_tok:,} B per GPU, {8 * per_tok:,} B across the 8 GPUs",
         f"one 1,000,000-token sequence: {one_seq / GB:.2f} GB ({one_seq / GiB:.2f} GiB) per GPU",
-        f"GPU KV cache size: {tokens:,} tokens; Maximum concurrency for 1,000,000 tokens per request: {tokens / 1e6:.2f}x",
+        f"GPU KV cache size: {tokens:,} tokens; Maximum concurrency for 1,000,000 tokens per request: "
+        f"{tokens / 1e6:.2f}x",
         f"headroom after one full-length sequence: {(avail - one_seq) / GB:.2f} GB",
         f"max context, one sequence: {tokens:,} tokens",
         "max concurrent sequences at 1,000,000 tokens: 0",
@@ -691,7 +708,8 @@ def test_docs_seed003_numbers_are_worked_out():
     assert held >= 16 and bigger < 32
     p_held = make_plan(cfg("seed003"), max_model_len=131072, max_num_seqs=16, **SEED003)
     p_big = make_plan(cfg("seed003"), max_model_len=262144, max_num_seqs=32, **SEED003)
-    assert (p_held.max_seqs_at_context, p_big.max_seqs_at_context, p_big.max_context_at_num_seqs) == (held, bigger, ctx32)
+    assert (p_held.max_seqs_at_context, p_big.max_seqs_at_context,
+            p_big.max_context_at_num_seqs) == (held, bigger, ctx32)
 
 
 def test_cli_accepts_vllms_own_kv_dtype_names():
@@ -809,7 +827,8 @@ def test_mamba2_state_pads_groups_to_tp_and_splits_heads():
 
 def test_nemotron_h_keeps_its_ssm_state_in_fp32_unless_told():
     assert _state(_mamba2(model_type="nemotron_h"))[0] == (16 * 32 + 2 * 64) * 3 * 2 + 16 * 32 * 64 * 4
-    assert _state(_mamba2(model_type="nemotron_h", mamba_ssm_dtype="bfloat16"))[0] == (16 * 32 + 2 * 64) * 3 * 2 + 16 * 32 * 64 * 2
+    assert _state(_mamba2(model_type="nemotron_h",
+                          mamba_ssm_dtype="bfloat16"))[0] == (16 * 32 + 2 * 64) * 3 * 2 + 16 * 32 * 64 * 2
 
 
 def test_state_layers_of_an_unknown_shape_count_zero_with_a_note():
@@ -833,7 +852,8 @@ def test_state_layers_of_an_unknown_shape_count_zero_with_a_note():
     ({"quant_method": "modelopt", "kv_cache_scheme": {"num_bits": 4, "type": "int"}}, None),
     ({"quant_method": "fp8", "kv_cache_quant_algo": "FP8"}, None),                       # not ModelOpt
     # nested 'quantization' next to top-level keys: each level is read
-    ({"quant_method": "modelopt", "quantization": {"kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"}}},
+    ({"quant_method": "modelopt",
+      "quantization": {"kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"}}},
      "fp8"),
     ({"quant_method": "modelopt", "quantization": {"quant_algo": "FP8"},
       "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"}}, "fp8"),
@@ -948,7 +968,8 @@ def test_weights_larger_than_the_budget_leave_no_kv_memory_and_no_setting_fits()
     requested = math.ceil(80 * GiB * 0.9)
     assert p.requested_bytes == requested and p.available_kv_bytes == requested - 80 * GiB < 0
     assert (p.boots, p.fits, p.num_blocks, p.kv_tokens_per_gpu) == (False, False, 0, 0)
-    assert (p.max_context_one_seq, p.max_context_at_num_seqs, p.max_seqs_at_context, p.min_utilization) == (0, 0, 0, None)
+    assert (p.max_context_one_seq, p.max_context_at_num_seqs, p.max_seqs_at_context,
+            p.min_utilization) == (0, 0, 0, None)
     assert p.reasons == [
         f"no memory left for the KV cache: 0.9 × 80.00 GiB = {requested / GiB:.2f} GiB requested, "
         "weights take 80.00 GiB and the reserve 0.00 GiB per GPU"]
@@ -978,7 +999,8 @@ def test_utilization_above_what_is_free_after_the_cuda_context_is_refused_at_sta
         "after the CUDA context: vLLM refuses at startup (\"Free memory on device ... is less than desired GPU "
         "memory utilization\")"]
     # the KV pool itself would hold the sequence: only the startup check fails; nothing is searched past it
-    assert over.available_kv_bytes == requested and over.num_blocks == requested // (16 * (4 // pp) * (8 // tp) * 2 * 128 * 2)
+    assert (over.available_kv_bytes == requested
+            and over.num_blocks == requested // (16 * (4 // pp) * (8 // tp) * 2 * 128 * 2))
     assert over.max_context_one_seq == 0 and over.max_seqs_at_context == 0
     assert over.min_utilization == 0.001                 # weights 0, reserve 0: the smallest step fits
     # the nearest setting that fits is the highest utilization that starts, not "more GPUs"
@@ -988,10 +1010,12 @@ def test_utilization_above_what_is_free_after_the_cuda_context_is_refused_at_sta
                 "the CUDA context) and fits"}]
 
 
-# ---------------------------------------------------------------- KV groups and pages (kv_cache_utils, _align_hybrid_block_size)
+# ---------------------------------------------------------------- KV groups and pages (kv_cache_utils,
+# _align_hybrid_block_size)
 
 def _plan(c: dict, **kw):
-    return make_plan(c, **{**dict(weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=32768, reserve_bytes=0), **kw})
+    return make_plan(c,
+                     **{**dict(weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=32768, reserve_bytes=0), **kw})
 
 
 def test_layers_that_share_earlier_kv_hold_none_of_their_own():
@@ -1136,7 +1160,8 @@ def test_batched_tokens_default_to_8192_from_70_GiB_cards_up():
     at = make_plan(c, weights_bytes=0, gpu_memory_bytes=70 * GiB, max_model_len=4096)
     below = make_plan(c, weights_bytes=0, gpu_memory_bytes=70 * GiB - 1, max_model_len=4096)
     assert (at.max_num_batched_tokens, below.max_num_batched_tokens) == (8192, 2048)
-    assert at.reserve_breakdown["sampler"] == 1024 * 32000 * 10 and below.reserve_breakdown["sampler"] == 256 * 32000 * 10
+    assert (at.reserve_breakdown["sampler"] == 1024 * 32000 * 10
+            and below.reserve_breakdown["sampler"] == 256 * 32000 * 10)
 
 
 def test_pipeline_stages_keep_pp_batches_in_flight_in_their_windows():
@@ -1234,7 +1259,8 @@ def test_state_layers_of_an_unknown_shape_alone_leave_nothing_to_allocate():
 @pytest.mark.parametrize("drop, over, message", [
     ("hidden_size", {}, "m: required field 'hidden_size' is missing."),
     ("num_attention_heads", {}, "m: required field 'num_attention_heads' is missing."),
-    ("head_dim", {"hidden_size": 100}, "m: no 'head_dim' and hidden_size 100 is not divisible by num_attention_heads 32."),
+    ("head_dim", {"hidden_size": 100},
+     "m: no 'head_dim' and hidden_size 100 is not divisible by num_attention_heads 32."),
     (None, {"head_dim": 0}, "m: field 'head_dim' must be an integer >= 1, got 0."),
     (None, {"num_key_value_heads": 0}, "m: field 'num_key_value_heads' must be an integer >= 1, got 0."),
     (None, {"text_config": "x"}, "m: 'text_config' must be an object."),
@@ -1312,7 +1338,8 @@ def test_a_one_gib_card_at_half_starts_exactly_beside_the_half_gib_cuda_context(
     at = make_plan(llama(), gpu_memory_utilization=0.5, **common)
     assert at.reasons == [] and at.boots
     over = make_plan(llama(), gpu_memory_utilization=0.501, **common)
-    assert not over.boots and over.reasons[0].startswith("utilization 0.501 requests 0.50 GiB but only ~0.50 GiB is free")
+    assert not over.boots and over.reasons[0].startswith("utilization 0.501 requests 0.50 GiB but only "
+                                                         "~0.50 GiB is free")
 
 
 def test_the_longest_context_search_can_answer_one_token():
@@ -1480,7 +1507,8 @@ def test_bad_layer_fields_are_refused_naming_the_config(over, message):
 def test_one_token_windows_and_chunks_are_accepted():
     from builder.serving.plan import describe_model
 
-    assert [l.window for l in describe_model(llama(layers=1, sliding_window=1, layer_types=["sliding_attention"])).layers] == [1]
+    assert [l.window for l in describe_model(llama(layers=1, sliding_window=1,
+                                                   layer_types=["sliding_attention"])).layers] == [1]
     c = llama(layers=1, attention_chunk_size=1, layer_types=["chunked_attention"])
     assert [(l.kind, l.window) for l in describe_model(c).layers] == [("chunked", 1)]
 
@@ -1497,7 +1525,8 @@ def test_unknown_attention_types_are_named_in_one_note():
 def test_sparse_mla_indexer_is_noted_as_not_counted():
     from builder.serving.plan import describe_model
 
-    assert "sparse-MLA indexer cache (DeepSeek V3.2 style) not counted" in describe_model({**cfg("mla"), "index_topk": 2048}).notes
+    assert ("sparse-MLA indexer cache (DeepSeek V3.2 style) not counted"
+            in describe_model({**cfg("mla"), "index_topk": 2048}).notes)
     assert not any("indexer" in n for n in describe_model(cfg("mla")).notes)
 
 
@@ -1510,8 +1539,10 @@ def test_activation_width_defaults_and_moe():
     bare["vocab_size"] = 1000
     assert describe_model(bare).vocab_size == 1000
     # MoE: I = max(intermediate_size, moe_intermediate_size x experts per token)
-    assert describe_model(llama(intermediate_size=1000, moe_intermediate_size=2048, num_experts_per_tok=8)).intermediate_size == 16384
-    assert describe_model(llama(intermediate_size=30000, moe_intermediate_size=2048, num_experts_per_tok=8)).intermediate_size == 30000
+    assert describe_model(llama(intermediate_size=1000, moe_intermediate_size=2048,
+                                num_experts_per_tok=8)).intermediate_size == 16384
+    assert describe_model(llama(intermediate_size=30000, moe_intermediate_size=2048,
+                                num_experts_per_tok=8)).intermediate_size == 30000
     assert describe_model(llama(intermediate_size=1000, moe_intermediate_size=2048)).intermediate_size == 1000
     assert describe_model(llama(intermediate_size=1000, num_experts_per_tok=8)).intermediate_size == 1000
 
@@ -1523,7 +1554,8 @@ def test_other_nestings_of_the_decoder_config_equal_flat(key):
     inner = {k: v for k, v in llama(layers=2, kv=4).items() if k != "torch_dtype"}
     nested = describe_model({key: inner, "torch_dtype": "float16", "vision_config": {"hidden_size": 8}})
     flat = describe_model({**inner, "torch_dtype": "float16"})
-    assert [l.bytes_per_token for l in nested.layers] == [l.bytes_per_token for l in flat.layers] == [4 * 2 * 128 * 2] * 2
+    assert ([l.bytes_per_token for l in nested.layers] == [l.bytes_per_token for l in flat.layers]
+            == [4 * 2 * 128 * 2] * 2)
     assert nested.kv_dtype == "float16"
 
 
@@ -1535,7 +1567,8 @@ def test_text_config_takes_the_wrappers_dtype_and_quantization_and_wins_over_llm
     assert describe_model({"text_config": inner, "dtype": "float16"}).kv_dtype == "float16"
     assert describe_model({"text_config": inner, "torch_dtype": "float16"}).kv_dtype == "float16"
     assert describe_model({"text_config": inner, "quantization_config": q}).kv_dtype == "fp8"
-    assert describe_model({"text_config": {**inner, "torch_dtype": "float16"}, "torch_dtype": "bfloat16"}).kv_dtype == "float16"
+    assert describe_model({"text_config": {**inner, "torch_dtype": "float16"},
+                           "torch_dtype": "bfloat16"}).kv_dtype == "float16"
     other = {**inner, "num_hidden_layers": 5}
     assert len(describe_model({"text_config": inner, "llm_config": other}).layers) == 2
     with pytest.raises(BadInput) as exc:
@@ -1600,7 +1633,8 @@ def test_compare_with_log_fields_and_tolerance_bound():
         "token_error": pytest.approx(0.05), "within_tolerance": True,
         "implied_reserve_bytes": math.ceil(80 * GiB * 0.92) - 4 * GiB - 60 * GiB}
     assert compare_with_log(dataclasses.replace(p, kv_tokens_per_gpu=1_060_000), log)["within_tolerance"] is False
-    assert compare_with_log(dataclasses.replace(p, kv_tokens_per_gpu=1_060_000), log, tolerance=0.1)["within_tolerance"] is True
+    assert compare_with_log(dataclasses.replace(p, kv_tokens_per_gpu=1_060_000), log,
+                            tolerance=0.1)["within_tolerance"] is True
     none = compare_with_log(p, "nothing")
     assert (none["token_error"], none["within_tolerance"], none["implied_reserve_bytes"]) == (None, None, None)
 
@@ -1625,7 +1659,8 @@ def test_plan_from_model_dir_messages(tmp_path):
                                  "pass --weights-bytes.")
     with pytest.raises(BadInput) as exc:
         plan_from_model_dir(d, Serving(gpus=8, tp=8, max_model_len=4096), weights_bytes=1)
-    assert exc.value.message == "no GPU memory size: pass --gpu-memory (e.g. 80GiB, 80GB, h200) or set serving.gpu_memory."
+    assert exc.value.message == ("no GPU memory size: pass --gpu-memory (e.g. 80GiB, 80GB, h200) "
+                                 "or set serving.gpu_memory.")
     with pytest.raises(BadInput) as exc:
         plan_from_model_dir(d, Serving(gpus=8, tp=8, gpu_memory="lots"), weights_bytes=1)
     assert exc.value.message.startswith("--gpu-memory (serving.gpu_memory): cannot read 'lots' as a size")
@@ -1676,7 +1711,8 @@ def test_load_config_reads_utf8_whatever_the_locale_and_wants_an_object(tmp_path
     d.mkdir()
     (d / "config.json").write_text(json.dumps({**llama(), "_comment": "Größe"}, ensure_ascii=False), encoding="utf-8")
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONIOENCODING": "utf-8"}
-    code = f"from builder.serving.plan import load_config; print(load_config({str(d)!r})[0]['_comment'] == 'Gr\\u00f6\\u00dfe')"
+    code = (f"from builder.serving.plan import load_config; "
+            f"print(load_config({str(d)!r})[0]['_comment'] == 'Gr\\u00f6\\u00dfe')")
     r = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent.parent, env=env,
                        capture_output=True, text=True, encoding="utf-8", timeout=60)
     assert r.stdout.strip() == "True", r.stderr
@@ -1730,11 +1766,13 @@ def test_render_text_of_a_fitting_hybrid_plan_on_a_pipeline():
     assert lines[5] == f"  = available for KV cache {_fmt(p.available_kv_bytes)}"
     assert lines[6] == (f"KV per token: {p.kv_bytes_per_token_per_gpu:,} B per GPU, {p.kv_bytes_per_token_node:,} B "
                         "across the 4 GPUs of a replica (bfloat16, block 16)")
-    assert lines[7] == f"  + per sequence, window/state layers: {_fmt(p.per_sequence_fixed_bytes)} per GPU (independent of context)"
+    assert lines[7] == (f"  + per sequence, window/state layers: {_fmt(p.per_sequence_fixed_bytes)} per GPU "
+                        "(independent of context)")
     assert lines[8] == f"one 32,768-token sequence: {_fmt(p.needed_one_seq_bytes)} per GPU"
-    assert lines[9] == (f"predicted vLLM log: GPU KV cache size: {p.kv_tokens_per_gpu:,} tokens; Maximum concurrency for "
-                        f"32,768 tokens per request: {p.max_concurrency:.2f}x")
-    assert lines[10] == f"8 × 32,768 tokens: {_fmt(p.needed_requested_bytes)} per GPU; headroom {_fmt(p.headroom_bytes)}"
+    assert lines[9] == (f"predicted vLLM log: GPU KV cache size: {p.kv_tokens_per_gpu:,} tokens; "
+                        f"Maximum concurrency for 32,768 tokens per request: {p.max_concurrency:.2f}x")
+    assert lines[10] == (f"8 × 32,768 tokens: {_fmt(p.needed_requested_bytes)} per GPU; "
+                         f"headroom {_fmt(p.headroom_bytes)}")
     assert lines[11] == f"max context, one sequence: {p.max_context_one_seq:,} tokens"
     assert lines[12] == f"max concurrent sequences at 32,768 tokens: {p.max_seqs_at_context}"
     assert lines[13] == f"max context at 8 sequences: {p.max_context_at_num_seqs:,} tokens"

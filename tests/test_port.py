@@ -115,7 +115,8 @@ def test_patch_without_probe_header_is_bad_input(a_series, tmp_path):
 
 def test_cli_check_probe_reports_needed_and_works(a_series):
     series, a = a_series
-    r = CliRunner().invoke(main, ["patch", "check", "--series", str(series.dir), "--wheel", str(a), "--probe", "--json"])
+    r = CliRunner().invoke(main,
+                           ["patch", "check", "--series", str(series.dir), "--wheel", str(a), "--probe", "--json"])
     assert r.exit_code == 0, r.output
     (p,) = json.loads(r.stdout)["patches"]
     assert p["status"] == "applied" and p["probe"]["needed"] is True and p["probe"]["works"] is True
@@ -144,7 +145,8 @@ def test_probe_output_only_the_last_result_line_counts_and_ok_must_be_true():
     assert PR.parse_output(f"  {last}", 0).status == PR.ERROR            # the prefix starts the line
     assert PR.parse_output('PROBE-RESULT {"checks": [{"name": "x", "ok": 1}]}', 0).status == PR.FAIL
     none = PR.parse_output('PROBE-RESULT {"checks": []}', 0)
-    assert (none.status, none.checks, none.output) == (PR.ERROR, [], 'the probe ran no check\nPROBE-RESULT {"checks": []}')
+    assert (none.status, none.checks, none.output) == (PR.ERROR, [],
+                                                       'the probe ran no check\nPROBE-RESULT {"checks": []}')
 
 
 @pytest.mark.parametrize("doc", ['{"checks": {}}', '{"checks": [{"name": "x"}]}', '{"checks": ["ok"]}'])
@@ -203,7 +205,8 @@ def test_probe_path_is_a_file_beside_the_patch(a_series, tmp_path):
         patch.headers[PR.PROBE_FIELD] = name
         with pytest.raises(BadInput) as e:
             PR.probe_path(series.dir, patch)
-        assert e.value.message == f"patch {series.dir / '0001-f.patch'}: its probe {name!r} is not a file in {series.dir}."
+        assert e.value.message == (f"patch {series.dir / '0001-f.patch'}: its probe {name!r} "
+                                   f"is not a file in {series.dir}.")
     patch.headers[PR.PROBE_FIELD] = "   "
     with pytest.raises(BadInput, match="no 'Probe:' header naming its probe"):
         PR.probe_path(series.dir, patch)
@@ -284,7 +287,8 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 
 def _imports(python: str) -> str:
-    r = subprocess.run([python, "-c", "import sys, probedep, probeaux; print(probedep.X, probeaux.Y, sys.version_info[:2])"],
+    r = subprocess.run([python, "-c",
+                        "import sys, probedep, probeaux; print(probedep.X, probeaux.Y, sys.version_info[:2])"],
                        capture_output=True, text=True)
     return r.stdout.strip()
 
@@ -333,7 +337,8 @@ def test_a_series_probe_env_gives_the_probes_interpreter(cache, probe_wheels, tm
     assert runner.python == str(cache / "probe-env" / f"venv-{hashlib.sha256(b'probedep==1.0').hexdigest()[:12]}"
                                 / "bin" / "python")
     (d / "dep.probe.py").write_text('import json, probedep\n'
-                                    'print("PROBE-RESULT " + json.dumps({"checks": [{"name": "X", "ok": probedep.X == 7}]}))\n')
+                                    'print("PROBE-RESULT " + json.dumps({"checks": [{"name": "X", "ok": '
+                                    'probedep.X == 7}]}))\n')
     assert runner.run(d / "dep.probe.py", tmp_path).status == PR.PASS
     assert PR.runner_for(d, python="/given/python").python == "/given/python"
     (d / "probe-env.txt").unlink()
@@ -675,7 +680,8 @@ def test_exact_apply_on_a_file_that_does_not_parse():
     # B's file no longer parses (new syntax, a template): a unique block still applies, an ambiguous one does not
     a = "def f():\n    y = 1\n"
     broken = ["def f(:\n", "    y = 1\n"]
-    assert PO.exact_apply(broken, (hunk(2, ["    y = 1\n"], ["    y = 2\n"]),), PO.scopes(a)) == ["def f(:\n", "    y = 2\n"]
+    assert PO.exact_apply(broken, (hunk(2, ["    y = 1\n"], ["    y = 2\n"]),),
+                          PO.scopes(a)) == ["def f(:\n", "    y = 2\n"]
     assert PO.exact_apply(broken + ["    y = 1\n"], (hunk(2, ["    y = 1\n"], ["    y = 2\n"]),), PO.scopes(a)) is None
 
 
@@ -718,7 +724,8 @@ def test_header_text_wraps_long_values_at_88_columns():
 # ------------------------------------------------------------------ the port's verdicts and details
 # where B changes f near the hunk, its exact context is left only in g's identical body (refused there)
 IN_G = ("toy/mod.py: the exact context matches, but in another place: "
-        "a removed line lands in g, in A it is in f: 'c = b - 3'; a added line lands in g, in A it is in f: 'c = b - 4'")
+        "a removed line lands in g, in A it is in f: 'c = b - 3'; a added line lands in g, in A it is in "
+        "f: 'c = b - 4'")
 
 def test_applies_reports_every_field(tmp_path, a_series):
     b_mod = "import os\n" + A_MOD
@@ -786,7 +793,8 @@ def test_exact_context_in_the_wrong_function_names_every_misplaced_line(tmp_path
     assert pp.detail[0] == IN_G
 
 
-@pytest.mark.parametrize("probe_header, shown", [("", "no Probe: header"), ("Probe: 0001-f.probe.py\n", "0001-f.probe.py")])
+@pytest.mark.parametrize("probe_header, shown",
+                         [("", "no Probe: header"), ("Probe: 0001-f.probe.py\n", "0001-f.probe.py")])
 def test_no_probe_no_port(tmp_path, a_series, probe_header, shown):
     series, a = a_series
     p = series.dir / "0001-f.patch"

@@ -101,8 +101,9 @@ def _dry_run(venv: Path, *args: str) -> list[str]:
 
 def test_lock_writes_the_twin_check_reads_both_and_uv_installs_the_same_set(here_base, wheelhouse, tmp_path):
     out = tmp_path / "locks" / "requirements.lock"
-    base_args = ["lock", "--base", str(here_base), "--no-default-overlay", "--no-index", "--find-links", str(wheelhouse),
-                 "--with", "numpy2user", "--with", "numpy>=2", "--allow-abi-change", "numpy", "--reason", "test"]
+    base_args = ["lock", "--base", str(here_base), "--no-default-overlay", "--no-index", "--find-links",
+                 str(wheelhouse), "--with", "numpy2user", "--with", "numpy>=2", "--allow-abi-change", "numpy",
+                 "--reason", "test"]
     code, text = run(*base_args, "-o", str(out))
     assert code == 0, text
     twin = out.with_name("pylock.toml")
@@ -112,7 +113,8 @@ def test_lock_writes_the_twin_check_reads_both_and_uv_installs_the_same_set(here
     venv = tmp_path / "venv"
     subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(venv)], check=True,
                    env={"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never", "PATH": "/usr/bin:/bin"})
-    from_req = _dry_run(venv, "--no-deps", "--require-hashes", "--no-index", "--find-links", str(wheelhouse), "-r", str(out))
+    from_req = _dry_run(venv, "--no-deps", "--require-hashes", "--no-index", "--find-links", str(wheelhouse), "-r",
+                        str(out))
     from_pylock = _dry_run(venv, "-r", str(twin))
     assert from_req == from_pylock == ["numpy2user==1.0.0", "numpy==2.1.0"]
 
@@ -122,8 +124,8 @@ def test_lock_writes_the_twin_check_reads_both_and_uv_installs_the_same_set(here
     sha = lock.by_name()["numpy"].wheel.sha256
     twin.write_text(twin.read_text().replace(f'sha256 = "{sha}"', f'sha256 = "{"0" * 64}"', 1))
     code, text = run(*base_args, "-o", str(out), "--check")
-    assert code == 5 and f"pylock.toml pins other packages than requirements.lock: numpy: 2.1.0 ({sha[:12]}) vs 2.1.0 " \
-        f"({'0' * 12})" in " ".join(text.split())
+    assert code == 5 and (f"pylock.toml pins other packages than requirements.lock: numpy: 2.1.0 ({sha[:12]}) "
+                          f"vs 2.1.0 ({'0' * 12})") in " ".join(text.split())
     twin.write_text(twin.read_text().replace('version = "2.1.0"', 'version = "2.2.0"', 1))
     code, text = run(*base_args, "-o", str(out), "--check")  # packaging.pylock: the wheel is not 2.2.0
     assert code == 5 and "is not a valid PEP 751 lock" in text

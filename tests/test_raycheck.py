@@ -33,7 +33,8 @@ RAY_REQ = "ray[serve]==2.60.0"
 
 def report(node="head", **kw) -> NodeReport:
     base = dict(node=node, image="img:1", joined=True, python="3.12.3",
-                packages={"ray": "2.60.0", "numpy": "1.26.4", "torch": "2.11.0", "vllm": "0.26.0", "transformers": None},
+                packages={"ray": "2.60.0", "numpy": "1.26.4", "torch": "2.11.0", "vllm": "0.26.0",
+                          "transformers": None},
                 patched={"vllm/a.py": "a" * 64}, patched_recorded={"vllm/a.py": "a" * 64},
                 image_id="sha256:" + "1" * 64)
     base.update(kw)
@@ -43,7 +44,8 @@ def report(node="head", **kw) -> NodeReport:
 def lock_with(**pins: str) -> LockFile:
     header = {"build-image-lock": "1", "tool": "t", "vllm": "0.26.0", "base-ref": "b", "base-digest": "-",
               "base-manifest-sha256": "0" * 64, "python": "3.12", "platform": "p", "inputs-sha256": "1" * 64}
-    entries = [LockEntry(name=n, version=v, hashes=["c" * 64], wheel=WheelRef(url=f"https://x/{n}.whl", sha256="c" * 64))
+    entries = [LockEntry(name=n, version=v, hashes=["c" * 64],
+                         wheel=WheelRef(url=f"https://x/{n}.whl", sha256="c" * 64))
                for n, v in pins.items()]
     return parse_lock(LockFile(header=header, overlay=[], allow_abi_change={}, entries=entries).format())
 
@@ -168,7 +170,8 @@ def test_probe_script_reports_versions_and_patched_sums(tmp_path):
     sums.write_text(f"{good_sum}  {good}\n{recorded_sum}  {changed}\n{'0' * 64}  {tmp_path / 'gone.py'}\n")
     arg = json.dumps({"mode": "local", "packages": ["pytest", "no-such-package-xyz"], "sums": str(sums)})
     env = dict(os.environ, BUILD_IMAGE_NODE="n1", BUILD_IMAGE_IMAGE_ID="sha256:" + "9" * 64)
-    out = subprocess.run([sys.executable, "-", arg], input=raycheck.PROBE_SCRIPT, capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-", arg], input=raycheck.PROBE_SCRIPT, capture_output=True, text=True,
+                         env=env)
     assert out.returncode == 0, out.stderr
     doc = raycheck._parse_marker(out.stdout)
     assert doc["node"] == "n1" and doc["image_id"] == "sha256:" + "9" * 64
@@ -360,7 +363,8 @@ def test_serve_app_in_the_image_imports_and_accepts_the_rayservice_config(ray_im
         "print(json.dumps({'app': type(app).__name__, 'file': m.__file__}))\n"
     )
     out = subprocess.run([DOCKER, "run", "--rm", "-i", "--pull=never", "--network=none", "--entrypoint", "python3",
-                          ray_image.tags[0], "-c", code], input=serve_config, capture_output=True, text=True, timeout=180)
+                          ray_image.tags[0], "-c", code], input=serve_config, capture_output=True, text=True,
+                         timeout=180)
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["app"] == "Application"
@@ -403,7 +407,8 @@ def test_bad_flags_are_bad_input_before_anything_starts():
 def test_an_image_not_in_the_engine_is_bad_input_and_never_pulled(docker_engine):
     before = _labelled_containers()
     out = subprocess.run([str(Path(sys.executable).parent / "build-image"), "ray-check",
-                          "127.0.0.1:5000/build-image-test/no-such-image:never"], capture_output=True, text=True, timeout=120)
+                          "127.0.0.1:5000/build-image-test/no-such-image:never"], capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 2, out.stderr
     assert "never pulls" in out.stderr
     assert _labelled_containers() == before
@@ -423,7 +428,8 @@ def test_serve_app_llm_config_is_accepted_by_ray_serve_llm(ray_image, tmp_path):
         "from ray.llm._internal.serve.core.configs.llm_config import LLMConfig\n"
         "c = LLMConfig(**m.llm_config(m.parse_args(json.loads(sys.argv[1]))))\n"
         "print(json.dumps({'id': c.model_loading_config.model_id, 'source': c.model_loading_config.model_source,\n"
-        "                  'engine': c.engine_kwargs, 'deployment': c.deployment_config, 'runtime_env': c.runtime_env}))\n"
+        "                  'engine': c.engine_kwargs, 'deployment': c.deployment_config, 'runtime_env': "
+        "c.runtime_env}))\n"
     )
     out = subprocess.run([DOCKER, "run", "--rm", "--pull=never", "--network=none", "--entrypoint", "python3", tag,
                           "-c", code, json.dumps(args)], capture_output=True, text=True, timeout=180)

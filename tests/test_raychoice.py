@@ -61,7 +61,8 @@ def test_llm_vllm_pin_reads_only_the_llm_extras_exact_pin():
     assert llm_vllm_pin(['vllm>=0.26; extra == "llm"']) is None  # a range is no pin
     assert llm_vllm_pin(["vllm==0.26.0"]) is None  # unconditional: not the llm extra
     assert llm_vllm_pin(['vllm==0.26.0; extra == "serve"']) is None
-    assert llm_vllm_pin(["not a requirement !!", 'vllm==0.27.0; python_version >= "3.9" and extra == "llm"']) == "0.27.0"
+    assert llm_vllm_pin(["not a requirement !!",
+                         'vllm==0.27.0; python_version >= "3.9" and extra == "llm"']) == "0.27.0"
 
 
 def test_choose_newest_ray_pinning_the_vllm_else_fallback():
@@ -147,7 +148,8 @@ def _vllm_base(tmp_path: Path, rayhouse: Path, vllm: str) -> Path:
     sp = install_into(tmp_path / f"sp-{vllm}", [f"vllm=={vllm}", "click==8.1.0"], rayhouse)
     out = tmp_path / f"base-{vllm}.json"
     r = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35",
-                                  "--image-ref", f"example.invalid/vllm:{vllm}", "-o", str(out)], catch_exceptions=False)
+                                  "--image-ref", f"example.invalid/vllm:{vllm}", "-o", str(out)],
+                           catch_exceptions=False)
     assert r.exit_code == 0, r.output
     return out
 
@@ -185,7 +187,8 @@ def test_a_ray_named_in_the_overlay_wins_and_its_backend_is_judged(rayhouse, tmp
     base = _vllm_base(tmp_path, rayhouse, "0.26.0")
     out = tmp_path / "l.lock"
     r = CliRunner().invoke(main, ["lock", "--vllm", "0.26.0", "--base", str(base), "--no-index", "--find-links",
-                                  str(rayhouse), "--with", "ray[serve]==2.59.0", "-o", str(out)], catch_exceptions=False)
+                                  str(rayhouse), "--with", "ray[serve]==2.59.0", "-o", str(out)],
+                           catch_exceptions=False)
     assert r.exit_code == 0, r.output
     lock = load_lock(out)
     assert lock.by_name()["ray"].version == "2.59.0"

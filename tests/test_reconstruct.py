@@ -54,7 +54,7 @@ ARG INSTALL_KV_CONNECTORS
 RUN --mount=type=bind,source=requirements/kv_connectors.txt,target=/tmp/kv_connectors.txt,ro \\
     if [ "$INSTALL_KV_CONNECTORS" = "true" ]; then uv pip install --system -r /tmp/kv_connectors.txt --no-build; fi
 FROM vllm-openai-base AS vllm-openai
-"""
+"""  # noqa: E501 - verbatim Dockerfile text
 
 PIPELINE = """\
 steps:

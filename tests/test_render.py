@@ -68,7 +68,8 @@ PATCHED = [
 
 def _plan(**kw) -> RenderPlan:
     args = dict(vllm="0.26.0", base=_manifest(), lock=_lock(), patched=list(PATCHED),
-                patches=["0001-a.patch", "0002-b.patch"], repo="127.0.0.1:5000/serving/vllm", source_date_epoch=1700000000)
+                patches=["0001-a.patch", "0002-b.patch"], repo="127.0.0.1:5000/serving/vllm",
+                source_date_epoch=1700000000)
     args.update(kw)
     return RenderPlan(**args)
 
@@ -169,7 +170,8 @@ def test_labels_and_tags():
     # a different lock gives a different content tag
     assert image_tags("r/x", "0.26.0", _lock(names=("six",)).lock_hash)[0] != image_tags("r/x", "0.26.0", h)[0]
     for bad in ("repo:tag", "repo@sha256:" + "0" * 64, ""):
-        with pytest.raises(BadInput, match=rf"--tag '{re.escape(bad)}': give an image repository without a tag or digest"):
+        with pytest.raises(BadInput,
+                           match=rf"--tag '{re.escape(bad)}': give an image repository without a tag or digest"):
             image_tags(bad, "0.26.0", h)
 
 
@@ -182,7 +184,8 @@ def test_label_values_are_quoted_against_expansion():
 
 def test_sha256_lists_are_sha256sum_format_sorted():
     orig = sha256_list(PATCHED, "original")
-    assert orig.splitlines() == [f"{'3' * 64}  vllm/engine/arg_utils.py", f"{'1' * 64}  vllm/entrypoints/openai/api_server.py"]
+    assert orig.splitlines() == [f"{'3' * 64}  vllm/engine/arg_utils.py",
+                                 f"{'1' * 64}  vllm/entrypoints/openai/api_server.py"]
     assert sha256_list(PATCHED, "patched").splitlines()[0].startswith("4" * 64 + "  ")
 
 
@@ -212,7 +215,8 @@ def _write(tmp_path: Path, plan: RenderPlan | None = None) -> tuple[Path, Render
     for rel, content in (("vllm/a.py", b"A = 2\n"), ("vllm/sub/b.py", b"B = 2\n")):
         (pr / rel).parent.mkdir(parents=True, exist_ok=True)
         (pr / rel).write_bytes(content)
-        patched.append(PatchedFile(rel, hashlib.sha256(content.replace(b"2", b"1")).hexdigest(), hashlib.sha256(content).hexdigest()))
+        patched.append(PatchedFile(rel, hashlib.sha256(content.replace(b"2", b"1")).hexdigest(),
+                                   hashlib.sha256(content).hexdigest()))
     plan = plan or _plan(lock=lock, patched=patched, patches=["0001-x.patch"])
     out = tmp_path / "ctx"
     write_context(out, plan, wheels=wheels, patched_root=pr)
@@ -571,7 +575,8 @@ def test_tags_refused_at_render_when_docker_would_refuse_them():
         image_tags("127.0.0.1:5000/Serving/vllm", "0.26.0", "a" * 64)
     with pytest.raises(BadInput, match="not valid image tags"):
         image_tags("127.0.0.1:5000/serving/vllm", "0.26.0+cu130", "a" * 64)
-    assert image_tags("127.0.0.1:5000/serving/vllm", "0.26.0", "a" * 64)[0] == "127.0.0.1:5000/serving/vllm:vllm0.26.0-aaaaaaaaaaaa"
+    assert (image_tags("127.0.0.1:5000/serving/vllm", "0.26.0", "a" * 64)[0]
+            == "127.0.0.1:5000/serving/vllm:vllm0.26.0-aaaaaaaaaaaa")
 
 
 @pytest.mark.parametrize("header, expect", [("ray-serve-llm", "ray-serve-llm"), ("vllm-server", "vllm-server"),

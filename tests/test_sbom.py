@@ -26,7 +26,8 @@ def default_plan() -> RenderPlan:
     lock = load_lock(ROOT / "lockfiles" / "vllm-0.26.0" / "requirements.lock")
     base = load_manifest(ROOT / "lockfiles" / "base" / "vllm-openai-v0.26.0.json")
     series = load_series(ROOT / "patches" / "vllm" / "0.26.0", "0.26.0")
-    patched = [PatchedFile(rel, sha, hashlib.sha256(rel.encode()).hexdigest()) for rel, sha in sorted(series.originals.items())]
+    patched = [PatchedFile(rel, sha, hashlib.sha256(rel.encode()).hexdigest()) for rel,
+               sha in sorted(series.originals.items())]
     names = [p.name for p in series.patches]
     return RenderPlan(vllm="0.26.0", base=base, lock=lock, patched=patched, patches=names,
                       patch_texts={n: (series.dir / n).read_text() for n in names},
@@ -60,7 +61,8 @@ def test_default_sbom_validates_and_lists_every_base_distribution_and_the_overla
     vllm = by_ref["pkg:pypi/vllm@0.26.0"]
     assert [p["type"] for p in vllm["pedigree"]["patches"]] == ["unofficial"] * len(default_plan.patches)
     # (the library keeps patches as a sorted set; the series order is in the notes)
-    assert sorted(p["diff"]["text"]["content"] for p in vllm["pedigree"]["patches"]) == sorted(default_plan.patch_texts.values())
+    assert (sorted(p["diff"]["text"]["content"] for p in vllm["pedigree"]["patches"])
+            == sorted(default_plan.patch_texts.values()))
     assert ", ".join(default_plan.patches) in vllm["pedigree"]["notes"]
     assert vllm["pedigree"]["ancestors"][0]["hashes"][0]["content"] == default_plan.vllm_wheel[1]
     files = {f["name"]: f for f in vllm["components"]}

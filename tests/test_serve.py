@@ -37,7 +37,8 @@ def test_ray_llm_pin_is_read_from_the_metadata():
     m = load_module()
     assert m.ray_llm_vllm_pin(RAY_259_REQUIRES) == "vllm[audio]==0.27.0"
     assert m.ray_llm_vllm_pin(["click>=7.0", 'vllm>=0.5; extra == "serve"']) is None
-    assert "requires vllm[audio]==0.27.0, but vllm 0.26.0 is installed" in m.pin_mismatch("vllm[audio]==0.27.0", "0.26.0")
+    assert ("requires vllm[audio]==0.27.0, but vllm 0.26.0 is installed"
+            in m.pin_mismatch("vllm[audio]==0.27.0", "0.26.0"))
     assert m.pin_mismatch("vllm[audio]==0.26.0", "0.26.0") is None
     assert m.pin_mismatch("vllm>=0.25,<0.27", "0.26.0") is None
     assert m.pin_mismatch(None, "0.26.0") is None
@@ -59,11 +60,13 @@ def test_auto_falls_back_when_rays_llm_extra_targets_another_vllm():
     why = m.pin_mismatch("vllm[audio]==0.27.0", "0.26.0")
     assert m.backend_decision(cfg, has_ray_serve_llm=True, mismatch=why) == ("vllm-server", why)
     assert m.backend_decision(cfg, has_ray_serve_llm=True, mismatch=None) == ("ray-serve-llm", None)
-    assert m.backend_decision(cfg, has_ray_serve_llm=False, mismatch=None) == ("vllm-server", "this ray has no ray.serve.llm")
+    assert m.backend_decision(cfg, has_ray_serve_llm=False, mismatch=None) == ("vllm-server", "this ray has no "
+                                                                                              "ray.serve.llm")
     forced = m.parse_args({"model": "/m", "backend": "ray-serve-llm"})
     assert m.backend_decision(forced, has_ray_serve_llm=True, mismatch=why) == ("ray-serve-llm", None)
     with pytest.raises(RuntimeError, match="one node only.*requires vllm"):
-        m.backend_decision(m.parse_args({"model": "/m", "pipeline_parallel_size": 2}), has_ray_serve_llm=True, mismatch=why)
+        m.backend_decision(m.parse_args({"model": "/m", "pipeline_parallel_size": 2}), has_ray_serve_llm=True,
+                           mismatch=why)
 
 
 def test_the_default_backend_is_the_images(monkeypatch):
@@ -76,13 +79,15 @@ def test_the_default_backend_is_the_images(monkeypatch):
     cfg = m.parse_args({"model": "/m"})
     assert cfg["backend"] == "vllm-server"
     # the lock's choice holds even where auto would take ray.serve.llm
-    assert m.backend_decision(cfg, has_ray_serve_llm=True, mismatch=None) == ("vllm-server", "backend 'vllm-server' requested")
+    assert (m.backend_decision(cfg, has_ray_serve_llm=True, mismatch=None)
+            == ("vllm-server", "backend 'vllm-server' requested"))
     assert m.parse_args({"model": "/m", "backend": "ray-serve-llm"})["backend"] == "ray-serve-llm"
     monkeypatch.setenv("BUILD_IMAGE_SERVE_BACKEND", "ray-serve-llm")
     assert m.backend_decision(m.parse_args({"model": "/m"}), has_ray_serve_llm=True,
                               mismatch="ray's llm extra requires vllm==0.27.0") == ("ray-serve-llm", None)
     monkeypatch.setenv("BUILD_IMAGE_SERVE_BACKEND", "fast")
-    with pytest.raises(ValueError, match=r"\$BUILD_IMAGE_SERVE_BACKEND must be one of auto, ray-serve-llm, vllm-server, got 'fast'"):
+    with pytest.raises(ValueError, match=r"\$BUILD_IMAGE_SERVE_BACKEND must be one of auto, ray-serve-llm, "
+                                         r"vllm-server, got 'fast'"):
         m.parse_args({"model": "/m"})
 
 
@@ -167,7 +172,8 @@ def test_requests_through_a_real_ray_serve_deployment_of_the_fallback(tmp_path):
     assert rep.kv_cache["tokens"] == 3_024_928     # ... and were parsed like `vllm serve`'s
     # stopped by PID: the fake vLLM server, the replica and Ray's processes are gone
     pid = int((tmp_path / "fake.pid").read_text())
-    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    assert (not Path(f"/proc/{pid}").exists()
+            or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
     temp_dirs = [a for a in rep.command if a.startswith("/tmp/smoke-ray-")]
     assert temp_dirs and not _own_ray_processes(temp_dirs[0])
     assert not os.path.exists(temp_dirs[0])        # removed after a PASS
@@ -193,11 +199,13 @@ def test_runner_lines_are_read_into_the_report():
 
     text = "\n".join([
         "build-image-serve: ray 2.58.1 started in 13.73 s (resources {\"GPU\": 1.0})",
-        "build-image-serve: backend vllm-server (ray 2.59.0's llm extra requires vllm[audio]==0.27.0, but vllm 0.26.0 is installed)",
+        "build-image-serve: backend vllm-server (ray 2.59.0's llm extra requires vllm[audio]==0.27.0, but vllm 0.26.0 "
+        "is installed)",
         "(ServeReplica:llm:VLLMServer pid=8290) INFO ... vLLM server ready",
         "build-image-serve: status RUNNING {}",
         "build-image-serve: application RUNNING after 55.42 s (total 68.00 s)",
-        "build-image-serve: replica restarted: deployment VLLMServer replicas {\"STARTING\": 1}: vLLM server exited with code 3",
+        "build-image-serve: replica restarted: deployment VLLMServer replicas {\"STARTING\": 1}: vLLM server "
+        "exited with code 3",
         "build-image-serve: FAILED: application UNHEALTHY: replica died",
     ])
     info = sv.parse_serve_lines(text)
@@ -213,7 +221,8 @@ def test_serve_app_args_carry_the_serving_settings_and_refuse_what_the_app_canno
     from builder.serving.smoke import serve as sv
 
     cfg = SmokeConfig(model=str(tmp_path), serve=True, tp=2, max_model_len=4096, gpu_memory_utilization=0.5,
-                      max_num_seqs=32, kv_cache_dtype="bf16", extra_args=["--enforce-eager", "--max-num-batched-tokens=8192"])
+                      max_num_seqs=32, kv_cache_dtype="bf16",
+                      extra_args=["--enforce-eager", "--max-num-batched-tokens=8192"])
     args = sv.app_args(cfg, "/model")
     assert args["model"] == "/model" and args["tensor_parallel_size"] == 2 and args["kv_cache_dtype"] == "bfloat16"
     assert args["enforce_eager"] is True and args["max_num_batched_tokens"] == 8192

@@ -59,18 +59,18 @@ REAL_BOOT_LOG = """\
 (EngineCore pid=2644) INFO 11-30 03:07:44 [core.py:347] init engine (profile, create kv cache, warmup model) took 2.48 s
 (APIServer pid=2568) INFO 11-30 03:07:51 [api_server.py:677] Starting vLLM server on http://127.0.0.1:45355
 (APIServer pid=2568) INFO:     Application startup complete.
-"""
+"""  # noqa: E501 - verbatim vLLM lines
 REAL_KV_TOO_SMALL = """\
 (EngineCore pid=2422) INFO 11-30 03:06:53 [gpu_worker.py:560] Available KV cache memory: 10.51 GiB
 (EngineCore pid=2422) ERROR 11-30 03:06:53 [core.py:1330] EngineCore failed to start.
 (EngineCore pid=2422) ERROR 11-30 03:06:53 [core.py:1330] ValueError: To serve at least one request with the model's max seq len (1048576), (24.0 GiB KV cache is needed, which is larger than the available KV cache memory (10.51 GiB). Based on the available memory, the estimated maximum model length is 459232.
 (APIServer pid=2283) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
-"""
+"""  # noqa: E501 - verbatim vLLM lines
 REAL_PLE_SHORT = """\
 (EngineCore pid=1254) ERROR 11-30 03:04:31 [core.py:1330] EngineCore failed to start.
 (EngineCore pid=1254) ERROR 11-30 03:04:31 [core.py:1330] ValueError: There is no module or parameter named 'embed_tokens_per_layer' in Gemma4ForCausalLM.
 (APIServer pid=813) RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}
-"""
+"""  # noqa: E501 - verbatim vLLM lines
 
 
 # ----------------------------------------------------------------- pure logic
@@ -288,7 +288,8 @@ def test_a_broken_chat_template_fails_the_verdict_though_completions_pass(tmp_pa
     rep = _run(tmp_path, "--broken-chat-template", str(status), rounds=2)
     assert rep.verdict == FAIL and rep.exit_code == 1
     assert [(r.kind, r.failed) for r in rep.rounds] == [("completion", 0), ("completion", 0), ("chat", 4)]
-    assert rep.failures[0].startswith(f"round 3 (chat): 4/4 requests failed (first: chat request 0 (stream): HTTP {status}")
+    assert rep.failures[0].startswith("round 3 (chat): 4/4 requests failed (first: chat request 0 (stream): "
+                                      f"HTTP {status}")
     assert ("chat template" in rep.failures[0]) and rep.log_tail
     # a model without a chat template: --no-chat skips the round, and the verdict is the completions'
     off = _run(tmp_path, "--broken-chat-template", str(status), rounds=2, chat=False)
@@ -596,7 +597,8 @@ def test_second_ctrl_c_while_stopping_still_kills_the_server(tmp_path):
     pidfile, child = tmp_path / "srv.pid", tmp_path / "child.pid"
     proc = subprocess.Popen(
         CLI + ["smoke", "--model", str(tmp_path / "m"), "--server-cmd",
-               _fake_cmd("--hang-at", "3", "--ignore-sigterm", "--pidfile", str(pidfile), "--child-pidfile", str(child)),
+               _fake_cmd("--hang-at", "3", "--ignore-sigterm", "--pidfile", str(pidfile), "--child-pidfile",
+                         str(child)),
                "--rounds", "2", "--concurrency", "4", "--max-tokens", "4", "--timeout", "100", "--json"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -622,15 +624,18 @@ def test_second_ctrl_c_while_stopping_still_kills_the_server(tmp_path):
 
 def test_root_cause_comes_first():
     """The CLI's one-line message is failures[0]: it must name the cause, not 'only 1 of 3 rounds ran'."""
-    ok_round = summarize_round(1, [RequestResult(index=0, stream=True, ok=True, latency_s=0.1, output_tokens=4)], 0.1, 1)
-    facts = parse_server_log("(EngineCore pid=1) ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n")
+    ok_round = summarize_round(1, [RequestResult(index=0, stream=True, ok=True, latency_s=0.1, output_tokens=4)], 0.1,
+                               1)
+    facts = parse_server_log("(EngineCore pid=1) ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to "
+                             "allocate 2 GiB\n")
     _, failures = decide(rounds=[ok_round], expected_rounds=3, facts=facts, server_exit_code=None,
                          server_exited=False, boot_error=None)
     assert failures[0].startswith("out-of-memory") and failures[-1] == "only 1 of 3 rounds ran"
     _, failures = decide(rounds=[], expected_rounds=3, facts=LogFacts(), server_exit_code=None, server_exited=False,
                          boot_error=None, extra_failures=["interrupted (Ctrl-C / SIGTERM); server stopped"])
     assert failures[0].startswith("interrupted")
-    bad_round = summarize_round(1, [RequestResult(index=0, stream=True, ok=False, error="ConnectionResetError")], 0.1, 1)
+    bad_round = summarize_round(1, [RequestResult(index=0, stream=True, ok=False, error="ConnectionResetError")], 0.1,
+                                1)
     _, failures = decide(rounds=[bad_round], expected_rounds=3, facts=LogFacts(), server_exit_code=3,
                          server_exited=True, boot_error=None)
     assert failures[0] == "server process exited (code 3)"
@@ -657,7 +662,8 @@ def test_deadlines_must_be_finite(tmp_path, kwargs, msg):
         SmokeConfig(model=str(tmp_path), **kwargs).validate()
 
 
-@pytest.mark.parametrize("value,ok", [("141", False), ("garbage", False), ("0GiB", False), ("h200", True), ("80GB", True)])
+@pytest.mark.parametrize("value,ok",
+                         [("141", False), ("garbage", False), ("0GiB", False), ("h200", True), ("80GB", True)])
 def test_gpu_memory_flag_uses_the_planner_syntax(tmp_path, value, ok):
     model = _tiny_checkpoint(tmp_path / "m")
     r = _cli(["smoke", "--model", str(model), "--server-cmd", _fake_cmd(), "--gpu-memory", value,
@@ -679,7 +685,8 @@ def test_plan_uses_vllms_default_utilization_and_suggests(tmp_path):
     from builder.serving.plan import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 
     model = _tiny_checkpoint(tmp_path / "m")
-    d = smoke.preflight_plan(SmokeConfig(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096), lambda m: None)
+    d = smoke.preflight_plan(SmokeConfig(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096),
+                             lambda m: None)
     assert d["gpu_memory_utilization"] == VLLM_DEFAULT_GPU_MEMORY_UTILIZATION == 0.92
     # refused "with the plan's numbers and suggestions"
     rep = run_smoke(SmokeConfig(model=str(model), server_cmd=_fake_cmd(), gpu_memory_bytes=8 << 30,
@@ -714,7 +721,8 @@ def test_any_exception_names_the_cause_when_the_server_exits(tmp_path):
     assert failures == ["server exited during boot (code 1) before /health answered", f"server log: {line}"]
     # the specific vLLM lines still win over a generic one
     facts = parse_server_log("WARNING x ImportError: optional thing\n(EngineCore pid=1) ERROR ValueError: bad config\n")
-    _, failures = decide(rounds=[], expected_rounds=1, facts=facts, server_exit_code=1, server_exited=True, boot_error=None)
+    _, failures = decide(rounds=[], expected_rounds=1, facts=facts, server_exit_code=1, server_exited=True,
+                         boot_error=None)
     assert failures == ["server process exited (code 1)", "server log: ERROR ValueError: bad config",
                         "only 0 of 1 rounds ran"]
 
@@ -740,7 +748,8 @@ def test_data_parallel_api_servers_are_not_a_restart_but_a_restart_is(tmp_path):
     assert rep.verdict == PASS, rep.failures
     rep = _run(tmp_path, "--restart-at", "3", rounds=2)
     assert rep.verdict == FAIL
-    assert any("server restarted (1 start(s) logged after /health first answered)" in f for f in rep.failures), rep.failures
+    assert any("server restarted (1 start(s) logged after /health first answered)"
+               in f for f in rep.failures), rep.failures
 
 
 def test_plan_reads_extra_args_in_both_forms_and_steps_aside_for_a_fixed_kv_size(tmp_path):
@@ -753,7 +762,8 @@ def test_plan_reads_extra_args_in_both_forms_and_steps_aside_for_a_fixed_kv_size
     # the proof's parallel wave: --kv-cache-memory 2GiB at utilization 0.08 -- the plan must not refuse it
     notes: list[str] = []
     for extra in (["--kv-cache-memory", "2147483648"], ["--kv-cache-memory-bytes=2G"]):
-        assert smoke.preflight_plan(SmokeConfig(**base, gpu_memory_utilization=0.01, extra_args=extra), notes.append) is None
+        assert smoke.preflight_plan(SmokeConfig(**base, gpu_memory_utilization=0.01, extra_args=extra),
+                                    notes.append) is None
     assert all("fixes the KV cache size" in n for n in notes) and len(notes) == 2
 
 

@@ -105,7 +105,8 @@ def test_base_moves_and_window_are_pure(bases):
     b2 = dataclasses.replace(b, os="Ubuntu 24.04 (nvidia/cuda:13.0.2-base-ubuntu24.04)", uv_overrides=["nccl==2"],
                              lacks={"unversioned": {"deep-ep": "source-build: DeepEP"}})
     moves = {m.what: m for m in U.base_moves(a, b2)}
-    assert moves["OS"].new == "Ubuntu 24.04" and moves["image uv overrides"] == U.Move("image uv overrides", None, "nccl==2")
+    assert (moves["OS"].new == "Ubuntu 24.04"
+            and moves["image uv overrides"] == U.Move("image uv overrides", None, "nccl==2"))
     assert moves["unversioned in the image"].new == "deep-ep"
     assert U.lock_changes({"x": "1", "y": "2"}, {"y": "3", "z": "1"}) == [
         U.Move("x", "1", None), U.Move("y", "2", "3"), U.Move("z", None, "1")]

@@ -44,7 +44,8 @@ def fmt(v, nd=2):
 
 
 def runs_table(runs: dict[str, dict]) -> str:
-    out = ["| run | verdict | /health s | first token s | KV tokens (vLLM) | max conc. (vLLM) | p50 / p95 s (rounds) | out tok/s | GPU MiB peak | failure (root cause) |",
+    out = ["| run | verdict | /health s | first token s | KV tokens (vLLM) | max conc. (vLLM) | p50 / p95 s (rounds) | "
+           "out tok/s | GPU MiB peak | failure (root cause) |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         lat = "; ".join(f"{fmt(x['latency_p50_s'])}/{fmt(x['latency_p95_s'])}" for x in r["rounds"]) or "–"
@@ -95,7 +96,8 @@ def ground_truth(runs: dict[str, dict]) -> str:
         from builder.serving import plan as planmod
     except ImportError:
         return "(builder.serving.plan not importable)"
-    out = ["| run | model (layers × KV heads × head_dim) | util | max_model_len | KV tokens: plan | vLLM | error | max concurrency: plan | vLLM | error | available KV GiB: plan | vLLM |",
+    out = ["| run | model (layers × KV heads × head_dim) | util | max_model_len | KV tokens: plan | vLLM | error | max "
+           "concurrency: plan | vLLM | error | available KV GiB: plan | vLLM |",
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         p = r.get("plan")
@@ -130,7 +132,8 @@ def ground_truth(runs: dict[str, dict]) -> str:
         out.append(
             f"| {name} | {shape} | {r['settings']['gpu_memory_utilization']} | {fmt(r['settings']['max_model_len'])} | "
             f"{fmt(kv_p)} | {fmt(kv_m)} | {100 * (kv_p - kv_m) / kv_m:+.2f}% | {fmt(float(mc_p))} | {fmt(mc_m)} | "
-            f"{100 * (mc_p - mc_m) / mc_m:+.2f}% | {cur['available_kv_bytes'] / 2**30:.2f} | {fmt(r['kv_cache']['available_gib'])} |"
+            f"{100 * (mc_p - mc_m) / mc_m:+.2f}% | {cur['available_kv_bytes'] / 2**30:.2f} | "
+            f"{fmt(r['kv_cache']['available_gib'])} |"
         )
     return "\n".join(out)
 

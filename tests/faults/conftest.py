@@ -80,7 +80,8 @@ class OwnRegistry:
                                      stderr=open(self.root / "registry.log", "ab"))
         if not wait_http(f"http://{self.addr}/v2/"):
             self.kill()
-            pytest.fail(f"own registry on {self.addr} did not start: {(self.root / 'registry.log').read_text()[-2000:]}")
+            pytest.fail(f"own registry on {self.addr} did not start: "
+                        f"{(self.root / 'registry.log').read_text()[-2000:]}")
         return self
 
     def kill(self) -> None:

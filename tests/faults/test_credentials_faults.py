@@ -17,7 +17,8 @@ from .conftest import cli
     ("http://ci-bot:pw@127.0.0.1:8080/simple/", "http://****@127.0.0.1:8080/simple/"),
     ("https://__token__@pypi.example/simple/", "https://****@pypi.example/simple/"),
     ("https://h/x.whl?token=abc&v=1", "https://h/x.whl?token=****&v=1"),
-    ("https://s3/x.whl?X-Amz-Signature=sig&X-Amz-Credential=AKIA", "https://s3/x.whl?X-Amz-Signature=****&X-Amz-Credential=****"),
+    ("https://s3/x.whl?X-Amz-Signature=sig&X-Amz-Credential=AKIA",
+     "https://s3/x.whl?X-Amz-Signature=****&X-Amz-Credential=****"),
     ("https://files.pythonhosted.org/a/b/x.whl", "https://files.pythonhosted.org/a/b/x.whl"),
     ("/srv/wheels", "/srv/wheels"),
 ])
@@ -55,7 +56,8 @@ def test_password_in_find_links_url_is_never_written(offline, tmp_path, auth_whe
     from builder.resolve.lockfile import load_lock
 
     lock = load_lock(out)
-    code = ("import sys; from builder.resolve.lockfile import load_lock; from builder.image.render import fetch_wheels\n"
+    code = ("import sys; from builder.resolve.lockfile import load_lock; from builder.image.render import "
+            "fetch_wheels\n"
             "from builder.errors import BuildImageError\n"
             f"try: print(sorted(fetch_wheels(load_lock({str(out)!r}))))\n"
             "except BuildImageError as exc: sys.exit(print(exc.render(), file=sys.stderr) or exc.exit_code)")
@@ -81,7 +83,8 @@ def test_a_lock_carrying_a_password_is_redacted_in_the_context(tmp_path):
     from .conftest import tiny_context
 
     ctx, plan = tiny_context(tmp_path)
-    text = plan.lock.format().replace("# python:", "# index: --find-links https://bot:hunter2@wheels.example/\n# python:")
+    text = plan.lock.format().replace("# python:",
+                                      "# index: --find-links https://bot:hunter2@wheels.example/\n# python:")
     wheels = {e.wheel.filename: tmp_path / "wheels-src" / e.wheel.filename for e in plan.lock.entries}
     write_context(ctx, plan, wheels=wheels, lock_text=text)
     got = (ctx / "requirements.lock").read_text()

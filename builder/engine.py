@@ -35,6 +35,8 @@ from builder.credentials import redact_text
 from builder.errors import BadInput, BuildFailed, EngineUnavailable, ExternalToolError, RegistryError
 from builder.scratch import die_with_parent
 
+UNIX_SOCKET_PATH_MAX = 107   # sun_path holds 108 bytes with the terminating NUL (Linux)
+
 DOCKER_ENV = "BUILD_IMAGE_DOCKER"
 # Only the CLI's own connection to the engine: a registry's dial error ("dial tcp HOST:PORT:
 # connect: connection refused", relayed by the engine during a push or pull) is a registry fault.
@@ -248,6 +250,20 @@ class DockerEngine:
             hint=f"check {DOCKER_ENV} (or the docker on PATH): it must name a working docker binary.",
         )
 
+    def _refuse_long_socket_path(self) -> None:
+        """A ``unix://`` DOCKER_HOST whose path does not fit a socket address (107 bytes on Linux): no engine
+        can be reached there, and the docker CLI crashes on it instead of saying so."""
+        host = self.env.get("DOCKER_HOST") or ""
+        if not host.startswith("unix://"):
+            return
+        size = len(os.fsencode(host[len("unix://"):]))
+        if size > UNIX_SOCKET_PATH_MAX:
+            raise EngineUnavailable(
+                f"the Docker engine at {redact(host)} is not reachable: the socket path is {size} bytes, over the "
+                f"{UNIX_SOCKET_PATH_MAX} a unix socket address holds.",
+                hint="point DOCKER_HOST at a shorter path (a symlink to the socket's folder will do).",
+            )
+
     def _raise_unreachable(self, stderr: str) -> None:
         if engine_unreachable(stderr):
             host = self.env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
@@ -271,6 +287,7 @@ class DockerEngine:
     # -- protocol -----------------------------------------------------------
     def ping(self) -> str:
         """Server version; raises EngineUnavailable when the engine does not answer."""
+        self._refuse_long_socket_path()
         proc = self._run(["version", "--format", "{{.Server.Version}}"], timeout=30, check=False)
         if proc.returncode != 0 or not proc.stdout.strip():
             self._refuse_silent_cli(proc)

@@ -562,10 +562,25 @@ def test_docker_mode_missing_image_is_bad_input_not_a_verdict(docker_engine, tmp
 def test_docker_mode_unreachable_engine_exits_8(tmp_path):
     if not shutil.which(DOCKER):
         missing("needs the docker CLI (no engine needed)")
-    r = _cli(["smoke", "some/image:1", "--model", str(tmp_path)],
-             env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"})
+    short = tempfile.mkdtemp(prefix="bi-", dir="/tmp")  # a socket path must fit 107 bytes; tmp_path may not
+    try:
+        r = _cli(["smoke", "some/image:1", "--model", str(tmp_path)],
+                 env={**os.environ, "DOCKER_HOST": f"unix://{short}/no-engine.sock"})
+    finally:
+        os.rmdir(short)
     assert r.returncode == 8, (r.returncode, r.stderr)
-    assert "not reachable" in r.stderr
+    assert "not reachable" in r.stderr and "Cannot connect to the Docker daemon" in r.stderr
+
+
+def test_a_docker_host_socket_path_too_long_for_a_socket_is_named(tmp_path):
+    """The docker CLI crashes (a Go panic) on a unix socket path over 107 bytes; the tool says why instead."""
+    if not shutil.which(DOCKER):
+        missing("needs the docker CLI (no engine needed)")
+    sock = tmp_path / ("d" * 120) / "engine.sock"
+    r = _cli(["smoke", "some/image:1", "--model", str(tmp_path)], env={**os.environ, "DOCKER_HOST": f"unix://{sock}"})
+    assert r.returncode == 8, (r.returncode, r.stderr)
+    assert f"the socket path is {len(str(sock))} bytes, over the 107" in r.stderr
+    assert "panic" not in r.stderr and "goroutine" not in r.stderr
 
 
 @pytest.mark.slow

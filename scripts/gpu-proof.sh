@@ -18,40 +18,14 @@ WAIT=${WAIT:-540}
 RUN=${RUN:-proof-run.sh}   # or serve-proof-run.sh (the Serve path + the output-equivalence gate)
 mode=${1:-}; n=${2:-}
 
-recv() {
-  local d="$REPO/c0$n" f; f=$(printf 'part%02d' "$n")
-  mkdir -p /tmp/parts
-  (cd "$d" && sha256sum -c "$f.sha256") || { echo "part $n: sha256 mismatch"; exit 7; }
-  cp "$d/$f" /tmp/parts/ && ls -la /tmp/parts
-}
-
-collect() {
-  [ -n "${OUT:-}" ] || return 0
-  tar czf "$OUT/proof.tgz" -C "$P" . 2>/dev/null
-  cp "$P/progress.txt" "$OUT/" 2>/dev/null
-}
-
-waitdone() {
-  local t0=$SECONDS
-  while [ $((SECONDS - t0)) -lt "$WAIT" ]; do
-    grep -qE "^[0-9:]+ DONE$|FAILED$" "$P/progress.txt" 2>/dev/null && break
-    sleep 5
-  done
-  cat "$P/progress.txt"
-  collect
-  grep -qE "^[0-9:]+ DONE$" "$P/progress.txt" && echo "PROOF FINISHED" || echo "PROOF STILL RUNNING (call: scripts/gpu-proof.sh wait)"
-}
+LABEL=PROOF TGZ=proof.tgz TGZ_EXCLUDE='' RUN_SCRIPT="$REPO/scripts/gpu/$RUN" WAIT_CMD="scripts/gpu-proof.sh wait"
+part_dir() { echo "$REPO/c0$1"; }
+# shellcheck source=gpu/device-calls.sh
+. "$REPO/scripts/gpu/device-calls.sh"
 
 case "$mode" in
-  recv) recv ;;
-  start)
-    recv
-    cat /tmp/parts/part* > /tmp/bundle.tar
-    sha256sum -c "$REPO/c0$n/bundle.sha256" || { echo "bundle sha256 mismatch"; exit 7; }
-    rm -rf /tmp/bwhl && mkdir -p /tmp/bwhl && tar xf /tmp/bundle.tar -C /tmp/bwhl && rm -f /tmp/bundle.tar
-    rm -rf "$P" && mkdir -p "$P"
-    setsid nohup "$REPO/scripts/gpu/$RUN" > "$P/run.log" 2>&1 < /dev/null &
-    sleep 2; waitdone ;;
+  recv) recv "$n" ;;
+  start) start "$n" ;;
   wait) waitdone ;;
   *) echo "usage: $0 recv N | start N | wait"; exit 2 ;;
 esac

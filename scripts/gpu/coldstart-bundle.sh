@@ -28,6 +28,6 @@ for p in "$WORK"/part*; do
   (cd "$d" && sha256sum "part$n" > "part$n.sha256"); last=$d
 done
 (cd "$WORK" && sha256sum bundle.tar | sed 's/bundle.tar/\/tmp\/bundle.tar/') > "$last/bundle.sha256"
-cp "$ROOT"/scripts/gpu/{coldstart.sh,coldstart-run.sh,coldstart_ckpt.py,pagecache.py} "$DEST/s/"
+cp "$ROOT"/scripts/gpu/{coldstart.sh,device-calls.sh,coldstart-run.sh,coldstart_ckpt.py,pagecache.py} "$DEST/s/"
 mkdir -p "$DEST/s/tests" && cp "$ROOT/tests/checkpoints.py" "$DEST/s/tests/"
 ls -la "$DEST"/c*/ "$DEST/s"; du -sh "$WORK/bundle.tar"

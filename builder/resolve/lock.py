@@ -567,12 +567,14 @@ class Uv:
         if no_index:
             cmd.append("--no-index")
         cmd += list(requirements)
+        return cmd, self._completed(cmd)
+
+    def _completed(self, cmd: list[str]) -> subprocess.CompletedProcess:
+        """Run one uv command to completion, output captured as text."""
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, env=self.env())
+            return subprocess.run(cmd, capture_output=True, text=True, env=self.env())
         except OSError as exc:
             raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
-        return cmd, r
-
 
     def pip_target(self, sub: str, target: Path, args: list[str], *, python_version: str | None = None,
                    platform: str | None = None) -> tuple[list[str], subprocess.CompletedProcess]:
@@ -584,11 +586,7 @@ class Uv:
             cmd += ["--python-version", python_version or "", "--python-platform", platform or "", "--no-build",
                     "--link-mode", "hardlink"]
         cmd += list(args)
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, env=self.env())
-        except OSError as exc:
-            raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
-        return cmd, r
+        return cmd, self._completed(cmd)
 
 
 def find_uv() -> str:

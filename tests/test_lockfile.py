@@ -452,3 +452,67 @@ def test_a_lock_is_read_as_utf8_whatever_the_locale(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "u.lock")], cwd=root, env=env,
                        capture_output=True, text=True, encoding="utf-8", errors="replace")
     assert r.returncode == 0, r.stderr
+
+
+def test_a_file_of_comments_only_is_no_lock_without_the_header_line():
+    # no line ends the header: every line is read as the header, which does not say it is a lock
+    with pytest.raises(BadInput, match=r"^x\.lock is not a build-image lock: no '# build-image-lock: 1' header "
+                                       r"line\.$"):
+        parse_lock("# pinned by hand\n# nothing yet\n", "x.lock")
+
+
+CLICK_BLOCK = (f"click==8.1.7 \\\n    --hash=sha256:{HA}\n    # via -r overlay\n"
+               f"    # wheel: https://files.example/click-8.1.7-py3-none-any.whl#sha256={HA}\n"
+               "    # facts: binary=0 extensions=0 numpy-abi=0/0 glibc=- python-abi=none base=-\n")
+
+
+def test_a_hash_line_belongs_to_the_entry_only_where_a_backslash_continues_to_it():
+    # pip reads a '\'-continued hash line whatever its indent: the entry's own, the lock reads as written
+    lk = parse_lock(WRITTEN.replace(f"    --hash=sha256:{HA}\n", f"  --hash=sha256:{HA}\n"), "w.lock")
+    assert [(e.name, e.hashes) for e in lk.entries] == [("click", [HA]), ("numpy", [HB, HC])]
+    # after a closed hash list, a line indented by fewer than four spaces starts an item of its own
+    # (no pin): the click lines after it are that item's, so click has lost its wheel line
+    _lenient(WRITTEN.replace(f"    --hash=sha256:{HA}\n", f"    --hash=sha256:{HA}\n  --hash=sha256:{HB}\n"),
+             r", line 18: 'click==8\.1\.7' \(line 17\) has no '# wheel:' line",
+             rf", line 19: not a pinned requirement \('name==version'\): '--hash=sha256:{HB}'\.$")
+    # a backslash after a line that is no hash line does not make the list go on
+    _lenient(WRITTEN.replace(f"click==8.1.7 \\\n    --hash=sha256:{HA}\n    # via -r overlay\n",
+                             f"click==8.1.7 \\\n    # via -r overlay \\\n  --hash=sha256:{HA}\n"),
+             r", line 18: expected a '--hash=sha256:<64 hex>' line continuing 'click==8\.1\.7' \(line 17\), "
+             r"found '# via -r overlay \\\\'\.",
+             r", line 17: 'click==8\.1\.7' has no --hash lines",
+             rf", line 19: not a pinned requirement \('name==version'\): '--hash=sha256:{HA}'\.$")
+
+
+def test_a_hash_list_cut_by_the_next_item_names_that_item():
+    # the open list's next line is not indented: it starts the next item, which the finding quotes
+    lk = _lenient(WRITTEN.replace(CLICK_BLOCK, f"click==8.1.7 \\\n    --hash=sha256:{HA} \\\n"),
+                  r", line 19: expected a '--hash=sha256:<64 hex>' line continuing 'click==8\.1\.7' \(line 17\), "
+                  r"found 'numpy==2\.2\.6 \\\\'\.",
+                  r", line 18: 'click==8\.1\.7' \(line 17\) has no '# wheel:' line")
+    assert [(e.name, e.hashes, e.line) for e in lk.entries] == [("click", [HA], 17), ("numpy", [HB, HC], 19)]
+    # the last entry's list cut by a comment after it: the comment, not the end of the file nor an earlier line
+    cut = WRITTEN[:WRITTEN.index("    # via -r overlay\n    # via ray")]
+    _lenient(cut.replace(f"--hash=sha256:{HC}", f"--hash=sha256:{HC} \\") + "# trailing\n",
+             r", line 25: expected a '--hash=sha256:<64 hex>' line continuing 'numpy==2\.2\.6' \(line 22\), "
+             r"found '# trailing'\.",
+             r", line 24: 'numpy==2\.2\.6' \(line 22\) has no '# wheel:' line")
+
+
+def test_lenient_a_stray_line_right_after_the_hash_list_is_named():
+    lk = _lenient(WRITTEN.replace(f"    --hash=sha256:{HA}\n", f"    --hash=sha256:{HA}\n    stray\n"),
+                  r", line 19: 'stray' under 'click==8\.1\.7' \(line 17\) is neither a '--hash=sha256:' line")
+    assert lk.entries[0].wheel.sha256 == HA and lk.entries[0].via == ["-r overlay"]
+
+
+def test_lenient_a_malformed_or_wheel_line_is_no_facts_line():
+    # a facts line that does not parse leaves the entry without facts: the line, then the missing facts
+    facts = "    # facts: binary=0 extensions=0 numpy-abi=0/0 glibc=- python-abi=none base=-\n"
+    lk = _lenient(WRITTEN.replace(facts, facts.replace("binary=0 extensions=0", "binary=0 oops")),
+                  r", line 21: malformed facts token 'oops'",
+                  r", line 21: 'click==8\.1\.7' \(line 17\) has no '# facts:' line")
+    assert lk.entries[0].facts == DistFacts()
+    # a (broken) second wheel line in place of the facts line does not stand for it
+    _lenient(WRITTEN.replace(facts, "    # wheel: https://files.example/click-8.1.7-py3-none-any.whl\n"),
+             r", line 21: wheel line lacks '#sha256=<hex>'\.",
+             r", line 21: 'click==8\.1\.7' \(line 17\) has no '# facts:' line")

@@ -17,9 +17,10 @@ from builder.errors import BadInput
 from builder.resolve import pylock as P
 from builder.resolve import twin as T
 from builder.resolve.lock import find_uv, target_tags
-from builder.resolve.lockfile import format_pylock, load_lock, parse_lock
-from builder.resolve.manifest import target_environment
+from builder.resolve.lockfile import LockFile, WheelRef, format_pylock, load_lock, parse_lock, to_pylock
+from builder.resolve.manifest import DistFacts, target_environment
 from builder.util import project_root
+from tests.test_lockfile import HA, WRITTEN
 
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 UV = find_uv()
@@ -68,7 +69,9 @@ def test_twin_round_trip_keeps_header_facts_via_and_other_hashes():
 def test_foreign_or_invalid_pylock_is_bad_input_naming_the_file(tmp_path):
     foreign = 'lock-version = "1.0"\ncreated-by = "uv"\n[[packages]]\nname = "six"\nversion = "1.0"\n' \
               '[[packages.wheels]]\nurl = "https://h/six-1.0-py3-none-any.whl"\nhashes = { sha256 = "aa" }\n'
-    with pytest.raises(BadInput, match=r"a/pylock.toml is a PEP 751 lock but not one build-image wrote"):
+    with pytest.raises(BadInput, match=r"^a/pylock.toml is a PEP 751 lock but not one build-image wrote \(no "
+                                       r"\[tool\.build-image\.header\] table\); build-image reads the pylock\.toml "
+                                       r"that `build-image lock` writes beside requirements\.lock\.$"):
         parse_lock(foreign, "a/pylock.toml")
     with pytest.raises(BadInput, match=r"b/pylock.toml is not a valid PEP 751 lock"):
         parse_lock('lock-version = "1.0"\n', "b/pylock.toml")
@@ -76,6 +79,117 @@ def test_foreign_or_invalid_pylock_is_bad_input_naming_the_file(tmp_path):
         parse_lock('lock-version = "2.0"\ncreated-by = "x"\npackages = []\n', "c/pylock.toml")
     with pytest.raises(BadInput, match="not valid TOML"):
         parse_lock("[[packages", "d/pylock.toml")
+
+
+def _twin_of_written() -> LockFile:
+    """WRITTEN (test_lockfile) with what a default lock lacks: a non-canonical name, a wheel URL with
+    a fragment, sparse facts (no numpy 1.x count, no python ABI) and no ``via``."""
+    lock = parse_lock(WRITTEN, "w.lock")
+    click, numpy = lock.entries
+    click.name, click.via = "Click", []
+    click.wheel = WheelRef(url="https://files.example/click-8.1.7-py3-none-any.whl#frag", sha256=HA)
+    click.facts = DistFacts(numpy_abi={"2": 1}, python_abi=None)
+    numpy.facts.numpy_abi = {"1": 3}
+    return lock
+
+
+def test_the_twin_writes_every_field_and_reads_it_back():
+    import tomllib
+
+    lock = _twin_of_written()
+    doc = tomllib.loads(format_pylock(lock))
+    click, numpy = doc["packages"]
+    assert click["wheels"] == [{"name": "click-8.1.7-py3-none-any.whl", "hashes": {"sha256": HA},
+                                "url": "https://files.example/click-8.1.7-py3-none-any.whl"}]  # no fragment
+    assert click["tool"]["build-image"] == {"name": "Click", "facts": {
+        "binary": False, "extensions": 0, "numpy-abi": [0, 1], "glibc": "", "python-abi": "none"}}
+    assert numpy["tool"]["build-image"]["facts"]["numpy-abi"] == [3, 0]
+    assert doc["requires-python"] == "==3.12.*" and doc["environments"] == [
+        "python_version == \"3.12\" and sys_platform == \"linux\" and platform_machine == \"x86_64\""]
+    back = parse_lock(format_pylock(lock), "x/pylock.toml")
+    assert [(e.name, e.via, e.line) for e in back.entries] == [("Click", [], 1), ("numpy", ["-r overlay", "ray"], 2)]
+    assert back.entries[0].facts == DistFacts(numpy_abi={"1": 0, "2": 1})
+    assert back.entries[1].facts == DistFacts(binary=True, extensions=12, numpy_abi={"1": 3, "2": 0}, glibc="2.17",
+                                              python_abi="cp312")
+    assert back.entries[0].wheel.url == "https://files.example/click-8.1.7-py3-none-any.whl"
+
+
+def test_a_twin_with_a_wheel_folder_names_each_wheel_beside_the_file(tmp_path):
+    text = format_pylock(_twin_of_written(), "wheels")
+    assert 'path = "wheels/click-8.1.7-py3-none-any.whl"' in text and "url = " not in text
+    back = parse_lock(text, str(tmp_path / "pylock.toml"))
+    assert [e.wheel.url for e in back.entries] == [
+        (tmp_path / "wheels" / e.wheel.filename).resolve().as_uri() for e in back.entries]
+
+
+def test_a_lock_without_python_or_platform_has_a_twin_without_those_markers():
+    lock = _twin_of_written()
+    del lock.header["platform"]
+    doc = to_pylock(lock)
+    assert [str(m) for m in doc.environments] == ['python_version == "3.12" and sys_platform == "linux"']
+    del lock.header["python"]
+    doc = to_pylock(lock)
+    assert doc.requires_python is None and doc.environments is None
+    lock.entries[0].wheel = None
+    with pytest.raises(BadInput, match=r"^lock: Click==8\.1\.7 has no '# wheel:' line; pylock\.toml needs its "
+                                       r"wheel\.$"):
+        to_pylock(lock)
+
+
+def _edited(edit) -> str:
+    """The twin of WRITTEN as TOML, its document changed by ``edit`` (a hand edit)."""
+    import tomli_w
+
+    d = to_pylock(parse_lock(WRITTEN, "w.lock")).to_dict()
+    edit(d)
+    return tomli_w.dumps(d)
+
+
+def test_a_facts_table_reads_its_defaults_and_a_malformed_one_is_named():
+    def sparse(d):
+        d["packages"][0]["tool"]["build-image"]["facts"] = {"glibc": "2.28"}
+
+    assert parse_lock(_edited(sparse), "x/pylock.toml").entries[0].facts == DistFacts(glibc="2.28")
+
+    def malformed(d):
+        d["packages"][1]["tool"]["build-image"]["facts"]["extensions"] = "many"
+
+    with pytest.raises(BadInput, match=r"^x/pylock\.toml, packages\[1\] \(numpy\): malformed "
+                                       r"\[tool\.build-image\.facts\] table \{.*'extensions': 'many'"):
+        parse_lock(_edited(malformed), "x/pylock.toml")
+
+
+def _two_header_keys_gone(d):
+    del d["tool"]["build-image"]["header"]["vllm"], d["tool"]["build-image"]["header"]["python"]
+
+
+def _a_second_wheel(d):
+    w = d["packages"][1]["wheels"]
+    w.append(dict(w[0], name=w[0]["name"].replace("x86_64", "aarch64"), url=w[0]["url"].replace("x86_64", "aarch64")))
+
+
+@pytest.mark.parametrize("edit, why", [
+    (_two_header_keys_gone,
+     r"^x/pylock\.toml: \[tool\.build-image\.header\] lacks vllm, python; the file is hand-edited\.$"),
+    (lambda d: d["packages"].append(d["packages"][0]),
+     r"^x/pylock\.toml: duplicate package 'click' \(packages\[2\], first at packages\[0\]\)"),
+    (_a_second_wheel,
+     r"^x/pylock\.toml, packages\[1\] \(numpy\): a build-image pylock has exactly one wheel and a version per "
+     r"package\.$"),
+    (lambda d: d["packages"][0]["wheels"][0].update(hashes={"sha512": "ab"}),
+     r"^x/pylock\.toml, packages\[0\] \(click\): the wheel has no sha256 or no url/path\.$"),
+])
+def test_a_hand_edited_twin_is_bad_input_naming_the_place(edit, why):
+    with pytest.raises(BadInput, match=why):
+        parse_lock(_edited(edit), "x/pylock.toml")
+
+
+def test_a_twin_without_overlay_or_escape_hatch_tables_has_none():
+    def gone(d):
+        del d["tool"]["build-image"]["overlay"], d["tool"]["build-image"]["allow-abi-change"]
+
+    lk = parse_lock(_edited(gone), "x/pylock.toml")
+    assert (lk.overlay, lk.allow_abi_change, [e.name for e in lk.entries]) == ([], {}, ["click", "numpy"])
 
 
 # ------------------------------------------------------------------ the real lock command, offline

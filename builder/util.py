@@ -7,9 +7,9 @@ import errno
 import hashlib
 import os
 import re
+import secrets
 import stat
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,6 +96,15 @@ def refuse_foreign(path: str | os.PathLike, what: str, *, force: bool = False, m
                    hint=f"choose another output path, or pass {flag} to replace it.")
 
 
+def temp_path(target: Path, suffix: str = ".tmp") -> Path:
+    """A fresh name beside ``target`` for its temp (``.NAME.<random>.tmp``, the pattern the sweeps know).
+
+    The caller creates it inside the ``try`` that removes it, so an interrupt that lands right after the
+    creation (before a name returned by ``mkstemp``/``mkdtemp`` could be kept) leaves nothing behind.
+    """
+    return target.parent / f".{target.name}.{secrets.token_hex(6)}{suffix}"
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory + rename (the output rule above).
 
@@ -106,7 +115,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) 
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        while True:  # the name is known before the file exists: a signal right after its creation still removes it
+            tmp = str(temp_path(path))
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                break
+            except FileExistsError:  # another writer's temp: never ours to remove
+                tmp = None
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

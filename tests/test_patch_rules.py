@@ -118,6 +118,7 @@ def test_series_dir_for_lists_what_is_available(shipped):
     ("0.11.0", "0.10.0"),
     ("0.9.5", "0.9.0"),
     ("0.1.0", "0.28.0"),     # nothing older: the newest there is
+    ("0.28", "0.10.0"),      # strictly older: 0.28.0 is this release (port refuses equal versions)
 ])
 def test_require_series_names_the_series_to_port_from(shipped, wanted, port_from):
     assert P.require_series("0.28.0") == shipped / "vllm" / "0.28.0"

@@ -6,6 +6,7 @@ import difflib
 import http.server
 import json
 import os
+import re
 import threading
 import zipfile
 from pathlib import Path
@@ -125,7 +126,8 @@ def test_forbidden_paths_refused(tmp_path, path, msg):
     ("diff --git a/vllm/l b/vllm/l\nnew file mode 120000\n--- /dev/null\n+++ b/vllm/l\n@@ -0,0 +1 @@\n+/etc\n",
      "symlink"),
     ("diff --git a/vllm/x.so b/vllm/x.so\nBinary files a/vllm/x.so and b/vllm/x.so differ\n", "binary"),
-    ("--- /dev/null\n+++ b/vllm/new.py\n@@ -0,0 +1 @@\n+x\n", "creates or deletes"),
+    ("--- /dev/null\n+++ b/vllm/new.py\n@@ -0,0 +1 @@\n+x\n",
+     r"creates or deletes a file \('/dev/null'\); a series may only modify existing files\.$"),
     ("--- a/vllm/a.py\n+++ b/vllm/b.py\n@@ -1 +1 @@\n-x\n+y\n", "renames"),
 ])
 def test_renames_symlinks_binary_new_files_refused(tmp_path, diff, msg):
@@ -193,7 +195,8 @@ def test_symlink_in_tree_refused(series, tree, tmp_path):
         f.unlink()
     (tree / "vllm/sub").rmdir()
     (tree / "vllm/sub").symlink_to(real)
-    with pytest.raises(PatchFailed, match="symlink"):
+    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(tree))}: vllm/sub is a symlink; patching through "
+                                          r"symlinks is refused\.$"):
         P.check(series, tree)
 
 

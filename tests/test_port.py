@@ -1024,6 +1024,14 @@ def test_port_runs_the_probes_where_the_output_says(tmp_path, a_series, monkeypa
     series, a = a_series
     PO.port(series, a, tree(tmp_path / "b", A_MOD), "2.0", out_dir=out, probe_python=sys.executable)
     assert seen == [(out, sys.executable)]
+    # without an output folder: B's shipped series (found by B's version), whose probe-env.txt is B's
+    shipped = tmp_path / "patches" / "toy" / "2.0"
+    shipped.mkdir(parents=True)
+    (shipped / "series").write_text("")
+    (shipped / "probe-env.txt").write_text("torch\n")
+    monkeypatch.setattr(P, "patches_root", lambda: tmp_path / "patches")
+    PO.port(series, a, tree(tmp_path / "b2", A_MOD), "2.0", probe_python=sys.executable)
+    assert seen[-1] == (shipped, sys.executable)
 
 
 # ------------------------------------------------------------------ rendering (pure)

@@ -666,7 +666,10 @@ def test_a_lock_pinning_a_name_the_base_cannot_version_is_a_conflict_with_the_re
     res = abi.evaluate(base, [entry("mooncake-transfer-engine", "0.3.12.post1", via=("-r overlay", "lmcache"))], {})
     assert not res.ok and [f.rule for f in res.violations] == [abi.UNVERSIONED_IN_BASE]
     fd = res.violations[0]
-    assert fd.old is None and "image already holds its own mooncake-transfer-engine" in fd.message
+    assert fd.old is None and fd.message == (
+        "the lock pins mooncake-transfer-engine 0.3.12.post1, but the image already holds its own "
+        "mooncake-transfer-engine, which the base manifest cannot version; installing this one on top would "
+        "replace the image's build: a conflict with the base.")
     assert fd.evidence == ["mooncake-transfer-engine: off-index: mooncake-transfer-engine 0.3.10.post2 from a URL off "
                            "the index (vllm-0.26.0.tar.gz docker/Dockerfile:1029)"]
     assert abi.UNVERSIONED_IN_BASE in abi.VIOLATION_RULES
@@ -674,3 +677,7 @@ def test_a_lock_pinning_a_name_the_base_cannot_version_is_a_conflict_with_the_re
                            {"mooncake-transfer-engine": "replace the image's wheel on purpose"})
     assert allowed.ok and [f.rule for f in allowed.allowed] == [abi.UNVERSIONED_IN_BASE]
     assert abi.evaluate(BASE, [entry("mooncake-transfer-engine", "0.3.12.post1")], {}).ok  # nothing known: no verdict
+    # a name the manifest also versions is judged by that version: the same version on top is no finding
+    both = dataclasses.replace(BASE, lacks={"unversioned": {"transformers": "also listed by hand"}})
+    same = abi.evaluate(both, [entry("transformers", "5.14.1", base_version="5.14.1")], {})
+    assert same.ok and abi.UNVERSIONED_IN_BASE not in [f.rule for f in same.violations + same.allowed + same.notices]

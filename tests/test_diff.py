@@ -168,6 +168,18 @@ def test_comment_only_edit_is_noise():
     assert d.noise.comments_only and d.changes == [] and d.noise.count == 1
 
 
+def test_an_edit_with_a_change_or_a_header_change_is_not_comments_only():
+    # the texts differ and nothing counts as noise, but a package or the header changed: not "comments only"
+    text = (DATA / "g5_minor" / "old.lock").read_text()
+    old, bumped, header = parse_lock(text), parse_lock(text), parse_lock(text)
+    bumped.entries[0].version += ".post1"
+    d = diff_locks(old, bumped, old_text=text, new_text=format_lock(bumped))
+    assert d.changes and not d.header and d.noise.count == 0 and not d.noise.comments_only
+    header.overlay.append("extra-pkg")
+    d = diff_locks(old, header, old_text=text, new_text=format_lock(header))
+    assert d.header and not d.changes and d.noise.count == 0 and not d.noise.comments_only
+
+
 def test_without_manifest_the_base_is_rebuilt_from_the_lock():
     old, new, _base = pair("g1_rejected")
     d = diff_locks(old, new)

@@ -977,7 +977,8 @@ def test_weights_larger_than_the_budget_leave_no_kv_memory_and_no_setting_fits()
     assert p.headroom_bytes == p.available_kv_bytes - 4 * 4096 * 16384
     assert [s["setting"] for s in p.suggestions] == ["gpus"]
     assert p.suggestions[0]["value"] is None
-    assert p.suggestions[0]["text"].startswith("nothing within one GPU's budget fits: more GPUs (tp/pp)")
+    assert p.suggestions[0]["text"] == ("nothing within one GPU's budget fits: more GPUs (tp/pp), cpu offload, or a "
+                                        "smaller checkpoint")
 
 
 @pytest.mark.parametrize("tp, pp, outside", [(1, 1, int(0.50 * GiB)), (2, 1, int(0.50 * GiB) + int(0.25 * GiB)),
@@ -1588,6 +1589,11 @@ def test_text_config_takes_the_wrappers_dtype_and_quantization_and_wins_over_llm
     ("mamba", "ssm_state_size", 0, "m: field 'ssm_state_size' must be an integer >= 1, got 0."),
     ("mamba", "n_groups", 0, "m: field 'n_groups' must be an integer >= 1, got 0."),
     ("mamba", "conv_kernel", 0, "m: field 'conv_kernel' must be an integer >= 1, got 0."),
+    # a whole number written as a float passes the config's number check, not the field's integer check
+    ("gdn", "linear_num_value_heads", 8.0, "m: field 'linear_num_value_heads' must be an integer >= 1, got 8.0."),
+    ("mamba", "ssm_state_size", 64.0, "m: field 'ssm_state_size' must be an integer >= 1, got 64.0."),
+    ("mamba", "n_groups", 1.0, "m: field 'n_groups' must be an integer >= 1, got 1.0."),
+    ("mamba", "conv_kernel", 4.0, "m: field 'conv_kernel' must be an integer >= 1, got 4.0."),
 ])
 def test_state_shape_fields_are_checked_naming_the_config(make, drop, bad, message):
     from builder.serving.plan import describe_model
@@ -1846,3 +1852,48 @@ def test_mla_rope_dim_errors_name_the_config():
     with pytest.raises(BadInput) as exc:
         describe_model({**cfg("mla"), "qk_rope_head_dim": 0}, where="m")
     assert exc.value.message == "m: field 'qk_rope_head_dim' must be an integer >= 1, got 0."
+
+
+@pytest.mark.parametrize("config, message", [
+    (llama(kv=8.0), "m: field 'num_key_value_heads' must be an integer >= 1, got 8.0."),
+    ({**llama(), "head_dim": 128.0}, "m: field 'head_dim' must be an integer >= 1, got 128.0."),
+    ({**cfg("mla"), "kv_lora_rank": 512.0}, "m: field 'kv_lora_rank' must be an integer >= 1, got 512.0."),
+    (llama(sliding_window=-1), "m: field 'sliding_window' must be an integer >= 0, got -1."),
+    (llama(layers=10_001), "m: field 'num_hidden_layers' must be at most 10000, got 10001."),
+])
+def test_count_fields_are_integers_in_their_range_naming_the_config(config, message):
+    from builder.serving.plan import describe_model
+
+    with pytest.raises(BadInput) as exc:
+        describe_model(config, where="m")
+    assert exc.value.message == message
+
+
+def test_sliding_window_false_is_no_window_and_mla_kv_heads_need_not_split():
+    from builder.serving.plan import describe_model
+
+    assert {l.kind for l in describe_model(llama(sliding_window=False), where="m").layers} == {"full"}
+    # MLA keeps one latent per token: vLLM does not shard KV heads, so they need not divide by tp
+    mla = describe_model({**cfg("mla"), "num_key_value_heads": 3}, tp=2, where="m")
+    assert mla.mla and not [n for n in mla.notes if "KV heads <" in n]
+
+
+def test_load_format_outside_the_release_is_refused_naming_its_formats():
+    from builder.serving.plan import check_load_format, release_facts
+
+    facts = release_facts("0.28.0")
+    assert check_load_format(" SafeTensors ", facts) == "safetensors"
+    with pytest.raises(BadInput) as exc:
+        check_load_format("bitsandbytes", facts)
+    assert exc.value.message == (f"load format 'bitsandbytes' (--load-format): vLLM 0.28.0 does not accept it "
+                                 f"(its LoadFormats: {', '.join(facts.load_formats)}).")
+
+
+def test_load_config_names_a_config_that_is_not_utf8_or_nests_too_deep(tmp_path):
+    bad = tmp_path / "config.json"
+    bad.write_bytes(b'{"x": "\xff"}')
+    with pytest.raises(BadInput, match=rf"^model config {re.escape(str(bad))} cannot be read: not UTF-8 text"):
+        load_config(bad)
+    bad.write_text("[" * 200 + "]" * 200)
+    with pytest.raises(BadInput, match=rf"^model config {re.escape(str(bad))} nests deeper than"):
+        load_config(bad)

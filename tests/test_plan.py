@@ -1897,3 +1897,17 @@ def test_load_config_names_a_config_that_is_not_utf8_or_nests_too_deep(tmp_path)
     bad.write_text("[" * 200 + "]" * 200)
     with pytest.raises(BadInput, match=rf"^model config {re.escape(str(bad))} nests deeper than"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("field, other", [("ssm_state_size", "mamba_d_state"), ("n_groups", "mamba_n_groups"),
+                                          ("conv_kernel", "mamba_d_conv")])
+def test_a_null_other_spelling_of_a_state_field_is_refused_not_a_crash(field, other):
+    # the field's other spelling gives its default: a null there was returned as None (TypeError later)
+    from builder.serving.plan import describe_model
+
+    c = _mamba2()
+    del c[field]
+    c[other] = None
+    with pytest.raises(BadInput) as exc:
+        describe_model(c, where="m")
+    assert exc.value.message == f"m: field '{field}' must be an integer >= 1, got None."

@@ -240,8 +240,7 @@ def _int_field(cfg: dict, key: str, where: str, default: Any = ..., minimum: int
     val = cfg.get(key, default)
     if val is ...:
         raise BadInput(f"{where}: required field '{key}' is missing.")
-    if val is None and default is None:
-        return None  # type: ignore[return-value]
+    # a null (the field's or, through ``default``, its other spelling's) is no integer either
     if isinstance(val, bool) or not isinstance(val, int) or val < minimum:
         raise BadInput(f"{where}: field '{key}' must be an integer >= {minimum}, got {val!r}.")
     return val

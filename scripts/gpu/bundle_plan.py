@@ -60,7 +60,8 @@ def norm(name: str) -> str:
 
 
 def releases() -> list[str]:
-    out = [p.name[len("vllm-openai-v"):-len(".json")] for p in (ROOT / "lockfiles" / "base").glob("vllm-openai-v*.json")]
+    base = ROOT / "lockfiles" / "base"
+    out = [p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json")]
     return sorted(out, key=lambda v: tuple(int(x) for x in v.split(".")))
 
 

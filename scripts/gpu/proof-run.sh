@@ -84,8 +84,8 @@ if [ -n "${RELEASES:-}" ]; then
       if [ $unp = 1 ]; then
         t0=$SECONDS  # the unpatched boot starts once the patched one has sized its KV cache (or ended)
         until grep -q "GPU KV cache size" "$L/p-$V-qwen3-sparse.log" 2>/dev/null || ! kill -0 $pid 2>/dev/null \
-              || [ $((SECONDS - t0)) -gt 300 ]; do sleep 2; done
-        smoke "u-$V-qwen3-sparse" "$UN" --vllm "$V" --model "$CK/qwen3-sparse" "${PAR[@]}" &
+              || [ $((SECONDS - t0)) -gt 150 ]; do sleep 2; done
+        smoke "u-$V-qwen3-sparse" "$UN" --vllm "$V" --skip-checkpoint-check --model "$CK/qwen3-sparse" "${PAR[@]}" &
       fi
       wait
     fi
@@ -93,7 +93,7 @@ if [ -n "${RELEASES:-}" ]; then
       say "wave $V/P: gemma4-ple-long patched$([ $unp = 1 ] && echo ', unpatched and the plain-name reference') (parallel)"
       smoke "p-$V-gemma4-ple-long" "$PA" --vllm "$V" --model "$CK/gemma4-ple-long" "${PAR[@]}" &
       if [ $unp = 1 ]; then
-        smoke "u-$V-gemma4-ple-long" "$UN" --vllm "$V" --model "$CK/gemma4-ple-long" "${PAR[@]}" &
+        smoke "u-$V-gemma4-ple-long" "$UN" --vllm "$V" --skip-checkpoint-check --model "$CK/gemma4-ple-long" "${PAR[@]}" &
         smoke "u-$V-gemma4-ple-ref" "$UN" --vllm "$V" --model "$CK/gemma4-ple-ref" "${PAR[@]}" &
       fi
       wait

@@ -16,7 +16,9 @@ The plan is a set of layers; a release boots from its layers put on PYTHONPATH i
   so it is uploaded once.  Empty (no layer) for a release that pins the device's own torch (0.26.0).
 - ``vllm-X``: the slimmed vllm wheel, the engine/server/Gemma 4 dependencies named in
   scripts/gpu/wheels.txt at the manifest's versions, and (with --vllm-wheel-dir) every requirement of
-  the vllm wheel itself that the device lacks and that is not an optional kernel package (SKIP).
+  the vllm wheel itself that the device lacks and that is not an optional kernel package (SKIP); with
+  --wheels-dir (the download cache) the requirements of those wheels too, transitively, where the device
+  lacks them and the manifest pins them (openai 2.x needs distro, which the device lacks).
 - ``ray-Y``: ray at the release's default lock's version (lockfiles/vllm-X/requirements.lock) with the
   lock's other entries, and the Serve dependencies named in scripts/gpu/wheels-serve.txt at the
   lock's, else the manifest's versions.  Shared between releases whose ray layers are equal.
@@ -50,7 +52,8 @@ STACK_LINKED = ("nvidia-nccl-cu13", "nvidia-nvshmem-cu13")
 #: checkpoint does not load (/work/shared/gpu/README.md: "Not needed for a plain Qwen3 checkpoint")
 SKIP = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "tilelang", "quack-kernels",
         "humming-kernels", "tokenspeed-mla", "runai-model-streamer", "bitsandbytes", "opencv-python-headless",
-        "torchcodec", "pynvvideocodec", "fastsafetensors", "nvidia-cudnn-frontend", "xformers", "deep-gemm", "deep-ep")
+        "torchcodec", "pynvvideocodec", "fastsafetensors", "nvidia-cudnn-frontend", "xformers", "deep-gemm", "deep-ep",
+        "nvidia-cutlass-dsl-libs-cu12")  # CUDA 13 here: the cu13 libs serve
 #: the torch version of the device's python3 (KINDS.md; /work/shared/gpu/README.md)
 DEVICE_TORCH = "2.11.0"
 
@@ -130,8 +133,14 @@ def is_stack(name: str) -> bool:
     return name.startswith(("nvidia-", "cuda-"))
 
 
-def vllm_requirements(wheel: Path) -> list[str]:
-    """The unconditional (or Linux x86_64 / py3.12) requirement names of a vllm wheel's METADATA."""
+def vllm_requirements(wheel: Path, extras: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """The requirement names of a wheel's METADATA for Linux x86_64 / py3.12: the unconditional ones and
+    those of the requested EXTRAS."""
+    return [name for name, _ in requirements_with_extras(wheel, extras)]
+
+
+def requirements_with_extras(wheel: Path, extras: set[str] | frozenset[str] = frozenset()) -> list[tuple[str, set]]:
+    """(name, extras it asks of that requirement) for each requirement that applies (see vllm_requirements)."""
     with zipfile.ZipFile(wheel) as z:
         meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
         text = z.read(meta).decode("utf-8", "replace")
@@ -141,24 +150,73 @@ def vllm_requirements(wheel: Path) -> list[str]:
             continue
         req = line.split(":", 1)[1].strip()
         spec, _, marker = req.partition(";")
-        if "extra ==" in marker:
+        if marker and not any(_marker_true(marker, e) for e in ([None] + sorted(extras))):
             continue
-        if marker and not _marker_true(marker):
-            continue
-        name = re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", spec.strip()).group(0)
-        out.append(norm(name))
+        m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?", spec.strip())
+        asked = {norm(x) for x in (m.group(2) or "").split(",") if x.strip()}
+        name = norm(m.group(1))
+        if name not in [n for n, _ in out]:
+            out.append((name, asked))
     return out
 
 
-def _marker_true(marker: str) -> bool:
+def _marker_true(marker: str, extra: str | None = None) -> bool:
     try:
         from packaging.markers import Marker
     except ImportError:  # pragma: no cover - packaging is a dependency of build-image
-        return True
+        return "extra" not in marker
     env = {"python_version": "3.12", "python_full_version": "3.12.3", "platform_system": "Linux",
            "platform_machine": "x86_64", "sys_platform": "linux", "os_name": "posix",
-           "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": extra or ""}
     return Marker(marker).evaluate(env)
+
+
+def wheel_file(wheels_dir: Path, name: str, version: str) -> Path | None:
+    """NAME==VERSION's wheel in WHEELS_DIR (file names carry the normalized name and the version)."""
+    from packaging.version import InvalidVersion, Version
+
+    for f in sorted(Path(wheels_dir).glob("*.whl")):
+        dist, ver = f.name.split("-")[:2]
+        if norm(dist) != name:
+            continue
+        try:
+            if Version(ver) == Version(version):
+                return f
+        except InvalidVersion:
+            if ver == version:
+                return f
+    return None
+
+
+def closure(wheels: dict[str, str], sources: list[dict[str, str]], wheels_dir: Path, dev: dict,
+            exclude: set[str] = frozenset()) -> list[str]:
+    """Add to WHEELS the requirements of its wheels found in WHEELS_DIR (again for those added) that the
+    device lacks, at the first of SOURCES that pins them; returns the names added.  Wheels not yet
+    downloaded are read on the next pass (make-bundle.sh plans and downloads until nothing is added)."""
+    added: list[str] = []
+    asked: dict[str, set[str]] = {}
+    todo = list(wheels)
+    while todo:
+        name = todo.pop()
+        f = wheel_file(wheels_dir, name, wheels[name])
+        if f is None:
+            continue
+        for req, extras in requirements_with_extras(f, asked.get(name, set())):
+            if req in dev or req in exclude or is_stack(req) or req in SKIP or req == "vllm":
+                continue
+            if req in wheels:
+                if not extras <= asked.setdefault(req, set()):
+                    asked[req] |= extras
+                    todo.append(req)  # read again with the new extras
+                continue
+            ver = _pick(req, sources, None)
+            if ver is None:
+                continue
+            wheels[req] = ver
+            asked[req] = set(extras)
+            added.append(req)
+            todo.append(req)
+    return sorted(added)
 
 
 def _pick(name: str, sources: list[dict[str, str]], fallback: str | None) -> str | None:
@@ -169,7 +227,7 @@ def _pick(name: str, sources: list[dict[str, str]], fallback: str | None) -> str
 
 
 def release_plan(vllm: str, *, wheel_dir: Path | None = None, full_stack: bool = False,
-                 dev: dict[str, str | None] | None = None) -> dict:
+                 dev: dict[str, str | None] | None = None, wheels_dir: Path | None = None) -> dict:
     """One release's wheels by layer kind, with what was left to the device or skipped, and why."""
     m = manifest(vllm)
     if "vllm" in m and m["vllm"] != vllm:
@@ -215,6 +273,9 @@ def release_plan(vllm: str, *, wheel_dir: Path | None = None, full_stack: bool =
             continue
         else:
             engine[name] = ver
+    deps: list[str] = []
+    if wheels_dir is not None:
+        deps = closure(engine, [m], wheels_dir, dev)
     ray_wheels: dict[str, str] = {}
     if ray_ver:
         ray_wheels["ray"] = ray_ver
@@ -229,8 +290,11 @@ def release_plan(vllm: str, *, wheel_dir: Path | None = None, full_stack: bool =
                 skipped.append({"name": name, "why": f"in neither the {vllm} lock nor its base manifest"})
             elif dev.get(name) != ver and not is_stack(name):
                 ray_wheels[name] = ver
+        if wheels_dir is not None:
+            deps += closure(ray_wheels, [lock_entries, m], wheels_dir, dev, exclude=set(engine))
     return {"vllm": vllm, "torch": m.get("torch"), "ray": ray_ver, "torch_wheels": torch_wheels,
             "engine_wheels": engine, "ray_wheels": ray_wheels, "auto_added": sorted(auto),
+            "requirements_added": sorted(set(deps)),
             "left_to_device": left, "skipped": skipped}
 
 
@@ -243,10 +307,11 @@ def _digest(wheels: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(sorted(wheels.items())).encode()).hexdigest()[:8]
 
 
-def plan(vllms: list[str], *, wheel_dir: Path | None = None, full_stack: bool = False) -> dict:
+def plan(vllms: list[str], *, wheel_dir: Path | None = None, full_stack: bool = False,
+         wheels_dir: Path | None = None) -> dict:
     """The bundle for several releases: layers (each uploaded once) and each release's layer order."""
     dev = device()
-    rels = [release_plan(v, wheel_dir=wheel_dir, full_stack=full_stack, dev=dev) for v in vllms]
+    rels = [release_plan(v, wheel_dir=wheel_dir, full_stack=full_stack, dev=dev, wheels_dir=wheels_dir) for v in vllms]
     layers: dict[str, dict] = {}
     order: dict[str, list[str]] = {}
 
@@ -273,7 +338,8 @@ def plan(vllms: list[str], *, wheel_dir: Path | None = None, full_stack: bool = 
             names.append(add("ray", r["ray"], r["ray_wheels"], r["vllm"]))
         order[r["vllm"]] = names
     return {"schema": "build-image/gpu-bundle-plan/v1", "device_torch": DEVICE_TORCH, "layers": layers,
-            "releases": {r["vllm"]: {**{k: r[k] for k in ("torch", "ray", "auto_added", "left_to_device", "skipped")},
+            "releases": {r["vllm"]: {**{k: r[k] for k in ("torch", "ray", "auto_added", "requirements_added",
+                                                            "left_to_device", "skipped")},
                                      "layers": order[r["vllm"]]} for r in rels}}
 
 
@@ -285,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm", action="append", required=True, help="a shipped release (repeatable), or 'all'")
     ap.add_argument("--vllm-wheel-dir", type=Path, help="where vllm-X-*.whl lie: its requirements are read too")
+    ap.add_argument("--wheels-dir", type=Path, help="downloaded wheels: their requirements the device lacks are added")
     ap.add_argument("--full-torch-stack", action="store_true", help="carry every CUDA library that differs")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--json", action="store_true", help="the whole plan as JSON (default)")
@@ -292,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--layers", action="store_true", help="one line per layer: NAME KIND RELEASES")
     a = ap.parse_args(argv)
     vllms = releases() if a.vllm == ["all"] else a.vllm
-    p = plan(vllms, wheel_dir=a.vllm_wheel_dir, full_stack=a.full_torch_stack)
+    p = plan(vllms, wheel_dir=a.vllm_wheel_dir, full_stack=a.full_torch_stack, wheels_dir=a.wheels_dir)
     if a.requirements:
         if a.requirements not in p["layers"]:
             print(f"no layer {a.requirements}: {', '.join(p['layers'])}", file=sys.stderr)

@@ -62,6 +62,7 @@ recv_layer() {  # recv_layer LAYER N
   echo "$1: part $2 received ($have of $want)"
   cp "$BUNDLE/manifest.json" /tmp/L/manifest.json
   if [ "$have" = "$want" ]; then
+    rm -f "/tmp/L/$1.ok" "/tmp/L/$1.failed"
     setsid nohup bash -c "$(declare -f install_layer layer_field); BUNDLE=/tmp/L install_layer $1" \
       > "/tmp/L/$1.log" 2>&1 < /dev/null &
     echo "$1: complete; installing in the background (/tmp/L/$1.log)"

@@ -47,17 +47,26 @@ for v in $("$PY" "$ROOT/scripts/gpu/bundle_plan.py" "${ARGS[@]}" --json | "$PY" 
   [ -f "$SLIM_DIR/$(basename "$w")" ] || "$PY" "$ROOT/scripts/gpu/slim_wheel.py" "$w" "$SLIM_DIR/$(basename "$w")"
 done
 
-# 2. the plan, and every layer's wheels (one pip call per layer; one by one where a batch fails)
-"$PY" "$ROOT/scripts/gpu/bundle_plan.py" "${ARGS[@]}" --vllm-wheel-dir "$VLLM_WHEEL_DIR" --json > "$TMP/plan.json"
-while read -r layer _kind _rels; do
-  "$PY" "$ROOT/scripts/gpu/bundle_plan.py" "${ARGS[@]}" --vllm-wheel-dir "$VLLM_WHEEL_DIR" --requirements "$layer" > "$TMP/$layer.txt"
-  echo "$layer: $(wc -l < "$TMP/$layer.txt") wheels"
-  [ -s "$TMP/$layer.txt" ] || continue
-  "$PY" "${DL[@]}" -r "$TMP/$layer.txt" -d "$WHEELS" 2>"$TMP/$layer.err" || {
-    echo "$layer: batch download failed ($(grep -m1 ERROR "$TMP/$layer.err")); one by one"
-    while read -r req; do "$PY" "${DL[@]}" "$req" -d "$WHEELS" 2>/dev/null || echo "  not downloadable: $req"; done < "$TMP/$layer.txt"
-  }
-done < <("$PY" "$ROOT/scripts/gpu/bundle_plan.py" "${ARGS[@]}" --vllm-wheel-dir "$VLLM_WHEEL_DIR" --layers)
+# 2. the plan, and every layer's wheels (one pip call per layer; one by one where a batch fails); planned again
+#    with the downloaded wheels' own requirements until nothing is added (bundle_plan.py --wheels-dir)
+PLAN=("$PY" "$ROOT/scripts/gpu/bundle_plan.py" "${ARGS[@]}" --vllm-wheel-dir "$VLLM_WHEEL_DIR" --wheels-dir "$WHEELS")
+: > "$TMP/plan.prev"
+for pass in 1 2 3 4 5; do
+  "${PLAN[@]}" --json > "$TMP/plan.json"
+  cmp -s "$TMP/plan.json" "$TMP/plan.prev" && break
+  echo "pass $pass"
+  while read -r layer _kind _rels; do
+    "${PLAN[@]}" --requirements "$layer" > "$TMP/$layer.txt"
+    echo "  $layer: $(wc -l < "$TMP/$layer.txt") wheels"
+    [ -s "$TMP/$layer.txt" ] || continue
+    "$PY" "${DL[@]}" -r "$TMP/$layer.txt" -d "$WHEELS" 2>"$TMP/$layer.err" || {
+      echo "  $layer: batch download failed ($(grep -m1 ERROR "$TMP/$layer.err")); one by one"
+      while read -r req; do "$PY" "${DL[@]}" "$req" -d "$WHEELS" 2>/dev/null || echo "  not downloadable: $req"; done \
+        < "$TMP/$layer.txt"
+    }
+  done < <("${PLAN[@]}" --layers)
+  cp "$TMP/plan.json" "$TMP/plan.prev"
+done
 
 # 3. layers -> parts + manifest.json (wheels checked against PyPI's sha256)
 "$PY" "$ROOT/scripts/gpu/bundle_pack.py" "$TMP/plan.json" "$WHEELS" "$OUTDIR" --slim-dir "$SLIM_DIR" --verify-pypi

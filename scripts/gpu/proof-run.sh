@@ -71,11 +71,14 @@ if [ -n "${RELEASES:-}" ]; then
   first=1
   for V in $RELEASES; do
     UN=$(release_pp "$V"); PA=$(release_pp "$V" patched)
-    PYTHONPATH=$UN python3 -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__, torch.__file__)" > "$R/versions-$V.txt" 2>&1
-    say "$V versions: $(tail -1 "$R/versions-$V.txt" | cut -c1-300)"
-    if [ $first = 1 ]; then say "checkpoints (with $V's torch and transformers)"; checkpoints "$UN" qwen3-sparse gemma4-ple-ref gemma4-ple-long; first=0; fi
+    # the versions, the checkpoints (once, with the first release's torch and transformers) and the patch, side by side
+    PYTHONPATH=$UN python3 -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__, torch.__file__)" > "$R/versions-$V.txt" 2>&1 &
+    if [ $first = 1 ]; then say "checkpoints (with $V's torch and transformers)"; checkpoints "$UN" qwen3-sparse gemma4-ple-ref gemma4-ple-long & first=0; fi
     site=$(echo "$UN" | tr ':' '\n' | grep "/tmp/L/vllm-$V$")
-    patch_copy "$V" "$site" "/tmp/L/vllm-$V.patched" "$UN" "-$V" || continue
+    patch_copy "$V" "$site" "/tmp/L/vllm-$V.patched" "$UN" "-$V"; prc=$?
+    wait
+    say "$V versions: $(tail -1 "$R/versions-$V.txt" | cut -c1-300)"
+    [ $prc = 0 ] || continue
     unp=0; case " ${UNPATCHED:-} " in *" $V "*) unp=1;; esac
     if has layer-type; then
       say "wave $V/T: patched qwen3-sparse alone at utilization 0.5 (plan vs KV), then unpatched beside it"

@@ -2,6 +2,7 @@
 """Summarize one or more GPU proof result folders (from scripts/gpu-proof.sh's proof.tgz).
 
     python scripts/gpu/summarize.py DIR [DIR ...]     # DIR holds results/ and logs/
+    python scripts/gpu/summarize.py --releases [DIR ...]   # the per-release table (proof-run.sh RELEASES mode)
 
 Prints markdown: per-run verdicts and numbers, the PLE output fingerprints
 against the unpatched reference, and the plan (builder.serving.plan, recomputed with the
@@ -138,7 +139,70 @@ def ground_truth(runs: dict[str, dict]) -> str:
     return "\n".join(out)
 
 
+NOT_RUN = "not run (device budget)"
+
+
+def _releases() -> list[str]:
+    base = ROOT / "lockfiles" / "base"
+    out = [p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json")]
+    return sorted(out, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def _carried(v: str) -> str:
+    """The versions release V carries (torch stack, transformers, ray), from scripts/gpu/bundle_plan.py's plan."""
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    import bundle_plan
+
+    r = bundle_plan.release_plan(v)
+    t, e = r["torch_wheels"], r["engine_wheels"]
+    e.setdefault("transformers", bundle_plan.manifest(v)["transformers"] + " (the device's)")
+    torch = (f"torch {t['torch']}, triton {t['triton']}, NCCL {t.get('nvidia-nccl-cu13', '(device)')}" if t
+             else f"(the device's torch {bundle_plan.DEVICE_TORCH})")
+    return f"{torch}; transformers {e['transformers']}; ray {r['ray']}"
+
+
+def _verdict(r: dict | None) -> str:
+    if r is None:
+        return NOT_RUN
+    if r["verdict"] == "PASS":
+        rounds = ", ".join(f"{x.get('kind', 'completion')} {x['ok']}/{x['requests']}" for x in r["rounds"])
+        return f"PASS ({rounds})"
+    fail = (r["failures"] or ["?"])[-1]
+    log = r["_dir"] / "logs" / f"{r['_name']}.log"
+    if log.exists():
+        from builder.serving.smoke import first_error_line, parse_server_log
+
+        root = first_error_line(parse_server_log(log.read_text("utf-8", "replace")))
+        fail = root.split("] ", 1)[-1] if root and "] " in root[:80] else (root or fail)
+    return f"FAIL: {fail.replace('|', '/')[:160]}"
+
+
+def release_table(runs: dict[str, dict]) -> str:
+    for name, r in runs.items():
+        r["_name"] = name
+    out = ["| release | carried | patched layer-type (qwen3-sparse) | KV tokens: vLLM logged / plan (error) | "
+           "/health s | out tok/s | unpatched layer-type | patched PLE long name | unpatched PLE long name |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for v in _releases():
+        p, u = runs.get(f"p-{v}-qwen3-sparse"), runs.get(f"u-{v}-qwen3-sparse")
+        pl, ul = runs.get(f"p-{v}-gemma4-ple-long"), runs.get(f"u-{v}-gemma4-ple-long")
+        kv = boot = tps = NOT_RUN if p is None else "–"
+        if p is not None:
+            m, plan = p["kv_cache"]["tokens"], (p.get("plan") or {}).get("kv_tokens_per_gpu")
+            if m and plan:
+                kv = f"{m:,} / {plan:,} ({100 * (plan - m) / m:+.2f}%)"
+            boot = fmt(p["boot"]["health_s"])
+            tps = fmt(p["throughput"]["output_tokens_per_s"], 0)
+        out.append(f"| {v} | {_carried(v)} | {_verdict(p)} | {kv} | {boot} | {tps} | {_verdict(u)} | "
+                   f"{_verdict(pl)} | {_verdict(ul)} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--releases"]:
+        runs = load([Path(a) for a in argv[1:]])
+        print(release_table(runs))
+        return 0
     dirs = [Path(a) for a in argv] or [Path("/tmp/proof")]
     runs = load(dirs)
     print("## Runs\n")

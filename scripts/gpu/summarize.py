@@ -12,6 +12,7 @@ current code) against vLLM's logged KV capacity.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -28,6 +29,8 @@ def load(dirs: list[Path]) -> dict[str, dict]:
             try:
                 rep = json.loads(f.read_text())
             except ValueError:
+                continue
+            if not isinstance(rep, dict) or "verdict" not in rep:  # bundle-manifest.json and the like
                 continue
             rep["_dir"] = d
             runs[f.stem] = rep
@@ -81,6 +84,9 @@ def fingerprints(runs: dict[str, dict]) -> str:
     for name, r in runs.items():
         if "gemma4" not in name:
             continue
+        m = re.match(r"[pu]-([0-9.]+)-", name)  # proof-run.sh RELEASES mode: that release's reference
+        if m and f"u-{m.group(1)}-gemma4-ple-ref" in runs:
+            ref = (runs[f"u-{m.group(1)}-gemma4-ple-ref"].get("probe") or {}).get("text")
         text = (r.get("probe") or {}).get("text")
         same = "–" if text is None or ref is None else ("yes" if text == ref else "**no**")
         out.append(f"| {name} | `{text.strip() if text else '(no boot)'}` | {same} |")
@@ -102,7 +108,8 @@ def ground_truth(runs: dict[str, dict]) -> str:
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         p = r.get("plan")
-        if not p or r["kv_cache"]["tokens"] is None or name not in ALONE:
+        alone = name in ALONE or re.fullmatch(r"p-[0-9.]+-qwen3-sparse", name)  # proof-run.sh RELEASES mode
+        if not p or r["kv_cache"]["tokens"] is None or not alone:
             continue
         ckpt = Path(r["model"]).name
         cfg_file = r["_dir"] / "results" / f"{ckpt}.config.json"
@@ -183,9 +190,18 @@ def release_table(runs: dict[str, dict]) -> str:
     out = ["| release | carried | patched layer-type (qwen3-sparse) | KV tokens: vLLM logged / plan (error) | "
            "/health s | out tok/s | unpatched layer-type | patched PLE long name | unpatched PLE long name |",
            "|---|---|---|---|---|---|---|---|---|"]
+
+    def ple(r: dict | None, ref: dict | None) -> str:
+        text = _verdict(r)
+        if r is None or ref is None or not (r.get("probe") or {}).get("text"):
+            return text
+        same = r["probe"]["text"] == (ref.get("probe") or {}).get("text")
+        return text + ("; greedy probe = the plain-name reference" if same else
+                       "; **greedy probe differs from the plain-name reference** (table not loaded)")
     for v in _releases():
         p, u = runs.get(f"p-{v}-qwen3-sparse"), runs.get(f"u-{v}-qwen3-sparse")
         pl, ul = runs.get(f"p-{v}-gemma4-ple-long"), runs.get(f"u-{v}-gemma4-ple-long")
+        ref = runs.get(f"u-{v}-gemma4-ple-ref")
         kv = boot = tps = NOT_RUN if p is None else "–"
         if p is not None:
             m, plan = p["kv_cache"]["tokens"], (p.get("plan") or {}).get("kv_tokens_per_gpu")
@@ -194,7 +210,7 @@ def release_table(runs: dict[str, dict]) -> str:
             boot = fmt(p["boot"]["health_s"])
             tps = fmt(p["throughput"]["output_tokens_per_s"], 0)
         out.append(f"| {v} | {_carried(v)} | {_verdict(p)} | {kv} | {boot} | {tps} | {_verdict(u)} | "
-                   f"{_verdict(pl)} | {_verdict(ul)} |")
+                   f"{ple(pl, ref)} | {ple(ul, ref)} |")
     return "\n".join(out)
 
 

@@ -10,8 +10,10 @@
 #            RELEASES="0.27.0" UNPATCHED="0.27.0" scripts/gpu-proof.sh run vllm-0.27.0 N   # last part, then
 #                                    # scripts/gpu/proof-run.sh in the background, waiting for DONE
 #            scripts/gpu-proof.sh wait                 # results again ($OUT/proof.tgz, progress.txt)
-# vllm 0.26.0 alone (the first proofs' single bundle, c00/ ... of the former make-bundle.sh):
-#            scripts/gpu-proof.sh recv 0 .. / start N / wait;  RUN=serve-proof-run.sh ... start N
+# The 0.26.0-only scripts (serve-proof-run.sh, tp-proof-run.sh, proof-run.sh's 0.26.0 phases with LEGACY=1) from
+# the layered bundle of --vllm 0.26.0 (its vllm and ray layers; the device's own torch):
+#            RELEASES=0.26.0 RUN=serve-proof-run.sh scripts/gpu-proof.sh run ray-2.58.1 N
+# or from the first proofs' single bundle (c00/ ... of the former make-bundle.sh): recv 0 .. / start N / wait
 #
 # Results come back as $OUT/proof.tgz (results/*.json, logs/*.log, progress.txt).
 set -uo pipefail
@@ -34,9 +36,19 @@ case "$mode" in
   run)
     [ -n "${RELEASES:-}" ] || { echo "run: set RELEASES (e.g. RELEASES=0.27.0)"; exit 2; }
     [ -z "$n" ] || recv_layer "$n" "$3"
+    [ "$RUN" = proof-run.sh ] && [ -z "${LEGACY:-}" ] || export SERVE=1   # the 0.26.0 scripts import ray
     # shellcheck disable=SC2046,SC2086  # one word per layer and release
     BUNDLE=/tmp/L wait_layers $(BUNDLE=/tmp/L release_layers $RELEASES)
-    export RELEASES UNPATCHED="${UNPATCHED:-}" PHASES="${PHASES:-layer-type ple}"
+    if [ "${SERVE:-}" = 1 ]; then
+      # serve-proof-run.sh, tp-proof-run.sh and LEGACY=1 proof-run.sh (the 0.26.0 phases) read /tmp/bwhl/whl:
+      # the wheels of RELEASES=0.26.0's layers, linked there
+      rm -rf /tmp/bwhl && mkdir -p /tmp/bwhl/whl
+      # shellcheck disable=SC2046,SC2086
+      for l in $(BUNDLE=/tmp/L release_layers $RELEASES); do ln -s "/tmp/L/$l.whl/whl/"*.whl /tmp/bwhl/whl/; done
+      unset RELEASES
+    else
+      export RELEASES UNPATCHED="${UNPATCHED:-}" PHASES="${PHASES:-layer-type ple}"
+    fi
     launch ;;
   wait) waitdone ;;
   *) echo "usage: $0 layer LAYER N | run [LAYER N] | recv N | start N | wait"; exit 2 ;;

@@ -25,7 +25,6 @@ rejection, an overlay that no longer resolves).
 from __future__ import annotations
 
 import ast
-import json
 import shutil
 import tempfile
 import time
@@ -37,6 +36,7 @@ from builder.errors import AbiRejected, BadInput, Unsatisfiable
 from builder.fetch import vllm_wheel
 from builder.patching import port as PO
 from builder.patching import series as P
+from builder.report import render_json
 from builder.resolve import lock as L
 from builder.resolve.baseref import resolve_base
 from builder.resolve.lockfile import load_lock
@@ -205,7 +205,7 @@ def release_defaults(wheel: Path | None) -> dict[str, str]:
 # =========================================================================== rendering
 def render(r: UpgradeReport, fmt: str = "text") -> str:
     if fmt == "json":
-        return json.dumps(r.to_dict(), indent=2) + "\n"
+        return render_json(r.to_dict())
     md = fmt == "markdown"
     out: list[str] = []
     head = f"vLLM {r.from_version} -> {r.to_version}"

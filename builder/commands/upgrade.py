@@ -8,7 +8,9 @@ from pathlib import Path
 import click
 
 from builder.commands import mark_direction
+from builder.credentials import redact_text
 from builder.errors import BadInput
+from builder.report import emit_text
 from builder.util import atomic_write_text
 from builder.validate import release_direction, version_string
 
@@ -80,8 +82,8 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
         dest = Path(out_dir) / f"upgrade-{from_version}-{to_version}.{ext}"
         rep.written.append(str(dest))
         text = mark_direction(U.render(rep, fmt), fmt, direction, from_version, to_version)
-        atomic_write_text(dest, text)
-    click.echo(text, nl=False)
+        atomic_write_text(dest, redact_text(text))
+    emit_text(text)
     sys.exit(rep.exit_code)
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 from builder.errors import BadInput
 from builder.patching import probe as PR
 from builder.patching import series as P
+from builder.report import render_json
 from builder.util import atomic_write_text, sha256_bytes, sha256_file
 
 APPLIES, MERGED, CONFLICT, UPSTREAM = "applies", "merged", "conflict", "upstream"
@@ -434,9 +435,7 @@ def b_originals(series: P.Series, b_source) -> dict[str, bytes]:
 # =========================================================================== rendering
 def render(report: PortReport, fmt: str = "text") -> str:
     if fmt == "json":
-        import json
-
-        return json.dumps(report.to_dict(), indent=2) + "\n"
+        return render_json(report.to_dict())
     md = fmt == "markdown"
     out = []
     title = f"{report.package} patch series: {report.from_version} -> {report.to_version}"

@@ -10,13 +10,14 @@ import re
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import BadInput, OutputBusy
-from builder.scratch import system_tmp
+from builder.scratch import UNTAGGED_PART_IDLE_S, owner_alive, process_tag, system_tmp
 from builder.validate import describe_kind, env_number
 
 # ---------------------------------------------------------------- the output rule
@@ -96,17 +97,59 @@ def refuse_foreign(path: str | os.PathLike, what: str, *, force: bool = False, m
                    hint=f"choose another output path, or pass {flag} to replace it.")
 
 
+def _leftover_pattern(name: str) -> re.Pattern:
+    """``.NAME.<pid>-<start>.XXXXXXXX.tmp`` (the temp file :func:`atomic_write_bytes` writes beside ``NAME``,
+    tagged with its owner) or ``.NAME.XXXXXXXX.tmp`` (untagged: an older build-image's)."""
+    return re.compile(rf"^\.{re.escape(name)}\.(?:(\d+-\d+)\.)?[A-Za-z0-9_]{{8}}\.tmp$")
+
+
+def sweep_write_leftovers(path: str | os.PathLike) -> list[Path]:
+    """Remove the temp files an atomic write of ``path`` left beside it when its process was killed
+    (SIGKILL: no ``finally`` ran).  Only files this module names so (:func:`_leftover_pattern`, beside the
+    file a symlink at ``path`` points to) and only abandoned ones: the owner the name carries is gone (a
+    reused PID has another start time), or, untagged, nobody has written it for an hour.  A live
+    writer's temp file, a directory, a symlink and anything else beside ``path`` are left alone."""
+    target = through_link(path)
+    pat = _leftover_pattern(target.name)
+    removed: list[Path] = []
+    try:
+        siblings = list(target.parent.iterdir())
+    except OSError:
+        return removed
+    now = time.time()
+    for p in siblings:
+        m = pat.match(p.name)
+        if m is None or p.is_symlink() or not p.is_file():
+            continue
+        if owner_alive(m.group(1)) if m.group(1) else not _idle(p, now):
+            continue
+        with contextlib.suppress(OSError):
+            p.unlink()
+            removed.append(p)
+    return removed
+
+
+def _idle(p: Path, now: float) -> bool:
+    try:
+        return now - p.stat().st_mtime > UNTAGGED_PART_IDLE_S
+    except OSError:
+        return False
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory + rename (the output rule above).
 
-    A crash or an exception leaves either the old file or the new one, never half.
+    A crash or an exception leaves either the old file or the new one, never half.  The temp file
+    (``.NAME.<pid>-<start>.XXXXXXXX.tmp``) carries its owner, so one a SIGKILL left behind is swept by
+    the next write of ``path`` (:func:`sweep_write_leftovers`).
     """
     shown = path
     path = write_target(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        sweep_write_leftovers(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{process_tag()}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

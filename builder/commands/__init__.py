@@ -27,7 +27,7 @@ def mark_direction(text: str, fmt: str, direction: str, from_version: str, to_ve
     if fmt == "json":
         import json
 
-        from builder.report import render_json
+        from builder.report import render_json  # the one JSON writer (redacted); this module loads for --help
 
         doc = json.loads(text)
         if isinstance(doc, dict):

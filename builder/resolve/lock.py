@@ -67,6 +67,7 @@ from builder.util import (
     refuse_foreign,
     same_version,
     sha256_bytes,
+    sweep_write_leftovers,
     through_link,
     write_target,
 )
@@ -1122,6 +1123,8 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
         raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
     if not check:
         refuse_foreign_outputs(lock_path, force)
+        for p in (lock_path, twin_path(lock_path)):  # what a killed write of them left, even when kept as is
+            sweep_write_leftovers(p)
     if check or (not upgrade and lock_path.exists()):
         kept = _kept_if_fresh(req, lock_path, check, uv, say)
         if kept is not None:

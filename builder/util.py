@@ -92,7 +92,8 @@ def refuse_foreign(path: str | os.PathLike, what: str, *, force: bool = False, m
     target = write_target(p)
     if not target.exists() or is_own_output(target, marks):
         return
-    raise BadInput(f"{path} exists and is not a {what} written by build-image (none of its first lines starts "
+    article = "an" if what[:1] in "aeiou" else "a"
+    raise BadInput(f"{path} exists and is not {article} {what} written by build-image (none of its first lines starts "
                    f"with {marks[0]!r}); it is not replaced.",
                    hint=f"choose another output path, or pass {flag} to replace it.")
 

@@ -1096,6 +1096,15 @@ def refuse_foreign_outputs(lock_path: Path, force: bool) -> None:
         refuse_foreign(p, "lock", force=force)
 
 
+def _sweep_killed_writes(lock_path: Path, say: Progress) -> None:
+    """The temp files a killed write of the lock or its twin left beside them (owner gone), removed on every
+    run that may write them, even one that keeps the lock as it is (:func:`builder.util.sweep_write_leftovers`)."""
+    swept = [p.name for x in (lock_path, twin_path(lock_path)) for p in sweep_write_leftovers(x)]
+    if swept:
+        say(f"removed {len(swept)} temp file(s) a killed earlier write left beside {lock_path.name} "
+            f"(their owner is gone): {', '.join(sorted(swept))}")
+
+
 def _other_base(lock_path: Path, req: LockRequest) -> str | None:
     """The base-ref of an existing lock at ``lock_path`` when it names another base than ``req``'s."""
     try:
@@ -1123,8 +1132,7 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
         raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
     if not check:
         refuse_foreign_outputs(lock_path, force)
-        for p in (lock_path, twin_path(lock_path)):  # what a killed write of them left, even when kept as is
-            sweep_write_leftovers(p)
+        _sweep_killed_writes(lock_path, say)
     if check or (not upgrade and lock_path.exists()):
         kept = _kept_if_fresh(req, lock_path, check, uv, say)
         if kept is not None:

@@ -297,7 +297,7 @@ def check_outputs(out_dir: str | Path, from_version: str, to_version: str, fmt: 
     none shipped) are each either absent, a file
     of that kind build-image wrote (symlinks are written through), or replaced only with ``force``; a device
     node, FIFO, socket or directory in their place is refused even then (BadInput, exit 2).  What a killed
-    run left beside the report (``.NAME.<pid>-<start>.XXXXXXXX.tmp``) is swept."""
+    run left beside the report (``.NAME.<pid>-<start>.<random>.tmp``) is swept."""
     report = report_path(out_dir, from_version, to_version, fmt)
     write_target(report)
     refuse_foreign(report, "upgrade report", force=force, marks=REPORT_MARKS)

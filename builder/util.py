@@ -7,9 +7,9 @@ import errno
 import hashlib
 import os
 import re
+import secrets
 import stat
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,10 +98,21 @@ def refuse_foreign(path: str | os.PathLike, what: str, *, force: bool = False, m
                    hint=f"choose another output path, or pass {flag} to replace it.")
 
 
+def temp_path(target: Path, suffix: str = ".tmp", *, owner: bool = False) -> Path:
+    """A fresh name beside ``target`` for its temp (``.NAME.<random>.tmp``, the pattern the sweeps know;
+    ``owner``: ``.NAME.<pid>-<start>.<random>.tmp``, so a killed owner's is told from a live one's).
+
+    The caller creates it inside the ``try`` that removes it, so an interrupt that lands right after the
+    creation (before a name returned by ``mkstemp``/``mkdtemp`` could be kept) leaves nothing behind.
+    """
+    tag = f"{process_tag()}." if owner else ""
+    return target.parent / f".{target.name}.{tag}{secrets.token_hex(6)}{suffix}"
+
+
 def _leftover_pattern(name: str) -> re.Pattern:
-    """``.NAME.<pid>-<start>.XXXXXXXX.tmp`` (the temp file :func:`atomic_write_bytes` writes beside ``NAME``,
-    tagged with its owner) or ``.NAME.XXXXXXXX.tmp`` (untagged: an older build-image's)."""
-    return re.compile(rf"^\.{re.escape(name)}\.(?:(\d+-\d+)\.)?[A-Za-z0-9_]{{8}}\.tmp$")
+    """``.NAME.<pid>-<start>.<random>.tmp`` (the temp file :func:`atomic_write_bytes` writes beside ``NAME``,
+    tagged with its owner) or ``.NAME.<random>.tmp`` (untagged: an older build-image's)."""
+    return re.compile(rf"^\.{re.escape(name)}\.(?:(\d+-\d+)\.)?[A-Za-z0-9_]+\.tmp$")
 
 
 def sweep_write_leftovers(path: str | os.PathLike) -> list[Path]:
@@ -141,7 +152,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) 
     """Write ``data`` to ``path`` via a temp file in the same directory + rename (the output rule above).
 
     A crash or an exception leaves either the old file or the new one, never half.  The temp file
-    (``.NAME.<pid>-<start>.XXXXXXXX.tmp``) carries its owner, so one a SIGKILL left behind is swept by
+    (``.NAME.<pid>-<start>.<random>.tmp``) carries its owner, so one a SIGKILL left behind is swept by
     the next write of ``path`` (:func:`sweep_write_leftovers`).
     """
     shown = path
@@ -150,7 +161,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) 
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         sweep_write_leftovers(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{process_tag()}.", suffix=".tmp", dir=path.parent)
+        while True:  # the name is known before the file exists: a signal right after its creation still removes it
+            tmp = str(temp_path(path, owner=True))
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                break
+            except FileExistsError:  # another writer's temp: never ours to remove
+                tmp = None
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

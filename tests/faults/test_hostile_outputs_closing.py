@@ -7,7 +7,7 @@
 * **upgrade -o**: the output rule of ``lock`` and ``render`` (``builder/upgrade.py: check_outputs``) before
   any work: never replace a report, lock or manifest build-image did not write without ``--force``;
   links written through; special files refused;
-* **SIGKILL leftovers**: an atomic write's temp file carries its owner (``.NAME.<pid>-<start>.XXXXXXXX.tmp``);
+* **SIGKILL leftovers**: an atomic write's temp file carries its owner (``.NAME.<pid>-<start>.<random>.tmp``);
   the next write of that file, and every ``lock`` run, sweeps the ones whose owner is gone
   (``builder/util.py: sweep_write_leftovers``).
 

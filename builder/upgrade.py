@@ -297,10 +297,13 @@ def check_outputs(out_dir: str | Path, from_version: str, to_version: str, fmt: 
     none shipped) are each either absent, a file
     of that kind build-image wrote (symlinks are written through), or replaced only with ``force``; a device
     node, FIFO, socket or directory in their place is refused even then (BadInput, exit 2).  What a killed
-    run left beside the report (``.NAME.<pid>-<start>.<random>.tmp``) is swept."""
+    run left beside the report (``.NAME.<pid>-<start>.<random>.tmp``) is swept.  B's series folder under
+    ``DIR/patches/`` is refused when it holds a series build-image did not port (``refuse_foreign_series``)."""
     report = report_path(out_dir, from_version, to_version, fmt)
     write_target(report)
     refuse_foreign(report, "upgrade report", force=force, marks=REPORT_MARKS)
+    for series_out in sorted((Path(out_dir) / "patches").glob(f"*/{to_version}")):  # B's ported series
+        PO.refuse_foreign_series(series_out, force=force)
     L.refuse_foreign_outputs(b_lock_path(out_dir, to_version), force)
     shipped = default_base_manifest(to_version)
     if base_to is None and not shipped.is_file():  # B's manifest is reconstructed into DIR

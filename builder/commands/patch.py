@@ -139,8 +139,9 @@ def check_cmd(vllm, series_dir, wheel, run_probes, probe_python, as_json):
               help="Report format (markdown for a pull request comment).")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option("--allow-downgrade", is_flag=True, help="Port to an older release (refused, exit 2, without it).")
+@click.option("--force", is_flag=True, help="Write into an -o folder holding a series build-image did not port.")
 def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir, probe_python, fmt, as_json,
-             allow_downgrade=False):
+             allow_downgrade=False, force=False):
     """Port A's patch series to release B, patch by patch (docs/patches.md).
 
     Status per patch: applies (exact context on B, offsets regenerated), merged (a
@@ -159,6 +160,8 @@ def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir
     direction = release_direction(from_version, to_version, allow_downgrade=allow_downgrade, what="port")
     series = _series(from_version, series_dir)
     _check_port_output(out_dir, series.dir)
+    if out_dir is not None:
+        PO.refuse_foreign_series(out_dir, force=force)
     for p in series.patches:
         PR.probe_path(series.dir, p)
     a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, progress=fmt == "text")

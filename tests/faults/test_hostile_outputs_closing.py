@@ -237,6 +237,31 @@ def test_upgrade_refuses_a_special_file_as_its_report_even_with_force(tmp_path, 
     assert (report.is_fifo() if kind == "fifo" else (report / "keep").read_text() == "x")
 
 
+def _hand_series(d: Path) -> dict[str, bytes]:
+    d.mkdir(parents=True)
+    (d / "series").write_text("0001-mine.patch\n")
+    (d / "0001-mine.patch").write_text("--- a/vllm/x.py\n+++ b/vllm/x.py\n")
+    return _files(d)
+
+
+@pytest.mark.parametrize("command", ["upgrade", "patch port"])
+def test_a_series_folder_made_by_hand_is_not_ported_into(tmp_path, env, command):
+    if command == "upgrade":
+        out = tmp_path / "pr"
+        series = out / "patches" / "vllm" / "0.27.0"
+        args = _upgrade(out)
+    else:
+        out = series = tmp_path / "0.27.0"
+        args = ["patch", "port", "--from", "0.26.0", "--to", "0.27.0", "-o", str(out)]
+    before = _hand_series(series)
+    r = cli(args, env=env, timeout=120)
+    _no_bug(r)
+    assert r.returncode == 2, r.stderr
+    assert str(series) in r.stderr and "not a series ported by build-image" in r.stderr and "--force" in r.stderr
+    assert _files(series) == before and _files(out) == {str(series.relative_to(out) / k) if out != series else k: v
+                                                          for k, v in before.items()}
+
+
 from tests.test_upgrade import A_MOD, _args, tree  # noqa: E402 - its fixtures (bases, release): conftest
 
 

@@ -218,15 +218,17 @@ def render_json(obj: Any, *, sort_keys: bool = False, ensure_ascii: bool = False
 
 
 def emit_json(obj: Any, *, sort_keys: bool = False, stringify: bool = False, out: TextIO | None = None) -> None:
-    """Print a command's ``--json`` document on stdout through :func:`render_json` (redacted)."""
+    """Print a command's ``--json`` document on stdout through :func:`render_json` (redacted; ASCII, as
+    the commands always printed it, so a non-UTF-8 terminal cannot fail on it)."""
     stream = out if out is not None else sys.stdout
-    stream.write(render_json(obj, sort_keys=sort_keys, stringify=stringify))
+    stream.write(render_json(obj, sort_keys=sort_keys, stringify=stringify, ensure_ascii=True))
     stream.flush()
 
 
 def emit_text(text: str, *, out: TextIO | None = None) -> None:
     """Print a command's result text (a report, a summary) on stdout, redacted like a JSON document:
     a credential in any value the text quotes (a URL, an image reference) never reaches stdout."""
-    stream = out if out is not None else sys.stdout
-    stream.write(redact_text(text))
-    stream.flush()
+    import click  # click's writer: a misconfigured (ASCII) stdout is rewrapped, not an encoding error
+
+    # color=True: escapes the caller chose (diff --color) are kept, never stripped
+    click.echo(redact_text(text), nl=False, file=out, color=True)

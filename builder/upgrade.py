@@ -212,7 +212,7 @@ def release_defaults(wheel: Path | None) -> dict[str, str]:
 # =========================================================================== rendering
 def render(r: UpgradeReport, fmt: str = "text") -> str:
     if fmt == "json":
-        return render_json(r.to_dict())
+        return render_json(r.to_dict(), ensure_ascii=True)
     md = fmt == "markdown"
     out: list[str] = []
     head = f"vLLM {r.from_version} -> {r.to_version}"

@@ -32,6 +32,6 @@ def mark_direction(text: str, fmt: str, direction: str, from_version: str, to_ve
         doc = json.loads(text)
         if isinstance(doc, dict):
             doc = {"direction": "downgrade", **doc}
-        return render_json(doc)
+        return render_json(doc, ensure_ascii=True)
     line = f"DOWNGRADE: vllm {from_version} -> {to_version} ({to_version} is the older release)"
     return (f"**{line}**\n\n" if fmt == "markdown" else f"{line}\n") + text

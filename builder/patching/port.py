@@ -463,7 +463,7 @@ def b_originals(series: P.Series, b_source) -> dict[str, bytes]:
 # =========================================================================== rendering
 def render(report: PortReport, fmt: str = "text") -> str:
     if fmt == "json":
-        return render_json(report.to_dict())
+        return render_json(report.to_dict(), ensure_ascii=True)
     md = fmt == "markdown"
     out = []
     title = f"{report.package} patch series: {report.from_version} -> {report.to_version}"

@@ -130,7 +130,7 @@ class CheckResult:
             "nodes": [asdict(n) for n in self.nodes],
             "findings": [asdict(f) for f in self.findings],
         }
-        return render_json(doc)
+        return render_json(doc, ensure_ascii=True)
 
 
 def _fmt(values: dict[str, Any]) -> str:

@@ -19,6 +19,24 @@ RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/build-image-test.XXXXXX")
 export TMPDIR="$RUN_DIR/tmp" VLLM_CACHE_ROOT="$RUN_DIR/vllm-cache"
 mkdir -p "$TMPDIR" "$VLLM_CACHE_ROOT"
 
+# Free space on the file systems the run writes to (its temp files, the download cache, the engine's
+# storage), printed at the start, before the Docker tests and after a failure: a full disk then reads
+# as such in the log.  A fresh machine's run needs about NEED_GB free (measured peak, docs/testing.md).
+NEED_GB=10
+disk() {
+  local cache=${BUILD_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/build-image} paths=("$RUN_DIR")
+  [ -d "$cache" ] && paths+=("$cache") || paths+=("$(dirname "$cache")")
+  [ -d /var/lib/docker ] && paths+=(/var/lib/docker)
+  echo "disk ($1):"
+  df -Ph "${paths[@]}" 2>/dev/null | awk 'NR == 1 || !seen[$6]++ {print "  " $0}'
+  local avail
+  avail=$(df -Pk "$RUN_DIR" | awk 'NR == 2 {print int($4 / 1048576)}')
+  if [ "$1" = start ] && [ "$avail" -lt "$NEED_GB" ]; then
+    echo "  warning: ${avail} GiB free beside $RUN_DIR; a run on a fresh machine needs about ${NEED_GB} GiB"
+  fi
+}
+disk start
+
 engine_was_up=0; registry_was_up=0
 "$DOCKER" info >/dev/null 2>&1 && engine_was_up=1
 curl -fsS http://127.0.0.1:5000/v2/ >/dev/null 2>&1 && registry_was_up=1
@@ -28,6 +46,7 @@ images_before=""
 prepare_pid=""
 cleanup() {
   local rc=$?
+  [ "$rc" = 0 ] || disk "at the end, exit $rc"
   [ -z "$prepare_pid" ] || kill "$prepare_pid" 2>/dev/null || true
   if "$DOCKER" info >/dev/null 2>&1; then
     if [ "$engine_was_up" = 1 ]; then
@@ -70,6 +89,7 @@ if ! wait "$prepare_pid"; then
   cat "$RUN_DIR/prepare-docker.log"
 fi
 prepare_pid=""
+disk "before the Docker tests"
 .venv/bin/python -m pytest -m "docker and not gpu" "$@" || serial=$?
 if [ "$parallel" = 5 ] && [ "$serial" = 5 ]; then exit 5; fi
 [ "$parallel" = 5 ] && parallel=0

@@ -73,7 +73,15 @@ from builder.resolve.lockstage import _read
 from builder.resolve.manifest import BaseManifest
 from builder.resolve.pylock import PYLOCK_NAME
 from builder.resolve.twin import same_pins
-from builder.util import file_digest, output_lock, remember_digest, sha256_bytes, sha256_file, write_error
+from builder.util import (
+    file_digest,
+    output_lock,
+    remember_digest,
+    sha256_bytes,
+    sha256_file,
+    temp_path,
+    write_error,
+)
 
 
 @dataclass
@@ -243,7 +251,7 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
             raise BadInput(f"patched file path {p.relpath!r} must be relative to site-packages, without "
                            "'..' or spaces.")
     repo = plan.repo or default_repo()
-    return _env().get_template("Dockerfile.j2").render(
+    return redact_text(_env().get_template("Dockerfile.j2").render(
         manifest_file=MANIFEST_COPY,
         manifest_sha256=plan.manifest_sha256,
         checker_file=CHECKER_FILE,
@@ -269,7 +277,7 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
         sbom_file=SBOM_FILE,
         sbom_path=IMAGE_SBOM_PATH,
         tags=image_tags(repo, plan.vllm, plan.lock_hash),
-    )
+    ))  # the file rule: no credential in any generated text
 
 
 # ---------------------------------------------------------------- side effects
@@ -439,9 +447,10 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
                           lock_text, extra) -> list[str]:
     _check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp = temp_path(out)  # made inside the try: an interrupt just after the mkdir still removes it
     old: Path | None = None
     try:
+        tmp.mkdir(mode=0o700)  # under the output lock, after the sweep: no other run's temp has this name
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
 
         (tmp / "requirements.lock").write_text(redact_text(lock_text) if lock_text is not None else plan.lock.format(),

@@ -476,6 +476,42 @@ def test_a_signal_mid_render_exits_with_the_shells_code_and_leaves_the_old_conte
     assert _leftovers(tmp_path, "ctx") == [] and _snapshot(ctx) == before
 
 
+def test_an_interrupt_right_after_a_temp_is_created_leaves_nothing(tmp_path, monkeypatch):
+    """The signal lands in the instant after the temp file or folder exists (mkdir/open returned), before
+    any later statement: the writer still removes it (the name is chosen before the temp is created)."""
+    from builder.image import render
+    from builder.util import atomic_write_bytes
+
+    ctx, plan = tiny_context(tmp_path)
+    before = _snapshot(ctx)
+    real_mkdir, real_open = Path.mkdir, os.open
+
+    def mkdir_then_interrupt(self, *a, **kw):
+        real_mkdir(self, *a, **kw)
+        if self.name.endswith(".tmp"):
+            raise KeyboardInterrupt
+
+    def open_then_interrupt(path, flags, *a, **kw):
+        fd = real_open(path, flags, *a, **kw)
+        if str(path).endswith(".tmp"):
+            os.close(fd)
+            raise KeyboardInterrupt
+        return fd
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "mkdir", mkdir_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            render.write_context(ctx, plan, wheels={p.name: p for p in (tmp_path / "wheels-src").iterdir()})
+    assert _leftovers(tmp_path, "ctx") == [] and _snapshot(ctx) == before
+    target = tmp_path / "out.lock"
+    target.write_text("old\n")
+    with monkeypatch.context() as m:
+        m.setattr(os, "open", open_then_interrupt)
+        with pytest.raises(KeyboardInterrupt):
+            atomic_write_bytes(target, b"new\n")
+    assert _leftovers(tmp_path, "out.lock") == [] and target.read_text() == "old\n"
+
+
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_while_waiting_for_the_output_exits_with_the_shells_code(tmp_path, env, sig, code):
     from builder.util import output_lock

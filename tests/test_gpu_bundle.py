@@ -103,10 +103,12 @@ def test_ray_at_the_default_locks_version():
 
 
 def test_layers_of_equal_version_but_other_content_carry_a_digest():
-    p = bp.plan(["0.27.0", "0.33.0"])
-    p2 = bp.plan(["0.27.0", "0.27.1"])
-    assert all(not n.startswith("ray-2.59.0-") or len(n.split("-")) == 3 for n in p2["layers"])
-    assert p["releases"]["0.33.0"]["layers"][-1].startswith("ray-2.60.0")
+    p = bp.plan(["0.27.0", "0.27.1", "0.28.0"])
+    ray = {n: lay for n, lay in p["layers"].items() if lay["kind"] == "ray"}
+    assert len(ray) == 2 and all(n.startswith("ray-2.59.0-") and len(n) == len("ray-2.59.0-") + 8 for n in ray)
+    assert sorted(lay["releases"] for lay in ray.values()) == [["0.27.0", "0.27.1"], ["0.28.0"]]
+    assert p["releases"]["0.27.0"]["layers"][-1] == p["releases"]["0.27.1"]["layers"][-1]
+    assert bp.plan(["0.28.0"])["releases"]["0.28.0"]["layers"] == ["torch-2.13.0", "vllm-0.28.0", "ray-2.59.0"]
 
 
 def test_unknown_release_is_refused():

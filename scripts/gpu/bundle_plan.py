@@ -312,31 +312,30 @@ def plan(vllms: list[str], *, wheel_dir: Path | None = None, full_stack: bool = 
     """The bundle for several releases: layers (each uploaded once) and each release's layer order."""
     dev = device()
     rels = [release_plan(v, wheel_dir=wheel_dir, full_stack=full_stack, dev=dev, wheels_dir=wheels_dir) for v in vllms]
-    layers: dict[str, dict] = {}
-    order: dict[str, list[str]] = {}
-
-    def add(kind: str, ver: str, wheels: dict[str, str], vllm: str, extra: dict | None = None) -> str:
-        name = f"{kind}-{ver}"
-        digest = _digest(wheels)
-        same = [n for n, lay in layers.items() if lay["kind"] == kind and lay["version"] == ver]
-        for n in same:
-            if layers[n]["digest"] == digest:
-                layers[n]["releases"].append(vllm)
-                return n
-        if same:  # same version, other content: both names carry their digest
-            name = f"{name}-{digest}"
-        layers[name] = {"kind": kind, "version": ver, "digest": digest, "releases": [vllm],
-                        "wheels": dict(sorted(wheels.items())), **(extra or {})}
-        return name
-
+    # each distinct (kind, version, content) is one layer, named KIND-VERSION, or KIND-VERSION-DIGEST where
+    # releases need two contents of one version (ray 2.59.0 with each release's versions of its dependencies)
+    found: dict[tuple[str, str, str], dict] = {}
+    wanted: dict[str, list[tuple[str, str, str]]] = {}
     for r in rels:
-        names = []
-        if r["torch_wheels"]:
-            names.append(add("torch", r["torch"], r["torch_wheels"], r["vllm"]))
-        names.append(add("vllm", r["vllm"], r["engine_wheels"], r["vllm"], {"slim_vllm": r["vllm"]}))
-        if r["ray_wheels"]:
-            names.append(add("ray", r["ray"], r["ray_wheels"], r["vllm"]))
-        order[r["vllm"]] = names
+        keys = []
+        parts = ([("torch", r["torch"], r["torch_wheels"], {})] if r["torch_wheels"] else []) + \
+            [("vllm", r["vllm"], r["engine_wheels"], {"slim_vllm": r["vllm"]})] + \
+            ([("ray", r["ray"], r["ray_wheels"], {})] if r["ray_wheels"] else [])
+        for kind, ver, wheels, extra in parts:
+            key = (kind, ver, _digest(wheels))
+            lay = found.setdefault(key, {"kind": kind, "version": ver, "digest": key[2], "releases": [],
+                                         "wheels": dict(sorted(wheels.items())), **extra})
+            lay["releases"].append(r["vllm"])
+            keys.append(key)
+        wanted[r["vllm"]] = keys
+    versions = [(k, v) for k, v, _ in found]
+
+    def name(key: tuple[str, str, str]) -> str:
+        kind, ver, digest = key
+        return f"{kind}-{ver}" if versions.count((kind, ver)) == 1 else f"{kind}-{ver}-{digest}"
+
+    layers = {name(k): lay for k, lay in found.items()}
+    order = {v: [name(k) for k in keys] for v, keys in wanted.items()}
     return {"schema": "build-image/gpu-bundle-plan/v1", "device_torch": DEVICE_TORCH, "layers": layers,
             "releases": {r["vllm"]: {**{k: r[k] for k in ("torch", "ray", "auto_added", "requirements_added",
                                                             "left_to_device", "skipped")},

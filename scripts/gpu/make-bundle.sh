@@ -55,8 +55,9 @@ for pass in 1 2 3 4 5; do
   "${PLAN[@]}" --json > "$TMP/plan.json"
   cmp -s "$TMP/plan.json" "$TMP/plan.prev" && break
   echo "pass $pass"
-  while read -r layer _kind _rels; do
-    "${PLAN[@]}" --requirements "$layer" > "$TMP/$layer.txt"
+  while read -r layer; do   # the layers and their NAME==VERSION lines of this pass's plan.json
+    "$PY" -c 'import json,sys; w=json.load(open(sys.argv[1]))["layers"][sys.argv[2]]["wheels"]
+print("\n".join(f"{n}=={v}" for n, v in w.items()))' "$TMP/plan.json" "$layer" > "$TMP/$layer.txt"
     echo "  $layer: $(wc -l < "$TMP/$layer.txt") wheels"
     [ -s "$TMP/$layer.txt" ] || continue
     "$PY" "${DL[@]}" -r "$TMP/$layer.txt" -d "$WHEELS" 2>"$TMP/$layer.err" || {
@@ -64,7 +65,7 @@ for pass in 1 2 3 4 5; do
       while read -r req; do "$PY" "${DL[@]}" "$req" -d "$WHEELS" 2>/dev/null || echo "  not downloadable: $req"; done \
         < "$TMP/$layer.txt"
     }
-  done < <("${PLAN[@]}" --layers)
+  done < <("$PY" -c 'import json,sys; print(*json.load(open(sys.argv[1]))["layers"], sep="\n")' "$TMP/plan.json")
   cp "$TMP/plan.json" "$TMP/plan.prev"
 done
 

@@ -20,6 +20,7 @@ import re
 import shutil
 import sys
 import tarfile
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -65,8 +66,15 @@ def pypi_sha256(name: str, version: str, filename: str) -> str | None:
     """The sha256 PyPI's simple index (JSON form, PEP 691) gives for FILENAME of NAME."""
     req = urllib.request.Request(f"https://pypi.org/simple/{norm(name)}/",
                                  headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(req, timeout=60) as r:  # noqa: S310 - a fixed https URL
-        data = json.load(r)
+    for attempt in range(4):  # a name-resolution hiccup is retried, not reported as a mismatch
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:  # noqa: S310 - a fixed https URL
+                data = json.load(r)
+            break
+        except OSError:
+            if attempt == 3:
+                raise
+            time.sleep(2 + 3 * attempt)
     for u in data.get("files", []):
         if u["filename"] == filename:
             return u["hashes"].get("sha256")

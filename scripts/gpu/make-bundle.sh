@@ -56,9 +56,11 @@ for pass in 1 2 3 4 5; do
   cmp -s "$TMP/plan.json" "$TMP/plan.prev" && break
   echo "pass $pass"
   while read -r layer; do   # the layers and their NAME==VERSION lines of this pass's plan.json
-    "$PY" -c 'import json,sys; w=json.load(open(sys.argv[1]))["layers"][sys.argv[2]]["wheels"]
-print("\n".join(f"{n}=={v}" for n, v in w.items()))' "$TMP/plan.json" "$layer" > "$TMP/$layer.txt"
-    echo "  $layer: $(wc -l < "$TMP/$layer.txt") wheels"
+    "$PY" -c 'import json,sys; sys.path.insert(0, sys.argv[3]); from bundle_plan import wheel_file
+w = json.load(open(sys.argv[1]))["layers"][sys.argv[2]]["wheels"]   # only those not in the cache yet
+sys.stdout.write("".join(f"{n}=={v}\n" for n, v in w.items() if wheel_file(sys.argv[4], n, v) is None))' \
+      "$TMP/plan.json" "$layer" "$ROOT/scripts/gpu" "$WHEELS" > "$TMP/$layer.txt"
+    echo "  $layer: $(wc -l < "$TMP/$layer.txt") wheels to download"
     [ -s "$TMP/$layer.txt" ] || continue
     "$PY" "${DL[@]}" -r "$TMP/$layer.txt" -d "$WHEELS" 2>"$TMP/$layer.err" || {
       echo "  $layer: batch download failed ($(grep -m1 ERROR "$TMP/$layer.err")); one by one"

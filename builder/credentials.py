@@ -84,6 +84,35 @@ def redact_text(text: str) -> str:
     return text
 
 
+def redact_value(value):
+    """Pure: ``value`` (a JSON-able document: dicts, lists, tuples, strings, numbers) with every string in
+    it, keys included, passed through :func:`redact_text`; the one rule every ``--json`` document and
+    report build-image writes goes through (``builder.report.render_json``)."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        return {redact_text(k) if isinstance(k, str) else k: redact_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_value(v) for v in value]
+    return value
+
+
+def credential_fields(doc, where: str = "") -> list[str]:
+    """Pure: the dotted paths of the strings in ``doc`` (a JSON-able document) that carry a credential
+    (:func:`redact_text` would change them), walked iteratively; [] for a clean document."""
+    found, todo = [], [(where, doc)]
+    while todo:
+        path, v = todo.pop()
+        if isinstance(v, str):
+            if redact_text(v) != v:
+                found.append(path or "(the document)")
+        elif isinstance(v, dict):
+            todo += [(f"{path}.{k}" if path else str(k), x) for k, x in v.items()]
+        elif isinstance(v, (list, tuple)):
+            todo += [(f"{path}[{i}]", x) for i, x in enumerate(v)]
+    return sorted(found)
+
+
 def has_credentials(url: str) -> bool:
     return redact_url(url) != url
 

@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+
+from builder.credentials import redact_text, redact_value
 
 # Section styles, most severe first.  They select the colour in text output and
 # the marker in markdown.
@@ -200,7 +203,32 @@ def render_markdown(doc: Document, heading_level: int = 3) -> str:
 # --------------------------------------------------------------------- json
 
 
-def render_json(obj: Any) -> str:
-    """Stable JSON: insertion-ordered keys (build dicts in schema order), two-space
-    indent, UTF-8 kept readable, trailing newline."""
-    return json.dumps(obj, indent=2, ensure_ascii=False) + "\n"
+def render_json(obj: Any, *, sort_keys: bool = False, ensure_ascii: bool = False, stringify: bool = False) -> str:
+    """Stable JSON: insertion-ordered keys (build dicts in schema order, or ``sort_keys``), two-space
+    indent, UTF-8 kept readable, trailing newline.
+
+    The one place a JSON document build-image prints (``--json``) or writes as a report is made:
+    every string in it, keys included, is redacted first (:func:`builder.credentials.redact_value`:
+    userinfo in any URL-like form, token-like query values), so no credential reaches stdout or a
+    file whatever command or stage built the document.  ``stringify``: values JSON cannot hold
+    (paths, datetimes) become their ``str()``, redacted too."""
+    default = (lambda o: redact_text(str(o))) if stringify else None
+    return json.dumps(redact_value(obj), indent=2, ensure_ascii=ensure_ascii, sort_keys=sort_keys,
+                      default=default) + "\n"
+
+
+def emit_json(obj: Any, *, sort_keys: bool = False, stringify: bool = False, out: TextIO | None = None) -> None:
+    """Print a command's ``--json`` document on stdout through :func:`render_json` (redacted; ASCII, as
+    the commands always printed it, so a non-UTF-8 terminal cannot fail on it)."""
+    stream = out if out is not None else sys.stdout
+    stream.write(render_json(obj, sort_keys=sort_keys, stringify=stringify, ensure_ascii=True))
+    stream.flush()
+
+
+def emit_text(text: str, *, out: TextIO | None = None) -> None:
+    """Print a command's result text (a report, a summary) on stdout, redacted like a JSON document:
+    a credential in any value the text quotes (a URL, an image reference) never reaches stdout."""
+    import click  # click's writer: a misconfigured (ASCII) stdout is rewrapped, not an encoding error
+
+    # color=True: escapes the caller chose (diff --color) are kept, never stripped
+    click.echo(redact_text(text), nl=False, file=out, color=True)

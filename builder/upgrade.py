@@ -25,7 +25,6 @@ rejection, an overlay that no longer resolves).
 from __future__ import annotations
 
 import ast
-import json
 import shutil
 import tempfile
 import time
@@ -33,21 +32,29 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from builder.credentials import redact_text
 from builder.errors import AbiRejected, BadInput, Unsatisfiable
 from builder.fetch import vllm_wheel
 from builder.patching import port as PO
 from builder.patching import series as P
+from builder.report import render_json
 from builder.resolve import lock as L
 from builder.resolve.baseref import resolve_base
 from builder.resolve.lockfile import load_lock
-from builder.resolve.manifest import BaseManifest, load_manifest
+from builder.resolve.manifest import BaseManifest, load_manifest, refuse_foreign_manifest
 from builder.resolve.reconstruct import reconstruct
 from builder.serving import plan as PL
 from builder.spec import default_base_manifest, default_lock_path, load_spec
-from builder.util import atomic_write_text
+from builder.util import atomic_write_text, refuse_foreign, sweep_write_leftovers, write_target
 
 #: base-image distributions whose move the report always shows (when either side has them)
 KEY_DISTS = ("torch", "numpy", "transformers", "flashinfer-python", "triton", "nvidia-cuda-runtime", "ray", "vllm")
+
+
+#: the JSON report's first key; with the text and markdown reports' first lines, what marks a report as ours
+REPORT_SCHEMA = "build-image/upgrade-report/v1"
+REPORT_MARKS = ("build-image upgrade: ", "## build-image upgrade: ", f'  "schema": "{REPORT_SCHEMA}"')
+REPORT_EXT = {"markdown": "md", "json": "json", "text": "txt"}
 
 
 # =========================================================================== data
@@ -110,7 +117,7 @@ class UpgradeReport:
         return 1 if self.review else 0
 
     def to_dict(self) -> dict:
-        return {"from": self.from_version, "to": self.to_version, "exit_code": self.exit_code,
+        return {"schema": REPORT_SCHEMA, "from": self.from_version, "to": self.to_version, "exit_code": self.exit_code,
                 "needs_review": self.review, "base": {"from": self.base_from, "to": self.base_to,
                                                       "to_source": self.base_to_source,
                                                       "moves": [m.to_dict() for m in self.moves]},
@@ -205,7 +212,7 @@ def release_defaults(wheel: Path | None) -> dict[str, str]:
 # =========================================================================== rendering
 def render(r: UpgradeReport, fmt: str = "text") -> str:
     if fmt == "json":
-        return json.dumps(r.to_dict(), indent=2) + "\n"
+        return render_json(r.to_dict(), ensure_ascii=True)
     md = fmt == "markdown"
     out: list[str] = []
     head = f"vLLM {r.from_version} -> {r.to_version}"
@@ -272,6 +279,41 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
         out += (["", "### Written", ""] + [f"- `{w}`" for w in r.written]) if md else \
             ["  written:"] + [f"    {w}" for w in r.written]
     return "\n".join(out) + "\n"
+
+
+# =========================================================================== outputs
+def report_path(out_dir: str | Path, from_version: str, to_version: str, fmt: str) -> Path:
+    return Path(out_dir) / f"upgrade-{from_version}-{to_version}.{REPORT_EXT[fmt]}"
+
+
+def b_lock_path(out_dir: str | Path, to_version: str) -> Path:
+    return Path(out_dir) / "lockfiles" / f"vllm-{to_version}" / "requirements.lock"
+
+
+def check_outputs(out_dir: str | Path, from_version: str, to_version: str, fmt: str, *, base_to: str | None = None,
+                  force: bool = False) -> None:
+    """The output rule for ``-o DIR``, applied before any work (nothing is written when it refuses): the
+    report, B's lock and its pylock twin, and B's base manifest when it is reconstructed (no ``base_to``,
+    none shipped) are each either absent, a file
+    of that kind build-image wrote (symlinks are written through), or replaced only with ``force``; a device
+    node, FIFO, socket or directory in their place is refused even then (BadInput, exit 2).  What a killed
+    run left beside the report (``.NAME.<pid>-<start>.<random>.tmp``) is swept.  B's series folder under
+    ``DIR/patches/`` is refused when it holds a series build-image did not port (``refuse_foreign_series``)."""
+    report = report_path(out_dir, from_version, to_version, fmt)
+    write_target(report)
+    refuse_foreign(report, "upgrade report", force=force, marks=REPORT_MARKS)
+    for series_out in sorted((Path(out_dir) / "patches").glob(f"*/{to_version}")):  # B's ported series
+        PO.refuse_foreign_series(series_out, force=force)
+    L.refuse_foreign_outputs(b_lock_path(out_dir, to_version), force)
+    shipped = default_base_manifest(to_version)
+    if base_to is None and not shipped.is_file():  # B's manifest is reconstructed into DIR
+        refuse_foreign_manifest(Path(out_dir) / "lockfiles" / "base" / shipped.name, force=force)
+    sweep_write_leftovers(report)
+
+
+def write_report(path: Path, text: str) -> None:
+    """The report file: redacted like stdout (:func:`builder.credentials.redact_text`), written atomically."""
+    atomic_write_text(path, redact_text(text))
 
 
 # =========================================================================== the command's job
@@ -360,8 +402,7 @@ def _lock_on_b(from_version: str, to_version: str, b_path: Path, lock_from: str 
     if default_overlay is None:
         default_overlay = L.DEFAULT_RAY in overlay or not overlay
     named = [w for w in overlay if w != L.DEFAULT_RAY]
-    b_lock_path = (out / "lockfiles" / f"vllm-{to_version}" / "requirements.lock") if out \
-        else scratch / "requirements.lock"
+    lock_path = b_lock_path(out, to_version) if out else scratch / "requirements.lock"
     resolved = resolve_base(str(b_path), to_version)
     req = L.request_for(vllm=to_version, base=resolved, with_=named, default_overlay=default_overlay,
                         vllm_given=False, allow=dict(a_lock.allow_abi_change) if a_lock else {},
@@ -369,7 +410,7 @@ def _lock_on_b(from_version: str, to_version: str, b_path: Path, lock_from: str 
     step = LockStep(status="written", overlay=list(req.overlay))
     try:
         say(f"locking {' '.join(req.overlay)} on {b_path.name}")
-        outcome = L.run(req, b_lock_path, upgrade=True, force=True, progress=say)
+        outcome = L.run(req, lock_path, upgrade=True, force=True, progress=say)  # foreign files: check_outputs
         b_lock = load_lock(outcome.path)
         step.path = str(outcome.path) if out else None
         step.ray = b_lock.header.get("ray")

@@ -10,13 +10,14 @@ import re
 import secrets
 import stat
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import BadInput, OutputBusy
-from builder.scratch import system_tmp
+from builder.scratch import UNTAGGED_PART_IDLE_S, owner_alive, process_tag, system_tmp
 from builder.validate import describe_kind, env_number
 
 # ---------------------------------------------------------------- the output rule
@@ -91,32 +92,77 @@ def refuse_foreign(path: str | os.PathLike, what: str, *, force: bool = False, m
     target = write_target(p)
     if not target.exists() or is_own_output(target, marks):
         return
-    raise BadInput(f"{path} exists and is not a {what} written by build-image (none of its first lines starts "
+    article = "an" if what[:1] in "aeiou" else "a"
+    raise BadInput(f"{path} exists and is not {article} {what} written by build-image (none of its first lines starts "
                    f"with {marks[0]!r}); it is not replaced.",
                    hint=f"choose another output path, or pass {flag} to replace it.")
 
 
-def temp_path(target: Path, suffix: str = ".tmp") -> Path:
-    """A fresh name beside ``target`` for its temp (``.NAME.<random>.tmp``, the pattern the sweeps know).
+def temp_path(target: Path, suffix: str = ".tmp", *, owner: bool = False) -> Path:
+    """A fresh name beside ``target`` for its temp (``.NAME.<random>.tmp``, the pattern the sweeps know;
+    ``owner``: ``.NAME.<pid>-<start>.<random>.tmp``, so a killed owner's is told from a live one's).
 
     The caller creates it inside the ``try`` that removes it, so an interrupt that lands right after the
     creation (before a name returned by ``mkstemp``/``mkdtemp`` could be kept) leaves nothing behind.
     """
-    return target.parent / f".{target.name}.{secrets.token_hex(6)}{suffix}"
+    tag = f"{process_tag()}." if owner else ""
+    return target.parent / f".{target.name}.{tag}{secrets.token_hex(6)}{suffix}"
+
+
+def _leftover_pattern(name: str) -> re.Pattern:
+    """``.NAME.<pid>-<start>.<random>.tmp`` (the temp file :func:`atomic_write_bytes` writes beside ``NAME``,
+    tagged with its owner) or ``.NAME.<random>.tmp`` (untagged: an older build-image's)."""
+    return re.compile(rf"^\.{re.escape(name)}\.(?:(\d+-\d+)\.)?[A-Za-z0-9_]+\.tmp$")
+
+
+def sweep_write_leftovers(path: str | os.PathLike) -> list[Path]:
+    """Remove the temp files an atomic write of ``path`` left beside it when its process was killed
+    (SIGKILL: no ``finally`` ran).  Only files this module names so (:func:`_leftover_pattern`, beside the
+    file a symlink at ``path`` points to) and only abandoned ones: the owner the name carries is gone (a
+    reused PID has another start time), or, untagged, nobody has written it for an hour.  A live
+    writer's temp file, a directory, a symlink and anything else beside ``path`` are left alone."""
+    target = through_link(path)
+    pat = _leftover_pattern(target.name)
+    removed: list[Path] = []
+    try:
+        siblings = list(target.parent.iterdir())
+    except OSError:
+        return removed
+    now = time.time()
+    for p in siblings:
+        m = pat.match(p.name)
+        if m is None or p.is_symlink() or not p.is_file():
+            continue
+        if owner_alive(m.group(1)) if m.group(1) else not _idle(p, now):
+            continue
+        with contextlib.suppress(OSError):
+            p.unlink()
+            removed.append(p)
+    return removed
+
+
+def _idle(p: Path, now: float) -> bool:
+    try:
+        return now - p.stat().st_mtime > UNTAGGED_PART_IDLE_S
+    except OSError:
+        return False
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` via a temp file in the same directory + rename (the output rule above).
 
-    A crash or an exception leaves either the old file or the new one, never half.
+    A crash or an exception leaves either the old file or the new one, never half.  The temp file
+    (``.NAME.<pid>-<start>.<random>.tmp``) carries its owner, so one a SIGKILL left behind is swept by
+    the next write of ``path`` (:func:`sweep_write_leftovers`).
     """
     shown = path
     path = write_target(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        sweep_write_leftovers(path)
         while True:  # the name is known before the file exists: a signal right after its creation still removes it
-            tmp = str(temp_path(path))
+            tmp = str(temp_path(path, owner=True))
             try:
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 break

@@ -79,18 +79,19 @@ scripts/services.sh start
 # stand-in base image, find-links folders, the ray wheelhouse; each under its lock, so a fixture
 # needing one waits for it).  The script fails when either run fails; a run that selects no test
 # (pytest's exit 5, e.g. a file argument) is not a failure unless neither selects one.
+# Each run ends with its ten slowest tests (--durations): where the time goes, in every CI log.
 WORKERS=${BUILD_IMAGE_TEST_WORKERS:-3}
 .venv/bin/python -m tests.prepare_docker >"$RUN_DIR/prepare-docker.log" 2>&1 &
 prepare_pid=$!
 parallel=0; serial=0
-.venv/bin/python -m pytest -m "not gpu and not docker" -n "$WORKERS" --dist loadgroup "$@" || parallel=$?
+.venv/bin/python -m pytest -m "not gpu and not docker" -n "$WORKERS" --dist loadgroup --durations=10 "$@" || parallel=$?
 if ! wait "$prepare_pid"; then
   echo "tests/prepare_docker.py: not everything was prepared (the Docker tests' fixtures make it again):"
   cat "$RUN_DIR/prepare-docker.log"
 fi
 prepare_pid=""
 disk "before the Docker tests"
-.venv/bin/python -m pytest -m "docker and not gpu" "$@" || serial=$?
+.venv/bin/python -m pytest -m "docker and not gpu" --durations=10 "$@" || serial=$?
 if [ "$parallel" = 5 ] && [ "$serial" = 5 ]; then exit 5; fi
 [ "$parallel" = 5 ] && parallel=0
 [ "$serial" = 5 ] && serial=0

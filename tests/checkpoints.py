@@ -27,6 +27,7 @@ import json
 import sys
 from pathlib import Path
 
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]  # ids 0..3 (Gemma's pad=0, eos=1, bos=2)
 
 
@@ -59,6 +60,8 @@ def write_tokenizer(out: Path, vocab_size: int, model_max_length: int = 1 << 20)
         "pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>",
         "model_max_length": model_max_length,
         "clean_up_tokenization_spaces": False,
+        # a plain template, so that smoke's /v1/chat/completions round runs on these checkpoints too
+        "chat_template": CHAT_TEMPLATE,
     }, indent=1))
     (out / "special_tokens_map.json").write_text(json.dumps(
         {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}, indent=1))

@@ -27,9 +27,11 @@ def mark_direction(text: str, fmt: str, direction: str, from_version: str, to_ve
     if fmt == "json":
         import json
 
+        from builder.report import render_json  # the one JSON writer (redacted); this module loads for --help
+
         doc = json.loads(text)
         if isinstance(doc, dict):
             doc = {"direction": "downgrade", **doc}
-        return json.dumps(doc, indent=2) + "\n"
+        return render_json(doc, ensure_ascii=True)
     line = f"DOWNGRADE: vllm {from_version} -> {to_version} ({to_version} is the older release)"
     return (f"**{line}**\n\n" if fmt == "markdown" else f"{line}\n") + text

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from builder.commands import stderr_console
 from builder.errors import BadInput
+from builder.report import emit_json
 from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions
 from builder.util import atomic_write_text
 
@@ -113,7 +113,7 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
         "numpy_2x_built": sorted(d.name for d in dists if d.facts.numpy_abi.get("2")),
     }
     if as_json:
-        click.echo(json.dumps(summary, indent=2))
+        emit_json(summary)
     else:
         click.echo(
             f"wrote {output}: {summary['distributions']} distributions ({summary['binary']} binary), "
@@ -157,7 +157,7 @@ def recipe_cmd(vllm, as_json, write, recipes):
         except OSError as exc:
             raise BadInput(f"cannot write the recipes file {path}: {exc.strerror or exc}.") from None
     if as_json:
-        click.echo(json.dumps(recipe.to_json(), indent=2))
+        emit_json(recipe.to_json())
         return
     click.echo(render_recipe_text(recipe) + (f"\nwrote the table of {vllm} into {path}" if write else ""))
 
@@ -254,7 +254,7 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
                "steps": rec.steps, "unversioned": sorted(m.unversioned),
                "timings": {k: round(v, 2) for k, v in rec.timings.items()}, **_row(m)}
     if as_json:
-        click.echo(json.dumps(summary, indent=2, sort_keys=True))
+        emit_json(summary, sort_keys=True)
     else:
         done = sum(1 for s in rec.steps if s["action"] != "skip")
         click.echo(f"wrote {out}: {summary['distributions']} distributions ({summary['binary']} binary); torch "
@@ -303,7 +303,7 @@ def list_cmd(as_json):
                      "sdist_sha256": (recipe.get("sdist") or {}).get("sha256"),
                      "steps": len(recipe.get("steps") or []), "unversioned": sorted(m.unversioned)})
     if as_json:
-        click.echo(json.dumps(rows, indent=2))
+        emit_json(rows)
         return
     for r in rows:
         r["os_short"] = (r["os"] or "").split(" (")[0] or None

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import click
 
 from builder.commands import stderr_console
+from builder.report import emit_json
 from builder.spec import load_spec
 
 # What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
@@ -47,7 +46,7 @@ def command(context, vllm, repo, spec_file, pull, as_json):
     for line in built.warnings:
         console.print("[yellow]warning:[/yellow] " + line.replace("[", r"\["), highlight=False, soft_wrap=True)
     if as_json:
-        sys.stdout.write(json.dumps(built.to_dict(), indent=2) + "\n")
+        emit_json(built.to_dict())
     else:
         click.echo(f"built {built.image_id} ({(built.size_bytes or 0) / 1e6:.1f} MB) in {built.seconds}s")
         for t in built.tags:

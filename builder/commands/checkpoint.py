@@ -8,13 +8,13 @@ Nothing is written except the digest cache under the user cache directory.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 import click
 
 from builder.errors import BadInput, VerdictFailure
+from builder.report import emit_json
 from builder.serving.checkpoint import (
     ContentPlan,
     HashCache,
@@ -96,7 +96,7 @@ def verify(directory, sums_file, hf_cache, jobs, rehash, strict, as_json):
                 rep.problems += small
                 rep.content["other_files_checked"] = checked
     if as_json:
-        click.echo(json.dumps(rep.to_dict(strict=strict), indent=2))
+        emit_json(rep.to_dict(strict=strict))
     else:
         click.echo(render_text(rep, strict=strict))
     if not rep.ready(strict=strict):

@@ -326,8 +326,7 @@ def command(paths, git_revs, fmt, as_json, textconv_file, base_manifest, fail_on
         from builder.comment_fit import fit
 
         out = fit(out, max_chars, full_report)
-    sys.stdout.write(out)
-    sys.stdout.flush()
+    report.emit_text(out)  # redacted like every result on stdout
     dangerous = [d for d in diffs if d.dangerous]
     if dangerous:
         names = sorted({c.name for d in dangerous for c in d.group(1) if c.allowed is None or fail_on_allowed})

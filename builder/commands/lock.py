@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import click
 
 from builder.commands import stderr_console
 from builder.errors import AbiRejected, BadInput, BuildImageError, StaleLock, Unsatisfiable
+from builder.report import emit_json
 from builder.spec import load_spec
 from builder.util import canonical_name
 from builder.validate import exclude_newer as valid_exclude_newer
@@ -144,6 +143,6 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
 
 def _emit(as_json: bool, doc: dict, text: str) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        emit_json(doc, sort_keys=True)
     else:
         click.echo(text)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import click
 from builder.commands import mark_direction
 from builder.errors import BadInput, PatchFailed
 from builder.patching import series as P
+from builder.report import emit_json, emit_text
 from builder.util import atomic_write_text, sha256_file
 from builder.validate import release_direction, same_directory
 
@@ -97,10 +97,9 @@ def check_cmd(vllm, series_dir, wheel, run_probes, probe_python, as_json):
     probes_ok = all(pr.needed is True and pr.works is True for pr in probes)
     if as_json:
         by = {pr.patch: pr.to_dict() for pr in probes}
-        click.echo(json.dumps({"series": str(series.dir), "vllm": series.version, "source": str(source),
-                               "ok": ok and probes_ok,
-                               "patches": [{**r.to_dict(), **({"probe": by[r.name]} if r.name in by else {})}
-                                           for r in results]}, indent=2))
+        emit_json({"series": str(series.dir), "vllm": series.version, "source": str(source),
+                   "ok": ok and probes_ok,
+                   "patches": [{**r.to_dict(), **({"probe": by[r.name]} if r.name in by else {})} for r in results]})
     else:
         click.echo(f"series {series.dir} (vllm=={series.version}) against {source}:")
         by = {pr.patch: pr for pr in probes}
@@ -140,8 +139,9 @@ def check_cmd(vllm, series_dir, wheel, run_probes, probe_python, as_json):
               help="Report format (markdown for a pull request comment).")
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option("--allow-downgrade", is_flag=True, help="Port to an older release (refused, exit 2, without it).")
+@click.option("--force", is_flag=True, help="Write into an -o folder holding a series build-image did not port.")
 def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir, probe_python, fmt, as_json,
-             allow_downgrade=False):
+             allow_downgrade=False, force=False):
     """Port A's patch series to release B, patch by patch (docs/patches.md).
 
     Status per patch: applies (exact context on B, offsets regenerated), merged (a
@@ -160,13 +160,15 @@ def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir
     direction = release_direction(from_version, to_version, allow_downgrade=allow_downgrade, what="port")
     series = _series(from_version, series_dir)
     _check_port_output(out_dir, series.dir)
+    if out_dir is not None:
+        PO.refuse_foreign_series(out_dir, force=force)
     for p in series.patches:
         PR.probe_path(series.dir, p)
     a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, progress=fmt == "text")
     b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, progress=fmt == "text")
     say = (lambda m: click.echo(m, err=True)) if fmt == "text" else None
     report = PO.port(series, a_src, b_src, to_version, out_dir=out_dir, probe_python=probe_python, progress=say)
-    click.echo(mark_direction(PO.render(report, fmt), fmt, direction, from_version, to_version), nl=False)
+    emit_text(mark_direction(PO.render(report, fmt), fmt, direction, from_version, to_version))
     if report.needs_review:
         sys.exit(1)
 
@@ -196,9 +198,8 @@ def apply_cmd(vllm, series_dir, site_packages, as_json):
     series = _series(vllm, series_dir)
     done = P.apply_site_packages(series, site_packages)
     if as_json:
-        click.echo(json.dumps({"series": str(series.dir), "vllm": series.version, "site_packages": site_packages,
-                               "patches": [p.name for p in series.patches],
-                               "files": [vars(f) for f in done]}, indent=2))
+        emit_json({"series": str(series.dir), "vllm": series.version, "site_packages": site_packages,
+                   "patches": [p.name for p in series.patches], "files": [vars(f) for f in done]})
     else:
         click.echo(P.sha256_list(done, "patched"), nl=False)
 

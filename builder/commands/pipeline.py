@@ -8,13 +8,12 @@ honoured: then it exits 8 (the context is still written).
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import click
 
 from builder.commands import stderr_console
+from builder.report import emit_json
 from builder.spec import load_spec
 
 # What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
@@ -79,7 +78,7 @@ def run_pipeline(vllm, spec_file, with_=(), base=None, lock_file=None, out=None,
 
 def _emit(as_json: bool, summary: dict) -> None:
     if as_json:
-        sys.stdout.write(json.dumps(summary, indent=2) + "\n")
+        emit_json(summary)
         return
     lines = [f"vllm {summary['vllm']}  lock {summary.get('lock')} ({summary.get('lock_hash', '')[:12]})",
              f"context {summary['context']} ({summary.get('context_bytes', 0) / 1e6:.1f} MB)"]

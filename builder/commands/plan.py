@@ -5,12 +5,12 @@ Exit 0: fits.  Exit 1: does not fit (the plan is printed first).  Exit 2: bad in
 
 from __future__ import annotations
 
-import json
 import math
 
 import click
 
 from builder.errors import BadInput
+from builder.report import emit_json
 from builder.serving import coldstart
 from builder.serving.plan import (
     GiB,
@@ -115,7 +115,7 @@ def command(vllm, model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu
     if as_json:
         doc = plan.to_dict()
         doc["cold_start"] = {**cold["model"].to_dict(), "seed000": cold["seed000"].to_dict()}
-        click.echo(json.dumps(doc, indent=2, sort_keys=True))
+        emit_json(doc, sort_keys=True)
     else:
         click.echo(render_text(plan))
         click.echo("\n".join(coldstart.render_text(cold["model"], f"cold start of {serving.model}")))

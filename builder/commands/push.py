@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import click
 
 from builder.commands import stderr_console
 from builder.errors import BadInput
+from builder.report import emit_json
 from builder.spec import load_spec
 
 # What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
@@ -43,7 +42,7 @@ def command(context, vllm, repo, spec_file, force, as_json):
     pushed = push_image(ctx.tags, force=force, context=ctx.out_dir,
                         on_step=lambda s: console.print(f"push: {s}", markup=False, highlight=False))
     if as_json:
-        sys.stdout.write(json.dumps(pushed.to_dict(), indent=2) + "\n")
+        emit_json(pushed.to_dict())
     else:
         for p in pushed.pushed:
             click.echo(f"pushed {p.ref}  {p.digest}")

@@ -14,6 +14,7 @@ import click
 
 from builder.commands import stderr_console
 from builder.errors import BuildImageError, VerdictFailure
+from builder.report import emit_text
 from builder.spec import default_lock_path
 
 # What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
@@ -54,7 +55,7 @@ def command(image: str, workers: int, lock_path: str | None, worker_image: str |
             worker_image=worker_image, on_event=lambda msg: status.update(f"ray-check: {msg}"),
         )
     if as_json:
-        click.echo(result.to_json(), nl=False)
+        emit_text(result.to_json())
     else:
         click.echo(raycheck.render_text(result))
     if not result.ok:

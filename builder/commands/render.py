@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
 import click
 
 from builder.commands import stderr_console
 from builder.errors import BadInput
+from builder.report import emit_json
 from builder.spec import load_spec
 
 # What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
@@ -85,7 +84,7 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
         "sbom": str(result.out_dir / "sbom.cdx.json"),
     }
     if as_json:
-        sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+        emit_json(doc)
     else:
         click.echo(f"wrote {result.out_dir}: {len(lock.entries)} wheels, {len(result.plan.patched)} patched file(s) "
                    f"from {len(result.plan.patches)} patch(es); FROM {manifest.pinned_ref}")

@@ -7,7 +7,6 @@ Exit 0 PASS, 1 FAIL (or the plan refuses the configuration), 2 bad input,
 
 from __future__ import annotations
 
-import json
 import shlex
 import sys
 
@@ -15,6 +14,7 @@ import click
 
 from builder.commands import stderr_console
 from builder.errors import BadInput, VerdictFailure
+from builder.report import emit_json
 from builder.serving.smoke import SmokeConfig, render_text, run_smoke
 
 # What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
@@ -170,7 +170,7 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
     progress = _progress_printer()
     rep = run_smoke(cfg, progress=progress)
     if as_json:
-        click.echo(json.dumps(rep.to_dict(), indent=2, default=str))
+        emit_json(rep.to_dict(), stringify=True)
     else:
         click.echo(render_text(rep))
     if rep.interrupted:

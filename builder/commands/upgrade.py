@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import click
 
 from builder.commands import mark_direction
 from builder.errors import BadInput
-from builder.util import atomic_write_text
+from builder.report import emit_text
 from builder.validate import release_direction, version_string
 
 # What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
@@ -46,8 +45,11 @@ from builder.validate import release_direction, version_string
 @click.option("--probe-python", default=None, type=click.Path(dir_okay=False, exists=True),
               help="Interpreter for the patch probes (default: a venv from the series' probe-env.txt).")
 @click.option("--allow-downgrade", is_flag=True, help="Go to an older release (refused, exit 2, without it).")
+@click.option("--force", is_flag=True,
+              help="Replace a file under -o DIR (report, B's lock or base manifest) that build-image did not write.")
 def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_, no_default_overlay, base_from,
-            base_to, series_dir, from_wheel, to_wheel, find_links, no_index, probe_python, allow_downgrade=False):
+            base_to, series_dir, from_wheel, to_wheel, find_links, no_index, probe_python, allow_downgrade=False,
+            force=False):
     """Upgrade to vLLM B as one reviewable report.
 
     Reconstructs B's base manifest if none is shipped, ports A's patch series
@@ -68,6 +70,8 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
     if from_version == to_version:
         raise BadInput(f"--from and --to are both {to_version}: nothing to upgrade.")
     direction = release_direction(from_version, to_version, allow_downgrade=allow_downgrade)
+    if out_dir:  # the output rule, before any work: nothing under DIR is replaced that build-image did not write
+        U.check_outputs(out_dir, from_version, to_version, fmt, base_to=base_to, force=force)
     say = (lambda m: click.echo(f"upgrade: {m}", err=True)) if fmt == "text" or out_dir else None
     rep = U.upgrade(from_version=from_version, to_version=to_version, series_dir=series_dir, from_wheel=from_wheel,
                     to_wheel=to_wheel, base_from=base_from, base_to=base_to, lock_from=lock_from,
@@ -76,12 +80,11 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
                     probe_python=probe_python, progress=say)
     text = mark_direction(U.render(rep, fmt), fmt, direction, from_version, to_version)
     if out_dir:
-        ext = {"markdown": "md", "json": "json", "text": "txt"}[fmt]
-        dest = Path(out_dir) / f"upgrade-{from_version}-{to_version}.{ext}"
+        dest = U.report_path(out_dir, from_version, to_version, fmt)
         rep.written.append(str(dest))
         text = mark_direction(U.render(rep, fmt), fmt, direction, from_version, to_version)
-        atomic_write_text(dest, text)
-    click.echo(text, nl=False)
+        U.write_report(dest, text)
+    emit_text(text)
     sys.exit(rep.exit_code)
 
 

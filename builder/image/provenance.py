@@ -15,7 +15,6 @@ the GitHub Actions workflow (``GITHUB_SERVER_URL``/``GITHUB_WORKFLOW_REF``), els
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from pathlib import Path
 from builder import __version__
 from builder.credentials import redact_url
 from builder.image.naming import PROVENANCE_FILE, choose_installer, default_repo, image_tags
+from builder.report import render_json
 from builder.util import atomic_write_text, sha256_bytes
 from builder.validate import load_json
 
@@ -159,7 +159,8 @@ def now_iso() -> str:
 
 
 def dumps(doc: dict) -> str:
-    return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+    """The statement's text, through the one JSON writer (redacted: no credential in any value)."""
+    return render_json(doc, ensure_ascii=True)
 
 
 def validate(doc: dict) -> list[str]:

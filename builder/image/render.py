@@ -251,7 +251,7 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
             raise BadInput(f"patched file path {p.relpath!r} must be relative to site-packages, without "
                            "'..' or spaces.")
     repo = plan.repo or default_repo()
-    return _env().get_template("Dockerfile.j2").render(
+    return redact_text(_env().get_template("Dockerfile.j2").render(
         manifest_file=MANIFEST_COPY,
         manifest_sha256=plan.manifest_sha256,
         checker_file=CHECKER_FILE,
@@ -277,7 +277,7 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
         sbom_file=SBOM_FILE,
         sbom_path=IMAGE_SBOM_PATH,
         tags=image_tags(repo, plan.vllm, plan.lock_hash),
-    )
+    ))  # the file rule: no credential in any generated text
 
 
 # ---------------------------------------------------------------- side effects

@@ -24,7 +24,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from builder import __version__
-from builder.credentials import redact_url  # a lock written before redaction keeps no secret in the SBOM
+from builder.credentials import redact_text, redact_url  # a lock written before redaction keeps no secret in it
 from builder.patching.series import PatchedFile
 from builder.resolve.lockfile import LockEntry, LockFile
 from builder.resolve.manifest import BaseManifest, Distribution
@@ -206,7 +206,7 @@ def sbom_json(inp: SbomInput) -> str:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the library warns about components without dependencies
         text = JsonV1Dot6(build_bom(inp)).output_as_string(indent=1)
-    return text if text.endswith("\n") else text + "\n"
+    return redact_text(text if text.endswith("\n") else text + "\n")  # the file rule: no credential in it
 
 
 def validate(text: str) -> list[str]:

@@ -37,6 +37,7 @@ from pathlib import Path
 from builder.errors import BadInput
 from builder.patching import probe as PR
 from builder.patching import series as P
+from builder.report import render_json
 from builder.util import atomic_write_text, sha256_bytes, sha256_file
 
 APPLIES, MERGED, CONFLICT, UPSTREAM = "applies", "merged", "conflict", "upstream"
@@ -392,12 +393,40 @@ def _advance_a(p: P.Patch, a_cur: dict[str, list[str]]) -> None:
 
 
 # =========================================================================== output
+#: how the ``series`` file :func:`write_series` writes ends its first line
+PORT_MARK = "by build-image patch port"
+
+
+def refuse_foreign_series(out_dir: str | os.PathLike, *, force: bool = False) -> None:
+    """The output rule for a port's ``-o``: an existing, non-empty folder whose ``series`` file does not open
+    with the line :func:`write_series` writes (``# vllm B, ported from A by build-image patch port``) is a
+    series made by hand; porting into it would overwrite its patches, so it is refused (BadInput, exit 2,
+    nothing written) unless ``force``.  A file (not a folder) in its place is refused even then."""
+    d = Path(out_dir)
+    if not d.exists() and not d.is_symlink():
+        return
+    if not d.is_dir():
+        raise BadInput(f"-o {d} exists and is not a directory; a ported series is a folder.")
+    if force or not any(d.iterdir()):
+        return
+    try:
+        with open(d / P.SERIES_FILE, "rb") as fh:
+            first = fh.read(4096).decode("utf-8", errors="replace").split("\n", 1)[0].rstrip()
+    except OSError:
+        first = ""
+    if first.startswith("# ") and first.endswith(PORT_MARK):
+        return
+    raise BadInput(f"-o {d} holds files and is not a series ported by build-image (its {P.SERIES_FILE} file does "
+                   f"not open with '# … {PORT_MARK}'); porting into it would overwrite its patches. Nothing was "
+                   "written.", hint="port into a new folder, or pass --force to write B's series there anyway.")
+
+
 def write_series(report: PortReport, series: P.Series, out_dir: str | os.PathLike, *,
                  b_originals: dict[str, bytes], wheel: Path | None) -> Path:
     """Write B's series: ported patches, their probes, probe-env, sums; conflicts as ``.conflict`` files."""
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    lines = [f"# {series.package} {report.to_version}, ported from {report.from_version} by build-image patch port"]
+    lines = [f"# {series.package} {report.to_version}, ported from {report.from_version} {PORT_MARK}"]
     kept = []
     for pp, p in zip(report.patches, series.patches):
         if pp.status in (APPLIES, MERGED) and pp.text:
@@ -434,9 +463,7 @@ def b_originals(series: P.Series, b_source) -> dict[str, bytes]:
 # =========================================================================== rendering
 def render(report: PortReport, fmt: str = "text") -> str:
     if fmt == "json":
-        import json
-
-        return json.dumps(report.to_dict(), indent=2) + "\n"
+        return render_json(report.to_dict(), ensure_ascii=True)
     md = fmt == "markdown"
     out = []
     title = f"{report.package} patch series: {report.from_version} -> {report.to_version}"

@@ -46,7 +46,7 @@ from packaging.utils import parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from builder import __version__
-from builder.credentials import redact_url, remember
+from builder.credentials import redact_text, redact_url, remember
 from builder.errors import AbiRejected, BadInput, ExternalToolError, IntegrityError, StaleLock, Unsatisfiable
 from builder.fetch import fetch
 from builder.resolve import index as ix
@@ -67,6 +67,7 @@ from builder.util import (
     refuse_foreign,
     same_version,
     sha256_bytes,
+    sweep_write_leftovers,
     through_link,
     write_target,
 )
@@ -152,13 +153,19 @@ def base_requirements(base: BaseManifest, overlay: Iterable[Requirement | str]) 
     ]
 
 
+def recorded_overlay(req: LockRequest) -> list[str]:
+    """The overlay as the lock records it: a direct-URL requirement (``pkg @ https://user:PW@host/pkg.whl``)
+    without its credential, which is not an input (the same wheel with a rotated password is the same lock)."""
+    return [redact_text(r) for r in req.overlay]
+
+
 def inputs_sha256(req: LockRequest, uv_version: str, tool_version: str = __version__) -> str:
     """Hash over every input of the lock: manifest bytes, overlay, allowed ABI
     changes, index flags, exclude-newer, tool and uv versions."""
     doc = {
         "manifest": req.manifest_sha256,
         "vllm": req.vllm,
-        "overlay": list(req.overlay),
+        "overlay": recorded_overlay(req),
         "allow": sorted((canonical_name(k), v) for k, v in req.allow.items()),
         # a credential in a URL is not an input: the same index with another password is the same lock
         "find_links": [str(Path(f).resolve()) if "://" not in f else redact_url(f) for f in req.find_links],
@@ -777,7 +784,7 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
     header = lock_header(req, uv.version())
     header.update(ray_header(req, entries, base))
     allow_used = {canonical_name(k): v for k, v in req.allow.items()}
-    lockfile = LockFile(header=header, overlay=list(req.overlay), allow_abi_change=allow_used, entries=entries)
+    lockfile = LockFile(header=header, overlay=recorded_overlay(req), allow_abi_change=allow_used, entries=entries)
     return LockResult(lock=lockfile, gate=gate, resolved=len(resolved), timings=timings)
 
 
@@ -981,7 +988,7 @@ def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None) -> tu
     uv = uv or Uv()
     want_header = lock_header(req, uv.version())
     fields = header_mismatches(existing.header, want_header)
-    same_lists = (existing.overlay == list(req.overlay)
+    same_lists = (existing.overlay == recorded_overlay(req)
                   and {canonical_name(k): v for k, v in req.allow.items()} == existing.allow_abi_change)
     if existing.header.get("inputs-sha256") == want_header["inputs-sha256"] and not fields and same_lists:
         return True, "inputs unchanged"
@@ -989,8 +996,8 @@ def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None) -> tu
     if existing.header.get("base-manifest-sha256") != req.manifest_sha256 and not any(
             r.startswith("base-manifest-sha256") for r in reasons):
         reasons.append("the base manifest changed")
-    if existing.overlay != list(req.overlay):
-        reasons.append(f"the overlay changed ({', '.join(existing.overlay)} -> {', '.join(req.overlay)})")
+    if existing.overlay != recorded_overlay(req):
+        reasons.append(f"the overlay changed ({', '.join(existing.overlay)} -> {', '.join(recorded_overlay(req))})")
     if {canonical_name(k): v for k, v in req.allow.items()} != existing.allow_abi_change:
         reasons.append("the allowed ABI changes changed")
     if req.default_ray and "serve-backend" not in existing.header:
@@ -1089,6 +1096,15 @@ def refuse_foreign_outputs(lock_path: Path, force: bool) -> None:
         refuse_foreign(p, "lock", force=force)
 
 
+def _sweep_killed_writes(lock_path: Path, say: Progress) -> None:
+    """The temp files a killed write of the lock or its twin left beside them (owner gone), removed on every
+    run that may write them, even one that keeps the lock as it is (:func:`builder.util.sweep_write_leftovers`)."""
+    swept = [p.name for x in (lock_path, twin_path(lock_path)) for p in sweep_write_leftovers(x)]
+    if swept:
+        say(f"removed {len(swept)} temp file(s) a killed earlier write left beside {lock_path.name} "
+            f"(their owner is gone): {', '.join(sorted(swept))}")
+
+
 def _other_base(lock_path: Path, req: LockRequest) -> str | None:
     """The base-ref of an existing lock at ``lock_path`` when it names another base than ``req``'s."""
     try:
@@ -1116,6 +1132,7 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
         raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
     if not check:
         refuse_foreign_outputs(lock_path, force)
+        _sweep_killed_writes(lock_path, say)
     if check or (not upgrade and lock_path.exists()):
         kept = _kept_if_fresh(req, lock_path, check, uv, say)
         if kept is not None:

@@ -49,7 +49,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder.credentials import credential_fields, redact_text
 from builder.errors import BadInput
+from builder.report import render_json
 from builder.util import atomic_write_text, canonical_name, refuse_foreign, write_target
 from builder.validate import load_json, read_bounded_text
 
@@ -108,6 +110,15 @@ class BaseManifest:
     # pins the image's environment applies to every `uv pip install` in it (ENV UV_OVERRIDE's file)
     uv_overrides: list[str] | None = None
 
+    def __post_init__(self) -> None:
+        # the image reference reaches FROM lines, labels, the SBOM and the provenance: a user:password@ in it
+        # (an image reference holds none; `docker login` keeps registry credentials) is refused where it enters
+        if self.image_ref and redact_text(self.image_ref) != self.image_ref:
+            raise BadInput(f"the base image reference {redact_text(self.image_ref)} carries a credential; an image "
+                           "reference holds none, and build-image writes it into the Dockerfile, labels, SBOM and "
+                           "provenance.", hint="log in to the registry with `docker login` and name the image "
+                                               "without user:password@.")
+
     @property
     def unversioned(self) -> dict[str, str]:
         """Canonical name → reason, for what the image holds but the manifest cannot version."""
@@ -147,7 +158,7 @@ class BaseManifest:
         }
         if self.consistency is not None:
             doc["consistency"] = {"tool": self.consistency["tool"], "problems": list(self.consistency["problems"])}
-        return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+        return render_json(doc, ensure_ascii=True)  # the one JSON writer: no credential in any value
 
     def save(self, path: str | Path) -> None:
         atomic_write_text(path, self.to_json())
@@ -227,6 +238,17 @@ def _opt(doc: dict, key: str, typ: type, where: str, path: str) -> Any:
     return val
 
 
+def _refuse_credentials(doc: dict, path: str) -> None:
+    """A manifest is copied byte for byte into every context (and the image): one carrying a credential
+    (userinfo in an image reference or a URL, a token in a query) is refused, never shipped."""
+    found = credential_fields(doc)
+    if found:
+        raise BadInput(f"base manifest {path}: {', '.join(found[:5])} carries a credential (a user:password@ or a "
+                       "token); a manifest is copied into every context and image, so it is refused.",
+                       hint="regenerate it with `build-image base snapshot` from a reference without credentials "
+                            "(log in to the registry with `docker login` instead).")
+
+
 def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
     try:
         doc = load_json(text, f"base manifest {path}")
@@ -240,6 +262,7 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
             f"base manifest {path}: field 'schema' must be {SCHEMA!r} "
             f"(got {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}).",
         )
+    _refuse_credentials(doc, path)
     image = _req(doc, "image", dict, "", path)
     py = _req(doc, "python", dict, "", path)
     prov = _req(doc, "provenance", dict, "", path)

@@ -27,6 +27,7 @@ import jinja2
 import yaml
 
 from builder import __version__
+from builder.credentials import redact_text
 from builder.data import path as data_path
 from builder.errors import BadInput
 from builder.image.naming import SERVE_MODULE, TRITON_CACHE_DIR, VLLM_CACHE_ROOT, serve_backend_of
@@ -322,9 +323,9 @@ def render_manifests(
     """Pure: file name -> YAML text for the RayService and the RayCluster."""
     ctx = _context(lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=base, name=name)
     env = _env()
-    out = {
-        RAYSERVICE_FILE: env.get_template("rayservice.yaml.j2").render(**ctx),
-        RAYCLUSTER_FILE: env.get_template("raycluster.yaml.j2").render(**ctx),
+    out = {  # the file rule: no credential in any generated text (redacted like every file build-image writes)
+        RAYSERVICE_FILE: redact_text(env.get_template("rayservice.yaml.j2").render(**ctx)),
+        RAYCLUSTER_FILE: redact_text(env.get_template("raycluster.yaml.j2").render(**ctx)),
     }
     for fname, text in out.items():  # a template bug must never reach a cluster
         try:

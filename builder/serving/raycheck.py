@@ -40,6 +40,7 @@ from typing import Any
 
 from builder import engine as engine_adapter
 from builder.errors import BadInput, ExternalToolError
+from builder.report import render_json
 from builder.resolve.lockfile import LockFile
 from builder.util import canonical_name, same_version
 
@@ -129,7 +130,7 @@ class CheckResult:
             "nodes": [asdict(n) for n in self.nodes],
             "findings": [asdict(f) for f in self.findings],
         }
-        return json.dumps(doc, indent=2, sort_keys=False) + "\n"
+        return render_json(doc, ensure_ascii=True)
 
 
 def _fmt(values: dict[str, Any]) -> str:

@@ -2,6 +2,7 @@
 """Summarize one or more GPU proof result folders (from scripts/gpu-proof.sh's proof.tgz).
 
     python scripts/gpu/summarize.py DIR [DIR ...]     # DIR holds results/ and logs/
+    python scripts/gpu/summarize.py --releases [DIR ...]   # the per-release table (proof-run.sh RELEASES mode)
 
 Prints markdown: per-run verdicts and numbers, the PLE output fingerprints
 against the unpatched reference, and the plan (builder.serving.plan, recomputed with the
@@ -11,6 +12,7 @@ current code) against vLLM's logged KV capacity.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -27,6 +29,8 @@ def load(dirs: list[Path]) -> dict[str, dict]:
             try:
                 rep = json.loads(f.read_text())
             except ValueError:
+                continue
+            if not isinstance(rep, dict) or "verdict" not in rep:  # bundle-manifest.json and the like
                 continue
             rep["_dir"] = d
             runs[f.stem] = rep
@@ -80,6 +84,9 @@ def fingerprints(runs: dict[str, dict]) -> str:
     for name, r in runs.items():
         if "gemma4" not in name:
             continue
+        m = re.match(r"[pu]-([0-9.]+)-", name)  # proof-run.sh RELEASES mode: that release's reference
+        if m and f"u-{m.group(1)}-gemma4-ple-ref" in runs:
+            ref = (runs[f"u-{m.group(1)}-gemma4-ple-ref"].get("probe") or {}).get("text")
         text = (r.get("probe") or {}).get("text")
         same = "–" if text is None or ref is None else ("yes" if text == ref else "**no**")
         out.append(f"| {name} | `{text.strip() if text else '(no boot)'}` | {same} |")
@@ -101,7 +108,8 @@ def ground_truth(runs: dict[str, dict]) -> str:
            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs.items():
         p = r.get("plan")
-        if not p or r["kv_cache"]["tokens"] is None or name not in ALONE:
+        alone = name in ALONE or re.fullmatch(r"p-[0-9.]+-qwen3-sparse", name)  # proof-run.sh RELEASES mode
+        if not p or r["kv_cache"]["tokens"] is None or not alone:
             continue
         ckpt = Path(r["model"]).name
         cfg_file = r["_dir"] / "results" / f"{ckpt}.config.json"
@@ -138,7 +146,79 @@ def ground_truth(runs: dict[str, dict]) -> str:
     return "\n".join(out)
 
 
+NOT_RUN = "not run (device budget)"
+
+
+def _releases() -> list[str]:
+    base = ROOT / "lockfiles" / "base"
+    out = [p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json")]
+    return sorted(out, key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def _carried(v: str) -> str:
+    """The versions release V carries (torch stack, transformers, ray), from scripts/gpu/bundle_plan.py's plan."""
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    import bundle_plan
+
+    r = bundle_plan.release_plan(v)
+    t, e = r["torch_wheels"], r["engine_wheels"]
+    e.setdefault("transformers", bundle_plan.manifest(v)["transformers"] + " (the device's)")
+    torch = (f"torch {t['torch']}, triton {t['triton']}, NCCL {t.get('nvidia-nccl-cu13', '(device)')}" if t
+             else f"(the device's torch {bundle_plan.DEVICE_TORCH})")
+    return f"{torch}; transformers {e['transformers']}; ray {r['ray']}"
+
+
+def _verdict(r: dict | None) -> str:
+    if r is None:
+        return NOT_RUN
+    if r["verdict"] == "PASS":
+        rounds = ", ".join(f"{x.get('kind', 'completion')} {x['ok']}/{x['requests']}" for x in r["rounds"])
+        return f"PASS ({rounds})"
+    fail = (r["failures"] or ["?"])[-1]
+    log = r["_dir"] / "logs" / f"{r['_name']}.log"
+    if log.exists():
+        from builder.serving.smoke import first_error_line, parse_server_log
+
+        root = first_error_line(parse_server_log(log.read_text("utf-8", "replace")))
+        fail = root.split("] ", 1)[-1] if root and "] " in root[:80] else (root or fail)
+    return f"FAIL: {fail.replace('|', '/')[:160]}"
+
+
+def release_table(runs: dict[str, dict]) -> str:
+    for name, r in runs.items():
+        r["_name"] = name
+    out = ["| release | carried | patched layer-type (qwen3-sparse) | KV tokens: vLLM logged / plan (error) | "
+           "/health s | out tok/s | unpatched layer-type | patched PLE long name | unpatched PLE long name |",
+           "|---|---|---|---|---|---|---|---|---|"]
+
+    def ple(r: dict | None, ref: dict | None) -> str:
+        text = _verdict(r)
+        if r is None or ref is None or not (r.get("probe") or {}).get("text"):
+            return text
+        same = r["probe"]["text"] == (ref.get("probe") or {}).get("text")
+        return text + ("; greedy probe = the plain-name reference" if same else
+                       "; **greedy probe differs from the plain-name reference** (table not loaded)")
+    for v in _releases():
+        p, u = runs.get(f"p-{v}-qwen3-sparse"), runs.get(f"u-{v}-qwen3-sparse")
+        pl, ul = runs.get(f"p-{v}-gemma4-ple-long"), runs.get(f"u-{v}-gemma4-ple-long")
+        ref = runs.get(f"u-{v}-gemma4-ple-ref")
+        kv = boot = tps = NOT_RUN if p is None else "–"
+        if p is not None:
+            m, plan = p["kv_cache"]["tokens"], (p.get("plan") or {}).get("kv_tokens_per_gpu")
+            if m and plan:
+                kv = f"{m:,} / {plan:,} ({100 * (plan - m) / m:+.2f}%)"
+            boot = fmt(p["boot"]["health_s"])
+            tps = fmt(p["throughput"]["output_tokens_per_s"], 0)
+        out.append(f"| {v} | {_carried(v)} | {_verdict(p)} | {kv} | {boot} | {tps} | {_verdict(u)} | "
+                   f"{ple(pl, ref)} | {ple(ul, ref)} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--releases"]:
+        runs = load([Path(a) for a in argv[1:]])
+        print(release_table(runs))
+        return 0
     dirs = [Path(a) for a in argv] or [Path("/tmp/proof")]
     runs = load(dirs)
     print("## Runs\n")

@@ -155,6 +155,9 @@ def render_args(tmp_path: Path, out: Path) -> list[str]:
 # the offline lock fixtures (a numpy-1.x base snapshot + the fixture wheelhouse, real uv)
 from tests.test_lock import np1_base, offline  # noqa: E402,F401
 
+# the synthetic releases of tests/test_upgrade.py (two bases, a toy series)
+from tests.test_upgrade import bases, release  # noqa: E402,F401
+
 
 class AuthFileServer:
     """A loopback HTTP file server over ``root`` that answers only with Basic ``user:password``

@@ -1141,3 +1141,45 @@ def test_report_as_json():
     assert [p["status"] for p in doc["patches"]] == ["applies", "merged", "conflict", "upstream", "conflict"]
     no_probes = PO.PortedPatch("0006-f.patch", "f", PO.CONFLICT, ["x"]).to_dict()
     assert (no_probes["probe_unpatched"], no_probes["probe_ported"]) == (None, None)
+
+
+def test_a_port_output_that_holds_a_hand_made_series_is_refused(tmp_path):
+    import re
+
+    out = tmp_path / "out"
+    PO.refuse_foreign_series(out)                       # absent: fine
+    out.mkdir()
+    PO.refuse_foreign_series(out)                       # empty: fine
+    (out / "series").write_text("# vllm 2.0, ported from 1.0 by build-image patch port\n0001-f.patch\n")
+    PO.refuse_foreign_series(out)                       # written by an earlier port: fine
+    (out / "series").write_text("# vllm 2.0, ported from 1.0 by build-image patch port   \n")
+    PO.refuse_foreign_series(out)                       # trailing blanks on the mark line
+    for first in ("0001-f.patch\n", "# my own series\n", "vllm 2.0 by build-image patch port\n",
+                  "\n# vllm 2.0, ported from 1.0 by build-image patch port\n"):
+        (out / "series").write_text(first)
+        with pytest.raises(BadInput) as ei:
+            PO.refuse_foreign_series(out)
+        assert ei.value.message == (
+            f"-o {out} holds files and is not a series ported by build-image (its series file does not open with "
+            "'# … by build-image patch port'); porting into it would overwrite its patches. Nothing was written.")
+        assert ei.value.hint == "port into a new folder, or pass --force to write B's series there anyway."
+        PO.refuse_foreign_series(out, force=True)       # --force: written anyway
+    (out / "series").unlink()
+    (out / "0001-f.patch").write_text("x")              # files but no series file at all
+    with pytest.raises(BadInput, match=re.escape(f"-o {out} holds files and is not a series ported")):
+        PO.refuse_foreign_series(out)
+    (out / "series").write_bytes(b"# \xff\xfe by build-image patch port\n")   # not UTF-8: read leniently
+    PO.refuse_foreign_series(out)
+    (out / "series").write_text("# " + "x" * 5000 + " by build-image patch port\n")  # only the first 4 KiB read
+    with pytest.raises(BadInput):
+        PO.refuse_foreign_series(out)
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    for force in (False, True):
+        with pytest.raises(BadInput, match=rf"^-o {re.escape(str(a_file))} exists and is not a directory; a ported "
+                                           r"series is a folder\.$"):
+            PO.refuse_foreign_series(a_file, force=force)
+    link = tmp_path / "dangling"
+    link.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(BadInput, match="exists and is not a directory"):
+        PO.refuse_foreign_series(link)

@@ -1138,6 +1138,10 @@ def test_report_as_json():
         "probe_unpatched": {"status": "fail", "checks": [{"name": "f(1) == 2", "ok": False}], "seconds": 0.0},
         "probe_ported": {"status": "pass", "checks": [{"name": "f(1) == 2", "ok": True}], "seconds": 0.0}}
     assert (doc["patches"][2]["probe_ported"], doc["patches"][2]["probe"]) == (None, None)
+    # ASCII on the wire: a subject outside ASCII is escaped, and reads back the same
+    rep.patches[0].subject = "Größe"
+    text = PO.render(rep, "json")
+    assert '"subject": "Gr\\u00f6\\u00dfe"' in text and json.loads(text)["patches"][0]["subject"] == "Größe"
     assert [p["status"] for p in doc["patches"]] == ["applies", "merged", "conflict", "upstream", "conflict"]
     no_probes = PO.PortedPatch("0006-f.patch", "f", PO.CONFLICT, ["x"]).to_dict()
     assert (no_probes["probe_unpatched"], no_probes["probe_ported"]) == (None, None)

@@ -1174,7 +1174,10 @@ def test_a_port_output_that_holds_a_hand_made_series_is_refused(tmp_path):
         PO.refuse_foreign_series(out)
     (out / "series").write_bytes(b"# \xff\xfe by build-image patch port\n")   # not UTF-8: read leniently
     PO.refuse_foreign_series(out)
-    (out / "series").write_text("# " + "x" * 5000 + " by build-image patch port\n")  # only the first 4 KiB read
+    mark = " by build-image patch port"
+    (out / "series").write_text("# " + "x" * (4096 - 2 - len(mark)) + mark + "\n")   # the mark ends at byte 4096
+    PO.refuse_foreign_series(out)
+    (out / "series").write_text("# " + "x" * (4097 - 2 - len(mark)) + mark + "\n")   # only the first 4 KiB read
     with pytest.raises(BadInput):
         PO.refuse_foreign_series(out)
     a_file = tmp_path / "file"

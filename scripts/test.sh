@@ -24,11 +24,14 @@ mkdir -p "$TMPDIR" "$VLLM_CACHE_ROOT"
 # as such in the log.  A fresh machine's run needs about NEED_GB free (measured peak, docs/testing.md).
 NEED_GB=10
 disk() {
-  local cache=${BUILD_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/build-image} paths=("$RUN_DIR")
-  [ -d "$cache" ] && paths+=("$cache") || paths+=("$(dirname "$cache")")
-  [ -d /var/lib/docker ] && paths+=(/var/lib/docker)
+  local cache=${BUILD_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/build-image} paths=("$RUN_DIR") p
+  # the nearest existing folder of each (a fresh machine has no cache and no engine storage yet)
+  for p in "$cache" /var/lib/docker; do
+    while [ ! -d "$p" ] && [ "$p" != / ]; do p=$(dirname "$p"); done
+    paths+=("$p")
+  done
   echo "disk ($1):"
-  df -Ph "${paths[@]}" 2>/dev/null | awk 'NR == 1 || !seen[$6]++ {print "  " $0}'
+  { df -Ph "${paths[@]}" 2>/dev/null || true; } | awk 'NR == 1 || !seen[$6]++ {print "  " $0}'
   local avail
   avail=$(df -Pk "$RUN_DIR" | awk 'NR == 2 {print int($4 / 1048576)}')
   if [ "$1" = start ] && [ "$avail" -lt "$NEED_GB" ]; then

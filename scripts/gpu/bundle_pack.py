@@ -16,7 +16,6 @@ import argparse
 import hashlib
 import io
 import json
-import re
 import shutil
 import sys
 import tarfile
@@ -25,41 +24,14 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bundle_plan beside it, however this file is loaded
+from bundle_plan import norm, wheel_file  # noqa: E402
+
+from builder.util import sha256_file  # noqa: E402
+
 #: a device call carries at most 64 MiB in all: the checkout (about 4.4 MiB), the carried code (about 2 MiB)
 #: and one part
 PART = 56 * 1024 * 1024
-
-
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def wheel_key(filename: str) -> tuple[str, str]:
-    dist, ver = filename.split("-")[:2]
-    return norm(dist), ver
-
-
-def find(wheels_dir: Path, name: str, version: str) -> Path | None:
-    from packaging.version import Version
-
-    for f in sorted(wheels_dir.glob("*.whl")):
-        d, v = wheel_key(f.name)
-        if d == norm(name):
-            try:
-                if Version(v) == Version(version):
-                    return f
-            except ValueError:
-                if v == version:
-                    return f
-    return None
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def pypi_sha256(name: str, version: str, filename: str) -> str | None:
@@ -108,14 +80,14 @@ def pack(plan: dict, wheels_dir: Path, out: Path, slim_dir: Path | None = None, 
     for name, lay in plan["layers"].items():
         files = []
         for dist, ver in lay["wheels"].items():
-            f = find(wheels_dir, dist, ver)
+            f = wheel_file(wheels_dir, dist, ver)
             if f is None:
                 missing.append(f"{name}: {dist}=={ver}")
                 continue
             files.append(f)
             to_verify.append((dist, ver, f))
         if lay.get("slim_vllm"):
-            f = find(slim_dir or wheels_dir, "vllm", lay["slim_vllm"])
+            f = wheel_file(slim_dir or wheels_dir, "vllm", lay["slim_vllm"])
             if f is None:
                 raise SystemExit(f"{name}: no slimmed vllm {lay['slim_vllm']} wheel in {slim_dir}")
             files.append(f)
@@ -131,7 +103,7 @@ def pack(plan: dict, wheels_dir: Path, out: Path, slim_dir: Path | None = None, 
             info = tarfile.TarInfo("whl/LAYER.txt")
             info.size = len(listing)
             t.addfile(info, io.BytesIO(listing.encode()))
-        digest = sha256(tar)
+        digest = sha256_file(tar)
         parts = split(tar, layer_dir)
         (layer_dir / "layer.sha256").write_text(f"{digest}  {name}.tar\n")
         layers[name] = {"kind": lay["kind"], "version": lay["version"], "releases": lay["releases"],
@@ -146,7 +118,7 @@ def pack(plan: dict, wheels_dir: Path, out: Path, slim_dir: Path | None = None, 
                 want = pypi_sha256(dist, ver, f.name)
             except OSError as exc:
                 want = f"unreadable ({exc})"
-            return f.name, want, sha256(f)
+            return f.name, want, sha256_file(f)
         with ThreadPoolExecutor(8) as ex:
             results = list(ex.map(check, to_verify))
         bad = [f"{n}: PyPI {w}, file {h}" for n, w, h in results if w != h]

@@ -38,6 +38,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+from packaging.markers import Marker
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
+
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "scripts" / "gpu"
 
@@ -58,8 +63,8 @@ SKIP = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "tilela
 DEVICE_TORCH = "2.11.0"
 
 
-def norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
+#: PEP 503 normalisation of a distribution name
+norm = canonicalize_name
 
 
 def releases() -> list[str]:
@@ -148,36 +153,28 @@ def requirements_with_extras(wheel: Path, extras: set[str] | frozenset[str] = fr
     for line in text.splitlines():
         if not line.startswith("Requires-Dist:"):
             continue
-        req = line.split(":", 1)[1].strip()
-        spec, _, marker = req.partition(";")
-        if marker and not any(_marker_true(marker, e) for e in ([None] + sorted(extras))):
+        req = Requirement(line.split(":", 1)[1].strip())
+        if req.marker and not any(_marker_true(req.marker, e) for e in ([None] + sorted(extras))):
             continue
-        m = re.match(r"([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?", spec.strip())
-        asked = {norm(x) for x in (m.group(2) or "").split(",") if x.strip()}
-        name = norm(m.group(1))
+        asked = {norm(x) for x in req.extras}
+        name = norm(req.name)
         if name not in [n for n, _ in out]:
             out.append((name, asked))
     return out
 
 
-def _marker_true(marker: str, extra: str | None = None) -> bool:
-    try:
-        from packaging.markers import Marker
-    except ImportError:  # pragma: no cover - packaging is a dependency of build-image
-        return "extra" not in marker
+def _marker_true(marker: Marker, extra: str | None = None) -> bool:
     env = {"python_version": "3.12", "python_full_version": "3.12.3", "platform_system": "Linux",
            "platform_machine": "x86_64", "sys_platform": "linux", "os_name": "posix",
            "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": extra or ""}
-    return Marker(marker).evaluate(env)
+    return marker.evaluate(env)
 
 
 def wheel_file(wheels_dir: Path, name: str, version: str) -> Path | None:
-    """NAME==VERSION's wheel in WHEELS_DIR (file names carry the normalized name and the version)."""
-    from packaging.version import InvalidVersion, Version
-
+    """NAME==VERSION's wheel in WHEELS_DIR (file names carry the name and the version)."""
     for f in sorted(Path(wheels_dir).glob("*.whl")):
         dist, ver = f.name.split("-")[:2]
-        if norm(dist) != name:
+        if norm(dist) != norm(name):
             continue
         try:
             if Version(ver) == Version(version):

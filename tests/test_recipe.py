@@ -6,6 +6,7 @@ exactly their derivation."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime, timezone
 
@@ -211,17 +212,66 @@ def test_base_recipe_of_a_release_without_an_sdist_is_exit_2_and_writes_nothing(
     assert not out.exists()
 
 
-def test_base_recipe_of_an_sdist_lacking_the_target_is_exit_2_and_writes_nothing(tmp_path, monkeypatch):
+@pytest.mark.parametrize("files, message", [
+    (build_files(dockerfile=DOCKERFILE.replace("AS vllm-openai\n", "AS x\n")),
+     "docker/Dockerfile has no stage 'vllm-openai'"),
+    (build_files(dockerfile=DOCKERFILE.replace("AS vllm-openai-base\n", "AS vllm-api-base\n")),
+     "stage 'vllm-openai' is built FROM 'vllm-openai-base', which is no stage of docker/Dockerfile"),
+    (build_files(pipeline=PIPELINE.replace("Build release image - x86_64 - CUDA 13.0", "Build image")),
+     ".buildkite/release-pipeline.yaml has no step labelled 'Build release image - x86_64 - CUDA 13.0'"),
+    (build_files(dockerfile=None), "vllm-0.99.0.tar.gz has no docker/Dockerfile"),
+    (build_files(pipeline=None), "vllm-0.99.0.tar.gz has no .buildkite/release-pipeline.yaml"),
+], ids=["no-target-stage", "no-stage-of-the-chain", "no-release-step", "no-dockerfile", "no-pipeline"])
+def test_base_recipe_of_an_sdist_lacking_what_it_needs_is_exit_2_naming_it_and_writes_nothing(tmp_path, monkeypatch,
+                                                                                            files, message):
     from tests.fx_index import serve_index
 
     monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
-    p = write_sdist(tmp_path, "0.99.0", build_files(dockerfile=DOCKERFILE.replace("AS vllm-openai\n", "AS x\n")))
+    p = write_sdist(tmp_path, "0.99.0", files)
     out = tmp_path / "recipes.toml"
+    out.write_text(before := (tmp_path.parent / "none").as_posix())  # an existing file stays as it was
     with serve_index({p: datetime(2026, 4, 2, tzinfo=timezone.utc)}) as url:
         monkeypatch.setenv("UV_DEFAULT_INDEX", url)
         r = CliRunner().invoke(main, ["base", "recipe", "--vllm", "0.99.0", "--write", "--recipes", str(out)])
-    assert r.exit_code == 2 and "docker/Dockerfile has no stage 'vllm-openai'" in r.output
-    assert not out.exists()
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+    assert out.read_text() == before and sorted(x.name for x in tmp_path.iterdir()) == sorted(
+        ["cache", "recipes.toml", "vllm-0.99.0.tar.gz"])
+
+
+def test_a_corrupt_cached_sdist_is_fetched_again_and_verified(sdist_index, tmp_path, monkeypatch):
+    from builder.fetch import cached_path
+    from builder.resolve import sdist
+
+    sha = hashlib.sha256(sdist_index.read_bytes()).hexdigest()
+    path, _ = sdist.sdist_file("0.99.0")
+    assert path == cached_path(sha, "vllm-0.99.0.tar.gz")
+    path.write_bytes(b"not the sdist")  # damaged in the cache
+    again, ref = sdist.sdist_file("0.99.0", sha256=sha)  # not served from the cache: the index is asked again
+    assert ref.sha256 == sha and again.read_bytes() == sdist_index.read_bytes()
+    again.write_bytes(b"damaged once more")
+    monkeypatch.setenv("UV_DEFAULT_INDEX", "http://127.0.0.1:9/simple")  # no index: a damaged copy is never used
+    from builder.errors import BuildImageError
+    with pytest.raises(BuildImageError):
+        sdist.sdist_file("0.99.0", sha256=sha)
+
+
+def test_a_download_whose_bytes_differ_from_the_index_hash_is_refused(tmp_path, monkeypatch):
+    from builder.errors import IntegrityError
+    from builder.fetch import downloads_dir
+    from builder.resolve import sdist
+    from builder.resolve.index import IndexFile
+
+    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
+    p = write_sdist(tmp_path, "0.99.0", build_files())
+
+    class Index:  # lists the sdist with a hash its bytes do not have
+        def files(self, name):
+            return [IndexFile(filename=p.name, url=p.as_uri(), sha256="a" * 64, upload_time=None)]
+
+    with pytest.raises(IntegrityError, match="expected " + "a" * 64):
+        sdist.sdist_file("0.99.0", index=Index())
+    assert not any(x.is_file() and not x.name.endswith(".part") for x in downloads_dir().rglob("*"))
 
 
 # --------------------------------------------------------------------------- the nine real releases

@@ -376,8 +376,20 @@ def stage_chain(stages: tuple[Stage, ...], target: str, path: str = DOCKERFILE) 
         if cur in chain:
             raise BadInput(f"{path}:{cur.line}: stage {cur.name!r} is built from itself.")
         chain.append(cur)
-        cur = by.get(cur.base)
+        nxt = by.get(cur.base)
+        if nxt is None and _BARE_STAGE_NAME.match(cur.base):
+            names = ", ".join(s.name for s in stages if s.name)
+            raise BadInput(f"{path}:{cur.line}: stage {cur.name!r} is built FROM {cur.base!r}, which is no stage of "
+                           f"{path} (stages: {names}).",
+                           hint="a bare name without registry, tag or variable is read as a stage the target needs; "
+                                "the release's image is built from nvidia/cuda:... through ${FINAL_BASE_IMAGE}.")
+        cur = nxt
     return list(reversed(chain))
+
+
+# a FROM operand with no registry path, tag, digest or variable (`vllm-openai-base`): in a release Dockerfile it
+# names a stage; one that the file lacks is a missing stage, not an image on Docker Hub's library
+_BARE_STAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
 def _split_arg(value: str) -> list[tuple[str, str | None]]:

@@ -230,3 +230,31 @@ def test_base_list_shows_every_shipped_release():
     text = CliRunner().invoke(main, ["base", "list"], catch_exceptions=False).output
     assert text.splitlines()[0].split()[:3] == ["vllm", "torch", "CUDA"]
     assert any(line.startswith("0.26.0 ") for line in text.splitlines())
+
+
+@pytest.mark.parametrize("vllm", ["0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0",
+                                  "0.33.0"])
+def test_each_shipped_manifest_is_the_replay_of_its_derived_recipe(vllm):
+    """Every value the manifest takes from the recipe equals the derived table in recipes.toml; the provenance
+    names the sdist by its sha256 and every step by its Dockerfile line; nothing derived says "unverified"."""
+    from builder.resolve.reconstruct import load_recipes
+    from builder.spec import default_base_manifest
+
+    t = load_recipes()[vllm]
+    path = default_base_manifest(vllm)
+    m = load_manifest(path)
+    assert "unverified" not in path.read_text().lower()
+    assert m.provenance_kind == "reconstructed"
+    assert (m.image_ref, m.glibc, m.cuda, m.python_version, m.site_packages, m.platform) == (
+        t["image"], t["glibc"], t["cuda"], t["python"], t["site_packages"], t["platform"])
+    assert m.os.startswith(t["os"])
+    pr = m.provenance_recipe
+    assert pr["sdist"] == {"filename": t["sdist"], "sha256": t["sdist_sha256"]}
+    assert t["sdist_sha256"] in m.provenance_method
+    assert [(s["n"], s["from"]) for s in pr["steps"]] == [(s["n"], s["from"]) for s in t["steps"]]
+    for s, ts in zip(pr["steps"], t["steps"]):  # what the replay could not take is skipped, with the reason
+        assert (s["action"] == "skip") == (ts["replay"] in ("off-index", "source-build")), (s, ts["replay"])
+    assert (m.uv_overrides or []) == t["image_overrides"]
+    assert set(m.unversioned) and not set(m.unversioned) & set(m.distributions)
+    assert set(m.lacks) >= {"off_index", "source_builds", "other_indexes", "os_packages", "unversioned"}
+    assert m.get("vllm").version == vllm

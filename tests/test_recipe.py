@@ -229,7 +229,7 @@ def test_base_recipe_of_an_sdist_lacking_what_it_needs_is_exit_2_naming_it_and_w
     monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
     p = write_sdist(tmp_path, "0.99.0", files)
     out = tmp_path / "recipes.toml"
-    out.write_text(before := (tmp_path.parent / "none").as_posix())  # an existing file stays as it was
+    out.write_text(before := "# an existing recipes file\n")  # stays as it was
     with serve_index({p: datetime(2026, 4, 2, tzinfo=timezone.utc)}) as url:
         monkeypatch.setenv("UV_DEFAULT_INDEX", url)
         r = CliRunner().invoke(main, ["base", "recipe", "--vllm", "0.99.0", "--write", "--recipes", str(out)])
@@ -240,6 +240,7 @@ def test_base_recipe_of_an_sdist_lacking_what_it_needs_is_exit_2_naming_it_and_w
 
 
 def test_a_corrupt_cached_sdist_is_fetched_again_and_verified(sdist_index, tmp_path, monkeypatch):
+    from builder.errors import BuildImageError
     from builder.fetch import cached_path
     from builder.resolve import sdist
 
@@ -251,7 +252,6 @@ def test_a_corrupt_cached_sdist_is_fetched_again_and_verified(sdist_index, tmp_p
     assert ref.sha256 == sha and again.read_bytes() == sdist_index.read_bytes()
     again.write_bytes(b"damaged once more")
     monkeypatch.setenv("UV_DEFAULT_INDEX", "http://127.0.0.1:9/simple")  # no index: a damaged copy is never used
-    from builder.errors import BuildImageError
     with pytest.raises(BuildImageError):
         sdist.sdist_file("0.99.0", sha256=sha)
 

@@ -364,6 +364,11 @@ def parse_dockerfile(text: str) -> tuple[tuple[Instruction, ...], tuple[Stage, .
     return tuple(pre), tuple(Stage(n, b, ln, tuple(i)) for n, b, ln, i in stages)
 
 
+# a FROM operand with no registry path, tag, digest or variable (`vllm-openai-base`): in a release Dockerfile it
+# names a stage; one that the file lacks is a missing stage, not an image on Docker Hub's library
+_BARE_STAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
 def stage_chain(stages: tuple[Stage, ...], target: str, path: str = DOCKERFILE) -> list[Stage]:
     """The target stage and the stages it is built FROM, root first (pure)."""
     by = {s.name: s for s in stages if s.name}
@@ -385,11 +390,6 @@ def stage_chain(stages: tuple[Stage, ...], target: str, path: str = DOCKERFILE) 
                                 "the release's image is built from nvidia/cuda:... through ${FINAL_BASE_IMAGE}.")
         cur = nxt
     return list(reversed(chain))
-
-
-# a FROM operand with no registry path, tag, digest or variable (`vllm-openai-base`): in a release Dockerfile it
-# names a stage; one that the file lacks is a missing stage, not an image on Docker Hub's library
-_BARE_STAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 
 
 def _split_arg(value: str) -> list[tuple[str, str | None]]:

@@ -181,6 +181,9 @@ def test_reconstruct_replays_the_steps_in_order_and_a_later_step_moves_an_earlie
     assert m.get("vllm").version == "0.99.0" and m.get("extra-a").version == "1.5.0"
     assert m.get("purepkg").version == "1.0.0"  # step 1 put 1.2.0, the kv step moved it down; 2.0.0 was too new
     assert m.get("fakearrow").facts.numpy_abi == {"1": 1, "2": 0}  # scanned, not named
+    # the index's build stands for the image's: its ELF digest would be a claim about other files
+    assert m.get("fakearrow").facts.binary and m.get("fakearrow").facts.native_sha256 is None
+    assert "native_sha256" not in json.loads(out.read_text())["distributions"]["fakearrow"]
     assert m.image_ref == "vllm/vllm-openai:v0.99.0" and (m.glibc, m.os) == ("2.35", "Ubuntu 22.04 "
                                                                              "(nvidia/cuda:13.0.1-base-ubuntu22.04)")
     assert m.site_packages == "/usr/local/lib/python3.12/dist-packages" and m.provenance_kind == "reconstructed"

@@ -425,12 +425,15 @@ def scan_site_packages(
     site_packages: Path,
     *,
     progress: Callable[[str, int, int], None] | None = None,
+    native_digests: bool = True,
 ) -> dict[str, Distribution]:
     """Every distribution under ``site_packages``: ``*.dist-info`` (name and version from
     METADATA, facts from the files its RECORD lists) and ``*.egg-info`` (PKG-INFO;
     files from installed-files.txt or top_level.txt).  Keyed by canonical name.
 
-    ``progress(name, index, total)`` is called before each distribution.
+    ``progress(name, index, total)`` is called before each distribution.  ``native_digests=False``
+    records no ``native_sha256``: for a tree whose files stand in for the image's (a replay from
+    the index), a digest of them would be a claim about files the image does not hold.
     """
     site_packages = Path(site_packages)
     if not site_packages.is_dir():
@@ -461,7 +464,7 @@ def scan_site_packages(
             tags = HeaderParser().parsestr(wheel.read_text(encoding="utf-8", errors="replace")).get_all("Tag") or []
         files = _egg_info_paths(di) if egg else _record_paths(di)
         facts = scan_files(files, is_numpy=key == "numpy", wheel_tags=tags or None)
-        if facts.binary and not egg:
+        if native_digests and facts.binary and not egg:
             facts.native_sha256 = _native_digest(di)
         dists[key] = Distribution(name=name, version=version, facts=facts)
     return dists
@@ -509,8 +512,10 @@ def snapshot_site_packages(
     site_packages_label: str | None = None,
     method: str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    native_digests: bool = True,
 ) -> BaseManifest:
-    """A ``reconstructed`` manifest from a directory on this machine."""
+    """A ``reconstructed`` manifest from a directory on this machine (``native_digests``: see
+    :func:`scan_site_packages`)."""
     site_packages = Path(site_packages)
     python = python or _guess_python_version(site_packages)
     if not python:
@@ -521,7 +526,7 @@ def snapshot_site_packages(
     _check_xy(glibc, "--glibc")
     if cuda is not None:
         _check_xy(cuda, "--cuda")
-    dists = scan_site_packages(site_packages, progress=progress)
+    dists = scan_site_packages(site_packages, progress=progress, native_digests=native_digests)
     if not dists:  # an empty floor would pin nothing: almost always the wrong directory
         raise BadInput(
             f"site-packages directory {site_packages} holds no installed distribution (no *.dist-info or "

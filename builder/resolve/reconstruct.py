@@ -480,7 +480,9 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
             target, python=recipe.python.value, glibc=recipe.glibc.value, cuda=recipe.cuda.value,
             platform=recipe.platform, image_ref=recipe.image,
             os_name=f"{recipe.os.value} ({recipe.final_base_image.value})",
-            site_packages_label=recipe.site_packages.value, method="-")
+            site_packages_label=recipe.site_packages.value, method="-",
+            # the tree holds the index's builds, not the image's (cu130 torch): their ELF digests would be wrong
+            native_digests=False)
         timings["scan"] = time.monotonic() - t0
         unmet = unmet_requirements(requirements_in(target), target_environment(recipe.python.value, recipe.platform))
         manifest.provenance_recipe = {"sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},

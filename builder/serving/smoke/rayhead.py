@@ -62,10 +62,32 @@ class RayHead:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
+# Ray's own start-up wait for its raylet to register with the GCS is a fixed 30 s; on a loaded
+# machine ``ray start`` then exits with this line although nothing is wrong with the node.
+REGISTER_TIMEOUT_LINE = "timed out during startup"
+
+
 def start_head(env: dict[str, str], *, timeout: float = 120.0, ray: list[str] | None = None,
-               num_gpus: int | None = None, say: Callable[[str], None] = lambda m: None) -> RayHead:
+               num_gpus: int | None = None, say: Callable[[str], None] = lambda m: None,
+               attempts: int = 2) -> RayHead:
     """Start a loopback Ray head and wait until it is up; BadInput (with the log's tail) when
-    it exits or does not come up within ``timeout`` seconds (then it is stopped first)."""
+    it exits or does not come up within ``timeout`` seconds (then it is stopped first).  A head
+    that exits on Ray's raylet registration timeout is started again (``attempts`` in all, each
+    on a fresh port and temp dir, the whole within ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    attempt = 1
+    while True:
+        head = _start_once(env, deadline=deadline, timeout=timeout, ray=ray, num_gpus=num_gpus, say=say,
+                           may_retry=attempt < attempts)
+        if head is not None:
+            return head
+        say("the Ray head exited on Ray's raylet registration timeout (a loaded machine); starting it again")
+        attempt += 1
+
+
+def _start_once(env, *, deadline: float, timeout: float, ray, num_gpus, say, may_retry: bool) -> RayHead | None:
+    """One ``ray start``: the head when it is up; None when it exited on the registration timeout
+    and ``may_retry`` (stopped and cleaned up); BadInput otherwise."""
     port = free_port()
     temp_dir = tempfile.mkdtemp(prefix="smoke-rayhead-", dir="/tmp" if os.access("/tmp", os.W_OK) else None)
     log_path = os.path.join(temp_dir, "ray-start.log")
@@ -81,7 +103,6 @@ def start_head(env: dict[str, str], *, timeout: float = 120.0, ray: list[str] | 
     except BadInput:
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
-    deadline = time.monotonic() + timeout
     t0 = time.monotonic()
     try:
         while True:
@@ -89,6 +110,9 @@ def start_head(env: dict[str, str], *, timeout: float = 120.0, ray: list[str] | 
             if READY_LINE in text:
                 say(f"Ray head {head.address} up after {time.monotonic() - t0:.1f} s (pid {proc.pid})")
                 return head
+            if may_retry and not proc.alive() and REGISTER_TIMEOUT_LINE in text and time.monotonic() < deadline:
+                head.stop()
+                return None
             if not proc.alive() or time.monotonic() > deadline:
                 why = (f"exited with {proc.poll()}" if not proc.alive() else f"not up after {timeout:g} s")
                 tail = "\n".join(text.splitlines()[-15:])

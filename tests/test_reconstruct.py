@@ -5,6 +5,8 @@ the same listing); the replay of the steps in order, each seeing what the earlie
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from builder.cli import main
+from builder.resolve.lock import Uv
 from builder.resolve.manifest import load_manifest
 from builder.resolve.recipe import BuildFiles, SdistRef, Step, Where, derive
 from builder.resolve.reconstruct import (
@@ -200,6 +203,39 @@ def test_reconstruct_replays_the_steps_in_order_and_a_later_step_moves_an_earlie
     assert {"index", "install", "scan", "recipe"} <= set(doc["timings"])
 
 
+def _manifest_without_day(path: Path) -> dict:
+    doc = json.loads(path.read_text())
+    doc["provenance"]["method"] = re.sub(r"On \d{4}-\d\d-\d\d", "On DAY", doc["provenance"]["method"])
+    return doc
+
+
+def test_a_replay_done_online_before_answers_from_uv_s_cache_and_falls_back_to_the_index(index_files, tmp_path,
+                                                                                         monkeypatch):
+    def run(out: Path, *extra: str) -> dict:
+        r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.99.0", "--recipes", str(recipes),
+                                      "-o", str(out), "--json", *extra], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.stdout)
+
+    with serve_index(index_files) as url:
+        monkeypatch.setenv("UV_DEFAULT_INDEX", url)
+        recipes = _write_recipes(url, tmp_path)
+        first = run(tmp_path / "1.json")
+        assert first["uv_steps"] == {"offline": 0, "online": 4}  # nothing recorded yet: every step asks the index
+        second = run(tmp_path / "2.json")
+        assert second["uv_steps"] == {"offline": 4, "online": 0}
+        assert _manifest_without_day(tmp_path / "2.json") == _manifest_without_day(tmp_path / "1.json")
+        assert run(tmp_path / "3.json", "--refresh")["uv_steps"] == {"offline": 0, "online": 4}
+        # uv's cache emptied under the record: each step finds nothing offline and asks the index
+        subprocess.run([Uv().binary, "cache", "clean"], check=True, capture_output=True, env=Uv.env())
+        fourth = run(tmp_path / "4.json")
+        assert fourth["uv_steps"] == {"offline": 0, "online": 4}
+        assert _manifest_without_day(tmp_path / "4.json") == _manifest_without_day(tmp_path / "1.json")
+        # another uv cache is another record: its first replay asks the index
+        monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "other-uv-cache"))
+        assert run(tmp_path / "5.json")["uv_steps"] == {"offline": 0, "online": 4}
+
+
 def test_reconstruct_refuses_a_stale_recipe_a_missing_recipe_and_a_platform_without_the_wheel(index_files, tmp_path,
                                                                                                 monkeypatch):
     out = tmp_path / "m.json"
@@ -261,3 +297,46 @@ def test_each_shipped_manifest_is_the_replay_of_its_derived_recipe(vllm):
     assert set(m.unversioned) and not set(m.unversioned) & set(m.distributions)
     assert set(m.lacks) >= {"off_index", "source_builds", "other_indexes", "os_packages", "unversioned"}
     assert m.get("vllm").version == vllm
+
+
+def test_manifest_differences_names_each_move_and_ignores_the_replay_s_day():
+    from builder.resolve.reconstruct import manifest_differences
+
+    method = "Reconstructed. On 2026-12-02 with uv 0.13.9: x"
+    old = {"glibc": "2.31", "provenance": {"kind": "reconstructed", "method": method},
+           "distributions": {"numpy": {"name": "numpy", "version": "1.26.4"},
+                             "gone": {"name": "gone", "version": "1"},
+                             "torch": {"name": "torch", "version": "2.11.0", "binary": True}}}
+    new = json.loads(json.dumps(old))
+    new["provenance"]["method"] = new["provenance"]["method"].replace("2026-12-02", "2027-01-05")
+    assert manifest_differences(json.dumps(old), json.dumps(new)) == []
+    new["glibc"] = "2.35"
+    new["distributions"]["numpy"]["version"] = "2.2.6"
+    del new["distributions"]["gone"]
+    new["distributions"]["added"] = {"name": "added", "version": "3"}
+    new["distributions"]["torch"]["native_sha256"] = "a" * 64
+    new["provenance"]["method"] = new["provenance"]["method"].replace("uv 0.13.9", "uv 0.14.0")
+    assert manifest_differences(json.dumps(old), json.dumps(new)) == [
+        "added: added 3", "gone: removed (was 1)", "numpy: 1.26.4 -> 2.2.6", "torch 2.11.0: native_sha256 differ",
+        "glibc: 2.31 -> 2.35", "provenance: method differ"]
+
+
+def test_reconstruct_check_writes_nothing_and_fails_listing_the_moves(index_files, tmp_path, monkeypatch):
+    out = tmp_path / "m.json"
+    with serve_index(index_files) as url:
+        monkeypatch.setenv("UV_DEFAULT_INDEX", url)
+        recipes = _write_recipes(url, tmp_path)
+        args = ["base", "reconstruct", "--vllm", "0.99.0", "--recipes", str(recipes), "-o", str(out)]
+        r = CliRunner().invoke(main, [*args, "--check"])
+        assert r.exit_code == 2 and "no manifest" in r.output and not out.exists()
+        assert CliRunner().invoke(main, args, catch_exceptions=False).exit_code == 0
+        before = out.read_bytes()
+        r = CliRunner().invoke(main, [*args, "--check"], catch_exceptions=False)
+        assert r.exit_code == 0, r.output
+        doc = json.loads(before)
+        doc["distributions"]["purepkg"]["version"] = "1.2.0"
+        out.write_text(json.dumps(doc, indent=2))
+        edited = out.read_bytes()
+        r = CliRunner().invoke(main, [*args, "--check", "--json"])
+        assert r.exit_code == 1 and "purepkg: 1.2.0 -> 1.0.0" in r.output
+        assert out.read_bytes() == edited  # --check never rewrites

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from builder.commands import stderr_console
-from builder.errors import BadInput
+from builder.errors import BadInput, VerdictFailure
 from builder.report import emit_json
 from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions
 from builder.util import atomic_write_text
@@ -219,29 +219,61 @@ def render_recipe_text(r) -> str:
 @click.option("--no-index", is_flag=True, help="Only the --find-links folders (upload time = file modification time).")
 @click.option("--keep", "keep", type=click.Path(path_type=Path, file_okay=False),
               help="Install into this (empty) directory and keep it (default: a scratch dir, removed).")
+@click.option("--refresh", is_flag=True,
+              help="Ask the index at every step (default: a release this uv cache already replayed online "
+                   "answers from that cache, asking the index only where it cannot).")
+@click.option("--check", is_flag=True,
+              help="Write nothing; exit 1 listing what differs when the replay is not the manifest file "
+                   "(-o or the shipped one), apart from the replay's day.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary on stdout.")
 @click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote.")
-def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, force=False):
+def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, force=False, refresh=False,
+                    check=False):
     """Rebuild the Python layer of vllm/vllm-openai:v<vllm> by replaying its recipe's install steps
     in order, and write its manifest.
 
     The recipe is derived from the release's sdist and must equal its table in recipes.toml; the
-    exclude-newer instant is the vllm wheel's upload time on the index.  Exit codes: 0 written,
-    2 bad input (no recipe, a stale or bad recipes file, an sdist lacking its build files), 4 a step
-    does not resolve, 7 index unreachable, 12 uv failed.
+    exclude-newer instant is the vllm wheel's upload time on the index.  Exit codes: 0 written (or,
+    with --check, the same), 1 the replay differs (--check), 2 bad input (no recipe, a stale or bad
+    recipes file, an sdist lacking its build files), 4 a step does not resolve, 7 index unreachable,
+    12 uv failed.
     """
     from builder.resolve.reconstruct import reconstruct
 
     out = output or default_base_manifest(vllm)
     from builder.resolve.manifest import refuse_foreign_manifest
 
-    refuse_foreign_manifest(out, force=force)
+    if check:
+        if not out.is_file():
+            raise BadInput(f"reconstruct --check: there is no manifest {out} to compare the replay with.")
+        old_text = out.read_text(encoding="utf-8", errors="replace")
+    else:
+        refuse_foreign_manifest(out, force=force)
     console = stderr_console()
 
     def say(msg: str) -> None:
         console.print(f"reconstruct: {msg}", markup=False, soft_wrap=True)
 
-    rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep, progress=say)
+    rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep, progress=say,
+                      refresh=refresh)
+    if check:
+        from builder.resolve.reconstruct import manifest_differences
+
+        try:
+            differs = manifest_differences(old_text, rec.manifest.to_json())
+        except ValueError as exc:
+            raise BadInput(f"reconstruct --check: {out} is not JSON ({exc}).") from None
+        if as_json:
+            emit_json({"manifest": str(out), "vllm": vllm, "same": not differs, "differences": differs,
+                       "uv_steps": rec.uv_steps, "timings": {k: round(v, 2) for k, v in rec.timings.items()}},
+                      sort_keys=True)
+        if differs:
+            raise VerdictFailure(f"the replay of vllm {vllm}'s image differs from {out} in {len(differs)} "
+                                 f"place(s): " + "; ".join(differs[:20]) + ("; ..." if len(differs) > 20 else "")
+                                 + ".", hint=f"build-image base reconstruct --vllm {vllm} rewrites it.")
+        if not as_json:
+            click.echo(f"{out}: the replay of vllm {vllm}'s image gives this manifest (apart from the day)")
+        return
     try:
         rec.manifest.save(out)
     except OSError as exc:
@@ -252,7 +284,7 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
                "binary": sum(1 for d in m.distributions.values() if d.facts.binary),
                "sdist": rec.recipe.sdist.filename, "sdist_sha256": rec.recipe.sdist.sha256,
                "steps": rec.steps, "unversioned": sorted(m.unversioned),
-               "timings": {k: round(v, 2) for k, v in rec.timings.items()}, **_row(m)}
+               "timings": {k: round(v, 2) for k, v in rec.timings.items()}, "uv_steps": rec.uv_steps, **_row(m)}
     if as_json:
         emit_json(summary, sort_keys=True)
     else:
@@ -260,8 +292,9 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
         click.echo(f"wrote {out}: {summary['distributions']} distributions ({summary['binary']} binary); torch "
                    f"{summary['torch']}, numpy {summary['numpy']}, CUDA {m.cuda}, Python {m.python_version}, glibc "
                    f"{m.glibc}; {done} of {len(rec.steps)} steps replayed; exclude-newer {rec.exclude_newer} (vllm "
-                   f"{vllm} uploaded {rec.uploaded.isoformat()}); install {rec.timings['install']:.1f} s, scan "
-                   f"{rec.timings['scan']:.1f} s")
+                   f"{vllm} uploaded {rec.uploaded.isoformat()}); install {rec.timings['install']:.1f} s "
+                   f"({rec.uv_steps.get('offline', 0)} step(s) from uv's cache, {rec.uv_steps.get('online', 0)} "
+                   f"asking the index), scan {rec.timings['scan']:.1f} s")
 
 
 def _row(m) -> dict:

@@ -583,6 +583,13 @@ class Uv:
         except OSError as exc:
             raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
 
+    def cache_dir(self) -> str:
+        """uv's cache directory (``uv cache dir``: ``UV_CACHE_DIR`` or its default)."""
+        r = self._completed([self.binary, "cache", "dir", "--color", "never"])
+        if r.returncode != 0:
+            raise ExternalToolError(f"`{self.binary} cache dir` failed: {r.stderr.strip()[-400:]}")
+        return r.stdout.strip()
+
     def pip_target(self, sub: str, target: Path, args: list[str], *, python_version: str | None = None,
                    platform: str | None = None) -> tuple[list[str], subprocess.CompletedProcess]:
         """``uv pip install|uninstall --target DIR ARGS`` for a described interpreter (never run): the

@@ -20,6 +20,7 @@ Pure parts: :func:`plan_step`, :func:`installed_in`, :func:`sanitized_requiremen
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
@@ -50,7 +51,7 @@ from builder.resolve.recipe import (
     recipe_table,
 )
 from builder.spec import lockfiles_dir
-from builder.util import canonical_name
+from builder.util import atomic_write_text, cache_dir, canonical_name
 
 
 def default_recipes_path() -> Path:
@@ -327,6 +328,44 @@ def provenance_text(recipe: Recipe, *, uv_version: str, uploaded: datetime, inst
     )
 
 
+_DAY = re.compile(r"\bOn \d{4}-\d{2}-\d{2} with uv ")
+
+
+def manifest_differences(old_json: str, new_json: str) -> list[str]:
+    """What a fresh replay changes in a manifest file, one line each (pure); the replay's day in the
+    provenance text is not a difference.  Distributions: added, removed, version or facts moved; any
+    other field by its name."""
+    old, new = json.loads(old_json), json.loads(new_json)
+    for doc in (old, new):
+        prov = doc.get("provenance")
+        if isinstance(prov, dict) and isinstance(prov.get("method"), str):
+            prov["method"] = _DAY.sub("On DAY with uv ", prov["method"])
+    out: list[str] = []
+    od, nd = old.pop("distributions", {}) or {}, new.pop("distributions", {}) or {}
+    for key in sorted(set(od) | set(nd)):
+        a, b = od.get(key), nd.get(key)
+        if a is None:
+            out.append(f"{key}: added {b.get('version')}")
+        elif b is None:
+            out.append(f"{key}: removed (was {a.get('version')})")
+        elif a.get("version") != b.get("version"):
+            out.append(f"{key}: {a.get('version')} -> {b.get('version')}")
+        elif a != b:
+            fields = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+            out.append(f"{key} {a.get('version')}: {', '.join(fields)} differ")
+    for k in sorted(set(old) | set(new)):
+        if old.get(k) != new.get(k):
+            a, b = old.get(k), new.get(k)
+            if isinstance(a, dict) and isinstance(b, dict):
+                out.append(f"{k}: " + ", ".join(sorted(x for x in set(a) | set(b) if a.get(x) != b.get(x)))
+                           + " differ")
+            elif isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
+                out.append(f"{k} differs")
+            else:
+                out.append(f"{k}: {a} -> {b}")
+    return out
+
+
 @dataclass
 class Reconstruction:
     manifest: BaseManifest
@@ -336,6 +375,7 @@ class Reconstruction:
     steps: list[dict] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     files: int = 0
+    uv_steps: dict[str, int] = field(default_factory=dict)  # install steps answered offline / online
 
 
 def _cuda_of(manifest: BaseManifest) -> str | None:
@@ -371,10 +411,45 @@ def off_index_pins(recipe: Recipe, files, index) -> list[tuple[str, str, str, st
     return list(dict.fromkeys(out))
 
 
+def replay_key(recipe: Recipe, *, uv_version: str, uv_cache: str, exclude_newer: str,
+               index_args: list[str]) -> dict:
+    """What an online replay of ``recipe`` is recorded under (pure): a later replay with the same key
+    can answer from uv's cache, which then holds listings fetched after ``exclude_newer``."""
+    return {"vllm": recipe.vllm, "sdist_sha256": recipe.sdist.sha256, "uv": uv_version, "uv_cache": uv_cache,
+            "exclude_newer": exclude_newer, "index_args": list(index_args)}
+
+
+def replayed_marker(vllm: str) -> Path:
+    return cache_dir() / "reconstruct" / f"replayed-{vllm}.json"
+
+
+def replayed_online_before(key: dict) -> bool:
+    """Whether an online replay with ``key`` completed before (adapter: reads the marker)."""
+    try:
+        return json.loads(replayed_marker(key["vllm"]).read_text(encoding="utf-8")) == key
+    except (OSError, ValueError):
+        return False
+
+
+def record_replayed_online(key: dict) -> None:
+    path = replayed_marker(key["vllm"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(key, sort_keys=True) + "\n")
+
+
 def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str, index_args: list[str],
-           say: Callable[[str], None], absent: list[tuple[str, str, str, str]] = ()) -> list[dict]:
+           say: Callable[[str], None], absent: list[tuple[str, str, str, str]] = (), offline: bool = False,
+           stats: dict | None = None) -> list[dict]:
     """Run the recipe's steps into ``target`` in order; the record of each (adapter: runs uv).  ``absent``:
-    pins only another index serves (:func:`off_index_pins`), left out of the replayed files."""
+    pins only another index serves (:func:`off_index_pins`), left out of the replayed files.
+
+    ``offline``: each install step first asks uv's cache only (``--offline``: no index round trips,
+    the bulk of a warm replay's time) and asks the index when the cache cannot answer.  Sound only
+    when the cache's listings were fetched after ``exclude_newer`` (:func:`replayed_online_before`).
+    ``stats`` counts ``offline`` and ``online`` steps."""
+    stats = stats if stats is not None else {}
+    stats.setdefault("offline", 0)
+    stats.setdefault("online", 0)
     src = work / "src"
     _write_sources(files, src)
     by_file: dict[str, set[int]] = {}
@@ -405,8 +480,19 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
         else:
             args = install_args(plan, src, work, step.n, exclude_newer=exclude_newer, index_args=index_args)
             say(f"step {step.n} ({step.where}): install {' '.join(plan.requirements + plan.requirement_files)}")
-            cmd, r = uv.pip_target("install", target, args, python_version=recipe.python.value,
-                                   platform=recipe.platform)
+            r = None
+            if offline:
+                _cmd, r = uv.pip_target("install", target, [*args, "--offline"], python_version=recipe.python.value,
+                                        platform=recipe.platform)
+                if r.returncode == 0:
+                    stats["offline"] += 1
+                else:
+                    say(f"step {step.n}: uv's cache cannot answer it offline; asking the index")
+                    r = None
+            if r is None:
+                cmd, r = uv.pip_target("install", target, args, python_version=recipe.python.value,
+                                       platform=recipe.platform)
+                stats["online"] += 1
         if r.returncode != 0:
             if _is_resolution_failure(r.stderr):
                 raise Unsatisfiable(f"step {step.n} of the vllm {recipe.vllm} image ({step.where} in "
@@ -436,8 +522,10 @@ def shown_command(action: str, args: list[str], recipe: Recipe, *, src: Path, wo
 def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, find_links: list[str] | None = None,
                 no_index: bool = False, index_url: str | None = None, keep: Path | None = None,
                 progress: Callable[[str], None] | None = None, recipe: Recipe | None = None,
-                files=None, recorded_only: bool = True) -> Reconstruction:
-    """Replay release ``vllm``'s install steps into a scratch tree, scan it, return the manifest (nothing written)."""
+                files=None, recorded_only: bool = True, refresh: bool = False) -> Reconstruction:
+    """Replay release ``vllm``'s install steps into a scratch tree, scan it, return the manifest (no
+    output written; the cache records a completed online replay so that the next one of the same
+    release, uv, uv cache and index answers from uv's cache; ``refresh`` asks the index throughout)."""
     say = progress or (lambda _m: None)
     uv = uv or Uv()
     find_links = list(find_links or [])
@@ -471,9 +559,17 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
         absent = off_index_pins(recipe, files, index)
         timings["index"] += time.monotonic() - t0
         t0 = time.monotonic()
+        key = replay_key(recipe, uv_version=uv.version(), uv_cache=uv.cache_dir(), exclude_newer=instant,
+                         index_args=index_args)
+        offline = not refresh and replayed_online_before(key)
+        if offline:
+            say(f"answering from uv's cache: vllm {recipe.vllm} was replayed online with it before "
+                "(--refresh asks the index)")
+        stats: dict = {}
         records = replay(recipe, files, target, work, uv=uv, exclude_newer=instant, index_args=index_args, say=say,
-                         absent=absent)
+                         absent=absent, offline=offline, stats=stats)
         timings["install"] = time.monotonic() - t0
+        record_replayed_online(key)
         say(f"scanning {target}")
         t0 = time.monotonic()
         manifest = snapshot_site_packages(
@@ -506,7 +602,7 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
         manifest.uv_overrides = [d.value for d in recipe.image_overrides] or None
         files_n = sum(1 for _ in target.rglob("*")) if keep is not None else 0
         return Reconstruction(manifest=manifest, recipe=recipe, exclude_newer=instant, uploaded=uploaded,
-                              steps=records, timings=timings, files=files_n)
+                              steps=records, timings=timings, files=files_n, uv_steps=stats)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if keep is None:

@@ -13,7 +13,9 @@ download cache by its recorded sha256: no index asked; targets < 5 s), median of
 Reconstruct: the real function (`reconstruct()`), into a scratch tree it removes; "install" is the
 replay of every step with uv's `pip install --target` (downloads when uv's cache is cold, hard links
 when warm; target < 20 s warm for the whole reconstruction), "scan" the binary scan of the installed
-tree.  Written manifests go to a temp dir, never over the shipped ones.
+tree.  Measured side by side, warm: "refresh" asks the index at every step (`--refresh`), the default
+answers from uv's cache (a release replayed online before); "same": both give the same distributions.
+Nothing is written: reconstruct() returns the manifest.
 
 Lock: `build-image lock --vllm X --upgrade -o TMP --json` (a full resolution: ray choice, uv twice,
 wheel facts from the cache) vs raw `uv pip compile` of exactly the overlay and base pins it hands to
@@ -57,14 +59,25 @@ def recipe_row(vllm: str, repeat: int) -> dict:
 
 
 def reconstruct_row(vllm: str) -> dict:
+    """One warm-up replay asking the index (fills uv's cache when cold, records the online replay),
+    then, side by side and warm, the replay asking the index at every step (``--refresh``) and the
+    default one answering from uv's cache."""
     from builder.resolve.reconstruct import reconstruct
 
+    reconstruct(vllm, refresh=True)
+    t0 = time.monotonic()
+    online = reconstruct(vllm, refresh=True)
+    online_s = time.monotonic() - t0
     t0 = time.monotonic()
     rec = reconstruct(vllm)
+    total = time.monotonic() - t0
+    same = online.manifest.distributions == rec.manifest.distributions
     return {"recipe_in_s": round(rec.timings["recipe"], 1), "index_s": round(rec.timings["index"], 1),
-            "install_s": round(rec.timings["install"], 1),
+            "install_refresh_s": round(online.timings["install"], 1), "total_refresh_s": round(online_s, 1),
+            "install_s": round(rec.timings["install"], 1), "offline_steps": rec.uv_steps.get("offline", 0),
             "scan_s": round(rec.timings["scan"], 1), "cleanup_s": round(rec.timings.get("cleanup", 0), 1),
-            "total_s": round(time.monotonic() - t0, 1), "dists": len(rec.manifest.distributions)}
+            "total_s": round(total, 1), "speedup": round(online_s / total, 2), "same": same,
+            "dists": len(rec.manifest.distributions)}
 
 
 def scan_tree(tree: Path, n: int = 5) -> None:
@@ -138,8 +151,9 @@ def main() -> None:
     if a.json:
         print(json.dumps(rows, indent=2))
         return
-    cols = [k for k in ("vllm", "recipe_s", "recipe_in_s", "index_s", "install_s", "scan_s", "cleanup_s", "total_s",
-                        "dists", "uv_compile_s", "lock_s", "ratio", "entries", "error") if any(k in r for r in rows)]
+    cols = [k for k in ("vllm", "recipe_s", "recipe_in_s", "index_s", "install_refresh_s", "total_refresh_s",
+                        "install_s", "offline_steps", "scan_s", "cleanup_s", "total_s", "speedup", "same", "dists",
+                        "uv_compile_s", "lock_s", "ratio", "entries", "error") if any(k in r for r in rows)]
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(str(r.get(k, "")) for k in cols))

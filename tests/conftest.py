@@ -12,9 +12,17 @@ names what they share; every ``docker`` test is in the group "docker" (the engin
 on 127.0.0.1:5000, the image tags and the stand-in base).
 """
 
+import signal
+
 import pytest
 
 pytest_plugins = ["tests.fx_wheels", "tests.fx_docker"]
+
+# A suite started in the background of a non-interactive shell (`cmd &`) inherits SIGINT ignored,
+# and an ignored signal stays ignored across exec: the Ctrl-C tests' commands would never see the
+# SIGINT they send.  A handled signal is reset to the default in each child the suite starts.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

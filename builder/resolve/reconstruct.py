@@ -20,6 +20,7 @@ Pure parts: :func:`plan_step`, :func:`installed_in`, :func:`sanitized_requiremen
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -36,6 +37,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import BadInput, ExternalToolError, Unsatisfiable
+from builder.report import render_json
 from builder.resolve import index as ix
 from builder.resolve import sdist
 from builder.resolve.base import snapshot_site_packages
@@ -423,18 +425,26 @@ def replayed_marker(vllm: str) -> Path:
     return cache_dir() / "reconstruct" / f"replayed-{vllm}.json"
 
 
+def key_digest(key: dict) -> str:
+    """The record's digest of a replay key (pure): the key holds the index options, which may carry
+    credentials, so only its sha256 is written."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
 def replayed_online_before(key: dict) -> bool:
-    """Whether an online replay with ``key`` completed before (adapter: reads the marker)."""
+    """Whether an online replay with ``key`` completed before (adapter: reads the record)."""
     try:
-        return json.loads(replayed_marker(key["vllm"]).read_text(encoding="utf-8")) == key
+        doc = json.loads(replayed_marker(key["vllm"]).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
+    return isinstance(doc, dict) and doc.get("key_sha256") == key_digest(key)
 
 
 def record_replayed_online(key: dict) -> None:
     path = replayed_marker(key["vllm"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(key, sort_keys=True) + "\n")
+    atomic_write_text(path, render_json({"vllm": key["vllm"], "exclude_newer": key["exclude_newer"],
+                                         "uv": key["uv"], "key_sha256": key_digest(key)}, sort_keys=True) + "\n")
 
 
 def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str, index_args: list[str],
@@ -519,6 +529,50 @@ def shown_command(action: str, args: list[str], recipe: Recipe, *, src: Path, wo
     return shlex.join(head + rel)
 
 
+def uv_index_args(find_links: list[str], no_index: bool, index_url: str | None) -> list[str]:
+    """uv's index options of a replay (adapter: the default index URL from the environment)."""
+    if index_url is None and not no_index:
+        index_url = ix.index_url()
+    args: list[str] = ["--index-url", index_url] if index_url else []
+    for fl in find_links:
+        args += ["--find-links", str(fl)]
+    return args + (["--no-index"] if no_index else [])
+
+
+def replay_from_cache_or_index(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str,
+                               index_args: list[str], say: Callable[[str], None], absent, refresh: bool,
+                               stats: dict) -> list[dict]:
+    """:func:`replay`, answered from uv's cache when this release was replayed online with it before
+    (and not ``refresh``); records the completed replay for the next one."""
+    key = replay_key(recipe, uv_version=uv.version(), uv_cache=uv.cache_dir(), exclude_newer=exclude_newer,
+                     index_args=index_args)
+    offline = not refresh and replayed_online_before(key)
+    if offline:
+        say(f"answering from uv's cache: vllm {recipe.vllm} was replayed online with it before "
+            "(--refresh asks the index)")
+    records = replay(recipe, files, target, work, uv=uv, exclude_newer=exclude_newer, index_args=index_args,
+                     say=say, absent=absent, offline=offline, stats=stats)
+    record_replayed_online(key)
+    return records
+
+
+def leave_out_unversioned(recipe: Recipe, absent, manifest: BaseManifest) -> tuple[dict, dict[str, str]]:
+    """The manifest's ``lacks`` and ``unversioned``: the recipe's, plus the pins only another index
+    serves; an index build an earlier step installed under an unversioned name is removed from
+    ``manifest.distributions`` (the image replaces it) and listed."""
+    lacks = recipe.lacks()
+    unversioned = recipe.unversioned_names()
+    for name, version, where, idx in absent:
+        lacks["off_index"].append(f"{name}=={version} ({where}; served by {idx} only, not by the index)")
+        unversioned.setdefault(name, f"off-index: {name}=={version} from {idx} ({recipe.sdist.filename} {where})")
+    for name in sorted(unversioned):
+        d = manifest.distributions.pop(canonical_name(name), None)
+        if d is not None:  # an earlier step's index build, replaced in the image by the off-index/source one
+            lacks["off_index"].append(f"{d.name} {d.version}, which an earlier step installed from the index, "
+                                      f"is left out: a later step replaces it ({unversioned[name]})")
+    return lacks, unversioned
+
+
 def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, find_links: list[str] | None = None,
                 no_index: bool = False, index_url: str | None = None, keep: Path | None = None,
                 progress: Callable[[str], None] | None = None, recipe: Recipe | None = None,
@@ -535,15 +589,7 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
     if recipe is None or files is None:
         recipe, files = derived_recipe(vllm, recipes=recipes, index=index, recorded_only=recorded_only)
     timings["recipe"] = time.monotonic() - t0
-    if index_url is None and not no_index:
-        index_url = ix.index_url()
-    index_args: list[str] = []
-    if index_url:
-        index_args += ["--index-url", index_url]
-    for fl in find_links:
-        index_args += ["--find-links", str(fl)]
-    if no_index:
-        index_args.append("--no-index")
+    index_args = uv_index_args(find_links, no_index, index_url)
     t0 = time.monotonic()
     uploaded, instant = release_instant(index, recipe.vllm, recipe.python.value, recipe.platform)
     timings["index"] = time.monotonic() - t0
@@ -559,17 +605,11 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
         absent = off_index_pins(recipe, files, index)
         timings["index"] += time.monotonic() - t0
         t0 = time.monotonic()
-        key = replay_key(recipe, uv_version=uv.version(), uv_cache=uv.cache_dir(), exclude_newer=instant,
-                         index_args=index_args)
-        offline = not refresh and replayed_online_before(key)
-        if offline:
-            say(f"answering from uv's cache: vllm {recipe.vllm} was replayed online with it before "
-                "(--refresh asks the index)")
         stats: dict = {}
-        records = replay(recipe, files, target, work, uv=uv, exclude_newer=instant, index_args=index_args, say=say,
-                         absent=absent, offline=offline, stats=stats)
+        records = replay_from_cache_or_index(recipe, files, target, work, uv=uv, exclude_newer=instant,
+                                             index_args=index_args, say=say, absent=absent, refresh=refresh,
+                                             stats=stats)
         timings["install"] = time.monotonic() - t0
-        record_replayed_online(key)
         say(f"scanning {target}")
         t0 = time.monotonic()
         manifest = snapshot_site_packages(
@@ -585,16 +625,7 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
                                       "exclude_newer": instant, "steps": records,
                                       # the replayed tree is not pip-consistent where the image's steps leave it so
                                       "unmet_requirements": unmet}
-        lacks = recipe.lacks()
-        unversioned = recipe.unversioned_names()
-        for name, version, where, idx in absent:
-            lacks["off_index"].append(f"{name}=={version} ({where}; served by {idx} only, not by the index)")
-            unversioned.setdefault(name, f"off-index: {name}=={version} from {idx} ({recipe.sdist.filename} {where})")
-        for name in sorted(unversioned):
-            d = manifest.distributions.pop(canonical_name(name), None)
-            if d is not None:  # an earlier step's index build, replaced in the image by the off-index/source one
-                lacks["off_index"].append(f"{d.name} {d.version}, which an earlier step installed from the index, "
-                                          f"is left out: a later step replaces it ({unversioned[name]})")
+        lacks, unversioned = leave_out_unversioned(recipe, absent, manifest)
         manifest.provenance_method = provenance_text(
             recipe, uv_version=uv.version(), uploaded=uploaded, instant=instant, cuda_found=_cuda_of(manifest),
             day=datetime.now(timezone.utc).strftime("%Y-%m-%d"), lacks=lacks, unmet=unmet)

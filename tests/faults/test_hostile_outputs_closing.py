@@ -64,6 +64,7 @@ _JSON_ALLOWED = {
     "builder/report.py": 1,                       # the one writer itself
     "builder/resolve/lock.py": 3,                 # inputs-sha256 (hashed), the facts cache (x2)
     "builder/image/sbom.py": 1,                   # the serial number's seed (hashed)
+    "builder/resolve/reconstruct.py": 1,          # the replay record's key (hashed; it holds the index options)
     "builder/image/referrers.py": 2,              # OCI descriptors pushed to the registry (digests)
     "builder/serving/smoke/client.py": 2,         # request bodies to the server under test
     "builder/serving/smoke/equivalence.py": 2,    # canonical bytes for a digest; the reference file (model data)

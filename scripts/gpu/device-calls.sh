@@ -59,7 +59,7 @@ recv_layer() {  # recv_layer LAYER N
   (cd "$d" && sha256sum -c --quiet part.sha256) || { echo "$1 part $2: sha256 mismatch"; exit 7; }
   cp "$d/part" "$(printf '/tmp/parts/%s/p%02d' "$1" "$2")"
   local have want; have=$(find "/tmp/parts/$1" -name 'p*' | wc -l); want=$(layer_field "$1" parts)
-  echo "$1: part $2 received ($have of $want)"
+  echo "$1: part $2 received ($have of $want; boot $(cat /proc/sys/kernel/random/boot_id 2>/dev/null))"
   cp "$BUNDLE/manifest.json" /tmp/L/manifest.json
   if [ "$have" = "$want" ]; then
     rm -f "/tmp/L/$1.ok" "/tmp/L/$1.failed"
@@ -85,9 +85,15 @@ install_layer() {  # install_layer LAYER: join, verify, pip install --target /tm
   fi
 }
 
-wait_layers() {  # wait_layers LAYER...: until each is .ok (exit 7 on .failed, 8 after 300 s)
+wait_layers() {  # wait_layers LAYER...: until each is .ok (exit 7 on .failed, 8 after 300 s, 9 at once when a
+  # layer has no part, no install log and no result on this machine: it went back and came up bare, and waiting
+  # would only spend device time; the upload calls print the boot id, so a new one shows which parts to resend)
   local t0=$SECONDS l
   for l in "$@"; do
+    if [ ! -f "/tmp/L/$l.ok" ] && [ ! -f "/tmp/L/$l.log" ] && [ -z "$(ls -A "/tmp/parts/$l" 2>/dev/null)" ]; then
+      echo "$l: nothing of it on this machine (boot $(cat /proc/sys/kernel/random/boot_id 2>/dev/null)): upload it again"
+      exit 9
+    fi
     while [ ! -f "/tmp/L/$l.ok" ]; do
       [ -f "/tmp/L/$l.failed" ] && { echo "$l: $(cat "/tmp/L/$l.failed")"; tail -5 "/tmp/L/$l.log"; exit 7; }
       [ $((SECONDS - t0)) -lt 300 ] || { echo "$l: not installed after 300 s"; tail -5 "/tmp/L/$l.log"; exit 8; }

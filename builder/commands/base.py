@@ -256,6 +256,7 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
 
     rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep, progress=say,
                       refresh=refresh)
+    timings = {k: round(v, 2) for k, v in rec.timings.items()}
     if check:
         from builder.resolve.reconstruct import manifest_differences
 
@@ -265,7 +266,7 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
             raise BadInput(f"reconstruct --check: {out} is not JSON ({exc}).") from None
         if as_json:
             emit_json({"manifest": str(out), "vllm": vllm, "same": not differs, "differences": differs,
-                       "uv_steps": rec.uv_steps, "timings": {k: round(v, 2) for k, v in rec.timings.items()}},
+                       "uv_steps": rec.uv_steps, "timings": timings},
                       sort_keys=True)
         if differs:
             raise VerdictFailure(f"the replay of vllm {vllm}'s image differs from {out} in {len(differs)} "
@@ -284,7 +285,7 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
                "binary": sum(1 for d in m.distributions.values() if d.facts.binary),
                "sdist": rec.recipe.sdist.filename, "sdist_sha256": rec.recipe.sdist.sha256,
                "steps": rec.steps, "unversioned": sorted(m.unversioned),
-               "timings": {k: round(v, 2) for k, v in rec.timings.items()}, "uv_steps": rec.uv_steps, **_row(m)}
+               "timings": timings, "uv_steps": rec.uv_steps, **_row(m)}
     if as_json:
         emit_json(summary, sort_keys=True)
     else:

@@ -458,8 +458,7 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
     when the cache's listings were fetched after ``exclude_newer`` (:func:`replayed_online_before`).
     ``stats`` counts ``offline`` and ``online`` steps."""
     stats = stats if stats is not None else {}
-    stats.setdefault("offline", 0)
-    stats.setdefault("online", 0)
+    stats.update(offline=0, online=0)
     src = work / "src"
     _write_sources(files, src)
     by_file: dict[str, set[int]] = {}
@@ -552,7 +551,8 @@ def replay_from_cache_or_index(recipe: Recipe, files, target: Path, work: Path, 
             "(--refresh asks the index)")
     records = replay(recipe, files, target, work, uv=uv, exclude_newer=exclude_newer, index_args=index_args,
                      say=say, absent=absent, offline=offline, stats=stats)
-    record_replayed_online(key)
+    if not offline:  # an offline replay found the record already there, under the same key
+        record_replayed_online(key)
     return records
 
 

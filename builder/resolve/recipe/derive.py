@@ -1,0 +1,306 @@
+"""The derivation: walks the target's stage chain with the ARG/ENV values BuildKit would give, runs the
+interpreter on each RUN, and returns the :class:`Recipe` with every value's provenance (pure)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from builder.errors import BadInput
+from builder.resolve.recipe.dockerfile import (
+    Instruction,
+    Stage,
+    _split_arg,
+    parse_dockerfile,
+    release_step,
+    stage_chain,
+)
+from builder.resolve.recipe.interpret import OFF_INDEX_COMMANDS, _apt_packages, _Ctx, _mounts, _run
+from builder.resolve.recipe.model import (
+    DOCKERFILE,
+    PIPELINE,
+    RELEASE_STEP,
+    TARGET,
+    TARGETPLATFORM,
+    BuildFiles,
+    Derived,
+    Recipe,
+    Step,
+    Where,
+)
+from builder.resolve.recipe.shell import Unknown, Var, expand, parse_script
+
+# glibc of each Ubuntu release (the version of its libc6 package: jammy 2.35, noble 2.39, focal 2.31):
+# the final base image's libc, which decides the manylinux platform the image can install.
+UBUNTU_GLIBC = {"20.04": "2.31", "22.04": "2.35", "24.04": "2.39"}
+UBUNTU_GLIBC_SOURCE = "Ubuntu's libc6 package of that release (focal 2.31, jammy 2.35, noble 2.39)"
+
+
+
+# --------------------------------------------------------------------------- derive
+def _getter(table: Mapping[str, Var]) -> Callable[[str], str]:
+    def get(name: str) -> str:
+        if name in table:
+            return table[name].value
+        raise Unknown(f"${name}")
+    return get
+
+
+def global_args(pre: Iterable[Instruction], build_args: Mapping[str, Derived], dpath: str) -> dict[str, Var]:
+    """The ARGs before the first FROM: defaults (which may use earlier ARGs), a build arg wins (pure)."""
+    glob: dict[str, Var] = {}
+    for ins in pre:
+        if ins.op != "ARG":
+            continue
+        for k, v in _split_arg(ins.value):
+            if k in build_args:
+                glob[k] = Var(build_args[k].value, build_args[k].where)
+            elif v is not None:
+                try:
+                    val = "".join(expand(v, _getter(glob), split=False))
+                except Unknown:
+                    val = ""
+                glob[k] = Var(val, (Where(dpath, ins.line),), default=v)
+            else:
+                glob.setdefault(k, Var("", (Where(dpath, ins.line),)))
+    return glob
+
+
+def _sources_of(expr: str, table: Mapping[str, Var]) -> list[Where]:
+    """Where the variables of ``expr`` got their values, following ARG defaults that use other ARGs."""
+    out: list[Where] = []
+    for name in re.findall(r"\$\{?(\w+)", expr):
+        if name in table:
+            out += table[name].where
+            out += _sources_of(table[name].default or "", table)
+    return out
+
+
+@dataclass(frozen=True)
+class _BaseFacts:
+    final_base_image: Derived
+    os: Derived
+    glibc: Derived
+    cuda: Derived
+    python: Derived
+
+
+def base_facts(root: Stage, glob: Mapping[str, Var], dpath: str) -> _BaseFacts:
+    """The final base image and what it decides: OS, glibc (:data:`UBUNTU_GLIBC`), CUDA, Python (pure)."""
+    try:
+        image = "".join(expand(root.base, _getter(glob), split=False))
+    except Unknown as exc:
+        raise BadInput(f"{dpath}:{root.line}: the base image {root.base} of stage {root.name!r} is not "
+                       f"determined ({exc}).") from None
+    where = tuple(dict.fromkeys([Where(dpath, root.line), *_sources_of(root.base, glob)]))
+    m = re.search(r"ubuntu(\d+\.\d+)", image)
+    if not m:
+        raise BadInput(f"{dpath}:{root.line}: the final base image {image} names no Ubuntu release.")
+    ubuntu = m.group(1)
+    if ubuntu not in UBUNTU_GLIBC:
+        raise BadInput(f"{dpath}:{root.line}: Ubuntu {ubuntu} of {image} is not in the glibc table "
+                       f"({', '.join(UBUNTU_GLIBC)}).")
+    for name in ("CUDA_VERSION", "PYTHON_VERSION"):
+        if name not in glob:
+            raise BadInput(f"{dpath} declares no global ARG {name}.")
+    cv, pv = glob["CUDA_VERSION"], glob["PYTHON_VERSION"]
+    return _BaseFacts(
+        final_base_image=Derived(image, where),
+        os=Derived(f"Ubuntu {ubuntu}", where, rule=f"the Ubuntu release in the tag of {image}"),
+        glibc=Derived(UBUNTU_GLIBC[ubuntu], where, rule=UBUNTU_GLIBC_SOURCE),
+        cuda=Derived(".".join(cv.value.split(".")[:2]), cv.where, rule=f"major.minor of CUDA_VERSION={cv.value}"),
+        python=Derived(pv.value, pv.where),
+    )
+
+
+@dataclass
+class _Walk:
+    """What walking the stage chain collects."""
+
+    files: BuildFiles
+    dpath: str
+    build_args: Mapping[str, Derived]
+    glob: Mapping[str, Var]
+    steps: list[Step] = field(default_factory=list)
+    fetches: list[Derived] = field(default_factory=list)
+    apt: dict[str, Where] = field(default_factory=dict)
+    written: dict[str, tuple[str, Where]] = field(default_factory=dict)
+    overrides: tuple[tuple[str, ...], tuple[Where, ...]] = ((), ())
+    python_line: Where | None = None
+
+    def arg(self, value: str, w: Where, local: dict[str, Var]) -> None:
+        for k, v in _split_arg(value):
+            if k in self.build_args:
+                local[k] = Var(self.build_args[k].value, self.build_args[k].where)
+            elif v is None:
+                local[k] = self.glob[k] if k in self.glob else local.get(k, Var("", (w,)))
+            else:
+                try:
+                    local[k] = Var("".join(expand(v, _getter(local), split=False)), (w,))
+                except Unknown:
+                    local[k] = Var("", (w,))
+
+    def env(self, value: str, w: Where, local: dict[str, Var]) -> None:
+        for k, v in _env_pairs(value):
+            try:
+                val = "".join(expand(v, _getter(local), split=False))
+            except Unknown:
+                val = v
+            local[k] = Var(val, (w,), env=True)
+            if k == "UV_OVERRIDE":
+                content = self.written.get(val)
+                if content is None:
+                    raise BadInput(f"{w}: ENV UV_OVERRIDE={val} names a file the Dockerfile does not write.")
+                self.overrides = (tuple(ln.strip() for ln in content[0].splitlines() if ln.strip()), (content[1], w))
+
+    def run(self, st: Stage, value: str, w: Where, local: dict[str, Var], copies: Mapping[str, str]) -> None:
+        script_mounts, binds, script = _mounts(value)
+        for pkg in _apt_packages(script, _getter(local)):
+            self.apt.setdefault(pkg, w)
+        if re.search(r"update-alternatives --install /usr/bin/python3", script):
+            self.python_line = w
+        if re.search(r"curl[^|;&]*\$\{?GET_PIP_URL\}?[^|;&]*\|\s*python", script):
+            url = local.get("GET_PIP_URL", Var("", ())).value or "GET_PIP_URL"
+            self.fetches.append(Derived(f"pip (get-pip.py from {url})", (w,)))
+        wants = bool(re.search(r"\b(uv pip|pip install|pip uninstall)\b", script)) or any(
+            p in script for p in _override_targets(st.instructions))
+        if not wants and not any(" ".join(k) in script for k in OFF_INDEX_COMMANDS):
+            return
+        ctx = _Ctx(vars=dict(local), files=self.written, mounts={**copies, **script_mounts}, binds=binds,
+                   stage=st.name or "", where=w, steps=self.steps, overrides=self.overrides, fetches=self.fetches,
+                   sdist_files=frozenset(self.files.files))
+        try:
+            _run(parse_script(script), ctx)
+        except Unknown as exc:
+            raise BadInput(f"{self.files.sdist.filename}: {w}: cannot interpret the RUN line ({exc}); the "
+                           "recipe reader does not guess an install step.") from None
+        except (ValueError, IndexError) as exc:
+            raise BadInput(f"{self.files.sdist.filename}: {w}: cannot read the RUN line ({exc}).") from None
+
+    def stage(self, st: Stage, local: dict[str, Var]) -> None:
+        copies: dict[str, str] = {}
+        for ins in st.instructions:
+            w = Where(self.dpath, ins.line)
+            if ins.op == "ARG":
+                self.arg(ins.value, w, local)
+            elif ins.op == "ENV":
+                self.env(ins.value, w, local)
+            elif ins.op == "COPY":
+                parts = [p for p in shlex.split(ins.value) if not p.startswith("--")]
+                if len(parts) == 2 and "--from" not in ins.value:
+                    copies[parts[1]] = parts[0]
+            elif ins.op == "RUN":
+                self.run(st, ins.value, w, local, copies)
+
+
+def _numbered(steps: list[Step], files: BuildFiles) -> tuple[Step, ...]:
+    """Steps numbered in order, each with the index options of its requirement files (which must exist)."""
+    out = []
+    for i, s in enumerate(steps):
+        opts = []
+        for rf in (*s.requirement_files, *s.constraint_files):
+            if rf not in files.files:
+                raise BadInput(f"{files.sdist.filename} has no {rf} (step {i + 1}, {s.where}, installs it).")
+            opts += [f"{v} ({w})" for _o, v, w in requirement_file_options(files.files, rf)]
+        out.append(replace(s, n=i + 1, file_indexes=tuple(dict.fromkeys(opts))))
+    return tuple(out)
+
+
+def derive(files: BuildFiles) -> Recipe:
+    """The recipe of ``files.vllm``'s published image (pure; :class:`BadInput` on what the files lack, and on
+    text the readers cannot take apart: an unbalanced quote, a malformed instruction)."""
+    try:
+        return _derive(files)
+    except (ValueError, IndexError, KeyError) as exc:
+        raise BadInput(f"{files.sdist.filename}: its build files cannot be read "
+                       f"({type(exc).__name__}: {exc}).") from None
+
+
+def _derive(files: BuildFiles) -> Recipe:
+    step = release_step(files.text(PIPELINE, "the release pipeline"))
+    if step.target != TARGET:
+        raise BadInput(f"{PIPELINE}:{step.label.where[0].line}: step {RELEASE_STEP!r} builds target {step.target!r}, "
+                       f"not {TARGET!r}.")
+    dpath = step.dockerfile if step.dockerfile != "Dockerfile" else DOCKERFILE
+    pre, stages = parse_dockerfile(files.text(dpath, f"the Dockerfile the step {RELEASE_STEP!r} builds"))
+    chain = stage_chain(stages, TARGET, dpath)
+    glob = global_args(pre, step.build_args, dpath)
+    facts = base_facts(chain[0], glob, dpath)
+    walk = _Walk(files, dpath, step.build_args, glob)
+    inherited: dict[str, Var] = base_image_env(facts.final_base_image.value, facts.final_base_image.where)
+    label_where = (step.label.where[0],)
+    for st in chain:
+        local: dict[str, Var] = {**inherited, "TARGETPLATFORM": Var(TARGETPLATFORM, label_where),
+                                 "TARGETARCH": Var("amd64", label_where), "VLLM_RELEASE": Var(files.vllm, ())}
+        walk.stage(st, local)
+        inherited = {**inherited, **{k: v for k, v in local.items() if v.env}}  # ENV carries to the next stage
+    py = facts.python.value
+    site = Derived(f"/usr/local/lib/python{py}/dist-packages",
+                   tuple(x for x in (walk.python_line,) if x) + facts.python.where,
+                   rule=f"python3 is Ubuntu's python{py} (update-alternatives); `uv pip install --system` and pip "
+                        "install into its /usr/local/lib/pythonX.Y/dist-packages")
+    return Recipe(vllm=files.vllm, sdist=files.sdist, target=TARGET, pipeline_step=step.label,
+                  stages=tuple(Derived(f"{st.name} FROM {st.base}", (Where(dpath, st.line),)) for st in chain),
+                  build_args=tuple(sorted(step.build_args.items())), final_base_image=facts.final_base_image,
+                  os=facts.os, glibc=facts.glibc, cuda=facts.cuda, python=facts.python, site_packages=site,
+                  steps=_numbered(walk.steps, files),
+                  os_packages=tuple(Derived(p, (w,)) for p, w in walk.apt.items()),
+                  off_index_fetches=tuple(walk.fetches),
+                  image_overrides=tuple(Derived(pin, walk.overrides[1]) for pin in walk.overrides[0]))
+
+
+def requirement_file_options(files: Mapping[str, str], path: str) -> list[tuple[str, str, Where]]:
+    """Index options (``--extra-index-url`` ...) inside a requirements file and the files it includes (pure)."""
+    import posixpath
+
+    seen: set[str] = set()
+    out: list[tuple[str, str, Where]] = []
+
+    def walk(p: str) -> None:
+        if p in seen or p not in files:
+            return
+        seen.add(p)
+        for i, line in enumerate(files[p].splitlines(), 1):
+            s = re.split(r"\s+#", line, maxsplit=1)[0].strip()
+            m = re.match(r"^(-r|--requirement|-c|--constraint)[\s=]+(\S+)", s)
+            if m:
+                walk(posixpath.normpath(posixpath.join(posixpath.dirname(p), m.group(2))))
+                continue
+            m = re.match(r"^(--extra-index-url|--index-url|-i|--find-links|-f)[\s=]+(\S+)", s)
+            if m:
+                out.append((m.group(1), m.group(2), Where(p, i)))
+
+    walk(path)
+    return out
+
+
+def base_image_env(image: str, where: tuple[Where, ...]) -> dict[str, Var]:
+    """The ENV a final base image is known to set (pure): ``nvidia/cuda:X.Y.Z-...`` sets CUDA_VERSION=X.Y.Z."""
+    m = re.match(r"^(?:docker\.io/)?nvidia/cuda:(\d+\.\d+(?:\.\d+)?)-", image)
+    return {"CUDA_VERSION": Var(m.group(1), where, env=True)} if m else {}
+
+
+def _override_targets(instructions: Iterable[Instruction]) -> list[str]:
+    out = []
+    for ins in instructions:
+        if ins.op == "ENV":
+            for k, v in _env_pairs(ins.value):
+                if k == "UV_OVERRIDE":
+                    out.append(v)
+    return out
+
+
+def _env_pairs(value: str) -> list[tuple[str, str]]:
+    value = value.strip()
+    if "=" not in value.split()[0]:
+        k, _, v = value.partition(" ")
+        return [(k, v.strip().strip('"'))]
+    out = []
+    for tok in shlex.split(value, posix=False):
+        k, _, v = tok.partition("=")
+        out.append((k, v))
+    return out
+
+

@@ -1,0 +1,177 @@
+"""The release's build files as structure: the release pipeline's image step (target, Dockerfile,
+build args) and the Dockerfile's instructions and stages (pure)."""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+from dataclasses import dataclass
+
+from builder.errors import BadInput
+from builder.resolve.recipe.model import DOCKERFILE, PIPELINE, RELEASE_STEP, Derived, Where
+
+
+# --------------------------------------------------------------------------- pipeline
+@dataclass(frozen=True)
+class ReleaseStep:
+    label: Derived
+    target: str
+    dockerfile: str
+    build_args: dict[str, Derived]
+
+
+def release_step(text: str, path: str = PIPELINE, label: str = RELEASE_STEP) -> ReleaseStep:
+    """The release-image step of the pipeline: its target, Dockerfile and build args (pure)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise BadInput(f"{path} is not valid YAML: {exc}.") from None
+    env = {k: str(v) for k, v in ((doc or {}).get("env") or {}).items()} if isinstance(doc, dict) else {}
+    step = _find_step(doc, label)
+    if step is None:
+        raise BadInput(f"{path} has no step labelled {label!r} (the step that builds the published image).")
+    lines = text.splitlines()
+    label_re = re.compile(r"label:\s*[\"']?" + re.escape(label) + r"[\"']?\s*$")
+    label_line = next((i + 1 for i, ln in enumerate(lines) if label_re.search(ln)), 1)
+    env.update({k: str(v) for k, v in (step.get("env") or {}).items()})
+    cmds = step.get("commands") or step.get("command") or []
+    if isinstance(cmds, str):
+        cmds = [cmds]
+    build = next((c for c in cmds if isinstance(c, str) and re.search(r"\bdocker\s+build\b", c)), None)
+    if build is None:
+        raise BadInput(f"{path}:{label_line}: step {label!r} runs no `docker build`.")
+    joined = re.sub(r"\\\n", " ", build)
+    joined = re.sub(r"\$\(bash [^)]*docker-build-metadata-args\.sh[^)]*\)", " ", joined)  # image labels only
+    joined = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: env.get(m.group(1) or m.group(2), m.group(0)), joined)
+    try:
+        argv = shlex.split(joined)
+    except ValueError as exc:
+        raise BadInput(f"{path}:{label_line}: cannot split the docker build command: {exc}.") from None
+    args: dict[str, Derived] = {}
+    target, dockerfile = None, "Dockerfile"
+    i = argv.index("build") + 1 if "build" in argv else 0
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--build-arg", "--target", "-f", "--file") and i + 1 < len(argv):
+            val = argv[i + 1]
+            i += 2
+        elif a.startswith("--build-arg=") or a.startswith("--target=") or a.startswith("--file="):
+            a, val = a.split("=", 1)
+            i += 1
+        else:
+            i += 1
+            continue
+        if a == "--build-arg":
+            k, _, v = val.partition("=")
+            ln = _line_after(lines, label_line, f"--build-arg {k}=")
+            args[k] = Derived(v, (Where(path, ln),))
+        elif a == "--target":
+            target = val
+        else:
+            dockerfile = val
+    if target is None:
+        raise BadInput(f"{path}:{label_line}: step {label!r} gives no --target.")
+    return ReleaseStep(Derived(label, (Where(path, label_line),)), target, dockerfile, args)
+
+
+def _find_step(node, label: str):
+    if isinstance(node, dict):
+        if node.get("label") == label:
+            return node
+        for v in node.values():
+            hit = _find_step(v, label)
+            if hit is not None:
+                return hit
+    elif isinstance(node, list):
+        for v in node:
+            hit = _find_step(v, label)
+            if hit is not None:
+                return hit
+    return None
+
+
+def _line_after(lines: list[str], start: int, needle: str) -> int:
+    for i in range(start - 1, len(lines)):
+        if needle in lines[i]:
+            return i + 1
+    return start
+
+
+# --------------------------------------------------------------------------- Dockerfile
+@dataclass(frozen=True)
+class Instruction:
+    op: str
+    value: str
+    line: int  # 1-based start line
+    end: int
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str | None
+    base: str
+    line: int
+    instructions: tuple[Instruction, ...]
+
+
+def parse_dockerfile(text: str) -> tuple[tuple[Instruction, ...], tuple[Stage, ...]]:
+    """(instructions before the first FROM, the stages) of a Dockerfile (pure)."""
+    from dockerfile_parse import DockerfileParser
+
+    p = DockerfileParser(fileobj=io.BytesIO(text.encode()), env_replace=False)
+    pre: list[Instruction] = []
+    stages: list[list] = []
+    for d in p.structure:
+        if d["instruction"] == "COMMENT":
+            continue
+        ins = Instruction(d["instruction"].upper(), d["value"], d["startline"] + 1, d["endline"] + 1)
+        if ins.op == "FROM":
+            parts = [x for x in ins.value.split() if not x.startswith("--")]  # FROM --platform=... is not the base
+            name = parts[2] if len(parts) >= 3 and parts[1].lower() == "as" else None
+            stages.append([name, parts[0] if parts else "", ins.line, []])
+        elif stages:
+            stages[-1][3].append(ins)
+        else:
+            pre.append(ins)
+    return tuple(pre), tuple(Stage(n, b, ln, tuple(i)) for n, b, ln, i in stages)
+
+
+# a FROM operand with no registry path, tag, digest or variable (`vllm-openai-base`): in a release Dockerfile it
+# names a stage; one that the file lacks is a missing stage, not an image on Docker Hub's library
+_BARE_STAGE_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+
+
+def stage_chain(stages: tuple[Stage, ...], target: str, path: str = DOCKERFILE) -> list[Stage]:
+    """The target stage and the stages it is built FROM, root first (pure)."""
+    by = {s.name: s for s in stages if s.name}
+    if target not in by:
+        names = ", ".join(s.name for s in stages if s.name) or "none"
+        raise BadInput(f"{path} has no stage {target!r} (stages: {names}).")
+    chain: list[Stage] = []
+    cur: Stage | None = by[target]
+    while cur is not None:
+        if cur in chain:
+            raise BadInput(f"{path}:{cur.line}: stage {cur.name!r} is built from itself.")
+        chain.append(cur)
+        nxt = by.get(cur.base)
+        if nxt is None and _BARE_STAGE_NAME.match(cur.base):
+            names = ", ".join(s.name for s in stages if s.name)
+            raise BadInput(f"{path}:{cur.line}: stage {cur.name!r} is built FROM {cur.base!r}, which is no stage of "
+                           f"{path} (stages: {names}).",
+                           hint="a bare name without registry, tag or variable is read as a stage the target needs; "
+                                "the release's image is built from nvidia/cuda:... through ${FINAL_BASE_IMAGE}.")
+        cur = nxt
+    return list(reversed(chain))
+
+
+def _split_arg(value: str) -> list[tuple[str, str | None]]:
+    out = []
+    for tok in shlex.split(value):
+        k, eq, v = tok.partition("=")
+        out.append((k, v if eq else None))
+    return out
+
+

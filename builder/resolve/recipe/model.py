@@ -1,0 +1,194 @@
+"""The recipe's data: provenance (:class:`Where`, :class:`Derived`), a release's build files, its
+install steps and the recipe itself (pure data; the reading lives in the sibling modules)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from builder.errors import BadInput
+
+TARGET = "vllm-openai"
+RELEASE_STEP = "Build release image - x86_64 - CUDA 13.0"
+DOCKERFILE = "docker/Dockerfile"
+PIPELINE = ".buildkite/release-pipeline.yaml"
+ARCH = "x86_64"
+TARGETPLATFORM = "linux/amd64"
+
+
+# --------------------------------------------------------------------------- provenance
+@dataclass(frozen=True)
+class Where:
+    """A file inside the sdist and a 1-based line."""
+
+    file: str
+    line: int
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class Derived:
+    """One value of the recipe and where it came from (``rule``: how it was derived, when not read verbatim)."""
+
+    value: str
+    where: tuple[Where, ...]
+    rule: str = ""
+
+    def to_json(self) -> dict:
+        d = {"value": self.value, "from": [str(w) for w in self.where]}
+        if self.rule:
+            d["rule"] = self.rule
+        return d
+
+
+@dataclass(frozen=True)
+class SdistRef:
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class BuildFiles:
+    """The build files of one release: text by path inside the sdist (top folder stripped)."""
+
+    vllm: str
+    sdist: SdistRef
+    files: Mapping[str, str]
+
+    def text(self, path: str, what: str) -> str:
+        if path not in self.files:
+            raise BadInput(f"{self.sdist.filename} has no {path} ({what}).")
+        return self.files[path]
+
+
+# --------------------------------------------------------------------------- recipe
+@dataclass(frozen=True)
+class Step:
+    """One install (or uninstall) the image runs, in Dockerfile order.
+
+    ``replay``: ``index`` (resolved from the Python index), ``off-index`` (a wheel from another
+    index or a URL: name and version known where the files say them, files unavailable),
+    ``source-build`` (a wheel built from source inside the image build), ``uninstall``.
+    """
+
+    n: int
+    stage: str
+    where: Where
+    replay: str
+    installer: str = "uv"  # uv | pip
+    requirements: tuple[str, ...] = ()
+    requirement_files: tuple[str, ...] = ()
+    constraint_files: tuple[str, ...] = ()
+    constrain_installed: tuple[str, ...] = ()
+    overrides: tuple[str, ...] = ()
+    override_where: tuple[Where, ...] = ()
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    flags: tuple[str, ...] = ()
+    when_installed: str | None = None
+    fallback: str | None = None
+    names: tuple[str, ...] = ()  # off-index / source-build: the distributions it installs
+    note: str = ""
+    file_indexes: tuple[str, ...] = ()  # index options inside the requirement files: "URL (file:line)"
+
+    def to_json(self) -> dict:
+        d: dict = {"n": self.n, "stage": self.stage, "from": str(self.where), "replay": self.replay,
+                   "installer": self.installer}
+        for k in ("requirements", "requirement_files", "constraint_files", "constrain_installed", "overrides",
+                  "extra_index_urls", "file_indexes", "flags", "names"):
+            v = getattr(self, k)
+            if v:
+                d[k] = list(v)
+        if self.override_where:
+            d["overrides_from"] = [str(w) for w in self.override_where]
+        for k in ("index_url", "when_installed", "fallback", "note"):
+            v = getattr(self, k)
+            if v:
+                d[k] = v
+        return d
+
+
+@dataclass(frozen=True)
+class Recipe:
+    vllm: str
+    sdist: SdistRef
+    target: str
+    pipeline_step: Derived
+    stages: tuple[Derived, ...]  # "name FROM base" from the root of the chain to the target
+    build_args: tuple[tuple[str, Derived], ...]
+    final_base_image: Derived
+    os: Derived
+    glibc: Derived
+    cuda: Derived
+    python: Derived
+    site_packages: Derived
+    steps: tuple[Step, ...]
+    os_packages: tuple[Derived, ...] = ()
+    off_index_fetches: tuple[Derived, ...] = ()
+    # the UV_OVERRIDE pins the published image keeps in its environment: every later `uv pip install` in it
+    # (an overlay too) resolves with them
+    image_overrides: tuple[Derived, ...] = ()
+
+    @property
+    def image(self) -> str:
+        return f"vllm/vllm-openai:v{self.vllm}"
+
+    @property
+    def platform(self) -> str:
+        return f"{ARCH}-manylinux_{self.glibc.value.replace('.', '_')}"
+
+    @property
+    def arch(self) -> str:
+        return ARCH
+
+    def lacks(self) -> dict[str, list[str]]:
+        """What a replay from the Python index knowingly cannot hold (pure)."""
+        off = [f"{', '.join(s.names) or '?'} ({s.note}; {self.sdist.filename} {s.where})"
+               for s in self.steps if s.replay == "off-index"]
+        src = [f"{', '.join(s.names) or '?'} ({s.note}; {s.where})" for s in self.steps if s.replay == "source-build"]
+        idx = sorted({u for s in self.steps if s.replay == "index"
+                      for u in (*s.extra_index_urls, *([s.index_url] if s.index_url else []),
+                                *(x.split(" (")[0] for x in s.file_indexes))})
+        return {
+            "off_index": off + [f"{d.value} ({', '.join(map(str, d.where))})" for d in self.off_index_fetches],
+            "source_builds": src,
+            "other_indexes": [f"{u}: not asked (the replay resolves from the Python index only): a file only it "
+                              "serves is absent, or replaced by the index's build of the same version" for u in idx],
+            "os_packages": [d.value for d in self.os_packages],
+        }
+
+    def unversioned_names(self) -> dict[str, str]:
+        """Distributions the image holds that a replay from the index cannot version: name → reason (pure)."""
+        out: dict[str, str] = {}
+        for s in self.steps:
+            if s.replay in ("off-index", "source-build"):
+                for n in s.names:
+                    out[n] = f"{s.replay}: {s.note} ({self.sdist.filename} {s.where})"
+        return out
+
+    def to_json(self) -> dict:
+        return {
+            "vllm": self.vllm,
+            "image": self.image,
+            "sdist": {"filename": self.sdist.filename, "sha256": self.sdist.sha256},
+            "target": self.target,
+            "pipeline_step": self.pipeline_step.to_json(),
+            "stages": [s.to_json() for s in self.stages],
+            "build_args": {k: v.to_json() for k, v in self.build_args},
+            "final_base_image": self.final_base_image.to_json(),
+            "os": self.os.to_json(),
+            "glibc": self.glibc.to_json(),
+            "cuda": self.cuda.to_json(),
+            "python": self.python.to_json(),
+            "site_packages": self.site_packages.to_json(),
+            "platform": self.platform,
+            "steps": [s.to_json() for s in self.steps],
+            "os_packages": [d.to_json() for d in self.os_packages],
+            "off_index_fetches": [d.to_json() for d in self.off_index_fetches],
+            "image_overrides": [d.to_json() for d in self.image_overrides],
+            "lacks": self.lacks(),
+        }
+
+

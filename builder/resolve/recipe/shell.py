@@ -1,0 +1,410 @@
+"""The shell reader: words (quotes, ``$V``/``${V…}``, ``$(…)``) and the command tree of a RUN script
+(``;``, ``&&``, ``||``, pipes, ``( )``, ``if``, ``case``) (pure)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from builder.resolve.recipe.model import Where
+
+
+# --------------------------------------------------------------------------- variables
+@dataclass
+class Var:
+    value: str
+    where: tuple[Where, ...]
+    env: bool = False  # an ENV (inherited by the stages built FROM this one), not an ARG
+    default: str | None = None  # a global ARG's default text (its provenance follows the ARGs it uses)
+
+
+class Unknown(Exception):
+    """A value the files do not determine."""
+
+
+SUBSTITUTIONS: list[tuple[str, re.Pattern, Callable[[re.Match, Callable[[str], str]], str]]] = []
+
+
+def _substitution(name: str, pattern: str):
+    def deco(fn):
+        SUBSTITUTIONS.append((name, re.compile(pattern), fn))
+        return fn
+    return deco
+
+
+@_substitution("major", r"^echo \$\{?(\w+)\}? \| cut -d\. -f1$")
+def _major(m, get):
+    return get(m.group(1)).split(".")[0]
+
+
+@_substitution("major.minor without the dot", r"^echo \$\{?(\w+)\}? \| cut -d\. -f1,2 \| tr -d '\.'$")
+def _majmin_nodot(m, get):
+    return "".join(get(m.group(1)).split(".")[:2])
+
+
+@_substitution("major-minor", r"^echo \$\{?(\w+)\}? \| cut -d\. -f1,2 \| tr '\.' '-'$")
+def _majmin_dash(m, get):
+    return "-".join(get(m.group(1)).split(".")[:2])
+
+
+@_substitution("major.minor", r"^echo \$\{?(\w+)\}? \| cut -d\. -f1,2$")
+def _majmin(m, get):
+    return ".".join(get(m.group(1)).split(".")[:2])
+
+
+@_substitution("installed version", r"""^python3 -c "import importlib\.metadata as m; """
+                                    r"""print\(m\.version\('([\w.-]+)'\)\)"( 2>/dev/null)?( \|\| true)?$""")
+def _installed(m, get):
+    return INSTALLED.format(m.group(1))
+
+
+INSTALLED = "{{installed:{}}}"
+_INSTALLED_RE = re.compile(r"\{installed:([\w.-]+)\}")
+
+
+def substitute(cmd: str, get: Callable[[str], str]) -> str:
+    """The value of one ``$(cmd)`` among :data:`SUBSTITUTIONS` (pure); others raise :class:`Unknown`."""
+    cmd = " ".join(cmd.split())
+    for _name, pat, fn in SUBSTITUTIONS:
+        m = pat.match(cmd)
+        if m:
+            return fn(m, get)
+    raise Unknown(f"$({cmd})")
+
+
+def expand(raw: str, get: Callable[[str], str], *, split: bool = True) -> list[str]:
+    """Shell expansion of one word (quotes, ``$V``, ``${V}``, ``${V:-d}``, ``${V:+a}``, ``${V%%p}``,
+    ``${V%p}``, ``$(...)``); unquoted expansions are split on blanks (pure)."""
+    words: list[str] = []
+    cur: list[str] = []
+    have = False
+    i, n = 0, len(raw)
+
+    def push_unquoted(s: str):
+        nonlocal have
+        if not split:
+            cur.append(s)
+            return
+        parts = re.split(r"[ \t\n]+", s)
+        for j, p in enumerate(parts):
+            if j > 0:
+                if cur or have:
+                    words.append("".join(cur))
+                cur.clear()
+                have = False
+            cur.append(p)
+
+    while i < n:
+        c = raw[i]
+        if c == "'":
+            j = raw.index("'", i + 1)
+            cur.append(raw[i + 1:j])
+            have = True
+            i = j + 1
+        elif c == '"':
+            j = i + 1
+            buf = []
+            while raw[j] != '"':
+                if raw[j] == "\\" and raw[j + 1] in '"$`\\':
+                    buf.append(raw[j + 1])
+                    j += 2
+                elif raw[j] == "$":
+                    val, j = _dollar(raw, j, get)
+                    buf.append(val)
+                else:
+                    buf.append(raw[j])
+                    j += 1
+            cur.append("".join(buf))
+            have = True
+            i = j + 1
+        elif c == "\\" and i + 1 < n:
+            cur.append(raw[i + 1])
+            i += 2
+        elif c == "$":
+            val, i = _dollar(raw, i, get)
+            push_unquoted(val)
+        else:
+            cur.append(c)
+            i += 1
+    if cur or have:
+        words.append("".join(cur))
+    return [w for w in words if w != "" or have]
+
+
+def _dollar(raw: str, i: int, get: Callable[[str], str]) -> tuple[str, int]:
+    if raw.startswith("$(", i):
+        j = _close(raw, i + 1)
+        return substitute(raw[i + 2:j], get), j + 1
+    if raw.startswith("${", i):
+        j = raw.index("}", i)
+        body = raw[i + 2:j]
+        m = re.fullmatch(r"(\w+)(?:(:-|:\+|%%|%|-)(.*))?", body)
+        if not m:
+            raise Unknown("${" + body + "}")
+        name, op, arg = m.group(1), m.group(2), m.group(3) or ""
+        try:
+            val = get(name)
+        except Unknown:
+            if op in (":-", "-"):
+                return arg, j + 1
+            raise
+        if op == ":-":
+            val = val or arg
+        elif op == ":+":
+            val = arg if val else ""
+        elif op in ("%%", "%"):
+            pat = re.escape(arg).replace(r"\*", ".*" if op == "%%" else ".*?")
+            m2 = re.match(r"^(.*?)" + pat + r"$", val) if op == "%%" else re.match(r"^(.*)" + pat + r"$", val)
+            val = m2.group(1) if m2 else val
+        return val, j + 1
+    m = re.match(r"\$(\w+)", raw[i:])
+    if m:
+        return get(m.group(1)), i + len(m.group(0))
+    return "$", i + 1
+
+
+def _close(s: str, i: int) -> int:
+    """Index of the ``)`` closing the ``(`` at ``i`` (quotes respected)."""
+    depth, j, q = 0, i, None
+    while j < len(s):
+        c = s[j]
+        if q:
+            if c == q:
+                q = None
+        elif c in "'\"":
+            q = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return j
+        j += 1
+    raise Unknown("unbalanced $(")
+
+
+# --------------------------------------------------------------------------- shell reader
+_OPS = ("&&", "||", ";;", "2>&1", "2>/dev/null", ">>", "2>", ";", "|", "(", ")", ">", "<", "&")
+_KEYWORDS = {"if", "then", "elif", "else", "fi", "for", "while", "do", "done", "case", "esac", "{", "}", "!"}
+
+
+def tokenize(script: str) -> list[str]:
+    """Raw shell words and operators (quotes kept, for :func:`expand`); newlines are ``;`` (pure)."""
+    toks: list[str] = []
+    i, n = 0, len(script)
+    cur: list[str] = []
+
+    def flush():
+        if cur:
+            toks.append("".join(cur))
+            cur.clear()
+
+    while i < n:
+        c = script[i]
+        if c in " \t":
+            flush()
+            i += 1
+            continue
+        if c == "\n":
+            flush()
+            toks.append(";")
+            i += 1
+            continue
+        if c == "\\" and i + 1 < n:
+            if script[i + 1] == "\n":
+                i += 2
+                continue
+            cur.append(script[i:i + 2])
+            i += 2
+            continue
+        if c == "'":
+            j = script.index("'", i + 1)
+            cur.append(script[i:j + 1])
+            i = j + 1
+            continue
+        if c == '"':
+            j = i + 1
+            while script[j] != '"':
+                j += 2 if script[j] == "\\" else 1
+            cur.append(script[i:j + 1])
+            i = j + 1
+            continue
+        if script.startswith("$(", i):
+            j = _close(script, i + 1)
+            cur.append(script[i:j + 1])
+            i = j + 1
+            continue
+        if script.startswith("${", i):
+            j = script.index("}", i)
+            cur.append(script[i:j + 1])
+            i = j + 1
+            continue
+        if c == "#" and not cur:
+            while i < n and script[i] != "\n":
+                i += 1
+            continue
+        op = next((o for o in _OPS if script.startswith(o, i)), None)
+        if op and not (op in ("2>", "2>&1", "2>/dev/null") and cur):
+            flush()
+            toks.append(op)
+            i += len(op)
+            continue
+        cur.append(c)
+        i += 1
+    flush()
+    return toks
+
+
+@dataclass
+class Cmd:
+    words: list[str]
+    redirects: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class Pipe:
+    cmds: list[Cmd]
+
+
+@dataclass
+class AndOr:
+    first: object
+    rest: list[tuple[str, object]]
+
+
+@dataclass
+class Seq:
+    items: list[object]
+
+
+@dataclass
+class If:
+    branches: list[tuple[object, object]]  # (condition, body)
+    otherwise: object | None
+
+
+@dataclass
+class Group:
+    body: object
+
+
+@dataclass
+class Opaque:
+    """A compound command the reader does not interpret (for/while/case): allowed only when it installs nothing."""
+
+    text: str
+
+
+class _Parser:
+    def __init__(self, toks: list[str]):
+        self.t = toks
+        self.i = 0
+
+    def peek(self) -> str | None:
+        return self.t[self.i] if self.i < len(self.t) else None
+
+    def take(self, want: str | None = None) -> str:
+        tok = self.peek()
+        if tok is None or (want is not None and tok != want):
+            raise Unknown(f"expected {want!r}, found {tok!r}")
+        self.i += 1
+        return tok
+
+    def seq(self, stop: tuple[str, ...] = ()) -> Seq:
+        items = []
+        while True:
+            while self.peek() == ";":
+                self.i += 1
+            tok = self.peek()
+            if tok is None or tok in stop:
+                return Seq(items)
+            items.append(self.andor(stop))
+            if self.peek() in (";", "&"):
+                self.i += 1
+
+    def andor(self, stop) -> AndOr:
+        first = self.pipe(stop)
+        rest = []
+        while self.peek() in ("&&", "||"):
+            op = self.take()
+            while self.peek() == ";":
+                self.i += 1
+            rest.append((op, self.pipe(stop)))
+        return AndOr(first, rest)
+
+    def pipe(self, stop):
+        node = self.unit(stop)
+        if self.peek() == "|":
+            cmds = [node]
+            while self.peek() == "|":
+                self.take()
+                cmds.append(self.unit(stop))
+            return Pipe(cmds)
+        return node
+
+    def unit(self, stop):
+        tok = self.peek()
+        if tok == "if":
+            self.take()
+            branches = []
+            cond = self.seq(("then",))
+            self.take("then")
+            body = self.seq(("elif", "else", "fi"))
+            branches.append((cond, body))
+            otherwise = None
+            while self.peek() == "elif":
+                self.take()
+                cond = self.seq(("then",))
+                self.take("then")
+                branches.append((cond, self.seq(("elif", "else", "fi"))))
+            if self.peek() == "else":
+                self.take()
+                otherwise = self.seq(("fi",))
+            self.take("fi")
+            return If(branches, otherwise)
+        if tok == "(":
+            self.take()
+            body = self.seq((")",))
+            self.take(")")
+            return Group(body)
+        if tok in ("for", "while", "case", "{"):
+            end = {"for": "done", "while": "done", "case": "esac", "{": "}"}[tok]
+            depth, start = 0, self.i
+            while self.i < len(self.t):
+                x = self.t[self.i]
+                if x == tok:
+                    depth += 1
+                elif x == end:
+                    depth -= 1
+                    if depth == 0:
+                        break
+                self.i += 1
+            self.take(end)
+            return Opaque(" ".join(self.t[start:self.i]))
+        words, redirects = [], []
+        while True:
+            tok = self.peek()
+            if tok is None or tok in ("&&", "||", ";", "|", ")", "&") or tok in stop and not words:
+                break
+            if tok in (">", ">>", "<", "2>"):
+                self.take()
+                redirects.append((tok, self.take()))
+                continue
+            if tok in ("2>&1", "2>/dev/null"):
+                self.take()
+                continue
+            if tok in ("then", "fi", "else", "elif", "do", "done") and not words:
+                break
+            words.append(self.take())
+        return Cmd(words, redirects)
+
+
+def parse_script(script: str) -> Seq:
+    p = _Parser(tokenize(script))
+    seq = p.seq()
+    if p.peek() is not None:
+        raise Unknown(f"unexpected {p.peek()!r}")
+    return seq
+
+

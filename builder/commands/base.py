@@ -189,6 +189,10 @@ def render_recipe_text(r) -> str:
             extra.append(f"index {s.index_url}")
         if s.extra_index_urls or s.file_indexes:
             extra.append("extra index " + ", ".join([*s.extra_index_urls, *s.file_indexes]))
+        if s.index_strategy and (s.index_url or s.extra_index_urls):
+            extra.append(f"index strategy {s.index_strategy}")
+        for f, script, _ere, w in s.requirement_edits:
+            extra.append(f"{f} edited first: sed {script!r} ({w})")
         if s.flags:
             extra.append(" ".join(s.flags))
         if s.when_installed:

@@ -129,6 +129,7 @@ class _Walk:
     written: dict[str, tuple[str, Where]] = field(default_factory=dict)
     overrides: tuple[tuple[str, ...], tuple[Where, ...]] = ((), ())
     python_line: Where | None = None
+    accept_undecided: frozenset[str] = frozenset()  # "file:line" of RUN lines replayed as nothing
 
     def arg(self, value: str, w: Where, local: dict[str, Var]) -> None:
         for k, v in _split_arg(value):
@@ -170,12 +171,19 @@ class _Walk:
             return
         ctx = _Ctx(vars=dict(local), files=self.written, mounts={**copies, **script_mounts}, binds=binds,
                    stage=st.name or "", where=w, steps=self.steps, overrides=self.overrides, fetches=self.fetches,
-                   sdist_files=frozenset(self.files.files))
+                   sdist_files=frozenset(self.files.files), sdist_text=dict(self.files.files))
         try:
             _run(parse_script(script), ctx)
         except Unknown as exc:
+            if str(w) in self.accept_undecided:
+                self.steps.append(Step(len(self.steps) + 1, st.name or "", w, "undecided",
+                                       note=f"accepted undecided: {exc}"))
+                return
             raise BadInput(f"{self.files.sdist.filename}: {w}: cannot interpret the RUN line ({exc}); the "
-                           "recipe reader does not guess an install step.") from None
+                           "recipe reader does not guess an install step.",
+                           hint=f"`--accept-undecided {w}` replays the image without this line and records it "
+                                "in the manifest's lacks; or take the manifest from the real image "
+                                "(`build-image base snapshot --image REF -o FILE`).") from None
         except (ValueError, IndexError) as exc:
             raise BadInput(f"{self.files.sdist.filename}: {w}: cannot read the RUN line ({exc}).") from None
 
@@ -208,17 +216,17 @@ def _numbered(steps: list[Step], files: BuildFiles) -> tuple[Step, ...]:
     return tuple(out)
 
 
-def derive(files: BuildFiles) -> Recipe:
+def derive(files: BuildFiles, *, accept_undecided: Iterable[str] = ()) -> Recipe:
     """The recipe of ``files.vllm``'s published image (pure; :class:`BadInput` on what the files lack, and on
     text the readers cannot take apart: an unbalanced quote, a malformed instruction)."""
     try:
-        return _derive(files)
+        return _derive(files, frozenset(accept_undecided))
     except (ValueError, IndexError, KeyError) as exc:
         raise BadInput(f"{files.sdist.filename}: its build files cannot be read "
                        f"({type(exc).__name__}: {exc}).") from None
 
 
-def _derive(files: BuildFiles) -> Recipe:
+def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset()) -> Recipe:
     step = release_step(files.text(PIPELINE, "the release pipeline"))
     if step.target != TARGET:
         raise BadInput(f"{PIPELINE}:{step.label.where[0].line}: step {RELEASE_STEP!r} builds target {step.target!r}, "
@@ -228,7 +236,7 @@ def _derive(files: BuildFiles) -> Recipe:
     chain = stage_chain(stages, TARGET, dpath)
     glob = global_args(pre, step.build_args, dpath)
     facts = base_facts(chain[0], glob, dpath)
-    walk = _Walk(files, dpath, step.build_args, glob)
+    walk = _Walk(files, dpath, step.build_args, glob, accept_undecided=accept_undecided)
     inherited: dict[str, Var] = base_image_env(facts.final_base_image.value, facts.final_base_image.where)
     label_where = (step.label.where[0],)
     for st in chain:

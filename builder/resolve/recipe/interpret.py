@@ -3,13 +3,17 @@ into :class:`Step` records (pure)."""
 
 from __future__ import annotations
 
+import fnmatch
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
+from builder.resolve import sedit
 from builder.resolve.recipe.model import Derived, Step, Where
 from builder.resolve.recipe.shell import (
     _INSTALLED_RE,
     AndOr,
+    Case,
     Cmd,
     Group,
     If,
@@ -32,8 +36,6 @@ OFF_INDEX_COMMANDS = {
 }
 
 
-
-
 # --------------------------------------------------------------------------- interpretation
 @dataclass
 class _Ctx:
@@ -47,8 +49,11 @@ class _Ctx:
     overrides: tuple[tuple[str, ...], tuple[Where, ...]]
     fetches: list[Derived]
     sdist_files: frozenset = frozenset()
+    sdist_text: dict[str, str] = field(default_factory=dict)
     when: str | None = None
     fallback: str | None = None
+    # sed edits of a copied file, by image path: (the sed script, -E, where), applied before a step reads it
+    edits: dict[str, list[tuple[str, bool, Where]]] = field(default_factory=dict)
 
     def get(self, name: str) -> str:
         if name in self.vars:
@@ -63,7 +68,7 @@ def _relevant(node) -> bool:
     """Whether a subtree installs, uninstalls or writes a file (a condition on it then matters)."""
     if isinstance(node, Cmd):
         s = " ".join(node.words)
-        touches = len(node.words) >= 2 and node.words[0] == "touch"
+        touches = len(node.words) >= 2 and node.words[0] in ("touch", "sed")
         return bool(re.search(r"\bpip\b", s)) or bool(node.redirects) or touches
     if isinstance(node, Opaque):
         return bool(re.search(r"\bpip\b", node.text))
@@ -78,64 +83,106 @@ def _relevant(node) -> bool:
             node.otherwise is not None and _relevant(node.otherwise))
     if isinstance(node, Group):
         return _relevant(node.body)
+    if isinstance(node, Case):
+        return any(_relevant(b) for _p, b in node.arms)
     return False
+
+
+def _run_seq(node: Seq, ctx: _Ctx) -> bool | str:
+    status: bool | str = True
+    for x in node.items:
+        status = _run(x, ctx)
+    return status
+
+
+def _run_andor(node: AndOr, ctx: _Ctx) -> bool | str:
+    status = _run(node.first, ctx)
+    for op, x in node.rest:
+        if op == "&&":
+            if status is False:
+                continue
+            if isinstance(status, str):
+                outer = ctx.when
+                ctx.when = status.split(":", 1)[1]
+                status2 = _run(x, ctx)
+                ctx.when = outer
+                status = status2 if status2 is not True else status
+                continue
+            status = _run(x, ctx)
+        else:  # || : the left side is taken; the right side is the documented fallback
+            if status is False:
+                status = _run(x, ctx)
+            elif _relevant(x) and ctx.steps and ctx.steps[-1].where == ctx.where:
+                text = _describe(x)
+                ctx.steps[-1] = replace(ctx.steps[-1], fallback=text)
+    return status
+
+
+def _run_opaque(node: Opaque, ctx: _Ctx) -> bool:
+    if re.search(r"\bpip\b", node.text):
+        raise Unknown(f"a compound command that installs ({node.text[:60]}...)")
+    return True
+
+
+def _run_if(node: If, ctx: _Ctx) -> bool | str:
+    for cond, body in node.branches:
+        try:
+            c = _cond(cond, ctx)
+        except Unknown as exc:
+            if not _relevant(body) and not (node.otherwise is not None and _relevant(node.otherwise)) \
+                    and not any(_relevant(b) for _c, b in node.branches):
+                return True
+            raise Unknown(f"the if condition {_describe(cond)!r} ({exc})") from None
+        if c is True:
+            return _run(body, ctx)
+        if isinstance(c, str):
+            outer = ctx.when
+            ctx.when = c.split(":", 1)[1]
+            _run(body, ctx)
+            ctx.when = outer
+            return True
+    if node.otherwise is not None:
+        return _run(node.otherwise, ctx)
+    return True
+
+
+def _run_case(node: Case, ctx: _Ctx) -> bool | str:
+    try:
+        word = "".join(expand(node.word, ctx.get, split=False))
+    except Unknown as exc:
+        if not _relevant(node):
+            return True
+        raise Unknown(f"the case word {node.word} ({exc})") from None
+    for pats, body in node.arms:
+        for pat in pats:
+            try:
+                p = "".join(expand(pat, ctx.get, split=False))
+            except Unknown as exc:
+                raise Unknown(f"the case pattern {pat} ({exc})") from None
+            if fnmatch.fnmatchcase(word, p):
+                return _run(body, ctx)
+    return True
+
+
+# The constructs the interpreter knows: each node of the shell tree and the rule that runs it.  A node
+# of another kind, or one whose value cannot be decided where it decides an install, is Unknown.
+NODE_RULES: dict[type, Callable] = {
+    Seq: _run_seq,                                   # a; b        each in order, the last one's status
+    AndOr: _run_andor,                               # a && b      b when a succeeds (or may, by install state)
+    #                                                  a || b      a; b is recorded as the fallback
+    Group: lambda node, ctx: _run(node.body, ctx),   # ( a )       as a
+    Pipe: lambda node, ctx: True,                    # a | b       installs nothing the reader must know
+    Opaque: _run_opaque,                             # for/while/{ }  only when it installs nothing
+    If: _run_if,                                     # if/elif/else on [ ] tests over known values
+    Case: _run_case,                                 # case W in P) ...;; esac, glob patterns
+}
 
 
 def _run(node, ctx: _Ctx) -> bool | str:
     """Execute a node; returns its status: True (success), False (failure) or an ``installed:NAME`` condition."""
-    if isinstance(node, Seq):
-        status: bool | str = True
-        for x in node.items:
-            status = _run(x, ctx)
-        return status
-    if isinstance(node, AndOr):
-        status = _run(node.first, ctx)
-        for op, x in node.rest:
-            if op == "&&":
-                if status is False:
-                    continue
-                if isinstance(status, str):
-                    outer = ctx.when
-                    ctx.when = status.split(":", 1)[1]
-                    status2 = _run(x, ctx)
-                    ctx.when = outer
-                    status = status2 if status2 is not True else status
-                    continue
-                status = _run(x, ctx)
-            else:  # || : the left side is taken; the right side is the documented fallback
-                if status is False:
-                    status = _run(x, ctx)
-                elif _relevant(x) and ctx.steps and ctx.steps[-1].where == ctx.where:
-                    text = _describe(x)
-                    ctx.steps[-1] = replace(ctx.steps[-1], fallback=text)
-        return status
-    if isinstance(node, Group):
-        return _run(node.body, ctx)
-    if isinstance(node, Pipe):
-        return True
-    if isinstance(node, Opaque):
-        if re.search(r"\bpip\b", node.text):
-            raise Unknown(f"a compound command that installs ({node.text[:60]}...)")
-        return True
-    if isinstance(node, If):
-        for cond, body in node.branches:
-            try:
-                c = _cond(cond, ctx)
-            except Unknown:
-                if not _relevant(body) and not (node.otherwise is not None and _relevant(node.otherwise)):
-                    return True
-                raise
-            if c is True:
-                return _run(body, ctx)
-            if isinstance(c, str):
-                outer = ctx.when
-                ctx.when = c.split(":", 1)[1]
-                _run(body, ctx)
-                ctx.when = outer
-                return True
-        if node.otherwise is not None:
-            return _run(node.otherwise, ctx)
-        return True
+    rule = NODE_RULES.get(type(node))
+    if rule is not None:
+        return rule(node, ctx)
     assert isinstance(node, Cmd)
     return _command(node, ctx)
 
@@ -149,6 +196,10 @@ def _describe(node) -> str:
         return " ".join([_describe(node.first)] + [f"{op} {_describe(x)}" for op, x in node.rest])
     if isinstance(node, Cmd):
         return " ".join(node.words)
+    if isinstance(node, If):
+        return "if ..."
+    if isinstance(node, Case):
+        return f"case {node.word} in ..."
     return "..."
 
 
@@ -180,6 +231,10 @@ def _cond(node, ctx: _Ctx) -> bool | str:
     raise Unknown(f"condition {_describe(node)!r}")
 
 
+_NUMERIC = {"-eq": int.__eq__, "-ne": int.__ne__, "-gt": int.__gt__, "-ge": int.__ge__, "-lt": int.__lt__,
+            "-le": int.__le__}
+
+
 def _test(args: list[str], ctx: _Ctx) -> bool | str:
     if args and args[0] == "!":
         v = _test(args[1:], ctx)
@@ -198,6 +253,10 @@ def _test(args: list[str], ctx: _Ctx) -> bool | str:
             raise Unknown("a comparison with an installed version")
         eq = args[0] == args[2]
         return eq if args[1] != "!=" else not eq
+    if len(args) == 3 and args[1] in _NUMERIC:
+        if not all(re.fullmatch(r"-?\d+", a) for a in (args[0], args[2])):
+            raise Unknown(f"[ {' '.join(args)} ] (not whole numbers)")
+        return _NUMERIC[args[1]](int(args[0]), int(args[2]))
     if len(args) == 2 and args[0] in ("-f", "-e", "-d"):
         if args[1] in ctx.files:
             return True
@@ -239,6 +298,8 @@ def _command(cmd: Cmd, ctx: _Ctx) -> bool:
         for p in argv[1:]:
             ctx.files.setdefault(p, ("", ctx.where))
         return True
+    if prog == "sed":
+        return _sed(argv[1:], ctx)
     pip_at = _pip_start(argv)
     if pip_at is not None:
         installer, sub, rest = pip_at
@@ -271,6 +332,47 @@ def _command(cmd: Cmd, ctx: _Ctx) -> bool:
     return True
 
 
+def _sed(args: list[str], ctx: _Ctx) -> bool:
+    """``sed -i [-E] SCRIPT FILE...`` on a file copied from the source: the edit is recorded for the steps
+    that read the file (the replay applies it with :func:`builder.resolve.sedit.apply`); ``sed`` without
+    ``-i`` writes nothing the reader must know."""
+    inplace, ere, scripts, paths = False, False, [], []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "-e" and i + 1 < len(args):
+            scripts.append(args[i + 1])
+            i += 2
+            continue
+        if a.startswith("-") and len(a) > 1 and not a.startswith("--"):
+            for c in a[1:]:
+                if c == "i":
+                    inplace = True
+                elif c in "Er":
+                    ere = True
+                else:
+                    raise Unknown(f"sed option -{c}")
+        elif a.startswith("--"):
+            raise Unknown(f"sed option {a}")
+        elif not scripts:
+            scripts.append(a)
+        else:
+            paths.append(a)
+        i += 1
+    if not inplace:
+        return True
+    for s in scripts:
+        try:
+            sedit.parse(s, ere=ere)
+        except sedit.SedUnknown as exc:
+            raise Unknown(f"sed -i {s!r}: {exc}") from None
+    for path in paths:
+        _sdist_path(path, ctx)  # a file the source does not provide is Unknown
+        for s in scripts:
+            ctx.edits.setdefault(path, []).append((s, ere, ctx.where))
+    return True
+
+
 def _pip_start(argv: list[str]) -> tuple[str, str, list[str]] | None:
     if len(argv) >= 3 and argv[0] == "uv" and argv[1] == "pip":
         return "uv", argv[2], argv[3:]
@@ -289,7 +391,8 @@ _PASS_FLAGS = {"--no-deps", "--force-reinstall", "--reinstall", "--no-build", "-
 
 def _install_step(installer: str, args: list[str], ctx: _Ctx) -> Step:
     reqs, rfiles, cfiles, pins, flags, extra = [], [], [], [], [], []
-    index_url = None
+    index_url = strategy = None
+    edits: list[tuple[str, str, bool, str]] = []
     overrides, owhere = ctx.overrides
     overrides, owhere = list(overrides), list(owhere)
     i = 0
@@ -299,16 +402,20 @@ def _install_step(installer: str, args: list[str], ctx: _Ctx) -> Step:
             a, v = a.split("=", 1)
             args = args[:i] + [a, v] + args[i + 1:]
         if a in _VALUE_OPTS:
+            if i + 1 >= len(args):
+                raise Unknown(f"{a} without its value")
             v = args[i + 1]
             i += 2
             if a in ("-r", "--requirement"):
                 rfiles.append(_sdist_path(v, ctx))
+                edits += [(rfiles[-1], s, ere, str(w)) for s, ere, w in ctx.edits.get(v, ())]
             elif a in ("-c", "--constraint"):
                 content = ctx.files.get(v)
                 if content and content[0].startswith("\x00installed-pins:"):
                     pins.extend(content[0].split(":", 1)[1].split(","))
                 else:
                     cfiles.append(_sdist_path(v, ctx))
+                    edits += [(cfiles[-1], s, ere, str(w)) for s, ere, w in ctx.edits.get(v, ())]
             elif a == "--override":
                 content = ctx.files.get(v)
                 if content is None:
@@ -319,6 +426,8 @@ def _install_step(installer: str, args: list[str], ctx: _Ctx) -> Step:
                 index_url = v
             elif a == "--extra-index-url":
                 extra.append(v)
+            elif a == "--index-strategy":
+                strategy = v
             elif a == "--prerelease" and v == "allow":
                 flags.append("--pre")
             continue
@@ -329,9 +438,13 @@ def _install_step(installer: str, args: list[str], ctx: _Ctx) -> Step:
             continue
         reqs.append(a)
         i += 1
+    if strategy is None and (index_url or extra) and installer == "uv" and "UV_INDEX_STRATEGY" in ctx.vars \
+            and ctx.vars["UV_INDEX_STRATEGY"].env:
+        strategy = ctx.vars["UV_INDEX_STRATEGY"].value or None  # the image's ENV, which this uv reads
     common = dict(n=len(ctx.steps) + 1, stage=ctx.stage, where=ctx.where, installer=installer,
                   index_url=index_url, extra_index_urls=tuple(extra), flags=tuple(flags), when_installed=ctx.when,
-                  overrides=tuple(overrides), override_where=tuple(owhere))
+                  overrides=tuple(overrides), override_where=tuple(owhere), index_strategy=strategy,
+                  requirement_edits=tuple(edits))
     wheels = [r for r in reqs if r.endswith(".whl")]
     if wheels:
         w = wheels[0]
@@ -350,12 +463,43 @@ def _install_step(installer: str, args: list[str], ctx: _Ctx) -> Step:
                         note=f"{name} {parts[1] if len(parts) > 1 else '?'} from a URL off the index ({fname})",
                         **common)
         raise Unknown(f"install of {w}")
-    if index_url and not _is_python_index(index_url):
-        names = tuple(re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0].lower().replace("_", "-") for r in reqs)
-        return Step(replay="off-index", names=names, requirements=tuple(reqs),
-                    note=f"{', '.join(reqs)} from {index_url}", **common)
+    if not reqs and not rfiles:
+        raise Unknown(f"{installer} pip install with nothing nameable to install")
+    indexes = [index_url] if index_url else []
+    if index_url and not any(_is_python_index(u) for u in (*indexes, *extra)):
+        # every index the step names is another one: what it installs is not on the Python index
+        names = tuple(_requirement_name(r) for r in reqs) + tuple(
+            n for f in rfiles for n in _file_names(f, ctx))
+        if not names:
+            raise Unknown(f"an install from {index_url} that names no distribution")
+        shown = ", ".join(reqs + [f"-r {f}" for f in rfiles])
+        return Step(replay="off-index", names=names, requirements=tuple(reqs), requirement_files=tuple(rfiles),
+                    note=f"{shown} from {index_url}", **common)
     return Step(replay="index", requirements=tuple(reqs), requirement_files=tuple(rfiles),
                 constraint_files=tuple(cfiles), constrain_installed=tuple(pins), **common)
+
+
+def _requirement_name(req: str) -> str:
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.utils import canonicalize_name
+
+    try:
+        return canonicalize_name(Requirement(req).name)
+    except InvalidRequirement:
+        raise Unknown(f"the requirement {req!r}") from None
+
+
+def _file_names(path: str, ctx: _Ctx) -> list[str]:
+    """The distributions a requirements file of the source names (pure; includes are not followed)."""
+    text = ctx.sdist_text.get(path)
+    if text is None:
+        raise Unknown(f"the file {path} (not in the source)")
+    out = []
+    for line in text.splitlines():
+        body = re.split(r"\s+#|^#", line, maxsplit=1)[0].strip()
+        if body and not body.startswith("-"):
+            out.append(_requirement_name(body))
+    return out
 
 
 def _is_python_index(url: str) -> bool:

@@ -70,7 +70,8 @@ class Step:
 
     ``replay``: ``index`` (resolved from the Python index), ``off-index`` (a wheel from another
     index or a URL: name and version known where the files say them, files unavailable),
-    ``source-build`` (a wheel built from source inside the image build), ``uninstall``.
+    ``source-build`` (a wheel built from source inside the image build), ``uninstall``,
+    ``undecided`` (a RUN line the reader cannot decide, accepted by the user: replayed as nothing).
     """
 
     n: int
@@ -92,6 +93,9 @@ class Step:
     names: tuple[str, ...] = ()  # off-index / source-build: the distributions it installs
     note: str = ""
     file_indexes: tuple[str, ...] = ()  # index options inside the requirement files: "URL (file:line)"
+    index_strategy: str | None = None  # uv's --index-strategy of the step's line (or the image's ENV)
+    # sed -i edits of a requirement file before the step reads it: (file in the source, script, -E, "file:line")
+    requirement_edits: tuple[tuple[str, str, bool, str], ...] = ()
 
     def to_json(self) -> dict:
         d: dict = {"n": self.n, "stage": self.stage, "from": str(self.where), "replay": self.replay,
@@ -103,7 +107,10 @@ class Step:
                 d[k] = list(v)
         if self.override_where:
             d["overrides_from"] = [str(w) for w in self.override_where]
-        for k in ("index_url", "when_installed", "fallback", "note"):
+        if self.requirement_edits:
+            d["requirement_edits"] = [{"file": f, "sed": s, "extended": e, "from": w}
+                                      for f, s, e, w in self.requirement_edits]
+        for k in ("index_url", "index_strategy", "when_installed", "fallback", "note"):
             v = getattr(self, k)
             if v:
                 d[k] = v

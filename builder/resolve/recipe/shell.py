@@ -23,54 +23,108 @@ class Unknown(Exception):
     """A value the files do not determine."""
 
 
-SUBSTITUTIONS: list[tuple[str, re.Pattern, Callable[[re.Match, Callable[[str], str]], str]]] = []
-
-
-def _substitution(name: str, pattern: str):
-    def deco(fn):
-        SUBSTITUTIONS.append((name, re.compile(pattern), fn))
-        return fn
-    return deco
-
-
-@_substitution("major", r"^echo \$\{?(\w+)\}? \| cut -d\. -f1$")
-def _major(m, get):
-    return get(m.group(1)).split(".")[0]
-
-
-@_substitution("major.minor without the dot", r"^echo \$\{?(\w+)\}? \| cut -d\. -f1,2 \| tr -d '\.'$")
-def _majmin_nodot(m, get):
-    return "".join(get(m.group(1)).split(".")[:2])
-
-
-@_substitution("major-minor", r"^echo \$\{?(\w+)\}? \| cut -d\. -f1,2 \| tr '\.' '-'$")
-def _majmin_dash(m, get):
-    return "-".join(get(m.group(1)).split(".")[:2])
-
-
-@_substitution("major.minor", r"^echo \$\{?(\w+)\}? \| cut -d\. -f1,2$")
-def _majmin(m, get):
-    return ".".join(get(m.group(1)).split(".")[:2])
-
-
-@_substitution("installed version", r"""^python3 -c "import importlib\.metadata as m; """
-                                    r"""print\(m\.version\('([\w.-]+)'\)\)"( 2>/dev/null)?( \|\| true)?$""")
-def _installed(m, get):
-    return INSTALLED.format(m.group(1))
-
-
+# ``$(cmd)``: a pipeline over known values.  Its first command makes the text (SOURCES), each later one
+# filters it (FILTERS); anything else is Unknown.  The one non-text form is the installed version of a
+# distribution, which only the image knows: it becomes the {installed:NAME} mark a step carries.
+_INSTALLED_CMD = re.compile(r"""^python3 -c "import importlib\.metadata as m; """
+                            r"""print\(m\.version\('([\w.-]+)'\)\)"( 2>/dev/null)?( \|\| true)?$""")
 INSTALLED = "{{installed:{}}}"
 _INSTALLED_RE = re.compile(r"\{installed:([\w.-]+)\}")
 
 
+def _fields(spec: str) -> list[tuple[int, int | None]]:
+    """cut's field list (``1``, ``1,2``, ``2-``, ``1-3``) as 1-based (start, end) ranges (pure)."""
+    out = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)?(-)?(\d+)?", part)
+        if not m or not (m.group(1) or m.group(3)):
+            raise Unknown(f"cut -f{spec}")
+        a = int(m.group(1) or 1)
+        b = int(m.group(3)) if m.group(3) else (None if m.group(2) else a)
+        out.append((a, b))
+    return out
+
+
+def _cut(text: str, args: list[str]) -> str:
+    delim, fields = "\t", None
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a.startswith("-d"):
+            delim = a[2:] if len(a) > 2 else args[i + 1]
+            i += 1 if len(a) > 2 else 2
+        elif a.startswith("-f"):
+            fields = _fields(a[2:] if len(a) > 2 else args[i + 1])
+            i += 1 if len(a) > 2 else 2
+        else:
+            raise Unknown(f"cut {' '.join(args)}")
+    if fields is None or len(delim) != 1:
+        raise Unknown(f"cut {' '.join(args)}")
+    lines = []
+    for line in text.split("\n"):
+        parts = line.split(delim)
+        if len(parts) == 1:
+            lines.append(line)
+            continue
+        keep = [p for n, p in enumerate(parts, 1) if any(a <= n and (b is None or n <= b) for a, b in fields)]
+        lines.append(delim.join(keep))
+    return "\n".join(lines)
+
+
+def _tr_set(s: str) -> str:
+    if re.search(r"\[:|\\|.-.", s.replace("\\.", "")):
+        raise Unknown(f"tr set {s!r}")
+    return s.replace("\\.", ".")
+
+
+def _tr(text: str, args: list[str]) -> str:
+    if len(args) == 2 and args[0] == "-d":
+        gone = set(_tr_set(args[1]))
+        return "".join(c for c in text if c not in gone)
+    if len(args) == 2 and not args[0].startswith("-"):
+        a, b = _tr_set(args[0]), _tr_set(args[1])
+        if not b:
+            raise Unknown(f"tr {args[0]} {args[1]}")
+        b = b + b[-1] * max(0, len(a) - len(b))
+        return text.translate(str.maketrans(a, b[:len(a)]))
+    raise Unknown(f"tr {' '.join(args)}")
+
+
+def _echo(args: list[str]) -> str:
+    if args and args[0] in ("-n", "-e", "-E"):
+        raise Unknown(f"echo {args[0]}")
+    return " ".join(args)
+
+
+# the commands a ``$(...)`` may run: a source makes text from its arguments, a filter transforms it
+SOURCES: dict[str, Callable[[list[str]], str]] = {"echo": _echo}
+FILTERS: dict[str, Callable[[str, list[str]], str]] = {"cut": _cut, "tr": _tr}
+
+
 def substitute(cmd: str, get: Callable[[str], str]) -> str:
-    """The value of one ``$(cmd)`` among :data:`SUBSTITUTIONS` (pure); others raise :class:`Unknown`."""
-    cmd = " ".join(cmd.split())
-    for _name, pat, fn in SUBSTITUTIONS:
-        m = pat.match(cmd)
-        if m:
-            return fn(m, get)
-    raise Unknown(f"$({cmd})")
+    """The value of one ``$(cmd)`` (pure): a pipeline whose first command is one of :data:`SOURCES` and
+    whose others are :data:`FILTERS`, over known values; anything else raises :class:`Unknown`."""
+    flat = " ".join(cmd.split())
+    m = _INSTALLED_CMD.match(flat)
+    if m:
+        return INSTALLED.format(m.group(1))
+    try:
+        tree = parse_script(cmd)
+    except (Unknown, ValueError, IndexError):
+        raise Unknown(f"$({flat})") from None
+    node = tree.items[0] if len(tree.items) == 1 else None
+    if isinstance(node, AndOr) and not node.rest:
+        node = node.first
+    cmds = node.cmds if isinstance(node, Pipe) else [node]
+    if not cmds or not all(isinstance(c, Cmd) and c.words and not c.redirects for c in cmds):
+        raise Unknown(f"$({flat})")
+    argvs = [[w for raw in c.words for w in expand(raw, get)] for c in cmds]
+    if argvs[0][0] not in SOURCES or any(a[0] not in FILTERS for a in argvs[1:]):
+        raise Unknown(f"$({flat})")
+    text = SOURCES[argvs[0][0]](argvs[0][1:])
+    for a in argvs[1:]:
+        text = FILTERS[a[0]](text, a[1:])
+    return text.rstrip("\n")
 
 
 def expand(raw: str, get: Callable[[str], str], *, split: bool = True) -> list[str]:
@@ -285,6 +339,12 @@ class If:
 
 
 @dataclass
+class Case:
+    word: str
+    arms: list[tuple[list[str], object]]  # (patterns, body)
+
+
+@dataclass
 class Group:
     body: object
 
@@ -368,8 +428,10 @@ class _Parser:
             body = self.seq((")",))
             self.take(")")
             return Group(body)
-        if tok in ("for", "while", "case", "{"):
-            end = {"for": "done", "while": "done", "case": "esac", "{": "}"}[tok]
+        if tok == "case":
+            return self.case()
+        if tok in ("for", "while", "{"):
+            end = {"for": "done", "while": "done", "{": "}"}[tok]
             depth, start = 0, self.i
             while self.i < len(self.t):
                 x = self.t[self.i]
@@ -385,7 +447,7 @@ class _Parser:
         words, redirects = [], []
         while True:
             tok = self.peek()
-            if tok is None or tok in ("&&", "||", ";", "|", ")", "&") or tok in stop and not words:
+            if tok is None or tok in ("&&", "||", ";", ";;", "|", ")", "&") or tok in stop and not words:
                 break
             if tok in (">", ">>", "<", "2>"):
                 self.take()
@@ -398,6 +460,30 @@ class _Parser:
                 break
             words.append(self.take())
         return Cmd(words, redirects)
+
+
+    def case(self) -> Case:
+        self.take("case")
+        word = self.take()
+        self.take("in")
+        arms: list[tuple[list[str], object]] = []
+        while True:
+            while self.peek() == ";":
+                self.i += 1
+            if self.peek() == "esac":
+                self.take()
+                return Case(word, arms)
+            if self.peek() == "(":
+                self.take()
+            pats = [self.take()]
+            while self.peek() == "|":
+                self.take()
+                pats.append(self.take())
+            self.take(")")
+            body = self.seq((";;", "esac"))
+            if self.peek() == ";;":
+                self.take()
+            arms.append((pats, body))
 
 
 def parse_script(script: str) -> Seq:

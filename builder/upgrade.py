@@ -104,10 +104,15 @@ class UpgradeReport:
     written: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
     shipped_series: str | None = None   # a series for B already in this checkout (finished by hand)
+    # what B's reconstructed base knowingly approximates: relaxations, pins no reachable index served,
+    # indexes that did not answer, RUN lines accepted undecided (the manifest's lacks)
+    base_notes: list[str] = field(default_factory=list)
+    relaxed: list[str] = field(default_factory=list)
 
     @property
     def review(self) -> list[str]:
-        out = [f"patch {p.name}: {p.status}" for p in self.port.patches if p.status in (PO.MERGED, PO.CONFLICT)]
+        out = [f"base: relaxed {r}" for r in self.relaxed]
+        out += [f"patch {p.name}: {p.status}" for p in self.port.patches if p.status in (PO.MERGED, PO.CONFLICT)]
         if self.lock.status != "written":
             out.append(f"lock: {self.lock.status}")
         return out
@@ -123,6 +128,7 @@ class UpgradeReport:
                                                       "moves": [m.to_dict() for m in self.moves]},
                 "patches": self.port.to_dict(), "lock": self.lock.to_dict(),
                 "plan": {"changes": [m.to_dict() for m in self.plan], "notes": self.plan_notes},
+                "base_notes": self.base_notes, "relaxed": self.relaxed,
                 "shipped_series": self.shipped_series, "written": self.written, "seconds": self.seconds}
 
 
@@ -235,6 +241,10 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
         same = [m.what for m in r.moves if not m.changed]
         if same:
             out.append(f"    unchanged: {', '.join(same)}")
+    if r.base_notes:
+        title = f"What the reconstructed {r.to_version} base approximates (its manifest's lacks)"
+        out += (["", f"#### {title}", ""] + [f"- {n}" for n in r.base_notes]) if md else \
+            [f"    {title}:"] + [f"      - {n}" for n in r.base_notes]
     # lock
     lk = r.lock
     if md:
@@ -317,22 +327,85 @@ def write_report(path: Path, text: str) -> None:
 
 
 # =========================================================================== the command's job
-def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Path, progress) -> tuple[Path, str]:
+@dataclass
+class BaseB:
+    """B's base manifest and where it came from; a reconstruction brings its recipe and what it lacks."""
+
+    path: Path
+    source: str  # shipped | given | reconstructed
+    recipe: object | None = None
+    notes: list[str] = field(default_factory=list)
+    relaxed: list[str] = field(default_factory=list)
+
+
+# The most relaxations upgrade adds on its own before it gives up (each is one missing distribution).
+MAX_AUTO_RELAX = 6
+
+
+def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Path, progress, *,
+              relax: tuple[str, ...] = (), auto_relax: bool = True, accept_undecided: tuple[str, ...] = ()) -> BaseB:
     if given:
         p = Path(given)
         if not p.is_file():
             raise BadInput(f"base manifest {p} does not exist.")
-        return p, "given"
+        return BaseB(p, "given")
     shipped = default_base_manifest(version)
     if shipped.is_file():
-        return shipped, "shipped"
+        return BaseB(shipped, "shipped")
     if progress:
         progress(f"reconstructing the base manifest of vllm {version}: its recipe derived from its sdist, the "
                  "install steps replayed")
-    rec = reconstruct(version, progress=progress, recorded_only=False)
+    relax = tuple(relax)
+    added: list[str] = []
+    while True:
+        try:
+            rec = reconstruct(version, progress=progress, recorded_only=False, relax=relax,
+                              accept_undecided=accept_undecided)
+            break
+        except Unsatisfiable as exc:
+            miss = getattr(exc, "missing", None)
+            if not auto_relax or miss is None or miss.relax in relax or len(added) >= MAX_AUTO_RELAX:
+                raise
+            if progress:
+                progress(f"{miss.distribution} is on no index the replay can ask ({miss.needed_by} needs it): "
+                         f"replaying again without it (--relax '{miss.relax}'), for review")
+            relax += (miss.relax,)
+            added.append(miss.relax)
     dest = (out_dir / "lockfiles" / "base" / shipped.name) if out_dir else scratch / shipped.name
     atomic_write_text(dest, rec.manifest.to_json())
-    return dest, "reconstructed"
+    lacks = rec.manifest.lacks or {}
+    notes = [f"relaxed: {x}" for x in lacks.get("relaxed", [])]
+    notes += [f"approximated: {x}" for x in lacks.get("approximated", [])]
+    notes += [f"index: {x}" for x in lacks.get("other_indexes", []) if ": asked (" not in x]
+    notes += [f"undecided: {x}" for x in lacks.get("undecided", [])]
+    if rec.manifest.consistency and rec.manifest.consistency.get("problems"):
+        notes += [f"the base's own dependency problem (allowed at build): {p}"
+                  for p in rec.manifest.consistency["problems"]]
+    return BaseB(dest, "reconstructed", rec.recipe, notes,
+                 [f"{r} (added by upgrade: a distribution no reachable index serves)" if r in added else
+                  f"{r} (--relax)" for r in relax])
+
+
+def write_recipe_table(out: Path, recipe) -> Path:
+    """B's table in DIR/lockfiles/base/recipes.toml (the repository's generated recipes file when DIR is the
+    checkout): an existing recipes file gets B's table added; a new one starts from the shipped tables, so
+    that DIR's lockfiles/ is complete.  Held under the output lock across read-modify-write."""
+    from builder.resolve.recipe import RECIPES_SCHEMA, parse_recipes, recipe_table, render_recipes
+    from builder.resolve.reconstruct import default_recipes_path, load_recipes
+    from builder.util import output_lock
+
+    path = out / "lockfiles" / "base" / "recipes.toml"
+    with output_lock(path):
+        if path.is_file():
+            text = path.read_text(encoding="utf-8")
+            if f'schema = "{RECIPES_SCHEMA}"' not in text:
+                raise BadInput(f"{path} is not a recipes file build-image wrote; it is left as it is.")
+            tables = parse_recipes(text, str(path))
+        else:
+            tables = load_recipes(default_recipes_path())
+        tables = {**tables, recipe.vllm: recipe_table(recipe)}
+        atomic_write_text(path, render_recipes(tables))
+    return path
 
 
 def _entries(lock) -> dict[str, str]:
@@ -343,7 +416,8 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
             base_from: str | None = None, base_to: str | None = None, lock_from: str | None = None,
             with_: list[str] | None = None, default_overlay: bool | None = None, find_links=(), no_index=False,
             spec_path: str | None = None, out_dir: str | None = None, probe_python: str | None = None,
-            progress=None) -> UpgradeReport:
+            progress=None, relax: tuple[str, ...] = (), auto_relax: bool = True,
+            accept_undecided: tuple[str, ...] = ()) -> UpgradeReport:
     say = progress or (lambda _m: None)
     timings: dict[str, float] = {}
     out = Path(out_dir) if out_dir else None
@@ -352,12 +426,15 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
     try:
         # 1. bases
         t0 = time.monotonic()
-        a_path, _ = _base_for(from_version, base_from, None, scratch, None)
+        a_path = _base_for(from_version, base_from, None, scratch, None).path
         if not a_path.is_file():
             raise BadInput(f"no base manifest for vllm {from_version} ({a_path}); pass --base-from MANIFEST.")
-        b_path, b_source = _base_for(to_version, base_to, out, scratch, say)
+        b = _base_for(to_version, base_to, out, scratch, say, relax=relax, auto_relax=auto_relax,
+                      accept_undecided=accept_undecided)
+        b_path, b_source = b.path, b.source
         if b_source == "reconstructed" and out:
             written.append(str(b_path))
+            written.append(str(write_recipe_table(out, b.recipe)))
         a_base, b_base = load_manifest(a_path), load_manifest(b_path)
         timings["bases"] = time.monotonic() - t0
         # 2. port
@@ -381,7 +458,8 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         # 4. plan
         plan_moves, plan_notes = _plan_diff(spec_path, a_src, b_src, from_version, to_version)
         rep = UpgradeReport(from_version, to_version, str(a_path), str(b_path), b_source, moves, report, step,
-                            plan_moves, plan_notes, written, {k: round(v, 2) for k, v in timings.items()})
+                            plan_moves, plan_notes, written, {k: round(v, 2) for k, v in timings.items()},
+                            base_notes=b.notes, relaxed=b.relaxed)
         try:
             rep.shipped_series = str(P.series_dir_for(to_version, series.package))
         except BadInput:

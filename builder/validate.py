@@ -57,12 +57,26 @@ def check_release(vllm: str, known: Iterable[str], *, where: str = "--vllm") -> 
     if vllm in known:
         return vllm
     shown = repr(vllm) if len(vllm) <= 60 else repr(vllm[:60]) + "…"
+    hint = ("pick one of the known releases, or pass --base with a manifest or a local image for another one "
+            "(`build-image base snapshot --image vllm/vllm-openai:vX.Y.Z -o FILE`).")
+    if _is_release_number(vllm):  # a well-formed release: the one command that adds it to this checkout
+        hint = (f"`build-image upgrade --to {vllm} -o .` adds vllm {vllm} to this checkout (its base manifest "
+                f"reconstructed from the release's own build files, its recipes table, the patch series ported, "
+                f"the lock and its pylock twin) as one reviewable change; or pass --base with a manifest or a "
+                f"local image (`build-image base snapshot --image vllm/vllm-openai:v{vllm} -o FILE`).")
     raise BadInput(
         f"vLLM version {shown} is not supported by this checkout: there is no base manifest for it "
         f"(known: {', '.join(known) or 'none'}; the version came from {where}).",
-        hint="pick one of the known releases, or pass --base with a manifest or a local image for another one "
-             "(`build-image base snapshot --image vllm/vllm-openai:vX.Y.Z -o FILE`).",
+        hint=hint,
     )
+
+
+def _is_release_number(value: str) -> bool:
+    """A plain release number (``0.34.0``, ``0.35.0rc1``): digits, dots and a pre/post/dev tag only."""
+    return len(value) <= 40 and bool(_RELEASE_NUMBER.fullmatch(value))
+
+
+_RELEASE_NUMBER = re.compile(r"\d{1,4}(\.\d{1,4}){1,3}((a|b|rc)\d{1,3})?(\.post\d{1,3})?(\.dev\d{1,6})?")
 
 
 def version_string(value: str, *, where: str = "--vllm") -> str:

@@ -231,16 +231,25 @@ def render_recipe_text(r) -> str:
                    "(-o or the shipped one), apart from the replay's day.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary on stdout.")
 @click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote.")
+@click.option("--relax", "relax", multiple=True, metavar="NAME[EXTRA]",
+              help="Replay without this requirement (NAME: dropped and excluded from resolution) or these extras "
+                   "of it (NAME[EXTRA,...]), where no reachable index serves what it needs; recorded in lacks.")
+@click.option("--accept-undecided", "accept_undecided", multiple=True, metavar="FILE:LINE",
+              help="Replay without this RUN line the recipe reader cannot decide (recorded in lacks).")
 def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, force=False, refresh=False,
-                    check=False):
+                    check=False, relax=(), accept_undecided=()):
     """Rebuild the Python layer of vllm/vllm-openai:v<vllm> by replaying its recipe's install steps
     in order, and write its manifest.
 
     The recipe is derived from the release's sdist and must equal its table in recipes.toml; the
-    exclude-newer instant is the vllm wheel's upload time on the index.  Exit codes: 0 written (or,
-    with --check, the same), 1 the replay differs (--check), 2 bad input (no recipe, a stale or bad
-    recipes file, an sdist lacking its build files), 4 a step does not resolve, 7 index unreachable,
-    12 uv failed.
+    exclude-newer instant is the vllm wheel's upload time on the index.  Each step asks the indexes
+    its Dockerfile line names, in its order and index strategy, where they answer from here; the
+    Python index stands in for one that does not, and the pins it does not serve are listed in the
+    manifest's lacks.  Exit codes: 0 written (or, with --check, the same), 1 the replay differs
+    (--check), 2 bad input (no recipe, a stale or bad recipes file, an sdist lacking its build files,
+    an undecidable Dockerfile line), 4 a step does not resolve (the message names the missing
+    distribution, what needs it, and --relax), 7 index unreachable, 12 uv failed, 14 another run
+    holds -o.
     """
     from builder.resolve.reconstruct import reconstruct
 
@@ -259,7 +268,7 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
         console.print(f"reconstruct: {msg}", markup=False, soft_wrap=True)
 
     rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep, progress=say,
-                      refresh=refresh)
+                      refresh=refresh, relax=tuple(relax), accept_undecided=tuple(accept_undecided))
     timings = {k: round(v, 2) for k, v in rec.timings.items()}
     if check:
         from builder.resolve.reconstruct import manifest_differences

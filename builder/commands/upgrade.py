@@ -47,9 +47,17 @@ from builder.validate import release_direction, version_string
 @click.option("--allow-downgrade", is_flag=True, help="Go to an older release (refused, exit 2, without it).")
 @click.option("--force", is_flag=True,
               help="Replace a file under -o DIR (report, B's lock or base manifest) that build-image did not write.")
+@click.option("--relax", "relax", multiple=True, metavar="NAME[EXTRA]",
+              help="Reconstruct B's base without this requirement (NAME) or these extras of it (NAME[EXTRA,...]); "
+                   "recorded in the manifest's lacks and the report.")
+@click.option("--strict", is_flag=True,
+              help="Do not relax on its own: a step of B's image that no reachable index satisfies is exit 4 "
+                   "naming the missing distribution and both ways through.")
+@click.option("--accept-undecided", "accept_undecided", multiple=True, metavar="FILE:LINE",
+              help="Replay B's image without this RUN line the recipe reader cannot decide (recorded in lacks).")
 def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_, no_default_overlay, base_from,
             base_to, series_dir, from_wheel, to_wheel, find_links, no_index, probe_python, allow_downgrade=False,
-            force=False):
+            force=False, relax=(), strict=False, accept_undecided=()):
     """Upgrade to vLLM B as one reviewable report.
 
     Reconstructs B's base manifest if none is shipped, ports A's patch series
@@ -58,9 +66,19 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
     reports the base-image moves, overlay changes, the ray chosen, each patch's status
     and what the plan says differently.
 
+    A step of B's image that no index reachable from here satisfies (a distribution the
+    release pins that the Python index does not serve) is replayed without it, named in
+    the report for review (--relax NAME does so by hand; --strict refuses instead).
+    With -o . the checkout gains everything `build-image --vllm B` needs: B's base
+    manifest, its recipes table, the ported series, the lock and its pylock twin.
+
     Exit codes: 0 every patch applies or is retired upstream and the gate passes;
     1 something needs review (a merged or conflict patch, a gate rejection, an overlay
-    that no longer resolves); 2 bad input; 7 download/sha256 failure.
+    that no longer resolves, a relaxed or approximated base); 2 bad input (flags, a file
+    under -o build-image did not write, an undecidable Dockerfile line); 4 a step of B's
+    image does not resolve and --strict (or no relaxation helps); 6 A's series cannot be
+    read; 7 download/sha256 failure; 12 uv or another helper failed; 14 another run
+    holds -o; 130/143 interrupted.
     """
     from builder import upgrade as U
 
@@ -77,7 +95,8 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
                     to_wheel=to_wheel, base_from=base_from, base_to=base_to, lock_from=lock_from,
                     with_=list(with_) or None, default_overlay=False if no_default_overlay else None,
                     find_links=find_links, no_index=no_index, spec_path=spec_path, out_dir=out_dir,
-                    probe_python=probe_python, progress=say)
+                    probe_python=probe_python, progress=say, relax=tuple(relax), auto_relax=not strict,
+                    accept_undecided=tuple(accept_undecided))
     text = mark_direction(U.render(rep, fmt), fmt, direction, from_version, to_version)
     if out_dir:
         dest = U.report_path(out_dir, from_version, to_version, fmt)

@@ -316,6 +316,26 @@ class Chain:
         return self._owner[f.url].metadata(f)
 
 
+_REACHABLE: dict[str, bool] = {}
+
+
+def reachable(url: str, timeout: float = 5.0) -> bool:
+    """Whether an index answers from this machine (adapter: one GET of its root, remembered for the
+    process; any HTTP answer counts, a refused or unresolvable host, a timeout or a malformed URL do not)."""
+    key = url.rstrip("/")
+    if key not in _REACHABLE:
+        req = urllib.request.Request(key + "/", headers={"User-Agent": f"build-image/{__version__}"})
+        try:
+            with _urlopen(req, timeout=timeout):
+                ok = True
+        except urllib.error.HTTPError:
+            ok = True  # the host answered
+        except Exception:  # noqa: BLE001 - any other failure means: not reachable from here
+            ok = False
+        _REACHABLE[key] = ok
+    return _REACHABLE[key]
+
+
 def for_request(find_links: Iterable[str], no_index: bool) -> Index:
     """The sources a lock with these index flags resolves from."""
     sources: list[Index] = [FindLinks(find_links)]

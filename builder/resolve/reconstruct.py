@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from email.parser import HeaderParser
 from pathlib import Path
@@ -39,7 +39,7 @@ from packaging.version import InvalidVersion, Version
 from builder.errors import BadInput, ExternalToolError, Unsatisfiable
 from builder.report import render_json
 from builder.resolve import index as ix
-from builder.resolve import sdist
+from builder.resolve import sdist, sedit
 from builder.resolve.base import snapshot_site_packages
 from builder.resolve.index import format_time
 from builder.resolve.lock import Uv, _is_resolution_failure, target_tags, trim_derivation
@@ -51,6 +51,16 @@ from builder.resolve.recipe import (
     derive,
     parse_recipes,
     recipe_table,
+)
+from builder.resolve.stepindex import (
+    Relaxation,
+    StepIndexes,
+    explain_unsatisfiable,
+    is_python_index,
+    parse_relaxations,
+    plan_indexes,
+    relax_file,
+    relax_requirement,
 )
 from builder.spec import lockfiles_dir
 from builder.util import atomic_write_text, cache_dir, canonical_name
@@ -78,7 +88,7 @@ def recipe_table_for(tables: Mapping[str, dict], vllm: str, path: str = "lockfil
 
 
 def derived_recipe(vllm: str, *, recipes: Path | None = None, index=None, check: bool = True,
-                   recorded_only: bool = True) -> tuple[Recipe, object]:
+                   recorded_only: bool = True, accept_undecided: tuple[str, ...] = ()) -> tuple[Recipe, object]:
     """(the recipe derived from the release's sdist, its build files); with ``check`` the release's table
     in recipes.toml must equal the derivation (``recorded_only=False``: a release without a table is
     derived from its sdist alone, as ``upgrade`` does for a release newer than the file)."""
@@ -91,7 +101,7 @@ def derived_recipe(vllm: str, *, recipes: Path | None = None, index=None, check:
             table = recipe_table_for(tables, vllm, str(path))
             sha = table.get("sdist_sha256")
     files = sdist.load(vllm, sha256=sha, index=index)
-    recipe = derive(files)
+    recipe = derive(files, accept_undecided=accept_undecided)
     if table is not None and recipe_table(recipe) != table:
         raise BadInput(f"{path}: the table of vllm {vllm} differs from what its sdist {recipe.sdist.filename} says.",
                        hint=f"the file is generated: `build-image base recipe --vllm {vllm} --write`.")
@@ -270,9 +280,14 @@ def plan_step(step: Step, installed: Mapping[str, str], captured: Mapping[str, s
 
 
 def install_args(plan: StepPlan, src: Path, work: Path, n: int, *, exclude_newer: str,
-                 index_args: list[str]) -> list[str]:
-    """uv arguments of an install plan; writes its pin files under ``work`` (the replay's scratch)."""
+                 index_args: list[str], excludes: tuple[str, ...] = ()) -> list[str]:
+    """uv arguments of an install plan; writes its pin files under ``work`` (the replay's scratch).
+    ``excludes``: distributions left out of the resolution (a pin no asked index serves, a relaxation)."""
     args = ["--exclude-newer", exclude_newer, *index_args]
+    if excludes:
+        p = work / f"step{n}-excludes.txt"
+        p.write_text("\n".join(excludes) + "\n", encoding="utf-8")
+        args += ["--excludes", str(p)]
     if plan.overrides:
         p = work / f"step{n}-overrides.txt"
         p.write_text("\n".join(plan.overrides) + "\n", encoding="utf-8")
@@ -299,9 +314,17 @@ def provenance_text(recipe: Recipe, *, uv_version: str, uploaded: datetime, inst
     if lacks["source_builds"]:
         diff.append("absent, built from source in the image: " + "; ".join(lacks["source_builds"]))
     if lacks["other_indexes"]:
-        diff.append("other indexes the steps name are not asked (" + ", ".join(
-            u.split(":", 2)[0] + ":" + u.split(":", 2)[1] for u in lacks["other_indexes"]) + "): a file only they "
-            "serve, such as a +cuXYZ local build of torch, is replaced by the index's build of the same version")
+        unasked = [u.split(": ", 1)[0] for u in lacks["other_indexes"] if ": asked (" not in u]
+        if unasked:
+            diff.append("other indexes the steps name are not asked (" + ", ".join(unasked) + "): a file only they "
+                        "serve, such as a +cuXYZ local build of torch, is replaced by the index's build of the same "
+                        "version")
+    if lacks.get("approximated"):
+        diff.append("pins no reachable index serves are left out: " + "; ".join(lacks["approximated"]))
+    if lacks.get("relaxed"):
+        diff.append("relaxed by the user: " + "; ".join(lacks["relaxed"]))
+    if lacks.get("undecided"):
+        diff.append("RUN lines accepted undecided, replayed as nothing: " + "; ".join(lacks["undecided"]))
     diff += [
         f"OS packages ({recipe.os.value} debs: {len(lacks['os_packages'])} named by apt-get install lines) and the "
         "system Python's own files are not scanned",
@@ -413,6 +436,84 @@ def off_index_pins(recipe: Recipe, files, index) -> list[tuple[str, str, str, st
     return list(dict.fromkeys(out))
 
 
+def step_index_plans(recipe: Recipe, index_args: list[str], reachable) -> dict[int, StepIndexes]:
+    """Step number → the indexes its replay asks (adapter: ``reachable`` asks each named index once)."""
+    out = {}
+    for step in recipe.steps:
+        si = plan_indexes(step, index_args, reachable)
+        if si is not None:
+            out[step.n] = si
+    return out
+
+
+def _pins_of(files: Mapping[str, str], paths: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """``==`` pins of requirement files and their includes: (canonical name, version, "file:line") (pure)."""
+    import posixpath
+
+    out: list[tuple[str, str, str]] = []
+    seen: set[str] = set()
+
+    def walk(p: str) -> None:
+        if p in seen or p not in files:
+            return
+        seen.add(p)
+        for i, ln in enumerate(files[p].splitlines(), 1):
+            body = re.split(r"\s+#|^#", ln, maxsplit=1)[0].strip()
+            m = re.match(r"^(-r|--requirement)[\s=]+(\S+)", body)
+            if m:
+                walk(posixpath.normpath(posixpath.join(posixpath.dirname(p), m.group(2))))
+                continue
+            m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;,]+)\s*(;.*)?$", body)
+            if m:
+                out.append((canonical_name(m.group(1)), m.group(3), f"{p}:{i}"))
+
+    for path in paths:
+        walk(path)
+    return out
+
+
+def unmatched_pins(recipe: Recipe, files, index, plans: Mapping[int, StepIndexes],
+                   relaxed: tuple[Relaxation, ...] = ()) -> list[tuple[str, str, str, str]]:
+    """Pins of the steps whose line names an index the replay could not reach that the replay's own index
+    does not serve at that version: (name, version, "file:line", the unreachable index) (adapter: asks the
+    index).  The replay leaves them out (their lines dropped, the names excluded from resolution) and the
+    manifest lists them: the image holds them from the other index."""
+    out = []
+    dropped = {r.name for r in relaxed if r.whole}
+    for step in recipe.steps:
+        si = plans.get(step.n)
+        if si is None or not si.unreachable:
+            continue
+        pins = _pins_of(files.files, step.requirement_files) + [
+            (canonical_name(m.group(1)), m.group(2), str(step.where)) for r in step.requirements
+            for m in [re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;,]+)$", r)] if m]
+        for name, version, where in pins:
+            if name in dropped:
+                continue
+            try:
+                want = Version(version)
+            except InvalidVersion:
+                continue
+            if not any(f.version == want for f in index.files(name)):
+                out.append((name, version, where, si.unreachable[0]))
+    return list(dict.fromkeys(out))
+
+
+def _edited_copy(src: Path, step: Step, rel: str) -> str:
+    """The step's own copy of a requirement file with its ``sed -i`` edits applied (the image edits a
+    copy of the file before the step reads it); returns its path relative to ``src``."""
+    edits = [(s, e) for f, s, e, _w in step.requirement_edits if f == rel]
+    if not edits:
+        return rel
+    text = (src / rel).read_text(encoding="utf-8")
+    for script, ere in edits:
+        text = sedit.apply(text, sedit.parse(script, ere=ere))
+    p = Path(rel)
+    out = str(p.parent / f".step{step.n}-{p.name}")
+    (src / out).write_text(text, encoding="utf-8")
+    return out
+
+
 def replay_key(recipe: Recipe, *, uv_version: str, uv_cache: str, exclude_newer: str,
                index_args: list[str]) -> dict:
     """What an online replay of ``recipe`` is recorded under (pure): a later replay with the same key
@@ -449,7 +550,8 @@ def record_replayed_online(key: dict) -> None:
 
 def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str, index_args: list[str],
            say: Callable[[str], None], absent: list[tuple[str, str, str, str]] = (), offline: bool = False,
-           stats: dict | None = None) -> list[dict]:
+           stats: dict | None = None, plans: Mapping[int, StepIndexes] | None = None,
+           unmatched: list[tuple[str, str, str, str]] = (), relaxed: tuple[Relaxation, ...] = ()) -> list[dict]:
     """Run the recipe's steps into ``target`` in order; the record of each (adapter: runs uv).  ``absent``:
     pins only another index serves (:func:`off_index_pins`), left out of the replayed files.
 
@@ -461,13 +563,26 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
     stats.update(offline=0, online=0)
     src = work / "src"
     _write_sources(files, src)
+    plans = plans or {}
     by_file: dict[str, set[int]] = {}
-    for _n, _v, where, _i in absent:
+    for _n, _v, where, _i in [*absent, *unmatched]:
         f, _, ln = where.rpartition(":")
-        by_file.setdefault(f, set()).add(int(ln))
+        if f.startswith("requirements/"):
+            by_file.setdefault(f, set()).add(int(ln))
     for f, lines in by_file.items():
         (src / f).write_text(drop_lines((src / f).read_text(encoding="utf-8"), lines, "only on another index"),
                              encoding="utf-8")
+    relaxed_done: dict[int, list[str]] = {}
+    if relaxed:
+        for rel in sorted(files.files):
+            if rel.startswith("requirements/") and (src / rel).is_file():
+                text, done = relax_file((src / rel).read_text(encoding="utf-8"), relaxed, rel)
+                if done:
+                    (src / rel).write_text(text, encoding="utf-8")
+                    for step in recipe.steps:
+                        if rel in step.requirement_files or rel in step.constraint_files:
+                            relaxed_done.setdefault(step.n, []).extend(done)
+    excludes = tuple(sorted({n for n, *_ in unmatched} | {r.name for r in relaxed if r.whole}))
     records: list[dict] = []
     captured: dict[str, str] = {}
     for step in recipe.steps:
@@ -487,7 +602,26 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
             say(f"step {step.n} ({step.where}): uninstall {' '.join(plan.requirements)}")
             cmd, r = uv.pip_target("uninstall", target, list(plan.requirements))
         else:
-            args = install_args(plan, src, work, step.n, exclude_newer=exclude_newer, index_args=index_args)
+            si = plans.get(step.n)
+            reqs: list[str] = []
+            for r0 in plan.requirements:
+                r1, what = relax_requirement(r0, relaxed)
+                relaxed_done.setdefault(step.n, []).extend(f"{w} ({step.where})" for w in what)
+                if r1 is not None:
+                    reqs.append(r1)
+            rfiles = tuple(_edited_copy(src, step, f) for f in plan.requirement_files)
+            cfiles = tuple(_edited_copy(src, step, f) for f in plan.constraint_files)
+            plan = replace(plan, requirements=tuple(reqs), requirement_files=rfiles, constraint_files=cfiles)
+            args = install_args(plan, src, work, step.n, exclude_newer=exclude_newer,
+                                index_args=si.args(index_args) if si else index_args, excludes=excludes)
+            if si is not None:
+                rec["indexes"] = [si.primary, *si.extras]
+                if si.unreachable:
+                    rec["unreachable_indexes"] = list(si.unreachable)
+                    say(f"step {step.n}: {', '.join(si.unreachable)} does not answer from here; asking "
+                        f"{si.primary} in its place")
+            if relaxed_done.get(step.n):
+                rec["relaxed"] = relaxed_done[step.n]
             say(f"step {step.n} ({step.where}): install {' '.join(plan.requirements + plan.requirement_files)}")
             r = None
             if offline:
@@ -504,8 +638,7 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
                 stats["online"] += 1
         if r.returncode != 0:
             if _is_resolution_failure(r.stderr):
-                raise Unsatisfiable(f"step {step.n} of the vllm {recipe.vllm} image ({step.where} in "
-                                    f"{recipe.sdist.filename}) does not resolve:\n{trim_derivation(r.stderr)}")
+                raise unsatisfiable_step(recipe, step, r.stderr, plans.get(step.n), index_args)
             raise ExternalToolError(f"uv pip {plan.action} --target (step {step.n}, {step.where}) failed "
                                     f"(exit {r.returncode}):\n{trim_derivation(r.stderr)}")
         rec["command"] = shown_command(plan.action, args if plan.action == "install" else list(plan.requirements),
@@ -517,6 +650,29 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
         rec["moved"] = moved(before, installed_in(target))
         records.append(rec)
     return records
+
+
+def unsatisfiable_step(recipe: Recipe, step: Step, stderr: str, si: StepIndexes | None,
+                       index_args: list[str]) -> Unsatisfiable:
+    """The error of a step no asked index satisfies: what is missing, what needs it, both ways through."""
+    asked = [si.primary, *si.extras] if si else [a for i, a in enumerate(index_args) if i and index_args[i - 1] in (
+        "--index-url", "--extra-index-url", "--find-links")]
+    miss = explain_unsatisfiable(stderr, step)
+    shown = ", ".join(asked) or "the replay's index"
+    head = (f"step {step.n} of the vllm {recipe.vllm} image ({step.where} in {recipe.sdist.filename}) does not "
+            f"resolve from {shown}")
+    if si is not None and si.unreachable:
+        head += f" (the line also names {', '.join(si.unreachable)}, which does not answer from here)"
+    ways = (f"take the manifest from the real image: `docker pull {recipe.image} && build-image base snapshot "
+            f"--image {recipe.image} -o base.json`, then `--base base.json` (`upgrade --base-to base.json`)")
+    if miss is None:
+        return Unsatisfiable(f"{head}:\n{trim_derivation(stderr)}", hint=ways + ".")
+    err = Unsatisfiable(
+        f"{head}: {miss.distribution} is on none of them; {miss.needed_by} needs it.\n{trim_derivation(stderr)}",
+        hint=f"two ways through: {ways}; or replay without it: `--relax '{miss.relax}'` (the manifest's lacks "
+             "and the upgrade report then say so).")
+    err.missing = miss
+    return err
 
 
 def shown_command(action: str, args: list[str], recipe: Recipe, *, src: Path, work: Path) -> str:
@@ -540,31 +696,78 @@ def uv_index_args(find_links: list[str], no_index: bool, index_url: str | None) 
 
 def replay_from_cache_or_index(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str,
                                index_args: list[str], say: Callable[[str], None], absent, refresh: bool,
-                               stats: dict) -> list[dict]:
+                               stats: dict, plans: Mapping[int, StepIndexes] | None = None,
+                               unmatched=(), relaxed: tuple[Relaxation, ...] = ()) -> list[dict]:
     """:func:`replay`, answered from uv's cache when this release was replayed online with it before
     (and not ``refresh``); records the completed replay for the next one."""
     key = replay_key(recipe, uv_version=uv.version(), uv_cache=uv.cache_dir(), exclude_newer=exclude_newer,
                      index_args=index_args)
+    if plans or relaxed:  # the same release replayed with other indexes or relaxations is another replay
+        key["step_indexes"] = {str(n): si.args([]) for n, si in sorted((plans or {}).items())}
+        key["relaxed"] = sorted(r.text for r in relaxed)
     offline = not refresh and replayed_online_before(key)
     if offline:
         say(f"answering from uv's cache: vllm {recipe.vllm} was replayed online with it before "
             "(--refresh asks the index)")
     records = replay(recipe, files, target, work, uv=uv, exclude_newer=exclude_newer, index_args=index_args,
-                     say=say, absent=absent, offline=offline, stats=stats)
+                     say=say, absent=absent, offline=offline, stats=stats, plans=plans, unmatched=unmatched,
+                     relaxed=relaxed)
     if not offline:  # an offline replay found the record already there, under the same key
         record_replayed_online(key)
     return records
 
 
-def leave_out_unversioned(recipe: Recipe, absent, manifest: BaseManifest) -> tuple[dict, dict[str, str]]:
+def index_lacks(recipe: Recipe, plans: Mapping[int, StepIndexes], records: list[dict]) -> list[str]:
+    """``lacks.other_indexes`` as the replay found them (pure): each index the steps name, asked or not
+    reachable from here (then the replay's own index stood in for it)."""
+    named: dict[str, list[int]] = {}
+    for s in recipe.steps:
+        if s.replay == "index":
+            for u in (*([s.index_url] if s.index_url else []), *s.extra_index_urls):
+                if not is_python_index(u):
+                    named.setdefault(u, []).append(s.n)
+    if not plans:
+        return recipe.lacks()["other_indexes"]
+    asked = {u for r in records for u in r.get("indexes", [])}
+    out = []
+    for u, steps in sorted(named.items()):
+        where = ", ".join(f"step {n}" for n in steps)
+        if u.rstrip("/") in asked:
+            out.append(f"{u}: asked ({where}), in the line's order and index strategy")
+        else:
+            out.append(f"{u}: does not answer from here ({where}): the replay asked the Python index in its "
+                       "place; a file only it serves is absent (listed under approximated) or replaced by the "
+                       "Python index's build of the same version")
+    return out
+
+
+def leave_out_unversioned(recipe: Recipe, absent, manifest: BaseManifest, unmatched=(),
+                          relaxed: tuple[Relaxation, ...] = ()) -> tuple[dict, dict[str, str]]:
     """The manifest's ``lacks`` and ``unversioned``: the recipe's, plus the pins only another index
-    serves; an index build an earlier step installed under an unversioned name is removed from
-    ``manifest.distributions`` (the image replaces it) and listed."""
+    serves, the pins no reachable index served and the user's relaxations; an index build an earlier
+    step installed under an unversioned name is removed from ``manifest.distributions`` (the image
+    replaces it) and listed."""
     lacks = recipe.lacks()
     unversioned = recipe.unversioned_names()
     for name, version, where, idx in absent:
         lacks["off_index"].append(f"{name}=={version} ({where}; served by {idx} only, not by the index)")
         unversioned.setdefault(name, f"off-index: {name}=={version} from {idx} ({recipe.sdist.filename} {where})")
+    if unmatched:
+        lacks["approximated"] = [
+            f"{name}=={version} ({where}): not on the Python index at that version; the step asks {idx}, which "
+            "does not answer from here: left out of the replay (and of every step's resolution)"
+            for name, version, where, idx in unmatched]
+        for name, version, where, idx in unmatched:
+            unversioned.setdefault(name, f"approximated: {name}=={version} from {idx}, not reachable from here "
+                                         f"({recipe.sdist.filename} {where})")
+    if relaxed:
+        lacks["relaxed"] = [f"{r.text}: " + ("replayed without it (dropped from the steps and excluded from "
+                                             "resolution)" if r.whole else
+                                             f"replayed without its extras {', '.join(sorted(r.extras))}")
+                            + " (--relax)" for r in relaxed]
+        for r in relaxed:
+            if r.whole:
+                unversioned.setdefault(r.name, f"relaxed: replayed without it (--relax {r.text})")
     for name in sorted(unversioned):
         d = manifest.distributions.pop(canonical_name(name), None)
         if d is not None:  # an earlier step's index build, replaced in the image by the off-index/source one
@@ -576,7 +779,8 @@ def leave_out_unversioned(recipe: Recipe, absent, manifest: BaseManifest) -> tup
 def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, find_links: list[str] | None = None,
                 no_index: bool = False, index_url: str | None = None, keep: Path | None = None,
                 progress: Callable[[str], None] | None = None, recipe: Recipe | None = None,
-                files=None, recorded_only: bool = True, refresh: bool = False) -> Reconstruction:
+                files=None, recorded_only: bool = True, refresh: bool = False, relax: tuple[str, ...] = (),
+                accept_undecided: tuple[str, ...] = (), reachable=None) -> Reconstruction:
     """Replay release ``vllm``'s install steps into a scratch tree, scan it, return the manifest (no
     output written; the cache records a completed online replay so that the next one of the same
     release, uv, uv cache and index answers from uv's cache; ``refresh`` asks the index throughout)."""
@@ -587,9 +791,12 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     if recipe is None or files is None:
-        recipe, files = derived_recipe(vllm, recipes=recipes, index=index, recorded_only=recorded_only)
+        recipe, files = derived_recipe(vllm, recipes=recipes, index=index, recorded_only=recorded_only,
+                                       accept_undecided=accept_undecided)
     timings["recipe"] = time.monotonic() - t0
+    relaxed = parse_relaxations(relax)
     index_args = uv_index_args(find_links, no_index, index_url)
+    plans = step_index_plans(recipe, index_args, reachable or ix.reachable)
     t0 = time.monotonic()
     uploaded, instant = release_instant(index, recipe.vllm, recipe.python.value, recipe.platform)
     timings["index"] = time.monotonic() - t0
@@ -603,12 +810,13 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
     try:
         t0 = time.monotonic()
         absent = off_index_pins(recipe, files, index)
+        unmatched = unmatched_pins(recipe, files, index, plans, relaxed)
         timings["index"] += time.monotonic() - t0
         t0 = time.monotonic()
         stats: dict = {}
         records = replay_from_cache_or_index(recipe, files, target, work, uv=uv, exclude_newer=instant,
                                              index_args=index_args, say=say, absent=absent, refresh=refresh,
-                                             stats=stats)
+                                             stats=stats, plans=plans, unmatched=unmatched, relaxed=relaxed)
         timings["install"] = time.monotonic() - t0
         say(f"scanning {target}")
         t0 = time.monotonic()
@@ -625,7 +833,11 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
                                       "exclude_newer": instant, "steps": records,
                                       # the replayed tree is not pip-consistent where the image's steps leave it so
                                       "unmet_requirements": unmet}
-        lacks, unversioned = leave_out_unversioned(recipe, absent, manifest)
+        lacks, unversioned = leave_out_unversioned(recipe, absent, manifest, unmatched, relaxed)
+        lacks["other_indexes"] = index_lacks(recipe, plans, records)
+        undecided = [f"{s.where}: {s.note}" for s in recipe.steps if s.replay == "undecided"]
+        if undecided:
+            lacks["undecided"] = undecided
         manifest.provenance_method = provenance_text(
             recipe, uv_version=uv.version(), uploaded=uploaded, instant=instant, cuda_found=_cuda_of(manifest),
             day=datetime.now(timezone.utc).strftime("%Y-%m-%d"), lacks=lacks, unmet=unmet)

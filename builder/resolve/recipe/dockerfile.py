@@ -117,10 +117,48 @@ class Stage:
     instructions: tuple[Instruction, ...]
 
 
+_HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+
+
+def _lift_heredocs(text: str) -> tuple[str, dict[int, str]]:
+    """BuildKit's heredoc RUN (``RUN <<EOF`` … ``EOF``), which dockerfile-parse reads as one instruction
+    per line: each body is lifted out (its lines left blank, so every later line keeps its number) and
+    returned by the RUN's 1-based line as the script that RUN runs (pure)."""
+    lines = text.split("\n")
+    bodies: dict[int, str] = {}
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^\s*RUN\s", lines[i], re.IGNORECASE)
+        h = _HEREDOC.search(lines[i]) if m else None
+        if h is None or lines[i].rstrip().endswith("\\"):
+            i += 1
+            continue
+        strip_tabs, word = h.group(1) == "-", h.group(3)
+        head = lines[i][:h.start()].rstrip()
+        end = i + 1
+        while end < len(lines) and (lines[end].lstrip("\t") if strip_tabs else lines[end]).rstrip() != word:
+            end += 1
+        if end >= len(lines):
+            raise BadInput(f"{DOCKERFILE}:{i + 1}: the heredoc <<{word} is never closed.")
+        body = "\n".join(ln.lstrip("\t") if strip_tabs else ln for ln in lines[i + 1:end])
+        cmd = re.sub(r"^\s*RUN\s+", "", head, flags=re.IGNORECASE)
+        flags = " ".join(w for w in cmd.split() if w.startswith("--"))
+        rest = " ".join(w for w in cmd.split() if not w.startswith("--"))
+        if rest and not re.fullmatch(r"(ba)?sh( -\w+)*", rest):
+            raise BadInput(f"{DOCKERFILE}:{i + 1}: a heredoc fed to {rest!r} (not a shell) is not read.")
+        bodies[i + 1] = (flags + " " if flags else "") + body + "\n"
+        lines[i] = head + " true" if head.strip().upper() == "RUN" or head.endswith("--") else head + " true"
+        for j in range(i + 1, end + 1):
+            lines[j] = ""
+        i = end + 1
+    return "\n".join(lines), bodies
+
+
 def parse_dockerfile(text: str) -> tuple[tuple[Instruction, ...], tuple[Stage, ...]]:
     """(instructions before the first FROM, the stages) of a Dockerfile (pure)."""
     from dockerfile_parse import DockerfileParser
 
+    text, heredocs = _lift_heredocs(text)
     p = DockerfileParser(fileobj=io.BytesIO(text.encode()), env_replace=False)
     pre: list[Instruction] = []
     stages: list[list] = []
@@ -128,6 +166,8 @@ def parse_dockerfile(text: str) -> tuple[tuple[Instruction, ...], tuple[Stage, .
         if d["instruction"] == "COMMENT":
             continue
         ins = Instruction(d["instruction"].upper(), d["value"], d["startline"] + 1, d["endline"] + 1)
+        if ins.op == "RUN" and ins.line in heredocs:
+            ins = Instruction("RUN", heredocs[ins.line], ins.line, ins.end)
         if ins.op == "FROM":
             parts = [x for x in ins.value.split() if not x.startswith("--")]  # FROM --platform=... is not the base
             name = parts[2] if len(parts) >= 3 and parts[1].lower() == "as" else None

@@ -34,7 +34,7 @@ def _metadata(path: Path) -> bytes:
 
 
 @contextlib.contextmanager
-def serve_index(wheels: dict[Path, datetime]):
+def serve_index(wheels: dict[Path, datetime], prefix: str = "simple"):
     files = {p.name: (p, t) for p, t in wheels.items()}
     projects: dict[str, list[str]] = {}
     for name in files:
@@ -57,7 +57,7 @@ def serve_index(wheels: dict[Path, datetime]):
 
         def do_GET(self):
             parts = [p for p in self.path.split("?")[0].split("/") if p]
-            if len(parts) == 2 and parts[0] == "simple" and parts[1] in projects:
+            if len(parts) == 2 and parts[0] == prefix and parts[1] in projects:
                 doc = {"meta": {"api-version": "1.1"}, "name": parts[1], "versions": [], "files": []}
                 for fname in sorted(projects[parts[1]]):
                     p, t = files[fname]
@@ -85,7 +85,7 @@ def serve_index(wheels: dict[Path, datetime]):
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/simple"
+        yield f"http://127.0.0.1:{server.server_address[1]}/{prefix}"
     finally:
         server.shutdown()
         server.server_close()

@@ -112,11 +112,12 @@ def _b64(digest: bytes) -> str:
 
 
 def write_wheel(dest: Path, name: str, version: str, tag: str, files: dict[str, bytes | str],
-                requires: list[str] = ()) -> Path:
+                requires: list[str] = (), extras: list[str] = ()) -> Path:
     """Write a minimal, valid wheel (METADATA, WHEEL, RECORD) deterministically."""
     py, abi, plat = tag.split("-")
     dist = f"{name.replace('-', '_')}-{version}"
     meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta += [f"Provides-Extra: {e}" for e in extras]
     meta += [f"Requires-Dist: {r}" for r in requires]
     members: dict[str, bytes] = {k: (v.encode() if isinstance(v, str) else v) for k, v in files.items()}
     members[f"{dist}.dist-info/METADATA"] = ("\n".join(meta) + "\n").encode()

@@ -122,24 +122,59 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
         )
 
 
+def _local_build_files(vllm, sdist_path, source):
+    """The build files of --sdist PATH or --source DIR (None when neither is given); both is bad input."""
+    from builder.resolve import sdist
+
+    if sdist_path and source:
+        raise BadInput("--sdist and --source name two sources of the build files; give one.")
+    if sdist_path:
+        return sdist.load_local_sdist(sdist_path, vllm)
+    if source:
+        return sdist.load_source(source, vllm)
+    if not vllm:
+        raise BadInput("give --vllm X (the release's sdist on the index), --sdist PATH or --source DIR.")
+    return None
+
+
+_LOCAL_SOURCES = [
+    click.option("--sdist", "sdist_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+                 help="Read the build files from this vLLM sdist (a nightly, a fork) instead of the index's; "
+                      "the provenance names its sha256."),
+    click.option("--source", "source", type=click.Path(path_type=Path, file_okay=False), default=None,
+                 help="Read the build files from this vLLM git checkout; the provenance names its commit."),
+    click.option("--accept-undecided", "accept_undecided", multiple=True, metavar="FILE:LINE",
+                 help="Record this RUN line the reader cannot decide as a step replayed as nothing (in lacks) "
+                      "instead of exit 2."),
+]
+
+
+def _with_local_sources(fn):
+    for opt in reversed(_LOCAL_SOURCES):
+        fn = opt(fn)
+    return fn
+
+
 @command.command("recipe")
-@click.option("--vllm", "vllm", required=True, metavar="VERSION",
-              help="The vLLM release whose image recipe is derived.")
+@click.option("--vllm", "vllm", default=None, metavar="VERSION",
+              help="The vLLM release whose image recipe is derived (with --sdist/--source: checked against it).")
+@_with_local_sources
 @click.option("--json", "as_json", is_flag=True, help="The recipe with every value's provenance as JSON on stdout.")
 @click.option("--write", is_flag=True, help="Write the release's table into the recipes file (generated, atomically).")
 @click.option("--recipes", "recipes", type=click.Path(path_type=Path, dir_okay=False),
               help="Recipes file --write updates (default: lockfiles/base/recipes.toml).")
-def recipe_cmd(vllm, as_json, write, recipes):
+def recipe_cmd(vllm, as_json, write, recipes, sdist_path=None, source=None, accept_undecided=()):
     """Derive vllm/vllm-openai:v<vllm>'s recipe from the release's sdist (Dockerfile, release pipeline,
     requirements): base image, OS, glibc, CUDA, Python, and every install step, each value with its
-    file and line.  Exit codes: 0; 2 the sdist is missing or lacks the target, stage or release step;
-    7 index unreachable or a download failed its sha256."""
+    file and line.  --sdist PATH or --source DIR read a nightly's or a fork's files instead.
+    Exit codes: 0; 2 the sdist is missing, foreign or lacks the target, stage or release step, or a
+    RUN line that decides an install cannot be decided (the line named); 7 index unreachable or a
+    download failed its sha256; 14 another run holds the recipes file."""
     from builder.resolve import sdist
     from builder.resolve.recipe import RECIPES_SCHEMA, derive, parse_recipes, recipe_table, render_recipes
     from builder.resolve.reconstruct import default_recipes_path
 
     path = recipes or default_recipes_path()
-    sha = None
     tables: dict = {}
     if path.is_file():
         try:
@@ -148,8 +183,16 @@ def recipe_cmd(vllm, as_json, write, recipes):
             raise BadInput(f"recipes file {path} cannot be read: {exc.strerror or exc}.") from None
         if f'schema = "{RECIPES_SCHEMA}"' in text:
             tables = parse_recipes(text, str(path))
-            sha = (tables.get(vllm) or {}).get("sdist_sha256")
-    recipe = derive(sdist.load(vllm, sha256=sha))
+    local = _local_build_files(vllm, sdist_path, source)
+    if local is not None:
+        if write and recipes is None:
+            raise BadInput("--write with --sdist/--source needs --recipes FILE: the shipped recipes file holds "
+                           "the releases' own tables.")
+        vllm = local.vllm
+        recipe = derive(local, accept_undecided=accept_undecided)
+    else:
+        recipe = derive(sdist.load(vllm, sha256=(tables.get(vllm) or {}).get("sdist_sha256")),
+                        accept_undecided=accept_undecided)
     if write:
         tables = {**tables, vllm: recipe_table(recipe)}
         try:
@@ -214,7 +257,9 @@ def render_recipe_text(r) -> str:
 
 
 @command.command("reconstruct")
-@click.option("--vllm", "vllm", required=True, metavar="VERSION", help="The vLLM release whose image is rebuilt.")
+@click.option("--vllm", "vllm", default=None, metavar="VERSION",
+              help="The vLLM release whose image is rebuilt (with --sdist/--source: checked against it).")
+@_with_local_sources
 @click.option("-o", "--output", "output", type=click.Path(path_type=Path, dir_okay=False),
               help="Manifest file (default: lockfiles/base/vllm-openai-v<vllm>.json).")
 @click.option("--recipes", "recipes", type=click.Path(path_type=Path, dir_okay=False),
@@ -234,10 +279,8 @@ def render_recipe_text(r) -> str:
 @click.option("--relax", "relax", multiple=True, metavar="NAME[EXTRA]",
               help="Replay without this requirement (NAME: dropped and excluded from resolution) or these extras "
                    "of it (NAME[EXTRA,...]), where no reachable index serves what it needs; recorded in lacks.")
-@click.option("--accept-undecided", "accept_undecided", multiple=True, metavar="FILE:LINE",
-              help="Replay without this RUN line the recipe reader cannot decide (recorded in lacks).")
 def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, force=False, refresh=False,
-                    check=False, relax=(), accept_undecided=()):
+                    check=False, relax=(), accept_undecided=(), sdist_path=None, source=None):
     """Rebuild the Python layer of vllm/vllm-openai:v<vllm> by replaying its recipe's install steps
     in order, and write its manifest.
 
@@ -251,8 +294,18 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
     distribution, what needs it, and --relax), 7 index unreachable, 12 uv failed, 14 another run
     holds -o.
     """
+    from builder.resolve.recipe import derive
     from builder.resolve.reconstruct import reconstruct
+    from builder.resolve.stepindex import parse_relaxations
 
+    parse_relaxations(relax)  # bad input before any download
+    local = _local_build_files(vllm, sdist_path, source)
+    recipe = None
+    if local is not None:
+        vllm = local.vllm
+        recipe = derive(local, accept_undecided=accept_undecided)
+        if output is None:
+            raise BadInput("--sdist/--source need -o FILE: the shipped manifest is the release's own.")
     out = output or default_base_manifest(vllm)
     from builder.resolve.manifest import refuse_foreign_manifest
 
@@ -268,7 +321,8 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
         console.print(f"reconstruct: {msg}", markup=False, soft_wrap=True)
 
     rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep, progress=say,
-                      refresh=refresh, relax=tuple(relax), accept_undecided=tuple(accept_undecided))
+                      refresh=refresh, relax=tuple(relax), accept_undecided=tuple(accept_undecided),
+                      recipe=recipe, files=local)
     timings = {k: round(v, 2) for k, v in rec.timings.items()}
     if check:
         from builder.resolve.reconstruct import manifest_differences

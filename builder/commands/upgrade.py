@@ -81,8 +81,10 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
     holds -o; 130/143 interrupted.
     """
     from builder import upgrade as U
+    from builder.resolve.stepindex import parse_relaxations
 
     version_string(to_version, where="--to")
+    parse_relaxations(relax)
     if from_version is None:
         from_version = _previous_series(to_version)
     if from_version == to_version:

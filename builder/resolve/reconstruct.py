@@ -583,6 +583,22 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
                         if rel in step.requirement_files or rel in step.constraint_files:
                             relaxed_done.setdefault(step.n, []).extend(done)
     excludes = tuple(sorted({n for n, *_ in unmatched} | {r.name for r in relaxed if r.whole}))
+
+    def prepare(step: Step, plan: StepPlan) -> tuple[StepPlan, list[str]]:
+        """The plan with the relaxations and the step's sed edits applied, and its uv arguments."""
+        reqs: list[str] = []
+        for r0 in plan.requirements:
+            r1, what = relax_requirement(r0, relaxed)
+            relaxed_done.setdefault(step.n, []).extend(f"{w} ({step.where})" for w in what)
+            if r1 is not None:
+                reqs.append(r1)
+        rfiles = tuple(_edited_copy(src, step, f) for f in plan.requirement_files)
+        cfiles = tuple(_edited_copy(src, step, f) for f in plan.constraint_files)
+        plan = replace(plan, requirements=tuple(reqs), requirement_files=rfiles, constraint_files=cfiles)
+        si = plans.get(step.n)
+        return plan, install_args(plan, src, work, step.n, exclude_newer=exclude_newer,
+                                  index_args=si.args(index_args) if si else index_args, excludes=excludes)
+
     records: list[dict] = []
     captured: dict[str, str] = {}
     for step in recipe.steps:
@@ -603,17 +619,7 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
             cmd, r = uv.pip_target("uninstall", target, list(plan.requirements))
         else:
             si = plans.get(step.n)
-            reqs: list[str] = []
-            for r0 in plan.requirements:
-                r1, what = relax_requirement(r0, relaxed)
-                relaxed_done.setdefault(step.n, []).extend(f"{w} ({step.where})" for w in what)
-                if r1 is not None:
-                    reqs.append(r1)
-            rfiles = tuple(_edited_copy(src, step, f) for f in plan.requirement_files)
-            cfiles = tuple(_edited_copy(src, step, f) for f in plan.constraint_files)
-            plan = replace(plan, requirements=tuple(reqs), requirement_files=rfiles, constraint_files=cfiles)
-            args = install_args(plan, src, work, step.n, exclude_newer=exclude_newer,
-                                index_args=si.args(index_args) if si else index_args, excludes=excludes)
+            plan, args = prepare(step, plan)
             if si is not None:
                 rec["indexes"] = [si.primary, *si.extras]
                 if si.unreachable:
@@ -636,6 +642,20 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
                 cmd, r = uv.pip_target("install", target, args, python_version=recipe.python.value,
                                        platform=recipe.platform)
                 stats["online"] += 1
+        if r.returncode != 0 and plan.action == "install" and step.fallback_steps and _is_resolution_failure(r.stderr):
+            for fb in step.fallback_steps:  # the image runs the line's `|| ...` fallback when the install fails
+                fplan = plan_step(fb, before, captured)
+                if fplan.action != "install":
+                    continue
+                fplan, fargs = prepare(fb, fplan)
+                say(f"step {step.n}: the install does not resolve; replaying the line's fallback")
+                _c, r2 = uv.pip_target("install", target, fargs, python_version=recipe.python.value,
+                                       platform=recipe.platform)
+                stats["online"] += 1
+                if r2.returncode == 0:
+                    r, plan, args = r2, fplan, fargs
+                    rec["fallback_taken"] = True
+                    break
         if r.returncode != 0:
             if _is_resolution_failure(r.stderr):
                 raise unsatisfiable_step(recipe, step, r.stderr, plans.get(step.n), index_args)
@@ -785,6 +805,7 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
     output written; the cache records a completed online replay so that the next one of the same
     release, uv, uv cache and index answers from uv's cache; ``refresh`` asks the index throughout)."""
     say = progress or (lambda _m: None)
+    relaxed = parse_relaxations(relax)  # bad input before any download
     uv = uv or Uv()
     find_links = list(find_links or [])
     index = index or ix.for_request(find_links, no_index)
@@ -794,7 +815,6 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
         recipe, files = derived_recipe(vllm, recipes=recipes, index=index, recorded_only=recorded_only,
                                        accept_undecided=accept_undecided)
     timings["recipe"] = time.monotonic() - t0
-    relaxed = parse_relaxations(relax)
     index_args = uv_index_args(find_links, no_index, index_url)
     plans = step_index_plans(recipe, index_args, reachable or ix.reachable)
     t0 = time.monotonic()

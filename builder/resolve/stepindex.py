@@ -43,18 +43,22 @@ class StepIndexes:
     named: tuple[str, ...]
 
     def args(self, base_args: list[str]) -> list[str]:
-        """``base_args`` (the replay's own index options) with this step's indexes in place of its index."""
+        """``base_args`` (the replay's own index options) with this step's indexes in place of its index:
+        uv's ``--default-index`` and ``--index``, the same priorities as the line's ``--index-url`` and
+        ``--extra-index-url`` (an ``--index`` is asked before the default index, earlier ones first), and
+        unlike those not overridden by a ``UV_DEFAULT_INDEX`` in the environment."""
         out: list[str] = []
         i = 0
         while i < len(base_args):
-            if base_args[i] in ("--index-url", "--extra-index-url", "--index-strategy") and i + 1 < len(base_args):
+            if base_args[i] in ("--index-url", "--extra-index-url", "--index-strategy", "--default-index",
+                                "--index") and i + 1 < len(base_args):
                 i += 2
                 continue
             out.append(base_args[i])
             i += 1
-        out = ["--index-url", self.primary, *out]
+        out = ["--default-index", self.primary, *out]
         for e in self.extras:
-            out += ["--extra-index-url", e]
+            out += ["--index", e]
         if self.strategy and self.extras:
             out += ["--index-strategy", self.strategy]
         return out
@@ -167,7 +171,7 @@ _NOT_FOUND = (
                r"on) \1([<>=!~]=?[^\s,]+)"),
     re.compile(r"(?:there (?:is|are) )?no versions? of ([A-Za-z0-9][\w.-]*(?:\[[^\]]*\])?)([<>=!~]=?[^\s,]+)?"),
 )
-_DEPENDS = re.compile(r"([A-Za-z0-9][\w.-]*(?:\[[^\]]*\])?)(?:[=<>!~]=?[^\s,]*)? depends on "
+_DEPENDS = re.compile(r"([A-Za-z0-9][\w.-]*(?:\[[^\]]*\])?)(?:[=<>!~]=?[^\s,]*)? depends? on "
                       r"([A-Za-z0-9][\w.-]*(?:\[[^\]]*\])?)([=<>!~]=?[^\s,]*)?")
 
 
@@ -191,7 +195,15 @@ def explain_unsatisfiable(stderr: str, step: Step) -> Missing | None:
             missing = (m.group(1), m.group(2) or "")
             break
     if missing is None:
-        return None
+        # a conflict rather than an absence: the step's own requirement at the root of uv's derivation
+        req = re.findall(r"you require ([A-Za-z0-9][\w.-]*(?:\[[^\]]*\])?)([<>=!~]=?[^\s,]*)?", text)
+        if not req:
+            return None
+        name, spec = req[-1]
+        base = canonicalize_name(name.split("[")[0])
+        needed_by = next((r for r in step.requirements if _named(r, base)), None) or ", ".join(
+            step.requirements + step.requirement_files) or f"step {step.n}"
+        return Missing(f"a {name}{spec} that fits what the earlier steps installed", needed_by, base)
     miss_name = canonicalize_name(missing[0].split("[")[0])
     needer = None
     for m in _DEPENDS.finditer(text):

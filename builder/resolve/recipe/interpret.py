@@ -125,8 +125,23 @@ def _run_andor(node: AndOr, ctx: _Ctx) -> bool | str:
                 status = _run(x, ctx)
             elif _relevant(x) and ctx.steps and ctx.steps[-1].where == ctx.where:
                 text = _describe(x)
-                ctx.steps[-1] = replace(ctx.steps[-1], fallback=text)
+                ctx.steps[-1] = replace(ctx.steps[-1], fallback=text,
+                                        fallback_steps=_fallback_steps(x, ctx, ctx.steps[-1]))
     return status
+
+
+def _fallback_steps(node, ctx: _Ctx, failed: Step) -> tuple[Step, ...]:
+    """The install steps the right side of ``a || b`` runs when ``a`` (the step ``failed``) fails: read in a
+    copy of the context (its assignments and files do not leak), numbered after ``failed``.  A fallback the
+    reader cannot decide is recorded as text only (the replay then cannot take it)."""
+    scratch = replace(ctx, vars=dict(ctx.vars), files=dict(ctx.files), steps=[], fetches=[],
+                      edits={k: list(v) for k, v in ctx.edits.items()})
+    try:
+        _run(node, scratch)
+    except Unknown:
+        return ()
+    return tuple(replace(s, n=failed.n, fallback=None, fallback_steps=()) for s in scratch.steps
+                 if s.replay in ("index", "uninstall"))
 
 
 def _run_opaque(node: Opaque, ctx: _Ctx) -> bool:

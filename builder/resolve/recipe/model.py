@@ -90,6 +90,7 @@ class Step:
     flags: tuple[str, ...] = ()
     when_installed: str | None = None
     fallback: str | None = None
+    fallback_steps: tuple[Step, ...] = ()  # what the fallback installs, where the reader could decide it
     names: tuple[str, ...] = ()  # off-index / source-build: the distributions it installs
     note: str = ""
     file_indexes: tuple[str, ...] = ()  # index options inside the requirement files: "URL (file:line)"
@@ -114,6 +115,9 @@ class Step:
             v = getattr(self, k)
             if v:
                 d[k] = v
+        if self.fallback_steps:
+            d["fallback_steps"] = [{k: v for k, v in s.to_json().items() if k not in ("n", "stage", "from")}
+                                   for s in self.fallback_steps]
         return d
 
 

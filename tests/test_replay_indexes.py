@@ -2,9 +2,10 @@
 names the missing distribution and both ways through; --relax replays without it.
 
 Two loopback indexes stand in for the Python index and the PyTorch index: the torch step's line
-names the PyTorch one as --index-url with the Python index as extra (which uv asks first)
-and unsafe-first-match, and pins a +cu130 build only the PyTorch one serves.  When that index
-answers, the replay installs its build; when it does not, the Python index takes its place and the pin it lacks is left out and listed."""
+names the PyTorch one as --index-url with the Python index as extra (which uv asks first) and
+unsafe-first-match, and pins a +cu130 build only the PyTorch one serves.  When that index answers,
+the replay installs its build; when it does not, the Python index takes its place and the pin it
+lacks is left out and listed."""
 
 from __future__ import annotations
 

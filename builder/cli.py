@@ -88,6 +88,12 @@ def main(ctx: click.Context, **kwargs):
 
     Without a subcommand, runs the whole pipeline:
     lock -> ABI gate -> patch check -> render -> build -> push -> smoke.
+
+    Exit codes: 0 done; 1 smoke FAIL; 2 bad input (an unshipped --vllm names the
+    command that adds it); 3 ABI gate rejected; 4 unsatisfiable on the base; 6 patch
+    series refused; 7 download/sha256; 8 engine unreachable; 9 build failed; 10
+    registry; 11 tag moved elsewhere; 12 helper tool failed; 13 checkpoint not
+    ready; 14 output held by another run; 130/143 interrupted.
     """
     if ctx.invoked_subcommand is not None:
         return

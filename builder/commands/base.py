@@ -62,7 +62,11 @@ def command() -> None:
 @click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote.")
 def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_name, as_path, method, output, as_json,
              force=False):
-    """Write a base manifest from --image REF or --site-packages DIR."""
+    """Write a base manifest from --image REF or --site-packages DIR.
+
+    Exit codes: 0 written; 2 bad input (flags, a tree or image that is not readable, an -o file
+    build-image did not write); 8 container engine unreachable or the image is not local;
+    12 a helper tool failed; 14 another run holds -o."""
     from builder.resolve import base
 
     if bool(image) == bool(site_packages):
@@ -379,7 +383,10 @@ def _row(m) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable list on stdout.")
 def list_cmd(as_json):
     """The shipped base manifests: vllm, torch, CUDA, Python, OS and glibc (derived from the release's own
-    build files), numpy, transformers, and the default lock's ray."""
+    build files), numpy, transformers, and the default lock's ray.  A release added with
+    `build-image upgrade --to X -o .` is listed with what its reconstruction approximates.
+
+    Exit codes: 0 listed; 2 a shipped manifest or lock cannot be read."""
     from packaging.version import Version
 
     from builder.resolve.lockfile import load_lock

@@ -59,7 +59,10 @@ def command():
 @click.option("--strict", is_flag=True, help="Warnings (a shard outside the index, ...) make it NOT READY too.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report on stdout.")
 def verify(directory, sums_file, hf_cache, jobs, rehash, strict, as_json):
-    """READY / NOT READY: headers, index, shapes, leftovers; with --sha256/--hf-cache, every shard's sha256."""
+    """READY / NOT READY: headers, index, shapes, leftovers; with --sha256/--hf-cache, every shard's sha256.
+
+    Exit codes: 0 READY; 1 NOT READY; 2 bad input; 130 interrupted.
+    """
     if sums_file and hf_cache:
         raise BadInput("checkpoint verify: give --sha256 FILE or --hf-cache DIR, not both.")
     hasher = Sha256Hasher(jobs if jobs is not None else _default_jobs())  # BadInput for --jobs < 1

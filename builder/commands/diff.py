@@ -299,7 +299,7 @@ def command(paths, git_revs, fmt, as_json, textconv_file, base_manifest, fail_on
     build-image diff --git origin/main..HEAD [PATH...]
     build-image diff --textconv lockfiles/vllm-0.26.0/requirements.lock
 
-    Exit 0: no dangerous change; 1: a change the ABI gate would reject; 2: bad input.
+    Exit codes: 0 no dangerous change; 1 a change the ABI gate would reject; 2 bad input.
     """
     if as_json:
         fmt = "json"

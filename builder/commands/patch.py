@@ -212,6 +212,9 @@ def sums_cmd(vllm, series_dir, wheel):
     """(Re)write the series' sha256sums.orig and wheel.sha256 from the wheel.
 
     Run once when creating or porting a series; review and commit both files.
+
+    Exit codes: 0 written; 2 bad input (no such series, a wheel that is not vllm's); 7 the wheel's
+    download failed its sha256; 14 another run holds the series folder.
     """
     _need_version(vllm, series_dir)
     series = _series(vllm, series_dir)

@@ -88,7 +88,11 @@ def command(vllm, model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu
             load_format=None, load_rate=None, storage_rate=None, pull_bandwidth=None, image_size=None,
             image_manifest=None, image_result=None, page_cache="cold", storage="local", compile_cache="empty",
             engine_start=None, nodes=1):
-    """Predict vLLM's KV cache before paying for the weights load: fits / does not fit."""
+    """Predict vLLM's KV cache before paying for the weights load: fits / does not fit.
+
+    Exit codes: 0 fits; 1 does not fit; 2 bad input (flags, spec, model
+    config, image manifest or result); 7 a download failed its sha256.
+    """
     spec = load_spec(spec_file).with_flags(
         vllm=vllm, model=model, gpus=gpus, gpu_memory=gpu_memory, tp=tp, pp=pp,
         gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,

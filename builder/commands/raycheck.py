@@ -34,7 +34,12 @@ from builder.spec import default_lock_path
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def command(image: str, workers: int, lock_path: str | None, worker_image: str | None, timeout: float,
             as_json: bool) -> None:
-    """Start a Ray head and N workers from IMAGE and check that every node runs the same thing."""
+    """Start a Ray head and N workers from IMAGE and check that every node runs the same thing.
+
+    Exit codes: 0 every node runs the same versions as the lock; 1 the nodes
+    disagree, or agree but differ from the lock; 2 bad input; 8 container engine
+    unreachable; 12 a helper tool failed.
+    """
     from builder.resolve.lockfile import load_lock
     from builder.serving import raycheck
 

@@ -114,7 +114,12 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
             skip_checkpoint_check, gpu_memory, vllm_bin, server_cmd, port, log_file, serve, serve_backend, serve_python,
             serve_num_gpus, save_reference, reference, reference_logprob_tolerance, reference_tie_margin, as_json,
             no_chat=False, vllm=None, distributed_executor_backend=None, ray_address=None, load_format=None):
-    """Boot the engine and generate at target concurrency: PASS or FAIL."""
+    """Boot the engine and generate at target concurrency: PASS or FAIL.
+
+    Exit codes: 0 PASS; 1 FAIL (or the equivalence gate failed); 2 bad input;
+    8 container engine unreachable; 12 a helper tool failed; 13 the checkpoint is
+    not ready (no server started); 130/143 interrupted.
+    """
     if image and local:
         raise BadInput("smoke: give either IMAGE or --local, not both")
     if server_cmd and (image or local):

@@ -355,22 +355,8 @@ def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Pa
     if progress:
         progress(f"reconstructing the base manifest of vllm {version}: its recipe derived from its sdist, the "
                  "install steps replayed")
-    relax = tuple(relax)
-    added: list[str] = []
-    while True:
-        try:
-            rec = reconstruct(version, progress=progress, recorded_only=False, relax=relax,
-                              accept_undecided=accept_undecided)
-            break
-        except Unsatisfiable as exc:
-            miss = getattr(exc, "missing", None)
-            if not auto_relax or miss is None or miss.relax in relax or len(added) >= MAX_AUTO_RELAX:
-                raise
-            if progress:
-                progress(f"{miss.distribution} is on no index the replay can ask ({miss.needed_by} needs it): "
-                         f"replaying again without it (--relax '{miss.relax}'), for review")
-            relax += (miss.relax,)
-            added.append(miss.relax)
+    rec = reconstruct(version, progress=progress, recorded_only=False, relax=tuple(relax),
+                      accept_undecided=accept_undecided, auto_relax=MAX_AUTO_RELAX if auto_relax else 0)
     dest = (out_dir / "lockfiles" / "base" / shipped.name) if out_dir else scratch / shipped.name
     atomic_write_text(dest, rec.manifest.to_json())
     lacks = rec.manifest.lacks or {}
@@ -382,8 +368,8 @@ def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Pa
         notes += [f"the base's own dependency problem (allowed at build): {p}"
                   for p in rec.manifest.consistency["problems"]]
     return BaseB(dest, "reconstructed", rec.recipe, notes,
-                 [f"{r} (added by upgrade: a distribution no reachable index serves)" if r in added else
-                  f"{r} (--relax)" for r in relax])
+                 [f"{r} (added by upgrade: what it needs is on no index the replay can ask)" if r in rec.auto_relaxed
+                  else f"{r} (--relax)" for r in rec.relaxed])
 
 
 def write_recipe_table(out: Path, recipe) -> Path:

@@ -401,6 +401,8 @@ class Reconstruction:
     timings: dict[str, float] = field(default_factory=dict)
     files: int = 0
     uv_steps: dict[str, int] = field(default_factory=dict)  # install steps answered offline / online
+    relaxed: list[str] = field(default_factory=list)  # every relaxation the replay ran with
+    auto_relaxed: list[str] = field(default_factory=list)  # those it added itself (auto_relax)
 
 
 def _cuda_of(manifest: BaseManifest) -> str | None:
@@ -551,16 +553,23 @@ def record_replayed_online(key: dict) -> None:
 def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str, index_args: list[str],
            say: Callable[[str], None], absent: list[tuple[str, str, str, str]] = (), offline: bool = False,
            stats: dict | None = None, plans: Mapping[int, StepIndexes] | None = None,
-           unmatched: list[tuple[str, str, str, str]] = (), relaxed: tuple[Relaxation, ...] = ()) -> list[dict]:
+           unmatched: list[tuple[str, str, str, str]] = (), relaxed: list[Relaxation] | None = None,
+           auto_relax: int = 0) -> list[dict]:
     """Run the recipe's steps into ``target`` in order; the record of each (adapter: runs uv).  ``absent``:
-    pins only another index serves (:func:`off_index_pins`), left out of the replayed files.
+    pins only another index serves (:func:`off_index_pins`), left out of the replayed files; ``unmatched``:
+    pins of steps whose index does not answer that the replay's index does not serve, left out too.
 
     ``offline``: each install step first asks uv's cache only (``--offline``: no index round trips,
     the bulk of a warm replay's time) and asks the index when the cache cannot answer.  Sound only
     when the cache's listings were fetched after ``exclude_newer`` (:func:`replayed_online_before`).
-    ``stats`` counts ``offline`` and ``online`` steps."""
+    ``stats`` counts ``offline`` and ``online`` steps.
+
+    ``relaxed`` (a list, extended in place): the user's relaxations; with ``auto_relax`` > 0, a step no
+    asked index satisfies is retried in place with the relaxation its error names (up to that many in
+    all; uv changes nothing on a failed resolution, so the earlier steps stand), else the error is raised."""
     stats = stats if stats is not None else {}
     stats.update(offline=0, online=0)
+    relaxed = relaxed if relaxed is not None else []
     src = work / "src"
     _write_sources(files, src)
     plans = plans or {}
@@ -573,16 +582,20 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
         (src / f).write_text(drop_lines((src / f).read_text(encoding="utf-8"), lines, "only on another index"),
                              encoding="utf-8")
     relaxed_done: dict[int, list[str]] = {}
-    if relaxed:
+    state = {"excludes": ()}
+
+    def relax_sources(new: tuple[Relaxation, ...]) -> None:
         for rel in sorted(files.files):
             if rel.startswith("requirements/") and (src / rel).is_file():
-                text, done = relax_file((src / rel).read_text(encoding="utf-8"), relaxed, rel)
+                text, done = relax_file((src / rel).read_text(encoding="utf-8"), new, rel)
                 if done:
                     (src / rel).write_text(text, encoding="utf-8")
                     for step in recipe.steps:
                         if rel in step.requirement_files or rel in step.constraint_files:
                             relaxed_done.setdefault(step.n, []).extend(done)
-    excludes = tuple(sorted({n for n, *_ in unmatched} | {r.name for r in relaxed if r.whole}))
+        state["excludes"] = tuple(sorted({n for n, *_ in unmatched} | {r.name for r in relaxed if r.whole}))
+
+    relax_sources(tuple(relaxed))
 
     def prepare(step: Step, plan: StepPlan) -> tuple[StepPlan, list[str]]:
         """The plan with the relaxations and the step's sed edits applied, and its uv arguments."""
@@ -597,52 +610,26 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
         plan = replace(plan, requirements=tuple(reqs), requirement_files=rfiles, constraint_files=cfiles)
         si = plans.get(step.n)
         return plan, install_args(plan, src, work, step.n, exclude_newer=exclude_newer,
-                                  index_args=si.args(index_args) if si else index_args, excludes=excludes)
+                                  index_args=si.args(index_args) if si else index_args, excludes=state["excludes"])
 
-    records: list[dict] = []
-    captured: dict[str, str] = {}
-    for step in recipe.steps:
-        before = installed_in(target)
-        if step.when_installed:
-            name = canonical_name(step.when_installed)
-            if name in before:
-                captured.setdefault(name, before[name])
-        plan = plan_step(step, before, captured)
-        rec = {"n": step.n, "from": str(step.where), "stage": step.stage, "action": plan.action}
-        if plan.action == "skip":
-            rec["reason"] = plan.reason
-            records.append(rec)
-            continue
-        args: list[str] = []
-        if plan.action == "uninstall":
-            say(f"step {step.n} ({step.where}): uninstall {' '.join(plan.requirements)}")
-            cmd, r = uv.pip_target("uninstall", target, list(plan.requirements))
-        else:
-            si = plans.get(step.n)
-            plan, args = prepare(step, plan)
-            if si is not None:
-                rec["indexes"] = [si.primary, *si.extras]
-                if si.unreachable:
-                    rec["unreachable_indexes"] = list(si.unreachable)
-                    say(f"step {step.n}: {', '.join(si.unreachable)} does not answer from here; asking "
-                        f"{si.primary} in its place")
-            if relaxed_done.get(step.n):
-                rec["relaxed"] = relaxed_done[step.n]
-            say(f"step {step.n} ({step.where}): install {' '.join(plan.requirements + plan.requirement_files)}")
-            r = None
-            if offline:
-                _cmd, r = uv.pip_target("install", target, [*args, "--offline"], python_version=recipe.python.value,
-                                        platform=recipe.platform)
-                if r.returncode == 0:
-                    stats["offline"] += 1
-                else:
-                    say(f"step {step.n}: uv's cache cannot answer it offline; asking the index")
-                    r = None
-            if r is None:
-                cmd, r = uv.pip_target("install", target, args, python_version=recipe.python.value,
-                                       platform=recipe.platform)
-                stats["online"] += 1
-        if r.returncode != 0 and plan.action == "install" and step.fallback_steps and _is_resolution_failure(r.stderr):
+    def install(step: Step, plan: StepPlan, rec: dict, before: Mapping[str, str], captured: Mapping[str, str]):
+        """One install step (and the line's fallback when it does not resolve): (uv's result, plan, args)."""
+        plan, args = prepare(step, plan)
+        say(f"step {step.n} ({step.where}): install {' '.join(plan.requirements + plan.requirement_files)}")
+        r = None
+        if offline:
+            _cmd, r = uv.pip_target("install", target, [*args, "--offline"], python_version=recipe.python.value,
+                                    platform=recipe.platform)
+            if r.returncode == 0:
+                stats["offline"] += 1
+            else:
+                say(f"step {step.n}: uv's cache cannot answer it offline; asking the index")
+                r = None
+        if r is None:
+            _cmd, r = uv.pip_target("install", target, args, python_version=recipe.python.value,
+                                    platform=recipe.platform)
+            stats["online"] += 1
+        if r.returncode != 0 and step.fallback_steps and _is_resolution_failure(r.stderr):
             for fb in step.fallback_steps:  # the image runs the line's `|| ...` fallback when the install fails
                 fplan = plan_step(fb, before, captured)
                 if fplan.action != "install":
@@ -653,9 +640,54 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
                                        platform=recipe.platform)
                 stats["online"] += 1
                 if r2.returncode == 0:
-                    r, plan, args = r2, fplan, fargs
                     rec["fallback_taken"] = True
+                    return r2, fplan, fargs
+        return r, plan, args
+
+    records: list[dict] = []
+    captured: dict[str, str] = {}
+    added = 0
+    for step in recipe.steps:
+        before = installed_in(target)
+        if step.when_installed:
+            name = canonical_name(step.when_installed)
+            if name in before:
+                captured.setdefault(name, before[name])
+        plan0 = plan_step(step, before, captured)
+        rec = {"n": step.n, "from": str(step.where), "stage": step.stage, "action": plan0.action}
+        if plan0.action == "skip":
+            rec["reason"] = plan0.reason
+            records.append(rec)
+            continue
+        args: list[str] = []
+        if plan0.action == "uninstall":
+            say(f"step {step.n} ({step.where}): uninstall {' '.join(plan0.requirements)}")
+            _cmd, r = uv.pip_target("uninstall", target, list(plan0.requirements))
+            plan = plan0
+        else:
+            si = plans.get(step.n)
+            if si is not None:
+                rec["indexes"] = [si.primary, *si.extras]
+                if si.unreachable:
+                    rec["unreachable_indexes"] = list(si.unreachable)
+                    say(f"step {step.n}: {', '.join(si.unreachable)} does not answer from here; asking "
+                        f"{si.primary} in its place")
+            while True:
+                r, plan, args = install(step, plan0, rec, before, captured)
+                if r.returncode == 0 or not _is_resolution_failure(r.stderr):
                     break
+                err = unsatisfiable_step(recipe, step, r.stderr, si, index_args)
+                miss = getattr(err, "missing", None)
+                rx = Relaxation.parse(miss.relax) if miss is not None else None
+                if rx is None or added >= auto_relax or rx in relaxed or (rx.whole and rx.name in before):
+                    raise err
+                say(f"step {step.n}: {miss.distribution} is on no index the replay can ask ({miss.needed_by} "
+                    f"needs it): replaying the step without it (--relax '{rx.text}'), for review")
+                relaxed.append(rx)
+                added += 1
+                relax_sources((rx,))
+            if relaxed_done.get(step.n):
+                rec["relaxed"] = list(dict.fromkeys(relaxed_done[step.n]))
         if r.returncode != 0:
             if _is_resolution_failure(r.stderr):
                 raise unsatisfiable_step(recipe, step, r.stderr, plans.get(step.n), index_args)
@@ -717,21 +749,22 @@ def uv_index_args(find_links: list[str], no_index: bool, index_url: str | None) 
 def replay_from_cache_or_index(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str,
                                index_args: list[str], say: Callable[[str], None], absent, refresh: bool,
                                stats: dict, plans: Mapping[int, StepIndexes] | None = None,
-                               unmatched=(), relaxed: tuple[Relaxation, ...] = ()) -> list[dict]:
+                               unmatched=(), relaxed: list[Relaxation] | None = None,
+                               auto_relax: int = 0) -> list[dict]:
     """:func:`replay`, answered from uv's cache when this release was replayed online with it before
     (and not ``refresh``); records the completed replay for the next one."""
     key = replay_key(recipe, uv_version=uv.version(), uv_cache=uv.cache_dir(), exclude_newer=exclude_newer,
                      index_args=index_args)
     if plans or relaxed:  # the same release replayed with other indexes or relaxations is another replay
         key["step_indexes"] = {str(n): si.args([]) for n, si in sorted((plans or {}).items())}
-        key["relaxed"] = sorted(r.text for r in relaxed)
+        key["relaxed"] = sorted(r.text for r in relaxed or ())
     offline = not refresh and replayed_online_before(key)
     if offline:
         say(f"answering from uv's cache: vllm {recipe.vllm} was replayed online with it before "
             "(--refresh asks the index)")
     records = replay(recipe, files, target, work, uv=uv, exclude_newer=exclude_newer, index_args=index_args,
                      say=say, absent=absent, offline=offline, stats=stats, plans=plans, unmatched=unmatched,
-                     relaxed=relaxed)
+                     relaxed=relaxed, auto_relax=auto_relax)
     if not offline:  # an offline replay found the record already there, under the same key
         record_replayed_online(key)
     return records
@@ -762,7 +795,8 @@ def index_lacks(recipe: Recipe, plans: Mapping[int, StepIndexes], records: list[
 
 
 def leave_out_unversioned(recipe: Recipe, absent, manifest: BaseManifest, unmatched=(),
-                          relaxed: tuple[Relaxation, ...] = ()) -> tuple[dict, dict[str, str]]:
+                          relaxed: tuple[Relaxation, ...] = (), auto: frozenset[str] = frozenset()
+                          ) -> tuple[dict, dict[str, str]]:
     """The manifest's ``lacks`` and ``unversioned``: the recipe's, plus the pins only another index
     serves, the pins no reachable index served and the user's relaxations; an index build an earlier
     step installed under an unversioned name is removed from ``manifest.distributions`` (the image
@@ -784,7 +818,8 @@ def leave_out_unversioned(recipe: Recipe, absent, manifest: BaseManifest, unmatc
         lacks["relaxed"] = [f"{r.text}: " + ("replayed without it (dropped from the steps and excluded from "
                                              "resolution)" if r.whole else
                                              f"replayed without its extras {', '.join(sorted(r.extras))}")
-                            + " (--relax)" for r in relaxed]
+                            + (" (added by the replay: what it needs is on no index the replay can ask)"
+                               if r.text in auto else " (--relax)") for r in relaxed]
         for r in relaxed:
             if r.whole:
                 unversioned.setdefault(r.name, f"relaxed: replayed without it (--relax {r.text})")
@@ -800,12 +835,12 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
                 no_index: bool = False, index_url: str | None = None, keep: Path | None = None,
                 progress: Callable[[str], None] | None = None, recipe: Recipe | None = None,
                 files=None, recorded_only: bool = True, refresh: bool = False, relax: tuple[str, ...] = (),
-                accept_undecided: tuple[str, ...] = (), reachable=None) -> Reconstruction:
+                accept_undecided: tuple[str, ...] = (), reachable=None, auto_relax: int = 0) -> Reconstruction:
     """Replay release ``vllm``'s install steps into a scratch tree, scan it, return the manifest (no
     output written; the cache records a completed online replay so that the next one of the same
     release, uv, uv cache and index answers from uv's cache; ``refresh`` asks the index throughout)."""
     say = progress or (lambda _m: None)
-    relaxed = parse_relaxations(relax)  # bad input before any download
+    relaxed = list(parse_relaxations(relax))  # bad input before any download
     uv = uv or Uv()
     find_links = list(find_links or [])
     index = index or ix.for_request(find_links, no_index)
@@ -830,13 +865,14 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
     try:
         t0 = time.monotonic()
         absent = off_index_pins(recipe, files, index)
-        unmatched = unmatched_pins(recipe, files, index, plans, relaxed)
+        unmatched = unmatched_pins(recipe, files, index, plans, tuple(relaxed))
         timings["index"] += time.monotonic() - t0
         t0 = time.monotonic()
         stats: dict = {}
         records = replay_from_cache_or_index(recipe, files, target, work, uv=uv, exclude_newer=instant,
                                              index_args=index_args, say=say, absent=absent, refresh=refresh,
-                                             stats=stats, plans=plans, unmatched=unmatched, relaxed=relaxed)
+                                             stats=stats, plans=plans, unmatched=unmatched, relaxed=relaxed,
+                                             auto_relax=auto_relax)
         timings["install"] = time.monotonic() - t0
         say(f"scanning {target}")
         t0 = time.monotonic()
@@ -853,7 +889,9 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
                                       "exclude_newer": instant, "steps": records,
                                       # the replayed tree is not pip-consistent where the image's steps leave it so
                                       "unmet_requirements": unmet}
-        lacks, unversioned = leave_out_unversioned(recipe, absent, manifest, unmatched, relaxed)
+        given = {r.name for r in parse_relaxations(relax)}
+        auto = frozenset(r.text for r in relaxed if r.name not in given)
+        lacks, unversioned = leave_out_unversioned(recipe, absent, manifest, unmatched, tuple(relaxed), auto)
         lacks["other_indexes"] = index_lacks(recipe, plans, records)
         undecided = [f"{s.where}: {s.note}" for s in recipe.steps if s.replay == "undecided"]
         if undecided:
@@ -864,7 +902,8 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
         manifest.lacks = {**lacks, "unversioned": unversioned}
         manifest.uv_overrides = [d.value for d in recipe.image_overrides] or None
         files_n = sum(1 for _ in target.rglob("*")) if keep is not None else 0
-        return Reconstruction(manifest=manifest, recipe=recipe, exclude_newer=instant, uploaded=uploaded,
+        return Reconstruction(relaxed=[r.text for r in relaxed], auto_relaxed=sorted(auto),
+                              manifest=manifest, recipe=recipe, exclude_newer=instant, uploaded=uploaded,
                               steps=records, timings=timings, files=files_n, uv_steps=stats)
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -24,7 +24,7 @@ rejection, an overlay that no longer resolves).
 
 from __future__ import annotations
 
-import ast
+import re
 import shutil
 import tempfile
 import time
@@ -37,6 +37,7 @@ from builder.errors import AbiRejected, BadInput, Unsatisfiable
 from builder.fetch import vllm_wheel
 from builder.patching import port as PO
 from builder.patching import series as P
+from builder.patching.probe import PROBE_ENV as PR_ENV
 from builder.report import render_json
 from builder.resolve import lock as L
 from builder.resolve.baseref import resolve_base
@@ -187,31 +188,22 @@ def lock_changes(a_entries: dict[str, str], b_entries: dict[str, str]) -> list[M
     return [Move(n, a_entries.get(n), b_entries.get(n)) for n in names if a_entries.get(n) != b_entries.get(n)]
 
 
-def release_defaults(wheel: Path | None) -> dict[str, str]:
-    """Serving defaults the planner models, as the release's own code declares them (ast, no import):
-    ``CacheConfig.gpu_memory_utilization`` in ``vllm/config/cache.py``."""
-    out: dict[str, str] = {}
+def release_defaults(wheel: Path | None, version: str = "?") -> dict[str, str]:
+    """Serving defaults the planner models, as the release's own code declares them
+    (:func:`builder.serving.release_facts.facts_from_wheel`: ``CacheConfig.gpu_memory_utilization``, and
+    from 0.34.0 the extensible KV cache that leaves it unset)."""
+    from builder.serving.release_facts import facts_from_wheel
+
     if wheel is None or not Path(wheel).is_file():
-        return out
-    with zipfile.ZipFile(wheel) as z:
-        try:
-            src = z.read("vllm/config/cache.py").decode()
-        except KeyError:
-            return out
+        return {}
     try:
-        tree = ast.parse(src)
-    except SyntaxError:
-        return out
-    for node in ast.walk(tree):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and node.target.id == "gpu_memory_utilization" and node.value is not None):
-            v = node.value
-            if isinstance(v, ast.Call):
-                kw = {k.arg: k.value for k in v.keywords}
-                v = kw.get("default", v.args[0] if v.args else None)
-            if isinstance(v, ast.Constant):
-                out["gpu_memory_utilization"] = repr(v.value)
-                break
+        f = facts_from_wheel(Path(wheel), version)
+    except BadInput:
+        return {}
+    out = {"gpu_memory_utilization": repr(f["default_gpu_memory_utilization"])}
+    if f.get("extensible_kv_cache"):
+        out["gpu_memory_utilization"] = (f"unset: {f['default_gpu_memory_utilization']} with the extensible KV "
+                                         f"cache, {f['non_extensible_gpu_memory_utilization']} without")
     return out
 
 
@@ -372,6 +364,28 @@ def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Pa
                   else f"{r} (--relax)" for r in rec.relaxed])
 
 
+def b_probe_env(a_text: str, a_version: str, b_version: str, transformers: str | None) -> str:
+    """B's probe-env.txt from A's (pure): the probes run with the transformers B's base image holds; the
+    header names B.  Without a transformers version (a base that lacks it) A's pins stay, and say so."""
+    out = []
+    a_tf = next((m.group(1) for m in re.finditer(r"^transformers\s*==\s*(\S+)", a_text, re.M)), None)
+    for line in a_text.splitlines():
+        if line.startswith("#"):
+            line = line.replace(f"vllm {a_version}", f"vllm {b_version}")
+            if a_tf and transformers:
+                line = line.replace(f"({a_tf}:", f"({transformers}:")
+        elif transformers and re.match(r"^transformers\s*==", line):
+            line = f"transformers=={transformers}"
+        out.append(line)
+    if transformers:
+        out[0:0] = [f"# written by `build-image upgrade --to {b_version}`: A's ({a_version}) environment with the "
+                    f"transformers of {b_version}'s base ({transformers})"]
+    else:
+        out[0:0] = [f"# written by `build-image upgrade --to {b_version}`: A's ({a_version}) environment as it is "
+                    f"(the base of {b_version} names no transformers)"]
+    return "\n".join(out) + "\n"
+
+
 def write_recipe_table(out: Path, recipe) -> Path:
     """B's table in DIR/lockfiles/base/recipes.toml (the repository's generated recipes file when DIR is the
     checkout): an existing recipes file gets B's table added; a new one starts from the shipped tables, so
@@ -429,10 +443,21 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, progress=False)
         b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, progress=False)
         series_out = out / "patches" / series.package / to_version if out else None
+        a_env = series.dir / PR_ENV
+        if series_out is not None and a_env.is_file() and not (series_out / PR_ENV).is_file():
+            tf = b_base.get("transformers")
+            series_out.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(series_out / PR_ENV, b_probe_env(a_env.read_text(encoding="utf-8"), from_version,
+                                                               to_version, tf.version if tf else None))
         report = PO.port(series, a_src, b_src, to_version, out_dir=series_out, probe_python=probe_python,
                          progress=say)
         if series_out:
             written.append(str(series_out))
+        if out and b_src.is_file():
+            from builder.serving import release_facts as RF
+
+            written.append(str(RF.write_entry(out / "lockfiles" / "base" / "release-facts.json", to_version,
+                                              RF.facts_from_wheel(b_src, to_version))))
         timings["port"] = time.monotonic() - t0
         moves = base_moves(a_base, b_base, a_wheel=a_src if a_src.is_file() else None,
                            b_wheel=b_src if b_src.is_file() else None)
@@ -495,8 +520,8 @@ def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[lis
     The planner models one allocator; what a release changes for it is the defaults it
     assumes where the spec is silent.  Those are read from each release's code; with a
     spec naming a model, the plan is made with each release's defaults and compared."""
-    da = release_defaults(a_src if a_src.is_file() else None)
-    db = release_defaults(b_src if b_src.is_file() else None)
+    da = release_defaults(a_src if a_src.is_file() else None, a)
+    db = release_defaults(b_src if b_src.is_file() else None, b)
     moves = [Move(f"vLLM default {k}", da.get(k), db.get(k)) for k in sorted(set(da) | set(db))]
     notes: list[str] = []
     if not da and not db:

@@ -1834,9 +1834,9 @@ def test_release_facts_and_the_kv_dtypes_a_release_accepts(monkeypatch):
     monkeypatch.delitem(plan.RELEASE_FACTS, last)
     with pytest.raises(BadInput) as exc:
         release_facts(last)
-    assert exc.value.message == (f"plan: no release facts for vLLM {last} (known: {', '.join(plan.RELEASE_FACTS)}); "
-                                 "add its entry to builder/serving/plan.py:RELEASE_FACTS from the wheel "
-                                 "(scripts/vllm-release-facts.py).")
+    assert exc.value.message == (f"plan: no release facts for vLLM {last} (known: {', '.join(plan.RELEASE_FACTS)}) "
+                                 "in lockfiles/base/release-facts.json.")
+    assert exc.value.hint == f"`build-image upgrade --to {last} -o .` writes them from the release's wheel."
 
 
 def test_json_document_names_its_schema_and_verdict():

@@ -67,23 +67,58 @@ def test_plan_cli_vllm(tmp_path):
     assert json.loads(r.output)["vllm"] == "0.33.0"
     r = CliRunner().invoke(main, args + ["--vllm", "0.33.0"])
     assert "vLLM 0.33.0" in r.output.splitlines()[0]
-    bad = CliRunner().invoke(main, args + ["--vllm", "0.34.0"])
-    assert bad.exit_code == 2 and "'0.34.0' is not supported" in bad.output and "0.33.0" in bad.output
+    bad = CliRunner().invoke(main, args + ["--vllm", "0.35.0"])
+    assert bad.exit_code == 2 and "'0.35.0' is not supported" in bad.output and "0.34.0" in bad.output
+    assert "build-image upgrade --to 0.35.0 -o ." in bad.output  # the one command that adds it
 
 
-def test_release_facts_script_reads_a_wheel_tree(tmp_path):
-    """scripts/vllm-release-facts.py parses the CacheDType literal and the utilization default."""
+def test_release_facts_are_read_from_a_wheel_tree(tmp_path):
+    """builder/serving/release_facts.py parses the CacheDType literal and the utilization default."""
+    from builder.serving.release_facts import facts_from_wheel
+
     root = tmp_path / "w"
     (root / "vllm" / "config").mkdir(parents=True)
-    (root / "vllm-9.9.9.dist-info").mkdir()
     (root / "vllm" / "config" / "cache.py").write_text(
         "from typing import Literal\nCacheDType = Literal[\n    'auto',\n    'fp8',\n]\n"
         "class CacheConfig:\n    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)\n")
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "vllm-release-facts.py"), str(root)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    d = json.loads(r.stdout)["9.9.9"]
+    d = facts_from_wheel(root, "9.9.9")
     assert d["default_gpu_memory_utilization"] == 0.85 and d["kv_cache_dtypes"] == ["auto", "fp8"]
+    assert "extensible_kv_cache" not in d
+
+
+def test_the_extensible_kv_cache_rule_of_0_34(tmp_path):
+    """From 0.34.0 the field defaults to None; the resolved value is 1.0 with the extensible KV cache."""
+    from builder.serving.release_facts import facts_from_sources
+
+    src = ("from typing import Literal, ClassVar\nCacheDType = Literal['auto']\nclass CacheConfig:\n"
+           "    DEFAULT_GPU_MEMORY_UTILIZATION: ClassVar[float] = 0.92\n"
+           "    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)\n"
+           "    def resolved_gpu_memory_utilization(self) -> float:\n"
+           "        if self.gpu_memory_utilization is not None:\n            return self.gpu_memory_utilization\n"
+           "        if self.enable_extensible_kv_cache:\n            return 1.0\n"
+           "        return self.DEFAULT_GPU_MEMORY_UTILIZATION\n")
+    d = facts_from_sources("9.9.9", src, None, "test")
+    assert (d["default_gpu_memory_utilization"], d["extensible_kv_cache"],
+            d["non_extensible_gpu_memory_utilization"]) == (1.0, True, 0.92)
+    with pytest.raises(BadInput, match="not the extensible-KV-cache rule"):
+        facts_from_sources("9.9.9", src.replace("return 1.0", "return self.x"), None, "test")
+    p = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, vllm="0.34.0")
+    assert p.gpu_memory_utilization == 1.0 and any("extensible KV cache" in n for n in p.notes)
+
+
+def test_each_facts_entry_is_its_wheel_where_the_download_cache_holds_it():
+    from builder.serving import release_facts as rf
+    from builder.util import cache_dir
+
+    checked = 0
+    for v, entry in rf.load().items():
+        for w in (cache_dir() / "downloads").glob(f"*/vllm-{v}-*x86_64.whl"):
+            got = rf.facts_from_wheel(w, v)
+            assert {k: got[k] for k in got if k != "from"} == {k: entry[k] for k in entry if k != "from"}, v
+            checked += 1
+            break
+    if not checked:
+        pytest.skip("no vllm wheel in the download cache")
 
 
 # ---------------------------------------------------------------- smoke --vllm

@@ -67,39 +67,27 @@ class ReleaseFacts:
     kv_cache_dtypes: tuple[str, ...]
     #: the ``LoadFormats`` literal of ``vllm/model_executor/model_loader/__init__.py`` (``--load-format`` values)
     load_formats: tuple[str, ...] = ()
+    #: from 0.34.0: an unset ``gpu_memory_utilization`` is 1.0 with the extensible KV cache (CUDA's default,
+    #: the cache sized from measured memory) and this value without it
+    extensible_kv_cache: bool = False
+    non_extensible_gpu_memory_utilization: float | None = None
 
 
-_DT_0260 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "turboquant_k8v4",
-    "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "int4_per_token_head", "int8_per_token_head",
-    "fp8_per_token_head", "nvfp4")
-_DT_0280 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "turboquant_k8v4",
-    "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "int4_per_token_head", "int8_per_token_head",
-    "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
-_DT_0300 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
-    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "int4_per_token_head",
-    "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
-_DT_0320 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
-    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "ultraquant_4bit",
-    "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
-_DT_0330 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
-    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc", "octave_k3v4", "octave_k3v3",
-    "octave_k3v3_compact", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head",
-    "nvfp4", "nvfp4_4over6")
+def _load_release_facts() -> dict[str, ReleaseFacts]:
+    """The generated ``lockfiles/base/release-facts.json`` (:mod:`builder.serving.release_facts`: read from
+    each release's wheel; ``build-image upgrade --to X -o .`` adds X's entry)."""
+    from builder.serving import release_facts as rf
 
-_LF_0260 = ("auto", "hf", "bitsandbytes", "dummy", "fastsafetensors", "instanttensor", "mistral", "modelexpress",
-    "npcache", "pt", "runai_streamer", "runai_streamer_sharded", "safetensors", "sharded_state", "tensorizer")
-_LF_0280 = tuple(f for f in _LF_0260 if f != "bitsandbytes")  # 0.28.0 dropped the bitsandbytes load format
-_LF_0300 = tuple(sorted((*_LF_0280, "ipc_cache"), key=lambda f: (f not in ("auto", "hf"), f)))  # 0.30.0 added ipc_cache
+    out = {}
+    for v, e in rf.load().items():
+        out[v] = ReleaseFacts(v, float(e["default_gpu_memory_utilization"]), tuple(e["kv_cache_dtypes"]),
+                              tuple(e.get("load_formats") or ()), bool(e.get("extensible_kv_cache")),
+                              e.get("non_extensible_gpu_memory_utilization"))
+    return out
 
-#: One entry per shipped release (a test holds it to lockfiles/base/); read from the wheels with
-#: ``scripts/vllm-release-facts.py`` (the ``CacheDType`` literal, the ``gpu_memory_utilization`` field and the
-#: ``LoadFormats`` literal).
-RELEASE_FACTS: dict[str, ReleaseFacts] = {
-    v: ReleaseFacts(v, 0.92, dts, lfs) for v, dts, lfs in (
-        ("0.26.0", _DT_0260, _LF_0260), ("0.27.0", _DT_0260, _LF_0260), ("0.27.1", _DT_0260, _LF_0260),
-        ("0.28.0", _DT_0280, _LF_0280), ("0.29.0", _DT_0280, _LF_0280), ("0.30.0", _DT_0300, _LF_0300),
-        ("0.31.0", _DT_0300, _LF_0300), ("0.32.0", _DT_0320, _LF_0300), ("0.33.0", _DT_0330, _LF_0300))
-}
+
+#: One entry per shipped release (a test holds it to lockfiles/base/ and to each wheel in the download cache).
+RELEASE_FACTS: dict[str, ReleaseFacts] = _load_release_facts()
 
 # the planner's spellings -> vLLM's CacheDType values
 _KV_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16"}
@@ -113,8 +101,9 @@ def release_facts(vllm: str | None) -> ReleaseFacts:
     check_vllm_version(vllm)
     facts = RELEASE_FACTS.get(vllm)
     if facts is None:
-        raise BadInput(f"plan: no release facts for vLLM {vllm} (known: {', '.join(RELEASE_FACTS)}); add its entry "
-                       "to builder/serving/plan.py:RELEASE_FACTS from the wheel (scripts/vllm-release-facts.py).")
+        raise BadInput(f"plan: no release facts for vLLM {vllm} (known: {', '.join(RELEASE_FACTS)}) in "
+                       "lockfiles/base/release-facts.json.",
+                       hint=f"`build-image upgrade --to {vllm} -o .` writes them from the release's wheel.")
     return facts
 
 
@@ -815,6 +804,11 @@ def make_plan(
     if pp > n_layers:
         raise BadInput(f"--pp {pp} is larger than the model's {n_layers} layers.")
     notes = list(model.notes)
+    if gpu_memory_utilization is None and facts.extensible_kv_cache:
+        notes.append(f"vLLM {facts.vllm} leaves gpu_memory_utilization unset: {u} of the GPU with its extensible KV "
+                     f"cache (CUDA's default, sized from measured memory), "
+                     f"{facts.non_extensible_gpu_memory_utilization} without it; planned at {u} (not yet checked "
+                     "against this release's logged KV size on a GPU; set gpu_memory_utilization to plan another)")
     max_model_len = _max_model_len(model, max_model_len, where, notes)
     big_gpu = gpu_memory_bytes >= 70 * GiB
     if max_num_batched_tokens is None:

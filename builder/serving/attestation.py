@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from builder import __version__
-from builder.errors import BadInput
+from builder.credentials import redact_value
+from builder.errors import BadInput, RegistryError
 from builder.image import referrers
-from builder.report import render_json
+from builder.image.registry import client_for, config_of
+from builder.serving.checkpoint import INDEX_NAME
+from builder.util import sha256_file
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://build-image.dev/attestation/smoke-verdict/v1"
@@ -41,9 +44,6 @@ def checkpoint_facts(model: str | os.PathLike, summary: dict[str, Any] | None) -
     """The checkpoint as the statement records it: path, size on disk (bytes of its files), the structural
     ``checkpoint verify`` result the smoke run got (``summary``: READY, or None when not checked) and the
     sha256 of its safetensors index (the checkpoint's identity ``[serving] checkpoint_sha256`` names)."""
-    from builder.serving.checkpoint import INDEX_NAME
-    from builder.util import sha256_file
-
     root = Path(model)
     size, index_sha = None, None
     if root.is_dir():
@@ -107,7 +107,8 @@ def settings_key(predicate: dict[str, Any]) -> str:
 
 
 def statement_bytes(doc: dict[str, Any]) -> bytes:
-    return render_json(doc, ensure_ascii=True).encode()
+    """The statement as attached: compact JSON, every string redacted (no credential in any value)."""
+    return json.dumps(redact_value(doc), separators=(",", ":"), ensure_ascii=True).encode()
 
 
 # --------------------------------------------------------------------------- reading one back (pure)
@@ -283,9 +284,6 @@ def resolve_subject(image: str, local_id: str | None) -> tuple[str, str]:
     """(``HOST/REPO``, ``sha256:…``) of the image a smoke run boots: its digest as given, or its tag's digest in
     the registry; either way the registry's image must be the local one the run boots (``local_id``, the
     engine's image ID = the config digest), or the verdict would be bound to another image."""
-    from builder.errors import RegistryError
-    from builder.image.registry import client_for, config_of
-
     client, ref = client_for(image)
     if ref.registry == "docker.io" and "/" not in image.split("@")[0].split(":")[0]:
         raise BadInput(f"smoke --attest: {image} has no registry host; the verdict is attached in the registry "
@@ -309,8 +307,6 @@ def resolve_subject(image: str, local_id: str | None) -> tuple[str, str]:
 def attach_statement(pinned: str, doc: dict[str, Any]) -> referrers.Attached:
     """Attach the statement to ``HOST/REPO@sha256:…`` as an in-toto referrer; a newer verdict at the same
     settings replaces the older one in the referrers index, other settings' verdicts stay."""
-    from builder.image.registry import client_for
-
     client, ref = client_for(pinned)
     client.ping()
     subject = referrers.subject_descriptor(client, ref.repository, ref.digest)
@@ -353,8 +349,6 @@ def read_verdicts(client, repository: str, digest: str) -> list[Verdict]:
 def fetch_verified(client, repository: str, digest: Any, where: str, *, blob: bool = False,
                    accept: str | None = None) -> bytes:
     """A manifest or blob by digest, its content hashed and compared with the digest (exit 2 otherwise)."""
-    from builder.errors import RegistryError
-
     if not isinstance(digest, str) or not _DIGEST.match(digest):
         raise BadInput(f"{where}: names {digest!r:.80}, not a sha256 digest; nothing was moved.")
     kind = "blobs" if blob else "manifests"

@@ -300,3 +300,88 @@ def test_two_promotes_at_once_serialize(world):
     assert a["from"] == world.old and b["from"] == a["to"] and {a["to"], b["to"]} == {world.new, third}
     assert tag_digest(world.tag) == b["to"]
     assert [e["previous"]["digest"] for e in (a, b)] == [world.old, a["to"]]
+
+
+# --------------------------------------------------------------------------- history (pure) and the smoke subject
+
+
+def _e(i, action, frm, to, status="done", **kw):
+    return {"id": i, "action": action, "from": frm, "to": to, "status": status, **kw}
+
+
+def test_rollback_target_walks_back_one_promotion_at_a_time():
+    from builder.serving import history
+
+    a, b, c = ("sha256:" + x * 64 for x in "abc")
+    entries = [_e(1, "promote", a, b), _e(2, "promote", b, c)]
+    assert history.rollback_target(entries, c)["id"] == 2
+    assert history.rollback_target(entries, b) is None           # the tag is not where the last promotion put it
+    entries.append(_e(3, "rollback", c, b, undoes=2))
+    assert history.rollback_target(entries, b)["id"] == 1
+    entries.append(_e(4, "rollback", b, a, undoes=1))
+    assert history.rollback_target(entries, a) is None
+    # a promotion that did not move the tag is never a rollback target
+    assert history.rollback_target([_e(1, "promote", a, b, "not-moved")], a) is None
+
+
+def test_reconcile_says_where_an_unconfirmed_move_left_the_tag():
+    from builder.serving import history
+
+    a, b = ("sha256:" + x * 64 for x in "ab")
+    for at, status in ((b, "done"), (a, "not-moved")):
+        entries = [_e(1, "promote", a, b, "unconfirmed")]
+        assert history.reconcile(entries, at) and entries[0]["status"] == status and entries[0]["tag_at"] == at
+    entries = [_e(1, "promote", a, b, "unconfirmed")]
+    assert not history.reconcile(entries, "sha256:" + "9" * 64) and entries[0]["status"] == "unconfirmed"
+
+
+def test_history_file_checksum_catches_any_edit(tmp_path):
+    from builder.serving import history
+
+    a, b = ("sha256:" + x * 64 for x in "ab")
+    p = tmp_path / "h.json"
+    history.save(p, "r/app:prod", [_e(1, "promote", a, b, reason="why")])
+    assert history.load(p, "r/app:prod")[0]["reason"] == "why"
+    with pytest.raises(BadInput, match="history of 'r/app:prod', not of r/app:dev"):
+        history.load(p, "r/app:dev")
+    p.write_text(p.read_text().replace('"why"', '"who"'))
+    with pytest.raises(BadInput, match="edited by hand"):
+        history.load(p, "r/app:prod")
+    p.write_text(p.read_text()[:100])
+    with pytest.raises(BadInput, match="not JSON"):
+        history.load(p, "r/app:prod")
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_two_promotions_roll_back_in_order(world):
+    third = push_image(world.tmp, f"{world.base}:other", "third")
+    for d in (world.new, third):
+        attest(world.registry, world.repo, d)
+        assert promote(world, d).returncode == 0
+    assert tag_digest(world.tag) == third
+    for want in (world.new, world.old):
+        r = cli("rollback", world.tag, "--history", str(world.history))
+        assert r.returncode == 0, r.stderr
+        assert tag_digest(world.tag) == want
+    # the tag moved outside build-image: rollback refuses (exit 11) instead of guessing
+    attest(world.registry, world.repo, third)
+    assert promote(world, third).returncode == 0
+    push_image(world.tmp, world.tag, "pushed-by-hand")
+    r = cli("rollback", world.tag, "--history", str(world.history))
+    assert r.returncode == 11 and "moved outside build-image" in r.stderr, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_smoke_subject_is_the_registry_digest_of_the_local_image(world):
+    from builder.image.registry import client_for
+
+    client, ref = client_for(f"{world.base}@{world.new}")
+    cfg = client.config_digest(ref.repository, world.new)
+    assert attestation.resolve_subject(f"{world.base}:candidate", cfg) == (world.base, world.new)
+    assert attestation.resolve_subject(f"{world.base}@{world.new}", cfg) == (world.base, world.new)
+    with pytest.raises(BadInput, match="the verdict must be about the image that runs"):
+        attestation.resolve_subject(f"{world.base}:prod", cfg)
+    with pytest.raises(BadInput, match="does not hold"):
+        attestation.resolve_subject(f"{world.base}:nosuchtag", cfg)

@@ -62,4 +62,7 @@ def command(image, to, spec_file, lock_file, out_dir, history_file, force, reaso
              f"  history: {res['history']}",
              f"  upgrade: {res['upgrade']['cost']}"]
     lines += [f"  wrote {p}" for p in res["manifests"]]
+    service = [p for p in res["manifests"] if p.endswith("rayservice.yaml")]
+    if service:
+        lines.append(f"  apply: kubectl apply -f {service[0]}")
     emit_text("\n".join(lines) + "\n")

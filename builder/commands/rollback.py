@@ -40,6 +40,9 @@ def command(target, out_dir, history_file, force, as_json):
     lines = [f"rolled back {res['target']}: {res['previous']} -> {res['digest']} (undoes history entry "
              f"{res['undoes']})", f"  history: {res['history']}"]
     lines += [f"  wrote {p}" for p in res["manifests"]]
+    service = [p for p in res["manifests"] if p.endswith("rayservice.yaml")]
+    if service:
+        lines.append(f"  apply: kubectl apply -f {service[0]}")
     if out_dir and not res["manifests"]:
         lines.append("  no manifests were recorded for that image")
     emit_text("\n".join(lines) + "\n")

@@ -89,8 +89,12 @@ def tag_digest(ref: str) -> str | None:
     return "sha256:" + hashlib.sha256(r.stdout.encode()).hexdigest()
 
 
-def smoke_report(*, verdict: str = "PASS", concurrency: int = 16, rounds: int = 3, max_model_len: int | None = 4096,
-                 tp: int = 1) -> dict:
+def smoke_report(**kw) -> dict:
+    return smoke_report_obj(**kw).to_dict()
+
+
+def smoke_report_obj(*, verdict: str = "PASS", concurrency: int = 16, rounds: int = 3,
+                     max_model_len: int | None = 4096, tp: int = 1):
     """A SmokeReport as ``run_smoke`` returns it (the real dataclass), without a GPU."""
     from builder.serving.smoke import RoundResult, SmokeReport
 
@@ -106,7 +110,7 @@ def smoke_report(*, verdict: str = "PASS", concurrency: int = 16, rounds: int = 
                       throughput={"output_tokens_per_s": 500.0}, gpu={"gpus": 1, "memory_used_mib_peak": 120000},
                       plan=None, server_exit_code=None, log_file=None, log_tail=[], layer_rewrites=[],
                       engine={"vllm": "0.26.0"})
-    return rep.to_dict()
+    return rep
 
 
 def statement(name: str, digest: str, *, checkpoint_sha: str = CHECKPOINT_SHA, gpu: str = GPU, **report) -> dict:

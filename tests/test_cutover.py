@@ -385,3 +385,44 @@ def test_smoke_subject_is_the_registry_digest_of_the_local_image(world):
         attestation.resolve_subject(f"{world.base}:prod", cfg)
     with pytest.raises(BadInput, match="does not hold"):
         attestation.resolve_subject(f"{world.base}:nosuchtag", cfg)
+
+
+def test_smoke_attest_needs_an_image():
+    from click.testing import CliRunner
+
+    from builder import cli as cli_mod
+
+    r = CliRunner().invoke(cli_mod.main, ["smoke", "--local", "--model", "/nonexistent", "--attest"])
+    assert r.exit_code == 2 and "--attest binds the verdict to an image digest" in r.output
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_the_smoke_commands_attestation_is_what_promote_reads(world, tmp_path, monkeypatch):
+    """The command's own attach step (after run_smoke) on a report from a run, with a real checkpoint
+    directory: promote then finds a PASS naming that checkpoint's index."""
+    import hashlib
+
+    from builder.commands import smoke as smoke_cmd
+    from builder.serving.smoke import SmokeConfig
+    from builder.serving.smoke import gpu as gpu_mod
+    from tests.fx_cutover import smoke_report_obj
+
+    ck = tmp_path / "ckpt"
+    ck.mkdir()
+    (ck / "model.safetensors.index.json").write_text('{"weight_map": {}}')
+    monkeypatch.setattr(gpu_mod, "nvidia_smi_names", lambda: [GPU])   # the one thing only a GPU host has
+    rep = smoke_report_obj()
+    said = []
+    cfg = SmokeConfig(model=str(ck), image=f"{world.base}@{world.new}", checkpoint_check=False)
+    smoke_cmd._attest(rep, cfg, (world.base, world.new), said.append)
+    assert said and said[0].startswith(f"attested: PASS attached to {world.base}@{world.new}")
+    verdicts = attestation.read_verdicts(RegistryClient(world.registry), world.repo, world.new)
+    (v,) = verdicts
+    ckp = v.predicate["checkpoint"]
+    assert ckp["path"] == str(ck) and ckp["verify"] == "not checked"
+    assert ckp["index_sha256"] == hashlib.sha256(b'{"weight_map": {}}').hexdigest()
+    assert v.predicate["gpu"] == {"model": GPU, "count": 1, "memory_used_mib_peak": 120000}
+    # not READY (the structural check was skipped) and another checkpoint: promote names both
+    r = promote(world, world.new)
+    assert r.returncode == 1 and "verify result is not checked" in r.stderr and "is not the target's" in r.stderr

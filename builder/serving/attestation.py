@@ -319,11 +319,17 @@ def attach_statement(pinned: str, doc: dict[str, Any]) -> referrers.Attached:
 def read_verdicts(client, repository: str, digest: str) -> list[Verdict]:
     """Every smoke verdict attached to ``repository@digest``, each blob's digest checked against its artifact
     manifest and each statement by :func:`parse_statement` (a bad one is BadInput naming its artifact)."""
-    _how, descs = referrers.list_referrers(client, repository, digest)
+    try:
+        _how, descs = referrers.list_referrers(client, repository, digest)
+    except (ValueError, AttributeError):
+        descs = None
+    if not isinstance(descs, list):
+        raise BadInput(f"the referrers of {client.registry}/{repository}@{digest} are not an OCI image index (the "
+                       f"{referrers.referrers_tag(digest)} tag or the referrers API answer); nothing was moved.")
     out = []
     for d in descs:
-        ann = d.get("annotations") or {}
-        if not str(ann.get(referrers.KIND, "")).startswith(KIND):
+        ann = (d.get("annotations") if isinstance(d, dict) else None) or {}
+        if not isinstance(ann, dict) or not str(ann.get(referrers.KIND, "")).startswith(KIND):
             continue
         where = f"{client.registry}/{repository}@{d.get('digest')}"
         manifest = fetch_verified(client, repository, d.get("digest"), where, accept=referrers.OCI_MANIFEST)

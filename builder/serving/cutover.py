@@ -15,9 +15,10 @@ until the next command reads the tag back and records where it is.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,14 @@ def _now() -> str:
 
 def _history_path(target: Ref, given: Path | None) -> Path:
     return Path(given) if given else history.default_path(target.registry, target.repository, target.tag or "latest")
+
+
+@contextlib.contextmanager
+def _tag_lock(target: Ref, path: Path) -> Iterator[None]:
+    """The output lock of the tag itself (whatever history file a run names) and of its history file: every
+    promote, rollback and history of one tag on this machine runs one after the other."""
+    with output_lock(f"/build-image-tag/{target}"), output_lock(path):
+        yield
 
 
 def _settle(client: RegistryClient, target: Ref, path: Path, entries: list[dict]) -> str | None:
@@ -138,7 +147,7 @@ def promote(source: str, to: str, *, spec, lock, force: bool = False, reason: st
         raise BadInput("promote --force needs --reason TEXT: a forced cutover is recorded with why.")
     target = attestation.Target.from_spec(spec)
     path = _history_path(dst, history_file)
-    with output_lock(path):
+    with _tag_lock(dst, path):
         entries = history.load(path, str(dst))
         client = RegistryClient(dst.registry)
         client.ping()
@@ -258,7 +267,7 @@ def rollback(to: str, *, history_file: Path | None = None, out_dir: Path | None 
     if dst.digest or not dst.tag:
         raise BadInput(f"rollback {dst}: give REPO:TAG (the deploy tag to move back).")
     path = _history_path(dst, history_file)
-    with output_lock(path):
+    with _tag_lock(dst, path):
         entries = history.load(path, str(dst))
         if not entries:
             raise BadInput(f"rollback: there is no cutover history of {dst} ({path} does not exist); nothing was "
@@ -310,7 +319,7 @@ def show_history(to: str, *, history_file: Path | None = None,
     if dst.digest or not dst.tag:
         raise BadInput(f"history {dst}: give REPO:TAG.")
     path = _history_path(dst, history_file)
-    with output_lock(path):
+    with _tag_lock(dst, path):
         entries = history.load(path, str(dst))
         if not entries:
             raise BadInput(f"history: there is no cutover history of {dst} ({path} does not exist).",

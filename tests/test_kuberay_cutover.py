@@ -53,6 +53,7 @@ def test_default_is_new_cluster_with_the_gpus_of_the_second_cluster_stated():
     doc = yaml.safe_load(text["rayservice.yaml"])
     assert doc["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
     assert f"# Upgrade: {plan.cost}." in text["rayservice.yaml"]
+    assert doc["metadata"]["annotations"]["build-image/upgrade"] == plan.cost      # kept by kubectl apply
 
 
 @pytest.mark.parametrize("serving, gpus", [({"replicas": 2}, 16), ({"replicas": 2, "tp": 16, "gpus": 8}, 32)])

@@ -172,8 +172,10 @@ def promote(source: str, to: str, *, spec, lock, force: bool = False, reason: st
                     "no attached verdict matches the target: " + " | ".join(why))
             raise VerdictFailure(f"promote refused: {src} -> {dst}: {what}. Nothing was moved; {dst} still points "
                                  f"at {current or 'nothing'}.",
-                                 hint=f"build-image smoke {src} --attest --concurrency {target.concurrency or 'N'} "
-                                      "... with the target's settings, or --force --reason TEXT.")
+                                 hint=f"smoke it at the target's settings: build-image smoke {src} --attest "
+                                      f"--model DIR --concurrency {target.concurrency or 'N'} --tp {target.tp}"
+                                      + (f" --max-model-len {target.max_model_len}" if target.max_model_len else "")
+                                      + f" on {target.gpu_model or 'the target GPU'}; or --force --reason TEXT.")
         record, att = _record(client, src, dst, new, current, entries, spec=spec, lock=lock, chosen=chosen,
                               reason=reason)
         forced = record["forced"]

@@ -426,3 +426,17 @@ def test_the_smoke_commands_attestation_is_what_promote_reads(world, tmp_path, m
     # not READY (the structural check was skipped) and another checkpoint: promote names both
     r = promote(world, world.new)
     assert r.returncode == 1 and "verify result is not checked" in r.stderr and "is not the target's" in r.stderr
+
+
+@pytest.mark.parametrize("name, codes", [("promote", ("0 moved", "1 refused", "2 bad input", "10 registry", "14")),
+                                         ("rollback", ("0 moved back", "2 bad input", "10 registry", "11 the tag",
+                                                       "14")),
+                                         ("history", ("0 listed", "2 bad input", "14")),
+                                         ("smoke", ("0 PASS", "1 FAIL", "2 bad input", "10 registry", "13"))])
+def test_every_cutover_command_lists_its_exit_codes(name, codes):
+    from click.testing import CliRunner
+
+    from builder import cli as cli_mod
+
+    out = " ".join(CliRunner().invoke(cli_mod.main, [name, "--help"], terminal_width=400).output.split())
+    assert "Exit codes:" in out and all(c in out for c in codes), out

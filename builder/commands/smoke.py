@@ -180,12 +180,12 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
     progress = _progress_printer()
     subject = _attest_subject(image, server_cmd) if attest else None
     rep = run_smoke(cfg, progress=progress)
-    if subject is not None and not rep.interrupted:
-        _attest(rep, cfg, subject, progress)
     if as_json:
         emit_json(rep.to_dict(), stringify=True)
     else:
         click.echo(render_text(rep))
+    if subject is not None and not rep.interrupted:  # after the report: a registry failure here loses no result
+        _attest(rep, cfg, subject, progress)
     if rep.interrupted:
         sys.exit(130)
     if not rep.passed:

@@ -440,3 +440,27 @@ def test_every_cutover_command_lists_its_exit_codes(name, codes):
 
     out = " ".join(CliRunner().invoke(cli_mod.main, [name, "--help"], terminal_width=400).output.split())
     assert "Exit codes:" in out and all(c in out for c in codes), out
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_a_promote_waits_for_the_run_holding_the_tag(world):
+    """Deterministic half of the serialization: while another run holds the tag's history, a promote waits
+    (and says so) and moves nothing; once it is released, the promote completes."""
+    import subprocess
+    import time
+
+    from builder.util import output_lock
+    from tests.fx_cutover import BUILD_IMAGE
+
+    attest(world.registry, world.repo, world.new)
+    with output_lock(world.history):
+        p = subprocess.Popen([BUILD_IMAGE, "promote", f"{world.base}@{world.new}", "--to", world.tag, "--spec",
+                              str(world.spec), "--history", str(world.history)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        time.sleep(3)
+        assert p.poll() is None and tag_digest(world.tag) == world.old
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, err
+    assert "waiting: another build-image run is writing" in err
+    assert tag_digest(world.tag) == world.new

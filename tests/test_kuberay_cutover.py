@@ -21,7 +21,7 @@ def validators():
 
     out = {}
     for kind, fname in (("RayCluster", "ray.io_rayclusters.yaml"), ("RayService", "ray.io_rayservices.yaml")):
-        crd = yaml.safe_load((crds / fname).read_text())
+        crd = yaml.load((crds / fname).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
         out[kind] = OAS30Validator(_strict(version["schema"]["openAPIV3Schema"]))
     return out

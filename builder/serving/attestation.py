@@ -236,12 +236,10 @@ class Target:
         return cls(concurrency=getattr(s, "concurrency", None), max_model_len=s.max_model_len, tp=s.tp,
                    gpu_model=getattr(s, "gpu_model", None), checkpoint_sha256=getattr(s, "checkpoint_sha256", None))
 
-    def unstated(self, where: str) -> list[str]:
+    def unstated(self) -> list[str]:
         """The settings a promote needs that the spec does not state."""
-        return [f"{where}: serving.{k} is not set" for k, v in (("concurrency", self.concurrency),
-                                                               ("gpu_model", self.gpu_model),
-                                                               ("checkpoint_sha256", self.checkpoint_sha256))
-                if v is None]
+        return [f"serving.{k}" for k, v in (("concurrency", self.concurrency), ("gpu_model", self.gpu_model),
+                                            ("checkpoint_sha256", self.checkpoint_sha256)) if v is None]
 
 
 def _norm_gpu(name: str | None) -> str:

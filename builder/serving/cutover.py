@@ -160,10 +160,12 @@ def promote(source: str, to: str, *, spec, lock, force: bool = False, reason: st
             say(f"{dst} already points at {new.digest}; nothing to do")
             return {"target": str(dst), "digest": new.digest, "previous": current, "status": "unchanged",
                     "history": str(path)}
-        unstated = target.unstated(f"spec {spec.source or '<flags>'}")
+        unstated = target.unstated()
         if unstated and not force:
-            raise BadInput("promote: the target's [serving] settings do not say what a verdict must match: "
-                           + "; ".join(unstated) + "; nothing was moved.",
+            what = (f"the spec {spec.source} does not set" if spec.source
+                    else "there is no spec (./build-image.toml or --spec) to set")
+            raise BadInput(f"promote: {what} {', '.join(unstated)}, so no verdict can be checked against the "
+                           "target; nothing was moved.",
                            hint="set them in build-image.toml's [serving] (docs/cutover.md).")
         verdicts = attestation.read_verdicts(client, src.repository, src.digest)
         chosen, why = _choose_verdict(verdicts, target)

@@ -464,3 +464,14 @@ def test_a_promote_waits_for_the_run_holding_the_tag(world):
     assert p.returncode == 0, err
     assert "waiting: another build-image run is writing" in err
     assert tag_digest(world.tag) == world.new
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_a_target_that_states_no_concurrency_gpu_or_checkpoint_is_bad_input(world):
+    attest(world.registry, world.repo, world.new)
+    bare = world.tmp / "bare.toml"
+    bare.write_text(world.spec.read_text().replace("concurrency = 16\n", "").replace(f'gpu_model = "{GPU}"\n', ""))
+    r = promote(world, world.new, spec=bare)
+    assert r.returncode == 2 and f"the spec {bare} does not set serving.concurrency, serving.gpu_model," in r.stderr
+    assert tag_digest(world.tag) == world.old and not world.history.exists()

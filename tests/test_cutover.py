@@ -475,3 +475,26 @@ def test_a_target_that_states_no_concurrency_gpu_or_checkpoint_is_bad_input(worl
     r = promote(world, world.new, spec=bare)
     assert r.returncode == 2 and f"the spec {bare} does not set serving.concurrency, serving.gpu_model," in r.stderr
     assert tag_digest(world.tag) == world.old and not world.history.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_promote_across_repositories_of_one_registry_mounts_the_image(world):
+    """The verdict is attached where the image was smoked (the candidate's repository); the deploy tag lives in
+    another repository of the same registry."""
+    from tests.fx_cutover import unique_repo
+
+    staging = f"{world.registry}/{unique_repo('staging')}"
+    cand = push_image(world.tmp, f"{staging}:rc1", "release-candidate")
+    attest(world.registry, staging.split("/", 1)[1], cand)
+    r = cli("promote", f"{staging}@{cand}", "--to", world.tag, "--spec", str(world.spec), "--history",
+            str(world.history))
+    assert r.returncode == 0, r.stderr
+    assert tag_digest(world.tag) == cand
+    # the deploy repository holds the whole image now (skopeo copies it out of there by digest)
+    from tests.fx_cutover import skopeo
+
+    c = skopeo("copy", "--quiet", "--src-tls-verify=false", f"docker://{world.base}@{cand}", f"dir:{world.tmp / 'out'}")
+    assert c.returncode == 0, c.stderr
+    assert cli("rollback", world.tag, "--history", str(world.history)).returncode == 0
+    assert tag_digest(world.tag) == world.old

@@ -76,6 +76,12 @@ def test_each_setting_that_differs_from_the_target_is_named(kw, says):
     assert len(miss) == 1 and says in miss[0], miss
 
 
+def test_a_run_that_stopped_early_does_not_clear_the_target():
+    doc = statement("r/app", DIGEST)
+    doc["predicate"]["load"]["rounds_completed"] = 2
+    assert attestation.mismatches(verdict_of(doc), TARGET) == ["only 2 of 3 rounds completed"]
+
+
 def test_a_higher_concurrency_than_the_target_clears_it():
     assert attestation.mismatches(verdict_of(statement("r/app", DIGEST, concurrency=32)), TARGET) == []
 

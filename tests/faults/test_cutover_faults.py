@@ -107,6 +107,9 @@ def test_registry_killed_mid_promote_leaves_the_tag_old_or_new_and_history_says_
         (e,) = json.loads(hist.read_text())["entries"]
         assert e["status"] == "unconfirmed" and e["from"] == old and e["to"] == new
 
+        r = cli("history", f"{via}:prod", "--history", str(hist))   # the registry is still down
+        assert r.returncode == 0 and "UNCONFIRMED" in r.stdout and "did not answer" in r.stdout, r.stdout + r.stderr
+
         own_registry.start()  # same storage, same port
         at = tag_digest(f"{direct}:prod")
         assert at == (new if when == "after" else old)

@@ -504,3 +504,15 @@ def test_promote_across_repositories_of_one_registry_mounts_the_image(world):
     assert c.returncode == 0, c.stderr
     assert cli("rollback", world.tag, "--history", str(world.history)).returncode == 0
     assert tag_digest(world.tag) == world.old
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_a_later_fail_at_the_same_settings_replaces_the_pass(world):
+    attest(world.registry, world.repo, world.new)
+    attest(world.registry, world.repo, world.new, verdict="FAIL")
+    (v,) = attestation.read_verdicts(RegistryClient(world.registry), world.repo, world.new)
+    assert v.predicate["verdict"] == "FAIL"
+    r = promote(world, world.new)
+    assert r.returncode == 1 and "verdict is FAIL (round 2: 3 of 16 requests failed)" in r.stderr, r.stderr
+    assert tag_digest(world.tag) == world.old

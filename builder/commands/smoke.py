@@ -122,9 +122,11 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
             attest=False):
     """Boot the engine and generate at target concurrency: PASS or FAIL.
 
-    Exit codes: 0 PASS, 1 FAIL (or the plan refuses the configuration), 2 bad input (with --attest: an IMAGE
-    the registry does not hold or that is not the local image), 10 registry unreachable / refused the
-    attestation (--attest), 13 checkpoint not ready (nothing started), 130 interrupted."""
+    Exit codes: 0 PASS; 1 FAIL (or the equivalence gate failed); 2 bad input (with --attest: an IMAGE the
+    registry does not hold, or not the local image); 8 container engine unreachable; 10 registry unreachable
+    or refused the attestation (--attest); 12 a helper tool failed; 13 the checkpoint is
+    not ready (no server started); 130/143 interrupted.
+    """
     if image and local:
         raise BadInput("smoke: give either IMAGE or --local, not both")
     if server_cmd and (image or local):

@@ -516,3 +516,19 @@ def test_a_later_fail_at_the_same_settings_replaces_the_pass(world):
     r = promote(world, world.new)
     assert r.returncode == 1 and "verdict is FAIL (round 2: 3 of 16 requests failed)" in r.stderr, r.stderr
     assert tag_digest(world.tag) == world.old
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_an_output_directory_that_cannot_take_the_manifests_moves_nothing(world):
+    attest(world.registry, world.repo, world.new)
+    out = world.tmp / "apply"
+    out.mkdir()
+    (out / "rayservice.yaml").write_text("apiVersion: v1\nkind: ConfigMap  # the user's own file\n")
+    r = promote(world, world.new, "-o", str(out))
+    assert r.returncode == 2 and "rayservice.yaml exists and is not a KubeRay manifest" in r.stderr, r.stderr
+    assert tag_digest(world.tag) == world.old and not world.history.exists()
+    assert "the user's own file" in (out / "rayservice.yaml").read_text()
+    assert promote(world, world.new, "-o", str(world.tmp / "fresh")).returncode == 0
+    r = cli("rollback", world.tag, "--history", str(world.history), "-o", str(out))
+    assert r.returncode == 2 and tag_digest(world.tag) == world.new, r.stderr

@@ -16,6 +16,7 @@ until the next command reads the tag back and records where it is.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -29,7 +30,7 @@ from builder.image import referrers, retag
 from builder.image.naming import parse_ref
 from builder.image.registry import RegistryClient
 from builder.serving import attestation, history, kuberay
-from builder.util import GENERATED_MARK, atomic_write_text, output_lock, refuse_foreign
+from builder.util import GENERATED_MARK, atomic_write_text, output_lock, refuse_foreign, write_target
 
 RECORD_TYPE = "application/vnd.build-image.rollback-record.v1+json"
 RECORD_KIND = "rollback-record"
@@ -90,9 +91,27 @@ def _settle(client: RegistryClient, target: Ref, path: Path, entries: list[dict]
     return current
 
 
+MANIFEST_FILES = (kuberay.RAYSERVICE_FILE, kuberay.RAYCLUSTER_FILE)
+
+
+def check_out_dir(out_dir: Path | None, force: bool = False) -> None:
+    """Before anything moves: ``-o`` can take the manifests (a directory, writable, holding no file of those
+    names that build-image did not write, nor anything but a regular file there)."""
+    if out_dir is None:
+        return
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise BadInput(f"-o {out} exists and is not a directory; nothing was moved.")
+    probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("/"))
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise BadInput(f"-o {out}: {probe} is not writable; nothing was moved.")
+    for name in MANIFEST_FILES:
+        write_target(out / name)
+        refuse_foreign(out / name, "KubeRay manifest", force=force, marks=(GENERATED_MARK,))
+
+
 def write_manifests(out_dir: Path, texts: dict[str, str], force: bool = False) -> list[str]:
-    """The KubeRay manifests into ``out_dir`` (atomically each; a file there that build-image did not write is
-    refused before anything is written)."""
+    """The KubeRay manifests into ``out_dir`` (atomically each; checked by :func:`check_out_dir` first)."""
     for name in texts:
         refuse_foreign(out_dir / name, "KubeRay manifest", force=force, marks=(GENERATED_MARK,))
     for name, text in texts.items():
@@ -145,6 +164,7 @@ def promote(source: str, to: str, *, spec, lock, force: bool = False, reason: st
                        "registry (copy the image first, then smoke and attest it there).")
     if force and not (reason or "").strip():
         raise BadInput("promote --force needs --reason TEXT: a forced cutover is recorded with why.")
+    check_out_dir(out_dir)
     target = attestation.Target.from_spec(spec)
     path = _history_path(dst, history_file)
     with _tag_lock(dst, path):
@@ -270,6 +290,7 @@ def rollback(to: str, *, history_file: Path | None = None, out_dir: Path | None 
     dst = clean_ref(to, "rollback", say)
     if dst.digest or not dst.tag:
         raise BadInput(f"rollback {dst}: give REPO:TAG (the deploy tag to move back).")
+    check_out_dir(out_dir, force)
     path = _history_path(dst, history_file)
     with _tag_lock(dst, path):
         entries = history.load(path, str(dst))

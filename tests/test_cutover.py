@@ -532,3 +532,15 @@ def test_an_output_directory_that_cannot_take_the_manifests_moves_nothing(world)
     assert promote(world, world.new, "-o", str(world.tmp / "fresh")).returncode == 0
     r = cli("rollback", world.tag, "--history", str(world.history), "-o", str(out))
     assert r.returncode == 2 and tag_digest(world.tag) == world.new, r.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_a_history_that_cannot_be_written_moves_nothing(world):
+    attest(world.registry, world.repo, world.new)
+    blocker = world.tmp / "not-a-dir"
+    blocker.write_text("x")
+    r = cli("promote", f"{world.base}@{world.new}", "--to", world.tag, "--spec", str(world.spec), "--history",
+            str(blocker / "h.json"))
+    assert r.returncode == 2 and "its folder cannot be made" in r.stderr, r.stderr
+    assert tag_digest(world.tag) == world.old

@@ -169,6 +169,7 @@ def promote(source: str, to: str, *, spec, lock, force: bool = False, reason: st
     path = _history_path(dst, history_file)
     with _tag_lock(dst, path):
         entries = history.load(path, str(dst))
+        history.check_writable(path)
         client = RegistryClient(dst.registry)
         client.ping()
         new = retag.manifest_by_digest(client, src.repository, src.digest)
@@ -298,6 +299,7 @@ def rollback(to: str, *, history_file: Path | None = None, out_dir: Path | None 
             raise BadInput(f"rollback: there is no cutover history of {dst} ({path} does not exist); nothing was "
                            "moved.", hint="rollback undoes a `build-image promote`; give --history FILE if it was "
                                           "recorded elsewhere.")
+        history.check_writable(path)
         client = RegistryClient(dst.registry)
         client.ping()
         current = _settle(client, dst, path, entries)

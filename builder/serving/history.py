@@ -105,6 +105,18 @@ def load(path: Path, target: str) -> list[dict]:
     return entries
 
 
+def check_writable(path: Path) -> None:
+    """Before anything moves: the history file can be written (its folder made if need be)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"cutover history {path}: its folder cannot be made ({exc.strerror or exc}); nothing was "
+                       "moved.", hint="give --history FILE in a writable place.") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.R_OK)):
+        raise BadInput(f"cutover history {path}: not writable here; nothing was moved.",
+                       hint="give --history FILE in a writable place.")
+
+
 def save(path: Path, target: str, entries: list[dict]) -> None:
     atomic_write_text(path, render(target, entries))
 

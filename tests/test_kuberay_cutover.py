@@ -70,10 +70,18 @@ def test_incremental_only_with_gateway_autoscaler_and_two_replicas(missing):
     assert kuberay.upgrade_plan(make_spec(**INCREMENTAL)).type == "NewClusterWithIncrementalUpgrade"
 
 
+@pytest.mark.parametrize("replicas", [2, 3, 4, 7, 100])
+def test_the_surge_is_one_replica_whatever_their_number(replicas):
+    import math
+
+    surge = kuberay.upgrade_plan(make_spec(**dict(INCREMENTAL, replicas=replicas))).options["maxSurgePercent"]
+    assert math.ceil(replicas * surge / 100) == 1      # Serve's replicas at that target_capacity
+
+
 def test_incremental_surges_one_replica_at_a_time():
     plan = kuberay.upgrade_plan(make_spec(**INCREMENTAL))
     assert plan.extra_gpus == 8
-    assert plan.options == {"gatewayClassName": "istio", "maxSurgePercent": 34, "stepSizePercent": 34,
+    assert plan.options == {"gatewayClassName": "istio", "maxSurgePercent": 33, "stepSizePercent": 33,
                             "intervalSeconds": 60}
     docs = render(spec=make_spec(**INCREMENTAL))
     spec = docs["rayservice.yaml"]["spec"]

@@ -297,7 +297,8 @@ def upgrade_plan(spec: Spec) -> UpgradePlan:
     per_replica = lay.worker_pods * lay.gpus_per_pod
     gateway, autoscaler = getattr(s, "gateway_class", None), bool(getattr(s, "autoscaler", False))
     if gateway and autoscaler and replicas >= 2:
-        step = math.ceil(100 / replicas)
+        # Serve scales num_replicas by target_capacity (rounding up): the largest percentage that is one replica
+        step = 100 // replicas
         return UpgradePlan(
             type=INCREMENTAL, extra_gpus=per_replica,
             cost=(f"{INCREMENTAL} through Gateway class {gateway}: the new cluster grows by one replica at a time "

@@ -297,7 +297,8 @@ def upgrade_plan(spec: Spec) -> UpgradePlan:
     per_replica = lay.worker_pods * lay.gpus_per_pod
     gateway, autoscaler = getattr(s, "gateway_class", None), bool(getattr(s, "autoscaler", False))
     if gateway and autoscaler and replicas >= 2:
-        # Serve scales num_replicas by target_capacity (rounding up): the largest percentage that is one replica
+        # Serve runs round-half-up(replicas x target_capacity), at least 1; KubeRay routes target_capacity of the
+        # traffic there.  100 // replicas: one replica, never more than its share of the traffic.
         step = 100 // replicas
         return UpgradePlan(
             type=INCREMENTAL, extra_gpus=per_replica,

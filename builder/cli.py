@@ -38,6 +38,9 @@ COMMANDS = {
     "ray-check": "raycheck", # build-image ray-check
     "upgrade": "upgrade",    # build-image upgrade
     "checkpoint": "checkpoint",  # build-image checkpoint verify
+    "promote": "promote",    # build-image promote IMAGE@DIGEST --to REPO:TAG
+    "rollback": "rollback",  # build-image rollback REPO:TAG
+    "history": "history",    # build-image history REPO:TAG
 }
 
 

@@ -141,7 +141,8 @@ class OutputBusy(BuildImageError):
 
 EXIT_CODES: dict[int, str] = {
     0: "success / PASS / fits / no dangerous change",
-    1: "verdict negative (diff: dangerous change; plan: does not fit; smoke: FAIL; ray-check: nodes disagree)",
+    1: "verdict negative (diff: dangerous change; plan: does not fit; smoke: FAIL; ray-check: nodes disagree; "
+       "promote: no matching PASS)",
     BadInput.exit_code: "bad input (flags, spec, manifest, lock, patch files)",
     AbiRejected.exit_code: "ABI gate rejection",
     Unsatisfiable.exit_code: "unsatisfiable resolution on top of the base",

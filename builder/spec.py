@@ -29,6 +29,12 @@ Example ``build-image.toml``::
     compile_cache = "node"                # VLLM_CACHE_ROOT on a hostPath of the node ("none", or "pvc:CLAIM")
     model_cache = "none"                  # "node": the checkpoint from a node-local cache (hostPath at /models);
                                           # "object": streamed from object storage (s3://..., runai_streamer)
+    concurrency = 16                      # promote: the smoke attestation ran at least this many requests at once
+    gpu_model = "NVIDIA H200"             # promote: the attestation's GPU model (nvidia-smi's name)
+    checkpoint_sha256 = "<64 hex>"        # promote: sha256 of the checkpoint's model.safetensors.index.json
+    replicas = 2                          # Serve replicas (each tp x pp GPUs)
+    autoscaler = true                     # KubeRay's in-tree autoscaler
+    gateway_class = "istio"               # with autoscaler and replicas >= 2: incremental RayService upgrade
 
 Unknown keys are rejected (a typo must not be silently ignored).
 """
@@ -101,6 +107,13 @@ class Serving:
     load_format: str = "auto"          # vLLM --load-format (docs/cold-start.md)
     compile_cache: str = "node"        # KubeRay: VLLM_CACHE_ROOT volume: node (hostPath) | none | pvc:CLAIM
     model_cache: str = "none"          # KubeRay: none | node (hostPath mounted at /models) | object (runai_streamer)
+    # cutover (docs/cutover.md): what `promote` requires of a smoke attestation, and the KubeRay upgrade path
+    concurrency: int | None = None     # target concurrency: the smoke must have run at least this many at once
+    gpu_model: str | None = None       # GPU model the smoke must have run on (nvidia-smi's name, e.g. "NVIDIA H200")
+    checkpoint_sha256: str | None = None  # sha256 of the checkpoint's safetensors index (smoke --attest records it)
+    replicas: int = 1                  # Serve replicas of the model (each tp x pp GPUs)
+    autoscaler: bool = False           # KubeRay in-tree autoscaler enabled
+    gateway_class: str | None = None   # Gateway API class; with autoscaler and replicas >= 2: incremental upgrade
 
 
 @dataclass
@@ -188,9 +201,11 @@ def parse_spec(text: str, path: str) -> Spec:
             ("int" in typ and isinstance(val, int) and not isinstance(val, bool))
             or ("float" in typ and isinstance(val, (int, float)) and not isinstance(val, bool))
             or ("str" in typ and isinstance(val, str))
+            or ("bool" in typ and isinstance(val, bool))
         )
         if not ok:
-            want = "an integer" if "int" in typ else ("a number" if "float" in typ else "a string")
+            want = ("an integer" if "int" in typ else "a number" if "float" in typ else "a boolean" if "bool" in typ
+                    else "a string")
             raise BadInput(f"spec {path}: 'serving.{key}' has the wrong type: it must be {want}, "
                            f"got {_TOML_TYPE.get(type(val), type(val).__name__)} {val!r:.60}.")
         serving_kwargs[key] = val
@@ -202,6 +217,7 @@ def parse_spec(text: str, path: str) -> Spec:
     if backend is not None and backend not in EXECUTOR_BACKENDS:
         raise BadInput(f"spec {path}: 'serving.distributed_executor_backend' must be one of "
                        f"{', '.join(EXECUTOR_BACKENDS)}, got {backend!r}.")
+    _check_cutover(serving_kwargs, path)
     return Spec(
         vllm=doc.get("vllm", "0.26.0"),
         base=doc.get("base"),
@@ -219,7 +235,8 @@ def parse_spec(text: str, path: str) -> Spec:
 
 
 #: serving numbers: (lowest, highest, whole number); a count is integral, a fraction is in (0, 1]
-_SERVING_BOUNDS = {"gpus": (1, 4096, True), "tp": (1, 4096, True), "pp": (1, 4096, True),
+_SERVING_BOUNDS = {"gpus": (1, 4096, True), "concurrency": (1, 4096, True), "replicas": (1, 4096, True),
+                   "tp": (1, 4096, True), "pp": (1, 4096, True),
                    "max_model_len": (1, 1 << 40, True), "max_num_seqs": (1, 1 << 20, True),
                    "gpu_memory_utilization": (0, 1, False), "cpu_offload_gb": (0, 1 << 20, False)}
 
@@ -232,6 +249,24 @@ def _check_values(doc: dict, serving: dict, path: str) -> None:
             number(serving[key], f"spec {path}: 'serving.{key}'", minimum=low, maximum=high, integral=whole,
                    exclusive_minimum=key == "gpu_memory_utilization")
     exclude_newer(doc.get("exclude-newer"), where=f"spec {path}: 'exclude-newer'")
+
+
+def _check_cutover(serving: dict, path: str) -> None:
+    """The cutover settings' shapes: a 64-hex checkpoint sha256, a DNS-1123 gateway class, a GPU model name."""
+    import re
+
+    sha = serving.get("checkpoint_sha256")
+    if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise BadInput(f"spec {path}: 'serving.checkpoint_sha256' must be 64 lowercase hex digits (the sha256 of the "
+                       f"checkpoint's safetensors index), got {sha!r:.80}.")
+    gw = serving.get("gateway_class")
+    if gw is not None and not (len(gw) <= 253 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", gw)):
+        raise BadInput(f"spec {path}: 'serving.gateway_class' must be a Gateway API class name (DNS-1123), "
+                       f"got {gw!r:.80}.")
+    gm = serving.get("gpu_model")
+    if gm is not None and not (0 < len(gm.strip()) <= 128 and gm.isprintable()):
+        raise BadInput(f"spec {path}: 'serving.gpu_model' must be a GPU model name such as \"NVIDIA H200\", "
+                       f"got {gm!r:.80}.")
 
 
 def load_spec(path: str | Path | None) -> Spec:

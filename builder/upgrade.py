@@ -43,10 +43,13 @@ from builder.resolve import lock as L
 from builder.resolve.baseref import resolve_base
 from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import BaseManifest, load_manifest, refuse_foreign_manifest
-from builder.resolve.reconstruct import reconstruct
+from builder.resolve.recipe import RECIPES_SCHEMA, parse_recipes, recipe_table, render_recipes
+from builder.resolve.reconstruct import default_recipes_path, load_recipes, reconstruct
 from builder.serving import plan as PL
+from builder.serving import release_facts as RF
+from builder.serving.release_facts import facts_from_wheel
 from builder.spec import default_base_manifest, default_lock_path, load_spec
-from builder.util import atomic_write_text, refuse_foreign, sweep_write_leftovers, write_target
+from builder.util import atomic_write_text, output_lock, refuse_foreign, sweep_write_leftovers, write_target
 
 #: base-image distributions whose move the report always shows (when either side has them)
 KEY_DISTS = ("torch", "numpy", "transformers", "flashinfer-python", "triton", "nvidia-cuda-runtime", "ray", "vllm")
@@ -192,8 +195,6 @@ def release_defaults(wheel: Path | None, version: str = "?") -> dict[str, str]:
     """Serving defaults the planner models, as the release's own code declares them
     (:func:`builder.serving.release_facts.facts_from_wheel`: ``CacheConfig.gpu_memory_utilization``, and
     from 0.34.0 the extensible KV cache that leaves it unset)."""
-    from builder.serving.release_facts import facts_from_wheel
-
     if wheel is None or not Path(wheel).is_file():
         return {}
     try:
@@ -390,10 +391,6 @@ def write_recipe_table(out: Path, recipe) -> Path:
     """B's table in DIR/lockfiles/base/recipes.toml (the repository's generated recipes file when DIR is the
     checkout): an existing recipes file gets B's table added; a new one starts from the shipped tables, so
     that DIR's lockfiles/ is complete.  Held under the output lock across read-modify-write."""
-    from builder.resolve.recipe import RECIPES_SCHEMA, parse_recipes, recipe_table, render_recipes
-    from builder.resolve.reconstruct import default_recipes_path, load_recipes
-    from builder.util import output_lock
-
     path = out / "lockfiles" / "base" / "recipes.toml"
     with output_lock(path):
         if path.is_file():
@@ -454,8 +451,6 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         if series_out:
             written.append(str(series_out))
         if out and b_src.is_file():
-            from builder.serving import release_facts as RF
-
             written.append(str(RF.write_entry(out / "lockfiles" / "base" / "release-facts.json", to_version,
                                               RF.facts_from_wheel(b_src, to_version))))
         timings["port"] = time.monotonic() - t0

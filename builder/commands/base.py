@@ -141,6 +141,18 @@ def _local_build_files(vllm, sdist_path, source):
     return None
 
 
+def _local_recipe(vllm, sdist_path, source, accept_undecided, output):
+    """(build files, recipe) of --sdist/--source for reconstruct ((None, None) without them)."""
+    from builder.resolve.recipe import derive
+
+    local = _local_build_files(vllm, sdist_path, source)
+    if local is None:
+        return None, None
+    if output is None:
+        raise BadInput("--sdist/--source need -o FILE: the shipped manifest is the release's own.")
+    return local, derive(local, accept_undecided=accept_undecided)
+
+
 _LOCAL_SOURCES = [
     click.option("--sdist", "sdist_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
                  help="Read the build files from this vLLM sdist (a nightly, a fork) instead of the index's; "
@@ -298,18 +310,12 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
     distribution, what needs it, and --relax), 7 index unreachable, 12 uv failed, 14 another run
     holds -o.
     """
-    from builder.resolve.recipe import derive
     from builder.resolve.reconstruct import reconstruct
     from builder.resolve.stepindex import parse_relaxations
 
     parse_relaxations(relax)  # bad input before any download
-    local = _local_build_files(vllm, sdist_path, source)
-    recipe = None
-    if local is not None:
-        vllm = local.vllm
-        recipe = derive(local, accept_undecided=accept_undecided)
-        if output is None:
-            raise BadInput("--sdist/--source need -o FILE: the shipped manifest is the release's own.")
+    local, recipe = _local_recipe(vllm, sdist_path, source, accept_undecided, output)
+    vllm = local.vllm if local is not None else vllm
     out = output or default_base_manifest(vllm)
     from builder.resolve.manifest import refuse_foreign_manifest
 

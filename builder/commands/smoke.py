@@ -108,16 +108,23 @@ def _parse_size(text: str | None) -> int | None:
                    "docs/smoke.md).")
 @click.option("--reference-tie-margin", type=float, default=None,
               help="A greedy token may differ where the reference's top-2 margin is at most this (nats).")
+@click.option("--attest", "attest", is_flag=True,
+              help="Bind the verdict to the image's digest: an in-toto statement (verdict, load, engine arguments, "
+                   "GPU, checkpoint, equivalence, engine versions) attached in the registry as an OCI referrer; a "
+                   "FAIL is attached too. IMAGE must be HOST/REPO@sha256:… or a tag the registry resolves to the "
+                   "local image.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
 def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memory_utilization, max_num_seqs,
             kv_cache_dtype, concurrency, rounds, max_tokens, prompt_tokens, timeout, boot_timeout, extra_args, no_plan,
             skip_checkpoint_check, gpu_memory, vllm_bin, server_cmd, port, log_file, serve, serve_backend, serve_python,
             serve_num_gpus, save_reference, reference, reference_logprob_tolerance, reference_tie_margin, as_json,
-            no_chat=False, vllm=None, distributed_executor_backend=None, ray_address=None, load_format=None):
+            no_chat=False, vllm=None, distributed_executor_backend=None, ray_address=None, load_format=None,
+            attest=False):
     """Boot the engine and generate at target concurrency: PASS or FAIL.
 
-    Exit codes: 0 PASS; 1 FAIL (or the equivalence gate failed); 2 bad input;
-    8 container engine unreachable; 12 a helper tool failed; 13 the checkpoint is
+    Exit codes: 0 PASS; 1 FAIL (or the equivalence gate failed); 2 bad input (with --attest: an IMAGE the
+    registry does not hold, or not the local image); 8 container engine unreachable; 10 registry unreachable
+    or refused the attestation (--attest); 12 a helper tool failed; 13 the checkpoint is
     not ready (no server started); 130/143 interrupted.
     """
     if image and local:
@@ -173,17 +180,47 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
         vllm=vllm, release=release.to_dict() if release else None, env=env,
     )
     progress = _progress_printer()
+    subject = _attest_subject(image, server_cmd) if attest else None
     rep = run_smoke(cfg, progress=progress)
     if as_json:
         emit_json(rep.to_dict(), stringify=True)
     else:
         click.echo(render_text(rep))
+    if subject is not None and not rep.interrupted:  # after the report: a registry failure here loses no result
+        _attest(rep, cfg, subject, progress)
     if rep.interrupted:
         sys.exit(130)
     if not rep.passed:
         # exit 1 through the CLI's error handler
         raise VerdictFailure(f"smoke FAIL: {rep.failures[0] if rep.failures else 'see the report'}")
     return rep
+
+
+def _attest_subject(image: str | None, server_cmd: str | None) -> tuple[str, str]:
+    """Before any GPU time: the registry name and digest the verdict will be bound to."""
+    if not image:
+        raise BadInput("smoke --attest binds the verdict to an image digest: give IMAGE (not --local).")
+    from builder.engine import DockerEngine
+    from builder.serving.attestation import resolve_subject
+
+    info = DockerEngine().inspect(image) if not server_cmd else None
+    return resolve_subject(image, info.id if info else None)
+
+
+def _attest(rep, cfg, subject: tuple[str, str], say) -> None:
+    from builder.image.provenance import now_iso
+    from builder.image.referrers import referrers_tag
+    from builder.serving.attestation import attach_statement, checkpoint_facts, smoke_statement
+    from builder.serving.smoke import checkpoint_ready
+    from builder.serving.smoke.gpu import nvidia_smi_names
+
+    name, digest = subject
+    summary = checkpoint_ready(cfg, lambda _m: None)  # the structural pass the run made (well under a second)
+    doc = smoke_statement(rep.to_dict(), name=name, digest=digest, checkpoint=checkpoint_facts(cfg.model, summary),
+                          gpu_names=nvidia_smi_names(), created=now_iso())
+    att = attach_statement(f"{name}@{digest}", doc)
+    how = "listed by the referrers API" if att.referrers == "api" else f"indexed under {name}:{referrers_tag(digest)}"
+    say(f"attested: {rep.verdict} attached to {name}@{digest} as {att.digest} ({how})")
 
 
 def _progress_printer():

@@ -550,6 +550,112 @@ def record_replayed_online(key: dict) -> None:
                                          "uv": key["uv"], "key_sha256": key_digest(key)}, sort_keys=True) + "\n")
 
 
+class _Replay:
+    """The state of one replay: the scratch sources (with dropped pins, relaxations and sed edits), the
+    excluded names, what each step relaxed; :meth:`install` runs one install step (adapter: uv)."""
+
+    def __init__(self, recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str,
+                 index_args: list[str], say, offline: bool, stats: dict, plans, unmatched, relaxed: list):
+        self.recipe, self.files, self.target, self.work, self.uv = recipe, files, target, work, uv
+        self.exclude_newer, self.index_args, self.say, self.offline, self.stats = (exclude_newer, index_args, say,
+                                                                                    offline, stats)
+        self.plans, self.unmatched, self.relaxed = plans, unmatched, relaxed
+        self.src = work / "src"
+        self.relaxed_done: dict[int, list[str]] = {}
+        self.excludes: tuple[str, ...] = ()
+        self.auto_added = 0
+
+    def drop_pins(self, pins) -> None:
+        by_file: dict[str, set[int]] = {}
+        for _n, _v, where, _i in pins:
+            f, _, ln = where.rpartition(":")
+            if f.startswith("requirements/"):
+                by_file.setdefault(f, set()).add(int(ln))
+        for f, lines in by_file.items():
+            p = self.src / f
+            p.write_text(drop_lines(p.read_text(encoding="utf-8"), lines, "only on another index"), encoding="utf-8")
+
+    def relax_sources(self, new: tuple[Relaxation, ...]) -> None:
+        for rel in sorted(self.files.files):
+            p = self.src / rel
+            if rel.startswith("requirements/") and p.is_file():
+                text, done = relax_file(p.read_text(encoding="utf-8"), new, rel)
+                if done:
+                    p.write_text(text, encoding="utf-8")
+                    for step in self.recipe.steps:
+                        if rel in step.requirement_files or rel in step.constraint_files:
+                            self.relaxed_done.setdefault(step.n, []).extend(done)
+        self.excludes = tuple(sorted({n for n, *_ in self.unmatched} | {r.name for r in self.relaxed if r.whole}))
+
+    def prepare(self, step: Step, plan: StepPlan) -> tuple[StepPlan, list[str]]:
+        """The plan with the relaxations and the step's sed edits applied, and its uv arguments."""
+        reqs: list[str] = []
+        for r0 in plan.requirements:
+            r1, what = relax_requirement(r0, self.relaxed)
+            self.relaxed_done.setdefault(step.n, []).extend(f"{w} ({step.where})" for w in what)
+            if r1 is not None:
+                reqs.append(r1)
+        rfiles = tuple(_edited_copy(self.src, step, f) for f in plan.requirement_files)
+        cfiles = tuple(_edited_copy(self.src, step, f) for f in plan.constraint_files)
+        plan = replace(plan, requirements=tuple(reqs), requirement_files=rfiles, constraint_files=cfiles)
+        si = self.plans.get(step.n)
+        return plan, install_args(plan, self.src, self.work, step.n, exclude_newer=self.exclude_newer,
+                                  index_args=si.args(self.index_args) if si else self.index_args,
+                                  excludes=self.excludes)
+
+    def _uv_install(self, args: list[str]):
+        return self.uv.pip_target("install", self.target, args, python_version=self.recipe.python.value,
+                                  platform=self.recipe.platform)[1]
+
+    def install(self, step: Step, plan: StepPlan, rec: dict, before: Mapping[str, str], captured):
+        """One install step (and the line's fallback when it does not resolve): (uv's result, plan, args)."""
+        plan, args = self.prepare(step, plan)
+        self.say(f"step {step.n} ({step.where}): install {' '.join(plan.requirements + plan.requirement_files)}")
+        r = None
+        if self.offline:
+            r = self._uv_install([*args, "--offline"])
+            if r.returncode == 0:
+                self.stats["offline"] += 1
+            else:
+                self.say(f"step {step.n}: uv's cache cannot answer it offline; asking the index")
+                r = None
+        if r is None:
+            r = self._uv_install(args)
+            self.stats["online"] += 1
+        if r.returncode != 0 and step.fallback_steps and _is_resolution_failure(r.stderr):
+            for fb in step.fallback_steps:  # the image runs the line's `|| ...` fallback when the install fails
+                fplan = plan_step(fb, before, captured)
+                if fplan.action != "install":
+                    continue
+                fplan, fargs = self.prepare(fb, fplan)
+                self.say(f"step {step.n}: the install does not resolve; replaying the line's fallback")
+                r2 = self._uv_install(fargs)
+                self.stats["online"] += 1
+                if r2.returncode == 0:
+                    rec["fallback_taken"] = True
+                    return r2, fplan, fargs
+        return r, plan, args
+
+    def install_relaxing(self, step: Step, plan0: StepPlan, rec: dict, before, captured, auto_relax: int):
+        """:meth:`install`, retried in place with the relaxation an unsatisfiable step names while
+        ``auto_relax`` allows (uv changes nothing on a failed resolution: the earlier steps stand)."""
+        si = self.plans.get(step.n)
+        while True:
+            r, plan, args = self.install(step, plan0, rec, before, captured)
+            if r.returncode == 0 or not _is_resolution_failure(r.stderr):
+                return r, plan, args
+            err = unsatisfiable_step(self.recipe, step, r.stderr, si, self.index_args)
+            miss = getattr(err, "missing", None)
+            rx = Relaxation.parse(miss.relax) if miss is not None else None
+            if rx is None or self.auto_added >= auto_relax or rx in self.relaxed or (rx.whole and rx.name in before):
+                raise err
+            self.say(f"step {step.n}: {miss.distribution} is on no index the replay can ask ({miss.needed_by} "
+                     f"needs it): replaying the step without it (--relax '{rx.text}'), for review")
+            self.auto_added += 1
+            self.relaxed.append(rx)
+            self.relax_sources((rx,))
+
+
 def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str, index_args: list[str],
            say: Callable[[str], None], absent: list[tuple[str, str, str, str]] = (), offline: bool = False,
            stats: dict | None = None, plans: Mapping[int, StepIndexes] | None = None,
@@ -566,87 +672,17 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
 
     ``relaxed`` (a list, extended in place): the user's relaxations; with ``auto_relax`` > 0, a step no
     asked index satisfies is retried in place with the relaxation its error names (up to that many in
-    all; uv changes nothing on a failed resolution, so the earlier steps stand), else the error is raised."""
+    all), else the error is raised."""
     stats = stats if stats is not None else {}
     stats.update(offline=0, online=0)
-    relaxed = relaxed if relaxed is not None else []
-    src = work / "src"
-    _write_sources(files, src)
-    plans = plans or {}
-    by_file: dict[str, set[int]] = {}
-    for _n, _v, where, _i in [*absent, *unmatched]:
-        f, _, ln = where.rpartition(":")
-        if f.startswith("requirements/"):
-            by_file.setdefault(f, set()).add(int(ln))
-    for f, lines in by_file.items():
-        (src / f).write_text(drop_lines((src / f).read_text(encoding="utf-8"), lines, "only on another index"),
-                             encoding="utf-8")
-    relaxed_done: dict[int, list[str]] = {}
-    state = {"excludes": ()}
-
-    def relax_sources(new: tuple[Relaxation, ...]) -> None:
-        for rel in sorted(files.files):
-            if rel.startswith("requirements/") and (src / rel).is_file():
-                text, done = relax_file((src / rel).read_text(encoding="utf-8"), new, rel)
-                if done:
-                    (src / rel).write_text(text, encoding="utf-8")
-                    for step in recipe.steps:
-                        if rel in step.requirement_files or rel in step.constraint_files:
-                            relaxed_done.setdefault(step.n, []).extend(done)
-        state["excludes"] = tuple(sorted({n for n, *_ in unmatched} | {r.name for r in relaxed if r.whole}))
-
-    relax_sources(tuple(relaxed))
-
-    def prepare(step: Step, plan: StepPlan) -> tuple[StepPlan, list[str]]:
-        """The plan with the relaxations and the step's sed edits applied, and its uv arguments."""
-        reqs: list[str] = []
-        for r0 in plan.requirements:
-            r1, what = relax_requirement(r0, relaxed)
-            relaxed_done.setdefault(step.n, []).extend(f"{w} ({step.where})" for w in what)
-            if r1 is not None:
-                reqs.append(r1)
-        rfiles = tuple(_edited_copy(src, step, f) for f in plan.requirement_files)
-        cfiles = tuple(_edited_copy(src, step, f) for f in plan.constraint_files)
-        plan = replace(plan, requirements=tuple(reqs), requirement_files=rfiles, constraint_files=cfiles)
-        si = plans.get(step.n)
-        return plan, install_args(plan, src, work, step.n, exclude_newer=exclude_newer,
-                                  index_args=si.args(index_args) if si else index_args, excludes=state["excludes"])
-
-    def install(step: Step, plan: StepPlan, rec: dict, before: Mapping[str, str], captured: Mapping[str, str]):
-        """One install step (and the line's fallback when it does not resolve): (uv's result, plan, args)."""
-        plan, args = prepare(step, plan)
-        say(f"step {step.n} ({step.where}): install {' '.join(plan.requirements + plan.requirement_files)}")
-        r = None
-        if offline:
-            _cmd, r = uv.pip_target("install", target, [*args, "--offline"], python_version=recipe.python.value,
-                                    platform=recipe.platform)
-            if r.returncode == 0:
-                stats["offline"] += 1
-            else:
-                say(f"step {step.n}: uv's cache cannot answer it offline; asking the index")
-                r = None
-        if r is None:
-            _cmd, r = uv.pip_target("install", target, args, python_version=recipe.python.value,
-                                    platform=recipe.platform)
-            stats["online"] += 1
-        if r.returncode != 0 and step.fallback_steps and _is_resolution_failure(r.stderr):
-            for fb in step.fallback_steps:  # the image runs the line's `|| ...` fallback when the install fails
-                fplan = plan_step(fb, before, captured)
-                if fplan.action != "install":
-                    continue
-                fplan, fargs = prepare(fb, fplan)
-                say(f"step {step.n}: the install does not resolve; replaying the line's fallback")
-                _c, r2 = uv.pip_target("install", target, fargs, python_version=recipe.python.value,
-                                       platform=recipe.platform)
-                stats["online"] += 1
-                if r2.returncode == 0:
-                    rec["fallback_taken"] = True
-                    return r2, fplan, fargs
-        return r, plan, args
-
+    rp = _Replay(recipe, files, target, work, uv=uv, exclude_newer=exclude_newer, index_args=index_args, say=say,
+                 offline=offline, stats=stats, plans=plans or {}, unmatched=unmatched,
+                 relaxed=relaxed if relaxed is not None else [])
+    _write_sources(files, rp.src)
+    rp.drop_pins([*absent, *unmatched])
+    rp.relax_sources(tuple(rp.relaxed))
     records: list[dict] = []
     captured: dict[str, str] = {}
-    added = 0
     for step in recipe.steps:
         before = installed_in(target)
         if step.when_installed:
@@ -665,36 +701,15 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
             _cmd, r = uv.pip_target("uninstall", target, list(plan0.requirements))
             plan = plan0
         else:
-            si = plans.get(step.n)
-            if si is not None:
-                rec["indexes"] = [si.primary, *si.extras]
-                if si.unreachable:
-                    rec["unreachable_indexes"] = list(si.unreachable)
-                    say(f"step {step.n}: {', '.join(si.unreachable)} does not answer from here; asking "
-                        f"{si.primary} in its place")
-            while True:
-                r, plan, args = install(step, plan0, rec, before, captured)
-                if r.returncode == 0 or not _is_resolution_failure(r.stderr):
-                    break
-                err = unsatisfiable_step(recipe, step, r.stderr, si, index_args)
-                miss = getattr(err, "missing", None)
-                rx = Relaxation.parse(miss.relax) if miss is not None else None
-                if rx is None or added >= auto_relax or rx in relaxed or (rx.whole and rx.name in before):
-                    raise err
-                say(f"step {step.n}: {miss.distribution} is on no index the replay can ask ({miss.needed_by} "
-                    f"needs it): replaying the step without it (--relax '{rx.text}'), for review")
-                relaxed.append(rx)
-                added += 1
-                relax_sources((rx,))
-            if relaxed_done.get(step.n):
-                rec["relaxed"] = list(dict.fromkeys(relaxed_done[step.n]))
+            _record_indexes(rec, rp.plans.get(step.n), step, say)
+            r, plan, args = rp.install_relaxing(step, plan0, rec, before, captured, auto_relax)
+            if rp.relaxed_done.get(step.n):
+                rec["relaxed"] = list(dict.fromkeys(rp.relaxed_done[step.n]))
         if r.returncode != 0:
-            if _is_resolution_failure(r.stderr):
-                raise unsatisfiable_step(recipe, step, r.stderr, plans.get(step.n), index_args)
             raise ExternalToolError(f"uv pip {plan.action} --target (step {step.n}, {step.where}) failed "
                                     f"(exit {r.returncode}):\n{trim_derivation(r.stderr)}")
         rec["command"] = shown_command(plan.action, args if plan.action == "install" else list(plan.requirements),
-                                       recipe, src=src, work=work)
+                                       recipe, src=rp.src, work=work)
         if plan.overrides:
             rec["overrides"] = list(plan.overrides)
         if plan.constraint_pins:
@@ -702,6 +717,15 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
         rec["moved"] = moved(before, installed_in(target))
         records.append(rec)
     return records
+
+
+def _record_indexes(rec: dict, si: StepIndexes | None, step: Step, say) -> None:
+    if si is not None:
+        rec["indexes"] = [si.primary, *si.extras]
+        if si.unreachable:
+            rec["unreachable_indexes"] = list(si.unreachable)
+            say(f"step {step.n}: {', '.join(si.unreachable)} does not answer from here; asking {si.primary} in "
+                "its place")
 
 
 def unsatisfiable_step(recipe: Recipe, step: Step, stderr: str, si: StepIndexes | None,

@@ -22,6 +22,7 @@ from builder.errors import BadInput, IntegrityError
 from builder.fetch import _verified, cached_path, fetch
 from builder.resolve import index as ix
 from builder.resolve.recipe import DOCKERFILE, PIPELINE, BuildFiles, SdistRef
+from builder.validate import version_string
 
 
 def wanted(rel: str) -> bool:
@@ -99,8 +100,6 @@ def _pkg_version(pkg_info: str) -> tuple[str | None, str | None]:
 
 
 def _checked_version(vllm: str | None, found: str | None, what: str) -> str:
-    from builder.validate import version_string
-
     if vllm is None:
         if not found:
             raise BadInput(f"{what} says no vLLM version; pass --vllm X.")

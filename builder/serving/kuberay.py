@@ -17,6 +17,8 @@ writes the files atomically.  The rules the manifests follow:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -65,6 +67,8 @@ class NodeGroup:
     cpu: str
     memory: str
     ray_start_params: dict[str, str] = field(default_factory=dict)
+    min_replicas: int | None = None   # the autoscaler's bounds (None: fixed at ``replicas``)
+    max_replicas: int | None = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,7 @@ def serve_args(spec: Spec, lock: LockFile | None = None) -> dict[str, Any]:
         "pipeline_parallel_size": s.pp,
         "gpu_memory_utilization": float(s.gpu_memory_utilization),
         "kv_cache_dtype": s.kv_cache_dtype,
-        "num_replicas": 1,
+        "num_replicas": int(getattr(s, "replicas", 1) or 1),
     }
     if s.max_model_len is not None:
         args["max_model_len"] = s.max_model_len
@@ -254,14 +258,78 @@ def serve_config(spec: Spec, lock: LockFile | None = None) -> dict[str, Any]:
     }
 
 
+def serve_config_sha256(spec: Spec, lock: LockFile | None = None) -> str:
+    """sha256 of the Serve configuration (canonical JSON).  It is a pod-template annotation: an engine-argument
+    change changes the pod template, so KubeRay takes it through the upgrade path (a new cluster), never in place."""
+    text = json.dumps(serve_config(spec, lock), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+#: KubeRay's RayService upgrade types (v1.7.0): a full second cluster, or the Gateway-routed incremental one
+NEW_CLUSTER = "NewCluster"
+INCREMENTAL = "NewClusterWithIncrementalUpgrade"
+INCREMENTAL_INTERVAL_S = 60
+
+
+@dataclass(frozen=True)
+class UpgradePlan:
+    """How a RayService moves to a new image or Serve config, and what it costs in GPUs meanwhile."""
+
+    type: str                     # NewCluster | NewClusterWithIncrementalUpgrade
+    extra_gpus: int               # GPUs needed beside the running cluster during the upgrade
+    cost: str                     # one sentence for the manifest's header, the annotation and `promote`
+    options: dict[str, Any] | None = None   # clusterUpgradeOptions of the incremental upgrade
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "extra_gpus": self.extra_gpus, "cost": self.cost, "options": self.options}
+
+
+def upgrade_plan(spec: Spec) -> UpgradePlan:
+    """Pure: the RayService ``upgradeStrategy`` for the serving settings, with its cost.
+
+    The incremental upgrade needs a Gateway API controller (``serving.gateway_class``), the autoscaler
+    (``serving.autoscaler``) and at least two replicas (with one, its surge is a whole second replica:
+    NewCluster's cost with more moving parts); anything else is ``NewCluster``, whose second cluster needs
+    every worker GPU again until traffic moves (the old cluster is deleted about 60 s later)."""
+    s = spec.serving
+    lay = layout(spec)
+    replicas = int(getattr(s, "replicas", 1) or 1)
+    per_replica = lay.worker_pods * lay.gpus_per_pod
+    gateway, autoscaler = getattr(s, "gateway_class", None), bool(getattr(s, "autoscaler", False))
+    if gateway and autoscaler and replicas >= 2:
+        # Serve runs round-half-up(replicas x target_capacity), at least 1; KubeRay routes target_capacity of the
+        # traffic there.  100 // replicas: one replica, never more than its share of the traffic.
+        step = 100 // replicas
+        return UpgradePlan(
+            type=INCREMENTAL, extra_gpus=per_replica,
+            cost=(f"{INCREMENTAL} through Gateway class {gateway}: the new cluster grows by one replica at a time "
+                  f"(maxSurgePercent {step}: {per_replica} GPUs beside the old cluster), traffic moves {step}% every "
+                  f"{INCREMENTAL_INTERVAL_S} s"),
+            options={"gatewayClassName": gateway, "maxSurgePercent": step, "stepSizePercent": step,
+                     "intervalSeconds": INCREMENTAL_INTERVAL_S})
+    missing = [w for w, ok in (("a Gateway (serving.gateway_class)", gateway), ("the autoscaler (serving.autoscaler)",
+                                                                                 autoscaler),
+                               ("replicas >= 2", replicas >= 2)) if not ok]
+    total = per_replica * replicas
+    return UpgradePlan(
+        type=NEW_CLUSTER, extra_gpus=total,
+        cost=(f"{NEW_CLUSTER}: the second cluster needs {total} GPUs ({replicas} replica(s) x {lay.worker_pods} worker "
+              f"pod(s) x {lay.gpus_per_pod} GPUs) beside the old one until its Serve application is RUNNING; the old "
+              f"cluster is deleted about 60 s later (incremental needs " + ", ".join(missing) + ")"))
+
+
 def _context(*, lock: LockFile, spec: Spec, image: str, allow_tag: bool, base: BaseManifest | None, name: str) -> dict:
     if not _DNS1123.match(name) or len(name) > 40:
         raise BadInput(f"kuberay: name {name!r} must be a DNS-1123 label of at most 40 characters.")
     image = check_image_ref(image, allow_tag=allow_tag)
     lay = layout(spec)
+    replicas = int(getattr(spec.serving, "replicas", 1) or 1)
+    autoscaler = bool(getattr(spec.serving, "autoscaler", False))
     worker = NodeGroup(
         name="gpu-workers",
-        replicas=lay.worker_pods,
+        replicas=lay.worker_pods * replicas,
+        min_replicas=lay.worker_pods if autoscaler else None,
+        max_replicas=lay.worker_pods * replicas if autoscaler else None,
         gpus=lay.gpus_per_pod,
         cpu=str(max(WORKER_MIN_CPU, WORKER_CPU_PER_GPU * lay.gpus_per_pod)),
         memory=f"{WORKER_MEMORY_PER_GPU_GI * lay.gpus_per_pod}Gi",
@@ -286,8 +354,12 @@ def _context(*, lock: LockFile, spec: Spec, image: str, allow_tag: bool, base: B
         "build-image/lock-hash": lock.lock_hash,
         "build-image/ray-version": ray_version(lock, base),
         "build-image/serve-backend": serve_backend_of(lock),
+        "build-image/serve-config-sha256": serve_config_sha256(spec, lock),
     }
+    upgrade = upgrade_plan(spec)
     return {
+        "upgrade": upgrade,
+        "autoscaler": autoscaler,
         "tool_version": __version__,
         "name": name,
         "image": image,

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BadInput, VerdictFailure
+from builder.serving import release_facts as rf
 from builder.serving.checkpoint import weight_size
 from builder.serving.vllm_log import parse_vllm_kv_log
 from builder.spec import check_vllm_version
@@ -76,8 +77,6 @@ class ReleaseFacts:
 def _load_release_facts() -> dict[str, ReleaseFacts]:
     """The generated ``lockfiles/base/release-facts.json`` (:mod:`builder.serving.release_facts`: read from
     each release's wheel; ``build-image upgrade --to X -o .`` adds X's entry)."""
-    from builder.serving import release_facts as rf
-
     out = {}
     for v, e in rf.load().items():
         out[v] = ReleaseFacts(v, float(e["default_gpu_memory_utilization"]), tuple(e["kv_cache_dtypes"]),
@@ -105,6 +104,16 @@ def release_facts(vllm: str | None) -> ReleaseFacts:
                        "lockfiles/base/release-facts.json.",
                        hint=f"`build-image upgrade --to {vllm} -o .` writes them from the release's wheel.")
     return facts
+
+
+def _unset_utilization_notes(facts: ReleaseFacts, given: float | None) -> list[str]:
+    if given is not None or not facts.extensible_kv_cache:
+        return []
+    u = facts.default_gpu_memory_utilization
+    return [f"vLLM {facts.vllm} leaves gpu_memory_utilization unset: {u} of the GPU with its extensible KV cache "
+            f"(CUDA's default, sized from measured memory), {facts.non_extensible_gpu_memory_utilization} without "
+            f"it; planned at {u} (not yet checked against this release's logged KV size on a GPU; set "
+            "gpu_memory_utilization to plan another)"]
 
 
 def check_kv_cache_dtype(kv_cache_dtype: str, facts: ReleaseFacts) -> None:
@@ -803,12 +812,7 @@ def make_plan(
     n_layers = len(model.layers)
     if pp > n_layers:
         raise BadInput(f"--pp {pp} is larger than the model's {n_layers} layers.")
-    notes = list(model.notes)
-    if gpu_memory_utilization is None and facts.extensible_kv_cache:
-        notes.append(f"vLLM {facts.vllm} leaves gpu_memory_utilization unset: {u} of the GPU with its extensible KV "
-                     f"cache (CUDA's default, sized from measured memory), "
-                     f"{facts.non_extensible_gpu_memory_utilization} without it; planned at {u} (not yet checked "
-                     "against this release's logged KV size on a GPU; set gpu_memory_utilization to plan another)")
+    notes = list(model.notes) + _unset_utilization_notes(facts, gpu_memory_utilization)
     max_model_len = _max_model_len(model, max_model_len, where, notes)
     big_gpu = gpu_memory_bytes >= 70 * GiB
     if max_num_batched_tokens is None:

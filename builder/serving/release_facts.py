@@ -21,6 +21,7 @@ import zipfile
 from pathlib import Path
 
 from builder.errors import BadInput
+from builder.spec import lockfiles_dir
 from builder.util import atomic_write_text, output_lock, sha256_file
 from builder.validate import load_json, read_bounded_text
 
@@ -30,8 +31,6 @@ LOADER_PY = "vllm/model_executor/model_loader/__init__.py"
 
 
 def facts_file() -> Path:
-    from builder.spec import lockfiles_dir
-
     return lockfiles_dir() / "base" / "release-facts.json"
 
 

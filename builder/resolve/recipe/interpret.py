@@ -422,7 +422,8 @@ _PASS_FLAGS = {"--no-deps", "--force-reinstall", "--reinstall", "--no-build", "-
                "--upgrade", "-U"}
 
 
-def _install_step(installer: str, args: list[str], ctx: _Ctx) -> Step:
+def _install_options(args: list[str], ctx: _Ctx) -> _InstallOptions:
+    """The options and requirements of a ``pip install`` / ``uv pip install`` argument list (pure)."""
     reqs, rfiles, cfiles, pins, flags, extra = [], [], [], [], [], []
     index_url = strategy = None
     edits: list[tuple[str, str, bool, str]] = []
@@ -471,12 +472,35 @@ def _install_step(installer: str, args: list[str], ctx: _Ctx) -> Step:
             continue
         reqs.append(a)
         i += 1
+    return _InstallOptions(reqs, rfiles, cfiles, pins, flags, extra, index_url, strategy, edits,
+                           tuple(overrides), tuple(owhere))
+
+
+@dataclass
+class _InstallOptions:
+    reqs: list[str]
+    rfiles: list[str]
+    cfiles: list[str]
+    pins: list[str]
+    flags: list[str]
+    extra: list[str]
+    index_url: str | None
+    strategy: str | None
+    edits: list[tuple[str, str, bool, str]]
+    overrides: tuple[str, ...]
+    override_where: tuple[Where, ...]
+
+
+def _install_step(installer: str, args: list[str], ctx: _Ctx) -> Step:
+    o = _install_options(args, ctx)
+    reqs, rfiles, cfiles, pins, flags, extra = o.reqs, o.rfiles, o.cfiles, o.pins, o.flags, o.extra
+    index_url, strategy, edits = o.index_url, o.strategy, o.edits
     if strategy is None and (index_url or extra) and installer == "uv" and "UV_INDEX_STRATEGY" in ctx.vars \
             and ctx.vars["UV_INDEX_STRATEGY"].env:
         strategy = ctx.vars["UV_INDEX_STRATEGY"].value or None  # the image's ENV, which this uv reads
     common = dict(n=len(ctx.steps) + 1, stage=ctx.stage, where=ctx.where, installer=installer,
                   index_url=index_url, extra_index_urls=tuple(extra), flags=tuple(flags), when_installed=ctx.when,
-                  overrides=tuple(overrides), override_where=tuple(owhere), index_strategy=strategy,
+                  overrides=o.overrides, override_where=o.override_where, index_strategy=strategy,
                   requirement_edits=tuple(edits))
     wheels = [r for r in reqs if r.endswith(".whl")]
     if wheels:

@@ -107,6 +107,7 @@ class SmokeReport:
     equivalence: dict[str, Any] | None = None    # --reference: the output-equivalence comparison
     reference_saved: str | None = None           # --save-reference: the file written
     cold_start: dict[str, Any] | None = None     # the boot's phases (builder.serving.vllm_log.cold_start_phases)
+    engine: dict[str, Any] | None = None         # versions the server reported (vLLM's /version)
 
     @property
     def passed(self) -> bool:
@@ -185,6 +186,7 @@ SMOKE_REPORT_SCHEMA: dict[str, Any] = {
             "required": ["verdict", "failures", "first_diff", "max_abs_dlogprob", "logprob_tolerance", "tie_margin"],
         },
         "reference_saved": {"type": ["string", "null"]},
+        "engine": {"type": ["object", "null"]},
         "cold_start": {
             "type": ["object", "null"],
             "required": ["load_format", "weights_gib", "model_load_s", "model_load_gib_per_s", "torch_compile_s",

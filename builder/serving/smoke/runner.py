@@ -110,6 +110,7 @@ class Observed:
     exited: bool = False
     interrupted: bool = False
     equivalence: dict[str, Any] | None = None
+    engine: dict[str, Any] | None = None   # what the server reports of itself (vLLM's /version)
     reference_outputs: list[dict[str, Any]] | None = None
 
     def sample_gpu(self) -> None:
@@ -315,6 +316,21 @@ def discover_model(launch: Launch, obs: Observed) -> None:
             obs.boot_error = f"/v1/models answered {status} with no model"
     except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
         obs.boot_error = f"/v1/models failed: {exc}"
+    obs.engine = engine_versions(launch)
+
+
+def engine_versions(launch: Launch) -> dict[str, Any] | None:
+    """The versions the running engine reports (vLLM's ``/version``); None where it has no such endpoint
+    (Ray Serve's proxy)."""
+    try:
+        status, raw = http_get(launch.host, launch.port, "/version", timeout=10)
+        doc = json.loads(raw) if status == 200 else None
+    except (OSError, http.client.HTTPException, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    out = {("vllm" if k == "version" else str(k)): v for k, v in doc.items() if isinstance(v, (str, int, float))}
+    return out or None
 
 
 def first_token(cfg: SmokeConfig, launch: Launch, vocab: int | None, t_start: float, obs: Observed,
@@ -514,6 +530,7 @@ def make_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], plan
         interrupted=obs.interrupted,
         serve=_serve_section(serve_info, launch, verdict),
         equivalence=obs.equivalence,
+        engine=obs.engine,
     )
 
 

@@ -27,6 +27,7 @@ def _load(name: str):
 bp = _load("bundle_plan")
 pk = _load("bundle_pack")
 TORCH_213 = ["0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"]
+TORCH_214 = ["0.33.0", "0.34.0"]
 
 
 def manifest(v: str) -> dict[str, str]:
@@ -35,7 +36,7 @@ def manifest(v: str) -> dict[str, str]:
 
 
 def test_every_shipped_release_is_planned():
-    assert bp.releases() == ["0.26.0", *TORCH_213, "0.33.0"]
+    assert bp.releases() == ["0.26.0", *TORCH_213, *TORCH_214]
     p = bp.plan(bp.releases())
     assert set(p["releases"]) == set(bp.releases())
     for v, r in p["releases"].items():
@@ -51,10 +52,11 @@ def test_the_devices_torch_is_not_carried_for_0_26_0():
 
 
 def test_releases_that_pin_torch_2_13_share_one_torch_layer():
-    p = bp.plan(TORCH_213 + ["0.33.0"])
+    p = bp.plan(TORCH_213 + TORCH_214)
     torch_layers = {n: lay for n, lay in p["layers"].items() if lay["kind"] == "torch"}
     assert set(torch_layers) == {"torch-2.13.0", "torch-2.14.0"}
     assert torch_layers["torch-2.13.0"]["releases"] == TORCH_213
+    assert torch_layers["torch-2.14.0"]["releases"] == TORCH_214  # 0.34.0 travels with 0.33.0's torch layer
     for v in TORCH_213:
         assert p["releases"][v]["layers"][0] == "torch-2.13.0"
 

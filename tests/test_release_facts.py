@@ -207,3 +207,12 @@ def test_a_release_without_a_series_says_none_shipped(tmp_path, monkeypatch):
     monkeypatch.setattr(patches, "patches_root", lambda: tmp_path)
     rel = resolve_release("0.27.0")
     assert rel.patch_series is None and rel.patches == [] and rel.lock_hash
+
+
+def test_the_plans_notes_name_the_release_planned():
+    cfg = {**llama(), "layer_types": ["full_attention", "qwen_sparse_attention", "full_attention", "full_attention"]}
+    for v in ("0.26.0", "0.33.0", "0.34.0"):
+        p = make_plan(cfg, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, vllm=v)
+        note = next(n for n in p.notes if "qwen_sparse_attention" in n)
+        assert f"not a type vLLM {v} knows" in note
+        assert all("vLLM 0.26.0" not in n for n in p.notes) or v == "0.26.0"

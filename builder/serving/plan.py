@@ -386,8 +386,9 @@ def _state_bytes(cfg: dict, tp: int, dtype_bytes: int, where: str) -> tuple[int,
 
 
 def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto",
-                   where: str = "model config") -> ModelShape:
-    """Per-layer KV footprint on one GPU, as vLLM 0.26.0 would build its KV specs."""
+                   where: str = "model config", vllm: str = DEFAULT_VLLM) -> ModelShape:
+    """Per-layer KV footprint on one GPU, as vLLM ``vllm`` would build its KV specs (the notes and errors
+    name that release)."""
     cfg = _text_config(config, where)
     check_config_numbers(cfg, where)
     n_layers = _int_field(cfg, "num_hidden_layers", where)
@@ -404,7 +405,7 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto",
     types = _layer_types(cfg, n_layers, where)
     shared_from = n_layers - int(cfg.get("num_kv_shared_layers") or 0)
     attn = _Attention(cfg=cfg, tp=tp, where=where, kv_name=kv_name, head_dim=head_dim,
-                      kv_heads_per_gpu=max(1, n_kv // tp))
+                      kv_heads_per_gpu=max(1, n_kv // tp), vllm=vllm)
     if mla:
         attn.mla_tok = _mla_latent(cfg, kv_bytes, where, notes)
     state_bytes = 0
@@ -424,7 +425,7 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto",
                 unknown_attn.append(i)
                 t = "full_attention"  # the upper bound: an attention layer keeps at most every token
             layers.append(attn.layer(i, t))
-    layers = _layer_notes(layers, types, unknown_attn, n_layers, shared_from, notes)
+    layers = _layer_notes(layers, types, unknown_attn, n_layers, shared_from, notes, vllm)
     return ModelShape(
         layers=layers, dtype_bytes=dtype_bytes, kv_dtype=kv_name, hidden_size=hidden,
         intermediate_size=_intermediate_size(cfg, hidden), vocab_size=int(cfg.get("vocab_size") or 32000),
@@ -496,13 +497,14 @@ class _Attention:
     head_dim: int
     kv_heads_per_gpu: int
     mla_tok: int | None = None  # MLA: bytes per token per layer
+    vllm: str = DEFAULT_VLLM  # the release whose KV specs are modelled (named in errors)
 
     def layer(self, i: int, t: str) -> LayerKV:
         """The KV of attention layer ``i`` of type ``t``."""
         cfg, where = self.cfg, self.where
         if t not in _FULL_TYPES | _SLIDING_TYPES | _CHUNKED_TYPES:
             raise BadInput(
-                f"{where}: layer_types[{i}] is {t!r}, which vLLM 0.26.0 has no KV spec for here "
+                f"{where}: layer_types[{i}] is {t!r}, which vLLM {self.vllm} has no KV spec for here "
                 f"(known: full_attention, sliding_attention, chunked_attention, linear_attention, mamba)."
             )
         if self.mla_tok is not None:
@@ -530,13 +532,13 @@ class _Attention:
 
 
 def _layer_notes(layers: list[LayerKV], types: list[str], unknown_attn: list[int], n_layers: int,
-                 shared_from: int, notes: list[str]) -> list[LayerKV]:
+                 shared_from: int, notes: list[str], vllm: str = DEFAULT_VLLM) -> list[LayerKV]:
     """What the layers' notes say (unknown attention types, chunked layers at full length,
     shared KV), and the layers with chunked ones at full length where vLLM keeps them so."""
     if unknown_attn:
         names = sorted({types[i] for i in unknown_attn})
         notes.append(
-            f"layer_types {', '.join(map(repr, names))} at layers {unknown_attn} are not a type vLLM 0.26.0 knows "
+            f"layer_types {', '.join(map(repr, names))} at layers {unknown_attn} are not a type vLLM {vllm} knows "
             "(stock vLLM refuses them; seed 003 rewrote them to full_attention): counted as full attention"
         )
     if any(l.kind == "chunked" for l in layers) and any(l.kind == "full" for l in layers):
@@ -808,7 +810,7 @@ def make_plan(
     gpus = _check_settings(gpus=gpus, tp=tp, pp=pp, u=u, gpu_memory_bytes=gpu_memory_bytes,
                            weights_bytes=weights_bytes, cpu_offload_gb=cpu_offload_gb, reserve_bytes=reserve_bytes,
                            max_num_seqs=max_num_seqs, block_size=block_size)
-    model = describe_model(config, tp=tp, kv_cache_dtype=kv_cache_dtype, where=where)
+    model = describe_model(config, tp=tp, kv_cache_dtype=kv_cache_dtype, where=where, vllm=facts.vllm)
     n_layers = len(model.layers)
     if pp > n_layers:
         raise BadInput(f"--pp {pp} is larger than the model's {n_layers} layers.")

@@ -275,7 +275,7 @@ def test_a_download_whose_bytes_differ_from_the_index_hash_is_refused(tmp_path, 
 
 
 # --------------------------------------------------------------------------- the nine real releases
-RELEASES = ["0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
+RELEASES = ["0.26.0", "0.27.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0"]
 
 
 @pytest.mark.slow
@@ -306,6 +306,13 @@ def test_the_shipped_releases_facts_as_their_files_say():
     assert "overrides" not in json.dumps(steps["0.26.0"])  # no NCCL_VERSION before 0.27.0
     assert t["0.26.0"].get("image_overrides", []) == []
     assert t["0.33.0"]["image_overrides"] == ["nvidia-nccl-cu13==2.31.2"]
+    # 0.34.0's torch step: requirements/cuda.txt (copied to /tmp/requirements-cuda.txt, behind an if on
+    # INSTALL_RUBIN_PRERELEASE) from the PyTorch index first, the Python index as extra, unsafe-first-match
+    torch = steps["0.34.0"][1]
+    assert (torch["replay"], torch["requirement_files"], torch["index_url"], torch["extra_index_urls"],
+            torch["index_strategy"]) == ("index", ["requirements/cuda.txt"], "https://download.pytorch.org/whl/cu130",
+                                         ["https://pypi.org/simple"], "unsafe-first-match")
+    assert not [s for s in steps["0.34.0"] if s["replay"] == "off-index" and not s.get("names")]
 
 
 def test_the_sdist_is_downloaded_once_and_then_read_from_the_cache_by_its_recorded_sha256(sdist_index, tmp_path,

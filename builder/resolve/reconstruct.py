@@ -803,8 +803,9 @@ def index_lacks(recipe: Recipe, plans: Mapping[int, StepIndexes], records: list[
             for u in (*([s.index_url] if s.index_url else []), *s.extra_index_urls):
                 if not is_python_index(u):
                     named.setdefault(u, []).append(s.n)
-    if not plans:
-        return recipe.lacks()["other_indexes"]
+    if not plans:  # a --no-index replay (or steps that name no index): nothing else was asked
+        return [f"{u}: not asked (the replay ran from its --find-links folders only): a file only it serves is "
+                "absent, or replaced by a folder's build of the same version" for u in sorted(named)]
     asked = {u for r in records for u in r.get("indexes", [])}
     out = []
     for u, steps in sorted(named.items()):

@@ -165,8 +165,9 @@ class Recipe:
         return {
             "off_index": off + [f"{d.value} ({', '.join(map(str, d.where))})" for d in self.off_index_fetches],
             "source_builds": src,
-            "other_indexes": [f"{u}: not asked (the replay resolves from the Python index only): a file only it "
-                              "serves is absent, or replaced by the index's build of the same version" for u in idx],
+            "other_indexes": [f"{u}: named by the image's steps; a replay asks it where it answers, else the "
+                              "Python index stands in for it (a file only it serves is then absent, or replaced by "
+                              "the Python index's build of the same version)" for u in idx],
             "os_packages": [d.value for d in self.os_packages],
         }
 

@@ -10,6 +10,13 @@
 #            RELEASES="0.27.0" UNPATCHED="0.27.0" scripts/gpu-proof.sh run vllm-0.27.0 N   # last part, then
 #                                    # scripts/gpu/proof-run.sh in the background, waiting for DONE
 #            scripts/gpu-proof.sh wait                 # results again ($OUT/proof.tgz, progress.txt)
+#   or, the run overlapping the uploads: the first release's parts, then `launch LAYER N` (its last part; the run
+#   starts and the call returns), the other releases' parts, then `wait`.  SERVE_RELEASES="V" adds
+#   scripts/gpu/release-serve-run.sh (smoke --serve with the lock's backend, the output-equivalence gate).
+#   The call list, in order with what each carries: `scripts/gpu-proof.sh calls --releases "0.26.0 0.34.0" ...`
+#   here; after a lost machine or a failed call, `scripts/gpu-proof.sh resend REPLY --releases ...` reads the last
+#   reply (its INVENTORY line: boot id and the parts the machine holds) and lists the calls still needed.
+#   Every upload call prints the INVENTORY; a wait never waits on a layer or a run that is not on the machine.
 # The 0.26.0-only scripts (serve-proof-run.sh, tp-proof-run.sh, proof-run.sh's 0.26.0 phases with LEGACY=1) from
 # the layered bundle of --vllm 0.26.0 (its vllm and ray layers; the device's own torch):
 #            RELEASES=0.26.0 RUN=serve-proof-run.sh scripts/gpu-proof.sh run ray-2.58.1 N
@@ -33,12 +40,20 @@ case "$mode" in
   recv) recv "$n" ;;
   start) start "$n" ;;
   layer) recv_layer "$n" "$3" ;;
-  run)
-    [ -n "${RELEASES:-}" ] || { echo "run: set RELEASES (e.g. RELEASES=0.27.0)"; exit 2; }
+  run|launch)   # launch: wait only for the first release's layers, start the run and return (NOWAIT): upload
+                # calls for the later releases follow while it runs (proof-run.sh waits for each release's layers)
+    [ -n "${RELEASES:-}" ] || { echo "$mode: set RELEASES (e.g. RELEASES=0.27.0)"; exit 2; }
     [ -z "$n" ] || recv_layer "$n" "$3"
     [ "$RUN" = proof-run.sh ] && [ -z "${LEGACY:-}" ] || export SERVE=1   # the 0.26.0 scripts import ray
-    # shellcheck disable=SC2046,SC2086  # one word per layer and release
-    BUNDLE=/tmp/L wait_layers $(BUNDLE=/tmp/L release_layers $RELEASES)
+    if [ "$mode" = launch ]; then
+      export NOWAIT=1
+      # shellcheck disable=SC2086
+      BUNDLE=/tmp/L wait_layers $(BUNDLE=/tmp/L release_layers ${RELEASES%% *})
+    else
+      # shellcheck disable=SC2046,SC2086  # one word per layer and release
+      BUNDLE=/tmp/L wait_layers $(BUNDLE=/tmp/L release_layers $RELEASES) \
+        $([ -z "${SERVE_RELEASES:-}" ] || BUNDLE=/tmp/L SERVE=1 release_layers $SERVE_RELEASES)
+    fi
     if [ "${SERVE:-}" = 1 ]; then
       # serve-proof-run.sh, tp-proof-run.sh and LEGACY=1 proof-run.sh (the 0.26.0 phases) read /tmp/bwhl/whl:
       # the wheels of RELEASES=0.26.0's layers, linked there
@@ -47,9 +62,13 @@ case "$mode" in
       for l in $(BUNDLE=/tmp/L release_layers $RELEASES); do ln -s "/tmp/L/$l.whl/whl/"*.whl /tmp/bwhl/whl/; done
       unset RELEASES
     else
-      export RELEASES UNPATCHED="${UNPATCHED:-}" PHASES="${PHASES:-layer-type ple}"
+      export RELEASES UNPATCHED="${UNPATCHED:-}" PHASES="${PHASES:-layer-type ple}" SERVE_RELEASES="${SERVE_RELEASES:-}"
     fi
     launch ;;
   wait) waitdone ;;
-  *) echo "usage: $0 layer LAYER N | run [LAYER N] | recv N | start N | wait"; exit 2 ;;
+  inventory) inventory ;;
+  calls|resend)  # here: the device calls to make (resend: those a lost or partial upload needs, from the last reply)
+    exec "${PY:-python3}" "$REPO/scripts/gpu/bundle_calls.py" "$mode" --bundle "$BUNDLE" "${@:2}" ;;
+  *) echo "usage: $0 layer LAYER N | run|launch [LAYER N] | wait | inventory | recv N | start N
+       (here) calls --releases 'V ...' [--serve-releases 'V ...'] | resend REPLY_FILE --releases ..."; exit 2 ;;
 esac

@@ -18,21 +18,37 @@ collect() {
   cp "$P/progress.txt" "$OUT/" 2>/dev/null
 }
 
-waitdone() {
+boot_id() { cat /proc/sys/kernel/random/boot_id 2>/dev/null; }
+
+running() {  # the run launched on this machine is still alive (its own pid, written by the run's shell)
+  [ -f "$P/run.pid" ] && kill -0 "$(cat "$P/run.pid")" 2>/dev/null
+}
+
+waitdone() {  # until the run prints DONE or FAILED, or its process is gone; never waits on a run that is not there
   local t0=$SECONDS
+  if [ ! -f "$P/run.pid" ]; then
+    echo "$LABEL LOST: no run on this machine (boot $(boot_id)); it went back and came up bare: upload and launch again"
+    exit 9
+  fi
   while [ $((SECONDS - t0)) -lt "$WAIT" ]; do
     grep -qE "^[0-9:]+ DONE$|FAILED$" "$P/progress.txt" 2>/dev/null && break
+    running || break
     sleep 5
   done
   cat "$P/progress.txt"
   collect
-  grep -qE "^[0-9:]+ DONE$" "$P/progress.txt" && echo "$LABEL FINISHED" || echo "$LABEL STILL RUNNING (call: $WAIT_CMD)"
+  if grep -qE "^[0-9:]+ DONE$" "$P/progress.txt"; then echo "$LABEL FINISHED"
+  elif running; then echo "$LABEL STILL RUNNING (call: $WAIT_CMD)"
+  else echo "$LABEL ENDED WITHOUT DONE (run.log:)"; tail -20 "$P/run.log"; fi
 }
 
-launch() {  # a fresh run folder, the run in its own session (it outlives the call), its pid kept
+launch() {  # a fresh run folder, the run in its own session (it outlives the call), its own pid kept; NOWAIT=1:
+  # return at once (upload calls may follow while it runs)
   rm -rf "$P" && mkdir -p "$P"
-  setsid nohup "$RUN_SCRIPT" > "$P/run.log" 2>&1 < /dev/null & echo $! > "$P/run.pid"
-  sleep 2; waitdone
+  P=$P setsid nohup bash -c 'echo $$ > "$P/run.pid"; exec "$0"' "$RUN_SCRIPT" > "$P/run.log" 2>&1 < /dev/null &
+  sleep 2
+  if [ "${NOWAIT:-}" = 1 ]; then cat "$P/progress.txt" 2>/dev/null; echo "$LABEL LAUNCHED (boot $(boot_id))"
+  else waitdone; fi
 }
 
 start() {  # the last part, the joined bundle verified and unpacked into /tmp/bwhl, then launch
@@ -59,7 +75,7 @@ recv_layer() {  # recv_layer LAYER N
   (cd "$d" && sha256sum -c --quiet part.sha256) || { echo "$1 part $2: sha256 mismatch"; exit 7; }
   cp "$d/part" "$(printf '/tmp/parts/%s/p%02d' "$1" "$2")"
   local have want; have=$(find "/tmp/parts/$1" -name 'p*' | wc -l); want=$(layer_field "$1" parts)
-  echo "$1: part $2 received ($have of $want; boot $(cat /proc/sys/kernel/random/boot_id 2>/dev/null))"
+  echo "$1: part $2 received ($have of $want; boot $(boot_id))"
   cp "$BUNDLE/manifest.json" /tmp/L/manifest.json
   if [ "$have" = "$want" ]; then
     rm -f "/tmp/L/$1.ok" "/tmp/L/$1.failed"
@@ -67,6 +83,30 @@ recv_layer() {  # recv_layer LAYER N
       > "/tmp/L/$1.log" 2>&1 < /dev/null &
     echo "$1: complete; installing in the background (/tmp/L/$1.log)"
   fi
+  inventory
+  [ ! -f "$P/progress.txt" ] || { echo "run in flight ($(running && echo alive || echo ended)):"; tail -3 "$P/progress.txt"; }
+}
+
+inventory() {  # one line the host reads back (scripts/gpu/bundle_calls.py --reply): the boot id and, for every
+  # layer of the manifest, ok | installing | failed | HAVE/WANT:the part numbers held
+  python3 - /tmp/L/manifest.json "$(boot_id)" <<'PY'
+import json, os, sys
+m = json.load(open(sys.argv[1]))
+out = [f"boot={sys.argv[2]}"]
+for name, layer in m["layers"].items():
+    if os.path.exists(f"/tmp/L/{name}.ok"):
+        state = "ok"
+    elif os.path.exists(f"/tmp/L/{name}.failed"):
+        state = "failed"
+    elif os.path.exists(f"/tmp/L/{name}.log"):
+        state = "installing"
+    else:
+        d = f"/tmp/parts/{name}"
+        held = sorted(int(p[1:]) for p in os.listdir(d) if p[:1] == "p" and p[1:].isdigit()) if os.path.isdir(d) else []
+        state = f"{len(held)}/{len(layer['parts'])}" + (":" + ",".join(map(str, held)) if held else "")
+    out.append(f"{name}={state}")
+print("INVENTORY", " ".join(out))
+PY
 }
 
 install_layer() {  # install_layer LAYER: join, verify, pip install --target /tmp/L/LAYER
@@ -86,17 +126,21 @@ install_layer() {  # install_layer LAYER: join, verify, pip install --target /tm
 }
 
 wait_layers() {  # wait_layers LAYER...: until each is .ok (exit 7 on .failed, 8 after 300 s, 9 at once when a
-  # layer has no part, no install log and no result on this machine: it went back and came up bare, and waiting
-  # would only spend device time; the upload calls print the boot id, so a new one shows which parts to resend)
+  # layer has no install log and no result on this machine: it went back and came up bare, or a part is missing,
+  # and waiting would only spend device time; the upload calls print the boot id and the inventory, from which
+  # scripts/gpu/bundle_calls.py --reply says which parts to send again; a
+  # layer whose parts are not all here and whose install never started fails at once too (exit 9): its missing
+  # parts are not coming while this call runs)
   local t0=$SECONDS l
   for l in "$@"; do
-    if [ ! -f "/tmp/L/$l.ok" ] && [ ! -f "/tmp/L/$l.log" ] && [ -z "$(ls -A "/tmp/parts/$l" 2>/dev/null)" ]; then
-      echo "$l: nothing of it on this machine (boot $(cat /proc/sys/kernel/random/boot_id 2>/dev/null)): upload it again"
+    if [ ! -f "/tmp/L/$l.ok" ] && [ ! -f "/tmp/L/$l.log" ]; then
+      echo "$l: not all of its parts are on this machine (boot $(boot_id)): send the missing ones again"
+      inventory
       exit 9
     fi
     while [ ! -f "/tmp/L/$l.ok" ]; do
-      [ -f "/tmp/L/$l.failed" ] && { echo "$l: $(cat "/tmp/L/$l.failed")"; tail -5 "/tmp/L/$l.log"; exit 7; }
-      [ $((SECONDS - t0)) -lt 300 ] || { echo "$l: not installed after 300 s"; tail -5 "/tmp/L/$l.log"; exit 8; }
+      [ -f "/tmp/L/$l.failed" ] && { echo "$l: $(cat "/tmp/L/$l.failed")"; tail -5 "/tmp/L/$l.log"; inventory; exit 7; }
+      [ $((SECONDS - t0)) -lt 300 ] || { echo "$l: not installed after 300 s"; tail -5 "/tmp/L/$l.log"; inventory; exit 8; }
       sleep 1
     done
     echo "$l: $(cat "/tmp/L/$l.ok")"
@@ -109,4 +153,20 @@ release_layers() {  # release_layers V... -> the layers those releases need (eac
 ok = lambda l: os.environ.get("SERVE") == "1" or m["layers"][l]["kind"] != "ray"
 [seen.append(l) for v in sys.argv[2:] for l in m["releases"][v] if l not in seen and ok(l)]; print(*seen)' \
     "$BUNDLE/manifest.json" "$@"
+}
+
+await_layers() {  # await_layers LAYER...: wait_layers for a run launched while uploads go on (gpu-proof.sh launch):
+  # returns 1 (never exits) when a layer failed, or when nothing of a missing layer changed for STALL_S seconds
+  local l sig last t lim
+  for l in "$@"; do
+    t=$SECONDS; last=""
+    while [ ! -f "/tmp/L/$l.ok" ]; do
+      [ -f "/tmp/L/$l.failed" ] && { echo "$l: $(cat "/tmp/L/$l.failed")"; return 1; }
+      sig="$(find "/tmp/parts/$l" -name 'p*' 2>/dev/null | wc -l) $(stat -c %s "/tmp/L/$l.log" 2>/dev/null)"
+      [ "$sig" = "$last" ] || { last=$sig; t=$SECONDS; }
+      lim=${STALL_S:-120}; [ ! -f "/tmp/L/$l.log" ] || lim=300   # installing: pip -q writes nothing meanwhile
+      [ $((SECONDS - t)) -lt "$lim" ] || { echo "$l: nothing arrived for $lim s (boot $(boot_id))"; return 1; }
+      sleep 2
+    done
+  done
 }

@@ -6,7 +6,9 @@
 #    PHASES (default "layer-type ple"): layer-type = the patched qwen3-sparse boot alone at utilization 0.5 (plan
 #    vs vLLM's logged KV tokens), the unpatched one (releases in UNPATCHED) started once the patched has logged
 #    its KV cache; ple = gemma4-ple-long patched, and for UNPATCHED releases unpatched plus the plain-name
-#    reference, in parallel with a fixed 2 GiB KV cache.  3 x 16 + the chat round each.
+#    reference, in parallel with a fixed 2 GiB KV cache.  3 x 16 + the chat round each.  Each release waits for
+#    its layers first (the run may start while later layers upload: `gpu-proof.sh launch`); one whose layers
+#    failed or stopped arriving is skipped, named in progress.txt.  SERVE_RELEASES: then release-serve-run.sh.
 #  - RELEASES unset: the vllm 0.26.0 proof (issue 6 + issue 7 ground truth) from the single bundle in /tmp/bwhl.
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=env.sh
@@ -68,8 +70,15 @@ if [ -n "${RELEASES:-}" ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1
   cp /tmp/L/manifest.json "$R/bundle-manifest.json"
   for f in /tmp/L/*.ok; do echo "$(basename "$f" .ok): $(cat "$f")"; done > "$R/layers-installed.txt"
+  # shellcheck source-path=SCRIPTDIR source=device-calls.sh
+  BUNDLE=/tmp/L . "$(dirname "$0")/device-calls.sh"
   first=1
   for V in $RELEASES; do
+    # launched before the uploads ended (gpu-proof.sh launch): this release's layers may still be arriving
+    # shellcheck disable=SC2046  # one word per layer
+    if ! why=$(BUNDLE=/tmp/L await_layers $(BUNDLE=/tmp/L SERVE=0 release_layers "$V")); then
+      say "$V SKIPPED: its layers are not installed ($why)"; continue
+    fi
     UN=$(release_pp "$V"); PA=$(release_pp "$V" patched)
     # the versions, the checkpoints (once, with the first release's torch and transformers) and the patch, side by side
     PYTHONPATH=$UN python3 -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__, torch.__file__)" > "$R/versions-$V.txt" 2>&1 &
@@ -102,6 +111,8 @@ if [ -n "${RELEASES:-}" ]; then
       wait
     fi
   done
+  # then the Serve path and the output-equivalence gate of SERVE_RELEASES (their ray layers too)
+  [ -z "${SERVE_RELEASES:-}" ] || "$(dirname "$0")/release-serve-run.sh"
   say "DONE"
   exit 0
 fi

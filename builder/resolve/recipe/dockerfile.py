@@ -147,7 +147,7 @@ def _lift_heredocs(text: str) -> tuple[str, dict[int, str]]:
         if rest and not re.fullmatch(r"(ba)?sh( -\w+)*", rest):
             raise BadInput(f"{DOCKERFILE}:{i + 1}: a heredoc fed to {rest!r} (not a shell) is not read.")
         bodies[i + 1] = (flags + " " if flags else "") + body + "\n"
-        lines[i] = head + " true" if head.strip().upper() == "RUN" or head.endswith("--") else head + " true"
+        lines[i] = head + " true"  # a placeholder RUN on the same line; its value is replaced by the body
         for j in range(i + 1, end + 1):
             lines[j] = ""
         i = end + 1

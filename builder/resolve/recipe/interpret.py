@@ -8,6 +8,9 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
+
 from builder.resolve import sedit
 from builder.resolve.recipe.model import Derived, Step, Where
 from builder.resolve.recipe.shell import (
@@ -537,9 +540,6 @@ def _install_step(installer: str, args: list[str], ctx: _Ctx) -> Step:
 
 
 def _requirement_name(req: str) -> str:
-    from packaging.requirements import InvalidRequirement, Requirement
-    from packaging.utils import canonicalize_name
-
     try:
         return canonicalize_name(Requirement(req).name)
     except InvalidRequirement:

@@ -32,9 +32,9 @@ LAYERS = {
     "resolve": (1, "resolve"),
     "ground": (0, "ground floor"),
 }
-GROUND_FLOOR = {"builder", "builder.errors", "builder.util", "builder.spec", "builder.engine", "builder.fetch",
-                "builder.credentials", "builder.scratch", "builder.report", "builder.data", "builder.comment_fit",
-                "builder.validate", "builder.signals"}
+GROUND_FLOOR = {"builder", "builder.errors", "builder.events", "builder.util", "builder.spec", "builder.engine",
+                "builder.fetch", "builder.credentials", "builder.scratch", "builder.report", "builder.data",
+                "builder.comment_fit", "builder.validate", "builder.signals"}
 FOLDERS = {"builder.commands": "commands", "builder.serving": "serving", "builder.image": "image",
            "builder.patching": "patching", "builder.resolve": "resolve"}
 TOP = {"builder.cli": "commands", "builder.pipeline": "pipeline", "builder.upgrade": "pipeline"}

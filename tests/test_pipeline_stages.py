@@ -18,6 +18,7 @@ from rich.console import Console
 
 from builder.cli import main
 from builder.engine import BuiltImage, ImageInfo, PushedRef
+from builder.events import RichReporter
 from tests.fx_wheels import install_into, write_wheel
 
 IMAGE_ID = "sha256:" + "1" * 64
@@ -161,7 +162,7 @@ def test_the_pipeline_hands_each_stage_the_previous_result_and_hashes_each_wheel
     from builder.pipeline import run
 
     counts = _count_hashes(monkeypatch)
-    res = run(_request(world, push=True), Console(file=io.StringIO()), engine=world.engine)
+    res = run(_request(world, push=True), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert res.status == "pushed" and res.error is None
     wheels = [e.wheel.filename for e in res.locked.entries]
     assert sorted(w.split("-")[0] for w in wheels) == ["purepkg", "stableabi"]
@@ -188,7 +189,7 @@ def test_the_pipeline_hands_each_stage_the_previous_result_and_hashes_each_wheel
     assert res.summary["digest"] == MANIFEST and res.summary["lock_hash"] == res.locked.lock_hash
 
     # the same run again in this process: the lock is up to date, the verified wheels unchanged
-    again = run(_request(world, push=True, force=True), Console(file=io.StringIO()), engine=world.engine)
+    again = run(_request(world, push=True, force=True), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert again.locked.status == "up-to-date" and again.rendered.tags == res.rendered.tags
     assert counts.of(wheels) == {w: 1 for w in wheels}, counts
 
@@ -197,7 +198,7 @@ def test_build_of_a_context_read_from_disk_hashes_each_wheel_once(world, monkeyp
     """`build-image build CTX` (a new process: nothing verified yet) verifies every wheel once."""
     from builder.pipeline import run
 
-    res = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    res = run(_request(world), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert res.status == "built"
     counts = _count_hashes(monkeypatch)
     r = CliRunner().invoke(main, ["build", str(res.rendered.out_dir), "--tag", "127.0.0.1:5000/serving/vllm", "--json"],
@@ -220,10 +221,10 @@ def test_the_pipeline_stops_after_render_without_an_engine(world, monkeypatch):
         def ping(self):
             raise EngineUnavailable("the Docker engine at unix:///nowhere is not reachable: no")
 
-    res = run(_request(world), Console(file=io.StringIO()), engine=Down())
+    res = run(_request(world), RichReporter(Console(file=io.StringIO())), engine=Down())
     assert res.status == "rendered" and res.built is None and res.error is None
     assert "stopped after render" in res.notice and "build-image build" in res.summary["build_command"]
-    pushed = run(_request(world, push=True), Console(file=io.StringIO()), engine=Down())
+    pushed = run(_request(world, push=True), RichReporter(Console(file=io.StringIO())), engine=Down())
     assert isinstance(pushed.error, EngineUnavailable) and pushed.notice is None
 
 
@@ -233,17 +234,17 @@ def test_a_held_base_is_verified_against_its_manifest_once_per_image(world):
     from builder.pipeline import run
 
     out = io.StringIO()
-    res = run(_request(world), Console(file=out, width=300), engine=world.engine)
+    res = run(_request(world), RichReporter(Console(file=out, width=300)), engine=world.engine)
     check = res.summary["base_check"]
     assert check["status"] == "verified" and check["differences"] == [] and not check["snapshot_reused"]
     assert f"base manifest verified against image {world.engine.images[BASE_REF].id}" in out.getvalue()
     assert "[1/4] base" in out.getvalue()
     assert (res.rendered.out_dir / "checks" / "base-manifest.json").read_bytes() == world.manifest.read_bytes()
-    again = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    again = run(_request(world), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert again.summary["base_check"]["snapshot_reused"] is True
     assert world.engine.snapshot_calls == [BASE_REF]
     world.engine.images[BASE_REF] = ImageInfo(id="sha256:" + "c" * 64, size=1)  # rebuilt under the same tag
-    run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    run(_request(world), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert world.engine.snapshot_calls == [BASE_REF, BASE_REF]
 
 
@@ -260,7 +261,7 @@ def test_a_held_base_that_drifted_is_locked_against_its_snapshot(world):
     snap.provenance_kind = "read-from-image"
     world.engine.snapshots[BASE_REF] = snap
     out = io.StringIO()
-    res = run(_request(world), Console(file=out, width=300), engine=world.engine)
+    res = run(_request(world), RichReporter(Console(file=out, width=300)), engine=world.engine)
     check = res.summary["base_check"]
     assert check["status"] == "drift"
     assert check["differences"] == ["numpy: the manifest has 1.26.4, the image has 2.1.0"]
@@ -287,16 +288,16 @@ def test_a_base_the_engine_does_not_hold_is_not_snapshotted(world):
     from builder.pipeline import run
 
     del world.engine.images[BASE_REF]
-    res = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    res = run(_request(world), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert "base_check" not in res.summary and world.engine.snapshot_calls == []
 
 
 def test_allow_base_drift_reaches_the_rendered_context(world):
     from builder.pipeline import run
 
-    res = run(_request(world, allow_base_drift=True), Console(file=io.StringIO()), engine=world.engine)
+    res = run(_request(world, allow_base_drift=True), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     dockerfile = (res.rendered.out_dir / "Dockerfile").read_text()
     assert "--out /build-image/drift.json --allow-drift;" in dockerfile
     assert dict(res.rendered.labels)["org.build-image.allow-base-drift"] == "true"
-    default = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    default = run(_request(world), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert "--allow-drift" not in (default.rendered.out_dir / "Dockerfile").read_text()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from builder.errors import BadInput
 from builder.resolve import lock as L
-from builder.resolve.abi import format_notices
-from builder.resolve.baseref import resolve_base
+from builder.resolve.abi import GateResult, format_notices
+from builder.resolve.baseref import ResolvedBase, resolve_base
 from builder.resolve.lockfile import LockFile, parse_lock
 from builder.resolve.pylock import is_pylock_path
 from builder.resolve.twin import refuse_pylock_output, twin_path
@@ -36,9 +36,9 @@ class Locked:
     path: Path
     lock: LockFile
     text: str | None
-    base: object                     # builder.resolve.baseref.ResolvedBase
+    base: ResolvedBase
     overlay: tuple[str, ...]
-    gate: object | None = None       # builder.resolve.abi.GateResult of a new resolution
+    gate: GateResult | None = None   # the verdicts of a new resolution
     resolved: int = 0                # distributions in the resolution (written only)
     timings: dict = field(default_factory=dict)
     unused_allow: tuple[str, ...] = ()
@@ -96,7 +96,8 @@ class Locked:
 
 
 def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = False,
-             default_overlay: bool = True, base=None, progress: Callable[[str], None] | None = None,
+             default_overlay: bool = True, base: ResolvedBase | None = None,
+             progress: Callable[[str], None] | None = None,
              on_message: Callable[[str], None] | None = None) -> Locked:
     """Resolve the spec's base (``base``: a :class:`builder.resolve.baseref.ResolvedBase` the caller
     resolved already), make the request, run the lock stage, keep the pylock twin in step.

@@ -125,12 +125,12 @@ def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = 
     # a second writer of the same lock waits, then sees the first's lock (--check writes nothing)
     with contextlib.nullcontext() if check else output_lock(spec.lock_path):
         out = L.run(req, spec.lock_path, check=check, upgrade=upgrade, force=force, progress=progress)
-        if out.status == "up-to-date":
-            lock, text = _read(out.path)
     lock_path = out.path
-    if out.status == "up-to-date":
+    if out.status == "up-to-date":  # the lock as the freshness check read it
+        assert out.kept is not None
+        text = None if is_pylock_path(lock_path) else out.kept_text
         twin = lock_path if is_pylock_path(lock_path) else twin_path(lock_path)
-        return Locked(status="up-to-date", path=lock_path, lock=lock, text=text, base=resolved,
+        return Locked(status="up-to-date", path=lock_path, lock=out.kept, text=text, base=resolved,
                       overlay=tuple(req.overlay), pylock=str(twin), messages=tuple(said),
                       seconds=time.monotonic() - t_start)
     result = out.result

@@ -8,23 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from builder.cli import main
 from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import load_manifest
 from builder.util import project_root
+from tests.conftest import run
 
 pytestmark = pytest.mark.slow
 
 ROOT = project_root()
 MANIFEST = ROOT / "lockfiles" / "base" / "vllm-openai-v0.26.0.json"
 COMMITTED_LOCK = ROOT / "lockfiles" / "vllm-0.26.0" / "requirements.lock"
-
-
-def run(*args: str):
-    res = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return res.exit_code, res.output
 
 
 @pytest.fixture(scope="module")

@@ -7,22 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from builder.cli import main
 from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import load_manifest
+from tests.conftest import run
 from tests.fx_wheels import install_into, write_wheel
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path_factory.getbasetemp() / "bi-cache-vob"))
-
-
-def run(*args: str):
-    res = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return res.exit_code, res.output
+PRIVATE_CACHE = "bi-cache-vob"  # the download cache of this module's tests (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.fixture(scope="module")

@@ -115,8 +115,8 @@ def test_base_given_as_a_local_image_ref_is_snapshotted(standin_base_image, tmp_
     assert code == 4 and "packaging" in text
 
 
-def test_seed_000_only_vllm_refuses_the_numpy1_ray_base(pyarrow14_base, tmp_path):
-    """Seed 000's headline: `lock --vllm 0.26.0` on a ray-like base (pyarrow built for numpy 1.x, no vllm)
+def test_vllm_alone_refuses_the_numpy1_ray_base(pyarrow14_base, tmp_path):
+    """The numpy-1 ray base's headline: `lock --vllm 0.26.0` on a ray-like base (pyarrow built for numpy 1.x, no vllm)
     adds vllm==0.26.0 and is refused naming numpy, pyarrow's numpy-1.x extension and the chain."""
     out = tmp_path / "r.lock"
     code, text = run("lock", "--vllm", "0.26.0", "--base", str(pyarrow14_base), "--exclude-newer", "2026-07-25",

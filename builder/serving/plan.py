@@ -539,7 +539,8 @@ def _layer_notes(layers: list[LayerKV], types: list[str], unknown_attn: list[int
         names = sorted({types[i] for i in unknown_attn})
         notes.append(
             f"layer_types {', '.join(map(repr, names))} at layers {unknown_attn} are not a type vLLM 0.26.0 knows "
-            "(stock vLLM refuses them; seed 003 rewrote them to full_attention): counted as full attention"
+            "(stock vLLM refuses them; the layer-type rewrite patch maps them to full_attention): "
+            "counted as full attention"
         )
     if any(l.kind == "chunked" for l in layers) and any(l.kind == "full" for l in layers):
         # vLLM disables the hybrid KV manager for chunked local attention (latency regression,
@@ -1101,7 +1102,7 @@ def _what_fits(pool: _Pool, budget: _Budget, v: _Verdict, *, gpu_memory_bytes: i
     max_seqs = int(math.floor(v.conc)) if (v.boots and not pool.attention_free) else 0
     # Below the startup limit, the utilizations that do not fit are a prefix; above it
     # nothing fits (vLLM refuses at startup), so search only up to that limit -- else the
-    # bisection can step over a narrow window that fits (e.g. seed 000 at 0.986..0.989).
+    # bisection can step over a narrow window that fits (e.g. 600 GB on 8 × 80 GB GPUs at 4,096 tokens: 0.986..0.989).
     startup_free = budget.startup_free
     min_util = None
     top = min(1000, math.floor(startup_free * 1000 / gpu_memory_bytes))

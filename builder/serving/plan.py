@@ -36,6 +36,7 @@ from typing import Any
 
 from builder.errors import BadInput, VerdictFailure
 from builder.serving.checkpoint import weight_size
+from builder.serving.modelconfig import text_config
 from builder.serving.vllm_log import parse_vllm_kv_log
 from builder.spec import check_vllm_version
 from builder.validate import load_json, number, read_bounded_text
@@ -307,21 +308,10 @@ class ModelShape:
 def _text_config(config: dict, where: str) -> dict:
     if not isinstance(config, dict):
         raise BadInput(f"{where}: the model config must be a JSON object.")
-    text = config.get("text_config")
-    if text is None:
-        for key in ("llm_config", "language_config"):
-            if isinstance(config.get(key), dict):
-                text = config[key]
-                break
-    if text is None:
-        return config
-    if not isinstance(text, dict):
-        raise BadInput(f"{where}: 'text_config' must be an object.")
-    merged = dict(text)
-    for key in ("torch_dtype", "dtype", "quantization_config"):
-        if key not in merged and key in config:
-            merged[key] = config[key]
-    return merged
+    text, problem = text_config(config)
+    if problem:
+        raise BadInput(f"{where}: {problem}.")
+    return text
 
 
 def _model_dtype(cfg: dict) -> tuple[str, int]:

@@ -70,7 +70,7 @@ from builder.patching.series import PatchedFile, sha256_list
 from builder.resolve.baseref import resolve_base, vllm_on_base
 from builder.resolve.floor import checker_path, consistency_tool
 from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock
-from builder.resolve.lockstage import _read
+from builder.resolve.lockstage import Locked, _read
 from builder.resolve.manifest import BaseManifest
 from builder.resolve.pylock import PYLOCK_NAME
 from builder.resolve.twin import same_pins
@@ -674,7 +674,7 @@ class RenderResult:
 
 
 def render_inputs(spec, *, lock_file: str | Path | None = None, base: str | None = None,
-                  locked=None) -> RenderInputs:
+                  locked: Locked | None = None) -> RenderInputs:
     """The base manifest and the lock render works from.
 
     ``locked`` (a :class:`builder.resolve.lockstage.Locked` the pipeline just made) is used as is;

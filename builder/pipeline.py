@@ -8,7 +8,10 @@ Each stage is a function of ``builder/`` that returns a frozen result the next o
 :func:`builder.image.push.push_image` -> :class:`~builder.image.push.PushResult` ->
 :func:`builder.serving.smoke.run_smoke` -> :class:`~builder.serving.smoke.SmokeReport`.  Nothing is read
 back from disk between them (the lock, the manifest, the Dockerfile), and each wheel is
-hashed once in a run.
+hashed once in a run.  Before any of them, :func:`release_context` resolves what the run is about
+once (the version, the base's kind and manifest, the patch series) into a :class:`Release` the
+stages take their part of.  Progress goes to one :class:`builder.events.Reporter` as events; each
+stage's seconds are measured around it (the patch step's inside render, carried in its result).
 
 Without a reachable engine (or without the base image in its store) the pipeline stops
 after render and says how to build the context elsewhere; with ``--push``/``--smoke``,

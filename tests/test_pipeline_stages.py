@@ -301,3 +301,68 @@ def test_allow_base_drift_reaches_the_rendered_context(world):
     assert dict(res.rendered.labels)["org.build-image.allow-base-drift"] == "true"
     default = run(_request(world), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert "--allow-drift" not in (default.rendered.out_dir / "Dockerfile").read_text()
+
+
+@dataclasses.dataclass
+class Recorder:
+    """A reporter that keeps the events (the pipeline's progress is events, not text)."""
+
+    events: list = dataclasses.field(default_factory=list)
+    prefix: str = ""
+
+    def stage_started(self, index, total, name, what):
+        self.events.append(("started", index, total, name))
+
+    def stage_finished(self, name, seconds):
+        self.events.append(("finished", name, seconds))
+
+    def step(self, text):
+        self.events.append(("step", self.prefix + text))
+
+    def download(self, name, index, total):
+        self.events.append(("download", self.prefix + name, index, total))
+
+    def message(self, text):
+        self.events.append(("message", text))
+
+    def warning(self, text, *, lead=""):
+        self.events.append(("warning", lead + text))
+
+    def scoped(self, prefix):
+        return Recorder(self.events, self.prefix + prefix)
+
+
+def test_progress_is_events_and_the_stage_seconds_come_from_the_stages_and_their_results(world):
+    from builder.pipeline import run
+
+    rec = Recorder()
+    res = run(_request(world, push=True), rec, engine=world.engine)
+    started = [e[1:] for e in rec.events if e[0] == "started"]
+    assert started == [(1, 5, "base"), (2, 5, "lock"), (3, 5, "patch+render"), (4, 5, "build"), (5, 5, "push")]
+    finished = {e[1]: e[2] for e in rec.events if e[0] == "finished"}
+    times = res.summary["stages_s"]
+    assert list(times) == ["base", "lock", "patch", "render", "build", "push"] and times == res.stages_s
+    assert all(times[s] == finished[s] for s in ("base", "lock", "build", "push"))
+    # the render stage's seconds split by what its result measured, not by its printed steps
+    assert times["patch"] == round(res.rendered.timings["patch"], 2)
+    assert abs(times["patch"] + times["render"] - finished["patch+render"]) < 0.011
+    wheels = sorted(e.wheel.filename for e in res.locked.entries)
+    assert [e[1:] for e in rec.events if e[0] == "download"] == [(f"  {w}", i, 2) for i, w in enumerate(wheels, 1)]
+    steps = [e[1] for e in rec.events if e[0] == "step"]
+    assert ["  patch series", "  wheelhouse (2 wheels)", "  write context"] == [s for s in steps if s.startswith("  ")]
+    assert "build: [stage-1 2/4] RUN install" in steps and any(s.startswith("push: ") for s in steps)
+    assert any(e[0] == "message" and e[1].startswith("base manifest verified against") for e in rec.events)
+
+
+def test_the_release_is_resolved_before_any_stage_a_bad_series_writes_no_lock(world, tmp_path):
+    """The series is located and loaded with the release, before the lock: a folder that is not a series
+    is exit 2 with nothing locked, rendered or built."""
+    from builder.errors import BadInput
+    from builder.pipeline import run
+
+    req = dataclasses.replace(_request(world), no_patches=False, series=tmp_path / "not-a-series")
+    (tmp_path / "not-a-series").mkdir()
+    rec = Recorder()
+    with pytest.raises(BadInput, match="is not a patch series"):
+        run(req, rec, engine=world.engine)
+    assert rec.events == [] and not (world.tmp / "overlay.lock").exists() and world.engine.builds == []

@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -746,8 +747,6 @@ def render_context(
     ``base_note``: the manifest is the pipeline's snapshot of the base (SBOM, provenance);
     ``series``: the series the caller loaded already (else ``series_dir``'s, or the shipped one, loaded here);
     ``reporter``: the steps and wheel downloads as events.  The result carries the patch step's seconds."""
-    import time
-
     step = reporter.step
     plan = RenderPlan(vllm=vllm, base=base, lock=lock, repo=repo,
                       source_date_epoch=default_source_date_epoch(), revision=revision,

@@ -366,3 +366,25 @@ def test_the_release_is_resolved_before_any_stage_a_bad_series_writes_no_lock(wo
     with pytest.raises(BadInput, match="is not a patch series"):
         run(req, rec, engine=world.engine)
     assert rec.events == [] and not (world.tmp / "overlay.lock").exists() and world.engine.builds == []
+
+
+def test_a_lock_that_is_up_to_date_is_read_and_parsed_once_per_run(world, monkeypatch):
+    """Freshness, the twin's check, the base check and the render inputs share one parse of the lock."""
+    import builder.resolve.lock as L
+    import builder.resolve.lockfile as LF
+    import builder.resolve.lockstage as LS
+    from builder.pipeline import run
+
+    run(_request(world), Recorder(), engine=world.engine)  # writes the lock
+    parsed = []
+    real = LF.parse_lock
+
+    def counting(text, path="<lock>", **kw):
+        parsed.append(path)
+        return real(text, path, **kw)
+
+    for mod in (LF, L, LS):
+        monkeypatch.setattr(mod, "parse_lock", counting)
+    again = run(_request(world), Recorder(), engine=world.engine)
+    assert again.locked.status == "up-to-date"
+    assert parsed == [str(world.tmp / "overlay.lock")]

@@ -388,3 +388,42 @@ def test_a_lock_that_is_up_to_date_is_read_and_parsed_once_per_run(world, monkey
     again = run(_request(world), Recorder(), engine=world.engine)
     assert again.locked.status == "up-to-date"
     assert parsed == [str(world.tmp / "overlay.lock")]
+
+
+def test_the_series_is_located_and_loaded_once_and_its_text_reaches_the_sbom(world, monkeypatch):
+    import difflib
+
+    import builder.patching.series as P
+    import builder.pipeline as PL
+
+    old = "__version__ = '0.26.0'\n"
+    diff = "".join(difflib.unified_diff([old], ["__version__ = '0.26.0'  # patched\n"], "a/vllm/__init__.py",
+                                        "b/vllm/__init__.py", n=3))
+    series = world.tmp / "series"
+    series.mkdir()
+    patch = ("Subject: mark the version\nWhy: test\nApplies-To: vllm==0.26.0\nUpstream-Status: Inappropriate [test]\n"
+             "Risk: none\n\n" + diff)
+    (series / "0001-mark.patch").write_text(patch)
+    (series / "series").write_text("0001-mark.patch\n")
+    (series / P.ORIG_SUMS).write_text(P.format_sums({"vllm/__init__.py": P.sha256_bytes(old.encode())}))
+    loads = []
+    real = P.load_series
+
+    def counting(d, v=None):
+        loads.append(str(d))
+        return real(d, v)
+
+    monkeypatch.setattr(P, "load_series", counting)
+    monkeypatch.setattr(PL, "load_series", counting)
+    (wheel,) = world.house.glob("vllm-0.26.0-*.whl")
+    req = dataclasses.replace(_request(world), no_patches=False, series=series, wheel=wheel)
+    res = run_pipeline(req)
+    assert loads == [str(series)]
+    assert res.rendered.plan.patches == ["0001-mark.patch"]
+    assert res.rendered.plan.patch_texts == {"0001-mark.patch": patch}  # what the SBOM and provenance hash
+
+
+def run_pipeline(req):
+    from builder.pipeline import run
+
+    return run(req, Recorder(), engine=MemoryEngine())

@@ -16,7 +16,11 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Protocol, TextIO
+
+if TYPE_CHECKING:  # rich loads only when a terminal shows the events
+    from rich.console import Console
+    from rich.status import Status
 
 
 class Reporter(Protocol):
@@ -103,9 +107,9 @@ class RichReporter:
     """A rich console (a terminal): bold stage headers, a yellow lead on a warning; with ``status``
     (a ``console.status`` spinner the command shows) steps and downloads update it in place."""
 
-    console: Any                      # rich.console.Console
+    console: Console
     prefix: str = ""
-    status: Any = field(default=None)  # rich.status.Status
+    status: Status | None = field(default=None)
 
     def stage_started(self, index: int, total: int, name: str, what: str) -> None:
         from rich.markup import escape
@@ -137,7 +141,7 @@ class RichReporter:
         return replace(self, prefix=self.prefix + prefix)
 
 
-def reporter_for(console: Any, *, as_json: bool = False) -> Reporter:
+def reporter_for(console: Console, *, as_json: bool = False) -> Reporter:
     """The reporter a command shows progress with: rich on a terminal, plain otherwise (a pipe, a CI
     log) and always with ``--json`` (stdout holds the document; stderr stays plain words)."""
     if not as_json and getattr(console, "is_terminal", False):

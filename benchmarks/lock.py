@@ -106,8 +106,10 @@ class Inputs:
         on_base = base.get("vllm").version if base.get("vllm") is not None else vllm
         req.ray = choose(on_base, ray_releases(ix.for_request([], False), on_base, tags))
         self.overlay = req.resolution_overlay()
+        self.fell_back: str | None = None  # the chosen ray that does not fit on the base
         self.write(self.overlay)
         if req.ray.requirement and self.unsatisfiable():  # the lock's fallback: the newest ray that fits
+            self.fell_back = req.ray.requirement
             self.overlay = [DEFAULT_RAY if r == req.ray.requirement else r for r in self.overlay]
             self.write(self.overlay)
 
@@ -128,8 +130,11 @@ class Inputs:
 
     def describe(self) -> str:
         overrides = len(self.base.uv_overrides or ())
-        return (f"vllm {self.vllm}: overlay {self.overlay}, {len(self.base.distributions)} base pins as constraints, "
-                f"{overrides} override(s), from {self.label}")
+        fell_back = (f" ({self.fell_back} does not fit on the base: the lock resolves it first, looks for the pins "
+                     "that would have to move, then locks the newest ray that fits; raw uv runs only the last)"
+                     if self.fell_back else "")
+        return (f"vllm {self.vllm}: overlay {self.overlay}{fell_back}, {len(self.base.distributions)} base pins as "
+                f"constraints, {overrides} override(s), from {self.label}")
 
 
 def bench_release(vllm: str, args, uv: Uv) -> list[tuple[str, float | str]]:

@@ -6,7 +6,7 @@ Writes a safetensors checkpoint (``--small`` shards of ``--small-mb`` MB and one
 ``--large-mb`` MB shard, random data, an index and a config; ~2 GB by default)
 under ``--dir`` (default: a temp dir), measures, and deletes it again:
 
-1. the structural pass (headers only) on it, and on sparse stand-ins of seed 003's
+1. the structural pass (headers only) on it, and on sparse stand-ins of the Qwen sparse-attention checkpoint's
    186 GB / 31-file checkpoint and of a 600 GB / 163-file / 91k-tensor one (no disk used): the goal is < 1 s
    whatever the size;
 2. sha256 throughput, side by side in one run on the same files: ``sha256sum`` on the
@@ -170,10 +170,11 @@ def run(work: Path, args, env: dict) -> int:
 
     # 1. structural pass: sparse stand-ins of real checkpoints (no disk used)
     print("\n== structural pass (headers only)")
-    seed003 = [int(102.4 * GB)] + [int((186.4 - 102.4) / 30 * GB)] * 30
+    qwen_sparse = [int(102.4 * GB)] + [int((186.4 - 102.4) / 30 * GB)] * 30
     big600 = [int(600 / 163 * GB)] * 163
     for label, sizes, per_shard in (
-            ("seed 003 (31 files, 186.4 GB, one 102.4 GB shard, 2,000 tensors), sparse", seed003, 65),
+            ("Qwen sparse-attention checkpoint (31 files, 186.4 GB, one 102.4 GB shard, 2,000 tensors), sparse",
+             qwen_sparse, 65),
             ("600 GB in 163 shards, 91,000 tensors (DeepSeek-V3-like), sparse", big600, 560)):
         d = work / label.split()[0].replace("(", "")
         make_checkpoint(d, sizes, sparse=True, tensors_per_shard=per_shard)
@@ -277,7 +278,8 @@ def run(work: Path, args, env: dict) -> int:
     print(f"\n== extrapolation (cold cache: one stream {per_job / MB:.0f} MB/s, all shards with --jobs {best_jobs} "
           f"{agg / MB:.0f} MB/s)")
     per_cpu_s = st.st_size / results["hasher-cpu-warm"]
-    for label, tot, largest in (("seed 003: 186.4 GB, largest shard 102.4 GB", 186.4 * GB, 102.4 * GB),
+    for label, tot, largest in (("Qwen sparse-attention checkpoint: 186.4 GB, largest shard 102.4 GB", 186.4 * GB,
+                                 102.4 * GB),
                                 ("600 GB in 163 x 3.7 GB shards", 600 * GB, 600 / 163 * GB)):
         bound = max(tot / agg, largest / per_job)
         print(f"  {label}: {bound / 60:.1f} min here (aggregate {tot / agg / 60:.1f} min; the largest shard alone "

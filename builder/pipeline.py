@@ -8,7 +8,10 @@ Each stage is a function of ``builder/`` that returns a frozen result the next o
 :func:`builder.image.push.push_image` -> :class:`~builder.image.push.PushResult` ->
 :func:`builder.serving.smoke.run_smoke` -> :class:`~builder.serving.smoke.SmokeReport`.  Nothing is read
 back from disk between them (the lock, the manifest, the Dockerfile), and each wheel is
-hashed once in a run.
+hashed once in a run.  Before any of them, :func:`release_context` resolves what the run is about
+once (the version, the base's kind and manifest, the patch series) into a :class:`Release` the
+stages take their part of.  Progress goes to one :class:`builder.events.Reporter` as events; each
+stage's seconds are measured around it (the patch step's inside render, carried in its result).
 
 Without a reachable engine (or without the base image in its store) the pipeline stops
 after render and says how to build the context elsewhere; with ``--push``/``--smoke``,
@@ -20,24 +23,31 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from builder import engine as engine_adapter
 from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
-from builder.image.build import build_image, missing_bases
-from builder.image.push import push_image
-from builder.image.render import build_hint, render_context, render_inputs
-from builder.patching.series import require_series
+from builder.events import Reporter
+from builder.image.build import BuildResult, build_image, missing_bases
+from builder.image.push import PushResult, push_image
+from builder.image.render import RenderInputs, RenderResult, build_hint, render_context, render_inputs
+from builder.patching.series import Series, load_series, shipped_series
 from builder.resolve import base as base_snapshot
 from builder.resolve.base import repo_of
 from builder.resolve.baseref import ResolvedBase, classify, resolve_base
 from builder.resolve.floor import compare
-from builder.resolve.lockstage import run_lock
+from builder.resolve.lockstage import Locked, run_lock
 from builder.serving.kuberay import render_manifests, write_manifests
-from builder.serving.smoke import checkpoint_ready, config_from_serving, preflight_plan, render_text, run_smoke
-from builder.spec import check_vllm_version
+from builder.serving.smoke import (
+    SmokeReport,
+    checkpoint_ready,
+    config_from_serving,
+    preflight_plan,
+    render_text,
+    run_smoke,
+)
+from builder.spec import Spec, check_vllm_version
 from builder.validate import version_string
 
 
@@ -45,7 +55,7 @@ from builder.validate import version_string
 class PipelineRequest:
     """What the pipeline was asked to do (the spec carries vllm, base, overlay, lock, repo, serving)."""
 
-    spec: Any                       # builder.spec.Spec, flags applied
+    spec: Spec                      # flags applied
     out: Path
     push: bool = False
     force: bool = False
@@ -70,26 +80,90 @@ class PipelineRequest:
 
 
 @dataclass(frozen=True)
+class Release:
+    """The release the pipeline builds, each fact resolved once before any stage runs and handed to
+    the stages that need it: the version (validated), the base (classified; a manifest resolved and
+    loaded, an image reference snapshotted later by the base stage), the patch series (located and
+    loaded; None with ``--no-patches``)."""
+
+    vllm: str
+    base_kind: str                  # default | manifest | image (builder.resolve.baseref.classify)
+    base: ResolvedBase | None       # the shipped or given manifest; None for an image reference
+    base_value: str | None          # the --base value (an image reference is snapshotted from it)
+    series: Series | None
+
+
+def release_context(req: PipelineRequest) -> Release:
+    """The release of ``req``: a version (never a word or a path), and, on the shipped base (no ``--base``),
+    one this checkout has a base manifest for: exit 2 naming the known releases; then its patch series
+    (exit 6 for a release nobody ported patches to, unless ``--series``/``--no-patches``) and its base
+    manifest -- all before anything is locked or downloaded."""
+    spec = req.spec
+    where = "--vllm" if not spec.source else f"--vllm / {spec.source} 'vllm'"
+    vllm = version_string(spec.vllm, where=where)
+    kind = classify(spec.base)
+    if kind == "default":
+        check_vllm_version(vllm, where=where)
+    series = None
+    if not req.no_patches:
+        series = load_series(req.series if req.series else shipped_series(vllm), vllm)
+    base = resolve_base(spec.base, vllm, kind=kind) if kind != "image" else None
+    return Release(vllm=vllm, base_kind=kind, base=base, base_value=spec.base, series=series)
+
+
+@dataclass(frozen=True)
+class HeldBase:
+    """The base manifest's image, held by the engine: what :func:`verify_base` snapshots."""
+
+    resolved: ResolvedBase          # the shipped or given manifest
+    ref: str                        # the manifest's pinned reference, as the engine holds it
+    image_id: str
+    digest: str | None              # the registry digest the engine knows for it, if any
+
+
+@dataclass(frozen=True)
+class BaseCheck:
+    """What :func:`verify_base` found: ``verified`` (the manifest describes the image) or ``drift``
+    (``differences``; the lock is then made against ``base``, the snapshot)."""
+
+    status: str                     # verified | drift
+    base: ResolvedBase              # the base the lock uses
+    ref: str
+    image: str                      # digest (or image ID) the manifest was compared with
+    differences: tuple[str, ...]
+    seconds: float
+    reused: bool                    # the snapshot came from the cache (same image ID)
+
+    def to_dict(self, context: Path) -> dict:
+        return {"status": self.status, "image": self.ref, "against": self.image, "differences": list(self.differences),
+                "snapshot_s": self.seconds, "snapshot_reused": self.reused,
+                "manifest": str(Path(context) / "checks" / "base-manifest.json")}
+
+
+@dataclass(frozen=True)
 class PipelineResult:
     """Every stage's result (None for a stage that did not run), the summary the command prints,
     and the error it raises after printing it (push/smoke asked for but impossible, a FAIL verdict)."""
 
     status: str                      # rendered | built | pushed
     summary: dict
-    locked: Any = None               # builder.resolve.lockstage.Locked
-    rendered: Any = None             # builder.image.render.RenderResult
-    built: Any = None                # builder.image.build.BuildResult
-    pushed: Any = None               # builder.image.push.PushResult
-    smoke: Any = None                # builder.serving.smoke.SmokeReport
+    locked: Locked | None = None
+    rendered: RenderResult | None = None
+    built: BuildResult | None = None
+    pushed: PushResult | None = None
+    smoke: SmokeReport | None = None
     error: BuildImageError | None = None
     notice: str | None = None        # why it stopped after render, with how to go on
+    notice_lead: str = ""            # the notice's opening words, shown emphasised
+    stages_s: dict[str, float] = field(default_factory=dict)  # each stage's seconds, in order
 
 
 class Stages:
-    """``[n/N] name: what`` headers on the console and each stage's seconds."""
+    """Each stage as two events on the reporter (started, ``[n/N] name: what``; finished, its seconds),
+    and the seconds kept for the summary."""
 
-    def __init__(self, console, total: int):
-        self.console = console
+    def __init__(self, reporter: Reporter, total: int):
+        self.reporter = reporter
         self.total = total
         self.times: dict[str, float] = {}
         self._n = 0
@@ -97,23 +171,28 @@ class Stages:
     @contextlib.contextmanager
     def stage(self, name: str, what: str):
         self._n += 1
-        self.console.print(f"[bold][{self._n}/{self.total}] {name}[/bold]: {what}", highlight=False)
+        self.reporter.stage_started(self._n, self.total, name, what)
         t0 = time.monotonic()
         try:
             yield
         finally:
             self.times[name] = round(time.monotonic() - t0, 2)
+            self.reporter.stage_finished(name, self.times[name])
+
+    def split(self, name: str, first: str, first_s: float, rest: str) -> None:
+        """One stage's seconds as two, in its place: ``first`` (``first_s``, which the stage's result
+        measured) and ``rest`` (the remainder)."""
+        whole = self.times.pop(name)
+        self.times[first] = round(first_s, 2)
+        self.times[rest] = round(whole - self.times[first], 2)
 
 
-def preflight(req: PipelineRequest, console) -> dict | None:
+def preflight(req: PipelineRequest, reporter: Reporter) -> dict | None:
     """Before anything is locked, built or booted (``--smoke``): the checkpoint is ready and the
     memory plan fits the serving settings, else refused here with the plan's numbers (zero GPU
     and build time).  The plan is handed to the smoke stage, which does not compute it again."""
     cfg = config_from_serving(req.spec.serving, model=req.model, vllm=req.spec.vllm)  # the release's plan facts
-
-    def say(m: str) -> None:
-        console.print(f"  preflight: {m}", highlight=False, markup=False)
-
+    say = reporter.scoped("  preflight: ").step
     checkpoint_ready(cfg, say)  # a checkpoint that is not ready: exit 13 before lock, build or boot
     plan = preflight_plan(cfg, say)
     if plan is None:
@@ -128,42 +207,12 @@ def preflight(req: PipelineRequest, console) -> dict | None:
     return plan
 
 
-@dataclass(frozen=True)
-class HeldBase:
-    """The base manifest's image, held by the engine: what :func:`verify_base` snapshots."""
-
-    resolved: Any                   # builder.resolve.baseref.ResolvedBase (the shipped or given manifest)
-    ref: str                        # the manifest's pinned reference, as the engine holds it
-    image_id: str
-    digest: str | None              # the registry digest the engine knows for it, if any
-
-
-@dataclass(frozen=True)
-class BaseCheck:
-    """What :func:`verify_base` found: ``verified`` (the manifest describes the image) or ``drift``
-    (``differences``; the lock is then made against ``base``, the snapshot)."""
-
-    status: str                     # verified | drift
-    base: Any                       # the ResolvedBase the lock uses
-    ref: str
-    image: str                      # digest (or image ID) the manifest was compared with
-    differences: tuple[str, ...]
-    seconds: float
-    reused: bool                    # the snapshot came from the cache (same image ID)
-
-    def to_dict(self, context: Path) -> dict:
-        return {"status": self.status, "image": self.ref, "against": self.image, "differences": list(self.differences),
-                "snapshot_s": self.seconds, "snapshot_reused": self.reused,
-                "manifest": str(Path(context) / "checks" / "base-manifest.json")}
-
-
-def base_held_by_engine(spec, engine) -> HeldBase | None:
-    """The spec's base manifest (shipped or a file) and its image, when the engine is reachable and
+def base_held_by_engine(release: Release, engine) -> HeldBase | None:
+    """The release's base manifest (shipped or a file) and its image, when the engine is reachable and
     holds that image; None otherwise (no engine, image not there, a manifest without a reference)."""
-    if classify(spec.base) == "image":
+    if release.base is None:
         return None
-    resolved = resolve_base(spec.base, spec.vllm)
-    ref = resolved.manifest.pinned_ref
+    ref = release.base.manifest.pinned_ref
     if not ref:
         return None
     try:
@@ -175,7 +224,7 @@ def base_held_by_engine(spec, engine) -> HeldBase | None:
         return None
     digest = ref.split("@", 1)[1] if "@" in ref else next(
         (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and repo_of(d) == repo_of(ref)), None)
-    return HeldBase(resolved=resolved, ref=ref, image_id=info.id, digest=digest)
+    return HeldBase(resolved=release.base, ref=ref, image_id=info.id, digest=digest)
 
 
 def verify_base(held: HeldBase, tell) -> BaseCheck:
@@ -209,45 +258,33 @@ def _base_note(checked: BaseCheck | None) -> str | None:
             f"base manifest differing from it in {len(checked.differences)} place(s)")
 
 
-def check_release_input(spec) -> None:
-    """The release the pipeline builds: a version (never a word or a path), and, on the shipped base
-    (no ``--base``), one this checkout has a base manifest for: exit 2 naming the known releases, before
-    the patch series, the lock or anything else is looked at."""
-    where = "--vllm" if not spec.source else f"--vllm / {spec.source} 'vllm'"
-    version_string(spec.vllm, where=where)
-    if classify(spec.base) == "default":
-        check_vllm_version(spec.vllm, where=where)
-
-
 def _dir_size(path: Path) -> int:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
 
 
-def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
+def run(req: PipelineRequest, reporter: Reporter, *, engine=None) -> PipelineResult:
     """Run the stages in order, each on the previous one's result (see the module doc)."""
     req.check()
-    check_release_input(req.spec)
+    release = release_context(req)  # before any lock or download: each fact of the release, once
     spec = req.spec
-    if not req.series and not req.no_patches:  # before any lock or download: a release nobody ported patches to
-        require_series(spec.vllm)
     t_all = time.monotonic()
-    plan = preflight(req, console) if req.smoke else None
+    plan = preflight(req, reporter) if req.smoke else None
     engine = engine or engine_adapter.get_engine()
-    held = base_held_by_engine(spec, engine)
-    base_stage = classify(spec.base) == "image" or held is not None
-    stages = Stages(console, 3 + int(req.push) + int(req.smoke) + int(base_stage))
-    r = _Run(req=req, console=console, stages=stages, t_all=t_all,
+    held = base_held_by_engine(release, engine)
+    base_stage = release.base_kind == "image" or held is not None
+    stages = Stages(reporter, 3 + int(req.push) + int(req.smoke) + int(base_stage))
+    r = _Run(req=req, release=release, reporter=reporter, stages=stages, t_all=t_all,
              summary={"vllm": spec.vllm, "context": str(req.out), "stages_s": stages.times})
     r.lock(held)
     if req.kuberay:  # bad serving settings fail here (exit 2, before the context is written), not after the build
         render_manifests(lock=r.inputs.lock, spec=spec, image="build-image.invalid/check:kuberay", allow_tag=True,
                          base=r.inputs.manifest)
-    r.render()
+    rendered = r.render()
     stopped = r.reach_engine(engine)
     if stopped is not None:
         return stopped
     r.build(engine)
-    image = r.rendered.tags[0]
+    image = rendered.tags[0]
     if req.push:
         image = r.push(engine)
     if req.kuberay:
@@ -256,7 +293,7 @@ def run(req: PipelineRequest, console, *, engine=None) -> PipelineResult:
     status = "pushed" if req.push else "built"
     r.summary.update(status=status, total_s=round(time.monotonic() - t_all, 2))
     return PipelineResult(status=status, summary=r.summary, locked=r.locked, rendered=r.rendered, built=r.built,
-                          pushed=r.pushed, smoke=r.smoked, error=error)
+                          pushed=r.pushed, smoke=r.smoked, error=error, stages_s=stages.times)
 
 
 @dataclass
@@ -264,97 +301,92 @@ class _Run:
     """One pipeline run: the stages, each filling its result and the summary."""
 
     req: PipelineRequest
-    console: Any
+    release: Release
+    reporter: Reporter
     stages: Stages
     t_all: float
     summary: dict
     checked: BaseCheck | None = None  # the base manifest against the image the engine holds
-    locked: Any = None
-    inputs: Any = None      # builder.image.render.RenderInputs
-    rendered: Any = None
-    built: Any = None
-    pushed: Any = None
-    smoked: Any = None
+    locked: Locked | None = None
+    inputs: RenderInputs | None = None
+    rendered: RenderResult | None = None
+    built: BuildResult | None = None
+    pushed: PushResult | None = None
+    smoked: SmokeReport | None = None
 
-    def tell(self, msg: str) -> None:
-        self.console.print(msg, highlight=False, markup=False, soft_wrap=True)
-
-    def lock(self, held: HeldBase | None) -> None:
+    def lock(self, held: HeldBase | None) -> Locked:
         """The base (an image reference is snapshotted; a manifest whose image the engine holds is
         verified against it, and its snapshot used where they differ) and the lock on it."""
-        spec = self.req.spec
-        base = None
-        if classify(spec.base) == "image":
+        spec, release = self.req.spec, self.release
+        base = release.base
+        if release.base_kind == "image":
             with self.stages.stage("base", f"snapshot {spec.base}"):
-                base = resolve_base(spec.base, spec.vllm)
+                base = resolve_base(release.base_value, release.vllm, kind="image")
         elif held is not None:
             with self.stages.stage("base", f"verify the manifest against {held.ref} (the engine holds it)"):
-                self.checked = verify_base(held, self.tell)
+                self.checked = verify_base(held, self.reporter.message)
                 base = self.checked.base
                 self.summary["base_check"] = self.checked.to_dict(self.req.out)
         with self.stages.stage("lock", f"{spec.lock_path} (reused when up to date; ABI gate on a new resolution)"):
-            self.locked = run_lock(spec, default_overlay=self.req.default_overlay, base=base,
-                                   progress=lambda m: self.tell(f"lock: {m}"), on_message=self.tell)
-            self.tell(self.locked.summary_line())
-        self.inputs = render_inputs(spec, locked=self.locked)
-        self.summary["lock"] = str(self.locked.path)
-        self.summary["lock_hash"] = self.locked.lock_hash
+            locked = run_lock(spec, default_overlay=self.req.default_overlay, base=base,
+                              progress=self.reporter.scoped("lock: ").step, on_message=self.reporter.message)
+            self.reporter.message(locked.summary_line())
+        self.locked = locked
+        self.inputs = render_inputs(spec, locked=locked)
+        self.summary["lock"] = str(locked.path)
+        self.summary["lock_hash"] = locked.lock_hash
+        return locked
 
-    def render(self) -> None:
-        """Patch check and the build context, timed as two stages when the wheelhouse step is seen."""
+    def render(self) -> RenderResult:
+        """Patch check and the build context, timed as two stages (the patch step's seconds are in the result)."""
         req, spec, out, inputs = self.req, self.req.spec, self.req.out, self.inputs
-        marks: dict[str, float] = {}
-
-        def on_step(s: str) -> None:
-            if s == "patch series" or s.startswith("wheelhouse") or s == "write context":
-                marks[s.split(" ")[0]] = time.monotonic()
-            self.console.print(f"  {s}", highlight=False)
-
+        assert inputs is not None
         with self.stages.stage("patch+render", f"patch check, wheelhouse, context -> {out}"):
-            t0 = time.monotonic()
-            self.rendered = render_context(vllm=spec.vllm, base=inputs.manifest, lock=inputs.lock,
-                                           lock_text=inputs.lock_text, out_dir=out, series_dir=req.series,
-                                           vllm_wheel=req.wheel, repo=spec.repo,
-                                           no_patches=req.no_patches, on_step=on_step, base_data=inputs.base_data,
-                                           allow_base_drift=req.allow_base_drift, base_note=_base_note(self.checked))
-        times = self.stages.times
-        if "wheelhouse" in marks:  # split the stage: patch check+apply, then wheelhouse + context
-            both = times.pop("patch+render")
-            times["patch"] = round(marks["wheelhouse"] - marks.get("patch", t0), 2)
-            times["render"] = round(both - times["patch"], 2)
-        self.summary.update(tags=list(self.rendered.tags), patches=self.rendered.plan.patches,
+            rendered = render_context(vllm=spec.vllm, base=inputs.manifest, lock=inputs.lock,
+                                      lock_text=inputs.lock_text, out_dir=out, series=self.release.series,
+                                      vllm_wheel=req.wheel, repo=spec.repo, no_patches=req.no_patches,
+                                      reporter=self.reporter.scoped("  "), base_data=inputs.base_data,
+                                      allow_base_drift=req.allow_base_drift, base_note=_base_note(self.checked))
+        self.stages.split("patch+render", "patch", rendered.timings["patch"], "render")
+        self.rendered = rendered
+        self.summary.update(tags=list(rendered.tags), patches=rendered.plan.patches,
                             context_bytes=_dir_size(out), base=inputs.manifest.pinned_ref)
+        return rendered
 
     def write_kuberay(self, image: str, allow_tag: bool) -> None:
+        assert self.inputs is not None
         paths = write_manifests(self.req.out, lock=self.inputs.lock, spec=self.req.spec, image=image,
                                 allow_tag=allow_tag, base=self.inputs.manifest)
         self.summary["kuberay"] = [str(p) for p in paths]
         if allow_tag and "@sha256:" not in image:
-            self.console.print(f"[yellow]kuberay: the manifests run {image} by tag[/yellow] (not pushed, so no "
-                               "registry digest yet; --push pins them by digest).", highlight=False)
+            self.reporter.warning(" (not pushed, so no registry digest yet; --push pins them by digest).",
+                                  lead=f"kuberay: the manifests run {image} by tag")
 
-    def stop_after_render(self, why: str, build_it: str, how: str, error: BuildImageError,
+    def stop_after_render(self, why: str, detail: str, build_it: str, how: str, error: BuildImageError,
                           **extra) -> PipelineResult:
-        req, out = self.req, self.req.out
+        req, out, rendered = self.req, self.req.out, self.rendered
+        assert rendered is not None
         self.summary.update(status="rendered", **extra, build_command=how,
                             total_s=round(time.monotonic() - self.t_all, 2))
         if req.kuberay:
-            self.write_kuberay(self.rendered.tags[0], allow_tag=True)
+            self.write_kuberay(rendered.tags[0], allow_tag=True)
         wanted = req.push or req.smoke
-        notice = None if wanted else (f"{why}\nstopped after render; the context in {out} is self-contained. "
+        notice = None if wanted else (f"{why}{detail}\nstopped after render; the context in {out} is self-contained. "
                                       f"{build_it}:\n  {how}")
-        return PipelineResult(status="rendered", summary=self.summary, locked=self.locked, rendered=self.rendered,
-                              error=error if wanted else None, notice=notice)
+        return PipelineResult(status="rendered", summary=self.summary, locked=self.locked, rendered=rendered,
+                              error=error if wanted else None, notice=notice, notice_lead=why if notice else "",
+                              stages_s=self.stages.times)
 
     def reach_engine(self, engine) -> PipelineResult | None:
         """None when the engine answers and holds the base images; else the run stops after render."""
         out, spec, rendered = self.req.out, self.req.spec, self.rendered
+        assert rendered is not None
         try:
             engine.ping()
         except EngineUnavailable as exc:
             how = build_hint(out, spec.repo, rendered.tags)
             return self.stop_after_render(
-                f"[yellow]no container engine reachable[/yellow] ({exc.message})", "Build it where an engine runs",
+                "no container engine reachable", f" ({exc.message})", "Build it where an engine runs",
                 how, EngineUnavailable(f"{exc.message} The context is complete in {out}, but --push/--smoke need "
                                        "an engine.", hint=f"build where an engine runs: {how}"),
                 engine=exc.message)
@@ -363,49 +395,47 @@ class _Run:
             how = f"docker pull {missing[0]} && build-image build {out}" + (f" --tag {spec.repo}" if spec.repo else "")
             msg = (f"the base image {', '.join(missing)} is not in the engine's image store (build-image never pulls "
                    f"it implicitly; --pull allows it).")
-            return self.stop_after_render(f"[yellow]{msg}[/yellow]", "Build it", how,
+            return self.stop_after_render(msg, "", "Build it", how,
                                           BuildFailed(msg + f" The context is complete in {out}.", hint=how),
                                           missing_base=missing)
         return None
 
-    def build(self, engine) -> None:
+    def build(self, engine) -> BuildResult:
         rendered = self.rendered
+        assert rendered is not None
         with self.stages.stage("build", "BuildKit, --network=none"):
-            self.built = build_image(rendered.out_dir, rendered.tags, vllm=rendered.vllm,
-                                     lock_hash=rendered.lock_hash, base_refs=rendered.base_refs, engine=engine,
-                                     pull=self.req.pull, bases_checked=True,
-                                     on_step=lambda s: self.console.print("build: " + s, markup=False,
-                                                                          highlight=False, soft_wrap=True))
-        self.summary.update(image_id=self.built.image_id, image_bytes=self.built.size_bytes,
-                            cached_steps=self.built.cached_steps)
-        for line in self.built.warnings:  # allowed base drift, listed by the checks stage
-            self.console.print(f"build warning: {line}", highlight=False, markup=False, soft_wrap=True)
-        if self.built.warnings:
-            self.summary["build_warnings"] = list(self.built.warnings)
+            built = build_image(rendered.out_dir, rendered.tags, vllm=rendered.vllm,
+                                lock_hash=rendered.lock_hash, base_refs=rendered.base_refs, engine=engine,
+                                pull=self.req.pull, bases_checked=True, reporter=self.reporter.scoped("build: "))
+        self.built = built
+        self.summary.update(image_id=built.image_id, image_bytes=built.size_bytes, cached_steps=built.cached_steps)
+        for line in built.warnings:  # allowed base drift, listed by the checks stage
+            self.reporter.warning(f"build warning: {line}")
+        if built.warnings:
+            self.summary["build_warnings"] = list(built.warnings)
+        return built
 
     def push(self, engine) -> str:
         """Push every tag; the image later stages use is the pushed digest."""
         rendered = self.rendered
+        assert rendered is not None
         with self.stages.stage("push", f"{', '.join(rendered.tags)}"):
-            self.pushed = push_image(rendered.tags, force=self.req.force, engine=engine, context=rendered.out_dir,
-                                     on_step=lambda s: self.console.print(f"push: {s}", markup=False,
-                                                                          highlight=False))
-        self.summary.update(digest=self.pushed.digest, pinned=self.pushed.pinned,
-                            attestations=self.pushed.attestations)
-        return self.pushed.pinned
+            pushed = push_image(rendered.tags, force=self.req.force, engine=engine, context=rendered.out_dir,
+                                reporter=self.reporter.scoped("push: "))
+        self.pushed = pushed
+        self.summary.update(digest=pushed.digest, pinned=pushed.pinned, attestations=pushed.attestations)
+        return pushed.pinned
 
     def smoke(self, image: str, plan: dict | None) -> BuildImageError | None:
         """Boot the image and generate; a verdict other than PASS is the error the command raises."""
         req, spec = self.req, self.req.spec
         with self.stages.stage("smoke", f"{image} with {req.model}"):
-            self.smoked = run_smoke(
+            smoked = run_smoke(
                 config_from_serving(spec.serving, model=req.model, image=image, vllm=spec.vllm),
-                progress=lambda m: self.console.print(f"  smoke: {m}", highlight=False, markup=False),
-                planned=plan)
-        self.console.print(render_text(self.smoked), highlight=False, markup=False)
-        self.summary.update(smoke=self.smoked.to_dict(), smoke_verdict=self.smoked.verdict)
-        if self.smoked.exit_code != 0:
-            return VerdictFailure(f"smoke test of {image}: {self.smoked.verdict}.")
+                progress=self.reporter.scoped("  smoke: ").step, planned=plan)
+        self.smoked = smoked
+        self.reporter.message(render_text(smoked))
+        self.summary.update(smoke=smoked.to_dict(), smoke_verdict=smoked.verdict)
+        if smoked.exit_code != 0:
+            return VerdictFailure(f"smoke test of {image}: {smoked.verdict}.")
         return None
-
-

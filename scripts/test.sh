@@ -11,8 +11,10 @@ export UV_PYTHON_DOWNLOADS=never
 export BUILD_IMAGE_REQUIRE_DOCKER=1
 DOCKER=${BUILD_IMAGE_DOCKER:-docker}
 scripts/setup.sh
-# the linter first (pyproject.toml [tool.ruff]; ruff is in the test extra): a finding fails the run in seconds
+# the linters first (pyproject.toml [tool.ruff], [tool.importlinter]; both are in the test extra): a finding
+# fails the run in seconds
 .venv/bin/ruff check .
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/lint-imports --no-cache
 
 # Everything the suite writes outside the checkout and the download cache lands in one run dir.
 RUN_DIR=$(mktemp -d "${TMPDIR:-/tmp}/build-image-test.XXXXXX")

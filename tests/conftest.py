@@ -10,11 +10,15 @@ Under pytest-xdist (``scripts/test.sh`` runs the tests that need no engine with 
 loadgroup``) tests that share something run on one worker, in order: an ``xdist_group`` mark
 names what they share; every ``docker`` test is in the group "docker" (the engine, the registry
 on 127.0.0.1:5000, the image tags and the stand-in base).
+
+Shared helpers: :func:`run` (a CLI command in process: exit code and output) and the
+``private_cache`` fixture (the test's own download cache, named by its module's ``PRIVATE_CACHE``).
 """
 
 import signal
 
 import pytest
+from click.testing import CliRunner
 
 pytest_plugins = ["tests.fx_wheels", "tests.fx_docker"]
 
@@ -30,3 +34,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("docker") is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group("docker"))
+
+
+def run(*args: str) -> tuple[int, str]:
+    """``build-image ARGS`` in this process: (exit code, stdout and stderr); an unexpected exception raises."""
+    from builder.cli import main
+
+    res = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    return res.exit_code, res.output
+
+
+@pytest.fixture
+def private_cache(request, tmp_path_factory, tmp_path, monkeypatch):
+    """``BUILD_IMAGE_CACHE`` for this test: the folder its module names in ``PRIVATE_CACHE`` under the
+    session's temp folder (shared by the modules naming the same one, so a wheel is fetched once per run;
+    default ``bi-cache``), or a fresh one per test when the module sets ``PRIVATE_CACHE = None``."""
+    name = getattr(request.module, "PRIVATE_CACHE", "bi-cache")
+    cache = tmp_path / "bi-cache" if name is None else tmp_path_factory.getbasetemp() / name
+    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(cache))
+    return cache

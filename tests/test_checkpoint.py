@@ -775,3 +775,20 @@ def test_transformers_checkpoints_are_ready_with_the_loaders_byte_count(tmp_path
     assert doc["ple_tensors"] == sorted(ple)
     assert doc["ple_bytes"] == sum(tensors[k].numel() * tensors[k].element_size() for k in ple)
     assert (doc["ple_bytes"] > 0) == name.startswith("gemma4")
+
+
+def test_checkpoint_and_plan_read_the_text_settings_of_a_nested_config_by_one_rule():
+    """`text_config` (else `llm_config`/`language_config`) with the top level's dtype, quantization and
+    tie_word_embeddings: the checkpoint check sees the same settings as the memory plan."""
+    from builder.serving.modelconfig import text_config
+
+    inner = {"vocab_size": 8, "hidden_size": 4}
+    cfg, problem = text_config({"text_config": inner, "tie_word_embeddings": False, "dtype": "float16",
+                                "vision_config": {"hidden_size": 99}})
+    assert problem is None and cfg == {**inner, "tie_word_embeddings": False, "dtype": "float16"}
+    assert text_config({"llm_config": inner})[0] == inner
+    assert text_config({"text_config": {**inner, "dtype": "bfloat16"}, "dtype": "float16"})[0]["dtype"] == "bfloat16"
+    flat = {"vocab_size": 8}
+    assert text_config(flat) == (flat, None)
+    bad = {"text_config": "x", "vocab_size": 8}
+    assert text_config(bad) == (bad, "'text_config' must be an object")

@@ -23,7 +23,7 @@ from builder.spec import Serving, Spec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks" / "coldstart-h200"
-SEED000 = ROOT / "tests" / "data" / "plan" / "seed000"
+MODEL_600GB = ROOT / "tests" / "data" / "plan" / "600gb-on-8-gpus"
 
 # st-cold-cc0: an empty compile cache (benchmarks/coldstart-h200/run2/st-cold-cc0.log)
 EMPTY_CC = """\
@@ -193,8 +193,8 @@ def test_node_storage_bounds_the_load_of_many_gpus():
     assert any("not measured" in n for n in one.notes)
 
 
-def test_seed000_is_600GB_over_8_gpus():
-    cs = coldstart.seed000(load_format="auto", compile_cache="warm")
+def test_the_reference_case_is_600GB_over_8_gpus_of_one_node():
+    cs = coldstart.reference_600gb(load_format="auto", compile_cache="warm")
     assert cs.inputs["weights_bytes"] == 600 * GB and cs.inputs["gpus"] == 8
     rate = coldstart.MEASURED_LOAD_RATES[("safetensors", "cold")] * GiB
     assert cs.weights_load_s == round(600 * GB / rate, 1)
@@ -264,7 +264,7 @@ def test_predicted_within_20_percent_of_the_measured_h200_runs():
 
 # --- plan --------------------------------------------------------------------------------------------------
 
-PLAN = ["plan", "--model", str(SEED000), "--weights-bytes", "600GB", "--gpus", "8", "--tp", "8",
+PLAN = ["plan", "--model", str(MODEL_600GB), "--weights-bytes", "600GB", "--gpus", "8", "--tp", "8",
         "--gpu-memory", "h200", "--max-model-len", "4096"]
 
 
@@ -276,12 +276,12 @@ def test_plan_json_carries_the_cold_start_terms():
     assert [t["term"] for t in cs["terms"]] == ["image pull", "weights load", "engine start"]
     assert cs["pull_s"] == round(12 * GB / (10 * GB / 8), 1)
     assert cs["total_s"] == round(cs["pull_s"] + cs["weights_load_s"] + cs["engine_start_s"], 1)
-    assert cs["seed000"]["inputs"]["weights_bytes"] == 600 * GB
+    assert cs["reference_600gb"]["inputs"]["weights_bytes"] == 600 * GB
 
 
-def test_plan_text_shows_each_term_for_the_model_and_seed000():
+def test_plan_text_shows_each_term_for_the_model_and_for_600GB_over_8_gpus():
     r = CliRunner().invoke(main, PLAN + ["--load-format", "runai_streamer", "--page-cache", "warm"])
-    assert "cold start of" in r.output and "cold start of seed 000 (600 GB over 8 GPUs)" in r.output
+    assert "cold start of" in r.output and "cold start of 600 GB over 8 GPUs of one node" in r.output
     for term in ("image pull", "weights load", "engine start", "total"):
         assert term in r.output
     assert "runai_streamer" in r.output

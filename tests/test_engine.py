@@ -129,3 +129,23 @@ def test_only_the_engine_module_starts_the_container_engine():
             if "docker" in window or "podman" in window:
                 offenders.append(f"{path.relative_to(ROOT)}:{ln}")
     assert offenders == []
+
+
+@pytest.mark.parametrize("stderr, unreachable", [
+    ("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?", True),
+    ("error during connect: Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.47/info\": EOF", True),
+    ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock", True),
+    ("Unable to find image 'x:1' locally\ndocker: Error response from daemon: pull access denied for x", False),
+    ("Error response from daemon: Head \"https://127.0.0.1:5000/v2/x/manifests/1\": dial tcp 127.0.0.1:5000: "
+     "connect: connection refused", False),
+])
+def test_one_classifier_decides_whether_the_engine_itself_was_unreachable(stderr, unreachable):
+    """The engine adapter and the image snapshot (its own docker runs) classify a failed command alike:
+    the CLI's connection to the engine is exit 8, anything else (a registry's dial error too) exit 12."""
+    from builder.engine import engine_unreachable
+    from builder.errors import ExternalToolError
+    from builder.resolve import base
+
+    assert engine_unreachable(stderr) is unreachable
+    err = base._engine_error(["run", "--rm", "x:1"], stderr)
+    assert isinstance(err, EngineUnavailable if unreachable else ExternalToolError)

@@ -1,55 +1,29 @@
-"""The package's shape: imports run one way through the layers and never in a circle.
+"""The package's shape: what the import-linter contracts in pyproject.toml cannot say.
 
-Layers, top to bottom (a module imports only from its own layer or the ones below it)::
-
-    commands/, cli  ->  pipeline, upgrade  ->  serving/  ->  image/  ->  patching/  ->  resolve/  ->  ground floor
-
-Every ``import`` of a ``builder`` module counts, at the top of a file or inside a function
-(a function-level import runs later, but it is still a dependency, and two of them hid the
-circles this test now forbids).  A module the table below does not place fails the test: a new
-module is given its layer when it is added.
+The layers (``commands/, cli -> pipeline, upgrade -> serving/ -> image/ -> patching/ -> resolve/ ->
+ground floor``: a module imports only from its own layer or the ones below it, every module in a
+layer) and the absence of import circles are contracts of ``lint-imports`` (``[tool.importlinter]``
+in pyproject.toml, run by scripts/test.sh after ruff); the tests below check that the contracts
+catch what they forbid.  Here: a function-level import of the package says why (a comment on its
+line), and each folder says what it offers.
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from builder.util import project_root
 
 ROOT = project_root()
-
-#: (layer number, name) by the module's place; higher numbers are higher layers
-LAYERS = {
-    "commands": (6, "commands"),
-    "pipeline": (5, "pipeline/upgrade"),
-    "serving": (4, "serving"),
-    "image": (3, "image"),
-    "patching": (2, "patching"),
-    "resolve": (1, "resolve"),
-    "ground": (0, "ground floor"),
-}
-GROUND_FLOOR = {"builder", "builder.errors", "builder.util", "builder.spec", "builder.engine", "builder.fetch",
-                "builder.credentials", "builder.scratch", "builder.report", "builder.data", "builder.comment_fit",
-                "builder.validate", "builder.signals"}
-FOLDERS = {"builder.commands": "commands", "builder.serving": "serving", "builder.image": "image",
-           "builder.patching": "patching", "builder.resolve": "resolve"}
-TOP = {"builder.cli": "commands", "builder.pipeline": "pipeline", "builder.upgrade": "pipeline"}
-
-
-def layer_of(module: str) -> tuple[int, str] | None:
-    """The layer of a ``builder`` module, None for one the table does not place."""
-    if module in GROUND_FLOOR:
-        return LAYERS["ground"]
-    if module in TOP:
-        return LAYERS[TOP[module]]
-    for folder, key in FOLDERS.items():
-        if module == folder or module.startswith(folder + "."):
-            return LAYERS[key]
-    return None
+LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 
 @dataclass(frozen=True)
@@ -100,56 +74,6 @@ def imports(root: Path) -> list[Import]:
     return found
 
 
-def upward_imports(root: Path) -> list[str]:
-    """Each import from a higher layer (and each module no layer holds), as a message."""
-    problems = [f"{m}: no layer holds it (add it to tests/test_layers.py)" for m in modules(root)
-                if layer_of(m) is None]
-    for imp in imports(root):
-        have, want = layer_of(imp.importer), layer_of(imp.imported)
-        if have and want and want[0] > have[0]:
-            problems.append(f"{imp.importer} (line {imp.line}, {have[1]}) imports {imp.imported} ({want[1]}), "
-                            "a higher layer")
-    return problems
-
-
-def circles(root: Path) -> list[list[str]]:
-    """The import circles between package modules (strongly connected sets of two or more), sorted."""
-    graph: dict[str, set[str]] = {m: set() for m in modules(root)}
-    for imp in imports(root):
-        graph[imp.importer].add(imp.imported)
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:  # Tarjan's strongly connected components
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                found.append(sorted(group))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return sorted(found)
-
-
 def unexplained_lazy_imports(root: Path) -> list[str]:
     """Function-level imports of package modules outside ``builder/commands/`` without a comment on
     their line saying why (``build-image --help`` imports every command module, so commands load
@@ -166,14 +90,6 @@ def unexplained_lazy_imports(root: Path) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the package itself
-
-
-def test_no_module_imports_from_a_higher_layer():
-    assert upward_imports(ROOT) == []
-
-
-def test_no_import_circle_between_modules():
-    assert circles(ROOT) == []
 
 
 def test_function_level_imports_of_the_package_say_why():
@@ -196,58 +112,60 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
     return tmp_path
 
 
-def test_an_upward_import_is_found_at_the_top_or_in_a_function(tmp_path):
-    root = _package(tmp_path, {
-        "builder/errors.py": "",
-        "builder/resolve/__init__.py": "",
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    """``lint-imports`` with the project's contracts on the made-up package under ``root``."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(LINT_IMPORTS), str(ROOT / "pyproject.toml"), "--no-cache"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+
+def _layered_package(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A package named ``builder`` with every child the layers contract names (all empty), plus ``files``."""
+    children = ["cli", "pipeline", "upgrade", "comment_fit", "credentials", "data", "engine", "errors", "events",
+                "fetch", "report", "scratch", "signals", "spec", "util", "validate"]
+    folders = ["commands", "serving", "image", "patching", "resolve"]
+    base = {f"builder/{c}.py": "" for c in children} | {f"builder/{f}/__init__.py": "" for f in folders}
+    return _package(tmp_path, {**base, **files})
+
+
+@pytest.mark.skipif(not LINT_IMPORTS.is_file(), reason="import-linter is in the test extra")
+def test_the_contracts_keep_this_package_and_catch_an_upward_import_at_the_top_or_in_a_function(tmp_path):
+    kept = _lint_imports(_layered_package(tmp_path / "ok", {
         "builder/resolve/lock.py": "from builder.errors import X\n",
-        "builder/image/__init__.py": "",
         "builder/image/render.py": "from builder.resolve.lock import L\n",
-        "builder/serving/__init__.py": "",
+        "builder/pipeline.py": "def f():\n    from builder.upgrade import u  # same layer\n",
+    }))
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    broken = _lint_imports(_layered_package(tmp_path / "up", {
+        "builder/image/render.py": "",
         "builder/serving/kuberay.py": "import builder.image.render\n",
-        "builder/patching/__init__.py": "",
         "builder/patching/series.py": "def f():\n    from builder.image import render\n",
-        "builder/stray.py": "",
-    })
-    problems = upward_imports(root)
-    assert problems == [
-        "builder.stray: no layer holds it (add it to tests/test_layers.py)",
-        "builder.patching.series (line 2, patching) imports builder.image.render (image), a higher layer",
-    ]
+    }))
+    assert broken.returncode == 1 and "builder.patching.series -> builder.image.render (l.2)" in broken.stdout, \
+        broken.stdout
+    stray = _lint_imports(_layered_package(tmp_path / "stray", {"builder/stray.py": ""}))
+    assert stray.returncode != 0 and "builder.stray" in stray.stdout + stray.stderr
 
 
-def test_a_circle_is_found_through_function_level_imports(tmp_path):
+@pytest.mark.skipif(not LINT_IMPORTS.is_file(), reason="import-linter is in the test extra")
+def test_the_contracts_catch_a_circle_through_function_level_imports(tmp_path):
+    circle = _lint_imports(_layered_package(tmp_path, {
+        "builder/resolve/a.py": "import builder.resolve.b\n",
+        "builder/resolve/b.py": "def f():\n    from builder.resolve import a\n",
+    }))
+    assert circle.returncode == 1 and "No cycles are allowed in builder.resolve" in circle.stdout, circle.stdout
+    assert "- .b -> .a (1 import)" in circle.stdout, circle.stdout
+
+
+def test_an_unexplained_function_level_import_is_found(tmp_path):
     root = _package(tmp_path, {
         "builder/image/__init__.py": "",
         "builder/image/render.py": "def f():\n    from builder.serving import kuberay\n",
-        "builder/image/provenance.py": "from builder.image.render import x\n",
+        "builder/image/build.py": "def f():\n    from builder.image import render  # the stage loads when it runs\n",
         "builder/serving/__init__.py": "",
-        "builder/serving/kuberay.py": "from builder.image.provenance import y\n",
-        "builder/resolve/__init__.py": "",
-        "builder/resolve/a.py": "import builder.resolve.b\n",
-        "builder/resolve/b.py": "from builder.resolve import c\n",
-        "builder/resolve/c.py": "",
+        "builder/serving/kuberay.py": "",
+        "builder/commands/__init__.py": "",
+        "builder/commands/x.py": "def f():\n    from builder.image import render\n",
     })
-    assert circles(root) == [["builder.image.provenance", "builder.image.render", "builder.serving.kuberay"]]
     lazy = unexplained_lazy_imports(root)
     assert lazy == ["builder.image.render line 2: from builder.serving import kuberay"]
-
-
-# ----------------------------------------------------------------------------- function length
-
-
-def _function_lengths():
-    spec = importlib.util.spec_from_file_location("function_lengths", ROOT / "scripts" / "function_lengths.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_no_function_in_builder_is_longer_than_80_lines():
-    long = _function_lengths().long_functions(ROOT / "builder", 80)
-    assert long == [], "\n".join(f"{n:5d}  {where}" for n, where in long)
-
-
-def test_the_length_check_counts_a_function_from_def_to_its_last_line(tmp_path):
-    (tmp_path / "m.py").write_text("def short():\n    return 1\n\n\ndef long():\n" + "    x = 1\n" * 80)
-    assert _function_lengths().long_functions(tmp_path, 80) == [(81, f"{tmp_path / 'm.py'}:5 long")]

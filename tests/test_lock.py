@@ -22,16 +22,10 @@ from builder.resolve import lock as L
 from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import load_manifest
 from builder.util import sha256_file
+from tests.conftest import run
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path_factory.getbasetemp() / "bi-cache"))
-
-
-def run(*args: str):
-    res = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return res.exit_code, res.output
+PRIVATE_CACHE = "bi-cache"  # the download cache of this module's tests (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.fixture(scope="session")

@@ -14,10 +14,8 @@ from builder.cli import main
 from builder.resolve.lockfile import load_lock
 from tests.fx_wheels import install_into, write_wheel
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path_factory.getbasetemp() / "bi-cache-moves"))
+PRIVATE_CACHE = "bi-cache-moves"  # the download cache of this module's tests (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.fixture(scope="module")

@@ -8,23 +8,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from builder.cli import main
 from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import load_manifest
 from builder.util import project_root
+from tests.conftest import run
 
 pytestmark = pytest.mark.slow
 
 ROOT = project_root()
 MANIFEST = ROOT / "lockfiles" / "base" / "vllm-openai-v0.26.0.json"
 COMMITTED_LOCK = ROOT / "lockfiles" / "vllm-0.26.0" / "requirements.lock"
-
-
-def run(*args: str):
-    res = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return res.exit_code, res.output
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +115,8 @@ def test_base_given_as_a_local_image_ref_is_snapshotted(standin_base_image, tmp_
     assert code == 4 and "packaging" in text
 
 
-def test_seed_000_only_vllm_refuses_the_numpy1_ray_base(pyarrow14_base, tmp_path):
-    """Seed 000's headline: `lock --vllm 0.26.0` on a ray-like base (pyarrow built for numpy 1.x, no vllm)
+def test_vllm_alone_refuses_the_numpy1_ray_base(pyarrow14_base, tmp_path):
+    """The numpy-1 ray base's headline: `lock --vllm 0.26.0` on a ray-like base (pyarrow built for numpy 1.x, no vllm)
     adds vllm==0.26.0 and is refused naming numpy, pyarrow's numpy-1.x extension and the chain."""
     out = tmp_path / "r.lock"
     code, text = run("lock", "--vllm", "0.26.0", "--base", str(pyarrow14_base), "--exclude-newer", "2026-07-25",

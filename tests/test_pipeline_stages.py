@@ -18,6 +18,7 @@ from rich.console import Console
 
 from builder.cli import main
 from builder.engine import BuiltImage, ImageInfo, PushedRef
+from builder.events import RichReporter
 from tests.fx_wheels import install_into, write_wheel
 
 IMAGE_ID = "sha256:" + "1" * 64
@@ -161,7 +162,7 @@ def test_the_pipeline_hands_each_stage_the_previous_result_and_hashes_each_wheel
     from builder.pipeline import run
 
     counts = _count_hashes(monkeypatch)
-    res = run(_request(world, push=True), Console(file=io.StringIO()), engine=world.engine)
+    res = run(_request(world, push=True), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert res.status == "pushed" and res.error is None
     wheels = [e.wheel.filename for e in res.locked.entries]
     assert sorted(w.split("-")[0] for w in wheels) == ["purepkg", "stableabi"]
@@ -188,7 +189,7 @@ def test_the_pipeline_hands_each_stage_the_previous_result_and_hashes_each_wheel
     assert res.summary["digest"] == MANIFEST and res.summary["lock_hash"] == res.locked.lock_hash
 
     # the same run again in this process: the lock is up to date, the verified wheels unchanged
-    again = run(_request(world, push=True, force=True), Console(file=io.StringIO()), engine=world.engine)
+    again = run(_request(world, push=True, force=True), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert again.locked.status == "up-to-date" and again.rendered.tags == res.rendered.tags
     assert counts.of(wheels) == {w: 1 for w in wheels}, counts
 
@@ -197,7 +198,7 @@ def test_build_of_a_context_read_from_disk_hashes_each_wheel_once(world, monkeyp
     """`build-image build CTX` (a new process: nothing verified yet) verifies every wheel once."""
     from builder.pipeline import run
 
-    res = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    res = run(_request(world), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert res.status == "built"
     counts = _count_hashes(monkeypatch)
     r = CliRunner().invoke(main, ["build", str(res.rendered.out_dir), "--tag", "127.0.0.1:5000/serving/vllm", "--json"],
@@ -220,10 +221,10 @@ def test_the_pipeline_stops_after_render_without_an_engine(world, monkeypatch):
         def ping(self):
             raise EngineUnavailable("the Docker engine at unix:///nowhere is not reachable: no")
 
-    res = run(_request(world), Console(file=io.StringIO()), engine=Down())
+    res = run(_request(world), RichReporter(Console(file=io.StringIO())), engine=Down())
     assert res.status == "rendered" and res.built is None and res.error is None
     assert "stopped after render" in res.notice and "build-image build" in res.summary["build_command"]
-    pushed = run(_request(world, push=True), Console(file=io.StringIO()), engine=Down())
+    pushed = run(_request(world, push=True), RichReporter(Console(file=io.StringIO())), engine=Down())
     assert isinstance(pushed.error, EngineUnavailable) and pushed.notice is None
 
 
@@ -233,17 +234,17 @@ def test_a_held_base_is_verified_against_its_manifest_once_per_image(world):
     from builder.pipeline import run
 
     out = io.StringIO()
-    res = run(_request(world), Console(file=out, width=300), engine=world.engine)
+    res = run(_request(world), RichReporter(Console(file=out, width=300)), engine=world.engine)
     check = res.summary["base_check"]
     assert check["status"] == "verified" and check["differences"] == [] and not check["snapshot_reused"]
     assert f"base manifest verified against image {world.engine.images[BASE_REF].id}" in out.getvalue()
     assert "[1/4] base" in out.getvalue()
     assert (res.rendered.out_dir / "checks" / "base-manifest.json").read_bytes() == world.manifest.read_bytes()
-    again = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    again = run(_request(world), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert again.summary["base_check"]["snapshot_reused"] is True
     assert world.engine.snapshot_calls == [BASE_REF]
     world.engine.images[BASE_REF] = ImageInfo(id="sha256:" + "c" * 64, size=1)  # rebuilt under the same tag
-    run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    run(_request(world), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert world.engine.snapshot_calls == [BASE_REF, BASE_REF]
 
 
@@ -260,7 +261,7 @@ def test_a_held_base_that_drifted_is_locked_against_its_snapshot(world):
     snap.provenance_kind = "read-from-image"
     world.engine.snapshots[BASE_REF] = snap
     out = io.StringIO()
-    res = run(_request(world), Console(file=out, width=300), engine=world.engine)
+    res = run(_request(world), RichReporter(Console(file=out, width=300)), engine=world.engine)
     check = res.summary["base_check"]
     assert check["status"] == "drift"
     assert check["differences"] == ["numpy: the manifest has 1.26.4, the image has 2.1.0"]
@@ -287,16 +288,142 @@ def test_a_base_the_engine_does_not_hold_is_not_snapshotted(world):
     from builder.pipeline import run
 
     del world.engine.images[BASE_REF]
-    res = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    res = run(_request(world), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert "base_check" not in res.summary and world.engine.snapshot_calls == []
 
 
 def test_allow_base_drift_reaches_the_rendered_context(world):
     from builder.pipeline import run
 
-    res = run(_request(world, allow_base_drift=True), Console(file=io.StringIO()), engine=world.engine)
+    res = run(_request(world, allow_base_drift=True), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     dockerfile = (res.rendered.out_dir / "Dockerfile").read_text()
     assert "--out /build-image/drift.json --allow-drift;" in dockerfile
     assert dict(res.rendered.labels)["org.build-image.allow-base-drift"] == "true"
-    default = run(_request(world), Console(file=io.StringIO()), engine=world.engine)
+    default = run(_request(world), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert "--allow-drift" not in (default.rendered.out_dir / "Dockerfile").read_text()
+
+
+@dataclasses.dataclass
+class Recorder:
+    """A reporter that keeps the events (the pipeline's progress is events, not text)."""
+
+    events: list = dataclasses.field(default_factory=list)
+    prefix: str = ""
+
+    def stage_started(self, index, total, name, what):
+        self.events.append(("started", index, total, name))
+
+    def stage_finished(self, name, seconds):
+        self.events.append(("finished", name, seconds))
+
+    def step(self, text):
+        self.events.append(("step", self.prefix + text))
+
+    def download(self, name, index, total):
+        self.events.append(("download", self.prefix + name, index, total))
+
+    def message(self, text):
+        self.events.append(("message", text))
+
+    def warning(self, text, *, lead=""):
+        self.events.append(("warning", lead + text))
+
+    def scoped(self, prefix):
+        return Recorder(self.events, self.prefix + prefix)
+
+
+def test_progress_is_events_and_the_stage_seconds_come_from_the_stages_and_their_results(world):
+    from builder.pipeline import run
+
+    rec = Recorder()
+    res = run(_request(world, push=True), rec, engine=world.engine)
+    started = [e[1:] for e in rec.events if e[0] == "started"]
+    assert started == [(1, 5, "base"), (2, 5, "lock"), (3, 5, "patch+render"), (4, 5, "build"), (5, 5, "push")]
+    finished = {e[1]: e[2] for e in rec.events if e[0] == "finished"}
+    times = res.summary["stages_s"]
+    assert list(times) == ["base", "lock", "patch", "render", "build", "push"] and times == res.stages_s
+    assert all(times[s] == finished[s] for s in ("base", "lock", "build", "push"))
+    # the render stage's seconds split by what its result measured, not by its printed steps
+    assert times["patch"] == round(res.rendered.timings["patch"], 2)
+    assert abs(times["patch"] + times["render"] - finished["patch+render"]) < 0.011
+    wheels = sorted(e.wheel.filename for e in res.locked.entries)
+    assert [e[1:] for e in rec.events if e[0] == "download"] == [(f"  {w}", i, 2) for i, w in enumerate(wheels, 1)]
+    steps = [e[1] for e in rec.events if e[0] == "step"]
+    assert ["  patch series", "  wheelhouse (2 wheels)", "  write context"] == [s for s in steps if s.startswith("  ")]
+    assert "build: [stage-1 2/4] RUN install" in steps and any(s.startswith("push: ") for s in steps)
+    assert any(e[0] == "message" and e[1].startswith("base manifest verified against") for e in rec.events)
+
+
+def test_the_release_is_resolved_before_any_stage_a_bad_series_writes_no_lock(world, tmp_path):
+    """The series is located and loaded with the release, before the lock: a folder that is not a series
+    is exit 2 with nothing locked, rendered or built."""
+    from builder.errors import BadInput
+    from builder.pipeline import run
+
+    req = dataclasses.replace(_request(world), no_patches=False, series=tmp_path / "not-a-series")
+    (tmp_path / "not-a-series").mkdir()
+    rec = Recorder()
+    with pytest.raises(BadInput, match="is not a patch series"):
+        run(req, rec, engine=world.engine)
+    assert rec.events == [] and not (world.tmp / "overlay.lock").exists() and world.engine.builds == []
+
+
+def test_a_lock_that_is_up_to_date_is_read_and_parsed_once_per_run(world, monkeypatch):
+    """Freshness, the twin's check, the base check and the render inputs share one parse of the lock."""
+    import builder.resolve.lock as L
+    import builder.resolve.lockfile as LF
+    import builder.resolve.lockstage as LS
+    from builder.pipeline import run
+
+    run(_request(world), Recorder(), engine=world.engine)  # writes the lock
+    parsed = []
+    real = LF.parse_lock
+
+    def counting(text, path="<lock>", **kw):
+        parsed.append(path)
+        return real(text, path, **kw)
+
+    for mod in (LF, L, LS):
+        monkeypatch.setattr(mod, "parse_lock", counting)
+    again = run(_request(world), Recorder(), engine=world.engine)
+    assert again.locked.status == "up-to-date"
+    assert parsed == [str(world.tmp / "overlay.lock")]
+
+
+def test_the_series_is_located_and_loaded_once_and_its_text_reaches_the_sbom(world, monkeypatch):
+    import difflib
+
+    import builder.patching.series as P
+    import builder.pipeline as PL
+
+    old = "__version__ = '0.26.0'\n"
+    diff = "".join(difflib.unified_diff([old], ["__version__ = '0.26.0'  # patched\n"], "a/vllm/__init__.py",
+                                        "b/vllm/__init__.py", n=3))
+    series = world.tmp / "series"
+    series.mkdir()
+    patch = ("Subject: mark the version\nWhy: test\nApplies-To: vllm==0.26.0\nUpstream-Status: Inappropriate [test]\n"
+             "Risk: none\n\n" + diff)
+    (series / "0001-mark.patch").write_text(patch)
+    (series / "series").write_text("0001-mark.patch\n")
+    (series / P.ORIG_SUMS).write_text(P.format_sums({"vllm/__init__.py": P.sha256_bytes(old.encode())}))
+    loads = []
+    real = P.load_series
+
+    def counting(d, v=None):
+        loads.append(str(d))
+        return real(d, v)
+
+    monkeypatch.setattr(P, "load_series", counting)
+    monkeypatch.setattr(PL, "load_series", counting)
+    (wheel,) = world.house.glob("vllm-0.26.0-*.whl")
+    req = dataclasses.replace(_request(world), no_patches=False, series=series, wheel=wheel)
+    res = run_pipeline(req)
+    assert loads == [str(series)]
+    assert res.rendered.plan.patches == ["0001-mark.patch"]
+    assert res.rendered.plan.patch_texts == {"0001-mark.patch": patch}  # what the SBOM and provenance hash
+
+
+def run_pipeline(req):
+    from builder.pipeline import run
+
+    return run(req, Recorder(), engine=MemoryEngine())

@@ -43,23 +43,23 @@ def llama(layers=4, kv=8, heads=32, head_dim=128, **extra) -> dict:
     return c
 
 
-# ---------------------------------------------------------------- seed 000: 8 × 80 GB, 600 GB, util 0.96
+# ---------------------------------------------------------------- 600 GB on 8 × 80 GB GPUs, util 0.96
 
-SEED000 = dict(weights_bytes=600 * GB, gpus=8, gpu_memory_bytes=80 * GB, tp=8, gpu_memory_utilization=0.96,
+CASE_600GB = dict(weights_bytes=600 * GB, gpus=8, gpu_memory_bytes=80 * GB, tp=8, gpu_memory_utilization=0.96,
                kv_cache_dtype="fp8")
 
 
-def test_seed000_budget_is_1_8_GB_per_card_decimal():
-    # The seed's arithmetic ignores activations: reproduce it with reserve 0.
-    p = make_plan(cfg("seed000"), reserve_bytes=0, **SEED000)
-    assert p.requested_bytes == 76_800_000_000          # 0.96 × 80 GB (decimal GB, as the seed counts)
+def test_600GB_on_8_gpus_budget_is_1_8_GB_per_card_decimal():
+    # The case's own arithmetic ignores activations: reproduce it with reserve 0.
+    p = make_plan(cfg("600gb-on-8-gpus"), reserve_bytes=0, **CASE_600GB)
+    assert p.requested_bytes == 76_800_000_000          # 0.96 × 80 GB (decimal GB, as the case was counted)
     assert p.weights_per_gpu == 75 * GB                 # 600 GB / 8
     assert p.available_kv_bytes == 1_800_000_000        # 1.8 GB = 1.68 GiB
     assert round(p.available_kv_bytes / GiB, 2) == 1.68
 
 
-def test_seed000_default_context_asks_7GB_per_card_and_does_not_fit():
-    p = make_plan(cfg("seed000"), reserve_bytes=0, **SEED000)
+def test_600GB_on_8_gpus_default_context_asks_7GB_per_card_and_does_not_fit():
+    p = make_plan(cfg("600gb-on-8-gpus"), reserve_bytes=0, **CASE_600GB)
     per_tok = 28 * (8 // 8) * 2 * 128 * 1               # layers × kv heads per GPU × (K,V) × head_dim × fp8
     assert p.kv_bytes_per_token_per_gpu == per_tok == 7168
     assert p.kv_bytes_per_token_node == 8 * per_tok     # ~56 KB per token across the node
@@ -74,8 +74,8 @@ def test_seed000_default_context_asks_7GB_per_card_and_does_not_fit():
     assert p.suggestions[0]["setting"] == "max_model_len" and p.suggestions[0]["value"] == blocks * 16
 
 
-def test_seed000_4096_tokens_is_29MB_per_sequence_and_about_60_fit():
-    p = make_plan(cfg("seed000"), reserve_bytes=0, max_model_len=4096, max_num_seqs=60, **SEED000)
+def test_600GB_on_8_gpus_4096_tokens_is_29MB_per_sequence_and_about_60_fit():
+    p = make_plan(cfg("600gb-on-8-gpus"), reserve_bytes=0, max_model_len=4096, max_num_seqs=60, **CASE_600GB)
     per_seq = 4096 * 7168
     assert p.needed_one_seq_bytes == per_seq and 29.0e6 < per_seq < 29.5e6   # ~29 MB per card per sequence
     blocks = 1_800_000_000 // (16 * 7168)
@@ -86,46 +86,48 @@ def test_seed000_4096_tokens_is_29MB_per_sequence_and_about_60_fit():
     assert p.max_concurrency == pytest.approx(blocks / 256)
 
 
-def test_seed000_realistic_reserve_leaves_far_fewer_sequences():
-    zero = make_plan(cfg("seed000"), reserve_bytes=0, max_model_len=4096, max_num_seqs=60, **SEED000)
-    est = make_plan(cfg("seed000"), max_model_len=4096, max_num_seqs=60, **SEED000)
+def test_600GB_on_8_gpus_realistic_reserve_leaves_far_fewer_sequences():
+    zero = make_plan(cfg("600gb-on-8-gpus"), reserve_bytes=0, max_model_len=4096, max_num_seqs=60, **CASE_600GB)
+    est = make_plan(cfg("600gb-on-8-gpus"), max_model_len=4096, max_num_seqs=60, **CASE_600GB)
     assert est.reserve_bytes > 0 and set(est.reserve_breakdown) >= {"activations", "cuda_graphs", "communication"}
     assert est.available_kv_bytes == zero.available_kv_bytes - est.reserve_bytes
     assert est.max_seqs_at_context < zero.max_seqs_at_context
     assert not est.fits
     # the utilization suggestion really fits when re-planned
     assert est.min_utilization is not None and est.min_utilization > 0.96
-    again = make_plan(cfg("seed000"), max_model_len=4096, max_num_seqs=60,
-                      **{**SEED000, "gpu_memory_utilization": est.min_utilization})
+    again = make_plan(cfg("600gb-on-8-gpus"), max_model_len=4096, max_num_seqs=60,
+                      **{**CASE_600GB, "gpu_memory_utilization": est.min_utilization})
     assert again.fits
-    below = make_plan(cfg("seed000"), max_model_len=4096, max_num_seqs=60,
-                      **{**SEED000, "gpu_memory_utilization": round(est.min_utilization - 0.001, 3)})
+    below = make_plan(cfg("600gb-on-8-gpus"), max_model_len=4096, max_num_seqs=60,
+                      **{**CASE_600GB, "gpu_memory_utilization": round(est.min_utilization - 0.001, 3)})
     assert not below.fits
 
 
-# ---------------------------------------------------------------- seed 003: held 131,072 × 16 on a hybrid model
+# ---------------------------------------------------------------- the Qwen sparse-attention checkpoint:
+# 131,072 × 16 held on a hybrid model
 
-SEED003 = dict(weights_bytes=int(186.4 * GB), gpus=2, tp=2, gpu_memory_bytes=GPU_PRESETS["h100"],
+CASE_QWEN_SPARSE = dict(weights_bytes=int(186.4 * GB), gpus=2, tp=2, gpu_memory_bytes=GPU_PRESETS["h100"],
                gpu_memory_utilization=0.9, cpu_offload_gb=102.4 * GB / 2 / GiB)  # the PLE shard offloaded
 
 
-def test_seed003_held_target_fits_and_larger_targets_do_not():
-    held = make_plan(cfg("seed003"), max_model_len=131072, max_num_seqs=16, **SEED003)
+def test_qwen_sparse_attention_held_target_fits_and_larger_targets_do_not():
+    held = make_plan(cfg("qwen-sparse-attention"), max_model_len=131072, max_num_seqs=16, **CASE_QWEN_SPARSE)
     assert held.fits and held.max_seqs_at_context >= 16
     assert held.weights_per_gpu == math.ceil(186.4 * GB / 2) - int(102.4 * GB / 2)
-    bigger = make_plan(cfg("seed003"), max_model_len=262144, max_num_seqs=32, **SEED003)
+    bigger = make_plan(cfg("qwen-sparse-attention"), max_model_len=262144, max_num_seqs=32, **CASE_QWEN_SPARSE)
     assert bigger.boots and not bigger.fits
     # the suggested context for 32 sequences really holds 32 sequences
     ctx = bigger.max_context_at_num_seqs
     assert 0 < ctx < 262144
     assert bigger.suggestions[0] == {"setting": "max_model_len", "value": ctx,
                                      "text": f"--max-model-len {ctx} keeps 32 concurrent sequences"}
-    assert make_plan(cfg("seed003"), max_model_len=ctx, max_num_seqs=32, **SEED003).fits
-    assert not make_plan(cfg("seed003"), max_model_len=ctx + held.block_size, max_num_seqs=32, **SEED003).fits
+    assert make_plan(cfg("qwen-sparse-attention"), max_model_len=ctx, max_num_seqs=32, **CASE_QWEN_SPARSE).fits
+    assert not make_plan(cfg("qwen-sparse-attention"), max_model_len=ctx + held.block_size, max_num_seqs=32,
+                         **CASE_QWEN_SPARSE).fits
 
 
 def test_linear_attention_layers_hold_state_not_per_token_kv():
-    p = make_plan(cfg("seed003"), max_model_len=131072, max_num_seqs=16, **SEED003)
+    p = make_plan(cfg("qwen-sparse-attention"), max_model_len=131072, max_num_seqs=16, **CASE_QWEN_SPARSE)
     assert p.layers == {"full": 12, "state": 36}        # full_attention_interval 4 over 48 layers
     assert p.kv_bytes_per_token_per_gpu == 12 * 1 * 2 * 256 * 2  # only the 12 attention layers; 2 kv heads / tp 2
     # gated-delta-net state per layer per GPU (vLLM MambaStateShapeCalculator), at tp=2
@@ -313,7 +315,7 @@ def test_sizes():
 
 # ---------------------------------------------------------------- checkpoint size and the command
 
-def _model_dir(tmp_path: Path, name="seed000") -> Path:
+def _model_dir(tmp_path: Path, name="600gb-on-8-gpus") -> Path:
     d = tmp_path / name
     d.mkdir()
     (d / "config.json").write_text((DATA / name / "config.json").read_text())
@@ -391,9 +393,9 @@ def test_refuse_unless_fits_carries_the_numbers():
     from builder.errors import VerdictFailure
     from builder.serving.plan import refuse_unless_fits
 
-    ok = make_plan(cfg("seed000"), reserve_bytes=0, max_model_len=4096, max_num_seqs=60, **SEED000)
+    ok = make_plan(cfg("600gb-on-8-gpus"), reserve_bytes=0, max_model_len=4096, max_num_seqs=60, **CASE_600GB)
     refuse_unless_fits(ok)  # no exception
-    bad = make_plan(cfg("seed000"), reserve_bytes=0, **SEED000)
+    bad = make_plan(cfg("600gb-on-8-gpus"), reserve_bytes=0, **CASE_600GB)
     with pytest.raises(VerdictFailure) as exc:
         refuse_unless_fits(bad)
     assert exc.value.exit_code == 1
@@ -472,7 +474,7 @@ def test_compare_with_vllm_boot_log():
 
 
 def test_unknown_attention_layer_type_counts_as_full_attention_with_a_note():
-    # seed 003: layers declared `qwen_sparse_attention`, rewritten to full_attention to load
+    # the Qwen sparse-attention checkpoint: layers declared `qwen_sparse_attention`, rewritten to full_attention to load
     c = llama(layers=4, kv=8, layer_types=["full_attention", "qwen_sparse_attention"] * 2)
     p = make_plan(c, weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, reserve_bytes=0)
     full = make_plan(llama(layers=4, kv=8), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096,
@@ -499,7 +501,7 @@ def test_unknown_attention_layer_type_counts_as_full_attention_with_a_note():
     (["--tp", "3"], "tp=3"),
 ])
 def test_cli_bad_numbers_exit_2_naming_the_flag(extra, needle):
-    args = ["plan", "--model", str(DATA / "seed000"), "--weights-bytes", "1GB", "--gpu-memory", "80GiB",
+    args = ["plan", "--model", str(DATA / "600gb-on-8-gpus"), "--weights-bytes", "1GB", "--gpu-memory", "80GiB",
             "--gpu-memory-utilization", "0.9", "--tp", "8"]
     for i in range(0, len(extra), 2):  # replace the flag's default above, or append it
         if extra[i] in args:
@@ -522,7 +524,7 @@ def test_default_utilization_is_vllm_0_26s():
 
 def test_every_json_field_is_documented():
     doc = (Path(__file__).parent.parent / "docs" / "plan.md").read_text()
-    p = make_plan(cfg("seed000"), reserve_bytes=0, max_model_len=4096, max_num_seqs=60, **SEED000)
+    p = make_plan(cfg("600gb-on-8-gpus"), reserve_bytes=0, max_model_len=4096, max_num_seqs=60, **CASE_600GB)
     missing = [k for k in p.to_dict() if f"`{k}`" not in doc]
     assert not missing, f"docs/plan.md does not describe the --json field(s) {missing}"
 
@@ -579,20 +581,20 @@ def test_plan_vs_the_h200_proof_logs(run, model, util, max_len, seqs, extra, log
 
 
 def test_min_utilization_finds_a_narrow_window_below_the_startup_limit():
-    # seed 000 at 4,096 tokens: 74..82 sequences fit only at 0.986..0.989, just under the
+    # 600 GB on 8 × 80 GB GPUs at 4,096 tokens: 74..82 sequences fit only at 0.986..0.989, just under the
     # startup limit (~0.99); the bisection over 0..1 used to step over that window
-    base = dict(SEED000, max_model_len=4096)
+    base = dict(CASE_600GB, max_model_len=4096)
     for n in (60, 74, 78, 82, 84):
         brute = next((m / 1000 for m in range(900, 1001)
-                      if make_plan(cfg("seed000"), max_num_seqs=n,
+                      if make_plan(cfg("600gb-on-8-gpus"), max_num_seqs=n,
                                    **{**base, "gpu_memory_utilization": m / 1000}).fits),
                      None)
-        assert make_plan(cfg("seed000"), max_num_seqs=n, **base).min_utilization == brute, n
-    assert make_plan(cfg("seed000"), max_num_seqs=78, **base).min_utilization is not None
+        assert make_plan(cfg("600gb-on-8-gpus"), max_num_seqs=n, **base).min_utilization == brute, n
+    assert make_plan(cfg("600gb-on-8-gpus"), max_num_seqs=78, **base).min_utilization is not None
 
 
-def _seed000_reserve(max_num_seqs: int) -> int:
-    """vLLM-side memory outside the KV pool for seed 000 (8,192 batched tokens on an 80 GB card,
+def _reserve_600gb(max_num_seqs: int) -> int:
+    """vLLM-side memory outside the KV pool for 600 GB on 8 × 80 GB GPUs (8,192 batched tokens on an 80 GB card,
     bf16 activations, tp 8), the documented estimate written out term by term."""
     hidden, inter, heads, kv, head_dim, vocab, tp = 8192, 28672, 64, 8, 128, 128256, 8
     activations = 8192 * 2 * (2 * hidden + (heads + 2 * kv) * head_dim // tp + 3 * inter // tp)
@@ -602,17 +604,17 @@ def _seed000_reserve(max_num_seqs: int) -> int:
 
 
 def test_default_reserve_is_the_documented_sum():
-    est = make_plan(cfg("seed000"), max_model_len=4096, max_num_seqs=60, **SEED000)
+    est = make_plan(cfg("600gb-on-8-gpus"), max_model_len=4096, max_num_seqs=60, **CASE_600GB)
     assert est.reserve_breakdown == {
         "activations": 8192 * 2 * (2 * 8192 + (64 + 2 * 8) * 128 // 8 + 3 * 28672 // 8),
         "sampler": 60 * 128256 * 10, "workspace": int(0.30 * GiB), "communication": int(0.25 * GiB),
         "cuda_graphs": int(0.50 * GiB)}
-    assert est.reserve_bytes == _seed000_reserve(60)
+    assert est.reserve_bytes == _reserve_600gb(60)
     # no graphs when eager; no NCCL on one GPU; 1,024 sampler rows without max_num_seqs on a big card;
     # a card under 70 GiB batches 2,048 tokens and samples 256 rows
-    eager = make_plan(cfg("seed000"), max_model_len=4096, max_num_seqs=60, enforce_eager=True, **SEED000)
+    eager = make_plan(cfg("600gb-on-8-gpus"), max_model_len=4096, max_num_seqs=60, enforce_eager=True, **CASE_600GB)
     assert eager.reserve_breakdown["cuda_graphs"] == 0
-    assert eager.reserve_bytes == _seed000_reserve(60) - int(0.50 * GiB)
+    assert eager.reserve_bytes == _reserve_600gb(60) - int(0.50 * GiB)
     one = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096)
     assert one.reserve_breakdown["communication"] == 0
     assert one.reserve_breakdown["sampler"] == 1024 * 32000 * 10
@@ -631,14 +633,14 @@ def test_docs_example_is_what_the_command_prints():
     root = Path(__file__).parent.parent
     doc = (root / "docs" / "plan.md").read_text()
     m = re.search(r"\$ build-image plan (.*?)\n    (.*?)\n(.*?)\$ echo \$\?\n(\d+)\n", doc, re.S)
-    assert m, "the seed 000 example block in docs/plan.md"
+    assert m, "the 600 GB on 8 GPUs example block in docs/plan.md"
     args = (m.group(1).rstrip(" \\") + " " + m.group(2)).split()
     r = subprocess.run([sys.executable, "-c", "from builder.cli import main; main(prog_name='build-image')", "plan",
                         *args],
                        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)
     assert r.returncode == int(m.group(4))
     assert r.stdout == m.group(3)
-    # ... and what it prints is seed 000's arithmetic, worked here by hand: 0.96 x 80 GB requested,
+    # ... and what it prints is the case's arithmetic, worked here by hand: 0.96 x 80 GB requested,
     # 600 GB / 8 of weights, 28 layers x 1 KV head per GPU x (K, V) x 128 x 1 byte of fp8 per token
     block = m.group(3)
     per_tok = 28 * 1 * 2 * 128 * 1
@@ -662,9 +664,9 @@ def test_docs_example_is_what_the_command_prints():
     assert r.returncode == 1 and (per_tok, tokens) == (7168, 251_104)
 
 
-def test_docs_seed000_reserve_numbers_are_worked_out():
+def test_docs_600GB_on_8_gpus_reserve_numbers_are_worked_out():
     doc = " ".join((Path(__file__).parent.parent / "docs" / "plan.md").read_text().split())
-    reserve = _seed000_reserve(60)
+    reserve = _reserve_600gb(60)
     avail = 76_800_000_000 - 75_000_000_000 - reserve
     seqs = avail // (16 * 7168) // (4096 // 16)
     needed = 60 * (4096 // 16) * 16 * 7168
@@ -674,13 +676,13 @@ def test_docs_seed000_reserve_numbers_are_worked_out():
                 and math.ceil(80 * GB * m / 1000) - 75 * GB - reserve >= needed)
     assert f"takes about {reserve / GB:.2f} GB of those 1.8 GB. Only {seqs} sequences fit then" in doc
     assert f"the plan suggests `--gpu-memory-utilization {util}`" in doc
-    est = make_plan(cfg("seed000"), max_model_len=4096, max_num_seqs=60, **SEED000)
+    est = make_plan(cfg("600gb-on-8-gpus"), max_model_len=4096, max_num_seqs=60, **CASE_600GB)
     assert (est.reserve_bytes, est.max_seqs_at_context, est.min_utilization) == (reserve, seqs, util)
     assert {"setting": "gpu_memory_utilization", "value": util,
             "text": f"--gpu-memory-utilization {util} fits the requested settings"} in est.suggestions
 
 
-def test_docs_seed003_numbers_are_worked_out():
+def test_docs_qwen_sparse_attention_numbers_are_worked_out():
     # 2 x H100 at 0.9, tp 2, half of the 102.4 GB PLE shard offloaded per GPU.  The KV pool is
     # shared by 4 groups of 12 layers (12 full + 36 gated-delta-net); one page holds `block` tokens
     # of a full layer's KV or one state layer's whole state; a request takes ceil(len / block)
@@ -706,8 +708,8 @@ def test_docs_seed003_numbers_are_worked_out():
     assert f"holds only {bigger} at once" in doc
     assert f"`--max-model-len {ctx32}` for 32 sequences" in doc
     assert held >= 16 and bigger < 32
-    p_held = make_plan(cfg("seed003"), max_model_len=131072, max_num_seqs=16, **SEED003)
-    p_big = make_plan(cfg("seed003"), max_model_len=262144, max_num_seqs=32, **SEED003)
+    p_held = make_plan(cfg("qwen-sparse-attention"), max_model_len=131072, max_num_seqs=16, **CASE_QWEN_SPARSE)
+    p_big = make_plan(cfg("qwen-sparse-attention"), max_model_len=262144, max_num_seqs=32, **CASE_QWEN_SPARSE)
     assert (p_held.max_seqs_at_context, p_big.max_seqs_at_context,
             p_big.max_context_at_num_seqs) == (held, bigger, ctx32)
 
@@ -1520,7 +1522,7 @@ def test_unknown_attention_types_are_named_in_one_note():
     c = llama(layers=4, layer_types=["full_attention", "b_attention", "full_attention", "a_attention"])
     assert describe_model(c).notes == [
         "layer_types 'a_attention', 'b_attention' at layers [1, 3] are not a type vLLM 0.26.0 knows (stock vLLM "
-        "refuses them; seed 003 rewrote them to full_attention): counted as full attention"]
+        "refuses them; the layer-type rewrite patch maps them to full_attention): counted as full attention"]
 
 
 def test_sparse_mla_indexer_is_noted_as_not_counted():

@@ -6,6 +6,7 @@ import difflib
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -1190,3 +1191,50 @@ def test_a_port_output_that_holds_a_hand_made_series_is_refused(tmp_path):
     link.symlink_to(tmp_path / "nowhere")
     with pytest.raises(BadInput, match="exists and is not a directory"):
         PO.refuse_foreign_series(link)
+
+
+# ------------------------------------------------------------------ shared probes
+def _shared_layout(tmp_path, a_series) -> Path:
+    """A's series moved into ``patches/toy/1.0/`` with its probe in the shared ``patches/toy/probes/``."""
+    series, _ = a_series
+    root = tmp_path / "patches" / "toy"
+    (root / "probes").mkdir(parents=True)
+    shutil.move(series.dir / "0001-f.probe.py", root / "probes" / "0001-f.probe.py")
+    shutil.move(series.dir, root / "1.0")
+    return root
+
+
+def test_a_probe_is_found_in_the_shared_folder_unless_the_release_has_its_own(tmp_path, a_series):
+    root = _shared_layout(tmp_path, a_series)
+    series = P.load_series(root / "1.0", "1.0")
+    (patch,) = series.patches
+    assert PR.probe_path(series.dir, patch) == root / "probes" / "0001-f.probe.py"
+    (res,) = PR.probe_series(series, a_series[1])           # run from the shared folder
+    assert (res.needed, res.works) == (True, True)
+    (series.dir / "0001-f.probe.py").write_text(PROBE.replace("== 2 (patched)", "== 2 (own copy)"))
+    assert PR.probe_path(series.dir, patch) == series.dir / "0001-f.probe.py"  # the release's copy wins
+    patch.headers[PR.PROBE_FIELD] = "0002-missing.probe.py"
+    with pytest.raises(BadInput) as e:
+        PR.probe_path(series.dir, patch)
+    assert e.value.message == (f"patch {series.dir / '0001-f.patch'}: its probe '0002-missing.probe.py' is not a "
+                               f"file in {series.dir} (nor in {root / 'probes'}).")
+
+
+def test_port_into_the_shared_layout_writes_no_copy_of_a_probe_that_fits(tmp_path, a_series):
+    """`patch port -o patches/toy/2.0`: the shared probe passes on B, so B's series has no copy of it;
+    a probe that is not the shared one (A's own copy) is written into B's series."""
+    root = _shared_layout(tmp_path, a_series)
+    series = P.load_series(root / "1.0", "1.0")
+    b_mod = A_MOD.replace('"""toy module."""\n', '"""toy module."""\n\nVERSION = 2\n')
+    b = tree(tmp_path / "b", b_mod)
+    (root / "2.0").mkdir()
+    (root / "2.0" / "0001-f.probe.py").write_text(PROBE)    # left by an earlier port: the shared one is used
+    rep = PO.port(series, a_series[1], b, "2.0", out_dir=root / "2.0")
+    assert rep.patches[0].status == PO.APPLIES and rep.patches[0].probe_ported.status == PR.PASS
+    assert sorted(p.name for p in (root / "2.0").iterdir()) == ["0001-f.patch", "series", "sha256sums.orig"]
+    ported = P.load_series(root / "2.0", "2.0")
+    assert PR.probe_path(ported.dir, ported.patches[0]) == root / "probes" / "0001-f.probe.py"
+    own = PROBE + "# differs from the shared probe\n"
+    (series.dir / "0001-f.probe.py").write_text(own)
+    PO.port(series, a_series[1], b, "2.0", out_dir=root / "2.0")
+    assert (root / "2.0" / "0001-f.probe.py").read_text() == own

@@ -9,10 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 from packaging.pylock import Pylock
 
-from builder.cli import main
 from builder.errors import BadInput
 from builder.resolve import pylock as P
 from builder.resolve import twin as T
@@ -20,20 +18,15 @@ from builder.resolve.lock import find_uv, target_tags
 from builder.resolve.lockfile import LockFile, WheelRef, format_pylock, load_lock, parse_lock, to_pylock
 from builder.resolve.manifest import DistFacts, target_environment
 from builder.util import project_root
+from tests.conftest import run
 from tests.test_lockfile import HA, WRITTEN
 
 PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 UV = find_uv()
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path_factory.getbasetemp() / "bi-cache"))
-
-
-def run(*args: str):
-    res = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return res.exit_code, res.output
+PRIVATE_CACHE = "bi-cache"  # the download cache of this module's tests (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def test_the_default_locks_twin_pins_what_requirements_lock_pins_one_wheel_each():

@@ -26,9 +26,8 @@ TAGS = target_tags("3.12", "cp312", "x86_64-manylinux_2_35")
 RAY_PINS = {"2.57.1": "0.25.1", "2.58.0": "0.26.0", "2.58.1": "0.26.0", "2.59.0": "0.27.0", "2.60.0": "0.29.0"}
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path_factory.getbasetemp() / "bi-cache-ray"))
+PRIVATE_CACHE = "bi-cache-ray"  # the download cache of this module's tests (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _ray_requires(pin: str | None) -> list[str]:

@@ -61,7 +61,8 @@ def test_a_kv_cache_dtype_is_checked_against_the_releases_cachedtype():
 
 
 def test_plan_cli_vllm(tmp_path):
-    args = ["plan", "--model", str(DATA / "seed000"), "--weights-bytes", "1GB", "--gpu-memory", "80GiB", "--tp", "8"]
+    args = ["plan", "--model", str(DATA / "600gb-on-8-gpus"), "--weights-bytes", "1GB", "--gpu-memory", "80GiB",
+            "--tp", "8"]
     r = CliRunner().invoke(main, args + ["--vllm", "0.33.0", "--json"])
     assert r.exit_code in (0, 1), r.output
     assert json.loads(r.output)["vllm"] == "0.33.0"

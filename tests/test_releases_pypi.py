@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from click.testing import CliRunner
 
-from builder.cli import main
 from builder.resolve.index import SimpleIndex
 from builder.resolve.lock import target_tags
 from builder.resolve.lockfile import load_lock
@@ -13,16 +11,12 @@ from builder.resolve.manifest import load_manifest
 from builder.resolve.raychoice import choose, ray_releases
 from builder.resolve.reconstruct import load_recipes, release_instant
 from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions
+from tests.conftest import run
 
 pytestmark = pytest.mark.slow
 
 RELEASES = supported_vllm_versions()
 PICKED = sorted({RELEASES[0], RELEASES[len(RELEASES) // 2], RELEASES[-1]}, key=RELEASES.index)
-
-
-def run(*args: str):
-    res = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return res.exit_code, res.output
 
 
 def test_nine_releases_are_shipped_from_0_26_0_on():

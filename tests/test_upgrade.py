@@ -19,10 +19,8 @@ from builder.cli import main
 from builder.resolve.manifest import load_manifest
 from tests.test_port import A_MOD, HEADER, PATCHED_A, PROBE, diff, tree
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path_factory.getbasetemp() / "bi-cache"))
+PRIVATE_CACHE = "bi-cache"  # the download cache of this module's tests (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 def _snapshot(d: Path, make_site_packages, dists: list[str]) -> Path:

@@ -1,4 +1,4 @@
-"""`--vllm X` on any base, offline: seed 000's ray-like base (a numpy-1.x extension, no vllm) is
+"""`--vllm X` on any base, offline: a ray-like base (a numpy-1.x extension, no vllm) is
 refused with only `--vllm`; a base with another vllm is exit 2 naming both; the header never names a
 vllm that is neither in the base nor in the lock; a lock on another base never replaces one."""
 
@@ -7,22 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from builder.cli import main
 from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import load_manifest
+from tests.conftest import run
 from tests.fx_wheels import install_into, write_wheel
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path_factory, monkeypatch):
-    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path_factory.getbasetemp() / "bi-cache-vob"))
-
-
-def run(*args: str):
-    res = CliRunner().invoke(main, list(args), catch_exceptions=False)
-    return res.exit_code, res.output
+PRIVATE_CACHE = "bi-cache-vob"  # the download cache of this module's tests (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +39,7 @@ def _snapshot(sp: Path, out: Path, ref: str | None = None) -> Path:
 
 @pytest.fixture(scope="module")
 def raylike_base(tmp_path_factory, wheelhouse) -> Path:
-    """Seed 000's rayproject/ray stand-in: pyarrow-like extension built against numpy 1.x, numpy 1.26.4, no vllm."""
+    """A rayproject/ray stand-in: pyarrow-like extension built against numpy 1.x, numpy 1.26.4, no vllm."""
     d = tmp_path_factory.mktemp("raylike")
     sp = install_into(d / "sp", ["fakearrow==14.0.2", "numpy==1.26.4", "purepkg==1.0.0"], wheelhouse)
     m = _snapshot(sp, d / "ray-like.json", "example.invalid/rayproject/ray:2.x")
@@ -60,7 +52,7 @@ def _lock(base: Path, houses, *extra: str):
     return run("lock", "--base", str(base), "--no-default-overlay", "--no-index", *links, *extra)
 
 
-def test_seed_000_only_vllm_is_enough_to_refuse_the_ray_base_with_the_evidence(raylike_base, wheelhouse, vllm_house,
+def test_vllm_alone_is_enough_to_refuse_the_numpy1_ray_base_with_the_evidence(raylike_base, wheelhouse, vllm_house,
                                                                                tmp_path):
     out = tmp_path / "r.lock"
     code, text = _lock(raylike_base, [wheelhouse, vllm_house], "--vllm", "0.26.0", "--with", "purepkg", "-o", str(out))

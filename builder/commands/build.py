@@ -31,6 +31,7 @@ def command(context, vllm, repo, spec_file, pull, as_json):
     mismatch, 8 engine unreachable, 9 build failed (incl. the Dockerfile's early checks, and a
     base image missing from the engine without --pull).
     """
+    from builder.events import reporter_for
     from builder.image.build import build_image
     from builder.image.render import default_out_dir, read_context
 
@@ -41,8 +42,7 @@ def command(context, vllm, repo, spec_file, pull, as_json):
     if note:
         console.print(note, markup=False, highlight=False)
     built = build_image(ctx.out_dir, ctx.tags, vllm=ctx.vllm, lock_hash=ctx.lock_hash, base_refs=ctx.base_refs,
-                        pull=pull, on_step=lambda s: console.print("build: " + s, markup=False, highlight=False,
-                                                                   soft_wrap=True))
+                        pull=pull, reporter=reporter_for(console, as_json=as_json).scoped("build: "))
     for line in built.warnings:
         console.print("[yellow]warning:[/yellow] " + line.replace("[", r"\["), highlight=False, soft_wrap=True)
     if as_json:

@@ -57,10 +57,11 @@ def run_pipeline(vllm, spec_file, with_=(), base=None, lock_file=None, out=None,
                  series=None, no_patches=False, wheel=None, find_links=(), no_index=False, no_default_overlay=False,
                  kuberay=False, smoke=False, model=None, pull=False, allow_base_drift=False, as_json=False):
     """lock -> ABI gate -> patch check -> render -> build -> push -> smoke."""
+    from builder.events import reporter_for
     from builder.image.render import default_out_dir
     from builder.pipeline import PipelineRequest, run
 
-    console = stderr_console()
+    reporter = reporter_for(stderr_console(), as_json=as_json)
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo, lock=lock_file, model=model, base=base,
                                            with_=list(with_) or None, find_links=list(find_links) or None,
                                            no_index=no_index or None)
@@ -68,9 +69,9 @@ def run_pipeline(vllm, spec_file, with_=(), base=None, lock_file=None, out=None,
     req = PipelineRequest(spec=spec, out=out or default_out_dir(spec.vllm), push=push, force=force, series=series,
                           no_patches=no_patches, wheel=wheel, default_overlay=not no_default_overlay, kuberay=kuberay,
                           smoke=smoke, model=model or spec.serving.model, pull=pull, allow_base_drift=allow_base_drift)
-    result = run(req, console)
+    result = run(req, reporter)
     if result.notice:
-        console.print(result.notice, highlight=False)
+        reporter.warning(result.notice.removeprefix(result.notice_lead), lead=result.notice_lead)
     _emit(as_json, result.summary)
     if result.error is not None:
         raise result.error

@@ -118,18 +118,19 @@ def command(vllm, model, spec_file, weights_bytes, gpus, gpu_memory, tp, pp, gpu
                          storage=storage, compile_cache=compile_cache, engine_start=engine_start, nodes=nodes)
     if as_json:
         doc = plan.to_dict()
-        doc["cold_start"] = {**cold["model"].to_dict(), "seed000": cold["seed000"].to_dict()}
+        doc["cold_start"] = {**cold["model"].to_dict(), "reference_600gb": cold["reference_600gb"].to_dict()}
         emit_json(doc, sort_keys=True)
     else:
         click.echo(render_text(plan))
         click.echo("\n".join(coldstart.render_text(cold["model"], f"cold start of {serving.model}")))
-        click.echo("\n".join(coldstart.render_text(cold["seed000"], "cold start of seed 000 (600 GB over 8 GPUs)")))
+        reference = coldstart.render_text(cold["reference_600gb"], "cold start of 600 GB over 8 GPUs of one node")
+        click.echo("\n".join(reference))
     refuse_unless_fits(plan, show_plan=False)  # the plan is already on stdout
 
 
 def cold_start_of(plan, serving, vllm, *, load_format, load_rate, storage_rate, pull_bandwidth, image_size,
                   image_manifest, image_result, page_cache, storage, compile_cache, engine_start, nodes) -> dict:
-    """The cold-start estimate of the planned model and of seed 000, from the flags (exit 2 on bad ones)."""
+    """The cold-start estimate of the planned model and of 600 GB over 8 GPUs, from the flags (exit 2 on bad ones)."""
     fmt = check_load_format(load_format or getattr(serving, "load_format", None) or "auto",
                             release_facts(vllm), where="--load-format")
     if sum(x is not None for x in (image_size, image_manifest, image_result)) > 1:
@@ -152,4 +153,4 @@ def cold_start_of(plan, serving, vllm, *, load_format, load_rate, storage_rate, 
               storage_rate=rate(storage_rate, "--storage-rate"), engine_start_s=engine_start)
     model = coldstart.estimate(coldstart.ColdStartInputs(
         weights_bytes=plan.weights_bytes, gpus=plan.tp * plan.pp, nodes=nodes, **kw))
-    return {"model": model, "seed000": coldstart.seed000(**kw)}
+    return {"model": model, "reference_600gb": coldstart.reference_600gb(**kw)}

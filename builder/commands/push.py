@@ -31,6 +31,7 @@ def command(context, vllm, repo, spec_file, force, as_json):
     10 registry unreachable / push refused / digest mismatch, 11 a tag already points at a
     different image (use --force).  Credentials: only the engine's own store (docker login).
     """
+    from builder.events import reporter_for
     from builder.image.push import push_image
     from builder.image.render import default_out_dir, read_context
 
@@ -40,7 +41,7 @@ def command(context, vllm, repo, spec_file, force, as_json):
     ctx = read_context(context or default_out_dir(spec.vllm), spec.repo)
     console = stderr_console()
     pushed = push_image(ctx.tags, force=force, context=ctx.out_dir,
-                        on_step=lambda s: console.print(f"push: {s}", markup=False, highlight=False))
+                        reporter=reporter_for(console, as_json=as_json).scoped("push: "))
     if as_json:
         emit_json(pushed.to_dict())
     else:

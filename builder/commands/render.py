@@ -49,6 +49,7 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
     Exit codes: 0 written, 2 bad input, 6 patch series does not apply, 7 download/sha256 failure.
     Nothing is written on failure (the context is built in a temp dir and renamed into place).
     """
+    from builder.events import RichReporter
     from builder.image.render import build_hint, default_out_dir, render_context, render_inputs
     from builder.serving.kuberay import write_manifests
 
@@ -69,7 +70,8 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
         result = render_context(
             vllm=spec.vllm, base=manifest, lock=lock, lock_text=inputs.lock_text, out_dir=out,
             series_dir=series, vllm_wheel=wheel, repo=spec.repo, no_patches=no_patches,
-            on_step=lambda s: status.update(f"render: {s}"), extra=kuberay_manifests if kuberay else None,
+            reporter=RichReporter(console, status=status).scoped("render: "),
+            extra=kuberay_manifests if kuberay else None,
             base_data=inputs.base_data, allow_base_drift=allow_base_drift,
         )
     doc = {

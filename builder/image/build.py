@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder import engine as engine_adapter
 from builder.errors import BuildFailed
+from builder.events import SILENT, Reporter
 from builder.image import provenance  # the statement's subject is now the image (its ID under each tag)
 
 
@@ -102,12 +103,13 @@ def drift_warnings(engine, image_id: str) -> tuple[str, ...]:
 
 def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str, base_refs: Sequence[str],
                 engine=None, pull: bool = False, bases_checked: bool = False,
-                on_step: Callable[[str], None] | None = None) -> BuildResult:
+                reporter: Reporter = SILENT) -> BuildResult:
     """Build ``context`` and tag it ``tags``.
 
     Without ``pull`` a base image that is not in the engine's store is BuildFailed (exit 9)
     instead of an implicit multi-GB download from a registry; ``bases_checked``: the caller
-    has just asked the engine (the pipeline, deciding whether to stop after render)."""
+    has just asked the engine (the pipeline, deciding whether to stop after render).  Each BuildKit
+    step's first line is a step event on ``reporter``."""
     engine = engine or engine_adapter.get_engine()
     if not bases_checked:
         engine.ping()
@@ -120,8 +122,8 @@ def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str
 
     def on_line(line: str) -> None:
         head = build_step(line, seen)
-        if head is not None and on_step is not None:
-            on_step(" ".join(head.split())[:110])
+        if head is not None:
+            reporter.step(" ".join(head.split())[:110])
 
     built = engine.build(Path(context), list(tags), network="none", on_line=on_line)
 

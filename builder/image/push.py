@@ -7,12 +7,13 @@ that the registry does not serve.  Credentials come only from the engine's own s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder import engine as engine_adapter
 from builder.errors import BadInput, RegistryError, TagConflict
+from builder.events import SILENT, Reporter
 from builder.image import referrers, registry
 from builder.image.naming import is_content_addressed
 
@@ -49,7 +50,7 @@ class PushResult:
 
 
 def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context: Path | None = None,
-               on_step: Callable[[str], None] | None = None) -> PushResult:
+               reporter: Reporter = SILENT) -> PushResult:
     """Push every tag of one local image; verify the registry's manifest digest; with ``context``
     (the rendered context the image was built from), attach its SBOM and provenance as referrers.
 
@@ -59,7 +60,7 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
     listed in ``moved_tags``.  After pushing: the registry's digest for each tag must
     equal the digest the engine pushed -> RegistryError otherwise.
     """
-    say = on_step or (lambda _m: None)
+    say = reporter.step
     engine = engine or engine_adapter.get_engine()
     engine.ping()
     infos = {}

@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +41,7 @@ from builder import __version__
 from builder.credentials import redact_text  # a lock written before redaction keeps no secret in a context
 from builder.data import path as data_path
 from builder.errors import BadInput, IntegrityError
+from builder.events import SILENT, Reporter
 from builder.fetch import fetch
 from builder.fetch import vllm_wheel as fetch_vllm_wheel
 from builder.image import provenance
@@ -69,7 +71,7 @@ from builder.patching.series import PatchedFile, sha256_list
 from builder.resolve.baseref import resolve_base, vllm_on_base
 from builder.resolve.floor import checker_path, consistency_tool
 from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock
-from builder.resolve.lockstage import _read
+from builder.resolve.lockstage import Locked, _read
 from builder.resolve.manifest import BaseManifest
 from builder.resolve.pylock import PYLOCK_NAME
 from builder.resolve.twin import same_pins
@@ -293,14 +295,14 @@ def default_source_date_epoch() -> int:
         raise BadInput(f"SOURCE_DATE_EPOCH={raw!r} is not an integer number of seconds.") from None
 
 
-def fetch_wheels(lock: LockFile, *, on_wheel: Callable[[str], None] | None = None) -> dict[str, Path]:
+def fetch_wheels(lock: LockFile, *, reporter: Reporter = SILENT) -> dict[str, Path]:
     """Download (or take from the cache) every locked wheel, sha256-verified by :func:`builder.fetch.fetch`.
-    filename -> path."""
+    filename -> path; each wheel is a download event on ``reporter``."""
     out: dict[str, Path] = {}
-    for e in sorted(lock.entries, key=lambda e: e.key):
+    entries = sorted(lock.entries, key=lambda e: e.key)
+    for i, e in enumerate(entries, 1):
         assert e.wheel is not None
-        if on_wheel:
-            on_wheel(e.wheel.filename)
+        reporter.download(e.wheel.filename, i, len(entries))
         out[e.wheel.filename] = Path(fetch(e.wheel.url, e.wheel.sha256))
     return out
 
@@ -657,6 +659,7 @@ class RenderResult:
     wheel_digests: Mapping[str, str]
     base_refs: tuple[str, ...]
     plan: RenderPlan
+    timings: Mapping[str, float] = field(default_factory=dict)  # "patch": seconds of the patch check and apply
 
     @property
     def vllm(self) -> str:
@@ -672,7 +675,7 @@ class RenderResult:
 
 
 def render_inputs(spec, *, lock_file: str | Path | None = None, base: str | None = None,
-                  locked=None) -> RenderInputs:
+                  locked: Locked | None = None) -> RenderInputs:
     """The base manifest and the lock render works from.
 
     ``locked`` (a :class:`builder.resolve.lockstage.Locked` the pipeline just made) is used as is;
@@ -691,15 +694,15 @@ def render_inputs(spec, *, lock_file: str | Path | None = None, base: str | None
     return RenderInputs(manifest=manifest, lock=lock, lock_text=text, lock_path=lock_path, base_data=resolved.data)
 
 
-def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None,
-                 out_dir: Path) -> tuple[list[PatchedFile], list[str]]:
-    """Check and apply the patch series to the vllm wheel on the host; patched files land in ``out_dir``.
+def load_release_series(series_dir: Path | None, vllm: str) -> P.Series:
+    """The series render applies: ``series_dir``, or the one shipped for ``vllm`` (patches/vllm/<v>/; a release
+    without one stops here, naming how to port one), located and loaded once."""
+    return P.load_series(series_dir if series_dir is not None else P.require_series(vllm), vllm)
 
-    ``series_dir=None``: the series for ``vllm`` (patches/vllm/<v>/), none if it holds no series.
-    """
-    if series_dir is None:  # a release without a shipped series stops here, naming how to port one
-        series_dir = Path(P.require_series(vllm))
-    series = P.load_series(series_dir, vllm)
+
+def apply_series(series: P.Series, vllm: str, vllm_wheel: Path | None,
+                 out_dir: Path) -> tuple[list[PatchedFile], list[str]]:
+    """Check and apply ``series`` to the vllm wheel on the host; patched files land in ``out_dir``."""
     names = [p.name for p in series.patches]
     if not names:
         return [], []
@@ -709,11 +712,9 @@ def apply_series(series_dir: Path | None, vllm: str, vllm_wheel: Path | None,
     return P.apply_to_dir(series, vllm_wheel, out_dir), names
 
 
-def series_texts(series_dir: Path | None, vllm: str) -> tuple[dict[str, str], tuple[str, str] | None]:
+def series_texts(series: P.Series, vllm: str) -> tuple[dict[str, str], tuple[str, str] | None]:
     """(patch name -> text, (wheel file name, sha256) the series is made for) of the series render applied."""
-    d = Path(series_dir) if series_dir is not None else Path(P.series_dir_for(vllm))
-    series = P.load_series(d, vllm)
-    texts = {p.name: (d / p.name).read_text(encoding="utf-8") for p in series.patches}
+    texts = {p.name: p.text for p in series.patches}
     wheel = (series.wheel_filename or f"vllm-{vllm}.whl", series.wheel_sha256) if series.wheel_sha256 else None
     return texts, wheel
 
@@ -726,11 +727,12 @@ def render_context(
     out_dir: Path,
     lock_text: str | None = None,
     series_dir: Path | None = None,
+    series: P.Series | None = None,
     vllm_wheel: Path | None = None,
     repo: str | None = None,
     no_patches: bool = False,
     revision: str | None = None,
-    on_step: Callable[[str], None] | None = None,
+    reporter: Reporter = SILENT,
     extra: Callable[[Path, list[str]], Iterable[Path]] | None = None,
     base_data: bytes | None = None,
     allow_base_drift: bool = False,
@@ -742,8 +744,10 @@ def render_context(
     (``render --kuberay``: the KubeRay manifests); it returns the paths it wrote.
     ``base_data``: the manifest's bytes as the lock hashed them (shipped in checks/);
     ``allow_base_drift``: the checks stage warns about base drift instead of failing;
-    ``base_note``: the manifest is the pipeline's snapshot of the base (SBOM, provenance)."""
-    step = on_step or (lambda s: None)
+    ``base_note``: the manifest is the pipeline's snapshot of the base (SBOM, provenance);
+    ``series``: the series the caller loaded already (else ``series_dir``'s, or the shipped one, loaded here);
+    ``reporter``: the steps and wheel downloads as events.  The result carries the patch step's seconds."""
+    step = reporter.step
     plan = RenderPlan(vllm=vllm, base=base, lock=lock, repo=repo,
                       source_date_epoch=default_source_date_epoch(), revision=revision,
                       serve_app=serve_app_source().is_file(), base_data=base_data,
@@ -751,13 +755,16 @@ def render_context(
     check_consistency(plan)
     tags = image_tags(repo or default_repo(), vllm, lock.lock_hash)
     with tempfile.TemporaryDirectory(prefix="build-image-patched.") as ptmp:
+        t_patch = time.monotonic()
         step("patch series")
         if not no_patches:
-            plan.patched, plan.patches = apply_series(series_dir, vllm, vllm_wheel, Path(ptmp))
+            series = series or load_release_series(series_dir, vllm)
+            plan.patched, plan.patches = apply_series(series, vllm, vllm_wheel, Path(ptmp))
             if plan.patches:
-                plan.patch_texts, plan.vllm_wheel = series_texts(series_dir, vllm)
+                plan.patch_texts, plan.vllm_wheel = series_texts(series, vllm)
+        patch_s = time.monotonic() - t_patch
         step(f"wheelhouse ({len(lock.entries)} wheels)")
-        wheels = fetch_wheels(lock, on_wheel=lambda f: step(f"wheel {f}"))
+        wheels = fetch_wheels(lock, reporter=reporter)
 
         step("write context")
         sbom = plan.sbom_text()  # once: the context's file and the label's sha256
@@ -769,7 +776,7 @@ def render_context(
         out_dir=Path(out_dir), files=tuple(files), tags=tuple(tags),
         labels=tuple(oci_labels(plan, sha256_bytes(sbom.encode()))),
         wheel_digests=MappingProxyType({e.wheel.filename: e.wheel.sha256 for e in lock.entries if e.wheel}),
-        base_refs=(from_ref(base),), plan=plan,
+        base_refs=(from_ref(base),), plan=plan, timings=MappingProxyType({"patch": patch_s}),
     )
 
 

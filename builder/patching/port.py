@@ -278,7 +278,7 @@ def _tree_with(b_tree: Path, b_cur: dict[str, list[str]], b_orig: dict[str, byte
 
 def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tree, tmp, runner, progress):
     pp = PortedPatch(p.name, p.subject, CONFLICT, probe=PR.probe_name(p))
-    probe_file = (series.dir / pp.probe) if pp.probe else None
+    probe_file = PR.find_probe(series.dir, pp.probe) if pp.probe else None
     has_probe = runner is not None and probe_file is not None and probe_file.is_file()
     # 1. place each file's hunks on B (pure, cheap)
     method, staged = _place_hunks(series, p, a_cur, b_cur, b_version, pp)
@@ -439,8 +439,7 @@ def write_series(report: PortReport, series: P.Series, out_dir: str | os.PathLik
         else:
             lines.append(f"# {pp.name}  conflict: see {pp.name}.conflict, finish by hand, then list it here")
             atomic_write_text(d / f"{pp.name}.conflict", "\n".join(pp.detail) + "\n")
-        if pp.probe and (series.dir / pp.probe).is_file():
-            shutil.copyfile(series.dir / pp.probe, d / pp.probe)
+        _write_probe(series, pp.probe, d)
     if (series.dir / PR.PROBE_ENV).is_file() and not (d / PR.PROBE_ENV).is_file():
         shutil.copyfile(series.dir / PR.PROBE_ENV, d / PR.PROBE_ENV)
     atomic_write_text(d / P.SERIES_FILE, "\n".join(lines) + "\n")
@@ -450,6 +449,19 @@ def write_series(report: PortReport, series: P.Series, out_dir: str | os.PathLik
     if wheel is not None and wheel.is_file():
         atomic_write_text(d / P.WHEEL_SUM, f"{sha256_file(wheel)}  {wheel.name}\n")
     return d
+
+
+def _write_probe(series: P.Series, name: str | None, out_dir: Path) -> None:
+    """B's copy of a probe: none when the shared probe folder beside B's series holds the same bytes (the
+    probe fits B's code as it is), else the probe A uses, written into B's series."""
+    probe = PR.find_probe(series.dir, name) if name else None
+    if probe is None:
+        return
+    shared = PR.shared_probes_dir(out_dir) / probe.name
+    if shared.is_file() and shared.read_bytes() == probe.read_bytes():
+        (out_dir / probe.name).unlink(missing_ok=True)  # an earlier port's copy: the shared one is used
+        return
+    shutil.copyfile(probe, out_dir / probe.name)
 
 
 def b_originals(series: P.Series, b_source) -> dict[str, bytes]:

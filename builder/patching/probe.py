@@ -1,8 +1,11 @@
 """Behavioural probes of a patch series: run each patch's probe through the package's own code.
 
 A patch names its probe in the header (``Probe: 0001-name.probe.py``), a Python script
-kept beside it in the series folder.  The probe imports the package from ``PYTHONPATH``
-(the tree under test), drives the code the patch changes on CPU, and prints one line
+found (:func:`probe_path`) beside it in the series folder -- a release's own copy, for a probe
+that must differ there -- or else in the package's shared probe folder next to the series
+(``patches/<package>/probes/``), which holds the one copy every release whose code it fits uses.
+The probe imports the package from ``PYTHONPATH`` (the tree under test), drives the code the
+patch changes on CPU, and prints one line
 
     PROBE-RESULT {"checks": [{"name": "...", "ok": true, "detail": "..."}, ...]}
 
@@ -45,6 +48,7 @@ from builder.util import atomic_write_bytes, cache_dir, sha256_file
 
 PROBE_FIELD = "Probe"
 PROBE_ENV = "probe-env.txt"
+SHARED_PROBES = "probes"  # patches/<package>/probes/: the probes shared by the package's releases
 RESULT_PREFIX = "PROBE-RESULT "
 PASS, FAIL, ERROR = "pass", "fail", "error"
 DEFAULT_TIMEOUT = 600
@@ -127,15 +131,36 @@ def probe_name(patch: P.Patch) -> str | None:
     return (patch.headers.get(PROBE_FIELD) or "").strip() or None
 
 
+def shared_probes_dir(series_dir: Path) -> Path:
+    """The package's shared probe folder for a series at ``patches/<package>/<version>/``."""
+    return Path(series_dir).parent / SHARED_PROBES
+
+
+def find_probe(series_dir: Path, name: str) -> Path | None:
+    """The probe file ``name`` for the series in ``series_dir``: the series' own copy, else the shared one;
+    None when neither is a file (or ``name`` is not a plain file name)."""
+    if not name or "/" in name or name in (".", ".."):
+        return None
+    for d in (Path(series_dir), shared_probes_dir(series_dir)):
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
 def probe_path(series_dir: Path, patch: P.Patch) -> Path:
-    """The probe file a patch names; :class:`BadInput` if the header names none or a missing file."""
+    """The probe file a patch names (:func:`find_probe`); :class:`BadInput` if the header names none or a
+    missing file."""
     name = probe_name(patch)
+    shared = shared_probes_dir(series_dir)
+    also = f", or in {shared}" if shared.is_dir() else ""
     if not name:
         raise BadInput(f"patch {series_dir / patch.name}: no '{PROBE_FIELD}:' header naming its probe "
-                       f"(a Python file beside it in {series_dir}).")
-    if "/" in name or not (series_dir / name).is_file():
-        raise BadInput(f"patch {series_dir / patch.name}: its probe {name!r} is not a file in {series_dir}.")
-    return series_dir / name
+                       f"(a Python file beside it in {series_dir}{also}).")
+    found = find_probe(series_dir, name)
+    if found is None:
+        raise BadInput(f"patch {series_dir / patch.name}: its probe {name!r} is not a file in {series_dir}"
+                       + (f" (nor in {shared})." if also else "."))
+    return found
 
 
 def env_requirements(series_dir: Path) -> list[str] | None:

@@ -70,6 +70,7 @@ class Patch:
     name: str                 # file name in the series folder
     headers: dict[str, str]
     files: tuple[FileDiff, ...]
+    text: str = ""            # the patch file as read (header and diff)
 
     @property
     def subject(self) -> str:
@@ -140,21 +141,27 @@ def require_series(vllm_version: str, package: str = "vllm") -> Path:
     """The shipped series for ``vllm_version``, or :class:`PatchFailed` (exit 6) saying how to port one:
     an image of a release whose patches were never carried over must not be built silently without them."""
     version_string(vllm_version)  # nothing below turns a word or a path into a suggested command or a path
-    try:
-        return series_dir_for(vllm_version, package)
-    except BadInput:
-        root = patches_root() / package
-        avail = sorted((p.name for p in root.iterdir() if (p / SERIES_FILE).is_file()),
-                       key=_vkey) if root.is_dir() else []
-        older = [v for v in avail if _vkey(v) < _vkey(vllm_version)]
-        src = (older or avail or ["<A>"])[-1]
-        raise PatchFailed(
-            f"no patch series for {package} {vllm_version} yet (no {root / vllm_version / SERIES_FILE}); "
-            f"the image would carry none of the local loader patches. Port the series of {src}: "
-            f"`build-image patch port --from {src} --to {vllm_version} -o patches/{package}/{vllm_version}` "
-            "(review what it reports, docs/patches.md).",
-            hint="or pass --series DIR for a series elsewhere, or --no-patches to build knowingly without patches.",
-        ) from None
+    return shipped_series(vllm_version, package)
+
+
+def shipped_series(vllm_version: str, package: str = "vllm") -> Path:
+    """:func:`require_series` for a ``vllm_version`` the caller has validated already (the pipeline's
+    release context): a version, never a word or a path."""
+    d = patches_root() / package / vllm_version
+    if (d / SERIES_FILE).is_file():
+        return d
+    root = patches_root() / package
+    avail = sorted((p.name for p in root.iterdir() if (p / SERIES_FILE).is_file()),
+                   key=_vkey) if root.is_dir() else []
+    older = [v for v in avail if _vkey(v) < _vkey(vllm_version)]
+    src = (older or avail or ["<A>"])[-1]
+    raise PatchFailed(
+        f"no patch series for {package} {vllm_version} yet (no {root / vllm_version / SERIES_FILE}); "
+        f"the image would carry none of the local loader patches. Port the series of {src}: "
+        f"`build-image patch port --from {src} --to {vllm_version} -o patches/{package}/{vllm_version}` "
+        "(review what it reports, docs/patches.md).",
+        hint="or pass --series DIR for a series elsewhere, or --no-patches to build knowingly without patches.",
+    )
 
 
 def _vkey(v: str):
@@ -271,7 +278,7 @@ def parse_patch(text: str, name: str, package: str) -> Patch:
     seen = [f.relpath for f in files]
     if len(seen) != len(set(seen)):
         raise BadInput(f"patch {name}: names the same file twice; merge its hunks into one file diff.")
-    return Patch(name=name, headers=headers, files=tuple(files))
+    return Patch(name=name, headers=headers, files=tuple(files), text=text)
 
 
 def _read_sums(path: Path) -> dict[str, str]:

@@ -553,9 +553,7 @@ def snapshot_site_packages(
 
 
 def _engine_error(args: list[str], stderr: str) -> Exception:
-    low = stderr.lower()
-    if ("cannot connect to the docker daemon" in low or "is the docker daemon running" in low
-            or "permission denied while trying to connect" in low):
+    if engine_adapter.engine_unreachable(stderr):  # the one classifier of the CLI's own connection errors
         return EngineUnavailable(
             f"the Docker engine did not answer `docker {args[0]}`: "
             f"{stderr.strip().splitlines()[-1] if stderr.strip() else 'no reply'}.",

@@ -59,12 +59,13 @@ def classify(value: str | None) -> str:
     return "image"
 
 
-def resolve_base(value: str | None, vllm: str, *, snapshot=None) -> ResolvedBase:
+def resolve_base(value: str | None, vllm: str, *, snapshot=None, kind: str | None = None) -> ResolvedBase:
     """Resolve a ``--base`` value (None: the shipped default for ``vllm``) — see the module doc.
 
     ``snapshot(ref) -> BaseManifest`` makes the manifest of a local image (default:
-    :func:`builder.resolve.base.snapshot_image`)."""
-    kind = classify(value)
+    :func:`builder.resolve.base.snapshot_image`); ``kind``: what :func:`classify` said of
+    ``value``, when the caller asked it already."""
+    kind = kind or classify(value)
     if kind == "default":
         check_vllm_version(vllm)
         p = default_base_manifest(vllm)

@@ -54,7 +54,7 @@ from builder.resolve import pylock as _pylock
 from builder.resolve.abi import GateResult, evaluate, format_rejection, is_exact_coupled
 from builder.resolve.base import scan_wheel
 from builder.resolve.baseref import ResolvedBase, vllm_on_base
-from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, load_lock
+from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, load_lock, parse_lock
 from builder.resolve.manifest import BaseManifest, DistFacts
 from builder.resolve.pylock import WheelCandidate
 from builder.resolve.raychoice import BACKEND_FALLBACK, RayChoice, backend_for, choose, ray_releases
@@ -71,6 +71,7 @@ from builder.util import (
     through_link,
     write_target,
 )
+from builder.validate import read_bounded_text
 
 FACTS_CACHE_VERSION = "1"
 DEFAULT_RAY = "ray[serve]"  # the default overlay (builder.spec.DEFAULT_OVERLAY)
@@ -985,13 +986,15 @@ def ray_header(req: LockRequest, entries: list[LockEntry], base: BaseManifest) -
     return {"ray": f"{version} ({where})", "serve-backend": "auto"}
 
 
-def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None) -> tuple[bool, str]:
+def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None,
+                  existing: LockFile | None = None) -> tuple[bool, str]:
     """(fresh?, why) comparing every input the lock's header records (and their hash,
     ``inputs-sha256``) with the request's — no resolution.  A header edited by hand
-    (``vllm: 0.25.0`` under the hash of a 0.26.0 request) is stale, not up to date."""
-    if not lock_path.exists():
+    (``vllm: 0.25.0`` under the hash of a 0.26.0 request) is stale, not up to date.
+    ``existing``: the lock at ``lock_path``, when the caller has read it already."""
+    if existing is None and not lock_path.exists():
         return False, f"{lock_path} does not exist"
-    existing = load_lock(lock_path)
+    existing = existing or load_lock(lock_path)
     uv = uv or Uv()
     want_header = lock_header(req, uv.version())
     fields = header_mismatches(existing.header, want_header)
@@ -1023,6 +1026,27 @@ class LockOutcome:
     path: Path
     result: LockResult | None = None
     unused_allow: list[str] = field(default_factory=list)
+    kept: LockFile | None = None      # up-to-date: the lock on disk, as read (once) by the freshness check
+    kept_text: str | None = None      # ... and its text
+
+
+@dataclass(frozen=True)
+class _OnDisk:
+    """The lock at ``-o`` before this run, read once: parsed, or why it cannot be (a damaged lock is stale)."""
+
+    lock: LockFile | None
+    text: str | None
+    error: BadInput | None = None
+
+    @staticmethod
+    def read(lock_path: Path) -> _OnDisk | None:
+        if not lock_path.exists() and not lock_path.is_symlink():
+            return None
+        try:
+            text = read_bounded_text(lock_path, "lock")
+            return _OnDisk(lock=parse_lock(text, str(lock_path)), text=text)
+        except BadInput as exc:
+            return _OnDisk(lock=None, text=None, error=exc)
 
 
 def check_wheel_sources(find_links: Iterable[str], no_index: bool) -> None:
@@ -1112,12 +1136,11 @@ def _sweep_killed_writes(lock_path: Path, say: Progress) -> None:
             f"(their owner is gone): {', '.join(sorted(swept))}")
 
 
-def _other_base(lock_path: Path, req: LockRequest) -> str | None:
-    """The base-ref of an existing lock at ``lock_path`` when it names another base than ``req``'s."""
-    try:
-        have = load_lock(lock_path).header.get("base-ref", "-")
-    except BadInput:
+def _other_base(on_disk: _OnDisk, req: LockRequest) -> str | None:
+    """The base-ref of the lock on disk when it names another base than ``req``'s."""
+    if on_disk.lock is None:
         return None  # a damaged lock is replaced
+    have = on_disk.lock.header.get("base-ref", "-")
     want = req.base.image_ref or "-"
     return have if have != want else None
 
@@ -1140,18 +1163,19 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     if not check:
         refuse_foreign_outputs(lock_path, force)
         _sweep_killed_writes(lock_path, say)
+    on_disk = _OnDisk.read(lock_path) if check or not (upgrade and force) else None  # read once, if at all
     if check or (not upgrade and lock_path.exists()):
-        kept = _kept_if_fresh(req, lock_path, check, uv, say)
+        kept = _kept_if_fresh(req, lock_path, check, uv, say, on_disk)
         if kept is not None:
             return kept
-    other = _other_base(lock_path, req) if lock_path.exists() and not force else None
+    other = _other_base(on_disk, req) if on_disk is not None and not force else None
     if other is not None:
         raise BadInput(
             f"{lock_path} was made on another base ({other}); a lock on {req.base.image_ref or 'this base'} "
             "does not replace it.",
             hint="write this lock elsewhere with -o FILE, or pass --force to replace it.",
         )
-    prefer = _previous_pins(lock_path) if not upgrade and lock_path.exists() else None
+    prefer = _previous_pins(on_disk) if not upgrade and on_disk is not None else None
     tags = target_tags(req.base.python_version, req.base.python_abi, req.base.platform)
     if req.default_ray and req.ray is None:
         _choose_default_ray(req, index, tags, say)
@@ -1170,30 +1194,30 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     return LockOutcome(status="written", path=lock_path, result=result, unused_allow=unused)
 
 
-def _kept_if_fresh(req: LockRequest, lock_path: Path, check: bool, uv: Uv, say: Progress) -> LockOutcome | None:
+def _kept_if_fresh(req: LockRequest, lock_path: Path, check: bool, uv: Uv, say: Progress,
+                   on_disk: _OnDisk | None) -> LockOutcome | None:
     """The lock on disk, kept when it is up to date with its inputs; with ``check``, a stale
     one is :class:`StaleLock`.  None: it is to be (re)written."""
     try:
-        fresh, why = is_up_to_date(lock_path, req, uv)
+        if on_disk is not None and on_disk.error is not None:
+            raise on_disk.error
+        fresh, why = is_up_to_date(lock_path, req, uv, existing=on_disk.lock if on_disk else None)
     except BadInput as exc:  # a damaged lock on disk is stale; a new lock replaces it
         if check:
             raise StaleLock(f"{lock_path} is not a readable lock: {exc.message}") from None
         fresh, why = False, exc.message
-    if fresh:
-        sync_twin(lock_path, check, say)  # its PEP 751 twin: missing or different is stale too
-        return LockOutcome(status="up-to-date", path=lock_path)
+    if fresh and on_disk is not None:
+        sync_twin(lock_path, check, say, lock=on_disk.lock)  # its PEP 751 twin: missing or different is stale too
+        return LockOutcome(status="up-to-date", path=lock_path, kept=on_disk.lock, kept_text=on_disk.text)
     if check:
         raise StaleLock(f"{lock_path} is stale: {why}.",
                         hint="run `build-image lock` (without --check) to regenerate it.")
     return None
 
 
-def _previous_pins(lock_path: Path) -> dict[str, str] | None:
+def _previous_pins(on_disk: _OnDisk) -> dict[str, str] | None:
     """The previous lock's pins, preferred by a re-lock (None when it cannot be read)."""
-    try:
-        return {e.name: e.version for e in load_lock(lock_path).entries}
-    except BadInput:
-        return None
+    return {e.name: e.version for e in on_disk.lock.entries} if on_disk.lock is not None else None
 
 
 def _choose_default_ray(req: LockRequest, index, tags: list[Tag], say: Progress) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from builder.errors import BadInput
 from builder.resolve import lock as L
-from builder.resolve.abi import format_notices
-from builder.resolve.baseref import resolve_base
+from builder.resolve.abi import GateResult, format_notices
+from builder.resolve.baseref import ResolvedBase, resolve_base
 from builder.resolve.lockfile import LockFile, parse_lock
 from builder.resolve.pylock import is_pylock_path
 from builder.resolve.twin import refuse_pylock_output, twin_path
@@ -36,9 +36,9 @@ class Locked:
     path: Path
     lock: LockFile
     text: str | None
-    base: object                     # builder.resolve.baseref.ResolvedBase
+    base: ResolvedBase
     overlay: tuple[str, ...]
-    gate: object | None = None       # builder.resolve.abi.GateResult of a new resolution
+    gate: GateResult | None = None   # the verdicts of a new resolution
     resolved: int = 0                # distributions in the resolution (written only)
     timings: dict = field(default_factory=dict)
     unused_allow: tuple[str, ...] = ()
@@ -96,7 +96,8 @@ class Locked:
 
 
 def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = False,
-             default_overlay: bool = True, base=None, progress: Callable[[str], None] | None = None,
+             default_overlay: bool = True, base: ResolvedBase | None = None,
+             progress: Callable[[str], None] | None = None,
              on_message: Callable[[str], None] | None = None) -> Locked:
     """Resolve the spec's base (``base``: a :class:`builder.resolve.baseref.ResolvedBase` the caller
     resolved already), make the request, run the lock stage, keep the pylock twin in step.
@@ -124,12 +125,12 @@ def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = 
     # a second writer of the same lock waits, then sees the first's lock (--check writes nothing)
     with contextlib.nullcontext() if check else output_lock(spec.lock_path):
         out = L.run(req, spec.lock_path, check=check, upgrade=upgrade, force=force, progress=progress)
-        if out.status == "up-to-date":
-            lock, text = _read(out.path)
     lock_path = out.path
-    if out.status == "up-to-date":
+    if out.status == "up-to-date":  # the lock as the freshness check read it
+        assert out.kept is not None
+        text = None if is_pylock_path(lock_path) else out.kept_text
         twin = lock_path if is_pylock_path(lock_path) else twin_path(lock_path)
-        return Locked(status="up-to-date", path=lock_path, lock=lock, text=text, base=resolved,
+        return Locked(status="up-to-date", path=lock_path, lock=out.kept, text=text, base=resolved,
                       overlay=tuple(req.overlay), pylock=str(twin), messages=tuple(said),
                       seconds=time.monotonic() - t_start)
     result = out.result

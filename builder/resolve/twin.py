@@ -69,12 +69,14 @@ def twin_problem(lock_path: str | Path, lock: LockFile) -> str | None:
     return None
 
 
-def sync_twin(lock_path: str | Path, check: bool, say: Callable[[str], None] | None = None) -> None:
+def sync_twin(lock_path: str | Path, check: bool, say: Callable[[str], None] | None = None, *,
+              lock: LockFile | None = None) -> None:
     """The twin of an up-to-date lock: with ``check``, :class:`~builder.errors.StaleLock` (exit 5) when it
-    is missing, invalid or pins anything else; otherwise it is rewritten from the lock (no resolution)."""
+    is missing, invalid or pins anything else; otherwise it is rewritten from the lock (no resolution).
+    ``lock``: the lock at ``lock_path``, when the caller has read it already."""
     if is_pylock_path(lock_path):
         return
-    lock = load_lock(lock_path)
+    lock = lock or load_lock(lock_path)
     problem = twin_problem(lock_path, lock)
     if problem is None:
         return

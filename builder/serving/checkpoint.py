@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from builder.errors import BadInput
+from builder.serving.modelconfig import text_config
 from builder.util import atomic_write_text, cache_dir
 from builder.validate import load_json, read_bounded_text
 
@@ -432,13 +433,6 @@ _SHAPE_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight"
                    "lm_head.weight")
 
 
-def _text_config(config: dict) -> dict:
-    for key in ("text_config", "llm_config", "language_config"):
-        if isinstance(config.get(key), dict):
-            return {**{k: config[k] for k in ("tie_word_embeddings",) if k in config}, **config[key]}
-    return config
-
-
 def _cfg_int(cfg: dict, key: str) -> int | None:
     v = cfg.get(key)
     return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
@@ -459,7 +453,7 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo]) -> tuple[list[Pro
     [vocab_size_per_layer_input, num_hidden_layers × hidden_size_per_layer_input];
     an untied model has an LM head.
     """
-    cfg = _text_config(config)
+    cfg, _ = text_config(config)  # a malformed nesting: the top level's shapes are checked
     problems: list[Problem] = []
     notes: list[str] = []
     vocab, hidden = _cfg_int(cfg, "vocab_size"), _cfg_int(cfg, "hidden_size")

@@ -276,10 +276,10 @@ def render_text(cs: ColdStart, title: str = "cold start") -> list[str]:
     return lines
 
 
-#: Seed 000 (docs/plan.md): 600 GB of weights over 8 GPUs of one node.
-SEED000 = {"weights_bytes": 600 * GB, "gpus": 8, "nodes": 1}
+#: The reference case (docs/plan.md): 600 GB of weights over 8 GPUs of one node.
+REFERENCE_600GB = {"weights_bytes": 600 * GB, "gpus": 8, "nodes": 1}
 
 
-def seed000(**kw: Any) -> ColdStart:
-    """The seed-000 case with the same format, caches, rates and image as the user's estimate."""
-    return estimate(ColdStartInputs(**{**kw, **SEED000}))
+def reference_600gb(**kw: Any) -> ColdStart:
+    """600 GB over 8 GPUs of one node, with the same format, caches, rates and image as the user's estimate."""
+    return estimate(ColdStartInputs(**{**kw, **REFERENCE_600GB}))

@@ -37,6 +37,7 @@ from typing import Any
 from builder.errors import BadInput, VerdictFailure
 from builder.serving import release_facts as rf
 from builder.serving.checkpoint import weight_size
+from builder.serving.modelconfig import text_config
 from builder.serving.vllm_log import parse_vllm_kv_log
 from builder.spec import check_vllm_version
 from builder.validate import load_json, number, read_bounded_text
@@ -305,21 +306,10 @@ class ModelShape:
 def _text_config(config: dict, where: str) -> dict:
     if not isinstance(config, dict):
         raise BadInput(f"{where}: the model config must be a JSON object.")
-    text = config.get("text_config")
-    if text is None:
-        for key in ("llm_config", "language_config"):
-            if isinstance(config.get(key), dict):
-                text = config[key]
-                break
-    if text is None:
-        return config
-    if not isinstance(text, dict):
-        raise BadInput(f"{where}: 'text_config' must be an object.")
-    merged = dict(text)
-    for key in ("torch_dtype", "dtype", "quantization_config"):
-        if key not in merged and key in config:
-            merged[key] = config[key]
-    return merged
+    text, problem = text_config(config)
+    if problem:
+        raise BadInput(f"{where}: {problem}.")
+    return text
 
 
 def _model_dtype(cfg: dict) -> tuple[str, int]:
@@ -539,7 +529,8 @@ def _layer_notes(layers: list[LayerKV], types: list[str], unknown_attn: list[int
         names = sorted({types[i] for i in unknown_attn})
         notes.append(
             f"layer_types {', '.join(map(repr, names))} at layers {unknown_attn} are not a type vLLM {vllm} knows "
-            "(stock vLLM refuses them; seed 003 rewrote them to full_attention): counted as full attention"
+            "(stock vLLM refuses them; the layer-type rewrite patch maps them to full_attention): "
+            "counted as full attention"
         )
     if any(l.kind == "chunked" for l in layers) and any(l.kind == "full" for l in layers):
         # vLLM disables the hybrid KV manager for chunked local attention (latency regression,
@@ -1101,7 +1092,7 @@ def _what_fits(pool: _Pool, budget: _Budget, v: _Verdict, *, gpu_memory_bytes: i
     max_seqs = int(math.floor(v.conc)) if (v.boots and not pool.attention_free) else 0
     # Below the startup limit, the utilizations that do not fit are a prefix; above it
     # nothing fits (vLLM refuses at startup), so search only up to that limit -- else the
-    # bisection can step over a narrow window that fits (e.g. seed 000 at 0.986..0.989).
+    # bisection can step over a narrow window that fits (e.g. 600 GB on 8 × 80 GB GPUs at 4,096 tokens: 0.986..0.989).
     startup_free = budget.startup_free
     min_util = None
     top = min(1000, math.floor(startup_free * 1000 / gpu_memory_bytes))

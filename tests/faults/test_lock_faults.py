@@ -7,10 +7,8 @@ import pytest
 
 from .conftest import cli
 
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "bi-cache"))
+PRIVATE_CACHE = None  # the download cache of this module's tests (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 
 @pytest.mark.parametrize("field, edited", [("vllm", "0.25.0"), ("python", "3.11"),

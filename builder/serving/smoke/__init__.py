@@ -1,8 +1,8 @@
 """GPU smoke test: boot the engine with production flags, generate at target
 concurrency, and give a verdict.
 
-A passing ``/health`` is not a verdict (seed 003: the first configuration
-booted, answered a few requests, then ran out of GPU memory under 16
+A passing ``/health`` is not a verdict (the Qwen sparse-attention checkpoint: the first
+configuration booted, answered a few requests, then ran out of GPU memory under 16
 concurrent requests).  A smoke run:
 
 1. plans the configuration with :mod:`builder.serving.plan` when it can (zero GPU time

@@ -1,0 +1,149 @@
+"""Progress as events: what a running stage tells the person watching it.
+
+A stage reports through one :class:`Reporter`: a stage started (``[n/N] name: what``) and finished
+(its seconds), a step line, a download, a line said as is (a result or a verdict told on stderr),
+a warning.  Two implementations: :class:`RichReporter` for a terminal (bold stage headers, a
+coloured lead on a warning, steps on a live status line where the command shows one) and
+:class:`PlainReporter` for everything else (a pipe, a CI log, ``--json``): the same words, no
+markup, one line a line.  :data:`SILENT` hears nothing (a stage called without a reporter).
+
+A reporter only shows events; it never decides anything, and nothing reads its output back:
+timings travel in the stage results.  ``scoped(prefix)`` is the same reporter with every step
+and download line prefixed (``"build: "``, ``"  "``), so a stage never formats another's lines.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol, TextIO
+
+if TYPE_CHECKING:  # rich loads only when a terminal shows the events
+    from rich.console import Console
+    from rich.status import Status
+
+
+class Reporter(Protocol):
+    """Where a stage's progress goes (see the module doc)."""
+
+    def stage_started(self, index: int, total: int, name: str, what: str) -> None: ...
+
+    def stage_finished(self, name: str, seconds: float) -> None: ...
+
+    def step(self, text: str) -> None: ...
+
+    def download(self, name: str, index: int, total: int) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
+    def warning(self, text: str, *, lead: str = "") -> None: ...
+
+    def scoped(self, prefix: str) -> Reporter: ...
+
+
+@dataclass(frozen=True)
+class _Silent:
+    def stage_started(self, index: int, total: int, name: str, what: str) -> None:
+        pass
+
+    def stage_finished(self, name: str, seconds: float) -> None:
+        pass
+
+    def step(self, text: str) -> None:
+        pass
+
+    def download(self, name: str, index: int, total: int) -> None:
+        pass
+
+    def message(self, text: str) -> None:
+        pass
+
+    def warning(self, text: str, *, lead: str = "") -> None:
+        pass
+
+    def scoped(self, prefix: str) -> Reporter:
+        return self
+
+
+SILENT: Reporter = _Silent()
+
+
+@dataclass(frozen=True)
+class PlainReporter:
+    """Plain lines on ``stream`` (default: stderr at the time of each event): no markup, no colour."""
+
+    stream: TextIO | None = None
+    prefix: str = ""
+
+    def _line(self, text: str) -> None:
+        out = self.stream if self.stream is not None else sys.stderr
+        out.write(text + "\n")
+        out.flush()
+
+    def stage_started(self, index: int, total: int, name: str, what: str) -> None:
+        self._line(f"[{index}/{total}] {name}: {what}")
+
+    def stage_finished(self, name: str, seconds: float) -> None:
+        pass  # the seconds are in the stage's result and the summary
+
+    def step(self, text: str) -> None:
+        self._line(self.prefix + text)
+
+    def download(self, name: str, index: int, total: int) -> None:
+        self.step(f"wheel {name}")
+
+    def message(self, text: str) -> None:
+        self._line(text)
+
+    def warning(self, text: str, *, lead: str = "") -> None:
+        self._line(lead + text)
+
+    def scoped(self, prefix: str) -> Reporter:
+        return replace(self, prefix=self.prefix + prefix)
+
+
+@dataclass(frozen=True)
+class RichReporter:
+    """A rich console (a terminal): bold stage headers, a yellow lead on a warning; with ``status``
+    (a ``console.status`` spinner the command shows) steps and downloads update it in place."""
+
+    console: Console
+    prefix: str = ""
+    status: Status | None = field(default=None)
+
+    def stage_started(self, index: int, total: int, name: str, what: str) -> None:
+        from rich.markup import escape
+
+        self.console.print(f"[bold][{index}/{total}] {escape(name)}[/bold]: {escape(what)}", highlight=False)
+
+    def stage_finished(self, name: str, seconds: float) -> None:
+        pass  # the seconds are in the stage's result and the summary
+
+    def step(self, text: str) -> None:
+        if self.status is not None:
+            self.status.update(self.prefix + text)
+        else:
+            self.console.print(self.prefix + text, highlight=False, markup=False, soft_wrap=True)
+
+    def download(self, name: str, index: int, total: int) -> None:
+        self.step(f"wheel {name}")
+
+    def message(self, text: str) -> None:
+        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+    def warning(self, text: str, *, lead: str = "") -> None:
+        from rich.markup import escape
+
+        head = f"[yellow]{escape(lead)}[/yellow]" if lead else ""
+        self.console.print(head + escape(text), highlight=False, soft_wrap=True)
+
+    def scoped(self, prefix: str) -> Reporter:
+        return replace(self, prefix=self.prefix + prefix)
+
+
+def reporter_for(console: Console, *, as_json: bool = False) -> Reporter:
+    """The reporter a command shows progress with: rich on a terminal, plain otherwise (a pipe, a CI
+    log) and always with ``--json`` (stdout holds the document; stderr stays plain words)."""
+    if not as_json and getattr(console, "is_terminal", False):
+        return RichReporter(console)
+    return PlainReporter(getattr(console, "file", None))

@@ -137,6 +137,14 @@ def test_vllm_requirements_the_device_lacks_are_added(tmp_path):
     assert r["engine_wheels"]["lark"] == manifest("0.27.0")["lark"]
 
 
+def test_quack_kernels_travel_with_the_cutlass_dsl(tmp_path):
+    # vLLM's sm_90 kernel warm-up imports quack whenever cutlass is importable, and Gemma 4 needs cutlass
+    _wheel(tmp_path, "vllm", "0.26.0", ["quack-kernels==0.6.1", "nvidia-cutlass-dsl==4.6.0", "tilelang"])
+    r = bp.release_plan("0.26.0", wheel_dir=tmp_path)
+    assert r["engine_wheels"]["quack-kernels"] == manifest("0.26.0")["quack-kernels"] == "0.6.1"
+    assert "nvidia-cutlass-dsl" in r["engine_wheels"] and "tilelang" not in r["engine_wheels"]
+
+
 def test_cli_requirements_of_one_layer(capsys):
     assert bp.main(["--vllm", "0.27.0", "--requirements", "torch-2.13.0"]) == 0
     lines = capsys.readouterr().out.split()

@@ -54,8 +54,10 @@ ENGINE_NVIDIA = ("nvidia-cutlass-dsl", "nvidia-ml-py", "nvidia-cudnn-frontend")
 #: from the device's site-packages: see the module docstring)
 STACK_LINKED = ("nvidia-nccl-cu13", "nvidia-nvshmem-cu13")
 #: vLLM requirements never carried: optional kernels and media packages a plain Qwen3 / Gemma 4 text
-#: checkpoint does not load (/work/shared/gpu/README.md: "Not needed for a plain Qwen3 checkpoint")
-SKIP = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "tilelang", "quack-kernels",
+#: checkpoint does not load (/work/shared/gpu/README.md: "Not needed for a plain Qwen3 checkpoint").
+#: quack-kernels travels: with the CUTLASS DSL importable (Gemma 4 needs it) vLLM's kernel warm-up on sm_90
+#: compiles the ll_bf16 router GEMM, which imports quack (0.26.0 died at boot without it, H200 2026-12-03)
+SKIP = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "tilelang",
         "humming-kernels", "tokenspeed-mla", "runai-model-streamer", "bitsandbytes", "opencv-python-headless",
         "torchcodec", "pynvvideocodec", "fastsafetensors", "nvidia-cudnn-frontend", "xformers", "deep-gemm", "deep-ep",
         "nvidia-cutlass-dsl-libs-cu12")  # CUDA 13 here: the cu13 libs serve

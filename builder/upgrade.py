@@ -451,7 +451,7 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         if series_out:
             written.append(str(series_out))
         if out and b_src.is_file():
-            written.append(str(RF.write_entry(out / "lockfiles" / "base" / "release-facts.json", to_version,
+            written.append(str(RF.write_entry(out / "lockfiles" / "release-facts.json", to_version,
                                               RF.facts_from_wheel(b_src, to_version))))
         timings["port"] = time.monotonic() - t0
         moves = base_moves(a_base, b_base, a_wheel=a_src if a_src.is_file() else None,

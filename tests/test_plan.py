@@ -1837,7 +1837,7 @@ def test_release_facts_and_the_kv_dtypes_a_release_accepts(monkeypatch):
     with pytest.raises(BadInput) as exc:
         release_facts(last)
     assert exc.value.message == (f"plan: no release facts for vLLM {last} (known: {', '.join(plan.RELEASE_FACTS)}) "
-                                 "in lockfiles/base/release-facts.json.")
+                                 "in lockfiles/release-facts.json.")
     assert exc.value.hint == f"`build-image upgrade --to {last} -o .` writes them from the release's wheel."
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from builder.credentials import credential_fields, redact_value
 from builder.errors import BadInput
+from builder.report import render_json
 from builder.util import atomic_write_text
 
 SCHEMA = "build-image/cutover-history/v1"
@@ -48,7 +49,7 @@ def render(target: str, entries: list[dict]) -> str:
     """Pure: the file's text (credentials redacted; the checksum is over what is written)."""
     entries = redact_value(entries)
     doc = {"schema": SCHEMA, "tag": target, "sha256": content_sha256(target, entries), "entries": entries}
-    return json.dumps(doc, indent=1, sort_keys=True, ensure_ascii=True) + "\n"
+    return render_json(doc, sort_keys=True, ensure_ascii=True)
 
 
 def _entry_errors(i: int, e: Any) -> list[str]:

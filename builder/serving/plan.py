@@ -76,7 +76,7 @@ class ReleaseFacts:
 
 
 def _load_release_facts() -> dict[str, ReleaseFacts]:
-    """The generated ``lockfiles/base/release-facts.json`` (:mod:`builder.serving.release_facts`: read from
+    """The generated ``lockfiles/release-facts.json`` (:mod:`builder.serving.release_facts`: read from
     each release's wheel; ``build-image upgrade --to X -o .`` adds X's entry)."""
     out = {}
     for v, e in rf.load().items():
@@ -102,7 +102,7 @@ def release_facts(vllm: str | None) -> ReleaseFacts:
     facts = RELEASE_FACTS.get(vllm)
     if facts is None:
         raise BadInput(f"plan: no release facts for vLLM {vllm} (known: {', '.join(RELEASE_FACTS)}) in "
-                       "lockfiles/base/release-facts.json.",
+                       "lockfiles/release-facts.json.",
                        hint=f"`build-image upgrade --to {vllm} -o .` writes them from the release's wheel.")
     return facts
 

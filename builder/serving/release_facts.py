@@ -1,5 +1,5 @@
 """What `plan`, `smoke` and the KubeRay settings take from each vLLM release, read from the release's own
-wheel (``ast``, no import of vllm) and kept in the generated ``lockfiles/base/release-facts.json``:
+wheel (``ast``, no import of vllm) and kept in the generated ``lockfiles/release-facts.json``:
 
 * ``CacheConfig.gpu_memory_utilization``'s default (``vllm/config/cache.py``).  From 0.34.0 the field
   defaults to None and ``resolved_gpu_memory_utilization`` gives 1.0 with the extensible KV cache (the
@@ -16,11 +16,11 @@ cache to it.
 from __future__ import annotations
 
 import ast
-import json
 import zipfile
 from pathlib import Path
 
 from builder.errors import BadInput
+from builder.report import render_json
 from builder.spec import lockfiles_dir
 from builder.util import atomic_write_text, output_lock, sha256_file
 from builder.validate import load_json, read_bounded_text
@@ -31,7 +31,7 @@ LOADER_PY = "vllm/model_executor/model_loader/__init__.py"
 
 
 def facts_file() -> Path:
-    return lockfiles_dir() / "base" / "release-facts.json"
+    return lockfiles_dir() / "release-facts.json"
 
 
 def _literal(tree: ast.AST, name: str) -> list[str]:
@@ -151,5 +151,5 @@ def write_entry(path: Path, version: str, entry: dict) -> Path:
                             "(builder/serving/release_facts.py); do not edit",
                "releases": {v: releases[v] for v in sorted(releases, key=Version)}}
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(doc, indent=2, ensure_ascii=True) + "\n")
+        atomic_write_text(path, render_json(doc, ensure_ascii=True))
     return path

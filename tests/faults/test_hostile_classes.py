@@ -62,7 +62,7 @@ def env(tmp_path):
 
 
 # ============================================================== 1. releases (--vllm, --to, spec 'vllm')
-@pytest.mark.parametrize("value", ["0.34.0", "9.9.9"])
+@pytest.mark.parametrize("value", ["0.35.0", "9.9.9"])
 def test_pipeline_with_a_release_without_base_manifest_is_exit_2_naming_the_known_ones(tmp_path, env, value):
     out = tmp_path / "ctx"
     r = cli(["--vllm", value, "-o", str(out)], env=env, timeout=120)
@@ -70,6 +70,7 @@ def test_pipeline_with_a_release_without_base_manifest_is_exit_2_naming_the_know
     assert r.returncode == 2, r.stderr
     assert "no base manifest" in r.stderr and ", ".join(_known()) in r.stderr
     assert "patch port" not in r.stderr and f"patches/vllm/{value}" not in r.stderr
+    assert f"build-image upgrade --to {value} -o ." in r.stderr  # the one command that adds the release
     assert not out.exists() and not _leftovers(tmp_path, "ctx")
 
 

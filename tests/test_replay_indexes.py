@@ -195,3 +195,52 @@ def test_the_reconstruct_json_names_the_asked_indexes(wheels, tmp_path, monkeypa
     assert code == 0, output
     doc = json.loads(output[output.index("{"):])
     assert doc["steps"][0]["indexes"][0].endswith("/cu130")
+
+
+# --------------------------------------------------------------------------- release day, end to end
+def test_upgrade_to_an_unshipped_release_relaxes_for_review_and_writes_what_it_needs(wheels, tmp_path, monkeypatch,
+                                                                                    make_site_packages):
+    """`upgrade --to X -o DIR` for a release with no manifest, no recipes table and no series in the checkout:
+    its base is reconstructed from its sdist (the PyTorch stand-in answering, `needy[azure]` missing from every
+    index: relaxed by the replay itself), the series ported, and DIR gets the manifest, the recipes table and
+    the series; the verdict is exit 1 with the relaxation named, never exit 4."""
+    from tests.test_port import A_MOD, HEADER, PATCHED_A, PROBE, diff, tree
+
+    a_tree = tree(tmp_path / "a-tree", A_MOD)
+    b_tree = tree(tmp_path / "b-tree", A_MOD)
+    series = tmp_path / "series-0.98.0"
+    series.mkdir()
+    (series / "0001-f.patch").write_text(HEADER.format(v="0.98.0") + diff("toy/mod.py", A_MOD, PATCHED_A))
+    (series / "0001-f.probe.py").write_text(PROBE)
+    (series / "series").write_text("0001-f.patch\n")
+    sp = make_site_packages(tmp_path / "a-sp", ["purepkg==1.0.0"])
+    base_a = tmp_path / "a.json"
+    r = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc",
+                                  "2.35", "--cuda", "13.0", "-o", str(base_a)])
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "pr"
+    with serve_index(wheels["torch"], prefix="cu130") as torch_url:
+        sd = write_sdist(tmp_path, "0.99.0", {"docker/Dockerfile": DOCKERFILE.replace("@TORCH@",
+                                                                                      torch_url.rsplit("/", 1)[0]),
+                                               ".buildkite/release-pipeline.yaml": PIPELINE, **REQS})
+        with serve_index({**wheels["python"], sd: T_VLLM}) as url:
+            monkeypatch.setenv("UV_DEFAULT_INDEX", url)
+            args = ["upgrade", "--from", "0.98.0", "--to", "0.99.0", "--series", str(series), "--from-wheel",
+                    str(a_tree), "--to-wheel", str(b_tree), "--base-from", str(base_a), "--no-default-overlay",
+                    "--with", "purepkg", "--format", "json", "-o", str(out)]
+            strict = CliRunner().invoke(main, [*args[:-2], "--strict"])
+            r = CliRunner().invoke(main, args)
+    assert strict.exit_code == 4 and "--relax 'needy[azure]'" in strict.output  # --strict: no way forward taken
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    assert doc["relaxed"] == ["needy[azure] (added by upgrade: what it needs is on no index the replay can ask)"]
+    assert doc["needs_review"][0].startswith("base: relaxed needy[azure]")
+    assert any(n.startswith("relaxed: needy[azure]") for n in doc["base_notes"])
+    m = load_manifest(out / "lockfiles" / "base" / "vllm-openai-v0.99.0.json")
+    assert m.get("needy").version == "1.0.0" and m.get("torchlike").version == "2.0.0+cu130"
+    from builder.resolve.recipe import parse_recipes
+
+    tables = parse_recipes((out / "lockfiles" / "base" / "recipes.toml").read_text())
+    assert "0.99.0" in tables and "0.26.0" in tables  # B's table beside the shipped ones
+    assert [p.parent.name for p in (out / "patches").glob("*/*/series")] == ["0.99.0"]  # the ported series
+    assert (out / "upgrade-0.98.0-0.99.0.json").is_file()

@@ -50,8 +50,9 @@ def _local_run(tmp_path, record: Path, messages: list[str] | None = None, **kw) 
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
     vllm_bin = " ".join(shlex.quote(a) for a in (sys.executable, str(FAKE), "--record", str(record)))
+    kw.setdefault("boot_timeout", 60)
     cfg = SmokeConfig(model=str(model), vllm_bin=vllm_bin, log_file=str(tmp_path / "server.log"), rounds=1,
-                      concurrency=2, max_tokens=4, prompt_tokens=8, timeout=10, boot_timeout=60, stop_grace=2, **kw)
+                      concurrency=2, max_tokens=4, prompt_tokens=8, timeout=10, stop_grace=2, **kw)
     return run_smoke(cfg, progress=(messages.append if messages is not None else None))
 
 
@@ -192,7 +193,8 @@ def test_ray_executor_starts_and_stops_a_loopback_ray_head(tmp_path):
     pytest.importorskip("ray")
     record = tmp_path / "record.json"
     messages: list[str] = []
-    rep = _local_run(tmp_path, record, messages, tp=2, distributed_executor_backend="ray")
+    # a Ray head on a loaded 2-core machine can take more than a minute to register its raylet
+    rep = _local_run(tmp_path, record, messages, tp=2, distributed_executor_backend="ray", boot_timeout=180)
     assert rep.passed, rep.failures
     seen = json.loads(record.read_text())
     address = seen["env"]["RAY_ADDRESS"]

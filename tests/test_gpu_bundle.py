@@ -179,3 +179,56 @@ def test_pack_splits_each_layer_once_with_sha256s(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["layers"]["vllm-9.9"]["wheels"] == [
         "vllm-9.9-py3-none-any.whl"]
     assert m["missing"] == []
+
+
+def _calls_module():
+    import sys
+
+    spec = importlib.util.spec_from_file_location("bundle_calls", ROOT / "scripts" / "gpu" / "bundle_calls.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bundle_calls"] = mod  # dataclasses resolve their module by name
+    spec.loader.exec_module(mod)
+    return mod
+
+
+MANIFEST = {"layers": {"vllm-A": {"kind": "vllm", "parts": ["p00", "p01"]},
+                       "torch-T": {"kind": "torch", "parts": ["p00", "p01", "p02"]},
+                       "vllm-B": {"kind": "vllm", "parts": ["p00"]},
+                       "ray-R": {"kind": "ray", "parts": ["p00"]}},
+            "releases": {"A": ["vllm-A", "ray-R"], "B": ["torch-T", "vllm-B", "ray-R"]}}
+
+
+def test_calls_launch_after_the_first_release_and_ray_last():
+    bc = _calls_module()
+    cmds = [c.command.removeprefix("scripts/gpu-proof.sh ")
+            for c in bc.plan_calls(MANIFEST, ".bundle", ["A", "B"], ["B"])]
+    assert cmds == ["layer vllm-A 0", "launch vllm-A 1", "layer torch-T 0", "layer torch-T 1", "layer torch-T 2",
+                    "layer vllm-B 0", "layer ray-R 0", "wait"]
+    engine_only = [c.command for c in bc.plan_calls(MANIFEST, ".bundle", ["A", "B"], [], launch=False)]
+    assert engine_only[-2:] == ["scripts/gpu-proof.sh run vllm-B 0", "scripts/gpu-proof.sh wait"]
+    assert not any("ray-R" in c for c in engine_only)
+
+
+def test_resend_lists_only_what_the_machine_lacks():
+    bc = _calls_module()
+    reply = ("torch-T: part 1 received (2 of 3; boot b1)\n"
+             "INVENTORY boot=b1 vllm-A=ok torch-T=2/3:0,1 vllm-B=failed ray-R=0/1\n"
+             "run in flight (alive):\n")
+    why, calls = bc.resend(MANIFEST, ".bundle", reply, ["A", "B"], ["B"])
+    assert "b1" in why
+    assert [c.command.split(" ", 1)[1] for c in calls] == [
+        "layer torch-T 2", "layer vllm-B 0", "layer ray-R 0", "wait"]
+    assert calls[0].carry == (".bundle/manifest.json", ".bundle/torch-T/p02")
+    # no run yet: the launch rides on the first release's missing part
+    _, calls = bc.resend(MANIFEST, ".bundle", "INVENTORY boot=b2 vllm-A=1/2:1 torch-T=installing", ["A", "B"], [])
+    assert [c.command.split(" ", 1)[1] for c in calls] == ["launch vllm-A 0", "layer vllm-B 0", "wait"]
+    # a refusal of the tool (no INVENTORY): a bare machine, every call again
+    why, calls = bc.resend(MANIFEST, ".bundle", "the device machine stopped answering and was given back",
+                           ["A", "B"], ["B"])
+    assert "bare" in why and len(calls) == len(bc.plan_calls(MANIFEST, ".bundle", ["A", "B"], ["B"]))
+
+
+def test_calls_refuse_a_release_the_bundle_lacks():
+    bc = _calls_module()
+    with pytest.raises(SystemExit, match="no release C"):
+        bc.plan_calls(MANIFEST, ".bundle", ["A", "C"], [])

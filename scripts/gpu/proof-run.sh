@@ -82,7 +82,7 @@ if [ -n "${RELEASES:-}" ]; then
     UN=$(release_pp "$V"); PA=$(release_pp "$V" patched)
     # the versions, the checkpoints (once, with the first release's torch and transformers) and the patch, side by side
     PYTHONPATH=$UN python3 -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__, torch.__file__)" > "$R/versions-$V.txt" 2>&1 &
-    if [ $first = 1 ]; then say "checkpoints (with $V's torch and transformers)"; checkpoints "$UN" qwen3-sparse gemma4-ple-ref gemma4-ple-long & first=0; fi
+    if [ $first = 1 ]; then say "checkpoints (with $V's torch and transformers)"; checkpoints "$UN" qwen3-sparse gemma4-ple-ref gemma4-ple-long ${SERVE_RELEASES:+qwen3-sparse-full} & first=0; fi
     site=$(echo "$UN" | tr ':' '\n' | grep "/tmp/L/vllm-$V$")
     patch_copy "$V" "$site" "/tmp/L/vllm-$V.patched" "$UN" "-$V"; prc=$?
     wait

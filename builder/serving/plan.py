@@ -113,8 +113,10 @@ def _unset_utilization_notes(facts: ReleaseFacts, given: float | None) -> list[s
     u = facts.default_gpu_memory_utilization
     return [f"vLLM {facts.vllm} leaves gpu_memory_utilization unset: {u} of the GPU with its extensible KV cache "
             f"(CUDA's default, sized from measured memory), {facts.non_extensible_gpu_memory_utilization} without "
-            f"it; planned at {u} (not yet checked against this release's logged KV size on a GPU; set "
-            "gpu_memory_utilization to plan another)"]
+            f"it; planned at {u}, which overstates the KV cache a little: on an H200 with vLLM 0.34.0 the plan "
+            "was 1.5% above vLLM's logged KV tokens at this default (the extensible cache kept ~1.7 GiB free "
+            "after warm-up), and within 0.2% at an explicit utilization; set gpu_memory_utilization to plan "
+            "exactly"]
 
 
 def check_kv_cache_dtype(kv_cache_dtype: str, facts: ReleaseFacts) -> None:

@@ -367,7 +367,8 @@ class _Parser:
     def take(self, want: str | None = None) -> str:
         tok = self.peek()
         if tok is None or (want is not None and tok != want):
-            raise Unknown(f"expected {want!r}, found {tok!r}")
+            raise Unknown(f"expected {repr(want) if want else 'a word'}, found "
+                          f"{repr(tok) if tok is not None else 'the end of the script'}")
         self.i += 1
         return tok
 
@@ -459,6 +460,8 @@ class _Parser:
             if tok in ("then", "fi", "else", "elif", "do", "done") and not words:
                 break
             words.append(self.take())
+        if not words and not redirects:  # nothing was read: a stray ')', 'fi', 'then' ... (never loop on it)
+            raise Unknown(f"unexpected {self.peek()!r}" if self.peek() is not None else "a command missing at the end")
         return Cmd(words, redirects)
 
 

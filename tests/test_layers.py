@@ -34,7 +34,7 @@ LAYERS = {
 }
 GROUND_FLOOR = {"builder", "builder.errors", "builder.util", "builder.spec", "builder.engine", "builder.fetch",
                 "builder.credentials", "builder.scratch", "builder.report", "builder.data", "builder.comment_fit",
-                "builder.validate", "builder.signals"}
+                "builder.validate", "builder.signals", "builder.values"}
 FOLDERS = {"builder.commands": "commands", "builder.serving": "serving", "builder.image": "image",
            "builder.patching": "patching", "builder.resolve": "resolve"}
 TOP = {"builder.cli": "commands", "builder.pipeline": "pipeline", "builder.upgrade": "pipeline"}

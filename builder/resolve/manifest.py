@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder import values
 from builder.credentials import credential_fields, redact_text
 from builder.errors import BadInput
 from builder.report import render_json
@@ -118,6 +119,28 @@ class BaseManifest:
                            "reference holds none, and build-image writes it into the Dockerfile, labels, SBOM and "
                            "provenance.", hint="log in to the registry with `docker login` and name the image "
                                                "without user:password@.")
+        self._check_values()
+
+    def _check_values(self) -> None:
+        """The grammar of every field that reaches a Dockerfile, a label, a lock line or a shell hint
+        (:mod:`builder.values`): a newline or another control character in any of them is refused here, by
+        construction, whether the manifest was read from a file or made by `base snapshot`."""
+        where = "base manifest"
+        if self.image_ref:
+            self.image_ref = values.ImageRef(self.image_ref, f"{where}: 'image.ref'")
+        if self.image_digest:
+            self.image_digest = values.Digest(self.image_digest, f"{where}: 'image.digest'")
+        for name in ("os", "glibc", "python_version", "python_abi", "cuda", "platform", "provenance_kind",
+                     "provenance_method"):
+            val = getattr(self, name)
+            if val is not None:
+                setattr(self, name, values.Line(val, f"{where}: '{name}'"))
+        self.site_packages = values.PathText.optional(self.site_packages, f"{where}: 'python.site_packages'")
+        for key, d in self.distributions.items():
+            d.name = values.DistName(d.name, f"{where}: 'distributions.{key}.name'")
+            d.version = values.Version(d.version, f"{where}: 'distributions.{key}.version'")
+        for i, pin in enumerate(self.uv_overrides or ()):
+            values.Line(pin, f"{where}: 'uv_overrides[{i}]'")
 
     @property
     def unversioned(self) -> dict[str, str]:

@@ -302,8 +302,8 @@ def _parse_header(lines: list[_Line], path: str, found: _Findings) -> tuple[dict
             name, _, reason = val.partition(":")
             allow[canonical_name(name.strip())] = reason.strip()
         elif key in header:
-            found.add(BadInput(f"lock {path}, line {lineno}: the header names '{key}' a second time ({header[key]!r:.60}, "
-                               f"then {val!r:.60}); build-image writes each header key once, so the file is "
+            found.add(BadInput(f"lock {path}, line {lineno}: the header names '{key}' a second time "
+                               f"({header[key]!r:.60}, then {val!r:.60}); build-image writes each header key once, so the file is "
                                "hand-edited.", hint="regenerate it with `build-image lock`."))
         else:
             header[key] = val

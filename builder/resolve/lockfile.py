@@ -303,8 +303,8 @@ def _parse_header(lines: list[_Line], path: str, found: _Findings) -> tuple[dict
             allow[canonical_name(name.strip())] = reason.strip()
         elif key in header:
             found.add(BadInput(f"lock {path}, line {lineno}: the header names '{key}' a second time "
-                               f"({header[key]!r:.60}, then {val!r:.60}); build-image writes each header key once, so the file is "
-                               "hand-edited.", hint="regenerate it with `build-image lock`."))
+                               f"({header[key]!r:.60}, then {val!r:.60}); build-image writes each header key "
+                               "once, so the file is hand-edited.", hint="regenerate it with `build-image lock`."))
         else:
             header[key] = val
     return header, overlay, allow

@@ -36,7 +36,8 @@ def test_lock_json_with_a_credential_in_an_index_variable(var, offline, tmp_path
     cache = tmp_path / "cache"
     # the default overlay: its ray is chosen from the index the variable names (SimpleIndex), the rest by uv
     args = [a for a in offline("-o", str(out), "--json") if a not in ("--no-index", "--no-default-overlay")]
-    r = cli(args, env={var: URL, "BUILD_IMAGE_CACHE": str(cache), "NETRC": str(tmp_path / "none"), "UV_HTTP_RETRIES": "0"}, timeout=300)
+    env = {var: URL, "BUILD_IMAGE_CACHE": str(cache), "NETRC": str(tmp_path / "none"), "UV_HTTP_RETRIES": "0"}
+    r = cli(args, env=env, timeout=300)
     _assert_clean(r, out.parent, cache)
 
 

@@ -10,7 +10,8 @@ from builder.commands import stderr_console
 from builder.errors import BadInput, VerdictFailure
 from builder.report import emit_json
 from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions
-from builder.util import atomic_write_text
+from builder.util import atomic_write_text, output_lock, refuse_foreign, write_target
+from builder.validate import load_json, read_bounded, read_bounded_text
 
 # What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
 # function, not here: `build-image --help` imports every command module to list it, and a stage
@@ -129,7 +130,8 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
 @click.option("--write", is_flag=True, help="Write the release's table into the recipes file (generated, atomically).")
 @click.option("--recipes", "recipes", type=click.Path(path_type=Path, dir_okay=False),
               help="Recipes file --write updates (default: lockfiles/base/recipes.toml).")
-def recipe_cmd(vllm, as_json, write, recipes):
+@click.option("--force", is_flag=True, help="With --write: replace a --recipes file that build-image did not write.")
+def recipe_cmd(vllm, as_json, write, recipes, force=False):
     """Derive vllm/vllm-openai:v<vllm>'s recipe from the release's sdist (Dockerfile, release pipeline,
     requirements): base image, OS, glibc, CUDA, Python, and every install step, each value with its
     file and line.  Exit codes: 0; 2 the sdist is missing or lacks the target, stage or release step;
@@ -139,27 +141,46 @@ def recipe_cmd(vllm, as_json, write, recipes):
     from builder.resolve.reconstruct import default_recipes_path
 
     path = recipes or default_recipes_path()
-    sha = None
-    tables: dict = {}
-    if path.is_file():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise BadInput(f"recipes file {path} cannot be read: {exc.strerror or exc}.") from None
-        if f'schema = "{RECIPES_SCHEMA}"' in text:
-            tables = parse_recipes(text, str(path))
-            sha = (tables.get(vllm) or {}).get("sdist_sha256")
-    recipe = derive(sdist.load(vllm, sha256=sha))
     if write:
-        tables = {**tables, vllm: recipe_table(recipe)}
-        try:
-            atomic_write_text(path, render_recipes(tables))
-        except OSError as exc:
-            raise BadInput(f"cannot write the recipes file {path}: {exc.strerror or exc}.") from None
+        check_recipes_output(path, force=force)  # before the sdist is fetched: a user's file is never replaced
+    tables = read_recipes(path, parse_recipes, RECIPES_SCHEMA)
+    recipe = derive(sdist.load(vllm, sha256=(tables.get(vllm) or {}).get("sdist_sha256")))
+    if write:
+        write_recipe_table(path, vllm, recipe_table(recipe), parse=parse_recipes, render=render_recipes,
+                           schema=RECIPES_SCHEMA, force=force)
     if as_json:
         emit_json(recipe.to_json())
         return
     click.echo(render_recipe_text(recipe) + (f"\nwrote the table of {vllm} into {path}" if write else ""))
+
+
+#: the first line of the recipes file (recipe.RECIPES_HEADER)
+RECIPES_MARKS = ("# GENERATED FILE: do not edit.  Written by `build-image base recipe",)
+
+
+def check_recipes_output(path: Path, *, force: bool) -> None:
+    """The output rule for ``--write``: a device node, FIFO or directory is refused, a symlink written through,
+    and an existing file build-image did not write is not replaced without ``--force``."""
+    write_target(path)
+    refuse_foreign(path, "recipes file", force=force, marks=RECIPES_MARKS)
+
+
+def read_recipes(path: Path, parse, schema: str) -> dict:
+    """The release tables of the recipes file at ``path`` ({} when there is none, or it holds another schema),
+    read through the bounded reader (a FIFO, a device or a file over the bound is exit 2 naming it)."""
+    if not (path.exists() or path.is_symlink()):
+        return {}
+    text = read_bounded_text(path, "recipes file")
+    return parse(text, str(path)) if f'schema = "{schema}"' in text else {}
+
+
+def write_recipe_table(path: Path, vllm: str, table: dict, *, parse, render, schema: str, force: bool) -> None:
+    """Put ``vllm``'s table into the recipes file: read, merged and written under the file's output lock, so
+    two runs for different releases both land (neither's table is lost); atomically, through a symlink."""
+    with output_lock(path):
+        check_recipes_output(path, force=force)
+        tables = {**read_recipes(path, parse, schema), vllm: table}
+        atomic_write_text(path, render(tables))
 
 
 def render_recipe_text(r) -> str:
@@ -246,9 +267,15 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
     if check:
         if not out.is_file():
             raise BadInput(f"reconstruct --check: there is no manifest {out} to compare the replay with.")
-        old_text = out.read_text(encoding="utf-8", errors="replace")
+        old_text = read_bounded_text(out, "reconstruct --check: the manifest")
+        try:  # refused before the replay, not after it: not JSON, nested too deep
+            load_json(old_text, f"reconstruct --check: the manifest {out}")
+        except ValueError as exc:
+            raise BadInput(f"reconstruct --check: {out} is not JSON ({exc}).") from None
     else:
         refuse_foreign_manifest(out, force=force)
+    if recipes is not None:
+        read_bounded(recipes, "recipes file")  # a FIFO, a device or a huge file: exit 2 before the replay
     console = stderr_console()
 
     def say(msg: str) -> None:

@@ -7,6 +7,7 @@ as one paragraph on stderr and mapped to their documented exit code.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 
@@ -18,7 +19,7 @@ from builder.credentials import redact_text
 from builder.errors import BuildImageError
 from builder.scratch import scratch, scratch_home
 from builder.signals import SIGINT_EXIT, SIGTERM_EXIT, Terminated, signals_unwind
-from builder.util import cache_dir
+from builder.util import cache_dir, write_error
 
 INTERNAL_ERROR = 70
 
@@ -67,16 +68,31 @@ class ErrorHandlingGroup(click.Group):
         except Terminated:
             click.echo("terminated (SIGTERM): stopped; every output is as it was before this run.", err=True)
             ctx.exit(SIGTERM_EXIT)
+        except OSError as exc:
+            err = write_error(exc.filename or "an output", exc) if exc.errno in OUTPUT_ERRNOS else None
+            if err is None:
+                _internal_error(ctx, exc)
+            click.echo(err.render(), err=True)  # a full or read-only file system is the user's, not a bug
+            ctx.exit(err.exit_code)
         except Exception as exc:  # a bug: never let it read as a verdict (exit 1)
-            import traceback
+            _internal_error(ctx, exc)
 
-            click.echo(redact_text(traceback.format_exc()).rstrip(), err=True)
-            click.echo(
-                f"internal error: {type(exc).__name__}: {redact_text(str(exc))}\n"
-                "This is a bug in build-image; please report it with the traceback above.",
-                err=True,
-            )
-            ctx.exit(INTERNAL_ERROR)
+
+#: errors of the file system an output is written to (full, over quota, read-only): exit 2 naming the file
+#: wherever a write meets them, never an internal error
+OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+def _internal_error(ctx: click.Context, exc: BaseException) -> None:
+    import traceback
+
+    click.echo(redact_text(traceback.format_exc()).rstrip(), err=True)
+    click.echo(
+        f"internal error: {type(exc).__name__}: {redact_text(str(exc))}\n"
+        "This is a bug in build-image; please report it with the traceback above.",
+        err=True,
+    )
+    ctx.exit(INTERNAL_ERROR)
 
 
 @click.group(cls=ErrorHandlingGroup, invoke_without_command=True,

@@ -38,7 +38,7 @@ from builder.errors import BadInput
 from builder.patching import probe as PR
 from builder.patching import series as P
 from builder.report import render_json
-from builder.util import atomic_write_text, sha256_bytes, sha256_file
+from builder.util import atomic_write_text, sha256_bytes, sha256_file, write_error
 
 APPLIES, MERGED, CONFLICT, UPSTREAM = "applies", "merged", "conflict", "upstream"
 STATUSES = (APPLIES, MERGED, CONFLICT, UPSTREAM)
@@ -423,8 +423,20 @@ def refuse_foreign_series(out_dir: str | os.PathLike, *, force: bool = False) ->
 
 def write_series(report: PortReport, series: P.Series, out_dir: str | os.PathLike, *,
                  b_originals: dict[str, bytes], wheel: Path | None) -> Path:
-    """Write B's series: ported patches, their probes, probe-env, sums; conflicts as ``.conflict`` files."""
+    """Write B's series: ported patches, their probes, probe-env, sums; conflicts as ``.conflict`` files.
+    A folder that cannot be written (read-only, full, not a directory) is BadInput (exit 2) naming it."""
     d = Path(out_dir)
+    try:
+        return _write_series(report, series, d, b_originals=b_originals, wheel=wheel)
+    except OSError as exc:
+        err = write_error(exc.filename or d, exc)
+        if err is None:
+            raise
+        raise err from None
+
+
+def _write_series(report: PortReport, series: P.Series, d: Path, *, b_originals: dict[str, bytes],
+                  wheel: Path | None) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     lines = [f"# {series.package} {report.to_version}, ported from {report.from_version} {PORT_MARK}"]
     kept = []

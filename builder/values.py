@@ -60,7 +60,8 @@ def control_free(value: Any, where: str, *, max_len: int = MAX_LEN) -> str:
 
 
 class Value(str):
-    """A string checked against its kind's grammar (:meth:`check`); construct with ``Kind(value, where)``."""
+    """A string checked against its kind's grammar (:meth:`check`); construct with ``Kind(value, where)``
+    (a value of exactly that kind is taken as it is)."""
 
     kind: ClassVar[str] = "value"
     pattern: ClassVar[re.Pattern | None] = None
@@ -68,7 +69,7 @@ class Value(str):
     max_len: ClassVar[int] = MAX_LEN
 
     def __new__(cls, value: Any, where: str | None = None) -> Value:
-        if isinstance(value, cls):
+        if type(value) is cls:
             return value
         where = where or cls.kind
         text = control_free(value, where, max_len=cls.max_len)
@@ -121,36 +122,38 @@ class Registry(Value):
     max_len = 255
 
 
+def _is_registry(first: str) -> bool:
+    """Whether a reference's first component names a registry (the distribution spec's rule)."""
+    return "." in first or ":" in first or first == "localhost"
+
+
 class Repository(Value):
     """An image repository without a tag or digest (what ``--tag`` names): ``[registry/]path``."""
 
     kind = "an image repository (registry/path, without a tag or digest)"
     example = "127.0.0.1:5000/serving/vllm"
-    pattern = re.compile(rf"(?:{_DOMAIN}/)?{_PATH}")
+    rest: ClassVar[re.Pattern] = re.compile(_PATH)
     max_len = 255
 
     @classmethod
     def check(cls, text: str, where: str) -> None:
-        first, sep, _rest = text.partition("/")
-        if sep and ("." in first or ":" in first or first == "localhost"):
+        first, sep, rest = text.partition("/")
+        if sep and _is_registry(first):
             Registry(first, f"{where}: the registry part")
-        super().check(text, where)
+        else:
+            rest = text
+        if not cls.rest.fullmatch(rest):
+            raise BadInput(f"{where} {_show(text)} is not {cls.kind} (like {cls.example}; the path lowercase "
+                           "letters, digits, '.', '_', '-', '/').")
 
 
-class ImageRef(Value):
+class ImageRef(Repository):
     """``[registry/]path[:tag][@sha256:…]``, the reference grammar of the distribution spec."""
 
     kind = "an image reference"
     example = "vllm/vllm-openai:v0.26.0 or registry:5000/repo@sha256:…"
-    pattern = re.compile(rf"(?:{_DOMAIN}/)?{_PATH}(?::{_TAG})?(?:@{_DIGEST})?")
+    rest = re.compile(rf"{_PATH}(?::{_TAG})?(?:@{_DIGEST})?")
     max_len = 512
-
-    @classmethod
-    def check(cls, text: str, where: str) -> None:
-        first, sep, _rest = text.partition("/")
-        if sep and ("." in first or ":" in first or first == "localhost"):
-            Registry(first, f"{where}: the registry part")
-        super().check(text, where)
 
 
 class DistName(Value):

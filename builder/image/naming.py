@@ -118,8 +118,8 @@ def image_tags(repo: str, vllm: str, lock_hash: str) -> list[str]:
     if not repo or "@" in repo or repo.rsplit("/", 1)[-1].count(":"):
         raise BadInput(f"--tag {repo!r}: give an image repository without a tag or digest "
                        "(e.g. 127.0.0.1:5000/serving/vllm).")
-    parse_ref(repo)  # lowercase path components etc.: refused here, not by `docker build` after the render
     repo = values.Repository(repo, "--tag")  # the registry part too: a host[:port], nothing a shell or terminal reads
+    parse_ref(repo)  # lowercase path components etc.: refused here, not by `docker build` after the render
     tags = tag_names(vllm, lock_hash)
     bad = [t for t in tags if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", t)]
     if bad:

@@ -52,6 +52,13 @@ class ErrorHandlingGroup(click.Group):
             return None
         return importlib.import_module(f"{__package__}.commands.{module}").command
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.ClickException as exc:  # the group's own options (the pipeline's)
+            _redact_usage_error(exc)
+            raise
+
     def invoke(self, ctx: click.Context):
         try:
             # temp files under the cache (a killed run's litter is swept here); SIGTERM unwinds like SIGINT
@@ -60,8 +67,11 @@ class ErrorHandlingGroup(click.Group):
         except BuildImageError as exc:
             click.echo(exc.render(), err=True)
             ctx.exit(exc.exit_code)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
-            raise  # click's own exits and usage errors keep their codes
+        except click.ClickException as exc:  # usage errors keep click's form and code, with no credential
+            _redact_usage_error(exc)
+            raise
+        except (click.exceptions.Exit, click.Abort):
+            raise  # click's own exits keep their codes
         except KeyboardInterrupt:  # not click's "Aborted!" (exit 1, the negative-verdict code)
             click.echo("interrupted (SIGINT): stopped; every output is as it was before this run.", err=True)
             ctx.exit(SIGINT_EXIT)
@@ -81,6 +91,11 @@ class ErrorHandlingGroup(click.Group):
 #: errors of the file system an output is written to (full, over quota, read-only): exit 2 naming the file
 #: wherever a write meets them, never an internal error
 OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+def _redact_usage_error(exc: click.ClickException) -> None:
+    """A usage error quotes the value it refuses (``'https://user:PW@…' is not a valid integer``): redacted."""
+    exc.message = redact_text(exc.message)
 
 
 def _internal_error(ctx: click.Context, exc: BaseException) -> None:

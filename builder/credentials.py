@@ -73,6 +73,10 @@ _BARE_USERINFO = re.compile(r"(?<![\w/.@:-])([^\s'\"<>`/@:]+:[^\s'\"<>`/@]+)@"
                             r"(?!sha256:|sha512:)([A-Za-z0-9][A-Za-z0-9.-]*(?::\d+)?)(?=[/\s'\"<>`,;)]|$)")
 
 
+# userinfo right after any ``scheme://``, wherever it stands (``https://a/xhttps://user:PW@h``)
+_AFTER_SCHEME = re.compile(r"(://)(?!\*\*\*\*@)[^\s'\"<>`/@]+@(?!sha256:|sha512:)")
+
+
 def redact_text(text: str) -> str:
     """Pure: every URL in ``text`` passed through :func:`redact_url`, whatever its form: with a scheme
     (``https://user:PW@host``), with its ``//`` collapsed (``https:/user:PW@host``), or without a scheme
@@ -86,6 +90,8 @@ def redact_text(text: str) -> str:
         return redact_url(core) + url[len(core):]
 
     text = _URL.sub(one, text) if "://" in text else text
+    if "://" in text and "@" in text:  # a URL glued to another one's path (no space between): its userinfo too
+        text = _AFTER_SCHEME.sub(lambda m: f"{m.group(1)}{MASK}@", text)
     if "@" in text:
         text = _COLLAPSED.sub(lambda m: f"{m.group(1)}{MASK}@", text)
         text = _BARE_USERINFO.sub(lambda m: f"{MASK}@{m.group(2)}", text)

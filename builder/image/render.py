@@ -777,10 +777,7 @@ def render_context(
 
 def build_hint(context: str | Path, repo: str | None, tags: Iterable[str]) -> str:
     """How to build a rendered context, with the tool or without it (one line, copy-pasteable)."""
-    q = shlex.quote
-    if repo:
-        repo = values.Repository(repo, "--tag")
-    tags = [values.ImageRef(t, "an image tag") for t in tags]
+    q = shlex.quote  # the repository and tags are image_tags' (checked); the context is any path
     return (f"build-image build {q(str(context))}" + (f" --tag {q(repo)}" if repo else "")
             + f"   (or: cd {q(str(context))} && DOCKER_BUILDKIT=1 docker build --network=none"
             + "".join(f" -t {q(t)}" for t in tags) + " .)")

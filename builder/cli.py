@@ -16,7 +16,7 @@ import click
 from builder import __version__
 from builder.commands import pipeline
 from builder.credentials import redact_text
-from builder.errors import BuildImageError
+from builder.errors import BuildImageError, printable
 from builder.scratch import scratch, scratch_home
 from builder.signals import SIGINT_EXIT, SIGTERM_EXIT, Terminated, signals_unwind
 from builder.util import cache_dir, write_error
@@ -95,7 +95,7 @@ OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 
 def _redact_usage_error(exc: click.ClickException) -> None:
     """A usage error quotes the value it refuses (``'https://user:PW@…' is not a valid integer``): redacted."""
-    exc.message = redact_text(exc.message)
+    exc.message = printable(redact_text(exc.message))
 
 
 def _internal_error(ctx: click.Context, exc: BaseException) -> None:

@@ -143,8 +143,8 @@ class Repository(Value):
         else:
             rest = text
         if not cls.rest.fullmatch(rest):
-            raise BadInput(f"{where} {_show(text)} is not {cls.kind} (like {cls.example}; the path lowercase "
-                           "letters, digits, '.', '_', '-', '/').")
+            raise BadInput(f"{where} {_show(text)} is not a valid name for {cls.kind} (like {cls.example}; the "
+                           "path: lowercase letters, digits, '.', '_', '-', '/').")
 
 
 class ImageRef(Repository):

@@ -32,7 +32,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # test_fuzz.NIGHTLY_SCALE times as many, randomly seeded, keeping found failures in .hypothesis/.
 try:
     from hypothesis import settings as _hypothesis_settings
-except ImportError:  # the test extra without hypothesis: tests/test_fuzz.py skips itself
+except ImportError:  # the test extra without hypothesis: tests/test_fuzz.py fails on its import, the rest runs
     pass
 else:
     _hypothesis_settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)

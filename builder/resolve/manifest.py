@@ -114,7 +114,7 @@ class BaseManifest:
     def __post_init__(self) -> None:
         # the image reference reaches FROM lines, labels, the SBOM and the provenance: a user:password@ in it
         # (an image reference holds none; `docker login` keeps registry credentials) is refused where it enters
-        if self.image_ref and redact_text(self.image_ref) != self.image_ref:
+        if isinstance(self.image_ref, str) and self.image_ref and redact_text(self.image_ref) != self.image_ref:
             raise BadInput(f"the base image reference {redact_text(self.image_ref)} carries a credential; an image "
                            "reference holds none, and build-image writes it into the Dockerfile, labels, SBOM and "
                            "provenance.", hint="log in to the registry with `docker login` and name the image "
@@ -329,14 +329,15 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
         if not re.fullmatch(pat, val):
             raise BadInput(f"base manifest {path}: field '{field_}' must look like {example}, got {val!r:.60}.")
     return BaseManifest(
-        image_ref=image.get("ref"),
-        image_digest=image.get("digest"),
-        os=doc.get("os"),
+        image_ref=_opt(image, "ref", str, "image.", path),
+        image_digest=_opt(image, "digest", str, "image.", path),
+        os=_opt(doc, "os", str, "", path),
         glibc=_req(doc, "glibc", str, "", path),
         python_version=_req(py, "version", str, "python.", path),
-        python_abi=py.get("abi") or "cp" + _req(py, "version", str, "python.", path).replace(".", ""),
-        site_packages=py.get("site_packages"),
-        cuda=doc.get("cuda"),
+        python_abi=(_opt(py, "abi", str, "python.", path)
+                    or "cp" + _req(py, "version", str, "python.", path).replace(".", "")),
+        site_packages=_opt(py, "site_packages", str, "python.", path),
+        cuda=_opt(doc, "cuda", str, "", path),
         platform=_req(doc, "platform", str, "", path),
         provenance_kind=kind,
         provenance_method=_req(prov, "method", str, "provenance.", path),

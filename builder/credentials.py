@@ -75,6 +75,11 @@ _BARE_USERINFO = re.compile(r"(?<![\w/.@:-])([^\s'\"<>`/@:]+:[^\s'\"<>`/@]+)@"
 
 # userinfo right after any ``scheme://``, wherever it stands (``https://a/xhttps://user:PW@h``)
 _AFTER_SCHEME = re.compile(r"(://)(?!\*\*\*\*@)[^\s'\"<>`/@]+@(?!sha256:|sha512:)")
+# ``https://user:PW`` cut before its ``@`` (a message quoting at most N characters of a value): after the
+# colon comes no port (a port is digits), so it is the start of a userinfo
+_CUT_USERINFO = re.compile(r"(://)([^\s'\"<>`/@:\[\]]+):(?!\d*(?:[/?#\s'\"<>`,;)\]]|\.(?:\s|$)|$))[^\s'\"<>`/@]*(?=[\s'\"<>`,;)\]]|\.(?:\s|$)|…|$)")
+# ``... rd@host/x``: the start of a userinfo cut off by a truncation mark (a parser's error snippet)
+_CUT_BEFORE = re.compile(r"(\.\.\.|…)(\s*)[^\s'\"<>`/@]+@(?!sha256:|sha512:)(?=[A-Za-z0-9])")
 
 
 def redact_text(text: str) -> str:
@@ -95,6 +100,10 @@ def redact_text(text: str) -> str:
     if "@" in text:
         text = _COLLAPSED.sub(lambda m: f"{m.group(1)}{MASK}@", text)
         text = _BARE_USERINFO.sub(lambda m: f"{MASK}@{m.group(2)}", text)
+        if "..." in text or "…" in text:
+            text = _CUT_BEFORE.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}@", text)
+    if "://" in text:
+        text = _CUT_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}", text)
     return text
 
 

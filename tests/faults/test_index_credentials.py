@@ -73,3 +73,22 @@ def test_a_request_never_carries_the_userinfo_in_its_url():
     credentials.remember("https://u:PW@host:notaport/s")
     assert credentials.credential_for("https://host:notaport/s")[0] == "https://host:notaport/s"
     assert urllib.parse.urlsplit(req.full_url).password is None
+
+
+@pytest.mark.parametrize("text, secret", [
+    # a message quoting at most N characters of a value cuts a URL before its "@"
+    ("field 'https://ci-bot:PW-s3cret-9q", "PW-s3cret-9q"),
+    ("got 'https://ci-bot:PW-s3cret-9q'.", "PW-s3cret-9q"),
+    # a parser's error snippet cuts the start off ("... PW@host")
+    ("    ... PW-s3cret-9q@h.example/x../..\n          ^", "PW-s3cret-9q"),
+    # a URL glued to another one's path
+    ("https://a.example/xhttps://ci-bot:PW-s3cret-9q@h.example/x", "PW-s3cret-9q"),
+])
+def test_redaction_covers_cut_and_glued_urls(text, secret):
+    assert secret not in credentials.redact_text(text)
+
+
+@pytest.mark.parametrize("text", ["https://host:8080/x", "see https://host:8080.", "http://[::1]:5000/x",
+                                  "mail a@b.com", "repo:tag@sha256:" + "a" * 64])
+def test_redaction_leaves_ports_addresses_and_digests(text):
+    assert credentials.redact_text(text) == text

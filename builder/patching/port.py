@@ -39,6 +39,7 @@ from builder.patching import probe as PR
 from builder.patching import series as P
 from builder.report import render_json
 from builder.util import atomic_write_text, sha256_bytes, sha256_file, write_error
+from builder.validate import read_bounded
 
 APPLIES, MERGED, CONFLICT, UPSTREAM = "applies", "merged", "conflict", "upstream"
 STATUSES = (APPLIES, MERGED, CONFLICT, UPSTREAM)
@@ -409,10 +410,9 @@ def refuse_foreign_series(out_dir: str | os.PathLike, *, force: bool = False) ->
         raise BadInput(f"-o {d} exists and is not a directory; a ported series is a folder.")
     if force or not any(d.iterdir()):
         return
-    try:
-        with open(d / P.SERIES_FILE, "rb") as fh:
-            first = fh.read(4096).decode("utf-8", errors="replace").split("\n", 1)[0].rstrip()
-    except OSError:
+    try:  # the bounded reader: a FIFO or a device named `series` is no series (and never hangs the check)
+        first = read_bounded(d / P.SERIES_FILE, "series").decode("utf-8", errors="replace").split("\n", 1)[0].rstrip()
+    except BadInput:
         first = ""
     if first.startswith("# ") and first.endswith(PORT_MARK):
         return

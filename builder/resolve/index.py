@@ -44,6 +44,7 @@ from packaging.version import InvalidVersion, Version
 from builder import __version__, credentials
 from builder.errors import IntegrityError
 from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes, sha256_file
+from builder.validate import load_json
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 LISTING_TTL_S = 900
@@ -219,7 +220,7 @@ class SimpleIndex:
             try:
                 with self._open(req) as r:
                     raw = r.read()
-                doc = json.loads(raw)
+                doc = load_json(raw, f"the index listing {url}", error=IntegrityError)  # depth-bounded
                 atomic_write_text(cpath, raw.decode("utf-8"))
             except urllib.error.HTTPError as exc:
                 if exc.code != 404:

@@ -12,10 +12,12 @@ Profiles (tests/conftest.py): ``ci`` (the default) runs a bounded number of exam
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -81,6 +83,21 @@ def invoke(*args: str, allowed: tuple[int, ...] = (0, 2), env: dict | None = Non
     assert r.exception is None or isinstance(r.exception, SystemExit), repr(r.exception)
     _no_bug(r.output, r.exit_code, allowed)
     return r.exit_code, r.output, r.stdout
+
+
+@contextlib.contextmanager
+def bounded(seconds: float):
+    """Fail the example (never hang the suite) when its body runs longer than ``seconds`` (SIGALRM)."""
+    def expire(signum, frame):
+        raise TimeoutError(f"no answer within {seconds} s: a hang")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def strict_json(text: str):
@@ -362,7 +379,8 @@ def test_fuzz_recipe_sdist(inserts, which):
         lines.insert(min(pos, len(lines)), text)
     files[which] = "\n".join(lines)
     try:
-        rec = R.derive(R.BuildFiles("0.99.0", R.SdistRef("vllm-0.99.0.tar.gz", "0" * 64), files))
+        with bounded(10):
+            rec = R.derive(R.BuildFiles("0.99.0", R.SdistRef("vllm-0.99.0.tar.gz", "0" * 64), files))
     except BadInput as exc:
         _no_bug(exc.render(), 2, (2,))
         return

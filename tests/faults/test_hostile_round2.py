@@ -432,3 +432,25 @@ def test_reconstruct_reads_recipes_and_check_output_bounded(tmp_path):
     code, out = run("base", "reconstruct", "--vllm", "0.26.0", "--recipes", "/dev/zero", "-o",
                     str(tmp_path / "new.json"))
     assert code == 2 and "/dev/zero" in out and not (tmp_path / "new.json").exists(), out
+
+
+# ============================================================== recipe sdists: a RUN line never hangs the parse
+@pytest.mark.xfail(strict=True, raises=TimeoutError,
+                   reason="builder/resolve/recipe.py: _Parser.seq loops forever when unit() consumes no token (a "
+                          "stray ')', 'fi' after ';', 'then' after '&&'); the parser is being rewritten")
+@pytest.mark.parametrize("line", ["RUN uv pip install x )", "RUN uv pip install x; fi", "RUN uv pip install a && then"])
+def test_a_stray_shell_keyword_in_a_run_line_never_hangs_the_recipe(line):
+    """Found by tests/test_fuzz.py (nightly): `base recipe` on such an sdist hangs instead of exit 2."""
+    from builder.resolve import recipe as R
+    from tests.fx_sdist import build_files
+    from tests.test_fuzz import bounded
+
+    files = build_files()
+    lines = files["docker/Dockerfile"].split("\n")
+    lines.insert(20, line)  # inside the final stage's chain (vllm-openai-base)
+    files["docker/Dockerfile"] = "\n".join(lines)
+    with bounded(2):
+        try:
+            R.derive(R.BuildFiles("0.99.0", R.SdistRef("vllm-0.99.0.tar.gz", "0" * 64), files))
+        except BadInput:
+            pass  # a refusal is the expected answer

@@ -411,7 +411,8 @@ def refuse_foreign_series(out_dir: str | os.PathLike, *, force: bool = False) ->
     if force or not any(d.iterdir()):
         return
     try:  # the bounded reader: a FIFO or a device named `series` is no series (and never hangs the check)
-        first = read_bounded(d / P.SERIES_FILE, "series").decode("utf-8", errors="replace").split("\n", 1)[0].rstrip()
+        head = read_bounded(d / P.SERIES_FILE, "series")[:4096]  # the mark is in the first 4 KiB
+        first = head.decode("utf-8", errors="replace").split("\n", 1)[0].rstrip()
     except BadInput:
         first = ""
     if first.startswith("# ") and first.endswith(PORT_MARK):

@@ -38,7 +38,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 #: how many more examples the nightly profile runs than CI
-NIGHTLY_SCALE = 40
+NIGHTLY_SCALE = 10
 SCALE = NIGHTLY_SCALE if os.environ.get("BUILD_IMAGE_FUZZ") == "nightly" else 1
 SECRET = "Fz-s3cret-PW-81"
 
@@ -131,7 +131,7 @@ KNOWN_REPOS = ["127.0.0.1:5000/f/vllm", "reg.example/a/b", "localhost/x"]
 
 @given(tag=st.one_of(st.sampled_from(KNOWN_REPOS), hostile_text, st.sampled_from(KNOWN_REPOS).flatmap(
     lambda r: hostile_text.map(lambda t: r + t))), vllm=st.one_of(st.just("0.26.0"), hostile_text))
-@examples(25)
+@examples(100)
 def test_fuzz_render_flags(ctx, tag, vllm):
     d, _out, _plan = ctx
     inputs = _digest([d / "base.json", d / "requirements.lock"])
@@ -159,7 +159,7 @@ number_text = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr)
 
 
 @given(flags=st.lists(st.tuples(plan_flag, number_text), min_size=1, max_size=3))
-@examples(40)
+@examples(150)
 def test_fuzz_plan_flags(flags):
     args = [x for pair in flags for x in pair]
     code, _out, stdout = invoke(*PLAN, "--weights-bytes", "600GB", "--gpus", "8", "--tp", "8", *args,
@@ -174,7 +174,7 @@ CONFIG_FIELDS = ["num_hidden_layers", "hidden_size", "num_attention_heads", "num
 
 
 @given(edits=st.dictionaries(st.sampled_from(CONFIG_FIELDS), json_value, min_size=1, max_size=3))
-@examples(30)
+@examples(100)
 def test_fuzz_plan_config(tmp_path_factory, edits):
     cfg = json.loads((ROOT / "tests" / "data" / "plan" / "seed000" / "config.json").read_text())
     cfg.update(edits)
@@ -200,7 +200,7 @@ SERVING_KEYS = {"model": hostile_text,
 
 @given(serving=st.fixed_dictionaries({}, optional=SERVING_KEYS), repo=st.one_of(st.none(), hostile_text),
        vllm=st.one_of(st.just("0.26.0"), hostile_text))
-@examples(60)
+@examples(200)
 def test_fuzz_spec_and_kuberay_values(serving, repo, vllm):
     import tomli_w
 
@@ -230,7 +230,7 @@ MANIFEST_PATHS = [("image", "ref"), ("image", "digest"), ("os",), ("glibc",), ("
 
 
 @given(edits=st.lists(st.tuples(st.sampled_from(MANIFEST_PATHS), json_value), min_size=1, max_size=3))
-@examples(60)
+@examples(200)
 def test_fuzz_manifest_fields(ctx, edits):
     from builder.image.render import render_dockerfile
     from builder.resolve.manifest import parse_manifest
@@ -274,7 +274,7 @@ def _only_pins(text: str) -> None:
 
 @given(inserts=st.lists(st.tuples(st.integers(0, 60), hostile_text), min_size=1, max_size=3),
        strict=st.booleans())
-@examples(60)
+@examples(200)
 def test_fuzz_lock_text(ctx, inserts, strict):
     from builder.resolve.lockfile import parse_lock
 
@@ -298,7 +298,7 @@ PYLOCK_FIELDS = [("tool", "via"), ("tool", "name"), ("tool", "base-version"), ("
 
 
 @given(edits=st.lists(st.tuples(st.sampled_from(PYLOCK_FIELDS), hostile_text), min_size=1, max_size=3))
-@examples(50)
+@examples(200)
 def test_fuzz_pylock_values(ctx, edits):
     import tomli_w
 
@@ -337,7 +337,7 @@ record_line = st.one_of(st.sampled_from(["../outside/evil.so,,", "/etc/passwd,,"
 @given(dists=st.lists(st.tuples(safe_dir, st.one_of(st.sampled_from(["pkg", "good-name"]), hostile_text),
                                 st.one_of(st.sampled_from(["1.0", "2.0rc1"]), hostile_text),
                                 st.lists(record_line, max_size=4)), min_size=1, max_size=3))
-@examples(40)
+@examples(150)
 def test_fuzz_site_packages(tmp_path_factory, dists):
     from builder.resolve.base import scan_site_packages
 
@@ -368,7 +368,7 @@ def test_fuzz_site_packages(tmp_path_factory, dists):
 # ---------------------------------------------------------------- recipe sdists and recipes files
 @given(inserts=st.lists(st.tuples(st.integers(0, 200), hostile_text), min_size=1, max_size=3),
        which=st.sampled_from(["docker/Dockerfile", ".buildkite/release-pipeline.yaml"]))
-@examples(30)
+@examples(100)
 def test_fuzz_recipe_sdist(inserts, which):
     from builder.resolve import recipe as R
     from tests.fx_sdist import build_files
@@ -389,7 +389,7 @@ def test_fuzz_recipe_sdist(inserts, which):
 
 @given(doc=st.dictionaries(st.sampled_from(["schema", "release", "x"]), json_value, max_size=3),
        schema=st.booleans())
-@examples(40)
+@examples(150)
 def test_fuzz_recipes_file(doc, schema):
     import tomli_w
 
@@ -417,7 +417,7 @@ userinfo_char = st.sampled_from("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTU
        password=st.text(userinfo_char, min_size=6, max_size=16),
        port=st.one_of(st.none(), st.integers(1, 65535).map(str), hostile_text.filter(lambda s: "@" not in s)),
        scheme=st.sampled_from(["http", "https"]), around=hostile_text)
-@examples(80)
+@examples(300)
 def test_fuzz_credentials_are_never_printed(user, password, port, scheme, around):
     url = f"{scheme}://{user}:{password}@idx.example{':' + port if port else ''}/simple"
     bare, cred = credentials.split_userinfo(url)  # never raises, whatever the port
@@ -431,7 +431,7 @@ def test_fuzz_credentials_are_never_printed(user, password, port, scheme, around
 
 
 @given(text=st.one_of(hostile_text, st.text(max_size=40)))
-@examples(100)
+@examples(300)
 def test_fuzz_typed_values(text):
     for cls in (values.ImageRef, values.Digest, values.Registry, values.Repository, values.DistName,
                 values.Version, values.Url, values.PathText, values.Line):

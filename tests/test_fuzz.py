@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from builder import credentials, values
 from builder.cli import main
 from builder.errors import BadInput
-from tests.faults.conftest import ROOT, tiny_context
+from tests.faults.conftest import tiny_context
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -148,7 +148,19 @@ def test_fuzz_render_flags(ctx, tag, vllm):
     shutil.rmtree(out.parent, ignore_errors=True)
 
 
-PLAN = ["plan", "--model", str(ROOT / "tests" / "data" / "plan" / "seed000"), "--gpu-memory", "h200", "--json"]
+#: a model the planner reads (28 layers x 8 KV heads x head_dim 128, about 600 GB of weights on 8 GPUs)
+MODEL_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 28,
+                "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
+                "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+                "max_position_embeddings": 1000000, "torch_dtype": "bfloat16"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("model")
+    (d / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    return d
+
 plan_flag = st.sampled_from(["--pull-bandwidth", "--image-size", "--weights-bytes", "--max-model-len", "--gpus",
                              "--tp", "--kv-cache-dtype", "--load-format", "--max-num-seqs"])
 number_text = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
@@ -160,9 +172,10 @@ number_text = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr)
 
 @given(flags=st.lists(st.tuples(plan_flag, number_text), min_size=1, max_size=3))
 @examples(150)
-def test_fuzz_plan_flags(flags):
+def test_fuzz_plan_flags(model_dir, flags):
     args = [x for pair in flags for x in pair]
-    code, _out, stdout = invoke(*PLAN, "--weights-bytes", "600GB", "--gpus", "8", "--tp", "8", *args,
+    code, _out, stdout = invoke("plan", "--model", str(model_dir), "--gpu-memory", "h200", "--json",
+                                "--weights-bytes", "600GB", "--gpus", "8", "--tp", "8", *args,
                                 allowed=(0, 1, 2))
     if code in (0, 1):
         strict_json(stdout)  # every JSON the tool prints is JSON: no NaN, no Infinity
@@ -176,8 +189,7 @@ CONFIG_FIELDS = ["num_hidden_layers", "hidden_size", "num_attention_heads", "num
 @given(edits=st.dictionaries(st.sampled_from(CONFIG_FIELDS), json_value, min_size=1, max_size=3))
 @examples(100)
 def test_fuzz_plan_config(tmp_path_factory, edits):
-    cfg = json.loads((ROOT / "tests" / "data" / "plan" / "seed000" / "config.json").read_text())
-    cfg.update(edits)
+    cfg = {**MODEL_CONFIG, **edits}
     d = tmp_path_factory.mktemp("cfg")
     (d / "config.json").write_text(json.dumps(cfg))
     code, _out, stdout = invoke("plan", "--model", str(d), "--gpu-memory", "h200", "--json", "--weights-bytes",

@@ -204,8 +204,19 @@ def test_kuberay_refuses_what_plan_and_smoke_refuse(serving):
 
 
 # ============================================================== 7, 12. plan's file inputs and numbers
-PLAN = ["plan", "--model", str(ROOT / "tests" / "data" / "plan" / "seed000"), "--weights-bytes", "600GB",
-        "--gpus", "8", "--tp", "8", "--gpu-memory", "h200", "--max-model-len", "4096"]
+#: a model the planner reads (28 layers x 8 KV heads x head_dim 128, about 600 GB of weights on 8 GPUs)
+MODEL_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 28,
+                "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
+                "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+                "max_position_embeddings": 1000000, "torch_dtype": "bfloat16"}
+
+
+@pytest.fixture(scope="module")
+def plan_args(tmp_path_factory) -> list[str]:
+    d = tmp_path_factory.mktemp("model")
+    (d / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    return ["plan", "--model", str(d), "--weights-bytes", "600GB", "--gpus", "8", "--tp", "8", "--gpu-memory",
+            "h200", "--max-model-len", "4096"]
 
 
 def _strict_json(text: str):
@@ -216,8 +227,8 @@ def _strict_json(text: str):
 
 
 @pytest.mark.parametrize("rate", ["1e-300b/s", "1e-320", "1e400GB/s", "nan", "inf"])
-def test_plan_refuses_a_rate_that_gives_no_finite_time(rate):
-    code, out = run(*PLAN, "--json", "--image-size", "12GB", "--pull-bandwidth", rate)
+def test_plan_refuses_a_rate_that_gives_no_finite_time(plan_args, rate):
+    code, out = run(*plan_args, "--json", "--image-size", "12GB", "--pull-bandwidth", rate)
     assert code == 2 and "--pull-bandwidth" in out, out
 
 
@@ -225,25 +236,25 @@ def test_plan_refuses_a_rate_that_gives_no_finite_time(rate):
     {"layers": [{"size": "abc"}]}, {"layers": [{"size": 10**400}]}, {"layers": [{"size": 1.5}]},
     {"layers": [{"size": -1}]}, {"layers": [{"size": 1}], "config": "x"}, "deep",
 ])
-def test_plan_image_manifest_sizes_go_through_the_number_rules(tmp_path, doc):
+def test_plan_image_manifest_sizes_go_through_the_number_rules(plan_args, tmp_path, doc):
     p = tmp_path / "m.json"
     p.write_text("[" * 100_000 + "]" * 100_000 if doc == "deep" else json.dumps(doc))
     for flag in ("--image-manifest", "--image-result"):
-        code, out = run(*PLAN, "--json", flag, str(p))
+        code, out = run(*plan_args, "--json", flag, str(p))
         assert code == 2 and str(p) in out, out
 
 
 @pytest.mark.parametrize("flag", ["--image-manifest", "--image-result"])
-def test_plan_image_files_are_read_bounded(tmp_path, flag):
+def test_plan_image_files_are_read_bounded(plan_args, tmp_path, flag):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     for path in ("/dev/zero", str(fifo), str(tmp_path)):
-        code, out = run(*PLAN, flag, path)
+        code, out = run(*plan_args, flag, path)
         assert code == 2 and path in out, out
 
 
-def test_plan_json_is_valid_json_at_the_edges():
-    code, out = run(*PLAN, "--json", "--image-size", "1000000GB", "--pull-bandwidth", "1b/s")
+def test_plan_json_is_valid_json_at_the_edges(plan_args):
+    code, out = run(*plan_args, "--json", "--image-size", "1000000GB", "--pull-bandwidth", "1b/s")
     assert code in (0, 1), out
     _strict_json(out[out.index("{"):])
 

@@ -7,6 +7,7 @@ as one paragraph on stderr and mapped to their documented exit code.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 
@@ -15,10 +16,10 @@ import click
 from builder import __version__
 from builder.commands import pipeline
 from builder.credentials import redact_text
-from builder.errors import BuildImageError
+from builder.errors import BuildImageError, printable
 from builder.scratch import scratch, scratch_home
 from builder.signals import SIGINT_EXIT, SIGTERM_EXIT, Terminated, signals_unwind
-from builder.util import cache_dir
+from builder.util import cache_dir, write_error
 
 INTERNAL_ERROR = 70
 
@@ -54,6 +55,13 @@ class ErrorHandlingGroup(click.Group):
             return None
         return importlib.import_module(f"{__package__}.commands.{module}").command
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.ClickException as exc:  # the group's own options (the pipeline's)
+            _redact_usage_error(exc)
+            raise
+
     def invoke(self, ctx: click.Context):
         try:
             # temp files under the cache (a killed run's litter is swept here); SIGTERM unwinds like SIGINT
@@ -62,24 +70,47 @@ class ErrorHandlingGroup(click.Group):
         except BuildImageError as exc:
             click.echo(exc.render(), err=True)
             ctx.exit(exc.exit_code)
-        except (click.exceptions.Exit, click.ClickException, click.Abort):
-            raise  # click's own exits and usage errors keep their codes
+        except click.ClickException as exc:  # usage errors keep click's form and code, with no credential
+            _redact_usage_error(exc)
+            raise
+        except (click.exceptions.Exit, click.Abort):
+            raise  # click's own exits keep their codes
         except KeyboardInterrupt:  # not click's "Aborted!" (exit 1, the negative-verdict code)
             click.echo("interrupted (SIGINT): stopped; every output is as it was before this run.", err=True)
             ctx.exit(SIGINT_EXIT)
         except Terminated:
             click.echo("terminated (SIGTERM): stopped; every output is as it was before this run.", err=True)
             ctx.exit(SIGTERM_EXIT)
+        except OSError as exc:
+            err = write_error(exc.filename or "an output", exc) if exc.errno in OUTPUT_ERRNOS else None
+            if err is None:
+                _internal_error(ctx, exc)
+            click.echo(err.render(), err=True)  # a full or read-only file system is the user's, not a bug
+            ctx.exit(err.exit_code)
         except Exception as exc:  # a bug: never let it read as a verdict (exit 1)
-            import traceback
+            _internal_error(ctx, exc)
 
-            click.echo(redact_text(traceback.format_exc()).rstrip(), err=True)
-            click.echo(
-                f"internal error: {type(exc).__name__}: {redact_text(str(exc))}\n"
-                "This is a bug in build-image; please report it with the traceback above.",
-                err=True,
-            )
-            ctx.exit(INTERNAL_ERROR)
+
+#: errors of the file system an output is written to (full, over quota, read-only): exit 2 naming the file
+#: wherever a write meets them, never an internal error
+OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+
+
+def _redact_usage_error(exc: click.ClickException) -> None:
+    """A usage error quotes the value it refuses (``'https://user:PW@…' is not a valid integer``): redacted."""
+    exc.message = printable(redact_text(exc.message))
+
+
+def _internal_error(ctx: click.Context, exc: BaseException) -> None:
+    import traceback
+
+    click.echo(redact_text(traceback.format_exc()).rstrip(), err=True)
+    click.echo(
+        f"internal error: {type(exc).__name__}: {redact_text(str(exc))}\n"
+        "This is a bug in build-image; please report it with the traceback above.",
+        err=True,
+    )
+    ctx.exit(INTERNAL_ERROR)
 
 
 @click.group(cls=ErrorHandlingGroup, invoke_without_command=True,

@@ -31,8 +31,16 @@ _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]+")
 _remembered: dict[str, tuple[str, str]] = {}
 
 
+def _port(parts: urllib.parse.SplitResult) -> str:
+    """The port as written (``parts.port`` raises on one that is not a number; the URL is still told apart)."""
+    try:
+        return str(parts.port or "")
+    except ValueError:
+        return parts.netloc.rsplit("@", 1)[-1].rpartition(":")[2]
+
+
 def _origin(parts: urllib.parse.SplitResult) -> str:
-    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{parts.port or ''}"
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{_port(parts)}"
 
 
 def redact_url(url: str) -> str:
@@ -65,6 +73,15 @@ _BARE_USERINFO = re.compile(r"(?<![\w/.@:-])([^\s'\"<>`/@:]+:[^\s'\"<>`/@]+)@"
                             r"(?!sha256:|sha512:)([A-Za-z0-9][A-Za-z0-9.-]*(?::\d+)?)(?=[/\s'\"<>`,;)]|$)")
 
 
+# userinfo right after any ``scheme://``, wherever it stands (``https://a/xhttps://user:PW@h``)
+_AFTER_SCHEME = re.compile(r"(://)(?!\*\*\*\*@)[^\s'\"<>`/@]+@(?!sha256:|sha512:)")
+# ``https://user:PW`` cut before its ``@`` (a message quoting at most N characters of a value): after the
+# colon comes no port (a port is digits), so it is the start of a userinfo
+_CUT_USERINFO = re.compile(r"(://)([^\s'\"<>`/@:\[\]]+):(?!\d*(?:[/?#\s'\"<>`,;)\]]|\.(?:\s|$)|$))[^\s'\"<>`/@]*(?=[\s'\"<>`,;)\]]|\.(?:\s|$)|…|$)")
+# ``... rd@host/x``: the start of a userinfo cut off by a truncation mark (a parser's error snippet)
+_CUT_BEFORE = re.compile(r"(\.\.\.|…)(\s*)[^\s'\"<>`/@]+@(?!sha256:|sha512:)(?=[A-Za-z0-9])")
+
+
 def redact_text(text: str) -> str:
     """Pure: every URL in ``text`` passed through :func:`redact_url`, whatever its form: with a scheme
     (``https://user:PW@host``), with its ``//`` collapsed (``https:/user:PW@host``), or without a scheme
@@ -78,9 +95,15 @@ def redact_text(text: str) -> str:
         return redact_url(core) + url[len(core):]
 
     text = _URL.sub(one, text) if "://" in text else text
+    if "://" in text and "@" in text:  # a URL glued to another one's path (no space between): its userinfo too
+        text = _AFTER_SCHEME.sub(lambda m: f"{m.group(1)}{MASK}@", text)
     if "@" in text:
         text = _COLLAPSED.sub(lambda m: f"{m.group(1)}{MASK}@", text)
         text = _BARE_USERINFO.sub(lambda m: f"{MASK}@{m.group(2)}", text)
+        if "..." in text or "…" in text:
+            text = _CUT_BEFORE.sub(lambda m: f"{m.group(1)}{m.group(2)}{MASK}@", text)
+    if "://" in text:
+        text = _CUT_USERINFO.sub(lambda m: f"{m.group(1)}{MASK}", text)
     return text
 
 
@@ -118,23 +141,39 @@ def has_credentials(url: str) -> bool:
 
 
 def split_userinfo(url: str) -> tuple[str, tuple[str, str] | None]:
-    """Pure: (url without userinfo, (user, password) or None)."""
-    parts = urllib.parse.urlsplit(url)
+    """Pure: (url without userinfo, (user, password) or None), by the URL's parsed structure: the userinfo is
+    everything before the netloc's last ``@`` (a password may hold ``@``, ``:`` or nothing; ``user:PW@host``
+    without a port is a credential, never a port).  A URL urllib cannot split is returned whole, without one."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url, None
     if "@" not in parts.netloc:
         return url, None
-    host = parts.netloc.rsplit("@", 1)[1]
-    user = urllib.parse.unquote(parts.username or "")
-    password = urllib.parse.unquote(parts.password or "")
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), (user, password)
+    info, host = parts.netloc.rsplit("@", 1)
+    user, sep, password = info.partition(":")
+    cred = (urllib.parse.unquote(user), urllib.parse.unquote(password) if sep else "")
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment)), cred
+
+
+def request(url: str, *, headers: dict[str, str] | None = None, method: str | None = None):
+    """A ``urllib`` request for ``url`` without its userinfo, with the Basic ``Authorization`` header for the
+    credential :func:`auth_header` finds (the URL's own, memory, netrc, keyring).  urllib would read a
+    ``user:PW@host`` left in the URL as ``host:port`` (``InvalidURL: nonnumeric port``) and print the password;
+    every request build-image sends to an index or a file server is made here."""
+    import urllib.request
+
+    bare, auth = auth_header(url)
+    return urllib.request.Request(bare, headers={**(headers or {}), **auth}, method=method)
 
 
 def remember(url: str) -> None:
     """Keep the userinfo of ``url`` (a --find-links / index flag) in memory for its origin."""
     if "://" not in url:
         return
-    _bare, cred = split_userinfo(url)
+    bare, cred = split_userinfo(url)
     if cred is not None:
-        _remembered[_origin(urllib.parse.urlsplit(url))] = cred
+        _remembered[_origin(urllib.parse.urlsplit(bare))] = cred
 
 
 def _netrc(host: str) -> tuple[str, str] | None:
@@ -170,7 +209,11 @@ def credential_for(url: str) -> tuple[str, tuple[str, str] | None]:
     bare, cred = split_userinfo(url)
     if cred is not None:
         return bare, cred
-    parts = urllib.parse.urlsplit(bare)
+    try:
+        parts = urllib.parse.urlsplit(bare)
+        parts.hostname  # noqa: B018 - a bracketed host urllib cannot read: no credential to look up
+    except ValueError:
+        return bare, None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return bare, None
     cred = _remembered.get(_origin(parts)) or _netrc(parts.hostname) or _keyring(bare, None)

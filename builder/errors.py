@@ -12,7 +12,24 @@ the codes below for everything else.
 
 from __future__ import annotations
 
+import re
+
 from builder.credentials import redact_text  # no secret reaches a message, a log or a --json document
+
+#: what a message may not carry to a terminal raw: control characters but the newline (ESC starts an escape
+#: sequence, CR rewrites the line, BEL rings), DEL, C1 controls and the Unicode line separators
+_UNPRINTABLE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str, *, paragraph: bool = True) -> str:
+    """Pure: ``text`` as a terminal shows it safely: each control character but the newline (a value quoted
+    into a message may hold any) written as its escape (``\\x1b``); ``paragraph``: blank lines dropped too
+    (a message and its hint are one paragraph; details keep their layout)."""
+    if not text:
+        return text
+    text = _UNPRINTABLE.sub(lambda m: "\t" if m.group(0) == "\t" and not paragraph else repr(m.group(0))[1:-1],
+                            text)
+    return re.sub(r"\n[ \t]*(?=\n)", "", text) if paragraph and "\n" in text else text
 
 
 class BuildImageError(Exception):
@@ -22,8 +39,8 @@ class BuildImageError(Exception):
     title = "error"
 
     def __init__(self, message: str, *, hint: str | None = None, details: str | None = None):
-        message, hint, details = (redact_text(message), redact_text(hint or "") or None, redact_text(details or "")
-                                  or None)
+        message, hint, details = (printable(redact_text(message)), printable(redact_text(hint or "")) or None,
+                                  printable(redact_text(details or ""), paragraph=False) or None)
         super().__init__(message)
         self.message = message
         self.hint = hint

@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import urllib.error
@@ -106,8 +107,10 @@ def fetch(url: str, sha256: str, *, filename: str | None = None, progress: bool 
 def _download_to(url: str, out, name: str, progress: bool) -> None:
     if url.startswith("file://") or url.startswith("/"):
         src = urllib.request.url2pathname(url[len("file://"):]) if url.startswith("file://") else url
-        try:
-            with open(src, "rb") as fh:
+        try:  # non-blocking: a FIFO named by a lock or a find-links folder cannot hang the download
+            with os.fdopen(os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as fh:
+                if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+                    raise IntegrityError(f"cannot read {url}: not a regular file; a wheel is one.")
                 shutil.copyfileobj(fh, out, _CHUNK)
         except OSError as exc:
             raise IntegrityError(f"cannot read {url}: {exc}.") from None

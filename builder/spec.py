@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from builder import values
 from builder.data import path as data_path
 from builder.errors import BadInput
 from builder.util import canonical_name
@@ -144,6 +145,8 @@ class Spec:
         top = {k: v for k, v in flags.items() if v is not None and k in {f.name for f in fields(Spec)}}
         if "vllm" in top:
             top["vllm_given"] = True
+        if isinstance(top.get("repo"), str):  # --tag: its grammar is image_tags'; no line break gets that far
+            top["repo"] = values.control_free(top["repo"].strip(), "--tag")
         serving = {k: v for k, v in flags.items() if v is not None and k in {f.name for f in fields(Serving)}}
         if "with_" in top:  # a --with naming a package replaces the spec's requirement on it (flags win)
             named = {_req_key(w) for w in top["with_"]} - {None}
@@ -249,6 +252,20 @@ def _check_values(doc: dict, serving: dict, path: str) -> None:
             number(serving[key], f"spec {path}: 'serving.{key}'", minimum=low, maximum=high, integral=whole,
                    exclusive_minimum=key == "gpu_memory_utilization")
     exclude_newer(doc.get("exclude-newer"), where=f"spec {path}: 'exclude-newer'")
+    # every string reaches a Dockerfile, a lock line, a YAML document or a hint: none holds a line break
+    for key, val in [*((f"serving.{k}", v) for k, v in serving.items()), *doc.items()]:
+        for i, item in enumerate(val if isinstance(val, list) else [val]):
+            if isinstance(item, str):
+                values.control_free(item, f"spec {path}: '{key}'" + (f"[{i}]" if isinstance(val, list) else ""))
+    for name, reason in (doc.get("allow-abi-change") or {}).items():
+        values.control_free(name, f"spec {path}: 'allow-abi-change' key")
+        values.control_free(reason, f"spec {path}: 'allow-abi-change.{name}'")
+    if isinstance(doc.get("repo"), str):
+        values.Repository(doc["repo"], f"spec {path}: 'repo'")
+    if "compile_cache" in serving:
+        values.compile_cache(serving["compile_cache"], f"spec {path}: 'serving.compile_cache'")
+    if "model_cache" in serving:
+        values.model_cache(serving["model_cache"], f"spec {path}: 'serving.model_cache'")
 
 
 def _check_cutover(serving: dict, path: str) -> None:

@@ -43,13 +43,13 @@ from builder.resolve import lock as L
 from builder.resolve.baseref import resolve_base
 from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import BaseManifest, load_manifest, refuse_foreign_manifest
-from builder.resolve.recipe import RECIPES_SCHEMA, parse_recipes, recipe_table, render_recipes
+from builder.resolve.recipe import recipe_table, write_recipe_table
 from builder.resolve.reconstruct import default_recipes_path, load_recipes, reconstruct
 from builder.serving import plan as PL
 from builder.serving import release_facts as RF
 from builder.serving.release_facts import facts_from_wheel
 from builder.spec import default_base_manifest, default_lock_path, load_spec
-from builder.util import atomic_write_text, output_lock, refuse_foreign, sweep_write_leftovers, write_target
+from builder.util import atomic_write_text, refuse_foreign, sweep_write_leftovers, write_target
 
 #: base-image distributions whose move the report always shows (when either side has them)
 KEY_DISTS = ("torch", "numpy", "transformers", "flashinfer-python", "triton", "nvidia-cuda-runtime", "ray", "vllm")
@@ -387,22 +387,12 @@ def b_probe_env(a_text: str, a_version: str, b_version: str, transformers: str |
     return "\n".join(out) + "\n"
 
 
-def write_recipe_table(out: Path, recipe) -> Path:
+def write_b_recipe_table(out: Path, recipe) -> Path:
     """B's table in DIR/lockfiles/base/recipes.toml (the repository's generated recipes file when DIR is the
     checkout): an existing recipes file gets B's table added; a new one starts from the shipped tables, so
-    that DIR's lockfiles/ is complete.  Held under the output lock across read-modify-write."""
-    path = out / "lockfiles" / "base" / "recipes.toml"
-    with output_lock(path):
-        if path.is_file():
-            text = path.read_text(encoding="utf-8")
-            if f'schema = "{RECIPES_SCHEMA}"' not in text:
-                raise BadInput(f"{path} is not a recipes file build-image wrote; it is left as it is.")
-            tables = parse_recipes(text, str(path))
-        else:
-            tables = load_recipes(default_recipes_path())
-        tables = {**tables, recipe.vllm: recipe_table(recipe)}
-        atomic_write_text(path, render_recipes(tables))
-    return path
+    that DIR's lockfiles/ is complete (the output rule and lock of :func:`write_recipe_table`)."""
+    return write_recipe_table(out / "lockfiles" / "base" / "recipes.toml", recipe.vllm, recipe_table(recipe),
+                              seed=load_recipes(default_recipes_path()))
 
 
 def _entries(lock) -> dict[str, str]:
@@ -431,7 +421,7 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         b_path, b_source = b.path, b.source
         if b_source == "reconstructed" and out:
             written.append(str(b_path))
-            written.append(str(write_recipe_table(out, b.recipe)))
+            written.append(str(write_b_recipe_table(out, b.recipe)))
         a_base, b_base = load_manifest(a_path), load_manifest(b_path)
         timings["bases"] = time.monotonic() - t0
         # 2. port

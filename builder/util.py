@@ -48,6 +48,28 @@ def write_error(path: str | os.PathLike, exc: OSError):
                     hint="free space or choose a writable place for the output (-o).")
 
 
+def check_writable_dir(path: str | os.PathLike, flag: str = "-o") -> Path:
+    """The output directory ``path`` (made later by the command) when it can be written: BadInput (exit 2)
+    naming it, before any work, when it or the nearest existing folder above it is on a read-only file
+    system, is not writable, or is not a directory."""
+    p = Path(os.path.abspath(os.fspath(path)))
+    probe = p
+    while not (probe.exists() or probe.is_symlink()) and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise BadInput(f"{flag} {path}: {probe} is not a directory, so the output cannot be made there.",
+                       hint=f"name a directory (or a new path) for {flag}.")
+    try:
+        read_only = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only or not os.access(probe, os.W_OK | os.X_OK):
+        why = "is on a read-only file system" if read_only else "is not writable by this user"
+        raise BadInput(f"cannot write {flag} {path}: {probe} {why}; nothing was written.",
+                       hint=f"choose a writable place for {flag}.")
+    return p
+
+
 def through_link(path: str | os.PathLike) -> Path:
     """``path``, or the path a symlink at ``path`` points to (resolved): the output rule writes through links."""
     p = Path(path)

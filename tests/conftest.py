@@ -15,6 +15,7 @@ Shared helpers: :func:`run` (a CLI command in process: exit code and output) and
 ``private_cache`` fixture (the test's own download cache, named by its module's ``PRIVATE_CACHE``).
 """
 
+import os
 import signal
 
 import pytest
@@ -27,6 +28,20 @@ pytest_plugins = ["tests.fx_wheels", "tests.fx_docker"]
 # SIGINT they send.  A handled signal is reset to the default in each child the suite starts.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# Property-based fuzzing (tests/test_fuzz.py, docs/testing.md): the "ci" profile (the default) runs each
+# property's bounded example count with a fixed seed (derandomize: the same cases every run, no example
+# database), so CI stays within its time budget and a failure reproduces; BUILD_IMAGE_FUZZ=nightly runs
+# test_fuzz.NIGHTLY_SCALE times as many, randomly seeded, keeping found failures in .hypothesis/.
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # the test extra without hypothesis: tests/test_fuzz.py fails on its import, the rest runs
+    pass
+else:
+    _hypothesis_settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+    _hypothesis_settings.register_profile("nightly", derandomize=False, deadline=None, print_blob=True)
+    _hypothesis_settings.load_profile("nightly" if os.environ.get("BUILD_IMAGE_FUZZ") == "nightly" else "ci")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups

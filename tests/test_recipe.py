@@ -229,7 +229,8 @@ def test_base_recipe_of_an_sdist_lacking_what_it_needs_is_exit_2_naming_it_and_w
     monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
     p = write_sdist(tmp_path, "0.99.0", files)
     out = tmp_path / "recipes.toml"
-    out.write_text(before := "# an existing recipes file\n")  # stays as it was
+    # a recipes file build-image wrote (a hand-written one is refused before anything: the output rule)
+    out.write_text(before := "# GENERATED FILE: do not edit.  Written by `build-image base recipe --vllm X`\n")
     with serve_index({p: datetime(2026, 4, 2, tzinfo=timezone.utc)}) as url:
         monkeypatch.setenv("UV_DEFAULT_INDEX", url)
         r = CliRunner().invoke(main, ["base", "recipe", "--vllm", "0.99.0", "--write", "--recipes", str(out)])

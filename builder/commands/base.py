@@ -10,7 +10,7 @@ from builder.commands import stderr_console
 from builder.errors import BadInput, VerdictFailure
 from builder.report import emit_json
 from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions
-from builder.util import atomic_write_text
+from builder.validate import load_json, read_bounded, read_bounded_text
 
 # What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
 # function, not here: `build-image --help` imports every command module to list it, and a stage
@@ -179,7 +179,8 @@ def _with_local_sources(fn):
 @click.option("--write", is_flag=True, help="Write the release's table into the recipes file (generated, atomically).")
 @click.option("--recipes", "recipes", type=click.Path(path_type=Path, dir_okay=False),
               help="Recipes file --write updates (default: lockfiles/base/recipes.toml).")
-def recipe_cmd(vllm, as_json, write, recipes, sdist_path=None, source=None, accept_undecided=()):
+@click.option("--force", is_flag=True, help="With --write: replace a --recipes file that build-image did not write.")
+def recipe_cmd(vllm, as_json, write, recipes, force=False, sdist_path=None, source=None, accept_undecided=()):
     """Derive vllm/vllm-openai:v<vllm>'s recipe from the release's sdist (Dockerfile, release pipeline,
     requirements): base image, OS, glibc, CUDA, Python, and every install step, each value with its
     file and line.  --sdist PATH or --source DIR read a nightly's or a fork's files instead.
@@ -187,34 +188,31 @@ def recipe_cmd(vllm, as_json, write, recipes, sdist_path=None, source=None, acce
     RUN line that decides an install cannot be decided (the line named); 7 index unreachable or a
     download failed its sha256; 14 another run holds the recipes file."""
     from builder.resolve import sdist
-    from builder.resolve.recipe import RECIPES_SCHEMA, derive, parse_recipes, recipe_table, render_recipes
+    from builder.resolve.recipe import (
+        check_recipes_output,
+        derive,
+        read_recipes_file,
+        recipe_table,
+        write_recipe_table,
+    )
     from builder.resolve.reconstruct import default_recipes_path
 
     path = recipes or default_recipes_path()
-    tables: dict = {}
-    if path.is_file():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise BadInput(f"recipes file {path} cannot be read: {exc.strerror or exc}.") from None
-        if f'schema = "{RECIPES_SCHEMA}"' in text:
-            tables = parse_recipes(text, str(path))
     local = _local_build_files(vllm, sdist_path, source)
+    if local is not None and write and recipes is None:
+        raise BadInput("--write with --sdist/--source needs --recipes FILE: the shipped recipes file holds "
+                       "the releases' own tables.")
+    if write:
+        check_recipes_output(path, force=force)  # before the sdist is fetched: a user's file is never replaced
+    tables = read_recipes_file(path)
     if local is not None:
-        if write and recipes is None:
-            raise BadInput("--write with --sdist/--source needs --recipes FILE: the shipped recipes file holds "
-                           "the releases' own tables.")
         vllm = local.vllm
         recipe = derive(local, accept_undecided=accept_undecided)
     else:
         recipe = derive(sdist.load(vllm, sha256=(tables.get(vllm) or {}).get("sdist_sha256")),
                         accept_undecided=accept_undecided)
     if write:
-        tables = {**tables, vllm: recipe_table(recipe)}
-        try:
-            atomic_write_text(path, render_recipes(tables))
-        except OSError as exc:
-            raise BadInput(f"cannot write the recipes file {path}: {exc.strerror or exc}.") from None
+        write_recipe_table(path, vllm, recipe_table(recipe), force=force)
     if as_json:
         emit_json(recipe.to_json())
         return
@@ -322,9 +320,15 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
     if check:
         if not out.is_file():
             raise BadInput(f"reconstruct --check: there is no manifest {out} to compare the replay with.")
-        old_text = out.read_text(encoding="utf-8", errors="replace")
+        old_text = read_bounded_text(out, "reconstruct --check: the manifest")
+        try:  # refused before the replay, not after it: not JSON, nested too deep
+            load_json(old_text, f"reconstruct --check: the manifest {out}")
+        except ValueError as exc:
+            raise BadInput(f"reconstruct --check: {out} is not JSON ({exc}).") from None
     else:
         refuse_foreign_manifest(out, force=force)
+    if recipes is not None:
+        read_bounded(recipes, "recipes file")  # a FIFO, a device or a huge file: exit 2 before the replay
     console = stderr_console()
 
     def say(msg: str) -> None:

@@ -11,7 +11,7 @@ from builder.commands import mark_direction
 from builder.errors import BadInput, PatchFailed
 from builder.patching import series as P
 from builder.report import emit_json, emit_text
-from builder.util import atomic_write_text, sha256_file
+from builder.util import atomic_write_text, check_writable_dir, sha256_file
 from builder.validate import release_direction, same_directory
 
 # What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
@@ -161,6 +161,7 @@ def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir
     series = _series(from_version, series_dir)
     _check_port_output(out_dir, series.dir)
     if out_dir is not None:
+        check_writable_dir(out_dir)  # a read-only -o: exit 2 now, not after the port's work
         PO.refuse_foreign_series(out_dir, force=force)
     for p in series.patches:
         PR.probe_path(series.dir, p)

@@ -9,6 +9,7 @@ import click
 from builder.commands import mark_direction
 from builder.errors import BadInput
 from builder.report import emit_text
+from builder.util import check_writable_dir
 from builder.validate import release_direction, version_string
 
 # What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
@@ -91,6 +92,7 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
         raise BadInput(f"--from and --to are both {to_version}: nothing to upgrade.")
     direction = release_direction(from_version, to_version, allow_downgrade=allow_downgrade)
     if out_dir:  # the output rule, before any work: nothing under DIR is replaced that build-image did not write
+        check_writable_dir(out_dir)  # a read-only DIR: exit 2 naming it, before any work
         U.check_outputs(out_dir, from_version, to_version, fmt, base_to=base_to, force=force)
     say = (lambda m: click.echo(f"upgrade: {m}", err=True)) if fmt == "text" or out_dir else None
     rep = U.upgrade(from_version=from_version, to_version=to_version, series_dir=series_dir, from_wheel=from_wheel,

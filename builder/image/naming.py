@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from builder import values
 from builder.data import path as data_path
 from builder.errors import BadInput
 
@@ -117,13 +118,14 @@ def image_tags(repo: str, vllm: str, lock_hash: str) -> list[str]:
     if not repo or "@" in repo or repo.rsplit("/", 1)[-1].count(":"):
         raise BadInput(f"--tag {repo!r}: give an image repository without a tag or digest "
                        "(e.g. 127.0.0.1:5000/serving/vllm).")
+    repo = values.Repository(repo, "--tag")  # the registry part too: a host[:port], nothing a shell or terminal reads
     parse_ref(repo)  # lowercase path components etc.: refused here, not by `docker build` after the render
     tags = tag_names(vllm, lock_hash)
     bad = [t for t in tags if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", t)]
     if bad:
         raise BadInput(f"vllm version {vllm!r} gives the tag(s) {', '.join(bad)}, which are not valid image tags "
                        "(letters, digits, '_', '.', '-'; at most 128).")
-    return [f"{repo}:{t}" for t in tags]
+    return [values.ImageRef(f"{repo}:{t}", "an image tag") for t in tags]
 
 
 def default_repo() -> str:

@@ -22,8 +22,9 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from builder.errors import RegistryError
+from builder.errors import BadInput, RegistryError
 from builder.image.naming import ImageRef, parse_ref
+from builder.validate import load_json, read_bounded
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.docker.distribution.manifest.v2+json",
@@ -37,17 +38,20 @@ _LOOPBACK = re.compile(r"^(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?$")
 def _docker_config_auth(registry: str) -> str | None:
     """Basic credentials for ``registry`` from the engine's config (never logged)."""
     cfg = Path(os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker") / "config.json"
-    try:
-        doc = json.loads(cfg.read_text())
-    except (OSError, ValueError):
+    try:  # the bounded reader: a FIFO, a huge or deeply nested file is no usable config
+        doc = load_json(read_bounded(cfg, "docker config"), str(cfg))
+    except (BadInput, ValueError):
         return None
-    for key, entry in (doc.get("auths") or {}).items():
+    if not isinstance(doc, dict):
+        return None
+    auths, helpers = doc.get("auths"), doc.get("credHelpers")
+    for key, entry in (auths if isinstance(auths, dict) else {}).items():
         host = re.sub(r"^https?://", "", key).split("/")[0]
         if host in (registry, _HUB_AUTH_HOSTS.get(registry)) and isinstance(entry, dict) and entry.get("auth"):
             return entry["auth"]
     # `docker login` with a credential helper (credHelpers per registry, else credsStore) keeps
     # only an empty `auths` entry; the secret is in the helper, asked the way the engine asks it.
-    helper = (doc.get("credHelpers") or {}).get(registry) or doc.get("credsStore")
+    helper = (helpers if isinstance(helpers, dict) else {}).get(registry) or doc.get("credsStore")
     if isinstance(helper, str) and re.fullmatch(r"[A-Za-z0-9._-]+", helper):
         return _helper_auth(helper, "https://index.docker.io/v1/" if registry == "docker.io" else registry)
     return None

@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+import shlex
 import shutil
 import tempfile
 import time
@@ -37,7 +38,7 @@ from pathlib import Path
 
 import jinja2
 
-from builder import __version__
+from builder import __version__, values
 from builder.credentials import redact_text  # a lock written before redaction keeps no secret in a context
 from builder.data import path as data_path
 from builder.errors import BadInput, IntegrityError
@@ -238,6 +239,7 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
+        finalize=values.guard,  # every {{ value }}: a typed value, or a string without a line break
     )
     env.filters["dq"] = _dq
     # Only the patched modules' own stale bytecode (`<stem>.*.pyc`), quoted up to the glob.
@@ -782,9 +784,10 @@ def render_context(
 
 def build_hint(context: str | Path, repo: str | None, tags: Iterable[str]) -> str:
     """How to build a rendered context, with the tool or without it (one line, copy-pasteable)."""
-    return (f"build-image build {context}" + (f" --tag {repo}" if repo else "")
-            + f"   (or: cd {context} && DOCKER_BUILDKIT=1 docker build --network=none"
-            + "".join(f" -t {t}" for t in tags) + " .)")
+    q = shlex.quote  # the repository and tags are image_tags' (checked); the context is any path
+    return (f"build-image build {q(str(context))}" + (f" --tag {q(repo)}" if repo else "")
+            + f"   (or: cd {q(str(context))} && DOCKER_BUILDKIT=1 docker build --network=none"
+            + "".join(f" -t {q(t)}" for t in tags) + " .)")
 
 
 def default_out_dir(vllm: str) -> Path:

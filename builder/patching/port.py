@@ -38,7 +38,8 @@ from builder.errors import BadInput
 from builder.patching import probe as PR
 from builder.patching import series as P
 from builder.report import render_json
-from builder.util import atomic_write_text, sha256_bytes, sha256_file
+from builder.util import atomic_write_text, sha256_bytes, sha256_file, write_error
+from builder.validate import read_bounded
 
 APPLIES, MERGED, CONFLICT, UPSTREAM = "applies", "merged", "conflict", "upstream"
 STATUSES = (APPLIES, MERGED, CONFLICT, UPSTREAM)
@@ -409,10 +410,10 @@ def refuse_foreign_series(out_dir: str | os.PathLike, *, force: bool = False) ->
         raise BadInput(f"-o {d} exists and is not a directory; a ported series is a folder.")
     if force or not any(d.iterdir()):
         return
-    try:
-        with open(d / P.SERIES_FILE, "rb") as fh:
-            first = fh.read(4096).decode("utf-8", errors="replace").split("\n", 1)[0].rstrip()
-    except OSError:
+    try:  # the bounded reader: a FIFO or a device named `series` is no series (and never hangs the check)
+        head = read_bounded(d / P.SERIES_FILE, "series")[:4096]  # the mark is in the first 4 KiB
+        first = head.decode("utf-8", errors="replace").split("\n", 1)[0].rstrip()
+    except BadInput:
         first = ""
     if first.startswith("# ") and first.endswith(PORT_MARK):
         return
@@ -423,8 +424,20 @@ def refuse_foreign_series(out_dir: str | os.PathLike, *, force: bool = False) ->
 
 def write_series(report: PortReport, series: P.Series, out_dir: str | os.PathLike, *,
                  b_originals: dict[str, bytes], wheel: Path | None) -> Path:
-    """Write B's series: ported patches, their probes, probe-env, sums; conflicts as ``.conflict`` files."""
+    """Write B's series: ported patches, their probes, probe-env, sums; conflicts as ``.conflict`` files.
+    A folder that cannot be written (read-only, full, not a directory) is BadInput (exit 2) naming it."""
     d = Path(out_dir)
+    try:
+        return _write_series(report, series, d, b_originals=b_originals, wheel=wheel)
+    except OSError as exc:
+        err = write_error(exc.filename or d, exc)
+        if err is None:
+            raise
+        raise err from None
+
+
+def _write_series(report: PortReport, series: P.Series, d: Path, *, b_originals: dict[str, bytes],
+                  wheel: Path | None) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     lines = [f"# {series.package} {report.to_version}, ported from {report.from_version} {PORT_MARK}"]
     kept = []

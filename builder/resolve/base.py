@@ -35,6 +35,7 @@ import mmap
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import zipfile
@@ -49,12 +50,13 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.gnuversions import GNUVerNeedSection
 from packaging.version import Version
 
-from builder import __version__
+from builder import __version__, values
 from builder import engine as engine_adapter
 from builder.errors import BadInput, EngineUnavailable, ExternalToolError
 from builder.resolve.floor import checker, consistency_tool, native_digest
 from builder.resolve.manifest import BaseManifest, DistFacts, Distribution, parse_manifest
 from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes
+from builder.validate import read_bounded
 
 ELF_MAGIC = b"\x7fELF"
 NUMPY2_MARKER = b"numpy._core._multiarray_umath"
@@ -380,38 +382,126 @@ def scan_wheel(path: Path) -> tuple[str, str, DistFacts]:
 # --------------------------------------------------------------------------- site-packages
 
 
-def _record_paths(dist_info: Path) -> list[Path]:
-    """Files a ``.dist-info`` RECORD lists (CSV: quoted names may hold commas)."""
+#: the longest RECORD / installed-files.txt line the scanner reads (a real one is a path, a hash and a size);
+#: a longer line is named in a warning and skipped
+MAX_LIST_LINE = 4096
+#: the largest METADATA, PKG-INFO, WHEEL, RECORD or installed-files.txt the scanner reads
+MAX_DIST_FILE = 16 << 20
+
+
+def _warn_stderr(message: str) -> None:
+    import sys
+
+    sys.stderr.write(f"warning: {message}\n")
+
+
+def scan_root(site_packages: Path) -> Path:
+    """The tree a scan may read files in: the installation prefix of ``<prefix>/lib/pythonX.Y/site-packages``
+    (RECORD lists the console scripts and binaries in ``<prefix>/bin``, ``../../../bin/uv``), else the
+    site-packages directory itself."""
+    sp = Path(os.path.abspath(site_packages))
+    if (sp.name in ("site-packages", "dist-packages") and re.fullmatch(r"python\d+(?:\.\d+)?", sp.parent.name)
+            and sp.parent.parent.name in ("lib", "lib64")):
+        return sp.parent.parent.parent
+    return sp
+
+
+def _read_listing(path: Path, what: str) -> str:
+    """A file of a distribution's metadata, through the bounded reader: a FIFO, device, directory or a file
+    over :data:`MAX_DIST_FILE` is BadInput naming it, an unreadable one too (never a hang or a crash)."""
+    data = read_bounded(path, what, max_bytes=MAX_DIST_FILE)
+    return data.decode("utf-8", errors="replace")
+
+
+def _confined(root: str, base: str, rel: str) -> tuple[str | None, str | None]:
+    """(``base/rel`` normalised, None) when it stays inside ``root`` and is a regular file there; else (None,
+    why): ``"outside"`` (out of the tree), ``"special"`` (a symlink, FIFO, device or directory: never opened),
+    or None (not there: a ``.pyc`` never compiled).  Never follows a link, never opens anything."""
+    full = os.path.normpath(os.path.join(os.path.abspath(base), rel))
+    if not full.startswith(root.rstrip(os.sep) + os.sep):
+        return None, "outside"
+    try:
+        st = os.lstat(full)
+    except (OSError, ValueError):  # ValueError: a NUL in the name
+        return None, None
+    return (full, None) if stat.S_ISREG(st.st_mode) else (None, "special")
+
+
+def _listed_files(lines: Iterable[str], root: str, base: str, where: Path, warn: Callable[[str], None]) -> list[str]:
+    """The regular files inside ``root`` that ``lines`` (RECORD rows or installed-files.txt lines, relative to
+    ``base``) name; lines over :data:`MAX_LIST_LINE`, rows that are not CSV, paths out of the tree and entries
+    that are not regular files are left out, each kind named in one warning with its count."""
     import csv
 
+    out: list[str] = []
+    skipped = {"long": 0, "csv": 0, "outside": 0, "special": 0}
+    for line in lines:
+        if len(line) > MAX_LIST_LINE:
+            skipped["long"] += 1
+            continue
+        try:
+            row = next(csv.reader([line]), None)
+        except csv.Error:
+            skipped["csv"] += 1
+            continue
+        if not row or not row[0]:
+            continue
+        full, why = _confined(root, base, row[0])
+        if full is not None:
+            out.append(full)
+        elif why is not None:
+            skipped[why] += 1
+    for kind, text in (("long", f"line(s) longer than {MAX_LIST_LINE} characters"),
+                       ("csv", "row(s) that are not CSV"), ("outside", f"path(s) outside {root}"),
+                       ("special", "entr(y/ies) that are a symlink, FIFO, device or directory, not a regular file")):
+        if skipped[kind]:
+            warn(f"{where}: {skipped[kind]} {text} skipped; the scan reads only regular files inside the tree")
+    return out
+
+
+def _record_paths(dist_info: Path, root: Path | None = None, warn: Callable[[str], None] = _warn_stderr) -> list[str]:
+    """Files a ``.dist-info`` RECORD lists (CSV: quoted names may hold commas) that are regular files inside
+    ``root`` (:func:`scan_root` of its site-packages by default)."""
     record = dist_info / "RECORD"
     if not record.is_file():
         return []
-    root = os.fspath(dist_info.parent)
-    with open(record, newline="", encoding="utf-8", errors="replace") as fh:
-        return [os.path.join(root, row[0]) for row in csv.reader(fh) if row and row[0]]
+    root = Path(root) if root is not None else scan_root(dist_info.parent)
+    text = _read_listing(record, f"{dist_info.name}: RECORD")
+    return _listed_files(text.splitlines(), os.fspath(root), os.fspath(dist_info.parent), record, warn)
 
 
-def _egg_info_paths(egg_info: Path) -> list[Path]:
+_TOP_LEVEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _egg_info_paths(egg_info: Path, root: Path | None = None, warn: Callable[[str], None] = _warn_stderr) -> list[str]:
     """Files of a ``.egg-info`` (Debian packages, legacy installs): ``installed-files.txt``
-    when present, else everything under its ``top_level.txt`` packages/modules."""
-    root = egg_info.parent
-    if egg_info.is_dir():
-        listed = egg_info / "installed-files.txt"
-        if listed.is_file():
-            return [(egg_info / line.strip()) for line in listed.read_text(errors="replace").splitlines()
-                    if line.strip()]
-        top = egg_info / "top_level.txt"
-        out: list[Path] = []
-        if top.is_file():
-            for mod in (m.strip() for m in top.read_text(errors="replace").splitlines()):
-                if not mod:
-                    continue
-                if (root / mod).is_dir():
-                    out.extend(p for p in (root / mod).rglob("*") if p.is_file())
-                out.extend(root.glob(f"{mod}.*"))
+    when present, else everything under its ``top_level.txt`` packages/modules (a name that is not a Python
+    identifier, ``/`` or ``..`` say, is skipped with a warning; symlinked folders are not followed)."""
+    sp = egg_info.parent
+    root = Path(root) if root is not None else scan_root(sp)
+    if not egg_info.is_dir():
+        return []
+    listed = egg_info / "installed-files.txt"
+    if listed.is_file():
+        text = _read_listing(listed, f"{egg_info.name}: installed-files.txt")
+        return _listed_files(text.splitlines(), os.fspath(root), os.fspath(egg_info), listed, warn)
+    top = egg_info / "top_level.txt"
+    out: list[str] = []
+    if not top.is_file():
         return out
-    return []
+    for mod in (m.strip() for m in _read_listing(top, f"{egg_info.name}: top_level.txt").splitlines()):
+        if not mod:
+            continue
+        if not _TOP_LEVEL.fullmatch(mod) or len(mod) > 200:
+            warn(f"{top}: {mod[:80]!r} is not a module name; skipped")
+            continue
+        pkg = sp / mod
+        if pkg.is_dir() and not pkg.is_symlink():
+            for dirpath, _dirs, files in os.walk(pkg, followlinks=False):
+                out += [f for f, _why in (_confined(os.fspath(root), dirpath, n) for n in files) if f]
+        out += [f for f, _why in (_confined(os.fspath(root), os.fspath(sp), p.name) for p in sp.glob(f"{mod}.*"))
+                if f]
+    return out
 
 
 def iter_dist_infos(site_packages: Path) -> Iterator[Path]:
@@ -426,10 +516,16 @@ def scan_site_packages(
     *,
     progress: Callable[[str, int, int], None] | None = None,
     native_digests: bool = True,
+    warn: Callable[[str], None] = _warn_stderr,
 ) -> dict[str, Distribution]:
     """Every distribution under ``site_packages``: ``*.dist-info`` (name and version from
     METADATA, facts from the files its RECORD lists) and ``*.egg-info`` (PKG-INFO;
     files from installed-files.txt or top_level.txt).  Keyed by canonical name.
+
+    Only regular files inside the scanned tree (:func:`scan_root`) are opened: a RECORD entry that is a FIFO,
+    a device, a symlink or a path out of the tree (``../..``) is skipped, lines are bounded
+    (:data:`MAX_LIST_LINE`), metadata files go through the bounded reader (an unreadable one is exit 2 naming
+    it), and a name or version that is not PEP 508/440 leaves that distribution out with a ``warn`` naming it.
 
     ``progress(name, index, total)`` is called before each distribution.  ``native_digests=False``
     records no ``native_sha256``: for a tree whose files stand in for the image's (a replay from
@@ -438,16 +534,22 @@ def scan_site_packages(
     site_packages = Path(site_packages)
     if not site_packages.is_dir():
         raise BadInput(f"site-packages directory {site_packages} does not exist or is not a directory.")
+    root = scan_root(site_packages)
     dist_infos = list(iter_dist_infos(site_packages))
     dists: dict[str, Distribution] = {}
     for idx, di in enumerate(dist_infos):
         egg = di.suffix == ".egg-info"
         meta = (di / "PKG-INFO" if di.is_dir() else di) if egg else di / "METADATA"
-        if not meta.is_file():
+        if not (meta.exists() or meta.is_symlink()):
             raise BadInput(f"{di}: no {meta.name} file; the site-packages directory looks damaged.")
-        name, version = _parse_metadata(meta.read_text(encoding="utf-8", errors="replace"))
+        name, version = _parse_metadata(_read_listing(meta, f"{di.name}: {meta.name}"))
         if not name or not version:
             raise BadInput(f"{meta}: missing Name or Version header.")
+        try:  # PEP 503/508 name, PEP 440 version: anything else never reaches the manifest, a lock or a hint
+            name, version = values.DistName(name, f"{meta}: Name"), values.Version(version, f"{meta}: Version")
+        except BadInput as exc:
+            warn(f"{exc.message} The distribution is left out of the scan.")
+            continue
         if progress:
             progress(name, idx, len(dist_infos))
         key = canonical_name(name)
@@ -461,18 +563,25 @@ def scan_site_packages(
         tags: list[str] = []
         wheel = di / "WHEEL"
         if not egg and wheel.is_file():
-            tags = HeaderParser().parsestr(wheel.read_text(encoding="utf-8", errors="replace")).get_all("Tag") or []
-        files = _egg_info_paths(di) if egg else _record_paths(di)
+            tags = HeaderParser().parsestr(_read_listing(wheel, f"{di.name}: WHEEL")).get_all("Tag") or []
+        files = _egg_info_paths(di, root, warn) if egg else _record_paths(di, root, warn)
         facts = scan_files(files, is_numpy=key == "numpy", wheel_tags=tags or None)
         if native_digests and facts.binary and not egg:
-            facts.native_sha256 = _native_digest(di)
+            facts.native_sha256 = _native_digest(di, warn)
         dists[key] = Distribution(name=name, version=version, facts=facts)
     return dists
 
 
-def _native_digest(dist_info: Path) -> str | None:
-    """The digest of a distribution's ELF files the image's checks stage compares (``native_sha256``)."""
-    return native_digest(dist_info)
+def _native_digest(dist_info: Path, warn: Callable[[str], None] = _warn_stderr) -> str | None:
+    """The digest of a distribution's ELF files the image's checks stage compares (``native_sha256``); None,
+    with a warning, for a RECORD the checker cannot read as CSV (a row over csv's field limit)."""
+    import csv
+
+    try:
+        return native_digest(dist_info)
+    except (csv.Error, ValueError, OSError) as exc:
+        warn(f"{dist_info}: RECORD cannot be read for the native digest ({exc}); none recorded")
+        return None
 
 
 # --------------------------------------------------------------------------- snapshot

@@ -281,7 +281,7 @@ def base_from_lock(lock: LockFile) -> BaseManifest:
         if e.base_version
     }
     return BaseManifest(
-        image_ref=h.get("base-ref"),
+        image_ref=None if h.get("base-ref") in (None, "-") else h.get("base-ref"),
         image_digest=None if h.get("base-digest") in (None, "-") else h.get("base-digest"),
         os=None,
         glibc=glibc_from_platform(h.get("platform", "")) or "",

@@ -22,6 +22,7 @@ Only what the index reports is used: no date is typed by hand anywhere.
 
 from __future__ import annotations
 
+import http.client
 import io
 import json
 import os
@@ -40,9 +41,10 @@ from typing import Protocol
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from builder import __version__
+from builder import __version__, credentials
 from builder.errors import IntegrityError
 from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes, sha256_file
+from builder.validate import load_json
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 LISTING_TTL_S = 900
@@ -160,8 +162,8 @@ class _RangeReader(io.RawIOBase):
     def _block(self, i: int) -> bytes:
         if i not in self.blocks:
             lo, hi = i * self.BLOCK, min(self.size, (i + 1) * self.BLOCK) - 1
-            req = urllib.request.Request(self.url, headers={"Range": f"bytes={lo}-{hi}",
-                                                            "User-Agent": f"build-image/{__version__}"})
+            req = credentials.request(self.url, headers={"Range": f"bytes={lo}-{hi}",
+                                                          "User-Agent": f"build-image/{__version__}"})
             with self._open(req) as r:
                 data = r.read()
                 if getattr(r, "status", 206) != 206 or len(data) != hi - lo + 1:
@@ -196,7 +198,9 @@ class SimpleIndex:
     """PEP 691 JSON simple API (see module doc)."""
 
     def __init__(self, url: str | None = None, opener=None):
-        self.url = (url or index_url()).rstrip("/")
+        url = (url or index_url()).rstrip("/")
+        credentials.remember(url)  # in memory: every request to this origin authenticates with it
+        self.url = credentials.split_userinfo(url)[0]  # never in a request line, a cache name or a message
         self._open = opener or _urlopen
 
     def _cache(self, project: str) -> Path:
@@ -212,17 +216,17 @@ class SimpleIndex:
             except ValueError:
                 doc = None
         if doc is None:
-            req = urllib.request.Request(url, headers={"Accept": _ACCEPT, "User-Agent": f"build-image/{__version__}"})
+            req = credentials.request(url, headers={"Accept": _ACCEPT, "User-Agent": f"build-image/{__version__}"})
             try:
                 with self._open(req) as r:
                     raw = r.read()
-                doc = json.loads(raw)
+                doc = load_json(raw, f"the index listing {url}", error=IntegrityError)  # depth-bounded
                 atomic_write_text(cpath, raw.decode("utf-8"))
             except urllib.error.HTTPError as exc:
                 if exc.code != 404:
                     raise IntegrityError(f"cannot read the index listing {url}: {exc}.") from None
                 return []  # the index has no such project: it lists no files
-            except (OSError, ValueError) as exc:
+            except (OSError, ValueError, http.client.HTTPException) as exc:
                 if cpath.exists():  # a stale listing beats none (offline); it only lacks newer uploads
                     doc = json.loads(cpath.read_text())
                 else:
@@ -236,11 +240,11 @@ class SimpleIndex:
         if cpath.exists():
             return cpath.read_text()
         if f.metadata_sha256:
-            req = urllib.request.Request(f.url + ".metadata", headers={"User-Agent": f"build-image/{__version__}"})
+            req = credentials.request(f.url + ".metadata", headers={"User-Agent": f"build-image/{__version__}"})
             try:
                 with self._open(req) as r:
                     data = r.read()
-            except OSError as exc:
+            except (OSError, http.client.HTTPException) as exc:
                 raise IntegrityError(f"cannot fetch {f.url}.metadata: {exc}.") from None
             if sha256_bytes(data) != f.metadata_sha256:
                 raise IntegrityError(f"{f.url}.metadata: sha256 does not match the index listing; refused.")
@@ -251,7 +255,7 @@ class SimpleIndex:
         return text
 
     def _metadata_by_range(self, f: IndexFile) -> str:
-        head = urllib.request.Request(f.url, method="HEAD", headers={"User-Agent": f"build-image/{__version__}"})
+        head = credentials.request(f.url, method="HEAD", headers={"User-Agent": f"build-image/{__version__}"})
         try:
             with self._open(head) as r:
                 size = int(r.headers.get("Content-Length") or 0)

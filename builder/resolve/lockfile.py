@@ -51,6 +51,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from builder import values
 from builder.credentials import redact_text
 from builder.errors import BadInput
 from builder.resolve import pylock
@@ -170,6 +171,8 @@ def format_lock(lock: LockFile) -> str:
         if e.wheel:
             out.append(f"    # wheel: {e.wheel.url.split('#')[0]}#sha256={e.wheel.sha256}")
         out.append(f"    # facts: {_facts_str(e.facts, e.base_version)}")
+    for line in out:  # the writer's guard: whatever skipped its boundary, no value adds a line to the lock
+        values.control_free(line, "a line of the lock", max_len=1 << 20)
     return redact_text("\n".join(out) + "\n")  # the file rule: no credential in any lock text, whatever its field
 
 
@@ -213,10 +216,10 @@ def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockF
     if pylock.is_pylock_path(path):
         return parse_pylock_lock(text, path)
     header_lines, items = _group_lines(text.splitlines())
-    header, overlay, allow = _parse_header(header_lines)
+    found = _Findings(strict)
+    header, overlay, allow = _parse_header(header_lines, path, found)
     if items:
         _require_lock_header(header, items[0][0], path)
-    found = _Findings(strict)
     entries = _parse_entries(items, path, found)
     _check_header(header, path)
     _check_count(header, entries, path, found)
@@ -281,12 +284,14 @@ def _hash_run(item: list[_Line]) -> int:
     return k - 1
 
 
-def _parse_header(lines: list[_Line]) -> tuple[dict[str, str], list[str], dict[str, str]]:
-    """The header's keys, its overlay requirements and its allow-abi-change reasons."""
+def _parse_header(lines: list[_Line], path: str, found: _Findings) -> tuple[dict[str, str], list[str], dict[str, str]]:
+    """The header's keys, its overlay requirements and its allow-abi-change reasons.  A key written twice is a
+    hand edit (a ``# vllm:`` line before the real one would otherwise decide the ``--check`` alone): refused,
+    or a finding (``strict=False``) where the first value is kept."""
     header: dict[str, str] = {}
     overlay: list[str] = []
     allow: dict[str, str] = {}
-    for _, raw in lines:
+    for lineno, raw in lines:
         m = _HEADER_LINE.match(raw)
         if not m:
             continue
@@ -296,6 +301,10 @@ def _parse_header(lines: list[_Line]) -> tuple[dict[str, str], list[str], dict[s
         elif key == "allow-abi-change":
             name, _, reason = val.partition(":")
             allow[canonical_name(name.strip())] = reason.strip()
+        elif key in header:
+            found.add(BadInput(f"lock {path}, line {lineno}: the header names '{key}' a second time "
+                               f"({header[key]!r:.60}, then {val!r:.60}); build-image writes each header key "
+                               "once, so the file is hand-edited.", hint="regenerate it with `build-image lock`."))
         else:
             header[key] = val
     return header, overlay, allow
@@ -579,7 +588,9 @@ def parse_pylock_lock(text: str, path: str = pylock.PYLOCK_NAME) -> LockFile:
             f"{path} is a PEP 751 lock but not one build-image wrote (no [tool.build-image.header] table); "
             "build-image reads the pylock.toml that `build-image lock` writes beside requirements.lock.",
         )
-    header = {str(k): str(v) for k, v in tool["header"].items()}
+    header = {_header_key(k, path): values.Line(_scalar(v, f"{path}: [tool.build-image.header] {k}"),
+                                                f"{path}: [tool.build-image.header] {k}")
+              for k, v in tool["header"].items()}
     missing = [k for k in REQUIRED_HEADER if k not in header]
     if missing:
         raise BadInput(f"{path}: [tool.build-image.header] lacks {', '.join(missing)}; the file is hand-edited.")
@@ -597,14 +608,50 @@ def parse_pylock_lock(text: str, path: str = pylock.PYLOCK_NAME) -> LockFile:
         if not sha or not url:
             raise BadInput(f"{where}: the wheel has no sha256 or no url/path.")
         hashes = sorted(set(extra.get("other-hashes") or []) | {sha})
+        base_version = extra.get("base-version") or None
         entries.append(LockEntry(
-            name=str(extra.get("name") or pkg.name), version=str(pkg.version), hashes=hashes,
-            via=[str(v) for v in extra.get("via", [])], wheel=WheelRef(url=url, sha256=sha),
-            facts=_facts_from(extra.get("facts") or {}, where), base_version=extra.get("base-version") or None,
+            name=values.DistName(extra.get("name") or str(pkg.name), f"{where}: name"), version=str(pkg.version),
+            hashes=[_sha256_hex(h, where) for h in hashes],
+            via=[values.Line(v, f"{where}: via") for v in _list(extra.get("via", []), f"{where}: via")],
+            wheel=WheelRef(url=values.Url(url, f"{where}: the wheel's url"), sha256=_sha256_hex(sha, where)),
+            facts=_facts_from(extra.get("facts") or {}, where),
+            base_version=None if base_version is None else values.Version(base_version, f"{where}: base-version"),
             line=i + 1,
         ))
     header["entries"] = str(len(entries))
-    return LockFile(header=header, overlay=[str(o) for o in tool.get("overlay", [])],
-                    allow_abi_change={canonical_name(k): str(v) for k,
-                                      v in (tool.get("allow-abi-change") or {}).items()},
+    allow = tool.get("allow-abi-change") or {}
+    if not isinstance(allow, Mapping):
+        raise BadInput(f"{path}: [tool.build-image.allow-abi-change] must be a table of name = reason.")
+    return LockFile(header=header,
+                    overlay=[values.Line(o, f"{path}: [tool.build-image] overlay")
+                             for o in _list(tool.get("overlay", []), f"{path}: [tool.build-image] overlay")],
+                    allow_abi_change={canonical_name(values.DistName(k, f"{path}: allow-abi-change")):
+                                      values.Line(v, f"{path}: allow-abi-change.{k}") for k, v in allow.items()},
                     entries=entries)
+
+
+def _header_key(key: object, path: str) -> str:
+    """A header key as the lock writes it (``# key: value``): lowercase letters, digits and '-'."""
+    if not isinstance(key, str) or not re.fullmatch(r"[a-z0-9-]{1,64}", key):
+        raise BadInput(f"{path}: [tool.build-image.header] key {key!r:.60} is not one build-image writes "
+                       "(lowercase letters, digits, '-').")
+    return key
+
+
+def _scalar(value: object, where: str) -> str:
+    """A header value: a string, or a number/boolean written as one (TOML types them; the lock holds text)."""
+    if isinstance(value, (dict, list)):
+        raise BadInput(f"{where} must be a string, got {type(value).__name__}.")
+    return value if isinstance(value, str) else str(value)
+
+
+def _list(value: object, where: str) -> list:
+    if not isinstance(value, list):
+        raise BadInput(f"{where} must be a list of strings, got {type(value).__name__}.")
+    return value
+
+
+def _sha256_hex(value: object, where: str) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise BadInput(f"{where}: sha256 {value!r:.80} is not 64 lowercase hex digits.")
+    return value

@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder import values
 from builder.credentials import credential_fields, redact_text
 from builder.errors import BadInput
 from builder.report import render_json
@@ -113,11 +114,33 @@ class BaseManifest:
     def __post_init__(self) -> None:
         # the image reference reaches FROM lines, labels, the SBOM and the provenance: a user:password@ in it
         # (an image reference holds none; `docker login` keeps registry credentials) is refused where it enters
-        if self.image_ref and redact_text(self.image_ref) != self.image_ref:
+        if isinstance(self.image_ref, str) and self.image_ref and redact_text(self.image_ref) != self.image_ref:
             raise BadInput(f"the base image reference {redact_text(self.image_ref)} carries a credential; an image "
                            "reference holds none, and build-image writes it into the Dockerfile, labels, SBOM and "
                            "provenance.", hint="log in to the registry with `docker login` and name the image "
                                                "without user:password@.")
+        self._check_values()
+
+    def _check_values(self) -> None:
+        """The grammar of every field that reaches a Dockerfile, a label, a lock line or a shell hint
+        (:mod:`builder.values`): a newline or another control character in any of them is refused here, by
+        construction, whether the manifest was read from a file or made by `base snapshot`."""
+        where = "base manifest"
+        if self.image_ref:
+            self.image_ref = values.ImageRef(self.image_ref, f"{where}: 'image.ref'")
+        if self.image_digest:
+            self.image_digest = values.Digest(self.image_digest, f"{where}: 'image.digest'")
+        for name in ("os", "glibc", "python_version", "python_abi", "cuda", "platform", "provenance_kind",
+                     "provenance_method"):
+            val = getattr(self, name)
+            if val is not None:
+                setattr(self, name, values.Line(val, f"{where}: '{name}'"))
+        self.site_packages = values.PathText.optional(self.site_packages, f"{where}: 'python.site_packages'")
+        for key, d in self.distributions.items():
+            d.name = values.DistName(d.name, f"{where}: 'distributions.{key}.name'")
+            d.version = values.Version(d.version, f"{where}: 'distributions.{key}.version'")
+        for i, pin in enumerate(self.uv_overrides or ()):
+            values.Line(pin, f"{where}: 'uv_overrides[{i}]'")
 
     @property
     def unversioned(self) -> dict[str, str]:
@@ -306,14 +329,15 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
         if not re.fullmatch(pat, val):
             raise BadInput(f"base manifest {path}: field '{field_}' must look like {example}, got {val!r:.60}.")
     return BaseManifest(
-        image_ref=image.get("ref"),
-        image_digest=image.get("digest"),
-        os=doc.get("os"),
+        image_ref=_opt(image, "ref", str, "image.", path),
+        image_digest=_opt(image, "digest", str, "image.", path),
+        os=_opt(doc, "os", str, "", path),
         glibc=_req(doc, "glibc", str, "", path),
         python_version=_req(py, "version", str, "python.", path),
-        python_abi=py.get("abi") or "cp" + _req(py, "version", str, "python.", path).replace(".", ""),
-        site_packages=py.get("site_packages"),
-        cuda=doc.get("cuda"),
+        python_abi=(_opt(py, "abi", str, "python.", path)
+                    or "cp" + _req(py, "version", str, "python.", path).replace(".", "")),
+        site_packages=_opt(py, "site_packages", str, "python.", path),
+        cuda=_opt(doc, "cuda", str, "", path),
         platform=_req(doc, "platform", str, "", path),
         provenance_kind=kind,
         provenance_method=_req(prov, "method", str, "provenance.", path),

@@ -17,13 +17,13 @@ Pure functions over numbers; the defaults are the lent H200's measurements with 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from builder.errors import BadInput
+from builder.validate import load_json, number, read_bounded
 
 GiB = 1 << 30
 GB = 10**9
@@ -87,17 +87,24 @@ def parse_rate(text: str | float | int, *, what: str) -> float:
         except ValueError:
             raise BadInput(f"{what}: cannot read {text!r} as a rate (examples: 1.2GiB/s, 10Gbit/s, 125MB/s; "
                            "a bare number is GiB/s).") from None
-    if not math.isfinite(value) or value <= 0:
-        raise BadInput(f"{what}: must be a positive, finite rate, got {text!r}.")
+    if not math.isfinite(value) or not MIN_RATE <= value <= MAX_RATE:
+        raise BadInput(f"{what}: must be a rate from 1 B/s to 1 PB/s, got {text!r:.60} (the estimate divides by it: "
+                       "a rate near zero gives no finite time).")
     return value
+
+
+#: the rates a cold-start estimate accepts, in bytes/s: every time it prints is then finite (valid JSON)
+MIN_RATE, MAX_RATE = 1.0, 1e15
+#: the largest image the estimate takes, in bytes (1 PiB: every size it prints stays finite)
+MAX_IMAGE_BYTES = 1 << 50
 
 
 def manifest_compressed_bytes(path: str | Path) -> int:
     """The compressed size of an image: the sum of its layers' ``size`` in an OCI/Docker manifest JSON
     (``crane manifest``, ``docker manifest inspect -v``, or the registry's answer), plus its config blob."""
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
+        doc = load_json(read_bounded(path, "--image-manifest"), f"--image-manifest {path}")
+    except ValueError as e:
         raise BadInput(f"--image-manifest {path}: not a readable JSON manifest ({e}).") from None
     if isinstance(doc, list) and doc:                       # docker manifest inspect -v of one platform
         doc = doc[0].get("OCIManifest") or doc[0].get("SchemaV2Manifest") or doc[0]
@@ -106,18 +113,25 @@ def manifest_compressed_bytes(path: str | Path) -> int:
         raise BadInput(f"--image-manifest {path}: no layers with sizes (an image index? give one platform's "
                        "manifest).")
     config = doc.get("config") or {}
-    return int(sum(int(x["size"]) for x in layers) + int(config.get("size", 0)))
+    if not isinstance(config, dict):
+        raise BadInput(f"--image-manifest {path}: 'config' must be an object.")
+    sizes = [number(x["size"], f"--image-manifest {path}: layers[{i}].size", minimum=0, maximum=MAX_IMAGE_BYTES,
+                    integral=True) for i, x in enumerate(layers)]
+    sizes.append(number(config.get("size", 0), f"--image-manifest {path}: config.size", minimum=0,
+                        maximum=MAX_IMAGE_BYTES, integral=True))
+    return int(number(sum(sizes), f"--image-manifest {path}: the layers' sizes together", maximum=MAX_IMAGE_BYTES))
 
 
 def push_result_compressed_bytes(path: str | Path) -> int:
     """The compressed size from ``build-image push --json``'s result (``compressed_bytes``, the registry
     manifest's layer sizes), or from an OCI manifest JSON (:func:`manifest_compressed_bytes`)."""
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
+        doc = load_json(read_bounded(path, "--image-result"), f"--image-result {path}")
+    except ValueError as e:
         raise BadInput(f"--image-result {path}: not a readable JSON file ({e}).") from None
-    if isinstance(doc, dict) and isinstance(doc.get("compressed_bytes"), int) and doc["compressed_bytes"] > 0:
-        return doc["compressed_bytes"]
+    if isinstance(doc, dict) and doc.get("compressed_bytes") is not None:
+        return int(number(doc["compressed_bytes"], f"--image-result {path}: compressed_bytes", minimum=0,
+                          exclusive_minimum=True, maximum=MAX_IMAGE_BYTES, integral=True))
     if isinstance(doc, dict) and isinstance(doc.get("layers"), list):
         return manifest_compressed_bytes(path)
     raise BadInput(f"--image-result {path}: no compressed_bytes (the JSON of `build-image push --json`) and no "

@@ -28,7 +28,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from builder import __version__
+from builder import __version__, values
 from builder.credentials import redact_text
 from builder.data import path as data_path
 from builder.errors import BadInput
@@ -36,7 +36,7 @@ from builder.image.naming import SERVE_MODULE, TRITON_CACHE_DIR, VLLM_CACHE_ROOT
 from builder.resolve.baseref import classify, resolve_base
 from builder.resolve.lockfile import LockFile
 from builder.resolve.manifest import BaseManifest
-from builder.serving.plan import check_load_format, release_facts
+from builder.serving.plan import check_kv_cache_dtype, check_load_format, release_facts
 from builder.spec import Spec
 from builder.util import atomic_write_text
 
@@ -54,9 +54,9 @@ WORKER_CPU_PER_GPU = 4
 WORKER_MIN_CPU = 8
 WORKER_MEMORY_PER_GPU_GI = 32
 
-_DIGEST_REF = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._:/-]*)@sha256:[0-9a-f]{64}$")
-_ANY_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*$")
-_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DIGEST_REF = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._:/-]*)@sha256:[0-9a-f]{64}\Z")
+_ANY_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*\Z")
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,10 @@ def serve_args(spec: Spec, lock: LockFile | None = None) -> dict[str, Any]:
             f"spec {spec.source or '<flags>'}: 'serving.gpu_memory_utilization' must be in (0, 1], "
             f"got {s.gpu_memory_utilization!r}."
         )
+    # the one validator per setting that plan and smoke use: a value they refuse is refused here too
+    check_kv_cache_dtype(values.control_free(s.kv_cache_dtype or "auto", "serving.kv_cache_dtype"),
+                         release_facts(spec.vllm))
+    values.control_free(s.model, f"spec {spec.source or '<flags>'}: serving.model")
     args: dict[str, Any] = {
         "model": s.model,
         "model_id": model_id(s.model),
@@ -203,12 +207,8 @@ def cold_start_settings(spec: Spec) -> dict[str, Any]:
     s, where = spec.serving, f"spec {spec.source or '<flags>'}"
     fmt = check_load_format(getattr(s, "load_format", "auto") or "auto", release_facts(spec.vllm),
                             where=f"{where}: serving.load_format")
-    cc = getattr(s, "compile_cache", "node") or "none"
-    if cc not in ("node", "none") and not (cc.startswith("pvc:") and _DNS1123.match(cc[4:]) and len(cc) <= 257):
-        raise BadInput(f"{where}: 'serving.compile_cache' must be node, none or pvc:CLAIM, got {cc!r}.")
-    mc = getattr(s, "model_cache", "none") or "none"
-    if mc not in ("none", "node", "object"):
-        raise BadInput(f"{where}: 'serving.model_cache' must be none, node or object, got {mc!r}.")
+    cc = values.compile_cache(getattr(s, "compile_cache", "node"), f"{where}: serving.compile_cache")
+    mc = values.model_cache(getattr(s, "model_cache", "none"), f"{where}: serving.model_cache")
     model = s.model or ""
     if mc == "object":
         if not model.startswith(_OBJECT_SCHEMES):
@@ -319,7 +319,7 @@ def upgrade_plan(spec: Spec) -> UpgradePlan:
 
 
 def _context(*, lock: LockFile, spec: Spec, image: str, allow_tag: bool, base: BaseManifest | None, name: str) -> dict:
-    if not _DNS1123.match(name) or len(name) > 40:
+    if not _DNS1123.fullmatch(name) or len(name) > 40:
         raise BadInput(f"kuberay: name {name!r} must be a DNS-1123 label of at most 40 characters.")
     image = check_image_ref(image, allow_tag=allow_tag)
     lay = layout(spec)

@@ -60,7 +60,17 @@ from builder.resolve.recipe.shell import (
     substitute,
     tokenize,
 )
-from builder.resolve.recipe.table import RECIPES_HEADER, RECIPES_SCHEMA, parse_recipes, recipe_table, render_recipes
+from builder.resolve.recipe.table import (
+    RECIPES_HEADER,
+    RECIPES_MARKS,
+    RECIPES_SCHEMA,
+    check_recipes_output,
+    parse_recipes,
+    read_recipes_file,
+    recipe_table,
+    render_recipes,
+    write_recipe_table,
+)
 
 __all__ = [
     "UBUNTU_GLIBC",
@@ -102,4 +112,8 @@ __all__ = [
     "parse_recipes",
     "recipe_table",
     "render_recipes",
+    "RECIPES_MARKS",
+    "check_recipes_output",
+    "read_recipes_file",
+    "write_recipe_table",
 ]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 from builder.errors import BadInput
 from builder.resolve.recipe.model import Recipe
-from builder.validate import load_toml
+from builder.util import atomic_write_text, output_lock, refuse_foreign, write_target
+from builder.validate import load_toml, read_bounded_text
 
 # --------------------------------------------------------------------------- recipes.toml
 RECIPES_SCHEMA = "build-image/base-recipes/v2"
@@ -67,3 +69,37 @@ def parse_recipes(text: str, path: str = "recipes.toml") -> dict[str, dict]:
     if not isinstance(rel, dict) or not all(isinstance(v, dict) for v in rel.values()):
         raise BadInput(f"recipes {path}: 'release' must be a table of release tables.")
     return rel
+
+
+#: the first line of the recipes file (:data:`RECIPES_HEADER`): how a recipes file build-image wrote is known
+RECIPES_MARKS = ("# GENERATED FILE: do not edit.  Written by `build-image base recipe",)
+
+
+def check_recipes_output(path: Path, *, force: bool) -> None:
+    """The output rule for a recipes file: a device node, FIFO or directory is refused, a symlink written
+    through, and an existing file build-image did not write is not replaced without ``force``."""
+    write_target(path)
+    refuse_foreign(path, "recipes file", force=force, marks=RECIPES_MARKS)
+
+
+def read_recipes_file(path: Path) -> dict[str, dict]:
+    """The release tables of the recipes file at ``path`` ({} when there is none, or it holds another schema),
+    read through the bounded reader (a FIFO, a device or a file over the bound is exit 2 naming it)."""
+    if not (path.exists() or path.is_symlink()):
+        return {}
+    text = read_bounded_text(path, "recipes file")
+    return parse_recipes(text, str(path)) if f'schema = "{RECIPES_SCHEMA}"' in text else {}
+
+
+def write_recipe_table(path: Path, vllm: str, table: dict, *, force: bool = False,
+                       seed: dict[str, dict] | None = None) -> Path:
+    """Put ``vllm``'s table into the recipes file: read, merged and written under the file's output lock, so
+    two runs for different releases both land (neither's table is lost); atomically, through a symlink.  A
+    file not there yet starts from ``seed`` (the shipped tables, for a pull request's folder)."""
+    with output_lock(path):
+        check_recipes_output(path, force=force)
+        exists = path.exists() or path.is_symlink()
+        tables = {**(read_recipes_file(path) if exists else (seed or {})), vllm: table}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, render_recipes(tables))
+    return path

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder.errors import BadInput
+from builder.validate import load_json, read_bounded
+
 WARMUP_TOKENS = 8  # the greedy warm-up request: first-token time + an output fingerprint
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
@@ -99,9 +102,9 @@ def _choice_text(choice: dict[str, Any], chat: bool, stream: bool) -> str:
 
 def model_vocab_size(model_dir: str) -> int | None:
     cfg_path = Path(model_dir) / "config.json"
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, ValueError):
+    try:  # the bounded reader: a FIFO or a huge file is no config (the checkpoint checks name it)
+        cfg = load_json(read_bounded(cfg_path, "config.json"), str(cfg_path))
+    except (BadInput, ValueError):
         return None
     for c in (cfg, cfg.get("text_config") or {}):
         v = c.get("vocab_size") if isinstance(c, dict) else None

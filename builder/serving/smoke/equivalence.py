@@ -31,16 +31,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder.credentials import redact_value
 from builder.errors import BadInput
+from builder.report import render_json
 from builder.serving.smoke.client import post_json
+from builder.util import atomic_write_text, is_own_output, output_lock, write_target
 from builder.validate import load_json, read_bounded_text
 
 SCHEMA = "build-image/smoke-reference/v1"
@@ -211,7 +212,7 @@ def check_compatible(ref: Reference, identity: dict[str, Any]) -> list[str]:
         raise _bad(ref.path, "recorded with another prompt set or sampling than this build-image uses; "
                              "record it again with --save-reference")
     theirs_cfg = ref.model.get("config") or {}
-    ours_cfg = identity["config"]
+    ours_cfg = redact_value(identity["config"])  # as the reference file holds it
     return sorted(k for k in set(theirs_cfg) | set(ours_cfg) if theirs_cfg.get(k) != ours_cfg.get(k))
 
 
@@ -228,19 +229,26 @@ def reference_document(identity: dict[str, Any], prompts: list[list[int]], outpu
     }
 
 
+#: the first lines of a reference file build-image wrote (render_json's two-space indent; one space before)
+REFERENCE_MARKS = (f'  "schema": "{SCHEMA}"', f' "schema": "{SCHEMA}"')
+
+
+def check_reference_output(path: str) -> None:
+    """The output rule for ``--save-reference``, checked before the server starts: a device node, FIFO or
+    directory is refused, and so is an existing file that is not a reference build-image wrote (a user's
+    file is never replaced); a symlink is written through."""
+    target = write_target(path)
+    if target.exists() and not is_own_output(target, REFERENCE_MARKS):
+        raise BadInput(f"smoke: --save-reference {path} exists and is not a smoke reference written by build-image; "
+                       "it is not replaced.", hint="name a new file (or remove that one first).")
+
+
 def write_reference(path: str, doc: dict[str, Any]) -> None:
-    """Atomically (a temp file in the same directory, then rename)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=str(target.parent))
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(doc, fh, indent=1)
-            fh.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Atomically, under the output's lock, through the redacting JSON writer (a credential in the model's
+    config.json, ``_name_or_path`` say, is masked; the compared hashes are of the model's files, unchanged)."""
+    with output_lock(path):
+        check_reference_output(path)
+        atomic_write_text(path, render_json(doc))
 
 
 # --------------------------------------------------------------------------- the comparison (pure)

@@ -210,6 +210,8 @@ def gate_step(cfg: SmokeConfig) -> Gate | None:
     """Before any GPU time: a reference for another model or prompt set is bad input."""
     if not cfg.reference and not cfg.save_reference:
         return None
+    if cfg.save_reference:
+        eqv.check_reference_output(cfg.save_reference)  # before any GPU time: a user's file is never replaced
     identity = eqv.model_identity(cfg.model)
     eqv.vocab_size(identity)
     if cfg.reference:

@@ -1,0 +1,246 @@
+"""Typed values for what reaches a Dockerfile, a requirements/constraints line, a YAML document or a
+shell hint: each constructor holds one grammar, and a value that is not in it is
+:class:`builder.errors.BadInput` (exit 2) naming where it came from.
+
+Every constructor refuses control characters (``\\n``, ``\\r``, ``\\t``, ESC, DEL, NUL and the Unicode line
+separators), so no value can start a new Dockerfile instruction, a new lock line, a new YAML key or a
+terminal escape sequence.  The values are ``str`` subclasses: a typed value is used wherever a string is,
+and the generators (:func:`guard`, used as the Dockerfile template's ``finalize`` and by the lock writer)
+take a typed value as it is and check any other string again, so a raw string that skipped its boundary
+cannot carry a line break into a generated file.
+
+* :class:`ImageRef` — ``[registry/]repo[:tag][@sha256:…]`` (the distribution reference grammar);
+* :class:`Digest` — ``sha256:<64 lowercase hex>``;
+* :class:`Registry` — ``host[:port]`` (DNS labels or an IPv4 address, ``localhost``);
+* :class:`Repository` — ``[registry/]path`` without a tag or digest (``--tag``);
+* :class:`DistName` — a PEP 508 distribution name;
+* :class:`Version` — a PEP 440 version (the text as given);
+* :class:`Url` — an ``http``/``https``/``file`` URL without spaces;
+* :class:`PathText` — a file-system path (no control characters);
+* :class:`Line` — one line of free text (a ``# via`` reason, a header value, a label).
+
+Serving settings that the plan, ``smoke`` and the KubeRay manifests all use have one validator here each
+(:func:`compile_cache`, :func:`model_cache`); ``kv_cache_dtype`` is checked against the release's facts by
+``builder.serving.plan.check_kv_cache_dtype``, the one validator every command calls.
+
+Pure: nothing here reads a file or the environment.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, ClassVar
+
+from builder.errors import BadInput
+
+#: characters no value may hold: C0 controls (tab, newline, carriage return, ESC, NUL), DEL, C1 controls,
+#: and the Unicode line/paragraph separators (a YAML or terminal reader breaks lines on them)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+#: longest value of any kind (a base image reference, a wheel URL, a path)
+MAX_LEN = 4096
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "…"
+
+
+def control_free(value: Any, where: str, *, max_len: int = MAX_LEN) -> str:
+    """``value`` when it is a string without control characters or line separators and at most ``max_len``
+    characters; else BadInput naming ``where``."""
+    if not isinstance(value, str):
+        raise BadInput(f"{where} must be a string, got {type(value).__name__} {_show(value)}.")
+    m = _CONTROL.search(value)
+    if m:
+        raise BadInput(f"{where} {_show(value)} holds a control character ({m.group(0)!r} at {m.start()}); "
+                       "a line break or an escape sequence in it would reach a generated file or the terminal.")
+    if len(value) > max_len:
+        raise BadInput(f"{where} is {len(value)} characters long, more than the {max_len} any such value has.")
+    return value
+
+
+class Value(str):
+    """A string checked against its kind's grammar (:meth:`check`); construct with ``Kind(value, where)``
+    (a value of exactly that kind is taken as it is)."""
+
+    kind: ClassVar[str] = "value"
+    pattern: ClassVar[re.Pattern | None] = None
+    example: ClassVar[str] = ""
+    max_len: ClassVar[int] = MAX_LEN
+
+    def __new__(cls, value: Any, where: str | None = None) -> Value:
+        if type(value) is cls:
+            return value
+        where = where or cls.kind
+        text = control_free(value, where, max_len=cls.max_len)
+        cls.check(text, where)
+        return super().__new__(cls, text)
+
+    @classmethod
+    def check(cls, text: str, where: str) -> None:
+        if cls.pattern is not None and not cls.pattern.fullmatch(text):
+            raise BadInput(f"{where} {_show(text)} is not {cls.kind}" + (f" (like {cls.example})." if cls.example
+                                                                           else "."))
+
+    @classmethod
+    def optional(cls, value: Any, where: str | None = None) -> Value | None:
+        """None for None, else the typed value."""
+        return None if value is None else cls(value, where)
+
+
+class Line(Value):
+    kind = "one line of text"
+
+
+class PathText(Value):
+    kind = "a path"
+
+    @classmethod
+    def check(cls, text: str, where: str) -> None:
+        if not text:
+            raise BadInput(f"{where} is empty; a path was expected.")
+
+
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*(?::[0-9]{{1,5}})?"
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_PATH = rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+_DIGEST = r"sha256:[0-9a-f]{64}"
+
+
+class Digest(Value):
+    kind = "a sha256 digest"
+    example = "sha256:<64 lowercase hex digits>"
+    pattern = re.compile(_DIGEST)
+
+
+class Registry(Value):
+    kind = "a registry host[:port]"
+    example = "127.0.0.1:5000 or registry.example.com"
+    pattern = re.compile(_DOMAIN)
+    max_len = 255
+
+
+def _is_registry(first: str) -> bool:
+    """Whether a reference's first component names a registry (the distribution spec's rule)."""
+    return "." in first or ":" in first or first == "localhost"
+
+
+class Repository(Value):
+    """An image repository without a tag or digest (what ``--tag`` names): ``[registry/]path``."""
+
+    kind = "an image repository (registry/path, without a tag or digest)"
+    example = "127.0.0.1:5000/serving/vllm"
+    rest: ClassVar[re.Pattern] = re.compile(_PATH)
+    max_len = 255
+
+    @classmethod
+    def check(cls, text: str, where: str) -> None:
+        first, sep, rest = text.partition("/")
+        if sep and _is_registry(first):
+            Registry(first, f"{where}: the registry part")
+        else:
+            rest = text
+        if not cls.rest.fullmatch(rest):
+            raise BadInput(f"{where} {_show(text)} is not a valid name for {cls.kind} (like {cls.example}; the "
+                           "path: lowercase letters, digits, '.', '_', '-', '/').")
+
+
+class ImageRef(Repository):
+    """``[registry/]path[:tag][@sha256:…]``, the reference grammar of the distribution spec."""
+
+    kind = "an image reference"
+    example = "vllm/vllm-openai:v0.26.0 or registry:5000/repo@sha256:…"
+    rest = re.compile(rf"{_PATH}(?::{_TAG})?(?:@{_DIGEST})?")
+    max_len = 512
+
+
+class DistName(Value):
+    kind = "a distribution name (PEP 508: letters, digits, '.', '_', '-')"
+    pattern = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+    max_len = 200
+
+
+class Version(Value):
+    kind = "a PEP 440 version"
+    example = "1.26.4"
+    max_len = 200
+
+    @classmethod
+    def check(cls, text: str, where: str) -> None:
+        from packaging.version import InvalidVersion
+        from packaging.version import Version as _V
+
+        try:
+            _V(text)
+        except InvalidVersion:
+            raise BadInput(f"{where} {_show(text)} is not a PEP 440 version (like {cls.example}).") from None
+
+
+class Url(Value):
+    kind = "an http, https or file URL"
+    example = "https://pypi.org/simple"
+    schemes: ClassVar[tuple[str, ...]] = ("http", "https", "file")
+
+    @classmethod
+    def check(cls, text: str, where: str) -> None:
+        import urllib.parse
+
+        if any(c.isspace() for c in text):
+            raise BadInput(f"{where} {_show(text)} holds a space; a URL has none (percent-encode it).")
+        try:
+            parts = urllib.parse.urlsplit(text)
+            parts.port  # noqa: B018 - a port that is not a number is refused here, not by the first fetch
+        except ValueError as exc:
+            raise BadInput(f"{where} {_show(text)} is not a URL ({exc}).") from None
+        if parts.scheme.lower() not in cls.schemes or (parts.scheme.lower() != "file" and not parts.hostname):
+            raise BadInput(f"{where} {_show(text)} is not {cls.kind} (like {cls.example}).")
+
+
+# ---------------------------------------------------------------- the generators' guard
+def guard(value: Any) -> Any:
+    """The last check before a value is written into a generated file (the Dockerfile template's
+    ``finalize``, the lock writer): a typed :class:`Value`, a number or None passes as it is; any other
+    string must hold no control character (BadInput naming it), so a boundary that was skipped cannot
+    put a second line into the file."""
+    if isinstance(value, Value) or value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return control_free(value, "a value written into a generated file", max_len=1 << 20)
+    return value
+
+
+# ---------------------------------------------------------------- serving settings
+_DNS1123 = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?")
+
+
+def dns1123_label(value: Any, where: str, *, max_len: int = 63) -> str:
+    """A Kubernetes DNS-1123 label (``[a-z0-9]([-a-z0-9]*[a-z0-9])?``, at most ``max_len``), matched whole
+    (a trailing newline is not a label's end)."""
+    text = control_free(value, where)
+    if not _DNS1123.fullmatch(text) or len(text) > max_len:
+        raise BadInput(f"{where} {_show(text)} must be a DNS-1123 label (lowercase letters, digits, '-'; at most "
+                       f"{max_len} characters).")
+    return text
+
+
+def compile_cache(value: Any, where: str = "serving.compile_cache") -> str:
+    """``node``, ``none`` or ``pvc:CLAIM`` (CLAIM a DNS-1123 subdomain name of at most 253 characters)."""
+    text = control_free("none" if value in (None, "") else value, where)
+    if text in ("node", "none"):
+        return text
+    claim = text[4:] if text.startswith("pvc:") else None
+    if claim is None or len(claim) > 253 or not re.fullmatch(rf"{_DNS1123.pattern}(?:\.{_DNS1123.pattern})*",
+                                                              claim):
+        raise BadInput(f"{where} must be node, none or pvc:CLAIM (CLAIM a PersistentVolumeClaim name), got "
+                       f"{_show(text)}.")
+    return text
+
+
+def model_cache(value: Any, where: str = "serving.model_cache") -> str:
+    """``none``, ``node`` or ``object``."""
+    text = control_free("none" if value in (None, "") else value, where)
+    if text not in ("none", "node", "object"):
+        raise BadInput(f"{where} must be none, node or object, got {_show(text)}.")
+    return text

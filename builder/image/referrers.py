@@ -24,7 +24,7 @@ from pathlib import Path
 from builder.errors import RegistryError
 from builder.image import provenance
 from builder.image.naming import PROVENANCE_FILE, SBOM_FILE
-from builder.image.registry import client_for
+from builder.image.registry import client_for, registry_json
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -119,7 +119,9 @@ def subject_descriptor(client, repository: str, digest: str) -> dict:
     if digest_of(body) != digest:
         raise RegistryError(f"registry {client.registry} served {repository}@{digest} with content of digest "
                             f"{digest_of(body)}.")
-    media = headers.get("Content-Type") or json.loads(body).get("mediaType") or OCI_MANIFEST
+    media = (headers.get("Content-Type")
+             or registry_json(body, f"the manifest {repository}@{digest}", client.registry).get("mediaType")
+             or OCI_MANIFEST)
     return {"mediaType": media.split(";")[0].strip(), "digest": digest, "size": len(body)}
 
 
@@ -141,7 +143,7 @@ def attach(client, repository: str, subject: dict, blob: bytes, artifact_type: s
     # no referrers API: the referrers tag schema (OCI distribution spec 1.1, "Referrers Tag Schema")
     tag = referrers_tag(subject["digest"])
     status, _, body = client.request("GET", f"/v2/{repository}/manifests/{tag}", {"Accept": OCI_INDEX})
-    index = json.loads(body) if status == 200 else None
+    index = registry_json(body, f"the referrers index {tag}", client.registry) if status == 200 else None
     desc = {"mediaType": OCI_MANIFEST, "digest": digest, "size": len(manifest), "artifactType": artifact_type}
     if annotations:
         desc["annotations"] = dict(sorted(annotations.items()))
@@ -155,11 +157,12 @@ def list_referrers(client, repository: str, subject_digest: str) -> tuple[str, l
     """("api" | "tag-schema" | "none", descriptors) as a reader (oras discover) finds them."""
     status, _, body = client.request("GET", f"/v2/{repository}/referrers/{subject_digest}", {"Accept": OCI_INDEX})
     if status == 200:
-        return "api", json.loads(body).get("manifests", [])
+        return "api", registry_json(body, f"the referrers of {subject_digest}", client.registry).get("manifests", [])
     status, _, body = client.request("GET", f"/v2/{repository}/manifests/{referrers_tag(subject_digest)}",
                                      {"Accept": OCI_INDEX})
     if status == 200:
-        return "tag-schema", json.loads(body).get("manifests", [])
+        return "tag-schema", registry_json(body, f"the referrers index of {subject_digest}",
+                                           client.registry).get("manifests", [])
     return "none", []
 
 

@@ -14,7 +14,6 @@ written anywhere.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import urllib.error
@@ -71,9 +70,11 @@ def _helper_auth(helper: str, server: str) -> str | None:
         return None
     try:
         proc = subprocess.run([exe, "get"], input=server, capture_output=True, text=True, timeout=30)
-        doc = json.loads(proc.stdout) if proc.returncode == 0 else {}
-    except (OSError, ValueError, subprocess.SubprocessError):
+        doc = load_json(proc.stdout, "the credential helper's answer") if proc.returncode == 0 else {}
+    except (OSError, ValueError, BadInput, subprocess.SubprocessError):
         return None  # never echo the helper's output: it may hold the secret
+    if not isinstance(doc, dict):
+        return None
     user, secret = doc.get("Username"), doc.get("Secret")
     if not (isinstance(user, str) and isinstance(secret, str) and secret) or user == "<token>":
         return None  # identity tokens (OAuth refresh) are not basic credentials
@@ -125,8 +126,8 @@ class RegistryClient:
             req = urllib.request.Request(url, headers={"Authorization": f"Basic {basic}"} if basic else {})
             try:
                 with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    doc = json.loads(resp.read())
-            except (OSError, ValueError):
+                    doc = registry_json(resp.read(), "the token answer", self.registry)
+            except (OSError, ValueError, RegistryError):
                 return False
             token = doc.get("token") or doc.get("access_token")
             if token:
@@ -177,11 +178,7 @@ class RegistryClient:
             import hashlib
 
             digest = "sha256:" + hashlib.sha256(body).hexdigest()
-        try:
-            doc = json.loads(body)
-        except ValueError:
-            raise RegistryError(f"registry {self.registry}: the manifest of {repository}:{reference} "
-                                "is not JSON.") from None
+        doc = registry_json(body, f"the manifest of {repository}:{reference}", self.registry)
         return digest, doc
 
     def manifest_digest(self, repository: str, reference: str) -> str | None:
@@ -211,6 +208,18 @@ def compressed_size(manifest: dict) -> int | None:
         return None
     cfg = (manifest.get("config") or {}).get("size", 0)
     return sum(sizes) + (cfg if isinstance(cfg, int) and cfg >= 0 else 0)
+
+
+def registry_json(body: bytes | str, what: str, registry: str) -> dict:
+    """A registry's JSON answer as a dict, nesting bounded: anything else (not JSON, too deep, not an object)
+    is :class:`RegistryError` naming the registry and what was asked (exit 10, never an internal error)."""
+    try:
+        doc = load_json(body, f"registry {registry}: {what}", error=RegistryError)
+    except (ValueError, UnicodeDecodeError):
+        raise RegistryError(f"registry {registry}: {what} is not JSON.") from None
+    if not isinstance(doc, dict):
+        raise RegistryError(f"registry {registry}: {what} is not a JSON object.")
+    return doc
 
 
 def client_for(ref: str) -> tuple[RegistryClient, ImageRef]:

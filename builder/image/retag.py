@@ -8,12 +8,11 @@ across repositories of one registry mounts the blobs first (``POST …/blobs/upl
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from builder.errors import BadInput, RegistryError
 from builder.image.referrers import OCI_INDEX, OCI_MANIFEST, digest_of
-from builder.image.registry import MANIFEST_TYPES
+from builder.image.registry import MANIFEST_TYPES, registry_json
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 #: what a rollback record keeps of an image's config: what the container runs with
@@ -28,7 +27,7 @@ class Manifest:
 
     @property
     def doc(self) -> dict:
-        return json.loads(self.body)
+        return registry_json(self.body, f"the manifest {self.digest}", "")
 
     @property
     def config_digest(self) -> str | None:
@@ -46,10 +45,7 @@ def manifest_by_digest(client, repository: str, digest: str) -> Manifest | None:
     if digest_of(body) != digest:
         raise RegistryError(f"registry {client.registry} served {repository}@{digest} with content of digest "
                             f"{digest_of(body)}.")
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        raise RegistryError(f"registry {client.registry}: the manifest {repository}@{digest} is not JSON.") from None
+    doc = registry_json(body, f"the manifest {repository}@{digest}", client.registry)
     media = (headers.get("Content-Type") or doc.get("mediaType") or OCI_MANIFEST).split(";")[0].strip()
     return Manifest(digest=digest, media_type=media, body=body)
 
@@ -79,10 +75,9 @@ def container_config(client, repository: str, manifest: Manifest) -> dict:
     if digest_of(body) != cfg:
         raise RegistryError(f"registry {client.registry} served the config {cfg} with content of digest "
                             f"{digest_of(body)}.")
-    try:
-        inner = json.loads(body).get("config") or {}
-    except (ValueError, AttributeError):
-        raise RegistryError(f"registry {client.registry}: the config {cfg} is not an image config.") from None
+    inner = registry_json(body, f"the config {cfg}", client.registry).get("config") or {}
+    if not isinstance(inner, dict):
+        raise RegistryError(f"registry {client.registry}: the config {cfg} is not an image config.")
     return {"digest": cfg, **{k: inner.get(k) for k in CONFIG_KEYS if inner.get(k) is not None}}
 
 

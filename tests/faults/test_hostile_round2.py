@@ -463,3 +463,14 @@ def test_a_stray_shell_keyword_in_a_run_line_never_hangs_the_recipe(line):
             R.derive(R.BuildFiles("0.99.0", R.SdistRef("vllm-0.99.0.tar.gz", "0" * 64), files))
         except BadInput:
             pass  # a refusal is the expected answer
+
+
+# ============================================================== registry answers: never an internal error
+@pytest.mark.parametrize("body", [b"[" * 100_000, b"not json", b"[1, 2]", b"\xff\xfe", b'"a string"'])
+def test_a_malformed_or_deep_registry_answer_is_a_registry_error(body):
+    from builder.errors import RegistryError
+    from builder.image.registry import registry_json
+
+    with pytest.raises(RegistryError) as exc:
+        registry_json(body, "the manifest r@sha256:x", "127.0.0.1:5000")
+    assert exc.value.exit_code == 10 and "127.0.0.1:5000" in str(exc.value)

@@ -43,8 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 from builder.resolve import index as ix  # noqa: E402
 from builder.resolve.baseref import resolve_base  # noqa: E402
-from builder.resolve.lock import DEFAULT_RAY, Uv, base_requirements, parse_overlay, request_for, target_tags  # noqa: E402
+from builder.resolve.lock import DEFAULT_RAY, base_requirements, parse_overlay, request_for, target_tags  # noqa: E402
 from builder.resolve.raychoice import choose, ray_releases  # noqa: E402
+from builder.resolve.uv import Uv  # noqa: E402
 from builder.spec import lockfiles_dir  # noqa: E402
 
 BIN = Path(sys.executable).parent

@@ -37,9 +37,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder.resolve.lock import DEFAULT_RAY, Uv, base_requirements, parse_overlay  # noqa: E402
+from builder.resolve.lock import DEFAULT_RAY, base_requirements, parse_overlay  # noqa: E402
 from builder.resolve.lockfile import load_lock  # noqa: E402
 from builder.resolve.manifest import load_manifest  # noqa: E402
+from builder.resolve.uv import Uv  # noqa: E402
 from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions  # noqa: E402
 
 BIN = Path(sys.executable).parent

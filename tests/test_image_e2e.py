@@ -95,7 +95,7 @@ def test_the_image_carries_its_sbom_whose_sha256_is_the_label(e2e):
 
 def test_the_contexts_pylock_installs_the_same_set_as_its_requirements_lock(e2e, tmp_path):
     """The image installs requirements.lock; the context's pylock.toml (wheels by path) is the same set."""
-    from builder.resolve.lock import find_uv
+    from builder.resolve.uv import find_uv
 
     uv, env = find_uv(), {"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never", "PATH": "/usr/bin:/bin"}
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(tmp_path / "v")], check=True, env=env)

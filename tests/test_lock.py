@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from builder.cli import main
 from builder.errors import BadInput, IntegrityError
+from builder.resolve import explain as X
 from builder.resolve import lock as L
 from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import load_manifest
@@ -308,26 +309,26 @@ def test_involved_base_pins_from_derivation():
     deriv = ("× No solution found when resolving dependencies:\n"
              "╰─▶ Because opencv-python-headless==4.13.0.90 depends on numpy>=2 and you require numpy==1.26.4, "
              "we can conclude that your requirements are unsatisfiable.")
-    assert L.involved_base_pins(deriv, m) == ["numpy"]
-    assert L.involved_base_pins(deriv, m, released=["numpy"]) == []
-    assert L.wanted_specifier(deriv, "numpy", "1.26.4") == ">=2"
+    assert X.involved_base_pins(deriv, m) == ["numpy"]
+    assert X.involved_base_pins(deriv, m, released=["numpy"]) == []
+    assert X.wanted_specifier(deriv, "numpy", "1.26.4") == ">=2"
     tok = "Because transformers>=5.24.0 depends on tokenizers>=0.23.1,<0.24.0 and you require tokenizers==0.22.2"
-    assert L.wanted_specifier(tok, "tokenizers", "0.22.2") == ">=0.23.1,<0.24.0"
-    assert L.wanted_specifier("you require tokenizers==0.22.2", "tokenizers", "0.22.2") is None
+    assert X.wanted_specifier(tok, "tokenizers", "0.22.2") == ">=0.23.1,<0.24.0"
+    assert X.wanted_specifier("you require tokenizers==0.22.2", "tokenizers", "0.22.2") is None
     hub = "transformers>=5.24.0 depends on huggingface-hub>=1.31.0,<3.0 and you require huggingface-hub==1.24.0"
-    assert L.wanted_specifier(hub, "huggingface_hub", "1.24.0") == ">=1.31.0,<3.0"
+    assert X.wanted_specifier(hub, "huggingface_hub", "1.24.0") == ">=1.31.0,<3.0"
     # uv's real derivation for `--with 'numpy<2'` on the vllm 0.26.0 base: opencv>=5.0.0.93 is the
     # range that conflicts (subject position), so the way out is its complement, never '>=5.0.0.93'
     cv = ("Because opencv-python-headless>=5.0.0.93 depends on numpy>=2 and you require numpy<2, we can conclude "
           "that your requirements and opencv-python-headless>=5.0.0.93 are incompatible.\n"
           "And because you require opencv-python-headless==5.0.0.93, we can conclude that your requirements are "
           "unsatisfiable.")
-    assert L.wanted_specifier(cv, "opencv-python-headless", "5.0.0.93") == "<5.0.0.93"
-    msg, details = L.explain_unsatisfiable(cv, load_manifest_from_dict({"opencv-python-headless": "5.0.0.93"}),
+    assert X.wanted_specifier(cv, "opencv-python-headless", "5.0.0.93") == "<5.0.0.93"
+    msg, details = X.explain_unsatisfiable(cv, load_manifest_from_dict({"opencv-python-headless": "5.0.0.93"}),
                                            ["numpy<2"])
     assert "--with 'opencv-python-headless<5.0.0.93' releases" in details and ">=5.0.0.93'" not in details
     # nothing usable: release the pin without inventing a bound ('>=X' pointed the wrong way)
-    assert L.wanted_specifier("you require tokenizers==0.22.2", "tokenizers", "0.22.2") is None
+    assert X.wanted_specifier("you require tokenizers==0.22.2", "tokenizers", "0.22.2") is None
 
 
 def test_fetch_wheel_verifies_and_refetches_corrupt_cache(tmp_path, monkeypatch, fixture_wheel):

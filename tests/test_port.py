@@ -319,7 +319,7 @@ def test_a_failed_probe_env_install_raises_and_leaves_no_venv(cache, probe_wheel
     assert head == "cannot build the probe environment (probedep==1.0, probeaux, nosuchpkg," and "not found" in uv_says
     assert list((cache / "probe-env").iterdir()) == []
     # uv's reason comes last: the message keeps the last 1500 characters of its output
-    from builder.resolve.lock import Uv
+    from builder.resolve.uv import Uv
 
     err = "".join(f"uv line {i:04d}\n" for i in range(300)) + "\n"
     monkeypatch.setattr(Uv, "pip_install", lambda self, *a, **k: subprocess.CompletedProcess([], 2, "", err))

@@ -14,9 +14,10 @@ from packaging.pylock import Pylock
 from builder.errors import BadInput
 from builder.resolve import pylock as P
 from builder.resolve import twin as T
-from builder.resolve.lock import find_uv, target_tags
+from builder.resolve.lock import target_tags
 from builder.resolve.lockfile import LockFile, WheelRef, format_pylock, load_lock, parse_lock, to_pylock
 from builder.resolve.manifest import DistFacts, target_environment
+from builder.resolve.uv import find_uv
 from builder.util import project_root
 from tests.conftest import run
 from tests.test_lockfile import HA, WRITTEN

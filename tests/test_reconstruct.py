@@ -14,7 +14,6 @@ import pytest
 from click.testing import CliRunner
 
 from builder.cli import main
-from builder.resolve.lock import Uv
 from builder.resolve.manifest import load_manifest
 from builder.resolve.recipe import BuildFiles, SdistRef, Step, Where, derive
 from builder.resolve.reconstruct import (
@@ -26,6 +25,7 @@ from builder.resolve.reconstruct import (
     provenance_text,
     sanitized_requirements,
 )
+from builder.resolve.uv import Uv
 from builder.spec import supported_vllm_versions
 from tests.fx_index import serve_index
 from tests.fx_sdist import write_sdist

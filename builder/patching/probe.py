@@ -43,7 +43,7 @@ from pathlib import Path
 
 from builder.errors import BadInput, ExternalToolError
 from builder.patching import series as P
-from builder.resolve.lock import Uv
+from builder.resolve.uv import Uv
 from builder.util import atomic_write_bytes, cache_dir, sha256_file
 
 PROBE_FIELD = "Probe"

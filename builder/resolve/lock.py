@@ -27,11 +27,8 @@ first, constrained to exactly its resolution (``-c requirements.txt``).
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import zipfile
@@ -43,7 +40,6 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import parse_wheel_filename
-from packaging.version import InvalidVersion, Version
 
 from builder import __version__
 from builder.credentials import redact_text, redact_url, remember
@@ -54,12 +50,18 @@ from builder.resolve import pylock as _pylock
 from builder.resolve.abi import GateResult, evaluate, format_rejection, is_exact_coupled
 from builder.resolve.base import scan_wheel
 from builder.resolve.baseref import ResolvedBase, vllm_on_base
+from builder.resolve.explain import (
+    explain_unsatisfiable,
+    find_pin_moves,
+    format_pin_moves,
+    trim_derivation,
+)
 from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, load_lock, parse_lock
 from builder.resolve.manifest import BaseManifest, DistFacts
 from builder.resolve.pylock import WheelCandidate
 from builder.resolve.raychoice import BACKEND_FALLBACK, RayChoice, backend_for, choose, ray_releases
 from builder.resolve.twin import sync_twin, twin_path, write_pylock
-from builder.scratch import die_with_parent
+from builder.resolve.uv import Uv, is_resolution_failure
 from builder.util import (
     atomic_write_text,
     cache_dir,
@@ -279,352 +281,6 @@ def pure_facts(filename: str) -> DistFacts:
     abi = "none" if not abis or abis == {"none"} else sorted(abis)[0]
     return DistFacts(binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, glibc=None, python_abi=abi)
 
-
-# =========================================================================== unsatisfiable
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def trim_derivation(stderr: str, max_lines: int = 30) -> str:
-    lines = [_ANSI.sub("", ln).rstrip() for ln in stderr.splitlines()]
-    lines = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith(("Resolved ", "Using ", "warning: "))]
-    if len(lines) > max_lines:
-        lines = lines[:max_lines] + [f"  ... ({len(lines) - max_lines} more lines)"]
-    return "\n".join(lines)
-
-
-def involved_base_pins(derivation: str, base: BaseManifest, released: Iterable[str] = ()) -> list[str]:
-    """Base distributions (canonical names) whose pin appears in uv's derivation."""
-    released = {canonical_name(r) for r in released}
-    text = _ANSI.sub("", derivation)
-    names = set()
-    for m in re.finditer(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([0-9][^\s,;)]*)", text):
-        key = canonical_name(m.group(1))
-        d = base.get(key)
-        if d is not None and key not in released and m.group(2).rstrip(".") == d.version:
-            names.add(key)
-    return sorted(names)
-
-
-def pin_evidence(key: str, base: BaseManifest) -> list[str]:
-    """Why a base pin matters, from the binary facts of the base."""
-    d = base.get(key)
-    if d is None:
-        return []
-    out = []
-    if key == "numpy":
-        try:
-            gen = "2" if Version(d.version).major >= 2 else "1"
-        except InvalidVersion:
-            gen = "1"
-        users = [
-            (o.name, o.version, o.facts.numpy_abi.get(gen, 0))
-            for k, o in sorted(base.distributions.items())
-            if k != "numpy" and o.facts.numpy_abi.get(gen, 0) > 0 and (gen == "2" or not o.facts.numpy_abi.get("2", 0))
-        ]
-        for name, ver, n in users[:6]:
-            out.append(f"{name} {ver} there has {n} extension{'s' if n != 1 else ''} built against numpy {gen}.x")
-        if len(users) > 6:
-            out.append(f"... and {len(users) - 6} more distributions with numpy {gen}.x extensions")
-
-    if is_exact_coupled(key):
-        out.append(f"{d.name} is exact-coupled to vllm's compiled kernels: it never moves on top of the base")
-    elif d.facts.binary and key != "numpy":
-        out.append(f"{d.name} {d.version} ships {d.facts.extensions} compiled file(s) in the base")
-    return out
-
-
-_COMPLEMENT = {">=": "<", ">": "<=", "<": ">=", "<=": ">"}
-
-
-def wanted_specifier(derivation: str, name: str, pinned: str) -> str | None:
-    """The specifier uv says is required of ``name`` other than the base pin
-    (``tokenizers>=0.23.1,<0.24.0``), to suggest a concrete ``--with``.
-
-    Only a specifier in *object* position ("... depends on X>=2", "you require X>=2") is
-    what is wanted; one in *subject* position ("X>=5.0 depends on numpy>=2", "... and
-    X>=5.0 are incompatible") is the range that conflicts, so its complement is suggested
-    (``X<5.0``) when it is a single bound, else nothing."""
-    text = _ANSI.sub("", derivation)
-    name_pat = "[-_.]+".join(re.escape(p) for p in canonical_name(name).split("-"))
-    pat = re.compile(r"(?<![A-Za-z0-9._-])" + name_pat +
-                     r"(?:\{[^}]*\})?((?:[<>=!~]=?[^\s,]+)(?:,[<>=!~]=?[^\s,]+)*)", re.I)
-    complement = None
-    for m in pat.finditer(text):
-        spec = m.group(1).rstrip(".,")
-        if spec == f"=={pinned}":
-            continue
-        before, after = text[max(0, m.start() - 24):m.start()], text[m.end():m.end() + 24]
-        if re.search(r"(?:depends? on|requires?|require)\s+$", before):
-            return spec
-        sub = re.fullmatch(r"(>=|>|<=|<)([^,<>=!~]+)", spec)
-        if complement is None and sub and re.match(r"\s+(?:depends on|depend on|are incompatible|is incompatible)",
-                                                   after):
-            complement = _COMPLEMENT[sub.group(1)] + sub.group(2)
-    return complement
-
-
-def explain_unsatisfiable(stderr: str, base: BaseManifest, overlay: Iterable[str]) -> tuple[str, str]:
-    """(message, details) of an :class:`Unsatisfiable` from uv's stderr."""
-    overlay = list(overlay)
-    released = [Requirement(r).name for r in overlay]
-    derivation = trim_derivation(stderr)
-    pins = involved_base_pins(stderr, base, released)
-    lines = ["uv's derivation:", *("  " + ln for ln in derivation.splitlines())]
-    if pins:
-        lines.append("base pins involved:")
-        for key in pins:
-            d = base.get(key)
-            ev = pin_evidence(key, base)
-            lines.append(f"  {d.name}=={d.version} is pinned by the base" + (f"; {ev[0]}" if ev else ""))
-            lines.extend(f"    {e}" for e in ev[1:])
-
-    ways = []
-    for key in pins:
-        d = base.get(key)
-        if not is_exact_coupled(key):
-            wanted = wanted_specifier(stderr, d.name, d.version)
-            ways.append(f"--with '{d.name}{wanted or ''}' releases the {d.name} pin (then the ABI gate decides)")
-    ways.append("drop or loosen the overlay requirement that needs the conflicting version")
-    lines.append("ways out: " + "; or ".join(ways))
-    for name in [r for r in released if is_exact_coupled(r) and base.get(r) is not None]:
-        lines.append(f"note: {name} is exact-coupled to vllm's kernels — even when it resolves, the gate rejects "
-                     f"moving it unless --allow-abi-change {canonical_name(name)} --reason TEXT")
-    names = ", ".join(f"{base.get(k).name}=={base.get(k).version}" for k in pins)
-    msg = (
-        f"no resolution of the overlay ({', '.join(overlay)}) fits on top of the base"
-        + (f": it conflicts with the base pin(s) {names}." if pins else ".")
-    )
-    return msg, "\n".join(lines)
-
-
-MAX_MOVE_ROUNDS = 8
-
-
-@dataclass
-class PinMoves:
-    """Every base pin that must move for the overlay to resolve, found in one pass."""
-
-    moves: list[tuple[str, str, str | None]]  # (name, base version, resolved version or None)
-    resolves: bool                            # releasing them all makes the overlay resolve
-    blocked: list[str]                        # exact-coupled pins that would have to move (never on this base)
-    rounds: int = 0
-
-    @property
-    def with_line(self) -> str:
-        return " ".join(f"--with '{n}=={v}'" for n, _b, v in self.moves if v)
-
-
-def find_pin_moves(stderr: str, base: BaseManifest, overlay: list[str],
-                   attempt: Callable[[list[str]], tuple[bool, str, dict]]) -> PinMoves:
-    """Release the base pins uv's derivation names, resolve again, repeat until it resolves
-    (or nothing more can be released): every pin that must move, not only the first one.
-
-    ``attempt(extra)`` resolves ``overlay + extra`` with the named pins released: (ok, stderr, resolved).
-    Exact-coupled pins are never released (the gate would refuse them anyway): they stop the search."""
-    released = [Requirement(r).name for r in overlay]
-    extra: list[str] = []
-    names: list[str] = []
-    rounds = 0
-    while rounds < MAX_MOVE_ROUNDS:
-        pins = involved_base_pins(stderr, base, released)
-        coupled = [p for p in pins if is_exact_coupled(p)]
-        if not pins or coupled:
-            return PinMoves([(base.get(k).name, base.get(k).version, None) for k in names], False, coupled, rounds)
-        for key in pins:
-            d = base.get(key)
-            extra.append(d.name + (wanted_specifier(stderr, d.name, d.version) or ""))
-            released.append(d.name)
-            names.append(key)
-        rounds += 1
-        ok, stderr, resolved = attempt(extra)
-        if ok:
-            return PinMoves([(base.get(k).name, base.get(k).version, resolved.get(k, (None, None))[1]) for k in names],
-                            True, [], rounds)
-    return PinMoves([(base.get(k).name, base.get(k).version, None) for k in names], False, [], rounds)
-
-
-def format_pin_moves(moves: PinMoves, base: BaseManifest) -> tuple[str, str]:
-    """(sentence for the message, lines for the details) of :func:`find_pin_moves`'s result (pure)."""
-    if not moves.moves and not moves.blocked:
-        return "", ""
-    lines = ["", "every base pin that must move (found in one pass):"]
-    for name, old, new in moves.moves:
-        lines.append(f"  {name} {old} -> {new or '?'}")
-    if moves.resolves:
-        lines.append(f"one line that moves them all (then the ABI gate decides): {moves.with_line}")
-        return (f" Releasing {len(moves.moves)} base pin(s) makes it resolve: "
-                + ", ".join(f"{n} {o} -> {v}" for n, o, v in moves.moves)
-                + f"; add {moves.with_line}."), "\n".join(lines)
-    if moves.blocked:
-        lines.append("and exact-coupled pins that would have to move (never on this base): "
-                     + ", ".join(f"{base.get(k).name}=={base.get(k).version}" for k in moves.blocked))
-    else:
-        lines.append("releasing them does not make it resolve: the overlay itself needs to change")
-    return "", "\n".join(lines)
-
-
-# =========================================================================== uv adapter
-
-
-class Uv:
-    """Thin adapter over the uv CLI."""
-
-    def __init__(self, binary: str | None = None):
-        self.binary = binary or find_uv()
-        self._version: str | None = None
-
-    def version(self) -> str:
-        if self._version is None:
-            r = subprocess.run([self.binary, "--version"], capture_output=True, text=True)
-            if r.returncode != 0:
-                raise ExternalToolError(f"`{self.binary} --version` failed: {r.stderr.strip()}")
-            self._version = r.stdout.split()[1] if len(r.stdout.split()) > 1 else r.stdout.strip()
-        return self._version
-
-    def compile_cmd(self, sources: list[Path], out: Path, *, python_version: str, platform: str,
-                    fmt: str = "requirements.txt", hashes: bool = False, find_links: Iterable[str] = (),
-                    no_index: bool = False, exclude_newer: str | None = None, offline: bool = False,
-                    constraints: Iterable[Path] = (), overrides: Iterable[Path] = ()) -> list[str]:
-        cmd = [self.binary, "pip", "compile", *map(str, sources), "-o", str(out), "--format", fmt,
-               "--python-version", python_version, "--python-platform", platform, "--no-build",
-               "--no-header", "--quiet", "--color", "never",
-               # an interpreter only for uv's bookkeeping (the target is --python-version/--python-platform;
-               # --no-build: nothing is ever built): never let uv look for, or download, a Python
-               "--python", sys.executable]
-        if hashes:
-            cmd.append("--generate-hashes")
-        for fl in find_links:
-            cmd += ["--find-links", str(fl)]
-        if no_index:
-            cmd.append("--no-index")
-        if exclude_newer:
-            cmd += ["--exclude-newer", exclude_newer]
-        if offline:
-            cmd.append("--offline")
-        for c in constraints:
-            cmd += ["-c", str(c)]
-        for o in overrides:
-            cmd += ["--override", str(o)]
-        return cmd
-
-    # uv settings from the environment that change *what* resolves: they are not inputs of the lock
-    # (not in inputs-sha256), so an ambient UV_RESOLUTION=lowest would write another lock that
-    # `--check` still calls up to date.  The tool passes what it means on the command line.
-    # Index URLs stay (mirrors, credentials): the wheel URLs in the lock show where files came from.
-    IGNORED_ENV = ("UV_SYSTEM_PYTHON", "UV_RESOLUTION", "UV_PRERELEASE", "UV_CONSTRAINT", "UV_OVERRIDE",
-                   "UV_BUILD_CONSTRAINT", "UV_EXCLUDE_NEWER", "UV_INDEX_STRATEGY", "UV_TORCH_BACKEND",
-                   "UV_FIND_LINKS", "UV_NO_INDEX", "UV_NO_BINARY", "UV_NO_BINARY_PACKAGE", "UV_NO_BUILD",
-                   "UV_NO_BUILD_PACKAGE", "UV_ONLY_BINARY", "UV_NO_SOURCES", "UV_PYTHON", "UV_EXCLUDE")
-
-    @staticmethod
-    def env() -> dict[str, str]:
-        env = {**os.environ, "UV_NO_CONFIG": "1", "NO_COLOR": "1", "UV_PYTHON_DOWNLOADS": "never"}
-        for var in Uv.IGNORED_ENV:
-            env.pop(var, None)
-        return env
-
-    def start(self, sources: list[Path], out: Path, *, cwd: Path | None = None, **kw) -> subprocess.Popen:
-        """Start ``uv pip compile`` (see :meth:`compile_cmd`); collect with :meth:`wait`."""
-        try:
-            return subprocess.Popen(self.compile_cmd(sources, out, **kw), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True, cwd=cwd, env=self.env(),
-                                    preexec_fn=die_with_parent)
-        except OSError as exc:
-            raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
-
-    @staticmethod
-    def wait(proc: subprocess.Popen) -> subprocess.CompletedProcess:
-        out, err = proc.communicate()
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-    def compile(self, sources: list[Path], out: Path, *, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess:
-        return self.wait(self.start(sources, out, cwd=cwd, **kw))
-
-    def venv(self, path: Path, *, python: str) -> None:
-        """``uv venv`` at ``path`` for the interpreter ``python`` (never downloads one)."""
-        r = subprocess.run([self.binary, "venv", "-q", "--python", python, str(path)], capture_output=True,
-                           text=True, env=self.env(), timeout=300, preexec_fn=die_with_parent)
-        if r.returncode != 0:
-            raise ExternalToolError(f"`uv venv {path}` failed: {r.stderr.strip()[-1500:]}")
-
-    def pip_install(self, python: Path | str, requirements: list[str], *, find_links: Iterable[str] = (),
-                    timeout: int = 1800) -> subprocess.CompletedProcess:
-        """``uv pip install`` of ``requirements`` into the environment of ``python``."""
-        cmd = [self.binary, "pip", "install", "-q", "--python", str(python)]
-        for fl in find_links:
-            cmd += ["--find-links", str(fl)]
-        return subprocess.run([*cmd, *requirements], capture_output=True, text=True, env=self.env(),
-                              timeout=timeout, preexec_fn=die_with_parent)
-
-    def install_target(self, target: Path, requirements: list[str], *, python_version: str, platform: str,
-                       exclude_newer: str | None = None, find_links: Iterable[str] = (), no_index: bool = False,
-                       index_url: str | None = None) -> tuple[list[str], subprocess.CompletedProcess]:
-        """``uv pip install --target`` of ``requirements`` for a described interpreter (never run):
-        (the command, its result).  Files are hard links into uv's cache (a scratch tree, read only)."""
-        cmd = [self.binary, "pip", "install", "--target", str(target), "--python-version", python_version,
-               "--python-platform", platform, "--no-build", "--link-mode", "hardlink", "--color", "never",
-               "--python", sys.executable]
-        if exclude_newer:
-            cmd += ["--exclude-newer", exclude_newer]
-        if index_url:
-            cmd += ["--index-url", index_url]
-        for fl in find_links:
-            cmd += ["--find-links", str(fl)]
-        if no_index:
-            cmd.append("--no-index")
-        cmd += list(requirements)
-        return cmd, self._completed(cmd)
-
-    def _completed(self, cmd: list[str]) -> subprocess.CompletedProcess:
-        """Run one uv command to completion, output captured as text."""
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, env=self.env())
-        except OSError as exc:
-            raise ExternalToolError(f"cannot run uv ({self.binary}): {exc}.") from None
-
-    def cache_dir(self) -> str:
-        """uv's cache directory (``uv cache dir``: ``UV_CACHE_DIR`` or its default)."""
-        r = self._completed([self.binary, "cache", "dir", "--color", "never"])
-        if r.returncode != 0:
-            raise ExternalToolError(f"`{self.binary} cache dir` failed: {r.stderr.strip()[-400:]}")
-        return r.stdout.strip()
-
-    def pip_target(self, sub: str, target: Path, args: list[str], *, python_version: str | None = None,
-                   platform: str | None = None) -> tuple[list[str], subprocess.CompletedProcess]:
-        """``uv pip install|uninstall --target DIR ARGS`` for a described interpreter (never run): the
-        replay of one install step of an image into one tree, each step seeing what earlier ones
-        installed, as ``uv pip install --system`` does in the image."""
-        cmd = [self.binary, "pip", sub, "--target", str(target), "--color", "never", "--python", sys.executable]
-        if sub == "install":
-            cmd += ["--python-version", python_version or "", "--python-platform", platform or "", "--no-build",
-                    "--link-mode", "hardlink"]
-        cmd += list(args)
-        return cmd, self._completed(cmd)
-
-
-def find_uv() -> str:
-    """The uv binary of the pinned ``uv`` package (``uv.find_uv_bin()``), else the
-    one next to this interpreter, else ``uv`` on PATH."""
-    try:
-        import uv  # type: ignore
-
-        return uv.find_uv_bin()
-    except Exception:  # noqa: BLE001 - the package may be absent in odd installs
-        pass
-    cand = Path(sys.executable).with_name("uv")
-    if cand.exists():
-        return str(cand)
-    found = shutil.which("uv")
-    if found:
-        return found
-    raise ExternalToolError("uv is not installed (pip install uv==0.13.9).")
-
-
-def _is_resolution_failure(stderr: str) -> bool:
-    s = _ANSI.sub("", stderr)
-    return "No solution found" in s or "unsatisfiable" in s.lower() or "requirements are unsatisfiable" in s
 
 
 # =========================================================================== wheels
@@ -847,7 +503,7 @@ class _UvRun:
         p2 = self.uv.start(self.sources, self.tmp / "pylock.toml", **self.pylock_args)
         r1, r2 = self.uv.wait(p1), self.uv.wait(p2)
         if r1.returncode != 0:
-            if _is_resolution_failure(r1.stderr):
+            if is_resolution_failure(r1.stderr):
                 self.unsatisfiable(r1.stderr, say)
             raise uv_failure(r1.stderr, f"uv pip compile (exit {r1.returncode})")
         return parse_uv_requirements((self.tmp / "requirements.txt").read_text()), r2
@@ -872,7 +528,7 @@ class _UvRun:
                             **{**self.common, "constraints": [tmp / "try-base.in"]})
         if r.returncode == 0:
             return True, "", parse_uv_requirements((tmp / "try.txt").read_text())
-        if not _is_resolution_failure(r.stderr):
+        if not is_resolution_failure(r.stderr):
             raise uv_failure(r.stderr, f"uv pip compile (exit {r.returncode})")
         return False, r.stderr, {}
 

@@ -41,8 +41,9 @@ from builder.report import render_json
 from builder.resolve import index as ix
 from builder.resolve import sdist, sedit
 from builder.resolve.base import snapshot_site_packages
+from builder.resolve.explain import trim_derivation
 from builder.resolve.index import format_time
-from builder.resolve.lock import Uv, _is_resolution_failure, target_tags, trim_derivation
+from builder.resolve.lock import target_tags
 from builder.resolve.manifest import BaseManifest, target_environment
 from builder.resolve.recipe import (
     _INSTALLED_RE,
@@ -62,6 +63,7 @@ from builder.resolve.stepindex import (
     relax_file,
     relax_requirement,
 )
+from builder.resolve.uv import Uv, is_resolution_failure
 from builder.spec import lockfiles_dir
 from builder.util import atomic_write_text, cache_dir, canonical_name
 
@@ -622,7 +624,7 @@ class _Replay:
         if r is None:
             r = self._uv_install(args)
             self.stats["online"] += 1
-        if r.returncode != 0 and step.fallback_steps and _is_resolution_failure(r.stderr):
+        if r.returncode != 0 and step.fallback_steps and is_resolution_failure(r.stderr):
             for fb in step.fallback_steps:  # the image runs the line's `|| ...` fallback when the install fails
                 fplan = plan_step(fb, before, captured)
                 if fplan.action != "install":
@@ -642,7 +644,7 @@ class _Replay:
         si = self.plans.get(step.n)
         while True:
             r, plan, args = self.install(step, plan0, rec, before, captured)
-            if r.returncode == 0 or not _is_resolution_failure(r.stderr):
+            if r.returncode == 0 or not is_resolution_failure(r.stderr):
                 return r, plan, args
             err = unsatisfiable_step(self.recipe, step, r.stderr, si, self.index_args)
             miss = getattr(err, "missing", None)

@@ -84,7 +84,7 @@ def reconstruct_row(vllm: str) -> dict:
 def scan_tree(tree: Path, n: int = 5) -> None:
     import os
 
-    from builder.resolve.base import scan_site_packages
+    from builder.resolve.scanner import scan_site_packages
 
     files = sum(len(f) for _r, _d, f in os.walk(tree))
     times = []

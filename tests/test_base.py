@@ -12,8 +12,9 @@ from click.testing import CliRunner
 
 from builder.cli import main
 from builder.errors import BadInput
-from builder.resolve.base import platform_for, python_abi_from_tags, scan_files, scan_site_packages, scan_wheel
+from builder.resolve.base import platform_for
 from builder.resolve.manifest import load_manifest
+from builder.resolve.scanner import python_abi_from_tags, scan_files, scan_site_packages, scan_wheel
 from tests.fx_wheels import write_wheel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -489,7 +490,7 @@ def test_fast_elf_reader_agrees_with_pyelftools_on_every_fixture_extension(wheel
     what pyelftools plus a whole-file search give, on real gcc-built objects (GLIBC_2.99 one included)."""
     import mmap
 
-    from builder.resolve import base as B
+    from builder.resolve import scanner as B
 
     seen = 0
     for whl in sorted(wheelhouse.glob("*.whl")):

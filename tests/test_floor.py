@@ -24,9 +24,10 @@ from builder.image.render import (
     render_dockerfile,
     write_context,
 )
-from builder.resolve.base import _TEXT_SUFFIXES, scan_site_packages
 from builder.resolve.floor import checker, compare, consistency_tool, native_digest
 from builder.resolve.manifest import BaseManifest, DistFacts, Distribution, load_manifest, parse_manifest
+from builder.resolve.scanner import TEXT_SUFFIXES as _TEXT_SUFFIXES
+from builder.resolve.scanner import scan_site_packages
 from tests.fx_wheels import wheelhouse  # noqa: F401 - fixture
 from tests.test_render import _instructions, _lock, _manifest
 

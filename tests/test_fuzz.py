@@ -351,7 +351,7 @@ record_line = st.one_of(st.sampled_from(["../outside/evil.so,,", "/etc/passwd,,"
                                 st.lists(record_line, max_size=4)), min_size=1, max_size=3))
 @examples(150)
 def test_fuzz_site_packages(tmp_path_factory, dists):
-    from builder.resolve.base import scan_site_packages
+    from builder.resolve.scanner import scan_site_packages
 
     root = tmp_path_factory.mktemp("sp")
     (root / "outside").mkdir()

@@ -48,7 +48,6 @@ from builder.fetch import fetch
 from builder.resolve import index as ix
 from builder.resolve import pylock as _pylock
 from builder.resolve.abi import GateResult, evaluate, format_rejection, is_exact_coupled
-from builder.resolve.base import scan_wheel
 from builder.resolve.baseref import ResolvedBase, vllm_on_base
 from builder.resolve.explain import (
     explain_unsatisfiable,
@@ -60,6 +59,7 @@ from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, load_lock, p
 from builder.resolve.manifest import BaseManifest, DistFacts
 from builder.resolve.pylock import WheelCandidate
 from builder.resolve.raychoice import BACKEND_FALLBACK, RayChoice, backend_for, choose, ray_releases
+from builder.resolve.scanner import scan_wheel
 from builder.resolve.twin import sync_twin, twin_path, write_pylock
 from builder.resolve.uv import Uv, is_resolution_failure
 from builder.util import (

@@ -38,7 +38,7 @@ is made; the image build allows exactly these.  Manifests without either field s
 readable: the build compares what the manifest has.
 
 This module is pure data: load/validate/save, and the base's PEP 508 marker environment
-(:func:`target_environment`).  The binary scan lives in ``builder.resolve.base``.
+(:func:`target_environment`).  The binary scan lives in ``builder.resolve.scanner``.
 """
 
 from __future__ import annotations

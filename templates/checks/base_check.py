@@ -33,7 +33,7 @@ import sys
 PREFIX = "build-image check: "
 WARNING = "build-image warning: "  # each line of a warning (the build stage lists them after the build)
 ELF_MAGIC = b"\x7fELF"
-# Files never read as ELF (the same list as builder.resolve.base._TEXT_SUFFIXES).
+# Files never read as ELF (the same list as builder.resolve.scanner.TEXT_SUFFIXES).
 TEXT_SUFFIXES = frozenset(
     ".py .pyc .pyi .pyx .pxd .txt .md .rst .json .toml .yaml .yml .cfg .ini .h .hpp .cuh .cu "
     ".c .cc .cpp .typed .html .js .css .csv .jinja .j2 .pem .lock .sh .bat .ps1 .svg .png .jpg".split()

@@ -38,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from builder.serving.checkpoint import FileEntry, Sha256Hasher, inspect_checkpoint  # noqa: E402
+from builder.serving.checkpoint import FileEntry, inspect_checkpoint  # noqa: E402
+from builder.serving.checkpoint_content import Sha256Hasher  # noqa: E402
 
 MB = 10**6
 GB = 10**9

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 
 from builder.cli import main
 from builder.serving import checkpoint as ck
+from builder.serving import checkpoint_content as cc
 from tests.fx_checkpoint import (
     CONFIG,
     HIDDEN,
@@ -457,15 +458,15 @@ def _entries(tmp_path: Path, sizes: list[int]) -> list:
 def test_interrupted_hashing_keeps_the_finished_digests(tmp_path):
     files = _entries(tmp_path, [300_000, 200_000, 100_000])
     inv = ck.Inventory(tmp_path, {f.name: f for f in files}, [], [])
-    plan = ck.ContentPlan({f.name: "0" * 64 for f in files}, [], "test")
-    cache = ck.HashCache(tmp_path / "cache.json")
+    plan = cc.ContentPlan({f.name: "0" * 64 for f in files}, [], "test")
+    cache = cc.HashCache(tmp_path / "cache.json")
 
     def done(entry, digest, err):
         raise KeyboardInterrupt  # Ctrl-C right after the first (largest) file
 
     with pytest.raises(KeyboardInterrupt):
-        ck.verify_content(inv, plan, hasher=ck.Sha256Hasher(1), cache=cache, done=done)
-    again = ck.HashCache(tmp_path / "cache.json")
+        cc.verify_content(inv, plan, hasher=cc.Sha256Hasher(1), cache=cache, done=done)
+    again = cc.HashCache(tmp_path / "cache.json")
     assert again.get(files[0]) == hashlib.sha256(files[0].path.read_bytes()).hexdigest()
     assert again.get(files[1]) is None and again.get(files[2]) is None
 
@@ -486,7 +487,7 @@ def test_interrupt_stops_every_worker_within_a_block(tmp_path):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        ck.Sha256Hasher(jobs=2, block=64 << 10).hash_many(files, advance=advance)
+        cc.Sha256Hasher(jobs=2, block=64 << 10).hash_many(files, advance=advance)
     assert sum(seen) < 64 << 20  # of 512 MiB: the other worker stopped too, not at the end of its file
 
 
@@ -512,7 +513,7 @@ def test_sums_may_name_files_below_the_directory(tmp_path):
 
 def test_sums_formats():
     h = "ab" * 32
-    assert ck.parse_sums(f"{h}  ./a.safetensors\n{h.upper()} *b.safetensors\nSHA256 (c.safetensors) = {h}\n", "s") == {
+    assert cc.parse_sums(f"{h}  ./a.safetensors\n{h.upper()} *b.safetensors\nSHA256 (c.safetensors) = {h}\n", "s") == {
         "a.safetensors": h, "b.safetensors": h, "c.safetensors": h}
 
 
@@ -579,7 +580,7 @@ def test_hf_hub_cache_checks_config_and_index_by_git_blob_sha1(tmp_path):
     code, doc, _ = verify(str(snap), "--hf-cache", str(hub))
     assert code == 0 and doc["content"]["other_files_checked"] == 2  # config.json, the index
     blob = (snap / "config.json").resolve()
-    assert blob.name == ck.git_blob_sha1(blob.read_bytes())
+    assert blob.name == cc.git_blob_sha1(blob.read_bytes())
     # same JSON, one space more: vLLM would load it, but it is not the file that was published
     blob.write_text(blob.read_text() + " ")
     code, doc, _ = verify(str(snap), "--hf-cache", str(hub))
@@ -628,7 +629,7 @@ def test_parallel_hashing_agrees_with_hashlib(tmp_path):
         st = p.stat()
         files.append(ck.FileEntry(p.name, p, p, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev))
     seen = []
-    got = ck.Sha256Hasher(jobs=3, block=64 << 10).hash_many(files, advance=seen.append)
+    got = cc.Sha256Hasher(jobs=3, block=64 << 10).hash_many(files, advance=seen.append)
     assert got == {f.name: hashlib.sha256(f.path.read_bytes()).hexdigest() for f in files}
     assert sum(seen) == sum(f.size for f in files)
 

@@ -15,7 +15,8 @@ import click
 
 from builder.errors import BadInput, VerdictFailure
 from builder.report import emit_json
-from builder.serving.checkpoint import (
+from builder.serving.checkpoint import inspect_checkpoint, render_text, scan_directory
+from builder.serving.checkpoint_content import (
     ContentPlan,
     HashCache,
     Sha256Hasher,
@@ -23,10 +24,7 @@ from builder.serving.checkpoint import (
     content_plan_from_sums,
     hf_expected,
     hf_source,
-    inspect_checkpoint,
     load_sums,
-    render_text,
-    scan_directory,
 )
 
 # What a command runs (its stage, the engine adapter, downloads, reports) is imported inside the command
@@ -118,7 +116,7 @@ def not_ready_message(directory, rep, strict: bool) -> str:
 
 def _hash(inv, plan, hasher, cache, *, quiet: bool):
     """Run the hashing with a rich progress bar on a terminal, plain lines otherwise."""
-    from builder.serving.checkpoint import verify_content
+    from builder.serving.checkpoint_content import verify_content
 
     if sys.stderr.isatty():
         from rich.console import Console

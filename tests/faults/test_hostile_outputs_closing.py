@@ -70,7 +70,7 @@ _JSON_ALLOWED = {
     "builder/serving/smoke/serve.py": 1,          # the serve app's --args
     "builder/serving/smoke/report.py": 1,         # a plan excerpt inside the text report (emit_text redacts it)
     "builder/serving/raycheck.py": 2,             # the in-container probe's arguments
-    "builder/serving/checkpoint.py": 1,           # the digest cache
+    "builder/serving/checkpoint_content.py": 1,   # the digest cache
     "builder/serving/attestation.py": 1,          # the statement's canonical bytes (redacted; pushed by digest)
     "builder/serving/history.py": 1,              # the history's canonical bytes (hashed)
     "builder/serving/kuberay.py": 1,              # the serve config's canonical bytes (hashed into an annotation)

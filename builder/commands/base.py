@@ -315,8 +315,31 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
     local, recipe = _local_recipe(vllm, sdist_path, source, accept_undecided, output)
     vllm = local.vllm if local is not None else vllm
     out = output or default_base_manifest(vllm)
+    old_text = _reconstruct_inputs(out, recipes, check=check, force=force)
+    console = stderr_console()
+
+    def say(msg: str) -> None:
+        console.print(f"reconstruct: {msg}", markup=False, soft_wrap=True)
+
+    rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep, progress=say,
+                      refresh=refresh, relax=tuple(relax), accept_undecided=tuple(accept_undecided),
+                      recipe=recipe, files=local)
+    if check:
+        _reconstruct_check(rec, vllm, out, old_text, as_json)
+        return
+    try:
+        rec.manifest.save(out)
+    except OSError as exc:
+        raise BadInput(f"cannot write the manifest {out}: {exc.strerror or exc}.") from None
+    _reconstruct_summary(rec, vllm, out, as_json)
+
+
+def _reconstruct_inputs(out: Path, recipes: Path | None, *, check: bool, force: bool) -> str | None:
+    """The checks before a replay: the manifest to compare (``check``: its text, read bounded and refused when
+    it is not JSON) or the -o output rule; the recipes file read bounded (a FIFO, a device, a huge file)."""
     from builder.resolve.manifest import refuse_foreign_manifest
 
+    old_text = None
     if check:
         if not out.is_file():
             raise BadInput(f"reconstruct --check: there is no manifest {out} to compare the replay with.")
@@ -328,56 +351,49 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
     else:
         refuse_foreign_manifest(out, force=force)
     if recipes is not None:
-        read_bounded(recipes, "recipes file")  # a FIFO, a device or a huge file: exit 2 before the replay
-    console = stderr_console()
+        read_bounded(recipes, "recipes file")  # exit 2 before the replay
+    return old_text
 
-    def say(msg: str) -> None:
-        console.print(f"reconstruct: {msg}", markup=False, soft_wrap=True)
 
-    rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep, progress=say,
-                      refresh=refresh, relax=tuple(relax), accept_undecided=tuple(accept_undecided),
-                      recipe=recipe, files=local)
-    timings = {k: round(v, 2) for k, v in rec.timings.items()}
-    if check:
-        from builder.resolve.reconstruct import manifest_differences
+def _reconstruct_check(rec, vllm: str, out: Path, old_text: str, as_json: bool) -> None:
+    """``--check``: exit 1 listing what the replay changes in the manifest file, else say it is the same."""
+    from builder.resolve.reconstruct import manifest_differences
 
-        try:
-            differs = manifest_differences(old_text, rec.manifest.to_json())
-        except ValueError as exc:
-            raise BadInput(f"reconstruct --check: {out} is not JSON ({exc}).") from None
-        if as_json:
-            emit_json({"manifest": str(out), "vllm": vllm, "same": not differs, "differences": differs,
-                       "uv_steps": rec.uv_steps, "timings": timings},
-                      sort_keys=True)
-        if differs:
-            raise VerdictFailure(f"the replay of vllm {vllm}'s image differs from {out} in {len(differs)} "
-                                 f"place(s): " + "; ".join(differs[:20]) + ("; ..." if len(differs) > 20 else "")
-                                 + ".", hint=f"build-image base reconstruct --vllm {vllm} rewrites it.")
-        if not as_json:
-            click.echo(f"{out}: the replay of vllm {vllm}'s image gives this manifest (apart from the day)")
-        return
     try:
-        rec.manifest.save(out)
-    except OSError as exc:
-        raise BadInput(f"cannot write the manifest {out}: {exc.strerror or exc}.") from None
+        differs = manifest_differences(old_text, rec.manifest.to_json())
+    except ValueError as exc:
+        raise BadInput(f"reconstruct --check: {out} is not JSON ({exc}).") from None
+    if as_json:
+        emit_json({"manifest": str(out), "vllm": vllm, "same": not differs, "differences": differs,
+                   "uv_steps": rec.uv_steps, "timings": {k: round(v, 2) for k, v in rec.timings.items()}},
+                  sort_keys=True)
+    if differs:
+        raise VerdictFailure(f"the replay of vllm {vllm}'s image differs from {out} in {len(differs)} "
+                             f"place(s): " + "; ".join(differs[:20]) + ("; ..." if len(differs) > 20 else "")
+                             + ".", hint=f"build-image base reconstruct --vllm {vllm} rewrites it.")
+    if not as_json:
+        click.echo(f"{out}: the replay of vllm {vllm}'s image gives this manifest (apart from the day)")
+
+
+def _reconstruct_summary(rec, vllm: str, out: Path, as_json: bool) -> None:
+    """What a written manifest holds and how long the replay took (``--json``: the same as a document)."""
     m = rec.manifest
     summary = {"output": str(out), "vllm": vllm, "exclude_newer": rec.exclude_newer,
                "vllm_uploaded": rec.uploaded.isoformat(), "distributions": len(m.distributions),
                "binary": sum(1 for d in m.distributions.values() if d.facts.binary),
                "sdist": rec.recipe.sdist.filename, "sdist_sha256": rec.recipe.sdist.sha256,
                "steps": rec.steps, "unversioned": sorted(m.unversioned),
-               "timings": timings, "uv_steps": rec.uv_steps, **_row(m)}
+               "timings": {k: round(v, 2) for k, v in rec.timings.items()}, "uv_steps": rec.uv_steps, **_row(m)}
     if as_json:
         emit_json(summary, sort_keys=True)
-    else:
-        done = sum(1 for s in rec.steps if s["action"] != "skip")
-        click.echo(f"wrote {out}: {summary['distributions']} distributions ({summary['binary']} binary); torch "
-                   f"{summary['torch']}, numpy {summary['numpy']}, CUDA {m.cuda}, Python {m.python_version}, glibc "
-                   f"{m.glibc}; {done} of {len(rec.steps)} steps replayed; exclude-newer {rec.exclude_newer} (vllm "
-                   f"{vllm} uploaded {rec.uploaded.isoformat()}); install {rec.timings['install']:.1f} s "
-                   f"({rec.uv_steps.get('offline', 0)} step(s) from uv's cache, {rec.uv_steps.get('online', 0)} "
-                   f"asking the index), scan {rec.timings['scan']:.1f} s")
-
+        return
+    done = sum(1 for s in rec.steps if s["action"] != "skip")
+    click.echo(f"wrote {out}: {summary['distributions']} distributions ({summary['binary']} binary); torch "
+               f"{summary['torch']}, numpy {summary['numpy']}, CUDA {m.cuda}, Python {m.python_version}, glibc "
+               f"{m.glibc}; {done} of {len(rec.steps)} steps replayed; exclude-newer {rec.exclude_newer} (vllm "
+               f"{vllm} uploaded {rec.uploaded.isoformat()}); install {rec.timings['install']:.1f} s "
+               f"({rec.uv_steps.get('offline', 0)} step(s) from uv's cache, {rec.uv_steps.get('online', 0)} "
+               f"asking the index), scan {rec.timings['scan']:.1f} s")
 
 def _row(m) -> dict:
     def v(name: str) -> str | None:

@@ -52,6 +52,7 @@ from builder.resolve.recipe import (
     derive,
     parse_recipes,
     recipe_table,
+    requirement_lines,
 )
 from builder.resolve.stepindex import (
     Relaxation,
@@ -138,34 +139,24 @@ def sanitized_requirements(text: str) -> str:
                    for ln in text.splitlines(keepends=True))
 
 
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;,]+)\s*(;.*)?$")
+_FILE_INDEX = re.compile(r"^\s*(--extra-index-url|--index-url|-i)[\s=]+(\S+)")
+
+
+def _pins_of(files: Mapping[str, str], paths: tuple[str, ...]) -> list[tuple[str, str, str]]:
+    """``==`` pins of requirement files and their includes: (canonical name, version, "file:line") (pure)."""
+    return [(canonical_name(m.group(1)), m.group(3), f"{p}:{i}") for p, i, body in requirement_lines(files, paths)
+            for m in [_PIN.match(body)] if m]
+
+
 def pinned_in_index_files(files: Mapping[str, str], paths: tuple[str, ...]) -> list[tuple[str, str, str, str]]:
     """``==`` pins of the requirement files (and their includes) that carry an index option of their own:
     (canonical name, version, "file:line", the file's index) (pure).  Such a pin may exist only on that index."""
-    import posixpath
+    def index_of(f: str) -> str | None:
+        return next((m.group(2) for ln in files[f].splitlines() for m in [_FILE_INDEX.match(ln)] if m), None)
 
-    out: list[tuple[str, str, str, str]] = []
-    seen: set[str] = set()
-
-    def walk(p: str) -> None:
-        if p in seen or p not in files:
-            return
-        seen.add(p)
-        lines = files[p].splitlines()
-        index_opt = re.compile(r"^\s*(--extra-index-url|--index-url|-i)[\s=]+(\S+)")
-        idx = next((m.group(2) for ln in lines for m in [index_opt.match(ln)] if m), None)
-        for i, ln in enumerate(lines, 1):
-            body = re.split(r"\s+#|^#", ln, maxsplit=1)[0].strip()
-            m = re.match(r"^(-r|--requirement)[\s=]+(\S+)", body)
-            if m:
-                walk(posixpath.normpath(posixpath.join(posixpath.dirname(p), m.group(2))))
-                continue
-            m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;,]+)\s*(;.*)?$", body)
-            if m and idx:
-                out.append((canonical_name(m.group(1)), m.group(3), f"{p}:{i}", idx))
-
-    for path in paths:
-        walk(path)
-    return out
+    return [(name, version, where, idx) for name, version, where in _pins_of(files, paths)
+            if (idx := index_of(where.rpartition(":")[0]))]
 
 
 def drop_lines(text: str, lines: set[int], why: str) -> str:
@@ -447,32 +438,6 @@ def step_index_plans(recipe: Recipe, index_args: list[str], reachable) -> dict[i
         si = plan_indexes(step, index_args, reachable)
         if si is not None:
             out[step.n] = si
-    return out
-
-
-def _pins_of(files: Mapping[str, str], paths: tuple[str, ...]) -> list[tuple[str, str, str]]:
-    """``==`` pins of requirement files and their includes: (canonical name, version, "file:line") (pure)."""
-    import posixpath
-
-    out: list[tuple[str, str, str]] = []
-    seen: set[str] = set()
-
-    def walk(p: str) -> None:
-        if p in seen or p not in files:
-            return
-        seen.add(p)
-        for i, ln in enumerate(files[p].splitlines(), 1):
-            body = re.split(r"\s+#|^#", ln, maxsplit=1)[0].strip()
-            m = re.match(r"^(-r|--requirement)[\s=]+(\S+)", body)
-            if m:
-                walk(posixpath.normpath(posixpath.join(posixpath.dirname(p), m.group(2))))
-                continue
-            m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;,]+)\s*(;.*)?$", body)
-            if m:
-                out.append((canonical_name(m.group(1)), m.group(3), f"{p}:{i}"))
-
-    for path in paths:
-        walk(path)
     return out
 
 
@@ -867,7 +832,8 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
     output written; the cache records a completed online replay so that the next one of the same
     release, uv, uv cache and index answers from uv's cache; ``refresh`` asks the index throughout)."""
     say = progress or (lambda _m: None)
-    relaxed = list(parse_relaxations(relax))  # bad input before any download
+    relaxed = list(parse_relaxations(relax))  # bad input before any download; the replay may add to it
+    given = {r.name for r in relaxed}
     uv = uv or Uv()
     find_links = list(find_links or [])
     index = index or ix.for_request(find_links, no_index)
@@ -916,7 +882,6 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
                                       "exclude_newer": instant, "steps": records,
                                       # the replayed tree is not pip-consistent where the image's steps leave it so
                                       "unmet_requirements": unmet}
-        given = {r.name for r in parse_relaxations(relax)}
         auto = frozenset(r.text for r in relaxed if r.name not in given)
         lacks, unversioned = leave_out_unversioned(recipe, absent, manifest, unmatched, tuple(relaxed), auto)
         lacks["other_indexes"] = index_lacks(recipe, plans, records)

@@ -27,7 +27,13 @@ How the files are read:
   install is refused (:class:`builder.errors.BadInput` naming the file and line), never guessed.
 """
 
-from builder.resolve.recipe.derive import UBUNTU_GLIBC, UBUNTU_GLIBC_SOURCE, derive, requirement_file_options
+from builder.resolve.recipe.derive import (
+    UBUNTU_GLIBC,
+    UBUNTU_GLIBC_SOURCE,
+    derive,
+    requirement_file_options,
+    requirement_lines,
+)
 from builder.resolve.recipe.dockerfile import parse_dockerfile, release_step, stage_chain
 from builder.resolve.recipe.model import (
     ARCH,
@@ -77,6 +83,7 @@ __all__ = [
     "UBUNTU_GLIBC_SOURCE",
     "derive",
     "requirement_file_options",
+    "requirement_lines",
     "parse_dockerfile",
     "release_step",
     "stage_chain",

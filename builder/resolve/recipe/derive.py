@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from builder.errors import BadInput
@@ -259,28 +259,39 @@ def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset()) -
                   image_overrides=tuple(Derived(pin, walk.overrides[1]) for pin in walk.overrides[0]))
 
 
-def requirement_file_options(files: Mapping[str, str], path: str) -> list[tuple[str, str, Where]]:
-    """Index options (``--extra-index-url`` ...) inside a requirements file and the files it includes (pure)."""
+def requirement_lines(files: Mapping[str, str], paths: Iterable[str], *,
+                      constraints: bool = False) -> Iterator[tuple[str, int, str]]:
+    """(file, 1-based line, text without its comment) of each line of requirement files and of the files
+    they include (``-r``; with ``constraints`` also ``-c``), each file once, includes resolved relative to
+    the including file; files the sdist lacks are skipped (pure)."""
     import posixpath
 
+    include = ("-r", "--requirement", "-c", "--constraint") if constraints else ("-r", "--requirement")
     seen: set[str] = set()
-    out: list[tuple[str, str, Where]] = []
 
-    def walk(p: str) -> None:
+    def walk(p: str) -> Iterator[tuple[str, int, str]]:
         if p in seen or p not in files:
             return
         seen.add(p)
         for i, line in enumerate(files[p].splitlines(), 1):
-            s = re.split(r"\s+#", line, maxsplit=1)[0].strip()
-            m = re.match(r"^(-r|--requirement|-c|--constraint)[\s=]+(\S+)", s)
-            if m:
-                walk(posixpath.normpath(posixpath.join(posixpath.dirname(p), m.group(2))))
+            body = re.split(r"\s+#|^#", line, maxsplit=1)[0].strip()
+            m = re.match(r"^(\S+)[\s=]+(\S+)", body)
+            if m and m.group(1) in include:
+                yield from walk(posixpath.normpath(posixpath.join(posixpath.dirname(p), m.group(2))))
                 continue
-            m = re.match(r"^(--extra-index-url|--index-url|-i|--find-links|-f)[\s=]+(\S+)", s)
-            if m:
-                out.append((m.group(1), m.group(2), Where(p, i)))
+            yield p, i, body
 
-    walk(path)
+    for path in paths:
+        yield from walk(path)
+
+
+def requirement_file_options(files: Mapping[str, str], path: str) -> list[tuple[str, str, Where]]:
+    """Index options (``--extra-index-url`` ...) inside a requirements file and the files it includes (pure)."""
+    out: list[tuple[str, str, Where]] = []
+    for p, i, body in requirement_lines(files, (path,), constraints=True):
+        m = re.match(r"^(--extra-index-url|--index-url|-i|--find-links|-f)[\s=]+(\S+)", body)
+        if m:
+            out.append((m.group(1), m.group(2), Where(p, i)))
     return out
 
 

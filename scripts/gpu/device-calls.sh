@@ -31,13 +31,14 @@ waitdone() {  # until the run prints DONE or FAILED, or its process is gone; nev
     exit 9
   fi
   while [ $((SECONDS - t0)) -lt "$WAIT" ]; do
-    grep -qE "^[0-9:]+ DONE$|FAILED$" "$P/progress.txt" 2>/dev/null && break
+    grep -qE "^[0-9:]+ DONE$|FAILED$${WAIT_UNTIL:+|$WAIT_UNTIL}" "$P/progress.txt" 2>/dev/null && break
     running || break
     sleep 5
   done
   cat "$P/progress.txt"
   collect
   if grep -qE "^[0-9:]+ DONE$" "$P/progress.txt"; then echo "$LABEL FINISHED"
+  elif [ -n "${WAIT_UNTIL:-}" ] && grep -qE "$WAIT_UNTIL" "$P/progress.txt"; then echo "$LABEL REACHED $WAIT_UNTIL"
   elif running; then echo "$LABEL STILL RUNNING (call: $WAIT_CMD)"
   else echo "$LABEL ENDED WITHOUT DONE (run.log:)"; tail -20 "$P/run.log"; fi
 }
@@ -162,7 +163,7 @@ await_layers() {  # await_layers LAYER...: wait_layers for a run launched while 
     t=$SECONDS; last=""
     while [ ! -f "/tmp/L/$l.ok" ]; do
       [ -f "/tmp/L/$l.failed" ] && { echo "$l: $(cat "/tmp/L/$l.failed")"; return 1; }
-      sig="$(find "/tmp/parts/$l" -name 'p*' 2>/dev/null | wc -l) $(stat -c %s "/tmp/L/$l.log" 2>/dev/null)"
+      sig="$(find "/tmp/parts/$l" /tmp/cas/parts -name '[pc]*' 2>/dev/null | wc -l) $(stat -c %s "/tmp/L/$l.log" 2>/dev/null)"
       [ "$sig" = "$last" ] || { last=$sig; t=$SECONDS; }
       lim=${STALL_S:-120}; [ ! -f "/tmp/L/$l.log" ] || lim=300   # installing: pip -q writes nothing meanwhile
       [ $((SECONDS - t)) -lt "$lim" ] || { echo "$l: nothing arrived for $lim s (boot $(boot_id))"; return 1; }

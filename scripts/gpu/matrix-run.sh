@@ -20,8 +20,9 @@
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=env.sh
 . "$(dirname "$0")/env.sh"
+export BUNDLE=/tmp/L   # the installed bundle's manifest, for release_layers (also in release-serve-run.sh)
 # shellcheck source-path=SCRIPTDIR source=device-calls.sh
-BUNDLE=/tmp/L . "$(dirname "$0")/device-calls.sh"
+. "$(dirname "$0")/device-calls.sh"
 GD=$REPO/scripts/gpu/gate
 export GPU_GATE_LOCK=$P/gate.lock GPU_GATE_LOG=$R/gate.log
 MAXJOBS=${MAXJOBS:-6}   # background jobs: releases in flight (2-3 boots each), the checkpoint writer
@@ -61,10 +62,15 @@ run_release() {  # run_release V UNPATCHED_PP PATCHED_PP: its boots side by side
 }
 GT=(--gpu-memory-utilization 0.5 --max-model-len 4096 --max-num-seqs 32 --extra-arg=--enforce-eager --extra-arg=--max-num-batched-tokens --extra-arg=8192 --no-plan --boot-timeout 420 --timeout 120 --concurrency 16 --rounds 3 --max-tokens 64 --prompt-tokens 128)
 PAR=(--gpu-memory-utilization 0.08 --no-plan --extra-arg=--kv-cache-memory --extra-arg=2147483648 --max-model-len 2048 --extra-arg=--enforce-eager --boot-timeout 420 --timeout 120 --concurrency 16 --rounds 3 --max-tokens 64 --prompt-tokens 128)
-TOTAL_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+TOTAL_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+TOTAL_MIB=${TOTAL_MIB:-143771}
 # a sized boot starts its window once half the card (its utilization) and 1 GiB are free
 FREE_GIB=$(python3 -c "print(round(0.5 * $TOTAL_MIB / 1024 + 1, 2))")
 
+if [ -n "${DRYRUN:-}" ]; then  # here, without a GPU: the layers, paths and order, with the boots and the patch stubbed
+  smoke() { echo "{}" > "$R/$1.json"; say "$1: (dry run) PYTHONPATH=$2 gate=$3"; sleep 1; }
+  patch_copy() { mkdir -p "$3"; say "patch apply $1 (dry run) on $3 from $2"; }
+fi
 say "matrix: releases $RELEASES; PLE references: ${REF_RELEASES:-none}; then Serve: ${SERVE_RELEASES:-none}; cold start: ${COLD_FORMATS:-none}"
 nvidia-smi > "$R/nvidia-smi.txt" 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1

@@ -85,28 +85,35 @@ def _install() -> None:  # noqa: C901, PLR0915 - one closure set, installed once
         t0 = time.monotonic()
         until = t0 + timeout
         try:
-            if kind == "ex":
-                need = float(os.environ.get("GPU_GATE_FREE_GIB", "0")) * 1024
+            need = float(os.environ.get("GPU_GATE_FREE_GIB", "0")) * 1024 if kind == "ex" else 0
+            while True:
                 while 0 <= used_free()[1] < need and time.monotonic() < until:
                     time.sleep(0.5)
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
-            turn = os.open(lock_path + ".turn", os.O_RDWR | os.O_CREAT, 0o666)
-            ok = flock(turn, fcntl.LOCK_EX, until)
-            ok = ok and flock(fd, fcntl.LOCK_EX if kind == "ex" else fcntl.LOCK_SH, until)
-            fcntl.flock(turn, fcntl.LOCK_UN)
-            os.close(turn)
-            if not ok:
-                os.close(fd)
-                log(f"{kind}-timeout", waited=f"{time.monotonic() - t0:.1f}")
-                return
+                fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+                turn = os.open(lock_path + ".turn", os.O_RDWR | os.O_CREAT, 0o666)
+                ok = flock(turn, fcntl.LOCK_EX, until)
+                ok = ok and flock(fd, fcntl.LOCK_EX if kind == "ex" else fcntl.LOCK_SH, until)
+                fcntl.flock(turn, fcntl.LOCK_UN)
+                os.close(turn)
+                if not ok:
+                    os.close(fd)
+                    log(f"{kind}-timeout", waited=f"{time.monotonic() - t0:.1f}")
+                    return
+                if kind == "ex":  # memory freed just before (an exit) settles first, for 5 s at most
+                    last, still, settle = None, 0, time.monotonic() + 5
+                    while still < 2 and time.monotonic() < settle:
+                        now = used_free()[0]
+                        still = still + 1 if now == last else 0
+                        last = now
+                        time.sleep(0.5)
+                # another sized boot took the memory between the wait and the lock: wait again
+                if 0 <= used_free()[1] < need and time.monotonic() < until:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                    os.close(fd)
+                    continue
+                break
             held["fd"] = fd
-            if kind == "ex":  # memory freed just before (an exit) settles first
-                last, still = None, 0
-                while still < 2 and time.monotonic() < until:
-                    now = used_free()[0]
-                    still = still + 1 if now == last else 0
-                    last = now
-                    time.sleep(0.5)
+            if kind == "ex":
                 held["others"] = others()
             used, free = used_free()
             log(f"{kind}-acquired", waited=f"{time.monotonic() - t0:.1f}", used_mib=used, free_mib=free)

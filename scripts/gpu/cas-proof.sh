@@ -26,6 +26,10 @@ case "${1:-}" in
     [ -z "${2:-}" ] || python3 "$REPO/scripts/gpu/cas_device.py" recv "$CASB" "$2" || exit $?
     export RELEASES REF_RELEASES="${REF_RELEASES:-}" SERVE_RELEASES="${SERVE_RELEASES:-}" COLD_FORMATS="${COLD_FORMATS:-}"
     export MAXJOBS="${MAXJOBS:-6}" NOWAIT=1
+    # the run works from a copy of the checkout: the device tool sends the checkout again with every call, and a
+    # boot that imported builder while a call was arriving failed with "No module named 'builder.cli'" (2026-12-03)
+    rm -rf /tmp/repo-run && mkdir -p /tmp/repo-run && tar -C "$REPO" --exclude=./.bundle -cf - . | tar -C /tmp/repo-run -xf -
+    RUN_SCRIPT=/tmp/repo-run/scripts/gpu/matrix-run.sh
     launch ;;
   wait) waitdone ;;
   inventory) python3 "$REPO/scripts/gpu/cas_device.py" inventory ;;

@@ -25,13 +25,14 @@ running() {  # the run launched on this machine is still alive (its own pid, wri
 }
 
 waitdone() {  # until the run prints DONE or FAILED, or its process is gone; never waits on a run that is not there
-  local t0=$SECONDS
+  local t0=$SECONDS pat='^[0-9:]+ DONE$|FAILED$'
+  [ -z "${WAIT_UNTIL:-}" ] || pat="$pat|$WAIT_UNTIL"   # WAIT_UNTIL: a progress line to return at (MATRIX DONE)
   if [ ! -f "$P/run.pid" ]; then
     echo "$LABEL LOST: no run on this machine (boot $(boot_id)); it went back and came up bare: upload and launch again"
     exit 9
   fi
   while [ $((SECONDS - t0)) -lt "$WAIT" ]; do
-    grep -qE "^[0-9:]+ DONE$|FAILED$${WAIT_UNTIL:+|$WAIT_UNTIL}" "$P/progress.txt" 2>/dev/null && break
+    grep -qE "$pat" "$P/progress.txt" 2>/dev/null && break
     running || break
     sleep 5
   done

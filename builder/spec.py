@@ -49,6 +49,7 @@ from typing import Any
 from builder import values
 from builder.data import path as data_path
 from builder.errors import BadInput
+from builder.platforms import DEFAULT, KNOWN, Platform
 from builder.util import canonical_name
 from builder.validate import check_release, exclude_newer, load_toml, number, read_bounded_text
 
@@ -70,8 +71,8 @@ def lockfiles_dir() -> Path:
     return local if local.is_dir() else data_path("lockfiles")
 
 
-def supported_vllm_versions() -> list[str]:
-    """vLLM versions this checkout has a base manifest for."""
+def supported_vllm_versions(platform: Platform = DEFAULT) -> list[str]:
+    """vLLM versions this checkout has a base manifest for (of ``platform``'s image)."""
     from packaging.version import InvalidVersion, Version
 
     def key(v: str):
@@ -81,15 +82,22 @@ def supported_vllm_versions() -> list[str]:
             return (1, v)
 
     base = lockfiles_dir() / "base"
-    return sorted((p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json")), key=key)
+    suffix = platform.file_suffix()
+    others = tuple(p.file_suffix() for p in KNOWN if p != platform and not p.is_default)
+    names = (p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json"))
+    return sorted((n[:len(n) - len(suffix)] if suffix else n for n in names
+                   if (n.endswith(suffix) if suffix else True) and not n.endswith(others)), key=key)
 
 
-def default_base_manifest(vllm: str) -> Path:
-    return lockfiles_dir() / "base" / f"vllm-openai-v{vllm}.json"
+def default_base_manifest(vllm: str, platform: Platform = DEFAULT) -> Path:
+    """``lockfiles/base/vllm-openai-vX.json`` (linux/amd64) or ``vllm-openai-vX-linux-arm64.json``."""
+    return lockfiles_dir() / "base" / f"vllm-openai-v{vllm}{platform.file_suffix()}.json"
 
 
-def default_lock_path(vllm: str) -> Path:
-    return lockfiles_dir() / f"vllm-{vllm}" / "requirements.lock"
+def default_lock_path(vllm: str, platform: Platform = DEFAULT) -> Path:
+    """``lockfiles/vllm-X/requirements.lock`` (linux/amd64) or ``lockfiles/vllm-X/linux-arm64/requirements.lock``."""
+    folder = lockfiles_dir() / f"vllm-{vllm}"
+    return (folder if platform.is_default else folder / platform.slug) / "requirements.lock"
 
 
 @dataclass
@@ -299,7 +307,19 @@ def load_spec(path: str | Path | None) -> Spec:
     return parse_spec(read_bounded_text(p, "spec file"), str(p))
 
 
-def check_vllm_version(vllm: str, where: str = "--vllm") -> None:
+def check_vllm_version(vllm: str, where: str = "--vllm", platform: Platform = DEFAULT) -> None:
     """BadInput (exit 2, "no base manifest", the known releases named) for a release this checkout
-    has no base manifest for (:func:`builder.validate.check_release`)."""
+    has no base manifest for (:func:`builder.validate.check_release`); for another platform than the default,
+    also one whose image of that platform has no manifest here (the releases that have one named, and the
+    commands that add it)."""
     check_release(vllm, supported_vllm_versions(), where=where)
+    if platform.is_default:
+        return
+    have = supported_vllm_versions(platform)
+    if vllm not in have:
+        raise BadInput(
+            f"there is no {platform.name} base manifest for vllm {vllm} in this checkout ({platform.name}: "
+            f"{', '.join(have) or 'none'}; the lock and the gate of one platform never stand in for another's).",
+            hint=f"`build-image base reconstruct --vllm {vllm} --platform {platform.name}` writes it from the "
+                 f"release's own {platform.machine} build step, then `build-image lock --vllm {vllm} --platform "
+                 f"{platform.name}`.")

@@ -22,7 +22,9 @@ from packaging.version import Version
 
 from builder import __version__
 from builder import engine as engine_adapter
+from builder import platforms as P
 from builder.errors import BadInput, EngineUnavailable, ExternalToolError
+from builder.platforms import Platform
 from builder.resolve.floor import checker, consistency_tool
 from builder.resolve.manifest import BaseManifest, Distribution, parse_manifest
 from builder.resolve.scanner import ELF_MAGIC, GLIBC_VER, might_be_elf, scan_site_packages
@@ -40,7 +42,7 @@ def _check_xy(value: str, flag: str) -> str:
     return value
 
 
-def platform_for(glibc: str, arch: str = "x86_64") -> str:
+def platform_for(glibc: str, arch: str = P.DEFAULT.machine) -> str:
     """uv's ``--python-platform`` for a glibc: ``2.35`` -> ``x86_64-manylinux_2_35``."""
     return f"{arch}-manylinux_{glibc.replace('.', '_')}"
 
@@ -418,12 +420,23 @@ def snapshot_image(
         python_abi="cp" + scan.python.replace(".", ""),
         site_packages="/" + max(scan.dirs, key=lambda d: scan.counts[d]),
         cuda=cuda,
-        platform=platform or platform_for(glibc),
+        platform=platform or platform_for(glibc, image_platform(ref, info).machine),
         provenance_kind="read-from-image",
         provenance_method=method,
         distributions=scan.dists,
         consistency=image_consistency(ref, scan.dists, scan.interpreter),
     )
+
+
+def image_platform(ref: str, info: dict) -> Platform:
+    """The platform of a local image, from its config (``Os``/``Architecture``/``Variant`` of ``docker image
+    inspect``); one build-image does not build for (``linux/arm/v7``) is :class:`BadInput` naming it."""
+    os_name, arch, variant = info.get("Os") or "linux", info.get("Architecture") or "amd64", info.get("Variant")
+    found = P.from_oci(os_name, arch, variant)
+    if found is None:
+        shown = "/".join(x for x in (os_name, arch, variant) if x)
+        raise BadInput(f"image {ref!r} is a {shown} image; build-image builds for {P.known_names()} only.")
+    return found
 
 
 def _inspect_local_image(ref: str) -> dict:

@@ -22,6 +22,7 @@ error the command raises after printing the summary.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,9 +31,11 @@ from builder import engine as engine_adapter
 from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
 from builder.events import Reporter
 from builder.image.build import BuildResult, build_image, missing_bases
+from builder.image.multiplatform import build_plan, render_platforms
 from builder.image.push import PushResult, push_image
 from builder.image.render import RenderInputs, RenderResult, build_hint, render_context, render_inputs
 from builder.patching.series import Series, load_series, shipped_series
+from builder.platforms import DEFAULT, Platform
 from builder.resolve import base as base_snapshot
 from builder.resolve.base import repo_of
 from builder.resolve.baseref import ResolvedBase, classify, resolve_base
@@ -68,9 +71,18 @@ class PipelineRequest:
     model: str | None = None
     pull: bool = False
     allow_base_drift: bool = False
+    platforms: tuple[Platform, ...] = (DEFAULT,)  # several: one context per platform, one index
 
     def check(self) -> None:
         """Contradictory or incomplete flags: BadInput before any work."""
+        if len(self.platforms) > 1:
+            given = [f for f, v in (("--lock", self.spec.lock), ("--base", self.spec.base), ("--smoke", self.smoke),
+                                    ("--kuberay", self.kuberay)) if v]
+            if given:
+                raise BadInput(f"{' and '.join(given)} apply to one platform's image, and {len(self.platforms)} "
+                               "platforms were asked for.",
+                               hint="drop " + " and ".join(given) + ", or run one --platform at a time (smoke "
+                                    "and KubeRay run the platform of the GPU nodes).")
         if self.smoke and not self.model:
             raise BadInput("--smoke needs --model PATH (or serving.model in the spec).")
         if self.series and self.no_patches:
@@ -103,11 +115,11 @@ def release_context(req: PipelineRequest) -> Release:
     vllm = version_string(spec.vllm, where=where)
     kind = classify(spec.base)
     if kind == "default":
-        check_vllm_version(vllm, where=where)
+        check_vllm_version(vllm, where=where, platform=spec.platform)
     series = None
     if not req.no_patches:
         series = load_series(req.series if req.series else shipped_series(vllm), vllm)
-    base = resolve_base(spec.base, vllm, kind=kind) if kind != "image" else None
+    base = resolve_base(spec.base, vllm, kind=kind, platform=spec.platform) if kind != "image" else None
     return Release(vllm=vllm, base_kind=kind, base=base, base_value=spec.base, series=series)
 
 
@@ -263,8 +275,11 @@ def _dir_size(path: Path) -> int:
 
 
 def run(req: PipelineRequest, reporter: Reporter, *, engine=None) -> PipelineResult:
-    """Run the stages in order, each on the previous one's result (see the module doc)."""
+    """Run the stages in order, each on the previous one's result (see the module doc); several platforms:
+    :func:`run_platforms`."""
     req.check()
+    if len(req.platforms) > 1:
+        return run_platforms(req, reporter, engine=engine)
     release = release_context(req)  # before any lock or download: each fact of the release, once
     spec = req.spec
     t_all = time.monotonic()
@@ -321,7 +336,7 @@ class _Run:
         base = release.base
         if release.base_kind == "image":
             with self.stages.stage("base", f"snapshot {spec.base}"):
-                base = resolve_base(release.base_value, release.vllm, kind="image")
+                base = resolve_base(release.base_value, release.vllm, kind="image", platform=spec.platform)
         elif held is not None:
             with self.stages.stage("base", f"verify the manifest against {held.ref} (the engine holds it)"):
                 self.checked = verify_base(held, self.reporter.message)
@@ -439,3 +454,43 @@ class _Run:
         if smoked.exit_code != 0:
             return VerdictFailure(f"smoke test of {image}: {smoked.verdict}.")
         return None
+
+
+def run_platforms(req: PipelineRequest, reporter: Reporter, *, engine=None) -> PipelineResult:
+    """Several platforms: each platform's release context and lock (the gate on its own base), then one context
+    per platform and ``platforms.json`` (:func:`builder.image.multiplatform.render_platforms`), then the build of
+    each platform and the push of one index where the engine holds every platform's base; else it stops after
+    render with the commands that finish the job."""
+
+    t_all = time.monotonic()
+    stages = Stages(reporter, 2 * len(req.platforms) + 1)
+    summary: dict = {"vllm": req.spec.vllm, "context": str(req.out), "platforms": [p.name for p in req.platforms],
+                     "per_platform": {}, "stages_s": stages.times}
+    locked: dict[Platform, Locked] = {}
+    series = None
+    for p in req.platforms:
+        spec = dataclasses.replace(req.spec, platform=p)
+        release = release_context(dataclasses.replace(req, spec=spec, platforms=(p,)))
+        series = release.series
+        with stages.stage(f"lock {p.name}", f"{spec.lock_path} (reused when up to date; ABI gate on its own base)"):
+            one = run_lock(spec, default_overlay=req.default_overlay, base=release.base,
+                           progress=reporter.scoped(f"lock {p.name}: ").step, on_message=reporter.message)
+            reporter.message(f"{p.name}: {one.summary_line()}")
+        locked[p] = one
+        summary["per_platform"][p.name] = {"lock": str(one.path), "lock_hash": one.lock_hash,
+                                           "base": one.manifest.pinned_ref}
+    with stages.stage("patch+render", f"one context per platform -> {req.out}"):
+        ctx = render_platforms(req.spec, req.platforms, req.out, series=series, vllm_wheel=req.wheel,
+                               no_patches=req.no_patches, reporter=reporter.scoped("  "),
+                               allow_base_drift=req.allow_base_drift, locked=locked)
+    summary.update(index_tags=list(ctx.index_tags), build_plan=build_plan(ctx))
+    for c in ctx.platforms:
+        summary["per_platform"][c.platform.name].update(context=str(req.out / c.context), tags=list(c.tags))
+    summary.update(status="rendered", total_s=round(time.monotonic() - t_all, 2))
+    how = "\n  ".join(build_plan(ctx))
+    notice = (f"multi-platform context rendered\nstopped after render; each platform's context in {req.out} is "
+              f"self-contained. Build and push them:\n  {how}")
+    error = (EngineUnavailable(f"the multi-platform context is complete in {req.out}; build and push it with "
+                               f"build-image build / push.", hint=how) if req.push else None)
+    return PipelineResult(status="rendered", summary=summary, error=error, notice=notice,
+                          notice_lead="multi-platform context rendered", stages_s=stages.times)

@@ -139,6 +139,7 @@ class Spec:
     serving: Serving = field(default_factory=Serving)
     source: str | None = None  # the spec file read, if any
     vllm_given: bool = False  # vllm named by a flag or the spec file (not the built-in default)
+    platform: Platform = DEFAULT  # the image platform this spec is locked, gated and rendered for
 
     @property
     def overlay(self) -> list[str]:
@@ -146,7 +147,17 @@ class Spec:
 
     @property
     def lock_path(self) -> Path:
-        return Path(self.lock) if self.lock else default_lock_path(self.vllm)
+        return Path(self.lock) if self.lock else default_lock_path(self.vllm, self.platform)
+
+    def for_platforms(self, platforms: tuple[Platform, ...]) -> list[Spec]:
+        """One spec per platform (pure): each locks into its platform's default lock; a ``--lock``/``lock`` file
+        names one lock, so with several platforms it is :class:`BadInput`."""
+        if len(platforms) > 1 and self.lock:
+            raise BadInput(f"--lock/-o {self.lock} names one lock file, but {len(platforms)} platforms were asked "
+                           f"for ({', '.join(p.name for p in platforms)}): each platform has its own lock.",
+                           hint="leave the lock path out (each platform's lock is lockfiles/vllm-X[/linux-arm64]/"
+                                "requirements.lock), or give one --platform.")
+        return [replace(self, platform=p) for p in platforms]
 
     def with_flags(self, **flags: Any) -> Spec:
         """Return a copy where every flag that is not None overrides the spec."""

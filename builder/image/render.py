@@ -375,7 +375,7 @@ def sweep_leftovers(out: Path) -> list[Path]:
     return removed
 
 
-def _check_replaceable(out: Path) -> None:
+def check_replaceable(out: Path) -> None:
     """``out`` may be replaced only when absent, empty, or a context rendered by this tool."""
     if not out.exists():
         return
@@ -449,7 +449,7 @@ def write_checks(ctx: Path, plan: RenderPlan) -> None:
 
 def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: str, *, wheels, patched_root,
                           lock_text, extra) -> list[str]:
-    _check_replaceable(out)
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(out)  # made inside the try: an interrupt just after the mkdir still removes it
     old: Path | None = None
@@ -688,7 +688,7 @@ def render_inputs(spec, *, lock_file: str | Path | None = None, base: str | None
     if locked is not None:
         resolved, lock, text, lock_path = locked.base, locked.lock, locked.text, locked.path
     else:
-        resolved = resolve_base(base or spec.base, spec.vllm)
+        resolved = resolve_base(base or spec.base, spec.vllm, platform=spec.platform)
         lock_path = Path(lock_file) if lock_file else spec.lock_path
         lock, text = _read(lock_path)  # BadInput naming the file/line when missing or malformed
     vllm_on_base(resolved, spec.vllm)  # a base with another vllm: exit 2 naming both

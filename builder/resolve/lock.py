@@ -75,7 +75,7 @@ from builder.util import (
 )
 from builder.validate import read_bounded_text
 
-FACTS_CACHE_VERSION = "1"
+FACTS_CACHE_VERSION = "2"  # 2: the ELF machines of a wheel (the gate's elf-machine rule)
 DEFAULT_RAY = "ray[serve]"  # the default overlay (builder.spec.DEFAULT_OVERLAY)
 RAY_POLICY = "ray[llm]-pins-vllm/1"  # inputs-sha256 names the rule that picks the default ray
 Progress = Callable[[str], None]

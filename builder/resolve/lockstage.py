@@ -113,7 +113,7 @@ def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = 
         if on_message is not None:
             on_message(msg)
 
-    resolved = base if base is not None else resolve_base(spec.base, spec.vllm)
+    resolved = base if base is not None else resolve_base(spec.base, spec.vllm, platform=spec.platform)
     if not spec.vllm_given and resolved.vllm:  # no --vllm: the base's vllm (and its default lock path)
         spec = spec.with_flags(vllm=resolved.vllm)
     req = L.request_for(

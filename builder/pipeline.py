@@ -30,6 +30,7 @@ from builder import engine as engine_adapter
 from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
 from builder.events import Reporter
 from builder.image.build import BuildResult, build_image, missing_bases
+from builder.image.naming import lock_platform
 from builder.image.push import PushResult, push_image
 from builder.image.render import RenderInputs, RenderResult, build_hint, render_context, render_inputs
 from builder.patching.series import Series, load_series, shipped_series
@@ -406,7 +407,8 @@ class _Run:
         with self.stages.stage("build", "BuildKit, --network=none"):
             built = build_image(rendered.out_dir, rendered.tags, vllm=rendered.vllm,
                                 lock_hash=rendered.lock_hash, base_refs=rendered.base_refs, engine=engine,
-                                pull=self.req.pull, bases_checked=True, reporter=self.reporter.scoped("build: "))
+                                pull=self.req.pull, bases_checked=True, reporter=self.reporter.scoped("build: "),
+                                platform=lock_platform(rendered.lock))
         self.built = built
         self.summary.update(image_id=built.image_id, image_bytes=built.size_bytes, cached_steps=built.cached_steps)
         for line in built.warnings:  # allowed base drift, listed by the checks stage

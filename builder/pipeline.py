@@ -31,7 +31,9 @@ from builder import engine as engine_adapter
 from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
 from builder.events import Reporter
 from builder.image.build import BuildResult, build_image, missing_bases
-from builder.image.multiplatform import build_plan, render_platforms
+from builder.image.multiplatform import build_platforms, push_platforms, read_multi_context
+from builder.image.naming import lock_platform
+from builder.image.platforms_render import build_plan, render_platforms
 from builder.image.push import PushResult, push_image
 from builder.image.render import RenderInputs, RenderResult, build_hint, render_context, render_inputs
 from builder.patching.series import Series, load_series, shipped_series
@@ -421,7 +423,8 @@ class _Run:
         with self.stages.stage("build", "BuildKit, --network=none"):
             built = build_image(rendered.out_dir, rendered.tags, vllm=rendered.vllm,
                                 lock_hash=rendered.lock_hash, base_refs=rendered.base_refs, engine=engine,
-                                pull=self.req.pull, bases_checked=True, reporter=self.reporter.scoped("build: "))
+                                pull=self.req.pull, bases_checked=True, reporter=self.reporter.scoped("build: "),
+                                platform=lock_platform(rendered.lock))
         self.built = built
         self.summary.update(image_id=built.image_id, image_bytes=built.size_bytes, cached_steps=built.cached_steps)
         for line in built.warnings:  # allowed base drift, listed by the checks stage
@@ -463,7 +466,7 @@ def run_platforms(req: PipelineRequest, reporter: Reporter, *, engine=None) -> P
     render with the commands that finish the job."""
 
     t_all = time.monotonic()
-    stages = Stages(reporter, 2 * len(req.platforms) + 1)
+    stages = Stages(reporter, len(req.platforms) + 2 + int(req.push))
     summary: dict = {"vllm": req.spec.vllm, "context": str(req.out), "platforms": [p.name for p in req.platforms],
                      "per_platform": {}, "stages_s": stages.times}
     locked: dict[Platform, Locked] = {}
@@ -486,11 +489,42 @@ def run_platforms(req: PipelineRequest, reporter: Reporter, *, engine=None) -> P
     summary.update(index_tags=list(ctx.index_tags), build_plan=build_plan(ctx))
     for c in ctx.platforms:
         summary["per_platform"][c.platform.name].update(context=str(req.out / c.context), tags=list(c.tags))
-    summary.update(status="rendered", total_s=round(time.monotonic() - t_all, 2))
+    stopped = _multi_needs_engine(req, ctx, summary, engine or engine_adapter.get_engine(), t_all, stages)
+    if stopped is not None:
+        return stopped
+    engine = engine or engine_adapter.get_engine()
+    mc = read_multi_context(req.out, req.spec.repo)
+    with stages.stage("build", f"{', '.join(p.name for p in req.platforms)} (BuildKit, --network=none)"):
+        built = build_platforms(mc, engine=engine, pull=req.pull, reporter=reporter.scoped("build: "))
+    for b in built.builds:
+        summary["per_platform"][b.platform.name].update(image_id=b.image_id, image_bytes=b.size_bytes)
+    status = "built"
+    if req.push:
+        with stages.stage("push", f"each platform, then the index {mc.tags[0]}"):
+            pushed = push_platforms(mc, force=req.force, engine=engine, reporter=reporter.scoped("push: "))
+        summary.update(digest=pushed.digest, pinned=pushed.pinned, index=pushed.to_dict())
+        status = "pushed"
+    summary.update(status=status, total_s=round(time.monotonic() - t_all, 2))
+    return PipelineResult(status=status, summary=summary, stages_s=stages.times)
+
+
+def _multi_needs_engine(req: PipelineRequest, ctx, summary: dict, engine, t_all: float,
+                        stages: Stages) -> PipelineResult | None:
+    """None when the engine answers and holds every platform's base; else the run stops after render, with the
+    commands that finish the job (exit 8 when --push was asked for)."""
     how = "\n  ".join(build_plan(ctx))
-    notice = (f"multi-platform context rendered\nstopped after render; each platform's context in {req.out} is "
-              f"self-contained. Build and push them:\n  {how}")
-    error = (EngineUnavailable(f"the multi-platform context is complete in {req.out}; build and push it with "
-                               f"build-image build / push.", hint=how) if req.push else None)
-    return PipelineResult(status="rendered", summary=summary, error=error, notice=notice,
-                          notice_lead="multi-platform context rendered", stages_s=stages.times)
+    try:
+        engine.ping()
+        missing = [] if req.pull else missing_bases(sorted({c.base_ref for c in ctx.platforms}), engine)
+        why = f"the base image {', '.join(missing)} is not in the engine's image store" if missing else None
+    except EngineUnavailable as exc:
+        why = f"no container engine reachable ({exc.message})"
+    if why is None:
+        return None
+    summary.update(status="rendered", total_s=round(time.monotonic() - t_all, 2))
+    notice = (f"{why}\nstopped after render; each platform's context in {req.out} is self-contained. Build and "
+              f"push them:\n  {how}")
+    error = (EngineUnavailable(f"{why}; the multi-platform context is complete in {req.out}.", hint=how)
+             if req.push else None)
+    return PipelineResult(status="rendered", summary=summary, error=error, notice=None if req.push else notice,
+                          notice_lead=why if not req.push else "", stages_s=stages.times)

@@ -35,6 +35,8 @@ Example ``build-image.toml``::
     replicas = 2                          # Serve replicas (each tp x pp GPUs)
     autoscaler = true                     # KubeRay's in-tree autoscaler
     gateway_class = "istio"               # with autoscaler and replicas >= 2: incremental RayService upgrade
+    platform = "linux/arm64"              # KubeRay: the pods' kubernetes.io/arch (of a multi-platform image;
+                                          # default: the image's one platform, linux/amd64 for both)
 
 Unknown keys are rejected (a typo must not be silently ignored).
 """
@@ -50,6 +52,7 @@ from builder import values
 from builder.data import path as data_path
 from builder.errors import BadInput
 from builder.platforms import DEFAULT, KNOWN, Platform
+from builder.platforms import parse as parse_platform
 from builder.util import canonical_name
 from builder.validate import check_release, exclude_newer, load_toml, number, read_bounded_text
 
@@ -123,6 +126,7 @@ class Serving:
     replicas: int = 1                  # Serve replicas of the model (each tp x pp GPUs)
     autoscaler: bool = False           # KubeRay in-tree autoscaler enabled
     gateway_class: str | None = None   # Gateway API class; with autoscaler and replicas >= 2: incremental upgrade
+    platform: str | None = None        # KubeRay: the image platform the pods run on (node selector kubernetes.io/arch)
 
 
 @dataclass
@@ -240,6 +244,9 @@ def parse_spec(text: str, path: str) -> Spec:
         raise BadInput(f"spec {path}: 'serving.distributed_executor_backend' must be one of "
                        f"{', '.join(EXECUTOR_BACKENDS)}, got {backend!r}.")
     _check_cutover(serving_kwargs, path)
+    if "platform" in serving_kwargs:  # one spelling from here on: linux/arm64
+        serving_kwargs["platform"] = parse_platform(serving_kwargs["platform"],
+                                                    where=f"spec {path}: 'serving.platform'").name
     return Spec(
         vllm=doc.get("vllm", "0.26.0"),
         base=doc.get("base"),

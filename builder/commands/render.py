@@ -108,7 +108,7 @@ def _render_platforms(spec, targets, lock_file, base, series, no_patches, wheel,
                       as_json) -> None:
     """``render --platform A,B``: one context per platform and platforms.json (``--json``: the build plan)."""
     from builder.events import RichReporter
-    from builder.image.multiplatform import build_plan, render_platforms
+    from builder.image.platforms_render import build_plan, render_platforms
     from builder.image.render import default_out_dir
 
     given = [f for f, v in (("--lock", lock_file), ("--base", base), ("--kuberay", kuberay)) if v]

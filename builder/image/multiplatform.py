@@ -1,214 +1,314 @@
-"""A build context for several platforms: one complete single-platform context per platform, each on its own
-base and lock, and ``platforms.json`` saying which folder builds which platform.
+"""A multi-platform context: read it, build each platform, push them as one OCI image index.
 
-Layout::
+``render --platform linux/amd64,linux/arm64`` writes ``OUT/platforms.json`` and one complete
+single-platform context per platform in ``OUT/<slug>/`` (``linux-amd64/``, ``linux-arm64/``): each
+builds on its own base digest with its own lock.  ``platforms.json``::
 
-    platforms.json          {"schema": "build-image/platforms/v1", "vllm": …, "index_tags": […],
-                             "platforms": [{"platform": "linux/amd64", "context": "linux-amd64", "base_ref": …,
-                                            "base_digest": …, "lock_sha256": …, "lock_hash": …, "tags": […]}, …]}
-    linux-amd64/            the linux/amd64 context (Dockerfile FROM its base, its lock, its wheels, checks, …)
-    linux-arm64/            the linux/arm64 context
+    {"schema": "build-image/platforms/v1", "vllm": "0.33.0",
+     "platforms": [{"platform": "linux/amd64", "context": "linux-amd64", "base_ref": "...",
+                    "base_digest": null | "sha256:...", "lock_sha256": "<sha256 of its requirements.lock>"}]}
 
-A context for the default platform alone keeps the single-platform layout (no ``platforms.json``).  The
-index (the one image both platforms pull) is tagged from the platforms' lock hashes together
-(:func:`index_hash`), so it moves when either platform's lock moves.
+Build (:func:`build_platforms`): every platform's base is checked first (held by the engine, and of
+the lock's platform: another is refused, exit 2, before anything is built), then each sub-context
+is built with ``--platform`` (BuildKit runs the other machine's steps under QEMU), its checks stage
+(drift, ``pip check``, constraints) with it.  Docker's classic image store keeps ONE image per tag,
+so locally each platform's image carries its own tags, the sub-context's tags with ``-<slug>``
+(``REPO:vllm0.33.0-<12 hex>-linux-arm64``); the tags without a suffix name the index, which exists
+only in a registry.
 
-The whole folder is written as one: every platform's context is rendered into a temp folder beside the
-target, ``platforms.json`` last, then the temp folder is renamed into place — a platform that fails leaves
-the previous context (or nothing), never half of a multi-platform one.
+Push (:func:`push_platforms`): each platform image is pushed under its tags (digest-verified, its
+SBOM and provenance attached as referrers of THAT platform's manifest, by
+:func:`builder.image.push.push_image`), then an OCI image index listing each platform manifest with
+its ``platform`` is PUT under the index tags and read back: the index digest under every tag, each
+child's digest and image config.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import tempfile
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from builder import platforms as P
-from builder.errors import BadInput
+from builder import engine as engine_adapter
+from builder.errors import BadInput, IntegrityError, RegistryError, TagConflict
 from builder.events import SILENT, Reporter
-from builder.image.naming import default_repo, image_tags
-from builder.image.render import check_replaceable, from_ref, render_context, render_inputs
-from builder.platforms import Platform
-from builder.report import render_json
-from builder.util import file_digest, output_lock
+from builder.image import referrers, registry
+from builder.image.build import (
+    BuildResult,
+    base_platform_mismatch,
+    build_image,
+    missing_base_error,
+    missing_bases,
+)
+from builder.image.naming import image_tags, is_content_addressed, lock_platform, parse_ref
+from builder.image.push import PushResult, push_image
+from builder.image.render import ContextOnDisk, default_repo, read_context
+from builder.platforms import Platform, joined, parse, parse_list
 from builder.validate import load_json, read_bounded_text
 
 PLATFORMS_FILE = "platforms.json"
-SCHEMA = "build-image/platforms/v1"
+PLATFORMS_SCHEMA = "build-image/platforms/v1"
 
 
 @dataclass(frozen=True)
 class PlatformContext:
-    """One platform's context inside a multi-platform context."""
+    """One platform of a multi-platform context: its verified sub-context and its local tags."""
 
     platform: Platform
-    context: str                 # the folder, relative to the multi-platform context (its slug)
-    base_ref: str                # what its Dockerfile builds FROM
-    base_digest: str | None      # the base image's digest where the manifest knows it
-    lock_sha256: str             # sha256 of its requirements.lock
-    lock_hash: str               # the lock's hash (its content-addressed tag)
-    tags: tuple[str, ...]        # the platform image's own tag (content-addressed by its lock; the floating tag
-    #                              vllmX is the index's alone)
-
-    def to_dict(self) -> dict:
-        return {"platform": self.platform.name, "context": self.context, "base_ref": self.base_ref,
-                "base_digest": self.base_digest, "lock_sha256": self.lock_sha256, "lock_hash": self.lock_hash,
-                "tags": list(self.tags)}
+    context: ContextOnDisk
+    base_ref: str
+    base_digest: str | None
+    tags: tuple[str, ...]          # the sub-context's tags, each with -<slug> (one image per tag locally)
 
 
 @dataclass(frozen=True)
-class PlatformsContext:
-    """A multi-platform context: its folder, the release, the index's tags and each platform's context."""
-
+class MultiContext:
     out_dir: Path
     vllm: str
+    held: tuple[Platform, ...]            # every platform the context was rendered for
+    platforms: tuple[PlatformContext, ...]  # the selected ones, in the context's order
+    tags: tuple[str, ...]                 # the index's tags (content-addressed over the selected locks, moving)
+
+
+def is_multi(context: str | Path) -> bool:
+    """Whether ``context`` is a multi-platform render (holds ``platforms.json``)."""
+    return (Path(context) / PLATFORMS_FILE).is_file()
+
+
+def index_lock_hash(parts: Sequence[tuple[Platform, str]]) -> str:
+    """Pure: the index's content hash, over each platform's name and lock hash (the order of the context)."""
+    return hashlib.sha256("".join(f"{p.name} {h}\n" for p, h in parts).encode()).hexdigest()
+
+
+def platform_tags(tags: Sequence[str], platform: Platform) -> tuple[str, ...]:
+    """Pure: the local tags of one platform's image: ``REPO:vllmX-<12 hex>`` -> ``REPO:vllmX-<12 hex>-linux-arm64``."""
+    return tuple(f"{t}-{platform.slug}" for t in tags)
+
+
+def held_platforms(context: str | Path) -> tuple[Platform, ...]:
+    """The platforms a multi-platform context was rendered for (from ``platforms.json``)."""
+    return tuple(parse(e["platform"], where=f"{Path(context) / PLATFORMS_FILE}")
+                 for e in _entries(_read_doc(Path(context))))
+
+
+def _read_doc(ctx: Path) -> dict:
+    where = str(ctx / PLATFORMS_FILE)
+    try:
+        doc = load_json(read_bounded_text(ctx / PLATFORMS_FILE, "platforms.json"), where)
+    except ValueError as exc:
+        raise BadInput(f"{where} is not JSON ({exc}).", hint="re-run `build-image render --platform ...`.") from None
+    if not isinstance(doc, dict) or doc.get("schema") != PLATFORMS_SCHEMA:
+        raise BadInput(f"{where} is not a build-image platforms file (schema {PLATFORMS_SCHEMA}).",
+                       hint="re-run `build-image render --platform ...`.")
+    return doc
+
+
+def _entries(doc: dict) -> list[dict]:
+    entries = doc.get("platforms")
+    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
+        raise BadInput(f"{PLATFORMS_FILE}: 'platforms' must be a non-empty list of objects.")
+    return entries
+
+
+def select(held: Sequence[Platform], wanted: str | None, context: Path) -> tuple[Platform, ...]:
+    """The platforms ``--platform`` selects of those the context holds (all for None); one it does not
+    hold is BadInput naming what it holds."""
+    if wanted is None or not wanted.strip():
+        return tuple(held)
+    chosen = parse_list(wanted)
+    absent = [p.name for p in chosen if p not in held]
+    if absent:
+        raise BadInput(f"--platform {', '.join(absent)}: the context {context} was rendered for {joined(held)} only.",
+                       hint=f"pick of {joined(held)}, or render the context for {', '.join(absent)} "
+                            "(build-image render --platform ...).")
+    return tuple(p for p in held if p in chosen)
+
+
+def read_multi_context(context: str | Path, repo: str | None, *, wanted: str | None = None) -> MultiContext:
+    """Read and verify a multi-platform context (every sub-context as :func:`read_context` does, each lock
+    against ``platforms.json``'s sha256 and platform, each base ref against the sub-context's Dockerfile)."""
+    ctx = Path(context)
+    doc = _read_doc(ctx)
+    vllm = doc.get("vllm")
+    if not isinstance(vllm, str) or not vllm:
+        raise BadInput(f"{ctx / PLATFORMS_FILE}: 'vllm' is missing.")
+    entries = _entries(doc)
+    held = tuple(parse(str(e.get("platform")), where=f"{ctx / PLATFORMS_FILE}") for e in entries)
+    chosen = select(held, wanted, ctx)
+    subs = []
+    for p, entry in zip(held, entries):
+        if p in chosen:
+            subs.append(_platform_context(ctx, p, entry, repo, vllm))
+    tags = image_tags(repo or default_repo(), vllm, index_lock_hash([(s.platform, s.context.lock_hash) for s in subs]))
+    return MultiContext(out_dir=ctx, vllm=vllm, held=held, platforms=tuple(subs), tags=tuple(tags))
+
+
+def _platform_context(ctx: Path, p: Platform, entry: dict, repo: str | None, vllm: str) -> PlatformContext:
+    where = f"{ctx / PLATFORMS_FILE} ({p.name})"
+    if entry.get("context") != p.slug:  # a fixed folder name: nothing outside the context is read
+        raise BadInput(f"{where}: 'context' is {entry.get('context')!r}; the {p.name} context is the folder {p.slug}.")
+    sub = ctx / p.slug
+    lock_file = sub / "requirements.lock"
+    if not lock_file.is_file():
+        raise BadInput(f"{where}: {sub} holds no requirements.lock.",
+                       hint="re-run `build-image render --platform ...`.")
+    got = hashlib.sha256(lock_file.read_bytes()).hexdigest()
+    if entry.get("lock_sha256") != got:
+        raise IntegrityError(f"{where}: {lock_file} has sha256 {got[:16]}..., platforms.json says "
+                             f"{str(entry.get('lock_sha256'))[:16]}...", hint="re-run `build-image render`.")
+    one = read_context(sub, repo)  # verifies every wheel and patched file
+    if one.vllm != vllm:
+        raise BadInput(f"{where}: the lock is for vllm {one.vllm}, platforms.json for {vllm}.")
+    locked_for = lock_platform(one.lock)
+    if locked_for != p:
+        raise BadInput(f"{where}: its lock was made for {locked_for.name}, not {p.name}.",
+                       hint="re-run `build-image render --platform ...`.")
+    base_ref, digest = entry.get("base_ref"), entry.get("base_digest")
+    if not isinstance(base_ref, str) or base_ref not in one.base_refs:
+        raise BadInput(f"{where}: base_ref {base_ref!r} is not what its Dockerfile builds FROM "
+                       f"({', '.join(one.base_refs)}).")
+    if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", digest)):
+        raise BadInput(f"{where}: base_digest {digest!r} is neither null nor sha256:<64 hex>.")
+    return PlatformContext(platform=p, context=one, base_ref=base_ref, base_digest=digest,
+                           tags=platform_tags(one.tags, p))
+
+
+# ------------------------------------------------------------------------------------------------ build
+@dataclass(frozen=True)
+class MultiBuildResult:
+    """One :class:`BuildResult` per platform (each carries its ``platform``), and the index tags a push uses."""
+
+    builds: tuple[BuildResult, ...]
     index_tags: tuple[str, ...]
-    platforms: tuple[PlatformContext, ...]
+
+    @property
+    def seconds(self) -> float:
+        return round(sum(b.seconds for b in self.builds), 2)
 
     def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "vllm": self.vllm, "index_tags": list(self.index_tags),
-                "platforms": [p.to_dict() for p in self.platforms]}
+        return {"platforms": [b.to_dict() for b in self.builds], "index_tags": list(self.index_tags),
+                "seconds": self.seconds}
 
-    def folder(self, platform: Platform) -> Path:
-        return self.out_dir / next(p.context for p in self.platforms if p.platform == platform)
 
-    def select(self, wanted: Sequence[Platform] | None) -> tuple[PlatformContext, ...]:
-        """The platforms ``wanted`` (all when None); one the context does not hold is exit 2 naming what it holds."""
-        if not wanted:
-            return self.platforms
-        have = {p.platform: p for p in self.platforms}
-        missing = [w.name for w in wanted if w not in have]
+def check_bases(mc: MultiContext, engine, *, pull: bool = False) -> None:
+    """Before any build: every platform's base is held (unless ``pull``) and of that platform."""
+    if not pull:
+        missing = missing_bases(sorted({r for s in mc.platforms for r in s.context.base_refs}), engine)
         if missing:
-            raise BadInput(f"{self.out_dir} holds no context for {', '.join(missing)}; it holds "
-                           f"{', '.join(p.platform.name for p in self.platforms)}.",
-                           hint=f"render it: build-image render --platform {P.joined(list(wanted))}.")
-        return tuple(have[w] for w in wanted)
+            raise missing_base_error(missing)
+    for s in mc.platforms:
+        refused = base_platform_mismatch(s.context.base_refs, s.platform, engine)
+        if refused is not None:
+            raise refused
 
 
-def index_hash(lock_hashes: Sequence[tuple[Platform, str]]) -> str:
-    """The hash the index is tagged with: sha256 over each platform's name and lock hash, in platform order
-    (pure; 64 hex digits, of which the tag takes a prefix as a single platform's lock hash does)."""
-    text = "".join(f"{p.name} {h}\n" for p, h in sorted(lock_hashes))
-    return hashlib.sha256(text.encode()).hexdigest()
+def build_platforms(mc: MultiContext, *, engine=None, pull: bool = False,
+                    reporter: Reporter = SILENT) -> MultiBuildResult:
+    """Build every selected platform of ``mc`` (bases checked for all of them first)."""
+    engine = engine or engine_adapter.get_engine()
+    engine.ping()
+    check_bases(mc, engine, pull=pull)
+    builds = []
+    for s in mc.platforms:
+        builds.append(build_image(s.context.out_dir, s.tags, vllm=s.context.vllm, lock_hash=s.context.lock_hash,
+                                  base_refs=s.context.base_refs, engine=engine, pull=pull, bases_checked=True,
+                                  reporter=reporter.scoped(f"{s.platform.name}: "), platform=s.platform))
+    return MultiBuildResult(builds=tuple(builds), index_tags=mc.tags)
 
 
-def platforms_plan(vllm: str, repo: str, contexts: Sequence[PlatformContext]) -> dict:
-    """The document ``platforms.json`` holds (pure)."""
-    tags = image_tags(repo, vllm, index_hash([(c.platform, c.lock_hash) for c in contexts]))
-    return {"schema": SCHEMA, "vllm": vllm, "index_tags": list(tags), "platforms": [c.to_dict() for c in contexts]}
+# ------------------------------------------------------------------------------------------------- push
+@dataclass(frozen=True)
+class IndexPushResult:
+    """The pushed index (digest under every index tag) and each platform's push (digest, attestations)."""
+
+    digest: str
+    pinned: str                                   # REGISTRY/REPO@sha256:<index>
+    tags: tuple[str, ...]
+    platforms: tuple[tuple[Platform, PushResult], ...]
+    moved_tags: tuple[str, ...]
+
+    def to_dict(self) -> dict:
+        return {
+            "index": {"digest": self.digest, "pinned": self.pinned, "media_type": referrers.OCI_INDEX,
+                      "tags": list(self.tags)},
+            "platforms": [{"platform": p.name} | r.to_dict() for p, r in self.platforms],
+            "moved_tags": list(self.moved_tags),
+        }
 
 
-def write_platforms_context(out: Path, vllm: str, repo: str, targets: Sequence[Platform],
-                            render_one: Callable[[Platform, Path], PlatformContext],
-                            check_replaceable: Callable[[Path], None]) -> PlatformsContext:
-    """Render each platform's context with ``render_one(platform, folder)`` into a temp folder beside ``out``,
-    write ``platforms.json``, and rename the whole into place (see the module doc).  ``check_replaceable(out)``
-    refuses an ``out`` that is not a context build-image rendered (nothing is changed then)."""
-    out = Path(out)
-    with output_lock(out):
-        if out.is_dir() and (out / PLATFORMS_FILE).is_file():
-            read_platforms(out)  # an earlier multi-platform context: replaceable when it is one we wrote
-            for entry in out.iterdir():
-                if entry.name != PLATFORMS_FILE and entry.is_dir():
-                    check_replaceable(entry)
-                elif entry.name != PLATFORMS_FILE:
-                    raise BadInput(f"-o {out}: the context holds {entry.name}, which render did not write; render "
-                                   "replaces a context as a whole, so it refuses rather than delete it.")
-        else:
-            check_replaceable(out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-        old = None
-        try:
-            contexts = [render_one(p, tmp / p.slug) for p in targets]
-            doc = platforms_plan(vllm, repo, contexts)
-            (tmp / PLATFORMS_FILE).write_text(render_json(doc), encoding="utf-8")
-            os.chmod(tmp, 0o755)
-            if out.exists():
-                old = out.parent / f".{out.name}.old-{os.getpid()}"
-                os.replace(out, old)
-            os.replace(tmp, out)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if old is not None and old.exists() and not out.exists():
-                os.replace(old, out)
-            raise
-    return PlatformsContext(out_dir=out, vllm=vllm, index_tags=tuple(doc["index_tags"]),
-                            platforms=tuple(contexts))
+def index_document(children: Sequence[tuple[Platform, dict]]) -> bytes:
+    """Pure: the OCI image index bytes listing each platform's manifest descriptor (mediaType, digest, size)."""
+    manifests = [{"mediaType": d["mediaType"], "digest": d["digest"], "size": d["size"],
+                  "platform": {"architecture": p.arch, "os": p.os}} for p, d in children]
+    doc = {"schemaVersion": 2, "mediaType": referrers.OCI_INDEX, "manifests": manifests}
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
 
-def read_platforms(ctx: Path) -> PlatformsContext | None:
-    """The multi-platform context at ``ctx`` (None for a single-platform one), each platform's lock checked
-    against the sha256 ``platforms.json`` records; a malformed file is exit 2 naming it."""
-    path = Path(ctx) / PLATFORMS_FILE
-    if not path.is_file():
-        return None
-    doc = load_json(read_bounded_text(path, "platforms file"), str(path))
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("platforms"), list):
-        raise BadInput(f"{path}: not a build-image platforms file (schema {SCHEMA!r} with a 'platforms' list).")
-    out = []
-    for i, e in enumerate(doc["platforms"]):
-        where = f"{path}: platforms[{i}]"
-        if not isinstance(e, dict):
-            raise BadInput(f"{where} is not an object.")
-        platform = P.parse(str(e.get("platform")), where=f"{where}.platform")
-        folder = str(e.get("context") or "")
-        if folder != platform.slug:
-            raise BadInput(f"{where}.context must be {platform.slug!r}, got {folder!r:.60}.")
-        lock = Path(ctx) / folder / "requirements.lock"
-        if not lock.is_file() or file_digest(lock) != e.get("lock_sha256"):
-            raise BadInput(f"{where}: {lock} is missing or not the lock platforms.json records (sha256 "
-                           f"{e.get('lock_sha256')!r:.80}); render the context again.")
-        out.append(PlatformContext(platform=platform, context=folder, base_ref=str(e.get("base_ref") or ""),
-                                   base_digest=e.get("base_digest"), lock_sha256=str(e["lock_sha256"]),
-                                   lock_hash=str(e.get("lock_hash") or ""),
-                                   tags=tuple(str(t) for t in e.get("tags") or ())))
-    if not out:
-        raise BadInput(f"{path}: lists no platform.")
-    return PlatformsContext(out_dir=Path(ctx), vllm=str(doc.get("vllm") or "-"),
-                            index_tags=tuple(str(t) for t in doc.get("index_tags") or ()), platforms=tuple(out))
+def _index_conflicts(mc: MultiContext, want: str | None) -> tuple[list[str], list[str]]:
+    """(conflicts, moving) of the index tags: a tag already naming another manifest in the registry."""
+    conflicts, moving = [], []
+    for t in mc.tags:
+        client, ref = registry.client_for(t)
+        client.ping()
+        have = client.manifest_digest(ref.repository, ref.tag or "latest")
+        if have is not None and have != want:
+            (conflicts if is_content_addressed(t) else moving).append(f"{t} -> {have[:19]}…")
+    return conflicts, moving
 
 
-def render_platforms(spec, targets: Sequence[Platform], out: Path, *, series=None, series_dir: Path | None = None,
-                     vllm_wheel: Path | None = None, no_patches: bool = False, reporter: Reporter = SILENT,
-                     allow_base_drift: bool = False, locked: dict | None = None) -> PlatformsContext:
-    """Render one context per platform into ``out`` (see the module doc): each on its platform's base manifest
-    and lock (``locked``: the pipeline's :class:`builder.resolve.lockstage.Locked` per platform; else the
-    spec's, read once each), all patched by the one series (pure-Python files: the same on every platform;
-    the image build checks each file's original sha256 in that platform's base before patching it)."""
+def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
+                   reporter: Reporter = SILENT) -> IndexPushResult:
+    """Push each platform image (with its attestations), then the index under the index tags, all verified."""
+    engine = engine or engine_adapter.get_engine()
+    for t in mc.tags:
+        if parse_ref(t).registry == "docker.io" and "/" not in t.split(":")[0]:
+            raise BadInput(f"tag {t} has no registry host; use --tag HOST[:PORT]/REPO.")
+    conflicts, _ = _index_conflicts(mc, None)
+    if conflicts and not force:  # a content-addressed index tag naming something: known before any push
+        raise TagConflict("index tag(s) already point at a different manifest in the registry: "
+                          + "; ".join(conflicts) + ". Nothing was pushed.",
+                          hint="pass --force to move the tag(s).")
+    pushed = []
+    for s in mc.platforms:
+        pushed.append((s.platform, push_image(s.tags, force=force, engine=engine, context=s.context.out_dir,
+                                              reporter=reporter.scoped(f"{s.platform.name}: "))))
+    client, ref = registry.client_for(mc.tags[0])
+    children = [(p, referrers.subject_descriptor(client, ref.repository, r.digest or "")) for p, r in pushed]
+    data = index_document(children)
+    digest = referrers.digest_of(data)
+    _, moving = _index_conflicts(mc, digest)
+    for t in mc.tags:
+        c, r = registry.client_for(t)
+        reporter.step(f"index {t}")
+        status, _, body = c.request("PUT", f"/v2/{r.repository}/manifests/{r.tag}",
+                                    {"Content-Type": referrers.OCI_INDEX}, data)
+        if status not in (200, 201, 202):
+            text = body.decode("utf-8", "replace").strip().replace("\n", " ")[:300]
+            raise RegistryError(f"registry {c.registry} refused the image index under {t} (HTTP {status}: {text}).")
+    verify_index(mc, digest, pushed)
+    return IndexPushResult(digest=digest, pinned=f"{ref.registry}/{ref.repository}@{digest}", tags=mc.tags,
+                           platforms=tuple(pushed), moved_tags=tuple(m.split(" ->")[0] for m in moving))
 
-    def one(platform: Platform, folder: Path) -> PlatformContext:
-        sp = replace(spec, platform=platform)
-        inputs = render_inputs(sp, locked=(locked or {}).get(platform))
-        res = render_context(vllm=sp.vllm, base=inputs.manifest, lock=inputs.lock, lock_text=inputs.lock_text,
-                             out_dir=folder, series=series, series_dir=series_dir, vllm_wheel=vllm_wheel,
-                             repo=sp.repo, no_patches=no_patches, reporter=reporter.scoped(f"{platform.name}: "),
-                             base_data=inputs.base_data, allow_base_drift=allow_base_drift)
-        return PlatformContext(platform=platform, context=platform.slug, base_ref=from_ref(inputs.manifest),
-                               base_digest=inputs.manifest.image_digest,
-                               lock_sha256=file_digest(folder / "requirements.lock"),
-                               lock_hash=inputs.lock.lock_hash, tags=tuple(res.tags[:1]))
 
-    return write_platforms_context(out, spec.vllm, spec.repo or default_repo(), targets, one, check_replaceable)
-
-
-def build_plan(ctx: PlatformsContext) -> list[str]:
-    """What building and pushing the context does, one copy-pasteable line per step (pure)."""
-    import shlex
-
-    q = shlex.quote
-    lines = [f"DOCKER_BUILDKIT=1 docker build --platform {c.platform.name} --network=none "
-             f"-t {q(c.tags[0] if c.tags else c.platform.slug)} {q(str(ctx.out_dir / c.context))}"
-             for c in ctx.platforms]
-    lines.append("push each platform's image, then the OCI image index "
-                 f"{ctx.index_tags[0] if ctx.index_tags else '-'} listing "
-                 + ", ".join(c.platform.name for c in ctx.platforms)
-                 + f" (build-image build {q(str(ctx.out_dir))} && build-image push {q(str(ctx.out_dir))})")
-    return lines
+def verify_index(mc: MultiContext, digest: str, pushed: Sequence[tuple[Platform, PushResult]]) -> None:
+    """Read the index back under every tag: its digest, each child's platform and digest, each child manifest's
+    own digest and image config (the local image's ID)."""
+    want = {p: r for p, r in pushed}
+    for t in mc.tags:
+        client, ref = registry.client_for(t)
+        got = client.manifest(ref.repository, ref.tag or "latest")
+        if got is None or got[0] != digest:
+            raise RegistryError(f"after pushing the index under {t} the registry serves "
+                                f"{got[0] if got else 'nothing'}, not the index {digest}.")
+        listed = {(m.get("platform") or {}).get("architecture"): m.get("digest") for m in got[1].get("manifests", [])}
+        for p, r in want.items():
+            if listed.get(p.arch) != r.digest:
+                raise RegistryError(f"the index under {t} lists {listed.get(p.arch) or 'nothing'} for {p.name}, "
+                                    f"the push was {r.digest}.")
+            child = client.manifest(ref.repository, r.digest or "")
+            if child is None or child[0] != r.digest or registry.config_of(child[1]) != r.image_id:
+                raise RegistryError(f"the {p.name} manifest {r.digest} of the index under {t} does not read back as "
+                                    f"the image {r.image_id}.")

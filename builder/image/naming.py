@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from builder import values
 from builder.data import path as data_path
 from builder.errors import BadInput
+from builder.platforms import DEFAULT, KNOWN, Platform, from_uv_platform
 
 if TYPE_CHECKING:  # types only: the smoke test imports this module, which stays light
     from builder.resolve.lockfile import LockFile
@@ -101,14 +102,23 @@ def serve_backend_of(lock: LockFile) -> str:
     return value
 
 
+def lock_platform(lock: LockFile) -> Platform:
+    """The platform a lock was made for: its header's uv platform (``aarch64-manylinux_2_39``); the
+    default platform for a lock that names none."""
+    text = (lock.header.get("platform") or "").strip()
+    return from_uv_platform(text, where="the lock's header 'platform'") if text else DEFAULT
+
+
 def tag_names(vllm: str, lock_hash: str) -> list[str]:
     """The two tag names: content-addressed first, then the moving one."""
     return [f"vllm{vllm}-{lock_hash[:12]}", f"vllm{vllm}"]
 
 
 def is_content_addressed(tag: str) -> bool:
-    """``REPO:vllm<v>-<12 hex>`` (names one lock) as opposed to the moving ``REPO:vllm<v>``."""
-    return re.search(r":vllm[^:/]*-[0-9a-f]{12}$", tag) is not None
+    """``REPO:vllm<v>-<12 hex>`` (names one lock; a platform's image of a multi-platform build carries
+    ``-<slug>`` after it) as opposed to the moving ``REPO:vllm<v>`` (``REPO:vllm<v>-linux-arm64``)."""
+    slugs = "|".join(re.escape(p.slug) for p in KNOWN)
+    return re.search(rf":vllm[^:/]*-[0-9a-f]{{12}}(-({slugs}))?$", tag) is not None
 
 
 def image_tags(repo: str, vllm: str, lock_hash: str) -> list[str]:

@@ -34,7 +34,6 @@ from builder.image.push import PushResult, push_image
 from builder.image.render import RenderInputs, RenderResult, build_hint, render_context, render_inputs
 from builder.patching.series import Series, load_series, shipped_series
 from builder.resolve import base as base_snapshot
-from builder.resolve.base import repo_of
 from builder.resolve.baseref import ResolvedBase, classify, resolve_base
 from builder.resolve.floor import compare
 from builder.resolve.lockstage import Locked, run_lock
@@ -49,6 +48,7 @@ from builder.serving.smoke import (
 )
 from builder.spec import Spec, check_vllm_version
 from builder.validate import version_string
+from builder.values import split_ref
 
 
 @dataclass(frozen=True)
@@ -222,8 +222,9 @@ def base_held_by_engine(release: Release, engine) -> HeldBase | None:
         return None
     if info is None:
         return None
+    repo = split_ref(ref).familiar_name
     digest = ref.split("@", 1)[1] if "@" in ref else next(
-        (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and repo_of(d) == repo_of(ref)), None)
+        (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and split_ref(d).familiar_name == repo), None)
     return HeldBase(resolved=release.base, ref=ref, image_id=info.id, digest=digest)
 
 

@@ -330,7 +330,7 @@ class _Run:
                 self.summary["base_check"] = self.checked.to_dict(self.req.out)
         with self.stages.stage("lock", f"{spec.lock_path} (reused when up to date; ABI gate on a new resolution)"):
             locked = run_lock(spec, default_overlay=self.req.default_overlay, base=base,
-                              progress=self.reporter.scoped("lock: ").step, on_message=self.reporter.message)
+                              reporter=self.reporter.scoped("lock: "))
             self.reporter.message(locked.summary_line())
         self.locked = locked
         self.inputs = render_inputs(spec, locked=locked)

@@ -111,6 +111,7 @@ _ERROR_STATUS = {BadInput: "bad-input", StaleLock: "stale", Unsatisfiable: "unsa
 
 def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
           exclude_newer, no_default_overlay, as_json, force):
+    from builder.events import PlainReporter, RichReporter
     from builder.resolve.lockstage import run_lock
 
     exclude_newer = valid_exclude_newer(exclude_newer)
@@ -121,20 +122,12 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
     console, status = _say_factory(False)
     if status is not None:
         status.start()
-
-    def say(msg: str) -> None:
-        if status is not None:
-            status.update(msg)
-        else:
-            console.print(f"lock: {msg}", highlight=False, markup=False, soft_wrap=True)
-
-    def tell(msg: str) -> None:  # notices and warnings; --json keeps the notices in the document only
-        if not (as_json and msg.startswith("notices:")):
-            click.echo(msg, err=True)
-
+    # steps on the spinner (or "lock: " lines in a log); --json keeps the notices in the document only
+    reporter = (RichReporter(console, status=status, notices=not as_json) if status is not None
+                else PlainReporter(console.file, notices=not as_json).scoped("lock: "))
     try:
         locked = run_lock(spec, check=check, upgrade=upgrade, force=force, default_overlay=not no_default_overlay,
-                          progress=say, on_message=tell)
+                          reporter=reporter)
     finally:
         if status is not None:
             status.stop()

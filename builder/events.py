@@ -171,6 +171,7 @@ class RichReporter:
     prefix: str = ""
     status: Status | None = field(default=None)
     notices: bool = True
+    log: bool = False  # steps and messages as timestamped log lines (console.log)
     bars: _Bars = field(default_factory=lambda: _Bars())  # shared by the scoped copies
 
     def stage_started(self, index: int, total: int, name: str, what: str) -> None:
@@ -185,7 +186,13 @@ class RichReporter:
         if self.status is not None:
             self.status.update(self.prefix + text)
         else:
-            self.console.print(self.prefix + text, highlight=False, markup=False, soft_wrap=True)
+            self._print(self.prefix + text)
+
+    def _print(self, text: str) -> None:
+        if self.log:
+            self.console.log(text, markup=False, highlight=False)
+        else:
+            self.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
     def download(self, name: str, index: int, total: int) -> None:
         self.step(f"wheel {name}")
@@ -194,7 +201,7 @@ class RichReporter:
         self.bars.update(self.console, name, done, total)
 
     def message(self, text: str) -> None:
-        self.console.print(text, highlight=False, markup=False, soft_wrap=True)
+        self._print(text)
 
     def notice(self, text: str) -> None:
         if self.notices:

@@ -192,12 +192,12 @@ def preflight(req: PipelineRequest, reporter: Reporter) -> dict | None:
     memory plan fits the serving settings, else refused here with the plan's numbers (zero GPU
     and build time).  The plan is handed to the smoke stage, which does not compute it again."""
     cfg = config_from_serving(req.spec.serving, model=req.model, vllm=req.spec.vllm)  # the release's plan facts
-    say = reporter.scoped("  preflight: ").step
-    checkpoint_ready(cfg, say)  # a checkpoint that is not ready: exit 13 before lock, build or boot
-    plan = preflight_plan(cfg, say)
+    told = reporter.scoped("  preflight: ")
+    checkpoint_ready(cfg, told)  # a checkpoint that is not ready: exit 13 before lock, build or boot
+    plan = preflight_plan(cfg, told)
     if plan is None:
         return None
-    say(plan["summary"])
+    told.step(plan["summary"])
     if not plan["fits"]:
         raise VerdictFailure(
             f"memory plan refuses the serving settings before any build or boot: {plan['summary']}",
@@ -433,7 +433,7 @@ class _Run:
         with self.stages.stage("smoke", f"{image} with {req.model}"):
             smoked = run_smoke(
                 config_from_serving(spec.serving, model=req.model, image=image, vllm=spec.vllm),
-                progress=self.reporter.scoped("  smoke: ").step, planned=plan)
+                reporter=self.reporter.scoped("  smoke: "), planned=plan)
         self.smoked = smoked
         self.reporter.message(render_text(smoked))
         self.summary.update(smoke=smoked.to_dict(), smoke_verdict=smoked.verdict)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -38,12 +39,14 @@ def _allow(names: tuple[str, ...], reasons: tuple[str, ...]) -> dict[str, str] |
 
 
 def _say_factory(quiet: bool):
+    """A rich console and its spinner on a terminal; (None, None) otherwise (a log or a pipe gets plain
+    lines, and rich is not even imported: `lock --check` in CI stays fast)."""
+    if quiet or not sys.stderr.isatty():
+        return None, None
     console = stderr_console(highlight=True)
-    if quiet or not console.is_terminal:
-        return console, None
-
-    status = console.status("locking")
-    return console, status
+    if not console.is_terminal:
+        return None, None
+    return console, console.status("locking")
 
 
 @click.command("lock")
@@ -124,7 +127,7 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
         status.start()
     # steps on the spinner (or "lock: " lines in a log); --json keeps the notices in the document only
     reporter = (RichReporter(console, status=status, notices=not as_json) if status is not None
-                else PlainReporter(console.file, notices=not as_json).scoped("lock: "))
+                else PlainReporter(notices=not as_json).scoped("lock: "))
     try:
         locked = run_lock(spec, check=check, upgrade=upgrade, force=force, default_overlay=not no_default_overlay,
                           reporter=reporter)

@@ -16,8 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 from packaging.version import Version
 
 from builder import __version__
@@ -268,6 +266,9 @@ def glibc_of_libc(path: Path) -> str | None:
     if m:
         return m.group(1).decode()
     best: Version | None = None
+    # why: pyelftools costs tens of ms to import; only a libc without its banner string needs it
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
     from elftools.elf.gnuversions import GNUVerDefSection
 
     with open(path, "rb") as fh:

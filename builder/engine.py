@@ -35,6 +35,7 @@ from builder.credentials import redact_text
 from builder.errors import BadInput, BuildFailed, EngineUnavailable, ExternalToolError, RegistryError
 from builder.platforms import Platform, from_oci
 from builder.scratch import die_with_parent
+from builder.values import split_ref
 
 UNIX_SOCKET_PATH_MAX = 107   # sun_path holds 108 bytes with the terminating NUL (Linux)
 
@@ -62,8 +63,7 @@ def engine_unreachable(output: str) -> bool:
 
 def registry_of(ref: str) -> str:
     """Pure: the registry host[:port] of an image reference (``docker.io`` when it names none)."""
-    first, _, rest = ref.partition("/")
-    return first if rest and ("." in first or ":" in first or first == "localhost") else "docker.io"
+    return split_ref(ref).registry
 
 
 def registry_fault(output: str, registry: str) -> bool:

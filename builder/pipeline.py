@@ -39,7 +39,6 @@ from builder.image.render import RenderInputs, RenderResult, build_hint, render_
 from builder.patching.series import Series, load_series, shipped_series
 from builder.platforms import DEFAULT, Platform
 from builder.resolve import base as base_snapshot
-from builder.resolve.base import repo_of
 from builder.resolve.baseref import ResolvedBase, classify, resolve_base
 from builder.resolve.floor import compare
 from builder.resolve.lockstage import Locked, run_lock
@@ -54,6 +53,7 @@ from builder.serving.smoke import (
 )
 from builder.spec import Spec, check_vllm_version
 from builder.validate import version_string
+from builder.values import split_ref
 
 
 @dataclass(frozen=True)
@@ -206,12 +206,12 @@ def preflight(req: PipelineRequest, reporter: Reporter) -> dict | None:
     memory plan fits the serving settings, else refused here with the plan's numbers (zero GPU
     and build time).  The plan is handed to the smoke stage, which does not compute it again."""
     cfg = config_from_serving(req.spec.serving, model=req.model, vllm=req.spec.vllm)  # the release's plan facts
-    say = reporter.scoped("  preflight: ").step
-    checkpoint_ready(cfg, say)  # a checkpoint that is not ready: exit 13 before lock, build or boot
-    plan = preflight_plan(cfg, say)
+    told = reporter.scoped("  preflight: ")
+    checkpoint_ready(cfg, told)  # a checkpoint that is not ready: exit 13 before lock, build or boot
+    plan = preflight_plan(cfg, told)
     if plan is None:
         return None
-    say(plan["summary"])
+    told.step(plan["summary"])
     if not plan["fits"]:
         raise VerdictFailure(
             f"memory plan refuses the serving settings before any build or boot: {plan['summary']}",
@@ -236,8 +236,9 @@ def base_held_by_engine(release: Release, engine) -> HeldBase | None:
         return None
     if info is None:
         return None
+    repo = split_ref(ref).familiar_name
     digest = ref.split("@", 1)[1] if "@" in ref else next(
-        (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and repo_of(d) == repo_of(ref)), None)
+        (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and split_ref(d).familiar_name == repo), None)
     return HeldBase(resolved=release.base, ref=ref, image_id=info.id, digest=digest)
 
 
@@ -346,7 +347,7 @@ class _Run:
                 self.summary["base_check"] = self.checked.to_dict(self.req.out)
         with self.stages.stage("lock", f"{spec.lock_path} (reused when up to date; ABI gate on a new resolution)"):
             locked = run_lock(spec, default_overlay=self.req.default_overlay, base=base,
-                              progress=self.reporter.scoped("lock: ").step, on_message=self.reporter.message)
+                              reporter=self.reporter.scoped("lock: "))
             self.reporter.message(locked.summary_line())
         self.locked = locked
         self.inputs = render_inputs(spec, locked=locked)
@@ -450,7 +451,7 @@ class _Run:
         with self.stages.stage("smoke", f"{image} with {req.model}"):
             smoked = run_smoke(
                 config_from_serving(spec.serving, model=req.model, image=image, vllm=spec.vllm),
-                progress=self.reporter.scoped("  smoke: ").step, planned=plan)
+                reporter=self.reporter.scoped("  smoke: "), planned=plan)
         self.smoked = smoked
         self.reporter.message(render_text(smoked))
         self.summary.update(smoke=smoked.to_dict(), smoke_verdict=smoked.verdict)
@@ -477,7 +478,7 @@ def run_platforms(req: PipelineRequest, reporter: Reporter, *, engine=None) -> P
         series = release.series
         with stages.stage(f"lock {p.name}", f"{spec.lock_path} (reused when up to date; ABI gate on its own base)"):
             one = run_lock(spec, default_overlay=req.default_overlay, base=release.base,
-                           progress=reporter.scoped(f"lock {p.name}: ").step, on_message=reporter.message)
+                           reporter=reporter.scoped(f"lock {p.name}: "))
             reporter.message(f"{p.name}: {one.summary_line()}")
         locked[p] = one
         summary["per_platform"][p.name] = {"lock": str(one.path), "lock_hash": one.lock_hash,

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from builder.credentials import redact_text
 from builder.errors import AbiRejected, BadInput, Unsatisfiable
+from builder.events import SILENT
 from builder.fetch import vllm_wheel
 from builder.patching import port as PO
 from builder.patching import series as P
@@ -427,8 +428,8 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         # 2. port
         t0 = time.monotonic()
         series = P.load_series(series_dir or P.series_dir_for(from_version), from_version)
-        a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, progress=False)
-        b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, progress=False)
+        a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, reporter=SILENT)
+        b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, reporter=SILENT)
         series_out = out / "patches" / series.package / to_version if out else None
         a_env = series.dir / PR_ENV
         if series_out is not None and a_env.is_file() and not (series_out / PR_ENV).is_file():

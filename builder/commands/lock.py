@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -38,12 +39,14 @@ def _allow(names: tuple[str, ...], reasons: tuple[str, ...]) -> dict[str, str] |
 
 
 def _say_factory(quiet: bool):
+    """A rich console and its spinner on a terminal; (None, None) otherwise (a log or a pipe gets plain
+    lines, and rich is not even imported: `lock --check` in CI stays fast)."""
+    if quiet or not sys.stderr.isatty():
+        return None, None
     console = stderr_console(highlight=True)
-    if quiet or not console.is_terminal:
-        return console, None
-
-    status = console.status("locking")
-    return console, status
+    if not console.is_terminal:
+        return None, None
+    return console, console.status("locking")
 
 
 @click.command("lock")
@@ -137,25 +140,18 @@ def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, rea
 
 def _lock_one(spec, check, upgrade, force, no_default_overlay, as_json):
     """One platform's lock stage, its progress on stderr."""
+    from builder.events import PlainReporter, RichReporter
     from builder.resolve.lockstage import run_lock
 
     console, status = _say_factory(False)
     if status is not None:
         status.start()
-
-    def say(msg: str) -> None:
-        if status is not None:
-            status.update(msg)
-        else:
-            console.print(f"lock: {msg}", highlight=False, markup=False, soft_wrap=True)
-
-    def tell(msg: str) -> None:  # notices and warnings; --json keeps the notices in the document only
-        if not (as_json and msg.startswith("notices:")):
-            click.echo(msg, err=True)
-
+    # steps on the spinner (or "lock: " lines in a log); --json keeps the notices in the document only
+    reporter = (RichReporter(console, status=status, notices=not as_json) if status is not None
+                else PlainReporter(notices=not as_json).scoped("lock: "))
     try:
         return run_lock(spec, check=check, upgrade=upgrade, force=force, default_overlay=not no_default_overlay,
-                        progress=say, on_message=tell)
+                        reporter=reporter)
     finally:
         if status is not None:
             status.stop()

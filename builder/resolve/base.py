@@ -16,8 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 from packaging.version import Version
 
 from builder import __version__
@@ -29,6 +27,7 @@ from builder.resolve.floor import checker, consistency_tool
 from builder.resolve.manifest import BaseManifest, Distribution, parse_manifest
 from builder.resolve.scanner import ELF_MAGIC, GLIBC_VER, might_be_elf, scan_site_packages
 from builder.util import atomic_write_text, cache_dir, sha256_bytes
+from builder.values import split_ref
 
 # --------------------------------------------------------------------------- snapshot
 
@@ -269,6 +268,9 @@ def glibc_of_libc(path: Path) -> str | None:
     if m:
         return m.group(1).decode()
     best: Version | None = None
+    # why: pyelftools costs tens of ms to import; only a libc without its banner string needs it
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
     from elftools.elf.gnuversions import GNUVerDefSection
 
     with open(path, "rb") as fh:
@@ -347,24 +349,6 @@ def _versions_from_lib_dirs(tree: _ImageTree) -> list[str]:
         if m:
             vers.add(m.group("ver"))
     return sorted(vers, key=Version)
-
-
-def _repo_of(ref: str) -> str:
-    """Repository part of an image reference, Docker Hub defaults folded
-    (``docker.io/library/ubuntu:22.04`` and ``ubuntu@sha256:..`` -> ``ubuntu``)."""
-    name = ref.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
-    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    if name.startswith("library/") and name.count("/") == 1:
-        name = name[len("library/"):]
-    return name
-
-
-repo_of = _repo_of  # the public name: the pipeline matches an image's RepoDigests by repository
 
 
 def snapshot_image(
@@ -460,9 +444,9 @@ def _local_image_digest(ref: str, info: dict) -> str | None:
     """The digest the reference names, else the image's repo digest in the reference's repository."""
     if "@sha256:" in ref:
         return ref.split("@", 1)[1]
-    repo = _repo_of(ref)
+    repo = split_ref(ref).familiar_name
     for rd in info.get("RepoDigests") or []:
-        if _repo_of(rd) == repo:
+        if split_ref(rd).familiar_name == repo:
             return rd.split("@", 1)[1]
     return None
 

@@ -36,8 +36,6 @@ from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerNeedSection
 from packaging.version import Version
 
 from builder import values
@@ -99,6 +97,11 @@ def _numpy_generation(buf) -> str | None:
 
 def _elf_glibc(stream: IO[bytes]) -> Version | None:
     """Highest GLIBC_x.y named in the ELF version-needed sections (None if none)."""
+    # why: pyelftools costs tens of ms to import; only a layout the fast reader does not handle needs it,
+    # and `lock --check` or an up-to-date re-lock never reads an ELF file
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection
+
     best: Version | None = None
     elf = ELFFile(stream)
     for section in elf.iter_sections():

@@ -59,8 +59,6 @@ WORKER_CPU_PER_GPU = 4
 WORKER_MIN_CPU = 8
 WORKER_MEMORY_PER_GPU_GI = 32
 
-_DIGEST_REF = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._:/-]*)@sha256:[0-9a-f]{64}\Z")
-_ANY_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*\Z")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 
 
@@ -88,12 +86,19 @@ class Layout:
 def check_image_ref(image: str, *, allow_tag: bool = False) -> str:
     """Return ``image`` if it is pinned by digest (or ``allow_tag``), else raise BadInput."""
     image = (image or "").strip()
-    if _DIGEST_REF.match(image):
+    invalid = BadInput(f"kuberay: image reference {image!r} is not a valid image reference.")
+    try:
+        values.parse_ref(image.partition("@")[0])
+    except BadInput:
+        raise invalid from None
+    try:
+        ref = values.parse_ref(image)
+    except BadInput:  # a digest that is not sha256:<64 hex> pins nothing
+        ref = None
+    if ref is not None and (ref.digest or allow_tag):
         return image
-    if allow_tag and image and _ANY_REF.match(image):
-        return image
-    if not image or not _ANY_REF.match(image):
-        raise BadInput(f"kuberay: image reference {image!r} is not a valid image reference.")
+    if ref is None and allow_tag:
+        raise invalid
     raise BadInput(
         f"kuberay: image {image!r} is not pinned by digest; the head and every worker must run the exact "
         "same image, which only a digest guarantees (a tag can move between the head's and a worker's pull).",

@@ -43,11 +43,12 @@ from builder.image.build import (
     missing_base_error,
     missing_bases,
 )
-from builder.image.naming import image_tags, is_content_addressed, lock_platform, parse_ref
+from builder.image.naming import image_tags, is_content_addressed, lock_platform
 from builder.image.push import PushResult, push_image
 from builder.image.render import ContextOnDisk, default_repo, read_context
 from builder.platforms import Platform, joined, parse, parse_list
 from builder.validate import load_json, read_bounded_text
+from builder.values import DOCKER_HUB, split_ref
 
 PLATFORMS_FILE = "platforms.json"
 PLATFORMS_SCHEMA = "build-image/platforms/v1"
@@ -264,7 +265,7 @@ def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
     """Push each platform image (with its attestations), then the index under the index tags, all verified."""
     engine = engine or engine_adapter.get_engine()
     for t in mc.tags:
-        if parse_ref(t).registry == "docker.io" and "/" not in t.split(":")[0]:
+        if split_ref(t).registry == DOCKER_HUB and "/" not in t.split(":")[0]:
             raise BadInput(f"tag {t} has no registry host; use --tag HOST[:PORT]/REPO.")
     conflicts, _ = _index_conflicts(mc, None)
     if conflicts and not force:  # a content-addressed index tag naming something: known before any push

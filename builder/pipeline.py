@@ -30,7 +30,7 @@ from pathlib import Path
 from builder import engine as engine_adapter
 from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
 from builder.events import Reporter
-from builder.image.build import BuildResult, build_image, missing_bases
+from builder.image.build import BuildResult, base_platform_mismatch, build_image, missing_bases
 from builder.image.multiplatform import build_platforms, push_platforms, read_multi_context
 from builder.image.naming import lock_platform
 from builder.image.platforms_render import build_plan, render_platforms
@@ -105,6 +105,7 @@ class Release:
     base: ResolvedBase | None       # the shipped or given manifest; None for an image reference
     base_value: str | None          # the --base value (an image reference is snapshotted from it)
     series: Series | None
+    platform: Platform = DEFAULT    # the image platform the run locks, gates, renders and builds for
 
 
 def release_context(req: PipelineRequest) -> Release:
@@ -122,7 +123,7 @@ def release_context(req: PipelineRequest) -> Release:
     if not req.no_patches:
         series = load_series(req.series if req.series else shipped_series(vllm), vllm)
     base = resolve_base(spec.base, vllm, kind=kind, platform=spec.platform) if kind != "image" else None
-    return Release(vllm=vllm, base_kind=kind, base=base, base_value=spec.base, series=series)
+    return Release(vllm=vllm, base_kind=kind, base=base, base_value=spec.base, series=series, platform=spec.platform)
 
 
 @dataclass(frozen=True)
@@ -236,6 +237,9 @@ def base_held_by_engine(release: Release, engine) -> HeldBase | None:
         return None
     if info is None:
         return None
+    refused = base_platform_mismatch((ref,), release.platform, engine)
+    if refused is not None:  # the snapshot, the lock and the build would all describe another machine's image
+        raise refused
     repo = split_ref(ref).familiar_name
     digest = ref.split("@", 1)[1] if "@" in ref else next(
         (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and split_ref(d).familiar_name == repo), None)

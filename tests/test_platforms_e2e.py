@@ -60,14 +60,15 @@ def snapshot(ref: str, out: Path, machine: str, image_ref: str | None = None) ->
 def one_context(manifest: Path, work: Path, out: Path, findlinks: Path) -> Path:
     """lock OVERLAY on ``manifest`` (offline), render it into ``out`` (no patches)."""
     lock = work / f"{out.name}.lock"
+    platform = "linux/arm64" if json.loads(manifest.read_text())["platform"].startswith("aarch64") else "linux/amd64"
     args = ["lock", "--vllm", "0.26.0", "--base", str(manifest), "-o", str(lock), "--no-default-overlay",
-            "--no-index", "--find-links", str(findlinks)]
+            "--no-index", "--find-links", str(findlinks), "--platform", platform]
     for req in OVERLAY:
         args += ["--with", req]
     r = cli(*args)
     assert r.returncode == 0, r.stderr
     r = cli("render", "--vllm", "0.26.0", "--base", str(manifest), "--lock", str(lock), "--no-patches",
-            "-o", str(out), "--tag", REPO)
+            "-o", str(out), "--tag", REPO, "--platform", platform)
     assert r.returncode == 0, r.stderr
     return out
 
@@ -200,7 +201,8 @@ def test_a_base_of_the_other_platform_is_refused_before_building(
         # the pipeline's build stage refuses it too (a single-platform run, the context rendered again)
         r = run_pipeline(["--vllm", "0.26.0", "--base", str(manifest), "--lock", str(tmp_path / "ctx.lock"),
                           "--no-default-overlay", "--no-index", "--find-links", str(standin_findlinks(OVERLAY)),
-                          "--with", OVERLAY[0], "--no-patches", "-o", str(tmp_path / "ctx2"), "--tag", REPO])
+                          "--with", OVERLAY[0], "--no-patches", "-o", str(tmp_path / "ctx2"), "--tag", REPO,
+                          "--platform", f"linux/{lock_arch}"])
         assert r.returncode == 2 and f"linux/{held_arch}" in r.stderr, r.stderr[-2000:]
     finally:
         docker("rmi", ref, check=False)

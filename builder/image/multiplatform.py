@@ -267,11 +267,6 @@ def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
     for t in mc.tags:
         if split_ref(t).registry == DOCKER_HUB and "/" not in t.split(":")[0]:
             raise BadInput(f"tag {t} has no registry host; use --tag HOST[:PORT]/REPO.")
-    conflicts, _ = _index_conflicts(mc, None)
-    if conflicts and not force:  # a content-addressed index tag naming something: known before any push
-        raise TagConflict("index tag(s) already point at a different manifest in the registry: "
-                          + "; ".join(conflicts) + ". Nothing was pushed.",
-                          hint="pass --force to move the tag(s).")
     pushed = []
     for s in mc.platforms:
         pushed.append((s.platform, push_image(s.tags, force=force, engine=engine, context=s.context.out_dir,
@@ -280,7 +275,13 @@ def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
     children = [(p, referrers.subject_descriptor(client, ref.repository, r.digest or "")) for p, r in pushed]
     data = index_document(children)
     digest = referrers.digest_of(data)
-    _, moving = _index_conflicts(mc, digest)
+    # the same build pushed again makes the same index: only a content-addressed index tag naming ANOTHER
+    # manifest is a conflict (each platform's own content-addressed tags were checked by its push)
+    conflicts, moving = _index_conflicts(mc, digest)
+    if conflicts and not force:
+        raise TagConflict("index tag(s) already point at a different manifest in the registry: "
+                          + "; ".join(conflicts) + ". The index was not pushed; no index tag was moved.",
+                          hint="pass --force to move the tag(s).")
     for t in mc.tags:
         c, r = registry.client_for(t)
         reporter.step(f"index {t}")

@@ -29,11 +29,12 @@ from pathlib import Path
 from builder import engine as engine_adapter
 from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
 from builder.events import Reporter
-from builder.image.build import BuildResult, build_image, missing_bases
+from builder.image.build import BuildResult, base_platform_mismatch, build_image, missing_bases
 from builder.image.naming import lock_platform
 from builder.image.push import PushResult, push_image
 from builder.image.render import RenderInputs, RenderResult, build_hint, render_context, render_inputs
 from builder.patching.series import Series, load_series, shipped_series
+from builder.platforms import DEFAULT, from_uv_platform
 from builder.resolve import base as base_snapshot
 from builder.resolve.base import repo_of
 from builder.resolve.baseref import ResolvedBase, classify, resolve_base
@@ -223,6 +224,13 @@ def base_held_by_engine(release: Release, engine) -> HeldBase | None:
         return None
     if info is None:
         return None
+    manifest_platform = release.base.manifest.platform
+    want = from_uv_platform(manifest_platform, where=f"base manifest {release.base.label}") if manifest_platform \
+        else DEFAULT
+    refused = base_platform_mismatch([ref], want, engine, what=f"the base manifest {release.base.label} (and a lock "
+                                     "made on it) is")
+    if refused is not None:  # never snapshot another machine's image in its place: that would lock for it silently
+        raise refused
     digest = ref.split("@", 1)[1] if "@" in ref else next(
         (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and repo_of(d) == repo_of(ref)), None)
     return HeldBase(resolved=release.base, ref=ref, image_id=info.id, digest=digest)

@@ -247,15 +247,33 @@ def index_document(children: Sequence[tuple[Platform, dict]]) -> bytes:
     return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
 
-def _index_conflicts(mc: MultiContext, want: str | None) -> tuple[list[str], list[str]]:
-    """(conflicts, moving) of the index tags: a tag already naming another manifest in the registry."""
+def _same_images(client, repository: str, doc: dict, want: dict[str, str]) -> bool:
+    """Whether the index ``doc`` lists exactly ``want``'s architectures, each child's image config being the
+    local image ID ``want`` names for it (the same build pushed again)."""
+    manifests = doc.get("manifests")
+    if not isinstance(manifests, list):
+        return False
+    listed = {(m.get("platform") or {}).get("architecture"): m.get("digest") for m in manifests if isinstance(m, dict)}
+    if set(listed) != set(want):
+        return False
+    for arch, digest in listed.items():
+        got = client.manifest(repository, digest) if isinstance(digest, str) else None
+        if got is None or registry.config_of(got[1]) != want[arch]:
+            return False
+    return True
+
+
+def _index_conflicts(mc: MultiContext, images: dict[str, str], want: str | None = None) -> tuple[list[str], list[str]]:
+    """(conflicts, moving) of the index tags: a tag naming another manifest than ``want`` in the registry (before
+    the push, ``want`` None: one that is not an index of the local images ``images``, arch -> image ID)."""
     conflicts, moving = [], []
     for t in mc.tags:
         client, ref = registry.client_for(t)
         client.ping()
-        have = client.manifest_digest(ref.repository, ref.tag or "latest")
-        if have is not None and have != want:
-            (conflicts if is_content_addressed(t) else moving).append(f"{t} -> {have[:19]}…")
+        got = client.manifest(ref.repository, ref.tag or "latest")
+        if got is None or got[0] == want or (want is None and _same_images(client, ref.repository, got[1], images)):
+            continue
+        (conflicts if is_content_addressed(t) else moving).append(f"{t} -> {got[0][:19]}…")
     return conflicts, moving
 
 
@@ -263,11 +281,19 @@ def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
                    reporter: Reporter = SILENT) -> IndexPushResult:
     """Push each platform image (with its attestations), then the index under the index tags, all verified."""
     engine = engine or engine_adapter.get_engine()
+    engine.ping()
     for t in mc.tags:
         if parse_ref(t).registry == "docker.io" and "/" not in t.split(":")[0]:
             raise BadInput(f"tag {t} has no registry host; use --tag HOST[:PORT]/REPO.")
-    conflicts, _ = _index_conflicts(mc, None)
-    if conflicts and not force:  # a content-addressed index tag naming something: known before any push
+    images = {}
+    for s in mc.platforms:
+        info = engine.inspect(s.tags[0])
+        if info is None:
+            raise BadInput(f"no local image tagged {s.tags[0]} ({s.platform.name}).",
+                           hint=f"build it first: `build-image build {mc.out_dir}`.")
+        images[s.platform.arch] = info.id
+    conflicts, _ = _index_conflicts(mc, images)
+    if conflicts and not force:  # a content-addressed index tag naming other images: known before any push
         raise TagConflict("index tag(s) already point at a different manifest in the registry: "
                           + "; ".join(conflicts) + ". Nothing was pushed.",
                           hint="pass --force to move the tag(s).")
@@ -279,7 +305,7 @@ def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
     children = [(p, referrers.subject_descriptor(client, ref.repository, r.digest or "")) for p, r in pushed]
     data = index_document(children)
     digest = referrers.digest_of(data)
-    _, moving = _index_conflicts(mc, digest)
+    _, moving = _index_conflicts(mc, images, digest)
     for t in mc.tags:
         c, r = registry.client_for(t)
         reporter.step(f"index {t}")

@@ -44,7 +44,7 @@ from builder.image.build import (
     missing_bases,
 )
 from builder.image.naming import image_tags, is_content_addressed, lock_platform, parse_ref
-from builder.image.push import PushResult, push_image
+from builder.image.push import PushResult, push_image, registry_clients, tag_conflicts
 from builder.image.render import ContextOnDisk, default_repo, read_context
 from builder.platforms import Platform, joined, parse, parse_list
 from builder.validate import load_json, read_bounded_text
@@ -277,6 +277,22 @@ def _index_conflicts(mc: MultiContext, images: dict[str, str], want: str | None 
     return conflicts, moving
 
 
+def local_images(mc: MultiContext, engine) -> dict[str, str]:
+    """arch -> the local image ID of each selected platform; an image missing, or of another platform than
+    its tag says (a tag moved by hand), is BadInput before anything is pushed."""
+    images = {}
+    for s in mc.platforms:
+        info = engine.inspect(s.tags[0])
+        if info is None:
+            raise BadInput(f"no local image tagged {s.tags[0]} ({s.platform.name}).",
+                           hint=f"build it first: `build-image build {mc.out_dir}`.")
+        if info.architecture and info.platform != s.platform:
+            raise BadInput(f"the local image tagged {s.tags[0]} is {info.platform_name}, not {s.platform.name}.",
+                           hint=f"build it again: `build-image build {mc.out_dir} --platform {s.platform.name}`.")
+        images[s.platform.arch] = info.id
+    return images
+
+
 def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
                    reporter: Reporter = SILENT) -> IndexPushResult:
     """Push each platform image (with its attestations), then the index under the index tags, all verified."""
@@ -285,18 +301,15 @@ def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
     for t in mc.tags:
         if parse_ref(t).registry == "docker.io" and "/" not in t.split(":")[0]:
             raise BadInput(f"tag {t} has no registry host; use --tag HOST[:PORT]/REPO.")
-    images = {}
-    for s in mc.platforms:
-        info = engine.inspect(s.tags[0])
-        if info is None:
-            raise BadInput(f"no local image tagged {s.tags[0]} ({s.platform.name}).",
-                           hint=f"build it first: `build-image build {mc.out_dir}`.")
-        images[s.platform.arch] = info.id
+    images = local_images(mc, engine)
     conflicts, _ = _index_conflicts(mc, images)
-    if conflicts and not force:  # a content-addressed index tag naming other images: known before any push
-        raise TagConflict("index tag(s) already point at a different manifest in the registry: "
+    for s in mc.platforms:  # every platform's own tags too: known before anything is pushed
+        conflicts += tag_conflicts(registry_clients(s.tags), images[s.platform.arch])[0]
+    if conflicts and not force:
+        raise TagConflict("tag(s) already point at a different image or index in the registry: "
                           + "; ".join(conflicts) + ". Nothing was pushed.",
-                          hint="pass --force to move the tag(s).")
+                          hint="a content-addressed tag moving means the build is not the same; pass --force to "
+                               "move the tag(s).")
     pushed = []
     for s in mc.platforms:
         pushed.append((s.platform, push_image(s.tags, force=force, engine=engine, context=s.context.out_dir,

@@ -37,7 +37,7 @@ from builder.image.platforms_render import build_plan, render_platforms
 from builder.image.push import PushResult, push_image
 from builder.image.render import RenderInputs, RenderResult, build_hint, render_context, render_inputs
 from builder.patching.series import Series, load_series, shipped_series
-from builder.platforms import DEFAULT, Platform
+from builder.platforms import DEFAULT, Platform, from_uv_platform
 from builder.resolve import base as base_snapshot
 from builder.resolve.baseref import ResolvedBase, classify, resolve_base
 from builder.resolve.floor import compare
@@ -237,8 +237,12 @@ def base_held_by_engine(release: Release, engine) -> HeldBase | None:
         return None
     if info is None:
         return None
-    refused = base_platform_mismatch((ref,), release.platform, engine)
-    if refused is not None:  # the snapshot, the lock and the build would all describe another machine's image
+    manifest_platform = release.base.manifest.platform
+    want = from_uv_platform(manifest_platform, where=f"base manifest {release.base.label}") if manifest_platform \
+        else DEFAULT
+    refused = base_platform_mismatch([ref], want, engine, what=f"the base manifest {release.base.label} (and a lock "
+                                     "made on it) is")
+    if refused is not None:  # never snapshot another machine's image in its place: that would lock for it silently
         raise refused
     repo = split_ref(ref).familiar_name
     digest = ref.split("@", 1)[1] if "@" in ref else next(

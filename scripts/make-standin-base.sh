@@ -8,7 +8,7 @@
 #
 # linux/arm64 on an x86_64 host: debootstrap --arch=arm64 --foreign, its second stage in a chroot
 # under QEMU (qemu-aarch64 registered in binfmt_misc with the F flag: scripts/services.sh install),
-# `docker import --platform linux/arm64`, and the final `docker build --platform linux/arm64`
+# an image of the rootfs built FROM scratch with --platform linux/arm64, and the final `docker build --platform linux/arm64`
 # (BuildKit runs its RUN steps under the same QEMU).  Docker's classic image store keeps one image
 # per tag, so the two stand-ins carry different tags.
 #
@@ -138,9 +138,21 @@ fi
 
 # 3. import the rootfs, then install the fake vllm with pip (no network)
 if ! $DOCKER image inspect "$ROOTFS_IMG" >/dev/null 2>&1; then
-  log "docker import $ROOTFS_IMG"
-  $DOCKER import ${DEB_ARCH:+--platform "linux/$DEB_ARCH"} -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    -c 'CMD ["/bin/bash"]' "$ROOTFS_TAR" "$ROOTFS_IMG" >/dev/null
+  log "import $ROOTFS_IMG"
+  if [ -z "$DEB_ARCH" ]; then
+    $DOCKER import -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+      -c 'CMD ["/bin/bash"]' "$ROOTFS_TAR" "$ROOTFS_IMG" >/dev/null
+  else
+    # Docker 20.10's `docker import --platform` records the host's architecture; an image built FROM scratch
+    # with --platform carries the one asked for, which BuildKit needs to find the image locally below
+    rctx=$(mktemp -d /tmp/standin-rootfs-ctx.XXXXXX)
+    ln "$ROOTFS_TAR" "$rctx/rootfs.tar" 2>/dev/null || cp "$ROOTFS_TAR" "$rctx/rootfs.tar"
+    printf '%s\n' 'FROM scratch' 'ADD rootfs.tar /' \
+      'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' 'CMD ["/bin/bash"]' >"$rctx/Dockerfile"
+    $DOCKER build --platform "linux/$DEB_ARCH" --network=none -q -t "$ROOTFS_IMG" "$rctx" >/dev/null \
+      || { rm -rf "$rctx"; exit 1; }
+    rm -rf "$rctx"
+  fi
 fi
 
 ctx=$(mktemp -d /tmp/standin-ctx.XXXXXX)

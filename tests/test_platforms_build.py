@@ -231,3 +231,15 @@ def test_single_platform_build_refuses_a_platform_the_context_was_not_rendered_f
     assert r.exit_code == 2, r.output
     assert "rendered for linux/amd64 only" in r.output
     assert load_lock(out / "requirements.lock").header["platform"].startswith("x86_64")
+
+
+def test_the_stand_in_script_knows_two_platforms():
+    import subprocess
+
+    from tests.fx_docker import ROOT
+
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "make-standin-base.sh"), "--platform", "linux/ppc64le"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "linux/amd64 or linux/arm64" in r.stderr
+    for script in ("make-standin-base.sh", "services.sh"):
+        assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], timeout=60).returncode == 0

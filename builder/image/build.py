@@ -66,7 +66,8 @@ def missing_base_error(missing: Sequence[str]) -> BuildFailed:
     )
 
 
-def base_platform_mismatch(base_refs: Iterable[str], want: Platform, engine) -> BadInput | None:
+def base_platform_mismatch(base_refs: Iterable[str], want: Platform, engine,
+                           what: str = "the lock was made") -> BadInput | None:
     """The refusal when a base the engine holds is of another platform than the lock's: building on it
     would put ``want``'s wheels on another machine's floor (the engine uses whatever image the ref names
     locally: a single-arch base, or the variant of a manifest list the builder's platform pulled).
@@ -78,7 +79,7 @@ def base_platform_mismatch(base_refs: Iterable[str], want: Platform, engine) -> 
         have = info.platform_name
         other = f" (--platform {have})" if info.platform is not None else ""
         return BadInput(
-            f"the base image {ref} the engine holds is {have}, but the lock was made for {want.name}: "
+            f"the base image {ref} the engine holds is {have}, but {what} for {want.name}: "
             f"building it would put {want.name} wheels on a {have} floor.",
             hint=f"hold the {want.name} image under {ref}: pull it by its {want.name} manifest digest "
                  f"(`docker pull --platform {want.name} {ref.split('@')[0]}`, or `docker pull REPO@sha256:<the "

@@ -44,7 +44,7 @@ from builder.image.build import (
     missing_bases,
 )
 from builder.image.naming import image_tags, is_content_addressed, lock_platform
-from builder.image.push import PushResult, push_image
+from builder.image.push import PushResult, push_image, registry_clients, tag_conflicts
 from builder.image.render import ContextOnDisk, default_repo, read_context
 from builder.platforms import Platform, joined, parse, parse_list
 from builder.validate import load_json, read_bounded_text
@@ -248,25 +248,69 @@ def index_document(children: Sequence[tuple[Platform, dict]]) -> bytes:
     return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
 
-def _index_conflicts(mc: MultiContext, want: str | None) -> tuple[list[str], list[str]]:
-    """(conflicts, moving) of the index tags: a tag already naming another manifest in the registry."""
+def _same_images(client, repository: str, doc: dict, want: dict[str, str]) -> bool:
+    """Whether the index ``doc`` lists exactly ``want``'s architectures, each child's image config being the
+    local image ID ``want`` names for it (the same build pushed again)."""
+    manifests = doc.get("manifests")
+    if not isinstance(manifests, list):
+        return False
+    listed = {(m.get("platform") or {}).get("architecture"): m.get("digest") for m in manifests if isinstance(m, dict)}
+    if set(listed) != set(want):
+        return False
+    for arch, digest in listed.items():
+        got = client.manifest(repository, digest) if isinstance(digest, str) else None
+        if got is None or registry.config_of(got[1]) != want[arch]:
+            return False
+    return True
+
+
+def _index_conflicts(mc: MultiContext, images: dict[str, str], want: str | None = None) -> tuple[list[str], list[str]]:
+    """(conflicts, moving) of the index tags: a tag naming another manifest than ``want`` in the registry (before
+    the push, ``want`` None: one that is not an index of the local images ``images``, arch -> image ID)."""
     conflicts, moving = [], []
     for t in mc.tags:
         client, ref = registry.client_for(t)
         client.ping()
-        have = client.manifest_digest(ref.repository, ref.tag or "latest")
-        if have is not None and have != want:
-            (conflicts if is_content_addressed(t) else moving).append(f"{t} -> {have[:19]}…")
+        got = client.manifest(ref.repository, ref.tag or "latest")
+        if got is None or got[0] == want or (want is None and _same_images(client, ref.repository, got[1], images)):
+            continue
+        (conflicts if is_content_addressed(t) else moving).append(f"{t} -> {got[0][:19]}…")
     return conflicts, moving
+
+
+def local_images(mc: MultiContext, engine) -> dict[str, str]:
+    """arch -> the local image ID of each selected platform; an image missing, or of another platform than
+    its tag says (a tag moved by hand), is BadInput before anything is pushed."""
+    images = {}
+    for s in mc.platforms:
+        info = engine.inspect(s.tags[0])
+        if info is None:
+            raise BadInput(f"no local image tagged {s.tags[0]} ({s.platform.name}).",
+                           hint=f"build it first: `build-image build {mc.out_dir}`.")
+        if info.architecture and info.platform != s.platform:
+            raise BadInput(f"the local image tagged {s.tags[0]} is {info.platform_name}, not {s.platform.name}.",
+                           hint=f"build it again: `build-image build {mc.out_dir} --platform {s.platform.name}`.")
+        images[s.platform.arch] = info.id
+    return images
 
 
 def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
                    reporter: Reporter = SILENT) -> IndexPushResult:
     """Push each platform image (with its attestations), then the index under the index tags, all verified."""
     engine = engine or engine_adapter.get_engine()
+    engine.ping()
     for t in mc.tags:
         if split_ref(t).registry == DOCKER_HUB and "/" not in t.split(":")[0]:
             raise BadInput(f"tag {t} has no registry host; use --tag HOST[:PORT]/REPO.")
+    images = local_images(mc, engine)
+    conflicts, _ = _index_conflicts(mc, images)
+    for s in mc.platforms:  # every platform's own tags too: known before anything is pushed
+        conflicts += tag_conflicts(registry_clients(s.tags), images[s.platform.arch])[0]
+    if conflicts and not force:
+        raise TagConflict("tag(s) already point at a different image or index in the registry: "
+                          + "; ".join(conflicts) + ". Nothing was pushed.",
+                          hint="a content-addressed tag moving means the build is not the same; pass --force to "
+                               "move the tag(s).")
     pushed = []
     for s in mc.platforms:
         pushed.append((s.platform, push_image(s.tags, force=force, engine=engine, context=s.context.out_dir,
@@ -275,13 +319,7 @@ def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
     children = [(p, referrers.subject_descriptor(client, ref.repository, r.digest or "")) for p, r in pushed]
     data = index_document(children)
     digest = referrers.digest_of(data)
-    # the same build pushed again makes the same index: only a content-addressed index tag naming ANOTHER
-    # manifest is a conflict (each platform's own content-addressed tags were checked by its push)
-    conflicts, moving = _index_conflicts(mc, digest)
-    if conflicts and not force:
-        raise TagConflict("index tag(s) already point at a different manifest in the registry: "
-                          + "; ".join(conflicts) + ". The index was not pushed; no index tag was moved.",
-                          hint="pass --force to move the tag(s).")
+    _, moving = _index_conflicts(mc, images, digest)
     for t in mc.tags:
         c, r = registry.client_for(t)
         reporter.step(f"index {t}")

@@ -410,7 +410,7 @@ class _Run:
         try:
             engine.ping()
         except EngineUnavailable as exc:
-            how = build_hint(out, spec.repo, rendered.tags)
+            how = build_hint(out, spec.repo, rendered.tags, spec.platform)
             return self.stop_after_render(
                 "no container engine reachable", f" ({exc.message})", "Build it where an engine runs",
                 how, EngineUnavailable(f"{exc.message} The context is complete in {out}, but --push/--smoke need "

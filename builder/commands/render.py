@@ -101,7 +101,7 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
     else:
         click.echo(f"wrote {result.out_dir}: {len(lock.entries)} wheels, {len(result.plan.patched)} patched file(s) "
                    f"from {len(result.plan.patches)} patch(es); FROM {manifest.pinned_ref}")
-        click.echo(f"build it: {build_hint(result.out_dir, spec.repo, result.tags)}")
+        click.echo(f"build it: {build_hint(result.out_dir, spec.repo, result.tags, spec.platform)}")
 
 
 def _render_platforms(spec, targets, lock_file, base, series, no_patches, wheel, out, kuberay, allow_base_drift,

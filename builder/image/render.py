@@ -69,6 +69,7 @@ from builder.image.naming import (
 from builder.image.sbom import IMAGE_SBOM_PATH, SbomInput, sbom_json
 from builder.patching import series as P
 from builder.patching.series import PatchedFile, sha256_list
+from builder.platforms import DEFAULT, Platform
 from builder.resolve.baseref import resolve_base, vllm_on_base
 from builder.resolve.floor import checker_path, consistency_tool
 from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock
@@ -782,11 +783,13 @@ def render_context(
     )
 
 
-def build_hint(context: str | Path, repo: str | None, tags: Iterable[str]) -> str:
-    """How to build a rendered context, with the tool or without it (one line, copy-pasteable)."""
+def build_hint(context: str | Path, repo: str | None, tags: Iterable[str], platform: Platform = DEFAULT) -> str:
+    """How to build a rendered context, with the tool or without it (one line, copy-pasteable); another platform
+    than the default is named to docker (the tool reads it from the lock)."""
     q = shlex.quote  # the repository and tags are image_tags' (checked); the context is any path
+    plat = "" if platform.is_default else f" --platform {platform.name}"
     return (f"build-image build {q(str(context))}" + (f" --tag {q(repo)}" if repo else "")
-            + f"   (or: cd {q(str(context))} && DOCKER_BUILDKIT=1 docker build --network=none"
+            + f"   (or: cd {q(str(context))} && DOCKER_BUILDKIT=1 docker build{plat} --network=none"
             + "".join(f" -t {q(t)}" for t in tags) + " .)")
 
 

@@ -33,7 +33,9 @@ from typing import Protocol
 
 from builder.credentials import redact_text
 from builder.errors import BadInput, BuildFailed, EngineUnavailable, ExternalToolError, RegistryError
+from builder.platforms import Platform, from_oci
 from builder.scratch import die_with_parent
+from builder.values import split_ref
 
 UNIX_SOCKET_PATH_MAX = 107   # sun_path holds 108 bytes with the terminating NUL (Linux)
 
@@ -61,8 +63,7 @@ def engine_unreachable(output: str) -> bool:
 
 def registry_of(ref: str) -> str:
     """Pure: the registry host[:port] of an image reference (``docker.io`` when it names none)."""
-    first, _, rest = ref.partition("/")
-    return first if rest and ("." in first or ":" in first or first == "localhost") else "docker.io"
+    return split_ref(ref).registry
 
 
 def registry_fault(output: str, registry: str) -> bool:
@@ -161,6 +162,21 @@ class ImageInfo:
     labels: dict[str, str] = field(default_factory=dict)
     repo_digests: list[str] = field(default_factory=list)
     created: str = ""
+    os: str = ""            # the image config's os / architecture / variant ("" when the engine says none)
+    architecture: str = ""
+    variant: str = ""
+
+    @property
+    def platform_name(self) -> str:
+        """``linux/arm64`` (``linux/arm/v7`` for one build-image does not build); "" when unknown."""
+        if not self.architecture:
+            return ""
+        return "/".join(x for x in (self.os or "linux", self.architecture, self.variant) if x)
+
+    @property
+    def platform(self) -> Platform | None:
+        """The image's platform, None when the engine did not say or it is none build-image builds."""
+        return from_oci(self.os or "linux", self.architecture, self.variant or None) if self.architecture else None
 
 
 class Engine(Protocol):
@@ -169,8 +185,9 @@ class Engine(Protocol):
     def ping(self) -> str: ...
     def build(self, context: Path, tags: list[str], *, network: str = "none",
               build_args: dict[str, str] | None = None,
-              on_line: Callable[[str], None] | None = None) -> BuiltImage: ...
+              on_line: Callable[[str], None] | None = None, platform: Platform | None = None) -> BuiltImage: ...
     def inspect(self, ref: str) -> ImageInfo | None: ...
+    def image_platform(self, ref: str) -> Platform | None: ...
     def push(self, ref: str, *, on_line: Callable[[str], None] | None = None) -> PushedRef: ...
     def pull(self, ref: str) -> None: ...
     def cli(self, args: list[str], *, timeout: float = 120, input: str | None = None,
@@ -297,10 +314,15 @@ class DockerEngine:
 
     def build(self, context: Path, tags: list[str], *, network: str = "none",
               build_args: dict[str, str] | None = None,
-              on_line: Callable[[str], None] | None = None, timeout: int = 3600) -> BuiltImage:
+              on_line: Callable[[str], None] | None = None, timeout: int = 3600,
+              platform: Platform | None = None) -> BuiltImage:
+        """``docker build``; ``platform``: ``--platform OS/ARCH`` (BuildKit runs another machine's steps
+        under the host's QEMU binfmt handler); None: the engine's own platform, no flag."""
         with tempfile.TemporaryDirectory(prefix="build-image-iid.") as tmp:
             iid = Path(tmp) / "iid"
             args = ["build", "--progress=plain", f"--network={network}", "--iidfile", str(iid)]
+            if platform is not None:
+                args.append(f"--platform={platform.name}")
             for t in tags:
                 args += ["-t", t]
             for k, v in sorted((build_args or {}).items()):
@@ -337,7 +359,16 @@ class DockerEngine:
             labels=(doc.get("Config") or {}).get("Labels") or {},
             repo_digests=doc.get("RepoDigests") or [],
             created=doc.get("Created", ""),
+            os=str(doc.get("Os") or ""),
+            architecture=str(doc.get("Architecture") or ""),
+            variant=str(doc.get("Variant") or ""),
         )
+
+    def image_platform(self, ref: str) -> Platform | None:
+        """The platform of the image the engine holds under ``ref`` (its config's Os/Architecture/Variant);
+        None when it holds none, or one of a platform build-image does not build."""
+        info = self.inspect(ref)
+        return info.platform if info else None
 
     def push(self, ref: str, *, on_line: Callable[[str], None] | None = None, timeout: int = 3600) -> PushedRef:
         rc, log = self._stream(["push", ref], on_line, timeout)

@@ -2,7 +2,7 @@
 
 Adapter module (network + disk).  Public interface:
 
-* :func:`fetch` ``(url, sha256, *, filename=None, progress=True) -> Path`` — the
+* :func:`fetch` ``(url, sha256, *, filename=None, reporter=None) -> Path`` — the
   cached, verified copy of ``url``.  Files live in
   ``builder.util.cache_dir()/downloads/<sha256>/<filename>``; a download is written
   to a temp file in that folder, hashed, and renamed into place only when its
@@ -23,7 +23,6 @@ import os
 import re
 import shutil
 import stat
-import sys
 import tempfile
 import urllib.error
 import urllib.parse
@@ -33,6 +32,7 @@ from pathlib import Path
 from builder import __version__
 from builder.credentials import auth_header
 from builder.errors import BadInput, IntegrityError
+from builder.events import SILENT, Reporter, stderr_reporter
 from builder.scratch import process_tag
 from builder.util import cache_dir, file_digest, remember_digest, sha256_file
 
@@ -69,8 +69,10 @@ def _verified(path: Path, sha256: str) -> bool:
         return False
 
 
-def fetch(url: str, sha256: str, *, filename: str | None = None, progress: bool = True) -> Path:
-    """Return a verified local copy of ``url`` whose sha256 is ``sha256`` (see module doc)."""
+def fetch(url: str, sha256: str, *, filename: str | None = None, reporter: Reporter | None = None) -> Path:
+    """Return a verified local copy of ``url`` whose sha256 is ``sha256`` (see module doc).  The bytes of
+    a download over 8 MiB go to ``reporter`` as :meth:`~builder.events.Reporter.transfer` events
+    (default: a bar on a terminal's stderr; :data:`builder.events.SILENT` for none)."""
     sha256 = (sha256 or "").lower().removeprefix("sha256:")
     if not _HEX64.match(sha256):
         raise IntegrityError(f"fetch {url}: expected sha256 is not 64 hex digits ({sha256!r:.80}); refusing an "
@@ -89,7 +91,7 @@ def fetch(url: str, sha256: str, *, filename: str | None = None, progress: bool 
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as out:
-            _download_to(url, out, name, progress)
+            _download_to(url, out, name, reporter)
         got = sha256_file(tmp)
         if got != sha256:
             raise IntegrityError(
@@ -104,7 +106,7 @@ def fetch(url: str, sha256: str, *, filename: str | None = None, progress: bool 
     return dest
 
 
-def _download_to(url: str, out, name: str, progress: bool) -> None:
+def _download_to(url: str, out, name: str, reporter: Reporter | None) -> None:
     if url.startswith("file://") or url.startswith("/"):
         src = urllib.request.url2pathname(url[len("file://"):]) if url.startswith("file://") else url
         try:  # non-blocking: a FIFO named by a lock or a find-links folder cannot hang the download
@@ -121,7 +123,7 @@ def _download_to(url: str, out, name: str, progress: bool) -> None:
         req = urllib.request.Request(target, headers={"User-Agent": f"build-image/{__version__}", **auth})
         with urllib.request.urlopen(req, timeout=120) as resp:
             total = int(resp.headers.get("Content-Length") or 0)
-            got = _copy_with_progress(resp, out, total, name, progress)
+            got = _copy_with_progress(resp, out, total, name, reporter)
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
             raise IntegrityError(
@@ -137,25 +139,19 @@ def _download_to(url: str, out, name: str, progress: bool) -> None:
         raise IntegrityError(f"download of {url} stopped after {got} of {total} bytes.")
 
 
-def _copy_with_progress(resp, out, total: int, name: str, progress: bool) -> int:
+def _copy_with_progress(resp, out, total: int, name: str, reporter: Reporter | None) -> int:
     got = 0
-    if not (progress and total >= _PROGRESS_MIN_BYTES):
+    if total < _PROGRESS_MIN_BYTES:
+        reporter = SILENT
+    elif reporter is None:
+        reporter = stderr_reporter()
+    try:
         while block := resp.read(_CHUNK):
             out.write(block)
             got += len(block)
-        return got
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
-
-    with Progress(
-        "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        TimeRemainingColumn(), console=Console(file=sys.stderr), transient=True,
-    ) as bar:
-        task = bar.add_task(f"fetch {name}", total=total)
-        while block := resp.read(_CHUNK):
-            out.write(block)
-            got += len(block)
-            bar.update(task, advance=len(block))
+            reporter.transfer(name, got, total)
+    finally:
+        reporter.transfer(name, total, total)
     return got
 
 
@@ -220,7 +216,7 @@ def _find_cached_wheel(version: str, sha256: str) -> Path | None:
     return None
 
 
-def vllm_wheel(version: str, sha256: str | None = None, *, progress: bool = True) -> Path:
+def vllm_wheel(version: str, sha256: str | None = None, *, reporter: Reporter | None = None) -> Path:
     """The verified vllm ``version`` manylinux x86_64 wheel (see module doc).
 
     ``sha256``: the pinned hash (the patch series' ``wheel.sha256``); when given and a
@@ -256,4 +252,4 @@ def vllm_wheel(version: str, sha256: str | None = None, *, progress: bool = True
         raise IntegrityError(
             f"PyPI's vllm {version} wheel {info['filename']} has sha256 {pypi_sha}, but the pin says {sha256}.",
         )
-    return fetch(info["url"], pypi_sha, filename=info["filename"], progress=progress)
+    return fetch(info["url"], pypi_sha, filename=info["filename"], reporter=reporter)

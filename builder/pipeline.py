@@ -22,6 +22,7 @@ error the command raises after printing the summary.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,12 +30,15 @@ from pathlib import Path
 from builder import engine as engine_adapter
 from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
 from builder.events import Reporter
-from builder.image.build import BuildResult, build_image, missing_bases
+from builder.image.build import BuildResult, base_platform_mismatch, build_image, missing_bases
+from builder.image.multiplatform import build_platforms, push_platforms, read_multi_context
+from builder.image.naming import lock_platform
+from builder.image.platforms_render import build_plan, render_platforms
 from builder.image.push import PushResult, push_image
 from builder.image.render import RenderInputs, RenderResult, build_hint, render_context, render_inputs
 from builder.patching.series import Series, load_series, shipped_series
+from builder.platforms import DEFAULT, Platform, from_uv_platform
 from builder.resolve import base as base_snapshot
-from builder.resolve.base import repo_of
 from builder.resolve.baseref import ResolvedBase, classify, resolve_base
 from builder.resolve.floor import compare
 from builder.resolve.lockstage import Locked, run_lock
@@ -49,6 +53,7 @@ from builder.serving.smoke import (
 )
 from builder.spec import Spec, check_vllm_version
 from builder.validate import version_string
+from builder.values import split_ref
 
 
 @dataclass(frozen=True)
@@ -68,9 +73,18 @@ class PipelineRequest:
     model: str | None = None
     pull: bool = False
     allow_base_drift: bool = False
+    platforms: tuple[Platform, ...] = (DEFAULT,)  # several: one context per platform, one index
 
     def check(self) -> None:
         """Contradictory or incomplete flags: BadInput before any work."""
+        if len(self.platforms) > 1:
+            given = [f for f, v in (("--lock", self.spec.lock), ("--base", self.spec.base), ("--smoke", self.smoke),
+                                    ("--kuberay", self.kuberay)) if v]
+            if given:
+                raise BadInput(f"{' and '.join(given)} apply to one platform's image, and {len(self.platforms)} "
+                               "platforms were asked for.",
+                               hint="drop " + " and ".join(given) + ", or run one --platform at a time (smoke "
+                                    "and KubeRay run the platform of the GPU nodes).")
         if self.smoke and not self.model:
             raise BadInput("--smoke needs --model PATH (or serving.model in the spec).")
         if self.series and self.no_patches:
@@ -91,6 +105,7 @@ class Release:
     base: ResolvedBase | None       # the shipped or given manifest; None for an image reference
     base_value: str | None          # the --base value (an image reference is snapshotted from it)
     series: Series | None
+    platform: Platform = DEFAULT    # the image platform the run locks, gates, renders and builds for
 
 
 def release_context(req: PipelineRequest) -> Release:
@@ -103,12 +118,12 @@ def release_context(req: PipelineRequest) -> Release:
     vllm = version_string(spec.vllm, where=where)
     kind = classify(spec.base)
     if kind == "default":
-        check_vllm_version(vllm, where=where)
+        check_vllm_version(vllm, where=where, platform=spec.platform)
     series = None
     if not req.no_patches:
         series = load_series(req.series if req.series else shipped_series(vllm), vllm)
-    base = resolve_base(spec.base, vllm, kind=kind) if kind != "image" else None
-    return Release(vllm=vllm, base_kind=kind, base=base, base_value=spec.base, series=series)
+    base = resolve_base(spec.base, vllm, kind=kind, platform=spec.platform) if kind != "image" else None
+    return Release(vllm=vllm, base_kind=kind, base=base, base_value=spec.base, series=series, platform=spec.platform)
 
 
 @dataclass(frozen=True)
@@ -192,12 +207,12 @@ def preflight(req: PipelineRequest, reporter: Reporter) -> dict | None:
     memory plan fits the serving settings, else refused here with the plan's numbers (zero GPU
     and build time).  The plan is handed to the smoke stage, which does not compute it again."""
     cfg = config_from_serving(req.spec.serving, model=req.model, vllm=req.spec.vllm)  # the release's plan facts
-    say = reporter.scoped("  preflight: ").step
-    checkpoint_ready(cfg, say)  # a checkpoint that is not ready: exit 13 before lock, build or boot
-    plan = preflight_plan(cfg, say)
+    told = reporter.scoped("  preflight: ")
+    checkpoint_ready(cfg, told)  # a checkpoint that is not ready: exit 13 before lock, build or boot
+    plan = preflight_plan(cfg, told)
     if plan is None:
         return None
-    say(plan["summary"])
+    told.step(plan["summary"])
     if not plan["fits"]:
         raise VerdictFailure(
             f"memory plan refuses the serving settings before any build or boot: {plan['summary']}",
@@ -222,8 +237,16 @@ def base_held_by_engine(release: Release, engine) -> HeldBase | None:
         return None
     if info is None:
         return None
+    manifest_platform = release.base.manifest.platform
+    want = from_uv_platform(manifest_platform, where=f"base manifest {release.base.label}") if manifest_platform \
+        else DEFAULT
+    refused = base_platform_mismatch([ref], want, engine, what=f"the base manifest {release.base.label} (and a lock "
+                                     "made on it) is")
+    if refused is not None:  # never snapshot another machine's image in its place: that would lock for it silently
+        raise refused
+    repo = split_ref(ref).familiar_name
     digest = ref.split("@", 1)[1] if "@" in ref else next(
-        (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and repo_of(d) == repo_of(ref)), None)
+        (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and split_ref(d).familiar_name == repo), None)
     return HeldBase(resolved=release.base, ref=ref, image_id=info.id, digest=digest)
 
 
@@ -263,8 +286,11 @@ def _dir_size(path: Path) -> int:
 
 
 def run(req: PipelineRequest, reporter: Reporter, *, engine=None) -> PipelineResult:
-    """Run the stages in order, each on the previous one's result (see the module doc)."""
+    """Run the stages in order, each on the previous one's result (see the module doc); several platforms:
+    :func:`run_platforms`."""
     req.check()
+    if len(req.platforms) > 1:
+        return run_platforms(req, reporter, engine=engine)
     release = release_context(req)  # before any lock or download: each fact of the release, once
     spec = req.spec
     t_all = time.monotonic()
@@ -321,7 +347,7 @@ class _Run:
         base = release.base
         if release.base_kind == "image":
             with self.stages.stage("base", f"snapshot {spec.base}"):
-                base = resolve_base(release.base_value, release.vllm, kind="image")
+                base = resolve_base(release.base_value, release.vllm, kind="image", platform=spec.platform)
         elif held is not None:
             with self.stages.stage("base", f"verify the manifest against {held.ref} (the engine holds it)"):
                 self.checked = verify_base(held, self.reporter.message)
@@ -329,7 +355,7 @@ class _Run:
                 self.summary["base_check"] = self.checked.to_dict(self.req.out)
         with self.stages.stage("lock", f"{spec.lock_path} (reused when up to date; ABI gate on a new resolution)"):
             locked = run_lock(spec, default_overlay=self.req.default_overlay, base=base,
-                              progress=self.reporter.scoped("lock: ").step, on_message=self.reporter.message)
+                              reporter=self.reporter.scoped("lock: "))
             self.reporter.message(locked.summary_line())
         self.locked = locked
         self.inputs = render_inputs(spec, locked=locked)
@@ -384,7 +410,7 @@ class _Run:
         try:
             engine.ping()
         except EngineUnavailable as exc:
-            how = build_hint(out, spec.repo, rendered.tags)
+            how = build_hint(out, spec.repo, rendered.tags, spec.platform)
             return self.stop_after_render(
                 "no container engine reachable", f" ({exc.message})", "Build it where an engine runs",
                 how, EngineUnavailable(f"{exc.message} The context is complete in {out}, but --push/--smoke need "
@@ -406,7 +432,8 @@ class _Run:
         with self.stages.stage("build", "BuildKit, --network=none"):
             built = build_image(rendered.out_dir, rendered.tags, vllm=rendered.vllm,
                                 lock_hash=rendered.lock_hash, base_refs=rendered.base_refs, engine=engine,
-                                pull=self.req.pull, bases_checked=True, reporter=self.reporter.scoped("build: "))
+                                pull=self.req.pull, bases_checked=True, reporter=self.reporter.scoped("build: "),
+                                platform=lock_platform(rendered.lock))
         self.built = built
         self.summary.update(image_id=built.image_id, image_bytes=built.size_bytes, cached_steps=built.cached_steps)
         for line in built.warnings:  # allowed base drift, listed by the checks stage
@@ -432,10 +459,81 @@ class _Run:
         with self.stages.stage("smoke", f"{image} with {req.model}"):
             smoked = run_smoke(
                 config_from_serving(spec.serving, model=req.model, image=image, vllm=spec.vllm),
-                progress=self.reporter.scoped("  smoke: ").step, planned=plan)
+                reporter=self.reporter.scoped("  smoke: "), planned=plan)
         self.smoked = smoked
         self.reporter.message(render_text(smoked))
         self.summary.update(smoke=smoked.to_dict(), smoke_verdict=smoked.verdict)
         if smoked.exit_code != 0:
             return VerdictFailure(f"smoke test of {image}: {smoked.verdict}.")
         return None
+
+
+def run_platforms(req: PipelineRequest, reporter: Reporter, *, engine=None) -> PipelineResult:
+    """Several platforms: each platform's release context and lock (the gate on its own base), then one context
+    per platform and ``platforms.json`` (:func:`builder.image.multiplatform.render_platforms`), then the build of
+    each platform and the push of one index where the engine holds every platform's base; else it stops after
+    render with the commands that finish the job."""
+
+    t_all = time.monotonic()
+    stages = Stages(reporter, len(req.platforms) + 2 + int(req.push))
+    summary: dict = {"vllm": req.spec.vllm, "context": str(req.out), "platforms": [p.name for p in req.platforms],
+                     "per_platform": {}, "stages_s": stages.times}
+    locked: dict[Platform, Locked] = {}
+    series = None
+    for p in req.platforms:
+        spec = dataclasses.replace(req.spec, platform=p)
+        release = release_context(dataclasses.replace(req, spec=spec, platforms=(p,)))
+        series = release.series
+        with stages.stage(f"lock {p.name}", f"{spec.lock_path} (reused when up to date; ABI gate on its own base)"):
+            one = run_lock(spec, default_overlay=req.default_overlay, base=release.base,
+                           reporter=reporter.scoped(f"lock {p.name}: "))
+            reporter.message(f"{p.name}: {one.summary_line()}")
+        locked[p] = one
+        summary["per_platform"][p.name] = {"lock": str(one.path), "lock_hash": one.lock_hash,
+                                           "base": one.manifest.pinned_ref}
+    with stages.stage("patch+render", f"one context per platform -> {req.out}"):
+        ctx = render_platforms(req.spec, req.platforms, req.out, series=series, vllm_wheel=req.wheel,
+                               no_patches=req.no_patches, reporter=reporter.scoped("  "),
+                               allow_base_drift=req.allow_base_drift, locked=locked)
+    summary.update(index_tags=list(ctx.index_tags), build_plan=build_plan(ctx))
+    for c in ctx.platforms:
+        summary["per_platform"][c.platform.name].update(context=str(req.out / c.context), tags=list(c.tags))
+    stopped = _multi_needs_engine(req, ctx, summary, engine or engine_adapter.get_engine(), t_all, stages)
+    if stopped is not None:
+        return stopped
+    engine = engine or engine_adapter.get_engine()
+    mc = read_multi_context(req.out, req.spec.repo)
+    with stages.stage("build", f"{', '.join(p.name for p in req.platforms)} (BuildKit, --network=none)"):
+        built = build_platforms(mc, engine=engine, pull=req.pull, reporter=reporter.scoped("build: "))
+    for b in built.builds:
+        summary["per_platform"][b.platform.name].update(image_id=b.image_id, image_bytes=b.size_bytes)
+    status = "built"
+    if req.push:
+        with stages.stage("push", f"each platform, then the index {mc.tags[0]}"):
+            pushed = push_platforms(mc, force=req.force, engine=engine, reporter=reporter.scoped("push: "))
+        summary.update(digest=pushed.digest, pinned=pushed.pinned, index=pushed.to_dict())
+        status = "pushed"
+    summary.update(status=status, total_s=round(time.monotonic() - t_all, 2))
+    return PipelineResult(status=status, summary=summary, stages_s=stages.times)
+
+
+def _multi_needs_engine(req: PipelineRequest, ctx, summary: dict, engine, t_all: float,
+                        stages: Stages) -> PipelineResult | None:
+    """None when the engine answers and holds every platform's base; else the run stops after render, with the
+    commands that finish the job (exit 8 when --push was asked for)."""
+    how = "\n  ".join(build_plan(ctx))
+    try:
+        engine.ping()
+        missing = [] if req.pull else missing_bases(sorted({c.base_ref for c in ctx.platforms}), engine)
+        why = f"the base image {', '.join(missing)} is not in the engine's image store" if missing else None
+    except EngineUnavailable as exc:
+        why = f"no container engine reachable ({exc.message})"
+    if why is None:
+        return None
+    summary.update(status="rendered", total_s=round(time.monotonic() - t_all, 2))
+    notice = (f"{why}\nstopped after render; each platform's context in {req.out} is self-contained. Build and "
+              f"push them:\n  {how}")
+    error = (EngineUnavailable(f"{why}; the multi-platform context is complete in {req.out}.", hint=how)
+             if req.push else None)
+    return PipelineResult(status="rendered", summary=summary, error=error, notice=None if req.push else notice,
+                          notice_lead=why if not req.push else "", stages_s=stages.times)

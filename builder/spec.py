@@ -35,6 +35,8 @@ Example ``build-image.toml``::
     replicas = 2                          # Serve replicas (each tp x pp GPUs)
     autoscaler = true                     # KubeRay's in-tree autoscaler
     gateway_class = "istio"               # with autoscaler and replicas >= 2: incremental RayService upgrade
+    platform = "linux/arm64"              # KubeRay: the pods' kubernetes.io/arch (of a multi-platform image;
+                                          # default: the image's one platform, linux/amd64 for both)
 
 Unknown keys are rejected (a typo must not be silently ignored).
 """
@@ -49,6 +51,8 @@ from typing import Any
 from builder import values
 from builder.data import path as data_path
 from builder.errors import BadInput
+from builder.platforms import DEFAULT, KNOWN, Platform
+from builder.platforms import parse as parse_platform
 from builder.util import canonical_name
 from builder.validate import check_release, exclude_newer, load_toml, number, read_bounded_text
 
@@ -70,8 +74,8 @@ def lockfiles_dir() -> Path:
     return local if local.is_dir() else data_path("lockfiles")
 
 
-def supported_vllm_versions() -> list[str]:
-    """vLLM versions this checkout has a base manifest for."""
+def supported_vllm_versions(platform: Platform = DEFAULT) -> list[str]:
+    """vLLM versions this checkout has a base manifest for (of ``platform``'s image)."""
     from packaging.version import InvalidVersion, Version
 
     def key(v: str):
@@ -81,15 +85,22 @@ def supported_vllm_versions() -> list[str]:
             return (1, v)
 
     base = lockfiles_dir() / "base"
-    return sorted((p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json")), key=key)
+    suffix = platform.file_suffix()
+    others = tuple(p.file_suffix() for p in KNOWN if p != platform and not p.is_default)
+    names = (p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json"))
+    return sorted((n[:len(n) - len(suffix)] if suffix else n for n in names
+                   if (n.endswith(suffix) if suffix else True) and not n.endswith(others)), key=key)
 
 
-def default_base_manifest(vllm: str) -> Path:
-    return lockfiles_dir() / "base" / f"vllm-openai-v{vllm}.json"
+def default_base_manifest(vllm: str, platform: Platform = DEFAULT) -> Path:
+    """``lockfiles/base/vllm-openai-vX.json`` (linux/amd64) or ``vllm-openai-vX-linux-arm64.json``."""
+    return lockfiles_dir() / "base" / f"vllm-openai-v{vllm}{platform.file_suffix()}.json"
 
 
-def default_lock_path(vllm: str) -> Path:
-    return lockfiles_dir() / f"vllm-{vllm}" / "requirements.lock"
+def default_lock_path(vllm: str, platform: Platform = DEFAULT) -> Path:
+    """``lockfiles/vllm-X/requirements.lock`` (linux/amd64) or ``lockfiles/vllm-X/linux-arm64/requirements.lock``."""
+    folder = lockfiles_dir() / f"vllm-{vllm}"
+    return (folder if platform.is_default else folder / platform.slug) / "requirements.lock"
 
 
 @dataclass
@@ -115,6 +126,7 @@ class Serving:
     replicas: int = 1                  # Serve replicas of the model (each tp x pp GPUs)
     autoscaler: bool = False           # KubeRay in-tree autoscaler enabled
     gateway_class: str | None = None   # Gateway API class; with autoscaler and replicas >= 2: incremental upgrade
+    platform: str | None = None        # KubeRay: the image platform the pods run on (node selector kubernetes.io/arch)
 
 
 @dataclass
@@ -131,6 +143,7 @@ class Spec:
     serving: Serving = field(default_factory=Serving)
     source: str | None = None  # the spec file read, if any
     vllm_given: bool = False  # vllm named by a flag or the spec file (not the built-in default)
+    platform: Platform = DEFAULT  # the image platform this spec is locked, gated and rendered for
 
     @property
     def overlay(self) -> list[str]:
@@ -138,7 +151,17 @@ class Spec:
 
     @property
     def lock_path(self) -> Path:
-        return Path(self.lock) if self.lock else default_lock_path(self.vllm)
+        return Path(self.lock) if self.lock else default_lock_path(self.vllm, self.platform)
+
+    def for_platforms(self, platforms: tuple[Platform, ...]) -> list[Spec]:
+        """One spec per platform (pure): each locks into its platform's default lock; a ``--lock``/``lock`` file
+        names one lock, so with several platforms it is :class:`BadInput`."""
+        if len(platforms) > 1 and self.lock:
+            raise BadInput(f"--lock/-o {self.lock} names one lock file, but {len(platforms)} platforms were asked "
+                           f"for ({', '.join(p.name for p in platforms)}): each platform has its own lock.",
+                           hint="leave the lock path out (each platform's lock is lockfiles/vllm-X[/linux-arm64]/"
+                                "requirements.lock), or give one --platform.")
+        return [replace(self, platform=p) for p in platforms]
 
     def with_flags(self, **flags: Any) -> Spec:
         """Return a copy where every flag that is not None overrides the spec."""
@@ -221,6 +244,9 @@ def parse_spec(text: str, path: str) -> Spec:
         raise BadInput(f"spec {path}: 'serving.distributed_executor_backend' must be one of "
                        f"{', '.join(EXECUTOR_BACKENDS)}, got {backend!r}.")
     _check_cutover(serving_kwargs, path)
+    if "platform" in serving_kwargs:  # one spelling from here on: linux/arm64
+        serving_kwargs["platform"] = parse_platform(serving_kwargs["platform"],
+                                                    where=f"spec {path}: 'serving.platform'").name
     return Spec(
         vllm=doc.get("vllm", "0.26.0"),
         base=doc.get("base"),
@@ -299,7 +325,19 @@ def load_spec(path: str | Path | None) -> Spec:
     return parse_spec(read_bounded_text(p, "spec file"), str(p))
 
 
-def check_vllm_version(vllm: str, where: str = "--vllm") -> None:
+def check_vllm_version(vllm: str, where: str = "--vllm", platform: Platform = DEFAULT) -> None:
     """BadInput (exit 2, "no base manifest", the known releases named) for a release this checkout
-    has no base manifest for (:func:`builder.validate.check_release`)."""
+    has no base manifest for (:func:`builder.validate.check_release`); for another platform than the default,
+    also one whose image of that platform has no manifest here (the releases that have one named, and the
+    commands that add it)."""
     check_release(vllm, supported_vllm_versions(), where=where)
+    if platform.is_default:
+        return
+    have = supported_vllm_versions(platform)
+    if vllm not in have:
+        raise BadInput(
+            f"there is no {platform.name} base manifest for vllm {vllm} in this checkout ({platform.name}: "
+            f"{', '.join(have) or 'none'}; the lock and the gate of one platform never stand in for another's).",
+            hint=f"`build-image base reconstruct --vllm {vllm} --platform {platform.name}` writes it from the "
+                 f"release's own {platform.machine} build step, then `build-image lock --vllm {vllm} --platform "
+                 f"{platform.name}`.")

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from builder.credentials import redact_text
 from builder.errors import AbiRejected, BadInput, Unsatisfiable
+from builder.events import SILENT, Reporter
 from builder.fetch import vllm_wheel
 from builder.patching import port as PO
 from builder.patching import series as P
@@ -403,9 +404,9 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
             base_from: str | None = None, base_to: str | None = None, lock_from: str | None = None,
             with_: list[str] | None = None, default_overlay: bool | None = None, find_links=(), no_index=False,
             spec_path: str | None = None, out_dir: str | None = None, probe_python: str | None = None,
-            progress=None, relax: tuple[str, ...] = (), auto_relax: bool = True,
+            reporter: Reporter = SILENT, relax: tuple[str, ...] = (), auto_relax: bool = True,
             accept_undecided: tuple[str, ...] = ()) -> UpgradeReport:
-    say = progress or (lambda _m: None)
+    say = reporter.step  # what the base reconstruction and the port (callbacks still) report through
     timings: dict[str, float] = {}
     out = Path(out_dir) if out_dir else None
     scratch = Path(tempfile.mkdtemp(prefix="build-image-upgrade-"))
@@ -427,8 +428,8 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         # 2. port
         t0 = time.monotonic()
         series = P.load_series(series_dir or P.series_dir_for(from_version), from_version)
-        a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, progress=False)
-        b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, progress=False)
+        a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, reporter=SILENT)
+        b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, reporter=SILENT)
         series_out = out / "patches" / series.package / to_version if out else None
         a_env = series.dir / PR_ENV
         if series_out is not None and a_env.is_file() and not (series_out / PR_ENV).is_file():
@@ -449,7 +450,7 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         # 3. lock: A's overlay on B's base
         t0 = time.monotonic()
         step = _lock_on_b(from_version, to_version, b_path, lock_from, with_, default_overlay, find_links,
-                          no_index, out, scratch, written, say)
+                          no_index, out, scratch, written, reporter)
         timings["lock"] = time.monotonic() - t0
         # 4. plan
         plan_moves, plan_notes = _plan_diff(spec_path, a_src, b_src, from_version, to_version)
@@ -467,7 +468,7 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
 
 def _lock_on_b(from_version: str, to_version: str, b_path: Path, lock_from: str | None, with_: list[str] | None,
                default_overlay: bool | None, find_links, no_index: bool, out: Path | None, scratch: Path,
-               written: list[str], say) -> LockStep:
+               written: list[str], reporter: Reporter) -> LockStep:
     """A's overlay (its lock's, or ``with_``) locked on B's base; a lock the gate rejects or
     that cannot be resolved is a step with that status, not an error."""
     a_lock_path = Path(lock_from) if lock_from else default_lock_path(from_version)
@@ -483,8 +484,8 @@ def _lock_on_b(from_version: str, to_version: str, b_path: Path, lock_from: str 
                         find_links=list(find_links), no_index=no_index)
     step = LockStep(status="written", overlay=list(req.overlay))
     try:
-        say(f"locking {' '.join(req.overlay)} on {b_path.name}")
-        outcome = L.run(req, lock_path, upgrade=True, force=True, progress=say)  # foreign files: check_outputs
+        reporter.step(f"locking {' '.join(req.overlay)} on {b_path.name}")
+        outcome = L.run(req, lock_path, upgrade=True, force=True, reporter=reporter)  # foreign files: check_outputs
         b_lock = load_lock(outcome.path)
         step.path = str(outcome.path) if out else None
         step.ray = b_lock.header.get("ray")

@@ -9,7 +9,9 @@ and the generators (:func:`guard`, used as the Dockerfile template's ``finalize`
 take a typed value as it is and check any other string again, so a raw string that skipped its boundary
 cannot carry a line break into a generated file.
 
-* :class:`ImageRef` — ``[registry/]repo[:tag][@sha256:…]`` (the distribution reference grammar);
+* :class:`ImageRef` — ``[registry/]repo[:tag][@sha256:…]`` (the distribution reference grammar), split
+  into its parts by :func:`split_ref` and checked by :func:`parse_ref` — the one image-reference parser the
+  engine, the snapshot, the registry client and the KubeRay manifests use;
 * :class:`Digest` — ``sha256:<64 lowercase hex>``;
 * :class:`Registry` — ``host[:port]`` (DNS labels or an IPv4 address, ``localhost``);
 * :class:`Repository` — ``[registry/]path`` without a tag or digest (``--tag``);
@@ -29,6 +31,7 @@ Pure: nothing here reads a file or the environment.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from builder.errors import BadInput
@@ -147,13 +150,107 @@ class Repository(Value):
                            "path: lowercase letters, digits, '.', '_', '-', '/').")
 
 
+#: the registry a reference that names none is pulled from, and the host names Docker Hub answers to
+DOCKER_HUB = "docker.io"
+_DOCKER_HUB_HOSTS = (DOCKER_HUB, "index.docker.io", "registry-1.docker.io")
+
+
+@dataclass(frozen=True)
+class RefParts:
+    """An image reference in parts: ``registry`` (``host[:port]``, :data:`DOCKER_HUB` when the reference
+    names none), ``repository`` (the path inside the registry; ``library/NAME`` for a one-component Docker
+    Hub name), ``tag`` and ``digest`` (None when absent)."""
+
+    registry: str
+    repository: str
+    tag: str | None
+    digest: str | None
+
+    @property
+    def reference(self) -> str:
+        """What the registry's manifest endpoint is asked for: the digest, else the tag, else ``latest``."""
+        return self.digest or self.tag or "latest"
+
+    @property
+    def familiar_name(self) -> str:
+        """The repository as ``docker images`` shows it: Docker Hub's host and its ``library/`` folded
+        (``docker.io/library/ubuntu:22.04`` and ``ubuntu@sha256:…`` are both ``ubuntu``)."""
+        if self.registry not in _DOCKER_HUB_HOSTS:
+            return f"{self.registry}/{self.repository}"
+        path = self.repository
+        if path.startswith("library/") and path.count("/") == 1:
+            path = path[len("library/"):]
+        return path
+
+    def __str__(self) -> str:
+        s = f"{self.registry}/{self.repository}"
+        if self.tag:
+            s += f":{self.tag}"
+        if self.digest:
+            s += f"@{self.digest}"
+        return s
+
+
+def split_ref(text: str) -> RefParts:
+    """Pure, never raises: ``[registry/]path[:tag][@digest]`` split by the distribution spec's rule (the
+    first component names a registry when it holds a '.' or a ':' or is ``localhost``, and something
+    follows it), unchecked.  A name without a registry is Docker Hub's, a one-component one under
+    ``library/``.  :func:`parse_ref` checks the parts."""
+    name, at, digest = text.partition("@")
+    first, _, rest = name.partition("/")
+    if rest and _is_registry(first):
+        registry, path = first, rest
+    else:
+        registry, path = DOCKER_HUB, name if "/" in name else f"library/{name}"
+    tag = None
+    if ":" in path.rsplit("/", 1)[-1]:
+        path, tag = path.rsplit(":", 1)
+    return RefParts(registry=registry, repository=path, tag=tag, digest=digest if at else None)
+
+
+_PATH_RE = re.compile(_PATH)
+_TAG_RE = re.compile(_TAG)
+_DIGEST_RE = re.compile(_DIGEST)
+_DOMAIN_RE = re.compile(_DOMAIN)
+
+
+def parse_ref(text: str, where: str = "image reference") -> RefParts:
+    """:func:`split_ref`'s parts of a reference that is in the grammar, else :class:`BadInput` naming
+    ``where``: a registry that is not ``host[:port]``, a path that is not lowercase letters, digits and
+    single separators, a tag over 128 characters, a digest that is not ``sha256:<64 hex>``."""
+    if not text or any(c.isspace() for c in text):
+        raise BadInput(f"{where} {text!r} is not valid.")
+    parts = split_ref(text)
+    name = text.partition("@")[0]
+    if parts.digest is not None and not _DIGEST_RE.fullmatch(parts.digest):
+        raise BadInput(f"{where} digest {parts.digest!r} is not sha256:<64 hex>.")
+    if not _DOMAIN_RE.fullmatch(parts.registry):
+        raise BadInput(f"{where} {name!r}: registry {parts.registry!r} is not a host[:port] (DNS labels or an "
+                       "IPv4 address, an optional port).")
+    if not _PATH_RE.fullmatch(parts.repository):
+        raise BadInput(f"{where} {name!r}: repository {parts.repository!r} is not a valid name (lowercase, "
+                       "digits, . _ - /).")
+    if parts.tag is not None and not _TAG_RE.fullmatch(parts.tag):
+        raise BadInput(f"{where} {name!r}: tag {parts.tag!r} is not a valid tag (letters, digits, '_', '.', "
+                       "'-'; at most 128, not starting with '.' or '-').")
+    return parts
+
+
 class ImageRef(Repository):
-    """``[registry/]path[:tag][@sha256:…]``, the reference grammar of the distribution spec."""
+    """``[registry/]path[:tag][@sha256:…]``, the reference grammar of the distribution spec
+    (:func:`parse_ref`); :attr:`parts` are its registry, repository, tag and digest."""
 
     kind = "an image reference"
     example = "vllm/vllm-openai:v0.26.0 or registry:5000/repo@sha256:…"
-    rest = re.compile(rf"{_PATH}(?::{_TAG})?(?:@{_DIGEST})?")
     max_len = 512
+
+    @classmethod
+    def check(cls, text: str, where: str) -> None:
+        parse_ref(text, where)
+
+    @property
+    def parts(self) -> RefParts:
+        return split_ref(self)
 
 
 class DistName(Value):

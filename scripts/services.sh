@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Start/stop what the tests need: a Docker engine and a registry on 127.0.0.1:5000.
-#   scripts/services.sh install   apt-get the packages (docker.io docker-registry skopeo debootstrap)
-#   scripts/services.sh start     start dockerd and the registry (PIDs in $STATE_DIR), wait until ready
-#   scripts/services.sh stop [registry] [dockerd]   stop those (default both), by the PID start recorded
+#   scripts/services.sh install   apt-get the packages (docker.io docker-registry skopeo debootstrap
+#                                 qemu-user-static) and, on a host that is not aarch64, register
+#                                 qemu-aarch64 in binfmt_misc (linux/arm64 builds under emulation)
+#   scripts/services.sh start     install, start dockerd and the registry (PIDs in $STATE_DIR), wait until ready
+#   scripts/services.sh stop [registry] [dockerd] [binfmt]   stop those (default registry and dockerd), by
+#                                 the PID start recorded; binfmt: unregister qemu-aarch64 if install registered it
 # Nothing listens beyond loopback: dockerd has no bridge/iptables, the registry binds 127.0.0.1.
 set -euo pipefail
 STATE_DIR=${BUILD_IMAGE_SERVICES_DIR:-/tmp/build-image-services}
@@ -16,10 +19,44 @@ install() {
   command -v docker-registry >/dev/null || need+=(docker-registry)
   command -v skopeo >/dev/null || need+=(skopeo)
   command -v debootstrap >/dev/null || need+=(debootstrap)
+  [ "$(uname -m)" = aarch64 ] || [ -x /usr/bin/qemu-aarch64-static ] || need+=(qemu-user-static)
   if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -q >/dev/null
     apt-get install -y -q --no-install-recommends "${need[@]}" >/dev/null
+  fi
+  binfmt_register
+}
+
+BINFMT=/proc/sys/fs/binfmt_misc
+
+binfmt_register() {
+  # qemu-aarch64 in binfmt_misc with the F (fix-binary) flag: the kernel opens the static interpreter
+  # now, so it also runs inside chroots and containers (debootstrap's second stage, BuildKit's RUN steps).
+  # Idempotent; what it mounted or registered is recorded in $STATE_DIR for `stop binfmt`.
+  [ "$(uname -m)" = aarch64 ] && return 0
+  local conf=/usr/lib/binfmt.d/qemu-aarch64.conf line
+  if [ ! -e "$BINFMT/register" ]; then
+    mount -t binfmt_misc binfmt_misc "$BINFMT"
+    touch "$STATE_DIR/binfmt.mounted"
+  fi
+  [ -e "$BINFMT/qemu-aarch64" ] && return 0
+  [ -f "$conf" ] || { echo "services.sh: $conf is missing (is qemu-user-static installed?)" >&2; exit 1; }
+  line=$(grep -v '^[[:space:]]*#' "$conf" | grep -m1 '^:qemu-aarch64:')
+  case "${line##*:}" in *F*) ;; *) line="${line}F" ;; esac
+  printf '%s' "$line" >"$BINFMT/register"
+  touch "$STATE_DIR/binfmt.registered"
+  echo "registered qemu-aarch64 in binfmt_misc (flags ${line##*:})"
+}
+
+binfmt_unregister() {
+  if [ -f "$STATE_DIR/binfmt.registered" ]; then
+    [ -e "$BINFMT/qemu-aarch64" ] && echo -1 >"$BINFMT/qemu-aarch64"
+    rm -f "$STATE_DIR/binfmt.registered"
+  fi
+  if [ -f "$STATE_DIR/binfmt.mounted" ]; then
+    umount "$BINFMT" 2>/dev/null || true
+    rm -f "$STATE_DIR/binfmt.mounted"
   fi
 }
 
@@ -59,7 +96,8 @@ stop() {
   local svcs=("$@")
   [ ${#svcs[@]} -gt 0 ] || svcs=(registry dockerd)
   for svc in "${svcs[@]}"; do
-    case "$svc" in registry|dockerd) ;; *) echo "services.sh stop: unknown service $svc" >&2; exit 2 ;; esac
+    case "$svc" in registry|dockerd) ;; binfmt) binfmt_unregister; continue ;;
+      *) echo "services.sh stop: unknown service $svc" >&2; exit 2 ;; esac
     if [ -f "$STATE_DIR/$svc.pid" ]; then
       pid=$(cat "$STATE_DIR/$svc.pid")
       kill "$pid" 2>/dev/null || true
@@ -70,6 +108,6 @@ stop() {
   done
 }
 
-cmd=${1:?usage: services.sh install|start|stop [registry] [dockerd]}
+cmd=${1:?usage: services.sh install|start|stop [registry] [dockerd] [binfmt]}
 shift
 "$cmd" "$@"

@@ -39,10 +39,11 @@ def real_vllm_wheel(version: str, sha256: str | None = None) -> Path:
     """vllm ``version``'s wheel from PyPI in the download cache (sha256-verified by ``builder.fetch``:
     ``sha256``, else the pin of the release's shipped patch series); a second process asking at the
     same time waits for the first download instead of repeating it."""
+    from builder.events import SILENT
     from builder.fetch import vllm_wheel
     from builder.patching import series as P
 
     if sha256 is None:
         sha256 = P.load_series(P.series_dir_for(version), version).wheel_sha256
     with cache_lock(f"vllm-wheel-{version}"):
-        return vllm_wheel(version, sha256, progress=False)
+        return vllm_wheel(version, sha256, reporter=SILENT)

@@ -48,6 +48,8 @@ def _docker_cli() -> str:
 DOCKER = _docker_cli()
 REGISTRY = "127.0.0.1:5000"
 STANDIN_REF = "standin.local/vllm/vllm-openai:v0.26.0"
+# the arm64 stand-in: another tag (Docker's classic image store keeps one image per tag)
+STANDIN_ARM64_REF = "standin.local/vllm/vllm-openai:v0.26.0-linux-arm64"
 STANDIN_DATA = ROOT / "tests" / "data" / "standin"
 
 
@@ -111,15 +113,23 @@ def _cache_dir() -> Path:
     return cache_dir()
 
 
-def make_standin_base() -> subprocess.CompletedProcess:
+def make_standin_base(arch: str = "amd64") -> subprocess.CompletedProcess:
     """scripts/make-standin-base.sh (idempotent: nothing to do when the image is up to date), one
-    build of the tag at a time (xdist workers, concurrent runs, tests/prepare_docker.py)."""
+    build of the tag at a time (xdist workers, concurrent runs, tests/prepare_docker.py).
+    ``arch="arm64"``: the linux/arm64 stand-in (debootstrap's second stage and the build's RUN
+    steps under QEMU on an x86_64 host), tagged :data:`STANDIN_ARM64_REF`."""
     env = dict(os.environ, BUILD_IMAGE_CACHE=str(_cache_dir()), DOCKER=DOCKER)
-    with cache_lock("standin-base"):
+    ref = STANDIN_REF if arch == "amd64" else STANDIN_ARM64_REF
+    with cache_lock("standin-base" if arch == "amd64" else f"standin-base-{arch}"):
         return subprocess.run(
-            ["bash", str(ROOT / "scripts" / "make-standin-base.sh"), STANDIN_REF],
-            capture_output=True, text=True, env=env, timeout=1200,
+            ["bash", str(ROOT / "scripts" / "make-standin-base.sh"), "--platform", f"linux/{arch}", ref],
+            capture_output=True, text=True, env=env, timeout=1800,
         )
+
+
+def qemu_arm64_ready() -> bool:
+    """Can this host run linux/arm64 binaries: it is aarch64, or binfmt_misc has qemu-aarch64 (services.sh install)."""
+    return os.uname().machine == "aarch64" or Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").exists()
 
 
 @pytest.fixture(scope="session")
@@ -130,6 +140,19 @@ def standin_base_image(docker_engine) -> StandinBase:
     wheel = _cache_dir() / "standin" / "vllm-0.26.0-py3-none-any.whl"
     assert wheel.is_file(), wheel
     return StandinBase(ref=STANDIN_REF, vllm_wheel=wheel)
+
+
+@pytest.fixture(scope="session")
+def standin_arm64_base_image(docker_engine) -> StandinBase:
+    """The linux/arm64 stand-in (same recipe as :func:`standin_base_image`, built under QEMU; cached)."""
+    if not qemu_arm64_ready():
+        _missing("this host cannot run linux/arm64 binaries: no qemu-aarch64 in binfmt_misc "
+                 "(scripts/services.sh install registers it)")
+    proc = make_standin_base("arm64")
+    if proc.returncode != 0:
+        pytest.fail(f"make-standin-base.sh --platform linux/arm64 failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    wheel = _cache_dir() / "standin" / "vllm-0.26.0-py3-none-any.whl"
+    return StandinBase(ref=STANDIN_ARM64_REF, vllm_wheel=wheel)
 
 
 # --------------------------------------------------------------------------- overlays on the stand-in

@@ -1,6 +1,6 @@
 """Make ahead what the Docker tests read from the shared download cache, while other work runs
 (``scripts/test.sh`` starts it beside the tests that need no engine): the stand-in base image
-(debootstrap + a build on a fresh machine), the stand-in find-links folders and the ray
+(debootstrap + a build on a fresh machine; the linux/arm64 one under QEMU), the stand-in find-links folders and the ray
 wheelhouse of the ray-check tests, each downloaded from PyPI once.
 
 Every item is made under its cache lock (tests/fx_cache.py) and only when it is not complete
@@ -38,6 +38,24 @@ def _findlinks_e2e() -> None:
     standin_findlinks(tuple(OVERLAY))
 
 
+def _standin_arm64() -> None:
+    from tests.fx_docker import make_standin_base, qemu_arm64_ready
+
+    if not qemu_arm64_ready():
+        return  # the arm64 tests skip (or fail under BUILD_IMAGE_REQUIRE_DOCKER=1) and say why
+    proc = make_standin_base("arm64")
+    if proc.returncode != 0:
+        raise RuntimeError(f"make-standin-base.sh --platform linux/arm64 failed ({proc.returncode}):\n"
+                           f"{proc.stderr[-2000:]}")
+
+
+def _findlinks_platforms() -> None:
+    from tests.fx_docker import standin_findlinks
+    from tests.test_platforms_e2e import OVERLAY
+
+    standin_findlinks(OVERLAY)
+
+
 def _ray_wheelhouse() -> None:
     from tests.test_raycheck import ray_wheelhouse
 
@@ -46,7 +64,9 @@ def _ray_wheelhouse() -> None:
 
 # in order: the find-links folders hold the fake vllm wheel that the stand-in's script writes
 STEPS = (("ray wheelhouse", _ray_wheelhouse), ("stand-in base image", _standin_base),
-         ("stand-in find-links", _findlinks_plain), ("stand-in find-links (e2e overlay)", _findlinks_e2e))
+         ("stand-in find-links", _findlinks_plain), ("stand-in find-links (e2e overlay)", _findlinks_e2e),
+         ("stand-in find-links (two-platform overlay)", _findlinks_platforms),
+         ("arm64 stand-in base image (QEMU)", _standin_arm64))
 
 
 def main() -> int:

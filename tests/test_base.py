@@ -365,16 +365,6 @@ def test_truncated_elf_is_binary_without_glibc(tmp_path):
     assert facts.binary and facts.extensions == 1 and facts.glibc is None
 
 
-def test_repo_of_folds_docker_hub_defaults():
-    from builder.resolve.base import _repo_of
-
-    assert _repo_of("docker.io/library/ubuntu:22.04") == "ubuntu"
-    assert _repo_of("ubuntu@sha256:" + "a" * 64) == "ubuntu"
-    assert _repo_of("127.0.0.1:5000/team/img:1") == "127.0.0.1:5000/team/img"
-    assert _repo_of("127.0.0.1:5000/team/img") == "127.0.0.1:5000/team/img"
-    assert _repo_of("vllm/vllm-openai:v0.26.0") == "vllm/vllm-openai"
-
-
 @pytest.mark.slow
 @pytest.mark.docker
 def test_snapshot_image_records_the_registry_digest(tmp_path, tiny_images):

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from builder.errors import BadInput
+from builder.events import Recorder
 from builder.image import referrers
 from builder.image.registry import RegistryClient
 from builder.serving import attestation
@@ -421,7 +422,7 @@ def test_the_smoke_commands_attestation_is_what_promote_reads(world, tmp_path, m
     rep = smoke_report_obj()
     said = []
     cfg = SmokeConfig(model=str(ck), image=f"{world.base}@{world.new}", checkpoint_check=False)
-    smoke_cmd._attest(rep, cfg, (world.base, world.new), said.append)
+    smoke_cmd._attest(rep, cfg, (world.base, world.new), Recorder(said))
     assert said and said[0].startswith(f"attested: PASS attached to {world.base}@{world.new}")
     verdicts = attestation.read_verdicts(RegistryClient(world.registry), world.repo, world.new)
     (v,) = verdicts

@@ -56,3 +56,25 @@ def test_a_command_shows_rich_only_on_a_terminal_and_never_with_json():
     assert isinstance(reporter_for(terminal), RichReporter)
     assert isinstance(reporter_for(terminal, as_json=True), PlainReporter)
     assert isinstance(reporter_for(pipe), PlainReporter)
+
+
+def test_notices_transfers_and_the_recorder():
+    from builder.events import Recorder
+
+    lines: list[str] = []
+    rec = Recorder(lines)
+    _all_events(rec)
+    rec.notice("notices:\n  x")
+    rec.transfer("vllm.whl", 10, 100)
+    assert "".join(f"{x}\n" for x in lines) == EXPECTED + "notices:\n  x\n"  # bytes are not lines
+    out = io.StringIO()
+    PlainReporter(out, notices=False).notice("notices: kept in the --json document")
+    PlainReporter(out).transfer("vllm.whl", 10, 100)
+    assert out.getvalue() == ""
+    PlainReporter(out).notice("notices: shown")
+    assert out.getvalue() == "notices: shown\n"
+    console = Console(file=io.StringIO(), force_terminal=True, width=100)
+    rich = RichReporter(console)
+    for done in (0, 50, 100):  # a transient bar: started, moved, gone when the file ends
+        rich.scoped("  ").transfer("vllm.whl", done, 100)
+    assert rich.bars.progress is None and not rich.bars.tasks

@@ -122,7 +122,7 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess:
 def _layered_package(tmp_path: Path, files: dict[str, str]) -> Path:
     """A package named ``builder`` with every child the layers contract names (all empty), plus ``files``."""
     children = ["cli", "pipeline", "upgrade", "comment_fit", "credentials", "data", "engine", "errors", "events",
-                "fetch", "report", "scratch", "signals", "spec", "util", "validate", "values"]
+                "fetch", "platforms", "report", "scratch", "signals", "spec", "util", "validate", "values"]
     folders = ["commands", "serving", "image", "patching", "resolve"]
     base = {f"builder/{c}.py": "" for c in children} | {f"builder/{f}/__init__.py": "" for f in folders}
     return _package(tmp_path, {**base, **files})

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from builder.cli import main
 from builder.errors import BadInput, IntegrityError
+from builder.platforms import ARM64
 from builder.resolve import explain as X
 from builder.resolve import lock as L
 from builder.resolve.lockfile import load_lock
@@ -531,9 +532,12 @@ def test_default_manifest_and_lock_come_from_the_checkout_the_command_runs_in(tm
     shutil.copytree(root / "lockfiles", checkout / "lockfiles")
     monkeypatch.chdir(checkout)
     monkeypatch.setattr(S, "data_path", lambda rel="": tmp_path / "site-packages" / rel)  # installed elsewhere
-    shipped = sorted(p.name[len("vllm-openai-v"):-len(".json")]
-                     for p in (checkout / "lockfiles" / "base").glob("vllm-openai-v*.json"))
+    names = [p.name[len("vllm-openai-v"):-len(".json")]
+             for p in (checkout / "lockfiles" / "base").glob("vllm-openai-v*.json")]
+    shipped = sorted(n for n in names if "-linux-" not in n)  # the default platform's; linux/arm64's apart
+    arm = sorted(n.removesuffix("-linux-arm64") for n in names if n.endswith("-linux-arm64"))
     assert "0.26.0" in shipped and sorted(S.supported_vllm_versions()) == shipped  # the checkout's, not the package's
+    assert sorted(S.supported_vllm_versions(ARM64)) == arm and "0.33.0" in arm
     code, text = run("lock", "--check")
     assert code == 0, text
     assert "lockfiles/vllm-0.26.0/requirements.lock is up to date" in text

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from builder import fetch as F
 from builder.cli import main
 from builder.errors import BadInput, IntegrityError, PatchFailed
+from builder.events import SILENT
 from builder.patching import series as P
 from builder.util import sha256_bytes, sha256_file
 
@@ -325,7 +326,7 @@ def test_fetch_verifies_caches_and_refetches_corrupt(server, cache):
     data = os.urandom(200_000)
     (server.root / "thing-1.0.whl").write_bytes(data)
     sha = sha256_bytes(data)
-    p = F.fetch(f"{server.url}/thing-1.0.whl", sha, progress=False)
+    p = F.fetch(f"{server.url}/thing-1.0.whl", sha, reporter=SILENT)
     assert p.read_bytes() == data and p.is_relative_to(cache / "downloads")
     assert F.fetch(f"{server.url}/thing-1.0.whl", sha) == p and len(server.hits) == 1  # cache hit
     with open(p, "r+b") as fh:  # a partial file left by an interrupted copy
@@ -359,7 +360,7 @@ def test_vllm_wheel_via_pypi_json_fallback_and_override(server, cache, monkeypat
     # no per-version document (404): the project document's releases are used; relative URLs resolved
     (server.root / "vllm" / "json").write_text(json.dumps({"releases": {"9.9.9": files}}))
     monkeypatch.setattr(F, "PYPI_JSON", server.url)
-    p = F.vllm_wheel("9.9.9", progress=False)
+    p = F.vllm_wheel("9.9.9", reporter=SILENT)
     assert p.name == name and p.read_bytes() == data
     server.hits.clear()
     assert F.vllm_wheel("9.9.9", sha) == p and server.hits == []  # pinned + cached: offline

@@ -42,7 +42,7 @@ class MemoryEngine:
     def inspect(self, ref):
         return self.images.get(ref)
 
-    def build(self, context, tags, *, network="none", build_args=None, on_line=None):
+    def build(self, context, tags, *, network="none", build_args=None, on_line=None, platform=None):
         assert network == "none"
         self.builds.append((Path(context), list(tags)))
         for line in ("#5 [stage-1 2/4] RUN install", "#5 CACHED"):

@@ -301,6 +301,7 @@ def test_two_locks_in_one_folder_get_their_own_twins(tmp_path):
 def test_one_lock_run_checks_and_rewrites_the_twin_once(tmp_path, monkeypatch):
     """An up-to-date lock whose twin is missing: the lock stage looks at the twin once and
     rewrites it once (no resolution); an -o naming the twin is refused before anything runs."""
+    from builder.events import Recorder
     from builder.resolve import twin as twin_mod
     from builder.resolve.lockstage import run_lock
     from builder.spec import Spec
@@ -316,8 +317,9 @@ def test_one_lock_run_checks_and_rewrites_the_twin_once(tmp_path, monkeypatch):
             return _real(*a, **kw)
 
         monkeypatch.setattr(twin_mod, name, counted)
-    said = []
-    locked = run_lock(Spec().with_flags(vllm="0.26.0", lock=str(tmp_path / "requirements.lock")), progress=said.append)
+    said: list[str] = []
+    locked = run_lock(Spec().with_flags(vllm="0.26.0", lock=str(tmp_path / "requirements.lock")),
+                      reporter=Recorder(said))
     assert locked.status == "up-to-date" and locked.pylock == str(tmp_path / "pylock.toml")
     assert calls == {"twin_problem": 1, "write_pylock": 1}
     assert [m for m in said if m.startswith("rewrote")] == [

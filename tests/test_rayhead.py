@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from builder.errors import BadInput
+from builder.events import Recorder
 from builder.serving.smoke import rayhead
 
 FAKE_RAY = textwrap.dedent("""\
@@ -40,7 +41,7 @@ def _ray(tmp_path, mode: str) -> tuple[list[str], object]:
 def test_a_head_that_times_out_registering_is_started_again(tmp_path):
     ray, count = _ray(tmp_path, "timeout-then-up")
     said: list[str] = []
-    head = rayhead.start_head({}, timeout=30, ray=ray, say=said.append)
+    head = rayhead.start_head({}, timeout=30, ray=ray, reporter=Recorder(said))
     try:
         assert count.read_text() == "2" and head.proc.alive()
         assert any("registration timeout" in m for m in said), said

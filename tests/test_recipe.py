@@ -291,6 +291,23 @@ def test_recipes_toml_is_exactly_the_derivation_of_each_release_sdist(vllm):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("vllm", ["0.32.0", "0.33.0", "0.34.0"])
+def test_the_aarch64_recipes_file_is_exactly_the_derivation_of_each_release_s_aarch64_step(vllm):
+    from builder import platforms
+    from builder.resolve import sdist
+    from builder.resolve.reconstruct import default_recipes_path, load_recipes
+
+    table = load_recipes(default_recipes_path(platforms.ARM64))[vllm]
+    files = sdist.load(vllm, sha256=table["sdist_sha256"])
+    arm, x86 = R.derive(files, platform=platforms.ARM64), R.derive(files)
+    assert R.recipe_table(arm) == table
+    assert table["pipeline_step"] == "Build release image - aarch64 - CUDA 13.0"
+    assert table["build_args"]["BUILD_BASE_IMAGE"].startswith("pytorch/manylinuxaarch64-builder:")
+    assert table["sdist_sha256"] == load_recipes()[vllm]["sdist_sha256"]  # one sdist, two platforms' steps
+    assert arm.glibc.value == x86.glibc.value and arm.platform.startswith("aarch64-")
+
+
+@pytest.mark.slow
 def test_the_shipped_releases_facts_as_their_files_say():
     from builder.resolve.reconstruct import load_recipes
 

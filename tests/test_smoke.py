@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from builder.errors import BadInput
+from builder.events import SILENT, Recorder
 from builder.serving import smoke
 from builder.serving.smoke import (
     FAIL,
@@ -701,7 +702,7 @@ def test_plan_uses_vllms_default_utilization_and_suggests(tmp_path):
 
     model = _tiny_checkpoint(tmp_path / "m")
     d = smoke.preflight_plan(SmokeConfig(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096),
-                             lambda m: None)
+                             SILENT)
     assert d["gpu_memory_utilization"] == VLLM_DEFAULT_GPU_MEMORY_UTILIZATION == 0.92
     # refused "with the plan's numbers and suggestions"
     rep = run_smoke(SmokeConfig(model=str(model), server_cmd=_fake_cmd(), gpu_memory_bytes=8 << 30,
@@ -722,7 +723,7 @@ def test_pp_offload_and_kv_dtype_reach_vllm_and_the_plan(tmp_path):
     # vLLM 0.26.0's --kv-cache-dtype choices have "bfloat16", not "bf16"
     assert "--pipeline-parallel-size 2" in flags and "--cpu-offload-gb 3" in flags
     assert "--kv-cache-dtype bfloat16" in flags and "bf16" not in flags
-    d = smoke.preflight_plan(cfg, lambda m: None)
+    d = smoke.preflight_plan(cfg, SILENT)
     assert (d["tp"], d["pp"], d["gpus"]) == (2, 2, 4) and d["cpu_offload_bytes"] == 3 << 30
 
 
@@ -770,15 +771,15 @@ def test_data_parallel_api_servers_are_not_a_restart_but_a_restart_is(tmp_path):
 def test_plan_reads_extra_args_in_both_forms_and_steps_aside_for_a_fixed_kv_size(tmp_path):
     model = _tiny_checkpoint(tmp_path / "m")
     base = dict(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096)
-    d = smoke.preflight_plan(SmokeConfig(**base, extra_args=["--max-num-batched-tokens=2048"]), lambda m: None)
+    d = smoke.preflight_plan(SmokeConfig(**base, extra_args=["--max-num-batched-tokens=2048"]), SILENT)
     assert d["max_num_batched_tokens"] == 2048
-    d = smoke.preflight_plan(SmokeConfig(**base, extra_args=["--max-num-batched-tokens", "4096"]), lambda m: None)
+    d = smoke.preflight_plan(SmokeConfig(**base, extra_args=["--max-num-batched-tokens", "4096"]), SILENT)
     assert d["max_num_batched_tokens"] == 4096
     # the proof's parallel wave: --kv-cache-memory 2GiB at utilization 0.08 -- the plan must not refuse it
     notes: list[str] = []
     for extra in (["--kv-cache-memory", "2147483648"], ["--kv-cache-memory-bytes=2G"]):
         assert smoke.preflight_plan(SmokeConfig(**base, gpu_memory_utilization=0.01, extra_args=extra),
-                                    notes.append) is None
+                                    Recorder(notes)) is None
     assert all("fixes the KV cache size" in n for n in notes) and len(notes) == 2
 
 
@@ -786,5 +787,5 @@ def test_a_kv_dtype_the_planner_does_not_model_skips_the_plan_not_the_smoke(tmp_
     model = _tiny_checkpoint(tmp_path / "m")
     notes: list[str] = []
     cfg = SmokeConfig(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096, kv_cache_dtype="fp8_ds_mla")
-    assert smoke.preflight_plan(cfg, notes.append) is None       # used to be BadInput (exit 2)
+    assert smoke.preflight_plan(cfg, Recorder(notes)) is None       # used to be BadInput (exit 2)
     assert "fp8_ds_mla" in notes[0]

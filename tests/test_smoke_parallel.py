@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from builder.errors import BadInput
+from builder.events import SILENT, Recorder
 from builder.serving.kuberay import serve_args
 from builder.serving.smoke import SmokeConfig, render_text, run_smoke
 from builder.serving.smoke.config import MULTICAST_OFF, check_gpus_visible, config_from_serving
@@ -53,7 +54,7 @@ def _local_run(tmp_path, record: Path, messages: list[str] | None = None, **kw) 
     kw.setdefault("boot_timeout", 60)
     cfg = SmokeConfig(model=str(model), vllm_bin=vllm_bin, log_file=str(tmp_path / "server.log"), rounds=1,
                       concurrency=2, max_tokens=4, prompt_tokens=8, timeout=10, stop_grace=2, **kw)
-    return run_smoke(cfg, progress=(messages.append if messages is not None else None))
+    return run_smoke(cfg, reporter=Recorder(messages) if messages is not None else SILENT)
 
 
 def test_local_server_receives_parallel_flags_and_multicast_stays_off(tmp_path, monkeypatch):

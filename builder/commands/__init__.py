@@ -35,3 +35,15 @@ def mark_direction(text: str, fmt: str, direction: str, from_version: str, to_ve
         return render_json(doc, ensure_ascii=True)
     line = f"DOWNGRADE: vllm {from_version} -> {to_version} ({to_version} is the older release)"
     return (f"**{line}**\n\n" if fmt == "markdown" else f"{line}\n") + text
+
+
+def platform_option(*, several: bool = True, help_extra: str = ""):
+    """The ``--platform`` option of a command: OS/ARCH (``linux/amd64``, ``linux/arm64``), several
+    comma-separated where the command makes one result per platform; parsed by the command with
+    ``builder.platforms.parse_list``/``parse`` (exit 2 naming the known platforms)."""
+    import click
+
+    what = "OS/ARCH[,OS/ARCH]" if several else "OS/ARCH"
+    text = ("Target platform" + ("s, comma-separated" if several else "") + ": linux/amd64 (default) or "
+            "linux/arm64 (GH200, GB200/GB300)" + (", or both" if several else "") + "." + help_extra)
+    return click.option("--platform", "platform", default=None, metavar=what, help=text)

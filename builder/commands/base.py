@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from builder.commands import stderr_console
+from builder.commands import platform_option, stderr_console
 from builder.errors import BadInput, VerdictFailure
 from builder.report import emit_json
 from builder.spec import default_base_manifest, default_lock_path, supported_vllm_versions
@@ -141,7 +141,7 @@ def _local_build_files(vllm, sdist_path, source):
     return None
 
 
-def _local_recipe(vllm, sdist_path, source, accept_undecided, output):
+def _local_recipe(vllm, sdist_path, source, accept_undecided, output, target):
     """(build files, recipe) of --sdist/--source for reconstruct ((None, None) without them)."""
     from builder.resolve.recipe import derive
 
@@ -150,7 +150,7 @@ def _local_recipe(vllm, sdist_path, source, accept_undecided, output):
         return None, None
     if output is None:
         raise BadInput("--sdist/--source need -o FILE: the shipped manifest is the release's own.")
-    return local, derive(local, accept_undecided=accept_undecided)
+    return local, derive(local, accept_undecided=accept_undecided, platform=target)
 
 
 _LOCAL_SOURCES = [
@@ -180,13 +180,18 @@ def _with_local_sources(fn):
 @click.option("--recipes", "recipes", type=click.Path(path_type=Path, dir_okay=False),
               help="Recipes file --write updates (default: lockfiles/base/recipes.toml).")
 @click.option("--force", is_flag=True, help="With --write: replace a --recipes file that build-image did not write.")
-def recipe_cmd(vllm, as_json, write, recipes, force=False, sdist_path=None, source=None, accept_undecided=()):
+@platform_option(several=False, help_extra=" The recipe is the release pipeline's step for that platform's image; "
+                 "its table goes to lockfiles/base/recipes-linux-arm64.toml.")
+def recipe_cmd(vllm, as_json, write, recipes, force=False, sdist_path=None, source=None, accept_undecided=(),
+               platform=None):
     """Derive vllm/vllm-openai:v<vllm>'s recipe from the release's sdist (Dockerfile, release pipeline,
     requirements): base image, OS, glibc, CUDA, Python, and every install step, each value with its
     file and line.  --sdist PATH or --source DIR read a nightly's or a fork's files instead.
     Exit codes: 0; 2 the sdist is missing, foreign or lacks the target, stage or release step, or a
-    RUN line that decides an install cannot be decided (the line named); 7 index unreachable or a
-    download failed its sha256; 14 another run holds the recipes file."""
+    RUN line that decides an install cannot be decided (the line named), or the release does not
+    publish its image for --platform (what it publishes named); 7 index unreachable or a download
+    failed its sha256; 14 another run holds the recipes file."""
+    from builder import platforms
     from builder.resolve import sdist
     from builder.resolve.recipe import (
         check_recipes_output,
@@ -197,7 +202,8 @@ def recipe_cmd(vllm, as_json, write, recipes, force=False, sdist_path=None, sour
     )
     from builder.resolve.reconstruct import default_recipes_path
 
-    path = recipes or default_recipes_path()
+    target = platforms.parse(platform) if platform else platforms.DEFAULT
+    path = recipes or default_recipes_path(target)
     local = _local_build_files(vllm, sdist_path, source)
     if local is not None and write and recipes is None:
         raise BadInput("--write with --sdist/--source needs --recipes FILE: the shipped recipes file holds "
@@ -207,12 +213,12 @@ def recipe_cmd(vllm, as_json, write, recipes, force=False, sdist_path=None, sour
     tables = read_recipes_file(path)
     if local is not None:
         vllm = local.vllm
-        recipe = derive(local, accept_undecided=accept_undecided)
+        recipe = derive(local, accept_undecided=accept_undecided, platform=target)
     else:
         recipe = derive(sdist.load(vllm, sha256=(tables.get(vllm) or {}).get("sdist_sha256")),
-                        accept_undecided=accept_undecided)
+                        accept_undecided=accept_undecided, platform=target)
     if write:
-        write_recipe_table(path, vllm, recipe_table(recipe), force=force)
+        write_recipe_table(path, vllm, recipe_table(recipe), force=force, platform=target)
     if as_json:
         emit_json(recipe.to_json())
         return
@@ -293,8 +299,10 @@ def render_recipe_text(r) -> str:
 @click.option("--relax", "relax", multiple=True, metavar="NAME[EXTRA]",
               help="Replay without this requirement (NAME: dropped and excluded from resolution) or these extras "
                    "of it (NAME[EXTRA,...]), where no reachable index serves what it needs; recorded in lacks.")
+@platform_option(several=False, help_extra=" Replays the release pipeline's step for that platform's image with "
+                 "that platform's wheels (default -o: lockfiles/base/vllm-openai-v<vllm>-linux-arm64.json).")
 def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, force=False, refresh=False,
-                    check=False, relax=(), accept_undecided=(), sdist_path=None, source=None):
+                    check=False, relax=(), accept_undecided=(), sdist_path=None, source=None, platform=None):
     """Rebuild the Python layer of vllm/vllm-openai:v<vllm> by replaying its recipe's install steps
     in order, and write its manifest.
 
@@ -304,17 +312,19 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
     Python index stands in for one that does not, and the pins it does not serve are listed in the
     manifest's lacks.  Exit codes: 0 written (or, with --check, the same), 1 the replay differs
     (--check), 2 bad input (no recipe, a stale or bad recipes file, an sdist lacking its build files,
-    an undecidable Dockerfile line), 4 a step does not resolve (the message names the missing
-    distribution, what needs it, and --relax), 7 index unreachable, 12 uv failed, 14 another run
-    holds -o.
+    an undecidable Dockerfile line, a platform the release does not publish), 4 a step does not
+    resolve (the message names the missing distribution, what needs it, and --relax), 7 index
+    unreachable, 12 uv failed, 14 another run holds -o.
     """
+    from builder import platforms
     from builder.resolve.reconstruct import reconstruct
     from builder.resolve.stepindex import parse_relaxations
 
+    target = platforms.parse(platform) if platform else platforms.DEFAULT
     parse_relaxations(relax)  # bad input before any download
-    local, recipe = _local_recipe(vllm, sdist_path, source, accept_undecided, output)
+    local, recipe = _local_recipe(vllm, sdist_path, source, accept_undecided, output, target)
     vllm = local.vllm if local is not None else vllm
-    out = output or default_base_manifest(vllm)
+    out = output or default_base_manifest(vllm, target)
     old_text = _reconstruct_inputs(out, recipes, check=check, force=force)
     console = stderr_console()
 
@@ -323,7 +333,7 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
 
     rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep, progress=say,
                       refresh=refresh, relax=tuple(relax), accept_undecided=tuple(accept_undecided),
-                      recipe=recipe, files=local)
+                      recipe=recipe, files=local, platform=target)
     if check:
         _reconstruct_check(rec, vllm, out, old_text, as_json)
         return

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 
-from builder.commands import stderr_console
+from builder.commands import platform_option, stderr_console
 from builder.errors import AbiRejected, BadInput, BuildImageError, StaleLock, Unsatisfiable
 from builder.report import emit_json
 from builder.spec import load_spec
@@ -38,12 +39,14 @@ def _allow(names: tuple[str, ...], reasons: tuple[str, ...]) -> dict[str, str] |
 
 
 def _say_factory(quiet: bool):
+    """A rich console and its spinner on a terminal; (None, None) otherwise (a log or a pipe gets plain
+    lines, and rich is not even imported: `lock --check` in CI stays fast)."""
+    if quiet or not sys.stderr.isatty():
+        return None, None
     console = stderr_console(highlight=True)
-    if quiet or not console.is_terminal:
-        return console, None
-
-    status = console.status("locking")
-    return console, status
+    if not console.is_terminal:
+        return None, None
+    return console, console.status("locking")
 
 
 @click.command("lock")
@@ -71,21 +74,24 @@ def _say_factory(quiet: bool):
 @click.option("--force", is_flag=True,
               help="Replace a lock whose header names another base, or an -o file that is not a build-image lock.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
+@platform_option(help_extra=" Each platform is locked on its own base manifest into its own lock "
+                 "(lockfiles/vllm-<vllm>/linux-arm64/requirements.lock), with uv's target platform for that "
+                 "machine at the base's glibc.")
 def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
-            exclude_newer, no_default_overlay, as_json, force=False):
+            exclude_newer, no_default_overlay, as_json, force=False, platform=None):
     """Resolve ray[serve] + --with on top of the base image, run the ABI gate, write a hash-pinned lock.
 
     The default overlay's ray is the newest whose ray[llm] extra pins the base's vllm (else the newest
     that fits; the Serve app then uses `vllm serve`); the lock header says which and why.  On a base
     without vllm, --vllm X adds vllm==X to the overlay.
 
-    Exit codes: 0 written / up to date, 2 bad input, 3 ABI gate rejection,
-    4 unsatisfiable on top of the base, 5 stale lock (--check), 7 wheel download / sha256
-    failure, 12 uv failed.  With --json every outcome is a JSON document on stdout.
+    Exit codes: 0 written / up to date, 2 bad input (an unknown platform, a base of another platform),
+    3 ABI gate rejection, 4 unsatisfiable on top of the base, 5 stale lock (--check), 7 wheel
+    download / sha256 failure, 12 uv failed.  With --json every outcome is a JSON document on stdout.
     """
     try:
         _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
-              exclude_newer, no_default_overlay, as_json, force)
+              exclude_newer, no_default_overlay, as_json, force, platform)
     except AbiRejected as exc:
         if as_json and getattr(exc, "gate", None) is not None:
             _emit(True, {"status": "abi-rejected", "written": False, "exit_code": exc.exit_code,
@@ -110,35 +116,45 @@ _ERROR_STATUS = {BadInput: "bad-input", StaleLock: "stale", Unsatisfiable: "unsa
 
 
 def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
-          exclude_newer, no_default_overlay, as_json, force):
-    from builder.resolve.lockstage import run_lock
+          exclude_newer, no_default_overlay, as_json, force, platform):
+    from builder import platforms
 
+    targets = platforms.parse_list(platform)
     exclude_newer = valid_exclude_newer(exclude_newer)
     spec = load_spec(spec_path).with_flags(
         vllm=vllm, with_=list(with_) or None, base=base, lock=output, allow_abi_change=_allow(allow_names, reasons),
         find_links=list(find_links) or None, no_index=no_index or None, exclude_newer=exclude_newer,
     )
+    specs = spec.for_platforms(targets)
+    if len(specs) == 1:
+        locked = _lock_one(specs[0], check, upgrade, force, no_default_overlay, as_json)
+        _emit(as_json, locked.to_dict(), locked.summary_line())
+        return
+    docs, lines = [], []
+    for one in specs:  # each platform on its own base and lock; the first that fails stops the run
+        locked = _lock_one(one, check, upgrade, force, no_default_overlay, as_json)
+        docs.append({"platform": one.platform.name, **locked.to_dict()})
+        lines.append(f"{one.platform.name}: {locked.summary_line()}")
+    _emit(as_json, {"platforms": docs}, "\n".join(lines))
+
+
+def _lock_one(spec, check, upgrade, force, no_default_overlay, as_json):
+    """One platform's lock stage, its progress on stderr."""
+    from builder.events import PlainReporter, RichReporter
+    from builder.resolve.lockstage import run_lock
+
     console, status = _say_factory(False)
     if status is not None:
         status.start()
-
-    def say(msg: str) -> None:
-        if status is not None:
-            status.update(msg)
-        else:
-            console.print(f"lock: {msg}", highlight=False, markup=False, soft_wrap=True)
-
-    def tell(msg: str) -> None:  # notices and warnings; --json keeps the notices in the document only
-        if not (as_json and msg.startswith("notices:")):
-            click.echo(msg, err=True)
-
+    # steps on the spinner (or "lock: " lines in a log); --json keeps the notices in the document only
+    reporter = (RichReporter(console, status=status, notices=not as_json) if status is not None
+                else PlainReporter(notices=not as_json).scoped("lock: "))
     try:
-        locked = run_lock(spec, check=check, upgrade=upgrade, force=force, default_overlay=not no_default_overlay,
-                          progress=say, on_message=tell)
+        return run_lock(spec, check=check, upgrade=upgrade, force=force, default_overlay=not no_default_overlay,
+                        reporter=reporter)
     finally:
         if status is not None:
             status.stop()
-    _emit(as_json, locked.to_dict(), locked.summary_line())
 
 
 def _emit(as_json: bool, doc: dict, text: str) -> None:

@@ -33,9 +33,10 @@ def _wheel(series: P.Series, wheel: str | None, progress: bool) -> Path:
                 f"--wheel {path}: sha256 differs from the wheel the series was made for "
                 f"({series.wheel_filename} {series.wheel_sha256}).")
         return path
+    from builder.events import SILENT
     from builder.fetch import vllm_wheel
 
-    return vllm_wheel(series.version, series.wheel_sha256, progress=progress)
+    return vllm_wheel(series.version, series.wheel_sha256, reporter=None if progress else SILENT)
 
 
 _series_opts = [
@@ -152,6 +153,7 @@ def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir
     Exit codes: 0 every patch applies or is upstream, 1 something needs review
     (merged/conflict), 2 bad input, 7 download/sha256 failure.
     """
+    from builder.events import SILENT
     from builder.fetch import vllm_wheel
     from builder.patching import port as PO
     from builder.patching import probe as PR
@@ -165,8 +167,9 @@ def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir
         PO.refuse_foreign_series(out_dir, force=force)
     for p in series.patches:
         PR.probe_path(series.dir, p)
-    a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, progress=fmt == "text")
-    b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, progress=fmt == "text")
+    bars = None if fmt == "text" else SILENT  # a download's bar on a terminal, none under a machine format
+    a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, reporter=bars)
+    b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, reporter=bars)
     say = (lambda m: click.echo(m, err=True)) if fmt == "text" else None
     report = PO.port(series, a_src, b_src, to_version, out_dir=out_dir, probe_python=probe_python, progress=say)
     emit_text(mark_direction(PO.render(report, fmt), fmt, direction, from_version, to_version))

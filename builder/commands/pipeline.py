@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from builder.commands import stderr_console
+from builder.commands import platform_option, stderr_console
 from builder.report import emit_json
 from builder.spec import load_spec
 
@@ -53,10 +53,14 @@ from builder.spec import load_spec
 @click.option("--allow-base-drift", "allow_base_drift", is_flag=True,
               help="The image build lists base drift (against the manifest) as a warning instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Final summary as JSON on stdout.")
+@platform_option(help_extra=" Several: each platform locked, gated and rendered on its own base manifest and lock "
+                 "(DIR/<os>-<arch>/), built per platform and pushed as one OCI image index.")
 def run_pipeline(vllm, spec_file, with_=(), base=None, lock_file=None, out=None, repo=None, push=False, force=False,
                  series=None, no_patches=False, wheel=None, find_links=(), no_index=False, no_default_overlay=False,
-                 kuberay=False, smoke=False, model=None, pull=False, allow_base_drift=False, as_json=False):
+                 kuberay=False, smoke=False, model=None, pull=False, allow_base_drift=False, as_json=False,
+                 platform=None):
     """lock -> ABI gate -> patch check -> render -> build -> push -> smoke."""
+    from builder import platforms
     from builder.events import reporter_for
     from builder.image.render import default_out_dir
     from builder.pipeline import PipelineRequest, run
@@ -66,9 +70,12 @@ def run_pipeline(vllm, spec_file, with_=(), base=None, lock_file=None, out=None,
                                            with_=list(with_) or None, find_links=list(find_links) or None,
                                            no_index=no_index or None)
     spec = spec.with_flags(vllm=spec.vllm)  # the pipeline always names its vllm to the lock stage
+    targets = platforms.parse_list(platform)
+    spec = spec.for_platforms(targets)[0] if len(targets) == 1 else spec
     req = PipelineRequest(spec=spec, out=out or default_out_dir(spec.vllm), push=push, force=force, series=series,
                           no_patches=no_patches, wheel=wheel, default_overlay=not no_default_overlay, kuberay=kuberay,
-                          smoke=smoke, model=model or spec.serving.model, pull=pull, allow_base_drift=allow_base_drift)
+                          smoke=smoke, model=model or spec.serving.model, pull=pull, allow_base_drift=allow_base_drift,
+                          platforms=targets)
     result = run(req, reporter)
     if result.notice:
         reporter.warning(result.notice.removeprefix(result.notice_lead), lead=result.notice_lead)
@@ -80,6 +87,9 @@ def run_pipeline(vllm, spec_file, with_=(), base=None, lock_file=None, out=None,
 def _emit(as_json: bool, summary: dict) -> None:
     if as_json:
         emit_json(summary)
+        return
+    if "platforms" in summary:
+        _emit_platforms(summary)
         return
     lines = [f"vllm {summary['vllm']}  lock {summary.get('lock')} ({summary.get('lock_hash', '')[:12]})",
              f"context {summary['context']} ({summary.get('context_bytes', 0) / 1e6:.1f} MB)"]
@@ -95,6 +105,22 @@ def _emit(as_json: bool, summary: dict) -> None:
         lines.append(f"tag {t}")
     if summary.get("digest"):
         lines.append(f"pushed {summary['pinned']}")
+    lines.append("time " + ", ".join(f"{k} {v}s" for k, v in summary["stages_s"].items())
+                 + f"; total {summary.get('total_s')}s")
+    click.echo("\n".join(lines))
+
+
+def _emit_platforms(summary: dict) -> None:
+    """The summary of a multi-platform run: a block per platform, then the index."""
+    lines = [f"vllm {summary['vllm']}  context {summary['context']} ({', '.join(summary['platforms'])})"]
+    for name, one in summary["per_platform"].items():
+        lines.append(f"  {name}: lock {one.get('lock')} ({one.get('lock_hash', '')[:12]}), FROM {one.get('base')}")
+        if one.get("image_id"):
+            lines.append(f"    image {one['image_id']} ({(one.get('image_bytes') or 0) / 1e6:.1f} MB)")
+    for t in summary.get("index_tags", []):
+        lines.append(f"index tag {t}")
+    if summary.get("digest"):
+        lines.append(f"pushed index {summary['pinned']}")
     lines.append("time " + ", ".join(f"{k} {v}s" for k, v in summary["stages_s"].items())
                  + f"; total {summary.get('total_s')}s")
     click.echo("\n".join(lines))

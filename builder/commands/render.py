@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from builder.commands import stderr_console
+from builder.commands import platform_option, stderr_console
 from builder.errors import BadInput
 from builder.report import emit_json
 from builder.spec import load_spec
@@ -42,13 +42,18 @@ from builder.spec import load_spec
 @click.option("--allow-base-drift", is_flag=True,
               help="The image build lists base drift (against the manifest) as a warning instead of failing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
+@platform_option(help_extra=" Several: one context per platform in DIR/<os>-<arch>/, each on its platform's "
+                 "base manifest and lock, and DIR/platforms.json (the build plan: `--json`).")
 def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, repo, kuberay, kuberay_image, allow_tag,
-            model, allow_base_drift, as_json):
+            model, allow_base_drift, as_json, platform=None):
     """Write a self-contained build context: Dockerfile, requirements.lock, wheels/, patches/, app/.
 
-    Exit codes: 0 written, 2 bad input, 6 patch series does not apply, 7 download/sha256 failure.
-    Nothing is written on failure (the context is built in a temp dir and renamed into place).
+    Exit codes: 0 written, 2 bad input (an unknown platform, a platform without a base manifest or
+    lock here, a base of another platform than its lock), 6 patch series does not apply, 7
+    download/sha256 failure.  Nothing is written on failure (the context is built in a temp dir and
+    renamed into place).
     """
+    from builder import platforms
     from builder.events import RichReporter
     from builder.image.render import build_hint, default_out_dir, render_context, render_inputs
     from builder.serving.kuberay import write_manifests
@@ -56,7 +61,13 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
     if series and no_patches:
         raise BadInput("--series and --no-patches contradict each other.")
     check_kuberay_flags(kuberay, kuberay_image, allow_tag)
+    targets = platforms.parse_list(platform)
     spec = load_spec(spec_file).with_flags(vllm=vllm, repo=repo, model=model)
+    if len(targets) > 1:
+        _render_platforms(spec, targets, lock_file, base, series, no_patches, wheel, out, kuberay,
+                          allow_base_drift, as_json)
+        return
+    spec = spec.for_platforms(targets)[0]
     inputs = render_inputs(spec, lock_file=lock_file, base=base)
     manifest, lock = inputs.manifest, inputs.lock
     out = out or default_out_dir(spec.vllm)
@@ -90,7 +101,35 @@ def command(vllm, spec_file, lock_file, base, series, no_patches, wheel, out, re
     else:
         click.echo(f"wrote {result.out_dir}: {len(lock.entries)} wheels, {len(result.plan.patched)} patched file(s) "
                    f"from {len(result.plan.patches)} patch(es); FROM {manifest.pinned_ref}")
-        click.echo(f"build it: {build_hint(result.out_dir, spec.repo, result.tags)}")
+        click.echo(f"build it: {build_hint(result.out_dir, spec.repo, result.tags, spec.platform)}")
+
+
+def _render_platforms(spec, targets, lock_file, base, series, no_patches, wheel, out, kuberay, allow_base_drift,
+                      as_json) -> None:
+    """``render --platform A,B``: one context per platform and platforms.json (``--json``: the build plan)."""
+    from builder.events import RichReporter
+    from builder.image.platforms_render import build_plan, render_platforms
+    from builder.image.render import default_out_dir
+
+    given = [f for f, v in (("--lock", lock_file), ("--base", base), ("--kuberay", kuberay)) if v]
+    if given:
+        raise BadInput(f"{' and '.join(given)} name one platform's input or output, and {len(targets)} platforms "
+                       "were asked for: each platform renders from its own base manifest and lock.",
+                       hint="drop " + " and ".join(given) + ", or render one --platform at a time.")
+    out = out or default_out_dir(spec.vllm)
+    console = stderr_console()
+    with console.status("render") as status:
+        ctx = render_platforms(spec, targets, out, series_dir=series, vllm_wheel=wheel, no_patches=no_patches,
+                               reporter=RichReporter(console, status=status).scoped("render: "),
+                               allow_base_drift=allow_base_drift)
+    doc = {"context": str(ctx.out_dir), **ctx.to_dict(), "build_plan": build_plan(ctx)}
+    if as_json:
+        emit_json(doc)
+        return
+    for c in ctx.platforms:
+        click.echo(f"wrote {ctx.out_dir / c.context}: {c.platform.name} FROM {c.base_ref}, lock {c.lock_hash[:12]}")
+    click.echo(f"index {ctx.index_tags[0]}: " + ", ".join(c.platform.name for c in ctx.platforms))
+    click.echo("build it:\n  " + "\n  ".join(build_plan(ctx)))
 
 
 def check_kuberay_flags(kuberay: bool, image: str | None, allow_tag: bool) -> None:

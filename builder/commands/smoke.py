@@ -14,6 +14,7 @@ import click
 
 from builder.commands import stderr_console
 from builder.errors import BadInput, VerdictFailure
+from builder.events import SILENT, PlainReporter, Reporter, RichReporter
 from builder.report import emit_json
 from builder.serving.smoke import SmokeConfig, render_text, run_smoke
 
@@ -179,15 +180,15 @@ def command(image, local, model, tp, pp, cpu_offload_gb, max_model_len, gpu_memo
         reference_logprob_tolerance=reference_logprob_tolerance, reference_tie_margin=reference_tie_margin,
         vllm=vllm, release=release.to_dict() if release else None, env=env,
     )
-    progress = _progress_printer()
+    reporter = _reporter()
     subject = _attest_subject(image, server_cmd) if attest else None
-    rep = run_smoke(cfg, progress=progress)
+    rep = run_smoke(cfg, reporter=reporter)
     if as_json:
         emit_json(rep.to_dict(), stringify=True)
     else:
         click.echo(render_text(rep))
     if subject is not None and not rep.interrupted:  # after the report: a registry failure here loses no result
-        _attest(rep, cfg, subject, progress)
+        _attest(rep, cfg, subject, reporter)
     if rep.interrupted:
         sys.exit(130)
     if not rep.passed:
@@ -207,7 +208,7 @@ def _attest_subject(image: str | None, server_cmd: str | None) -> tuple[str, str
     return resolve_subject(image, info.id if info else None)
 
 
-def _attest(rep, cfg, subject: tuple[str, str], say) -> None:
+def _attest(rep, cfg, subject: tuple[str, str], reporter: Reporter) -> None:
     from builder.image.provenance import now_iso
     from builder.image.referrers import referrers_tag
     from builder.serving.attestation import attach_statement, checkpoint_facts, smoke_statement
@@ -215,24 +216,17 @@ def _attest(rep, cfg, subject: tuple[str, str], say) -> None:
     from builder.serving.smoke.gpu import nvidia_smi_names
 
     name, digest = subject
-    summary = checkpoint_ready(cfg, lambda _m: None)  # the structural pass the run made (well under a second)
+    summary = checkpoint_ready(cfg, SILENT)  # the structural pass the run made (well under a second)
     doc = smoke_statement(rep.to_dict(), name=name, digest=digest, checkpoint=checkpoint_facts(cfg.model, summary),
                           gpu_names=nvidia_smi_names(), created=now_iso())
     att = attach_statement(f"{name}@{digest}", doc)
     how = "listed by the referrers API" if att.referrers == "api" else f"indexed under {name}:{referrers_tag(digest)}"
-    say(f"attested: {rep.verdict} attached to {name}@{digest} as {att.digest} ({how})")
+    reporter.step(f"attested: {rep.verdict} attached to {name}@{digest} as {att.digest} ({how})")
 
 
-def _progress_printer():
+def _reporter() -> Reporter:
+    """Steps as timestamped log lines on stderr (plain ``smoke: `` lines where rich is absent)."""
     try:
-        console = stderr_console(log_path=False, highlight=True)
-
-        def say(msg: str) -> None:
-            console.log(msg, markup=False, highlight=False)
-
-        return say
+        return RichReporter(stderr_console(log_path=False, highlight=True), log=True)
     except ImportError:  # the probe also runs on bare GPU hosts
-        def say(msg: str) -> None:
-            print(f"smoke: {msg}", file=sys.stderr, flush=True)
-
-        return say
+        return PlainReporter().scoped("smoke: ")

@@ -8,6 +8,7 @@ import click
 
 from builder.commands import mark_direction
 from builder.errors import BadInput
+from builder.events import SILENT, PlainReporter
 from builder.report import emit_text
 from builder.util import check_writable_dir
 from builder.validate import release_direction, version_string
@@ -94,12 +95,12 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
     if out_dir:  # the output rule, before any work: nothing under DIR is replaced that build-image did not write
         check_writable_dir(out_dir)  # a read-only DIR: exit 2 naming it, before any work
         U.check_outputs(out_dir, from_version, to_version, fmt, base_to=base_to, force=force)
-    say = (lambda m: click.echo(f"upgrade: {m}", err=True)) if fmt == "text" or out_dir else None
+    reporter = PlainReporter().scoped("upgrade: ") if fmt == "text" or out_dir else SILENT
     rep = U.upgrade(from_version=from_version, to_version=to_version, series_dir=series_dir, from_wheel=from_wheel,
                     to_wheel=to_wheel, base_from=base_from, base_to=base_to, lock_from=lock_from,
                     with_=list(with_) or None, default_overlay=False if no_default_overlay else None,
                     find_links=find_links, no_index=no_index, spec_path=spec_path, out_dir=out_dir,
-                    probe_python=probe_python, progress=say, relax=tuple(relax), auto_relax=not strict,
+                    probe_python=probe_python, reporter=reporter, relax=tuple(relax), auto_relax=not strict,
                     accept_undecided=tuple(accept_undecided))
     text = mark_direction(U.render(rep, fmt), fmt, direction, from_version, to_version)
     if out_dir:

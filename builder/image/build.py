@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import engine as engine_adapter
-from builder.errors import BuildFailed
+from builder.errors import BadInput, BuildFailed
 from builder.events import SILENT, Reporter
 from builder.image import provenance  # the statement's subject is now the image (its ID under each tag)
+from builder.platforms import Platform
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,11 @@ class BuildResult:
     seconds: float
     cached_steps: int
     warnings: tuple[str, ...] = ()   # the checks' warnings (allowed base drift), from the build's output
+    platform: Platform | None = None  # what it was built for (--platform); None: the engine's own
 
     def to_dict(self) -> dict:
-        return {
+        doc = {"platform": self.platform.name} if self.platform is not None else {}
+        return doc | {
             "image_id": self.image_id,
             "tags": list(self.tags),
             "vllm": self.vllm,
@@ -61,6 +64,29 @@ def missing_base_error(missing: Sequence[str]) -> BuildFailed:
         "build-image does not pull it implicitly.",
         hint=f"pull it first (`docker pull {missing[0]}`) or pass --pull to let the engine fetch it.",
     )
+
+
+def base_platform_mismatch(base_refs: Iterable[str], want: Platform, engine,
+                           what: str = "the lock was made") -> BadInput | None:
+    """The refusal when a base the engine holds is of another platform than the lock's: building on it
+    would put ``want``'s wheels on another machine's floor (the engine uses whatever image the ref names
+    locally: a single-arch base, or the variant of a manifest list the builder's platform pulled).
+    None when every base the engine holds (and says a platform for) is ``want``'s."""
+    for ref in base_refs:
+        info = engine.inspect(ref)
+        if info is None or not info.architecture or info.platform == want:
+            continue
+        have = info.platform_name
+        other = f" (--platform {have})" if info.platform is not None else ""
+        return BadInput(
+            f"the base image {ref} the engine holds is {have}, but {what} for {want.name}: "
+            f"building it would put {want.name} wheels on a {have} floor.",
+            hint=f"hold the {want.name} image under {ref}: pull it by its {want.name} manifest digest "
+                 f"(`docker pull --platform {want.name} {ref.split('@')[0]}`, or `docker pull REPO@sha256:<the "
+                 f"{want.name} manifest's digest>` and `docker tag` it as {ref.split('@')[0]}); or lock and render "
+                 f"for {have}{other}.",
+        )
+    return None
 
 
 def build_step(line: str, seen: list[str]) -> str | None:
@@ -103,13 +129,16 @@ def drift_warnings(engine, image_id: str) -> tuple[str, ...]:
 
 def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str, base_refs: Sequence[str],
                 engine=None, pull: bool = False, bases_checked: bool = False,
-                reporter: Reporter = SILENT) -> BuildResult:
+                reporter: Reporter = SILENT, platform: Platform | None = None) -> BuildResult:
     """Build ``context`` and tag it ``tags``.
 
     Without ``pull`` a base image that is not in the engine's store is BuildFailed (exit 9)
     instead of an implicit multi-GB download from a registry; ``bases_checked``: the caller
     has just asked the engine (the pipeline, deciding whether to stop after render).  Each BuildKit
-    step's first line is a step event on ``reporter``."""
+    step's first line is a step event on ``reporter``.
+
+    ``platform``: the lock's platform (:func:`builder.image.naming.lock_platform`): the build runs with
+    ``--platform`` and a base the engine holds for another platform is refused before building (exit 2)."""
     engine = engine or engine_adapter.get_engine()
     if not bases_checked:
         engine.ping()
@@ -117,6 +146,10 @@ def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str
             missing = missing_bases(base_refs, engine)
             if missing:
                 raise missing_base_error(missing)
+    if platform is not None:
+        refused = base_platform_mismatch(base_refs, platform, engine)
+        if refused is not None:
+            raise refused
     t0 = time.monotonic()
     seen: list[str] = []
 
@@ -125,14 +158,15 @@ def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str
         if head is not None:
             reporter.step(" ".join(head.split())[:110])
 
-    built = engine.build(Path(context), list(tags), network="none", on_line=on_line)
+    extra = {"platform": platform} if platform is not None else {}
+    built = engine.build(Path(context), list(tags), network="none", on_line=on_line, **extra)
 
     provenance.record_subject(context, provenance.image_subject(list(tags), built.image_id), stage="build")
     info = engine.inspect(built.image_id)
     cached = sum(1 for ln in built.log.splitlines() if ln.rstrip().endswith("CACHED"))
     return BuildResult(image_id=built.image_id, tags=tuple(tags), context=Path(context), vllm=vllm,
                        lock_hash=lock_hash, size_bytes=info.size if info else None,
-                       seconds=round(time.monotonic() - t0, 2), cached_steps=cached,
+                       seconds=round(time.monotonic() - t0, 2), cached_steps=cached, platform=platform,
                        warnings=build_warnings(built.log) or (
                            drift_warnings(engine, built.image_id)
                            if info and info.labels.get("org.build-image.allow-base-drift") == "true" else ()))

@@ -1,5 +1,5 @@
-"""The image's names: references (:func:`parse_ref`), its tags and repository, the installer and
-serve backend it is rendered for, and the names of the files a build context holds.
+"""The image's names: its tags and repository (references are parsed by :func:`builder.values.parse_ref`), the
+installer and serve backend it is rendered for, and the names of the files a build context holds.
 
 Pure functions and constants, one definition each; :mod:`builder.image.render`,
 :mod:`builder.image.provenance`, :mod:`builder.image.push`, :mod:`builder.image.referrers`,
@@ -9,13 +9,13 @@ Pure functions and constants, one definition each; :mod:`builder.image.render`,
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from builder import values
 from builder.data import path as data_path
 from builder.errors import BadInput
+from builder.platforms import DEFAULT, KNOWN, Platform, from_uv_platform
 
 if TYPE_CHECKING:  # types only: the smoke test imports this module, which stays light
     from builder.resolve.lockfile import LockFile
@@ -47,50 +47,6 @@ def serve_app_source() -> Path:
     return data_path(f"templates/serve/{SERVE_APP_FILE}")
 
 
-@dataclass(frozen=True)
-class ImageRef:
-    registry: str     # host[:port]
-    repository: str   # path inside the registry
-    tag: str | None
-    digest: str | None
-
-    @property
-    def reference(self) -> str:
-        return self.digest or self.tag or "latest"
-
-    def __str__(self) -> str:
-        s = f"{self.registry}/{self.repository}"
-        if self.tag:
-            s += f":{self.tag}"
-        if self.digest:
-            s += f"@{self.digest}"
-        return s
-
-
-def parse_ref(ref: str) -> ImageRef:
-    """``host:port/repo/name:tag[@sha256:...]`` -> parts (Docker Hub when no host)."""
-    if not ref or any(c.isspace() for c in ref):
-        raise BadInput(f"image reference {ref!r} is not valid.")
-    digest = None
-    if "@" in ref:
-        ref, digest = ref.split("@", 1)
-        if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
-            raise BadInput(f"image reference digest {digest!r} is not sha256:<64 hex>.")
-    first, _, rest = ref.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        registry, path = first, rest
-    else:
-        registry, path = "docker.io", ref if "/" in ref else f"library/{ref}"
-    tag = None
-    last = path.rsplit("/", 1)[-1]
-    if ":" in last:
-        path, tag = path.rsplit(":", 1)
-    if not re.fullmatch(r"[a-z0-9]+(?:[._-]+[a-z0-9]+)*(?:/[a-z0-9]+(?:[._-]+[a-z0-9]+)*)*", path):
-        raise BadInput(f"image reference {ref!r}: repository {path!r} is not a valid name (lowercase, "
-                       "digits, . _ - /).")
-    return ImageRef(registry=registry, repository=path, tag=tag, digest=digest)
-
-
 def serve_backend_of(lock: LockFile) -> str:
     """The lock header's ``serve-backend`` (``auto`` for a lock without one); anything else is refused."""
     value = (lock.header.get("serve-backend") or "auto").strip()
@@ -101,14 +57,23 @@ def serve_backend_of(lock: LockFile) -> str:
     return value
 
 
+def lock_platform(lock: LockFile) -> Platform:
+    """The platform a lock was made for: its header's uv platform (``aarch64-manylinux_2_39``); the
+    default platform for a lock that names none."""
+    text = (lock.header.get("platform") or "").strip()
+    return from_uv_platform(text, where="the lock's header 'platform'") if text else DEFAULT
+
+
 def tag_names(vllm: str, lock_hash: str) -> list[str]:
     """The two tag names: content-addressed first, then the moving one."""
     return [f"vllm{vllm}-{lock_hash[:12]}", f"vllm{vllm}"]
 
 
 def is_content_addressed(tag: str) -> bool:
-    """``REPO:vllm<v>-<12 hex>`` (names one lock) as opposed to the moving ``REPO:vllm<v>``."""
-    return re.search(r":vllm[^:/]*-[0-9a-f]{12}$", tag) is not None
+    """``REPO:vllm<v>-<12 hex>`` (names one lock; a platform's image of a multi-platform build carries
+    ``-<slug>`` after it) as opposed to the moving ``REPO:vllm<v>`` (``REPO:vllm<v>-linux-arm64``)."""
+    slugs = "|".join(re.escape(p.slug) for p in KNOWN)
+    return re.search(rf":vllm[^:/]*-[0-9a-f]{{12}}(-({slugs}))?$", tag) is not None
 
 
 def image_tags(repo: str, vllm: str, lock_hash: str) -> list[str]:
@@ -119,7 +84,6 @@ def image_tags(repo: str, vllm: str, lock_hash: str) -> list[str]:
         raise BadInput(f"--tag {repo!r}: give an image repository without a tag or digest "
                        "(e.g. 127.0.0.1:5000/serving/vllm).")
     repo = values.Repository(repo, "--tag")  # the registry part too: a host[:port], nothing a shell or terminal reads
-    parse_ref(repo)  # lowercase path components etc.: refused here, not by `docker build` after the render
     tags = tag_names(vllm, lock_hash)
     bad = [t for t in tags if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", t)]
     if bad:

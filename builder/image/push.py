@@ -16,6 +16,7 @@ from builder.errors import BadInput, RegistryError, TagConflict
 from builder.events import SILENT, Reporter
 from builder.image import referrers, registry
 from builder.image.naming import is_content_addressed
+from builder.values import RefParts
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,35 @@ class PushResult:
         return doc
 
 
+def registry_clients(tags: Sequence[str]) -> dict[str, tuple[registry.RegistryClient, RefParts]]:
+    """A reachable registry client per tag (a tag without a registry host is BadInput)."""
+    clients = {}
+    for t in tags:
+        client, ref = registry.client_for(t)
+        if ref.registry == "docker.io" and "/" not in t.split(":")[0]:
+            raise BadInput(f"tag {t} has no registry host; use --tag HOST[:PORT]/REPO.")
+        client.ping()
+        clients[t] = (client, ref)
+    return clients
+
+
+def tag_conflicts(clients: dict[str, tuple[registry.RegistryClient, RefParts]],
+                  image_id: str) -> tuple[list[str], list[str]]:
+    """(conflicts, moving): the tags already naming another image in the registry, content-addressed ones
+    (a conflict) apart from moving ones (they move)."""
+    conflicts, moving = [], []
+    for t, (client, ref) in clients.items():
+        got = client.manifest(ref.repository, ref.tag or "latest")
+        if got is None:
+            continue
+        cfg = registry.config_of(got[1])
+        if cfg != image_id:  # a manifest list / index (no single config) is a different image too
+            what = (f"image {cfg[:19]}…" if cfg
+                    else f"{got[1].get('mediaType') or 'a manifest without a config'} {got[0][:19]}…")
+            (conflicts if is_content_addressed(t) else moving).append(f"{t} -> {what} (local {image_id[:19]}…)")
+    return conflicts, moving
+
+
 def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context: Path | None = None,
                reporter: Reporter = SILENT) -> PushResult:
     """Push every tag of one local image; verify the registry's manifest digest; with ``context``
@@ -73,24 +103,8 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
     if len(ids) != 1:
         raise BadInput(f"the tags {', '.join(tags)} point at different local images ({', '.join(sorted(ids))}).")
     image_id = ids.pop()
-    clients = {}
-    for t in tags:
-        client, ref = registry.client_for(t)
-        if ref.registry == "docker.io" and "/" not in t.split(":")[0]:
-            raise BadInput(f"tag {t} has no registry host; use --tag HOST[:PORT]/REPO.")
-        client.ping()
-        clients[t] = (client, ref)
-    # conflict check before anything is pushed
-    conflicts, moving = [], []
-    for t, (client, ref) in clients.items():
-        got = client.manifest(ref.repository, ref.tag or "latest")
-        if got is None:
-            continue
-        cfg = registry.config_of(got[1])
-        if cfg != image_id:  # a manifest list / index (no single config) is a different image too
-            what = (f"image {cfg[:19]}…" if cfg
-                    else f"{got[1].get('mediaType') or 'a manifest without a config'} {got[0][:19]}…")
-            (conflicts if is_content_addressed(t) else moving).append(f"{t} -> {what} (local {image_id[:19]}…)")
+    clients = registry_clients(tags)
+    conflicts, moving = tag_conflicts(clients, image_id)
     if conflicts and not force:
         raise TagConflict(
             "tag(s) already point at a different image in the registry: " + "; ".join(conflicts)

@@ -22,8 +22,8 @@ import urllib.request
 from pathlib import Path
 
 from builder.errors import BadInput, RegistryError
-from builder.image.naming import ImageRef, parse_ref
 from builder.validate import load_json, read_bounded
+from builder.values import RefParts, parse_ref
 
 MANIFEST_TYPES = ", ".join([
     "application/vnd.docker.distribution.manifest.v2+json",
@@ -222,6 +222,6 @@ def registry_json(body: bytes | str, what: str, registry: str) -> dict:
     return doc
 
 
-def client_for(ref: str) -> tuple[RegistryClient, ImageRef]:
+def client_for(ref: str) -> tuple[RegistryClient, RefParts]:
     r = parse_ref(ref)
     return RegistryClient(r.registry), r

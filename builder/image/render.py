@@ -69,6 +69,7 @@ from builder.image.naming import (
 from builder.image.sbom import IMAGE_SBOM_PATH, SbomInput, sbom_json
 from builder.patching import series as P
 from builder.patching.series import PatchedFile, sha256_list
+from builder.platforms import DEFAULT, Platform
 from builder.resolve.baseref import resolve_base, vllm_on_base
 from builder.resolve.floor import checker_path, consistency_tool
 from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock
@@ -375,7 +376,7 @@ def sweep_leftovers(out: Path) -> list[Path]:
     return removed
 
 
-def _check_replaceable(out: Path) -> None:
+def check_replaceable(out: Path) -> None:
     """``out`` may be replaced only when absent, empty, or a context rendered by this tool."""
     if not out.exists():
         return
@@ -449,7 +450,7 @@ def write_checks(ctx: Path, plan: RenderPlan) -> None:
 
 def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: str, *, wheels, patched_root,
                           lock_text, extra) -> list[str]:
-    _check_replaceable(out)
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(out)  # made inside the try: an interrupt just after the mkdir still removes it
     old: Path | None = None
@@ -688,7 +689,7 @@ def render_inputs(spec, *, lock_file: str | Path | None = None, base: str | None
     if locked is not None:
         resolved, lock, text, lock_path = locked.base, locked.lock, locked.text, locked.path
     else:
-        resolved = resolve_base(base or spec.base, spec.vllm)
+        resolved = resolve_base(base or spec.base, spec.vllm, platform=spec.platform)
         lock_path = Path(lock_file) if lock_file else spec.lock_path
         lock, text = _read(lock_path)  # BadInput naming the file/line when missing or malformed
     vllm_on_base(resolved, spec.vllm)  # a base with another vllm: exit 2 naming both
@@ -782,11 +783,13 @@ def render_context(
     )
 
 
-def build_hint(context: str | Path, repo: str | None, tags: Iterable[str]) -> str:
-    """How to build a rendered context, with the tool or without it (one line, copy-pasteable)."""
+def build_hint(context: str | Path, repo: str | None, tags: Iterable[str], platform: Platform = DEFAULT) -> str:
+    """How to build a rendered context, with the tool or without it (one line, copy-pasteable); another platform
+    than the default is named to docker (the tool reads it from the lock)."""
     q = shlex.quote  # the repository and tags are image_tags' (checked); the context is any path
+    plat = "" if platform.is_default else f" --platform {platform.name}"
     return (f"build-image build {q(str(context))}" + (f" --tag {q(repo)}" if repo else "")
-            + f"   (or: cd {q(str(context))} && DOCKER_BUILDKIT=1 docker build --network=none"
+            + f"   (or: cd {q(str(context))} && DOCKER_BUILDKIT=1 docker build{plat} --network=none"
             + "".join(f" -t {q(t)}" for t in tags) + " .)")
 
 

@@ -18,6 +18,9 @@ Rules (rule ids are stable; ``diff`` and the docs refer to them):
                     files), never names.
 ``glibc``           a wheel's ELF files need a ``GLIBC_x.y`` newer than the base's.
 ``python-abi``      a wheel's Python ABI tag does not match the base interpreter.
+``elf-machine``     a wheel's ELF files are for another machine than the base's platform (an x86_64
+                    ``.so`` in a lock for the aarch64 image, or the reverse), whatever its tags say:
+                    read from each ELF header's ``e_machine``.
 ``unversioned-in-base`` the lock pins a distribution the image holds but the manifest cannot
                     version (a wheel from another index, one built from source in the image:
                     the manifest's ``lacks.unversioned``): installing it would replace the
@@ -41,6 +44,8 @@ from dataclasses import dataclass, field
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
+from builder import platforms
+from builder.errors import BadInput
 from builder.resolve.lockfile import LockEntry
 from builder.resolve.manifest import BaseManifest, DistFacts, Distribution, target_environment
 from builder.util import canonical_name, same_version
@@ -51,12 +56,13 @@ CUDA_VARIANT = "cuda-variant"
 NUMPY_ABI = "numpy-abi"
 GLIBC = "glibc"
 PYTHON_ABI = "python-abi"
+ELF_MACHINE = "elf-machine"
 UNVERSIONED_IN_BASE = "unversioned-in-base"
 NEWER_THAN_BASE = "newer-than-base"
 OLDER_THAN_BASE = "older-than-base"
 BINARY_MOVE = "binary-move"
 
-VIOLATION_RULES = (EXACT_COUPLED, CUDA_VARIANT, NUMPY_ABI, GLIBC, PYTHON_ABI, UNVERSIONED_IN_BASE)
+VIOLATION_RULES = (EXACT_COUPLED, CUDA_VARIANT, NUMPY_ABI, GLIBC, PYTHON_ABI, ELF_MACHINE, UNVERSIONED_IN_BASE)
 NEW_STACK = "new-vllm-stack"
 NOTICE_RULES = (NEWER_THAN_BASE, OLDER_THAN_BASE, BINARY_MOVE, NEW_STACK)
 
@@ -484,7 +490,34 @@ def _binary_findings(gate: _Gate, e: LockEntry, old: str | None) -> list[Finding
             f"{base.python_abi} (Python {base.python_version}).",
             [f"{e.name} {e.version}: python-abi={f.python_abi}; base: {base.python_abi}"],
         ))
+    out += _machine_findings(gate, e, old)
     return out
+
+
+def foreign_machines(facts: DistFacts, base_platform: str) -> dict[str, int]:
+    """ELF files of ``facts`` built for another machine than the base's (``aarch64-manylinux_2_39``): {e_machine:
+    count} (pure; {} for a platform build-image does not know, which the manifest's reader refuses first)."""
+    try:
+        want = platforms.from_uv_platform(base_platform).elf
+    except BadInput:
+        return {}
+    return {m: n for m, n in sorted(facts.machines.items()) if m != want}
+
+
+def _machine_findings(gate: _Gate, e: LockEntry, old: str | None) -> list[Finding]:
+    foreign = foreign_machines(e.facts, gate.base.platform)
+    if not foreign:
+        return []
+    machine = gate.base.platform.split("-", 1)[0]
+    files = ", ".join(f"{n} for {m}" for m, n in foreign.items())
+    return [gate.finding(
+        ELF_MACHINE,
+        e,
+        old,
+        f"{e.name} {e.version} holds ELF files built for another machine ({files}) than the base's {machine} "
+        f"({gate.base.platform}): it cannot load there, whatever its wheel tags say.",
+        [f"{e.name} {e.version}: ELF e_machine {files}; base platform {gate.base.platform}"],
+    )]
 
 
 def _move_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:

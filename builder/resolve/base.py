@@ -16,17 +16,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
 from packaging.version import Version
 
 from builder import __version__
 from builder import engine as engine_adapter
+from builder import platforms as P
 from builder.errors import BadInput, EngineUnavailable, ExternalToolError
+from builder.platforms import Platform
 from builder.resolve.floor import checker, consistency_tool
 from builder.resolve.manifest import BaseManifest, Distribution, parse_manifest
 from builder.resolve.scanner import ELF_MAGIC, GLIBC_VER, might_be_elf, scan_site_packages
 from builder.util import atomic_write_text, cache_dir, sha256_bytes
+from builder.values import split_ref
 
 # --------------------------------------------------------------------------- snapshot
 
@@ -40,7 +41,7 @@ def _check_xy(value: str, flag: str) -> str:
     return value
 
 
-def platform_for(glibc: str, arch: str = "x86_64") -> str:
+def platform_for(glibc: str, arch: str = P.DEFAULT.machine) -> str:
     """uv's ``--python-platform`` for a glibc: ``2.35`` -> ``x86_64-manylinux_2_35``."""
     return f"{arch}-manylinux_{glibc.replace('.', '_')}"
 
@@ -267,6 +268,9 @@ def glibc_of_libc(path: Path) -> str | None:
     if m:
         return m.group(1).decode()
     best: Version | None = None
+    # why: pyelftools costs tens of ms to import; only a libc without its banner string needs it
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
     from elftools.elf.gnuversions import GNUVerDefSection
 
     with open(path, "rb") as fh:
@@ -347,24 +351,6 @@ def _versions_from_lib_dirs(tree: _ImageTree) -> list[str]:
     return sorted(vers, key=Version)
 
 
-def _repo_of(ref: str) -> str:
-    """Repository part of an image reference, Docker Hub defaults folded
-    (``docker.io/library/ubuntu:22.04`` and ``ubuntu@sha256:..`` -> ``ubuntu``)."""
-    name = ref.split("@", 1)[0]
-    last = name.rsplit("/", 1)[-1]
-    if ":" in last:
-        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
-    for prefix in ("docker.io/", "index.docker.io/", "registry-1.docker.io/"):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    if name.startswith("library/") and name.count("/") == 1:
-        name = name[len("library/"):]
-    return name
-
-
-repo_of = _repo_of  # the public name: the pipeline matches an image's RepoDigests by repository
-
-
 def snapshot_image(
     ref: str,
     *,
@@ -418,12 +404,23 @@ def snapshot_image(
         python_abi="cp" + scan.python.replace(".", ""),
         site_packages="/" + max(scan.dirs, key=lambda d: scan.counts[d]),
         cuda=cuda,
-        platform=platform or platform_for(glibc),
+        platform=platform or platform_for(glibc, image_platform(ref, info).machine),
         provenance_kind="read-from-image",
         provenance_method=method,
         distributions=scan.dists,
         consistency=image_consistency(ref, scan.dists, scan.interpreter),
     )
+
+
+def image_platform(ref: str, info: dict) -> Platform:
+    """The platform of a local image, from its config (``Os``/``Architecture``/``Variant`` of ``docker image
+    inspect``); one build-image does not build for (``linux/arm/v7``) is :class:`BadInput` naming it."""
+    os_name, arch, variant = info.get("Os") or "linux", info.get("Architecture") or "amd64", info.get("Variant")
+    found = P.from_oci(os_name, arch, variant)
+    if found is None:
+        shown = "/".join(x for x in (os_name, arch, variant) if x)
+        raise BadInput(f"image {ref!r} is a {shown} image; build-image builds for {P.known_names()} only.")
+    return found
 
 
 def _inspect_local_image(ref: str) -> dict:
@@ -447,9 +444,9 @@ def _local_image_digest(ref: str, info: dict) -> str | None:
     """The digest the reference names, else the image's repo digest in the reference's repository."""
     if "@sha256:" in ref:
         return ref.split("@", 1)[1]
-    repo = _repo_of(ref)
+    repo = split_ref(ref).familiar_name
     for rd in info.get("RepoDigests") or []:
-        if _repo_of(rd) == repo:
+        if split_ref(rd).familiar_name == repo:
             return rd.split("@", 1)[1]
     return None
 

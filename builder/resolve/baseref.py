@@ -26,7 +26,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from builder import platforms as P
 from builder.errors import BadInput
+from builder.platforms import DEFAULT, Platform
 from builder.resolve.base import snapshot_image
 from builder.resolve.manifest import BaseManifest, load_manifest, parse_manifest
 from builder.spec import check_vllm_version, default_base_manifest
@@ -59,27 +61,52 @@ def classify(value: str | None) -> str:
     return "image"
 
 
-def resolve_base(value: str | None, vllm: str, *, snapshot=None, kind: str | None = None) -> ResolvedBase:
-    """Resolve a ``--base`` value (None: the shipped default for ``vllm``) — see the module doc.
+def base_platform(manifest: BaseManifest, label: str) -> Platform:
+    """The image platform a base manifest describes (its uv ``platform``: ``aarch64-manylinux_2_39``)."""
+    return P.from_uv_platform(manifest.platform, where=f"base {label}: platform")
+
+
+def check_base_platform(manifest: BaseManifest, label: str, platform: Platform) -> None:
+    """:class:`BadInput` (exit 2) when the base describes another platform's image than the one asked for:
+    a lock made against it would describe one image while the build installs into the other."""
+    have = base_platform(manifest, label)
+    if have != platform:
+        raise BadInput(f"the base {label} describes a {have.name} image ({manifest.platform}), but the lock is "
+                       f"for {platform.name}: a lock and its base must be of one platform.",
+                       hint=f"give the {platform.name} manifest of that image (--platform {have.name} builds "
+                            f"for the one this base describes).")
+
+
+def resolve_base(value: str | None, vllm: str, *, snapshot=None, kind: str | None = None,
+                 platform: Platform = DEFAULT) -> ResolvedBase:
+    """Resolve a ``--base`` value (None: the shipped default for ``vllm`` and ``platform``) — see the module doc.
 
     ``snapshot(ref) -> BaseManifest`` makes the manifest of a local image (default:
     :func:`builder.resolve.base.snapshot_image`); ``kind``: what :func:`classify` said of
-    ``value``, when the caller asked it already."""
+    ``value``, when the caller asked it already.  A manifest of another platform's image is exit 2."""
     kind = kind or classify(value)
     if kind == "default":
-        check_vllm_version(vllm)
-        p = default_base_manifest(vllm)
-        return ResolvedBase(manifest=load_manifest(p), data=p.read_bytes(), label=str(p), kind=kind, path=p)
-    if kind == "manifest":
+        check_vllm_version(vllm, platform=platform)
+        p = default_base_manifest(vllm, platform)
+        resolved = ResolvedBase(manifest=load_manifest(p), data=p.read_bytes(), label=str(p), kind=kind, path=p)
+    elif kind == "manifest":
         p = Path(value)
         if not p.is_file():
             raise BadInput(f"base manifest {p} does not exist (a --base value ending in .json names a manifest file).",
                            hint="make one with `build-image base snapshot` or `build-image base reconstruct`.")
         manifest = load_manifest(p)
-        return ResolvedBase(manifest=manifest, data=p.read_bytes(), label=str(p), kind=kind, path=p)
+        resolved = ResolvedBase(manifest=manifest, data=p.read_bytes(), label=str(p), kind=kind, path=p)
+    else:
+        return _snapshot_base(value, kind, snapshot, platform)
+    check_base_platform(resolved.manifest, resolved.label, platform)
+    return resolved
+
+
+def _snapshot_base(value: str, kind: str, snapshot, platform: Platform) -> ResolvedBase:
     if snapshot is None:
         snapshot = snapshot_image
     manifest = snapshot(value)
+    check_base_platform(manifest, value, platform)
     text = manifest.to_json()
     parse_manifest(text, value)  # round-trip check: what is hashed is what is read back
     return ResolvedBase(manifest=manifest, data=text.encode(), label=value, kind=kind)

@@ -32,7 +32,7 @@ import subprocess
 import tempfile
 import time
 import zipfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
@@ -44,6 +44,7 @@ from packaging.utils import parse_wheel_filename
 from builder import __version__
 from builder.credentials import redact_text, redact_url, remember
 from builder.errors import AbiRejected, BadInput, ExternalToolError, IntegrityError, StaleLock, Unsatisfiable
+from builder.events import SILENT, Reporter
 from builder.fetch import fetch
 from builder.resolve import index as ix
 from builder.resolve import pylock as _pylock
@@ -75,10 +76,9 @@ from builder.util import (
 )
 from builder.validate import read_bounded_text
 
-FACTS_CACHE_VERSION = "1"
+FACTS_CACHE_VERSION = "2"  # 2: the ELF machines of a wheel (the gate's elf-machine rule)
 DEFAULT_RAY = "ray[serve]"  # the default overlay (builder.spec.DEFAULT_OVERLAY)
 RAY_POLICY = "ray[llm]-pins-vllm/1"  # inputs-sha256 names the rule that picks the default ray
-Progress = Callable[[str], None]
 
 
 # =========================================================================== request
@@ -289,7 +289,7 @@ def pure_facts(filename: str) -> DistFacts:
 def fetch_wheel(url: str, sha256: str, filename: str | None = None) -> Path:
     """A verified local copy of ``url`` from the one download cache (:func:`builder.fetch.fetch`)."""
     # no second live display under the lock's own status line
-    return Path(fetch(url, sha256, filename=filename, progress=False))
+    return Path(fetch(url, sha256, filename=filename, reporter=SILENT))
 
 
 def _facts_cache_path(sha256: str) -> Path:
@@ -406,7 +406,7 @@ def _agrees(resolved: Mapping[str, tuple[str, str, list[str]]],
     return bool(wheels) and all(k in wheels and same_version(wheels[k][1], v) for k, (_, v, _) in resolved.items())
 
 
-def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = None,
+def lock(req: LockRequest, uv: Uv | None = None, reporter: Reporter = SILENT,
          prefer: Mapping[str, str] | None = None) -> LockResult:
     """Resolve ``req`` and judge it; raises :class:`Unsatisfiable` / tool errors.
     Returns the LockFile and the gate's result (the caller decides on exit 3).
@@ -415,7 +415,6 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
     preferences, as uv and pip-compile treat an existing output file: kept when
     they still fit, so a re-lock after an input change moves as little as possible."""
     uv = uv or Uv()
-    say = progress or (lambda _m: None)
     base = req.base
     resolving = req.resolution_overlay()
     overlay_reqs = parse_overlay(resolving)
@@ -425,22 +424,22 @@ def lock(req: LockRequest, uv: Uv | None = None, progress: Progress | None = Non
     with tempfile.TemporaryDirectory(prefix="bi-lock-") as t:
         run = _UvRun(uv=uv, tmp=Path(t), req=req, resolving=resolving)
         run.write_inputs(overlay_reqs, prefer)
-        say(f"resolving {', '.join(resolving)} on top of {len(base.distributions)} base pins (uv)")
+        reporter.step(f"resolving {', '.join(resolving)} on top of {len(base.distributions)} base pins (uv)")
         t0 = time.monotonic()
-        resolved, r2 = run.resolve(say)
+        resolved, r2 = run.resolve(reporter)
         timings["resolve"] = time.monotonic() - t0
         t0 = time.monotonic()
-        wheels = run.wheels(resolved, r2, say)
+        wheels = run.wheels(resolved, r2, reporter)
         timings["wheels"] = time.monotonic() - t0
     tags = target_tags(base.python_version, base.python_abi, base.platform)
     entries, chosen = build_entries(base, resolved, wheels, tags)
     t0 = time.monotonic()
-    requires = _scan_wheels(req, entries, chosen, say)
+    requires = _scan_wheels(req, entries, chosen, reporter)
     gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving)
     flagged = [f.name for f in gate.violations + gate.allowed + gate.notices]
     missing = [k for k in chain_ancestors(entries, flagged) if not requires.get(k)]
     if missing:  # what each link of the chains asked for: fetch those few (pure) wheels
-        say(f"reading the requirements of {len(missing)} package(s) on the chains")
+        reporter.step(f"reading the requirements of {len(missing)} package(s) on the chains")
         for k in missing:
             requires[k] = requires_of(chosen[k])
         gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving)
@@ -493,7 +492,7 @@ class _UvRun:
         if prefer:  # uv reads an existing output file as preferences
             (tmp / "requirements.txt").write_text("".join(f"{n}=={v}\n" for n, v in sorted(prefer.items())))
 
-    def resolve(self, say: Progress) -> tuple[dict, subprocess.CompletedProcess]:
+    def resolve(self, reporter: Reporter) -> tuple[dict, subprocess.CompletedProcess]:
         """The resolution, and the pylock run started alongside it.  An unsatisfiable overlay
         raises :class:`Unsatisfiable` with every base pin that must move."""
         # The wheel URLs come from a second uv run in pylock format, offline from uv's cache.  It
@@ -504,14 +503,14 @@ class _UvRun:
         r1, r2 = self.uv.wait(p1), self.uv.wait(p2)
         if r1.returncode != 0:
             if is_resolution_failure(r1.stderr):
-                self.unsatisfiable(r1.stderr, say)
+                self.unsatisfiable(r1.stderr, reporter)
             raise uv_failure(r1.stderr, f"uv pip compile (exit {r1.returncode})")
         return parse_uv_requirements((self.tmp / "requirements.txt").read_text()), r2
 
-    def unsatisfiable(self, stderr: str, say: Progress) -> None:
+    def unsatisfiable(self, stderr: str, reporter: Reporter) -> None:
         base = self.req.base
         msg, details = explain_unsatisfiable(stderr, base, self.resolving)
-        say("finding every base pin that must move (one pass)")
+        reporter.step("finding every base pin that must move (one pass)")
         moves = find_pin_moves(stderr, base, self.resolving, self.attempt)
         extra_msg, extra_details = format_pin_moves(moves, base)
         exc = Unsatisfiable(msg + extra_msg, details=details + extra_details)
@@ -532,7 +531,7 @@ class _UvRun:
             raise uv_failure(r.stderr, f"uv pip compile (exit {r.returncode})")
         return False, r.stderr, {}
 
-    def wheels(self, resolved: dict, r2: subprocess.CompletedProcess, say: Progress) -> dict:
+    def wheels(self, resolved: dict, r2: subprocess.CompletedProcess, reporter: Reporter) -> dict:
         """The wheels of the resolution, from the pylock run; run again, pinned to the resolution,
         when it could not answer offline or saw other versions."""
         tmp = self.tmp
@@ -540,7 +539,7 @@ class _UvRun:
         if _agrees(resolved, wheels):
             return wheels
         # again, constrained to exactly the resolution just made (so both runs agree)
-        say("collecting wheel URLs and hashes for the base's platform (uv, from cache)")
+        reporter.step("collecting wheel URLs and hashes for the base's platform (uv, from cache)")
         (tmp / "pylock.toml").unlink(missing_ok=True)
         pinned = {**self.pylock_args, "constraints": [tmp / "base.in", tmp / "requirements.txt"]}
         r2 = self.uv.compile(self.sources, tmp / "pylock.toml", **pinned)
@@ -554,7 +553,7 @@ class _UvRun:
         return wheels
 
 
-def _scan_wheels(req: LockRequest, entries: list[LockEntry], chosen: dict, say: Progress) -> dict[str, list[str]]:
+def _scan_wheels(req: LockRequest, entries: list[LockEntry], chosen: dict, reporter: Reporter) -> dict[str, list[str]]:
     """Each entry's binary facts and requirements, read from its wheel (binary wheels are
     downloaded and scanned); the requirements of each, by canonical name."""
     requires: dict[str, list[str]] = {}
@@ -571,7 +570,8 @@ def _scan_wheels(req: LockRequest, entries: list[LockEntry], chosen: dict, say: 
             e.facts.binary = True  # not scanned: unknown extension count / glibc
             continue
         if not is_pure_wheel(cand.filename) and not _facts_cache_path(cand.sha256).exists():
-            say(f"downloading + scanning binary wheel {cand.filename} ({binaries.index(e) + 1}/{len(binaries)})")
+            reporter.step(f"downloading + scanning binary wheel {cand.filename} "
+                          f"({binaries.index(e) + 1}/{len(binaries)})")
         e.facts, requires[e.key] = wheel_facts(cand)
     return requires
 
@@ -783,12 +783,12 @@ def refuse_foreign_outputs(lock_path: Path, force: bool) -> None:
         refuse_foreign(p, "lock", force=force)
 
 
-def _sweep_killed_writes(lock_path: Path, say: Progress) -> None:
+def _sweep_killed_writes(lock_path: Path, reporter: Reporter) -> None:
     """The temp files a killed write of the lock or its twin left beside them (owner gone), removed on every
     run that may write them, even one that keeps the lock as it is (:func:`builder.util.sweep_write_leftovers`)."""
     swept = [p.name for x in (lock_path, twin_path(lock_path)) for p in sweep_write_leftovers(x)]
     if swept:
-        say(f"removed {len(swept)} temp file(s) a killed earlier write left beside {lock_path.name} "
+        reporter.step(f"removed {len(swept)} temp file(s) a killed earlier write left beside {lock_path.name} "
             f"(their owner is gone): {', '.join(sorted(swept))}")
 
 
@@ -802,7 +802,7 @@ def _other_base(on_disk: _OnDisk, req: LockRequest) -> str | None:
 
 
 def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool = False, force: bool = False,
-        uv: Uv | None = None, index=None, progress: Progress | None = None) -> LockOutcome:
+        uv: Uv | None = None, index=None, reporter: Reporter = SILENT) -> LockOutcome:
     """Freshness, preferences, ray choice, resolution, gate and the atomic write, in that order.
 
     * ``check``: :class:`StaleLock` (exit 5) when the lock is stale, nothing written;
@@ -812,16 +812,15 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     * a gate violation is :class:`AbiRejected` (exit 3) carrying ``.gate``; nothing is written.
     """
     uv = uv or Uv()
-    say = progress or (lambda _m: None)
     lock_path = through_link(lock_path)  # a symlinked -o: the lock it points to (and its twin beside it) is written
     if lock_path.is_dir():
         raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
     if not check:
         refuse_foreign_outputs(lock_path, force)
-        _sweep_killed_writes(lock_path, say)
+        _sweep_killed_writes(lock_path, reporter)
     on_disk = _OnDisk.read(lock_path) if check or not (upgrade and force) else None  # read once, if at all
     if check or (not upgrade and lock_path.exists()):
-        kept = _kept_if_fresh(req, lock_path, check, uv, say, on_disk)
+        kept = _kept_if_fresh(req, lock_path, check, uv, reporter, on_disk)
         if kept is not None:
             return kept
     other = _other_base(on_disk, req) if on_disk is not None and not force else None
@@ -834,10 +833,10 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     prefer = _previous_pins(on_disk) if not upgrade and on_disk is not None else None
     tags = target_tags(req.base.python_version, req.base.python_abi, req.base.platform)
     if req.default_ray and req.ray is None:
-        _choose_default_ray(req, index, tags, say)
+        _choose_default_ray(req, index, tags, reporter)
     elif not req.default_ray and any(canonical_name(Requirement(r).name) == "ray" for r in req.overlay):
         pass  # the named ray's backend is looked up after the resolution
-    result = _lock_with_fitting_ray(req, uv, say, prefer)
+    result = _lock_with_fitting_ray(req, uv, reporter, prefer)
     locked_ray = result.lock.by_name().get("ray")
     if not req.default_ray and locked_ray is not None:
         _named_ray_backend(req, result, locked_ray.version, index, tags)
@@ -850,7 +849,7 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     return LockOutcome(status="written", path=lock_path, result=result, unused_allow=unused)
 
 
-def _kept_if_fresh(req: LockRequest, lock_path: Path, check: bool, uv: Uv, say: Progress,
+def _kept_if_fresh(req: LockRequest, lock_path: Path, check: bool, uv: Uv, reporter: Reporter,
                    on_disk: _OnDisk | None) -> LockOutcome | None:
     """The lock on disk, kept when it is up to date with its inputs; with ``check``, a stale
     one is :class:`StaleLock`.  None: it is to be (re)written."""
@@ -863,7 +862,7 @@ def _kept_if_fresh(req: LockRequest, lock_path: Path, check: bool, uv: Uv, say: 
             raise StaleLock(f"{lock_path} is not a readable lock: {exc.message}") from None
         fresh, why = False, exc.message
     if fresh and on_disk is not None:
-        sync_twin(lock_path, check, say, lock=on_disk.lock)  # its PEP 751 twin: missing or different is stale too
+        sync_twin(lock_path, check, reporter, lock=on_disk.lock)  # its PEP 751 twin: missing or different is stale too
         return LockOutcome(status="up-to-date", path=lock_path, kept=on_disk.lock, kept_text=on_disk.text)
     if check:
         raise StaleLock(f"{lock_path} is stale: {why}.",
@@ -876,23 +875,24 @@ def _previous_pins(on_disk: _OnDisk) -> dict[str, str] | None:
     return {e.name: e.version for e in on_disk.lock.entries} if on_disk.lock is not None else None
 
 
-def _choose_default_ray(req: LockRequest, index, tags: list[Tag], say: Progress) -> None:
+def _choose_default_ray(req: LockRequest, index, tags: list[Tag], reporter: Reporter) -> None:
     """The default overlay's ray: the one whose ray[llm] pins this vllm (from the index)."""
     from datetime import datetime as _dt
 
     index = index or ix.for_request(req.find_links, req.no_index)
     vllm = req.base.get("vllm").version if req.base.get("vllm") is not None else req.vllm
-    say(f"choosing ray for vllm {vllm} (ray[llm] pins, from the index)")
+    reporter.step(f"choosing ray for vllm {vllm} (ray[llm] pins, from the index)")
     cutoff = ix.parse_time(req.exclude_newer) if req.exclude_newer and "T" in req.exclude_newer else (
         _dt.fromisoformat(req.exclude_newer + "T00:00:00+00:00") if req.exclude_newer else None)
     req.ray = choose(vllm, ray_releases(index, vllm, tags, cutoff))
 
 
-def _lock_with_fitting_ray(req: LockRequest, uv: Uv, say: Progress, prefer: Mapping[str, str] | None) -> LockResult:
+def _lock_with_fitting_ray(req: LockRequest, uv: Uv, reporter: Reporter,
+                           prefer: Mapping[str, str] | None) -> LockResult:
     """The lock; when the default ray does not fit on the base as it is, the lock with the
     newest ray that does (the default lock never moves base pins for ray)."""
     try:
-        return lock(req, uv, progress=say, prefer=prefer)
+        return lock(req, uv, reporter=reporter, prefer=prefer)
     except Unsatisfiable as exc:
         # the ray whose ray[llm] pins this vllm does not fit on the base as it is: the default lock never
         # moves base pins for it; the newest ray that fits, the fallback backend, and how to get the other
@@ -903,12 +903,12 @@ def _lock_with_fitting_ray(req: LockRequest, uv: Uv, say: Progress, prefer: Mapp
         moved = ", ".join(f"{n} {o} -> {v}" for n, o, v in moves.moves) if moves and moves.resolves else ""
         line = f"--with '{req.ray.requirement}'" + (f" {moves.with_line}" if moved else "")
         why = f"moving base pins ({moved})" if moved else "changes the base cannot take"
-        say(f"{req.ray.requirement} does not fit on the base; locking the newest ray that does")
+        reporter.step(f"{req.ray.requirement} does not fit on the base; locking the newest ray that does")
         req.ray = RayChoice(
             requirement=None, version=None, backend=BACKEND_FALLBACK,
             reason=f"{req.ray.reason.split(':')[0]} but needs {why}; newest ray that fits instead, the Serve app "
                    f"starts `vllm serve` (its vllm-server fallback); for ray.serve.llm: {line}")
-        return lock(req, uv, progress=say, prefer=prefer)
+        return lock(req, uv, reporter=reporter, prefer=prefer)
 
 
 def _named_ray_backend(req: LockRequest, result: LockResult, ray_version: str, index, tags: list[Tag]) -> None:

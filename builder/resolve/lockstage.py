@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.errors import BadInput
+from builder.events import SILENT, Reporter
 from builder.resolve import lock as L
 from builder.resolve.abi import GateResult, format_notices
 from builder.resolve.baseref import ResolvedBase, resolve_base
@@ -97,23 +97,18 @@ class Locked:
 
 def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = False,
              default_overlay: bool = True, base: ResolvedBase | None = None,
-             progress: Callable[[str], None] | None = None,
-             on_message: Callable[[str], None] | None = None) -> Locked:
+             reporter: Reporter = SILENT) -> Locked:
     """Resolve the spec's base (``base``: a :class:`builder.resolve.baseref.ResolvedBase` the caller
     resolved already), make the request, run the lock stage, keep the pylock twin in step.
 
     Raises what :func:`builder.resolve.lock.run` raises (StaleLock with ``check``, AbiRejected,
-    Unsatisfiable, BadInput).  ``on_message`` gets the stage's stderr lines as they happen.
+    Unsatisfiable, BadInput).  ``reporter`` hears the steps as they happen, then the gate's notices and
+    the warnings (kept in :attr:`Locked.messages` too).
     The twin is refused as an output here and kept in step by :func:`builder.resolve.lock.run`."""
     t_start = time.monotonic()
     said: list[str] = []
 
-    def tell(msg: str) -> None:
-        said.append(msg)
-        if on_message is not None:
-            on_message(msg)
-
-    resolved = base if base is not None else resolve_base(spec.base, spec.vllm)
+    resolved = base if base is not None else resolve_base(spec.base, spec.vllm, platform=spec.platform)
     if not spec.vllm_given and resolved.vllm:  # no --vllm: the base's vllm (and its default lock path)
         spec = spec.with_flags(vllm=resolved.vllm)
     req = L.request_for(
@@ -124,7 +119,7 @@ def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = 
     refuse_pylock_output(spec.lock_path, check)
     # a second writer of the same lock waits, then sees the first's lock (--check writes nothing)
     with contextlib.nullcontext() if check else output_lock(spec.lock_path):
-        out = L.run(req, spec.lock_path, check=check, upgrade=upgrade, force=force, progress=progress)
+        out = L.run(req, spec.lock_path, check=check, upgrade=upgrade, force=force, reporter=reporter)
     lock_path = out.path
     if out.status == "up-to-date":  # the lock as the freshness check read it
         assert out.kept is not None
@@ -136,10 +131,13 @@ def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = 
     result = out.result
     notices = format_notices(result.gate)
     if notices:
-        tell("notices:\n" + notices)
+        said.append("notices:\n" + notices)
+        reporter.notice(said[-1])
     if out.unused_allow:  # recorded anyway (it is an input); say so: a stale escape hatch would cover a future change
-        tell(f"warning: --allow-abi-change {', '.join(out.unused_allow)}: no gate violation to allow in this lock; "
-             "it is still recorded in the header and covers a later violation — drop it if it is stale.")
+        warning = (f"--allow-abi-change {', '.join(out.unused_allow)}: no gate violation to allow in this lock; "
+                   "it is still recorded in the header and covers a later violation — drop it if it is stale.")
+        said.append("warning: " + warning)
+        reporter.warning(warning, lead="warning: ")
     return Locked(status="written", path=lock_path, lock=result.lock, text=result.lock.format(), base=resolved,
                   overlay=tuple(req.overlay), gate=result.gate, resolved=result.resolved,
                   timings=dict(result.timings), unused_allow=tuple(out.unused_allow),

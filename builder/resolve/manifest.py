@@ -70,6 +70,9 @@ class DistFacts:
     glibc: str | None = None
     python_abi: str = "none"
     native_sha256: str | None = None  # digest of its ELF files (optional; see the module doc)
+    # ELF files by the header's e_machine (EM_X86_64, EM_AARCH64): read by the gate from a wheel's files; neither
+    # a manifest nor a lock records it (a base's files are its platform's by construction)
+    machines: dict[str, int] = field(default_factory=dict, compare=False)
 
     @property
     def numpy_generations(self) -> set[str]:
@@ -190,6 +193,7 @@ class BaseManifest:
 def _facts_doc(facts: DistFacts) -> dict:
     """The facts as the file holds them: an optional field that is None is left out (old files stay byte-identical)."""
     doc = asdict(facts)
+    doc.pop("machines", None)
     if doc.get("native_sha256") is None:
         doc.pop("native_sha256", None)
     return doc

@@ -37,6 +37,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import BadInput, ExternalToolError, Unsatisfiable
+from builder.platforms import DEFAULT, Platform
 from builder.report import render_json
 from builder.resolve import index as ix
 from builder.resolve import sdist, sedit
@@ -69,8 +70,10 @@ from builder.spec import lockfiles_dir
 from builder.util import atomic_write_text, cache_dir, canonical_name
 
 
-def default_recipes_path() -> Path:
-    return lockfiles_dir() / "base" / "recipes.toml"
+def default_recipes_path(platform: Platform = DEFAULT) -> Path:
+    """``lockfiles/base/recipes.toml`` (linux/amd64) or ``recipes-linux-arm64.toml``: one file per platform, each
+    the derivation from the pipeline step that builds that platform's image."""
+    return lockfiles_dir() / "base" / f"recipes{platform.file_suffix()}.toml"
 
 
 def load_recipes(path: Path | None = None) -> dict[str, dict]:
@@ -91,11 +94,13 @@ def recipe_table_for(tables: Mapping[str, dict], vllm: str, path: str = "lockfil
 
 
 def derived_recipe(vllm: str, *, recipes: Path | None = None, index=None, check: bool = True,
-                   recorded_only: bool = True, accept_undecided: tuple[str, ...] = ()) -> tuple[Recipe, object]:
-    """(the recipe derived from the release's sdist, its build files); with ``check`` the release's table
-    in recipes.toml must equal the derivation (``recorded_only=False``: a release without a table is
-    derived from its sdist alone, as ``upgrade`` does for a release newer than the file)."""
-    path = recipes or default_recipes_path()
+                   recorded_only: bool = True, accept_undecided: tuple[str, ...] = (),
+                   platform: Platform = DEFAULT) -> tuple[Recipe, object]:
+    """(the recipe of ``platform``'s image derived from the release's sdist, its build files); with ``check``
+    the release's table in the platform's recipes file must equal the derivation (``recorded_only=False``: a
+    release without a table is derived from its sdist alone, as ``upgrade`` does for a release newer than the
+    file)."""
+    path = recipes or default_recipes_path(platform)
     sha = None
     table = None
     if check:
@@ -104,7 +109,7 @@ def derived_recipe(vllm: str, *, recipes: Path | None = None, index=None, check:
             table = recipe_table_for(tables, vllm, str(path))
             sha = table.get("sdist_sha256")
     files = sdist.load(vllm, sha256=sha, index=index)
-    recipe = derive(files, accept_undecided=accept_undecided)
+    recipe = derive(files, accept_undecided=accept_undecided, platform=platform)
     if table is not None and recipe_table(recipe) != table:
         raise BadInput(f"{path}: the table of vllm {vllm} differs from what its sdist {recipe.sdist.filename} says.",
                        hint=f"the file is generated: `build-image base recipe --vllm {vllm} --write`.")
@@ -827,7 +832,8 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
                 no_index: bool = False, index_url: str | None = None, keep: Path | None = None,
                 progress: Callable[[str], None] | None = None, recipe: Recipe | None = None,
                 files=None, recorded_only: bool = True, refresh: bool = False, relax: tuple[str, ...] = (),
-                accept_undecided: tuple[str, ...] = (), reachable=None, auto_relax: int = 0) -> Reconstruction:
+                accept_undecided: tuple[str, ...] = (), reachable=None, auto_relax: int = 0,
+                platform: Platform = DEFAULT) -> Reconstruction:
     """Replay release ``vllm``'s install steps into a scratch tree, scan it, return the manifest (no
     output written; the cache records a completed online replay so that the next one of the same
     release, uv, uv cache and index answers from uv's cache; ``refresh`` asks the index throughout)."""
@@ -841,7 +847,7 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
     t0 = time.monotonic()
     if recipe is None or files is None:
         recipe, files = derived_recipe(vllm, recipes=recipes, index=index, recorded_only=recorded_only,
-                                       accept_undecided=accept_undecided)
+                                       accept_undecided=accept_undecided, platform=platform)
     timings["recipe"] = time.monotonic() - t0
     index_args = uv_index_args(find_links, no_index, index_url)
     plans = step_index_plans(recipe, index_args, reachable or ix.reachable)

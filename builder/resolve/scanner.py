@@ -36,8 +36,6 @@ from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from elftools.elf.elffile import ELFFile
-from elftools.elf.gnuversions import GNUVerNeedSection
 from packaging.version import Version
 
 from builder import values
@@ -71,6 +69,21 @@ class _FileFacts:
     is_shared_object: bool = False
     glibc: Version | None = None
     numpy_gen: str | None = None  # "1" | "2" | None
+    machine: str | None = None    # the ELF header's e_machine, as pyelftools names it (EM_X86_64, EM_AARCH64)
+
+
+#: e_machine values of the architectures a wheel for a build-image platform may hold, by pyelftools' names
+#: (elftools.elf.enums.ENUM_E_MACHINE); any other value is named by its number
+_E_MACHINE = {62: "EM_X86_64", 183: "EM_AARCH64", 3: "EM_386", 40: "EM_ARM", 21: "EM_PPC64", 22: "EM_S390",
+              243: "EM_RISCV"}
+
+
+def _elf_machine(head: bytes) -> str | None:
+    """The ``e_machine`` of an ELF header's first 20 bytes (None when too short)."""
+    if len(head) < 20 or head[5] not in (1, 2):
+        return None
+    value = int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+    return _E_MACHINE.get(value, f"EM_{value}")
 
 
 def _numpy_generation(buf) -> str | None:
@@ -84,6 +97,11 @@ def _numpy_generation(buf) -> str | None:
 
 def _elf_glibc(stream: IO[bytes]) -> Version | None:
     """Highest GLIBC_x.y named in the ELF version-needed sections (None if none)."""
+    # why: pyelftools costs tens of ms to import; only a layout the fast reader does not handle needs it,
+    # and `lock --check` or an up-to-date re-lock never reads an ELF file
+    from elftools.elf.elffile import ELFFile
+    from elftools.elf.gnuversions import GNUVerNeedSection
+
     best: Version | None = None
     elf = ELFFile(stream)
     for section in elf.iter_sections():
@@ -188,6 +206,7 @@ def _scan_elf_file(path, *, want_numpy: bool) -> _FileFacts:
         if fh.read(4) != ELF_MAGIC:
             return _FileFacts()
         facts = _FileFacts(is_elf=True, is_shared_object=bool(_SO_NAME.search(os.path.basename(path))))
+        facts.machine = _elf_machine(ELF_MAGIC + fh.read(16))
         want = want_numpy and facts.is_shared_object
         size = os.fstat(fh.fileno()).st_size
         try:
@@ -292,6 +311,8 @@ def scan_files(
         if not ff.is_elf:
             continue
         facts.binary = True
+        if ff.machine:
+            facts.machines[ff.machine] = facts.machines.get(ff.machine, 0) + 1
         if ff.is_shared_object:
             facts.extensions += 1
             so_names.append(name)

@@ -9,10 +9,10 @@ up-to-date lock (:func:`sync_twin`).  The conversion itself is the lock file for
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from builder.errors import BadInput, StaleLock
+from builder.events import SILENT, Reporter
 from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock
 from builder.resolve.pylock import PYLOCK_NAME, is_pylock_path
 from builder.util import atomic_write_text
@@ -69,7 +69,7 @@ def twin_problem(lock_path: str | Path, lock: LockFile) -> str | None:
     return None
 
 
-def sync_twin(lock_path: str | Path, check: bool, say: Callable[[str], None] | None = None, *,
+def sync_twin(lock_path: str | Path, check: bool, reporter: Reporter = SILENT, *,
               lock: LockFile | None = None) -> None:
     """The twin of an up-to-date lock: with ``check``, :class:`~builder.errors.StaleLock` (exit 5) when it
     is missing, invalid or pins anything else; otherwise it is rewritten from the lock (no resolution).
@@ -84,8 +84,7 @@ def sync_twin(lock_path: str | Path, check: bool, say: Callable[[str], None] | N
         raise StaleLock(f"{lock_path} is up to date but {problem}.",
                         hint="run `build-image lock` (without --check): it rewrites the pylock file from the lock.")
     write_pylock(twin_path(lock_path), lock)
-    if say is not None:
-        say(f"rewrote {twin_path(lock_path)} from {lock_path} ({problem})")
+    reporter.step(f"rewrote {twin_path(lock_path)} from {lock_path} ({problem})")
 
 
 def refuse_pylock_output(lock_path: str | Path, check: bool) -> None:

@@ -27,10 +27,10 @@ from typing import Any
 from builder.credentials import redact_text
 from builder.errors import BadInput, RegistryError, TagConflict, VerdictFailure
 from builder.image import referrers, retag
-from builder.image.naming import parse_ref
 from builder.image.registry import RegistryClient
 from builder.serving import attestation, history, kuberay
 from builder.util import GENERATED_MARK, atomic_write_text, output_lock, refuse_foreign, write_target
+from builder.values import parse_ref
 
 RECORD_TYPE = "application/vnd.build-image.rollback-record.v1+json"
 RECORD_KIND = "rollback-record"

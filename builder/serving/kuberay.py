@@ -8,6 +8,9 @@ writes the files atomically.  The rules the manifests follow:
 * ``rayVersion`` is the ray version of the lock (or of the base manifest when
   ray comes from the base image, not the overlay);
 * GPU counts and serving settings come from ``Spec.serving``;
+* every pod selects nodes of the image's platform (``nodeSelector: kubernetes.io/arch``): the
+  lock's; of a multi-platform image, the one ``[serving] platform`` names (default linux/amd64),
+  which must be one of the image's;
 * nothing is installed at start-up: no ``runtime_env`` anywhere, no pip/conda/uv
   in any command.  The Serve application is ``build_image_serve_app`` which the
   image itself carries (``templates/serve/build_image_serve_app.py``).
@@ -32,7 +35,9 @@ from builder import __version__, values
 from builder.credentials import redact_text
 from builder.data import path as data_path
 from builder.errors import BadInput
-from builder.image.naming import SERVE_MODULE, TRITON_CACHE_DIR, VLLM_CACHE_ROOT, serve_backend_of
+from builder.image.naming import SERVE_MODULE, TRITON_CACHE_DIR, VLLM_CACHE_ROOT, lock_platform, serve_backend_of
+from builder.platforms import DEFAULT, Platform, joined
+from builder.platforms import parse as parse_platform
 from builder.resolve.baseref import classify, resolve_base
 from builder.resolve.lockfile import LockFile
 from builder.resolve.manifest import BaseManifest
@@ -54,8 +59,6 @@ WORKER_CPU_PER_GPU = 4
 WORKER_MIN_CPU = 8
 WORKER_MEMORY_PER_GPU_GI = 32
 
-_DIGEST_REF = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._:/-]*)@sha256:[0-9a-f]{64}\Z")
-_ANY_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]*\Z")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 
 
@@ -83,12 +86,19 @@ class Layout:
 def check_image_ref(image: str, *, allow_tag: bool = False) -> str:
     """Return ``image`` if it is pinned by digest (or ``allow_tag``), else raise BadInput."""
     image = (image or "").strip()
-    if _DIGEST_REF.match(image):
+    invalid = BadInput(f"kuberay: image reference {image!r} is not a valid image reference.")
+    try:
+        values.parse_ref(image.partition("@")[0])
+    except BadInput:
+        raise invalid from None
+    try:
+        ref = values.parse_ref(image)
+    except BadInput:  # a digest that is not sha256:<64 hex> pins nothing
+        ref = None
+    if ref is not None and (ref.digest or allow_tag):
         return image
-    if allow_tag and image and _ANY_REF.match(image):
-        return image
-    if not image or not _ANY_REF.match(image):
-        raise BadInput(f"kuberay: image reference {image!r} is not a valid image reference.")
+    if ref is None and allow_tag:
+        raise invalid
     raise BadInput(
         f"kuberay: image {image!r} is not pinned by digest; the head and every worker must run the exact "
         "same image, which only a digest guarantees (a tag can move between the head's and a worker's pull).",
@@ -318,10 +328,27 @@ def upgrade_plan(spec: Spec) -> UpgradePlan:
               f"cluster is deleted about 60 s later (incremental needs " + ", ".join(missing) + ")"))
 
 
-def _context(*, lock: LockFile, spec: Spec, image: str, allow_tag: bool, base: BaseManifest | None, name: str) -> dict:
+def serving_platform(spec: Spec, image_platforms: tuple[Platform, ...]) -> Platform:
+    """The platform the pods run: ``[serving] platform`` when set (it must be one the image has), else the
+    image's one platform, else (a multi-platform image) the default, linux/amd64, when the image has it."""
+    where = f"spec {spec.source or '<flags>'}: serving.platform"
+    named = getattr(spec.serving, "platform", None)
+    chosen = parse_platform(named, where=where) if named else (
+        image_platforms[0] if len(image_platforms) == 1 else DEFAULT)
+    if chosen not in image_platforms:
+        raise BadInput(f"kuberay: the pods would run on {chosen.name} nodes ({where} = "
+                       f"{named or 'unset: the default'}), but the image is built for {joined(image_platforms)} only.",
+                       hint=f"set [serving] platform to one of {joined(image_platforms)}, or build the image for "
+                            f"{chosen.name} too (--platform).")
+    return chosen
+
+
+def _context(*, lock: LockFile, spec: Spec, image: str, allow_tag: bool, base: BaseManifest | None, name: str,
+             platforms: tuple[Platform, ...] | None = None) -> dict:
     if not _DNS1123.fullmatch(name) or len(name) > 40:
         raise BadInput(f"kuberay: name {name!r} must be a DNS-1123 label of at most 40 characters.")
     image = check_image_ref(image, allow_tag=allow_tag)
+    arch = serving_platform(spec, tuple(platforms) if platforms else (lock_platform(lock),)).arch
     lay = layout(spec)
     replicas = int(getattr(spec.serving, "replicas", 1) or 1)
     autoscaler = bool(getattr(spec.serving, "autoscaler", False))
@@ -363,6 +390,7 @@ def _context(*, lock: LockFile, spec: Spec, image: str, allow_tag: bool, base: B
         "tool_version": __version__,
         "name": name,
         "image": image,
+        "node_selector": {"kubernetes.io/arch": arch},
         "ray_version": ray_version(lock, base),
         "head": head,
         "worker_groups": [worker],
@@ -391,9 +419,11 @@ def render_manifests(
     allow_tag: bool = False,
     base: BaseManifest | None = None,
     name: str = DEFAULT_NAME,
+    platforms: tuple[Platform, ...] | None = None,
 ) -> dict[str, str]:
-    """Pure: file name -> YAML text for the RayService and the RayCluster."""
-    ctx = _context(lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=base, name=name)
+    """Pure: file name -> YAML text for the RayService and the RayCluster.  ``platforms``: the image's
+    (None: the lock's one platform); the pods select nodes of :func:`serving_platform`'s arch."""
+    ctx = _context(lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=base, name=name, platforms=platforms)
     env = _env()
     out = {  # the file rule: no credential in any generated text (redacted like every file build-image writes)
         RAYSERVICE_FILE: redact_text(env.get_template("rayservice.yaml.j2").render(**ctx)),
@@ -428,6 +458,7 @@ def write_manifests(
     allow_tag: bool = False,
     base: BaseManifest | None = None,
     name: str = DEFAULT_NAME,
+    platforms: tuple[Platform, ...] | None = None,
 ) -> list[Path]:
     """Render both manifests and write them into ``out_dir`` (beside the Dockerfile).
 
@@ -435,7 +466,8 @@ def write_manifests(
     """
     if base is None:
         base = _base_for(lock, spec)
-    texts = render_manifests(lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=base, name=name)
+    texts = render_manifests(lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=base, name=name,
+                             platforms=platforms)
     out = Path(out_dir)
     paths = []
     for fname, text in texts.items():

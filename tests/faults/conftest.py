@@ -122,9 +122,10 @@ def tiny_context(tmp_path: Path, names=("six",), *, via_cache: bool = False) -> 
         (src / fn).write_bytes(data)
         wheels[fn] = src / fn
         if via_cache:
+            from builder.events import SILENT
             from builder.fetch import fetch
 
-            wheels[fn] = fetch((src / fn).as_uri(), h, progress=False)
+            wheels[fn] = fetch((src / fn).as_uri(), h, reporter=SILENT)
         entries.append(LockEntry(name=n, version="1.0", hashes=[h], wheel=WheelRef(url=(src / fn).as_uri(), sha256=h)))
     header = {"build-image-lock": "1", "tool": "t", "vllm": "0.26.0", "base-ref": "vllm/vllm-openai:v0.26.0",
               "base-digest": "sha256:" + "ab" * 32, "base-manifest-sha256": "0" * 64, "python": "3.12",

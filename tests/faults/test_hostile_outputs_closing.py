@@ -65,6 +65,7 @@ _JSON_ALLOWED = {
     "builder/image/sbom.py": 1,                   # the serial number's seed (hashed)
     "builder/resolve/reconstruct.py": 1,          # the replay record's key (hashed; it holds the index options)
     "builder/image/referrers.py": 2,              # OCI descriptors pushed to the registry (digests)
+    "builder/image/multiplatform.py": 1,          # the OCI image index pushed to the registry (its digest)
     "builder/serving/smoke/client.py": 2,         # request bodies to the server under test
     "builder/serving/smoke/equivalence.py": 1,    # canonical bytes for a digest (the reference: render_json)
     "builder/serving/smoke/serve.py": 1,          # the serve app's --args

@@ -281,9 +281,9 @@ _WRITER = textwrap.dedent("""
 
     render = table.render_recipes
 
-    def slow(tables):
+    def slow(tables, *args):
         time.sleep(0.6)  # the read-modify-write window two runs would otherwise share
-        return render(tables)
+        return render(tables, *args)
 
     table.render_recipes = slow
     table.write_recipe_table(Path(sys.argv[1]), sys.argv[2], {"sdist_sha256": sys.argv[2] * 4}, force=False)

@@ -9,10 +9,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 
 from builder.errors import BadInput
+from builder.platforms import DEFAULT, Platform
 from builder.resolve.recipe.dockerfile import (
     Instruction,
     Stage,
     _split_arg,
+    check_published,
     parse_dockerfile,
     release_step,
     stage_chain,
@@ -21,14 +23,13 @@ from builder.resolve.recipe.interpret import OFF_INDEX_COMMANDS, _apt_packages, 
 from builder.resolve.recipe.model import (
     DOCKERFILE,
     PIPELINE,
-    RELEASE_STEP,
     TARGET,
-    TARGETPLATFORM,
     BuildFiles,
     Derived,
     Recipe,
     Step,
     Where,
+    release_step_label,
 )
 from builder.resolve.recipe.shell import Unknown, Var, expand, parse_script
 
@@ -216,23 +217,28 @@ def _numbered(steps: list[Step], files: BuildFiles) -> tuple[Step, ...]:
     return tuple(out)
 
 
-def derive(files: BuildFiles, *, accept_undecided: Iterable[str] = ()) -> Recipe:
-    """The recipe of ``files.vllm``'s published image (pure; :class:`BadInput` on what the files lack, and on
-    text the readers cannot take apart: an unbalanced quote, a malformed instruction)."""
+def derive(files: BuildFiles, *, accept_undecided: Iterable[str] = (), platform: Platform = DEFAULT) -> Recipe:
+    """The recipe of ``files.vllm``'s published image for ``platform`` (pure; :class:`BadInput` on what the
+    files lack, on a platform the release does not publish, and on text the readers cannot take apart: an
+    unbalanced quote, a malformed instruction)."""
     try:
-        return _derive(files, frozenset(accept_undecided))
+        return _derive(files, frozenset(accept_undecided), platform)
     except (ValueError, IndexError, KeyError) as exc:
         raise BadInput(f"{files.sdist.filename}: its build files cannot be read "
                        f"({type(exc).__name__}: {exc}).") from None
 
 
-def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset()) -> Recipe:
-    step = release_step(files.text(PIPELINE, "the release pipeline"))
+def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), platform: Platform = DEFAULT) -> Recipe:
+    pipeline = files.text(PIPELINE, "the release pipeline")
+    if not platform.is_default:
+        check_published(pipeline, platform, files.vllm)
+    label = release_step_label(platform)
+    step = release_step(pipeline, label=label)
     if step.target != TARGET:
-        raise BadInput(f"{PIPELINE}:{step.label.where[0].line}: step {RELEASE_STEP!r} builds target {step.target!r}, "
+        raise BadInput(f"{PIPELINE}:{step.label.where[0].line}: step {label!r} builds target {step.target!r}, "
                        f"not {TARGET!r}.")
     dpath = step.dockerfile if step.dockerfile != "Dockerfile" else DOCKERFILE
-    pre, stages = parse_dockerfile(files.text(dpath, f"the Dockerfile the step {RELEASE_STEP!r} builds"))
+    pre, stages = parse_dockerfile(files.text(dpath, f"the Dockerfile the step {label!r} builds"))
     chain = stage_chain(stages, TARGET, dpath)
     glob = global_args(pre, step.build_args, dpath)
     facts = base_facts(chain[0], glob, dpath)
@@ -240,8 +246,8 @@ def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset()) -
     inherited: dict[str, Var] = base_image_env(facts.final_base_image.value, facts.final_base_image.where)
     label_where = (step.label.where[0],)
     for st in chain:
-        local: dict[str, Var] = {**inherited, "TARGETPLATFORM": Var(TARGETPLATFORM, label_where),
-                                 "TARGETARCH": Var("amd64", label_where), "VLLM_RELEASE": Var(files.vllm, ())}
+        local: dict[str, Var] = {**inherited, "TARGETPLATFORM": Var(platform.name, label_where),
+                                 "TARGETARCH": Var(platform.arch, label_where), "VLLM_RELEASE": Var(files.vllm, ())}
         walk.stage(st, local)
         inherited = {**inherited, **{k: v for k, v in local.items() if v.env}}  # ENV carries to the next stage
     py = facts.python.value
@@ -256,7 +262,8 @@ def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset()) -
                   steps=_numbered(walk.steps, files),
                   os_packages=tuple(Derived(p, (w,)) for p, w in walk.apt.items()),
                   off_index_fetches=tuple(walk.fetches),
-                  image_overrides=tuple(Derived(pin, walk.overrides[1]) for pin in walk.overrides[0]))
+                  image_overrides=tuple(Derived(pin, walk.overrides[1]) for pin in walk.overrides[0]),
+                  target_platform=platform)
 
 
 def requirement_lines(files: Mapping[str, str], paths: Iterable[str], *,

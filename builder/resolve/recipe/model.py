@@ -7,13 +7,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from builder.errors import BadInput
+from builder.platforms import DEFAULT, Platform
 
 TARGET = "vllm-openai"
-RELEASE_STEP = "Build release image - x86_64 - CUDA 13.0"
 DOCKERFILE = "docker/Dockerfile"
 PIPELINE = ".buildkite/release-pipeline.yaml"
-ARCH = "x86_64"
-TARGETPLATFORM = "linux/amd64"
+
+
+def release_step_label(platform: Platform = DEFAULT) -> str:
+    """The release pipeline's step that builds the published image for ``platform`` (pure):
+    ``Build release image - x86_64 - CUDA 13.0`` / ``Build release image - aarch64 - CUDA 13.0``."""
+    return f"Build release image - {platform.machine} - CUDA 13.0"
+
+
+RELEASE_STEP = release_step_label(DEFAULT)
+ARCH = DEFAULT.machine
+TARGETPLATFORM = DEFAULT.name
 
 
 # --------------------------------------------------------------------------- provenance
@@ -141,6 +150,7 @@ class Recipe:
     # the UV_OVERRIDE pins the published image keeps in its environment: every later `uv pip install` in it
     # (an overlay too) resolves with them
     image_overrides: tuple[Derived, ...] = ()
+    target_platform: Platform = DEFAULT  # the image platform the pipeline step builds (linux/amd64, linux/arm64)
 
     @property
     def image(self) -> str:
@@ -148,11 +158,12 @@ class Recipe:
 
     @property
     def platform(self) -> str:
-        return f"{ARCH}-manylinux_{self.glibc.value.replace('.', '_')}"
+        """uv's ``--python-platform`` of the image: ``aarch64-manylinux_2_39``."""
+        return self.target_platform.uv_platform(self.glibc.value)
 
     @property
     def arch(self) -> str:
-        return ARCH
+        return self.target_platform.machine
 
     def lacks(self) -> dict[str, list[str]]:
         """What a replay from the Python index knowingly cannot hold (pure)."""
@@ -201,6 +212,7 @@ class Recipe:
             "off_index_fetches": [d.to_json() for d in self.off_index_fetches],
             "image_overrides": [d.to_json() for d in self.image_overrides],
             "lacks": self.lacks(),
+            **({} if self.target_platform.is_default else {"target_platform": self.target_platform.name}),
         }
 
 

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from builder.errors import BadInput
-from builder.resolve.recipe.model import Recipe
+from builder.platforms import DEFAULT, Platform
+from builder.resolve.recipe.model import RELEASE_STEP, Recipe, release_step_label
 from builder.util import atomic_write_text, output_lock, refuse_foreign, write_target
 from builder.validate import load_toml, read_bounded_text
 
@@ -50,13 +51,24 @@ def recipe_table(r: Recipe) -> dict:
     }
 
 
-def render_recipes(tables: Mapping[str, dict]) -> str:
-    """The whole recipes.toml text (pure): header, schema, one table per release in version order."""
+def recipes_header(platform: Platform = DEFAULT) -> str:
+    """The recipes file's header: :data:`RECIPES_HEADER` for linux/amd64, the same naming the platform's own
+    pipeline step and ``--platform`` for another platform (pure)."""
+    if platform.is_default:
+        return RECIPES_HEADER
+    return (RECIPES_HEADER.replace(RELEASE_STEP, release_step_label(platform))
+            .replace("--vllm X --write", f"--vllm X --platform {platform.name} --write")
+            .replace("`build-image base reconstruct --vllm X`", f"`build-image base reconstruct --vllm X --platform "
+                                                                 f"{platform.name}`"))
+
+
+def render_recipes(tables: Mapping[str, dict], platform: Platform = DEFAULT) -> str:
+    """The whole recipes file's text (pure): header, schema, one table per release in version order."""
     import tomli_w
     from packaging.version import Version
 
     doc = {"schema": RECIPES_SCHEMA, "release": {v: tables[v] for v in sorted(tables, key=Version)}}
-    return RECIPES_HEADER + tomli_w.dumps(doc, multiline_strings=False)
+    return recipes_header(platform) + tomli_w.dumps(doc, multiline_strings=False)
 
 
 def parse_recipes(text: str, path: str = "recipes.toml") -> dict[str, dict]:
@@ -92,7 +104,7 @@ def read_recipes_file(path: Path) -> dict[str, dict]:
 
 
 def write_recipe_table(path: Path, vllm: str, table: dict, *, force: bool = False,
-                       seed: dict[str, dict] | None = None) -> Path:
+                       seed: dict[str, dict] | None = None, platform: Platform = DEFAULT) -> Path:
     """Put ``vllm``'s table into the recipes file: read, merged and written under the file's output lock, so
     two runs for different releases both land (neither's table is lost); atomically, through a symlink.  A
     file not there yet starts from ``seed`` (the shipped tables, for a pull request's folder)."""
@@ -101,5 +113,5 @@ def write_recipe_table(path: Path, vllm: str, table: dict, *, force: bool = Fals
         exists = path.exists() or path.is_symlink()
         tables = {**(read_recipes_file(path) if exists else (seed or {})), vllm: table}
         path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, render_recipes(tables))
+        atomic_write_text(path, render_recipes(tables, platform))
     return path

@@ -3,11 +3,11 @@ time for a configuration that cannot fit."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from builder.errors import BadInput, CheckpointNotReady
+from builder.events import Reporter
 from builder.serving import plan as planmod
 from builder.serving.checkpoint import inspect_checkpoint, safetensors_expected
 from builder.serving.smoke.config import SmokeConfig
@@ -24,7 +24,7 @@ def _extra_value(extra: list[str], flag: str) -> str | None:
     return None
 
 
-def checkpoint_ready(cfg: SmokeConfig, say: Callable[[str], None]) -> dict[str, Any] | None:
+def checkpoint_ready(cfg: SmokeConfig, reporter: Reporter) -> dict[str, Any] | None:
     """The structural pass of `build-image checkpoint verify` (headers, index, shapes,
     download leftovers; no hashing, well under a second): a checkpoint that is not
     ready raises :class:`CheckpointNotReady` before any server or GPU work.
@@ -33,11 +33,11 @@ def checkpoint_ready(cfg: SmokeConfig, say: Callable[[str], None]) -> dict[str, 
     a model that is not a directory, no safetensors files and no index naming any).
     """
     if not cfg.checkpoint_check:
-        say("checkpoint check skipped (--skip-checkpoint-check)")
+        reporter.step("checkpoint check skipped (--skip-checkpoint-check)")
         return None
     model_dir = Path(cfg.model)
     if not model_dir.is_dir() or not safetensors_expected(model_dir):
-        say("checkpoint check skipped: no safetensors checkpoint in the model directory")
+        reporter.step("checkpoint check skipped: no safetensors checkpoint in the model directory")
         return None
     rep = inspect_checkpoint(model_dir)
     if not rep.ready():
@@ -51,12 +51,12 @@ def checkpoint_ready(cfg: SmokeConfig, say: Callable[[str], None]) -> dict[str, 
     summary = {"ready": True, "shards": len(rep.shards), "weight_bytes": rep.weight_bytes,
                "ple_bytes": rep.ple_bytes, "warnings": [p.to_dict() for p in rep.warnings],
                "structural_seconds": rep.structural_seconds}
-    say(f"checkpoint READY (structure): {len(rep.shards)} shard(s), {rep.weight_bytes / 1e9:.2f} GB of weights, "
-        f"{len(rep.warnings)} warning(s), {rep.structural_seconds * 1000:.0f} ms")
+    reporter.step(f"checkpoint READY (structure): {len(rep.shards)} shard(s), {rep.weight_bytes / 1e9:.2f} GB of "
+                  f"weights, {len(rep.warnings)} warning(s), {rep.structural_seconds * 1000:.0f} ms")
     return summary
 
 
-def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, Any] | None:
+def preflight_plan(cfg: SmokeConfig, reporter: Reporter) -> dict[str, Any] | None:
     """Plan the serving settings before booting (:func:`builder.serving.plan.make_plan`).
 
     Returns the plan as a dict (``fits``, ``summary`` and the planner's fields),
@@ -64,7 +64,7 @@ def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, A
     """
     model_dir = Path(cfg.model)
     if not (model_dir / "config.json").is_file():
-        warn("plan skipped: no config.json in the model directory")
+        reporter.step("plan skipped: no config.json in the model directory")
         return None
     gpu_mem = cfg.gpu_memory_bytes
     if gpu_mem is None:
@@ -72,7 +72,7 @@ def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, A
         if smi and smi["gpus"]:
             gpu_mem = smi["memory_total_mib"] // smi["gpus"] * (1 << 20)
     if gpu_mem is None:
-        warn("plan skipped: GPU memory unknown (no nvidia-smi; pass --gpu-memory)")
+        reporter.step("plan skipped: GPU memory unknown (no nvidia-smi; pass --gpu-memory)")
         return None
     extra = list(cfg.extra_args)
     kwargs: dict[str, Any] = {}
@@ -88,18 +88,18 @@ def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, A
         planmod.check_kv_cache_dtype(cfg.kv_cache_dtype, planmod.release_facts(cfg.vllm))
     if cfg.kv_cache_dtype and cfg.kv_cache_dtype not in planmod.KV_CACHE_DTYPES:
         # vLLM knows more KV dtypes (fp8_inc, fp8_ds_mla, turboquant_*, ...) than the planner models
-        warn(f"plan skipped: the planner does not model --kv-cache-dtype {cfg.kv_cache_dtype}")
+        reporter.step(f"plan skipped: the planner does not model --kv-cache-dtype {cfg.kv_cache_dtype}")
         return None
     fixed = [a for a in extra if a.split("=", 1)[0].startswith(("--kv-cache-memory", "--num-gpu-blocks-override"))]
     if fixed:
-        warn(f"plan skipped: {fixed[0].split('=', 1)[0]} fixes the KV cache size; the plan models "
+        reporter.step(f"plan skipped: {fixed[0].split('=', 1)[0]} fixes the KV cache size; the plan models "
              "gpu_memory_utilization")
         return None
     try:
         config, _ = planmod.load_config(model_dir)
         weights = planmod.checkpoint_bytes(model_dir)
         if weights is None:
-            warn("plan skipped: no safetensors files to size the weights")
+            reporter.step("plan skipped: no safetensors files to size the weights")
             return None
         plan = planmod.make_plan(
             config,
@@ -121,7 +121,7 @@ def preflight_plan(cfg: SmokeConfig, warn: Callable[[str], None]) -> dict[str, A
     except BadInput:
         raise
     except Exception as exc:  # noqa: BLE001 - the planner is advisory for the smoke test
-        warn(f"plan skipped: {type(exc).__name__}: {exc}")
+        reporter.step(f"plan skipped: {type(exc).__name__}: {exc}")
         return None
     d = plan.to_dict()
     fits = bool(plan.fits)

@@ -14,10 +14,10 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from builder.errors import BadInput
+from builder.events import SILENT, Reporter
 from builder.serving.smoke.config import with_multicast_off
 from builder.serving.smoke.server import ServerProcess, free_port
 
@@ -68,7 +68,7 @@ REGISTER_TIMEOUT_LINE = "timed out during startup"
 
 
 def start_head(env: dict[str, str], *, timeout: float = 120.0, ray: list[str] | None = None,
-               num_gpus: int | None = None, say: Callable[[str], None] = lambda m: None,
+               num_gpus: int | None = None, reporter: Reporter = SILENT,
                attempts: int = 2) -> RayHead:
     """Start a loopback Ray head and wait until it is up; BadInput (with the log's tail) when
     it exits or does not come up within ``timeout`` seconds (then it is stopped first).  A head
@@ -77,15 +77,15 @@ def start_head(env: dict[str, str], *, timeout: float = 120.0, ray: list[str] | 
     deadline = time.monotonic() + timeout
     attempt = 1
     while True:
-        head = _start_once(env, deadline=deadline, timeout=timeout, ray=ray, num_gpus=num_gpus, say=say,
+        head = _start_once(env, deadline=deadline, timeout=timeout, ray=ray, num_gpus=num_gpus, reporter=reporter,
                            may_retry=attempt < attempts)
         if head is not None:
             return head
-        say("the Ray head exited on Ray's raylet registration timeout (a loaded machine); starting it again")
+        reporter.step("the Ray head exited on Ray's raylet registration timeout (a loaded machine); starting it again")
         attempt += 1
 
 
-def _start_once(env, *, deadline: float, timeout: float, ray, num_gpus, say, may_retry: bool) -> RayHead | None:
+def _start_once(env, *, deadline: float, timeout: float, ray, num_gpus, reporter, may_retry: bool) -> RayHead | None:
     """One ``ray start``: the head when it is up; None when it exited on the registration timeout
     and ``may_retry`` (stopped and cleaned up); BadInput otherwise."""
     port = free_port()
@@ -95,7 +95,7 @@ def _start_once(env, *, deadline: float, timeout: float, ray, num_gpus, say, may
     head_env.pop("RAY_ADDRESS", None)
     head_env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     argv = head_command(ray or ray_command(), port, temp_dir, num_gpus)
-    say(f"starting a loopback Ray head: {' '.join(argv)}")
+    reporter.step(f"starting a loopback Ray head: {' '.join(argv)}")
     proc = ServerProcess(argv, log_path, env=head_env)
     head = RayHead(proc, f"127.0.0.1:{port}", temp_dir, log_path)
     try:
@@ -108,7 +108,7 @@ def _start_once(env, *, deadline: float, timeout: float, ray, num_gpus, say, may
         while True:
             text = _read(log_path)
             if READY_LINE in text:
-                say(f"Ray head {head.address} up after {time.monotonic() - t0:.1f} s (pid {proc.pid})")
+                reporter.step(f"Ray head {head.address} up after {time.monotonic() - t0:.1f} s (pid {proc.pid})")
                 return head
             if may_retry and not proc.alive() and REGISTER_TIMEOUT_LINE in text and time.monotonic() < deadline:
                 head.stop()

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BadInput
+from builder.events import SILENT, Reporter
 from builder.serving.smoke import equivalence as eqv
 from builder.serving.smoke import rayhead
 from builder.serving.smoke import serve as serve_mode
@@ -127,15 +128,15 @@ class Observed:
 # --------------------------------------------------------------------------- steps before the boot
 
 
-def plan_step(cfg: SmokeConfig, say: Callable[[str], None]) -> dict[str, Any] | None:
+def plan_step(cfg: SmokeConfig, reporter: Reporter) -> dict[str, Any] | None:
     """The plan is computed whenever it can be (it is the prediction the report
     sets beside vLLM's own numbers); a config it cannot read is bad input unless --no-plan."""
     try:
-        return preflight_plan(cfg, say)
+        return preflight_plan(cfg, reporter)
     except BadInput as exc:
         if cfg.plan:
             raise
-        say(f"plan skipped (--no-plan): {exc.message}")
+        reporter.step(f"plan skipped (--no-plan): {exc.message}")
         return None
 
 
@@ -336,7 +337,7 @@ def engine_versions(launch: Launch) -> dict[str, Any] | None:
 
 
 def first_token(cfg: SmokeConfig, launch: Launch, vocab: int | None, t_start: float, obs: Observed,
-                say: Callable[[str], None]) -> None:
+                reporter: Reporter) -> None:
     """A greedy streamed warm-up request: the first-token time and an output fingerprint."""
     prompt = make_prompt(-1, min(cfg.prompt_tokens, 16), vocab)
     body = completion_body(obs.model_id or "", prompt, WARMUP_TOKENS, True)
@@ -345,7 +346,7 @@ def first_token(cfg: SmokeConfig, launch: Launch, vocab: int | None, t_start: fl
     obs.warmup = {"prompt": prompt, "text": r.text, "max_tokens": WARMUP_TOKENS}
     if r.ok and r.ttft_s is not None:
         obs.boot["first_token_s"] = round(time.monotonic() - t_start - (r.latency_s - r.ttft_s), 2)
-        say(f"first token after {obs.boot['first_token_s']}s")
+        reporter.step(f"first token after {obs.boot['first_token_s']}s")
     else:
         obs.boot_error = f"first request failed: {r.error}"
 
@@ -371,17 +372,17 @@ def one_round(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: in
 
 
 def request_rounds(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: int | None, log_path: str,
-                   obs: Observed, say: Callable[[str], None]) -> None:
+                   obs: Observed, reporter: Reporter) -> None:
     """The rounds (``cfg.rounds`` of /v1/completions, then one of /v1/chat/completions unless
     ``cfg.chat`` is off); stop at the first failed request, a dead server, an OOM line or a failing /health."""
     total = expected_rounds(cfg)
     for n in range(1, total + 1):
         kind = "chat" if n > cfg.rounds else "completion"
-        say(f"round {n}/{total}: {cfg.concurrency} concurrent {'chat ' if kind == 'chat' else ''}requests")
+        reporter.step(f"round {n}/{total}: {cfg.concurrency} concurrent {'chat ' if kind == 'chat' else ''}requests")
         rr = one_round(cfg, server, launch, vocab, n, obs.model_id or "", kind)
         obs.rounds.append(rr)
         obs.sample_gpu()
-        say(
+        reporter.step(
             f"round {n}: {rr.ok}/{rr.requests} ok, p50 {_fmt(rr.latency_p50_s, 's')} "
             f"p95 {_fmt(rr.latency_p95_s, 's')}, TTFT p50 {_fmt(rr.ttft_p50_s, 's')} p95 {_fmt(rr.ttft_p95_s, 's')}, "
             f"{_fmt(rr.output_tokens_per_s, ' tok/s')}"
@@ -400,12 +401,12 @@ def request_rounds(cfg: SmokeConfig, server: ServerProcess, launch: Launch, voca
             return
 
 
-def gate_run(cfg: SmokeConfig, gate: Gate, launch: Launch, obs: Observed, say: Callable[[str], None]) -> None:
+def gate_run(cfg: SmokeConfig, gate: Gate, launch: Launch, obs: Observed, reporter: Reporter) -> None:
     """After clean rounds: record the reference outputs, or compare with the reference."""
     model_id = obs.model_id or ""
     try:
         if gate.reference is not None:
-            say(f"output equivalence: {len(gate.reference.prompts)} prompts vs {gate.reference.path}")
+            reporter.step(f"output equivalence: {len(gate.reference.prompts)} prompts vs {gate.reference.path}")
             eq = eqv.check(launch.host, launch.port, model_id, gate.reference, cfg.timeout,
                            logprob_tolerance=(cfg.reference_logprob_tolerance if cfg.reference_logprob_tolerance
                                               is not None else eqv.LOGPROB_TOLERANCE),
@@ -414,11 +415,11 @@ def gate_run(cfg: SmokeConfig, gate: Gate, launch: Launch, obs: Observed, say: C
                            config_keys_differ=gate.config_keys_differ)
             obs.equivalence = eq.to_dict()
             obs.equivalence["summary"] = eqv.summary(eq)
-            say(f"output equivalence {obs.equivalence['summary']}")
+            reporter.step(f"output equivalence {obs.equivalence['summary']}")
             obs.extra_failures.extend(f"output equivalence: {f}" for f in eq.failures)
         if gate.save_to is not None:
             prompts = eqv.prompt_set(eqv.vocab_size(gate.identity))
-            say(f"recording the reference outputs of {len(prompts)} prompts")
+            reporter.step(f"recording the reference outputs of {len(prompts)} prompts")
             obs.reference_outputs = eqv.record(launch.host, launch.port, model_id, prompts, cfg.timeout)
     except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError, IndexError) as exc:
         obs.extra_failures.append(f"output equivalence: the server's answer could not be read: {exc}"[:400])
@@ -428,7 +429,7 @@ def expected_rounds(cfg: SmokeConfig) -> int:
     return cfg.rounds + (1 if cfg.chat else 0)
 
 
-def stop_server(cfg: SmokeConfig, server: ServerProcess, obs: Observed, say: Callable[[str], None]) -> None:
+def stop_server(cfg: SmokeConfig, server: ServerProcess, obs: Observed, reporter: Reporter) -> None:
     """Record how the server ended, then stop it by its process group.  A second
     Ctrl-C / SIGTERM while stopping must not abandon the server: it only cuts the
     SIGTERM grace period short (SIGKILL at once)."""
@@ -444,7 +445,7 @@ def stop_server(cfg: SmokeConfig, server: ServerProcess, obs: Observed, say: Cal
                 pass
         obs.exited = not server.alive() and server.proc is not None
         obs.exit_code = server.poll() if obs.exited else None
-        say("stopping server")
+        reporter.step("stopping server")
         server.stop(grace=cfg.stop_grace, hurry=hurry)
     finally:
         restore_signals()
@@ -545,12 +546,12 @@ def _serve_section(info: dict[str, Any] | None, launch: Launch, verdict: str) ->
 
 
 def save_reference(cfg: SmokeConfig, gate: Gate | None, launch: Launch, rep: SmokeReport, obs: Observed,
-                   say: Callable[[str], None]) -> None:
+                   reporter: Reporter) -> None:
     """Write the reference file (atomically), only for a PASS: a failing server's outputs are no reference."""
     if gate is None or gate.save_to is None:
         return
     if rep.verdict != PASS or obs.reference_outputs is None:
-        say(f"reference not written ({gate.save_to}): the smoke test did not pass")
+        reporter.step(f"reference not written ({gate.save_to}): the smoke test did not pass")
         return
     prompts = eqv.prompt_set(eqv.vocab_size(gate.identity))
     doc = eqv.reference_document(gate.identity, prompts, obs.reference_outputs,
@@ -558,7 +559,7 @@ def save_reference(cfg: SmokeConfig, gate: Gate | None, launch: Launch, rep: Smo
                                                    cfg.extra_args, str(cfg.model)))
     eqv.write_reference(gate.save_to, doc)
     rep.reference_saved = gate.save_to
-    say(f"reference written: {gate.save_to}")
+    reporter.step(f"reference written: {gate.save_to}")
 
 
 def drop_passing_log(rep: SmokeReport, own_log: bool, launch: Launch | None = None) -> None:
@@ -576,7 +577,7 @@ def drop_passing_log(rep: SmokeReport, own_log: bool, launch: Launch | None = No
 # --------------------------------------------------------------------------- the composition
 
 
-def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None,
+def run_smoke(cfg: SmokeConfig, *, reporter: Reporter = SILENT,
               planned: dict[str, Any] | None = None) -> SmokeReport:
     """Boot, send the rounds, stop; return the report.  Never raises for a FAIL verdict: a
     configuration the plan refuses is a FAIL report with ``refused_by_plan``
@@ -584,7 +585,6 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
 
     ``planned``: the preflight plan the caller computed in this run, after its checkpoint
     check (the pipeline's preflight); both are then not done again."""
-    say = progress or (lambda msg: None)
     cfg.validate()
     gpus = nvidia_smi_memory()
     check_gpus_visible(cfg, gpus["gpus"] if gpus else None)  # TP x PP GPUs must exist here
@@ -592,14 +592,14 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
     if cfg.image and cfg.server_cmd:
         raise BadInput("smoke: give either IMAGE or --server-cmd, not both")
     if planned is None:
-        checkpoint_ready(cfg, say)  # CheckpointNotReady (exit 13) before any plan, server or GPU work
+        checkpoint_ready(cfg, reporter)  # CheckpointNotReady (exit 13) before any plan, server or GPU work
     gate = gate_step(cfg)
-    plan = planned if planned is not None else plan_step(cfg, say)
+    plan = planned if planned is not None else plan_step(cfg, reporter)
     launch = prepare_launch(cfg)
     settings = settings_of(cfg)
     try:
         if cfg.plan and plan is not None and plan.get("fits") is False:
-            say("refused by the memory plan; the server was not started (--no-plan boots anyway)")
+            reporter.step("refused by the memory plan; the server was not started (--no-plan boots anyway)")
             if launch.ray_temp_dir:
                 shutil.rmtree(launch.ray_temp_dir, ignore_errors=True)
             return refused_report(cfg, launch, settings, plan)
@@ -616,41 +616,41 @@ def run_smoke(cfg: SmokeConfig, *, progress: Callable[[str], None] | None = None
     with sigterm_as_interrupt():
         if needs_ray_head(cfg, launch):
             try:
-                head = rayhead.start_head(launch.env, timeout=min(cfg.boot_timeout, 180.0), say=say)
+                head = rayhead.start_head(launch.env, timeout=min(cfg.boot_timeout, 180.0), reporter=reporter)
             except BaseException:
                 if launch.ray_temp_dir:
                     shutil.rmtree(launch.ray_temp_dir, ignore_errors=True)
                 raise
             launch.env["RAY_ADDRESS"] = head.address
         t_start = time.monotonic()
-        say(f"starting server ({launch.mode}): {' '.join(shlex.quote(a) for a in launch.argv)}")
-        say(f"server log: {log_path}")
+        reporter.step(f"starting server ({launch.mode}): {' '.join(shlex.quote(a) for a in launch.argv)}")
+        reporter.step(f"server log: {log_path}")
         try:
             start_server(server, log_path, own_log)
             wait_for_health(cfg, server, launch, t_start, log_path, obs)
             if obs.boot_error is None:
-                say(f"/health OK after {obs.boot['health_s']}s")
+                reporter.step(f"/health OK after {obs.boot['health_s']}s")
                 obs.sample_gpu()
                 discover_model(launch, obs)
             vocab = model_vocab_size(cfg.model)
             if obs.boot_error is None:
-                first_token(cfg, launch, vocab, t_start, obs, say)
+                first_token(cfg, launch, vocab, t_start, obs, reporter)
             if obs.boot_error is None:
-                request_rounds(cfg, server, launch, vocab, log_path, obs, say)
+                request_rounds(cfg, server, launch, vocab, log_path, obs, reporter)
             if gate is not None and clean_so_far(cfg, server, obs):
-                gate_run(cfg, gate, launch, obs, say)
+                gate_run(cfg, gate, launch, obs, reporter)
         except KeyboardInterrupt:
             obs.interrupted = True
             obs.extra_failures.append("interrupted (Ctrl-C / SIGTERM); server stopped")
         finally:
             try:
-                stop_server(cfg, server, obs, say)
+                stop_server(cfg, server, obs, reporter)
             finally:
                 if head is not None:
-                    say(f"stopping the Ray head (pid {head.pid})")
+                    reporter.step(f"stopping the Ray head (pid {head.pid})")
                     head.stop(grace=cfg.stop_grace)
     rep = make_report(cfg, launch, settings, plan, obs, log_path)
-    save_reference(cfg, gate, launch, rep, obs, say)
+    save_reference(cfg, gate, launch, rep, obs, reporter)
     drop_passing_log(rep, own_log, launch)
     return rep
 

@@ -11,6 +11,10 @@
 #     .. KV cache allocated and warmed up) exclusive for the sized boots, shared for the fixed ones, and server
 #     stops outside the sized windows; everything else of the boots (imports, config, requests) overlaps.
 #     At most MAXJOBS background jobs (a release's boots are one).  "MATRIX DONE" when every boot has ended.
+#   UNPATCHED="0.26.0 0.33.0": for these releases also the unpatched boots, started with the others:
+#       u-V-qwen3-sparse (utilization 0.5, GPU_GATE=ex), u-V-gemma4-ple-long (fixed KV, sh) and the reference
+#       u-V-gemma4-ple-ref; each names its failure in its report (boot error, or a probe unlike the reference's).
+#   PATCHED=0: no patched boots and no patch apply (a run of the unpatched boots only).
 #   SERVE_RELEASES="0.27.0": then `smoke --serve` with the backend of each one's lock (release-serve-run.sh, no
 #     equivalence gate).
 #   COLD_FORMATS="instanttensor runai_streamer": then the cold-start runs of docs/cold-start.md with vllm 0.26.0
@@ -52,11 +56,17 @@ main(["patch", "apply", "--vllm", sys.argv[1], "--site-packages", sys.argv[2]], 
 }
 run_release() {  # run_release V UNPATCHED_PP PATCHED_PP: its boots side by side; then its patched copy goes (disk)
   local V=$1 UN=$2 PA=$3
-  smoke "p-$V-qwen3-sparse" "$PA" ex --vllm "$V" --model "$CK/qwen3-sparse" "${GT[@]}" &
-  smoke "p-$V-gemma4-ple-long" "$PA" sh --vllm "$V" --model "$CK/gemma4-ple-long" "${PAR[@]}" &
-  case " ${REF_RELEASES:-} " in *" $V "*)
-    smoke "u-$V-gemma4-ple-ref" "$UN" sh --vllm "$V" --model "$CK/gemma4-ple-ref" "${PAR[@]}" & ;;
-  esac
+  local unp=0; case " ${UNPATCHED:-} " in *" $V "*) unp=1 ;; esac
+  if [ "${PATCHED:-1}" != 0 ]; then
+    smoke "p-$V-qwen3-sparse" "$PA" ex --vllm "$V" --model "$CK/qwen3-sparse" "${GT[@]}" &
+    smoke "p-$V-gemma4-ple-long" "$PA" sh --vllm "$V" --model "$CK/gemma4-ple-long" "${PAR[@]}" &
+  fi
+  if [ $unp = 1 ]; then
+    smoke "u-$V-qwen3-sparse" "$UN" ex --vllm "$V" --model "$CK/qwen3-sparse" "${GT[@]}" &
+    smoke "u-$V-gemma4-ple-long" "$UN" sh --vllm "$V" --model "$CK/gemma4-ple-long" "${PAR[@]}" &
+  fi
+  case " ${REF_RELEASES:-} " in *" $V "*) unp=1 ;; esac
+  [ $unp = 0 ] || smoke "u-$V-gemma4-ple-ref" "$UN" sh --vllm "$V" --model "$CK/gemma4-ple-ref" "${PAR[@]}" &
   wait
   case " ${SERVE_RELEASES:-} " in *" $V "*) ;; *) rm -rf "/tmp/L/vllm-$V.patched" ;; esac
 }
@@ -71,7 +81,7 @@ if [ -n "${DRYRUN:-}" ]; then  # here, without a GPU: the layers, paths and orde
   smoke() { echo "{}" > "$R/$1.json"; say "$1: (dry run) PYTHONPATH=$2 gate=$3"; sleep 1; }
   patch_copy() { mkdir -p "$3"; say "patch apply $1 (dry run) on $3 from $2"; }
 fi
-say "matrix: releases $RELEASES; PLE references: ${REF_RELEASES:-none}; then Serve: ${SERVE_RELEASES:-none}; cold start: ${COLD_FORMATS:-none}"
+say "matrix: releases $RELEASES; unpatched boots: ${UNPATCHED:-none}; patched boots: $([ "${PATCHED:-1}" = 0 ] && echo no || echo yes); PLE references: ${REF_RELEASES:-none}; then Serve: ${SERVE_RELEASES:-none}; cold start: ${COLD_FORMATS:-none}"
 nvidia-smi > "$R/nvidia-smi.txt" 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1
 { nproc; free -g; df -h /tmp; uname -r; } > "$R/machine.txt" 2>&1
@@ -95,7 +105,9 @@ for V in $RELEASES; do
     say "checkpoints written with $V's torch and transformers"; first=0
   fi
   site=$(echo "$UN" | tr ':' '\n' | grep "/tmp/L/vllm-$V$")
-  patch_copy "$V" "$site" "/tmp/L/vllm-$V.patched" "$UN" || { say "$V: patch apply FAILED, its runs skipped"; continue; }
+  if [ "${PATCHED:-1}" != 0 ]; then
+    patch_copy "$V" "$site" "/tmp/L/vllm-$V.patched" "$UN" || { say "$V: patch apply FAILED, its runs skipped"; continue; }
+  fi
   throttle
   run_release "$V" "$UN" "$PA" &
   say "$V: started ($((SECONDS - T0)) s into the run)"

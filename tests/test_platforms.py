@@ -287,3 +287,11 @@ def test_upgrade_reports_each_platform_its_base_moves_and_its_lock(tmp_path):
     assert moves["vllm"] == ("0.33.0", "0.34.0") and moves["transformers"] == ("5.20.2", "5.22.2")
     assert arm["lock"]["status"] == "written" and arm["lock"]["overlay"] == ["ray[serve]"]
     assert doc["lock"]["status"] == "written" and "platforms" not in doc["base"]
+
+
+def test_diff_of_two_aarch64_locks_reads_the_aarch64_base_manifests():
+    code, out = run("diff", str(default_lock_path("0.33.0", P.ARM64)), str(default_lock_path("0.34.0", P.ARM64)),
+                    "--json")
+    assert code in (0, 1), out
+    assert "vllm-openai-v0.34.0-linux-arm64.json" in out and "vllm-openai-v0.34.0.json" not in out
+    assert '"numpy"' in out or "numpy" in out  # the base move read from the aarch64 manifests

@@ -295,3 +295,16 @@ def test_diff_of_two_aarch64_locks_reads_the_aarch64_base_manifests():
     assert code in (0, 1), out
     assert "vllm-openai-v0.34.0-linux-arm64.json" in out and "vllm-openai-v0.34.0.json" not in out
     assert '"numpy"' in out or "numpy" in out  # the base move read from the aarch64 manifests
+
+
+def test_a_wheel_without_an_aarch64_build_is_named_with_the_requirement_that_needs_it(tmp_path):
+    links = tmp_path / "links"
+    links.mkdir()
+    write_wheel(links, "x86only", "1.0", "cp312-cp312-manylinux_2_17_x86_64", {"x86only/__init__.py": ""})
+    write_wheel(links, "needs-x86only", "1.0", "py3-none-any", {"needs_x86only/__init__.py": ""},
+                requires=["x86only>=1"])
+    code, out = run("lock", "--vllm", "0.33.0", "--platform", "linux/arm64", "--no-default-overlay", "--no-index",
+                    "--find-links", str(links), "--with", "needs-x86only==1.0", "-o", str(tmp_path / "r.lock"))
+    assert code == 4, out
+    assert "x86only==1.0 has no wheels with a matching platform tag" in out and "aarch64" in out
+    assert "needs-x86only" in out and not (tmp_path / "r.lock").exists()

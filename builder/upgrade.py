@@ -39,6 +39,7 @@ from builder.fetch import vllm_wheel
 from builder.patching import port as PO
 from builder.patching import series as P
 from builder.patching.probe import PROBE_ENV as PR_ENV
+from builder.platforms import DEFAULT, Platform
 from builder.report import render_json
 from builder.resolve import lock as L
 from builder.resolve.baseref import resolve_base
@@ -95,6 +96,33 @@ class LockStep:
 
 
 @dataclass
+class PlatformSection:
+    """Another platform's part of an upgrade (linux/arm64): B's base of that platform, its moves against A's, and
+    A's overlay locked on it (the patch series and the plan are the platforms' common part)."""
+
+    platform: str
+    base_from: str
+    base_to: str
+    base_to_source: str             # shipped | reconstructed
+    moves: list[Move]
+    lock: LockStep
+    base_notes: list[str] = field(default_factory=list)
+    relaxed: list[str] = field(default_factory=list)
+
+    def review(self) -> list[str]:
+        out = [f"{self.platform} base: relaxed {r}" for r in self.relaxed]
+        if self.lock.status != "written":
+            out.append(f"{self.platform} lock: {self.lock.status}")
+        return out
+
+    def to_dict(self) -> dict:
+        return {"platform": self.platform, "base": {"from": self.base_from, "to": self.base_to,
+                                                    "to_source": self.base_to_source,
+                                                    "moves": [m.to_dict() for m in self.moves]},
+                "lock": self.lock.to_dict(), "base_notes": self.base_notes, "relaxed": self.relaxed}
+
+
+@dataclass
 class UpgradeReport:
     from_version: str
     to_version: str
@@ -113,6 +141,7 @@ class UpgradeReport:
     # indexes that did not answer, RUN lines accepted undecided (the manifest's lacks)
     base_notes: list[str] = field(default_factory=list)
     relaxed: list[str] = field(default_factory=list)
+    platforms: list[PlatformSection] = field(default_factory=list)  # --platform: each other platform's part
 
     @property
     def review(self) -> list[str]:
@@ -120,6 +149,8 @@ class UpgradeReport:
         out += [f"patch {p.name}: {p.status}" for p in self.port.patches if p.status in (PO.MERGED, PO.CONFLICT)]
         if self.lock.status != "written":
             out.append(f"lock: {self.lock.status}")
+        for section in self.platforms:
+            out += section.review()
         return out
 
     @property
@@ -134,6 +165,7 @@ class UpgradeReport:
                 "patches": self.port.to_dict(), "lock": self.lock.to_dict(),
                 "plan": {"changes": [m.to_dict() for m in self.plan], "notes": self.plan_notes},
                 "base_notes": self.base_notes, "relaxed": self.relaxed,
+                **({"platforms": [p.to_dict() for p in self.platforms]} if self.platforms else {}),
                 "shipped_series": self.shipped_series, "written": self.written, "seconds": self.seconds}
 
 
@@ -279,10 +311,37 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
         out.append("  plan:")
         out += [f"    {m.what:38} {m.old} -> {m.new}" for m in r.plan]
         out += [f"    {n}" for n in r.plan_notes]
+    for section in r.platforms:
+        out += render_platform(section, r.from_version, r.to_version, md)
     if r.written:
         out += (["", "### Written", ""] + [f"- `{w}`" for w in r.written]) if md else \
             ["  written:"] + [f"    {w}" for w in r.written]
     return "\n".join(out) + "\n"
+
+
+def render_platform(p: PlatformSection, a: str, b: str, md: bool) -> list[str]:
+    """Another platform's base moves and overlay lock, as the report's lines (pure)."""
+    changed = [m for m in p.moves if m.changed]
+    lk = p.lock
+    lock_line = f"overlay {' '.join(lk.overlay) or '-'}: {lk.status}" + (f" ({lk.path})" if lk.path else "")
+    if md:
+        out = ["", f"### {p.platform}", "", f"`{p.base_from}` -> `{p.base_to}` ({p.base_to_source})", "",
+               "| | " + a + " | " + b + " |", "| --- | --- | --- |"]
+        out += [f"| **{m.what}** | {m.old or '-'} | {m.new or '-'} |" for m in changed]
+        out += ["", lock_line + (f"; ray {lk.ray}, serve backend {lk.serve_backend}" if lk.ray else "")]
+        out += [f"- {c.what}: {c.old or '(new)'} -> {c.new or '(removed)'}" for c in lk.changes]
+        out += [f"- base: {n}" for n in p.base_notes]
+        if lk.message and lk.status != "written":
+            out += ["", "```", lk.message, *(lk.details.splitlines()[:40]), "```"]
+        return out
+    out = [f"  {p.platform}: base {p.base_from} -> {p.base_to} ({p.base_to_source})"]
+    out += [f"    {m.what:38} {m.old or '-'} -> {m.new or '-'}" for m in changed]
+    out.append(f"    lock ({lock_line})" + (f"; ray {lk.ray}, serve backend {lk.serve_backend}" if lk.ray else ""))
+    out += [f"      {c.what:36} {c.old or '(new)'} -> {c.new or '(removed)'}" for c in lk.changes]
+    out += [f"    base: {n}" for n in p.base_notes]
+    if lk.message and lk.status != "written":
+        out += ["    " + ln for ln in (lk.message + "\n" + lk.details).strip().splitlines()[:40]]
+    return out
 
 
 # =========================================================================== outputs
@@ -290,12 +349,13 @@ def report_path(out_dir: str | Path, from_version: str, to_version: str, fmt: st
     return Path(out_dir) / f"upgrade-{from_version}-{to_version}.{REPORT_EXT[fmt]}"
 
 
-def b_lock_path(out_dir: str | Path, to_version: str) -> Path:
-    return Path(out_dir) / "lockfiles" / f"vllm-{to_version}" / "requirements.lock"
+def b_lock_path(out_dir: str | Path, to_version: str, platform: Platform = DEFAULT) -> Path:
+    folder = Path(out_dir) / "lockfiles" / f"vllm-{to_version}"
+    return (folder if platform.is_default else folder / platform.slug) / "requirements.lock"
 
 
 def check_outputs(out_dir: str | Path, from_version: str, to_version: str, fmt: str, *, base_to: str | None = None,
-                  force: bool = False) -> None:
+                  force: bool = False, platforms: tuple[Platform, ...] = ()) -> None:
     """The output rule for ``-o DIR``, applied before any work (nothing is written when it refuses): the
     report, B's lock and its pylock twin, and B's base manifest when it is reconstructed (no ``base_to``,
     none shipped) are each either absent, a file
@@ -312,6 +372,13 @@ def check_outputs(out_dir: str | Path, from_version: str, to_version: str, fmt: 
     shipped = default_base_manifest(to_version)
     if base_to is None and not shipped.is_file():  # B's manifest is reconstructed into DIR
         refuse_foreign_manifest(Path(out_dir) / "lockfiles" / "base" / shipped.name, force=force)
+    for p in platforms:  # each other platform's lock and reconstructed manifest
+        if p.is_default:
+            continue
+        L.refuse_foreign_outputs(b_lock_path(out_dir, to_version, p), force)
+        theirs = default_base_manifest(to_version, p)
+        if not theirs.is_file():
+            refuse_foreign_manifest(Path(out_dir) / "lockfiles" / "base" / theirs.name, force=force)
     sweep_write_leftovers(report)
 
 
@@ -337,20 +404,22 @@ MAX_AUTO_RELAX = 6
 
 
 def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Path, progress, *,
-              relax: tuple[str, ...] = (), auto_relax: bool = True, accept_undecided: tuple[str, ...] = ()) -> BaseB:
+              relax: tuple[str, ...] = (), auto_relax: bool = True, accept_undecided: tuple[str, ...] = (),
+              platform: Platform = DEFAULT) -> BaseB:
     if given:
         p = Path(given)
         if not p.is_file():
             raise BadInput(f"base manifest {p} does not exist.")
         return BaseB(p, "given")
-    shipped = default_base_manifest(version)
+    shipped = default_base_manifest(version, platform)
     if shipped.is_file():
         return BaseB(shipped, "shipped")
     if progress:
-        progress(f"reconstructing the base manifest of vllm {version}: its recipe derived from its sdist, the "
-                 "install steps replayed")
+        progress(f"reconstructing the {platform.name} base manifest of vllm {version}: its recipe derived from its "
+                 "sdist, the install steps replayed")
     rec = reconstruct(version, progress=progress, recorded_only=False, relax=tuple(relax),
-                      accept_undecided=accept_undecided, auto_relax=MAX_AUTO_RELAX if auto_relax else 0)
+                      accept_undecided=accept_undecided, auto_relax=MAX_AUTO_RELAX if auto_relax else 0,
+                      platform=platform)
     dest = (out_dir / "lockfiles" / "base" / shipped.name) if out_dir else scratch / shipped.name
     atomic_write_text(dest, rec.manifest.to_json())
     lacks = rec.manifest.lacks or {}
@@ -388,12 +457,14 @@ def b_probe_env(a_text: str, a_version: str, b_version: str, transformers: str |
     return "\n".join(out) + "\n"
 
 
-def write_b_recipe_table(out: Path, recipe) -> Path:
-    """B's table in DIR/lockfiles/base/recipes.toml (the repository's generated recipes file when DIR is the
-    checkout): an existing recipes file gets B's table added; a new one starts from the shipped tables, so
-    that DIR's lockfiles/ is complete (the output rule and lock of :func:`write_recipe_table`)."""
-    return write_recipe_table(out / "lockfiles" / "base" / "recipes.toml", recipe.vllm, recipe_table(recipe),
-                              seed=load_recipes(default_recipes_path()))
+def write_b_recipe_table(out: Path, recipe, platform: Platform = DEFAULT) -> Path:
+    """B's table in DIR/lockfiles/base/recipes.toml (recipes-linux-arm64.toml for that platform; the repository's
+    generated recipes file when DIR is the checkout): an existing recipes file gets B's table added; a new one
+    starts from the shipped tables, so that DIR's lockfiles/ is complete (the output rule and lock of
+    :func:`write_recipe_table`)."""
+    shipped = default_recipes_path(platform)
+    return write_recipe_table(out / "lockfiles" / "base" / shipped.name, recipe.vllm, recipe_table(recipe),
+                              seed=load_recipes(shipped) if shipped.is_file() else {}, platform=platform)
 
 
 def _entries(lock) -> dict[str, str]:
@@ -405,8 +476,11 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
             with_: list[str] | None = None, default_overlay: bool | None = None, find_links=(), no_index=False,
             spec_path: str | None = None, out_dir: str | None = None, probe_python: str | None = None,
             reporter: Reporter = SILENT, relax: tuple[str, ...] = (), auto_relax: bool = True,
-            accept_undecided: tuple[str, ...] = ()) -> UpgradeReport:
+            accept_undecided: tuple[str, ...] = (), platforms: tuple[Platform, ...] = ()) -> UpgradeReport:
     say = reporter.step  # what the base reconstruction and the port (callbacks still) report through
+    for p in platforms:  # before any work: each other platform needs A's base of that platform
+        if not p.is_default:
+            _platform_base_from(from_version, p)
     timings: dict[str, float] = {}
     out = Path(out_dir) if out_dir else None
     scratch = Path(tempfile.mkdtemp(prefix="build-image-upgrade-"))
@@ -454,9 +528,16 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         timings["lock"] = time.monotonic() - t0
         # 4. plan
         plan_moves, plan_notes = _plan_diff(spec_path, a_src, b_src, from_version, to_version)
+        t0 = time.monotonic()
+        sections = [_platform_section(p, from_version, to_version, with_, default_overlay, find_links,
+                                      no_index, out, scratch, written, reporter, relax=relax, auto_relax=auto_relax,
+                                      accept_undecided=accept_undecided)
+                    for p in platforms if not p.is_default]
+        if sections:
+            timings["platforms"] = time.monotonic() - t0
         rep = UpgradeReport(from_version, to_version, str(a_path), str(b_path), b_source, moves, report, step,
                             plan_moves, plan_notes, written, {k: round(v, 2) for k, v in timings.items()},
-                            base_notes=b.notes, relaxed=b.relaxed)
+                            base_notes=b.notes, relaxed=b.relaxed, platforms=sections)
         try:
             rep.shipped_series = str(P.series_dir_for(to_version, series.package))
         except BadInput:
@@ -468,17 +549,17 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
 
 def _lock_on_b(from_version: str, to_version: str, b_path: Path, lock_from: str | None, with_: list[str] | None,
                default_overlay: bool | None, find_links, no_index: bool, out: Path | None, scratch: Path,
-               written: list[str], reporter: Reporter) -> LockStep:
+               written: list[str], reporter: Reporter, platform: Platform = DEFAULT) -> LockStep:
     """A's overlay (its lock's, or ``with_``) locked on B's base; a lock the gate rejects or
     that cannot be resolved is a step with that status, not an error."""
-    a_lock_path = Path(lock_from) if lock_from else default_lock_path(from_version)
+    a_lock_path = Path(lock_from) if lock_from else default_lock_path(from_version, platform)
     a_lock = load_lock(a_lock_path) if a_lock_path.is_file() else None
     overlay = list(with_) if with_ else (list(a_lock.overlay) if a_lock else [])
     if default_overlay is None:
         default_overlay = L.DEFAULT_RAY in overlay or not overlay
     named = [w for w in overlay if w != L.DEFAULT_RAY]
-    lock_path = b_lock_path(out, to_version) if out else scratch / "requirements.lock"
-    resolved = resolve_base(str(b_path), to_version)
+    lock_path = b_lock_path(out, to_version, platform) if out else scratch / platform.slug / "requirements.lock"
+    resolved = resolve_base(str(b_path), to_version, platform=platform)
     req = L.request_for(vllm=to_version, base=resolved, with_=named, default_overlay=default_overlay,
                         vllm_given=False, allow=dict(a_lock.allow_abi_change) if a_lock else {},
                         find_links=list(find_links), no_index=no_index)
@@ -498,6 +579,38 @@ def _lock_on_b(from_version: str, to_version: str, b_path: Path, lock_from: str 
     except Unsatisfiable as exc:
         step.status, step.message, step.details = "unsatisfiable", exc.message, exc.details or ""
     return step
+
+
+def _platform_base_from(from_version: str, platform: Platform) -> Path:
+    """A's base manifest of ``platform``, or :class:`BadInput` naming the commands that make it."""
+    a_path = default_base_manifest(from_version, platform)
+    if not a_path.is_file():
+        raise BadInput(f"--platform {platform.name}: there is no {platform.name} base manifest for vllm {from_version} "
+                       f"({a_path}) to upgrade from.",
+                       hint=f"`build-image base reconstruct --vllm {from_version} --platform {platform.name}` and "
+                            f"`build-image lock --vllm {from_version} --platform {platform.name}` first.")
+    return a_path
+
+
+def _platform_section(platform: Platform, from_version: str, to_version: str, with_, default_overlay,
+                      find_links, no_index: bool, out: Path | None, scratch: Path, written: list[str],
+                      reporter: Reporter, *, relax, auto_relax: bool, accept_undecided) -> PlatformSection:
+    """Another platform's part: A's and B's bases of ``platform`` (B's reconstructed from the release's step for
+    that platform when none is shipped, written with its recipes table under -o), their moves, and A's overlay of
+    that platform locked on B's."""
+    say = reporter.scoped(f"{platform.name}: ").step
+    a_path = _platform_base_from(from_version, platform)
+    b = _base_for(to_version, None, out, scratch / platform.slug, say, relax=relax, auto_relax=auto_relax,
+                  accept_undecided=accept_undecided, platform=platform)
+    if b.source == "reconstructed" and out:
+        written += [str(b.path), str(write_b_recipe_table(out, b.recipe, platform))]
+    moves = base_moves(load_manifest(a_path), load_manifest(b.path))
+    # an explicit --lock is the default platform's lock: another platform's overlay comes from its own lock
+    step = _lock_on_b(from_version, to_version, b.path, None, with_,
+                      default_overlay, find_links, no_index, out, scratch, written,
+                      reporter.scoped(f"{platform.name}: "), platform)
+    return PlatformSection(platform=platform.name, base_from=str(a_path), base_to=str(b.path),
+                           base_to_source=b.source, moves=moves, lock=step, base_notes=b.notes, relaxed=b.relaxed)
 
 
 def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[list[Move], list[str]]:

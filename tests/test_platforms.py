@@ -263,3 +263,48 @@ def test_a_two_platform_render_writes_one_context_per_platform_and_the_build_pla
     code, out = run("render", "--vllm", "0.33.0", "--platform", "linux/amd64,linux/arm64", "--no-patches",
                     "-o", str(ctx))
     assert code == 2 and "NOTES.md" in out and (ctx / "linux-arm64" / "NOTES.md").read_text() == "mine"
+
+
+def test_upgrade_for_a_platform_without_a_s_base_is_exit_2_before_any_work(tmp_path):
+    code, out = run("upgrade", "--from", "0.26.0", "--to", "0.27.0", "--platform", "linux/amd64,linux/arm64",
+                    "-o", str(tmp_path))
+    assert code == 2, out
+    assert "no linux/arm64 base manifest for vllm 0.26.0" in out
+    assert "build-image base reconstruct --vllm 0.26.0 --platform linux/arm64" in out
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_upgrade_reports_each_platform_its_base_moves_and_its_lock(tmp_path):
+    code, out = run("upgrade", "--from", "0.33.0", "--to", "0.34.0", "--platform", "linux/amd64,linux/arm64",
+                    "--format", "json")
+    assert code == 0, out
+    doc, _end = json.JSONDecoder().raw_decode(out[out.index('{\n  "schema"'):])
+    (arm,) = doc["platforms"]
+    assert arm["platform"] == "linux/arm64" and arm["base"]["to_source"] == "shipped"
+    assert arm["base"]["to"].endswith("vllm-openai-v0.34.0-linux-arm64.json")
+    moves = {m["what"]: (m["old"], m["new"]) for m in arm["base"]["moves"] if m["changed"]}
+    assert moves["vllm"] == ("0.33.0", "0.34.0") and moves["transformers"] == ("5.20.2", "5.22.2")
+    assert arm["lock"]["status"] == "written" and arm["lock"]["overlay"] == ["ray[serve]"]
+    assert doc["lock"]["status"] == "written" and "platforms" not in doc["base"]
+
+
+def test_diff_of_two_aarch64_locks_reads_the_aarch64_base_manifests():
+    code, out = run("diff", str(default_lock_path("0.33.0", P.ARM64)), str(default_lock_path("0.34.0", P.ARM64)),
+                    "--json")
+    assert code in (0, 1), out
+    assert "vllm-openai-v0.34.0-linux-arm64.json" in out and "vllm-openai-v0.34.0.json" not in out
+    assert '"numpy"' in out or "numpy" in out  # the base move read from the aarch64 manifests
+
+
+def test_a_wheel_without_an_aarch64_build_is_named_with_the_requirement_that_needs_it(tmp_path):
+    links = tmp_path / "links"
+    links.mkdir()
+    write_wheel(links, "x86only", "1.0", "cp312-cp312-manylinux_2_17_x86_64", {"x86only/__init__.py": ""})
+    write_wheel(links, "needs-x86only", "1.0", "py3-none-any", {"needs_x86only/__init__.py": ""},
+                requires=["x86only>=1"])
+    code, out = run("lock", "--vllm", "0.33.0", "--platform", "linux/arm64", "--no-default-overlay", "--no-index",
+                    "--find-links", str(links), "--with", "needs-x86only==1.0", "-o", str(tmp_path / "r.lock"))
+    assert code == 4, out
+    assert "x86only==1.0 has no wheels with a matching platform tag" in out and "aarch64" in out
+    assert "needs-x86only" in out and not (tmp_path / "r.lock").exists()

@@ -206,3 +206,36 @@ def test_a_base_of_the_other_platform_is_refused_before_building(
         assert r.returncode == 2 and f"linux/{held_arch}" in r.stderr, r.stderr[-2000:]
     finally:
         docker("rmi", ref, check=False)
+
+
+def test_the_main_job_locks_renders_builds_and_pushes_both_platforms_as_one_index(manifests, tmp_path,
+                                                                                   local_registry):
+    """``build-image --vllm X --platform linux/amd64,linux/arm64 --push`` in a checkout whose lockfiles hold both
+    stand-ins' manifests: each platform locked on its own base, one context per platform, both built, one index."""
+    checkout = tmp_path / "checkout"
+    (checkout / "lockfiles" / "base").mkdir(parents=True)
+    shutil.copyfile(manifests["amd64"], checkout / "lockfiles" / "base" / "vllm-openai-v0.26.0.json")
+    shutil.copyfile(manifests["arm64"], checkout / "lockfiles" / "base" / "vllm-openai-v0.26.0-linux-arm64.json")
+    repo = f"{REGISTRY}/platforms-main/vllm"
+    t0 = time.monotonic()
+    r = subprocess.run([BUILD_IMAGE, "--vllm", "0.26.0", "--platform", "linux/amd64,linux/arm64", "--no-patches",
+                        "--no-default-overlay", "--no-index", "--find-links", str(standin_findlinks(OVERLAY)),
+                        "--with", OVERLAY[0], "-o", str(tmp_path / "ctx"), "--tag", repo, "--push", "--json"],
+                       cwd=checkout, capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stderr[-4000:]
+    summary = json.loads(r.stdout)
+    print(f"\nmain job, both platforms: {time.monotonic() - t0:.1f}s; stages {summary['stages_s']}")
+    assert summary["status"] == "pushed" and summary["platforms"] == ["linux/amd64", "linux/arm64"]
+    for name, machine in (("linux/amd64", "x86_64"), ("linux/arm64", "aarch64")):
+        one = summary["per_platform"][name]
+        lock = (checkout / one["lock"]) if not Path(one["lock"]).is_absolute() else Path(one["lock"])
+        assert lock.is_file() and f"# platform: {machine}-" in lock.read_text()
+        assert one["image_id"].startswith("sha256:")
+    assert (tmp_path / "ctx" / "platforms.json").is_file()
+    raw = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{summary['index_tags'][0]}"],
+                         capture_output=True, timeout=120)
+    assert raw.returncode == 0, raw.stderr
+    index = json.loads(raw.stdout)
+    assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    assert sorted(m["platform"]["architecture"] for m in index["manifests"]) == ["amd64", "arm64"]
+    assert summary["digest"] == "sha256:" + hashlib.sha256(raw.stdout).hexdigest()

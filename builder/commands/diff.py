@@ -119,8 +119,16 @@ def parse_checked(text: str, where: str, strict: bool = False):
     return parse_lock(text, where, strict=strict)
 
 
-def _manifest_name(vllm: str) -> str:
-    return f"vllm-openai-v{vllm}.json"
+def _manifest_name(vllm: str, lock=None) -> str:
+    """The shipped base manifest's file name of the lock's release and platform (its header's ``platform``:
+    an aarch64 lock's base is ``vllm-openai-vX-linux-arm64.json``)."""
+    from builder import platforms  # why: this module loads for --help; the platform only when a lock is read
+
+    try:
+        platform = platforms.from_uv_platform((lock.header.get("platform") if lock is not None else "") or "")
+    except BadInput:
+        platform = platforms.DEFAULT
+    return f"vllm-openai-v{vllm}{platform.file_suffix()}.json"
 
 
 _PARSED: dict[str, object] = {}
@@ -150,8 +158,9 @@ def _file_manifest(lock, lock_path: Path, explicit: Path | None, notes: list[str
     vllm = lock.header.get("vllm")
     if not vllm:
         return None, None
-    name = _manifest_name(vllm)
-    for cand in (lock_path.resolve().parent.parent / "base" / name, Path("lockfiles/base") / name,
+    name = _manifest_name(vllm, lock)
+    here = lock_path.resolve().parent  # lockfiles/vllm-X/ (or lockfiles/vllm-X/linux-arm64/)
+    for cand in (here.parent / "base" / name, here.parent.parent / "base" / name, Path("lockfiles/base") / name,
                  data_path("lockfiles/base") / name):
         if cand.is_file():
             return _manifest_from_text(cand.read_text(encoding="utf-8"), str(cand), lock, notes), str(cand)
@@ -164,7 +173,7 @@ def _git_manifest(git: Git, rev: str, label: str, lock, explicit: Path | None, n
     vllm = lock.header.get("vllm")
     if not vllm:
         return None, None
-    path = f"lockfiles/base/{_manifest_name(vllm)}"
+    path = f"lockfiles/base/{_manifest_name(vllm, lock)}"
     blob = git.show(rev, path)
     if blob is None:
         return None, None

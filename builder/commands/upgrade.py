@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from builder.commands import mark_direction
+from builder.commands import mark_direction, platform_option
 from builder.errors import BadInput
 from builder.events import SILENT, PlainReporter
 from builder.report import emit_text
@@ -57,9 +57,12 @@ from builder.validate import release_direction, version_string
                    "naming the missing distribution and both ways through.")
 @click.option("--accept-undecided", "accept_undecided", multiple=True, metavar="FILE:LINE",
               help="Replay B's image without this RUN line the recipe reader cannot decide (recorded in lacks).")
+@platform_option(help_extra=" Each other platform gets its own section: B's base of that platform (shipped, or "
+                 "reconstructed from the release's step for it), its moves against A's, and A's overlay locked on it "
+                 "(with -o: its manifest, recipes table and lock).")
 def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_, no_default_overlay, base_from,
             base_to, series_dir, from_wheel, to_wheel, find_links, no_index, probe_python, allow_downgrade=False,
-            force=False, relax=(), strict=False, accept_undecided=()):
+            force=False, relax=(), strict=False, accept_undecided=(), platform=None):
     """Upgrade to vLLM B as one reviewable report.
 
     Reconstructs B's base manifest if none is shipped, ports A's patch series
@@ -82,9 +85,11 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
     read; 7 download/sha256 failure; 12 uv or another helper failed; 14 another run
     holds -o; 130/143 interrupted.
     """
+    from builder import platforms
     from builder import upgrade as U
     from builder.resolve.stepindex import parse_relaxations
 
+    targets = platforms.parse_list(platform)
     version_string(to_version, where="--to")
     parse_relaxations(relax)
     if from_version is None:
@@ -94,14 +99,14 @@ def command(to_version, from_version, fmt, out_dir, spec_path, lock_from, with_,
     direction = release_direction(from_version, to_version, allow_downgrade=allow_downgrade)
     if out_dir:  # the output rule, before any work: nothing under DIR is replaced that build-image did not write
         check_writable_dir(out_dir)  # a read-only DIR: exit 2 naming it, before any work
-        U.check_outputs(out_dir, from_version, to_version, fmt, base_to=base_to, force=force)
+        U.check_outputs(out_dir, from_version, to_version, fmt, base_to=base_to, force=force, platforms=targets)
     reporter = PlainReporter().scoped("upgrade: ") if fmt == "text" or out_dir else SILENT
     rep = U.upgrade(from_version=from_version, to_version=to_version, series_dir=series_dir, from_wheel=from_wheel,
                     to_wheel=to_wheel, base_from=base_from, base_to=base_to, lock_from=lock_from,
                     with_=list(with_) or None, default_overlay=False if no_default_overlay else None,
                     find_links=find_links, no_index=no_index, spec_path=spec_path, out_dir=out_dir,
                     probe_python=probe_python, reporter=reporter, relax=tuple(relax), auto_relax=not strict,
-                    accept_undecided=tuple(accept_undecided))
+                    accept_undecided=tuple(accept_undecided), platforms=targets)
     text = mark_direction(U.render(rep, fmt), fmt, direction, from_version, to_version)
     if out_dir:
         dest = U.report_path(out_dir, from_version, to_version, fmt)

@@ -105,7 +105,6 @@ class Release:
     base: ResolvedBase | None       # the shipped or given manifest; None for an image reference
     base_value: str | None          # the --base value (an image reference is snapshotted from it)
     series: Series | None
-    platform: Platform = DEFAULT    # the image platform the run locks, gates, renders and builds for
 
 
 def release_context(req: PipelineRequest) -> Release:
@@ -123,7 +122,7 @@ def release_context(req: PipelineRequest) -> Release:
     if not req.no_patches:
         series = load_series(req.series if req.series else shipped_series(vllm), vllm)
     base = resolve_base(spec.base, vllm, kind=kind, platform=spec.platform) if kind != "image" else None
-    return Release(vllm=vllm, base_kind=kind, base=base, base_value=spec.base, series=series, platform=spec.platform)
+    return Release(vllm=vllm, base_kind=kind, base=base, base_value=spec.base, series=series)
 
 
 @dataclass(frozen=True)

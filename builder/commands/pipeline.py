@@ -105,8 +105,7 @@ def _emit(as_json: bool, summary: dict) -> None:
         lines.append(f"tag {t}")
     if summary.get("digest"):
         lines.append(f"pushed {summary['pinned']}")
-    lines.append("time " + ", ".join(f"{k} {v}s" for k, v in summary["stages_s"].items())
-                 + f"; total {summary.get('total_s')}s")
+    lines.append(_time_line(summary))
     click.echo("\n".join(lines))
 
 
@@ -121,6 +120,11 @@ def _emit_platforms(summary: dict) -> None:
         lines.append(f"index tag {t}")
     if summary.get("digest"):
         lines.append(f"pushed index {summary['pinned']}")
-    lines.append("time " + ", ".join(f"{k} {v}s" for k, v in summary["stages_s"].items())
-                 + f"; total {summary.get('total_s')}s")
+    lines.append(_time_line(summary))
     click.echo("\n".join(lines))
+
+
+def _time_line(summary: dict) -> str:
+    """Each stage's seconds and the total, as the summary's last line."""
+    return ("time " + ", ".join(f"{k} {v}s" for k, v in summary["stages_s"].items())
+            + f"; total {summary.get('total_s')}s")

@@ -21,9 +21,7 @@ the previous context (or nothing), never half of a multi-platform one.
 
 from __future__ import annotations
 
-import os
 import shutil
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,10 +30,17 @@ from builder.errors import BadInput
 from builder.events import SILENT, Reporter
 from builder.image.multiplatform import PLATFORMS_FILE, PLATFORMS_SCHEMA, held_platforms, index_lock_hash
 from builder.image.naming import default_repo, image_tags
-from builder.image.render import check_replaceable, from_ref, render_context, render_inputs
+from builder.image.render import (
+    check_replaceable,
+    from_ref,
+    render_context,
+    render_inputs,
+    swap_into_place,
+    sweep_leftovers,
+)
 from builder.platforms import Platform
 from builder.report import render_json
-from builder.util import file_digest, output_lock
+from builder.util import file_digest, output_lock, temp_path
 
 
 @dataclass(frozen=True)
@@ -97,23 +102,16 @@ def write_platforms_context(out: Path, vllm: str, repo: str, targets: Sequence[P
         else:
             check_replaceable(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-        old = None
+        sweep_leftovers(out)  # what a killed render of ``out`` left beside it (we hold its lock)
+        tmp = temp_path(out)  # made inside the try: an interrupt just after the mkdir still removes it
         try:
+            tmp.mkdir(mode=0o755)
             contexts = [render_one(p, tmp / p.slug) for p in targets]
             doc = platforms_plan(vllm, repo, contexts)
             (tmp / PLATFORMS_FILE).write_text(render_json(doc), encoding="utf-8")
-            os.chmod(tmp, 0o755)
-            if out.exists():
-                old = out.parent / f".{out.name}.old-{os.getpid()}"
-                os.replace(out, old)
-            os.replace(tmp, out)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            swap_into_place(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
-            if old is not None and old.exists() and not out.exists():
-                os.replace(old, out)
             raise
     return RenderedPlatforms(out_dir=out, vllm=vllm, index_tags=tuple(doc["index_tags"]),
                             platforms=tuple(contexts))

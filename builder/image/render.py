@@ -453,7 +453,6 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
     check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(out)  # made inside the try: an interrupt just after the mkdir still removes it
-    old: Path | None = None
     try:
         tmp.mkdir(mode=0o700)  # under the output lock, after the sweep: no other run's temp has this name
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
@@ -503,18 +502,28 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
             for d in dn:
                 os.chmod(os.path.join(dp, d), 0o755)
         os.chmod(tmp, 0o755)
+        swap_into_place(tmp, out)
+        return sorted(written)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def swap_into_place(tmp: Path, out: Path) -> None:
+    """Put the finished folder ``tmp`` at ``out`` by two renames, the previous ``out`` (if any) removed after;
+    interrupted between the two renames, the previous one comes back (the caller removes ``tmp``)."""
+    old: Path | None = None
+    try:
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}"
             os.replace(out, old)
         os.replace(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        return sorted(written)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and old.exists() and not out.exists():
-            os.replace(old, out)  # interrupted between the two renames: the previous context comes back
+            os.replace(old, out)
         raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- context verification (build time)

@@ -828,6 +828,17 @@ def leave_out_unversioned(recipe: Recipe, absent, manifest: BaseManifest, unmatc
     return lacks, unversioned
 
 
+def _scratch_tree(keep: Path | None) -> Path:
+    """The folder the replay installs into: ``--keep DIR`` (empty, kept) or a scratch folder (removed after)."""
+    if keep is None:
+        return Path(tempfile.mkdtemp(prefix="bi-reconstruct-"))
+    scratch = Path(keep)
+    if scratch.exists() and any(scratch.iterdir()):
+        raise BadInput(f"--keep {scratch}: the directory is not empty.")
+    scratch.mkdir(parents=True, exist_ok=True)
+    return scratch
+
+
 def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, find_links: list[str] | None = None,
                 no_index: bool = False, index_url: str | None = None, keep: Path | None = None,
                 progress: Callable[[str], None] | None = None, recipe: Recipe | None = None,
@@ -854,11 +865,7 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
     t0 = time.monotonic()
     uploaded, instant = release_instant(index, recipe.vllm, recipe.python.value, recipe.platform)
     timings["index"] = time.monotonic() - t0
-    scratch = Path(tempfile.mkdtemp(prefix="bi-reconstruct-")) if keep is None else Path(keep)
-    if keep is not None:
-        if scratch.exists() and any(scratch.iterdir()):
-            raise BadInput(f"--keep {scratch}: the directory is not empty.")
-        scratch.mkdir(parents=True, exist_ok=True)
+    scratch = _scratch_tree(keep)
     target = scratch / "dist-packages"
     work = Path(tempfile.mkdtemp(prefix="bi-replay-"))
     try:

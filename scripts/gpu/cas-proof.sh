@@ -2,7 +2,8 @@
 # The release matrix from the content-addressed bundle (scripts/gpu/cas_pack.py), one device call per part:
 #   scripts/gpu/cas-proof.sh recv N      carry .bundle/cas/manifest.json and .bundle/cas/cNNN: the part kept, every
 #                                        layer whose parts are all here installed in the background (cas_device.py)
-#   RELEASES=... [REF_RELEASES=...] [UNPATCHED=...] [PATCHED=0] [SERVE_RELEASES=...] [COLD_FORMATS=...] \
+#   RELEASES=... [REF_RELEASES=...] [UNPATCHED=...] [PATCHED=0|LIST] [SERVE_RELEASES=...] [GATE_RELEASE=V] \
+#     [COLD_FORMATS=...] \
 #     scripts/gpu/cas-proof.sh launch N
 #                                        part N, then scripts/gpu/matrix-run.sh in the background (it waits for each
 #                                        release's layers itself); the call returns at once
@@ -26,7 +27,7 @@ case "${1:-}" in
     [ -n "${RELEASES:-}" ] || { echo "launch: set RELEASES"; exit 2; }
     [ -z "${2:-}" ] || python3 "$REPO/scripts/gpu/cas_device.py" recv "$CASB" "$2" || exit $?
     export RELEASES REF_RELEASES="${REF_RELEASES:-}" SERVE_RELEASES="${SERVE_RELEASES:-}" COLD_FORMATS="${COLD_FORMATS:-}" \
-      UNPATCHED="${UNPATCHED:-}" PATCHED="${PATCHED:-1}"
+      UNPATCHED="${UNPATCHED:-}" PATCHED="${PATCHED:-1}" GATE_RELEASE="${GATE_RELEASE:-none}"
     export MAXJOBS="${MAXJOBS:-6}" NOWAIT=1
     # the run works from a copy of the checkout: the device tool sends the checkout again with every call, and a
     # boot that imported builder while a call was arriving failed with "No module named 'builder.cli'" (2026-12-03)

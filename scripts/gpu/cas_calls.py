@@ -46,13 +46,16 @@ def launch_part(m: dict) -> int:
 
 def calls(m: dict, bundle: str, env: str, parts: list[int], launch: bool = True) -> list[tuple[str, str]]:
     man = f"{bundle}/manifest.json"
+    if bundle.rstrip("/") != ".bundle/cas":  # the device side reads the parts where they were carried
+        env = f"CASB={bundle} {env}".strip()
     out = []
     lp = launch_part(m)
     if launch and lp not in parts:  # its parts are there already: launch on the first call
         out.append((man, f"{env} {CMD} launch".strip()))
     for i in parts:
         carry = f"{man} {bundle}/{m['cas']['parts'][i]['dir']}"
-        out.append((carry, f"{env} {CMD} launch {i}".strip() if launch and i == lp else f"{CMD} recv {i}"))
+        recv = f"{env.split()[0]} {CMD} recv {i}" if env.startswith("CASB=") else f"{CMD} recv {i}"
+        out.append((carry, f"{env} {CMD} launch {i}".strip() if launch and i == lp else recv))
     return out + [("", f"WAIT=560 {CMD} wait")]
 
 

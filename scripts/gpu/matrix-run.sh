@@ -14,7 +14,12 @@
 #   UNPATCHED="0.26.0 0.33.0": for these releases also the unpatched boots, started with the others:
 #       u-V-qwen3-sparse (utilization 0.5, GPU_GATE=ex), u-V-gemma4-ple-long (fixed KV, sh) and the reference
 #       u-V-gemma4-ple-ref; each names its failure in its report (boot error, or a probe unlike the reference's).
-#   PATCHED=0: no patched boots and no patch apply (a run of the unpatched boots only).
+#   PATCHED=0: no patched boots and no patch apply (a run of the unpatched boots only); PATCHED="0.33.0 ...": the
+#     patched boots of those releases only (default 1: every release's).
+#   GATE_RELEASE=0.34.0: after the matrix, the output-equivalence gate on that release (release-serve-run.sh's chain
+#     G: a full-attention reference, the noise of a second run, two scaled weights, the layer-type override patched
+#     and unpatched); its patched copy is made whatever PATCHED says, and qwen3-sparse-full is written with the
+#     other checkpoints, by the first release's stack, so that the override rows compare the same weights.
 #   SERVE_RELEASES="0.27.0": then `smoke --serve` with the backend of each one's lock (release-serve-run.sh, no
 #     equivalence gate).
 #   COLD_FORMATS="instanttensor runai_streamer": then the cold-start runs of docs/cold-start.md with vllm 0.26.0
@@ -54,10 +59,16 @@ main(["patch", "apply", "--vllm", sys.argv[1], "--site-packages", sys.argv[2]], 
   say "patch apply $v rc=$(cat "$R/patch-apply-$v.rc"), files differing: $(grep -c differ "$R/patched-files-$v.txt")"
   [ "$(cat "$R/patch-apply-$v.rc")" = 0 ]
 }
+in_list() { case " $2 " in *" $1 "*) return 0 ;; esac; return 1; }   # in_list V "LIST"
+patched_boots() {  # patched_boots V: PATCHED is 1 (every release), 0 (none) or a list of releases
+  case "${PATCHED:-1}" in 1) return 0 ;; 0) return 1 ;; esac
+  in_list "$1" "$PATCHED"
+}
+GATE_RELEASE=${GATE_RELEASE:-none}
 run_release() {  # run_release V UNPATCHED_PP PATCHED_PP: its boots side by side; then its patched copy goes (disk)
   local V=$1 UN=$2 PA=$3
-  local unp=0; case " ${UNPATCHED:-} " in *" $V "*) unp=1 ;; esac
-  if [ "${PATCHED:-1}" != 0 ]; then
+  local unp=0; in_list "$V" "${UNPATCHED:-}" && unp=1
+  if patched_boots "$V"; then
     smoke "p-$V-qwen3-sparse" "$PA" ex --vllm "$V" --model "$CK/qwen3-sparse" "${GT[@]}" &
     smoke "p-$V-gemma4-ple-long" "$PA" sh --vllm "$V" --model "$CK/gemma4-ple-long" "${PAR[@]}" &
   fi
@@ -65,10 +76,10 @@ run_release() {  # run_release V UNPATCHED_PP PATCHED_PP: its boots side by side
     smoke "u-$V-qwen3-sparse" "$UN" ex --vllm "$V" --model "$CK/qwen3-sparse" "${GT[@]}" &
     smoke "u-$V-gemma4-ple-long" "$UN" sh --vllm "$V" --model "$CK/gemma4-ple-long" "${PAR[@]}" &
   fi
-  case " ${REF_RELEASES:-} " in *" $V "*) unp=1 ;; esac
+  in_list "$V" "${REF_RELEASES:-}" && unp=1
   [ $unp = 0 ] || smoke "u-$V-gemma4-ple-ref" "$UN" sh --vllm "$V" --model "$CK/gemma4-ple-ref" "${PAR[@]}" &
   wait
-  case " ${SERVE_RELEASES:-} " in *" $V "*) ;; *) rm -rf "/tmp/L/vllm-$V.patched" ;; esac
+  in_list "$V" "${SERVE_RELEASES:-} $GATE_RELEASE" || rm -rf "/tmp/L/vllm-$V.patched"
 }
 GT=(--gpu-memory-utilization 0.5 --max-model-len 4096 --max-num-seqs 32 --extra-arg=--enforce-eager --extra-arg=--max-num-batched-tokens --extra-arg=8192 --no-plan --boot-timeout 420 --timeout 120 --concurrency 16 --rounds 3 --max-tokens 64 --prompt-tokens 128)
 PAR=(--gpu-memory-utilization 0.08 --no-plan --extra-arg=--kv-cache-memory --extra-arg=2147483648 --max-model-len 2048 --extra-arg=--enforce-eager --boot-timeout 420 --timeout 120 --concurrency 16 --rounds 3 --max-tokens 64 --prompt-tokens 128)
@@ -79,9 +90,9 @@ FREE_GIB=$(python3 -c "print(round(0.5 * $TOTAL_MIB / 1024 + 1, 2))")
 
 if [ -n "${DRYRUN:-}" ]; then  # here, without a GPU: the layers, paths and order, with the boots and the patch stubbed
   smoke() { echo "{}" > "$R/$1.json"; say "$1: (dry run) PYTHONPATH=$2 gate=$3"; sleep 1; }
-  patch_copy() { mkdir -p "$3"; say "patch apply $1 (dry run) on $3 from $2"; }
+  patch_copy() { mkdir -p "$3/vllm"; say "patch apply $1 (dry run) on $3 from $2"; }
 fi
-say "matrix: releases $RELEASES; unpatched boots: ${UNPATCHED:-none}; patched boots: $([ "${PATCHED:-1}" = 0 ] && echo no || echo yes); PLE references: ${REF_RELEASES:-none}; then Serve: ${SERVE_RELEASES:-none}; cold start: ${COLD_FORMATS:-none}"
+say "matrix: releases $RELEASES; unpatched boots: ${UNPATCHED:-none}; patched boots: $(case "${PATCHED:-1}" in 1) echo all ;; 0) echo none ;; *) echo "$PATCHED" ;; esac); PLE references: ${REF_RELEASES:-none}; then Serve: ${SERVE_RELEASES:-none}; gate: $GATE_RELEASE; cold start: ${COLD_FORMATS:-none}"
 nvidia-smi > "$R/nvidia-smi.txt" 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$R/gpu.csv" 2>&1
 { nproc; free -g; df -h /tmp; uname -r; } > "$R/machine.txt" 2>&1
@@ -99,13 +110,14 @@ for V in $RELEASES; do
   say "$V: layers installed ($(for l in $(SERVE=0 release_layers "$V"); do printf '%s %s; ' "$l" "$(cat "/tmp/L/$l.ok")"; done))"
   PYTHONPATH=$UN python3 -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__, torch.__file__)" > "$R/versions-$V.txt" 2>&1 &
   if [ $first = 1 ]; then
-    (cd "$REPO" && PYTHONPATH=$UN python3 -m tests.checkpoints "$CK" qwen3-sparse gemma4-ple-ref gemma4-ple-long) > "$L/checkpoints.log" 2>&1 \
+    extra=(); [ "$GATE_RELEASE" = none ] || extra=(qwen3-sparse-full)
+    (cd "$REPO" && PYTHONPATH=$UN python3 -m tests.checkpoints "$CK" qwen3-sparse gemma4-ple-ref gemma4-ple-long "${extra[@]}") > "$L/checkpoints.log" 2>&1 \
       || say "checkpoint generation FAILED: $(tail -3 "$L/checkpoints.log")"
     for d in "$CK"/*; do cp "$d/config.json" "$R/$(basename "$d").config.json"; done
     say "checkpoints written with $V's torch and transformers"; first=0
   fi
   site=$(echo "$UN" | tr ':' '\n' | grep "/tmp/L/vllm-$V$")
-  if [ "${PATCHED:-1}" != 0 ]; then
+  if patched_boots "$V" || [ "$V" = "$GATE_RELEASE" ]; then
     patch_copy "$V" "$site" "/tmp/L/vllm-$V.patched" "$UN" || { say "$V: patch apply FAILED, its runs skipped"; continue; }
   fi
   throttle
@@ -115,8 +127,8 @@ done
 for j in $(jobs -rp); do [ "$j" = "${CKPID:-}" ] || wait "$j"; done
 say "MATRIX DONE ($((SECONDS - T0)) s)"
 
-if [ -n "${SERVE_RELEASES:-}" ]; then
-  GATE_RELEASE=none "$(dirname "$0")/release-serve-run.sh"
+if [ -n "${SERVE_RELEASES:-}" ] || [ "$GATE_RELEASE" != none ]; then
+  SERVE_RELEASES=${SERVE_RELEASES:-} GATE_RELEASE=$GATE_RELEASE DRYRUN=${DRYRUN:-} "$(dirname "$0")/release-serve-run.sh"
 fi
 
 if [ -n "${COLD_FORMATS:-}" ]; then

@@ -8,7 +8,10 @@
 #   G (GATE_RELEASE, default the first of SERVE_RELEASES; fixed 2 GiB KV caches): qwen3-sparse-full records a
 #     reference, then side by side the same checkpoint again (run-to-run noise), two copies with one weight
 #     scaled (model.norm.weight x GATE_NORM_FACTOR, layer 0's mlp.down_proj x GATE_DOWN_FACTOR: both must FAIL)
-#     and qwen3-sparse under the layer-type override (must PASS);
+#     and qwen3-sparse under the layer-type override (must PASS), patched and unpatched (r-V-sparse-unpatched: what
+#     the release computes for the declared layer type without the rewrite); GATE_RELEASE needs its engine layers
+#     and its patched copy only (no ray layer, and it need not be in SERVE_RELEASES);
+#   DRYRUN=1: here, without a GPU: the order and the paths, the boots and the scaled copies stubbed;
 #   D (DEFAULT_UTIL_RELEASE, when set): qwen3-sparse patched alone with gpu_memory_utilization unset, as the
 #     GT boot of proof-run.sh otherwise (vLLM's own default: 0.34.0's extensible KV cache).
 # Optional steps start only while $SECONDS (since the run began) < RUN_BUDGET_S.
@@ -29,6 +32,9 @@ import json; d=json.load(open('$R/$name.json')); e=d.get('equivalence') or {}; s
 print(d['verdict'], d['boot'], [r['ok'] for r in d['rounds']], 'kv', d['kv_cache']['tokens'], 'backend', s.get('backend'),
       'eq', e.get('verdict'), e.get('first_diff'), e.get('max_abs_dlogprob'), d['failures'][:2])" 2>/dev/null | cut -c1-600)"
 }
+if [ -n "${DRYRUN:-}" ]; then
+  smoke() { echo "{}" > "$R/$1.json"; say "$1: (dry run) PYTHONPATH=$2 ${*:3}"; sleep 1; }
+fi
 in_budget() { [ "$SECONDS" -lt "$BUDGET" ] || { say "$1: skipped (run budget ${BUDGET} s spent)"; return 1; }; }
 COMMON=(--max-model-len 2048 --boot-timeout 420 --timeout 120 --concurrency 16 --rounds 3 --max-tokens 64 --prompt-tokens 128 --no-plan)
 EAGER=(--extra-arg=--enforce-eager)
@@ -73,9 +79,12 @@ chain_serve() {
   say "chain S done"
 }
 chain_gate() {
-  case " $ready " in *" $GATE "*) ;; *) say "gate $GATE SKIPPED: its layers are not ready"; return ;; esac
-  local PA; PA=$(release_pp "$GATE" patched)
-  gate_ckpts
+  [ "$GATE" != none ] && [ -n "$GATE" ] || return 0
+  # shellcheck disable=SC2046  # one word per layer
+  if ! why=$(SERVE=0 await_layers $(SERVE=0 release_layers "$GATE")); then say "gate $GATE SKIPPED: layers ($why)"; return; fi
+  [ -d "/tmp/L/vllm-$GATE.patched/vllm" ] || { say "gate $GATE SKIPPED: no patched copy (/tmp/L/vllm-$GATE.patched)"; return; }
+  local PA UN; PA=$(release_pp "$GATE" patched); UN=$(release_pp "$GATE")
+  if [ -n "${DRYRUN:-}" ]; then say "gate checkpoints (dry run)"; : > "$F/$GATE-qwen3-full.json"; else gate_ckpts; fi
   in_budget "gate $GATE" || return
   smoke "r-$GATE-full-1" "$PA" --vllm "$GATE" --model "$CK/qwen3-sparse-full" "${PAR[@]}" "${EAGER[@]}" "${COMMON[@]}" \
     --save-reference "$F/$GATE-qwen3-full.json"
@@ -88,6 +97,8 @@ chain_gate() {
     "${EAGER[@]}" "${COMMON[@]}" --reference "$F/$GATE-qwen3-full.json" &
   smoke "r-$GATE-sparse" "$PA" --vllm "$GATE" --model "$CK/qwen3-sparse" "${PAR[@]}" "${EAGER[@]}" "${COMMON[@]}" \
     --reference "$F/$GATE-qwen3-full.json" &
+  smoke "r-$GATE-sparse-unpatched" "$UN" --vllm "$GATE" --model "$CK/qwen3-sparse" "${PAR[@]}" "${EAGER[@]}" \
+    "${COMMON[@]}" --reference "$F/$GATE-qwen3-full.json" &
   wait
   say "chain G done"
 }

@@ -62,7 +62,7 @@ def cached_path(sha256: str, filename: str) -> Path:
     return downloads_dir() / sha256 / filename
 
 
-def _verified(path: Path, sha256: str) -> bool:
+def verified(path: Path, sha256: str) -> bool:
     try:
         return path.is_file() and file_digest(path) == sha256
     except OSError:
@@ -80,7 +80,7 @@ def fetch(url: str, sha256: str, *, filename: str | None = None, reporter: Repor
     name = filename or _filename_of(url)
     dest = cached_path(sha256, name)
     if dest.exists():
-        if _verified(dest, sha256):
+        if verified(dest, sha256):
             return dest
         # partial / corrupt / tampered cache entry: drop it and fetch again
         dest.unlink(missing_ok=True)
@@ -211,7 +211,7 @@ def pick_manylinux_x86_64(files: list[dict]) -> dict | None:
 def _find_cached_wheel(version: str, sha256: str) -> Path | None:
     folder = downloads_dir() / sha256
     for p in sorted(folder.glob(f"vllm-{version}-*.whl")) if folder.is_dir() else []:
-        if _verified(p, sha256):
+        if verified(p, sha256):
             return p
     return None
 

@@ -5,7 +5,7 @@ ground floor``: a module imports only from its own layer or the ones below it, e
 layer) and the absence of import circles are contracts of ``lint-imports`` (``[tool.importlinter]``
 in pyproject.toml, run by scripts/test.sh after ruff); the tests below check that the contracts
 catch what they forbid.  Here: a function-level import of the package says why (a comment on its
-line), and each folder says what it offers.
+line), no module imports another's private name, and each folder says what it offers.
 """
 
 from __future__ import annotations
@@ -89,7 +89,32 @@ def unexplained_lazy_imports(root: Path) -> list[str]:
     return out
 
 
+def private_imports(root: Path) -> list[str]:
+    """``from builder.x import _name``: a module reaching into another's private names (a name both
+    need is public in the module that owns it)."""
+    out = []
+    for name, path in modules(root).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("builder"):
+                out += [f"{name} line {node.lineno}: {a.name} from {node.module}" for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
 # ----------------------------------------------------------------------------- the package itself
+
+
+def test_no_module_imports_another_modules_private_names():
+    assert private_imports(ROOT) == []
+
+
+def test_a_private_import_is_found(tmp_path):
+    pkg = tmp_path / "builder"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""x"""\n')
+    (pkg / "a.py").write_text("def _helper():\n    return 1\n")
+    (pkg / "b.py").write_text("from builder.a import _helper\nfrom builder import a as _a\n")
+    assert private_imports(tmp_path) == ["builder.b line 1: _helper from builder.a"]
 
 
 def test_function_level_imports_of_the_package_say_why():

@@ -73,7 +73,7 @@ from builder.platforms import DEFAULT, Platform
 from builder.resolve.baseref import resolve_base, vllm_on_base
 from builder.resolve.floor import checker_path, consistency_tool
 from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock
-from builder.resolve.lockstage import Locked, _read
+from builder.resolve.lockstage import Locked, read_lock_file
 from builder.resolve.manifest import BaseManifest
 from builder.resolve.pylock import PYLOCK_NAME
 from builder.resolve.twin import same_pins
@@ -700,7 +700,7 @@ def render_inputs(spec, *, lock_file: str | Path | None = None, base: str | None
     else:
         resolved = resolve_base(base or spec.base, spec.vllm, platform=spec.platform)
         lock_path = Path(lock_file) if lock_file else spec.lock_path
-        lock, text = _read(lock_path)  # BadInput naming the file/line when missing or malformed
+        lock, text = read_lock_file(lock_path)  # BadInput naming the file/line when missing or malformed
     vllm_on_base(resolved, spec.vllm)  # a base with another vllm: exit 2 naming both
     manifest = resolved.manifest
     return RenderInputs(manifest=manifest, lock=lock, lock_text=text, lock_path=lock_path, base_data=resolved.data)

@@ -16,11 +16,11 @@ from builder.util import (
     canonical_name,
 )
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+ANSI_RE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 def trim_derivation(stderr: str, max_lines: int = 30) -> str:
-    lines = [_ANSI.sub("", ln).rstrip() for ln in stderr.splitlines()]
+    lines = [ANSI_RE.sub("", ln).rstrip() for ln in stderr.splitlines()]
     lines = [ln for ln in lines if ln.strip() and not ln.lstrip().startswith(("Resolved ", "Using ", "warning: "))]
     if len(lines) > max_lines:
         lines = lines[:max_lines] + [f"  ... ({len(lines) - max_lines} more lines)"]
@@ -30,7 +30,7 @@ def trim_derivation(stderr: str, max_lines: int = 30) -> str:
 def involved_base_pins(derivation: str, base: BaseManifest, released: Iterable[str] = ()) -> list[str]:
     """Base distributions (canonical names) whose pin appears in uv's derivation."""
     released = {canonical_name(r) for r in released}
-    text = _ANSI.sub("", derivation)
+    text = ANSI_RE.sub("", derivation)
     names = set()
     for m in re.finditer(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([0-9][^\s,;)]*)", text):
         key = canonical_name(m.group(1))
@@ -79,7 +79,7 @@ def wanted_specifier(derivation: str, name: str, pinned: str) -> str | None:
     what is wanted; one in *subject* position ("X>=5.0 depends on numpy>=2", "... and
     X>=5.0 are incompatible") is the range that conflicts, so its complement is suggested
     (``X<5.0``) when it is a single bound, else nothing."""
-    text = _ANSI.sub("", derivation)
+    text = ANSI_RE.sub("", derivation)
     name_pat = "[-_.]+".join(re.escape(p) for p in canonical_name(name).split("-"))
     pat = re.compile(r"(?<![A-Za-z0-9._-])" + name_pat +
                      r"(?:\{[^}]*\})?((?:[<>=!~]=?[^\s,]+)(?:,[<>=!~]=?[^\s,]+)*)", re.I)

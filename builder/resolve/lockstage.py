@@ -144,7 +144,7 @@ def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = 
                   pylock=str(twin_path(lock_path)), messages=tuple(said), seconds=time.monotonic() - t_start)
 
 
-def _read(lock_path: Path) -> tuple[LockFile, str | None]:
+def read_lock_file(lock_path: Path) -> tuple[LockFile, str | None]:
     """The lock on disk, read once: (lock, text; None for a pylock.toml, which the context
     does not carry verbatim)."""
     try:

@@ -47,7 +47,7 @@ from builder.resolve.index import format_time
 from builder.resolve.lock import target_tags
 from builder.resolve.manifest import BaseManifest, target_environment
 from builder.resolve.recipe import (
-    _INSTALLED_RE,
+    INSTALLED_RE,
     Recipe,
     Step,
     derive,
@@ -135,7 +135,7 @@ def release_instant(index, vllm: str, python: str, platform: str) -> tuple[datet
 
 # --------------------------------------------------------------------------- pure planning
 _INDEX_OPTION = re.compile(r"^\s*(--extra-index-url|--index-url|-i|--find-links|-f|--trusted-host)\b")
-_INSTALLED_MARK = _INSTALLED_RE
+_INSTALLED_MARK = INSTALLED_RE
 
 
 def sanitized_requirements(text: str) -> str:

@@ -19,7 +19,7 @@ import tarfile
 from pathlib import Path
 
 from builder.errors import BadInput, IntegrityError
-from builder.fetch import _verified, cached_path, fetch
+from builder.fetch import cached_path, fetch, verified
 from builder.resolve import index as ix
 from builder.resolve.recipe import DOCKERFILE, PIPELINE, BuildFiles, SdistRef
 from builder.validate import version_string
@@ -36,7 +36,7 @@ def sdist_name(vllm: str) -> str:
 
 def _cached(sha256: str, name: str) -> Path | None:
     p = cached_path(sha256, name)
-    return p if _verified(p, sha256) else None
+    return p if verified(p, sha256) else None
 
 
 def sdist_file(vllm: str, *, sha256: str | None = None, index=None) -> tuple[Path, SdistRef]:

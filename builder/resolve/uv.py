@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from builder.errors import ExternalToolError
-from builder.resolve.explain import _ANSI
+from builder.resolve.explain import ANSI_RE
 from builder.scratch import die_with_parent
 
 
@@ -169,6 +169,6 @@ def find_uv() -> str:
 
 
 def is_resolution_failure(stderr: str) -> bool:
-    s = _ANSI.sub("", stderr)
+    s = ANSI_RE.sub("", stderr)
     return "No solution found" in s or "unsatisfiable" in s.lower() or "requirements are unsatisfiable" in s
 

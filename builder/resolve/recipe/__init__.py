@@ -50,8 +50,8 @@ from builder.resolve.recipe.model import (
     Where,
 )
 from builder.resolve.recipe.shell import (
-    _INSTALLED_RE,
     INSTALLED,
+    INSTALLED_RE,
     AndOr,
     Cmd,
     Group,
@@ -99,7 +99,7 @@ __all__ = [
     "SdistRef",
     "Step",
     "Where",
-    "_INSTALLED_RE",
+    "INSTALLED_RE",
     "INSTALLED",
     "AndOr",
     "Cmd",

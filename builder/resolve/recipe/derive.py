@@ -13,13 +13,13 @@ from builder.platforms import DEFAULT, Platform
 from builder.resolve.recipe.dockerfile import (
     Instruction,
     Stage,
-    _split_arg,
     check_published,
     parse_dockerfile,
     release_step,
+    split_arg,
     stage_chain,
 )
-from builder.resolve.recipe.interpret import OFF_INDEX_COMMANDS, _apt_packages, _Ctx, _mounts, _run
+from builder.resolve.recipe.interpret import OFF_INDEX_COMMANDS, ScriptContext, apt_packages, run_mounts, run_script
 from builder.resolve.recipe.model import (
     DOCKERFILE,
     PIPELINE,
@@ -55,7 +55,7 @@ def global_args(pre: Iterable[Instruction], build_args: Mapping[str, Derived], d
     for ins in pre:
         if ins.op != "ARG":
             continue
-        for k, v in _split_arg(ins.value):
+        for k, v in split_arg(ins.value):
             if k in build_args:
                 glob[k] = Var(build_args[k].value, build_args[k].where)
             elif v is not None:
@@ -133,7 +133,7 @@ class _Walk:
     accept_undecided: frozenset[str] = frozenset()  # "file:line" of RUN lines replayed as nothing
 
     def arg(self, value: str, w: Where, local: dict[str, Var]) -> None:
-        for k, v in _split_arg(value):
+        for k, v in split_arg(value):
             if k in self.build_args:
                 local[k] = Var(self.build_args[k].value, self.build_args[k].where)
             elif v is None:
@@ -158,8 +158,8 @@ class _Walk:
                 self.overrides = (tuple(ln.strip() for ln in content[0].splitlines() if ln.strip()), (content[1], w))
 
     def run(self, st: Stage, value: str, w: Where, local: dict[str, Var], copies: Mapping[str, str]) -> None:
-        script_mounts, binds, script = _mounts(value)
-        for pkg in _apt_packages(script, _getter(local)):
+        script_mounts, binds, script = run_mounts(value)
+        for pkg in apt_packages(script, _getter(local)):
             self.apt.setdefault(pkg, w)
         if re.search(r"update-alternatives --install /usr/bin/python3", script):
             self.python_line = w
@@ -170,11 +170,11 @@ class _Walk:
             p in script for p in _override_targets(st.instructions))
         if not wants and not any(" ".join(k) in script for k in OFF_INDEX_COMMANDS):
             return
-        ctx = _Ctx(vars=dict(local), files=self.written, mounts={**copies, **script_mounts}, binds=binds,
+        ctx = ScriptContext(vars=dict(local), files=self.written, mounts={**copies, **script_mounts}, binds=binds,
                    stage=st.name or "", where=w, steps=self.steps, overrides=self.overrides, fetches=self.fetches,
                    sdist_files=frozenset(self.files.files), sdist_text=dict(self.files.files))
         try:
-            _run(parse_script(script), ctx)
+            run_script(parse_script(script), ctx)
         except Unknown as exc:
             if str(w) in self.accept_undecided:
                 self.steps.append(Step(len(self.steps) + 1, st.name or "", w, "undecided",

@@ -260,7 +260,7 @@ def stage_chain(stages: tuple[Stage, ...], target: str, path: str = DOCKERFILE) 
     return list(reversed(chain))
 
 
-def _split_arg(value: str) -> list[tuple[str, str | None]]:
+def split_arg(value: str) -> list[tuple[str, str | None]]:
     out = []
     for tok in shlex.split(value):
         k, eq, v = tok.partition("=")

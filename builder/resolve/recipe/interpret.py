@@ -14,7 +14,7 @@ from packaging.utils import canonicalize_name
 from builder.resolve import sedit
 from builder.resolve.recipe.model import Derived, Step, Where
 from builder.resolve.recipe.shell import (
-    _INSTALLED_RE,
+    INSTALLED_RE,
     AndOr,
     Case,
     Cmd,
@@ -41,7 +41,7 @@ OFF_INDEX_COMMANDS = {
 
 # --------------------------------------------------------------------------- interpretation
 @dataclass
-class _Ctx:
+class ScriptContext:
     vars: dict[str, Var]
     files: dict[str, tuple[str, Where]]  # image path -> content (or a marker), where it was written
     mounts: dict[str, str]  # image path (file or folder) -> sdist path
@@ -91,10 +91,10 @@ def _relevant(node) -> bool:
     return False
 
 
-def _run_seq(node: Seq, ctx: _Ctx) -> bool | str:
+def _run_seq(node: Seq, ctx: ScriptContext) -> bool | str:
     status: bool | str = True
     for x in node.items:
-        status = _run(x, ctx)
+        status = run_script(x, ctx)
     return status
 
 
@@ -102,9 +102,9 @@ def _is_test(node) -> bool:
     return isinstance(node, Cmd) and bool(node.words) and node.words[0] in ("[", "test")
 
 
-def _run_andor(node: AndOr, ctx: _Ctx) -> bool | str:
+def _run_andor(node: AndOr, ctx: ScriptContext) -> bool | str:
     try:
-        status = _run(node.first, ctx)
+        status = run_script(node.first, ctx)
     except Unknown as exc:
         if _is_test(node.first) and not any(_relevant(x) for _, x in node.rest):
             return True  # a test that decides nothing the reader must know
@@ -118,14 +118,14 @@ def _run_andor(node: AndOr, ctx: _Ctx) -> bool | str:
             if isinstance(status, str):
                 outer = ctx.when
                 ctx.when = status.split(":", 1)[1]
-                status2 = _run(x, ctx)
+                status2 = run_script(x, ctx)
                 ctx.when = outer
                 status = status2 if status2 is not True else status
                 continue
-            status = _run(x, ctx)
+            status = run_script(x, ctx)
         else:  # || : the left side is taken; the right side is the documented fallback
             if status is False:
-                status = _run(x, ctx)
+                status = run_script(x, ctx)
             elif _relevant(x) and ctx.steps and ctx.steps[-1].where == ctx.where:
                 text = _describe(x)
                 ctx.steps[-1] = replace(ctx.steps[-1], fallback=text,
@@ -133,27 +133,27 @@ def _run_andor(node: AndOr, ctx: _Ctx) -> bool | str:
     return status
 
 
-def _fallback_steps(node, ctx: _Ctx, failed: Step) -> tuple[Step, ...]:
+def _fallback_steps(node, ctx: ScriptContext, failed: Step) -> tuple[Step, ...]:
     """The install steps the right side of ``a || b`` runs when ``a`` (the step ``failed``) fails: read in a
     copy of the context (its assignments and files do not leak), numbered after ``failed``.  A fallback the
     reader cannot decide is recorded as text only (the replay then cannot take it)."""
     scratch = replace(ctx, vars=dict(ctx.vars), files=dict(ctx.files), steps=[], fetches=[],
                       edits={k: list(v) for k, v in ctx.edits.items()})
     try:
-        _run(node, scratch)
+        run_script(node, scratch)
     except Unknown:
         return ()
     return tuple(replace(s, n=failed.n, fallback=None, fallback_steps=()) for s in scratch.steps
                  if s.replay in ("index", "uninstall"))
 
 
-def _run_opaque(node: Opaque, ctx: _Ctx) -> bool:
+def _run_opaque(node: Opaque, ctx: ScriptContext) -> bool:
     if re.search(r"\bpip\b", node.text):
         raise Unknown(f"a compound command that installs ({node.text[:60]}...)")
     return True
 
 
-def _run_if(node: If, ctx: _Ctx) -> bool | str:
+def _run_if(node: If, ctx: ScriptContext) -> bool | str:
     for cond, body in node.branches:
         try:
             c = _cond(cond, ctx)
@@ -163,19 +163,19 @@ def _run_if(node: If, ctx: _Ctx) -> bool | str:
                 return True
             raise Unknown(f"the if condition {_describe(cond)!r} ({exc})") from None
         if c is True:
-            return _run(body, ctx)
+            return run_script(body, ctx)
         if isinstance(c, str):
             outer = ctx.when
             ctx.when = c.split(":", 1)[1]
-            _run(body, ctx)
+            run_script(body, ctx)
             ctx.when = outer
             return True
     if node.otherwise is not None:
-        return _run(node.otherwise, ctx)
+        return run_script(node.otherwise, ctx)
     return True
 
 
-def _run_case(node: Case, ctx: _Ctx) -> bool | str:
+def _run_case(node: Case, ctx: ScriptContext) -> bool | str:
     try:
         word = "".join(expand(node.word, ctx.get, split=False))
     except Unknown as exc:
@@ -189,7 +189,7 @@ def _run_case(node: Case, ctx: _Ctx) -> bool | str:
             except Unknown as exc:
                 raise Unknown(f"the case pattern {pat} ({exc})") from None
             if fnmatch.fnmatchcase(word, p):
-                return _run(body, ctx)
+                return run_script(body, ctx)
     return True
 
 
@@ -199,7 +199,7 @@ NODE_RULES: dict[type, Callable] = {
     Seq: _run_seq,                                   # a; b        each in order, the last one's status
     AndOr: _run_andor,                               # a && b      b when a succeeds (or may, by install state)
     #                                                  a || b      a; b is recorded as the fallback
-    Group: lambda node, ctx: _run(node.body, ctx),   # ( a )       as a
+    Group: lambda node, ctx: run_script(node.body, ctx),   # ( a )       as a
     Pipe: lambda node, ctx: True,                    # a | b       installs nothing the reader must know
     Opaque: _run_opaque,                             # for/while/{ }  only when it installs nothing
     If: _run_if,                                     # if/elif/else on [ ] tests over known values
@@ -207,7 +207,7 @@ NODE_RULES: dict[type, Callable] = {
 }
 
 
-def _run(node, ctx: _Ctx) -> bool | str:
+def run_script(node, ctx: ScriptContext) -> bool | str:
     """Execute a node; returns its status: True (success), False (failure) or an ``installed:NAME`` condition."""
     rule = NODE_RULES.get(type(node))
     if rule is not None:
@@ -232,7 +232,7 @@ def _describe(node) -> str:
     return "..."
 
 
-def _cond(node, ctx: _Ctx) -> bool | str:
+def _cond(node, ctx: ScriptContext) -> bool | str:
     """Truth of an ``if`` condition: True, False, or ``installed:NAME`` (true when the install state has NAME)."""
     if isinstance(node, Seq):
         if len(node.items) != 1:
@@ -264,21 +264,21 @@ _NUMERIC = {"-eq": int.__eq__, "-ne": int.__ne__, "-gt": int.__gt__, "-ge": int.
             "-le": int.__le__}
 
 
-def _test(args: list[str], ctx: _Ctx) -> bool | str:
+def _test(args: list[str], ctx: ScriptContext) -> bool | str:
     if args and args[0] == "!":
         v = _test(args[1:], ctx)
         if isinstance(v, str):
             raise Unknown("a negated install-state test")
         return not v
     if len(args) == 2 and args[0] in ("-n", "-z"):
-        m = _INSTALLED_RE.fullmatch(args[1])
+        m = INSTALLED_RE.fullmatch(args[1])
         if m:
             if args[0] == "-z":
                 raise Unknown("an install-state -z test")
             return "installed:" + m.group(1)
         return bool(args[1]) if args[0] == "-n" else not args[1]
     if len(args) == 3 and args[1] in ("=", "==", "!="):
-        if _INSTALLED_RE.search(args[0] + args[2]):
+        if INSTALLED_RE.search(args[0] + args[2]):
             raise Unknown("a comparison with an installed version")
         eq = args[0] == args[2]
         return eq if args[1] != "!=" else not eq
@@ -299,7 +299,7 @@ def _test(args: list[str], ctx: _Ctx) -> bool | str:
     raise Unknown(f"[ {' '.join(args)} ]")
 
 
-def _command(cmd: Cmd, ctx: _Ctx) -> bool:
+def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
     words = cmd.words
     if not words:
         return True
@@ -368,7 +368,7 @@ def _command(cmd: Cmd, ctx: _Ctx) -> bool:
     return True
 
 
-def _sed(args: list[str], ctx: _Ctx) -> bool:
+def _sed(args: list[str], ctx: ScriptContext) -> bool:
     """``sed -i [-E] SCRIPT FILE...`` on a file copied from the source: the edit is recorded for the steps
     that read the file (the replay applies it with :func:`builder.resolve.sedit.apply`); ``sed`` without
     ``-i`` writes nothing the reader must know."""
@@ -425,7 +425,7 @@ _PASS_FLAGS = {"--no-deps", "--force-reinstall", "--reinstall", "--no-build", "-
                "--upgrade", "-U"}
 
 
-def _install_options(args: list[str], ctx: _Ctx) -> _InstallOptions:
+def _install_options(args: list[str], ctx: ScriptContext) -> _InstallOptions:
     """The options and requirements of a ``pip install`` / ``uv pip install`` argument list (pure)."""
     reqs, rfiles, cfiles, pins, flags, extra = [], [], [], [], [], []
     index_url = strategy = None
@@ -494,7 +494,7 @@ class _InstallOptions:
     override_where: tuple[Where, ...]
 
 
-def _install_step(installer: str, args: list[str], ctx: _Ctx) -> Step:
+def _install_step(installer: str, args: list[str], ctx: ScriptContext) -> Step:
     o = _install_options(args, ctx)
     reqs, rfiles, cfiles, pins, flags, extra = o.reqs, o.rfiles, o.cfiles, o.pins, o.flags, o.extra
     index_url, strategy, edits = o.index_url, o.strategy, o.edits
@@ -546,7 +546,7 @@ def _requirement_name(req: str) -> str:
         raise Unknown(f"the requirement {req!r}") from None
 
 
-def _file_names(path: str, ctx: _Ctx) -> list[str]:
+def _file_names(path: str, ctx: ScriptContext) -> list[str]:
     """The distributions a requirements file of the source names (pure; includes are not followed)."""
     text = ctx.sdist_text.get(path)
     if text is None:
@@ -563,7 +563,7 @@ def _is_python_index(url: str) -> bool:
     return bool(re.match(r"^https://pypi\.org/simple/?$", url))
 
 
-def _sdist_path(p: str, ctx: _Ctx) -> str:
+def _sdist_path(p: str, ctx: ScriptContext) -> str:
     if p in ctx.mounts:
         return ctx.mounts[p]
     for dst, src in sorted(ctx.mounts.items(), key=lambda kv: -len(kv[0])):
@@ -574,7 +574,7 @@ def _sdist_path(p: str, ctx: _Ctx) -> str:
     raise Unknown(f"the file {p} (not copied or mounted from the source)")
 
 
-def _mounts(run_value: str) -> tuple[dict[str, str], dict[str, str], str]:
+def run_mounts(run_value: str) -> tuple[dict[str, str], dict[str, str], str]:
     """(--mount=type=bind from the context: target -> source, binds from stages: target -> stage:src, the script)."""
     ctx_m, stage_m = {}, {}
     rest = run_value
@@ -598,7 +598,7 @@ def _mounts(run_value: str) -> tuple[dict[str, str], dict[str, str], str]:
     return ctx_m, stage_m, rest
 
 
-def _apt_packages(script: str, get) -> list[str]:
+def apt_packages(script: str, get) -> list[str]:
     """Package names of a RUN's ``apt-get install`` lines, with the RUN's own assignments expanded; a name
     that stays undetermined (a fallback's variable) is left out (pure)."""
     local: dict[str, str] = {}

@@ -29,7 +29,7 @@ class Unknown(Exception):
 _INSTALLED_CMD = re.compile(r"""^python3 -c "import importlib\.metadata as m; """
                             r"""print\(m\.version\('([\w.-]+)'\)\)"( 2>/dev/null)?( \|\| true)?$""")
 INSTALLED = "{{installed:{}}}"
-_INSTALLED_RE = re.compile(r"\{installed:([\w.-]+)\}")
+INSTALLED_RE = re.compile(r"\{installed:([\w.-]+)\}")
 
 
 def _fields(spec: str) -> list[tuple[int, int | None]]:

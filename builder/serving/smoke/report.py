@@ -266,29 +266,29 @@ def render_text(rep: SmokeReport) -> str:
     if rep.serve is not None:
         sv = rep.serve
         lines.append(
-            f"  ray serve: ray {sv.get('ray_version') or '?'} started in {_fmt(sv.get('ray_start_s'), 's')}, "
-            f"application RUNNING after {_fmt(sv.get('app_running_s'), 's')}, backend {sv.get('backend') or '?'}"
+            f"  ray serve: ray {sv.get('ray_version') or '?'} started in {fmt_value(sv.get('ray_start_s'), 's')}, "
+            f"application RUNNING after {fmt_value(sv.get('app_running_s'), 's')}, backend {sv.get('backend') or '?'}"
             + (f" ({sv['backend_reason']})" if sv.get("backend_reason") else "")
         )
     ready = "/v1/models" if rep.serve is not None else "/health"
-    lines.append(f"  boot: {ready} after {_fmt(b.get('health_s'), 's')}, first token after "
-                 f"{_fmt(b.get('first_token_s'), 's')}")
+    lines.append(f"  boot: {ready} after {fmt_value(b.get('health_s'), 's')}, first token after "
+                 f"{fmt_value(b.get('first_token_s'), 's')}")
     if rep.cold_start:
         lines.append("  " + render_cold_start(rep.cold_start))
     kv = rep.kv_cache
     if kv.get("tokens") is not None:
         lines.append(
-            f"  KV cache: {kv['tokens']:,} tokens ({_fmt(kv.get('available_gib'), ' GiB')}); max concurrency "
-            f"{_fmt(kv.get('max_concurrency'), 'x')} at {kv.get('tokens_per_request') or '?'} tokens/request"
+            f"  KV cache: {kv['tokens']:,} tokens ({fmt_value(kv.get('available_gib'), ' GiB')}); max concurrency "
+            f"{fmt_value(kv.get('max_concurrency'), 'x')} at {kv.get('tokens_per_request') or '?'} tokens/request"
         )
     else:
         lines.append("  KV cache: (not found in the server log)")
     for r in rep.rounds:
         lines.append(
             f"  round {r.round}{' (chat)' if r.kind == 'chat' else ''}: {r.ok}/{r.requests} ok, "
-            f"p50 {_fmt(r.latency_p50_s, 's')}, p95 {_fmt(r.latency_p95_s, 's')}, "
-            f"TTFT p50 {_fmt(r.ttft_p50_s, 's')} p95 {_fmt(r.ttft_p95_s, 's')}, "
-            f"{r.output_tokens} tokens in {r.wall_s:.2f}s ({_fmt(r.output_tokens_per_s, ' tok/s')})"
+            f"p50 {fmt_value(r.latency_p50_s, 's')}, p95 {fmt_value(r.latency_p95_s, 's')}, "
+            f"TTFT p50 {fmt_value(r.ttft_p50_s, 's')} p95 {fmt_value(r.ttft_p95_s, 's')}, "
+            f"{r.output_tokens} tokens in {r.wall_s:.2f}s ({fmt_value(r.output_tokens_per_s, ' tok/s')})"
         )
     if rep.throughput.get("output_tokens_per_s") is not None:
         lines.append(f"  output: {rep.throughput['output_tokens_per_s']} tokens/s over all rounds")
@@ -316,5 +316,5 @@ def render_text(rep: SmokeReport) -> str:
     return "\n".join(lines)
 
 
-def _fmt(v: float | None, unit: str) -> str:
+def fmt_value(v: float | None, unit: str) -> str:
     return "n/a" if v is None else f"{v:g}{unit}"

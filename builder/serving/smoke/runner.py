@@ -42,7 +42,7 @@ from builder.serving.smoke.client import (
 from builder.serving.smoke.config import SmokeConfig, check_gpus_visible, ensure_fd_room, with_multicast_off
 from builder.serving.smoke.gpu import nvidia_smi_memory
 from builder.serving.smoke.preflight import checkpoint_ready, preflight_plan
-from builder.serving.smoke.report import FAIL, PASS, RoundResult, SmokeReport, _fmt, decide, summarize_round
+from builder.serving.smoke.report import FAIL, PASS, RoundResult, SmokeReport, decide, fmt_value, summarize_round
 from builder.serving.smoke.server import (
     ServerProcess,
     build_docker_command,
@@ -383,9 +383,10 @@ def request_rounds(cfg: SmokeConfig, server: ServerProcess, launch: Launch, voca
         obs.rounds.append(rr)
         obs.sample_gpu()
         reporter.step(
-            f"round {n}: {rr.ok}/{rr.requests} ok, p50 {_fmt(rr.latency_p50_s, 's')} "
-            f"p95 {_fmt(rr.latency_p95_s, 's')}, TTFT p50 {_fmt(rr.ttft_p50_s, 's')} p95 {_fmt(rr.ttft_p95_s, 's')}, "
-            f"{_fmt(rr.output_tokens_per_s, ' tok/s')}"
+            f"round {n}: {rr.ok}/{rr.requests} ok, p50 {fmt_value(rr.latency_p50_s, 's')} "
+            f"p95 {fmt_value(rr.latency_p95_s, 's')}, TTFT p50 {fmt_value(rr.ttft_p50_s, 's')} "
+            f"p95 {fmt_value(rr.ttft_p95_s, 's')}, "
+            f"{fmt_value(rr.output_tokens_per_s, ' tok/s')}"
         )
         if rr.failed or not server.alive():
             return

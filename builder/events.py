@@ -38,8 +38,8 @@ class Reporter(Protocol):
     def download(self, name: str, index: int, total: int) -> None: ...
 
     def transfer(self, name: str, done: int, total: int) -> None:
-        """``done`` of ``total`` bytes of the file ``name``; ``done == total`` ends it (sent however the
-        transfer ends)."""
+        """``done`` of ``total`` bytes of ``name`` (what a bar is labelled: ``fetch FILE``, ``sha256``);
+        ``done == total`` ends it (sent however the transfer ends)."""
 
     def message(self, text: str) -> None: ...
 
@@ -235,7 +235,7 @@ class _Bars:
             self.progress.start()
         task = self.tasks.get(name)
         if task is None:
-            task = self.tasks[name] = self.progress.add_task(f"fetch {name}", total=total)
+            task = self.tasks[name] = self.progress.add_task(name, total=total)
         self.progress.update(task, completed=done)
         if done >= total:
             self.progress.remove_task(task)

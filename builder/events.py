@@ -127,6 +127,7 @@ class PlainReporter:
     stream: TextIO | None = None
     prefix: str = ""
     notices: bool = True  # False: the notices are in the --json document only
+    steps: bool = True  # False: no step or download lines (what only a terminal shows)
 
     def _line(self, text: str) -> None:
         out = self.stream if self.stream is not None else sys.stderr
@@ -140,7 +141,8 @@ class PlainReporter:
         pass  # the seconds are in the stage's result and the summary
 
     def step(self, text: str) -> None:
-        self._line(self.prefix + text)
+        if self.steps:
+            self._line(self.prefix + text)
 
     def download(self, name: str, index: int, total: int) -> None:
         self.step(f"wheel {name}")

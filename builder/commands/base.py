@@ -307,6 +307,7 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
     unreachable, 12 uv failed, 14 another run holds -o.
     """
     from builder import platforms
+    from builder.events import reporter_for
     from builder.resolve.reconstruct import reconstruct
     from builder.resolve.stepindex import parse_relaxations
 
@@ -316,12 +317,9 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
     vllm = local.vllm if local is not None else vllm
     out = output or default_base_manifest(vllm, target)
     old_text = _reconstruct_inputs(out, recipes, check=check, force=force)
-    console = stderr_console()
-
-    def say(msg: str) -> None:
-        console.print(f"reconstruct: {msg}", markup=False, soft_wrap=True)
-
-    rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep, progress=say,
+    reporter = reporter_for(stderr_console()).scoped("reconstruct: ")
+    rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep,
+                      reporter=reporter,
                       refresh=refresh, relax=tuple(relax), accept_undecided=tuple(accept_undecided),
                       recipe=recipe, files=local, platform=target)
     if check:

@@ -33,6 +33,7 @@ from typing import Protocol
 
 from builder.credentials import redact_text
 from builder.errors import BadInput, BuildFailed, EngineUnavailable, ExternalToolError, RegistryError
+from builder.events import SILENT, Reporter
 from builder.platforms import Platform, from_oci
 from builder.scratch import die_with_parent
 from builder.values import split_ref
@@ -132,6 +133,17 @@ def _cli_missing(what: str) -> EngineUnavailable:
     )
 
 
+def buildkit_step(line: str, seen: list[str]) -> str | None:
+    """Pure: the step header a BuildKit plain-progress line starts (``#7 [stage-1 2/5] RUN ...``), once
+    per step, as one step line (whitespace collapsed, at most 110 characters); None for every other line."""
+    if line.startswith("#") and "] " in line and "[internal]" not in line:
+        head = line.split(" ", 1)[1] if " " in line else line
+        if not seen or seen[-1] != head:
+            seen.append(head)
+            return " ".join(head.split())[:110]
+    return None
+
+
 def redact(text: str) -> str:
     """Strip anything that looks like a credential from engine output before logging it."""
     return redact_text(_SECRETISH.sub(lambda m: (m.group(1) or m.group(2) or "") + "***", text))
@@ -185,10 +197,10 @@ class Engine(Protocol):
     def ping(self) -> str: ...
     def build(self, context: Path, tags: list[str], *, network: str = "none",
               build_args: dict[str, str] | None = None,
-              on_line: Callable[[str], None] | None = None, platform: Platform | None = None) -> BuiltImage: ...
+              reporter: Reporter = SILENT, platform: Platform | None = None) -> BuiltImage: ...
     def inspect(self, ref: str) -> ImageInfo | None: ...
     def image_platform(self, ref: str) -> Platform | None: ...
-    def push(self, ref: str, *, on_line: Callable[[str], None] | None = None) -> PushedRef: ...
+    def push(self, ref: str, *, reporter: Reporter = SILENT) -> PushedRef: ...
     def pull(self, ref: str) -> None: ...
     def cli(self, args: list[str], *, timeout: float = 120, input: str | None = None,
             check: bool = False) -> subprocess.CompletedProcess: ...
@@ -289,15 +301,19 @@ class DockerEngine:
                 hint="start dockerd (scripts/services.sh start) or point DOCKER_HOST at a running engine.",
             )
 
-    def _stream(self, args: list[str], on_line: Callable[[str], None] | None, timeout: int) -> tuple[int, str]:
+    def _stream(self, args: list[str], reporter: Reporter, timeout: int,
+                step: Callable[[str], str | None] = lambda line: line) -> tuple[int, str]:
+        """Run ``args``: (its exit status, its whole output).  ``step`` makes an output line (redacted) the
+        text of a step event on ``reporter``, or None for no event."""
         proc = self.popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
         lines: list[str] = []
         assert proc.stdout is not None
         for line in proc.stdout:
             line = redact(line.rstrip("\n"))
             lines.append(line)
-            if on_line:
-                on_line(line)
+            said = step(line)
+            if said is not None:
+                reporter.step(said)
         rc = proc.wait(timeout=timeout)
         return rc, "\n".join(lines)
 
@@ -314,10 +330,11 @@ class DockerEngine:
 
     def build(self, context: Path, tags: list[str], *, network: str = "none",
               build_args: dict[str, str] | None = None,
-              on_line: Callable[[str], None] | None = None, timeout: int = 3600,
+              reporter: Reporter = SILENT, timeout: int = 3600,
               platform: Platform | None = None) -> BuiltImage:
-        """``docker build``; ``platform``: ``--platform OS/ARCH`` (BuildKit runs another machine's steps
-        under the host's QEMU binfmt handler); None: the engine's own platform, no flag."""
+        """``docker build``; each BuildKit step's first line is a step event on ``reporter``.  ``platform``:
+        ``--platform OS/ARCH`` (BuildKit runs another machine's steps under the host's QEMU binfmt handler);
+        None: the engine's own platform, no flag."""
         with tempfile.TemporaryDirectory(prefix="build-image-iid.") as tmp:
             iid = Path(tmp) / "iid"
             args = ["build", "--progress=plain", f"--network={network}", "--iidfile", str(iid)]
@@ -328,7 +345,8 @@ class DockerEngine:
             for k, v in sorted((build_args or {}).items()):
                 args += ["--build-arg", f"{k}={v}"]
             args.append(str(context))
-            rc, log = self._stream(args, on_line, timeout)
+            seen: list[str] = []
+            rc, log = self._stream(args, reporter, timeout, lambda line: buildkit_step(line, seen))
             if rc != 0:
                 self._raise_unreachable(log)
                 if _BUILDX_MISSING.search(log):
@@ -370,8 +388,9 @@ class DockerEngine:
         info = self.inspect(ref)
         return info.platform if info else None
 
-    def push(self, ref: str, *, on_line: Callable[[str], None] | None = None, timeout: int = 3600) -> PushedRef:
-        rc, log = self._stream(["push", ref], on_line, timeout)
+    def push(self, ref: str, *, reporter: Reporter = SILENT, timeout: int = 3600) -> PushedRef:
+        """``docker push``; each line it prints is a step event on ``reporter``."""
+        rc, log = self._stream(["push", ref], reporter, timeout)
         if rc != 0:
             registry = registry_of(ref)
             if not registry_fault(log, registry):

@@ -38,8 +38,8 @@ class Reporter(Protocol):
     def download(self, name: str, index: int, total: int) -> None: ...
 
     def transfer(self, name: str, done: int, total: int) -> None:
-        """``done`` of ``total`` bytes of the file ``name``; ``done == total`` ends it (sent however the
-        transfer ends)."""
+        """``done`` of ``total`` bytes of ``name`` (what a bar is labelled: ``fetch FILE``, ``sha256``);
+        ``done == total`` ends it (sent however the transfer ends)."""
 
     def message(self, text: str) -> None: ...
 
@@ -127,6 +127,7 @@ class PlainReporter:
     stream: TextIO | None = None
     prefix: str = ""
     notices: bool = True  # False: the notices are in the --json document only
+    steps: bool = True  # False: no step or download lines (what only a terminal shows)
 
     def _line(self, text: str) -> None:
         out = self.stream if self.stream is not None else sys.stderr
@@ -140,7 +141,8 @@ class PlainReporter:
         pass  # the seconds are in the stage's result and the summary
 
     def step(self, text: str) -> None:
-        self._line(self.prefix + text)
+        if self.steps:
+            self._line(self.prefix + text)
 
     def download(self, name: str, index: int, total: int) -> None:
         self.step(f"wheel {name}")
@@ -235,7 +237,7 @@ class _Bars:
             self.progress.start()
         task = self.tasks.get(name)
         if task is None:
-            task = self.tasks[name] = self.progress.add_task(f"fetch {name}", total=total)
+            task = self.tasks[name] = self.progress.add_task(name, total=total)
         self.progress.update(task, completed=done)
         if done >= total:
             self.progress.remove_task(task)

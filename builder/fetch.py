@@ -149,9 +149,9 @@ def _copy_with_progress(resp, out, total: int, name: str, reporter: Reporter | N
         while block := resp.read(_CHUNK):
             out.write(block)
             got += len(block)
-            reporter.transfer(name, got, total)
+            reporter.transfer(f"fetch {name}", got, total)
     finally:
-        reporter.transfer(name, total, total)
+        reporter.transfer(f"fetch {name}", total, total)
     return got
 
 

@@ -249,10 +249,10 @@ def base_held_by_engine(release: Release, engine) -> HeldBase | None:
     return HeldBase(resolved=release.base, ref=ref, image_id=info.id, digest=digest)
 
 
-def verify_base(held: HeldBase, tell) -> BaseCheck:
+def verify_base(held: HeldBase, reporter: Reporter) -> BaseCheck:
     """Snapshot the held base (cached by image ID) and compare it with its manifest: the same ->
-    ``verified``, the manifest kept; different -> ``drift``, each difference told, and the lock made
-    against the snapshot (a ``ResolvedBase`` of kind ``image``)."""
+    ``verified`` (a message on ``reporter``), the manifest kept; different -> ``drift``, each difference told
+    in a warning, and the lock made against the snapshot (a ``ResolvedBase`` of kind ``image``)."""
     t0 = time.monotonic()
     snap, reused = base_snapshot.snapshot_cached(held.ref, image_id=held.image_id)
     seconds = round(time.monotonic() - t0, 2)
@@ -260,12 +260,13 @@ def verify_base(held: HeldBase, tell) -> BaseCheck:
     diffs = tuple(compare(held.resolved.manifest, snap))
     how = f"snapshot {'reused' if reused else 'taken'} in {seconds}s"
     if not diffs:
-        tell(f"base manifest verified against {against} ({how})")
+        reporter.message(f"base manifest verified against {against} ({how})")
         return BaseCheck(status="verified", base=held.resolved, ref=held.ref, image=against, differences=(),
                          seconds=seconds, reused=reused)
-    tell(f"base manifest {held.resolved.label} differs from the image {held.ref} ({against}; {how}) in "
-         f"{len(diffs)} place(s):\n" + "\n".join(f"  - {d}" for d in diffs)
-         + "\nlocking against the snapshot of the real image (shipped in the context as checks/base-manifest.json).")
+    reporter.warning(f"base manifest {held.resolved.label} differs from the image {held.ref} ({against}; {how}) in "
+                     f"{len(diffs)} place(s):\n" + "\n".join(f"  - {d}" for d in diffs)
+                     + "\nlocking against the snapshot of the real image (shipped in the context as "
+                       "checks/base-manifest.json).")
     text = snap.to_json()
     snapshot = ResolvedBase(manifest=snap, data=text.encode("utf-8"), label=f"snapshot of {held.ref}", kind="image")
     return BaseCheck(status="drift", base=snapshot, ref=held.ref, image=against, differences=diffs,
@@ -349,7 +350,7 @@ class _Run:
                 base = resolve_base(release.base_value, release.vllm, kind="image", platform=spec.platform)
         elif held is not None:
             with self.stages.stage("base", f"verify the manifest against {held.ref} (the engine holds it)"):
-                self.checked = verify_base(held, self.reporter.message)
+                self.checked = verify_base(held, self.reporter)
                 base = self.checked.base
                 self.summary["base_check"] = self.checked.to_dict(self.req.out)
         with self.stages.stage("lock", f"{spec.lock_path} (reused when up to date; ABI gate on a new resolution)"):

@@ -403,7 +403,7 @@ class BaseB:
 MAX_AUTO_RELAX = 6
 
 
-def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Path, progress, *,
+def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Path, reporter: Reporter, *,
               relax: tuple[str, ...] = (), auto_relax: bool = True, accept_undecided: tuple[str, ...] = (),
               platform: Platform = DEFAULT) -> BaseB:
     if given:
@@ -414,10 +414,9 @@ def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Pa
     shipped = default_base_manifest(version, platform)
     if shipped.is_file():
         return BaseB(shipped, "shipped")
-    if progress:
-        progress(f"reconstructing the {platform.name} base manifest of vllm {version}: its recipe derived from its "
-                 "sdist, the install steps replayed")
-    rec = reconstruct(version, progress=progress, recorded_only=False, relax=tuple(relax),
+    reporter.step(f"reconstructing the {platform.name} base manifest of vllm {version}: its recipe derived from its "
+                  "sdist, the install steps replayed")
+    rec = reconstruct(version, reporter=reporter, recorded_only=False, relax=tuple(relax),
                       accept_undecided=accept_undecided, auto_relax=MAX_AUTO_RELAX if auto_relax else 0,
                       platform=platform)
     dest = (out_dir / "lockfiles" / "base" / shipped.name) if out_dir else scratch / shipped.name
@@ -477,7 +476,6 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
             spec_path: str | None = None, out_dir: str | None = None, probe_python: str | None = None,
             reporter: Reporter = SILENT, relax: tuple[str, ...] = (), auto_relax: bool = True,
             accept_undecided: tuple[str, ...] = (), platforms: tuple[Platform, ...] = ()) -> UpgradeReport:
-    say = reporter.step  # what the base reconstruction and the port (callbacks still) report through
     for p in platforms:  # before any work: each other platform needs A's base of that platform
         if not p.is_default:
             _platform_base_from(from_version, p)
@@ -488,10 +486,10 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
     try:
         # 1. bases
         t0 = time.monotonic()
-        a_path = _base_for(from_version, base_from, None, scratch, None).path
+        a_path = _base_for(from_version, base_from, None, scratch, SILENT).path
         if not a_path.is_file():
             raise BadInput(f"no base manifest for vllm {from_version} ({a_path}); pass --base-from MANIFEST.")
-        b = _base_for(to_version, base_to, out, scratch, say, relax=relax, auto_relax=auto_relax,
+        b = _base_for(to_version, base_to, out, scratch, reporter, relax=relax, auto_relax=auto_relax,
                       accept_undecided=accept_undecided)
         b_path, b_source = b.path, b.source
         if b_source == "reconstructed" and out:
@@ -512,7 +510,7 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
             atomic_write_text(series_out / PR_ENV, b_probe_env(a_env.read_text(encoding="utf-8"), from_version,
                                                                to_version, tf.version if tf else None))
         report = PO.port(series, a_src, b_src, to_version, out_dir=series_out, probe_python=probe_python,
-                         progress=say)
+                         reporter=reporter)
         if series_out:
             written.append(str(series_out))
         if out and b_src.is_file():
@@ -598,10 +596,9 @@ def _platform_section(platform: Platform, from_version: str, to_version: str, wi
     """Another platform's part: A's and B's bases of ``platform`` (B's reconstructed from the release's step for
     that platform when none is shipped, written with its recipes table under -o), their moves, and A's overlay of
     that platform locked on B's."""
-    say = reporter.scoped(f"{platform.name}: ").step
     a_path = _platform_base_from(from_version, platform)
-    b = _base_for(to_version, None, out, scratch / platform.slug, say, relax=relax, auto_relax=auto_relax,
-                  accept_undecided=accept_undecided, platform=platform)
+    b = _base_for(to_version, None, out, scratch / platform.slug, reporter.scoped(f"{platform.name}: "), relax=relax,
+                  auto_relax=auto_relax, accept_undecided=accept_undecided, platform=platform)
     if b.source == "reconstructed" and out:
         written += [str(b.path), str(write_b_recipe_table(out, b.recipe, platform))]
     moves = base_moves(load_manifest(a_path), load_manifest(b.path))

@@ -15,12 +15,14 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import safetensors
 from click.testing import CliRunner
 
+from builder import events
 from builder.cli import main
 from builder.serving import checkpoint as ck
 from builder.serving import checkpoint_content as cc
@@ -471,6 +473,16 @@ def test_interrupted_hashing_keeps_the_finished_digests(tmp_path):
     assert again.get(files[1]) is None and again.get(files[2]) is None
 
 
+@dataclass(frozen=True)
+class Transfers(events.Recorder):
+    """A Recorder that keeps the transfer events too, as (name, done, total)."""
+
+    seen: list = field(default_factory=list)
+
+    def transfer(self, name, done, total):
+        self.seen.append((name, done, total))
+
+
 def test_interrupt_stops_every_worker_within_a_block(tmp_path):
     files = []
     for i in range(2):  # sparse: 512 MiB to hash, no disk used
@@ -479,16 +491,21 @@ def test_interrupt_stops_every_worker_within_a_block(tmp_path):
             fh.truncate(256 << 20)
         st = p.stat()
         files.append(ck.FileEntry(p.name, p, p, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev))
-    seen = []
 
-    def advance(n):
-        seen.append(n)
-        if len(seen) == 3:
-            raise KeyboardInterrupt
+    @dataclass(frozen=True)
+    class Interrupting(Transfers):
+        def transfer(self, name, done, total):
+            super().transfer(name, done, total)
+            if len(self.seen) == 3:
+                raise KeyboardInterrupt
 
+    rep = Interrupting()
     with pytest.raises(KeyboardInterrupt):
-        cc.Sha256Hasher(jobs=2, block=64 << 10).hash_many(files, advance=advance)
-    assert sum(seen) < 64 << 20  # of 512 MiB: the other worker stopped too, not at the end of its file
+        cc.Sha256Hasher(jobs=2, block=64 << 10).hash_many(files, reporter=rep)
+    *hashing, end = rep.seen
+    assert end == ("sha256", 512 << 20, 512 << 20)  # the bar ends however the hashing does
+    assert max(done for _, done, _ in hashing) < 64 << 20  # of 512 MiB: the other worker stopped too, not at the
+    # end of its file
 
 
 def test_sums_file_must_cover_every_shard(tmp_path):
@@ -628,10 +645,12 @@ def test_parallel_hashing_agrees_with_hashlib(tmp_path):
         p.write_bytes(os.urandom(300_000 + i * 77_777))
         st = p.stat()
         files.append(ck.FileEntry(p.name, p, p, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev))
-    seen = []
-    got = cc.Sha256Hasher(jobs=3, block=64 << 10).hash_many(files, advance=seen.append)
+    rep = Transfers()
+    got = cc.Sha256Hasher(jobs=3, block=64 << 10).hash_many(files, reporter=rep)
     assert got == {f.name: hashlib.sha256(f.path.read_bytes()).hexdigest() for f in files}
-    assert sum(seen) == sum(f.size for f in files)
+    total = sum(f.size for f in files)
+    assert [d for _, d, _ in rep.seen] == sorted(d for _, d, _ in rep.seen) and rep.seen[-1] == ("sha256", total, total)
+    assert len(rep.seen) == sum(-(-f.size // (64 << 10)) for f in files)  # one a block, the last one the end
 
 
 # --------------------------------------------------------------------------- header parser vs the safetensors library

@@ -78,3 +78,13 @@ def test_notices_transfers_and_the_recorder():
     for done in (0, 50, 100):  # a transient bar: started, moved, gone when the file ends
         rich.scoped("  ").transfer("vllm.whl", done, 100)
     assert rich.bars.progress is None and not rich.bars.tasks
+
+
+def test_a_plain_reporter_without_steps_keeps_the_warnings():
+    out = io.StringIO()
+    quiet = PlainReporter(out, steps=False).scoped("scan: ")
+    quiet.step("scanning 1/2 numpy")
+    quiet.download("numpy", 1, 2)
+    quiet.warning("RECORD line skipped", lead="warning: ")
+    quiet.message("done")
+    assert out.getvalue() == "warning: RECORD line skipped\ndone\n"

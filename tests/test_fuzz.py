@@ -351,6 +351,7 @@ record_line = st.one_of(st.sampled_from(["../outside/evil.so,,", "/etc/passwd,,"
                                 st.lists(record_line, max_size=4)), min_size=1, max_size=3))
 @examples(150)
 def test_fuzz_site_packages(tmp_path_factory, dists):
+    from builder import events
     from builder.resolve.scanner import scan_site_packages
 
     root = tmp_path_factory.mktemp("sp")
@@ -364,9 +365,9 @@ def test_fuzz_site_packages(tmp_path_factory, dists):
         (di / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
                                      encoding="utf-8", errors="surrogateescape")
         (di / "RECORD").write_text("\n".join(record) + "\n", encoding="utf-8", errors="surrogateescape")
-    warnings: list[str] = []
+    recorder = events.Recorder()
     try:
-        found = scan_site_packages(sp, warn=warnings.append)
+        found = scan_site_packages(sp, reporter=recorder)
     except BadInput as exc:
         _no_bug(exc.render(), 2, (2,))
         return

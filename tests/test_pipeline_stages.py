@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from builder.cli import main
-from builder.engine import BuiltImage, ImageInfo, PushedRef
-from builder.events import RichReporter
+from builder.engine import BuiltImage, ImageInfo, PushedRef, buildkit_step
+from builder.events import SILENT, RichReporter
 from tests.fx_wheels import install_into, write_wheel
 
 IMAGE_ID = "sha256:" + "1" * 64
@@ -42,18 +42,20 @@ class MemoryEngine:
     def inspect(self, ref):
         return self.images.get(ref)
 
-    def build(self, context, tags, *, network="none", build_args=None, on_line=None, platform=None):
+    def build(self, context, tags, *, network="none", build_args=None, reporter=SILENT, platform=None):
         assert network == "none"
         self.builds.append((Path(context), list(tags)))
+        seen = []
         for line in ("#5 [stage-1 2/4] RUN install", "#5 CACHED"):
-            if on_line:
-                on_line(line)
+            step = buildkit_step(line, seen)
+            if step is not None:
+                reporter.step(step)
         for t in tags:
             self.images[t] = ImageInfo(id=IMAGE_ID, size=123)
         self.images[IMAGE_ID] = ImageInfo(id=IMAGE_ID, size=123)
         return BuiltImage(image_id=IMAGE_ID, tags=list(tags), log="#5 CACHED\n")
 
-    def push(self, ref, *, on_line=None):
+    def push(self, ref, *, reporter=SILENT):
         self.pushes.append(ref)
         return PushedRef(ref=ref, digest=MANIFEST)
 
@@ -90,8 +92,8 @@ def world(tmp_path, monkeypatch, wheelhouse):
         ref = R.parse_ref(tag)
         real_push = engine.push
 
-        def push(t, *, on_line=None):  # the registry serves what the engine pushed
-            res = real_push(t, on_line=on_line)
+        def push(t, *, reporter=SILENT):  # the registry serves what the engine pushed
+            res = real_push(t, reporter=reporter)
             pr = R.parse_ref(t)
             registry.served[f"{pr.repository}:{pr.tag}"] = (MANIFEST, {"config": {"digest": IMAGE_ID}})
             return res

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from builder import events
 from builder.cli import main
 from builder.errors import BadInput, ExternalToolError, PatchFailed
 from builder.patching import port as PO
@@ -451,15 +452,15 @@ def test_series_files_are_the_patched_targets_or_patch_failed(tmp_path, a_series
 
 def test_probe_series_runs_each_probe_on_the_shipped_and_the_patched_tree(a_series):
     series, a = a_series
-    trees, said = [], []
+    trees, said = [], events.Recorder()
 
     class Recording(PR.ProbeRunner):
         def run(self, probe, tree):
             trees.append(Path(tree))
             return super().run(probe, tree)
 
-    (res,) = PR.probe_series(series, a, runner=Recording(), progress=said.append)
-    assert said == ["probe 0001-f.probe.py: unpatched and patched"]
+    (res,) = PR.probe_series(series, a, runner=Recording(), reporter=said)
+    assert said.lines == ["probe 0001-f.probe.py: unpatched and patched"]
     assert (res.patch, res.probe, res.needed, res.works) == ("0001-f.patch", "0001-f.probe.py", True, True)
     (patched,) = [t for t in trees if t != a]
     assert len(trees) == 2 and a in trees
@@ -730,10 +731,10 @@ IN_G = ("toy/mod.py: the exact context matches, but in another place: "
 
 def test_applies_reports_every_field(tmp_path, a_series):
     b_mod = "import os\n" + A_MOD
-    said: list[str] = []
+    said = events.Recorder()
     rep = PO.port(a_series[0], a_series[1], tree(tmp_path / "b", b_mod), "2.0", out_dir=tmp_path / "out",
-                  progress=said.append)
-    assert said == ["0001-f.patch: probe on toy 2.0 as shipped and on the ported tree"]
+                  reporter=said)
+    assert said.lines == ["0001-f.patch: probe on toy 2.0 as shipped and on the ported tree"]
     (pp,) = rep.patches
     assert pp.detail == ["toy/mod.py: every hunk's context found exactly in 2.0."]
     doc = json.loads(PO.render(rep, "json"))
@@ -775,11 +776,11 @@ def test_upstream_puts_the_retirement_first(tmp_path, a_series):
 
 def test_conflict_runs_only_the_unpatched_probe(tmp_path, a_series):
     b_mod = A_MOD.replace("    c = b - 3\n", "    c = b - 3  # B changed this line\n", 1)
-    said: list[str] = []
+    said = events.Recorder()
     series, a = a_series
-    rep = PO.port(series, a, tree(tmp_path / "b", b_mod), "2.0", progress=said.append)
+    rep = PO.port(series, a, tree(tmp_path / "b", b_mod), "2.0", reporter=said)
     (pp,) = rep.patches
-    assert said == ["0001-f.patch: probe on toy 2.0 as shipped"]
+    assert said.lines == ["0001-f.patch: probe on toy 2.0 as shipped"]
     assert pp.status == PO.CONFLICT and pp.probe_ported is None and pp.probe_unpatched.status == PR.FAIL
     assert pp.detail == [
         IN_G, "toy/mod.py: 1 region(s) did not merge:",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from builder.errors import BadInput, IntegrityError
+from builder.events import SILENT
 from builder.image.naming import image_tags
 from builder.image.render import (
     PatchedFile,
@@ -461,7 +462,7 @@ class _FakeEngine:
 
         return ImageInfo(id=self.image_id, size=1)
 
-    def push(self, ref, on_line=None):
+    def push(self, ref, reporter=SILENT):
         from builder.engine import PushedRef
 
         self.pushes.append(ref)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -17,21 +18,18 @@ from builder.validate import load_json, read_bounded, read_bounded_text
 # (with its dependencies) loads only when its command runs.
 
 
-def _progress():
-    """A rich progress bar on stderr (quiet when stderr is not a terminal)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+@contextmanager
+def _reporter():
+    """The snapshot's steps on a status line on stderr when it is a terminal; its warnings on stderr always."""
+    from builder.events import RichReporter
+    from builder.resolve.scanner import WARNINGS_ON_STDERR
 
     console = stderr_console(highlight=True)
-    return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[current]}"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not console.is_terminal,
-    )
+    if not console.is_terminal:
+        yield WARNINGS_ON_STDERR
+        return
+    with console.status("scanning") as status:
+        yield RichReporter(console, status=status)
 
 
 @click.group("base")
@@ -81,22 +79,14 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
     from builder.resolve.manifest import refuse_foreign_manifest
 
     refuse_foreign_manifest(output, force=force)
-    with _progress() as bar:
-        task = bar.add_task("scanning", total=None, current="")
-
-        def on_dist(name: str, idx: int, total: int) -> None:
-            bar.update(task, total=total, completed=idx, current=name)
-
-        def on_export(nbytes: int) -> None:
-            bar.update(task, description="reading image", current=f"{nbytes / 1e9:.2f} GB")
-
+    with _reporter() as reporter:
         if image:
             manifest = base.snapshot_image(image, python=python, glibc=glibc, cuda=cuda, platform=platform,
-                                           progress=on_dist, export_progress=on_export)
+                                           reporter=reporter)
         else:
             manifest = base.snapshot_site_packages(
                 site_packages, python=python, glibc=glibc, cuda=cuda, platform=platform, image_ref=image_ref,
-                os_name=os_name, site_packages_label=as_path, method=method, progress=on_dist)
+                os_name=os_name, site_packages_label=as_path, method=method, reporter=reporter)
     try:
         manifest.save(output)
     except OSError as exc:  # atomic: a manifest already there is untouched
@@ -317,6 +307,7 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
     unreachable, 12 uv failed, 14 another run holds -o.
     """
     from builder import platforms
+    from builder.events import reporter_for
     from builder.resolve.reconstruct import reconstruct
     from builder.resolve.stepindex import parse_relaxations
 
@@ -326,12 +317,9 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
     vllm = local.vllm if local is not None else vllm
     out = output or default_base_manifest(vllm, target)
     old_text = _reconstruct_inputs(out, recipes, check=check, force=force)
-    console = stderr_console()
-
-    def say(msg: str) -> None:
-        console.print(f"reconstruct: {msg}", markup=False, soft_wrap=True)
-
-    rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep, progress=say,
+    reporter = reporter_for(stderr_console()).scoped("reconstruct: ")
+    rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep,
+                      reporter=reporter,
                       refresh=refresh, relax=tuple(relax), accept_undecided=tuple(accept_undecided),
                       recipe=recipe, files=local, platform=target)
     if check:

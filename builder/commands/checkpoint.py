@@ -120,24 +120,10 @@ def _hash(inv, plan, hasher, cache, *, quiet: bool):
 
     if sys.stderr.isatty():
         from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            DownloadColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-            TransferSpeedColumn,
-        )
 
-        progress = Progress(TextColumn("sha256"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                            TimeRemainingColumn(), transient=True, console=Console(stderr=True))
-        task = progress.add_task("sha256", total=0)
-        with progress:
-            return verify_content(
-                inv, plan, hasher=hasher, cache=cache,
-                start=lambda files, total: progress.update(task, total=total),
-                advance=lambda n: progress.advance(task, n),
-            )
+        from builder.events import RichReporter
+
+        return verify_content(inv, plan, hasher=hasher, cache=cache, reporter=RichReporter(Console(stderr=True)))
 
     def done(entry, digest, err):
         if quiet:

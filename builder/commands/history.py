@@ -39,11 +39,12 @@ def command(target, history_file, as_json):
     Exit codes: 0 listed, 2 bad input (no history for the tag, a history file edited by hand), 14 another run
     holds the tag's history longer than BUILD_IMAGE_LOCK_TIMEOUT.
     """
+    from builder.events import reporter_for
     from builder.serving.cutover import show_history
 
     console = stderr_console()
     res = show_history(target, history_file=history_file,
-                       say=lambda m: console.print(f"history: {m}", markup=False, highlight=False))
+                       reporter=reporter_for(console).scoped("history: "))
     if as_json:
         emit_json(res)
     else:

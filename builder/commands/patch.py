@@ -89,12 +89,13 @@ def check_cmd(vllm, series_dir, wheel, run_probes, probe_python, as_json):
     ok = all(r.status != P.DOES_NOT_APPLY for r in results)
     probes = []
     if run_probes and ok:
+        from builder.events import SILENT, PlainReporter
         from builder.patching import probe as PR
 
         for p in series.patches:
             PR.probe_path(series.dir, p)  # every patch names an existing probe, before any work
-        say = (lambda m: click.echo(m, err=True)) if not as_json else None
-        probes = PR.probe_series(series, source, runner=PR.runner_for(series.dir, probe_python), progress=say)
+        probes = PR.probe_series(series, source, runner=PR.runner_for(series.dir, probe_python),
+                                 reporter=PlainReporter() if not as_json else SILENT)
     probes_ok = all(pr.needed is True and pr.works is True for pr in probes)
     if as_json:
         by = {pr.patch: pr.to_dict() for pr in probes}
@@ -153,7 +154,7 @@ def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir
     Exit codes: 0 every patch applies or is upstream, 1 something needs review
     (merged/conflict), 2 bad input, 7 download/sha256 failure.
     """
-    from builder.events import SILENT
+    from builder.events import SILENT, PlainReporter
     from builder.fetch import vllm_wheel
     from builder.patching import port as PO
     from builder.patching import probe as PR
@@ -170,8 +171,8 @@ def port_cmd(from_version, to_version, series_dir, from_wheel, to_wheel, out_dir
     bars = None if fmt == "text" else SILENT  # a download's bar on a terminal, none under a machine format
     a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, reporter=bars)
     b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, reporter=bars)
-    say = (lambda m: click.echo(m, err=True)) if fmt == "text" else None
-    report = PO.port(series, a_src, b_src, to_version, out_dir=out_dir, probe_python=probe_python, progress=say)
+    report = PO.port(series, a_src, b_src, to_version, out_dir=out_dir, probe_python=probe_python,
+                     reporter=PlainReporter() if fmt == "text" else SILENT)
     emit_text(mark_direction(PO.render(report, fmt), fmt, direction, from_version, to_version))
     if report.needs_review:
         sys.exit(1)

@@ -41,6 +41,7 @@ def command(image, to, spec_file, lock_file, out_dir, history_file, force, reaso
     nothing moved), 10 registry unreachable / refused (the history says where the tag is), 14 another run holds
     the tag's history longer than BUILD_IMAGE_LOCK_TIMEOUT.
     """
+    from builder.events import reporter_for
     from builder.resolve.lockfile import load_lock
     from builder.serving.cutover import promote
     from builder.spec import load_spec
@@ -49,7 +50,7 @@ def command(image, to, spec_file, lock_file, out_dir, history_file, force, reaso
     spec = load_spec(spec_file)
     lock = load_lock(lock_file or spec.lock_path)
     res = promote(image, to, spec=spec, lock=lock, force=force, reason=reason, history_file=history_file,
-                  out_dir=out_dir, say=lambda m: console.print(f"promote: {m}", markup=False, highlight=False))
+                  out_dir=out_dir, reporter=reporter_for(console).scoped("promote: "))
     if as_json:
         emit_json(res)
         return

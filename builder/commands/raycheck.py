@@ -40,6 +40,7 @@ def command(image: str, workers: int, lock_path: str | None, worker_image: str |
     disagree, or agree but differ from the lock; 2 bad input; 8 container engine
     unreachable; 12 a helper tool failed.
     """
+    from builder.events import RichReporter
     from builder.resolve.lockfile import load_lock
     from builder.serving import raycheck
 
@@ -57,7 +58,7 @@ def command(image: str, workers: int, lock_path: str | None, worker_image: str |
     with err.status("ray-check: starting") as status:
         result = raycheck.run_check(
             image, workers=workers, lock=lock, lock_path=lock_path, timeout=timeout,
-            worker_image=worker_image, on_event=lambda msg: status.update(f"ray-check: {msg}"),
+            worker_image=worker_image, reporter=RichReporter(err, status=status).scoped("ray-check: "),
         )
     if as_json:
         emit_text(result.to_json())

@@ -29,11 +29,12 @@ def command(target, out_dir, history_file, force, as_json):
     build-image since its last promotion (nothing moved), 14 another run holds the tag's history longer than
     BUILD_IMAGE_LOCK_TIMEOUT.
     """
+    from builder.events import reporter_for
     from builder.serving.cutover import rollback
 
     console = stderr_console()
     res = rollback(target, history_file=history_file, out_dir=out_dir, force=force,
-                   say=lambda m: console.print(f"rollback: {m}", markup=False, highlight=False))
+                   reporter=reporter_for(console).scoped("rollback: "))
     if as_json:
         emit_json(res)
         return

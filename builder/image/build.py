@@ -89,17 +89,6 @@ def base_platform_mismatch(base_refs: Iterable[str], want: Platform, engine,
     return None
 
 
-def build_step(line: str, seen: list[str]) -> str | None:
-    """Pure: the step header a BuildKit plain-progress line starts (``#7 [stage-1 2/5] RUN ...``),
-    once per step; None for every other line."""
-    if line.startswith("#") and "] " in line and "[internal]" not in line:
-        head = line.split(" ", 1)[1] if " " in line else line
-        if not seen or seen[-1] != head:
-            seen.append(head)
-            return head
-    return None
-
-
 WARNING_MARK = "build-image warning: "
 
 
@@ -151,15 +140,8 @@ def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str
         if refused is not None:
             raise refused
     t0 = time.monotonic()
-    seen: list[str] = []
-
-    def on_line(line: str) -> None:
-        head = build_step(line, seen)
-        if head is not None:
-            reporter.step(" ".join(head.split())[:110])
-
     extra = {"platform": platform} if platform is not None else {}
-    built = engine.build(Path(context), list(tags), network="none", on_line=on_line, **extra)
+    built = engine.build(Path(context), list(tags), network="none", reporter=reporter, **extra)
 
     provenance.record_subject(context, provenance.image_subject(list(tags), built.image_id), stage="build")
     info = engine.inspect(built.image_id)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.errors import BadInput
+from builder.events import SILENT, Reporter
 from builder.patching import probe as PR
 from builder.patching import series as P
 from builder.report import render_json
@@ -238,8 +239,9 @@ def ported_headers(headers: dict[str, str], package: str, a: str, b: str, note: 
 # =========================================================================== the port
 def port_series(series: P.Series, a_source, b_source, b_version: str, *,
                 runner_a: PR.ProbeRunner | None = None, runner_b: PR.ProbeRunner | None = None,
-                probes: bool = True, progress=None) -> PortReport:
-    """Port ``series`` (made for A, read from ``a_source``) to B (``b_source``: a wheel or a tree)."""
+                probes: bool = True, reporter: Reporter = SILENT) -> PortReport:
+    """Port ``series`` (made for A, read from ``a_source``) to B (``b_source``: a wheel or a tree); each probe run
+    is a step on ``reporter``."""
     a_src, b_src = P._Source(a_source), P._Source(b_source)
     try:
         a_cur: dict[str, list[str]] = {}
@@ -263,7 +265,7 @@ def port_series(series: P.Series, a_source, b_source, b_version: str, *,
     try:
         for k, p in enumerate(series.patches):
             out.append(_port_one(series, p, k, a_cur, b_cur, b_orig, b_version, b_tree, tmp,
-                                 runner_b if probes else None, progress))
+                                 runner_b if probes else None, reporter))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return PortReport(series.package, series.version, b_version, out)
@@ -277,7 +279,8 @@ def _tree_with(b_tree: Path, b_cur: dict[str, list[str]], b_orig: dict[str, byte
     return PR.patched_tree(b_tree, files, tmp / tag)
 
 
-def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tree, tmp, runner, progress):
+def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tree, tmp, runner,
+              reporter: Reporter):
     pp = PortedPatch(p.name, p.subject, CONFLICT, probe=PR.probe_name(p))
     probe_file = PR.find_probe(series.dir, pp.probe) if pp.probe else None
     has_probe = runner is not None and probe_file is not None and probe_file.is_file()
@@ -286,9 +289,8 @@ def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tre
     _advance_a(p, a_cur)
     # 2. the probes: B as it is (with the earlier ported patches) and, if the hunks landed, B ported
     if has_probe:
-        if progress:
-            progress(f"{p.name}: probe on {series.package} {b_version} as shipped"
-                     + (" and on the ported tree" if method != CONFLICT else ""))
+        reporter.step(f"{p.name}: probe on {series.package} {b_version} as shipped"
+                      + (" and on the ported tree" if method != CONFLICT else ""))
         pre = _tree_with(b_tree, b_cur, b_orig, tmp, f"pre{k}")
         post = _tree_with(b_tree, {**b_cur, **staged}, b_orig, tmp, f"post{k}") if method != CONFLICT else None
         pp.probe_unpatched, pp.probe_ported = _run_probes(runner, probe_file, pre, post)
@@ -540,10 +542,10 @@ def probe_env_dir(series: P.Series, b_version: str, out_dir: str | os.PathLike |
 
 
 def port(series: P.Series, a_source, b_source, b_version: str, *, out_dir=None, probe_python: str | None = None,
-         progress=None) -> PortReport:
+         reporter: Reporter = SILENT) -> PortReport:
     """Port, then (with ``out_dir``) write B's series there."""
     runner = PR.runner_for(probe_env_dir(series, b_version, out_dir), probe_python)
-    report = port_series(series, a_source, b_source, b_version, runner_b=runner, progress=progress)
+    report = port_series(series, a_source, b_source, b_version, runner_b=runner, reporter=reporter)
     if out_dir:
         wheel = Path(b_source) if Path(b_source).is_file() else None
         write_series(report, series, out_dir, b_originals=b_originals(series, b_source), wheel=wheel)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.errors import BadInput, ExternalToolError
+from builder.events import SILENT, Reporter
 from builder.patching import series as P
 from builder.resolve.uv import Uv
 from builder.util import atomic_write_bytes, cache_dir, sha256_file
@@ -301,8 +302,9 @@ def runner_for(series_dir: Path, python: str | None = None) -> ProbeRunner:
 
 # =========================================================================== the check
 def probe_series(series: P.Series, source: str | os.PathLike, *, runner: ProbeRunner | None = None,
-                 progress=None) -> list[PatchProbe]:
-    """Run every patch's probe on ``source`` unpatched and patched by the whole series."""
+                 reporter: Reporter = SILENT) -> list[PatchProbe]:
+    """Run every patch's probe on ``source`` unpatched and patched by the whole series; each probe is a step on
+    ``reporter``."""
     probes = [(p, probe_path(series.dir, p)) for p in series.patches]
     runner = runner or runner_for(series.dir)
     base = unpatched_tree(source, series.package)
@@ -314,8 +316,7 @@ def probe_series(series: P.Series, source: str | os.PathLike, *, runner: ProbeRu
         # the cached tree's bytecode (from earlier runs) is shared with the patched copy
         patched = patched_tree(base, files, Path(tmp) / "tree")
         for p, probe in probes:
-            if progress:
-                progress(f"probe {probe.name}: unpatched and patched")
+            reporter.step(f"probe {probe.name}: unpatched and patched")
             with ThreadPoolExecutor(max_workers=2) as pool:  # two independent processes, side by side
                 before = pool.submit(runner.run, probe, base)
                 after = pool.submit(runner.run, probe, patched)

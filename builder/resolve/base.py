@@ -12,7 +12,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +21,11 @@ from builder import __version__
 from builder import engine as engine_adapter
 from builder import platforms as P
 from builder.errors import BadInput, EngineUnavailable, ExternalToolError
+from builder.events import Reporter
 from builder.platforms import Platform
 from builder.resolve.floor import checker, consistency_tool
 from builder.resolve.manifest import BaseManifest, Distribution, parse_manifest
-from builder.resolve.scanner import ELF_MAGIC, GLIBC_VER, might_be_elf, scan_site_packages
+from builder.resolve.scanner import ELF_MAGIC, GLIBC_VER, WARNINGS_ON_STDERR, might_be_elf, scan_site_packages
 from builder.util import atomic_write_text, cache_dir, sha256_bytes
 from builder.values import split_ref
 
@@ -65,10 +65,10 @@ def snapshot_site_packages(
     os_name: str | None = None,
     site_packages_label: str | None = None,
     method: str | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
     native_digests: bool = True,
+    reporter: Reporter = WARNINGS_ON_STDERR,
 ) -> BaseManifest:
-    """A ``reconstructed`` manifest from a directory on this machine (``native_digests``: see
+    """A ``reconstructed`` manifest from a directory on this machine (``native_digests``, ``reporter``: see
     :func:`scan_site_packages`)."""
     site_packages = Path(site_packages)
     python = python or _guess_python_version(site_packages)
@@ -80,7 +80,7 @@ def snapshot_site_packages(
     _check_xy(glibc, "--glibc")
     if cuda is not None:
         _check_xy(cuda, "--cuda")
-    dists = scan_site_packages(site_packages, progress=progress, native_digests=native_digests)
+    dists = scan_site_packages(site_packages, native_digests=native_digests, reporter=reporter)
     if not dists:  # an empty floor would pin nothing: almost always the wrong directory
         raise BadInput(
             f"site-packages directory {site_packages} holds no installed distribution (no *.dist-info or "
@@ -189,22 +189,30 @@ class _ImageTree:
         return path
 
 
-def _read_image_tree(cid: str, dest: Path, progress: Callable[[int], None] | None) -> _ImageTree:
-    """Stream ``docker export`` and keep only what the manifest needs."""
+def _reading(seen: int, said: str, reporter: Reporter) -> str:
+    """``reading image X.XX GB`` as a step when the figure differs from the one ``said`` last; what is said now."""
+    now = f"reading image {seen / 1e9:.2f} GB"
+    if now != said:
+        reporter.step(now)
+    return now
+
+
+def _read_image_tree(cid: str, dest: Path, reporter: Reporter) -> _ImageTree:
+    """Stream ``docker export`` and keep only what the manifest needs; the bytes read so far are a step on
+    ``reporter`` (``reading image 1.23 GB``) each time their 10 MB figure changes."""
     import tarfile
 
     proc = _docker_stream(["export", cid])
     links: dict[str, str] = {}
     entries: set[str] = set()
-    seen = 0
+    seen, said = 0, ""
     try:
         with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
             for member in tar:
                 name = _norm(member.name)
                 entries.add(name)
                 seen += member.size
-                if progress:
-                    progress(seen)
+                said = _reading(seen, said, reporter)
                 if member.issym():
                     links[name] = member.linkname
                     continue
@@ -358,10 +366,10 @@ def snapshot_image(
     glibc: str | None = None,
     cuda: str | None = None,
     platform: str | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
-    export_progress: Callable[[int], None] | None = None,
+    reporter: Reporter = WARNINGS_ON_STDERR,
 ) -> BaseManifest:
-    """A ``read-from-image`` manifest of a LOCAL image (never pulled)."""
+    """A ``read-from-image`` manifest of a LOCAL image (never pulled); the image read and each distribution
+    scanned are steps on ``reporter``, a file the scan skips a warning (see :func:`scan_site_packages`)."""
     if python is not None:
         _check_xy(python, "--python")
     if glibc is not None:
@@ -377,7 +385,7 @@ def snapshot_image(
     cid = created.stdout.strip().splitlines()[-1]
     tmp = tempfile.mkdtemp(prefix="bi-image-")
     try:
-        scan = _scan_image_tree(ref, cid, Path(tmp), env, python, progress, export_progress)
+        scan = _scan_image_tree(ref, cid, Path(tmp), env, python, reporter)
     finally:
         _docker(["rm", "-f", cid], check=False)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -465,10 +473,9 @@ class _TreeScan:
 
 
 def _scan_image_tree(ref: str, cid: str, tmp: Path, env: dict[str, str], python: str | None,
-                     progress: Callable[[str, int, int], None] | None,
-                     export_progress: Callable[[int], None] | None) -> _TreeScan:
+                     reporter: Reporter) -> _TreeScan:
     """Export the created container's file tree into ``tmp`` and read it."""
-    tree = _read_image_tree(cid, tmp, export_progress)
+    tree = _read_image_tree(cid, tmp, reporter)
     cands = _python_candidates(tree, env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))
     interpreter = None
     if python is None:
@@ -492,7 +499,7 @@ def _scan_image_tree(ref: str, cid: str, tmp: Path, env: dict[str, str], python:
     dists: dict[str, Distribution] = {}
     counts: dict[str, int] = {}
     for d in dirs:
-        found = scan_site_packages(tmp / d, progress=progress)
+        found = scan_site_packages(tmp / d, reporter=reporter)
         counts[d] = len(found)
         for k, v in found.items():
             dists.setdefault(k, v)  # first on sys.path wins, as at import time

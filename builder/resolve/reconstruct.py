@@ -27,7 +27,7 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
 from email.parser import HeaderParser
@@ -37,6 +37,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import InvalidVersion, Version
 
 from builder.errors import BadInput, ExternalToolError, Unsatisfiable
+from builder.events import SILENT, Reporter
 from builder.platforms import DEFAULT, Platform
 from builder.report import render_json
 from builder.resolve import index as ix
@@ -527,10 +528,11 @@ class _Replay:
     excluded names, what each step relaxed; :meth:`install` runs one install step (adapter: uv)."""
 
     def __init__(self, recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str,
-                 index_args: list[str], say, offline: bool, stats: dict, plans, unmatched, relaxed: list):
+                 index_args: list[str], reporter: Reporter, offline: bool, stats: dict, plans, unmatched,
+                 relaxed: list):
         self.recipe, self.files, self.target, self.work, self.uv = recipe, files, target, work, uv
-        self.exclude_newer, self.index_args, self.say, self.offline, self.stats = (exclude_newer, index_args, say,
-                                                                                    offline, stats)
+        self.exclude_newer, self.index_args, self.reporter, self.offline, self.stats = (
+            exclude_newer, index_args, reporter, offline, stats)
         self.plans, self.unmatched, self.relaxed = plans, unmatched, relaxed
         self.src = work / "src"
         self.relaxed_done: dict[int, list[str]] = {}
@@ -582,14 +584,15 @@ class _Replay:
     def install(self, step: Step, plan: StepPlan, rec: dict, before: Mapping[str, str], captured):
         """One install step (and the line's fallback when it does not resolve): (uv's result, plan, args)."""
         plan, args = self.prepare(step, plan)
-        self.say(f"step {step.n} ({step.where}): install {' '.join(plan.requirements + plan.requirement_files)}")
+        self.reporter.step(f"step {step.n} ({step.where}): install "
+                           f"{' '.join(plan.requirements + plan.requirement_files)}")
         r = None
         if self.offline:
             r = self._uv_install([*args, "--offline"])
             if r.returncode == 0:
                 self.stats["offline"] += 1
             else:
-                self.say(f"step {step.n}: uv's cache cannot answer it offline; asking the index")
+                self.reporter.step(f"step {step.n}: uv's cache cannot answer it offline; asking the index")
                 r = None
         if r is None:
             r = self._uv_install(args)
@@ -600,7 +603,7 @@ class _Replay:
                 if fplan.action != "install":
                     continue
                 fplan, fargs = self.prepare(fb, fplan)
-                self.say(f"step {step.n}: the install does not resolve; replaying the line's fallback")
+                self.reporter.step(f"step {step.n}: the install does not resolve; replaying the line's fallback")
                 r2 = self._uv_install(fargs)
                 self.stats["online"] += 1
                 if r2.returncode == 0:
@@ -621,15 +624,16 @@ class _Replay:
             rx = Relaxation.parse(miss.relax) if miss is not None else None
             if rx is None or self.auto_added >= auto_relax or rx in self.relaxed or (rx.whole and rx.name in before):
                 raise err
-            self.say(f"step {step.n}: {miss.distribution} is on no index the replay can ask ({miss.needed_by} "
-                     f"needs it): replaying the step without it (--relax '{rx.text}'), for review")
+            self.reporter.step(f"step {step.n}: {miss.distribution} is on no index the replay can ask "
+                               f"({miss.needed_by} needs it): replaying the step without it (--relax '{rx.text}'), "
+                               "for review")
             self.auto_added += 1
             self.relaxed.append(rx)
             self.relax_sources((rx,))
 
 
 def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str, index_args: list[str],
-           say: Callable[[str], None], absent: list[tuple[str, str, str, str]] = (), offline: bool = False,
+           reporter: Reporter = SILENT, absent: list[tuple[str, str, str, str]] = (), offline: bool = False,
            stats: dict | None = None, plans: Mapping[int, StepIndexes] | None = None,
            unmatched: list[tuple[str, str, str, str]] = (), relaxed: list[Relaxation] | None = None,
            auto_relax: int = 0) -> list[dict]:
@@ -644,11 +648,11 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
 
     ``relaxed`` (a list, extended in place): the user's relaxations; with ``auto_relax`` > 0, a step no
     asked index satisfies is retried in place with the relaxation its error names (up to that many in
-    all), else the error is raised."""
+    all), else the error is raised.  Each step run (and why it asks another index) is a step on ``reporter``."""
     stats = stats if stats is not None else {}
     stats.update(offline=0, online=0)
-    rp = _Replay(recipe, files, target, work, uv=uv, exclude_newer=exclude_newer, index_args=index_args, say=say,
-                 offline=offline, stats=stats, plans=plans or {}, unmatched=unmatched,
+    rp = _Replay(recipe, files, target, work, uv=uv, exclude_newer=exclude_newer, index_args=index_args,
+                 reporter=reporter, offline=offline, stats=stats, plans=plans or {}, unmatched=unmatched,
                  relaxed=relaxed if relaxed is not None else [])
     _write_sources(files, rp.src)
     rp.drop_pins([*absent, *unmatched])
@@ -669,11 +673,11 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
             continue
         args: list[str] = []
         if plan0.action == "uninstall":
-            say(f"step {step.n} ({step.where}): uninstall {' '.join(plan0.requirements)}")
+            reporter.step(f"step {step.n} ({step.where}): uninstall {' '.join(plan0.requirements)}")
             _cmd, r = uv.pip_target("uninstall", target, list(plan0.requirements))
             plan = plan0
         else:
-            _record_indexes(rec, rp.plans.get(step.n), step, say)
+            _record_indexes(rec, rp.plans.get(step.n), step, reporter)
             r, plan, args = rp.install_relaxing(step, plan0, rec, before, captured, auto_relax)
             if rp.relaxed_done.get(step.n):
                 rec["relaxed"] = list(dict.fromkeys(rp.relaxed_done[step.n]))
@@ -691,13 +695,13 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
     return records
 
 
-def _record_indexes(rec: dict, si: StepIndexes | None, step: Step, say) -> None:
+def _record_indexes(rec: dict, si: StepIndexes | None, step: Step, reporter: Reporter) -> None:
     if si is not None:
         rec["indexes"] = [si.primary, *si.extras]
         if si.unreachable:
             rec["unreachable_indexes"] = list(si.unreachable)
-            say(f"step {step.n}: {', '.join(si.unreachable)} does not answer from here; asking {si.primary} in "
-                "its place")
+            reporter.step(f"step {step.n}: {', '.join(si.unreachable)} does not answer from here; asking "
+                          f"{si.primary} in its place")
 
 
 def unsatisfiable_step(recipe: Recipe, step: Step, stderr: str, si: StepIndexes | None,
@@ -743,7 +747,7 @@ def uv_index_args(find_links: list[str], no_index: bool, index_url: str | None) 
 
 
 def replay_from_cache_or_index(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str,
-                               index_args: list[str], say: Callable[[str], None], absent, refresh: bool,
+                               index_args: list[str], reporter: Reporter, absent, refresh: bool,
                                stats: dict, plans: Mapping[int, StepIndexes] | None = None,
                                unmatched=(), relaxed: list[Relaxation] | None = None,
                                auto_relax: int = 0) -> list[dict]:
@@ -756,10 +760,10 @@ def replay_from_cache_or_index(recipe: Recipe, files, target: Path, work: Path, 
         key["relaxed"] = sorted(r.text for r in relaxed or ())
     offline = not refresh and replayed_online_before(key)
     if offline:
-        say(f"answering from uv's cache: vllm {recipe.vllm} was replayed online with it before "
-            "(--refresh asks the index)")
+        reporter.step(f"answering from uv's cache: vllm {recipe.vllm} was replayed online with it before "
+                      "(--refresh asks the index)")
     records = replay(recipe, files, target, work, uv=uv, exclude_newer=exclude_newer, index_args=index_args,
-                     say=say, absent=absent, offline=offline, stats=stats, plans=plans, unmatched=unmatched,
+                     reporter=reporter, absent=absent, offline=offline, stats=stats, plans=plans, unmatched=unmatched,
                      relaxed=relaxed, auto_relax=auto_relax)
     if not offline:  # an offline replay found the record already there, under the same key
         record_replayed_online(key)
@@ -841,14 +845,14 @@ def _scratch_tree(keep: Path | None) -> Path:
 
 def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, find_links: list[str] | None = None,
                 no_index: bool = False, index_url: str | None = None, keep: Path | None = None,
-                progress: Callable[[str], None] | None = None, recipe: Recipe | None = None,
+                reporter: Reporter = SILENT, recipe: Recipe | None = None,
                 files=None, recorded_only: bool = True, refresh: bool = False, relax: tuple[str, ...] = (),
                 accept_undecided: tuple[str, ...] = (), reachable=None, auto_relax: int = 0,
                 platform: Platform = DEFAULT) -> Reconstruction:
     """Replay release ``vllm``'s install steps into a scratch tree, scan it, return the manifest (no
     output written; the cache records a completed online replay so that the next one of the same
-    release, uv, uv cache and index answers from uv's cache; ``refresh`` asks the index throughout)."""
-    say = progress or (lambda _m: None)
+    release, uv, uv cache and index answers from uv's cache; ``refresh`` asks the index throughout).  What it
+    does (each step replayed, the scan) are steps on ``reporter``."""
     relaxed = list(parse_relaxations(relax))  # bad input before any download; the replay may add to it
     given = {r.name for r in relaxed}
     uv = uv or Uv()
@@ -876,11 +880,11 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
         t0 = time.monotonic()
         stats: dict = {}
         records = replay_from_cache_or_index(recipe, files, target, work, uv=uv, exclude_newer=instant,
-                                             index_args=index_args, say=say, absent=absent, refresh=refresh,
+                                             index_args=index_args, reporter=reporter, absent=absent, refresh=refresh,
                                              stats=stats, plans=plans, unmatched=unmatched, relaxed=relaxed,
                                              auto_relax=auto_relax)
         timings["install"] = time.monotonic() - t0
-        say(f"scanning {target}")
+        reporter.step(f"scanning {target}")
         t0 = time.monotonic()
         manifest = snapshot_site_packages(
             target, python=recipe.python.value, glibc=recipe.glibc.value, cuda=recipe.cuda.value,

@@ -30,7 +30,7 @@ import shutil
 import stat
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
@@ -40,6 +40,7 @@ from packaging.version import Version
 
 from builder import values
 from builder.errors import BadInput
+from builder.events import PlainReporter, Reporter
 from builder.resolve.floor import native_digest
 from builder.resolve.manifest import DistFacts, Distribution
 from builder.util import canonical_name
@@ -399,10 +400,8 @@ MAX_LIST_LINE = 4096
 MAX_DIST_FILE = 16 << 20
 
 
-def _warn_stderr(message: str) -> None:
-    import sys
-
-    sys.stderr.write(f"warning: {message}\n")
+#: where a scan without a reporter tells its warnings: stderr, ``warning: ...`` (its steps are a terminal's only)
+WARNINGS_ON_STDERR: Reporter = PlainReporter(steps=False)
 
 
 def scan_root(site_packages: Path) -> Path:
@@ -437,7 +436,7 @@ def _confined(root: str, base: str, rel: str) -> tuple[str | None, str | None]:
     return (full, None) if stat.S_ISREG(st.st_mode) else (None, "special")
 
 
-def _listed_files(lines: Iterable[str], root: str, base: str, where: Path, warn: Callable[[str], None]) -> list[str]:
+def _listed_files(lines: Iterable[str], root: str, base: str, where: Path, reporter: Reporter) -> list[str]:
     """The regular files inside ``root`` that ``lines`` (RECORD rows or installed-files.txt lines, relative to
     ``base``) name; lines over :data:`MAX_LIST_LINE`, rows that are not CSV, paths out of the tree and entries
     that are not regular files are left out, each kind named in one warning with its count."""
@@ -465,11 +464,12 @@ def _listed_files(lines: Iterable[str], root: str, base: str, where: Path, warn:
                        ("csv", "row(s) that are not CSV"), ("outside", f"path(s) outside {root}"),
                        ("special", "entr(y/ies) that are a symlink, FIFO, device or directory, not a regular file")):
         if skipped[kind]:
-            warn(f"{where}: {skipped[kind]} {text} skipped; the scan reads only regular files inside the tree")
+            reporter.warning(f"{where}: {skipped[kind]} {text} skipped; the scan reads only regular files inside "
+                             "the tree", lead="warning: ")
     return out
 
 
-def _record_paths(dist_info: Path, root: Path | None = None, warn: Callable[[str], None] = _warn_stderr) -> list[str]:
+def _record_paths(dist_info: Path, root: Path | None = None, reporter: Reporter = WARNINGS_ON_STDERR) -> list[str]:
     """Files a ``.dist-info`` RECORD lists (CSV: quoted names may hold commas) that are regular files inside
     ``root`` (:func:`scan_root` of its site-packages by default)."""
     record = dist_info / "RECORD"
@@ -477,13 +477,14 @@ def _record_paths(dist_info: Path, root: Path | None = None, warn: Callable[[str
         return []
     root = Path(root) if root is not None else scan_root(dist_info.parent)
     text = _read_listing(record, f"{dist_info.name}: RECORD")
-    return _listed_files(text.splitlines(), os.fspath(root), os.fspath(dist_info.parent), record, warn)
+    return _listed_files(text.splitlines(), os.fspath(root), os.fspath(dist_info.parent), record, reporter)
 
 
 _TOP_LEVEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _egg_info_paths(egg_info: Path, root: Path | None = None, warn: Callable[[str], None] = _warn_stderr) -> list[str]:
+def _egg_info_paths(egg_info: Path, root: Path | None = None,
+                    reporter: Reporter = WARNINGS_ON_STDERR) -> list[str]:
     """Files of a ``.egg-info`` (Debian packages, legacy installs): ``installed-files.txt``
     when present, else everything under its ``top_level.txt`` packages/modules (a name that is not a Python
     identifier, ``/`` or ``..`` say, is skipped with a warning; symlinked folders are not followed)."""
@@ -494,7 +495,7 @@ def _egg_info_paths(egg_info: Path, root: Path | None = None, warn: Callable[[st
     listed = egg_info / "installed-files.txt"
     if listed.is_file():
         text = _read_listing(listed, f"{egg_info.name}: installed-files.txt")
-        return _listed_files(text.splitlines(), os.fspath(root), os.fspath(egg_info), listed, warn)
+        return _listed_files(text.splitlines(), os.fspath(root), os.fspath(egg_info), listed, reporter)
     top = egg_info / "top_level.txt"
     out: list[str] = []
     if not top.is_file():
@@ -503,7 +504,7 @@ def _egg_info_paths(egg_info: Path, root: Path | None = None, warn: Callable[[st
         if not mod:
             continue
         if not _TOP_LEVEL.fullmatch(mod) or len(mod) > 200:
-            warn(f"{top}: {mod[:80]!r} is not a module name; skipped")
+            reporter.warning(f"{top}: {mod[:80]!r} is not a module name; skipped", lead="warning: ")
             continue
         pkg = sp / mod
         if pkg.is_dir() and not pkg.is_symlink():
@@ -524,9 +525,8 @@ def iter_dist_infos(site_packages: Path) -> Iterator[Path]:
 def scan_site_packages(
     site_packages: Path,
     *,
-    progress: Callable[[str, int, int], None] | None = None,
     native_digests: bool = True,
-    warn: Callable[[str], None] = _warn_stderr,
+    reporter: Reporter = WARNINGS_ON_STDERR,
 ) -> dict[str, Distribution]:
     """Every distribution under ``site_packages``: ``*.dist-info`` (name and version from
     METADATA, facts from the files its RECORD lists) and ``*.egg-info`` (PKG-INFO;
@@ -535,9 +535,10 @@ def scan_site_packages(
     Only regular files inside the scanned tree (:func:`scan_root`) are opened: a RECORD entry that is a FIFO,
     a device, a symlink or a path out of the tree (``../..``) is skipped, lines are bounded
     (:data:`MAX_LIST_LINE`), metadata files go through the bounded reader (an unreadable one is exit 2 naming
-    it), and a name or version that is not PEP 508/440 leaves that distribution out with a ``warn`` naming it.
+    it), and a name or version that is not PEP 508/440 leaves that distribution out with a warning naming it.
 
-    ``progress(name, index, total)`` is called before each distribution.  ``native_digests=False``
+    Each distribution is a step on ``reporter`` (``scanning I/N NAME``), each file skipped a warning (default:
+    the warnings on stderr, no steps: :data:`WARNINGS_ON_STDERR`).  ``native_digests=False``
     records no ``native_sha256``: for a tree whose files stand in for the image's (a replay from
     the index), a digest of them would be a claim about files the image does not hold.
     """
@@ -558,10 +559,9 @@ def scan_site_packages(
         try:  # PEP 503/508 name, PEP 440 version: anything else never reaches the manifest, a lock or a hint
             name, version = values.DistName(name, f"{meta}: Name"), values.Version(version, f"{meta}: Version")
         except BadInput as exc:
-            warn(f"{exc.message} The distribution is left out of the scan.")
+            reporter.warning(f"{exc.message} The distribution is left out of the scan.", lead="warning: ")
             continue
-        if progress:
-            progress(name, idx, len(dist_infos))
+        reporter.step(f"scanning {idx + 1}/{len(dist_infos)} {name}")
         key = canonical_name(name)
         if key in dists:
             if egg:  # a dist-info of the same name wins (newer installer metadata)
@@ -574,15 +574,15 @@ def scan_site_packages(
         wheel = di / "WHEEL"
         if not egg and wheel.is_file():
             tags = HeaderParser().parsestr(_read_listing(wheel, f"{di.name}: WHEEL")).get_all("Tag") or []
-        files = _egg_info_paths(di, root, warn) if egg else _record_paths(di, root, warn)
+        files = _egg_info_paths(di, root, reporter) if egg else _record_paths(di, root, reporter)
         facts = scan_files(files, is_numpy=key == "numpy", wheel_tags=tags or None)
         if native_digests and facts.binary and not egg:
-            facts.native_sha256 = _native_digest(di, warn)
+            facts.native_sha256 = _native_digest(di, reporter)
         dists[key] = Distribution(name=name, version=version, facts=facts)
     return dists
 
 
-def _native_digest(dist_info: Path, warn: Callable[[str], None] = _warn_stderr) -> str | None:
+def _native_digest(dist_info: Path, reporter: Reporter = WARNINGS_ON_STDERR) -> str | None:
     """The digest of a distribution's ELF files the image's checks stage compares (``native_sha256``); None,
     with a warning, for a RECORD the checker cannot read as CSV (a row over csv's field limit)."""
     import csv
@@ -590,7 +590,8 @@ def _native_digest(dist_info: Path, warn: Callable[[str], None] = _warn_stderr) 
     try:
         return native_digest(dist_info)
     except (csv.Error, ValueError, OSError) as exc:
-        warn(f"{dist_info}: RECORD cannot be read for the native digest ({exc}); none recorded")
+        reporter.warning(f"{dist_info}: RECORD cannot be read for the native digest ({exc}); none recorded",
+                         lead="warning: ")
         return None
 
 

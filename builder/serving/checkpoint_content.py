@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BadInput
+from builder.events import SILENT, Reporter
 from builder.serving.checkpoint import FileEntry, Inventory, Problem
 from builder.util import atomic_write_text, cache_dir
 from builder.validate import load_json, read_bounded_text
@@ -256,7 +257,8 @@ class Sha256Hasher:
     def stop(self) -> None:
         self._stop.set()
 
-    def hash_file(self, path: str | os.PathLike, advance: Callable[[int], None] | None = None) -> str:
+    def hash_file(self, path: str | os.PathLike, count: Callable[[int], None] | None = None) -> str:
+        """The file's sha256; ``count`` is handed each block's length as it is read."""
         h = hashlib.sha256()
         buf = bytearray(self.block)
         view = memoryview(buf)
@@ -272,21 +274,40 @@ class Sha256Hasher:
                 if not n:
                     break
                 h.update(view[:n])
-                if advance:
-                    advance(n)
+                if count:
+                    count(n)
         return h.hexdigest()
 
-    def hash_many(self, entries: list[FileEntry], *, advance: Callable[[int], None] | None = None,
+    def hash_many(self, entries: list[FileEntry], *, reporter: Reporter = SILENT,
                   done: Callable[[FileEntry, str | None, str | None], None] | None = None,
                   ) -> dict[str, str | Exception]:
         """{name: hex digest or the OSError}; largest files first so the pool stays busy.
-        ``done`` is called as each file finishes (from the worker thread)."""
+        ``done`` is called as each file finishes (from the worker thread).  The bytes hashed so far, of
+        all the files together, are one ``sha256`` transfer on ``reporter``."""
         order = sorted(entries, key=lambda e: -e.size)
+        if not order:
+            return {}
+        total, hashed, lock = sum(e.size for e in order), [0], threading.Lock()
+
+        def count(n: int) -> None:  # from the worker threads: one event at a time
+            with lock:
+                hashed[0] += n
+                if hashed[0] < total:  # the end (a file grown while hashed too) is the one below
+                    reporter.transfer("sha256", hashed[0], total)
+
+        try:
+            return self._hash_all(order, count, done)
+        finally:
+            with lock:
+                reporter.transfer("sha256", total, total)
+
+    def _hash_all(self, order: list[FileEntry], count: Callable[[int], None],
+                  done: Callable[[FileEntry, str | None, str | None], None] | None) -> dict[str, str | Exception]:
         results: dict[str, str | Exception] = {}
 
         def one(e: FileEntry) -> None:
             try:
-                results[e.name] = self.hash_file(e.path, advance)
+                results[e.name] = self.hash_file(e.path, count)
                 if done:
                     done(e, results[e.name], None)
             except OSError as exc:
@@ -363,12 +384,12 @@ def content_plan_from_sums(inv: Inventory, sums: dict[str, str], source: str,
 
 
 def verify_content(inv: Inventory, plan: ContentPlan, *, hasher: Sha256Hasher, cache: HashCache | None,
-                   advance: Callable[[int], None] | None = None, start: Callable[[int, int], None] | None = None,
+                   reporter: Reporter = SILENT, start: Callable[[int, int], None] | None = None,
                    done: Callable[[FileEntry, str | None, str | None], None] | None = None,
                    ) -> tuple[dict[str, Any], list[Problem]]:
     """Hash what the cache does not already know, compare every file with its expected sha256.
 
-    Returns (the report's ``content`` section, problems)."""
+    The bytes hashed are a transfer on ``reporter``.  Returns (the report's ``content`` section, problems)."""
     problems = list(plan.problems)
     todo: list[FileEntry] = []
     digests: dict[str, str] = {}
@@ -392,7 +413,7 @@ def verify_content(inv: Inventory, plan: ContentPlan, *, hasher: Sha256Hasher, c
             done(e, digest, err)
 
     try:
-        results = hasher.hash_many(todo, advance=advance, done=finished)
+        results = hasher.hash_many(todo, reporter=reporter, done=finished)
     finally:
         if cache:
             cache.save()

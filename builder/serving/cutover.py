@@ -26,6 +26,7 @@ from typing import Any
 
 from builder.credentials import redact_text
 from builder.errors import BadInput, RegistryError, TagConflict, VerdictFailure
+from builder.events import SILENT, Reporter
 from builder.image import referrers, retag
 from builder.image.registry import RegistryClient
 from builder.serving import attestation, history, kuberay
@@ -53,14 +54,14 @@ class Ref:
         return self.name + (f":{self.tag}" if self.tag else "") + (f"@{self.digest}" if self.digest else "")
 
 
-def clean_ref(ref: str, what: str, say: Callable[[str], None]) -> Ref:
+def clean_ref(ref: str, what: str, reporter: Reporter) -> Ref:
     """``ref`` without a scheme or ``user:password@`` (credentials come only from ``docker login``'s store and
-    are never written); with a registry host."""
+    are never written); with a registry host.  Credentials it drops are a step on ``reporter``."""
     bare = _USERINFO.sub("", ref.strip(), count=1)
     head = ref.strip()[: len(ref.strip()) - len(bare)]
     if "@" in head:
-        say(f"{what}: the credentials in the reference are ignored (and never recorded): build-image reads only "
-            "the engine's credential store (docker login)")
+        reporter.step(f"{what}: the credentials in the reference are ignored (and never recorded): build-image "
+                      "reads only the engine's credential store (docker login)")
     r = parse_ref(bare)
     if r.registry == "docker.io" and not bare.split("/")[0].count("."):
         raise BadInput(f"{what} {redact_text(ref)} has no registry host (HOST[:PORT]/REPO…).")
@@ -148,13 +149,13 @@ def _previous_manifests(entries: list[dict], current: str | None, render: Callab
 
 def promote(source: str, to: str, *, spec, lock, force: bool = False, reason: str | None = None,
             history_file: Path | None = None, out_dir: Path | None = None,
-            say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+            reporter: Reporter = SILENT) -> dict[str, Any]:
     """Move ``to`` (``HOST/REPO:TAG``) to ``source`` (``HOST/REPO@sha256:…``); see the module docstring.
 
     Raises VerdictFailure (exit 1) when no attached PASS matches the target (without ``force``), BadInput
     (exit 2) for bad input -- nothing moved -- and RegistryError (exit 10) when the registry fails."""
-    src = clean_ref(source, "promote", say)
-    dst = clean_ref(to, "promote --to", say)
+    src = clean_ref(source, "promote", reporter)
+    dst = clean_ref(to, "promote --to", reporter)
     if not src.digest:
         raise BadInput(f"promote: {src} names no digest; promote IMAGE@sha256:… (the digest the smoke attested).")
     if dst.digest or not dst.tag:
@@ -178,7 +179,7 @@ def promote(source: str, to: str, *, spec, lock, force: bool = False, reason: st
         retag.container_config(client, src.repository, new)  # one image, not an index: BadInput before anything
         current = _settle(client, dst, path, entries)
         if current == new.digest:
-            say(f"{dst} already points at {new.digest}; nothing to do")
+            reporter.step(f"{dst} already points at {new.digest}; nothing to do")
             return {"target": str(dst), "digest": new.digest, "previous": current, "status": "unchanged",
                     "history": str(path)}
         unstated = target.unstated()
@@ -286,9 +287,9 @@ def _move(client: RegistryClient, dst: Ref, manifest: retag.Manifest, path: Path
 
 
 def rollback(to: str, *, history_file: Path | None = None, out_dir: Path | None = None, force: bool = False,
-             say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+             reporter: Reporter = SILENT) -> dict[str, Any]:
     """Put ``to`` back on the digest its latest promotion replaced and write that image's manifests."""
-    dst = clean_ref(to, "rollback", say)
+    dst = clean_ref(to, "rollback", reporter)
     if dst.digest or not dst.tag:
         raise BadInput(f"rollback {dst}: give REPO:TAG (the deploy tag to move back).")
     check_out_dir(out_dir, force)
@@ -340,9 +341,9 @@ def rollback(to: str, *, history_file: Path | None = None, out_dir: Path | None 
 
 
 def show_history(to: str, *, history_file: Path | None = None,
-                 say: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+                 reporter: Reporter = SILENT) -> dict[str, Any]:
     """The tag's history, its unsettled entries settled from the registry when it answers."""
-    dst = clean_ref(to, "history", say)
+    dst = clean_ref(to, "history", reporter)
     if dst.digest or not dst.tag:
         raise BadInput(f"history {dst}: give REPO:TAG.")
     path = _history_path(dst, history_file)

@@ -40,6 +40,7 @@ from typing import Any
 
 from builder import engine as engine_adapter
 from builder.errors import BadInput, ExternalToolError
+from builder.events import SILENT, Reporter
 from builder.report import render_json
 from builder.resolve.lockfile import LockFile
 from builder.util import canonical_name, same_version
@@ -546,14 +547,14 @@ def run_check(
     timeout: float = 120.0,
     worker_image: str | None = None,
     engine=None,
-    on_event: Callable[[str], None] | None = None,
+    reporter: Reporter = SILENT,
 ) -> CheckResult:
-    """Start the cluster, collect one report per node, compare.  Containers are always removed."""
+    """Start the cluster, collect one report per node, compare.  Containers are always removed.  Each
+    container started and waited for is a step on ``reporter``."""
     if workers < 1:
         raise BadInput(f"ray-check: --workers must be at least 1, got {workers}.")
     if timeout <= 0:
         raise BadInput(f"ray-check: --timeout must be positive, got {timeout}.")
-    say = on_event or (lambda msg: None)
     if engine is None:
         engine = engine_adapter.get_engine()
     engine.ping()
@@ -562,16 +563,16 @@ def run_check(
     packages = sorted({*REPORTED_PACKAGES, *(e.key for e in (lock.entries if lock else []))})
     nodes = node_specs(image, workers, worker_image, containers)
     cl = _Cluster(containers=containers, nodes=nodes, run_id=secrets.token_hex(4), ports=allocate_ports(len(nodes)),
-                  deadline=t0 + timeout, say=say)
+                  deadline=t0 + timeout, reporter=reporter)
     with ExitStack() as stack:
         stack.enter_context(_sigterm_as_interrupt())
         stack.callback(containers.remove_all, cl.run_id)
         cl.start_head()
         for node in nodes[1:]:
             cl.start_worker(node)
-        say(f"waiting for {len(nodes)} nodes to join (up to {int(cl.deadline - time.monotonic())}s)")
+        reporter.step(f"waiting for {len(nodes)} nodes to join (up to {int(cl.deadline - time.monotonic())}s)")
         answer = _drive(containers, cl.cids, nodes, cl.probe_config(packages), cl.deadline,
-                        restart=cl.start_worker, say=say)
+                        restart=cl.start_worker, reporter=reporter)
         driver_error = answer.pop("error", None)
         reports: dict[str, NodeReport] = {}
         for node in nodes:
@@ -601,7 +602,7 @@ class _Cluster:
     run_id: str
     ports: list[NodePorts]
     deadline: float
-    say: Callable[[str], None]
+    reporter: Reporter
     cids: dict[str, str] = field(default_factory=dict)  # node name -> container ID
 
     @property
@@ -610,7 +611,7 @@ class _Cluster:
 
     def start_head(self) -> None:
         """Start the head and wait until its GCS accepts connections."""
-        self.say(f"starting head ({self.nodes[0].image})")
+        self.reporter.step(f"starting head ({self.nodes[0].image})")
         # Loopback only: the head gets a network namespace of its own that holds nothing but `lo`
         # (--network=none), and every worker joins that namespace. Ray listens on 0.0.0.0 whatever
         # --node-ip-address says; with --network=host that exposed GCS, raylets and agents on every
@@ -620,14 +621,14 @@ class _Cluster:
                                          *self.ports[0].args()], self.run_id, network="none")
         # Workers started before the head's GCS listens can give up and exit (seen under load
         # on a cold CI machine); start them only once the GCS port accepts connections.
-        self.say("waiting for the head's GCS")
+        self.reporter.step("waiting for the head's GCS")
         _wait_for_gcs(self.containers, self.cids["head"], self.ports[0].gcs, self.deadline)
 
     def start_worker(self, node: NodeSpec) -> str:
         """Start (or restart) one worker in the head's network namespace."""
         p = self.ports[[n.name for n in self.nodes].index(node.name)]
         argv = _RAY_START + [f"--address={self.gcs}", f"--node-name={node.name}", *p.args()]
-        self.say(f"starting {node.name} ({node.image})")
+        self.reporter.step(f"starting {node.name} ({node.image})")
         self.cids[node.name] = self.containers.start(node, argv, self.run_id, network=f"container:{self.cids['head']}")
         return self.cids[node.name]
 
@@ -643,7 +644,7 @@ def _report_alone(cl: _Cluster, node: NodeSpec, packages: list[str], joined: set
                   driver_error: str | None) -> NodeReport:
     """The report of a node that did not report from the cluster: its container probed alone,
     with why it did not join (or, for the head, why the driver failed)."""
-    cl.say(f"{node.name} did not report from the cluster; probing its container alone")
+    cl.reporter.step(f"{node.name} did not report from the cluster; probing its container alone")
     why = _why_not_joined(cl.containers, cl.cids[node.name])
     doc = _probe_alone(cl.containers, cl.cids[node.name], node, packages)
     in_cluster = node.name in joined or (node.name == "head" and driver_error is None)
@@ -657,7 +658,7 @@ def _report_alone(cl: _Cluster, node: NodeSpec, packages: list[str], joined: set
 
 
 def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], cfg: dict, deadline: float,
-           *, restart: Callable[[NodeSpec], str] | None = None, say: Callable[[str], None] = lambda m: None) -> dict:
+           *, restart: Callable[[NodeSpec], str] | None = None, reporter: Reporter = SILENT) -> dict:
     """Run the cluster probe in the head; give up early when a node's container has exited.
 
     A worker whose container exits before joining is restarted once (its reason is said):
@@ -682,8 +683,8 @@ def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], 
             exited = [] if gave_up else [n for n in nodes[1:] if not containers.running(cids[n.name])]
             retry = [n for n in exited if restart is not None and n.name not in restarted]
             for n in retry:
-                say(f"{n.name} exited before joining ({explain_log(containers.logs(cids[n.name], 60))}); "
-                    "restarting it once")
+                reporter.step(f"{n.name} exited before joining ({explain_log(containers.logs(cids[n.name], 60))}); "
+                              "restarting it once")
                 restarted.add(n.name)
                 restart(n)
             if exited and not retry:

@@ -46,7 +46,7 @@ from builder.resolve.baseref import resolve_base  # noqa: E402
 from builder.resolve.lock import DEFAULT_RAY, base_requirements, parse_overlay, request_for, target_tags  # noqa: E402
 from builder.resolve.raychoice import choose, ray_releases  # noqa: E402
 from builder.resolve.uv import Uv  # noqa: E402
-from builder.spec import lockfiles_dir  # noqa: E402
+from builder.spec import supported_vllm_versions  # noqa: E402
 
 BIN = Path(sys.executable).parent
 FRESH_TARGET = 1.1    # build-image lock --upgrade / raw uv fresh
@@ -85,12 +85,9 @@ def interleaved(n: int, tools: list[tuple[str, object]]) -> list[tuple[str, floa
 
 
 def shipped_releases() -> list[str]:
-    """Every release this checkout ships a base manifest for, oldest first."""
-    from packaging.version import Version
-
-    names = (p.name.removeprefix("vllm-openai-v").removesuffix(".json")
-             for p in (lockfiles_dir() / "base").glob("vllm-openai-v*.json"))
-    return sorted(names, key=Version)
+    """Every release this checkout ships a linux/amd64 base manifest for, oldest first (the
+    ``-linux-arm64`` manifests are the same releases on another platform)."""
+    return supported_vllm_versions()
 
 
 class Inputs:

@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.parser import HeaderParser
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
@@ -64,18 +65,26 @@ class IndexFile:
     requires_python: str | None = None
     metadata_sha256: str | None = None  # PEP 658/714: the index serves url + ".metadata"
 
-    @property
-    def version(self) -> Version | None:
+    @cached_property
+    def _wheel(self):
+        """The wheel's name parsed once (a listing of ray holds ~2000 files, each asked for its version
+        and its tags); None for a file that is not a wheel or whose name does not parse."""
         if not self.filename.endswith(".whl"):
             return None
         try:
-            return parse_wheel_filename(self.filename)[1]
+            return parse_wheel_filename(self.filename)
         except (InvalidWheelFilename, InvalidVersion):
             return None
 
     @property
+    def version(self) -> Version | None:
+        return self._wheel[1] if self._wheel is not None else None
+
+    @property
     def tags(self):
-        return parse_wheel_filename(self.filename)[3]
+        if self._wheel is None:  # not a wheel: parse_wheel_filename's own error, as before
+            return parse_wheel_filename(self.filename)[3]
+        return self._wheel[3]
 
 
 class Index(Protocol):

@@ -51,6 +51,9 @@ DEFAULT_INDEX = "https://pypi.org/simple"
 LISTING_TTL_S = 900
 _ACCEPT = "application/vnd.pypi.simple.v1+json"
 _METADATA_RE = re.compile(r"^[^/]+\.dist-info/METADATA$")
+# An absolute http(s) URL that urljoin returns unchanged: a host (and port), a path, and nothing
+# urlsplit would rewrite (no userinfo, brackets, params, query, fragment, space or non-ASCII).
+_PLAIN_URL_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[A-Za-z0-9._~%!$&'()*+,=:@/-]*)?")
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,9 @@ def parse_listing(doc: dict, base_url: str) -> list[IndexFile]:
             continue
         meta = f.get("core-metadata", f.get("data-dist-info-metadata"))
         meta_sha = meta.get("sha256") if isinstance(meta, dict) else None
-        url = urllib.request.urljoin(base_url + "/", f["url"])
+        url = f["url"]
+        if not _PLAIN_URL_RE.fullmatch(url):  # PyPI lists absolute URLs: joined only when it must be
+            url = urllib.request.urljoin(base_url + "/", url)
         out.append(IndexFile(filename=f["filename"], url=url, sha256=sha, upload_time=parse_time(f.get("upload-time")),
                              yanked=bool(f.get("yanked")), requires_python=f.get("requires-python"),
                              metadata_sha256=meta_sha))

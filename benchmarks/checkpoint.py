@@ -135,8 +135,17 @@ def sha256sum(paths) -> None:
 
 
 def verify_cli(d: Path, sums: Path, jobs: int, env: dict, *, rehash: bool = True) -> dict:
-    cmd = [str(ROOT / ".venv" / "bin" / "build-image"), "checkpoint", "verify", str(d), "--sha256", str(sums),
-           "--jobs", str(jobs), "--json"] + (["--rehash"] if rehash else [])
+    cmd = [
+        str(ROOT / ".venv" / "bin" / "build-image"),
+        "checkpoint",
+        "verify",
+        str(d),
+        "--sha256",
+        str(sums),
+        "--jobs",
+        str(jobs),
+        "--json",
+    ] + (["--rehash"] if rehash else [])
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise SystemExit(f"verify failed ({r.returncode}): {r.stderr}")
@@ -164,19 +173,26 @@ def main() -> int:
 
 def run(work: Path, args, env: dict) -> int:
     cpus = len(os.sched_getaffinity(0))
-    print(f"machine: {cpus} usable CPU(s); sha256sum "
-          f"{subprocess.run(['sha256sum', '--version'], capture_output=True, text=True).stdout.splitlines()[0]}")
-    print(f"python hashlib: {__import__('ssl').OPENSSL_VERSION}; load average {os.getloadavg()[0]:.1f} (a "
-          "shared machine)")
+    print(
+        f"machine: {cpus} usable CPU(s); sha256sum "
+        f"{subprocess.run(['sha256sum', '--version'], capture_output=True, text=True).stdout.splitlines()[0]}"
+    )
+    print(
+        f"python hashlib: {__import__('ssl').OPENSSL_VERSION}; load average {os.getloadavg()[0]:.1f} (a shared machine)"
+    )
 
     # 1. structural pass: sparse stand-ins of real checkpoints (no disk used)
     print("\n== structural pass (headers only)")
     qwen_sparse = [int(102.4 * GB)] + [int((186.4 - 102.4) / 30 * GB)] * 30
     big600 = [int(600 / 163 * GB)] * 163
     for label, sizes, per_shard in (
-            ("Qwen sparse-attention checkpoint (31 files, 186.4 GB, one 102.4 GB shard, 2,000 tensors), sparse",
-             qwen_sparse, 65),
-            ("600 GB in 163 shards, 91,000 tensors (DeepSeek-V3-like), sparse", big600, 560)):
+        (
+            "Qwen sparse-attention checkpoint (31 files, 186.4 GB, one 102.4 GB shard, 2,000 tensors), sparse",
+            qwen_sparse,
+            65,
+        ),
+        ("600 GB in 163 shards, 91,000 tensors (DeepSeek-V3-like), sparse", big600, 560),
+    ):
         d = work / label.split()[0].replace("(", "")
         make_checkpoint(d, sizes, sparse=True, tensors_per_shard=per_shard)
         runs, cpu = [], []
@@ -187,8 +203,10 @@ def run(work: Path, args, env: dict) -> int:
         rep = runs[-1]
         assert rep.ready(), [p.message for p in rep.errors]
         best = min(r.structural_seconds for r in runs)
-        print(f"  {label}: {rep.weight_bytes / GB:.1f} GB of weights in {rep.tensors:,} tensors, "
-              f"READY in {best * 1000:.1f} ms wall, {min(cpu) * 1000:.1f} ms CPU (best of 3)")
+        print(
+            f"  {label}: {rep.weight_bytes / GB:.1f} GB of weights in {rep.tensors:,} tensors, "
+            f"READY in {best * 1000:.1f} ms wall, {min(cpu) * 1000:.1f} ms CPU (best of 3)"
+        )
         shutil.rmtree(d)
 
     if args.structural_only:
@@ -201,14 +219,22 @@ def run(work: Path, args, env: dict) -> int:
     shards = sorted(d.glob("*.safetensors"))
     total = sum(p.stat().st_size for p in shards)
     large = max(shards, key=lambda p: p.stat().st_size)
-    print(f"\n== synthetic checkpoint: {len(shards)} shards, {total / GB:.2f} GB "
-          f"({args.small} x {args.small_mb} MB + 1 x {args.large_mb} MB), written in {t:.1f} s")
+    print(
+        f"\n== synthetic checkpoint: {len(shards)} shards, {total / GB:.2f} GB "
+        f"({args.small} x {args.small_mb} MB + 1 x {args.large_mb} MB), written in {t:.1f} s"
+    )
     rep = inspect_checkpoint(d)
     print(f"  structural pass: {rep.structural_seconds * 1000:.1f} ms, {'READY' if rep.ready() else 'NOT READY'}")
 
     bi = str(ROOT / ".venv" / "bin" / "build-image")
-    t_fixed = min(timed(lambda: subprocess.run([bi, "checkpoint", "verify", str(d), "--json"], check=True,
-                                               capture_output=True, env=env)) for _ in range(3))
+    t_fixed = min(
+        timed(
+            lambda: subprocess.run(
+                [bi, "checkpoint", "verify", str(d), "--json"], check=True, capture_output=True, env=env
+            )
+        )
+        for _ in range(3)
+    )
     print(f"  whole CLI without hashing (interpreter start, imports, structural pass): {t_fixed:.2f} s (best of 3)")
 
     sums = work / "SUMS"
@@ -223,9 +249,11 @@ def run(work: Path, args, env: dict) -> int:
         # warm: best of --repeat, the tools alternating (a shared machine is noisy); cold: once each
         reps = args.repeat if cache_state == "warm" else 1
         prep = warm if cache_state == "warm" else evict
-        print(f"\n== sha256, page cache {cache_state} "
-              f"({'best of %d, alternating' % reps if reps > 1 else 'one run each'}; "
-              f"load average {os.getloadavg()[0]:.1f})")
+        print(
+            f"\n== sha256, page cache {cache_state} "
+            f"({'best of %d, alternating' % reps if reps > 1 else 'one run each'}; "
+            f"load average {os.getloadavg()[0]:.1f})"
+        )
         t_sum = t_ours = c_sum = c_ours = float("inf")
         for _ in range(reps):
             prep([large])
@@ -237,11 +265,15 @@ def run(work: Path, args, env: dict) -> int:
         results[f"sha256sum-1-{cache_state}"], results[f"hasher-1-{cache_state}"] = t_sum, t_ours
         results[f"hasher-cpu-{cache_state}"] = c_ours
         rs, ro = st.st_size / t_sum, st.st_size / t_ours
-        print(f"  one file ({st.st_size / GB:.2f} GB): sha256sum {rs / MB:.0f} MB/s, build-image hasher "
-              f"{ro / MB:.0f} MB/s "
-              f"= {100 * ro / rs:.0f}% of sha256sum")
-        print(f"    per CPU-second (independent of the machine's load): sha256sum {st.st_size / c_sum / MB:.0f} MB, "
-              f"build-image hasher {st.st_size / c_ours / MB:.0f} MB")
+        print(
+            f"  one file ({st.st_size / GB:.2f} GB): sha256sum {rs / MB:.0f} MB/s, build-image hasher "
+            f"{ro / MB:.0f} MB/s "
+            f"= {100 * ro / rs:.0f}% of sha256sum"
+        )
+        print(
+            f"    per CPU-second (independent of the machine's load): sha256sum {st.st_size / c_sum / MB:.0f} MB, "
+            f"build-image hasher {st.st_size / c_ours / MB:.0f} MB"
+        )
         job_counts = sorted({1, 2, cpus})
         t_all, t_cli = float("inf"), {j: float("inf") for j in job_counts}
         cores: dict[int, float] = {}
@@ -258,10 +290,12 @@ def run(work: Path, args, env: dict) -> int:
             results[f"cli-{jobs}-{cache_state}"] = t_cli[jobs]
             net = t_cli[jobs] - t_fixed
             alone = f"{total / net / MB:.0f} MB/s" if net > 0.5 * t_cli[jobs] else "n/a (startup dominates)"
-            print(f"  build-image checkpoint verify --jobs {jobs} (whole CLI): {t_cli[jobs]:.2f} s, "
-                  f"{total / t_cli[jobs] / MB:.0f} MB/s = {t_all / t_cli[jobs]:.2f}x sha256sum, "
-                  f"{t_cli[1] / t_cli[jobs]:.2f}x --jobs 1; hashing alone {alone}; "
-                  f"CPU/wall {cores[jobs]:.2f} (cores the machine gave it)")
+            print(
+                f"  build-image checkpoint verify --jobs {jobs} (whole CLI): {t_cli[jobs]:.2f} s, "
+                f"{total / t_cli[jobs] / MB:.0f} MB/s = {t_all / t_cli[jobs]:.2f}x sha256sum, "
+                f"{t_cli[1] / t_cli[jobs]:.2f}x --jobs 1; hashing alone {alone}; "
+                f"CPU/wall {cores[jobs]:.2f} (cores the machine gave it)"
+            )
         results[f"sha256sum-all-{cache_state}"] = t_all
 
     # 3. digest cache
@@ -269,23 +303,30 @@ def run(work: Path, args, env: dict) -> int:
     t0 = time.perf_counter()
     doc = verify_cli(d, sums, 2, env, rehash=False)
     t_cached = time.perf_counter() - t0
-    print(f"\n== re-verify, nothing changed: {t_cached:.2f} s, hashed {doc['content']['hashed_files']} of "
-          f"{doc['content']['files']} files (digest cache)")
+    print(
+        f"\n== re-verify, nothing changed: {t_cached:.2f} s, hashed {doc['content']['hashed_files']} of "
+        f"{doc['content']['files']} files (digest cache)"
+    )
 
     # 4. extrapolation at the cold (disk + CPU) rates measured above
     per_job = st.st_size / results["hasher-1-cold"]
     best_jobs = max(sorted({1, 2, cpus}), key=lambda j: total / results[f"cli-{j}-cold"])
     agg = total / results[f"cli-{best_jobs}-cold"]
-    print(f"\n== extrapolation (cold cache: one stream {per_job / MB:.0f} MB/s, all shards with --jobs {best_jobs} "
-          f"{agg / MB:.0f} MB/s)")
+    print(
+        f"\n== extrapolation (cold cache: one stream {per_job / MB:.0f} MB/s, all shards with --jobs {best_jobs} "
+        f"{agg / MB:.0f} MB/s)"
+    )
     per_cpu_s = st.st_size / results["hasher-cpu-warm"]
-    for label, tot, largest in (("Qwen sparse-attention checkpoint: 186.4 GB, largest shard 102.4 GB", 186.4 * GB,
-                                 102.4 * GB),
-                                ("600 GB in 163 x 3.7 GB shards", 600 * GB, 600 / 163 * GB)):
+    for label, tot, largest in (
+        ("Qwen sparse-attention checkpoint: 186.4 GB, largest shard 102.4 GB", 186.4 * GB, 102.4 * GB),
+        ("600 GB in 163 x 3.7 GB shards", 600 * GB, 600 / 163 * GB),
+    ):
         bound = max(tot / agg, largest / per_job)
-        print(f"  {label}: {bound / 60:.1f} min here (aggregate {tot / agg / 60:.1f} min; the largest shard alone "
-              f"{largest / per_job / 60:.1f} min as one stream); CPU cost {tot / per_cpu_s / 60:.1f} CPU-min "
-              f"at {per_cpu_s / MB:.0f} MB per CPU-second")
+        print(
+            f"  {label}: {bound / 60:.1f} min here (aggregate {tot / agg / 60:.1f} min; the largest shard alone "
+            f"{largest / per_job / 60:.1f} min as one stream); CPU cost {tot / per_cpu_s / 60:.1f} CPU-min "
+            f"at {per_cpu_s / MB:.0f} MB per CPU-second"
+        )
     return 0
 
 

@@ -50,25 +50,39 @@ def make_pair(n: int, seed: int = 7) -> tuple[str, str]:
     removes a few, re-hashes some, moves numpy across a major (group 1)."""
     rng = random.Random(seed)
     header = {
-        "build-image-lock": "1", "tool": "build-image 0.1.0 (uv 0.13.9)", "vllm": "0.26.0",
-        "base-ref": "vllm/vllm-openai:v0.26.0", "base-digest": "sha256:" + _h(rng),
-        "base-manifest-sha256": _h(rng), "python": "3.12", "platform": "x86_64-manylinux_2_35",
+        "build-image-lock": "1",
+        "tool": "build-image 0.1.0 (uv 0.13.9)",
+        "vllm": "0.26.0",
+        "base-ref": "vllm/vllm-openai:v0.26.0",
+        "base-digest": "sha256:" + _h(rng),
+        "base-manifest-sha256": _h(rng),
+        "python": "3.12",
+        "platform": "x86_64-manylinux_2_35",
         "inputs-sha256": _h(rng),
     }
     entries = []
     for i in range(n):
         binary = rng.random() < 0.35
-        f = DistFacts(binary=binary, extensions=rng.randint(1, 40) if binary else 0,
-                      numpy_abi={"1": 0, "2": rng.randint(0, 2) if binary else 0},
-                      glibc="2.17" if binary else None, python_abi="cp312" if binary else "none")
+        f = DistFacts(
+            binary=binary,
+            extensions=rng.randint(1, 40) if binary else 0,
+            numpy_abi={"1": 0, "2": rng.randint(0, 2) if binary else 0},
+            glibc="2.17" if binary else None,
+            python_abi="cp312" if binary else "none",
+        )
         v = f"{rng.randint(0, 9)}.{rng.randint(0, 30)}.{rng.randint(0, 20)}"
         sha = _h(rng)
-        entries.append(LockEntry(
-            name=f"pkg-{i:03d}", version=v, hashes=[sha, _h(rng)] if binary else [sha],
-            via=[f"pkg-{rng.randint(0, n - 1):03d}", "-r overlay"][: rng.randint(1, 2)],
-            wheel=WheelRef(_wheel_url(f"pkg-{i:03d}", v, sha), sha),
-            facts=f, base_version=v if rng.random() < 0.1 else None,
-        ))
+        entries.append(
+            LockEntry(
+                name=f"pkg-{i:03d}",
+                version=v,
+                hashes=[sha, _h(rng)] if binary else [sha],
+                via=[f"pkg-{rng.randint(0, n - 1):03d}", "-r overlay"][: rng.randint(1, 2)],
+                wheel=WheelRef(_wheel_url(f"pkg-{i:03d}", v, sha), sha),
+                facts=f,
+                base_version=v if rng.random() < 0.1 else None,
+            )
+        )
     old = LockFile(header=dict(header), overlay=["ray[serve]"], allow_abi_change={}, entries=entries)
     import copy
 
@@ -83,17 +97,30 @@ def make_pair(n: int, seed: int = 7) -> tuple[str, str]:
     for e in rng.sample(new.entries, n // 20):
         e.hashes = [_h(rng)]
         e.wheel = WheelRef(_wheel_url(e.name, e.version, e.hashes[0]), e.hashes[0])
-    del new.entries[: 4]
+    del new.entries[:4]
     sha = _h(rng)
-    new.entries.append(LockEntry(
-        name="numpy", version="2.2.6", hashes=[sha], via=["-r overlay"],
-                                 wheel=WheelRef(_wheel_url("numpy", "2.2.6", sha), sha),
-        facts=DistFacts(binary=True, extensions=12, glibc="2.17", python_abi="cp312"), base_version="1.26.4"))
+    new.entries.append(
+        LockEntry(
+            name="numpy",
+            version="2.2.6",
+            hashes=[sha],
+            via=["-r overlay"],
+            wheel=WheelRef(_wheel_url("numpy", "2.2.6", sha), sha),
+            facts=DistFacts(binary=True, extensions=12, glibc="2.17", python_abi="cp312"),
+            base_version="1.26.4",
+        )
+    )
     sha = _h(rng)
-    new.entries.append(LockEntry(name="pyarrow", version="14.0.2", hashes=[sha], via=["pkg-001"],
-                                 wheel=WheelRef(_wheel_url("pyarrow", "14.0.2", sha), sha),
-                                 facts=DistFacts(binary=True, extensions=20, numpy_abi={"1": 1, "2": 0},
-                                                 glibc="2.17", python_abi="cp312")))
+    new.entries.append(
+        LockEntry(
+            name="pyarrow",
+            version="14.0.2",
+            hashes=[sha],
+            via=["pkg-001"],
+            wheel=WheelRef(_wheel_url("pyarrow", "14.0.2", sha), sha),
+            facts=DistFacts(binary=True, extensions=20, numpy_abi={"1": 1, "2": 0}, glibc="2.17", python_abi="cp312"),
+        )
+    )
     return format_lock(old), format_lock(new)
 
 
@@ -126,11 +153,26 @@ def import_costs(py: str, args: list[str], runs: int = 5) -> list[tuple[str, int
     ``python -X importtime -m builder.cli ARGS``: builder.* modules and the big
     third-party packages."""
     best: dict[str, list[int]] = {}
-    wanted = ("click", "rich", "packaging", "packaging.requirements", "packaging.version", "jinja2", "docker",
-              "yaml", "elftools", "json", "http.client", "urllib.request", "asyncio", "email.parser")
+    wanted = (
+        "click",
+        "rich",
+        "packaging",
+        "packaging.requirements",
+        "packaging.version",
+        "jinja2",
+        "docker",
+        "yaml",
+        "elftools",
+        "json",
+        "http.client",
+        "urllib.request",
+        "asyncio",
+        "email.parser",
+    )
     for _ in range(runs):
-        p = subprocess.run([py, "-X", "importtime", "-m", "builder.cli", *args], capture_output=True, text=True,
-                           env=ENV)
+        p = subprocess.run(
+            [py, "-X", "importtime", "-m", "builder.cli", *args], capture_output=True, text=True, env=ENV
+        )
         for line in p.stderr.splitlines():
             parts = [x.strip() for x in line.split("|")]
             if len(parts) != 3 or not (parts[2].startswith("builder.") or parts[2] in wanted):
@@ -148,8 +190,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--packages", type=int, default=220)
-    ap.add_argument("--no-bytecode-cache", action="store_true",
-                    help="time cold starts: every module compiled from source on every run")
+    ap.add_argument(
+        "--no-bytecode-cache",
+        action="store_true",
+        help="time cold starts: every module compiled from source on every run",
+    )
     args = ap.parse_args()
     py = sys.executable
     exe = str(Path(py).parent / "build-image")
@@ -170,10 +215,14 @@ def main() -> None:
             ("python -c 'import builder.cli'", timeit([py, "-c", "import builder.cli"], args.runs)),
             ("build-image --help", timeit([exe, "--help"], args.runs)),
             ("build-image diff (text)", timeit([exe, "diff", str(old), str(new)], args.runs)),
-            ("build-image diff --format json",
-             timeit([exe, "diff", str(old), str(new), "--format", "json"], args.runs)),
-            ("build-image diff --format markdown",
-             timeit([exe, "diff", str(old), str(new), "--format", "markdown"], args.runs)),
+            (
+                "build-image diff --format json",
+                timeit([exe, "diff", str(old), str(new), "--format", "json"], args.runs),
+            ),
+            (
+                "build-image diff --format markdown",
+                timeit([exe, "diff", str(old), str(new), "--format", "markdown"], args.runs),
+            ),
             ("build-image diff --textconv", timeit([exe, "diff", "--textconv", str(new)], args.runs)),
         ]
         # in-process: parse + diff + render, no interpreter/CLI startup
@@ -184,8 +233,9 @@ def main() -> None:
         t = time.perf_counter()
         reps = 20
         for _ in range(reps):
-            d = diff_locks(parse_lock(old_text, "old"), parse_lock(new_text, "new"), old_text=old_text,
-                           new_text=new_text)
+            d = diff_locks(
+                parse_lock(old_text, "old"), parse_lock(new_text, "new"), old_text=old_text, new_text=new_text
+            )
             render_text(to_document(d))
             render_json(to_json_doc([d]))
         per = (time.perf_counter() - t) / reps
@@ -194,8 +244,10 @@ def main() -> None:
     n_old = old_text.count("# facts:")
     n_new = new_text.count("# facts:")
     cache = "no bytecode cache" if args.no_bytecode_cache else "bytecode cache warm"
-    print(f"locks: {n_old} and {n_new} packages; median of {args.runs} runs ({cache}); "
-          f"target {TARGET_S:.2f} s for the diff")
+    print(
+        f"locks: {n_old} and {n_new} packages; median of {args.runs} runs ({cache}); "
+        f"target {TARGET_S:.2f} s for the diff"
+    )
     floor = rows[0][1][0]
     diff_t = rows[3][1][0]
     print(f"{'what':40} {'median s':>8} {'min s':>7} {'cpu s':>7} {'x python':>9} {'x target':>9}")
@@ -203,8 +255,10 @@ def main() -> None:
         print(f"{name:40} {med:8.3f} {low:7.3f} {cpu:7.3f} {med / floor:9.2f} {med / TARGET_S:9.2f}")
     print(f"\nload average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs (other work inflates every row alike)")
     diff_low, diff_cpu = rows[3][1][1], rows[3][1][2]
-    print(f"\nverdict: build-image diff median {diff_t:.3f} s, min {diff_low:.3f} s, cpu {diff_cpu:.3f} s -> "
-          f"{'PASS' if diff_t < TARGET_S else 'FAIL'} (median < {TARGET_S} s)")
+    print(
+        f"\nverdict: build-image diff median {diff_t:.3f} s, min {diff_low:.3f} s, cpu {diff_cpu:.3f} s -> "
+        f"{'PASS' if diff_t < TARGET_S else 'FAIL'} (median < {TARGET_S} s)"
+    )
     print("\nimports of `build-image diff OLD NEW` (ms, min of 5 runs; cumulative includes children):")
     print(f"  {'module':36} {'self':>7} {'cumulative':>11}")
     for name, self_us, cum_us in costs[:20]:

@@ -53,8 +53,8 @@ from builder.resolve.uv import Uv  # noqa: E402
 from builder.spec import supported_vllm_versions  # noqa: E402
 
 BIN = Path(sys.executable).parent
-FRESH_TARGET = 1.1    # build-image lock --upgrade / raw uv fresh
-CHECK_TARGET = 0.3    # seconds, build-image lock --check on an up-to-date lock
+FRESH_TARGET = 1.1  # build-image lock --upgrade / raw uv fresh
+CHECK_TARGET = 0.3  # seconds, build-image lock --check on an up-to-date lock
 
 
 def timed(cmd: list[str], *, env=None, cwd=None, timeout=None, ok=(0,), expect: str | None = None) -> float | str:
@@ -121,9 +121,14 @@ class Inputs:
         overrides = self.work / "base-overrides.txt"
         overrides.write_text("".join(f"{o}\n" for o in self.base.uv_overrides or ()))
         self.cmd = self.uv.compile_cmd(
-            [self.work / "overlay.in"], self.work / "raw.txt", python_version=self.base.python_version,
-            platform=self.base.platform, hashes=True, constraints=[self.work / "base.in"],
-            overrides=[overrides] if self.base.uv_overrides else [])
+            [self.work / "overlay.in"],
+            self.work / "raw.txt",
+            python_version=self.base.python_version,
+            platform=self.base.platform,
+            hashes=True,
+            constraints=[self.work / "base.in"],
+            overrides=[overrides] if self.base.uv_overrides else [],
+        )
 
     def unsatisfiable(self) -> bool:
         (self.work / "raw.txt").unlink(missing_ok=True)
@@ -132,11 +137,16 @@ class Inputs:
 
     def describe(self) -> str:
         overrides = len(self.base.uv_overrides or ())
-        fell_back = (f" ({self.fell_back} does not fit on the base: the lock resolves it first, looks for the pins "
-                     "that would have to move, then locks the newest ray that fits; raw uv runs only the last)"
-                     if self.fell_back else "")
-        return (f"vllm {self.vllm}: overlay {self.overlay}{fell_back}, {len(self.base.distributions)} base pins as "
-                f"constraints, {overrides} override(s), from {self.label}")
+        fell_back = (
+            f" ({self.fell_back} does not fit on the base: the lock resolves it first, looks for the pins "
+            "that would have to move, then locks the newest ray that fits; raw uv runs only the last)"
+            if self.fell_back
+            else ""
+        )
+        return (
+            f"vllm {self.vllm}: overlay {self.overlay}{fell_back}, {len(self.base.distributions)} base pins as "
+            f"constraints, {overrides} override(s), from {self.label}"
+        )
 
 
 def bench_release(vllm: str, args, uv: Uv) -> list[tuple[str, float | str]]:
@@ -167,21 +177,37 @@ def bench_release(vllm: str, args, uv: Uv) -> list[tuple[str, float | str]]:
             extra = ["--with", "requests"] if toggle["n"] % 2 else ["--with", "requests>=2"]
             return timed(bi_other + extra, env=bi_env, expect="written")
 
-        rows = interleaved(args.repeat, [
-            ("raw uv pip compile (fresh)", raw_fresh),
-            ("build-image lock --upgrade (fresh)", lambda: timed(bi + ["--upgrade"], env=bi_env, expect="written")),
-            ("raw uv pip compile (existing output)", lambda: timed(inputs.cmd, env=env, cwd=work)),
-            ("build-image lock (input changed)", bi_changed),
-            ("build-image lock (up to date: re-lock)", lambda: timed(bi, env=bi_env, expect="up-to-date")),
-            ("build-image lock --check (up to date)", lambda: timed(bi + ["--check"], env=bi_env, expect="up-to-date")),
-        ])
+        rows = interleaved(
+            args.repeat,
+            [
+                ("raw uv pip compile (fresh)", raw_fresh),
+                ("build-image lock --upgrade (fresh)", lambda: timed(bi + ["--upgrade"], env=bi_env, expect="written")),
+                ("raw uv pip compile (existing output)", lambda: timed(inputs.cmd, env=env, cwd=work)),
+                ("build-image lock (input changed)", bi_changed),
+                ("build-image lock (up to date: re-lock)", lambda: timed(bi, env=bi_env, expect="up-to-date")),
+                (
+                    "build-image lock --check (up to date)",
+                    lambda: timed(bi + ["--check"], env=bi_env, expect="up-to-date"),
+                ),
+            ],
+        )
         if args.with_pip_compile:
             if not (BIN / "pip-compile").exists():
                 sys.exit("--with-pip-compile needs pip-tools: pip install -e '.[bench]'")
-            pc = [str(BIN / "pip-compile"), "--generate-hashes", "--quiet", "--no-header", "-o", "pc.txt",
-                  "overlay.in", "-c", "base.in"]
-            rows.append(("pip-compile --generate-hashes (host python)",
-                         timed(pc, cwd=work, timeout=args.pip_compile_timeout)))
+            pc = [
+                str(BIN / "pip-compile"),
+                "--generate-hashes",
+                "--quiet",
+                "--no-header",
+                "-o",
+                "pc.txt",
+                "overlay.in",
+                "-c",
+                "base.in",
+            ]
+            rows.append(
+                ("pip-compile --generate-hashes (host python)", timed(pc, cwd=work, timeout=args.pip_compile_timeout))
+            )
         return rows
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -205,8 +231,10 @@ def ratio(a: float | str, b: float | str) -> float | None:
 
 def print_summary(results: dict[str, list[tuple[str, float | str]]]) -> bool:
     """One line per release: the fresh and with-preferences ratios and --check; True when all meet the targets."""
-    print(f"\n{'release':<9} {'raw uv s':>9} {'lock s':>9} {'fresh x':>8} {'prefs x':>8} {'--check s':>10}  targets "
-          f"(fresh <= {FRESH_TARGET}x raw uv, --check < {CHECK_TARGET} s)")
+    print(
+        f"\n{'release':<9} {'raw uv s':>9} {'lock s':>9} {'fresh x':>8} {'prefs x':>8} {'--check s':>10}  targets "
+        f"(fresh <= {FRESH_TARGET}x raw uv, --check < {CHECK_TARGET} s)"
+    )
     all_met = True
     for vllm, rows in results.items():
         fresh, prefs, check = ratio(rows[1][1], rows[0][1]), ratio(rows[3][1], rows[2][1]), rows[5][1]
@@ -216,17 +244,22 @@ def print_summary(results: dict[str, list[tuple[str, float | str]]]) -> bool:
         def num(v, fmt):
             return format(v, fmt) if isinstance(v, float) else "-"
 
-        print(f"{vllm:<9} {num(rows[0][1], '9.2f'):>9} {num(rows[1][1], '9.2f'):>9} {num(fresh, '7.2f'):>8} "
-              f"{num(prefs, '7.2f'):>8} {num(check, '10.2f'):>10}  {'met' if met else 'NOT met'}")
-    print("(fresh: lock --upgrade / raw uv fresh; prefs: lock after an input change / raw uv with an existing "
-          "output file)")
+        print(
+            f"{vllm:<9} {num(rows[0][1], '9.2f'):>9} {num(rows[1][1], '9.2f'):>9} {num(fresh, '7.2f'):>8} "
+            f"{num(prefs, '7.2f'):>8} {num(check, '10.2f'):>10}  {'met' if met else 'NOT met'}"
+        )
+    print(
+        "(fresh: lock --upgrade / raw uv fresh; prefs: lock after an input change / raw uv with an existing "
+        "output file)"
+    )
     return all_met
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--vllm", action="append", default=[], help="release to measure (repeatable; default: every "
-                    "shipped release)")
+    ap.add_argument(
+        "--vllm", action="append", default=[], help="release to measure (repeatable; default: every shipped release)"
+    )
     ap.add_argument("--with", dest="with_", action="append", default=[], help="extra overlay requirement")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--with-pip-compile", action="store_true", help="also time pip-compile --generate-hashes (slow)")

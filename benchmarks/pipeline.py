@@ -55,9 +55,25 @@ HAVE_PATCHES = importlib.util.find_spec("builder.patching.series") is not None
 
 
 def pipeline(work: Path, manifest: Path, fl: Path, series: Path, wheel: Path, overlay, epoch: int, force=False):
-    args = [BUILD_IMAGE, "--vllm", "0.26.0", "--base", str(manifest), "--lock", str(work / "requirements.lock"),
-            "--no-default-overlay", "--no-index", "--find-links", str(fl), "-o", str(work / "ctx"),
-            "--tag", f"{REGISTRY}/bench/vllm", "--push", "--json"]
+    args = [
+        BUILD_IMAGE,
+        "--vllm",
+        "0.26.0",
+        "--base",
+        str(manifest),
+        "--lock",
+        str(work / "requirements.lock"),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(fl),
+        "-o",
+        str(work / "ctx"),
+        "--tag",
+        f"{REGISTRY}/bench/vllm",
+        "--push",
+        "--json",
+    ]
     if HAVE_PATCHES:
         args += ["--series", str(series), "--wheel", str(wheel)]
     else:
@@ -82,8 +98,19 @@ def floor_steps(ctx: Path) -> dict:
     from builder.engine import docker_cli
 
     t0 = time.monotonic()
-    r = sh([docker_cli(), "build", "--progress=plain", "--no-cache", "--network=none", "-t", "bench/floor:nocache",
-            str(ctx)], env={"DOCKER_BUILDKIT": "1"})
+    r = sh(
+        [
+            docker_cli(),
+            "build",
+            "--progress=plain",
+            "--no-cache",
+            "--network=none",
+            "-t",
+            "bench/floor:nocache",
+            str(ctx),
+        ],
+        env={"DOCKER_BUILDKIT": "1"},
+    )
     wall = time.monotonic() - t0
     heads, done = {}, {}
     for line in r.stderr.splitlines():
@@ -149,21 +176,26 @@ def main() -> None:
     rows.append(("wall", [doc["wall_s"] for doc in results.values()]))
     for name, vals in rows:
         cells = "".join(f"{v:>12.2f}" if v is not None else f"{'-':>12}" for v in vals)
-        ratios = "".join(
-            f"{(v / vals[0]):>16.2f}" if v is not None and vals[0] else f"{'-':>16}" for v in vals[1:])
+        ratios = "".join(f"{(v / vals[0]):>16.2f}" if v is not None and vals[0] else f"{'-':>16}" for v in vals[1:])
         print(f"{name:<14}{cells}{ratios}")
     print("cached build steps: " + ", ".join(f"{n} {d.get('cached_steps')}" for n, d in results.items()))
     print("image ids: " + ", ".join(f"{n} {d.get('image_id', '')[7:19]}" for n, d in results.items()))
-    print(f"no-op rebuild all cache hits: {results['no-op'].get('image_id') == results['full'].get('image_id')} "
-          f"(same image ID as the full run)")
-    print(f"floor checks, --no-cache build of the context ({floor['build_no_cache_s']} s): drift check in the "
-          f"checks stage {floor.get('checks_stage_run_s')} s (in parallel with the install, "
-          f"{floor.get('install_s')} s); consistency check + constraint set after the install "
-          f"{floor.get('consistency_and_constraints_s')} s")
+    print(
+        f"no-op rebuild all cache hits: {results['no-op'].get('image_id') == results['full'].get('image_id')} "
+        f"(same image ID as the full run)"
+    )
+    print(
+        f"floor checks, --no-cache build of the context ({floor['build_no_cache_s']} s): drift check in the "
+        f"checks stage {floor.get('checks_stage_run_s')} s (in parallel with the install, "
+        f"{floor.get('install_s')} s); consistency check + constraint set after the install "
+        f"{floor.get('consistency_and_constraints_s')} s"
+    )
     check = results["full"].get("base_check") or {}
     if check:
-        print(f"base verification: {check.get('status')}, snapshot {check.get('snapshot_s')} s "
-              f"(full run), reused {results['no-op'].get('base_check', {}).get('snapshot_reused')} (no-op run)")
+        print(
+            f"base verification: {check.get('status')}, snapshot {check.get('snapshot_s')} s "
+            f"(full run), reused {results['no-op'].get('base_check', {}).get('snapshot_reused')} (no-op run)"
+        )
 
 
 if __name__ == "__main__":

@@ -73,12 +73,20 @@ def reconstruct_row(vllm: str) -> dict:
     rec = reconstruct(vllm)
     total = time.monotonic() - t0
     same = online.manifest.distributions == rec.manifest.distributions
-    return {"recipe_in_s": round(rec.timings["recipe"], 1), "index_s": round(rec.timings["index"], 1),
-            "install_refresh_s": round(online.timings["install"], 1), "total_refresh_s": round(online_s, 1),
-            "install_s": round(rec.timings["install"], 1), "offline_steps": rec.uv_steps.get("offline", 0),
-            "scan_s": round(rec.timings["scan"], 1), "cleanup_s": round(rec.timings.get("cleanup", 0), 1),
-            "total_s": round(total, 1), "speedup": round(online_s / total, 2), "same": same,
-            "dists": len(rec.manifest.distributions)}
+    return {
+        "recipe_in_s": round(rec.timings["recipe"], 1),
+        "index_s": round(rec.timings["index"], 1),
+        "install_refresh_s": round(online.timings["install"], 1),
+        "total_refresh_s": round(online_s, 1),
+        "install_s": round(rec.timings["install"], 1),
+        "offline_steps": rec.uv_steps.get("offline", 0),
+        "scan_s": round(rec.timings["scan"], 1),
+        "cleanup_s": round(rec.timings.get("cleanup", 0), 1),
+        "total_s": round(total, 1),
+        "speedup": round(online_s / total, 2),
+        "same": same,
+        "dists": len(rec.manifest.distributions),
+    }
 
 
 def scan_tree(tree: Path, n: int = 5) -> None:
@@ -92,22 +100,31 @@ def scan_tree(tree: Path, n: int = 5) -> None:
         t0 = time.monotonic()
         d = scan_site_packages(tree)
         times.append(time.monotonic() - t0)
-    print(f"scan {tree}: {files} files, {len(d)} distributions; runs {', '.join(f'{t:.2f}' for t in times)} s; "
-          f"median {statistics.median(times):.2f} s (first run includes the page cache warming)")
+    print(
+        f"scan {tree}: {files} files, {len(d)} distributions; runs {', '.join(f'{t:.2f}' for t in times)} s; "
+        f"median {statistics.median(times):.2f} s (first run includes the page cache warming)"
+    )
 
 
 def lock_rows(vllm: str, repeat: int) -> dict:
     base = load_manifest(default_base_manifest(vllm))
     lock = load_lock(default_lock_path(vllm))
-    overlay = [r.replace(DEFAULT_RAY, f"ray[serve]=={lock.by_name()['ray'].version}") if r == DEFAULT_RAY else r
-               for r in lock.overlay]
+    overlay = [
+        r.replace(DEFAULT_RAY, f"ray[serve]=={lock.by_name()['ray'].version}") if r == DEFAULT_RAY else r
+        for r in lock.overlay
+    ]
     uv = Uv()
     with tempfile.TemporaryDirectory(prefix="bi-bench-rel-") as t:
         tmp = Path(t)
         (tmp / "overlay.in").write_text("\n".join(overlay) + "\n")
         (tmp / "base.in").write_text("\n".join(base_requirements(base, parse_overlay(overlay))) + "\n")
-        raw = uv.compile_cmd([tmp / "overlay.in", tmp / "base.in"], tmp / "raw.txt", python_version=base.python_version,
-                             platform=base.platform, hashes=True)
+        raw = uv.compile_cmd(
+            [tmp / "overlay.in", tmp / "base.in"],
+            tmp / "raw.txt",
+            python_version=base.python_version,
+            platform=base.platform,
+            hashes=True,
+        )
         bi = [str(BIN / "build-image"), "lock", "--vllm", vllm, "--upgrade", "-o", str(tmp / "bi.lock"), "--json"]
         res: dict[str, list[float]] = {"uv": [], "bi": []}
         for i in range(repeat + 1):
@@ -121,8 +138,12 @@ def lock_rows(vllm: str, repeat: int) -> dict:
                     res[key].append(dt)
         entries = len(load_lock(tmp / "bi.lock").entries)
     uv_s, bi_s = statistics.median(res["uv"]), statistics.median(res["bi"])
-    return {"uv_compile_s": round(uv_s, 2), "lock_s": round(bi_s, 2), "ratio": round(bi_s / uv_s, 2),
-            "entries": entries}
+    return {
+        "uv_compile_s": round(uv_s, 2),
+        "lock_s": round(bi_s, 2),
+        "ratio": round(bi_s / uv_s, 2),
+        "entries": entries,
+    }
 
 
 def main() -> None:
@@ -152,9 +173,31 @@ def main() -> None:
     if a.json:
         print(json.dumps(rows, indent=2))
         return
-    cols = [k for k in ("vllm", "recipe_s", "recipe_in_s", "index_s", "install_refresh_s", "total_refresh_s",
-                        "install_s", "offline_steps", "scan_s", "cleanup_s", "total_s", "speedup", "same", "dists",
-                        "uv_compile_s", "lock_s", "ratio", "entries", "error") if any(k in r for r in rows)]
+    cols = [
+        k
+        for k in (
+            "vllm",
+            "recipe_s",
+            "recipe_in_s",
+            "index_s",
+            "install_refresh_s",
+            "total_refresh_s",
+            "install_s",
+            "offline_steps",
+            "scan_s",
+            "cleanup_s",
+            "total_s",
+            "speedup",
+            "same",
+            "dists",
+            "uv_compile_s",
+            "lock_s",
+            "ratio",
+            "entries",
+            "error",
+        )
+        if any(k in r for r in rows)
+    ]
     print(" | ".join(cols))
     for r in rows:
         print(" | ".join(str(r.get(k, "")) for k in cols))

@@ -40,12 +40,14 @@ CLI = [PY, "-c", "import sys; from builder.cli import main; sys.exit(main(prog_n
 
 def stripped_checkout(dest: Path, version: str) -> Path:
     """HEAD of this repository without release ``version``'s files."""
-    data = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, check=True,
-                          capture_output=True).stdout
+    data = subprocess.run(["git", "archive", "--format=tar", "HEAD"], cwd=ROOT, check=True, capture_output=True).stdout
     with tarfile.open(fileobj=io.BytesIO(data)) as tf:
         tf.extractall(dest, filter="tar")
-    for p in (dest / "lockfiles" / "base" / f"vllm-openai-v{version}.json", dest / "lockfiles" / f"vllm-{version}",
-              dest / "patches" / "vllm" / version):
+    for p in (
+        dest / "lockfiles" / "base" / f"vllm-openai-v{version}.json",
+        dest / "lockfiles" / f"vllm-{version}",
+        dest / "patches" / "vllm" / version,
+    ):
         if p.is_dir():
             shutil.rmtree(p)
         elif p.exists():
@@ -67,9 +69,13 @@ def timed(argv: list[str], cwd: Path, env: dict) -> dict:
     r = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.monotonic() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"wall_s": round(wall, 1), "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime
-                                                     - before.ru_stime, 1),
-            "exit": r.returncode, "stdout": r.stdout, "stderr": r.stderr[-2000:]}
+    return {
+        "wall_s": round(wall, 1),
+        "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1),
+        "exit": r.returncode,
+        "stdout": r.stdout,
+        "stderr": r.stderr[-2000:],
+    }
 
 
 def run_three(co: Path, version: str, env: dict, out: Path, sdist: Path | None, relax: list[str]) -> dict:
@@ -82,11 +88,37 @@ def run_three(co: Path, version: str, env: dict, out: Path, sdist: Path | None, 
     relax = relax or [r.split(" (")[0] for r in doc.get("relaxed", [])]
     manifest = out / "lockfiles" / "base" / f"vllm-openai-v{version}.json"
     src = ["--sdist", str(sdist)] if sdist else ["--vllm", version]
-    rec = timed([*CLI, "base", "reconstruct", *src, "-o", str(out / "reconstructed.json"),
-                 *[a for r in relax for a in ("--relax", r)], "--json"], co, env)
+    rec = timed(
+        [
+            *CLI,
+            "base",
+            "reconstruct",
+            *src,
+            "-o",
+            str(out / "reconstructed.json"),
+            *[a for r in relax for a in ("--relax", r)],
+            "--json",
+        ],
+        co,
+        env,
+    )
     rows["base reconstruct"] = {k: rec[k] for k in ("wall_s", "cpu_s", "exit")}
-    lk = timed([*CLI, "lock", "--base", str(manifest), "--vllm", version, "-o", str(out / "lock" / "requirements.lock"),
-                "--upgrade", "--json"], co, env)
+    lk = timed(
+        [
+            *CLI,
+            "lock",
+            "--base",
+            str(manifest),
+            "--vllm",
+            version,
+            "-o",
+            str(out / "lock" / "requirements.lock"),
+            "--upgrade",
+            "--json",
+        ],
+        co,
+        env,
+    )
     rows["lock"] = {k: lk[k] for k in ("wall_s", "cpu_s", "exit")}
     return rows, relax
 
@@ -110,8 +142,10 @@ def main() -> None:
             # each command cold: its own empty caches
             rows = {}
             for which in ("upgrade", "base reconstruct", "lock"):
-                fresh = {"BUILD_IMAGE_CACHE": str(tmp / f"cold-{which[:4]}-bi"),
-                         "UV_CACHE_DIR": str(tmp / f"cold-{which[:4]}-uv")}
+                fresh = {
+                    "BUILD_IMAGE_CACHE": str(tmp / f"cold-{which[:4]}-bi"),
+                    "UV_CACHE_DIR": str(tmp / f"cold-{which[:4]}-uv"),
+                }
                 env = {**base_env, **(cache if which == "upgrade" else fresh)}
                 out = tmp / f"out-cold-{which[:4]}"
                 if which == "upgrade":
@@ -120,14 +154,41 @@ def main() -> None:
                     sdist = next(Path(cache["BUILD_IMAGE_CACHE"]).rglob(f"vllm-{a.to}.tar.gz"), None)
                     cold_out = out
                 elif which == "base reconstruct":
-                    r = timed([*CLI, "base", "reconstruct", "--sdist", str(sdist), "-o", str(out / "m.json"),
-                               *[x for rr in relax for x in ("--relax", rr)], "--json"], co, env)
+                    r = timed(
+                        [
+                            *CLI,
+                            "base",
+                            "reconstruct",
+                            "--sdist",
+                            str(sdist),
+                            "-o",
+                            str(out / "m.json"),
+                            *[x for rr in relax for x in ("--relax", rr)],
+                            "--json",
+                        ],
+                        co,
+                        env,
+                    )
                     rows[which] = {k: r[k] for k in ("wall_s", "cpu_s", "exit")}
                     shutil.rmtree(fresh["UV_CACHE_DIR"], ignore_errors=True)
                 else:
                     manifest = cold_out / "lockfiles" / "base" / f"vllm-openai-v{a.to}.json"
-                    r = timed([*CLI, "lock", "--base", str(manifest), "--vllm", a.to, "-o",
-                               str(out / "requirements.lock"), "--upgrade", "--json"], co, env)
+                    r = timed(
+                        [
+                            *CLI,
+                            "lock",
+                            "--base",
+                            str(manifest),
+                            "--vllm",
+                            a.to,
+                            "-o",
+                            str(out / "requirements.lock"),
+                            "--upgrade",
+                            "--json",
+                        ],
+                        co,
+                        env,
+                    )
                     rows[which] = {k: r[k] for k in ("wall_s", "cpu_s", "exit")}
             results["cold"] = rows
         env = {**base_env, **cache}

@@ -27,21 +27,21 @@ INTERNAL_ERROR = 70
 # imported only when their command runs (or for --help), so `build-image diff`
 # does not pay for importing the smoke probe, the docker adapter, etc.
 COMMANDS = {
-    "base": "base",          # build-image base snapshot
-    "lock": "lock",          # build-image lock
-    "patch": "patch",        # build-image patch check|apply|sums
-    "render": "render",      # build-image render
-    "build": "build",        # build-image build
-    "push": "push",          # build-image push
-    "diff": "diff",          # build-image diff
-    "plan": "plan",          # build-image plan
-    "smoke": "smoke",        # build-image smoke
-    "ray-check": "raycheck", # build-image ray-check
-    "upgrade": "upgrade",    # build-image upgrade
+    "base": "base",  # build-image base snapshot
+    "lock": "lock",  # build-image lock
+    "patch": "patch",  # build-image patch check|apply|sums
+    "render": "render",  # build-image render
+    "build": "build",  # build-image build
+    "push": "push",  # build-image push
+    "diff": "diff",  # build-image diff
+    "plan": "plan",  # build-image plan
+    "smoke": "smoke",  # build-image smoke
+    "ray-check": "raycheck",  # build-image ray-check
+    "upgrade": "upgrade",  # build-image upgrade
     "checkpoint": "checkpoint",  # build-image checkpoint verify
-    "promote": "promote",    # build-image promote IMAGE@DIGEST --to REPO:TAG
+    "promote": "promote",  # build-image promote IMAGE@DIGEST --to REPO:TAG
     "rollback": "rollback",  # build-image rollback REPO:TAG
-    "history": "history",    # build-image history REPO:TAG
+    "history": "history",  # build-image history REPO:TAG
 }
 
 
@@ -113,8 +113,9 @@ def _internal_error(ctx: click.Context, exc: BaseException) -> None:
     ctx.exit(INTERNAL_ERROR)
 
 
-@click.group(cls=ErrorHandlingGroup, invoke_without_command=True,
-             context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=ErrorHandlingGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]}
+)
 @click.version_option(__version__, prog_name="build-image")
 @click.pass_context
 def main(ctx: click.Context, **kwargs):

@@ -46,8 +46,10 @@ def fit(markdown: str, limit: int = GITHUB_COMMENT_LIMIT, pointer: str | None = 
     where = pointer or "the job summary / the `lock-diff` artifact of this run"
 
     def note(shown: int) -> str:
-        return (f"\n> ✂️ **Truncated**: {shown:,} of {total:,} characters shown (the comment limit is {limit:,}). "
-                f"The full report: {where}\n")
+        return (
+            f"\n> ✂️ **Truncated**: {shown:,} of {total:,} characters shown (the comment limit is {limit:,}). "
+            f"The full report: {where}\n"
+        )
 
     lines = markdown.splitlines(keepends=True)
     budget = limit - size(note(total)) - 64  # room for the closers below

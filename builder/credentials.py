@@ -58,8 +58,11 @@ def redact_url(url: str) -> str:
     if query:
         pairs = urllib.parse.parse_qsl(query, keep_blank_values=True)
         if any(_TOKEN_PARAM.match(k) for k, _ in pairs):
-            query = "&".join(f"{urllib.parse.quote(k, safe='-_.~')}=" + (MASK if _TOKEN_PARAM.match(k) else
-                             urllib.parse.quote(v, safe="-_.~/:")) for k, v in pairs)
+            query = "&".join(
+                f"{urllib.parse.quote(k, safe='-_.~')}="
+                + (MASK if _TOKEN_PARAM.match(k) else urllib.parse.quote(v, safe="-_.~/:"))
+                for k, v in pairs
+            )
     if netloc == parts.netloc and query == parts.query:
         return url
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
@@ -69,15 +72,19 @@ def redact_url(url: str) -> str:
 _COLLAPSED = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*:/)(?!/)([^\s'\"<>`/@]+)@")
 # ``user:PW@host[:port]/repo``: an image reference (or a scheme-less URL) carrying userinfo; the host is
 # followed by a path, a space or the end (``repo:tag@sha256:…`` is a digest, not a credential)
-_BARE_USERINFO = re.compile(r"(?<![\w/.@:-])([^\s'\"<>`/@:]+:[^\s'\"<>`/@]+)@"
-                            r"(?!sha256:|sha512:)([A-Za-z0-9][A-Za-z0-9.-]*(?::\d+)?)(?=[/\s'\"<>`,;)]|$)")
+_BARE_USERINFO = re.compile(
+    r"(?<![\w/.@:-])([^\s'\"<>`/@:]+:[^\s'\"<>`/@]+)@"
+    r"(?!sha256:|sha512:)([A-Za-z0-9][A-Za-z0-9.-]*(?::\d+)?)(?=[/\s'\"<>`,;)]|$)"
+)
 
 
 # userinfo right after any ``scheme://``, wherever it stands (``https://a/xhttps://user:PW@h``)
 _AFTER_SCHEME = re.compile(r"(://)(?!\*\*\*\*@)[^\s'\"<>`/@]+@(?!sha256:|sha512:)")
 # ``https://user:PW`` cut before its ``@`` (a message quoting at most N characters of a value): after the
 # colon comes no port (a port is digits), so it is the start of a userinfo
-_CUT_USERINFO = re.compile(r"(://)([^\s'\"<>`/@:\[\]]+):(?!\d*(?:[/?#\s'\"<>`,;)\]]|\.(?:\s|$)|$))[^\s'\"<>`/@]*(?=[\s'\"<>`,;)\]]|\.(?:\s|$)|…|$)")
+_CUT_USERINFO = re.compile(
+    r"(://)([^\s'\"<>`/@:\[\]]+):(?!\d*(?:[/?#\s'\"<>`,;)\]]|\.(?:\s|$)|$))[^\s'\"<>`/@]*(?=[\s'\"<>`,;)\]]|\.(?:\s|$)|…|$)"
+)
 # ``... rd@host/x``: the start of a userinfo cut off by a truncation mark (a parser's error snippet)
 _CUT_BEFORE = re.compile(r"(\.\.\.|…)(\s*)[^\s'\"<>`/@]+@(?!sha256:|sha512:)(?=[A-Za-z0-9])")
 
@@ -92,7 +99,7 @@ def redact_text(text: str) -> str:
     def one(m: re.Match) -> str:
         url = m.group(0)
         core = url.rstrip(".,:;)]}")  # sentence punctuation after a URL is not part of it
-        return redact_url(core) + url[len(core):]
+        return redact_url(core) + url[len(core) :]
 
     text = _URL.sub(one, text) if "://" in text else text
     if "://" in text and "@" in text:  # a URL glued to another one's path (no space between): its userinfo too

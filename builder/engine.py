@@ -38,7 +38,7 @@ from builder.platforms import Platform, from_oci
 from builder.scratch import die_with_parent
 from builder.values import split_ref
 
-UNIX_SOCKET_PATH_MAX = 107   # sun_path holds 108 bytes with the terminating NUL (Linux)
+UNIX_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL (Linux)
 
 DOCKER_ENV = "BUILD_IMAGE_DOCKER"
 # Only the CLI's own connection to the engine: a registry's dial error ("dial tcp HOST:PORT:
@@ -72,9 +72,14 @@ def registry_fault(output: str, registry: str) -> bool:
     (the engine dials the registry; its dial error names the registry's address)?"""
     text = output or ""
     host = re.escape(registry)
-    return bool(re.search(rf"(dial tcp|lookup|Get|Head|Put|Post|Patch) \"?(https?://)?\[?{host}", text)
-                or re.search(rf"{host}\S*: (connect: connection refused|i/o timeout|no such host|EOF|"
-                             rf"connection reset by peer)", text))
+    return bool(
+        re.search(rf"(dial tcp|lookup|Get|Head|Put|Post|Patch) \"?(https?://)?\[?{host}", text)
+        or re.search(
+            rf"{host}\S*: (connect: connection refused|i/o timeout|no such host|EOF|"
+            rf"connection reset by peer)",
+            text,
+        )
+    )
 
 
 _BUILDX_MISSING = re.compile(r"buildx component|BuildKit is enabled but the buildx", re.I)
@@ -106,21 +111,31 @@ def docker_cli(env: dict[str, str] | None = None) -> str:
                 cands.append(exe)
         if not cands:
             raise _cli_missing("`docker` on PATH")
-        _found[key] = cands[0] if len(cands) == 1 else next(
-            (c for c in cands if _builds_with_buildkit(c, env)), cands[0])
+        _found[key] = (
+            cands[0] if len(cands) == 1 else next((c for c in cands if _builds_with_buildkit(c, env)), cands[0])
+        )
     return _found[key]
 
 
 def _builds_with_buildkit(cli: str, env: dict[str, str]) -> bool:
     """Whether ``cli`` can run a BuildKit build (client-side checks only; no engine needed)."""
     try:
-        ver = subprocess.run([cli, "version", "--format", "{{.Client.Version}}"], capture_output=True,
-                             text=True, env=dict(env), timeout=20)
+        ver = subprocess.run(
+            [cli, "version", "--format", "{{.Client.Version}}"],
+            capture_output=True,
+            text=True,
+            env=dict(env),
+            timeout=20,
+        )
         m = re.match(r"(\d+)\.", ver.stdout.strip())
         if m and int(m.group(1)) < 23:
             return True
-        return subprocess.run([cli, "buildx", "version"], capture_output=True, text=True,
-                              env=dict(env), timeout=20).returncode == 0
+        return (
+            subprocess.run(
+                [cli, "buildx", "version"], capture_output=True, text=True, env=dict(env), timeout=20
+            ).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -174,7 +189,7 @@ class ImageInfo:
     labels: dict[str, str] = field(default_factory=dict)
     repo_digests: list[str] = field(default_factory=list)
     created: str = ""
-    os: str = ""            # the image config's os / architecture / variant ("" when the engine says none)
+    os: str = ""  # the image config's os / architecture / variant ("" when the engine says none)
     architecture: str = ""
     variant: str = ""
 
@@ -195,20 +210,29 @@ class Engine(Protocol):
     name: str
 
     def ping(self) -> str: ...
-    def build(self, context: Path, tags: list[str], *, network: str = "none",
-              build_args: dict[str, str] | None = None,
-              reporter: Reporter = SILENT, platform: Platform | None = None) -> BuiltImage: ...
+    def build(
+        self,
+        context: Path,
+        tags: list[str],
+        *,
+        network: str = "none",
+        build_args: dict[str, str] | None = None,
+        reporter: Reporter = SILENT,
+        platform: Platform | None = None,
+    ) -> BuiltImage: ...
     def inspect(self, ref: str) -> ImageInfo | None: ...
     def image_platform(self, ref: str) -> Platform | None: ...
     def push(self, ref: str, *, reporter: Reporter = SILENT) -> PushedRef: ...
     def pull(self, ref: str) -> None: ...
-    def cli(self, args: list[str], *, timeout: float = 120, input: str | None = None,
-            check: bool = False) -> subprocess.CompletedProcess: ...
+    def cli(
+        self, args: list[str], *, timeout: float = 120, input: str | None = None, check: bool = False
+    ) -> subprocess.CompletedProcess: ...
     def popen(self, args: list[str], **popen_kw) -> subprocess.Popen: ...
     def tag(self, src: str, dst: str) -> None: ...
     def remove(self, ref: str) -> None: ...
-    def run(self, image: str, argv: list[str], *, network: str = "none",
-            timeout: int = 300) -> subprocess.CompletedProcess: ...
+    def run(
+        self, image: str, argv: list[str], *, network: str = "none", timeout: int = 300
+    ) -> subprocess.CompletedProcess: ...
 
 
 class DockerEngine:
@@ -246,26 +270,36 @@ class DockerEngine:
         """The full command line of ``docker ARGS`` (for reports; run it with :meth:`popen`)."""
         return [self.docker, *args]
 
-    def cli(self, args: list[str], *, timeout: float = 120, input: str | None = None,
-            check: bool = False) -> subprocess.CompletedProcess:
+    def cli(
+        self, args: list[str], *, timeout: float = 120, input: str | None = None, check: bool = False
+    ) -> subprocess.CompletedProcess:
         """Run ``docker ARGS`` to completion, output captured as text.  ``check``: a
         non-zero exit raises (EngineUnavailable when the engine is unreachable, else
         ExternalToolError)."""
         return self._run(args, timeout=timeout, input=input, check=check)
 
-    def _run(self, args: list[str], *, timeout: float = 120, check: bool = True,
-             input: str | None = None) -> subprocess.CompletedProcess:
+    def _run(
+        self, args: list[str], *, timeout: float = 120, check: bool = True, input: str | None = None
+    ) -> subprocess.CompletedProcess:
         try:
-            proc = subprocess.run([self.docker, *args], capture_output=True, text=True, env=self.env,
-                                  timeout=timeout, input=input, preexec_fn=die_with_parent)
+            proc = subprocess.run(
+                [self.docker, *args],
+                capture_output=True,
+                text=True,
+                env=self.env,
+                timeout=timeout,
+                input=input,
+                preexec_fn=die_with_parent,
+            )
         except FileNotFoundError:
             raise self._missing() from None
         except subprocess.TimeoutExpired:
             raise EngineUnavailable(f"`docker {args[0]}` did not answer within {timeout}s.") from None
         if check and proc.returncode != 0:
             self._raise_unreachable(proc.stderr)
-            raise ExternalToolError(f"`docker {' '.join(args[:2])}` failed ({proc.returncode}): "
-                                    f"{redact(proc.stderr.strip())[-800:]}")
+            raise ExternalToolError(
+                f"`docker {' '.join(args[:2])}` failed ({proc.returncode}): {redact(proc.stderr.strip())[-800:]}"
+            )
         return proc
 
     def _refuse_silent_cli(self, proc: subprocess.CompletedProcess) -> None:
@@ -285,7 +319,7 @@ class DockerEngine:
         host = self.env.get("DOCKER_HOST") or ""
         if not host.startswith("unix://"):
             return
-        size = len(os.fsencode(host[len("unix://"):]))
+        size = len(os.fsencode(host[len("unix://") :]))
         if size > UNIX_SOCKET_PATH_MAX:
             raise EngineUnavailable(
                 f"the Docker engine at {redact(host)} is not reachable: the socket path is {size} bytes, over the "
@@ -301,8 +335,9 @@ class DockerEngine:
                 hint="start dockerd (scripts/services.sh start) or point DOCKER_HOST at a running engine.",
             )
 
-    def _stream(self, args: list[str], reporter: Reporter, timeout: int,
-                step: Callable[[str], str | None] = lambda line: line) -> tuple[int, str]:
+    def _stream(
+        self, args: list[str], reporter: Reporter, timeout: int, step: Callable[[str], str | None] = lambda line: line
+    ) -> tuple[int, str]:
         """Run ``args``: (its exit status, its whole output).  ``step`` makes an output line (redacted) the
         text of a step event on ``reporter``, or None for no event."""
         proc = self.popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -328,10 +363,17 @@ class DockerEngine:
             raise EngineUnavailable(f"the Docker engine did not answer: {redact(proc.stderr.strip())[-400:]}")
         return proc.stdout.strip()
 
-    def build(self, context: Path, tags: list[str], *, network: str = "none",
-              build_args: dict[str, str] | None = None,
-              reporter: Reporter = SILENT, timeout: int = 3600,
-              platform: Platform | None = None) -> BuiltImage:
+    def build(
+        self,
+        context: Path,
+        tags: list[str],
+        *,
+        network: str = "none",
+        build_args: dict[str, str] | None = None,
+        reporter: Reporter = SILENT,
+        timeout: int = 3600,
+        platform: Platform | None = None,
+    ) -> BuiltImage:
         """``docker build``; each BuildKit step's first line is a step event on ``reporter``.  ``platform``:
         ``--platform OS/ARCH`` (BuildKit runs another machine's steps under the host's QEMU binfmt handler);
         None: the engine's own platform, no flag."""
@@ -353,13 +395,13 @@ class DockerEngine:
                     raise EngineUnavailable(
                         f"the Docker CLI {self.docker} cannot build with BuildKit: its buildx plugin is missing.",
                         hint=f"install the buildx plugin, or set {DOCKER_ENV} to a docker CLI that builds with "
-                             "BuildKit (one before 23.0 has it built in).",
+                        "BuildKit (one before 23.0 has it built in).",
                     )
                 tail = "\n".join(log.splitlines()[-25:])
                 raise BuildFailed(
                     f"`docker build` of {context} failed (exit {rc}).",
                     hint="the lines below show the failing step; the early checks fail with 'build-image "
-                         "check:' messages.",
+                    "check:' messages.",
                     details=tail,
                 )
             image_id = iid.read_text().strip()
@@ -397,11 +439,12 @@ class DockerEngine:
                 self._raise_unreachable(log)
             last = redact(log.strip().splitlines()[-1]) if log.strip() else "no output"
             raise RegistryError(
-                f"pushing {ref} failed (exit {rc}): the registry {registry} " +
-                ("is not reachable" if registry_fault(log, registry) else "refused the push") + f": {last}",
+                f"pushing {ref} failed (exit {rc}): the registry {registry} "
+                + ("is not reachable" if registry_fault(log, registry) else "refused the push")
+                + f": {last}",
                 hint=f"is the registry {registry} running and reachable, and does the engine's credential store "
-                     "hold a login for it? A push that stopped midway is retried from the start; the registry "
-                     "digest is verified after each push.",
+                "hold a login for it? A push that stopped midway is retried from the start; the registry "
+                "digest is verified after each push.",
             )
         m = re.search(r"digest: (sha256:[0-9a-f]{64})", log)
         if not m:
@@ -413,8 +456,9 @@ class DockerEngine:
         if proc.returncode != 0:
             if not registry_fault(proc.stderr, registry_of(ref)):
                 self._raise_unreachable(proc.stderr)
-            raise RegistryError(f"pulling {ref} from the registry {registry_of(ref)} failed: "
-                                f"{redact(proc.stderr.strip())[-400:]}")
+            raise RegistryError(
+                f"pulling {ref} from the registry {registry_of(ref)} failed: {redact(proc.stderr.strip())[-400:]}"
+            )
 
     def tag(self, src: str, dst: str) -> None:
         self._run(["tag", src, dst])
@@ -422,10 +466,12 @@ class DockerEngine:
     def remove(self, ref: str) -> None:
         self._run(["image", "rm", "-f", ref], check=False)
 
-    def run(self, image: str, argv: list[str], *, network: str = "none",
-            timeout: int = 300) -> subprocess.CompletedProcess:
-        return self._run(["run", "--rm", "--pull=never", f"--network={network}", image, *argv], timeout=timeout,
-                         check=False)
+    def run(
+        self, image: str, argv: list[str], *, network: str = "none", timeout: int = 300
+    ) -> subprocess.CompletedProcess:
+        return self._run(
+            ["run", "--rm", "--pull=never", f"--network={network}", image, *argv], timeout=timeout, check=False
+        )
 
 
 def get_engine() -> Engine:

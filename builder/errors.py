@@ -27,8 +27,7 @@ def printable(text: str, *, paragraph: bool = True) -> str:
     (a message and its hint are one paragraph; details keep their layout)."""
     if not text:
         return text
-    text = _UNPRINTABLE.sub(lambda m: "\t" if m.group(0) == "\t" and not paragraph else repr(m.group(0))[1:-1],
-                            text)
+    text = _UNPRINTABLE.sub(lambda m: "\t" if m.group(0) == "\t" and not paragraph else repr(m.group(0))[1:-1], text)
     return re.sub(r"\n[ \t]*(?=\n)", "", text) if paragraph and "\n" in text else text
 
 
@@ -39,8 +38,11 @@ class BuildImageError(Exception):
     title = "error"
 
     def __init__(self, message: str, *, hint: str | None = None, details: str | None = None):
-        message, hint, details = (printable(redact_text(message)), printable(redact_text(hint or "")) or None,
-                                  printable(redact_text(details or ""), paragraph=False) or None)
+        message, hint, details = (
+            printable(redact_text(message)),
+            printable(redact_text(hint or "")) or None,
+            printable(redact_text(details or ""), paragraph=False) or None,
+        )
         super().__init__(message)
         self.message = message
         self.hint = hint
@@ -159,7 +161,7 @@ class OutputBusy(BuildImageError):
 EXIT_CODES: dict[int, str] = {
     0: "success / PASS / fits / no dangerous change",
     1: "verdict negative (diff: dangerous change; plan: does not fit; smoke: FAIL; ray-check: nodes disagree; "
-       "promote: no matching PASS)",
+    "promote: no matching PASS)",
     BadInput.exit_code: "bad input (flags, spec, manifest, lock, patch files)",
     AbiRejected.exit_code: "ABI gate rejection",
     Unsatisfiable.exit_code: "unsatisfiable resolution on top of the base",
@@ -172,7 +174,7 @@ EXIT_CODES: dict[int, str] = {
     TagConflict.exit_code: "tag already points to a different digest",
     ExternalToolError.exit_code: "a helper tool (uv, docker) failed unexpectedly",
     CheckpointNotReady.exit_code: "smoke: the checkpoint is not ready (checkpoint verify's structural checks); no "
-                                  "server started",
+    "server started",
     OutputBusy.exit_code: "another run holds the output (-o) longer than BUILD_IMAGE_LOCK_TIMEOUT",
     130: "interrupted by SIGINT; outputs as they were before the run",
     143: "terminated by SIGTERM; outputs as they were before the run",

@@ -231,8 +231,13 @@ class _Bars:
 
         if self.progress is None:
             self.progress = Progress(
-                "[progress.description]{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                TimeRemainingColumn(), console=console, transient=True,
+                "[progress.description]{task.description}",
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=console,
+                transient=True,
             )
             self.progress.start()
         task = self.tasks.get(name)

@@ -75,8 +75,9 @@ def fetch(url: str, sha256: str, *, filename: str | None = None, reporter: Repor
     (default: a bar on a terminal's stderr; :data:`builder.events.SILENT` for none)."""
     sha256 = (sha256 or "").lower().removeprefix("sha256:")
     if not _HEX64.match(sha256):
-        raise IntegrityError(f"fetch {url}: expected sha256 is not 64 hex digits ({sha256!r:.80}); refusing an "
-                             "unverified download.")
+        raise IntegrityError(
+            f"fetch {url}: expected sha256 is not 64 hex digits ({sha256!r:.80}); refusing an unverified download."
+        )
     name = filename or _filename_of(url)
     dest = cached_path(sha256, name)
     if dest.exists():
@@ -108,7 +109,7 @@ def fetch(url: str, sha256: str, *, filename: str | None = None, reporter: Repor
 
 def _download_to(url: str, out, name: str, reporter: Reporter | None) -> None:
     if url.startswith("file://") or url.startswith("/"):
-        src = urllib.request.url2pathname(url[len("file://"):]) if url.startswith("file://") else url
+        src = urllib.request.url2pathname(url[len("file://") :]) if url.startswith("file://") else url
         try:  # non-blocking: a FIFO named by a lock or a find-links folder cannot hang the download
             with os.fdopen(os.open(src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as fh:
                 if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
@@ -130,7 +131,7 @@ def _download_to(url: str, out, name: str, reporter: Reporter | None) -> None:
                 f"cannot fetch {url}: HTTP {exc.code} "
                 f"({'no credential was found' if not auth else 'the credential was refused'}).",
                 hint="build-image finds a credential for a URL without one in $NETRC or ~/.netrc (machine HOST login "
-                     "USER password SECRET), or the keyring package; locks never record it.",
+                "USER password SECRET), or the keyring package; locks never record it.",
             ) from None
         raise IntegrityError(f"cannot fetch {url}: HTTP {exc.code} {exc.reason}.") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
@@ -157,8 +158,9 @@ def _copy_with_progress(resp, out, total: int, name: str, reporter: Reporter | N
 
 # --------------------------------------------------------------------------- vllm wheel
 def _get_json(url: str):
-    req = urllib.request.Request(url,
-                                 headers={"User-Agent": f"build-image/{__version__}", "Accept": "application/json"})
+    req = urllib.request.Request(
+        url, headers={"User-Agent": f"build-image/{__version__}", "Accept": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as resp:
         return json.load(resp)
 
@@ -196,9 +198,14 @@ def pypi_release_files(project: str, version: str) -> list[dict]:
 
 def pick_manylinux_x86_64(files: list[dict]) -> dict | None:
     """Pure: the manylinux x86_64 wheel among a PyPI release's files (highest manylinux tag first)."""
-    cands = [f for f in files
-             if f.get("packagetype") == "bdist_wheel" and str(f.get("filename", "")).endswith(".whl")
-             and "manylinux" in f["filename"] and "x86_64" in f["filename"]]
+    cands = [
+        f
+        for f in files
+        if f.get("packagetype") == "bdist_wheel"
+        and str(f.get("filename", "")).endswith(".whl")
+        and "manylinux" in f["filename"]
+        and "x86_64" in f["filename"]
+    ]
 
     def glibc(f: dict) -> tuple[int, int]:
         m = re.search(r"manylinux_(\d+)_(\d+)_x86_64", f["filename"])
@@ -237,8 +244,9 @@ def vllm_wheel(version: str, sha256: str | None = None, *, reporter: Reporter | 
             except (IntegrityError, BadInput):
                 expected = None  # offline and no pin: nothing to check against
         if expected is not None and sha256_file(path) != expected:
-            raise IntegrityError(f"{WHEEL_ENV}={override}: sha256 differs from the pinned vllm {version} wheel "
-                                 f"({expected}).")
+            raise IntegrityError(
+                f"{WHEEL_ENV}={override}: sha256 differs from the pinned vllm {version} wheel ({expected})."
+            )
         return path
     if sha256:
         hit = _find_cached_wheel(version, sha256)

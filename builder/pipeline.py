@@ -60,7 +60,7 @@ from builder.values import split_ref
 class PipelineRequest:
     """What the pipeline was asked to do (the spec carries vllm, base, overlay, lock, repo, serving)."""
 
-    spec: Spec                      # flags applied
+    spec: Spec  # flags applied
     out: Path
     push: bool = False
     force: bool = False
@@ -78,13 +78,23 @@ class PipelineRequest:
     def check(self) -> None:
         """Contradictory or incomplete flags: BadInput before any work."""
         if len(self.platforms) > 1:
-            given = [f for f, v in (("--lock", self.spec.lock), ("--base", self.spec.base), ("--smoke", self.smoke),
-                                    ("--kuberay", self.kuberay)) if v]
+            given = [
+                f
+                for f, v in (
+                    ("--lock", self.spec.lock),
+                    ("--base", self.spec.base),
+                    ("--smoke", self.smoke),
+                    ("--kuberay", self.kuberay),
+                )
+                if v
+            ]
             if given:
-                raise BadInput(f"{' and '.join(given)} apply to one platform's image, and {len(self.platforms)} "
-                               "platforms were asked for.",
-                               hint="drop " + " and ".join(given) + ", or run one --platform at a time (smoke "
-                                    "and KubeRay run the platform of the GPU nodes).")
+                raise BadInput(
+                    f"{' and '.join(given)} apply to one platform's image, and {len(self.platforms)} "
+                    "platforms were asked for.",
+                    hint="drop " + " and ".join(given) + ", or run one --platform at a time (smoke "
+                    "and KubeRay run the platform of the GPU nodes).",
+                )
         if self.smoke and not self.model:
             raise BadInput("--smoke needs --model PATH (or serving.model in the spec).")
         if self.series and self.no_patches:
@@ -101,9 +111,9 @@ class Release:
     loaded; None with ``--no-patches``)."""
 
     vllm: str
-    base_kind: str                  # default | manifest | image (builder.resolve.baseref.classify)
-    base: ResolvedBase | None       # the shipped or given manifest; None for an image reference
-    base_value: str | None          # the --base value (an image reference is snapshotted from it)
+    base_kind: str  # default | manifest | image (builder.resolve.baseref.classify)
+    base: ResolvedBase | None  # the shipped or given manifest; None for an image reference
+    base_value: str | None  # the --base value (an image reference is snapshotted from it)
     series: Series | None
 
 
@@ -129,10 +139,10 @@ def release_context(req: PipelineRequest) -> Release:
 class HeldBase:
     """The base manifest's image, held by the engine: what :func:`verify_base` snapshots."""
 
-    resolved: ResolvedBase          # the shipped or given manifest
-    ref: str                        # the manifest's pinned reference, as the engine holds it
+    resolved: ResolvedBase  # the shipped or given manifest
+    ref: str  # the manifest's pinned reference, as the engine holds it
     image_id: str
-    digest: str | None              # the registry digest the engine knows for it, if any
+    digest: str | None  # the registry digest the engine knows for it, if any
 
 
 @dataclass(frozen=True)
@@ -140,18 +150,24 @@ class BaseCheck:
     """What :func:`verify_base` found: ``verified`` (the manifest describes the image) or ``drift``
     (``differences``; the lock is then made against ``base``, the snapshot)."""
 
-    status: str                     # verified | drift
-    base: ResolvedBase              # the base the lock uses
+    status: str  # verified | drift
+    base: ResolvedBase  # the base the lock uses
     ref: str
-    image: str                      # digest (or image ID) the manifest was compared with
+    image: str  # digest (or image ID) the manifest was compared with
     differences: tuple[str, ...]
     seconds: float
-    reused: bool                    # the snapshot came from the cache (same image ID)
+    reused: bool  # the snapshot came from the cache (same image ID)
 
     def to_dict(self, context: Path) -> dict:
-        return {"status": self.status, "image": self.ref, "against": self.image, "differences": list(self.differences),
-                "snapshot_s": self.seconds, "snapshot_reused": self.reused,
-                "manifest": str(Path(context) / "checks" / "base-manifest.json")}
+        return {
+            "status": self.status,
+            "image": self.ref,
+            "against": self.image,
+            "differences": list(self.differences),
+            "snapshot_s": self.seconds,
+            "snapshot_reused": self.reused,
+            "manifest": str(Path(context) / "checks" / "base-manifest.json"),
+        }
 
 
 @dataclass(frozen=True)
@@ -159,7 +175,7 @@ class PipelineResult:
     """Every stage's result (None for a stage that did not run), the summary the command prints,
     and the error it raises after printing it (push/smoke asked for but impossible, a FAIL verdict)."""
 
-    status: str                      # rendered | built | pushed
+    status: str  # rendered | built | pushed
     summary: dict
     locked: Locked | None = None
     rendered: RenderResult | None = None
@@ -167,8 +183,8 @@ class PipelineResult:
     pushed: PushResult | None = None
     smoke: SmokeReport | None = None
     error: BuildImageError | None = None
-    notice: str | None = None        # why it stopped after render, with how to go on
-    notice_lead: str = ""            # the notice's opening words, shown emphasised
+    notice: str | None = None  # why it stopped after render, with how to go on
+    notice_lead: str = ""  # the notice's opening words, shown emphasised
     stages_s: dict[str, float] = field(default_factory=dict)  # each stage's seconds, in order
 
 
@@ -237,15 +253,24 @@ def base_held_by_engine(release: Release, engine) -> HeldBase | None:
     if info is None:
         return None
     manifest_platform = release.base.manifest.platform
-    want = from_uv_platform(manifest_platform, where=f"base manifest {release.base.label}") if manifest_platform \
+    want = (
+        from_uv_platform(manifest_platform, where=f"base manifest {release.base.label}")
+        if manifest_platform
         else DEFAULT
-    refused = base_platform_mismatch([ref], want, engine, what=f"the base manifest {release.base.label} (and a lock "
-                                     "made on it) is")
+    )
+    refused = base_platform_mismatch(
+        [ref], want, engine, what=f"the base manifest {release.base.label} (and a lock made on it) is"
+    )
     if refused is not None:  # never snapshot another machine's image in its place: that would lock for it silently
         raise refused
     repo = split_ref(ref).familiar_name
-    digest = ref.split("@", 1)[1] if "@" in ref else next(
-        (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and split_ref(d).familiar_name == repo), None)
+    digest = (
+        ref.split("@", 1)[1]
+        if "@" in ref
+        else next(
+            (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and split_ref(d).familiar_name == repo), None
+        )
+    )
     return HeldBase(resolved=release.base, ref=ref, image_id=info.id, digest=digest)
 
 
@@ -261,24 +286,37 @@ def verify_base(held: HeldBase, reporter: Reporter) -> BaseCheck:
     how = f"snapshot {'reused' if reused else 'taken'} in {seconds}s"
     if not diffs:
         reporter.message(f"base manifest verified against {against} ({how})")
-        return BaseCheck(status="verified", base=held.resolved, ref=held.ref, image=against, differences=(),
-                         seconds=seconds, reused=reused)
-    reporter.warning(f"base manifest {held.resolved.label} differs from the image {held.ref} ({against}; {how}) in "
-                     f"{len(diffs)} place(s):\n" + "\n".join(f"  - {d}" for d in diffs)
-                     + "\nlocking against the snapshot of the real image (shipped in the context as "
-                       "checks/base-manifest.json).")
+        return BaseCheck(
+            status="verified",
+            base=held.resolved,
+            ref=held.ref,
+            image=against,
+            differences=(),
+            seconds=seconds,
+            reused=reused,
+        )
+    reporter.warning(
+        f"base manifest {held.resolved.label} differs from the image {held.ref} ({against}; {how}) in "
+        f"{len(diffs)} place(s):\n"
+        + "\n".join(f"  - {d}" for d in diffs)
+        + "\nlocking against the snapshot of the real image (shipped in the context as "
+        "checks/base-manifest.json)."
+    )
     text = snap.to_json()
     snapshot = ResolvedBase(manifest=snap, data=text.encode("utf-8"), label=f"snapshot of {held.ref}", kind="image")
-    return BaseCheck(status="drift", base=snapshot, ref=held.ref, image=against, differences=diffs,
-                     seconds=seconds, reused=reused)
+    return BaseCheck(
+        status="drift", base=snapshot, ref=held.ref, image=against, differences=diffs, seconds=seconds, reused=reused
+    )
 
 
 def _base_note(checked: BaseCheck | None) -> str | None:
     """What the SBOM and the provenance say about a manifest the pipeline replaced with its snapshot."""
     if checked is None or checked.status != "drift":
         return None
-    return (f"snapshot of the local image {checked.ref} ({checked.image}) taken by the pipeline, which found the "
-            f"base manifest differing from it in {len(checked.differences)} place(s)")
+    return (
+        f"snapshot of the local image {checked.ref} ({checked.image}) taken by the pipeline, which found the "
+        f"base manifest differing from it in {len(checked.differences)} place(s)"
+    )
 
 
 def _dir_size(path: Path) -> int:
@@ -299,12 +337,23 @@ def run(req: PipelineRequest, reporter: Reporter, *, engine=None) -> PipelineRes
     held = base_held_by_engine(release, engine)
     base_stage = release.base_kind == "image" or held is not None
     stages = Stages(reporter, 3 + int(req.push) + int(req.smoke) + int(base_stage))
-    r = _Run(req=req, release=release, reporter=reporter, stages=stages, t_all=t_all,
-             summary={"vllm": spec.vllm, "context": str(req.out), "stages_s": stages.times})
+    r = _Run(
+        req=req,
+        release=release,
+        reporter=reporter,
+        stages=stages,
+        t_all=t_all,
+        summary={"vllm": spec.vllm, "context": str(req.out), "stages_s": stages.times},
+    )
     r.lock(held)
     if req.kuberay:  # bad serving settings fail here (exit 2, before the context is written), not after the build
-        render_manifests(lock=r.inputs.lock, spec=spec, image="build-image.invalid/check:kuberay", allow_tag=True,
-                         base=r.inputs.manifest)
+        render_manifests(
+            lock=r.inputs.lock,
+            spec=spec,
+            image="build-image.invalid/check:kuberay",
+            allow_tag=True,
+            base=r.inputs.manifest,
+        )
     rendered = r.render()
     stopped = r.reach_engine(engine)
     if stopped is not None:
@@ -318,8 +367,17 @@ def run(req: PipelineRequest, reporter: Reporter, *, engine=None) -> PipelineRes
     error = r.smoke(image, plan) if req.smoke else None
     status = "pushed" if req.push else "built"
     r.summary.update(status=status, total_s=round(time.monotonic() - t_all, 2))
-    return PipelineResult(status=status, summary=r.summary, locked=r.locked, rendered=r.rendered, built=r.built,
-                          pushed=r.pushed, smoke=r.smoked, error=error, stages_s=stages.times)
+    return PipelineResult(
+        status=status,
+        summary=r.summary,
+        locked=r.locked,
+        rendered=r.rendered,
+        built=r.built,
+        pushed=r.pushed,
+        smoke=r.smoked,
+        error=error,
+        stages_s=stages.times,
+    )
 
 
 @dataclass
@@ -354,8 +412,9 @@ class _Run:
                 base = self.checked.base
                 self.summary["base_check"] = self.checked.to_dict(self.req.out)
         with self.stages.stage("lock", f"{spec.lock_path} (reused when up to date; ABI gate on a new resolution)"):
-            locked = run_lock(spec, default_overlay=self.req.default_overlay, base=base,
-                              reporter=self.reporter.scoped("lock: "))
+            locked = run_lock(
+                spec, default_overlay=self.req.default_overlay, base=base, reporter=self.reporter.scoped("lock: ")
+            )
             self.reporter.message(locked.summary_line())
         self.locked = locked
         self.inputs = render_inputs(spec, locked=locked)
@@ -368,40 +427,74 @@ class _Run:
         req, spec, out, inputs = self.req, self.req.spec, self.req.out, self.inputs
         assert inputs is not None
         with self.stages.stage("patch+render", f"patch check, wheelhouse, context -> {out}"):
-            rendered = render_context(vllm=spec.vllm, base=inputs.manifest, lock=inputs.lock,
-                                      lock_text=inputs.lock_text, out_dir=out, series=self.release.series,
-                                      vllm_wheel=req.wheel, repo=spec.repo, no_patches=req.no_patches,
-                                      reporter=self.reporter.scoped("  "), base_data=inputs.base_data,
-                                      allow_base_drift=req.allow_base_drift, base_note=_base_note(self.checked))
+            rendered = render_context(
+                vllm=spec.vllm,
+                base=inputs.manifest,
+                lock=inputs.lock,
+                lock_text=inputs.lock_text,
+                out_dir=out,
+                series=self.release.series,
+                vllm_wheel=req.wheel,
+                repo=spec.repo,
+                no_patches=req.no_patches,
+                reporter=self.reporter.scoped("  "),
+                base_data=inputs.base_data,
+                allow_base_drift=req.allow_base_drift,
+                base_note=_base_note(self.checked),
+            )
         self.stages.split("patch+render", "patch", rendered.timings["patch"], "render")
         self.rendered = rendered
-        self.summary.update(tags=list(rendered.tags), patches=rendered.plan.patches,
-                            context_bytes=_dir_size(out), base=inputs.manifest.pinned_ref)
+        self.summary.update(
+            tags=list(rendered.tags),
+            patches=rendered.plan.patches,
+            context_bytes=_dir_size(out),
+            base=inputs.manifest.pinned_ref,
+        )
         return rendered
 
     def write_kuberay(self, image: str, allow_tag: bool) -> None:
         assert self.inputs is not None
-        paths = write_manifests(self.req.out, lock=self.inputs.lock, spec=self.req.spec, image=image,
-                                allow_tag=allow_tag, base=self.inputs.manifest)
+        paths = write_manifests(
+            self.req.out,
+            lock=self.inputs.lock,
+            spec=self.req.spec,
+            image=image,
+            allow_tag=allow_tag,
+            base=self.inputs.manifest,
+        )
         self.summary["kuberay"] = [str(p) for p in paths]
         if allow_tag and "@sha256:" not in image:
-            self.reporter.warning(" (not pushed, so no registry digest yet; --push pins them by digest).",
-                                  lead=f"kuberay: the manifests run {image} by tag")
+            self.reporter.warning(
+                " (not pushed, so no registry digest yet; --push pins them by digest).",
+                lead=f"kuberay: the manifests run {image} by tag",
+            )
 
-    def stop_after_render(self, why: str, detail: str, build_it: str, how: str, error: BuildImageError,
-                          **extra) -> PipelineResult:
+    def stop_after_render(
+        self, why: str, detail: str, build_it: str, how: str, error: BuildImageError, **extra
+    ) -> PipelineResult:
         req, out, rendered = self.req, self.req.out, self.rendered
         assert rendered is not None
-        self.summary.update(status="rendered", **extra, build_command=how,
-                            total_s=round(time.monotonic() - self.t_all, 2))
+        self.summary.update(
+            status="rendered", **extra, build_command=how, total_s=round(time.monotonic() - self.t_all, 2)
+        )
         if req.kuberay:
             self.write_kuberay(rendered.tags[0], allow_tag=True)
         wanted = req.push or req.smoke
-        notice = None if wanted else (f"{why}{detail}\nstopped after render; the context in {out} is self-contained. "
-                                      f"{build_it}:\n  {how}")
-        return PipelineResult(status="rendered", summary=self.summary, locked=self.locked, rendered=rendered,
-                              error=error if wanted else None, notice=notice, notice_lead=why if notice else "",
-                              stages_s=self.stages.times)
+        notice = (
+            None
+            if wanted
+            else (f"{why}{detail}\nstopped after render; the context in {out} is self-contained. {build_it}:\n  {how}")
+        )
+        return PipelineResult(
+            status="rendered",
+            summary=self.summary,
+            locked=self.locked,
+            rendered=rendered,
+            error=error if wanted else None,
+            notice=notice,
+            notice_lead=why if notice else "",
+            stages_s=self.stages.times,
+        )
 
     def reach_engine(self, engine) -> PipelineResult | None:
         """None when the engine answers and holds the base images; else the run stops after render."""
@@ -412,28 +505,49 @@ class _Run:
         except EngineUnavailable as exc:
             how = build_hint(out, spec.repo, rendered.tags, spec.platform)
             return self.stop_after_render(
-                "no container engine reachable", f" ({exc.message})", "Build it where an engine runs",
-                how, EngineUnavailable(f"{exc.message} The context is complete in {out}, but --push/--smoke need "
-                                       "an engine.", hint=f"build where an engine runs: {how}"),
-                engine=exc.message)
+                "no container engine reachable",
+                f" ({exc.message})",
+                "Build it where an engine runs",
+                how,
+                EngineUnavailable(
+                    f"{exc.message} The context is complete in {out}, but --push/--smoke need an engine.",
+                    hint=f"build where an engine runs: {how}",
+                ),
+                engine=exc.message,
+            )
         missing = [] if self.req.pull else missing_bases(rendered.base_refs, engine)
         if missing:
             how = f"docker pull {missing[0]} && build-image build {out}" + (f" --tag {spec.repo}" if spec.repo else "")
-            msg = (f"the base image {', '.join(missing)} is not in the engine's image store (build-image never pulls "
-                   f"it implicitly; --pull allows it).")
-            return self.stop_after_render(msg, "", "Build it", how,
-                                          BuildFailed(msg + f" The context is complete in {out}.", hint=how),
-                                          missing_base=missing)
+            msg = (
+                f"the base image {', '.join(missing)} is not in the engine's image store (build-image never pulls "
+                f"it implicitly; --pull allows it)."
+            )
+            return self.stop_after_render(
+                msg,
+                "",
+                "Build it",
+                how,
+                BuildFailed(msg + f" The context is complete in {out}.", hint=how),
+                missing_base=missing,
+            )
         return None
 
     def build(self, engine) -> BuildResult:
         rendered = self.rendered
         assert rendered is not None
         with self.stages.stage("build", "BuildKit, --network=none"):
-            built = build_image(rendered.out_dir, rendered.tags, vllm=rendered.vllm,
-                                lock_hash=rendered.lock_hash, base_refs=rendered.base_refs, engine=engine,
-                                pull=self.req.pull, bases_checked=True, reporter=self.reporter.scoped("build: "),
-                                platform=lock_platform(rendered.lock))
+            built = build_image(
+                rendered.out_dir,
+                rendered.tags,
+                vllm=rendered.vllm,
+                lock_hash=rendered.lock_hash,
+                base_refs=rendered.base_refs,
+                engine=engine,
+                pull=self.req.pull,
+                bases_checked=True,
+                reporter=self.reporter.scoped("build: "),
+                platform=lock_platform(rendered.lock),
+            )
         self.built = built
         self.summary.update(image_id=built.image_id, image_bytes=built.size_bytes, cached_steps=built.cached_steps)
         for line in built.warnings:  # allowed base drift, listed by the checks stage
@@ -447,8 +561,13 @@ class _Run:
         rendered = self.rendered
         assert rendered is not None
         with self.stages.stage("push", f"{', '.join(rendered.tags)}"):
-            pushed = push_image(rendered.tags, force=self.req.force, engine=engine, context=rendered.out_dir,
-                                reporter=self.reporter.scoped("push: "))
+            pushed = push_image(
+                rendered.tags,
+                force=self.req.force,
+                engine=engine,
+                context=rendered.out_dir,
+                reporter=self.reporter.scoped("push: "),
+            )
         self.pushed = pushed
         self.summary.update(digest=pushed.digest, pinned=pushed.pinned, attestations=pushed.attestations)
         return pushed.pinned
@@ -459,7 +578,9 @@ class _Run:
         with self.stages.stage("smoke", f"{image} with {req.model}"):
             smoked = run_smoke(
                 config_from_serving(spec.serving, model=req.model, image=image, vllm=spec.vllm),
-                reporter=self.reporter.scoped("  smoke: "), planned=plan)
+                reporter=self.reporter.scoped("  smoke: "),
+                planned=plan,
+            )
         self.smoked = smoked
         self.reporter.message(render_text(smoked))
         self.summary.update(smoke=smoked.to_dict(), smoke_verdict=smoked.verdict)
@@ -476,8 +597,13 @@ def run_platforms(req: PipelineRequest, reporter: Reporter, *, engine=None) -> P
 
     t_all = time.monotonic()
     stages = Stages(reporter, len(req.platforms) + 2 + int(req.push))
-    summary: dict = {"vllm": req.spec.vllm, "context": str(req.out), "platforms": [p.name for p in req.platforms],
-                     "per_platform": {}, "stages_s": stages.times}
+    summary: dict = {
+        "vllm": req.spec.vllm,
+        "context": str(req.out),
+        "platforms": [p.name for p in req.platforms],
+        "per_platform": {},
+        "stages_s": stages.times,
+    }
     locked: dict[Platform, Locked] = {}
     series = None
     for p in req.platforms:
@@ -485,16 +611,31 @@ def run_platforms(req: PipelineRequest, reporter: Reporter, *, engine=None) -> P
         release = release_context(dataclasses.replace(req, spec=spec, platforms=(p,)))
         series = release.series
         with stages.stage(f"lock {p.name}", f"{spec.lock_path} (reused when up to date; ABI gate on its own base)"):
-            one = run_lock(spec, default_overlay=req.default_overlay, base=release.base,
-                           reporter=reporter.scoped(f"lock {p.name}: "))
+            one = run_lock(
+                spec,
+                default_overlay=req.default_overlay,
+                base=release.base,
+                reporter=reporter.scoped(f"lock {p.name}: "),
+            )
             reporter.message(f"{p.name}: {one.summary_line()}")
         locked[p] = one
-        summary["per_platform"][p.name] = {"lock": str(one.path), "lock_hash": one.lock_hash,
-                                           "base": one.manifest.pinned_ref}
+        summary["per_platform"][p.name] = {
+            "lock": str(one.path),
+            "lock_hash": one.lock_hash,
+            "base": one.manifest.pinned_ref,
+        }
     with stages.stage("patch+render", f"one context per platform -> {req.out}"):
-        ctx = render_platforms(req.spec, req.platforms, req.out, series=series, vllm_wheel=req.wheel,
-                               no_patches=req.no_patches, reporter=reporter.scoped("  "),
-                               allow_base_drift=req.allow_base_drift, locked=locked)
+        ctx = render_platforms(
+            req.spec,
+            req.platforms,
+            req.out,
+            series=series,
+            vllm_wheel=req.wheel,
+            no_patches=req.no_patches,
+            reporter=reporter.scoped("  "),
+            allow_base_drift=req.allow_base_drift,
+            locked=locked,
+        )
     summary.update(index_tags=list(ctx.index_tags), build_plan=build_plan(ctx))
     for c in ctx.platforms:
         summary["per_platform"][c.platform.name].update(context=str(req.out / c.context), tags=list(c.tags))
@@ -517,8 +658,9 @@ def run_platforms(req: PipelineRequest, reporter: Reporter, *, engine=None) -> P
     return PipelineResult(status=status, summary=summary, stages_s=stages.times)
 
 
-def _multi_needs_engine(req: PipelineRequest, ctx, summary: dict, engine, t_all: float,
-                        stages: Stages) -> PipelineResult | None:
+def _multi_needs_engine(
+    req: PipelineRequest, ctx, summary: dict, engine, t_all: float, stages: Stages
+) -> PipelineResult | None:
     """None when the engine answers and holds every platform's base; else the run stops after render, with the
     commands that finish the job (exit 8 when --push was asked for)."""
     how = "\n  ".join(build_plan(ctx))
@@ -531,9 +673,20 @@ def _multi_needs_engine(req: PipelineRequest, ctx, summary: dict, engine, t_all:
     if why is None:
         return None
     summary.update(status="rendered", total_s=round(time.monotonic() - t_all, 2))
-    notice = (f"{why}\nstopped after render; each platform's context in {req.out} is self-contained. Build and "
-              f"push them:\n  {how}")
-    error = (EngineUnavailable(f"{why}; the multi-platform context is complete in {req.out}.", hint=how)
-             if req.push else None)
-    return PipelineResult(status="rendered", summary=summary, error=error, notice=None if req.push else notice,
-                          notice_lead=why if not req.push else "", stages_s=stages.times)
+    notice = (
+        f"{why}\nstopped after render; each platform's context in {req.out} is self-contained. Build and "
+        f"push them:\n  {how}"
+    )
+    error = (
+        EngineUnavailable(f"{why}; the multi-platform context is complete in {req.out}.", hint=how)
+        if req.push
+        else None
+    )
+    return PipelineResult(
+        status="rendered",
+        summary=summary,
+        error=error,
+        notice=None if req.push else notice,
+        notice_lead=why if not req.push else "",
+        stages_s=stages.times,
+    )

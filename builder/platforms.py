@@ -29,10 +29,10 @@ from builder.errors import BadInput
 
 @dataclass(frozen=True, order=True)
 class Platform:
-    os: str        # linux
-    arch: str      # amd64 | arm64 (OCI / Docker / Kubernetes / BuildKit's TARGETARCH)
-    machine: str   # x86_64 | aarch64 (uname -m, wheel tags, the release pipeline's labels)
-    elf: str       # EM_X86_64 | EM_AARCH64 (the ELF header's e_machine, as pyelftools names it)
+    os: str  # linux
+    arch: str  # amd64 | arm64 (OCI / Docker / Kubernetes / BuildKit's TARGETARCH)
+    machine: str  # x86_64 | aarch64 (uname -m, wheel tags, the release pipeline's labels)
+    elf: str  # EM_X86_64 | EM_AARCH64 (the ELF header's e_machine, as pyelftools names it)
 
     @property
     def name(self) -> str:
@@ -65,8 +65,13 @@ ARM64 = Platform("linux", "arm64", "aarch64", "EM_AARCH64")
 DEFAULT = AMD64
 KNOWN: tuple[Platform, ...] = (AMD64, ARM64)
 
-_ALIASES = {"linux/amd64": AMD64, "linux/x86_64": AMD64, "linux/arm64": ARM64, "linux/arm64/v8": ARM64,
-            "linux/aarch64": ARM64}
+_ALIASES = {
+    "linux/amd64": AMD64,
+    "linux/x86_64": AMD64,
+    "linux/arm64": ARM64,
+    "linux/arm64/v8": ARM64,
+    "linux/aarch64": ARM64,
+}
 
 
 def known_names() -> str:
@@ -80,8 +85,10 @@ def parse(text: str, *, where: str = "--platform") -> Platform:
     if key in _ALIASES:
         return _ALIASES[key]
     shown = re.sub(r"[^\x20-\x7e]", "?", text or "")[:80]
-    raise BadInput(f"{where}: {shown!r} is not a platform build-image can build: the official vLLM CUDA image is "
-                   f"published for {known_names()} only (OS/ARCH, e.g. linux/arm64 for GH200 and GB200).")
+    raise BadInput(
+        f"{where}: {shown!r} is not a platform build-image can build: the official vLLM CUDA image is "
+        f"published for {known_names()} only (OS/ARCH, e.g. linux/arm64 for GH200 and GB200)."
+    )
 
 
 def parse_list(text: str | None, *, where: str = "--platform") -> tuple[Platform, ...]:
@@ -91,8 +98,9 @@ def parse_list(text: str | None, *, where: str = "--platform") -> tuple[Platform
     out: list[Platform] = []
     for part in text.split(","):
         if not part.strip():
-            raise BadInput(f"{where}: {text!r} holds an empty platform (give OS/ARCH[,OS/ARCH], e.g. "
-                           "linux/amd64,linux/arm64).")
+            raise BadInput(
+                f"{where}: {text!r} holds an empty platform (give OS/ARCH[,OS/ARCH], e.g. linux/amd64,linux/arm64)."
+            )
         p = parse(part, where=where)
         if p not in out:
             out.append(p)

@@ -155,11 +155,7 @@ def _render_rich(doc: Document, width: int | None) -> str:
 def md_escape(cell: str) -> str:
     """Escape a table cell: pipes, newlines, and HTML-ish angle brackets."""
     return (
-        cell.replace("\\", "\\\\")
-        .replace("|", "\\|")
-        .replace("<", "&lt;")
-        .replace(">", "&gt;")
-        .replace("\n", "<br>")
+        cell.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "<br>")
     )
 
 
@@ -213,8 +209,9 @@ def render_json(obj: Any, *, sort_keys: bool = False, ensure_ascii: bool = False
     file whatever command or stage built the document.  ``stringify``: values JSON cannot hold
     (paths, datetimes) become their ``str()``, redacted too."""
     default = (lambda o: redact_text(str(o))) if stringify else None
-    return json.dumps(redact_value(obj), indent=2, ensure_ascii=ensure_ascii, sort_keys=sort_keys,
-                      default=default) + "\n"
+    return (
+        json.dumps(redact_value(obj), indent=2, ensure_ascii=ensure_ascii, sort_keys=sort_keys, default=default) + "\n"
+    )
 
 
 def emit_json(obj: Any, *, sort_keys: bool = False, stringify: bool = False, out: TextIO | None = None) -> None:

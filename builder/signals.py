@@ -8,7 +8,7 @@ import contextlib
 import signal
 from collections.abc import Iterator
 
-SIGINT_EXIT = 128 + signal.SIGINT    # 130
+SIGINT_EXIT = 128 + signal.SIGINT  # 130
 SIGTERM_EXIT = 128 + signal.SIGTERM  # 143
 
 

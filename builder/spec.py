@@ -87,9 +87,15 @@ def supported_vllm_versions(platform: Platform = DEFAULT) -> list[str]:
     base = lockfiles_dir() / "base"
     suffix = platform.file_suffix()
     others = tuple(p.file_suffix() for p in KNOWN if p != platform and not p.is_default)
-    names = (p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json"))
-    return sorted((n[:len(n) - len(suffix)] if suffix else n for n in names
-                   if (n.endswith(suffix) if suffix else True) and not n.endswith(others)), key=key)
+    names = (p.name[len("vllm-openai-v") : -len(".json")] for p in base.glob("vllm-openai-v*.json"))
+    return sorted(
+        (
+            n[: len(n) - len(suffix)] if suffix else n
+            for n in names
+            if (n.endswith(suffix) if suffix else True) and not n.endswith(others)
+        ),
+        key=key,
+    )
 
 
 def default_base_manifest(vllm: str, platform: Platform = DEFAULT) -> Path:
@@ -116,17 +122,17 @@ class Serving:
     max_num_seqs: int | None = None
     kv_cache_dtype: str = "auto"
     cpu_offload_gb: float = 0.0
-    load_format: str = "auto"          # vLLM --load-format (docs/cold-start.md)
-    compile_cache: str = "node"        # KubeRay: VLLM_CACHE_ROOT volume: node (hostPath) | none | pvc:CLAIM
-    model_cache: str = "none"          # KubeRay: none | node (hostPath mounted at /models) | object (runai_streamer)
+    load_format: str = "auto"  # vLLM --load-format (docs/cold-start.md)
+    compile_cache: str = "node"  # KubeRay: VLLM_CACHE_ROOT volume: node (hostPath) | none | pvc:CLAIM
+    model_cache: str = "none"  # KubeRay: none | node (hostPath mounted at /models) | object (runai_streamer)
     # cutover (docs/cutover.md): what `promote` requires of a smoke attestation, and the KubeRay upgrade path
-    concurrency: int | None = None     # target concurrency: the smoke must have run at least this many at once
-    gpu_model: str | None = None       # GPU model the smoke must have run on (nvidia-smi's name, e.g. "NVIDIA H200")
+    concurrency: int | None = None  # target concurrency: the smoke must have run at least this many at once
+    gpu_model: str | None = None  # GPU model the smoke must have run on (nvidia-smi's name, e.g. "NVIDIA H200")
     checkpoint_sha256: str | None = None  # sha256 of the checkpoint's safetensors index (smoke --attest records it)
-    replicas: int = 1                  # Serve replicas of the model (each tp x pp GPUs)
-    autoscaler: bool = False           # KubeRay in-tree autoscaler enabled
-    gateway_class: str | None = None   # Gateway API class; with autoscaler and replicas >= 2: incremental upgrade
-    platform: str | None = None        # KubeRay: the image platform the pods run on (node selector kubernetes.io/arch)
+    replicas: int = 1  # Serve replicas of the model (each tp x pp GPUs)
+    autoscaler: bool = False  # KubeRay in-tree autoscaler enabled
+    gateway_class: str | None = None  # Gateway API class; with autoscaler and replicas >= 2: incremental upgrade
+    platform: str | None = None  # KubeRay: the image platform the pods run on (node selector kubernetes.io/arch)
 
 
 @dataclass
@@ -157,10 +163,12 @@ class Spec:
         """One spec per platform (pure): each locks into its platform's default lock; a ``--lock``/``lock`` file
         names one lock, so with several platforms it is :class:`BadInput`."""
         if len(platforms) > 1 and self.lock:
-            raise BadInput(f"--lock/-o {self.lock} names one lock file, but {len(platforms)} platforms were asked "
-                           f"for ({', '.join(p.name for p in platforms)}): each platform has its own lock.",
-                           hint="leave the lock path out (each platform's lock is lockfiles/vllm-X[/linux-arm64]/"
-                                "requirements.lock), or give one --platform.")
+            raise BadInput(
+                f"--lock/-o {self.lock} names one lock file, but {len(platforms)} platforms were asked "
+                f"for ({', '.join(p.name for p in platforms)}): each platform has its own lock.",
+                hint="leave the lock path out (each platform's lock is lockfiles/vllm-X[/linux-arm64]/"
+                "requirements.lock), or give one --platform.",
+            )
         return [replace(self, platform=p) for p in platforms]
 
     def with_flags(self, **flags: Any) -> Spec:
@@ -192,8 +200,18 @@ def _req_key(req: str) -> str | None:
         return None
 
 
-_TOP_KEYS = {"vllm": str, "base": str, "with": list, "lock": str, "repo": str, "allow-abi-change": dict,
-             "serving": dict, "find-links": list, "no-index": bool, "exclude-newer": str}
+_TOP_KEYS = {
+    "vllm": str,
+    "base": str,
+    "with": list,
+    "lock": str,
+    "repo": str,
+    "allow-abi-change": dict,
+    "serving": dict,
+    "find-links": list,
+    "no-index": bool,
+    "exclude-newer": str,
+}
 _TOML_TYPE = {str: "string", list: "array", dict: "table", int: "integer", float: "float", bool: "boolean"}
 _SERVING_TYPES = {f.name: f.type for f in fields(Serving)}
 
@@ -207,8 +225,10 @@ def parse_spec(text: str, path: str) -> Spec:
         if key not in _TOP_KEYS:
             raise BadInput(f"spec {path}: unknown key '{key}' (known: {', '.join(sorted(_TOP_KEYS))}).")
         if not isinstance(val, _TOP_KEYS[key]):
-            raise BadInput(f"spec {path}: '{key}' must be a TOML {_TOML_TYPE[_TOP_KEYS[key]]}, "
-                           f"got {_TOML_TYPE.get(type(val), type(val).__name__)} {val!r:.60}.")
+            raise BadInput(
+                f"spec {path}: '{key}' must be a TOML {_TOML_TYPE[_TOP_KEYS[key]]}, "
+                f"got {_TOML_TYPE.get(type(val), type(val).__name__)} {val!r:.60}."
+            )
     with_ = doc.get("with", [])
     if not all(isinstance(w, str) for w in with_):
         raise BadInput(f"spec {path}: 'with' must be a list of requirement strings.")
@@ -230,10 +250,19 @@ def parse_spec(text: str, path: str) -> Spec:
             or ("bool" in typ and isinstance(val, bool))
         )
         if not ok:
-            want = ("an integer" if "int" in typ else "a number" if "float" in typ else "a boolean" if "bool" in typ
-                    else "a string")
-            raise BadInput(f"spec {path}: 'serving.{key}' has the wrong type: it must be {want}, "
-                           f"got {_TOML_TYPE.get(type(val), type(val).__name__)} {val!r:.60}.")
+            want = (
+                "an integer"
+                if "int" in typ
+                else "a number"
+                if "float" in typ
+                else "a boolean"
+                if "bool" in typ
+                else "a string"
+            )
+            raise BadInput(
+                f"spec {path}: 'serving.{key}' has the wrong type: it must be {want}, "
+                f"got {_TOML_TYPE.get(type(val), type(val).__name__)} {val!r:.60}."
+            )
         serving_kwargs[key] = val
     for key in ("tp", "pp"):
         if key in serving_kwargs and serving_kwargs[key] < 1:
@@ -241,12 +270,15 @@ def parse_spec(text: str, path: str) -> Spec:
     _check_values(doc, serving_kwargs, path)
     backend = serving_kwargs.get("distributed_executor_backend")
     if backend is not None and backend not in EXECUTOR_BACKENDS:
-        raise BadInput(f"spec {path}: 'serving.distributed_executor_backend' must be one of "
-                       f"{', '.join(EXECUTOR_BACKENDS)}, got {backend!r}.")
+        raise BadInput(
+            f"spec {path}: 'serving.distributed_executor_backend' must be one of "
+            f"{', '.join(EXECUTOR_BACKENDS)}, got {backend!r}."
+        )
     _check_cutover(serving_kwargs, path)
     if "platform" in serving_kwargs:  # one spelling from here on: linux/arm64
-        serving_kwargs["platform"] = parse_platform(serving_kwargs["platform"],
-                                                    where=f"spec {path}: 'serving.platform'").name
+        serving_kwargs["platform"] = parse_platform(
+            serving_kwargs["platform"], where=f"spec {path}: 'serving.platform'"
+        ).name
     return Spec(
         vllm=doc.get("vllm", "0.26.0"),
         base=doc.get("base"),
@@ -264,10 +296,17 @@ def parse_spec(text: str, path: str) -> Spec:
 
 
 #: serving numbers: (lowest, highest, whole number); a count is integral, a fraction is in (0, 1]
-_SERVING_BOUNDS = {"gpus": (1, 4096, True), "concurrency": (1, 4096, True), "replicas": (1, 4096, True),
-                   "tp": (1, 4096, True), "pp": (1, 4096, True),
-                   "max_model_len": (1, 1 << 40, True), "max_num_seqs": (1, 1 << 20, True),
-                   "gpu_memory_utilization": (0, 1, False), "cpu_offload_gb": (0, 1 << 20, False)}
+_SERVING_BOUNDS = {
+    "gpus": (1, 4096, True),
+    "concurrency": (1, 4096, True),
+    "replicas": (1, 4096, True),
+    "tp": (1, 4096, True),
+    "pp": (1, 4096, True),
+    "max_model_len": (1, 1 << 40, True),
+    "max_num_seqs": (1, 1 << 20, True),
+    "gpu_memory_utilization": (0, 1, False),
+    "cpu_offload_gb": (0, 1 << 20, False),
+}
 
 
 def _check_values(doc: dict, serving: dict, path: str) -> None:
@@ -275,8 +314,14 @@ def _check_values(doc: dict, serving: dict, path: str) -> None:
     ``exclude-newer`` a real date or instant."""
     for key, (low, high, whole) in _SERVING_BOUNDS.items():
         if key in serving:
-            number(serving[key], f"spec {path}: 'serving.{key}'", minimum=low, maximum=high, integral=whole,
-                   exclusive_minimum=key == "gpu_memory_utilization")
+            number(
+                serving[key],
+                f"spec {path}: 'serving.{key}'",
+                minimum=low,
+                maximum=high,
+                integral=whole,
+                exclusive_minimum=key == "gpu_memory_utilization",
+            )
     exclude_newer(doc.get("exclude-newer"), where=f"spec {path}: 'exclude-newer'")
     # every string reaches a Dockerfile, a lock line, a YAML document or a hint: none holds a line break
     for key, val in [*((f"serving.{k}", v) for k, v in serving.items()), *doc.items()]:
@@ -300,16 +345,20 @@ def _check_cutover(serving: dict, path: str) -> None:
 
     sha = serving.get("checkpoint_sha256")
     if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
-        raise BadInput(f"spec {path}: 'serving.checkpoint_sha256' must be 64 lowercase hex digits (the sha256 of the "
-                       f"checkpoint's safetensors index), got {sha!r:.80}.")
+        raise BadInput(
+            f"spec {path}: 'serving.checkpoint_sha256' must be 64 lowercase hex digits (the sha256 of the "
+            f"checkpoint's safetensors index), got {sha!r:.80}."
+        )
     gw = serving.get("gateway_class")
     if gw is not None and not (len(gw) <= 253 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", gw)):
-        raise BadInput(f"spec {path}: 'serving.gateway_class' must be a Gateway API class name (DNS-1123), "
-                       f"got {gw!r:.80}.")
+        raise BadInput(
+            f"spec {path}: 'serving.gateway_class' must be a Gateway API class name (DNS-1123), got {gw!r:.80}."
+        )
     gm = serving.get("gpu_model")
     if gm is not None and not (0 < len(gm.strip()) <= 128 and gm.isprintable()):
-        raise BadInput(f"spec {path}: 'serving.gpu_model' must be a GPU model name such as \"NVIDIA H200\", "
-                       f"got {gm!r:.80}.")
+        raise BadInput(
+            f"spec {path}: 'serving.gpu_model' must be a GPU model name such as \"NVIDIA H200\", got {gm!r:.80}."
+        )
 
 
 def load_spec(path: str | Path | None) -> Spec:
@@ -339,5 +388,6 @@ def check_vllm_version(vllm: str, where: str = "--vllm", platform: Platform = DE
             f"there is no {platform.name} base manifest for vllm {vllm} in this checkout ({platform.name}: "
             f"{', '.join(have) or 'none'}; the lock and the gate of one platform never stand in for another's).",
             hint=f"`build-image base reconstruct --vllm {vllm} --platform {platform.name}` writes it from the "
-                 f"release's own {platform.machine} build step, then `build-image lock --vllm {vllm} --platform "
-                 f"{platform.name}`.")
+            f"release's own {platform.machine} build step, then `build-image lock --vllm {vllm} --platform "
+            f"{platform.name}`.",
+        )

@@ -80,19 +80,26 @@ class Move:
 
 @dataclass
 class LockStep:
-    status: str                     # written | abi-rejected | unsatisfiable
+    status: str  # written | abi-rejected | unsatisfiable
     path: str | None = None
     message: str = ""
     details: str = ""
     ray: str | None = None
     serve_backend: str | None = None
     overlay: list[str] = field(default_factory=list)
-    changes: list[Move] = field(default_factory=list)   # overlay entries A's lock -> B's lock
+    changes: list[Move] = field(default_factory=list)  # overlay entries A's lock -> B's lock
 
     def to_dict(self) -> dict:
-        return {"status": self.status, "path": self.path, "message": self.message, "details": self.details,
-                "ray": self.ray, "serve_backend": self.serve_backend, "overlay": self.overlay,
-                "changes": [c.to_dict() for c in self.changes]}
+        return {
+            "status": self.status,
+            "path": self.path,
+            "message": self.message,
+            "details": self.details,
+            "ray": self.ray,
+            "serve_backend": self.serve_backend,
+            "overlay": self.overlay,
+            "changes": [c.to_dict() for c in self.changes],
+        }
 
 
 @dataclass
@@ -103,7 +110,7 @@ class PlatformSection:
     platform: str
     base_from: str
     base_to: str
-    base_to_source: str             # shipped | reconstructed
+    base_to_source: str  # shipped | reconstructed
     moves: list[Move]
     lock: LockStep
     base_notes: list[str] = field(default_factory=list)
@@ -116,10 +123,18 @@ class PlatformSection:
         return out
 
     def to_dict(self) -> dict:
-        return {"platform": self.platform, "base": {"from": self.base_from, "to": self.base_to,
-                                                    "to_source": self.base_to_source,
-                                                    "moves": [m.to_dict() for m in self.moves]},
-                "lock": self.lock.to_dict(), "base_notes": self.base_notes, "relaxed": self.relaxed}
+        return {
+            "platform": self.platform,
+            "base": {
+                "from": self.base_from,
+                "to": self.base_to,
+                "to_source": self.base_to_source,
+                "moves": [m.to_dict() for m in self.moves],
+            },
+            "lock": self.lock.to_dict(),
+            "base_notes": self.base_notes,
+            "relaxed": self.relaxed,
+        }
 
 
 @dataclass
@@ -128,7 +143,7 @@ class UpgradeReport:
     to_version: str
     base_from: str
     base_to: str
-    base_to_source: str             # shipped | given | reconstructed
+    base_to_source: str  # shipped | given | reconstructed
     moves: list[Move]
     port: PO.PortReport
     lock: LockStep
@@ -136,7 +151,7 @@ class UpgradeReport:
     plan_notes: list[str] = field(default_factory=list)
     written: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
-    shipped_series: str | None = None   # a series for B already in this checkout (finished by hand)
+    shipped_series: str | None = None  # a series for B already in this checkout (finished by hand)
     # what B's reconstructed base knowingly approximates: relaxations, pins no reachable index served,
     # indexes that did not answer, RUN lines accepted undecided (the manifest's lacks)
     base_notes: list[str] = field(default_factory=list)
@@ -158,15 +173,28 @@ class UpgradeReport:
         return 1 if self.review else 0
 
     def to_dict(self) -> dict:
-        return {"schema": REPORT_SCHEMA, "from": self.from_version, "to": self.to_version, "exit_code": self.exit_code,
-                "needs_review": self.review, "base": {"from": self.base_from, "to": self.base_to,
-                                                      "to_source": self.base_to_source,
-                                                      "moves": [m.to_dict() for m in self.moves]},
-                "patches": self.port.to_dict(), "lock": self.lock.to_dict(),
-                "plan": {"changes": [m.to_dict() for m in self.plan], "notes": self.plan_notes},
-                "base_notes": self.base_notes, "relaxed": self.relaxed,
-                **({"platforms": [p.to_dict() for p in self.platforms]} if self.platforms else {}),
-                "shipped_series": self.shipped_series, "written": self.written, "seconds": self.seconds}
+        return {
+            "schema": REPORT_SCHEMA,
+            "from": self.from_version,
+            "to": self.to_version,
+            "exit_code": self.exit_code,
+            "needs_review": self.review,
+            "base": {
+                "from": self.base_from,
+                "to": self.base_to,
+                "to_source": self.base_to_source,
+                "moves": [m.to_dict() for m in self.moves],
+            },
+            "patches": self.port.to_dict(),
+            "lock": self.lock.to_dict(),
+            "plan": {"changes": [m.to_dict() for m in self.plan], "notes": self.plan_notes},
+            "base_notes": self.base_notes,
+            "relaxed": self.relaxed,
+            **({"platforms": [p.to_dict() for p in self.platforms]} if self.platforms else {}),
+            "shipped_series": self.shipped_series,
+            "written": self.written,
+            "seconds": self.seconds,
+        }
 
 
 # =========================================================================== pure parts
@@ -193,20 +221,27 @@ def wheel_requirement(wheel: Path | None, name: str) -> str | None:
     return None
 
 
-def base_moves(a: BaseManifest, b: BaseManifest, *, a_wheel: Path | None = None,
-               b_wheel: Path | None = None) -> list[Move]:
+def base_moves(
+    a: BaseManifest, b: BaseManifest, *, a_wheel: Path | None = None, b_wheel: Path | None = None
+) -> list[Move]:
     """Pure but for reading two wheels' METADATA: what moves in the base image from A to B."""
+
     def os_of(m: BaseManifest) -> str | None:
         return m.os.split(" (")[0] if m.os else None
 
     def listed(items) -> str | None:
         return ", ".join(sorted(items)) or None
 
-    moves = [Move("python", a.python_version, b.python_version), Move("OS", os_of(a), os_of(b)),
-             Move("glibc", a.glibc, b.glibc), Move("CUDA", a.cuda, b.cuda), Move("platform", a.platform, b.platform),
-             # derived from each release's build files: the image's uv overrides, what the manifest cannot version
-             Move("image uv overrides", listed(a.uv_overrides or []), listed(b.uv_overrides or [])),
-             Move("unversioned in the image", listed(a.unversioned), listed(b.unversioned))]
+    moves = [
+        Move("python", a.python_version, b.python_version),
+        Move("OS", os_of(a), os_of(b)),
+        Move("glibc", a.glibc, b.glibc),
+        Move("CUDA", a.cuda, b.cuda),
+        Move("platform", a.platform, b.platform),
+        # derived from each release's build files: the image's uv overrides, what the manifest cannot version
+        Move("image uv overrides", listed(a.uv_overrides or []), listed(b.uv_overrides or [])),
+        Move("unversioned in the image", listed(a.unversioned), listed(b.unversioned)),
+    ]
     for name in KEY_DISTS:
         da, db = a.get(name), b.get(name)
         if da is None and db is None:
@@ -236,8 +271,10 @@ def release_defaults(wheel: Path | None, version: str = "?") -> dict[str, str]:
         return {}
     out = {"gpu_memory_utilization": repr(f["default_gpu_memory_utilization"])}
     if f.get("extensible_kv_cache"):
-        out["gpu_memory_utilization"] = (f"unset: {f['default_gpu_memory_utilization']} with the extensible KV "
-                                         f"cache, {f['non_extensible_gpu_memory_utilization']} without")
+        out["gpu_memory_utilization"] = (
+            f"unset: {f['default_gpu_memory_utilization']} with the extensible KV "
+            f"cache, {f['non_extensible_gpu_memory_utilization']} without"
+        )
     return out
 
 
@@ -248,8 +285,11 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
     md = fmt == "markdown"
     out: list[str] = []
     head = f"vLLM {r.from_version} -> {r.to_version}"
-    verdict = ("ready: every patch applies or is retired upstream, the gate passes" if not r.review
-               else "needs review: " + "; ".join(r.review))
+    verdict = (
+        "ready: every patch applies or is retired upstream, the gate passes"
+        if not r.review
+        else "needs review: " + "; ".join(r.review)
+    )
     if md:
         out += [f"## build-image upgrade: {head}", "", f"**{verdict}**", ""]
     else:
@@ -257,10 +297,17 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
     # base
     changed = [m for m in r.moves if m.changed]
     if md:
-        out += ["### Base image", "", f"`{r.base_from}` -> `{r.base_to}` ({r.base_to_source})", "",
-                "| | " + r.from_version + " | " + r.to_version + " |", "| --- | --- | --- |"]
-        out += [f"| {'**' + m.what + '**' if m.changed else m.what} | {m.old or '-'} | {m.new or '-'} |"
-                for m in r.moves]
+        out += [
+            "### Base image",
+            "",
+            f"`{r.base_from}` -> `{r.base_to}` ({r.base_to_source})",
+            "",
+            "| | " + r.from_version + " | " + r.to_version + " |",
+            "| --- | --- | --- |",
+        ]
+        out += [
+            f"| {'**' + m.what + '**' if m.changed else m.what} | {m.old or '-'} | {m.new or '-'} |" for m in r.moves
+        ]
     else:
         out.append(f"  base: {r.base_from} -> {r.base_to} ({r.base_to_source})")
         out += [f"    {m.what:38} {m.old or '-'} -> {m.new or '-'}" for m in changed]
@@ -269,8 +316,11 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
             out.append(f"    unchanged: {', '.join(same)}")
     if r.base_notes:
         title = f"What the reconstructed {r.to_version} base approximates (its manifest's lacks)"
-        out += (["", f"#### {title}", ""] + [f"- {n}" for n in r.base_notes]) if md else \
-            [f"    {title}:"] + [f"      - {n}" for n in r.base_notes]
+        out += (
+            (["", f"#### {title}", ""] + [f"- {n}" for n in r.base_notes])
+            if md
+            else [f"    {title}:"] + [f"      - {n}" for n in r.base_notes]
+        )
     # lock
     lk = r.lock
     if md:
@@ -296,9 +346,11 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
     else:
         out += ["  " + ln for ln in PO.render(r.port, "text").rstrip().splitlines()]
     if r.shipped_series:
-        note = (f"A series for {r.to_version} already ships in this checkout ({r.shipped_series}); its patches' "
-                f"Ported-From headers say what was finished by hand. Check it with "
-                f"`build-image patch check --vllm {r.to_version} --probe`.")
+        note = (
+            f"A series for {r.to_version} already ships in this checkout ({r.shipped_series}); its patches' "
+            f"Ported-From headers say what was finished by hand. Check it with "
+            f"`build-image patch check --vllm {r.to_version} --probe`."
+        )
         out += ["", note] if md else ["  " + note]
     # plan
     if md:
@@ -314,8 +366,11 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
     for section in r.platforms:
         out += render_platform(section, r.from_version, r.to_version, md)
     if r.written:
-        out += (["", "### Written", ""] + [f"- `{w}`" for w in r.written]) if md else \
-            ["  written:"] + [f"    {w}" for w in r.written]
+        out += (
+            (["", "### Written", ""] + [f"- `{w}`" for w in r.written])
+            if md
+            else ["  written:"] + [f"    {w}" for w in r.written]
+        )
     return "\n".join(out) + "\n"
 
 
@@ -325,8 +380,15 @@ def render_platform(p: PlatformSection, a: str, b: str, md: bool) -> list[str]:
     lk = p.lock
     lock_line = f"overlay {' '.join(lk.overlay) or '-'}: {lk.status}" + (f" ({lk.path})" if lk.path else "")
     if md:
-        out = ["", f"### {p.platform}", "", f"`{p.base_from}` -> `{p.base_to}` ({p.base_to_source})", "",
-               "| | " + a + " | " + b + " |", "| --- | --- | --- |"]
+        out = [
+            "",
+            f"### {p.platform}",
+            "",
+            f"`{p.base_from}` -> `{p.base_to}` ({p.base_to_source})",
+            "",
+            "| | " + a + " | " + b + " |",
+            "| --- | --- | --- |",
+        ]
         out += [f"| **{m.what}** | {m.old or '-'} | {m.new or '-'} |" for m in changed]
         out += ["", lock_line + (f"; ray {lk.ray}, serve backend {lk.serve_backend}" if lk.ray else "")]
         out += [f"- {c.what}: {c.old or '(new)'} -> {c.new or '(removed)'}" for c in lk.changes]
@@ -354,8 +416,16 @@ def b_lock_path(out_dir: str | Path, to_version: str, platform: Platform = DEFAU
     return (folder if platform.is_default else folder / platform.slug) / "requirements.lock"
 
 
-def check_outputs(out_dir: str | Path, from_version: str, to_version: str, fmt: str, *, base_to: str | None = None,
-                  force: bool = False, platforms: tuple[Platform, ...] = ()) -> None:
+def check_outputs(
+    out_dir: str | Path,
+    from_version: str,
+    to_version: str,
+    fmt: str,
+    *,
+    base_to: str | None = None,
+    force: bool = False,
+    platforms: tuple[Platform, ...] = (),
+) -> None:
     """The output rule for ``-o DIR``, applied before any work (nothing is written when it refuses): the
     report, B's lock and its pylock twin, and B's base manifest when it is reconstructed (no ``base_to``,
     none shipped) are each either absent, a file
@@ -403,9 +473,18 @@ class BaseB:
 MAX_AUTO_RELAX = 6
 
 
-def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Path, reporter: Reporter, *,
-              relax: tuple[str, ...] = (), auto_relax: bool = True, accept_undecided: tuple[str, ...] = (),
-              platform: Platform = DEFAULT) -> BaseB:
+def _base_for(
+    version: str,
+    given: str | None,
+    out_dir: Path | None,
+    scratch: Path,
+    reporter: Reporter,
+    *,
+    relax: tuple[str, ...] = (),
+    auto_relax: bool = True,
+    accept_undecided: tuple[str, ...] = (),
+    platform: Platform = DEFAULT,
+) -> BaseB:
     if given:
         p = Path(given)
         if not p.is_file():
@@ -414,11 +493,19 @@ def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Pa
     shipped = default_base_manifest(version, platform)
     if shipped.is_file():
         return BaseB(shipped, "shipped")
-    reporter.step(f"reconstructing the {platform.name} base manifest of vllm {version}: its recipe derived from its "
-                  "sdist, the install steps replayed")
-    rec = reconstruct(version, reporter=reporter, recorded_only=False, relax=tuple(relax),
-                      accept_undecided=accept_undecided, auto_relax=MAX_AUTO_RELAX if auto_relax else 0,
-                      platform=platform)
+    reporter.step(
+        f"reconstructing the {platform.name} base manifest of vllm {version}: its recipe derived from its "
+        "sdist, the install steps replayed"
+    )
+    rec = reconstruct(
+        version,
+        reporter=reporter,
+        recorded_only=False,
+        relax=tuple(relax),
+        accept_undecided=accept_undecided,
+        auto_relax=MAX_AUTO_RELAX if auto_relax else 0,
+        platform=platform,
+    )
     dest = (out_dir / "lockfiles" / "base" / shipped.name) if out_dir else scratch / shipped.name
     atomic_write_text(dest, rec.manifest.to_json())
     lacks = rec.manifest.lacks or {}
@@ -427,11 +514,21 @@ def _base_for(version: str, given: str | None, out_dir: Path | None, scratch: Pa
     notes += [f"index: {x}" for x in lacks.get("other_indexes", []) if ": asked (" not in x]
     notes += [f"undecided: {x}" for x in lacks.get("undecided", [])]
     if rec.manifest.consistency and rec.manifest.consistency.get("problems"):
-        notes += [f"the base's own dependency problem (allowed at build): {p}"
-                  for p in rec.manifest.consistency["problems"]]
-    return BaseB(dest, "reconstructed", rec.recipe, notes,
-                 [f"{r} (added by upgrade: what it needs is on no index the replay can ask)" if r in rec.auto_relaxed
-                  else f"{r} (--relax)" for r in rec.relaxed])
+        notes += [
+            f"the base's own dependency problem (allowed at build): {p}" for p in rec.manifest.consistency["problems"]
+        ]
+    return BaseB(
+        dest,
+        "reconstructed",
+        rec.recipe,
+        notes,
+        [
+            f"{r} (added by upgrade: what it needs is on no index the replay can ask)"
+            if r in rec.auto_relaxed
+            else f"{r} (--relax)"
+            for r in rec.relaxed
+        ],
+    )
 
 
 def b_probe_env(a_text: str, a_version: str, b_version: str, transformers: str | None) -> str:
@@ -448,11 +545,15 @@ def b_probe_env(a_text: str, a_version: str, b_version: str, transformers: str |
             line = f"transformers=={transformers}"
         out.append(line)
     if transformers:
-        out[0:0] = [f"# written by `build-image upgrade --to {b_version}`: A's ({a_version}) environment with the "
-                    f"transformers of {b_version}'s base ({transformers})"]
+        out[0:0] = [
+            f"# written by `build-image upgrade --to {b_version}`: A's ({a_version}) environment with the "
+            f"transformers of {b_version}'s base ({transformers})"
+        ]
     else:
-        out[0:0] = [f"# written by `build-image upgrade --to {b_version}`: A's ({a_version}) environment as it is "
-                    f"(the base of {b_version} names no transformers)"]
+        out[0:0] = [
+            f"# written by `build-image upgrade --to {b_version}`: A's ({a_version}) environment as it is "
+            f"(the base of {b_version} names no transformers)"
+        ]
     return "\n".join(out) + "\n"
 
 
@@ -462,20 +563,42 @@ def write_b_recipe_table(out: Path, recipe, platform: Platform = DEFAULT) -> Pat
     starts from the shipped tables, so that DIR's lockfiles/ is complete (the output rule and lock of
     :func:`write_recipe_table`)."""
     shipped = default_recipes_path(platform)
-    return write_recipe_table(out / "lockfiles" / "base" / shipped.name, recipe.vllm, recipe_table(recipe),
-                              seed=load_recipes(shipped) if shipped.is_file() else {}, platform=platform)
+    return write_recipe_table(
+        out / "lockfiles" / "base" / shipped.name,
+        recipe.vllm,
+        recipe_table(recipe),
+        seed=load_recipes(shipped) if shipped.is_file() else {},
+        platform=platform,
+    )
 
 
 def _entries(lock) -> dict[str, str]:
     return {e.name: e.version for e in lock.entries}
 
 
-def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None, from_wheel=None, to_wheel=None,
-            base_from: str | None = None, base_to: str | None = None, lock_from: str | None = None,
-            with_: list[str] | None = None, default_overlay: bool | None = None, find_links=(), no_index=False,
-            spec_path: str | None = None, out_dir: str | None = None, probe_python: str | None = None,
-            reporter: Reporter = SILENT, relax: tuple[str, ...] = (), auto_relax: bool = True,
-            accept_undecided: tuple[str, ...] = (), platforms: tuple[Platform, ...] = ()) -> UpgradeReport:
+def upgrade(
+    *,
+    from_version: str,
+    to_version: str,
+    series_dir: str | None = None,
+    from_wheel=None,
+    to_wheel=None,
+    base_from: str | None = None,
+    base_to: str | None = None,
+    lock_from: str | None = None,
+    with_: list[str] | None = None,
+    default_overlay: bool | None = None,
+    find_links=(),
+    no_index=False,
+    spec_path: str | None = None,
+    out_dir: str | None = None,
+    probe_python: str | None = None,
+    reporter: Reporter = SILENT,
+    relax: tuple[str, ...] = (),
+    auto_relax: bool = True,
+    accept_undecided: tuple[str, ...] = (),
+    platforms: tuple[Platform, ...] = (),
+) -> UpgradeReport:
     for p in platforms:  # before any work: each other platform needs A's base of that platform
         if not p.is_default:
             _platform_base_from(from_version, p)
@@ -489,8 +612,16 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         a_path = _base_for(from_version, base_from, None, scratch, SILENT).path
         if not a_path.is_file():
             raise BadInput(f"no base manifest for vllm {from_version} ({a_path}); pass --base-from MANIFEST.")
-        b = _base_for(to_version, base_to, out, scratch, reporter, relax=relax, auto_relax=auto_relax,
-                      accept_undecided=accept_undecided)
+        b = _base_for(
+            to_version,
+            base_to,
+            out,
+            scratch,
+            reporter,
+            relax=relax,
+            auto_relax=auto_relax,
+            accept_undecided=accept_undecided,
+        )
         b_path, b_source = b.path, b.source
         if b_source == "reconstructed" and out:
             written.append(str(b_path))
@@ -507,35 +638,86 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         if series_out is not None and a_env.is_file() and not (series_out / PR_ENV).is_file():
             tf = b_base.get("transformers")
             series_out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(series_out / PR_ENV, b_probe_env(a_env.read_text(encoding="utf-8"), from_version,
-                                                               to_version, tf.version if tf else None))
-        report = PO.port(series, a_src, b_src, to_version, out_dir=series_out, probe_python=probe_python,
-                         reporter=reporter)
+            atomic_write_text(
+                series_out / PR_ENV,
+                b_probe_env(a_env.read_text(encoding="utf-8"), from_version, to_version, tf.version if tf else None),
+            )
+        report = PO.port(
+            series, a_src, b_src, to_version, out_dir=series_out, probe_python=probe_python, reporter=reporter
+        )
         if series_out:
             written.append(str(series_out))
         if out and b_src.is_file():
-            written.append(str(RF.write_entry(out / "lockfiles" / "release-facts.json", to_version,
-                                              RF.facts_from_wheel(b_src, to_version))))
+            written.append(
+                str(
+                    RF.write_entry(
+                        out / "lockfiles" / "release-facts.json", to_version, RF.facts_from_wheel(b_src, to_version)
+                    )
+                )
+            )
         timings["port"] = time.monotonic() - t0
-        moves = base_moves(a_base, b_base, a_wheel=a_src if a_src.is_file() else None,
-                           b_wheel=b_src if b_src.is_file() else None)
+        moves = base_moves(
+            a_base, b_base, a_wheel=a_src if a_src.is_file() else None, b_wheel=b_src if b_src.is_file() else None
+        )
         # 3. lock: A's overlay on B's base
         t0 = time.monotonic()
-        step = _lock_on_b(from_version, to_version, b_path, lock_from, with_, default_overlay, find_links,
-                          no_index, out, scratch, written, reporter)
+        step = _lock_on_b(
+            from_version,
+            to_version,
+            b_path,
+            lock_from,
+            with_,
+            default_overlay,
+            find_links,
+            no_index,
+            out,
+            scratch,
+            written,
+            reporter,
+        )
         timings["lock"] = time.monotonic() - t0
         # 4. plan
         plan_moves, plan_notes = _plan_diff(spec_path, a_src, b_src, from_version, to_version)
         t0 = time.monotonic()
-        sections = [_platform_section(p, from_version, to_version, with_, default_overlay, find_links,
-                                      no_index, out, scratch, written, reporter, relax=relax, auto_relax=auto_relax,
-                                      accept_undecided=accept_undecided)
-                    for p in platforms if not p.is_default]
+        sections = [
+            _platform_section(
+                p,
+                from_version,
+                to_version,
+                with_,
+                default_overlay,
+                find_links,
+                no_index,
+                out,
+                scratch,
+                written,
+                reporter,
+                relax=relax,
+                auto_relax=auto_relax,
+                accept_undecided=accept_undecided,
+            )
+            for p in platforms
+            if not p.is_default
+        ]
         if sections:
             timings["platforms"] = time.monotonic() - t0
-        rep = UpgradeReport(from_version, to_version, str(a_path), str(b_path), b_source, moves, report, step,
-                            plan_moves, plan_notes, written, {k: round(v, 2) for k, v in timings.items()},
-                            base_notes=b.notes, relaxed=b.relaxed, platforms=sections)
+        rep = UpgradeReport(
+            from_version,
+            to_version,
+            str(a_path),
+            str(b_path),
+            b_source,
+            moves,
+            report,
+            step,
+            plan_moves,
+            plan_notes,
+            written,
+            {k: round(v, 2) for k, v in timings.items()},
+            base_notes=b.notes,
+            relaxed=b.relaxed,
+            platforms=sections,
+        )
         try:
             rep.shipped_series = str(P.series_dir_for(to_version, series.package))
         except BadInput:
@@ -545,9 +727,21 @@ def upgrade(*, from_version: str, to_version: str, series_dir: str | None = None
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _lock_on_b(from_version: str, to_version: str, b_path: Path, lock_from: str | None, with_: list[str] | None,
-               default_overlay: bool | None, find_links, no_index: bool, out: Path | None, scratch: Path,
-               written: list[str], reporter: Reporter, platform: Platform = DEFAULT) -> LockStep:
+def _lock_on_b(
+    from_version: str,
+    to_version: str,
+    b_path: Path,
+    lock_from: str | None,
+    with_: list[str] | None,
+    default_overlay: bool | None,
+    find_links,
+    no_index: bool,
+    out: Path | None,
+    scratch: Path,
+    written: list[str],
+    reporter: Reporter,
+    platform: Platform = DEFAULT,
+) -> LockStep:
     """A's overlay (its lock's, or ``with_``) locked on B's base; a lock the gate rejects or
     that cannot be resolved is a step with that status, not an error."""
     a_lock_path = Path(lock_from) if lock_from else default_lock_path(from_version, platform)
@@ -558,9 +752,16 @@ def _lock_on_b(from_version: str, to_version: str, b_path: Path, lock_from: str 
     named = [w for w in overlay if w != L.DEFAULT_RAY]
     lock_path = b_lock_path(out, to_version, platform) if out else scratch / platform.slug / "requirements.lock"
     resolved = resolve_base(str(b_path), to_version, platform=platform)
-    req = L.request_for(vllm=to_version, base=resolved, with_=named, default_overlay=default_overlay,
-                        vllm_given=False, allow=dict(a_lock.allow_abi_change) if a_lock else {},
-                        find_links=list(find_links), no_index=no_index)
+    req = L.request_for(
+        vllm=to_version,
+        base=resolved,
+        with_=named,
+        default_overlay=default_overlay,
+        vllm_given=False,
+        allow=dict(a_lock.allow_abi_change) if a_lock else {},
+        find_links=list(find_links),
+        no_index=no_index,
+    )
     step = LockStep(status="written", overlay=list(req.overlay))
     try:
         reporter.step(f"locking {' '.join(req.overlay)} on {b_path.name}")
@@ -583,31 +784,76 @@ def _platform_base_from(from_version: str, platform: Platform) -> Path:
     """A's base manifest of ``platform``, or :class:`BadInput` naming the commands that make it."""
     a_path = default_base_manifest(from_version, platform)
     if not a_path.is_file():
-        raise BadInput(f"--platform {platform.name}: there is no {platform.name} base manifest for vllm {from_version} "
-                       f"({a_path}) to upgrade from.",
-                       hint=f"`build-image base reconstruct --vllm {from_version} --platform {platform.name}` and "
-                            f"`build-image lock --vllm {from_version} --platform {platform.name}` first.")
+        raise BadInput(
+            f"--platform {platform.name}: there is no {platform.name} base manifest for vllm {from_version} "
+            f"({a_path}) to upgrade from.",
+            hint=f"`build-image base reconstruct --vllm {from_version} --platform {platform.name}` and "
+            f"`build-image lock --vllm {from_version} --platform {platform.name}` first.",
+        )
     return a_path
 
 
-def _platform_section(platform: Platform, from_version: str, to_version: str, with_, default_overlay,
-                      find_links, no_index: bool, out: Path | None, scratch: Path, written: list[str],
-                      reporter: Reporter, *, relax, auto_relax: bool, accept_undecided) -> PlatformSection:
+def _platform_section(
+    platform: Platform,
+    from_version: str,
+    to_version: str,
+    with_,
+    default_overlay,
+    find_links,
+    no_index: bool,
+    out: Path | None,
+    scratch: Path,
+    written: list[str],
+    reporter: Reporter,
+    *,
+    relax,
+    auto_relax: bool,
+    accept_undecided,
+) -> PlatformSection:
     """Another platform's part: A's and B's bases of ``platform`` (B's reconstructed from the release's step for
     that platform when none is shipped, written with its recipes table under -o), their moves, and A's overlay of
     that platform locked on B's."""
     a_path = _platform_base_from(from_version, platform)
-    b = _base_for(to_version, None, out, scratch / platform.slug, reporter.scoped(f"{platform.name}: "), relax=relax,
-                  auto_relax=auto_relax, accept_undecided=accept_undecided, platform=platform)
+    b = _base_for(
+        to_version,
+        None,
+        out,
+        scratch / platform.slug,
+        reporter.scoped(f"{platform.name}: "),
+        relax=relax,
+        auto_relax=auto_relax,
+        accept_undecided=accept_undecided,
+        platform=platform,
+    )
     if b.source == "reconstructed" and out:
         written += [str(b.path), str(write_b_recipe_table(out, b.recipe, platform))]
     moves = base_moves(load_manifest(a_path), load_manifest(b.path))
     # an explicit --lock is the default platform's lock: another platform's overlay comes from its own lock
-    step = _lock_on_b(from_version, to_version, b.path, None, with_,
-                      default_overlay, find_links, no_index, out, scratch, written,
-                      reporter.scoped(f"{platform.name}: "), platform)
-    return PlatformSection(platform=platform.name, base_from=str(a_path), base_to=str(b.path),
-                           base_to_source=b.source, moves=moves, lock=step, base_notes=b.notes, relaxed=b.relaxed)
+    step = _lock_on_b(
+        from_version,
+        to_version,
+        b.path,
+        None,
+        with_,
+        default_overlay,
+        find_links,
+        no_index,
+        out,
+        scratch,
+        written,
+        reporter.scoped(f"{platform.name}: "),
+        platform,
+    )
+    return PlatformSection(
+        platform=platform.name,
+        base_from=str(a_path),
+        base_to=str(b.path),
+        base_to_source=b.source,
+        moves=moves,
+        lock=step,
+        base_notes=b.notes,
+        relaxed=b.relaxed,
+    )
 
 
 def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[list[Move], list[str]]:
@@ -623,8 +869,9 @@ def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[lis
     if not da and not db:
         notes.append("the releases' serving defaults could not be read (no wheels): plan compared on the spec only.")
     if not spec_path:
-        notes.append("no --spec: no serving settings to plan (pass --spec FILE with a [serving] table "
-                     "naming the model).")
+        notes.append(
+            "no --spec: no serving settings to plan (pass --spec FILE with a [serving] table naming the model)."
+        )
         return [m for m in moves if m.changed] or moves, notes
 
     serving = load_spec(spec_path).serving
@@ -632,14 +879,20 @@ def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[lis
         notes.append(f"{spec_path}: [serving] names no model: nothing to plan.")
         return moves, notes
     plan = PL.plan_from_model_dir(serving.model, serving).to_dict()
-    keys = [k for k in ("verdict", "kv_tokens_per_gpu", "max_concurrency", "available_kv_bytes", "headroom_bytes")
-            if k in plan]
-    notes.append("plan for the spec's serving settings (the planner models one allocator; the only "
-                 "release-specific inputs it has are the defaults above): "
-                 + ", ".join(f"{k}={plan[k]}" for k in keys))
+    keys = [
+        k
+        for k in ("verdict", "kv_tokens_per_gpu", "max_concurrency", "available_kv_bytes", "headroom_bytes")
+        if k in plan
+    ]
+    notes.append(
+        "plan for the spec's serving settings (the planner models one allocator; the only "
+        "release-specific inputs it has are the defaults above): " + ", ".join(f"{k}={plan[k]}" for k in keys)
+    )
     if util_default_moved := next((m for m in moves if m.what.endswith("gpu_memory_utilization") and m.changed), None):
-        notes.append(f"vLLM's default gpu_memory_utilization moves {util_default_moved.old} -> "
-                     f"{util_default_moved.new}; the spec sets {serving.gpu_memory_utilization} explicitly.")
+        notes.append(
+            f"vLLM's default gpu_memory_utilization moves {util_default_moved.old} -> "
+            f"{util_default_moved.new}; the spec sets {serving.gpu_memory_utilization} explicitly."
+        )
     return moves, notes
     plans = {}
     for ver, d in ((a, da), (b, db)):
@@ -648,8 +901,9 @@ def _plan_diff(spec_path, a_src: Path, b_src: Path, a: str, b: str) -> tuple[lis
             util = float(d["gpu_memory_utilization"])
         import dataclasses
 
-        s = dataclasses.replace(serving, gpu_memory_utilization=util if util is not None else
-                                PL.VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
+        s = dataclasses.replace(
+            serving, gpu_memory_utilization=util if util is not None else PL.VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+        )
         plans[ver] = PL.plan_from_model_dir(serving.model, s).to_dict()
     pa, pb = plans[a], plans[b]
     for k in sorted(set(pa) | set(pb)):

@@ -57,13 +57,17 @@ def check_release(vllm: str, known: Iterable[str], *, where: str = "--vllm") -> 
     if vllm in known:
         return vllm
     shown = repr(vllm) if len(vllm) <= 60 else repr(vllm[:60]) + "…"
-    hint = ("pick one of the known releases, or pass --base with a manifest or a local image for another one "
-            "(`build-image base snapshot --image vllm/vllm-openai:vX.Y.Z -o FILE`).")
+    hint = (
+        "pick one of the known releases, or pass --base with a manifest or a local image for another one "
+        "(`build-image base snapshot --image vllm/vllm-openai:vX.Y.Z -o FILE`)."
+    )
     if _is_release_number(vllm):  # a well-formed release: the one command that adds it to this checkout
-        hint = (f"`build-image upgrade --to {vllm} -o .` adds vllm {vllm} to this checkout (its base manifest "
-                f"reconstructed from the release's own build files, its recipes table, the patch series ported, "
-                f"the lock and its pylock twin) as one reviewable change; or pass --base with a manifest or a "
-                f"local image (`build-image base snapshot --image vllm/vllm-openai:v{vllm} -o FILE`).")
+        hint = (
+            f"`build-image upgrade --to {vllm} -o .` adds vllm {vllm} to this checkout (its base manifest "
+            f"reconstructed from the release's own build files, its recipes table, the patch series ported, "
+            f"the lock and its pylock twin) as one reviewable change; or pass --base with a manifest or a "
+            f"local image (`build-image base snapshot --image vllm/vllm-openai:v{vllm} -o FILE`)."
+        )
     raise BadInput(
         f"vLLM version {shown} is not supported by this checkout: there is no base manifest for it "
         f"(known: {', '.join(known) or 'none'}; the version came from {where}).",
@@ -91,8 +95,9 @@ def version_string(value: str, *, where: str = "--vllm") -> str:
     return value
 
 
-def release_direction(from_version: str, to_version: str, *, allow_downgrade: bool = False,
-                      what: str = "upgrade") -> str:
+def release_direction(
+    from_version: str, to_version: str, *, allow_downgrade: bool = False, what: str = "upgrade"
+) -> str:
     """``"upgrade"`` when ``to_version`` is newer than ``from_version``, ``"downgrade"`` when older and
     ``allow_downgrade``; BadInput for equal versions, a version that is not one, or a downgrade not
     asked for (``--allow-downgrade``)."""
@@ -105,9 +110,11 @@ def release_direction(from_version: str, to_version: str, *, allow_downgrade: bo
     if b > a:
         return "upgrade"
     if not allow_downgrade:
-        raise BadInput(f"--from {from_version} --to {to_version} is a downgrade ({to_version} is older than "
-                       f"{from_version}); {what} refuses it unless asked.",
-                       hint=f"swap --from and --to for the {what} to the newer release, or pass --allow-downgrade.")
+        raise BadInput(
+            f"--from {from_version} --to {to_version} is a downgrade ({to_version} is older than "
+            f"{from_version}); {what} refuses it unless asked.",
+            hint=f"swap --from and --to for the {what} to the newer release, or pass --allow-downgrade.",
+        )
     return "downgrade"
 
 
@@ -154,8 +161,15 @@ def parse_instant(text: str) -> datetime:
 
 
 # ---------------------------------------------------------------- numbers
-def number(value: Any, where: str, *, minimum: float | None = None, maximum: float | None = None,
-           integral: bool = False, exclusive_minimum: bool = False) -> int | float:
+def number(
+    value: Any,
+    where: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    integral: bool = False,
+    exclusive_minimum: bool = False,
+) -> int | float:
     """``value`` as a number when it is one (not a string, not a boolean), finite, within
     [``minimum``, ``maximum``] (``exclusive_minimum``: strictly above it), and a whole number when
     ``integral`` (returned as int); else BadInput naming ``where`` and the value."""
@@ -181,8 +195,15 @@ def number(value: Any, where: str, *, minimum: float | None = None, maximum: flo
     return value
 
 
-def env_number(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None,
-               integral: bool = False, exclusive_minimum: bool = False) -> int | float:
+def env_number(
+    name: str,
+    default: float,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    integral: bool = False,
+    exclusive_minimum: bool = False,
+) -> int | float:
     """The environment variable ``name`` as a validated number (:func:`number`); ``default`` when unset."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
@@ -191,8 +212,14 @@ def env_number(name: str, default: float, *, minimum: float | None = None, maxim
         value: Any = float(raw)
     except ValueError:
         raise BadInput(f"{name}={raw!r:.60} is not a number.") from None
-    return number(value, f"{name}={raw.strip()}", minimum=minimum, maximum=maximum, integral=integral,
-                  exclusive_minimum=exclusive_minimum)
+    return number(
+        value,
+        f"{name}={raw.strip()}",
+        minimum=minimum,
+        maximum=maximum,
+        integral=integral,
+        exclusive_minimum=exclusive_minimum,
+    )
 
 
 # ---------------------------------------------------------------- structured documents
@@ -218,8 +245,10 @@ def nesting_depth(doc: Any, limit: int = MAX_DEPTH) -> int:
 
 
 def _too_deep(what: str, limit: int, error: type[Exception]) -> Exception:
-    return error(f"{what} nests deeper than {limit} levels of arrays/objects; no document build-image reads "
-                 "is shaped like that (a damaged or hostile file).")
+    return error(
+        f"{what} nests deeper than {limit} levels of arrays/objects; no document build-image reads "
+        "is shaped like that (a damaged or hostile file)."
+    )
 
 
 def check_depth(doc: Any, what: str, *, limit: int = MAX_DEPTH, error: type[Exception] = BadInput) -> Any:
@@ -229,8 +258,9 @@ def check_depth(doc: Any, what: str, *, limit: int = MAX_DEPTH, error: type[Exce
     return doc
 
 
-def load_json(text: str | bytes, what: str, *, limit: int = MAX_DEPTH, error: type[Exception] = BadInput,
-              **kwargs: Any) -> Any:
+def load_json(
+    text: str | bytes, what: str, *, limit: int = MAX_DEPTH, error: type[Exception] = BadInput, **kwargs: Any
+) -> Any:
     """``json.loads(text, **kwargs)`` with the nesting bounded: a document deeper than ``limit`` is
     ``error`` naming ``what`` (:class:`json.JSONDecodeError` still propagates for the caller's own message)."""
     try:
@@ -288,9 +318,14 @@ def read_bounded_text(path: str | os.PathLike, what: str, *, max_bytes: int = MA
 
 def describe_kind(mode: int) -> str:
     """Pure: what a non-regular file is, in words."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symlink")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symlink"),
+    ):
         if test(mode):
             return name
     return "not a regular file"

@@ -55,8 +55,10 @@ def control_free(value: Any, where: str, *, max_len: int = MAX_LEN) -> str:
         raise BadInput(f"{where} must be a string, got {type(value).__name__} {_show(value)}.")
     m = _CONTROL.search(value)
     if m:
-        raise BadInput(f"{where} {_show(value)} holds a control character ({m.group(0)!r} at {m.start()}); "
-                       "a line break or an escape sequence in it would reach a generated file or the terminal.")
+        raise BadInput(
+            f"{where} {_show(value)} holds a control character ({m.group(0)!r} at {m.start()}); "
+            "a line break or an escape sequence in it would reach a generated file or the terminal."
+        )
     if len(value) > max_len:
         raise BadInput(f"{where} is {len(value)} characters long, more than the {max_len} any such value has.")
     return value
@@ -82,8 +84,9 @@ class Value(str):
     @classmethod
     def check(cls, text: str, where: str) -> None:
         if cls.pattern is not None and not cls.pattern.fullmatch(text):
-            raise BadInput(f"{where} {_show(text)} is not {cls.kind}" + (f" (like {cls.example})." if cls.example
-                                                                           else "."))
+            raise BadInput(
+                f"{where} {_show(text)} is not {cls.kind}" + (f" (like {cls.example})." if cls.example else ".")
+            )
 
     @classmethod
     def optional(cls, value: Any, where: str | None = None) -> Value | None:
@@ -146,8 +149,10 @@ class Repository(Value):
         else:
             rest = text
         if not cls.rest.fullmatch(rest):
-            raise BadInput(f"{where} {_show(text)} is not a valid name for {cls.kind} (like {cls.example}; the "
-                           "path: lowercase letters, digits, '.', '_', '-', '/').")
+            raise BadInput(
+                f"{where} {_show(text)} is not a valid name for {cls.kind} (like {cls.example}; the "
+                "path: lowercase letters, digits, '.', '_', '-', '/')."
+            )
 
 
 #: the registry a reference that names none is pulled from, and the host names Docker Hub answers to
@@ -179,7 +184,7 @@ class RefParts:
             return f"{self.registry}/{self.repository}"
         path = self.repository
         if path.startswith("library/") and path.count("/") == 1:
-            path = path[len("library/"):]
+            path = path[len("library/") :]
         return path
 
     def __str__(self) -> str:
@@ -225,14 +230,19 @@ def parse_ref(text: str, where: str = "image reference") -> RefParts:
     if parts.digest is not None and not _DIGEST_RE.fullmatch(parts.digest):
         raise BadInput(f"{where} digest {parts.digest!r} is not sha256:<64 hex>.")
     if not _DOMAIN_RE.fullmatch(parts.registry):
-        raise BadInput(f"{where} {name!r}: registry {parts.registry!r} is not a host[:port] (DNS labels or an "
-                       "IPv4 address, an optional port).")
+        raise BadInput(
+            f"{where} {name!r}: registry {parts.registry!r} is not a host[:port] (DNS labels or an "
+            "IPv4 address, an optional port)."
+        )
     if not _PATH_RE.fullmatch(parts.repository):
-        raise BadInput(f"{where} {name!r}: repository {parts.repository!r} is not a valid name (lowercase, "
-                       "digits, . _ - /).")
+        raise BadInput(
+            f"{where} {name!r}: repository {parts.repository!r} is not a valid name (lowercase, digits, . _ - /)."
+        )
     if parts.tag is not None and not _TAG_RE.fullmatch(parts.tag):
-        raise BadInput(f"{where} {name!r}: tag {parts.tag!r} is not a valid tag (letters, digits, '_', '.', "
-                       "'-'; at most 128, not starting with '.' or '-').")
+        raise BadInput(
+            f"{where} {name!r}: tag {parts.tag!r} is not a valid tag (letters, digits, '_', '.', "
+            "'-'; at most 128, not starting with '.' or '-')."
+        )
     return parts
 
 
@@ -317,8 +327,10 @@ def dns1123_label(value: Any, where: str, *, max_len: int = 63) -> str:
     (a trailing newline is not a label's end)."""
     text = control_free(value, where)
     if not _DNS1123.fullmatch(text) or len(text) > max_len:
-        raise BadInput(f"{where} {_show(text)} must be a DNS-1123 label (lowercase letters, digits, '-'; at most "
-                       f"{max_len} characters).")
+        raise BadInput(
+            f"{where} {_show(text)} must be a DNS-1123 label (lowercase letters, digits, '-'; at most "
+            f"{max_len} characters)."
+        )
     return text
 
 
@@ -328,10 +340,10 @@ def compile_cache(value: Any, where: str = "serving.compile_cache") -> str:
     if text in ("node", "none"):
         return text
     claim = text[4:] if text.startswith("pvc:") else None
-    if claim is None or len(claim) > 253 or not re.fullmatch(rf"{_DNS1123.pattern}(?:\.{_DNS1123.pattern})*",
-                                                              claim):
-        raise BadInput(f"{where} must be node, none or pvc:CLAIM (CLAIM a PersistentVolumeClaim name), got "
-                       f"{_show(text)}.")
+    if claim is None or len(claim) > 253 or not re.fullmatch(rf"{_DNS1123.pattern}(?:\.{_DNS1123.pattern})*", claim):
+        raise BadInput(
+            f"{where} must be node, none or pvc:CLAIM (CLAIM a PersistentVolumeClaim name), got {_show(text)}."
+        )
     return text
 
 

@@ -77,29 +77,62 @@ class Mutant:
 
 
 AUDIT: list[Mutant] = [
-    Mutant("plan", "global KV heads of attention_k_eq_v models not divided by TP",
-           'int(cfg["num_global_key_value_heads"]) // tp', 'int(cfg["num_global_key_value_heads"])',
-           ("tests/test_plan.py",)),
-    Mutant("plan", "fp8_e5m2 KV counted as 2 bytes",
-           '"fp8_e4m3": 1, "fp8_e5m2": 1,', '"fp8_e4m3": 1, "fp8_e5m2": 2,', ("tests/test_plan.py",)),
-    Mutant("plan", "chunked-attention window ignores in-flight tokens",
-           "min(self.window + in_flight, max_len)", "min(self.window, max_len)", ("tests/test_plan.py",)),
-    Mutant("diff", "a major downgrade grouped with the minor bumps",
-           'c.group = 4 if "major" in c.tags else 5',
-           'c.group = 4 if "major" in c.tags and "downgrade" not in c.tags else 5', ("tests/test_diff.py",)),
-    Mutant("lockfile", "duplicate detection on the raw name",
-           "        key = canonical_name(name)\n", "        key = name\n",
-           ("tests/test_lockfile.py", "tests/test_diff.py")),
-    Mutant("lockfile", "allow-abi-change reason split at the last colon",
-           'name, _, reason = val.partition(":")', 'name, _, reason = val.rpartition(":")',
-           ("tests/test_lockfile.py", "tests/test_diff.py")),
-    Mutant("series", "context compared after rstrip() (whitespace fuzz)",
-           "if tuple(lines[start:start + len(old)]) == old:",
-           "if tuple(x.rstrip() for x in lines[start:start + len(old)]) == tuple(x.rstrip() for x in old):",
-           ("tests/test_patches.py", "tests/test_patch_rules.py")),
-    Mutant("series", "zero-context (-U0) insertion placed one line early",
-           "start = start_line - 1 if length > 0 else start_line", "start = start_line - 1",
-           ("tests/test_patches.py", "tests/test_patch_rules.py")),
+    Mutant(
+        "plan",
+        "global KV heads of attention_k_eq_v models not divided by TP",
+        'int(cfg["num_global_key_value_heads"]) // tp',
+        'int(cfg["num_global_key_value_heads"])',
+        ("tests/test_plan.py",),
+    ),
+    Mutant(
+        "plan",
+        "fp8_e5m2 KV counted as 2 bytes",
+        '"fp8_e4m3": 1, "fp8_e5m2": 1,',
+        '"fp8_e4m3": 1, "fp8_e5m2": 2,',
+        ("tests/test_plan.py",),
+    ),
+    Mutant(
+        "plan",
+        "chunked-attention window ignores in-flight tokens",
+        "min(self.window + in_flight, max_len)",
+        "min(self.window, max_len)",
+        ("tests/test_plan.py",),
+    ),
+    Mutant(
+        "diff",
+        "a major downgrade grouped with the minor bumps",
+        'c.group = 4 if "major" in c.tags else 5',
+        'c.group = 4 if "major" in c.tags and "downgrade" not in c.tags else 5',
+        ("tests/test_diff.py",),
+    ),
+    Mutant(
+        "lockfile",
+        "duplicate detection on the raw name",
+        "        key = canonical_name(name)\n",
+        "        key = name\n",
+        ("tests/test_lockfile.py", "tests/test_diff.py"),
+    ),
+    Mutant(
+        "lockfile",
+        "allow-abi-change reason split at the last colon",
+        'name, _, reason = val.partition(":")',
+        'name, _, reason = val.rpartition(":")',
+        ("tests/test_lockfile.py", "tests/test_diff.py"),
+    ),
+    Mutant(
+        "series",
+        "context compared after rstrip() (whitespace fuzz)",
+        "if tuple(lines[start:start + len(old)]) == old:",
+        "if tuple(x.rstrip() for x in lines[start:start + len(old)]) == tuple(x.rstrip() for x in old):",
+        ("tests/test_patches.py", "tests/test_patch_rules.py"),
+    ),
+    Mutant(
+        "series",
+        "zero-context (-U0) insertion placed one line early",
+        "start = start_line - 1 if length > 0 else start_line",
+        "start = start_line - 1",
+        ("tests/test_patches.py", "tests/test_patch_rules.py"),
+    ),
 ]
 
 
@@ -122,8 +155,13 @@ def dotted(module: str) -> str:
 
 def _copy_tree(dest: Path) -> None:
     """The working tree as git sees it (tracked + untracked, not ignored), uncommitted edits included."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                           capture_output=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True, capture_output=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     for rel in filter(None, files):
         src = ROOT / rel
         if rel.startswith("mutants/") or not (src.is_file() or src.is_symlink()):
@@ -145,12 +183,26 @@ def _env() -> dict[str, str]:
 
 
 def _pytest(cwd: Path, tests: tuple[str, ...] | list[str], timeout: int = 600) -> int:
-    cmd = ["nice", "-n", "10", str(VENV_BIN / "python"), "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-           "-m", "not slow", *tests]
+    cmd = [
+        "nice",
+        "-n",
+        "10",
+        str(VENV_BIN / "python"),
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "not slow",
+        *tests,
+    ]
     env = _env()
     env["PYTHONPATH"] = str(cwd)  # the scratch copy's builder, not the editable install's
-    return subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          timeout=timeout).returncode
+    return subprocess.run(
+        cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout
+    ).returncode
 
 
 def audit(work: Path) -> int:
@@ -197,8 +249,14 @@ def _mutmut_config(module: str, work: Path) -> str:
 
 
 def _mutmut_stats(work: Path, only: list[str] | None = None) -> tuple[dict[str, int], list[str], list[str]]:
-    out = subprocess.run([str(VENV_BIN / "mutmut"), "results", "--all", "true"], cwd=work, env=_env(),
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [str(VENV_BIN / "mutmut"), "results", "--all", "true"],
+        cwd=work,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     counts: dict[str, int] = {}
     survivors, everything = [], []
     for line in out.splitlines():
@@ -229,8 +287,14 @@ def _refresh_tree(wdir: Path, module: str) -> None:
     (wdir / "mutants" / "mutmut-stats.json").unlink(missing_ok=True)  # the tests changed: re-map them
 
 
-def run(modules: list[str], work: Path, max_children: int, show: bool, survivors_only: bool = False,
-        functions: list[str] | None = None) -> dict:
+def run(
+    modules: list[str],
+    work: Path,
+    max_children: int,
+    show: bool,
+    survivors_only: bool = False,
+    functions: list[str] | None = None,
+) -> dict:
     report = {}
     for module in modules:
         wdir = work / module
@@ -264,9 +328,17 @@ def run(modules: list[str], work: Path, max_children: int, show: bool, survivors
         killed = counts.get("killed", 0) + counts.get("timeout", 0) + counts.get("caught by type check", 0)
         tested = sum(counts.values()) - counts.get("skipped", 0)
         score = 100.0 * killed / tested if tested else 0.0
-        report[module] = {"functions": functions or "all", "counts": counts, "tested": tested, "killed": killed,
-                          "score": round(score, 1), "seconds": round(secs), "survivors": survivors, "mutmut_exit": rc,
-                          "work": str(wdir)}
+        report[module] = {
+            "functions": functions or "all",
+            "counts": counts,
+            "tested": tested,
+            "killed": killed,
+            "score": round(score, 1),
+            "seconds": round(secs),
+            "survivors": survivors,
+            "mutmut_exit": rc,
+            "work": str(wdir),
+        }
         print(f"{module:9} {killed}/{tested} killed = {score:.1f}%  {counts}  ({secs:.0f} s, {wdir})")
         for s in survivors:
             print(f"    survivor: {s}")
@@ -278,18 +350,31 @@ def main(argv: list[str]) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("audit", help="re-plant the audit's mutants; each must fail the tests that pin it")
     a.add_argument("--work", type=Path, help="scratch directory (default: a fresh temporary one)")
-    r = sub.add_parser("run", help="mutmut over one module (abi, diff, lockfile, plan, port, probe, series) "
-                                   "with that module's tests")
-    r.add_argument("modules", nargs="+", type=module_name, metavar="MODULE",
-                   help=f"one of {', '.join(sorted(MODULES))} (or its path, or 'patches' for series)")
+    r = sub.add_parser(
+        "run", help="mutmut over one module (abi, diff, lockfile, plan, port, probe, series) with that module's tests"
+    )
+    r.add_argument(
+        "modules",
+        nargs="+",
+        type=module_name,
+        metavar="MODULE",
+        help=f"one of {', '.join(sorted(MODULES))} (or its path, or 'patches' for series)",
+    )
     r.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "build-image-mutation")
     r.add_argument("--max-children", type=int, default=1)
     r.add_argument("--json", type=Path, help="write the per-module report here")
     r.add_argument("--show", action="store_true", help="show mutmut's own progress")
-    r.add_argument("--functions", nargs="+", metavar="NAME",
-                   help="mutate only these functions of the module (a budget on 2 shared cores); the score covers them")
-    r.add_argument("--survivors", action="store_true",
-                   help="re-run only the survivors of the last run in --work, against the current tests")
+    r.add_argument(
+        "--functions",
+        nargs="+",
+        metavar="NAME",
+        help="mutate only these functions of the module (a budget on 2 shared cores); the score covers them",
+    )
+    r.add_argument(
+        "--survivors",
+        action="store_true",
+        help="re-run only the survivors of the last run in --work, against the current tests",
+    )
     args = ap.parse_args(argv)
     if args.cmd == "audit":
         if args.work:

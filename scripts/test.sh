@@ -14,6 +14,7 @@ scripts/setup.sh
 # the linters first (pyproject.toml [tool.ruff], [tool.importlinter]; both are in the test extra): a finding
 # fails the run in seconds
 .venv/bin/ruff check .
+.venv/bin/ruff format --check .
 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" .venv/bin/lint-imports --no-cache
 
 # Everything the suite writes outside the checkout and the download cache lands in one run dir.

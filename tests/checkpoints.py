@@ -39,8 +39,15 @@ def write_tokenizer(out: Path, vocab_size: int, model_max_length: int = 1 << 20)
     for i in range(len(SPECIAL), vocab_size):
         vocab[f"w{i}"] = i
     added = [
-        {"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": True}
+        {
+            "id": i,
+            "content": t,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
         for i, t in enumerate(SPECIAL)
     ]
     tok = {
@@ -55,16 +62,25 @@ def write_tokenizer(out: Path, vocab_size: int, model_max_length: int = 1 << 20)
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"},
     }
     (out / "tokenizer.json").write_text(json.dumps(tok))
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>",
-        "model_max_length": model_max_length,
-        "clean_up_tokenization_spaces": False,
-        # a plain template, so that smoke's /v1/chat/completions round runs on these checkpoints too
-        "chat_template": CHAT_TEMPLATE,
-    }, indent=1))
-    (out / "special_tokens_map.json").write_text(json.dumps(
-        {"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}, indent=1))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "pad_token": "<pad>",
+                "eos_token": "<eos>",
+                "bos_token": "<bos>",
+                "unk_token": "<unk>",
+                "model_max_length": model_max_length,
+                "clean_up_tokenization_spaces": False,
+                # a plain template, so that smoke's /v1/chat/completions round runs on these checkpoints too
+                "chat_template": CHAT_TEMPLATE,
+            },
+            indent=1,
+        )
+    )
+    (out / "special_tokens_map.json").write_text(
+        json.dumps({"pad_token": "<pad>", "eos_token": "<eos>", "bos_token": "<bos>", "unk_token": "<unk>"}, indent=1)
+    )
 
 
 def _save_model(model_cls, config, out: Path, seed: int) -> None:
@@ -79,15 +95,34 @@ def _save_model(model_cls, config, out: Path, seed: int) -> None:
     model.save_pretrained(str(out), safe_serialization=True)
 
 
-def qwen3_config(*, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: int,
-                 vocab: int = 1024, max_pos: int = 32768):
+def qwen3_config(
+    *,
+    layers: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    intermediate: int,
+    vocab: int = 1024,
+    max_pos: int = 32768,
+):
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
-        max_position_embeddings=max_pos, tie_word_embeddings=True, bos_token_id=2, eos_token_id=1,
-        pad_token_id=0, dtype="bfloat16", architectures=["Qwen3ForCausalLM"],
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_pos,
+        tie_word_embeddings=True,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+        dtype="bfloat16",
+        architectures=["Qwen3ForCausalLM"],
     )
 
 
@@ -111,13 +146,25 @@ def gemma4_text_config(*, vocab: int = 1024, max_pos: int = 8192):
     from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig
 
     return Gemma4TextConfig(
-        vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=64, global_head_dim=64,
-        max_position_embeddings=max_pos, sliding_window=128,
+        vocab_size=vocab,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        global_head_dim=64,
+        max_position_embeddings=max_pos,
+        sliding_window=128,
         layer_types=["sliding_attention", "full_attention"],
-        vocab_size_per_layer_input=vocab, hidden_size_per_layer_input=16,
-        num_kv_shared_layers=0, architectures=["Gemma4ForCausalLM"], dtype="bfloat16",
-        pad_token_id=0, eos_token_id=1, bos_token_id=2,
+        vocab_size_per_layer_input=vocab,
+        hidden_size_per_layer_input=16,
+        num_kv_shared_layers=0,
+        architectures=["Gemma4ForCausalLM"],
+        dtype="bfloat16",
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
     )
 
 
@@ -157,11 +204,17 @@ def make_gemma4_ple(out: Path, variant: str, *, seed: int = 7, shards: int = 4) 
     else:
         tensors[pattern] = table
     save_file(tensors, str(files[0]), metadata={"format": "pt"})
-    (out / "ple-variant.json").write_text(json.dumps({
-        "variant": variant, "original_name": keys[0], "stored_as": sorted(k for k in tensors
-                                                                          if "per_layer" in k and "embed" in k),
-        "shape": list(table.shape),
-    }, indent=1))
+    (out / "ple-variant.json").write_text(
+        json.dumps(
+            {
+                "variant": variant,
+                "original_name": keys[0],
+                "stored_as": sorted(k for k in tensors if "per_layer" in k and "embed" in k),
+                "shape": list(table.shape),
+            },
+            indent=1,
+        )
+    )
     return out
 
 
@@ -174,13 +227,18 @@ BUILDERS = {
     # one KV head: fewer KV heads than any TP > 1 (vLLM replicates it on every rank)
     "qwen3-kv1": lambda o: make_qwen3(o, seed=4, **{**SHAPE_A, "kv_heads": 1}),
     "qwen3-sparse": lambda o: make_qwen3(
-        o, seed=3, **{**SHAPE_A, "layers": 4},
+        o,
+        seed=3,
+        **{**SHAPE_A, "layers": 4},
         declared_layer_types=["full_attention", "qwen_sparse_attention", "full_attention", "qwen_sparse_attention"],
     ),
     # the same weights as qwen3-sparse (same seed and shape), every layer declared full_attention:
     # what the layer-type override turns qwen3-sparse into, for the output-equivalence gate
     "qwen3-sparse-full": lambda o: make_qwen3(
-        o, seed=3, **{**SHAPE_A, "layers": 4}, declared_layer_types=["full_attention"] * 4,
+        o,
+        seed=3,
+        **{**SHAPE_A, "layers": 4},
+        declared_layer_types=["full_attention"] * 4,
     ),
     "gemma4-ple-ref": lambda o: make_gemma4_ple(o, "ref"),
     "gemma4-ple-long": lambda o: make_gemma4_ple(o, "long"),

@@ -178,11 +178,21 @@ def make_handler(state: State):
             if chat and a.broken_chat_template:
                 # what vLLM answers when the chat template cannot be rendered
                 code = a.broken_chat_template
-                msg = ("jinja2.exceptions.TemplateSyntaxError: unexpected '}' in chat template" if code == 500 else
-                       "As of transformers v4.44, default chat template is no longer allowed, so you must "
-                       "provide a chat template if the tokenizer does not define one.")
-                self._json(code, {"object": "error", "message": msg,
-                                  "type": "BadRequestError" if code == 400 else "InternalServerError", "code": code})
+                msg = (
+                    "jinja2.exceptions.TemplateSyntaxError: unexpected '}' in chat template"
+                    if code == 500
+                    else "As of transformers v4.44, default chat template is no longer allowed, so you must "
+                    "provide a chat template if the tokenizer does not define one."
+                )
+                self._json(
+                    code,
+                    {
+                        "object": "error",
+                        "message": msg,
+                        "type": "BadRequestError" if code == 400 else "InternalServerError",
+                        "code": code,
+                    },
+                )
                 return
             if chat and not (isinstance(body.get("messages"), list) and body["messages"]):
                 self._json(400, {"object": "error", "message": "messages must be a non-empty list", "code": 400})
@@ -190,8 +200,12 @@ def make_handler(state: State):
             n = int(body.get("max_tokens") or 16)
             prompt = body.get("prompt")
             wants_model = any(body.get(f) is not None for f in ("logprobs", "prompt_logprobs", "return_token_ids"))
-            if (wants_model and not body.get("stream") and isinstance(prompt, list)
-                    and all(isinstance(t, int) for t in prompt)):
+            if (
+                wants_model
+                and not body.get("stream")
+                and isinstance(prompt, list)
+                and all(isinstance(t, int) for t in prompt)
+            ):
                 # token-id prompts asking for logprobs or token ids are answered by the toy model
                 if any(not 0 <= t < VOCAB for t in prompt):
                     self._json(400, {"error": {"message": f"token id out of vocabulary (0..{VOCAB - 1})"}})
@@ -202,27 +216,49 @@ def make_handler(state: State):
                     choice["token_ids"] = toks
                     choice["prompt_token_ids"] = prompt
                 if body.get("logprobs") is not None:
-                    choice["logprobs"] = {"tokens": [f"w{t}" for t in toks], "token_logprobs": lps,
-                                          "top_logprobs": [], "text_offset": []}
+                    choice["logprobs"] = {
+                        "tokens": [f"w{t}" for t in toks],
+                        "token_logprobs": lps,
+                        "top_logprobs": [],
+                        "text_offset": [],
+                    }
                 if body.get("prompt_logprobs") is not None:
-                    choice["prompt_logprobs"] = toy_prompt_logprobs(prompt, int(body["prompt_logprobs"]),
-                                                                    a.model_seed, a.logprob_noise)
-                self._json(200, {"id": f"cmpl-{k}", "object": "text_completion", "model": a.model_id,
-                                 "choices": [choice],
-                                 "usage": {"prompt_tokens": len(prompt), "completion_tokens": n,
-                                           "total_tokens": len(prompt) + n}})
+                    choice["prompt_logprobs"] = toy_prompt_logprobs(
+                        prompt, int(body["prompt_logprobs"]), a.model_seed, a.logprob_noise
+                    )
+                self._json(
+                    200,
+                    {
+                        "id": f"cmpl-{k}",
+                        "object": "text_completion",
+                        "model": a.model_id,
+                        "choices": [choice],
+                        "usage": {
+                            "prompt_tokens": len(prompt),
+                            "completion_tokens": n,
+                            "total_tokens": len(prompt) + n,
+                        },
+                    },
+                )
                 return
             if not body.get("stream"):
                 time.sleep(a.token_delay * n)
                 text = " ".join(f"w{i}" for i in range(n))
-                choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
-                          if chat else {"index": 0, "text": text, "finish_reason": "length"})
-                self._json(200, {
-                    "id": f"{'chatcmpl' if chat else 'cmpl'}-{k}",
-                    "object": "chat.completion" if chat else "text_completion", "model": a.model_id,
-                    "choices": [choice],
-                    "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n},
-                })
+                choice = (
+                    {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}
+                    if chat
+                    else {"index": 0, "text": text, "finish_reason": "length"}
+                )
+                self._json(
+                    200,
+                    {
+                        "id": f"{'chatcmpl' if chat else 'cmpl'}-{k}",
+                        "object": "chat.completion" if chat else "text_completion",
+                        "model": a.model_id,
+                        "choices": [choice],
+                        "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n},
+                    },
+                )
                 return
             drop = state.take_stream_fault("drop_stream_at", k)
             err = state.take_stream_fault("error_event_at", k)
@@ -234,9 +270,12 @@ def make_handler(state: State):
             obj = "chat.completion.chunk" if chat else "text_completion"
             try:
                 if chat:  # vLLM's first chat chunk carries only the role
-                    first = {"id": f"chatcmpl-{k}", "object": obj, "model": a.model_id,
-                             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                          "finish_reason": None}]}
+                    first = {
+                        "id": f"chatcmpl-{k}",
+                        "object": obj,
+                        "model": a.model_id,
+                        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                    }
                     self.wfile.write(f"data: {json.dumps(first)}\n\n".encode())
                     self.wfile.flush()
                     time.sleep(a.token_delay)
@@ -251,13 +290,22 @@ def make_handler(state: State):
                         self.wfile.flush()
                         break
                     piece = {"delta": {"content": f" w{i}"}} if chat else {"text": f" w{i}"}
-                    chunk = {"id": f"cmpl-{k}", "object": obj, "model": a.model_id,
-                             "choices": [{"index": 0, **piece, "finish_reason": None}]}
+                    chunk = {
+                        "id": f"cmpl-{k}",
+                        "object": obj,
+                        "model": a.model_id,
+                        "choices": [{"index": 0, **piece, "finish_reason": None}],
+                    }
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
                     self.wfile.flush()
                     time.sleep(a.token_delay)
-                usage = {"id": f"cmpl-{k}", "object": obj, "model": a.model_id, "choices": [],
-                         "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}}
+                usage = {
+                    "id": f"cmpl-{k}",
+                    "object": obj,
+                    "model": a.model_id,
+                    "choices": [],
+                    "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n},
+                }
                 self.wfile.write(f"data: {json.dumps(usage)}\n\n".encode())
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
@@ -279,15 +327,25 @@ def main(argv=None) -> int:
     p.add_argument("--token-delay", type=float, default=0.001)
     p.add_argument("--exit-during-boot", action="store_true", help="log a ValueError and exit 1 before serving")
     p.add_argument("--ignore-sigterm", action="store_true", help="needs SIGKILL to stop")
-    p.add_argument("--child-pidfile", default=None,
-                   help="spawn a sleeping child (like the engine core) and write its pid")
+    p.add_argument(
+        "--child-pidfile", default=None, help="spawn a sleeping child (like the engine core) and write its pid"
+    )
     p.add_argument("--pidfile", default=None)
     p.add_argument("--record", default=None, help="write {argv, env} as JSON here (what the server was started with)")
     p.add_argument("--no-kv-lines", action="store_true")
-    p.add_argument("--api-servers", type=int, default=1,
-                   help="log 'Starting vLLM server on' once per API server (vLLM's data-parallel default)")
-    p.add_argument("--broken-chat-template", type=int, choices=(400, 500), default=None,
-                   help="every /v1/chat/completions request answers this status (the template does not render)")
+    p.add_argument(
+        "--api-servers",
+        type=int,
+        default=1,
+        help="log 'Starting vLLM server on' once per API server (vLLM's data-parallel default)",
+    )
+    p.add_argument(
+        "--broken-chat-template",
+        type=int,
+        choices=(400, 500),
+        default=None,
+        help="every /v1/chat/completions request answers this status (the template does not render)",
+    )
     for name in ("fail-500-at", "drop-stream-at", "error-event-at", "die-at", "oom-at", "hang-at", "restart-at"):
         p.add_argument(f"--{name}", type=int, action="append", default=[])
     a, _unknown = p.parse_known_args(argv)  # vLLM serving flags are accepted and ignored
@@ -300,27 +358,39 @@ def main(argv=None) -> int:
     if a.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if a.child_pidfile:
-        child = subprocess.Popen([sys.executable, "-c", "import signal,time; signal.signal(signal.SIGTERM, "
-                                                        "signal.SIG_IGN); time.sleep(3600)"])
+        child = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(3600)",
+            ]
+        )
         with open(a.child_pidfile, "w") as fh:
             fh.write(str(child.pid))
     for line in BOOT_LINES[:2]:
         log(line)
     if a.exit_during_boot:
         log("(EngineCore pid=2422) ERROR 11-30 03:06:53 [core.py:1330] EngineCore failed to start.")
-        log("(EngineCore pid=2422) ERROR 11-30 03:06:53 [core.py:1330] ValueError: To serve at least one request with "
+        log(
+            "(EngineCore pid=2422) ERROR 11-30 03:06:53 [core.py:1330] ValueError: To serve at least one request with "
             "the model's max seq len (1048576), (24.0 GiB KV cache is needed, which is larger than the available KV "
-            "cache memory (10.51 GiB). Based on the available memory, the estimated maximum model length is 459232.")
-        log("(APIServer pid=2283) RuntimeError: Engine core initialization failed. See root cause above. Failed "
-            "core proc(s): {}")
+            "cache memory (10.51 GiB). Based on the available memory, the estimated maximum model length is 459232."
+        )
+        log(
+            "(APIServer pid=2283) RuntimeError: Engine core initialization failed. See root cause above. Failed "
+            "core proc(s): {}"
+        )
         return 1
     for line in BOOT_LINES[2:]:
         if a.no_kv_lines and "KV cache" in line or a.no_kv_lines and "concurrency" in line:
             continue
         if "Starting vLLM server on" in line:
             for i in range(a.api_servers):
-                log(line if a.api_servers == 1 else line.replace("(APIServer pid=2855)",
-                                                                 f"(ApiServer_{i} pid={2855 + i})"))
+                log(
+                    line
+                    if a.api_servers == 1
+                    else line.replace("(APIServer pid=2855)", f"(ApiServer_{i} pid={2855 + i})")
+                )
             continue
         log(line)
     # the listen backlog must hold a whole round (the default of 5 resets connections

@@ -14,8 +14,13 @@ import safetensors
 
 #: safetensors' header dtype -> (TensorSpec dtype name, bits)
 DTYPES = {
-    "BF16": ("bfloat16", 16), "F16": ("float16", 16), "F32": ("float32", 32), "U8": ("uint8", 8),
-    "I32": ("int32", 32), "F8_E4M3": ("float8_e4m3fn", 8), "I64": ("int64", 64),
+    "BF16": ("bfloat16", 16),
+    "F16": ("float16", 16),
+    "F32": ("float32", 32),
+    "U8": ("uint8", 8),
+    "I32": ("int32", 32),
+    "F8_E4M3": ("float8_e4m3fn", 8),
+    "I64": ("int64", 64),
 }
 
 
@@ -32,8 +37,9 @@ def shard_bytes(tensors: dict[str, tuple[str, list[int]]], *, seed: int = 0, met
     return bytes(safetensors.serialize(specs, metadata=metadata or {"format": "pt"}))
 
 
-def write_checkpoint(d: Path, shards: dict[str, dict[str, tuple[str, list[int]]]], config: dict | None = None,
-                     *, index: bool = True) -> Path:
+def write_checkpoint(
+    d: Path, shards: dict[str, dict[str, tuple[str, list[int]]]], config: dict | None = None, *, index: bool = True
+) -> Path:
     """A checkpoint directory: the shards, model.safetensors.index.json, config.json."""
     d.mkdir(parents=True, exist_ok=True)
     wm: dict[str, str] = {}
@@ -44,8 +50,9 @@ def write_checkpoint(d: Path, shards: dict[str, dict[str, tuple[str, list[int]]]
             wm[name] = fname
             total += math.prod(shape) * DTYPES[dtype][1] // 8
     if index:
-        (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total},
-                                                                    "weight_map": wm}, indent=1))
+        (d / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": wm}, indent=1)
+        )
     if config is not None:
         (d / "config.json").write_text(json.dumps(config, indent=1))
     return d
@@ -53,10 +60,19 @@ def write_checkpoint(d: Path, shards: dict[str, dict[str, tuple[str, list[int]]]
 
 VOCAB, HIDDEN, LAYERS, PLE_DIM = 128, 32, 2, 8
 CONFIG = {
-    "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "vocab_size": VOCAB, "hidden_size": HIDDEN,
-    "num_hidden_layers": LAYERS, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
-    "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": PLE_DIM, "torch_dtype": "bfloat16",
-    "intermediate_size": 64, "max_position_embeddings": 4096,
+    "architectures": ["Gemma4ForCausalLM"],
+    "model_type": "gemma4_text",
+    "vocab_size": VOCAB,
+    "hidden_size": HIDDEN,
+    "num_hidden_layers": LAYERS,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "vocab_size_per_layer_input": VOCAB,
+    "hidden_size_per_layer_input": PLE_DIM,
+    "torch_dtype": "bfloat16",
+    "intermediate_size": 64,
+    "max_position_embeddings": 4096,
     "tie_word_embeddings": False,
 }
 

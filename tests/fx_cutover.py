@@ -53,17 +53,26 @@ def oci_layout(root: Path, *, env: list[str], cmd: list[str], labels: dict[str, 
         tar.addfile(info, io.BytesIO(data))
     layer = buf.getvalue()
     lay = _blob(root, layer)
-    config = {"architecture": "amd64", "os": "linux",
-              "config": {"Env": env, "Entrypoint": ["/app/serve"], "Cmd": cmd, "Labels": labels},
-              "rootfs": {"type": "layers", "diff_ids": [lay["digest"]]}}
+    config = {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {"Env": env, "Entrypoint": ["/app/serve"], "Cmd": cmd, "Labels": labels},
+        "rootfs": {"type": "layers", "diff_ids": [lay["digest"]]},
+    }
     cfg = _blob(root, json.dumps(config).encode())
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **cfg},
-                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **lay}]}
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **cfg},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **lay}],
+    }
     man = _blob(root, json.dumps(manifest).encode())
     (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", **man}]}))
+    (root / "index.json").write_text(
+        json.dumps(
+            {"schemaVersion": 2, "manifests": [{"mediaType": "application/vnd.oci.image.manifest.v1+json", **man}]}
+        )
+    )
     return root
 
 
@@ -73,8 +82,13 @@ def skopeo(*args: str) -> subprocess.CompletedProcess:
 
 def push_image(tmp: Path, ref: str, name: str) -> str:
     """Push a tiny image ``name`` (its env, cmd and label say which) to ``ref``; its registry digest."""
-    layout = oci_layout(tmp / f"layout-{name}-{uuid.uuid4().hex[:6]}", env=[f"APP={name}", "PATH=/bin"],
-                        cmd=["--name", name], labels={"org.example.image": name}, payload=name)
+    layout = oci_layout(
+        tmp / f"layout-{name}-{uuid.uuid4().hex[:6]}",
+        env=[f"APP={name}", "PATH=/bin"],
+        cmd=["--name", name],
+        labels={"org.example.image": name},
+        payload=name,
+    )
     r = skopeo("copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}", f"docker://{ref}")
     assert r.returncode == 0, r.stderr
     return tag_digest(ref)
@@ -93,23 +107,62 @@ def smoke_report(**kw) -> dict:
     return smoke_report_obj(**kw).to_dict()
 
 
-def smoke_report_obj(*, verdict: str = "PASS", concurrency: int = 16, rounds: int = 3,
-                     max_model_len: int | None = 4096, tp: int = 1):
+def smoke_report_obj(
+    *, verdict: str = "PASS", concurrency: int = 16, rounds: int = 3, max_model_len: int | None = 4096, tp: int = 1
+):
     """A SmokeReport as ``run_smoke`` returns it (the real dataclass), without a GPU."""
     from builder.serving.smoke import RoundResult, SmokeReport
 
-    done = [RoundResult(round=i + 1, requests=concurrency, ok=concurrency, failed=0, wall_s=2.0, latency_p50_s=1.0,
-                        latency_p95_s=1.5, ttft_p50_s=0.1, output_tokens=64 * concurrency,
-                        output_tokens_per_s=500.0, errors=[]) for i in range(rounds)]
-    settings = {"tp": tp, "pp": 1, "max_model_len": max_model_len, "concurrency": concurrency, "rounds": rounds,
-                "prompt_tokens": 128, "max_tokens": 64, "gpu_memory_utilization": 0.9, "max_num_seqs": None,
-                "kv_cache_dtype": None, "extra_args": [], "serve": False}
-    rep = SmokeReport(verdict=verdict, failures=[] if verdict == "PASS" else ["round 2: 3 of 16 requests failed"],
-                      mode="docker", model="/data/models/qwen", image=None, command=[], settings=settings,
-                      boot={"health_s": 40.0, "first_token_s": 41.0}, kv_cache={}, rounds=done,
-                      throughput={"output_tokens_per_s": 500.0}, gpu={"gpus": 1, "memory_used_mib_peak": 120000},
-                      plan=None, server_exit_code=None, log_file=None, log_tail=[], layer_rewrites=[],
-                      engine={"vllm": "0.26.0"})
+    done = [
+        RoundResult(
+            round=i + 1,
+            requests=concurrency,
+            ok=concurrency,
+            failed=0,
+            wall_s=2.0,
+            latency_p50_s=1.0,
+            latency_p95_s=1.5,
+            ttft_p50_s=0.1,
+            output_tokens=64 * concurrency,
+            output_tokens_per_s=500.0,
+            errors=[],
+        )
+        for i in range(rounds)
+    ]
+    settings = {
+        "tp": tp,
+        "pp": 1,
+        "max_model_len": max_model_len,
+        "concurrency": concurrency,
+        "rounds": rounds,
+        "prompt_tokens": 128,
+        "max_tokens": 64,
+        "gpu_memory_utilization": 0.9,
+        "max_num_seqs": None,
+        "kv_cache_dtype": None,
+        "extra_args": [],
+        "serve": False,
+    }
+    rep = SmokeReport(
+        verdict=verdict,
+        failures=[] if verdict == "PASS" else ["round 2: 3 of 16 requests failed"],
+        mode="docker",
+        model="/data/models/qwen",
+        image=None,
+        command=[],
+        settings=settings,
+        boot={"health_s": 40.0, "first_token_s": 41.0},
+        kv_cache={},
+        rounds=done,
+        throughput={"output_tokens_per_s": 500.0},
+        gpu={"gpus": 1, "memory_used_mib_peak": 120000},
+        plan=None,
+        server_exit_code=None,
+        log_file=None,
+        log_tail=[],
+        layer_rewrites=[],
+        engine={"vllm": "0.26.0"},
+    )
     return rep
 
 
@@ -117,8 +170,9 @@ def statement(name: str, digest: str, *, checkpoint_sha: str = CHECKPOINT_SHA, g
     from builder.serving.attestation import smoke_statement
 
     ck = {"path": "/data/models/qwen", "size_bytes": 1234, "verify": "READY", "index_sha256": checkpoint_sha}
-    return smoke_statement(smoke_report(**report), name=name, digest=digest, checkpoint=ck, gpu_names=[gpu],
-                           created="2026-12-03T16:00:00Z")
+    return smoke_statement(
+        smoke_report(**report), name=name, digest=digest, checkpoint=ck, gpu_names=[gpu], created="2026-12-03T16:00:00Z"
+    )
 
 
 def attest(registry: str, repo: str, digest: str, **kw):
@@ -144,8 +198,9 @@ checkpoint_sha256 = "{CHECKPOINT_SHA}"
 
 
 def cli(*args: str, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([BUILD_IMAGE, *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, **(env or {})))
+    return subprocess.run(
+        [BUILD_IMAGE, *args], capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {}))
+    )
 
 
 def make_world(tmp_path: Path, local_registry: str):
@@ -156,6 +211,18 @@ def make_world(tmp_path: Path, local_registry: str):
     base = f"{local_registry}/{repo}"
     old = push_image(tmp_path, f"{base}:prod", "old")
     new = push_image(tmp_path, f"{base}:candidate", "new")
-    return type("World", (), {"registry": local_registry, "repo": repo, "base": base, "old": old, "new": new,
-                              "tag": f"{base}:prod", "spec": write_spec(tmp_path / "build-image.toml"),
-                              "history": tmp_path / "history.json", "tmp": tmp_path})
+    return type(
+        "World",
+        (),
+        {
+            "registry": local_registry,
+            "repo": repo,
+            "base": base,
+            "old": old,
+            "new": new,
+            "tag": f"{base}:prod",
+            "spec": write_spec(tmp_path / "build-image.toml"),
+            "history": tmp_path / "history.json",
+            "tmp": tmp_path,
+        },
+    )

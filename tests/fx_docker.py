@@ -55,11 +55,11 @@ STANDIN_DATA = ROOT / "tests" / "data" / "standin"
 
 @dataclass(frozen=True)
 class StandinBase:
-    ref: str                 # local image tag, "standin.local/vllm/vllm-openai:v0.26.0"
-    vllm_wheel: Path         # the fake vllm 0.26.0 wheel installed in it (the patch series' source)
+    ref: str  # local image tag, "standin.local/vllm/vllm-openai:v0.26.0"
+    vllm_wheel: Path  # the fake vllm 0.26.0 wheel installed in it (the patch series' source)
     python: str = "3.11"
     site_packages: str = "/usr/local/lib/python3.11/dist-packages"
-    series_dir: Path = STANDIN_DATA / "patches"   # a test patch series that applies to the fake vllm
+    series_dir: Path = STANDIN_DATA / "patches"  # a test patch series that applies to the fake vllm
 
     def __str__(self) -> str:
         return self.ref
@@ -123,7 +123,10 @@ def make_standin_base(arch: str = "amd64") -> subprocess.CompletedProcess:
     with cache_lock("standin-base" if arch == "amd64" else f"standin-base-{arch}"):
         return subprocess.run(
             ["bash", str(ROOT / "scripts" / "make-standin-base.sh"), "--platform", f"linux/{arch}", ref],
-            capture_output=True, text=True, env=env, timeout=1800,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1800,
         )
 
 
@@ -146,8 +149,10 @@ def standin_base_image(docker_engine) -> StandinBase:
 def standin_arm64_base_image(docker_engine) -> StandinBase:
     """The linux/arm64 stand-in (same recipe as :func:`standin_base_image`, built under QEMU; cached)."""
     if not qemu_arm64_ready():
-        _missing("this host cannot run linux/arm64 binaries: no qemu-aarch64 in binfmt_misc "
-                 "(scripts/services.sh install registers it)")
+        _missing(
+            "this host cannot run linux/arm64 binaries: no qemu-aarch64 in binfmt_misc "
+            "(scripts/services.sh install registers it)"
+        )
     proc = make_standin_base("arm64")
     if proc.returncode != 0:
         pytest.fail(f"make-standin-base.sh --platform linux/arm64 failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -159,11 +164,31 @@ def standin_arm64_base_image(docker_engine) -> StandinBase:
 VENV_BIN = Path(__import__("sys").executable).parent
 BUILD_IMAGE = str(VENV_BIN / "build-image")
 # every distribution of the stand-in base except vllm (the lock resolves the base pins too)
-STANDIN_PINS = ("numpy==1.24.2", "numexpr==2.8.4", "packaging==23.0", "pip==23.0.1", "setuptools==66.1.1",
-                "wheel==0.38.4")
-_PIP_TARGET = ["--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311",
-               "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
-               "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_34_x86_64"]
+STANDIN_PINS = (
+    "numpy==1.24.2",
+    "numexpr==2.8.4",
+    "packaging==23.0",
+    "pip==23.0.1",
+    "setuptools==66.1.1",
+    "wheel==0.38.4",
+)
+_PIP_TARGET = [
+    "--only-binary=:all:",
+    "--python-version",
+    "3.11",
+    "--implementation",
+    "cp",
+    "--abi",
+    "cp311",
+    "--platform",
+    "manylinux2014_x86_64",
+    "--platform",
+    "manylinux_2_17_x86_64",
+    "--platform",
+    "manylinux_2_28_x86_64",
+    "--platform",
+    "manylinux_2_34_x86_64",
+]
 
 
 def standin_findlinks(requirements: list[str] | tuple[str, ...] = ()) -> Path:
@@ -198,8 +223,9 @@ def _make_findlinks(root: Path, requirements: list[str] | tuple[str, ...]) -> Pa
     if requirements:
         cons = tmp / "constraints.txt"
         cons.write_text("".join(p + "\n" for p in STANDIN_PINS))  # stay compatible with the base
-        r = subprocess.run(pip + [*_PIP_TARGET, "-c", str(cons), *requirements], capture_output=True, text=True,
-                           timeout=1800)
+        r = subprocess.run(
+            pip + [*_PIP_TARGET, "-c", str(cons), *requirements], capture_output=True, text=True, timeout=1800
+        )
         cons.unlink()
         assert r.returncode == 0, r.stderr[-2000:]
     wheel = _cache_dir() / "standin" / "vllm-0.26.0-py3-none-any.whl"
@@ -214,8 +240,12 @@ def _make_findlinks(root: Path, requirements: list[str] | tuple[str, ...]) -> Pa
 def standin_manifest(standin_base_image, tmp_path_factory) -> Path:
     """Base manifest read from the stand-in image with `build-image base snapshot --image`."""
     out = tmp_path_factory.mktemp("standin-manifest") / "standin.json"
-    r = subprocess.run([BUILD_IMAGE, "base", "snapshot", "--image", standin_base_image.ref, "-o", str(out)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [BUILD_IMAGE, "base", "snapshot", "--image", standin_base_image.ref, "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     return out
 
@@ -229,8 +259,9 @@ def standin_pinned_manifest(standin_base_image, local_registry, tmp_path_factory
         r = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, r.stderr
     out = tmp_path_factory.mktemp("standin-pinned") / "standin-pinned.json"
-    r = subprocess.run([BUILD_IMAGE, "base", "snapshot", "--image", ref, "-o", str(out)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [BUILD_IMAGE, "base", "snapshot", "--image", ref, "-o", str(out)], capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["image"]["digest"], "the snapshot has no digest"
     return out
@@ -248,8 +279,9 @@ class BuiltImage:
 
 def run_pipeline(args: list[str], *, env: dict | None = None, timeout: int = 1800) -> subprocess.CompletedProcess:
     """``build-image ARGS`` as a subprocess (the real CLI, the real engine)."""
-    return subprocess.run([BUILD_IMAGE, *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, **(env or {})))
+    return subprocess.run(
+        [BUILD_IMAGE, *args], capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {}))
+    )
 
 
 @pytest.fixture(scope="session")
@@ -260,16 +292,35 @@ def built_overlay_image(standin_base_image, standin_manifest, tmp_path_factory):
     E.g. ``built_overlay_image(["ray[serve]==2.52.0"])`` gives an image with ray on the stand-in base."""
     cache: dict = {}
 
-    def _build(requirements, *, series: Path | None = None, repo: str = "build-image-test/overlay",
-               manifest: Path | None = None) -> BuiltImage:
+    def _build(
+        requirements,
+        *,
+        series: Path | None = None,
+        repo: str = "build-image-test/overlay",
+        manifest: Path | None = None,
+    ) -> BuiltImage:
         key = (tuple(requirements), str(series), repo, str(manifest))
         if key in cache:
             return cache[key]
         fl = standin_findlinks(tuple(requirements))
         work = tmp_path_factory.mktemp("overlay")
-        args = ["--vllm", "0.26.0", "--base", str(manifest or standin_manifest), "--lock",
-                str(work / "requirements.lock"), "--no-default-overlay", "--no-index", "--find-links", str(fl), "-o",
-                str(work / "ctx"), "--tag", repo, "--json"]
+        args = [
+            "--vllm",
+            "0.26.0",
+            "--base",
+            str(manifest or standin_manifest),
+            "--lock",
+            str(work / "requirements.lock"),
+            "--no-default-overlay",
+            "--no-index",
+            "--find-links",
+            str(fl),
+            "-o",
+            str(work / "ctx"),
+            "--tag",
+            repo,
+            "--json",
+        ]
         for req in requirements:
             args += ["--with", req]
         if series is not None:
@@ -279,8 +330,14 @@ def built_overlay_image(standin_base_image, standin_manifest, tmp_path_factory):
         r = run_pipeline(args)
         assert r.returncode == 0, f"pipeline failed ({r.returncode}):\n{r.stderr[-4000:]}"
         summary = json.loads(r.stdout)
-        built = BuiltImage(tags=summary["tags"], image_id=summary["image_id"], context=work / "ctx",
-                           lock=work / "requirements.lock", summary=summary, manifest=manifest or standin_manifest)
+        built = BuiltImage(
+            tags=summary["tags"],
+            image_id=summary["image_id"],
+            context=work / "ctx",
+            lock=work / "requirements.lock",
+            summary=summary,
+            manifest=manifest or standin_manifest,
+        )
         cache[key] = built
         return built
 

@@ -63,10 +63,12 @@ def serve_index(wheels: dict[Path, datetime], prefix: str = "simple"):
                     p, t = files[fname]
                     data = p.read_bytes()
                     row = {
-                        "filename": fname, "url": f"../../files/{fname}",
+                        "filename": fname,
+                        "url": f"../../files/{fname}",
                         "hashes": {"sha256": hashlib.sha256(data).hexdigest()},
                         "upload-time": t.astimezone(timezone.utc).isoformat().replace("+00:00", "Z"),
-                        "size": len(data), "yanked": False,
+                        "size": len(data),
+                        "yanked": False,
                     }
                     if fname.endswith(".whl"):
                         row["core-metadata"] = {"sha256": hashlib.sha256(_metadata(p)).hexdigest()}

@@ -124,7 +124,7 @@ steps:
 REQUIREMENTS = {
     "requirements/common.txt": "numpy\nrequests >= 2.0\n",
     "requirements/cuda.txt": "-r common.txt\n--extra-index-url https://jit.example.invalid/whl/\ntorch==2.11.0\n"
-                             "jit-cubin==0.6.14\n",
+    "jit-cubin==0.6.14\n",
     "requirements/kv_connectors.txt": "moon-engine >= 0.3\n",
 }
 

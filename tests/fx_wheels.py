@@ -95,12 +95,30 @@ def _compile_newglibc(work: Path) -> bytes:
     stub_dir.mkdir()
     (work / "stub.c").write_text(_STUB_LIBC_C)
     (work / "stub.map").write_text(_STUB_LIBC_MAP)
-    _gcc("-shared", "-fPIC", "-nostdlib", "-Wl,-soname,libc.so.6", "-Wl,--version-script=stub.map",
-         "-o", str(stub_dir / "libc.so.6"), "stub.c", cwd=work)
+    _gcc(
+        "-shared",
+        "-fPIC",
+        "-nostdlib",
+        "-Wl,-soname,libc.so.6",
+        "-Wl,--version-script=stub.map",
+        "-o",
+        str(stub_dir / "libc.so.6"),
+        "stub.c",
+        cwd=work,
+    )
     (work / "newglibc.c").write_text(_NEWGLIBC_C)
     out = work / "_newglibc.so"
-    _gcc("-shared", "-fPIC", "-nostdlib", "-Wl,--build-id=none", "-o", str(out), "newglibc.c",
-         str(stub_dir / "libc.so.6"), cwd=work)
+    _gcc(
+        "-shared",
+        "-fPIC",
+        "-nostdlib",
+        "-Wl,--build-id=none",
+        "-o",
+        str(out),
+        "newglibc.c",
+        str(stub_dir / "libc.so.6"),
+        cwd=work,
+    )
     return out.read_bytes()
 
 
@@ -111,8 +129,15 @@ def _b64(digest: bytes) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def write_wheel(dest: Path, name: str, version: str, tag: str, files: dict[str, bytes | str],
-                requires: list[str] = (), extras: list[str] = ()) -> Path:
+def write_wheel(
+    dest: Path,
+    name: str,
+    version: str,
+    tag: str,
+    files: dict[str, bytes | str],
+    requires: list[str] = (),
+    extras: list[str] = (),
+) -> Path:
     """Write a minimal, valid wheel (METADATA, WHEEL, RECORD) deterministically."""
     py, abi, plat = tag.split("-")
     dist = f"{name.replace('-', '_')}-{version}"
@@ -145,58 +170,137 @@ def build_wheelhouse(dest: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="fxwheels-") as t:
         work = Path(t)
         cp312 = f"cp312-cp312-{PLATFORM_TAG}"
-        write_wheel(dest, "numpy", "1.26.4", "py3-none-any", {
-            "numpy/__init__.py": "__version__ = '1.26.4'\nfrom .core import _multiarray_umath\n",
-            "numpy/core/__init__.py": "",
-            "numpy/core/_multiarray_umath.py": "API_GENERATION = 1\n",
-        })
-        write_wheel(dest, "numpy", "2.1.0", "py3-none-any", {
-            "numpy/__init__.py": "__version__ = '2.1.0'\nfrom ._core import _multiarray_umath\n",
-            "numpy/_core/__init__.py": "",
-            "numpy/_core/_multiarray_umath.py": "API_GENERATION = 2\n",
-            "numpy/core/__init__.py": "from numpy._core import *  # 1.x compatibility shim\n",
-        })
+        write_wheel(
+            dest,
+            "numpy",
+            "1.26.4",
+            "py3-none-any",
+            {
+                "numpy/__init__.py": "__version__ = '1.26.4'\nfrom .core import _multiarray_umath\n",
+                "numpy/core/__init__.py": "",
+                "numpy/core/_multiarray_umath.py": "API_GENERATION = 1\n",
+            },
+        )
+        write_wheel(
+            dest,
+            "numpy",
+            "2.1.0",
+            "py3-none-any",
+            {
+                "numpy/__init__.py": "__version__ = '2.1.0'\nfrom ._core import _multiarray_umath\n",
+                "numpy/_core/__init__.py": "",
+                "numpy/_core/_multiarray_umath.py": "API_GENERATION = 2\n",
+                "numpy/core/__init__.py": "from numpy._core import *  # 1.x compatibility shim\n",
+            },
+        )
         so1 = _compile_ext(work, "arrow1.so", "PyInit_lib", ["numpy.core._multiarray_umath"], "fakearrow-14")
-        so2 = _compile_ext(work, "arrow2.so", "PyInit_lib",
-                           ["numpy._core._multiarray_umath", "numpy.core._multiarray_umath"], "fakearrow-17")
-        write_wheel(dest, "fakearrow", "14.0.2", cp312, {
-            "fakearrow/__init__.py": "",
-            "fakearrow/lib.cpython-312-x86_64-linux-gnu.so": so1,
-        }, requires=["numpy>=1.16.6"])
-        write_wheel(dest, "fakearrow", "17.0.0", cp312, {
-            "fakearrow/__init__.py": "",
-            "fakearrow/lib.cpython-312-x86_64-linux-gnu.so": so2,
-        }, requires=["numpy>=1.21"])
-        write_wheel(dest, "numpy2user", "1.0.0", "py3-none-any",
-                    {"numpy2user/__init__.py": "import numpy\n"}, requires=["numpy>=2"])
+        so2 = _compile_ext(
+            work,
+            "arrow2.so",
+            "PyInit_lib",
+            ["numpy._core._multiarray_umath", "numpy.core._multiarray_umath"],
+            "fakearrow-17",
+        )
+        write_wheel(
+            dest,
+            "fakearrow",
+            "14.0.2",
+            cp312,
+            {
+                "fakearrow/__init__.py": "",
+                "fakearrow/lib.cpython-312-x86_64-linux-gnu.so": so1,
+            },
+            requires=["numpy>=1.16.6"],
+        )
+        write_wheel(
+            dest,
+            "fakearrow",
+            "17.0.0",
+            cp312,
+            {
+                "fakearrow/__init__.py": "",
+                "fakearrow/lib.cpython-312-x86_64-linux-gnu.so": so2,
+            },
+            requires=["numpy>=1.21"],
+        )
+        write_wheel(
+            dest,
+            "numpy2user",
+            "1.0.0",
+            "py3-none-any",
+            {"numpy2user/__init__.py": "import numpy\n"},
+            requires=["numpy>=2"],
+        )
         write_wheel(dest, "purepkg", "1.0.0", "py3-none-any", {"purepkg/__init__.py": "X = 1\n"})
-        write_wheel(dest, "newglibc", "1.0.0", cp312, {
-            "newglibc/__init__.py": "",
-            "newglibc/_newglibc.cpython-312-x86_64-linux-gnu.so": _compile_newglibc(work),
-        })
-        write_wheel(dest, "oldabi", "1.0.0", f"cp39-cp39-{PLATFORM_TAG}", {
-            "oldabi/__init__.py": "",
-            "oldabi/_oldabi.cpython-39-x86_64-linux-gnu.so":
-                _compile_ext(work, "oldabi.so", "PyInit__oldabi", ["no numpy here"], "oldabi"),
-        })
-        write_wheel(dest, "stableabi", "1.0.0", f"cp38-abi3-{PLATFORM_TAG}", {
-            "stableabi/__init__.py": "",
-            "stableabi/_stable.abi3.so": _compile_ext(work, "stable.so", "PyInit__stable", ["no numpy here"],
-                                                      "stableabi"),
-        })
+        write_wheel(
+            dest,
+            "newglibc",
+            "1.0.0",
+            cp312,
+            {
+                "newglibc/__init__.py": "",
+                "newglibc/_newglibc.cpython-312-x86_64-linux-gnu.so": _compile_newglibc(work),
+            },
+        )
+        write_wheel(
+            dest,
+            "oldabi",
+            "1.0.0",
+            f"cp39-cp39-{PLATFORM_TAG}",
+            {
+                "oldabi/__init__.py": "",
+                "oldabi/_oldabi.cpython-39-x86_64-linux-gnu.so": _compile_ext(
+                    work, "oldabi.so", "PyInit__oldabi", ["no numpy here"], "oldabi"
+                ),
+            },
+        )
+        write_wheel(
+            dest,
+            "stableabi",
+            "1.0.0",
+            f"cp38-abi3-{PLATFORM_TAG}",
+            {
+                "stableabi/__init__.py": "",
+                "stableabi/_stable.abi3.so": _compile_ext(
+                    work, "stable.so", "PyInit__stable", ["no numpy here"], "stableabi"
+                ),
+            },
+        )
     return dest
 
 
-def install_into(dest: Path, names: list[str], wheelhouse: Path, python_version: str = "3.12",
-                 platform: str = "x86_64-manylinux_2_35") -> Path:
+def install_into(
+    dest: Path,
+    names: list[str],
+    wheelhouse: Path,
+    python_version: str = "3.12",
+    platform: str = "x86_64-manylinux_2_35",
+) -> Path:
     """``uv pip install --target dest`` of requirement strings, offline, from ``wheelhouse``.
 
     ``--link-mode copy``: tests may edit installed files; hardlinks would corrupt uv's cache.
     """
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [UV, "pip", "install", "--quiet", "--link-mode", "copy", "--target", str(dest), "--no-index", "--find-links",
-           str(wheelhouse), "--python-version", python_version, "--python-platform", platform, "--no-build", *names]
+    cmd = [
+        UV,
+        "pip",
+        "install",
+        "--quiet",
+        "--link-mode",
+        "copy",
+        "--target",
+        str(dest),
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "--python-version",
+        python_version,
+        "--python-platform",
+        platform,
+        "--no-build",
+        *names,
+    ]
     env = {**os.environ, "UV_NO_CONFIG": "1"}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:

@@ -45,8 +45,9 @@ def _standin_arm64() -> None:
         return  # the arm64 tests skip (or fail under BUILD_IMAGE_REQUIRE_DOCKER=1) and say why
     proc = make_standin_base("arm64")
     if proc.returncode != 0:
-        raise RuntimeError(f"make-standin-base.sh --platform linux/arm64 failed ({proc.returncode}):\n"
-                           f"{proc.stderr[-2000:]}")
+        raise RuntimeError(
+            f"make-standin-base.sh --platform linux/arm64 failed ({proc.returncode}):\n{proc.stderr[-2000:]}"
+        )
 
 
 def _findlinks_platforms() -> None:
@@ -63,10 +64,14 @@ def _ray_wheelhouse() -> None:
 
 
 # in order: the find-links folders hold the fake vllm wheel that the stand-in's script writes
-STEPS = (("ray wheelhouse", _ray_wheelhouse), ("stand-in base image", _standin_base),
-         ("stand-in find-links", _findlinks_plain), ("stand-in find-links (e2e overlay)", _findlinks_e2e),
-         ("stand-in find-links (two-platform overlay)", _findlinks_platforms),
-         ("arm64 stand-in base image (QEMU)", _standin_arm64))
+STEPS = (
+    ("ray wheelhouse", _ray_wheelhouse),
+    ("stand-in base image", _standin_base),
+    ("stand-in find-links", _findlinks_plain),
+    ("stand-in find-links (e2e overlay)", _findlinks_e2e),
+    ("stand-in find-links (two-platform overlay)", _findlinks_platforms),
+    ("arm64 stand-in base image (QEMU)", _standin_arm64),
+)
 
 
 def main() -> int:

@@ -69,8 +69,11 @@ def test_python_abi_from_wheel_tags(fixture_wheel):
 
 
 def test_numpy_own_extensions_are_not_counted_as_built_against_numpy(tmp_path):
-    so = _gcc_so(tmp_path, "_multiarray_umath.so",
-                 'const char m[] = "numpy._core._multiarray_umath"; int f(void){return sizeof m;}\n')
+    so = _gcc_so(
+        tmp_path,
+        "_multiarray_umath.so",
+        'const char m[] = "numpy._core._multiarray_umath"; int f(void){return sizeof m;}\n',
+    )
     assert scan_files([so], is_numpy=True).numpy_abi == {"1": 0, "2": 0}
     assert scan_files([so], is_numpy=False).numpy_abi == {"1": 0, "2": 1}
 
@@ -149,11 +152,23 @@ def _snap(*args: str):
 
 
 def test_snapshot_site_packages_writes_a_reconstructed_manifest(tmp_path, make_site_packages):
-    sp = make_site_packages(tmp_path / "lib" / "python3.12" / "dist-packages",
-                            ["fakearrow==14.0.2", "numpy==1.26.4", "purepkg"])
+    sp = make_site_packages(
+        tmp_path / "lib" / "python3.12" / "dist-packages", ["fakearrow==14.0.2", "numpy==1.26.4", "purepkg"]
+    )
     out = tmp_path / "m.json"
-    r = _snap("--site-packages", str(sp), "--glibc", "2.35", "--cuda", "13.0", "--method", "made by a test",
-              "-o", str(out), "--json")
+    r = _snap(
+        "--site-packages",
+        str(sp),
+        "--glibc",
+        "2.35",
+        "--cuda",
+        "13.0",
+        "--method",
+        "made by a test",
+        "-o",
+        str(out),
+        "--json",
+    )
     assert r.exit_code == 0, r.output
     summary = json.loads(r.output)
     assert summary["distributions"] == 3 and summary["numpy_1x_built"] == ["fakearrow"]
@@ -166,18 +181,23 @@ def test_snapshot_site_packages_writes_a_reconstructed_manifest(tmp_path, make_s
     assert m.get("numpy").version == "1.26.4"
 
 
-@pytest.mark.parametrize("args, needle", [
-    ([], "exactly one of"),
-    (["--image", "x:1", "--site-packages", "."], "exactly one of"),
-    (["--site-packages", "."], "--glibc X.Y is required"),
-    (["--site-packages", ".", "--glibc", "2.35", "--python", "3"], "--python must look like X.Y"),
-    (["--site-packages", ".", "--glibc", "2.35.1", "--python", "3.12"], "--glibc must look like X.Y (e.g. 2.35)"),
-    (["--site-packages", ".", "--glibc", "2.35", "--python", "3.12", "--cuda", "13"],
-     "--cuda must look like X.Y (e.g. 13.0)"),
-    (["--site-packages", "/nonexistent/dir", "--glibc", "2.35", "--python", "3.12"], "does not exist"),
-    (["--site-packages", "tests", "--glibc", "2.35", "--python", "3.12"], "holds no installed distribution"),
-    (["--image", "x:1", "--method", "m"], "only apply to --site-packages"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        ([], "exactly one of"),
+        (["--image", "x:1", "--site-packages", "."], "exactly one of"),
+        (["--site-packages", "."], "--glibc X.Y is required"),
+        (["--site-packages", ".", "--glibc", "2.35", "--python", "3"], "--python must look like X.Y"),
+        (["--site-packages", ".", "--glibc", "2.35.1", "--python", "3.12"], "--glibc must look like X.Y (e.g. 2.35)"),
+        (
+            ["--site-packages", ".", "--glibc", "2.35", "--python", "3.12", "--cuda", "13"],
+            "--cuda must look like X.Y (e.g. 13.0)",
+        ),
+        (["--site-packages", "/nonexistent/dir", "--glibc", "2.35", "--python", "3.12"], "does not exist"),
+        (["--site-packages", "tests", "--glibc", "2.35", "--python", "3.12"], "holds no installed distribution"),
+        (["--image", "x:1", "--method", "m"], "only apply to --site-packages"),
+    ],
+)
 def test_snapshot_bad_input_exits_2_and_writes_nothing(tmp_path, args, needle):
     out = tmp_path / "m.json"
     r = CliRunner().invoke(main, ["base", "snapshot", *args, "-o", str(out)])
@@ -192,8 +212,9 @@ def test_snapshot_does_not_replace_a_good_manifest_on_failure(tmp_path, make_sit
     assert _snap("--site-packages", str(sp), "--glibc", "2.35", "--python", "3.12", "-o", str(out)).exit_code == 0
     before = out.read_bytes()
     (sp / "purepkg-1.0.0.dist-info" / "METADATA").write_text("Name: purepkg\n")  # Version lost
-    r = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--glibc", "2.35",
-                                  "--python", "3.12", "-o", str(out)])
+    r = CliRunner().invoke(
+        main, ["base", "snapshot", "--site-packages", str(sp), "--glibc", "2.35", "--python", "3.12", "-o", str(out)]
+    )
     assert r.exit_code == 2 and "missing Name or Version" in r.output
     assert out.read_bytes() == before
 
@@ -209,14 +230,27 @@ def test_shipped_manifest_is_the_vllm_0_26_0_floor():
     assert m.site_packages == "/usr/local/lib/python3.12/dist-packages"
     assert m.provenance_kind == "reconstructed"
     sdist_sha = "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502"
-    for needle in ("uv pip install --target", "--exclude-newer 2026-07-25", "not scanned",
-                   f"vllm-0.26.0.tar.gz (sha256 {sdist_sha})"):
+    for needle in (
+        "uv pip install --target",
+        "--exclude-newer 2026-07-25",
+        "not scanned",
+        f"vllm-0.26.0.tar.gz (sha256 {sdist_sha})",
+    ):
         assert needle in m.provenance_method
     assert "unverified" not in m.provenance_method
     assert m.provenance_recipe["sdist"] == {"filename": "vllm-0.26.0.tar.gz", "sha256": sdist_sha}
     steps = m.provenance_recipe["steps"]
-    assert [s["action"] for s in steps] == ["install", "install", "skip", "install", "install", "skip", "install",
-                                            "install", "skip"]
+    assert [s["action"] for s in steps] == [
+        "install",
+        "install",
+        "skip",
+        "install",
+        "install",
+        "skip",
+        "install",
+        "install",
+        "skip",
+    ]
     assert steps[6]["moved"]["numpy"] == "2.3.5 -> 2.2.6"  # the kv-connectors step moves the earlier pin
     assert m.get("vllm").version == "0.26.0"
     assert m.get("torch").version == "2.11.0"
@@ -279,8 +313,9 @@ def tiny_images(tmp_path_factory, make_site_packages):
                 link.type, link.linkname = tarfile.SYMTYPE, "/usr/bin/python3.12"
                 tar.addfile(link)
                 tar.add(sp, arcname="usr/lib/python3/dist-packages")
-        r = _docker("import", "-c", "ENV CUDA_VERSION=12.9.1", "-c", "ENV PATH=/usr/local/bin:/usr/bin:/bin",
-                    str(path), tag)
+        r = _docker(
+            "import", "-c", "ENV CUDA_VERSION=12.9.1", "-c", "ENV PATH=/usr/local/bin:/usr/bin:/bin", str(path), tag
+        )
         assert r.returncode == 0, r.stderr
 
     make(tags["py"], True)
@@ -343,8 +378,11 @@ def test_scan_site_packages_reads_debian_style_egg_info(tmp_path):
     sp = tmp_path / "dist-packages"
     (sp / "debpkg").mkdir(parents=True)
     (sp / "debpkg" / "__init__.py").write_text("")
-    _gcc_so(sp / "debpkg", "_speed.cpython-312-x86_64-linux-gnu.so",
-            'const char m[] = "numpy.core._multiarray_umath"; int f(void){return sizeof m;}\n')
+    _gcc_so(
+        sp / "debpkg",
+        "_speed.cpython-312-x86_64-linux-gnu.so",
+        'const char m[] = "numpy.core._multiarray_umath"; int f(void){return sizeof m;}\n',
+    )
     egg = sp / "debpkg-3.1.egg-info"
     egg.mkdir()
     (egg / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: debpkg\nVersion: 3.1\n")
@@ -404,11 +442,18 @@ def test_image_python_follows_path_and_symlinks_into_a_venv(tmp_path):
 
     tree = _tree(
         tmp_path,
-        links={"opt/venv/bin/python3": "python", "opt/venv/bin/python": "/usr/bin/python3.12",
-               "usr/bin/python3": "/etc/alternatives/python3", "etc/alternatives/python3": "/usr/bin/python3.10"},
+        links={
+            "opt/venv/bin/python3": "python",
+            "opt/venv/bin/python": "/usr/bin/python3.12",
+            "usr/bin/python3": "/etc/alternatives/python3",
+            "etc/alternatives/python3": "/usr/bin/python3.10",
+        },
         files=["usr/bin/python3.12", "usr/bin/python3.10", "opt/venv/pyvenv.cfg"],
-        dirs=["opt/venv/lib/python3.12/site-packages", "usr/local/lib/python3.12/dist-packages",
-              "usr/lib/python3/dist-packages"],
+        dirs=[
+            "opt/venv/lib/python3.12/site-packages",
+            "usr/local/lib/python3.12/dist-packages",
+            "usr/lib/python3/dist-packages",
+        ],
     )
     cands = _python_candidates(tree, "/opt/venv/bin:/usr/local/bin:/usr/bin")
     assert cands == [("3.12", "opt/venv/bin/python3"), ("3.10", "usr/bin/python3")]
@@ -416,11 +461,15 @@ def test_image_python_follows_path_and_symlinks_into_a_venv(tmp_path):
     assert _site_dirs(tree, "3.12", "opt/venv/bin/python3") == ["opt/venv/lib/python3.12/site-packages"]
     (tmp_path / "opt/venv/pyvenv.cfg").write_text("include-system-site-packages = true\n")
     assert _site_dirs(tree, "3.12", "opt/venv/bin/python3") == [
-        "opt/venv/lib/python3.12/site-packages", "usr/local/lib/python3.12/dist-packages",
-        "usr/lib/python3/dist-packages"]
+        "opt/venv/lib/python3.12/site-packages",
+        "usr/local/lib/python3.12/dist-packages",
+        "usr/lib/python3/dist-packages",
+    ]
     # a system interpreter: Debian sys.path order
     assert _site_dirs(tree, "3.12", "usr/bin/python3") == [
-        "usr/local/lib/python3.12/dist-packages", "usr/lib/python3/dist-packages"]
+        "usr/local/lib/python3.12/dist-packages",
+        "usr/lib/python3/dist-packages",
+    ]
 
 
 def test_extension_suffix_beats_a_none_wheel_tag(tmp_path):
@@ -441,25 +490,50 @@ def test_snapshot_to_an_unwritable_path_is_bad_input_not_a_traceback(tmp_path, m
     sp = make_site_packages(tmp_path / "sp", ["purepkg==1.0.0"])
     out = tmp_path / "no-such-dir-parent-is-a-file"
     out.write_text("x")
-    res = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12",
-                                    "--glibc", "2.35", "-o", str(out / "base.json")])
+    res = CliRunner().invoke(
+        main,
+        [
+            "base",
+            "snapshot",
+            "--site-packages",
+            str(sp),
+            "--python",
+            "3.12",
+            "--glibc",
+            "2.35",
+            "-o",
+            str(out / "base.json"),
+        ],
+    )
     assert res.exit_code == 2, res.output
     assert "cannot write" in res.output and str(out / "base.json") in res.output
     assert out.read_text() == "x"
 
 
-@pytest.mark.parametrize("mutate, needle", [
-    (lambda d: d["distributions"]["numpy"].__setitem__("numpy_abi", "x"),
-     "'distributions.numpy.numpy_abi' should be dict"),
-    (lambda d: d["distributions"]["numpy"].__setitem__("numpy_abi", {"1": "2"}),
-     "'distributions.numpy.numpy_abi.1' should be int"),
-    (lambda d: d["distributions"]["numpy"].__setitem__("extensions", "3"),
-     "'distributions.numpy.extensions' should be int"),
-    (lambda d: d["python"].__setitem__("version", "3"), "'python.version' must look like 3.12"),
-    (lambda d: d.__setitem__("platform", "linux"), "'platform' must look like x86_64-manylinux_2_35"),
-    (lambda d: d["distributions"]["numpy"].__setitem__("name", "pandas"), "'distributions.numpy' holds 'pandas'"),
-    (lambda d: d["distributions"].__setitem__("NumPy", dict(d["distributions"]["numpy"])), "'numpy' is listed twice"),
-])
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (
+            lambda d: d["distributions"]["numpy"].__setitem__("numpy_abi", "x"),
+            "'distributions.numpy.numpy_abi' should be dict",
+        ),
+        (
+            lambda d: d["distributions"]["numpy"].__setitem__("numpy_abi", {"1": "2"}),
+            "'distributions.numpy.numpy_abi.1' should be int",
+        ),
+        (
+            lambda d: d["distributions"]["numpy"].__setitem__("extensions", "3"),
+            "'distributions.numpy.extensions' should be int",
+        ),
+        (lambda d: d["python"].__setitem__("version", "3"), "'python.version' must look like 3.12"),
+        (lambda d: d.__setitem__("platform", "linux"), "'platform' must look like x86_64-manylinux_2_35"),
+        (lambda d: d["distributions"]["numpy"].__setitem__("name", "pandas"), "'distributions.numpy' holds 'pandas'"),
+        (
+            lambda d: d["distributions"].__setitem__("NumPy", dict(d["distributions"]["numpy"])),
+            "'numpy' is listed twice",
+        ),
+    ],
+)
 def test_malformed_manifest_fields_are_bad_input_naming_the_field(tmp_path, mutate, needle):
     """Not a traceback (numpy_abi of the wrong type), nor a misleading 'unsatisfiable' from uv
     (python.version '3'), nor a pin under another package's key."""

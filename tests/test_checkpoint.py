@@ -81,6 +81,7 @@ def expected_bytes() -> dict[str, int]:
 
 # --------------------------------------------------------------------------- ready
 
+
 def test_complete_sharded_checkpoint_is_ready_with_exact_totals(tmp_path):
     d = sharded(tmp_path / "ck")
     assert all(library_accepts(p) for p in d.glob("*.safetensors"))
@@ -113,8 +114,9 @@ def test_structural_pass_reads_no_tensor_data(tmp_path):
     d = tmp_path / "big"
     d.mkdir()
     rows = 40 * 10**9 // (2 * 4096)
-    header = json.dumps({"w.weight": {"dtype": "BF16", "shape": [rows, 4096],
-                                      "data_offsets": [0, rows * 4096 * 2]}}).encode()
+    header = json.dumps(
+        {"w.weight": {"dtype": "BF16", "shape": [rows, 4096], "data_offsets": [0, rows * 4096 * 2]}}
+    ).encode()
     p = d / "model.safetensors"
     with open(p, "wb") as fh:
         fh.write(len(header).to_bytes(8, "little") + header)
@@ -127,6 +129,7 @@ def test_structural_pass_reads_no_tensor_data(tmp_path):
 
 
 # --------------------------------------------------------------------------- not ready: files
+
 
 def test_truncated_shard_is_caught_without_hashing(tmp_path):
     d = sharded(tmp_path / "ck")
@@ -169,10 +172,10 @@ def test_shard_outside_index_warns_and_strict_refuses(tmp_path):
 def _rewrite_header(p: Path, edit) -> None:
     data = p.read_bytes()
     n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n])
+    header = json.loads(data[8 : 8 + n])
     edit(header)
     new = json.dumps(header).encode()
-    p.write_bytes(len(new).to_bytes(8, "little") + new + data[8 + n:])
+    p.write_bytes(len(new).to_bytes(8, "little") + new + data[8 + n :])
 
 
 BAD_HEADERS = {
@@ -212,7 +215,7 @@ def test_overlapping_offsets(tmp_path):
 
     p_trailing = [0]
     _rewrite_header(p, edit)
-    p.write_bytes(p.read_bytes()[:-p_trailing[0]])  # the file ends where the shifted header says
+    p.write_bytes(p.read_bytes()[: -p_trailing[0]])  # the file ends where the shifted header says
     assert not library_accepts(p)
     code, doc, _ = verify(str(d))
     assert code == 1
@@ -294,9 +297,22 @@ def test_unreadable_shard(tmp_path):
             pytest.skip("running as root and util-linux's setpriv is not installed")
         drop = "-dac_override,-dac_read_search"
         r = subprocess.run(
-            [setpriv, f"--bounding-set={drop}", f"--inh-caps={drop}", "--",
-             sys.executable, "-m", "builder.cli", "checkpoint", "verify", str(d), "--json"],
-            capture_output=True, text=True, cwd=Path(__file__).parent.parent,
+            [
+                setpriv,
+                f"--bounding-set={drop}",
+                f"--inh-caps={drop}",
+                "--",
+                sys.executable,
+                "-m",
+                "builder.cli",
+                "checkpoint",
+                "verify",
+                str(d),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent.parent,
         )
         code, doc = r.returncode, json.loads(r.stdout)
     assert code == 1
@@ -326,8 +342,9 @@ def test_tensor_claimed_twice_and_tensor_not_where_the_index_says(tmp_path):
     assert code == 1
     msgs = [e["message"] for e in doc["errors"]]
     assert any("'x' is claimed twice: in a.safetensors and b.safetensors" in m for m in msgs), msgs
-    assert any("'lm_head.weight'" in m and "puts it in a.safetensors" in m
-               and "it is in b.safetensors" in m for m in msgs), msgs
+    assert any(
+        "'lm_head.weight'" in m and "puts it in a.safetensors" in m and "it is in b.safetensors" in m for m in msgs
+    ), msgs
 
 
 def test_config_shape_mismatch(tmp_path):
@@ -342,8 +359,9 @@ def test_config_shape_mismatch(tmp_path):
 
 def test_ple_table_shapes_numbered_blocks_and_duplicates(tmp_path):
     # numbered row blocks: their rows add up to the table
-    blocks = {f"model.embed_tokens_per_layer.shard_{i}.weight": ("BF16", [VOCAB // 4, LAYERS * PLE_DIM])
-              for i in range(4)}
+    blocks = {
+        f"model.embed_tokens_per_layer.shard_{i}.weight": ("BF16", [VOCAB // 4, LAYERS * PLE_DIM]) for i in range(4)
+    }
     base = {"model.embed_tokens.weight": ("BF16", [VOCAB, HIDDEN]), "lm_head.weight": ("BF16", [VOCAB, HIDDEN])}
     d = write_checkpoint(tmp_path / "num", {"a.safetensors": base, "b.safetensors": blocks}, CONFIG)
     rep = ck.inspect_checkpoint(d)
@@ -355,10 +373,14 @@ def test_ple_table_shapes_numbered_blocks_and_duplicates(tmp_path):
     [p] = ck.inspect_checkpoint(d2).errors
     assert "2 x 8 = 16" in p.message
     # stored twice (empty shard index and the plain name)
-    d3 = write_checkpoint(tmp_path / "twice",
-                          {"a.safetensors": {**base, "embed_tokens_per_layer.weight": ("BF16", [VOCAB, 16])},
-                           "b.safetensors": {"embed_tokens_per_layer.shard_.weight": ("BF16", [VOCAB, 16])}},
-                          CONFIG)
+    d3 = write_checkpoint(
+        tmp_path / "twice",
+        {
+            "a.safetensors": {**base, "embed_tokens_per_layer.weight": ("BF16", [VOCAB, 16])},
+            "b.safetensors": {"embed_tokens_per_layer.shard_.weight": ("BF16", [VOCAB, 16])},
+        },
+        CONFIG,
+    )
     assert any("more than once" in p.message for p in ck.inspect_checkpoint(d3).errors)
     # declared by config.json, absent from the checkpoint
     d4 = write_checkpoint(tmp_path / "absent", {"a.safetensors": base}, CONFIG)
@@ -366,9 +388,12 @@ def test_ple_table_shapes_numbered_blocks_and_duplicates(tmp_path):
 
 
 def test_no_index_single_file_and_missing_config(tmp_path):
-    d = write_checkpoint(tmp_path / "one",
-                         {"model.safetensors": {"model.embed_tokens.weight": ("BF16", [VOCAB, HIDDEN])}},
-                         {"vocab_size": VOCAB, "hidden_size": HIDDEN}, index=False)
+    d = write_checkpoint(
+        tmp_path / "one",
+        {"model.safetensors": {"model.embed_tokens.weight": ("BF16", [VOCAB, HIDDEN])}},
+        {"vocab_size": VOCAB, "hidden_size": HIDDEN},
+        index=False,
+    )
     rep = ck.inspect_checkpoint(d)
     assert rep.ready() and rep.index is None and rep.weight_bytes == 2 * VOCAB * HIDDEN
     (d / "config.json").unlink()
@@ -376,6 +401,7 @@ def test_no_index_single_file_and_missing_config(tmp_path):
 
 
 # --------------------------------------------------------------------------- not ready: download leftovers
+
 
 def test_download_leftovers(tmp_path):
     d = sharded(tmp_path / "ck")
@@ -394,10 +420,19 @@ def test_local_dir_download_leftovers_and_locks(tmp_path):
     assert code == 0, doc  # a lock that nobody holds: huggingface_hub leaves them behind
     with open(lock) as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # a download in progress holds it
-        child = subprocess.run([sys.executable, "-c", (
-            "import json,sys; from builder.serving.checkpoint import inspect_checkpoint as i; "
-            f"print(json.dumps([p.file for p in i({str(d)!r}).errors]))")],
-            capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+        child = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import json,sys; from builder.serving.checkpoint import inspect_checkpoint as i; "
+                    f"print(json.dumps([p.file for p in i({str(d)!r}).errors]))"
+                ),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent.parent,
+        )
     held = f".cache/huggingface/download/{S3}.lock (held: a download is running)"
     assert json.loads(child.stdout) == [held], child.stderr
     (meta / f"{S3}.0123abcd.incomplete").write_bytes(b"partial")
@@ -406,6 +441,7 @@ def test_local_dir_download_leftovers_and_locks(tmp_path):
 
 
 # --------------------------------------------------------------------------- content
+
 
 def test_sha256_sums_match_mismatch_and_cache(tmp_path):
     d = sharded(tmp_path / "ck")
@@ -531,15 +567,21 @@ def test_sums_may_name_files_below_the_directory(tmp_path):
 def test_sums_formats():
     h = "ab" * 32
     assert cc.parse_sums(f"{h}  ./a.safetensors\n{h.upper()} *b.safetensors\nSHA256 (c.safetensors) = {h}\n", "s") == {
-        "a.safetensors": h, "b.safetensors": h, "c.safetensors": h}
+        "a.safetensors": h,
+        "b.safetensors": h,
+        "c.safetensors": h,
+    }
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--jobs", "0"], "--jobs must be >= 1"),
-    (["--sha256", "SUMS", "--hf-cache", "HF"], "not both"),
-    (["--sha256", "NOFILE"], "no such file"),
-    (["--sha256", "BADSUMS"], "line 2"),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--jobs", "0"], "--jobs must be >= 1"),
+        (["--sha256", "SUMS", "--hf-cache", "HF"], "not both"),
+        (["--sha256", "NOFILE"], "no such file"),
+        (["--sha256", "BADSUMS"], "line 2"),
+    ],
+)
 def test_bad_flags_exit_2_and_write_nothing(tmp_path, args, words):
     d = sharded(tmp_path / "ck")
     (tmp_path / "SUMS").write_text(f"{'0' * 64}  {S1}\n")
@@ -571,8 +613,9 @@ def _hub_cache(tmp_path: Path) -> tuple[Path, Path]:
         if p.suffix == ".safetensors":
             blob = hashlib.sha256(data).hexdigest()  # LFS: the blob is named by its sha256
         else:  # a regular git file: by its git object id, as git itself computes it
-            blob = subprocess.run(["git", "hash-object", str(p)], capture_output=True, text=True,
-                                  check=True).stdout.strip()
+            blob = subprocess.run(
+                ["git", "hash-object", str(p)], capture_output=True, text=True, check=True
+            ).stdout.strip()
         (repo / "blobs" / blob).write_bytes(data)
         os.symlink(f"../../blobs/{blob}", snap / p.name)
     return hub, snap
@@ -655,23 +698,32 @@ def test_parallel_hashing_agrees_with_hashlib(tmp_path):
 
 # --------------------------------------------------------------------------- header parser vs the safetensors library
 
-@pytest.mark.parametrize("header,data_len", [
-    ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}}, 8),
-    ({"__metadata__": {"format": "pt"}, "a": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]}}, 4),
-    ({"a": {"dtype": "BF16", "shape": [0, 3], "data_offsets": [0, 0]}}, 0),
-    ({}, 0),
-    ({"a": {"dtype": "F4", "shape": [4], "data_offsets": [0, 2]}}, 2),
-    ({"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}}, 2),           # half a byte
-    ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}}, 6),      # truncated
-    ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}}, 10),     # trailing
-    ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [2, 10]}}, 10),    # gap at start
-    ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 6]}}, 6),      # span != shape
-    ({"a": {"dtype": "BF16", "shape": [-2, 2], "data_offsets": [0, 8]}}, 8),
-    ({"a": {"dtype": "XX", "shape": [2, 2], "data_offsets": [0, 8]}}, 8),
-    ({"__metadata__": {"n": 1}}, 0),
-    ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]},
-      "b": {"dtype": "BF16", "shape": [2], "data_offsets": [6, 10]}}, 10),      # overlap
-])
+
+@pytest.mark.parametrize(
+    "header,data_len",
+    [
+        ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}}, 8),
+        ({"__metadata__": {"format": "pt"}, "a": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]}}, 4),
+        ({"a": {"dtype": "BF16", "shape": [0, 3], "data_offsets": [0, 0]}}, 0),
+        ({}, 0),
+        ({"a": {"dtype": "F4", "shape": [4], "data_offsets": [0, 2]}}, 2),
+        ({"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}}, 2),  # half a byte
+        ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}}, 6),  # truncated
+        ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}}, 10),  # trailing
+        ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [2, 10]}}, 10),  # gap at start
+        ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 6]}}, 6),  # span != shape
+        ({"a": {"dtype": "BF16", "shape": [-2, 2], "data_offsets": [0, 8]}}, 8),
+        ({"a": {"dtype": "XX", "shape": [2, 2], "data_offsets": [0, 8]}}, 8),
+        ({"__metadata__": {"n": 1}}, 0),
+        (
+            {
+                "a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]},
+                "b": {"dtype": "BF16", "shape": [2], "data_offsets": [6, 10]},
+            },
+            10,
+        ),  # overlap
+    ],
+)
 def test_parser_agrees_with_safetensors(header, data_len):
     raw = json.dumps(header).encode()
     blob = len(raw).to_bytes(8, "little") + raw + b"\0" * data_len
@@ -689,14 +741,17 @@ def test_parser_agrees_with_safetensors(header, data_len):
 
 
 def test_a_tensor_named_twice_in_one_header():
-    raw = (b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
-           b'"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}')
+    raw = (
+        b'{"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}, '
+        b'"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}'
+    )
     blob = len(raw).to_bytes(8, "little") + raw + b"\0" * 8
     with pytest.raises(ck.HeaderError, match="names 'a' twice"):
         ck.parse_header(blob, len(blob), "t.safetensors")
 
 
 # --------------------------------------------------------------------------- plan sizing
+
 
 def test_weight_size_for_the_plan(tmp_path):
     d = sharded(tmp_path / "ck")
@@ -705,7 +760,7 @@ def test_weight_size_for_the_plan(tmp_path):
     assert ws.bytes == exact and "headers" in ws.source and ws.notes == ()
     # still downloading: the header is whole, the size still exact, with a note
     p = d / S3
-    p.write_bytes(p.read_bytes()[:200 + 8 + int.from_bytes(p.read_bytes()[:8], "little")])
+    p.write_bytes(p.read_bytes()[: 200 + 8 + int.from_bytes(p.read_bytes()[:8], "little")])
     ws = ck.weight_size(d)
     assert ws.bytes == exact and "not complete" in ws.notes[0]
     # a shard not there yet: the index's total_size
@@ -727,7 +782,7 @@ def _marker_server(marker: Path) -> str:
     """A server command that leaves a marker when it is started (and then serves)."""
     import shlex
 
-    return (f"sh -c {shlex.quote(f'touch {marker} && exec {sys.executable} {FAKE_SERVER} --port $0')} {{port}}")
+    return f"sh -c {shlex.quote(f'touch {marker} && exec {sys.executable} {FAKE_SERVER} --port $0')} {{port}}"
 
 
 def test_smoke_refuses_a_truncated_checkpoint_without_starting_a_server(tmp_path):
@@ -736,8 +791,25 @@ def test_smoke_refuses_a_truncated_checkpoint_without_starting_a_server(tmp_path
     p.write_bytes(p.read_bytes()[:-1])
     marker = tmp_path / "server-started"
     log = tmp_path / "server.log"
-    args = ["smoke", "--model", str(d), "--server-cmd", _marker_server(marker), "--rounds", "1", "--concurrency", "1",
-            "--max-tokens", "4", "--prompt-tokens", "8", "--gpu-memory", "80GiB", "--log-file", str(log)]
+    args = [
+        "smoke",
+        "--model",
+        str(d),
+        "--server-cmd",
+        _marker_server(marker),
+        "--rounds",
+        "1",
+        "--concurrency",
+        "1",
+        "--max-tokens",
+        "4",
+        "--prompt-tokens",
+        "8",
+        "--gpu-memory",
+        "80GiB",
+        "--log-file",
+        str(log),
+    ]
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 13, r.output
     assert "checkpoint not ready" in r.stderr and S3 in r.stderr and "truncated" in r.stderr
@@ -751,9 +823,26 @@ def test_smoke_refuses_a_truncated_checkpoint_without_starting_a_server(tmp_path
 def test_smoke_boots_a_ready_checkpoint(tmp_path):
     d = sharded(tmp_path / "ck")
     marker = tmp_path / "server-started"
-    r = CliRunner().invoke(main, ["smoke", "--model", str(d), "--server-cmd", _marker_server(marker), "--rounds", "1",
-                                  "--concurrency", "1", "--max-tokens", "4", "--prompt-tokens", "8", "--gpu-memory",
-                                  "80GiB"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "smoke",
+            "--model",
+            str(d),
+            "--server-cmd",
+            _marker_server(marker),
+            "--rounds",
+            "1",
+            "--concurrency",
+            "1",
+            "--max-tokens",
+            "4",
+            "--prompt-tokens",
+            "8",
+            "--gpu-memory",
+            "80GiB",
+        ],
+    )
     assert r.exit_code == 0, r.output
     assert marker.exists() and "checkpoint READY (structure): 3 shard(s)" in r.stderr
 
@@ -763,8 +852,10 @@ def test_pipeline_smoke_refuses_a_missing_shard_before_lock_and_render(tmp_path,
     d = sharded(tmp_path / "ck")
     (d / S2).unlink()
     spec = tmp_path / "build-image.toml"
-    spec.write_text(f'vllm = "0.26.0"\nlock = "{tmp_path / "lock" / "requirements.lock"}"\n'
-                    f'[serving]\nmodel = "{d}"\ngpus = 1\ngpu_memory = "80GiB"\ntp = 1\nmax_model_len = 4096\n')
+    spec.write_text(
+        f'vllm = "0.26.0"\nlock = "{tmp_path / "lock" / "requirements.lock"}"\n'
+        f'[serving]\nmodel = "{d}"\ngpus = 1\ngpu_memory = "80GiB"\ntp = 1\nmax_model_len = 4096\n'
+    )
     out = tmp_path / "ctx"
     r = CliRunner().invoke(main, ["--spec", str(spec), "--smoke", "-o", str(out)])
     assert r.exit_code == 13, r.output
@@ -773,6 +864,7 @@ def test_pipeline_smoke_refuses_a_missing_shard_before_lock_and_render(tmp_path,
 
 
 # --------------------------------------------------------------------------- real checkpoints, written by transformers
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen3-a", "gemma4-ple-numbered", "gemma4-ple-short", "gemma4-ple-ref"])
@@ -803,8 +895,9 @@ def test_checkpoint_and_plan_read_the_text_settings_of_a_nested_config_by_one_ru
     from builder.serving.modelconfig import text_config
 
     inner = {"vocab_size": 8, "hidden_size": 4}
-    cfg, problem = text_config({"text_config": inner, "tie_word_embeddings": False, "dtype": "float16",
-                                "vision_config": {"hidden_size": 99}})
+    cfg, problem = text_config(
+        {"text_config": inner, "tie_word_embeddings": False, "dtype": "float16", "vision_config": {"hidden_size": 99}}
+    )
     assert problem is None and cfg == {**inner, "tie_word_embeddings": False, "dtype": "float16"}
     assert text_config({"llm_config": inner})[0] == inner
     assert text_config({"text_config": {**inner, "dtype": "bfloat16"}, "dtype": "float16"})[0]["dtype"] == "bfloat16"

@@ -58,6 +58,7 @@ RUNAI = """\
 
 # --- the phases from the log -------------------------------------------------------------------------------
 
+
 def test_phases_of_an_empty_compile_cache():
     cs = cold_start_phases(parse_server_log(EMPTY_CC), {"health_s": 158.67, "first_token_s": 158.75})
     assert cs["load_format"] == "auto"
@@ -99,8 +100,13 @@ def test_render_names_every_phase():
     cs = cold_start_phases(parse_server_log(EMPTY_CC), {"health_s": 158.67, "first_token_s": 158.75})
     line = render_cold_start(cs)
     assert line.startswith("cold start (load format auto): weights load 17.4 s (20.31 GiB, 1.17 GiB/s)")
-    for part in ("torch.compile 30.1 s (compile cache miss)", "CUDA-graph capture 6.0 s", "engine init 56.9 s",
-                 "/health 158.7 s", "first token 158.8 s"):
+    for part in (
+        "torch.compile 30.1 s (compile cache miss)",
+        "CUDA-graph capture 6.0 s",
+        "engine init 56.9 s",
+        "/health 158.7 s",
+        "first token 158.8 s",
+    ):
         assert part in line
 
 
@@ -116,12 +122,14 @@ def test_the_committed_h200_logs_parse(run):
 
 # --- --load-format -------------------------------------------------------------------------------------------
 
+
 def test_load_formats_per_release_come_from_the_wheels():
     assert "runai_streamer" in RELEASE_FACTS["0.26.0"].load_formats
     assert "bitsandbytes" in RELEASE_FACTS["0.27.1"].load_formats
     assert "bitsandbytes" not in RELEASE_FACTS["0.28.0"].load_formats
-    assert ("ipc_cache" in RELEASE_FACTS["0.30.0"].load_formats
-            and "ipc_cache" not in RELEASE_FACTS["0.29.0"].load_formats)
+    assert (
+        "ipc_cache" in RELEASE_FACTS["0.30.0"].load_formats and "ipc_cache" not in RELEASE_FACTS["0.29.0"].load_formats
+    )
     assert all(f.load_formats and f.load_formats[0] == "auto" for f in RELEASE_FACTS.values())
 
 
@@ -146,12 +154,14 @@ def test_smoke_cli_unknown_load_format_is_exit_2_naming_the_formats(tmp_path):
     r = CliRunner().invoke(main, ["smoke", "--local", "--model", str(tmp_path), "--load-format", "gguf-turbo"])
     assert r.exit_code == 2, r.output
     assert "gguf-turbo" in r.output and "safetensors" in r.output and "runai_streamer" in r.output
-    r = CliRunner().invoke(main, ["smoke", "--local", "--vllm", "0.26.0", "--model", str(tmp_path),
-                                  "--load-format", "ipc_cache"])
+    r = CliRunner().invoke(
+        main, ["smoke", "--local", "--vllm", "0.26.0", "--model", str(tmp_path), "--load-format", "ipc_cache"]
+    )
     assert r.exit_code == 2 and "0.26.0" in r.output
 
 
 # --- the estimate ----------------------------------------------------------------------------------------------
+
 
 def test_parse_rate_units_and_refusals():
     assert parse_rate("1GiB/s", what="x") == GiB
@@ -164,8 +174,11 @@ def test_parse_rate_units_and_refusals():
 
 
 def test_estimate_terms_and_total():
-    cs = estimate(ColdStartInputs(weights_bytes=20 * GiB, image_bytes=10 * GB, pull_bandwidth=1e9,
-                                  load_rate=2 * GiB, engine_start_s=60.0))
+    cs = estimate(
+        ColdStartInputs(
+            weights_bytes=20 * GiB, image_bytes=10 * GB, pull_bandwidth=1e9, load_rate=2 * GiB, engine_start_s=60.0
+        )
+    )
     assert cs.pull_s == 10.0 and cs.weights_load_s == 10.0 and cs.engine_start_s == 60.0 and cs.total_s == 80.0
     assert [t["term"] for t in cs.terms] == ["image pull", "weights load", "engine start"]
     assert cs.to_dict()["schema"] == "build-image/cold-start/v1"
@@ -200,24 +213,28 @@ def test_the_reference_case_is_600GB_over_8_gpus_of_one_node():
     assert cs.weights_load_s == round(600 * GB / rate, 1)
 
 
-@pytest.mark.parametrize("kw, match", [
-    (dict(storage="object"), "object storage was not measured"),
-    (dict(load_format="instanttensor"), "no measured load rate"),
-    (dict(pull_bandwidth=0.0), "--pull-bandwidth"),
-    (dict(pull_bandwidth=-5.0), "--pull-bandwidth"),
-    (dict(load_rate=0.0), "--load-rate"),
-    (dict(gpus=2, nodes=3), "not a layout"),
-    (dict(engine_start_s=-1.0), "--engine-start"),
-    (dict(page_cache="lukewarm"), "--page-cache"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(storage="object"), "object storage was not measured"),
+        (dict(load_format="instanttensor"), "no measured load rate"),
+        (dict(pull_bandwidth=0.0), "--pull-bandwidth"),
+        (dict(pull_bandwidth=-5.0), "--pull-bandwidth"),
+        (dict(load_rate=0.0), "--load-rate"),
+        (dict(gpus=2, nodes=3), "not a layout"),
+        (dict(engine_start_s=-1.0), "--engine-start"),
+        (dict(page_cache="lukewarm"), "--page-cache"),
+    ],
+)
 def test_bad_estimate_inputs_are_bad_input(kw, match):
     with pytest.raises(BadInput, match=match):
         estimate(ColdStartInputs(weights_bytes=GB, **kw))
 
 
 def test_object_storage_with_a_given_rate():
-    cs = estimate(ColdStartInputs(weights_bytes=10 * GiB, storage="object", load_format="runai_streamer",
-                                  load_rate=5 * GiB))
+    cs = estimate(
+        ColdStartInputs(weights_bytes=10 * GiB, storage="object", load_format="runai_streamer", load_rate=5 * GiB)
+    )
     assert cs.weights_load_s == 2.0
 
 
@@ -252,25 +269,44 @@ def test_compressed_size_of_a_pushed_manifest_and_the_push_result(tmp_path):
 
 def test_predicted_within_20_percent_of_the_measured_h200_runs():
     """docs/cold-start.md: predicted (weights load + engine start) vs the measured /health of each run."""
-    runs = {"st-cold-cc0": ("auto", "cold", "empty"), "st-cold-ccw": ("auto", "cold", "warm"),
-            "st-warm-ccw": ("auto", "warm", "warm"), "fst-cold": ("fastsafetensors", "cold", "warm")}
+    runs = {
+        "st-cold-cc0": ("auto", "cold", "empty"),
+        "st-cold-ccw": ("auto", "cold", "warm"),
+        "st-warm-ccw": ("auto", "warm", "warm"),
+        "fst-cold": ("fastsafetensors", "cold", "warm"),
+    }
     weights = json.loads((BENCH / "run1" / "checkpoint.json").read_text())["safetensors_bytes"]
     for run, (fmt, pc, cc) in runs.items():
         measured = json.loads((BENCH / "run2" / f"{run}.json").read_text())["boot"]["health_s"]
-        predicted = estimate(ColdStartInputs(weights_bytes=weights, load_format=fmt, page_cache=pc,
-                                             compile_cache=cc)).total_s
+        predicted = estimate(
+            ColdStartInputs(weights_bytes=weights, load_format=fmt, page_cache=pc, compile_cache=cc)
+        ).total_s
         assert abs(predicted - measured) / measured <= 0.20, (run, predicted, measured)
 
 
 # --- plan --------------------------------------------------------------------------------------------------
 
-PLAN = ["plan", "--model", str(MODEL_600GB), "--weights-bytes", "600GB", "--gpus", "8", "--tp", "8",
-        "--gpu-memory", "h200", "--max-model-len", "4096"]
+PLAN = [
+    "plan",
+    "--model",
+    str(MODEL_600GB),
+    "--weights-bytes",
+    "600GB",
+    "--gpus",
+    "8",
+    "--tp",
+    "8",
+    "--gpu-memory",
+    "h200",
+    "--max-model-len",
+    "4096",
+]
 
 
 def test_plan_json_carries_the_cold_start_terms():
-    r = CliRunner().invoke(main, PLAN + ["--json", "--image-size", "12GB", "--pull-bandwidth", "10Gbit/s",
-                                         "--compile-cache", "warm"])
+    r = CliRunner().invoke(
+        main, PLAN + ["--json", "--image-size", "12GB", "--pull-bandwidth", "10Gbit/s", "--compile-cache", "warm"]
+    )
     assert r.exit_code in (0, 1), r.output
     cs = json.loads(r.output)["cold_start"]
     assert [t["term"] for t in cs["terms"]] == ["image pull", "weights load", "engine start"]
@@ -287,13 +323,16 @@ def test_plan_text_shows_each_term_for_the_model_and_for_600GB_over_8_gpus():
     assert "runai_streamer" in r.output
 
 
-@pytest.mark.parametrize("flags, match", [
-    (["--pull-bandwidth", "0"], "--pull-bandwidth"),
-    (["--pull-bandwidth", "-1GB/s"], "--pull-bandwidth"),
-    (["--load-rate", "0GiB/s"], "--load-rate"),
-    (["--load-format", "nope"], "LoadFormats"),
-    (["--storage", "object"], "--load-rate"),
-])
+@pytest.mark.parametrize(
+    "flags, match",
+    [
+        (["--pull-bandwidth", "0"], "--pull-bandwidth"),
+        (["--pull-bandwidth", "-1GB/s"], "--pull-bandwidth"),
+        (["--load-rate", "0GiB/s"], "--load-rate"),
+        (["--load-format", "nope"], "LoadFormats"),
+        (["--storage", "object"], "--load-rate"),
+    ],
+)
 def test_plan_bad_cold_start_flags_are_exit_2(flags, match):
     r = CliRunner().invoke(main, PLAN + flags)
     assert r.exit_code == 2, r.output
@@ -301,6 +340,7 @@ def test_plan_bad_cold_start_flags_are_exit_2(flags, match):
 
 
 # --- KubeRay -----------------------------------------------------------------------------------------------
+
 
 def _render(**serving):
     from tests.test_kuberay import render
@@ -334,7 +374,8 @@ def test_kuberay_compile_cache_volume_at_vllm_cache_root_and_load_format():
 def test_kuberay_pvc_and_no_compile_cache():
     container, volumes = _worker(_render(compile_cache="pvc:vllm-cache"))
     assert next(v for v in volumes if v["name"] == "vllm-compile-cache")["persistentVolumeClaim"] == {
-        "claimName": "vllm-cache"}
+        "claimName": "vllm-cache"
+    }
     container, volumes = _worker(_render(compile_cache="none"))
     assert "env" not in container and [v["name"] for v in volumes] == ["dshm"]
 
@@ -347,24 +388,33 @@ def test_kuberay_model_cache_node_and_object():
     assert app["args"]["model"] == "s3://bucket/qwen" and app["args"]["load_format"] == "runai_streamer"
 
 
-@pytest.mark.parametrize("serving, match", [
-    (dict(load_format="bogus"), "serving.load_format"),
-    (dict(compile_cache="tmpfs"), "serving.compile_cache"),
-    (dict(model_cache="object", model="/models/qwen", load_format="runai_streamer"), "URI"),
-    (dict(model_cache="object", model="s3://b/q"), "runai_streamer"),
-    (dict(model_cache="node", model="/data/qwen"), "/models"),
-    (dict(model_cache="nfs"), "serving.model_cache"),
-])
+@pytest.mark.parametrize(
+    "serving, match",
+    [
+        (dict(load_format="bogus"), "serving.load_format"),
+        (dict(compile_cache="tmpfs"), "serving.compile_cache"),
+        (dict(model_cache="object", model="/models/qwen", load_format="runai_streamer"), "URI"),
+        (dict(model_cache="object", model="s3://b/q"), "runai_streamer"),
+        (dict(model_cache="node", model="/data/qwen"), "/models"),
+        (dict(model_cache="nfs"), "serving.model_cache"),
+    ],
+)
 def test_kuberay_bad_cold_start_settings(serving, match):
     with pytest.raises(BadInput, match=match):
         _render(**serving)
 
 
 def test_spec_accepts_the_cold_start_keys():
-    spec = parse_spec('[serving]\nmodel = "/models/q"\nload_format = "runai_streamer"\ncompile_cache = "none"\n'
-                      'model_cache = "node"\n', "spec.toml")
+    spec = parse_spec(
+        '[serving]\nmodel = "/models/q"\nload_format = "runai_streamer"\ncompile_cache = "none"\n'
+        'model_cache = "node"\n',
+        "spec.toml",
+    )
     assert (spec.serving.load_format, spec.serving.compile_cache, spec.serving.model_cache) == (
-        "runai_streamer", "none", "node")
+        "runai_streamer",
+        "none",
+        "node",
+    )
     assert kuberay.cold_start_settings(spec)["load_format"] == "runai_streamer"
 
 

@@ -25,9 +25,14 @@ def test_a_report_that_fits_is_unchanged():
 
 def test_a_long_report_is_cut_closed_and_points_to_the_full_one():
     rows = "".join(f"| pkg{i} | 1.0 → 2.0 | 🔶 rebuilt |\n" for i in range(6000))
-    md = ("### 🛑 lockfiles/vllm-0.26.0/requirements.lock\n\n**FAIL**: 1 change the gate would reject\n\n"
-          "<details>\n<summary>big</summary>\n\n| package | change | note |\n|---|---|---|\n" + rows
-          + "</details>\n\n```\n" + "log line\n" * 5000 + "```\n")
+    md = (
+        "### 🛑 lockfiles/vllm-0.26.0/requirements.lock\n\n**FAIL**: 1 change the gate would reject\n\n"
+        "<details>\n<summary>big</summary>\n\n| package | change | note |\n|---|---|---|\n"
+        + rows
+        + "</details>\n\n```\n"
+        + "log line\n" * 5000
+        + "```\n"
+    )
     assert size(md) > GITHUB_COMMENT_LIMIT
     out = fit(md, 65000, "https://ci.example/run/1")
     assert size(out) <= 65000 and size("<!-- build-image-lock-diff -->\n" + out) <= GITHUB_COMMENT_LIMIT
@@ -42,8 +47,15 @@ def test_a_long_report_is_cut_closed_and_points_to_the_full_one():
 
 
 def test_diff_max_chars_cuts_the_markdown_and_keeps_the_verdict_and_exit_code():
-    args = ["diff", "--format", "markdown", "--base-manifest", str(DIFF / "base.json"),
-            str(DIFF / "mixed" / "old.lock"), str(DIFF / "mixed" / "new.lock")]
+    args = [
+        "diff",
+        "--format",
+        "markdown",
+        "--base-manifest",
+        str(DIFF / "base.json"),
+        str(DIFF / "mixed" / "old.lock"),
+        str(DIFF / "mixed" / "new.lock"),
+    ]
     full = CliRunner().invoke(main, args)
     cut = CliRunner().invoke(main, args + ["--max-chars", "1024", "--full-report", "the job summary"])
     assert full.exit_code == cut.exit_code == 1  # the dangerous change still fails the job

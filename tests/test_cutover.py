@@ -48,12 +48,21 @@ def test_statement_is_an_in_toto_v1_statement_about_the_digest_with_the_whole_ve
     assert doc["_type"] == "https://in-toto.io/Statement/v1"
     assert doc["subject"] == [{"name": "127.0.0.1:5000/app", "digest": {"sha256": "ab" * 32}}]
     p = doc["predicate"]
-    assert p["verdict"] == "PASS" and p["load"] == {"rounds": 3, "concurrency": 16, "rounds_completed": 3,
-                                                      "prompt_tokens": 128, "max_tokens": 64}
+    assert p["verdict"] == "PASS" and p["load"] == {
+        "rounds": 3,
+        "concurrency": 16,
+        "rounds_completed": 3,
+        "prompt_tokens": 128,
+        "max_tokens": 64,
+    }
     assert p["engine_args"]["max_model_len"] == 4096 and p["engine_args"]["tensor_parallel_size"] == 1
     assert p["gpu"]["model"] == GPU and p["gpu"]["count"] == 1
-    assert p["checkpoint"] == {"path": "/data/models/qwen", "size_bytes": 1234, "verify": "READY",
-                               "index_sha256": CHECKPOINT_SHA}
+    assert p["checkpoint"] == {
+        "path": "/data/models/qwen",
+        "size_bytes": 1234,
+        "verify": "READY",
+        "index_sha256": CHECKPOINT_SHA,
+    }
     assert p["engine"] == {"vllm": "0.26.0"} and p["equivalence"] is None
     v = verdict_of(doc)
     assert v.passed and attestation.mismatches(v, TARGET) == []
@@ -65,13 +74,16 @@ def test_a_fail_verdict_is_a_statement_too_and_never_clears_a_target():
     assert any("verdict is FAIL" in m for m in attestation.mismatches(v, TARGET))
 
 
-@pytest.mark.parametrize("kw, says", [
-    ({"concurrency": 4}, "concurrency 4 < the target's 16"),
-    ({"checkpoint_sha": "d" * 64}, "is not the target's"),
-    ({"tp": 2}, "tensor-parallel size 2 != the target's 1"),
-    ({"max_model_len": 8192}, "max-model-len 8192 != the target's 4096"),
-    ({"gpu": "NVIDIA H100 80GB HBM3"}, "GPU model"),
-])
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        ({"concurrency": 4}, "concurrency 4 < the target's 16"),
+        ({"checkpoint_sha": "d" * 64}, "is not the target's"),
+        ({"tp": 2}, "tensor-parallel size 2 != the target's 1"),
+        ({"max_model_len": 8192}, "max-model-len 8192 != the target's 4096"),
+        ({"gpu": "NVIDIA H100 80GB HBM3"}, "GPU model"),
+    ],
+)
 def test_each_setting_that_differs_from_the_target_is_named(kw, says):
     miss = attestation.mismatches(verdict_of(statement("r/app", DIGEST, **kw)), TARGET)
     assert len(miss) == 1 and says in miss[0], miss
@@ -93,15 +105,18 @@ def test_equivalence_failure_blocks_the_promotion():
     assert any("equivalence" in m for m in attestation.mismatches(verdict_of(doc), TARGET))
 
 
-@pytest.mark.parametrize("mutate, says", [
-    (lambda b: b[: len(b) // 2], "not JSON"),
-    (lambda b: b.replace(b'"ab', b'"cd', 1), "subject is sha256:cd"),
-    (lambda b: b.replace(b'"PASS"', b'"MAYBE"'), "not PASS or FAIL"),
-    (lambda b: b.replace(b'"concurrency":16', b'"concurrency":"16"'), "predicate.load.concurrency is str"),
-    (lambda b: b.replace(b'"rounds_completed":3,', b''), "rounds_completed is missing"),
-    (lambda b: b.replace(b"smoke-verdict/v1", b"smoke-verdict/v9"), "predicateType"),
-    (lambda b: b.replace(b"Statement/v1", b"Statement/v0.1"), "in-toto"),
-])
+@pytest.mark.parametrize(
+    "mutate, says",
+    [
+        (lambda b: b[: len(b) // 2], "not JSON"),
+        (lambda b: b.replace(b'"ab', b'"cd', 1), "subject is sha256:cd"),
+        (lambda b: b.replace(b'"PASS"', b'"MAYBE"'), "not PASS or FAIL"),
+        (lambda b: b.replace(b'"concurrency":16', b'"concurrency":"16"'), "predicate.load.concurrency is str"),
+        (lambda b: b.replace(b'"rounds_completed":3,', b''), "rounds_completed is missing"),
+        (lambda b: b.replace(b"smoke-verdict/v1", b"smoke-verdict/v9"), "predicateType"),
+        (lambda b: b.replace(b"Statement/v1", b"Statement/v0.1"), "in-toto"),
+    ],
+)
 def test_a_forged_or_truncated_statement_is_bad_input_naming_it(mutate, says):
     blob = mutate(attestation.statement_bytes(statement("r/app", DIGEST)))
     with pytest.raises(BadInput) as exc:
@@ -126,8 +141,17 @@ docker = [pytest.mark.slow, pytest.mark.docker]
 
 
 def promote(w, digest: str, *extra: str, spec=None):
-    return cli("promote", f"{w.base}@{digest}", "--to", w.tag, "--spec", str(spec or w.spec), "--history",
-               str(w.history), *extra)
+    return cli(
+        "promote",
+        f"{w.base}@{digest}",
+        "--to",
+        w.tag,
+        "--spec",
+        str(spec or w.spec),
+        "--history",
+        str(w.history),
+        *extra,
+    )
 
 
 @pytest.mark.slow
@@ -142,8 +166,10 @@ def test_promote_is_refused_without_an_attestation_and_nothing_moves(world):
 
 @pytest.mark.slow
 @pytest.mark.docker
-@pytest.mark.parametrize("kw, says", [({"concurrency": 4}, "concurrency 4 < the target's 16"),
-                                      ({"checkpoint_sha": "d" * 64}, "is not the target's")])
+@pytest.mark.parametrize(
+    "kw, says",
+    [({"concurrency": 4}, "concurrency 4 < the target's 16"), ({"checkpoint_sha": "d" * 64}, "is not the target's")],
+)
 def test_promote_is_refused_with_a_mismatching_attestation(world, kw, says):
     attest(world.registry, world.repo, world.new, **kw)
     r = promote(world, world.new)
@@ -154,8 +180,8 @@ def test_promote_is_refused_with_a_mismatching_attestation(world, kw, says):
 @pytest.mark.slow
 @pytest.mark.docker
 def test_promote_with_a_matching_pass_records_the_way_back_and_rollback_takes_it(world):
-    attest(world.registry, world.repo, world.new, concurrency=4)      # another configuration's verdict stays
-    attest(world.registry, world.repo, world.new)                     # the matching one
+    attest(world.registry, world.repo, world.new, concurrency=4)  # another configuration's verdict stays
+    attest(world.registry, world.repo, world.new)  # the matching one
     out = world.tmp / "apply"
     r = promote(world, world.new, "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
@@ -181,8 +207,9 @@ def test_promote_with_a_matching_pass_records_the_way_back_and_rollback_takes_it
     _how, descs = referrers.list_referrers(client, world.repo, world.new)
     (rec,) = [d for d in descs if d.get("artifactType") == "application/vnd.build-image.rollback-record.v1+json"]
     assert rec["digest"] == e["record"] and rec["annotations"]["org.build-image.previous"] == world.old
-    man = json.loads(client.request("GET", f"/v2/{world.repo}/manifests/{rec['digest']}",
-                                    {"Accept": referrers.OCI_MANIFEST})[2])
+    man = json.loads(
+        client.request("GET", f"/v2/{world.repo}/manifests/{rec['digest']}", {"Accept": referrers.OCI_MANIFEST})[2]
+    )
     assert man["subject"]["digest"] == world.new
     blob = json.loads(client.request("GET", f"/v2/{world.repo}/blobs/{man['layers'][0]['digest']}")[2])
     assert blob["previous"] == e["previous"]
@@ -194,8 +221,10 @@ def test_promote_with_a_matching_pass_records_the_way_back_and_rollback_takes_it
     assert (back / "rayservice.yaml").read_text() == e["manifests"]["previous"]["rayservice.yaml"]
     r = cli("history", world.tag, "--history", str(world.history), "--json")
     entries = json.loads(r.stdout)["entries"]
-    assert [(x["action"], x["status"], x["to"]) for x in entries] == [("promote", "done", world.new),
-                                                                      ("rollback", "done", world.old)]
+    assert [(x["action"], x["status"], x["to"]) for x in entries] == [
+        ("promote", "done", world.new),
+        ("rollback", "done", world.old),
+    ]
     # nothing left to undo: the first promotion's predecessor was not promoted by build-image
     r = cli("rollback", world.tag, "--history", str(world.history))
     assert r.returncode == 2 and "no promotion" in r.stderr and tag_digest(world.tag) == world.old
@@ -222,7 +251,7 @@ def test_force_needs_a_reason_and_records_it(world):
 def test_an_attestation_about_another_digest_is_bad_input(world):
     from builder.serving.attestation import attach_statement
 
-    other = statement(world.base, world.old)          # a PASS about the old image, attached to the new one
+    other = statement(world.base, world.old)  # a PASS about the old image, attached to the new one
     attach_statement(f"{world.base}@{world.new}", other)
     r = promote(world, world.new)
     assert r.returncode == 2, r.stderr
@@ -258,8 +287,11 @@ def test_bad_input_moves_nothing(world):
     doc = json.loads(world.history.read_text())
     doc["entries"][0]["from"] = world.new
     world.history.write_text(json.dumps(doc))
-    for r in (cli("rollback", world.tag, "--history", str(world.history)), promote(world, world.old),
-              cli("history", world.tag, "--history", str(world.history))):
+    for r in (
+        cli("rollback", world.tag, "--history", str(world.history)),
+        promote(world, world.old),
+        cli("history", world.tag, "--history", str(world.history)),
+    ):
         assert r.returncode == 2 and str(world.history) in r.stderr and "edited by hand" in r.stderr, r.stderr
     assert tag_digest(world.tag) == world.new
     # a tag that does not exist (the history is of another tag)
@@ -272,8 +304,17 @@ def test_bad_input_moves_nothing(world):
 def test_credentials_in_the_references_reach_no_output_history_or_annotation(world):
     attest(world.registry, world.repo, world.new)
     secret = "s3cr3tPW"
-    r = cli("promote", f"deployer:{secret}@{world.base}@{world.new}", "--to", f"https://deployer:{secret}@{world.tag}",
-            "--spec", str(world.spec), "--history", str(world.history), "--json")
+    r = cli(
+        "promote",
+        f"deployer:{secret}@{world.base}@{world.new}",
+        "--to",
+        f"https://deployer:{secret}@{world.tag}",
+        "--spec",
+        str(world.spec),
+        "--history",
+        str(world.history),
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     assert "credentials in the reference are ignored" in r.stderr
     assert secret not in r.stdout + r.stderr and secret not in world.history.read_text()
@@ -298,9 +339,25 @@ def test_two_promotes_at_once_serialize(world):
     third = push_image(world.tmp, f"{world.base}:other", "third")
     for d in (world.new, third):
         attest(world.registry, world.repo, d)
-    procs = [subprocess.Popen([BUILD_IMAGE, "promote", f"{world.base}@{d}", "--to", world.tag, "--spec",
-                               str(world.spec), "--history", str(world.history)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for d in (world.new, third)]
+    procs = [
+        subprocess.Popen(
+            [
+                BUILD_IMAGE,
+                "promote",
+                f"{world.base}@{d}",
+                "--to",
+                world.tag,
+                "--spec",
+                str(world.spec),
+                "--history",
+                str(world.history),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for d in (world.new, third)
+    ]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     a, b = json.loads(world.history.read_text())["entries"]
@@ -322,7 +379,7 @@ def test_rollback_target_walks_back_one_promotion_at_a_time():
     a, b, c = ("sha256:" + x * 64 for x in "abc")
     entries = [_e(1, "promote", a, b), _e(2, "promote", b, c)]
     assert history.rollback_target(entries, c)["id"] == 2
-    assert history.rollback_target(entries, b) is None           # the tag is not where the last promotion put it
+    assert history.rollback_target(entries, b) is None  # the tag is not where the last promotion put it
     entries.append(_e(3, "rollback", c, b, undoes=2))
     assert history.rollback_target(entries, b)["id"] == 1
     entries.append(_e(4, "rollback", b, a, undoes=1))
@@ -418,7 +475,7 @@ def test_the_smoke_commands_attestation_is_what_promote_reads(world, tmp_path, m
     ck = tmp_path / "ckpt"
     ck.mkdir()
     (ck / "model.safetensors.index.json").write_text('{"weight_map": {}}')
-    monkeypatch.setattr(gpu_mod, "nvidia_smi_names", lambda: [GPU])   # the one thing only a GPU host has
+    monkeypatch.setattr(gpu_mod, "nvidia_smi_names", lambda: [GPU])  # the one thing only a GPU host has
     rep = smoke_report_obj()
     said = []
     cfg = SmokeConfig(model=str(ck), image=f"{world.base}@{world.new}", checkpoint_check=False)
@@ -435,11 +492,15 @@ def test_the_smoke_commands_attestation_is_what_promote_reads(world, tmp_path, m
     assert r.returncode == 1 and "verify result is not checked" in r.stderr and "is not the target's" in r.stderr
 
 
-@pytest.mark.parametrize("name, codes", [("promote", ("0 moved", "1 refused", "2 bad input", "10 registry", "14")),
-                                         ("rollback", ("0 moved back", "2 bad input", "10 registry", "11 the tag",
-                                                       "14")),
-                                         ("history", ("0 listed", "2 bad input", "14")),
-                                         ("smoke", ("0 PASS", "1 FAIL", "2 bad input", "10 registry", "13"))])
+@pytest.mark.parametrize(
+    "name, codes",
+    [
+        ("promote", ("0 moved", "1 refused", "2 bad input", "10 registry", "14")),
+        ("rollback", ("0 moved back", "2 bad input", "10 registry", "11 the tag", "14")),
+        ("history", ("0 listed", "2 bad input", "14")),
+        ("smoke", ("0 PASS", "1 FAIL", "2 bad input", "10 registry", "13")),
+    ],
+)
 def test_every_cutover_command_lists_its_exit_codes(name, codes):
     from click.testing import CliRunner
 
@@ -462,9 +523,22 @@ def test_a_promote_waits_for_the_run_holding_the_tag(world):
 
     attest(world.registry, world.repo, world.new)
     with output_lock(world.history):
-        p = subprocess.Popen([BUILD_IMAGE, "promote", f"{world.base}@{world.new}", "--to", world.tag, "--spec",
-                              str(world.spec), "--history", str(world.history)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(
+            [
+                BUILD_IMAGE,
+                "promote",
+                f"{world.base}@{world.new}",
+                "--to",
+                world.tag,
+                "--spec",
+                str(world.spec),
+                "--history",
+                str(world.history),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(3)
         assert p.poll() is None and tag_digest(world.tag) == world.old
     out, err = p.communicate(timeout=120)
@@ -494,8 +568,9 @@ def test_promote_across_repositories_of_one_registry_mounts_the_image(world):
     staging = f"{world.registry}/{unique_repo('staging')}"
     cand = push_image(world.tmp, f"{staging}:rc1", "release-candidate")
     attest(world.registry, staging.split("/", 1)[1], cand)
-    r = cli("promote", f"{staging}@{cand}", "--to", world.tag, "--spec", str(world.spec), "--history",
-            str(world.history))
+    r = cli(
+        "promote", f"{staging}@{cand}", "--to", world.tag, "--spec", str(world.spec), "--history", str(world.history)
+    )
     assert r.returncode == 0, r.stderr
     assert tag_digest(world.tag) == cand
     # the deploy repository holds the whole image now (skopeo copies it out of there by digest)
@@ -541,7 +616,15 @@ def test_a_history_that_cannot_be_written_moves_nothing(world):
     attest(world.registry, world.repo, world.new)
     blocker = world.tmp / "not-a-dir"
     blocker.write_text("x")
-    r = cli("promote", f"{world.base}@{world.new}", "--to", world.tag, "--spec", str(world.spec), "--history",
-            str(blocker / "h.json"))
+    r = cli(
+        "promote",
+        f"{world.base}@{world.new}",
+        "--to",
+        world.tag,
+        "--spec",
+        str(world.spec),
+        "--history",
+        str(blocker / "h.json"),
+    )
     assert r.returncode == 2 and "its folder cannot be made" in r.stderr, r.stderr
     assert tag_digest(world.tag) == world.old

@@ -60,8 +60,14 @@ EXPECTED_GROUPS = {  # case -> {group id: {package names}}
     "g5_minor": {5: {"aiohttp", "filelock", "starlette", "ray"}},
     "g6_pure": {6: {"typing-inspection", "aiosignal"}},
     "g7_noise": {},
-    "mixed": {1: {"numpy"}, 2: {"transformers"}, 3: {"orjson"}, 4: {"click"}, 5: {"filelock"},
-              6: {"typing-inspection"}},
+    "mixed": {
+        1: {"numpy"},
+        2: {"transformers"},
+        3: {"orjson"},
+        4: {"click"},
+        5: {"filelock"},
+        6: {"typing-inspection"},
+    },
 }
 EXIT = {"g1_rejected": 1, "mixed": 1}
 
@@ -107,8 +113,11 @@ def test_group1_names_the_gate_rule_and_evidence():
     d = diff_locks(old, new, old_base=base, new_base=base)
     rules = {c.name: c.rules for c in d.group(1)}
     assert rules == {
-        "numpy": ["numpy-abi"], "torch": ["exact-coupled"], "fastwheel": ["glibc"],
-        "oldwheel": ["python-abi"], "cupy-cuda12x": ["cuda-variant"],
+        "numpy": ["numpy-abi"],
+        "torch": ["exact-coupled"],
+        "fastwheel": ["glibc"],
+        "oldwheel": ["python-abi"],
+        "cupy-cuda12x": ["cuda-variant"],
     }
     numpy = next(c for c in d.group(1) if c.name == "numpy")
     # the evidence is the binary fact of the base distribution built against numpy 1.x
@@ -273,7 +282,7 @@ def test_fail_on_allowed_exit_code(in_root):
 def test_schema_is_documented():
     doc = (ROOT / "docs" / "diff.md").read_text()
     start = doc.index("```json schema\n") + len("```json schema\n")
-    documented = json.loads(doc[start:doc.index("```", start)])
+    documented = json.loads(doc[start : doc.index("```", start)])
     assert documented == JSON_SCHEMA
 
 
@@ -342,7 +351,7 @@ def test_missing_hashes(tmp_path):
     j = i + 1
     while lines[j].startswith("    "):
         j += 1
-    out = lines[:i] + ["click==8.1.7\n"] + [ln for ln in lines[i + 1:j] if "--hash" not in ln] + lines[j:]
+    out = lines[:i] + ["click==8.1.7\n"] + [ln for ln in lines[i + 1 : j] if "--hash" not in ln] + lines[j:]
     text = _edited(tmp_path, "h.lock", "".join(out))
     assert "no --hash lines" in text and f"line {i + 1}" in text
 
@@ -388,7 +397,7 @@ def test_textconv_is_stable_and_order_independent(tmp_path, in_root):
     # derived from the packages (a one-package change must not also change a header line)
     assert new.header["entries"] == str(len(new.entries)) and "# entries:" not in r.stdout
     assert len(r.stdout.splitlines()) == (len(new.header) - 1) + len(new.overlay) + len(new.entries)
-    names = [ln.split("==")[0] for ln in r.stdout.splitlines()[-len(new.entries):]]
+    names = [ln.split("==")[0] for ln in r.stdout.splitlines()[-len(new.entries) :]]
     in_file = [e.name for e in new.entries]
     assert names == sorted(in_file) != in_file  # sorted, whatever the file's order
 
@@ -405,8 +414,15 @@ def test_textconv_shows_an_invalid_file_raw(tmp_path):
 
 
 def _git(repo: Path, *args: str) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_CONFIG_NOSYSTEM": "1",
+    }
     return subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True, text=True, env=env).stdout.strip()
 
 
@@ -443,8 +459,11 @@ def test_git_every_changed_lock(repo):
     assert r.exit_code == 1, r.output
     doc = json.loads(r.stdout)
     by_path = {lk["path"]: lk for lk in doc["locks"]}
-    assert sorted(by_path) == ["lockfiles/extra/requirements.lock", "lockfiles/gone/requirements.lock",
-                               "lockfiles/vllm-0.26.0/requirements.lock"]
+    assert sorted(by_path) == [
+        "lockfiles/extra/requirements.lock",
+        "lockfiles/gone/requirements.lock",
+        "lockfiles/vllm-0.26.0/requirements.lock",
+    ]
     assert by_path["lockfiles/extra/requirements.lock"]["status"] == "added"
     assert by_path["lockfiles/gone/requirements.lock"]["status"] == "deleted"
     gone = by_path["lockfiles/gone/requirements.lock"]
@@ -457,8 +476,7 @@ def test_git_every_changed_lock(repo):
     assert main_lock["status"] == "modified"
     assert main_lock["dangerous"] and main_lock["counts"]["abi-rejected"] == 1
     # judged against the manifest stored in the revision, not a rebuilt one
-    assert main_lock["base"] == {"kind": "manifest",
-                                 "manifest": "HEAD:lockfiles/base/vllm-openai-v0.26.1.json"}
+    assert main_lock["base"] == {"kind": "manifest", "manifest": "HEAD:lockfiles/base/vllm-openai-v0.26.1.json"}
     assert {h["key"]: h["new"] for h in main_lock["header"]}["vllm"] == "0.26.1"
 
 
@@ -515,8 +533,10 @@ def test_example_workflow_uses_real_commands():
     steps = wf["jobs"]["lock-diff"]["steps"]
     check = next(s for s in steps if "build-image lock --check" in s.get("run", ""))
     assert check.get("continue-on-error") is True and check.get("id")
-    assert any(f"steps.{check['id']}.outcome == 'failure'" in str(s.get("if", "")) and "exit 1" in s.get("run", "")
-               for s in steps[steps.index(check):])
+    assert any(
+        f"steps.{check['id']}.outcome == 'failure'" in str(s.get("if", "")) and "exit 1" in s.get("run", "")
+        for s in steps[steps.index(check) :]
+    )
     assert 'build-image diff --git "origin/${{ github.base_ref }}...HEAD" --format markdown' in runs
     # every flag the workflow passes to diff exists
     help_text = CliRunner().invoke(main, ["diff", "--help"]).output
@@ -588,7 +608,10 @@ def test_report_renderers():
     from builder.report import Document, Section, md_table, render_markdown, render_text, use_color
 
     doc = Document(
-        title="t", status="fail", summary="s", top=["vllm: a → b"],
+        title="t",
+        status="fail",
+        summary="s",
+        top=["vllm: a → b"],
         sections=[
             Section("1 danger", ["p", "why"], [["a|b", "<x>"]], style="danger"),
             Section("4 folded", ["p"], [[str(i)] for i in range(5)], folded=True, max_rows=3),
@@ -617,9 +640,14 @@ def test_new_evidence_on_an_unchanged_entry_is_reported():
 
     _old, allowed, base = pair("g1_allowed")
     new = copy.deepcopy(allowed)
-    new.entries.append(LockEntry(
-        name="legacy-ext", version="1.0", hashes=["a" * 64],
-        facts=DistFacts(binary=True, extensions=1, numpy_abi={"1": 1, "2": 0}, glibc="2.17", python_abi="cp312")))
+    new.entries.append(
+        LockEntry(
+            name="legacy-ext",
+            version="1.0",
+            hashes=["a" * 64],
+            facts=DistFacts(binary=True, extensions=1, numpy_abi={"1": 1, "2": 0}, glibc="2.17", python_abi="cp312"),
+        )
+    )
     d = diff_locks(allowed, new, old_base=base, new_base=base)
     g1 = {c.name: c for c in d.group(1)}
     # the gate attaches the numpy-abi finding to numpy (the move), with the new extension
@@ -689,11 +717,18 @@ def _plus(lock: LockFile, *entries: LockEntry) -> LockFile:
     return out
 
 
-def _ent(name: str, version: str, *, base: str | None = None, via=("ray",), f: DistFacts | None = None,
-         sha: str = "e" * 64) -> LockEntry:
-    return LockEntry(name=name, version=version, hashes=[sha], via=list(via),
-                     wheel=WheelRef(url=f"https://files.example/{name}-{version}-py3-none-any.whl", sha256=sha),
-                     facts=f or DistFacts(), base_version=base)
+def _ent(
+    name: str, version: str, *, base: str | None = None, via=("ray",), f: DistFacts | None = None, sha: str = "e" * 64
+) -> LockEntry:
+    return LockEntry(
+        name=name,
+        version=version,
+        hashes=[sha],
+        via=list(via),
+        wheel=WheelRef(url=f"https://files.example/{name}-{version}-py3-none-any.whl", sha256=sha),
+        facts=f or DistFacts(),
+        base_version=base,
+    )
 
 
 def _hc(d) -> list[tuple]:
@@ -706,7 +741,8 @@ def test_noise_line_names_six_packages_then_counts_the_rest():
     assert Noise(hash_only=list("abcdef")).line() == "6 hash-only (a, b, c, d, e, f)"
     assert Noise(via_only=list("abcdefg")).line() == "7 '# via' only (a, b, c, d, e, f, … 1 more)"
     assert Noise(reordered=list("abcdefghi"), header_churn=["tool"]).line() == (
-        "9 reordered (a, b, c, d, e, f, … 3 more); header churn (tool)")
+        "9 reordered (a, b, c, d, e, f, … 3 more); header churn (tool)"
+    )
 
 
 def test_base_rebuilt_from_a_lock_takes_its_header_and_base_versions():
@@ -720,7 +756,10 @@ def test_base_rebuilt_from_a_lock_takes_its_header_and_base_versions():
     # one distribution per entry that moves a base distribution (base=X), at the base's version X;
     # the base's own binary facts are not in the lock
     assert {k: d.version for k, d in m.distributions.items()} == {
-        "numpy": "1.26.4", "torch": "2.9.0+cu130", "requests": "2.32.3"}
+        "numpy": "1.26.4",
+        "torch": "2.9.0+cu130",
+        "requests": "2.32.3",
+    }
     assert all(d.facts == DistFacts() for d in m.distributions.values())
     # '-' for no digest, no python, a platform without a manylinux tag
     bare = copy.deepcopy(new)
@@ -728,7 +767,12 @@ def test_base_rebuilt_from_a_lock_takes_its_header_and_base_versions():
     del bare.header["python"]
     m = base_from_lock(bare)
     assert (m.image_digest, m.python_version, m.python_abi, m.platform, m.glibc) == (
-        None, "", "none", "x86_64-unknown-linux-gnu", "")
+        None,
+        "",
+        "none",
+        "x86_64-unknown-linux-gnu",
+        "",
+    )
     del bare.header["platform"], bare.header["base-digest"]
     m = base_from_lock(bare)
     assert (m.image_digest, m.platform, m.glibc) == (None, "", "")
@@ -747,8 +791,14 @@ def test_a_deleted_or_added_lock_lists_its_header_as_gone_or_new():
     ref, plat = "vllm/vllm-openai:v0.26.0", "x86_64-manylinux_2_35"
     gone = diff_locks(old, None)
     assert gone.status == "deleted" and gone.vllm == "0.26.0"
-    assert _hc(gone) == [("lock", "lock", None), ("vllm", "0.26.0", None), ("base-ref", ref, None),
-                         ("python", "3.12", None), ("platform", plat, None), ("overlay", "ray[serve]", None)]
+    assert _hc(gone) == [
+        ("lock", "lock", None),
+        ("vllm", "0.26.0", None),
+        ("base-ref", ref, None),
+        ("python", "3.12", None),
+        ("platform", plat, None),
+        ("overlay", "ray[serve]", None),
+    ]
     assert {c.change for c in gone.changes} == {"removed"} and len(gone.changes) == len(old.entries)
     js = gone.to_dict()
     assert js["old"] == {"label": "old", "present": True, "entries": 13}
@@ -756,9 +806,14 @@ def test_a_deleted_or_added_lock_lists_its_header_as_gone_or_new():
     assert to_document(gone).title == "old → new"  # no path given: the two labels
     added = diff_locks(None, new, path="lockfiles/x/requirements.lock", old_label="main", new_label="HEAD")
     assert added.status == "added" and added.vllm == "0.26.0"
-    assert _hc(added) == [("lock", None, "lockfiles/x/requirements.lock"), ("vllm", None, "0.26.0"),
-                          ("base-ref", None, ref), ("python", None, "3.12"), ("platform", None, plat),
-                          ("overlay", None, "ray[serve]")]
+    assert _hc(added) == [
+        ("lock", None, "lockfiles/x/requirements.lock"),
+        ("vllm", None, "0.26.0"),
+        ("base-ref", None, ref),
+        ("python", None, "3.12"),
+        ("platform", None, plat),
+        ("overlay", None, "ray[serve]"),
+    ]
     js = added.to_dict()
     assert (js["old"]["present"], js["new"]["present"], js["new"]["entries"]) == (False, True, 13)
     assert to_document(added).title == "lockfiles/x/requirements.lock (main → HEAD)"
@@ -819,7 +874,8 @@ def test_without_manifests_the_note_says_what_is_unknown():
     same = diff_locks(new, copy.deepcopy(new))
     assert same.notes == [
         "no base manifest for the new lock: the base was rebuilt from the lock itself "
-        "(binary facts of base distributions unknown; CUDA-variant rule not applied)."]
+        "(binary facts of base distributions unknown; CUDA-variant rule not applied)."
+    ]
     assert same.changes == [] and same.status == "unchanged"
     doc = to_document(same)
     assert doc.notes == same.notes
@@ -848,8 +904,7 @@ def test_status_and_summary_of_a_header_only_or_package_only_change():
     same = diff(copy.deepcopy(old))
     assert summary_line(same) == "no package changes" and to_document(same).status == "ok"
     # a lock appearing is news even when its header names none of those fields
-    bare = LockFile(header={"build-image-lock": "1"}, overlay=[], allow_abi_change={},
-                    entries=[_ent("six", "1.17.0")])
+    bare = LockFile(header={"build-image-lock": "1"}, overlay=[], allow_abi_change={}, entries=[_ent("six", "1.17.0")])
     d = diff_locks(None, bare, path="x.lock")
     assert _hc(d) == [("lock", None, "x.lock")] and to_document(d).status == "warn"
 
@@ -864,7 +919,10 @@ def test_hand_edit_findings_lead_the_summary_the_json_and_the_document():
         assert d.to_dict()["hand_edited"] == [f"new: {p}" for p in problems]
         s = to_document(d).sections[0]
         assert (s.title, s.columns, s.style) == (
-            "0. not produced by `build-image lock` (hand-edited or truncated)", ["finding"], "danger")
+            "0. not produced by `build-image lock` (hand-edited or truncated)",
+            ["finding"],
+            "danger",
+        )
         assert s.rows == [[f"new: {p}"] for p in problems]
     assert "hand_edited" not in diff_locks(old, new, old_base=base, new_base=base).to_dict()
 
@@ -873,8 +931,10 @@ def test_digests_in_the_header_lines_keep_twelve_hex_digits():
     old, _new, base = pair("g5_minor")
     was = old.header["base-digest"]
     assert len(was) == len("sha256:") + 64
-    for digest, shown in (("sha256:" + "a" * 12, "sha256:" + "a" * 12),
-                          ("sha256:" + "b" * 13, "sha256:" + "b" * 12 + "…")):
+    for digest, shown in (
+        ("sha256:" + "a" * 12, "sha256:" + "a" * 12),
+        ("sha256:" + "b" * 13, "sha256:" + "b" * 12 + "…"),
+    ):
         new = copy.deepcopy(old)
         new.header["base-digest"] = digest
         top = to_document(diff_locks(old, new, old_base=base, new_base=base)).top
@@ -887,9 +947,14 @@ def test_base_move_direction_and_size_come_from_the_versions_when_the_gate_says_
     old, _new, base = pair("g5_minor")
     stale = copy.deepcopy(base)
     del stale.distributions["packaging"]
-    new = _plus(old, _ent("packaging", "24.1", base="24.2"), _ent("transformers", "5.0.0", base="4.57.1"),
-                _ent("tokenizers", "0.23.0", base="0.22.1"), _ent("huggingface-hub", "1.0.0", base="0.36.0"),
-                _ent("safetensors", "v0.7.0", base="v0.6.2"))
+    new = _plus(
+        old,
+        _ent("packaging", "24.1", base="24.2"),
+        _ent("transformers", "5.0.0", base="4.57.1"),
+        _ent("tokenizers", "0.23.0", base="0.22.1"),
+        _ent("huggingface-hub", "1.0.0", base="0.36.0"),
+        _ent("safetensors", "v0.7.0", base="v0.6.2"),
+    )
     d = diff_locks(old, new, old_base=stale, new_base=stale)
     ev = {c.name: c.evidence[:2] for c in d.group(2)}
     shipped = "what vllm 0.26.0 shipped with"
@@ -918,15 +983,21 @@ def test_the_base_version_shown_is_the_entry_base_else_the_manifest():
     tr = next(c for c in diff_locks(a, b).group(2) if c.name == "transformers")
     assert tr.base == "4.58.0" and tr.evidence[0] == "newer than what vllm 0.26.0 shipped with (4.58.0)"
     # the entry's base= wins over the manifest: the base column and the evidence name one version
-    c = next(c for c in diff_locks(old, _plus(old, _ent("transformers", "4.58.0", base="4.56.0")),
-                                   old_base=base, new_base=base).group(2) if c.name == "transformers")
+    c = next(
+        c
+        for c in diff_locks(
+            old, _plus(old, _ent("transformers", "4.58.0", base="4.56.0")), old_base=base, new_base=base
+        ).group(2)
+        if c.name == "transformers"
+    )
     assert c.base == "4.56.0" and "(4.56.0)" in c.evidence[0]
     # an entry without base= of a distribution the manifest ships shows the manifest's version
     g4_old, g4_new, _ = pair("g4_major")
     shipping = copy.deepcopy(base)
     shipping.distributions["click"] = Distribution("click", "8.0.0")
-    click = next(c for c in diff_locks(g4_old, g4_new, old_base=shipping, new_base=shipping).changes
-                 if c.name == "click")
+    click = next(
+        c for c in diff_locks(g4_old, g4_new, old_base=shipping, new_base=shipping).changes if c.name == "click"
+    )
     assert click.base == "8.0.0"
 
 
@@ -958,8 +1029,11 @@ def test_a_hash_change_is_hash_only_noise_with_or_without_a_wheel_ref():
 
 def test_document_rows_join_rules_and_vias_and_skip_empty_parts():
     old, new, base = pair("g1_rejected")
-    two = _with(new, "fastwheel", facts=DistFacts(binary=True, extensions=3, numpy_abi={"1": 0, "2": 0},
-                                                  glibc="2.39", python_abi="cp313"))
+    two = _with(
+        new,
+        "fastwheel",
+        facts=DistFacts(binary=True, extensions=3, numpy_abi={"1": 0, "2": 0}, glibc="2.39", python_abi="cp313"),
+    )
     d = diff_locks(old, two, old_base=base, new_base=base)
     fw = next(c for c in d.group(1) if c.name == "fastwheel")
     assert fw.rules == ["glibc", "python-abi"]
@@ -976,7 +1050,8 @@ def test_document_rows_join_rules_and_vias_and_skip_empty_parts():
     doc = to_document(diff_locks(old, g6, old_base=base, new_base=base))
     by_title = {s.title: s for s in doc.sections}
     assert by_title["6. pure-Python packages added / removed"].rows == [
-        ["typing-inspection", "+ 0.4.0", "fastapi, pydantic"]]
+        ["typing-inspection", "+ 0.4.0", "fastapi, pydantic"]
+    ]
     assert by_title["5. minor / patch bumps"].rows == [["filelock", "3.16.1 → 3.16.2", ""]]
     assert _join(["ends with a period. ", "", "TICKET-X"]) == "ends with a period; TICKET-X"
 
@@ -996,8 +1071,15 @@ def test_json_totals_add_up_every_lock():
         old, new, base = pair(case)
         docs.append(diff_locks(old, new, old_base=base, new_base=base))
     # g5: 4 minor bumps + 1 noise; g6: 2 pure-Python adds/removes + 1 noise
-    assert to_json_doc(docs)["counts"] == {"abi-rejected": 0, "base-moves": 0, "native": 0, "major": 0,
-                                           "minor": 8, "pure-python": 2, "noise": 3}
+    assert to_json_doc(docs)["counts"] == {
+        "abi-rejected": 0,
+        "base-moves": 0,
+        "native": 0,
+        "major": 0,
+        "minor": 8,
+        "pure-python": 2,
+        "noise": 3,
+    }
 
 
 @pytest.mark.parametrize(
@@ -1029,16 +1111,25 @@ def test_textconv_line_per_entry():
     --hash, '-' without either) with '(+N)' for N more hashes, and its '# via'."""
     lock = LockFile(
         header={"vllm": "0.26.0", "build-image-lock": "1", "entries": "4"},
-        overlay=["numpy>=2"], allow_abi_change={"numpy": "TICKET-42"},
+        overlay=["numpy>=2"],
+        allow_abi_change={"numpy": "TICKET-42"},
         entries=[
             LockEntry(name="b-pkg", version="1.0", hashes=["f" * 64, "0" * 64], via=["ray", "fastapi"]),
-            LockEntry(name="a-pkg", version="2.0", hashes=["ab" * 32, "cd" * 32, "ef" * 32],
-                      wheel=WheelRef(url="https://files.example/a_pkg-2.0.whl", sha256="cd" * 32),
-                      facts=DistFacts(binary=True, extensions=5, numpy_abi={"2": 3}, glibc="2.17",
-                                      python_abi="cp312"), base_version="1.9"),
+            LockEntry(
+                name="a-pkg",
+                version="2.0",
+                hashes=["ab" * 32, "cd" * 32, "ef" * 32],
+                wheel=WheelRef(url="https://files.example/a_pkg-2.0.whl", sha256="cd" * 32),
+                facts=DistFacts(binary=True, extensions=5, numpy_abi={"2": 3}, glibc="2.17", python_abi="cp312"),
+                base_version="1.9",
+            ),
             LockEntry(name="d-pkg", version="3.0", hashes=["1" * 64]),
-            LockEntry(name="c", version="0.1", hashes=[],
-                      facts=DistFacts(binary=True, extensions=1, numpy_abi={"1": 2}, glibc=None, python_abi="")),
+            LockEntry(
+                name="c",
+                version="0.1",
+                hashes=[],
+                facts=DistFacts(binary=True, extensions=1, numpy_abi={"1": 2}, glibc=None, python_abi=""),
+            ),
         ],
     )
     assert textconv(lock) == (
@@ -1065,8 +1156,9 @@ def test_group1_alarms_only_when_a_change_in_it_fails_the_diff(in_root):
 
     assert style(diff_locks(old, new, old_base=base, new_base=base)) == "warn"
     assert style(diff_locks(old, new, old_base=base, new_base=base, fail_on_allowed=True)) == "danger"
-    both = _plus(new, _ent("fastwheel", "1.0.0", f=DistFacts(binary=True, extensions=3, glibc="2.39",
-                                                                 python_abi="cp312")))
+    both = _plus(
+        new, _ent("fastwheel", "1.0.0", f=DistFacts(binary=True, extensions=3, glibc="2.39", python_abi="cp312"))
+    )
     d = diff_locks(old, both, old_base=base, new_base=base)
     assert {c.name: c.allowed is None for c in d.group(1)} == {"numpy": False, "fastwheel": True}
     assert style(d) == "danger"

@@ -27,8 +27,13 @@ def test_base_move_names_each_fact_that_moved_and_nothing_else():
     new = _moved(old, torch="2.14.0", transformers="5.20.2", vllm="0.33.0")
     new.glibc, new.image_ref = "2.39", "vllm/vllm-openai:v0.33.0"
     got = {h.key: (h.old, h.new) for h in base_move(old, new)}
-    assert got == {"image": ("vllm/vllm-openai:v0.26.0", "vllm/vllm-openai:v0.33.0"), "torch": ("2.11.0", "2.14.0"),
-                   "glibc": ("2.35", "2.39"), "transformers": ("5.14.1", "5.20.2"), "vllm": ("0.26.0", "0.33.0")}
+    assert got == {
+        "image": ("vllm/vllm-openai:v0.26.0", "vllm/vllm-openai:v0.33.0"),
+        "torch": ("2.11.0", "2.14.0"),
+        "glibc": ("2.35", "2.39"),
+        "transformers": ("5.14.1", "5.20.2"),
+        "vllm": ("0.26.0", "0.33.0"),
+    }
     assert base_move(old, copy.deepcopy(old)) == []
 
 

@@ -53,13 +53,16 @@ def test_the_adapter_runs_the_cli_it_found(tmp_path):
     assert eng.argv(["ps"]) == [str(exe), "ps"]
 
 
-@pytest.mark.parametrize("argv", [
-    ["base", "snapshot", "--image", "example/base:1", "-o", "{tmp}/m.json"],
-    ["ray-check", "example/image:1"],
-    ["build", "{tmp}/ctx"],
-    ["push", "{tmp}/ctx", "--tag", "127.0.0.1:5000/x/y"],
-    ["smoke", "example/image:1", "--model", "{tmp}", "--no-plan"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["base", "snapshot", "--image", "example/base:1", "-o", "{tmp}/m.json"],
+        ["ray-check", "example/image:1"],
+        ["build", "{tmp}/ctx"],
+        ["push", "{tmp}/ctx", "--tag", "127.0.0.1:5000/x/y"],
+        ["smoke", "example/image:1", "--model", "{tmp}", "--no-plan"],
+    ],
+)
 def test_every_command_says_the_same_when_the_cli_is_missing(tmp_path, monkeypatch, argv):
     from tests.test_render import _write
 
@@ -81,7 +84,8 @@ def _versioned_cli(folder: Path, version: str, buildx: bool) -> Path:
         '  echo "ERROR: BuildKit is enabled but the buildx component is missing or broken."\n'
         '  echo "       Install the buildx component to build images with BuildKit:"\n'
         "  exit 1\nfi\n"
-        "exit 0\n")
+        "exit 0\n"
+    )
     exe.chmod(0o755)
     return exe
 
@@ -102,15 +106,21 @@ def test_a_cli_that_cannot_build_with_buildkit_does_not_hide_one_that_can(tmp_pa
     with pytest.raises(EngineUnavailable, match="cannot build with BuildKit: its buildx plugin is missing") as exc:
         DockerEngine(env={"PATH": f"{new.parent}:{other.parent}"}).build(ctx, ["x/y:1"])
     assert exc.value.exit_code == 8
+
+
 def _spawns(tree: ast.AST) -> list[int]:
     """Lines that start a process (subprocess.run/Popen/call/check_output, os.exec*/spawn*)."""
     out = []
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-                and isinstance(node.func.value, ast.Name)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+        ):
             mod, fn = node.func.value.id, node.func.attr
-            if (mod == "subprocess" and fn in {"run", "Popen", "call", "check_call", "check_output"}) or \
-                    (mod == "os" and (fn.startswith("exec") or fn.startswith("spawn") or fn == "system")):
+            if (mod == "subprocess" and fn in {"run", "Popen", "call", "check_call", "check_output"}) or (
+                mod == "os" and (fn.startswith("exec") or fn.startswith("spawn") or fn == "system")
+            ):
                 out.append(node.lineno)
     return out
 
@@ -125,20 +135,26 @@ def test_only_the_engine_module_starts_the_container_engine():
         text = path.read_text()
         lines = text.splitlines()
         for ln in _spawns(ast.parse(text)):
-            window = " ".join(lines[ln - 1:ln + 2]).lower()
+            window = " ".join(lines[ln - 1 : ln + 2]).lower()
             if "docker" in window or "podman" in window:
                 offenders.append(f"{path.relative_to(ROOT)}:{ln}")
     assert offenders == []
 
 
-@pytest.mark.parametrize("stderr, unreachable", [
-    ("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?", True),
-    ("error during connect: Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.47/info\": EOF", True),
-    ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock", True),
-    ("Unable to find image 'x:1' locally\ndocker: Error response from daemon: pull access denied for x", False),
-    ("Error response from daemon: Head \"https://127.0.0.1:5000/v2/x/manifests/1\": dial tcp 127.0.0.1:5000: "
-     "connect: connection refused", False),
-])
+@pytest.mark.parametrize(
+    "stderr, unreachable",
+    [
+        ("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?", True),
+        ("error during connect: Get \"http://%2Fvar%2Frun%2Fdocker.sock/v1.47/info\": EOF", True),
+        ("permission denied while trying to connect to the Docker daemon socket at unix:///var/run/docker.sock", True),
+        ("Unable to find image 'x:1' locally\ndocker: Error response from daemon: pull access denied for x", False),
+        (
+            "Error response from daemon: Head \"https://127.0.0.1:5000/v2/x/manifests/1\": dial tcp 127.0.0.1:5000: "
+            "connect: connection refused",
+            False,
+        ),
+    ],
+)
 def test_one_classifier_decides_whether_the_engine_itself_was_unreachable(stderr, unreachable):
     """The engine adapter and the image snapshot (its own docker runs) classify a failed command alike:
     the CLI's connection to the engine is exit 8, anything else (a registry's dial error too) exit 12."""

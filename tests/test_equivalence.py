@@ -19,9 +19,17 @@ from builder.serving.smoke import equivalence as eqv
 ROOT = Path(__file__).resolve().parent.parent
 FAKE = ROOT / "tests" / "fake_openai_server.py"
 CLI = [sys.executable, "-c", "import sys; from builder.cli import main; main(prog_name='build-image')"]
-CONFIG = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 1000, "hidden_size": 64,
-          "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
-          "layer_types": ["full_attention", "full_attention"]}
+CONFIG = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 1000,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+    "layer_types": ["full_attention", "full_attention"],
+}
 
 
 def _model(d: Path, **changes) -> Path:
@@ -43,8 +51,9 @@ def _smoke(tmp_path, model: Path, *flags: str, **kw):
     kw.setdefault("timeout", 20)
     kw.setdefault("boot_timeout", 20)
     kw.setdefault("stop_grace", 2)
-    return run_smoke(SmokeConfig(model=str(model), server_cmd=_cmd(*flags), plan=False,
-                                 log_file=str(tmp_path / "server.log"), **kw))
+    return run_smoke(
+        SmokeConfig(model=str(model), server_cmd=_cmd(*flags), plan=False, log_file=str(tmp_path / "server.log"), **kw)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +71,12 @@ def test_saved_reference_records_prompts_sampling_and_model(reference):
     model, path = reference
     doc = json.loads(path.read_text())
     assert doc["schema"] == eqv.SCHEMA
-    assert doc["sampling"] == {"temperature": 0.0, "max_tokens": eqv.MAX_TOKENS, "ignore_eos": True,
-                               "prompt_logprobs": eqv.TOP_K}
+    assert doc["sampling"] == {
+        "temperature": 0.0,
+        "max_tokens": eqv.MAX_TOKENS,
+        "ignore_eos": True,
+        "prompt_logprobs": eqv.TOP_K,
+    }
     assert len(doc["prompts"]) == eqv.PROMPTS
     p0 = doc["prompts"][0]
     assert len(p0["prompt"]) == eqv.PROMPT_TOKENS and len(p0["tokens"]) == eqv.MAX_TOKENS
@@ -104,29 +117,42 @@ def test_noise_below_the_tolerance_passes_and_above_fails(tmp_path, reference):
 
 def _ref(tokens, margins, logprobs=None) -> eqv.Reference:
     logprobs = logprobs or [-1.0] * len(tokens)
-    return eqv.Reference(path="r.json", model={}, sampling={}, prompt_set_sha256="x",
-                         prompts=[{"prompt": [1], "tokens": tokens, "logprobs": logprobs, "margins": margins}])
+    return eqv.Reference(
+        path="r.json",
+        model={},
+        sampling={},
+        prompt_set_sha256="x",
+        prompts=[{"prompt": [1], "tokens": tokens, "logprobs": logprobs, "margins": margins}],
+    )
 
 
 def test_compare_rules():
     ref = _ref([5, 6, 7, 8], [2.0, 0.05, 2.0, 2.0])
     same = eqv.compare(ref, [[5, 6, 7, 8]], [[-1.0, -1.0, -1.0, -1.0]])
     assert same.verdict == "PASS" and same.first_diff is None
-    tie = eqv.compare(ref, [[5, 9, 9, 9]], [[-1.0, -1.02, -1.0, -1.0]])   # differs where the margin was 0.05
+    tie = eqv.compare(ref, [[5, 9, 9, 9]], [[-1.0, -1.02, -1.0, -1.0]])  # differs where the margin was 0.05
     assert tie.verdict == "PASS" and tie.first_diff == 1 and tie.per_prompt[0].diverged_at_tie
     real = eqv.compare(ref, [[5, 6, 9, 9]], [[-1.0, -1.0, -1.0, -1.0]])  # differs where the margin was 2.0
     assert real.verdict == "FAIL" and real.first_diff == 2
     drift = eqv.compare(ref, [[5, 6, 7, 8]], [[-1.0, -1.0, -1.5, -1.0]])
-    assert (drift.verdict == "FAIL" and drift.max_abs_dlogprob == pytest.approx(0.5)
-            and drift.per_prompt[0].worst_token == 2)
+    assert (
+        drift.verdict == "FAIL"
+        and drift.max_abs_dlogprob == pytest.approx(0.5)
+        and drift.per_prompt[0].worst_token == 2
+    )
     assert eqv.compare(ref, [[5, 6, 7, 8]], [[-1.0, -1.0, -1.5, -1.0]], logprob_tolerance=0.6).verdict == "PASS"
     short = eqv.compare(ref, [[5, 6]], [[-1.0, -1.0, -1.0, -1.0]])
     assert short.verdict == "FAIL" and short.first_diff == 2
 
 
 def test_parse_scores_reads_vllm_prompt_logprobs():
-    choice = {"prompt_logprobs": [None, {"7": {"logprob": -0.5, "rank": 1}, "3": {"logprob": -1.5, "rank": 2}},
-                                  {"9": {"logprob": -2.0, "rank": 2}, "4": {"logprob": -0.25, "rank": 1}}]}
+    choice = {
+        "prompt_logprobs": [
+            None,
+            {"7": {"logprob": -0.5, "rank": 1}, "3": {"logprob": -1.5, "rank": 2}},
+            {"9": {"logprob": -2.0, "rank": 2}, "4": {"logprob": -0.25, "rank": 1}},
+        ]
+    }
     lps, margins = eqv.parse_scores(choice, 1, [7, 9])
     assert lps == [-0.5, -2.0] and margins == [1.0, -1.75]
     with pytest.raises(ValueError, match="lacks token 8"):
@@ -147,16 +173,19 @@ def _edit(path: Path, tmp_path: Path, fn) -> Path:
     return out
 
 
-@pytest.mark.parametrize("case,msg", [
-    ("missing", "no such file"),
-    ("not-json", "not a JSON reference file"),
-    ("schema", "'schema' must be"),
-    ("cut", "'prompts[0].logprobs' must hold one finite number per token"),
-    ("edited-prompt", "'prompt_set_sha256' does not match"),
-    ("other-model", "recorded for another model (hidden_size: 64 vs 128"),
-    ("other-tokenizer", "recorded for another model (the tokenizer files differ"),
-    ("other-prompts", "another prompt set"),
-])
+@pytest.mark.parametrize(
+    "case,msg",
+    [
+        ("missing", "no such file"),
+        ("not-json", "not a JSON reference file"),
+        ("schema", "'schema' must be"),
+        ("cut", "'prompts[0].logprobs' must hold one finite number per token"),
+        ("edited-prompt", "'prompt_set_sha256' does not match"),
+        ("other-model", "recorded for another model (hidden_size: 64 vs 128"),
+        ("other-tokenizer", "recorded for another model (the tokenizer files differ"),
+        ("other-prompts", "another prompt set"),
+    ],
+)
 def test_bad_reference_is_bad_input_before_any_boot(tmp_path, reference, case, msg):
     model, path = reference
     target = model
@@ -178,16 +207,28 @@ def test_bad_reference_is_bad_input_before_any_boot(tmp_path, reference, case, m
         target = _model(tmp_path / "tok")
         (target / "tokenizer.json").write_text('{"model": {"type": "BPE"}}')
     elif case == "other-prompts":
+
         def other(d):
             d["sampling"]["max_tokens"] = 4
             d["prompt_set_sha256"] = eqv.prompt_set_sha256([p["prompt"] for p in d["prompts"]], d["sampling"])
+
         ref = _edit(path, tmp_path, other)
     pidfile = tmp_path / "srv.pid"
-    r = _cli(["smoke", "--model", str(target), "--server-cmd", _cmd("--pidfile", str(pidfile)), "--no-plan",
-              "--reference", str(ref)])
+    r = _cli(
+        [
+            "smoke",
+            "--model",
+            str(target),
+            "--server-cmd",
+            _cmd("--pidfile", str(pidfile)),
+            "--no-plan",
+            "--reference",
+            str(ref),
+        ]
+    )
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert msg in r.stderr, r.stderr
-    assert not pidfile.exists()   # refused before the server was started
+    assert not pidfile.exists()  # refused before the server was started
 
 
 def test_config_difference_is_compared_and_reported(tmp_path, reference):

@@ -38,7 +38,8 @@ def test_plain_and_rich_show_the_same_words_and_rich_takes_no_text_for_markup():
     assert shown.getvalue() == EXPECTED
     colour = io.StringIO()
     RichReporter(Console(file=colour, force_terminal=True, color_system="standard", width=300)).warning(
-        " rest", lead="lead")
+        " rest", lead="lead"
+    )
     assert "\x1b[33mlead\x1b[0m rest" in colour.getvalue()  # the lead in yellow, the rest plain
 
 

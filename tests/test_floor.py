@@ -111,21 +111,31 @@ def test_a_manifest_without_native_digests_compares_names_and_versions_only():
 
 def test_pip_and_uv_check_output_parsed_into_problems_and_packages():
     c = checker()
-    pip_out = ("six 1.17.0 has requirement foo>=2, but you have foo 1.0.\n"
-               "bar 2.0 requires baz, which is not installed.\n")
-    assert c.problems(pip_out) == ["bar 2.0 requires baz, which is not installed.",
-                                   "six 1.17.0 has requirement foo>=2, but you have foo 1.0."]
+    pip_out = (
+        "six 1.17.0 has requirement foo>=2, but you have foo 1.0.\nbar 2.0 requires baz, which is not installed.\n"
+    )
+    assert c.problems(pip_out) == [
+        "bar 2.0 requires baz, which is not installed.",
+        "six 1.17.0 has requirement foo>=2, but you have foo 1.0.",
+    ]
     assert c.problems("No broken requirements found.\n") == []
-    uv_out = ("Checked 9 packages in 2ms\nFound 1 incompatibility\n"
-              "The package `bar` requires `baz`, but it's not installed\n")
+    uv_out = (
+        "Checked 9 packages in 2ms\nFound 1 incompatibility\nThe package `bar` requires `baz`, but it's not installed\n"
+    )
     (problem,) = c.problems(uv_out)
     assert c.named(problem) == "bar" and c.named("bar 2.0 requires baz, which is not installed.") == "bar"
     assert c.new_problems(["a", "b"], ["a"]) == ["b"]
 
 
-@pytest.mark.parametrize(("version", "line"), [("1.24.2", "numpy==1.24.2"), ("2.9.0+cu128", "numpy==2.9.0+cu128"),
-                                               ("1.0rc1.post2.dev3", "numpy==1.0rc1.post2.dev3"),
-                                               ("2023.1-ubuntu", "numpy===2023.1-ubuntu")])
+@pytest.mark.parametrize(
+    ("version", "line"),
+    [
+        ("1.24.2", "numpy==1.24.2"),
+        ("2.9.0+cu128", "numpy==2.9.0+cu128"),
+        ("1.0rc1.post2.dev3", "numpy==1.0rc1.post2.dev3"),
+        ("2023.1-ubuntu", "numpy===2023.1-ubuntu"),
+    ],
+)
 def test_constraint_lines_use_arbitrary_equality_for_non_pep440_versions(version, line):
     assert checker().constraint_line("numpy", version) == line
 
@@ -150,12 +160,15 @@ def test_the_optional_fields_round_trip_and_old_manifests_stay_byte_identical():
         assert load_manifest(p).to_json() == p.read_text(), p
 
 
-@pytest.mark.parametrize(("edit", "field"), [
-    (lambda d: d["distributions"]["numpy"].update(native_sha256="xyz"), "distributions.numpy.native_sha256"),
-    (lambda d: d.update(consistency={"tool": "conda", "problems": []}), "consistency.tool"),
-    (lambda d: d.update(consistency={"tool": "pip", "problems": [1]}), "consistency.problems"),
-    (lambda d: d.update(consistency={"tool": "pip"}), "consistency.problems"),
-])
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d["distributions"]["numpy"].update(native_sha256="xyz"), "distributions.numpy.native_sha256"),
+        (lambda d: d.update(consistency={"tool": "conda", "problems": []}), "consistency.tool"),
+        (lambda d: d.update(consistency={"tool": "pip", "problems": [1]}), "consistency.problems"),
+        (lambda d: d.update(consistency={"tool": "pip"}), "consistency.problems"),
+    ],
+)
 def test_bad_optional_fields_are_refused_naming_them(edit, field):
     doc = json.loads(_manifest().to_json())
     edit(doc)
@@ -165,8 +178,13 @@ def test_bad_optional_fields_are_refused_naming_them(edit, field):
 
 # ---------------------------------------------------------------- the Dockerfile and the context
 def _plan(**kw) -> RenderPlan:
-    args = dict(vllm="0.26.0", base=_manifest(with_uv=False), lock=_lock(), repo="127.0.0.1:5000/serving/vllm",
-                base_data=b'{"a manifest": "as the lock hashed it"}\n')
+    args = dict(
+        vllm="0.26.0",
+        base=_manifest(with_uv=False),
+        lock=_lock(),
+        repo="127.0.0.1:5000/serving/vllm",
+        base_data=b'{"a manifest": "as the lock hashed it"}\n',
+    )
     args.update(kw)
     return RenderPlan(**args)
 
@@ -197,8 +215,9 @@ def test_allow_base_drift_reaches_the_check_the_label_and_the_provenance(tmp_pat
 
     plan = _plan(allow_base_drift=True)
     drift = next(x for x in _instructions(render_dockerfile(plan)) if "base_check.py drift" in x)
-    assert drift.endswith("--allow-drift; mkdir -p /build-image && echo \"base ok: python $py, vllm $v\" > "
-                          "/build-image/checked")
+    assert drift.endswith(
+        "--allow-drift; mkdir -p /build-image && echo \"base ok: python $py, vllm $v\" > /build-image/checked"
+    )
     assert dict(oci_labels(plan))["org.build-image.allow-base-drift"] == "true"
     doc = provenance.for_render(plan, lock_text="x", outputs={}, template_text="t")
     assert doc["predicate"]["buildDefinition"]["externalParameters"]["allowBaseDrift"] is True
@@ -220,7 +239,8 @@ def test_the_context_ships_the_checker_and_the_manifest_copy(tmp_path):
     write_context(tmp_path / "ctx", plan, wheels=wheels)
     assert (tmp_path / "ctx" / "checks" / "base-manifest.json").read_bytes() == plan.base_data
     assert (tmp_path / "ctx" / "checks" / "base_check.py").read_bytes() == data_path(
-        "templates/checks/base_check.py").read_bytes()
+        "templates/checks/base_check.py"
+    ).read_bytes()
     no_data = _plan(lock=lock, serve_app=False, base_data=None)
     assert no_data.manifest_bytes == no_data.base.to_json().encode()
 
@@ -231,9 +251,23 @@ def test_the_checker_refuses_an_edited_manifest_copy(tmp_path):
     m.write_text(_manifest().to_json())
     good = hashlib.sha256(m.read_bytes()).hexdigest()
     m.write_text(m.read_text().replace("1.26.4", "1.26.5"))
-    r = subprocess.run([sys.executable, str(data_path("templates/checks/base_check.py")), "drift", "--manifest", str(m),
-                        "--sha256", good, "--tool", "pip", "--out", str(tmp_path / "d.json")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(data_path("templates/checks/base_check.py")),
+            "drift",
+            "--manifest",
+            str(m),
+            "--sha256",
+            good,
+            "--tool",
+            "pip",
+            "--out",
+            str(tmp_path / "d.json"),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 1
     assert f"expects {good}: it was edited after render" in r.stderr and r.stderr.startswith("build-image check: ")
     assert not (tmp_path / "d.json").exists()
@@ -264,13 +298,17 @@ def test_build_refuses_a_context_without_its_checks(tmp_path):
 def test_build_lists_the_checks_warnings_from_the_plain_log_once_each():
     from builder.image.build import build_warnings
 
-    log = ("#8 [checks 3/3] RUN set -eu; ...\n"
-           "#8 0.35 build-image warning: the base image differs from the base manifest (1 difference(s)):\n"
-           "#8 0.35 build-image warning:   - six: the manifest has 1.16.0, the image has 1.17.0\n"
-           "#8 0.35 build-image warning:   (allowed: --allow-base-drift)\n"
-           "#8 0.35 build-image warning:   (allowed: --allow-base-drift)\n"
-           "#8 DONE 0.4s\n")
-    assert build_warnings(log) == ("the base image differs from the base manifest (1 difference(s)):",
-                                   "  - six: the manifest has 1.16.0, the image has 1.17.0",
-                                   "  (allowed: --allow-base-drift)")
+    log = (
+        "#8 [checks 3/3] RUN set -eu; ...\n"
+        "#8 0.35 build-image warning: the base image differs from the base manifest (1 difference(s)):\n"
+        "#8 0.35 build-image warning:   - six: the manifest has 1.16.0, the image has 1.17.0\n"
+        "#8 0.35 build-image warning:   (allowed: --allow-base-drift)\n"
+        "#8 0.35 build-image warning:   (allowed: --allow-base-drift)\n"
+        "#8 DONE 0.4s\n"
+    )
+    assert build_warnings(log) == (
+        "the base image differs from the base manifest (1 difference(s)):",
+        "  - six: the manifest has 1.16.0, the image has 1.17.0",
+        "  (allowed: --allow-base-drift)",
+    )
     assert build_warnings("#8 CACHED\n") == ()

@@ -32,8 +32,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.docker]
 OVERLAY = ["six==1.17.0", "markupsafe==3.0.2"]
 DRIFTED = "standin.local/vllm/vllm-openai:v0.26.0-drifted"
 NO_PIP = "standin.local/vllm/vllm-openai:v0.26.0-nopip"
-PIP_ENV = ["-e", "PIP_BREAK_SYSTEM_PACKAGES=1", "-e", "PIP_ROOT_USER_ACTION=ignore", "-e",
-           "PIP_DISABLE_PIP_VERSION_CHECK=1"]
+PIP_ENV = [
+    "-e",
+    "PIP_BREAK_SYSTEM_PACKAGES=1",
+    "-e",
+    "PIP_ROOT_USER_ACTION=ignore",
+    "-e",
+    "PIP_DISABLE_PIP_VERSION_CHECK=1",
+]
 
 
 def docker(*args: str, check: bool = True, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -62,9 +68,25 @@ def findlinks(guard_wheels, tmp_path_factory) -> Path:
     """The overlay's offline folder + packaging 23.1 (the drifted base's) + the test wheels."""
     fl = tmp_path_factory.mktemp("floor-fl") / "fl"
     shutil.copytree(standin_findlinks(tuple(OVERLAY)), fl)
-    r = subprocess.run([str(VENV_BIN / "python"), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--python-version", "3.11", "packaging==23.1", "-d", str(fl)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            str(VENV_BIN / "python"),
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "packaging==23.1",
+            "-d",
+            str(fl),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     for w in ("bi_extra", "bi_consumer", "bi_dep"):
         shutil.copy(next(guard_wheels.glob(f"{w}-*.whl")), fl)
@@ -82,7 +104,8 @@ def drifted_base(standin_base_image, findlinks, tmp_path_factory) -> str:
         f"FROM {standin_base_image.ref}\nCOPY *.whl /tmp/\n"
         "RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install -q --no-index --no-deps --root-user-action=ignore "
         "/tmp/*.whl && rm /tmp/*.whl \\\n"
-        " && printf '\\0' >> \"$(python3 -c 'import numexpr.interpreter as i; print(i.__file__)')\"\n")
+        " && printf '\\0' >> \"$(python3 -c 'import numexpr.interpreter as i; print(i.__file__)')\"\n"
+    )
     docker("build", "--network=none", "-q", "-t", DRIFTED, str(ctx))
     return DRIFTED
 
@@ -92,7 +115,8 @@ def nopip_base(standin_base_image, tmp_path_factory) -> str:
     ctx = tmp_path_factory.mktemp("nopip")
     (ctx / "Dockerfile").write_text(
         f"FROM {standin_base_image.ref}\n"
-        "RUN rm -rf /usr/lib/python3/dist-packages/pip /usr/lib/python3/dist-packages/pip-*.dist-info\n")
+        "RUN rm -rf /usr/lib/python3/dist-packages/pip /usr/lib/python3/dist-packages/pip-*.dist-info\n"
+    )
     docker("build", "--network=none", "-q", "-t", NO_PIP, str(ctx))
     return NO_PIP
 
@@ -133,8 +157,21 @@ def test_a_base_built_off_its_manifest_fails_the_build_naming_each_difference(im
 
 def test_allow_base_drift_builds_listing_the_differences(image, drifted_base, tmp_path):
     out = tmp_path / "ctx-allowed"
-    r = run_pipeline(["render", "--vllm", "0.26.0", "--base", str(image.manifest), "--lock", str(image.lock),
-                      "-o", str(out), "--no-patches", "--allow-base-drift"])
+    r = run_pipeline(
+        [
+            "render",
+            "--vllm",
+            "0.26.0",
+            "--base",
+            str(image.manifest),
+            "--lock",
+            str(image.lock),
+            "-o",
+            str(out),
+            "--no-patches",
+            "--allow-base-drift",
+        ]
+    )
     assert r.returncode == 0, r.stderr
     ctx = _context_from(out, tmp_path / "ctx", drifted_base, _ref(image.manifest))
     r = run_pipeline(["build", str(ctx), "--tag", "build-image-test/drift-allowed", "--json"])
@@ -149,8 +186,11 @@ def test_allow_base_drift_builds_listing_the_differences(image, drifted_base, tm
     tag = json.loads(r.stdout)["tags"][0]
     labels = json.loads(docker("image", "inspect", tag).stdout)[0]["Config"]["Labels"]
     assert labels["org.build-image.allow-base-drift"] == "true"
-    drift = json.loads(docker("run", "--rm", "--pull=never", "--network=none", tag, "cat",
-                              "/usr/share/build-image/base-drift.json").stdout)
+    drift = json.loads(
+        docker(
+            "run", "--rm", "--pull=never", "--network=none", tag, "cat", "/usr/share/build-image/base-drift.json"
+        ).stdout
+    )
     assert drift["allowed"] is True and len(drift["drift"]) == 3
     prov = json.loads((ctx / "provenance.intoto.json").read_text())
     assert prov["predicate"]["buildDefinition"]["externalParameters"]["allowBaseDrift"] is True
@@ -163,8 +203,23 @@ def test_an_overlay_that_breaks_pip_check_fails_naming_the_packages(standin_mani
     from builder.resolve.lockfile import parse_lock
 
     lock = tmp_path / "l.lock"
-    args = ["lock", "--vllm", "0.26.0", "--base", str(standin_manifest), "-o", str(lock), "--no-default-overlay",
-            "--no-index", "--find-links", str(findlinks), "--with", "six==1.17.0", "--with", "bi-consumer==1.0"]
+    args = [
+        "lock",
+        "--vllm",
+        "0.26.0",
+        "--base",
+        str(standin_manifest),
+        "-o",
+        str(lock),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(findlinks),
+        "--with",
+        "six==1.17.0",
+        "--with",
+        "bi-consumer==1.0",
+    ]
     r = run_pipeline(args)
     assert r.returncode == 0, r.stderr
     parsed = parse_lock(lock.read_text())
@@ -173,8 +228,20 @@ def test_an_overlay_that_breaks_pip_check_fails_naming_the_packages(standin_mani
     edited = tmp_path / "edited.lock"
     edited.write_text(parsed.format())
     out = tmp_path / "ctx"
-    r = run_pipeline(["render", "--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(edited),
-                      "-o", str(out), "--no-patches"])
+    r = run_pipeline(
+        [
+            "render",
+            "--vllm",
+            "0.26.0",
+            "--base",
+            str(standin_manifest),
+            "--lock",
+            str(edited),
+            "-o",
+            str(out),
+            "--no-patches",
+        ]
+    )
     assert r.returncode == 0, r.stderr
     r = run_pipeline(["build", str(out), "--tag", "build-image-test/pipcheck"])
     assert r.returncode == 9, r.stdout + r.stderr
@@ -185,15 +252,27 @@ def test_an_overlay_that_breaks_pip_check_fails_naming_the_packages(standin_mani
 # ---------------------------------------------------------------- the in-image guard
 def test_inside_the_image_pins_cannot_move_and_new_packages_install(image, guard_wheels, standin_manifest):
     def pip(*args: str, env: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-        return docker("run", "--rm", "--pull=never", "--network=none", *PIP_ENV, *env, "-v", f"{guard_wheels}:/w:ro",
-                      image.tags[0], *args, check=False)
+        return docker(
+            "run",
+            "--rm",
+            "--pull=never",
+            "--network=none",
+            *PIP_ENV,
+            *env,
+            "-v",
+            f"{guard_wheels}:/w:ro",
+            image.tags[0],
+            *args,
+            check=False,
+        )
 
     tag = image.tags[0]
     env = json.loads(docker("image", "inspect", tag).stdout)[0]["Config"]["Env"]
     assert "PIP_CONSTRAINT=/etc/build-image/constraints.txt" in env
     assert "UV_CONSTRAINT=/etc/build-image/constraints.txt" in env
-    cons = docker("run", "--rm", "--pull=never", "--network=none", tag, "cat",
-                  "/etc/build-image/constraints.txt").stdout
+    cons = docker(
+        "run", "--rm", "--pull=never", "--network=none", tag, "cat", "/etc/build-image/constraints.txt"
+    ).stdout
     pins = {line.split("==")[0].lower(): line.split("==")[1] for line in cons.splitlines() if not line.startswith("#")}
     base = json.loads(standin_manifest.read_text())["distributions"]
     assert {k: v["version"] for k, v in base.items()} | {"six": "1.17.0", "markupsafe": "3.0.2"} == pins
@@ -218,9 +297,22 @@ def test_the_pipeline_verifies_a_held_base_and_reuses_the_snapshot(image, standi
     assert image.summary["base_check"]["status"] == "verified"
     lock = tmp_path / "requirements.lock"
     shutil.copyfile(image.lock, lock)
-    args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(lock), "--no-default-overlay",
-            "--no-index", "--find-links", str(standin_findlinks(tuple(OVERLAY))), "-o", str(tmp_path / "ctx"),
-            "--no-patches", "--json"]
+    args = [
+        "--vllm",
+        "0.26.0",
+        "--base",
+        str(standin_manifest),
+        "--lock",
+        str(lock),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(standin_findlinks(tuple(OVERLAY))),
+        "-o",
+        str(tmp_path / "ctx"),
+        "--no-patches",
+        "--json",
+    ]
     for req in OVERLAY:
         args += ["--with", req]
     r = run_pipeline(args)
@@ -237,9 +329,24 @@ def test_the_pipeline_locks_against_the_snapshot_of_a_drifted_base(drifted_base,
     manifest = tmp_path / "names-drifted.json"
     manifest.write_text(json.dumps(doc, indent=2) + "\n")
     lock = tmp_path / "drift.lock"
-    args = ["--vllm", "0.26.0", "--base", str(manifest), "--lock", str(lock), "--no-default-overlay", "--no-index",
-            "--find-links", str(findlinks), "-o", str(tmp_path / "ctx"), "--no-patches", "--tag",
-            "build-image-test/drift-snapshot", "--json"]
+    args = [
+        "--vllm",
+        "0.26.0",
+        "--base",
+        str(manifest),
+        "--lock",
+        str(lock),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(findlinks),
+        "-o",
+        str(tmp_path / "ctx"),
+        "--no-patches",
+        "--tag",
+        "build-image-test/drift-snapshot",
+        "--json",
+    ]
     for req in OVERLAY:
         args += ["--with", req]
     r = run_pipeline(args)

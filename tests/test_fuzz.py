@@ -46,23 +46,73 @@ SECRET = "Fz-s3cret-PW-81"
 def examples(n: int):
     """``settings`` for a property: ``n`` examples in CI, ``n * NIGHTLY_SCALE`` nightly (the profile's seed rule
     and health checks kept)."""
-    return settings(max_examples=n * SCALE,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                           HealthCheck.data_too_large, HealthCheck.filter_too_much])
+    return settings(
+        max_examples=n * SCALE,
+        suppress_health_check=[
+            HealthCheck.function_scoped_fixture,
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+        ],
+    )
 
 
 # ---------------------------------------------------------------- strategies
 #: fragments a hostile user types: line breaks, escapes, shell and Dockerfile syntax, paths, credentials
-FRAGMENTS = ["\n", "\r\n", "\r", "\x1b[2J", "\x1b]0;t\x07", "\x00", "\t", "\x7f", "\u2028", "\x85", "$(id)", "`id`",
-             "${HOME}", ";rm -rf /", "'", '"', "\\", "../..", "/", " ", "@", ":", "#", "==", "--index-url http://e/",
-             "\nRUN touch /pwned", "\n--extra-index-url http://evil/", "{{ x }}", "%0a", "sha256:", "pvc:",
-             f"https://ci-bot:{SECRET}@h.example/x", "é", "\U0001f600", "A" * 300, "1e400", "nan", "-1", "0"]
+FRAGMENTS = [
+    "\n",
+    "\r\n",
+    "\r",
+    "\x1b[2J",
+    "\x1b]0;t\x07",
+    "\x00",
+    "\t",
+    "\x7f",
+    "\u2028",
+    "\x85",
+    "$(id)",
+    "`id`",
+    "${HOME}",
+    ";rm -rf /",
+    "'",
+    '"',
+    "\\",
+    "../..",
+    "/",
+    " ",
+    "@",
+    ":",
+    "#",
+    "==",
+    "--index-url http://e/",
+    "\nRUN touch /pwned",
+    "\n--extra-index-url http://evil/",
+    "{{ x }}",
+    "%0a",
+    "sha256:",
+    "pvc:",
+    f"https://ci-bot:{SECRET}@h.example/x",
+    "é",
+    "\U0001f600",
+    "A" * 300,
+    "1e400",
+    "nan",
+    "-1",
+    "0",
+]
 hostile_text = st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=6)), max_size=5).map("".join)
-json_scalar = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**400),
-                        st.floats(allow_nan=True, allow_infinity=True), hostile_text)
-json_value = st.recursive(json_scalar, lambda kids: st.one_of(st.lists(kids, max_size=3),
-                                                              st.dictionaries(hostile_text, kids, max_size=3)),
-                          max_leaves=6)
+json_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**30), max_value=10**400),
+    st.floats(allow_nan=True, allow_infinity=True),
+    hostile_text,
+)
+json_value = st.recursive(
+    json_scalar,
+    lambda kids: st.one_of(st.lists(kids, max_size=3), st.dictionaries(hostile_text, kids, max_size=3)),
+    max_leaves=6,
+)
 
 
 def _no_bug(out: str, code: int, allowed: tuple[int, ...]) -> None:
@@ -71,7 +121,7 @@ def _no_bug(out: str, code: int, allowed: tuple[int, ...]) -> None:
     assert SECRET not in out, "the secret reached the terminal"
     assert "\x1b" not in out and "\x07" not in out, "a raw escape sequence reached the terminal"
     if code == 2 and "bad input:" in out:  # one paragraph: the message, its hint and details, no blank line
-        err = out[out.index("bad input:"):]
+        err = out[out.index("bad input:") :]
         assert "\n\n" not in err.strip(), err
     elif code == 2:  # click's usage error (a flag's type or choice): its own documented form
         assert "Error: " in out and "Usage: " in out, out
@@ -88,6 +138,7 @@ def invoke(*args: str, allowed: tuple[int, ...] = (0, 2), env: dict | None = Non
 @contextlib.contextmanager
 def bounded(seconds: float):
     """Fail the example (never hang the suite) when its body runs longer than ``seconds`` (SIGALRM)."""
+
     def expire(signum, frame):
         raise TimeoutError(f"no answer within {seconds} s: a hang")
 
@@ -113,8 +164,11 @@ def _digest(paths) -> dict[str, bytes]:
 
 def _dockerfile_shape(text: str) -> list[str]:
     """The instruction keywords of a Dockerfile, in order (a value that adds a line adds one)."""
-    return [ln.split()[0] for ln in text.splitlines() if ln and not ln[0].isspace() and not ln.startswith("#")
-            and re.match(r"[A-Z]+\b", ln)]
+    return [
+        ln.split()[0]
+        for ln in text.splitlines()
+        if ln and not ln[0].isspace() and not ln.startswith("#") and re.match(r"[A-Z]+\b", ln)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -129,15 +183,33 @@ def ctx(tmp_path_factory):
 KNOWN_REPOS = ["127.0.0.1:5000/f/vllm", "reg.example/a/b", "localhost/x"]
 
 
-@given(tag=st.one_of(st.sampled_from(KNOWN_REPOS), hostile_text, st.sampled_from(KNOWN_REPOS).flatmap(
-    lambda r: hostile_text.map(lambda t: r + t))), vllm=st.one_of(st.just("0.26.0"), hostile_text))
+@given(
+    tag=st.one_of(
+        st.sampled_from(KNOWN_REPOS),
+        hostile_text,
+        st.sampled_from(KNOWN_REPOS).flatmap(lambda r: hostile_text.map(lambda t: r + t)),
+    ),
+    vllm=st.one_of(st.just("0.26.0"), hostile_text),
+)
 @examples(100)
 def test_fuzz_render_flags(ctx, tag, vllm):
     d, _out, _plan = ctx
     inputs = _digest([d / "base.json", d / "requirements.lock"])
     out = Path(tempfile.mkdtemp(dir=d)) / "ctx"
-    code, text, _ = invoke("render", "--vllm", vllm, "--base", str(d / "base.json"), "--lock",
-                        str(d / "requirements.lock"), "--no-patches", "--tag", tag, "-o", str(out))
+    code, text, _ = invoke(
+        "render",
+        "--vllm",
+        vllm,
+        "--base",
+        str(d / "base.json"),
+        "--lock",
+        str(d / "requirements.lock"),
+        "--no-patches",
+        "--tag",
+        tag,
+        "-o",
+        str(out),
+    )
     assert _digest(inputs) == inputs  # never a changed input
     if code == 0:
         dockerfile = (out / "Dockerfile").read_text()
@@ -149,10 +221,19 @@ def test_fuzz_render_flags(ctx, tag, vllm):
 
 
 #: a model the planner reads (28 layers x 8 KV heads x head_dim 128, about 600 GB of weights on 8 GPUs)
-MODEL_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 28,
-                "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
-                "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
-                "max_position_embeddings": 1000000, "torch_dtype": "bfloat16"}
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 28,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "max_position_embeddings": 1000000,
+    "torch_dtype": "bfloat16",
+}
 
 
 @pytest.fixture(scope="module")
@@ -161,29 +242,69 @@ def model_dir(tmp_path_factory) -> Path:
     (d / "config.json").write_text(json.dumps(MODEL_CONFIG))
     return d
 
-plan_flag = st.sampled_from(["--pull-bandwidth", "--image-size", "--weights-bytes", "--max-model-len", "--gpus",
-                             "--tp", "--kv-cache-dtype", "--load-format", "--max-num-seqs"])
-number_text = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr),
-                        st.integers(min_value=-(10**30), max_value=10**30).map(str),
-                        st.tuples(st.floats(min_value=1e-320, max_value=1e300), st.sampled_from(
-                            ["b/s", "GB/s", "Gbit/s", "GB", "GiB", "B", ""])).map(lambda t: f"{t[0]!r}{t[1]}"),
-                        hostile_text)
+
+plan_flag = st.sampled_from(
+    [
+        "--pull-bandwidth",
+        "--image-size",
+        "--weights-bytes",
+        "--max-model-len",
+        "--gpus",
+        "--tp",
+        "--kv-cache-dtype",
+        "--load-format",
+        "--max-num-seqs",
+    ]
+)
+number_text = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+    st.integers(min_value=-(10**30), max_value=10**30).map(str),
+    st.tuples(
+        st.floats(min_value=1e-320, max_value=1e300), st.sampled_from(["b/s", "GB/s", "Gbit/s", "GB", "GiB", "B", ""])
+    ).map(lambda t: f"{t[0]!r}{t[1]}"),
+    hostile_text,
+)
 
 
 @given(flags=st.lists(st.tuples(plan_flag, number_text), min_size=1, max_size=3))
 @examples(150)
 def test_fuzz_plan_flags(model_dir, flags):
     args = [x for pair in flags for x in pair]
-    code, _out, stdout = invoke("plan", "--model", str(model_dir), "--gpu-memory", "h200", "--json",
-                                "--weights-bytes", "600GB", "--gpus", "8", "--tp", "8", *args,
-                                allowed=(0, 1, 2))
+    code, _out, stdout = invoke(
+        "plan",
+        "--model",
+        str(model_dir),
+        "--gpu-memory",
+        "h200",
+        "--json",
+        "--weights-bytes",
+        "600GB",
+        "--gpus",
+        "8",
+        "--tp",
+        "8",
+        *args,
+        allowed=(0, 1, 2),
+    )
     if code in (0, 1):
         strict_json(stdout)  # every JSON the tool prints is JSON: no NaN, no Infinity
 
 
-CONFIG_FIELDS = ["num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                 "vocab_size", "max_position_embeddings", "torch_dtype", "intermediate_size", "quantization_config",
-                 "architectures", "model_type", "text_config"]
+CONFIG_FIELDS = [
+    "num_hidden_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "max_position_embeddings",
+    "torch_dtype",
+    "intermediate_size",
+    "quantization_config",
+    "architectures",
+    "model_type",
+    "text_config",
+]
 
 
 @given(edits=st.dictionaries(st.sampled_from(CONFIG_FIELDS), json_value, min_size=1, max_size=3))
@@ -192,26 +313,45 @@ def test_fuzz_plan_config(tmp_path_factory, edits):
     cfg = {**MODEL_CONFIG, **edits}
     d = tmp_path_factory.mktemp("cfg")
     (d / "config.json").write_text(json.dumps(cfg))
-    code, _out, stdout = invoke("plan", "--model", str(d), "--gpu-memory", "h200", "--json", "--weights-bytes",
-                                "600GB", "--gpus", "8", "--tp", "8", allowed=(0, 1, 2))
+    code, _out, stdout = invoke(
+        "plan",
+        "--model",
+        str(d),
+        "--gpu-memory",
+        "h200",
+        "--json",
+        "--weights-bytes",
+        "600GB",
+        "--gpus",
+        "8",
+        "--tp",
+        "8",
+        allowed=(0, 1, 2),
+    )
     if code in (0, 1):
         strict_json(stdout)
     shutil.rmtree(d, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- spec and KubeRay serving values
-SERVING_KEYS = {"model": hostile_text,
-                "kv_cache_dtype": st.one_of(st.sampled_from(["auto", "fp8", "fp9"]), hostile_text),
-                "compile_cache": st.one_of(st.sampled_from(["node", "none", "pvc:c", "pvc:c\n"]), hostile_text),
-                "model_cache": hostile_text, "load_format": hostile_text,
-                "tp": st.integers(-3, 10**6), "gpus": st.integers(-3, 10**6),
-                "gpu_memory_utilization": st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300,
-                                                    max_value=1e300),
-                "max_model_len": st.integers(-(2**63), 2**63 - 1)}
+SERVING_KEYS = {
+    "model": hostile_text,
+    "kv_cache_dtype": st.one_of(st.sampled_from(["auto", "fp8", "fp9"]), hostile_text),
+    "compile_cache": st.one_of(st.sampled_from(["node", "none", "pvc:c", "pvc:c\n"]), hostile_text),
+    "model_cache": hostile_text,
+    "load_format": hostile_text,
+    "tp": st.integers(-3, 10**6),
+    "gpus": st.integers(-3, 10**6),
+    "gpu_memory_utilization": st.floats(allow_nan=False, allow_infinity=False, min_value=-1e300, max_value=1e300),
+    "max_model_len": st.integers(-(2**63), 2**63 - 1),
+}
 
 
-@given(serving=st.fixed_dictionaries({}, optional=SERVING_KEYS), repo=st.one_of(st.none(), hostile_text),
-       vllm=st.one_of(st.just("0.26.0"), hostile_text))
+@given(
+    serving=st.fixed_dictionaries({}, optional=SERVING_KEYS),
+    repo=st.one_of(st.none(), hostile_text),
+    vllm=st.one_of(st.just("0.26.0"), hostile_text),
+)
 @examples(200)
 def test_fuzz_spec_and_kuberay_values(serving, repo, vllm):
     import tomli_w
@@ -234,11 +374,24 @@ def test_fuzz_spec_and_kuberay_values(serving, repo, vllm):
 
 
 # ---------------------------------------------------------------- manifest fields
-MANIFEST_PATHS = [("image", "ref"), ("image", "digest"), ("os",), ("glibc",), ("python", "version"),
-                  ("python", "site_packages"), ("platform",), ("cuda",), ("provenance", "method"),
-                  ("distributions", "numpy", "name"), ("distributions", "numpy", "version"),
-                  ("distributions", "numpy", "extensions"), ("distributions", "numpy", "glibc"),
-                  ("uv_overrides",), ("lacks",), ("consistency",)]
+MANIFEST_PATHS = [
+    ("image", "ref"),
+    ("image", "digest"),
+    ("os",),
+    ("glibc",),
+    ("python", "version"),
+    ("python", "site_packages"),
+    ("platform",),
+    ("cuda",),
+    ("provenance", "method"),
+    ("distributions", "numpy", "name"),
+    ("distributions", "numpy", "version"),
+    ("distributions", "numpy", "extensions"),
+    ("distributions", "numpy", "glibc"),
+    ("uv_overrides",),
+    ("lacks",),
+    ("consistency",),
+]
 
 
 @given(edits=st.lists(st.tuples(st.sampled_from(MANIFEST_PATHS), json_value), min_size=1, max_size=3))
@@ -284,8 +437,7 @@ def _only_pins(text: str) -> None:
         assert not re.search(r"[\x00-\x1f\x7f]", line), line
 
 
-@given(inserts=st.lists(st.tuples(st.integers(0, 60), hostile_text), min_size=1, max_size=3),
-       strict=st.booleans())
+@given(inserts=st.lists(st.tuples(st.integers(0, 60), hostile_text), min_size=1, max_size=3), strict=st.booleans())
 @examples(200)
 def test_fuzz_lock_text(ctx, inserts, strict):
     from builder.resolve.lockfile import parse_lock
@@ -305,8 +457,18 @@ def test_fuzz_lock_text(ctx, inserts, strict):
         _no_bug(exc.render(), 2, (2,))
 
 
-PYLOCK_FIELDS = [("tool", "via"), ("tool", "name"), ("tool", "base-version"), ("header", "tool"),
-                 ("header", "vllm"), ("header", "new-key"), ("overlay",), ("allow",), ("url",), ("version",)]
+PYLOCK_FIELDS = [
+    ("tool", "via"),
+    ("tool", "name"),
+    ("tool", "base-version"),
+    ("header", "tool"),
+    ("header", "vllm"),
+    ("header", "new-key"),
+    ("overlay",),
+    ("allow",),
+    ("url",),
+    ("version",),
+]
 
 
 @given(edits=st.lists(st.tuples(st.sampled_from(PYLOCK_FIELDS), hostile_text), min_size=1, max_size=3))
@@ -341,14 +503,34 @@ def test_fuzz_pylock_values(ctx, edits):
 
 # ---------------------------------------------------------------- site-packages trees
 safe_dir = st.text(alphabet="abcdefghij_-.0123456789", min_size=1, max_size=10).filter(lambda s: s not in (".", ".."))
-record_line = st.one_of(st.sampled_from(["../outside/evil.so,,", "/etc/passwd,,", "../../../../outside/evil.so,,",
-                                         "pkg/mod.so,,", '"a,b.so",,', "x" * 5000 + ",,", '"unterminated,,']),
-                        hostile_text)
+record_line = st.one_of(
+    st.sampled_from(
+        [
+            "../outside/evil.so,,",
+            "/etc/passwd,,",
+            "../../../../outside/evil.so,,",
+            "pkg/mod.so,,",
+            '"a,b.so",,',
+            "x" * 5000 + ",,",
+            '"unterminated,,',
+        ]
+    ),
+    hostile_text,
+)
 
 
-@given(dists=st.lists(st.tuples(safe_dir, st.one_of(st.sampled_from(["pkg", "good-name"]), hostile_text),
-                                st.one_of(st.sampled_from(["1.0", "2.0rc1"]), hostile_text),
-                                st.lists(record_line, max_size=4)), min_size=1, max_size=3))
+@given(
+    dists=st.lists(
+        st.tuples(
+            safe_dir,
+            st.one_of(st.sampled_from(["pkg", "good-name"]), hostile_text),
+            st.one_of(st.sampled_from(["1.0", "2.0rc1"]), hostile_text),
+            st.lists(record_line, max_size=4),
+        ),
+        min_size=1,
+        max_size=3,
+    )
+)
 @examples(150)
 def test_fuzz_site_packages(tmp_path_factory, dists):
     from builder import events
@@ -362,8 +544,9 @@ def test_fuzz_site_packages(tmp_path_factory, dists):
     for i, (dirname, name, version, record) in enumerate(dists):
         di = sp / f"{dirname}{i}.dist-info"
         di.mkdir()
-        (di / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-                                     encoding="utf-8", errors="surrogateescape")
+        (di / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n", encoding="utf-8", errors="surrogateescape"
+        )
         (di / "RECORD").write_text("\n".join(record) + "\n", encoding="utf-8", errors="surrogateescape")
     recorder = events.Recorder()
     try:
@@ -379,8 +562,10 @@ def test_fuzz_site_packages(tmp_path_factory, dists):
 
 
 # ---------------------------------------------------------------- recipe sdists and recipes files
-@given(inserts=st.lists(st.tuples(st.integers(0, 200), hostile_text), min_size=1, max_size=3),
-       which=st.sampled_from(["docker/Dockerfile", ".buildkite/release-pipeline.yaml"]))
+@given(
+    inserts=st.lists(st.tuples(st.integers(0, 200), hostile_text), min_size=1, max_size=3),
+    which=st.sampled_from(["docker/Dockerfile", ".buildkite/release-pipeline.yaml"]),
+)
 @examples(100)
 def test_fuzz_recipe_sdist(inserts, which):
     from builder.resolve import recipe as R
@@ -400,8 +585,7 @@ def test_fuzz_recipe_sdist(inserts, which):
     R.parse_recipes(R.render_recipes({"0.99.0": R.recipe_table(rec)}), "recipes.toml")  # it writes what it reads
 
 
-@given(doc=st.dictionaries(st.sampled_from(["schema", "release", "x"]), json_value, max_size=3),
-       schema=st.booleans())
+@given(doc=st.dictionaries(st.sampled_from(["schema", "release", "x"]), json_value, max_size=3), schema=st.booleans())
 @examples(150)
 def test_fuzz_recipes_file(doc, schema):
     import tomli_w
@@ -426,10 +610,13 @@ def test_fuzz_recipes_file(doc, schema):
 userinfo_char = st.sampled_from("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&()*+,;=%")
 
 
-@given(user=st.text(userinfo_char, min_size=1, max_size=8).filter(lambda s: ":" not in s),
-       password=st.text(userinfo_char, min_size=6, max_size=16),
-       port=st.one_of(st.none(), st.integers(1, 65535).map(str), hostile_text.filter(lambda s: "@" not in s)),
-       scheme=st.sampled_from(["http", "https"]), around=hostile_text)
+@given(
+    user=st.text(userinfo_char, min_size=1, max_size=8).filter(lambda s: ":" not in s),
+    password=st.text(userinfo_char, min_size=6, max_size=16),
+    port=st.one_of(st.none(), st.integers(1, 65535).map(str), hostile_text.filter(lambda s: "@" not in s)),
+    scheme=st.sampled_from(["http", "https"]),
+    around=hostile_text,
+)
 @examples(300)
 def test_fuzz_credentials_are_never_printed(user, password, port, scheme, around):
     url = f"{scheme}://{user}:{password}@idx.example{':' + port if port else ''}/simple"
@@ -446,8 +633,17 @@ def test_fuzz_credentials_are_never_printed(user, password, port, scheme, around
 @given(text=st.one_of(hostile_text, st.text(max_size=40)))
 @examples(300)
 def test_fuzz_typed_values(text):
-    for cls in (values.ImageRef, values.Digest, values.Registry, values.Repository, values.DistName,
-                values.Version, values.Url, values.PathText, values.Line):
+    for cls in (
+        values.ImageRef,
+        values.Digest,
+        values.Registry,
+        values.Repository,
+        values.DistName,
+        values.Version,
+        values.Url,
+        values.PathText,
+        values.Line,
+    ):
         try:
             v = cls(text, "field")
         except BadInput as exc:

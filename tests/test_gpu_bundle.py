@@ -41,7 +41,7 @@ def test_every_shipped_release_is_planned():
     assert set(p["releases"]) == set(bp.releases())
     for v, r in p["releases"].items():
         kinds = [p["layers"][n]["kind"] for n in r["layers"]]
-        assert kinds[-2:] == ["vllm", "ray"], v   # torch first where carried (PYTHONPATH order)
+        assert kinds[-2:] == ["vllm", "ray"], v  # torch first where carried (PYTHONPATH order)
         assert p["layers"][f"vllm-{v}"]["slim_vllm"] == v
 
 
@@ -68,15 +68,15 @@ def test_the_torch_stack_comes_from_the_manifest(v):
     w = r["torch_wheels"]
     for name in ("torch", "triton", "torchvision", "nvidia-nccl-cu13"):
         assert w[name] == m[name], name
-    assert "nvidia-cublas" not in w   # loaded from the device's site-packages (docstring)
+    assert "nvidia-cublas" not in w  # loaded from the device's site-packages (docstring)
     assert {x["name"] for x in r["left_to_device"]} >= {"nvidia-cublas", "nvidia-cudnn-cu13"}
-    assert "torchaudio" not in w       # every manifest pins torchaudio 2.11.0, the device's
+    assert "torchaudio" not in w  # every manifest pins torchaudio 2.11.0, the device's
 
 
 def test_full_torch_stack_carries_every_differing_cuda_library():
     w = bp.release_plan("0.33.0", full_stack=True)["torch_wheels"]
     assert w["nvidia-cudnn-cu13"] == manifest("0.33.0")["nvidia-cudnn-cu13"] == "9.24.0.43"
-    assert "nvidia-nvshmem-cu13" not in w   # 3.4.5 everywhere: the device's version
+    assert "nvidia-nvshmem-cu13" not in w  # 3.4.5 everywhere: the device's version
 
 
 def test_engine_names_at_the_manifest_versions_and_missing_names_skipped():
@@ -87,7 +87,7 @@ def test_engine_names_at_the_manifest_versions_and_missing_names_skipped():
     assert {"name": "httpx2", "why": "not in the 0.26.0 base manifest"} in r26["skipped"]
     r33 = bp.release_plan("0.33.0")
     assert r33["engine_wheels"]["transformers"] == "5.20.2"
-    assert r33["engine_wheels"]["unidiff"] == "1.0.1"   # build-image's own, the names file's fallback pin
+    assert r33["engine_wheels"]["unidiff"] == "1.0.1"  # build-image's own, the names file's fallback pin
     # the device's exact version is not carried again
     dev = bp.device()
     assert all(dev.get(n) != v for n, v in r33["engine_wheels"].items())
@@ -101,7 +101,7 @@ def test_ray_at_the_default_locks_version():
         for name, ver in entries.items():
             if name in r["ray_wheels"]:
                 assert r["ray_wheels"][name] == ver
-    assert "grpcio-reflection" in bp.release_plan("0.33.0")["ray_wheels"]   # new in ray 2.60's lock
+    assert "grpcio-reflection" in bp.release_plan("0.33.0")["ray_wheels"]  # new in ray 2.60's lock
 
 
 def test_layers_of_equal_version_but_other_content_carry_a_digest():
@@ -127,13 +127,29 @@ def _wheel(path: Path, name: str, version: str, requires: list[str]) -> Path:
 
 
 def test_vllm_requirements_the_device_lacks_are_added(tmp_path):
-    _wheel(tmp_path, "vllm", "0.27.0", [
-        "lark==1.2.2", "numpy", "flashinfer-python==0.6.16.post3", "torch==2.13.0",
-        "six>=1.16.0; python_version > '3.11'", "pywin32; sys_platform == 'win32'", "pytest; extra == 'test'"])
+    _wheel(
+        tmp_path,
+        "vllm",
+        "0.27.0",
+        [
+            "lark==1.2.2",
+            "numpy",
+            "flashinfer-python==0.6.16.post3",
+            "torch==2.13.0",
+            "six>=1.16.0; python_version > '3.11'",
+            "pywin32; sys_platform == 'win32'",
+            "pytest; extra == 'test'",
+        ],
+    )
     assert bp.vllm_requirements(tmp_path / "vllm-0.27.0-py3-none-any.whl") == [
-        "lark", "numpy", "flashinfer-python", "torch", "six"]
+        "lark",
+        "numpy",
+        "flashinfer-python",
+        "torch",
+        "six",
+    ]
     r = bp.release_plan("0.27.0", wheel_dir=tmp_path)
-    assert r["auto_added"] == ["lark"]     # numpy/six: the device's; flashinfer: SKIP; torch: the torch layer
+    assert r["auto_added"] == ["lark"]  # numpy/six: the device's; flashinfer: SKIP; torch: the torch layer
     assert r["engine_wheels"]["lark"] == manifest("0.27.0")["lark"]
 
 
@@ -158,11 +174,13 @@ def test_pack_splits_each_layer_once_with_sha256s(tmp_path, monkeypatch):
         f = _wheel(wheels, name, ver, [])
         with zipfile.ZipFile(f, "a") as z:
             z.writestr("blob", bytes(range(256)) * 40)
-    plan = {"layers": {"base-1": {"kind": "torch", "version": "1", "releases": ["9.9", "9.8"],
-                                  "wheels": {"a": "1.0", "b": "2.0"}},
-                       "vllm-9.9": {"kind": "vllm", "version": "9.9", "releases": ["9.9"], "wheels": {},
-                                    "slim_vllm": "9.9"}},
-            "releases": {"9.9": {"layers": ["base-1", "vllm-9.9"]}, "9.8": {"layers": ["base-1"]}}}
+    plan = {
+        "layers": {
+            "base-1": {"kind": "torch", "version": "1", "releases": ["9.9", "9.8"], "wheels": {"a": "1.0", "b": "2.0"}},
+            "vllm-9.9": {"kind": "vllm", "version": "9.9", "releases": ["9.9"], "wheels": {}, "slim_vllm": "9.9"},
+        },
+        "releases": {"9.9": {"layers": ["base-1", "vllm-9.9"]}, "9.8": {"layers": ["base-1"]}},
+    }
     monkeypatch.setattr(pk, "PART", 4096)
     monkeypatch.setattr(pk.split, "__defaults__", (4096,))
     m = pk.pack(plan, wheels, tmp_path / "out")
@@ -177,7 +195,8 @@ def test_pack_splits_each_layer_once_with_sha256s(tmp_path, monkeypatch):
     with tarfile.open(tmp_path / "j.tar") as t:
         assert sorted(t.getnames()) == ["whl/LAYER.txt", "whl/a-1.0-py3-none-any.whl", "whl/b-2.0-py3-none-any.whl"]
     assert json.loads((tmp_path / "out" / "manifest.json").read_text())["layers"]["vllm-9.9"]["wheels"] == [
-        "vllm-9.9-py3-none-any.whl"]
+        "vllm-9.9-py3-none-any.whl"
+    ]
     assert m["missing"] == []
 
 
@@ -191,19 +210,32 @@ def _calls_module():
     return mod
 
 
-MANIFEST = {"layers": {"vllm-A": {"kind": "vllm", "parts": ["p00", "p01"]},
-                       "torch-T": {"kind": "torch", "parts": ["p00", "p01", "p02"]},
-                       "vllm-B": {"kind": "vllm", "parts": ["p00"]},
-                       "ray-R": {"kind": "ray", "parts": ["p00"]}},
-            "releases": {"A": ["vllm-A", "ray-R"], "B": ["torch-T", "vllm-B", "ray-R"]}}
+MANIFEST = {
+    "layers": {
+        "vllm-A": {"kind": "vllm", "parts": ["p00", "p01"]},
+        "torch-T": {"kind": "torch", "parts": ["p00", "p01", "p02"]},
+        "vllm-B": {"kind": "vllm", "parts": ["p00"]},
+        "ray-R": {"kind": "ray", "parts": ["p00"]},
+    },
+    "releases": {"A": ["vllm-A", "ray-R"], "B": ["torch-T", "vllm-B", "ray-R"]},
+}
 
 
 def test_calls_launch_after_the_first_release_and_ray_last():
     bc = _calls_module()
-    cmds = [c.command.removeprefix("scripts/gpu-proof.sh ")
-            for c in bc.plan_calls(MANIFEST, ".bundle", ["A", "B"], ["B"])]
-    assert cmds == ["layer vllm-A 0", "launch vllm-A 1", "layer torch-T 0", "layer torch-T 1", "layer torch-T 2",
-                    "layer vllm-B 0", "layer ray-R 0", "wait"]
+    cmds = [
+        c.command.removeprefix("scripts/gpu-proof.sh ") for c in bc.plan_calls(MANIFEST, ".bundle", ["A", "B"], ["B"])
+    ]
+    assert cmds == [
+        "layer vllm-A 0",
+        "launch vllm-A 1",
+        "layer torch-T 0",
+        "layer torch-T 1",
+        "layer torch-T 2",
+        "layer vllm-B 0",
+        "layer ray-R 0",
+        "wait",
+    ]
     engine_only = [c.command for c in bc.plan_calls(MANIFEST, ".bundle", ["A", "B"], [], launch=False)]
     assert engine_only[-2:] == ["scripts/gpu-proof.sh run vllm-B 0", "scripts/gpu-proof.sh wait"]
     assert not any("ray-R" in c for c in engine_only)
@@ -211,20 +243,22 @@ def test_calls_launch_after_the_first_release_and_ray_last():
 
 def test_resend_lists_only_what_the_machine_lacks():
     bc = _calls_module()
-    reply = ("torch-T: part 1 received (2 of 3; boot b1)\n"
-             "INVENTORY boot=b1 vllm-A=ok torch-T=2/3:0,1 vllm-B=failed ray-R=0/1\n"
-             "run in flight (alive):\n")
+    reply = (
+        "torch-T: part 1 received (2 of 3; boot b1)\n"
+        "INVENTORY boot=b1 vllm-A=ok torch-T=2/3:0,1 vllm-B=failed ray-R=0/1\n"
+        "run in flight (alive):\n"
+    )
     why, calls = bc.resend(MANIFEST, ".bundle", reply, ["A", "B"], ["B"])
     assert "b1" in why
-    assert [c.command.split(" ", 1)[1] for c in calls] == [
-        "layer torch-T 2", "layer vllm-B 0", "layer ray-R 0", "wait"]
+    assert [c.command.split(" ", 1)[1] for c in calls] == ["layer torch-T 2", "layer vllm-B 0", "layer ray-R 0", "wait"]
     assert calls[0].carry == (".bundle/manifest.json", ".bundle/torch-T/p02")
     # no run yet: the launch rides on the first release's missing part
     _, calls = bc.resend(MANIFEST, ".bundle", "INVENTORY boot=b2 vllm-A=1/2:1 torch-T=installing", ["A", "B"], [])
     assert [c.command.split(" ", 1)[1] for c in calls] == ["launch vllm-A 0", "layer vllm-B 0", "wait"]
     # a refusal of the tool (no INVENTORY): a bare machine, every call again
-    why, calls = bc.resend(MANIFEST, ".bundle", "the device machine stopped answering and was given back",
-                           ["A", "B"], ["B"])
+    why, calls = bc.resend(
+        MANIFEST, ".bundle", "the device machine stopped answering and was given back", ["A", "B"], ["B"]
+    )
     assert "bare" in why and len(calls) == len(bc.plan_calls(MANIFEST, ".bundle", ["A", "B"], ["B"]))
 
 

@@ -45,8 +45,12 @@ def _closed_port() -> int:
 
 @pytest.fixture(scope="module")
 def e2e(built_overlay_image, standin_base_image, standin_pinned_manifest, local_registry):
-    return built_overlay_image(OVERLAY, series=standin_base_image.series_dir, repo=f"{local_registry}/e2e/vllm",
-                               manifest=standin_pinned_manifest)
+    return built_overlay_image(
+        OVERLAY,
+        series=standin_base_image.series_dir,
+        repo=f"{local_registry}/e2e/vllm",
+        manifest=standin_pinned_manifest,
+    )
 
 
 def test_built_image_runs_the_overlay(e2e):
@@ -54,11 +58,26 @@ def test_built_image_runs_the_overlay(e2e):
     files = sorted(str(p.relative_to(e2e.context)) for p in e2e.context.rglob("*") if p.is_file())
     wheels = [f for f in files if f.startswith("wheels/")]
     assert len(wheels) == 2 and any("MarkupSafe" in w or "markupsafe" in w for w in wheels)
-    patch_files = {"patches/original.sha256", "patches/patched.sha256", "patches/files/vllm/engine/arg_utils.py",
-                   "patches/files/vllm/entrypoints/openai/api_server.py"}
-    assert set(files) - set(wheels) == {"Dockerfile", "requirements.lock", "pylock.toml", "sbom.cdx.json",
-                                        "provenance.intoto.json", "app/build_image_serve_app.py",
-                                        "checks/base_check.py", "checks/base-manifest.json"} | patch_files
+    patch_files = {
+        "patches/original.sha256",
+        "patches/patched.sha256",
+        "patches/files/vllm/engine/arg_utils.py",
+        "patches/files/vllm/entrypoints/openai/api_server.py",
+    }
+    assert (
+        set(files) - set(wheels)
+        == {
+            "Dockerfile",
+            "requirements.lock",
+            "pylock.toml",
+            "sbom.cdx.json",
+            "provenance.intoto.json",
+            "app/build_image_serve_app.py",
+            "checks/base_check.py",
+            "checks/base-manifest.json",
+        }
+        | patch_files
+    )
     dockerfile = (e2e.context / "Dockerfile").read_text()
     assert "--no-index --no-deps" in dockerfile and "--require-hashes" in dockerfile
     base = json.loads(e2e.manifest.read_text())["image"]
@@ -75,8 +94,16 @@ def test_built_image_runs_the_overlay(e2e):
     assert r.returncode == 0 and "OK 1.17.0 0.26.0" in r.stdout, r.stderr
     # no wheel stayed in the image (bind-mounted, not copied)
     names = " -o ".join(f"-name '{Path(w).name}'" for w in wheels)
-    r = docker("run", "--rm", "--pull=never", "--network=none", e2e.tags[0], "sh", "-c",
-               f"find / -xdev \\( {names} \\) 2>/dev/null || true")
+    r = docker(
+        "run",
+        "--rm",
+        "--pull=never",
+        "--network=none",
+        e2e.tags[0],
+        "sh",
+        "-c",
+        f"find / -xdev \\( {names} \\) 2>/dev/null || true",
+    )
     assert r.stdout.strip() == ""
 
 
@@ -101,9 +128,13 @@ def test_the_contexts_pylock_installs_the_same_set_as_its_requirements_lock(e2e,
     subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(tmp_path / "v")], check=True, env=env)
 
     def dry(*args):
-        r = subprocess.run([uv, "pip", "install", "--dry-run", "--offline", "--python",
-                            str(tmp_path / "v" / "bin" / "python"), *args], capture_output=True, text=True, env=env,
-                           cwd=e2e.context)
+        r = subprocess.run(
+            [uv, "pip", "install", "--dry-run", "--offline", "--python", str(tmp_path / "v" / "bin" / "python"), *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=e2e.context,
+        )
         assert r.returncode == 0, r.stderr
         return sorted(re.findall(r"^ \+ (\S+==\S+)$", r.stderr, re.M))
 
@@ -122,8 +153,16 @@ def test_built_image_carries_the_patched_vllm(e2e):
     r = docker("run", "--rm", "--pull=never", "--network=none", e2e.tags[0], "python3", "-c", code, check=False)
     assert r.returncode == 0 and "PATCHED" in r.stdout, r.stderr
     # the patched files in the image verify against the sums the image carries
-    r = docker("run", "--rm", "--pull=never", "--network=none", e2e.tags[0], "sh", "-c",
-               "cd /usr/local/lib/python3.11/dist-packages && sha256sum -c /usr/share/build-image/patched.sha256")
+    r = docker(
+        "run",
+        "--rm",
+        "--pull=never",
+        "--network=none",
+        e2e.tags[0],
+        "sh",
+        "-c",
+        "cd /usr/local/lib/python3.11/dist-packages && sha256sum -c /usr/share/build-image/patched.sha256",
+    )
     assert r.stdout.count(": OK") == 2
     labels = json.loads(docker("image", "inspect", e2e.tags[0]).stdout)[0]["Config"]["Labels"]
     assert labels["org.build-image.patches"] == "0001-default-max-model-len.patch,0002-api-server-banner.patch"
@@ -139,8 +178,10 @@ def test_labels_tags_and_digest_round_trip(e2e, local_registry):
     assert labels["org.build-image.lock-hash"] == lock.lock_hash
     assert labels["org.build-image.vllm"] == "0.26.0"
     assert labels["org.build-image.base-digest"] == json.loads(e2e.manifest.read_text())["image"]["digest"]
-    assert e2e.tags == [f"{local_registry}/e2e/vllm:vllm0.26.0-{lock.lock_hash[:12]}",
-                        f"{local_registry}/e2e/vllm:vllm0.26.0"]
+    assert e2e.tags == [
+        f"{local_registry}/e2e/vllm:vllm0.26.0-{lock.lock_hash[:12]}",
+        f"{local_registry}/e2e/vllm:vllm0.26.0",
+    ]
 
     r = run_pipeline(["push", str(e2e.context), "--tag", f"{local_registry}/e2e/vllm", "--json", "--force"])
     assert r.returncode == 0, r.stderr
@@ -149,8 +190,12 @@ def test_labels_tags_and_digest_round_trip(e2e, local_registry):
     assert digest.startswith("sha256:") and {p["digest"] for p in doc["pushed"]} == {digest}
     # the registry serves that digest for both tags (independently of our client: skopeo)
     for tag in e2e.tags:
-        raw = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", f"docker://{tag}"],
-                             capture_output=True, text=True, timeout=120)
+        raw = subprocess.run(
+            ["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", f"docker://{tag}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if raw.returncode == 0:
             assert raw.stdout.strip() == digest
     # pull back by digest into a clean store entry and compare the image
@@ -183,16 +228,22 @@ def test_push_attaches_sbom_and_provenance_as_referrers_of_the_image(e2e, local_
     assert att["index"] == f"{local_registry}/e2e/vllm:{digest.replace(':', '-')}"
 
     def raw(ref: str) -> dict:
-        p = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{ref}"],
-                           capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            ["skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{ref}"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert p.returncode == 0, p.stderr
         return json.loads(p.stdout)
 
     index = raw(att["index"])
     by_type = {m["artifactType"]: m["digest"] for m in index["manifests"]}
     assert by_type[SBOM_TYPE] == att["sbom"]["digest"] and by_type[INTOTO_TYPE] == att["provenance"]["digest"]
-    for key, atype, name in (("sbom", SBOM_TYPE, "sbom.cdx.json"),
-                             ("provenance", INTOTO_TYPE, "provenance.intoto.json")):
+    for key, atype, name in (
+        ("sbom", SBOM_TYPE, "sbom.cdx.json"),
+        ("provenance", INTOTO_TYPE, "provenance.intoto.json"),
+    ):
         m = raw(att[key]["ref"])
         assert m["artifactType"] == atype and m["subject"]["digest"] == digest
         (layer,) = m["layers"]
@@ -220,13 +271,19 @@ def test_tag_conflict_then_force(e2e, local_registry, tmp_path):
     assert r.returncode == 0, r.stderr
     other = json.loads(r.stdout)["image_id"]
     assert other != e2e.image_id
-    before = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}",
-                             f"docker://{e2e.tags[0]}"], capture_output=True, text=True).stdout
+    before = subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", f"docker://{e2e.tags[0]}"],
+        capture_output=True,
+        text=True,
+    ).stdout
     r = run_pipeline(["push", str(ctx), "--tag", f"{local_registry}/e2e/vllm"])
     assert r.returncode == 11, r.stdout + r.stderr
     assert "already point at a different image" in r.stderr and "Nothing was pushed" in r.stderr
-    after = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}",
-                            f"docker://{e2e.tags[0]}"], capture_output=True, text=True).stdout
+    after = subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", "--format", "{{.Digest}}", f"docker://{e2e.tags[0]}"],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert before == after  # nothing was pushed
     r = run_pipeline(["push", str(ctx), "--tag", f"{local_registry}/e2e/vllm", "--force", "--json"])
     assert r.returncode == 0, r.stderr
@@ -257,9 +314,22 @@ def test_engine_down(e2e, tmp_path):
 
 def test_pipeline_without_engine_stops_after_render(standin_manifest, standin_base_image, tmp_path):
     fl = standin_findlinks(tuple(OVERLAY))
-    args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(tmp_path / "l.lock"),
-            "--no-default-overlay", "--no-index", "--find-links", str(fl), "-o", str(tmp_path / "ctx"), "--json",
-            "--no-patches"]
+    args = [
+        "--vllm",
+        "0.26.0",
+        "--base",
+        str(standin_manifest),
+        "--lock",
+        str(tmp_path / "l.lock"),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(fl),
+        "-o",
+        str(tmp_path / "ctx"),
+        "--json",
+        "--no-patches",
+    ]
     for req in OVERLAY:
         args += ["--with", req]
     dead = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
@@ -295,17 +365,52 @@ def test_numpy2_overlay_is_refused_before_any_build(standin_manifest, tmp_path):
 
     numpy2 = tmp_path / "fl"
     shutil.copytree(fl, numpy2)
-    r = subprocess.run([os.path.join(os.path.dirname(__import__("sys").executable), "python"), "-m", "pip", "download",
-                        "-q", "--no-deps", "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-                        "--abi", "cp311", "--platform", "manylinux_2_17_x86_64", "numpy==2.2.6", "-d", str(numpy2)],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            os.path.join(os.path.dirname(__import__("sys").executable), "python"),
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--implementation",
+            "cp",
+            "--abi",
+            "cp311",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "numpy==2.2.6",
+            "-d",
+            str(numpy2),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     repo = "build-image-test/numpy2"
     for ref in docker("images", "--format", "{{.Repository}}:{{.Tag}}", repo).stdout.split():
         docker("image", "rm", ref)  # leftovers of an earlier run
-    args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(tmp_path / "n.lock"),
-            "--no-default-overlay", "--no-index", "--find-links", str(numpy2), "-o", str(tmp_path / "ctx"),
-            "--tag", repo, "--no-patches"]
+    args = [
+        "--vllm",
+        "0.26.0",
+        "--base",
+        str(standin_manifest),
+        "--lock",
+        str(tmp_path / "n.lock"),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(numpy2),
+        "-o",
+        str(tmp_path / "ctx"),
+        "--tag",
+        repo,
+        "--no-patches",
+    ]
     for req in ("six==1.17.0", "numpy>=2"):
         args += ["--with", req]
     r = run_pipeline(args)
@@ -336,7 +441,8 @@ def auth_registry(tmp_path):
     (tmp_path / "registry.yml").write_text(
         "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
         f"    rootdirectory: {tmp_path}/data\nhttp:\n  addr: 127.0.0.1:{port}\n"
-        f"auth:\n  htpasswd:\n    realm: build-image-test\n    path: {tmp_path}/htpasswd\n")
+        f"auth:\n  htpasswd:\n    realm: build-image-test\n    path: {tmp_path}/htpasswd\n"
+    )
     log = open(tmp_path / "registry.log", "wb")
     proc = subprocess.Popen([exe, "serve", str(tmp_path / "registry.yml")], stdout=log, stderr=log)
     try:
@@ -372,9 +478,23 @@ def test_credentials_come_from_the_engine_store_and_never_leak(e2e, auth_registr
     repo = f"{addr}/e2e/secret"
     out = tmp_path / "ctx"
     logs = ""
-    for args in (["render", "--vllm", "0.26.0", "--base", str(e2e.manifest), "--lock", str(e2e.lock), "-o", str(out),
-                  "--tag", repo, "--no-patches"],
-                 ["build", str(out), "--tag", repo]):
+    for args in (
+        [
+            "render",
+            "--vllm",
+            "0.26.0",
+            "--base",
+            str(e2e.manifest),
+            "--lock",
+            str(e2e.lock),
+            "-o",
+            str(out),
+            "--tag",
+            repo,
+            "--no-patches",
+        ],
+        ["build", str(out), "--tag", repo],
+    ):
         r = run_pipeline(args, env=env)
         assert r.returncode == 0, r.stderr
         logs += r.stdout + r.stderr
@@ -382,8 +502,14 @@ def test_credentials_come_from_the_engine_store_and_never_leak(e2e, auth_registr
     assert r.returncode == 10, r.stdout + r.stderr  # no login yet: refused
     assert "docker login" in r.stderr
     logs += r.stdout + r.stderr
-    login = subprocess.run([DOCKER, "login", "-u", user, "--password-stdin", addr], input=secret, text=True,
-                           capture_output=True, env=dict(os.environ, **env), timeout=60)
+    login = subprocess.run(
+        [DOCKER, "login", "-u", user, "--password-stdin", addr],
+        input=secret,
+        text=True,
+        capture_output=True,
+        env=dict(os.environ, **env),
+        timeout=60,
+    )
     assert login.returncode == 0, login.stderr
     r = run_pipeline(["push", str(out), "--tag", repo, "--json"], env=env)
     assert r.returncode == 0, r.stderr
@@ -399,8 +525,9 @@ def test_credentials_come_from_the_engine_store_and_never_leak(e2e, auth_registr
     inspect = docker("image", "inspect", tag).stdout + docker("history", "--no-trunc", tag).stdout
     assert secret not in inspect and auth not in inspect
     # the layers this tool added (everything above the base) hold no trace of it either
-    base_layers = len(json.loads(docker("image", "inspect",
-                                        "standin.local/vllm/vllm-openai:v0.26.0").stdout)[0]["RootFS"]["Layers"])
+    base_layers = len(
+        json.loads(docker("image", "inspect", "standin.local/vllm/vllm-openai:v0.26.0").stdout)[0]["RootFS"]["Layers"]
+    )
     saved = subprocess.run([DOCKER, "save", tag], capture_output=True, timeout=600).stdout
     with tarfile.open(fileobj=io.BytesIO(saved)) as tf:
         manifest = json.load(tf.extractfile("manifest.json"))
@@ -424,8 +551,9 @@ def test_early_check_fails_the_build_in_seconds(e2e, tmp_path):
     lock = tmp_path / "wrong-python.lock"
     lock.write_text(e2e.lock.read_text().replace("# python: 3.11", "# python: 3.12"))
     out = tmp_path / "ctx"
-    r = run_pipeline(["render", "--vllm", "0.26.0", "--base", str(manifest), "--lock", str(lock), "-o", str(out),
-                      "--no-patches"])
+    r = run_pipeline(
+        ["render", "--vllm", "0.26.0", "--base", str(manifest), "--lock", str(lock), "-o", str(out), "--no-patches"]
+    )
     assert r.returncode == 0, r.stderr
     t0 = time.monotonic()
     r = run_pipeline(["build", str(out), "--tag", "build-image-test/wrong-python"])
@@ -460,8 +588,10 @@ def test_registry_refusing_the_push_is_exit_10(e2e):
                 self.wfile.write(body)
 
         def do_GET(self):
-            self._answer(200 if self.path == "/v2/" else 404,
-                         b"{}" if self.path == "/v2/" else b'{"errors":[{"code":"MANIFEST_UNKNOWN"}]}')
+            self._answer(
+                200 if self.path == "/v2/" else 404,
+                b"{}" if self.path == "/v2/" else b'{"errors":[{"code":"MANIFEST_UNKNOWN"}]}',
+            )
 
         do_HEAD = do_GET
 
@@ -502,8 +632,23 @@ def test_base_whose_vllm_files_differ_from_the_wheel_fails_the_early_check(e2e, 
                 data += b"\n# a different build of vllm 0.26.0\n"
             zout.writestr(info, data)
     out = tmp_path / "ctx"
-    r = run_pipeline(["render", "--vllm", "0.26.0", "--base", str(e2e.manifest), "--lock", str(e2e.lock), "-o",
-                      str(out), "--series", str(standin_base_image.series_dir), "--wheel", str(other)])
+    r = run_pipeline(
+        [
+            "render",
+            "--vllm",
+            "0.26.0",
+            "--base",
+            str(e2e.manifest),
+            "--lock",
+            str(e2e.lock),
+            "-o",
+            str(out),
+            "--series",
+            str(standin_base_image.series_dir),
+            "--wheel",
+            str(other),
+        ]
+    )
     assert r.returncode == 0, r.stderr
     r = run_pipeline(["build", str(out), "--tag", "build-image-test/wrong-originals"])
     assert r.returncode == 9, r.stdout + r.stderr
@@ -520,9 +665,29 @@ def test_uv_installer_path_on_a_base_that_has_uv(standin_base_image, tmp_path):
     fl = tmp_path / "fl"
     shutil.copytree(standin_findlinks(tuple(OVERLAY)), fl)
     py = os.path.join(os.path.dirname(__import__("sys").executable), "python")
-    r = subprocess.run([py, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
-                        "3.11", "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64",
-                        "uv==0.13.9", "-d", str(fl)], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            py,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.11",
+            "--platform",
+            "manylinux_2_17_x86_64",
+            "--platform",
+            "manylinux2014_x86_64",
+            "uv==0.13.9",
+            "-d",
+            str(fl),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     uv_wheel = next(fl.glob("uv-0.13.9-*.whl"))
     ctx = tmp_path / "uvbase"
@@ -531,25 +696,49 @@ def test_uv_installer_path_on_a_base_that_has_uv(standin_base_image, tmp_path):
     (ctx / "Dockerfile").write_text(
         f"FROM {standin_base_image.ref}\nCOPY {uv_wheel.name} /tmp/\n"
         f"RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-index --no-deps --root-user-action=ignore "
-        f"/tmp/{uv_wheel.name} && rm /tmp/{uv_wheel.name}\n")
+        f"/tmp/{uv_wheel.name} && rm /tmp/{uv_wheel.name}\n"
+    )
     ref = "standin.local/vllm/vllm-openai:v0.26.0-uv"
     docker("build", "--network=none", "-q", "-t", ref, str(ctx))
     manifest = tmp_path / "uv-base.json"
     r = run_pipeline(["base", "snapshot", "--image", ref, "-o", str(manifest)])
     assert r.returncode == 0, r.stderr
     assert "uv" in json.loads(manifest.read_text())["distributions"]
-    args = ["--vllm", "0.26.0", "--base", str(manifest), "--lock", str(tmp_path / "uv.lock"), "--no-default-overlay",
-            "--no-index", "--find-links", str(fl), "-o", str(tmp_path / "ctx"), "--tag", "build-image-test/uvpath",
-            "--no-patches", "--json"]
+    args = [
+        "--vllm",
+        "0.26.0",
+        "--base",
+        str(manifest),
+        "--lock",
+        str(tmp_path / "uv.lock"),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(fl),
+        "-o",
+        str(tmp_path / "ctx"),
+        "--tag",
+        "build-image-test/uvpath",
+        "--no-patches",
+        "--json",
+    ]
     for req in OVERLAY:
         args += ["--with", req]
     r = run_pipeline(args)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert "python3 -m uv pip install --system" in (tmp_path / "ctx" / "Dockerfile").read_text()
-    r = docker("run", "--rm", "--pull=never", "--network=none", doc["tags"][0], "python3", "-c",
-               "import six, markupsafe._speedups, importlib.metadata as m; "
-               "print('UV-OK', m.distribution('six').read_text('INSTALLER').strip())")
+    r = docker(
+        "run",
+        "--rm",
+        "--pull=never",
+        "--network=none",
+        doc["tags"][0],
+        "python3",
+        "-c",
+        "import six, markupsafe._speedups, importlib.metadata as m; "
+        "print('UV-OK', m.distribution('six').read_text('INSTALLER').strip())",
+    )
     assert "UV-OK uv" in r.stdout  # installed by uv, not pip
     # the guard holds for uv too: UV_CONSTRAINT keeps the pins, a new unrelated package installs
     from tests.fx_wheels import write_wheel
@@ -560,9 +749,27 @@ def test_uv_installer_path_on_a_base_that_has_uv(standin_base_image, tmp_path):
     write_wheel(w, "bi-unrelated", "1.0", "py3-none-any", {"bi_unrelated.py": ""})
 
     def uv(*args):
-        return docker("run", "--rm", "--pull=never", "--network=none", "-v", f"{w}:/w:ro", doc["tags"][0], "python3",
-                      "-m", "uv", "pip", "install", "--system", "--break-system-packages", "--no-index", "-f", "/w",
-                      *args, check=False)
+        return docker(
+            "run",
+            "--rm",
+            "--pull=never",
+            "--network=none",
+            "-v",
+            f"{w}:/w:ro",
+            doc["tags"][0],
+            "python3",
+            "-m",
+            "uv",
+            "pip",
+            "install",
+            "--system",
+            "--break-system-packages",
+            "--no-index",
+            "-f",
+            "/w",
+            *args,
+            check=False,
+        )
 
     moved = uv("six==1.99.0")
     assert moved.returncode != 0 and "six==1.17.0" in moved.stderr, moved.stderr  # the constraint, named

@@ -34,12 +34,24 @@ class Installed:
         self.venv, self.elsewhere, self.env = venv, elsewhere, env
 
     def run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.venv / "bin" / "build-image"), *args], env=self.env, capture_output=True,
-                              text=True, cwd=self.elsewhere, timeout=timeout)
+        return subprocess.run(
+            [str(self.venv / "bin" / "build-image"), *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            cwd=self.elsewhere,
+            timeout=timeout,
+        )
 
     def python(self, code: str) -> subprocess.CompletedProcess:
-        return subprocess.run([str(self.venv / "bin" / "python"), "-c", code], env=self.env, capture_output=True,
-                              text=True, cwd=self.elsewhere, timeout=120)
+        return subprocess.run(
+            [str(self.venv / "bin" / "python"), "-c", code],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            cwd=self.elsewhere,
+            timeout=120,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -50,24 +62,38 @@ def installed(tmp_path_factory) -> Installed:
     src = tmp / "src"
     src.mkdir()
     for name in ("builder", "templates", "patches", "lockfiles"):
-        shutil.copytree(ROOT / name, src / name, symlinks=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, src / name)
     env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
     dist = tmp / "dist"
-    r = subprocess.run([str(UV), "build", "-q", "--wheel", "--out-dir", str(dist), str(src)], env=env,
-                       capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [str(UV), "build", "-q", "--wheel", "--out-dir", str(dist), str(src)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr
     wheels = sorted(dist.glob("build_image-*.whl"))
     assert len(wheels) == 1, wheels
     shutil.rmtree(src)  # nothing may be read from the source tree any more
     venv = tmp / "venv"
-    r = subprocess.run([str(UV), "venv", "-q", "--python", sys.executable, str(venv)], env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [str(UV), "venv", "-q", "--python", sys.executable, str(venv)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr
-    r = subprocess.run([str(UV), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(wheels[0])],
-                       env=env, capture_output=True, text=True, timeout=900)
+    r = subprocess.run(
+        [str(UV), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(wheels[0])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert r.returncode == 0, r.stderr
     elsewhere = tmp / "elsewhere"
     elsewhere.mkdir()
@@ -99,10 +125,12 @@ def _command_lines() -> list[list[str]]:
 
 
 def test_the_wheel_holds_every_module_and_the_data(installed):
-    r = installed.python("import builder.data as d, importlib, json, sys\n"
-                         f"mods = {_source_modules()!r}\n"
-                         "for m in mods: importlib.import_module(m)\n"
-                         "print(json.dumps([str(d.path()), sorted(set(sys.modules) & set(mods)) == sorted(mods)]))")
+    r = installed.python(
+        "import builder.data as d, importlib, json, sys\n"
+        f"mods = {_source_modules()!r}\n"
+        "for m in mods: importlib.import_module(m)\n"
+        "print(json.dumps([str(d.path()), sorted(set(sys.modules) & set(mods)) == sorted(mods)]))"
+    )
     assert r.returncode == 0, r.stderr
     data, all_imported = json.loads(r.stdout)
     assert all_imported
@@ -135,10 +163,12 @@ def test_render_runs_from_any_directory(installed):
     ctx = installed.elsewhere / "ctx"
     dockerfile = (ctx / "Dockerfile").read_text()
     assert dockerfile.startswith("# syntax=") or "FROM " in dockerfile
-    assert (ctx / "app" / "build_image_serve_app.py").read_bytes() == \
-        (ROOT / "templates" / "serve" / "build_image_serve_app.py").read_bytes()
-    assert (ctx / "requirements.lock").read_bytes() == \
-        (ROOT / "lockfiles" / "vllm-0.26.0" / "requirements.lock").read_bytes()
+    assert (ctx / "app" / "build_image_serve_app.py").read_bytes() == (
+        ROOT / "templates" / "serve" / "build_image_serve_app.py"
+    ).read_bytes()
+    assert (ctx / "requirements.lock").read_bytes() == (
+        ROOT / "lockfiles" / "vllm-0.26.0" / "requirements.lock"
+    ).read_bytes()
     assert (ctx / "patches" / "patched.sha256").read_text().strip()  # the 0.26.0 series was applied
     assert not (installed.elsewhere / "lockfiles").exists()
 

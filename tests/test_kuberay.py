@@ -41,15 +41,22 @@ def _crd_dir() -> Path | None:
 
 def make_lock(ray: str | None = "2.60.0", extra: dict[str, str] | None = None) -> LockFile:
     header = {
-        "build-image-lock": "1", "tool": "build-image 0.1.0 (uv 0.13.9)", "vllm": "0.26.0",
-        "base-ref": "vllm/vllm-openai:v0.26.0", "base-digest": "-", "base-manifest-sha256": "0" * 64,
-        "python": "3.12", "platform": "x86_64-manylinux_2_35", "inputs-sha256": "1" * 64,
+        "build-image-lock": "1",
+        "tool": "build-image 0.1.0 (uv 0.13.9)",
+        "vllm": "0.26.0",
+        "base-ref": "vllm/vllm-openai:v0.26.0",
+        "base-digest": "-",
+        "base-manifest-sha256": "0" * 64,
+        "python": "3.12",
+        "platform": "x86_64-manylinux_2_35",
+        "inputs-sha256": "1" * 64,
     }
     entries = []
     for name, ver in ({"ray": ray} if ray else {}).items() | (extra or {}).items():
         h = (name.encode().hex() * 64)[:64]
-        entries.append(LockEntry(name=name, version=ver, hashes=[h],
-                                 wheel=WheelRef(url=f"https://example/{name}.whl", sha256=h)))
+        entries.append(
+            LockEntry(name=name, version=ver, hashes=[h], wheel=WheelRef(url=f"https://example/{name}.whl", sha256=h))
+        )
     # round-trip through the real format so the test uses what `lock` writes
     return parse_lock(LockFile(header=header, overlay=["ray[serve]"], allow_abi_change={}, entries=entries).format())
 
@@ -68,13 +75,15 @@ def render(**kw) -> dict[str, dict]:
 
 
 def cluster_spec(docs: dict, which: str) -> dict:
-    return (docs["raycluster.yaml"]["spec"] if which == "cluster"
-            else docs["rayservice.yaml"]["spec"]["rayClusterConfig"])
+    return (
+        docs["raycluster.yaml"]["spec"] if which == "cluster" else docs["rayservice.yaml"]["spec"]["rayClusterConfig"]
+    )
 
 
 def all_pod_templates(doc_cluster_spec: dict) -> list[dict]:
-    return ([doc_cluster_spec["headGroupSpec"]["template"]]
-            + [g["template"] for g in doc_cluster_spec["workerGroupSpecs"]])
+    return [doc_cluster_spec["headGroupSpec"]["template"]] + [
+        g["template"] for g in doc_cluster_spec["workerGroupSpecs"]
+    ]
 
 
 def load_serve_module():
@@ -92,8 +101,12 @@ def _strict(schema):
     unknown fields unless it preserves them (what `kubectl apply --validate=strict` does)."""
     if isinstance(schema, dict):
         out = {k: _strict(v) for k, v in schema.items()}
-        if (out.get("type") == "object" and "properties" in out and "additionalProperties" not in out
-                and not out.get("x-kubernetes-preserve-unknown-fields")):
+        if (
+            out.get("type") == "object"
+            and "properties" in out
+            and "additionalProperties" not in out
+            and not out.get("x-kubernetes-preserve-unknown-fields")
+        ):
             out["additionalProperties"] = False
         return out
     if isinstance(schema, list):
@@ -127,12 +140,15 @@ def _validate_pod_template(template: dict) -> None:
 
     kubernetes_validate.validate(
         {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": template},
-        K8S_VERSION, strict=True,
+        K8S_VERSION,
+        strict=True,
     )
 
 
-@pytest.mark.parametrize("spec_kw", [{}, {"tp": 16, "gpus": 8, "pp": 1},
-                                     {"tp": 1, "gpus": None, "max_model_len": None, "max_num_seqs": None}])
+@pytest.mark.parametrize(
+    "spec_kw",
+    [{}, {"tp": 16, "gpus": 8, "pp": 1}, {"tp": 1, "gpus": None, "max_model_len": None, "max_num_seqs": None}],
+)
 def test_manifests_validate_against_kuberay_crds_and_k8s_schemas(crd_validators, spec_kw):
     docs = render(spec=make_spec(**spec_kw))
     assert _errors(crd_validators["RayCluster"], docs["raycluster.yaml"]) == []
@@ -171,8 +187,10 @@ def test_every_node_uses_the_image_by_digest():
             assert [c["image"] for c in t["spec"]["containers"]] == [DIGEST_REF]
 
 
-@pytest.mark.parametrize("image", ["127.0.0.1:5000/serving/vllm:0.26.0", "vllm/vllm-openai:latest",
-                                   "repo@sha256:abc", "repo:tag@sha256:" + "x" * 64])
+@pytest.mark.parametrize(
+    "image",
+    ["127.0.0.1:5000/serving/vllm:0.26.0", "vllm/vllm-openai:latest", "repo@sha256:abc", "repo:tag@sha256:" + "x" * 64],
+)
 def test_image_without_digest_is_refused_and_nothing_is_written(tmp_path, image):
     with pytest.raises(BadInput, match="digest"):
         kuberay.write_manifests(tmp_path, lock=make_lock(), spec=make_spec(), image=image)
@@ -211,10 +229,20 @@ def test_ray_version_comes_from_the_lock(ray):
 
 def _base_with_ray(version: str | None) -> BaseManifest:
     dists = {"ray": Distribution(name="ray", version=version)} if version else {}
-    return BaseManifest(image_ref="vllm/vllm-openai:v0.26.0", image_digest=None, os=None, glibc="2.35",
-                        python_version="3.12", python_abi="cp312", site_packages=None, cuda=None,
-                        platform="x86_64-manylinux_2_35", provenance_kind="reconstructed", provenance_method="test",
-                        distributions=dists)
+    return BaseManifest(
+        image_ref="vllm/vllm-openai:v0.26.0",
+        image_digest=None,
+        os=None,
+        glibc="2.35",
+        python_version="3.12",
+        python_abi="cp312",
+        site_packages=None,
+        cuda=None,
+        platform="x86_64-manylinux_2_35",
+        provenance_kind="reconstructed",
+        provenance_method="test",
+        distributions=dists,
+    )
 
 
 def test_ray_version_from_base_manifest_when_lock_has_no_ray(tmp_path):
@@ -262,9 +290,14 @@ def test_gpu_counts_come_from_the_spec(serving, pods, gpus_per_pod):
         assert "nvidia.com/gpu" not in head["template"]["spec"]["containers"][0]["resources"]["limits"]
 
 
-@pytest.mark.parametrize("serving, backend",
-                         [({"tp": 8, "gpus": 8}, None), ({"tp": 8, "pp": 2, "gpus": 8}, "ray-serve-llm"),
-                                              ({"tp": 16, "gpus": 8}, "ray-serve-llm")])
+@pytest.mark.parametrize(
+    "serving, backend",
+    [
+        ({"tp": 8, "gpus": 8}, None),
+        ({"tp": 8, "pp": 2, "gpus": 8}, "ray-serve-llm"),
+        ({"tp": 16, "gpus": 8}, "ray-serve-llm"),
+    ],
+)
 def test_a_model_spanning_pods_forces_ray_serve_llm(serving, backend):
     """The module's fallback backend holds every GPU in one replica (one node): across pods it would stay
     pending forever. A multi-pod layout asks for ray.serve.llm, so a ray without it fails at deploy."""
@@ -280,7 +313,9 @@ def test_a_model_spanning_pods_forces_ray_serve_llm(serving, backend):
 def test_serving_settings_come_from_the_spec_and_the_serve_module_accepts_them():
     spec = parse_spec(
         '[serving]\nmodel = "/models/inkling"\ngpus = 8\ntp = 8\nmax_model_len = 4096\n'
-        'gpu_memory_utilization = 0.96\nmax_num_seqs = 24\nkv_cache_dtype = "fp8"\n', "spec.toml")
+        'gpu_memory_utilization = 0.96\nmax_num_seqs = 24\nkv_cache_dtype = "fp8"\n',
+        "spec.toml",
+    )
     docs = render(spec=spec)
     serve = yaml.safe_load(docs["rayservice.yaml"]["spec"]["serveConfigV2"])
     (app,) = serve["applications"]
@@ -293,8 +328,14 @@ def test_serving_settings_come_from_the_spec_and_the_serve_module_accepts_them()
     assert app["args"]["kv_cache_dtype"] == "fp8"
     mod = load_serve_module()
     engine = mod.engine_kwargs(mod.parse_args(app["args"]))
-    assert engine == {"tensor_parallel_size": 8, "pipeline_parallel_size": 1, "gpu_memory_utilization": 0.96,
-                      "kv_cache_dtype": "fp8", "max_model_len": 4096, "max_num_seqs": 24}
+    assert engine == {
+        "tensor_parallel_size": 8,
+        "pipeline_parallel_size": 1,
+        "gpu_memory_utilization": 0.96,
+        "kv_cache_dtype": "fp8",
+        "max_model_len": 4096,
+        "max_num_seqs": 24,
+    }
 
 
 def _walk(node, path=""):
@@ -389,8 +430,9 @@ def test_serve_module_imports_without_ray_vllm_or_gpu():
         "assert not heavy, heavy\n"
         "print(m.backend(m.parse_args({'model': '/m'}), has_ray_serve_llm=True))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ray-serve-llm"
 
@@ -413,8 +455,9 @@ def test_serve_module_args_validation_and_backends():
         mod.backend(mod.parse_args({"model": "/m", "backend": "ray-serve-llm"}), has_ray_serve_llm=False)
     with pytest.raises(RuntimeError, match="one node"):
         mod.backend(mod.parse_args({"model": "/m", "pipeline_parallel_size": 2}), has_ray_serve_llm=False)
-    argv = mod.vllm_cli_args(mod.parse_args({"model": "/m", "tensor_parallel_size": 4, "max_model_len": 4096,
-                                             "enforce_eager": True}), 8123)
+    argv = mod.vllm_cli_args(
+        mod.parse_args({"model": "/m", "tensor_parallel_size": 4, "max_model_len": 4096, "enforce_eager": True}), 8123
+    )
     assert argv[:2] == ["serve", "/m"]
     assert argv[argv.index("--tensor-parallel-size") + 1] == "4"
     assert argv[argv.index("--max-model-len") + 1] == "4096"
@@ -460,5 +503,7 @@ def test_a_multi_pod_model_on_a_vllm_server_lock_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
     lock.header["serve-backend"] = "ray-serve-llm"
     docs = render(lock=lock, spec=make_spec(tp=16, gpus=8))
-    assert (yaml.safe_load(docs["rayservice.yaml"]["spec"]["serveConfigV2"])["applications"][0]["args"]["backend"]
-            == "ray-serve-llm")
+    assert (
+        yaml.safe_load(docs["rayservice.yaml"]["spec"]["serveConfigV2"])["applications"][0]["args"]["backend"]
+        == "ray-serve-llm"
+    )

@@ -41,7 +41,7 @@ def test_a_wrong_upgrade_field_fails_the_crd(validators):
     docs = render(spec=make_spec(**INCREMENTAL))
     docs["rayservice.yaml"]["spec"]["upgradeStrategy"]["clusterUpgradeOptions"].pop("gatewayClassName")
     assert _errors(validators["RayService"], docs["rayservice.yaml"])
-    docs["raycluster.yaml"]["spec"]["upgradeStrategy"]["type"] = "NewCluster"   # not a RayCluster strategy
+    docs["raycluster.yaml"]["spec"]["upgradeStrategy"]["type"] = "NewCluster"  # not a RayCluster strategy
     assert _errors(validators["RayCluster"], docs["raycluster.yaml"])
 
 
@@ -53,7 +53,7 @@ def test_default_is_new_cluster_with_the_gpus_of_the_second_cluster_stated():
     doc = yaml.safe_load(text["rayservice.yaml"])
     assert doc["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
     assert f"# Upgrade: {plan.cost}." in text["rayservice.yaml"]
-    assert doc["metadata"]["annotations"]["build-image/upgrade"] == plan.cost      # kept by kubectl apply
+    assert doc["metadata"]["annotations"]["build-image/upgrade"] == plan.cost  # kept by kubectl apply
 
 
 @pytest.mark.parametrize("serving, gpus", [({"replicas": 2}, 16), ({"replicas": 2, "tp": 16, "gpus": 8}, 32)])
@@ -83,8 +83,12 @@ def test_the_surge_is_one_replica_whatever_their_number(replicas):
 def test_incremental_surges_one_replica_at_a_time():
     plan = kuberay.upgrade_plan(make_spec(**INCREMENTAL))
     assert plan.extra_gpus == 8
-    assert plan.options == {"gatewayClassName": "istio", "maxSurgePercent": 33, "stepSizePercent": 33,
-                            "intervalSeconds": 60}
+    assert plan.options == {
+        "gatewayClassName": "istio",
+        "maxSurgePercent": 33,
+        "stepSizePercent": 33,
+        "intervalSeconds": 60,
+    }
     docs = render(spec=make_spec(**INCREMENTAL))
     spec = docs["rayservice.yaml"]["spec"]
     assert spec["upgradeStrategy"]["type"] == "NewClusterWithIncrementalUpgrade"
@@ -102,8 +106,10 @@ def test_raycluster_recreates():
 def test_serve_config_hash_is_on_every_pod_template_and_follows_engine_arguments():
     docs = render()
     want = kuberay.serve_config_sha256(make_spec(), make_lock())
-    for doc, which in ((docs["raycluster.yaml"]["spec"], "cluster"),
-                       (docs["rayservice.yaml"]["spec"]["rayClusterConfig"], "service")):
+    for doc, which in (
+        (docs["raycluster.yaml"]["spec"], "cluster"),
+        (docs["rayservice.yaml"]["spec"]["rayClusterConfig"], "service"),
+    ):
         for tpl in all_pod_templates(doc):
             assert tpl["metadata"]["annotations"]["build-image/serve-config-sha256"] == want, which
             assert tpl["spec"]["containers"][0]["image"] == DIGEST_REF
@@ -112,14 +118,26 @@ def test_serve_config_hash_is_on_every_pod_template_and_follows_engine_arguments
 
 
 def test_cutover_settings_parse_and_bad_values_are_bad_input():
-    spec = parse_spec('[serving]\nconcurrency = 16\ngpu_model = "NVIDIA H200"\nreplicas = 2\nautoscaler = true\n'
-                      f'gateway_class = "istio"\ncheckpoint_sha256 = "{"a" * 64}"\n', "s.toml")
+    spec = parse_spec(
+        '[serving]\nconcurrency = 16\ngpu_model = "NVIDIA H200"\nreplicas = 2\nautoscaler = true\n'
+        f'gateway_class = "istio"\ncheckpoint_sha256 = "{"a" * 64}"\n',
+        "s.toml",
+    )
     s = spec.serving
-    assert (s.concurrency, s.gpu_model, s.replicas, s.autoscaler, s.gateway_class) == (16, "NVIDIA H200", 2, True,
-                                                                                       "istio")
-    for bad, says in (('autoscaler = "yes"', "a boolean"), ("concurrency = 0", "serving.concurrency"),
-                      ('checkpoint_sha256 = "abc"', "64 lowercase hex"), ('gateway_class = "Bad Class"', "DNS-1123"),
-                      ("replicas = 1.5", "serving.replicas")):
+    assert (s.concurrency, s.gpu_model, s.replicas, s.autoscaler, s.gateway_class) == (
+        16,
+        "NVIDIA H200",
+        2,
+        True,
+        "istio",
+    )
+    for bad, says in (
+        ('autoscaler = "yes"', "a boolean"),
+        ("concurrency = 0", "serving.concurrency"),
+        ('checkpoint_sha256 = "abc"', "64 lowercase hex"),
+        ('gateway_class = "Bad Class"', "DNS-1123"),
+        ("replicas = 1.5", "serving.replicas"),
+    ):
         with pytest.raises(BadInput) as exc:
             parse_spec(f"[serving]\n{bad}\n", "s.toml")
         assert says in exc.value.message, exc.value.message

@@ -62,8 +62,9 @@ def imports(root: Path) -> list[Import]:
         for node, in_function in _walk(tree):
             targets = []
             if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "builder":
-                targets = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
-                           for a in node.names]
+                targets = [
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module for a in node.names
+                ]
             elif isinstance(node, ast.Import):
                 targets = [a.name for a in node.names if a.name.split(".")[0] == "builder"]
             for target in targets:
@@ -96,8 +97,11 @@ def private_imports(root: Path) -> list[str]:
     for name, path in modules(root).items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("builder"):
-                out += [f"{name} line {node.lineno}: {a.name} from {node.module}" for a in node.names
-                        if a.name.startswith("_") and not a.name.startswith("__")]
+                out += [
+                    f"{name} line {node.lineno}: {a.name} from {node.module}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
     return out
 
 
@@ -140,14 +144,38 @@ def _package(tmp_path: Path, files: dict[str, str]) -> Path:
 def _lint_imports(root: Path) -> subprocess.CompletedProcess:
     """``lint-imports`` with the project's contracts on the made-up package under ``root``."""
     env = {**os.environ, "PYTHONPATH": str(root)}
-    return subprocess.run([str(LINT_IMPORTS), str(ROOT / "pyproject.toml"), "--no-cache"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [str(LINT_IMPORTS), str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _layered_package(tmp_path: Path, files: dict[str, str]) -> Path:
     """A package named ``builder`` with every child the layers contract names (all empty), plus ``files``."""
-    children = ["cli", "pipeline", "upgrade", "comment_fit", "credentials", "data", "engine", "errors", "events",
-                "fetch", "platforms", "report", "scratch", "signals", "spec", "util", "validate", "values"]
+    children = [
+        "cli",
+        "pipeline",
+        "upgrade",
+        "comment_fit",
+        "credentials",
+        "data",
+        "engine",
+        "errors",
+        "events",
+        "fetch",
+        "platforms",
+        "report",
+        "scratch",
+        "signals",
+        "spec",
+        "util",
+        "validate",
+        "values",
+    ]
     folders = ["commands", "serving", "image", "patching", "resolve"]
     base = {f"builder/{c}.py": "" for c in children} | {f"builder/{f}/__init__.py": "" for f in folders}
     return _package(tmp_path, {**base, **files})
@@ -155,42 +183,62 @@ def _layered_package(tmp_path: Path, files: dict[str, str]) -> Path:
 
 @pytest.mark.skipif(not LINT_IMPORTS.is_file(), reason="import-linter is in the test extra")
 def test_the_contracts_keep_this_package_and_catch_an_upward_import_at_the_top_or_in_a_function(tmp_path):
-    kept = _lint_imports(_layered_package(tmp_path / "ok", {
-        "builder/resolve/lock.py": "from builder.errors import X\n",
-        "builder/image/render.py": "from builder.resolve.lock import L\n",
-        "builder/pipeline.py": "def f():\n    from builder.upgrade import u  # same layer\n",
-    }))
+    kept = _lint_imports(
+        _layered_package(
+            tmp_path / "ok",
+            {
+                "builder/resolve/lock.py": "from builder.errors import X\n",
+                "builder/image/render.py": "from builder.resolve.lock import L\n",
+                "builder/pipeline.py": "def f():\n    from builder.upgrade import u  # same layer\n",
+            },
+        )
+    )
     assert kept.returncode == 0, kept.stdout + kept.stderr
-    broken = _lint_imports(_layered_package(tmp_path / "up", {
-        "builder/image/render.py": "",
-        "builder/serving/kuberay.py": "import builder.image.render\n",
-        "builder/patching/series.py": "def f():\n    from builder.image import render\n",
-    }))
-    assert broken.returncode == 1 and "builder.patching.series -> builder.image.render (l.2)" in broken.stdout, \
+    broken = _lint_imports(
+        _layered_package(
+            tmp_path / "up",
+            {
+                "builder/image/render.py": "",
+                "builder/serving/kuberay.py": "import builder.image.render\n",
+                "builder/patching/series.py": "def f():\n    from builder.image import render\n",
+            },
+        )
+    )
+    assert broken.returncode == 1 and "builder.patching.series -> builder.image.render (l.2)" in broken.stdout, (
         broken.stdout
+    )
     stray = _lint_imports(_layered_package(tmp_path / "stray", {"builder/stray.py": ""}))
     assert stray.returncode != 0 and "builder.stray" in stray.stdout + stray.stderr
 
 
 @pytest.mark.skipif(not LINT_IMPORTS.is_file(), reason="import-linter is in the test extra")
 def test_the_contracts_catch_a_circle_through_function_level_imports(tmp_path):
-    circle = _lint_imports(_layered_package(tmp_path, {
-        "builder/resolve/a.py": "import builder.resolve.b\n",
-        "builder/resolve/b.py": "def f():\n    from builder.resolve import a\n",
-    }))
+    circle = _lint_imports(
+        _layered_package(
+            tmp_path,
+            {
+                "builder/resolve/a.py": "import builder.resolve.b\n",
+                "builder/resolve/b.py": "def f():\n    from builder.resolve import a\n",
+            },
+        )
+    )
     assert circle.returncode == 1 and "No cycles are allowed in builder.resolve" in circle.stdout, circle.stdout
     assert "- .b -> .a (1 import)" in circle.stdout, circle.stdout
 
 
 def test_an_unexplained_function_level_import_is_found(tmp_path):
-    root = _package(tmp_path, {
-        "builder/image/__init__.py": "",
-        "builder/image/render.py": "def f():\n    from builder.serving import kuberay\n",
-        "builder/image/build.py": "def f():\n    from builder.image import render  # the stage loads when it runs\n",
-        "builder/serving/__init__.py": "",
-        "builder/serving/kuberay.py": "",
-        "builder/commands/__init__.py": "",
-        "builder/commands/x.py": "def f():\n    from builder.image import render\n",
-    })
+    root = _package(
+        tmp_path,
+        {
+            "builder/image/__init__.py": "",
+            "builder/image/render.py": "def f():\n    from builder.serving import kuberay\n",
+            "builder/image/build.py": "def f():\n    from builder.image import render  # the stage loads when it "
+            "runs\n",
+            "builder/serving/__init__.py": "",
+            "builder/serving/kuberay.py": "",
+            "builder/commands/__init__.py": "",
+            "builder/commands/x.py": "def f():\n    from builder.image import render\n",
+        },
+    )
     lazy = unexplained_lazy_imports(root)
     assert lazy == ["builder.image.render line 2: from builder.serving import kuberay"]

@@ -36,8 +36,24 @@ def np1_base(tmp_path_factory, make_site_packages) -> Path:
     d = tmp_path_factory.mktemp("np1base")
     sp = make_site_packages(d / "site-packages", ["fakearrow==14.0.2", "numpy==1.26.4", "purepkg==1.0.0"])
     out = d / "base.json"
-    res = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12",
-                                    "--glibc", "2.35", "--cuda", "13.0", "-o", str(out)], catch_exceptions=False)
+    res = CliRunner().invoke(
+        main,
+        [
+            "base",
+            "snapshot",
+            "--site-packages",
+            str(sp),
+            "--python",
+            "3.12",
+            "--glibc",
+            "2.35",
+            "--cuda",
+            "13.0",
+            "-o",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
     assert res.exit_code == 0, res.output
     m = load_manifest(out)
     assert m.get("fakearrow").facts.numpy_abi == {"1": 1, "2": 0}
@@ -47,13 +63,22 @@ def np1_base(tmp_path_factory, make_site_packages) -> Path:
 @pytest.fixture
 def offline(np1_base, wheelhouse):
     def args(*extra: str) -> list[str]:
-        return ["lock", "--base", str(np1_base), "--no-default-overlay", "--no-index",
-                "--find-links", str(wheelhouse), *extra]
+        return [
+            "lock",
+            "--base",
+            str(np1_base),
+            "--no-default-overlay",
+            "--no-index",
+            "--find-links",
+            str(wheelhouse),
+            *extra,
+        ]
 
     return args
 
 
 # ------------------------------------------------------------------ the numpy story, end to end
+
 
 def test_overlay_needing_numpy2_is_refused_with_base_pin_and_evidence(offline, tmp_path):
     out = tmp_path / "r.lock"
@@ -79,8 +104,20 @@ def test_releasing_numpy_pin_hits_the_gate_with_evidence_and_chain(offline, tmp_
 
 def test_allow_abi_change_writes_lock_with_reason_hashes_and_facts(offline, tmp_path, wheelhouse):
     out = tmp_path / "r.lock"
-    code, text = run(*offline("--with", "numpy2user", "--with", "numpy>=2", "--allow-abi-change", "numpy",
-                              "--reason", "fakearrow is rebuilt in the next layer", "-o", str(out)))
+    code, text = run(
+        *offline(
+            "--with",
+            "numpy2user",
+            "--with",
+            "numpy>=2",
+            "--allow-abi-change",
+            "numpy",
+            "--reason",
+            "fakearrow is rebuilt in the next layer",
+            "-o",
+            str(out),
+        )
+    )
     assert code == 0, text
     lock = load_lock(out)
     assert lock.allow_abi_change == {"numpy": "fakearrow is rebuilt in the next layer"}
@@ -158,21 +195,47 @@ def test_check_on_missing_lock_is_stale(offline, tmp_path):
 def test_pure_base_upgrade_is_a_notice(tmp_path, make_site_packages, wheelhouse):
     sp = make_site_packages(tmp_path / "sp", ["numpy==1.26.4"])
     base = tmp_path / "b.json"
-    assert run("base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35",
-               "-o", str(base))[0] == 0
-    code, text = run("lock", "--base", str(base), "--no-default-overlay", "--no-index", "--find-links",
-                     str(wheelhouse), "--with", "numpy>=2", "-o", str(tmp_path / "r.lock"), "--json")
+    assert (
+        run("base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35", "-o", str(base))[0]
+        == 0
+    )
+    code, text = run(
+        "lock",
+        "--base",
+        str(base),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "--with",
+        "numpy>=2",
+        "-o",
+        str(tmp_path / "r.lock"),
+        "--json",
+    )
     assert code == 0, text
-    doc = json.loads(text[text.index("{"):])
+    doc = json.loads(text[text.index("{") :])
     assert doc["moved_base"] == ["numpy"]
     assert [(n["name"], n["rule"]) for n in doc["gate"]["notices"]] == [("numpy", "newer-than-base")]
 
 
 # ------------------------------------------------------------------ bad input: exit 2, nothing written
 
-@pytest.mark.parametrize("case", ["unknown-vllm", "malformed-spec", "unreadable-manifest", "conflicting-with",
-                                  "reason-missing", "vllm-vs-with", "spec-unknown-key", "spec-wrong-type",
-                                  "spec-serving-type"])
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unknown-vllm",
+        "malformed-spec",
+        "unreadable-manifest",
+        "conflicting-with",
+        "reason-missing",
+        "vllm-vs-with",
+        "spec-unknown-key",
+        "spec-wrong-type",
+        "spec-serving-type",
+    ],
+)
 def test_bad_input_exit_2_nothing_written(case, tmp_path, offline):
     out = tmp_path / "r.lock"
     if case == "unknown-vllm":
@@ -185,13 +248,19 @@ def test_bad_input_exit_2_nothing_written(case, tmp_path, offline):
         needle = "not valid TOML"
     elif case.startswith("spec-"):
         spec = tmp_path / "spec.toml"
-        spec.write_text({"spec-unknown-key": 'wiht = ["numpy"]\n', "spec-wrong-type": "vllm = 0.26\n",
-                         "spec-serving-type": '[serving]\ntp = "8"\n'}[case])
+        spec.write_text(
+            {
+                "spec-unknown-key": 'wiht = ["numpy"]\n',
+                "spec-wrong-type": "vllm = 0.26\n",
+                "spec-serving-type": '[serving]\ntp = "8"\n',
+            }[case]
+        )
         args = ["lock", "--spec", str(spec), "-o", str(out)]
-        needle = {"spec-unknown-key": f"spec {spec}: unknown key 'wiht'",
-                  "spec-wrong-type": f"spec {spec}: 'vllm' must be a TOML string, got float 0.26",
-                  "spec-serving-type": f"spec {spec}: 'serving.tp' has the wrong type: it must be an integer, "
-                                       "got string '8'"}[case]
+        needle = {
+            "spec-unknown-key": f"spec {spec}: unknown key 'wiht'",
+            "spec-wrong-type": f"spec {spec}: 'vllm' must be a TOML string, got float 0.26",
+            "spec-serving-type": f"spec {spec}: 'serving.tp' has the wrong type: it must be an integer, got string '8'",
+        }[case]
     elif case == "unreadable-manifest":
         bad = tmp_path / "bad.json"
         bad.write_text('{"schema": "build-image/base-manifest/v1", "image": ')
@@ -264,8 +333,10 @@ def test_parse_pylock_and_select_wheel(tmp_path):
     assert got["numpy"][2][0].url == (tmp_path / "wh" / "numpy-2.1.0-py3-none-any.whl").as_uri()
     tags = L.target_tags("3.12", "cp312", "x86_64-manylinux_2_35")
     assert L.select_wheel(got["aiohttp"][2], tags).sha256 == "aa"  # the binary wheel outranks py3-none-any
-    cands = [L.WheelCandidate("x-1-cp39-cp39-manylinux_2_17_x86_64.whl", "u", "1"),
-             L.WheelCandidate("x-1-cp312-cp312-manylinux_2_39_x86_64.whl", "u", "2")]
+    cands = [
+        L.WheelCandidate("x-1-cp39-cp39-manylinux_2_17_x86_64.whl", "u", "1"),
+        L.WheelCandidate("x-1-cp312-cp312-manylinux_2_39_x86_64.whl", "u", "2"),
+    ]
     assert L.select_wheel(cands, tags) is None  # wrong ABI / too new a glibc: nothing installable
     cands.append(L.WheelCandidate("x-1-cp312-cp312-manylinux_2_31_x86_64.whl", "u", "3"))
     cands.append(L.WheelCandidate("x-1-cp312-cp312-manylinux_2_17_x86_64.whl", "u", "4"))
@@ -280,8 +351,9 @@ def test_base_requirements_release_only_named_dists():
 
 def test_inputs_sha256_covers_every_input():
     m = load_manifest_from_dict({"numpy": "1.26.4"})
-    mk = lambda **kw: L.LockRequest(**{"vllm": "0.26.0", "base": m, "base_bytes": b"m", "overlay": ["ray[serve]"],
-                                       **kw})
+    mk = lambda **kw: L.LockRequest(
+        **{"vllm": "0.26.0", "base": m, "base_bytes": b"m", "overlay": ["ray[serve]"], **kw}
+    )
     ref = L.inputs_sha256(mk(), "0.13.9")
     assert ref == L.inputs_sha256(mk(), "0.13.9")
     variants = [
@@ -307,9 +379,11 @@ def test_parse_overlay_conflicts_and_garbage():
 
 def test_involved_base_pins_from_derivation():
     m = load_manifest_from_dict({"numpy": "1.26.4", "torch": "2.11.0", "pyarrow": "14.0.2"})
-    deriv = ("× No solution found when resolving dependencies:\n"
-             "╰─▶ Because opencv-python-headless==4.13.0.90 depends on numpy>=2 and you require numpy==1.26.4, "
-             "we can conclude that your requirements are unsatisfiable.")
+    deriv = (
+        "× No solution found when resolving dependencies:\n"
+        "╰─▶ Because opencv-python-headless==4.13.0.90 depends on numpy>=2 and you require numpy==1.26.4, "
+        "we can conclude that your requirements are unsatisfiable."
+    )
     assert X.involved_base_pins(deriv, m) == ["numpy"]
     assert X.involved_base_pins(deriv, m, released=["numpy"]) == []
     assert X.wanted_specifier(deriv, "numpy", "1.26.4") == ">=2"
@@ -320,13 +394,16 @@ def test_involved_base_pins_from_derivation():
     assert X.wanted_specifier(hub, "huggingface_hub", "1.24.0") == ">=1.31.0,<3.0"
     # uv's real derivation for `--with 'numpy<2'` on the vllm 0.26.0 base: opencv>=5.0.0.93 is the
     # range that conflicts (subject position), so the way out is its complement, never '>=5.0.0.93'
-    cv = ("Because opencv-python-headless>=5.0.0.93 depends on numpy>=2 and you require numpy<2, we can conclude "
-          "that your requirements and opencv-python-headless>=5.0.0.93 are incompatible.\n"
-          "And because you require opencv-python-headless==5.0.0.93, we can conclude that your requirements are "
-          "unsatisfiable.")
+    cv = (
+        "Because opencv-python-headless>=5.0.0.93 depends on numpy>=2 and you require numpy<2, we can conclude "
+        "that your requirements and opencv-python-headless>=5.0.0.93 are incompatible.\n"
+        "And because you require opencv-python-headless==5.0.0.93, we can conclude that your requirements are "
+        "unsatisfiable."
+    )
     assert X.wanted_specifier(cv, "opencv-python-headless", "5.0.0.93") == "<5.0.0.93"
-    msg, details = X.explain_unsatisfiable(cv, load_manifest_from_dict({"opencv-python-headless": "5.0.0.93"}),
-                                           ["numpy<2"])
+    msg, details = X.explain_unsatisfiable(
+        cv, load_manifest_from_dict({"opencv-python-headless": "5.0.0.93"}), ["numpy<2"]
+    )
     assert "--with 'opencv-python-headless<5.0.0.93' releases" in details and ">=5.0.0.93'" not in details
     # nothing usable: release the pin without inventing a bound ('>=X' pointed the wrong way)
     assert X.wanted_specifier("you require tokenizers==0.22.2", "tokenizers", "0.22.2") is None
@@ -348,14 +425,26 @@ def test_fetch_wheel_verifies_and_refetches_corrupt_cache(tmp_path, monkeypatch,
 def load_manifest_from_dict(versions: dict[str, str]):
     from builder.resolve.manifest import BaseManifest, Distribution
 
-    return BaseManifest(None, None, None, "2.35", "3.12", "cp312", None, "13.0", "x86_64-manylinux_2_35",
-                        "reconstructed", "test", {k: Distribution(k, v) for k, v in versions.items()})
+    return BaseManifest(
+        None,
+        None,
+        None,
+        "2.35",
+        "3.12",
+        "cp312",
+        None,
+        "13.0",
+        "x86_64-manylinux_2_35",
+        "reconstructed",
+        "test",
+        {k: Distribution(k, v) for k, v in versions.items()},
+    )
 
 
 def test_json_rejection_carries_the_gate_findings(offline, tmp_path):
     code, text = run(*offline("--with", "newglibc", "-o", str(tmp_path / "r.lock"), "--json"))
     assert code == 3
-    doc = json.loads(text[text.index("{"):text.rindex("}") + 1])
+    doc = json.loads(text[text.index("{") : text.rindex("}") + 1])
     assert doc["status"] == "abi-rejected" and doc["written"] is False
     (v,) = doc["gate"]["violations"]
     assert (v["name"], v["rule"], v["new"]) == ("newglibc", "glibc", "1.0.0")
@@ -364,11 +453,22 @@ def test_json_rejection_carries_the_gate_findings(offline, tmp_path):
 def test_relock_after_input_change_prefers_previous_pins_upgrade_does_not(tmp_path, make_site_packages, wheelhouse):
     sp = make_site_packages(tmp_path / "sp", ["numpy==1.26.4"])
     base = tmp_path / "b.json"
-    assert run("base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35",
-               "-o", str(base))[0] == 0
+    assert (
+        run("base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35", "-o", str(base))[0]
+        == 0
+    )
     out = tmp_path / "r.lock"
-    common = ["lock", "--base", str(base), "--no-default-overlay", "--no-index", "--find-links", str(wheelhouse),
-              "-o", str(out)]
+    common = [
+        "lock",
+        "--base",
+        str(base),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "-o",
+        str(out),
+    ]
     assert run(*common, "--with", "fakearrow==14.0.2")[0] == 0
     assert load_lock(out).by_name()["fakearrow"].version == "14.0.2"
     code, text = run(*common, "--with", "fakearrow", "--with", "purepkg")  # inputs changed: re-resolve
@@ -387,8 +487,17 @@ def test_spec_file_holds_what_the_flags_hold(np1_base, wheelhouse, tmp_path):
         '[allow-abi-change]\nnumpy = "fakearrow is rebuilt in the next layer"\n'
     )
     out = tmp_path / "flag.lock"
-    code, text = run("lock", "--spec", str(spec), "--no-default-overlay", "--no-index", "--find-links", str(wheelhouse),
-                     "-o", str(out))
+    code, text = run(
+        "lock",
+        "--spec",
+        str(spec),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "-o",
+        str(out),
+    )
     assert code == 0, text
     assert not (tmp_path / "spec.lock").exists()  # -o wins over the spec's lock
     lock = load_lock(out)
@@ -446,8 +555,12 @@ def test_json_on_every_failure_is_a_document_on_stdout(offline, tmp_path):
         doc = json.loads(res.stdout)
         assert doc["status"] == status and doc["exit_code"] == code and doc["written"] is False
         assert doc["message"] and doc["message"] in res.stderr
-    assert "numpy==1.26.4 is pinned by the base" in json.loads(
-        CliRunner().invoke(main, offline("--with", "numpy2user", "-o", str(out), "--json")).stdout)["details"]
+    assert (
+        "numpy==1.26.4 is pinned by the base"
+        in json.loads(CliRunner().invoke(main, offline("--with", "numpy2user", "-o", str(out), "--json")).stdout)[
+            "details"
+        ]
+    )
     assert not out.exists()
 
 
@@ -475,16 +588,28 @@ def test_a_with_flag_replaces_the_specs_requirement_on_the_same_package(np1_base
     spec = tmp_path / "build-image.toml"
     spec.write_text(f'base = "{np1_base}"\nwith = ["purepkg", "numpy>=2"]\n')
     out = tmp_path / "r.lock"
-    code, text = run("lock", "--spec", str(spec), "--no-default-overlay", "--no-index", "--find-links",
-                     str(wheelhouse), "--with", "numpy<2", "-o", str(out))
+    code, text = run(
+        "lock",
+        "--spec",
+        str(spec),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "--with",
+        "numpy<2",
+        "-o",
+        str(out),
+    )
     assert code == 0, text
     assert load_lock(out).overlay == ["purepkg", "numpy<2"]
 
 
 def test_an_allow_abi_change_that_allows_nothing_is_warned_about(offline, tmp_path):
     out = tmp_path / "r.lock"
-    res = CliRunner().invoke(main, offline("--with", "stableabi", "--allow-abi-change", "torch", "--reason", "old",
-                                           "-o", str(out), "--json"))
+    res = CliRunner().invoke(
+        main, offline("--with", "stableabi", "--allow-abi-change", "torch", "--reason", "old", "-o", str(out), "--json")
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["unused_allow_abi_change"] == ["torch"]
     assert "--allow-abi-change torch: no gate violation to allow" in res.stderr
@@ -506,8 +631,9 @@ def test_exact_coupled_binary_is_rejected_without_downloading_it(offline, tmp_pa
     assert "[exact-coupled] stableabi 1.0.0" in text and not out.exists()
     assert not any(f.startswith("stableabi-") for f in fetched)
     # allowed: now its files matter (glibc, python ABI), so it is scanned and recorded
-    code, text = run(*offline("--with", "stableabi", "--allow-abi-change", "stableabi", "--reason", "test", "-o",
-                              str(out)))
+    code, text = run(
+        *offline("--with", "stableabi", "--allow-abi-change", "stableabi", "--reason", "test", "-o", str(out))
+    )
     assert code == 0, text
     assert any(f.startswith("stableabi-") for f in fetched)
     assert load_lock(out).by_name()["stableabi"].facts.extensions == 1
@@ -532,8 +658,10 @@ def test_default_manifest_and_lock_come_from_the_checkout_the_command_runs_in(tm
     shutil.copytree(root / "lockfiles", checkout / "lockfiles")
     monkeypatch.chdir(checkout)
     monkeypatch.setattr(S, "data_path", lambda rel="": tmp_path / "site-packages" / rel)  # installed elsewhere
-    names = [p.name[len("vllm-openai-v"):-len(".json")]
-             for p in (checkout / "lockfiles" / "base").glob("vllm-openai-v*.json")]
+    names = [
+        p.name[len("vllm-openai-v") : -len(".json")]
+        for p in (checkout / "lockfiles" / "base").glob("vllm-openai-v*.json")
+    ]
     shipped = sorted(n for n in names if "-linux-" not in n)  # the default platform's; linux/arm64's apart
     arm = sorted(n.removesuffix("-linux-arm64") for n in names if n.endswith("-linux-arm64"))
     assert "0.26.0" in shipped and sorted(S.supported_vllm_versions()) == shipped  # the checkout's, not the package's
@@ -547,14 +675,50 @@ def test_a_lock_cut_between_two_entries_is_caught_by_its_entry_count(offline, tm
     """Every entry ends with its '# facts:' line, so a cut right after one looked like a shorter
     lock; the '# entries: N' header line catches it (--check: stale, naming the last entry)."""
     out = tmp_path / "r.lock"
-    assert run(*offline("--with", "stableabi", "--with", "purepkg", "--with", "numpy2user", "--with", "numpy>=2",
-                        "--allow-abi-change", "numpy", "--reason", "r", "-o", str(out)))[0] == 0
+    assert (
+        run(
+            *offline(
+                "--with",
+                "stableabi",
+                "--with",
+                "purepkg",
+                "--with",
+                "numpy2user",
+                "--with",
+                "numpy>=2",
+                "--allow-abi-change",
+                "numpy",
+                "--reason",
+                "r",
+                "-o",
+                str(out),
+            )
+        )[0]
+        == 0
+    )
     text = out.read_text()
     assert "# entries: 3\n" in text  # numpy, numpy2user, stableabi (purepkg is in the base)
     cut = text[: text.index("stableabi==")]  # drop the last entry whole
     out.write_text(cut)
-    code, msg = run(*offline("--with", "stableabi", "--with", "purepkg", "--with", "numpy2user", "--with", "numpy>=2",
-                             "--allow-abi-change", "numpy", "--reason", "r", "-o", str(out), "--check"))
+    code, msg = run(
+        *offline(
+            "--with",
+            "stableabi",
+            "--with",
+            "purepkg",
+            "--with",
+            "numpy2user",
+            "--with",
+            "numpy>=2",
+            "--allow-abi-change",
+            "numpy",
+            "--reason",
+            "r",
+            "-o",
+            str(out),
+            "--check",
+        )
+    )
     assert code == 5, msg
     assert "the header says 'entries: 3' but the file holds 2 package(s)" in msg and "numpy2user==1.0.0" in msg
     # locks written before the count existed still read (the line is optional)
@@ -567,14 +731,17 @@ def test_spec_holds_the_index_flags_too(np1_base, wheelhouse, tmp_path):
     """find-links / no-index / exclude-newer are flags of `lock`, so the spec holds them too
     (the issue: 'the spec file holds what the flags hold'); the flag wins for exclude-newer."""
     spec = tmp_path / "build-image.toml"
-    spec.write_text(f'base = "{np1_base}"\nwith = ["stableabi"]\nfind-links = ["{wheelhouse}"]\nno-index = true\n'
-                    'exclude-newer = "2000-01-01"\n')
+    spec.write_text(
+        f'base = "{np1_base}"\nwith = ["stableabi"]\nfind-links = ["{wheelhouse}"]\nno-index = true\n'
+        'exclude-newer = "2000-01-01"\n'
+    )
     out = tmp_path / "r.lock"
     code, text = run("lock", "--spec", str(spec), "--no-default-overlay", "-o", str(out))
     assert code == 0, text
     assert load_lock(out).header["exclude-newer"] == "2000-01-01"  # (find-links files carry no upload date)
-    code, text = run("lock", "--spec", str(spec), "--no-default-overlay", "--exclude-newer", "2100-01-01", "-o",
-                     str(out))
+    code, text = run(
+        "lock", "--spec", str(spec), "--no-default-overlay", "--exclude-newer", "2100-01-01", "-o", str(out)
+    )
     assert code == 0, text
     lock = load_lock(out)
     assert lock.header["index"] == f"--no-index --find-links {wheelhouse.resolve()}"
@@ -596,12 +763,16 @@ def test_ambient_uv_settings_do_not_change_the_lock(offline, tmp_path, monkeypat
     ambient = tmp_path / "ambient.lock"
     code, text = run(*offline("--with", "fakearrow>=14", "-o", str(ambient)))
     assert code == 0, text
-    assert [(e.name, e.version) for e in load_lock(ambient).entries] == \
-        [(e.name, e.version) for e in load_lock(plain).entries] == [("fakearrow", "17.0.0")]
+    assert (
+        [(e.name, e.version) for e in load_lock(ambient).entries]
+        == [(e.name, e.version) for e in load_lock(plain).entries]
+        == [("fakearrow", "17.0.0")]
+    )
 
 
 def test_a_base_that_is_not_pip_consistent_still_takes_an_overlay_that_does_not_reach_the_break(
-        np1_base, wheelhouse, tmp_path):
+    np1_base, wheelhouse, tmp_path
+):
     """The published images hold pins that do not fit together (a --no-deps reinstall, a later step moving an
     earlier package's requirement): the base's pins constrain what the overlay pulls in, and a break the
     overlay does not reach is not its conflict."""
@@ -610,13 +781,38 @@ def test_a_base_that_is_not_pip_consistent_still_takes_an_overlay_that_does_not_
     base = tmp_path / "broken.json"
     base.write_text(json.dumps(doc))
     out = tmp_path / "r.lock"
-    code, text = run("lock", "--base", str(base), "--no-default-overlay", "--no-index", "--find-links",
-                     str(wheelhouse), "--with", "stableabi", "--allow-abi-change", "stableabi", "--reason", "t",
-                     "-o", str(out))
+    code, text = run(
+        "lock",
+        "--base",
+        str(base),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "--with",
+        "stableabi",
+        "--allow-abi-change",
+        "stableabi",
+        "--reason",
+        "t",
+        "-o",
+        str(out),
+    )
     assert code == 0, text
     assert "numpy" not in load_lock(out).by_name()  # never re-resolved: the overlay does not need it
-    code, text = run("lock", "--base", str(base), "--no-default-overlay", "--no-index", "--find-links",
-                     str(wheelhouse), "--with", "numpy2user", "-o", str(tmp_path / "n.lock"))
+    code, text = run(
+        "lock",
+        "--base",
+        str(base),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "--with",
+        "numpy2user",
+        "-o",
+        str(tmp_path / "n.lock"),
+    )
     assert code == 4 and "numpy==0.9.0 is pinned by the base" in text  # an overlay that reaches it still conflicts
 
 
@@ -626,7 +822,18 @@ def test_the_image_uv_overrides_apply_to_the_overlay_resolution(np1_base, wheelh
     base = tmp_path / "ov.json"
     base.write_text(json.dumps(doc))
     out = tmp_path / "r.lock"
-    code, text = run("lock", "--base", str(base), "--no-default-overlay", "--no-index", "--find-links",
-                     str(wheelhouse), "--with", "numpy2user", "-o", str(out))
+    code, text = run(
+        "lock",
+        "--base",
+        str(base),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "--with",
+        "numpy2user",
+        "-o",
+        str(out),
+    )
     assert code == 0, text
     assert "numpy2user" in load_lock(out).by_name() and "numpy" not in load_lock(out).by_name()

@@ -31,8 +31,11 @@ def house_and_base(tmp_path_factory):
     write_wheel(h, "wantsnew", "1.0.0", "py3-none-any", {"wantsnew/__init__.py": ""}, requires=["depa>=2"])
     sp = install_into(d / "sp", ["depa==1.0.0", "depb==1.0.0", "depc==1.0.0"], h)
     base = d / "base.json"
-    r = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35",
-                                  "-o", str(base)], catch_exceptions=False)
+    r = CliRunner().invoke(
+        main,
+        ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35", "-o", str(base)],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     return h, base
 
@@ -55,17 +58,38 @@ def test_every_pin_that_must_move_is_found_in_one_run_with_one_with_line(house_a
     r = CliRunner().invoke(main, [*common, "--with", "wantsnew", *withs, "-o", str(out)], catch_exceptions=False)
     assert r.exit_code == 0, r.output
     assert {e.name: e.version for e in load_lock(out).entries if e.base_version} == {
-        "depa": "2.0.0", "depb": "2.0.0", "depc": "2.0.0"}
+        "depa": "2.0.0",
+        "depb": "2.0.0",
+        "depc": "2.0.0",
+    }
 
 
 def test_the_moves_are_in_the_json_document_too(house_and_base, tmp_path):
     import json
 
     house, base = house_and_base
-    r = CliRunner().invoke(main, ["lock", "--base", str(base), "--no-default-overlay", "--no-index", "--find-links",
-                                  str(house), "--with", "wantsnew", "-o", str(tmp_path / "l.lock"), "--json"])
+    r = CliRunner().invoke(
+        main,
+        [
+            "lock",
+            "--base",
+            str(base),
+            "--no-default-overlay",
+            "--no-index",
+            "--find-links",
+            str(house),
+            "--with",
+            "wantsnew",
+            "-o",
+            str(tmp_path / "l.lock"),
+            "--json",
+        ],
+    )
     assert r.exit_code == 4
     doc = json.loads(r.stdout)
     assert doc["pin_moves"]["resolves"] is True
     assert {m["name"]: (m["base"], m["to"]) for m in doc["pin_moves"]["moves"]} == {
-        "depa": ("1.0.0", "2.0.0"), "depb": ("1.0.0", "2.0.0"), "depc": ("1.0.0", "2.0.0")}
+        "depa": ("1.0.0", "2.0.0"),
+        "depb": ("1.0.0", "2.0.0"),
+        "depc": ("1.0.0", "2.0.0"),
+    }

@@ -66,14 +66,30 @@ def pyarrow14_base(tmp_path_factory) -> Path:
     """A base made with --site-packages from real pyarrow 14.0.2 + numpy 1.26.4 wheels (cp312)."""
     d = tmp_path_factory.mktemp("pa14")
     sp = d / "site-packages"
-    cmd = [str(Path(sys.executable).with_name("uv")), "pip", "install", "--quiet", "--target", str(sp),
-           "--python", sys.executable, "--python-version", "3.12", "--python-platform", "x86_64-manylinux_2_35",
-           "--no-build", "--no-deps", "pyarrow==14.0.2", "numpy==1.26.4"]
+    cmd = [
+        str(Path(sys.executable).with_name("uv")),
+        "pip",
+        "install",
+        "--quiet",
+        "--target",
+        str(sp),
+        "--python",
+        sys.executable,
+        "--python-version",
+        "3.12",
+        "--python-platform",
+        "x86_64-manylinux_2_35",
+        "--no-build",
+        "--no-deps",
+        "pyarrow==14.0.2",
+        "numpy==1.26.4",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"})
     assert r.returncode == 0, r.stderr
     out = d / "base.json"
-    code, text = run("base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35",
-                     "-o", str(out))
+    code, text = run(
+        "base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35", "-o", str(out)
+    )
     assert code == 0, text
     pa = load_manifest(out).get("pyarrow")
     assert pa.facts.numpy_abi["1"] >= 1 and pa.facts.numpy_abi["2"] == 0
@@ -82,8 +98,18 @@ def pyarrow14_base(tmp_path_factory) -> Path:
 
 def test_numpy2_overlay_on_numpy1_binary_base_is_refused(pyarrow14_base, tmp_path):
     out = tmp_path / "r.lock"
-    base = ["lock", "--base", str(pyarrow14_base), "--no-default-overlay", "--exclude-newer", "2026-07-25",
-            "--with", "opencv-python-headless>=4.12", "-o", str(out)]
+    base = [
+        "lock",
+        "--base",
+        str(pyarrow14_base),
+        "--no-default-overlay",
+        "--exclude-newer",
+        "2026-07-25",
+        "--with",
+        "opencv-python-headless>=4.12",
+        "-o",
+        str(out),
+    ]
     code, text = run(*base)
     assert code == 4, text
     assert "numpy==1.26.4 is pinned by the base; pyarrow 14.0.2 there has" in text
@@ -103,8 +129,17 @@ def test_base_given_as_a_local_image_ref_is_snapshotted(standin_base_image, tmp_
 
     fl = standin_findlinks(())
     out = tmp_path / "r.lock"
-    args = ["lock", "--base", standin_base_image.ref, "--no-default-overlay", "--no-index", "--find-links", str(fl),
-            "-o", str(out)]
+    args = [
+        "lock",
+        "--base",
+        standin_base_image.ref,
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(fl),
+        "-o",
+        str(out),
+    ]
     code, text = run(*args, "--with", "packaging")
     assert code == 0, text
     lock = load_lock(out)
@@ -119,8 +154,9 @@ def test_vllm_alone_refuses_the_numpy1_ray_base(pyarrow14_base, tmp_path):
     """The numpy-1 ray base's headline: `lock --vllm 0.26.0` on a ray-like base (pyarrow built for numpy 1.x, no vllm)
     adds vllm==0.26.0 and is refused naming numpy, pyarrow's numpy-1.x extension and the chain."""
     out = tmp_path / "r.lock"
-    code, text = run("lock", "--vllm", "0.26.0", "--base", str(pyarrow14_base), "--exclude-newer", "2026-07-25",
-                     "-o", str(out))
+    code, text = run(
+        "lock", "--vllm", "0.26.0", "--base", str(pyarrow14_base), "--exclude-newer", "2026-07-25", "-o", str(out)
+    )
     assert code in (3, 4), text
     assert "vllm==0.26.0" in text
     assert "numpy==1.26.4 is pinned by the base; pyarrow 14.0.2 there has" in text and "numpy 1.x" in text

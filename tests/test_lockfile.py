@@ -15,17 +15,27 @@ from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, format_lock,
 from builder.resolve.manifest import DistFacts
 
 HEADER = {
-    "tool": "build-image 0.1.0 (uv 0.13.9)", "vllm": "0.26.0", "base-ref": "vllm/vllm-openai:v0.26.0",
-    "base-digest": "-", "base-manifest-sha256": "0" * 64, "python": "3.12",
-    "platform": "x86_64-manylinux_2_35", "inputs-sha256": "1" * 64,
+    "tool": "build-image 0.1.0 (uv 0.13.9)",
+    "vllm": "0.26.0",
+    "base-ref": "vllm/vllm-openai:v0.26.0",
+    "base-digest": "-",
+    "base-manifest-sha256": "0" * 64,
+    "python": "3.12",
+    "platform": "x86_64-manylinux_2_35",
+    "inputs-sha256": "1" * 64,
 }
 
 
 def entry(name: str, version: str, h: str) -> LockEntry:
     fname = f"{name.replace('-', '_')}-{version}-py3-none-any.whl"
-    return LockEntry(name=name, version=version, hashes=[h * 64], via=["-r overlay"],
-                     wheel=WheelRef(url=f"https://files.example/{fname}", sha256=h * 64),
-                     facts=DistFacts(binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, python_abi="none"))
+    return LockEntry(
+        name=name,
+        version=version,
+        hashes=[h * 64],
+        via=["-r overlay"],
+        wheel=WheelRef(url=f"https://files.example/{fname}", sha256=h * 64),
+        facts=DistFacts(binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, python_abi="none"),
+    )
 
 
 def lock(*entries: LockEntry, allow: dict[str, str] | None = None) -> LockFile:
@@ -42,18 +52,22 @@ def test_allow_abi_change_reason_keeps_its_colons():
 
 def test_allow_abi_change_name_is_canonicalised():
     text = format_lock(lock(entry("numpy", "2.2.6", "a"))).replace(
-        "#\nnumpy==", "# allow-abi-change: NumPy: why\n#\nnumpy==")
+        "#\nnumpy==", "# allow-abi-change: NumPy: why\n#\nnumpy=="
+    )
     assert parse_lock(text).allow_abi_change == {"numpy": "why"}
 
 
-@pytest.mark.parametrize("first, second", [("Click", "click"), ("typing_extensions", "typing-extensions"),
-                                           ("zope.interface", "Zope-Interface")])
+@pytest.mark.parametrize(
+    "first, second",
+    [("Click", "click"), ("typing_extensions", "typing-extensions"), ("zope.interface", "Zope-Interface")],
+)
 def test_duplicate_detection_uses_the_canonical_name(first, second):
     # PEP 503: names equal after lower-casing and folding runs of '-', '_', '.' are one distribution
     one = format_lock(lock(entry(first, "8.1.7", "a")))
-    block = one[one.index(f"{first}=="):]
-    text = (one.replace("# entries: 1", "# entries: 2")
-            + block.replace(f"{first}==", f"{second}==").replace("a" * 64, "b" * 64))
+    block = one[one.index(f"{first}==") :]
+    text = one.replace("# entries: 1", "# entries: 2") + block.replace(f"{first}==", f"{second}==").replace(
+        "a" * 64, "b" * 64
+    )
     first_line = one.splitlines().index(f"{first}==8.1.7 \\") + 1
     with pytest.raises(BadInput, match=rf"duplicate package '{second}' \(first at line {first_line}\)"):
         parse_lock(text, "x.lock")
@@ -64,7 +78,7 @@ def test_round_trip_is_exact():
     text = format_lock(original)
     again = parse_lock(text)
     assert format_lock(again) == text
-    assert [e.name for e in again.entries] == ["aiohttp", "click"]       # sorted by canonical name
+    assert [e.name for e in again.entries] == ["aiohttp", "click"]  # sorted by canonical name
     assert again.header["entries"] == "2"
 
 
@@ -101,15 +115,22 @@ numpy==2.2.6 \\
 
 
 def two_entries() -> LockFile:
-    numpy = LockEntry(name="numpy", version="2.2.6", hashes=[HC, HB, HC], via=["-r overlay", "ray"],
-                      wheel=WheelRef(url="https://files.example/numpy-2.2.6-cp312-cp312-manylinux_2_17_x86_64.whl",
-                                     sha256=HC),
-                      facts=DistFacts(binary=True, extensions=12, numpy_abi={"1": 1, "2": 2}, glibc="2.17",
-                                      python_abi="cp312"),
-                      base_version="1.26.4")
+    numpy = LockEntry(
+        name="numpy",
+        version="2.2.6",
+        hashes=[HC, HB, HC],
+        via=["-r overlay", "ray"],
+        wheel=WheelRef(url="https://files.example/numpy-2.2.6-cp312-cp312-manylinux_2_17_x86_64.whl", sha256=HC),
+        facts=DistFacts(binary=True, extensions=12, numpy_abi={"1": 1, "2": 2}, glibc="2.17", python_abi="cp312"),
+        base_version="1.26.4",
+    )
     header = {**HEADER, "index": "https://pypi.org/simple", "overlay": "ignored", "entries": "99"}
-    return LockFile(header=header, overlay=["click", "numpy>=2"], allow_abi_change={"numpy": "rebuilt: see TICKET-1"},
-                    entries=[numpy, entry("click", "8.1.7", "a")])
+    return LockFile(
+        header=header,
+        overlay=["click", "numpy>=2"],
+        allow_abi_change={"numpy": "rebuilt: see TICKET-1"},
+        entries=[numpy, entry("click", "8.1.7", "a")],
+    )
 
 
 def test_format_lock_writes_exactly_the_documented_layout():
@@ -124,33 +145,44 @@ def test_parse_reads_every_field_back():
     assert lk.header["index"] == "https://pypi.org/simple" and lk.header["entries"] == "2"
     assert lk.overlay == ["click", "numpy>=2"] and lk.allow_abi_change == {"numpy": "rebuilt: see TICKET-1"}
     click, numpy = lk.entries
-    assert (click.name, click.version, click.hashes, click.via,
-            click.line) == ("click", "8.1.7", [HA], ["-r overlay"], 17)
+    assert (click.name, click.version, click.hashes, click.via, click.line) == (
+        "click",
+        "8.1.7",
+        [HA],
+        ["-r overlay"],
+        17,
+    )
     assert click.wheel == WheelRef(url="https://files.example/click-8.1.7-py3-none-any.whl", sha256=HA)
-    assert click.facts == DistFacts(binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, glibc=None,
-                                    python_abi="none")
+    assert click.facts == DistFacts(
+        binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, glibc=None, python_abi="none"
+    )
     assert click.base_version is None
     assert (numpy.hashes, numpy.via, numpy.line) == ([HB, HC], ["-r overlay", "ray"], 22)
-    assert numpy.facts == DistFacts(binary=True, extensions=12, numpy_abi={"1": 1, "2": 2}, glibc="2.17",
-                                    python_abi="cp312")
+    assert numpy.facts == DistFacts(
+        binary=True, extensions=12, numpy_abi={"1": 1, "2": 2}, glibc="2.17", python_abi="cp312"
+    )
     assert numpy.base_version == "1.26.4" and numpy.wheel.sha256 == HC
 
 
 def test_a_facts_line_names_only_what_differs_from_the_defaults():
     text = WRITTEN.replace("binary=0 extensions=0 numpy-abi=0/0 glibc=- python-abi=none base=-", "binary=0")
     click = parse_lock(text).entries[0]
-    assert click.facts == DistFacts(binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, glibc=None,
-                                    python_abi="none")
+    assert click.facts == DistFacts(
+        binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, glibc=None, python_abi="none"
+    )
     assert click.base_version is None
     text = WRITTEN.replace("binary=0 extensions=0 numpy-abi=0/0 glibc=- python-abi=none base=-", "extensions=3")
     assert parse_lock(text).entries[0].facts.binary is False and parse_lock(text).entries[0].facts.extensions == 3
 
 
-@pytest.mark.parametrize("facts, why", [
-    ("binary=0 oops", r"w\.lock, line 21: malformed facts token 'oops' \(expected key=value\)"),
-    ("extensions=many", r"w\.lock, line 21: malformed facts line 'extensions=many'"),
-    ("numpy-abi=1", r"w\.lock, line 21: malformed facts line 'numpy-abi=1'"),
-])
+@pytest.mark.parametrize(
+    "facts, why",
+    [
+        ("binary=0 oops", r"w\.lock, line 21: malformed facts token 'oops' \(expected key=value\)"),
+        ("extensions=many", r"w\.lock, line 21: malformed facts line 'extensions=many'"),
+        ("numpy-abi=1", r"w\.lock, line 21: malformed facts line 'numpy-abi=1'"),
+    ],
+)
 def test_malformed_facts_are_refused_naming_the_line(facts, why):
     text = WRITTEN.replace("binary=0 extensions=0 numpy-abi=0/0 glibc=- python-abi=none base=-", facts)
     with pytest.raises(BadInput, match=why):
@@ -167,25 +199,39 @@ def _hand_edited(old: str, new: str, why: str, hint: bool = True):
 
 
 def test_the_wheel_line_must_carry_one_of_the_hashes():
-    _hand_edited(f"click-8.1.7-py3-none-any.whl#sha256={HA}", f"click-8.1.7-py3-none-any.whl#sha256={HB}",
-                 r"line 17: 'click==8\.1\.7': its wheel's sha256 bbbbbbbbbbbb… is not one of its --hash lines")
-    _hand_edited(f"click-8.1.7-py3-none-any.whl#sha256={HA}", "click-8.1.7-py3-none-any.whl",
-                 r"line 20: wheel line lacks '#sha256=<hex>'", hint=False)
+    _hand_edited(
+        f"click-8.1.7-py3-none-any.whl#sha256={HA}",
+        f"click-8.1.7-py3-none-any.whl#sha256={HB}",
+        r"line 17: 'click==8\.1\.7': its wheel's sha256 bbbbbbbbbbbb… is not one of its --hash lines",
+    )
+    _hand_edited(
+        f"click-8.1.7-py3-none-any.whl#sha256={HA}",
+        "click-8.1.7-py3-none-any.whl",
+        r"line 20: wheel line lacks '#sha256=<hex>'",
+        hint=False,
+    )
 
 
-@pytest.mark.parametrize("wheel, names", [
-    ("click-8.1.6-py3-none-any.whl", "click 8.1.6"),      # right name, other version
-    ("clack-8.1.7-py3-none-any.whl", "clack 8.1.7"),      # other name, right version
-])
+@pytest.mark.parametrize(
+    "wheel, names",
+    [
+        ("click-8.1.6-py3-none-any.whl", "click 8.1.6"),  # right name, other version
+        ("clack-8.1.7-py3-none-any.whl", "clack 8.1.7"),  # other name, right version
+    ],
+)
 def test_the_wheel_file_must_be_this_name_and_version(wheel, names):
-    _hand_edited("click-8.1.7-py3-none-any.whl", wheel,
-                 rf"line 17: 'click==8\.1\.7' names the wheel {re.escape(wheel)}, which is {names}; the file "
-                 r"is hand-edited")
+    _hand_edited(
+        "click-8.1.7-py3-none-any.whl",
+        wheel,
+        rf"line 17: 'click==8\.1\.7' names the wheel {re.escape(wheel)}, which is {names}; the file "
+        r"is hand-edited",
+    )
 
 
 def test_a_version_that_is_not_pep440_cannot_match_its_wheel():
-    _hand_edited("click==8.1.7 \\", "click==8.1.7-custom! \\",
-                 r"'click==8\.1\.7-custom!' names the wheel click-8\.1\.7")
+    _hand_edited(
+        "click==8.1.7 \\", "click==8.1.7-custom! \\", r"'click==8\.1\.7-custom!' names the wheel click-8\.1\.7"
+    )
 
 
 @pytest.mark.parametrize("label", ["# wheel:", "# facts:"])
@@ -197,11 +243,15 @@ def test_an_entry_without_its_wheel_or_facts_line_is_truncated(label):
 def test_a_non_requirement_before_the_header_is_not_a_lock():
     with pytest.raises(BadInput, match=r"x\.lock is not a build-image lock: line 1 \('hello'\) comes before any"):
         parse_lock("hello\n" + WRITTEN, "x.lock")
-    with pytest.raises(BadInput, match=r"^x\.lock is not a build-image lock: no '# build-image-lock: 1' header line "
-                                       r"before the first requirement \(line 2\)\.$"):
+    with pytest.raises(
+        BadInput,
+        match=r"^x\.lock is not a build-image lock: no '# build-image-lock: 1' header line "
+        r"before the first requirement \(line 2\)\.$",
+    ):
         parse_lock("# pinned by hand\nrequests==2.32.3\n" + WRITTEN, "x.lock")
-    with pytest.raises(BadInput,
-                       match=r"lock x\.lock, line 17: not a pinned requirement \('name==version'\): 'click>=8 ") as ei:
+    with pytest.raises(
+        BadInput, match=r"lock x\.lock, line 17: not a pinned requirement \('name==version'\): 'click>=8 "
+    ) as ei:
         parse_lock(WRITTEN.replace("click==8.1.7 \\", "click>=8 \\"), "x.lock")
     assert ei.value.hint == "locks are written by `build-image lock`; do not edit them by hand."
 
@@ -219,7 +269,7 @@ def test_load_lock_names_the_missing_or_unreadable_file(tmp_path):
     lk = load_lock(tmp_path / "ok.lock")
     assert [e.name for e in lk.entries] == ["click", "numpy"]
     with pytest.raises(BadInput, match=rf"lock {re.escape(str(tmp_path / 'cut.lock'))}: the file ends inside"):
-        (tmp_path / "cut.lock").write_text(WRITTEN[:WRITTEN.index(f"    --hash=sha256:{HC}")])
+        (tmp_path / "cut.lock").write_text(WRITTEN[: WRITTEN.index(f"    --hash=sha256:{HC}")])
         load_lock(tmp_path / "cut.lock")
 
 
@@ -228,51 +278,76 @@ def test_save_writes_the_formatted_lock_and_format_is_format_lock(tmp_path):
     assert lk.format() == WRITTEN
     lk.save(tmp_path / "r.lock")
     assert (tmp_path / "r.lock").read_text() == WRITTEN
-    assert [p.name for p in tmp_path.iterdir()] == ["r.lock"]   # no temporary file left beside it
+    assert [p.name for p in tmp_path.iterdir()] == ["r.lock"]  # no temporary file left beside it
 
 
 def test_sparse_data_is_written_with_the_documented_placeholders():
     # a missing header field, numpy counts, python ABI or hash list each have a written placeholder
-    bare = LockEntry(name="x", version="1", hashes=[], facts=DistFacts(binary=False, extensions=0, numpy_abi={},
-                                                                       python_abi=None))
+    bare = LockEntry(
+        name="x", version="1", hashes=[], facts=DistFacts(binary=False, extensions=0, numpy_abi={}, python_abi=None)
+    )
     header = {k: v for k, v in HEADER.items() if k != "base-digest"}
     text = format_lock(LockFile(header=header, overlay=[], allow_abi_change={}, entries=[bare]))
     assert "\n# base-digest: -\n" in text
     assert text.endswith("\n#\nx==1\n    # facts: binary=0 extensions=0 numpy-abi=0/0 glibc=- python-abi=none base=-\n")
     one = DistFacts(binary=True, extensions=1, numpy_abi={"2": 1}, glibc="2.28", python_abi="abi3")
-    text = format_lock(LockFile(header=dict(HEADER, **{"base-digest": ""}), overlay=[], allow_abi_change={},
-                                entries=[LockEntry(name="y", version="2", hashes=[HA], facts=one,
-                                                   wheel=WheelRef(url="https://h/y-2-py3-none-any.whl#frag",
-                                                                  sha256=HA))]))
+    text = format_lock(
+        LockFile(
+            header=dict(HEADER, **{"base-digest": ""}),
+            overlay=[],
+            allow_abi_change={},
+            entries=[
+                LockEntry(
+                    name="y",
+                    version="2",
+                    hashes=[HA],
+                    facts=one,
+                    wheel=WheelRef(url="https://h/y-2-py3-none-any.whl#frag", sha256=HA),
+                )
+            ],
+        )
+    )
     assert "\n# base-digest: -\n" in text
-    assert "    # wheel: https://h/y-2-py3-none-any.whl#sha256=" + HA + "\n" in text   # the URL's fragment is replaced
+    assert "    # wheel: https://h/y-2-py3-none-any.whl#sha256=" + HA + "\n" in text  # the URL's fragment is replaced
     assert "numpy-abi=0/1 glibc=2.28 python-abi=abi3" in text
 
 
 def test_an_indented_line_that_is_not_a_comment_is_refused():
     text = WRITTEN.replace("    # via ray\n", "    # via ray\n    stray words\n")
-    with pytest.raises(BadInput, match=r"^lock w\.lock, line 27: 'stray words' under 'numpy==2\.2\.6' \(line 22\) "
-                                       r"is neither a '--hash=sha256:' line nor a comment\.$") as ei:
+    with pytest.raises(
+        BadInput,
+        match=r"^lock w\.lock, line 27: 'stray words' under 'numpy==2\.2\.6' \(line 22\) "
+        r"is neither a '--hash=sha256:' line nor a comment\.$",
+    ) as ei:
         parse_lock(text, "w.lock")
     assert ei.value.hint == "locks are written by `build-image lock`; do not edit them by hand."
 
 
 def test_truncated_right_after_the_hashes_names_the_last_line_read():
-    cut = WRITTEN[:WRITTEN.index("    # via -r overlay\n")]          # click's requirement + hash lines only
-    with pytest.raises(BadInput, match=r"^lock w\.lock, line 18: 'click==8\.1\.7' \(line 17\) has no '# wheel:' line; "
-                                       r"the file is truncated or hand-edited\.$"):
+    cut = WRITTEN[: WRITTEN.index("    # via -r overlay\n")]  # click's requirement + hash lines only
+    with pytest.raises(
+        BadInput,
+        match=r"^lock w\.lock, line 18: 'click==8\.1\.7' \(line 17\) has no '# wheel:' line; "
+        r"the file is truncated or hand-edited\.$",
+    ):
         parse_lock(cut, "w.lock")
 
 
 def test_a_broken_hash_continuation_is_named():
     text = WRITTEN.replace(f"    --hash=sha256:{HC}\n", "    --hash=md5:abc\n")
-    with pytest.raises(BadInput, match=r"^lock w\.lock, line 24: expected a '--hash=sha256:<64 hex>' line continuing "
-                                       r"'numpy==2\.2\.6' \(line 22\), found '--hash=md5:abc'\. "
-                                       r"The file may be truncated or hand-edited\.$"):
+    with pytest.raises(
+        BadInput,
+        match=r"^lock w\.lock, line 24: expected a '--hash=sha256:<64 hex>' line continuing "
+        r"'numpy==2\.2\.6' \(line 22\), found '--hash=md5:abc'\. "
+        r"The file may be truncated or hand-edited\.$",
+    ):
         parse_lock(text, "w.lock")
     text = WRITTEN.replace(f"click==8.1.7 \\\n    --hash=sha256:{HA}\n", "click==8.1.7\n")
-    with pytest.raises(BadInput, match=r"^lock w\.lock, line 17: 'click==8\.1\.7' has no --hash lines; "
-                                       r"a lock must pin every package by sha256\.$"):
+    with pytest.raises(
+        BadInput,
+        match=r"^lock w\.lock, line 17: 'click==8\.1\.7' has no --hash lines; "
+        r"a lock must pin every package by sha256\.$",
+    ):
         parse_lock(text, "w.lock")
 
 
@@ -282,14 +357,17 @@ def test_header_problems_are_named():
     cut = WRITTEN.replace("# vllm: 0.26.0\n", "").replace("# python: 3.12\n", "")
     with pytest.raises(BadInput, match=r"^lock w\.lock: header lacks vllm, python; the file is truncated"):
         parse_lock(cut, "w.lock")
-    with pytest.raises(BadInput,
-                       match=r"^lock w\.lock: the header says 'entries: 3' but the file holds 2 package\(s\); "
-                             r"the last is 'numpy==2\.2\.6' \(line 22\); it is truncated or hand-edited\.$") as ei:
+    with pytest.raises(
+        BadInput,
+        match=r"^lock w\.lock: the header says 'entries: 3' but the file holds 2 package\(s\); "
+        r"the last is 'numpy==2\.2\.6' \(line 22\); it is truncated or hand-edited\.$",
+    ) as ei:
         parse_lock(WRITTEN.replace("# entries: 2", "# entries: 3"), "w.lock")
     assert ei.value.hint == "regenerate it with `build-image lock`."
-    empty = WRITTEN[:WRITTEN.index("click==")]
-    with pytest.raises(BadInput,
-                       match=r"^lock w\.lock: the header says 'entries: 2' but the file holds 0 package\(s\); it is"):
+    empty = WRITTEN[: WRITTEN.index("click==")]
+    with pytest.raises(
+        BadInput, match=r"^lock w\.lock: the header says 'entries: 2' but the file holds 0 package\(s\); it is"
+    ):
         parse_lock(empty, "w.lock")
     with pytest.raises(BadInput, match=r"^<lock>: the header says|^lock <lock>: the header says"):
         parse_lock(empty)
@@ -310,15 +388,19 @@ def test_only_the_first_separator_splits_a_facts_token_or_a_wheel_line():
     assert parse_lock(text, "w.lock").entries[1].base_version == "1.26.4=x"
     # '# wheel: URL#sha256=HEX': a second '#sha256=' belongs to the hash, which then is none of the --hash lines
     text = WRITTEN.replace(f"#sha256={HC}", f"#sha256={HB}#sha256={HC}")
-    with pytest.raises(BadInput, match=r"^lock w\.lock, line 22: 'numpy==2\.2\.6': its wheel's sha256 bbbbbbbbbbbb… "
-                                       r"is not one of its --hash lines"):
+    with pytest.raises(
+        BadInput,
+        match=r"^lock w\.lock, line 22: 'numpy==2\.2\.6': its wheel's sha256 bbbbbbbbbbbb… "
+        r"is not one of its --hash lines",
+    ):
         parse_lock(text, "w.lock")
 
 
 def test_entry_comments_are_read_with_or_without_a_space_after_the_hash_sign():
     # like the header lines ('#\s*key:'), '#via' and '#wheel:' are the entry's comments
     text = WRITTEN.replace("    # via ray\n", "    #via ray\n").replace(
-        "    # wheel: https://files.example/click", "    #wheel: https://files.example/click")
+        "    # wheel: https://files.example/click", "    #wheel: https://files.example/click"
+    )
     click, numpy = parse_lock(text, "w.lock").entries
     assert numpy.via == ["-r overlay", "ray"]
     assert click.wheel == WheelRef(url="https://files.example/click-8.1.7-py3-none-any.whl", sha256=HA)
@@ -331,11 +413,12 @@ def test_the_header_ends_at_the_first_line_that_is_not_a_comment():
     assert "pinned" not in lk.header and lk.overlay == ["click", "numpy>=2"]
     assert format_lock(lk) == WRITTEN
     # also when that first line is no pin (read leniently)
-    text = WRITTEN.replace("click==8.1.7 \\\n", "click>=8 \\\n").replace("base=-\nnumpy==",
-                                                                         "base=-\n" + comments + "numpy==")
+    text = WRITTEN.replace("click==8.1.7 \\\n", "click>=8 \\\n").replace(
+        "base=-\nnumpy==", "base=-\n" + comments + "numpy=="
+    )
     lk = parse_lock(text, "w.lock", strict=False)
     assert "pinned" not in lk.header and lk.overlay == ["click", "numpy>=2"]
-    assert [e.name for e in lk.entries] == ["numpy"] and len(lk.problems) == 2   # the line, the entries count
+    assert [e.name for e in lk.entries] == ["numpy"] and len(lk.problems) == 2  # the line, the entries count
 
 
 def _lenient(text: str, *expected: str) -> LockFile:
@@ -346,30 +429,36 @@ def _lenient(text: str, *expected: str) -> LockFile:
     assert len(lk.problems) == len(expected), lk.problems
     for got, want in zip(lk.problems, expected):
         assert re.match(r"lock w\.lock" + want, got), (got, want)
-    with pytest.raises(BadInput, match=r"lock w\.lock" + expected[0]):   # strict: the first one is raised
+    with pytest.raises(BadInput, match=r"lock w\.lock" + expected[0]):  # strict: the first one is raised
         parse_lock(text, "w.lock")
     return lk
 
 
-COUNT_SHORT = (r": the header says 'entries: 2' but the file holds 1 package\(s\); "
-               r"the last is 'numpy==2\.2\.6' \(line 22\)")
+COUNT_SHORT = (
+    r": the header says 'entries: 2' but the file holds 1 package\(s\); "
+    r"the last is 'numpy==2\.2\.6' \(line 22\)"
+)
 
 
 def test_lenient_an_entry_whose_hash_lines_were_deleted_is_read_on():
     # one finding where the hash should be, one for the entry; its comments still belong to it
-    lk = _lenient(WRITTEN.replace(f"    --hash=sha256:{HA}\n", ""),
-                  r", line 18: expected a '--hash=sha256:<64 hex>' line continuing 'click==8\.1\.7' \(line 17\), "
-                  r"found '# via -r overlay'\.",
-                  r", line 17: 'click==8\.1\.7' has no --hash lines")
+    lk = _lenient(
+        WRITTEN.replace(f"    --hash=sha256:{HA}\n", ""),
+        r", line 18: expected a '--hash=sha256:<64 hex>' line continuing 'click==8\.1\.7' \(line 17\), "
+        r"found '# via -r overlay'\.",
+        r", line 17: 'click==8\.1\.7' has no --hash lines",
+    )
     click, numpy = lk.entries
     assert (click.hashes, click.via, click.wheel.sha256) == ([], ["-r overlay"], HA)
     assert (numpy.hashes, numpy.via, numpy.line) == ([HB, HC], ["-r overlay", "ray"], 21)
 
 
 def test_lenient_a_wheel_line_without_its_hash_is_reported_and_the_rest_read():
-    lk = _lenient(WRITTEN.replace(f"click-8.1.7-py3-none-any.whl#sha256={HA}", "click-8.1.7-py3-none-any.whl"),
-                  r", line 20: wheel line lacks '#sha256=<hex>'\.",
-                  r", line 21: 'click==8\.1\.7' \(line 17\) has no '# wheel:' line")
+    lk = _lenient(
+        WRITTEN.replace(f"click-8.1.7-py3-none-any.whl#sha256={HA}", "click-8.1.7-py3-none-any.whl"),
+        r", line 20: wheel line lacks '#sha256=<hex>'\.",
+        r", line 21: 'click==8\.1\.7' \(line 17\) has no '# wheel:' line",
+    )
     click, numpy = lk.entries
     assert click.wheel is None and click.facts.python_abi == "none"
     assert numpy.wheel.sha256 == HC and numpy.base_version == "1.26.4"
@@ -377,8 +466,10 @@ def test_lenient_a_wheel_line_without_its_hash_is_reported_and_the_rest_read():
 
 def test_lenient_a_duplicate_is_reported_once_and_not_kept():
     # a hand-added second pin of click: one finding; the entries after it are still read
-    lk = _lenient(WRITTEN.replace("base=-\nnumpy==", "base=-\nclick==8.2.0\nnumpy=="),
-                  r", line 22: duplicate package 'click' \(first at line 17\)\.$")
+    lk = _lenient(
+        WRITTEN.replace("base=-\nnumpy==", "base=-\nclick==8.2.0\nnumpy=="),
+        r", line 22: duplicate package 'click' \(first at line 17\)\.$",
+    )
     assert [(e.name, e.version, e.line) for e in lk.entries] == [("click", "8.1.7", 17), ("numpy", "2.2.6", 23)]
 
 
@@ -386,10 +477,12 @@ def test_lenient_a_line_that_is_no_pin_takes_its_indented_lines_with_it():
     # a direct URL in place of 'click==8.1.7' (trailing blanks after its '\'): one finding for the line;
     # its hash, via, wheel and facts lines are its own, not findings, and not numpy's
     url = "https://files.example/click-8.1.7-py3-none-any.whl"
-    line = url + " \\"                          # quoted in the message as Python writes it (repr)
-    lk = _lenient(WRITTEN.replace("click==8.1.7 \\\n", line + "   \n"),
-                  rf", line 17: not a pinned requirement \('name==version'\): {re.escape(repr(line))}\.$",
-                  COUNT_SHORT)
+    line = url + " \\"  # quoted in the message as Python writes it (repr)
+    lk = _lenient(
+        WRITTEN.replace("click==8.1.7 \\\n", line + "   \n"),
+        rf", line 17: not a pinned requirement \('name==version'\): {re.escape(repr(line))}\.$",
+        COUNT_SHORT,
+    )
     (numpy,) = lk.entries
     assert (numpy.hashes, numpy.via, numpy.wheel.sha256, numpy.line) == ([HB, HC], ["-r overlay", "ray"], HC, 22)
 
@@ -398,40 +491,59 @@ def test_lenient_a_broken_continuation_of_a_line_that_is_no_pin_names_that_line(
     # the line is named by its first 60 characters (version '?') and its line number
     url = "https://files.example/packages/click/click-8.1.7-py3-none-any.whl"
     assert len(url) > 60
-    lk = _lenient(WRITTEN.replace(f"click==8.1.7 \\\n    --hash=sha256:{HA}\n", url + " \\\n"),
-                  r", line 17: not a pinned requirement",
-                  rf", line 18: expected a '--hash=sha256:<64 hex>' line continuing '{re.escape(url[:60])}==\?' "
-                  r"\(line 17\), found '# via -r overlay'\.",
-                  COUNT_SHORT.replace("22", "21"))
+    lk = _lenient(
+        WRITTEN.replace(f"click==8.1.7 \\\n    --hash=sha256:{HA}\n", url + " \\\n"),
+        r", line 17: not a pinned requirement",
+        rf", line 18: expected a '--hash=sha256:<64 hex>' line continuing '{re.escape(url[:60])}==\?' "
+        r"\(line 17\), found '# via -r overlay'\.",
+        COUNT_SHORT.replace("22", "21"),
+    )
     assert [e.name for e in lk.entries] == ["numpy"]
 
 
 def test_lenient_a_stray_line_inside_an_entry_is_one_finding_and_the_entry_is_read_on():
     # the entry's comments after the stray line (wheel, facts) are still the entry's
-    lk = _lenient(WRITTEN.replace("    # via ray\n", "    # via ray\n    stray words\n"),
-                  r", line 27: 'stray words' under 'numpy==2\.2\.6' \(line 22\) is neither")
+    lk = _lenient(
+        WRITTEN.replace("    # via ray\n", "    # via ray\n    stray words\n"),
+        r", line 27: 'stray words' under 'numpy==2\.2\.6' \(line 22\) is neither",
+    )
     numpy = lk.entries[1]
-    assert (numpy.wheel.sha256, numpy.facts.binary, numpy.facts.numpy_abi, numpy.base_version) == \
-        (HC, True, {"1": 1, "2": 2}, "1.26.4")
+    assert (numpy.wheel.sha256, numpy.facts.binary, numpy.facts.numpy_abi, numpy.base_version) == (
+        HC,
+        True,
+        {"1": 1, "2": 2},
+        "1.26.4",
+    )
     # a broken hash continuation: one finding for the line; the hash list ends there (HC is lost, so
     # the wheel's sha256 is none of the entry's hashes), the entry's comments are still its own
-    lk = _lenient(WRITTEN.replace(f"    --hash=sha256:{HC}\n", "    --hash=md5:abc\n"),
-                  r", line 24: expected a '--hash=sha256:<64 hex>' line continuing 'numpy==2\.2\.6' \(line 22\), "
-                  r"found '--hash=md5:abc'\.",
-                  r", line 22: 'numpy==2\.2\.6': its wheel's sha256 cccccccccccc… is not one of its --hash lines")
+    lk = _lenient(
+        WRITTEN.replace(f"    --hash=sha256:{HC}\n", "    --hash=md5:abc\n"),
+        r", line 24: expected a '--hash=sha256:<64 hex>' line continuing 'numpy==2\.2\.6' \(line 22\), "
+        r"found '--hash=md5:abc'\.",
+        r", line 22: 'numpy==2\.2\.6': its wheel's sha256 cccccccccccc… is not one of its --hash lines",
+    )
     numpy = lk.entries[1]
-    assert (numpy.hashes, numpy.via, numpy.facts.extensions,
-            numpy.base_version) == ([HB], ["-r overlay", "ray"], 12, "1.26.4")
+    assert (numpy.hashes, numpy.via, numpy.facts.extensions, numpy.base_version) == (
+        [HB],
+        ["-r overlay", "ray"],
+        12,
+        "1.26.4",
+    )
 
 
 def test_lenient_an_indented_line_under_no_entry_is_a_line_that_is_no_pin():
     # after the header and after a comment between entries there is no entry for it to belong to
-    text = WRITTEN.replace("#\nclick==", "#\n    stray\nclick==").replace("base=-\nnumpy==",
-                                                                          "base=-\n# note\n    more\nnumpy==")
-    lk = _lenient(text, r", line 17: not a pinned requirement \('name==version'\): 'stray'\.$",
-                  r", line 24: not a pinned requirement \('name==version'\): 'more'\.$")
+    text = WRITTEN.replace("#\nclick==", "#\n    stray\nclick==").replace(
+        "base=-\nnumpy==", "base=-\n# note\n    more\nnumpy=="
+    )
+    lk = _lenient(
+        text,
+        r", line 17: not a pinned requirement \('name==version'\): 'stray'\.$",
+        r", line 24: not a pinned requirement \('name==version'\): 'more'\.$",
+    )
     assert [(e.name, e.line) for e in lk.entries] == [("click", 18), ("numpy", 25)]
     assert lk.entries[1].wheel.sha256 == HC
+
 
 def test_a_lock_is_read_as_utf8_whatever_the_locale(tmp_path):
     # written as UTF-8 (atomic_write_text); read back by a process whose locale encoding is ASCII
@@ -443,27 +555,47 @@ def test_a_lock_is_read_as_utf8_whatever_the_locale(tmp_path):
     lk.save(tmp_path / "u.lock")
     assert load_lock(tmp_path / "u.lock").allow_abi_change == {"numpy": reason}
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONUTF8": "0", "PYTHONCOERCECLOCALE": "0",
-           "PYTHONPATH": str(root)}
-    code = ("import locale, sys; from builder.resolve.lockfile import load_lock; "
-            "assert locale.getpreferredencoding(False).lower() in ('ascii', 'ansi_x3.4-1968'), "
-            "locale.getpreferredencoding(False); "
-            f"sys.exit(0 if load_lock(sys.argv[1]).allow_abi_change == {{'numpy': {reason!a}}} else 3)")
-    r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "u.lock")], cwd=root, env=env,
-                       capture_output=True, text=True, encoding="utf-8", errors="replace")
+    env = {
+        **os.environ,
+        "LC_ALL": "C",
+        "LANG": "C",
+        "PYTHONUTF8": "0",
+        "PYTHONCOERCECLOCALE": "0",
+        "PYTHONPATH": str(root),
+    }
+    code = (
+        "import locale, sys; from builder.resolve.lockfile import load_lock; "
+        "assert locale.getpreferredencoding(False).lower() in ('ascii', 'ansi_x3.4-1968'), "
+        "locale.getpreferredencoding(False); "
+        f"sys.exit(0 if load_lock(sys.argv[1]).allow_abi_change == {{'numpy': {reason!a}}} else 3)"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "u.lock")],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+    )
     assert r.returncode == 0, r.stderr
 
 
 def test_a_file_of_comments_only_is_no_lock_without_the_header_line():
     # no line ends the header: every line is read as the header, which does not say it is a lock
-    with pytest.raises(BadInput, match=r"^x\.lock is not a build-image lock: no '# build-image-lock: 1' header "
-                                       r"line\.$"):
+    with pytest.raises(
+        BadInput,
+        match=r"^x\.lock is not a build-image lock: no '# build-image-lock: 1' header "
+        r"line\.$",
+    ):
         parse_lock("# pinned by hand\n# nothing yet\n", "x.lock")
 
 
-CLICK_BLOCK = (f"click==8.1.7 \\\n    --hash=sha256:{HA}\n    # via -r overlay\n"
-               f"    # wheel: https://files.example/click-8.1.7-py3-none-any.whl#sha256={HA}\n"
-               "    # facts: binary=0 extensions=0 numpy-abi=0/0 glibc=- python-abi=none base=-\n")
+CLICK_BLOCK = (
+    f"click==8.1.7 \\\n    --hash=sha256:{HA}\n    # via -r overlay\n"
+    f"    # wheel: https://files.example/click-8.1.7-py3-none-any.whl#sha256={HA}\n"
+    "    # facts: binary=0 extensions=0 numpy-abi=0/0 glibc=- python-abi=none base=-\n"
+)
 
 
 def test_a_hash_line_belongs_to_the_entry_only_where_a_backslash_continues_to_it():
@@ -472,47 +604,63 @@ def test_a_hash_line_belongs_to_the_entry_only_where_a_backslash_continues_to_it
     assert [(e.name, e.hashes) for e in lk.entries] == [("click", [HA]), ("numpy", [HB, HC])]
     # after a closed hash list, a line indented by fewer than four spaces starts an item of its own
     # (no pin): the click lines after it are that item's, so click has lost its wheel line
-    _lenient(WRITTEN.replace(f"    --hash=sha256:{HA}\n", f"    --hash=sha256:{HA}\n  --hash=sha256:{HB}\n"),
-             r", line 18: 'click==8\.1\.7' \(line 17\) has no '# wheel:' line",
-             rf", line 19: not a pinned requirement \('name==version'\): '--hash=sha256:{HB}'\.$")
+    _lenient(
+        WRITTEN.replace(f"    --hash=sha256:{HA}\n", f"    --hash=sha256:{HA}\n  --hash=sha256:{HB}\n"),
+        r", line 18: 'click==8\.1\.7' \(line 17\) has no '# wheel:' line",
+        rf", line 19: not a pinned requirement \('name==version'\): '--hash=sha256:{HB}'\.$",
+    )
     # a backslash after a line that is no hash line does not make the list go on
-    _lenient(WRITTEN.replace(f"click==8.1.7 \\\n    --hash=sha256:{HA}\n    # via -r overlay\n",
-                             f"click==8.1.7 \\\n    # via -r overlay \\\n  --hash=sha256:{HA}\n"),
-             r", line 18: expected a '--hash=sha256:<64 hex>' line continuing 'click==8\.1\.7' \(line 17\), "
-             r"found '# via -r overlay \\\\'\.",
-             r", line 17: 'click==8\.1\.7' has no --hash lines",
-             rf", line 19: not a pinned requirement \('name==version'\): '--hash=sha256:{HA}'\.$")
+    _lenient(
+        WRITTEN.replace(
+            f"click==8.1.7 \\\n    --hash=sha256:{HA}\n    # via -r overlay\n",
+            f"click==8.1.7 \\\n    # via -r overlay \\\n  --hash=sha256:{HA}\n",
+        ),
+        r", line 18: expected a '--hash=sha256:<64 hex>' line continuing 'click==8\.1\.7' \(line 17\), "
+        r"found '# via -r overlay \\\\'\.",
+        r", line 17: 'click==8\.1\.7' has no --hash lines",
+        rf", line 19: not a pinned requirement \('name==version'\): '--hash=sha256:{HA}'\.$",
+    )
 
 
 def test_a_hash_list_cut_by_the_next_item_names_that_item():
     # the open list's next line is not indented: it starts the next item, which the finding quotes
-    lk = _lenient(WRITTEN.replace(CLICK_BLOCK, f"click==8.1.7 \\\n    --hash=sha256:{HA} \\\n"),
-                  r", line 19: expected a '--hash=sha256:<64 hex>' line continuing 'click==8\.1\.7' \(line 17\), "
-                  r"found 'numpy==2\.2\.6 \\\\'\.",
-                  r", line 18: 'click==8\.1\.7' \(line 17\) has no '# wheel:' line")
+    lk = _lenient(
+        WRITTEN.replace(CLICK_BLOCK, f"click==8.1.7 \\\n    --hash=sha256:{HA} \\\n"),
+        r", line 19: expected a '--hash=sha256:<64 hex>' line continuing 'click==8\.1\.7' \(line 17\), "
+        r"found 'numpy==2\.2\.6 \\\\'\.",
+        r", line 18: 'click==8\.1\.7' \(line 17\) has no '# wheel:' line",
+    )
     assert [(e.name, e.hashes, e.line) for e in lk.entries] == [("click", [HA], 17), ("numpy", [HB, HC], 19)]
     # the last entry's list cut by a comment after it: the comment, not the end of the file nor an earlier line
-    cut = WRITTEN[:WRITTEN.index("    # via -r overlay\n    # via ray")]
-    _lenient(cut.replace(f"--hash=sha256:{HC}", f"--hash=sha256:{HC} \\") + "# trailing\n",
-             r", line 25: expected a '--hash=sha256:<64 hex>' line continuing 'numpy==2\.2\.6' \(line 22\), "
-             r"found '# trailing'\.",
-             r", line 24: 'numpy==2\.2\.6' \(line 22\) has no '# wheel:' line")
+    cut = WRITTEN[: WRITTEN.index("    # via -r overlay\n    # via ray")]
+    _lenient(
+        cut.replace(f"--hash=sha256:{HC}", f"--hash=sha256:{HC} \\") + "# trailing\n",
+        r", line 25: expected a '--hash=sha256:<64 hex>' line continuing 'numpy==2\.2\.6' \(line 22\), "
+        r"found '# trailing'\.",
+        r", line 24: 'numpy==2\.2\.6' \(line 22\) has no '# wheel:' line",
+    )
 
 
 def test_lenient_a_stray_line_right_after_the_hash_list_is_named():
-    lk = _lenient(WRITTEN.replace(f"    --hash=sha256:{HA}\n", f"    --hash=sha256:{HA}\n    stray\n"),
-                  r", line 19: 'stray' under 'click==8\.1\.7' \(line 17\) is neither a '--hash=sha256:' line")
+    lk = _lenient(
+        WRITTEN.replace(f"    --hash=sha256:{HA}\n", f"    --hash=sha256:{HA}\n    stray\n"),
+        r", line 19: 'stray' under 'click==8\.1\.7' \(line 17\) is neither a '--hash=sha256:' line",
+    )
     assert lk.entries[0].wheel.sha256 == HA and lk.entries[0].via == ["-r overlay"]
 
 
 def test_lenient_a_malformed_or_wheel_line_is_no_facts_line():
     # a facts line that does not parse leaves the entry without facts: the line, then the missing facts
     facts = "    # facts: binary=0 extensions=0 numpy-abi=0/0 glibc=- python-abi=none base=-\n"
-    lk = _lenient(WRITTEN.replace(facts, facts.replace("binary=0 extensions=0", "binary=0 oops")),
-                  r", line 21: malformed facts token 'oops'",
-                  r", line 21: 'click==8\.1\.7' \(line 17\) has no '# facts:' line")
+    lk = _lenient(
+        WRITTEN.replace(facts, facts.replace("binary=0 extensions=0", "binary=0 oops")),
+        r", line 21: malformed facts token 'oops'",
+        r", line 21: 'click==8\.1\.7' \(line 17\) has no '# facts:' line",
+    )
     assert lk.entries[0].facts == DistFacts()
     # a (broken) second wheel line in place of the facts line does not stand for it
-    _lenient(WRITTEN.replace(facts, "    # wheel: https://files.example/click-8.1.7-py3-none-any.whl\n"),
-             r", line 21: wheel line lacks '#sha256=<hex>'\.",
-             r", line 21: 'click==8\.1\.7' \(line 17\) has no '# facts:' line")
+    _lenient(
+        WRITTEN.replace(facts, "    # wheel: https://files.example/click-8.1.7-py3-none-any.whl\n"),
+        r", line 21: wheel line lacks '#sha256=<hex>'\.",
+        r", line 21: 'click==8\.1\.7' \(line 17\) has no '# facts:' line",
+    )

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SERIES_ROOT = ROOT / "patches" / "vllm"
 VERSIONS = sorted((d.name for d in SERIES_ROOT.iterdir() if (d / "series").is_file()), key=Version)
 NEWEST = VERSIONS[-1]
-REAL = ["0.26.0", NEWEST]                       # probed against the real wheels in CI (slow)
+REAL = ["0.26.0", NEWEST]  # probed against the real wheels in CI (slow)
 FIXTURES = ROOT / "tests" / "data" / "vllm-targets"
 
 
@@ -38,13 +38,13 @@ def test_every_shipped_release_has_a_series():
 @pytest.mark.parametrize("version", VERSIONS)
 def test_series_structure(version):
     d = SERIES_ROOT / version
-    s = P.load_series(d, version)                 # Applies-To == the folder's version for every patch
-    assert PR.env_requirements(d)                 # its probes' interpreter
+    s = P.load_series(d, version)  # Applies-To == the folder's version for every patch
+    assert PR.env_requirements(d)  # its probes' interpreter
     assert s.wheel_filename and s.wheel_filename.startswith(f"vllm-{version}-")
     assert sorted(s.originals) == sorted(s.targets)
     for p in s.patches:
         assert PR.probe_path(d, p).is_file()
-        if version != "0.26.0":                    # says what changed from the previous release
+        if version != "0.26.0":  # says what changed from the previous release
             assert p.headers.get(PO.PORTED_FIELD, "").startswith("vllm=="), p.name
     assert not list(d.glob("*.conflict")), "an unfinished conflict is shipped"
     manifest = ROOT / "lockfiles" / "base" / f"vllm-openai-v{version}.json"
@@ -86,8 +86,13 @@ def real_wheels() -> list[Path]:
 def test_patch_check_probe_on_the_real_wheel(version):
     """`build-image patch check --vllm V --probe`: every patch applies, is needed, and works,
     through that release's own code on CPU."""
-    r = subprocess.run([str(Path(sys.executable).with_name("build-image")), "patch", "check", "--vllm", version,
-                        "--probe", "--json"], capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    r = subprocess.run(
+        [str(Path(sys.executable).with_name("build-image")), "patch", "check", "--vllm", version, "--probe", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["ok"], (r.stderr[-3000:], json.dumps(doc, indent=1)[:6000])
     for p in doc["patches"]:
@@ -100,16 +105,31 @@ def test_patch_check_probe_on_the_real_wheel(version):
 def test_real_port_from_0_26_to_the_newest(tmp_path):
     """The 0.26.0 series against the newest wheel: nothing passes by accident. The layer-type
     patch's seam is gone (0.32.0+), so it is never `applies`; every status names its evidence."""
-    r = subprocess.run([str(Path(sys.executable).with_name("build-image")), "patch", "port", "--from", "0.26.0",
-                        "--to", NEWEST, "--json", "-o", str(tmp_path / "out")],
-                       capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    r = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("build-image")),
+            "patch",
+            "port",
+            "--from",
+            "0.26.0",
+            "--to",
+            NEWEST,
+            "--json",
+            "-o",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=ROOT,
+    )
     assert r.returncode in (0, 1), r.stderr[-3000:]
     doc = json.loads(r.stdout)
     by = {p["patch"]: p for p in doc["patches"]}
     assert by["0001-layer-type-rewrites.patch"]["status"] not in ("applies", "upstream")
     for p in doc["patches"]:
         assert p["status"] in PO.STATUSES and p["detail"]
-        assert p["probe_unpatched"]["status"] == "fail"      # still needed on the newest release
+        assert p["probe_unpatched"]["status"] == "fail"  # still needed on the newest release
     assert r.returncode == (1 if any(p["status"] in ("merged", "conflict") for p in doc["patches"]) else 0)
 
 
@@ -119,8 +139,22 @@ def test_real_port_from_0_26_to_the_newest(tmp_path):
 def test_upgrade_from_0_26_to_the_newest_markdown():
     """The platform team's command end to end on the real releases: base moves from the shipped
     manifests, the series ported through the real wheels, the overlay re-locked on the newest base."""
-    r = subprocess.run([str(Path(sys.executable).with_name("build-image")), "upgrade", "--from", "0.26.0",
-                        "--to", NEWEST, "--format", "markdown"], capture_output=True, text=True, timeout=2400, cwd=ROOT)
+    r = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("build-image")),
+            "upgrade",
+            "--from",
+            "0.26.0",
+            "--to",
+            NEWEST,
+            "--format",
+            "markdown",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+        cwd=ROOT,
+    )
     assert r.returncode in (0, 1), r.stderr[-3000:]
     md = r.stdout
     assert "| **torch** | 2.11.0 | 2.14.0 |" in md, md[:3000]

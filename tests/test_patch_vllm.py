@@ -36,10 +36,23 @@ ROOT = Path(__file__).resolve().parent.parent
 UV = str(Path(sys.executable).parent / "uv")
 # what vllm.transformers_utils.config and vllm.model_executor.models.gemma4 import on a CPU box
 ENV_REQS = (
-    "torch==2.13.0", "transformers==5.14.1", "psutil==7.2.2", "pyzmq==27.3.0", "cbor2==6.3.0",
-    "aiohttp==3.14.5", "requests==2.34.2", "openai-harmony==0.0.8", "openai==3.57.0", "einops==0.8.2",
-    "pillow==13.0.0", "pybase64==1.5.1", "cachetools==8.0.2", "msgspec==0.23.0", "cloudpickle==3.1.3",
-    "uvloop==0.23.0", "py-cpuinfo==9.0.0",
+    "torch==2.13.0",
+    "transformers==5.14.1",
+    "psutil==7.2.2",
+    "pyzmq==27.3.0",
+    "cbor2==6.3.0",
+    "aiohttp==3.14.5",
+    "requests==2.34.2",
+    "openai-harmony==0.0.8",
+    "openai==3.57.0",
+    "einops==0.8.2",
+    "pillow==13.0.0",
+    "pybase64==1.5.1",
+    "cachetools==8.0.2",
+    "msgspec==0.23.0",
+    "cloudpickle==3.1.3",
+    "uvloop==0.23.0",
+    "py-cpuinfo==9.0.0",
 )
 
 
@@ -79,8 +92,12 @@ def cpu_env(series, real_wheel) -> dict:
         if not (venv / ".complete").exists():
             shutil.rmtree(venv, ignore_errors=True)
             subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(venv)], check=True, timeout=300)
-            r = subprocess.run([UV, "pip", "install", "-q", "--python", str(python), *_find_links(), *ENV_REQS],
-                               capture_output=True, text=True, timeout=900)
+            r = subprocess.run(
+                [UV, "pip", "install", "-q", "--python", str(python), *_find_links(), *ENV_REQS],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
             assert r.returncode == 0, r.stderr[-3000:]
             (venv / ".complete").touch()
         trees = base / f"trees-{_series_key(series, real_wheel)}"
@@ -88,16 +105,22 @@ def cpu_env(series, real_wheel) -> dict:
             shutil.rmtree(trees, ignore_errors=True)
             unpatched = trees / "unpatched"
             with zipfile.ZipFile(real_wheel) as z:
-                members = [m for m in z.namelist()
-                           if (m.startswith("vllm/") and not m.endswith(".so"))
-                           or m.startswith(f"vllm-{VLLM}.dist-info/")]
+                members = [
+                    m
+                    for m in z.namelist()
+                    if (m.startswith("vllm/") and not m.endswith(".so")) or m.startswith(f"vllm-{VLLM}.dist-info/")
+                ]
                 z.extractall(unpatched, members)
             # the patched tree shares unchanged files by hard link; apply_site_packages replaces the targets
             shutil.copytree(unpatched, trees / "patched", copy_function=os.link)
             P.apply_site_packages(series, trees / "patched")
             (trees / ".complete").touch()
-    return {"python": str(python), "unpatched": trees / "unpatched", "patched": trees / "patched",
-            "seconds": round(time.monotonic() - t0, 1)}
+    return {
+        "python": str(python),
+        "unpatched": trees / "unpatched",
+        "patched": trees / "patched",
+        "seconds": round(time.monotonic() - t0, 1),
+    }
 
 
 PROBE = r'''
@@ -202,12 +225,16 @@ print("PROBE-RESULT " + json.dumps(out))
 
 
 def probe(env: dict, tree: str, scenarios: dict) -> dict:
-    r = subprocess.run([env["python"], "-c", PROBE, json.dumps(scenarios)], capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ, PYTHONPATH=str(env[tree]), HF_HUB_OFFLINE="1",
-                                             VLLM_LOGGING_LEVEL="WARNING"))
+    r = subprocess.run(
+        [env["python"], "-c", PROBE, json.dumps(scenarios)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, PYTHONPATH=str(env[tree]), HF_HUB_OFFLINE="1", VLLM_LOGGING_LEVEL="WARNING"),
+    )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("PROBE-RESULT ")]
     assert r.returncode == 0 and lines, f"probe failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
-    return json.loads(lines[-1][len("PROBE-RESULT "):])
+    return json.loads(lines[-1][len("PROBE-RESULT ") :])
 
 
 def _write_config(d: Path, doc: dict) -> str:
@@ -216,14 +243,30 @@ def _write_config(d: Path, doc: dict) -> str:
     return str(d)
 
 
-QWEN_TYPES = ["linear_attention", "qwen_sparse_attention", "linear_attention", "qwen_sparse_attention",
-              "linear_attention", "linear_attention", "linear_attention", "qwen_sparse_attention"]
+QWEN_TYPES = [
+    "linear_attention",
+    "qwen_sparse_attention",
+    "linear_attention",
+    "qwen_sparse_attention",
+    "linear_attention",
+    "linear_attention",
+    "linear_attention",
+    "qwen_sparse_attention",
+]
 
 
 def _qwen_next(layer_types):
-    return {"model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
-            "num_hidden_layers": len(layer_types), "hidden_size": 64, "intermediate_size": 128,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "layer_types": layer_types}
+    return {
+        "model_type": "qwen3_next",
+        "architectures": ["Qwen3NextForCausalLM"],
+        "num_hidden_layers": len(layer_types),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 128,
+        "layer_types": layer_types,
+    }
 
 
 # ------------------------------------------------------------------ the series against the real wheel
@@ -253,8 +296,12 @@ def test_mutated_target_is_refused(series, real_wheel, tmp_path):
 
 
 def test_cli_patch_check_real_wheel_json():
-    r = subprocess.run([str(Path(sys.executable).parent / "build-image"), "patch", "check", "--vllm", VLLM, "--json"],
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "build-image"), "patch", "check", "--vllm", VLLM, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["ok"] and {p["status"] for p in doc["patches"]} == {"applied"}
@@ -272,22 +319,45 @@ def test_cpu_env_trees_hold_original_and_patched_targets(cpu_env, series):
     src = (cpu_env["patched"] / "vllm/model_executor/models/gemma4_mm.py").read_text()
     compile(src, "gemma4_mm.py", "exec")
     assert "from vllm.model_executor.models.gemma4 import _merge_ple_table" in src
-    assert src.index("_merge_ple_table(\n            weights") < src.index("loader.load_weights(weights, "
-                                                                           "mapper=self.hf_to_vllm_mapper)")
+    assert src.index("_merge_ple_table(\n            weights") < src.index(
+        "loader.load_weights(weights, mapper=self.hf_to_vllm_mapper)"
+    )
 
 
 def test_layer_type_rewrite_through_vllm_config_parser(cpu_env, tmp_path):
     declared = _write_config(tmp_path / "declared", _qwen_next(QWEN_TYPES))
     plain = _write_config(tmp_path / "plain", _qwen_next(["linear_attention", "full_attention"]))
-    nested = _write_config(tmp_path / "nested", {
-        "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
-        "text_config": {"model_type": "qwen3_5_text", "num_hidden_layers": 4, "hidden_size": 64, "head_dim": 16,
-                        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
-                        "layer_types": ["linear_attention", "qwen_sparse_attention", "linear_attention",
-                                        "full_attention"]}})
-    llama = _write_config(tmp_path / "llama", {
-        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
-        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128})
+    nested = _write_config(
+        tmp_path / "nested",
+        {
+            "model_type": "qwen3_5",
+            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "text_config": {
+                "model_type": "qwen3_5_text",
+                "num_hidden_layers": 4,
+                "hidden_size": 64,
+                "head_dim": 16,
+                "intermediate_size": 128,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "vocab_size": 128,
+                "layer_types": ["linear_attention", "qwen_sparse_attention", "linear_attention", "full_attention"],
+            },
+        },
+    )
+    llama = _write_config(
+        tmp_path / "llama",
+        {
+            "model_type": "llama",
+            "architectures": ["LlamaForCausalLM"],
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 128,
+        },
+    )
     scen = {  # one process, in this order: "env_off" first, before any rewrite extends transformers' allowed types
         "env_off": {"kind": "config", "model": declared, "env": "{}"},
         "default": {"kind": "config", "model": declared},
@@ -323,20 +393,38 @@ def test_layer_type_rewrite_through_vllm_config_parser(cpu_env, tmp_path):
 
 
 PLE = "embed_tokens_per_layer"
-NAMES = [f"model.language_model.{PLE}.shard_.weight", f"model.{PLE}.shard_.weight", f"{PLE}.shard_.weight",
-         f"model.language_model.{PLE}.weight", f"model.{PLE}.weight", f"{PLE}.weight"]
+NAMES = [
+    f"model.language_model.{PLE}.shard_.weight",
+    f"model.{PLE}.shard_.weight",
+    f"{PLE}.shard_.weight",
+    f"model.language_model.{PLE}.weight",
+    f"model.{PLE}.weight",
+    f"{PLE}.weight",
+]
 
 
 def test_ple_table_names_through_vllm_gemma4_loader(cpu_env):
     scen = {n: {"kind": "ple", "names": [n]} for n in NAMES}
-    scen["shards"] = {"kind": "ple", "names": [f"model.language_model.{PLE}.shard_{i}.weight" for i in (2, 0, 1)],
-                      "rows": [(4, 6), (0, 2), (2, 4)]}
-    scen["short_shards"] = {"kind": "ple", "names": [f"{PLE}.shard_{i}.weight" for i in (0, 1)],
-                            "rows": [(0, 3), (3, 6)]}
-    scen["missing"] = {"kind": "ple", "names": [f"model.{PLE}.shard_{i}.weight" for i in (0, 2)],
-                       "rows": [(0, 3), (3, 6)]}
-    scen["short_total"] = {"kind": "ple", "names": [f"model.{PLE}.shard_{i}.weight" for i in (0, 1)],
-                           "rows": [(0, 2), (2, 4)]}
+    scen["shards"] = {
+        "kind": "ple",
+        "names": [f"model.language_model.{PLE}.shard_{i}.weight" for i in (2, 0, 1)],
+        "rows": [(4, 6), (0, 2), (2, 4)],
+    }
+    scen["short_shards"] = {
+        "kind": "ple",
+        "names": [f"{PLE}.shard_{i}.weight" for i in (0, 1)],
+        "rows": [(0, 3), (3, 6)],
+    }
+    scen["missing"] = {
+        "kind": "ple",
+        "names": [f"model.{PLE}.shard_{i}.weight" for i in (0, 2)],
+        "rows": [(0, 3), (3, 6)],
+    }
+    scen["short_total"] = {
+        "kind": "ple",
+        "names": [f"model.{PLE}.shard_{i}.weight" for i in (0, 1)],
+        "rows": [(0, 2), (2, 4)],
+    }
     scen["bad_whole"] = {"kind": "ple", "names": [f"{PLE}.shard_.weight"], "rows": [(0, 5)]}
 
     before = probe(cpu_env, "unpatched", {k: scen[k] for k in NAMES[:3] + NAMES[5:]})
@@ -348,8 +436,10 @@ def test_ple_table_names_through_vllm_gemma4_loader(cpu_env):
 
     got = probe(cpu_env, "patched", scen)
     for key in NAMES + ["shards", "short_shards"]:
-        assert got[key] == {"loaded": ["model.embed_tokens_per_layer.weight"], "equal": True,
-                            "untouched": False}, (key, got[key])
+        assert got[key] == {"loaded": ["model.embed_tokens_per_layer.weight"], "equal": True, "untouched": False}, (
+            key,
+            got[key],
+        )
     assert "shard(s) [1] missing" in got["missing"]["error"]
     assert "has shape (4, 6), expected (6, 6)" in got["short_total"]["error"]
     assert "has shape (5, 6), expected (6, 6)" in got["bad_whole"]["error"]
@@ -359,14 +449,25 @@ def test_ple_table_names_through_vllm_gemma4_multimodal_loader(cpu_env):
     """The same names through Gemma4ForConditionalGeneration.load_weights (patched in gemma4_mm.py), whose
     hf_to_vllm_mapper hands the table to the language model's loader; shape checked there."""
     scen = {n: {"kind": "ple", "mm": True, "names": [n]} for n in NAMES}
-    scen["shards"] = {"kind": "ple", "mm": True, "names": [f"{PLE}.shard_{i}.weight" for i in (1, 0)],
-                      "rows": [(3, 6), (0, 3)]}
-    scen["missing"] = {"kind": "ple", "mm": True, "names": [f"model.{PLE}.shard_{i}.weight" for i in (0, 2)],
-                       "rows": [(0, 3), (3, 6)]}
+    scen["shards"] = {
+        "kind": "ple",
+        "mm": True,
+        "names": [f"{PLE}.shard_{i}.weight" for i in (1, 0)],
+        "rows": [(3, 6), (0, 3)],
+    }
+    scen["missing"] = {
+        "kind": "ple",
+        "mm": True,
+        "names": [f"model.{PLE}.shard_{i}.weight" for i in (0, 2)],
+        "rows": [(0, 3), (3, 6)],
+    }
     scen["bad_whole"] = {"kind": "ple", "mm": True, "names": [f"{PLE}.shard_.weight"], "rows": [(0, 5)]}
     got = probe(cpu_env, "patched", scen)
     for key in NAMES + ["shards"]:
-        assert got[key] == {"loaded": ["language_model.model.embed_tokens_per_layer.weight"], "equal": True,
-                            "untouched": False}, (key, got[key])
+        assert got[key] == {
+            "loaded": ["language_model.model.embed_tokens_per_layer.weight"],
+            "equal": True,
+            "untouched": False,
+        }, (key, got[key])
     assert "shard(s) [1] missing" in got["missing"]["error"]
     assert "has shape (5, 6), expected (6, 6)" in got["bad_whole"]["error"]

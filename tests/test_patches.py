@@ -62,10 +62,13 @@ def tree(tmp_path) -> Path:
 def series(tmp_path, tree) -> P.Series:
     a = ORIG
     b = ORIG.replace("line", "row")
-    d = write_series(tmp_path / "series", {
-        "0001-a.patch": make_diff("vllm/a.py", a, edit(a, 10, "line ten (patched)\n")),
-        "0002-b.patch": make_diff("vllm/sub/b.py", b, edit(edit(b, 5, "row five\n"), 30, "row thirty\n")),
-    })
+    d = write_series(
+        tmp_path / "series",
+        {
+            "0001-a.patch": make_diff("vllm/a.py", a, edit(a, 10, "line ten (patched)\n")),
+            "0002-b.patch": make_diff("vllm/sub/b.py", b, edit(edit(b, 5, "row five\n"), 30, "row thirty\n")),
+        },
+    )
     sums = {"vllm/a.py": sha256_bytes(a.encode()), "vllm/sub/b.py": sha256_bytes(b.encode())}
     (d / P.ORIG_SUMS).write_text(P.format_sums(sums))
     return P.load_series(d, "0.26.0")
@@ -84,8 +87,9 @@ def test_load_series_reads_headers_and_targets(series):
 
 
 def test_wrong_applies_to_refused(tmp_path):
-    d = write_series(tmp_path / "s", {"0001.patch": make_diff("vllm/a.py", ORIG, edit(ORIG, 2, "x\n"))},
-                     applies="vllm==0.25.1")
+    d = write_series(
+        tmp_path / "s", {"0001.patch": make_diff("vllm/a.py", ORIG, edit(ORIG, 2, "x\n"))}, applies="vllm==0.25.1"
+    )
     with pytest.raises(BadInput, match=r"vllm==0\.25\.1.*not vllm==0\.26\.0"):
         P.load_series(d, "0.26.0")
     assert P.load_series(d).version == "0.25.1"
@@ -94,8 +98,9 @@ def test_wrong_applies_to_refused(tmp_path):
 def test_missing_header_field_named(tmp_path):
     d = tmp_path / "s"
     d.mkdir()
-    (d / "0001.patch").write_text("Subject: x\nApplies-To: vllm==0.26.0\n\n"
-                                  + make_diff("vllm/a.py", ORIG, edit(ORIG, 2, "x\n")))
+    (d / "0001.patch").write_text(
+        "Subject: x\nApplies-To: vllm==0.26.0\n\n" + make_diff("vllm/a.py", ORIG, edit(ORIG, 2, "x\n"))
+    )
     (d / "series").write_text("0001.patch\n")
     with pytest.raises(BadInput, match="Why, Upstream-Status, Risk"):
         P.load_series(d)
@@ -107,11 +112,14 @@ def test_series_dir_for_unknown_version_lists_available():
     assert P.series_dir_for("0.26.0").name == "0.26.0"
 
 
-@pytest.mark.parametrize("path,msg", [
-    ("tests/a.py", "outside the vllm/ package"),
-    ("/etc/passwd", "absolute path"),
-    ("vllm/../setup.py", r"'\.\.'"),
-])
+@pytest.mark.parametrize(
+    "path,msg",
+    [
+        ("tests/a.py", "outside the vllm/ package"),
+        ("/etc/passwd", "absolute path"),
+        ("vllm/../setup.py", r"'\.\.'"),
+    ],
+)
 def test_forbidden_paths_refused(tmp_path, path, msg):
     diff = f"--- a/{path}\n+++ b/{path}\n@@ -1,1 +1,1 @@\n-x\n+y\n"
     if path.startswith("/"):
@@ -121,16 +129,25 @@ def test_forbidden_paths_refused(tmp_path, path, msg):
         P.load_series(d)
 
 
-@pytest.mark.parametrize("diff,msg", [
-    ("diff --git a/vllm/a.py b/vllm/b.py\nsimilarity index 90%\nrename from vllm/a.py\nrename to vllm/b.py\n",
-     "renames"),
-    ("diff --git a/vllm/l b/vllm/l\nnew file mode 120000\n--- /dev/null\n+++ b/vllm/l\n@@ -0,0 +1 @@\n+/etc\n",
-     "symlink"),
-    ("diff --git a/vllm/x.so b/vllm/x.so\nBinary files a/vllm/x.so and b/vllm/x.so differ\n", "binary"),
-    ("--- /dev/null\n+++ b/vllm/new.py\n@@ -0,0 +1 @@\n+x\n",
-     r"creates or deletes a file \('/dev/null'\); a series may only modify existing files\.$"),
-    ("--- a/vllm/a.py\n+++ b/vllm/b.py\n@@ -1 +1 @@\n-x\n+y\n", "renames"),
-])
+@pytest.mark.parametrize(
+    "diff,msg",
+    [
+        (
+            "diff --git a/vllm/a.py b/vllm/b.py\nsimilarity index 90%\nrename from vllm/a.py\nrename to vllm/b.py\n",
+            "renames",
+        ),
+        (
+            "diff --git a/vllm/l b/vllm/l\nnew file mode 120000\n--- /dev/null\n+++ b/vllm/l\n@@ -0,0 +1 @@\n+/etc\n",
+            "symlink",
+        ),
+        ("diff --git a/vllm/x.so b/vllm/x.so\nBinary files a/vllm/x.so and b/vllm/x.so differ\n", "binary"),
+        (
+            "--- /dev/null\n+++ b/vllm/new.py\n@@ -0,0 +1 @@\n+x\n",
+            r"creates or deletes a file \('/dev/null'\); a series may only modify existing files\.$",
+        ),
+        ("--- a/vllm/a.py\n+++ b/vllm/b.py\n@@ -1 +1 @@\n-x\n+y\n", "renames"),
+    ],
+)
 def test_renames_symlinks_binary_new_files_refused(tmp_path, diff, msg):
     d = write_series(tmp_path / "s", {"0001.patch": diff})
     with pytest.raises(PatchFailed, match=msg):
@@ -143,8 +160,10 @@ def test_applies_cleanly_then_already_applied(series, tree, tmp_path):
     assert [r.status for r in res] == ["applied", "applied"]
     out = tmp_path / "out"
     done = P.apply_to_dir(series, tree, out)
-    assert (sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-            == ["vllm/a.py", "vllm/sub/b.py"])
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "vllm/a.py",
+        "vllm/sub/b.py",
+    ]
     assert (out / "vllm/a.py").read_text() == edit(ORIG, 10, "line ten (patched)\n")
     for f in done:
         assert f.original_sha256 == sha256_file(tree / f.relpath)
@@ -196,8 +215,11 @@ def test_symlink_in_tree_refused(series, tree, tmp_path):
         f.unlink()
     (tree / "vllm/sub").rmdir()
     (tree / "vllm/sub").symlink_to(real)
-    with pytest.raises(PatchFailed, match=rf"^{re.escape(str(tree))}: vllm/sub is a symlink; patching through "
-                                          r"symlinks is refused\.$"):
+    with pytest.raises(
+        PatchFailed,
+        match=rf"^{re.escape(str(tree))}: vllm/sub is a symlink; patching through "
+        r"symlinks is refused\.$",
+    ):
         P.check(series, tree)
 
 
@@ -207,7 +229,7 @@ def test_symlink_in_wheel_refused(series, tmp_path):
     with zipfile.ZipFile(whl, "w") as z:
         z.writestr("vllm/a.py", ORIG)
         link = zipfile.ZipInfo("vllm/sub/b.py")
-        link.external_attr = (0o120777 << 16)
+        link.external_attr = 0o120777 << 16
         z.writestr(link, "../a.py")
     with pytest.raises(PatchFailed, match="vllm/sub/b.py is a symlink in the wheel"):
         P.check(series, whl)
@@ -272,8 +294,9 @@ def test_cli_check_json_and_exit_codes(series, tree):
     r = CliRunner().invoke(main, ["patch", "check", "--series", str(series.dir), "--wheel", str(tree)])
     assert r.exit_code == PatchFailed.exit_code
     assert "does-not-apply" in r.output and "offset +1" in r.output
-    r = CliRunner().invoke(main,
-                           ["patch", "check", "--series", str(series.dir), "--vllm", "0.25.0", "--wheel", str(tree)])
+    r = CliRunner().invoke(
+        main, ["patch", "check", "--series", str(series.dir), "--vllm", "0.25.0", "--wheel", str(tree)]
+    )
     assert r.exit_code == BadInput.exit_code and "not vllm==0.25.0" in r.output
 
 
@@ -352,11 +375,21 @@ def test_vllm_wheel_via_pypi_json_fallback_and_override(server, cache, monkeypat
     (server.root / "files").mkdir()
     (server.root / "files" / name).write_bytes(data)
     (server.root / "vllm").mkdir()
-    files = [{"filename": "vllm-9.9.9.tar.gz", "packagetype": "sdist", "url": "../files/x.tgz",
-              "digests": {"sha256": "1" * 64}},
-             {"filename": name.replace("x86_64", "aarch64"), "packagetype": "bdist_wheel", "url": "../files/a.whl",
-              "digests": {"sha256": "2" * 64}},
-             {"filename": name, "packagetype": "bdist_wheel", "url": f"../files/{name}", "digests": {"sha256": sha}}]
+    files = [
+        {
+            "filename": "vllm-9.9.9.tar.gz",
+            "packagetype": "sdist",
+            "url": "../files/x.tgz",
+            "digests": {"sha256": "1" * 64},
+        },
+        {
+            "filename": name.replace("x86_64", "aarch64"),
+            "packagetype": "bdist_wheel",
+            "url": "../files/a.whl",
+            "digests": {"sha256": "2" * 64},
+        },
+        {"filename": name, "packagetype": "bdist_wheel", "url": f"../files/{name}", "digests": {"sha256": sha}},
+    ]
     # no per-version document (404): the project document's releases are used; relative URLs resolved
     (server.root / "vllm" / "json").write_text(json.dumps({"releases": {"9.9.9": files}}))
     monkeypatch.setattr(F, "PYPI_JSON", server.url)

@@ -19,8 +19,9 @@ def _model(tmp_path: Path) -> Path:
     m.mkdir()
     shutil.copy(DATA / "tiny_qwen3" / "config.json", m / "config.json")
     # 60 GiB of "weights" on an 80 GiB card, declared through the index (no real tensors needed).
-    (m / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": 60 << 30},
-                                                                "weight_map": {}}))
+    (m / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": 60 << 30}, "weight_map": {}})
+    )
     return m
 
 

@@ -81,9 +81,26 @@ def world(tmp_path, monkeypatch, wheelhouse):
     write_wheel(house, "vllm", "0.26.0", "py3-none-any", {"vllm/__init__.py": "__version__ = '0.26.0'\n"})
     sp = install_into(tmp_path / "sp", ["vllm==0.26.0", "numpy==1.26.4"], house)
     manifest = tmp_path / "base.json"
-    r = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35",
-                                  "--cuda", "13.0", "--image-ref", BASE_REF, "-o", str(manifest)],
-                           catch_exceptions=False)
+    r = CliRunner().invoke(
+        main,
+        [
+            "base",
+            "snapshot",
+            "--site-packages",
+            str(sp),
+            "--python",
+            "3.12",
+            "--glibc",
+            "2.35",
+            "--cuda",
+            "13.0",
+            "--image-ref",
+            BASE_REF,
+            "-o",
+            str(manifest),
+        ],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     engine, registry = MemoryEngine(), MemoryRegistry()
     import builder.image.registry as R
@@ -154,9 +171,14 @@ def _request(world, **kw):
     from builder.pipeline import PipelineRequest
     from builder.spec import Spec
 
-    spec = Spec().with_flags(base=str(world.manifest), lock=str(world.tmp / "overlay.lock"),
-                             with_=["purepkg==1.0.0", "stableabi==1.0.0"], find_links=[str(world.house)],
-                             no_index=True, repo="127.0.0.1:5000/serving/vllm")
+    spec = Spec().with_flags(
+        base=str(world.manifest),
+        lock=str(world.tmp / "overlay.lock"),
+        with_=["purepkg==1.0.0", "stableabi==1.0.0"],
+        find_links=[str(world.house)],
+        no_index=True,
+        repo="127.0.0.1:5000/serving/vllm",
+    )
     return PipelineRequest(spec=spec, out=world.tmp / "ctx", default_overlay=False, no_patches=True, **kw)
 
 
@@ -181,8 +203,10 @@ def test_the_pipeline_hands_each_stage_the_previous_result_and_hashes_each_wheel
     labels = dict(res.rendered.labels)  # the labels the Dockerfile sets, the SBOM's digest among them
     sbom = (res.rendered.out_dir / "sbom.cdx.json").read_bytes()
     assert labels["org.build-image.sbom-sha256"] == hashlib.sha256(sbom).hexdigest()
-    assert f'org.build-image.sbom-sha256="{labels["org.build-image.sbom-sha256"]}"' in \
-        (res.rendered.out_dir / "Dockerfile").read_text()
+    assert (
+        f'org.build-image.sbom-sha256="{labels["org.build-image.sbom-sha256"]}"'
+        in (res.rendered.out_dir / "Dockerfile").read_text()
+    )
     assert world.engine.builds == [(res.rendered.out_dir, list(res.rendered.tags))]
     assert res.built.tags == res.rendered.tags and res.built.image_id == IMAGE_ID
     assert world.engine.pushes == list(res.rendered.tags)
@@ -203,8 +227,11 @@ def test_build_of_a_context_read_from_disk_hashes_each_wheel_once(world, monkeyp
     res = run(_request(world), RichReporter(Console(file=io.StringIO())), engine=world.engine)
     assert res.status == "built"
     counts = _count_hashes(monkeypatch)
-    r = CliRunner().invoke(main, ["build", str(res.rendered.out_dir), "--tag", "127.0.0.1:5000/serving/vllm", "--json"],
-                           catch_exceptions=False)
+    r = CliRunner().invoke(
+        main,
+        ["build", str(res.rendered.out_dir), "--tag", "127.0.0.1:5000/serving/vllm", "--json"],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     wheels = [e.wheel.filename for e in res.locked.entries]
     assert counts.of(wheels) == {w: 1 for w in wheels}, counts
@@ -399,12 +426,17 @@ def test_the_series_is_located_and_loaded_once_and_its_text_reaches_the_sbom(wor
     import builder.pipeline as PL
 
     old = "__version__ = '0.26.0'\n"
-    diff = "".join(difflib.unified_diff([old], ["__version__ = '0.26.0'  # patched\n"], "a/vllm/__init__.py",
-                                        "b/vllm/__init__.py", n=3))
+    diff = "".join(
+        difflib.unified_diff(
+            [old], ["__version__ = '0.26.0'  # patched\n"], "a/vllm/__init__.py", "b/vllm/__init__.py", n=3
+        )
+    )
     series = world.tmp / "series"
     series.mkdir()
-    patch = ("Subject: mark the version\nWhy: test\nApplies-To: vllm==0.26.0\nUpstream-Status: Inappropriate [test]\n"
-             "Risk: none\n\n" + diff)
+    patch = (
+        "Subject: mark the version\nWhy: test\nApplies-To: vllm==0.26.0\nUpstream-Status: Inappropriate [test]\n"
+        "Risk: none\n\n" + diff
+    )
     (series / "0001-mark.patch").write_text(patch)
     (series / "series").write_text("0001-mark.patch\n")
     (series / P.ORIG_SUMS).write_text(P.format_sums({"vllm/__init__.py": P.sha256_bytes(old.encode())}))

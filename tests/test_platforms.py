@@ -27,17 +27,35 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # --------------------------------------------------------------------------- the grammar
-@pytest.mark.parametrize("text, want", [
-    ("linux/amd64", (P.AMD64,)), ("linux/arm64", (P.ARM64,)), ("linux/arm64/v8", (P.ARM64,)),
-    ("linux/amd64,linux/arm64", (P.AMD64, P.ARM64)), ("linux/arm64, linux/amd64", (P.ARM64, P.AMD64)),
-    ("linux/amd64,linux/amd64", (P.AMD64,)), (None, (P.AMD64,)), ("", (P.AMD64,)),
-])
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("linux/amd64", (P.AMD64,)),
+        ("linux/arm64", (P.ARM64,)),
+        ("linux/arm64/v8", (P.ARM64,)),
+        ("linux/amd64,linux/arm64", (P.AMD64, P.ARM64)),
+        ("linux/arm64, linux/amd64", (P.ARM64, P.AMD64)),
+        ("linux/amd64,linux/amd64", (P.AMD64,)),
+        (None, (P.AMD64,)),
+        ("", (P.AMD64,)),
+    ],
+)
 def test_platform_lists_parse_in_the_order_given_each_once(text, want):
     assert P.parse_list(text) == want
 
 
-@pytest.mark.parametrize("text", ["linux/arm/v7", "linux/ppc64le", "darwin/arm64", "windows/amd64", "arm64",
-                                  "linux/amd64,,linux/arm64", "linux/amd64\nFROM evil"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "linux/arm/v7",
+        "linux/ppc64le",
+        "darwin/arm64",
+        "windows/amd64",
+        "arm64",
+        "linux/amd64,,linux/arm64",
+        "linux/amd64\nFROM evil",
+    ],
+)
 def test_a_platform_no_cuda_image_is_published_for_is_refused_naming_the_known_ones(text):
     with pytest.raises(BadInput) as exc:
         P.parse_list(text)
@@ -46,8 +64,12 @@ def test_a_platform_no_cuda_image_is_published_for_is_refused_naming_the_known_o
 
 
 def test_each_tool_s_spelling_of_a_platform_comes_from_one_place():
-    assert (P.ARM64.name, P.ARM64.slug, P.ARM64.machine, P.ARM64.elf) == ("linux/arm64", "linux-arm64", "aarch64",
-                                                                          "EM_AARCH64")
+    assert (P.ARM64.name, P.ARM64.slug, P.ARM64.machine, P.ARM64.elf) == (
+        "linux/arm64",
+        "linux-arm64",
+        "aarch64",
+        "EM_AARCH64",
+    )
     assert P.ARM64.uv_platform("2.39") == "aarch64-manylinux_2_39"
     assert P.from_uv_platform("x86_64-manylinux_2_35") == P.AMD64
     assert P.from_oci("linux", "arm64", "v8") == P.ARM64 and P.from_oci("linux", "arm", "v7") is None
@@ -55,7 +77,9 @@ def test_each_tool_s_spelling_of_a_platform_comes_from_one_place():
 
 
 # --------------------------------------------------------------------------- the recipe of the aarch64 image
-ARM_PIPELINE = PIPELINE + """\
+ARM_PIPELINE = (
+    PIPELINE
+    + """\
       - label: "Build release image - aarch64 - CUDA 13.0"
         commands:
           - |
@@ -70,6 +94,7 @@ ARM_PIPELINE = PIPELINE + """\
         commands:
           - "docker manifest create r:$BUILDKITE_COMMIT r:$BUILDKITE_COMMIT-x86_64 r:$BUILDKITE_COMMIT-aarch64 --amend"
 """
+)
 # an install that only the arm64 image runs, decided on TARGETPLATFORM as vllm's Dockerfile does
 ARM_DOCKERFILE = DOCKERFILE.replace(
     'RUN uv pip install --system accelerate "timm${TIMM_VERSION}"',
@@ -78,12 +103,15 @@ ARM_DOCKERFILE = DOCKERFILE.replace(
     'RUN case "${TARGETPLATFORM}" in \\\n'
     '      linux/arm64) uv pip install --system grace-only==1.0 ;; \\\n'
     '      *) uv pip install --system x86-only==1.0 ;; \\\n'
-    '    esac')
+    '    esac',
+)
 
 
 def _derive(platform, pipeline=ARM_PIPELINE, dockerfile=ARM_DOCKERFILE):
-    return R.derive(R.BuildFiles("0.99.0", R.SdistRef("vllm-0.99.0.tar.gz", "0" * 64),
-                                 build_files(dockerfile, pipeline)), platform=platform)
+    return R.derive(
+        R.BuildFiles("0.99.0", R.SdistRef("vllm-0.99.0.tar.gz", "0" * 64), build_files(dockerfile, pipeline)),
+        platform=platform,
+    )
 
 
 def test_the_aarch64_recipe_is_the_aarch64_pipeline_step_with_its_build_args_and_target_platform():
@@ -123,8 +151,9 @@ def test_the_shipped_aarch64_base_manifests_and_locks_are_the_tool_s_and_of_one_
     assert lock.header["platform"] == m.platform and lock.header["vllm"] == vllm
     assert lock.header["base-ref"] == f"vllm/vllm-openai:v{vllm}"
     for e in lock.entries:  # every wheel is for aarch64 or for any machine, never x86_64
-        assert "x86_64" not in e.wheel.filename and ("aarch64" in e.wheel.filename or e.wheel.filename.endswith(
-            "-any.whl")), e.wheel.filename
+        assert "x86_64" not in e.wheel.filename and (
+            "aarch64" in e.wheel.filename or e.wheel.filename.endswith("-any.whl")
+        ), e.wheel.filename
     assert (default_lock_path(vllm, P.ARM64).parent / "pylock.toml").is_file()
     # the default platform's files keep their names and say x86_64
     assert load_manifest(default_base_manifest(vllm)).platform.startswith("x86_64-")
@@ -147,8 +176,15 @@ def test_a_release_without_an_aarch64_manifest_here_is_exit_2_with_the_commands_
     assert not (tmp_path / "r.lock").exists()
 
 
-@pytest.mark.parametrize("args", [["lock", "--vllm", "0.33.0"], ["render", "--vllm", "0.33.0"],
-                                  ["--vllm", "0.33.0"], ["base", "recipe", "--vllm", "0.33.0"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["lock", "--vllm", "0.33.0"],
+        ["render", "--vllm", "0.33.0"],
+        ["--vllm", "0.33.0"],
+        ["base", "recipe", "--vllm", "0.33.0"],
+    ],
+)
 def test_an_unknown_platform_is_exit_2_on_every_command_that_takes_one(args, tmp_path):
     code, out = run(*args, "--platform", "linux/arm/v7")
     assert code == 2, out
@@ -157,12 +193,22 @@ def test_an_unknown_platform_is_exit_2_on_every_command_that_takes_one(args, tmp
 
 def test_a_base_of_another_platform_than_the_lock_is_exit_2_naming_both(tmp_path):
     out_lock = tmp_path / "r.lock"
-    code, out = run("lock", "--vllm", "0.33.0", "--platform", "linux/arm64", "--base",
-                    str(default_base_manifest("0.33.0")), "-o", str(out_lock))
+    code, out = run(
+        "lock",
+        "--vllm",
+        "0.33.0",
+        "--platform",
+        "linux/arm64",
+        "--base",
+        str(default_base_manifest("0.33.0")),
+        "-o",
+        str(out_lock),
+    )
     assert code == 2, out
     assert "describes a linux/amd64 image (x86_64-manylinux_2_39), but the lock is for linux/arm64" in out
-    code, out = run("lock", "--vllm", "0.33.0", "--base", str(default_base_manifest("0.33.0", P.ARM64)),
-                    "-o", str(out_lock))
+    code, out = run(
+        "lock", "--vllm", "0.33.0", "--base", str(default_base_manifest("0.33.0", P.ARM64)), "-o", str(out_lock)
+    )
     assert code == 2, out
     assert "describes a linux/arm64 image (aarch64-manylinux_2_39), but the lock is for linux/amd64" in out
     assert not out_lock.exists()
@@ -187,10 +233,12 @@ def _so(tmp_path: Path, machine: int | None = None) -> bytes:
 
 
 def test_the_scanner_reads_each_elf_file_s_machine(tmp_path):
-    x86 = write_wheel(tmp_path, "native", "1.0", "cp312-cp312-manylinux_2_17_x86_64",
-                      {"native/m.so": _so(tmp_path, 62)})
-    arm = write_wheel(tmp_path, "native", "2.0", "cp312-cp312-manylinux_2_17_aarch64",
-                      {"native/m.so": _so(tmp_path, 183)})
+    x86 = write_wheel(
+        tmp_path, "native", "1.0", "cp312-cp312-manylinux_2_17_x86_64", {"native/m.so": _so(tmp_path, 62)}
+    )
+    arm = write_wheel(
+        tmp_path, "native", "2.0", "cp312-cp312-manylinux_2_17_aarch64", {"native/m.so": _so(tmp_path, 183)}
+    )
     assert scan_wheel(x86)[2].machines == {"EM_X86_64": 1}
     assert scan_wheel(arm)[2].machines == {"EM_AARCH64": 1}
     assert foreign_machines(scan_wheel(x86)[2], "aarch64-manylinux_2_39") == {"EM_X86_64": 1}
@@ -198,21 +246,39 @@ def test_the_scanner_reads_each_elf_file_s_machine(tmp_path):
     assert foreign_machines(scan_wheel(arm)[2], "aarch64-manylinux_2_39") == {}
 
 
-@pytest.mark.parametrize("platform, tag, machine, other", [
-    ("linux/arm64", "cp312-cp312-manylinux_2_17_aarch64", 62, "EM_X86_64"),   # x86_64 code under an aarch64 tag
-    ("linux/amd64", "cp312-cp312-manylinux_2_17_x86_64", 183, "EM_AARCH64"),  # the reverse
-])
-def test_the_gate_refuses_a_wheel_whose_elf_files_are_for_the_other_machine(tmp_path, private_cache, platform, tag,
-                                                                             machine, other):
+@pytest.mark.parametrize(
+    "platform, tag, machine, other",
+    [
+        ("linux/arm64", "cp312-cp312-manylinux_2_17_aarch64", 62, "EM_X86_64"),  # x86_64 code under an aarch64 tag
+        ("linux/amd64", "cp312-cp312-manylinux_2_17_x86_64", 183, "EM_AARCH64"),  # the reverse
+    ],
+)
+def test_the_gate_refuses_a_wheel_whose_elf_files_are_for_the_other_machine(
+    tmp_path, private_cache, platform, tag, machine, other
+):
     links = tmp_path / "links"
     links.mkdir()
     write_wheel(links, "crafted-native", "1.0", tag, {"crafted_native/m.so": _so(tmp_path, machine)})
     target = P.parse(platform)
     out_lock = tmp_path / "r.lock"
-    code, out = run("lock", "--vllm", "0.33.0", "--platform", platform, "--no-default-overlay", "--no-index",
-                    "--find-links", str(links), "--with", "crafted-native==1.0", "-o", str(out_lock), "--json")
+    code, out = run(
+        "lock",
+        "--vllm",
+        "0.33.0",
+        "--platform",
+        platform,
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(links),
+        "--with",
+        "crafted-native==1.0",
+        "-o",
+        str(out_lock),
+        "--json",
+    )
     assert code == 3, out
-    doc, _end = json.JSONDecoder().raw_decode(out[out.index("{"):])  # the document; the message follows on stderr
+    doc, _end = json.JSONDecoder().raw_decode(out[out.index("{") :])  # the document; the message follows on stderr
     assert doc["status"] == "abi-rejected" and not out_lock.exists()
     (finding,) = [v for v in doc["gate"]["violations"] if v["rule"] == ELF_MACHINE]
     assert finding["name"] == "crafted-native" and other in finding["message"]
@@ -223,8 +289,7 @@ def test_the_gate_refuses_a_wheel_whose_elf_files_are_for_the_other_machine(tmp_
 @pytest.mark.slow
 def test_an_aarch64_lock_of_the_default_overlay_resolves_from_pypi_on_the_aarch64_base(tmp_path):
     out_lock = tmp_path / "requirements.lock"
-    code, out = run("lock", "--vllm", "0.33.0", "--platform", "linux/arm64", "--upgrade", "-o", str(out_lock),
-                    "--json")
+    code, out = run("lock", "--vllm", "0.33.0", "--platform", "linux/arm64", "--upgrade", "-o", str(out_lock), "--json")
     assert code == 0, out
     lock = load_lock(out_lock)
     base = load_manifest(default_base_manifest("0.33.0", P.ARM64))
@@ -240,10 +305,11 @@ def test_an_aarch64_lock_of_the_default_overlay_resolves_from_pypi_on_the_aarch6
 @pytest.mark.slow
 def test_a_two_platform_render_writes_one_context_per_platform_and_the_build_plan(tmp_path):
     ctx = tmp_path / "ctx"
-    code, out = run("render", "--vllm", "0.33.0", "--platform", "linux/amd64,linux/arm64", "--no-patches",
-                    "-o", str(ctx), "--json")
+    code, out = run(
+        "render", "--vllm", "0.33.0", "--platform", "linux/amd64,linux/arm64", "--no-patches", "-o", str(ctx), "--json"
+    )
     assert code == 0, out
-    doc, _end = json.JSONDecoder().raw_decode(out[out.index('{\n  "context"'):])
+    doc, _end = json.JSONDecoder().raw_decode(out[out.index('{\n  "context"') :])
     assert [p["platform"] for p in doc["platforms"]] == ["linux/amd64", "linux/arm64"]
     assert json.loads((ctx / "platforms.json").read_text())["platforms"] == doc["platforms"]
     for p in doc["platforms"]:
@@ -260,14 +326,16 @@ def test_a_two_platform_render_writes_one_context_per_platform_and_the_build_pla
     assert ["--platform linux/amd64" in builds[0], "--platform linux/arm64" in builds[1]] == [True, True]
     # a file render did not write is never deleted by the next render
     (ctx / "linux-arm64" / "NOTES.md").write_text("mine")
-    code, out = run("render", "--vllm", "0.33.0", "--platform", "linux/amd64,linux/arm64", "--no-patches",
-                    "-o", str(ctx))
+    code, out = run(
+        "render", "--vllm", "0.33.0", "--platform", "linux/amd64,linux/arm64", "--no-patches", "-o", str(ctx)
+    )
     assert code == 2 and "NOTES.md" in out and (ctx / "linux-arm64" / "NOTES.md").read_text() == "mine"
 
 
 def test_upgrade_for_a_platform_without_a_s_base_is_exit_2_before_any_work(tmp_path):
-    code, out = run("upgrade", "--from", "0.26.0", "--to", "0.27.0", "--platform", "linux/amd64,linux/arm64",
-                    "-o", str(tmp_path))
+    code, out = run(
+        "upgrade", "--from", "0.26.0", "--to", "0.27.0", "--platform", "linux/amd64,linux/arm64", "-o", str(tmp_path)
+    )
     assert code == 2, out
     assert "no linux/arm64 base manifest for vllm 0.26.0" in out
     assert "build-image base reconstruct --vllm 0.26.0 --platform linux/arm64" in out
@@ -276,10 +344,11 @@ def test_upgrade_for_a_platform_without_a_s_base_is_exit_2_before_any_work(tmp_p
 
 @pytest.mark.slow
 def test_upgrade_reports_each_platform_its_base_moves_and_its_lock(tmp_path):
-    code, out = run("upgrade", "--from", "0.33.0", "--to", "0.34.0", "--platform", "linux/amd64,linux/arm64",
-                    "--format", "json")
+    code, out = run(
+        "upgrade", "--from", "0.33.0", "--to", "0.34.0", "--platform", "linux/amd64,linux/arm64", "--format", "json"
+    )
     assert code == 0, out
-    doc, _end = json.JSONDecoder().raw_decode(out[out.index('{\n  "schema"'):])
+    doc, _end = json.JSONDecoder().raw_decode(out[out.index('{\n  "schema"') :])
     (arm,) = doc["platforms"]
     assert arm["platform"] == "linux/arm64" and arm["base"]["to_source"] == "shipped"
     assert arm["base"]["to"].endswith("vllm-openai-v0.34.0-linux-arm64.json")
@@ -290,8 +359,9 @@ def test_upgrade_reports_each_platform_its_base_moves_and_its_lock(tmp_path):
 
 
 def test_diff_of_two_aarch64_locks_reads_the_aarch64_base_manifests():
-    code, out = run("diff", str(default_lock_path("0.33.0", P.ARM64)), str(default_lock_path("0.34.0", P.ARM64)),
-                    "--json")
+    code, out = run(
+        "diff", str(default_lock_path("0.33.0", P.ARM64)), str(default_lock_path("0.34.0", P.ARM64)), "--json"
+    )
     assert code in (0, 1), out
     assert "vllm-openai-v0.34.0-linux-arm64.json" in out and "vllm-openai-v0.34.0.json" not in out
     assert '"numpy"' in out or "numpy" in out  # the base move read from the aarch64 manifests
@@ -301,10 +371,24 @@ def test_a_wheel_without_an_aarch64_build_is_named_with_the_requirement_that_nee
     links = tmp_path / "links"
     links.mkdir()
     write_wheel(links, "x86only", "1.0", "cp312-cp312-manylinux_2_17_x86_64", {"x86only/__init__.py": ""})
-    write_wheel(links, "needs-x86only", "1.0", "py3-none-any", {"needs_x86only/__init__.py": ""},
-                requires=["x86only>=1"])
-    code, out = run("lock", "--vllm", "0.33.0", "--platform", "linux/arm64", "--no-default-overlay", "--no-index",
-                    "--find-links", str(links), "--with", "needs-x86only==1.0", "-o", str(tmp_path / "r.lock"))
+    write_wheel(
+        links, "needs-x86only", "1.0", "py3-none-any", {"needs_x86only/__init__.py": ""}, requires=["x86only>=1"]
+    )
+    code, out = run(
+        "lock",
+        "--vllm",
+        "0.33.0",
+        "--platform",
+        "linux/arm64",
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(links),
+        "--with",
+        "needs-x86only==1.0",
+        "-o",
+        str(tmp_path / "r.lock"),
+    )
     assert code == 4, out
     assert "x86only==1.0 has no wheels with a matching platform tag" in out and "aarch64" in out
     assert "needs-x86only" in out and not (tmp_path / "r.lock").exists()

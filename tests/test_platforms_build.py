@@ -60,8 +60,15 @@ def multi_context(tmp_path: Path, platforms=(AMD64, ARM64)) -> Path:
         as_platform(out / p.slug, p.machine)
         dockerfile = (out / p.slug / "Dockerfile").read_text()
         froms = [ln.split()[1] for ln in dockerfile.splitlines() if ln.startswith("FROM ")]
-        entries.append({"platform": p.name, "context": p.slug, "base_ref": froms[0], "base_digest": None,
-                        "lock_sha256": hashlib.sha256((out / p.slug / "requirements.lock").read_bytes()).hexdigest()})
+        entries.append(
+            {
+                "platform": p.name,
+                "context": p.slug,
+                "base_ref": froms[0],
+                "base_digest": None,
+                "lock_sha256": hashlib.sha256((out / p.slug / "requirements.lock").read_bytes()).hexdigest(),
+            }
+        )
     (out / PLATFORMS_FILE).write_text(json.dumps({"schema": PLATFORMS_SCHEMA, "vllm": "0.26.0", "platforms": entries}))
     return out
 
@@ -144,16 +151,20 @@ class Engine:
         raise AssertionError("no build expected")
 
 
-@pytest.mark.parametrize(("held", "want", "named"), [
-    (("linux", "arm64", "v8"), AMD64, "linux/arm64/v8"),
-    (("linux", "amd64", ""), ARM64, "linux/amd64"),
-    (("linux", "arm", "v7"), ARM64, "linux/arm/v7"),
-])
+@pytest.mark.parametrize(
+    ("held", "want", "named"),
+    [
+        (("linux", "arm64", "v8"), AMD64, "linux/arm64/v8"),
+        (("linux", "amd64", ""), ARM64, "linux/amd64"),
+        (("linux", "arm", "v7"), ARM64, "linux/arm/v7"),
+    ],
+)
 def test_a_base_of_another_platform_than_the_lock_is_refused_before_building(tmp_path, held, want, named):
     eng = Engine({"base:1": held})
     with pytest.raises(BadInput) as exc:
-        build_image(tmp_path, ["r:t"], vllm="0.26.0", lock_hash="0" * 64, base_refs=["base:1"], engine=eng,
-                    platform=want)
+        build_image(
+            tmp_path, ["r:t"], vllm="0.26.0", lock_hash="0" * 64, base_refs=["base:1"], engine=eng, platform=want
+        )
     assert exc.value.exit_code == 2 and eng.builds == []
     assert named in exc.value.message and want.name in exc.value.message
     assert "docker pull --platform" in (exc.value.hint or "")
@@ -167,14 +178,18 @@ def test_image_info_platform():
 
 
 def test_the_index_lists_each_platform_manifest():
-    amd = {"mediaType": "application/vnd.docker.distribution.manifest.v2+json", "digest": "sha256:" + "a" * 64,
-           "size": 10}
+    amd = {
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "digest": "sha256:" + "a" * 64,
+        "size": 10,
+    }
     arm = dict(amd, digest="sha256:" + "b" * 64, size=11)
     doc = json.loads(index_document([(AMD64, amd), (ARM64, arm)]))
     assert doc["mediaType"] == "application/vnd.oci.image.index.v1+json" and doc["schemaVersion"] == 2
     assert [(m["platform"], m["digest"], m["size"]) for m in doc["manifests"]] == [
         ({"architecture": "amd64", "os": "linux"}, amd["digest"], 10),
-        ({"architecture": "arm64", "os": "linux"}, arm["digest"], 11)]
+        ({"architecture": "arm64", "os": "linux"}, arm["digest"], 11),
+    ]
     assert platform_tags(["r:vllm1-" + "c" * 12], ARM64) == ("r:vllm1-" + "c" * 12 + "-linux-arm64",)
 
 
@@ -238,8 +253,12 @@ def test_the_stand_in_script_knows_two_platforms():
 
     from tests.fx_docker import ROOT
 
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "make-standin-base.sh"), "--platform", "linux/ppc64le"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "make-standin-base.sh"), "--platform", "linux/ppc64le"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 2 and "linux/amd64 or linux/arm64" in r.stderr
     for script in ("make-standin-base.sh", "services.sh"):
         assert subprocess.run(["bash", "-n", str(ROOT / "scripts" / script)], timeout=60).returncode == 0

@@ -25,11 +25,13 @@ from tests.fx_docker import BUILD_IMAGE, DOCKER, REGISTRY, run_pipeline, standin
 
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
-OVERLAY = ("six==1.17.0",)   # pure Python: the same wheel locks for both machines
+OVERLAY = ("six==1.17.0",)  # pure Python: the same wheel locks for both machines
 REPO = f"{REGISTRY}/platforms/vllm"
 # test-only refs for the refusal: a tag of one stand-in under a name the other platform's lock builds FROM
-MISMATCH_REF = {"amd64": "standin.local/mismatch/vllm-openai:v0.26.0-amd64-lock",
-                "arm64": "standin.local/mismatch/vllm-openai:v0.26.0-arm64-lock"}
+MISMATCH_REF = {
+    "amd64": "standin.local/mismatch/vllm-openai:v0.26.0-amd64-lock",
+    "arm64": "standin.local/mismatch/vllm-openai:v0.26.0-arm64-lock",
+}
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -61,14 +63,41 @@ def one_context(manifest: Path, work: Path, out: Path, findlinks: Path) -> Path:
     """lock OVERLAY on ``manifest`` (offline), render it into ``out`` (no patches)."""
     lock = work / f"{out.name}.lock"
     platform = "linux/arm64" if json.loads(manifest.read_text())["platform"].startswith("aarch64") else "linux/amd64"
-    args = ["lock", "--vllm", "0.26.0", "--base", str(manifest), "-o", str(lock), "--no-default-overlay",
-            "--no-index", "--find-links", str(findlinks), "--platform", platform]
+    args = [
+        "lock",
+        "--vllm",
+        "0.26.0",
+        "--base",
+        str(manifest),
+        "-o",
+        str(lock),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(findlinks),
+        "--platform",
+        platform,
+    ]
     for req in OVERLAY:
         args += ["--with", req]
     r = cli(*args)
     assert r.returncode == 0, r.stderr
-    r = cli("render", "--vllm", "0.26.0", "--base", str(manifest), "--lock", str(lock), "--no-patches",
-            "-o", str(out), "--tag", REPO, "--platform", platform)
+    r = cli(
+        "render",
+        "--vllm",
+        "0.26.0",
+        "--base",
+        str(manifest),
+        "--lock",
+        str(lock),
+        "--no-patches",
+        "-o",
+        str(out),
+        "--tag",
+        REPO,
+        "--platform",
+        platform,
+    )
     assert r.returncode == 0, r.stderr
     return out
 
@@ -77,8 +106,15 @@ def write_platforms_json(out: Path, subs: dict[str, Path]) -> None:
     entries = []
     for name, sub in subs.items():
         froms = [ln.split()[1] for ln in (sub / "Dockerfile").read_text().splitlines() if ln.startswith("FROM ")]
-        entries.append({"platform": name, "context": sub.name, "base_ref": froms[0], "base_digest": None,
-                        "lock_sha256": hashlib.sha256((sub / "requirements.lock").read_bytes()).hexdigest()})
+        entries.append(
+            {
+                "platform": name,
+                "context": sub.name,
+                "base_ref": froms[0],
+                "base_digest": None,
+                "lock_sha256": hashlib.sha256((sub / "requirements.lock").read_bytes()).hexdigest(),
+            }
+        )
     doc = {"schema": "build-image/platforms/v1", "vllm": "0.26.0", "platforms": entries}
     (out / "platforms.json").write_text(json.dumps(doc, indent=2) + "\n")
 
@@ -86,8 +122,10 @@ def write_platforms_json(out: Path, subs: dict[str, Path]) -> None:
 @pytest.fixture(scope="module")
 def manifests(standin_base_image, standin_arm64_base_image, tmp_path_factory) -> dict[str, Path]:
     work = tmp_path_factory.mktemp("platform-manifests")
-    return {"amd64": snapshot(standin_base_image.ref, work / "amd64.json", "x86_64"),
-            "arm64": snapshot(standin_arm64_base_image.ref, work / "arm64.json", "aarch64")}
+    return {
+        "amd64": snapshot(standin_base_image.ref, work / "amd64.json", "x86_64"),
+        "arm64": snapshot(standin_arm64_base_image.ref, work / "arm64.json", "aarch64"),
+    }
 
 
 @pytest.fixture(scope="module")
@@ -96,8 +134,10 @@ def two_platform_context(manifests, tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("two-platform")
     out = work / "ctx"
     out.mkdir()
-    subs = {"linux/amd64": one_context(manifests["amd64"], work, out / "linux-amd64", fl),
-            "linux/arm64": one_context(manifests["arm64"], work, out / "linux-arm64", fl)}
+    subs = {
+        "linux/amd64": one_context(manifests["amd64"], work, out / "linux-amd64", fl),
+        "linux/arm64": one_context(manifests["arm64"], work, out / "linux-arm64", fl),
+    }
     write_platforms_json(out, subs)
     return out
 
@@ -122,16 +162,26 @@ def test_two_platforms_build_and_push_as_one_index_with_each_platforms_referrers
     r = cli("build", str(two_platform_context), "--tag", REPO, "--json")
     assert r.returncode == 0, r.stderr[-4000:]
     built = json.loads(r.stdout)
-    print(f"\nbuild (both platforms): {time.monotonic() - t0:.1f}s;",
-          ", ".join(f"{b['platform']} {b['seconds']}s" for b in built["platforms"]))
+    print(
+        f"\nbuild (both platforms): {time.monotonic() - t0:.1f}s;",
+        ", ".join(f"{b['platform']} {b['seconds']}s" for b in built["platforms"]),
+    )
     assert [b["platform"] for b in built["platforms"]] == ["linux/amd64", "linux/arm64"]
     for b in built["platforms"]:
         slug = b["platform"].replace("/", "-")
         assert all(t.endswith(slug) for t in b["tags"])
         doc = json.loads(docker("image", "inspect", b["tags"][0]).stdout)[0]
         assert doc["Architecture"] == b["platform"].split("/")[1] and doc["Id"] == b["image_id"]
-        out = docker("run", "--rm", "--pull=never", "--network=none", b["tags"][0], "python3", "-c",
-                     "import platform, six; print(platform.machine(), six.__version__)").stdout.split()
+        out = docker(
+            "run",
+            "--rm",
+            "--pull=never",
+            "--network=none",
+            b["tags"][0],
+            "python3",
+            "-c",
+            "import platform, six; print(platform.machine(), six.__version__)",
+        ).stdout.split()
         assert out == [{"linux-amd64": "x86_64", "linux-arm64": "aarch64"}[slug], "1.17.0"]
 
     t0 = time.monotonic()
@@ -144,8 +194,9 @@ def test_two_platforms_build_and_push_as_one_index_with_each_platforms_referrers
 
     # read back with skopeo: the index under both tags, both platforms, each child's digest
     for tag in index["tags"]:
-        raw = subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{tag}"],
-                             capture_output=True, timeout=120)
+        raw = subprocess.run(
+            ["skopeo", "inspect", "--raw", "--tls-verify=false", f"docker://{tag}"], capture_output=True, timeout=120
+        )
         assert raw.returncode == 0, raw.stderr
         assert "sha256:" + hashlib.sha256(raw.stdout).hexdigest() == index["digest"]
         doc = json.loads(raw.stdout)
@@ -182,7 +233,8 @@ def test_one_platform_of_a_two_platform_context_and_one_it_lacks(two_platform_co
 
 @pytest.mark.parametrize(("lock_arch", "held_arch"), [("amd64", "arm64"), ("arm64", "amd64")])
 def test_a_base_of_the_other_platform_is_refused_before_building(
-        lock_arch, held_arch, standin_base_image, standin_arm64_base_image, manifests, tmp_path):
+    lock_arch, held_arch, standin_base_image, standin_arm64_base_image, manifests, tmp_path
+):
     """The lock is for ``lock_arch``; the engine holds ``held_arch``'s stand-in under the ref its Dockerfile
     builds FROM: exit 2 naming both, nothing built."""
     held = {"amd64": standin_base_image.ref, "arm64": standin_arm64_base_image.ref}[held_arch]
@@ -199,17 +251,35 @@ def test_a_base_of_the_other_platform_is_refused_before_building(
         assert f"is linux/{held_arch}" in r.stderr and f"made for linux/{lock_arch}" in r.stderr, r.stderr
         assert "docker pull --platform" in r.stderr and "#1 " not in r.stderr  # refused before BuildKit started
         # the pipeline's build stage refuses it too (a single-platform run, the context rendered again)
-        r = run_pipeline(["--vllm", "0.26.0", "--base", str(manifest), "--lock", str(tmp_path / "ctx.lock"),
-                          "--no-default-overlay", "--no-index", "--find-links", str(standin_findlinks(OVERLAY)),
-                          "--with", OVERLAY[0], "--no-patches", "-o", str(tmp_path / "ctx2"), "--tag", REPO,
-                          "--platform", f"linux/{lock_arch}"])
+        r = run_pipeline(
+            [
+                "--vllm",
+                "0.26.0",
+                "--base",
+                str(manifest),
+                "--lock",
+                str(tmp_path / "ctx.lock"),
+                "--no-default-overlay",
+                "--no-index",
+                "--find-links",
+                str(standin_findlinks(OVERLAY)),
+                "--with",
+                OVERLAY[0],
+                "--no-patches",
+                "-o",
+                str(tmp_path / "ctx2"),
+                "--tag",
+                REPO,
+                "--platform",
+                f"linux/{lock_arch}",
+            ]
+        )
         assert r.returncode == 2 and f"linux/{held_arch}" in r.stderr, r.stderr[-2000:]
     finally:
         docker("rmi", ref, check=False)
 
 
-def test_the_main_job_locks_renders_builds_and_pushes_both_platforms_as_one_index(manifests, tmp_path,
-                                                                                   local_registry):
+def test_the_main_job_locks_renders_builds_and_pushes_both_platforms_as_one_index(manifests, tmp_path, local_registry):
     """``build-image --vllm X --platform linux/amd64,linux/arm64 --push`` in a checkout whose lockfiles hold both
     stand-ins' manifests: each platform locked on its own base, one context per platform, both built, one index."""
     checkout = tmp_path / "checkout"
@@ -218,10 +288,32 @@ def test_the_main_job_locks_renders_builds_and_pushes_both_platforms_as_one_inde
     shutil.copyfile(manifests["arm64"], checkout / "lockfiles" / "base" / "vllm-openai-v0.26.0-linux-arm64.json")
     repo = f"{REGISTRY}/platforms-main/vllm"
     t0 = time.monotonic()
-    r = subprocess.run([BUILD_IMAGE, "--vllm", "0.26.0", "--platform", "linux/amd64,linux/arm64", "--no-patches",
-                        "--no-default-overlay", "--no-index", "--find-links", str(standin_findlinks(OVERLAY)),
-                        "--with", OVERLAY[0], "-o", str(tmp_path / "ctx"), "--tag", repo, "--push", "--json"],
-                       cwd=checkout, capture_output=True, text=True, timeout=1500)
+    r = subprocess.run(
+        [
+            BUILD_IMAGE,
+            "--vllm",
+            "0.26.0",
+            "--platform",
+            "linux/amd64,linux/arm64",
+            "--no-patches",
+            "--no-default-overlay",
+            "--no-index",
+            "--find-links",
+            str(standin_findlinks(OVERLAY)),
+            "--with",
+            OVERLAY[0],
+            "-o",
+            str(tmp_path / "ctx"),
+            "--tag",
+            repo,
+            "--push",
+            "--json",
+        ],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     summary = json.loads(r.stdout)
     print(f"\nmain job, both platforms: {time.monotonic() - t0:.1f}s; stages {summary['stages_s']}")
@@ -232,8 +324,11 @@ def test_the_main_job_locks_renders_builds_and_pushes_both_platforms_as_one_inde
         assert lock.is_file() and f"# platform: {machine}-" in lock.read_text()
         assert one["image_id"].startswith("sha256:")
     assert (tmp_path / "ctx" / "platforms.json").is_file()
-    raw = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{summary['index_tags'][0]}"],
-                         capture_output=True, timeout=120)
+    raw = subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{summary['index_tags'][0]}"],
+        capture_output=True,
+        timeout=120,
+    )
     assert raw.returncode == 0, raw.stderr
     index = json.loads(raw.stdout)
     assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"

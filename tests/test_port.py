@@ -41,7 +41,7 @@ def f(x):
 
 def g(x):
 {BODY}'''
-PATCHED_A = A_MOD.replace("    c = b - 3\n", "    c = b - 4\n", 1)   # only f's line: the first occurrence
+PATCHED_A = A_MOD.replace("    c = b - 3\n", "    c = b - 4\n", 1)  # only f's line: the first occurrence
 
 # f(1) unpatched: a=2 b=4 c=1 d=1 e=3; patched: c=0 d=0 e=2.  g stays 3.
 PROBE = '''import json
@@ -117,8 +117,9 @@ def test_patch_without_probe_header_is_bad_input(a_series, tmp_path):
 
 def test_cli_check_probe_reports_needed_and_works(a_series):
     series, a = a_series
-    r = CliRunner().invoke(main,
-                           ["patch", "check", "--series", str(series.dir), "--wheel", str(a), "--probe", "--json"])
+    r = CliRunner().invoke(
+        main, ["patch", "check", "--series", str(series.dir), "--wheel", str(a), "--probe", "--json"]
+    )
     assert r.exit_code == 0, r.output
     (p,) = json.loads(r.stdout)["patches"]
     assert p["status"] == "applied" and p["probe"]["needed"] is True and p["probe"]["works"] is True
@@ -144,11 +145,14 @@ def test_probe_output_only_the_last_result_line_counts_and_ok_must_be_true():
     last = 'PROBE-RESULT {"checks": [{"name": "b", "ok": true}]}'
     run = PR.parse_output(f"{first}\n{last}\n", 0)
     assert (run.status, run.checks) == (PR.PASS, [{"name": "b", "ok": True}])
-    assert PR.parse_output(f"  {last}", 0).status == PR.ERROR            # the prefix starts the line
+    assert PR.parse_output(f"  {last}", 0).status == PR.ERROR  # the prefix starts the line
     assert PR.parse_output('PROBE-RESULT {"checks": [{"name": "x", "ok": 1}]}', 0).status == PR.FAIL
     none = PR.parse_output('PROBE-RESULT {"checks": []}', 0)
-    assert (none.status, none.checks, none.output) == (PR.ERROR, [],
-                                                       'the probe ran no check\nPROBE-RESULT {"checks": []}')
+    assert (none.status, none.checks, none.output) == (
+        PR.ERROR,
+        [],
+        'the probe ran no check\nPROBE-RESULT {"checks": []}',
+    )
 
 
 @pytest.mark.parametrize("doc", ['{"checks": {}}', '{"checks": [{"name": "x"}]}', '{"checks": ["ok"]}'])
@@ -156,7 +160,9 @@ def test_probe_output_checks_must_be_a_list_of_dicts_with_ok(doc):
     stdout = f"PROBE-RESULT {doc}"
     run = PR.parse_output(stdout, 0)
     assert (run.status, run.output) == (
-        PR.ERROR, f"malformed PROBE-RESULT line (checks must be a list of {{name, ok, detail}})\n{stdout}")
+        PR.ERROR,
+        f"malformed PROBE-RESULT line (checks must be a list of {{name, ok, detail}})\n{stdout}",
+    )
 
 
 @pytest.mark.parametrize("doc", ['{"results": []}', "[1]", '{"checks": ['])
@@ -170,8 +176,10 @@ def test_probe_output_unreadable_result_line_is_an_error(doc):
 def test_probe_summary_names_at_most_three_failing_checks():
     assert PR.ProbeRun(PR.PASS, _checks(True, True)).summary() == "2 check(s) pass"
     assert PR.ProbeRun(PR.FAIL, _checks(False, False, False)).summary() == "3 of 3 check(s) fail: a; b; c"
-    assert PR.ProbeRun(PR.FAIL, _checks(True, False, False, False, False)).summary() == \
-        "4 of 5 check(s) fail: b; c; d; +1 more"
+    assert (
+        PR.ProbeRun(PR.FAIL, _checks(True, False, False, False, False)).summary()
+        == "4 of 5 check(s) fail: b; c; d; +1 more"
+    )
     assert PR.ProbeRun(PR.FAIL, [{"name": "n" * 130, "ok": False}]).summary() == "1 of 1 check(s) fail: " + "n" * 120
     # an error names the last line of its evidence, cut to 300 characters
     tb = "exit 1, no PROBE-RESULT line\nTraceback (most recent call last):\nImportError: no toy\n\n"
@@ -187,13 +195,18 @@ def test_probe_json_keeps_the_output_of_errors_only():
     assert err.to_dict() == {"status": "error", "checks": [], "seconds": 2, "output": "F" * 2000}
     failed = PR.ProbeRun(PR.FAIL, _checks(False))
     one = PR.PatchProbe("0001-f.patch", "0001-f.probe.py", failed, None)
-    assert one.to_dict() == {"patch": "0001-f.patch", "probe": "0001-f.probe.py", "needed": True, "works": None,
-                             "unpatched": {"status": "fail", "checks": [{"name": "a", "ok": False}], "seconds": 0.0},
-                             "patched": None}
+    assert one.to_dict() == {
+        "patch": "0001-f.patch",
+        "probe": "0001-f.probe.py",
+        "needed": True,
+        "works": None,
+        "unpatched": {"status": "fail", "checks": [{"name": "a", "ok": False}], "seconds": 0.0},
+        "patched": None,
+    }
     both = PR.PatchProbe("0001-f.patch", "0001-f.probe.py", err, passed).to_dict()
     assert (both["needed"], both["works"], both["patched"]) == (None, True, passed.to_dict())
     assert PR.PatchProbe("p", "q", passed, failed).works is False
-    assert PR.PatchProbe("p", "q", passed, err).works is None       # an error is no evidence
+    assert PR.PatchProbe("p", "q", passed, err).works is None  # an error is no evidence
 
 
 def test_probe_path_is_a_file_beside_the_patch(a_series, tmp_path):
@@ -207,8 +220,9 @@ def test_probe_path_is_a_file_beside_the_patch(a_series, tmp_path):
         patch.headers[PR.PROBE_FIELD] = name
         with pytest.raises(BadInput) as e:
             PR.probe_path(series.dir, patch)
-        assert e.value.message == (f"patch {series.dir / '0001-f.patch'}: its probe {name!r} "
-                                   f"is not a file in {series.dir}.")
+        assert e.value.message == (
+            f"patch {series.dir / '0001-f.patch'}: its probe {name!r} is not a file in {series.dir}."
+        )
     patch.headers[PR.PROBE_FIELD] = "   "
     with pytest.raises(BadInput, match="no 'Probe:' header naming its probe"):
         PR.probe_path(series.dir, patch)
@@ -244,12 +258,19 @@ def test_probe_runner_isolates_the_probe(tmp_path, monkeypatch):
     Path("env.probe.py").write_text(ENV_PROBE)
     tree = tmp_path / "tree"
     tree.mkdir()
-    run = PR.ProbeRunner().run(Path("env.probe.py"), tree)         # relative to the caller's directory
+    run = PR.ProbeRunner().run(Path("env.probe.py"), tree)  # relative to the caller's directory
     assert run.status == PR.PASS, run.output
     env, cwd = run.checks[0]["detail"], Path(run.checks[1]["detail"])
-    assert env == {"PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                   "VLLM_LOGGING_LEVEL": "INFO", "PYTHONNOUSERSITE": "1", "VLLM_PLUGINS": None,
-                   "PYTHONMPROBE": None, "MPROBE_KEPT": "yes"}
+    assert env == {
+        "PYTHONPATH": str(tree),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_LOGGING_LEVEL": "INFO",
+        "PYTHONNOUSERSITE": "1",
+        "VLLM_PLUGINS": None,
+        "PYTHONMPROBE": None,
+        "MPROBE_KEPT": "yes",
+    }
     assert cwd.parent == Path(tempfile.gettempdir()).resolve() and cwd.name.startswith("build-image-probe-")
     assert not cwd.exists()
     assert run.output.endswith("\nprobe stderr") and 0 < run.seconds < 60
@@ -289,26 +310,28 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 
 def _imports(python: str) -> str:
-    r = subprocess.run([python, "-c",
-                        "import sys, probedep, probeaux; print(probedep.X, probeaux.Y, sys.version_info[:2])"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [python, "-c", "import sys, probedep, probeaux; print(probedep.X, probeaux.Y, sys.version_info[:2])"],
+        capture_output=True,
+        text=True,
+    )
     return r.stdout.strip()
 
 
 def test_probe_env_is_built_once_per_content_and_rebuilt_when_incomplete(cache, probe_wheels, tmp_path, monkeypatch):
-    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))       # explicit find-links win over the default
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path))  # explicit find-links win over the default
     reqs = ["probedep==1.0", "probeaux"]
-    key = hashlib.sha256(b"probedep==1.0\nprobeaux").hexdigest()[:12]    # the requirement lines
+    key = hashlib.sha256(b"probedep==1.0\nprobeaux").hexdigest()[:12]  # the requirement lines
     venv = cache / "probe-env" / f"venv-{key}"
     py = PR.cpu_env(reqs, find_links=[str(probe_wheels)])
-    want = f"7 8 {sys.version_info[:2]}"                       # this interpreter's Python
+    want = f"7 8 {sys.version_info[:2]}"  # this interpreter's Python
     assert py == str(venv / "bin" / "python") and _imports(py) == want and (venv / ".complete").is_file()
     (venv / "kept").touch()
-    assert PR.cpu_env(reqs, find_links=[]) == py and (venv / "kept").exists()   # cached: nothing installed
-    (venv / ".complete").unlink()                              # an interrupted build is built again
+    assert PR.cpu_env(reqs, find_links=[]) == py and (venv / "kept").exists()  # cached: nothing installed
+    (venv / ".complete").unlink()  # an interrupted build is built again
     assert PR.cpu_env(reqs, find_links=[str(probe_wheels)]) == py
     assert not (venv / "kept").exists() and (venv / ".complete").is_file() and _imports(py) == want
-    (venv / "bin" / "python").unlink()                         # marker but no interpreter: built again
+    (venv / "bin" / "python").unlink()  # marker but no interpreter: built again
     assert PR.cpu_env(reqs, find_links=[str(probe_wheels)]) == py and _imports(py) == want
 
 
@@ -331,16 +354,19 @@ def test_a_failed_probe_env_install_raises_and_leaves_no_venv(cache, probe_wheel
 
 
 def test_a_series_probe_env_gives_the_probes_interpreter(cache, probe_wheels, tmp_path, monkeypatch):
-    monkeypatch.setenv("PIP_FIND_LINKS", str(probe_wheels))   # the default find-links
+    monkeypatch.setenv("PIP_FIND_LINKS", str(probe_wheels))  # the default find-links
     d = tmp_path / "series"
     d.mkdir()
     (d / "probe-env.txt").write_text("probedep==1.0  # the probes' one dependency\n")
     runner = PR.runner_for(d)
-    assert runner.python == str(cache / "probe-env" / f"venv-{hashlib.sha256(b'probedep==1.0').hexdigest()[:12]}"
-                                / "bin" / "python")
-    (d / "dep.probe.py").write_text('import json, probedep\n'
-                                    'print("PROBE-RESULT " + json.dumps({"checks": [{"name": "X", "ok": '
-                                    'probedep.X == 7}]}))\n')
+    assert runner.python == str(
+        cache / "probe-env" / f"venv-{hashlib.sha256(b'probedep==1.0').hexdigest()[:12]}" / "bin" / "python"
+    )
+    (d / "dep.probe.py").write_text(
+        'import json, probedep\n'
+        'print("PROBE-RESULT " + json.dumps({"checks": [{"name": "X", "ok": '
+        'probedep.X == 7}]}))\n'
+    )
     assert runner.run(d / "dep.probe.py", tmp_path).status == PR.PASS
     assert PR.runner_for(d, python="/given/python").python == "/given/python"
     (d / "probe-env.txt").unlink()
@@ -365,9 +391,19 @@ def test_default_find_links(monkeypatch):
 
 
 def _toy_wheel(dest: Path) -> Path:
-    return write_wheel(dest, "toy", "1.0", "cp312-cp312-manylinux_2_17_x86_64", {
-        "toy/__init__.py": "", "toy/mod.py": A_MOD, "toy/_ext.cpython-312-x86_64-linux-gnu.so": b"\x7fELF",
-        "toyish/x.py": "", "other/y.py": ""})
+    return write_wheel(
+        dest,
+        "toy",
+        "1.0",
+        "cp312-cp312-manylinux_2_17_x86_64",
+        {
+            "toy/__init__.py": "",
+            "toy/mod.py": A_MOD,
+            "toy/_ext.cpython-312-x86_64-linux-gnu.so": b"\x7fELF",
+            "toyish/x.py": "",
+            "other/y.py": "",
+        },
+    )
 
 
 def _files(root: Path) -> set[str]:
@@ -376,16 +412,16 @@ def _files(root: Path) -> set[str]:
 
 def test_unpatched_tree_from_a_wheel_is_extracted_once_and_rebuilt_when_incomplete(cache, tmp_path, monkeypatch):
     whl = _toy_wheel(tmp_path)
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))   # extracted beside the entry
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-tmp"))  # extracted beside the entry
     tree = PR.unpatched_tree(whl, "toy")
     assert tree == cache / "probe-trees" / hashlib.sha256(whl.read_bytes()).hexdigest()[:32]
     dist = "toy-1.0.dist-info"
     want = {".complete", "toy/__init__.py", "toy/mod.py", f"{dist}/METADATA", f"{dist}/WHEEL", f"{dist}/RECORD"}
-    assert _files(tree) == want                              # the package without .so files, and its metadata
-    assert [p.name for p in tree.parent.iterdir()] == [tree.name]   # no extraction left beside it
+    assert _files(tree) == want  # the package without .so files, and its metadata
+    assert [p.name for p in tree.parent.iterdir()] == [tree.name]  # no extraction left beside it
     (tree / "toy" / "mod.py").write_text("edited")
     assert PR.unpatched_tree(whl, "toy") == tree and (tree / "toy" / "mod.py").read_text() == "edited"  # cached
-    (tree / ".complete").unlink()                            # an interrupted extraction is redone
+    (tree / ".complete").unlink()  # an interrupted extraction is redone
     (tree / "stray.py").touch()
     assert PR.unpatched_tree(whl, "toy") == tree
     assert _files(tree) == want and (tree / "toy" / "mod.py").read_text() == A_MOD
@@ -407,7 +443,7 @@ def test_a_failed_extraction_leaves_nothing_in_the_cache(cache, tmp_path, monkey
 
 def test_unpatched_tree_from_a_directory_or_bad_input(tmp_path):
     (tmp_path / "site" / "vllm").mkdir(parents=True)
-    assert PR.unpatched_tree(tmp_path / "site") == tmp_path / "site"      # vllm by default, used in place
+    assert PR.unpatched_tree(tmp_path / "site") == tmp_path / "site"  # vllm by default, used in place
     with pytest.raises(BadInput) as e:
         PR.unpatched_tree(tmp_path / "site", "toy")
     assert e.value.message == f"{tmp_path / 'site'} holds no toy/ package to probe."
@@ -430,10 +466,12 @@ def test_patched_tree_links_unchanged_files_and_drops_stale_bytecode(tmp_path, m
     assert dest == tmp_path / "patched"
     assert (dest / "toy" / "mod.py").read_text() == PATCHED_A and (base / "toy" / "mod.py").read_text() == A_MOD
     assert (dest / "toy" / "new" / "extra.py").read_bytes() == b"NEW = 1\n"
-    assert (dest / "toy" / "other.py").stat().st_ino == (base / "toy" / "other.py").stat().st_ino   # hard link
-    assert sorted(p.name for p in (dest / "toy" / "__pycache__").iterdir()) == ["model.cpython-312.pyc",
-                                                                               "other.cpython-312.pyc"]
-    assert len(list(pycache.iterdir())) == 4                   # the unpatched tree keeps its bytecode
+    assert (dest / "toy" / "other.py").stat().st_ino == (base / "toy" / "other.py").stat().st_ino  # hard link
+    assert sorted(p.name for p in (dest / "toy" / "__pycache__").iterdir()) == [
+        "model.cpython-312.pyc",
+        "other.cpython-312.pyc",
+    ]
+    assert len(list(pycache.iterdir())) == 4  # the unpatched tree keeps its bytecode
     # where hard links are refused (another filesystem), unchanged files are copied
     monkeypatch.setattr(os, "link", lambda s, d: (_ for _ in ()).throw(OSError(18, "cross-device link")))
     copy = PR.patched_tree(base, {"toy/mod.py": PATCHED_A.encode()}, tmp_path / "copied")
@@ -476,7 +514,7 @@ def test_applies_regenerates_offsets(tmp_path, a_series):
     (pp,) = rep.patches
     assert pp.status == PO.APPLIES and not rep.needs_review
     assert pp.probe_unpatched.status == PR.FAIL and pp.probe_ported.status == PR.PASS
-    ported = P.load_series(tmp_path / "out", "2.0")   # Applies-To toy==2.0
+    ported = P.load_series(tmp_path / "out", "2.0")  # Applies-To toy==2.0
     old_start = a_series[0].patches[0].files[0].hunks[0].source_start
     assert ported.patches[0].files[0].hunks[0].source_start == old_start + 3  # the three inserted lines
     assert "Ported-From: toy==1.0: applies" in (tmp_path / "out" / "0001-f.patch").read_text()
@@ -513,7 +551,7 @@ def test_context_that_exactly_matches_only_in_another_function_is_not_accepted(t
     hunk = series.patches[0].files[0].hunks[0]
     b_lines = b_mod.splitlines(True)
     where = P._find(b_lines, hunk.old)
-    assert len(where) == 1 and PO.scopes(b_mod)[where[0]] == "g"   # the only exact match is in g
+    assert len(where) == 1 and PO.scopes(b_mod)[where[0]] == "g"  # the only exact match is in g
     rep = port_to(tmp_path, a_series, b_mod)
     (pp,) = rep.patches
     assert pp.status == PO.CONFLICT
@@ -531,7 +569,7 @@ def test_upstream_fix_is_retired_with_the_probe_as_evidence(tmp_path, a_series):
 
 
 def test_hunks_land_but_probe_fails_is_a_conflict(tmp_path, a_series):
-    b_mod = A_MOD.replace("    return e\n", "    return e + 100\n", 1)   # outside the hunk's context
+    b_mod = A_MOD.replace("    return e\n", "    return e + 100\n", 1)  # outside the hunk's context
     rep = port_to(tmp_path, a_series, b_mod)
     (pp,) = rep.patches
     assert pp.status == PO.CONFLICT and pp.probe_ported.status == PR.FAIL
@@ -550,8 +588,20 @@ def test_placement_compares_enclosing_scopes():
 def test_cli_port_json_and_exit_codes(tmp_path, a_series):
     series, a = a_series
     b = tree(tmp_path / "b", A_MOD.replace("    a = x + 1\n", "    a = x + 1  # B\n", 1))
-    args = ["patch", "port", "--from", "1.0", "--to", "2.0", "--series", str(series.dir),
-            "--from-wheel", str(a), "--to-wheel", str(b)]
+    args = [
+        "patch",
+        "port",
+        "--from",
+        "1.0",
+        "--to",
+        "2.0",
+        "--series",
+        str(series.dir),
+        "--from-wheel",
+        str(a),
+        "--to-wheel",
+        str(b),
+    ]
     r = CliRunner().invoke(main, [*args, "--json"])
     assert r.exit_code == 1, r.output  # merged: needs review
     doc = json.loads(r.stdout)
@@ -559,35 +609,65 @@ def test_cli_port_json_and_exit_codes(tmp_path, a_series):
     assert not (tmp_path / "out").exists()  # nothing written without -o
     r = CliRunner().invoke(main, [*args, "--format", "markdown"])
     assert "| `0001-f.patch` | **merged** |" in r.stdout
-    r = CliRunner().invoke(main, ["patch", "port", "--from", "1.0", "--to", "2.0", "--series", str(series.dir),
-                                  "--from-wheel", str(a), "--to-wheel", str(tmp_path / "nothing")])
+    r = CliRunner().invoke(
+        main,
+        [
+            "patch",
+            "port",
+            "--from",
+            "1.0",
+            "--to",
+            "2.0",
+            "--series",
+            str(series.dir),
+            "--from-wheel",
+            str(a),
+            "--to-wheel",
+            str(tmp_path / "nothing"),
+        ],
+    )
     assert r.exit_code == 2
 
 
 # ------------------------------------------------------------------ scopes and changed lines (pure)
 def test_scopes_name_the_innermost_def_or_class_of_every_line():
-    src = ("import os\n"                 # 1  module level
-           "@dec\n"                      # 2  a decorator belongs to what it decorates
-           "class C:\n"                  # 3
-           "    x = 1\n"                 # 4
-           "    if x:\n"                 # 5  an if inside the class: still C
-           "        def m(self):\n"      # 6  nested below the if: C.m
-           "            return 1\n"      # 7
-           "    async def n(self):\n"    # 8
-           "        pass\n"              # 9
-           "y = 2\n"                     # 10
-           "def last():\n"               # 11 a def on the file's last lines
-           "    return y\n")             # 12
+    src = (
+        "import os\n"  # 1  module level
+        "@dec\n"  # 2  a decorator belongs to what it decorates
+        "class C:\n"  # 3
+        "    x = 1\n"  # 4
+        "    if x:\n"  # 5  an if inside the class: still C
+        "        def m(self):\n"  # 6  nested below the if: C.m
+        "            return 1\n"  # 7
+        "    async def n(self):\n"  # 8
+        "        pass\n"  # 9
+        "y = 2\n"  # 10
+        "def last():\n"  # 11 a def on the file's last lines
+        "    return y\n"
+    )  # 12
     # 12 newline-terminated lines: 13 entries (the 13th is the empty line after the last newline)
-    assert PO.scopes(src) == ["<module>", "C", "C", "C", "C", "C.m", "C.m", "C.n", "C.n", "<module>",
-                              "last", "last", "<module>"]
-    assert PO.scopes("def f():\n    return 1") == ["f", "f"]   # no final newline: 2 lines, 2 entries
+    assert PO.scopes(src) == [
+        "<module>",
+        "C",
+        "C",
+        "C",
+        "C",
+        "C.m",
+        "C.m",
+        "C.n",
+        "C.n",
+        "<module>",
+        "last",
+        "last",
+        "<module>",
+    ]
+    assert PO.scopes("def f():\n    return 1") == ["f", "f"]  # no final newline: 2 lines, 2 entries
     assert PO.scopes("def (:\n") is None
 
 
 def test_changed_lines_number_removed_lines_in_old_and_added_lines_in_new():
     old = ["a\n", "b\n", "c\n", "d\n", "e\n"]
-    new = ["a\n", "B\n", "c\n", "e\n", "f\n"]   # b replaced (line 2), d deleted (old line 4), f inserted (new line 5)
+    new = ["a\n", "B\n", "c\n", "e\n", "f\n"]  # b replaced (line 2), d deleted (old line 4), f inserted (new line 5)
     assert PO.changed_lines(old, new) == ([(2, "b\n"), (4, "d\n")], [(2, "B\n"), (5, "f\n")])
     assert PO.changed_lines(old, old) == ([], [])
 
@@ -597,9 +677,11 @@ def test_changed_lines_of_a_long_file_with_repeated_lines_are_only_the_changed_o
     # treats popular lines as junk would report the whole tail after the change as replaced
     old = "".join(f"def f{i}(x):\n    x += 1\n    x += 1\n    x += 1\n    return x\n\n\n" for i in range(40))
     new = old.replace("def f39(x):\n    x += 1\n    x += 1\n", "def f39(x):\n    x += 1\n    x += 2\n")
-    line = 39 * 7 + 3    # f39 starts at line 274; its second body line is 276
+    line = 39 * 7 + 3  # f39 starts at line 274; its second body line is 276
     assert PO.changed_lines(old.splitlines(True), new.splitlines(True)) == (
-        [(line, "    x += 1\n")], [(line, "    x += 2\n")])
+        [(line, "    x += 1\n")],
+        [(line, "    x += 2\n")],
+    )
 
 
 # ------------------------------------------------------------------ placement (pure)
@@ -610,12 +692,12 @@ G_ADDED = A_MOD.replace("def g(x):\n" + BODY, "def g(x):\n" + BODY.replace(F_LIN
 def test_placement_checks_removed_and_added_lines_separately():
     # B removes f's line as A does, but adds the new line in g
     b_new = G_ADDED.replace(F_LINE, "", 1)
-    assert PO.placement(A_MOD, PATCHED_A, A_MOD, b_new) == [
-        "a added line lands in g, in A it is in f: 'c = b - 4'"]
+    assert PO.placement(A_MOD, PATCHED_A, A_MOD, b_new) == ["a added line lands in g, in A it is in f: 'c = b - 4'"]
     # B removes nothing and adds the line in g: both comparisons fail, both are reported
     assert PO.placement(A_MOD, PATCHED_A, A_MOD, G_ADDED) == [
         "the removed lines differ from A's (1 in A, 0 in B)",
-        "a added line lands in g, in A it is in f: 'c = b - 4'"]
+        "a added line lands in g, in A it is in f: 'c = b - 4'",
+    ]
 
 
 def test_placement_at_the_edges_of_a_function():
@@ -629,12 +711,13 @@ def test_placement_shows_a_long_line_cut_at_80_characters():
     a_old = "def f():\n    x = 1\n\n\ndef g():\n    x = 1\n"
     long = "    x = '" + "y" * 100 + "'\n"
     a_new = a_old.replace("    x = 1\n", long, 1)
-    b_new = a_old.replace("def g():\n    x = 1\n", "def g():\n" + long)   # g's line instead
+    b_new = a_old.replace("def g():\n    x = 1\n", "def g():\n" + long)  # g's line instead
     shown = long.strip()[:80]
     assert len(shown) == 80
     assert PO.placement(a_old, a_new, a_old, b_new) == [
         f"a removed line lands in g, in A it is in f: {'x = 1'!r}",
-        f"a added line lands in g, in A it is in f: {shown!r}"]
+        f"a added line lands in g, in A it is in f: {shown!r}",
+    ]
 
 
 def test_placement_refuses_an_original_that_does_not_parse():
@@ -653,103 +736,128 @@ def test_exact_apply_finds_each_block_at_any_offset_in_order():
     two = (hunk(1, ["x = 1\n"], ["x = 10\n"]), hunk(2, ["y = 2\n", "z = 3\n"], ["y = 20\n"]))
     assert PO.exact_apply(lines, two) == ["x = 10\n", "y = 20\n", "w = 4\n"]
     assert PO.exact_apply(["# B\n", *lines], two) == ["# B\n", "x = 10\n", "y = 20\n", "w = 4\n"]
-    assert PO.exact_apply(lines, (hunk(1, ["x = 2\n"], ["x = 3\n"]),)) is None          # no fuzz
+    assert PO.exact_apply(lines, (hunk(1, ["x = 2\n"], ["x = 3\n"]),)) is None  # no fuzz
     assert PO.exact_apply(lines, (hunk(4, ["w = 4\n"], ["w = 5\n"]), hunk(1, ["x = 1\n"], []))) is None  # order
-    assert PO.exact_apply(lines, (hunk(3, [], ["v = 0\n"]),)) is None   # a pure insertion has no context
-    assert PO.exact_apply(["x = 1\n", "x = 1\n"], (hunk(1, ["x = 1\n"], ["x = 2\n"]),)) is None   # ambiguous
+    assert PO.exact_apply(lines, (hunk(3, [], ["v = 0\n"]),)) is None  # a pure insertion has no context
+    assert PO.exact_apply(["x = 1\n", "x = 1\n"], (hunk(1, ["x = 1\n"], ["x = 2\n"]),)) is None  # ambiguous
 
 
 def test_exact_apply_takes_the_occurrence_in_the_scope_the_hunk_has_in_a():
-    a = "def f(x):\n    return x\n\n\ndef g(x):\n    return x\n"      # g's return is line 6, the last
-    b = "import os\n\n" + a                                           # both 2 lines further down in B
+    a = "def f(x):\n    return x\n\n\ndef g(x):\n    return x\n"  # g's return is line 6, the last
+    b = "import os\n\n" + a  # both 2 lines further down in B
     last = (hunk(6, ["    return x\n"], ["    return x + 1\n"]),)
     assert PO.exact_apply(b.splitlines(True), last, PO.scopes(a)) == (
-        "import os\n\ndef f(x):\n    return x\n\n\ndef g(x):\n    return x + 1\n").splitlines(True)
-    assert PO.exact_apply(b.splitlines(True), last) is None   # without A's scopes the block is ambiguous
+        "import os\n\ndef f(x):\n    return x\n\n\ndef g(x):\n    return x + 1\n"
+    ).splitlines(True)
+    assert PO.exact_apply(b.splitlines(True), last) is None  # without A's scopes the block is ambiguous
 
     two = "class A:\n    def run(self):\n        return 1\n\n\nclass B:\n    def run(self):\n        return 1\n"
-    on_def = (hunk(7, ["    def run(self):\n"], ["    def run(self, x=0):\n"]),)   # B.run's def line
+    on_def = (hunk(7, ["    def run(self):\n"], ["    def run(self, x=0):\n"]),)  # B.run's def line
     assert PO.exact_apply(two.splitlines(True), on_def, PO.scopes(two)) == two.replace(
-        "class B:\n    def run(self):\n", "class B:\n    def run(self, x=0):\n").splitlines(True)
+        "class B:\n    def run(self):\n", "class B:\n    def run(self, x=0):\n"
+    ).splitlines(True)
 
-    first = 'X = 1\ndef f():\n    return """\nX = 1\n"""\n'     # line 1 at module level, line 4 inside f
+    first = 'X = 1\ndef f():\n    return """\nX = 1\n"""\n'  # line 1 at module level, line 4 inside f
     on_first = (hunk(1, ["X = 1\n"], ["X = 2\n"]),)
     assert PO.exact_apply(first.splitlines(True), on_first, PO.scopes(first)) == (
-        'X = 2\ndef f():\n    return """\nX = 1\n"""\n').splitlines(True)
+        'X = 2\ndef f():\n    return """\nX = 1\n"""\n'
+    ).splitlines(True)
 
 
 def test_exact_apply_on_a_file_that_does_not_parse():
     # B's file no longer parses (new syntax, a template): a unique block still applies, an ambiguous one does not
     a = "def f():\n    y = 1\n"
     broken = ["def f(:\n", "    y = 1\n"]
-    assert PO.exact_apply(broken, (hunk(2, ["    y = 1\n"], ["    y = 2\n"]),),
-                          PO.scopes(a)) == ["def f(:\n", "    y = 2\n"]
+    assert PO.exact_apply(broken, (hunk(2, ["    y = 1\n"], ["    y = 2\n"]),), PO.scopes(a)) == [
+        "def f(:\n",
+        "    y = 2\n",
+    ]
     assert PO.exact_apply(broken + ["    y = 1\n"], (hunk(2, ["    y = 1\n"], ["    y = 2\n"]),), PO.scopes(a)) is None
 
 
 def test_three_way_reports_each_conflict_with_both_line_ranges_and_all_three_versions():
     base = ["a\n", "b\n", "c\n", "d\n", "e\n"]
-    ours = ["a\n", "b\n", "C1\n", "D1\n", "e\n"]             # A's patch rewrites lines 3-4
-    theirs = ["x\n", "a\n", "b\n", "C2\n", "D2\n", "e\n"]    # B added a line on top and rewrote them too: 4-5
-    assert PO.three_way(base, ours, theirs) == (None, [
-        "conflict at B's lines 4-5 (A's original lines 3-4):\n"
-        "<<<<<<< patched A\nC1\nD1\n"
-        "||||||| A original\nc\nd\n"
-        "=======\nC2\nD2\n"
-        ">>>>>>> B original\n"])
+    ours = ["a\n", "b\n", "C1\n", "D1\n", "e\n"]  # A's patch rewrites lines 3-4
+    theirs = ["x\n", "a\n", "b\n", "C2\n", "D2\n", "e\n"]  # B added a line on top and rewrote them too: 4-5
+    assert PO.three_way(base, ours, theirs) == (
+        None,
+        [
+            "conflict at B's lines 4-5 (A's original lines 3-4):\n"
+            "<<<<<<< patched A\nC1\nD1\n"
+            "||||||| A original\nc\nd\n"
+            "=======\nC2\nD2\n"
+            ">>>>>>> B original\n"
+        ],
+    )
     # B's new first line and A's change do not touch: they merge
     assert PO.three_way(base, ours, ["x\n", *base]) == (["x\n", "a\n", "b\n", "C1\n", "D1\n", "e\n"], [])
 
 
 def test_unified_marks_a_missing_final_newline_on_both_sides():
     text = PO.unified("toy/x.py", "a\nb", "a\nc")
-    assert text == ("--- a/toy/x.py\n+++ b/toy/x.py\n@@ -1,2 +1,2 @@\n a\n-b\n"
-                    "\\ No newline at end of file\n+c\n\\ No newline at end of file\n")
+    assert text == (
+        "--- a/toy/x.py\n+++ b/toy/x.py\n@@ -1,2 +1,2 @@\n a\n-b\n"
+        "\\ No newline at end of file\n+c\n\\ No newline at end of file\n"
+    )
     (f,) = P.parse_patch(HEADER.format(v="2.0") + text, "x.patch", "toy").files
-    assert P._apply_hunks(["a\n", "b"], f.hunks) == (["a\n", "c"], "")   # the series reader reads it back
+    assert P._apply_hunks(["a\n", "b"], f.hunks) == (["a\n", "c"], "")  # the series reader reads it back
 
 
 def test_header_text_wraps_long_values_at_88_columns():
     words = ["a" * 9] * 8
-    line1 = "Why: " + " ".join(words)                        # 5 + 8 * 9 + 7 = 84 columns
+    line1 = "Why: " + " ".join(words)  # 5 + 8 * 9 + 7 = 84 columns
     assert len(line1) == 84
     # "bb-cccc" would make line 1 92 columns: it moves down whole (its hyphen is no break point,
     # though "bb-" alone would fit in 88)
-    line2 = " " + " ".join(["bb-cccc", *(["d" * 9] * 7), "d" * 8])   # 1 + 7 + 63 + 8 + 8 spaces
-    assert len(line2) == 87                                  # + " e" would be 89 columns: one too many
-    url = "https://example.org/" + "x" * 80                 # longer than a line: kept whole on its own line
+    line2 = " " + " ".join(["bb-cccc", *(["d" * 9] * 7), "d" * 8])  # 1 + 7 + 63 + 8 + 8 spaces
+    assert len(line2) == 87  # + " e" would be 89 columns: one too many
+    url = "https://example.org/" + "x" * 80  # longer than a line: kept whole on its own line
     value = " ".join([*words, "bb-cccc", *(["d" * 9] * 7), "d" * 8, "e", url])
     assert PO.header_text({"Subject": "s", "Why": value, "Empty": ""}) == (
-        "Subject: s\n" + line1 + "\n" + line2 + "\n" + " e\n" + " " + url + "\n" + "Empty:\n\n")
+        "Subject: s\n" + line1 + "\n" + line2 + "\n" + " e\n" + " " + url + "\n" + "Empty:\n\n"
+    )
 
 
 # ------------------------------------------------------------------ the port's verdicts and details
 # where B changes f near the hunk, its exact context is left only in g's identical body (refused there)
-IN_G = ("toy/mod.py: the exact context matches, but in another place: "
-        "a removed line lands in g, in A it is in f: 'c = b - 3'; a added line lands in g, in A it is in "
-        "f: 'c = b - 4'")
+IN_G = (
+    "toy/mod.py: the exact context matches, but in another place: "
+    "a removed line lands in g, in A it is in f: 'c = b - 3'; a added line lands in g, in A it is in "
+    "f: 'c = b - 4'"
+)
+
 
 def test_applies_reports_every_field(tmp_path, a_series):
     b_mod = "import os\n" + A_MOD
     said = events.Recorder()
-    rep = PO.port(a_series[0], a_series[1], tree(tmp_path / "b", b_mod), "2.0", out_dir=tmp_path / "out",
-                  reporter=said)
+    rep = PO.port(a_series[0], a_series[1], tree(tmp_path / "b", b_mod), "2.0", out_dir=tmp_path / "out", reporter=said)
     assert said.lines == ["0001-f.patch: probe on toy 2.0 as shipped and on the ported tree"]
     (pp,) = rep.patches
     assert pp.detail == ["toy/mod.py: every hunk's context found exactly in 2.0."]
     doc = json.loads(PO.render(rep, "json"))
     assert {k: v for k, v in doc.items() if k != "patches"} == {
-        "package": "toy", "from": "1.0", "to": "2.0", "merge": "merge3", "out_dir": str(tmp_path / "out"),
-        "needs_review": False}
+        "package": "toy",
+        "from": "1.0",
+        "to": "2.0",
+        "merge": "merge3",
+        "out_dir": str(tmp_path / "out"),
+        "needs_review": False,
+    }
     (p,) = doc["patches"]
     assert {k: v for k, v in p.items() if not k.startswith("probe_")} == {
-        "patch": "0001-f.patch", "subject": "f subtracts four", "status": "applies", "detail": pp.detail,
-        "files": ["toy/mod.py"], "probe": "0001-f.probe.py"}
+        "patch": "0001-f.patch",
+        "subject": "f subtracts four",
+        "status": "applies",
+        "detail": pp.detail,
+        "files": ["toy/mod.py"],
+        "probe": "0001-f.probe.py",
+    }
     assert (p["probe_unpatched"]["status"], p["probe_ported"]["status"]) == ("fail", "pass")
-    assert PO.render(rep, "json").startswith('{\n  "package": "toy",\n  "from": "1.0",\n')   # indented by 2
-    assert PO.render(rep).endswith(f"\nseries written to {tmp_path / 'out'}\n")            # text by default
+    assert PO.render(rep, "json").startswith('{\n  "package": "toy",\n  "from": "1.0",\n')  # indented by 2
+    assert PO.render(rep).endswith(f"\nseries written to {tmp_path / 'out'}\n")  # text by default
     assert (tmp_path / "out" / "series").read_text() == (
-        "# toy 2.0, ported from 1.0 by build-image patch port\n0001-f.patch\n")
+        "# toy 2.0, ported from 1.0 by build-image patch port\n0001-f.patch\n"
+    )
     text = (tmp_path / "out" / "0001-f.patch").read_text()
     assert "\nApplies-To: toy==2.0\n" in text
     assert "\nPorted-From: toy==1.0: applies (no fuzz; offsets regenerated)\n\n--- a/toy/mod.py\n" in text
@@ -763,7 +871,8 @@ def test_merged_says_so_in_its_header_and_detail(tmp_path, a_series):
     assert pp.detail == [IN_G, "toy/mod.py: three-way merge (A's original as the ancestor) succeeded; review it."]
     ported = P.load_series(tmp_path / "out", "2.0").patches[0]
     assert ported.headers["Ported-From"] == (
-        "toy==1.0: merged (three-way merge with the old release's original as the ancestor; needs review)")
+        "toy==1.0: merged (three-way merge with the old release's original as the ancestor; needs review)"
+    )
 
 
 def test_upstream_puts_the_retirement_first(tmp_path, a_series):
@@ -783,25 +892,28 @@ def test_conflict_runs_only_the_unpatched_probe(tmp_path, a_series):
     assert said.lines == ["0001-f.patch: probe on toy 2.0 as shipped"]
     assert pp.status == PO.CONFLICT and pp.probe_ported is None and pp.probe_unpatched.status == PR.FAIL
     assert pp.detail == [
-        IN_G, "toy/mod.py: 1 region(s) did not merge:",
+        IN_G,
+        "toy/mod.py: 1 region(s) did not merge:",
         "conflict at B's lines 8-8 (A's original lines 8-8):\n<<<<<<< patched A\n    c = b - 4\n"
-        "||||||| A original\n    c = b - 3\n=======\n    c = b - 3  # B changed this line\n>>>>>>> B original\n"]
+        "||||||| A original\n    c = b - 3\n=======\n    c = b - 3  # B changed this line\n>>>>>>> B original\n",
+    ]
 
 
 def test_exact_context_in_the_wrong_function_names_every_misplaced_line(tmp_path, a_series):
-    b_mod = A_MOD.replace("    p = b + 0\n", "    p = b + 0  # B\n", 1)   # the context now matches only in g
+    b_mod = A_MOD.replace("    p = b + 0\n", "    p = b + 0  # B\n", 1)  # the context now matches only in g
     (pp,) = port_to(tmp_path, a_series, b_mod).patches
     assert pp.status == PO.CONFLICT
     assert pp.detail[0] == IN_G
 
 
-@pytest.mark.parametrize("probe_header, shown",
-                         [("", "no Probe: header"), ("Probe: 0001-f.probe.py\n", "0001-f.probe.py")])
+@pytest.mark.parametrize(
+    "probe_header, shown", [("", "no Probe: header"), ("Probe: 0001-f.probe.py\n", "0001-f.probe.py")]
+)
 def test_no_probe_no_port(tmp_path, a_series, probe_header, shown):
     series, a = a_series
     p = series.dir / "0001-f.patch"
     p.write_text(p.read_text().replace("Probe: 0001-f.probe.py\n", probe_header))
-    (series.dir / "0001-f.probe.py").unlink()        # named but missing, or not named at all
+    (series.dir / "0001-f.probe.py").unlink()  # named but missing, or not named at all
     series = P.load_series(series.dir, "1.0")
     rep = PO.port(series, a, tree(tmp_path / "b", "import os\n" + A_MOD), "2.0", out_dir=tmp_path / "out")
     (pp,) = rep.patches
@@ -826,7 +938,8 @@ def test_patch_that_does_not_fit_its_own_release_is_bad_input(tmp_path, a_series
 OTHER = '"""other."""\n\n\ndef h(x):\n    y = x\n    z = y\n    w = z\n    return w\n'
 PATCHED_OTHER = OTHER.replace("    z = y\n", "    z = y + 1\n")
 PROBE2 = PROBE.replace('import toy.mod as m\n', 'import toy.mod as m\nimport toy.other as o\n').replace(
-    'checks = [', 'checks = [{"name": "h(1) == 2", "ok": o.h(1) == 2},\n          ')
+    'checks = [', 'checks = [{"name": "h(1) == 2", "ok": o.h(1) == 2},\n          '
+)
 
 
 @pytest.fixture
@@ -835,8 +948,9 @@ def two_files(tmp_path) -> tuple[P.Series, Path]:
     (a / "toy" / "other.py").write_text(OTHER)
     d = tmp_path / "series-1.0"
     d.mkdir()
-    (d / "0001-f.patch").write_text(HEADER.format(v="1.0") + diff("toy/mod.py", A_MOD, PATCHED_A)
-                                    + diff("toy/other.py", OTHER, PATCHED_OTHER))
+    (d / "0001-f.patch").write_text(
+        HEADER.format(v="1.0") + diff("toy/mod.py", A_MOD, PATCHED_A) + diff("toy/other.py", OTHER, PATCHED_OTHER)
+    )
     (d / "0001-f.probe.py").write_text(PROBE2)
     (d / "series").write_text("0001-f.patch\n")
     return P.load_series(d, "1.0"), a
@@ -879,12 +993,15 @@ def test_every_file_of_a_patch_is_reported_when_an_earlier_one_fails(tmp_path, t
     b_mod = A_MOD.replace("def f(x):\n", "def f2(x):\n")
     (pp,) = port_two(tmp_path / "3", two_files, b_mod).patches
     assert pp.status == PO.CONFLICT and pp.probe_ported is None
-    assert pp.detail == ["toy/mod.py: the merge puts the change elsewhere: "
-                         "a removed line lands in f2, in A it is in f: 'c = b - 3'; "
-                         "a added line lands in f2, in A it is in f: 'c = b - 4'", OTHER_OK]
+    assert pp.detail == [
+        "toy/mod.py: the merge puts the change elsewhere: "
+        "a removed line lands in f2, in A it is in f: 'c = b - 3'; "
+        "a added line lands in f2, in A it is in f: 'c = b - 4'",
+        OTHER_OK,
+    ]
 
 
-PATCHED_A2 = PATCHED_A.replace("    d = c * c\n", "    d = c * c + 1\n", 1)   # next to the first patch's line
+PATCHED_A2 = PATCHED_A.replace("    d = c * c\n", "    d = c * c + 1\n", 1)  # next to the first patch's line
 PROBE_2 = PROBE.replace('"f(1) == 2 (patched)", "ok": m.f(1) == 2', '"f(1) == 3 (both)", "ok": m.f(1) == 3')
 
 
@@ -903,8 +1020,9 @@ class Recording(PR.ProbeRunner):
 def test_a_series_ports_in_order_each_patch_on_top_of_the_earlier_ones(tmp_path, a_series):
     series, a = a_series
     d = series.dir
-    (d / "0002-f.patch").write_text(HEADER.format(v="1.0").replace("0001-f.probe.py", "0002-f.probe.py")
-                                    + diff("toy/mod.py", PATCHED_A, PATCHED_A2))
+    (d / "0002-f.patch").write_text(
+        HEADER.format(v="1.0").replace("0001-f.probe.py", "0002-f.probe.py") + diff("toy/mod.py", PATCHED_A, PATCHED_A2)
+    )
     (d / "0002-f.probe.py").write_text(PROBE_2)
     (d / "series").write_text("0001-f.patch\n0002-f.patch\n")
     series = P.load_series(d, "1.0")
@@ -916,11 +1034,16 @@ def test_a_series_ports_in_order_each_patch_on_top_of_the_earlier_ones(tmp_path,
     assert (rep.package, rep.from_version, rep.to_version) == ("toy", "1.0", "2.0")
     # patch 1: B as shipped (the tree itself, no copy) and B + patch 1;
     # patch 2: B + patch 1 (its unpatched tree) and B + both
-    assert sorted((name, text) for name, _, text in runner.seen) == sorted([
-        ("0001-f.probe.py", top + A_MOD), ("0001-f.probe.py", top + PATCHED_A),
-        ("0002-f.probe.py", top + PATCHED_A), ("0002-f.probe.py", top + PATCHED_A2)])
+    assert sorted((name, text) for name, _, text in runner.seen) == sorted(
+        [
+            ("0001-f.probe.py", top + A_MOD),
+            ("0001-f.probe.py", top + PATCHED_A),
+            ("0002-f.probe.py", top + PATCHED_A),
+            ("0002-f.probe.py", top + PATCHED_A2),
+        ]
+    )
     assert [t for name, t, text in runner.seen if text == top + A_MOD] == [b]
-    assert (b / "toy" / "mod.py").read_text() == top + A_MOD      # B itself is never modified
+    assert (b / "toy" / "mod.py").read_text() == top + A_MOD  # B itself is never modified
     PO.write_series(rep, series, tmp_path / "out", b_originals=PO.b_originals(series, b), wheel=None)
     ported = P.load_series(tmp_path / "out", "2.0")
     assert [r.status for r in P.check(ported, b)] == ["applied", "applied"]
@@ -931,7 +1054,7 @@ def test_port_leaves_no_temporary_files(tmp_path, a_series, monkeypatch):
     tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     (pp,) = port_to(tmp_path, a_series, "import os\n" + A_MOD).patches
-    assert pp.status == PO.APPLIES and pp.probe_ported.status == PR.PASS   # a ported tree was made and probed
+    assert pp.status == PO.APPLIES and pp.probe_ported.status == PR.PASS  # a ported tree was made and probed
     assert list(tmp.iterdir()) == []
 
 
@@ -950,10 +1073,13 @@ def test_port_from_a_wheel_records_the_wheel(tmp_path, a_series, monkeypatch):
     rep = PO.port(series, a, whl, "2.0", out_dir=tmp_path / "out")
     assert [p.status for p in rep.patches] == [PO.APPLIES] and rep.out_dir == str(tmp_path / "out")
     assert (tmp_path / "out" / "wheel.sha256").read_text() == (
-        f"{hashlib.sha256(whl.read_bytes()).hexdigest()}  toy-2.0-py3-none-any.whl\n")
+        f"{hashlib.sha256(whl.read_bytes()).hexdigest()}  toy-2.0-py3-none-any.whl\n"
+    )
     ported = P.load_series(tmp_path / "out", "2.0")
     assert (ported.wheel_filename, ported.originals) == (
-        "toy-2.0-py3-none-any.whl", {"toy/mod.py": hashlib.sha256(("import os\n" + A_MOD).encode()).hexdigest()})
+        "toy-2.0-py3-none-any.whl",
+        {"toy/mod.py": hashlib.sha256(("import os\n" + A_MOD).encode()).hexdigest()},
+    )
 
 
 def test_without_probes_nothing_is_extracted_or_run(tmp_path, a_series, monkeypatch):
@@ -971,19 +1097,22 @@ def test_write_series_files(tmp_path, a_series):
     series, a = a_series
     (series.dir / "probe-env.txt").write_text("torch==2.11.0\n")
     b = tree(tmp_path / "b", A_MOD.replace("    c = b - 3\n", "    c = b - 3  # B\n", 1))
-    rep = PO.port_series(series, a, b, "2.0", probes=False)        # a conflict
-    out = tmp_path / "deep" / "er" / "out"                         # parents are made
+    rep = PO.port_series(series, a, b, "2.0", probes=False)  # a conflict
+    out = tmp_path / "deep" / "er" / "out"  # parents are made
     PO.write_series(rep, series, out, b_originals=PO.b_originals(series, b), wheel=None)
     (pp,) = rep.patches
     conflict = (out / "0001-f.patch.conflict").read_text()
     # the report's detail, one entry after another on its own lines
-    assert conflict == (IN_G + "\ntoy/mod.py: 1 region(s) did not merge:\n"
-                        "conflict at B's lines 8-8 (A's original lines 8-8):\n<<<<<<< patched A\n    c = b - 4\n"
-                        "||||||| A original\n    c = b - 3\n=======\n    c = b - 3  # B\n>>>>>>> B original\n\n")
+    assert conflict == (
+        IN_G + "\ntoy/mod.py: 1 region(s) did not merge:\n"
+        "conflict at B's lines 8-8 (A's original lines 8-8):\n<<<<<<< patched A\n    c = b - 4\n"
+        "||||||| A original\n    c = b - 3\n=======\n    c = b - 3  # B\n>>>>>>> B original\n\n"
+    )
     assert (out / "series").read_text() == (
         "# toy 2.0, ported from 1.0 by build-image patch port\n"
-        "# 0001-f.patch  conflict: see 0001-f.patch.conflict, finish by hand, then list it here\n")
-    assert (out / "probe-env.txt").read_text() == "torch==2.11.0\n"     # the probes' environment comes along
+        "# 0001-f.patch  conflict: see 0001-f.patch.conflict, finish by hand, then list it here\n"
+    )
+    assert (out / "probe-env.txt").read_text() == "torch==2.11.0\n"  # the probes' environment comes along
     assert (out / "0001-f.probe.py").read_text() == PROBE
     assert not (out / "wheel.sha256").exists()
     # a second run into the same folder keeps a probe-env.txt already there (edited for B)
@@ -1003,13 +1132,13 @@ def test_probe_env_comes_from_the_output_then_the_shipped_b_series_then_a(tmp_pa
     monkeypatch.setattr(P, "patches_root", lambda: root)
     out = tmp_path / "out"
     out.mkdir()
-    assert PO.probe_env_dir(series, "2.0", out) == series.dir        # nobody has one: A's series
+    assert PO.probe_env_dir(series, "2.0", out) == series.dir  # nobody has one: A's series
     (shipped / "probe-env.txt").write_text("torch\n")
-    assert PO.probe_env_dir(series, "2.0", None) == shipped          # B's shipped series
+    assert PO.probe_env_dir(series, "2.0", None) == shipped  # B's shipped series
     assert PO.probe_env_dir(series, "2.0", out) == shipped
     (out / "probe-env.txt").write_text("torch\n")
-    assert PO.probe_env_dir(series, "2.0", out) == out               # the output folder first
-    assert PO.probe_env_dir(series, "3.0", None) == series.dir       # no series shipped for 3.0
+    assert PO.probe_env_dir(series, "2.0", out) == out  # the output folder first
+    assert PO.probe_env_dir(series, "3.0", None) == series.dir  # no series shipped for 3.0
 
 
 def test_port_runs_the_probes_where_the_output_says(tmp_path, a_series, monkeypatch):
@@ -1041,84 +1170,141 @@ def report_of_every_status() -> PO.PortReport:
     ok = PR.ProbeRun(PR.PASS, [{"name": "f(1) == 2", "ok": True}])
     bad = PR.ProbeRun(PR.FAIL, [{"name": "f(1) == 2", "ok": False}])
     piped = PR.ProbeRun(PR.FAIL, [{"name": "a|b", "ok": False}])
-    region = ("conflict at B's lines 8-8 (A's original lines 8-8):\n<<<<<<< patched A\n    c = b - 4\n"
-              "||||||| A original\n    c = b - 3\n=======\n    c = b - 3  # B\n>>>>>>> B original\n")
-    return PO.PortReport("toy", "1.0", "2.0", [
-        PO.PortedPatch("0001-a.patch", "a fix", PO.APPLIES, ["toy/mod.py: every hunk's context found exactly in 2.0."],
-                       files={"toy/z.py": (b"", b""), "toy/a.py": (b"", b"")},
-                       probe_unpatched=bad, probe_ported=ok, probe="0001-a.probe.py"),
-        PO.PortedPatch("0002-b.patch", "b fix", PO.MERGED, ["toy/mod.py: merged; review it."],
-                       probe_unpatched=bad, probe_ported=ok),
-        PO.PortedPatch("0003-c.patch", "c fix", PO.CONFLICT, ["toy/mod.py: 1 region(s) did not merge:", region],
-                       probe_unpatched=bad),
-        PO.PortedPatch("0004-d.patch", "d fix", PO.UPSTREAM, ["toy 2.0 unpatched passes: retire it.", "toy/mod.py: x"],
-                       probe_unpatched=ok),
-        PO.PortedPatch("0005-e.patch", "e fix", PO.CONFLICT, ["the probe does not pass on the ported tree."],
-                       probe_unpatched=piped, probe_ported=piped),
-    ], out_dir="/srv/out")
+    region = (
+        "conflict at B's lines 8-8 (A's original lines 8-8):\n<<<<<<< patched A\n    c = b - 4\n"
+        "||||||| A original\n    c = b - 3\n=======\n    c = b - 3  # B\n>>>>>>> B original\n"
+    )
+    return PO.PortReport(
+        "toy",
+        "1.0",
+        "2.0",
+        [
+            PO.PortedPatch(
+                "0001-a.patch",
+                "a fix",
+                PO.APPLIES,
+                ["toy/mod.py: every hunk's context found exactly in 2.0."],
+                files={"toy/z.py": (b"", b""), "toy/a.py": (b"", b"")},
+                probe_unpatched=bad,
+                probe_ported=ok,
+                probe="0001-a.probe.py",
+            ),
+            PO.PortedPatch(
+                "0002-b.patch",
+                "b fix",
+                PO.MERGED,
+                ["toy/mod.py: merged; review it."],
+                probe_unpatched=bad,
+                probe_ported=ok,
+            ),
+            PO.PortedPatch(
+                "0003-c.patch",
+                "c fix",
+                PO.CONFLICT,
+                ["toy/mod.py: 1 region(s) did not merge:", region],
+                probe_unpatched=bad,
+            ),
+            PO.PortedPatch(
+                "0004-d.patch",
+                "d fix",
+                PO.UPSTREAM,
+                ["toy 2.0 unpatched passes: retire it.", "toy/mod.py: x"],
+                probe_unpatched=ok,
+            ),
+            PO.PortedPatch(
+                "0005-e.patch",
+                "e fix",
+                PO.CONFLICT,
+                ["the probe does not pass on the ported tree."],
+                probe_unpatched=piped,
+                probe_ported=piped,
+            ),
+        ],
+        out_dir="/srv/out",
+    )
 
 
-REGION_LINES = ["conflict at B's lines 8-8 (A's original lines 8-8):", "<<<<<<< patched A", "    c = b - 4",
-                "||||||| A original", "    c = b - 3", "=======", "    c = b - 3  # B", ">>>>>>> B original"]
+REGION_LINES = [
+    "conflict at B's lines 8-8 (A's original lines 8-8):",
+    "<<<<<<< patched A",
+    "    c = b - 4",
+    "||||||| A original",
+    "    c = b - 3",
+    "=======",
+    "    c = b - 3  # B",
+    ">>>>>>> B original",
+]
 
 
 def test_render_text():
     # per patch: status (padded to 9) name subject; its detail indented by 6; the probe evidence where
     # a probe ran on the ported tree or retires the patch
-    assert PO.render(report_of_every_status(), "text") == "\n".join([
-        "toy patch series: 1.0 -> 2.0",
-        "  applies   0001-a.patch  a fix",
-        "      toy/mod.py: every hunk's context found exactly in 2.0.",
-        "      probe on the ported tree: 1 check(s) pass",
-        "  merged    0002-b.patch  b fix",
-        "      toy/mod.py: merged; review it.",
-        "      probe on the ported tree: 1 check(s) pass",
-        "  conflict  0003-c.patch  c fix",
-        "      toy/mod.py: 1 region(s) did not merge:",
-        *["      " + ln for ln in REGION_LINES],
-        "  upstream  0004-d.patch  d fix",
-        "      toy 2.0 unpatched passes: retire it.",
-        "      toy/mod.py: x",
-        "      probe passes unpatched: 1 check(s) pass",
-        "  conflict  0005-e.patch  e fix",
-        "      the probe does not pass on the ported tree.",
-        "      probe on the ported tree: 1 of 1 check(s) fail: a|b",
-        "series written to /srv/out",
-    ]) + "\n"
+    assert (
+        PO.render(report_of_every_status(), "text")
+        == "\n".join(
+            [
+                "toy patch series: 1.0 -> 2.0",
+                "  applies   0001-a.patch  a fix",
+                "      toy/mod.py: every hunk's context found exactly in 2.0.",
+                "      probe on the ported tree: 1 check(s) pass",
+                "  merged    0002-b.patch  b fix",
+                "      toy/mod.py: merged; review it.",
+                "      probe on the ported tree: 1 check(s) pass",
+                "  conflict  0003-c.patch  c fix",
+                "      toy/mod.py: 1 region(s) did not merge:",
+                *["      " + ln for ln in REGION_LINES],
+                "  upstream  0004-d.patch  d fix",
+                "      toy 2.0 unpatched passes: retire it.",
+                "      toy/mod.py: x",
+                "      probe passes unpatched: 1 check(s) pass",
+                "  conflict  0005-e.patch  e fix",
+                "      the probe does not pass on the ported tree.",
+                "      probe on the ported tree: 1 of 1 check(s) fail: a|b",
+                "series written to /srv/out",
+            ]
+        )
+        + "\n"
+    )
     assert PO.render(report_of_every_status()) == PO.render(report_of_every_status(), "text")
 
 
 def test_render_markdown():
     # a table (evidence: the probe, else the first line of the detail; no '|' or newline in a cell),
     # then each conflict's detail in a collapsed diff block
-    assert PO.render(report_of_every_status(), "markdown") == "\n".join([
-        "### toy patch series: 1.0 -> 2.0",
-        "",
-        "| patch | status | evidence |",
-        "| --- | --- | --- |",
-        "| `0001-a.patch` | **applies** | probe on the ported tree: 1 check(s) pass |",
-        "| `0002-b.patch` | **merged** | probe on the ported tree: 1 check(s) pass |",
-        "| `0003-c.patch` | **conflict** | toy/mod.py: 1 region(s) did not merge: |",
-        "| `0004-d.patch` | **upstream** | probe passes unpatched: 1 check(s) pass |",
-        "| `0005-e.patch` | **conflict** | probe on the ported tree: 1 of 1 check(s) fail: a b |",
-        "",
-        "<details><summary>0003-c.patch: what did not port</summary>",
-        "",
-        "```diff",
-        "toy/mod.py: 1 region(s) did not merge:",
-        *REGION_LINES,
-        "```",
-        "</details>",
-        "",
-        "<details><summary>0005-e.patch: what did not port</summary>",
-        "",
-        "```diff",
-        "the probe does not pass on the ported tree.",
-        "```",
-        "</details>",
-        "",
-        "series written to /srv/out",
-    ]) + "\n"
+    assert (
+        PO.render(report_of_every_status(), "markdown")
+        == "\n".join(
+            [
+                "### toy patch series: 1.0 -> 2.0",
+                "",
+                "| patch | status | evidence |",
+                "| --- | --- | --- |",
+                "| `0001-a.patch` | **applies** | probe on the ported tree: 1 check(s) pass |",
+                "| `0002-b.patch` | **merged** | probe on the ported tree: 1 check(s) pass |",
+                "| `0003-c.patch` | **conflict** | toy/mod.py: 1 region(s) did not merge: |",
+                "| `0004-d.patch` | **upstream** | probe passes unpatched: 1 check(s) pass |",
+                "| `0005-e.patch` | **conflict** | probe on the ported tree: 1 of 1 check(s) fail: a b |",
+                "",
+                "<details><summary>0003-c.patch: what did not port</summary>",
+                "",
+                "```diff",
+                "toy/mod.py: 1 region(s) did not merge:",
+                *REGION_LINES,
+                "```",
+                "</details>",
+                "",
+                "<details><summary>0005-e.patch: what did not port</summary>",
+                "",
+                "```diff",
+                "the probe does not pass on the ported tree.",
+                "```",
+                "</details>",
+                "",
+                "series written to /srv/out",
+            ]
+        )
+        + "\n"
+    )
 
 
 def test_markdown_evidence_cell_is_one_line_of_at_most_400_characters():
@@ -1132,13 +1318,23 @@ def test_report_as_json():
     rep = report_of_every_status()
     doc = json.loads(PO.render(rep, "json"))
     assert {k: v for k, v in doc.items() if k != "patches"} == {
-        "package": "toy", "from": "1.0", "to": "2.0", "merge": "merge3", "out_dir": "/srv/out", "needs_review": True}
+        "package": "toy",
+        "from": "1.0",
+        "to": "2.0",
+        "merge": "merge3",
+        "out_dir": "/srv/out",
+        "needs_review": True,
+    }
     assert doc["patches"][0] == {
-        "patch": "0001-a.patch", "subject": "a fix", "status": "applies",
-        "detail": ["toy/mod.py: every hunk's context found exactly in 2.0."], "files": ["toy/a.py", "toy/z.py"],
+        "patch": "0001-a.patch",
+        "subject": "a fix",
+        "status": "applies",
+        "detail": ["toy/mod.py: every hunk's context found exactly in 2.0."],
+        "files": ["toy/a.py", "toy/z.py"],
         "probe": "0001-a.probe.py",
         "probe_unpatched": {"status": "fail", "checks": [{"name": "f(1) == 2", "ok": False}], "seconds": 0.0},
-        "probe_ported": {"status": "pass", "checks": [{"name": "f(1) == 2", "ok": True}], "seconds": 0.0}}
+        "probe_ported": {"status": "pass", "checks": [{"name": "f(1) == 2", "ok": True}], "seconds": 0.0},
+    }
     assert (doc["patches"][2]["probe_ported"], doc["patches"][2]["probe"]) == (None, None)
     # ASCII on the wire: a subject outside ASCII is escaped, and reads back the same
     rep.patches[0].subject = "Größe"
@@ -1153,40 +1349,48 @@ def test_a_port_output_that_holds_a_hand_made_series_is_refused(tmp_path):
     import re
 
     out = tmp_path / "out"
-    PO.refuse_foreign_series(out)                       # absent: fine
+    PO.refuse_foreign_series(out)  # absent: fine
     out.mkdir()
-    PO.refuse_foreign_series(out)                       # empty: fine
+    PO.refuse_foreign_series(out)  # empty: fine
     (out / "series").write_text("# vllm 2.0, ported from 1.0 by build-image patch port\n0001-f.patch\n")
-    PO.refuse_foreign_series(out)                       # written by an earlier port: fine
+    PO.refuse_foreign_series(out)  # written by an earlier port: fine
     (out / "series").write_text("# vllm 2.0, ported from 1.0 by build-image patch port   \n")
-    PO.refuse_foreign_series(out)                       # trailing blanks on the mark line
-    for first in ("0001-f.patch\n", "# my own series\n", "vllm 2.0 by build-image patch port\n",
-                  "\n# vllm 2.0, ported from 1.0 by build-image patch port\n"):
+    PO.refuse_foreign_series(out)  # trailing blanks on the mark line
+    for first in (
+        "0001-f.patch\n",
+        "# my own series\n",
+        "vllm 2.0 by build-image patch port\n",
+        "\n# vllm 2.0, ported from 1.0 by build-image patch port\n",
+    ):
         (out / "series").write_text(first)
         with pytest.raises(BadInput) as ei:
             PO.refuse_foreign_series(out)
         assert ei.value.message == (
             f"-o {out} holds files and is not a series ported by build-image (its series file does not open with "
-            "'# … by build-image patch port'); porting into it would overwrite its patches. Nothing was written.")
+            "'# … by build-image patch port'); porting into it would overwrite its patches. Nothing was written."
+        )
         assert ei.value.hint == "port into a new folder, or pass --force to write B's series there anyway."
-        PO.refuse_foreign_series(out, force=True)       # --force: written anyway
+        PO.refuse_foreign_series(out, force=True)  # --force: written anyway
     (out / "series").unlink()
-    (out / "0001-f.patch").write_text("x")              # files but no series file at all
+    (out / "0001-f.patch").write_text("x")  # files but no series file at all
     with pytest.raises(BadInput, match=re.escape(f"-o {out} holds files and is not a series ported")):
         PO.refuse_foreign_series(out)
-    (out / "series").write_bytes(b"# \xff\xfe by build-image patch port\n")   # not UTF-8: read leniently
+    (out / "series").write_bytes(b"# \xff\xfe by build-image patch port\n")  # not UTF-8: read leniently
     PO.refuse_foreign_series(out)
     mark = " by build-image patch port"
-    (out / "series").write_text("# " + "x" * (4096 - 2 - len(mark)) + mark + "\n")   # the mark ends at byte 4096
+    (out / "series").write_text("# " + "x" * (4096 - 2 - len(mark)) + mark + "\n")  # the mark ends at byte 4096
     PO.refuse_foreign_series(out)
-    (out / "series").write_text("# " + "x" * (4097 - 2 - len(mark)) + mark + "\n")   # only the first 4 KiB read
+    (out / "series").write_text("# " + "x" * (4097 - 2 - len(mark)) + mark + "\n")  # only the first 4 KiB read
     with pytest.raises(BadInput):
         PO.refuse_foreign_series(out)
     a_file = tmp_path / "file"
     a_file.write_text("")
     for force in (False, True):
-        with pytest.raises(BadInput, match=rf"^-o {re.escape(str(a_file))} exists and is not a directory; a ported "
-                                           r"series is a folder\.$"):
+        with pytest.raises(
+            BadInput,
+            match=rf"^-o {re.escape(str(a_file))} exists and is not a directory; a ported "
+            r"series is a folder\.$",
+        ):
             PO.refuse_foreign_series(a_file, force=force)
     link = tmp_path / "dangling"
     link.symlink_to(tmp_path / "nowhere")
@@ -1210,15 +1414,17 @@ def test_a_probe_is_found_in_the_shared_folder_unless_the_release_has_its_own(tm
     series = P.load_series(root / "1.0", "1.0")
     (patch,) = series.patches
     assert PR.probe_path(series.dir, patch) == root / "probes" / "0001-f.probe.py"
-    (res,) = PR.probe_series(series, a_series[1])           # run from the shared folder
+    (res,) = PR.probe_series(series, a_series[1])  # run from the shared folder
     assert (res.needed, res.works) == (True, True)
     (series.dir / "0001-f.probe.py").write_text(PROBE.replace("== 2 (patched)", "== 2 (own copy)"))
     assert PR.probe_path(series.dir, patch) == series.dir / "0001-f.probe.py"  # the release's copy wins
     patch.headers[PR.PROBE_FIELD] = "0002-missing.probe.py"
     with pytest.raises(BadInput) as e:
         PR.probe_path(series.dir, patch)
-    assert e.value.message == (f"patch {series.dir / '0001-f.patch'}: its probe '0002-missing.probe.py' is not a "
-                               f"file in {series.dir} (nor in {root / 'probes'}).")
+    assert e.value.message == (
+        f"patch {series.dir / '0001-f.patch'}: its probe '0002-missing.probe.py' is not a "
+        f"file in {series.dir} (nor in {root / 'probes'})."
+    )
 
 
 def test_port_into_the_shared_layout_writes_no_copy_of_a_probe_that_fits(tmp_path, a_series):
@@ -1229,7 +1435,7 @@ def test_port_into_the_shared_layout_writes_no_copy_of_a_probe_that_fits(tmp_pat
     b_mod = A_MOD.replace('"""toy module."""\n', '"""toy module."""\n\nVERSION = 2\n')
     b = tree(tmp_path / "b", b_mod)
     (root / "2.0").mkdir()
-    (root / "2.0" / "0001-f.probe.py").write_text(PROBE)    # left by an earlier port: the shared one is used
+    (root / "2.0" / "0001-f.probe.py").write_text(PROBE)  # left by an earlier port: the shared one is used
     rep = PO.port(series, a_series[1], b, "2.0", out_dir=root / "2.0")
     assert rep.patches[0].status == PO.APPLIES and rep.patches[0].probe_ported.status == PR.PASS
     assert sorted(p.name for p in (root / "2.0").iterdir()) == ["0001-f.patch", "series", "sha256sums.orig"]

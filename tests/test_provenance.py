@@ -22,8 +22,9 @@ def test_render_writes_a_valid_statement_naming_every_input(tmp_path, monkeypatc
     text = (out / "provenance.intoto.json").read_text()
     doc = json.loads(text)
     assert PV.validate(doc) == []  # in-toto-attestation's Statement + SLSA Provenance v1 messages
-    assert (doc["_type"] == "https://in-toto.io/Statement/v1"
-            and doc["predicateType"] == "https://slsa.dev/provenance/v1")
+    assert (
+        doc["_type"] == "https://in-toto.io/Statement/v1" and doc["predicateType"] == "https://slsa.dev/provenance/v1"
+    )
     # subject at render time: the files render produced
     subj = {s["name"]: s["digest"]["sha256"] for s in doc["subject"]}
     assert subj == {n: _sha((out / n).read_bytes()) for n in ("Dockerfile", "pylock.toml", "sbom.cdx.json")}
@@ -35,8 +36,11 @@ def test_render_writes_a_valid_statement_naming_every_input(tmp_path, monkeypatc
     from builder.image.render import _env
 
     template = _env().loader.get_source(_env(), "Dockerfile.j2")[0].encode()
-    assert (deps["templates/Dockerfile.j2"]["digest"]["sha256"] == _sha(template)
-            == bd["internalParameters"]["templateSha256"])
+    assert (
+        deps["templates/Dockerfile.j2"]["digest"]["sha256"]
+        == _sha(template)
+        == bd["internalParameters"]["templateSha256"]
+    )
     base = deps["oci://vllm/vllm-openai:v0.26.0"]
     assert base["digest"]["sha256"] == plan.base.image_digest.split(":")[1]
     for e in plan.lock.entries:
@@ -49,20 +53,43 @@ def test_render_writes_a_valid_statement_naming_every_input(tmp_path, monkeypatc
 
 def test_patch_series_and_its_sums_are_inputs():
     inp = PV.ProvenanceInput(
-        vllm="0.26.0", repository="r.example/x", tags=["r.example/x:a"], lock_hash="1" * 64, lock_sha256="2" * 64,
-        base_ref="vllm/vllm-openai:v0.26.0", base_digest=None, base_manifest_sha256="3" * 64, overlay=["ray[serve]"],
-        allow_abi_change={}, wheels=[], patches=[("0001-a.patch", "4" * 64), ("0002-b.patch", "5" * 64)],
-        patched_files=[("vllm/a.py", "6" * 64)], vllm_wheel=("vllm-0.26.0-x.whl", "7" * 64), template_sha256="8" * 64,
-        installer="uv", source_date_epoch=0, outputs={"Dockerfile": "9" * 64})
-    doc = PV.statement(inp, env={"GITHUB_SERVER_URL": "https://github.com", "GITHUB_REPOSITORY": "o/r",
-                                 "GITHUB_WORKFLOW_REF": "o/r/.github/workflows/image.yml@refs/heads/main",
-                                 "GITHUB_RUN_ID": "42"})
+        vllm="0.26.0",
+        repository="r.example/x",
+        tags=["r.example/x:a"],
+        lock_hash="1" * 64,
+        lock_sha256="2" * 64,
+        base_ref="vllm/vllm-openai:v0.26.0",
+        base_digest=None,
+        base_manifest_sha256="3" * 64,
+        overlay=["ray[serve]"],
+        allow_abi_change={},
+        wheels=[],
+        patches=[("0001-a.patch", "4" * 64), ("0002-b.patch", "5" * 64)],
+        patched_files=[("vllm/a.py", "6" * 64)],
+        vllm_wheel=("vllm-0.26.0-x.whl", "7" * 64),
+        template_sha256="8" * 64,
+        installer="uv",
+        source_date_epoch=0,
+        outputs={"Dockerfile": "9" * 64},
+    )
+    doc = PV.statement(
+        inp,
+        env={
+            "GITHUB_SERVER_URL": "https://github.com",
+            "GITHUB_REPOSITORY": "o/r",
+            "GITHUB_WORKFLOW_REF": "o/r/.github/workflows/image.yml@refs/heads/main",
+            "GITHUB_RUN_ID": "42",
+        },
+    )
     assert PV.validate(doc) == []
     deps = doc["predicate"]["buildDefinition"]["resolvedDependencies"]
     patches = [(d["name"], d["digest"]["sha256"]) for d in deps if d.get("annotations", {}).get("role") == "patch"]
     assert patches == [("patches/vllm/0.26.0/0001-a.patch", "4" * 64), ("patches/vllm/0.26.0/0002-b.patch", "5" * 64)]
-    assert {"name": "vllm-0.26.0-x.whl", "digest": {"sha256": "7" * 64},
-            "annotations": {"role": "patched-wheel"}} in deps
+    assert {
+        "name": "vllm-0.26.0-x.whl",
+        "digest": {"sha256": "7" * 64},
+        "annotations": {"role": "patched-wheel"},
+    } in deps
     base = next(d for d in deps if d.get("uri", "").startswith("oci://"))
     assert "digest" not in base  # a reconstructed base has no digest: none is invented
     run = doc["predicate"]["runDetails"]
@@ -75,9 +102,11 @@ def test_build_and_push_make_the_image_the_subject(tmp_path):
 
     out, _plan = _write(tmp_path)
     image_id = "sha256:" + "c" * 64
-    doc = PV.record_subject(out,
-                            PV.image_subject(["127.0.0.1:5000/s/v:vllm0.26.0-abc", "127.0.0.1:5000/s/v:vllm0.26.0"],
-                                                  image_id), stage="build")
+    doc = PV.record_subject(
+        out,
+        PV.image_subject(["127.0.0.1:5000/s/v:vllm0.26.0-abc", "127.0.0.1:5000/s/v:vllm0.26.0"], image_id),
+        stage="build",
+    )
     assert doc["subject"] == [{"name": "127.0.0.1:5000/s/v", "digest": {"sha256": "c" * 64}}]
     again = json.loads((out / "provenance.intoto.json").read_text())
     assert again == doc and PV.validate(again) == [] and again["predicate"]["runDetails"]["metadata"]["finishedOn"]
@@ -86,10 +115,15 @@ def test_build_and_push_make_the_image_the_subject(tmp_path):
 
 
 def test_validator_catches_a_mistyped_or_missing_field():
-    doc = {"_type": PV.STATEMENT_TYPE, "subject": [{"name": "x", "digest": {"sha256": "a" * 64}}],
-           "predicateType": PV.PREDICATE_TYPE,
-           "predicate": {"buildDefinition": {"buildType": "urn:x", "externalParameters": {}},
-                         "runDetails": {"builder": {"id": "urn:b"}}}}
+    doc = {
+        "_type": PV.STATEMENT_TYPE,
+        "subject": [{"name": "x", "digest": {"sha256": "a" * 64}}],
+        "predicateType": PV.PREDICATE_TYPE,
+        "predicate": {
+            "buildDefinition": {"buildType": "urn:x", "externalParameters": {}},
+            "runDetails": {"builder": {"id": "urn:b"}},
+        },
+    }
     assert PV.validate(doc) == []
     bad = json.loads(json.dumps(doc))
     bad["predicate"]["buildDefinition"]["buildTyp"] = bad["predicate"]["buildDefinition"].pop("buildType")

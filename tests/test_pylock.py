@@ -55,17 +55,29 @@ def test_twin_round_trip_keeps_header_facts_via_and_other_hashes():
     back = parse_lock(format_pylock(lock), "x/pylock.toml")
     assert back.header == lock.header and back.overlay == lock.overlay
     for a, b in zip(sorted(lock.entries, key=lambda e: e.key), back.entries):
-        assert (a.name, a.version, a.hashes, a.via, a.wheel, a.facts, a.base_version) == \
-               (b.name, b.version, b.hashes, b.via, b.wheel, b.facts, b.base_version)
+        assert (a.name, a.version, a.hashes, a.via, a.wheel, a.facts, a.base_version) == (
+            b.name,
+            b.version,
+            b.hashes,
+            b.via,
+            b.wheel,
+            b.facts,
+            b.base_version,
+        )
     assert parse_lock(format_pylock(back), "x/pylock.toml").entries == back.entries
 
 
 def test_foreign_or_invalid_pylock_is_bad_input_naming_the_file(tmp_path):
-    foreign = 'lock-version = "1.0"\ncreated-by = "uv"\n[[packages]]\nname = "six"\nversion = "1.0"\n' \
-              '[[packages.wheels]]\nurl = "https://h/six-1.0-py3-none-any.whl"\nhashes = { sha256 = "aa" }\n'
-    with pytest.raises(BadInput, match=r"^a/pylock.toml is a PEP 751 lock but not one build-image wrote \(no "
-                                       r"\[tool\.build-image\.header\] table\); build-image reads the pylock\.toml "
-                                       r"that `build-image lock` writes beside requirements\.lock\.$"):
+    foreign = (
+        'lock-version = "1.0"\ncreated-by = "uv"\n[[packages]]\nname = "six"\nversion = "1.0"\n'
+        '[[packages.wheels]]\nurl = "https://h/six-1.0-py3-none-any.whl"\nhashes = { sha256 = "aa" }\n'
+    )
+    with pytest.raises(
+        BadInput,
+        match=r"^a/pylock.toml is a PEP 751 lock but not one build-image wrote \(no "
+        r"\[tool\.build-image\.header\] table\); build-image reads the pylock\.toml "
+        r"that `build-image lock` writes beside requirements\.lock\.$",
+    ):
         parse_lock(foreign, "a/pylock.toml")
     with pytest.raises(BadInput, match=r"b/pylock.toml is not a valid PEP 751 lock"):
         parse_lock('lock-version = "1.0"\n', "b/pylock.toml")
@@ -93,18 +105,27 @@ def test_the_twin_writes_every_field_and_reads_it_back():
     lock = _twin_of_written()
     doc = tomllib.loads(format_pylock(lock))
     click, numpy = doc["packages"]
-    assert click["wheels"] == [{"name": "click-8.1.7-py3-none-any.whl", "hashes": {"sha256": HA},
-                                "url": "https://files.example/click-8.1.7-py3-none-any.whl"}]  # no fragment
-    assert click["tool"]["build-image"] == {"name": "Click", "facts": {
-        "binary": False, "extensions": 0, "numpy-abi": [0, 1], "glibc": "", "python-abi": "none"}}
+    assert click["wheels"] == [
+        {
+            "name": "click-8.1.7-py3-none-any.whl",
+            "hashes": {"sha256": HA},
+            "url": "https://files.example/click-8.1.7-py3-none-any.whl",
+        }
+    ]  # no fragment
+    assert click["tool"]["build-image"] == {
+        "name": "Click",
+        "facts": {"binary": False, "extensions": 0, "numpy-abi": [0, 1], "glibc": "", "python-abi": "none"},
+    }
     assert numpy["tool"]["build-image"]["facts"]["numpy-abi"] == [3, 0]
     assert doc["requires-python"] == "==3.12.*" and doc["environments"] == [
-        "python_version == \"3.12\" and sys_platform == \"linux\" and platform_machine == \"x86_64\""]
+        "python_version == \"3.12\" and sys_platform == \"linux\" and platform_machine == \"x86_64\""
+    ]
     back = parse_lock(format_pylock(lock), "x/pylock.toml")
     assert [(e.name, e.via, e.line) for e in back.entries] == [("Click", [], 1), ("numpy", ["-r overlay", "ray"], 2)]
     assert back.entries[0].facts == DistFacts(numpy_abi={"1": 0, "2": 1})
-    assert back.entries[1].facts == DistFacts(binary=True, extensions=12, numpy_abi={"1": 3, "2": 0}, glibc="2.17",
-                                              python_abi="cp312")
+    assert back.entries[1].facts == DistFacts(
+        binary=True, extensions=12, numpy_abi={"1": 3, "2": 0}, glibc="2.17", python_abi="cp312"
+    )
     assert back.entries[0].wheel.url == "https://files.example/click-8.1.7-py3-none-any.whl"
 
 
@@ -113,7 +134,8 @@ def test_a_twin_with_a_wheel_folder_names_each_wheel_beside_the_file(tmp_path):
     assert 'path = "wheels/click-8.1.7-py3-none-any.whl"' in text and "url = " not in text
     back = parse_lock(text, str(tmp_path / "pylock.toml"))
     assert [e.wheel.url for e in back.entries] == [
-        (tmp_path / "wheels" / e.wheel.filename).resolve().as_uri() for e in back.entries]
+        (tmp_path / "wheels" / e.wheel.filename).resolve().as_uri() for e in back.entries
+    ]
 
 
 def test_a_lock_without_python_or_platform_has_a_twin_without_those_markers():
@@ -125,8 +147,11 @@ def test_a_lock_without_python_or_platform_has_a_twin_without_those_markers():
     doc = to_pylock(lock)
     assert doc.requires_python is None and doc.environments is None
     lock.entries[0].wheel = None
-    with pytest.raises(BadInput, match=r"^lock: Click==8\.1\.7 has no '# wheel:' line; pylock\.toml needs its "
-                                       r"wheel\.$"):
+    with pytest.raises(
+        BadInput,
+        match=r"^lock: Click==8\.1\.7 has no '# wheel:' line; pylock\.toml needs its "
+        r"wheel\.$",
+    ):
         to_pylock(lock)
 
 
@@ -148,8 +173,11 @@ def test_a_facts_table_reads_its_defaults_and_a_malformed_one_is_named():
     def malformed(d):
         d["packages"][1]["tool"]["build-image"]["facts"]["extensions"] = "many"
 
-    with pytest.raises(BadInput, match=r"^x/pylock\.toml, packages\[1\] \(numpy\): malformed "
-                                       r"\[tool\.build-image\.facts\] table \{.*'extensions': 'many'"):
+    with pytest.raises(
+        BadInput,
+        match=r"^x/pylock\.toml, packages\[1\] \(numpy\): malformed "
+        r"\[tool\.build-image\.facts\] table \{.*'extensions': 'many'",
+    ):
         parse_lock(_edited(malformed), "x/pylock.toml")
 
 
@@ -162,17 +190,28 @@ def _a_second_wheel(d):
     w.append(dict(w[0], name=w[0]["name"].replace("x86_64", "aarch64"), url=w[0]["url"].replace("x86_64", "aarch64")))
 
 
-@pytest.mark.parametrize("edit, why", [
-    (_two_header_keys_gone,
-     r"^x/pylock\.toml: \[tool\.build-image\.header\] lacks vllm, python; the file is hand-edited\.$"),
-    (lambda d: d["packages"].append(d["packages"][0]),
-     r"^x/pylock\.toml: duplicate package 'click' \(packages\[2\], first at packages\[0\]\)"),
-    (_a_second_wheel,
-     r"^x/pylock\.toml, packages\[1\] \(numpy\): a build-image pylock has exactly one wheel and a version per "
-     r"package\.$"),
-    (lambda d: d["packages"][0]["wheels"][0].update(hashes={"sha512": "ab"}),
-     r"^x/pylock\.toml, packages\[0\] \(click\): the wheel has no sha256 or no url/path\.$"),
-])
+@pytest.mark.parametrize(
+    "edit, why",
+    [
+        (
+            _two_header_keys_gone,
+            r"^x/pylock\.toml: \[tool\.build-image\.header\] lacks vllm, python; the file is hand-edited\.$",
+        ),
+        (
+            lambda d: d["packages"].append(d["packages"][0]),
+            r"^x/pylock\.toml: duplicate package 'click' \(packages\[2\], first at packages\[0\]\)",
+        ),
+        (
+            _a_second_wheel,
+            r"^x/pylock\.toml, packages\[1\] \(numpy\): a build-image pylock has exactly one wheel and a version per "
+            r"package\.$",
+        ),
+        (
+            lambda d: d["packages"][0]["wheels"][0].update(hashes={"sha512": "ab"}),
+            r"^x/pylock\.toml, packages\[0\] \(click\): the wheel has no sha256 or no url/path\.$",
+        ),
+    ],
+)
 def test_a_hand_edited_twin_is_bad_input_naming_the_place(edit, why):
     with pytest.raises(BadInput, match=why):
         parse_lock(_edited(edit), "x/pylock.toml")
@@ -201,17 +240,35 @@ def here_base(tmp_path_factory, make_site_packages) -> Path:
 
 
 def _dry_run(venv: Path, *args: str) -> list[str]:
-    r = subprocess.run([UV, "pip", "install", "--dry-run", "--python", str(venv / "bin" / "python"), *args],
-                       capture_output=True, text=True, env={"UV_NO_CONFIG": "1", "PATH": "/usr/bin:/bin"})
+    r = subprocess.run(
+        [UV, "pip", "install", "--dry-run", "--python", str(venv / "bin" / "python"), *args],
+        capture_output=True,
+        text=True,
+        env={"UV_NO_CONFIG": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode == 0, r.stderr
     return sorted(re.findall(r"^ \+ (\S+==\S+)$", r.stderr + r.stdout, re.M))
 
 
 def test_lock_writes_the_twin_check_reads_both_and_uv_installs_the_same_set(here_base, wheelhouse, tmp_path):
     out = tmp_path / "locks" / "requirements.lock"
-    base_args = ["lock", "--base", str(here_base), "--no-default-overlay", "--no-index", "--find-links",
-                 str(wheelhouse), "--with", "numpy2user", "--with", "numpy>=2", "--allow-abi-change", "numpy",
-                 "--reason", "test"]
+    base_args = [
+        "lock",
+        "--base",
+        str(here_base),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "--with",
+        "numpy2user",
+        "--with",
+        "numpy>=2",
+        "--allow-abi-change",
+        "numpy",
+        "--reason",
+        "test",
+    ]
     code, text = run(*base_args, "-o", str(out))
     assert code == 0, text
     twin = out.with_name("pylock.toml")
@@ -219,10 +276,14 @@ def test_lock_writes_the_twin_check_reads_both_and_uv_installs_the_same_set(here
     assert sorted(T.pins(lock)) == ["numpy", "numpy2user"] and T.same_pins(lock, back) == []
 
     venv = tmp_path / "venv"
-    subprocess.run([UV, "venv", "-q", "--python", sys.executable, str(venv)], check=True,
-                   env={"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never", "PATH": "/usr/bin:/bin"})
-    from_req = _dry_run(venv, "--no-deps", "--require-hashes", "--no-index", "--find-links", str(wheelhouse), "-r",
-                        str(out))
+    subprocess.run(
+        [UV, "venv", "-q", "--python", sys.executable, str(venv)],
+        check=True,
+        env={"UV_NO_CONFIG": "1", "UV_PYTHON_DOWNLOADS": "never", "PATH": "/usr/bin:/bin"},
+    )
+    from_req = _dry_run(
+        venv, "--no-deps", "--require-hashes", "--no-index", "--find-links", str(wheelhouse), "-r", str(out)
+    )
     from_pylock = _dry_run(venv, "-r", str(twin))
     assert from_req == from_pylock == ["numpy2user==1.0.0", "numpy==2.1.0"]
 
@@ -232,8 +293,9 @@ def test_lock_writes_the_twin_check_reads_both_and_uv_installs_the_same_set(here
     sha = lock.by_name()["numpy"].wheel.sha256
     twin.write_text(twin.read_text().replace(f'sha256 = "{sha}"', f'sha256 = "{"0" * 64}"', 1))
     code, text = run(*base_args, "-o", str(out), "--check")
-    assert code == 5 and (f"pylock.toml pins other packages than requirements.lock: numpy: 2.1.0 ({sha[:12]}) "
-                          f"vs 2.1.0 ({'0' * 12})") in " ".join(text.split())
+    assert code == 5 and (
+        f"pylock.toml pins other packages than requirements.lock: numpy: 2.1.0 ({sha[:12]}) vs 2.1.0 ({'0' * 12})"
+    ) in " ".join(text.split())
     twin.write_text(twin.read_text().replace('version = "2.1.0"', 'version = "2.2.0"', 1))
     code, text = run(*base_args, "-o", str(out), "--check")  # packaging.pylock: the wheel is not 2.2.0
     assert code == 5 and "is not a valid PEP 751 lock" in text
@@ -273,16 +335,44 @@ def test_render_from_pylock_writes_the_same_context_as_from_requirements_lock(he
     base = tmp_path / "base.json"
     base.write_text(json.dumps(doc))
     out = tmp_path / "requirements.lock"
-    code, text = run("lock", "--base", str(base), "--no-default-overlay", "--no-index", "--find-links",
-                     str(wheelhouse), "--with", "purepkg", "--with", "numpy2user", "--with", "numpy>=2",
-                     "--allow-abi-change", "numpy", "--reason", "test", "-o", str(out))
+    code, text = run(
+        "lock",
+        "--base",
+        str(base),
+        "--no-default-overlay",
+        "--no-index",
+        "--find-links",
+        str(wheelhouse),
+        "--with",
+        "purepkg",
+        "--with",
+        "numpy2user",
+        "--with",
+        "numpy>=2",
+        "--allow-abi-change",
+        "numpy",
+        "--reason",
+        "test",
+        "-o",
+        str(out),
+    )
     assert code == 0, text
     vllm = load_lock(out).header["vllm"]
     ctx = {}
     for name in ("requirements.lock", "pylock.toml"):
         ctx[name] = tmp_path / f"ctx-{name}"
-        code, text = run("render", "--vllm", vllm, "--base", str(base), "--lock", str(out.with_name(name)),
-                         "--no-patches", "-o", str(ctx[name]))
+        code, text = run(
+            "render",
+            "--vllm",
+            vllm,
+            "--base",
+            str(base),
+            "--lock",
+            str(out.with_name(name)),
+            "--no-patches",
+            "-o",
+            str(ctx[name]),
+        )
         assert code == 0, text
     a, b = ctx["requirements.lock"], ctx["pylock.toml"]
     files = sorted(str(p.relative_to(a)) for p in a.rglob("*") if p.is_file())
@@ -318,13 +408,15 @@ def test_one_lock_run_checks_and_rewrites_the_twin_once(tmp_path, monkeypatch):
 
         monkeypatch.setattr(twin_mod, name, counted)
     said: list[str] = []
-    locked = run_lock(Spec().with_flags(vllm="0.26.0", lock=str(tmp_path / "requirements.lock")),
-                      reporter=Recorder(said))
+    locked = run_lock(
+        Spec().with_flags(vllm="0.26.0", lock=str(tmp_path / "requirements.lock")), reporter=Recorder(said)
+    )
     assert locked.status == "up-to-date" and locked.pylock == str(tmp_path / "pylock.toml")
     assert calls == {"twin_problem": 1, "write_pylock": 1}
     assert [m for m in said if m.startswith("rewrote")] == [
         f"rewrote {tmp_path / 'pylock.toml'} from {tmp_path / 'requirements.lock'} "
-        f"({tmp_path / 'pylock.toml'} (its PEP 751 twin) does not exist)"]
+        f"({tmp_path / 'pylock.toml'} (its PEP 751 twin) does not exist)"
+    ]
     assert (tmp_path / "pylock.toml").read_bytes() == (shipped / "pylock.toml").read_bytes()
     with pytest.raises(BadInput, match=r"name the requirements\.lock"):
         run_lock(Spec().with_flags(vllm="0.26.0", lock=str(tmp_path / "pylock.toml")))

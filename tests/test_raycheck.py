@@ -32,21 +32,36 @@ RAY_REQ = "ray[serve]==2.60.0"
 
 
 def report(node="head", **kw) -> NodeReport:
-    base = dict(node=node, image="img:1", joined=True, python="3.12.3",
-                packages={"ray": "2.60.0", "numpy": "1.26.4", "torch": "2.11.0", "vllm": "0.26.0",
-                          "transformers": None},
-                patched={"vllm/a.py": "a" * 64}, patched_recorded={"vllm/a.py": "a" * 64},
-                image_id="sha256:" + "1" * 64)
+    base = dict(
+        node=node,
+        image="img:1",
+        joined=True,
+        python="3.12.3",
+        packages={"ray": "2.60.0", "numpy": "1.26.4", "torch": "2.11.0", "vllm": "0.26.0", "transformers": None},
+        patched={"vllm/a.py": "a" * 64},
+        patched_recorded={"vllm/a.py": "a" * 64},
+        image_id="sha256:" + "1" * 64,
+    )
     base.update(kw)
     return NodeReport(**base)
 
 
 def lock_with(**pins: str) -> LockFile:
-    header = {"build-image-lock": "1", "tool": "t", "vllm": "0.26.0", "base-ref": "b", "base-digest": "-",
-              "base-manifest-sha256": "0" * 64, "python": "3.12", "platform": "p", "inputs-sha256": "1" * 64}
-    entries = [LockEntry(name=n, version=v, hashes=["c" * 64],
-                         wheel=WheelRef(url=f"https://x/{n}.whl", sha256="c" * 64))
-               for n, v in pins.items()]
+    header = {
+        "build-image-lock": "1",
+        "tool": "t",
+        "vllm": "0.26.0",
+        "base-ref": "b",
+        "base-digest": "-",
+        "base-manifest-sha256": "0" * 64,
+        "python": "3.12",
+        "platform": "p",
+        "inputs-sha256": "1" * 64,
+    }
+    entries = [
+        LockEntry(name=n, version=v, hashes=["c" * 64], wheel=WheelRef(url=f"https://x/{n}.whl", sha256="c" * 64))
+        for n, v in pins.items()
+    ]
     return parse_lock(LockFile(header=header, overlay=[], allow_abi_change={}, entries=entries).format())
 
 
@@ -117,8 +132,11 @@ def test_node_that_did_not_join_fails_even_if_versions_match():
 
 
 def test_render_text_and_json():
-    res = raycheck.CheckResult(image="img:1", nodes=[report("head"), report("worker-1", python="3.12.4")],
-                               findings=compare([report("head"), report("worker-1", python="3.12.4")]))
+    res = raycheck.CheckResult(
+        image="img:1",
+        nodes=[report("head"), report("worker-1", python="3.12.4")],
+        findings=compare([report("head"), report("worker-1", python="3.12.4")]),
+    )
     text = raycheck.render_text(res)
     assert text.startswith("ray-check FAIL") and "python differs" in text
     doc = json.loads(res.to_json())
@@ -170,8 +188,9 @@ def test_probe_script_reports_versions_and_patched_sums(tmp_path):
     sums.write_text(f"{good_sum}  {good}\n{recorded_sum}  {changed}\n{'0' * 64}  {tmp_path / 'gone.py'}\n")
     arg = json.dumps({"mode": "local", "packages": ["pytest", "no-such-package-xyz"], "sums": str(sums)})
     env = dict(os.environ, BUILD_IMAGE_NODE="n1", BUILD_IMAGE_IMAGE_ID="sha256:" + "9" * 64)
-    out = subprocess.run([sys.executable, "-", arg], input=raycheck.PROBE_SCRIPT, capture_output=True, text=True,
-                         env=env)
+    out = subprocess.run(
+        [sys.executable, "-", arg], input=raycheck.PROBE_SCRIPT, capture_output=True, text=True, env=env
+    )
     assert out.returncode == 0, out.stderr
     doc = raycheck._parse_marker(out.stdout)
     assert doc["node"] == "n1" and doc["image_id"] == "sha256:" + "9" * 64
@@ -181,16 +200,22 @@ def test_probe_script_reports_versions_and_patched_sums(tmp_path):
     assert doc["packages"]["click"]  # every installed distribution is reported
     rep = NodeReport.from_dict(doc, node="n1", image="x", joined=True)
     findings = compare([rep])
-    assert sorted((f.kind, f.subject) for f in findings) == [("patch", f"patched {changed}"),
-                                                              ("patch", f"patched {tmp_path / 'gone.py'}")]
+    assert sorted((f.kind, f.subject) for f in findings) == [
+        ("patch", f"patched {changed}"),
+        ("patch", f"patched {tmp_path / 'gone.py'}"),
+    ]
 
 
 # --- a real cluster (slow, docker) ----------------------------------------------------------------
 
 
 def _labelled_containers() -> set[str]:
-    out = subprocess.run([DOCKER, "ps", "-aq", "--filter", f"label={raycheck.CONTAINER_LABEL}"],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [DOCKER, "ps", "-aq", "--filter", f"label={raycheck.CONTAINER_LABEL}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     return set(out.stdout.split())
 
 
@@ -214,9 +239,26 @@ def _download_ray_wheelhouse(root: Path, pip_target: list[str]) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     (tmp / "constraints.txt").write_text("numpy==1.24.2\n")
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--disable-pip-version-check", "-d", str(tmp),
-                        *pip_target, "-c", str(tmp / "constraints.txt"), RAY_REQ, "packaging>=24.2"],
-                       capture_output=True, text=True, timeout=1800)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--disable-pip-version-check",
+            "-d",
+            str(tmp),
+            *pip_target,
+            "-c",
+            str(tmp / "constraints.txt"),
+            RAY_REQ,
+            "packaging>=24.2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     (tmp / "constraints.txt").unlink()
     (tmp / ".complete").write_text("ok\n")
@@ -233,16 +275,40 @@ def ray_image(standin_base_image, standin_manifest, tmp_path_factory):
 
     work = tmp_path_factory.mktemp("ray-image")
     # ray needs packaging>=24.2: naming it releases the stand-in's Debian packaging 23.0 pin
-    args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(work / "requirements.lock"),
-            "--no-default-overlay", "--with", RAY_REQ, "--with", "packaging>=24.2", "--no-index",
-            "--find-links", str(standin_findlinks(())), "--find-links", str(ray_wheelhouse()),
-            "-o", str(work / "ctx"), "--tag", "build-image-test/raycheck", "--json"]
+    args = [
+        "--vllm",
+        "0.26.0",
+        "--base",
+        str(standin_manifest),
+        "--lock",
+        str(work / "requirements.lock"),
+        "--no-default-overlay",
+        "--with",
+        RAY_REQ,
+        "--with",
+        "packaging>=24.2",
+        "--no-index",
+        "--find-links",
+        str(standin_findlinks(())),
+        "--find-links",
+        str(ray_wheelhouse()),
+        "-o",
+        str(work / "ctx"),
+        "--tag",
+        "build-image-test/raycheck",
+        "--json",
+    ]
     args += ["--series", str(standin_base_image.series_dir), "--wheel", str(standin_base_image.vllm_wheel)]
     r = run_pipeline(args)
     assert r.returncode == 0, f"pipeline failed ({r.returncode}):\n{r.stderr[-4000:]}"
     summary = json.loads(r.stdout)
-    return BuiltImage(tags=summary["tags"], image_id=summary["image_id"], context=work / "ctx",
-                      lock=work / "requirements.lock", summary=summary)
+    return BuiltImage(
+        tags=summary["tags"],
+        image_id=summary["image_id"],
+        context=work / "ctx",
+        lock=work / "requirements.lock",
+        summary=summary,
+    )
 
 
 def _derived_image(base: str, tag: str, requirements: list[str], ctx: Path) -> str:
@@ -251,8 +317,23 @@ def _derived_image(base: str, tag: str, requirements: list[str], ctx: Path) -> s
     from tests.fx_docker import _PIP_TARGET
 
     (ctx / "wh").mkdir()
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *_PIP_TARGET,
-                        "-d", str(ctx / "wh"), *requirements], capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            *_PIP_TARGET,
+            "-d",
+            str(ctx / "wh"),
+            *requirements,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     (ctx / "Dockerfile").write_text(
         f"FROM {base}\n"
@@ -260,8 +341,13 @@ def _derived_image(base: str, tag: str, requirements: list[str], ctx: Path) -> s
         "    python3 -m pip install --break-system-packages "
         "--no-index --no-deps --disable-pip-version-check /wh/*.whl\n"
     )
-    r = subprocess.run([DOCKER, "build", "--network=none", "-q", "-t", tag, str(ctx)], capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ, DOCKER_BUILDKIT="1"))
+    r = subprocess.run(
+        [DOCKER, "build", "--network=none", "-q", "-t", tag, str(ctx)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, DOCKER_BUILDKIT="1"),
+    )
     assert r.returncode == 0, r.stderr
     return tag
 
@@ -271,8 +357,12 @@ def changed_ray_image(ray_image, tmp_path_factory):
     """ray_image with one package (filelock) at another version, installed offline."""
     locked = load_lock(ray_image.lock).by_name()["filelock"].version
     other = "3.16.1" if locked != "3.16.1" else "3.15.4"
-    tag = _derived_image(ray_image.tags[0], "build-image-test/raycheck-changed:1", [f"filelock=={other}"],
-                         tmp_path_factory.mktemp("changed-image"))
+    tag = _derived_image(
+        ray_image.tags[0],
+        "build-image-test/raycheck-changed:1",
+        [f"filelock=={other}"],
+        tmp_path_factory.mktemp("changed-image"),
+    )
     return tag, locked, other
 
 
@@ -301,9 +391,23 @@ def test_head_and_worker_from_one_image_pass(ray_image):
 def test_worker_on_a_different_image_fails_naming_the_package(ray_image, changed_ray_image):
     tag, locked, other = changed_ray_image
     before = _labelled_containers()
-    out = subprocess.run([str(Path(sys.executable).parent / "build-image"), "ray-check", ray_image.tags[0],
-                          "--worker-image", tag, "--lock", str(ray_image.lock), "--json", "--timeout", "150"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "build-image"),
+            "ray-check",
+            ray_image.tags[0],
+            "--worker-image",
+            tag,
+            "--lock",
+            str(ray_image.lock),
+            "--json",
+            "--timeout",
+            "150",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 1, out.stderr
     doc = json.loads(out.stdout)
     assert doc["verdict"] == "FAIL"
@@ -313,7 +417,9 @@ def test_worker_on_a_different_image_fails_naming_the_package(ray_image, changed
     assert ("differs", "image") in by
     assert {n["node"]: n["joined"] for n in doc["nodes"]} == {"head": True, "worker-1": True}, (
         json.dumps([{k: n.get(k) for k in ("node", "joined", "error", "image")} for n in doc["nodes"]], indent=1)
-        + "\n" + out.stderr[-3000:])
+        + "\n"
+        + out.stderr[-3000:]
+    )
     assert "package filelock" in out.stderr
     assert _labelled_containers() == before
 
@@ -325,11 +431,34 @@ def test_pipeline_push_kuberay_pins_the_pushed_digest(ray_image, standin_base_im
     manifests run the image by the digest the registry serves."""
     from tests.fx_docker import run_pipeline, standin_findlinks
 
-    args = ["--vllm", "0.26.0", "--base", str(standin_manifest), "--lock", str(ray_image.lock),
-            "--no-default-overlay", "--with", RAY_REQ, "--with", "packaging>=24.2", "--no-index",
-            "--find-links", str(standin_findlinks(())), "--find-links", str(ray_wheelhouse()),
-            "-o", str(ray_image.context.parent / "ctx-push"), "--tag", f"{local_registry}/raycheck/vllm",
-            "--push", "--force", "--kuberay", "--model", "/models/m", "--json"]
+    args = [
+        "--vllm",
+        "0.26.0",
+        "--base",
+        str(standin_manifest),
+        "--lock",
+        str(ray_image.lock),
+        "--no-default-overlay",
+        "--with",
+        RAY_REQ,
+        "--with",
+        "packaging>=24.2",
+        "--no-index",
+        "--find-links",
+        str(standin_findlinks(())),
+        "--find-links",
+        str(ray_wheelhouse()),
+        "-o",
+        str(ray_image.context.parent / "ctx-push"),
+        "--tag",
+        f"{local_registry}/raycheck/vllm",
+        "--push",
+        "--force",
+        "--kuberay",
+        "--model",
+        "/models/m",
+        "--json",
+    ]
     args += ["--series", str(standin_base_image.series_dir), "--wheel", str(standin_base_image.vllm_wheel)]
     r = run_pipeline(args)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -362,9 +491,25 @@ def test_serve_app_in_the_image_imports_and_accepts_the_rayservice_config(ray_im
         "app = m.build_app(cfg['applications'][0]['args'])\n"
         "print(json.dumps({'app': type(app).__name__, 'file': m.__file__}))\n"
     )
-    out = subprocess.run([DOCKER, "run", "--rm", "-i", "--pull=never", "--network=none", "--entrypoint", "python3",
-                          ray_image.tags[0], "-c", code], input=serve_config, capture_output=True, text=True,
-                         timeout=180)
+    out = subprocess.run(
+        [
+            DOCKER,
+            "run",
+            "--rm",
+            "-i",
+            "--pull=never",
+            "--network=none",
+            "--entrypoint",
+            "python3",
+            ray_image.tags[0],
+            "-c",
+            code,
+        ],
+        input=serve_config,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["app"] == "Application"
@@ -376,9 +521,20 @@ def test_serve_app_in_the_image_imports_and_accepts_the_rayservice_config(ray_im
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_containers_are_removed_when_interrupted(ray_image, sig):
     before = _labelled_containers()
-    proc = subprocess.Popen([str(Path(sys.executable).parent / "build-image"), "ray-check", ray_image.tags[0],
-                             "--workers", "1", "--timeout", "150"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "build-image"),
+            "ray-check",
+            ray_image.tags[0],
+            "--workers",
+            "1",
+            "--timeout",
+            "150",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 90
         while len(_labelled_containers() - before) < 2 and time.monotonic() < deadline and proc.poll() is None:
@@ -406,9 +562,16 @@ def test_bad_flags_are_bad_input_before_anything_starts():
 @pytest.mark.docker
 def test_an_image_not_in_the_engine_is_bad_input_and_never_pulled(docker_engine):
     before = _labelled_containers()
-    out = subprocess.run([str(Path(sys.executable).parent / "build-image"), "ray-check",
-                          "127.0.0.1:5000/build-image-test/no-such-image:never"], capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "build-image"),
+            "ray-check",
+            "127.0.0.1:5000/build-image-test/no-such-image:never",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     assert "never pulls" in out.stderr
     assert _labelled_containers() == before
@@ -420,8 +583,14 @@ def test_serve_app_llm_config_is_accepted_by_ray_serve_llm(ray_image, tmp_path):
     """The LLMConfig the module hands to ray.serve.llm.build_openai_app validates against the locked
     ray's own pydantic model (ray's llm config needs pyarrow, added here; numpy stays 1.x)."""
     tag = _derived_image(ray_image.tags[0], "build-image-test/raycheck-pyarrow:1", ["pyarrow==17.0.0"], tmp_path)
-    args = {"model": "/models/qwen", "tensor_parallel_size": 2, "max_model_len": 4096, "max_num_seqs": 8,
-            "gpu_memory_utilization": 0.9, "kv_cache_dtype": "fp8"}
+    args = {
+        "model": "/models/qwen",
+        "tensor_parallel_size": 2,
+        "max_model_len": 4096,
+        "max_num_seqs": 8,
+        "gpu_memory_utilization": 0.9,
+        "kv_cache_dtype": "fp8",
+    }
     code = (
         "import json, sys\n"
         "import build_image_serve_app as m\n"
@@ -431,13 +600,35 @@ def test_serve_app_llm_config_is_accepted_by_ray_serve_llm(ray_image, tmp_path):
         "                  'engine': c.engine_kwargs, 'deployment': c.deployment_config, 'runtime_env': "
         "c.runtime_env}))\n"
     )
-    out = subprocess.run([DOCKER, "run", "--rm", "--pull=never", "--network=none", "--entrypoint", "python3", tag,
-                          "-c", code, json.dumps(args)], capture_output=True, text=True, timeout=180)
+    out = subprocess.run(
+        [
+            DOCKER,
+            "run",
+            "--rm",
+            "--pull=never",
+            "--network=none",
+            "--entrypoint",
+            "python3",
+            tag,
+            "-c",
+            code,
+            json.dumps(args),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     doc = json.loads(out.stdout.strip().splitlines()[-1])
     assert doc["id"] == "qwen" and doc["source"] == "/models/qwen"
-    assert doc["engine"] == {"tensor_parallel_size": 2, "pipeline_parallel_size": 1, "gpu_memory_utilization": 0.9,
-                             "kv_cache_dtype": "fp8", "max_model_len": 4096, "max_num_seqs": 8}
+    assert doc["engine"] == {
+        "tensor_parallel_size": 2,
+        "pipeline_parallel_size": 1,
+        "gpu_memory_utilization": 0.9,
+        "kv_cache_dtype": "fp8",
+        "max_model_len": 4096,
+        "max_num_seqs": 8,
+    }
     assert doc["deployment"] == {"num_replicas": 1}
     assert not doc["runtime_env"]
 
@@ -465,8 +656,10 @@ def test_default_lock_is_the_one_whose_hash_the_image_carries(tmp_path, monkeypa
         def inspect(self, ref):
             return ImageInfo(id="sha256:" + "0" * 64, size=0, labels=self.labels)
 
-    assert image_lock("img", Eng({"org.build-image.vllm": "0.26.0", "org.build-image.lock-hash": h})) \
+    assert (
+        image_lock("img", Eng({"org.build-image.vllm": "0.26.0", "org.build-image.lock-hash": h}))
         == "lockfiles/vllm-0.26.0/requirements.lock"
+    )
     assert image_lock("img", Eng({"org.build-image.vllm": "0.26.0", "org.build-image.lock-hash": "f" * 64})) is None
     assert image_lock("img", Eng({})) is None
     assert image_lock("img", Eng({"org.build-image.vllm": "9.9.9", "org.build-image.lock-hash": h})) is None
@@ -499,9 +692,14 @@ def test_nodes_share_one_loopback_only_namespace(monkeypatch):
 
     monkeypatch.setattr(RC.Containers, "start", fake_start)
     monkeypatch.setattr(RC.Containers, "remove_all", lambda self, run_id=None: None)
-    monkeypatch.setattr(RC, "node_specs", lambda image, workers, worker_image, containers: [
-        RC.NodeSpec(name=n, image="img", image_id="sha256:" + "0" * 64, image_digest=None, sums="")
-        for n in ("head", "worker-1", "worker-2")])
+    monkeypatch.setattr(
+        RC,
+        "node_specs",
+        lambda image, workers, worker_image, containers: [
+            RC.NodeSpec(name=n, image="img", image_id="sha256:" + "0" * 64, image_digest=None, sums="")
+            for n in ("head", "worker-1", "worker-2")
+        ],
+    )
     with pytest.raises(Stop):
         RC.run_check("img", workers=2, engine=Eng())
     assert started == [("head", "none"), ("worker-1", "container:cid-head"), ("worker-2", "container:cid-head")]

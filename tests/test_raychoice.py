@@ -43,8 +43,9 @@ def rayhouse(tmp_path_factory) -> Path:
     """Fake ray releases (pure wheels; upload time = mtime, one day apart), a fake vllm 0.26.0 and 0.28.0."""
     d = tmp_path_factory.mktemp("rayhouse")
     for i, (ver, pin) in enumerate(sorted(RAY_PINS.items())):
-        p = write_wheel(d, "ray", ver, "py3-none-any", {"ray/__init__.py": f"__version__ = '{ver}'\n"},
-                        requires=_ray_requires(pin))
+        p = write_wheel(
+            d, "ray", ver, "py3-none-any", {"ray/__init__.py": f"__version__ = '{ver}'\n"}, requires=_ray_requires(pin)
+        )
         t = datetime(2026, 10, 1 + i, tzinfo=timezone.utc).timestamp()
         os.utime(p, (t, t))
     write_wheel(d, "ray", "2.61.0rc1", "py3-none-any", {"ray/__init__.py": ""}, requires=_ray_requires("0.26.0"))
@@ -61,8 +62,9 @@ def test_llm_vllm_pin_reads_only_the_llm_extras_exact_pin():
     assert llm_vllm_pin(['vllm>=0.26; extra == "llm"']) is None  # a range is no pin
     assert llm_vllm_pin(["vllm==0.26.0"]) is None  # unconditional: not the llm extra
     assert llm_vllm_pin(['vllm==0.26.0; extra == "serve"']) is None
-    assert llm_vllm_pin(["not a requirement !!",
-                         'vllm==0.27.0; python_version >= "3.9" and extra == "llm"']) == "0.27.0"
+    assert (
+        llm_vllm_pin(["not a requirement !!", 'vllm==0.27.0; python_version >= "3.9" and extra == "llm"']) == "0.27.0"
+    )
     assert llm_vllm_pin(['VLLM==0.28.0; extra == "llm"']) == "0.28.0"  # any spelling of the name
     assert llm_vllm_pin(['vllm-router==1.0; extra == "llm"']) is None  # another project named vllm-*
 
@@ -70,19 +72,28 @@ def test_llm_vllm_pin_reads_only_the_llm_extras_exact_pin():
 def test_a_listings_file_urls_as_urljoin_makes_them():
     """Absolute URLs (PyPI's) are kept as they are, the rest joined to the listing's URL, as urljoin does."""
     base = "https://index.invalid/simple/ray/"
-    urls = ["https://files.example/packages/ab/cd/ray-2.58.1-cp312-cp312-manylinux2014_x86_64.whl",
-            "http://mirror.invalid:8080/p/ray-2.58.1-py3-none-any.whl", "../../packages/ray-2.58.1-py3-none-any.whl",
-            "/packages/ray-2.58.1-py3-none-any.whl", "ray-2.58.1-py3-none-any.whl", "https://h.invalid/a/../r.whl",
-            "HTTPS://h.invalid/r.whl", "https://u@h.invalid/r.whl", "https://h.invalid/r.whl?x=1",
-            "https://h.invalid/r.whl#sha256=00", "https://h.invalid/a;p/r.whl", "https:///r.whl"]
-    doc = {"files": [{"filename": "ray-2.58.1-py3-none-any.whl", "url": u, "hashes": {"sha256": "0" * 64}}
-                     for u in urls]}
+    urls = [
+        "https://files.example/packages/ab/cd/ray-2.58.1-cp312-cp312-manylinux2014_x86_64.whl",
+        "http://mirror.invalid:8080/p/ray-2.58.1-py3-none-any.whl",
+        "../../packages/ray-2.58.1-py3-none-any.whl",
+        "/packages/ray-2.58.1-py3-none-any.whl",
+        "ray-2.58.1-py3-none-any.whl",
+        "https://h.invalid/a/../r.whl",
+        "HTTPS://h.invalid/r.whl",
+        "https://u@h.invalid/r.whl",
+        "https://h.invalid/r.whl?x=1",
+        "https://h.invalid/r.whl#sha256=00",
+        "https://h.invalid/a;p/r.whl",
+        "https:///r.whl",
+    ]
+    doc = {
+        "files": [{"filename": "ray-2.58.1-py3-none-any.whl", "url": u, "hashes": {"sha256": "0" * 64}} for u in urls]
+    }
     assert [f.url for f in ix.parse_listing(doc, base)] == [urllib.parse.urljoin(base + "/", u) for u in urls]
 
 
 def test_an_index_files_version_and_tags_from_its_name():
-    f = ix.IndexFile(filename="ray-2.58.1-cp312-cp312-manylinux2014_x86_64.whl", url="u", sha256="0",
-                     upload_time=None)
+    f = ix.IndexFile(filename="ray-2.58.1-cp312-cp312-manylinux2014_x86_64.whl", url="u", sha256="0", upload_time=None)
     assert str(f.version) == "2.58.1" and f.version == f.version
     assert {str(t) for t in f.tags} == {"cp312-cp312-manylinux2014_x86_64"}
     sdist = ix.IndexFile(filename="ray-2.58.1.tar.gz", url="u", sha256="0", upload_time=None)
@@ -133,9 +144,19 @@ def test_simple_index_reads_metadata_by_range_requests_and_caches_it(rayhouse, t
     wheel = next(rayhouse.glob("ray-2.58.1-*.whl"))
     data = wheel.read_bytes()
     url = "https://index.invalid/files/" + wheel.name
-    listing = {"meta": {"api-version": "1.1"}, "name": "ray", "files": [
-        {"filename": wheel.name, "url": url, "hashes": {"sha256": ix.sha256_bytes(data)},
-         "upload-time": "2026-10-21T00:43:25.281368Z", "yanked": False}]}
+    listing = {
+        "meta": {"api-version": "1.1"},
+        "name": "ray",
+        "files": [
+            {
+                "filename": wheel.name,
+                "url": url,
+                "hashes": {"sha256": ix.sha256_bytes(data)},
+                "upload-time": "2026-10-21T00:43:25.281368Z",
+                "yanked": False,
+            }
+        ],
+    }
     calls = []
 
     class _Resp(io.BytesIO):
@@ -156,7 +177,7 @@ def test_simple_index_reads_metadata_by_range_requests_and_caches_it(rayhouse, t
         if req.get_method() == "HEAD":
             return _Resp(b"", headers={"Content-Length": str(len(data))})
         lo, hi = map(int, req.headers["Range"].removeprefix("bytes=").split("-"))
-        return _Resp(data[lo:hi + 1], status=206)
+        return _Resp(data[lo : hi + 1], status=206)
 
     idx = ix.SimpleIndex("https://index.invalid/simple", opener=opener)
     (f,) = idx.files("ray")
@@ -173,9 +194,24 @@ def test_simple_index_reads_metadata_by_range_requests_and_caches_it(rayhouse, t
 def _vllm_base(tmp_path: Path, rayhouse: Path, vllm: str) -> Path:
     sp = install_into(tmp_path / f"sp-{vllm}", [f"vllm=={vllm}", "click==8.1.0"], rayhouse)
     out = tmp_path / f"base-{vllm}.json"
-    r = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35",
-                                  "--image-ref", f"example.invalid/vllm:{vllm}", "-o", str(out)],
-                           catch_exceptions=False)
+    r = CliRunner().invoke(
+        main,
+        [
+            "base",
+            "snapshot",
+            "--site-packages",
+            str(sp),
+            "--python",
+            "3.12",
+            "--glibc",
+            "2.35",
+            "--image-ref",
+            f"example.invalid/vllm:{vllm}",
+            "-o",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     return out
 
@@ -183,8 +219,11 @@ def _vllm_base(tmp_path: Path, rayhouse: Path, vllm: str) -> Path:
 def test_lock_default_overlay_takes_the_ray_pinning_the_bases_vllm_and_says_why(rayhouse, tmp_path):
     base = _vllm_base(tmp_path, rayhouse, "0.26.0")
     out = tmp_path / "l.lock"
-    r = CliRunner().invoke(main, ["lock", "--vllm", "0.26.0", "--base", str(base), "--no-index", "--find-links",
-                                  str(rayhouse), "-o", str(out)], catch_exceptions=False)
+    r = CliRunner().invoke(
+        main,
+        ["lock", "--vllm", "0.26.0", "--base", str(base), "--no-index", "--find-links", str(rayhouse), "-o", str(out)],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     lock = load_lock(out)
     assert lock.by_name()["ray"].version == "2.58.1"
@@ -192,16 +231,34 @@ def test_lock_default_overlay_takes_the_ray_pinning_the_bases_vllm_and_says_why(
     assert lock.header["serve-backend"] == BACKEND_RAY_LLM
     assert lock.header["ray"].startswith("2.58.1 (ray[llm] 2.58.1 pins vllm==0.26.0")
     # fresh without asking the index again
-    r = CliRunner().invoke(main, ["lock", "--vllm", "0.26.0", "--base", str(base), "--no-index", "--find-links",
-                                  str(rayhouse), "-o", str(out), "--check"], catch_exceptions=False)
+    r = CliRunner().invoke(
+        main,
+        [
+            "lock",
+            "--vllm",
+            "0.26.0",
+            "--base",
+            str(base),
+            "--no-index",
+            "--find-links",
+            str(rayhouse),
+            "-o",
+            str(out),
+            "--check",
+        ],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
 
 
 def test_lock_with_no_matching_ray_takes_the_newest_and_the_fallback(rayhouse, tmp_path):
     base = _vllm_base(tmp_path, rayhouse, "0.28.0")
     out = tmp_path / "l.lock"
-    r = CliRunner().invoke(main, ["lock", "--vllm", "0.28.0", "--base", str(base), "--no-index", "--find-links",
-                                  str(rayhouse), "-o", str(out)], catch_exceptions=False)
+    r = CliRunner().invoke(
+        main,
+        ["lock", "--vllm", "0.28.0", "--base", str(base), "--no-index", "--find-links", str(rayhouse), "-o", str(out)],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     lock = load_lock(out)
     assert lock.by_name()["ray"].version == "2.60.0"
@@ -212,9 +269,24 @@ def test_lock_with_no_matching_ray_takes_the_newest_and_the_fallback(rayhouse, t
 def test_a_ray_named_in_the_overlay_wins_and_its_backend_is_judged(rayhouse, tmp_path):
     base = _vllm_base(tmp_path, rayhouse, "0.26.0")
     out = tmp_path / "l.lock"
-    r = CliRunner().invoke(main, ["lock", "--vllm", "0.26.0", "--base", str(base), "--no-index", "--find-links",
-                                  str(rayhouse), "--with", "ray[serve]==2.59.0", "-o", str(out)],
-                           catch_exceptions=False)
+    r = CliRunner().invoke(
+        main,
+        [
+            "lock",
+            "--vllm",
+            "0.26.0",
+            "--base",
+            str(base),
+            "--no-index",
+            "--find-links",
+            str(rayhouse),
+            "--with",
+            "ray[serve]==2.59.0",
+            "-o",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     lock = load_lock(out)
     assert lock.by_name()["ray"].version == "2.59.0"
@@ -227,15 +299,24 @@ def test_a_matching_ray_that_does_not_fit_the_base_falls_back_and_says_how_to_ge
 
     house = tmp_path / "house"
     shutil.copytree(rayhouse, house)
-    p = write_wheel(house, "ray", "2.58.2", "py3-none-any", {"ray/__init__.py": ""},
-                    requires=["click>=9", 'vllm[audio]==0.26.0; extra == "llm"', 'purepkg; extra == "serve"'])
+    p = write_wheel(
+        house,
+        "ray",
+        "2.58.2",
+        "py3-none-any",
+        {"ray/__init__.py": ""},
+        requires=["click>=9", 'vllm[audio]==0.26.0; extra == "llm"', 'purepkg; extra == "serve"'],
+    )
     t = datetime(2026, 10, 3, 12, tzinfo=timezone.utc).timestamp()
     os.utime(p, (t, t))
     write_wheel(house, "click", "9.0.0", "py3-none-any", {"click/__init__.py": ""})
     base = _vllm_base(tmp_path, rayhouse, "0.26.0")  # click 8.1.0 in the base
     out = tmp_path / "l.lock"
-    r = CliRunner().invoke(main, ["lock", "--vllm", "0.26.0", "--base", str(base), "--no-index", "--find-links",
-                                  str(house), "-o", str(out)], catch_exceptions=False)
+    r = CliRunner().invoke(
+        main,
+        ["lock", "--vllm", "0.26.0", "--base", str(base), "--no-index", "--find-links", str(house), "-o", str(out)],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     lock = load_lock(out)
     assert lock.by_name()["ray"].version == "2.60.0"  # the newest that fits, base pins untouched

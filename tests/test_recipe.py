@@ -22,8 +22,9 @@ SHA = "0" * 64
 
 
 def derive(dockerfile=DOCKERFILE, pipeline=PIPELINE, requirements=None, vllm="0.99.0") -> R.Recipe:
-    return R.derive(R.BuildFiles(vllm, R.SdistRef(f"vllm-{vllm}.tar.gz", SHA),
-                                 build_files(dockerfile, pipeline, requirements)))
+    return R.derive(
+        R.BuildFiles(vllm, R.SdistRef(f"vllm-{vllm}.tar.gz", SHA), build_files(dockerfile, pipeline, requirements))
+    )
 
 
 def line_of(text: str, needle: str) -> int:
@@ -39,8 +40,10 @@ def test_build_args_override_arg_defaults_with_the_pipeline_line_as_provenance()
     assert f".buildkite/release-pipeline.yaml:{line_of(PIPELINE, 'UBUNTU_VERSION=24.04')}" in map(str, r.os.where)
     assert (r.os.value, r.glibc.value, r.platform) == ("Ubuntu 24.04", "2.39", "x86_64-manylinux_2_39")
     assert r.glibc.rule == R.UBUNTU_GLIBC_SOURCE
-    assert r.cuda.value == "13.0" and str(r.cuda.where[0]) == \
-        f".buildkite/release-pipeline.yaml:{line_of(PIPELINE, 'CUDA_VERSION=13.0.2')}"
+    assert (
+        r.cuda.value == "13.0"
+        and str(r.cuda.where[0]) == f".buildkite/release-pipeline.yaml:{line_of(PIPELINE, 'CUDA_VERSION=13.0.2')}"
+    )
     assert r.python.value == "3.12" and str(r.python.where[0]) == "docker/Dockerfile:3"
     assert r.site_packages.value == "/usr/local/lib/python3.12/dist-packages"
     assert str(r.site_packages.where[0]) == f"docker/Dockerfile:{line_of(DOCKERFILE, 'apt-get update -y')}"
@@ -51,8 +54,12 @@ def test_build_args_override_arg_defaults_with_the_pipeline_line_as_provenance()
 
 def test_the_stage_chain_to_the_target_and_only_its_steps():
     r = derive()
-    assert [s.value.split(" FROM ")[0] for s in r.stages] == ["vllm-runtime-base", "vllm-base", "vllm-openai-base",
-                                                             "vllm-openai"]
+    assert [s.value.split(" FROM ")[0] for s in r.stages] == [
+        "vllm-runtime-base",
+        "vllm-base",
+        "vllm-openai-base",
+        "vllm-openai",
+    ]
     every = [x for s in r.steps for x in s.requirements]
     assert "sagemaker-only" not in every and "nothing-that-counts" not in every  # other targets' stages
 
@@ -76,8 +83,10 @@ def test_every_install_step_in_dockerfile_order_with_what_it_takes():
     assert s[1].overrides == ()  # the override file is written after it
     assert s[2].overrides == ("nvidia-nccl-cu13==2.30.7",)  # UV_OVERRIDE, the file its RUN wrote
     assert [d.value for d in r.image_overrides] == ["nvidia-nccl-cu13==2.30.7"]  # still in the image's ENV
-    assert [str(w) for w in s[2].override_where] == [f"docker/Dockerfile:{line_of(DOCKERFILE, 'CUDA_MAJOR=$(echo')}",
-                                                     f"docker/Dockerfile:{line_of(DOCKERFILE, 'ENV UV_OVERRIDE')}"]
+    assert [str(w) for w in s[2].override_where] == [
+        f"docker/Dockerfile:{line_of(DOCKERFILE, 'CUDA_MAJOR=$(echo')}",
+        f"docker/Dockerfile:{line_of(DOCKERFILE, 'ENV UV_OVERRIDE')}",
+    ]
     assert s[2].extra_index_urls == ("https://download.example.invalid/whl/cu130",)  # $(... | tr -d '.')
     assert s[2].file_indexes == ("https://jit.example.invalid/whl/ (requirements/cuda.txt:2)",)
     assert s[3].index_url == "https://jit.example.invalid/whl/cu130" and s[3].names == ("jit-cache",)
@@ -120,13 +129,19 @@ def test_the_recipe_table_round_trips_through_recipes_toml():
 
 
 # --------------------------------------------------------------------------- the named interpretation rules
-@pytest.mark.parametrize("cmd, value", [
-    ("echo $CUDA_VERSION | cut -d. -f1", "13"),
-    ("echo $CUDA_VERSION | cut -d. -f1,2 | tr -d '.'", "130"),
-    ("echo ${CUDA_VERSION} | cut -d. -f1,2 | tr '.' '-'", "13-0"),
-    ("echo $CUDA_VERSION | cut -d. -f1,2", "13.0"),
-    ("""python3 -c "import importlib.metadata as m; print(m.version('a-b'))" 2>/dev/null || true""", "{installed:a-b}"),
-])
+@pytest.mark.parametrize(
+    "cmd, value",
+    [
+        ("echo $CUDA_VERSION | cut -d. -f1", "13"),
+        ("echo $CUDA_VERSION | cut -d. -f1,2 | tr -d '.'", "130"),
+        ("echo ${CUDA_VERSION} | cut -d. -f1,2 | tr '.' '-'", "13-0"),
+        ("echo $CUDA_VERSION | cut -d. -f1,2", "13.0"),
+        (
+            """python3 -c "import importlib.metadata as m; print(m.version('a-b'))" 2>/dev/null || true""",
+            "{installed:a-b}",
+        ),
+    ],
+)
 def test_substitutions(cmd, value):
     assert R.substitute(cmd, {"CUDA_VERSION": "13.0.2"}.__getitem__) == value
 
@@ -136,10 +151,20 @@ def test_an_unknown_substitution_is_not_guessed():
         R.substitute("uname -m", {}.__getitem__)
 
 
-@pytest.mark.parametrize("raw, words", [
-    ('"${V%%.*}"', ["13"]), ("${V%.*}", ["13.0"]), ("${E:-dflt}", ["dflt"]), ("${V:+set}", ["set"]),
-    ("'$V'", ["$V"]), ('"a b"', ["a b"]), ("$W", ["x", "y"]), ('"$W"', ["x y"]), ("pre${V}post", ["pre13.0.2post"]),
-])
+@pytest.mark.parametrize(
+    "raw, words",
+    [
+        ('"${V%%.*}"', ["13"]),
+        ("${V%.*}", ["13.0"]),
+        ("${E:-dflt}", ["dflt"]),
+        ("${V:+set}", ["set"]),
+        ("'$V'", ["$V"]),
+        ('"a b"', ["a b"]),
+        ("$W", ["x", "y"]),
+        ('"$W"', ["x y"]),
+        ("pre${V}post", ["pre13.0.2post"]),
+    ],
+)
 def test_expansion(raw, words):
     env = {"V": "13.0.2", "E": "", "W": "x y"}
     assert R.expand(raw, env.__getitem__) == words
@@ -170,8 +195,9 @@ def test_an_sdist_without_its_dockerfile_or_a_requirements_file_is_refused():
 
 
 def test_an_install_the_reader_cannot_interpret_is_refused_with_its_line():
-    bad = DOCKERFILE.replace('RUN uv pip install --system accelerate "timm${TIMM_VERSION}"',
-                             'RUN uv pip install --system "acc$(uname -m)"')
+    bad = DOCKERFILE.replace(
+        'RUN uv pip install --system accelerate "timm${TIMM_VERSION}"', 'RUN uv pip install --system "acc$(uname -m)"'
+    )
     with pytest.raises(BadInput, match=rf"docker/Dockerfile:{line_of(bad, 'uname -m')}: cannot interpret the RUN line"):
         derive(dockerfile=bad)
 
@@ -198,8 +224,9 @@ def test_base_recipe_prints_the_recipe_and_writes_recipes_toml(sdist_index, tmp_
     doc = json.loads(r.stdout)
     assert doc["sdist"] == {"filename": "vllm-0.99.0.tar.gz", "sha256": sha}
     assert doc["glibc"]["value"] == "2.39" and doc["steps"][1]["overrides"] == ["nvidia-nccl-cu13==2.30.7"]
-    r = CliRunner().invoke(main, ["base", "recipe", "--vllm", "0.99.0", "--write", "--recipes", str(out)],
-                           catch_exceptions=False)
+    r = CliRunner().invoke(
+        main, ["base", "recipe", "--vllm", "0.99.0", "--write", "--recipes", str(out)], catch_exceptions=False
+    )
     assert r.exit_code == 0 and "stage vllm-openai-base" in r.output
     assert f"wrote the table of 0.99.0 into {out}" in r.output
     assert R.parse_recipes(out.read_text())["0.99.0"]["sdist_sha256"] == sha
@@ -212,18 +239,29 @@ def test_base_recipe_of_a_release_without_an_sdist_is_exit_2_and_writes_nothing(
     assert not out.exists()
 
 
-@pytest.mark.parametrize("files, message", [
-    (build_files(dockerfile=DOCKERFILE.replace("AS vllm-openai\n", "AS x\n")),
-     "docker/Dockerfile has no stage 'vllm-openai'"),
-    (build_files(dockerfile=DOCKERFILE.replace("AS vllm-openai-base\n", "AS vllm-api-base\n")),
-     "stage 'vllm-openai' is built FROM 'vllm-openai-base', which is no stage of docker/Dockerfile"),
-    (build_files(pipeline=PIPELINE.replace("Build release image - x86_64 - CUDA 13.0", "Build image")),
-     ".buildkite/release-pipeline.yaml has no step labelled 'Build release image - x86_64 - CUDA 13.0'"),
-    (build_files(dockerfile=None), "vllm-0.99.0.tar.gz has no docker/Dockerfile"),
-    (build_files(pipeline=None), "vllm-0.99.0.tar.gz has no .buildkite/release-pipeline.yaml"),
-], ids=["no-target-stage", "no-stage-of-the-chain", "no-release-step", "no-dockerfile", "no-pipeline"])
-def test_base_recipe_of_an_sdist_lacking_what_it_needs_is_exit_2_naming_it_and_writes_nothing(tmp_path, monkeypatch,
-                                                                                            files, message):
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        (
+            build_files(dockerfile=DOCKERFILE.replace("AS vllm-openai\n", "AS x\n")),
+            "docker/Dockerfile has no stage 'vllm-openai'",
+        ),
+        (
+            build_files(dockerfile=DOCKERFILE.replace("AS vllm-openai-base\n", "AS vllm-api-base\n")),
+            "stage 'vllm-openai' is built FROM 'vllm-openai-base', which is no stage of docker/Dockerfile",
+        ),
+        (
+            build_files(pipeline=PIPELINE.replace("Build release image - x86_64 - CUDA 13.0", "Build image")),
+            ".buildkite/release-pipeline.yaml has no step labelled 'Build release image - x86_64 - CUDA 13.0'",
+        ),
+        (build_files(dockerfile=None), "vllm-0.99.0.tar.gz has no docker/Dockerfile"),
+        (build_files(pipeline=None), "vllm-0.99.0.tar.gz has no .buildkite/release-pipeline.yaml"),
+    ],
+    ids=["no-target-stage", "no-stage-of-the-chain", "no-release-step", "no-dockerfile", "no-pipeline"],
+)
+def test_base_recipe_of_an_sdist_lacking_what_it_needs_is_exit_2_naming_it_and_writes_nothing(
+    tmp_path, monkeypatch, files, message
+):
     from tests.fx_index import serve_index
 
     monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
@@ -237,7 +275,8 @@ def test_base_recipe_of_an_sdist_lacking_what_it_needs_is_exit_2_naming_it_and_w
     assert r.exit_code == 2, r.output
     assert message in r.output
     assert out.read_text() == before and sorted(x.name for x in tmp_path.iterdir()) == sorted(
-        ["cache", "recipes.toml", "vllm-0.99.0.tar.gz"])
+        ["cache", "recipes.toml", "vllm-0.99.0.tar.gz"]
+    )
 
 
 def test_a_corrupt_cached_sdist_is_fetched_again_and_verified(sdist_index, tmp_path, monkeypatch):
@@ -319,31 +358,47 @@ def test_the_shipped_releases_facts_as_their_files_say():
     for v in RELEASES:  # the kv-connectors step runs last among the index steps (INSTALL_KV_CONNECTORS=true)
         kv = [s for s in steps[v] if "requirements/kv_connectors.txt" in s.get("requirement_files", [])]
         assert kv and kv[0]["stage"] == "vllm-openai-base", v
-    assert all(s.get("overrides") == ["nvidia-nccl-cu13==2.30.7"] for s in steps["0.30.0"]
-               if s["n"] > 1 and s["replay"] != "uninstall")  # the pip step before the file is written has none
+    assert all(
+        s.get("overrides") == ["nvidia-nccl-cu13==2.30.7"]
+        for s in steps["0.30.0"]
+        if s["n"] > 1 and s["replay"] != "uninstall"
+    )  # the pip step before the file is written has none
     assert "overrides" not in json.dumps(steps["0.26.0"])  # no NCCL_VERSION before 0.27.0
     assert t["0.26.0"].get("image_overrides", []) == []
     assert t["0.33.0"]["image_overrides"] == ["nvidia-nccl-cu13==2.31.2"]
     # 0.34.0's torch step: requirements/cuda.txt (copied to /tmp/requirements-cuda.txt, behind an if on
     # INSTALL_RUBIN_PRERELEASE) from the PyTorch index first, the Python index as extra, unsafe-first-match
     torch = steps["0.34.0"][1]
-    assert (torch["replay"], torch["requirement_files"], torch["index_url"], torch["extra_index_urls"],
-            torch["index_strategy"]) == ("index", ["requirements/cuda.txt"], "https://download.pytorch.org/whl/cu130",
-                                         ["https://pypi.org/simple"], "unsafe-first-match")
+    assert (
+        torch["replay"],
+        torch["requirement_files"],
+        torch["index_url"],
+        torch["extra_index_urls"],
+        torch["index_strategy"],
+    ) == (
+        "index",
+        ["requirements/cuda.txt"],
+        "https://download.pytorch.org/whl/cu130",
+        ["https://pypi.org/simple"],
+        "unsafe-first-match",
+    )
     assert not [s for s in steps["0.34.0"] if s["replay"] == "off-index" and not s.get("names")]
 
 
-def test_the_sdist_is_downloaded_once_and_then_read_from_the_cache_by_its_recorded_sha256(sdist_index, tmp_path,
-                                                                                        monkeypatch):
+def test_the_sdist_is_downloaded_once_and_then_read_from_the_cache_by_its_recorded_sha256(
+    sdist_index, tmp_path, monkeypatch
+):
     from builder.resolve import sdist
 
     out = tmp_path / "recipes.toml"
-    r = CliRunner().invoke(main, ["base", "recipe", "--vllm", "0.99.0", "--write", "--recipes", str(out)],
-                           catch_exceptions=False)
+    r = CliRunner().invoke(
+        main, ["base", "recipe", "--vllm", "0.99.0", "--write", "--recipes", str(out)], catch_exceptions=False
+    )
     assert r.exit_code == 0, r.output
     monkeypatch.setenv("UV_DEFAULT_INDEX", "http://127.0.0.1:9/simple")  # nothing listens: no index asked
-    r = CliRunner().invoke(main, ["base", "recipe", "--vllm", "0.99.0", "--json", "--recipes", str(out)],
-                           catch_exceptions=False)
+    r = CliRunner().invoke(
+        main, ["base", "recipe", "--vllm", "0.99.0", "--json", "--recipes", str(out)], catch_exceptions=False
+    )
     assert r.exit_code == 0, r.output
     sha = R.parse_recipes(out.read_text())["0.99.0"]["sdist_sha256"]
     path, ref = sdist.sdist_file("0.99.0", sha256=sha)
@@ -358,11 +413,14 @@ def test_an_index_hash_other_than_the_recorded_one_is_an_integrity_error(sdist_i
         sdist.sdist_file("0.99.0", sha256="f" * 64)
 
 
-@pytest.mark.parametrize("mangle", [
-    lambda d: d.replace('ENV UV_OVERRIDE=/etc/uv-overrides.txt', 'ENV UV_OVERRIDE="/etc/uv-overrides.txt'),
-    lambda d: d.replace("RUN python3 -m pip install uv", "RUN python3 -m pip install 'uv"),
-    lambda d: d.replace("ARG PYTHON_VERSION=3.12\n", ""),
-])
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda d: d.replace('ENV UV_OVERRIDE=/etc/uv-overrides.txt', 'ENV UV_OVERRIDE="/etc/uv-overrides.txt'),
+        lambda d: d.replace("RUN python3 -m pip install uv", "RUN python3 -m pip install 'uv"),
+        lambda d: d.replace("ARG PYTHON_VERSION=3.12\n", ""),
+    ],
+)
 def test_mangled_build_files_are_bad_input_never_an_internal_error(mangle):
     with pytest.raises(BadInput, match="vllm-0.99.0.tar.gz|docker/Dockerfile"):
         derive(dockerfile=mangle(DOCKERFILE))

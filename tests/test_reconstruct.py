@@ -88,8 +88,9 @@ def _private_cache(tmp_path_factory, monkeypatch):
 def index_files(tmp_path_factory, wheelhouse) -> dict[Path, datetime]:
     d = tmp_path_factory.mktemp("recipe-wheels")
     w = {
-        write_wheel(d, "vllm", "0.99.0", "py3-none-any", {"vllm/__init__.py": ""},
-                    requires=["purepkg", "fakearrow"]): T_VLLM,
+        write_wheel(
+            d, "vllm", "0.99.0", "py3-none-any", {"vllm/__init__.py": ""}, requires=["purepkg", "fakearrow"]
+        ): T_VLLM,
         write_wheel(d, "purepkg", "1.0.0", "py3-none-any", {"purepkg/__init__.py": ""}): T_OLD,
         write_wheel(d, "purepkg", "1.2.0", "py3-none-any", {"purepkg/__init__.py": ""}): T_OLD,
         write_wheel(d, "purepkg", "2.0.0", "py3-none-any", {"purepkg/__init__.py": ""}): T_NEW,  # after vllm: excluded
@@ -97,8 +98,9 @@ def index_files(tmp_path_factory, wheelhouse) -> dict[Path, datetime]:
         # the last step's requirement moves purepkg below what the first step installed
         write_wheel(d, "kvpin", "1.0.0", "py3-none-any", {"kvpin/__init__.py": ""}, requires=["purepkg<1.1"]): T_OLD,
         write_sdist(d, "0.99.0", _files()): T_VLLM,
-        write_sdist(d, "0.99.1", {**_files(), "docker/Dockerfile": DOCKERFILE.replace("ubuntu${UBUNTU_VERSION}",
-                                                                                         "ubuntu24.04")}): T_VLLM,
+        write_sdist(
+            d, "0.99.1", {**_files(), "docker/Dockerfile": DOCKERFILE.replace("ubuntu${UBUNTU_VERSION}", "ubuntu24.04")}
+        ): T_VLLM,
     }
     for p in wheelhouse.glob("fakearrow-14.0.2-*.whl"):  # a real gcc-built extension (numpy 1.x C-API)
         w[p] = T_OLD
@@ -119,8 +121,16 @@ def test_plan_step_from_what_the_tree_holds():
     assert p.overrides == ("numpy==1.26.4",)  # UV_OVERRIDE's file, for every later uv step
     assert plan_step(steps[2], {}, {}).action == "skip" and "jit.example.invalid" in plan_step(steps[2], {}, {}).reason
     where = Where("docker/Dockerfile", 9)
-    swap = Step(9, "s", where, "index", requirements=("eng-cuda13=={installed:eng}",), when_installed="eng",
-                constrain_installed=("torch", "absent"), flags=("--force-reinstall", "--no-deps", "--pre"))
+    swap = Step(
+        9,
+        "s",
+        where,
+        "index",
+        requirements=("eng-cuda13=={installed:eng}",),
+        when_installed="eng",
+        constrain_installed=("torch", "absent"),
+        flags=("--force-reinstall", "--no-deps", "--pre"),
+    )
     assert plan_step(swap, {"torch": "2.11.0"}, {}).action == "skip"  # eng not installed
     p = plan_step(swap, {"torch": "2.11.0"}, {"eng": "0.3.12"})  # captured before the uninstall
     assert p.requirements == ("eng-cuda13==0.3.12",) and p.constraint_pins == ("torch==2.11.0",)
@@ -134,28 +144,42 @@ def test_unmet_requirements_of_a_tree():
     from builder.resolve.manifest import target_environment
     from builder.resolve.reconstruct import unmet_requirements
 
-    tree = {"nixl": ("1.3.1", ["nixl-cu13==1.3.1", 'extra-only; extra == "x"']), "nixl-cu13": ("1.3.2", []),
-            "a": ("1", ['old>=2; python_version < "3.0"', "gone"])}
+    tree = {
+        "nixl": ("1.3.1", ["nixl-cu13==1.3.1", 'extra-only; extra == "x"']),
+        "nixl-cu13": ("1.3.2", []),
+        "a": ("1", ['old>=2; python_version < "3.0"', "gone"]),
+    }
     assert unmet_requirements(tree, target_environment("3.12", "x86_64-manylinux_2_35")) == [
         "a 1 requires gone, which the image does not hold",
-        "nixl 1.3.1 requires nixl-cu13==1.3.1, the image holds nixl-cu13 1.3.2"]
+        "nixl 1.3.1 requires nixl-cu13==1.3.1, the image holds nixl-cu13 1.3.2",
+    ]
 
 
 def test_pure_helpers_of_the_replay(tmp_path):
     assert moved({"a": "1", "b": "2", "c": "3"}, {"a": "1", "b": "1", "d": "4"}) == {
-        "b": "2 -> 1", "c": "-3", "d": "+4"}
+        "b": "2 -> 1",
+        "c": "-3",
+        "d": "+4",
+    }
     assert sanitized_requirements("a\n--extra-index-url https://x/\nb\n").splitlines()[1].startswith("# (index option")
     assert drop_lines("a\nb\n", {2}, "why") == "a\n# (why) b\n"
     assert pinned_in_index_files(REQS, ("requirements/cuda.txt",)) == [
-        ("jit-cubin", "1.0", "requirements/cuda.txt:3", "https://jit.example.invalid/whl/")]
+        ("jit-cubin", "1.0", "requirements/cuda.txt:3", "https://jit.example.invalid/whl/")
+    ]
     (tmp_path / "purepkg-1.2.0.dist-info").mkdir()
     (tmp_path / "Foo_Bar-2.0.dist-info").mkdir()
     assert installed_in(tmp_path) == {"purepkg": "1.2.0", "foo-bar": "2.0"}
 
 
 def test_provenance_names_the_sdist_the_steps_the_instant_and_the_differences():
-    text = provenance_text(_recipe(), uv_version="0.13.9", uploaded=T_VLLM, instant="2026-04-02T10:40:33Z",
-                           cuda_found="13.1", day="2026-12-01")
+    text = provenance_text(
+        _recipe(),
+        uv_version="0.13.9",
+        uploaded=T_VLLM,
+        instant="2026-04-02T10:40:33Z",
+        cuda_found="13.1",
+        day="2026-12-01",
+    )
     assert "vllm-0.99.0.tar.gz (sha256 " + "0" * 64 in text and "2026-04-02T10:40:32.107640+00:00" in text
     assert "--exclude-newer 2026-04-02T10:40:33Z" in text and "jit-cache" in text
     assert "CUDA 13.1, the recipe 13.0" in text and "unverified" not in text
@@ -163,20 +187,25 @@ def test_provenance_names_the_sdist_the_steps_the_instant_and_the_differences():
 
 def _write_recipes(url_env, tmp_path, version="0.99.0") -> Path:
     recipes = tmp_path / "recipes.toml"
-    r = CliRunner().invoke(main, ["base", "recipe", "--vllm", version, "--write", "--recipes", str(recipes)],
-                           catch_exceptions=False)
+    r = CliRunner().invoke(
+        main, ["base", "recipe", "--vllm", version, "--write", "--recipes", str(recipes)], catch_exceptions=False
+    )
     assert r.exit_code == 0, r.output
     return recipes
 
 
-def test_reconstruct_replays_the_steps_in_order_and_a_later_step_moves_an_earlier_pin(index_files, tmp_path,
-                                                                                      monkeypatch):
+def test_reconstruct_replays_the_steps_in_order_and_a_later_step_moves_an_earlier_pin(
+    index_files, tmp_path, monkeypatch
+):
     out = tmp_path / "m.json"
     with serve_index(index_files) as url:
         monkeypatch.setenv("UV_DEFAULT_INDEX", url)
         recipes = _write_recipes(url, tmp_path)
-        r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.99.0", "--recipes", str(recipes),
-                                      "-o", str(out), "--json"], catch_exceptions=False)
+        r = CliRunner().invoke(
+            main,
+            ["base", "reconstruct", "--vllm", "0.99.0", "--recipes", str(recipes), "-o", str(out), "--json"],
+            catch_exceptions=False,
+        )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["exclude_newer"] == "2026-04-02T10:40:33Z"  # the upload time, rounded up: the wheel itself is in
@@ -187,8 +216,10 @@ def test_reconstruct_replays_the_steps_in_order_and_a_later_step_moves_an_earlie
     # the index's build stands for the image's: its ELF digest would be a claim about other files
     assert m.get("fakearrow").facts.binary and m.get("fakearrow").facts.native_sha256 is None
     assert "native_sha256" not in json.loads(out.read_text())["distributions"]["fakearrow"]
-    assert m.image_ref == "vllm/vllm-openai:v0.99.0" and (m.glibc, m.os) == ("2.35", "Ubuntu 22.04 "
-                                                                             "(nvidia/cuda:13.0.1-base-ubuntu22.04)")
+    assert m.image_ref == "vllm/vllm-openai:v0.99.0" and (m.glibc, m.os) == (
+        "2.35",
+        "Ubuntu 22.04 (nvidia/cuda:13.0.1-base-ubuntu22.04)",
+    )
     assert m.site_packages == "/usr/local/lib/python3.12/dist-packages" and m.provenance_kind == "reconstructed"
     steps = m.provenance_recipe["steps"]
     assert m.provenance_recipe["sdist"]["filename"] == "vllm-0.99.0.tar.gz"
@@ -209,11 +240,15 @@ def _manifest_without_day(path: Path) -> dict:
     return doc
 
 
-def test_a_replay_done_online_before_answers_from_uv_s_cache_and_falls_back_to_the_index(index_files, tmp_path,
-                                                                                         monkeypatch):
+def test_a_replay_done_online_before_answers_from_uv_s_cache_and_falls_back_to_the_index(
+    index_files, tmp_path, monkeypatch
+):
     def run(out: Path, *extra: str) -> dict:
-        r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.99.0", "--recipes", str(recipes),
-                                      "-o", str(out), "--json", *extra], catch_exceptions=False)
+        r = CliRunner().invoke(
+            main,
+            ["base", "reconstruct", "--vllm", "0.99.0", "--recipes", str(recipes), "-o", str(out), "--json", *extra],
+            catch_exceptions=False,
+        )
         assert r.exit_code == 0, r.output
         return json.loads(r.stdout)
 
@@ -236,22 +271,26 @@ def test_a_replay_done_online_before_answers_from_uv_s_cache_and_falls_back_to_t
         assert run(tmp_path / "5.json")["uv_steps"] == {"offline": 0, "online": 4}
 
 
-def test_reconstruct_refuses_a_stale_recipe_a_missing_recipe_and_a_platform_without_the_wheel(index_files, tmp_path,
-                                                                                                monkeypatch):
+def test_reconstruct_refuses_a_stale_recipe_a_missing_recipe_and_a_platform_without_the_wheel(
+    index_files, tmp_path, monkeypatch
+):
     out = tmp_path / "m.json"
     with serve_index(index_files) as url:
         monkeypatch.setenv("UV_DEFAULT_INDEX", url)
         recipes = _write_recipes(url, tmp_path)
-        r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.98.0", "--recipes", str(recipes),
-                                      "-o", str(out)])
+        r = CliRunner().invoke(
+            main, ["base", "reconstruct", "--vllm", "0.98.0", "--recipes", str(recipes), "-o", str(out)]
+        )
         assert r.exit_code == 2 and "no recipe for vllm 0.98.0" in r.output and "base recipe --vllm 0.98.0" in r.output
         recipes.write_text(recipes.read_text().replace('glibc = "2.35"', 'glibc = "2.31"'))
-        r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.99.0", "--recipes", str(recipes),
-                                      "-o", str(out)])
+        r = CliRunner().invoke(
+            main, ["base", "reconstruct", "--vllm", "0.99.0", "--recipes", str(recipes), "-o", str(out)]
+        )
         assert r.exit_code == 2 and "differs from what its sdist vllm-0.99.0.tar.gz says" in r.output
         recipes = _write_recipes(url, tmp_path, "0.99.1")
-        r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.99.1", "--recipes", str(recipes),
-                                      "-o", str(out)])
+        r = CliRunner().invoke(
+            main, ["base", "reconstruct", "--vllm", "0.99.1", "--recipes", str(recipes), "-o", str(out)]
+        )
         assert r.exit_code == 4 and "no vllm 0.99.1 wheel" in r.output
     assert not out.exists()
 
@@ -285,7 +324,13 @@ def test_each_shipped_manifest_is_the_replay_of_its_derived_recipe(vllm):
     assert "unverified" not in path.read_text().lower()
     assert m.provenance_kind == "reconstructed"
     assert (m.image_ref, m.glibc, m.cuda, m.python_version, m.site_packages, m.platform) == (
-        t["image"], t["glibc"], t["cuda"], t["python"], t["site_packages"], t["platform"])
+        t["image"],
+        t["glibc"],
+        t["cuda"],
+        t["python"],
+        t["site_packages"],
+        t["platform"],
+    )
     assert m.os.startswith(t["os"])
     pr = m.provenance_recipe
     assert pr["sdist"] == {"filename": t["sdist"], "sha256": t["sdist_sha256"]}
@@ -307,10 +352,15 @@ def test_manifest_differences_names_each_move_and_ignores_the_replay_s_day():
     from builder.resolve.reconstruct import manifest_differences
 
     method = "Reconstructed. On 2026-12-02 with uv 0.13.9: x"
-    old = {"glibc": "2.31", "provenance": {"kind": "reconstructed", "method": method},
-           "distributions": {"numpy": {"name": "numpy", "version": "1.26.4"},
-                             "gone": {"name": "gone", "version": "1"},
-                             "torch": {"name": "torch", "version": "2.11.0", "binary": True}}}
+    old = {
+        "glibc": "2.31",
+        "provenance": {"kind": "reconstructed", "method": method},
+        "distributions": {
+            "numpy": {"name": "numpy", "version": "1.26.4"},
+            "gone": {"name": "gone", "version": "1"},
+            "torch": {"name": "torch", "version": "2.11.0", "binary": True},
+        },
+    }
     new = json.loads(json.dumps(old))
     new["provenance"]["method"] = new["provenance"]["method"].replace("2026-12-02", "2027-01-05")
     assert manifest_differences(json.dumps(old), json.dumps(new)) == []
@@ -321,8 +371,13 @@ def test_manifest_differences_names_each_move_and_ignores_the_replay_s_day():
     new["distributions"]["torch"]["native_sha256"] = "a" * 64
     new["provenance"]["method"] = new["provenance"]["method"].replace("uv 0.13.9", "uv 0.14.0")
     assert manifest_differences(json.dumps(old), json.dumps(new)) == [
-        "added: added 3", "gone: removed (was 1)", "numpy: 1.26.4 -> 2.2.6", "torch 2.11.0: native_sha256 differ",
-        "glibc: 2.31 -> 2.35", "provenance: method differ"]
+        "added: added 3",
+        "gone: removed (was 1)",
+        "numpy: 1.26.4 -> 2.2.6",
+        "torch 2.11.0: native_sha256 differ",
+        "glibc: 2.31 -> 2.35",
+        "provenance: method differ",
+    ]
 
 
 def test_reconstruct_check_writes_nothing_and_fails_listing_the_moves(index_files, tmp_path, monkeypatch):

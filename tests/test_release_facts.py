@@ -25,9 +25,17 @@ FAKE = Path(__file__).parent / "fake_openai_server.py"
 
 
 def llama() -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 4, "hidden_size": 512,
-            "num_attention_heads": 8, "num_key_value_heads": 8, "intermediate_size": 1024,
-            "vocab_size": 1000, "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": 4,
+        "hidden_size": 512,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16",
+    }
 
 
 def test_every_shipped_release_has_its_facts():
@@ -61,8 +69,17 @@ def test_a_kv_cache_dtype_is_checked_against_the_releases_cachedtype():
 
 
 def test_plan_cli_vllm(tmp_path):
-    args = ["plan", "--model", str(DATA / "600gb-on-8-gpus"), "--weights-bytes", "1GB", "--gpu-memory", "80GiB",
-            "--tp", "8"]
+    args = [
+        "plan",
+        "--model",
+        str(DATA / "600gb-on-8-gpus"),
+        "--weights-bytes",
+        "1GB",
+        "--gpu-memory",
+        "80GiB",
+        "--tp",
+        "8",
+    ]
     r = CliRunner().invoke(main, args + ["--vllm", "0.33.0", "--json"])
     assert r.exit_code in (0, 1), r.output
     assert json.loads(r.output)["vllm"] == "0.33.0"
@@ -81,7 +98,8 @@ def test_release_facts_are_read_from_a_wheel_tree(tmp_path):
     (root / "vllm" / "config").mkdir(parents=True)
     (root / "vllm" / "config" / "cache.py").write_text(
         "from typing import Literal\nCacheDType = Literal[\n    'auto',\n    'fp8',\n]\n"
-        "class CacheConfig:\n    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)\n")
+        "class CacheConfig:\n    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)\n"
+    )
     d = facts_from_wheel(root, "9.9.9")
     assert d["default_gpu_memory_utilization"] == 0.85 and d["kv_cache_dtypes"] == ["auto", "fp8"]
     assert "extensible_kv_cache" not in d
@@ -91,16 +109,21 @@ def test_the_extensible_kv_cache_rule_of_0_34(tmp_path):
     """From 0.34.0 the field defaults to None; the resolved value is 1.0 with the extensible KV cache."""
     from builder.serving.release_facts import facts_from_sources
 
-    src = ("from typing import Literal, ClassVar\nCacheDType = Literal['auto']\nclass CacheConfig:\n"
-           "    DEFAULT_GPU_MEMORY_UTILIZATION: ClassVar[float] = 0.92\n"
-           "    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)\n"
-           "    def resolved_gpu_memory_utilization(self) -> float:\n"
-           "        if self.gpu_memory_utilization is not None:\n            return self.gpu_memory_utilization\n"
-           "        if self.enable_extensible_kv_cache:\n            return 1.0\n"
-           "        return self.DEFAULT_GPU_MEMORY_UTILIZATION\n")
+    src = (
+        "from typing import Literal, ClassVar\nCacheDType = Literal['auto']\nclass CacheConfig:\n"
+        "    DEFAULT_GPU_MEMORY_UTILIZATION: ClassVar[float] = 0.92\n"
+        "    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)\n"
+        "    def resolved_gpu_memory_utilization(self) -> float:\n"
+        "        if self.gpu_memory_utilization is not None:\n            return self.gpu_memory_utilization\n"
+        "        if self.enable_extensible_kv_cache:\n            return 1.0\n"
+        "        return self.DEFAULT_GPU_MEMORY_UTILIZATION\n"
+    )
     d = facts_from_sources("9.9.9", src, None, "test")
-    assert (d["default_gpu_memory_utilization"], d["extensible_kv_cache"],
-            d["non_extensible_gpu_memory_utilization"]) == (1.0, True, 0.92)
+    assert (
+        d["default_gpu_memory_utilization"],
+        d["extensible_kv_cache"],
+        d["non_extensible_gpu_memory_utilization"],
+    ) == (1.0, True, 0.92)
     with pytest.raises(BadInput, match="not the extensible-KV-cache rule"):
         facts_from_sources("9.9.9", src.replace("return 1.0", "return self.x"), None, "test")
     p = make_plan(llama(), weights_bytes=0, gpu_memory_bytes=80 * GiB, max_model_len=4096, vllm="0.34.0")
@@ -148,8 +171,13 @@ def test_an_image_of_another_release_is_refused():
 
 
 def _cli(args):
-    return subprocess.run([sys.executable, "-c", "from builder.cli import main; main(prog_name='build-image')", *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", "from builder.cli import main; main(prog_name='build-image')", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 def _fake_cmd() -> str:
@@ -158,8 +186,25 @@ def _fake_cmd() -> str:
 
 def test_smoke_vllm_is_recorded_in_the_report(tmp_path):
     (tmp_path / "m").mkdir()
-    r = _cli(["smoke", "--vllm", "0.26.0", "--model", str(tmp_path / "m"), "--server-cmd", _fake_cmd(),
-              "--rounds", "1", "--concurrency", "2", "--max-tokens", "4", "--no-chat", "--json"])
+    r = _cli(
+        [
+            "smoke",
+            "--vllm",
+            "0.26.0",
+            "--model",
+            str(tmp_path / "m"),
+            "--server-cmd",
+            _fake_cmd(),
+            "--rounds",
+            "1",
+            "--concurrency",
+            "2",
+            "--max-tokens",
+            "4",
+            "--no-chat",
+            "--json",
+        ]
+    )
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)["settings"]
     lock = load_lock(default_lock_path("0.26.0"))
@@ -168,16 +213,35 @@ def test_smoke_vllm_is_recorded_in_the_report(tmp_path):
     assert s["release"]["serve_backend"] == lock.header["serve-backend"]
     unported = [v for v in supported_vllm_versions() if not (ROOT / "patches" / "vllm" / v / "series").is_file()]
     for v, series_text in [(unported[0], "patch series none shipped")] if unported else []:
-        text = _cli(["smoke", "--vllm", v, "--model", str(tmp_path / "m"), "--server-cmd", _fake_cmd(),
-                     "--rounds", "1", "--concurrency", "2", "--max-tokens", "4", "--no-chat"])
+        text = _cli(
+            [
+                "smoke",
+                "--vllm",
+                v,
+                "--model",
+                str(tmp_path / "m"),
+                "--server-cmd",
+                _fake_cmd(),
+                "--rounds",
+                "1",
+                "--concurrency",
+                "2",
+                "--max-tokens",
+                "4",
+                "--no-chat",
+            ]
+        )
         assert text.returncode == 0, text.stderr
         assert f"release: vllm {v}, lock " in text.stdout and series_text in text.stdout
 
 
-@pytest.mark.parametrize("args, msg", [
-    (["--vllm", "0.25.0", "--local"], "'0.25.0' is not supported"),
-    (["--vllm", "0.27.1", "--local", "--kv-cache-dtype", "nvfp4_4over6"], "vLLM 0.27.1 does not accept it"),
-])
+@pytest.mark.parametrize(
+    "args, msg",
+    [
+        (["--vllm", "0.25.0", "--local"], "'0.25.0' is not supported"),
+        (["--vllm", "0.27.1", "--local", "--kv-cache-dtype", "nvfp4_4over6"], "vLLM 0.27.1 does not accept it"),
+    ],
+)
 def test_smoke_vllm_bad_input(tmp_path, args, msg):
     (tmp_path / "m").mkdir()
     r = _cli(["smoke", "--model", str(tmp_path / "m"), *args])

@@ -35,10 +35,17 @@ def _manifest(digest=DIGEST, with_uv=True, python="3.12") -> BaseManifest:
     if with_uv:
         dists["uv"] = Distribution("uv", "0.9.0")
     return BaseManifest(
-        image_ref="vllm/vllm-openai:v0.26.0", image_digest=digest, os="Ubuntu 22.04", glibc="2.35",
-        python_version=python, python_abi="cp" + python.replace(".", ""),
-        site_packages=f"/usr/local/lib/python{python}/dist-packages", cuda="13.0",
-        platform="x86_64-manylinux_2_35", provenance_kind="read-from-image", provenance_method="test",
+        image_ref="vllm/vllm-openai:v0.26.0",
+        image_digest=digest,
+        os="Ubuntu 22.04",
+        glibc="2.35",
+        python_version=python,
+        python_abi="cp" + python.replace(".", ""),
+        site_packages=f"/usr/local/lib/python{python}/dist-packages",
+        cuda="13.0",
+        platform="x86_64-manylinux_2_35",
+        provenance_kind="read-from-image",
+        provenance_method="test",
         distributions=dists,
     )
 
@@ -55,9 +62,17 @@ def _lock(names=("ray", "six"), python="3.12", digest=DIGEST, base_dir: Path | N
         fn = f"{n}-1.0-py3-none-any.whl"
         url = (base_dir / fn).as_uri() if base_dir else f"https://files.example/{fn}"
         entries.append(LockEntry(name=n, version="1.0", hashes=[h], wheel=WheelRef(url=url, sha256=h)))
-    header = {"build-image-lock": "1", "tool": "t", "vllm": "0.26.0", "base-ref": "vllm/vllm-openai:v0.26.0",
-              "base-digest": digest or "-", "base-manifest-sha256": "0" * 64, "python": python,
-              "platform": "x86_64-manylinux_2_35", "inputs-sha256": "1" * 64}
+    header = {
+        "build-image-lock": "1",
+        "tool": "t",
+        "vllm": "0.26.0",
+        "base-ref": "vllm/vllm-openai:v0.26.0",
+        "base-digest": digest or "-",
+        "base-manifest-sha256": "0" * 64,
+        "python": python,
+        "platform": "x86_64-manylinux_2_35",
+        "inputs-sha256": "1" * 64,
+    }
     return LockFile(header=header, overlay=list(names), allow_abi_change={}, entries=entries)
 
 
@@ -68,9 +83,15 @@ PATCHED = [
 
 
 def _plan(**kw) -> RenderPlan:
-    args = dict(vllm="0.26.0", base=_manifest(), lock=_lock(), patched=list(PATCHED),
-                patches=["0001-a.patch", "0002-b.patch"], repo="127.0.0.1:5000/serving/vllm",
-                source_date_epoch=1700000000)
+    args = dict(
+        vllm="0.26.0",
+        base=_manifest(),
+        lock=_lock(),
+        patched=list(PATCHED),
+        patches=["0001-a.patch", "0002-b.patch"],
+        repo="127.0.0.1:5000/serving/vllm",
+        source_date_epoch=1700000000,
+    )
     args.update(kw)
     return RenderPlan(**args)
 
@@ -121,7 +142,7 @@ def test_changing_only_a_patch_leaves_the_dependency_layer_text_identical():
     def upto_install(ins):
         s = max(i for i, x in enumerate(ins) if x.startswith("FROM "))
         k = next(i for i, x in enumerate(ins) if "--require-hashes" in x)
-        return ins[s:k + 1]
+        return ins[s : k + 1]
 
     assert upto_install(a) == upto_install(b)
     assert a != b
@@ -164,15 +185,18 @@ def test_labels_and_tags():
     assert labels["org.build-image.patches"] == "0001-a.patch,0002-b.patch"
     assert labels["org.opencontainers.image.created"] == "2023-11-14T22:13:20Z"
     assert image_tags("127.0.0.1:5000/serving/vllm", "0.26.0", h) == [
-        f"127.0.0.1:5000/serving/vllm:vllm0.26.0-{h[:12]}", "127.0.0.1:5000/serving/vllm:vllm0.26.0"]
+        f"127.0.0.1:5000/serving/vllm:vllm0.26.0-{h[:12]}",
+        "127.0.0.1:5000/serving/vllm:vllm0.26.0",
+    ]
     text = render_dockerfile(plan)
     label_line = next(i for i in _instructions(text) if i.startswith("LABEL"))
     assert f'org.build-image.lock-hash="{h}"' in label_line
     # a different lock gives a different content tag
     assert image_tags("r/x", "0.26.0", _lock(names=("six",)).lock_hash)[0] != image_tags("r/x", "0.26.0", h)[0]
     for bad in ("repo:tag", "repo@sha256:" + "0" * 64, ""):
-        with pytest.raises(BadInput,
-                           match=rf"--tag '{re.escape(bad)}': give an image repository without a tag or digest"):
+        with pytest.raises(
+            BadInput, match=rf"--tag '{re.escape(bad)}': give an image repository without a tag or digest"
+        ):
             image_tags(bad, "0.26.0", h)
 
 
@@ -185,8 +209,10 @@ def test_label_values_are_quoted_against_expansion():
 
 def test_sha256_lists_are_sha256sum_format_sorted():
     orig = sha256_list(PATCHED, "original")
-    assert orig.splitlines() == [f"{'3' * 64}  vllm/engine/arg_utils.py",
-                                 f"{'1' * 64}  vllm/entrypoints/openai/api_server.py"]
+    assert orig.splitlines() == [
+        f"{'3' * 64}  vllm/engine/arg_utils.py",
+        f"{'1' * 64}  vllm/entrypoints/openai/api_server.py",
+    ]
     assert sha256_list(PATCHED, "patched").splitlines()[0].startswith("4" * 64 + "  ")
 
 
@@ -216,8 +242,11 @@ def _write(tmp_path: Path, plan: RenderPlan | None = None) -> tuple[Path, Render
     for rel, content in (("vllm/a.py", b"A = 2\n"), ("vllm/sub/b.py", b"B = 2\n")):
         (pr / rel).parent.mkdir(parents=True, exist_ok=True)
         (pr / rel).write_bytes(content)
-        patched.append(PatchedFile(rel, hashlib.sha256(content.replace(b"2", b"1")).hexdigest(),
-                                   hashlib.sha256(content).hexdigest()))
+        patched.append(
+            PatchedFile(
+                rel, hashlib.sha256(content.replace(b"2", b"1")).hexdigest(), hashlib.sha256(content).hexdigest()
+            )
+        )
     plan = plan or _plan(lock=lock, patched=patched, patches=["0001-x.patch"])
     out = tmp_path / "ctx"
     write_context(out, plan, wheels=wheels, patched_root=pr)
@@ -330,8 +359,15 @@ def test_render_context_with_kuberay_manifests(tmp_path, monkeypatch):
         assert (tmp / "Dockerfile").is_file() and tmp != tmp_path / "ctx"  # written before the rename
         return write_manifests(tmp, lock=lock, spec=spec, image=tags[0], allow_tag=True, base=_manifest())
 
-    res = render_context(vllm="0.26.0", base=_manifest(), lock=lock, out_dir=tmp_path / "ctx", no_patches=True,
-                         repo=spec.repo, extra=kuberay)
+    res = render_context(
+        vllm="0.26.0",
+        base=_manifest(),
+        lock=lock,
+        out_dir=tmp_path / "ctx",
+        no_patches=True,
+        repo=spec.repo,
+        extra=kuberay,
+    )
     assert [t for _, t in seen] == [list(res.tags)]
     assert "rayservice.yaml" in res.files and "raycluster.yaml" in res.files
     text = (tmp_path / "ctx" / "rayservice.yaml").read_text()
@@ -356,8 +392,19 @@ def test_render_command_writes_kuberay_manifests_into_the_context(tmp_path, monk
         (src / e.wheel.filename).write_bytes(_wheel_bytes(e.name))
     lock.save(tmp_path / "requirements.lock")
     _manifest().save(tmp_path / "base.json")
-    args = ["render", "--vllm", "0.26.0", "--base", "base.json", "--lock", "requirements.lock", "--no-patches",
-            "--tag", "127.0.0.1:5000/serving/vllm", "--json"]
+    args = [
+        "render",
+        "--vllm",
+        "0.26.0",
+        "--base",
+        "base.json",
+        "--lock",
+        "requirements.lock",
+        "--no-patches",
+        "--tag",
+        "127.0.0.1:5000/serving/vllm",
+        "--json",
+    ]
     kuberay = ["--model", "/models/m", "--kuberay", "--allow-tag"]
     for extra, image in (([], None), (["--image", "127.0.0.1:5000/serving/vllm@sha256:" + "c" * 64], "given")):
         r = CliRunner().invoke(main, [*args, *kuberay, "-o", "ctx", *extra])
@@ -381,8 +428,11 @@ def test_parse_ref_and_loopback_scheme():
     assert parse_ref("ubuntu").repository == "library/ubuntu"
     assert RegistryClient("127.0.0.1:5000").base == "http://127.0.0.1:5000"
     assert RegistryClient("ghcr.io").base == "https://ghcr.io"
-    for bad, why in (("Upper/Case:x", "repository 'Upper/Case' is not a valid name"), ("a b", "is not valid"),
-                     ("x@sha256:123", r"digest 'sha256:123' is not sha256:<64 hex>")):
+    for bad, why in (
+        ("Upper/Case:x", "repository 'Upper/Case' is not a valid name"),
+        ("a b", "is not valid"),
+        ("x@sha256:123", r"digest 'sha256:123' is not sha256:<64 hex>"),
+    ):
         with pytest.raises(BadInput, match=why):
             parse_ref(bad)
 
@@ -432,13 +482,17 @@ def test_stale_bytecode_of_patched_modules_only_is_removed(tmp_path):
 
     ins = _instructions(render_dockerfile(_plan()))
     run = next(x for x in ins if "source=patches" in x)
-    rm = run[run.index("rm -f "):]
+    rm = run[run.index("rm -f ") :]
     cache = tmp_path / "vllm/entrypoints/openai/__pycache__"
     cache.mkdir(parents=True)
     other = tmp_path / "vllm/engine/__pycache__"
     other.mkdir(parents=True)
-    for name in ("api_server.cpython-312.pyc", "api_server.cpython-312.opt-1.pyc", "api_server_x.cpython-312.pyc",
-                 "serving_chat.cpython-312.pyc"):
+    for name in (
+        "api_server.cpython-312.pyc",
+        "api_server.cpython-312.opt-1.pyc",
+        "api_server_x.cpython-312.pyc",
+        "serving_chat.cpython-312.pyc",
+    ):
         (cache / name).write_bytes(b"")
     (other / "arg_utils.cpython-312.pyc").write_bytes(b"")
     (other / "llm_engine.cpython-312.pyc").write_bytes(b"")
@@ -555,9 +609,11 @@ def test_registry_credentials_from_a_credential_helper(tmp_path, monkeypatch):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     helper = bindir / "docker-credential-fake"
-    helper.write_text('#!/bin/sh\n[ "$1" = get ] || exit 1\nread server\n'
-                      'case "$server" in 127.0.0.1:5000) echo \'{"ServerURL":"x","Username":"u","Secret":"s3cret"}\';; '
-                      '*) echo "credentials not found in native keychain"; exit 1;; esac\n')
+    helper.write_text(
+        '#!/bin/sh\n[ "$1" = get ] || exit 1\nread server\n'
+        'case "$server" in 127.0.0.1:5000) echo \'{"ServerURL":"x","Username":"u","Secret":"s3cret"}\';; '
+        '*) echo "credentials not found in native keychain"; exit 1;; esac\n'
+    )
     helper.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
@@ -576,12 +632,15 @@ def test_tags_refused_at_render_when_docker_would_refuse_them():
         image_tags("127.0.0.1:5000/Serving/vllm", "0.26.0", "a" * 64)
     with pytest.raises(BadInput, match="not valid image tags"):
         image_tags("127.0.0.1:5000/serving/vllm", "0.26.0+cu130", "a" * 64)
-    assert (image_tags("127.0.0.1:5000/serving/vllm", "0.26.0", "a" * 64)[0]
-            == "127.0.0.1:5000/serving/vllm:vllm0.26.0-aaaaaaaaaaaa")
+    assert (
+        image_tags("127.0.0.1:5000/serving/vllm", "0.26.0", "a" * 64)[0]
+        == "127.0.0.1:5000/serving/vllm:vllm0.26.0-aaaaaaaaaaaa"
+    )
 
 
-@pytest.mark.parametrize("header, expect", [("ray-serve-llm", "ray-serve-llm"), ("vllm-server", "vllm-server"),
-                                            (None, "auto")])
+@pytest.mark.parametrize(
+    "header, expect", [("ray-serve-llm", "ray-serve-llm"), ("vllm-server", "vllm-server"), (None, "auto")]
+)
 def test_the_locks_serve_backend_becomes_the_images_default(header, expect):
     """The lock's `serve-backend` line is what the image's Serve application uses by default:
     an ENV the module reads, and a label a reviewer (or smoke) can inspect."""

@@ -64,11 +64,24 @@ def _private_cache(tmp_path_factory, monkeypatch):
 def wheels(tmp_path_factory) -> dict[str, dict[Path, datetime]]:
     d = tmp_path_factory.mktemp("idx-wheels")
     py = {
-        write_wheel(d, "vllm", "0.99.0", "py3-none-any", {"vllm/__init__.py": ""},
-                    requires=["torchlike==2.0.0+cu130", "purepkg"]): T_VLLM,
+        write_wheel(
+            d,
+            "vllm",
+            "0.99.0",
+            "py3-none-any",
+            {"vllm/__init__.py": ""},
+            requires=["torchlike==2.0.0+cu130", "purepkg"],
+        ): T_VLLM,
         write_wheel(d, "purepkg", "1.0.0", "py3-none-any", {"purepkg/__init__.py": ""}): T_OLD,
-        write_wheel(d, "needy", "1.0.0", "py3-none-any", {"needy/__init__.py": ""}, extras=["s3", "azure"],
-                    requires=['needy-s3==1.0.0; extra == "s3"', 'needy-azure==1.0.0; extra == "azure"']): T_OLD,
+        write_wheel(
+            d,
+            "needy",
+            "1.0.0",
+            "py3-none-any",
+            {"needy/__init__.py": ""},
+            extras=["s3", "azure"],
+            requires=['needy-s3==1.0.0; extra == "s3"', 'needy-azure==1.0.0; extra == "azure"'],
+        ): T_OLD,
         write_wheel(d, "needy-s3", "1.0.0", "py3-none-any", {"needy_s3/__init__.py": ""}): T_OLD,
     }
     t = tmp_path_factory.mktemp("idx-torch")
@@ -85,15 +98,23 @@ def _reconstruct(wheels, tmp_path, monkeypatch, torch_url: str | None, *extra: s
     with contextlib.ExitStack() as stack:
         if torch_url is None:
             torch_url = stack.enter_context(serve_index(wheels["torch"], prefix="cu130")).rsplit("/", 1)[0]
-        sd = write_sdist(tmp_path, "0.99.0", {"docker/Dockerfile": DOCKERFILE.replace("@TORCH@", torch_url),
-                                               ".buildkite/release-pipeline.yaml": PIPELINE, **REQS})
+        sd = write_sdist(
+            tmp_path,
+            "0.99.0",
+            {
+                "docker/Dockerfile": DOCKERFILE.replace("@TORCH@", torch_url),
+                ".buildkite/release-pipeline.yaml": PIPELINE,
+                **REQS,
+            },
+        )
         url = stack.enter_context(serve_index({**wheels["python"], sd: T_VLLM}))
         monkeypatch.setenv("UV_DEFAULT_INDEX", url)
         recipes = tmp_path / "recipes.toml"
         r = CliRunner().invoke(main, ["base", "recipe", "--vllm", "0.99.0", "--write", "--recipes", str(recipes)])
         assert r.exit_code == 0, r.output
-        r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.99.0", "--recipes", str(recipes),
-                                      "-o", str(out), *extra])
+        r = CliRunner().invoke(
+            main, ["base", "reconstruct", "--vllm", "0.99.0", "--recipes", str(recipes), "-o", str(out), *extra]
+        )
     return r.exit_code, r.output, (load_manifest(out) if out.is_file() else None)
 
 
@@ -140,20 +161,37 @@ def test_relax_drops_the_extra_and_the_manifest_says_so(wheels, tmp_path, monkey
 
 @pytest.mark.parametrize("spec", ["needy>=1", "needy; python_version>'3'", "not a name!", "x @ https://e/x.whl"])
 def test_a_relaxation_is_a_name_and_extras_only(wheels, tmp_path, monkeypatch, spec):
-    r = CliRunner().invoke(main, ["base", "reconstruct", "--vllm", "0.99.0", "-o", str(tmp_path / "m.json"),
-                                  "--relax", spec, "--no-index"])
+    r = CliRunner().invoke(
+        main, ["base", "reconstruct", "--vllm", "0.99.0", "-o", str(tmp_path / "m.json"), "--relax", spec, "--no-index"]
+    )
     assert r.exit_code == 2 and "--relax" in r.output and not (tmp_path / "m.json").exists()
 
 
 def test_plan_indexes_keeps_the_line_order_and_maps_the_python_index():
     w = Where("docker/Dockerfile", 9)
-    step = Step(2, "s", w, "index", requirement_files=("requirements/cuda.txt",), index_url="https://t.invalid/cu130",
-                extra_index_urls=("https://pypi.org/simple",), index_strategy="unsafe-first-match")
+    step = Step(
+        2,
+        "s",
+        w,
+        "index",
+        requirement_files=("requirements/cuda.txt",),
+        index_url="https://t.invalid/cu130",
+        extra_index_urls=("https://pypi.org/simple",),
+        index_strategy="unsafe-first-match",
+    )
     base = ["--index-url", "http://mirror/simple", "--find-links", "/w"]
     si = plan_indexes(step, base, lambda u: True)
     assert (si.primary, si.extras, si.unreachable) == ("https://t.invalid/cu130", ("http://mirror/simple",), ())
-    assert si.args(base) == ["--default-index", "https://t.invalid/cu130", "--find-links", "/w",
-                             "--index", "http://mirror/simple", "--index-strategy", "unsafe-first-match"]
+    assert si.args(base) == [
+        "--default-index",
+        "https://t.invalid/cu130",
+        "--find-links",
+        "/w",
+        "--index",
+        "http://mirror/simple",
+        "--index-strategy",
+        "unsafe-first-match",
+    ]
     si = plan_indexes(step, base, lambda u: False)
     assert (si.primary, si.extras, si.unreachable) == ("http://mirror/simple", (), ("https://t.invalid/cu130",))
     assert plan_indexes(step, [*base, "--no-index"], lambda u: True) is None
@@ -163,7 +201,9 @@ def test_plan_indexes_keeps_the_line_order_and_maps_the_python_index():
 def test_relaxations_on_requirements_and_files():
     rx = (Relaxation.parse("runai-model-streamer[azure]"), Relaxation.parse("Nixl_CU12"))
     assert relax_requirement("runai-model-streamer[s3,gcs,azure]>=0.17.1", rx) == (
-        "runai-model-streamer[gcs,s3]>=0.17.1", ["runai-model-streamer[s3,gcs,azure]>=0.17.1: extras azure dropped"])
+        "runai-model-streamer[gcs,s3]>=0.17.1",
+        ["runai-model-streamer[s3,gcs,azure]>=0.17.1: extras azure dropped"],
+    )
     assert relax_requirement("nixl-cu12==1.5.2", rx) == (None, ["nixl-cu12==1.5.2 dropped"])
     assert relax_requirement("dist/*.whl", rx) == ("dist/*.whl", [])
     text, done = relax_file("-r common.txt\nnixl_cu12 == 1.5.2  # pin\nother\n", rx, "requirements/kv.txt")
@@ -177,13 +217,19 @@ def test_explain_unsatisfiable_from_uv_messages():
     miss = explain_unsatisfiable(
         "Because runai-model-streamer-azure==0.17.1 was not found in the package registry and\n"
         "runai-model-streamer[azure]==0.17.1 depends on runai-model-streamer-azure==0.17.1, we can conclude ...",
-        step)
+        step,
+    )
     assert (miss.distribution, miss.needed_by, miss.relax) == (
-        "runai-model-streamer-azure==0.17.1", "runai-model-streamer[s3,gcs,azure]>=0.17.1",
-        "runai-model-streamer[azure]")
+        "runai-model-streamer-azure==0.17.1",
+        "runai-model-streamer[s3,gcs,azure]>=0.17.1",
+        "runai-model-streamer[azure]",
+    )
     kv = Step(6, "s", w, "index", requirement_files=("requirements/kv_connectors.txt",))
-    miss = explain_unsatisfiable("Because only mooncake-transfer-engine<=0.3.13.post1 is available and you require "
-                                 "mooncake-transfer-engine>=0.3.14, we can conclude ...", kv)
+    miss = explain_unsatisfiable(
+        "Because only mooncake-transfer-engine<=0.3.13.post1 is available and you require "
+        "mooncake-transfer-engine>=0.3.14, we can conclude ...",
+        kv,
+    )
     assert miss.relax == "mooncake-transfer-engine" and miss.distribution == "mooncake-transfer-engine>=0.3.14"
     miss = explain_unsatisfiable("Because there is no version of flashinfer-python==0.7.3 and you require ...", kv)
     assert miss.relax == "flashinfer-python"
@@ -193,13 +239,14 @@ def test_explain_unsatisfiable_from_uv_messages():
 def test_the_reconstruct_json_names_the_asked_indexes(wheels, tmp_path, monkeypatch):
     code, output, m = _reconstruct(wheels, tmp_path, monkeypatch, None, "--relax", "needy[azure]", "--json")
     assert code == 0, output
-    doc = json.loads(output[output.index("{"):])
+    doc = json.loads(output[output.index("{") :])
     assert doc["steps"][0]["indexes"][0].endswith("/cu130")
 
 
 # --------------------------------------------------------------------------- release day, end to end
-def test_upgrade_to_an_unshipped_release_relaxes_for_review_and_writes_what_it_needs(wheels, tmp_path, monkeypatch,
-                                                                                    make_site_packages):
+def test_upgrade_to_an_unshipped_release_relaxes_for_review_and_writes_what_it_needs(
+    wheels, tmp_path, monkeypatch, make_site_packages
+):
     """`upgrade --to X -o DIR` for a release with no manifest, no recipes table and no series in the checkout:
     its base is reconstructed from its sdist (the PyTorch stand-in answering, `needy[azure]` missing from every
     index: relaxed by the replay itself), the series ported, and DIR gets the manifest, the recipes table and
@@ -215,19 +262,59 @@ def test_upgrade_to_an_unshipped_release_relaxes_for_review_and_writes_what_it_n
     (series / "series").write_text("0001-f.patch\n")
     sp = make_site_packages(tmp_path / "a-sp", ["purepkg==1.0.0"])
     base_a = tmp_path / "a.json"
-    r = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc",
-                                  "2.35", "--cuda", "13.0", "-o", str(base_a)])
+    r = CliRunner().invoke(
+        main,
+        [
+            "base",
+            "snapshot",
+            "--site-packages",
+            str(sp),
+            "--python",
+            "3.12",
+            "--glibc",
+            "2.35",
+            "--cuda",
+            "13.0",
+            "-o",
+            str(base_a),
+        ],
+    )
     assert r.exit_code == 0, r.output
     out = tmp_path / "pr"
     with serve_index(wheels["torch"], prefix="cu130") as torch_url:
-        sd = write_sdist(tmp_path, "0.99.0", {"docker/Dockerfile": DOCKERFILE.replace("@TORCH@",
-                                                                                      torch_url.rsplit("/", 1)[0]),
-                                               ".buildkite/release-pipeline.yaml": PIPELINE, **REQS})
+        sd = write_sdist(
+            tmp_path,
+            "0.99.0",
+            {
+                "docker/Dockerfile": DOCKERFILE.replace("@TORCH@", torch_url.rsplit("/", 1)[0]),
+                ".buildkite/release-pipeline.yaml": PIPELINE,
+                **REQS,
+            },
+        )
         with serve_index({**wheels["python"], sd: T_VLLM}) as url:
             monkeypatch.setenv("UV_DEFAULT_INDEX", url)
-            args = ["upgrade", "--from", "0.98.0", "--to", "0.99.0", "--series", str(series), "--from-wheel",
-                    str(a_tree), "--to-wheel", str(b_tree), "--base-from", str(base_a), "--no-default-overlay",
-                    "--with", "purepkg", "--format", "json", "-o", str(out)]
+            args = [
+                "upgrade",
+                "--from",
+                "0.98.0",
+                "--to",
+                "0.99.0",
+                "--series",
+                str(series),
+                "--from-wheel",
+                str(a_tree),
+                "--to-wheel",
+                str(b_tree),
+                "--base-from",
+                str(base_a),
+                "--no-default-overlay",
+                "--with",
+                "purepkg",
+                "--format",
+                "json",
+                "-o",
+                str(out),
+            ]
             strict = CliRunner().invoke(main, [*args[:-2], "--strict"])
             r = CliRunner().invoke(main, args)
     assert strict.exit_code == 4 and "--relax 'needy[azure]'" in strict.output  # --strict: no way forward taken

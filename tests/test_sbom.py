@@ -26,12 +26,20 @@ def default_plan() -> RenderPlan:
     lock = load_lock(ROOT / "lockfiles" / "vllm-0.26.0" / "requirements.lock")
     base = load_manifest(ROOT / "lockfiles" / "base" / "vllm-openai-v0.26.0.json")
     series = load_series(ROOT / "patches" / "vllm" / "0.26.0", "0.26.0")
-    patched = [PatchedFile(rel, sha, hashlib.sha256(rel.encode()).hexdigest()) for rel,
-               sha in sorted(series.originals.items())]
+    patched = [
+        PatchedFile(rel, sha, hashlib.sha256(rel.encode()).hexdigest()) for rel, sha in sorted(series.originals.items())
+    ]
     names = [p.name for p in series.patches]
-    return RenderPlan(vllm="0.26.0", base=base, lock=lock, patched=patched, patches=names,
-                      patch_texts={n: (series.dir / n).read_text() for n in names},
-                      vllm_wheel=(series.wheel_filename, series.wheel_sha256), repo="127.0.0.1:5000/serving/vllm")
+    return RenderPlan(
+        vllm="0.26.0",
+        base=base,
+        lock=lock,
+        patched=patched,
+        patches=names,
+        patch_texts={n: (series.dir / n).read_text() for n in names},
+        vllm_wheel=(series.wheel_filename, series.wheel_sha256),
+        repo="127.0.0.1:5000/serving/vllm",
+    )
 
 
 def test_default_sbom_validates_and_lists_every_base_distribution_and_the_overlay(default_plan):
@@ -61,8 +69,9 @@ def test_default_sbom_validates_and_lists_every_base_distribution_and_the_overla
     vllm = by_ref["pkg:pypi/vllm@0.26.0"]
     assert [p["type"] for p in vllm["pedigree"]["patches"]] == ["unofficial"] * len(default_plan.patches)
     # (the library keeps patches as a sorted set; the series order is in the notes)
-    assert (sorted(p["diff"]["text"]["content"] for p in vllm["pedigree"]["patches"])
-            == sorted(default_plan.patch_texts.values()))
+    assert sorted(p["diff"]["text"]["content"] for p in vllm["pedigree"]["patches"]) == sorted(
+        default_plan.patch_texts.values()
+    )
     assert ", ".join(default_plan.patches) in vllm["pedigree"]["notes"]
     assert vllm["pedigree"]["ancestors"][0]["hashes"][0]["content"] == default_plan.vllm_wheel[1]
     files = {f["name"]: f for f in vllm["components"]}
@@ -89,9 +98,16 @@ def test_a_distribution_the_overlay_moves_appears_once_with_the_base_version_as_
     lock = load_lock(ROOT / "lockfiles" / "vllm-0.26.0" / "requirements.lock")
     base_np = default_plan.base.get("numpy")
     h = "ab" * 32
-    lock.entries.append(LockEntry(name="numpy", version="2.2.0", hashes=[h], base_version=base_np.version,
-                                  wheel=WheelRef(url="https://files.example/numpy-2.2.0-cp312-cp312-manylinux_2_17_x86_64.whl",
-                                                 sha256=h), facts=DistFacts(binary=True, extensions=3)))
+    lock.entries.append(
+        LockEntry(
+            name="numpy",
+            version="2.2.0",
+            hashes=[h],
+            base_version=base_np.version,
+            wheel=WheelRef(url="https://files.example/numpy-2.2.0-cp312-cp312-manylinux_2_17_x86_64.whl", sha256=h),
+            facts=DistFacts(binary=True, extensions=3),
+        )
+    )
     plan = RenderPlan(vllm="0.26.0", base=default_plan.base, lock=lock, repo="r.example/x")
     doc = json.loads(plan.sbom_text())
     nps = [c for c in doc["components"] if c["name"] == "numpy"]
@@ -113,8 +129,14 @@ def test_the_image_carries_the_sbom_at_a_fixed_path_and_its_sha256_in_a_label(de
 
 
 def test_validator_catches_a_broken_document():
-    bad = json.dumps({"bomFormat": "CycloneDX", "specVersion": "1.6", "version": 1,
-                      "components": [{"type": "no-such-type", "name": "x"}]})
+    bad = json.dumps(
+        {
+            "bomFormat": "CycloneDX",
+            "specVersion": "1.6",
+            "version": 1,
+            "components": [{"type": "no-such-type", "name": "x"}],
+        }
+    )
     errors = S.validate(bad)
     assert errors and "no-such-type" in errors[0]
 

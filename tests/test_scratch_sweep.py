@@ -26,8 +26,9 @@ def test_a_live_untagged_download_survives_another_process_sweep(tmp_path):
     d = cache / "downloads" / ("a" * 64)
     d.mkdir(parents=True)
     live_untagged = _part(d, ".torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl.k2j3h4g5.part")
-    idle_untagged = _part(d, ".numpy-2.2.0-cp312-cp312-manylinux_2_28_x86_64.whl.q1w2e3r4.part",
-                          age_s=UNTAGGED_PART_IDLE_S + 60)
+    idle_untagged = _part(
+        d, ".numpy-2.2.0-cp312-cp312-manylinux_2_28_x86_64.whl.q1w2e3r4.part", age_s=UNTAGGED_PART_IDLE_S + 60
+    )
     live_tagged = _part(d, f".ray-2.58.1-cp312-cp312-manylinux2014_x86_64.whl.{process_tag()}.zz11xx22.part")
     # another live process (a sleeping child): its download is kept; once it exits, swept
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -15,8 +15,12 @@ from builder.cli import main
 from builder.resolve import sdist
 from tests.fx_sdist import DOCKERFILE, PIPELINE, REQUIREMENTS, write_sdist
 
-FILES = {"docker/Dockerfile": DOCKERFILE, ".buildkite/release-pipeline.yaml": PIPELINE, **REQUIREMENTS,
-         "PKG-INFO": "Metadata-Version: 2.1\nName: vllm\nVersion: 0.99.0\n"}
+FILES = {
+    "docker/Dockerfile": DOCKERFILE,
+    ".buildkite/release-pipeline.yaml": PIPELINE,
+    **REQUIREMENTS,
+    "PKG-INFO": "Metadata-Version: 2.1\nName: vllm\nVersion: 0.99.0\n",
+}
 
 
 def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
@@ -48,16 +52,22 @@ def test_a_local_sdist_gives_the_recipe_with_its_own_sha256(tmp_path):
     assert _recipe("--sdist", str(p), "--vllm", "0.98.0").exit_code == 2  # it says another version
 
 
-@pytest.mark.parametrize("case", ["not-a-tar", "foreign", "no-dockerfile", "dotdot", "absolute", "symlink",
-                                  "huge", "two-tops"])
+@pytest.mark.parametrize(
+    "case", ["not-a-tar", "foreign", "no-dockerfile", "dotdot", "absolute", "symlink", "huge", "two-tops"]
+)
 def test_a_corrupt_or_foreign_sdist_is_exit_2_naming_it(tmp_path, case):
     p = tmp_path / "vllm-0.99.0.tar.gz"
     good = [_file(f"vllm-0.99.0/{k}", v.encode()) for k, v in FILES.items()]
     if case == "not-a-tar":
         p.write_bytes(b"\x1f\x8b garbage" * 100)
     elif case == "foreign":
-        _tar(p, [_file("other-1.0/PKG-INFO", b"Name: other\nVersion: 1.0\n"),
-                 _file("other-1.0/docker/Dockerfile", b"FROM x\n")])
+        _tar(
+            p,
+            [
+                _file("other-1.0/PKG-INFO", b"Name: other\nVersion: 1.0\n"),
+                _file("other-1.0/docker/Dockerfile", b"FROM x\n"),
+            ],
+        )
     elif case == "no-dockerfile":
         _tar(p, [m for m in good if not m[0].name.endswith("docker/Dockerfile")])
     elif case == "dotdot":

@@ -37,8 +37,9 @@ def test_ray_llm_pin_is_read_from_the_metadata():
     m = load_module()
     assert m.ray_llm_vllm_pin(RAY_259_REQUIRES) == "vllm[audio]==0.27.0"
     assert m.ray_llm_vllm_pin(["click>=7.0", 'vllm>=0.5; extra == "serve"']) is None
-    assert ("requires vllm[audio]==0.27.0, but vllm 0.26.0 is installed"
-            in m.pin_mismatch("vllm[audio]==0.27.0", "0.26.0"))
+    assert "requires vllm[audio]==0.27.0, but vllm 0.26.0 is installed" in m.pin_mismatch(
+        "vllm[audio]==0.27.0", "0.26.0"
+    )
     assert m.pin_mismatch("vllm[audio]==0.26.0", "0.26.0") is None
     assert m.pin_mismatch("vllm>=0.25,<0.27", "0.26.0") is None
     assert m.pin_mismatch(None, "0.26.0") is None
@@ -60,13 +61,16 @@ def test_auto_falls_back_when_rays_llm_extra_targets_another_vllm():
     why = m.pin_mismatch("vllm[audio]==0.27.0", "0.26.0")
     assert m.backend_decision(cfg, has_ray_serve_llm=True, mismatch=why) == ("vllm-server", why)
     assert m.backend_decision(cfg, has_ray_serve_llm=True, mismatch=None) == ("ray-serve-llm", None)
-    assert m.backend_decision(cfg, has_ray_serve_llm=False, mismatch=None) == ("vllm-server", "this ray has no "
-                                                                                              "ray.serve.llm")
+    assert m.backend_decision(cfg, has_ray_serve_llm=False, mismatch=None) == (
+        "vllm-server",
+        "this ray has no ray.serve.llm",
+    )
     forced = m.parse_args({"model": "/m", "backend": "ray-serve-llm"})
     assert m.backend_decision(forced, has_ray_serve_llm=True, mismatch=why) == ("ray-serve-llm", None)
     with pytest.raises(RuntimeError, match="one node only.*requires vllm"):
-        m.backend_decision(m.parse_args({"model": "/m", "pipeline_parallel_size": 2}), has_ray_serve_llm=True,
-                           mismatch=why)
+        m.backend_decision(
+            m.parse_args({"model": "/m", "pipeline_parallel_size": 2}), has_ray_serve_llm=True, mismatch=why
+        )
 
 
 def test_the_default_backend_is_the_images(monkeypatch):
@@ -79,15 +83,21 @@ def test_the_default_backend_is_the_images(monkeypatch):
     cfg = m.parse_args({"model": "/m"})
     assert cfg["backend"] == "vllm-server"
     # the lock's choice holds even where auto would take ray.serve.llm
-    assert (m.backend_decision(cfg, has_ray_serve_llm=True, mismatch=None)
-            == ("vllm-server", "backend 'vllm-server' requested"))
+    assert m.backend_decision(cfg, has_ray_serve_llm=True, mismatch=None) == (
+        "vllm-server",
+        "backend 'vllm-server' requested",
+    )
     assert m.parse_args({"model": "/m", "backend": "ray-serve-llm"})["backend"] == "ray-serve-llm"
     monkeypatch.setenv("BUILD_IMAGE_SERVE_BACKEND", "ray-serve-llm")
-    assert m.backend_decision(m.parse_args({"model": "/m"}), has_ray_serve_llm=True,
-                              mismatch="ray's llm extra requires vllm==0.27.0") == ("ray-serve-llm", None)
+    assert m.backend_decision(
+        m.parse_args({"model": "/m"}), has_ray_serve_llm=True, mismatch="ray's llm extra requires vllm==0.27.0"
+    ) == ("ray-serve-llm", None)
     monkeypatch.setenv("BUILD_IMAGE_SERVE_BACKEND", "fast")
-    with pytest.raises(ValueError, match=r"\$BUILD_IMAGE_SERVE_BACKEND must be one of auto, ray-serve-llm, "
-                                         r"vllm-server, got 'fast'"):
+    with pytest.raises(
+        ValueError,
+        match=r"\$BUILD_IMAGE_SERVE_BACKEND must be one of auto, ray-serve-llm, "
+        r"vllm-server, got 'fast'",
+    ):
         m.parse_args({"model": "/m"})
 
 
@@ -107,9 +117,15 @@ def test_fallback_starts_vllm_serve():
     assert "--enforce-eager" in argv and argv[argv.index("--max-num-batched-tokens") + 1] == "8192"
     custom = m.vllm_command(m.parse_args({"model": "/m", "vllm_bin": "/opt/venv/bin/vllm"}), 1)
     assert custom[:3] == ["/opt/venv/bin/vllm", "serve", "/m"]
-    assert m.forward_headers({"Host": "x", "Content-Length": "3", "Content-Type": "application/json",
-                              "Transfer-Encoding": "chunked", "Authorization": "Bearer t"}) == {
-        "Content-Type": "application/json", "Authorization": "Bearer t"}
+    assert m.forward_headers(
+        {
+            "Host": "x",
+            "Content-Length": "3",
+            "Content-Type": "application/json",
+            "Transfer-Encoding": "chunked",
+            "Authorization": "Bearer t",
+        }
+    ) == {"Content-Type": "application/json", "Authorization": "Bearer t"}
 
 
 def test_the_fallback_route_annotations_resolve():
@@ -134,8 +150,15 @@ def _serve_cfg(tmp_path, *fake_flags, **kw) -> SmokeConfig:
     # the backend as an image built from a vllm-server lock sets it (ENV BUILD_IMAGE_SERVE_BACKEND),
     # not as an application arg: the application's default comes from the environment
     kw.setdefault("env", {"BUILD_IMAGE_SERVE_BACKEND": "vllm-server"})
-    return SmokeConfig(model=str(model), serve=True, serve_num_gpus=1,
-                       vllm_bin=vllm_bin, plan=False, log_file=str(tmp_path / "serve.log"), **kw)
+    return SmokeConfig(
+        model=str(model),
+        serve=True,
+        serve_num_gpus=1,
+        vllm_bin=vllm_bin,
+        plan=False,
+        log_file=str(tmp_path / "serve.log"),
+        **kw,
+    )
 
 
 def _own_ray_processes(temp_dir: str) -> list[int]:
@@ -168,15 +191,16 @@ def test_requests_through_a_real_ray_serve_deployment_of_the_fallback(tmp_path):
     assert sv["ray_start_s"] > 0 and sv["app_running_s"] > 0
     log = Path(tmp_path / "serve.log").read_text()
     assert "ServeReplica:llm:VLLMServer" in log and "backend vllm-server" in log
-    assert "Starting vLLM server on" in log        # the fake's boot lines came through the replica
-    assert rep.kv_cache["tokens"] == 3_024_928     # ... and were parsed like `vllm serve`'s
+    assert "Starting vLLM server on" in log  # the fake's boot lines came through the replica
+    assert rep.kv_cache["tokens"] == 3_024_928  # ... and were parsed like `vllm serve`'s
     # stopped by PID: the fake vLLM server, the replica and Ray's processes are gone
     pid = int((tmp_path / "fake.pid").read_text())
-    assert (not Path(f"/proc/{pid}").exists()
-            or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
+    assert (
+        not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    )
     temp_dirs = [a for a in rep.command if a.startswith("/tmp/smoke-ray-")]
     assert temp_dirs and not _own_ray_processes(temp_dirs[0])
-    assert not os.path.exists(temp_dirs[0])        # removed after a PASS
+    assert not os.path.exists(temp_dirs[0])  # removed after a PASS
 
 
 @pytest.mark.slow
@@ -190,24 +214,27 @@ def test_a_replica_that_fails_to_start_is_a_fail_with_the_replica_log(tmp_path):
     joined = " ".join(rep.failures)
     assert "larger than the available KV cache memory" in joined or "vLLM server exited" in joined, rep.failures
     assert rep.serve["replica_log_tail"] and "replica log tail" in text
-    assert "\x1b[" not in " ".join(rep.failures)   # no terminal colours in the report
-    assert rep.serve["ray_temp_dir"] and os.path.isdir(rep.serve["ray_temp_dir"])   # kept for a FAIL
+    assert "\x1b[" not in " ".join(rep.failures)  # no terminal colours in the report
+    assert rep.serve["ray_temp_dir"] and os.path.isdir(rep.serve["ray_temp_dir"])  # kept for a FAIL
 
 
 def test_runner_lines_are_read_into_the_report():
     from builder.serving.smoke import serve as sv
 
-    text = "\n".join([
-        "build-image-serve: ray 2.58.1 started in 13.73 s (resources {\"GPU\": 1.0})",
-        "build-image-serve: backend vllm-server (ray 2.59.0's llm extra requires vllm[audio]==0.27.0, but vllm 0.26.0 "
-        "is installed)",
-        "(ServeReplica:llm:VLLMServer pid=8290) INFO ... vLLM server ready",
-        "build-image-serve: status RUNNING {}",
-        "build-image-serve: application RUNNING after 55.42 s (total 68.00 s)",
-        "build-image-serve: replica restarted: deployment VLLMServer replicas {\"STARTING\": 1}: vLLM server "
-        "exited with code 3",
-        "build-image-serve: FAILED: application UNHEALTHY: replica died",
-    ])
+    text = "\n".join(
+        [
+            "build-image-serve: ray 2.58.1 started in 13.73 s (resources {\"GPU\": 1.0})",
+            "build-image-serve: backend vllm-server (ray 2.59.0's llm extra requires vllm[audio]==0.27.0, but vllm "
+            "0.26.0 "
+            "is installed)",
+            "(ServeReplica:llm:VLLMServer pid=8290) INFO ... vLLM server ready",
+            "build-image-serve: status RUNNING {}",
+            "build-image-serve: application RUNNING after 55.42 s (total 68.00 s)",
+            "build-image-serve: replica restarted: deployment VLLMServer replicas {\"STARTING\": 1}: vLLM server "
+            "exited with code 3",
+            "build-image-serve: FAILED: application UNHEALTHY: replica died",
+        ]
+    )
     info = sv.parse_serve_lines(text)
     assert info["ray_version"] == "2.58.1" and info["ray_start_s"] == 13.73 and info["app_running_s"] == 55.42
     assert info["backend"] == "vllm-server" and "requires vllm[audio]==0.27.0" in info["backend_reason"]
@@ -220,13 +247,20 @@ def test_serve_app_args_carry_the_serving_settings_and_refuse_what_the_app_canno
     from builder.errors import BadInput
     from builder.serving.smoke import serve as sv
 
-    cfg = SmokeConfig(model=str(tmp_path), serve=True, tp=2, max_model_len=4096, gpu_memory_utilization=0.5,
-                      max_num_seqs=32, kv_cache_dtype="bf16",
-                      extra_args=["--enforce-eager", "--max-num-batched-tokens=8192"])
+    cfg = SmokeConfig(
+        model=str(tmp_path),
+        serve=True,
+        tp=2,
+        max_model_len=4096,
+        gpu_memory_utilization=0.5,
+        max_num_seqs=32,
+        kv_cache_dtype="bf16",
+        extra_args=["--enforce-eager", "--max-num-batched-tokens=8192"],
+    )
     args = sv.app_args(cfg, "/model")
     assert args["model"] == "/model" and args["tensor_parallel_size"] == 2 and args["kv_cache_dtype"] == "bfloat16"
     assert args["enforce_eager"] is True and args["max_num_batched_tokens"] == 8192
-    assert "backend" not in args            # the image's default (its lock's serve-backend)
-    load_module().parse_args(args)          # the application accepts every key
+    assert "backend" not in args  # the image's default (its lock's serve-backend)
+    load_module().parse_args(args)  # the application accepts every key
     with pytest.raises(BadInput, match="--kv-cache-memory has no Serve application setting"):
         sv.app_args(SmokeConfig(model=str(tmp_path), serve=True, extra_args=["--kv-cache-memory", "2GiB"]), "/model")

@@ -94,8 +94,14 @@ def test_parse_kv_too_small_is_an_oom_verdict():
     f = parse_server_log(REAL_KV_TOO_SMALL)
     assert f.kv_cache_tokens is None
     assert len(f.oom_lines) == 1 and "larger than the available KV cache memory" in f.oom_lines[0]
-    verdict, failures = decide(rounds=[], expected_rounds=3, facts=f, server_exit_code=1, server_exited=True,
-                               boot_error="server exited during boot (code 1) before /health answered")
+    verdict, failures = decide(
+        rounds=[],
+        expected_rounds=3,
+        facts=f,
+        server_exit_code=1,
+        server_exited=True,
+        boot_error="server exited during boot (code 1) before /health answered",
+    )
     assert verdict == FAIL
     assert any("larger than the available KV cache memory" in x for x in failures)
 
@@ -105,17 +111,26 @@ def test_root_cause_skips_the_generic_wrapper():
     root = first_error_line(f)
     assert root.startswith("ERROR") or root.startswith("ValueError")
     assert "no module or parameter named 'embed_tokens_per_layer'" in root
-    _, failures = decide(rounds=[], expected_rounds=3, facts=f, server_exit_code=1, server_exited=True,
-                         boot_error="server exited during boot")
+    _, failures = decide(
+        rounds=[],
+        expected_rounds=3,
+        facts=f,
+        server_exit_code=1,
+        server_exited=True,
+        boot_error="server exited during boot",
+    )
     assert any("embed_tokens_per_layer" in x for x in failures)
 
 
-@pytest.mark.parametrize("line", [
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
-    "RuntimeError: CUDA error: out of memory",
-    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`",
-    "ValueError: Failed to load model - not enough GPU memory. Tried to allocate 3 GiB",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+        "RuntimeError: CUDA error: out of memory",
+        "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`",
+        "ValueError: Failed to load model - not enough GPU memory. Tried to allocate 3 GiB",
+    ],
+)
 def test_oom_patterns(line):
     assert parse_server_log(f"(EngineCore pid=1) ERROR 11-30 03:00:00 [core.py:1] {line}\n").oom_lines
 
@@ -124,8 +139,9 @@ def test_restart_counts_server_starts():
     twice = REAL_BOOT_LOG + REAL_BOOT_LOG
     f = parse_server_log(twice)
     assert f.server_starts == 2
-    verdict, failures = decide(rounds=[], expected_rounds=0, facts=f, server_exit_code=None, server_exited=False,
-                               boot_error=None)
+    verdict, failures = decide(
+        rounds=[], expected_rounds=0, facts=f, server_exit_code=None, server_exited=False, boot_error=None
+    )
     assert verdict == FAIL and any("restarted" in x for x in failures)
 
 
@@ -147,25 +163,31 @@ def test_percentile():
 
 
 def test_summarize_round_and_decide_pass():
-    res = [RequestResult(index=i, stream=i % 2 == 0, ok=True, status=200, latency_s=0.1 * (i + 1), output_tokens=10)
-           for i in range(4)]
+    res = [
+        RequestResult(index=i, stream=i % 2 == 0, ok=True, status=200, latency_s=0.1 * (i + 1), output_tokens=10)
+        for i in range(4)
+    ]
     r = summarize_round(1, res, wall_s=0.5, expected=4)
     assert (r.ok, r.failed, r.output_tokens) == (4, 0, 40)
     assert r.latency_p50_s == pytest.approx(0.25)
     assert r.output_tokens_per_s == pytest.approx(80.0)
-    verdict, failures = decide(rounds=[r], expected_rounds=1, facts=LogFacts(), server_exit_code=None,
-                               server_exited=False, boot_error=None)
+    verdict, failures = decide(
+        rounds=[r], expected_rounds=1, facts=LogFacts(), server_exit_code=None, server_exited=False, boot_error=None
+    )
     assert (verdict, failures) == (PASS, [])
 
 
 def test_summarize_round_counts_missing_requests_as_failed():
-    res = [RequestResult(index=0, stream=True, ok=True, latency_s=0.1, output_tokens=5),
-           RequestResult(index=1, stream=False, ok=False, status=500, error="HTTP 500: boom")]
+    res = [
+        RequestResult(index=0, stream=True, ok=True, latency_s=0.1, output_tokens=5),
+        RequestResult(index=1, stream=False, ok=False, status=500, error="HTTP 500: boom"),
+    ]
     r = summarize_round(2, res, wall_s=1.0, expected=4)
     assert r.failed == 3
     assert any("HTTP 500" in e for e in r.errors) and any("did not finish" in e for e in r.errors)
-    verdict, failures = decide(rounds=[r], expected_rounds=3, facts=LogFacts(), server_exit_code=None,
-                               server_exited=False, boot_error=None)
+    verdict, failures = decide(
+        rounds=[r], expected_rounds=3, facts=LogFacts(), server_exit_code=None, server_exited=False, boot_error=None
+    )
     assert verdict == FAIL
     assert any("round 2: 3/4" in x for x in failures) and any("only 1 of 3 rounds" in x for x in failures)
 
@@ -180,29 +202,55 @@ def test_prompts_are_distinct_and_sized():
 
 
 def test_local_and_docker_commands(tmp_path):
-    cfg = SmokeConfig(model=str(tmp_path), tp=2, max_model_len=4096, gpu_memory_utilization=0.85, max_num_seqs=16,
-                      kv_cache_dtype="fp8", extra_args=["--enforce-eager"], image="reg:5000/vllm:1")
+    cfg = SmokeConfig(
+        model=str(tmp_path),
+        tp=2,
+        max_model_len=4096,
+        gpu_memory_utilization=0.85,
+        max_num_seqs=16,
+        kv_cache_dtype="fp8",
+        extra_args=["--enforce-eager"],
+        image="reg:5000/vllm:1",
+    )
     local = build_local_command(cfg, 8123, ["vllm"])
     assert local[:3] == ["vllm", "serve", str(tmp_path.resolve())]
     flags = " ".join(local)
-    for expect in ("--port 8123", "--host 127.0.0.1", "--tensor-parallel-size 2", "--max-model-len 4096",
-                   "--gpu-memory-utilization 0.85", "--max-num-seqs 16", "--kv-cache-dtype fp8"):
+    for expect in (
+        "--port 8123",
+        "--host 127.0.0.1",
+        "--tensor-parallel-size 2",
+        "--max-model-len 4096",
+        "--gpu-memory-utilization 0.85",
+        "--max-num-seqs 16",
+        "--kv-cache-dtype fp8",
+    ):
         assert expect in flags
     assert local[-1] == "--enforce-eager"
     dk = build_docker_command(cfg, 8123, "smoke-x", "/usr/bin/docker")
     s = " ".join(dk)
-    for expect in ("run --rm --name smoke-x", "--pull=never", "--gpus all", "--ipc=host",
-                   f"-v {tmp_path.resolve()}:/model:ro", "--network=host",
-                   "--entrypoint vllm reg:5000/vllm:1 serve /model", "--host 127.0.0.1", "--port 8123"):
+    for expect in (
+        "run --rm --name smoke-x",
+        "--pull=never",
+        "--gpus all",
+        "--ipc=host",
+        f"-v {tmp_path.resolve()}:/model:ro",
+        "--network=host",
+        "--entrypoint vllm reg:5000/vllm:1 serve /model",
+        "--host 127.0.0.1",
+        "--port 8123",
+    ):
         assert expect in s
 
 
-@pytest.mark.parametrize("kwargs,msg", [
-    ({"concurrency": 0}, "--concurrency"),
-    ({"rounds": 0}, "--rounds"),
-    ({"gpu_memory_utilization": 1.5}, "--gpu-memory-utilization"),
-    ({"max_model_len": 100, "prompt_tokens": 90, "max_tokens": 20}, "exceeds --max-model-len"),
-])
+@pytest.mark.parametrize(
+    "kwargs,msg",
+    [
+        ({"concurrency": 0}, "--concurrency"),
+        ({"rounds": 0}, "--rounds"),
+        ({"gpu_memory_utilization": 1.5}, "--gpu-memory-utilization"),
+        ({"max_model_len": 100, "prompt_tokens": 90, "max_tokens": 20}, "exceeds --max-model-len"),
+    ],
+)
 def test_config_validation(tmp_path, kwargs, msg):
     with pytest.raises(BadInput, match=msg):
         SmokeConfig(model=str(tmp_path), **kwargs).validate()
@@ -271,11 +319,14 @@ def test_pass_reports_numbers_and_stops_the_server(tmp_path):
     assert _dead(int(pidfile.read_text())) and _dead(int(child.read_text()))
 
 
-@pytest.mark.parametrize("flags,needle", [
-    (("--fail-500-at", "3"), "HTTP 500"),
-    (("--drop-stream-at", "2"), "without [DONE]"),
-    (("--error-event-at", "2"), "error event in stream"),
-])
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (("--fail-500-at", "3"), "HTTP 500"),
+        (("--drop-stream-at", "2"), "without [DONE]"),
+        (("--error-event-at", "2"), "error event in stream"),
+    ],
+)
 def test_request_failures_fail_the_verdict(tmp_path, flags, needle):
     rep = _run(tmp_path, *flags)
     assert rep.verdict == FAIL and rep.exit_code == 1
@@ -289,8 +340,9 @@ def test_a_broken_chat_template_fails_the_verdict_though_completions_pass(tmp_pa
     rep = _run(tmp_path, "--broken-chat-template", str(status), rounds=2)
     assert rep.verdict == FAIL and rep.exit_code == 1
     assert [(r.kind, r.failed) for r in rep.rounds] == [("completion", 0), ("completion", 0), ("chat", 4)]
-    assert rep.failures[0].startswith("round 3 (chat): 4/4 requests failed (first: chat request 0 (stream): "
-                                      f"HTTP {status}")
+    assert rep.failures[0].startswith(
+        f"round 3 (chat): 4/4 requests failed (first: chat request 0 (stream): HTTP {status}"
+    )
     assert ("chat template" in rep.failures[0]) and rep.log_tail
     # a model without a chat template: --no-chat skips the round, and the verdict is the completions'
     off = _run(tmp_path, "--broken-chat-template", str(status), rounds=2, chat=False)
@@ -383,23 +435,54 @@ def _cli(args, **kw):
 
 def test_cli_json_and_exit_codes(tmp_path):
     (tmp_path / "m").mkdir()
-    ok = _cli(["smoke", "--model", str(tmp_path / "m"), "--server-cmd", _fake_cmd(), "--rounds", "1",
-               "--concurrency", "2", "--max-tokens", "4", "--json"])
+    ok = _cli(
+        [
+            "smoke",
+            "--model",
+            str(tmp_path / "m"),
+            "--server-cmd",
+            _fake_cmd(),
+            "--rounds",
+            "1",
+            "--concurrency",
+            "2",
+            "--max-tokens",
+            "4",
+            "--json",
+        ]
+    )
     assert ok.returncode == 0, ok.stderr
     d = json.loads(ok.stdout)
     assert d["verdict"] == PASS and d["schema"] == "build-image/smoke-report/v1"
-    bad = _cli(["smoke", "--model", str(tmp_path / "m"), "--server-cmd", _fake_cmd("--fail-500-at", "2"),
-                "--rounds", "1", "--concurrency", "2", "--max-tokens", "4", "--json"])
+    bad = _cli(
+        [
+            "smoke",
+            "--model",
+            str(tmp_path / "m"),
+            "--server-cmd",
+            _fake_cmd("--fail-500-at", "2"),
+            "--rounds",
+            "1",
+            "--concurrency",
+            "2",
+            "--max-tokens",
+            "4",
+            "--json",
+        ]
+    )
     assert bad.returncode == 1 and json.loads(bad.stdout)["verdict"] == FAIL
 
 
-@pytest.mark.parametrize("args,msg", [
-    (["--local"], "--model"),
-    (["--local", "--model", "/nonexistent/model"], "no such file or directory"),
-    (["img:1", "--local", "--model", "."], "either IMAGE or --local"),
-    (["--model", "."], "give an IMAGE"),
-    (["--local", "--model", ".", "--concurrency", "0"], "--concurrency"),
-])
+@pytest.mark.parametrize(
+    "args,msg",
+    [
+        (["--local"], "--model"),
+        (["--local", "--model", "/nonexistent/model"], "no such file or directory"),
+        (["img:1", "--local", "--model", "."], "either IMAGE or --local"),
+        (["--model", "."], "give an IMAGE"),
+        (["--local", "--model", ".", "--concurrency", "0"], "--concurrency"),
+    ],
+)
 def test_cli_bad_input_exit_2(args, msg):
     r = _cli(["smoke", *args])
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
@@ -410,10 +493,20 @@ def test_ctrl_c_stops_the_server(tmp_path):
     (tmp_path / "m").mkdir()
     pidfile, child = tmp_path / "srv.pid", tmp_path / "child.pid"
     proc = subprocess.Popen(
-        CLI + ["smoke", "--model", str(tmp_path / "m"), "--server-cmd",
-               _fake_cmd("--boot-delay", "60", "--pidfile", str(pidfile), "--child-pidfile", str(child)),
-               "--boot-timeout", "90"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        CLI
+        + [
+            "smoke",
+            "--model",
+            str(tmp_path / "m"),
+            "--server-cmd",
+            _fake_cmd("--boot-delay", "60", "--pidfile", str(pidfile), "--child-pidfile", str(child)),
+            "--boot-timeout",
+            "90",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 20
@@ -436,12 +529,23 @@ def test_ctrl_c_stops_the_server(tmp_path):
 
 def _tiny_checkpoint(d: Path, *, layers=8, kv_heads=8, head_dim=128, weights=1 << 20) -> Path:
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 1024,
-        "num_hidden_layers": layers, "num_attention_heads": 16, "num_key_value_heads": kv_heads,
-        "head_dim": head_dim, "intermediate_size": 2048, "vocab_size": 1024, "torch_dtype": "bfloat16",
-        "max_position_embeddings": 1 << 20,
-    }))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "hidden_size": 1024,
+                "num_hidden_layers": layers,
+                "num_attention_heads": 16,
+                "num_key_value_heads": kv_heads,
+                "head_dim": head_dim,
+                "intermediate_size": 2048,
+                "vocab_size": 1024,
+                "torch_dtype": "bfloat16",
+                "max_position_embeddings": 1 << 20,
+            }
+        )
+    )
     header = json.dumps({"w": {"dtype": "BF16", "shape": [weights // 2], "data_offsets": [0, weights]}}).encode()
     (d / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * weights)
     return d
@@ -450,9 +554,26 @@ def _tiny_checkpoint(d: Path, *, layers=8, kv_heads=8, head_dim=128, weights=1 <
 def test_plan_refuses_impossible_configuration_without_booting(tmp_path):
     model = _tiny_checkpoint(tmp_path / "m")
     pidfile = tmp_path / "srv.pid"
-    args = ["smoke", "--model", str(model), "--server-cmd", _fake_cmd("--pidfile", str(pidfile)),
-            "--gpu-memory", "1GiB", "--gpu-memory-utilization", "0.9", "--max-model-len", "1048576",
-            "--rounds", "1", "--concurrency", "2", "--max-tokens", "4", "--json"]
+    args = [
+        "smoke",
+        "--model",
+        str(model),
+        "--server-cmd",
+        _fake_cmd("--pidfile", str(pidfile)),
+        "--gpu-memory",
+        "1GiB",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--max-model-len",
+        "1048576",
+        "--rounds",
+        "1",
+        "--concurrency",
+        "2",
+        "--max-tokens",
+        "4",
+        "--json",
+    ]
     r = _cli(args)
     assert r.returncode == 1, r.stderr
     d = json.loads(r.stdout)
@@ -468,9 +589,19 @@ def test_plan_refuses_impossible_configuration_without_booting(tmp_path):
 
 def test_plan_that_fits_is_reported(tmp_path):
     model = _tiny_checkpoint(tmp_path / "m")
-    rep = run_smoke(SmokeConfig(model=str(model), server_cmd=_fake_cmd(), gpu_memory_bytes=80 << 30,
-                                max_model_len=4096, rounds=1, concurrency=2, max_tokens=4, prompt_tokens=8,
-                                stop_grace=2))
+    rep = run_smoke(
+        SmokeConfig(
+            model=str(model),
+            server_cmd=_fake_cmd(),
+            gpu_memory_bytes=80 << 30,
+            max_model_len=4096,
+            rounds=1,
+            concurrency=2,
+            max_tokens=4,
+            prompt_tokens=8,
+            stop_grace=2,
+        )
+    )
     assert rep.verdict == PASS
     assert rep.plan["fits"] is True and rep.plan["kv_tokens_per_gpu"] > 0
 
@@ -489,8 +620,15 @@ def test_config_from_serving(tmp_path):
     from builder.serving.smoke import config_from_serving
     from builder.spec import Serving
 
-    s = Serving(tp=2, max_model_len=131072, gpu_memory_utilization=0.93, max_num_seqs=16, kv_cache_dtype="auto",
-                gpu_memory="80GiB", gpus=8)
+    s = Serving(
+        tp=2,
+        max_model_len=131072,
+        gpu_memory_utilization=0.93,
+        max_num_seqs=16,
+        kv_cache_dtype="auto",
+        gpu_memory="80GiB",
+        gpus=8,
+    )
     cfg = config_from_serving(s, model=str(tmp_path), image="reg/x:1", rounds=1)
     assert (cfg.tp, cfg.max_model_len, cfg.gpu_memory_utilization, cfg.max_num_seqs) == (2, 131072, 0.93, 16)
     assert cfg.kv_cache_dtype is None and cfg.image == "reg/x:1" and cfg.rounds == 1 and cfg.gpus == 8
@@ -513,26 +651,45 @@ def fake_vllm_image(standin_base_image, tmp_path_factory):
     shim.write_text('#!/bin/sh\n[ "$1" = serve ] && shift\nexec python3 -u /opt/fake_openai_server.py "$@"\n')
     shim.chmod(0o755)
     (ctx / "Dockerfile").write_text(
-        f"FROM {standin_base_image.ref}\nCOPY fake_openai_server.py /opt/\nCOPY vllm /usr/local/bin/vllm\n")
+        f"FROM {standin_base_image.ref}\nCOPY fake_openai_server.py /opt/\nCOPY vllm /usr/local/bin/vllm\n"
+    )
     tag = "build-image-test/smoke-fake-vllm:1"
-    r = subprocess.run([DOCKER, "build", "--network=none", "-q", "-t", tag, str(ctx)], capture_output=True, text=True,
-                       env=dict(os.environ, DOCKER_BUILDKIT="1"), timeout=600)
+    r = subprocess.run(
+        [DOCKER, "build", "--network=none", "-q", "-t", tag, str(ctx)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, DOCKER_BUILDKIT="1"),
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     return tag
 
 
 def _smoke_containers() -> list[str]:
-    r = subprocess.run([DOCKER, "ps", "-a", "-q", "--filter", "name=build-image-smoke-"], capture_output=True,
-                       text=True, timeout=60)
+    r = subprocess.run(
+        [DOCKER, "ps", "-a", "-q", "--filter", "name=build-image-smoke-"], capture_output=True, text=True, timeout=60
+    )
     return r.stdout.split()
 
 
 @pytest.mark.slow
 @pytest.mark.docker
 def test_docker_mode_pass_and_cleanup(fake_vllm_image, tmp_path):
-    rep = run_smoke(SmokeConfig(model=str(tmp_path), image=fake_vllm_image, docker_gpus=None, docker_bin=DOCKER,
-                                rounds=2, concurrency=4, max_tokens=8, prompt_tokens=16, boot_timeout=90,
-                                timeout=30, stop_grace=5))
+    rep = run_smoke(
+        SmokeConfig(
+            model=str(tmp_path),
+            image=fake_vllm_image,
+            docker_gpus=None,
+            docker_bin=DOCKER,
+            rounds=2,
+            concurrency=4,
+            max_tokens=8,
+            prompt_tokens=16,
+            boot_timeout=90,
+            timeout=30,
+            stop_grace=5,
+        )
+    )
     assert rep.verdict == PASS, (rep.failures, rep.log_tail)
     assert rep.mode == "docker" and "--pull=never" in rep.command and "--ipc=host" in rep.command
     assert rep.kv_cache["tokens"] == 3_024_928  # parsed from the container's log
@@ -542,9 +699,22 @@ def test_docker_mode_pass_and_cleanup(fake_vllm_image, tmp_path):
 @pytest.mark.slow
 @pytest.mark.docker
 def test_docker_mode_server_death_fails_and_removes_container(fake_vllm_image, tmp_path):
-    rep = run_smoke(SmokeConfig(model=str(tmp_path), image=fake_vllm_image, docker_gpus=None, docker_bin=DOCKER,
-                                rounds=2, concurrency=4, max_tokens=8, prompt_tokens=16, boot_timeout=90,
-                                timeout=30, stop_grace=5, extra_args=["--die-at", "3"]))
+    rep = run_smoke(
+        SmokeConfig(
+            model=str(tmp_path),
+            image=fake_vllm_image,
+            docker_gpus=None,
+            docker_bin=DOCKER,
+            rounds=2,
+            concurrency=4,
+            max_tokens=8,
+            prompt_tokens=16,
+            boot_timeout=90,
+            timeout=30,
+            stop_grace=5,
+            extra_args=["--die-at", "3"],
+        )
+    )
     assert rep.verdict == FAIL
     assert any("server process exited" in f for f in rep.failures), rep.failures
     assert _smoke_containers() == []
@@ -555,8 +725,11 @@ def test_docker_mode_server_death_fails_and_removes_container(fake_vllm_image, t
 def test_docker_mode_missing_image_is_bad_input_not_a_verdict(docker_engine, tmp_path):
     # `docker run --pull=never` of an absent image used to be a FAIL (exit 1) carrying docker's 125
     with pytest.raises(BadInput, match="not in the local engine"):
-        run_smoke(SmokeConfig(model=str(tmp_path), image="build-image-test/no-such-image:404", docker_gpus=None,
-                              docker_bin=DOCKER))
+        run_smoke(
+            SmokeConfig(
+                model=str(tmp_path), image="build-image-test/no-such-image:404", docker_gpus=None, docker_bin=DOCKER
+            )
+        )
     assert _smoke_containers() == []
 
 
@@ -565,8 +738,10 @@ def test_docker_mode_unreachable_engine_exits_8(tmp_path):
         missing("needs the docker CLI (no engine needed)")
     short = tempfile.mkdtemp(prefix="bi-", dir="/tmp")  # a socket path must fit 107 bytes; tmp_path may not
     try:
-        r = _cli(["smoke", "some/image:1", "--model", str(tmp_path)],
-                 env={**os.environ, "DOCKER_HOST": f"unix://{short}/no-engine.sock"})
+        r = _cli(
+            ["smoke", "some/image:1", "--model", str(tmp_path)],
+            env={**os.environ, "DOCKER_HOST": f"unix://{short}/no-engine.sock"},
+        )
     finally:
         os.rmdir(short)
     assert r.returncode == 8, (r.returncode, r.stderr)
@@ -612,20 +787,36 @@ def test_second_ctrl_c_while_stopping_still_kills_the_server(tmp_path):
     (tmp_path / "m").mkdir()
     pidfile, child = tmp_path / "srv.pid", tmp_path / "child.pid"
     proc = subprocess.Popen(
-        CLI + ["smoke", "--model", str(tmp_path / "m"), "--server-cmd",
-               _fake_cmd("--hang-at", "3", "--ignore-sigterm", "--pidfile", str(pidfile), "--child-pidfile",
-                         str(child)),
-               "--rounds", "2", "--concurrency", "4", "--max-tokens", "4", "--timeout", "100", "--json"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        CLI
+        + [
+            "smoke",
+            "--model",
+            str(tmp_path / "m"),
+            "--server-cmd",
+            _fake_cmd("--hang-at", "3", "--ignore-sigterm", "--pidfile", str(pidfile), "--child-pidfile", str(child)),
+            "--rounds",
+            "2",
+            "--concurrency",
+            "4",
+            "--max-tokens",
+            "4",
+            "--timeout",
+            "100",
+            "--json",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         log_deadline = time.monotonic() + 30
         while time.monotonic() < log_deadline and not (pidfile.exists() and child.exists() and child.read_text()):
             time.sleep(0.1)
         assert pidfile.exists(), "the fake server never started"
-        time.sleep(2)                      # inside round 1: request 3 hangs
+        time.sleep(2)  # inside round 1: request 3 hangs
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.7)                    # stopping: SIGTERM is ignored, the 15 s grace runs
+        time.sleep(0.7)  # stopping: SIGTERM is ignored, the 15 s grace runs
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
@@ -640,50 +831,97 @@ def test_second_ctrl_c_while_stopping_still_kills_the_server(tmp_path):
 
 def test_root_cause_comes_first():
     """The CLI's one-line message is failures[0]: it must name the cause, not 'only 1 of 3 rounds ran'."""
-    ok_round = summarize_round(1, [RequestResult(index=0, stream=True, ok=True, latency_s=0.1, output_tokens=4)], 0.1,
-                               1)
-    facts = parse_server_log("(EngineCore pid=1) ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to "
-                             "allocate 2 GiB\n")
-    _, failures = decide(rounds=[ok_round], expected_rounds=3, facts=facts, server_exit_code=None,
-                         server_exited=False, boot_error=None)
+    ok_round = summarize_round(
+        1, [RequestResult(index=0, stream=True, ok=True, latency_s=0.1, output_tokens=4)], 0.1, 1
+    )
+    facts = parse_server_log(
+        "(EngineCore pid=1) ERROR torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB\n"
+    )
+    _, failures = decide(
+        rounds=[ok_round], expected_rounds=3, facts=facts, server_exit_code=None, server_exited=False, boot_error=None
+    )
     assert failures[0].startswith("out-of-memory") and failures[-1] == "only 1 of 3 rounds ran"
-    _, failures = decide(rounds=[], expected_rounds=3, facts=LogFacts(), server_exit_code=None, server_exited=False,
-                         boot_error=None, extra_failures=["interrupted (Ctrl-C / SIGTERM); server stopped"])
+    _, failures = decide(
+        rounds=[],
+        expected_rounds=3,
+        facts=LogFacts(),
+        server_exit_code=None,
+        server_exited=False,
+        boot_error=None,
+        extra_failures=["interrupted (Ctrl-C / SIGTERM); server stopped"],
+    )
     assert failures[0].startswith("interrupted")
-    bad_round = summarize_round(1, [RequestResult(index=0, stream=True, ok=False, error="ConnectionResetError")], 0.1,
-                                1)
-    _, failures = decide(rounds=[bad_round], expected_rounds=3, facts=LogFacts(), server_exit_code=3,
-                         server_exited=True, boot_error=None)
+    bad_round = summarize_round(
+        1, [RequestResult(index=0, stream=True, ok=False, error="ConnectionResetError")], 0.1, 1
+    )
+    _, failures = decide(
+        rounds=[bad_round], expected_rounds=3, facts=LogFacts(), server_exit_code=3, server_exited=True, boot_error=None
+    )
     assert failures[0] == "server process exited (code 3)"
 
 
 def test_oom_headline_on_the_cli(tmp_path):
     (tmp_path / "m").mkdir()
-    r = _cli(["smoke", "--model", str(tmp_path / "m"), "--server-cmd", _fake_cmd("--oom-at", "3"), "--rounds", "3",
-              "--concurrency", "2", "--max-tokens", "4"])
+    r = _cli(
+        [
+            "smoke",
+            "--model",
+            str(tmp_path / "m"),
+            "--server-cmd",
+            _fake_cmd("--oom-at", "3"),
+            "--rounds",
+            "3",
+            "--concurrency",
+            "2",
+            "--max-tokens",
+            "4",
+        ]
+    )
     assert r.returncode == 1
     assert "smoke FAIL: out-of-memory in server log" in r.stderr
 
 
-@pytest.mark.parametrize("kwargs,msg", [
-    ({"timeout": float("nan")}, "--timeout"),
-    ({"boot_timeout": float("inf")}, "--boot-timeout"),
-    ({"boot_timeout": 0}, "--boot-timeout"),
-    ({"pp": 0}, "--pp"),
-    ({"cpu_offload_gb": float("nan")}, "--cpu-offload-gb"),
-])
+@pytest.mark.parametrize(
+    "kwargs,msg",
+    [
+        ({"timeout": float("nan")}, "--timeout"),
+        ({"boot_timeout": float("inf")}, "--boot-timeout"),
+        ({"boot_timeout": 0}, "--boot-timeout"),
+        ({"pp": 0}, "--pp"),
+        ({"cpu_offload_gb": float("nan")}, "--cpu-offload-gb"),
+    ],
+)
 def test_deadlines_must_be_finite(tmp_path, kwargs, msg):
     # a nan deadline never expires: `time.monotonic() > nan` is always False
     with pytest.raises(BadInput, match=msg):
         SmokeConfig(model=str(tmp_path), **kwargs).validate()
 
 
-@pytest.mark.parametrize("value,ok",
-                         [("141", False), ("garbage", False), ("0GiB", False), ("h200", True), ("80GB", True)])
+@pytest.mark.parametrize(
+    "value,ok", [("141", False), ("garbage", False), ("0GiB", False), ("h200", True), ("80GB", True)]
+)
 def test_gpu_memory_flag_uses_the_planner_syntax(tmp_path, value, ok):
     model = _tiny_checkpoint(tmp_path / "m")
-    r = _cli(["smoke", "--model", str(model), "--server-cmd", _fake_cmd(), "--gpu-memory", value,
-              "--max-model-len", "4096", "--rounds", "1", "--concurrency", "2", "--max-tokens", "4", "--json"])
+    r = _cli(
+        [
+            "smoke",
+            "--model",
+            str(model),
+            "--server-cmd",
+            _fake_cmd(),
+            "--gpu-memory",
+            value,
+            "--max-model-len",
+            "4096",
+            "--rounds",
+            "1",
+            "--concurrency",
+            "2",
+            "--max-tokens",
+            "4",
+            "--json",
+        ]
+    )
     if ok:
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["plan"]["gpu_memory_bytes"] > 10**10
@@ -701,13 +939,22 @@ def test_plan_uses_vllms_default_utilization_and_suggests(tmp_path):
     from builder.serving.plan import VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
 
     model = _tiny_checkpoint(tmp_path / "m")
-    d = smoke.preflight_plan(SmokeConfig(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096),
-                             SILENT)
+    d = smoke.preflight_plan(SmokeConfig(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096), SILENT)
     assert d["gpu_memory_utilization"] == VLLM_DEFAULT_GPU_MEMORY_UTILIZATION == 0.92
     # refused "with the plan's numbers and suggestions"
-    rep = run_smoke(SmokeConfig(model=str(model), server_cmd=_fake_cmd(), gpu_memory_bytes=8 << 30,
-                                gpu_memory_utilization=0.9, max_model_len=1 << 20, rounds=1, concurrency=2,
-                                max_tokens=4, prompt_tokens=8))
+    rep = run_smoke(
+        SmokeConfig(
+            model=str(model),
+            server_cmd=_fake_cmd(),
+            gpu_memory_bytes=8 << 30,
+            gpu_memory_utilization=0.9,
+            max_model_len=1 << 20,
+            rounds=1,
+            concurrency=2,
+            max_tokens=4,
+            prompt_tokens=8,
+        )
+    )
     assert rep.refused_by_plan and "try: --max-model-len" in rep.failures[0]
 
 
@@ -715,8 +962,16 @@ def test_pp_offload_and_kv_dtype_reach_vllm_and_the_plan(tmp_path):
     from builder.serving.smoke import config_from_serving
     from builder.spec import Serving
 
-    s = Serving(tp=2, pp=2, gpus=4, cpu_offload_gb=3.0, kv_cache_dtype="bf16", gpu_memory="80GiB",
-                max_model_len=4096, gpu_memory_utilization=0.9)
+    s = Serving(
+        tp=2,
+        pp=2,
+        gpus=4,
+        cpu_offload_gb=3.0,
+        kv_cache_dtype="bf16",
+        gpu_memory="80GiB",
+        max_model_len=4096,
+        gpu_memory_utilization=0.9,
+    )
     model = _tiny_checkpoint(tmp_path / "m", weights=8 << 20)
     cfg = config_from_serving(s, model=str(model))
     flags = " ".join(build_local_command(cfg, 8000, ["vllm"]))
@@ -729,30 +984,51 @@ def test_pp_offload_and_kv_dtype_reach_vllm_and_the_plan(tmp_path):
 
 def test_any_exception_names_the_cause_when_the_server_exits(tmp_path):
     # `--local` without vllm installed: python prints one ModuleNotFoundError line and exits 1
-    line = ("/usr/bin/python3: Error while finding module specification for 'vllm.entrypoints.cli.main' "
-            "(ModuleNotFoundError: No module named 'vllm')")
+    line = (
+        "/usr/bin/python3: Error while finding module specification for 'vllm.entrypoints.cli.main' "
+        "(ModuleNotFoundError: No module named 'vllm')"
+    )
     facts = parse_server_log("INFO starting\n" + line + "\n")
-    _, failures = decide(rounds=[], expected_rounds=3, facts=facts, server_exit_code=1, server_exited=True,
-                         boot_error="server exited during boot (code 1) before /health answered")
+    _, failures = decide(
+        rounds=[],
+        expected_rounds=3,
+        facts=facts,
+        server_exit_code=1,
+        server_exited=True,
+        boot_error="server exited during boot (code 1) before /health answered",
+    )
     assert failures == ["server exited during boot (code 1) before /health answered", f"server log: {line}"]
     # the specific vLLM lines still win over a generic one
     facts = parse_server_log("WARNING x ImportError: optional thing\n(EngineCore pid=1) ERROR ValueError: bad config\n")
-    _, failures = decide(rounds=[], expected_rounds=1, facts=facts, server_exit_code=1, server_exited=True,
-                         boot_error=None)
-    assert failures == ["server process exited (code 1)", "server log: ERROR ValueError: bad config",
-                        "only 0 of 1 rounds ran"]
+    _, failures = decide(
+        rounds=[], expected_rounds=1, facts=facts, server_exit_code=1, server_exited=True, boot_error=None
+    )
+    assert failures == [
+        "server process exited (code 1)",
+        "server log: ERROR ValueError: bad config",
+        "only 0 of 1 rounds ran",
+    ]
 
 
 def test_refusal_and_bad_start_leave_no_log_behind(tmp_path, monkeypatch):
     own_tmp = tmp_path / "tmp"
     own_tmp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))   # where mkstemp puts the temp log
+    monkeypatch.setattr(tempfile, "tempdir", str(own_tmp))  # where mkstemp puts the temp log
     model = _tiny_checkpoint(tmp_path / "m")
     keep = tmp_path / "mine.log"
     keep.write_text("an earlier run\n")
-    rep = run_smoke(SmokeConfig(model=str(model), server_cmd=_fake_cmd(), gpu_memory_bytes=8 << 30,
-                                max_model_len=1 << 20, log_file=str(keep), prompt_tokens=8, max_tokens=4))
-    assert rep.refused_by_plan and keep.read_text() == "an earlier run\n"   # used to be truncated, then deleted
+    rep = run_smoke(
+        SmokeConfig(
+            model=str(model),
+            server_cmd=_fake_cmd(),
+            gpu_memory_bytes=8 << 30,
+            max_model_len=1 << 20,
+            log_file=str(keep),
+            prompt_tokens=8,
+            max_tokens=4,
+        )
+    )
+    assert rep.refused_by_plan and keep.read_text() == "an earlier run\n"  # used to be truncated, then deleted
     with pytest.raises(BadInput, match="cannot start the server"):
         run_smoke(SmokeConfig(model=str(model), server_cmd="/nonexistent/vllm-serve --port {port}", plan=False))
     assert list(own_tmp.iterdir()) == []
@@ -764,8 +1040,9 @@ def test_data_parallel_api_servers_are_not_a_restart_but_a_restart_is(tmp_path):
     assert rep.verdict == PASS, rep.failures
     rep = _run(tmp_path, "--restart-at", "3", rounds=2)
     assert rep.verdict == FAIL
-    assert any("server restarted (1 start(s) logged after /health first answered)"
-               in f for f in rep.failures), rep.failures
+    assert any("server restarted (1 start(s) logged after /health first answered)" in f for f in rep.failures), (
+        rep.failures
+    )
 
 
 def test_plan_reads_extra_args_in_both_forms_and_steps_aside_for_a_fixed_kv_size(tmp_path):
@@ -778,8 +1055,10 @@ def test_plan_reads_extra_args_in_both_forms_and_steps_aside_for_a_fixed_kv_size
     # the proof's parallel wave: --kv-cache-memory 2GiB at utilization 0.08 -- the plan must not refuse it
     notes: list[str] = []
     for extra in (["--kv-cache-memory", "2147483648"], ["--kv-cache-memory-bytes=2G"]):
-        assert smoke.preflight_plan(SmokeConfig(**base, gpu_memory_utilization=0.01, extra_args=extra),
-                                    Recorder(notes)) is None
+        assert (
+            smoke.preflight_plan(SmokeConfig(**base, gpu_memory_utilization=0.01, extra_args=extra), Recorder(notes))
+            is None
+        )
     assert all("fixes the KV cache size" in n for n in notes) and len(notes) == 2
 
 
@@ -787,5 +1066,5 @@ def test_a_kv_dtype_the_planner_does_not_model_skips_the_plan_not_the_smoke(tmp_
     model = _tiny_checkpoint(tmp_path / "m")
     notes: list[str] = []
     cfg = SmokeConfig(model=str(model), gpu_memory_bytes=80 << 30, max_model_len=4096, kv_cache_dtype="fp8_ds_mla")
-    assert smoke.preflight_plan(cfg, Recorder(notes)) is None       # used to be BadInput (exit 2)
+    assert smoke.preflight_plan(cfg, Recorder(notes)) is None  # used to be BadInput (exit 2)
     assert "fp8_ds_mla" in notes[0]

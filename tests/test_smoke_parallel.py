@@ -35,8 +35,9 @@ ENABLE_MULTICAST = {"NCCL_NVLS_ENABLE": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST":
 
 
 def _serve_module():
-    spec = importlib.util.spec_from_file_location("build_image_serve_app_parallel",
-                                                  ROOT / "templates" / "serve" / "build_image_serve_app.py")
+    spec = importlib.util.spec_from_file_location(
+        "build_image_serve_app_parallel", ROOT / "templates" / "serve" / "build_image_serve_app.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -52,8 +53,18 @@ def _local_run(tmp_path, record: Path, messages: list[str] | None = None, **kw) 
     model.mkdir(exist_ok=True)
     vllm_bin = " ".join(shlex.quote(a) for a in (sys.executable, str(FAKE), "--record", str(record)))
     kw.setdefault("boot_timeout", 60)
-    cfg = SmokeConfig(model=str(model), vllm_bin=vllm_bin, log_file=str(tmp_path / "server.log"), rounds=1,
-                      concurrency=2, max_tokens=4, prompt_tokens=8, timeout=10, stop_grace=2, **kw)
+    cfg = SmokeConfig(
+        model=str(model),
+        vllm_bin=vllm_bin,
+        log_file=str(tmp_path / "server.log"),
+        rounds=1,
+        concurrency=2,
+        max_tokens=4,
+        prompt_tokens=8,
+        timeout=10,
+        stop_grace=2,
+        **kw,
+    )
     return run_smoke(cfg, reporter=Recorder(messages) if messages is not None else SILENT)
 
 
@@ -77,8 +88,15 @@ def test_local_server_receives_parallel_flags_and_multicast_stays_off(tmp_path, 
 
 
 def test_docker_and_serve_environments_keep_multicast_off(tmp_path):
-    cfg = SmokeConfig(model=str(tmp_path), image="reg:5000/vllm:1", tp=4, distributed_executor_backend="ray",
-                      ray_address="127.0.0.1:6380", env=dict(ENABLE_MULTICAST), docker_bin="/usr/bin/docker")
+    cfg = SmokeConfig(
+        model=str(tmp_path),
+        image="reg:5000/vllm:1",
+        tp=4,
+        distributed_executor_backend="ray",
+        ray_address="127.0.0.1:6380",
+        env=dict(ENABLE_MULTICAST),
+        docker_bin="/usr/bin/docker",
+    )
     launch = prepare_launch(cfg)
     argv = launch.argv
     env_args = [argv[i + 1] for i, a in enumerate(argv) if a == "-e"]
@@ -107,8 +125,9 @@ def test_docker_and_serve_environments_keep_multicast_off(tmp_path):
 
 def test_serve_app_engine_kwargs_and_spec_carry_the_executor_backend():
     mod = _serve_module()
-    cfg = mod.parse_args({"model": "/m", "tensor_parallel_size": 2, "pipeline_parallel_size": 2,
-                          "distributed_executor_backend": "ray"})
+    cfg = mod.parse_args(
+        {"model": "/m", "tensor_parallel_size": 2, "pipeline_parallel_size": 2, "distributed_executor_backend": "ray"}
+    )
     kw = mod.engine_kwargs(cfg)
     assert kw["distributed_executor_backend"] == "ray" and kw["pipeline_parallel_size"] == 2
     argv = mod.vllm_cli_args(cfg, 8000)
@@ -116,8 +135,9 @@ def test_serve_app_engine_kwargs_and_spec_carry_the_executor_backend():
     assert "distributed_executor_backend" not in mod.engine_kwargs(mod.parse_args({"model": "/m"}))
     with pytest.raises(ValueError, match="distributed_executor_backend"):
         mod.parse_args({"model": "/m", "distributed_executor_backend": "nccl"})
-    spec = parse_spec('[serving]\nmodel = "/models/q"\ngpus = 8\ntp = 4\npp = 2\n'
-                      'distributed_executor_backend = "ray"\n', "spec.toml")
+    spec = parse_spec(
+        '[serving]\nmodel = "/models/q"\ngpus = 8\ntp = 4\npp = 2\ndistributed_executor_backend = "ray"\n', "spec.toml"
+    )
     args = serve_args(spec)
     assert args["distributed_executor_backend"] == "ray"
     assert mod.engine_kwargs(mod.parse_args(args))["distributed_executor_backend"] == "ray"
@@ -132,14 +152,17 @@ def test_serve_app_engine_kwargs_and_spec_carry_the_executor_backend():
         parse_spec('[serving]\npp = 0\n', "spec.toml")
 
 
-@pytest.mark.parametrize("kwargs,msg", [
-    ({"tp": 0}, "--tp"),
-    ({"pp": -1}, "--pp"),
-    ({"tp": 2.0}, "--tp"),
-    ({"distributed_executor_backend": "nccl"}, "--distributed-executor-backend"),
-    ({"ray_address": "127.0.0.1:6379"}, "--ray-address"),
-    ({"ray_address": "127.0.0.1:6379", "distributed_executor_backend": "ray", "serve": True}, "--ray-address"),
-])
+@pytest.mark.parametrize(
+    "kwargs,msg",
+    [
+        ({"tp": 0}, "--tp"),
+        ({"pp": -1}, "--pp"),
+        ({"tp": 2.0}, "--tp"),
+        ({"distributed_executor_backend": "nccl"}, "--distributed-executor-backend"),
+        ({"ray_address": "127.0.0.1:6379"}, "--ray-address"),
+        ({"ray_address": "127.0.0.1:6379", "distributed_executor_backend": "ray", "serve": True}, "--ray-address"),
+    ],
+)
 def test_parallel_settings_are_validated(tmp_path, kwargs, msg):
     with pytest.raises(BadInput, match=msg):
         SmokeConfig(model=str(tmp_path), **kwargs).validate()
@@ -159,20 +182,31 @@ def test_tp_times_pp_above_the_visible_gpus_is_bad_input(tmp_path, monkeypatch):
     model = tmp_path / "model"
     model.mkdir()
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    r = subprocess.run(CLI + ["smoke", "--local", "--model", str(model), "--tp", "4", "--vllm-bin", "/nonexistent"],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        CLI + ["smoke", "--local", "--model", str(model), "--tp", "4", "--vllm-bin", "/nonexistent"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
     assert "--tp 4" in r.stderr and "nvidia-smi reports 2" in r.stderr
-    r = subprocess.run(CLI + ["smoke", "--local", "--model", str(model), "--distributed-executor-backend", "nccl"],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    r = subprocess.run(
+        CLI + ["smoke", "--local", "--model", str(model), "--distributed-executor-backend", "nccl"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
     assert r.returncode == 2 and "--distributed-executor-backend" in r.stderr
 
 
 def test_ray_address_is_joined_without_starting_a_head(tmp_path):
     record = tmp_path / "record.json"
     messages: list[str] = []
-    rep = _local_run(tmp_path, record, messages, tp=2, distributed_executor_backend="ray",
-                     ray_address="127.0.0.1:6390")
+    rep = _local_run(tmp_path, record, messages, tp=2, distributed_executor_backend="ray", ray_address="127.0.0.1:6390")
     assert rep.passed, rep.failures
     seen = json.loads(record.read_text())
     assert seen["env"]["RAY_ADDRESS"] == "127.0.0.1:6390"
@@ -185,7 +219,7 @@ def _pid_alive(pid: int) -> bool:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return stat[stat.rfind(")") + 2:].split()[0] != "Z"
+    return stat[stat.rfind(")") + 2 :].split()[0] != "Z"
 
 
 @pytest.mark.slow

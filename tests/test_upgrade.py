@@ -26,8 +26,24 @@ pytestmark = pytest.mark.usefixtures("private_cache")
 def _snapshot(d: Path, make_site_packages, dists: list[str]) -> Path:
     sp = make_site_packages(d / "site-packages", dists)
     out = d / "base.json"
-    r = CliRunner().invoke(main, ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12",
-                                  "--glibc", "2.35", "--cuda", "13.0", "-o", str(out)], catch_exceptions=False)
+    r = CliRunner().invoke(
+        main,
+        [
+            "base",
+            "snapshot",
+            "--site-packages",
+            str(sp),
+            "--python",
+            "3.12",
+            "--glibc",
+            "2.35",
+            "--cuda",
+            "13.0",
+            "-o",
+            str(out),
+        ],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.output
     return out
 
@@ -35,8 +51,10 @@ def _snapshot(d: Path, make_site_packages, dists: list[str]) -> Path:
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory, make_site_packages) -> tuple[Path, Path]:
     d = tmp_path_factory.mktemp("upgrade-bases")
-    return (_snapshot(d / "a", make_site_packages, ["numpy==1.26.4", "purepkg==1.0.0"]),
-            _snapshot(d / "b", make_site_packages, ["numpy==2.1.0", "purepkg==1.0.0"]))
+    return (
+        _snapshot(d / "a", make_site_packages, ["numpy==1.26.4", "purepkg==1.0.0"]),
+        _snapshot(d / "b", make_site_packages, ["numpy==2.1.0", "purepkg==1.0.0"]),
+    )
 
 
 @pytest.fixture
@@ -52,16 +70,37 @@ def release(tmp_path):
 
 def _args(bases, release, b_tree, *extra):
     d, a = release
-    return ["upgrade", "--from", "1.0", "--to", "2.0", "--series", str(d), "--from-wheel", str(a),
-            "--to-wheel", str(b_tree), "--base-from", str(bases[0]), "--base-to", str(bases[1]),
-            "--no-default-overlay", "--no-index", *extra]
+    return [
+        "upgrade",
+        "--from",
+        "1.0",
+        "--to",
+        "2.0",
+        "--series",
+        str(d),
+        "--from-wheel",
+        str(a),
+        "--to-wheel",
+        str(b_tree),
+        "--base-from",
+        str(bases[0]),
+        "--base-to",
+        str(bases[1]),
+        "--no-default-overlay",
+        "--no-index",
+        *extra,
+    ]
 
 
 def test_clean_upgrade_exits_0_and_writes_nothing_without_o(bases, release, tmp_path, wheelhouse):
     b_tree = tree(tmp_path / "b-tree", A_MOD.replace('"""toy module."""\n', '"""toy module."""\n\nV = 2\n'))
     before = sorted(p.name for p in tmp_path.iterdir())
-    r = CliRunner().invoke(main, _args(bases, release, b_tree, "--find-links", str(wheelhouse),
-                                       "--with", "numpy2user==1.0.0", "--format", "json"))
+    r = CliRunner().invoke(
+        main,
+        _args(
+            bases, release, b_tree, "--find-links", str(wheelhouse), "--with", "numpy2user==1.0.0", "--format", "json"
+        ),
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     moves = {m["what"]: (m["old"], m["new"]) for m in doc["base"]["moves"]}
@@ -75,14 +114,28 @@ def test_clean_upgrade_exits_0_and_writes_nothing_without_o(bases, release, tmp_
 def test_gate_rejection_and_merged_patch_need_review_exit_1(bases, release, tmp_path, wheelhouse):
     b_tree = tree(tmp_path / "b-tree", A_MOD.replace("    a = x + 1\n", "    a = x + 1  # B\n", 1))
     out = tmp_path / "pr"
-    r = CliRunner().invoke(main, _args(bases, release, b_tree, "--find-links", str(wheelhouse),
-                                       "--with", "fakearrow==14.0.2", "--format", "markdown", "-o", str(out)))
+    r = CliRunner().invoke(
+        main,
+        _args(
+            bases,
+            release,
+            b_tree,
+            "--find-links",
+            str(wheelhouse),
+            "--with",
+            "fakearrow==14.0.2",
+            "--format",
+            "markdown",
+            "-o",
+            str(out),
+        ),
+    )
     assert r.exit_code == 1, r.output
     md = r.stdout
     assert "needs review: patch 0001-f.patch: merged; lock: abi-rejected" in md
     assert "| **numpy** | 1.26.4 | 2.1.0 |" in md
     assert "| `0001-f.patch` | **merged** |" in md
-    assert (out / "patches" / "toy" / "2.0" / "0001-f.patch").is_file()       # the candidate, for review
+    assert (out / "patches" / "toy" / "2.0" / "0001-f.patch").is_file()  # the candidate, for review
     assert not (out / "lockfiles" / "vllm-2.0" / "requirements.lock").exists()  # rejected: no lock written
     assert (out / "upgrade-1.0-2.0.md").read_text() == md
 
@@ -100,11 +153,19 @@ def test_base_moves_and_window_are_pure(bases):
     assert moves["numpy"].changed and not moves["python"].changed and "torch" not in moves
     import dataclasses
 
-    b2 = dataclasses.replace(b, os="Ubuntu 24.04 (nvidia/cuda:13.0.2-base-ubuntu24.04)", uv_overrides=["nccl==2"],
-                             lacks={"unversioned": {"deep-ep": "source-build: DeepEP"}})
+    b2 = dataclasses.replace(
+        b,
+        os="Ubuntu 24.04 (nvidia/cuda:13.0.2-base-ubuntu24.04)",
+        uv_overrides=["nccl==2"],
+        lacks={"unversioned": {"deep-ep": "source-build: DeepEP"}},
+    )
     moves = {m.what: m for m in U.base_moves(a, b2)}
-    assert (moves["OS"].new == "Ubuntu 24.04"
-            and moves["image uv overrides"] == U.Move("image uv overrides", None, "nccl==2"))
+    assert moves["OS"].new == "Ubuntu 24.04" and moves["image uv overrides"] == U.Move(
+        "image uv overrides", None, "nccl==2"
+    )
     assert moves["unversioned in the image"].new == "deep-ep"
     assert U.lock_changes({"x": "1", "y": "2"}, {"y": "3", "z": "1"}) == [
-        U.Move("x", "1", None), U.Move("y", "2", "3"), U.Move("z", None, "1")]
+        U.Move("x", "1", None),
+        U.Move("y", "2", "3"),
+        U.Move("z", None, "1"),
+    ]

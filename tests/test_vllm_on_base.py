@@ -22,8 +22,9 @@ def vllm_house(tmp_path_factory) -> Path:
     """A fake vllm 0.26.0 whose requirement chain needs numpy>=2 (as vllm's opencv-python-headless does),
     a fake vllm 0.27.0 that needs nothing, and a pure ray (no llm extra)."""
     d = tmp_path_factory.mktemp("vllmhouse")
-    write_wheel(d, "fake-opencv-headless", "4.13.0", "py3-none-any", {"fake_opencv/__init__.py": ""},
-                requires=["numpy>=2"])
+    write_wheel(
+        d, "fake-opencv-headless", "4.13.0", "py3-none-any", {"fake_opencv/__init__.py": ""}, requires=["numpy>=2"]
+    )
     write_wheel(d, "vllm", "0.26.0", "py3-none-any", {"vllm/__init__.py": ""}, requires=["fake-opencv-headless"])
     write_wheel(d, "vllm", "0.27.0", "py3-none-any", {"vllm/__init__.py": ""}, requires=["purepkg"])
     write_wheel(d, "purepkg", "1.0.0", "py3-none-any", {"purepkg/__init__.py": ""})
@@ -52,8 +53,9 @@ def _lock(base: Path, houses, *extra: str):
     return run("lock", "--base", str(base), "--no-default-overlay", "--no-index", *links, *extra)
 
 
-def test_vllm_alone_is_enough_to_refuse_the_numpy1_ray_base_with_the_evidence(raylike_base, wheelhouse, vllm_house,
-                                                                               tmp_path):
+def test_vllm_alone_is_enough_to_refuse_the_numpy1_ray_base_with_the_evidence(
+    raylike_base, wheelhouse, vllm_house, tmp_path
+):
     out = tmp_path / "r.lock"
     code, text = _lock(raylike_base, [wheelhouse, vllm_house], "--vllm", "0.26.0", "--with", "purepkg", "-o", str(out))
     assert code in (3, 4), text
@@ -70,8 +72,7 @@ def test_vllm_alone_is_enough_to_refuse_the_numpy1_ray_base_with_the_evidence(ra
     assert not out.exists()
 
 
-def test_vllm_added_to_a_base_without_one_is_in_the_lock_and_its_header(raylike_base, wheelhouse, vllm_house,
-                                                                          tmp_path):
+def test_vllm_added_to_a_base_without_one_is_in_the_lock_and_its_header(raylike_base, wheelhouse, vllm_house, tmp_path):
     out = tmp_path / "ok.lock"
     code, text = _lock(raylike_base, [wheelhouse, vllm_house], "--vllm", "0.27.0", "--with", "purepkg", "-o", str(out))
     assert code == 0, text
@@ -89,8 +90,9 @@ def test_vllm_added_to_a_base_without_one_is_in_the_lock_and_its_header(raylike_
 def test_a_base_with_another_vllm_is_refused_naming_both(wheelhouse, vllm_house, tmp_path):
     sp = install_into(tmp_path / "sp", ["vllm==0.27.0", "purepkg==1.0.0"], vllm_house)
     base = _snapshot(sp, tmp_path / "v27.json")
-    code, text = _lock(base, [wheelhouse, vllm_house], "--vllm", "0.26.0", "--with", "purepkg", "-o",
-                       str(tmp_path / "x.lock"))
+    code, text = _lock(
+        base, [wheelhouse, vllm_house], "--vllm", "0.26.0", "--with", "purepkg", "-o", str(tmp_path / "x.lock")
+    )
     assert code == 2, text
     assert "--vllm 0.26.0" in text and "ships vllm 0.27.0" in text
     assert not (tmp_path / "x.lock").exists()
@@ -112,8 +114,9 @@ def test_a_lock_on_another_base_never_replaces_the_lock_there(raylike_base, whee
     assert code == 2, text
     assert "was made on another base (example.invalid/vllm/vllm-openai:v0.27.0)" in text and "--force" in text
     assert lock.read_bytes() == before
-    code, text = _lock(standin, [wheelhouse, vllm_house], "--vllm", "0.27.0", "--with", "purepkg", "-o", str(lock),
-                       "--force")
+    code, text = _lock(
+        standin, [wheelhouse, vllm_house], "--vllm", "0.27.0", "--with", "purepkg", "-o", str(lock), "--force"
+    )
     assert code == 0, text
     assert load_lock(lock).header["base-ref"] == "standin.local/vllm/vllm-openai:v0.27.0"
 

@@ -44,6 +44,8 @@ def platform_option(*, several: bool = True, help_extra: str = ""):
     import click
 
     what = "OS/ARCH[,OS/ARCH]" if several else "OS/ARCH"
-    text = ("Target platform" + ("s, comma-separated" if several else "") + ": linux/amd64 (default) or "
-            "linux/arm64 (GH200, GB200/GB300)" + (", or both" if several else "") + "." + help_extra)
+    text = (
+        "Target platform" + ("s, comma-separated" if several else "") + ": linux/amd64 (default) or "
+        "linux/arm64 (GH200, GB200/GB300)" + (", or both" if several else "") + "." + help_extra
+    )
     return click.option("--platform", "platform", default=None, metavar=what, help=text)

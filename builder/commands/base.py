@@ -39,27 +39,62 @@ def command() -> None:
 
 @command.command("snapshot")
 @click.option("--image", "image", metavar="REF", help="Read a LOCAL image through the engine (never pulled).")
-@click.option("--site-packages", "site_packages", metavar="DIR", type=click.Path(path_type=Path),
-              help="Scan a site-packages directory on this machine (provenance: reconstructed).")
+@click.option(
+    "--site-packages",
+    "site_packages",
+    metavar="DIR",
+    type=click.Path(path_type=Path),
+    help="Scan a site-packages directory on this machine (provenance: reconstructed).",
+)
 @click.option("--python", "python", metavar="X.Y", help="Python version (default: read from the image / the path).")
-@click.option("--glibc", "glibc", metavar="X.Y",
-              help="glibc version (required with --site-packages; overrides the image's libc).")
-@click.option("--cuda", "cuda", metavar="X.Y",
-              help="CUDA version (default: the image's CUDA_VERSION / nvidia-cuda-runtime).")
+@click.option(
+    "--glibc", "glibc", metavar="X.Y", help="glibc version (required with --site-packages; overrides the image's libc)."
+)
+@click.option(
+    "--cuda", "cuda", metavar="X.Y", help="CUDA version (default: the image's CUDA_VERSION / nvidia-cuda-runtime)."
+)
 @click.option("--platform", "platform", metavar="P", help="uv --python-platform (default: x86_64-manylinux_<glibc>).")
-@click.option("--image-ref", "image_ref", metavar="REF",
-              help="With --site-packages: the image this directory stands for.")
+@click.option(
+    "--image-ref", "image_ref", metavar="REF", help="With --site-packages: the image this directory stands for."
+)
 @click.option("--os", "os_name", metavar="TEXT", help="With --site-packages: the OS of the image it stands for.")
-@click.option("--as-path", "as_path", metavar="PATH",
-              help="With --site-packages: the directory's path inside the image (recorded as python.site_packages).")
-@click.option("--method", "method", metavar="TEXT",
-              help="With --site-packages: exactly how the directory was produced (provenance).")
-@click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path, dir_okay=False),
-              help="Manifest file to write (JSON, atomically).")
+@click.option(
+    "--as-path",
+    "as_path",
+    metavar="PATH",
+    help="With --site-packages: the directory's path inside the image (recorded as python.site_packages).",
+)
+@click.option(
+    "--method",
+    "method",
+    metavar="TEXT",
+    help="With --site-packages: exactly how the directory was produced (provenance).",
+)
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Manifest file to write (JSON, atomically).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
 @click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote.")
-def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_name, as_path, method, output, as_json,
-             force=False):
+def snapshot(
+    image,
+    site_packages,
+    python,
+    glibc,
+    cuda,
+    platform,
+    image_ref,
+    os_name,
+    as_path,
+    method,
+    output,
+    as_json,
+    force=False,
+):
     """Write a base manifest from --image REF or --site-packages DIR.
 
     Exit codes: 0 written; 2 bad input (flags, a tree or image that is not readable, an -o file
@@ -70,23 +105,37 @@ def snapshot(image, site_packages, python, glibc, cuda, platform, image_ref, os_
     if bool(image) == bool(site_packages):
         raise BadInput("base snapshot: give exactly one of --image REF or --site-packages DIR.")
     if image and (image_ref or os_name or as_path or method):
-        raise BadInput("base snapshot: --image-ref, --os, --as-path and --method only apply to --site-packages "
-                       "(an image's facts are read from the image itself).")
+        raise BadInput(
+            "base snapshot: --image-ref, --os, --as-path and --method only apply to --site-packages "
+            "(an image's facts are read from the image itself)."
+        )
     if site_packages and not glibc:
-        raise BadInput(f"base snapshot --site-packages {site_packages}: --glibc X.Y is required "
-                       "(a directory does not say which C library it will run on).")
+        raise BadInput(
+            f"base snapshot --site-packages {site_packages}: --glibc X.Y is required "
+            "(a directory does not say which C library it will run on)."
+        )
 
     from builder.resolve.manifest import refuse_foreign_manifest
 
     refuse_foreign_manifest(output, force=force)
     with _reporter() as reporter:
         if image:
-            manifest = base.snapshot_image(image, python=python, glibc=glibc, cuda=cuda, platform=platform,
-                                           reporter=reporter)
+            manifest = base.snapshot_image(
+                image, python=python, glibc=glibc, cuda=cuda, platform=platform, reporter=reporter
+            )
         else:
             manifest = base.snapshot_site_packages(
-                site_packages, python=python, glibc=glibc, cuda=cuda, platform=platform, image_ref=image_ref,
-                os_name=os_name, site_packages_label=as_path, method=method, reporter=reporter)
+                site_packages,
+                python=python,
+                glibc=glibc,
+                cuda=cuda,
+                platform=platform,
+                image_ref=image_ref,
+                os_name=os_name,
+                site_packages_label=as_path,
+                method=method,
+                reporter=reporter,
+            )
     try:
         manifest.save(output)
     except OSError as exc:  # atomic: a manifest already there is untouched
@@ -144,14 +193,29 @@ def _local_recipe(vllm, sdist_path, source, accept_undecided, output, target):
 
 
 _LOCAL_SOURCES = [
-    click.option("--sdist", "sdist_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
-                 help="Read the build files from this vLLM sdist (a nightly, a fork) instead of the index's; "
-                      "the provenance names its sha256."),
-    click.option("--source", "source", type=click.Path(path_type=Path, file_okay=False), default=None,
-                 help="Read the build files from this vLLM git checkout; the provenance names its commit."),
-    click.option("--accept-undecided", "accept_undecided", multiple=True, metavar="FILE:LINE",
-                 help="Record this RUN line the reader cannot decide as a step replayed as nothing (in lacks) "
-                      "instead of exit 2."),
+    click.option(
+        "--sdist",
+        "sdist_path",
+        type=click.Path(path_type=Path, dir_okay=False),
+        default=None,
+        help="Read the build files from this vLLM sdist (a nightly, a fork) instead of the index's; "
+        "the provenance names its sha256.",
+    ),
+    click.option(
+        "--source",
+        "source",
+        type=click.Path(path_type=Path, file_okay=False),
+        default=None,
+        help="Read the build files from this vLLM git checkout; the provenance names its commit.",
+    ),
+    click.option(
+        "--accept-undecided",
+        "accept_undecided",
+        multiple=True,
+        metavar="FILE:LINE",
+        help="Record this RUN line the reader cannot decide as a step replayed as nothing (in lacks) "
+        "instead of exit 2.",
+    ),
 ]
 
 
@@ -162,18 +226,31 @@ def _with_local_sources(fn):
 
 
 @command.command("recipe")
-@click.option("--vllm", "vllm", default=None, metavar="VERSION",
-              help="The vLLM release whose image recipe is derived (with --sdist/--source: checked against it).")
+@click.option(
+    "--vllm",
+    "vllm",
+    default=None,
+    metavar="VERSION",
+    help="The vLLM release whose image recipe is derived (with --sdist/--source: checked against it).",
+)
 @_with_local_sources
 @click.option("--json", "as_json", is_flag=True, help="The recipe with every value's provenance as JSON on stdout.")
 @click.option("--write", is_flag=True, help="Write the release's table into the recipes file (generated, atomically).")
-@click.option("--recipes", "recipes", type=click.Path(path_type=Path, dir_okay=False),
-              help="Recipes file --write updates (default: lockfiles/base/recipes.toml).")
+@click.option(
+    "--recipes",
+    "recipes",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Recipes file --write updates (default: lockfiles/base/recipes.toml).",
+)
 @click.option("--force", is_flag=True, help="With --write: replace a --recipes file that build-image did not write.")
-@platform_option(several=False, help_extra=" The recipe is the release pipeline's step for that platform's image; "
-                 "its table goes to lockfiles/base/recipes-linux-arm64.toml.")
-def recipe_cmd(vllm, as_json, write, recipes, force=False, sdist_path=None, source=None, accept_undecided=(),
-               platform=None):
+@platform_option(
+    several=False,
+    help_extra=" The recipe is the release pipeline's step for that platform's image; "
+    "its table goes to lockfiles/base/recipes-linux-arm64.toml.",
+)
+def recipe_cmd(
+    vllm, as_json, write, recipes, force=False, sdist_path=None, source=None, accept_undecided=(), platform=None
+):
     """Derive vllm/vllm-openai:v<vllm>'s recipe from the release's sdist (Dockerfile, release pipeline,
     requirements): base image, OS, glibc, CUDA, Python, and every install step, each value with its
     file and line.  --sdist PATH or --source DIR read a nightly's or a fork's files instead.
@@ -196,8 +273,10 @@ def recipe_cmd(vllm, as_json, write, recipes, force=False, sdist_path=None, sour
     path = recipes or default_recipes_path(target)
     local = _local_build_files(vllm, sdist_path, source)
     if local is not None and write and recipes is None:
-        raise BadInput("--write with --sdist/--source needs --recipes FILE: the shipped recipes file holds "
-                       "the releases' own tables.")
+        raise BadInput(
+            "--write with --sdist/--source needs --recipes FILE: the shipped recipes file holds "
+            "the releases' own tables."
+        )
     if write:
         check_recipes_output(path, force=force)  # before the sdist is fetched: a user's file is never replaced
     tables = read_recipes_file(path)
@@ -205,8 +284,11 @@ def recipe_cmd(vllm, as_json, write, recipes, force=False, sdist_path=None, sour
         vllm = local.vllm
         recipe = derive(local, accept_undecided=accept_undecided, platform=target)
     else:
-        recipe = derive(sdist.load(vllm, sha256=(tables.get(vllm) or {}).get("sdist_sha256")),
-                        accept_undecided=accept_undecided, platform=target)
+        recipe = derive(
+            sdist.load(vllm, sha256=(tables.get(vllm) or {}).get("sdist_sha256")),
+            accept_undecided=accept_undecided,
+            platform=target,
+        )
     if write:
         write_recipe_table(path, vllm, recipe_table(recipe), force=force, platform=target)
     if as_json:
@@ -217,12 +299,15 @@ def recipe_cmd(vllm, as_json, write, recipes, force=False, sdist_path=None, sour
 
 def render_recipe_text(r) -> str:
     """The human-readable recipe (pure)."""
+
     def src(d) -> str:
         return ", ".join(map(str, d.where)) + (f"; {d.rule}" if d.rule else "")
 
-    lines = [f"{r.image}: recipe from {r.sdist.filename} (sha256 {r.sdist.sha256})",
-             f"  target {r.target}, pipeline step {r.pipeline_step.value!r} ({src(r.pipeline_step)})",
-             "  stages: " + " <- ".join(s.value.split(" FROM ")[0] for s in reversed(r.stages))]
+    lines = [
+        f"{r.image}: recipe from {r.sdist.filename} (sha256 {r.sdist.sha256})",
+        f"  target {r.target}, pipeline step {r.pipeline_step.value!r} ({src(r.pipeline_step)})",
+        "  stages: " + " <- ".join(s.value.split(" FROM ")[0] for s in reversed(r.stages)),
+    ]
     for key in ("final_base_image", "os", "glibc", "cuda", "python", "site_packages"):
         d = getattr(r, key)
         lines.append(f"  {key:<17}{d.value}   [{src(d)}]")
@@ -231,8 +316,9 @@ def render_recipe_text(r) -> str:
         lines.append("  build args: " + ", ".join(f"{k}={d.value}" for k, d in r.build_args))
     lines.append("  install steps (Dockerfile order):")
     for s in r.steps:
-        what = " ".join([*s.requirements, *(f"-r {f}" for f in s.requirement_files),
-                         *(f"-c {f}" for f in s.constraint_files)])
+        what = " ".join(
+            [*s.requirements, *(f"-r {f}" for f in s.requirement_files), *(f"-c {f}" for f in s.constraint_files)]
+        )
         extra = []
         if s.constrain_installed:
             extra.append("constrained to the installed " + ", ".join(s.constrain_installed))
@@ -254,8 +340,10 @@ def render_recipe_text(r) -> str:
             extra.append("on failure: " + s.fallback[:80] + ("..." if len(s.fallback) > 80 else ""))
         if s.note:
             extra.append(s.note)
-        lines.append(f"   {s.n:>2}. [{s.replay}] {s.installer} {'uninstall' if s.replay == 'uninstall' else 'install'} "
-                     f"{what}   ({s.where}, stage {s.stage})")
+        lines.append(
+            f"   {s.n:>2}. [{s.replay}] {s.installer} {'uninstall' if s.replay == 'uninstall' else 'install'} "
+            f"{what}   ({s.where}, stage {s.stage})"
+        )
         lines += [f"       {e}" for e in extra]
     lacks = r.lacks()
     lines.append("  a replay from the index knowingly lacks:")
@@ -267,32 +355,79 @@ def render_recipe_text(r) -> str:
 
 
 @command.command("reconstruct")
-@click.option("--vllm", "vllm", default=None, metavar="VERSION",
-              help="The vLLM release whose image is rebuilt (with --sdist/--source: checked against it).")
+@click.option(
+    "--vllm",
+    "vllm",
+    default=None,
+    metavar="VERSION",
+    help="The vLLM release whose image is rebuilt (with --sdist/--source: checked against it).",
+)
 @_with_local_sources
-@click.option("-o", "--output", "output", type=click.Path(path_type=Path, dir_okay=False),
-              help="Manifest file (default: lockfiles/base/vllm-openai-v<vllm>.json).")
-@click.option("--recipes", "recipes", type=click.Path(path_type=Path, dir_okay=False),
-              help="Recipes file (default: lockfiles/base/recipes.toml).")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Manifest file (default: lockfiles/base/vllm-openai-v<vllm>.json).",
+)
+@click.option(
+    "--recipes",
+    "recipes",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Recipes file (default: lockfiles/base/recipes.toml).",
+)
 @click.option("--find-links", "find_links", multiple=True, metavar="DIR", help="Extra wheel folder (uv --find-links).")
 @click.option("--no-index", is_flag=True, help="Only the --find-links folders (upload time = file modification time).")
-@click.option("--keep", "keep", type=click.Path(path_type=Path, file_okay=False),
-              help="Install into this (empty) directory and keep it (default: a scratch dir, removed).")
-@click.option("--refresh", is_flag=True,
-              help="Ask the index at every step (default: a release this uv cache already replayed online "
-                   "answers from that cache, asking the index only where it cannot).")
-@click.option("--check", is_flag=True,
-              help="Write nothing; exit 1 listing what differs when the replay is not the manifest file "
-                   "(-o or the shipped one), apart from the replay's day.")
+@click.option(
+    "--keep",
+    "keep",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Install into this (empty) directory and keep it (default: a scratch dir, removed).",
+)
+@click.option(
+    "--refresh",
+    is_flag=True,
+    help="Ask the index at every step (default: a release this uv cache already replayed online "
+    "answers from that cache, asking the index only where it cannot).",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Write nothing; exit 1 listing what differs when the replay is not the manifest file "
+    "(-o or the shipped one), apart from the replay's day.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable summary on stdout.")
 @click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote.")
-@click.option("--relax", "relax", multiple=True, metavar="NAME[EXTRA]",
-              help="Replay without this requirement (NAME: dropped and excluded from resolution) or these extras "
-                   "of it (NAME[EXTRA,...]), where no reachable index serves what it needs; recorded in lacks.")
-@platform_option(several=False, help_extra=" Replays the release pipeline's step for that platform's image with "
-                 "that platform's wheels (default -o: lockfiles/base/vllm-openai-v<vllm>-linux-arm64.json).")
-def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, force=False, refresh=False,
-                    check=False, relax=(), accept_undecided=(), sdist_path=None, source=None, platform=None):
+@click.option(
+    "--relax",
+    "relax",
+    multiple=True,
+    metavar="NAME[EXTRA]",
+    help="Replay without this requirement (NAME: dropped and excluded from resolution) or these extras "
+    "of it (NAME[EXTRA,...]), where no reachable index serves what it needs; recorded in lacks.",
+)
+@platform_option(
+    several=False,
+    help_extra=" Replays the release pipeline's step for that platform's image with "
+    "that platform's wheels (default -o: lockfiles/base/vllm-openai-v<vllm>-linux-arm64.json).",
+)
+def reconstruct_cmd(
+    vllm,
+    output,
+    recipes,
+    find_links,
+    no_index,
+    keep,
+    as_json,
+    force=False,
+    refresh=False,
+    check=False,
+    relax=(),
+    accept_undecided=(),
+    sdist_path=None,
+    source=None,
+    platform=None,
+):
     """Rebuild the Python layer of vllm/vllm-openai:v<vllm> by replaying its recipe's install steps
     in order, and write its manifest.
 
@@ -318,10 +453,20 @@ def reconstruct_cmd(vllm, output, recipes, find_links, no_index, keep, as_json, 
     out = output or default_base_manifest(vllm, target)
     old_text = _reconstruct_inputs(out, recipes, check=check, force=force)
     reporter = reporter_for(stderr_console()).scoped("reconstruct: ")
-    rec = reconstruct(vllm, recipes=recipes, find_links=list(find_links), no_index=no_index, keep=keep,
-                      reporter=reporter,
-                      refresh=refresh, relax=tuple(relax), accept_undecided=tuple(accept_undecided),
-                      recipe=recipe, files=local, platform=target)
+    rec = reconstruct(
+        vllm,
+        recipes=recipes,
+        find_links=list(find_links),
+        no_index=no_index,
+        keep=keep,
+        reporter=reporter,
+        refresh=refresh,
+        relax=tuple(relax),
+        accept_undecided=tuple(accept_undecided),
+        recipe=recipe,
+        files=local,
+        platform=target,
+    )
     if check:
         _reconstruct_check(rec, vllm, out, old_text, as_json)
         return
@@ -362,13 +507,23 @@ def _reconstruct_check(rec, vllm: str, out: Path, old_text: str, as_json: bool) 
     except ValueError as exc:
         raise BadInput(f"reconstruct --check: {out} is not JSON ({exc}).") from None
     if as_json:
-        emit_json({"manifest": str(out), "vllm": vllm, "same": not differs, "differences": differs,
-                   "uv_steps": rec.uv_steps, "timings": {k: round(v, 2) for k, v in rec.timings.items()}},
-                  sort_keys=True)
+        emit_json(
+            {
+                "manifest": str(out),
+                "vllm": vllm,
+                "same": not differs,
+                "differences": differs,
+                "uv_steps": rec.uv_steps,
+                "timings": {k: round(v, 2) for k, v in rec.timings.items()},
+            },
+            sort_keys=True,
+        )
     if differs:
-        raise VerdictFailure(f"the replay of vllm {vllm}'s image differs from {out} in {len(differs)} "
-                             f"place(s): " + "; ".join(differs[:20]) + ("; ..." if len(differs) > 20 else "")
-                             + ".", hint=f"build-image base reconstruct --vllm {vllm} rewrites it.")
+        raise VerdictFailure(
+            f"the replay of vllm {vllm}'s image differs from {out} in {len(differs)} "
+            f"place(s): " + "; ".join(differs[:20]) + ("; ..." if len(differs) > 20 else "") + ".",
+            hint=f"build-image base reconstruct --vllm {vllm} rewrites it.",
+        )
     if not as_json:
         click.echo(f"{out}: the replay of vllm {vllm}'s image gives this manifest (apart from the day)")
 
@@ -376,31 +531,51 @@ def _reconstruct_check(rec, vllm: str, out: Path, old_text: str, as_json: bool) 
 def _reconstruct_summary(rec, vllm: str, out: Path, as_json: bool) -> None:
     """What a written manifest holds and how long the replay took (``--json``: the same as a document)."""
     m = rec.manifest
-    summary = {"output": str(out), "vllm": vllm, "exclude_newer": rec.exclude_newer,
-               "vllm_uploaded": rec.uploaded.isoformat(), "distributions": len(m.distributions),
-               "binary": sum(1 for d in m.distributions.values() if d.facts.binary),
-               "sdist": rec.recipe.sdist.filename, "sdist_sha256": rec.recipe.sdist.sha256,
-               "steps": rec.steps, "unversioned": sorted(m.unversioned),
-               "timings": {k: round(v, 2) for k, v in rec.timings.items()}, "uv_steps": rec.uv_steps, **_row(m)}
+    summary = {
+        "output": str(out),
+        "vllm": vllm,
+        "exclude_newer": rec.exclude_newer,
+        "vllm_uploaded": rec.uploaded.isoformat(),
+        "distributions": len(m.distributions),
+        "binary": sum(1 for d in m.distributions.values() if d.facts.binary),
+        "sdist": rec.recipe.sdist.filename,
+        "sdist_sha256": rec.recipe.sdist.sha256,
+        "steps": rec.steps,
+        "unversioned": sorted(m.unversioned),
+        "timings": {k: round(v, 2) for k, v in rec.timings.items()},
+        "uv_steps": rec.uv_steps,
+        **_row(m),
+    }
     if as_json:
         emit_json(summary, sort_keys=True)
         return
     done = sum(1 for s in rec.steps if s["action"] != "skip")
-    click.echo(f"wrote {out}: {summary['distributions']} distributions ({summary['binary']} binary); torch "
-               f"{summary['torch']}, numpy {summary['numpy']}, CUDA {m.cuda}, Python {m.python_version}, glibc "
-               f"{m.glibc}; {done} of {len(rec.steps)} steps replayed; exclude-newer {rec.exclude_newer} (vllm "
-               f"{vllm} uploaded {rec.uploaded.isoformat()}); install {rec.timings['install']:.1f} s "
-               f"({rec.uv_steps.get('offline', 0)} step(s) from uv's cache, {rec.uv_steps.get('online', 0)} "
-               f"asking the index), scan {rec.timings['scan']:.1f} s")
+    click.echo(
+        f"wrote {out}: {summary['distributions']} distributions ({summary['binary']} binary); torch "
+        f"{summary['torch']}, numpy {summary['numpy']}, CUDA {m.cuda}, Python {m.python_version}, glibc "
+        f"{m.glibc}; {done} of {len(rec.steps)} steps replayed; exclude-newer {rec.exclude_newer} (vllm "
+        f"{vllm} uploaded {rec.uploaded.isoformat()}); install {rec.timings['install']:.1f} s "
+        f"({rec.uv_steps.get('offline', 0)} step(s) from uv's cache, {rec.uv_steps.get('online', 0)} "
+        f"asking the index), scan {rec.timings['scan']:.1f} s"
+    )
+
 
 def _row(m) -> dict:
     def v(name: str) -> str | None:
         d = m.get(name)
         return d.version if d is not None else None
 
-    return {"torch": v("torch"), "torchvision": v("torchvision"), "cuda": m.cuda, "python": m.python_version,
-            "glibc": m.glibc, "numpy": v("numpy"), "transformers": v("transformers"),
-            "flashinfer": v("flashinfer-python"), "os": m.os}
+    return {
+        "torch": v("torch"),
+        "torchvision": v("torchvision"),
+        "cuda": m.cuda,
+        "python": m.python_version,
+        "glibc": m.glibc,
+        "numpy": v("numpy"),
+        "transformers": v("transformers"),
+        "flashinfer": v("flashinfer-python"),
+        "os": m.os,
+    }
 
 
 @command.command("list")
@@ -428,20 +603,39 @@ def list_cmd(as_json):
             backend = lock.header.get("serve-backend")
             entries = len(lock.entries)
         recipe = m.provenance_recipe or {}
-        rows.append({"vllm": vllm, **_row(m), "ray": ray, "serve_backend": backend, "lock_entries": entries,
-                     "provenance": m.provenance_kind, "manifest": str(default_base_manifest(vllm)),
-                     "lock": str(lock_path) if lock_path.exists() else None,
-                     "sdist": (recipe.get("sdist") or {}).get("filename"),
-                     "sdist_sha256": (recipe.get("sdist") or {}).get("sha256"),
-                     "steps": len(recipe.get("steps") or []), "unversioned": sorted(m.unversioned)})
+        rows.append(
+            {
+                "vllm": vllm,
+                **_row(m),
+                "ray": ray,
+                "serve_backend": backend,
+                "lock_entries": entries,
+                "provenance": m.provenance_kind,
+                "manifest": str(default_base_manifest(vllm)),
+                "lock": str(lock_path) if lock_path.exists() else None,
+                "sdist": (recipe.get("sdist") or {}).get("filename"),
+                "sdist_sha256": (recipe.get("sdist") or {}).get("sha256"),
+                "steps": len(recipe.get("steps") or []),
+                "unversioned": sorted(m.unversioned),
+            }
+        )
     if as_json:
         emit_json(rows)
         return
     for r in rows:
         r["os_short"] = (r["os"] or "").split(" (")[0] or None
-    cols = [("vllm", "vllm"), ("torch", "torch"), ("cuda", "CUDA"), ("python", "Python"), ("os_short", "OS"),
-            ("glibc", "glibc"), ("numpy", "numpy"), ("transformers", "transformers"), ("ray", "default ray"),
-            ("serve_backend", "Serve backend")]
+    cols = [
+        ("vllm", "vllm"),
+        ("torch", "torch"),
+        ("cuda", "CUDA"),
+        ("python", "Python"),
+        ("os_short", "OS"),
+        ("glibc", "glibc"),
+        ("numpy", "numpy"),
+        ("transformers", "transformers"),
+        ("ray", "default ray"),
+        ("serve_backend", "Serve backend"),
+    ]
     table = [[h for _, h in cols]] + [[str(r[k] or "-") for k, _ in cols] for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     for row in table:

@@ -18,12 +18,17 @@ from builder.spec import load_spec
 @click.command("build")
 @click.argument("context", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--vllm", "vllm", default=None, metavar="VERSION", help="Picks the default context build/vllm-<v>.")
-@click.option("--tag", "repo", metavar="REPO",
-              help="Image repository (default: spec 'repo', else build-image/vllm-serving).")
+@click.option(
+    "--tag", "repo", metavar="REPO", help="Image repository (default: spec 'repo', else build-image/vllm-serving)."
+)
 @click.option("--spec", "spec_file", metavar="FILE", type=click.Path(dir_okay=False), help="Spec file.")
 @click.option("--pull", is_flag=True, help="Let the engine pull a base image it does not have (default: refuse).")
-@click.option("--platform", "platform", metavar="OS/ARCH[,OS/ARCH]",
-              help="Of a multi-platform context, build only these (default: every platform it was rendered for).")
+@click.option(
+    "--platform",
+    "platform",
+    metavar="OS/ARCH[,OS/ARCH]",
+    help="Of a multi-platform context, build only these (default: every platform it was rendered for).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
 def command(context, vllm, repo, spec_file, pull, platform, as_json):
     """Build CONTEXT (default build/vllm-<v>) with BuildKit, --network=none, and tag it.
@@ -55,9 +60,16 @@ def command(context, vllm, repo, spec_file, pull, platform, as_json):
     note = source_date_epoch_note(ctx.out_dir)
     if note:
         console.print(note, markup=False, highlight=False)
-    built = build_image(ctx.out_dir, ctx.tags, vllm=ctx.vllm, lock_hash=ctx.lock_hash, base_refs=ctx.base_refs,
-                        pull=pull, reporter=reporter_for(console, as_json=as_json).scoped("build: "),
-                        platform=locked_for)
+    built = build_image(
+        ctx.out_dir,
+        ctx.tags,
+        vllm=ctx.vllm,
+        lock_hash=ctx.lock_hash,
+        base_refs=ctx.base_refs,
+        pull=pull,
+        reporter=reporter_for(console, as_json=as_json).scoped("build: "),
+        platform=locked_for,
+    )
     print_warnings(console, built)
     if as_json:
         emit_json(built.to_dict())
@@ -91,8 +103,10 @@ def build_multi(out: Path, repo: str | None, platform: str | None, *, pull: bool
         click.echo(f"built {b.platform} {b.image_id} ({(b.size_bytes or 0) / 1e6:.1f} MB) in {b.seconds}s")
         for t in b.tags:
             click.echo(f"  tagged {t}")
-    click.echo(f"`build-image push` makes the index {', '.join(built.index_tags)} of "
-               f"{', '.join(str(b.platform) for b in built.builds)}")
+    click.echo(
+        f"`build-image push` makes the index {', '.join(built.index_tags)} of "
+        f"{', '.join(str(b.platform) for b in built.builds)}"
+    )
 
 
 def source_date_epoch_note(context: Path) -> str | None:
@@ -114,6 +128,8 @@ def source_date_epoch_note(context: Path) -> str | None:
     have = m.group(1) if m else None
     if have == want:
         return None
-    return (f"note: SOURCE_DATE_EPOCH={os.environ['SOURCE_DATE_EPOCH']} ({want}) is ignored by build: the context "
-            f"{context} was rendered with created={have or 'unknown'}, and render fixes that time. Re-render with "
-            "SOURCE_DATE_EPOCH set (build-image render) to build an image with it.")
+    return (
+        f"note: SOURCE_DATE_EPOCH={os.environ['SOURCE_DATE_EPOCH']} ({want}) is ignored by build: the context "
+        f"{context} was rendered with created={have or 'unknown'}, and render fixes that time. Re-render with "
+        "SOURCE_DATE_EPOCH set (build-image render) to build an image with it."
+    )

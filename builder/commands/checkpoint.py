@@ -47,11 +47,21 @@ def command():
 
 @command.command("verify")
 @click.argument("directory", type=click.Path(file_okay=True, dir_okay=True))
-@click.option("--sha256", "sums_file", default=None, metavar="FILE",
-              help="sha256sum-format sums (HEX  NAME, names relative to DIR); every shard must be listed.")
-@click.option("--hf-cache", "hf_cache", default=None, metavar="DIR",
-              help="Compare with what a Hugging Face download recorded: the hub cache (or its models--* folder) "
-                   "whose blobs the snapshot DIR links to, or DIR itself for a --local-dir download.")
+@click.option(
+    "--sha256",
+    "sums_file",
+    default=None,
+    metavar="FILE",
+    help="sha256sum-format sums (HEX  NAME, names relative to DIR); every shard must be listed.",
+)
+@click.option(
+    "--hf-cache",
+    "hf_cache",
+    default=None,
+    metavar="DIR",
+    help="Compare with what a Hugging Face download recorded: the hub cache (or its models--* folder) "
+    "whose blobs the snapshot DIR links to, or DIR itself for a --local-dir download.",
+)
 @click.option("--jobs", "-j", type=int, default=None, help="Files hashed at once (default: usable CPUs, at most 8).")
 @click.option("--rehash", is_flag=True, help="Hash every file again, ignoring the cache of digests already verified.")
 @click.option("--strict", is_flag=True, help="Warnings (a shard outside the index, ...) make it NOT READY too.")
@@ -78,8 +88,10 @@ def verify(directory, sums_file, hf_cache, jobs, rehash, strict, as_json):
         plan = ContentPlan(expected, problems, f"the Hugging Face download records ({hf_cache})")
     if plan is not None:
         if rep.errors:
-            rep.content = {"checked": False,
-                           "skipped": "structural problems: fix those first (hashing would not make it ready)"}
+            rep.content = {
+                "checked": False,
+                "skipped": "structural problems: fix those first (hashing would not make it ready)",
+            }
         else:
             cache = HashCache()  # --rehash: nothing is read from it, every digest is still stored
             if rehash:
@@ -87,8 +99,11 @@ def verify(directory, sums_file, hf_cache, jobs, rehash, strict, as_json):
             try:
                 content, problems = _hash(inv, plan, hasher, cache, quiet=as_json)
             except KeyboardInterrupt:
-                click.echo("checkpoint verify: interrupted; the digests finished so far are kept, "
-                           "a re-run hashes only the rest.", err=True)
+                click.echo(
+                    "checkpoint verify: interrupted; the digests finished so far are kept, "
+                    "a re-run hashes only the rest.",
+                    err=True,
+                )
                 sys.exit(130)
             rep.problems += problems
             rep.content = content
@@ -110,8 +125,11 @@ def not_ready_message(directory, rep, strict: bool) -> str:
     n = len(rep.errors) + (len(rep.warnings) if strict else 0)
     text = f"{first.file}: {first.message}"
     text = text if len(text) <= 300 else text[:300] + "…"
-    return (f"checkpoint {directory} is NOT READY: {n} problem(s), listed above; the first: {text}" if n > 1
-            else f"checkpoint {directory} is NOT READY: {text}")
+    return (
+        f"checkpoint {directory} is NOT READY: {n} problem(s), listed above; the first: {text}"
+        if n > 1
+        else f"checkpoint {directory} is NOT READY: {text}"
+    )
 
 
 def _hash(inv, plan, hasher, cache, *, quiet: bool):

@@ -56,11 +56,14 @@ class Git:
         return p.stdout
 
     def commit(self, rev: str) -> str:
-        out = self._run("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", what=f"resolve {rev!r}",
-                        ok_codes=(0, 1))
+        out = self._run(
+            "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", what=f"resolve {rev!r}", ok_codes=(0, 1)
+        )
         if not out.strip():
-            raise BadInput(f"`diff --git`: {rev!r} is not a revision of this repository.",
-                           hint="fetch it first (e.g. `git fetch origin main`) or check the spelling.")
+            raise BadInput(
+                f"`diff --git`: {rev!r} is not a revision of this repository.",
+                hint="fetch it first (e.g. `git fetch origin main`) or check the spelling.",
+            )
         return out.decode().strip()
 
     def merge_base(self, a: str, b: str) -> str:
@@ -143,8 +146,10 @@ def _manifest_from_text(text: str, where: str, lock, notes: list[str]):
     want = lock.header.get("base-manifest-sha256")
     got = sha256_bytes(text.encode("utf-8"))
     if want and want not in ("-", got):
-        notes.append(f"base manifest {where} differs from the one the lock was made with "
-                     f"(base-manifest-sha256 {want[:12]}…, file {got[:12]}…); used anyway.")
+        notes.append(
+            f"base manifest {where} differs from the one the lock was made with "
+            f"(base-manifest-sha256 {want[:12]}…, file {got[:12]}…); used anyway."
+        )
     return m
 
 
@@ -160,8 +165,12 @@ def _file_manifest(lock, lock_path: Path, explicit: Path | None, notes: list[str
         return None, None
     name = _manifest_name(vllm, lock)
     here = lock_path.resolve().parent  # lockfiles/vllm-X/ (or lockfiles/vllm-X/linux-arm64/)
-    for cand in (here.parent / "base" / name, here.parent.parent / "base" / name, Path("lockfiles/base") / name,
-                 data_path("lockfiles/base") / name):
+    for cand in (
+        here.parent / "base" / name,
+        here.parent.parent / "base" / name,
+        Path("lockfiles/base") / name,
+        data_path("lockfiles/base") / name,
+    ):
         if cand.is_file():
             return _manifest_from_text(cand.read_text(encoding="utf-8"), str(cand), lock, notes), str(cand)
     return None, None
@@ -195,8 +204,15 @@ def _diff_files(old: str, new: str, base_manifest: Path | None, fail_on_allowed:
     old_m, _ = _file_manifest(sides[0][1], Path(old), base_manifest, [])
     new_m, new_src = _file_manifest(sides[1][1], Path(new), base_manifest, notes)
     d = diff_locks(
-        sides[0][1], sides[1][1], old_base=old_m, new_base=new_m,
-        path=new, old_label=old, new_label=new, old_text=sides[0][0], new_text=sides[1][0],
+        sides[0][1],
+        sides[1][1],
+        old_base=old_m,
+        new_base=new_m,
+        path=new,
+        old_label=old,
+        new_label=new,
+        old_text=sides[0][0],
+        new_text=sides[1][0],
         fail_on_allowed=fail_on_allowed,
         base_source={"kind": "manifest", "manifest": new_src} if new_m else None,
     )
@@ -219,14 +235,20 @@ def _diff_git(spec: str, paths: tuple[str, ...], base_manifest: Path | None, fai
         from builder.resolve.pylock import is_pylock_path
 
         for p, given in zip(scope, paths):
-            if (not (p.endswith(".lock") or is_pylock_path(p))
-                    and (git.show(ca, p) is not None or git.show(cb, p) is not None)):
-                raise BadInput(f"`diff --git {spec}`: {given} is a file but not a lock (*.lock, pylock.toml); "
-                               "name a lock, or a folder holding locks.")
+            if not (p.endswith(".lock") or is_pylock_path(p)) and (
+                git.show(ca, p) is not None or git.show(cb, p) is not None
+            ):
+                raise BadInput(
+                    f"`diff --git {spec}`: {given} is a file but not a lock (*.lock, pylock.toml); "
+                    "name a lock, or a folder holding locks."
+                )
         # An explicit PATH that is a file is always compared (even if unchanged: "no changes").
         for p in scope:
-            if ((p.endswith(".lock") or is_pylock_path(p)) and p not in changed
-                    and (git.show(ca, p) is not None or git.show(cb, p) is not None)):
+            if (
+                (p.endswith(".lock") or is_pylock_path(p))
+                and p not in changed
+                and (git.show(ca, p) is not None or git.show(cb, p) is not None)
+            ):
                 changed.append(p)
         if not changed and all(p.endswith(".lock") or is_pylock_path(p) for p in scope):
             raise BadInput(f"`diff --git {spec}`: {', '.join(paths)} exists in neither revision.")
@@ -245,8 +267,15 @@ def _diff_git(spec: str, paths: tuple[str, ...], base_manifest: Path | None, fai
         old_m = _git_manifest(git, ca, a, sides[0][1], base_manifest, [])[0] if sides[0][1] else None
         new_m, new_src = _git_manifest(git, cb, b, sides[1][1], base_manifest, notes) if sides[1][1] else (None, None)
         d = diff_locks(
-            sides[0][1], sides[1][1], old_base=old_m, new_base=new_m, path=path,
-            old_label=a, new_label=b, old_text=sides[0][0], new_text=sides[1][0],
+            sides[0][1],
+            sides[1][1],
+            old_base=old_m,
+            new_base=new_m,
+            path=path,
+            old_label=a,
+            new_label=b,
+            old_text=sides[0][0],
+            new_text=sides[1][0],
             fail_on_allowed=fail_on_allowed,
             base_source={"kind": "manifest", "manifest": new_src} if new_m else None,
         )
@@ -279,28 +308,67 @@ def render(diffs, fmt: str, color: bool) -> str:
 
 @click.command("diff")
 @click.argument("paths", nargs=-1, metavar="[OLD NEW | PATH...]")
-@click.option("--git", "git_revs", metavar="BASE[..HEAD]",
-              help="Compare locks across git revisions (A..B, A...B for the merge base, A alone = A..HEAD). "
-                   "PATHs narrow the search (default: every *.lock under lockfiles/).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="text", show_default=True,
-              help="text (colour on a terminal), markdown (a PR comment) or json (schema build-image/lock-diff/v1).")
+@click.option(
+    "--git",
+    "git_revs",
+    metavar="BASE[..HEAD]",
+    help="Compare locks across git revisions (A..B, A...B for the merge base, A alone = A..HEAD). "
+    "PATHs narrow the search (default: every *.lock under lockfiles/).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMATS),
+    default="text",
+    show_default=True,
+    help="text (colour on a terminal), markdown (a PR comment) or json (schema build-image/lock-diff/v1).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
-@click.option("--textconv", "textconv_file", metavar="FILE", type=click.Path(dir_okay=False),
-              help="Print FILE as a stable one-line-per-package summary (for git's diff textconv) and exit.")
-@click.option("--base-manifest", type=click.Path(dir_okay=False, path_type=Path),
-              help="Base manifest to judge both locks against (default: lockfiles/base/vllm-openai-v<vllm>.json "
-                   "of each side, else rebuilt from the lock).")
-@click.option("--fail-on-allowed", is_flag=True,
-              help="Exit 1 also for group-1 changes the lock header allows (allow-abi-change).")
-@click.option("--color/--no-color", default=None,
-              help="Force colour on/off (default: on for a terminal, off with NO_COLOR).")
-@click.option("--max-chars", "max_chars", type=click.IntRange(min=1024), metavar="N",
-              help="Markdown: cut the report to at most N characters (UTF-16 units, as GitHub counts; a PR comment "
-                   "holds 65,536), closing open blocks and ending with a pointer to the full report.")
-@click.option("--full-report", "full_report", metavar="TEXT",
-              help="With --max-chars: where the full report is (e.g. the workflow run's summary URL).")
-def command(paths, git_revs, fmt, as_json, textconv_file, base_manifest, fail_on_allowed, color, max_chars=None,
-            full_report=None):
+@click.option(
+    "--textconv",
+    "textconv_file",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Print FILE as a stable one-line-per-package summary (for git's diff textconv) and exit.",
+)
+@click.option(
+    "--base-manifest",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Base manifest to judge both locks against (default: lockfiles/base/vllm-openai-v<vllm>.json "
+    "of each side, else rebuilt from the lock).",
+)
+@click.option(
+    "--fail-on-allowed", is_flag=True, help="Exit 1 also for group-1 changes the lock header allows (allow-abi-change)."
+)
+@click.option(
+    "--color/--no-color", default=None, help="Force colour on/off (default: on for a terminal, off with NO_COLOR)."
+)
+@click.option(
+    "--max-chars",
+    "max_chars",
+    type=click.IntRange(min=1024),
+    metavar="N",
+    help="Markdown: cut the report to at most N characters (UTF-16 units, as GitHub counts; a PR comment "
+    "holds 65,536), closing open blocks and ending with a pointer to the full report.",
+)
+@click.option(
+    "--full-report",
+    "full_report",
+    metavar="TEXT",
+    help="With --max-chars: where the full report is (e.g. the workflow run's summary URL).",
+)
+def command(
+    paths,
+    git_revs,
+    fmt,
+    as_json,
+    textconv_file,
+    base_manifest,
+    fail_on_allowed,
+    color,
+    max_chars=None,
+    full_report=None,
+):
     """Review a lock change: ABI-aware groups, most dangerous first.
 
     \b
@@ -341,7 +409,8 @@ def command(paths, git_revs, fmt, as_json, textconv_file, base_manifest, fail_on
         names = sorted({c.name for d in dangerous for c in d.group(1) if c.allowed is None or fail_on_allowed})
         edited = [d.path or d.new_label for d in dangerous if d.hand_edited]
         why = ([f"the ABI gate would reject {', '.join(names)}"] if names else []) + (
-            [f"{', '.join(edited)}: not what `build-image lock` wrote (hand-edited or truncated)"] if edited else [])
+            [f"{', '.join(edited)}: not what `build-image lock` wrote (hand-edited or truncated)"] if edited else []
+        )
         raise VerdictFailure(f"dangerous lock change: {'; '.join(why)}.")
 
 

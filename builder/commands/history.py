@@ -19,18 +19,27 @@ def render_text(res: dict) -> str:
         what = (e.get("verdict") or {}).get("summary") if e["action"] == "promote" else f"undoes entry {e['undoes']}"
         if e["action"] == "promote" and e.get("forced"):
             what = f"FORCED: {e.get('reason')}"
-        status = {"done": "moved", "not-moved": "NOT moved (the tag stayed)",
-                  "unconfirmed": "UNCONFIRMED (the registry stopped answering)",
-                  "moving": "moving"}[e["status"]]
-        lines.append(f"  #{e['id']} {e['time']} {e['action']:<8} {e.get('from') or '(new tag)'} -> {e['to']}  "
-                     f"[{status}]  {what or ''}".rstrip())
+        status = {
+            "done": "moved",
+            "not-moved": "NOT moved (the tag stayed)",
+            "unconfirmed": "UNCONFIRMED (the registry stopped answering)",
+            "moving": "moving",
+        }[e["status"]]
+        lines.append(
+            f"  #{e['id']} {e['time']} {e['action']:<8} {e.get('from') or '(new tag)'} -> {e['to']}  "
+            f"[{status}]  {what or ''}".rstrip()
+        )
     return "\n".join(lines) + "\n"
 
 
 @click.command("history")
 @click.argument("target", metavar="REPO:TAG")
-@click.option("--history", "history_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="The tag's history file (default: $XDG_STATE_HOME/build-image/cutover/HOST/REPO/TAG.json).")
+@click.option(
+    "--history",
+    "history_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The tag's history file (default: $XDG_STATE_HOME/build-image/cutover/HOST/REPO/TAG.json).",
+)
 @click.option("--json", "as_json", is_flag=True, help="The whole history (with recorded configs and manifests).")
 def command(target, history_file, as_json):
     """List REPO:TAG's promotions and rollbacks with their verdicts; an entry a failed registry left unconfirmed
@@ -43,8 +52,7 @@ def command(target, history_file, as_json):
     from builder.serving.cutover import show_history
 
     console = stderr_console()
-    res = show_history(target, history_file=history_file,
-                       reporter=reporter_for(console).scoped("history: "))
+    res = show_history(target, history_file=history_file, reporter=reporter_for(console).scoped("history: "))
     if as_json:
         emit_json(res)
     else:

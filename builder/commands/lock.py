@@ -51,34 +51,74 @@ def _say_factory(quiet: bool):
 
 @click.command("lock")
 @click.option("--vllm", "vllm", metavar="VERSION", help="vLLM version of the base (default: spec, else 0.26.0).")
-@click.option("--with", "with_", multiple=True, metavar="REQ",
-              help="Overlay requirement (repeatable), added to ray[serve]. Naming a base distribution "
-                   "releases its pin.")
-@click.option("--base", "base", metavar="REF_OR_MANIFEST",
-              help="Base manifest (.json) or a LOCAL image ref to snapshot (default: "
-                   "lockfiles/base/vllm-openai-v<vllm>.json).")
-@click.option("--spec", "spec_path", metavar="FILE", type=click.Path(path_type=Path),
-              help="Spec file (default: ./build-image.toml when present). Flags win.")
-@click.option("-o", "--output", "output", metavar="FILE",
-              help="Lock file (default: lockfiles/vllm-<vllm>/requirements.lock).")
+@click.option(
+    "--with",
+    "with_",
+    multiple=True,
+    metavar="REQ",
+    help="Overlay requirement (repeatable), added to ray[serve]. Naming a base distribution releases its pin.",
+)
+@click.option(
+    "--base",
+    "base",
+    metavar="REF_OR_MANIFEST",
+    help="Base manifest (.json) or a LOCAL image ref to snapshot (default: lockfiles/base/vllm-openai-v<vllm>.json).",
+)
+@click.option(
+    "--spec",
+    "spec_path",
+    metavar="FILE",
+    type=click.Path(path_type=Path),
+    help="Spec file (default: ./build-image.toml when present). Flags win.",
+)
+@click.option(
+    "-o", "--output", "output", metavar="FILE", help="Lock file (default: lockfiles/vllm-<vllm>/requirements.lock)."
+)
 @click.option("--check", is_flag=True, help="Exit 5 when the lock is stale against its inputs; write nothing.")
 @click.option("--upgrade", is_flag=True, help="Resolve again even when the lock is up to date with its inputs.")
-@click.option("--allow-abi-change", "allow_names", multiple=True, metavar="NAME",
-              help="Accept a gate violation for NAME (repeatable; needs --reason, recorded in the lock header).")
+@click.option(
+    "--allow-abi-change",
+    "allow_names",
+    multiple=True,
+    metavar="NAME",
+    help="Accept a gate violation for NAME (repeatable; needs --reason, recorded in the lock header).",
+)
 @click.option("--reason", "reasons", multiple=True, metavar="TEXT", help="Why the ABI change is acceptable.")
 @click.option("--find-links", "find_links", multiple=True, metavar="DIR", help="Extra wheel folder (uv --find-links).")
 @click.option("--no-index", is_flag=True, help="Do not use PyPI: only --find-links folders.")
-@click.option("--exclude-newer", "exclude_newer", metavar="DATE",
-              help="Ignore files uploaded after DATE (uv --exclude-newer).")
+@click.option(
+    "--exclude-newer", "exclude_newer", metavar="DATE", help="Ignore files uploaded after DATE (uv --exclude-newer)."
+)
 @click.option("--no-default-overlay", is_flag=True, help="Do not add ray[serve] to the overlay.")
-@click.option("--force", is_flag=True,
-              help="Replace a lock whose header names another base, or an -o file that is not a build-image lock.")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace a lock whose header names another base, or an -o file that is not a build-image lock.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-@platform_option(help_extra=" Each platform is locked on its own base manifest into its own lock "
-                 "(lockfiles/vllm-<vllm>/linux-arm64/requirements.lock), with uv's target platform for that "
-                 "machine at the base's glibc.")
-def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
-            exclude_newer, no_default_overlay, as_json, force=False, platform=None):
+@platform_option(
+    help_extra=" Each platform is locked on its own base manifest into its own lock "
+    "(lockfiles/vllm-<vllm>/linux-arm64/requirements.lock), with uv's target platform for that "
+    "machine at the base's glibc."
+)
+def command(
+    vllm,
+    with_,
+    base,
+    spec_path,
+    output,
+    check,
+    upgrade,
+    allow_names,
+    reasons,
+    find_links,
+    no_index,
+    exclude_newer,
+    no_default_overlay,
+    as_json,
+    force=False,
+    platform=None,
+):
     """Resolve ray[serve] + --with on top of the base image, run the ABI gate, write a hash-pinned lock.
 
     The default overlay's ray is the newest whose ray[llm] extra pins the base's vllm (else the newest
@@ -90,24 +130,60 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
     download / sha256 failure, 12 uv failed.  With --json every outcome is a JSON document on stdout.
     """
     try:
-        _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
-              exclude_newer, no_default_overlay, as_json, force, platform)
+        _lock(
+            vllm,
+            with_,
+            base,
+            spec_path,
+            output,
+            check,
+            upgrade,
+            allow_names,
+            reasons,
+            find_links,
+            no_index,
+            exclude_newer,
+            no_default_overlay,
+            as_json,
+            force,
+            platform,
+        )
     except AbiRejected as exc:
         if as_json and getattr(exc, "gate", None) is not None:
-            _emit(True, {"status": "abi-rejected", "written": False, "exit_code": exc.exit_code,
-                         "error": exc.title, "message": exc.message, "gate": exc.gate.to_dict()}, "")
+            _emit(
+                True,
+                {
+                    "status": "abi-rejected",
+                    "written": False,
+                    "exit_code": exc.exit_code,
+                    "error": exc.title,
+                    "message": exc.message,
+                    "gate": exc.gate.to_dict(),
+                },
+                "",
+            )
             exc.json_emitted = True
         raise
     except BuildImageError as exc:
         # --json: every outcome is a JSON document on stdout (the message stays on stderr)
         if as_json and not getattr(exc, "json_emitted", False):
-            doc = {"status": _ERROR_STATUS.get(type(exc), "error"), "written": False,
-                   "exit_code": exc.exit_code, "error": exc.title, "message": exc.message,
-                   "hint": exc.hint, "details": exc.details}
+            doc = {
+                "status": _ERROR_STATUS.get(type(exc), "error"),
+                "written": False,
+                "exit_code": exc.exit_code,
+                "error": exc.title,
+                "message": exc.message,
+                "hint": exc.hint,
+                "details": exc.details,
+            }
             moves = getattr(exc, "pin_moves", None)
             if moves is not None:  # every base pin that must move, for CI to read
-                doc["pin_moves"] = {"resolves": moves.resolves, "with": moves.with_line, "blocked": moves.blocked,
-                                    "moves": [{"name": n, "base": o, "to": v} for n, o, v in moves.moves]}
+                doc["pin_moves"] = {
+                    "resolves": moves.resolves,
+                    "with": moves.with_line,
+                    "blocked": moves.blocked,
+                    "moves": [{"name": n, "base": o, "to": v} for n, o, v in moves.moves],
+                }
             _emit(True, doc, "")
         raise
 
@@ -115,15 +191,37 @@ def command(vllm, with_, base, spec_path, output, check, upgrade, allow_names, r
 _ERROR_STATUS = {BadInput: "bad-input", StaleLock: "stale", Unsatisfiable: "unsatisfiable", AbiRejected: "abi-rejected"}
 
 
-def _lock(vllm, with_, base, spec_path, output, check, upgrade, allow_names, reasons, find_links, no_index,
-          exclude_newer, no_default_overlay, as_json, force, platform):
+def _lock(
+    vllm,
+    with_,
+    base,
+    spec_path,
+    output,
+    check,
+    upgrade,
+    allow_names,
+    reasons,
+    find_links,
+    no_index,
+    exclude_newer,
+    no_default_overlay,
+    as_json,
+    force,
+    platform,
+):
     from builder import platforms
 
     targets = platforms.parse_list(platform)
     exclude_newer = valid_exclude_newer(exclude_newer)
     spec = load_spec(spec_path).with_flags(
-        vllm=vllm, with_=list(with_) or None, base=base, lock=output, allow_abi_change=_allow(allow_names, reasons),
-        find_links=list(find_links) or None, no_index=no_index or None, exclude_newer=exclude_newer,
+        vllm=vllm,
+        with_=list(with_) or None,
+        base=base,
+        lock=output,
+        allow_abi_change=_allow(allow_names, reasons),
+        find_links=list(find_links) or None,
+        no_index=no_index or None,
+        exclude_newer=exclude_newer,
     )
     specs = spec.for_platforms(targets)
     if len(specs) == 1:
@@ -147,11 +245,15 @@ def _lock_one(spec, check, upgrade, force, no_default_overlay, as_json):
     if status is not None:
         status.start()
     # steps on the spinner (or "lock: " lines in a log); --json keeps the notices in the document only
-    reporter = (RichReporter(console, status=status, notices=not as_json) if status is not None
-                else PlainReporter(notices=not as_json).scoped("lock: "))
+    reporter = (
+        RichReporter(console, status=status, notices=not as_json)
+        if status is not None
+        else PlainReporter(notices=not as_json).scoped("lock: ")
+    )
     try:
-        return run_lock(spec, check=check, upgrade=upgrade, force=force, default_overlay=not no_default_overlay,
-                        reporter=reporter)
+        return run_lock(
+            spec, check=check, upgrade=upgrade, force=force, default_overlay=not no_default_overlay, reporter=reporter
+        )
     finally:
         if status is not None:
             status.stop()

@@ -17,14 +17,33 @@ from builder.report import emit_json, emit_text
 @click.command("promote")
 @click.argument("image", metavar="IMAGE@DIGEST")
 @click.option("--to", "to", required=True, metavar="REPO:TAG", help="The deploy tag to move (same registry).")
-@click.option("--spec", "spec_file", metavar="FILE", type=click.Path(dir_okay=False),
-              help="Spec whose [serving] settings the verdict must match (default: ./build-image.toml).")
-@click.option("--lock", "lock_file", metavar="FILE", type=click.Path(dir_okay=False),
-              help="Lock the KubeRay manifests take rayVersion from (default: the spec's lock).")
-@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Write the new image's rayservice.yaml / raycluster.yaml here, to apply.")
-@click.option("--history", "history_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="The tag's history file (default: $XDG_STATE_HOME/build-image/cutover/HOST/REPO/TAG.json).")
+@click.option(
+    "--spec",
+    "spec_file",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Spec whose [serving] settings the verdict must match (default: ./build-image.toml).",
+)
+@click.option(
+    "--lock",
+    "lock_file",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Lock the KubeRay manifests take rayVersion from (default: the spec's lock).",
+)
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the new image's rayservice.yaml / raycluster.yaml here, to apply.",
+)
+@click.option(
+    "--history",
+    "history_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The tag's history file (default: $XDG_STATE_HOME/build-image/cutover/HOST/REPO/TAG.json).",
+)
 @click.option("--force", is_flag=True, help="Move the tag without a matching PASS verdict (needs --reason).")
 @click.option("--reason", default=None, metavar="TEXT", help="Why --force: recorded in the history and the record.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
@@ -49,19 +68,30 @@ def command(image, to, spec_file, lock_file, out_dir, history_file, force, reaso
     console = stderr_console()
     spec = load_spec(spec_file)
     lock = load_lock(lock_file or spec.lock_path)
-    res = promote(image, to, spec=spec, lock=lock, force=force, reason=reason, history_file=history_file,
-                  out_dir=out_dir, reporter=reporter_for(console).scoped("promote: "))
+    res = promote(
+        image,
+        to,
+        spec=spec,
+        lock=lock,
+        force=force,
+        reason=reason,
+        history_file=history_file,
+        out_dir=out_dir,
+        reporter=reporter_for(console).scoped("promote: "),
+    )
     if as_json:
         emit_json(res)
         return
     if res["status"] == "unchanged":
         emit_text(f"{res['target']} already points at {res['digest']}\n")
         return
-    lines = [f"promoted {res['target']}: {res['previous'] or '(new tag)'} -> {res['digest']}",
-             "  verdict: " + (res["verdict"]["summary"] if res["verdict"] else f"none, FORCED: {res['reason']}"),
-             f"  rollback record: {res['record']} (refers to {res['digest']})",
-             f"  history: {res['history']}",
-             f"  upgrade: {res['upgrade']['cost']}"]
+    lines = [
+        f"promoted {res['target']}: {res['previous'] or '(new tag)'} -> {res['digest']}",
+        "  verdict: " + (res["verdict"]["summary"] if res["verdict"] else f"none, FORCED: {res['reason']}"),
+        f"  rollback record: {res['record']} (refers to {res['digest']})",
+        f"  history: {res['history']}",
+        f"  upgrade: {res['upgrade']['cost']}",
+    ]
     lines += [f"  wrote {p}" for p in res["manifests"]]
     service = [p for p in res["manifests"] if p.endswith("rayservice.yaml")]
     if service:

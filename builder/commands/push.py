@@ -19,12 +19,17 @@ from builder.spec import load_spec
 @click.command("push")
 @click.argument("context", required=False, type=click.Path(file_okay=False, path_type=Path))
 @click.option("--vllm", "vllm", default=None, metavar="VERSION", help="Picks the default context build/vllm-<v>.")
-@click.option("--tag", "repo", metavar="REPO",
-              help="Image repository, e.g. 127.0.0.1:5000/serving/vllm (default: spec 'repo').")
+@click.option(
+    "--tag", "repo", metavar="REPO", help="Image repository, e.g. 127.0.0.1:5000/serving/vllm (default: spec 'repo')."
+)
 @click.option("--spec", "spec_file", metavar="FILE", type=click.Path(dir_okay=False), help="Spec file.")
 @click.option("--force", is_flag=True, help="Move tags that already point at a different image.")
-@click.option("--platform", "platform", metavar="OS/ARCH[,OS/ARCH]",
-              help="Of a multi-platform context, push only these (and an index of them; default: every platform).")
+@click.option(
+    "--platform",
+    "platform",
+    metavar="OS/ARCH[,OS/ARCH]",
+    help="Of a multi-platform context, push only these (and an index of them; default: every platform).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
 def command(context, vllm, repo, spec_file, force, platform, as_json):
     """Push the image built from CONTEXT (both tags) and verify the registry's manifest digest.
@@ -54,8 +59,9 @@ def command(context, vllm, repo, spec_file, force, platform, as_json):
         return
     ctx = read_context(out, spec.repo)
     select((lock_platform(ctx.lock),), platform, ctx.out_dir)
-    pushed = push_image(ctx.tags, force=force, context=ctx.out_dir,
-                        reporter=reporter_for(console, as_json=as_json).scoped("push: "))
+    pushed = push_image(
+        ctx.tags, force=force, context=ctx.out_dir, reporter=reporter_for(console, as_json=as_json).scoped("push: ")
+    )
     if as_json:
         emit_json(pushed.to_dict())
     else:

@@ -25,15 +25,29 @@ from builder.spec import default_lock_path
 @click.command("ray-check")
 @click.argument("image")
 @click.option("--workers", type=int, default=1, show_default=True, help="Number of Ray worker nodes besides the head.")
-@click.option("--lock", "lock_path", type=click.Path(dir_okay=False), default=None,
-              help="Lock file: every locked package's version must match on every node.")
-@click.option("--worker-image", default=None,
-              help="Run the last worker from this image instead (to demonstrate / investigate a mismatch).")
-@click.option("--timeout", type=float, default=180.0, show_default=True,
-              help="Seconds to wait for the cluster to form and report.")
+@click.option(
+    "--lock",
+    "lock_path",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Lock file: every locked package's version must match on every node.",
+)
+@click.option(
+    "--worker-image",
+    default=None,
+    help="Run the last worker from this image instead (to demonstrate / investigate a mismatch).",
+)
+@click.option(
+    "--timeout",
+    type=float,
+    default=180.0,
+    show_default=True,
+    help="Seconds to wait for the cluster to form and report.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def command(image: str, workers: int, lock_path: str | None, worker_image: str | None, timeout: float,
-            as_json: bool) -> None:
+def command(
+    image: str, workers: int, lock_path: str | None, worker_image: str | None, timeout: float, as_json: bool
+) -> None:
     """Start a Ray head and N workers from IMAGE and check that every node runs the same thing.
 
     Exit codes: 0 every node runs the same versions as the lock; 1 the nodes
@@ -48,17 +62,28 @@ def command(image: str, workers: int, lock_path: str | None, worker_image: str |
     if lock_path is None:
         lock_path = image_lock(image)
         if lock_path:
-            err.print(f"ray-check: comparing with {lock_path} (its hash is the image's "
-                      "org.build-image.lock-hash label)",
-                      highlight=False, markup=False)
+            err.print(
+                f"ray-check: comparing with {lock_path} (its hash is the image's org.build-image.lock-hash label)",
+                highlight=False,
+                markup=False,
+            )
         else:
-            err.print("ray-check: no --lock and no lock file matching the image's lock-hash label: the nodes are "
-                      "compared with each other only, not with a lock", highlight=False, markup=False)
+            err.print(
+                "ray-check: no --lock and no lock file matching the image's lock-hash label: the nodes are "
+                "compared with each other only, not with a lock",
+                highlight=False,
+                markup=False,
+            )
     lock = load_lock(lock_path) if lock_path else None
     with err.status("ray-check: starting") as status:
         result = raycheck.run_check(
-            image, workers=workers, lock=lock, lock_path=lock_path, timeout=timeout,
-            worker_image=worker_image, reporter=RichReporter(err, status=status).scoped("ray-check: "),
+            image,
+            workers=workers,
+            lock=lock,
+            lock_path=lock_path,
+            timeout=timeout,
+            worker_image=worker_image,
+            reporter=RichReporter(err, status=status).scoped("ray-check: "),
         )
     if as_json:
         emit_text(result.to_json())
@@ -67,11 +92,14 @@ def command(image: str, workers: int, lock_path: str | None, worker_image: str |
     if not result.ok:
         subjects = ", ".join(dict.fromkeys(f.subject for f in result.findings))
         if result.mismatch == "lock":
-            raise VerdictFailure(f"ray-check: the nodes agree with each other but not with the lock {lock_path} on "
-                                 f"{subjects} (details above): the image is not the one this lock builds.")
+            raise VerdictFailure(
+                f"ray-check: the nodes agree with each other but not with the lock {lock_path} on "
+                f"{subjects} (details above): the image is not the one this lock builds."
+            )
         if result.mismatch == "image":
-            raise VerdictFailure(f"ray-check: the nodes agree, but {subjects} differ from what the build recorded "
-                                 "(details above).")
+            raise VerdictFailure(
+                f"ray-check: the nodes agree, but {subjects} differ from what the build recorded (details above)."
+            )
         raise VerdictFailure(f"ray-check: the nodes disagree on {subjects} (details above).")
 
 

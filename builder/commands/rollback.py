@@ -12,10 +12,19 @@ from builder.report import emit_json, emit_text
 
 @click.command("rollback")
 @click.argument("target", metavar="REPO:TAG")
-@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Write the restored image's recorded rayservice.yaml / raycluster.yaml here, to re-apply.")
-@click.option("--history", "history_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="The tag's history file (default: $XDG_STATE_HOME/build-image/cutover/HOST/REPO/TAG.json).")
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Write the restored image's recorded rayservice.yaml / raycluster.yaml here, to re-apply.",
+)
+@click.option(
+    "--history",
+    "history_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The tag's history file (default: $XDG_STATE_HOME/build-image/cutover/HOST/REPO/TAG.json).",
+)
 @click.option("--force", is_flag=True, help="Replace -o files that build-image did not write.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
 def command(target, out_dir, history_file, force, as_json):
@@ -33,13 +42,20 @@ def command(target, out_dir, history_file, force, as_json):
     from builder.serving.cutover import rollback
 
     console = stderr_console()
-    res = rollback(target, history_file=history_file, out_dir=out_dir, force=force,
-                   reporter=reporter_for(console).scoped("rollback: "))
+    res = rollback(
+        target,
+        history_file=history_file,
+        out_dir=out_dir,
+        force=force,
+        reporter=reporter_for(console).scoped("rollback: "),
+    )
     if as_json:
         emit_json(res)
         return
-    lines = [f"rolled back {res['target']}: {res['previous']} -> {res['digest']} (undoes history entry "
-             f"{res['undoes']})", f"  history: {res['history']}"]
+    lines = [
+        f"rolled back {res['target']}: {res['previous']} -> {res['digest']} (undoes history entry {res['undoes']})",
+        f"  history: {res['history']}",
+    ]
     lines += [f"  wrote {p}" for p in res["manifests"]]
     service = [p for p in res["manifests"] if p.endswith("rayservice.yaml")]
     if service:

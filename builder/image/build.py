@@ -35,7 +35,7 @@ class BuildResult:
     size_bytes: int | None
     seconds: float
     cached_steps: int
-    warnings: tuple[str, ...] = ()   # the checks' warnings (allowed base drift), from the build's output
+    warnings: tuple[str, ...] = ()  # the checks' warnings (allowed base drift), from the build's output
     platform: Platform | None = None  # what it was built for (--platform); None: the engine's own
 
     def to_dict(self) -> dict:
@@ -66,8 +66,9 @@ def missing_base_error(missing: Sequence[str]) -> BuildFailed:
     )
 
 
-def base_platform_mismatch(base_refs: Iterable[str], want: Platform, engine,
-                           what: str = "the lock was made") -> BadInput | None:
+def base_platform_mismatch(
+    base_refs: Iterable[str], want: Platform, engine, what: str = "the lock was made"
+) -> BadInput | None:
     """The refusal when a base the engine holds is of another platform than the lock's: building on it
     would put ``want``'s wheels on another machine's floor (the engine uses whatever image the ref names
     locally: a single-arch base, or the variant of a manifest list the builder's platform pulled).
@@ -82,9 +83,9 @@ def base_platform_mismatch(base_refs: Iterable[str], want: Platform, engine,
             f"the base image {ref} the engine holds is {have}, but {what} for {want.name}: "
             f"building it would put {want.name} wheels on a {have} floor.",
             hint=f"hold the {want.name} image under {ref}: pull it by its {want.name} manifest digest "
-                 f"(`docker pull --platform {want.name} {ref.split('@')[0]}`, or `docker pull REPO@sha256:<the "
-                 f"{want.name} manifest's digest>` and `docker tag` it as {ref.split('@')[0]}); or lock and render "
-                 f"for {have}{other}.",
+            f"(`docker pull --platform {want.name} {ref.split('@')[0]}`, or `docker pull REPO@sha256:<the "
+            f"{want.name} manifest's digest>` and `docker tag` it as {ref.split('@')[0]}); or lock and render "
+            f"for {have}{other}.",
         )
     return None
 
@@ -116,9 +117,19 @@ def drift_warnings(engine, image_id: str) -> tuple[str, ...]:
         return ()
 
 
-def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str, base_refs: Sequence[str],
-                engine=None, pull: bool = False, bases_checked: bool = False,
-                reporter: Reporter = SILENT, platform: Platform | None = None) -> BuildResult:
+def build_image(
+    context: Path,
+    tags: Sequence[str],
+    *,
+    vllm: str,
+    lock_hash: str,
+    base_refs: Sequence[str],
+    engine=None,
+    pull: bool = False,
+    bases_checked: bool = False,
+    reporter: Reporter = SILENT,
+    platform: Platform | None = None,
+) -> BuildResult:
     """Build ``context`` and tag it ``tags``.
 
     Without ``pull`` a base image that is not in the engine's store is BuildFailed (exit 9)
@@ -146,9 +157,20 @@ def build_image(context: Path, tags: Sequence[str], *, vllm: str, lock_hash: str
     provenance.record_subject(context, provenance.image_subject(list(tags), built.image_id), stage="build")
     info = engine.inspect(built.image_id)
     cached = sum(1 for ln in built.log.splitlines() if ln.rstrip().endswith("CACHED"))
-    return BuildResult(image_id=built.image_id, tags=tuple(tags), context=Path(context), vllm=vllm,
-                       lock_hash=lock_hash, size_bytes=info.size if info else None,
-                       seconds=round(time.monotonic() - t0, 2), cached_steps=cached, platform=platform,
-                       warnings=build_warnings(built.log) or (
-                           drift_warnings(engine, built.image_id)
-                           if info and info.labels.get("org.build-image.allow-base-drift") == "true" else ()))
+    return BuildResult(
+        image_id=built.image_id,
+        tags=tuple(tags),
+        context=Path(context),
+        vllm=vllm,
+        lock_hash=lock_hash,
+        size_bytes=info.size if info else None,
+        seconds=round(time.monotonic() - t0, 2),
+        cached_steps=cached,
+        platform=platform,
+        warnings=build_warnings(built.log)
+        or (
+            drift_warnings(engine, built.image_id)
+            if info and info.labels.get("org.build-image.allow-base-drift") == "true"
+            else ()
+        ),
+    )

@@ -62,16 +62,16 @@ class PlatformContext:
     context: ContextOnDisk
     base_ref: str
     base_digest: str | None
-    tags: tuple[str, ...]          # the sub-context's tags, each with -<slug> (one image per tag locally)
+    tags: tuple[str, ...]  # the sub-context's tags, each with -<slug> (one image per tag locally)
 
 
 @dataclass(frozen=True)
 class MultiContext:
     out_dir: Path
     vllm: str
-    held: tuple[Platform, ...]            # every platform the context was rendered for
+    held: tuple[Platform, ...]  # every platform the context was rendered for
     platforms: tuple[PlatformContext, ...]  # the selected ones, in the context's order
-    tags: tuple[str, ...]                 # the index's tags (content-addressed over the selected locks, moving)
+    tags: tuple[str, ...]  # the index's tags (content-addressed over the selected locks, moving)
 
 
 def is_multi(context: str | Path) -> bool:
@@ -91,8 +91,9 @@ def platform_tags(tags: Sequence[str], platform: Platform) -> tuple[str, ...]:
 
 def held_platforms(context: str | Path) -> tuple[Platform, ...]:
     """The platforms a multi-platform context was rendered for (from ``platforms.json``)."""
-    return tuple(parse(e["platform"], where=f"{Path(context) / PLATFORMS_FILE}")
-                 for e in _entries(_read_doc(Path(context))))
+    return tuple(
+        parse(e["platform"], where=f"{Path(context) / PLATFORMS_FILE}") for e in _entries(_read_doc(Path(context)))
+    )
 
 
 def _read_doc(ctx: Path) -> dict:
@@ -102,8 +103,10 @@ def _read_doc(ctx: Path) -> dict:
     except ValueError as exc:
         raise BadInput(f"{where} is not JSON ({exc}).", hint="re-run `build-image render --platform ...`.") from None
     if not isinstance(doc, dict) or doc.get("schema") != PLATFORMS_SCHEMA:
-        raise BadInput(f"{where} is not a build-image platforms file (schema {PLATFORMS_SCHEMA}).",
-                       hint="re-run `build-image render --platform ...`.")
+        raise BadInput(
+            f"{where} is not a build-image platforms file (schema {PLATFORMS_SCHEMA}).",
+            hint="re-run `build-image render --platform ...`.",
+        )
     return doc
 
 
@@ -122,9 +125,11 @@ def select(held: Sequence[Platform], wanted: str | None, context: Path) -> tuple
     chosen = parse_list(wanted)
     absent = [p.name for p in chosen if p not in held]
     if absent:
-        raise BadInput(f"--platform {', '.join(absent)}: the context {context} was rendered for {joined(held)} only.",
-                       hint=f"pick of {joined(held)}, or render the context for {', '.join(absent)} "
-                            "(build-image render --platform ...).")
+        raise BadInput(
+            f"--platform {', '.join(absent)}: the context {context} was rendered for {joined(held)} only.",
+            hint=f"pick of {joined(held)}, or render the context for {', '.join(absent)} "
+            "(build-image render --platform ...).",
+        )
     return tuple(p for p in held if p in chosen)
 
 
@@ -154,27 +159,35 @@ def _platform_context(ctx: Path, p: Platform, entry: dict, repo: str | None, vll
     sub = ctx / p.slug
     lock_file = sub / "requirements.lock"
     if not lock_file.is_file():
-        raise BadInput(f"{where}: {sub} holds no requirements.lock.",
-                       hint="re-run `build-image render --platform ...`.")
+        raise BadInput(
+            f"{where}: {sub} holds no requirements.lock.", hint="re-run `build-image render --platform ...`."
+        )
     got = hashlib.sha256(lock_file.read_bytes()).hexdigest()
     if entry.get("lock_sha256") != got:
-        raise IntegrityError(f"{where}: {lock_file} has sha256 {got[:16]}..., platforms.json says "
-                             f"{str(entry.get('lock_sha256'))[:16]}...", hint="re-run `build-image render`.")
+        raise IntegrityError(
+            f"{where}: {lock_file} has sha256 {got[:16]}..., platforms.json says "
+            f"{str(entry.get('lock_sha256'))[:16]}...",
+            hint="re-run `build-image render`.",
+        )
     one = read_context(sub, repo)  # verifies every wheel and patched file
     if one.vllm != vllm:
         raise BadInput(f"{where}: the lock is for vllm {one.vllm}, platforms.json for {vllm}.")
     locked_for = lock_platform(one.lock)
     if locked_for != p:
-        raise BadInput(f"{where}: its lock was made for {locked_for.name}, not {p.name}.",
-                       hint="re-run `build-image render --platform ...`.")
+        raise BadInput(
+            f"{where}: its lock was made for {locked_for.name}, not {p.name}.",
+            hint="re-run `build-image render --platform ...`.",
+        )
     base_ref, digest = entry.get("base_ref"), entry.get("base_digest")
     if not isinstance(base_ref, str) or base_ref not in one.base_refs:
-        raise BadInput(f"{where}: base_ref {base_ref!r} is not what its Dockerfile builds FROM "
-                       f"({', '.join(one.base_refs)}).")
+        raise BadInput(
+            f"{where}: base_ref {base_ref!r} is not what its Dockerfile builds FROM ({', '.join(one.base_refs)})."
+        )
     if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", digest)):
         raise BadInput(f"{where}: base_digest {digest!r} is neither null nor sha256:<64 hex>.")
-    return PlatformContext(platform=p, context=one, base_ref=base_ref, base_digest=digest,
-                           tags=platform_tags(one.tags, p))
+    return PlatformContext(
+        platform=p, context=one, base_ref=base_ref, base_digest=digest, tags=platform_tags(one.tags, p)
+    )
 
 
 # ------------------------------------------------------------------------------------------------ build
@@ -190,8 +203,11 @@ class MultiBuildResult:
         return round(sum(b.seconds for b in self.builds), 2)
 
     def to_dict(self) -> dict:
-        return {"platforms": [b.to_dict() for b in self.builds], "index_tags": list(self.index_tags),
-                "seconds": self.seconds}
+        return {
+            "platforms": [b.to_dict() for b in self.builds],
+            "index_tags": list(self.index_tags),
+            "seconds": self.seconds,
+        }
 
 
 def check_bases(mc: MultiContext, engine, *, pull: bool = False) -> None:
@@ -206,17 +222,29 @@ def check_bases(mc: MultiContext, engine, *, pull: bool = False) -> None:
             raise refused
 
 
-def build_platforms(mc: MultiContext, *, engine=None, pull: bool = False,
-                    reporter: Reporter = SILENT) -> MultiBuildResult:
+def build_platforms(
+    mc: MultiContext, *, engine=None, pull: bool = False, reporter: Reporter = SILENT
+) -> MultiBuildResult:
     """Build every selected platform of ``mc`` (bases checked for all of them first)."""
     engine = engine or engine_adapter.get_engine()
     engine.ping()
     check_bases(mc, engine, pull=pull)
     builds = []
     for s in mc.platforms:
-        builds.append(build_image(s.context.out_dir, s.tags, vllm=s.context.vllm, lock_hash=s.context.lock_hash,
-                                  base_refs=s.context.base_refs, engine=engine, pull=pull, bases_checked=True,
-                                  reporter=reporter.scoped(f"{s.platform.name}: "), platform=s.platform))
+        builds.append(
+            build_image(
+                s.context.out_dir,
+                s.tags,
+                vllm=s.context.vllm,
+                lock_hash=s.context.lock_hash,
+                base_refs=s.context.base_refs,
+                engine=engine,
+                pull=pull,
+                bases_checked=True,
+                reporter=reporter.scoped(f"{s.platform.name}: "),
+                platform=s.platform,
+            )
+        )
     return MultiBuildResult(builds=tuple(builds), index_tags=mc.tags)
 
 
@@ -226,15 +254,19 @@ class IndexPushResult:
     """The pushed index (digest under every index tag) and each platform's push (digest, attestations)."""
 
     digest: str
-    pinned: str                                   # REGISTRY/REPO@sha256:<index>
+    pinned: str  # REGISTRY/REPO@sha256:<index>
     tags: tuple[str, ...]
     platforms: tuple[tuple[Platform, PushResult], ...]
     moved_tags: tuple[str, ...]
 
     def to_dict(self) -> dict:
         return {
-            "index": {"digest": self.digest, "pinned": self.pinned, "media_type": referrers.OCI_INDEX,
-                      "tags": list(self.tags)},
+            "index": {
+                "digest": self.digest,
+                "pinned": self.pinned,
+                "media_type": referrers.OCI_INDEX,
+                "tags": list(self.tags),
+            },
             "platforms": [{"platform": p.name} | r.to_dict() for p, r in self.platforms],
             "moved_tags": list(self.moved_tags),
         }
@@ -242,8 +274,15 @@ class IndexPushResult:
 
 def index_document(children: Sequence[tuple[Platform, dict]]) -> bytes:
     """Pure: the OCI image index bytes listing each platform's manifest descriptor (mediaType, digest, size)."""
-    manifests = [{"mediaType": d["mediaType"], "digest": d["digest"], "size": d["size"],
-                  "platform": {"architecture": p.arch, "os": p.os}} for p, d in children]
+    manifests = [
+        {
+            "mediaType": d["mediaType"],
+            "digest": d["digest"],
+            "size": d["size"],
+            "platform": {"architecture": p.arch, "os": p.os},
+        }
+        for p, d in children
+    ]
     doc = {"schemaVersion": 2, "mediaType": referrers.OCI_INDEX, "manifests": manifests}
     return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
 
@@ -285,17 +324,22 @@ def local_images(mc: MultiContext, engine) -> dict[str, str]:
     for s in mc.platforms:
         info = engine.inspect(s.tags[0])
         if info is None:
-            raise BadInput(f"no local image tagged {s.tags[0]} ({s.platform.name}).",
-                           hint=f"build it first: `build-image build {mc.out_dir}`.")
+            raise BadInput(
+                f"no local image tagged {s.tags[0]} ({s.platform.name}).",
+                hint=f"build it first: `build-image build {mc.out_dir}`.",
+            )
         if info.architecture and info.platform != s.platform:
-            raise BadInput(f"the local image tagged {s.tags[0]} is {info.platform_name}, not {s.platform.name}.",
-                           hint=f"build it again: `build-image build {mc.out_dir} --platform {s.platform.name}`.")
+            raise BadInput(
+                f"the local image tagged {s.tags[0]} is {info.platform_name}, not {s.platform.name}.",
+                hint=f"build it again: `build-image build {mc.out_dir} --platform {s.platform.name}`.",
+            )
         images[s.platform.arch] = info.id
     return images
 
 
-def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
-                   reporter: Reporter = SILENT) -> IndexPushResult:
+def push_platforms(
+    mc: MultiContext, *, force: bool = False, engine=None, reporter: Reporter = SILENT
+) -> IndexPushResult:
     """Push each platform image (with its attestations), then the index under the index tags, all verified."""
     engine = engine or engine_adapter.get_engine()
     engine.ping()
@@ -307,14 +351,26 @@ def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
     for s in mc.platforms:  # every platform's own tags too: known before anything is pushed
         conflicts += tag_conflicts(registry_clients(s.tags), images[s.platform.arch])[0]
     if conflicts and not force:
-        raise TagConflict("tag(s) already point at a different image or index in the registry: "
-                          + "; ".join(conflicts) + ". Nothing was pushed.",
-                          hint="a content-addressed tag moving means the build is not the same; pass --force to "
-                               "move the tag(s).")
+        raise TagConflict(
+            "tag(s) already point at a different image or index in the registry: "
+            + "; ".join(conflicts)
+            + ". Nothing was pushed.",
+            hint="a content-addressed tag moving means the build is not the same; pass --force to move the tag(s).",
+        )
     pushed = []
     for s in mc.platforms:
-        pushed.append((s.platform, push_image(s.tags, force=force, engine=engine, context=s.context.out_dir,
-                                              reporter=reporter.scoped(f"{s.platform.name}: "))))
+        pushed.append(
+            (
+                s.platform,
+                push_image(
+                    s.tags,
+                    force=force,
+                    engine=engine,
+                    context=s.context.out_dir,
+                    reporter=reporter.scoped(f"{s.platform.name}: "),
+                ),
+            )
+        )
     client, ref = registry.client_for(mc.tags[0])
     children = [(p, referrers.subject_descriptor(client, ref.repository, r.digest or "")) for p, r in pushed]
     data = index_document(children)
@@ -323,14 +379,20 @@ def push_platforms(mc: MultiContext, *, force: bool = False, engine=None,
     for t in mc.tags:
         c, r = registry.client_for(t)
         reporter.step(f"index {t}")
-        status, _, body = c.request("PUT", f"/v2/{r.repository}/manifests/{r.tag}",
-                                    {"Content-Type": referrers.OCI_INDEX}, data)
+        status, _, body = c.request(
+            "PUT", f"/v2/{r.repository}/manifests/{r.tag}", {"Content-Type": referrers.OCI_INDEX}, data
+        )
         if status not in (200, 201, 202):
             text = body.decode("utf-8", "replace").strip().replace("\n", " ")[:300]
             raise RegistryError(f"registry {c.registry} refused the image index under {t} (HTTP {status}: {text}).")
     verify_index(mc, digest, pushed)
-    return IndexPushResult(digest=digest, pinned=f"{ref.registry}/{ref.repository}@{digest}", tags=mc.tags,
-                           platforms=tuple(pushed), moved_tags=tuple(m.split(" ->")[0] for m in moving))
+    return IndexPushResult(
+        digest=digest,
+        pinned=f"{ref.registry}/{ref.repository}@{digest}",
+        tags=mc.tags,
+        platforms=tuple(pushed),
+        moved_tags=tuple(m.split(" ->")[0] for m in moving),
+    )
 
 
 def verify_index(mc: MultiContext, digest: str, pushed: Sequence[tuple[Platform, PushResult]]) -> None:
@@ -341,14 +403,20 @@ def verify_index(mc: MultiContext, digest: str, pushed: Sequence[tuple[Platform,
         client, ref = registry.client_for(t)
         got = client.manifest(ref.repository, ref.tag or "latest")
         if got is None or got[0] != digest:
-            raise RegistryError(f"after pushing the index under {t} the registry serves "
-                                f"{got[0] if got else 'nothing'}, not the index {digest}.")
+            raise RegistryError(
+                f"after pushing the index under {t} the registry serves "
+                f"{got[0] if got else 'nothing'}, not the index {digest}."
+            )
         listed = {(m.get("platform") or {}).get("architecture"): m.get("digest") for m in got[1].get("manifests", [])}
         for p, r in want.items():
             if listed.get(p.arch) != r.digest:
-                raise RegistryError(f"the index under {t} lists {listed.get(p.arch) or 'nothing'} for {p.name}, "
-                                    f"the push was {r.digest}.")
+                raise RegistryError(
+                    f"the index under {t} lists {listed.get(p.arch) or 'nothing'} for {p.name}, "
+                    f"the push was {r.digest}."
+                )
             child = client.manifest(ref.repository, r.digest or "")
             if child is None or child[0] != r.digest or registry.config_of(child[1]) != r.image_id:
-                raise RegistryError(f"the {p.name} manifest {r.digest} of the index under {t} does not read back as "
-                                    f"the image {r.image_id}.")
+                raise RegistryError(
+                    f"the {p.name} manifest {r.digest} of the index under {t} does not read back as "
+                    f"the image {r.image_id}."
+                )

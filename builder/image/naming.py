@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # types only: the smoke test imports this module, which stays
 # files of a build context (its pylock.toml: builder.resolve.pylock.PYLOCK_NAME)
 SBOM_FILE = "sbom.cdx.json"
 PROVENANCE_FILE = "provenance.intoto.json"
-CHECKS_DIR = "checks"                 # the floor checks the image build runs (templates/checks/)
+CHECKS_DIR = "checks"  # the floor checks the image build runs (templates/checks/)
 CHECKER_FILE = "base_check.py"
 MANIFEST_COPY = "base-manifest.json"  # the base manifest the lock was made against, byte for byte
 CONSTRAINTS_PATH = "/etc/build-image/constraints.txt"  # in the image: its constraint set (PIP_/UV_CONSTRAINT)
@@ -51,9 +51,11 @@ def serve_backend_of(lock: LockFile) -> str:
     """The lock header's ``serve-backend`` (``auto`` for a lock without one); anything else is refused."""
     value = (lock.header.get("serve-backend") or "auto").strip()
     if value not in SERVE_BACKENDS:
-        raise BadInput(f"lock{f' {lock.path}' if getattr(lock, 'path', None) else ''}: header 'serve-backend' is "
-                       f"{value!r}; it must be one of {', '.join(SERVE_BACKENDS)}.",
-                       hint="regenerate the lock with `build-image lock`.")
+        raise BadInput(
+            f"lock{f' {lock.path}' if getattr(lock, 'path', None) else ''}: header 'serve-backend' is "
+            f"{value!r}; it must be one of {', '.join(SERVE_BACKENDS)}.",
+            hint="regenerate the lock with `build-image lock`.",
+        )
     return value
 
 
@@ -81,14 +83,17 @@ def image_tags(repo: str, vllm: str, lock_hash: str) -> list[str]:
     registry would refuse, is :class:`BadInput` here rather than at ``docker build``."""
     repo = repo.strip()
     if not repo or "@" in repo or repo.rsplit("/", 1)[-1].count(":"):
-        raise BadInput(f"--tag {repo!r}: give an image repository without a tag or digest "
-                       "(e.g. 127.0.0.1:5000/serving/vllm).")
+        raise BadInput(
+            f"--tag {repo!r}: give an image repository without a tag or digest (e.g. 127.0.0.1:5000/serving/vllm)."
+        )
     repo = values.Repository(repo, "--tag")  # the registry part too: a host[:port], nothing a shell or terminal reads
     tags = tag_names(vllm, lock_hash)
     bad = [t for t in tags if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", t)]
     if bad:
-        raise BadInput(f"vllm version {vllm!r} gives the tag(s) {', '.join(bad)}, which are not valid image tags "
-                       "(letters, digits, '_', '.', '-'; at most 128).")
+        raise BadInput(
+            f"vllm version {vllm!r} gives the tag(s) {', '.join(bad)}, which are not valid image tags "
+            "(letters, digits, '_', '.', '-'; at most 128)."
+        )
     return [values.ImageRef(f"{repo}:{t}", "an image tag") for t in tags]
 
 

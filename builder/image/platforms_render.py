@@ -48,18 +48,24 @@ class RenderedPlatform:
     """One platform's context as render wrote it inside a multi-platform context."""
 
     platform: Platform
-    context: str                 # the folder, relative to the multi-platform context (its slug)
-    base_ref: str                # what its Dockerfile builds FROM
-    base_digest: str | None      # the base image's digest where the manifest knows it
-    lock_sha256: str             # sha256 of its requirements.lock
-    lock_hash: str               # the lock's hash (its content-addressed tag)
-    tags: tuple[str, ...]        # the platform image's own tag (content-addressed by its lock; the floating tag
+    context: str  # the folder, relative to the multi-platform context (its slug)
+    base_ref: str  # what its Dockerfile builds FROM
+    base_digest: str | None  # the base image's digest where the manifest knows it
+    lock_sha256: str  # sha256 of its requirements.lock
+    lock_hash: str  # the lock's hash (its content-addressed tag)
+    tags: tuple[str, ...]  # the platform image's own tag (content-addressed by its lock; the floating tag
     #                              vllmX is the index's alone)
 
     def to_dict(self) -> dict:
-        return {"platform": self.platform.name, "context": self.context, "base_ref": self.base_ref,
-                "base_digest": self.base_digest, "lock_sha256": self.lock_sha256, "lock_hash": self.lock_hash,
-                "tags": list(self.tags)}
+        return {
+            "platform": self.platform.name,
+            "context": self.context,
+            "base_ref": self.base_ref,
+            "base_digest": self.base_digest,
+            "lock_sha256": self.lock_sha256,
+            "lock_hash": self.lock_hash,
+            "tags": list(self.tags),
+        }
 
 
 @dataclass(frozen=True)
@@ -72,20 +78,33 @@ class RenderedPlatforms:
     platforms: tuple[RenderedPlatform, ...]
 
     def to_dict(self) -> dict:
-        return {"schema": PLATFORMS_SCHEMA, "vllm": self.vllm, "index_tags": list(self.index_tags),
-                "platforms": [p.to_dict() for p in self.platforms]}
+        return {
+            "schema": PLATFORMS_SCHEMA,
+            "vllm": self.vllm,
+            "index_tags": list(self.index_tags),
+            "platforms": [p.to_dict() for p in self.platforms],
+        }
 
 
 def platforms_plan(vllm: str, repo: str, contexts: Sequence[RenderedPlatform]) -> dict:
     """The document ``platforms.json`` holds (pure); the index's tags as ``build``/``push`` compute them."""
     tags = image_tags(repo, vllm, index_lock_hash([(c.platform, c.lock_hash) for c in contexts]))
-    return {"schema": PLATFORMS_SCHEMA, "vllm": vllm, "index_tags": list(tags),
-            "platforms": [c.to_dict() for c in contexts]}
+    return {
+        "schema": PLATFORMS_SCHEMA,
+        "vllm": vllm,
+        "index_tags": list(tags),
+        "platforms": [c.to_dict() for c in contexts],
+    }
 
 
-def write_platforms_context(out: Path, vllm: str, repo: str, targets: Sequence[Platform],
-                            render_one: Callable[[Platform, Path], RenderedPlatform],
-                            check_replaceable: Callable[[Path], None]) -> RenderedPlatforms:
+def write_platforms_context(
+    out: Path,
+    vllm: str,
+    repo: str,
+    targets: Sequence[Platform],
+    render_one: Callable[[Platform, Path], RenderedPlatform],
+    check_replaceable: Callable[[Path], None],
+) -> RenderedPlatforms:
     """Render each platform's context with ``render_one(platform, folder)`` into a temp folder beside ``out``,
     write ``platforms.json``, and rename the whole into place (see the module doc).  ``check_replaceable(out)``
     refuses an ``out`` that is not a context build-image rendered (nothing is changed then)."""
@@ -97,8 +116,10 @@ def write_platforms_context(out: Path, vllm: str, repo: str, targets: Sequence[P
                 if entry.name != PLATFORMS_FILE and entry.is_dir():
                     check_replaceable(entry)
                 elif entry.name != PLATFORMS_FILE:
-                    raise BadInput(f"-o {out}: the context holds {entry.name}, which render did not write; render "
-                                   "replaces a context as a whole, so it refuses rather than delete it.")
+                    raise BadInput(
+                        f"-o {out}: the context holds {entry.name}, which render did not write; render "
+                        "replaces a context as a whole, so it refuses rather than delete it."
+                    )
         else:
             check_replaceable(out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -113,13 +134,22 @@ def write_platforms_context(out: Path, vllm: str, repo: str, targets: Sequence[P
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-    return RenderedPlatforms(out_dir=out, vllm=vllm, index_tags=tuple(doc["index_tags"]),
-                            platforms=tuple(contexts))
+    return RenderedPlatforms(out_dir=out, vllm=vllm, index_tags=tuple(doc["index_tags"]), platforms=tuple(contexts))
 
 
-def render_platforms(spec, targets: Sequence[Platform], out: Path, *, series=None, series_dir: Path | None = None,
-                     vllm_wheel: Path | None = None, no_patches: bool = False, reporter: Reporter = SILENT,
-                     allow_base_drift: bool = False, locked: dict | None = None) -> RenderedPlatforms:
+def render_platforms(
+    spec,
+    targets: Sequence[Platform],
+    out: Path,
+    *,
+    series=None,
+    series_dir: Path | None = None,
+    vllm_wheel: Path | None = None,
+    no_patches: bool = False,
+    reporter: Reporter = SILENT,
+    allow_base_drift: bool = False,
+    locked: dict | None = None,
+) -> RenderedPlatforms:
     """Render one context per platform into ``out`` (see the module doc): each on its platform's base manifest
     and lock (``locked``: the pipeline's :class:`builder.resolve.lockstage.Locked` per platform; else the
     spec's, read once each), all patched by the one series (pure-Python files: the same on every platform;
@@ -128,14 +158,30 @@ def render_platforms(spec, targets: Sequence[Platform], out: Path, *, series=Non
     def one(platform: Platform, folder: Path) -> RenderedPlatform:
         sp = replace(spec, platform=platform)
         inputs = render_inputs(sp, locked=(locked or {}).get(platform))
-        res = render_context(vllm=sp.vllm, base=inputs.manifest, lock=inputs.lock, lock_text=inputs.lock_text,
-                             out_dir=folder, series=series, series_dir=series_dir, vllm_wheel=vllm_wheel,
-                             repo=sp.repo, no_patches=no_patches, reporter=reporter.scoped(f"{platform.name}: "),
-                             base_data=inputs.base_data, allow_base_drift=allow_base_drift)
-        return RenderedPlatform(platform=platform, context=platform.slug, base_ref=from_ref(inputs.manifest),
-                               base_digest=inputs.manifest.image_digest,
-                               lock_sha256=file_digest(folder / "requirements.lock"),
-                               lock_hash=inputs.lock.lock_hash, tags=tuple(res.tags[:1]))
+        res = render_context(
+            vllm=sp.vllm,
+            base=inputs.manifest,
+            lock=inputs.lock,
+            lock_text=inputs.lock_text,
+            out_dir=folder,
+            series=series,
+            series_dir=series_dir,
+            vllm_wheel=vllm_wheel,
+            repo=sp.repo,
+            no_patches=no_patches,
+            reporter=reporter.scoped(f"{platform.name}: "),
+            base_data=inputs.base_data,
+            allow_base_drift=allow_base_drift,
+        )
+        return RenderedPlatform(
+            platform=platform,
+            context=platform.slug,
+            base_ref=from_ref(inputs.manifest),
+            base_digest=inputs.manifest.image_digest,
+            lock_sha256=file_digest(folder / "requirements.lock"),
+            lock_hash=inputs.lock.lock_hash,
+            tags=tuple(res.tags[:1]),
+        )
 
     return write_platforms_context(out, spec.vllm, spec.repo or default_repo(), targets, one, check_replaceable)
 
@@ -145,11 +191,15 @@ def build_plan(ctx: RenderedPlatforms) -> list[str]:
     import shlex
 
     q = shlex.quote
-    lines = [f"DOCKER_BUILDKIT=1 docker build --platform {c.platform.name} --network=none "
-             f"-t {q(c.tags[0] if c.tags else c.platform.slug)} {q(str(ctx.out_dir / c.context))}"
-             for c in ctx.platforms]
-    lines.append("push each platform's image, then the OCI image index "
-                 f"{ctx.index_tags[0] if ctx.index_tags else '-'} listing "
-                 + ", ".join(c.platform.name for c in ctx.platforms)
-                 + f" (build-image build {q(str(ctx.out_dir))} && build-image push {q(str(ctx.out_dir))})")
+    lines = [
+        f"DOCKER_BUILDKIT=1 docker build --platform {c.platform.name} --network=none "
+        f"-t {q(c.tags[0] if c.tags else c.platform.slug)} {q(str(ctx.out_dir / c.context))}"
+        for c in ctx.platforms
+    ]
+    lines.append(
+        "push each platform's image, then the OCI image index "
+        f"{ctx.index_tags[0] if ctx.index_tags else '-'} listing "
+        + ", ".join(c.platform.name for c in ctx.platforms)
+        + f" (build-image build {q(str(ctx.out_dir))} && build-image push {q(str(ctx.out_dir))})"
+    )
     return lines

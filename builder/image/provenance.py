@@ -40,20 +40,20 @@ class ProvenanceInput:
     repository: str
     tags: list[str]
     lock_hash: str
-    lock_sha256: str                       # of the requirements.lock text in the context
+    lock_sha256: str  # of the requirements.lock text in the context
     base_ref: str | None
     base_digest: str | None
     base_manifest_sha256: str
     overlay: list[str]
     allow_abi_change: dict[str, str]
-    wheels: list[tuple[str, str, str]]     # (name==version, url, sha256)
-    patches: list[tuple[str, str]]         # (name, sha256), series order
-    patched_files: list[tuple[str, str]]   # (relpath, sha256 after the series)
-    vllm_wheel: tuple[str, str] | None     # (file name, sha256)
+    wheels: list[tuple[str, str, str]]  # (name==version, url, sha256)
+    patches: list[tuple[str, str]]  # (name, sha256), series order
+    patched_files: list[tuple[str, str]]  # (relpath, sha256 after the series)
+    vllm_wheel: tuple[str, str] | None  # (file name, sha256)
     template_sha256: str
     installer: str
     source_date_epoch: int
-    outputs: dict[str, str] = field(default_factory=dict)   # file name -> sha256 (render's subject)
+    outputs: dict[str, str] = field(default_factory=dict)  # file name -> sha256 (render's subject)
     allow_base_drift: bool = False
     base_manifest_source: str | None = None  # the pipeline's snapshot of the base, when it replaced the manifest
 
@@ -71,8 +71,10 @@ def invocation_id(env: Mapping[str, str] | None = None) -> str | None:
     env = os.environ if env is None else env
     if env.get("GITHUB_RUN_ID") and env.get("GITHUB_REPOSITORY"):
         attempt = env.get("GITHUB_RUN_ATTEMPT", "1")
-        return (f"{env.get('GITHUB_SERVER_URL', 'https://github.com')}/{env['GITHUB_REPOSITORY']}"
-                f"/actions/runs/{env['GITHUB_RUN_ID']}/attempts/{attempt}")
+        return (
+            f"{env.get('GITHUB_SERVER_URL', 'https://github.com')}/{env['GITHUB_REPOSITORY']}"
+            f"/actions/runs/{env['GITHUB_RUN_ID']}/attempts/{attempt}"
+        )
     return None
 
 
@@ -80,8 +82,14 @@ def _hex(digest: str) -> str:
     return digest.split(":", 1)[1] if ":" in digest else digest
 
 
-def statement(inp: ProvenanceInput, subject: list[dict] | None = None, *, env: Mapping[str, str] | None = None,
-              started: str | None = None, finished: str | None = None) -> dict:
+def statement(
+    inp: ProvenanceInput,
+    subject: list[dict] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    started: str | None = None,
+    finished: str | None = None,
+) -> dict:
     """The in-toto statement (pure given ``env`` and the times)."""
     deps: list[dict] = []
     if inp.base_ref:
@@ -89,22 +97,29 @@ def statement(inp: ProvenanceInput, subject: list[dict] | None = None, *, env: M
         if inp.base_digest:
             base["digest"] = {"sha256": _hex(inp.base_digest)}
         deps.append(base)
-    deps.append({"name": "requirements.lock", "digest": {"sha256": inp.lock_sha256},
-                 "annotations": {"lockHash": inp.lock_hash}})
+    deps.append(
+        {"name": "requirements.lock", "digest": {"sha256": inp.lock_sha256}, "annotations": {"lockHash": inp.lock_hash}}
+    )
     manifest_dep: dict = {"name": "base-manifest", "digest": {"sha256": inp.base_manifest_sha256}}
     if inp.base_manifest_source:
         manifest_dep["annotations"] = {"source": inp.base_manifest_source}
     deps.append(manifest_dep)
     deps.append({"name": "templates/Dockerfile.j2", "digest": {"sha256": inp.template_sha256}})
     for name, sha in inp.patches:
-        deps.append({"name": f"patches/vllm/{inp.vllm}/{name}", "digest": {"sha256": sha},
-                     "annotations": {"role": "patch"}})
+        deps.append(
+            {"name": f"patches/vllm/{inp.vllm}/{name}", "digest": {"sha256": sha}, "annotations": {"role": "patch"}}
+        )
     if inp.vllm_wheel:
         fname, sha = inp.vllm_wheel
         deps.append({"name": fname, "digest": {"sha256": sha}, "annotations": {"role": "patched-wheel"}})
     for req, url, sha in inp.wheels:  # a local file:// wheel (--find-links DIR) is named, not located
-        deps.append({**({"uri": redact_url(url)} if not url.startswith("file:") else {}), "name": req,
-                     "digest": {"sha256": sha}})
+        deps.append(
+            {
+                **({"uri": redact_url(url)} if not url.startswith("file:") else {}),
+                "name": req,
+                "digest": {"sha256": sha},
+            }
+        )
     metadata: dict = {}
     inv = invocation_id(env)
     if inv:
@@ -127,13 +142,18 @@ def statement(inp: ProvenanceInput, subject: list[dict] | None = None, *, env: M
             "buildDefinition": {
                 "buildType": BUILD_TYPE,
                 "externalParameters": {
-                    "vllm": inp.vllm, "repository": inp.repository, "tags": list(inp.tags),
-                    "overlay": list(inp.overlay), "allowAbiChange": dict(sorted(inp.allow_abi_change.items())),
+                    "vllm": inp.vllm,
+                    "repository": inp.repository,
+                    "tags": list(inp.tags),
+                    "overlay": list(inp.overlay),
+                    "allowAbiChange": dict(sorted(inp.allow_abi_change.items())),
                     "allowBaseDrift": bool(inp.allow_base_drift),
                 },
                 "internalParameters": {
-                    "tool": f"build-image {__version__}", "templateSha256": inp.template_sha256,
-                    "installer": inp.installer, "sourceDateEpoch": int(inp.source_date_epoch),
+                    "tool": f"build-image {__version__}",
+                    "templateSha256": inp.template_sha256,
+                    "installer": inp.installer,
+                    "sourceDateEpoch": int(inp.source_date_epoch),
                     "patchedFiles": [{"path": p, "sha256": s} for p, s in inp.patched_files],
                 },
                 "resolvedDependencies": deps,
@@ -205,18 +225,30 @@ def for_render(plan, *, lock_text: str, outputs: Mapping[str, str], template_tex
     lock = plan.lock
     repo = plan.repo or default_repo()
     inp = ProvenanceInput(
-        vllm=plan.vllm, repository=repo, tags=image_tags(repo, plan.vllm, lock.lock_hash), lock_hash=lock.lock_hash,
-        lock_sha256=sha256_text(lock_text), base_ref=plan.base.image_ref, base_digest=plan.base.image_digest,
-        base_manifest_sha256=lock.header.get("base-manifest-sha256", ""), overlay=list(lock.overlay),
+        vllm=plan.vllm,
+        repository=repo,
+        tags=image_tags(repo, plan.vllm, lock.lock_hash),
+        lock_hash=lock.lock_hash,
+        lock_sha256=sha256_text(lock_text),
+        base_ref=plan.base.image_ref,
+        base_digest=plan.base.image_digest,
+        base_manifest_sha256=lock.header.get("base-manifest-sha256", ""),
+        overlay=list(lock.overlay),
         allow_abi_change=dict(lock.allow_abi_change),
-        wheels=[(f"{e.name}=={e.version}", e.wheel.url,
-                 e.wheel.sha256) for e in sorted(lock.entries, key=lambda e: e.key)
-                if e.wheel is not None],
+        wheels=[
+            (f"{e.name}=={e.version}", e.wheel.url, e.wheel.sha256)
+            for e in sorted(lock.entries, key=lambda e: e.key)
+            if e.wheel is not None
+        ],
         patches=[(n, sha256_text(plan.patch_texts[n])) for n in plan.patches if n in plan.patch_texts],
         patched_files=[(p.relpath, p.patched_sha256) for p in sorted(plan.patched, key=lambda p: p.relpath)],
-        vllm_wheel=plan.vllm_wheel, template_sha256=sha256_text(template_text), installer=choose_installer(plan.base),
-        source_date_epoch=plan.source_date_epoch, outputs={n: sha256_text(t) for n, t in outputs.items()},
-        allow_base_drift=plan.allow_base_drift, base_manifest_source=plan.base_note,
+        vllm_wheel=plan.vllm_wheel,
+        template_sha256=sha256_text(template_text),
+        installer=choose_installer(plan.base),
+        source_date_epoch=plan.source_date_epoch,
+        outputs={n: sha256_text(t) for n, t in outputs.items()},
+        allow_base_drift=plan.allow_base_drift,
+        base_manifest_source=plan.base_note,
     )
     return statement(inp)
 

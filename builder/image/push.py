@@ -34,7 +34,7 @@ class PushResult:
     """The push stage's result: the registry's manifest digest of the image, pinned by digest."""
 
     image_id: str
-    digest: str | None            # None only if the tags were pushed as different manifests
+    digest: str | None  # None only if the tags were pushed as different manifests
     pinned: str
     pushed: tuple[PushedTag, ...]
     moved_tags: tuple[str, ...]
@@ -42,8 +42,13 @@ class PushResult:
     compressed_bytes: int | None = None  # what a pull downloads: the registry manifest's layer + config sizes
 
     def to_dict(self) -> dict:
-        doc = {"image_id": self.image_id, "digest": self.digest, "pinned": self.pinned,
-               "pushed": [p.to_dict() for p in self.pushed], "moved_tags": list(self.moved_tags)}
+        doc = {
+            "image_id": self.image_id,
+            "digest": self.digest,
+            "pinned": self.pinned,
+            "pushed": [p.to_dict() for p in self.pushed],
+            "moved_tags": list(self.moved_tags),
+        }
         if self.attestations is not None:
             doc["attestations"] = self.attestations
         doc["compressed_bytes"] = self.compressed_bytes
@@ -62,8 +67,9 @@ def registry_clients(tags: Sequence[str]) -> dict[str, tuple[registry.RegistryCl
     return clients
 
 
-def tag_conflicts(clients: dict[str, tuple[registry.RegistryClient, RefParts]],
-                  image_id: str) -> tuple[list[str], list[str]]:
+def tag_conflicts(
+    clients: dict[str, tuple[registry.RegistryClient, RefParts]], image_id: str
+) -> tuple[list[str], list[str]]:
     """(conflicts, moving): the tags already naming another image in the registry, content-addressed ones
     (a conflict) apart from moving ones (they move)."""
     conflicts, moving = [], []
@@ -73,14 +79,18 @@ def tag_conflicts(clients: dict[str, tuple[registry.RegistryClient, RefParts]],
             continue
         cfg = registry.config_of(got[1])
         if cfg != image_id:  # a manifest list / index (no single config) is a different image too
-            what = (f"image {cfg[:19]}…" if cfg
-                    else f"{got[1].get('mediaType') or 'a manifest without a config'} {got[0][:19]}…")
+            what = (
+                f"image {cfg[:19]}…"
+                if cfg
+                else f"{got[1].get('mediaType') or 'a manifest without a config'} {got[0][:19]}…"
+            )
             (conflicts if is_content_addressed(t) else moving).append(f"{t} -> {what} (local {image_id[:19]}…)")
     return conflicts, moving
 
 
-def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context: Path | None = None,
-               reporter: Reporter = SILENT) -> PushResult:
+def push_image(
+    tags: Sequence[str], *, force: bool = False, engine=None, context: Path | None = None, reporter: Reporter = SILENT
+) -> PushResult:
     """Push every tag of one local image; verify the registry's manifest digest; with ``context``
     (the rendered context the image was built from), attach its SBOM and provenance as referrers.
 
@@ -107,8 +117,9 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
     conflicts, moving = tag_conflicts(clients, image_id)
     if conflicts and not force:
         raise TagConflict(
-            "tag(s) already point at a different image in the registry: " + "; ".join(conflicts)
-                          + ". Nothing was pushed.",
+            "tag(s) already point at a different image in the registry: "
+            + "; ".join(conflicts)
+            + ". Nothing was pushed.",
             hint="a content-addressed tag moving means the build is not the same; pass --force to move the tag(s).",
         )
     for m in moving:
@@ -134,7 +145,12 @@ def push_image(tags: Sequence[str], *, force: bool = False, engine=None, context
     if context is not None:
         attestations = referrers.push_attestations(context, pushed[0].pinned, list(tags))
         say(referrers.summary_line(attestations))
-    return PushResult(image_id=image_id, digest=pushed[0].digest if len(digests) == 1 else None,
-                      pinned=pushed[0].pinned, pushed=tuple(pushed),
-                      moved_tags=tuple(c.split(" ->")[0] for c in conflicts + moving), attestations=attestations,
-                      compressed_bytes=compressed)
+    return PushResult(
+        image_id=image_id,
+        digest=pushed[0].digest if len(digests) == 1 else None,
+        pinned=pushed[0].pinned,
+        pushed=tuple(pushed),
+        moved_tags=tuple(c.split(" ->")[0] for c in conflicts + moving),
+        attestations=attestations,
+        compressed_bytes=compressed,
+    )

@@ -33,7 +33,7 @@ EMPTY = b"{}"
 SBOM_TYPE = "application/vnd.cyclonedx+json"
 INTOTO_TYPE = "application/vnd.in-toto+json"
 TITLE = "org.opencontainers.image.title"
-KIND = "org.build-image.attestation"   # sbom | provenance: the one of each kind build-image keeps indexed
+KIND = "org.build-image.attestation"  # sbom | provenance: the one of each kind build-image keeps indexed
 
 
 def digest_of(data: bytes) -> str:
@@ -45,16 +45,18 @@ def referrers_tag(subject_digest: str) -> str:
     return subject_digest.replace(":", "-", 1)
 
 
-def artifact_manifest(artifact_type: str, blob: bytes, title: str, subject: dict,
-                      annotations: dict | None = None) -> bytes:
+def artifact_manifest(
+    artifact_type: str, blob: bytes, title: str, subject: dict, annotations: dict | None = None
+) -> bytes:
     """The artifact's manifest bytes (pure; the digest is of exactly these bytes)."""
     doc = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "artifactType": artifact_type,
         "config": {"mediaType": EMPTY_TYPE, "digest": digest_of(EMPTY), "size": len(EMPTY), "data": "e30="},
-        "layers": [{"mediaType": artifact_type, "digest": digest_of(blob), "size": len(blob),
-                    "annotations": {TITLE: title}}],
+        "layers": [
+            {"mediaType": artifact_type, "digest": digest_of(blob), "size": len(blob), "annotations": {TITLE: title}}
+        ],
         "subject": subject,
     }
     if annotations:
@@ -67,9 +69,11 @@ def merge_index(index: dict | None, descriptor: dict) -> dict:
     build-image wrote for the same kind (``org.build-image.attestation``: a re-push's provenance replaces
     the previous one), is replaced; every other referrer (signatures, other tools') is kept."""
     kind = (descriptor.get("annotations") or {}).get(KIND)
-    manifests = [m for m in (index or {}).get("manifests", [])
-                 if m.get("digest") != descriptor["digest"]
-                 and not (kind and (m.get("annotations") or {}).get(KIND) == kind)]
+    manifests = [
+        m
+        for m in (index or {}).get("manifests", [])
+        if m.get("digest") != descriptor["digest"] and not (kind and (m.get("annotations") or {}).get(KIND) == kind)
+    ]
     manifests.append(descriptor)
     return {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": manifests}
 
@@ -79,7 +83,7 @@ class Attached:
     artifact_type: str
     digest: str
     size: int
-    referrers: str          # "api" (the registry lists it) | "tag-schema" (sha256-<hex> index)
+    referrers: str  # "api" (the registry lists it) | "tag-schema" (sha256-<hex> index)
 
 
 def _check(status: int, body: bytes, what: str, registry: str, ok=(200, 201, 202, 204)) -> None:
@@ -100,8 +104,9 @@ def upload_blob(client, repository: str, data: bytes) -> str:
     if not loc:
         raise RegistryError(f"registry {client.registry} started a blob upload without a Location.")
     sep = "&" if "?" in loc else "?"
-    status, headers, body = client.request("PUT", f"{loc}{sep}digest={digest}",
-                                           {"Content-Type": "application/octet-stream"}, data)
+    status, headers, body = client.request(
+        "PUT", f"{loc}{sep}digest={digest}", {"Content-Type": "application/octet-stream"}, data
+    )
     _check(status, body, f"the blob {digest[:19]}…", client.registry)
     got = headers.get("Docker-Content-Digest")
     if got and got != digest:
@@ -111,29 +116,39 @@ def upload_blob(client, repository: str, data: bytes) -> str:
 
 def subject_descriptor(client, repository: str, digest: str) -> dict:
     """(mediaType, digest, size) of the pushed image manifest, read back and its digest verified."""
-    status, headers, body = client.request("GET", f"/v2/{repository}/manifests/{digest}",
-                                           {"Accept": f"{OCI_MANIFEST}, {OCI_INDEX}, "
-                                                      "application/vnd.docker.distribution.manifest.v2+json, "
-                                                      "application/vnd.docker.distribution.manifest.list.v2+json"})
+    status, headers, body = client.request(
+        "GET",
+        f"/v2/{repository}/manifests/{digest}",
+        {
+            "Accept": f"{OCI_MANIFEST}, {OCI_INDEX}, "
+            "application/vnd.docker.distribution.manifest.v2+json, "
+            "application/vnd.docker.distribution.manifest.list.v2+json"
+        },
+    )
     _check(status, body, f"to show {repository}@{digest}", client.registry, ok=(200,))
     if digest_of(body) != digest:
-        raise RegistryError(f"registry {client.registry} served {repository}@{digest} with content of digest "
-                            f"{digest_of(body)}.")
-    media = (headers.get("Content-Type")
-             or registry_json(body, f"the manifest {repository}@{digest}", client.registry).get("mediaType")
-             or OCI_MANIFEST)
+        raise RegistryError(
+            f"registry {client.registry} served {repository}@{digest} with content of digest {digest_of(body)}."
+        )
+    media = (
+        headers.get("Content-Type")
+        or registry_json(body, f"the manifest {repository}@{digest}", client.registry).get("mediaType")
+        or OCI_MANIFEST
+    )
     return {"mediaType": media.split(";")[0].strip(), "digest": digest, "size": len(body)}
 
 
-def attach(client, repository: str, subject: dict, blob: bytes, artifact_type: str, title: str,
-           annotations: dict | None = None) -> Attached:
+def attach(
+    client, repository: str, subject: dict, blob: bytes, artifact_type: str, title: str, annotations: dict | None = None
+) -> Attached:
     """Push ``blob`` as an artifact referring to ``subject``; index it when the registry has no referrers API."""
     upload_blob(client, repository, EMPTY)
     upload_blob(client, repository, blob)
     manifest = artifact_manifest(artifact_type, blob, title, subject, annotations)
     digest = digest_of(manifest)
-    status, headers, body = client.request("PUT", f"/v2/{repository}/manifests/{digest}",
-                                           {"Content-Type": OCI_MANIFEST}, manifest)
+    status, headers, body = client.request(
+        "PUT", f"/v2/{repository}/manifests/{digest}", {"Content-Type": OCI_MANIFEST}, manifest
+    )
     _check(status, body, f"the {artifact_type} artifact manifest", client.registry)
     got = headers.get("Docker-Content-Digest")
     if got and got != digest:
@@ -158,11 +173,13 @@ def list_referrers(client, repository: str, subject_digest: str) -> tuple[str, l
     status, _, body = client.request("GET", f"/v2/{repository}/referrers/{subject_digest}", {"Accept": OCI_INDEX})
     if status == 200:
         return "api", registry_json(body, f"the referrers of {subject_digest}", client.registry).get("manifests", [])
-    status, _, body = client.request("GET", f"/v2/{repository}/manifests/{referrers_tag(subject_digest)}",
-                                     {"Accept": OCI_INDEX})
+    status, _, body = client.request(
+        "GET", f"/v2/{repository}/manifests/{referrers_tag(subject_digest)}", {"Accept": OCI_INDEX}
+    )
     if status == 200:
-        return "tag-schema", registry_json(body, f"the referrers index of {subject_digest}",
-                                           client.registry).get("manifests", [])
+        return "tag-schema", registry_json(body, f"the referrers index of {subject_digest}", client.registry).get(
+            "manifests", []
+        )
     return "none", []
 
 
@@ -174,8 +191,9 @@ def push_attestations(context: str | Path, pinned: str, tags: list[str]) -> dict
     client, ref = client_for(pinned)
     digest = ref.digest
     out: dict = {"subject": pinned, "files": {}}
-    prov = provenance.record_subject(ctx, provenance.image_subject([f"{ref.registry}/{ref.repository}"], digest),
-                                     stage="push")
+    prov = provenance.record_subject(
+        ctx, provenance.image_subject([f"{ref.registry}/{ref.repository}"], digest), stage="push"
+    )
     docs = []
     if (ctx / SBOM_FILE).is_file():
         docs.append(("sbom", SBOM_TYPE, SBOM_FILE, (ctx / SBOM_FILE).read_bytes()))
@@ -187,8 +205,12 @@ def push_attestations(context: str | Path, pinned: str, tags: list[str]) -> dict
         subject = subject_descriptor(client, ref.repository, digest)
         for key, atype, name, blob in docs:
             a = attach(client, ref.repository, subject, blob, atype, name, {KIND: key})
-            out[key] = {"digest": a.digest, "artifactType": a.artifact_type,
-                        "ref": f"{ref.registry}/{ref.repository}@{a.digest}", "referrers": a.referrers}
+            out[key] = {
+                "digest": a.digest,
+                "artifactType": a.artifact_type,
+                "ref": f"{ref.registry}/{ref.repository}@{a.digest}",
+                "referrers": a.referrers,
+            }
         out["pushed"] = bool(docs)
         if docs:
             out["referrers"] = out[docs[0][0]]["referrers"]
@@ -204,8 +226,11 @@ def summary_line(att: dict) -> str:
     """One line for the terminal: what the registry accepted, or why the files stayed local."""
     if att.get("pushed"):
         kinds = ", ".join(f"{k} {att[k]['digest'][:19]}…" for k in ("sbom", "provenance") if k in att)
-        how = ("listed by its referrers API" if att.get("referrers") == "api"
-               else f"indexed under the referrers tag {att.get('index')} (the registry has no referrers API)")
+        how = (
+            "listed by its referrers API"
+            if att.get("referrers") == "api"
+            else f"indexed under the referrers tag {att.get('index')} (the registry has no referrers API)"
+        )
         return f"attached to {att['subject']}: {kinds}; {how}"
     files = ", ".join(att.get("files", {}).values()) or "none"
     reason = str(att.get("reason") or "nothing to push").rstrip(".")

@@ -25,12 +25,14 @@ from builder.errors import BadInput, RegistryError
 from builder.validate import load_json, read_bounded
 from builder.values import RefParts, parse_ref
 
-MANIFEST_TYPES = ", ".join([
-    "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.oci.image.index.v1+json",
-])
+MANIFEST_TYPES = ", ".join(
+    [
+        "application/vnd.docker.distribution.manifest.v2+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.oci.image.index.v1+json",
+    ]
+)
 _LOOPBACK = re.compile(r"^(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?$")
 
 
@@ -90,8 +92,14 @@ class RegistryClient:
         self.base = f"{scheme}://{host}"
         self._auth_header: str | None = None
 
-    def _open(self, method: str, path: str, headers: dict[str, str] | None = None, data: bytes | None = None,
-              _retried: bool = False):
+    def _open(
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str] | None = None,
+        data: bytes | None = None,
+        _retried: bool = False,
+    ):
         hdrs = dict(headers or {})
         if self._auth_header:
             hdrs["Authorization"] = self._auth_header
@@ -135,14 +143,16 @@ class RegistryClient:
                 return True
         return False
 
-    def request(self, method: str, path: str, headers: dict[str, str] | None = None,
-                data: bytes | None = None) -> tuple[int, dict[str, str], bytes]:
+    def request(
+        self, method: str, path: str, headers: dict[str, str] | None = None, data: bytes | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
         """(status, headers, body) of one request; an HTTP error status is returned, not raised."""
         if path.startswith(("http://", "https://")):
             if not path.startswith(self.base + "/"):
-                raise RegistryError(f"registry {self.registry} redirected an upload to another host "
-                                    f"({path.split('/')[2]}).")
-            path = path[len(self.base):]
+                raise RegistryError(
+                    f"registry {self.registry} redirected an upload to another host ({path.split('/')[2]})."
+                )
+            path = path[len(self.base) :]
         try:
             with self._open(method, path, headers, data) as resp:
                 return resp.status, dict(resp.headers), resp.read()

@@ -96,7 +96,7 @@ class RenderPlan:
     base: BaseManifest
     lock: LockFile
     patched: list[PatchedFile] = field(default_factory=list)
-    patches: list[str] = field(default_factory=list)   # patch names, series order
+    patches: list[str] = field(default_factory=list)  # patch names, series order
     repo: str | None = None
     serve_app: bool = True
     source_date_epoch: int = 0
@@ -105,7 +105,7 @@ class RenderPlan:
     vllm_wheel: tuple[str, str] | None = None  # (file name, sha256) of the wheel the series is made for
     base_data: bytes | None = None  # the base manifest's bytes as the lock hashed them (None: base.to_json())
     allow_base_drift: bool = False  # the checks stage lists base drift as a warning instead of failing
-    base_note: str | None = None    # where the manifest came from when the pipeline replaced it (a snapshot)
+    base_note: str | None = None  # where the manifest came from when the pipeline replaced it (a snapshot)
 
     @property
     def manifest_bytes(self) -> bytes:
@@ -127,19 +127,31 @@ class RenderPlan:
 
     def sbom_text(self) -> str:
         """The image's CycloneDX SBOM (pure: a function of the plan)."""
-        return sbom_json(SbomInput(
-            vllm=self.vllm, base=self.base, lock=self.lock, image_name=self.repo or default_repo(),
-            image_version=tag_names(self.vllm, self.lock_hash)[0], patched=list(self.patched),
-            patches=list(self.patches), patch_texts=dict(self.patch_texts), vllm_wheel=self.vllm_wheel,
-            source_date_epoch=self.source_date_epoch, base_manifest=self.base_note))
+        return sbom_json(
+            SbomInput(
+                vllm=self.vllm,
+                base=self.base,
+                lock=self.lock,
+                image_name=self.repo or default_repo(),
+                image_version=tag_names(self.vllm, self.lock_hash)[0],
+                patched=list(self.patched),
+                patches=list(self.patches),
+                patch_texts=dict(self.patch_texts),
+                vllm_wheel=self.vllm_wheel,
+                source_date_epoch=self.source_date_epoch,
+                base_manifest=self.base_note,
+            )
+        )
 
 
 # ---------------------------------------------------------------- pure decisions
 def from_ref(base: BaseManifest) -> str:
     ref = base.pinned_ref
     if not ref:
-        raise BadInput("base manifest: 'image.ref' is empty; render needs the base image reference.",
-                       hint="snapshot the base with `build-image base snapshot --image REF`.")
+        raise BadInput(
+            "base manifest: 'image.ref' is empty; render needs the base image reference.",
+            hint="snapshot the base with `build-image base snapshot --image REF`.",
+        )
     return ref
 
 
@@ -158,8 +170,10 @@ def check_consistency(plan: RenderPlan) -> None:
     if lock_digest not in (None, "-", "") and plan.base.image_digest and lock_digest != plan.base.image_digest:
         problems.append(f"the lock's base-digest is {lock_digest}, the base manifest's is {plan.base.image_digest}")
     if problems:
-        raise BadInput("lock and base manifest do not belong together: " + "; ".join(problems) + ".",
-                       hint="re-run `build-image lock` against this base manifest.")
+        raise BadInput(
+            "lock and base manifest do not belong together: " + "; ".join(problems) + ".",
+            hint="re-run `build-image lock` against this base manifest.",
+        )
     missing = [e.name for e in plan.lock.entries if e.wheel is None]
     if missing:
         raise BadInput(
@@ -171,8 +185,10 @@ def check_consistency(plan: RenderPlan) -> None:
         if e.wheel and e.wheel.sha256 not in e.hashes:
             raise BadInput(f"lock, line {e.line}: {e.name}'s wheel sha256 is not among its --hash lines.")
         if e.wheel and not e.wheel.filename.endswith(".whl"):
-            raise BadInput(f"lock, line {e.line}: {e.name} is locked to {e.wheel.filename}, not a wheel; "
-                           "the image build installs wheels only (no compiler, no network).")
+            raise BadInput(
+                f"lock, line {e.line}: {e.name} is locked to {e.wheel.filename}, not a wheel; "
+                "the image build installs wheels only (no compiler, no network)."
+            )
 
 
 def epoch_iso(epoch: int) -> str:
@@ -187,8 +203,10 @@ def oci_labels(plan: RenderPlan, sbom_sha256: str | None = None) -> list[tuple[s
     tags = tag_names(plan.vllm, plan.lock_hash)
     labels = [
         ("org.opencontainers.image.title", "vllm-serving"),
-        ("org.opencontainers.image.description",
-         f"vLLM {plan.vllm} serving image with a hash-locked overlay on {plan.base.image_ref}"),
+        (
+            "org.opencontainers.image.description",
+            f"vLLM {plan.vllm} serving image with a hash-locked overlay on {plan.base.image_ref}",
+        ),
         ("org.opencontainers.image.version", tags[0]),
         ("org.opencontainers.image.created", epoch_iso(plan.source_date_epoch)),
         ("org.opencontainers.image.base.name", (plan.base.image_ref or "").split("@")[0]),
@@ -218,8 +236,15 @@ def oci_labels(plan: RenderPlan, sbom_sha256: str | None = None) -> list[tuple[s
 
 def context_files(plan: RenderPlan) -> list[str]:
     """Every file of the context, relative, sorted (the test of 'nothing else')."""
-    files = ["Dockerfile", "requirements.lock", PYLOCK_NAME, SBOM_FILE, PROVENANCE_FILE,
-             f"{CHECKS_DIR}/{CHECKER_FILE}", f"{CHECKS_DIR}/{MANIFEST_COPY}"]
+    files = [
+        "Dockerfile",
+        "requirements.lock",
+        PYLOCK_NAME,
+        SBOM_FILE,
+        PROVENANCE_FILE,
+        f"{CHECKS_DIR}/{CHECKER_FILE}",
+        f"{CHECKS_DIR}/{MANIFEST_COPY}",
+    ]
     files += [f"wheels/{e.wheel.filename}" for e in plan.lock.entries if e.wheel]
     if plan.patched:
         files += ["patches/original.sha256", "patches/patched.sha256"]
@@ -253,36 +278,41 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
     computed when not given)."""
     for p in plan.patched:
         if p.relpath.startswith("/") or ".." in Path(p.relpath).parts or any(c.isspace() for c in p.relpath):
-            raise BadInput(f"patched file path {p.relpath!r} must be relative to site-packages, without "
-                           "'..' or spaces.")
+            raise BadInput(
+                f"patched file path {p.relpath!r} must be relative to site-packages, without '..' or spaces."
+            )
     repo = plan.repo or default_repo()
-    return redact_text(_env().get_template("Dockerfile.j2").render(
-        manifest_file=MANIFEST_COPY,
-        manifest_sha256=plan.manifest_sha256,
-        checker_file=CHECKER_FILE,
-        checker_sha256=sha256_file(checker_path()),
-        check_tool=consistency_tool(plan.base),
-        allow_base_drift=plan.allow_base_drift,
-        constraints_path=CONSTRAINTS_PATH,
-        vllm_cache_root=VLLM_CACHE_ROOT,
-        triton_cache_dir=TRITON_CACHE_DIR,
-        tool_version=__version__,
-        vllm=plan.vllm,
-        python=plan.base.python_version,
-        from_ref=from_ref(plan.base),
-        installer=choose_installer(plan.base),
-        patched=sorted(plan.patched, key=lambda p: p.relpath),
-        patches=plan.patches,
-        serve_app=SERVE_APP_FILE if plan.serve_app else None,
-        serve_module=SERVE_MODULE,
-        serve_backend=plan.serve_backend,
-        serve_backend_env=SERVE_BACKEND_ENV,
-        source_date_epoch=int(plan.source_date_epoch),
-        labels=oci_labels(plan, sbom_sha256),
-        sbom_file=SBOM_FILE,
-        sbom_path=IMAGE_SBOM_PATH,
-        tags=image_tags(repo, plan.vllm, plan.lock_hash),
-    ))  # the file rule: no credential in any generated text
+    return redact_text(
+        _env()
+        .get_template("Dockerfile.j2")
+        .render(
+            manifest_file=MANIFEST_COPY,
+            manifest_sha256=plan.manifest_sha256,
+            checker_file=CHECKER_FILE,
+            checker_sha256=sha256_file(checker_path()),
+            check_tool=consistency_tool(plan.base),
+            allow_base_drift=plan.allow_base_drift,
+            constraints_path=CONSTRAINTS_PATH,
+            vllm_cache_root=VLLM_CACHE_ROOT,
+            triton_cache_dir=TRITON_CACHE_DIR,
+            tool_version=__version__,
+            vllm=plan.vllm,
+            python=plan.base.python_version,
+            from_ref=from_ref(plan.base),
+            installer=choose_installer(plan.base),
+            patched=sorted(plan.patched, key=lambda p: p.relpath),
+            patches=plan.patches,
+            serve_app=SERVE_APP_FILE if plan.serve_app else None,
+            serve_module=SERVE_MODULE,
+            serve_backend=plan.serve_backend,
+            serve_backend_env=SERVE_BACKEND_ENV,
+            source_date_epoch=int(plan.source_date_epoch),
+            labels=oci_labels(plan, sbom_sha256),
+            sbom_file=SBOM_FILE,
+            sbom_path=IMAGE_SBOM_PATH,
+            tags=image_tags(repo, plan.vllm, plan.lock_hash),
+        )
+    )  # the file rule: no credential in any generated text
 
 
 # ---------------------------------------------------------------- side effects
@@ -356,9 +386,12 @@ def foreign_entries(out: Path) -> list[str]:
     """What ``out`` (an existing context) holds that no render writes: a user's NOTES.md, a data folder.
     Sorted, relative; folders of the render (:data:`OWN_CONTEXT_DIRS`) are the render's whole."""
     own = {"Dockerfile", "requirements.lock", PYLOCK_NAME, SBOM_FILE, PROVENANCE_FILE, *EXTRA_CONTEXT_FILES}
-    return sorted(p.name + ("/" if p.is_dir() and not p.is_symlink() else "") for p in out.iterdir()
-                  if not (p.name in own and p.is_file() and not p.is_symlink())
-                  and not (p.name in OWN_CONTEXT_DIRS and p.is_dir() and not p.is_symlink()))
+    return sorted(
+        p.name + ("/" if p.is_dir() and not p.is_symlink() else "")
+        for p in out.iterdir()
+        if not (p.name in own and p.is_file() and not p.is_symlink())
+        and not (p.name in OWN_CONTEXT_DIRS and p.is_dir() and not p.is_symlink())
+    )
 
 
 def sweep_leftovers(out: Path) -> list[Path]:
@@ -432,8 +465,9 @@ def write_context(
     with output_lock(out):  # two renders to one -o: the second waits, then replaces the first's whole
         sweep_leftovers(out)
         try:
-            return _write_context_locked(out, plan, dockerfile, sbom, wheels=wheels, patched_root=patched_root,
-                                         lock_text=lock_text, extra=extra)
+            return _write_context_locked(
+                out, plan, dockerfile, sbom, wheels=wheels, patched_root=patched_root, lock_text=lock_text, extra=extra
+            )
         except OSError as exc:  # a full or read-only file system: exit 2 naming it; the previous context is intact
             err = write_error(out, exc)
             if err is None:
@@ -448,8 +482,9 @@ def write_checks(ctx: Path, plan: RenderPlan) -> None:
     (ctx / CHECKS_DIR / MANIFEST_COPY).write_bytes(plan.manifest_bytes)
 
 
-def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: str, *, wheels, patched_root,
-                          lock_text, extra) -> list[str]:
+def _write_context_locked(
+    out: Path, plan: RenderPlan, dockerfile: str, sbom: str, *, wheels, patched_root, lock_text, extra
+) -> list[str]:
     check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(out)  # made inside the try: an interrupt just after the mkdir still removes it
@@ -457,16 +492,19 @@ def _write_context_locked(out: Path, plan: RenderPlan, dockerfile: str, sbom: st
         tmp.mkdir(mode=0o700)  # under the output lock, after the sweep: no other run's temp has this name
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
 
-        (tmp / "requirements.lock").write_text(redact_text(lock_text) if lock_text is not None else plan.lock.format(),
-                                               encoding="utf-8")
+        (tmp / "requirements.lock").write_text(
+            redact_text(lock_text) if lock_text is not None else plan.lock.format(), encoding="utf-8"
+        )
         pylock_text = format_pylock(plan.lock, wheel_dir="wheels")
         (tmp / PYLOCK_NAME).write_text(pylock_text, encoding="utf-8")
         (tmp / SBOM_FILE).write_text(sbom, encoding="utf-8")
 
         prov = provenance.for_render(
-            plan, lock_text=(tmp / "requirements.lock").read_text(encoding="utf-8"),
+            plan,
+            lock_text=(tmp / "requirements.lock").read_text(encoding="utf-8"),
             outputs={"Dockerfile": dockerfile, PYLOCK_NAME: pylock_text, SBOM_FILE: sbom},
-            template_text=_env().loader.get_source(_env(), "Dockerfile.j2")[0])
+            template_text=_env().loader.get_source(_env(), "Dockerfile.j2")[0],
+        )
         (tmp / PROVENANCE_FILE).write_text(provenance.dumps(prov), encoding="utf-8")
         (tmp / "wheels").mkdir()
         for e in plan.lock.entries:
@@ -574,8 +612,9 @@ def verify_context(context: str | Path) -> LockFile:
             hint="the context was modified or corrupted; re-run `build-image render`.",
         )
     locked = {e.wheel.filename for e in lock.entries if e.wheel is not None}
-    extra = (sorted(p.name for p in (ctx / "wheels").iterdir() if p.name not in locked) if (ctx / "wheels").is_dir()
-             else [])
+    extra = (
+        sorted(p.name for p in (ctx / "wheels").iterdir() if p.name not in locked) if (ctx / "wheels").is_dir() else []
+    )
     if extra:
         raise IntegrityError(
             f"build context {ctx}: wheels/ holds file(s) the lock does not list: {', '.join(extra[:5])}; "
@@ -599,8 +638,15 @@ def verify_context(context: str | Path) -> LockFile:
             if sha256_file(f) != digest:
                 raise IntegrityError(f"build context {ctx}: patches/files/{rel} does not match patches/patched.sha256.")
     # the image copies all of patches/files/ over vllm, but sha256sum -c checks only the listed files
-    unlisted = sorted(str(p.relative_to(files_dir)) for p in files_dir.rglob("*")
-                      if not p.is_dir() and str(p.relative_to(files_dir)) not in listed) if files_dir.is_dir() else []
+    unlisted = (
+        sorted(
+            str(p.relative_to(files_dir))
+            for p in files_dir.rglob("*")
+            if not p.is_dir() and str(p.relative_to(files_dir)) not in listed
+        )
+        if files_dir.is_dir()
+        else []
+    )
     if unlisted:
         raise IntegrityError(
             f"build context {ctx}: patches/files/ holds file(s) patches/patched.sha256 does not list: "
@@ -614,11 +660,16 @@ def _verify_checks(ctx: Path) -> None:
     """checks/: present when the Dockerfile runs them (their sha256 is checked in the image's checks
     stage, so a context built without the tool fails the same way)."""
     text = (ctx / "Dockerfile").read_text(encoding="utf-8")
-    missing = [f"{CHECKS_DIR}/{name}" for name in (CHECKER_FILE, MANIFEST_COPY)
-               if f"{CHECKS_DIR}/{name}" in text and not (ctx / CHECKS_DIR / name).is_file()]
+    missing = [
+        f"{CHECKS_DIR}/{name}"
+        for name in (CHECKER_FILE, MANIFEST_COPY)
+        if f"{CHECKS_DIR}/{name}" in text and not (ctx / CHECKS_DIR / name).is_file()
+    ]
     if missing:
-        raise BadInput(f"build context {ctx} has no {' or '.join(missing)}, which its Dockerfile's checks run.",
-                       hint="re-run `build-image render`.")
+        raise BadInput(
+            f"build context {ctx} has no {' or '.join(missing)}, which its Dockerfile's checks run.",
+            hint="re-run `build-image render`.",
+        )
 
 
 def _verify_twins(ctx: Path, lock: LockFile) -> None:
@@ -627,20 +678,27 @@ def _verify_twins(ctx: Path, lock: LockFile) -> None:
     if py.is_file():
         diffs = same_pins(lock, parse_pylock_lock(py.read_text(encoding="utf-8"), str(py)))
         if diffs:
-            raise IntegrityError(f"build context {ctx}: {PYLOCK_NAME} pins other packages than requirements.lock "
-                                 f"({'; '.join(diffs[:3])}).",
-                                 hint="the context was modified; re-run `build-image render`.")
+            raise IntegrityError(
+                f"build context {ctx}: {PYLOCK_NAME} pins other packages than requirements.lock "
+                f"({'; '.join(diffs[:3])}).",
+                hint="the context was modified; re-run `build-image render`.",
+            )
     sbom = ctx / SBOM_FILE
-    m = re.search(rf'{re.escape(LABEL_PREFIX)}\.sbom-sha256="([0-9a-f]{{64}})"',
-                  (ctx / "Dockerfile").read_text(encoding="utf-8"))
+    m = re.search(
+        rf'{re.escape(LABEL_PREFIX)}\.sbom-sha256="([0-9a-f]{{64}})"', (ctx / "Dockerfile").read_text(encoding="utf-8")
+    )
     if m and not sbom.is_file():
-        raise BadInput(f"build context {ctx} has no {SBOM_FILE}, which its Dockerfile copies into the image.",
-                       hint="re-run `build-image render`.")
+        raise BadInput(
+            f"build context {ctx} has no {SBOM_FILE}, which its Dockerfile copies into the image.",
+            hint="re-run `build-image render`.",
+        )
     if m and sha256_file(sbom) != m.group(1):
-        raise IntegrityError(f"build context {ctx}: {SBOM_FILE} has sha256 {sha256_file(sbom)[:16]}..., the "
-                             "Dockerfile's "
-                             f"{LABEL_PREFIX}.sbom-sha256 label says {m.group(1)[:16]}....",
-                             hint="the context was modified; re-run `build-image render`.")
+        raise IntegrityError(
+            f"build context {ctx}: {SBOM_FILE} has sha256 {sha256_file(sbom)[:16]}..., the "
+            "Dockerfile's "
+            f"{LABEL_PREFIX}.sbom-sha256 label says {m.group(1)[:16]}....",
+            hint="the context was modified; re-run `build-image render`.",
+        )
 
 
 # ---------------------------------------------------------------- the render stage (render command / pipeline)
@@ -686,8 +744,9 @@ class RenderResult:
         return self.plan.lock_hash
 
 
-def render_inputs(spec, *, lock_file: str | Path | None = None, base: str | None = None,
-                  locked: Locked | None = None) -> RenderInputs:
+def render_inputs(
+    spec, *, lock_file: str | Path | None = None, base: str | None = None, locked: Locked | None = None
+) -> RenderInputs:
     """The base manifest and the lock render works from.
 
     ``locked`` (a :class:`builder.resolve.lockstage.Locked` the pipeline just made) is used as is;
@@ -712,8 +771,9 @@ def load_release_series(series_dir: Path | None, vllm: str) -> P.Series:
     return P.load_series(series_dir if series_dir is not None else P.require_series(vllm), vllm)
 
 
-def apply_series(series: P.Series, vllm: str, vllm_wheel: Path | None,
-                 out_dir: Path) -> tuple[list[PatchedFile], list[str]]:
+def apply_series(
+    series: P.Series, vllm: str, vllm_wheel: Path | None, out_dir: Path
+) -> tuple[list[PatchedFile], list[str]]:
     """Check and apply ``series`` to the vllm wheel on the host; patched files land in ``out_dir``."""
     names = [p.name for p in series.patches]
     if not names:
@@ -760,10 +820,18 @@ def render_context(
     ``series``: the series the caller loaded already (else ``series_dir``'s, or the shipped one, loaded here);
     ``reporter``: the steps and wheel downloads as events.  The result carries the patch step's seconds."""
     step = reporter.step
-    plan = RenderPlan(vllm=vllm, base=base, lock=lock, repo=repo,
-                      source_date_epoch=default_source_date_epoch(), revision=revision,
-                      serve_app=serve_app_source().is_file(), base_data=base_data,
-                      allow_base_drift=allow_base_drift, base_note=base_note)
+    plan = RenderPlan(
+        vllm=vllm,
+        base=base,
+        lock=lock,
+        repo=repo,
+        source_date_epoch=default_source_date_epoch(),
+        revision=revision,
+        serve_app=serve_app_source().is_file(),
+        base_data=base_data,
+        allow_base_drift=allow_base_drift,
+        base_note=base_note,
+    )
     check_consistency(plan)
     tags = image_tags(repo or default_repo(), vllm, lock.lock_hash)
     with tempfile.TemporaryDirectory(prefix="build-image-patched.") as ptmp:
@@ -780,15 +848,26 @@ def render_context(
 
         step("write context")
         sbom = plan.sbom_text()  # once: the context's file and the label's sha256
-        files = write_context(out_dir, plan, wheels=wheels, patched_root=Path(ptmp), lock_text=lock_text,
-                              extra=None if extra is None else (lambda tmp: extra(tmp, tags)), sbom_text=sbom)
+        files = write_context(
+            out_dir,
+            plan,
+            wheels=wheels,
+            patched_root=Path(ptmp),
+            lock_text=lock_text,
+            extra=None if extra is None else (lambda tmp: extra(tmp, tags)),
+            sbom_text=sbom,
+        )
     from types import MappingProxyType
 
     return RenderResult(
-        out_dir=Path(out_dir), files=tuple(files), tags=tuple(tags),
+        out_dir=Path(out_dir),
+        files=tuple(files),
+        tags=tuple(tags),
         labels=tuple(oci_labels(plan, sha256_bytes(sbom.encode()))),
         wheel_digests=MappingProxyType({e.wheel.filename: e.wheel.sha256 for e in lock.entries if e.wheel}),
-        base_refs=(from_ref(base),), plan=plan, timings=MappingProxyType({"patch": patch_s}),
+        base_refs=(from_ref(base),),
+        plan=plan,
+        timings=MappingProxyType({"patch": patch_s}),
     )
 
 
@@ -797,9 +876,13 @@ def build_hint(context: str | Path, repo: str | None, tags: Iterable[str], platf
     than the default is named to docker (the tool reads it from the lock)."""
     q = shlex.quote  # the repository and tags are image_tags' (checked); the context is any path
     plat = "" if platform.is_default else f" --platform {platform.name}"
-    return (f"build-image build {q(str(context))}" + (f" --tag {q(repo)}" if repo else "")
-            + f"   (or: cd {q(str(context))} && DOCKER_BUILDKIT=1 docker build{plat} --network=none"
-            + "".join(f" -t {q(t)}" for t in tags) + " .)")
+    return (
+        f"build-image build {q(str(context))}"
+        + (f" --tag {q(repo)}" if repo else "")
+        + f"   (or: cd {q(str(context))} && DOCKER_BUILDKIT=1 docker build{plat} --network=none"
+        + "".join(f" -t {q(t)}" for t in tags)
+        + " .)"
+    )
 
 
 def default_out_dir(vllm: str) -> Path:

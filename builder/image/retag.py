@@ -43,8 +43,9 @@ def manifest_by_digest(client, repository: str, digest: str) -> Manifest | None:
     if status != 200:
         raise RegistryError(f"registry {client.registry}: GET {repository}@{digest} answered HTTP {status}.")
     if digest_of(body) != digest:
-        raise RegistryError(f"registry {client.registry} served {repository}@{digest} with content of digest "
-                            f"{digest_of(body)}.")
+        raise RegistryError(
+            f"registry {client.registry} served {repository}@{digest} with content of digest {digest_of(body)}."
+        )
     doc = registry_json(body, f"the manifest {repository}@{digest}", client.registry)
     media = (headers.get("Content-Type") or doc.get("mediaType") or OCI_MANIFEST).split(";")[0].strip()
     return Manifest(digest=digest, media_type=media, body=body)
@@ -66,15 +67,19 @@ def container_config(client, repository: str, manifest: Manifest) -> dict:
     blob (digest verified); an index has none (BadInput: promote names one image, not a list)."""
     cfg = manifest.config_digest
     if manifest.media_type in (OCI_INDEX, "application/vnd.docker.distribution.manifest.list.v2+json") or not cfg:
-        raise BadInput(f"{client.registry}/{repository}@{manifest.digest} is an image index, not one image; "
-                       "promote the platform's image digest (KubeRay pods run one image).")
+        raise BadInput(
+            f"{client.registry}/{repository}@{manifest.digest} is an image index, not one image; "
+            "promote the platform's image digest (KubeRay pods run one image)."
+        )
     status, _h, body = client.request("GET", f"/v2/{repository}/blobs/{cfg}")
     if status != 200:
-        raise RegistryError(f"registry {client.registry}: the config {cfg} of {repository}@{manifest.digest} "
-                            f"answered HTTP {status}.")
+        raise RegistryError(
+            f"registry {client.registry}: the config {cfg} of {repository}@{manifest.digest} answered HTTP {status}."
+        )
     if digest_of(body) != cfg:
-        raise RegistryError(f"registry {client.registry} served the config {cfg} with content of digest "
-                            f"{digest_of(body)}.")
+        raise RegistryError(
+            f"registry {client.registry} served the config {cfg} with content of digest {digest_of(body)}."
+        )
     inner = registry_json(body, f"the config {cfg}", client.registry).get("config") or {}
     if not isinstance(inner, dict):
         raise RegistryError(f"registry {client.registry}: the config {cfg} is not an image config.")
@@ -93,14 +98,17 @@ def mount_blobs(client, repository: str, source_repository: str, manifest: Manif
             continue
         status, _h, body = client.request("POST", f"/v2/{repository}/blobs/uploads/?mount={d}&from={source_repository}")
         if status != 201:
-            raise RegistryError(f"registry {client.registry} did not mount {d} from {source_repository} into "
-                                f"{repository} (HTTP {status}).")
+            raise RegistryError(
+                f"registry {client.registry} did not mount {d} from {source_repository} into "
+                f"{repository} (HTTP {status})."
+            )
 
 
 def put_tag(client, repository: str, tag: str, manifest: Manifest) -> None:
     """Point ``repository:tag`` at ``manifest`` (its exact bytes) and check the registry's answer."""
-    status, headers, body = client.request("PUT", f"/v2/{repository}/manifests/{tag}",
-                                           {"Content-Type": manifest.media_type}, manifest.body)
+    status, headers, body = client.request(
+        "PUT", f"/v2/{repository}/manifests/{tag}", {"Content-Type": manifest.media_type}, manifest.body
+    )
     if status not in (200, 201):
         text = body.decode("utf-8", "replace").strip().replace("\n", " ")[:300]
         raise RegistryError(f"registry {client.registry} refused to move {repository}:{tag} (HTTP {status}: {text}).")

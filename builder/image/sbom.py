@@ -39,12 +39,12 @@ class SbomInput:
     vllm: str
     base: BaseManifest
     lock: LockFile
-    image_name: str                      # repository (no tag)
-    image_version: str                   # the content-addressed tag
+    image_name: str  # repository (no tag)
+    image_version: str  # the content-addressed tag
     patched: list[PatchedFile] = field(default_factory=list)
-    patches: list[str] = field(default_factory=list)          # names, series order
+    patches: list[str] = field(default_factory=list)  # names, series order
     patch_texts: dict[str, str] = field(default_factory=dict)  # name -> patch file text
-    vllm_wheel: tuple[str, str] | None = None                 # (file name, sha256) the series is made for
+    vllm_wheel: tuple[str, str] | None = None  # (file name, sha256) the series is made for
     source_date_epoch: int = 0
     base_manifest: str | None = None  # where the manifest came from when the pipeline snapshotted the base
 
@@ -60,18 +60,27 @@ def _props(pairs):
 
 
 def _facts_props(facts, source: str):
-    return _props([
-        ("source", source), ("binary", str(facts.binary).lower()), ("extensions", facts.extensions),
-        ("numpy-abi", f"{facts.numpy_abi.get('1', 0)}/{facts.numpy_abi.get('2', 0)}"),
-        ("glibc", facts.glibc), ("python-abi", facts.python_abi),
-    ])
+    return _props(
+        [
+            ("source", source),
+            ("binary", str(facts.binary).lower()),
+            ("extensions", facts.extensions),
+            ("numpy-abi", f"{facts.numpy_abi.get('1', 0)}/{facts.numpy_abi.get('2', 0)}"),
+            ("glibc", facts.glibc),
+            ("python-abi", facts.python_abi),
+        ]
+    )
 
 
 def _pypi_purl(name: str, version: str, file_name: str | None = None):
     from packageurl import PackageURL
 
-    return PackageURL(type="pypi", name=canonical_name(name), version=version,
-                      qualifiers={"file_name": file_name} if file_name else None)
+    return PackageURL(
+        type="pypi",
+        name=canonical_name(name),
+        version=version,
+        qualifiers={"file_name": file_name} if file_name else None,
+    )
 
 
 def _ref(name: str, version: str) -> str:
@@ -81,8 +90,14 @@ def _ref(name: str, version: str) -> str:
 def _base_component(d: Distribution, ref: str | None = None):
     from cyclonedx.model.component import Component, ComponentType
 
-    return Component(type=ComponentType.LIBRARY, name=d.name, version=d.version, bom_ref=ref or _ref(d.name, d.version),
-                     purl=_pypi_purl(d.name, d.version), properties=_facts_props(d.facts, "base-image"))
+    return Component(
+        type=ComponentType.LIBRARY,
+        name=d.name,
+        version=d.version,
+        bom_ref=ref or _ref(d.name, d.version),
+        purl=_pypi_purl(d.name, d.version),
+        properties=_facts_props(d.facts, "base-image"),
+    )
 
 
 def _overlay_component(e: LockEntry, base: BaseManifest):
@@ -100,13 +115,21 @@ def _overlay_component(e: LockEntry, base: BaseManifest):
     pedigree = None
     moved = base.get(e.key)
     if moved is not None:  # the overlay replaces the base's version of this distribution
-        pedigree = Pedigree(ancestors=[_base_component(moved, ref=f"base:{_ref(moved.name, moved.version)}")],
-                            notes=f"replaces {moved.name} {moved.version} of the base image")
-    return Component(type=ComponentType.LIBRARY, name=e.name, version=e.version, bom_ref=_ref(e.name, e.version),
-                     purl=_pypi_purl(e.name, e.version, fname), hashes=hashes, external_references=refs,
-                     pedigree=pedigree,
-                     properties=_facts_props(e.facts, "overlay")
-                     + _props([("wheel", fname), ("moves-base", e.base_version)]))
+        pedigree = Pedigree(
+            ancestors=[_base_component(moved, ref=f"base:{_ref(moved.name, moved.version)}")],
+            notes=f"replaces {moved.name} {moved.version} of the base image",
+        )
+    return Component(
+        type=ComponentType.LIBRARY,
+        name=e.name,
+        version=e.version,
+        bom_ref=_ref(e.name, e.version),
+        purl=_pypi_purl(e.name, e.version, fname),
+        hashes=hashes,
+        external_references=refs,
+        pedigree=pedigree,
+        properties=_facts_props(e.facts, "overlay") + _props([("wheel", fname), ("moves-base", e.base_version)]),
+    )
 
 
 def _vllm_pedigree(inp: SbomInput, vllm: Distribution):
@@ -117,23 +140,36 @@ def _vllm_pedigree(inp: SbomInput, vllm: Distribution):
     ancestors = []
     if inp.vllm_wheel:
         fname, sha = inp.vllm_wheel
-        ancestors.append(Component(type=ComponentType.LIBRARY, name="vllm", version=vllm.version,
-                                   bom_ref=f"upstream:{_ref('vllm', vllm.version)}",
-                                   purl=_pypi_purl("vllm", vllm.version, fname),
-                                   hashes=[HashType(alg=HashAlgorithm.SHA_256, content=sha)],
-                                   properties=_props([("source", "pypi"), ("wheel", fname)])))
+        ancestors.append(
+            Component(
+                type=ComponentType.LIBRARY,
+                name="vllm",
+                version=vllm.version,
+                bom_ref=f"upstream:{_ref('vllm', vllm.version)}",
+                purl=_pypi_purl("vllm", vllm.version, fname),
+                hashes=[HashType(alg=HashAlgorithm.SHA_256, content=sha)],
+                properties=_props([("source", "pypi"), ("wheel", fname)]),
+            )
+        )
     patches = []
     for name in inp.patches:
         text = inp.patch_texts.get(name)
         diff = Diff(text=AttachedText(content=text, content_type="text/x-diff")) if text is not None else None
         patches.append(Patch(type=PatchClassification.UNOFFICIAL, diff=diff))
     sums = ", ".join(f"{n} sha256:{_sha(inp.patch_texts[n])}" for n in inp.patches if n in inp.patch_texts)
-    notes = (f"patched by build-image's series for vllm {inp.vllm}: {', '.join(inp.patches)}"
-             + (f" ({sums})" if sums else ""))
-    files = [Component(type=ComponentType.FILE, name=p.relpath, bom_ref=f"file:{p.relpath}",
-                       hashes=[HashType(alg=HashAlgorithm.SHA_256, content=p.patched_sha256)],
-                       properties=_props([("original-sha256", p.original_sha256), ("patched", "true")]))
-             for p in sorted(inp.patched, key=lambda p: p.relpath)]
+    notes = f"patched by build-image's series for vllm {inp.vllm}: {', '.join(inp.patches)}" + (
+        f" ({sums})" if sums else ""
+    )
+    files = [
+        Component(
+            type=ComponentType.FILE,
+            name=p.relpath,
+            bom_ref=f"file:{p.relpath}",
+            hashes=[HashType(alg=HashAlgorithm.SHA_256, content=p.patched_sha256)],
+            properties=_props([("original-sha256", p.original_sha256), ("patched", "true")]),
+        )
+        for p in sorted(inp.patched, key=lambda p: p.relpath)
+    ]
     return Pedigree(ancestors=ancestors, patches=patches, notes=notes), files
 
 
@@ -148,15 +184,26 @@ def _base_image(base: BaseManifest):
     qualifiers = {"repository_url": repo if "/" in repo and "." in repo.split("/")[0] else f"docker.io/{repo}"}
     if tag:
         qualifiers["tag"] = tag
-    purl = PackageURL(type="oci", name=repo.rsplit("/", 1)[-1], version=digest,
-                      qualifiers=qualifiers) if digest else None
-    return Component(type=ComponentType.CONTAINER, name=repo, version=tag or None, bom_ref=f"base-image:{ref}",
-                     purl=purl,
-                     hashes=[HashType(alg=HashAlgorithm.SHA_256, content=digest.split(":", 1)[1])] if digest else [],
-                     properties=_props([("digest",
-                                         digest or "unknown (manifest reconstructed, not read from a pinned image)"),
-                                        ("python", base.python_version), ("platform", base.platform),
-                                        ("cuda", base.cuda), ("os", base.os)]))
+    purl = (
+        PackageURL(type="oci", name=repo.rsplit("/", 1)[-1], version=digest, qualifiers=qualifiers) if digest else None
+    )
+    return Component(
+        type=ComponentType.CONTAINER,
+        name=repo,
+        version=tag or None,
+        bom_ref=f"base-image:{ref}",
+        purl=purl,
+        hashes=[HashType(alg=HashAlgorithm.SHA_256, content=digest.split(":", 1)[1])] if digest else [],
+        properties=_props(
+            [
+                ("digest", digest or "unknown (manifest reconstructed, not read from a pinned image)"),
+                ("python", base.python_version),
+                ("platform", base.platform),
+                ("cuda", base.cuda),
+                ("os", base.os),
+            ]
+        ),
+    )
 
 
 def build_bom(inp: SbomInput):
@@ -178,23 +225,46 @@ def build_bom(inp: SbomInput):
         components.append(c)
     components += [_overlay_component(e, inp.base) for e in sorted(inp.lock.entries, key=lambda e: e.key)]
 
-    image = Component(type=ComponentType.CONTAINER, name=inp.image_name, version=inp.image_version,
-                      bom_ref=f"image:{inp.image_name}:{inp.image_version}",
-                      pedigree=Pedigree(ancestors=[_base_image(inp.base)],
-                                        notes="built FROM the base image (its parent)"),
-                      properties=_props([("vllm", inp.vllm), ("lock-hash", inp.lock.lock_hash),
-                                         ("overlay", ", ".join(inp.lock.overlay)),
-                                         ("base-manifest-sha256", inp.lock.header.get("base-manifest-sha256")),
-                                         ("base-manifest", inp.base_manifest)]))
+    image = Component(
+        type=ComponentType.CONTAINER,
+        name=inp.image_name,
+        version=inp.image_version,
+        bom_ref=f"image:{inp.image_name}:{inp.image_version}",
+        pedigree=Pedigree(ancestors=[_base_image(inp.base)], notes="built FROM the base image (its parent)"),
+        properties=_props(
+            [
+                ("vllm", inp.vllm),
+                ("lock-hash", inp.lock.lock_hash),
+                ("overlay", ", ".join(inp.lock.overlay)),
+                ("base-manifest-sha256", inp.lock.header.get("base-manifest-sha256")),
+                ("base-manifest", inp.base_manifest),
+            ]
+        ),
+    )
     tool = Component(type=ComponentType.APPLICATION, name="build-image", version=__version__)
     ts = _dt.datetime.fromtimestamp(int(inp.source_date_epoch), tz=_dt.timezone.utc)
-    seed = json.dumps([inp.image_name, inp.image_version, inp.lock.lock_hash, inp.base.image_digest,
-                       [(p.relpath, p.patched_sha256) for p in inp.patched],
-                       {n: _sha(t) for n, t in inp.patch_texts.items()}, __version__], sort_keys=True)
-    bom = Bom(components=components, serial_number=uuid.uuid5(uuid.NAMESPACE_URL, "build-image-sbom:" + seed),
-              metadata=BomMetaData(component=image, timestamp=ts, tools=ToolRepository(components=[tool]),
-                                   properties=_props([("python", inp.base.python_version),
-                                                      ("site-packages", inp.base.site_packages)])))
+    seed = json.dumps(
+        [
+            inp.image_name,
+            inp.image_version,
+            inp.lock.lock_hash,
+            inp.base.image_digest,
+            [(p.relpath, p.patched_sha256) for p in inp.patched],
+            {n: _sha(t) for n, t in inp.patch_texts.items()},
+            __version__,
+        ],
+        sort_keys=True,
+    )
+    bom = Bom(
+        components=components,
+        serial_number=uuid.uuid5(uuid.NAMESPACE_URL, "build-image-sbom:" + seed),
+        metadata=BomMetaData(
+            component=image,
+            timestamp=ts,
+            tools=ToolRepository(components=[tool]),
+            properties=_props([("python", inp.base.python_version), ("site-packages", inp.base.site_packages)]),
+        ),
+    )
     bom.register_dependency(image, components)
     return bom
 

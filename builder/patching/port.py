@@ -53,18 +53,24 @@ class PortedPatch:
     name: str
     subject: str
     status: str
-    detail: list[str] = field(default_factory=list)       # why (per file), conflict regions, placement
+    detail: list[str] = field(default_factory=list)  # why (per file), conflict regions, placement
     files: dict[str, tuple[bytes, bytes]] = field(default_factory=dict)  # relpath -> (B original, B ported)
-    text: str | None = None                                # the ported patch file (applies / merged)
+    text: str | None = None  # the ported patch file (applies / merged)
     probe_unpatched: PR.ProbeRun | None = None
     probe_ported: PR.ProbeRun | None = None
     probe: str | None = None
 
     def to_dict(self) -> dict:
-        return {"patch": self.name, "subject": self.subject, "status": self.status, "detail": self.detail,
-                "files": sorted(self.files), "probe": self.probe,
-                "probe_unpatched": self.probe_unpatched.to_dict() if self.probe_unpatched else None,
-                "probe_ported": self.probe_ported.to_dict() if self.probe_ported else None}
+        return {
+            "patch": self.name,
+            "subject": self.subject,
+            "status": self.status,
+            "detail": self.detail,
+            "files": sorted(self.files),
+            "probe": self.probe,
+            "probe_unpatched": self.probe_unpatched.to_dict() if self.probe_unpatched else None,
+            "probe_ported": self.probe_ported.to_dict() if self.probe_ported else None,
+        }
 
 
 @dataclass
@@ -81,9 +87,15 @@ class PortReport:
         return any(p.status in (MERGED, CONFLICT) for p in self.patches)
 
     def to_dict(self) -> dict:
-        return {"package": self.package, "from": self.from_version, "to": self.to_version,
-                "merge": self.merge_tool, "out_dir": self.out_dir, "needs_review": self.needs_review,
-                "patches": [p.to_dict() for p in self.patches]}
+        return {
+            "package": self.package,
+            "from": self.from_version,
+            "to": self.to_version,
+            "merge": self.merge_tool,
+            "out_dir": self.out_dir,
+            "needs_review": self.needs_review,
+            "patches": [p.to_dict() for p in self.patches],
+        }
 
 
 # =========================================================================== scopes (ast)
@@ -186,18 +198,24 @@ def three_way(base: list[str], ours: list[str], theirs: list[str]) -> tuple[list
     for region in m.merge_regions():
         kind = region[0]
         if kind == "unchanged":
-            merged += base[region[1]:region[2]]
+            merged += base[region[1] : region[2]]
         elif kind in ("a", "same"):
-            merged += ours[region[1]:region[2]]
+            merged += ours[region[1] : region[2]]
         elif kind == "b":
-            merged += theirs[region[1]:region[2]]
+            merged += theirs[region[1] : region[2]]
         else:  # conflict: zstart, zend, astart, aend, bstart, bend
             z1, z2, a1, a2, b1, b2 = region[1:]
             conflicts.append(
                 f"conflict at {B_LABEL} lines {b1 + 1}-{b2} (A's original lines {z1 + 1}-{z2}):\n"
-                + "".join(marker + "".join(block) for marker, block in (
-                    ("<<<<<<< patched A\n", ours[a1:a2]), ("||||||| A original\n", base[z1:z2]),
-                    ("=======\n", theirs[b1:b2]), (">>>>>>> B original\n", [])))
+                + "".join(
+                    marker + "".join(block)
+                    for marker, block in (
+                        ("<<<<<<< patched A\n", ours[a1:a2]),
+                        ("||||||| A original\n", base[z1:z2]),
+                        ("=======\n", theirs[b1:b2]),
+                        (">>>>>>> B original\n", []),
+                    )
+                )
             )
     return (None, conflicts) if conflicts else (merged, [])
 
@@ -207,8 +225,7 @@ B_LABEL = "B's"
 
 def unified(relpath: str, old: str, new: str) -> str:
     """A unified diff (3 lines of context) with ``a/``/``b/`` labels, as the series stores it."""
-    lines = list(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
-                                      f"a/{relpath}", f"b/{relpath}", n=3))
+    lines = list(difflib.unified_diff(old.splitlines(True), new.splitlines(True), f"a/{relpath}", f"b/{relpath}", n=3))
     out = []
     for ln in lines:
         if not ln.endswith("\n"):
@@ -223,8 +240,9 @@ def header_text(headers: dict[str, str]) -> str:
 
     out = []
     for k, v in headers.items():
-        wrapped = textwrap.wrap(v, width=88, initial_indent=f"{k}: ", subsequent_indent=" ",
-                                break_long_words=False, break_on_hyphens=False) or [f"{k}:"]
+        wrapped = textwrap.wrap(
+            v, width=88, initial_indent=f"{k}: ", subsequent_indent=" ", break_long_words=False, break_on_hyphens=False
+        ) or [f"{k}:"]
         out += wrapped
     return "\n".join(out) + "\n\n"
 
@@ -237,9 +255,17 @@ def ported_headers(headers: dict[str, str], package: str, a: str, b: str, note: 
 
 
 # =========================================================================== the port
-def port_series(series: P.Series, a_source, b_source, b_version: str, *,
-                runner_a: PR.ProbeRunner | None = None, runner_b: PR.ProbeRunner | None = None,
-                probes: bool = True, reporter: Reporter = SILENT) -> PortReport:
+def port_series(
+    series: P.Series,
+    a_source,
+    b_source,
+    b_version: str,
+    *,
+    runner_a: PR.ProbeRunner | None = None,
+    runner_b: PR.ProbeRunner | None = None,
+    probes: bool = True,
+    reporter: Reporter = SILENT,
+) -> PortReport:
     """Port ``series`` (made for A, read from ``a_source``) to B (``b_source``: a wheel or a tree); each probe run
     is a step on ``reporter``."""
     a_src, b_src = P._Source(a_source), P._Source(b_source)
@@ -264,23 +290,24 @@ def port_series(series: P.Series, a_source, b_source, b_version: str, *,
     tmp = Path(tempfile.mkdtemp(prefix="build-image-port-"))
     try:
         for k, p in enumerate(series.patches):
-            out.append(_port_one(series, p, k, a_cur, b_cur, b_orig, b_version, b_tree, tmp,
-                                 runner_b if probes else None, reporter))
+            out.append(
+                _port_one(
+                    series, p, k, a_cur, b_cur, b_orig, b_version, b_tree, tmp, runner_b if probes else None, reporter
+                )
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return PortReport(series.package, series.version, b_version, out)
 
 
 def _tree_with(b_tree: Path, b_cur: dict[str, list[str]], b_orig: dict[str, bytes], tmp: Path, tag: str) -> Path:
-    files = {rel: "".join(lines).encode() for rel, lines in b_cur.items()
-             if "".join(lines).encode() != b_orig.get(rel)}
+    files = {rel: "".join(lines).encode() for rel, lines in b_cur.items() if "".join(lines).encode() != b_orig.get(rel)}
     if not files:
         return b_tree
     return PR.patched_tree(b_tree, files, tmp / tag)
 
 
-def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tree, tmp, runner,
-              reporter: Reporter):
+def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tree, tmp, runner, reporter: Reporter):
     pp = PortedPatch(p.name, p.subject, CONFLICT, probe=PR.probe_name(p))
     probe_file = PR.find_probe(series.dir, pp.probe) if pp.probe else None
     has_probe = runner is not None and probe_file is not None and probe_file.is_file()
@@ -289,15 +316,18 @@ def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tre
     _advance_a(p, a_cur)
     # 2. the probes: B as it is (with the earlier ported patches) and, if the hunks landed, B ported
     if has_probe:
-        reporter.step(f"{p.name}: probe on {series.package} {b_version} as shipped"
-                      + (" and on the ported tree" if method != CONFLICT else ""))
+        reporter.step(
+            f"{p.name}: probe on {series.package} {b_version} as shipped"
+            + (" and on the ported tree" if method != CONFLICT else "")
+        )
         pre = _tree_with(b_tree, b_cur, b_orig, tmp, f"pre{k}")
         post = _tree_with(b_tree, {**b_cur, **staged}, b_orig, tmp, f"post{k}") if method != CONFLICT else None
         pp.probe_unpatched, pp.probe_ported = _run_probes(runner, probe_file, pre, post)
         if pp.probe_unpatched.status == PR.PASS:
             pp.status = UPSTREAM
-            pp.detail.insert(0, f"{series.package} {b_version} unpatched passes the probe {pp.probe}: "
-                                "propose retiring the patch.")
+            pp.detail.insert(
+                0, f"{series.package} {b_version} unpatched passes the probe {pp.probe}: propose retiring the patch."
+            )
             return pp
     if method == CONFLICT:
         pp.status = CONFLICT
@@ -305,13 +335,15 @@ def _port_one(series, p: P.Patch, k: int, a_cur, b_cur, b_orig, b_version, b_tre
     # 3. the probe must pass on the ported tree
     if not has_probe:
         pp.status = CONFLICT
-        pp.detail.append(f"no probe to run ({pp.probe or 'no Probe: header'}): a port is never accepted "
-                         "without its probe passing.")
+        pp.detail.append(
+            f"no probe to run ({pp.probe or 'no Probe: header'}): a port is never accepted without its probe passing."
+        )
         return pp
     if pp.probe_ported.status != PR.PASS:
         pp.status = CONFLICT
-        pp.detail.append(f"the hunks land, but the probe {pp.probe} does not pass on the ported tree: "
-                         + pp.probe_ported.summary())
+        pp.detail.append(
+            f"the hunks land, but the probe {pp.probe} does not pass on the ported tree: " + pp.probe_ported.summary()
+        )
         return pp
     _accept(series, pp, method, staged, b_cur, b_version, p.headers)
     return pp
@@ -341,8 +373,9 @@ def _place_hunks(series, p: P.Patch, a_cur, b_cur, b_version, pp: PortedPatch) -
     return method, staged
 
 
-def _place_file(f, a_old: list[str], a_new: list[str], b_old: list[str], b_version: str,
-                pp: PortedPatch) -> tuple[list[str] | None, str]:
+def _place_file(
+    f, a_old: list[str], a_new: list[str], b_old: list[str], b_version: str, pp: PortedPatch
+) -> tuple[list[str] | None, str]:
     """One file's hunks on B: exactly where A's context is, else by a three-way merge; the
     change must land where it did on A.  (None, CONFLICT) when it does not; why is in ``pp.detail``."""
     b_new = exact_apply(b_old, f.hunks, scopes("".join(a_old)))
@@ -375,15 +408,17 @@ def _run_probes(runner: PR.ProbeRunner, probe_file: Path, pre: Path, post: Path 
         return f_pre.result(), (f_post.result() if f_post is not None else None)
 
 
-def _accept(series, pp: PortedPatch, method: str, staged: dict[str, list[str]], b_cur, b_version: str,
-            headers) -> None:
+def _accept(series, pp: PortedPatch, method: str, staged: dict[str, list[str]], b_cur, b_version: str, headers) -> None:
     """The port is accepted: its files become B's current state and its text is written."""
     pp.status = method
     for rel, new in staged.items():
         pp.files[rel] = ("".join(b_cur[rel]).encode(), "".join(new).encode())
     b_cur.update(staged)
-    note = ("applies (no fuzz; offsets regenerated)" if method == APPLIES
-            else "merged (three-way merge with the old release's original as the ancestor; needs review)")
+    note = (
+        "applies (no fuzz; offsets regenerated)"
+        if method == APPLIES
+        else "merged (three-way merge with the old release's original as the ancestor; needs review)"
+    )
     headers = ported_headers(headers, series.package, series.version, b_version, note)
     pp.text = header_text(headers) + "".join(unified(rel, o.decode(), n.decode()) for rel, (o, n) in pp.files.items())
 
@@ -419,13 +454,22 @@ def refuse_foreign_series(out_dir: str | os.PathLike, *, force: bool = False) ->
         first = ""
     if first.startswith("# ") and first.endswith(PORT_MARK):
         return
-    raise BadInput(f"-o {d} holds files and is not a series ported by build-image (its {P.SERIES_FILE} file does "
-                   f"not open with '# … {PORT_MARK}'); porting into it would overwrite its patches. Nothing was "
-                   "written.", hint="port into a new folder, or pass --force to write B's series there anyway.")
+    raise BadInput(
+        f"-o {d} holds files and is not a series ported by build-image (its {P.SERIES_FILE} file does "
+        f"not open with '# … {PORT_MARK}'); porting into it would overwrite its patches. Nothing was "
+        "written.",
+        hint="port into a new folder, or pass --force to write B's series there anyway.",
+    )
 
 
-def write_series(report: PortReport, series: P.Series, out_dir: str | os.PathLike, *,
-                 b_originals: dict[str, bytes], wheel: Path | None) -> Path:
+def write_series(
+    report: PortReport,
+    series: P.Series,
+    out_dir: str | os.PathLike,
+    *,
+    b_originals: dict[str, bytes],
+    wheel: Path | None,
+) -> Path:
     """Write B's series: ported patches, their probes, probe-env, sums; conflicts as ``.conflict`` files.
     A folder that cannot be written (read-only, full, not a directory) is BadInput (exit 2) naming it."""
     d = Path(out_dir)
@@ -438,8 +482,9 @@ def write_series(report: PortReport, series: P.Series, out_dir: str | os.PathLik
         raise err from None
 
 
-def _write_series(report: PortReport, series: P.Series, d: Path, *, b_originals: dict[str, bytes],
-                  wheel: Path | None) -> Path:
+def _write_series(
+    report: PortReport, series: P.Series, d: Path, *, b_originals: dict[str, bytes], wheel: Path | None
+) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     lines = [f"# {series.package} {report.to_version}, ported from {report.from_version} {PORT_MARK}"]
     kept = []
@@ -459,8 +504,9 @@ def _write_series(report: PortReport, series: P.Series, d: Path, *, b_originals:
         shutil.copyfile(series.dir / PR.PROBE_ENV, d / PR.PROBE_ENV)
     atomic_write_text(d / P.SERIES_FILE, "\n".join(lines) + "\n")
     targets = sorted({f.relpath for p in kept for f in p.files})
-    atomic_write_text(d / P.ORIG_SUMS, P.format_sums({rel: sha256_bytes(b_originals[rel])
-                                                      for rel in targets if rel in b_originals}))
+    atomic_write_text(
+        d / P.ORIG_SUMS, P.format_sums({rel: sha256_bytes(b_originals[rel]) for rel in targets if rel in b_originals})
+    )
     if wheel is not None and wheel.is_file():
         atomic_write_text(d / P.WHEEL_SUM, f"{sha256_file(wheel)}  {wheel.name}\n")
     return d
@@ -516,8 +562,15 @@ def render(report: PortReport, fmt: str = "text") -> str:
     if md:
         for p in report.patches:
             if p.status == CONFLICT:
-                out += ["", f"<details><summary>{p.name}: what did not port</summary>", "", "```diff",
-                        *[ln for d in p.detail for ln in d.rstrip().splitlines()], "```", "</details>"]
+                out += [
+                    "",
+                    f"<details><summary>{p.name}: what did not port</summary>",
+                    "",
+                    "```diff",
+                    *[ln for d in p.detail for ln in d.rstrip().splitlines()],
+                    "```",
+                    "</details>",
+                ]
     if report.out_dir:
         out.append(("\n" if md else "") + f"series written to {report.out_dir}")
     return "\n".join(out) + "\n"
@@ -541,8 +594,16 @@ def probe_env_dir(series: P.Series, b_version: str, out_dir: str | os.PathLike |
     return series.dir
 
 
-def port(series: P.Series, a_source, b_source, b_version: str, *, out_dir=None, probe_python: str | None = None,
-         reporter: Reporter = SILENT) -> PortReport:
+def port(
+    series: P.Series,
+    a_source,
+    b_source,
+    b_version: str,
+    *,
+    out_dir=None,
+    probe_python: str | None = None,
+    reporter: Reporter = SILENT,
+) -> PortReport:
     """Port, then (with ``out_dir``) write B's series there."""
     runner = PR.runner_for(probe_env_dir(series, b_version, out_dir), probe_python)
     report = port_series(series, a_source, b_source, b_version, runner_b=runner, reporter=reporter)

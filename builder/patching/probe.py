@@ -60,9 +60,9 @@ DEFAULT_TIMEOUT = 600
 class ProbeRun:
     """One probe run on one tree."""
 
-    status: str                                  # pass | fail | error
+    status: str  # pass | fail | error
     checks: list[dict] = field(default_factory=list)
-    output: str = ""                             # stdout+stderr tail (evidence, error cause)
+    output: str = ""  # stdout+stderr tail (evidence, error cause)
     seconds: float = 0.0
 
     @property
@@ -76,12 +76,19 @@ class ProbeRun:
         if not bad:
             return f"{len(self.checks)} check(s) pass"
         more = f"; +{len(bad) - 3} more" if len(bad) > 3 else ""
-        return f"{len(bad)} of {len(self.checks)} check(s) fail: " + "; ".join(
-            str(c.get("name"))[:120] for c in bad[:3]) + more
+        return (
+            f"{len(bad)} of {len(self.checks)} check(s) fail: "
+            + "; ".join(str(c.get("name"))[:120] for c in bad[:3])
+            + more
+        )
 
     def to_dict(self) -> dict:
-        return {"status": self.status, "checks": self.checks, "seconds": round(self.seconds, 2),
-                **({"output": self.output[-2000:]} if self.status == ERROR else {})}
+        return {
+            "status": self.status,
+            "checks": self.checks,
+            "seconds": round(self.seconds, 2),
+            **({"output": self.output[-2000:]} if self.status == ERROR else {}),
+        }
 
 
 @dataclass
@@ -104,9 +111,14 @@ class PatchProbe:
         return {PASS: True, FAIL: False}.get(self.patched.status)
 
     def to_dict(self) -> dict:
-        return {"patch": self.patch, "probe": self.probe, "needed": self.needed, "works": self.works,
-                "unpatched": self.unpatched.to_dict(),
-                "patched": self.patched.to_dict() if self.patched else None}
+        return {
+            "patch": self.patch,
+            "probe": self.probe,
+            "needed": self.needed,
+            "works": self.works,
+            "unpatched": self.unpatched.to_dict(),
+            "patched": self.patched.to_dict() if self.patched else None,
+        }
 
 
 # =========================================================================== parsing (pure)
@@ -117,7 +129,7 @@ def parse_output(stdout: str, returncode: int, stderr: str = "") -> ProbeRun:
     if not lines:
         return ProbeRun(ERROR, output=f"exit {returncode}, no {RESULT_PREFIX.strip()} line\n{tail}")
     try:
-        doc = json.loads(lines[-1][len(RESULT_PREFIX):])
+        doc = json.loads(lines[-1][len(RESULT_PREFIX) :])
         checks = doc["checks"]
         if not isinstance(checks, list) or not all(isinstance(c, dict) and "ok" in c for c in checks):
             raise ValueError("checks must be a list of {name, ok, detail}")
@@ -155,12 +167,16 @@ def probe_path(series_dir: Path, patch: P.Patch) -> Path:
     shared = shared_probes_dir(series_dir)
     also = f", or in {shared}" if shared.is_dir() else ""
     if not name:
-        raise BadInput(f"patch {series_dir / patch.name}: no '{PROBE_FIELD}:' header naming its probe "
-                       f"(a Python file beside it in {series_dir}{also}).")
+        raise BadInput(
+            f"patch {series_dir / patch.name}: no '{PROBE_FIELD}:' header naming its probe "
+            f"(a Python file beside it in {series_dir}{also})."
+        )
     found = find_probe(series_dir, name)
     if found is None:
-        raise BadInput(f"patch {series_dir / patch.name}: its probe {name!r} is not a file in {series_dir}"
-                       + (f" (nor in {shared})." if also else "."))
+        raise BadInput(
+            f"patch {series_dir / patch.name}: its probe {name!r} is not a file in {series_dir}"
+            + (f" (nor in {shared})." if also else ".")
+        )
     return found
 
 
@@ -189,12 +205,23 @@ class ProbeRunner:
 
         t0 = time.monotonic()
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHON"))}
-        env.update(PYTHONPATH=str(tree), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                   VLLM_LOGGING_LEVEL="INFO", PYTHONNOUSERSITE="1")
+        env.update(
+            PYTHONPATH=str(tree),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_LOGGING_LEVEL="INFO",
+            PYTHONNOUSERSITE="1",
+        )
         with tempfile.TemporaryDirectory(prefix="build-image-probe-") as cwd:
             try:
-                r = subprocess.run([self.python, str(Path(probe).resolve())], capture_output=True, text=True, cwd=cwd,
-                                   env=env, timeout=self.timeout)
+                r = subprocess.run(
+                    [self.python, str(Path(probe).resolve())],
+                    capture_output=True,
+                    text=True,
+                    cwd=cwd,
+                    env=env,
+                    timeout=self.timeout,
+                )
             except subprocess.TimeoutExpired:
                 return ProbeRun(ERROR, output=f"timed out after {self.timeout} s", seconds=time.monotonic() - t0)
             except OSError as exc:
@@ -219,8 +246,9 @@ def cpu_env(requirements: list[str], *, find_links: list[str] | None = None) -> 
     r = uv.pip_install(python, requirements, find_links=links)
     if r.returncode != 0:
         shutil.rmtree(venv, ignore_errors=True)
-        raise ExternalToolError(f"cannot build the probe environment ({', '.join(requirements[:3])}, ...): "
-                                + r.stderr.strip()[-1500:])
+        raise ExternalToolError(
+            f"cannot build the probe environment ({', '.join(requirements[:3])}, ...): " + r.stderr.strip()[-1500:]
+        )
     (venv / ".complete").touch()
     return str(python)
 
@@ -251,8 +279,9 @@ def unpatched_tree(source: str | os.PathLike, package: str = "vllm") -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=tree.parent))
     try:
         with zipfile.ZipFile(src) as z:
-            members = [m for m in z.namelist()
-                       if (m.startswith(f"{package}/") and not m.endswith(".so")) or ".dist-info/" in m]
+            members = [
+                m for m in z.namelist() if (m.startswith(f"{package}/") and not m.endswith(".so")) or ".dist-info/" in m
+            ]
             z.extractall(tmp, members)
         (tmp / ".complete").touch()
         os.replace(tmp, tree)
@@ -264,6 +293,7 @@ def unpatched_tree(source: str | os.PathLike, package: str = "vllm") -> Path:
 
 def patched_tree(unpatched: Path, files: dict[str, bytes], dest: Path) -> Path:
     """``dest``: ``unpatched`` with ``files`` (relpath -> bytes) replaced; unchanged files hard-linked."""
+
     def _copy(s, d):
         try:
             os.link(s, d)
@@ -273,7 +303,7 @@ def patched_tree(unpatched: Path, files: dict[str, bytes], dest: Path) -> Path:
     shutil.copytree(unpatched, dest, copy_function=_copy)  # __pycache__ too: valid for unchanged files
     for rel, data in files.items():
         target = dest / rel
-        target.unlink(missing_ok=True)   # a new inode: the hard-linked original stays as shipped
+        target.unlink(missing_ok=True)  # a new inode: the hard-linked original stays as shipped
         atomic_write_bytes(target, data)
         # the copied bytecode of the original could pass Python's mtime+size check: drop it
         for pyc in (target.parent / "__pycache__").glob(f"{target.stem}.*.pyc"):
@@ -301,8 +331,9 @@ def runner_for(series_dir: Path, python: str | None = None) -> ProbeRunner:
 
 
 # =========================================================================== the check
-def probe_series(series: P.Series, source: str | os.PathLike, *, runner: ProbeRunner | None = None,
-                 reporter: Reporter = SILENT) -> list[PatchProbe]:
+def probe_series(
+    series: P.Series, source: str | os.PathLike, *, runner: ProbeRunner | None = None, reporter: Reporter = SILENT
+) -> list[PatchProbe]:
     """Run every patch's probe on ``source`` unpatched and patched by the whole series; each probe is a step on
     ``reporter``."""
     probes = [(p, probe_path(series.dir, p)) for p in series.patches]

@@ -54,23 +54,23 @@ class Hunk:
     source_length: int
     target_start: int
     target_length: int
-    old: tuple[str, ...]      # lines (with their line endings) the hunk expects
-    new: tuple[str, ...]      # lines it writes instead
-    text: str                 # the hunk as written in the diff (for error messages)
+    old: tuple[str, ...]  # lines (with their line endings) the hunk expects
+    new: tuple[str, ...]  # lines it writes instead
+    text: str  # the hunk as written in the diff (for error messages)
 
 
 @dataclass(frozen=True)
 class FileDiff:
-    relpath: str              # relative to site-packages: "vllm/transformers_utils/config.py"
+    relpath: str  # relative to site-packages: "vllm/transformers_utils/config.py"
     hunks: tuple[Hunk, ...]
 
 
 @dataclass(frozen=True)
 class Patch:
-    name: str                 # file name in the series folder
+    name: str  # file name in the series folder
     headers: dict[str, str]
     files: tuple[FileDiff, ...]
-    text: str = ""            # the patch file as read (header and diff)
+    text: str = ""  # the patch file as read (header and diff)
 
     @property
     def subject(self) -> str:
@@ -80,10 +80,10 @@ class Patch:
 @dataclass(frozen=True)
 class Series:
     dir: Path
-    package: str              # "vllm"
-    version: str              # "0.26.0"
+    package: str  # "vllm"
+    version: str  # "0.26.0"
     patches: tuple[Patch, ...]
-    originals: dict[str, str] = field(default_factory=dict)   # relpath -> sha256 as in the wheel
+    originals: dict[str, str] = field(default_factory=dict)  # relpath -> sha256 as in the wheel
     wheel_sha256: str | None = None
     wheel_filename: str | None = None
 
@@ -107,13 +107,18 @@ class PatchedFile:
 class PatchResult:
     name: str
     subject: str
-    status: str               # applied | already-applied | does-not-apply
+    status: str  # applied | already-applied | does-not-apply
     files: list[str]
-    detail: str = ""          # for does-not-apply: which file, which hunk, why (+ the hunk text)
+    detail: str = ""  # for does-not-apply: which file, which hunk, why (+ the hunk text)
 
     def to_dict(self) -> dict:
-        return {"patch": self.name, "subject": self.subject, "status": self.status,
-                "files": self.files, "detail": self.detail}
+        return {
+            "patch": self.name,
+            "subject": self.subject,
+            "status": self.status,
+            "files": self.files,
+            "detail": self.detail,
+        }
 
 
 # =========================================================================== loading
@@ -151,8 +156,7 @@ def shipped_series(vllm_version: str, package: str = "vllm") -> Path:
     if (d / SERIES_FILE).is_file():
         return d
     root = patches_root() / package
-    avail = sorted((p.name for p in root.iterdir() if (p / SERIES_FILE).is_file()),
-                   key=_vkey) if root.is_dir() else []
+    avail = sorted((p.name for p in root.iterdir() if (p / SERIES_FILE).is_file()), key=_vkey) if root.is_dir() else []
     older = [v for v in avail if _vkey(v) < _vkey(vllm_version)]
     src = (older or avail or ["<A>"])[-1]
     raise PatchFailed(
@@ -202,8 +206,10 @@ def _split_header(text: str, where: str) -> tuple[dict[str, str], str]:
         i = len(lines)
     missing = [f for f in HEADER_FIELDS if not headers.get(f)]
     if missing:
-        raise BadInput(f"patch {where}: header field(s) {', '.join(missing)} missing or empty "
-                       f"(every patch starts with {', '.join(HEADER_FIELDS)}).")
+        raise BadInput(
+            f"patch {where}: header field(s) {', '.join(missing)} missing or empty "
+            f"(every patch starts with {', '.join(HEADER_FIELDS)})."
+        )
     return headers, "".join(lines[i:])
 
 
@@ -211,8 +217,9 @@ def _check_relpath(raw: str, package: str, where: str) -> str:
     """``a/vllm/x.py`` -> ``vllm/x.py``; PatchFailed for anything outside ``<package>/``."""
     path = raw.split("\t")[0].strip()
     if path == "/dev/null":
-        raise PatchFailed(f"patch {where}: creates or deletes a file ({raw!r}); a series may only modify "
-                          "existing files.")
+        raise PatchFailed(
+            f"patch {where}: creates or deletes a file ({raw!r}); a series may only modify existing files."
+        )
     if path.startswith("/"):
         raise PatchFailed(f"patch {where}: absolute path {path!r} refused.")
     parts = PurePosixPath(path).parts
@@ -272,8 +279,9 @@ def parse_patch(text: str, name: str, package: str) -> Patch:
                 if t in (" ", "+"):
                     new.append(ln.value)
                 prev = t
-            hunks.append(Hunk(h.source_start, h.source_length, h.target_start, h.target_length,
-                              tuple(old), tuple(new), str(h)))
+            hunks.append(
+                Hunk(h.source_start, h.source_length, h.target_start, h.target_length, tuple(old), tuple(new), str(h))
+            )
         files.append(FileDiff(dst, tuple(hunks)))
     seen = [f.relpath for f in files]
     if len(seen) != len(set(seen)):
@@ -302,8 +310,9 @@ def load_series(series_dir: str | os.PathLike, vllm_version: str | None = None) 
     if not sf.is_file():
         raise BadInput(f"{d} is not a patch series: it has no '{SERIES_FILE}' file.")
     if sf.is_symlink():
-        raise PatchFailed(f"{sf} is a symlink; a series' files must be regular files in {d} (refused, like a "
-                          "symlink in a patch).")
+        raise PatchFailed(
+            f"{sf} is a symlink; a series' files must be regular files in {d} (refused, like a symlink in a patch)."
+        )
     names = [ln.split("#", 1)[0].strip() for ln in sf.read_text(encoding="utf-8").splitlines()]
     names = [n for n in names if n]
     patches: list[Patch] = []
@@ -313,8 +322,10 @@ def load_series(series_dir: str | os.PathLike, vllm_version: str | None = None) 
         if "/" in n or not p.is_file():  # ("." and ".." are folders)
             raise BadInput(f"{sf}: lists {n!r}, which is not a file in {d}.")
         if p.is_symlink():  # it would read a file from anywhere (outside the reviewed series) as a patch
-            raise PatchFailed(f"patch {p} is a symlink (to {os.readlink(p)}); a series' patches must be regular "
-                              "files in the series directory (refused, like a symlink in a patch).")
+            raise PatchFailed(
+                f"patch {p} is a symlink (to {os.readlink(p)}); a series' patches must be regular "
+                "files in the series directory (refused, like a symlink in a patch)."
+            )
         try:
             text = p.read_text(encoding="utf-8")
         except UnicodeDecodeError:
@@ -329,8 +340,9 @@ def load_series(series_dir: str | os.PathLike, vllm_version: str | None = None) 
         raise BadInput(f"{sf} lists no patches.")
     distinct = sorted(set(applies.values()))
     if len(distinct) > 1:
-        raise BadInput(f"series {d} mixes Applies-To values: " + ", ".join(f"{k}: {v}" for k, v in applies.items())
-                       + ".")
+        raise BadInput(
+            f"series {d} mixes Applies-To values: " + ", ".join(f"{k}: {v}" for k, v in applies.items()) + "."
+        )
     package, version = distinct[0].split("==")
     if vllm_version is not None and version != vllm_version:
         raise BadInput(
@@ -341,8 +353,15 @@ def load_series(series_dir: str | os.PathLike, vllm_version: str | None = None) 
     originals = _read_sums(d / ORIG_SUMS)
     wheel = _read_sums(d / WHEEL_SUM)
     wheel_fn, wheel_sha = next(iter(wheel.items()), (None, None))
-    return Series(dir=d, package=package, version=version, patches=tuple(patches),
-                  originals=originals, wheel_sha256=wheel_sha, wheel_filename=wheel_fn)
+    return Series(
+        dir=d,
+        package=package,
+        version=version,
+        patches=tuple(patches),
+        originals=originals,
+        wheel_sha256=wheel_sha,
+        wheel_filename=wheel_fn,
+    )
 
 
 # =========================================================================== sources (thin readers)
@@ -372,8 +391,9 @@ class _Source:
         for part in PurePosixPath(relpath).parts:
             cur = cur / part
             if cur.is_symlink():
-                raise PatchFailed(f"{self.path}: {cur.relative_to(self.path)} is a symlink; patching through "
-                                  "symlinks is refused.")
+                raise PatchFailed(
+                    f"{self.path}: {cur.relative_to(self.path)} is a symlink; patching through symlinks is refused."
+                )
         if not cur.is_file():
             return None
         return cur.read_bytes()
@@ -392,7 +412,7 @@ def _find(lines: list[str], block: tuple[str, ...]) -> list[int]:
     n = len(block)
     if not n:
         return []
-    return [i for i in range(len(lines) - n + 1) if tuple(lines[i:i + n]) == block]
+    return [i for i in range(len(lines) - n + 1) if tuple(lines[i : i + n]) == block]
 
 
 def _apply_hunks(lines: list[str], hunks: tuple[Hunk, ...], reverse: bool = False) -> tuple[list[str] | None, str]:
@@ -407,14 +427,16 @@ def _apply_hunks(lines: list[str], hunks: tuple[Hunk, ...], reverse: bool = Fals
             return None, f"hunk #{k} overlaps the previous hunk.\n{h.text}"
         if not old and start > len(lines):  # no old lines: the empty slice past the end would "match"
             return None, f"hunk #{k} names line {start_line}, past the end of the file ({len(lines)} lines).\n{h.text}"
-        if tuple(lines[start:start + len(old)]) == old:
+        if tuple(lines[start : start + len(old)]) == old:
             out += lines[cur:start] + list(new)
             cur = start + len(old)
             continue
         where = [i + 1 for i in _find(lines, old)]
         if where:
-            why = (f"hunk #{k} does not match at line {start_line}; it matches exactly at line(s) "
-                   f"{', '.join(map(str, where[:5]))} (offset {where[0] - start_line:+d}): offsets are refused")
+            why = (
+                f"hunk #{k} does not match at line {start_line}; it matches exactly at line(s) "
+                f"{', '.join(map(str, where[:5]))} (offset {where[0] - start_line:+d}): offsets are refused"
+            )
         else:
             why = f"hunk #{k} does not match at line {start_line} (nor anywhere else: fuzz is refused)"
         return None, f"{why}.\n{h.text}"
@@ -422,8 +444,9 @@ def _apply_hunks(lines: list[str], hunks: tuple[Hunk, ...], reverse: bool = Fals
     return out, ""
 
 
-def _patch_texts(series: Series, src, *, whole: bool = True) -> tuple[list[PatchResult], dict[str, bytes],
-                                                                      dict[str, bytes]]:
+def _patch_texts(
+    series: Series, src, *, whole: bool = True
+) -> tuple[list[PatchResult], dict[str, bytes], dict[str, bytes]]:
     """Run the series in order over in-memory copies of ``src``'s files (a :class:`_Source` or
     :class:`_Memory`): results, originals, final contents.  ``whole``: where some patch does not
     apply, a tree that is the whole series applied is still every patch ``already-applied``."""
@@ -465,8 +488,11 @@ def _patch_texts(series: Series, src, *, whole: bool = True) -> tuple[list[Patch
             status = ALREADY_APPLIED
         elif ALREADY_APPLIED in statuses:
             status = DOES_NOT_APPLY
-            detail = "partly applied already (" + ", ".join(
-                f"{f.relpath}: {s}" for f, s in zip(p.files, statuses)) + "); refusing a half-patched tree."
+            detail = (
+                "partly applied already ("
+                + ", ".join(f"{f.relpath}: {s}" for f, s in zip(p.files, statuses))
+                + "); refusing a half-patched tree."
+            )
         else:
             status = APPLIED
             current.update(staged)
@@ -514,7 +540,8 @@ def _raise_if_failed(series: Series, results: list[PatchResult], source) -> None
     if bad:
         exc = PatchFailed(
             f"{len(bad)} of {len(results)} patch(es) of series {series.dir} do not apply to {source}: "
-            + ", ".join(r.name for r in bad) + ".",
+            + ", ".join(r.name for r in bad)
+            + ".",
             hint="port the patch to this vllm (exact context, no fuzz/offset) or remove it from the series.",
             details="\n".join(f"--- {r.name}: {r.detail}" for r in bad),
         )
@@ -561,8 +588,10 @@ def apply_to_dir(series: Series, source: str | os.PathLike, out_dir: str | os.Pa
     _raise_if_failed(series, results, source)
     wrong = _mismatched_originals(series, originals)
     if wrong:
-        raise PatchFailed(f"{source}: target files differ from the {series.package} {series.version} originals; "
-                          "refusing to patch.", details="\n".join(wrong))
+        raise PatchFailed(
+            f"{source}: target files differ from the {series.package} {series.version} originals; refusing to patch.",
+            details="\n".join(wrong),
+        )
     out = Path(out_dir)
     done = []
     for rel in series.targets:
@@ -627,12 +656,14 @@ def apply_site_packages(series: Series, site_packages_dir: str | os.PathLike) ->
         raise PatchFailed(
             f"{root}: the series looks applied already, but reverting it does not give the {series.package} "
             f"{series.version} wheel's originals: the files were changed beyond this series. Nothing was changed.",
-            details="\n".join(still))
+            details="\n".join(still),
+        )
     if wrong:
         raise PatchFailed(
             f"{root}: {len(wrong)} target file(s) differ from the {series.package} {series.version} wheel's originals; "
             "this is not the vllm the series was made for. Nothing was changed.",
-            details="\n".join(wrong))
+            details="\n".join(wrong),
+        )
     _raise_if_failed(series, results, root)
     written: list[str] = []
     try:

@@ -358,12 +358,19 @@ class _Gate:
     fresh_stack: bool = False
 
     def chain(self, name: str) -> list[str]:
-        return build_chain(name, self.final, self.via, self.requires, self.overlay,
-                           base_versions=self.base_versions,
-                           env=target_environment(self.base.python_version, self.base.platform))
+        return build_chain(
+            name,
+            self.final,
+            self.via,
+            self.requires,
+            self.overlay,
+            base_versions=self.base_versions,
+            env=target_environment(self.base.python_version, self.base.platform),
+        )
 
-    def finding(self, rule: str, e: LockEntry, old: str | None, message: str,
-                evidence: list[str] | None = None) -> Finding:
+    def finding(
+        self, rule: str, e: LockEntry, old: str | None, message: str, evidence: list[str] | None = None
+    ) -> Finding:
         return Finding(e.name, rule, old, e.version, message, evidence or [], self.chain(e.name))
 
 
@@ -395,10 +402,19 @@ def evaluate(
     return _sorted_out(findings, allow)
 
 
-def _gate_of(base: BaseManifest, entries: list[LockEntry], vllm: str | None,
-             requires: Mapping[str, list[str]] | None, overlay: Iterable[str]) -> _Gate:
-    gate = _Gate(base=base, vllm=vllm or (base.get("vllm").version if base.get("vllm") else "?"),
-                 requires=requires, overlay=list(overlay))
+def _gate_of(
+    base: BaseManifest,
+    entries: list[LockEntry],
+    vllm: str | None,
+    requires: Mapping[str, list[str]] | None,
+    overlay: Iterable[str],
+) -> _Gate:
+    gate = _Gate(
+        base=base,
+        vllm=vllm or (base.get("vllm").version if base.get("vllm") else "?"),
+        requires=requires,
+        overlay=list(overlay),
+    )
     gate.final = {k: (d.name, d.version) for k, d in base.distributions.items()}
     gate.final_facts = {k: d.facts for k, d in base.distributions.items()}
     for e in entries:
@@ -409,8 +425,9 @@ def _gate_of(base: BaseManifest, entries: list[LockEntry], vllm: str | None,
     gate.base_cu = base_cuda_variant(base)
     # A base with no member of the exact-coupled family (a ray or python image) that gets vllm in the
     # lock takes the whole family as vllm pins it: nothing of the base is coupled to it.
-    gate.fresh_stack = (not any(is_exact_coupled(k) for k in base.distributions)
-                        and any(e.key == "vllm" for e in entries))
+    gate.fresh_stack = not any(is_exact_coupled(k) for k in base.distributions) and any(
+        e.key == "vllm" for e in entries
+    )
     return gate
 
 
@@ -420,15 +437,17 @@ def _unversioned_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> 
     unversioned = gate.base.unversioned
     if b is not None or e.key not in unversioned:
         return []
-    return [gate.finding(
-        UNVERSIONED_IN_BASE,
-        e,
-        None,
-        f"the lock pins {e.name} {e.version}, but the image already holds its own {e.name}, which the base "
-        "manifest cannot version; installing this one on top would replace the image's build: a conflict "
-        "with the base.",
-        [f"{e.name}: {unversioned[e.key]}"],
-    )]
+    return [
+        gate.finding(
+            UNVERSIONED_IN_BASE,
+            e,
+            None,
+            f"the lock pins {e.name} {e.version}, but the image already holds its own {e.name}, which the base "
+            "manifest cannot version; installing this one on top would replace the image's build: a conflict "
+            "with the base.",
+            [f"{e.name}: {unversioned[e.key]}"],
+        )
+    ]
 
 
 def _stack_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
@@ -439,23 +458,36 @@ def _stack_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[F
     moved = b is not None and not same_version(b.version, e.version)
     vllm = gate.vllm
     if b is None and gate.fresh_stack:
-        return [Finding(
-            e.name, NEW_STACK, None, e.version,
-            f"{e.name} {e.version} is new on this base, which ships none of vllm's exact-coupled family: "
-            f"installed with vllm {vllm} at the version its requirements pin.", [], gate.chain(e.name))]
+        return [
+            Finding(
+                e.name,
+                NEW_STACK,
+                None,
+                e.version,
+                f"{e.name} {e.version} is new on this base, which ships none of vllm's exact-coupled family: "
+                f"installed with vllm {vllm} at the version its requirements pin.",
+                [],
+                gate.chain(e.name),
+            )
+        ]
     if not (moved or b is None):
         return []
-    what = (f"moves {e.name} {old} -> {e.version}" if moved
-            else f"adds {e.name} {e.version}, which the base does not ship")
-    return [gate.finding(
-        EXACT_COUPLED,
-        e,
-        old,
-        f"the lock {what}; vllm {vllm}'s compiled kernels are built against the exact "
-        "torch/triton/CUDA-library builds of the base, so this family may never change on top of it.",
-        [f"{e.name} is in the exact-coupled family (torch, torchvision, torchaudio, triton, vllm, "
-         "flashinfer*, xformers, nvidia-*, cuda-*)"],
-    )]
+    what = (
+        f"moves {e.name} {old} -> {e.version}" if moved else f"adds {e.name} {e.version}, which the base does not ship"
+    )
+    return [
+        gate.finding(
+            EXACT_COUPLED,
+            e,
+            old,
+            f"the lock {what}; vllm {vllm}'s compiled kernels are built against the exact "
+            "torch/triton/CUDA-library builds of the base, so this family may never change on top of it.",
+            [
+                f"{e.name} is in the exact-coupled family (torch, torchvision, torchaudio, triton, vllm, "
+                "flashinfer*, xformers, nvidia-*, cuda-*)"
+            ],
+        )
+    ]
 
 
 def _binary_findings(gate: _Gate, e: LockEntry, old: str | None) -> list[Finding]:
@@ -464,32 +496,42 @@ def _binary_findings(gate: _Gate, e: LockEntry, old: str | None) -> list[Finding
     out: list[Finding] = []
     cu = cuda_variant(e.name, e.version)
     if cu and gate.base_cu and cu != gate.base_cu:
-        out.append(gate.finding(
-            CUDA_VARIANT,
-            e,
-            old,
-            f"{e.name} {e.version} is built for CUDA {cu[2:]} but the base runs CUDA {gate.base_cu[2:]}.",
-            [f"{e.name} {e.version}: variant {cu} (from its name/version); base: {gate.base_cu}"
-             + (f" (cuda {base.cuda})" if base.cuda else "")],
-        ))
+        out.append(
+            gate.finding(
+                CUDA_VARIANT,
+                e,
+                old,
+                f"{e.name} {e.version} is built for CUDA {cu[2:]} but the base runs CUDA {gate.base_cu[2:]}.",
+                [
+                    f"{e.name} {e.version}: variant {cu} (from its name/version); base: {gate.base_cu}"
+                    + (f" (cuda {base.cuda})" if base.cuda else "")
+                ],
+            )
+        )
     if glibc_too_new(f.glibc, base.glibc):
-        out.append(gate.finding(
-            GLIBC,
-            e,
-            old,
-            f"{e.name} {e.version} needs GLIBC_{f.glibc} but the base has glibc {base.glibc}.",
-            [f"{e.name} {e.version}: ELF files require GLIBC_{f.glibc} (highest symbol version); "
-             f"base glibc {base.glibc}"],
-        ))
+        out.append(
+            gate.finding(
+                GLIBC,
+                e,
+                old,
+                f"{e.name} {e.version} needs GLIBC_{f.glibc} but the base has glibc {base.glibc}.",
+                [
+                    f"{e.name} {e.version}: ELF files require GLIBC_{f.glibc} (highest symbol version); "
+                    f"base glibc {base.glibc}"
+                ],
+            )
+        )
     if not python_abi_ok(f.python_abi, base.python_abi):
-        out.append(gate.finding(
-            PYTHON_ABI,
-            e,
-            old,
-            f"{e.name} {e.version} is built for Python ABI {f.python_abi}, the base interpreter is "
-            f"{base.python_abi} (Python {base.python_version}).",
-            [f"{e.name} {e.version}: python-abi={f.python_abi}; base: {base.python_abi}"],
-        ))
+        out.append(
+            gate.finding(
+                PYTHON_ABI,
+                e,
+                old,
+                f"{e.name} {e.version} is built for Python ABI {f.python_abi}, the base interpreter is "
+                f"{base.python_abi} (Python {base.python_version}).",
+                [f"{e.name} {e.version}: python-abi={f.python_abi}; base: {base.python_abi}"],
+            )
+        )
     out += _machine_findings(gate, e, old)
     return out
 
@@ -510,14 +552,16 @@ def _machine_findings(gate: _Gate, e: LockEntry, old: str | None) -> list[Findin
         return []
     machine = gate.base.platform.split("-", 1)[0]
     files = ", ".join(f"{n} for {m}" for m, n in foreign.items())
-    return [gate.finding(
-        ELF_MACHINE,
-        e,
-        old,
-        f"{e.name} {e.version} holds ELF files built for another machine ({files}) than the base's {machine} "
-        f"({gate.base.platform}): it cannot load there, whatever its wheel tags say.",
-        [f"{e.name} {e.version}: ELF e_machine {files}; base platform {gate.base.platform}"],
-    )]
+    return [
+        gate.finding(
+            ELF_MACHINE,
+            e,
+            old,
+            f"{e.name} {e.version} holds ELF files built for another machine ({files}) than the base's {machine} "
+            f"({gate.base.platform}): it cannot load there, whatever its wheel tags say.",
+            [f"{e.name} {e.version}: ELF e_machine {files}; base platform {gate.base.platform}"],
+        )
+    ]
 
 
 def _move_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
@@ -526,20 +570,34 @@ def _move_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Fi
         return []
     old, vllm = b.version, gate.vllm
     if b.facts.binary or e.facts.binary:
-        return [Finding(
-            e.name, BINARY_MOVE, old, e.version,
-            f"binary base distribution {e.name} moves {old} -> {e.version}: "
-            f"{'newer' if _newer(e.version, old) else 'older'} than what vllm {vllm} shipped with; "
-            "passed the binary checks — test it with this vllm before shipping.",
-            [], gate.chain(e.name))]
+        return [
+            Finding(
+                e.name,
+                BINARY_MOVE,
+                old,
+                e.version,
+                f"binary base distribution {e.name} moves {old} -> {e.version}: "
+                f"{'newer' if _newer(e.version, old) else 'older'} than what vllm {vllm} shipped with; "
+                "passed the binary checks — test it with this vllm before shipping.",
+                [],
+                gate.chain(e.name),
+            )
+        ]
     newer = _newer(e.version, old)
     rule = NEWER_THAN_BASE if newer else OLDER_THAN_BASE
     word = "newer" if newer else "older"
-    return [Finding(
-        e.name, rule, old, e.version,
-        f"{e.name} {e.version} is {word} than what vllm {vllm} shipped with ({old}); "
-        "pure Python, allowed — test it with this vllm before shipping.",
-        [], gate.chain(e.name))]
+    return [
+        Finding(
+            e.name,
+            rule,
+            old,
+            e.version,
+            f"{e.name} {e.version} is {word} than what vllm {vllm} shipped with ({old}); "
+            "pure Python, allowed — test it with this vllm before shipping.",
+            [],
+            gate.chain(e.name),
+        )
+    ]
 
 
 def _sorted_out(findings: list[Finding], allow: Mapping[str, str]) -> GateResult:
@@ -584,13 +642,20 @@ def _numpy_findings(base, entries, final, final_facts, chain) -> list[Finding]:
         ]
         if evidence:
             e = by_key["numpy"]
-            out.append(Finding(
-                "numpy", NUMPY_ABI, old_v, new_v,
-                f"numpy would move {old_v} -> {new_v} (across a major version) while "
-                f"{_plural(len(evidence), 'distribution')} of the final set "
-                f"{'ships' if len(evidence) == 1 else 'ship'} extensions built against "
-                f"numpy {other}.x, which cannot be loaded by numpy {new_v}.",
-                evidence, chain(e.name)))
+            out.append(
+                Finding(
+                    "numpy",
+                    NUMPY_ABI,
+                    old_v,
+                    new_v,
+                    f"numpy would move {old_v} -> {new_v} (across a major version) while "
+                    f"{_plural(len(evidence), 'distribution')} of the final set "
+                    f"{'ships' if len(evidence) == 1 else 'ship'} extensions built against "
+                    f"numpy {other}.x, which cannot be loaded by numpy {new_v}.",
+                    evidence,
+                    chain(e.name),
+                )
+            )
     elif gen_new == "2":
         # numpy stays 2.x: an overlay extension built against 1.x cannot load.
         for e in sorted(entries, key=lambda x: x.key):
@@ -598,10 +663,18 @@ def _numpy_findings(base, entries, final, final_facts, chain) -> list[Finding]:
                 continue
             if e.facts.numpy_abi.get("1", 0) > 0 and e.facts.numpy_abi.get("2", 0) == 0:
                 b = base.get(e.name)
-                out.append(Finding(
-                    e.name, NUMPY_ABI, b.version if b else None, e.version,
-                    f"{e.name} {e.version} ships extensions built against numpy 1.x, the final set has numpy {new_v}.",
-                    [numpy_evidence(e.name, e.version, e.facts, "1")], chain(e.name)))
+                out.append(
+                    Finding(
+                        e.name,
+                        NUMPY_ABI,
+                        b.version if b else None,
+                        e.version,
+                        f"{e.name} {e.version} ships extensions built against numpy 1.x, the final set has numpy "
+                        f"{new_v}.",
+                        [numpy_evidence(e.name, e.version, e.facts, "1")],
+                        chain(e.name),
+                    )
+                )
     return out
 
 
@@ -622,14 +695,18 @@ def format_finding(fd: Finding) -> str:
 def ways_out(fd: Finding) -> list[str]:
     outs = []
     if len(fd.chain) == 2 and fd.chain[-1].startswith("overlay"):
-        req = fd.chain[-1][len("overlay"):].strip(" ()") or fd.name
+        req = fd.chain[-1][len("overlay") :].strip(" ()") or fd.name
         outs.append(f"drop or loosen the overlay requirement {req!r}")
     elif len(fd.chain) > 2 and fd.chain[-1].startswith("overlay"):
-        outs.append(f"drop the overlay requirement that pulls it ({fd.chain[-1][len('overlay'):].strip(' ()')}) or pin "
-                    f"an older {fd.chain[1].split(' ')[0]} with --with")
+        outs.append(
+            f"drop the overlay requirement that pulls it ({fd.chain[-1][len('overlay') :].strip(' ()')}) or pin "
+            f"an older {fd.chain[1].split(' ')[0]} with --with"
+        )
     elif len(fd.chain) > 1:
-        outs.append(f"pin an older version of the package that pulls it ({fd.chain[1].split(' (')[0]})"
-                    " with --with so it fits the base")
+        outs.append(
+            f"pin an older version of the package that pulls it ({fd.chain[1].split(' (')[0]})"
+            " with --with so it fits the base"
+        )
     if fd.rule == NUMPY_ABI and canonical_name(fd.name) == "numpy" and _major(fd.new) not in (None, "0", "1"):
         # numpy goes to 2.x: the distributions in the evidence (built against 1.x) can move to a
         # release built against numpy 2 — naming them in --with releases their base pins

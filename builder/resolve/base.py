@@ -4,7 +4,6 @@ with the binary facts of :mod:`builder.resolve.scanner`; every engine call goes 
 adapter (:func:`_docker`), which never pulls.
 """
 
-
 from __future__ import annotations
 
 import os
@@ -73,9 +72,7 @@ def snapshot_site_packages(
     site_packages = Path(site_packages)
     python = python or _guess_python_version(site_packages)
     if not python:
-        raise BadInput(
-            f"cannot tell the Python version of {site_packages} from its path; pass --python X.Y."
-        )
+        raise BadInput(f"cannot tell the Python version of {site_packages} from its path; pass --python X.Y.")
     _check_xy(python, "--python")
     _check_xy(glibc, "--glibc")
     if cuda is not None:
@@ -97,8 +94,8 @@ def snapshot_site_packages(
         cuda=cuda,
         platform=platform or platform_for(glibc),
         provenance_kind="reconstructed",
-        provenance_method=method or f"scanned the directory {site_packages} with build-image base snapshot "
-                                    "--site-packages",
+        provenance_method=method
+        or f"scanned the directory {site_packages} with build-image base snapshot --site-packages",
         distributions=dists,
     )
 
@@ -169,8 +166,8 @@ def _wanted(name: str) -> bool:
 @dataclass
 class _ImageTree:
     root: Path
-    links: dict[str, str]          # symlink path -> target (as stored)
-    entries: set[str]              # every path in the image (names only)
+    links: dict[str, str]  # symlink path -> target (as stored)
+    entries: set[str]  # every path in the image (names only)
 
     def resolve(self, path: str, depth: int = 0) -> str:
         """Follow symlinks (absolute or relative) inside the image."""
@@ -264,8 +261,9 @@ def _read_os_release(tree: _ImageTree) -> str | None:
                 if "=" in line:
                     k, v = line.split("=", 1)
                     fields[k.strip()] = v.strip().strip('"')
-            return (fields.get("PRETTY_NAME") or " ".join(filter(None, [fields.get("NAME"), fields.get("VERSION")]))
-                    or None)
+            return (
+                fields.get("PRETTY_NAME") or " ".join(filter(None, [fields.get("NAME"), fields.get("VERSION")])) or None
+            )
     return None
 
 
@@ -296,8 +294,16 @@ def glibc_of_libc(path: Path) -> str | None:
 
 
 def _image_glibc(tree: _ImageTree) -> str | None:
-    for d in ("lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu", "lib64", "usr/lib64", "lib", "usr/lib",
-              "lib/aarch64-linux-gnu", "usr/lib/aarch64-linux-gnu"):
+    for d in (
+        "lib/x86_64-linux-gnu",
+        "usr/lib/x86_64-linux-gnu",
+        "lib64",
+        "usr/lib64",
+        "lib",
+        "usr/lib",
+        "lib/aarch64-linux-gnu",
+        "usr/lib/aarch64-linux-gnu",
+    ):
         p = tree.root / tree.resolve(f"{d}/libc.so.6")
         if p.is_file():
             return glibc_of_libc(p)
@@ -392,8 +398,10 @@ def snapshot_image(
     if glibc is None:
         glibc = scan.glibc
     if glibc is None:
-        raise BadInput(f"image {ref!r}: no libc.so.6 found to read the glibc version from (musl or unusual layout?).",
-                       hint="pass --glibc X.Y explicitly.")
+        raise BadInput(
+            f"image {ref!r}: no libc.so.6 found to read the glibc version from (musl or unusual layout?).",
+            hint="pass --glibc X.Y explicitly.",
+        )
     if cuda is None:
         cuda = _image_cuda(env, scan.dists)
     method = (
@@ -442,7 +450,7 @@ def _inspect_local_image(ref: str) -> dict:
             raise BadInput(
                 f"image {ref!r} is not in the local engine; build-image never pulls implicitly.",
                 hint=f"pull or load it first (`docker pull {ref}` / `docker load`), or snapshot a directory "
-                     "with --site-packages.",
+                "with --site-packages.",
             )
         raise _engine_error(["image", "inspect", ref], insp.stderr)
     return _json.loads(insp.stdout)[0]
@@ -472,8 +480,9 @@ class _TreeScan:
     os_name: str | None
 
 
-def _scan_image_tree(ref: str, cid: str, tmp: Path, env: dict[str, str], python: str | None,
-                     reporter: Reporter) -> _TreeScan:
+def _scan_image_tree(
+    ref: str, cid: str, tmp: Path, env: dict[str, str], python: str | None, reporter: Reporter
+) -> _TreeScan:
     """Export the created container's file tree into ``tmp`` and read it."""
     tree = _read_image_tree(cid, tmp, reporter)
     cands = _python_candidates(tree, env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))
@@ -503,8 +512,15 @@ def _scan_image_tree(ref: str, cid: str, tmp: Path, env: dict[str, str], python:
         counts[d] = len(found)
         for k, v in found.items():
             dists.setdefault(k, v)  # first on sys.path wins, as at import time
-    return _TreeScan(python=python, interpreter=interpreter, dirs=dirs, dists=dists, counts=counts,
-                     glibc=_image_glibc(tree), os_name=_read_os_release(tree))
+    return _TreeScan(
+        python=python,
+        interpreter=interpreter,
+        dirs=dirs,
+        dists=dists,
+        counts=counts,
+        glibc=_image_glibc(tree),
+        os_name=_read_os_release(tree),
+    )
 
 
 def _image_cuda(env: dict[str, str], dists: dict[str, Distribution]) -> str | None:
@@ -527,14 +543,19 @@ def image_consistency(ref: str, dists: dict[str, Distribution], interpreter: str
     if tool not in dists:
         return None
     py = "/" + _norm(interpreter) if interpreter else "python3"
-    argv = ([py, "-m", "uv", "pip", "check", "--python", py] if tool == "uv"
-            else [py, "-m", "pip", "check", "--disable-pip-version-check", "--no-input"])
-    proc = _docker(["run", "--rm", "--pull=never", "--network=none", "--entrypoint", argv[0], ref, *argv[1:]],
-                   check=False)
+    argv = (
+        [py, "-m", "uv", "pip", "check", "--python", py]
+        if tool == "uv"
+        else [py, "-m", "pip", "check", "--disable-pip-version-check", "--no-input"]
+    )
+    proc = _docker(
+        ["run", "--rm", "--pull=never", "--network=none", "--entrypoint", argv[0], ref, *argv[1:]], check=False
+    )
     out = proc.stdout + proc.stderr
     if proc.returncode not in (0, 1) or (proc.returncode == 1 and not checker().problems(proc.stdout)):
-        raise ExternalToolError(f"`{' '.join(argv)}` in the image {ref} failed ({proc.returncode}): "
-                                f"{out.strip()[-600:] or 'no output'}.")
+        raise ExternalToolError(
+            f"`{' '.join(argv)}` in the image {ref} failed ({proc.returncode}): {out.strip()[-600:] or 'no output'}."
+        )
     return {"tool": tool, "problems": checker().problems(proc.stdout)}
 
 

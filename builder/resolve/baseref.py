@@ -37,9 +37,9 @@ from builder.spec import check_vllm_version, default_base_manifest
 @dataclass
 class ResolvedBase:
     manifest: BaseManifest
-    data: bytes             # the manifest file's bytes, or the snapshot's JSON: what the lock's inputs hash covers
-    label: str              # for messages: the path or the image reference
-    kind: str               # "default" | "manifest" | "image"
+    data: bytes  # the manifest file's bytes, or the snapshot's JSON: what the lock's inputs hash covers
+    label: str  # for messages: the path or the image reference
+    kind: str  # "default" | "manifest" | "image"
     path: Path | None = None  # the manifest file, when the base is one
 
     @property
@@ -71,14 +71,17 @@ def check_base_platform(manifest: BaseManifest, label: str, platform: Platform) 
     a lock made against it would describe one image while the build installs into the other."""
     have = base_platform(manifest, label)
     if have != platform:
-        raise BadInput(f"the base {label} describes a {have.name} image ({manifest.platform}), but the lock is "
-                       f"for {platform.name}: a lock and its base must be of one platform.",
-                       hint=f"give the {platform.name} manifest of that image (--platform {have.name} builds "
-                            f"for the one this base describes).")
+        raise BadInput(
+            f"the base {label} describes a {have.name} image ({manifest.platform}), but the lock is "
+            f"for {platform.name}: a lock and its base must be of one platform.",
+            hint=f"give the {platform.name} manifest of that image (--platform {have.name} builds "
+            f"for the one this base describes).",
+        )
 
 
-def resolve_base(value: str | None, vllm: str, *, snapshot=None, kind: str | None = None,
-                 platform: Platform = DEFAULT) -> ResolvedBase:
+def resolve_base(
+    value: str | None, vllm: str, *, snapshot=None, kind: str | None = None, platform: Platform = DEFAULT
+) -> ResolvedBase:
     """Resolve a ``--base`` value (None: the shipped default for ``vllm`` and ``platform``) — see the module doc.
 
     ``snapshot(ref) -> BaseManifest`` makes the manifest of a local image (default:
@@ -92,8 +95,10 @@ def resolve_base(value: str | None, vllm: str, *, snapshot=None, kind: str | Non
     elif kind == "manifest":
         p = Path(value)
         if not p.is_file():
-            raise BadInput(f"base manifest {p} does not exist (a --base value ending in .json names a manifest file).",
-                           hint="make one with `build-image base snapshot` or `build-image base reconstruct`.")
+            raise BadInput(
+                f"base manifest {p} does not exist (a --base value ending in .json names a manifest file).",
+                hint="make one with `build-image base snapshot` or `build-image base reconstruct`.",
+            )
         manifest = load_manifest(p)
         resolved = ResolvedBase(manifest=manifest, data=p.read_bytes(), label=str(p), kind=kind, path=p)
     else:
@@ -129,6 +134,6 @@ def vllm_on_base(base: ResolvedBase, vllm: str) -> str | None:
             f"--vllm {vllm} does not match the base {base.label}, which ships vllm {have}: the overlay never "
             "replaces the base's vllm.",
             hint=f"use --vllm {have} on this base, or the base for vllm {vllm} "
-                 f"(lockfiles/base/vllm-openai-v{vllm}.json; `build-image base list` shows the shipped ones).",
+            f"(lockfiles/base/vllm-openai-v{vllm}.json; `build-image base list` shows the shipped ones).",
         )
     return None

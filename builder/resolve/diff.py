@@ -137,8 +137,11 @@ class Noise:
     @property
     def count(self) -> int:
         return (
-            len(self.hash_only) + len(self.via_only) + len(self.reordered)
-            + len(self.header_churn) + int(self.comments_only)
+            len(self.hash_only)
+            + len(self.via_only)
+            + len(self.reordered)
+            + len(self.header_churn)
+            + int(self.comments_only)
         )
 
     def line(self) -> str:
@@ -222,8 +225,13 @@ class LockDiff:
             "counts": self.counts,
             "header": [h.to_dict() for h in self.header],
             "groups": [
-                {"id": gid, "key": key, "title": title, "count": len(self.group(gid)),
-                 "changes": [c.to_dict() for c in self.group(gid)]}
+                {
+                    "id": gid,
+                    "key": key,
+                    "title": title,
+                    "count": len(self.group(gid)),
+                    "changes": [c.to_dict() for c in self.group(gid)],
+                }
                 for gid, key, title in GROUPS
             ],
             "noise": self.noise.to_dict(),
@@ -237,9 +245,18 @@ class LockDiff:
 # ------------------------------------------------------------------ helpers
 
 # the base-image facts a move between releases is summarised by: (label, distribution or None for a field)
-BASE_MOVE_FIELDS = (("image", None), ("torch", "torch"), ("torchvision", "torchvision"), ("CUDA", None),
-                    ("Python", None), ("glibc", None), ("numpy", "numpy"), ("transformers", "transformers"),
-                    ("flashinfer", "flashinfer-python"), ("vllm", "vllm"))
+BASE_MOVE_FIELDS = (
+    ("image", None),
+    ("torch", "torch"),
+    ("torchvision", "torchvision"),
+    ("CUDA", None),
+    ("Python", None),
+    ("glibc", None),
+    ("numpy", "numpy"),
+    ("transformers", "transformers"),
+    ("flashinfer", "flashinfer-python"),
+    ("vllm", "vllm"),
+)
 
 
 def base_move(old: BaseManifest | None, new: BaseManifest | None) -> list[HeaderChange]:
@@ -310,7 +327,9 @@ def _facts_text(f: DistFacts) -> str:
 
 def _facts_eq(a: DistFacts, b: DistFacts) -> bool:
     return (
-        a.binary == b.binary and a.extensions == b.extensions and a.glibc == b.glibc
+        a.binary == b.binary
+        and a.extensions == b.extensions
+        and a.glibc == b.glibc
         and a.python_abi == b.python_abi
         and {k: v for k, v in a.numpy_abi.items() if v} == {k: v for k, v in b.numpy_abi.items() if v}
     )
@@ -377,8 +396,11 @@ def _moved_out_of_order(old_keys: list[str], new_keys: list[str]) -> list[str]:
 
 def _same_entry(a: LockEntry | None, b: LockEntry | None) -> bool:
     return (
-        a is not None and b is not None and a.version == b.version
-        and a.base_version == b.base_version and _facts_eq(a.facts, b.facts)
+        a is not None
+        and b is not None
+        and a.version == b.version
+        and a.base_version == b.base_version
+        and _facts_eq(a.facts, b.facts)
     )
 
 
@@ -451,8 +473,12 @@ def diff_locks(
         new_count=len(n.entries),
         fail_on_allowed=fail_on_allowed,
         base_move=moved_base,
-        hand_edited=[f"{label}: {msg}" for label, side in ((old_label, old), (new_label, new))
-                     if side is not None for msg in getattr(side, "problems", [])],
+        hand_edited=[
+            f"{label}: {msg}"
+            for label, side in ((old_label, old), (new_label, new))
+            if side is not None
+            for msg in getattr(side, "problems", [])
+        ],
     )
 
 
@@ -481,16 +507,21 @@ def _header_changes(status: str, o: LockFile, n: LockFile, path: str) -> list[He
     for name in sorted(set(o.allow_abi_change) | set(n.allow_abi_change)):
         a, b = o.allow_abi_change.get(name), n.allow_abi_change.get(name)
         if a != b:
-            header.append(HeaderChange("allow-abi-change",
-                                       f"{name}: {a}" if a is not None else None,
-                                       f"{name}: {b}" if b is not None else None))
+            header.append(
+                HeaderChange(
+                    "allow-abi-change",
+                    f"{name}: {a}" if a is not None else None,
+                    f"{name}: {b}" if b is not None else None,
+                )
+            )
     return header
 
 
 def _header_churn(o: LockFile, n: LockFile) -> list[str]:
     """The other header keys that differ (tool, inputs-sha256, ...): noise."""
     return sorted(
-        k for k in set(o.header) | set(n.header)
+        k
+        for k in set(o.header) | set(n.header)
         if k not in TOP_KEYS and k != "entries" and o.header.get(k) != n.header.get(k)
     )
 
@@ -506,8 +537,9 @@ class _Gated:
     notes: list[str] = field(default_factory=list)
 
 
-def _gate_sides(old: LockFile | None, new: LockFile | None,
-                old_base: BaseManifest | None, new_base: BaseManifest | None) -> _Gated:
+def _gate_sides(
+    old: LockFile | None, new: LockFile | None, old_base: BaseManifest | None, new_base: BaseManifest | None
+) -> _Gated:
     """Run the gate on the new lock, and on the old one when a finding sits on an
     unchanged entry; a missing base manifest is rebuilt from its lock."""
     notes: list[str] = []
@@ -531,11 +563,14 @@ def _gate_sides(old: LockFile | None, new: LockFile | None,
     # finding news?); skip the second evaluation when no such finding exists.
     if old is not None:
         ob0, nb0 = old.by_name(), new.by_name()
-        if any(_same_entry(ob0.get(canonical_name(fd.name)), nb0.get(canonical_name(fd.name)))
-               for fd in new_res.violations + new_res.allowed):
+        if any(
+            _same_entry(ob0.get(canonical_name(fd.name)), nb0.get(canonical_name(fd.name)))
+            for fd in new_res.violations + new_res.allowed
+        ):
             old_res = _gate(old_base, old)
-            gated.old_rules = {(canonical_name(fd.name), fd.rule): _finding_sig(fd)
-                               for fd in old_res.violations + old_res.allowed}
+            gated.old_rules = {
+                (canonical_name(fd.name), fd.rule): _finding_sig(fd) for fd in old_res.violations + old_res.allowed
+            }
     return gated
 
 
@@ -545,15 +580,25 @@ def _changes(o: LockFile, n: LockFile, gated: _Gated, vllm: str | None, noise: N
     changes: list[Change] = []
     for key in sorted(set(ob) | set(nb)):
         a, b = ob.get(key), nb.get(key)
-        c = _classify(key, a, b, gated.new_find.get(key, []), gated.old_rules, gated.notices.get(key, []),
-                      gated.new_base, vllm, noise)
+        c = _classify(
+            key,
+            a,
+            b,
+            gated.new_find.get(key, []),
+            gated.old_rules,
+            gated.notices.get(key, []),
+            gated.new_base,
+            vllm,
+            noise,
+        )
         if c is not None:
             changes.append(c)
     return changes
 
 
-def _order_noise(o: LockFile, n: LockFile, noise: Noise, *, unchanged: bool,
-                 old_text: str | None, new_text: str | None) -> None:
+def _order_noise(
+    o: LockFile, n: LockFile, noise: Noise, *, unchanged: bool, old_text: str | None, new_text: str | None
+) -> None:
     """Reordered entries, and an edit that only touched comments or whitespace."""
     moved = _moved_out_of_order(
         [e.key for e in sorted(o.entries, key=lambda e: e.line)],
@@ -561,10 +606,7 @@ def _order_noise(o: LockFile, n: LockFile, noise: Noise, *, unchanged: bool,
     )
     nb = n.by_name()
     noise.reordered = [nb[k].name for k in moved]
-    if (
-        unchanged and noise.count == 0
-        and old_text is not None and new_text is not None and old_text != new_text
-    ):
+    if unchanged and noise.count == 0 and old_text is not None and new_text is not None and old_text != new_text:
         noise.comments_only = True
 
 
@@ -583,8 +625,7 @@ def _classify(
     when the entry did not change in a way that matters (noise)."""
     c = _new_change(a, b, base)
     # group 1: gate findings on the new lock, for a changed package or a new finding
-    relevant = [fd for fd in findings
-                if c.change != "unchanged" or old_rules.get((key, fd.rule)) != _finding_sig(fd)]
+    relevant = [fd for fd in findings if c.change != "unchanged" or old_rules.get((key, fd.rule)) != _finding_sig(fd)]
     if relevant:
         return _abi_rejected(c, relevant)
     if c.change == "unchanged":
@@ -596,8 +637,11 @@ def _classify(
     # group 3: native distributions added / removed / flipped / rebuilt
     a_bin = a is not None and a.facts.binary
     b_bin = b is not None and b.facts.binary
-    if (c.change == "rebuilt" or (c.change in ("added", "removed") and (b or a).facts.binary)
-            or (a is not None and b is not None and a_bin != b_bin)):
+    if (
+        c.change == "rebuilt"
+        or (c.change in ("added", "removed") and (b or a).facts.binary)
+        or (a is not None and b is not None and a_bin != b_bin)
+    ):
         return _native(c, a, b)
     if c.change in ("added", "removed"):
         c.group = 6
@@ -633,9 +677,14 @@ def _new_change(a: LockEntry | None, b: LockEntry | None, base: BaseManifest | N
     if base_v is None and base_dist is not None:
         base_v = base_dist.version
     c = Change(
-        name=e.name, change=kind,
-        old=a.version if a else None, new=b.version if b else None,
-        group=0, base=base_v, via=list(e.via), facts=_facts_text(e.facts),
+        name=e.name,
+        change=kind,
+        old=a.version if a else None,
+        new=b.version if b else None,
+        group=0,
+        base=base_v,
+        via=list(e.via),
+        facts=_facts_text(e.facts),
     )
     if kind in ("upgraded", "downgraded"):
         mag, down = bump_kind(a.version, b.version)
@@ -689,8 +738,11 @@ def _base_moved(c: Change, b: LockEntry | None, notices: list, vllm: str | None)
         else:
             ev.append(f"newer than {shipped} ({b.base_version})")
         if mag == "major":
-            ev.append("a 0.x minor bump (breaking under semver)" if _major0(b.base_version, b.version)
-                      else "across a major version")
+            ev.append(
+                "a 0.x minor bump (breaking under semver)"
+                if _major0(b.base_version, b.version)
+                else "across a major version"
+            )
         if BINARY_MOVE in rules:
             ev.append("binary: passed the gate's binary checks")
     ev += [fd.message for fd in notices if fd.rule not in ("newer-than-base", "older-than-base", "binary-move")]
@@ -776,9 +828,14 @@ def _via(c: Change) -> str:
 
 def to_document(d: LockDiff):
     """The report document (``builder.report.Document``) for one lock diff."""
-    status = "fail" if d.dangerous else (
-        "warn" if d.group(1) or d.group(2) or d.group(3) or any(h.key in TOP_KEYS or h.key == "lock" for h in d.header)
-        else "ok"
+    status = (
+        "fail"
+        if d.dangerous
+        else (
+            "warn"
+            if d.group(1) or d.group(2) or d.group(3) or any(h.key in TOP_KEYS or h.key == "lock" for h in d.header)
+            else "ok"
+        )
     )
     if d.path and d.path != d.new_label:
         title = f"{d.path} ({d.old_label} → {d.new_label})"
@@ -787,11 +844,23 @@ def to_document(d: LockDiff):
     top = [HeaderChange(h.key, _short(h.old), _short(h.new)).text() for h in d.header]
     sections = []
     if d.hand_edited:  # before everything: the file itself is not what `build-image lock` wrote
-        sections.append(Section(title="0. not produced by `build-image lock` (hand-edited or truncated)",
-                                columns=["finding"], rows=[[h] for h in d.hand_edited], style="danger"))
+        sections.append(
+            Section(
+                title="0. not produced by `build-image lock` (hand-edited or truncated)",
+                columns=["finding"],
+                rows=[[h] for h in d.hand_edited],
+                style="danger",
+            )
+        )
     if d.base_move:  # a release upgrade: what the new base image moves, before any package of the lock
-        sections.append(Section(title="0. base move (from the two base manifests)", columns=["", "old", "new"],
-                                rows=[[h.key, h.old or "-", h.new or "-"] for h in d.base_move], style="warn"))
+        sections.append(
+            Section(
+                title="0. base move (from the two base manifests)",
+                columns=["", "old", "new"],
+                rows=[[h.key, h.old or "-", h.new or "-"] for h in d.base_move],
+                style="warn",
+            )
+        )
     for gid, _key, gtitle in GROUPS:
         rows_c = d.group(gid)
         if not rows_c:
@@ -807,10 +876,14 @@ def to_document(d: LockDiff):
             rows = [[c.name, c.versions, c.facts or "", _join(c.evidence) or f"via {_via(c)}"] for c in rows_c]
         elif gid in (4, 5):
             cols = ["package", "change", "note"]
-            rows = [[c.name, c.versions,
-                     _join([t for t in c.tags if t == "downgrade"] + c.evidence
-                           + ([f"via {_via(c)}"] if c.via else []))]
-                    for c in rows_c]
+            rows = [
+                [
+                    c.name,
+                    c.versions,
+                    _join([t for t in c.tags if t == "downgrade"] + c.evidence + ([f"via {_via(c)}"] if c.via else [])),
+                ]
+                for c in rows_c
+            ]
         else:
             cols = ["package", "change", "via"]
             rows = [[c.name, c.versions, _via(c)] for c in rows_c]
@@ -820,8 +893,9 @@ def to_document(d: LockDiff):
         sections.append(Section(title=f"{gid}. {gtitle}", columns=cols, rows=rows, style=style, folded=gid >= 4))
     if d.noise.count:
         sections.append(Section(title=f"7. {NOISE_TITLE}", line=d.noise.line(), style="dim", count=d.noise.count))
-    return Document(title=title, status=status, summary=summary_line(d), top=top, sections=sections,
-                    notes=list(d.notes))
+    return Document(
+        title=title, status=status, summary=summary_line(d), top=top, sections=sections, notes=list(d.notes)
+    )
 
 
 def to_json_doc(diffs: list[LockDiff]) -> dict:
@@ -904,8 +978,20 @@ JSON_SCHEMA: dict = {
         },
         "change": {
             "type": "object",
-            "required": ["name", "change", "old", "new", "base", "tags", "rules", "evidence", "chain",
-                         "allowed", "via", "facts"],
+            "required": [
+                "name",
+                "change",
+                "old",
+                "new",
+                "base",
+                "tags",
+                "rules",
+                "evidence",
+                "chain",
+                "allowed",
+                "via",
+                "facts",
+            ],
             "additionalProperties": False,
             "properties": {
                 "name": {"type": "string"},
@@ -913,8 +999,10 @@ JSON_SCHEMA: dict = {
                 "old": _STR_OR_NULL,
                 "new": _STR_OR_NULL,
                 "base": _STR_OR_NULL,
-                "tags": {"type": "array", "items": {"enum": ["major", "minor", "patch", "other", "downgrade",
-                                                               "binary", "base-move"]}},
+                "tags": {
+                    "type": "array",
+                    "items": {"enum": ["major", "minor", "patch", "other", "downgrade", "binary", "base-move"]},
+                },
                 "rules": _STR_LIST,
                 "evidence": _STR_LIST,
                 "chain": _STR_LIST,
@@ -925,8 +1013,20 @@ JSON_SCHEMA: dict = {
         },
         "lock": {
             "type": "object",
-            "required": ["path", "old", "new", "status", "vllm", "dangerous", "counts", "header", "groups",
-                         "noise", "base", "notes"],
+            "required": [
+                "path",
+                "old",
+                "new",
+                "status",
+                "vllm",
+                "dangerous",
+                "counts",
+                "header",
+                "groups",
+                "noise",
+                "base",
+                "notes",
+            ],
             "additionalProperties": False,
             "properties": {
                 "path": {"type": "string"},
@@ -997,7 +1097,7 @@ JSON_SCHEMA: dict = {
                 "hand_edited": {
                     "type": "array",
                     "description": "findings that a side is not what `build-image lock` wrote (hand-edited or "
-                                   "truncated), each naming the side, file and line; present only when any",
+                    "truncated), each naming the side, file and line; present only when any",
                     "items": {"type": "string"},
                     "minItems": 1,
                 },

@@ -81,19 +81,23 @@ def wanted_specifier(derivation: str, name: str, pinned: str) -> str | None:
     (``X<5.0``) when it is a single bound, else nothing."""
     text = ANSI_RE.sub("", derivation)
     name_pat = "[-_.]+".join(re.escape(p) for p in canonical_name(name).split("-"))
-    pat = re.compile(r"(?<![A-Za-z0-9._-])" + name_pat +
-                     r"(?:\{[^}]*\})?((?:[<>=!~]=?[^\s,]+)(?:,[<>=!~]=?[^\s,]+)*)", re.I)
+    pat = re.compile(
+        r"(?<![A-Za-z0-9._-])" + name_pat + r"(?:\{[^}]*\})?((?:[<>=!~]=?[^\s,]+)(?:,[<>=!~]=?[^\s,]+)*)", re.I
+    )
     complement = None
     for m in pat.finditer(text):
         spec = m.group(1).rstrip(".,")
         if spec == f"=={pinned}":
             continue
-        before, after = text[max(0, m.start() - 24):m.start()], text[m.end():m.end() + 24]
+        before, after = text[max(0, m.start() - 24) : m.start()], text[m.end() : m.end() + 24]
         if re.search(r"(?:depends? on|requires?|require)\s+$", before):
             return spec
         sub = re.fullmatch(r"(>=|>|<=|<)([^,<>=!~]+)", spec)
-        if complement is None and sub and re.match(r"\s+(?:depends on|depend on|are incompatible|is incompatible)",
-                                                   after):
+        if (
+            complement is None
+            and sub
+            and re.match(r"\s+(?:depends on|depend on|are incompatible|is incompatible)", after)
+        ):
             complement = _COMPLEMENT[sub.group(1)] + sub.group(2)
     return complement
 
@@ -122,12 +126,13 @@ def explain_unsatisfiable(stderr: str, base: BaseManifest, overlay: Iterable[str
     ways.append("drop or loosen the overlay requirement that needs the conflicting version")
     lines.append("ways out: " + "; or ".join(ways))
     for name in [r for r in released if is_exact_coupled(r) and base.get(r) is not None]:
-        lines.append(f"note: {name} is exact-coupled to vllm's kernels — even when it resolves, the gate rejects "
-                     f"moving it unless --allow-abi-change {canonical_name(name)} --reason TEXT")
+        lines.append(
+            f"note: {name} is exact-coupled to vllm's kernels — even when it resolves, the gate rejects "
+            f"moving it unless --allow-abi-change {canonical_name(name)} --reason TEXT"
+        )
     names = ", ".join(f"{base.get(k).name}=={base.get(k).version}" for k in pins)
-    msg = (
-        f"no resolution of the overlay ({', '.join(overlay)}) fits on top of the base"
-        + (f": it conflicts with the base pin(s) {names}." if pins else ".")
+    msg = f"no resolution of the overlay ({', '.join(overlay)}) fits on top of the base" + (
+        f": it conflicts with the base pin(s) {names}." if pins else "."
     )
     return msg, "\n".join(lines)
 
@@ -140,8 +145,8 @@ class PinMoves:
     """Every base pin that must move for the overlay to resolve, found in one pass."""
 
     moves: list[tuple[str, str, str | None]]  # (name, base version, resolved version or None)
-    resolves: bool                            # releasing them all makes the overlay resolve
-    blocked: list[str]                        # exact-coupled pins that would have to move (never on this base)
+    resolves: bool  # releasing them all makes the overlay resolve
+    blocked: list[str]  # exact-coupled pins that would have to move (never on this base)
     rounds: int = 0
 
     @property
@@ -149,8 +154,9 @@ class PinMoves:
         return " ".join(f"--with '{n}=={v}'" for n, _b, v in self.moves if v)
 
 
-def find_pin_moves(stderr: str, base: BaseManifest, overlay: list[str],
-                   attempt: Callable[[list[str]], tuple[bool, str, dict]]) -> PinMoves:
+def find_pin_moves(
+    stderr: str, base: BaseManifest, overlay: list[str], attempt: Callable[[list[str]], tuple[bool, str, dict]]
+) -> PinMoves:
     """Release the base pins uv's derivation names, resolve again, repeat until it resolves
     (or nothing more can be released): every pin that must move, not only the first one.
 
@@ -173,8 +179,12 @@ def find_pin_moves(stderr: str, base: BaseManifest, overlay: list[str],
         rounds += 1
         ok, stderr, resolved = attempt(extra)
         if ok:
-            return PinMoves([(base.get(k).name, base.get(k).version, resolved.get(k, (None, None))[1]) for k in names],
-                            True, [], rounds)
+            return PinMoves(
+                [(base.get(k).name, base.get(k).version, resolved.get(k, (None, None))[1]) for k in names],
+                True,
+                [],
+                rounds,
+            )
     return PinMoves([(base.get(k).name, base.get(k).version, None) for k in names], False, [], rounds)
 
 
@@ -187,14 +197,16 @@ def format_pin_moves(moves: PinMoves, base: BaseManifest) -> tuple[str, str]:
         lines.append(f"  {name} {old} -> {new or '?'}")
     if moves.resolves:
         lines.append(f"one line that moves them all (then the ABI gate decides): {moves.with_line}")
-        return (f" Releasing {len(moves.moves)} base pin(s) makes it resolve: "
-                + ", ".join(f"{n} {o} -> {v}" for n, o, v in moves.moves)
-                + f"; add {moves.with_line}."), "\n".join(lines)
+        return (
+            f" Releasing {len(moves.moves)} base pin(s) makes it resolve: "
+            + ", ".join(f"{n} {o} -> {v}" for n, o, v in moves.moves)
+            + f"; add {moves.with_line}."
+        ), "\n".join(lines)
     if moves.blocked:
-        lines.append("and exact-coupled pins that would have to move (never on this base): "
-                     + ", ".join(f"{base.get(k).name}=={base.get(k).version}" for k in moves.blocked))
+        lines.append(
+            "and exact-coupled pins that would have to move (never on this base): "
+            + ", ".join(f"{base.get(k).name}=={base.get(k).version}" for k in moves.blocked)
+        )
     else:
         lines.append("releasing them does not make it resolve: the overlay itself needs to change")
     return "", "\n".join(lines)
-
-

@@ -40,8 +40,10 @@ def native_digest(dist_info: str | Path) -> str | None:
 
 
 def _doc(manifest: BaseManifest) -> dict:
-    return {key: {"name": d.name, "version": d.version, "native_sha256": d.facts.native_sha256}
-            for key, d in manifest.distributions.items()}
+    return {
+        key: {"name": d.name, "version": d.version, "native_sha256": d.facts.native_sha256}
+        for key, d in manifest.distributions.items()
+    }
 
 
 def compare(expected: BaseManifest, observed: BaseManifest) -> list[str]:

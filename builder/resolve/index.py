@@ -131,9 +131,17 @@ def parse_listing(doc: dict, base_url: str) -> list[IndexFile]:
         url = f["url"]
         if not _PLAIN_URL_RE.fullmatch(url):  # PyPI lists absolute URLs: joined only when it must be
             url = urllib.request.urljoin(base_url + "/", url)
-        out.append(IndexFile(filename=f["filename"], url=url, sha256=sha, upload_time=parse_time(f.get("upload-time")),
-                             yanked=bool(f.get("yanked")), requires_python=f.get("requires-python"),
-                             metadata_sha256=meta_sha))
+        out.append(
+            IndexFile(
+                filename=f["filename"],
+                url=url,
+                sha256=sha,
+                upload_time=parse_time(f.get("upload-time")),
+                yanked=bool(f.get("yanked")),
+                requires_python=f.get("requires-python"),
+                metadata_sha256=meta_sha,
+            )
+        )
     return out
 
 
@@ -176,8 +184,9 @@ class _RangeReader(io.RawIOBase):
     def _block(self, i: int) -> bytes:
         if i not in self.blocks:
             lo, hi = i * self.BLOCK, min(self.size, (i + 1) * self.BLOCK) - 1
-            req = credentials.request(self.url, headers={"Range": f"bytes={lo}-{hi}",
-                                                          "User-Agent": f"build-image/{__version__}"})
+            req = credentials.request(
+                self.url, headers={"Range": f"bytes={lo}-{hi}", "User-Agent": f"build-image/{__version__}"}
+            )
             with self._open(req) as r:
                 data = r.read()
                 if getattr(r, "status", 206) != 206 or len(data) != hi - lo + 1:
@@ -192,7 +201,7 @@ class _RangeReader(io.RawIOBase):
         out = bytearray()
         while n > 0:
             i, off = divmod(self.pos, self.BLOCK)
-            chunk = self._block(i)[off:off + n]
+            chunk = self._block(i)[off : off + n]
             out += chunk
             self.pos += len(chunk)
             n -= len(chunk)
@@ -200,7 +209,7 @@ class _RangeReader(io.RawIOBase):
 
     def readinto(self, b) -> int:
         data = self.read(len(b))
-        b[:len(data)] = data
+        b[: len(data)] = data
         return len(data)
 
 
@@ -244,9 +253,11 @@ class SimpleIndex:
                 if cpath.exists():  # a stale listing beats none (offline); it only lacks newer uploads
                     doc = json.loads(cpath.read_text())
                 else:
-                    raise IntegrityError(f"cannot read the index listing {url}: {exc}.",
-                                         hint="the index must answer the PEP 691 JSON API "
-                                              f"(Accept: {_ACCEPT}); set UV_DEFAULT_INDEX for a mirror.") from None
+                    raise IntegrityError(
+                        f"cannot read the index listing {url}: {exc}.",
+                        hint="the index must answer the PEP 691 JSON API "
+                        f"(Accept: {_ACCEPT}); set UV_DEFAULT_INDEX for a mirror.",
+                    ) from None
         return parse_listing(doc, url)
 
     def metadata(self, f: IndexFile) -> str:
@@ -302,12 +313,18 @@ class FindLinks:
                     continue
                 if name != want:
                     continue
-                out.append(IndexFile(filename=p.name, url=p.resolve().as_uri(), sha256=sha256_file(p),
-                                     upload_time=datetime.fromtimestamp(p.stat().st_mtime, tz=timezone.utc)))
+                out.append(
+                    IndexFile(
+                        filename=p.name,
+                        url=p.resolve().as_uri(),
+                        sha256=sha256_file(p),
+                        upload_time=datetime.fromtimestamp(p.stat().st_mtime, tz=timezone.utc),
+                    )
+                )
         return out
 
     def metadata(self, f: IndexFile) -> str:
-        path = Path(urllib.request.url2pathname(f.url[len("file://"):]))
+        path = Path(urllib.request.url2pathname(f.url[len("file://") :]))
         try:
             with zipfile.ZipFile(path) as zf:
                 return _wheel_metadata_from_zip(zf, str(path))

@@ -139,8 +139,11 @@ def parse_overlay(reqs: Iterable[str], where: str = "--with") -> list[Requiremen
 
 def check_overlay_against_vllm(overlay: list[Requirement], vllm: str) -> None:
     for req in overlay:
-        if (canonical_name(req.name) == "vllm" and str(req.specifier)
-                and not req.specifier.contains(vllm, prereleases=True)):
+        if (
+            canonical_name(req.name) == "vllm"
+            and str(req.specifier)
+            and not req.specifier.contains(vllm, prereleases=True)
+        ):
             raise BadInput(
                 f"--with {str(req)!r} conflicts with --vllm {vllm}: the overlay cannot replace the base's vllm.",
             )
@@ -149,11 +152,7 @@ def check_overlay_against_vllm(overlay: list[Requirement], vllm: str) -> None:
 def base_requirements(base: BaseManifest, overlay: Iterable[Requirement | str]) -> list[str]:
     """``name==version`` for every base distribution not named in the overlay."""
     released = {canonical_name(r.name if isinstance(r, Requirement) else Requirement(r).name) for r in overlay}
-    return [
-        f"{d.name}=={d.version}"
-        for key, d in sorted(base.distributions.items())
-        if key not in released
-    ]
+    return [f"{d.name}=={d.version}" for key, d in sorted(base.distributions.items()) if key not in released]
 
 
 def recorded_overlay(req: LockRequest) -> list[str]:
@@ -282,7 +281,6 @@ def pure_facts(filename: str) -> DistFacts:
     return DistFacts(binary=False, extensions=0, numpy_abi={"1": 0, "2": 0}, glibc=None, python_abi=abi)
 
 
-
 # =========================================================================== wheels
 
 
@@ -392,22 +390,29 @@ def build_entries(
                 f"(none of {', '.join(c.filename for c in cands) or 'no files'} matches its platform)."
             )
         chosen[key] = pick
-        entries.append(LockEntry(
-            name=wl[0], version=version, hashes=sorted({c.sha256 for c in cands}), via=list(via),
-            wheel=WheelRef(url=redact_url(pick.url), sha256=pick.sha256),
-            base_version=b.version if b is not None else None,
-        ))
+        entries.append(
+            LockEntry(
+                name=wl[0],
+                version=version,
+                hashes=sorted({c.sha256 for c in cands}),
+                via=list(via),
+                wheel=WheelRef(url=redact_url(pick.url), sha256=pick.sha256),
+                base_version=b.version if b is not None else None,
+            )
+        )
     return entries, chosen
 
 
-def _agrees(resolved: Mapping[str, tuple[str, str, list[str]]],
-            wheels: Mapping[str, tuple[str, str, list[WheelCandidate]]]) -> bool:
+def _agrees(
+    resolved: Mapping[str, tuple[str, str, list[str]]], wheels: Mapping[str, tuple[str, str, list[WheelCandidate]]]
+) -> bool:
     """Do the two uv runs describe the same resolution?"""
     return bool(wheels) and all(k in wheels and same_version(wheels[k][1], v) for k, (_, v, _) in resolved.items())
 
 
-def lock(req: LockRequest, uv: Uv | None = None, reporter: Reporter = SILENT,
-         prefer: Mapping[str, str] | None = None) -> LockResult:
+def lock(
+    req: LockRequest, uv: Uv | None = None, reporter: Reporter = SILENT, prefer: Mapping[str, str] | None = None
+) -> LockResult:
     """Resolve ``req`` and judge it; raises :class:`Unsatisfiable` / tool errors.
     Returns the LockFile and the gate's result (the caller decides on exit 3).
 
@@ -472,9 +477,15 @@ class _UvRun:
     @property
     def common(self) -> dict:
         base, req = self.req.base, self.req
-        common = dict(python_version=base.python_version, platform=base.platform, find_links=req.find_links,
-                      no_index=req.no_index, exclude_newer=req.exclude_newer, cwd=self.tmp,
-                      constraints=[self.tmp / "base.in"])
+        common = dict(
+            python_version=base.python_version,
+            platform=base.platform,
+            find_links=req.find_links,
+            no_index=req.no_index,
+            exclude_newer=req.exclude_newer,
+            cwd=self.tmp,
+            constraints=[self.tmp / "base.in"],
+        )
         if base.uv_overrides:  # the image's UV_OVERRIDE applies to any `uv pip install` in it: the overlay's too
             common["overrides"] = [self.tmp / "base-overrides.txt"]
         return common
@@ -526,9 +537,11 @@ class _UvRun:
         tmp, resolving = self.tmp, self.resolving
         (tmp / "try-overlay.in").write_text("\n".join(resolving + extra) + "\n")
         (tmp / "try-base.in").write_text(
-            "\n".join(base_requirements(self.req.base, parse_overlay(resolving + extra))) + "\n")
-        r = self.uv.compile([tmp / "try-overlay.in"], tmp / "try.txt",
-                            **{**self.common, "constraints": [tmp / "try-base.in"]})
+            "\n".join(base_requirements(self.req.base, parse_overlay(resolving + extra))) + "\n"
+        )
+        r = self.uv.compile(
+            [tmp / "try-overlay.in"], tmp / "try.txt", **{**self.common, "constraints": [tmp / "try-base.in"]}
+        )
         if r.returncode == 0:
             return True, "", parse_uv_requirements((tmp / "try.txt").read_text())
         if not is_resolution_failure(r.stderr):
@@ -564,8 +577,11 @@ def _scan_wheels(req: LockRequest, entries: list[LockEntry], chosen: dict, repor
     # An exact-coupled binary (torch, nvidia-*, ...) that is not allowed is rejected by name: its
     # files cannot change the verdict, so it is not downloaded (torch and its CUDA wheels are GBs).
     allowed = {canonical_name(k) for k in req.allow}
-    by_name_only = {e.key for e in entries if is_exact_coupled(e.name) and e.key not in allowed
-                    and not is_pure_wheel(chosen[e.key].filename)}
+    by_name_only = {
+        e.key
+        for e in entries
+        if is_exact_coupled(e.name) and e.key not in allowed and not is_pure_wheel(chosen[e.key].filename)
+    }
     binaries = [e for e in entries if not is_pure_wheel(chosen[e.key].filename) and e.key not in by_name_only]
     for e in entries:
         cand = chosen[e.key]
@@ -574,8 +590,9 @@ def _scan_wheels(req: LockRequest, entries: list[LockEntry], chosen: dict, repor
             e.facts.binary = True  # not scanned: unknown extension count / glibc
             continue
         if not is_pure_wheel(cand.filename) and not _facts_cache_path(cand.sha256).exists():
-            reporter.step(f"downloading + scanning binary wheel {cand.filename} "
-                          f"({binaries.index(e) + 1}/{len(binaries)})")
+            reporter.step(
+                f"downloading + scanning binary wheel {cand.filename} ({binaries.index(e) + 1}/{len(binaries)})"
+            )
         e.facts, requires[e.key] = wheel_facts(cand)
     return requires
 
@@ -611,14 +628,24 @@ def lock_header(req: LockRequest, uv_version: str) -> dict[str, str]:
     if req.exclude_newer:
         header["exclude-newer"] = req.exclude_newer
     if req.no_index or req.find_links:
-        header["index"] = " ".join((["--no-index"] if req.no_index else [])
-                                   + [f"--find-links {redact_url(f)}" for f in req.find_links])
+        header["index"] = " ".join(
+            (["--no-index"] if req.no_index else []) + [f"--find-links {redact_url(f)}" for f in req.find_links]
+        )
     return header
 
 
 # header fields that are inputs (``entries`` is derived; ``build-image-lock`` is the format)
-_HEADER_INPUTS = ("vllm", "base-ref", "base-digest", "base-manifest-sha256", "python", "platform", "tool",
-                  "exclude-newer", "index")
+_HEADER_INPUTS = (
+    "vllm",
+    "base-ref",
+    "base-digest",
+    "base-manifest-sha256",
+    "python",
+    "platform",
+    "tool",
+    "exclude-newer",
+    "index",
+)
 
 
 def header_mismatches(have: Mapping[str, str], want: Mapping[str, str]) -> list[str]:
@@ -646,8 +673,9 @@ def ray_header(req: LockRequest, entries: list[LockEntry], base: BaseManifest) -
     return {"ray": f"{version} ({where})", "serve-backend": "auto"}
 
 
-def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None,
-                  existing: LockFile | None = None) -> tuple[bool, str]:
+def is_up_to_date(
+    lock_path: Path, req: LockRequest, uv: Uv | None = None, existing: LockFile | None = None
+) -> tuple[bool, str]:
     """(fresh?, why) comparing every input the lock's header records (and their hash,
     ``inputs-sha256``) with the request's — no resolution.  A header edited by hand
     (``vllm: 0.25.0`` under the hash of a 0.26.0 request) is stale, not up to date.
@@ -658,13 +686,16 @@ def is_up_to_date(lock_path: Path, req: LockRequest, uv: Uv | None = None,
     uv = uv or Uv()
     want_header = lock_header(req, uv.version())
     fields = header_mismatches(existing.header, want_header)
-    same_lists = (existing.overlay == recorded_overlay(req)
-                  and {canonical_name(k): v for k, v in req.allow.items()} == existing.allow_abi_change)
+    same_lists = (
+        existing.overlay == recorded_overlay(req)
+        and {canonical_name(k): v for k, v in req.allow.items()} == existing.allow_abi_change
+    )
     if existing.header.get("inputs-sha256") == want_header["inputs-sha256"] and not fields and same_lists:
         return True, "inputs unchanged"
     reasons = list(fields)
     if existing.header.get("base-manifest-sha256") != req.manifest_sha256 and not any(
-            r.startswith("base-manifest-sha256") for r in reasons):
+        r.startswith("base-manifest-sha256") for r in reasons
+    ):
         reasons.append("the base manifest changed")
     if existing.overlay != recorded_overlay(req):
         reasons.append(f"the overlay changed ({', '.join(existing.overlay)} -> {', '.join(recorded_overlay(req))})")
@@ -686,8 +717,8 @@ class LockOutcome:
     path: Path
     result: LockResult | None = None
     unused_allow: list[str] = field(default_factory=list)
-    kept: LockFile | None = None      # up-to-date: the lock on disk, as read (once) by the freshness check
-    kept_text: str | None = None      # ... and its text
+    kept: LockFile | None = None  # up-to-date: the lock on disk, as read (once) by the freshness check
+    kept_text: str | None = None  # ... and its text
 
 
 @dataclass(frozen=True)
@@ -719,17 +750,23 @@ def check_wheel_sources(find_links: Iterable[str], no_index: bool) -> None:
             continue
         p = Path(f)
         if not p.exists():
-            raise BadInput(f"--find-links {f}: no such folder (or file).",
-                           hint="name a folder of wheels (or a flat HTML index), or drop the flag.")
+            raise BadInput(
+                f"--find-links {f}: no such folder (or file).",
+                hint="name a folder of wheels (or a flat HTML index), or drop the flag.",
+            )
     if no_index and not find_links:
-        raise BadInput("--no-index without --find-links: with the package index off and no wheel folder given, "
-                       "uv has nowhere to find any package.",
-                       hint="add --find-links DIR (a folder of wheels), or drop --no-index.")
+        raise BadInput(
+            "--no-index without --find-links: with the package index off and no wheel folder given, "
+            "uv has nowhere to find any package.",
+            hint="add --find-links DIR (a folder of wheels), or drop --no-index.",
+        )
 
 
-_UV_UNREACHABLE = re.compile(r"Failed to read `--find-links` URL: (\S+)|Failed to fetch: (\S+)|"
-                             r"error sending request for url \((\S+)\)|dns error|tcp connect error|"
-                             r"Connection refused|operation timed out|Network is unreachable")
+_UV_UNREACHABLE = re.compile(
+    r"Failed to read `--find-links` URL: (\S+)|Failed to fetch: (\S+)|"
+    r"error sending request for url \((\S+)\)|dns error|tcp connect error|"
+    r"Connection refused|operation timed out|Network is unreachable"
+)
 _UV_MISSING_INPUT = re.compile(r"Failed to read `--find-links` (?:directory|file): (.+)")
 
 
@@ -744,14 +781,26 @@ def uv_failure(stderr: str, what: str = "uv pip compile"):
     if m:
         url = next((g for g in m.groups() if g), None) if m.groups() else None
         where = f" {url.rstrip(')')}" if url else ""
-        return IntegrityError(f"a wheel source{where} is not reachable ({what}):\n{text}",
-                              hint="check the --find-links / index URL and the network, then run again.")
+        return IntegrityError(
+            f"a wheel source{where} is not reachable ({what}):\n{text}",
+            hint="check the --find-links / index URL and the network, then run again.",
+        )
     return ExternalToolError(f"{what} failed:\n{text}")
 
 
-def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_overlay: bool, vllm_given: bool = True,
-                allow: Mapping[str, str] | None = None, find_links: Iterable[str] = (), no_index: bool = False,
-                exclude_newer: str | None = None, where: str = "--with") -> LockRequest:
+def request_for(
+    *,
+    vllm: str,
+    base: ResolvedBase,
+    with_: Iterable[str],
+    default_overlay: bool,
+    vllm_given: bool = True,
+    allow: Mapping[str, str] | None = None,
+    find_links: Iterable[str] = (),
+    no_index: bool = False,
+    exclude_newer: str | None = None,
+    where: str = "--with",
+) -> LockRequest:
     """The :class:`LockRequest` for ``--vllm X`` on ``base`` (pure but for resolving find-links paths).
 
     The overlay is the default (``ray[serve]``, its version chosen per release) plus ``with_``; on a base
@@ -760,8 +809,9 @@ def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_
     (:func:`builder.resolve.baseref.vllm_on_base`)."""
     check_wheel_sources(find_links, no_index)
     with_ = list(with_)
-    overlay = (([DEFAULT_RAY] if default_overlay else [])
-               + [w for w in with_ if not (default_overlay and w == DEFAULT_RAY)])
+    overlay = ([DEFAULT_RAY] if default_overlay else []) + [
+        w for w in with_ if not (default_overlay and w == DEFAULT_RAY)
+    ]
     reqs = parse_overlay(overlay, where=where)
     check_overlay_against_vllm(reqs, vllm)
     add = vllm_on_base(base, vllm) if (vllm_given or base.vllm is not None) else None
@@ -772,9 +822,15 @@ def request_for(*, vllm: str, base: ResolvedBase, with_: Iterable[str], default_
     named = [w for w in with_ if w != DEFAULT_RAY]
     names_ray = any(canonical_name(r.name) == "ray" for r in parse_overlay(named, where=where)) if named else False
     return LockRequest(
-        vllm=vllm, base=base.manifest, base_bytes=base.data, overlay=overlay, allow=dict(allow or {}),
-        find_links=[f if "://" in f else str(Path(f).resolve()) for f in find_links], no_index=no_index,
-        exclude_newer=exclude_newer, default_ray=default_overlay and not names_ray,
+        vllm=vllm,
+        base=base.manifest,
+        base_bytes=base.data,
+        overlay=overlay,
+        allow=dict(allow or {}),
+        find_links=[f if "://" in f else str(Path(f).resolve()) for f in find_links],
+        no_index=no_index,
+        exclude_newer=exclude_newer,
+        default_ray=default_overlay and not names_ray,
     )
 
 
@@ -792,8 +848,10 @@ def _sweep_killed_writes(lock_path: Path, reporter: Reporter) -> None:
     run that may write them, even one that keeps the lock as it is (:func:`builder.util.sweep_write_leftovers`)."""
     swept = [p.name for x in (lock_path, twin_path(lock_path)) for p in sweep_write_leftovers(x)]
     if swept:
-        reporter.step(f"removed {len(swept)} temp file(s) a killed earlier write left beside {lock_path.name} "
-            f"(their owner is gone): {', '.join(sorted(swept))}")
+        reporter.step(
+            f"removed {len(swept)} temp file(s) a killed earlier write left beside {lock_path.name} "
+            f"(their owner is gone): {', '.join(sorted(swept))}"
+        )
 
 
 def _other_base(on_disk: _OnDisk, req: LockRequest) -> str | None:
@@ -805,8 +863,17 @@ def _other_base(on_disk: _OnDisk, req: LockRequest) -> str | None:
     return have if have != want else None
 
 
-def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool = False, force: bool = False,
-        uv: Uv | None = None, index=None, reporter: Reporter = SILENT) -> LockOutcome:
+def run(
+    req: LockRequest,
+    lock_path: Path,
+    *,
+    check: bool = False,
+    upgrade: bool = False,
+    force: bool = False,
+    uv: Uv | None = None,
+    index=None,
+    reporter: Reporter = SILENT,
+) -> LockOutcome:
     """Freshness, preferences, ray choice, resolution, gate and the atomic write, in that order.
 
     * ``check``: :class:`StaleLock` (exit 5) when the lock is stale, nothing written;
@@ -853,8 +920,9 @@ def run(req: LockRequest, lock_path: Path, *, check: bool = False, upgrade: bool
     return LockOutcome(status="written", path=lock_path, result=result, unused_allow=unused)
 
 
-def _kept_if_fresh(req: LockRequest, lock_path: Path, check: bool, uv: Uv, reporter: Reporter,
-                   on_disk: _OnDisk | None) -> LockOutcome | None:
+def _kept_if_fresh(
+    req: LockRequest, lock_path: Path, check: bool, uv: Uv, reporter: Reporter, on_disk: _OnDisk | None
+) -> LockOutcome | None:
     """The lock on disk, kept when it is up to date with its inputs; with ``check``, a stale
     one is :class:`StaleLock`.  None: it is to be (re)written."""
     try:
@@ -869,8 +937,9 @@ def _kept_if_fresh(req: LockRequest, lock_path: Path, check: bool, uv: Uv, repor
         sync_twin(lock_path, check, reporter, lock=on_disk.lock)  # its PEP 751 twin: missing or different is stale too
         return LockOutcome(status="up-to-date", path=lock_path, kept=on_disk.lock, kept_text=on_disk.text)
     if check:
-        raise StaleLock(f"{lock_path} is stale: {why}.",
-                        hint="run `build-image lock` (without --check) to regenerate it.")
+        raise StaleLock(
+            f"{lock_path} is stale: {why}.", hint="run `build-image lock` (without --check) to regenerate it."
+        )
     return None
 
 
@@ -886,13 +955,17 @@ def _choose_default_ray(req: LockRequest, index, tags: list[Tag], reporter: Repo
     index = index or ix.for_request(req.find_links, req.no_index)
     vllm = req.base.get("vllm").version if req.base.get("vllm") is not None else req.vllm
     reporter.step(f"choosing ray for vllm {vllm} (ray[llm] pins, from the index)")
-    cutoff = ix.parse_time(req.exclude_newer) if req.exclude_newer and "T" in req.exclude_newer else (
-        _dt.fromisoformat(req.exclude_newer + "T00:00:00+00:00") if req.exclude_newer else None)
+    cutoff = (
+        ix.parse_time(req.exclude_newer)
+        if req.exclude_newer and "T" in req.exclude_newer
+        else (_dt.fromisoformat(req.exclude_newer + "T00:00:00+00:00") if req.exclude_newer else None)
+    )
     req.ray = choose(vllm, ray_releases(index, vllm, tags, cutoff))
 
 
-def _lock_with_fitting_ray(req: LockRequest, uv: Uv, reporter: Reporter,
-                           prefer: Mapping[str, str] | None) -> LockResult:
+def _lock_with_fitting_ray(
+    req: LockRequest, uv: Uv, reporter: Reporter, prefer: Mapping[str, str] | None
+) -> LockResult:
     """The lock; when the default ray does not fit on the base as it is, the lock with the
     newest ray that does (the default lock never moves base pins for ray)."""
     try:
@@ -909,9 +982,12 @@ def _lock_with_fitting_ray(req: LockRequest, uv: Uv, reporter: Reporter,
         why = f"moving base pins ({moved})" if moved else "changes the base cannot take"
         reporter.step(f"{req.ray.requirement} does not fit on the base; locking the newest ray that does")
         req.ray = RayChoice(
-            requirement=None, version=None, backend=BACKEND_FALLBACK,
+            requirement=None,
+            version=None,
+            backend=BACKEND_FALLBACK,
             reason=f"{req.ray.reason.split(':')[0]} but needs {why}; newest ray that fits instead, the Serve app "
-                   f"starts `vllm serve` (its vllm-server fallback); for ray.serve.llm: {line}")
+            f"starts `vllm serve` (its vllm-server fallback); for ray.serve.llm: {line}",
+        )
         return lock(req, uv, reporter=reporter, prefer=prefer)
 
 
@@ -919,8 +995,12 @@ def _named_ray_backend(req: LockRequest, result: LockResult, ray_version: str, i
     """The Serve backend of a ray the overlay names, looked up once it is resolved; the header
     says "serve-backend: auto" when the index cannot tell."""
     try:
-        req.ray = backend_for(index or ix.for_request(req.find_links, req.no_index), ray_version,
-                              result.lock.header["vllm"] if result.lock.header["vllm"] != "-" else None, tags)
+        req.ray = backend_for(
+            index or ix.for_request(req.find_links, req.no_index),
+            ray_version,
+            result.lock.header["vllm"] if result.lock.header["vllm"] != "-" else None,
+            tags,
+        )
         result.lock.header.update(ray_header(req, result.lock.entries, req.base))
     except (IntegrityError, IndexError):
         pass  # the header says "serve-backend: auto"

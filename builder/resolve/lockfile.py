@@ -127,8 +127,9 @@ class LockFile:
             f"{e.key}=={e.version} {e.wheel.sha256 if e.wheel else ','.join(sorted(e.hashes))}"
             for e in sorted(self.entries, key=lambda e: e.key)
         )
-        return sha256_bytes((self.header.get("base-ref", "") + "\n" + self.header.get("base-digest", "") + "\n"
-                             + body).encode())
+        return sha256_bytes(
+            (self.header.get("base-ref", "") + "\n" + self.header.get("base-digest", "") + "\n" + body).encode()
+        )
 
     def format(self) -> str:
         return format_lock(self)
@@ -223,8 +224,7 @@ def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockF
     entries = _parse_entries(items, path, found)
     _check_header(header, path)
     _check_count(header, entries, path, found)
-    return LockFile(header=header, overlay=overlay, allow_abi_change=allow, entries=entries,
-                    problems=found.messages)
+    return LockFile(header=header, overlay=overlay, allow_abi_change=allow, entries=entries, problems=found.messages)
 
 
 _Line = tuple[int, str]  # (1-based line number, the line as written)
@@ -302,9 +302,14 @@ def _parse_header(lines: list[_Line], path: str, found: _Findings) -> tuple[dict
             name, _, reason = val.partition(":")
             allow[canonical_name(name.strip())] = reason.strip()
         elif key in header:
-            found.add(BadInput(f"lock {path}, line {lineno}: the header names '{key}' a second time "
-                               f"({header[key]!r:.60}, then {val!r:.60}); build-image writes each header key "
-                               "once, so the file is hand-edited.", hint="regenerate it with `build-image lock`."))
+            found.add(
+                BadInput(
+                    f"lock {path}, line {lineno}: the header names '{key}' a second time "
+                    f"({header[key]!r:.60}, then {val!r:.60}); build-image writes each header key "
+                    "once, so the file is hand-edited.",
+                    hint="regenerate it with `build-image lock`.",
+                )
+            )
         else:
             header[key] = val
     return header, overlay, allow
@@ -339,15 +344,16 @@ def _parse_entries(items: list[list[_Line]], path: str, found: _Findings) -> lis
     return entries
 
 
-def _parse_entry(item: list[_Line], after: _Line | None, seen: dict[str, int], path: str,
-                 found: _Findings) -> LockEntry | None:
+def _parse_entry(
+    item: list[_Line], after: _Line | None, seen: dict[str, int], path: str, found: _Findings
+) -> LockEntry | None:
     """One entry: its requirement, hash lines and comments.  None for a line that is not a
     pinned requirement or a duplicate package (its lines are read, the entry is not kept).
     ``after``: the line that follows the entry (None at the end of the file)."""
     entry, kept = _parse_requirement(item[0], seen, path, found)
     run = _hash_run(item)
-    entry.hashes = [_HASH_LINE.match(raw).group(1) for _, raw in item[1:run + 1]]
-    rest = item[run + 1:]
+    entry.hashes = [_HASH_LINE.match(raw).group(1) for _, raw in item[1 : run + 1]]
+    rest = item[run + 1 :]
     cut = _continued(item[run][1])  # the hash list goes on past its last hash line
     if cut:
         found.add(_hash_list_cut(entry, rest[0] if rest else after, path))
@@ -358,36 +364,41 @@ def _parse_entry(item: list[_Line], after: _Line | None, seen: dict[str, int], p
         elif not (cut and k == 0):  # the line that cut the hash list is already named
             # an indented line of the entry that is neither a hash nor a comment: named
             # once and skipped; the entry's comments after it are still the entry's
-            found.add(BadInput(
-                f"lock {path}, line {i}: {raw.strip()!r:.80} under '{entry.name}=={entry.version}' "
-                f"(line {entry.line}) is neither a '--hash=sha256:' line nor a comment.",
-                hint="locks are written by `build-image lock`; do not edit them by hand.",
-            ))
+            found.add(
+                BadInput(
+                    f"lock {path}, line {i}: {raw.strip()!r:.80} under '{entry.name}=={entry.version}' "
+                    f"(line {entry.line}) is neither a '--hash=sha256:' line nor a comment.",
+                    hint="locks are written by `build-image lock`; do not edit them by hand.",
+                )
+            )
     if not kept:
         return None
     _check_complete(entry, has_facts, item[-1][0], path, found)
     return entry
 
 
-def _parse_requirement(line: _Line, seen: dict[str, int], path: str,
-                       found: _Findings) -> tuple[LockEntry, bool]:
+def _parse_requirement(line: _Line, seen: dict[str, int], path: str, found: _Findings) -> tuple[LockEntry, bool]:
     """The entry an item's first line starts, and whether it is kept (a pinned requirement
     of a package not seen before)."""
     i, raw = line
     m = _REQ_LINE.match(raw)
     if not m:
-        found.add(BadInput(
-            f"lock {path}, line {i}: not a pinned requirement ('name==version'): {raw.strip()!r:.80}.",
-            hint="locks are written by `build-image lock`; do not edit them by hand.",
-        ))
+        found.add(
+            BadInput(
+                f"lock {path}, line {i}: not a pinned requirement ('name==version'): {raw.strip()!r:.80}.",
+                hint="locks are written by `build-image lock`; do not edit them by hand.",
+            )
+        )
         return LockEntry(name=raw.strip()[:60], version="?", hashes=[], line=i), False
     name, version = m.group(1), m.group(3)
     key = canonical_name(name)
     entry = LockEntry(name=name, version=version, hashes=[], line=i)
     if key in seen:
-        found.add(BadInput(
-            f"lock {path}, line {i}: duplicate package '{name}' (first at line {seen[key]}).",
-        ))
+        found.add(
+            BadInput(
+                f"lock {path}, line {i}: duplicate package '{name}' (first at line {seen[key]}).",
+            )
+        )
         return entry, False
     seen[key] = i
     return entry, True
@@ -435,10 +446,12 @@ def _parse_comment(entry: LockEntry, comment: str, path: str, i: int, found: _Fi
 def _check_complete(entry: LockEntry, has_facts: bool, end: int, path: str, found: _Findings) -> None:
     """An entry ends with its hash lines, '# wheel:' and '# facts:' (``end``: its last line)."""
     if not entry.hashes:
-        found.add(BadInput(
-            f"lock {path}, line {entry.line}: '{entry.name}=={entry.version}' has no --hash lines; "
-            "a lock must pin every package by sha256.",
-        ))
+        found.add(
+            BadInput(
+                f"lock {path}, line {entry.line}: '{entry.name}=={entry.version}' has no --hash lines; "
+                "a lock must pin every package by sha256.",
+            )
+        )
         return
     try:
         _check_entry(entry, has_facts, path, end)
@@ -463,11 +476,13 @@ def _check_header(header: dict[str, str], path: str) -> None:
 def _check_count(header: dict[str, str], entries: list[LockEntry], path: str, found: _Findings) -> None:
     if COUNT_HEADER in header and header[COUNT_HEADER] != str(len(entries)):
         last = f"; the last is '{entries[-1].name}=={entries[-1].version}' (line {entries[-1].line})" if entries else ""
-        found.add(BadInput(
-            f"lock {path}: the header says '{COUNT_HEADER}: {header[COUNT_HEADER]}' but the file holds "
-            f"{len(entries)} package(s){last}; it is truncated or hand-edited.",
-            hint="regenerate it with `build-image lock`.",
-        ))
+        found.add(
+            BadInput(
+                f"lock {path}: the header says '{COUNT_HEADER}: {header[COUNT_HEADER]}' but the file holds "
+                f"{len(entries)} package(s){last}; it is truncated or hand-edited.",
+                hint="regenerate it with `build-image lock`.",
+            )
+        )
 
 
 def _check_entry(e: LockEntry, has_facts: bool, path: str, end: int) -> None:
@@ -518,17 +533,25 @@ def load_lock(path: str | Path) -> LockFile:
 
 
 def _facts_table(f: DistFacts) -> dict:
-    return {"binary": f.binary, "extensions": f.extensions,
-            "numpy-abi": [f.numpy_abi.get("1", 0), f.numpy_abi.get("2", 0)], "glibc": f.glibc or "",
-            "python-abi": f.python_abi or "none"}
+    return {
+        "binary": f.binary,
+        "extensions": f.extensions,
+        "numpy-abi": [f.numpy_abi.get("1", 0), f.numpy_abi.get("2", 0)],
+        "glibc": f.glibc or "",
+        "python-abi": f.python_abi or "none",
+    }
 
 
 def _facts_from(t: Mapping, where: str) -> DistFacts:
     try:
         n1, n2 = t.get("numpy-abi", [0, 0])
-        return DistFacts(binary=bool(t.get("binary", False)), extensions=int(t.get("extensions", 0)),
-                         numpy_abi={"1": int(n1), "2": int(n2)}, glibc=t.get("glibc") or None,
-                         python_abi=str(t.get("python-abi", "none")))
+        return DistFacts(
+            binary=bool(t.get("binary", False)),
+            extensions=int(t.get("extensions", 0)),
+            numpy_abi={"1": int(n1), "2": int(n2)},
+            glibc=t.get("glibc") or None,
+            python_abi=str(t.get("python-abi", "none")),
+        )
     except (TypeError, ValueError):
         raise BadInput(f"{where}: malformed [tool.build-image.facts] table {dict(t)!r}.") from None
 
@@ -539,7 +562,8 @@ def to_pylock(lock: LockFile) -> Pylock:
     python, platform = h.get("python", ""), h.get("platform", "")
     arch = platform.split("-", 1)[0] if platform else ""
     env_marker = f"python_version == '{python}' and sys_platform == 'linux'" + (
-        f" and platform_machine == '{arch}'" if arch else "")
+        f" and platform_machine == '{arch}'" if arch else ""
+    )
     packages = []
     for e in sorted(lock.entries, key=lambda e: e.key):
         if e.wheel is None:
@@ -554,19 +578,32 @@ def to_pylock(lock: LockFile) -> Pylock:
             extra["via"] = list(e.via)
         if e.base_version:
             extra["base-version"] = e.base_version
-        packages.append(Package(
-            name=canonicalize_name(e.name), version=Version(e.version),
-            wheels=[PackageWheel(name=e.wheel.filename, url=e.wheel.url.split("#")[0],
-                                 hashes={"sha256": e.wheel.sha256})],
-            tool={pylock.TOOL: extra},
-        ))
+        packages.append(
+            Package(
+                name=canonicalize_name(e.name),
+                version=Version(e.version),
+                wheels=[
+                    PackageWheel(
+                        name=e.wheel.filename, url=e.wheel.url.split("#")[0], hashes={"sha256": e.wheel.sha256}
+                    )
+                ],
+                tool={pylock.TOOL: extra},
+            )
+        )
     header = {k: v for k, v in h.items() if k != "entries"}
-    tool = {"header": header, "overlay": list(lock.overlay),
-            "allow-abi-change": dict(sorted(lock.allow_abi_change.items()))}
-    doc = Pylock(lock_version=Version("1.0"), created_by=pylock.CREATED_BY,
-                 requires_python=SpecifierSet(f"=={python}.*") if python else None,
-                 environments=[Marker(env_marker)] if python else None,
-                 packages=packages, tool={pylock.TOOL: tool})
+    tool = {
+        "header": header,
+        "overlay": list(lock.overlay),
+        "allow-abi-change": dict(sorted(lock.allow_abi_change.items())),
+    }
+    doc = Pylock(
+        lock_version=Version("1.0"),
+        created_by=pylock.CREATED_BY,
+        requires_python=SpecifierSet(f"=={python}.*") if python else None,
+        environments=[Marker(env_marker)] if python else None,
+        packages=packages,
+        tool={pylock.TOOL: tool},
+    )
     doc.validate()
     return doc
 
@@ -574,8 +611,10 @@ def to_pylock(lock: LockFile) -> Pylock:
 def format_pylock(lock: LockFile, wheel_dir: str | None = None) -> str:
     """TOML text of the twin.  ``wheel_dir`` (relative to the pylock file, e.g. ``wheels``): each
     wheel is given by ``path`` into that folder instead of its URL (a build context's offline copy)."""
-    head = ("# Generated by build-image from requirements.lock; do not edit by hand. Regenerate with "
-            "`build-image lock`.\n# PEP 751 lock: `uv pip install -r pylock.toml` / `pip install -r pylock.toml`.\n")
+    head = (
+        "# Generated by build-image from requirements.lock; do not edit by hand. Regenerate with "
+        "`build-image lock`.\n# PEP 751 lock: `uv pip install -r pylock.toml` / `pip install -r pylock.toml`.\n"
+    )
     return redact_text(head + pylock.dumps(to_pylock(lock), wheel_dir))  # the file rule, as format_lock
 
 
@@ -588,9 +627,12 @@ def parse_pylock_lock(text: str, path: str = pylock.PYLOCK_NAME) -> LockFile:
             f"{path} is a PEP 751 lock but not one build-image wrote (no [tool.build-image.header] table); "
             "build-image reads the pylock.toml that `build-image lock` writes beside requirements.lock.",
         )
-    header = {_header_key(k, path): values.Line(_scalar(v, f"{path}: [tool.build-image.header] {k}"),
-                                                f"{path}: [tool.build-image.header] {k}")
-              for k, v in tool["header"].items()}
+    header = {
+        _header_key(k, path): values.Line(
+            _scalar(v, f"{path}: [tool.build-image.header] {k}"), f"{path}: [tool.build-image.header] {k}"
+        )
+        for k, v in tool["header"].items()
+    }
     missing = [k for k in REQUIRED_HEADER if k not in header]
     if missing:
         raise BadInput(f"{path}: [tool.build-image.header] lacks {', '.join(missing)}; the file is hand-edited.")
@@ -609,32 +651,45 @@ def parse_pylock_lock(text: str, path: str = pylock.PYLOCK_NAME) -> LockFile:
             raise BadInput(f"{where}: the wheel has no sha256 or no url/path.")
         hashes = sorted(set(extra.get("other-hashes") or []) | {sha})
         base_version = extra.get("base-version") or None
-        entries.append(LockEntry(
-            name=values.DistName(extra.get("name") or str(pkg.name), f"{where}: name"), version=str(pkg.version),
-            hashes=[_sha256_hex(h, where) for h in hashes],
-            via=[values.Line(v, f"{where}: via") for v in _list(extra.get("via", []), f"{where}: via")],
-            wheel=WheelRef(url=values.Url(url, f"{where}: the wheel's url"), sha256=_sha256_hex(sha, where)),
-            facts=_facts_from(extra.get("facts") or {}, where),
-            base_version=None if base_version is None else values.Version(base_version, f"{where}: base-version"),
-            line=i + 1,
-        ))
+        entries.append(
+            LockEntry(
+                name=values.DistName(extra.get("name") or str(pkg.name), f"{where}: name"),
+                version=str(pkg.version),
+                hashes=[_sha256_hex(h, where) for h in hashes],
+                via=[values.Line(v, f"{where}: via") for v in _list(extra.get("via", []), f"{where}: via")],
+                wheel=WheelRef(url=values.Url(url, f"{where}: the wheel's url"), sha256=_sha256_hex(sha, where)),
+                facts=_facts_from(extra.get("facts") or {}, where),
+                base_version=None if base_version is None else values.Version(base_version, f"{where}: base-version"),
+                line=i + 1,
+            )
+        )
     header["entries"] = str(len(entries))
     allow = tool.get("allow-abi-change") or {}
     if not isinstance(allow, Mapping):
         raise BadInput(f"{path}: [tool.build-image.allow-abi-change] must be a table of name = reason.")
-    return LockFile(header=header,
-                    overlay=[values.Line(o, f"{path}: [tool.build-image] overlay")
-                             for o in _list(tool.get("overlay", []), f"{path}: [tool.build-image] overlay")],
-                    allow_abi_change={canonical_name(values.DistName(k, f"{path}: allow-abi-change")):
-                                      values.Line(v, f"{path}: allow-abi-change.{k}") for k, v in allow.items()},
-                    entries=entries)
+    return LockFile(
+        header=header,
+        overlay=[
+            values.Line(o, f"{path}: [tool.build-image] overlay")
+            for o in _list(tool.get("overlay", []), f"{path}: [tool.build-image] overlay")
+        ],
+        allow_abi_change={
+            canonical_name(values.DistName(k, f"{path}: allow-abi-change")): values.Line(
+                v, f"{path}: allow-abi-change.{k}"
+            )
+            for k, v in allow.items()
+        },
+        entries=entries,
+    )
 
 
 def _header_key(key: object, path: str) -> str:
     """A header key as the lock writes it (``# key: value``): lowercase letters, digits and '-'."""
     if not isinstance(key, str) or not re.fullmatch(r"[a-z0-9-]{1,64}", key):
-        raise BadInput(f"{path}: [tool.build-image.header] key {key!r:.60} is not one build-image writes "
-                       "(lowercase letters, digits, '-').")
+        raise BadInput(
+            f"{path}: [tool.build-image.header] key {key!r:.60} is not one build-image writes "
+            "(lowercase letters, digits, '-')."
+        )
     return key
 
 

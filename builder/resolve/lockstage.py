@@ -38,12 +38,12 @@ class Locked:
     text: str | None
     base: ResolvedBase
     overlay: tuple[str, ...]
-    gate: GateResult | None = None   # the verdicts of a new resolution
-    resolved: int = 0                # distributions in the resolution (written only)
+    gate: GateResult | None = None  # the verdicts of a new resolution
+    resolved: int = 0  # distributions in the resolution (written only)
     timings: dict = field(default_factory=dict)
     unused_allow: tuple[str, ...] = ()
-    pylock: str | None = None        # the pylock.toml twin beside the lock
-    messages: tuple[str, ...] = ()   # what the stage says on stderr (twin rewritten, notices, warnings)
+    pylock: str | None = None  # the pylock.toml twin beside the lock
+    messages: tuple[str, ...] = ()  # what the stage says on stderr (twin rewritten, notices, warnings)
     seconds: float = 0.0
 
     @property
@@ -61,19 +61,28 @@ class Locked:
     def summary_line(self) -> str:
         """The one line ``lock`` prints on stdout."""
         if self.status == "up-to-date":
-            return (f"{self.path} is up to date with its inputs (base {self.base.label}, "
-                    f"overlay {', '.join(self.overlay)}).")
+            return (
+                f"{self.path} is up to date with its inputs (base {self.base.label}, "
+                f"overlay {', '.join(self.overlay)})."
+            )
         header = self.lock.header
         moved = sorted(e.key for e in self.lock.entries if e.base_version)
         ray_line = f"; ray {header['ray']}" if header.get("ray") else ""
-        return (f"wrote {self.path}: {len(self.lock.entries)} packages on top of base {self.base.label} "
-                f"({self.resolved} resolved; base distributions moved: {', '.join(moved) or 'none'}; "
-                f"{len(self.gate.notices)} notice(s), {len(self.gate.allowed)} allowed ABI change(s)){ray_line}.")
+        return (
+            f"wrote {self.path}: {len(self.lock.entries)} packages on top of base {self.base.label} "
+            f"({self.resolved} resolved; base distributions moved: {', '.join(moved) or 'none'}; "
+            f"{len(self.gate.notices)} notice(s), {len(self.gate.allowed)} allowed ABI change(s)){ray_line}."
+        )
 
     def to_dict(self) -> dict:
         if self.status == "up-to-date":
-            return {"status": "up-to-date", "lock": str(self.path), "written": False,
-                    "pylock": self.pylock, "seconds": round(self.seconds, 3)}
+            return {
+                "status": "up-to-date",
+                "lock": str(self.path),
+                "written": False,
+                "pylock": self.pylock,
+                "seconds": round(self.seconds, 3),
+            }
         header = self.lock.header
         return {
             "status": "written",
@@ -95,9 +104,16 @@ class Locked:
         }
 
 
-def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = False,
-             default_overlay: bool = True, base: ResolvedBase | None = None,
-             reporter: Reporter = SILENT) -> Locked:
+def run_lock(
+    spec,
+    *,
+    check: bool = False,
+    upgrade: bool = False,
+    force: bool = False,
+    default_overlay: bool = True,
+    base: ResolvedBase | None = None,
+    reporter: Reporter = SILENT,
+) -> Locked:
     """Resolve the spec's base (``base``: a :class:`builder.resolve.baseref.ResolvedBase` the caller
     resolved already), make the request, run the lock stage, keep the pylock twin in step.
 
@@ -112,9 +128,16 @@ def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = 
     if not spec.vllm_given and resolved.vllm:  # no --vllm: the base's vllm (and its default lock path)
         spec = spec.with_flags(vllm=resolved.vllm)
     req = L.request_for(
-        vllm=spec.vllm, base=resolved, with_=spec.with_, default_overlay=default_overlay,
-        vllm_given=spec.vllm_given, allow=spec.allow_abi_change, find_links=spec.find_links, no_index=spec.no_index,
-        exclude_newer=spec.exclude_newer, where="--with" if not spec.source else f"--with / {spec.source} 'with'",
+        vllm=spec.vllm,
+        base=resolved,
+        with_=spec.with_,
+        default_overlay=default_overlay,
+        vllm_given=spec.vllm_given,
+        allow=spec.allow_abi_change,
+        find_links=spec.find_links,
+        no_index=spec.no_index,
+        exclude_newer=spec.exclude_newer,
+        where="--with" if not spec.source else f"--with / {spec.source} 'with'",
     )
     refuse_pylock_output(spec.lock_path, check)
     # a second writer of the same lock waits, then sees the first's lock (--check writes nothing)
@@ -125,23 +148,44 @@ def run_lock(spec, *, check: bool = False, upgrade: bool = False, force: bool = 
         assert out.kept is not None
         text = None if is_pylock_path(lock_path) else out.kept_text
         twin = lock_path if is_pylock_path(lock_path) else twin_path(lock_path)
-        return Locked(status="up-to-date", path=lock_path, lock=out.kept, text=text, base=resolved,
-                      overlay=tuple(req.overlay), pylock=str(twin), messages=tuple(said),
-                      seconds=time.monotonic() - t_start)
+        return Locked(
+            status="up-to-date",
+            path=lock_path,
+            lock=out.kept,
+            text=text,
+            base=resolved,
+            overlay=tuple(req.overlay),
+            pylock=str(twin),
+            messages=tuple(said),
+            seconds=time.monotonic() - t_start,
+        )
     result = out.result
     notices = format_notices(result.gate)
     if notices:
         said.append("notices:\n" + notices)
         reporter.notice(said[-1])
     if out.unused_allow:  # recorded anyway (it is an input); say so: a stale escape hatch would cover a future change
-        warning = (f"--allow-abi-change {', '.join(out.unused_allow)}: no gate violation to allow in this lock; "
-                   "it is still recorded in the header and covers a later violation — drop it if it is stale.")
+        warning = (
+            f"--allow-abi-change {', '.join(out.unused_allow)}: no gate violation to allow in this lock; "
+            "it is still recorded in the header and covers a later violation — drop it if it is stale."
+        )
         said.append("warning: " + warning)
         reporter.warning(warning, lead="warning: ")
-    return Locked(status="written", path=lock_path, lock=result.lock, text=result.lock.format(), base=resolved,
-                  overlay=tuple(req.overlay), gate=result.gate, resolved=result.resolved,
-                  timings=dict(result.timings), unused_allow=tuple(out.unused_allow),
-                  pylock=str(twin_path(lock_path)), messages=tuple(said), seconds=time.monotonic() - t_start)
+    return Locked(
+        status="written",
+        path=lock_path,
+        lock=result.lock,
+        text=result.lock.format(),
+        base=resolved,
+        overlay=tuple(req.overlay),
+        gate=result.gate,
+        resolved=result.resolved,
+        timings=dict(result.timings),
+        unused_allow=tuple(out.unused_allow),
+        pylock=str(twin_path(lock_path)),
+        messages=tuple(said),
+        seconds=time.monotonic() - t_start,
+    )
 
 
 def read_lock_file(lock_path: Path) -> tuple[LockFile, str | None]:

@@ -118,10 +118,12 @@ class BaseManifest:
         # the image reference reaches FROM lines, labels, the SBOM and the provenance: a user:password@ in it
         # (an image reference holds none; `docker login` keeps registry credentials) is refused where it enters
         if isinstance(self.image_ref, str) and self.image_ref and redact_text(self.image_ref) != self.image_ref:
-            raise BadInput(f"the base image reference {redact_text(self.image_ref)} carries a credential; an image "
-                           "reference holds none, and build-image writes it into the Dockerfile, labels, SBOM and "
-                           "provenance.", hint="log in to the registry with `docker login` and name the image "
-                                               "without user:password@.")
+            raise BadInput(
+                f"the base image reference {redact_text(self.image_ref)} carries a credential; an image "
+                "reference holds none, and build-image writes it into the Dockerfile, labels, SBOM and "
+                "provenance.",
+                hint="log in to the registry with `docker login` and name the image without user:password@.",
+            )
         self._check_values()
 
     def _check_values(self) -> None:
@@ -133,8 +135,16 @@ class BaseManifest:
             self.image_ref = values.ImageRef(self.image_ref, f"{where}: 'image.ref'")
         if self.image_digest:
             self.image_digest = values.Digest(self.image_digest, f"{where}: 'image.digest'")
-        for name in ("os", "glibc", "python_version", "python_abi", "cuda", "platform", "provenance_kind",
-                     "provenance_method"):
+        for name in (
+            "os",
+            "glibc",
+            "python_version",
+            "python_abi",
+            "cuda",
+            "platform",
+            "provenance_kind",
+            "provenance_method",
+        ):
             val = getattr(self, name)
             if val is not None:
                 setattr(self, name, values.Line(val, f"{where}: '{name}'"))
@@ -173,8 +183,11 @@ class BaseManifest:
             },
             "cuda": self.cuda,
             "platform": self.platform,
-            "provenance": {"kind": self.provenance_kind, "method": self.provenance_method,
-                           **({"recipe": self.provenance_recipe} if self.provenance_recipe else {})},
+            "provenance": {
+                "kind": self.provenance_kind,
+                "method": self.provenance_method,
+                **({"recipe": self.provenance_recipe} if self.provenance_recipe else {}),
+            },
             **({"lacks": self.lacks} if self.lacks else {}),
             **({"uv_overrides": self.uv_overrides} if self.uv_overrides else {}),
             "distributions": {
@@ -270,10 +283,12 @@ def _refuse_credentials(doc: dict, path: str) -> None:
     (userinfo in an image reference or a URL, a token in a query) is refused, never shipped."""
     found = credential_fields(doc)
     if found:
-        raise BadInput(f"base manifest {path}: {', '.join(found[:5])} carries a credential (a user:password@ or a "
-                       "token); a manifest is copied into every context and image, so it is refused.",
-                       hint="regenerate it with `build-image base snapshot` from a reference without credentials "
-                            "(log in to the registry with `docker login` instead).")
+        raise BadInput(
+            f"base manifest {path}: {', '.join(found[:5])} carries a credential (a user:password@ or a "
+            "token); a manifest is copied into every context and image, so it is refused.",
+            hint="regenerate it with `build-image base snapshot` from a reference without credentials "
+            "(log in to the registry with `docker login` instead).",
+        )
 
 
 def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
@@ -305,8 +320,10 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
         name = _req(d, "name", str, where, path)
         version = _req(d, "version", str, where, path)
         if canonical_name(name) != canonical_name(key):
-            raise BadInput(f"base manifest {path}: 'distributions.{key}' holds {name!r}; the key must be "
-                           "the distribution's (canonical) name.")
+            raise BadInput(
+                f"base manifest {path}: 'distributions.{key}' holds {name!r}; the key must be "
+                "the distribution's (canonical) name."
+            )
         if canonical_name(name) in dists:
             raise BadInput(f"base manifest {path}: distribution {name!r} is listed twice.")
         numpy_abi = _opt(d, "numpy_abi", dict, where, path) or {"1": 0, "2": 0}
@@ -321,14 +338,20 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
             native_sha256=_opt(d, "native_sha256", str, where, path),
         )
         if facts.native_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", facts.native_sha256):
-            raise BadInput(f"base manifest {path}: field '{where}native_sha256' must be 64 lowercase hex digits, "
-                           f"got {facts.native_sha256!r:.60}.")
+            raise BadInput(
+                f"base manifest {path}: field '{where}native_sha256' must be 64 lowercase hex digits, "
+                f"got {facts.native_sha256!r:.60}."
+            )
         dists[canonical_name(name)] = Distribution(name=name, version=version, facts=facts)
     for field_, val, pat, example in (
         ("glibc", _req(doc, "glibc", str, "", path), r"\d+\.\d+", "2.35"),
         ("python.version", _req(py, "version", str, "python.", path), r"\d+\.\d+", "3.12"),
-        ("platform", _req(doc, "platform", str, "", path), r"(x86_64|aarch64)-manylinux_\d+_\d+",
-         "x86_64-manylinux_2_35"),
+        (
+            "platform",
+            _req(doc, "platform", str, "", path),
+            r"(x86_64|aarch64)-manylinux_\d+_\d+",
+            "x86_64-manylinux_2_35",
+        ),
     ):
         if not re.fullmatch(pat, val):
             raise BadInput(f"base manifest {path}: field '{field_}' must look like {example}, got {val!r:.60}.")
@@ -338,8 +361,9 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
         os=_opt(doc, "os", str, "", path),
         glibc=_req(doc, "glibc", str, "", path),
         python_version=_req(py, "version", str, "python.", path),
-        python_abi=(_opt(py, "abi", str, "python.", path)
-                    or "cp" + _req(py, "version", str, "python.", path).replace(".", "")),
+        python_abi=(
+            _opt(py, "abi", str, "python.", path) or "cp" + _req(py, "version", str, "python.", path).replace(".", "")
+        ),
         site_packages=_opt(py, "site_packages", str, "python.", path),
         cuda=_opt(doc, "cuda", str, "", path),
         platform=_req(doc, "platform", str, "", path),

@@ -43,8 +43,16 @@ TOOL = "build-image"
 CREATED_BY = "build-image"
 
 __all__ = [
-    "PYLOCK_NAME", "TOOL", "CREATED_BY", "WheelCandidate", "read", "candidates", "wheel_url", "select_wheel",
-    "dumps", "is_pylock_path",
+    "PYLOCK_NAME",
+    "TOOL",
+    "CREATED_BY",
+    "WheelCandidate",
+    "read",
+    "candidates",
+    "wheel_url",
+    "select_wheel",
+    "dumps",
+    "is_pylock_path",
 ]
 
 
@@ -85,8 +93,11 @@ def refuse_duplicates(packages: Sequence[Package], path: str) -> None:
     for i, pkg in enumerate(packages):
         key = canonical_name(str(pkg.name))
         if key in seen:
-            raise BadInput(f"{path}: duplicate package '{pkg.name}' (packages[{i}], first at packages[{seen[key]}]); "
-                           "the file is hand-edited.", hint="regenerate it with `build-image lock`.")
+            raise BadInput(
+                f"{path}: duplicate package '{pkg.name}' (packages[{i}], first at packages[{seen[key]}]); "
+                "the file is hand-edited.",
+                hint="regenerate it with `build-image lock`.",
+            )
         seen[key] = i
 
 
@@ -124,8 +135,9 @@ def candidates(doc: Pylock, base_dir: Path | None = None) -> dict[str, tuple[str
     return out
 
 
-def select_wheel(cands: Sequence[WheelCandidate], tags: Sequence[Tag], name: str = "x",
-                 environment: Mapping[str, str] | None = None) -> WheelCandidate | None:
+def select_wheel(
+    cands: Sequence[WheelCandidate], tags: Sequence[Tag], name: str = "x", environment: Mapping[str, str] | None = None
+) -> WheelCandidate | None:
     """The candidate an installer picks for ``tags`` (most preferred first), by
     ``packaging.pylock``'s selection; None when no wheel is installable there."""
     wheels, by_name = [], {}
@@ -139,8 +151,11 @@ def select_wheel(cands: Sequence[WheelCandidate], tags: Sequence[Tag], name: str
         wheels.append(w)
     if not wheels:
         return None
-    one = Pylock(lock_version=Version("1.0"), created_by=CREATED_BY,
-                 packages=[Package(name=canonicalize_name(name, validate=False), wheels=wheels)])
+    one = Pylock(
+        lock_version=Version("1.0"),
+        created_by=CREATED_BY,
+        packages=[Package(name=canonicalize_name(name, validate=False), wheels=wheels)],
+    )
     env = dict(environment) if environment else None
     try:
         for _pkg, dist in one.select(tags=list(tags), environment=env):

@@ -43,8 +43,8 @@ class RayRelease:
 @dataclass(frozen=True)
 class RayChoice:
     requirement: str | None  # what the default overlay gets (None: leave ray to the resolver)
-    version: str | None      # the chosen ray, None when the resolver picks
-    backend: str             # BACKEND_RAY_LLM | BACKEND_FALLBACK
+    version: str | None  # the chosen ray, None when the resolver picks
+    backend: str  # BACKEND_RAY_LLM | BACKEND_FALLBACK
     reason: str
 
     def header(self) -> str:
@@ -76,12 +76,20 @@ def choose(vllm: str, releases: Iterable[RayRelease]) -> RayChoice:
     want = Version(vllm)
     for r in rels:
         if r.llm_vllm is not None and _v(r.llm_vllm) == want:
-            return RayChoice(requirement=f"ray[serve]=={r.version}", version=r.version, backend=BACKEND_RAY_LLM,
-                             reason=f"ray[llm] {r.version} pins vllm=={r.llm_vllm}: the Serve app uses ray.serve.llm")
+            return RayChoice(
+                requirement=f"ray[serve]=={r.version}",
+                version=r.version,
+                backend=BACKEND_RAY_LLM,
+                reason=f"ray[llm] {r.version} pins vllm=={r.llm_vllm}: the Serve app uses ray.serve.llm",
+            )
     seen = ", ".join(f"{r.version}->{r.llm_vllm or 'none'}" for r in rels[:4]) or "no ray release found"
-    return RayChoice(requirement=None, version=None, backend=BACKEND_FALLBACK,
-                     reason=f"no ray release's llm extra pins vllm=={vllm} (newest: {seen}); newest ray that fits, "
-                            "the Serve app starts `vllm serve` (its vllm-server fallback)")
+    return RayChoice(
+        requirement=None,
+        version=None,
+        backend=BACKEND_FALLBACK,
+        reason=f"no ray release's llm extra pins vllm=={vllm} (newest: {seen}); newest ray that fits, "
+        "the Serve app starts `vllm serve` (its vllm-server fallback)",
+    )
 
 
 def _v(text: str) -> Version | None:
@@ -120,8 +128,16 @@ def backend_for(index: Index, ray_version: str, vllm: str | None, tags: list[Tag
     files = [f for f in index.files("ray") if f.version == Version(ray_version) and not set(tags).isdisjoint(f.tags)]
     pin = llm_vllm_pin(metadata_field(index.metadata(files[0]), "Requires-Dist")) if files else None
     if vllm is not None and pin is not None and _v(pin) == _v(vllm):
-        return RayChoice(requirement=None, version=ray_version, backend=BACKEND_RAY_LLM,
-                         reason=f"ray[llm] {ray_version} pins vllm=={pin}: the Serve app uses ray.serve.llm")
-    return RayChoice(requirement=None, version=ray_version, backend=BACKEND_FALLBACK,
-                     reason=f"ray[llm] {ray_version} pins vllm=={pin or 'nothing'}, not {vllm}: "
-                            "the Serve app starts `vllm serve` (its vllm-server fallback)")
+        return RayChoice(
+            requirement=None,
+            version=ray_version,
+            backend=BACKEND_RAY_LLM,
+            reason=f"ray[llm] {ray_version} pins vllm=={pin}: the Serve app uses ray.serve.llm",
+        )
+    return RayChoice(
+        requirement=None,
+        version=ray_version,
+        backend=BACKEND_FALLBACK,
+        reason=f"ray[llm] {ray_version} pins vllm=={pin or 'nothing'}, not {vllm}: "
+        "the Serve app starts `vllm serve` (its vllm-server fallback)",
+    )

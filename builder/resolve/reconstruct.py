@@ -89,14 +89,23 @@ def load_recipes(path: Path | None = None) -> dict[str, dict]:
 def recipe_table_for(tables: Mapping[str, dict], vllm: str, path: str = "lockfiles/base/recipes.toml") -> dict:
     if vllm not in tables:
         known = ", ".join(sorted(tables, key=Version)) or "none"
-        raise BadInput(f"no recipe for vllm {vllm} in {path} (known: {known}).",
-                       hint=f"derive it from the release's sdist: `build-image base recipe --vllm {vllm} --write`.")
+        raise BadInput(
+            f"no recipe for vllm {vllm} in {path} (known: {known}).",
+            hint=f"derive it from the release's sdist: `build-image base recipe --vllm {vllm} --write`.",
+        )
     return tables[vllm]
 
 
-def derived_recipe(vllm: str, *, recipes: Path | None = None, index=None, check: bool = True,
-                   recorded_only: bool = True, accept_undecided: tuple[str, ...] = (),
-                   platform: Platform = DEFAULT) -> tuple[Recipe, object]:
+def derived_recipe(
+    vllm: str,
+    *,
+    recipes: Path | None = None,
+    index=None,
+    check: bool = True,
+    recorded_only: bool = True,
+    accept_undecided: tuple[str, ...] = (),
+    platform: Platform = DEFAULT,
+) -> tuple[Recipe, object]:
     """(the recipe of ``platform``'s image derived from the release's sdist, its build files); with ``check``
     the release's table in the platform's recipes file must equal the derivation (``recorded_only=False``: a
     release without a table is derived from its sdist alone, as ``upgrade`` does for a release newer than the
@@ -112,8 +121,10 @@ def derived_recipe(vllm: str, *, recipes: Path | None = None, index=None, check:
     files = sdist.load(vllm, sha256=sha, index=index)
     recipe = derive(files, accept_undecided=accept_undecided, platform=platform)
     if table is not None and recipe_table(recipe) != table:
-        raise BadInput(f"{path}: the table of vllm {vllm} differs from what its sdist {recipe.sdist.filename} says.",
-                       hint=f"the file is generated: `build-image base recipe --vllm {vllm} --write`.")
+        raise BadInput(
+            f"{path}: the table of vllm {vllm} differs from what its sdist {recipe.sdist.filename} says.",
+            hint=f"the file is generated: `build-image base recipe --vllm {vllm} --write`.",
+        )
     return recipe, files
 
 
@@ -121,14 +132,19 @@ def release_instant(index, vllm: str, python: str, platform: str) -> tuple[datet
     """(the vllm wheel's upload time, the exclude-newer instant: the next whole second after it)."""
     tags = set(target_tags(python, "cp" + python.replace(".", ""), platform))
     want = Version(vllm)
-    files = [f for f in index.files("vllm") if f.version == want and f.filename.endswith(".whl")
-             and not tags.isdisjoint(f.tags)]
+    files = [
+        f
+        for f in index.files("vllm")
+        if f.version == want and f.filename.endswith(".whl") and not tags.isdisjoint(f.tags)
+    ]
     if not files:
         raise Unsatisfiable(f"the index has no vllm {vllm} wheel for {platform} (Python {python}).")
     times = [f.upload_time for f in files if f.upload_time is not None]
     if not times:
-        raise BadInput(f"the index reports no upload time for the vllm {vllm} wheel "
-                       f"({files[0].filename}); the exclude-newer instant cannot be derived.")
+        raise BadInput(
+            f"the index reports no upload time for the vllm {vllm} wheel "
+            f"({files[0].filename}); the exclude-newer instant cannot be derived."
+        )
     t = max(times)
     after = t.replace(microsecond=0) + timedelta(seconds=1)  # uv excludes a file uploaded at the instant itself
     return t, format_time(after)
@@ -141,8 +157,10 @@ _INSTALLED_MARK = INSTALLED_RE
 
 def sanitized_requirements(text: str) -> str:
     """A requirements file without its index options (the replay resolves from the one index) (pure)."""
-    return "".join(("# (index option kept in the recipe) " + ln) if _INDEX_OPTION.match(ln) else ln
-                   for ln in text.splitlines(keepends=True))
+    return "".join(
+        ("# (index option kept in the recipe) " + ln) if _INDEX_OPTION.match(ln) else ln
+        for ln in text.splitlines(keepends=True)
+    )
 
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*==\s*([^\s;,]+)\s*(;.*)?$")
@@ -151,18 +169,26 @@ _FILE_INDEX = re.compile(r"^\s*(--extra-index-url|--index-url|-i)[\s=]+(\S+)")
 
 def _pins_of(files: Mapping[str, str], paths: tuple[str, ...]) -> list[tuple[str, str, str]]:
     """``==`` pins of requirement files and their includes: (canonical name, version, "file:line") (pure)."""
-    return [(canonical_name(m.group(1)), m.group(3), f"{p}:{i}") for p, i, body in requirement_lines(files, paths)
-            for m in [_PIN.match(body)] if m]
+    return [
+        (canonical_name(m.group(1)), m.group(3), f"{p}:{i}")
+        for p, i, body in requirement_lines(files, paths)
+        for m in [_PIN.match(body)]
+        if m
+    ]
 
 
 def pinned_in_index_files(files: Mapping[str, str], paths: tuple[str, ...]) -> list[tuple[str, str, str, str]]:
     """``==`` pins of the requirement files (and their includes) that carry an index option of their own:
     (canonical name, version, "file:line", the file's index) (pure).  Such a pin may exist only on that index."""
+
     def index_of(f: str) -> str | None:
         return next((m.group(2) for ln in files[f].splitlines() for m in [_FILE_INDEX.match(ln)] if m), None)
 
-    return [(name, version, where, idx) for name, version, where in _pins_of(files, paths)
-            if (idx := index_of(where.rpartition(":")[0]))]
+    return [
+        (name, version, where, idx)
+        for name, version, where in _pins_of(files, paths)
+        if (idx := index_of(where.rpartition(":")[0]))
+    ]
 
 
 def drop_lines(text: str, lines: set[int], why: str) -> str:
@@ -241,16 +267,25 @@ class StepPlan:
     flags: tuple[str, ...] = ()
 
 
-_UV_FLAGS = {"--no-deps": ("--no-deps",), "--force-reinstall": ("--reinstall",), "--reinstall": ("--reinstall",),
-             "--pre": ("--prerelease", "allow"), "--upgrade": ("--upgrade",), "-U": ("--upgrade",)}
+_UV_FLAGS = {
+    "--no-deps": ("--no-deps",),
+    "--force-reinstall": ("--reinstall",),
+    "--reinstall": ("--reinstall",),
+    "--pre": ("--prerelease", "allow"),
+    "--upgrade": ("--upgrade",),
+    "-U": ("--upgrade",),
+}
 
 
 def plan_step(step: Step, installed: Mapping[str, str], captured: Mapping[str, str]) -> StepPlan:
     """The replay of ``step`` given what the tree holds and the versions captured for state tests (pure)."""
     if step.replay in ("off-index", "source-build"):
         return StepPlan("skip", f"{step.replay}: {step.note}")
-    if step.when_installed and canonical_name(step.when_installed) not in installed \
-            and canonical_name(step.when_installed) not in captured:
+    if (
+        step.when_installed
+        and canonical_name(step.when_installed) not in installed
+        and canonical_name(step.when_installed) not in captured
+    ):
         return StepPlan("skip", f"runs only when {step.when_installed} is installed, and it is not")
     if step.replay == "uninstall":
         names = tuple(n for n in step.requirements if canonical_name(n) in installed)
@@ -263,23 +298,43 @@ def plan_step(step: Step, installed: Mapping[str, str], captured: Mapping[str, s
             name = canonical_name(m.group(1))
             v = captured.get(name) or installed.get(name)
             if v is None:
-                raise BadInput(f"step {step.n} ({step.where}) needs the installed version of {m.group(1)}, "
-                               "which no earlier step installed.")
+                raise BadInput(
+                    f"step {step.n} ({step.where}) needs the installed version of {m.group(1)}, "
+                    "which no earlier step installed."
+                )
             return v
+
         return _INSTALLED_MARK.sub(one, req)
 
-    pins = tuple(f"{canonical_name(n)}=={installed[canonical_name(n)]}" for n in step.constrain_installed
-                 if canonical_name(n) in installed)
+    pins = tuple(
+        f"{canonical_name(n)}=={installed[canonical_name(n)]}"
+        for n in step.constrain_installed
+        if canonical_name(n) in installed
+    )
     flags: list[str] = []
     for f in step.flags:
         flags += _UV_FLAGS.get(f, ())
-    return StepPlan("install", requirements=tuple(fill(r) for r in step.requirements),
-                    requirement_files=step.requirement_files, constraint_files=step.constraint_files,
-                    constraint_pins=pins, overrides=step.overrides, flags=tuple(dict.fromkeys(flags)))
+    return StepPlan(
+        "install",
+        requirements=tuple(fill(r) for r in step.requirements),
+        requirement_files=step.requirement_files,
+        constraint_files=step.constraint_files,
+        constraint_pins=pins,
+        overrides=step.overrides,
+        flags=tuple(dict.fromkeys(flags)),
+    )
 
 
-def install_args(plan: StepPlan, src: Path, work: Path, n: int, *, exclude_newer: str,
-                 index_args: list[str], excludes: tuple[str, ...] = ()) -> list[str]:
+def install_args(
+    plan: StepPlan,
+    src: Path,
+    work: Path,
+    n: int,
+    *,
+    exclude_newer: str,
+    index_args: list[str],
+    excludes: tuple[str, ...] = (),
+) -> list[str]:
     """uv arguments of an install plan; writes its pin files under ``work`` (the replay's scratch).
     ``excludes``: distributions left out of the resolution (a pin no asked index serves, a relaxation)."""
     args = ["--exclude-newer", exclude_newer, *index_args]
@@ -302,8 +357,17 @@ def install_args(plan: StepPlan, src: Path, work: Path, n: int, *, exclude_newer
     return args + list(plan.requirements) + list(plan.flags)
 
 
-def provenance_text(recipe: Recipe, *, uv_version: str, uploaded: datetime, instant: str, day: str,
-                    cuda_found: str | None, lacks: dict | None = None, unmet: list[str] | None = None) -> str:
+def provenance_text(
+    recipe: Recipe,
+    *,
+    uv_version: str,
+    uploaded: datetime,
+    instant: str,
+    day: str,
+    cuda_found: str | None,
+    lacks: dict | None = None,
+    unmet: list[str] | None = None,
+) -> str:
     """What the manifest's ``provenance.method`` says (pure)."""
     n_replayed = sum(1 for s in recipe.steps if s.replay in ("index", "uninstall"))
     lacks = lacks or recipe.lacks()
@@ -315,9 +379,11 @@ def provenance_text(recipe: Recipe, *, uv_version: str, uploaded: datetime, inst
     if lacks["other_indexes"]:
         unasked = [u.split(": ", 1)[0] for u in lacks["other_indexes"] if ": asked (" not in u]
         if unasked:
-            diff.append("other indexes the steps name are not asked (" + ", ".join(unasked) + "): a file only they "
-                        "serve, such as a +cuXYZ local build of torch, is replaced by the index's build of the same "
-                        "version")
+            diff.append(
+                "other indexes the steps name are not asked (" + ", ".join(unasked) + "): a file only they "
+                "serve, such as a +cuXYZ local build of torch, is replaced by the index's build of the same "
+                "version"
+            )
     if lacks.get("approximated"):
         diff.append("pins no reachable index serves are left out: " + "; ".join(lacks["approximated"]))
     if lacks.get("relaxed"):
@@ -335,9 +401,11 @@ def provenance_text(recipe: Recipe, *, uv_version: str, uploaded: datetime, inst
     if cuda_found and cuda_found != recipe.cuda.value:
         diff.append(f"the tree's nvidia-cuda-runtime says CUDA {cuda_found}, the recipe {recipe.cuda.value}")
     if unmet:
-        diff.append(f"not different but worth knowing: as replayed, the tree leaves {len(unmet)} requirement(s) of its "
-                    "own distributions unmet (a --no-deps reinstall, a later step moving a pin an earlier package "
-                    "needed), listed in provenance.recipe.unmet_requirements")
+        diff.append(
+            f"not different but worth knowing: as replayed, the tree leaves {len(unmet)} requirement(s) of its "
+            "own distributions unmet (a --no-deps reinstall, a later step moving a pin an earlier package "
+            "needed), listed in provenance.recipe.unmet_requirements"
+        )
     return (
         f"Reconstructed, not read from the image ({recipe.image} cannot be pulled here). On {day} with uv "
         f"{uv_version}: the {len(recipe.steps)} install steps of the release's docker/Dockerfile (target "
@@ -381,8 +449,7 @@ def manifest_differences(old_json: str, new_json: str) -> list[str]:
         if old.get(k) != new.get(k):
             a, b = old.get(k), new.get(k)
             if isinstance(a, dict) and isinstance(b, dict):
-                out.append(f"{k}: " + ", ".join(sorted(x for x in set(a) | set(b) if a.get(x) != b.get(x)))
-                           + " differ")
+                out.append(f"{k}: " + ", ".join(sorted(x for x in set(a) | set(b) if a.get(x) != b.get(x))) + " differ")
             elif isinstance(a, (dict, list)) or isinstance(b, (dict, list)):
                 out.append(f"{k} differs")
             else:
@@ -447,8 +514,9 @@ def step_index_plans(recipe: Recipe, index_args: list[str], reachable) -> dict[i
     return out
 
 
-def unmatched_pins(recipe: Recipe, files, index, plans: Mapping[int, StepIndexes],
-                   relaxed: tuple[Relaxation, ...] = ()) -> list[tuple[str, str, str, str]]:
+def unmatched_pins(
+    recipe: Recipe, files, index, plans: Mapping[int, StepIndexes], relaxed: tuple[Relaxation, ...] = ()
+) -> list[tuple[str, str, str, str]]:
     """Pins of the steps whose line names an index the replay could not reach that the replay's own index
     does not serve at that version: (name, version, "file:line", the unreachable index) (adapter: asks the
     index).  The replay leaves them out (their lines dropped, the names excluded from resolution) and the
@@ -460,8 +528,11 @@ def unmatched_pins(recipe: Recipe, files, index, plans: Mapping[int, StepIndexes
         if si is None or not si.unreachable:
             continue
         pins = _pins_of(files.files, step.requirement_files) + [
-            (canonical_name(m.group(1)), m.group(2), str(step.where)) for r in step.requirements
-            for m in [re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;,]+)$", r)] if m]
+            (canonical_name(m.group(1)), m.group(2), str(step.where))
+            for r in step.requirements
+            for m in [re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*==\s*([^\s;,]+)$", r)]
+            if m
+        ]
         for name, version, where in pins:
             if name in dropped:
                 continue
@@ -489,12 +560,17 @@ def _edited_copy(src: Path, step: Step, rel: str) -> str:
     return out
 
 
-def replay_key(recipe: Recipe, *, uv_version: str, uv_cache: str, exclude_newer: str,
-               index_args: list[str]) -> dict:
+def replay_key(recipe: Recipe, *, uv_version: str, uv_cache: str, exclude_newer: str, index_args: list[str]) -> dict:
     """What an online replay of ``recipe`` is recorded under (pure): a later replay with the same key
     can answer from uv's cache, which then holds listings fetched after ``exclude_newer``."""
-    return {"vllm": recipe.vllm, "sdist_sha256": recipe.sdist.sha256, "uv": uv_version, "uv_cache": uv_cache,
-            "exclude_newer": exclude_newer, "index_args": list(index_args)}
+    return {
+        "vllm": recipe.vllm,
+        "sdist_sha256": recipe.sdist.sha256,
+        "uv": uv_version,
+        "uv_cache": uv_cache,
+        "exclude_newer": exclude_newer,
+        "index_args": list(index_args),
+    }
 
 
 def replayed_marker(vllm: str) -> Path:
@@ -519,20 +595,50 @@ def replayed_online_before(key: dict) -> bool:
 def record_replayed_online(key: dict) -> None:
     path = replayed_marker(key["vllm"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, render_json({"vllm": key["vllm"], "exclude_newer": key["exclude_newer"],
-                                         "uv": key["uv"], "key_sha256": key_digest(key)}, sort_keys=True) + "\n")
+    atomic_write_text(
+        path,
+        render_json(
+            {
+                "vllm": key["vllm"],
+                "exclude_newer": key["exclude_newer"],
+                "uv": key["uv"],
+                "key_sha256": key_digest(key),
+            },
+            sort_keys=True,
+        )
+        + "\n",
+    )
 
 
 class _Replay:
     """The state of one replay: the scratch sources (with dropped pins, relaxations and sed edits), the
     excluded names, what each step relaxed; :meth:`install` runs one install step (adapter: uv)."""
 
-    def __init__(self, recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str,
-                 index_args: list[str], reporter: Reporter, offline: bool, stats: dict, plans, unmatched,
-                 relaxed: list):
+    def __init__(
+        self,
+        recipe: Recipe,
+        files,
+        target: Path,
+        work: Path,
+        *,
+        uv,
+        exclude_newer: str,
+        index_args: list[str],
+        reporter: Reporter,
+        offline: bool,
+        stats: dict,
+        plans,
+        unmatched,
+        relaxed: list,
+    ):
         self.recipe, self.files, self.target, self.work, self.uv = recipe, files, target, work, uv
         self.exclude_newer, self.index_args, self.reporter, self.offline, self.stats = (
-            exclude_newer, index_args, reporter, offline, stats)
+            exclude_newer,
+            index_args,
+            reporter,
+            offline,
+            stats,
+        )
         self.plans, self.unmatched, self.relaxed = plans, unmatched, relaxed
         self.src = work / "src"
         self.relaxed_done: dict[int, list[str]] = {}
@@ -573,19 +679,27 @@ class _Replay:
         cfiles = tuple(_edited_copy(self.src, step, f) for f in plan.constraint_files)
         plan = replace(plan, requirements=tuple(reqs), requirement_files=rfiles, constraint_files=cfiles)
         si = self.plans.get(step.n)
-        return plan, install_args(plan, self.src, self.work, step.n, exclude_newer=self.exclude_newer,
-                                  index_args=si.args(self.index_args) if si else self.index_args,
-                                  excludes=self.excludes)
+        return plan, install_args(
+            plan,
+            self.src,
+            self.work,
+            step.n,
+            exclude_newer=self.exclude_newer,
+            index_args=si.args(self.index_args) if si else self.index_args,
+            excludes=self.excludes,
+        )
 
     def _uv_install(self, args: list[str]):
-        return self.uv.pip_target("install", self.target, args, python_version=self.recipe.python.value,
-                                  platform=self.recipe.platform)[1]
+        return self.uv.pip_target(
+            "install", self.target, args, python_version=self.recipe.python.value, platform=self.recipe.platform
+        )[1]
 
     def install(self, step: Step, plan: StepPlan, rec: dict, before: Mapping[str, str], captured):
         """One install step (and the line's fallback when it does not resolve): (uv's result, plan, args)."""
         plan, args = self.prepare(step, plan)
-        self.reporter.step(f"step {step.n} ({step.where}): install "
-                           f"{' '.join(plan.requirements + plan.requirement_files)}")
+        self.reporter.step(
+            f"step {step.n} ({step.where}): install {' '.join(plan.requirements + plan.requirement_files)}"
+        )
         r = None
         if self.offline:
             r = self._uv_install([*args, "--offline"])
@@ -624,19 +738,34 @@ class _Replay:
             rx = Relaxation.parse(miss.relax) if miss is not None else None
             if rx is None or self.auto_added >= auto_relax or rx in self.relaxed or (rx.whole and rx.name in before):
                 raise err
-            self.reporter.step(f"step {step.n}: {miss.distribution} is on no index the replay can ask "
-                               f"({miss.needed_by} needs it): replaying the step without it (--relax '{rx.text}'), "
-                               "for review")
+            self.reporter.step(
+                f"step {step.n}: {miss.distribution} is on no index the replay can ask "
+                f"({miss.needed_by} needs it): replaying the step without it (--relax '{rx.text}'), "
+                "for review"
+            )
             self.auto_added += 1
             self.relaxed.append(rx)
             self.relax_sources((rx,))
 
 
-def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str, index_args: list[str],
-           reporter: Reporter = SILENT, absent: list[tuple[str, str, str, str]] = (), offline: bool = False,
-           stats: dict | None = None, plans: Mapping[int, StepIndexes] | None = None,
-           unmatched: list[tuple[str, str, str, str]] = (), relaxed: list[Relaxation] | None = None,
-           auto_relax: int = 0) -> list[dict]:
+def replay(
+    recipe: Recipe,
+    files,
+    target: Path,
+    work: Path,
+    *,
+    uv,
+    exclude_newer: str,
+    index_args: list[str],
+    reporter: Reporter = SILENT,
+    absent: list[tuple[str, str, str, str]] = (),
+    offline: bool = False,
+    stats: dict | None = None,
+    plans: Mapping[int, StepIndexes] | None = None,
+    unmatched: list[tuple[str, str, str, str]] = (),
+    relaxed: list[Relaxation] | None = None,
+    auto_relax: int = 0,
+) -> list[dict]:
     """Run the recipe's steps into ``target`` in order; the record of each (adapter: runs uv).  ``absent``:
     pins only another index serves (:func:`off_index_pins`), left out of the replayed files; ``unmatched``:
     pins of steps whose index does not answer that the replay's index does not serve, left out too.
@@ -651,9 +780,21 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
     all), else the error is raised.  Each step run (and why it asks another index) is a step on ``reporter``."""
     stats = stats if stats is not None else {}
     stats.update(offline=0, online=0)
-    rp = _Replay(recipe, files, target, work, uv=uv, exclude_newer=exclude_newer, index_args=index_args,
-                 reporter=reporter, offline=offline, stats=stats, plans=plans or {}, unmatched=unmatched,
-                 relaxed=relaxed if relaxed is not None else [])
+    rp = _Replay(
+        recipe,
+        files,
+        target,
+        work,
+        uv=uv,
+        exclude_newer=exclude_newer,
+        index_args=index_args,
+        reporter=reporter,
+        offline=offline,
+        stats=stats,
+        plans=plans or {},
+        unmatched=unmatched,
+        relaxed=relaxed if relaxed is not None else [],
+    )
     _write_sources(files, rp.src)
     rp.drop_pins([*absent, *unmatched])
     rp.relax_sources(tuple(rp.relaxed))
@@ -682,10 +823,13 @@ def replay(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer
             if rp.relaxed_done.get(step.n):
                 rec["relaxed"] = list(dict.fromkeys(rp.relaxed_done[step.n]))
         if r.returncode != 0:
-            raise ExternalToolError(f"uv pip {plan.action} --target (step {step.n}, {step.where}) failed "
-                                    f"(exit {r.returncode}):\n{trim_derivation(r.stderr)}")
-        rec["command"] = shown_command(plan.action, args if plan.action == "install" else list(plan.requirements),
-                                       recipe, src=rp.src, work=work)
+            raise ExternalToolError(
+                f"uv pip {plan.action} --target (step {step.n}, {step.where}) failed "
+                f"(exit {r.returncode}):\n{trim_derivation(r.stderr)}"
+            )
+        rec["command"] = shown_command(
+            plan.action, args if plan.action == "install" else list(plan.requirements), recipe, src=rp.src, work=work
+        )
         if plan.overrides:
             rec["overrides"] = list(plan.overrides)
         if plan.constraint_pins:
@@ -700,29 +844,44 @@ def _record_indexes(rec: dict, si: StepIndexes | None, step: Step, reporter: Rep
         rec["indexes"] = [si.primary, *si.extras]
         if si.unreachable:
             rec["unreachable_indexes"] = list(si.unreachable)
-            reporter.step(f"step {step.n}: {', '.join(si.unreachable)} does not answer from here; asking "
-                          f"{si.primary} in its place")
+            reporter.step(
+                f"step {step.n}: {', '.join(si.unreachable)} does not answer from here; asking "
+                f"{si.primary} in its place"
+            )
 
 
-def unsatisfiable_step(recipe: Recipe, step: Step, stderr: str, si: StepIndexes | None,
-                       index_args: list[str]) -> Unsatisfiable:
+def unsatisfiable_step(
+    recipe: Recipe, step: Step, stderr: str, si: StepIndexes | None, index_args: list[str]
+) -> Unsatisfiable:
     """The error of a step no asked index satisfies: what is missing, what needs it, both ways through."""
-    asked = [si.primary, *si.extras] if si else [a for i, a in enumerate(index_args) if i and index_args[i - 1] in (
-        "--index-url", "--extra-index-url", "--find-links")]
+    asked = (
+        [si.primary, *si.extras]
+        if si
+        else [
+            a
+            for i, a in enumerate(index_args)
+            if i and index_args[i - 1] in ("--index-url", "--extra-index-url", "--find-links")
+        ]
+    )
     miss = explain_unsatisfiable(stderr, step)
     shown = ", ".join(asked) or "the replay's index"
-    head = (f"step {step.n} of the vllm {recipe.vllm} image ({step.where} in {recipe.sdist.filename}) does not "
-            f"resolve from {shown}")
+    head = (
+        f"step {step.n} of the vllm {recipe.vllm} image ({step.where} in {recipe.sdist.filename}) does not "
+        f"resolve from {shown}"
+    )
     if si is not None and si.unreachable:
         head += f" (the line also names {', '.join(si.unreachable)}, which does not answer from here)"
-    ways = (f"take the manifest from the real image: `docker pull {recipe.image} && build-image base snapshot "
-            f"--image {recipe.image} -o base.json`, then `--base base.json` (`upgrade --base-to base.json`)")
+    ways = (
+        f"take the manifest from the real image: `docker pull {recipe.image} && build-image base snapshot "
+        f"--image {recipe.image} -o base.json`, then `--base base.json` (`upgrade --base-to base.json`)"
+    )
     if miss is None:
         return Unsatisfiable(f"{head}:\n{trim_derivation(stderr)}", hint=ways + ".")
     err = Unsatisfiable(
         f"{head}: {miss.distribution} is on none of them; {miss.needed_by} needs it.\n{trim_derivation(stderr)}",
         hint=f"two ways through: {ways}; or replay without it: `--relax '{miss.relax}'` (the manifest's lacks "
-             "and the upgrade report then say so).")
+        "and the upgrade report then say so).",
+    )
     err.missing = miss
     return err
 
@@ -746,25 +905,55 @@ def uv_index_args(find_links: list[str], no_index: bool, index_url: str | None) 
     return args + (["--no-index"] if no_index else [])
 
 
-def replay_from_cache_or_index(recipe: Recipe, files, target: Path, work: Path, *, uv, exclude_newer: str,
-                               index_args: list[str], reporter: Reporter, absent, refresh: bool,
-                               stats: dict, plans: Mapping[int, StepIndexes] | None = None,
-                               unmatched=(), relaxed: list[Relaxation] | None = None,
-                               auto_relax: int = 0) -> list[dict]:
+def replay_from_cache_or_index(
+    recipe: Recipe,
+    files,
+    target: Path,
+    work: Path,
+    *,
+    uv,
+    exclude_newer: str,
+    index_args: list[str],
+    reporter: Reporter,
+    absent,
+    refresh: bool,
+    stats: dict,
+    plans: Mapping[int, StepIndexes] | None = None,
+    unmatched=(),
+    relaxed: list[Relaxation] | None = None,
+    auto_relax: int = 0,
+) -> list[dict]:
     """:func:`replay`, answered from uv's cache when this release was replayed online with it before
     (and not ``refresh``); records the completed replay for the next one."""
-    key = replay_key(recipe, uv_version=uv.version(), uv_cache=uv.cache_dir(), exclude_newer=exclude_newer,
-                     index_args=index_args)
+    key = replay_key(
+        recipe, uv_version=uv.version(), uv_cache=uv.cache_dir(), exclude_newer=exclude_newer, index_args=index_args
+    )
     if plans or relaxed:  # the same release replayed with other indexes or relaxations is another replay
         key["step_indexes"] = {str(n): si.args([]) for n, si in sorted((plans or {}).items())}
         key["relaxed"] = sorted(r.text for r in relaxed or ())
     offline = not refresh and replayed_online_before(key)
     if offline:
-        reporter.step(f"answering from uv's cache: vllm {recipe.vllm} was replayed online with it before "
-                      "(--refresh asks the index)")
-    records = replay(recipe, files, target, work, uv=uv, exclude_newer=exclude_newer, index_args=index_args,
-                     reporter=reporter, absent=absent, offline=offline, stats=stats, plans=plans, unmatched=unmatched,
-                     relaxed=relaxed, auto_relax=auto_relax)
+        reporter.step(
+            f"answering from uv's cache: vllm {recipe.vllm} was replayed online with it before "
+            "(--refresh asks the index)"
+        )
+    records = replay(
+        recipe,
+        files,
+        target,
+        work,
+        uv=uv,
+        exclude_newer=exclude_newer,
+        index_args=index_args,
+        reporter=reporter,
+        absent=absent,
+        offline=offline,
+        stats=stats,
+        plans=plans,
+        unmatched=unmatched,
+        relaxed=relaxed,
+        auto_relax=auto_relax,
+    )
     if not offline:  # an offline replay found the record already there, under the same key
         record_replayed_online(key)
     return records
@@ -780,8 +969,11 @@ def index_lacks(recipe: Recipe, plans: Mapping[int, StepIndexes], records: list[
                 if not is_python_index(u):
                     named.setdefault(u, []).append(s.n)
     if not plans:  # a --no-index replay (or steps that name no index): nothing else was asked
-        return [f"{u}: not asked (the replay ran from its --find-links folders only): a file only it serves is "
-                "absent, or replaced by a folder's build of the same version" for u in sorted(named)]
+        return [
+            f"{u}: not asked (the replay ran from its --find-links folders only): a file only it serves is "
+            "absent, or replaced by a folder's build of the same version"
+            for u in sorted(named)
+        ]
     asked = {u for r in records for u in r.get("indexes", [])}
     out = []
     for u, steps in sorted(named.items()):
@@ -789,15 +981,22 @@ def index_lacks(recipe: Recipe, plans: Mapping[int, StepIndexes], records: list[
         if u.rstrip("/") in asked:
             out.append(f"{u}: asked ({where}), in the line's order and index strategy")
         else:
-            out.append(f"{u}: does not answer from here ({where}): the replay asked the Python index in its "
-                       "place; a file only it serves is absent (listed under approximated) or replaced by the "
-                       "Python index's build of the same version")
+            out.append(
+                f"{u}: does not answer from here ({where}): the replay asked the Python index in its "
+                "place; a file only it serves is absent (listed under approximated) or replaced by the "
+                "Python index's build of the same version"
+            )
     return out
 
 
-def leave_out_unversioned(recipe: Recipe, absent, manifest: BaseManifest, unmatched=(),
-                          relaxed: tuple[Relaxation, ...] = (), auto: frozenset[str] = frozenset()
-                          ) -> tuple[dict, dict[str, str]]:
+def leave_out_unversioned(
+    recipe: Recipe,
+    absent,
+    manifest: BaseManifest,
+    unmatched=(),
+    relaxed: tuple[Relaxation, ...] = (),
+    auto: frozenset[str] = frozenset(),
+) -> tuple[dict, dict[str, str]]:
     """The manifest's ``lacks`` and ``unversioned``: the recipe's, plus the pins only another index
     serves, the pins no reachable index served and the user's relaxations; an index build an earlier
     step installed under an unversioned name is removed from ``manifest.distributions`` (the image
@@ -811,24 +1010,39 @@ def leave_out_unversioned(recipe: Recipe, absent, manifest: BaseManifest, unmatc
         lacks["approximated"] = [
             f"{name}=={version} ({where}): not on the Python index at that version; the step asks {idx}, which "
             "does not answer from here: left out of the replay (and of every step's resolution)"
-            for name, version, where, idx in unmatched]
+            for name, version, where, idx in unmatched
+        ]
         for name, version, where, idx in unmatched:
-            unversioned.setdefault(name, f"approximated: {name}=={version} from {idx}, not reachable from here "
-                                         f"({recipe.sdist.filename} {where})")
+            unversioned.setdefault(
+                name,
+                f"approximated: {name}=={version} from {idx}, not reachable from here "
+                f"({recipe.sdist.filename} {where})",
+            )
     if relaxed:
-        lacks["relaxed"] = [f"{r.text}: " + ("replayed without it (dropped from the steps and excluded from "
-                                             "resolution)" if r.whole else
-                                             f"replayed without its extras {', '.join(sorted(r.extras))}")
-                            + (" (added by the replay: what it needs is on no index the replay can ask)"
-                               if r.text in auto else " (--relax)") for r in relaxed]
+        lacks["relaxed"] = [
+            f"{r.text}: "
+            + (
+                "replayed without it (dropped from the steps and excluded from resolution)"
+                if r.whole
+                else f"replayed without its extras {', '.join(sorted(r.extras))}"
+            )
+            + (
+                " (added by the replay: what it needs is on no index the replay can ask)"
+                if r.text in auto
+                else " (--relax)"
+            )
+            for r in relaxed
+        ]
         for r in relaxed:
             if r.whole:
                 unversioned.setdefault(r.name, f"relaxed: replayed without it (--relax {r.text})")
     for name in sorted(unversioned):
         d = manifest.distributions.pop(canonical_name(name), None)
         if d is not None:  # an earlier step's index build, replaced in the image by the off-index/source one
-            lacks["off_index"].append(f"{d.name} {d.version}, which an earlier step installed from the index, "
-                                      f"is left out: a later step replaces it ({unversioned[name]})")
+            lacks["off_index"].append(
+                f"{d.name} {d.version}, which an earlier step installed from the index, "
+                f"is left out: a later step replaces it ({unversioned[name]})"
+            )
     return lacks, unversioned
 
 
@@ -843,12 +1057,27 @@ def _scratch_tree(keep: Path | None) -> Path:
     return scratch
 
 
-def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, find_links: list[str] | None = None,
-                no_index: bool = False, index_url: str | None = None, keep: Path | None = None,
-                reporter: Reporter = SILENT, recipe: Recipe | None = None,
-                files=None, recorded_only: bool = True, refresh: bool = False, relax: tuple[str, ...] = (),
-                accept_undecided: tuple[str, ...] = (), reachable=None, auto_relax: int = 0,
-                platform: Platform = DEFAULT) -> Reconstruction:
+def reconstruct(
+    vllm: str,
+    *,
+    recipes: Path | None = None,
+    index=None,
+    uv=None,
+    find_links: list[str] | None = None,
+    no_index: bool = False,
+    index_url: str | None = None,
+    keep: Path | None = None,
+    reporter: Reporter = SILENT,
+    recipe: Recipe | None = None,
+    files=None,
+    recorded_only: bool = True,
+    refresh: bool = False,
+    relax: tuple[str, ...] = (),
+    accept_undecided: tuple[str, ...] = (),
+    reachable=None,
+    auto_relax: int = 0,
+    platform: Platform = DEFAULT,
+) -> Reconstruction:
     """Replay release ``vllm``'s install steps into a scratch tree, scan it, return the manifest (no
     output written; the cache records a completed online replay so that the next one of the same
     release, uv, uv cache and index answers from uv's cache; ``refresh`` asks the index throughout).  What it
@@ -861,8 +1090,14 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     if recipe is None or files is None:
-        recipe, files = derived_recipe(vllm, recipes=recipes, index=index, recorded_only=recorded_only,
-                                       accept_undecided=accept_undecided, platform=platform)
+        recipe, files = derived_recipe(
+            vllm,
+            recipes=recipes,
+            index=index,
+            recorded_only=recorded_only,
+            accept_undecided=accept_undecided,
+            platform=platform,
+        )
     timings["recipe"] = time.monotonic() - t0
     index_args = uv_index_args(find_links, no_index, index_url)
     plans = step_index_plans(recipe, index_args, reachable or ix.reachable)
@@ -879,26 +1114,48 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
         timings["index"] += time.monotonic() - t0
         t0 = time.monotonic()
         stats: dict = {}
-        records = replay_from_cache_or_index(recipe, files, target, work, uv=uv, exclude_newer=instant,
-                                             index_args=index_args, reporter=reporter, absent=absent, refresh=refresh,
-                                             stats=stats, plans=plans, unmatched=unmatched, relaxed=relaxed,
-                                             auto_relax=auto_relax)
+        records = replay_from_cache_or_index(
+            recipe,
+            files,
+            target,
+            work,
+            uv=uv,
+            exclude_newer=instant,
+            index_args=index_args,
+            reporter=reporter,
+            absent=absent,
+            refresh=refresh,
+            stats=stats,
+            plans=plans,
+            unmatched=unmatched,
+            relaxed=relaxed,
+            auto_relax=auto_relax,
+        )
         timings["install"] = time.monotonic() - t0
         reporter.step(f"scanning {target}")
         t0 = time.monotonic()
         manifest = snapshot_site_packages(
-            target, python=recipe.python.value, glibc=recipe.glibc.value, cuda=recipe.cuda.value,
-            platform=recipe.platform, image_ref=recipe.image,
+            target,
+            python=recipe.python.value,
+            glibc=recipe.glibc.value,
+            cuda=recipe.cuda.value,
+            platform=recipe.platform,
+            image_ref=recipe.image,
             os_name=f"{recipe.os.value} ({recipe.final_base_image.value})",
-            site_packages_label=recipe.site_packages.value, method="-",
+            site_packages_label=recipe.site_packages.value,
+            method="-",
             # the tree holds the index's builds, not the image's (cu130 torch): their ELF digests would be wrong
-            native_digests=False)
+            native_digests=False,
+        )
         timings["scan"] = time.monotonic() - t0
         unmet = unmet_requirements(requirements_in(target), target_environment(recipe.python.value, recipe.platform))
-        manifest.provenance_recipe = {"sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},
-                                      "exclude_newer": instant, "steps": records,
-                                      # the replayed tree is not pip-consistent where the image's steps leave it so
-                                      "unmet_requirements": unmet}
+        manifest.provenance_recipe = {
+            "sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},
+            "exclude_newer": instant,
+            "steps": records,
+            # the replayed tree is not pip-consistent where the image's steps leave it so
+            "unmet_requirements": unmet,
+        }
         auto = frozenset(r.text for r in relaxed if r.name not in given)
         lacks, unversioned = leave_out_unversioned(recipe, absent, manifest, unmatched, tuple(relaxed), auto)
         lacks["other_indexes"] = index_lacks(recipe, plans, records)
@@ -906,14 +1163,30 @@ def reconstruct(vllm: str, *, recipes: Path | None = None, index=None, uv=None, 
         if undecided:
             lacks["undecided"] = undecided
         manifest.provenance_method = provenance_text(
-            recipe, uv_version=uv.version(), uploaded=uploaded, instant=instant, cuda_found=_cuda_of(manifest),
-            day=datetime.now(timezone.utc).strftime("%Y-%m-%d"), lacks=lacks, unmet=unmet)
+            recipe,
+            uv_version=uv.version(),
+            uploaded=uploaded,
+            instant=instant,
+            cuda_found=_cuda_of(manifest),
+            day=datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            lacks=lacks,
+            unmet=unmet,
+        )
         manifest.lacks = {**lacks, "unversioned": unversioned}
         manifest.uv_overrides = [d.value for d in recipe.image_overrides] or None
         files_n = sum(1 for _ in target.rglob("*")) if keep is not None else 0
-        return Reconstruction(relaxed=[r.text for r in relaxed], auto_relaxed=sorted(auto),
-                              manifest=manifest, recipe=recipe, exclude_newer=instant, uploaded=uploaded,
-                              steps=records, timings=timings, files=files_n, uv_steps=stats)
+        return Reconstruction(
+            relaxed=[r.text for r in relaxed],
+            auto_relaxed=sorted(auto),
+            manifest=manifest,
+            recipe=recipe,
+            exclude_newer=instant,
+            uploaded=uploaded,
+            steps=records,
+            timings=timings,
+            files=files_n,
+            uv_steps=stats,
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if keep is None:

@@ -20,7 +20,6 @@ Facts per distribution (see :class:`builder.resolve.manifest.DistFacts`):
                 ``cp311.cp312``, any one suffices; ``.abi3.so`` -> ``abi3``).
 """
 
-
 from __future__ import annotations
 
 import mmap
@@ -70,13 +69,20 @@ class _FileFacts:
     is_shared_object: bool = False
     glibc: Version | None = None
     numpy_gen: str | None = None  # "1" | "2" | None
-    machine: str | None = None    # the ELF header's e_machine, as pyelftools names it (EM_X86_64, EM_AARCH64)
+    machine: str | None = None  # the ELF header's e_machine, as pyelftools names it (EM_X86_64, EM_AARCH64)
 
 
 #: e_machine values of the architectures a wheel for a build-image platform may hold, by pyelftools' names
 #: (elftools.elf.enums.ENUM_E_MACHINE); any other value is named by its number
-_E_MACHINE = {62: "EM_X86_64", 183: "EM_AARCH64", 3: "EM_386", 40: "EM_ARM", 21: "EM_PPC64", 22: "EM_S390",
-              243: "EM_RISCV"}
+_E_MACHINE = {
+    62: "EM_X86_64",
+    183: "EM_AARCH64",
+    3: "EM_386",
+    40: "EM_ARM",
+    21: "EM_PPC64",
+    22: "EM_S390",
+    243: "EM_RISCV",
+}
 
 
 def _elf_machine(head: bytes) -> str | None:
@@ -142,11 +148,11 @@ def _elf_fast(mm, *, want_numpy: bool) -> tuple[Version | None, str | None]:
             raise _NotParsed
         e = "<" if data == 1 else ">"
         if cls == 2:
-            shoff, = struct.unpack_from(e + "Q", mm, 0x28)
+            (shoff,) = struct.unpack_from(e + "Q", mm, 0x28)
             shentsize, shnum, shstrndx = struct.unpack_from(e + "HHH", mm, 0x3A)
             sh_fmt, sh_size = e + "IIQQQQIIQQ", 64
         else:
-            shoff, = struct.unpack_from(e + "I", mm, 0x20)
+            (shoff,) = struct.unpack_from(e + "I", mm, 0x20)
             shentsize, shnum, shstrndx = struct.unpack_from(e + "HHH", mm, 0x2E)
             sh_fmt, sh_size = e + "IIIIIIIIII", 40
         if shoff == 0:  # no section headers: search the whole file, no glibc fact
@@ -163,7 +169,7 @@ def _elf_fast(mm, *, want_numpy: bool) -> tuple[Version | None, str | None]:
 
         def sec_name(sec) -> bytes:
             start = names_off + sec[0]
-            return mm[start:mm.find(b"\0", start)]
+            return mm[start : mm.find(b"\0", start)]
 
         best: Version | None = None
         for sec in secs:
@@ -177,7 +183,7 @@ def _elf_fast(mm, *, want_numpy: bool) -> tuple[Version | None, str | None]:
                 for _ in range(cnt):
                     _hash, _flags, _other, name, anext = struct.unpack_from(e + "IHHII", mm, a)
                     start = str_off + name
-                    m = GLIBC_VER.match(mm[start:mm.find(b"\0", start)].decode("ascii", "replace"))
+                    m = GLIBC_VER.match(mm[start : mm.find(b"\0", start)].decode("ascii", "replace"))
                     if m:
                         v = Version(m.group(1))
                         if best is None or v > best:
@@ -332,8 +338,10 @@ def scan_files(
 # --------------------------------------------------------------------------- wheels
 
 
-_WHEEL_NAME = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?"
-                         r"-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")
+_WHEEL_NAME = re.compile(
+    r"^(?P<name>[^-]+)-(?P<version>[^-]+)(-\d[^-]*)?"
+    r"-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$"
+)
 
 
 def _parse_metadata(text: str) -> tuple[str | None, str | None]:
@@ -366,8 +374,10 @@ def scan_wheel(path: Path) -> tuple[str, str, DistFacts]:
                 tags = [v for v in HeaderParser().parsestr(text).get_all("Tag") or []]
         if not name or not version:
             if not m:
-                raise BadInput(f"wheel {path}: no .dist-info/METADATA with Name and Version, and the file name is not "
-                               "a wheel name.")
+                raise BadInput(
+                    f"wheel {path}: no .dist-info/METADATA with Name and Version, and the file name is not "
+                    "a wheel name."
+                )
             name, version = name or m["name"], version or m["version"]
         if not tags and m:
             tags = [f"{py}-{m['abi']}-{m['plat']}" for py in m["py"].split(".")]
@@ -409,8 +419,11 @@ def scan_root(site_packages: Path) -> Path:
     (RECORD lists the console scripts and binaries in ``<prefix>/bin``, ``../../../bin/uv``), else the
     site-packages directory itself."""
     sp = Path(os.path.abspath(site_packages))
-    if (sp.name in ("site-packages", "dist-packages") and re.fullmatch(r"python\d+(?:\.\d+)?", sp.parent.name)
-            and sp.parent.parent.name in ("lib", "lib64")):
+    if (
+        sp.name in ("site-packages", "dist-packages")
+        and re.fullmatch(r"python\d+(?:\.\d+)?", sp.parent.name)
+        and sp.parent.parent.name in ("lib", "lib64")
+    ):
         return sp.parent.parent.parent
     return sp
 
@@ -460,12 +473,17 @@ def _listed_files(lines: Iterable[str], root: str, base: str, where: Path, repor
             out.append(full)
         elif why is not None:
             skipped[why] += 1
-    for kind, text in (("long", f"line(s) longer than {MAX_LIST_LINE} characters"),
-                       ("csv", "row(s) that are not CSV"), ("outside", f"path(s) outside {root}"),
-                       ("special", "entr(y/ies) that are a symlink, FIFO, device or directory, not a regular file")):
+    for kind, text in (
+        ("long", f"line(s) longer than {MAX_LIST_LINE} characters"),
+        ("csv", "row(s) that are not CSV"),
+        ("outside", f"path(s) outside {root}"),
+        ("special", "entr(y/ies) that are a symlink, FIFO, device or directory, not a regular file"),
+    ):
         if skipped[kind]:
-            reporter.warning(f"{where}: {skipped[kind]} {text} skipped; the scan reads only regular files inside "
-                             "the tree", lead="warning: ")
+            reporter.warning(
+                f"{where}: {skipped[kind]} {text} skipped; the scan reads only regular files inside the tree",
+                lead="warning: ",
+            )
     return out
 
 
@@ -483,8 +501,7 @@ def _record_paths(dist_info: Path, root: Path | None = None, reporter: Reporter 
 _TOP_LEVEL = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def _egg_info_paths(egg_info: Path, root: Path | None = None,
-                    reporter: Reporter = WARNINGS_ON_STDERR) -> list[str]:
+def _egg_info_paths(egg_info: Path, root: Path | None = None, reporter: Reporter = WARNINGS_ON_STDERR) -> list[str]:
     """Files of a ``.egg-info`` (Debian packages, legacy installs): ``installed-files.txt``
     when present, else everything under its ``top_level.txt`` packages/modules (a name that is not a Python
     identifier, ``/`` or ``..`` say, is skipped with a warning; symlinked folders are not followed)."""
@@ -510,8 +527,7 @@ def _egg_info_paths(egg_info: Path, root: Path | None = None,
         if pkg.is_dir() and not pkg.is_symlink():
             for dirpath, _dirs, files in os.walk(pkg, followlinks=False):
                 out += [f for f, _why in (_confined(os.fspath(root), dirpath, n) for n in files) if f]
-        out += [f for f, _why in (_confined(os.fspath(root), os.fspath(sp), p.name) for p in sp.glob(f"{mod}.*"))
-                if f]
+        out += [f for f, _why in (_confined(os.fspath(root), os.fspath(sp), p.name) for p in sp.glob(f"{mod}.*")) if f]
     return out
 
 
@@ -590,8 +606,7 @@ def _native_digest(dist_info: Path, reporter: Reporter = WARNINGS_ON_STDERR) -> 
     try:
         return native_digest(dist_info)
     except (csv.Error, ValueError, OSError) as exc:
-        reporter.warning(f"{dist_info}: RECORD cannot be read for the native digest ({exc}); none recorded",
-                         lead="warning: ")
+        reporter.warning(
+            f"{dist_info}: RECORD cannot be read for the native digest ({exc}); none recorded", lead="warning: "
+        )
         return None
-
-

@@ -50,9 +50,11 @@ def sdist_file(vllm: str, *, sha256: str | None = None, index=None) -> tuple[Pat
         index = ix.for_request([], False)
     files = [f for f in index.files("vllm") if f.filename == name]
     if not files:
-        raise BadInput(f"vllm {vllm} has no sdist ({name}) on the index; its recipe cannot be derived.",
-                       hint="the recipe is read from the release's docker/Dockerfile, release pipeline and "
-                            "requirements, which ship only in the sdist.")
+        raise BadInput(
+            f"vllm {vllm} has no sdist ({name}) on the index; its recipe cannot be derived.",
+            hint="the recipe is read from the release's docker/Dockerfile, release pipeline and "
+            "requirements, which ship only in the sdist.",
+        )
     f = files[0]
     if sha256 and f.sha256 != sha256:
         raise IntegrityError(f"the index lists {name} with sha256 {f.sha256}, but the recipe records {sha256}.")
@@ -128,20 +130,25 @@ def load_local_sdist(path: Path, vllm: str | None = None) -> BuildFiles:
             for m in tf:
                 parts = m.name.split("/")
                 if m.name.startswith("/") or ".." in parts:
-                    raise BadInput(f"--sdist {path}: the member {m.name[:200]!r} points outside the archive's "
-                                   "folder; the file is refused.")
+                    raise BadInput(
+                        f"--sdist {path}: the member {m.name[:200]!r} points outside the archive's "
+                        "folder; the file is refused."
+                    )
                 tops.add(parts[0])
                 rel = "/".join(parts[1:])
                 if m.issym() or m.islnk():
                     if wanted(rel) or rel == "PKG-INFO":
-                        raise BadInput(f"--sdist {path}: {m.name[:200]!r} is a link; the build files must be "
-                                       "files of the archive.")
+                        raise BadInput(
+                            f"--sdist {path}: {m.name[:200]!r} is a link; the build files must be files of the archive."
+                        )
                     continue
                 if not m.isfile() or not (wanted(rel) or rel == "PKG-INFO"):
                     continue
                 if m.size > MAX_BUILD_FILE:
-                    raise BadInput(f"--sdist {path}: {m.name[:200]!r} is {m.size} bytes, more than a build file "
-                                   f"holds ({MAX_BUILD_FILE} at most); the file is refused.")
+                    raise BadInput(
+                        f"--sdist {path}: {m.name[:200]!r} is {m.size} bytes, more than a build file "
+                        f"holds ({MAX_BUILD_FILE} at most); the file is refused."
+                    )
                 fh = tf.extractfile(m)
                 text = fh.read(MAX_BUILD_FILE + 1).decode("utf-8", errors="replace") if fh else ""
                 if rel == "PKG-INFO":
@@ -175,8 +182,7 @@ def load_source(folder: Path, vllm: str | None = None, git=None) -> BuildFiles:
 
     def run_git(*args: str) -> str:
         try:
-            r = (git or subprocess.run)(["git", "-C", str(folder), *args], capture_output=True, text=True,
-                                        timeout=60)
+            r = (git or subprocess.run)(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise BadInput(f"--source {folder}: git cannot read it ({exc}).") from None
         if r.returncode != 0:
@@ -185,8 +191,10 @@ def load_source(folder: Path, vllm: str | None = None, git=None) -> BuildFiles:
 
     commit = run_git("rev-parse", "HEAD")
     if run_git("status", "--porcelain", "--", "docker", "requirements", ".buildkite"):
-        raise BadInput(f"--source {folder}: the build files have uncommitted changes; commit them so that the "
-                       "provenance's commit says what was read.")
+        raise BadInput(
+            f"--source {folder}: the build files have uncommitted changes; commit them so that the "
+            "provenance's commit says what was read."
+        )
     files: dict[str, str] = {}
     root = folder.resolve()
     for sub in ("docker/Dockerfile", ".buildkite/release-pipeline.yaml"):

@@ -21,8 +21,15 @@ class SedUnknown(ValueError):
     """A sed script outside the subset."""
 
 
-_CLASSES = {"space": r" \t\n\r\f\v", "blank": r" \t", "alpha": "a-zA-Z", "digit": "0-9", "alnum": "a-zA-Z0-9",
-            "upper": "A-Z", "lower": "a-z"}
+_CLASSES = {
+    "space": r" \t\n\r\f\v",
+    "blank": r" \t",
+    "alpha": "a-zA-Z",
+    "digit": "0-9",
+    "alnum": "a-zA-Z0-9",
+    "upper": "A-Z",
+    "lower": "a-z",
+}
 
 
 @dataclass(frozen=True)
@@ -62,8 +69,8 @@ def _regex(src: str, ere: bool, icase: bool) -> re.Pattern:
                 j += 1
             if j >= n:
                 raise SedUnknown(f"an unclosed bracket in {src!r}")
-            neg = "^" if src[i + 1:i + 2] == "^" else ""
-            lead = src[i + 1 + len(neg):start]
+            neg = "^" if src[i + 1 : i + 2] == "^" else ""
+            lead = src[i + 1 + len(neg) : start]
             out.append("[" + neg + ("\\]" if lead == "]" else "") + "".join(body) + "]")
             i = j + 1
             continue
@@ -98,7 +105,7 @@ def _split(script: str, i: int, delim: str) -> tuple[str, int]:
     while i < len(script):
         c = script[i]
         if c == "\\" and i + 1 < len(script):
-            buf.append(script[i + 1] if script[i + 1] == delim else script[i:i + 2])
+            buf.append(script[i + 1] if script[i + 1] == delim else script[i : i + 2])
             i += 2
             continue
         if c == delim:
@@ -154,10 +161,17 @@ def parse(script: str, *, ere: bool = False) -> tuple[SedCommand, ...]:
             i += len(flags)
             if re.search(r"\d", flags):
                 raise SedUnknown(f"the s flag {flags!r}")
-            cmds.append(SedCommand("s", address, _regex(src, ere, "I" in flags or "i" in flags),
-                                   _replacement(rep), 0 if "g" in flags else 1))
+            cmds.append(
+                SedCommand(
+                    "s",
+                    address,
+                    _regex(src, ere, "I" in flags or "i" in flags),
+                    _replacement(rep),
+                    0 if "g" in flags else 1,
+                )
+            )
         else:
-            raise SedUnknown(f"the sed command {script[i:i + 12]!r}")
+            raise SedUnknown(f"the sed command {script[i : i + 12]!r}")
         if i < n and script[i] not in " \t\n;":
             raise SedUnknown(f"text after a command in {script!r}")
     if not cmds:

@@ -50,8 +50,13 @@ class StepIndexes:
         out: list[str] = []
         i = 0
         while i < len(base_args):
-            if base_args[i] in ("--index-url", "--extra-index-url", "--index-strategy", "--default-index",
-                                "--index") and i + 1 < len(base_args):
+            if base_args[i] in (
+                "--index-url",
+                "--extra-index-url",
+                "--index-strategy",
+                "--default-index",
+                "--index",
+            ) and i + 1 < len(base_args):
                 i += 2
                 continue
             out.append(base_args[i])
@@ -167,12 +172,16 @@ _NOT_FOUND = (
     re.compile(r"there is no version of ([A-Za-z0-9][\w.-]*(?:\[[^\]]*\])?)(==[^\s,]+)?"),
     re.compile(r"\b([A-Za-z0-9][\w.-]*)(==[^\s,]+)? was not found in the provided package locations"),
     # "only foo<=0.3.13 is available and you require foo>=0.3.14": the version asked for is not there
-    re.compile(r"only ([A-Za-z0-9][\w.-]*)[<>=!~][^\s,]* (?:is|are) available and (?:you require|[^,]*? depends "
-               r"on) \1([<>=!~]=?[^\s,]+)"),
+    re.compile(
+        r"only ([A-Za-z0-9][\w.-]*)[<>=!~][^\s,]* (?:is|are) available and (?:you require|[^,]*? depends "
+        r"on) \1([<>=!~]=?[^\s,]+)"
+    ),
     re.compile(r"(?:there (?:is|are) )?no versions? of ([A-Za-z0-9][\w.-]*(?:\[[^\]]*\])?)([<>=!~]=?[^\s,]+)?"),
 )
-_DEPENDS = re.compile(r"([A-Za-z0-9][\w.-]*(?:\[[^\]]*\])?)(?:[=<>!~]=?[^\s,]*)? depends? on "
-                      r"([A-Za-z0-9][\w.-]*(?:\[[^\]]*\])?)([=<>!~]=?[^\s,]*)?")
+_DEPENDS = re.compile(
+    r"([A-Za-z0-9][\w.-]*(?:\[[^\]]*\])?)(?:[=<>!~]=?[^\s,]*)? depends? on "
+    r"([A-Za-z0-9][\w.-]*(?:\[[^\]]*\])?)([=<>!~]=?[^\s,]*)?"
+)
 
 
 @dataclass(frozen=True)
@@ -201,8 +210,11 @@ def explain_unsatisfiable(stderr: str, step: Step) -> Missing | None:
             return None
         name, spec = req[-1]
         base = canonicalize_name(name.split("[")[0])
-        needed_by = next((r for r in step.requirements if _named(r, base)), None) or ", ".join(
-            step.requirements + step.requirement_files) or f"step {step.n}"
+        needed_by = (
+            next((r for r in step.requirements if _named(r, base)), None)
+            or ", ".join(step.requirements + step.requirement_files)
+            or f"step {step.n}"
+        )
         return Missing(f"a {name}{spec} that fits what the earlier steps installed", needed_by, base)
     miss_name = canonicalize_name(missing[0].split("[")[0])
     needer = None

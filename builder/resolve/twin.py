@@ -69,8 +69,7 @@ def twin_problem(lock_path: str | Path, lock: LockFile) -> str | None:
     return None
 
 
-def sync_twin(lock_path: str | Path, check: bool, reporter: Reporter = SILENT, *,
-              lock: LockFile | None = None) -> None:
+def sync_twin(lock_path: str | Path, check: bool, reporter: Reporter = SILENT, *, lock: LockFile | None = None) -> None:
     """The twin of an up-to-date lock: with ``check``, :class:`~builder.errors.StaleLock` (exit 5) when it
     is missing, invalid or pins anything else; otherwise it is rewritten from the lock (no resolution).
     ``lock``: the lock at ``lock_path``, when the caller has read it already."""
@@ -81,8 +80,10 @@ def sync_twin(lock_path: str | Path, check: bool, reporter: Reporter = SILENT, *
     if problem is None:
         return
     if check:
-        raise StaleLock(f"{lock_path} is up to date but {problem}.",
-                        hint="run `build-image lock` (without --check): it rewrites the pylock file from the lock.")
+        raise StaleLock(
+            f"{lock_path} is up to date but {problem}.",
+            hint="run `build-image lock` (without --check): it rewrites the pylock file from the lock.",
+        )
     write_pylock(twin_path(lock_path), lock)
     reporter.step(f"rewrote {twin_path(lock_path)} from {lock_path} ({problem})")
 
@@ -91,5 +92,7 @@ def refuse_pylock_output(lock_path: str | Path, check: bool) -> None:
     """``-o pylock.toml`` names the derived file: refused except for ``--check``."""
     p = Path(lock_path)
     if not check and is_pylock_path(p):
-        raise BadInput(f"-o {p}: name the requirements.lock; `lock` writes its PEP 751 twin "
-                       f"({twin_path(p).name}) beside it. `lock --check` accepts either file.")
+        raise BadInput(
+            f"-o {p}: name the requirements.lock; `lock` writes its PEP 751 twin "
+            f"({twin_path(p).name}) beside it. `lock --check` accepts either file."
+        )

@@ -28,9 +28,9 @@ from builder.util import sha256_file
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://build-image.dev/attestation/smoke-verdict/v1"
-KIND = "smoke-verdict"                       # org.build-image.attestation of the artifact
+KIND = "smoke-verdict"  # org.build-image.attestation of the artifact
 VERDICT_ANNOTATION = "org.build-image.verdict"
-SETTINGS_ANNOTATION = "org.build-image.smoke-settings"   # one verdict per settings: a re-run replaces its own
+SETTINGS_ANNOTATION = "org.build-image.smoke-settings"  # one verdict per settings: a re-run replaces its own
 TITLE = "smoke-verdict.intoto.json"
 MAX_STATEMENT_BYTES = 1 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -63,8 +63,15 @@ def checkpoint_facts(model: str | os.PathLike, summary: dict[str, Any] | None) -
 # --------------------------------------------------------------------------- the statement (pure)
 
 
-def smoke_statement(report: dict[str, Any], *, name: str, digest: str, checkpoint: dict[str, Any],
-                    gpu_names: list[str] | None, created: str) -> dict[str, Any]:
+def smoke_statement(
+    report: dict[str, Any],
+    *,
+    name: str,
+    digest: str,
+    checkpoint: dict[str, Any],
+    gpu_names: list[str] | None,
+    created: str,
+) -> dict[str, Any]:
     """Pure: the in-toto Statement v1 of one smoke run (``report``: ``SmokeReport.to_dict()``) about the image
     ``name@digest``.  The predicate holds what ``promote`` compares and what a reviewer asks of a verdict."""
     if not _DIGEST.match(digest or ""):
@@ -76,34 +83,58 @@ def smoke_statement(report: dict[str, Any], *, name: str, digest: str, checkpoin
     predicate = {
         "verdict": report["verdict"],
         "failures": [str(f)[:500] for f in (report.get("failures") or [])[:10]],
-        "load": {"rounds": st.get("rounds"), "concurrency": st.get("concurrency"),
-                 "rounds_completed": sum(1 for r in rounds_run if not r.get("failed")),
-                 "prompt_tokens": st.get("prompt_tokens"), "max_tokens": st.get("max_tokens")},
-        "engine_args": {"max_model_len": st.get("max_model_len"), "tensor_parallel_size": st.get("tp"),
-                        "pipeline_parallel_size": st.get("pp"), "max_num_seqs": st.get("max_num_seqs"),
-                        "gpu_memory_utilization": st.get("gpu_memory_utilization"),
-                        "kv_cache_dtype": st.get("kv_cache_dtype"), "extra_args": list(st.get("extra_args") or [])},
-        "gpu": {"model": gpu_names[0] if gpu_names else None,
-                "count": len(gpu_names) if gpu_names else gpus.get("gpus"),
-                "memory_used_mib_peak": gpus.get("memory_used_mib_peak")},
+        "load": {
+            "rounds": st.get("rounds"),
+            "concurrency": st.get("concurrency"),
+            "rounds_completed": sum(1 for r in rounds_run if not r.get("failed")),
+            "prompt_tokens": st.get("prompt_tokens"),
+            "max_tokens": st.get("max_tokens"),
+        },
+        "engine_args": {
+            "max_model_len": st.get("max_model_len"),
+            "tensor_parallel_size": st.get("tp"),
+            "pipeline_parallel_size": st.get("pp"),
+            "max_num_seqs": st.get("max_num_seqs"),
+            "gpu_memory_utilization": st.get("gpu_memory_utilization"),
+            "kv_cache_dtype": st.get("kv_cache_dtype"),
+            "extra_args": list(st.get("extra_args") or []),
+        },
+        "gpu": {
+            "model": gpu_names[0] if gpu_names else None,
+            "count": len(gpu_names) if gpu_names else gpus.get("gpus"),
+            "memory_used_mib_peak": gpus.get("memory_used_mib_peak"),
+        },
         "checkpoint": dict(checkpoint),
-        "equivalence": None if not eq else {"verdict": eq.get("verdict"),
-                                            "max_abs_dlogprob": eq.get("max_abs_dlogprob"),
-                                            "first_diff": eq.get("first_diff")},
+        "equivalence": None
+        if not eq
+        else {
+            "verdict": eq.get("verdict"),
+            "max_abs_dlogprob": eq.get("max_abs_dlogprob"),
+            "first_diff": eq.get("first_diff"),
+        },
         "engine": report.get("engine"),
-        "smoke": {"mode": report.get("mode"), "serve": bool(st.get("serve")), "created": created,
-                  "tool": f"build-image {__version__}"},
+        "smoke": {
+            "mode": report.get("mode"),
+            "serve": bool(st.get("serve")),
+            "created": created,
+            "tool": f"build-image {__version__}",
+        },
     }
-    return {"_type": STATEMENT_TYPE,
-            "subject": [{"name": name, "digest": {"sha256": digest.split(":", 1)[1]}}],
-            "predicateType": PREDICATE_TYPE, "predicate": predicate}
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": name, "digest": {"sha256": digest.split(":", 1)[1]}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": predicate,
+    }
 
 
 def settings_key(predicate: dict[str, Any]) -> str:
     """Pure: what identifies a smoke configuration (a newer verdict at the same one replaces the older)."""
     load, args, gpu = predicate["load"], predicate["engine_args"], predicate["gpu"]
-    return (f"c{load['concurrency']}-r{load['rounds']}-len{args['max_model_len']}-tp{args['tensor_parallel_size']}"
-            f"-{(gpu['model'] or '-').replace(' ', '_')}-{(predicate['checkpoint']['index_sha256'] or '-')[:12]}")
+    return (
+        f"c{load['concurrency']}-r{load['rounds']}-len{args['max_model_len']}-tp{args['tensor_parallel_size']}"
+        f"-{(gpu['model'] or '-').replace(' ', '_')}-{(predicate['checkpoint']['index_sha256'] or '-')[:12]}"
+    )
 
 
 def statement_bytes(doc: dict[str, Any]) -> bytes:
@@ -115,16 +146,29 @@ def statement_bytes(doc: dict[str, Any]) -> bytes:
 
 #: predicate field -> (types allowed, required); nested dicts are checked by the same table
 _FIELDS: dict[str, tuple[tuple, bool]] = {
-    "verdict": ((str,), True), "failures": ((list,), True), "load": ((dict,), True),
-    "engine_args": ((dict,), True), "gpu": ((dict,), True), "checkpoint": ((dict,), True),
-    "equivalence": ((dict, type(None)), True), "engine": ((dict, type(None)), True), "smoke": ((dict,), True),
-    "load.rounds": ((int,), True), "load.concurrency": ((int,), True), "load.rounds_completed": ((int,), True),
-    "load.prompt_tokens": ((int,), True), "load.max_tokens": ((int,), True),
-    "engine_args.max_model_len": ((int, type(None)), True), "engine_args.tensor_parallel_size": ((int,), True),
+    "verdict": ((str,), True),
+    "failures": ((list,), True),
+    "load": ((dict,), True),
+    "engine_args": ((dict,), True),
+    "gpu": ((dict,), True),
+    "checkpoint": ((dict,), True),
+    "equivalence": ((dict, type(None)), True),
+    "engine": ((dict, type(None)), True),
+    "smoke": ((dict,), True),
+    "load.rounds": ((int,), True),
+    "load.concurrency": ((int,), True),
+    "load.rounds_completed": ((int,), True),
+    "load.prompt_tokens": ((int,), True),
+    "load.max_tokens": ((int,), True),
+    "engine_args.max_model_len": ((int, type(None)), True),
+    "engine_args.tensor_parallel_size": ((int,), True),
     "engine_args.pipeline_parallel_size": ((int,), True),
-    "gpu.model": ((str, type(None)), True), "gpu.count": ((int, type(None)), True),
-    "checkpoint.path": ((str,), True), "checkpoint.size_bytes": ((int, type(None)), True),
-    "checkpoint.verify": ((str,), True), "checkpoint.index_sha256": ((str, type(None)), True),
+    "gpu.model": ((str, type(None)), True),
+    "gpu.count": ((int, type(None)), True),
+    "checkpoint.path": ((str,), True),
+    "checkpoint.size_bytes": ((int, type(None)), True),
+    "checkpoint.verify": ((str,), True),
+    "checkpoint.index_sha256": ((str, type(None)), True),
 }
 
 
@@ -132,8 +176,8 @@ _FIELDS: dict[str, tuple[tuple, bool]] = {
 class Verdict:
     """One smoke attestation read back from the registry, checked."""
 
-    artifact: str                 # the artifact manifest's digest (how a refusal names it)
-    subject: str                  # sha256:<hex> of the image it is about
+    artifact: str  # the artifact manifest's digest (how a refusal names it)
+    subject: str  # sha256:<hex> of the image it is about
     predicate: dict[str, Any]
 
     @property
@@ -143,11 +187,13 @@ class Verdict:
     def summary(self) -> str:
         p = self.predicate
         ck, args = p["checkpoint"], p["engine_args"]
-        return (f"{p['verdict']} at {p['load']['rounds']} x {p['load']['concurrency']} concurrent "
-                f"({p['load']['prompt_tokens']}+{p['load']['max_tokens']} tokens), max-model-len "
-                f"{args['max_model_len'] or 'model default'}, TP {args['tensor_parallel_size']}, "
-                f"{p['gpu']['count'] or '?'} x {p['gpu']['model'] or 'unknown GPU'}, checkpoint {ck['path']} "
-                f"(index sha256 {(ck['index_sha256'] or 'none')[:12]}…, {ck['verify']})")
+        return (
+            f"{p['verdict']} at {p['load']['rounds']} x {p['load']['concurrency']} concurrent "
+            f"({p['load']['prompt_tokens']}+{p['load']['max_tokens']} tokens), max-model-len "
+            f"{args['max_model_len'] or 'model default'}, TP {args['tensor_parallel_size']}, "
+            f"{p['gpu']['count'] or '?'} x {p['gpu']['model'] or 'unknown GPU'}, checkpoint {ck['path']} "
+            f"(index sha256 {(ck['index_sha256'] or 'none')[:12]}…, {ck['verify']})"
+        )
 
 
 def _field_errors(pred: dict[str, Any]) -> list[str]:
@@ -165,8 +211,10 @@ def _field_errors(pred: dict[str, Any]) -> list[str]:
             continue
         val = node[parts[-1]]
         if isinstance(val, bool) or not isinstance(val, types):
-            errs.append(f"predicate.{key} is {type(val).__name__} {val!r:.40}, not "
-                        + " or ".join("null" if t is type(None) else t.__name__ for t in types))
+            errs.append(
+                f"predicate.{key} is {type(val).__name__} {val!r:.40}, not "
+                + " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            )
     if pred.get("verdict") not in ("PASS", "FAIL"):
         errs.append(f"predicate.verdict is {pred.get('verdict')!r:.40}, not PASS or FAIL")
     ck = pred.get("checkpoint") if isinstance(pred.get("checkpoint"), dict) else {}
@@ -189,8 +237,10 @@ def parse_statement(blob: bytes, *, where: str, subject_digest: str) -> Verdict:
     from in_toto_attestation.v1.statement import Statement
 
     def bad(why: str) -> BadInput:
-        return BadInput(f"smoke attestation {where} is not a valid statement: {why}; nothing was moved.",
-                        hint="re-run `build-image smoke IMAGE --attest` to attach a verdict build-image wrote.")
+        return BadInput(
+            f"smoke attestation {where} is not a valid statement: {why}; nothing was moved.",
+            hint="re-run `build-image smoke IMAGE --attest` to attach a verdict build-image wrote.",
+        )
 
     if len(blob) > MAX_STATEMENT_BYTES:
         raise bad(f"it is {len(blob)} bytes, more than a statement can be")
@@ -233,13 +283,25 @@ class Target:
     @classmethod
     def from_spec(cls, spec) -> Target:
         s = spec.serving
-        return cls(concurrency=getattr(s, "concurrency", None), max_model_len=s.max_model_len, tp=s.tp,
-                   gpu_model=getattr(s, "gpu_model", None), checkpoint_sha256=getattr(s, "checkpoint_sha256", None))
+        return cls(
+            concurrency=getattr(s, "concurrency", None),
+            max_model_len=s.max_model_len,
+            tp=s.tp,
+            gpu_model=getattr(s, "gpu_model", None),
+            checkpoint_sha256=getattr(s, "checkpoint_sha256", None),
+        )
 
     def unstated(self) -> list[str]:
         """The settings a promote needs that the spec does not state."""
-        return [f"serving.{k}" for k, v in (("concurrency", self.concurrency), ("gpu_model", self.gpu_model),
-                                            ("checkpoint_sha256", self.checkpoint_sha256)) if v is None]
+        return [
+            f"serving.{k}"
+            for k, v in (
+                ("concurrency", self.concurrency),
+                ("gpu_model", self.gpu_model),
+                ("checkpoint_sha256", self.checkpoint_sha256),
+            )
+            if v is None
+        ]
 
 
 def _norm_gpu(name: str | None) -> str:
@@ -258,15 +320,19 @@ def mismatches(v: Verdict, t: Target) -> list[str]:
     if t.concurrency is not None and load["concurrency"] < t.concurrency:
         out.append(f"concurrency {load['concurrency']} < the target's {t.concurrency}")
     if args["max_model_len"] != t.max_model_len:
-        out.append(f"max-model-len {args['max_model_len'] or 'model default'} != the target's "
-                   f"{t.max_model_len or 'model default'}")
+        out.append(
+            f"max-model-len {args['max_model_len'] or 'model default'} != the target's "
+            f"{t.max_model_len or 'model default'}"
+        )
     if args["tensor_parallel_size"] != t.tp:
         out.append(f"tensor-parallel size {args['tensor_parallel_size']} != the target's {t.tp}")
     if t.gpu_model is not None and _norm_gpu(p["gpu"]["model"]) != _norm_gpu(t.gpu_model):
         out.append(f"GPU model {p['gpu']['model'] or 'unknown'!r} != the target's {t.gpu_model!r}")
     if t.checkpoint_sha256 is not None and ck["index_sha256"] != t.checkpoint_sha256:
-        out.append(f"checkpoint {ck['path']} (index sha256 {(ck['index_sha256'] or 'none')[:12]}…) is not the "
-                   f"target's (index sha256 {t.checkpoint_sha256[:12]}…)")
+        out.append(
+            f"checkpoint {ck['path']} (index sha256 {(ck['index_sha256'] or 'none')[:12]}…) is not the "
+            f"target's (index sha256 {t.checkpoint_sha256[:12]}…)"
+        )
     if ck["verify"] != "READY":
         out.append(f"checkpoint verify result is {ck['verify']}")
     eq = p.get("equivalence")
@@ -284,21 +350,27 @@ def resolve_subject(image: str, local_id: str | None) -> tuple[str, str]:
     engine's image ID = the config digest), or the verdict would be bound to another image."""
     client, ref = client_for(image)
     if ref.registry == "docker.io" and "/" not in image.split("@")[0].split(":")[0]:
-        raise BadInput(f"smoke --attest: {image} has no registry host; the verdict is attached in the registry "
-                       "the image is pushed to (HOST[:PORT]/REPO@sha256:… or HOST[:PORT]/REPO:TAG).")
+        raise BadInput(
+            f"smoke --attest: {image} has no registry host; the verdict is attached in the registry "
+            "the image is pushed to (HOST[:PORT]/REPO@sha256:… or HOST[:PORT]/REPO:TAG)."
+        )
     name = f"{ref.registry}/{ref.repository}"
     client.ping()
     got = client.manifest(ref.repository, ref.digest or ref.tag or "latest")
     if got is None:
-        raise BadInput(f"smoke --attest: the registry {ref.registry} does not hold {image}; push it first "
-                       "(`build-image push`), the verdict is attached to its digest there.")
+        raise BadInput(
+            f"smoke --attest: the registry {ref.registry} does not hold {image}; push it first "
+            "(`build-image push`), the verdict is attached to its digest there."
+        )
     digest, doc = got
     if ref.digest and digest != ref.digest:
         raise RegistryError(f"registry {ref.registry} served {image} as {digest}.")
     if local_id is not None and config_of(doc) != local_id:
-        raise BadInput(f"smoke --attest: {image} in the registry is image {config_of(doc) or 'an index'}, the local "
-                       f"engine's is {local_id}; the verdict must be about the image that runs.",
-                       hint="push the local image, or pull the registry's by digest first.")
+        raise BadInput(
+            f"smoke --attest: {image} in the registry is image {config_of(doc) or 'an index'}, the local "
+            f"engine's is {local_id}; the verdict must be about the image that runs.",
+            hint="push the local image, or pull the registry's by digest first.",
+        )
     return name, digest
 
 
@@ -309,8 +381,12 @@ def attach_statement(pinned: str, doc: dict[str, Any]) -> referrers.Attached:
     client.ping()
     subject = referrers.subject_descriptor(client, ref.repository, ref.digest)
     pred = doc["predicate"]
-    ann = {referrers.KIND: f"{KIND}:{settings_key(pred)}", VERDICT_ANNOTATION: pred["verdict"],
-           SETTINGS_ANNOTATION: settings_key(pred), "org.opencontainers.image.created": pred["smoke"]["created"]}
+    ann = {
+        referrers.KIND: f"{KIND}:{settings_key(pred)}",
+        VERDICT_ANNOTATION: pred["verdict"],
+        SETTINGS_ANNOTATION: settings_key(pred),
+        "org.opencontainers.image.created": pred["smoke"]["created"],
+    }
     return referrers.attach(client, ref.repository, subject, statement_bytes(doc), referrers.INTOTO_TYPE, TITLE, ann)
 
 
@@ -322,8 +398,10 @@ def read_verdicts(client, repository: str, digest: str) -> list[Verdict]:
     except (ValueError, AttributeError):
         descs = None
     if not isinstance(descs, list):
-        raise BadInput(f"the referrers of {client.registry}/{repository}@{digest} are not an OCI image index (the "
-                       f"{referrers.referrers_tag(digest)} tag or the referrers API answer); nothing was moved.")
+        raise BadInput(
+            f"the referrers of {client.registry}/{repository}@{digest} are not an OCI image index (the "
+            f"{referrers.referrers_tag(digest)} tag or the referrers API answer); nothing was moved."
+        )
     out = []
     for d in descs:
         ann = (d.get("annotations") if isinstance(d, dict) else None) or {}
@@ -336,33 +414,43 @@ def read_verdicts(client, repository: str, digest: str) -> list[Verdict]:
             layer = doc["layers"][0]
             subject = doc["subject"]["digest"]
         except (ValueError, KeyError, IndexError, TypeError):
-            raise BadInput(f"smoke attestation {where}: its artifact manifest is not an OCI artifact with one "
-                           "layer and a subject; nothing was moved.") from None
+            raise BadInput(
+                f"smoke attestation {where}: its artifact manifest is not an OCI artifact with one "
+                "layer and a subject; nothing was moved."
+            ) from None
         if subject != digest:
-            raise BadInput(f"smoke attestation {where} is indexed for {digest} but its artifact refers to {subject}; "
-                           "nothing was moved.")
+            raise BadInput(
+                f"smoke attestation {where} is indexed for {digest} but its artifact refers to {subject}; "
+                "nothing was moved."
+            )
         blob = fetch_verified(client, repository, layer.get("digest"), where, blob=True)
         v = parse_statement(blob, where=where, subject_digest=digest)
         if ann.get(VERDICT_ANNOTATION) not in (None, v.predicate["verdict"]):
-            raise BadInput(f"smoke attestation {where}: its annotation says {ann.get(VERDICT_ANNOTATION)}, the "
-                           f"statement says {v.predicate['verdict']}; nothing was moved.")
+            raise BadInput(
+                f"smoke attestation {where}: its annotation says {ann.get(VERDICT_ANNOTATION)}, the "
+                f"statement says {v.predicate['verdict']}; nothing was moved."
+            )
         out.append(v)
     return out
 
 
-def fetch_verified(client, repository: str, digest: Any, where: str, *, blob: bool = False,
-                   accept: str | None = None) -> bytes:
+def fetch_verified(
+    client, repository: str, digest: Any, where: str, *, blob: bool = False, accept: str | None = None
+) -> bytes:
     """A manifest or blob by digest, its content hashed and compared with the digest (exit 2 otherwise)."""
     if not isinstance(digest, str) or not _DIGEST.match(digest):
         raise BadInput(f"{where}: names {digest!r:.80}, not a sha256 digest; nothing was moved.")
     kind = "blobs" if blob else "manifests"
-    status, _h, body = client.request("GET", f"/v2/{repository}/{kind}/{digest}",
-                                      {"Accept": accept} if accept else None)
+    status, _h, body = client.request(
+        "GET", f"/v2/{repository}/{kind}/{digest}", {"Accept": accept} if accept else None
+    )
     if status == 404:
         raise BadInput(f"{where}: the registry {client.registry} does not hold {digest}; nothing was moved.")
     if status != 200:
         raise RegistryError(f"registry {client.registry}: GET {repository} {kind} {digest} answered HTTP {status}.")
     if referrers.digest_of(body) != digest:
-        raise BadInput(f"{where}: the registry served {digest} with content of digest {referrers.digest_of(body)} "
-                       "(truncated or replaced); nothing was moved.")
+        raise BadInput(
+            f"{where}: the registry served {digest} with content of digest {referrers.digest_of(body)} "
+            "(truncated or replaced); nothing was moved."
+        )
     return body

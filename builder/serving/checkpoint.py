@@ -57,10 +57,28 @@ from builder.validate import load_json, read_bounded_text
 #: Element size in bits of every dtype the safetensors format defines (the
 #: ``Dtype`` enum of safetensors 0.8: 22 variants).
 DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6, "U8": 8, "I8": 8,
-    "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16, "I32": 32, "U32": 32, "F32": 32,
-    "C64": 64, "F64": 64, "I64": 64, "U64": 64,
+    "BOOL": 8,
+    "F4": 4,
+    "F6_E2M3": 6,
+    "F6_E3M2": 6,
+    "U8": 8,
+    "I8": 8,
+    "F8_E5M2": 8,
+    "F8_E4M3": 8,
+    "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
+    "I16": 16,
+    "U16": 16,
+    "F16": 16,
+    "BF16": 16,
+    "I32": 32,
+    "U32": 32,
+    "F32": 32,
+    "C64": 64,
+    "F64": 64,
+    "I64": 64,
+    "U64": 64,
 }
 #: Dtypes whose shape is the logical shape (not bit-packed integers): the ones
 #: whose shapes can be compared with config.json.
@@ -78,8 +96,8 @@ SCHEMA = "build-image/checkpoint-verify/v1"
 LEFTOVER_SUFFIXES = (".incomplete", ".part", ".partial", ".aria2", ".crdownload", ".download")
 
 
-
 # --------------------------------------------------------------------------- data
+
 
 class TensorInfo(NamedTuple):
     name: str
@@ -129,9 +147,9 @@ class HeaderError(ValueError):
 class FileEntry:
     """One regular file of the checkpoint directory, after following symlinks."""
 
-    name: str          # relative to the checkpoint directory
-    path: Path         # as listed (may be a symlink)
-    real: Path         # the resolved file
+    name: str  # relative to the checkpoint directory
+    path: Path  # as listed (may be a symlink)
+    real: Path  # the resolved file
     size: int
     mtime_ns: int
     ino: int
@@ -152,6 +170,7 @@ class Inventory:
 
 
 # --------------------------------------------------------------------------- headers (pure)
+
 
 def parse_header(prefix: bytes, file_size: int, name: str, *, check_size: bool = True) -> ShardHeader:
     """Validate a safetensors header from the file's first ``8 + N`` bytes.
@@ -178,17 +197,20 @@ def _header_text(prefix: bytes, file_size: int) -> tuple[int, str]:
     """The header's length field and its text."""
     if file_size < 8 or len(prefix) < 8:
         raise HeaderError(
-            f"the file is {file_size} bytes, shorter than the 8-byte header length field (truncated or empty)")
+            f"the file is {file_size} bytes, shorter than the 8-byte header length field (truncated or empty)"
+        )
     n = int.from_bytes(prefix[:8], "little")
     if n > MAX_HEADER_BYTES:
         raise HeaderError(
             f"the header length field says {n} bytes, more than safetensors' {MAX_HEADER_BYTES}-byte limit: "
-            "the first 8 bytes are not a safetensors length (not a safetensors file, or a corrupt start)")
+            "the first 8 bytes are not a safetensors length (not a safetensors file, or a corrupt start)"
+        )
     if 8 + n > file_size:
         raise HeaderError(
             f"the header length field says {n} bytes but only {file_size - 8} bytes follow it: "
-            "the file is truncated inside its header, or is not a safetensors file")
-    raw = prefix[8:8 + n]
+            "the file is truncated inside its header, or is not a safetensors file"
+        )
+    raw = prefix[8 : 8 + n]
     if len(raw) < n:
         raise HeaderError(f"could read only {len(raw)} of the {n} header bytes")
     try:
@@ -243,15 +265,20 @@ def _tensor_info(tname: str, info: Any) -> TensorInfo:
     if not isinstance(dtype, str):
         raise HeaderError(f"tensor {tname!r}: 'dtype' is missing or not a string")
     if dtype not in DTYPE_BITS:
-        raise HeaderError(
-            f"tensor {tname!r}: unknown dtype {dtype!r} (safetensors knows {', '.join(DTYPE_BITS)})")
+        raise HeaderError(f"tensor {tname!r}: unknown dtype {dtype!r} (safetensors knows {', '.join(DTYPE_BITS)})")
     numel = _numel(shape)
     if numel < 0:
         raise HeaderError(f"tensor {tname!r}: 'shape' must be a list of non-negative integers, got {shape!r}")
-    if (type(offsets) is not list or len(offsets) != 2 or type(offsets[0]) is not int
-            or type(offsets[1]) is not int or offsets[0] < 0):
+    if (
+        type(offsets) is not list
+        or len(offsets) != 2
+        or type(offsets[0]) is not int
+        or type(offsets[1]) is not int
+        or offsets[0] < 0
+    ):
         raise HeaderError(
-            f"tensor {tname!r}: 'data_offsets' must be [begin, end] non-negative integers, got {offsets!r}")
+            f"tensor {tname!r}: 'data_offsets' must be [begin, end] non-negative integers, got {offsets!r}"
+        )
     start, end = offsets
     if end < start:
         raise HeaderError(f"tensor {tname!r}: data_offsets [{start}, {end}] end before they begin")
@@ -261,7 +288,8 @@ def _tensor_info(tname: str, info: Any) -> TensorInfo:
     if bits // 8 != end - start:
         raise HeaderError(
             f"tensor {tname!r}: shape {shape} x {dtype} needs {bits // 8} bytes but data_offsets "
-            f"[{start}, {end}] span {end - start}")
+            f"[{start}, {end}] span {end - start}"
+        )
     return TensorInfo(tname, dtype, tuple(shape), start, end)
 
 
@@ -271,11 +299,11 @@ def _data_end(tensors: dict[str, TensorInfo]) -> int:
     for t in sorted(tensors.values(), key=itemgetter(3, 4)):
         if t.start < pos:
             raise HeaderError(
-                f"tensors {prev.name!r} [{prev.start}, {prev.end}) and {t.name!r} [{t.start}, {t.end}) overlap")
+                f"tensors {prev.name!r} [{prev.start}, {prev.end}) and {t.name!r} [{t.start}, {t.end}) overlap"
+            )
         if t.start > pos:
             after = f"after {prev.name!r} (ends at {pos})" if prev else "at the start of the data"
-            raise HeaderError(
-                f"{t.start - pos} bytes {after} belong to no tensor: safetensors data must be contiguous")
+            raise HeaderError(f"{t.start - pos} bytes {after} belong to no tensor: safetensors data must be contiguous")
         pos, prev = t.end, t
     return pos
 
@@ -285,12 +313,16 @@ def size_problem(hdr: ShardHeader) -> str | None:
     want, size = hdr.expected_size, hdr.size
     if size < want:
         missing = want - size
-        return (f"truncated: the file is {size} bytes but its header says {want} "
-                f"(8 + {hdr.header_len} header + {hdr.data_bytes} data); {missing} bytes ({100 * missing / want:.1f}%) "
-                "are missing: the download did not finish")
+        return (
+            f"truncated: the file is {size} bytes but its header says {want} "
+            f"(8 + {hdr.header_len} header + {hdr.data_bytes} data); {missing} bytes ({100 * missing / want:.1f}%) "
+            "are missing: the download did not finish"
+        )
     if size > want:
-        return (f"the file is {size} bytes, {size - want} more than its header accounts for "
-                f"({want}): trailing bytes that are no tensor's (a different or appended-to file)")
+        return (
+            f"the file is {size} bytes, {size - want} more than its header accounts for "
+            f"({want}): trailing bytes that are no tensor's (a different or appended-to file)"
+        )
     return None
 
 
@@ -312,6 +344,7 @@ def read_header(path: str | os.PathLike, name: str | None = None, *, check_size:
 
 
 # --------------------------------------------------------------------------- directory scan (I/O)
+
 
 def _hub_repo_of(real: Path) -> Path | None:
     """``.../models--org--name`` when ``real`` is ``.../models--org--name/blobs/<hash>``."""
@@ -347,8 +380,10 @@ def scan_directory(root: str | os.PathLike) -> Inventory:
     except OSError as exc:
         raise BadInput(f"checkpoint directory {root}: {exc.strerror or exc}.") from None
     if not statmod.S_ISDIR(st.st_mode):
-        raise BadInput(f"{root} is not a directory: give the checkpoint directory (the one holding config.json and the "
-                       "*.safetensors files).")
+        raise BadInput(
+            f"{root} is not a directory: give the checkpoint directory (the one holding config.json and the "
+            "*.safetensors files)."
+        )
     try:
         entries = sorted(os.scandir(root), key=lambda e: e.name)
     except OSError as exc:
@@ -393,8 +428,10 @@ def scan_directory(root: str | os.PathLike) -> Inventory:
         if target is not None and e.name.endswith(".safetensors"):
             hub_repo = hub_repo or _hub_repo_of(real)
     if hub_repo is not None:
-        notes.append(f"the shards are links into the Hugging Face cache {hub_repo}: "
-                     f"--hf-cache {hub_repo} checks each against its LFS sha256")
+        notes.append(
+            f"the shards are links into the Hugging Face cache {hub_repo}: "
+            f"--hf-cache {hub_repo} checks each against its LFS sha256"
+        )
     # huggingface_hub --local-dir bookkeeping
     local_meta = root / ".cache" / "huggingface" / "download"
     if local_meta.is_dir():
@@ -423,8 +460,13 @@ _EMBED_RE = re.compile(r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings)
 _HEAD_RE = re.compile(r"(^|\.)lm_head\.weight$")
 _PLE_RE = re.compile(r"(^|\.)embed_tokens_per_layer(\.shard_\d*)?\.weight$")
 _NOT_TEXT_RE = re.compile(r"vision|visual|audio|image|mm_projector|multi_modal")
-_SHAPE_SUFFIXES = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "tok_embeddings.weight",
-                   "lm_head.weight")
+_SHAPE_SUFFIXES = (
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "tok_embeddings.weight",
+    "lm_head.weight",
+)
 
 
 def _cfg_int(cfg: dict, key: str) -> int | None:
@@ -457,21 +499,29 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo]) -> tuple[list[Pro
     checked = 0
     for t in embeds + heads:
         if t.dtype not in FLOAT_DTYPES or len(t.shape) != 2:
-            notes.append(f"{t.name}: {t.dtype} {list(t.shape)} is packed/quantized: shape not compared "
-                         "with config.json")
+            notes.append(
+                f"{t.name}: {t.dtype} {list(t.shape)} is packed/quantized: shape not compared with config.json"
+            )
             continue
         want = (vocab, hidden)
         for axis, (got, exp, key) in enumerate(zip(t.shape, want, ("vocab_size", "hidden_size"))):
             if exp is not None and got != exp:
-                problems.append(Problem("config.json", (
-                    f"tensor {t.name} has shape {list(t.shape)} but config.json says {key} = {exp} "
-                    f"(dimension {axis}): vLLM's loader refuses the mismatch")))
+                problems.append(
+                    Problem(
+                        "config.json",
+                        (
+                            f"tensor {t.name} has shape {list(t.shape)} but config.json says {key} = {exp} "
+                            f"(dimension {axis}): vLLM's loader refuses the mismatch"
+                        ),
+                    )
+                )
         checked += 1
     if not embeds:
         notes.append("no token-embedding tensor found: vocabulary/hidden size not checked")
     if cfg.get("tie_word_embeddings") is False and embeds and not heads:
-        problems.append(Problem("config.json",
-                                "tie_word_embeddings is false but no checkpoint tensor is an lm_head.weight"))
+        problems.append(
+            Problem("config.json", "tie_word_embeddings is false but no checkpoint tensor is an lm_head.weight")
+        )
     ple = [t for n, t in tensors.items() if "embed_tokens_per_layer" in n and is_ple_tensor(n)]
     if ple:
         rows = sum(t.shape[0] for t in ple if t.shape)
@@ -479,28 +529,55 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo]) -> tuple[list[Pro
         plain = [t.name for t in ple if not re.search(r"\.shard_\d*\.weight$", t.name)]
         empty = [t.name for t in ple if t.name.endswith(".shard_.weight")]
         if len(plain) + len(empty) > 1 or ((plain or empty) and len(ple) > len(plain) + len(empty)):
-            problems.append(Problem("config.json", "the per-layer-embedding table is stored more than once: "
-                                                   f"{', '.join(sorted(t.name for t in ple))}"))
+            problems.append(
+                Problem(
+                    "config.json",
+                    f"the per-layer-embedding table is stored more than once: {', '.join(sorted(t.name for t in ple))}",
+                )
+            )
         n_layers, per_layer = _cfg_int(cfg, "num_hidden_layers"), _cfg_int(cfg, "hidden_size_per_layer_input")
         v_ple = _cfg_int(cfg, "vocab_size_per_layer_input")
         if len(cols) != 1 or any(len(t.shape) != 2 for t in ple):
-            problems.append(Problem("config.json", "per-layer-embedding blocks are not all 2-D with one width: "
-                                                   f"{[list(t.shape) for t in ple]}"))
+            problems.append(
+                Problem(
+                    "config.json",
+                    f"per-layer-embedding blocks are not all 2-D with one width: {[list(t.shape) for t in ple]}",
+                )
+            )
         else:
             width = cols.pop()
             if n_layers and per_layer and width != n_layers * per_layer:
-                problems.append(Problem("config.json", (
-                    f"per-layer-embedding table is {rows} x {width} but config.json needs width num_hidden_layers x "
-                    f"hidden_size_per_layer_input = {n_layers} x {per_layer} = {n_layers * per_layer}")))
+                problems.append(
+                    Problem(
+                        "config.json",
+                        (
+                            f"per-layer-embedding table is {rows} x {width} but config.json needs width "
+                            "num_hidden_layers x "
+                            f"hidden_size_per_layer_input = {n_layers} x {per_layer} = {n_layers * per_layer}"
+                        ),
+                    )
+                )
             if v_ple and rows != v_ple:
-                problems.append(Problem("config.json", (
-                    f"per-layer-embedding table has {rows} rows ({len(ple)} block(s)) but config.json says "
-                    f"vocab_size_per_layer_input = {v_ple}")))
+                problems.append(
+                    Problem(
+                        "config.json",
+                        (
+                            f"per-layer-embedding table has {rows} rows ({len(ple)} block(s)) but config.json says "
+                            f"vocab_size_per_layer_input = {v_ple}"
+                        ),
+                    )
+                )
             checked += 1
     elif _cfg_int(cfg, "hidden_size_per_layer_input"):
-        problems.append(Problem("config.json", (
-            "config.json declares per-layer embeddings (hidden_size_per_layer_input) but no tensor is an "
-            "embed_tokens_per_layer table (plain, .shard_ or numbered .shard_N name)")))
+        problems.append(
+            Problem(
+                "config.json",
+                (
+                    "config.json declares per-layer embeddings (hidden_size_per_layer_input) but no tensor is an "
+                    "embed_tokens_per_layer table (plain, .shard_ or numbered .shard_N name)"
+                ),
+            )
+        )
     if checked == 0 and embeds:
         notes.append("no shape was checkable against config.json")
     return problems, notes
@@ -508,8 +585,10 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo]) -> tuple[list[Pro
 
 # --------------------------------------------------------------------------- index (pure)
 
-def check_index(index: dict | None, index_name: str | None, headers: dict[str, ShardHeader],
-                present: set[str]) -> tuple[list[Problem], list[str]]:
+
+def check_index(
+    index: dict | None, index_name: str | None, headers: dict[str, ShardHeader], present: set[str]
+) -> tuple[list[Problem], list[str]]:
     """Index ↔ files.  Returns (problems, loaded shard names: what vLLM would read)."""
     problems: list[Problem] = []
     owners: dict[str, list[str]] = {}
@@ -528,21 +607,25 @@ def check_index(index: dict | None, index_name: str | None, headers: dict[str, S
         for shard in loaded:
             if shard not in present:
                 n = per_shard[shard]
-                problems.append(Problem(shard,
-                                        f"missing: {index_name} names it for {n} tensor(s) but the file is not there"))
+                problems.append(
+                    Problem(shard, f"missing: {index_name} names it for {n} tensor(s) but the file is not there")
+                )
         for tname, shard in wm.items():
             if shard not in headers:
                 continue  # missing or unreadable shard: already reported
             if tname not in headers[shard].tensors:
                 where = [f for f in owners.get(tname, []) if f != shard]
                 also = f"; it is in {', '.join(where)}" if where else ""
-                problems.append(Problem(shard, f"tensor {tname!r}: {index_name} puts it in {shard}, whose header does "
-                                               f"not have it{also}"))
+                problems.append(
+                    Problem(
+                        shard, f"tensor {tname!r}: {index_name} puts it in {shard}, whose header does not have it{also}"
+                    )
+                )
         for fname in sorted(present):
             if fname.endswith(".safetensors") and fname not in named:
-                problems.append(Problem(fname,
-                                        f"not in {index_name}: vLLM will not load it (a stray or renamed shard?)",
-                                        "warning"))
+                problems.append(
+                    Problem(fname, f"not in {index_name}: vLLM will not load it (a stray or renamed shard?)", "warning")
+                )
         for fname in loaded:
             hdr = headers.get(fname)
             if hdr is None:
@@ -550,8 +633,13 @@ def check_index(index: dict | None, index_name: str | None, headers: dict[str, S
             stray = sorted(t for t in hdr.tensors if t not in wm)
             if stray:
                 more = f" and {len(stray) - 3} more" if len(stray) > 3 else ""
-                problems.append(Problem(fname, f"{len(stray)} tensor(s) the weight map does not list: "
-                                               f"{', '.join(stray[:3])}{more}", "warning"))
+                problems.append(
+                    Problem(
+                        fname,
+                        f"{len(stray)} tensor(s) the weight map does not list: {', '.join(stray[:3])}{more}",
+                        "warning",
+                    )
+                )
     loaded_set = set(loaded)
     for tname, files in sorted((k, v) for k, v in owners.items() if len(v) > 1):
         in_loaded = [f for f in files if f in loaded_set]
@@ -561,6 +649,7 @@ def check_index(index: dict | None, index_name: str | None, headers: dict[str, S
 
 
 # --------------------------------------------------------------------------- the structural report
+
 
 @dataclass
 class Report:
@@ -594,15 +683,26 @@ class Report:
 
     def to_dict(self, *, strict: bool = False) -> dict[str, Any]:
         return {
-            "schema": SCHEMA, "directory": self.directory, "ready": self.ready(strict=strict),
+            "schema": SCHEMA,
+            "directory": self.directory,
+            "ready": self.ready(strict=strict),
             "verdict": "READY" if self.ready(strict=strict) else "NOT READY",
-            "errors": [p.to_dict() for p in self.errors], "warnings": [p.to_dict() for p in self.warnings],
-            "shards": self.shards, "index": self.index, "index_total_size": self.index_total_size,
-            "weight_bytes": self.weight_bytes, "file_bytes": self.file_bytes,
-            "bytes_by_dtype": self.bytes_by_dtype, "ple_bytes": self.ple_bytes, "ple_tensors": self.ple_tensors,
-            "tensors": self.tensors, "headers_complete": self.headers_complete,
-            "leftovers": self.leftovers, "notes": self.notes,
-            "structural_seconds": round(self.structural_seconds, 4), "content": self.content,
+            "errors": [p.to_dict() for p in self.errors],
+            "warnings": [p.to_dict() for p in self.warnings],
+            "shards": self.shards,
+            "index": self.index,
+            "index_total_size": self.index_total_size,
+            "weight_bytes": self.weight_bytes,
+            "file_bytes": self.file_bytes,
+            "bytes_by_dtype": self.bytes_by_dtype,
+            "ple_bytes": self.ple_bytes,
+            "ple_tensors": self.ple_tensors,
+            "tensors": self.tensors,
+            "headers_complete": self.headers_complete,
+            "leftovers": self.leftovers,
+            "notes": self.notes,
+            "structural_seconds": round(self.structural_seconds, 4),
+            "content": self.content,
         }
 
 
@@ -642,18 +742,33 @@ def inspect_checkpoint(root: str | os.PathLike, inventory: Inventory | None = No
     tensors, by_dtype = _loaded_tensors(loaded, headers)
     weight_bytes = sum(by_dtype.values())
     if total_size is not None and not problems and total_size != weight_bytes:
-        problems.append(Problem(index_name, (
-            f"metadata.total_size is {total_size} but the shards' tensors add up to {weight_bytes} bytes "
-            "(the index was written for other shards, or tied weights are counted differently)"), "warning"))
+        problems.append(
+            Problem(
+                index_name,
+                (
+                    f"metadata.total_size is {total_size} but the shards' tensors add up to {weight_bytes} bytes "
+                    "(the index was written for other shards, or tied weights are counted differently)"
+                ),
+                "warning",
+            )
+        )
     _check_config(inv, tensors, unreadable, problems, notes)
     ple = sorted(n for n in tensors if "embed_tokens_per_layer" in n and is_ple_tensor(n))
     return Report(
-        directory=str(inv.root), problems=problems, shards=_shard_rows(inv, shard_names, headers, loaded),
-        index=index_name, index_total_size=total_size,
-        weight_bytes=weight_bytes, file_bytes=sum(inv.files[n].size for n in shard_names),
+        directory=str(inv.root),
+        problems=problems,
+        shards=_shard_rows(inv, shard_names, headers, loaded),
+        index=index_name,
+        index_total_size=total_size,
+        weight_bytes=weight_bytes,
+        file_bytes=sum(inv.files[n].size for n in shard_names),
         bytes_by_dtype=dict(sorted(by_dtype.items(), key=lambda kv: -kv[1])),
-        ple_bytes=sum(tensors[n].nbytes for n in ple), ple_tensors=ple, tensors=len(tensors),
-        leftovers=list(inv.leftovers), notes=notes, structural_seconds=time.perf_counter() - t0,
+        ple_bytes=sum(tensors[n].nbytes for n in ple),
+        ple_tensors=ple,
+        tensors=len(tensors),
+        leftovers=list(inv.leftovers),
+        notes=notes,
+        structural_seconds=time.perf_counter() - t0,
         headers_complete=bool(loaded) and all(n in headers for n in loaded),
     )
 
@@ -693,8 +808,7 @@ def _index_total_size(index: Any) -> int | None:
     return None
 
 
-def _loaded_tensors(loaded: list[str],
-                    headers: dict[str, ShardHeader]) -> tuple[dict[str, TensorInfo], dict[str, int]]:
+def _loaded_tensors(loaded: list[str], headers: dict[str, ShardHeader]) -> tuple[dict[str, TensorInfo], dict[str, int]]:
     """The tensors of the loaded shards (the first shard naming one wins) and their bytes by dtype."""
     tensors: dict[str, TensorInfo] = {}
     by_dtype: dict[str, int] = {}
@@ -710,8 +824,9 @@ def _loaded_tensors(loaded: list[str],
     return tensors, by_dtype
 
 
-def _check_config(inv: Inventory, tensors: dict[str, TensorInfo], unreadable: set[str],
-                  problems: list[Problem], notes: list[str]) -> None:
+def _check_config(
+    inv: Inventory, tensors: dict[str, TensorInfo], unreadable: set[str], problems: list[Problem], notes: list[str]
+) -> None:
     """config.json is there, is an object, and its shapes agree with the tensors."""
     config = _load_json(inv.files.get("config.json"), "config.json", problems)
     if "config.json" not in inv.files and "config.json" not in unreadable:
@@ -724,13 +839,19 @@ def _check_config(inv: Inventory, tensors: dict[str, TensorInfo], unreadable: se
         problems.append(Problem("config.json", "is not a JSON object"))
 
 
-def _shard_rows(inv: Inventory, shard_names: list[str], headers: dict[str, ShardHeader],
-                loaded: list[str]) -> list[dict[str, Any]]:
+def _shard_rows(
+    inv: Inventory, shard_names: list[str], headers: dict[str, ShardHeader], loaded: list[str]
+) -> list[dict[str, Any]]:
     return [
-        {"file": n, "size": inv.files[n].size, "expected_size": headers[n].expected_size if n in headers else None,
-         "tensors": len(headers[n].tensors) if n in headers else None,
-         "header_ok": n in headers, "complete": n in headers and headers[n].size == headers[n].expected_size,
-         "loaded": n in loaded}
+        {
+            "file": n,
+            "size": inv.files[n].size,
+            "expected_size": headers[n].expected_size if n in headers else None,
+            "tensors": len(headers[n].tensors) if n in headers else None,
+            "header_ok": n in headers,
+            "complete": n in headers and headers[n].size == headers[n].expected_size,
+            "loaded": n in loaded,
+        }
         for n in shard_names
     ]
 
@@ -777,8 +898,9 @@ def weight_size(model_dir: str | os.PathLike) -> WeightSize | None:
         why = problems[0].message if problems else "is not a JSON object"
         raise BadInput(f"checkpoint index {Path(model_dir) / index_name} {why}.")
     wm = index.get("weight_map") if isinstance(index, dict) else None
-    names = (sorted(set(wm.values())) if isinstance(wm, dict)
-             else sorted(n for n in inv.files if n.endswith(".safetensors")))
+    names = (
+        sorted(set(wm.values())) if isinstance(wm, dict) else sorted(n for n in inv.files if n.endswith(".safetensors"))
+    )
     meta = index.get("metadata") if isinstance(index, dict) else None
     size = meta.get("total_size") if isinstance(meta, dict) else None
     size = size if isinstance(size, int) and not isinstance(size, bool) and size >= 0 else None
@@ -791,8 +913,9 @@ def weight_size(model_dir: str | os.PathLike) -> WeightSize | None:
         try:
             hdr = read_header(inv.files[n].path, n, check_size=False)
         except HeaderError as exc:
-            raise BadInput(f"checkpoint shard {Path(model_dir) / n}: {exc}.",
-                           hint=f"build-image checkpoint verify {model_dir}") from None
+            raise BadInput(
+                f"checkpoint shard {Path(model_dir) / n}: {exc}.", hint=f"build-image checkpoint verify {model_dir}"
+            ) from None
         for t in hdr.tensors.values():
             if t.name not in seen:
                 seen.add(t.name)
@@ -805,17 +928,23 @@ def weight_size(model_dir: str | os.PathLike) -> WeightSize | None:
         if size is None:
             raise BadInput(
                 f"checkpoint {model_dir}: shard(s) {', '.join(missing[:3])} missing and {index_name} has no "
-                "metadata.total_size: the weight size is unknown; pass --weights-bytes.")
-        notes.append(f"{len(missing)} shard(s) not on disk yet ({', '.join(missing[:3])}): weights sized from "
-                     f"{index_name} metadata.total_size")
+                "metadata.total_size: the weight size is unknown; pass --weights-bytes."
+            )
+        notes.append(
+            f"{len(missing)} shard(s) not on disk yet ({', '.join(missing[:3])}): weights sized from "
+            f"{index_name} metadata.total_size"
+        )
         return WeightSize(size, f"{index_name} metadata.total_size", tuple(notes))
     if on_disk != expected:
-        notes.append(f"the checkpoint is not complete ({on_disk} of {expected} bytes on disk): sized from its headers; "
-                     f"`build-image checkpoint verify {model_dir}` says when it is ready")
+        notes.append(
+            f"the checkpoint is not complete ({on_disk} of {expected} bytes on disk): sized from its headers; "
+            f"`build-image checkpoint verify {model_dir}` says when it is ready"
+        )
     return WeightSize(total, f"safetensors headers ({len(present)} shard(s), {len(seen)} tensors)", tuple(notes))
 
 
 # --------------------------------------------------------------------------- text
+
 
 def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 10**7 else f"{n} B"
@@ -842,28 +971,35 @@ def render_text(rep: Report, *, strict: bool = False) -> str:
     lines += bounded_lines([f"  error   {p.file}: {_short(p.message)}" for p in rep.errors], what="error(s)")
     lines += bounded_lines([f"  warning {p.file}: {_short(p.message)}" for p in rep.warnings], what="warning(s)")
     loaded = sum(1 for s in rep.shards if s["loaded"])
-    lines.append(f"  shards: {len(rep.shards)} ({loaded} "
-                 f"loaded{', index ' + rep.index if rep.index else ', no index'}), "
-                 f"{rep.tensors} tensors, files {_gb(rep.file_bytes)}")
+    lines.append(
+        f"  shards: {len(rep.shards)} ({loaded} "
+        f"loaded{', index ' + rep.index if rep.index else ', no index'}), "
+        f"{rep.tensors} tensors, files {_gb(rep.file_bytes)}"
+    )
     what = "exact, from the headers" if rep.headers_complete else "only the shards whose header could be read"
     lines.append(f"  weight bytes ({what}): {rep.weight_bytes}  ({_gb(rep.weight_bytes)})")
     if rep.bytes_by_dtype:
         lines.append("  by dtype: " + ", ".join(f"{d} {_gb(b)}" for d, b in rep.bytes_by_dtype.items()))
     if rep.ple_tensors:
-        lines.append(f"  per-layer-embedding table: {rep.ple_bytes} bytes ({_gb(rep.ple_bytes)}) in "
-                     f"{len(rep.ple_tensors)} tensor(s): what --cpu-offload-gb would have to move")
+        lines.append(
+            f"  per-layer-embedding table: {rep.ple_bytes} bytes ({_gb(rep.ple_bytes)}) in "
+            f"{len(rep.ple_tensors)} tensor(s): what --cpu-offload-gb would have to move"
+        )
     c = rep.content
     if c.get("checked"):
         rate = f", {c['bytes_per_second'] / 1e6:.0f} MB/s" if c.get("bytes_per_second") else ""
-        lines.append(f"  content: sha256 of {c['files']} file(s) against {c['source']}: {c['hashed_files']} hashed "
-                     f"({_gb(c['hashed_bytes'])} in {c['seconds']:.1f} s{rate}, {c['jobs']} job(s)), "
-                     f"{c['cached_files']} unchanged since "
-                     "last verified (cache)")
+        lines.append(
+            f"  content: sha256 of {c['files']} file(s) against {c['source']}: {c['hashed_files']} hashed "
+            f"({_gb(c['hashed_bytes'])} in {c['seconds']:.1f} s{rate}, {c['jobs']} job(s)), "
+            f"{c['cached_files']} unchanged since "
+            "last verified (cache)"
+        )
     elif c.get("skipped"):
         lines.append(f"  content: not hashed: {c['skipped']}")
     else:
-        lines.append("  content: not hashed (give --sha256 SUMS or --hf-cache DIR to prove the bytes, not "
-                     "just the sizes)")
+        lines.append(
+            "  content: not hashed (give --sha256 SUMS or --hf-cache DIR to prove the bytes, not just the sizes)"
+        )
     for n in rep.notes:
         lines.append(f"  note: {n}")
     lines.append(f"  structural pass: {rep.structural_seconds * 1000:.0f} ms")

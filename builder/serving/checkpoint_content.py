@@ -30,6 +30,7 @@ from builder.validate import load_json, read_bounded_text
 
 # --------------------------------------------------------------------------- expected digests
 
+
 def parse_sums(text: str, source: str) -> dict[str, str]:
     """``sha256sum`` output (``HEX  NAME`` / ``HEX *NAME``) or BSD tags
     (``SHA256 (NAME) = HEX``) -> {name: hex}.  Raises BadInput naming the line."""
@@ -85,13 +86,16 @@ def hf_source(inv: Inventory, cache: str | os.PathLike) -> HfSource:
     local_meta = inv.root / ".cache" / "huggingface" / "download"
     if real == Path(os.path.realpath(inv.root)):
         if not local_meta.is_dir():
-            raise BadInput(f"--hf-cache {cache}: the checkpoint has no .cache/huggingface/download metadata "
-                           "(not a --local-dir download).")
+            raise BadInput(
+                f"--hf-cache {cache}: the checkpoint has no .cache/huggingface/download metadata "
+                "(not a --local-dir download)."
+            )
         return HfSource(cache, real, local_meta)
     if not (cache / "blobs").is_dir() and not any(cache.glob("models--*")):
         raise BadInput(
             f"--hf-cache {cache}: neither a Hugging Face hub cache (models--*/blobs, snapshots) nor the checkpoint "
-            "directory itself (a --local-dir download).")
+            "directory itself (a --local-dir download)."
+        )
     return HfSource(cache, real, None)
 
 
@@ -165,6 +169,7 @@ def check_hf_small_files(inv: Inventory, src: HfSource, skip: Iterable[str]) -> 
 
 
 # --------------------------------------------------------------------------- hashing (the adapter)
+
 
 class HashCache:
     """Digests of files already hashed, keyed by real path and (size, mtime_ns, inode, device).
@@ -278,9 +283,13 @@ class Sha256Hasher:
                     count(n)
         return h.hexdigest()
 
-    def hash_many(self, entries: list[FileEntry], *, reporter: Reporter = SILENT,
-                  done: Callable[[FileEntry, str | None, str | None], None] | None = None,
-                  ) -> dict[str, str | Exception]:
+    def hash_many(
+        self,
+        entries: list[FileEntry],
+        *,
+        reporter: Reporter = SILENT,
+        done: Callable[[FileEntry, str | None, str | None], None] | None = None,
+    ) -> dict[str, str | Exception]:
         """{name: hex digest or the OSError}; largest files first so the pool stays busy.
         ``done`` is called as each file finishes (from the worker thread).  The bytes hashed so far, of
         all the files together, are one ``sha256`` transfer on ``reporter``."""
@@ -301,8 +310,12 @@ class Sha256Hasher:
             with lock:
                 reporter.transfer("sha256", total, total)
 
-    def _hash_all(self, order: list[FileEntry], count: Callable[[int], None],
-                  done: Callable[[FileEntry, str | None, str | None], None] | None) -> dict[str, str | Exception]:
+    def _hash_all(
+        self,
+        order: list[FileEntry],
+        count: Callable[[int], None],
+        done: Callable[[FileEntry, str | None, str | None], None] | None,
+    ) -> dict[str, str | Exception]:
         results: dict[str, str | Exception] = {}
 
         def one(e: FileEntry) -> None:
@@ -364,8 +377,9 @@ def _nested_entry(root: Path, name: str) -> FileEntry | str:
     return FileEntry(name, p, Path(os.path.realpath(p)), st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
 
 
-def content_plan_from_sums(inv: Inventory, sums: dict[str, str], source: str,
-                           shard_names: Iterable[str]) -> ContentPlan:
+def content_plan_from_sums(
+    inv: Inventory, sums: dict[str, str], source: str, shard_names: Iterable[str]
+) -> ContentPlan:
     problems: list[Problem] = []
     expected: dict[str, str] = {}
     for name, digest in sums.items():
@@ -383,10 +397,16 @@ def content_plan_from_sums(inv: Inventory, sums: dict[str, str], source: str,
     return ContentPlan(expected, problems, source)
 
 
-def verify_content(inv: Inventory, plan: ContentPlan, *, hasher: Sha256Hasher, cache: HashCache | None,
-                   reporter: Reporter = SILENT, start: Callable[[int, int], None] | None = None,
-                   done: Callable[[FileEntry, str | None, str | None], None] | None = None,
-                   ) -> tuple[dict[str, Any], list[Problem]]:
+def verify_content(
+    inv: Inventory,
+    plan: ContentPlan,
+    *,
+    hasher: Sha256Hasher,
+    cache: HashCache | None,
+    reporter: Reporter = SILENT,
+    start: Callable[[int, int], None] | None = None,
+    done: Callable[[FileEntry, str | None, str | None], None] | None = None,
+) -> tuple[dict[str, Any], list[Problem]]:
     """Hash what the cache does not already know, compare every file with its expected sha256.
 
     The bytes hashed are a transfer on ``reporter``.  Returns (the report's ``content`` section, problems)."""
@@ -427,14 +447,18 @@ def verify_content(inv: Inventory, plan: ContentPlan, *, hasher: Sha256Hasher, c
     for name, want in sorted(plan.expected.items()):
         got = digests.get(name)
         if got is not None and got != want:
-            problems.append(Problem(name, f"sha256 {got} does not match {want} from {plan.source}: the file's "
-                                          "content is wrong"))
+            problems.append(
+                Problem(name, f"sha256 {got} does not match {want} from {plan.source}: the file's content is wrong")
+            )
     hashed_bytes = sum(e.size for e in todo)
     return {
-        "checked": True, "source": plan.source, "files": len(plan.expected), "hashed_files": len(todo),
-        "cached_files": len(plan.expected) - len(todo), "hashed_bytes": hashed_bytes,
-        "seconds": round(seconds, 3), "jobs": hasher.jobs,
+        "checked": True,
+        "source": plan.source,
+        "files": len(plan.expected),
+        "hashed_files": len(todo),
+        "cached_files": len(plan.expected) - len(todo),
+        "hashed_bytes": hashed_bytes,
+        "seconds": round(seconds, 3),
+        "jobs": hasher.jobs,
         "bytes_per_second": int(hashed_bytes / seconds) if seconds > 0 and hashed_bytes else None,
     }, problems
-
-

@@ -60,8 +60,10 @@ def clean_ref(ref: str, what: str, reporter: Reporter) -> Ref:
     bare = _USERINFO.sub("", ref.strip(), count=1)
     head = ref.strip()[: len(ref.strip()) - len(bare)]
     if "@" in head:
-        reporter.step(f"{what}: the credentials in the reference are ignored (and never recorded): build-image "
-                      "reads only the engine's credential store (docker login)")
+        reporter.step(
+            f"{what}: the credentials in the reference are ignored (and never recorded): build-image "
+            "reads only the engine's credential store (docker login)"
+        )
     r = parse_ref(bare)
     if r.registry == "docker.io" and not bare.split("/")[0].count("."):
         raise BadInput(f"{what} {redact_text(ref)} has no registry host (HOST[:PORT]/REPO…).")
@@ -123,8 +125,9 @@ def write_manifests(out_dir: Path, texts: dict[str, str], force: bool = False) -
 # --------------------------------------------------------------------------- promote
 
 
-def _choose_verdict(verdicts: list[attestation.Verdict], target: attestation.Target
-                    ) -> tuple[attestation.Verdict | None, list[str]]:
+def _choose_verdict(
+    verdicts: list[attestation.Verdict], target: attestation.Target
+) -> tuple[attestation.Verdict | None, list[str]]:
     """The newest PASS that clears ``target``, else None and why each attached verdict does not."""
     why = []
     for v in reversed(verdicts):
@@ -135,8 +138,9 @@ def _choose_verdict(verdicts: list[attestation.Verdict], target: attestation.Tar
     return None, why
 
 
-def _previous_manifests(entries: list[dict], current: str | None, render: Callable[[str], dict[str, str]],
-                        image: str) -> tuple[dict[str, str] | None, str]:
+def _previous_manifests(
+    entries: list[dict], current: str | None, render: Callable[[str], dict[str, str]], image: str
+) -> tuple[dict[str, str] | None, str]:
     """The manifests the tag's current image was applied with: those recorded when build-image promoted it,
     else rendered now from this lock and spec (said so)."""
     if current is None:
@@ -147,9 +151,18 @@ def _previous_manifests(entries: list[dict], current: str | None, render: Callab
     return render(image), "rendered now from this lock and spec (no build-image promotion put it there)"
 
 
-def promote(source: str, to: str, *, spec, lock, force: bool = False, reason: str | None = None,
-            history_file: Path | None = None, out_dir: Path | None = None,
-            reporter: Reporter = SILENT) -> dict[str, Any]:
+def promote(
+    source: str,
+    to: str,
+    *,
+    spec,
+    lock,
+    force: bool = False,
+    reason: str | None = None,
+    history_file: Path | None = None,
+    out_dir: Path | None = None,
+    reporter: Reporter = SILENT,
+) -> dict[str, Any]:
     """Move ``to`` (``HOST/REPO:TAG``) to ``source`` (``HOST/REPO@sha256:…``); see the module docstring.
 
     Raises VerdictFailure (exit 1) when no attached PASS matches the target (without ``force``), BadInput
@@ -161,8 +174,10 @@ def promote(source: str, to: str, *, spec, lock, force: bool = False, reason: st
     if dst.digest or not dst.tag:
         raise BadInput(f"promote --to {dst}: give REPO:TAG (the deploy tag to move), not a digest.")
     if src.registry != dst.registry:
-        raise BadInput(f"promote: {src.name} and {dst.name} are in different registries; a tag moves within one "
-                       "registry (copy the image first, then smoke and attest it there).")
+        raise BadInput(
+            f"promote: {src.name} and {dst.name} are in different registries; a tag moves within one "
+            "registry (copy the image first, then smoke and attest it there)."
+        )
     if force and not (reason or "").strip():
         raise BadInput("promote --force needs --reason TEXT: a forced cutover is recorded with why.")
     check_out_dir(out_dir)
@@ -180,47 +195,94 @@ def promote(source: str, to: str, *, spec, lock, force: bool = False, reason: st
         current = _settle(client, dst, path, entries)
         if current == new.digest:
             reporter.step(f"{dst} already points at {new.digest}; nothing to do")
-            return {"target": str(dst), "digest": new.digest, "previous": current, "status": "unchanged",
-                    "history": str(path)}
+            return {
+                "target": str(dst),
+                "digest": new.digest,
+                "previous": current,
+                "status": "unchanged",
+                "history": str(path),
+            }
         unstated = target.unstated()
         if unstated and not force:
-            what = (f"the spec {spec.source} does not set" if spec.source
-                    else "there is no spec (./build-image.toml or --spec) to set")
-            raise BadInput(f"promote: {what} {', '.join(unstated)}, so no verdict can be checked against the "
-                           "target; nothing was moved.",
-                           hint="set them in build-image.toml's [serving] (docs/cutover.md).")
+            what = (
+                f"the spec {spec.source} does not set"
+                if spec.source
+                else "there is no spec (./build-image.toml or --spec) to set"
+            )
+            raise BadInput(
+                f"promote: {what} {', '.join(unstated)}, so no verdict can be checked against the "
+                "target; nothing was moved.",
+                hint="set them in build-image.toml's [serving] (docs/cutover.md).",
+            )
         verdicts = attestation.read_verdicts(client, src.repository, src.digest)
         chosen, why = _choose_verdict(verdicts, target)
         if chosen is None and not force:
-            what = ("no smoke attestation is attached to it" if not verdicts else
-                    "no attached verdict matches the target: " + " | ".join(why))
-            raise VerdictFailure(f"promote refused: {src} -> {dst}: {what}. Nothing was moved; {dst} still points "
-                                 f"at {current or 'nothing'}.",
-                                 hint=f"smoke it at the target's settings: build-image smoke {src} --attest "
-                                      f"--model DIR --concurrency {target.concurrency or 'N'} --tp {target.tp}"
-                                      + (f" --max-model-len {target.max_model_len}" if target.max_model_len else "")
-                                      + f" on {target.gpu_model or 'the target GPU'}; or --force --reason TEXT.")
-        record, att = _record(client, src, dst, new, current, entries, spec=spec, lock=lock, chosen=chosen,
-                              reason=reason)
+            what = (
+                "no smoke attestation is attached to it"
+                if not verdicts
+                else "no attached verdict matches the target: " + " | ".join(why)
+            )
+            raise VerdictFailure(
+                f"promote refused: {src} -> {dst}: {what}. Nothing was moved; {dst} still points "
+                f"at {current or 'nothing'}.",
+                hint=f"smoke it at the target's settings: build-image smoke {src} --attest "
+                f"--model DIR --concurrency {target.concurrency or 'N'} --tp {target.tp}"
+                + (f" --max-model-len {target.max_model_len}" if target.max_model_len else "")
+                + f" on {target.gpu_model or 'the target GPU'}; or --force --reason TEXT.",
+            )
+        record, att = _record(
+            client, src, dst, new, current, entries, spec=spec, lock=lock, chosen=chosen, reason=reason
+        )
         forced = record["forced"]
-        entry = {"id": history.next_id(entries), "action": "promote", "time": _now(), "from": current,
-                 "to": new.digest, "source": str(src), "status": "moving", "record": att.digest,
-                 "verdict": record["verdict"], "forced": forced, "reason": record["reason"],
-                 "previous": record["previous"], "new_config": record["new"]["config"],
-                 "manifests": record["manifests"],
-                 "upgrade": record["upgrade"]}
+        entry = {
+            "id": history.next_id(entries),
+            "action": "promote",
+            "time": _now(),
+            "from": current,
+            "to": new.digest,
+            "source": str(src),
+            "status": "moving",
+            "record": att.digest,
+            "verdict": record["verdict"],
+            "forced": forced,
+            "reason": record["reason"],
+            "previous": record["previous"],
+            "new_config": record["new"]["config"],
+            "manifests": record["manifests"],
+            "upgrade": record["upgrade"],
+        }
         entries.append(entry)
         history.save(path, str(dst), entries)
         _move(client, dst, new, path, entries, entry)
         written = write_manifests(out_dir, record["manifests"]["new"]) if out_dir else []
-    return {"target": str(dst), "digest": new.digest, "previous": current, "status": entry["status"],
-            "verdict": record["verdict"], "forced": forced, "reason": record["reason"], "record": att.digest,
-            "history": str(path), "manifests": written, "upgrade": record["upgrade"]}
+    return {
+        "target": str(dst),
+        "digest": new.digest,
+        "previous": current,
+        "status": entry["status"],
+        "verdict": record["verdict"],
+        "forced": forced,
+        "reason": record["reason"],
+        "record": att.digest,
+        "history": str(path),
+        "manifests": written,
+        "upgrade": record["upgrade"],
+    }
 
 
-def _record(client: RegistryClient, src: Ref, dst: Ref, new: retag.Manifest, current: str | None,
-            entries: list[dict], *, spec, lock, chosen: attestation.Verdict | None, reason: str | None
-            ) -> tuple[dict, referrers.Attached]:
+def _record(
+    client: RegistryClient,
+    src: Ref,
+    dst: Ref,
+    new: retag.Manifest,
+    current: str | None,
+    entries: list[dict],
+    *,
+    spec,
+    lock,
+    chosen: attestation.Verdict | None,
+    reason: str | None,
+) -> tuple[dict, referrers.Attached]:
     """The rollback record -- both digests, their container configs, both images' KubeRay manifests, the verdict
     or the forced reason -- attached in the target repository as an artifact referring to the new digest."""
     image = f"{dst.name}@{new.digest}"
@@ -243,26 +305,35 @@ def _record(client: RegistryClient, src: Ref, dst: Ref, new: retag.Manifest, cur
         retag.put_tag(client, dst.repository, new.digest, new)  # the manifest by digest: no tag moves
     forced = chosen is None
     record = {
-        "schema": "build-image/rollback-record/v1", "tag": str(dst), "created": _now(),
+        "schema": "build-image/rollback-record/v1",
+        "tag": str(dst),
+        "created": _now(),
         "new": {"digest": new.digest, "config": new_config},
         "previous": None if current is None else {"digest": current, "config": prev_config},
         "manifests": {"new": new_manifests, "previous": prev_manifests, "previous_source": prev_source},
         "verdict": None if chosen is None else {"artifact": chosen.artifact, "summary": chosen.summary()},
-        "forced": forced, "reason": redact_text(reason.strip()) if forced and reason else None,
+        "forced": forced,
+        "reason": redact_text(reason.strip()) if forced and reason else None,
         "upgrade": plan.to_dict(),
     }
     subject = referrers.subject_descriptor(client, dst.repository, new.digest)
-    ann = {referrers.KIND: f"{RECORD_KIND}:{dst.tag}", "org.build-image.tag": dst.tag,
-           "org.build-image.previous": current or "none", "org.build-image.forced": str(forced).lower()}
+    ann = {
+        referrers.KIND: f"{RECORD_KIND}:{dst.tag}",
+        "org.build-image.tag": dst.tag,
+        "org.build-image.previous": current or "none",
+        "org.build-image.forced": str(forced).lower(),
+    }
     if forced:
         ann["org.build-image.reason"] = redact_text(reason.strip())[:500]
-    att = referrers.attach(client, dst.repository, subject, attestation.statement_bytes(record), RECORD_TYPE,
-                           RECORD_TITLE, ann)
+    att = referrers.attach(
+        client, dst.repository, subject, attestation.statement_bytes(record), RECORD_TYPE, RECORD_TITLE, ann
+    )
     return record, att
 
 
-def _move(client: RegistryClient, dst: Ref, manifest: retag.Manifest, path: Path, entries: list[dict],
-          entry: dict) -> None:
+def _move(
+    client: RegistryClient, dst: Ref, manifest: retag.Manifest, path: Path, entries: list[dict], entry: dict
+) -> None:
     """Move the tag and read it back; the history entry says where it is (or ``unconfirmed``) either way."""
     try:
         retag.put_tag(client, dst.repository, dst.tag, manifest)
@@ -279,15 +350,23 @@ def _move(client: RegistryClient, dst: Ref, manifest: retag.Manifest, path: Path
     history.reconcile(entries, at)
     history.save(path, str(dst), entries)
     if entry["status"] != "done":
-        raise RegistryError(f"registry {dst.registry}: after moving {dst} to {manifest.digest} it points at "
-                            f"{at or 'nothing'}; the history records that.")
+        raise RegistryError(
+            f"registry {dst.registry}: after moving {dst} to {manifest.digest} it points at "
+            f"{at or 'nothing'}; the history records that."
+        )
 
 
 # --------------------------------------------------------------------------- rollback and history
 
 
-def rollback(to: str, *, history_file: Path | None = None, out_dir: Path | None = None, force: bool = False,
-             reporter: Reporter = SILENT) -> dict[str, Any]:
+def rollback(
+    to: str,
+    *,
+    history_file: Path | None = None,
+    out_dir: Path | None = None,
+    force: bool = False,
+    reporter: Reporter = SILENT,
+) -> dict[str, Any]:
     """Put ``to`` back on the digest its latest promotion replaced and write that image's manifests."""
     dst = clean_ref(to, "rollback", reporter)
     if dst.digest or not dst.tag:
@@ -297,9 +376,10 @@ def rollback(to: str, *, history_file: Path | None = None, out_dir: Path | None 
     with _tag_lock(dst, path):
         entries = history.load(path, str(dst))
         if not entries:
-            raise BadInput(f"rollback: there is no cutover history of {dst} ({path} does not exist); nothing was "
-                           "moved.", hint="rollback undoes a `build-image promote`; give --history FILE if it was "
-                                          "recorded elsewhere.")
+            raise BadInput(
+                f"rollback: there is no cutover history of {dst} ({path} does not exist); nothing was moved.",
+                hint="rollback undoes a `build-image promote`; give --history FILE if it was recorded elsewhere.",
+            )
         history.check_writable(path)
         client = RegistryClient(dst.registry)
         client.ping()
@@ -308,40 +388,66 @@ def rollback(to: str, *, history_file: Path | None = None, out_dir: Path | None 
             raise BadInput(f"rollback: the tag {dst} does not exist in the registry; nothing was moved.")
         e = history.rollback_target(entries, current)
         if e is None:
-            live = [x for x in entries if x["action"] == "promote" and x["status"] == "done"
-                    and x["id"] not in history.undone_ids(entries)]
+            live = [
+                x
+                for x in entries
+                if x["action"] == "promote" and x["status"] == "done" and x["id"] not in history.undone_ids(entries)
+            ]
             if live:
-                raise TagConflict(f"rollback: {dst} points at {current}, but its last promotion (history entry "
-                                  f"{live[-1]['id']}) put it on {live[-1]['to']}: it was moved outside build-image; "
-                                  "nothing was moved.", hint=f"see `build-image history {dst}`.")
+                raise TagConflict(
+                    f"rollback: {dst} points at {current}, but its last promotion (history entry "
+                    f"{live[-1]['id']}) put it on {live[-1]['to']}: it was moved outside build-image; "
+                    "nothing was moved.",
+                    hint=f"see `build-image history {dst}`.",
+                )
             raise BadInput(f"rollback: no promotion recorded in {path} is left to undo; nothing was moved.")
         if not e.get("from"):
-            raise BadInput(f"rollback: history entry {e['id']} created {dst} (there was no image before it); "
-                           "nothing was moved.")
+            raise BadInput(
+                f"rollback: history entry {e['id']} created {dst} (there was no image before it); nothing was moved."
+            )
         prev = retag.manifest_by_digest(client, dst.repository, e["from"])
         if prev is None:
-            raise BadInput(f"rollback: the registry {dst.registry} no longer holds {dst.name}@{e['from']} (the "
-                           f"rollback target of history entry {e['id']}); nothing was moved.")
+            raise BadInput(
+                f"rollback: the registry {dst.registry} no longer holds {dst.name}@{e['from']} (the "
+                f"rollback target of history entry {e['id']}); nothing was moved."
+            )
         cfg = retag.container_config(client, dst.repository, prev)
         want = (e.get("previous") or {}).get("config") or {}
         if cfg != want:
-            raise BadInput(f"rollback: {dst.name}@{e['from']} in the registry has another container configuration "
-                           f"than history entry {e['id']} recorded ({cfg.get('digest')} vs {want.get('digest')}); "
-                           "nothing was moved.")
+            raise BadInput(
+                f"rollback: {dst.name}@{e['from']} in the registry has another container configuration "
+                f"than history entry {e['id']} recorded ({cfg.get('digest')} vs {want.get('digest')}); "
+                "nothing was moved."
+            )
         manifests = (e.get("manifests") or {}).get("previous") or {}
-        entry = {"id": history.next_id(entries), "action": "rollback", "time": _now(), "from": current,
-                 "to": e["from"], "undoes": e["id"], "status": "moving", "previous": {"digest": current},
-                 "manifests": {"new": manifests}}
+        entry = {
+            "id": history.next_id(entries),
+            "action": "rollback",
+            "time": _now(),
+            "from": current,
+            "to": e["from"],
+            "undoes": e["id"],
+            "status": "moving",
+            "previous": {"digest": current},
+            "manifests": {"new": manifests},
+        }
         entries.append(entry)
         history.save(path, str(dst), entries)
         _move(client, dst, prev, path, entries, entry)
         written = write_manifests(out_dir, manifests, force=force) if out_dir and manifests else []
-    return {"target": str(dst), "digest": e["from"], "previous": current, "undoes": e["id"],
-            "status": entry["status"], "config": cfg, "manifests": written, "history": str(path)}
+    return {
+        "target": str(dst),
+        "digest": e["from"],
+        "previous": current,
+        "undoes": e["id"],
+        "status": entry["status"],
+        "config": cfg,
+        "manifests": written,
+        "history": str(path),
+    }
 
 
-def show_history(to: str, *, history_file: Path | None = None,
-                 reporter: Reporter = SILENT) -> dict[str, Any]:
+def show_history(to: str, *, history_file: Path | None = None, reporter: Reporter = SILENT) -> dict[str, Any]:
     """The tag's history, its unsettled entries settled from the registry when it answers."""
     dst = clean_ref(to, "history", reporter)
     if dst.digest or not dst.tag:
@@ -350,8 +456,10 @@ def show_history(to: str, *, history_file: Path | None = None,
     with _tag_lock(dst, path):
         entries = history.load(path, str(dst))
         if not entries:
-            raise BadInput(f"history: there is no cutover history of {dst} ({path} does not exist).",
-                           hint="give --history FILE if it was recorded elsewhere.")
+            raise BadInput(
+                f"history: there is no cutover history of {dst} ({path} does not exist).",
+                hint="give --history FILE if it was recorded elsewhere.",
+            )
         current, note = None, None
         try:
             client = RegistryClient(dst.registry)

@@ -76,10 +76,12 @@ def load(path: Path, target: str) -> list[dict]:
         return []
 
     def bad(why: str) -> BadInput:
-        return BadInput(f"cutover history {path}: {why}; nothing was moved.",
-                        hint="restore the file build-image wrote (from a backup or version control), or move it "
-                             "aside to start a new history (the registry's rollback records stay attached to the "
-                             "promoted digests).")
+        return BadInput(
+            f"cutover history {path}: {why}; nothing was moved.",
+            hint="restore the file build-image wrote (from a backup or version control), or move it "
+            "aside to start a new history (the registry's rollback records stay attached to the "
+            "promoted digests).",
+        )
 
     try:
         text = path.read_text(encoding="utf-8")
@@ -111,11 +113,15 @@ def check_writable(path: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BadInput(f"cutover history {path}: its folder cannot be made ({exc.strerror or exc}); nothing was "
-                       "moved.", hint="give --history FILE in a writable place.") from None
+        raise BadInput(
+            f"cutover history {path}: its folder cannot be made ({exc.strerror or exc}); nothing was moved.",
+            hint="give --history FILE in a writable place.",
+        ) from None
     if not os.access(path.parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.R_OK)):
-        raise BadInput(f"cutover history {path}: not writable here; nothing was moved.",
-                       hint="give --history FILE in a writable place.")
+        raise BadInput(
+            f"cutover history {path}: not writable here; nothing was moved.",
+            hint="give --history FILE in a writable place.",
+        )
 
 
 def save(path: Path, target: str, entries: list[dict]) -> None:

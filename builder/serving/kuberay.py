@@ -70,7 +70,7 @@ class NodeGroup:
     cpu: str
     memory: str
     ray_start_params: dict[str, str] = field(default_factory=dict)
-    min_replicas: int | None = None   # the autoscaler's bounds (None: fixed at ``replicas``)
+    min_replicas: int | None = None  # the autoscaler's bounds (None: fixed at ``replicas``)
     max_replicas: int | None = None
 
 
@@ -125,8 +125,9 @@ def layout(spec: Spec) -> Layout:
     for field_name in ("tp", "pp"):
         val = getattr(s, field_name)
         if not isinstance(val, int) or val < 1:
-            raise BadInput(f"spec {spec.source or '<flags>'}: 'serving.{field_name}' must be a positive integer, "
-                           f"got {val!r}.")
+            raise BadInput(
+                f"spec {spec.source or '<flags>'}: 'serving.{field_name}' must be a positive integer, got {val!r}."
+            )
     needed = s.tp * s.pp
     if s.gpus is not None and s.gpus < 1:
         raise BadInput(f"spec {spec.source or '<flags>'}: 'serving.gpus' must be a positive integer, got {s.gpus!r}.")
@@ -157,8 +158,9 @@ def serve_args(spec: Spec, lock: LockFile | None = None) -> dict[str, Any]:
             f"got {s.gpu_memory_utilization!r}."
         )
     # the one validator per setting that plan and smoke use: a value they refuse is refused here too
-    check_kv_cache_dtype(values.control_free(s.kv_cache_dtype or "auto", "serving.kv_cache_dtype"),
-                         release_facts(spec.vllm))
+    check_kv_cache_dtype(
+        values.control_free(s.kv_cache_dtype or "auto", "serving.kv_cache_dtype"), release_facts(spec.vllm)
+    )
     values.control_free(s.model, f"spec {spec.source or '<flags>'}: serving.model")
     args: dict[str, Any] = {
         "model": s.model,
@@ -195,7 +197,8 @@ def serve_args(spec: Spec, lock: LockFile | None = None) -> dict[str, Any]:
                 f"vllm-server ({lock.header.get('ray', 'its ray')}): vLLM's server in one replica serves "
                 "one node only.",
                 hint="fit the model on one node (serving.gpus >= tp x pp), or lock a ray whose llm extra "
-                     "pins this vllm.")
+                "pins this vllm.",
+            )
         chosen = "ray-serve-llm"
     if chosen != "auto":
         args["backend"] = chosen
@@ -215,21 +218,28 @@ def cold_start_settings(spec: Spec) -> dict[str, Any]:
     the compile cache (node | none | pvc:CLAIM) and the model cache (none | node | object: the model is an
     object-storage URI and the load format runai_streamer)."""
     s, where = spec.serving, f"spec {spec.source or '<flags>'}"
-    fmt = check_load_format(getattr(s, "load_format", "auto") or "auto", release_facts(spec.vllm),
-                            where=f"{where}: serving.load_format")
+    fmt = check_load_format(
+        getattr(s, "load_format", "auto") or "auto", release_facts(spec.vllm), where=f"{where}: serving.load_format"
+    )
     cc = values.compile_cache(getattr(s, "compile_cache", "node"), f"{where}: serving.compile_cache")
     mc = values.model_cache(getattr(s, "model_cache", "none"), f"{where}: serving.model_cache")
     model = s.model or ""
     if mc == "object":
         if not model.startswith(_OBJECT_SCHEMES):
-            raise BadInput(f"{where}: serving.model_cache = \"object\" streams the model from object storage; "
-                           f"serving.model must be an {', '.join(_OBJECT_SCHEMES)} URI, got {model!r}.")
+            raise BadInput(
+                f"{where}: serving.model_cache = \"object\" streams the model from object storage; "
+                f"serving.model must be an {', '.join(_OBJECT_SCHEMES)} URI, got {model!r}."
+            )
         if fmt not in ("runai_streamer", "runai_streamer_sharded"):
-            raise BadInput(f"{where}: serving.model_cache = \"object\" needs serving.load_format = "
-                           f"\"runai_streamer\" (vLLM's loader for object storage), got {fmt!r}.")
+            raise BadInput(
+                f"{where}: serving.model_cache = \"object\" needs serving.load_format = "
+                f"\"runai_streamer\" (vLLM's loader for object storage), got {fmt!r}."
+            )
     if mc == "node" and not (model == MODEL_CACHE_MOUNT or model.startswith(MODEL_CACHE_MOUNT + "/")):
-        raise BadInput(f"{where}: serving.model_cache = \"node\" mounts the node's model cache at "
-                       f"{MODEL_CACHE_MOUNT}; serving.model must be a path under it, got {model!r}.")
+        raise BadInput(
+            f"{where}: serving.model_cache = \"node\" mounts the node's model cache at "
+            f"{MODEL_CACHE_MOUNT}; serving.model must be a path under it, got {model!r}."
+        )
     return {"load_format": fmt, "compile_cache": cc, "model_cache": mc}
 
 
@@ -240,8 +250,10 @@ def worker_storage(spec: Spec) -> dict[str, Any]:
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory"}}]
     if cs["compile_cache"] != "none":
-        env += [{"name": "VLLM_CACHE_ROOT", "value": VLLM_CACHE_ROOT},
-                {"name": "TRITON_CACHE_DIR", "value": TRITON_CACHE_DIR}]
+        env += [
+            {"name": "VLLM_CACHE_ROOT", "value": VLLM_CACHE_ROOT},
+            {"name": "TRITON_CACHE_DIR", "value": TRITON_CACHE_DIR},
+        ]
         mounts.append({"name": "vllm-compile-cache", "mountPath": VLLM_CACHE_ROOT})
         if cs["compile_cache"] == "node":
             src = {"hostPath": {"path": COMPILE_CACHE_HOST_PATH, "type": "DirectoryOrCreate"}}
@@ -285,10 +297,10 @@ INCREMENTAL_INTERVAL_S = 60
 class UpgradePlan:
     """How a RayService moves to a new image or Serve config, and what it costs in GPUs meanwhile."""
 
-    type: str                     # NewCluster | NewClusterWithIncrementalUpgrade
-    extra_gpus: int               # GPUs needed beside the running cluster during the upgrade
-    cost: str                     # one sentence for the manifest's header, the annotation and `promote`
-    options: dict[str, Any] | None = None   # clusterUpgradeOptions of the incremental upgrade
+    type: str  # NewCluster | NewClusterWithIncrementalUpgrade
+    extra_gpus: int  # GPUs needed beside the running cluster during the upgrade
+    cost: str  # one sentence for the manifest's header, the annotation and `promote`
+    options: dict[str, Any] | None = None  # clusterUpgradeOptions of the incremental upgrade
 
     def to_dict(self) -> dict[str, Any]:
         return {"type": self.type, "extra_gpus": self.extra_gpus, "cost": self.cost, "options": self.options}
@@ -311,21 +323,39 @@ def upgrade_plan(spec: Spec) -> UpgradePlan:
         # traffic there.  100 // replicas: one replica, never more than its share of the traffic.
         step = 100 // replicas
         return UpgradePlan(
-            type=INCREMENTAL, extra_gpus=per_replica,
-            cost=(f"{INCREMENTAL} through Gateway class {gateway}: the new cluster grows by one replica at a time "
-                  f"(maxSurgePercent {step}: {per_replica} GPUs beside the old cluster), traffic moves {step}% every "
-                  f"{INCREMENTAL_INTERVAL_S} s"),
-            options={"gatewayClassName": gateway, "maxSurgePercent": step, "stepSizePercent": step,
-                     "intervalSeconds": INCREMENTAL_INTERVAL_S})
-    missing = [w for w, ok in (("a Gateway (serving.gateway_class)", gateway), ("the autoscaler (serving.autoscaler)",
-                                                                                 autoscaler),
-                               ("replicas >= 2", replicas >= 2)) if not ok]
+            type=INCREMENTAL,
+            extra_gpus=per_replica,
+            cost=(
+                f"{INCREMENTAL} through Gateway class {gateway}: the new cluster grows by one replica at a time "
+                f"(maxSurgePercent {step}: {per_replica} GPUs beside the old cluster), traffic moves {step}% every "
+                f"{INCREMENTAL_INTERVAL_S} s"
+            ),
+            options={
+                "gatewayClassName": gateway,
+                "maxSurgePercent": step,
+                "stepSizePercent": step,
+                "intervalSeconds": INCREMENTAL_INTERVAL_S,
+            },
+        )
+    missing = [
+        w
+        for w, ok in (
+            ("a Gateway (serving.gateway_class)", gateway),
+            ("the autoscaler (serving.autoscaler)", autoscaler),
+            ("replicas >= 2", replicas >= 2),
+        )
+        if not ok
+    ]
     total = per_replica * replicas
     return UpgradePlan(
-        type=NEW_CLUSTER, extra_gpus=total,
-        cost=(f"{NEW_CLUSTER}: the second cluster needs {total} GPUs ({replicas} replica(s) x {lay.worker_pods} worker "
-              f"pod(s) x {lay.gpus_per_pod} GPUs) beside the old one until its Serve application is RUNNING; the old "
-              f"cluster is deleted about 60 s later (incremental needs " + ", ".join(missing) + ")"))
+        type=NEW_CLUSTER,
+        extra_gpus=total,
+        cost=(
+            f"{NEW_CLUSTER}: the second cluster needs {total} GPUs ({replicas} replica(s) x {lay.worker_pods} worker "
+            f"pod(s) x {lay.gpus_per_pod} GPUs) beside the old one until its Serve application is RUNNING; the old "
+            f"cluster is deleted about 60 s later (incremental needs " + ", ".join(missing) + ")"
+        ),
+    )
 
 
 def serving_platform(spec: Spec, image_platforms: tuple[Platform, ...]) -> Platform:
@@ -333,18 +363,29 @@ def serving_platform(spec: Spec, image_platforms: tuple[Platform, ...]) -> Platf
     image's one platform, else (a multi-platform image) the default, linux/amd64, when the image has it."""
     where = f"spec {spec.source or '<flags>'}: serving.platform"
     named = getattr(spec.serving, "platform", None)
-    chosen = parse_platform(named, where=where) if named else (
-        image_platforms[0] if len(image_platforms) == 1 else DEFAULT)
+    chosen = (
+        parse_platform(named, where=where) if named else (image_platforms[0] if len(image_platforms) == 1 else DEFAULT)
+    )
     if chosen not in image_platforms:
-        raise BadInput(f"kuberay: the pods would run on {chosen.name} nodes ({where} = "
-                       f"{named or 'unset: the default'}), but the image is built for {joined(image_platforms)} only.",
-                       hint=f"set [serving] platform to one of {joined(image_platforms)}, or build the image for "
-                            f"{chosen.name} too (--platform).")
+        raise BadInput(
+            f"kuberay: the pods would run on {chosen.name} nodes ({where} = "
+            f"{named or 'unset: the default'}), but the image is built for {joined(image_platforms)} only.",
+            hint=f"set [serving] platform to one of {joined(image_platforms)}, or build the image for "
+            f"{chosen.name} too (--platform).",
+        )
     return chosen
 
 
-def _context(*, lock: LockFile, spec: Spec, image: str, allow_tag: bool, base: BaseManifest | None, name: str,
-             platforms: tuple[Platform, ...] | None = None) -> dict:
+def _context(
+    *,
+    lock: LockFile,
+    spec: Spec,
+    image: str,
+    allow_tag: bool,
+    base: BaseManifest | None,
+    name: str,
+    platforms: tuple[Platform, ...] | None = None,
+) -> dict:
     if not _DNS1123.fullmatch(name) or len(name) > 40:
         raise BadInput(f"kuberay: name {name!r} must be a DNS-1123 label of at most 40 characters.")
     image = check_image_ref(image, allow_tag=allow_tag)
@@ -397,8 +438,9 @@ def _context(*, lock: LockFile, spec: Spec, image: str, allow_tag: bool, base: B
         "labels": labels,
         "annotations": annotations,
         "worker_storage": worker_storage(spec),
-        "serve_config": yaml.safe_dump(serve_config(spec, lock), sort_keys=False,
-                                       default_flow_style=False).rstrip("\n"),
+        "serve_config": yaml.safe_dump(serve_config(spec, lock), sort_keys=False, default_flow_style=False).rstrip(
+            "\n"
+        ),
     }
 
 
@@ -466,8 +508,9 @@ def write_manifests(
     """
     if base is None:
         base = _base_for(lock, spec)
-    texts = render_manifests(lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=base, name=name,
-                             platforms=platforms)
+    texts = render_manifests(
+        lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=base, name=name, platforms=platforms
+    )
     out = Path(out_dir)
     paths = []
     for fname, text in texts.items():

@@ -80,9 +80,14 @@ def _load_release_facts() -> dict[str, ReleaseFacts]:
     each release's wheel; ``build-image upgrade --to X -o .`` adds X's entry)."""
     out = {}
     for v, e in rf.load().items():
-        out[v] = ReleaseFacts(v, float(e["default_gpu_memory_utilization"]), tuple(e["kv_cache_dtypes"]),
-                              tuple(e.get("load_formats") or ()), bool(e.get("extensible_kv_cache")),
-                              e.get("non_extensible_gpu_memory_utilization"))
+        out[v] = ReleaseFacts(
+            v,
+            float(e["default_gpu_memory_utilization"]),
+            tuple(e["kv_cache_dtypes"]),
+            tuple(e.get("load_formats") or ()),
+            bool(e.get("extensible_kv_cache")),
+            e.get("non_extensible_gpu_memory_utilization"),
+        )
     return out
 
 
@@ -101,9 +106,11 @@ def release_facts(vllm: str | None) -> ReleaseFacts:
     check_vllm_version(vllm)
     facts = RELEASE_FACTS.get(vllm)
     if facts is None:
-        raise BadInput(f"plan: no release facts for vLLM {vllm} (known: {', '.join(RELEASE_FACTS)}) in "
-                       "lockfiles/release-facts.json.",
-                       hint=f"`build-image upgrade --to {vllm} -o .` writes them from the release's wheel.")
+        raise BadInput(
+            f"plan: no release facts for vLLM {vllm} (known: {', '.join(RELEASE_FACTS)}) in "
+            "lockfiles/release-facts.json.",
+            hint=f"`build-image upgrade --to {vllm} -o .` writes them from the release's wheel.",
+        )
     return facts
 
 
@@ -111,12 +118,14 @@ def _unset_utilization_notes(facts: ReleaseFacts, given: float | None) -> list[s
     if given is not None or not facts.extensible_kv_cache:
         return []
     u = facts.default_gpu_memory_utilization
-    return [f"vLLM {facts.vllm} leaves gpu_memory_utilization unset: {u} of the GPU with its extensible KV cache "
-            f"(CUDA's default, sized from measured memory), {facts.non_extensible_gpu_memory_utilization} without "
-            f"it; planned at {u}, which overstates the KV cache a little: on an H200 with vLLM 0.34.0 the plan "
-            "was 1.5% above vLLM's logged KV tokens at this default (the extensible cache kept ~1.7 GiB free "
-            "after warm-up), and within 0.2% at an explicit utilization; set gpu_memory_utilization to plan "
-            "exactly"]
+    return [
+        f"vLLM {facts.vllm} leaves gpu_memory_utilization unset: {u} of the GPU with its extensible KV cache "
+        f"(CUDA's default, sized from measured memory), {facts.non_extensible_gpu_memory_utilization} without "
+        f"it; planned at {u}, which overstates the KV cache a little: on an H200 with vLLM 0.34.0 the plan "
+        "was 1.5% above vLLM's logged KV tokens at this default (the extensible cache kept ~1.7 GiB free "
+        "after warm-up), and within 0.2% at an explicit utilization; set gpu_memory_utilization to plan "
+        "exactly"
+    ]
 
 
 def check_kv_cache_dtype(kv_cache_dtype: str, facts: ReleaseFacts) -> None:
@@ -124,8 +133,11 @@ def check_kv_cache_dtype(kv_cache_dtype: str, facts: ReleaseFacts) -> None:
     name = _KV_DTYPE_ALIASES.get(kv_cache_dtype, kv_cache_dtype)
     if name == "float32" or name in facts.kv_cache_dtypes:
         return
-    raise BadInput(f"kv_cache_dtype {kv_cache_dtype!r} (--kv-cache-dtype): vLLM {facts.vllm} does not accept it "
-                   f"(its CacheDType: {', '.join(facts.kv_cache_dtypes)}).")
+    raise BadInput(
+        f"kv_cache_dtype {kv_cache_dtype!r} (--kv-cache-dtype): vLLM {facts.vllm} does not accept it "
+        f"(its CacheDType: {', '.join(facts.kv_cache_dtypes)})."
+    )
+
 
 def check_load_format(load_format: str, facts: ReleaseFacts, *, where: str = "--load-format") -> str:
     """vLLM lowercases ``--load-format`` and refuses one outside its ``LoadFormats``: the lowercased
@@ -133,18 +145,41 @@ def check_load_format(load_format: str, facts: ReleaseFacts, *, where: str = "--
     name = (load_format or "").strip().lower()
     if name in facts.load_formats:
         return name
-    raise BadInput(f"load format {load_format!r} ({where}): vLLM {facts.vllm} does not accept it "
-                   f"(its LoadFormats: {', '.join(facts.load_formats)}).")
+    raise BadInput(
+        f"load format {load_format!r} ({where}): vLLM {facts.vllm} does not accept it "
+        f"(its LoadFormats: {', '.join(facts.load_formats)})."
+    )
 
 
-KV_CACHE_DTYPES = ("auto", "bf16", "bfloat16", "fp16", "float16", "half", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4",
-                   "float32")
+KV_CACHE_DTYPES = (
+    "auto",
+    "bf16",
+    "bfloat16",
+    "fp16",
+    "float16",
+    "half",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "nvfp4",
+    "float32",
+)
 
 _DTYPE_BYTES = {
-    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
     # vLLM's dtype="auto" serves float32 checkpoints in bfloat16/float16.
-    "float32": 2, "fp32": 2, "float": 2,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float32": 2,
+    "fp32": 2,
+    "float": 2,
+    "fp8": 1,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
     "nvfp4": 1,  # uint8 storage; the head dim is packed (see _head_bytes)
 }
 
@@ -163,8 +198,12 @@ def _modelopt_kv_dtype(cfg: dict) -> str | None:
     if not isinstance(q, dict) or not str(q.get("quant_method", "")).startswith("modelopt"):
         return None
     inner = q.get("quantization", q) if isinstance(q.get("quantization", q), dict) else q
-    algo = (inner.get("kv_cache_scheme") or q.get("kv_cache_scheme") or inner.get("kv_cache_quant_algo")
-            or q.get("kv_cache_quant_algo"))
+    algo = (
+        inner.get("kv_cache_scheme")
+        or q.get("kv_cache_scheme")
+        or inner.get("kv_cache_quant_algo")
+        or q.get("kv_cache_quant_algo")
+    )
     if isinstance(algo, dict):
         if algo.get("dynamic") is False and algo.get("num_bits") == 8 and algo.get("type") == "float":
             return "fp8"
@@ -175,29 +214,49 @@ def _modelopt_kv_dtype(cfg: dict) -> str | None:
         return algo.lower()
     return None
 
+
 _FULL_TYPES = {"full_attention", "attention", "global", "global_attention", "full"}
 _SLIDING_TYPES = {"sliding_attention", "sliding_window", "sliding_window_attention", "local", "local_attention", "swa"}
 _CHUNKED_TYPES = {"chunked_attention", "chunked_local_attention"}
 _STATE_TYPES = {
-    "linear_attention", "mamba", "mamba2", "gated_delta", "gated_deltanet", "gated_delta_net", "gdn",
-    "ssm", "conv", "short_conv", "kda", "deltanet", "lightning_attention", "recurrent",
+    "linear_attention",
+    "mamba",
+    "mamba2",
+    "gated_delta",
+    "gated_deltanet",
+    "gated_delta_net",
+    "gdn",
+    "ssm",
+    "conv",
+    "short_conv",
+    "kda",
+    "deltanet",
+    "lightning_attention",
+    "recurrent",
 }
 
 #: Default reserve components (per GPU).  See docs/plan.md for where they come from.
-RESERVE_BASE_BYTES = int(0.30 * GiB)     # cuBLAS/cuBLASLt + attention-backend workspaces, allocator slack
-RESERVE_COMM_BYTES = int(0.25 * GiB)     # NCCL buffers + custom all-reduce, only with tp*pp > 1
+RESERVE_BASE_BYTES = int(0.30 * GiB)  # cuBLAS/cuBLASLt + attention-backend workspaces, allocator slack
+RESERVE_COMM_BYTES = int(0.25 * GiB)  # NCCL buffers + custom all-reduce, only with tp*pp > 1
 RESERVE_CUDAGRAPH_BYTES = int(0.50 * GiB)  # CUDA-graph pool estimate (0 with enforce_eager)
 STARTUP_CONTEXT_BYTES = int(0.50 * GiB)  # CUDA context, outside the requested pool, must still be free
-SAMPLER_BYTES_PER_LOGIT = 10             # bf16 logits + fp32 copy + fp32 probs (triton top-k/top-p, no full sort)
+SAMPLER_BYTES_PER_LOGIT = 10  # bf16 logits + fp32 copy + fp32 probs (triton top-k/top-p, no full sort)
 
 
 # --------------------------------------------------------------------------- parsing helpers
 
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*$")
 _UNITS = {
-    "": None, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "": None,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+    "tib": 1 << 40,
 }
 
 
@@ -228,7 +287,7 @@ def parse_size(value: str | int | float, *, what: str, bare_unit: int | None = N
         if bare_unit is None:
             raise BadInput(f"{what}: {value!r} has no unit; write e.g. '80GiB' or '80GB' (GB = 10^9, GiB = 2^30).")
         unit = bare_unit
-    if not math.isfinite(number * unit):   # "1e400GB"
+    if not math.isfinite(number * unit):  # "1e400GB"
         raise BadInput(f"{what}: {value!r} is not a finite size.")
     return int(number * unit)
 
@@ -251,18 +310,38 @@ def _int_field(cfg: dict, key: str, where: str, default: Any = ..., minimum: int
 #: count or a size); the highest is far beyond any real model, so a value past it is a damaged or
 #: hostile config, not a big model.
 CONFIG_COUNTS: dict[str, tuple[int, int]] = {
-    "num_hidden_layers": (1, 10_000), "hidden_size": (1, 1 << 20), "num_attention_heads": (1, 1 << 16),
-    "num_key_value_heads": (1, 1 << 16), "head_dim": (1, 1 << 16), "global_head_dim": (1, 1 << 16),
-    "num_global_key_value_heads": (1, 1 << 16), "intermediate_size": (1, 1 << 24),
-    "moe_intermediate_size": (1, 1 << 24), "num_experts_per_tok": (1, 1 << 16), "vocab_size": (1, 1 << 24),
-    "max_position_embeddings": (1, 1 << 34), "sliding_window": (0, 1 << 34), "attention_chunk_size": (0, 1 << 34),
-    "num_kv_shared_layers": (0, 10_000), "kv_lora_rank": (1, 1 << 16), "qk_rope_head_dim": (0, 1 << 16),
+    "num_hidden_layers": (1, 10_000),
+    "hidden_size": (1, 1 << 20),
+    "num_attention_heads": (1, 1 << 16),
+    "num_key_value_heads": (1, 1 << 16),
+    "head_dim": (1, 1 << 16),
+    "global_head_dim": (1, 1 << 16),
+    "num_global_key_value_heads": (1, 1 << 16),
+    "intermediate_size": (1, 1 << 24),
+    "moe_intermediate_size": (1, 1 << 24),
+    "num_experts_per_tok": (1, 1 << 16),
+    "vocab_size": (1, 1 << 24),
+    "max_position_embeddings": (1, 1 << 34),
+    "sliding_window": (0, 1 << 34),
+    "attention_chunk_size": (0, 1 << 34),
+    "num_kv_shared_layers": (0, 10_000),
+    "kv_lora_rank": (1, 1 << 16),
+    "qk_rope_head_dim": (0, 1 << 16),
     "index_topk": (1, 1 << 34),
-    "conv_kernel": (1, 1 << 16), "linear_conv_kernel_dim": (1, 1 << 16), "linear_key_head_dim": (1, 1 << 16),
-    "linear_num_key_heads": (1, 1 << 16), "linear_num_value_heads": (1, 1 << 16),
-    "linear_value_head_dim": (1, 1 << 16), "mamba_d_conv": (1, 1 << 16), "mamba_d_state": (1, 1 << 16),
-    "mamba_head_dim": (1, 1 << 16), "mamba_n_groups": (1, 1 << 16), "mamba_n_heads": (1, 1 << 16),
-    "mamba_num_heads": (1, 1 << 16), "n_groups": (1, 1 << 16), "ssm_state_size": (1, 1 << 16),
+    "conv_kernel": (1, 1 << 16),
+    "linear_conv_kernel_dim": (1, 1 << 16),
+    "linear_key_head_dim": (1, 1 << 16),
+    "linear_num_key_heads": (1, 1 << 16),
+    "linear_num_value_heads": (1, 1 << 16),
+    "linear_value_head_dim": (1, 1 << 16),
+    "mamba_d_conv": (1, 1 << 16),
+    "mamba_d_state": (1, 1 << 16),
+    "mamba_head_dim": (1, 1 << 16),
+    "mamba_n_groups": (1, 1 << 16),
+    "mamba_n_heads": (1, 1 << 16),
+    "mamba_num_heads": (1, 1 << 16),
+    "n_groups": (1, 1 << 16),
+    "ssm_state_size": (1, 1 << 16),
 }
 
 
@@ -278,15 +357,16 @@ def check_config_numbers(cfg: dict, where: str) -> None:
 
 # --------------------------------------------------------------------------- model shape
 
+
 @dataclass(frozen=True)
 class LayerKV:
     """What one decoder layer keeps per GPU (after TP split)."""
 
     index: int
-    kind: str                 # full | mla | sliding | chunked | state | shared | none
+    kind: str  # full | mla | sliding | chunked | state | shared | none
     bytes_per_token: int = 0  # K+V (or latent) bytes per token on one GPU
     window: int | None = None
-    state_bytes: int = 0      # recurrent state per sequence on one GPU (state layers)
+    state_bytes: int = 0  # recurrent state per sequence on one GPU (state layers)
 
 
 @dataclass
@@ -331,8 +411,12 @@ def _layer_types(cfg: dict, n_layers: int, where: str) -> list[str]:
             raise BadInput(f"{where}: 'layer_types' has {len(lt)} entries but num_hidden_layers is {n_layers}.")
         return [t.lower() for t in lt]
     interval = cfg.get("full_attention_interval")  # Qwen3-Next / Qwen3.5: every N-th layer is full attention
-    if (isinstance(interval, int) and not isinstance(interval, bool) and interval > 0
-            and "linear_num_value_heads" in cfg):
+    if (
+        isinstance(interval, int)
+        and not isinstance(interval, bool)
+        and interval > 0
+        and "linear_num_value_heads" in cfg
+    ):
         return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
     if cfg.get("sliding_window") and cfg.get("use_sliding_window", True) is not False:
         if str(cfg.get("model_type", "")).startswith("gemma2"):  # Gemma 2 alternates, even layers windowed
@@ -340,7 +424,7 @@ def _layer_types(cfg: dict, n_layers: int, where: str) -> list[str]:
         pattern = cfg.get("sliding_window_pattern")
         if isinstance(pattern, int) and pattern > 0:  # Gemma 2/3: every pattern-th layer is global
             return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n_layers)]
-        return ["sliding_attention"] * n_layers      # Mistral-style: every layer windowed
+        return ["sliding_attention"] * n_layers  # Mistral-style: every layer windowed
     return ["full_attention"] * n_layers
 
 
@@ -377,8 +461,9 @@ def _state_bytes(cfg: dict, tp: int, dtype_bytes: int, where: str) -> tuple[int,
     return 0, "state layers present but their state shape is unknown for this config: counted as 0 bytes"
 
 
-def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto",
-                   where: str = "model config", vllm: str = DEFAULT_VLLM) -> ModelShape:
+def describe_model(
+    config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto", where: str = "model config", vllm: str = DEFAULT_VLLM
+) -> ModelShape:
     """Per-layer KV footprint on one GPU, as vLLM ``vllm`` would build its KV specs (the notes and errors
     name that release)."""
     cfg = _text_config(config, where)
@@ -396,8 +481,9 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto",
     _check_tp(n_heads, n_kv, tp, mla, where, notes)
     types = _layer_types(cfg, n_layers, where)
     shared_from = n_layers - int(cfg.get("num_kv_shared_layers") or 0)
-    attn = _Attention(cfg=cfg, tp=tp, where=where, kv_name=kv_name, head_dim=head_dim,
-                      kv_heads_per_gpu=max(1, n_kv // tp), vllm=vllm)
+    attn = _Attention(
+        cfg=cfg, tp=tp, where=where, kv_name=kv_name, head_dim=head_dim, kv_heads_per_gpu=max(1, n_kv // tp), vllm=vllm
+    )
     if mla:
         attn.mla_tok = _mla_latent(cfg, kv_bytes, where, notes)
     state_bytes = 0
@@ -419,10 +505,18 @@ def describe_model(config: dict, *, tp: int = 1, kv_cache_dtype: str = "auto",
             layers.append(attn.layer(i, t))
     layers = _layer_notes(layers, types, unknown_attn, n_layers, shared_from, notes, vllm)
     return ModelShape(
-        layers=layers, dtype_bytes=dtype_bytes, kv_dtype=kv_name, hidden_size=hidden,
-        intermediate_size=_intermediate_size(cfg, hidden), vocab_size=int(cfg.get("vocab_size") or 32000),
-        num_attention_heads=n_heads, num_kv_heads=n_kv, head_dim=head_dim,
-        max_position_embeddings=cfg.get("max_position_embeddings"), mla=mla, notes=notes,
+        layers=layers,
+        dtype_bytes=dtype_bytes,
+        kv_dtype=kv_name,
+        hidden_size=hidden,
+        intermediate_size=_intermediate_size(cfg, hidden),
+        vocab_size=int(cfg.get("vocab_size") or 32000),
+        num_attention_heads=n_heads,
+        num_kv_heads=n_kv,
+        head_dim=head_dim,
+        max_position_embeddings=cfg.get("max_position_embeddings"),
+        mla=mla,
+        notes=notes,
     )
 
 
@@ -431,7 +525,8 @@ def _head_dim(cfg: dict, hidden: int, n_heads: int, where: str) -> int:
     if head_dim is None:
         if hidden % n_heads:
             raise BadInput(
-                f"{where}: no 'head_dim' and hidden_size {hidden} is not divisible by num_attention_heads {n_heads}.")
+                f"{where}: no 'head_dim' and hidden_size {hidden} is not divisible by num_attention_heads {n_heads}."
+            )
         head_dim = hidden // n_heads
     return _int_field({"head_dim": head_dim}, "head_dim", where)
 
@@ -462,10 +557,12 @@ def _check_tp(n_heads: int, n_kv: int, tp: int, mla: bool, where: str, notes: li
         raise BadInput(f"{where}: num_key_value_heads ({n_kv}) is not divisible by tp={tp}; vLLM cannot shard them.")
     if n_kv < tp and tp % n_kv:
         raise BadInput(
-            f"{where}: tp={tp} is not a multiple of num_key_value_heads ({n_kv}); vLLM cannot replicate them.")
+            f"{where}: tp={tp} is not a multiple of num_key_value_heads ({n_kv}); vLLM cannot replicate them."
+        )
     if n_kv < tp:
         notes.append(
-            f"{n_kv} KV heads < tp={tp}: each GPU holds a replica of one KV head ({tp // n_kv} copies per head)")
+            f"{n_kv} KV heads < tp={tp}: each GPU holds a replica of one KV head ({tp // n_kv} copies per head)"
+        )
 
 
 def _mla_latent(cfg: dict, kv_bytes: int, where: str, notes: list[str]) -> int:
@@ -513,7 +610,8 @@ class _Attention:
             window = cfg.get("sliding_window")
             if not isinstance(window, int) or window <= 0:
                 raise BadInput(
-                    f"{where}: layer {i} is sliding_attention but 'sliding_window' is not a positive integer.")
+                    f"{where}: layer {i} is sliding_attention but 'sliding_window' is not a positive integer."
+                )
             return LayerKV(i, "sliding", per_tok, window=window)
         if t in _CHUNKED_TYPES:
             chunk = cfg.get("attention_chunk_size")
@@ -523,8 +621,15 @@ class _Attention:
         return LayerKV(i, "full", per_tok)
 
 
-def _layer_notes(layers: list[LayerKV], types: list[str], unknown_attn: list[int], n_layers: int,
-                 shared_from: int, notes: list[str], vllm: str = DEFAULT_VLLM) -> list[LayerKV]:
+def _layer_notes(
+    layers: list[LayerKV],
+    types: list[str],
+    unknown_attn: list[int],
+    n_layers: int,
+    shared_from: int,
+    notes: list[str],
+    vllm: str = DEFAULT_VLLM,
+) -> list[LayerKV]:
     """What the layers' notes say (unknown attention types, chunked layers at full length,
     shared KV), and the layers with chunked ones at full length where vLLM keeps them so."""
     if unknown_attn:
@@ -539,7 +644,8 @@ def _layer_notes(layers: list[LayerKV], types: list[str], unknown_attn: list[int
         # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE unset): chunked layers then hold full-length KV.
         layers = [LayerKV(l.index, "full", l.bytes_per_token) if l.kind == "chunked" else l for l in layers]
         notes.append(
-            "chunked-local-attention layers counted at full length (vLLM disables the hybrid KV manager for them)")
+            "chunked-local-attention layers counted at full length (vLLM disables the hybrid KV manager for them)"
+        )
     if shared_from < n_layers:
         notes.append(f"last {n_layers - shared_from} layers reuse earlier layers' KV (num_kv_shared_layers)")
     return layers
@@ -555,11 +661,12 @@ def _intermediate_size(cfg: dict, hidden: int) -> int:
 
 # --------------------------------------------------------------------------- vLLM KV allocator model
 
+
 @dataclass(frozen=True)
 class _Spec:
-    kind: str        # full | sliding | chunked | state  (mla is a full-attention spec)
+    kind: str  # full | sliding | chunked | state  (mla is a full-attention spec)
     block: int
-    page: int        # bytes per block per layer
+    page: int  # bytes per block per layer
     window: int = 0
 
     def max_mem(self, max_len: int, in_flight: int) -> int:
@@ -699,6 +806,7 @@ def _workers(layout: _Layout, n_layers: int, pp: int) -> list[_Worker]:
 
 # --------------------------------------------------------------------------- the plan
 
+
 @dataclass
 class Plan:
     # inputs (resolved)
@@ -736,14 +844,14 @@ class Plan:
     boots: bool
     fits: bool
     reasons: list[str]
-    max_context_one_seq: int | None      # None: not limited by KV memory
+    max_context_one_seq: int | None  # None: not limited by KV memory
     max_context_at_num_seqs: int | None  # None: not asked (no max_num_seqs) or not limited
     max_seqs_at_context: int
     min_utilization: float | None
     suggestions: list[dict[str, Any]]
     layers: dict[str, int]
     notes: list[str]
-    vllm: str = DEFAULT_VLLM             # the release planned for (its facts: RELEASE_FACTS)
+    vllm: str = DEFAULT_VLLM  # the release planned for (its facts: RELEASE_FACTS)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -752,8 +860,9 @@ class Plan:
         return d
 
 
-def _default_reserve(model: ModelShape, *, tp: int, pp: int, max_num_batched_tokens: int, sampler_rows: int,
-                     enforce_eager: bool) -> dict[str, int]:
+def _default_reserve(
+    model: ModelShape, *, tp: int, pp: int, max_num_batched_tokens: int, sampler_rows: int, enforce_eager: bool
+) -> dict[str, int]:
     act_b = model.dtype_bytes
     qkv = (model.num_attention_heads + 2 * max(model.num_kv_heads, 1)) * model.head_dim // tp
     per_token = act_b * (2 * model.hidden_size + qkv + 3 * model.intermediate_size // tp)
@@ -800,9 +909,18 @@ def make_plan(
     facts = release_facts(vllm)
     u = facts.default_gpu_memory_utilization if gpu_memory_utilization is None else gpu_memory_utilization
     check_kv_cache_dtype(kv_cache_dtype, facts)
-    gpus = _check_settings(gpus=gpus, tp=tp, pp=pp, u=u, gpu_memory_bytes=gpu_memory_bytes,
-                           weights_bytes=weights_bytes, cpu_offload_gb=cpu_offload_gb, reserve_bytes=reserve_bytes,
-                           max_num_seqs=max_num_seqs, block_size=block_size)
+    gpus = _check_settings(
+        gpus=gpus,
+        tp=tp,
+        pp=pp,
+        u=u,
+        gpu_memory_bytes=gpu_memory_bytes,
+        weights_bytes=weights_bytes,
+        cpu_offload_gb=cpu_offload_gb,
+        reserve_bytes=reserve_bytes,
+        max_num_seqs=max_num_seqs,
+        block_size=block_size,
+    )
     model = describe_model(config, tp=tp, kv_cache_dtype=kv_cache_dtype, where=where, vllm=facts.vllm)
     n_layers = len(model.layers)
     if pp > n_layers:
@@ -814,43 +932,92 @@ def make_plan(
         max_num_batched_tokens = 8192 if big_gpu else 2048  # vLLM OpenAI-server defaults (arg_utils.py)
     sampler_rows = min(max_num_seqs or (1024 if big_gpu else 256), max_num_batched_tokens)
     in_flight = (2 if pp == 1 else pp) * max_num_batched_tokens  # async scheduling keeps 2 batches in flight
-    budget = _budget(model, gpu_memory_bytes=gpu_memory_bytes, u=u, weights_bytes=weights_bytes, tp=tp, pp=pp,
-                     cpu_offload_gb=cpu_offload_gb, reserve_bytes=reserve_bytes,
-                     max_num_batched_tokens=max_num_batched_tokens, sampler_rows=sampler_rows,
-                     enforce_eager=enforce_eager)
+    budget = _budget(
+        model,
+        gpu_memory_bytes=gpu_memory_bytes,
+        u=u,
+        weights_bytes=weights_bytes,
+        tp=tp,
+        pp=pp,
+        cpu_offload_gb=cpu_offload_gb,
+        reserve_bytes=reserve_bytes,
+        max_num_batched_tokens=max_num_batched_tokens,
+        sampler_rows=sampler_rows,
+        enforce_eager=enforce_eager,
+    )
     layout = _build_layout(model, block_size)
     pool = _Pool(_workers(layout, n_layers, pp), layout.specs, in_flight)
     kv_tok_gpu, kv_tok_node, fixed = _kv_per_token(model, pp_partition(n_layers, pp), pool, max_model_len, tp)
-    v = _verdict(pool, budget, u=u, gpu_memory_bytes=gpu_memory_bytes, max_model_len=max_model_len,
-                 max_num_seqs=max_num_seqs)
-    fit = _what_fits(pool, budget, v, gpu_memory_bytes=gpu_memory_bytes, max_model_len=max_model_len,
-                     max_num_seqs=max_num_seqs)
-    suggestions = [] if v.fits else _suggestions(fit, budget, u=u, max_model_len=max_model_len,
-                                                 max_num_seqs=max_num_seqs)
+    v = _verdict(
+        pool, budget, u=u, gpu_memory_bytes=gpu_memory_bytes, max_model_len=max_model_len, max_num_seqs=max_num_seqs
+    )
+    fit = _what_fits(
+        pool, budget, v, gpu_memory_bytes=gpu_memory_bytes, max_model_len=max_model_len, max_num_seqs=max_num_seqs
+    )
+    suggestions = (
+        [] if v.fits else _suggestions(fit, budget, u=u, max_model_len=max_model_len, max_num_seqs=max_num_seqs)
+    )
     kinds = [l.kind for l in model.layers]
     if layout.block_size != block_size:
         notes.append(
-            f"attention block size raised to {layout.block_size} tokens (vLLM aligns it to the state/MLA page)")
+            f"attention block size raised to {layout.block_size} tokens (vLLM aligns it to the state/MLA page)"
+        )
     return Plan(
-        gpus=gpus, tp=tp, pp=pp, replicas=gpus // (tp * pp), gpu_memory_bytes=gpu_memory_bytes,
-        gpu_memory_utilization=float(u), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens, kv_cache_dtype=model.kv_dtype, block_size=layout.block_size,
-        weights_bytes=weights_bytes, cpu_offload_bytes=budget.offload,
-        requested_bytes=budget.requested, weights_per_gpu=budget.weights_per_gpu, reserve_bytes=budget.reserve,
-        reserve_breakdown=budget.breakdown, reserve_source=budget.source, available_kv_bytes=budget.available,
-        kv_bytes_per_token_per_gpu=kv_tok_gpu, kv_bytes_per_token_node=kv_tok_node,
-        per_sequence_fixed_bytes=max(fixed), needed_one_seq_bytes=v.needed_one, needed_requested_bytes=v.needed_req,
-        headroom_bytes=v.headroom, num_blocks=v.num_blocks, kv_tokens_per_gpu=v.tokens,
+        gpus=gpus,
+        tp=tp,
+        pp=pp,
+        replicas=gpus // (tp * pp),
+        gpu_memory_bytes=gpu_memory_bytes,
+        gpu_memory_utilization=float(u),
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        kv_cache_dtype=model.kv_dtype,
+        block_size=layout.block_size,
+        weights_bytes=weights_bytes,
+        cpu_offload_bytes=budget.offload,
+        requested_bytes=budget.requested,
+        weights_per_gpu=budget.weights_per_gpu,
+        reserve_bytes=budget.reserve,
+        reserve_breakdown=budget.breakdown,
+        reserve_source=budget.source,
+        available_kv_bytes=budget.available,
+        kv_bytes_per_token_per_gpu=kv_tok_gpu,
+        kv_bytes_per_token_node=kv_tok_node,
+        per_sequence_fixed_bytes=max(fixed),
+        needed_one_seq_bytes=v.needed_one,
+        needed_requested_bytes=v.needed_req,
+        headroom_bytes=v.headroom,
+        num_blocks=v.num_blocks,
+        kv_tokens_per_gpu=v.tokens,
         max_concurrency=v.conc if v.conc != float("inf") else -1.0,
-        boots=v.boots, fits=v.fits, reasons=v.reasons, max_context_one_seq=fit.max_ctx_one,
-        max_context_at_num_seqs=fit.max_ctx_seqs, max_seqs_at_context=fit.max_seqs, min_utilization=fit.min_util,
-        suggestions=suggestions, layers={k: kinds.count(k) for k in sorted(set(kinds))}, notes=notes, vllm=facts.vllm,
+        boots=v.boots,
+        fits=v.fits,
+        reasons=v.reasons,
+        max_context_one_seq=fit.max_ctx_one,
+        max_context_at_num_seqs=fit.max_ctx_seqs,
+        max_seqs_at_context=fit.max_seqs,
+        min_utilization=fit.min_util,
+        suggestions=suggestions,
+        layers={k: kinds.count(k) for k in sorted(set(kinds))},
+        notes=notes,
+        vllm=facts.vllm,
     )
 
 
-def _check_settings(*, gpus: int | None, tp: int, pp: int, u: float, gpu_memory_bytes: int, weights_bytes: int,
-                    cpu_offload_gb: float, reserve_bytes: int | None, max_num_seqs: int | None,
-                    block_size: int) -> int:
+def _check_settings(
+    *,
+    gpus: int | None,
+    tp: int,
+    pp: int,
+    u: float,
+    gpu_memory_bytes: int,
+    weights_bytes: int,
+    cpu_offload_gb: float,
+    reserve_bytes: int | None,
+    max_num_seqs: int | None,
+    block_size: int,
+) -> int:
     """The settings vLLM refuses before loading anything; the number of GPUs (default tp × pp)."""
     for name, val in (("tp", tp), ("pp", pp)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:
@@ -866,13 +1033,19 @@ def _check_settings(*, gpus: int | None, tp: int, pp: int, u: float, gpu_memory_
         raise BadInput(f"--gpu-memory must be a positive size, got {gpu_memory_bytes!r}.")
     if isinstance(weights_bytes, bool) or not isinstance(weights_bytes, int) or weights_bytes < 0:
         raise BadInput(f"--weights-bytes must be a non-negative integer, got {weights_bytes!r}.")
-    if (cpu_offload_gb is None or isinstance(cpu_offload_gb, bool) or not isinstance(cpu_offload_gb, (int, float))
-            or not math.isfinite(cpu_offload_gb) or cpu_offload_gb < 0):
+    if (
+        cpu_offload_gb is None
+        or isinstance(cpu_offload_gb, bool)
+        or not isinstance(cpu_offload_gb, (int, float))
+        or not math.isfinite(cpu_offload_gb)
+        or cpu_offload_gb < 0
+    ):
         raise BadInput(f"--cpu-offload-gb must be a finite number >= 0, got {cpu_offload_gb!r}.")
     if reserve_bytes is not None and reserve_bytes < 0:
         raise BadInput(f"--reserve-gib must be >= 0, got {reserve_bytes / GiB!r}.")
-    if max_num_seqs is not None and (isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int)
-                                     or max_num_seqs < 1):
+    if max_num_seqs is not None and (
+        isinstance(max_num_seqs, bool) or not isinstance(max_num_seqs, int) or max_num_seqs < 1
+    ):
         raise BadInput(f"--max-num-seqs must be a positive integer, got {max_num_seqs!r}.")
     if not isinstance(block_size, int) or block_size < 1:
         raise BadInput(f"block size must be a positive integer, got {block_size!r}.")
@@ -921,13 +1094,30 @@ class _Budget:
         return req - self.weights_per_gpu - self.reserve
 
 
-def _budget(model: ModelShape, *, gpu_memory_bytes: int, u: float, weights_bytes: int, tp: int, pp: int,
-            cpu_offload_gb: float, reserve_bytes: int | None, max_num_batched_tokens: int, sampler_rows: int,
-            enforce_eager: bool) -> _Budget:
+def _budget(
+    model: ModelShape,
+    *,
+    gpu_memory_bytes: int,
+    u: float,
+    weights_bytes: int,
+    tp: int,
+    pp: int,
+    cpu_offload_gb: float,
+    reserve_bytes: int | None,
+    max_num_batched_tokens: int,
+    sampler_rows: int,
+    enforce_eager: bool,
+) -> _Budget:
     offload = int(cpu_offload_gb * GiB)
     if reserve_bytes is None:
-        breakdown = _default_reserve(model, tp=tp, pp=pp, max_num_batched_tokens=max_num_batched_tokens,
-                                     sampler_rows=sampler_rows, enforce_eager=enforce_eager)
+        breakdown = _default_reserve(
+            model,
+            tp=tp,
+            pp=pp,
+            max_num_batched_tokens=max_num_batched_tokens,
+            sampler_rows=sampler_rows,
+            enforce_eager=enforce_eager,
+        )
         reserve = sum(breakdown.values())
         source = "estimated (docs/plan.md: activations, sampler, workspace, communication, CUDA graphs)"
     else:
@@ -935,8 +1125,12 @@ def _budget(model: ModelShape, *, gpu_memory_bytes: int, u: float, weights_bytes
         reserve = int(reserve_bytes)
         source = "given (--reserve-gib)"
     return _Budget(
-        gpu_memory_bytes=gpu_memory_bytes, requested=math.ceil(gpu_memory_bytes * u), offload=offload,
-        weights_per_gpu=max(0, _cdiv(weights_bytes, tp * pp) - offload), breakdown=breakdown, reserve=reserve,
+        gpu_memory_bytes=gpu_memory_bytes,
+        requested=math.ceil(gpu_memory_bytes * u),
+        offload=offload,
+        weights_per_gpu=max(0, _cdiv(weights_bytes, tp * pp) - offload),
+        breakdown=breakdown,
+        reserve=reserve,
         source=source,
         startup_free=gpu_memory_bytes - STARTUP_CONTEXT_BYTES - (RESERVE_COMM_BYTES if tp * pp > 1 else 0),
     )
@@ -970,12 +1164,14 @@ class _Pool:
     def boots_at(self, length: int, avail: int) -> bool:
         if self.first is None:
             return avail > 0
-        return avail > 0 and all(w.needed_bytes(self.specs, length, self.in_flight) <= avail
-                                 for w in self.workers if not w.empty)
+        return avail > 0 and all(
+            w.needed_bytes(self.specs, length, self.in_flight) <= avail for w in self.workers if not w.empty
+        )
 
 
-def _kv_per_token(model: ModelShape, parts: list[range], pool: _Pool, max_model_len: int,
-                  tp: int) -> tuple[int, int, list[int]]:
+def _kv_per_token(
+    model: ModelShape, parts: list[range], pool: _Pool, max_model_len: int, tp: int
+) -> tuple[int, int, list[int]]:
     """KV bytes per token on the worst GPU and on the node, and each stage's fixed bytes per
     sequence (window and state layers)."""
     per_gpu_tok = []
@@ -984,7 +1180,8 @@ def _kv_per_token(model: ModelShape, parts: list[range], pool: _Pool, max_model_
     for part in parts:
         tok = sum(l.bytes_per_token for l in model.layers if l.index in part and l.kind in ("full", "mla"))
         fx = sum(
-            specs[i].max_mem(max_model_len, pool.in_flight) for i in part
+            specs[i].max_mem(max_model_len, pool.in_flight)
+            for i in part
             if i in specs and specs[i].kind in ("sliding", "chunked", "state")
         )
         per_gpu_tok.append(tok)
@@ -1008,14 +1205,16 @@ class _Verdict:
     headroom: int = 0
 
 
-def _verdict(pool: _Pool, budget: _Budget, *, u: float, gpu_memory_bytes: int, max_model_len: int,
-             max_num_seqs: int | None) -> _Verdict:
+def _verdict(
+    pool: _Pool, budget: _Budget, *, u: float, gpu_memory_bytes: int, max_model_len: int, max_num_seqs: int | None
+) -> _Verdict:
     v = _Verdict()
     available = budget.available
     if not pool.attention_free:
         v.num_blocks = pool.num_blocks(available)
-        v.needed_one = max(w.needed_bytes(pool.specs, max_model_len, pool.in_flight)
-                           for w in pool.workers if not w.empty)
+        v.needed_one = max(
+            w.needed_bytes(pool.specs, max_model_len, pool.in_flight) for w in pool.workers if not w.empty
+        )
         v.conc = pool.concurrency(max_model_len, v.num_blocks)
         v.tokens = int(v.conc * max_model_len)
     requested, startup_free = budget.requested, budget.startup_free
@@ -1040,8 +1239,11 @@ def _verdict(pool: _Pool, budget: _Budget, *, u: float, gpu_memory_bytes: int, m
         )
     first = pool.first
     if max_num_seqs is not None and first is not None:
-        v.needed_req = (first.bytes_per_block(pool.specs) * first.per_request_pages(pool.specs, max_model_len,
-                                                                                      pool.in_flight) * max_num_seqs)
+        v.needed_req = (
+            first.bytes_per_block(pool.specs)
+            * first.per_request_pages(pool.specs, max_model_len, pool.in_flight)
+            * max_num_seqs
+        )
         if v.boots and v.conc < max_num_seqs:
             v.reasons.append(
                 f"{max_num_seqs} concurrent {max_model_len:,}-token sequences need {v.needed_req / GiB:.2f} GiB of KV "
@@ -1078,16 +1280,18 @@ class _Fit:
     top: int  # the highest utilization (in thousandths) vLLM starts with
 
 
-def _what_fits(pool: _Pool, budget: _Budget, v: _Verdict, *, gpu_memory_bytes: int, max_model_len: int,
-               max_num_seqs: int | None) -> _Fit:
+def _what_fits(
+    pool: _Pool, budget: _Budget, v: _Verdict, *, gpu_memory_bytes: int, max_model_len: int, max_num_seqs: int | None
+) -> _Fit:
     available = budget.available
     search_top = max(max_model_len, 1 << 31)
     max_ctx_one = _largest(lambda n: pool.boots_at(n, available), search_top) if v.startup_ok else 0
     max_ctx_seqs = None
     if max_num_seqs is not None and v.startup_ok and not pool.attention_free:
-        max_ctx_seqs = _largest(lambda n: pool.boots_at(n, available)
-                                and pool.concurrency(n, v.num_blocks) >= max_num_seqs, search_top)
-    if max_ctx_one == search_top:   # window/state layers only: context is not limited by KV memory
+        max_ctx_seqs = _largest(
+            lambda n: pool.boots_at(n, available) and pool.concurrency(n, v.num_blocks) >= max_num_seqs, search_top
+        )
+    if max_ctx_one == search_top:  # window/state layers only: context is not limited by KV memory
         max_ctx_one = None
     if max_ctx_seqs == search_top:
         max_ctx_seqs = None
@@ -1116,31 +1320,61 @@ def _fits_at_util(pool: _Pool, budget: _Budget, uu: float, max_model_len: int, m
     return pool.concurrency(max_model_len, pool.num_blocks(av)) >= max_num_seqs
 
 
-def _suggestions(fit: _Fit, budget: _Budget, *, u: float, max_model_len: int,
-                 max_num_seqs: int | None) -> list[dict[str, Any]]:
+def _suggestions(
+    fit: _Fit, budget: _Budget, *, u: float, max_model_len: int, max_num_seqs: int | None
+) -> list[dict[str, Any]]:
     """What to change when the settings do not fit."""
     suggestions: list[dict[str, Any]] = []
     if fit.max_ctx_seqs and max_num_seqs is not None:
-        suggestions.append({"setting": "max_model_len", "value": fit.max_ctx_seqs,
-                            "text": f"--max-model-len {fit.max_ctx_seqs} keeps {max_num_seqs} concurrent sequences"})
+        suggestions.append(
+            {
+                "setting": "max_model_len",
+                "value": fit.max_ctx_seqs,
+                "text": f"--max-model-len {fit.max_ctx_seqs} keeps {max_num_seqs} concurrent sequences",
+            }
+        )
     elif fit.max_ctx_one:
-        suggestions.append({"setting": "max_model_len", "value": fit.max_ctx_one,
-                            "text": f"--max-model-len {fit.max_ctx_one} is the longest single sequence that fits"})
+        suggestions.append(
+            {
+                "setting": "max_model_len",
+                "value": fit.max_ctx_one,
+                "text": f"--max-model-len {fit.max_ctx_one} is the longest single sequence that fits",
+            }
+        )
     if fit.max_seqs >= 1 and max_num_seqs is not None and fit.max_seqs < max_num_seqs:
-        suggestions.append({"setting": "max_num_seqs", "value": fit.max_seqs,
-                            "text": f"--max-num-seqs {fit.max_seqs} at {max_model_len:,} tokens"})
+        suggestions.append(
+            {
+                "setting": "max_num_seqs",
+                "value": fit.max_seqs,
+                "text": f"--max-num-seqs {fit.max_seqs} at {max_model_len:,} tokens",
+            }
+        )
     if fit.min_util is not None and fit.min_util > u:
-        suggestions.append({"setting": "gpu_memory_utilization", "value": fit.min_util,
-                            "text": f"--gpu-memory-utilization {fit.min_util} fits the requested settings"})
+        suggestions.append(
+            {
+                "setting": "gpu_memory_utilization",
+                "value": fit.min_util,
+                "text": f"--gpu-memory-utilization {fit.min_util} fits the requested settings",
+            }
+        )
     elif fit.min_util is not None and budget.requested > budget.startup_free:
         # too high to start; the highest that starts fits
-        suggestions.append({"setting": "gpu_memory_utilization", "value": fit.top / 1000,
-                            "text": f"--gpu-memory-utilization {fit.top / 1000} is the highest that starts "
-                                    f"(~{budget.startup_free / GiB:.2f} GiB free after the CUDA context) and fits"})
+        suggestions.append(
+            {
+                "setting": "gpu_memory_utilization",
+                "value": fit.top / 1000,
+                "text": f"--gpu-memory-utilization {fit.top / 1000} is the highest that starts "
+                f"(~{budget.startup_free / GiB:.2f} GiB free after the CUDA context) and fits",
+            }
+        )
     if not suggestions:
-        suggestions.append({"setting": "gpus", "value": None,
-                            "text": "nothing within one GPU's budget fits: more GPUs (tp/pp), cpu offload, or a "
-                                    "smaller checkpoint"})
+        suggestions.append(
+            {
+                "setting": "gpus",
+                "value": None,
+                "text": "nothing within one GPU's budget fits: more GPUs (tp/pp), cpu offload, or a smaller checkpoint",
+            }
+        )
     return suggestions
 
 
@@ -1186,6 +1420,7 @@ def compare_with_log(plan: Plan, log_text: str, *, tolerance: float = 0.05) -> d
 
 # --------------------------------------------------------------------------- reading a model directory
 
+
 def load_config(path: str | Path) -> tuple[dict, Path]:
     """``path`` is a model directory or a config.json; returns (config, model_dir)."""
     p = Path(path)
@@ -1208,8 +1443,9 @@ def checkpoint_bytes(model_dir: str | Path) -> int | None:
     return None if ws is None else ws.bytes
 
 
-def plan_from_model_dir(path: str | Path, serving: Any, *, weights_bytes: int | None = None,
-                        reserve_bytes: int | None = None, **kwargs: Any) -> Plan:
+def plan_from_model_dir(
+    path: str | Path, serving: Any, *, weights_bytes: int | None = None, reserve_bytes: int | None = None, **kwargs: Any
+) -> Plan:
     """Plan for a model directory (or config.json) and a :class:`builder.spec.Serving`.
 
     ``serving.gpu_memory`` is a size string ("80GiB", "80GB", "h200"); weights
@@ -1252,6 +1488,7 @@ def plan_from_model_dir(path: str | Path, serving: Any, *, weights_bytes: int | 
 
 # --------------------------------------------------------------------------- rendering
 
+
 def _fmt(n: float) -> str:
     """Bytes in both units, GB (10^9) and GiB (2^30)."""
     if abs(n) >= 10**8:
@@ -1264,7 +1501,8 @@ def _fmt(n: float) -> str:
 def render_text(plan: Plan) -> str:
     p = plan
     lines = [
-        f"verdict: {'FITS' if p.fits else 'DOES NOT FIT'}" + ("" if p.boots else " (vLLM would fail at boot)")
+        f"verdict: {'FITS' if p.fits else 'DOES NOT FIT'}"
+        + ("" if p.boots else " (vLLM would fail at boot)")
         + f" — vLLM {p.vllm}",
         f"layout: {p.gpus} GPU(s), tp={p.tp} pp={p.pp} ({p.replicas} replica(s)); layers: "
         + ", ".join(f"{v} {k}" for k, v in p.layers.items()),
@@ -1272,14 +1510,17 @@ def render_text(plan: Plan) -> str:
         f"  − weights {_fmt(p.weights_per_gpu)}"
         + (f" (after {p.cpu_offload_bytes / GiB:.1f} GiB CPU offload)" if p.cpu_offload_bytes else ""),
         f"  − reserve {_fmt(p.reserve_bytes)} [{p.reserve_source}: "
-        + ", ".join(f"{k} {v / GiB:.2f} GiB" for k, v in p.reserve_breakdown.items()) + "]",
+        + ", ".join(f"{k} {v / GiB:.2f} GiB" for k, v in p.reserve_breakdown.items())
+        + "]",
         f"  = available for KV cache {_fmt(p.available_kv_bytes)}",
         f"KV per token: {p.kv_bytes_per_token_per_gpu:,} B per GPU, {p.kv_bytes_per_token_node:,} B across the "
         f"{p.tp * p.pp} GPUs of a replica ({p.kv_cache_dtype}, block {p.block_size})",
     ]
     if p.per_sequence_fixed_bytes:
-        lines.append(f"  + per sequence, window/state layers: {_fmt(p.per_sequence_fixed_bytes)} per GPU "
-                     "(independent of context)")
+        lines.append(
+            f"  + per sequence, window/state layers: {_fmt(p.per_sequence_fixed_bytes)} per GPU "
+            "(independent of context)"
+        )
     lines += [
         f"one {p.max_model_len:,}-token sequence: {_fmt(p.needed_one_seq_bytes)} per GPU",
         f"predicted vLLM log: GPU KV cache size: {p.kv_tokens_per_gpu:,} tokens; "

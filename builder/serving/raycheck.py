@@ -62,22 +62,24 @@ WORKER_PORTS_PER_NODE = 24
 
 @dataclass
 class NodeReport:
-    node: str                      # "head", "worker-1", ...
-    image: str                     # the ref the container was started from
-    joined: bool = True            # did it join the Ray cluster (report from a pinned task)?
+    node: str  # "head", "worker-1", ...
+    image: str  # the ref the container was started from
+    joined: bool = True  # did it join the Ray cluster (report from a pinned task)?
     python: str | None = None
-    packages: dict[str, str | None] = field(default_factory=dict)   # canonical name -> version
-    patched: dict[str, str | None] = field(default_factory=dict)    # path -> actual sha256 (None: missing)
+    packages: dict[str, str | None] = field(default_factory=dict)  # canonical name -> version
+    patched: dict[str, str | None] = field(default_factory=dict)  # path -> actual sha256 (None: missing)
     patched_recorded: dict[str, str] = field(default_factory=dict)  # path -> sha256 the build recorded
     patch_list: str | None = None  # the patched.sha256 file read, if any
     image_id: str | None = None
     image_digest: str | None = None
-    error: str | None = None       # why the node has no (full) report / did not join
+    error: str | None = None  # why the node has no (full) report / did not join
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any], *, node: str, image: str, joined: bool) -> NodeReport:
         return cls(
-            node=node, image=image, joined=joined,
+            node=node,
+            image=image,
+            joined=joined,
             python=doc.get("python"),
             packages={canonical_name(k): v for k, v in (doc.get("packages") or {}).items()},
             patched=dict(doc.get("patched") or {}),
@@ -91,8 +93,8 @@ class NodeReport:
 
 @dataclass
 class Finding:
-    kind: str                      # not-joined | differs | lock | patch | probe-failed
-    subject: str                   # "python", "package numpy", "patched vllm/x.py", "node worker-1"
+    kind: str  # not-joined | differs | lock | patch | probe-failed
+    subject: str  # "python", "package numpy", "patched vllm/x.py", "node worker-1"
     message: str
     values: dict[str, Any] = field(default_factory=dict)  # node (or "lock") -> value
 
@@ -143,16 +145,25 @@ def compare(reports: list[NodeReport], lock: LockFile | None = None) -> list[Fin
     findings: list[Finding] = []
     for r in reports:
         if not r.joined:
-            findings.append(Finding("not-joined", f"node {r.node}",
-                                    f"node {r.node} ({r.image}) did not join the cluster"
-                                    + (f": {r.error}" if r.error else "."), {r.node: r.error}))
+            findings.append(
+                Finding(
+                    "not-joined",
+                    f"node {r.node}",
+                    f"node {r.node} ({r.image}) did not join the cluster" + (f": {r.error}" if r.error else "."),
+                    {r.node: r.error},
+                )
+            )
         elif r.error:
-            findings.append(Finding("probe-failed", f"node {r.node}", f"the probe on node {r.node} failed: {r.error}",
-                                    {r.node: r.error}))
+            findings.append(
+                Finding(
+                    "probe-failed", f"node {r.node}", f"the probe on node {r.node} failed: {r.error}", {r.node: r.error}
+                )
+            )
     probed = [r for r in reports if r.python is not None]
 
-    def across(subject: str, get: Callable[[NodeReport], Any], same: Callable[[Any, Any], bool] = lambda a,
-               b: a == b) -> None:
+    def across(
+        subject: str, get: Callable[[NodeReport], Any], same: Callable[[Any, Any], bool] = lambda a, b: a == b
+    ) -> None:
         values = {r.node: get(r) for r in probed}
         vals = list(values.values())
         if any(not same(vals[0], v) for v in vals[1:]):
@@ -172,43 +183,63 @@ def compare(reports: list[NodeReport], lock: LockFile | None = None) -> list[Fin
         for path, recorded in sorted(r.patched_recorded.items()):
             actual = r.patched.get(path)
             if actual != recorded:
-                findings.append(Finding(
-                    "patch", f"patched {path}",
-                    f"node {r.node}: {path} has sha256 {actual or 'absent'}, the build recorded {recorded}",
-                    {r.node: actual, "recorded": recorded}))
+                findings.append(
+                    Finding(
+                        "patch",
+                        f"patched {path}",
+                        f"node {r.node}: {path} has sha256 {actual or 'absent'}, the build recorded {recorded}",
+                        {r.node: actual, "recorded": recorded},
+                    )
+                )
 
     if lock is not None:
         want_py = lock.header.get("python")
         for r in probed:
             if want_py and want_py != "-" and ".".join(r.python.split(".")[:2]) != want_py:
-                findings.append(Finding("lock", "python",
-                                        f"node {r.node} runs Python {r.python}, the lock is for {want_py}",
-                                        {r.node: r.python, "lock": want_py}))
+                findings.append(
+                    Finding(
+                        "lock",
+                        "python",
+                        f"node {r.node} runs Python {r.python}, the lock is for {want_py}",
+                        {r.node: r.python, "lock": want_py},
+                    )
+                )
         for entry in sorted(lock.entries, key=lambda e: e.key):
             for r in probed:
                 have = r.packages.get(entry.key, "<not probed>")
                 if have == "<not probed>":
                     continue
                 if not same_version(have, entry.version):
-                    findings.append(Finding(
-                        "lock", f"package {entry.key}",
-                        f"node {r.node} has {entry.key} {have or 'absent'}, the lock pins {entry.version}",
-                        {r.node: have, "lock": entry.version}))
+                    findings.append(
+                        Finding(
+                            "lock",
+                            f"package {entry.key}",
+                            f"node {r.node} has {entry.key} {have or 'absent'}, the lock pins {entry.version}",
+                            {r.node: have, "lock": entry.version},
+                        )
+                    )
     return findings
 
 
 def render_text(result: CheckResult) -> str:
     """Human-readable report (the CLI prints it; --json prints CheckResult.to_json())."""
-    lines = [f"ray-check {'PASS' if result.ok else 'FAIL'}: {result.image} "
-             f"({len(result.nodes)} node(s), {result.elapsed_s:.1f}s)"
-             + {None: "", "nodes": ": the nodes disagree",
-                "lock": ": the nodes agree with each other, not with the lock",
-                "image": ": the nodes agree, but a patched file differs from the build's record"}[result.mismatch]]
+    lines = [
+        f"ray-check {'PASS' if result.ok else 'FAIL'}: {result.image} "
+        f"({len(result.nodes)} node(s), {result.elapsed_s:.1f}s)"
+        + {
+            None: "",
+            "nodes": ": the nodes disagree",
+            "lock": ": the nodes agree with each other, not with the lock",
+            "image": ": the nodes agree, but a patched file differs from the build's record",
+        }[result.mismatch]
+    ]
     for r in result.nodes:
         pk = " ".join(f"{n}={r.packages.get(n) or '-'}" for n in REPORTED_PACKAGES)
         state = "joined" if r.joined else "NOT JOINED"
-        lines.append(f"  {r.node:<10} {state:<10} python={r.python or '?'} {pk} "
-                     f"patched={len(r.patched)} image={(r.image_id or '?')[:19]}")
+        lines.append(
+            f"  {r.node:<10} {state:<10} python={r.python or '?'} {pk} "
+            f"patched={len(r.patched)} image={(r.image_id or '?')[:19]}"
+        )
     for f in result.findings:
         lines.append(f"  - {f.message}")
     return "\n".join(lines)
@@ -312,7 +343,7 @@ def _parse_marker(stdout: str) -> dict | None:
     for line in reversed(stdout.splitlines()):
         if line.startswith(MARKER):
             try:
-                return json.loads(line[len(MARKER):])
+                return json.loads(line[len(MARKER) :])
             except json.JSONDecodeError:
                 return None
     return None
@@ -368,14 +399,21 @@ class NodePorts:
 
     def args(self) -> list[str]:
         out = [
-            f"--node-manager-port={self.node_manager}", f"--object-manager-port={self.object_manager}",
-            f"--dashboard-agent-listen-port={self.agent_listen}", f"--dashboard-agent-grpc-port={self.agent_grpc}",
-            f"--runtime-env-agent-port={self.runtime_env_agent}", f"--metrics-export-port={self.metrics}",
-            f"--min-worker-port={self.min_worker}", f"--max-worker-port={self.max_worker}",
+            f"--node-manager-port={self.node_manager}",
+            f"--object-manager-port={self.object_manager}",
+            f"--dashboard-agent-listen-port={self.agent_listen}",
+            f"--dashboard-agent-grpc-port={self.agent_grpc}",
+            f"--runtime-env-agent-port={self.runtime_env_agent}",
+            f"--metrics-export-port={self.metrics}",
+            f"--min-worker-port={self.min_worker}",
+            f"--max-worker-port={self.max_worker}",
         ]
         if self.gcs is not None:
-            out += [f"--port={self.gcs}", f"--ray-client-server-port={self.client_server}",
-                    f"--dashboard-port={self.dashboard}"]
+            out += [
+                f"--port={self.gcs}",
+                f"--ray-client-server-port={self.client_server}",
+                f"--dashboard-port={self.dashboard}",
+            ]
         return out
 
 
@@ -440,19 +478,37 @@ class Containers:
 
     def start(self, node: NodeSpec, argv: list[str], run_id: str, *, network: str = "none") -> str:
         args = [
-            "run", "-d", "--pull=never", f"--network={network}", "--shm-size=256m", "--init",
-            "--label", f"{CONTAINER_LABEL}={run_id}", "--label",
-                f"org.build-image.image-digest={node.image_digest or node.image_id}",
-            "-e", f"BUILD_IMAGE_NODE={node.name}", "-e", f"BUILD_IMAGE_IMAGE_ID={node.image_id}",
-            "-e", f"BUILD_IMAGE_DIGEST={node.image_digest or ''}",
-            "-e", "RAY_USAGE_STATS_ENABLED=0", "-e", "RAY_DISABLE_DOCKER_CPU_WARNING=1",
-            "--entrypoint", PYTHON, node.image, *argv,
+            "run",
+            "-d",
+            "--pull=never",
+            f"--network={network}",
+            "--shm-size=256m",
+            "--init",
+            "--label",
+            f"{CONTAINER_LABEL}={run_id}",
+            "--label",
+            f"org.build-image.image-digest={node.image_digest or node.image_id}",
+            "-e",
+            f"BUILD_IMAGE_NODE={node.name}",
+            "-e",
+            f"BUILD_IMAGE_IMAGE_ID={node.image_id}",
+            "-e",
+            f"BUILD_IMAGE_DIGEST={node.image_digest or ''}",
+            "-e",
+            "RAY_USAGE_STATS_ENABLED=0",
+            "-e",
+            "RAY_DISABLE_DOCKER_CPU_WARNING=1",
+            "--entrypoint",
+            PYTHON,
+            node.image,
+            *argv,
         ]
         proc = self._cli(args, timeout=120)
         cid = proc.stdout.strip()
         if proc.returncode != 0 or not cid:
-            raise ExternalToolError(f"ray-check: starting the {node.name} container failed: "
-                                    f"{proc.stderr.strip()[-600:]}")
+            raise ExternalToolError(
+                f"ray-check: starting the {node.name} container failed: {proc.stderr.strip()[-600:]}"
+            )
         self.started.append(cid)
         return cid
 
@@ -471,10 +527,28 @@ class Containers:
         self._cli(["exec", cid, "sh", "-c", command], timeout=30)
 
     def run_python(self, node: NodeSpec, script: str, arg: str, *, timeout: float) -> subprocess.CompletedProcess:
-        return self._cli(["run", "--rm", "-i", "--pull=never", "--network=none",
-                          "-e", f"BUILD_IMAGE_NODE={node.name}", "-e", f"BUILD_IMAGE_IMAGE_ID={node.image_id}",
-                          "-e", f"BUILD_IMAGE_DIGEST={node.image_digest or ''}",
-                          "--entrypoint", PYTHON, node.image, "-", arg], timeout=timeout, input=script)
+        return self._cli(
+            [
+                "run",
+                "--rm",
+                "-i",
+                "--pull=never",
+                "--network=none",
+                "-e",
+                f"BUILD_IMAGE_NODE={node.name}",
+                "-e",
+                f"BUILD_IMAGE_IMAGE_ID={node.image_id}",
+                "-e",
+                f"BUILD_IMAGE_DIGEST={node.image_digest or ''}",
+                "--entrypoint",
+                PYTHON,
+                node.image,
+                "-",
+                arg,
+            ],
+            timeout=timeout,
+            input=script,
+        )
 
     def remove_all(self, run_id: str | None = None) -> None:
         """Remove every container this run started, by ID; never raises.
@@ -483,8 +557,9 @@ class Containers:
         (one created by a ``docker run`` interrupted before it printed its ID)."""
         if run_id:
             try:
-                proc = self._cli(["ps", "-aq", "--no-trunc", "--filter", f"label={CONTAINER_LABEL}={run_id}"],
-                                 timeout=30)
+                proc = self._cli(
+                    ["ps", "-aq", "--no-trunc", "--filter", f"label={CONTAINER_LABEL}={run_id}"], timeout=30
+                )
                 for cid in proc.stdout.split():
                     if not any(s.startswith(cid) or cid.startswith(s) for s in self.started):
                         self.started.append(cid)
@@ -562,8 +637,14 @@ def run_check(
     containers = Containers(engine)
     packages = sorted({*REPORTED_PACKAGES, *(e.key for e in (lock.entries if lock else []))})
     nodes = node_specs(image, workers, worker_image, containers)
-    cl = _Cluster(containers=containers, nodes=nodes, run_id=secrets.token_hex(4), ports=allocate_ports(len(nodes)),
-                  deadline=t0 + timeout, reporter=reporter)
+    cl = _Cluster(
+        containers=containers,
+        nodes=nodes,
+        run_id=secrets.token_hex(4),
+        ports=allocate_ports(len(nodes)),
+        deadline=t0 + timeout,
+        reporter=reporter,
+    )
     with ExitStack() as stack:
         stack.enter_context(_sigterm_as_interrupt())
         stack.callback(containers.remove_all, cl.run_id)
@@ -571,8 +652,15 @@ def run_check(
         for node in nodes[1:]:
             cl.start_worker(node)
         reporter.step(f"waiting for {len(nodes)} nodes to join (up to {int(cl.deadline - time.monotonic())}s)")
-        answer = _drive(containers, cl.cids, nodes, cl.probe_config(packages), cl.deadline,
-                        restart=cl.start_worker, reporter=reporter)
+        answer = _drive(
+            containers,
+            cl.cids,
+            nodes,
+            cl.probe_config(packages),
+            cl.deadline,
+            restart=cl.start_worker,
+            reporter=reporter,
+        )
         driver_error = answer.pop("error", None)
         reports: dict[str, NodeReport] = {}
         for node in nodes:
@@ -585,12 +673,22 @@ def run_check(
             if node.name not in reports:
                 reports[node.name] = _report_alone(cl, node, packages, joined, driver_error)
     ordered = [reports[n.name] for n in nodes]
-    return CheckResult(image=image, nodes=ordered, findings=compare(ordered, lock), lock=lock_path,
-                       elapsed_s=time.monotonic() - t0)
+    return CheckResult(
+        image=image, nodes=ordered, findings=compare(ordered, lock), lock=lock_path, elapsed_s=time.monotonic() - t0
+    )
 
 
-_RAY_START = ["-m", "ray.scripts.scripts", "start", "--block", "--node-ip-address=127.0.0.1", "--num-gpus=0",
-              "--num-cpus=1", f"--object-store-memory={OBJECT_STORE_BYTES}", "--disable-usage-stats"]
+_RAY_START = [
+    "-m",
+    "ray.scripts.scripts",
+    "start",
+    "--block",
+    "--node-ip-address=127.0.0.1",
+    "--num-gpus=0",
+    "--num-cpus=1",
+    f"--object-store-memory={OBJECT_STORE_BYTES}",
+    "--disable-usage-stats",
+]
 
 
 @dataclass
@@ -617,8 +715,11 @@ class _Cluster:
         # --node-ip-address says; with --network=host that exposed GCS, raylets and agents on every
         # host interface. Workers removed first (remove_all pops the last started).
         self.cids["head"] = self.containers.start(
-            self.nodes[0], _RAY_START + ["--head", "--include-dashboard=false", "--node-name=head",
-                                         *self.ports[0].args()], self.run_id, network="none")
+            self.nodes[0],
+            _RAY_START + ["--head", "--include-dashboard=false", "--node-name=head", *self.ports[0].args()],
+            self.run_id,
+            network="none",
+        )
         # Workers started before the head's GCS listens can give up and exit (seen under load
         # on a cold CI machine); start them only once the GCS port accepts connections.
         self.reporter.step("waiting for the head's GCS")
@@ -634,14 +735,20 @@ class _Cluster:
 
     def probe_config(self, packages: list[str]) -> dict:
         """What the cluster probe in the head is told: the nodes to wait for, the packages to report."""
-        return {"mode": "cluster", "address": self.gcs, "giveup": f"/tmp/build-image-ray-check-{self.run_id}.giveup",
-                "nodes": [n.name for n in self.nodes], "packages": packages,
-                "timeout": max(5.0, self.deadline - time.monotonic() - 10),
-                "sums": {n.name: n.sums for n in self.nodes}}
+        return {
+            "mode": "cluster",
+            "address": self.gcs,
+            "giveup": f"/tmp/build-image-ray-check-{self.run_id}.giveup",
+            "nodes": [n.name for n in self.nodes],
+            "packages": packages,
+            "timeout": max(5.0, self.deadline - time.monotonic() - 10),
+            "sums": {n.name: n.sums for n in self.nodes},
+        }
 
 
-def _report_alone(cl: _Cluster, node: NodeSpec, packages: list[str], joined: set[str],
-                  driver_error: str | None) -> NodeReport:
+def _report_alone(
+    cl: _Cluster, node: NodeSpec, packages: list[str], joined: set[str], driver_error: str | None
+) -> NodeReport:
     """The report of a node that did not report from the cluster: its container probed alone,
     with why it did not join (or, for the head, why the driver failed)."""
     cl.reporter.step(f"{node.name} did not report from the cluster; probing its container alone")
@@ -657,16 +764,29 @@ def _report_alone(cl: _Cluster, node: NodeSpec, packages: list[str], joined: set
     return rep
 
 
-def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], cfg: dict, deadline: float,
-           *, restart: Callable[[NodeSpec], str] | None = None, reporter: Reporter = SILENT) -> dict:
+def _drive(
+    containers: Containers,
+    cids: dict[str, str],
+    nodes: list[NodeSpec],
+    cfg: dict,
+    deadline: float,
+    *,
+    restart: Callable[[NodeSpec], str] | None = None,
+    reporter: Reporter = SILENT,
+) -> dict:
     """Run the cluster probe in the head; give up early when a node's container has exited.
 
     A worker whose container exits before joining is restarted once (its reason is said):
     a transient start-up failure on a loaded machine must not read as a version mismatch.
     A node Ray refuses (version mismatch) exits again, and then the survivors report."""
     restarted: set[str] = set()
-    proc = containers.engine.popen(["exec", "-i", cids["head"], PYTHON, "-", json.dumps(cfg)],
-                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = containers.engine.popen(
+        ["exec", "-i", cids["head"], PYTHON, "-", json.dumps(cfg)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out: list[tuple[str, str]] = []
     reader = threading.Thread(target=lambda: out.append(proc.communicate(PROBE_SCRIPT)), daemon=True)
     reader.start()
@@ -683,8 +803,10 @@ def _drive(containers: Containers, cids: dict[str, str], nodes: list[NodeSpec], 
             exited = [] if gave_up else [n for n in nodes[1:] if not containers.running(cids[n.name])]
             retry = [n for n in exited if restart is not None and n.name not in restarted]
             for n in retry:
-                reporter.step(f"{n.name} exited before joining ({explain_log(containers.logs(cids[n.name], 60))}); "
-                              "restarting it once")
+                reporter.step(
+                    f"{n.name} exited before joining ({explain_log(containers.logs(cids[n.name], 60))}); "
+                    "restarting it once"
+                )
                 restarted.add(n.name)
                 restart(n)
             if exited and not retry:
@@ -707,10 +829,10 @@ def explain_log(log: str) -> str:
     lines = [ln.rstrip() for ln in log.splitlines() if ln.strip()]
     for i in range(len(lines) - 1, -1, -1):
         if "mismatch" in lines[i].lower():
-            return " ".join(" ".join(ln.split()) for ln in lines[i:i + 8])[:600]
+            return " ".join(" ".join(ln.split()) for ln in lines[i : i + 8])[:600]
     for i in range(len(lines) - 1, -1, -1):
         if "Error" in lines[i] or "error:" in lines[i].lower():
-            return " ".join(" ".join(ln.split()) for ln in lines[i:i + 3])[:600]
+            return " ".join(" ".join(ln.split()) for ln in lines[i : i + 3])[:600]
     return " ".join(lines[-2:])[:600] if lines else "no output"
 
 

@@ -36,12 +36,18 @@ def facts_file() -> Path:
 
 def _literal(tree: ast.AST, name: str) -> list[str]:
     for node in ast.walk(tree):
-        target = node.targets[0] if isinstance(node, ast.Assign) else (
-            node.target if isinstance(node, ast.AnnAssign) else None)
+        target = (
+            node.targets[0]
+            if isinstance(node, ast.Assign)
+            else (node.target if isinstance(node, ast.AnnAssign) else None)
+        )
         if getattr(target, "id", None) == name and isinstance(getattr(node, "value", None), ast.Subscript):
             sl = node.value.slice
-            return [e.value for e in (sl.elts if isinstance(sl, ast.Tuple) else [sl])
-                    if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            return [
+                e.value
+                for e in (sl.elts if isinstance(sl, ast.Tuple) else [sl])
+                if isinstance(e, ast.Constant) and isinstance(e.value, str)
+            ]
     return []
 
 
@@ -63,8 +69,11 @@ def _extensible_value(tree: ast.AST) -> float | None:
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name == "resolved_gpu_memory_utilization":
             for sub in ast.walk(node):
-                if (isinstance(sub, ast.If) and isinstance(sub.test, ast.Attribute)
-                        and sub.test.attr == "enable_extensible_kv_cache"):
+                if (
+                    isinstance(sub, ast.If)
+                    and isinstance(sub.test, ast.Attribute)
+                    and sub.test.attr == "enable_extensible_kv_cache"
+                ):
                     for ret in sub.body:
                         if isinstance(ret, ast.Return) and isinstance(ret.value, ast.Constant):
                             return float(ret.value.value)
@@ -80,18 +89,26 @@ def facts_from_sources(version: str, cache_py: str, loader_py: str | None, sourc
         raise BadInput(f"{source}: {CACHE_PY} or {LOADER_PY} does not parse ({exc}).") from None
     dtypes = _literal(cache, "CacheDType")
     util = _field_default(cache, "gpu_memory_utilization")
-    entry: dict = {"kv_cache_dtypes": dtypes, "load_formats": _literal(loader, "LoadFormats") if loader else [],
-                   "from": source}
+    entry: dict = {
+        "kv_cache_dtypes": dtypes,
+        "load_formats": _literal(loader, "LoadFormats") if loader else [],
+        "from": source,
+    }
     if isinstance(util, (int, float)):
         entry["default_gpu_memory_utilization"] = float(util)
     elif util is None:
         ext = _extensible_value(cache)
         fallback = _field_default(cache, "DEFAULT_GPU_MEMORY_UTILIZATION")
         if ext is None or not isinstance(fallback, (int, float)):
-            raise BadInput(f"{source}: gpu_memory_utilization defaults to None and its resolution is not the "
-                           "extensible-KV-cache rule this reader knows; the plan cannot take its default.")
-        entry.update(default_gpu_memory_utilization=ext, extensible_kv_cache=True,
-                     non_extensible_gpu_memory_utilization=float(fallback))
+            raise BadInput(
+                f"{source}: gpu_memory_utilization defaults to None and its resolution is not the "
+                "extensible-KV-cache rule this reader knows; the plan cannot take its default."
+            )
+        entry.update(
+            default_gpu_memory_utilization=ext,
+            extensible_kv_cache=True,
+            non_extensible_gpu_memory_utilization=float(fallback),
+        )
     else:
         raise BadInput(f"{source}: no default for CacheConfig.gpu_memory_utilization in {CACHE_PY}.")
     if not dtypes:
@@ -103,9 +120,11 @@ def facts_from_wheel(wheel: Path, version: str) -> dict:
     """A release's entry read from its wheel (a ``.whl`` or an unpacked tree)."""
     wheel = Path(wheel)
     if wheel.is_dir():
+
         def read(rel: str) -> str | None:
             p = wheel / rel
             return read_bounded_text(p, "vllm source") if p.is_file() else None
+
         source = f"{wheel}"
     else:
         try:
@@ -121,6 +140,7 @@ def facts_from_wheel(wheel: Path, version: str) -> dict:
             if info.file_size > 8 << 20:
                 raise BadInput(f"{wheel}: {rel} is larger than a source file ({info.file_size} bytes).")
             return zf.read(info).decode("utf-8", errors="replace")
+
         source = f"{wheel.name} (sha256 {sha256_file(wheel)})"
     cache_py = read(CACHE_PY)
     if cache_py is None:
@@ -146,10 +166,12 @@ def write_entry(path: Path, version: str, entry: dict) -> Path:
     with output_lock(path):
         releases = load(path) if path.is_file() else load()
         releases = {**releases, version: entry}
-        doc = {"schema": SCHEMA,
-               "generated": "by `build-image upgrade --to X` from each release's wheel "
-                            "(builder/serving/release_facts.py); do not edit",
-               "releases": {v: releases[v] for v in sorted(releases, key=Version)}}
+        doc = {
+            "schema": SCHEMA,
+            "generated": "by `build-image upgrade --to X` from each release's wheel "
+            "(builder/serving/release_facts.py); do not edit",
+            "releases": {v: releases[v] for v in sorted(releases, key=Version)},
+        }
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, render_json(doc, ensure_ascii=True))
     return path

@@ -35,7 +35,8 @@ WEIGHTS_LOAD = re.compile(r"Loading weights took ([\d.]+) seconds")
 DYNAMO_TRANSFORM = re.compile(r"Dynamo bytecode transform time: ([\d.]+) s")
 GRAPH_COMPILE = re.compile(r"Compiling a graph for compile range \([^)]*\) takes ([\d.]+) s")
 GRAPH_FROM_CACHE = re.compile(
-    r"Directly load the compiled graph\(s\) for compile range \([^)]*\) from the cache, took ([\d.]+) s")
+    r"Directly load the compiled graph\(s\) for compile range \([^)]*\) from the cache, took ([\d.]+) s"
+)
 TORCH_COMPILE = re.compile(r"torch\.compile took ([\d.]+) s in total")
 CUDA_GRAPHS = re.compile(r"Graph capturing finished in ([\d.]+) secs?, took ([\d.]+) GiB")
 ENGINE_START = re.compile(r"Initializing a V1 LLM engine")
@@ -92,11 +93,11 @@ class LogFacts:
     weights_gib: float | None = None
     peak_activation_gib: float | None = None
     non_torch_gib: float | None = None
-    load_format: str | None = None              # --load-format as vLLM echoed it ("non-default args"); None: auto
+    load_format: str | None = None  # --load-format as vLLM echoed it ("non-default args"); None: auto
     weights_load_s: float | None = None
     dynamo_transform_s: float | None = None
-    graph_compile_s: float | None = None        # Inductor compiled the graph(s) (an empty compile cache)
-    graph_from_cache_s: float | None = None     # the graph(s) came from VLLM_CACHE_ROOT (a warm compile cache)
+    graph_compile_s: float | None = None  # Inductor compiled the graph(s) (an empty compile cache)
+    graph_from_cache_s: float | None = None  # the graph(s) came from VLLM_CACHE_ROOT (a warm compile cache)
     torch_compile_s: float | None = None
     cuda_graph_capture_s: float | None = None
     cuda_graph_gib: float | None = None
@@ -114,19 +115,19 @@ def parse_server_log(text: str) -> LogFacts:
     facts = LogFacts()
     clock: dict[str, int] = {}
     for line in text.splitlines():
-        if (m := KV_TOKENS.search(line)):
+        if m := KV_TOKENS.search(line):
             facts.kv_cache_tokens = int(m.group(1).replace(",", ""))
-        if (m := KV_CONCURRENCY.search(line)):
+        if m := KV_CONCURRENCY.search(line):
             facts.max_concurrency_tokens_per_request = int(m.group(1).replace(",", ""))
             facts.max_concurrency = float(m.group(2))
-        if (m := KV_AVAILABLE.search(line)):
+        if m := KV_AVAILABLE.search(line):
             facts.available_kv_cache_gib = float(m.group(1))
-        if (m := MODEL_LOAD.search(line)):
+        if m := MODEL_LOAD.search(line):
             facts.model_load_gib = float(m.group(1))
             facts.model_load_s = float(m.group(2))
-        if (m := MEMORY_USAGE.search(line)):
+        if m := MEMORY_USAGE.search(line):
             facts.weights_gib, facts.peak_activation_gib, facts.non_torch_gib = (float(m.group(i)) for i in (1, 2, 3))
-        if (m := INIT_ENGINE.search(line)):
+        if m := INIT_ENGINE.search(line):
             facts.init_engine_s = float(m.group(1))
         _cold_start_line(facts, line, clock)
         if SERVER_START.search(line):
@@ -157,9 +158,13 @@ def _cold_start_line(facts: LogFacts, line: str, clock: dict[str, int]) -> None:
     """The cold-start phases of one log line (first occurrence wins for timings of the first boot)."""
     if (t := LOG_TIME.search(line)) and "first" not in clock:
         clock["first"] = _seconds(t)
-    for attr, pat in (("weights_load_s", WEIGHTS_LOAD), ("dynamo_transform_s", DYNAMO_TRANSFORM),
-                      ("graph_compile_s", GRAPH_COMPILE), ("graph_from_cache_s", GRAPH_FROM_CACHE),
-                      ("torch_compile_s", TORCH_COMPILE)):
+    for attr, pat in (
+        ("weights_load_s", WEIGHTS_LOAD),
+        ("dynamo_transform_s", DYNAMO_TRANSFORM),
+        ("graph_compile_s", GRAPH_COMPILE),
+        ("graph_from_cache_s", GRAPH_FROM_CACHE),
+        ("torch_compile_s", TORCH_COMPILE),
+    ):
         if getattr(facts, attr) is None and (m := pat.search(line)):
             setattr(facts, attr, float(m.group(1)))
     if facts.load_format is None and (m := LOAD_FORMAT_ARG.search(line)):
@@ -173,8 +178,9 @@ def _cold_start_line(facts: LogFacts, line: str, clock: dict[str, int]) -> None:
             facts.log_to_server_start_s = float(_seconds(t) - clock["first"])
 
 
-def cold_start_phases(facts: LogFacts, boot: dict[str, Any] | None = None,
-                      load_format: str | None = None) -> dict[str, Any]:
+def cold_start_phases(
+    facts: LogFacts, boot: dict[str, Any] | None = None, load_format: str | None = None
+) -> dict[str, Any]:
     """The cold-start phases of one boot, named once for the smoke report and ``--json``: what vLLM logged
     (weights load time and GiB/s, torch.compile, CUDA-graph capture, engine init) and what the probe timed
     (``/health`` and the first token, seconds from the server's start).  Missing ones are None."""
@@ -191,9 +197,9 @@ def cold_start_phases(facts: LogFacts, boot: dict[str, Any] | None = None,
     return {
         "load_format": load_format or facts.load_format or "auto",
         "weights_gib": gib,
-        "model_load_s": load_s,                    # "Model loading took X GiB and Y seconds"
+        "model_load_s": load_s,  # "Model loading took X GiB and Y seconds"
         "model_load_gib_per_s": rate,
-        "weights_load_s": facts.weights_load_s,    # "Loading weights took Y seconds" (default loader only)
+        "weights_load_s": facts.weights_load_s,  # "Loading weights took Y seconds" (default loader only)
         "weights_load_gib_per_s": weights_rate,
         "dynamo_transform_s": facts.dynamo_transform_s,
         "graph_compile_s": facts.graph_compile_s,
@@ -202,7 +208,7 @@ def cold_start_phases(facts: LogFacts, boot: dict[str, Any] | None = None,
         "torch_compile_s": facts.torch_compile_s,
         "cuda_graph_capture_s": facts.cuda_graph_capture_s,
         "cuda_graph_gib": facts.cuda_graph_gib,
-        "init_engine_s": facts.init_engine_s,      # profile + KV cache + compile + CUDA graphs + warmup
+        "init_engine_s": facts.init_engine_s,  # profile + KV cache + compile + CUDA graphs + warmup
         "log_to_engine_start_s": facts.log_to_engine_start_s,
         "log_to_server_start_s": facts.log_to_server_start_s,
         "health_s": boot.get("health_s"),
@@ -211,9 +217,12 @@ def cold_start_phases(facts: LogFacts, boot: dict[str, Any] | None = None,
 
 
 COLD_START_LABELS = (  # (key, label) in the order the text report shows them
-    ("model_load_s", "weights load"), ("torch_compile_s", "torch.compile"),
-    ("cuda_graph_capture_s", "CUDA-graph capture"), ("init_engine_s", "engine init"),
-    ("health_s", "/health"), ("first_token_s", "first token"),
+    ("model_load_s", "weights load"),
+    ("torch_compile_s", "torch.compile"),
+    ("cuda_graph_capture_s", "CUDA-graph capture"),
+    ("init_engine_s", "engine init"),
+    ("health_s", "/health"),
+    ("first_token_s", "first token"),
 )
 
 
@@ -236,8 +245,12 @@ def render_cold_start(cs: dict[str, Any]) -> str:
 
 def parse_vllm_kv_log(text: str) -> dict[str, Any]:
     """The KV lines vLLM 0.26.0 logs at boot (first occurrence of each); missing ones are None."""
-    out: dict[str, Any] = {"available_kv_bytes": None, "kv_tokens": None, "max_model_len": None,
-                           "max_concurrency": None}
+    out: dict[str, Any] = {
+        "available_kv_bytes": None,
+        "kv_tokens": None,
+        "max_model_len": None,
+        "max_concurrency": None,
+    }
     if m := KV_AVAILABLE.search(text):
         out["available_kv_bytes"] = int(float(m.group(1)) * GiB)
     if m := KV_TOKENS.search(text):

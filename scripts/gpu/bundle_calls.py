@@ -44,8 +44,10 @@ def needed_layers(manifest: dict, releases: list[str], serve_releases: list[str]
     """The layers the releases need, each once, the first release's first; ray layers only for serve_releases."""
     unknown = [v for v in releases + serve_releases if v not in manifest["releases"]]
     if unknown:
-        raise SystemExit(f"bundle_calls: the bundle's manifest has no release {', '.join(unknown)} "
-                         f"(it has {', '.join(manifest['releases'])}): build it with make-bundle.sh --vllm ...")
+        raise SystemExit(
+            f"bundle_calls: the bundle's manifest has no release {', '.join(unknown)} "
+            f"(it has {', '.join(manifest['releases'])}): build it with make-bundle.sh --vllm ..."
+        )
     out: list[str] = []
     for v in releases + serve_releases:
         for layer in manifest["releases"][v]:
@@ -74,13 +76,22 @@ def held_parts(state: str) -> set[int] | None:
     return {int(x) for x in m.group(3).split(",")} if m.group(3) else set()
 
 
-def plan_calls(manifest: dict, bundle: str, releases: list[str], serve_releases: list[str], *, launch: bool = True,
-               held: dict[str, set[int] | None] | None = None, run_in_flight: bool = False) -> list[Call]:
+def plan_calls(
+    manifest: dict,
+    bundle: str,
+    releases: list[str],
+    serve_releases: list[str],
+    *,
+    launch: bool = True,
+    held: dict[str, set[int] | None] | None = None,
+    run_in_flight: bool = False,
+) -> list[Call]:
     """The calls, in order: every part not in ``held`` (LAYER -> parts held, None: done), the launch, then wait."""
     held = held or {}
     layers = needed_layers(manifest, releases, serve_releases)
-    first = [lay for lay in layers
-             if lay in manifest["releases"][releases[0]] and manifest["layers"][lay]["kind"] != "ray"]
+    first = [
+        lay for lay in layers if lay in manifest["releases"][releases[0]] and manifest["layers"][lay]["kind"] != "ray"
+    ]
     uploads: list[tuple[str, int]] = []
     for layer in layers:
         have = held.get(layer, set())
@@ -107,12 +118,16 @@ def plan_calls(manifest: dict, bundle: str, releases: list[str], serve_releases:
     return calls + [Call((), f"{PROOF} wait")]
 
 
-def resend(manifest: dict, bundle: str, reply: str, releases: list[str], serve_releases: list[str], *,
-           launch: bool = True) -> tuple[str, list[Call]]:
+def resend(
+    manifest: dict, bundle: str, reply: str, releases: list[str], serve_releases: list[str], *, launch: bool = True
+) -> tuple[str, list[Call]]:
     boot, inv = parse_inventory(reply)
     if boot is None:
-        return ("no INVENTORY in the reply: the machine is bare (it went back, or the call failed before receiving); "
-                "every call again", plan_calls(manifest, bundle, releases, serve_releases, launch=launch))
+        return (
+            "no INVENTORY in the reply: the machine is bare (it went back, or the call failed before receiving); "
+            "every call again",
+            plan_calls(manifest, bundle, releases, serve_releases, launch=launch),
+        )
     held = {layer: held_parts(state) for layer, state in inv.items()}
     in_flight = bool(re.search(r"run in flight \(alive\)|LAUNCHED|STILL RUNNING", reply))
     calls = plan_calls(manifest, bundle, releases, serve_releases, launch=launch, held=held, run_in_flight=in_flight)

@@ -36,8 +36,9 @@ PART = 56 * 1024 * 1024
 
 def pypi_sha256(name: str, version: str, filename: str) -> str | None:
     """The sha256 PyPI's simple index (JSON form, PEP 691) gives for FILENAME of NAME."""
-    req = urllib.request.Request(f"https://pypi.org/simple/{norm(name)}/",
-                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    req = urllib.request.Request(
+        f"https://pypi.org/simple/{norm(name)}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
     for attempt in range(4):  # a name-resolution hiccup is retried, not reported as a mismatch
         try:
             with urllib.request.urlopen(req, timeout=60) as r:  # noqa: S310 - a fixed https URL
@@ -106,12 +107,19 @@ def pack(plan: dict, wheels_dir: Path, out: Path, slim_dir: Path | None = None, 
         digest = sha256_file(tar)
         parts = split(tar, layer_dir)
         (layer_dir / "layer.sha256").write_text(f"{digest}  {name}.tar\n")
-        layers[name] = {"kind": lay["kind"], "version": lay["version"], "releases": lay["releases"],
-                        "bytes": tar.stat().st_size, "sha256": digest, "parts": parts,
-                        "wheels": [f.name for f in sorted(files)]}
+        layers[name] = {
+            "kind": lay["kind"],
+            "version": lay["version"],
+            "releases": lay["releases"],
+            "bytes": tar.stat().st_size,
+            "sha256": digest,
+            "parts": parts,
+            "wheels": [f.name for f in sorted(files)],
+        }
         tar.unlink()
     verified = None
     if verify_pypi:
+
         def check(item):
             dist, ver, f = item
             try:
@@ -119,15 +127,21 @@ def pack(plan: dict, wheels_dir: Path, out: Path, slim_dir: Path | None = None, 
             except OSError as exc:
                 want = f"unreadable ({exc})"
             return f.name, want, sha256_file(f)
+
         with ThreadPoolExecutor(8) as ex:
             results = list(ex.map(check, to_verify))
         bad = [f"{n}: PyPI {w}, file {h}" for n, w, h in results if w != h]
         if bad:
             raise SystemExit("sha256 differs from PyPI's:\n  " + "\n  ".join(bad))
         verified = len(results)
-    manifest = {"schema": "build-image/gpu-bundle/v1", "part_bytes": PART, "layers": layers,
-                "releases": {v: r["layers"] for v, r in plan["releases"].items()},
-                "missing": missing, "pypi_verified": verified}
+    manifest = {
+        "schema": "build-image/gpu-bundle/v1",
+        "part_bytes": PART,
+        "layers": layers,
+        "releases": {v: r["layers"] for v, r in plan["releases"].items()},
+        "missing": missing,
+        "pypi_verified": verified,
+    }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 

@@ -57,10 +57,25 @@ STACK_LINKED = ("nvidia-nccl-cu13", "nvidia-nvshmem-cu13")
 #: checkpoint does not load (/work/shared/gpu/README.md: "Not needed for a plain Qwen3 checkpoint").
 #: quack-kernels travels: with the CUTLASS DSL importable (Gemma 4 needs it) vLLM's kernel warm-up on sm_90
 #: compiles the ll_bf16 router GEMM, which imports quack (0.26.0 died at boot without it, H200 2026-12-03)
-SKIP = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "tilelang",
-        "humming-kernels", "tokenspeed-mla", "runai-model-streamer", "bitsandbytes", "opencv-python-headless",
-        "torchcodec", "pynvvideocodec", "fastsafetensors", "nvidia-cudnn-frontend", "xformers", "deep-gemm", "deep-ep",
-        "nvidia-cutlass-dsl-libs-cu12")  # CUDA 13 here: the cu13 libs serve
+SKIP = (
+    "flashinfer-python",
+    "flashinfer-cubin",
+    "flashinfer-jit-cache",
+    "tilelang",
+    "humming-kernels",
+    "tokenspeed-mla",
+    "runai-model-streamer",
+    "bitsandbytes",
+    "opencv-python-headless",
+    "torchcodec",
+    "pynvvideocodec",
+    "fastsafetensors",
+    "nvidia-cudnn-frontend",
+    "xformers",
+    "deep-gemm",
+    "deep-ep",
+    "nvidia-cutlass-dsl-libs-cu12",
+)  # CUDA 13 here: the cu13 libs serve
 #: the torch version of the device's python3 (KINDS.md; /work/shared/gpu/README.md)
 DEVICE_TORCH = "2.11.0"
 
@@ -71,8 +86,11 @@ norm = canonicalize_name
 
 def releases() -> list[str]:
     base = ROOT / "lockfiles" / "base"
-    out = [p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json")
-           if "-linux-" not in p.name]  # the GPU proof runs the x86_64 images (linux/arm64's manifests are apart)
+    out = [
+        p.name[len("vllm-openai-v") : -len(".json")]
+        for p in base.glob("vllm-openai-v*.json")
+        if "-linux-" not in p.name
+    ]  # the GPU proof runs the x86_64 images (linux/arm64's manifests are apart)
     return sorted(out, key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
@@ -167,9 +185,17 @@ def requirements_with_extras(wheel: Path, extras: set[str] | frozenset[str] = fr
 
 
 def _marker_true(marker: Marker, extra: str | None = None) -> bool:
-    env = {"python_version": "3.12", "python_full_version": "3.12.3", "platform_system": "Linux",
-           "platform_machine": "x86_64", "sys_platform": "linux", "os_name": "posix",
-           "implementation_name": "cpython", "platform_python_implementation": "CPython", "extra": extra or ""}
+    env = {
+        "python_version": "3.12",
+        "python_full_version": "3.12.3",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "sys_platform": "linux",
+        "os_name": "posix",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+        "extra": extra or "",
+    }
     return marker.evaluate(env)
 
 
@@ -188,8 +214,9 @@ def wheel_file(wheels_dir: Path, name: str, version: str) -> Path | None:
     return None
 
 
-def closure(wheels: dict[str, str], sources: list[dict[str, str]], wheels_dir: Path, dev: dict,
-            exclude: set[str] = frozenset()) -> list[str]:
+def closure(
+    wheels: dict[str, str], sources: list[dict[str, str]], wheels_dir: Path, dev: dict, exclude: set[str] = frozenset()
+) -> list[str]:
     """Add to WHEELS the requirements of its wheels found in WHEELS_DIR (again for those added) that the
     device lacks, at the first of SOURCES that pins them; returns the names added.  Wheels not yet
     downloaded are read on the next pass (make-bundle.sh plans and downloads until nothing is added)."""
@@ -226,8 +253,14 @@ def _pick(name: str, sources: list[dict[str, str]], fallback: str | None) -> str
     return fallback
 
 
-def release_plan(vllm: str, *, wheel_dir: Path | None = None, full_stack: bool = False,
-                 dev: dict[str, str | None] | None = None, wheels_dir: Path | None = None) -> dict:
+def release_plan(
+    vllm: str,
+    *,
+    wheel_dir: Path | None = None,
+    full_stack: bool = False,
+    dev: dict[str, str | None] | None = None,
+    wheels_dir: Path | None = None,
+) -> dict:
     """One release's wheels by layer kind, with what was left to the device or skipped, and why."""
     m = manifest(vllm)
     if "vllm" in m and m["vllm"] != vllm:
@@ -248,8 +281,14 @@ def release_plan(vllm: str, *, wheel_dir: Path | None = None, full_stack: bool =
                 continue
             torch_wheels[name] = ver
         else:
-            left.append({"name": name, "pinned": ver, "device": dev.get(name),
-                         "why": "loaded from the device's site-packages by soname (CUDA 13)"})
+            left.append(
+                {
+                    "name": name,
+                    "pinned": ver,
+                    "device": dev.get(name),
+                    "why": "loaded from the device's site-packages by soname (CUDA 13)",
+                }
+            )
     if m.get("torch") == DEVICE_TORCH:
         torch_wheels = {}  # the device's own torch stack serves this release
     engine: dict[str, str] = {}
@@ -292,10 +331,18 @@ def release_plan(vllm: str, *, wheel_dir: Path | None = None, full_stack: bool =
                 ray_wheels[name] = ver
         if wheels_dir is not None:
             deps += closure(ray_wheels, [lock_entries, m], wheels_dir, dev, exclude=set(engine))
-    return {"vllm": vllm, "torch": m.get("torch"), "ray": ray_ver, "torch_wheels": torch_wheels,
-            "engine_wheels": engine, "ray_wheels": ray_wheels, "auto_added": sorted(auto),
-            "requirements_added": sorted(set(deps)),
-            "left_to_device": left, "skipped": skipped}
+    return {
+        "vllm": vllm,
+        "torch": m.get("torch"),
+        "ray": ray_ver,
+        "torch_wheels": torch_wheels,
+        "engine_wheels": engine,
+        "ray_wheels": ray_wheels,
+        "auto_added": sorted(auto),
+        "requirements_added": sorted(set(deps)),
+        "left_to_device": left,
+        "skipped": skipped,
+    }
 
 
 def find_wheel(wheel_dir: Path, vllm: str) -> Path | None:
@@ -307,8 +354,9 @@ def _digest(wheels: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(sorted(wheels.items())).encode()).hexdigest()[:8]
 
 
-def plan(vllms: list[str], *, wheel_dir: Path | None = None, full_stack: bool = False,
-         wheels_dir: Path | None = None) -> dict:
+def plan(
+    vllms: list[str], *, wheel_dir: Path | None = None, full_stack: bool = False, wheels_dir: Path | None = None
+) -> dict:
     """The bundle for several releases: layers (each uploaded once) and each release's layer order."""
     dev = device()
     rels = [release_plan(v, wheel_dir=wheel_dir, full_stack=full_stack, dev=dev, wheels_dir=wheels_dir) for v in vllms]
@@ -318,13 +366,24 @@ def plan(vllms: list[str], *, wheel_dir: Path | None = None, full_stack: bool = 
     wanted: dict[str, list[tuple[str, str, str]]] = {}
     for r in rels:
         keys = []
-        parts = ([("torch", r["torch"], r["torch_wheels"], {})] if r["torch_wheels"] else []) + \
-            [("vllm", r["vllm"], r["engine_wheels"], {"slim_vllm": r["vllm"]})] + \
-            ([("ray", r["ray"], r["ray_wheels"], {})] if r["ray_wheels"] else [])
+        parts = (
+            ([("torch", r["torch"], r["torch_wheels"], {})] if r["torch_wheels"] else [])
+            + [("vllm", r["vllm"], r["engine_wheels"], {"slim_vllm": r["vllm"]})]
+            + ([("ray", r["ray"], r["ray_wheels"], {})] if r["ray_wheels"] else [])
+        )
         for kind, ver, wheels, extra in parts:
             key = (kind, ver, _digest(wheels))
-            lay = found.setdefault(key, {"kind": kind, "version": ver, "digest": key[2], "releases": [],
-                                         "wheels": dict(sorted(wheels.items())), **extra})
+            lay = found.setdefault(
+                key,
+                {
+                    "kind": kind,
+                    "version": ver,
+                    "digest": key[2],
+                    "releases": [],
+                    "wheels": dict(sorted(wheels.items())),
+                    **extra,
+                },
+            )
             lay["releases"].append(r["vllm"])
             keys.append(key)
         wanted[r["vllm"]] = keys
@@ -336,10 +395,18 @@ def plan(vllms: list[str], *, wheel_dir: Path | None = None, full_stack: bool = 
 
     layers = {name(k): lay for k, lay in found.items()}
     order = {v: [name(k) for k in keys] for v, keys in wanted.items()}
-    return {"schema": "build-image/gpu-bundle-plan/v1", "device_torch": DEVICE_TORCH, "layers": layers,
-            "releases": {r["vllm"]: {**{k: r[k] for k in ("torch", "ray", "auto_added", "requirements_added",
-                                                            "left_to_device", "skipped")},
-                                     "layers": order[r["vllm"]]} for r in rels}}
+    return {
+        "schema": "build-image/gpu-bundle-plan/v1",
+        "device_torch": DEVICE_TORCH,
+        "layers": layers,
+        "releases": {
+            r["vllm"]: {
+                **{k: r[k] for k in ("torch", "ray", "auto_added", "requirements_added", "left_to_device", "skipped")},
+                "layers": order[r["vllm"]],
+            }
+            for r in rels
+        },
+    }
 
 
 def requirements(p: dict, layer: str) -> list[str]:

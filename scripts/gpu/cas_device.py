@@ -41,8 +41,11 @@ def manifest() -> dict:
 
 
 def held(m: dict) -> set[int]:
-    return {i for i, p in enumerate(m["cas"]["parts"])
-            if (PARTS / p["dir"]).exists() or (PARTS / f"{p['dir']}.done").exists()}
+    return {
+        i
+        for i, p in enumerate(m["cas"]["parts"])
+        if (PARTS / p["dir"]).exists() or (PARTS / f"{p['dir']}.done").exists()
+    }
 
 
 def state(name: str, lay: dict, have: set[int]) -> str:
@@ -82,8 +85,13 @@ def start_ready(m: dict) -> None:
     for name, lay in m["layers"].items():
         if all(p in have for p in lay["cas_parts"]) and state(name, lay, have) not in ("ok", "failed", "installing"):
             log = open(L / f"{name}.log", "w")  # noqa: SIM115 - handed to the child
-            subprocess.Popen([sys.executable, __file__, "install", name], stdout=log, stderr=subprocess.STDOUT,
-                             stdin=subprocess.DEVNULL, start_new_session=True)
+            subprocess.Popen(
+                [sys.executable, __file__, "install", name],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             print(f"{name}: its parts are here; installing in the background ({L}/{name}.log)", flush=True)
 
 
@@ -142,8 +150,9 @@ def blob_file(m: dict, sha: str) -> Path:
 
 def cleanup(m: dict) -> None:
     """Delete the parts (and blobs) that no layer still to install needs."""
-    pending = [lay for name, lay in m["layers"].items()
-               if not ((L / f"{name}.ok").exists() or (L / f"{name}.failed").exists())]
+    pending = [
+        lay for name, lay in m["layers"].items() if not ((L / f"{name}.ok").exists() or (L / f"{name}.failed").exists())
+    ]
     need_parts = {p for lay in pending for p in lay["cas_parts"]}
     need_blobs = {s for lay in pending for s in lay["blobs"]}
     for i, p in enumerate(m["cas"]["parts"]):
@@ -168,8 +177,22 @@ def install(name: str) -> int:
         return 1
     target = L / name
     shutil.rmtree(target, ignore_errors=True)
-    rc = subprocess.call([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
-                          "--no-cache-dir", "--target", str(target), *files])
+    rc = subprocess.call(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--no-deps",
+            "--no-compile",
+            "--no-cache-dir",
+            "--target",
+            str(target),
+            *files,
+        ]
+    )
     if rc:
         (L / f"{name}.failed").write_text("pip install failed\n")
         return 1

@@ -62,12 +62,21 @@ def select(manifest: dict, order: list[str], serve: list[str]) -> dict:
     """The manifest cut to the releases of ORDER: their engine layers, and the ray layers of SERVE only."""
     keep = {x for v in order for x in manifest["releases"][v] if manifest["layers"][x]["kind"] != "ray"}
     keep |= {x for v in serve for x in manifest["releases"][v]}
-    return {**manifest, "layers": {k: v for k, v in manifest["layers"].items() if k in keep},
-            "releases": {v: [x for x in manifest["releases"][v] if x in keep] for v in order}}
+    return {
+        **manifest,
+        "layers": {k: v for k, v in manifest["layers"].items() if k in keep},
+        "releases": {v: [x for x in manifest["releases"][v] if x in keep] for v in order},
+    }
 
 
-def pack(bundle: Path, out: Path, order: list[str], extras: list[tuple[str, str, Path]], part_bytes: int,
-         serve: list[str] | None = None) -> dict:
+def pack(
+    bundle: Path,
+    out: Path,
+    order: list[str],
+    extras: list[tuple[str, str, Path]],
+    part_bytes: int,
+    serve: list[str] | None = None,
+) -> dict:
     manifest = json.loads((bundle / "manifest.json").read_text())
     order = order or list(manifest["releases"])
     manifest = select(manifest, order, serve or [])
@@ -79,7 +88,7 @@ def pack(bundle: Path, out: Path, order: list[str], extras: list[tuple[str, str,
     out.mkdir(parents=True, exist_ok=True)
     stream_path = out / "stream.tmp"
     offset = 0
-    with open(stream_path, "wb") as stream:   # one layer in memory at a time
+    with open(stream_path, "wb") as stream:  # one layer in memory at a time
         for name in layer_order(manifest, order, [e[0] for e in extras]):
             wheels = dir_wheels(extra_dirs[name]) if name in extra_dirs else layer_wheels(bundle, name, layers[name])
             shas = []
@@ -104,20 +113,34 @@ def pack(bundle: Path, out: Path, order: list[str], extras: list[tuple[str, str,
             parts.append({"dir": d.name, "bytes": len(chunk), "sha256": digest})
             i += 1
     stream_path.unlink()
-    for stale in sorted(out.glob("c[0-9][0-9][0-9]"))[len(parts):]:
+    for stale in sorted(out.glob("c[0-9][0-9][0-9]"))[len(parts) :]:
         for f in stale.iterdir():
             f.unlink()
         stale.rmdir()
     for lay in layers.values():
-        lay["cas_parts"] = sorted({k for s in lay["blobs"] for k in
-                                   range(blobs[s]["offset"] // part_bytes,
-                                         (blobs[s]["offset"] + max(blobs[s]["bytes"], 1) - 1) // part_bytes + 1)})
+        lay["cas_parts"] = sorted(
+            {
+                k
+                for s in lay["blobs"]
+                for k in range(
+                    blobs[s]["offset"] // part_bytes,
+                    (blobs[s]["offset"] + max(blobs[s]["bytes"], 1) - 1) // part_bytes + 1,
+                )
+            }
+        )
         lay.pop("parts", None)
-    doc = {"schema": "build-image/gpu-bundle-cas/v1", "part_bytes": part_bytes, "order": order,
-           "layers": layers, "releases": manifest["releases"],
-           "cas": {"parts": parts, "blobs": blobs, "bytes": offset},
-           "layered": {"parts": sum(len(v["parts"]) for v in manifest["layers"].values()),
-                       "bytes": sum(v["bytes"] for v in manifest["layers"].values())}}
+    doc = {
+        "schema": "build-image/gpu-bundle-cas/v1",
+        "part_bytes": part_bytes,
+        "order": order,
+        "layers": layers,
+        "releases": manifest["releases"],
+        "cas": {"parts": parts, "blobs": blobs, "bytes": offset},
+        "layered": {
+            "parts": sum(len(v["parts"]) for v in manifest["layers"].values()),
+            "bytes": sum(v["bytes"] for v in manifest["layers"].values()),
+        },
+    }
     (out / "manifest.json").write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
@@ -129,12 +152,17 @@ def audit(doc: dict) -> str:
         for s in lay["blobs"]:
             held.setdefault(s, []).append(name)
     rep = sum(doc["cas"]["blobs"][s]["bytes"] * (len(v) - 1) for s, v in held.items())
-    vllm_rep = sum(doc["cas"]["blobs"][s]["bytes"] * (len([x for x in v if x.startswith("vllm-")]) - 1)
-                   for s, v in held.items() if any(x.startswith("vllm-") for x in v))
-    return (f"layered: {doc['layered']['parts']} parts, {doc['layered']['bytes'] / MiB:,.0f} MiB; "
-            f"content-addressed: {len(doc['cas']['parts'])} parts, {doc['cas']['bytes'] / MiB:,.0f} MiB "
-            f"({len(doc['cas']['blobs'])} distinct wheels); repeats {rep / MiB:,.0f} MiB "
-            f"(among the vllm layers {vllm_rep / MiB:,.0f} MiB)")
+    vllm_rep = sum(
+        doc["cas"]["blobs"][s]["bytes"] * (len([x for x in v if x.startswith("vllm-")]) - 1)
+        for s, v in held.items()
+        if any(x.startswith("vllm-") for x in v)
+    )
+    return (
+        f"layered: {doc['layered']['parts']} parts, {doc['layered']['bytes'] / MiB:,.0f} MiB; "
+        f"content-addressed: {len(doc['cas']['parts'])} parts, {doc['cas']['bytes'] / MiB:,.0f} MiB "
+        f"({len(doc['cas']['blobs'])} distinct wheels); repeats {rep / MiB:,.0f} MiB "
+        f"(among the vllm layers {vllm_rep / MiB:,.0f} MiB)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

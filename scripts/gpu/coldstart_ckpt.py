@@ -52,11 +52,25 @@ def main(argv: list[str]) -> int:
     from tests.checkpoints import write_tokenizer
 
     cfg = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": VOCAB, "hidden_size": HIDDEN,
-        "intermediate_size": INTER, "num_hidden_layers": layers, "num_attention_heads": HEADS,
-        "num_key_value_heads": KV, "head_dim": HD, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0, "hidden_act": "silu", "tie_word_embeddings": False, "attention_bias": False,
-        "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "torch_dtype": "bfloat16",
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": VOCAB,
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTER,
+        "num_hidden_layers": layers,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV,
+        "head_dim": HD,
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+        "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
     }
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     write_tokenizer(out, VOCAB)
@@ -91,11 +105,23 @@ def main(argv: list[str]) -> int:
         final = f"model-{i + 1:05d}-of-{files:05d}.safetensors"
         (out / name).rename(out / final)
         weight_map.update(dict.fromkeys(m, final))
-    (out / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1)
+    )
     on_disk = sum(f.stat().st_size for f in out.glob("*.safetensors"))
-    print(json.dumps({"dir": str(out), "layers": layers, "tensor_bytes": total, "safetensors_bytes": on_disk,
-                      "files": files, "write_s": round(time.monotonic() - t0, 1)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "dir": str(out),
+                "layers": layers,
+                "tensor_bytes": total,
+                "safetensors_bytes": on_disk,
+                "files": files,
+                "write_s": round(time.monotonic() - t0, 1),
+            }
+        ),
+        flush=True,
+    )
     return 0
 
 

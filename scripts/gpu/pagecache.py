@@ -73,8 +73,12 @@ def read(d: Path) -> dict:
             while chunk := f.read(16 << 20):
                 n += len(chunk)
     dt = time.monotonic() - t0
-    return {"read_bytes": n, "read_s": round(dt, 2), "GBps": round(n / dt / 1e9, 3),
-            "GiBps": round(n / dt / (1 << 30), 3)}
+    return {
+        "read_bytes": n,
+        "read_s": round(dt, 2),
+        "GBps": round(n / dt / 1e9, 3),
+        "GiBps": round(n / dt / (1 << 30), 3),
+    }
 
 
 def main(argv: list[str]) -> int:

@@ -35,8 +35,18 @@ def main(argv: list[str]) -> int:
         before = tensors[name].float().abs().mean().item()
         tensors[name] = (tensors[name].float() * factor).to(tensors[name].dtype)
         save_file(tensors, str(f), metadata=meta)
-        print(json.dumps({"file": f.name, "tensor": name, "factor": factor, "shape": list(tensors[name].shape),
-                          "mean_abs_before": before, "mean_abs_after": tensors[name].float().abs().mean().item()}))
+        print(
+            json.dumps(
+                {
+                    "file": f.name,
+                    "tensor": name,
+                    "factor": factor,
+                    "shape": list(tensors[name].shape),
+                    "mean_abs_before": before,
+                    "mean_abs_after": tensors[name].float().abs().mean().item(),
+                }
+            )
+        )
         return 0
     print(f"scale_weight: no tensor {name!r} in {src}/*.safetensors", file=sys.stderr)
     return 1

@@ -5,6 +5,7 @@ Drops FlashAttention 2 (Hopper uses FA3) and the vllm-rs binary, and rewrites
 RECORD so that pip still installs the result.  Usage:
     slim_wheel.py IN.whl OUT.whl
 """
+
 import base64
 import hashlib
 import sys

@@ -48,9 +48,11 @@ def fmt(v, nd=2):
 
 
 def runs_table(runs: dict[str, dict]) -> str:
-    out = ["| run | verdict | /health s | first token s | KV tokens (vLLM) | max conc. (vLLM) | p50 / p95 s (rounds) | "
-           "out tok/s | GPU MiB peak | failure (root cause) |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| run | verdict | /health s | first token s | KV tokens (vLLM) | max conc. (vLLM) | p50 / p95 s (rounds) | "
+        "out tok/s | GPU MiB peak | failure (root cause) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in runs.items():
         lat = "; ".join(f"{fmt(x['latency_p50_s'])}/{fmt(x['latency_p95_s'])}" for x in r["rounds"]) or "–"
         gpu = (r.get("gpu") or {}).get("memory_used_mib_peak")
@@ -103,9 +105,11 @@ def ground_truth(runs: dict[str, dict]) -> str:
         from builder.serving import plan as planmod
     except ImportError:
         return "(builder.serving.plan not importable)"
-    out = ["| run | model (layers × KV heads × head_dim) | util | max_model_len | KV tokens: plan | vLLM | error | max "
-           "concurrency: plan | vLLM | error | available KV GiB: plan | vLLM |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| run | model (layers × KV heads × head_dim) | util | max_model_len | KV tokens: plan | vLLM | error | max "
+        "concurrency: plan | vLLM | error | available KV GiB: plan | vLLM |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in runs.items():
         p = r.get("plan")
         alone = name in ALONE or re.fullmatch(r"p-[0-9.]+-qwen3-sparse", name)  # proof-run.sh RELEASES mode
@@ -125,10 +129,14 @@ def ground_truth(runs: dict[str, dict]) -> str:
                 kw["max_num_batched_tokens"] = int(extra[extra.index("--max-num-batched-tokens") + 1])
             try:
                 cur = planmod.make_plan(
-                    json.loads(cfg_file.read_text()), weights_bytes=int(p["weights_bytes"]),
-                    gpu_memory_bytes=int(p["gpu_memory_bytes"]), tp=s["tp"],
-                    gpu_memory_utilization=s["gpu_memory_utilization"], max_model_len=s["max_model_len"],
-                    max_num_seqs=s["max_num_seqs"], **kw,
+                    json.loads(cfg_file.read_text()),
+                    weights_bytes=int(p["weights_bytes"]),
+                    gpu_memory_bytes=int(p["gpu_memory_bytes"]),
+                    tp=s["tp"],
+                    gpu_memory_utilization=s["gpu_memory_utilization"],
+                    max_model_len=s["max_model_len"],
+                    max_num_seqs=s["max_num_seqs"],
+                    **kw,
                 ).to_dict()
             except Exception as exc:  # noqa: BLE001
                 print(f"recompute failed for {name}: {exc}", file=sys.stderr)
@@ -151,7 +159,7 @@ NOT_RUN = "not run (device budget)"
 
 def _releases() -> list[str]:
     base = ROOT / "lockfiles" / "base"
-    out = [p.name[len("vllm-openai-v"):-len(".json")] for p in base.glob("vllm-openai-v*.json")]
+    out = [p.name[len("vllm-openai-v") : -len(".json")] for p in base.glob("vllm-openai-v*.json")]
     return sorted(out, key=lambda v: tuple(int(x) for x in v.split(".")))
 
 
@@ -163,8 +171,11 @@ def _carried(v: str) -> str:
     r = bundle_plan.release_plan(v)
     t, e = r["torch_wheels"], r["engine_wheels"]
     e.setdefault("transformers", bundle_plan.manifest(v)["transformers"] + " (the device's)")
-    torch = (f"torch {t['torch']}, triton {t['triton']}, NCCL {t.get('nvidia-nccl-cu13', '(device)')}" if t
-             else f"(the device's torch {bundle_plan.DEVICE_TORCH})")
+    torch = (
+        f"torch {t['torch']}, triton {t['triton']}, NCCL {t.get('nvidia-nccl-cu13', '(device)')}"
+        if t
+        else f"(the device's torch {bundle_plan.DEVICE_TORCH})"
+    )
     return f"{torch}; transformers {e['transformers']}; ray {r['ray']}"
 
 
@@ -187,17 +198,23 @@ def _verdict(r: dict | None) -> str:
 def release_table(runs: dict[str, dict]) -> str:
     for name, r in runs.items():
         r["_name"] = name
-    out = ["| release | carried | patched layer-type (qwen3-sparse) | KV tokens: vLLM logged / plan (error) | "
-           "/health s | out tok/s | unpatched layer-type | patched PLE long name | unpatched PLE long name |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "| release | carried | patched layer-type (qwen3-sparse) | KV tokens: vLLM logged / plan (error) | "
+        "/health s | out tok/s | unpatched layer-type | patched PLE long name | unpatched PLE long name |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
 
     def ple(r: dict | None, ref: dict | None) -> str:
         text = _verdict(r)
         if r is None or ref is None or not (r.get("probe") or {}).get("text"):
             return text
         same = r["probe"]["text"] == (ref.get("probe") or {}).get("text")
-        return text + ("; greedy probe = the plain-name reference" if same else
-                       "; **greedy probe differs from the plain-name reference** (table not loaded)")
+        return text + (
+            "; greedy probe = the plain-name reference"
+            if same
+            else "; **greedy probe differs from the plain-name reference** (table not loaded)"
+        )
+
     for v in _releases():
         p, u = runs.get(f"p-{v}-qwen3-sparse"), runs.get(f"u-{v}-qwen3-sparse")
         pl, ul = runs.get(f"p-{v}-gemma4-ple-long"), runs.get(f"u-{v}-gemma4-ple-long")
@@ -209,8 +226,10 @@ def release_table(runs: dict[str, dict]) -> str:
                 kv = f"{m:,} / {plan:,} ({100 * (plan - m) / m:+.2f}%)"
             boot = fmt(p["boot"]["health_s"])
             tps = fmt(p["throughput"]["output_tokens_per_s"], 0)
-        out.append(f"| {v} | {_carried(v)} | {_verdict(p)} | {kv} | {boot} | {tps} | {_verdict(u)} | "
-                   f"{ple(pl, ref)} | {ple(ul, ref)} |")
+        out.append(
+            f"| {v} | {_carried(v)} | {_verdict(p)} | {kv} | {boot} | {tps} | {_verdict(u)} | "
+            f"{ple(pl, ref)} | {ple(ul, ref)} |"
+        )
     return "\n".join(out)
 
 

@@ -25,7 +25,7 @@ def load(dirs: list[Path]) -> tuple[dict, dict, dict, dict]:
             if re.match(r"[pu]-\d", f.name):
                 runs[f.stem] = (json.loads(f.read_text() or "{}"), d)
         for f in (d / "results").glob("versions-*.txt"):
-            versions[f.stem[len("versions-"):]] = f.read_text().strip().splitlines()[-1]
+            versions[f.stem[len("versions-") :]] = f.read_text().strip().splitlines()[-1]
         log = d / "results" / "gate.log"
         for ln in log.read_text().splitlines() if log.exists() else []:
             f = dict(x.split("=", 1) for x in ln.split()[1:] if "=" in x)
@@ -51,19 +51,23 @@ def row(v: str, runs: dict, versions: dict, gate: dict, refs: dict) -> str:
     probe = (p.get("probe") or {}).get("text")
     same = "probe = reference" if probe and probe == refs.get(pd) else "**probe differs**" if probe else "no probe"
     g = gate.get(f"p-{v}-qwen3-sparse", {})
-    return (f"| {v} | {q.get('verdict', 'not run')} ({rounds}; layers {', '.join(rew) or 'none'} rewritten) | "
-            f"{p.get('verdict', 'not run')}; {same} | {kv or '–':,} / {plan or '–':,}{err} | "
-            f"{(q.get('boot') or {}).get('health_s')} | {(q.get('throughput') or {}).get('output_tokens_per_s')} | "
-            f"{g.get('waited', '–')} s / {g.get('others', '–')} MiB | {versions.get(v, '–')} |")
+    return (
+        f"| {v} | {q.get('verdict', 'not run')} ({rounds}; layers {', '.join(rew) or 'none'} rewritten) | "
+        f"{p.get('verdict', 'not run')}; {same} | {kv or '–':,} / {plan or '–':,}{err} | "
+        f"{(q.get('boot') or {}).get('health_s')} | {(q.get('throughput') or {}).get('output_tokens_per_s')} | "
+        f"{g.get('waited', '–')} s / {g.get('others', '–')} MiB | {versions.get(v, '–')} |"
+    )
 
 
 def main(argv: list[str]) -> int:
     dirs = [Path(a) for a in argv]
     runs, versions, gate, refs = load(dirs)
     rel = sorted({n.split("-")[1] for n in runs}, key=lambda v: tuple(int(x) for x in v.split(".")))
-    print("| release | patched qwen3-sparse (3 x 16 + chat) | patched PLE long name |"
-          " KV tokens: vLLM / plan (plan error) | /health s | out tok/s |"
-          " sized boot: gate wait / others' MiB in its window | imported |")
+    print(
+        "| release | patched qwen3-sparse (3 x 16 + chat) | patched PLE long name |"
+        " KV tokens: vLLM / plan (plan error) | /health s | out tok/s |"
+        " sized boot: gate wait / others' MiB in its window | imported |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for v in rel:
         print(row(v, runs, versions, gate, refs))

@@ -37,8 +37,9 @@ def pytest_collection_modifyitems(config, items):
 
 def cli(args: list[str], *, env: dict | None = None, timeout: int = 600, **kw) -> subprocess.CompletedProcess:
     """``build-image ARGS`` as a subprocess (a fault needs a real process: signals, exit codes)."""
-    return subprocess.run([BUILD_IMAGE, *args], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, **(env or {})), **kw)
+    return subprocess.run(
+        [BUILD_IMAGE, *args], capture_output=True, text=True, timeout=timeout, env=dict(os.environ, **(env or {})), **kw
+    )
 
 
 def free_port() -> int:
@@ -76,12 +77,16 @@ class OwnRegistry:
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
             f"    rootdirectory: {self.root / 'data'}\n  delete:\n    enabled: true\nhttp:\n  addr: {self.addr}\n"
         )
-        self.proc = subprocess.Popen(["docker-registry", "serve", str(cfg)], stdout=subprocess.DEVNULL,
-                                     stderr=open(self.root / "registry.log", "ab"))
+        self.proc = subprocess.Popen(
+            ["docker-registry", "serve", str(cfg)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "registry.log", "ab"),
+        )
         if not wait_http(f"http://{self.addr}/v2/"):
             self.kill()
-            pytest.fail(f"own registry on {self.addr} did not start: "
-                        f"{(self.root / 'registry.log').read_text()[-2000:]}")
+            pytest.fail(
+                f"own registry on {self.addr} did not start: {(self.root / 'registry.log').read_text()[-2000:]}"
+            )
         return self
 
     def kill(self) -> None:
@@ -127,19 +132,39 @@ def tiny_context(tmp_path: Path, names=("six",), *, via_cache: bool = False) -> 
 
             wheels[fn] = fetch((src / fn).as_uri(), h, reporter=SILENT)
         entries.append(LockEntry(name=n, version="1.0", hashes=[h], wheel=WheelRef(url=(src / fn).as_uri(), sha256=h)))
-    header = {"build-image-lock": "1", "tool": "t", "vllm": "0.26.0", "base-ref": "vllm/vllm-openai:v0.26.0",
-              "base-digest": "sha256:" + "ab" * 32, "base-manifest-sha256": "0" * 64, "python": "3.12",
-              "platform": "x86_64-manylinux_2_35", "inputs-sha256": "1" * 64}
+    header = {
+        "build-image-lock": "1",
+        "tool": "t",
+        "vllm": "0.26.0",
+        "base-ref": "vllm/vllm-openai:v0.26.0",
+        "base-digest": "sha256:" + "ab" * 32,
+        "base-manifest-sha256": "0" * 64,
+        "python": "3.12",
+        "platform": "x86_64-manylinux_2_35",
+        "inputs-sha256": "1" * 64,
+    }
     lock = LockFile(header=header, overlay=list(names), allow_abi_change={}, entries=entries)
     base = BaseManifest(
-        image_ref="vllm/vllm-openai:v0.26.0", image_digest="sha256:" + "ab" * 32, os="Ubuntu 22.04", glibc="2.35",
-        python_version="3.12", python_abi="cp312", site_packages="/usr/local/lib/python3.12/dist-packages",
-        cuda="13.0", platform="x86_64-manylinux_2_35", provenance_kind="read-from-image", provenance_method="test",
-        distributions={"vllm": Distribution("vllm", "0.26.0"), "uv": Distribution("uv", "0.9.0"),
-                       "numpy": Distribution("numpy", "1.26.4", DistFacts(binary=True))},
+        image_ref="vllm/vllm-openai:v0.26.0",
+        image_digest="sha256:" + "ab" * 32,
+        os="Ubuntu 22.04",
+        glibc="2.35",
+        python_version="3.12",
+        python_abi="cp312",
+        site_packages="/usr/local/lib/python3.12/dist-packages",
+        cuda="13.0",
+        platform="x86_64-manylinux_2_35",
+        provenance_kind="read-from-image",
+        provenance_method="test",
+        distributions={
+            "vllm": Distribution("vllm", "0.26.0"),
+            "uv": Distribution("uv", "0.9.0"),
+            "numpy": Distribution("numpy", "1.26.4", DistFacts(binary=True)),
+        },
     )
-    plan = RenderPlan(vllm="0.26.0", base=base, lock=lock, patched=[], patches=[], repo="127.0.0.1:5000/f/vllm",
-                      source_date_epoch=0)
+    plan = RenderPlan(
+        vllm="0.26.0", base=base, lock=lock, patched=[], patches=[], repo="127.0.0.1:5000/f/vllm", source_date_epoch=0
+    )
     out = tmp_path / "ctx"
     write_context(out, plan, wheels=wheels)
     base.save(tmp_path / "base.json")
@@ -149,8 +174,18 @@ def tiny_context(tmp_path: Path, names=("six",), *, via_cache: bool = False) -> 
 
 def render_args(tmp_path: Path, out: Path) -> list[str]:
     """`build-image render` of :func:`tiny_context`'s inputs (base.json, requirements.lock) to ``out``."""
-    return ["render", "--vllm", "0.26.0", "--base", str(tmp_path / "base.json"), "--lock",
-            str(tmp_path / "requirements.lock"), "--no-patches", "-o", str(out)]
+    return [
+        "render",
+        "--vllm",
+        "0.26.0",
+        "--base",
+        str(tmp_path / "base.json"),
+        "--lock",
+        str(tmp_path / "requirements.lock"),
+        "--no-patches",
+        "-o",
+        str(out),
+    ]
 
 
 # the offline lock fixtures (a numpy-1.x base snapshot + the fixture wheelhouse, real uv)

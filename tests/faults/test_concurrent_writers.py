@@ -13,8 +13,9 @@ from .conftest import BUILD_IMAGE, render_args, tiny_context
 
 
 def _start(args, env):
-    return subprocess.Popen([BUILD_IMAGE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, **env))
+    return subprocess.Popen(
+        [BUILD_IMAGE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **env)
+    )
 
 
 def test_two_renders_to_the_same_output(tmp_path):

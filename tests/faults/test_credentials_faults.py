@@ -13,15 +13,20 @@ from builder.credentials import redact_text, redact_url
 from .conftest import cli
 
 
-@pytest.mark.parametrize("url, want", [
-    ("http://ci-bot:pw@127.0.0.1:8080/simple/", "http://****@127.0.0.1:8080/simple/"),
-    ("https://__token__@pypi.example/simple/", "https://****@pypi.example/simple/"),
-    ("https://h/x.whl?token=abc&v=1", "https://h/x.whl?token=****&v=1"),
-    ("https://s3/x.whl?X-Amz-Signature=sig&X-Amz-Credential=AKIA",
-     "https://s3/x.whl?X-Amz-Signature=****&X-Amz-Credential=****"),
-    ("https://files.pythonhosted.org/a/b/x.whl", "https://files.pythonhosted.org/a/b/x.whl"),
-    ("/srv/wheels", "/srv/wheels"),
-])
+@pytest.mark.parametrize(
+    "url, want",
+    [
+        ("http://ci-bot:pw@127.0.0.1:8080/simple/", "http://****@127.0.0.1:8080/simple/"),
+        ("https://__token__@pypi.example/simple/", "https://****@pypi.example/simple/"),
+        ("https://h/x.whl?token=abc&v=1", "https://h/x.whl?token=****&v=1"),
+        (
+            "https://s3/x.whl?X-Amz-Signature=sig&X-Amz-Credential=AKIA",
+            "https://s3/x.whl?X-Amz-Signature=****&X-Amz-Credential=****",
+        ),
+        ("https://files.pythonhosted.org/a/b/x.whl", "https://files.pythonhosted.org/a/b/x.whl"),
+        ("/srv/wheels", "/srv/wheels"),
+    ],
+)
 def test_redact_url(url, want):
     assert redact_url(url) == want
     assert redact_text(f"cannot fetch {url}: refused") == f"cannot fetch {want}: refused"
@@ -34,7 +39,7 @@ def test_password_in_find_links_url_is_never_written(offline, tmp_path, auth_whe
 
     def with_url(args, url):
         i = args.index("--find-links")
-        return args[:i + 1] + [url] + args[i + 2:]
+        return args[: i + 1] + [url] + args[i + 2 :]
 
     r = cli(with_url(offline("--with", "stableabi", "-o", str(out), "--json"), srv.url), env=env)
     assert r.returncode == 0, r.stderr
@@ -56,11 +61,13 @@ def test_password_in_find_links_url_is_never_written(offline, tmp_path, auth_whe
     from builder.resolve.lockfile import load_lock
 
     lock = load_lock(out)
-    code = ("import sys; from builder.resolve.lockfile import load_lock; from builder.image.render import "
-            "fetch_wheels\n"
-            "from builder.errors import BuildImageError\n"
-            f"try: print(sorted(fetch_wheels(load_lock({str(out)!r}))))\n"
-            "except BuildImageError as exc: sys.exit(print(exc.render(), file=sys.stderr) or exc.exit_code)")
+    code = (
+        "import sys; from builder.resolve.lockfile import load_lock; from builder.image.render import "
+        "fetch_wheels\n"
+        "from builder.errors import BuildImageError\n"
+        f"try: print(sorted(fetch_wheels(load_lock({str(out)!r}))))\n"
+        "except BuildImageError as exc: sys.exit(print(exc.render(), file=sys.stderr) or exc.exit_code)"
+    )
     import subprocess
     import sys
 
@@ -71,8 +78,9 @@ def test_password_in_find_links_url_is_never_written(offline, tmp_path, auth_whe
     netrc = tmp_path / "netrc"
     netrc.write_text(f"machine 127.0.0.1 login {srv.user} password {srv.password}\n")
     netrc.chmod(0o600)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=dict(fresh, NETRC=str(netrc)))
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=dict(fresh, NETRC=str(netrc))
+    )
     assert r.returncode == 0, r.stderr
     assert all(e.wheel.filename in r.stdout for e in lock.entries)
 
@@ -83,8 +91,9 @@ def test_a_lock_carrying_a_password_is_redacted_in_the_context(tmp_path):
     from .conftest import tiny_context
 
     ctx, plan = tiny_context(tmp_path)
-    text = plan.lock.format().replace("# python:",
-                                      "# index: --find-links https://bot:hunter2@wheels.example/\n# python:")
+    text = plan.lock.format().replace(
+        "# python:", "# index: --find-links https://bot:hunter2@wheels.example/\n# python:"
+    )
     wheels = {e.wheel.filename: tmp_path / "wheels-src" / e.wheel.filename for e in plan.lock.entries}
     write_context(ctx, plan, wheels=wheels, lock_text=text)
     got = (ctx / "requirements.lock").read_text()

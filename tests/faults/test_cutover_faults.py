@@ -87,8 +87,9 @@ class KillingProxy:
 
 
 @pytest.mark.parametrize("when, settles_to", [("before", "not-moved"), ("after", "done")])
-def test_registry_killed_mid_promote_leaves_the_tag_old_or_new_and_history_says_which(tmp_path, own_registry, when,
-                                                                                       settles_to):
+def test_registry_killed_mid_promote_leaves_the_tag_old_or_new_and_history_says_which(
+    tmp_path, own_registry, when, settles_to
+):
     need_skopeo()
     repo = "cutover/app"
     direct = f"{own_registry.addr}/{repo}"
@@ -107,7 +108,7 @@ def test_registry_killed_mid_promote_leaves_the_tag_old_or_new_and_history_says_
         (e,) = json.loads(hist.read_text())["entries"]
         assert e["status"] == "unconfirmed" and e["from"] == old and e["to"] == new
 
-        r = cli("history", f"{via}:prod", "--history", str(hist))   # the registry is still down
+        r = cli("history", f"{via}:prod", "--history", str(hist))  # the registry is still down
         assert r.returncode == 0 and "UNCONFIRMED" in r.stdout and "did not answer" in r.stdout, r.stdout + r.stderr
 
         own_registry.start()  # same storage, same port
@@ -119,7 +120,7 @@ def test_registry_killed_mid_promote_leaves_the_tag_old_or_new_and_history_says_
         assert doc["tag_at"] == at
         (e,) = doc["entries"]
         assert e["status"] == settles_to and e["tag_at"] == at
-        assert json.loads(hist.read_text())["entries"][0]["status"] == settles_to   # settled on disk too
+        assert json.loads(hist.read_text())["entries"][0]["status"] == settles_to  # settled on disk too
         if when == "after":  # the move that landed is a promotion like any other: it can be rolled back
             r = cli("rollback", f"{via}:prod", "--history", str(hist))
             assert r.returncode == 0, r.stderr

@@ -177,8 +177,22 @@ def test_a_pylock_nested_deep_is_refused_by_render(tmp_path, env):
     pylock = tmp_path / "pylock.toml"
     pylock.write_text('lock-version = "1.0"\nx = ' + "[" * DEEP + "]" * DEEP + "\n")
     out = tmp_path / "ctx2"
-    r = cli(["render", "--vllm", "0.26.0", "--base", str(tmp_path / "base.json"), "--lock", str(pylock),
-             "--no-patches", "-o", str(out)], env=env, timeout=120)
+    r = cli(
+        [
+            "render",
+            "--vllm",
+            "0.26.0",
+            "--base",
+            str(tmp_path / "base.json"),
+            "--lock",
+            str(pylock),
+            "--no-patches",
+            "-o",
+            str(out),
+        ],
+        env=env,
+        timeout=120,
+    )
     _no_bug(r)
     assert r.returncode == 2 and "nests deeper" in r.stderr, r.stderr
     assert not out.exists()
@@ -197,8 +211,15 @@ def test_nesting_depth_counts_iteratively_and_bounds_every_loader():
 
 
 # ============================================================== 3. values: timestamps, numbers, environment
-@pytest.mark.parametrize("value, why", [("yesterday-ish", "is not a date"), ("2026-01-01T25:00:00Z", "not a real date"),
-                                        ("2026-02-30", "not a real date"), ("2026-13-01T00:00:00+02:00", "not a real")])
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ("yesterday-ish", "is not a date"),
+        ("2026-01-01T25:00:00Z", "not a real date"),
+        ("2026-02-30", "not a real date"),
+        ("2026-13-01T00:00:00+02:00", "not a real"),
+    ],
+)
 def test_exclude_newer_flag_is_checked_before_any_work(tmp_path, env, value, why):
     out = tmp_path / "r.lock"
     r = cli(["lock", "--exclude-newer", value, "-o", str(out)], env=env, timeout=120)
@@ -215,8 +236,10 @@ def test_exclude_newer_in_the_spec_is_bad_input_not_a_stale_lock(tmp_path, env):
     assert r.returncode == 2 and f"spec {spec}: 'exclude-newer'" in r.stderr, r.stderr
 
 
-@pytest.mark.parametrize("value, why", [("nan", "finite"), ("-5", "at least 0"), ("inf", "finite"),
-                                        ("1e12", "at most"), ("soon", "not a number")])
+@pytest.mark.parametrize(
+    "value, why",
+    [("nan", "finite"), ("-5", "at least 0"), ("inf", "finite"), ("1e12", "at most"), ("soon", "not a number")],
+)
 def test_lock_timeout_environment_is_validated(tmp_path, env, value, why):
     tiny_context(tmp_path)
     out = tmp_path / "ctx2"
@@ -227,19 +250,30 @@ def test_lock_timeout_environment_is_validated(tmp_path, env, value, why):
 
 
 def _llama(**over) -> dict:
-    return {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4,
-            "vocab_size": 1000, "max_position_embeddings": 4096, "torch_dtype": "bfloat16", **over}
+    return {
+        "num_hidden_layers": 2,
+        "hidden_size": 256,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 1000,
+        "max_position_embeddings": 4096,
+        "torch_dtype": "bfloat16",
+        **over,
+    }
 
 
-@pytest.mark.parametrize("field, value, why", [
-    ("num_hidden_layers", 1_000_000_000, "at most"),
-    ("max_position_embeddings", -1, ">= 1"),
-    ("global_head_dim", -128, ">= 1"),
-    ("num_attention_heads", "32", "'32'"),
-    ("hidden_size", float("nan"), "finite"),
-    ("vocab_size", 1e30, "at most"),
-    ("num_key_value_heads", 2.5, "whole number"),
-])
+@pytest.mark.parametrize(
+    "field, value, why",
+    [
+        ("num_hidden_layers", 1_000_000_000, "at most"),
+        ("max_position_embeddings", -1, ">= 1"),
+        ("global_head_dim", -128, ">= 1"),
+        ("num_attention_heads", "32", "'32'"),
+        ("hidden_size", float("nan"), "finite"),
+        ("vocab_size", 1e30, "at most"),
+        ("num_key_value_heads", 2.5, "whole number"),
+    ],
+)
 def test_plan_names_the_config_field_that_is_out_of_range(tmp_path, env, field, value, why):
     model = tmp_path / "model"
     model.mkdir()
@@ -253,9 +287,11 @@ def test_plan_names_the_config_field_that_is_out_of_range(tmp_path, env, field, 
 
 
 def test_spec_serving_numbers_are_finite_and_in_range(tmp_path, env):
-    for body, why in (("[serving]\ngpu_memory_utilization = nan\n", "finite"),
-                      ("[serving]\nmax_num_seqs = -3\n", ">= 1"),
-                      ("[serving]\ngpus = 100000000\n", "at most")):
+    for body, why in (
+        ("[serving]\ngpu_memory_utilization = nan\n", "finite"),
+        ("[serving]\nmax_num_seqs = -3\n", ">= 1"),
+        ("[serving]\ngpus = 100000000\n", "at most"),
+    ):
         spec = tmp_path / "s.toml"
         spec.write_text(body)
         r = cli(["lock", "--spec", str(spec), "--check"], env=env, timeout=120)
@@ -296,8 +332,11 @@ def test_base_snapshot_does_not_replace_a_file_that_is_not_a_manifest(tmp_path, 
     notes.write_text('{"mine": true}\n')
     sp = tmp_path / "sp"
     sp.mkdir()
-    r = cli(["base", "snapshot", "--site-packages", str(sp), "--glibc", "2.35", "--python", "3.12", "-o", str(notes)],
-            env=env, timeout=120)
+    r = cli(
+        ["base", "snapshot", "--site-packages", str(sp), "--glibc", "2.35", "--python", "3.12", "-o", str(notes)],
+        env=env,
+        timeout=120,
+    )
     _no_bug(r)
     assert r.returncode == 2 and "is not a base manifest written by build-image" in r.stderr, r.stderr
     assert notes.read_text() == '{"mine": true}\n' and not _leftovers(tmp_path, "notes.json")
@@ -384,8 +423,12 @@ def test_render_sweeps_what_an_interrupted_render_left(tmp_path, env):
 @contextlib.contextmanager
 def _tmpfs(path: Path, size: str):
     path.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                      capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         yield path
@@ -418,8 +461,26 @@ def test_patch_port_output_equal_to_the_series_is_refused_before_writing(tmp_pat
     for out in (series, tmp_path / "via-link"):
         if out != series:
             out.symlink_to(series)
-        r = cli(["patch", "port", "--from", _series_version(series), "--to", "9.0.0", "--series", str(series),
-                 "-o", str(out), "--from-wheel", str(series), "--to-wheel", str(series)], env=env, timeout=120)
+        r = cli(
+            [
+                "patch",
+                "port",
+                "--from",
+                _series_version(series),
+                "--to",
+                "9.0.0",
+                "--series",
+                str(series),
+                "-o",
+                str(out),
+                "--from-wheel",
+                str(series),
+                "--to-wheel",
+                str(series),
+            ],
+            env=env,
+            timeout=120,
+        )
         _no_bug(r)
         assert r.returncode == 2 and "is the series being ported" in r.stderr, r.stderr
         assert _snapshot(series) == before
@@ -463,11 +524,15 @@ def test_a_signal_mid_render_exits_with_the_shells_code_and_leaves_the_old_conte
     args = _slow_render_inputs(tmp_path)
     ctx = tmp_path / "ctx"
     before = _snapshot(ctx)
-    p = subprocess.Popen([BUILD_IMAGE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, **env))
+    p = subprocess.Popen(
+        [BUILD_IMAGE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ, **env)
+    )
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and p.poll() is None and not [
-            n for n in _leftovers(tmp_path, "ctx") if n.endswith(".tmp")]:
+    while (
+        time.monotonic() < deadline
+        and p.poll() is None
+        and not [n for n in _leftovers(tmp_path, "ctx") if n.endswith(".tmp")]
+    ):
         time.sleep(0.01)
     assert p.poll() is None, p.communicate()
     p.send_signal(sig)
@@ -520,8 +585,13 @@ def test_a_signal_while_waiting_for_the_output_exits_with_the_shells_code(tmp_pa
     tiny_context(tmp_path)
     out = tmp_path / "ctx2"
     with output_lock(out):
-        p = subprocess.Popen([BUILD_IMAGE, *render_args(tmp_path, out)], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, **env))
+        p = subprocess.Popen(
+            [BUILD_IMAGE, *render_args(tmp_path, out)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=dict(os.environ, **env),
+        )
         first = p.stderr.readline()
         assert "another build-image run is writing" in first, first
         p.send_signal(sig)
@@ -549,8 +619,11 @@ def test_checkpoint_sha256_from_a_device_or_fifo_is_refused_at_once(tmp_path, en
 def test_diff_textconv_and_lock_arguments_are_read_bounded(tmp_path, env):
     fifo = tmp_path / "p"
     os.mkfifo(fifo)
-    for args in (["diff", "--textconv", "/dev/zero"], ["diff", "--textconv", str(fifo)],
-                 ["diff", "/dev/zero", str(ROOT / "lockfiles" / "vllm-0.26.0" / "requirements.lock")]):
+    for args in (
+        ["diff", "--textconv", "/dev/zero"],
+        ["diff", "--textconv", str(fifo)],
+        ["diff", "/dev/zero", str(ROOT / "lockfiles" / "vllm-0.26.0" / "requirements.lock")],
+    ):
         t0 = time.monotonic()
         r = cli(args, env=env, timeout=60)
         _no_bug(r)
@@ -652,8 +725,23 @@ def test_unreachable_find_links_url_is_exit_7(np1_base, tmp_path, env):
 
     url = f"http://127.0.0.1:{free_port()}/"
     out = tmp_path / "r.lock"
-    r = cli(["lock", "--base", str(np1_base), "--no-default-overlay", "--with", "purepkg", "--no-index",
-             "--find-links", url, "-o", str(out)], env=env, timeout=300)
+    r = cli(
+        [
+            "lock",
+            "--base",
+            str(np1_base),
+            "--no-default-overlay",
+            "--with",
+            "purepkg",
+            "--no-index",
+            "--find-links",
+            url,
+            "-o",
+            str(out),
+        ],
+        env=env,
+        timeout=300,
+    )
     _no_bug(r)
     assert r.returncode == 7 and url in r.stderr and "not reachable" in r.stderr, r.stderr
     assert not out.exists()
@@ -690,8 +778,22 @@ def test_render_refuses_a_pylock_with_a_duplicated_package(tmp_path, env):
     tiny_context(tmp_path, names=("six",))
     pylock = _dup_pylock(tmp_path)
     out = tmp_path / "ctx2"
-    r = cli(["render", "--vllm", "0.26.0", "--base", str(tmp_path / "base.json"), "--lock", str(pylock),
-             "--no-patches", "-o", str(out)], env=env, timeout=120)
+    r = cli(
+        [
+            "render",
+            "--vllm",
+            "0.26.0",
+            "--base",
+            str(tmp_path / "base.json"),
+            "--lock",
+            str(pylock),
+            "--no-patches",
+            "-o",
+            str(out),
+        ],
+        env=env,
+        timeout=120,
+    )
     _no_bug(r)
     assert r.returncode == 2 and "duplicate package 'six'" in r.stderr, r.stderr
     assert not out.exists() and not _leftovers(tmp_path, "ctx2")
@@ -727,12 +829,15 @@ def test_lock_check_of_a_duplicated_pylock_is_stale(offline, tmp_path, env):
 
 
 # ============================================================== 10. credentials in every form
-@pytest.mark.parametrize("args", [
-    ["push", "{ctx}", "--tag", "ci-bot:PW-s3cr3t@127.0.0.1:1/serving/vllm"],
-    ["base", "snapshot", "--image", "ci-bot:PW-s3cr3t@127.0.0.1:1/repo:tag", "-o", "{tmp}/b.json"],
-    ["lock", "--base", "https:/ci-bot:PW-s3cr3t@host.invalid/m.json", "-o", "{tmp}/r.lock"],
-    ["lock", "--base", "https://ci-bot:PW-s3cr3t@host.invalid/m.json", "-o", "{tmp}/r.lock", "--json"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["push", "{ctx}", "--tag", "ci-bot:PW-s3cr3t@127.0.0.1:1/serving/vllm"],
+        ["base", "snapshot", "--image", "ci-bot:PW-s3cr3t@127.0.0.1:1/repo:tag", "-o", "{tmp}/b.json"],
+        ["lock", "--base", "https:/ci-bot:PW-s3cr3t@host.invalid/m.json", "-o", "{tmp}/r.lock"],
+        ["lock", "--base", "https://ci-bot:PW-s3cr3t@host.invalid/m.json", "-o", "{tmp}/r.lock", "--json"],
+    ],
+)
 def test_no_form_of_a_credential_is_printed(tmp_path, env, args):
     ctx, _plan = tiny_context(tmp_path)
     args = [a.format(ctx=ctx, tmp=tmp_path) for a in args]
@@ -755,10 +860,15 @@ def test_redact_text_covers_collapsed_and_scheme_less_forms_but_not_digests():
 
 
 # ============================================================== 11. downgrades
-@pytest.mark.parametrize("args", [["upgrade", "--from", "0.28.0", "--to", "0.27.0"],
-                                  ["upgrade", "--from", "0.27.1", "--to", "0.27.0"],
-                                  ["patch", "port", "--from", "0.27.0", "--to", "0.26.0"],
-                                  ["patch", "port", "--from", "0.26.0", "--to", "0.26.0rc1"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["upgrade", "--from", "0.28.0", "--to", "0.27.0"],
+        ["upgrade", "--from", "0.27.1", "--to", "0.27.0"],
+        ["patch", "port", "--from", "0.27.0", "--to", "0.26.0"],
+        ["patch", "port", "--from", "0.26.0", "--to", "0.26.0rc1"],
+    ],
+)
 def test_a_downgrade_is_named_and_refused_without_allow_downgrade(tmp_path, env, args):
     out = tmp_path / "out"
     t0 = time.monotonic()
@@ -827,6 +937,7 @@ def test_runner_sees_the_same_exit_codes_in_process(tmp_path, monkeypatch):
     from builder.signals import Terminated
 
     for exc, code in ((KeyboardInterrupt, 130), (Terminated, 143)):
+
         def boom(*_a, _exc=exc, **_k):
             raise _exc()
 

@@ -18,8 +18,10 @@ def test_smoke_concurrency_beyond_the_probe_bound_is_bad_input(tmp_path, n):
     model.mkdir()
     (model / "config.json").write_text("{}")
     t0 = time.monotonic()
-    r = cli(["smoke", "--local", "--model", str(model), "--concurrency", n, "--no-plan",
-             "--skip-checkpoint-check"], timeout=120)
+    r = cli(
+        ["smoke", "--local", "--model", str(model), "--concurrency", n, "--no-plan", "--skip-checkpoint-check"],
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
     assert f"--concurrency {n}" in r.stderr and str(MAX_CONCURRENCY) in r.stderr
     assert "This is a bug" not in r.stderr and time.monotonic() - t0 < 30  # refused before any server starts

@@ -60,46 +60,65 @@ def env(tmp_path):
 # ============================================================== A. redaction of successful output and files
 #: ``json.dumps`` / ``json.dump`` outside the one writer: internal hashing, caches, wire protocols
 _JSON_ALLOWED = {
-    "builder/report.py": 1,                       # the one writer itself
-    "builder/resolve/lock.py": 3,                 # inputs-sha256 (hashed), the facts cache (x2)
-    "builder/image/sbom.py": 1,                   # the serial number's seed (hashed)
-    "builder/resolve/reconstruct.py": 1,          # the replay record's key (hashed; it holds the index options)
-    "builder/image/referrers.py": 2,              # OCI descriptors pushed to the registry (digests)
-    "builder/image/multiplatform.py": 1,          # the OCI image index pushed to the registry (its digest)
-    "builder/serving/smoke/client.py": 2,         # request bodies to the server under test
-    "builder/serving/smoke/equivalence.py": 1,    # canonical bytes for a digest (the reference: render_json)
-    "builder/serving/smoke/serve.py": 1,          # the serve app's --args
-    "builder/serving/smoke/report.py": 1,         # a plan excerpt inside the text report (emit_text redacts it)
-    "builder/serving/raycheck.py": 2,             # the in-container probe's arguments
-    "builder/serving/checkpoint_content.py": 1,   # the digest cache
-    "builder/serving/attestation.py": 1,          # the statement's canonical bytes (redacted; pushed by digest)
-    "builder/serving/history.py": 1,              # the history's canonical bytes (hashed)
-    "builder/serving/kuberay.py": 1,              # the serve config's canonical bytes (hashed into an annotation)
+    "builder/report.py": 1,  # the one writer itself
+    "builder/resolve/lock.py": 3,  # inputs-sha256 (hashed), the facts cache (x2)
+    "builder/image/sbom.py": 1,  # the serial number's seed (hashed)
+    "builder/resolve/reconstruct.py": 1,  # the replay record's key (hashed; it holds the index options)
+    "builder/image/referrers.py": 2,  # OCI descriptors pushed to the registry (digests)
+    "builder/image/multiplatform.py": 1,  # the OCI image index pushed to the registry (its digest)
+    "builder/serving/smoke/client.py": 2,  # request bodies to the server under test
+    "builder/serving/smoke/equivalence.py": 1,  # canonical bytes for a digest (the reference: render_json)
+    "builder/serving/smoke/serve.py": 1,  # the serve app's --args
+    "builder/serving/smoke/report.py": 1,  # a plan excerpt inside the text report (emit_text redacts it)
+    "builder/serving/raycheck.py": 2,  # the in-container probe's arguments
+    "builder/serving/checkpoint_content.py": 1,  # the digest cache
+    "builder/serving/attestation.py": 1,  # the statement's canonical bytes (redacted; pushed by digest)
+    "builder/serving/history.py": 1,  # the history's canonical bytes (hashed)
+    "builder/serving/kuberay.py": 1,  # the serve config's canonical bytes (hashed into an annotation)
 }
 
 
 def _json_writes(path: Path) -> int:
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    return sum(1 for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-               and n.func.attr in ("dumps", "dump") and getattr(n.func.value, "id", None) == "json")
+    return sum(
+        1
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr in ("dumps", "dump")
+        and getattr(n.func.value, "id", None) == "json"
+    )
 
 
 def test_every_json_document_goes_through_the_one_redacting_writer():
-    found = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "builder").rglob("*.py"))
-             if "/data/" not in str(p) and (n := _json_writes(p))}
+    found = {
+        str(p.relative_to(ROOT)): n
+        for p in sorted((ROOT / "builder").rglob("*.py"))
+        if "/data/" not in str(p) and (n := _json_writes(p))
+    }
     assert found == _JSON_ALLOWED, "a JSON document made outside builder/report.py: render_json is not redacted"
-    commands = [str(p.relative_to(ROOT)) for p in (ROOT / "builder" / "commands").glob("*.py")
-                if "sys.stdout.write(json" in p.read_text() or "click.echo(json" in p.read_text()]
+    commands = [
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "builder" / "commands").glob("*.py")
+        if "sys.stdout.write(json" in p.read_text() or "click.echo(json" in p.read_text()
+    ]
     assert commands == []
 
 
 def test_the_writer_redacts_every_form_in_values_keys_and_stringified_objects():
     from builder.report import render_json
 
-    doc = {"url": f"https://ci-bot:{SECRET}@h.example/simple/", "collapsed": f"https:/ci-bot:{SECRET}@h.example/x",
-           "bare": [f"ci-bot:{SECRET}@reg.example:5000/repo"], "query": "https://s3.example/w.whl?token=tok3n&v=1",
-           f"https://k:{SECRET}@key.example/": 1, "path": Path(f"/x/https:/u:{SECRET}@h/y"),
-           "digest": "vllm/vllm-openai:v0.26.0@sha256:" + "0" * 64, "n": 3, "mail": "a@b.org"}
+    doc = {
+        "url": f"https://ci-bot:{SECRET}@h.example/simple/",
+        "collapsed": f"https:/ci-bot:{SECRET}@h.example/x",
+        "bare": [f"ci-bot:{SECRET}@reg.example:5000/repo"],
+        "query": "https://s3.example/w.whl?token=tok3n&v=1",
+        f"https://k:{SECRET}@key.example/": 1,
+        "path": Path(f"/x/https:/u:{SECRET}@h/y"),
+        "digest": "vllm/vllm-openai:v0.26.0@sha256:" + "0" * 64,
+        "n": 3,
+        "mail": "a@b.org",
+    }
     text = render_json(doc, stringify=True)
     _no_secret(text)
     got = json.loads(text)
@@ -109,8 +128,21 @@ def test_the_writer_redacts_every_form_in_values_keys_and_stringified_objects():
 
 
 def _snapshot_args(sp: Path, out: Path, *extra: str) -> list[str]:
-    return ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35", "--cuda", "13.0",
-            "-o", str(out), *extra]
+    return [
+        "base",
+        "snapshot",
+        "--site-packages",
+        str(sp),
+        "--python",
+        "3.12",
+        "--glibc",
+        "2.35",
+        "--cuda",
+        "13.0",
+        "-o",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.fixture
@@ -124,8 +156,11 @@ def site_packages(tmp_path) -> Path:
 def test_base_snapshot_json_and_manifest_carry_no_credential_from_the_method(tmp_path, env, site_packages):
     out = tmp_path / "m.json"
     method = f"rsync from https://ci-bot:{SECRET}@files.example/sp?token=tok3n"
-    r = cli(_snapshot_args(site_packages, out, "--image-ref", "reg.example/vllm:1", "--method", method, "--json"),
-            env=env, timeout=120)
+    r = cli(
+        _snapshot_args(site_packages, out, "--image-ref", "reg.example/vllm:1", "--method", method, "--json"),
+        env=env,
+        timeout=120,
+    )
     _no_bug(r)
     assert r.returncode == 0, r.stderr
     _no_secret(r.stdout, r.stderr, out.read_text())
@@ -142,8 +177,11 @@ def test_a_credential_in_the_base_image_reference_is_refused_and_the_old_manifes
     r = cli(_snapshot_args(site_packages, out, "--image-ref", "reg.example/vllm:1"), env=env, timeout=120)
     assert r.returncode == 0, r.stderr
     before = out.read_bytes()
-    r = cli(_snapshot_args(site_packages, out, "--image-ref", f"ci-bot:{SECRET}@reg.example/vllm:1", "--json"),
-            env=env, timeout=120)
+    r = cli(
+        _snapshot_args(site_packages, out, "--image-ref", f"ci-bot:{SECRET}@reg.example/vllm:1", "--json"),
+        env=env,
+        timeout=120,
+    )
     _no_bug(r)
     assert r.returncode == 2, r.stderr
     assert "carries a credential" in r.stderr and "docker login" in r.stderr
@@ -173,9 +211,12 @@ def test_a_context_rendered_from_credentialed_values_holds_none(tmp_path):
 
     ctx, plan = tiny_context(tmp_path)
     e = plan.lock.entries[0]
-    plan.lock.entries[0] = LockEntry(name=e.name, version=e.version, hashes=e.hashes,
-                                     wheel=WheelRef(url=f"https://ci-bot:{SECRET}@h.example/{e.wheel.filename}",
-                                                    sha256=e.wheel.sha256))
+    plan.lock.entries[0] = LockEntry(
+        name=e.name,
+        version=e.version,
+        hashes=e.hashes,
+        wheel=WheelRef(url=f"https://ci-bot:{SECRET}@h.example/{e.wheel.filename}", sha256=e.wheel.sha256),
+    )
     plan.lock.header["index"] = f"--find-links https://ci-bot:{SECRET}@h.example/"
     plan.lock.overlay[:] = [f"six @ https://ci-bot:{SECRET}@h.example/six.whl?token=tok3n"]
     plan.base.provenance_method = f"docker run https:/ci-bot:{SECRET}@h.example/x"
@@ -238,7 +279,7 @@ def test_upgrade_refuses_a_special_file_as_its_report_even_with_force(tmp_path, 
     assert r.returncode == 2, r.stderr
     assert ("FIFO" in r.stderr or "named pipe" in r.stderr) if kind == "fifo" else "directory" in r.stderr
     assert time.monotonic() - t0 < 30  # refused at once, never opened
-    assert (report.is_fifo() if kind == "fifo" else (report / "keep").read_text() == "x")
+    assert report.is_fifo() if kind == "fifo" else (report / "keep").read_text() == "x"
 
 
 def _hand_series(d: Path) -> dict[str, bytes]:
@@ -262,8 +303,9 @@ def test_a_series_folder_made_by_hand_is_not_ported_into(tmp_path, env, command)
     _no_bug(r)
     assert r.returncode == 2, r.stderr
     assert str(series) in r.stderr and "not a series ported by build-image" in r.stderr and "--force" in r.stderr
-    assert _files(series) == before and _files(out) == {str(series.relative_to(out) / k) if out != series else k: v
-                                                          for k, v in before.items()}
+    assert _files(series) == before and _files(out) == {
+        str(series.relative_to(out) / k) if out != series else k: v for k, v in before.items()
+    }
 
 
 from tests.test_upgrade import A_MOD, _args, tree  # noqa: E402 - its fixtures (bases, release): conftest
@@ -288,8 +330,19 @@ def test_upgrade_writes_through_a_symlinked_report_and_replaces_its_own(bases, r
     # a leftover of a killed report write (dead owner) beside the file the link points to
     dead = real.parent / ".upgrade.md.999999-1.abcd1234.tmp"
     dead.write_text("half")
-    args = _args(bases, release, _b_tree(tmp_path), "--find-links", str(wheelhouse), "--with", "numpy2user==1.0.0",
-                 "--format", "markdown", "-o", str(out))
+    args = _args(
+        bases,
+        release,
+        _b_tree(tmp_path),
+        "--find-links",
+        str(wheelhouse),
+        "--with",
+        "numpy2user==1.0.0",
+        "--format",
+        "markdown",
+        "-o",
+        str(out),
+    )
     r = CliRunner().invoke(main, args)
     assert r.exit_code == 0, r.output
     assert link.is_symlink() and os.readlink(link) == str(real)  # the link kept, its target replaced
@@ -308,8 +361,9 @@ def test_upgrade_writes_through_a_symlinked_report_and_replaces_its_own(bases, r
     assert real.read_text() == r.stdout
 
 
-def test_upgrade_json_with_a_password_in_find_links_writes_it_nowhere(bases, release, tmp_path, auth_wheel_server,
-                                                                      monkeypatch):
+def test_upgrade_json_with_a_password_in_find_links_writes_it_nowhere(
+    bases, release, tmp_path, auth_wheel_server, monkeypatch
+):
     """Every file `upgrade -o` writes (report, lock, twin, series) and its --json report on stdout."""
     from click.testing import CliRunner
 
@@ -318,8 +372,22 @@ def test_upgrade_json_with_a_password_in_find_links_writes_it_nowhere(bases, rel
     srv = auth_wheel_server
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     out = tmp_path / "pr"
-    r = CliRunner().invoke(main, _args(bases, release, _b_tree(tmp_path), "--find-links", srv.url,
-                                       "--with", "numpy2user==1.0.0", "--format", "json", "-o", str(out)))
+    r = CliRunner().invoke(
+        main,
+        _args(
+            bases,
+            release,
+            _b_tree(tmp_path),
+            "--find-links",
+            srv.url,
+            "--with",
+            "numpy2user==1.0.0",
+            "--format",
+            "json",
+            "-o",
+            str(out),
+        ),
+    )
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["schema"] == "build-image/upgrade-report/v1" and doc["lock"]["status"] == "written"
@@ -347,8 +415,9 @@ util.atomic_write_text(sys.argv[1], "half of a new lock\\n")
 def _killed_write(path: Path) -> Path:
     """A process SIGKILLed in the middle of an atomic write of ``path``: its temp file is left beside it."""
     before = set(path.parent.iterdir())
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITE, str(path)], stdout=subprocess.PIPE, text=True,
-                            cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITE, str(path)], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
     assert proc.stdout.readline().strip() == "writing"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
@@ -368,8 +437,7 @@ def test_the_next_lock_run_sweeps_what_a_killed_write_left_beside_the_lock_and_t
 
     twin_left = _killed_write(twin_path(out))
     # the killed writes changed nothing the user had
-    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and not p.name.endswith(".tmp")} \
-        == before
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file() and not p.name.endswith(".tmp")} == before
     # --check writes nothing (and sweeps nothing); the next lock run, up to date, sweeps both
     r = cli(offline("--with", "purepkg", "-o", str(out), "--check"), env=env)
     assert r.returncode == 0 and lock_left.exists()
@@ -386,13 +454,13 @@ def test_the_sweep_keeps_a_live_writer_and_everything_it_did_not_name(tmp_path):
 
     target = tmp_path / "requirements.lock"
     target.write_text("# Generated by build-image\n")
-    live = tmp_path / f".requirements.lock.{process_tag()}.abcd1234.tmp"      # this process: alive
-    dead = tmp_path / ".requirements.lock.999999-1.abcd1234.tmp"              # a gone owner
-    old = tmp_path / ".requirements.lock.abcd1234.tmp"                        # untagged, idle two hours
-    fresh = tmp_path / ".requirements.lock.efgh5678.tmp"                      # untagged, being written
-    mine = tmp_path / ".requirements.lock.notes"                               # not a name it writes
-    other = tmp_path / ".other.lock.999999-1.abcd1234.tmp"                    # another file's
-    linked = tmp_path / ".requirements.lock.999998-1.abcd1234.tmp"            # a symlink: never followed
+    live = tmp_path / f".requirements.lock.{process_tag()}.abcd1234.tmp"  # this process: alive
+    dead = tmp_path / ".requirements.lock.999999-1.abcd1234.tmp"  # a gone owner
+    old = tmp_path / ".requirements.lock.abcd1234.tmp"  # untagged, idle two hours
+    fresh = tmp_path / ".requirements.lock.efgh5678.tmp"  # untagged, being written
+    mine = tmp_path / ".requirements.lock.notes"  # not a name it writes
+    other = tmp_path / ".other.lock.999999-1.abcd1234.tmp"  # another file's
+    linked = tmp_path / ".requirements.lock.999998-1.abcd1234.tmp"  # a symlink: never followed
     folder = tmp_path / ".requirements.lock.999997-1.abcd1234.tmp.d"
     for p in (live, dead, old, fresh, mine, other):
         p.write_text("x")
@@ -408,4 +476,5 @@ def test_the_sweep_keeps_a_live_writer_and_everything_it_did_not_name(tmp_path):
     atomic_write_text(target, "# Generated by build-image\nnew\n")
     assert not dead.exists() and target.read_text().endswith("new\n")
     assert sorted(p.name for p in tmp_path.glob(".requirements.lock.*")) == sorted(
-        [live.name, fresh.name, mine.name, linked.name, folder.name])
+        [live.name, fresh.name, mine.name, linked.name, folder.name]
+    )

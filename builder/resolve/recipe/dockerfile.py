@@ -124,10 +124,11 @@ def check_published(text: str, platform: Platform, vllm: str, path: str = PIPELI
     if any(p == platform for p, _ in published):
         return
     said = ", ".join(f"{p.name} ({w})" for p, w in published) or "no platform"
-    raise BadInput(f"vllm {vllm} does not publish vllm/vllm-openai:v{vllm} for {platform.name}: its release "
-                   f"pipeline publishes it for {said}.",
-                   hint="build for a platform the release publishes (--platform " +
-                        ",".join(p.name for p, _ in published) + ").")
+    raise BadInput(
+        f"vllm {vllm} does not publish vllm/vllm-openai:v{vllm} for {platform.name}: its release "
+        f"pipeline publishes it for {said}.",
+        hint="build for a platform the release publishes (--platform " + ",".join(p.name for p, _ in published) + ").",
+    )
 
 
 def _find_step(node, label: str):
@@ -187,13 +188,13 @@ def _lift_heredocs(text: str) -> tuple[str, dict[int, str]]:
             i += 1
             continue
         strip_tabs, word = h.group(1) == "-", h.group(3)
-        head = lines[i][:h.start()].rstrip()
+        head = lines[i][: h.start()].rstrip()
         end = i + 1
         while end < len(lines) and (lines[end].lstrip("\t") if strip_tabs else lines[end]).rstrip() != word:
             end += 1
         if end >= len(lines):
             raise BadInput(f"{DOCKERFILE}:{i + 1}: the heredoc <<{word} is never closed.")
-        body = "\n".join(ln.lstrip("\t") if strip_tabs else ln for ln in lines[i + 1:end])
+        body = "\n".join(ln.lstrip("\t") if strip_tabs else ln for ln in lines[i + 1 : end])
         cmd = re.sub(r"^\s*RUN\s+", "", head, flags=re.IGNORECASE)
         flags = " ".join(w for w in cmd.split() if w.startswith("--"))
         rest = " ".join(w for w in cmd.split() if not w.startswith("--"))
@@ -252,10 +253,12 @@ def stage_chain(stages: tuple[Stage, ...], target: str, path: str = DOCKERFILE) 
         nxt = by.get(cur.base)
         if nxt is None and _BARE_STAGE_NAME.match(cur.base):
             names = ", ".join(s.name for s in stages if s.name)
-            raise BadInput(f"{path}:{cur.line}: stage {cur.name!r} is built FROM {cur.base!r}, which is no stage of "
-                           f"{path} (stages: {names}).",
-                           hint="a bare name without registry, tag or variable is read as a stage the target needs; "
-                                "the release's image is built from nvidia/cuda:... through ${FINAL_BASE_IMAGE}.")
+            raise BadInput(
+                f"{path}:{cur.line}: stage {cur.name!r} is built FROM {cur.base!r}, which is no stage of "
+                f"{path} (stages: {names}).",
+                hint="a bare name without registry, tag or variable is read as a stage the target needs; "
+                "the release's image is built from nvidia/cuda:... through ${FINAL_BASE_IMAGE}.",
+            )
         cur = nxt
     return list(reversed(chain))
 
@@ -266,5 +269,3 @@ def split_arg(value: str) -> list[tuple[str, str | None]]:
         k, eq, v = tok.partition("=")
         out.append((k, v if eq else None))
     return out
-
-

@@ -30,8 +30,10 @@ from builder.resolve.recipe.shell import (
 
 # Wheels the image builds from source in another stage: the distributions they install.
 SOURCE_BUILDS = {
-    "ep_kernels/dist/*.whl": ("deep-ep", "DeepEP built from git in stage extensions-build "
-                                         "(tools/ep_kernels/install_python_libraries.sh)"),
+    "ep_kernels/dist/*.whl": (
+        "deep-ep",
+        "DeepEP built from git in stage extensions-build (tools/ep_kernels/install_python_libraries.sh)",
+    ),
 }
 # Commands inside an interpreted RUN that bring files from outside the Python indexes.
 OFF_INDEX_COMMANDS = {
@@ -83,7 +85,8 @@ def _relevant(node) -> bool:
         return any(_relevant(x) for x in node.cmds)
     if isinstance(node, If):
         return any(_relevant(c) or _relevant(b) for c, b in node.branches) or (
-            node.otherwise is not None and _relevant(node.otherwise))
+            node.otherwise is not None and _relevant(node.otherwise)
+        )
     if isinstance(node, Group):
         return _relevant(node.body)
     if isinstance(node, Case):
@@ -128,8 +131,9 @@ def _run_andor(node: AndOr, ctx: ScriptContext) -> bool | str:
                 status = run_script(x, ctx)
             elif _relevant(x) and ctx.steps and ctx.steps[-1].where == ctx.where:
                 text = _describe(x)
-                ctx.steps[-1] = replace(ctx.steps[-1], fallback=text,
-                                        fallback_steps=_fallback_steps(x, ctx, ctx.steps[-1]))
+                ctx.steps[-1] = replace(
+                    ctx.steps[-1], fallback=text, fallback_steps=_fallback_steps(x, ctx, ctx.steps[-1])
+                )
     return status
 
 
@@ -137,14 +141,23 @@ def _fallback_steps(node, ctx: ScriptContext, failed: Step) -> tuple[Step, ...]:
     """The install steps the right side of ``a || b`` runs when ``a`` (the step ``failed``) fails: read in a
     copy of the context (its assignments and files do not leak), numbered after ``failed``.  A fallback the
     reader cannot decide is recorded as text only (the replay then cannot take it)."""
-    scratch = replace(ctx, vars=dict(ctx.vars), files=dict(ctx.files), steps=[], fetches=[],
-                      edits={k: list(v) for k, v in ctx.edits.items()})
+    scratch = replace(
+        ctx,
+        vars=dict(ctx.vars),
+        files=dict(ctx.files),
+        steps=[],
+        fetches=[],
+        edits={k: list(v) for k, v in ctx.edits.items()},
+    )
     try:
         run_script(node, scratch)
     except Unknown:
         return ()
-    return tuple(replace(s, n=failed.n, fallback=None, fallback_steps=()) for s in scratch.steps
-                 if s.replay in ("index", "uninstall"))
+    return tuple(
+        replace(s, n=failed.n, fallback=None, fallback_steps=())
+        for s in scratch.steps
+        if s.replay in ("index", "uninstall")
+    )
 
 
 def _run_opaque(node: Opaque, ctx: ScriptContext) -> bool:
@@ -158,8 +171,11 @@ def _run_if(node: If, ctx: ScriptContext) -> bool | str:
         try:
             c = _cond(cond, ctx)
         except Unknown as exc:
-            if not _relevant(body) and not (node.otherwise is not None and _relevant(node.otherwise)) \
-                    and not any(_relevant(b) for _c, b in node.branches):
+            if (
+                not _relevant(body)
+                and not (node.otherwise is not None and _relevant(node.otherwise))
+                and not any(_relevant(b) for _c, b in node.branches)
+            ):
                 return True
             raise Unknown(f"the if condition {_describe(cond)!r} ({exc})") from None
         if c is True:
@@ -196,14 +212,14 @@ def _run_case(node: Case, ctx: ScriptContext) -> bool | str:
 # The constructs the interpreter knows: each node of the shell tree and the rule that runs it.  A node
 # of another kind, or one whose value cannot be decided where it decides an install, is Unknown.
 NODE_RULES: dict[type, Callable] = {
-    Seq: _run_seq,                                   # a; b        each in order, the last one's status
-    AndOr: _run_andor,                               # a && b      b when a succeeds (or may, by install state)
+    Seq: _run_seq,  # a; b        each in order, the last one's status
+    AndOr: _run_andor,  # a && b      b when a succeeds (or may, by install state)
     #                                                  a || b      a; b is recorded as the fallback
-    Group: lambda node, ctx: run_script(node.body, ctx),   # ( a )       as a
-    Pipe: lambda node, ctx: True,                    # a | b       installs nothing the reader must know
-    Opaque: _run_opaque,                             # for/while/{ }  only when it installs nothing
-    If: _run_if,                                     # if/elif/else on [ ] tests over known values
-    Case: _run_case,                                 # case W in P) ...;; esac, glob patterns
+    Group: lambda node, ctx: run_script(node.body, ctx),  # ( a )       as a
+    Pipe: lambda node, ctx: True,  # a | b       installs nothing the reader must know
+    Opaque: _run_opaque,  # for/while/{ }  only when it installs nothing
+    If: _run_if,  # if/elif/else on [ ] tests over known values
+    Case: _run_case,  # case W in P) ...;; esac, glob patterns
 }
 
 
@@ -260,8 +276,14 @@ def _cond(node, ctx: ScriptContext) -> bool | str:
     raise Unknown(f"condition {_describe(node)!r}")
 
 
-_NUMERIC = {"-eq": int.__eq__, "-ne": int.__ne__, "-gt": int.__gt__, "-ge": int.__ge__, "-lt": int.__lt__,
-            "-le": int.__le__}
+_NUMERIC = {
+    "-eq": int.__eq__,
+    "-ne": int.__ne__,
+    "-gt": int.__gt__,
+    "-ge": int.__ge__,
+    "-lt": int.__lt__,
+    "-le": int.__le__,
+}
 
 
 def _test(args: list[str], ctx: ScriptContext) -> bool | str:
@@ -345,8 +367,17 @@ def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
             return True
         if sub == "uninstall":
             names = tuple(a for a in rest if not a.startswith("-"))
-            ctx.steps.append(Step(len(ctx.steps) + 1, ctx.stage, ctx.where, "uninstall", installer, requirements=names,
-                                  when_installed=ctx.when))
+            ctx.steps.append(
+                Step(
+                    len(ctx.steps) + 1,
+                    ctx.stage,
+                    ctx.where,
+                    "uninstall",
+                    installer,
+                    requirements=names,
+                    when_installed=ctx.when,
+                )
+            )
             return True
         if sub == "install":
             ctx.steps.append(_install_step(installer, rest, ctx))
@@ -363,7 +394,7 @@ def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
             ctx.files[out_path] = ("\x00installed-pins:" + ",".join(m.group(1).split("|")), ctx.where)
             return True
     for key, what in OFF_INDEX_COMMANDS.items():
-        if tuple(argv[:len(key)]) == key:
+        if tuple(argv[: len(key)]) == key:
             ctx.fetches.append(Derived(what, (ctx.where,)))
     return True
 
@@ -419,10 +450,34 @@ def _pip_start(argv: list[str]) -> tuple[str, str, list[str]] | None:
     return None
 
 
-_VALUE_OPTS = {"-r", "--requirement", "-c", "--constraint", "--override", "--index-url", "-i", "--extra-index-url",
-               "--python", "-p", "--index-strategy", "--prerelease", "--target", "--prefix", "--find-links", "-f"}
-_PASS_FLAGS = {"--no-deps", "--force-reinstall", "--reinstall", "--no-build", "--no-build-isolation", "--pre",
-               "--upgrade", "-U"}
+_VALUE_OPTS = {
+    "-r",
+    "--requirement",
+    "-c",
+    "--constraint",
+    "--override",
+    "--index-url",
+    "-i",
+    "--extra-index-url",
+    "--python",
+    "-p",
+    "--index-strategy",
+    "--prerelease",
+    "--target",
+    "--prefix",
+    "--find-links",
+    "-f",
+}
+_PASS_FLAGS = {
+    "--no-deps",
+    "--force-reinstall",
+    "--reinstall",
+    "--no-build",
+    "--no-build-isolation",
+    "--pre",
+    "--upgrade",
+    "-U",
+}
 
 
 def _install_options(args: list[str], ctx: ScriptContext) -> _InstallOptions:
@@ -437,7 +492,7 @@ def _install_options(args: list[str], ctx: ScriptContext) -> _InstallOptions:
         a = args[i]
         if "=" in a and a.startswith("--") and a.split("=", 1)[0] in _VALUE_OPTS:
             a, v = a.split("=", 1)
-            args = args[:i] + [a, v] + args[i + 1:]
+            args = args[:i] + [a, v] + args[i + 1 :]
         if a in _VALUE_OPTS:
             if i + 1 >= len(args):
                 raise Unknown(f"{a} without its value")
@@ -475,8 +530,9 @@ def _install_options(args: list[str], ctx: ScriptContext) -> _InstallOptions:
             continue
         reqs.append(a)
         i += 1
-    return _InstallOptions(reqs, rfiles, cfiles, pins, flags, extra, index_url, strategy, edits,
-                           tuple(overrides), tuple(owhere))
+    return _InstallOptions(
+        reqs, rfiles, cfiles, pins, flags, extra, index_url, strategy, edits, tuple(overrides), tuple(owhere)
+    )
 
 
 @dataclass
@@ -498,13 +554,28 @@ def _install_step(installer: str, args: list[str], ctx: ScriptContext) -> Step:
     o = _install_options(args, ctx)
     reqs, rfiles, cfiles, pins, flags, extra = o.reqs, o.rfiles, o.cfiles, o.pins, o.flags, o.extra
     index_url, strategy, edits = o.index_url, o.strategy, o.edits
-    if strategy is None and (index_url or extra) and installer == "uv" and "UV_INDEX_STRATEGY" in ctx.vars \
-            and ctx.vars["UV_INDEX_STRATEGY"].env:
+    if (
+        strategy is None
+        and (index_url or extra)
+        and installer == "uv"
+        and "UV_INDEX_STRATEGY" in ctx.vars
+        and ctx.vars["UV_INDEX_STRATEGY"].env
+    ):
         strategy = ctx.vars["UV_INDEX_STRATEGY"].value or None  # the image's ENV, which this uv reads
-    common = dict(n=len(ctx.steps) + 1, stage=ctx.stage, where=ctx.where, installer=installer,
-                  index_url=index_url, extra_index_urls=tuple(extra), flags=tuple(flags), when_installed=ctx.when,
-                  overrides=o.overrides, override_where=o.override_where, index_strategy=strategy,
-                  requirement_edits=tuple(edits))
+    common = dict(
+        n=len(ctx.steps) + 1,
+        stage=ctx.stage,
+        where=ctx.where,
+        installer=installer,
+        index_url=index_url,
+        extra_index_urls=tuple(extra),
+        flags=tuple(flags),
+        when_installed=ctx.when,
+        overrides=o.overrides,
+        override_where=o.override_where,
+        index_strategy=strategy,
+        requirement_edits=tuple(edits),
+    )
     wheels = [r for r in reqs if r.endswith(".whl")]
     if wheels:
         w = wheels[0]
@@ -512,31 +583,50 @@ def _install_step(installer: str, args: list[str], ctx: ScriptContext) -> Step:
             name, note = SOURCE_BUILDS[w]
             return Step(replay="source-build", names=(name,), note=note, requirements=(w,), **common)
         if w.startswith("dist/") and ctx.binds.get("dist", "").startswith("build:"):
-            return Step(replay="index", requirements=(f"vllm=={ctx.get('VLLM_RELEASE')}",),
-                        note="the vllm wheel the image builds from this source in stage build; the release's "
-                             "wheel on the index stands for it", **common)
+            return Step(
+                replay="index",
+                requirements=(f"vllm=={ctx.get('VLLM_RELEASE')}",),
+                note="the vllm wheel the image builds from this source in stage build; the release's "
+                "wheel on the index stands for it",
+                **common,
+            )
         if re.match(r"^https?://", w):
             fname = w.rsplit("/", 1)[-1]
             parts = fname[:-4].split("-")
             name = re.sub(r"[-_.]+", "-", parts[0]).lower()
-            return Step(replay="off-index", names=(name,), requirements=(w,),
-                        note=f"{name} {parts[1] if len(parts) > 1 else '?'} from a URL off the index ({fname})",
-                        **common)
+            return Step(
+                replay="off-index",
+                names=(name,),
+                requirements=(w,),
+                note=f"{name} {parts[1] if len(parts) > 1 else '?'} from a URL off the index ({fname})",
+                **common,
+            )
         raise Unknown(f"install of {w}")
     if not reqs and not rfiles:
         raise Unknown(f"{installer} pip install with nothing nameable to install")
     indexes = [index_url] if index_url else []
     if index_url and not any(_is_python_index(u) for u in (*indexes, *extra)):
         # every index the step names is another one: what it installs is not on the Python index
-        names = tuple(_requirement_name(r) for r in reqs) + tuple(
-            n for f in rfiles for n in _file_names(f, ctx))
+        names = tuple(_requirement_name(r) for r in reqs) + tuple(n for f in rfiles for n in _file_names(f, ctx))
         if not names:
             raise Unknown(f"an install from {index_url} that names no distribution")
         shown = ", ".join(reqs + [f"-r {f}" for f in rfiles])
-        return Step(replay="off-index", names=names, requirements=tuple(reqs), requirement_files=tuple(rfiles),
-                    note=f"{shown} from {index_url}", **common)
-    return Step(replay="index", requirements=tuple(reqs), requirement_files=tuple(rfiles),
-                constraint_files=tuple(cfiles), constrain_installed=tuple(pins), **common)
+        return Step(
+            replay="off-index",
+            names=names,
+            requirements=tuple(reqs),
+            requirement_files=tuple(rfiles),
+            note=f"{shown} from {index_url}",
+            **common,
+        )
+    return Step(
+        replay="index",
+        requirements=tuple(reqs),
+        requirement_files=tuple(rfiles),
+        constraint_files=tuple(cfiles),
+        constrain_installed=tuple(pins),
+        **common,
+    )
 
 
 def _requirement_name(req: str) -> str:
@@ -568,7 +658,7 @@ def _sdist_path(p: str, ctx: ScriptContext) -> str:
         return ctx.mounts[p]
     for dst, src in sorted(ctx.mounts.items(), key=lambda kv: -len(kv[0])):
         if p.startswith(dst.rstrip("/") + "/"):
-            return src.rstrip("/") + "/" + p[len(dst.rstrip("/")) + 1:]
+            return src.rstrip("/") + "/" + p[len(dst.rstrip("/")) + 1 :]
     if p.startswith("requirements/"):
         return p
     raise Unknown(f"the file {p} (not copied or mounted from the source)")
@@ -582,7 +672,7 @@ def run_mounts(run_value: str) -> tuple[dict[str, str], dict[str, str], str]:
         m = re.match(r"\s*--(\w+)=(\S+)", rest)
         if not m:
             break
-        rest = rest[m.end():]
+        rest = rest[m.end() :]
         if m.group(1) != "mount":
             continue
         kv = dict(x.split("=", 1) if "=" in x else (x, "true") for x in m.group(2).split(","))
@@ -591,7 +681,7 @@ def run_mounts(run_value: str) -> tuple[dict[str, str], dict[str, str], str]:
         src = kv.get("source", kv.get("src", "."))
         tgt = kv.get("target", kv.get("dst", kv.get("destination", "")))
         if "from" in kv:
-            rel = tgt[len("/vllm-workspace/"):] if tgt.startswith("/vllm-workspace/") else tgt
+            rel = tgt[len("/vllm-workspace/") :] if tgt.startswith("/vllm-workspace/") else tgt
             stage_m[rel] = f"{kv['from']}:{src}"
         else:
             ctx_m[tgt] = src
@@ -624,5 +714,3 @@ def apt_packages(script: str, get) -> list[str]:
                 if v and not v.startswith("-") and "$" not in v and "=" not in v and v not in out:
                     out.append(v)
     return out
-
-

@@ -108,25 +108,41 @@ class Step:
     requirement_edits: tuple[tuple[str, str, bool, str], ...] = ()
 
     def to_json(self) -> dict:
-        d: dict = {"n": self.n, "stage": self.stage, "from": str(self.where), "replay": self.replay,
-                   "installer": self.installer}
-        for k in ("requirements", "requirement_files", "constraint_files", "constrain_installed", "overrides",
-                  "extra_index_urls", "file_indexes", "flags", "names"):
+        d: dict = {
+            "n": self.n,
+            "stage": self.stage,
+            "from": str(self.where),
+            "replay": self.replay,
+            "installer": self.installer,
+        }
+        for k in (
+            "requirements",
+            "requirement_files",
+            "constraint_files",
+            "constrain_installed",
+            "overrides",
+            "extra_index_urls",
+            "file_indexes",
+            "flags",
+            "names",
+        ):
             v = getattr(self, k)
             if v:
                 d[k] = list(v)
         if self.override_where:
             d["overrides_from"] = [str(w) for w in self.override_where]
         if self.requirement_edits:
-            d["requirement_edits"] = [{"file": f, "sed": s, "extended": e, "from": w}
-                                      for f, s, e, w in self.requirement_edits]
+            d["requirement_edits"] = [
+                {"file": f, "sed": s, "extended": e, "from": w} for f, s, e, w in self.requirement_edits
+            ]
         for k in ("index_url", "index_strategy", "when_installed", "fallback", "note"):
             v = getattr(self, k)
             if v:
                 d[k] = v
         if self.fallback_steps:
-            d["fallback_steps"] = [{k: v for k, v in s.to_json().items() if k not in ("n", "stage", "from")}
-                                   for s in self.fallback_steps]
+            d["fallback_steps"] = [
+                {k: v for k, v in s.to_json().items() if k not in ("n", "stage", "from")} for s in self.fallback_steps
+            ]
         return d
 
 
@@ -167,18 +183,33 @@ class Recipe:
 
     def lacks(self) -> dict[str, list[str]]:
         """What a replay from the Python index knowingly cannot hold (pure)."""
-        off = [f"{', '.join(s.names) or '?'} ({s.note}; {self.sdist.filename} {s.where})"
-               for s in self.steps if s.replay == "off-index"]
+        off = [
+            f"{', '.join(s.names) or '?'} ({s.note}; {self.sdist.filename} {s.where})"
+            for s in self.steps
+            if s.replay == "off-index"
+        ]
         src = [f"{', '.join(s.names) or '?'} ({s.note}; {s.where})" for s in self.steps if s.replay == "source-build"]
-        idx = sorted({u for s in self.steps if s.replay == "index"
-                      for u in (*s.extra_index_urls, *([s.index_url] if s.index_url else []),
-                                *(x.split(" (")[0] for x in s.file_indexes))})
+        idx = sorted(
+            {
+                u
+                for s in self.steps
+                if s.replay == "index"
+                for u in (
+                    *s.extra_index_urls,
+                    *([s.index_url] if s.index_url else []),
+                    *(x.split(" (")[0] for x in s.file_indexes),
+                )
+            }
+        )
         return {
             "off_index": off + [f"{d.value} ({', '.join(map(str, d.where))})" for d in self.off_index_fetches],
             "source_builds": src,
-            "other_indexes": [f"{u}: named by the image's steps; a replay asks it where it answers, else the "
-                              "Python index stands in for it (a file only it serves is then absent, or replaced by "
-                              "the Python index's build of the same version)" for u in idx],
+            "other_indexes": [
+                f"{u}: named by the image's steps; a replay asks it where it answers, else the "
+                "Python index stands in for it (a file only it serves is then absent, or replaced by "
+                "the Python index's build of the same version)"
+                for u in idx
+            ],
             "os_packages": [d.value for d in self.os_packages],
         }
 
@@ -214,5 +245,3 @@ class Recipe:
             "lacks": self.lacks(),
             **({} if self.target_platform.is_default else {"target_platform": self.target_platform.name}),
         }
-
-

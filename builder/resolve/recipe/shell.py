@@ -26,8 +26,10 @@ class Unknown(Exception):
 # ``$(cmd)``: a pipeline over known values.  Its first command makes the text (SOURCES), each later one
 # filters it (FILTERS); anything else is Unknown.  The one non-text form is the installed version of a
 # distribution, which only the image knows: it becomes the {installed:NAME} mark a step carries.
-_INSTALLED_CMD = re.compile(r"""^python3 -c "import importlib\.metadata as m; """
-                            r"""print\(m\.version\('([\w.-]+)'\)\)"( 2>/dev/null)?( \|\| true)?$""")
+_INSTALLED_CMD = re.compile(
+    r"""^python3 -c "import importlib\.metadata as m; """
+    r"""print\(m\.version\('([\w.-]+)'\)\)"( 2>/dev/null)?( \|\| true)?$"""
+)
 INSTALLED = "{{installed:{}}}"
 INSTALLED_RE = re.compile(r"\{installed:([\w.-]+)\}")
 
@@ -86,7 +88,7 @@ def _tr(text: str, args: list[str]) -> str:
         if not b:
             raise Unknown(f"tr {args[0]} {args[1]}")
         b = b + b[-1] * max(0, len(a) - len(b))
-        return text.translate(str.maketrans(a, b[:len(a)]))
+        return text.translate(str.maketrans(a, b[: len(a)]))
     raise Unknown(f"tr {' '.join(args)}")
 
 
@@ -153,7 +155,7 @@ def expand(raw: str, get: Callable[[str], str], *, split: bool = True) -> list[s
         c = raw[i]
         if c == "'":
             j = raw.index("'", i + 1)
-            cur.append(raw[i + 1:j])
+            cur.append(raw[i + 1 : j])
             have = True
             i = j + 1
         elif c == '"':
@@ -189,10 +191,10 @@ def expand(raw: str, get: Callable[[str], str], *, split: bool = True) -> list[s
 def _dollar(raw: str, i: int, get: Callable[[str], str]) -> tuple[str, int]:
     if raw.startswith("$(", i):
         j = _close(raw, i + 1)
-        return substitute(raw[i + 2:j], get), j + 1
+        return substitute(raw[i + 2 : j], get), j + 1
     if raw.startswith("${", i):
         j = raw.index("}", i)
-        body = raw[i + 2:j]
+        body = raw[i + 2 : j]
         m = re.fullmatch(r"(\w+)(?:(:-|:\+|%%|%|-)(.*))?", body)
         if not m:
             raise Unknown("${" + body + "}")
@@ -269,29 +271,29 @@ def tokenize(script: str) -> list[str]:
             if script[i + 1] == "\n":
                 i += 2
                 continue
-            cur.append(script[i:i + 2])
+            cur.append(script[i : i + 2])
             i += 2
             continue
         if c == "'":
             j = script.index("'", i + 1)
-            cur.append(script[i:j + 1])
+            cur.append(script[i : j + 1])
             i = j + 1
             continue
         if c == '"':
             j = i + 1
             while script[j] != '"':
                 j += 2 if script[j] == "\\" else 1
-            cur.append(script[i:j + 1])
+            cur.append(script[i : j + 1])
             i = j + 1
             continue
         if script.startswith("$(", i):
             j = _close(script, i + 1)
-            cur.append(script[i:j + 1])
+            cur.append(script[i : j + 1])
             i = j + 1
             continue
         if script.startswith("${", i):
             j = script.index("}", i)
-            cur.append(script[i:j + 1])
+            cur.append(script[i : j + 1])
             i = j + 1
             continue
         if c == "#" and not cur:
@@ -367,8 +369,10 @@ class _Parser:
     def take(self, want: str | None = None) -> str:
         tok = self.peek()
         if tok is None or (want is not None and tok != want):
-            raise Unknown(f"expected {repr(want) if want else 'a word'}, found "
-                          f"{repr(tok) if tok is not None else 'the end of the script'}")
+            raise Unknown(
+                f"expected {repr(want) if want else 'a word'}, found "
+                f"{repr(tok) if tok is not None else 'the end of the script'}"
+            )
         self.i += 1
         return tok
 
@@ -444,7 +448,7 @@ class _Parser:
                         break
                 self.i += 1
             self.take(end)
-            return Opaque(" ".join(self.t[start:self.i]))
+            return Opaque(" ".join(self.t[start : self.i]))
         words, redirects = [], []
         while True:
             tok = self.peek()
@@ -463,7 +467,6 @@ class _Parser:
         if not words and not redirects:  # nothing was read: a stray ')', 'fi', 'then' ... (never loop on it)
             raise Unknown(f"unexpected {self.peek()!r}" if self.peek() is not None else "a command missing at the end")
         return Cmd(words, redirects)
-
 
     def case(self) -> Case:
         self.take("case")
@@ -495,5 +498,3 @@ def parse_script(script: str) -> Seq:
     if p.peek() is not None:
         raise Unknown(f"unexpected {p.peek()!r}")
     return seq
-
-

@@ -28,8 +28,15 @@ RECIPES_HEADER = """\
 
 def recipe_table(r: Recipe) -> dict:
     """The recipes.toml table of one release (pure; TOML-serialisable: no None)."""
-    values = {"final_base_image": r.final_base_image, "os": r.os, "glibc": r.glibc, "cuda": r.cuda,
-              "python": r.python, "site_packages": r.site_packages, "pipeline_step": r.pipeline_step}
+    values = {
+        "final_base_image": r.final_base_image,
+        "os": r.os,
+        "glibc": r.glibc,
+        "cuda": r.cuda,
+        "python": r.python,
+        "site_packages": r.site_packages,
+        "pipeline_step": r.pipeline_step,
+    }
     lacks = {k: v for k, v in r.lacks().items() if v}
     return {
         "sdist": r.sdist.filename,
@@ -56,10 +63,14 @@ def recipes_header(platform: Platform = DEFAULT) -> str:
     pipeline step and ``--platform`` for another platform (pure)."""
     if platform.is_default:
         return RECIPES_HEADER
-    return (RECIPES_HEADER.replace(RELEASE_STEP, release_step_label(platform))
-            .replace("--vllm X --write", f"--vllm X --platform {platform.name} --write")
-            .replace("`build-image base reconstruct --vllm X`", f"`build-image base reconstruct --vllm X --platform "
-                                                                 f"{platform.name}`"))
+    return (
+        RECIPES_HEADER.replace(RELEASE_STEP, release_step_label(platform))
+        .replace("--vllm X --write", f"--vllm X --platform {platform.name} --write")
+        .replace(
+            "`build-image base reconstruct --vllm X`",
+            f"`build-image base reconstruct --vllm X --platform {platform.name}`",
+        )
+    )
 
 
 def render_recipes(tables: Mapping[str, dict], platform: Platform = DEFAULT) -> str:
@@ -75,8 +86,10 @@ def parse_recipes(text: str, path: str = "recipes.toml") -> dict[str, dict]:
     """The release tables of a recipes.toml (pure); a file of another schema is :class:`BadInput`."""
     doc = load_toml(text, f"recipes {path}")
     if doc.get("schema") != RECIPES_SCHEMA:
-        raise BadInput(f"recipes {path}: 'schema' must be {RECIPES_SCHEMA!r}, got {doc.get('schema')!r}.",
-                       hint="the file is generated: `build-image base recipe --vllm X --write` for each release.")
+        raise BadInput(
+            f"recipes {path}: 'schema' must be {RECIPES_SCHEMA!r}, got {doc.get('schema')!r}.",
+            hint="the file is generated: `build-image base recipe --vllm X --write` for each release.",
+        )
     rel = doc.get("release") or {}
     if not isinstance(rel, dict) or not all(isinstance(v, dict) for v in rel.values()):
         raise BadInput(f"recipes {path}: 'release' must be a table of release tables.")
@@ -103,8 +116,15 @@ def read_recipes_file(path: Path) -> dict[str, dict]:
     return parse_recipes(text, str(path)) if f'schema = "{RECIPES_SCHEMA}"' in text else {}
 
 
-def write_recipe_table(path: Path, vllm: str, table: dict, *, force: bool = False,
-                       seed: dict[str, dict] | None = None, platform: Platform = DEFAULT) -> Path:
+def write_recipe_table(
+    path: Path,
+    vllm: str,
+    table: dict,
+    *,
+    force: bool = False,
+    seed: dict[str, dict] | None = None,
+    platform: Platform = DEFAULT,
+) -> Path:
     """Put ``vllm``'s table into the recipes file: read, merged and written under the file's output lock, so
     two runs for different releases both land (neither's table is lost); atomically, through a symlink.  A
     file not there yet starts from ``seed`` (the shipped tables, for a pull request's folder)."""

@@ -64,7 +64,7 @@ def completion_body(model_id: str, prompt: str | list[int], max_tokens: int, str
         "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0.0,
-        "ignore_eos": True,   # vLLM extension: generate exactly max_tokens
+        "ignore_eos": True,  # vLLM extension: generate exactly max_tokens
         "stream": stream,
     }
     if stream:
@@ -200,8 +200,9 @@ class _Stream:
     usage_tokens: int | None = None
 
 
-def _read_stream(resp: http.client.HTTPResponse, res: RequestResult, chat: bool, t0: float,
-                 timeout: float) -> RequestResult:
+def _read_stream(
+    resp: http.client.HTTPResponse, res: RequestResult, chat: bool, t0: float, timeout: float
+) -> RequestResult:
     """A streaming answer, read event by event until [DONE]; ``res.error`` says why not."""
     deadline = t0 + timeout
     st = _Stream()
@@ -263,6 +264,7 @@ class RoundRun:
     """The raw outcome of one round: the finished requests (by index), its wall
     time, how many were still running at the deadline, and whether the server
     died during it."""
+
     results: list[RequestResult]
     wall_s: float
     pending: int = 0
@@ -270,8 +272,9 @@ class RoundRun:
     notes: list[str] = field(default_factory=list)
 
 
-def run_round(host: str, port: int, bodies: list[dict[str, Any]], *, timeout: float,
-              alive: Callable[[], bool]) -> RoundRun:
+def run_round(
+    host: str, port: int, bodies: list[dict[str, Any]], *, timeout: float, alive: Callable[[], bool]
+) -> RoundRun:
     """Send ``bodies`` at once (one thread each, released together by a barrier);
     abandoned early when ``alive()`` turns false or after ``timeout`` (+5 s)."""
     n = len(bodies)
@@ -306,5 +309,9 @@ def run_round(host: str, port: int, bodies: list[dict[str, Any]], *, timeout: fl
                 break
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-    return RoundRun(results=sorted(results, key=lambda r: r.index), wall_s=time.monotonic() - t0,
-                    pending=len(pending), server_died=died)
+    return RoundRun(
+        results=sorted(results, key=lambda r: r.index),
+        wall_s=time.monotonic() - t0,
+        pending=len(pending),
+        server_died=died,
+    )

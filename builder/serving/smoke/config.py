@@ -29,6 +29,7 @@ def with_multicast_off(env: dict[str, str]) -> dict[str, str]:
     """``env`` with :data:`MULTICAST_OFF` applied over it (a caller's value never enables multicast)."""
     return {**env, **MULTICAST_OFF}
 
+
 # A smoke run sends a round's requests at once, one thread and one socket each: a documented bound
 # (far above any engine's --max-num-seqs) refused up front, not a thread that cannot start mid-run.
 MAX_CONCURRENCY = 4096
@@ -49,56 +50,58 @@ def ensure_fd_room(concurrency: int) -> None:
     if hard == resource.RLIM_INFINITY or hard >= need:
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
         return
-    raise BadInput(f"smoke: --concurrency {concurrency} needs {need} open files, but this shell allows {hard} "
-                   f"(ulimit -n); lower --concurrency or raise the limit.")
+    raise BadInput(
+        f"smoke: --concurrency {concurrency} needs {need} open files, but this shell allows {hard} "
+        f"(ulimit -n); lower --concurrency or raise the limit."
+    )
 
 
 @dataclass
 class SmokeConfig:
-    model: str                          # host path of the checkpoint directory
-    image: str | None = None            # docker mode when set, else local mode
+    model: str  # host path of the checkpoint directory
+    image: str | None = None  # docker mode when set, else local mode
     tp: int = 1
     pp: int = 1
     # vLLM --distributed-executor-backend: mp | ray (None: vLLM's choice)
     distributed_executor_backend: str | None = None
-    ray_address: str | None = None      # ray backend: join this Ray cluster (default local mode: start a loopback head)
+    ray_address: str | None = None  # ray backend: join this Ray cluster (default local mode: start a loopback head)
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
     max_num_seqs: int | None = None
     kv_cache_dtype: str | None = None
     cpu_offload_gb: float | None = None  # vLLM --cpu-offload-gb (GiB per GPU)
-    load_format: str | None = None       # vLLM --load-format (None: auto); checked against the release's LoadFormats
+    load_format: str | None = None  # vLLM --load-format (None: auto); checked against the release's LoadFormats
     concurrency: int = 16
-    rounds: int = 3                     # rounds of /v1/completions
-    chat: bool = True                   # then one round of /v1/chat/completions (off: a model without a chat template)
+    rounds: int = 3  # rounds of /v1/completions
+    chat: bool = True  # then one round of /v1/chat/completions (off: a model without a chat template)
     max_tokens: int = 64
     prompt_tokens: int = 128
-    timeout: float = 300.0              # per request (and per round) seconds
-    boot_timeout: float = 900.0         # until /health answers 200
+    timeout: float = 300.0  # per request (and per round) seconds
+    boot_timeout: float = 900.0  # until /health answers 200
     extra_args: list[str] = field(default_factory=list)
-    server_cmd: str | None = None       # full override ({port} {model} substituted); used by tests
-    vllm_bin: str | None = None         # local mode: the vllm executable (default: PATH, else python -m)
-    port: int | None = None             # default: a free port
-    log_file: str | None = None         # default: a temp file, kept on failure
+    server_cmd: str | None = None  # full override ({port} {model} substituted); used by tests
+    vllm_bin: str | None = None  # local mode: the vllm executable (default: PATH, else python -m)
+    port: int | None = None  # default: a free port
+    log_file: str | None = None  # default: a temp file, kept on failure
     plan: bool = True
-    checkpoint_check: bool = True       # refuse a checkpoint that is not ready (builder.serving.checkpoint)
+    checkpoint_check: bool = True  # refuse a checkpoint that is not ready (builder.serving.checkpoint)
     gpu_memory_bytes: int | None = None  # default: nvidia-smi
-    gpus: int | None = None              # default: tp
+    gpus: int | None = None  # default: tp
     docker_bin: str | None = None
     env: dict[str, str] = field(default_factory=dict)
-    stop_grace: float = 15.0            # SIGTERM -> SIGKILL delay when stopping the server
-    docker_gpus: str | None = "all"     # docker mode: --gpus value (None: no --gpus, for CPU tests)
-    serve: bool = False                 # deploy the image's Ray Serve application on a local Ray head
-    serve_backend: str | None = None    # auto | ray-serve-llm | vllm-server; None: the image's default (the lock's)
-    serve_python: str | None = None     # local --serve: the Python that has ray (default: this one)
-    serve_num_gpus: int | None = None   # --serve: GPUs the Ray head declares (default: Ray detects them)
-    vllm: str | None = None             # --vllm X: the shipped release planned for (None: the plan's default)
+    stop_grace: float = 15.0  # SIGTERM -> SIGKILL delay when stopping the server
+    docker_gpus: str | None = "all"  # docker mode: --gpus value (None: no --gpus, for CPU tests)
+    serve: bool = False  # deploy the image's Ray Serve application on a local Ray head
+    serve_backend: str | None = None  # auto | ray-serve-llm | vllm-server; None: the image's default (the lock's)
+    serve_python: str | None = None  # local --serve: the Python that has ray (default: this one)
+    serve_num_gpus: int | None = None  # --serve: GPUs the Ray head declares (default: Ray detects them)
+    vllm: str | None = None  # --vllm X: the shipped release planned for (None: the plan's default)
     # --vllm X: builder.serving.smoke.release.Release.to_dict(), recorded in the report
     release: dict[str, Any] | None = None
-    reference: str | None = None        # compare outputs with this reference file
-    save_reference: str | None = None   # record the reference outputs into this file
+    reference: str | None = None  # compare outputs with this reference file
+    save_reference: str | None = None  # record the reference outputs into this file
     reference_logprob_tolerance: float | None = None  # default: equivalence.LOGPROB_TOLERANCE
-    reference_tie_margin: float | None = None         # default: equivalence.TIE_MARGIN
+    reference_tie_margin: float | None = None  # default: equivalence.TIE_MARGIN
 
     def validate(self) -> None:
         where = "smoke"
@@ -120,29 +123,35 @@ class SmokeConfig:
             if not isinstance(value, int) or value < lo:
                 raise BadInput(f"{where}: {name} must be an integer >= {lo}, got {value!r}")
         if self.distributed_executor_backend is not None and self.distributed_executor_backend not in EXECUTOR_BACKENDS:
-            raise BadInput(f"{where}: --distributed-executor-backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
-                           f"got {self.distributed_executor_backend!r}")
+            raise BadInput(
+                f"{where}: --distributed-executor-backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+                f"got {self.distributed_executor_backend!r}"
+            )
         if self.ray_address is not None:
             if self.distributed_executor_backend != "ray":
-                raise BadInput(f"{where}: --ray-address joins a Ray cluster for vLLM's Ray executor; "
-                               "give it with --distributed-executor-backend ray")
+                raise BadInput(
+                    f"{where}: --ray-address joins a Ray cluster for vLLM's Ray executor; "
+                    "give it with --distributed-executor-backend ray"
+                )
             if self.serve:
-                raise BadInput(f"{where}: --serve starts its own Ray head for the Serve application; "
-                               "it does not take --ray-address")
+                raise BadInput(
+                    f"{where}: --serve starts its own Ray head for the Serve application; "
+                    "it does not take --ray-address"
+                )
             if not self.ray_address.strip():
                 raise BadInput(f"{where}: --ray-address must name a Ray cluster (HOST:PORT or ray://...), got ''")
         if self.concurrency > MAX_CONCURRENCY:
-            raise BadInput(f"{where}: --concurrency {self.concurrency} is above the probe's bound of "
-                           f"{MAX_CONCURRENCY} simultaneous requests (one thread and one connection each); "
-                           "an engine admits at most --max-num-seqs at once, so a higher load only queues.")
+            raise BadInput(
+                f"{where}: --concurrency {self.concurrency} is above the probe's bound of "
+                f"{MAX_CONCURRENCY} simultaneous requests (one thread and one connection each); "
+                "an engine admits at most --max-num-seqs at once, so a higher load only queues."
+            )
         if self.max_model_len is not None and self.max_model_len < 2:
             raise BadInput(f"{where}: --max-model-len must be >= 2, got {self.max_model_len}")
         if self.max_num_seqs is not None and self.max_num_seqs < 1:
             raise BadInput(f"{where}: --max-num-seqs must be >= 1, got {self.max_num_seqs}")
         if self.gpu_memory_utilization is not None and not (0.0 < self.gpu_memory_utilization <= 1.0):
-            raise BadInput(
-                f"{where}: --gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}"
-            )
+            raise BadInput(f"{where}: --gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         for name, value in (("--timeout", self.timeout), ("--boot-timeout", self.boot_timeout)):
             # nan/inf would make the deadlines never expire: a smoke run must stay bounded
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -150,18 +159,25 @@ class SmokeConfig:
         if self.cpu_offload_gb is not None and not (math.isfinite(self.cpu_offload_gb) and self.cpu_offload_gb >= 0):
             raise BadInput(f"{where}: --cpu-offload-gb must be a finite number >= 0, got {self.cpu_offload_gb!r}")
         if self.load_format is not None:
-            self.load_format = check_load_format(self.load_format, release_facts(self.vllm),
-                                                 where="smoke: --load-format")
-        if (self.reference and self.save_reference
-                and Path(self.reference).resolve() == Path(self.save_reference).resolve()):
+            self.load_format = check_load_format(
+                self.load_format, release_facts(self.vllm), where="smoke: --load-format"
+            )
+        if (
+            self.reference
+            and self.save_reference
+            and Path(self.reference).resolve() == Path(self.save_reference).resolve()
+        ):
             raise BadInput(f"{where}: --save-reference must name another file than --reference")
         if self.serve and self.server_cmd:
             raise BadInput(f"{where}: --serve deploys the Serve application; it does not take --server-cmd")
         if self.serve_backend is not None and self.serve_backend not in SERVE_BACKENDS:
-            raise BadInput(f"{where}: --serve-backend must be one of {', '.join(SERVE_BACKENDS)}, got "
-                           f"{self.serve_backend!r}")
-        for name, value in (("--reference-logprob-tolerance", self.reference_logprob_tolerance),
-                            ("--reference-tie-margin", self.reference_tie_margin)):
+            raise BadInput(
+                f"{where}: --serve-backend must be one of {', '.join(SERVE_BACKENDS)}, got {self.serve_backend!r}"
+            )
+        for name, value in (
+            ("--reference-logprob-tolerance", self.reference_logprob_tolerance),
+            ("--reference-tie-margin", self.reference_tie_margin),
+        ):
             if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise BadInput(f"{where}: {name} must be a finite number >= 0, got {value!r}")
         if self.max_model_len is not None and self.prompt_tokens + self.max_tokens > self.max_model_len:
@@ -176,9 +192,11 @@ def check_gpus_visible(cfg: SmokeConfig, visible: int | None) -> None:
     BadInput naming --tp/--pp, before anything starts."""
     need = cfg.tp * cfg.pp
     if visible is not None and need > visible:
-        raise BadInput(f"smoke: --tp {cfg.tp} x --pp {cfg.pp} = {need} GPUs, but nvidia-smi reports {visible} "
-                       f"GPU{'s' if visible != 1 else ''} on this host; lower --tp/--pp or run on a node with "
-                       f"{need} GPUs.")
+        raise BadInput(
+            f"smoke: --tp {cfg.tp} x --pp {cfg.pp} = {need} GPUs, but nvidia-smi reports {visible} "
+            f"GPU{'s' if visible != 1 else ''} on this host; lower --tp/--pp or run on a node with "
+            f"{need} GPUs."
+        )
 
 
 def config_from_serving(serving: Any, *, model: str, image: str | None = None, **overrides: Any) -> SmokeConfig:

@@ -45,10 +45,10 @@ from builder.util import atomic_write_text, is_own_output, output_lock, write_ta
 from builder.validate import load_json, read_bounded_text
 
 SCHEMA = "build-image/smoke-reference/v1"
-PROMPTS = 8            # prompts in the set
-PROMPT_TOKENS = 32     # tokens per prompt
-MAX_TOKENS = 16        # greedy tokens per prompt
-TOP_K = 2              # prompt_logprobs: the actual token plus the best 2
+PROMPTS = 8  # prompts in the set
+PROMPT_TOKENS = 32  # tokens per prompt
+MAX_TOKENS = 16  # greedy tokens per prompt
+TOP_K = 2  # prompt_logprobs: the actual token plus the best 2
 PROMPT_SEED = 20261201
 
 # Thresholds (nats), from run-to-run noise measured on the H200 (docs/gpu-proof-results.md):
@@ -63,11 +63,28 @@ TIE_MARGIN = 0.15
 # What makes two checkpoints "the same model" for the gate: token ids and shapes mean the
 # same thing.  Other config keys (layer_types, rope settings, ...) may differ; the
 # comparison then reports which ones.
-_IDENTITY_KEYS = ("architectures", "model_type", "vocab_size", "hidden_size", "num_hidden_layers",
-                  "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
-                  "hidden_size_per_layer_input", "vocab_size_per_layer_input", "tie_word_embeddings")
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "tokenizer.model",
-                    "special_tokens_map.json")
+_IDENTITY_KEYS = (
+    "architectures",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "hidden_size_per_layer_input",
+    "vocab_size_per_layer_input",
+    "tie_word_embeddings",
+)
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "special_tokens_map.json",
+)
 
 
 def _canonical(obj: Any) -> bytes:
@@ -111,16 +128,23 @@ def model_identity(model_dir: str) -> dict[str, Any]:
         p = Path(model_dir) / name
         if p.is_file():
             tok[name] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return {"fields": fields, "tokenizer_sha256": tok, "identity_sha256": _sha({"fields": fields, "tokenizer": tok}),
-            "config_sha256": _sha(cfg), "config": cfg}
+    return {
+        "fields": fields,
+        "tokenizer_sha256": tok,
+        "identity_sha256": _sha({"fields": fields, "tokenizer": tok}),
+        "config_sha256": _sha(cfg),
+        "config": cfg,
+    }
 
 
 def vocab_size(identity: dict[str, Any]) -> int:
     f = identity["fields"]
     v = f.get("vocab_size") or f.get("text_config.vocab_size")
     if not isinstance(v, int) or v < 8:
-        raise BadInput("smoke: the model config has no usable vocab_size; the output-equivalence gate "
-                       "sends token-id prompts and needs it")
+        raise BadInput(
+            "smoke: the model config has no usable vocab_size; the output-equivalence gate "
+            "sends token-id prompts and needs it"
+        )
     return v
 
 
@@ -149,7 +173,7 @@ class Reference:
     model: dict[str, Any]
     sampling: dict[str, Any]
     prompt_set_sha256: str
-    prompts: list[dict[str, Any]]     # {"prompt", "tokens", "logprobs", "margins", "text"}
+    prompts: list[dict[str, Any]]  # {"prompt", "tokens", "logprobs", "margins", "text"}
     recorded: dict[str, Any] = field(default_factory=dict)
 
 
@@ -185,15 +209,23 @@ def load_reference(path: str) -> Reference:
                 raise _bad(path, f"'prompts[{i}].{key}' must be a non-empty list of token ids")
         for key in ("logprobs", "margins"):
             v = p.get(key)
-            if (not isinstance(v, list) or len(v) != len(p["tokens"])
-                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
-                               and math.isfinite(x) for x in v)):
+            if (
+                not isinstance(v, list)
+                or len(v) != len(p["tokens"])
+                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v)
+            ):
                 raise _bad(path, f"'prompts[{i}].{key}' must hold one finite number per token of 'tokens'")
     digest = prompt_set_sha256([p["prompt"] for p in prompts], samp)
     if doc.get("prompt_set_sha256") != digest:
         raise _bad(path, "'prompt_set_sha256' does not match its prompts and sampling (the file was edited or cut)")
-    return Reference(path=path, model=model, sampling=samp, prompt_set_sha256=digest, prompts=prompts,
-                     recorded=doc.get("recorded") or {})
+    return Reference(
+        path=path,
+        model=model,
+        sampling=samp,
+        prompt_set_sha256=digest,
+        prompts=prompts,
+        recorded=doc.get("recorded") or {},
+    )
 
 
 def check_compatible(ref: Reference, identity: dict[str, Any]) -> list[str]:
@@ -205,19 +237,26 @@ def check_compatible(ref: Reference, identity: dict[str, Any]) -> list[str]:
         diff = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
         tok = "the tokenizer files differ" if ref.model.get("tokenizer_sha256") != identity["tokenizer_sha256"] else ""
         what = ", ".join(f"{k}: {theirs.get(k)!r} vs {ours.get(k)!r}" for k in diff[:6]) or tok or "identity hash"
-        raise _bad(ref.path, f"recorded for another model ({what}); a reference compares one model's outputs "
-                             "across engines, images or patch levels")
+        raise _bad(
+            ref.path,
+            f"recorded for another model ({what}); a reference compares one model's outputs "
+            "across engines, images or patch levels",
+        )
     expected = prompt_set_sha256(prompt_set(vocab_size(identity)), sampling())
     if ref.prompt_set_sha256 != expected:
-        raise _bad(ref.path, "recorded with another prompt set or sampling than this build-image uses; "
-                             "record it again with --save-reference")
+        raise _bad(
+            ref.path,
+            "recorded with another prompt set or sampling than this build-image uses; "
+            "record it again with --save-reference",
+        )
     theirs_cfg = ref.model.get("config") or {}
     ours_cfg = redact_value(identity["config"])  # as the reference file holds it
     return sorted(k for k in set(theirs_cfg) | set(ours_cfg) if theirs_cfg.get(k) != ours_cfg.get(k))
 
 
-def reference_document(identity: dict[str, Any], prompts: list[list[int]], outputs: list[dict[str, Any]],
-                       recorded: dict[str, Any]) -> dict[str, Any]:
+def reference_document(
+    identity: dict[str, Any], prompts: list[list[int]], outputs: list[dict[str, Any]], recorded: dict[str, Any]
+) -> dict[str, Any]:
     samp = sampling()
     return {
         "schema": SCHEMA,
@@ -239,8 +278,11 @@ def check_reference_output(path: str) -> None:
     file is never replaced); a symlink is written through."""
     target = write_target(path)
     if target.exists() and not is_own_output(target, REFERENCE_MARKS):
-        raise BadInput(f"smoke: --save-reference {path} exists and is not a smoke reference written by build-image; "
-                       "it is not replaced.", hint="name a new file (or remove that one first).")
+        raise BadInput(
+            f"smoke: --save-reference {path} exists and is not a smoke reference written by build-image; "
+            "it is not replaced.",
+            hint="name a new file (or remove that one first).",
+        )
 
 
 def write_reference(path: str, doc: dict[str, Any]) -> None:
@@ -257,10 +299,10 @@ def write_reference(path: str, doc: dict[str, Any]) -> None:
 @dataclass
 class PromptComparison:
     index: int
-    first_diff: int | None          # first differing greedy token (None: all equal)
-    diverged_at_tie: bool           # the reference's margin there was <= tie_margin
+    first_diff: int | None  # first differing greedy token (None: all equal)
+    diverged_at_tie: bool  # the reference's margin there was <= tie_margin
     max_abs_dlogprob: float
-    worst_token: int                # position of the max |Δ logprob|
+    worst_token: int  # position of the max |Δ logprob|
 
 
 @dataclass
@@ -270,7 +312,7 @@ class Equivalence:
     reference: str
     prompts: int
     tokens_per_prompt: int
-    first_diff: int | None          # smallest first-differing index over the prompts
+    first_diff: int | None  # smallest first-differing index over the prompts
     prompts_diverged: int
     max_abs_dlogprob: float
     logprob_tolerance: float
@@ -282,9 +324,15 @@ class Equivalence:
         return asdict(self)
 
 
-def compare(ref: Reference, tokens: list[list[int]], logprobs: list[list[float]], *,
-            logprob_tolerance: float = LOGPROB_TOLERANCE, tie_margin: float = TIE_MARGIN,
-            config_keys_differ: list[str] | None = None) -> Equivalence:
+def compare(
+    ref: Reference,
+    tokens: list[list[int]],
+    logprobs: list[list[float]],
+    *,
+    logprob_tolerance: float = LOGPROB_TOLERANCE,
+    tie_margin: float = TIE_MARGIN,
+    config_keys_differ: list[str] | None = None,
+) -> Equivalence:
     """Compare the candidate's greedy tokens and its teacher-forced logprobs of the
     reference tokens with the reference."""
     per: list[PromptComparison] = []
@@ -297,16 +345,24 @@ def compare(ref: Reference, tokens: list[list[int]], logprobs: list[list[float]]
         tie = first is not None and first < len(rm) and rm[first] <= tie_margin
         deltas = [abs(a - b) for a, b in zip(rl, lps)]
         worst = max(range(len(deltas)), key=deltas.__getitem__) if deltas else 0
-        pc = PromptComparison(index=i, first_diff=first, diverged_at_tie=tie,
-                              max_abs_dlogprob=round(deltas[worst], 6) if deltas else 0.0, worst_token=worst)
+        pc = PromptComparison(
+            index=i,
+            first_diff=first,
+            diverged_at_tie=tie,
+            max_abs_dlogprob=round(deltas[worst], 6) if deltas else 0.0,
+            worst_token=worst,
+        )
         per.append(pc)
         if first is not None and not tie:
-            failures.append(f"prompt {i}: greedy output differs from the reference at token {first} "
-                            f"(reference margin {rm[first] if first < len(rm) else float('nan'):.3f} > "
-                            f"tie margin {tie_margin:g})")
+            failures.append(
+                f"prompt {i}: greedy output differs from the reference at token {first} "
+                f"(reference margin {rm[first] if first < len(rm) else float('nan'):.3f} > "
+                f"tie margin {tie_margin:g})"
+            )
         if pc.max_abs_dlogprob > logprob_tolerance:
-            failures.append(f"prompt {i}: |Δ logprob| {pc.max_abs_dlogprob:.4f} at token {worst} exceeds "
-                            f"{logprob_tolerance:g}")
+            failures.append(
+                f"prompt {i}: |Δ logprob| {pc.max_abs_dlogprob:.4f} at token {worst} exceeds {logprob_tolerance:g}"
+            )
     firsts = [p.first_diff for p in per if p.first_diff is not None]
     return Equivalence(
         verdict="FAIL" if failures else "PASS",
@@ -326,11 +382,13 @@ def compare(ref: Reference, tokens: list[list[int]], logprobs: list[list[float]]
 
 def summary(eq: Equivalence) -> str:
     fd = "none" if eq.first_diff is None else str(eq.first_diff)
-    return (f"{eq.verdict}: {eq.prompts} prompts x {eq.tokens_per_prompt} tokens vs {eq.reference}: "
-            f"first differing token {fd} ({eq.prompts_diverged} prompt(s) diverged), "
-            f"max |Δ logprob| {eq.max_abs_dlogprob:.4g} (tolerance {eq.logprob_tolerance:g}, tie margin "
-            f"{eq.tie_margin:g})"
-            + (f"; config keys differ: {', '.join(eq.config_keys_differ)}" if eq.config_keys_differ else ""))
+    return (
+        f"{eq.verdict}: {eq.prompts} prompts x {eq.tokens_per_prompt} tokens vs {eq.reference}: "
+        f"first differing token {fd} ({eq.prompts_diverged} prompt(s) diverged), "
+        f"max |Δ logprob| {eq.max_abs_dlogprob:.4g} (tolerance {eq.logprob_tolerance:g}, tie margin "
+        f"{eq.tie_margin:g})"
+        + (f"; config keys differ: {', '.join(eq.config_keys_differ)}" if eq.config_keys_differ else "")
+    )
 
 
 # --------------------------------------------------------------------------- reading the server's answers
@@ -359,8 +417,15 @@ def parse_scores(choice: dict[str, Any], prompt_len: int, continuation: list[int
 
 
 def generate(host: str, port: int, model_id: str, prompt: list[int], timeout: float) -> list[int]:
-    body = {"model": model_id, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
-            "ignore_eos": True, "return_token_ids": True, "logprobs": 1}
+    body = {
+        "model": model_id,
+        "prompt": prompt,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "logprobs": 1,
+    }
     data = post_json(host, port, "/v1/completions", body, timeout)
     toks = data["choices"][0].get("token_ids")
     if not isinstance(toks, list) or not toks:
@@ -368,10 +433,16 @@ def generate(host: str, port: int, model_id: str, prompt: list[int], timeout: fl
     return [int(t) for t in toks]
 
 
-def score(host: str, port: int, model_id: str, prompt: list[int], continuation: list[int],
-          timeout: float) -> tuple[list[float], list[float]]:
-    body = {"model": model_id, "prompt": prompt + continuation, "max_tokens": 1, "temperature": 0.0,
-            "prompt_logprobs": TOP_K}
+def score(
+    host: str, port: int, model_id: str, prompt: list[int], continuation: list[int], timeout: float
+) -> tuple[list[float], list[float]]:
+    body = {
+        "model": model_id,
+        "prompt": prompt + continuation,
+        "max_tokens": 1,
+        "temperature": 0.0,
+        "prompt_logprobs": TOP_K,
+    }
     data = post_json(host, port, "/v1/completions", body, timeout)
     return parse_scores(data["choices"][0], len(prompt), continuation)
 
@@ -382,21 +453,40 @@ def record(host: str, port: int, model_id: str, prompts: list[list[int]], timeou
     for p in prompts:
         toks = generate(host, port, model_id, p, timeout)
         lps, margins = score(host, port, model_id, p, toks, timeout)
-        out.append({"tokens": toks, "logprobs": [round(x, 6) for x in lps],
-                    "margins": [round(x, 6) for x in margins]})
+        out.append({"tokens": toks, "logprobs": [round(x, 6) for x in lps], "margins": [round(x, 6) for x in margins]})
     return out
 
 
-def check(host: str, port: int, model_id: str, ref: Reference, timeout: float, *,
-          logprob_tolerance: float, tie_margin: float, config_keys_differ: list[str]) -> Equivalence:
+def check(
+    host: str,
+    port: int,
+    model_id: str,
+    ref: Reference,
+    timeout: float,
+    *,
+    logprob_tolerance: float,
+    tie_margin: float,
+    config_keys_differ: list[str],
+) -> Equivalence:
     tokens, logprobs = [], []
     for r in ref.prompts:
         tokens.append(generate(host, port, model_id, r["prompt"], timeout))
         logprobs.append(score(host, port, model_id, r["prompt"], r["tokens"], timeout)[0])
-    return compare(ref, tokens, logprobs, logprob_tolerance=logprob_tolerance, tie_margin=tie_margin,
-                   config_keys_differ=config_keys_differ)
+    return compare(
+        ref,
+        tokens,
+        logprobs,
+        logprob_tolerance=logprob_tolerance,
+        tie_margin=tie_margin,
+        config_keys_differ=config_keys_differ,
+    )
 
 
 def recorded_info(mode: str, image: str | None, extra_args: list[str], model: str) -> dict[str, Any]:
-    return {"mode": mode, "image": image, "extra_args": list(extra_args), "model_path": model,
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {
+        "mode": mode,
+        "image": image,
+        "extra_args": list(extra_args),
+        "model_path": model,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }

@@ -14,7 +14,9 @@ def nvidia_smi_memory() -> dict[str, int] | None:
     try:
         out = subprocess.run(
             [exe, "--query-gpu=memory.used,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -39,8 +41,9 @@ def nvidia_smi_names() -> list[str] | None:
     if not exe:
         return None
     try:
-        out = subprocess.run([exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=20)
+        out = subprocess.run(
+            [exe, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     names = [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []

@@ -45,14 +45,21 @@ def checkpoint_ready(cfg: SmokeConfig, reporter: Reporter) -> dict[str, Any] | N
         raise CheckpointNotReady(
             f"{model_dir} is not ready to load ({len(rep.errors)} problem(s)); no server was started.",
             hint=f"build-image checkpoint verify {model_dir} (add --sha256 SUMS or --hf-cache DIR to check "
-                 "the bytes too)",
+            "the bytes too)",
             details=problems,
         )
-    summary = {"ready": True, "shards": len(rep.shards), "weight_bytes": rep.weight_bytes,
-               "ple_bytes": rep.ple_bytes, "warnings": [p.to_dict() for p in rep.warnings],
-               "structural_seconds": rep.structural_seconds}
-    reporter.step(f"checkpoint READY (structure): {len(rep.shards)} shard(s), {rep.weight_bytes / 1e9:.2f} GB of "
-                  f"weights, {len(rep.warnings)} warning(s), {rep.structural_seconds * 1000:.0f} ms")
+    summary = {
+        "ready": True,
+        "shards": len(rep.shards),
+        "weight_bytes": rep.weight_bytes,
+        "ple_bytes": rep.ple_bytes,
+        "warnings": [p.to_dict() for p in rep.warnings],
+        "structural_seconds": rep.structural_seconds,
+    }
+    reporter.step(
+        f"checkpoint READY (structure): {len(rep.shards)} shard(s), {rep.weight_bytes / 1e9:.2f} GB of "
+        f"weights, {len(rep.warnings)} warning(s), {rep.structural_seconds * 1000:.0f} ms"
+    )
     return summary
 
 
@@ -92,8 +99,9 @@ def preflight_plan(cfg: SmokeConfig, reporter: Reporter) -> dict[str, Any] | Non
         return None
     fixed = [a for a in extra if a.split("=", 1)[0].startswith(("--kv-cache-memory", "--num-gpu-blocks-override"))]
     if fixed:
-        reporter.step(f"plan skipped: {fixed[0].split('=', 1)[0]} fixes the KV cache size; the plan models "
-             "gpu_memory_utilization")
+        reporter.step(
+            f"plan skipped: {fixed[0].split('=', 1)[0]} fixes the KV cache size; the plan models gpu_memory_utilization"
+        )
         return None
     try:
         config, _ = planmod.load_config(model_dir)

@@ -37,8 +37,16 @@ def ray_command() -> list[str]:
 
 def head_command(ray: list[str], port: int, temp_dir: str, num_gpus: int | None = None) -> list[str]:
     """``ray start --head --block`` bound to loopback only."""
-    argv = ray + ["start", "--head", "--block", "--node-ip-address=127.0.0.1", f"--port={port}",
-                  "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp_dir}"]
+    argv = ray + [
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        f"--port={port}",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        f"--temp-dir={temp_dir}",
+    ]
     return argv + ([f"--num-gpus={num_gpus}"] if num_gpus is not None else [])
 
 
@@ -67,9 +75,15 @@ class RayHead:
 REGISTER_TIMEOUT_LINE = "timed out during startup"
 
 
-def start_head(env: dict[str, str], *, timeout: float = 120.0, ray: list[str] | None = None,
-               num_gpus: int | None = None, reporter: Reporter = SILENT,
-               attempts: int = 2) -> RayHead:
+def start_head(
+    env: dict[str, str],
+    *,
+    timeout: float = 120.0,
+    ray: list[str] | None = None,
+    num_gpus: int | None = None,
+    reporter: Reporter = SILENT,
+    attempts: int = 2,
+) -> RayHead:
     """Start a loopback Ray head and wait until it is up; BadInput (with the log's tail) when
     it exits or does not come up within ``timeout`` seconds (then it is stopped first).  A head
     that exits on Ray's raylet registration timeout is started again (``attempts`` in all, each
@@ -77,8 +91,15 @@ def start_head(env: dict[str, str], *, timeout: float = 120.0, ray: list[str] | 
     deadline = time.monotonic() + timeout
     attempt = 1
     while True:
-        head = _start_once(env, deadline=deadline, timeout=timeout, ray=ray, num_gpus=num_gpus, reporter=reporter,
-                           may_retry=attempt < attempts)
+        head = _start_once(
+            env,
+            deadline=deadline,
+            timeout=timeout,
+            ray=ray,
+            num_gpus=num_gpus,
+            reporter=reporter,
+            may_retry=attempt < attempts,
+        )
         if head is not None:
             return head
         reporter.step("the Ray head exited on Ray's raylet registration timeout (a loaded machine); starting it again")
@@ -114,12 +135,14 @@ def _start_once(env, *, deadline: float, timeout: float, ray, num_gpus, reporter
                 head.stop()
                 return None
             if not proc.alive() or time.monotonic() > deadline:
-                why = (f"exited with {proc.poll()}" if not proc.alive() else f"not up after {timeout:g} s")
+                why = f"exited with {proc.poll()}" if not proc.alive() else f"not up after {timeout:g} s"
                 tail = "\n".join(text.splitlines()[-15:])
-                raise BadInput(f"smoke: the loopback Ray head for --distributed-executor-backend ray {why} "
-                               f"({' '.join(argv)}); its log:\n{tail}",
-                               hint="install ray in the Python that runs build-image, or join a running "
-                                    "cluster with --ray-address.")
+                raise BadInput(
+                    f"smoke: the loopback Ray head for --distributed-executor-backend ray {why} "
+                    f"({' '.join(argv)}); its log:\n{tail}",
+                    hint="install ray in the Python that runs build-image, or join a running "
+                    "cluster with --ray-address.",
+                )
             time.sleep(0.2)
     except BaseException:
         head.stop()

@@ -45,12 +45,13 @@ class RoundResult:
     output_tokens: int
     output_tokens_per_s: float | None
     errors: list[str]
-    kind: str = "completion"            # completion (/v1/completions) | chat (/v1/chat/completions)
+    kind: str = "completion"  # completion (/v1/completions) | chat (/v1/chat/completions)
     ttft_p95_s: float | None = None
 
 
-def summarize_round(n: int, results: list[RequestResult], wall_s: float, expected: int,
-                    kind: str = "completion") -> RoundResult:
+def summarize_round(
+    n: int, results: list[RequestResult], wall_s: float, expected: int, kind: str = "completion"
+) -> RoundResult:
     lat = [r.latency_s for r in results if r.ok and r.latency_s is not None]
     ttft = [r.ttft_s for r in results if r.ok and r.ttft_s is not None]
     tokens = sum(r.output_tokens for r in results if r.ok)
@@ -103,11 +104,11 @@ class SmokeReport:
     probe: dict[str, Any] | None = None
     refused_by_plan: bool = False
     interrupted: bool = False
-    serve: dict[str, Any] | None = None          # --serve: Ray timings, backend, replica log tail
-    equivalence: dict[str, Any] | None = None    # --reference: the output-equivalence comparison
-    reference_saved: str | None = None           # --save-reference: the file written
-    cold_start: dict[str, Any] | None = None     # the boot's phases (builder.serving.vllm_log.cold_start_phases)
-    engine: dict[str, Any] | None = None         # versions the server reported (vLLM's /version)
+    serve: dict[str, Any] | None = None  # --serve: Ray timings, backend, replica log tail
+    equivalence: dict[str, Any] | None = None  # --reference: the output-equivalence comparison
+    reference_saved: str | None = None  # --save-reference: the file written
+    cold_start: dict[str, Any] | None = None  # the boot's phases (builder.serving.vllm_log.cold_start_phases)
+    engine: dict[str, Any] | None = None  # versions the server reported (vLLM's /version)
 
     @property
     def passed(self) -> bool:
@@ -129,8 +130,20 @@ SMOKE_REPORT_SCHEMA: dict[str, Any] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "type": "object",
     "required": [
-        "schema", "verdict", "failures", "mode", "model", "settings", "boot", "kv_cache",
-        "rounds", "throughput", "gpu", "plan", "server_exit_code", "log_tail",
+        "schema",
+        "verdict",
+        "failures",
+        "mode",
+        "model",
+        "settings",
+        "boot",
+        "kv_cache",
+        "rounds",
+        "throughput",
+        "gpu",
+        "plan",
+        "server_exit_code",
+        "log_tail",
     ],
     "properties": {
         "schema": {"const": "build-image/smoke-report/v1"},
@@ -163,8 +176,20 @@ SMOKE_REPORT_SCHEMA: dict[str, Any] = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["round", "kind", "requests", "ok", "failed", "latency_p50_s", "latency_p95_s",
-                             "ttft_p50_s", "ttft_p95_s", "output_tokens", "output_tokens_per_s", "errors"],
+                "required": [
+                    "round",
+                    "kind",
+                    "requests",
+                    "ok",
+                    "failed",
+                    "latency_p50_s",
+                    "latency_p95_s",
+                    "ttft_p50_s",
+                    "ttft_p95_s",
+                    "output_tokens",
+                    "output_tokens_per_s",
+                    "errors",
+                ],
                 "properties": {
                     "kind": {"enum": ["completion", "chat"]},
                     "ttft_p50_s": {"type": ["number", "null"]},
@@ -189,8 +214,18 @@ SMOKE_REPORT_SCHEMA: dict[str, Any] = {
         "engine": {"type": ["object", "null"]},
         "cold_start": {
             "type": ["object", "null"],
-            "required": ["load_format", "weights_gib", "model_load_s", "model_load_gib_per_s", "torch_compile_s",
-                         "compile_cache", "cuda_graph_capture_s", "init_engine_s", "health_s", "first_token_s"],
+            "required": [
+                "load_format",
+                "weights_gib",
+                "model_load_s",
+                "model_load_gib_per_s",
+                "torch_compile_s",
+                "compile_cache",
+                "cuda_graph_capture_s",
+                "init_engine_s",
+                "health_s",
+                "first_token_s",
+            ],
         },
     },
 }
@@ -251,16 +286,22 @@ def render_text(rep: SmokeReport) -> str:
         "max_tokens={max_tokens}".format(**s)
     )
     if s.get("pp", 1) != 1 or s.get("distributed_executor_backend") or s.get("ray_address"):
-        lines.append(f"  parallel: tp={s.get('tp')} pp={s.get('pp')} "
-                     f"executor={s.get('distributed_executor_backend') or 'vLLM default'}"
-                     + (f" ray={s['ray_address']}" if s.get("ray_address") else ""))
+        lines.append(
+            f"  parallel: tp={s.get('tp')} pp={s.get('pp')} "
+            f"executor={s.get('distributed_executor_backend') or 'vLLM default'}"
+            + (f" ray={s['ray_address']}" if s.get("ray_address") else "")
+        )
     rel = s.get("release")
     if rel:
         lines.append(
             f"  release: vllm {rel['vllm']}, lock {rel.get('lock') or 'none committed'}"
             + (f" ({rel['lock_hash'][:12]}, serve-backend {rel.get('serve_backend')})" if rel.get("lock_hash") else "")
-            + ", patch series " + (f"{rel['patch_series']} ({len(rel.get('patches') or [])} patch(es))"
-                                   if rel.get("patch_series") else "none shipped")
+            + ", patch series "
+            + (
+                f"{rel['patch_series']} ({len(rel.get('patches') or [])} patch(es))"
+                if rel.get("patch_series")
+                else "none shipped"
+            )
         )
     b = rep.boot
     if rep.serve is not None:
@@ -271,8 +312,10 @@ def render_text(rep: SmokeReport) -> str:
             + (f" ({sv['backend_reason']})" if sv.get("backend_reason") else "")
         )
     ready = "/v1/models" if rep.serve is not None else "/health"
-    lines.append(f"  boot: {ready} after {fmt_value(b.get('health_s'), 's')}, first token after "
-                 f"{fmt_value(b.get('first_token_s'), 's')}")
+    lines.append(
+        f"  boot: {ready} after {fmt_value(b.get('health_s'), 's')}, first token after "
+        f"{fmt_value(b.get('first_token_s'), 's')}"
+    )
     if rep.cold_start:
         lines.append("  " + render_cold_start(rep.cold_start))
     kv = rep.kv_cache

@@ -74,7 +74,8 @@ HOST = "127.0.0.1"
 class Launch:
     """How the server is started: the mode, its command line and environment,
     where it listens, and what removes it besides its process group (docker mode)."""
-    mode: str                      # local | docker | command
+
+    mode: str  # local | docker | command
     argv: list[str]
     env: dict[str, str]
     port: int
@@ -83,13 +84,14 @@ class Launch:
     cleanup: Callable[[], None] | None = None
     spawn: Callable[..., subprocess.Popen] = subprocess.Popen
     health_path: str = "/health"
-    ready: Callable[[str], bool] | None = None   # serve mode: the runner's RUNNING line must be in the log
+    ready: Callable[[str], bool] | None = None  # serve mode: the runner's RUNNING line must be in the log
     ray_temp_dir: str | None = None
 
 
 @dataclass
 class Gate:
     """The output-equivalence gate of this run (--reference / --save-reference), checked before the boot."""
+
     identity: dict[str, Any]
     reference: eqv.Reference | None = None
     save_to: str | None = None
@@ -99,11 +101,12 @@ class Gate:
 @dataclass
 class Observed:
     """What the run saw, filled in step by step."""
+
     boot: dict[str, float | None] = field(default_factory=lambda: {"health_s": None, "first_token_s": None})
-    boot_log_bytes: int | None = None   # size of the server log when /health first answered
+    boot_log_bytes: int | None = None  # size of the server log when /health first answered
     boot_error: str | None = None
     model_id: str | None = None
-    warmup: dict[str, Any] | None = None   # the greedy warm-up request (the report's "probe")
+    warmup: dict[str, Any] | None = None  # the greedy warm-up request (the report's "probe")
     rounds: list[RoundResult] = field(default_factory=list)
     extra_failures: list[str] = field(default_factory=list)
     gpu_peak: dict[str, Any] | None = None
@@ -111,7 +114,7 @@ class Observed:
     exited: bool = False
     interrupted: bool = False
     equivalence: dict[str, Any] | None = None
-    engine: dict[str, Any] | None = None   # what the server reports of itself (vLLM's /version)
+    engine: dict[str, Any] | None = None  # what the server reports of itself (vLLM's /version)
     reference_outputs: list[dict[str, Any]] | None = None
 
     def sample_gpu(self) -> None:
@@ -119,8 +122,11 @@ class Observed:
         if m is None:
             return
         if self.gpu_peak is None:
-            self.gpu_peak = {"memory_used_mib_peak": m["memory_used_mib"], "memory_total_mib": m["memory_total_mib"],
-                             "gpus": m["gpus"]}
+            self.gpu_peak = {
+                "memory_used_mib_peak": m["memory_used_mib"],
+                "memory_total_mib": m["memory_total_mib"],
+                "gpus": m["gpus"],
+            }
         else:
             self.gpu_peak["memory_used_mib_peak"] = max(self.gpu_peak["memory_used_mib_peak"], m["memory_used_mib"])
 
@@ -162,8 +168,15 @@ def prepare_launch(cfg: SmokeConfig) -> Launch:
             remove_container(docker, name)
 
         inner = {"RAY_ADDRESS": cfg.ray_address} if cfg.ray_address else None
-        return Launch("docker", build_docker_command(cfg, port, name, docker, env=inner), env, port, docker=docker,
-                      cleanup=cleanup, spawn=docker_spawn(docker))
+        return Launch(
+            "docker",
+            build_docker_command(cfg, port, name, docker, env=inner),
+            env,
+            port,
+            docker=docker,
+            cleanup=cleanup,
+            spawn=docker_spawn(docker),
+        )
     vllm = shlex.split(cfg.vllm_bin) if cfg.vllm_bin else find_vllm()
     return Launch("local", build_local_command(cfg, port, vllm), env, port)
 
@@ -179,26 +192,49 @@ def serve_launch(cfg: SmokeConfig, env: dict[str, str], port: int) -> Launch:
         inner = "/tmp/ray-smoke"
         temp_dir = tempfile.mkdtemp(prefix="smoke-ray-", dir=_short_tmp())
         argv = build_docker_command(
-            cfg, port, name, docker, entrypoint="python3",
+            cfg,
+            port,
+            name,
+            docker,
+            entrypoint="python3",
             args=serve_mode.runner_args(args, port, inner, cfg.serve_num_gpus),
-            volumes=[(temp_dir, inner)], env=serve_mode.serve_env({}),
+            volumes=[(temp_dir, inner)],
+            env=serve_mode.serve_env({}),
         )
 
         def cleanup() -> None:  # the container outlives a killed CLI
             remove_container(docker, name)
 
-        return Launch("docker", argv, env, port, docker=docker, cleanup=cleanup, spawn=docker_spawn(docker),
-                      health_path="/v1/models", ready=ready, ray_temp_dir=temp_dir)
+        return Launch(
+            "docker",
+            argv,
+            env,
+            port,
+            docker=docker,
+            cleanup=cleanup,
+            spawn=docker_spawn(docker),
+            health_path="/v1/models",
+            ready=ready,
+            ray_temp_dir=temp_dir,
+        )
     serve_mode.app_args(cfg, str(cfg.model))  # bad --extra-arg: refused before anything is created
     temp_dir = tempfile.mkdtemp(prefix="smoke-ray-", dir=_short_tmp())
-    return Launch("local", serve_mode.local_command(cfg, port, temp_dir), serve_mode.local_env(env), port,
-                  health_path="/v1/models", ready=ready, ray_temp_dir=temp_dir)
+    return Launch(
+        "local",
+        serve_mode.local_command(cfg, port, temp_dir),
+        serve_mode.local_env(env),
+        port,
+        health_path="/v1/models",
+        ready=ready,
+        ray_temp_dir=temp_dir,
+    )
 
 
 def needs_ray_head(cfg: SmokeConfig, launch: Launch) -> bool:
     """Local ``vllm serve`` with the Ray executor and no --ray-address: smoke starts the head."""
-    return (cfg.distributed_executor_backend == "ray" and not cfg.ray_address and launch.mode == "local"
-            and not cfg.serve)
+    return (
+        cfg.distributed_executor_backend == "ray" and not cfg.ray_address and launch.mode == "local" and not cfg.serve
+    )
 
 
 def _short_tmp() -> str:
@@ -217,23 +253,39 @@ def gate_step(cfg: SmokeConfig) -> Gate | None:
     eqv.vocab_size(identity)
     if cfg.reference:
         ref = eqv.load_reference(cfg.reference)
-        return Gate(identity=identity, reference=ref, config_keys_differ=eqv.check_compatible(ref, identity),
-                    save_to=cfg.save_reference)
+        return Gate(
+            identity=identity,
+            reference=ref,
+            config_keys_differ=eqv.check_compatible(ref, identity),
+            save_to=cfg.save_reference,
+        )
     return Gate(identity=identity, save_to=cfg.save_reference)
 
 
 def settings_of(cfg: SmokeConfig) -> dict[str, Any]:
     return {
-        "tp": cfg.tp, "pp": cfg.pp, "distributed_executor_backend": cfg.distributed_executor_backend,
-        "ray_address": cfg.ray_address, "cpu_offload_gb": cfg.cpu_offload_gb, "max_model_len": cfg.max_model_len,
-        "gpu_memory_utilization": cfg.gpu_memory_utilization, "max_num_seqs": cfg.max_num_seqs,
-        "kv_cache_dtype": cfg.kv_cache_dtype, "load_format": cfg.load_format,
-        "concurrency": cfg.concurrency, "rounds": cfg.rounds,
+        "tp": cfg.tp,
+        "pp": cfg.pp,
+        "distributed_executor_backend": cfg.distributed_executor_backend,
+        "ray_address": cfg.ray_address,
+        "cpu_offload_gb": cfg.cpu_offload_gb,
+        "max_model_len": cfg.max_model_len,
+        "gpu_memory_utilization": cfg.gpu_memory_utilization,
+        "max_num_seqs": cfg.max_num_seqs,
+        "kv_cache_dtype": cfg.kv_cache_dtype,
+        "load_format": cfg.load_format,
+        "concurrency": cfg.concurrency,
+        "rounds": cfg.rounds,
         "chat": cfg.chat,
-        "prompt_tokens": cfg.prompt_tokens, "max_tokens": cfg.max_tokens, "timeout_s": cfg.timeout,
-        "boot_timeout_s": cfg.boot_timeout, "extra_args": list(cfg.extra_args),
-        "serve": cfg.serve, "serve_backend": (cfg.serve_backend or "image default") if cfg.serve else None,
-        "vllm": cfg.vllm, "release": cfg.release,
+        "prompt_tokens": cfg.prompt_tokens,
+        "max_tokens": cfg.max_tokens,
+        "timeout_s": cfg.timeout,
+        "boot_timeout_s": cfg.boot_timeout,
+        "extra_args": list(cfg.extra_args),
+        "serve": cfg.serve,
+        "serve_backend": (cfg.serve_backend or "image default") if cfg.serve else None,
+        "vllm": cfg.vllm,
+        "release": cfg.release,
     }
 
 
@@ -241,11 +293,22 @@ def refused_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], p
     return SmokeReport(
         verdict=FAIL,
         failures=[f"memory plan: {plan['summary']} (no GPU time spent; --no-plan boots anyway)"],
-        mode=launch.mode, model=str(cfg.model), image=cfg.image, command=launch.argv, settings=settings,
+        mode=launch.mode,
+        model=str(cfg.model),
+        image=cfg.image,
+        command=launch.argv,
+        settings=settings,
         boot={"health_s": None, "first_token_s": None},
         kv_cache={"tokens": None, "max_concurrency": None, "tokens_per_request": None, "available_gib": None},
-        rounds=[], throughput={"output_tokens_per_s": None}, gpu=None, plan=plan,
-        server_exit_code=None, log_file=None, log_tail=[], layer_rewrites=[], refused_by_plan=True,
+        rounds=[],
+        throughput={"output_tokens_per_s": None},
+        gpu=None,
+        plan=plan,
+        server_exit_code=None,
+        log_file=None,
+        log_tail=[],
+        layer_rewrites=[],
+        refused_by_plan=True,
     )
 
 
@@ -258,7 +321,6 @@ def open_log(cfg: SmokeConfig) -> tuple[str, bool]:
     if cfg.log_file:
         path, own = cfg.log_file, False
     else:  # kept after the run (the report names it), under the cache, the newest LOGS_KEPT only
-
         logs = cache_dir() / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         for old in sorted(logs.glob("smoke-server-*.log"), key=lambda p: p.stat().st_mtime)[:-LOGS_KEPT]:
@@ -283,8 +345,9 @@ def start_server(server: ServerProcess, log_path: str, own_log: bool) -> None:
         raise
 
 
-def wait_for_health(cfg: SmokeConfig, server: ServerProcess, launch: Launch, t_start: float, log_path: str,
-                    obs: Observed) -> None:
+def wait_for_health(
+    cfg: SmokeConfig, server: ServerProcess, launch: Launch, t_start: float, log_path: str, obs: Observed
+) -> None:
     """Until ``/health`` answers 200, the server exits, or the boot timeout passes."""
     deadline = t_start + cfg.boot_timeout
     while True:
@@ -336,8 +399,9 @@ def engine_versions(launch: Launch) -> dict[str, Any] | None:
     return out or None
 
 
-def first_token(cfg: SmokeConfig, launch: Launch, vocab: int | None, t_start: float, obs: Observed,
-                reporter: Reporter) -> None:
+def first_token(
+    cfg: SmokeConfig, launch: Launch, vocab: int | None, t_start: float, obs: Observed, reporter: Reporter
+) -> None:
     """A greedy streamed warm-up request: the first-token time and an output fingerprint."""
     prompt = make_prompt(-1, min(cfg.prompt_tokens, 16), vocab)
     body = completion_body(obs.model_id or "", prompt, WARMUP_TOKENS, True)
@@ -351,17 +415,27 @@ def first_token(cfg: SmokeConfig, launch: Launch, vocab: int | None, t_start: fl
         obs.boot_error = f"first request failed: {r.error}"
 
 
-def one_round(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: int | None, n: int,
-              model_id: str, kind: str = "completion") -> RoundResult:
+def one_round(
+    cfg: SmokeConfig,
+    server: ServerProcess,
+    launch: Launch,
+    vocab: int | None,
+    n: int,
+    model_id: str,
+    kind: str = "completion",
+) -> RoundResult:
     """``concurrency`` simultaneous requests (even index: streaming, odd: not); ``kind`` chat:
     /v1/chat/completions with the prompt as a user message (words: it goes through the template)."""
     if kind == "chat":
-        bodies = [chat_body(model_id, str(make_prompt(i, cfg.prompt_tokens, None, seed=n)), cfg.max_tokens, i % 2 == 0)
-                  for i in range(cfg.concurrency)]
+        bodies = [
+            chat_body(model_id, str(make_prompt(i, cfg.prompt_tokens, None, seed=n)), cfg.max_tokens, i % 2 == 0)
+            for i in range(cfg.concurrency)
+        ]
     else:
-        bodies = [completion_body(model_id, make_prompt(i, cfg.prompt_tokens, vocab, seed=n), cfg.max_tokens,
-                                  i % 2 == 0)
-                  for i in range(cfg.concurrency)]
+        bodies = [
+            completion_body(model_id, make_prompt(i, cfg.prompt_tokens, vocab, seed=n), cfg.max_tokens, i % 2 == 0)
+            for i in range(cfg.concurrency)
+        ]
     run = run_round(launch.host, launch.port, bodies, timeout=cfg.timeout, alive=server.alive)
     rr = summarize_round(n, run.results, run.wall_s, cfg.concurrency, kind=kind)
     if run.pending and not run.server_died:
@@ -371,8 +445,15 @@ def one_round(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: in
     return rr
 
 
-def request_rounds(cfg: SmokeConfig, server: ServerProcess, launch: Launch, vocab: int | None, log_path: str,
-                   obs: Observed, reporter: Reporter) -> None:
+def request_rounds(
+    cfg: SmokeConfig,
+    server: ServerProcess,
+    launch: Launch,
+    vocab: int | None,
+    log_path: str,
+    obs: Observed,
+    reporter: Reporter,
+) -> None:
     """The rounds (``cfg.rounds`` of /v1/completions, then one of /v1/chat/completions unless
     ``cfg.chat`` is off); stop at the first failed request, a dead server, an OOM line or a failing /health."""
     total = expected_rounds(cfg)
@@ -408,12 +489,20 @@ def gate_run(cfg: SmokeConfig, gate: Gate, launch: Launch, obs: Observed, report
     try:
         if gate.reference is not None:
             reporter.step(f"output equivalence: {len(gate.reference.prompts)} prompts vs {gate.reference.path}")
-            eq = eqv.check(launch.host, launch.port, model_id, gate.reference, cfg.timeout,
-                           logprob_tolerance=(cfg.reference_logprob_tolerance if cfg.reference_logprob_tolerance
-                                              is not None else eqv.LOGPROB_TOLERANCE),
-                           tie_margin=(cfg.reference_tie_margin if cfg.reference_tie_margin is not None
-                                       else eqv.TIE_MARGIN),
-                           config_keys_differ=gate.config_keys_differ)
+            eq = eqv.check(
+                launch.host,
+                launch.port,
+                model_id,
+                gate.reference,
+                cfg.timeout,
+                logprob_tolerance=(
+                    cfg.reference_logprob_tolerance
+                    if cfg.reference_logprob_tolerance is not None
+                    else eqv.LOGPROB_TOLERANCE
+                ),
+                tie_margin=(cfg.reference_tie_margin if cfg.reference_tie_margin is not None else eqv.TIE_MARGIN),
+                config_keys_differ=gate.config_keys_differ,
+            )
             obs.equivalence = eq.to_dict()
             obs.equivalence["summary"] = eqv.summary(eq)
             reporter.step(f"output equivalence {obs.equivalence['summary']}")
@@ -458,6 +547,7 @@ def stop_server(cfg: SmokeConfig, server: ServerProcess, obs: Observed, reporter
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM takes Ctrl-C's path (main thread only) while the server runs."""
+
     def on_term(signum, frame):
         raise KeyboardInterrupt
 
@@ -472,8 +562,14 @@ def sigterm_as_interrupt() -> Iterator[None]:
 # --------------------------------------------------------------------------- after the stop
 
 
-def make_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], plan: dict[str, Any] | None,
-                obs: Observed, log_path: str) -> SmokeReport:
+def make_report(
+    cfg: SmokeConfig,
+    launch: Launch,
+    settings: dict[str, Any],
+    plan: dict[str, Any] | None,
+    obs: Observed,
+    log_path: str,
+) -> SmokeReport:
     text = read_log(log_path)
     facts = parse_server_log(text)
     serve_info = None
@@ -486,13 +582,18 @@ def make_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], plan
     starts_after_boot = None
     if obs.boot_log_bytes is not None and serve_info is None:
         try:
-            later = Path(log_path).read_bytes()[obs.boot_log_bytes:].decode("utf-8", "replace")
+            later = Path(log_path).read_bytes()[obs.boot_log_bytes :].decode("utf-8", "replace")
         except OSError:
             later = ""
         starts_after_boot = count_server_starts(later)
     verdict, failures = decide(
-        rounds=obs.rounds, expected_rounds=expected_rounds(cfg), facts=facts, server_exit_code=obs.exit_code,
-        server_exited=obs.exited, boot_error=obs.boot_error, extra_failures=obs.extra_failures,
+        rounds=obs.rounds,
+        expected_rounds=expected_rounds(cfg),
+        facts=facts,
+        server_exit_code=obs.exit_code,
+        server_exited=obs.exited,
+        boot_error=obs.boot_error,
+        extra_failures=obs.extra_failures,
         starts_after_boot=starts_after_boot,
     )
     if serve_info is not None and failures and not obs.exited:
@@ -542,12 +643,17 @@ def _serve_section(info: dict[str, Any] | None, launch: Launch, verdict: str) ->
     if info is None:
         return None
     replica_log, tail = serve_mode.replica_log_tail(launch.ray_temp_dir) if verdict == FAIL else (None, [])
-    return {**info, "ray_temp_dir": launch.ray_temp_dir if verdict == FAIL else None,
-            "replica_log": replica_log, "replica_log_tail": tail}
+    return {
+        **info,
+        "ray_temp_dir": launch.ray_temp_dir if verdict == FAIL else None,
+        "replica_log": replica_log,
+        "replica_log_tail": tail,
+    }
 
 
-def save_reference(cfg: SmokeConfig, gate: Gate | None, launch: Launch, rep: SmokeReport, obs: Observed,
-                   reporter: Reporter) -> None:
+def save_reference(
+    cfg: SmokeConfig, gate: Gate | None, launch: Launch, rep: SmokeReport, obs: Observed, reporter: Reporter
+) -> None:
     """Write the reference file (atomically), only for a PASS: a failing server's outputs are no reference."""
     if gate is None or gate.save_to is None:
         return
@@ -555,9 +661,12 @@ def save_reference(cfg: SmokeConfig, gate: Gate | None, launch: Launch, rep: Smo
         reporter.step(f"reference not written ({gate.save_to}): the smoke test did not pass")
         return
     prompts = eqv.prompt_set(eqv.vocab_size(gate.identity))
-    doc = eqv.reference_document(gate.identity, prompts, obs.reference_outputs,
-                                 eqv.recorded_info(launch.mode + (" serve" if cfg.serve else ""), cfg.image,
-                                                   cfg.extra_args, str(cfg.model)))
+    doc = eqv.reference_document(
+        gate.identity,
+        prompts,
+        obs.reference_outputs,
+        eqv.recorded_info(launch.mode + (" serve" if cfg.serve else ""), cfg.image, cfg.extra_args, str(cfg.model)),
+    )
     eqv.write_reference(gate.save_to, doc)
     rep.reference_saved = gate.save_to
     reporter.step(f"reference written: {gate.save_to}")
@@ -578,8 +687,7 @@ def drop_passing_log(rep: SmokeReport, own_log: bool, launch: Launch | None = No
 # --------------------------------------------------------------------------- the composition
 
 
-def run_smoke(cfg: SmokeConfig, *, reporter: Reporter = SILENT,
-              planned: dict[str, Any] | None = None) -> SmokeReport:
+def run_smoke(cfg: SmokeConfig, *, reporter: Reporter = SILENT, planned: dict[str, Any] | None = None) -> SmokeReport:
     """Boot, send the rounds, stop; return the report.  Never raises for a FAIL verdict: a
     configuration the plan refuses is a FAIL report with ``refused_by_plan``
     (nothing booted).  Raises BadInput for bad input (flags, config.json).
@@ -657,5 +765,10 @@ def run_smoke(cfg: SmokeConfig, *, reporter: Reporter = SILENT,
 
 
 def clean_so_far(cfg: SmokeConfig, server: ServerProcess, obs: Observed) -> bool:
-    return (obs.boot_error is None and not obs.extra_failures and server.alive()
-            and len(obs.rounds) == expected_rounds(cfg) and not any(r.failed for r in obs.rounds))
+    return (
+        obs.boot_error is None
+        and not obs.extra_failures
+        and server.alive()
+        and len(obs.rounds) == expected_rounds(cfg)
+        and not any(r.failed for r in obs.rounds)
+    )

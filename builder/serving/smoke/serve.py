@@ -92,8 +92,17 @@ def module_dir() -> Path:
 
 
 def runner_args(args: dict[str, Any], port: int, temp_dir: str, num_gpus: int | None = None) -> list[str]:
-    argv = ["-m", SERVE_MODULE, "run", "--args", json.dumps(args, sort_keys=True), "--port", str(port),
-            "--temp-dir", temp_dir]
+    argv = [
+        "-m",
+        SERVE_MODULE,
+        "run",
+        "--args",
+        json.dumps(args, sort_keys=True),
+        "--port",
+        str(port),
+        "--temp-dir",
+        temp_dir,
+    ]
     return argv + (["--num-gpus", str(num_gpus)] if num_gpus is not None else [])
 
 
@@ -110,26 +119,33 @@ def local_env(env: dict[str, str]) -> dict[str, str]:
 
 def serve_env(env: dict[str, str]) -> dict[str, str]:
     out = dict(env)
-    out.setdefault("RAY_DEDUP_LOGS", "0")          # every replica line, not "[repeated 2x across cluster]"
+    out.setdefault("RAY_DEDUP_LOGS", "0")  # every replica line, not "[repeated 2x across cluster]"
     out.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    out.setdefault("RAY_COLOR_PREFIX", "0")        # plain "(ServeReplica:... pid=N)" prefixes in the log
+    out.setdefault("RAY_COLOR_PREFIX", "0")  # plain "(ServeReplica:... pid=N)" prefixes in the log
     return with_multicast_off(out)
 
 
 def parse_serve_lines(text: str) -> dict[str, Any]:
     """The runner's own lines: Ray's timings, the backend it chose and why, failures, restarts."""
-    out: dict[str, Any] = {"ray_version": None, "ray_start_s": None, "app_running_s": None, "backend": None,
-                           "backend_reason": None, "failed": [], "restarts": []}
+    out: dict[str, Any] = {
+        "ray_version": None,
+        "ray_start_s": None,
+        "app_running_s": None,
+        "backend": None,
+        "backend_reason": None,
+        "failed": [],
+        "restarts": [],
+    }
     for line in text.splitlines():
-        if (m := RAY_STARTED.search(line)):
+        if m := RAY_STARTED.search(line):
             out["ray_version"], out["ray_start_s"] = m.group(1), float(m.group(2))
-        elif (m := READY.search(line)):
+        elif m := READY.search(line):
             out["app_running_s"] = float(m.group(1))
         elif (m := BACKEND.search(line)) and out["backend"] is None:
             out["backend"], out["backend_reason"] = m.group(1), m.group(2)
-        elif (m := FAILED.search(line)):
+        elif m := FAILED.search(line):
             out["failed"].append(m.group(1).strip()[:600])
-        elif (m := RESTARTED.search(line)):
+        elif m := RESTARTED.search(line):
             out["restarts"].append(m.group(1).strip()[:600])
     return out
 

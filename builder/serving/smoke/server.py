@@ -24,8 +24,17 @@ from builder.serving.smoke.config import MULTICAST_OFF, SmokeConfig
 
 
 def serve_flags(cfg: SmokeConfig, model_arg: str, port: int, host: str) -> list[str]:
-    flags = [model_arg, "--host", host, "--port", str(port), "--tensor-parallel-size", str(cfg.tp),
-             "--pipeline-parallel-size", str(cfg.pp)]
+    flags = [
+        model_arg,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        str(cfg.tp),
+        "--pipeline-parallel-size",
+        str(cfg.pp),
+    ]
     if cfg.distributed_executor_backend:
         flags += ["--distributed-executor-backend", cfg.distributed_executor_backend]
     if cfg.max_model_len is not None:
@@ -56,9 +65,17 @@ def build_local_command(cfg: SmokeConfig, port: int, vllm_bin: list[str]) -> lis
     return vllm_bin + ["serve"] + serve_flags(cfg, str(Path(cfg.model).resolve()), port, "127.0.0.1")
 
 
-def build_docker_command(cfg: SmokeConfig, port: int, name: str, docker_bin: str, *,
-                         entrypoint: str = "vllm", args: list[str] | None = None,
-                         volumes: list[tuple[str, str]] | None = None, env: dict[str, str] | None = None) -> list[str]:
+def build_docker_command(
+    cfg: SmokeConfig,
+    port: int,
+    name: str,
+    docker_bin: str,
+    *,
+    entrypoint: str = "vllm",
+    args: list[str] | None = None,
+    volumes: list[tuple[str, str]] | None = None,
+    env: dict[str, str] | None = None,
+) -> list[str]:
     """``docker run`` of the image: ``vllm serve`` by default, or ``entrypoint args``."""
     model = str(Path(cfg.model).resolve())
     cmd = [docker_bin, "run", "--rm", "--name", name, "--pull=never"]
@@ -67,8 +84,14 @@ def build_docker_command(cfg: SmokeConfig, port: int, name: str, docker_bin: str
     # host networking: the server binds 127.0.0.1:PORT on the host itself (no bridge needed,
     # nothing exposed beyond loopback)
     cmd += [
-        "--ipc=host", "--network=host", "-v", f"{model}:/model:ro",
-        "-e", "HF_HUB_OFFLINE=1", "-e", "VLLM_NO_USAGE_STATS=1",
+        "--ipc=host",
+        "--network=host",
+        "-v",
+        f"{model}:/model:ro",
+        "-e",
+        "HF_HUB_OFFLINE=1",
+        "-e",
+        "VLLM_NO_USAGE_STATS=1",
     ]
     for host_path, path in volumes or []:
         cmd += ["-v", f"{host_path}:{path}"]
@@ -88,9 +111,14 @@ def build_override_command(cfg: SmokeConfig, port: int) -> list[str]:
 class ServerProcess:
     """A server started in its own process group; stopped by PID (group)."""
 
-    def __init__(self, argv: list[str], log_path: str, env: dict[str, str] | None = None,
-                 cleanup: Callable[[], None] | None = None,
-                 spawn: Callable[..., subprocess.Popen] = subprocess.Popen):
+    def __init__(
+        self,
+        argv: list[str],
+        log_path: str,
+        env: dict[str, str] | None = None,
+        cleanup: Callable[[], None] | None = None,
+        spawn: Callable[..., subprocess.Popen] = subprocess.Popen,
+    ):
         self.argv = argv
         self.log_path = log_path
         self._env = env
@@ -103,8 +131,12 @@ class ServerProcess:
         self._log_fh = open(self.log_path, "ab", buffering=0)
         try:
             self.proc = self._spawn(
-                self.argv, stdout=self._log_fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=self._env, start_new_session=True,
+                self.argv,
+                stdout=self._log_fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env,
+                start_new_session=True,
             )
         except OSError as exc:
             self._log_fh.close()
@@ -133,8 +165,9 @@ class ServerProcess:
             if self.proc.poll() is None:
                 _killpg(pgid, signal.SIGTERM)
                 until = time.monotonic() + grace
-                while (self.proc.poll() is None and time.monotonic() < until
-                       and not (hurry is not None and hurry.is_set())):
+                while (
+                    self.proc.poll() is None and time.monotonic() < until and not (hurry is not None and hurry.is_set())
+                ):
                     time.sleep(0.05)
             # children (engine core, workers) may outlive the leader: kill the group
             _killpg(pgid, signal.SIGKILL)
@@ -192,7 +225,7 @@ def _group_alive(pgid: int) -> bool:
             stat = (d / "stat").read_text()
         except OSError:
             continue
-        fields = stat[stat.rfind(")") + 2:].split()
+        fields = stat[stat.rfind(")") + 2 :].split()
         if len(fields) > 2 and fields[2] == str(pgid) and fields[0] != "Z":
             return True
     return False

@@ -50,8 +50,12 @@ def _install() -> None:  # noqa: C901, PLR0915 - one closure set, installed once
     def smi(query: str, apps: bool = False) -> list[list[str]]:
         what = "--query-compute-apps" if apps else "--query-gpu"
         try:
-            out = subprocess.run(["nvidia-smi", f"{what}={query}", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, timeout=20).stdout
+            out = subprocess.run(
+                ["nvidia-smi", f"{what}={query}", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             return []
         return [[x.strip() for x in ln.split(",")] for ln in out.splitlines() if ln.strip()]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import urllib.parse
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -64,6 +65,41 @@ def test_llm_vllm_pin_reads_only_the_llm_extras_exact_pin():
     assert (
         llm_vllm_pin(["not a requirement !!", 'vllm==0.27.0; python_version >= "3.9" and extra == "llm"']) == "0.27.0"
     )
+    assert llm_vllm_pin(['VLLM==0.28.0; extra == "llm"']) == "0.28.0"  # any spelling of the name
+    assert llm_vllm_pin(['vllm-router==1.0; extra == "llm"']) is None  # another project named vllm-*
+
+
+def test_a_listings_file_urls_as_urljoin_makes_them():
+    """Absolute URLs (PyPI's) are kept as they are, the rest joined to the listing's URL, as urljoin does."""
+    base = "https://index.invalid/simple/ray/"
+    urls = [
+        "https://files.example/packages/ab/cd/ray-2.58.1-cp312-cp312-manylinux2014_x86_64.whl",
+        "http://mirror.invalid:8080/p/ray-2.58.1-py3-none-any.whl",
+        "../../packages/ray-2.58.1-py3-none-any.whl",
+        "/packages/ray-2.58.1-py3-none-any.whl",
+        "ray-2.58.1-py3-none-any.whl",
+        "https://h.invalid/a/../r.whl",
+        "HTTPS://h.invalid/r.whl",
+        "https://u@h.invalid/r.whl",
+        "https://h.invalid/r.whl?x=1",
+        "https://h.invalid/r.whl#sha256=00",
+        "https://h.invalid/a;p/r.whl",
+        "https:///r.whl",
+    ]
+    doc = {
+        "files": [{"filename": "ray-2.58.1-py3-none-any.whl", "url": u, "hashes": {"sha256": "0" * 64}} for u in urls]
+    }
+    assert [f.url for f in ix.parse_listing(doc, base)] == [urllib.parse.urljoin(base + "/", u) for u in urls]
+
+
+def test_an_index_files_version_and_tags_from_its_name():
+    f = ix.IndexFile(filename="ray-2.58.1-cp312-cp312-manylinux2014_x86_64.whl", url="u", sha256="0", upload_time=None)
+    assert str(f.version) == "2.58.1" and f.version == f.version
+    assert {str(t) for t in f.tags} == {"cp312-cp312-manylinux2014_x86_64"}
+    sdist = ix.IndexFile(filename="ray-2.58.1.tar.gz", url="u", sha256="0", upload_time=None)
+    assert sdist.version is None
+    with pytest.raises(ix.InvalidWheelFilename):
+        sdist.tags
 
 
 def test_choose_newest_ray_pinning_the_vllm_else_fallback():

@@ -35,6 +35,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from email.parser import HeaderParser
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
@@ -50,6 +51,9 @@ DEFAULT_INDEX = "https://pypi.org/simple"
 LISTING_TTL_S = 900
 _ACCEPT = "application/vnd.pypi.simple.v1+json"
 _METADATA_RE = re.compile(r"^[^/]+\.dist-info/METADATA$")
+# An absolute http(s) URL that urljoin returns unchanged: a host (and port), a path, and nothing
+# urlsplit would rewrite (no userinfo, brackets, params, query, fragment, space or non-ASCII).
+_PLAIN_URL_RE = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]+)?(?:/[A-Za-z0-9._~%!$&'()*+,=:@/-]*)?")
 
 
 @dataclass(frozen=True)
@@ -64,18 +68,26 @@ class IndexFile:
     requires_python: str | None = None
     metadata_sha256: str | None = None  # PEP 658/714: the index serves url + ".metadata"
 
-    @property
-    def version(self) -> Version | None:
+    @cached_property
+    def _wheel(self):
+        """The wheel's name parsed once (a listing of ray holds ~2000 files, each asked for its version
+        and its tags); None for a file that is not a wheel or whose name does not parse."""
         if not self.filename.endswith(".whl"):
             return None
         try:
-            return parse_wheel_filename(self.filename)[1]
+            return parse_wheel_filename(self.filename)
         except (InvalidWheelFilename, InvalidVersion):
             return None
 
     @property
+    def version(self) -> Version | None:
+        return self._wheel[1] if self._wheel is not None else None
+
+    @property
     def tags(self):
-        return parse_wheel_filename(self.filename)[3]
+        if self._wheel is None:  # not a wheel: parse_wheel_filename's own error, as before
+            return parse_wheel_filename(self.filename)[3]
+        return self._wheel[3]
 
 
 class Index(Protocol):
@@ -116,7 +128,9 @@ def parse_listing(doc: dict, base_url: str) -> list[IndexFile]:
             continue
         meta = f.get("core-metadata", f.get("data-dist-info-metadata"))
         meta_sha = meta.get("sha256") if isinstance(meta, dict) else None
-        url = urllib.request.urljoin(base_url + "/", f["url"])
+        url = f["url"]
+        if not _PLAIN_URL_RE.fullmatch(url):  # PyPI lists absolute URLs: joined only when it must be
+            url = urllib.request.urljoin(base_url + "/", url)
         out.append(
             IndexFile(
                 filename=f["filename"],

@@ -511,6 +511,10 @@ class _UvRun:
         # the resolution when it could not answer or saw other versions (cold or stale cache).
         p1 = self.uv.start(self.sources, self.tmp / "requirements.txt", **self.common)
         p2 = self.uv.start(self.sources, self.tmp / "pylock.toml", **self.pylock_args)
+        try:  # the lock header's uv version, asked (and remembered) while both runs work
+            self.uv.version()
+        except (ExternalToolError, OSError):
+            pass  # asked again where the header needs it, and reported there as before
         r1, r2 = self.uv.wait(p1), self.uv.wait(p2)
         if r1.returncode != 0:
             if is_resolution_failure(r1.stderr):

@@ -54,6 +54,8 @@ class RayChoice:
 def llm_vllm_pin(requires_dist: Iterable[str]) -> str | None:
     """The vllm version a ray wheel's ``llm`` extra pins exactly (``==X``), else None (pure)."""
     for raw in requires_dist:
+        if "vllm" not in raw.lower():  # not a requirement on vllm: not parsed (ray lists hundreds)
+            continue
         try:
             req = Requirement(raw)
         except InvalidRequirement:

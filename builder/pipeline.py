@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder import engine as engine_adapter
+from builder.engine import ImageInfo
 from builder.errors import BadInput, BuildFailed, BuildImageError, EngineUnavailable, VerdictFailure
 from builder.events import Reporter
-from builder.image.build import BuildResult, base_platform_mismatch, build_image, missing_bases
+from builder.image.build import BuildResult, base_platform_mismatch, build_image, inspect_bases, missing_bases
 from builder.image.multiplatform import build_platforms, push_platforms, read_multi_context
 from builder.image.naming import lock_platform
 from builder.image.platforms_render import build_plan, render_platforms
@@ -259,7 +260,11 @@ def base_held_by_engine(release: Release, engine) -> HeldBase | None:
         else DEFAULT
     )
     refused = base_platform_mismatch(
-        [ref], want, engine, what=f"the base manifest {release.base.label} (and a lock made on it) is"
+        [ref],
+        want,
+        engine,
+        what=f"the base manifest {release.base.label} (and a lock made on it) is",
+        inspected={ref: info},
     )
     if refused is not None:  # never snapshot another machine's image in its place: that would lock for it silently
         raise refused
@@ -397,6 +402,7 @@ class _Run:
     built: BuildResult | None = None
     pushed: PushResult | None = None
     smoked: SmokeReport | None = None
+    bases: dict[str, ImageInfo | None] | None = None  # the rendered context's bases as the engine holds them
 
     def lock(self, held: HeldBase | None) -> Locked:
         """The base (an image reference is snapshotted; a manifest whose image the engine holds is
@@ -515,7 +521,9 @@ class _Run:
                 ),
                 engine=exc.message,
             )
-        missing = [] if self.req.pull else missing_bases(rendered.base_refs, engine)
+        if not self.req.pull:
+            self.bases = inspect_bases(rendered.base_refs, engine)  # asked once; the build reads it too
+        missing = [] if self.req.pull else missing_bases(rendered.base_refs, engine, self.bases)
         if missing:
             how = f"docker pull {missing[0]} && build-image build {out}" + (f" --tag {spec.repo}" if spec.repo else "")
             msg = (
@@ -547,6 +555,7 @@ class _Run:
                 bases_checked=True,
                 reporter=self.reporter.scoped("build: "),
                 platform=lock_platform(rendered.lock),
+                inspected=self.bases,
             )
         self.built = built
         self.summary.update(image_id=built.image_id, image_bytes=built.size_bytes, cached_steps=built.cached_steps)

@@ -35,11 +35,13 @@ class MemoryEngine:
         self.images = {BASE_REF: ImageInfo(id="sha256:" + "b" * 64, size=1)}
         self.builds: list[tuple[Path, list[str]]] = []
         self.pushes: list[str] = []
+        self.inspected: list[str] = []
 
     def ping(self):
         return "memory"
 
     def inspect(self, ref):
+        self.inspected.append(ref)
         return self.images.get(ref)
 
     def build(self, context, tags, *, network="none", build_args=None, reporter=SILENT, platform=None):
@@ -211,6 +213,9 @@ def test_the_pipeline_hands_each_stage_the_previous_result_and_hashes_each_wheel
     assert res.built.tags == res.rendered.tags and res.built.image_id == IMAGE_ID
     assert world.engine.pushes == list(res.rendered.tags)
     assert res.pushed.digest == MANIFEST and res.pushed.pinned == f"127.0.0.1:5000/serving/vllm@{MANIFEST}"
+    # the base is asked of the engine twice in the run: held? (before the lock), and before the build; the
+    # platform checks read those answers
+    assert world.engine.inspected.count(BASE_REF) == 2, world.engine.inspected
     assert world.engine.attached == [(res.rendered.out_dir, res.pushed.pinned, list(res.rendered.tags))]
     assert res.summary["digest"] == MANIFEST and res.summary["lock_hash"] == res.locked.lock_hash
 

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from builder import engine as engine_adapter
+from builder.engine import ImageInfo
 from builder.errors import BadInput, BuildFailed
 from builder.events import SILENT, Reporter
 from builder.image import provenance  # the statement's subject is now the image (its ID under each tag)
@@ -53,9 +54,18 @@ class BuildResult:
         }
 
 
-def missing_bases(base_refs: Iterable[str], engine) -> list[str]:
+def inspect_bases(base_refs: Iterable[str], engine) -> dict[str, ImageInfo | None]:
+    """Each base image (of those a context builds FROM) as the engine holds it, None where it holds none:
+    asked once, and handed to :func:`missing_bases` and :func:`base_platform_mismatch`."""
+    return {ref: engine.inspect(ref) for ref in base_refs}
+
+
+def missing_bases(
+    base_refs: Iterable[str], engine, inspected: Mapping[str, ImageInfo | None] | None = None
+) -> list[str]:
     """The base images (of those a context builds FROM) the engine does not hold locally."""
-    return [ref for ref in base_refs if engine.inspect(ref) is None]
+    held = inspected if inspected is not None else inspect_bases(base_refs, engine)
+    return [ref for ref in base_refs if held.get(ref) is None]
 
 
 def missing_base_error(missing: Sequence[str]) -> BuildFailed:
@@ -67,14 +77,19 @@ def missing_base_error(missing: Sequence[str]) -> BuildFailed:
 
 
 def base_platform_mismatch(
-    base_refs: Iterable[str], want: Platform, engine, what: str = "the lock was made"
+    base_refs: Iterable[str],
+    want: Platform,
+    engine,
+    what: str = "the lock was made",
+    inspected: Mapping[str, ImageInfo | None] | None = None,
 ) -> BadInput | None:
     """The refusal when a base the engine holds is of another platform than the lock's: building on it
     would put ``want``'s wheels on another machine's floor (the engine uses whatever image the ref names
     locally: a single-arch base, or the variant of a manifest list the builder's platform pulled).
-    None when every base the engine holds (and says a platform for) is ``want``'s."""
+    None when every base the engine holds (and says a platform for) is ``want``'s.  ``inspected``: what
+    the caller has just asked the engine of these refs (:func:`inspect_bases`), not asked again."""
     for ref in base_refs:
-        info = engine.inspect(ref)
+        info = inspected[ref] if inspected is not None and ref in inspected else engine.inspect(ref)
         if info is None or not info.architecture or info.platform == want:
             continue
         have = info.platform_name
@@ -129,12 +144,14 @@ def build_image(
     bases_checked: bool = False,
     reporter: Reporter = SILENT,
     platform: Platform | None = None,
+    inspected: Mapping[str, ImageInfo | None] | None = None,
 ) -> BuildResult:
     """Build ``context`` and tag it ``tags``.
 
     Without ``pull`` a base image that is not in the engine's store is BuildFailed (exit 9)
     instead of an implicit multi-GB download from a registry; ``bases_checked``: the caller
-    has just asked the engine (the pipeline, deciding whether to stop after render).  Each BuildKit
+    has just asked the engine (the pipeline, deciding whether to stop after render; ``inspected``: what it
+    was told, :func:`inspect_bases`, so the bases are not inspected again).  Each BuildKit
     step's first line is a step event on ``reporter``.
 
     ``platform``: the lock's platform (:func:`builder.image.naming.lock_platform`): the build runs with
@@ -147,7 +164,7 @@ def build_image(
             if missing:
                 raise missing_base_error(missing)
     if platform is not None:
-        refused = base_platform_mismatch(base_refs, platform, engine)
+        refused = base_platform_mismatch(base_refs, platform, engine, inspected=inspected)
         if refused is not None:
             raise refused
     t0 = time.monotonic()

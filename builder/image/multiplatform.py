@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from builder import engine as engine_adapter
+from builder.engine import ImageInfo
 from builder.errors import BadInput, IntegrityError, RegistryError, TagConflict
 from builder.events import SILENT, Reporter
 from builder.image import referrers, registry
@@ -40,6 +41,7 @@ from builder.image.build import (
     BuildResult,
     base_platform_mismatch,
     build_image,
+    inspect_bases,
     missing_base_error,
     missing_bases,
 )
@@ -210,16 +212,20 @@ class MultiBuildResult:
         }
 
 
-def check_bases(mc: MultiContext, engine, *, pull: bool = False) -> None:
-    """Before any build: every platform's base is held (unless ``pull``) and of that platform."""
+def check_bases(mc: MultiContext, engine, *, pull: bool = False) -> dict[str, ImageInfo | None]:
+    """Before any build: every platform's base is held (unless ``pull``) and of that platform; returns
+    what the engine said of each base (asked once, handed on to the builds)."""
+    refs = sorted({r for s in mc.platforms for r in s.context.base_refs})
+    inspected = inspect_bases(refs, engine)
     if not pull:
-        missing = missing_bases(sorted({r for s in mc.platforms for r in s.context.base_refs}), engine)
+        missing = missing_bases(refs, engine, inspected)
         if missing:
             raise missing_base_error(missing)
     for s in mc.platforms:
-        refused = base_platform_mismatch(s.context.base_refs, s.platform, engine)
+        refused = base_platform_mismatch(s.context.base_refs, s.platform, engine, inspected=inspected)
         if refused is not None:
             raise refused
+    return inspected
 
 
 def build_platforms(
@@ -228,7 +234,7 @@ def build_platforms(
     """Build every selected platform of ``mc`` (bases checked for all of them first)."""
     engine = engine or engine_adapter.get_engine()
     engine.ping()
-    check_bases(mc, engine, pull=pull)
+    inspected = check_bases(mc, engine, pull=pull)
     builds = []
     for s in mc.platforms:
         builds.append(
@@ -243,6 +249,7 @@ def build_platforms(
                 bases_checked=True,
                 reporter=reporter.scoped(f"{s.platform.name}: "),
                 platform=s.platform,
+                inspected=inspected,
             )
         )
     return MultiBuildResult(builds=tuple(builds), index_tags=mc.tags)

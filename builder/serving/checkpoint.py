@@ -432,6 +432,13 @@ def scan_directory(root: str | os.PathLike) -> Inventory:
             f"the shards are links into the Hugging Face cache {hub_repo}: "
             f"--hf-cache {hub_repo} checks each against its LFS sha256"
         )
+    _download_leftovers(root, hub_repo, leftovers, notes)
+    return Inventory(root, files, problems, leftovers, notes, hub_repo)
+
+
+def _download_leftovers(root: Path, hub_repo: Path | None, leftovers: list[str], notes: list[str]) -> None:
+    """What a download tool left beside the checkpoint: partial files and held locks of
+    ``huggingface_hub --local-dir`` and, for shards linked into the hub cache, of that repository."""
     # huggingface_hub --local-dir bookkeeping
     local_meta = root / ".cache" / "huggingface" / "download"
     if local_meta.is_dir():
@@ -451,7 +458,6 @@ def scan_directory(root: str | os.PathLike) -> Inventory:
             leftovers.extend(f"{p} (held: a download is running)" for p in held)
             if not held and any(locks.glob("*.lock")):
                 notes.append(f"{locks}: lock files left by finished downloads (none held): ignored")
-    return Inventory(root, files, problems, leftovers, notes, hub_repo)
 
 
 # --------------------------------------------------------------------------- config shapes (pure)
@@ -522,6 +528,16 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo]) -> tuple[list[Pro
         problems.append(
             Problem("config.json", "tie_word_embeddings is false but no checkpoint tensor is an lm_head.weight")
         )
+    checked += _check_ple(cfg, tensors, problems)
+    if checked == 0 and embeds:
+        notes.append("no shape was checkable against config.json")
+    return problems, notes
+
+
+def _check_ple(cfg: dict, tensors: dict[str, TensorInfo], problems: list[Problem]) -> int:
+    """The per-layer-embedding table against ``cfg`` (see :func:`check_shapes`): stored once, 2-D
+    blocks of one width, num_hidden_layers x hidden_size_per_layer_input wide, vocab_size_per_layer_input
+    rows; a config that declares one and no table.  Returns how many shapes were checked (0 or 1)."""
     ple = [t for n, t in tensors.items() if "embed_tokens_per_layer" in n and is_ple_tensor(n)]
     if ple:
         rows = sum(t.shape[0] for t in ple if t.shape)
@@ -567,7 +583,7 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo]) -> tuple[list[Pro
                         ),
                     )
                 )
-            checked += 1
+            return 1
     elif _cfg_int(cfg, "hidden_size_per_layer_input"):
         problems.append(
             Problem(
@@ -578,9 +594,7 @@ def check_shapes(config: dict, tensors: dict[str, TensorInfo]) -> tuple[list[Pro
                 ),
             )
         )
-    if checked == 0 and embeds:
-        notes.append("no shape was checkable against config.json")
-    return problems, notes
+    return 0
 
 
 # --------------------------------------------------------------------------- index (pure)

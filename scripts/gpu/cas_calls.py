@@ -46,16 +46,16 @@ def launch_part(m: dict) -> int:
 
 def calls(m: dict, bundle: str, env: str, parts: list[int], launch: bool = True) -> list[tuple[str, str]]:
     man = f"{bundle}/manifest.json"
-    if bundle.rstrip("/") != ".bundle/cas":  # the device side reads the parts where they were carried
-        env = f"CASB={bundle} {env}".strip()
+    # the device side reads the parts where they were carried
+    casb = f"CASB={bundle} " if bundle.rstrip("/") != ".bundle/cas" else ""
+    run = " ".join(x for x in (casb.strip(), env, CMD) if x)
     out = []
     lp = launch_part(m)
     if launch and lp not in parts:  # its parts are there already: launch on the first call
-        out.append((man, f"{env} {CMD} launch".strip()))
+        out.append((man, f"{run} launch"))
     for i in parts:
         carry = f"{man} {bundle}/{m['cas']['parts'][i]['dir']}"
-        recv = f"{env.split()[0]} {CMD} recv {i}" if env.startswith("CASB=") else f"{CMD} recv {i}"
-        out.append((carry, f"{env} {CMD} launch {i}".strip() if launch and i == lp else recv))
+        out.append((carry, f"{run} launch {i}" if launch and i == lp else f"{casb}{CMD} recv {i}"))
     return out + [("", f"WAIT=560 {CMD} wait")]
 
 

@@ -127,18 +127,7 @@ def run_lock(
     resolved = base if base is not None else resolve_base(spec.base, spec.vllm, platform=spec.platform)
     if not spec.vllm_given and resolved.vllm:  # no --vllm: the base's vllm (and its default lock path)
         spec = spec.with_flags(vllm=resolved.vllm)
-    req = L.request_for(
-        vllm=spec.vllm,
-        base=resolved,
-        with_=spec.with_,
-        default_overlay=default_overlay,
-        vllm_given=spec.vllm_given,
-        allow=spec.allow_abi_change,
-        find_links=spec.find_links,
-        no_index=spec.no_index,
-        exclude_newer=spec.exclude_newer,
-        where="--with" if not spec.source else f"--with / {spec.source} 'with'",
-    )
+    req = _request(spec, resolved, default_overlay)
     refuse_pylock_output(spec.lock_path, check)
     # a second writer of the same lock waits, then sees the first's lock (--check writes nothing)
     with contextlib.nullcontext() if check else output_lock(spec.lock_path):
@@ -185,6 +174,23 @@ def run_lock(
         pylock=str(twin_path(lock_path)),
         messages=tuple(said),
         seconds=time.monotonic() - t_start,
+    )
+
+
+def _request(spec, resolved: ResolvedBase, default_overlay: bool):
+    """The lock request of ``spec`` on top of the resolved base (its ``--with`` overlay, ABI allowances,
+    indexes and exclude-newer)."""
+    return L.request_for(
+        vllm=spec.vllm,
+        base=resolved,
+        with_=spec.with_,
+        default_overlay=default_overlay,
+        vllm_given=spec.vllm_given,
+        allow=spec.allow_abi_change,
+        find_links=spec.find_links,
+        no_index=spec.no_index,
+        exclude_newer=spec.exclude_newer,
+        where="--with" if not spec.source else f"--with / {spec.source} 'with'",
     )
 
 

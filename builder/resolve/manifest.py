@@ -291,27 +291,8 @@ def _refuse_credentials(doc: dict, path: str) -> None:
         )
 
 
-def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
-    try:
-        doc = load_json(text, f"base manifest {path}")
-    except json.JSONDecodeError as exc:
-        raise BadInput(
-            f"base manifest {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).",
-            hint="regenerate it with `build-image base snapshot`.",
-        ) from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise BadInput(
-            f"base manifest {path}: field 'schema' must be {SCHEMA!r} "
-            f"(got {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}).",
-        )
-    _refuse_credentials(doc, path)
-    image = _req(doc, "image", dict, "", path)
-    py = _req(doc, "python", dict, "", path)
-    prov = _req(doc, "provenance", dict, "", path)
-    kind = _req(prov, "kind", str, "provenance.", path)
-    if kind not in PROVENANCE_KINDS:
-        raise BadInput(f"base manifest {path}: 'provenance.kind' must be one of {PROVENANCE_KINDS}, got {kind!r}.")
-    dists_doc = _req(doc, "distributions", dict, "", path)
+def _distributions(dists_doc: dict, path: str) -> dict[str, Distribution]:
+    """The manifest's ``distributions`` object, checked entry by entry: keyed by canonical name."""
     dists: dict[str, Distribution] = {}
     for key, d in dists_doc.items():
         if not isinstance(d, dict):
@@ -343,6 +324,31 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
                 f"got {facts.native_sha256!r:.60}."
             )
         dists[canonical_name(name)] = Distribution(name=name, version=version, facts=facts)
+    return dists
+
+
+def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
+    try:
+        doc = load_json(text, f"base manifest {path}")
+    except json.JSONDecodeError as exc:
+        raise BadInput(
+            f"base manifest {path} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}).",
+            hint="regenerate it with `build-image base snapshot`.",
+        ) from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        raise BadInput(
+            f"base manifest {path}: field 'schema' must be {SCHEMA!r} "
+            f"(got {doc.get('schema') if isinstance(doc, dict) else type(doc).__name__!r}).",
+        )
+    _refuse_credentials(doc, path)
+    image = _req(doc, "image", dict, "", path)
+    py = _req(doc, "python", dict, "", path)
+    prov = _req(doc, "provenance", dict, "", path)
+    kind = _req(prov, "kind", str, "provenance.", path)
+    if kind not in PROVENANCE_KINDS:
+        raise BadInput(f"base manifest {path}: 'provenance.kind' must be one of {PROVENANCE_KINDS}, got {kind!r}.")
+    dists_doc = _req(doc, "distributions", dict, "", path)
+    dists = _distributions(dists_doc, path)
     for field_, val, pat, example in (
         ("glibc", _req(doc, "glibc", str, "", path), r"\d+\.\d+", "2.35"),
         ("python.version", _req(py, "version", str, "python.", path), r"\d+\.\d+", "3.12"),

@@ -747,6 +747,43 @@ class _Replay:
             self.relaxed.append(rx)
             self.relax_sources((rx,))
 
+    def run_step(self, step: Step, captured: dict[str, str], auto_relax: int) -> dict:
+        """Run one of the recipe's steps into the tree (skip, uninstall or install): its record.  ``captured``
+        (extended in place): the versions a step's ``when_installed`` found, which later steps keep."""
+        before = installed_in(self.target)
+        if step.when_installed:
+            name = canonical_name(step.when_installed)
+            if name in before:
+                captured.setdefault(name, before[name])
+        plan0 = plan_step(step, before, captured)
+        rec = {"n": step.n, "from": str(step.where), "stage": step.stage, "action": plan0.action}
+        if plan0.action == "skip":
+            rec["reason"] = plan0.reason
+            return rec
+        args: list[str] = []
+        if plan0.action == "uninstall":
+            self.reporter.step(f"step {step.n} ({step.where}): uninstall {' '.join(plan0.requirements)}")
+            _cmd, r = self.uv.pip_target("uninstall", self.target, list(plan0.requirements))
+            plan = plan0
+        else:
+            _record_indexes(rec, self.plans.get(step.n), step, self.reporter)
+            r, plan, args = self.install_relaxing(step, plan0, rec, before, captured, auto_relax)
+            if self.relaxed_done.get(step.n):
+                rec["relaxed"] = list(dict.fromkeys(self.relaxed_done[step.n]))
+        if r.returncode != 0:
+            raise ExternalToolError(
+                f"uv pip {plan.action} --target (step {step.n}, {step.where}) failed "
+                f"(exit {r.returncode}):\n{trim_derivation(r.stderr)}"
+            )
+        shown = args if plan.action == "install" else list(plan.requirements)
+        rec["command"] = shown_command(plan.action, shown, self.recipe, src=self.src, work=self.work)
+        if plan.overrides:
+            rec["overrides"] = list(plan.overrides)
+        if plan.constraint_pins:
+            rec["constraints_from_installed"] = list(plan.constraint_pins)
+        rec["moved"] = moved(before, installed_in(self.target))
+        return rec
+
 
 def replay(
     recipe: Recipe,
@@ -798,45 +835,8 @@ def replay(
     _write_sources(files, rp.src)
     rp.drop_pins([*absent, *unmatched])
     rp.relax_sources(tuple(rp.relaxed))
-    records: list[dict] = []
     captured: dict[str, str] = {}
-    for step in recipe.steps:
-        before = installed_in(target)
-        if step.when_installed:
-            name = canonical_name(step.when_installed)
-            if name in before:
-                captured.setdefault(name, before[name])
-        plan0 = plan_step(step, before, captured)
-        rec = {"n": step.n, "from": str(step.where), "stage": step.stage, "action": plan0.action}
-        if plan0.action == "skip":
-            rec["reason"] = plan0.reason
-            records.append(rec)
-            continue
-        args: list[str] = []
-        if plan0.action == "uninstall":
-            reporter.step(f"step {step.n} ({step.where}): uninstall {' '.join(plan0.requirements)}")
-            _cmd, r = uv.pip_target("uninstall", target, list(plan0.requirements))
-            plan = plan0
-        else:
-            _record_indexes(rec, rp.plans.get(step.n), step, reporter)
-            r, plan, args = rp.install_relaxing(step, plan0, rec, before, captured, auto_relax)
-            if rp.relaxed_done.get(step.n):
-                rec["relaxed"] = list(dict.fromkeys(rp.relaxed_done[step.n]))
-        if r.returncode != 0:
-            raise ExternalToolError(
-                f"uv pip {plan.action} --target (step {step.n}, {step.where}) failed "
-                f"(exit {r.returncode}):\n{trim_derivation(r.stderr)}"
-            )
-        rec["command"] = shown_command(
-            plan.action, args if plan.action == "install" else list(plan.requirements), recipe, src=rp.src, work=work
-        )
-        if plan.overrides:
-            rec["overrides"] = list(plan.overrides)
-        if plan.constraint_pins:
-            rec["constraints_from_installed"] = list(plan.constraint_pins)
-        rec["moved"] = moved(before, installed_in(target))
-        records.append(rec)
-    return records
+    return [rp.run_step(step, captured, auto_relax) for step in recipe.steps]
 
 
 def _record_indexes(rec: dict, si: StepIndexes | None, step: Step, reporter: Reporter) -> None:
@@ -1057,6 +1057,21 @@ def _scratch_tree(keep: Path | None) -> Path:
     return scratch
 
 
+@dataclass(frozen=True)
+class _Release:
+    """What a reconstruction replays, known before any scratch folder exists: the recipe and the sdist's
+    build files, the index and uv's options for it, each step's indexes, the vllm wheel's upload time and
+    the exclude-newer instant after it."""
+
+    recipe: Recipe
+    files: object
+    index: object
+    index_args: list[str]
+    plans: Mapping[int, StepIndexes]
+    uploaded: datetime
+    instant: str
+
+
 def reconstruct(
     vllm: str,
     *,
@@ -1104,6 +1119,36 @@ def reconstruct(
     t0 = time.monotonic()
     uploaded, instant = release_instant(index, recipe.vllm, recipe.python.value, recipe.platform)
     timings["index"] = time.monotonic() - t0
+    release = _Release(recipe, files, index, index_args, plans, uploaded, instant)
+    return _replay_and_scan(
+        release,
+        keep=keep,
+        uv=uv,
+        reporter=reporter,
+        refresh=refresh,
+        relaxed=relaxed,
+        given=given,
+        auto_relax=auto_relax,
+        timings=timings,
+    )
+
+
+def _replay_and_scan(
+    release: _Release,
+    *,
+    keep: Path | None,
+    uv,
+    reporter: Reporter,
+    refresh: bool,
+    relaxed: list[Relaxation],
+    given: set[str],
+    auto_relax: int,
+    timings: dict[str, float],
+) -> Reconstruction:
+    """Replay the release's steps into the scratch tree (:func:`_scratch_tree`), scan it, describe the
+    manifest; the scratch folders go after (``keep``: the tree stays).  ``given``: the user's relaxations'
+    names (the others in ``relaxed`` the replay added)."""
+    recipe, files, index, plans, instant = release.recipe, release.files, release.index, release.plans, release.instant
     scratch = _scratch_tree(keep)
     target = scratch / "dist-packages"
     work = Path(tempfile.mkdtemp(prefix="bi-replay-"))
@@ -1121,7 +1166,7 @@ def reconstruct(
             work,
             uv=uv,
             exclude_newer=instant,
-            index_args=index_args,
+            index_args=release.index_args,
             reporter=reporter,
             absent=absent,
             refresh=refresh,
@@ -1134,46 +1179,10 @@ def reconstruct(
         timings["install"] = time.monotonic() - t0
         reporter.step(f"scanning {target}")
         t0 = time.monotonic()
-        manifest = snapshot_site_packages(
-            target,
-            python=recipe.python.value,
-            glibc=recipe.glibc.value,
-            cuda=recipe.cuda.value,
-            platform=recipe.platform,
-            image_ref=recipe.image,
-            os_name=f"{recipe.os.value} ({recipe.final_base_image.value})",
-            site_packages_label=recipe.site_packages.value,
-            method="-",
-            # the tree holds the index's builds, not the image's (cu130 torch): their ELF digests would be wrong
-            native_digests=False,
-        )
+        manifest = _scan_replayed(target, recipe)
         timings["scan"] = time.monotonic() - t0
-        unmet = unmet_requirements(requirements_in(target), target_environment(recipe.python.value, recipe.platform))
-        manifest.provenance_recipe = {
-            "sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},
-            "exclude_newer": instant,
-            "steps": records,
-            # the replayed tree is not pip-consistent where the image's steps leave it so
-            "unmet_requirements": unmet,
-        }
         auto = frozenset(r.text for r in relaxed if r.name not in given)
-        lacks, unversioned = leave_out_unversioned(recipe, absent, manifest, unmatched, tuple(relaxed), auto)
-        lacks["other_indexes"] = index_lacks(recipe, plans, records)
-        undecided = [f"{s.where}: {s.note}" for s in recipe.steps if s.replay == "undecided"]
-        if undecided:
-            lacks["undecided"] = undecided
-        manifest.provenance_method = provenance_text(
-            recipe,
-            uv_version=uv.version(),
-            uploaded=uploaded,
-            instant=instant,
-            cuda_found=_cuda_of(manifest),
-            day=datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-            lacks=lacks,
-            unmet=unmet,
-        )
-        manifest.lacks = {**lacks, "unversioned": unversioned}
-        manifest.uv_overrides = [d.value for d in recipe.image_overrides] or None
+        _describe_replayed(manifest, release, target, uv, records, absent, unmatched, relaxed, auto)
         files_n = sum(1 for _ in target.rglob("*")) if keep is not None else 0
         return Reconstruction(
             relaxed=[r.text for r in relaxed],
@@ -1181,7 +1190,7 @@ def reconstruct(
             manifest=manifest,
             recipe=recipe,
             exclude_newer=instant,
-            uploaded=uploaded,
+            uploaded=release.uploaded,
             steps=records,
             timings=timings,
             files=files_n,
@@ -1193,3 +1202,61 @@ def reconstruct(
             t0 = time.monotonic()
             shutil.rmtree(scratch, ignore_errors=True)
             timings["cleanup"] = time.monotonic() - t0
+
+
+def _scan_replayed(target: Path, recipe: Recipe) -> BaseManifest:
+    """The replayed tree's manifest, with the image's facts the recipe records (adapter: reads the tree)."""
+    return snapshot_site_packages(
+        target,
+        python=recipe.python.value,
+        glibc=recipe.glibc.value,
+        cuda=recipe.cuda.value,
+        platform=recipe.platform,
+        image_ref=recipe.image,
+        os_name=f"{recipe.os.value} ({recipe.final_base_image.value})",
+        site_packages_label=recipe.site_packages.value,
+        method="-",
+        # the tree holds the index's builds, not the image's (cu130 torch): their ELF digests would be wrong
+        native_digests=False,
+    )
+
+
+def _describe_replayed(
+    manifest: BaseManifest,
+    release: _Release,
+    target: Path,
+    uv,
+    records: list[dict],
+    absent,
+    unmatched,
+    relaxed: list[Relaxation],
+    auto: frozenset[str],
+) -> None:
+    """Fill in the replayed manifest's provenance (recipe, method), ``lacks`` and ``uv_overrides``:
+    what the replay ran, what it left out and why, what the tree leaves unmet."""
+    recipe, instant = release.recipe, release.instant
+    unmet = unmet_requirements(requirements_in(target), target_environment(recipe.python.value, recipe.platform))
+    manifest.provenance_recipe = {
+        "sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},
+        "exclude_newer": instant,
+        "steps": records,
+        # the replayed tree is not pip-consistent where the image's steps leave it so
+        "unmet_requirements": unmet,
+    }
+    lacks, unversioned = leave_out_unversioned(recipe, absent, manifest, unmatched, tuple(relaxed), auto)
+    lacks["other_indexes"] = index_lacks(recipe, release.plans, records)
+    undecided = [f"{s.where}: {s.note}" for s in recipe.steps if s.replay == "undecided"]
+    if undecided:
+        lacks["undecided"] = undecided
+    manifest.provenance_method = provenance_text(
+        recipe,
+        uv_version=uv.version(),
+        uploaded=release.uploaded,
+        instant=instant,
+        cuda_found=_cuda_of(manifest),
+        day=datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+        lacks=lacks,
+        unmet=unmet,
+    )
+    manifest.lacks = {**lacks, "unversioned": unversioned}
+    manifest.uv_overrides = [d.value for d in recipe.image_overrides] or None

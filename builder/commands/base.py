@@ -158,6 +158,11 @@ def snapshot(
     except OSError as exc:  # atomic: a manifest already there is untouched
         raise BadInput(f"cannot write the manifest {output}: {exc.strerror or exc}.") from None
 
+    _print_summary(manifest, output, as_json)
+
+
+def _print_summary(manifest, output: Path, as_json: bool) -> None:
+    """What ``base snapshot`` wrote: one line, or (``--json``) the summary document on stdout."""
     dists = manifest.distributions.values()
     summary = {
         "output": str(output),

@@ -62,7 +62,8 @@ _OPTIONS = [
         "--base",
         "base",
         metavar="REF_OR_MANIFEST",
-        help="Base manifest (.json) or a LOCAL image ref to snapshot (default: lockfiles/base/vllm-openai-v<vllm>.json).",
+        help="Base manifest (.json) or a LOCAL image ref to snapshot "
+        "(default: lockfiles/base/vllm-openai-v<vllm>.json).",
     ),
     click.option(
         "--spec",
@@ -118,24 +119,7 @@ def _with_options(f):
 
 @click.command("lock")
 @_with_options
-def command(
-    vllm,
-    with_,
-    base,
-    spec_path,
-    output,
-    check,
-    upgrade,
-    allow_names,
-    reasons,
-    find_links,
-    no_index,
-    exclude_newer,
-    no_default_overlay,
-    as_json,
-    force=False,
-    platform=None,
-):
+def command(as_json, **opts):
     """Resolve ray[serve] + --with on top of the base image, run the ABI gate, write a hash-pinned lock.
 
     The default overlay's ray is the newest whose ray[llm] extra pins the base's vllm (else the newest
@@ -147,24 +131,7 @@ def command(
     download / sha256 failure, 12 uv failed.  With --json every outcome is a JSON document on stdout.
     """
     try:
-        _lock(
-            vllm,
-            with_,
-            base,
-            spec_path,
-            output,
-            check,
-            upgrade,
-            allow_names,
-            reasons,
-            find_links,
-            no_index,
-            exclude_newer,
-            no_default_overlay,
-            as_json,
-            force,
-            platform,
-        )
+        _lock(as_json=as_json, **opts)
     except AbiRejected as exc:
         if as_json and getattr(exc, "gate", None) is not None:
             _emit(
@@ -209,6 +176,7 @@ _ERROR_STATUS = {BadInput: "bad-input", StaleLock: "stale", Unsatisfiable: "unsa
 
 
 def _lock(
+    *,
     vllm,
     with_,
     base,
@@ -226,6 +194,7 @@ def _lock(
     force,
     platform,
 ):
+    """The lock stage for lock's flags (by their click names): one lock, or one per --platform."""
     from builder import platforms
 
     targets = platforms.parse_list(platform)

@@ -23,7 +23,6 @@ from builder.serving.plan import (
 )
 from builder.spec import load_spec
 
-
 _OPTIONS = [
     click.option(
         "--vllm",
@@ -167,57 +166,31 @@ def _with_options(f):
     return f
 
 
+# the flags that override the spec's [serving] table (and its vllm), in the order with_flags is given them
+_SPEC_FLAGS = (
+    "vllm",
+    "model",
+    "gpus",
+    "gpu_memory",
+    "tp",
+    "pp",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "kv_cache_dtype",
+    "cpu_offload_gb",
+)
+
+
 @click.command("plan")
 @_with_options
-def command(
-    vllm,
-    model,
-    spec_file,
-    weights_bytes,
-    gpus,
-    gpu_memory,
-    tp,
-    pp,
-    gpu_memory_utilization,
-    max_model_len,
-    max_num_seqs,
-    kv_cache_dtype,
-    cpu_offload_gb,
-    reserve_gib,
-    max_num_batched_tokens,
-    enforce_eager,
-    as_json,
-    load_format=None,
-    load_rate=None,
-    storage_rate=None,
-    pull_bandwidth=None,
-    image_size=None,
-    image_manifest=None,
-    image_result=None,
-    page_cache="cold",
-    storage="local",
-    compile_cache="empty",
-    engine_start=None,
-    nodes=1,
-):
+def command(spec_file, weights_bytes, reserve_gib, max_num_batched_tokens, enforce_eager, as_json, **opts):
     """Predict vLLM's KV cache before paying for the weights load: fits / does not fit.
 
     Exit codes: 0 fits; 1 does not fit; 2 bad input (flags, spec, model
     config, image manifest or result); 7 a download failed its sha256.
     """
-    spec = load_spec(spec_file).with_flags(
-        vllm=vllm,
-        model=model,
-        gpus=gpus,
-        gpu_memory=gpu_memory,
-        tp=tp,
-        pp=pp,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        kv_cache_dtype=kv_cache_dtype,
-        cpu_offload_gb=cpu_offload_gb,
-    )
+    spec = load_spec(spec_file).with_flags(**{k: opts.pop(k) for k in _SPEC_FLAGS})
     serving = spec.serving
     if not serving.model:
         raise BadInput("no model: pass --model DIR_OR_CONFIG_JSON or set serving.model in the spec.")
@@ -238,23 +211,7 @@ def command(
         enforce_eager=enforce_eager,
         vllm=spec.vllm,
     )
-    cold = cold_start_of(
-        plan,
-        serving,
-        spec.vllm,
-        load_format=load_format,
-        load_rate=load_rate,
-        storage_rate=storage_rate,
-        pull_bandwidth=pull_bandwidth,
-        image_size=image_size,
-        image_manifest=image_manifest,
-        image_result=image_result,
-        page_cache=page_cache,
-        storage=storage,
-        compile_cache=compile_cache,
-        engine_start=engine_start,
-        nodes=nodes,
-    )
+    cold = cold_start_of(plan, serving, spec.vllm, **opts)  # the rest of the flags are the cold start's
     if as_json:
         doc = plan.to_dict()
         doc["cold_start"] = {**cold["model"].to_dict(), "reference_600gb": cold["reference_600gb"].to_dict()}

@@ -126,9 +126,6 @@ def command(
     renamed into place).
     """
     from builder import platforms
-    from builder.events import RichReporter
-    from builder.image.render import build_hint, default_out_dir, render_context, render_inputs
-    from builder.serving.kuberay import write_manifests
 
     if series and no_patches:
         raise BadInput("--series and --no-patches contradict each other.")
@@ -140,7 +137,30 @@ def command(
             spec, targets, lock_file, base, series, no_patches, wheel, out, kuberay, allow_base_drift, as_json
         )
         return
-    spec = spec.for_platforms(targets)[0]
+    _render_one(
+        spec.for_platforms(targets)[0],
+        lock_file,
+        base,
+        series,
+        no_patches,
+        wheel,
+        out,
+        kuberay,
+        kuberay_image,
+        allow_tag,
+        allow_base_drift,
+        as_json,
+    )
+
+
+def _render_one(
+    spec, lock_file, base, series, no_patches, wheel, out, kuberay, kuberay_image, allow_tag, allow_base_drift, as_json
+) -> None:
+    """``render`` for one platform: its context (with the KubeRay manifests under ``--kuberay``) in DIR."""
+    from builder.events import RichReporter
+    from builder.image.render import build_hint, default_out_dir, render_context, render_inputs
+    from builder.serving.kuberay import write_manifests
+
     inputs = render_inputs(spec, lock_file=lock_file, base=base)
     manifest, lock = inputs.manifest, inputs.lock
     out = out or default_out_dir(spec.vllm)

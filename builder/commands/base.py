@@ -37,49 +37,66 @@ def command() -> None:
     """Base manifest: what the base image already holds (packages, Python, glibc, CUDA, binary facts)."""
 
 
+_SNAPSHOT_OPTIONS = [
+    click.option("--image", "image", metavar="REF", help="Read a LOCAL image through the engine (never pulled)."),
+    click.option(
+        "--site-packages",
+        "site_packages",
+        metavar="DIR",
+        type=click.Path(path_type=Path),
+        help="Scan a site-packages directory on this machine (provenance: reconstructed).",
+    ),
+    click.option("--python", "python", metavar="X.Y", help="Python version (default: read from the image / the path)."),
+    click.option(
+        "--glibc",
+        "glibc",
+        metavar="X.Y",
+        help="glibc version (required with --site-packages; overrides the image's libc).",
+    ),
+    click.option(
+        "--cuda", "cuda", metavar="X.Y", help="CUDA version (default: the image's CUDA_VERSION / nvidia-cuda-runtime)."
+    ),
+    click.option(
+        "--platform", "platform", metavar="P", help="uv --python-platform (default: x86_64-manylinux_<glibc>)."
+    ),
+    click.option(
+        "--image-ref", "image_ref", metavar="REF", help="With --site-packages: the image this directory stands for."
+    ),
+    click.option("--os", "os_name", metavar="TEXT", help="With --site-packages: the OS of the image it stands for."),
+    click.option(
+        "--as-path",
+        "as_path",
+        metavar="PATH",
+        help="With --site-packages: the directory's path inside the image (recorded as python.site_packages).",
+    ),
+    click.option(
+        "--method",
+        "method",
+        metavar="TEXT",
+        help="With --site-packages: exactly how the directory was produced (provenance).",
+    ),
+    click.option(
+        "-o",
+        "--output",
+        "output",
+        required=True,
+        type=click.Path(path_type=Path, dir_okay=False),
+        help="Manifest file to write (JSON, atomically).",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout."),
+    click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote."),
+]
+
+
+def _with_snapshot_options(f):
+    """base snapshot's options, in the order --help lists them."""
+    for opt in reversed(_SNAPSHOT_OPTIONS):
+        f = opt(f)
+    return f
+
+
 @command.command("snapshot")
-@click.option("--image", "image", metavar="REF", help="Read a LOCAL image through the engine (never pulled).")
-@click.option(
-    "--site-packages",
-    "site_packages",
-    metavar="DIR",
-    type=click.Path(path_type=Path),
-    help="Scan a site-packages directory on this machine (provenance: reconstructed).",
-)
-@click.option("--python", "python", metavar="X.Y", help="Python version (default: read from the image / the path).")
-@click.option(
-    "--glibc", "glibc", metavar="X.Y", help="glibc version (required with --site-packages; overrides the image's libc)."
-)
-@click.option(
-    "--cuda", "cuda", metavar="X.Y", help="CUDA version (default: the image's CUDA_VERSION / nvidia-cuda-runtime)."
-)
-@click.option("--platform", "platform", metavar="P", help="uv --python-platform (default: x86_64-manylinux_<glibc>).")
-@click.option(
-    "--image-ref", "image_ref", metavar="REF", help="With --site-packages: the image this directory stands for."
-)
-@click.option("--os", "os_name", metavar="TEXT", help="With --site-packages: the OS of the image it stands for.")
-@click.option(
-    "--as-path",
-    "as_path",
-    metavar="PATH",
-    help="With --site-packages: the directory's path inside the image (recorded as python.site_packages).",
-)
-@click.option(
-    "--method",
-    "method",
-    metavar="TEXT",
-    help="With --site-packages: exactly how the directory was produced (provenance).",
-)
-@click.option(
-    "-o",
-    "--output",
-    "output",
-    required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Manifest file to write (JSON, atomically).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary on stdout.")
-@click.option("--force", is_flag=True, help="Replace an -o file that is not a base manifest build-image wrote.")
+@_with_snapshot_options
 def snapshot(
     image,
     site_packages,
@@ -141,6 +158,11 @@ def snapshot(
     except OSError as exc:  # atomic: a manifest already there is untouched
         raise BadInput(f"cannot write the manifest {output}: {exc.strerror or exc}.") from None
 
+    _print_summary(manifest, output, as_json)
+
+
+def _print_summary(manifest, output: Path, as_json: bool) -> None:
+    """What ``base snapshot`` wrote: one line, or (``--json``) the summary document on stdout."""
     dists = manifest.distributions.values()
     summary = {
         "output": str(output),

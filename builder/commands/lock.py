@@ -49,76 +49,77 @@ def _say_factory(quiet: bool):
     return console, console.status("locking")
 
 
+_OPTIONS = [
+    click.option("--vllm", "vllm", metavar="VERSION", help="vLLM version of the base (default: spec, else 0.26.0)."),
+    click.option(
+        "--with",
+        "with_",
+        multiple=True,
+        metavar="REQ",
+        help="Overlay requirement (repeatable), added to ray[serve]. Naming a base distribution releases its pin.",
+    ),
+    click.option(
+        "--base",
+        "base",
+        metavar="REF_OR_MANIFEST",
+        help="Base manifest (.json) or a LOCAL image ref to snapshot "
+        "(default: lockfiles/base/vllm-openai-v<vllm>.json).",
+    ),
+    click.option(
+        "--spec",
+        "spec_path",
+        metavar="FILE",
+        type=click.Path(path_type=Path),
+        help="Spec file (default: ./build-image.toml when present). Flags win.",
+    ),
+    click.option(
+        "-o", "--output", "output", metavar="FILE", help="Lock file (default: lockfiles/vllm-<vllm>/requirements.lock)."
+    ),
+    click.option("--check", is_flag=True, help="Exit 5 when the lock is stale against its inputs; write nothing."),
+    click.option("--upgrade", is_flag=True, help="Resolve again even when the lock is up to date with its inputs."),
+    click.option(
+        "--allow-abi-change",
+        "allow_names",
+        multiple=True,
+        metavar="NAME",
+        help="Accept a gate violation for NAME (repeatable; needs --reason, recorded in the lock header).",
+    ),
+    click.option("--reason", "reasons", multiple=True, metavar="TEXT", help="Why the ABI change is acceptable."),
+    click.option(
+        "--find-links", "find_links", multiple=True, metavar="DIR", help="Extra wheel folder (uv --find-links)."
+    ),
+    click.option("--no-index", is_flag=True, help="Do not use PyPI: only --find-links folders."),
+    click.option(
+        "--exclude-newer",
+        "exclude_newer",
+        metavar="DATE",
+        help="Ignore files uploaded after DATE (uv --exclude-newer).",
+    ),
+    click.option("--no-default-overlay", is_flag=True, help="Do not add ray[serve] to the overlay."),
+    click.option(
+        "--force",
+        is_flag=True,
+        help="Replace a lock whose header names another base, or an -o file that is not a build-image lock.",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout."),
+    platform_option(
+        help_extra=" Each platform is locked on its own base manifest into its own lock "
+        "(lockfiles/vllm-<vllm>/linux-arm64/requirements.lock), with uv's target platform for that "
+        "machine at the base's glibc."
+    ),
+]
+
+
+def _with_options(f):
+    """lock's options, in the order --help lists them."""
+    for opt in reversed(_OPTIONS):
+        f = opt(f)
+    return f
+
+
 @click.command("lock")
-@click.option("--vllm", "vllm", metavar="VERSION", help="vLLM version of the base (default: spec, else 0.26.0).")
-@click.option(
-    "--with",
-    "with_",
-    multiple=True,
-    metavar="REQ",
-    help="Overlay requirement (repeatable), added to ray[serve]. Naming a base distribution releases its pin.",
-)
-@click.option(
-    "--base",
-    "base",
-    metavar="REF_OR_MANIFEST",
-    help="Base manifest (.json) or a LOCAL image ref to snapshot (default: lockfiles/base/vllm-openai-v<vllm>.json).",
-)
-@click.option(
-    "--spec",
-    "spec_path",
-    metavar="FILE",
-    type=click.Path(path_type=Path),
-    help="Spec file (default: ./build-image.toml when present). Flags win.",
-)
-@click.option(
-    "-o", "--output", "output", metavar="FILE", help="Lock file (default: lockfiles/vllm-<vllm>/requirements.lock)."
-)
-@click.option("--check", is_flag=True, help="Exit 5 when the lock is stale against its inputs; write nothing.")
-@click.option("--upgrade", is_flag=True, help="Resolve again even when the lock is up to date with its inputs.")
-@click.option(
-    "--allow-abi-change",
-    "allow_names",
-    multiple=True,
-    metavar="NAME",
-    help="Accept a gate violation for NAME (repeatable; needs --reason, recorded in the lock header).",
-)
-@click.option("--reason", "reasons", multiple=True, metavar="TEXT", help="Why the ABI change is acceptable.")
-@click.option("--find-links", "find_links", multiple=True, metavar="DIR", help="Extra wheel folder (uv --find-links).")
-@click.option("--no-index", is_flag=True, help="Do not use PyPI: only --find-links folders.")
-@click.option(
-    "--exclude-newer", "exclude_newer", metavar="DATE", help="Ignore files uploaded after DATE (uv --exclude-newer)."
-)
-@click.option("--no-default-overlay", is_flag=True, help="Do not add ray[serve] to the overlay.")
-@click.option(
-    "--force",
-    is_flag=True,
-    help="Replace a lock whose header names another base, or an -o file that is not a build-image lock.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-@platform_option(
-    help_extra=" Each platform is locked on its own base manifest into its own lock "
-    "(lockfiles/vllm-<vllm>/linux-arm64/requirements.lock), with uv's target platform for that "
-    "machine at the base's glibc."
-)
-def command(
-    vllm,
-    with_,
-    base,
-    spec_path,
-    output,
-    check,
-    upgrade,
-    allow_names,
-    reasons,
-    find_links,
-    no_index,
-    exclude_newer,
-    no_default_overlay,
-    as_json,
-    force=False,
-    platform=None,
-):
+@_with_options
+def command(as_json, **opts):
     """Resolve ray[serve] + --with on top of the base image, run the ABI gate, write a hash-pinned lock.
 
     The default overlay's ray is the newest whose ray[llm] extra pins the base's vllm (else the newest
@@ -130,24 +131,7 @@ def command(
     download / sha256 failure, 12 uv failed.  With --json every outcome is a JSON document on stdout.
     """
     try:
-        _lock(
-            vllm,
-            with_,
-            base,
-            spec_path,
-            output,
-            check,
-            upgrade,
-            allow_names,
-            reasons,
-            find_links,
-            no_index,
-            exclude_newer,
-            no_default_overlay,
-            as_json,
-            force,
-            platform,
-        )
+        _lock(as_json=as_json, **opts)
     except AbiRejected as exc:
         if as_json and getattr(exc, "gate", None) is not None:
             _emit(
@@ -192,6 +176,7 @@ _ERROR_STATUS = {BadInput: "bad-input", StaleLock: "stale", Unsatisfiable: "unsa
 
 
 def _lock(
+    *,
     vllm,
     with_,
     base,
@@ -209,6 +194,7 @@ def _lock(
     force,
     platform,
 ):
+    """The lock stage for lock's flags (by their click names): one lock, or one per --platform."""
     from builder import platforms
 
     targets = platforms.parse_list(platform)

@@ -23,182 +23,174 @@ from builder.serving.plan import (
 )
 from builder.spec import load_spec
 
+_OPTIONS = [
+    click.option(
+        "--vllm",
+        "vllm",
+        default=None,
+        help="vLLM release to plan for (any shipped one; default: the spec's "
+        "vllm, else 0.26.0): its default gpu_memory_utilization and "
+        "accepted --kv-cache-dtype values.",
+    ),
+    click.option(
+        "--model", "model", default=None, help="Model directory or its config.json (default: spec serving.model)."
+    ),
+    click.option(
+        "--spec",
+        "spec_file",
+        default=None,
+        type=click.Path(dir_okay=False),
+        help="Spec file (default ./build-image.toml if present); flags win over its [serving] table.",
+    ),
+    click.option(
+        "--weights-bytes",
+        default=None,
+        help="Checkpoint size (bytes, or with a unit: 600GB). Default: the "
+        "exact tensor bytes from the safetensors headers (the index's "
+        "metadata.total_size while shards are still missing).",
+    ),
+    click.option("--gpus", type=int, default=None, help="GPUs (default tp × pp)."),
+    click.option(
+        "--gpu-memory",
+        default=None,
+        help="Per-GPU memory as CUDA reports it: 80GiB, 80GB (10^9), or a preset: h100, h200.",
+    ),
+    click.option("--tp", type=int, default=None, help="Tensor-parallel size."),
+    click.option("--pp", type=int, default=None, help="Pipeline-parallel size."),
+    click.option("--gpu-memory-utilization", type=float, default=None, help="vLLM gpu_memory_utilization, in (0, 1]."),
+    click.option(
+        "--max-model-len", type=int, default=None, help="Context length (default: the model's max_position_embeddings)."
+    ),
+    click.option("--max-num-seqs", type=int, default=None, help="Concurrent full-length sequences that must fit."),
+    click.option(
+        "--kv-cache-dtype",
+        type=click.Choice(["auto", "bf16", "bfloat16", "fp16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4"]),
+        default=None,
+        help="KV cache dtype (auto = the model's torch_dtype, or the ModelOpt checkpoint's KV quantization).",
+    ),
+    click.option(
+        "--cpu-offload-gb",
+        type=float,
+        default=None,
+        help="vLLM cpu_offload_gb (GiB of weights per GPU kept in host memory).",
+    ),
+    click.option(
+        "--reserve-gib",
+        type=float,
+        default=None,
+        help="Per-GPU reserve for activations, CUDA graphs and workspace (GiB); default: estimated, see docs/plan.md.",
+    ),
+    click.option(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="Tokens per forward step (drives the activation estimate; vLLM server default 8192 on >=70 GiB GPUs).",
+    ),
+    click.option(
+        "--enforce-eager",
+        is_flag=True,
+        default=False,
+        help="No CUDA graphs (drops the CUDA-graph part of the reserve).",
+    ),
+    click.option(
+        "--load-format",
+        "load_format",
+        default=None,
+        help="vLLM --load-format the cold-start estimate is for (default: spec serving.load_format, else auto); "
+        "checked against the release's LoadFormats.",
+    ),
+    click.option(
+        "--load-rate",
+        default=None,
+        help="Weights load rate per GPU (1.2GiB/s, 10Gbit/s, 500MB/s; bare: GiB/s). Default: measured on the "
+        "H200 for the load format and page cache (docs/cold-start.md).",
+    ),
+    click.option(
+        "--storage-rate",
+        default=None,
+        help="Read rate of one node's storage shared by its GPUs (default: the load rate).",
+    ),
+    click.option(
+        "--pull-bandwidth", default=None, help="Image pull bandwidth (default 1 Gbit/s = 125 MB/s, an assumption)."
+    ),
+    click.option("--image-size", default=None, help="The image's compressed size (e.g. 12GB) for the pull term."),
+    click.option(
+        "--image-manifest",
+        default=None,
+        type=click.Path(dir_okay=False),
+        help="The image's OCI manifest JSON (crane manifest IMAGE): its layers' sizes are the pull's bytes.",
+    ),
+    click.option(
+        "--image-result",
+        default=None,
+        type=click.Path(dir_okay=False),
+        help="The JSON of `build-image push --json`: its compressed_bytes (the pushed manifest's layers).",
+    ),
+    click.option(
+        "--page-cache",
+        type=click.Choice(["cold", "warm"]),
+        default="cold",
+        show_default=True,
+        help="Checkpoint in the node's page cache (warm: a restart on the same node) or not (a new node).",
+    ),
+    click.option(
+        "--storage",
+        type=click.Choice(["local", "object"]),
+        default="local",
+        show_default=True,
+        help="Where the weights come from: local disk / node-local model cache, or streamed from object "
+        "storage (not measured: needs --load-rate).",
+    ),
+    click.option(
+        "--compile-cache",
+        type=click.Choice(["empty", "warm"]),
+        default="empty",
+        show_default=True,
+        help="VLLM_CACHE_ROOT from a run before (warm: the compile-cache volume of the KubeRay manifests).",
+    ),
+    click.option(
+        "--engine-start",
+        type=float,
+        default=None,
+        help="Seconds from process start to /health without the weights load (default: measured).",
+    ),
+    click.option("--nodes", type=int, default=1, show_default=True, help="Nodes one replica spans (cold start)."),
+    click.option("--json", "as_json", is_flag=True, default=False, help="Machine-readable plan on stdout."),
+]
+
+
+def _with_options(f):
+    """plan's options, in the order --help lists them."""
+    for opt in reversed(_OPTIONS):
+        f = opt(f)
+    return f
+
+
+# the flags that override the spec's [serving] table (and its vllm), in the order with_flags is given them
+_SPEC_FLAGS = (
+    "vllm",
+    "model",
+    "gpus",
+    "gpu_memory",
+    "tp",
+    "pp",
+    "gpu_memory_utilization",
+    "max_model_len",
+    "max_num_seqs",
+    "kv_cache_dtype",
+    "cpu_offload_gb",
+)
+
 
 @click.command("plan")
-@click.option(
-    "--vllm",
-    "vllm",
-    default=None,
-    help="vLLM release to plan for (any shipped one; default: the spec's "
-    "vllm, else 0.26.0): its default gpu_memory_utilization and "
-    "accepted --kv-cache-dtype values.",
-)
-@click.option(
-    "--model", "model", default=None, help="Model directory or its config.json (default: spec serving.model)."
-)
-@click.option(
-    "--spec",
-    "spec_file",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="Spec file (default ./build-image.toml if present); flags win over its [serving] table.",
-)
-@click.option(
-    "--weights-bytes",
-    default=None,
-    help="Checkpoint size (bytes, or with a unit: 600GB). Default: the "
-    "exact tensor bytes from the safetensors headers (the index's "
-    "metadata.total_size while shards are still missing).",
-)
-@click.option("--gpus", type=int, default=None, help="GPUs (default tp × pp).")
-@click.option(
-    "--gpu-memory", default=None, help="Per-GPU memory as CUDA reports it: 80GiB, 80GB (10^9), or a preset: h100, h200."
-)
-@click.option("--tp", type=int, default=None, help="Tensor-parallel size.")
-@click.option("--pp", type=int, default=None, help="Pipeline-parallel size.")
-@click.option("--gpu-memory-utilization", type=float, default=None, help="vLLM gpu_memory_utilization, in (0, 1].")
-@click.option(
-    "--max-model-len", type=int, default=None, help="Context length (default: the model's max_position_embeddings)."
-)
-@click.option("--max-num-seqs", type=int, default=None, help="Concurrent full-length sequences that must fit.")
-@click.option(
-    "--kv-cache-dtype",
-    type=click.Choice(["auto", "bf16", "bfloat16", "fp16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "nvfp4"]),
-    default=None,
-    help="KV cache dtype (auto = the model's torch_dtype, or the ModelOpt checkpoint's KV quantization).",
-)
-@click.option(
-    "--cpu-offload-gb",
-    type=float,
-    default=None,
-    help="vLLM cpu_offload_gb (GiB of weights per GPU kept in host memory).",
-)
-@click.option(
-    "--reserve-gib",
-    type=float,
-    default=None,
-    help="Per-GPU reserve for activations, CUDA graphs and workspace (GiB); default: estimated, see docs/plan.md.",
-)
-@click.option(
-    "--max-num-batched-tokens",
-    type=int,
-    default=None,
-    help="Tokens per forward step (drives the activation estimate; vLLM server default 8192 on >=70 GiB GPUs).",
-)
-@click.option(
-    "--enforce-eager", is_flag=True, default=False, help="No CUDA graphs (drops the CUDA-graph part of the reserve)."
-)
-@click.option(
-    "--load-format",
-    "load_format",
-    default=None,
-    help="vLLM --load-format the cold-start estimate is for (default: spec serving.load_format, else auto); "
-    "checked against the release's LoadFormats.",
-)
-@click.option(
-    "--load-rate",
-    default=None,
-    help="Weights load rate per GPU (1.2GiB/s, 10Gbit/s, 500MB/s; bare: GiB/s). Default: measured on the "
-    "H200 for the load format and page cache (docs/cold-start.md).",
-)
-@click.option(
-    "--storage-rate", default=None, help="Read rate of one node's storage shared by its GPUs (default: the load rate)."
-)
-@click.option(
-    "--pull-bandwidth", default=None, help="Image pull bandwidth (default 1 Gbit/s = 125 MB/s, an assumption)."
-)
-@click.option("--image-size", default=None, help="The image's compressed size (e.g. 12GB) for the pull term.")
-@click.option(
-    "--image-manifest",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="The image's OCI manifest JSON (crane manifest IMAGE): its layers' sizes are the pull's bytes.",
-)
-@click.option(
-    "--image-result",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="The JSON of `build-image push --json`: its compressed_bytes (the pushed manifest's layers).",
-)
-@click.option(
-    "--page-cache",
-    type=click.Choice(["cold", "warm"]),
-    default="cold",
-    show_default=True,
-    help="Checkpoint in the node's page cache (warm: a restart on the same node) or not (a new node).",
-)
-@click.option(
-    "--storage",
-    type=click.Choice(["local", "object"]),
-    default="local",
-    show_default=True,
-    help="Where the weights come from: local disk / node-local model cache, or streamed from object "
-    "storage (not measured: needs --load-rate).",
-)
-@click.option(
-    "--compile-cache",
-    type=click.Choice(["empty", "warm"]),
-    default="empty",
-    show_default=True,
-    help="VLLM_CACHE_ROOT from a run before (warm: the compile-cache volume of the KubeRay manifests).",
-)
-@click.option(
-    "--engine-start",
-    type=float,
-    default=None,
-    help="Seconds from process start to /health without the weights load (default: measured).",
-)
-@click.option("--nodes", type=int, default=1, show_default=True, help="Nodes one replica spans (cold start).")
-@click.option("--json", "as_json", is_flag=True, default=False, help="Machine-readable plan on stdout.")
-def command(
-    vllm,
-    model,
-    spec_file,
-    weights_bytes,
-    gpus,
-    gpu_memory,
-    tp,
-    pp,
-    gpu_memory_utilization,
-    max_model_len,
-    max_num_seqs,
-    kv_cache_dtype,
-    cpu_offload_gb,
-    reserve_gib,
-    max_num_batched_tokens,
-    enforce_eager,
-    as_json,
-    load_format=None,
-    load_rate=None,
-    storage_rate=None,
-    pull_bandwidth=None,
-    image_size=None,
-    image_manifest=None,
-    image_result=None,
-    page_cache="cold",
-    storage="local",
-    compile_cache="empty",
-    engine_start=None,
-    nodes=1,
-):
+@_with_options
+def command(spec_file, weights_bytes, reserve_gib, max_num_batched_tokens, enforce_eager, as_json, **opts):
     """Predict vLLM's KV cache before paying for the weights load: fits / does not fit.
 
     Exit codes: 0 fits; 1 does not fit; 2 bad input (flags, spec, model
     config, image manifest or result); 7 a download failed its sha256.
     """
-    spec = load_spec(spec_file).with_flags(
-        vllm=vllm,
-        model=model,
-        gpus=gpus,
-        gpu_memory=gpu_memory,
-        tp=tp,
-        pp=pp,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        kv_cache_dtype=kv_cache_dtype,
-        cpu_offload_gb=cpu_offload_gb,
-    )
+    spec = load_spec(spec_file).with_flags(**{k: opts.pop(k) for k in _SPEC_FLAGS})
     serving = spec.serving
     if not serving.model:
         raise BadInput("no model: pass --model DIR_OR_CONFIG_JSON or set serving.model in the spec.")
@@ -219,23 +211,7 @@ def command(
         enforce_eager=enforce_eager,
         vllm=spec.vllm,
     )
-    cold = cold_start_of(
-        plan,
-        serving,
-        spec.vllm,
-        load_format=load_format,
-        load_rate=load_rate,
-        storage_rate=storage_rate,
-        pull_bandwidth=pull_bandwidth,
-        image_size=image_size,
-        image_manifest=image_manifest,
-        image_result=image_result,
-        page_cache=page_cache,
-        storage=storage,
-        compile_cache=compile_cache,
-        engine_start=engine_start,
-        nodes=nodes,
-    )
+    cold = cold_start_of(plan, serving, spec.vllm, **opts)  # the rest of the flags are the cold start's
     if as_json:
         doc = plan.to_dict()
         doc["cold_start"] = {**cold["model"].to_dict(), "reference_600gb": cold["reference_600gb"].to_dict()}

@@ -16,74 +16,90 @@ from builder.spec import load_spec
 # (with its dependencies) loads only when its command runs.
 
 
+_OPTIONS = [
+    click.option("--vllm", "vllm", metavar="VERSION", help="vLLM version (default: spec, else 0.26.0)."),
+    click.option(
+        "--spec",
+        "spec_file",
+        metavar="FILE",
+        type=click.Path(dir_okay=False),
+        help="Spec file (default ./build-image.toml).",
+    ),
+    click.option(
+        "--lock",
+        "lock_file",
+        metavar="FILE",
+        help="Lock file (default: spec 'lock', else lockfiles/vllm-<v>/requirements.lock).",
+    ),
+    click.option(
+        "--base", "base", metavar="MANIFEST", help="Base manifest (default: lockfiles/base/vllm-openai-v<v>.json)."
+    ),
+    click.option(
+        "--series",
+        "series",
+        metavar="DIR",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Patch series directory (default: patches/vllm/<v>/).",
+    ),
+    click.option(
+        "--no-patches",
+        "no_patches",
+        is_flag=True,
+        help="Apply no patch series (the image carries vllm as the base has it).",
+    ),
+    click.option(
+        "--wheel",
+        "wheel",
+        metavar="VLLM_WHEEL",
+        type=click.Path(dir_okay=False, exists=True, path_type=Path),
+        help="The vllm wheel the series is checked against (default: fetched from PyPI, cached).",
+    ),
+    click.option(
+        "-o",
+        "--output",
+        "out",
+        metavar="DIR",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Context directory (default: build/vllm-<v>); replaced atomically.",
+    ),
+    click.option(
+        "--tag", "repo", metavar="REPO", help="Image repository the tags are made for (default: spec 'repo')."
+    ),
+    click.option("--kuberay", is_flag=True, help="Also write rayservice.yaml / raycluster.yaml into the context."),
+    click.option(
+        "--image",
+        "kuberay_image",
+        metavar="REF",
+        help="Image the KubeRay manifests run (default: the content-addressed tag).",
+    ),
+    click.option(
+        "--allow-tag", is_flag=True, help="KubeRay manifests may reference the image by tag instead of digest."
+    ),
+    click.option(
+        "--model", "model", metavar="PATH", help="KubeRay: the model the Serve app loads (default: spec serving.model)."
+    ),
+    click.option(
+        "--allow-base-drift",
+        is_flag=True,
+        help="The image build lists base drift (against the manifest) as a warning instead of failing.",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout."),
+    platform_option(
+        help_extra=" Several: one context per platform in DIR/<os>-<arch>/, each on its platform's "
+        "base manifest and lock, and DIR/platforms.json (the build plan: `--json`)."
+    ),
+]
+
+
+def _with_options(f):
+    """render's options, in the order --help lists them."""
+    for opt in reversed(_OPTIONS):
+        f = opt(f)
+    return f
+
+
 @click.command("render")
-@click.option("--vllm", "vllm", metavar="VERSION", help="vLLM version (default: spec, else 0.26.0).")
-@click.option(
-    "--spec",
-    "spec_file",
-    metavar="FILE",
-    type=click.Path(dir_okay=False),
-    help="Spec file (default ./build-image.toml).",
-)
-@click.option(
-    "--lock",
-    "lock_file",
-    metavar="FILE",
-    help="Lock file (default: spec 'lock', else lockfiles/vllm-<v>/requirements.lock).",
-)
-@click.option(
-    "--base", "base", metavar="MANIFEST", help="Base manifest (default: lockfiles/base/vllm-openai-v<v>.json)."
-)
-@click.option(
-    "--series",
-    "series",
-    metavar="DIR",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Patch series directory (default: patches/vllm/<v>/).",
-)
-@click.option(
-    "--no-patches",
-    "no_patches",
-    is_flag=True,
-    help="Apply no patch series (the image carries vllm as the base has it).",
-)
-@click.option(
-    "--wheel",
-    "wheel",
-    metavar="VLLM_WHEEL",
-    type=click.Path(dir_okay=False, exists=True, path_type=Path),
-    help="The vllm wheel the series is checked against (default: fetched from PyPI, cached).",
-)
-@click.option(
-    "-o",
-    "--output",
-    "out",
-    metavar="DIR",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Context directory (default: build/vllm-<v>); replaced atomically.",
-)
-@click.option("--tag", "repo", metavar="REPO", help="Image repository the tags are made for (default: spec 'repo').")
-@click.option("--kuberay", is_flag=True, help="Also write rayservice.yaml / raycluster.yaml into the context.")
-@click.option(
-    "--image",
-    "kuberay_image",
-    metavar="REF",
-    help="Image the KubeRay manifests run (default: the content-addressed tag).",
-)
-@click.option("--allow-tag", is_flag=True, help="KubeRay manifests may reference the image by tag instead of digest.")
-@click.option(
-    "--model", "model", metavar="PATH", help="KubeRay: the model the Serve app loads (default: spec serving.model)."
-)
-@click.option(
-    "--allow-base-drift",
-    is_flag=True,
-    help="The image build lists base drift (against the manifest) as a warning instead of failing.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-@platform_option(
-    help_extra=" Several: one context per platform in DIR/<os>-<arch>/, each on its platform's "
-    "base manifest and lock, and DIR/platforms.json (the build plan: `--json`)."
-)
+@_with_options
 def command(
     vllm,
     spec_file,
@@ -110,9 +126,6 @@ def command(
     renamed into place).
     """
     from builder import platforms
-    from builder.events import RichReporter
-    from builder.image.render import build_hint, default_out_dir, render_context, render_inputs
-    from builder.serving.kuberay import write_manifests
 
     if series and no_patches:
         raise BadInput("--series and --no-patches contradict each other.")
@@ -124,7 +137,30 @@ def command(
             spec, targets, lock_file, base, series, no_patches, wheel, out, kuberay, allow_base_drift, as_json
         )
         return
-    spec = spec.for_platforms(targets)[0]
+    _render_one(
+        spec.for_platforms(targets)[0],
+        lock_file,
+        base,
+        series,
+        no_patches,
+        wheel,
+        out,
+        kuberay,
+        kuberay_image,
+        allow_tag,
+        allow_base_drift,
+        as_json,
+    )
+
+
+def _render_one(
+    spec, lock_file, base, series, no_patches, wheel, out, kuberay, kuberay_image, allow_tag, allow_base_drift, as_json
+) -> None:
+    """``render`` for one platform: its context (with the KubeRay manifests under ``--kuberay``) in DIR."""
+    from builder.events import RichReporter
+    from builder.image.render import build_hint, default_out_dir, render_context, render_inputs
+    from builder.serving.kuberay import write_manifests
+
     inputs = render_inputs(spec, lock_file=lock_file, base=base)
     manifest, lock = inputs.manifest, inputs.lock
     out = out or default_out_dir(spec.vllm)

@@ -35,216 +35,190 @@ def _parse_size(text: str | None) -> int | None:
     return value
 
 
+_OPTIONS = [
+    click.argument("image", required=False),
+    click.option(
+        "--vllm",
+        "vllm",
+        default=None,
+        help="Shipped vLLM release X (`build-image base list`): without IMAGE or --local, smoke the image the "
+        "pipeline tags from X's default lock; plan with X's defaults and --kv-cache-dtype values; an IMAGE "
+        "labelled with another vllm is refused; the report records X, its lock, image and patch series.",
+    ),
+    click.option(
+        "--local", "local", is_flag=True, help="Start `vllm serve` from the current environment instead of an image."
+    ),
+    click.option("--model", required=True, help="Checkpoint directory (mounted read-only in docker mode)."),
+    click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel size."),
+    click.option("--pp", default=1, show_default=True, type=int, help="Pipeline-parallel size."),
+    click.option(
+        "--distributed-executor-backend",
+        "distributed_executor_backend",
+        type=click.Choice(["mp", "ray"]),
+        default=None,
+        help="vLLM's executor across the TP x PP GPUs (default: vLLM's choice). ray: --local "
+        "starts a loopback-only Ray head (stopped by PID) unless --ray-address is given.",
+    ),
+    click.option(
+        "--ray-address",
+        default=None,
+        help="With --distributed-executor-backend ray: join this Ray cluster (RAY_ADDRESS) instead of starting a head.",
+    ),
+    click.option(
+        "--cpu-offload-gb",
+        type=float,
+        default=None,
+        help="vLLM --cpu-offload-gb (GiB of weights per GPU kept in host memory; also planned).",
+    ),
+    click.option(
+        "--max-model-len",
+        type=int,
+        default=None,
+        help="vLLM --max-model-len: context length per sequence (default: the model's; also planned).",
+    ),
+    click.option(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        help="vLLM --gpu-memory-utilization in (0, 1] (default: vLLM's 0.9; also planned).",
+    ),
+    click.option(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="vLLM --max-num-seqs: sequences the engine admits at once (default: vLLM's).",
+    ),
+    click.option("--kv-cache-dtype", default=None, help="vLLM --kv-cache-dtype (auto, fp8, ...; also planned)."),
+    click.option(
+        "--load-format",
+        "load_format",
+        default=None,
+        help="vLLM --load-format (safetensors, runai_streamer, fastsafetensors, ...; default: vLLM's auto); "
+        "checked against the release's LoadFormats (--vllm X, else the default release): exit 2 otherwise. "
+        "The report's cold_start records the weights load it gave (docs/cold-start.md).",
+    ),
+    click.option(
+        "--concurrency", default=16, show_default=True, type=int, help="Simultaneous requests per round (1..4096)."
+    ),
+    click.option(
+        "--rounds",
+        default=3,
+        show_default=True,
+        type=int,
+        help="Rounds of --concurrency simultaneous /v1/completions requests (half of them streamed); stops at "
+        "the first failure.",
+    ),
+    click.option(
+        "--no-chat",
+        "no_chat",
+        is_flag=True,
+        help="Skip the /v1/chat/completions round (a base model without a chat template).",
+    ),
+    click.option("--max-tokens", default=64, show_default=True, type=int, help="Output tokens per request."),
+    click.option("--prompt-tokens", default=128, show_default=True, type=int, help="Approximate prompt length."),
+    click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds per request / round."),
+    click.option(
+        "--boot-timeout", default=900.0, show_default=True, type=float, help="Seconds until /health must answer."
+    ),
+    click.option("--extra-arg", "extra_args", multiple=True, help="Extra `vllm serve` argument (repeatable)."),
+    click.option("--no-plan", is_flag=True, help="Boot even if the memory plan says the configuration cannot fit."),
+    click.option(
+        "--skip-checkpoint-check",
+        is_flag=True,
+        help="Boot even if the checkpoint's structural check (checkpoint verify) says NOT READY.",
+    ),
+    click.option(
+        "--gpu-memory",
+        default=None,
+        help="Per-GPU memory for the plan (default: nvidia-smi): 141GiB, 80GB (10^9), or h100/h200.",
+    ),
+    click.option(
+        "--vllm-bin", default=None, help="Local mode: command that runs vllm (default: `vllm` on PATH, else python -m)."
+    ),
+    click.option(
+        "--server-cmd", default=None, hidden=True, help="Replace the server command ({port}, {model}); for tests."
+    ),
+    click.option("--port", type=int, default=None, help="Port the server listens on (default: a free one)."),
+    click.option(
+        "--log-file",
+        default=None,
+        help="Write the server log here (default: <cache>/logs/smoke-server-*.log, the newest 20 kept).",
+    ),
+    click.option(
+        "--serve",
+        "serve",
+        is_flag=True,
+        help="Deploy the image's Ray Serve application (build_image_serve_app) on a local Ray head "
+        "(loopback, stopped by PID) and probe it through Serve's HTTP proxy.",
+    ),
+    click.option(
+        "--serve-backend",
+        type=click.Choice(["auto", "ray-serve-llm", "vllm-server"]),
+        default=None,
+        help="--serve: the application's backend (default: the one the lock chose, its `serve-backend` line, "
+        "which the image carries as BUILD_IMAGE_SERVE_BACKEND; auto: ray.serve.llm when ray's llm "
+        "extra pins the installed vllm, else vLLM's server in the replica).",
+    ),
+    click.option(
+        "--serve-python",
+        default=None,
+        help="--local --serve: the Python that has ray and vllm (default: the one running build-image).",
+    ),
+    click.option(
+        "--serve-num-gpus",
+        type=int,
+        default=None,
+        hidden=True,
+        help="--serve: GPUs the Ray head declares (default: Ray detects them); for CPU tests.",
+    ),
+    click.option(
+        "--save-reference",
+        default=None,
+        metavar="FILE",
+        help="After a PASS, record greedy outputs with per-token logprobs of a fixed prompt set into FILE.",
+    ),
+    click.option(
+        "--reference",
+        default=None,
+        metavar="FILE",
+        help="Compare greedy outputs and logprobs with FILE (from --save-reference); FAIL beyond the thresholds.",
+    ),
+    click.option(
+        "--reference-logprob-tolerance",
+        type=float,
+        default=None,
+        help="Largest |Δ logprob| (nats) of a reference token that passes (default: measured H200 noise, see "
+        "docs/smoke.md).",
+    ),
+    click.option(
+        "--reference-tie-margin",
+        type=float,
+        default=None,
+        help="A greedy token may differ where the reference's top-2 margin is at most this (nats).",
+    ),
+    click.option(
+        "--attest",
+        "attest",
+        is_flag=True,
+        help="Bind the verdict to the image's digest: an in-toto statement (verdict, load, engine arguments, "
+        "GPU, checkpoint, equivalence, engine versions) attached in the registry as an OCI referrer; a "
+        "FAIL is attached too. IMAGE must be HOST/REPO@sha256:… or a tag the registry resolves to the "
+        "local image.",
+    ),
+    click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout."),
+]
+
+
+def _with_options(f):
+    """smoke's argument and options, in the order --help lists them."""
+    for opt in reversed(_OPTIONS):
+        f = opt(f)
+    return f
+
+
 @click.command("smoke")
-@click.argument("image", required=False)
-@click.option(
-    "--vllm",
-    "vllm",
-    default=None,
-    help="Shipped vLLM release X (`build-image base list`): without IMAGE or --local, smoke the image the "
-    "pipeline tags from X's default lock; plan with X's defaults and --kv-cache-dtype values; an IMAGE "
-    "labelled with another vllm is refused; the report records X, its lock, image and patch series.",
-)
-@click.option(
-    "--local", "local", is_flag=True, help="Start `vllm serve` from the current environment instead of an image."
-)
-@click.option("--model", required=True, help="Checkpoint directory (mounted read-only in docker mode).")
-@click.option("--tp", default=1, show_default=True, type=int, help="Tensor-parallel size.")
-@click.option("--pp", default=1, show_default=True, type=int, help="Pipeline-parallel size.")
-@click.option(
-    "--distributed-executor-backend",
-    "distributed_executor_backend",
-    type=click.Choice(["mp", "ray"]),
-    default=None,
-    help="vLLM's executor across the TP x PP GPUs (default: vLLM's choice). ray: --local "
-    "starts a loopback-only Ray head (stopped by PID) unless --ray-address is given.",
-)
-@click.option(
-    "--ray-address",
-    default=None,
-    help="With --distributed-executor-backend ray: join this Ray cluster (RAY_ADDRESS) instead of starting a head.",
-)
-@click.option(
-    "--cpu-offload-gb",
-    type=float,
-    default=None,
-    help="vLLM --cpu-offload-gb (GiB of weights per GPU kept in host memory; also planned).",
-)
-@click.option(
-    "--max-model-len",
-    type=int,
-    default=None,
-    help="vLLM --max-model-len: context length per sequence (default: the model's; also planned).",
-)
-@click.option(
-    "--gpu-memory-utilization",
-    type=float,
-    default=None,
-    help="vLLM --gpu-memory-utilization in (0, 1] (default: vLLM's 0.9; also planned).",
-)
-@click.option(
-    "--max-num-seqs",
-    type=int,
-    default=None,
-    help="vLLM --max-num-seqs: sequences the engine admits at once (default: vLLM's).",
-)
-@click.option("--kv-cache-dtype", default=None, help="vLLM --kv-cache-dtype (auto, fp8, ...; also planned).")
-@click.option(
-    "--load-format",
-    "load_format",
-    default=None,
-    help="vLLM --load-format (safetensors, runai_streamer, fastsafetensors, ...; default: vLLM's auto); "
-    "checked against the release's LoadFormats (--vllm X, else the default release): exit 2 otherwise. "
-    "The report's cold_start records the weights load it gave (docs/cold-start.md).",
-)
-@click.option(
-    "--concurrency", default=16, show_default=True, type=int, help="Simultaneous requests per round (1..4096)."
-)
-@click.option(
-    "--rounds",
-    default=3,
-    show_default=True,
-    type=int,
-    help="Rounds of --concurrency simultaneous /v1/completions requests (half of them streamed); stops at "
-    "the first failure.",
-)
-@click.option(
-    "--no-chat",
-    "no_chat",
-    is_flag=True,
-    help="Skip the /v1/chat/completions round (a base model without a chat template).",
-)
-@click.option("--max-tokens", default=64, show_default=True, type=int, help="Output tokens per request.")
-@click.option("--prompt-tokens", default=128, show_default=True, type=int, help="Approximate prompt length.")
-@click.option("--timeout", default=300.0, show_default=True, type=float, help="Seconds per request / round.")
-@click.option("--boot-timeout", default=900.0, show_default=True, type=float, help="Seconds until /health must answer.")
-@click.option("--extra-arg", "extra_args", multiple=True, help="Extra `vllm serve` argument (repeatable).")
-@click.option("--no-plan", is_flag=True, help="Boot even if the memory plan says the configuration cannot fit.")
-@click.option(
-    "--skip-checkpoint-check",
-    is_flag=True,
-    help="Boot even if the checkpoint's structural check (checkpoint verify) says NOT READY.",
-)
-@click.option(
-    "--gpu-memory",
-    default=None,
-    help="Per-GPU memory for the plan (default: nvidia-smi): 141GiB, 80GB (10^9), or h100/h200.",
-)
-@click.option(
-    "--vllm-bin", default=None, help="Local mode: command that runs vllm (default: `vllm` on PATH, else python -m)."
-)
-@click.option(
-    "--server-cmd", default=None, hidden=True, help="Replace the server command ({port}, {model}); for tests."
-)
-@click.option("--port", type=int, default=None, help="Port the server listens on (default: a free one).")
-@click.option(
-    "--log-file",
-    default=None,
-    help="Write the server log here (default: <cache>/logs/smoke-server-*.log, the newest 20 kept).",
-)
-@click.option(
-    "--serve",
-    "serve",
-    is_flag=True,
-    help="Deploy the image's Ray Serve application (build_image_serve_app) on a local Ray head "
-    "(loopback, stopped by PID) and probe it through Serve's HTTP proxy.",
-)
-@click.option(
-    "--serve-backend",
-    type=click.Choice(["auto", "ray-serve-llm", "vllm-server"]),
-    default=None,
-    help="--serve: the application's backend (default: the one the lock chose, its `serve-backend` line, "
-    "which the image carries as BUILD_IMAGE_SERVE_BACKEND; auto: ray.serve.llm when ray's llm "
-    "extra pins the installed vllm, else vLLM's server in the replica).",
-)
-@click.option(
-    "--serve-python",
-    default=None,
-    help="--local --serve: the Python that has ray and vllm (default: the one running build-image).",
-)
-@click.option(
-    "--serve-num-gpus",
-    type=int,
-    default=None,
-    hidden=True,
-    help="--serve: GPUs the Ray head declares (default: Ray detects them); for CPU tests.",
-)
-@click.option(
-    "--save-reference",
-    default=None,
-    metavar="FILE",
-    help="After a PASS, record greedy outputs with per-token logprobs of a fixed prompt set into FILE.",
-)
-@click.option(
-    "--reference",
-    default=None,
-    metavar="FILE",
-    help="Compare greedy outputs and logprobs with FILE (from --save-reference); FAIL beyond the thresholds.",
-)
-@click.option(
-    "--reference-logprob-tolerance",
-    type=float,
-    default=None,
-    help="Largest |Δ logprob| (nats) of a reference token that passes (default: measured H200 noise, see "
-    "docs/smoke.md).",
-)
-@click.option(
-    "--reference-tie-margin",
-    type=float,
-    default=None,
-    help="A greedy token may differ where the reference's top-2 margin is at most this (nats).",
-)
-@click.option(
-    "--attest",
-    "attest",
-    is_flag=True,
-    help="Bind the verdict to the image's digest: an in-toto statement (verdict, load, engine arguments, "
-    "GPU, checkpoint, equivalence, engine versions) attached in the registry as an OCI referrer; a "
-    "FAIL is attached too. IMAGE must be HOST/REPO@sha256:… or a tag the registry resolves to the "
-    "local image.",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
-def command(
-    image,
-    local,
-    model,
-    tp,
-    pp,
-    cpu_offload_gb,
-    max_model_len,
-    gpu_memory_utilization,
-    max_num_seqs,
-    kv_cache_dtype,
-    concurrency,
-    rounds,
-    max_tokens,
-    prompt_tokens,
-    timeout,
-    boot_timeout,
-    extra_args,
-    no_plan,
-    skip_checkpoint_check,
-    gpu_memory,
-    vllm_bin,
-    server_cmd,
-    port,
-    log_file,
-    serve,
-    serve_backend,
-    serve_python,
-    serve_num_gpus,
-    save_reference,
-    reference,
-    reference_logprob_tolerance,
-    reference_tie_margin,
-    as_json,
-    no_chat=False,
-    vllm=None,
-    distributed_executor_backend=None,
-    ray_address=None,
-    load_format=None,
-    attest=False,
-):
+@_with_options
+def command(**opts):
     """Boot the engine and generate at target concurrency: PASS or FAIL.
 
     Exit codes: 0 PASS; 1 FAIL (or the equivalence gate failed); 2 bad input (with --attest: an IMAGE the
@@ -252,99 +226,12 @@ def command(
     or refused the attestation (--attest); 12 a helper tool failed; 13 the checkpoint is
     not ready (no server started); 130/143 interrupted.
     """
-    if image and local:
-        raise BadInput("smoke: give either IMAGE or --local, not both")
-    if server_cmd and (image or local):
-        raise BadInput("smoke: --server-cmd replaces the server; give it without IMAGE or --local")
-    release = None
-    env: dict[str, str] = {}
-    if vllm:
-        from builder.serving.smoke.release import check_image_release, resolve_release
-
-        release = resolve_release(vllm)
-        if kv_cache_dtype:
-            from builder.serving.plan import check_kv_cache_dtype, release_facts
-
-            check_kv_cache_dtype(kv_cache_dtype, release_facts(vllm))
-        if not image and not local and not server_cmd:
-            if release.image is None:
-                raise BadInput(
-                    f"smoke --vllm {vllm}: no default lock (lockfiles/vllm-{vllm}/requirements.lock) names "
-                    "an image; give IMAGE or --local."
-                )
-            image = release.image
-        if image:
-            from builder.engine import DockerEngine
-
-            info = DockerEngine().inspect(image)
-            if info is None:
-                raise BadInput(
-                    f"smoke: image {image} is not in the local engine (the smoke test runs it with "
-                    "--pull=never)"
-                    + (
-                        f"; it is the tag of vllm {vllm}'s default lock "
-                        f"({release.lock}): build it with `build-image --vllm {vllm}`"
-                        if image == release.image
-                        else ""
-                    )
-                    + "."
-                )
-            check_image_release(info.labels, image, vllm)
-        elif serve and serve_backend is None and release.serve_backend:
-            # no image carries the lock's choice here: give the application the lock's default
-            env["BUILD_IMAGE_SERVE_BACKEND"] = release.serve_backend
-    if not image and not local and not server_cmd:
-        raise BadInput(
-            "smoke: give an IMAGE to run with docker, or --local to start `vllm serve` here"
-            " (or --vllm X for the image of X's default lock)"
-        )
-    extra: list[str] = []
-    for a in extra_args:  # "--extra-arg '--max-num-batched-tokens 4096'" or one token per flag
-        extra.extend(shlex.split(a)) if a.startswith("-") and " " in a else extra.append(a)
-    cfg = SmokeConfig(
-        model=model,
-        image=image,
-        tp=tp,
-        pp=pp,
-        distributed_executor_backend=distributed_executor_backend,
-        ray_address=ray_address,
-        cpu_offload_gb=cpu_offload_gb,
-        max_model_len=max_model_len,
-        gpu_memory_utilization=gpu_memory_utilization,
-        max_num_seqs=max_num_seqs,
-        kv_cache_dtype=kv_cache_dtype,
-        load_format=load_format,
-        concurrency=concurrency,
-        rounds=rounds,
-        chat=not no_chat,
-        max_tokens=max_tokens,
-        prompt_tokens=prompt_tokens,
-        timeout=timeout,
-        boot_timeout=boot_timeout,
-        extra_args=extra,
-        server_cmd=server_cmd,
-        vllm_bin=vllm_bin,
-        port=port,
-        log_file=log_file,
-        plan=not no_plan,
-        checkpoint_check=not skip_checkpoint_check,
-        gpu_memory_bytes=_parse_size(gpu_memory),
-        serve=serve,
-        serve_backend=serve_backend,
-        serve_python=serve_python,
-        serve_num_gpus=serve_num_gpus,
-        reference=reference,
-        save_reference=save_reference,
-        reference_logprob_tolerance=reference_logprob_tolerance,
-        reference_tie_margin=reference_tie_margin,
-        vllm=vllm,
-        release=release.to_dict() if release else None,
-        env=env,
-    )
+    image, release, env = _target(opts)
+    cfg = _config(opts, image, release, env)
     reporter = _reporter()
-    subject = _attest_subject(image, server_cmd) if attest else None
+    subject = _attest_subject(image, opts["server_cmd"]) if opts["attest"] else None
     rep = run_smoke(cfg, reporter=reporter)
-    if as_json:
+    if opts["as_json"]:
         emit_json(rep.to_dict(), stringify=True)
     else:
         click.echo(render_text(rep))
@@ -356,6 +243,112 @@ def command(
         # exit 1 through the CLI's error handler
         raise VerdictFailure(f"smoke FAIL: {rep.failures[0] if rep.failures else 'see the report'}")
     return rep
+
+
+def _target(opts: dict) -> tuple:
+    """(image, release, env): the image to run (IMAGE, or the tag of --vllm X's default lock), X's shipped
+    release (None without --vllm) and the server's extra environment; exit 2 for no target or two."""
+    image, local, server_cmd, vllm = opts["image"], opts["local"], opts["server_cmd"], opts["vllm"]
+    if image and local:
+        raise BadInput("smoke: give either IMAGE or --local, not both")
+    if server_cmd and (image or local):
+        raise BadInput("smoke: --server-cmd replaces the server; give it without IMAGE or --local")
+    release = None
+    env: dict[str, str] = {}
+    if vllm:
+        from builder.serving.smoke.release import resolve_release
+
+        release = resolve_release(vllm)
+        if opts["kv_cache_dtype"]:
+            from builder.serving.plan import check_kv_cache_dtype, release_facts
+
+            check_kv_cache_dtype(opts["kv_cache_dtype"], release_facts(vllm))
+        if not image and not local and not server_cmd:
+            if release.image is None:
+                raise BadInput(
+                    f"smoke --vllm {vllm}: no default lock (lockfiles/vllm-{vllm}/requirements.lock) names "
+                    "an image; give IMAGE or --local."
+                )
+            image = release.image
+        if image:
+            _check_release_image(image, vllm, release)
+        elif opts["serve"] and opts["serve_backend"] is None and release.serve_backend:
+            # no image carries the lock's choice here: give the application the lock's default
+            env["BUILD_IMAGE_SERVE_BACKEND"] = release.serve_backend
+    if not image and not local and not server_cmd:
+        raise BadInput(
+            "smoke: give an IMAGE to run with docker, or --local to start `vllm serve` here"
+            " (or --vllm X for the image of X's default lock)"
+        )
+    return image, release, env
+
+
+def _check_release_image(image: str, vllm: str, release) -> None:
+    """--vllm X with an image: it is in the local engine and its labels name X (exit 2 otherwise)."""
+    from builder.engine import DockerEngine
+    from builder.serving.smoke.release import check_image_release
+
+    info = DockerEngine().inspect(image)
+    if info is None:
+        raise BadInput(
+            f"smoke: image {image} is not in the local engine (the smoke test runs it with "
+            "--pull=never)"
+            + (
+                f"; it is the tag of vllm {vllm}'s default lock "
+                f"({release.lock}): build it with `build-image --vllm {vllm}`"
+                if image == release.image
+                else ""
+            )
+            + "."
+        )
+    check_image_release(info.labels, image, vllm)
+
+
+def _config(opts: dict, image: str | None, release, env: dict[str, str]) -> SmokeConfig:
+    """The run's configuration from the flags (exit 2 for a bad --gpu-memory)."""
+    extra: list[str] = []
+    for a in opts["extra_args"]:  # "--extra-arg '--max-num-batched-tokens 4096'" or one token per flag
+        extra.extend(shlex.split(a)) if a.startswith("-") and " " in a else extra.append(a)
+    return SmokeConfig(
+        model=opts["model"],
+        image=image,
+        tp=opts["tp"],
+        pp=opts["pp"],
+        distributed_executor_backend=opts["distributed_executor_backend"],
+        ray_address=opts["ray_address"],
+        cpu_offload_gb=opts["cpu_offload_gb"],
+        max_model_len=opts["max_model_len"],
+        gpu_memory_utilization=opts["gpu_memory_utilization"],
+        max_num_seqs=opts["max_num_seqs"],
+        kv_cache_dtype=opts["kv_cache_dtype"],
+        load_format=opts["load_format"],
+        concurrency=opts["concurrency"],
+        rounds=opts["rounds"],
+        chat=not opts["no_chat"],
+        max_tokens=opts["max_tokens"],
+        prompt_tokens=opts["prompt_tokens"],
+        timeout=opts["timeout"],
+        boot_timeout=opts["boot_timeout"],
+        extra_args=extra,
+        server_cmd=opts["server_cmd"],
+        vllm_bin=opts["vllm_bin"],
+        port=opts["port"],
+        log_file=opts["log_file"],
+        plan=not opts["no_plan"],
+        checkpoint_check=not opts["skip_checkpoint_check"],
+        gpu_memory_bytes=_parse_size(opts["gpu_memory"]),
+        serve=opts["serve"],
+        serve_backend=opts["serve_backend"],
+        serve_python=opts["serve_python"],
+        serve_num_gpus=opts["serve_num_gpus"],
+        reference=opts["reference"],
+        save_reference=opts["save_reference"],
+        reference_logprob_tolerance=opts["reference_logprob_tolerance"],
+        reference_tie_margin=opts["reference_tie_margin"],
+        vllm=opts["vllm"],
+        release=release.to_dict() if release else None,
+        env=env,
+    )
 
 
 def _attest_subject(image: str | None, server_cmd: str | None) -> tuple[str, str]:

@@ -18,129 +18,135 @@ from builder.validate import release_direction, version_string
 # (with its dependencies) loads only when its command runs.
 
 
+_OPTIONS = [
+    click.option("--to", "to_version", required=True, help="The vLLM release to upgrade to (B)."),
+    click.option(
+        "--from",
+        "from_version",
+        default=None,
+        help="The release upgraded from (A; default: the newest shipped patch series older than B).",
+    ),
+    click.option(
+        "--format",
+        "fmt",
+        type=click.Choice(["text", "markdown", "json"]),
+        default="text",
+        help="Report format (markdown: a pull-request body).",
+    ),
+    click.option(
+        "-o",
+        "--output",
+        "out_dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="Write B's series, lock (and a reconstructed base manifest) under DIR in the repository layout, "
+        "and the report as DIR/upgrade-<A>-<B>.<md|txt|json>. Without it nothing is written.",
+    ),
+    click.option(
+        "--spec",
+        "spec_path",
+        type=click.Path(dir_okay=False, exists=True),
+        default=None,
+        help="Spec whose [serving] settings are planned on both releases.",
+    ),
+    click.option(
+        "--lock",
+        "lock_from",
+        type=click.Path(dir_okay=False, exists=True),
+        default=None,
+        help="A's lock, whose overlay is re-locked (default lockfiles/vllm-<A>/requirements.lock).",
+    ),
+    click.option(
+        "--with", "with_", multiple=True, metavar="REQ", help="Overlay requirement (replaces the lock's overlay)."
+    ),
+    click.option("--no-default-overlay", is_flag=True, help="Do not add ray[serve] to the overlay."),
+    click.option(
+        "--base-from", default=None, type=click.Path(dir_okay=False), help="A's base manifest (default: shipped)."
+    ),
+    click.option(
+        "--base-to",
+        default=None,
+        type=click.Path(dir_okay=False),
+        help="B's base manifest (default: shipped, else reconstructed from its recipe).",
+    ),
+    click.option(
+        "--series",
+        "series_dir",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="A's patch series (default patches/vllm/<A>/).",
+    ),
+    click.option("--from-wheel", type=click.Path(exists=True), default=None, help="A's vllm wheel or package tree."),
+    click.option("--to-wheel", type=click.Path(exists=True), default=None, help="B's vllm wheel or package tree."),
+    click.option(
+        "--find-links", multiple=True, metavar="DIR", help="Extra wheel folder for the lock (uv --find-links)."
+    ),
+    click.option("--no-index", is_flag=True, help="Lock from --find-links folders only."),
+    click.option(
+        "--probe-python",
+        default=None,
+        type=click.Path(dir_okay=False, exists=True),
+        help="Interpreter for the patch probes (default: a venv from the series' probe-env.txt).",
+    ),
+    click.option("--allow-downgrade", is_flag=True, help="Go to an older release (refused, exit 2, without it)."),
+    click.option(
+        "--force",
+        is_flag=True,
+        help="Replace a file under -o DIR (report, B's lock or base manifest) that build-image did not write.",
+    ),
+    click.option(
+        "--relax",
+        "relax",
+        multiple=True,
+        metavar="NAME[EXTRA]",
+        help="Reconstruct B's base without this requirement (NAME) or these extras of it (NAME[EXTRA,...]); "
+        "recorded in the manifest's lacks and the report.",
+    ),
+    click.option(
+        "--strict",
+        is_flag=True,
+        help="Do not relax on its own: a step of B's image that no reachable index satisfies is exit 4 "
+        "naming the missing distribution and both ways through.",
+    ),
+    click.option(
+        "--accept-undecided",
+        "accept_undecided",
+        multiple=True,
+        metavar="FILE:LINE",
+        help="Replay B's image without this RUN line the recipe reader cannot decide (recorded in lacks).",
+    ),
+    platform_option(
+        help_extra=" Each other platform gets its own section: B's base of that platform (shipped, or "
+        "reconstructed from the release's step for it), its moves against A's, and A's overlay locked on it "
+        "(with -o: its manifest, recipes table and lock)."
+    ),
+]
+
+
+def _with_options(f):
+    """upgrade's options, in the order --help lists them."""
+    for opt in reversed(_OPTIONS):
+        f = opt(f)
+    return f
+
+
 @click.command("upgrade")
-@click.option("--to", "to_version", required=True, help="The vLLM release to upgrade to (B).")
-@click.option(
-    "--from",
-    "from_version",
-    default=None,
-    help="The release upgraded from (A; default: the newest shipped patch series older than B).",
-)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["text", "markdown", "json"]),
-    default="text",
-    help="Report format (markdown: a pull-request body).",
-)
-@click.option(
-    "-o",
-    "--output",
-    "out_dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="Write B's series, lock (and a reconstructed base manifest) under DIR in the repository layout, "
-    "and the report as DIR/upgrade-<A>-<B>.<md|txt|json>. Without it nothing is written.",
-)
-@click.option(
-    "--spec",
-    "spec_path",
-    type=click.Path(dir_okay=False, exists=True),
-    default=None,
-    help="Spec whose [serving] settings are planned on both releases.",
-)
-@click.option(
-    "--lock",
-    "lock_from",
-    type=click.Path(dir_okay=False, exists=True),
-    default=None,
-    help="A's lock, whose overlay is re-locked (default lockfiles/vllm-<A>/requirements.lock).",
-)
-@click.option(
-    "--with", "with_", multiple=True, metavar="REQ", help="Overlay requirement (replaces the lock's overlay)."
-)
-@click.option("--no-default-overlay", is_flag=True, help="Do not add ray[serve] to the overlay.")
-@click.option(
-    "--base-from", default=None, type=click.Path(dir_okay=False), help="A's base manifest (default: shipped)."
-)
-@click.option(
-    "--base-to",
-    default=None,
-    type=click.Path(dir_okay=False),
-    help="B's base manifest (default: shipped, else reconstructed from its recipe).",
-)
-@click.option(
-    "--series",
-    "series_dir",
-    type=click.Path(file_okay=False),
-    default=None,
-    help="A's patch series (default patches/vllm/<A>/).",
-)
-@click.option("--from-wheel", type=click.Path(exists=True), default=None, help="A's vllm wheel or package tree.")
-@click.option("--to-wheel", type=click.Path(exists=True), default=None, help="B's vllm wheel or package tree.")
-@click.option("--find-links", multiple=True, metavar="DIR", help="Extra wheel folder for the lock (uv --find-links).")
-@click.option("--no-index", is_flag=True, help="Lock from --find-links folders only.")
-@click.option(
-    "--probe-python",
-    default=None,
-    type=click.Path(dir_okay=False, exists=True),
-    help="Interpreter for the patch probes (default: a venv from the series' probe-env.txt).",
-)
-@click.option("--allow-downgrade", is_flag=True, help="Go to an older release (refused, exit 2, without it).")
-@click.option(
-    "--force",
-    is_flag=True,
-    help="Replace a file under -o DIR (report, B's lock or base manifest) that build-image did not write.",
-)
-@click.option(
-    "--relax",
-    "relax",
-    multiple=True,
-    metavar="NAME[EXTRA]",
-    help="Reconstruct B's base without this requirement (NAME) or these extras of it (NAME[EXTRA,...]); "
-    "recorded in the manifest's lacks and the report.",
-)
-@click.option(
-    "--strict",
-    is_flag=True,
-    help="Do not relax on its own: a step of B's image that no reachable index satisfies is exit 4 "
-    "naming the missing distribution and both ways through.",
-)
-@click.option(
-    "--accept-undecided",
-    "accept_undecided",
-    multiple=True,
-    metavar="FILE:LINE",
-    help="Replay B's image without this RUN line the recipe reader cannot decide (recorded in lacks).",
-)
-@platform_option(
-    help_extra=" Each other platform gets its own section: B's base of that platform (shipped, or "
-    "reconstructed from the release's step for it), its moves against A's, and A's overlay locked on it "
-    "(with -o: its manifest, recipes table and lock)."
-)
+@_with_options
 def command(
     to_version,
     from_version,
     fmt,
     out_dir,
-    spec_path,
-    lock_from,
+    base_to,
     with_,
     no_default_overlay,
-    base_from,
-    base_to,
-    series_dir,
-    from_wheel,
-    to_wheel,
-    find_links,
-    no_index,
-    probe_python,
-    allow_downgrade=False,
-    force=False,
-    relax=(),
-    strict=False,
-    accept_undecided=(),
-    platform=None,
+    relax,
+    strict,
+    accept_undecided,
+    allow_downgrade,
+    force,
+    platform,
+    **inputs,
 ):
     """Upgrade to vLLM B as one reviewable report.
 
@@ -183,24 +189,16 @@ def command(
     rep = U.upgrade(
         from_version=from_version,
         to_version=to_version,
-        series_dir=series_dir,
-        from_wheel=from_wheel,
-        to_wheel=to_wheel,
-        base_from=base_from,
         base_to=base_to,
-        lock_from=lock_from,
         with_=list(with_) or None,
         default_overlay=False if no_default_overlay else None,
-        find_links=find_links,
-        no_index=no_index,
-        spec_path=spec_path,
         out_dir=out_dir,
-        probe_python=probe_python,
         reporter=reporter,
         relax=tuple(relax),
         auto_relax=not strict,
         accept_undecided=tuple(accept_undecided),
         platforms=targets,
+        **inputs,  # A's and B's inputs as given: series, wheels, base manifests, lock, spec, indexes, probe python
     )
     text = mark_direction(U.render(rep, fmt), fmt, direction, from_version, to_version)
     if out_dir:

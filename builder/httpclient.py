@@ -135,6 +135,9 @@ class _Budget:
             "not of each read); the answer was abandoned."
         )
 
+    def broken(self, exc: Exception) -> BuildImageError:
+        return self.error(f"{self.what}: the answer is not well-formed HTTP or broke off ({type(exc).__name__}).")
+
     def too_large(self, size: int | None = None) -> BuildImageError:
         said = f" ({size} bytes)" if size is not None else ""
         return self.error(f"{self.what}: the answer{said} is larger than the {self.limit} bytes allowed; refused.")
@@ -190,17 +193,23 @@ class _Response(http.client.HTTPResponse):
         super().__init__(_SockView(sock, budget), debuglevel, method, url)
         self._budget, self._body = budget, 0
 
-    def _counted(self, data: bytes) -> bytes:
+    def _counted(self, read, arg) -> bytes:
+        try:
+            data = read(arg)
+        except http.client.HTTPException as exc:  # a body cut short, a chunk size that is not hex, ...
+            if isinstance(exc, OSError):
+                raise  # a dropped connection stays a connection error
+            raise self._budget.broken(exc) from None
         self._body += len(data)
         if self._budget.limit is not None and self._body > self._budget.limit:
             raise self._budget.too_large()
         return data
 
     def read(self, amt=None):
-        return self._counted(super().read(amt))
+        return self._counted(super().read, amt)
 
     def read1(self, n=-1):
-        return self._counted(super().read1(n))
+        return self._counted(super().read1, n)
 
 
 class _HTTPConnection(http.client.HTTPConnection):
@@ -300,6 +309,10 @@ def open_url(
         resp = opener.open(req, timeout=timeout)
     except RedirectRefused as exc:
         raise error(f"{what}: {exc}; refused.") from None
+    except http.client.HTTPException as exc:  # a status line or headers that are not HTTP, too many headers
+        if isinstance(exc, OSError):
+            raise  # the server hung up: a connection error, as the callers report it
+        raise budget.broken(exc) from None
     if limit is not None and resp.length is not None and resp.length > limit:
         resp.close()
         raise budget.too_large(resp.length)

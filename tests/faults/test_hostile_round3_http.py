@@ -277,3 +277,26 @@ def test_promote_against_a_registry_answering_3_gib_is_exit_10(sites, tmp_path):
     )
     assert r.returncode == 10, r.stderr
     assert "larger than the 4194304 bytes allowed" in r.stderr and "Traceback" not in r.stderr
+
+
+def _raw(data: bytes):
+    return lambda h: (h.wfile.write(data), h.wfile.flush())
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"garbage\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: y\r\n" % i for i in range(150)) + b"\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Long: " + b"y" * 70000 + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{}",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\nzz\r\n{}\r\n",
+    ],
+    ids=["not-http", "150-headers", "long-header", "cut-short", "bad-chunk"],
+)
+def test_an_answer_that_is_not_http_is_a_registry_error(sites, answer):
+    reg, _ = sites
+    reg.routes["/v2/team/vllm/manifests/prod"] = _raw(answer)
+    with pytest.raises(RegistryError) as err:
+        registry.RegistryClient(reg.addr).manifest("team/vllm", "prod")
+    assert err.value.exit_code == 10 and "registry 127.0.0.1" in err.value.message

@@ -235,14 +235,16 @@ def test_a_descriptor_size_outside_its_range_is_a_registry_error(size):
         registry.blob_limit({"digest": CONFIG_DIGEST, "size": size}, "the config", "r.example")
 
 
-@pytest.mark.parametrize("where", ["headers", "body"])
-def test_one_byte_every_few_seconds_meets_the_deadline(sites, where):
+@pytest.mark.parametrize("where, every", [("headers", 0.4), ("body", 0.4), ("body", 3.0)])
+def test_one_byte_every_few_seconds_meets_the_deadline(sites, where, every):
+    """0.4 s: every read gets its byte, the deadline is met between reads; 3 s: the read waiting for the next
+    byte is cut to what is left of the deadline (its own timeout, 10 s, would let every byte through)."""
     reg, _ = sites
     if where == "headers":
-        route = lambda h: h.trickle(b"HTTP/1.1 200 OK\r\nX-Slow: ", every=0.4)  # noqa: E731
+        route = lambda h: h.trickle(b"HTTP/1.1 200 OK\r\nX-Slow: ", every=every)  # noqa: E731
     else:
         route = lambda h: h.trickle(  # noqa: E731
-            b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n{", every=0.4
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n{", every=every
         )
     reg.routes["/v2/team/vllm/manifests/prod"] = route
     t0 = time.monotonic()

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from builder.errors import BadInput, RegistryError
 from builder.image.referrers import OCI_INDEX, OCI_MANIFEST, digest_of
-from builder.image.registry import MANIFEST_TYPES, registry_json
+from builder.image.registry import MANIFEST_TYPES, blob_limit, registry_json
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 #: what a rollback record keeps of an image's config: what the container runs with
@@ -71,7 +71,8 @@ def container_config(client, repository: str, manifest: Manifest) -> dict:
             f"{client.registry}/{repository}@{manifest.digest} is an image index, not one image; "
             "promote the platform's image digest (KubeRay pods run one image)."
         )
-    status, _h, body = client.request("GET", f"/v2/{repository}/blobs/{cfg}")
+    limit = blob_limit(manifest.doc.get("config"), f"the config of {repository}@{manifest.digest}", client.registry)
+    status, _h, body = client.request("GET", f"/v2/{repository}/blobs/{cfg}", limit=limit)
     if status != 200:
         raise RegistryError(
             f"registry {client.registry}: the config {cfg} of {repository}@{manifest.digest} answered HTTP {status}."

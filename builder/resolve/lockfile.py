@@ -498,7 +498,7 @@ def header_platform(header: Mapping[str, str], path: str) -> Platform:
     return from_uv_platform(text.strip(), where=f"lock {path}: header 'platform'")
 
 
-def lock_platform(lock: LockFile, path: str = "the lock") -> Platform:
+def lock_platform(lock: LockFile, path: str = "<lock>") -> Platform:
     """The platform ``lock`` was made for (:func:`header_platform`)."""
     return header_platform(lock.header, path)
 

@@ -54,7 +54,7 @@ from packaging.version import Version
 from builder import values
 from builder.credentials import redact_text
 from builder.errors import BadInput
-from builder.platforms import Platform, from_uv_platform
+from builder.platforms import Platform, parse_python_platform
 from builder.resolve import pylock
 from builder.resolve.manifest import DistFacts
 from builder.util import atomic_write_text, canonical_name, sha256_bytes
@@ -479,23 +479,13 @@ def _check_header(header: dict[str, str], path: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the lock's platform
-_UV_PLATFORM = re.compile(r"^(x86_64|aarch64)-manylinux_\d{1,3}_\d{1,3}$")
-
-
 def header_platform(header: Mapping[str, str], path: str) -> Platform:
     """The platform a lock was made for, from its header's ``platform`` line (uv's ``--python-platform``,
-    ``x86_64-manylinux_2_39`` / ``aarch64-manylinux_2_39``; every format-1 lock carries it, the lock files
-    shipped in ``lockfiles/`` included).  A header without one, or with any other value, is :class:`BadInput`
-    naming the file: a lock whose platform is unknown is never read as either platform's."""
-    text = header.get("platform")
-    if not isinstance(text, str) or not _UV_PLATFORM.fullmatch(text.strip()):
-        shown = re.sub(r"[^\x20-\x7e]", "?", str(text))[:80]
-        raise BadInput(
-            f"lock {path}: header 'platform' is {shown!r}, not <x86_64|aarch64>-manylinux_<major>_<minor>; "
-            "the file is hand-edited or not written by build-image.",
-            hint="regenerate it with `build-image lock`.",
-        )
-    return from_uv_platform(text.strip(), where=f"lock {path}: header 'platform'")
+    ``x86_64-manylinux_2_39`` / ``aarch64-manylinux_2_39``, read by :func:`builder.platforms.parse_python_platform`;
+    every format-1 lock carries it, the lock files shipped in ``lockfiles/`` included).  A header without one,
+    or with any other value, is :class:`BadInput` naming the file: a lock whose platform is unknown is never
+    read as either platform's."""
+    return parse_python_platform(header.get("platform"), where=f"lock {path}: header 'platform'")
 
 
 def lock_platform(lock: LockFile, path: str = "<lock>") -> Platform:

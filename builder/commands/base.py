@@ -332,7 +332,7 @@ def recipe_cmd(
         )
     if write:
         check_recipes_output(path, force=force)  # before the sdist is fetched: a user's file is never replaced
-    tables = read_recipes_file(path)
+    tables = read_recipes_file(path, target)  # another platform's recipes file: exit 2 before any download
     if local is not None:
         vllm = local.vllm
         recipe = derive(local, accept_undecided=accept_undecided, platform=target)

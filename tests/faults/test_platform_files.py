@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from builder import platforms as P
@@ -33,6 +33,7 @@ from builder.resolve.lockfile import header_platform, load_lock, lock_platform, 
 from builder.resolve.lockstage import read_lock_file
 from builder.resolve.recipe.table import read_recipes_file, write_recipe_table
 from tests.conftest import run
+from tests.test_fuzz import examples  # CI's example counts, scaled by the nightly profile
 from tests.test_platforms_build import multi_context
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,7 +145,7 @@ _HEADER_TEXT = st.one_of(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@examples(150)
 @given(value=_HEADER_TEXT)
 def test_a_lock_header_s_platform_is_a_known_one_or_the_lock_is_refused(value):
     """Any text on the header's platform line: the strict reader gives a lock of a known platform whose line
@@ -249,7 +250,7 @@ def rendered_multi(tmp_path_factory) -> Path:
     return multi_context(tmp_path_factory.mktemp("multi"))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@examples(60)
 @given(data=st.data())
 def test_a_tampered_platforms_json_is_the_same_exit_2_in_a_re_render_as_in_build(rendered_multi, tmp_path, data):
     """One reader (read_platforms_file): whatever platforms.json holds, a re-render and build both refuse it with

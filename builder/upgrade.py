@@ -567,7 +567,7 @@ def write_b_recipe_table(out: Path, recipe, platform: Platform = DEFAULT) -> Pat
         out / "lockfiles" / "base" / shipped.name,
         recipe.vllm,
         recipe_table(recipe),
-        seed=load_recipes(shipped) if shipped.is_file() else {},
+        seed=load_recipes(shipped, platform) if shipped.is_file() else {},
         platform=platform,
     )
 

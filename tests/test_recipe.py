@@ -336,7 +336,7 @@ def test_the_aarch64_recipes_file_is_exactly_the_derivation_of_each_release_s_aa
     from builder.resolve import sdist
     from builder.resolve.reconstruct import default_recipes_path, load_recipes
 
-    table = load_recipes(default_recipes_path(platforms.ARM64))[vllm]
+    table = load_recipes(default_recipes_path(platforms.ARM64), platforms.ARM64)[vllm]
     files = sdist.load(vllm, sha256=table["sdist_sha256"])
     arm, x86 = R.derive(files, platform=platforms.ARM64), R.derive(files)
     assert R.recipe_table(arm) == table

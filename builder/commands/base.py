@@ -57,7 +57,11 @@ _SNAPSHOT_OPTIONS = [
         "--cuda", "cuda", metavar="X.Y", help="CUDA version (default: the image's CUDA_VERSION / nvidia-cuda-runtime)."
     ),
     click.option(
-        "--platform", "platform", metavar="P", help="uv --python-platform (default: x86_64-manylinux_<glibc>)."
+        "--platform",
+        "platform",
+        metavar="P",
+        help="The base's platform: linux/amd64 or linux/arm64, or uv's --python-platform "
+        "(x86_64|aarch64-manylinux_<major>_<minor>); default: the image's, x86_64-manylinux_<glibc> for a tree.",
     ),
     click.option(
         "--image-ref", "image_ref", metavar="REF", help="With --site-packages: the image this directory stands for."
@@ -134,6 +138,7 @@ def snapshot(
 
     from builder.resolve.manifest import refuse_foreign_manifest
 
+    wanted, platform = _snapshot_platform(platform, glibc)
     refuse_foreign_manifest(output, force=force)
     with _reporter() as reporter:
         if image:
@@ -153,12 +158,38 @@ def snapshot(
                 method=method,
                 reporter=reporter,
             )
+    _check_snapshot_platform(manifest, wanted, image)
     try:
         manifest.save(output)
     except OSError as exc:  # atomic: a manifest already there is untouched
         raise BadInput(f"cannot write the manifest {output}: {exc.strerror or exc}.") from None
 
     _print_summary(manifest, output, as_json)
+
+
+def _snapshot_platform(text: str | None, glibc: str | None):
+    """``--platform`` as :func:`builder.platforms.snapshot_platform` reads it (exit 2 for anything else, before
+    the image or the tree is read): (the platform or None, uv's platform string or None to derive it)."""
+    if text is None:
+        return None, None
+    from builder import platforms
+
+    return platforms.snapshot_platform(text, glibc, where="base snapshot --platform")
+
+
+def _check_snapshot_platform(manifest, wanted, image: str | None) -> None:
+    """A manifest of an image of another platform than ``--platform`` says is refused (nothing written)."""
+    if wanted is None or not image:
+        return
+    from builder.resolve.baseref import base_platform
+
+    have = base_platform(manifest, image or "snapshot")
+    if have != wanted:
+        raise BadInput(
+            f"base snapshot --platform {wanted.name}: the image {image} is a {have.name} image; a manifest never "
+            "describes one platform's image as the other's. Nothing was written.",
+            hint=f"snapshot the {wanted.name} image (or drop --platform).",
+        )
 
 
 def _print_summary(manifest, output: Path, as_json: bool) -> None:
@@ -301,7 +332,7 @@ def recipe_cmd(
         )
     if write:
         check_recipes_output(path, force=force)  # before the sdist is fetched: a user's file is never replaced
-    tables = read_recipes_file(path)
+    tables = read_recipes_file(path, target)  # another platform's recipes file: exit 2 before any download
     if local is not None:
         vllm = local.vllm
         recipe = derive(local, accept_undecided=accept_undecided, platform=target)

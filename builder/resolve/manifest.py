@@ -52,6 +52,7 @@ from typing import Any
 from builder import values
 from builder.credentials import credential_fields, redact_text
 from builder.errors import BadInput
+from builder.platforms import parse_python_platform
 from builder.report import render_json
 from builder.util import atomic_write_text, canonical_name, refuse_foreign, write_target
 from builder.validate import load_json, read_bounded_text
@@ -352,15 +353,10 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
     for field_, val, pat, example in (
         ("glibc", _req(doc, "glibc", str, "", path), r"\d+\.\d+", "2.35"),
         ("python.version", _req(py, "version", str, "python.", path), r"\d+\.\d+", "3.12"),
-        (
-            "platform",
-            _req(doc, "platform", str, "", path),
-            r"(x86_64|aarch64)-manylinux_\d+_\d+",
-            "x86_64-manylinux_2_35",
-        ),
     ):
         if not re.fullmatch(pat, val):
             raise BadInput(f"base manifest {path}: field '{field_}' must look like {example}, got {val!r:.60}.")
+    parse_python_platform(_req(doc, "platform", str, "", path), where=f"base manifest {path}: field 'platform'")
     return BaseManifest(
         image_ref=_opt(image, "ref", str, "image.", path),
         image_digest=_opt(image, "digest", str, "image.", path),

@@ -74,6 +74,7 @@ from builder.resolve.recipe.table import (
     parse_recipes,
     read_recipes_file,
     recipe_table,
+    refuse_other_platform_tables,
     render_recipes,
     write_recipe_table,
 )
@@ -122,5 +123,6 @@ __all__ = [
     "RECIPES_MARKS",
     "check_recipes_output",
     "read_recipes_file",
+    "refuse_other_platform_tables",
     "write_recipe_table",
 ]

@@ -202,16 +202,19 @@ def _local_build_files(vllm, sdist_path, source):
     return None
 
 
-def _local_recipe(vllm, sdist_path, source, accept_undecided, output, target):
-    """(build files, recipe) of --sdist/--source for reconstruct ((None, None) without them)."""
+def _local_recipe(vllm, sdist_path, source, accept_undecided, output, target, variant=None):
+    """(build files, recipe) of --sdist/--source or --variant for reconstruct ((None, None) without them)."""
+    from builder.resolve import sdist
     from builder.resolve.recipe import derive
 
     local = _local_build_files(vllm, sdist_path, source)
-    if local is None:
+    if local is None and not variant:
         return None, None
     if output is None:
-        raise BadInput("--sdist/--source need -o FILE: the shipped manifest is the release's own.")
-    return local, derive(local, accept_undecided=accept_undecided, platform=target)
+        what = "--variant" if variant else "--sdist/--source"
+        raise BadInput(f"{what} need -o FILE: the shipped manifest is the one of the release's plain tag.")
+    local = local if local is not None else sdist.load(vllm)
+    return local, derive(local, accept_undecided=accept_undecided, platform=target, variant=variant or "")
 
 
 _LOCAL_SOURCES = [
@@ -237,6 +240,14 @@ _LOCAL_SOURCES = [
         metavar="FILE:LINE",
         help="Record this RUN line the reader cannot decide as a step replayed as nothing (in lacks) "
         "instead of exit 2.",
+    ),
+    click.option(
+        "--variant",
+        "variant",
+        default=None,
+        metavar="SUFFIX",
+        help="The image the release publishes as vllm/vllm-openai:v<vllm>-SUFFIX (cu129, cu130, ...) instead of "
+        "the plain tag: its build step is the one the release's publish commands put under that tag.",
     ),
 ]
 
@@ -271,7 +282,16 @@ def _with_local_sources(fn):
     "its table goes to lockfiles/base/recipes-linux-arm64.toml.",
 )
 def recipe_cmd(
-    vllm, as_json, write, recipes, force=False, sdist_path=None, source=None, accept_undecided=(), platform=None
+    vllm,
+    as_json,
+    write,
+    recipes,
+    force=False,
+    sdist_path=None,
+    source=None,
+    accept_undecided=(),
+    platform=None,
+    variant=None,
 ):
     """Derive vllm/vllm-openai:v<vllm>'s recipe from the release's sdist (Dockerfile, release pipeline,
     requirements): base image, OS, glibc, CUDA, Python, and every install step, each value with its
@@ -294,22 +314,23 @@ def recipe_cmd(
     target = platforms.parse(platform) if platform else platforms.DEFAULT
     path = recipes or default_recipes_path(target)
     local = _local_build_files(vllm, sdist_path, source)
-    if local is not None and write and recipes is None:
+    if (local is not None or variant) and write and recipes is None:
         raise BadInput(
-            "--write with --sdist/--source needs --recipes FILE: the shipped recipes file holds "
-            "the releases' own tables."
+            f"--write with {'--variant' if variant else '--sdist/--source'} needs --recipes FILE: the shipped "
+            "recipes file holds the tables of the releases' own plain tags."
         )
     if write:
         check_recipes_output(path, force=force)  # before the sdist is fetched: a user's file is never replaced
     tables = read_recipes_file(path)
     if local is not None:
         vllm = local.vllm
-        recipe = derive(local, accept_undecided=accept_undecided, platform=target)
+        recipe = derive(local, accept_undecided=accept_undecided, platform=target, variant=variant or "")
     else:
         recipe = derive(
             sdist.load(vllm, sha256=(tables.get(vllm) or {}).get("sdist_sha256")),
             accept_undecided=accept_undecided,
             platform=target,
+            variant=variant or "",
         )
     if write:
         write_recipe_table(path, vllm, recipe_table(recipe), force=force, platform=target)
@@ -328,6 +349,11 @@ def render_recipe_text(r) -> str:
     lines = [
         f"{r.image}: recipe from {r.sdist.filename} (sha256 {r.sdist.sha256})",
         f"  target {r.target}, pipeline step {r.pipeline_step.value!r} ({src(r.pipeline_step)})",
+        *(
+            [f"  published as {r.image} ({r.published.platform.name}) by " + ", ".join(map(str, r.published.where))]
+            if r.published is not None
+            else []
+        ),
         "  stages: " + " <- ".join(s.value.split(" FROM ")[0] for s in reversed(r.stages)),
     ]
     for key in ("final_base_image", "os", "glibc", "cuda", "python", "site_packages"):
@@ -449,6 +475,7 @@ def reconstruct_cmd(
     sdist_path=None,
     source=None,
     platform=None,
+    variant=None,
 ):
     """Rebuild the Python layer of vllm/vllm-openai:v<vllm> by replaying its recipe's install steps
     in order, and write its manifest.
@@ -470,7 +497,7 @@ def reconstruct_cmd(
 
     target = platforms.parse(platform) if platform else platforms.DEFAULT
     parse_relaxations(relax)  # bad input before any download
-    local, recipe = _local_recipe(vllm, sdist_path, source, accept_undecided, output, target)
+    local, recipe = _local_recipe(vllm, sdist_path, source, accept_undecided, output, target, variant)
     vllm = local.vllm if local is not None else vllm
     out = output or default_base_manifest(vllm, target)
     old_text = _reconstruct_inputs(out, recipes, check=check, force=force)

@@ -27,7 +27,11 @@ from builder.validate import version_string
 
 def wanted(rel: str) -> bool:
     """Whether a path inside the sdist is one a recipe reads (pure)."""
-    return rel in (DOCKERFILE, PIPELINE) or (rel.startswith("requirements/") and rel.endswith((".txt", ".in")))
+    return (
+        rel in (DOCKERFILE, PIPELINE)
+        or (rel.startswith("requirements/") and rel.endswith((".txt", ".in")))
+        or (rel.startswith(".buildkite/") and rel.endswith(".sh"))  # the publish scripts the pipeline calls
+    )
 
 
 def sdist_name(vllm: str) -> str:
@@ -199,7 +203,8 @@ def load_source(folder: Path, vllm: str | None = None, git=None) -> BuildFiles:
     root = folder.resolve()
     for sub in ("docker/Dockerfile", ".buildkite/release-pipeline.yaml"):
         files[sub] = ""
-    for p in [folder / DOCKERFILE, folder / PIPELINE, *sorted((folder / "requirements").glob("*"))]:
+    scripts = sorted((folder / ".buildkite").rglob("*.sh")) if (folder / ".buildkite").is_dir() else []
+    for p in [folder / DOCKERFILE, folder / PIPELINE, *sorted((folder / "requirements").glob("*")), *scripts]:
         rel = p.relative_to(folder).as_posix()
         if not wanted(rel) or not p.exists():
             continue

@@ -13,7 +13,6 @@ from builder.platforms import DEFAULT, Platform
 from builder.resolve.recipe.dockerfile import (
     Instruction,
     Stage,
-    check_published,
     parse_dockerfile,
     release_step,
     split_arg,
@@ -29,8 +28,8 @@ from builder.resolve.recipe.model import (
     Recipe,
     Step,
     Where,
-    release_step_label,
 )
+from builder.resolve.recipe.publish import normalise_variant, publishing_step
 from builder.resolve.recipe.shell import Unknown, Var, expand, parse_script
 
 # glibc of each Ubuntu release (the version of its libc6 package: jammy 2.35, noble 2.39, focal 2.31):
@@ -233,23 +232,26 @@ def _numbered(steps: list[Step], files: BuildFiles) -> tuple[Step, ...]:
     return tuple(out)
 
 
-def derive(files: BuildFiles, *, accept_undecided: Iterable[str] = (), platform: Platform = DEFAULT) -> Recipe:
-    """The recipe of ``files.vllm``'s published image for ``platform`` (pure; :class:`BadInput` on what the
-    files lack, on a platform the release does not publish, and on text the readers cannot take apart: an
-    unbalanced quote, a malformed instruction)."""
+def derive(
+    files: BuildFiles, *, accept_undecided: Iterable[str] = (), platform: Platform = DEFAULT, variant: str = ""
+) -> Recipe:
+    """The recipe of ``files.vllm``'s image published for ``platform`` as ``vllm/vllm-openai:v<vllm><variant>``
+    (pure; :class:`BadInput` on what the files lack, on a platform or variant the release does not publish,
+    and on text the readers cannot take apart: an unbalanced quote, a malformed instruction)."""
     try:
-        return _derive(files, frozenset(accept_undecided), platform)
+        return _derive(files, frozenset(accept_undecided), platform, normalise_variant(variant))
     except (ValueError, IndexError, KeyError) as exc:
         raise BadInput(
             f"{files.sdist.filename}: its build files cannot be read ({type(exc).__name__}: {exc})."
         ) from None
 
 
-def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), platform: Platform = DEFAULT) -> Recipe:
+def _derive(
+    files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), platform: Platform = DEFAULT, variant: str = ""
+) -> Recipe:
     pipeline = files.text(PIPELINE, "the release pipeline")
-    if not platform.is_default:
-        check_published(pipeline, platform, files.vllm)
-    label = release_step_label(platform)
+    published = publishing_step(files, platform, variant)  # the build step whose image the release publishes
+    label = published.step
     step = release_step(pipeline, label=label)
     if step.target != TARGET:
         raise BadInput(
@@ -297,6 +299,7 @@ def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), p
         off_index_fetches=tuple(walk.fetches),
         image_overrides=tuple(Derived(pin, walk.overrides[1]) for pin in walk.overrides[0]),
         target_platform=platform,
+        published=published,
     )
 
 

@@ -8,10 +8,8 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from builder import platforms as P
 from builder.errors import BadInput
-from builder.platforms import Platform
-from builder.resolve.recipe.model import DOCKERFILE, PIPELINE, RELEASE_STEP, Derived, Where, release_step_label
+from builder.resolve.recipe.model import DOCKERFILE, PIPELINE, RELEASE_STEP, Derived, Where
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -77,58 +75,6 @@ def release_step(text: str, path: str = PIPELINE, label: str = RELEASE_STEP) -> 
     if target is None:
         raise BadInput(f"{path}:{label_line}: step {label!r} gives no --target.")
     return ReleaseStep(Derived(label, (Where(path, label_line),)), target, dockerfile, args)
-
-
-#: the pipeline step that joins the per-platform release images into the published manifest list
-MULTI_ARCH_STEP = "Create multi-arch manifest - CUDA 13.0"
-
-
-def published_platforms(text: str, path: str = PIPELINE) -> tuple[tuple[Platform, Where], ...]:
-    """The platforms the release publishes ``vllm/vllm-openai:vX`` for, each with the pipeline line that says
-    so (pure).  Where the pipeline has the step :data:`MULTI_ARCH_STEP`, the images its ``docker manifest
-    create`` joins (``…:$BUILDKITE_COMMIT-x86_64``, ``…-aarch64``) are the published ones; without it, the
-    x86_64 release image is the published tag alone (its step re-tags it to the default tag)."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise BadInput(f"{path} is not valid YAML: {exc}.") from None
-    lines = text.splitlines()
-
-    def line_of(label: str) -> int:
-        label_re = re.compile(r"label:\s*[\"']?" + re.escape(label) + r"[\"']?\s*$")
-        return next((i + 1 for i, ln in enumerate(lines) if label_re.search(ln)), 1)
-
-    multi = _find_step(doc, MULTI_ARCH_STEP)
-    out: list[tuple[Platform, Where]] = []
-    if multi is not None:
-        cmds = multi.get("commands") or multi.get("command") or []
-        cmds = [cmds] if isinstance(cmds, str) else cmds
-        create = next((c for c in cmds if isinstance(c, str) and "manifest create" in c), "")
-        start = line_of(MULTI_ARCH_STEP)
-        where = Where(path, _line_after(lines, start, "manifest create"))
-        for m in re.finditer(r"-(x86_64|aarch64)(?=[\s\"']|$)", create):
-            p = P.from_machine(m.group(1))
-            if p not in [q for q, _ in out]:
-                out.append((p, where))
-    if not out and _find_step(doc, release_step_label(P.DEFAULT)) is not None:
-        out.append((P.DEFAULT, Where(path, line_of(release_step_label(P.DEFAULT)))))
-    return tuple(out)
-
-
-def check_published(text: str, platform: Platform, vllm: str, path: str = PIPELINE) -> None:
-    """:class:`BadInput` (exit 2) when the release does not publish its image for ``platform``, naming what it
-    publishes and the pipeline line that says so (pure)."""
-    published = published_platforms(text, path)
-    if any(p == platform for p, _ in published):
-        return
-    said = ", ".join(f"{p.name} ({w})" for p, w in published) or "no platform"
-    raise BadInput(
-        f"vllm {vllm} does not publish vllm/vllm-openai:v{vllm} for {platform.name}: its release "
-        f"pipeline publishes it for {said}.",
-        hint="build for a platform the release publishes (--platform " + ",".join(p.name for p, _ in published) + ").",
-    )
 
 
 def _find_step(node, label: str):

@@ -610,9 +610,9 @@ def _reconstruct_summary(rec, vllm: str, out: Path, as_json: bool) -> None:
 
 
 def _row(m) -> dict:
-    def v(name: str) -> str | None:
-        d = m.get(name)
-        return d.version if d is not None else None
+    def v(name: str) -> str | None:  # a distribution the replay leaves out: its recipe's version, marked
+        h = m.held(name)
+        return h.text() if h is not None else None
 
     return {
         "torch": v("torch"),
@@ -666,6 +666,7 @@ def list_cmd(as_json):
                 "sdist_sha256": (recipe.get("sdist") or {}).get("sha256"),
                 "steps": len(recipe.get("steps") or []),
                 "unversioned": sorted(m.unversioned),
+                "not_replayed": _not_replayed(m),
             }
         )
     if as_json:
@@ -689,3 +690,18 @@ def list_cmd(as_json):
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     for row in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    left = [(r["vllm"], name, x) for r in rows for name, x in r["not_replayed"].items()]
+    if left:
+        click.echo("\nin the image but not in its replayed floor (the version its recipe names, and why):")
+    for vllm, name, x in left:
+        click.echo(f"  {vllm}  {name} {x['version'] or 'unversioned'}: {x['reason']}")
+
+
+def _not_replayed(m) -> dict[str, dict]:
+    """{name: {version, reason}} of what the image holds that its replayed floor does not (pure)."""
+    out = {}
+    for name in sorted(m.unversioned):
+        h = m.held(name)
+        if h is not None and not h.replayed:
+            out[name] = {"version": h.version, "reason": h.reason}
+    return out

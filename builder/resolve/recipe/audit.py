@@ -3,9 +3,11 @@ installs …, harmless because …, accepted undecided, refused (pure data and t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from builder.errors import BadInput
 from builder.resolve.recipe.harmless import Row
 from builder.resolve.recipe.model import Derived, Step, Where
 
@@ -56,3 +58,20 @@ def render_audit(rows: Sequence[AuditRow]) -> str:
         for r in a.commands:
             out.append(f"      {r.where}: {r.command[:100]}  -> {r.conclusion}")
     return "\n".join(out)
+
+
+_FILE_LINE = re.compile(r"^[^\s:][^\s]*:[1-9]\d{0,8}$")
+
+
+def accepted_lines(values: Iterable[str]) -> frozenset[str]:
+    """The ``--accept-undecided`` values, each ``FILE:LINE`` as a refusal names it; anything else is
+    :class:`BadInput` (exit 2), never ignored (pure)."""
+    out = set()
+    for v in values:
+        if not isinstance(v, str) or not _FILE_LINE.match(v):
+            raise BadInput(
+                f"--accept-undecided {str(v)[:200]!r} is not FILE:LINE; give the RUN line a refusal names "
+                "(e.g. docker/Dockerfile:957)."
+            )
+        out.add(v)
+    return frozenset(out)

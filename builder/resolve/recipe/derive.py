@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from builder.errors import BadInput
 from builder.platforms import DEFAULT, Platform
-from builder.resolve.recipe.audit import AuditRow, conclusion, step_text
+from builder.resolve.recipe.audit import AuditRow, accepted_lines, conclusion, step_text
 from builder.resolve.recipe.dockerfile import (
     Instruction,
     Stage,
@@ -279,7 +279,7 @@ def audit_derive(
     """:func:`derive` and what the reader concluded of each RUN line of the chain (``base recipe --audit``);
     ``keep_going``: a refused line is recorded and the walk goes on (the caller then refuses)."""
     try:
-        return _derive(files, frozenset(accept_undecided), platform, keep_going)
+        return _derive(files, accepted_lines(accept_undecided), platform, keep_going)
     except (ValueError, IndexError, KeyError) as exc:
         raise BadInput(
             f"{files.sdist.filename}: its build files cannot be read ({type(exc).__name__}: {exc})."

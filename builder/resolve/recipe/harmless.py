@@ -279,6 +279,11 @@ OFF_INDEX_COMMANDS = {
     ("flashinfer", "download-kernels"): "FlashInfer's precompiled kernels (flashinfer download-kernels)",
     ("flashinfer", "download-cubin"): "FlashInfer's precompiled cubins (flashinfer download-cubin)",
 }
+#: subcommands of programs the image's own packages install that only print: (program, subcommand) -> reason
+PROGRAM_QUERIES = {
+    ("flashinfer", "show-config"): "prints FlashInfer's configuration",
+    ("vllm", "--version"): "prints vLLM's version",
+}
 PIP_QUERIES = ("list", "show", "freeze", "check", "--version", "-V", "config", "cache", "debug", "help")
 
 
@@ -329,6 +334,8 @@ def classify(words: list[str], scope: Scope) -> Verdict:
     for key, what in OFF_INDEX_COMMANDS.items():
         if tuple(argv[: len(key)]) == key:
             return Verdict("fetch", what)
+    if tuple(argv[:2]) in PROGRAM_QUERIES:
+        return Verdict("harmless", PROGRAM_QUERIES[tuple(argv[:2])])
     if base in ("sh", "bash", "dash"):
         return _shell_verdict(words, argv)
     if prog in (".", "source"):

@@ -498,7 +498,8 @@ def _pip_command(installer: str, sub: str, rest: list[str], out_path: str | None
         )
         return True
     if sub == "install":
-        ctx.steps.append(_install_step(installer, rest, ctx))
+        for args in _per_wheel(rest, ctx):
+            ctx.steps.append(_install_step(installer, args, ctx))
         return True
     if sub in PIP_QUERIES:
         return True
@@ -785,6 +786,18 @@ class _InstallOptions:
     edits: list[tuple[str, str, bool, str]]
     overrides: tuple[str, ...]
     override_where: tuple[Where, ...]
+
+
+def _per_wheel(args: list[str], ctx: ScriptContext) -> list[list[str]]:
+    """One install's arguments split so that each wheel file is a step of its own (``uv pip install a/*.whl
+    b/*.whl`` installs both), the other requirements one more step, each with the install's options."""
+    reqs = _install_options(args, ctx).reqs
+    wheels = [r for r in reqs if r.endswith(".whl")]
+    if not wheels or len(reqs) == 1:
+        return [args]
+    opts = [a for a in args if a not in set(reqs)]
+    others = [r for r in reqs if not r.endswith(".whl")]
+    return [[*opts, w] for w in wheels] + ([[*opts, *others]] if others else [])
 
 
 def _install_step(installer: str, args: list[str], ctx: ScriptContext) -> Step:

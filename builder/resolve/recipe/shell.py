@@ -31,6 +31,10 @@ _INSTALLED_CMD = re.compile(
     r"""^python3 -c "import importlib\.metadata as m; """
     r"""print\(m\.version\('([\w.-]+)'\)\)"( 2>/dev/null)?( \|\| true)?$"""
 )
+# ``uv pip show --system NAME | awk '/^Version:/{print $2}'``: the same installed version, as uv reports it
+_INSTALLED_SHOW = re.compile(
+    r"""^uv pip show --system ([\w.-]+)( 2>/dev/null)? \| awk '/\^Version:/\{print \$2\}'( \|\| true)?$"""
+)
 INSTALLED = "{{installed:{}}}"
 INSTALLED_RE = re.compile(r"\{installed:([\w.-]+)\}")
 
@@ -123,7 +127,7 @@ def substitute(cmd: str, get: Callable[[str], str]) -> str:
     """The value of one ``$(cmd)`` (pure): a pipeline whose first command is one of :data:`SOURCES` and
     whose others are :data:`FILTERS`, over known values; anything else raises :class:`Unknown`."""
     flat = " ".join(cmd.split())
-    m = _INSTALLED_CMD.match(flat)
+    m = _INSTALLED_CMD.match(flat) or _INSTALLED_SHOW.match(flat)
     if m:
         return INSTALLED.format(m.group(1))
     try:

@@ -276,6 +276,13 @@ def _with_local_sources(fn):
     help="Recipes file --write updates (default: lockfiles/base/recipes.toml).",
 )
 @click.option("--force", is_flag=True, help="With --write: replace a --recipes file that build-image did not write.")
+@click.option(
+    "--audit",
+    is_flag=True,
+    help="One row per RUN line of the target's stage chain (and per command of the scripts, sh -c strings and "
+    "heredocs it runs) with the reader's conclusion: installs ..., harmless because ..., accepted undecided, "
+    "refused.  Exit 2 after the rows when a line is refused.",
+)
 @platform_option(
     several=False,
     help_extra=" The recipe is the release pipeline's step for that platform's image; "
@@ -292,6 +299,7 @@ def recipe_cmd(
     accept_undecided=(),
     platform=None,
     variant=None,
+    audit=False,
 ):
     """Derive vllm/vllm-openai:v<vllm>'s recipe from the release's sdist (Dockerfile, release pipeline,
     requirements): base image, OS, glibc, CUDA, Python, and every install step, each value with its
@@ -304,11 +312,11 @@ def recipe_cmd(
     from builder.resolve import sdist
     from builder.resolve.recipe import (
         check_recipes_output,
-        derive,
         read_recipes_file,
         recipe_table,
         write_recipe_table,
     )
+    from builder.resolve.recipe.derive import audit_derive
     from builder.resolve.reconstruct import default_recipes_path
 
     target = platforms.parse(platform) if platform else platforms.DEFAULT
@@ -324,20 +332,48 @@ def recipe_cmd(
     tables = read_recipes_file(path)
     if local is not None:
         vllm = local.vllm
-        recipe = derive(local, accept_undecided=accept_undecided, platform=target, variant=variant or "")
-    else:
-        recipe = derive(
-            sdist.load(vllm, sha256=(tables.get(vllm) or {}).get("sdist_sha256")),
-            accept_undecided=accept_undecided,
-            platform=target,
-            variant=variant or "",
-        )
+    files = local or sdist.load(vllm, sha256=(tables.get(vllm) or {}).get("sdist_sha256"))
+    recipe, rows = audit_derive(
+        files, accept_undecided=accept_undecided, platform=target, keep_going=audit, variant=variant or ""
+    )
+    if audit:
+        _print_audit(recipe, rows, as_json)
     if write:
         write_recipe_table(path, vllm, recipe_table(recipe), force=force, platform=target)
+    if audit and not write:
+        return
     if as_json:
         emit_json(recipe.to_json())
         return
     click.echo(render_recipe_text(recipe) + (f"\nwrote the table of {vllm} into {path}" if write else ""))
+
+
+def _print_audit(recipe, rows, as_json: bool) -> None:
+    """``base recipe --audit``: the rows, then exit 2 (BadInput naming them) when a line was refused."""
+    from builder.resolve.recipe.audit import render_audit
+
+    refused = [a for a in rows if a.conclusion.startswith("refused")]
+    if as_json:
+        emit_json(
+            {
+                "vllm": recipe.vllm,
+                "image": recipe.image,
+                "sdist": recipe.sdist.filename,
+                "platform": recipe.target_platform.name,
+                "runs": [a.to_json() for a in rows],
+                "refused": [str(a.where) for a in refused],
+            }
+        )
+    else:
+        click.echo(f"{recipe.image}: every RUN line of target {recipe.target} ({recipe.sdist.filename})")
+        click.echo(render_audit(rows))
+    if refused:
+        raise BadInput(
+            f"{recipe.sdist.filename}: {len(refused)} RUN line(s) refused: "
+            + "; ".join(f"{a.where} ({a.conclusion[len('refused: ') :][:200]})" for a in refused),
+            hint="`--accept-undecided FILE:LINE` replays the image without such a line and records it in the "
+            "manifest's lacks; or take the manifest from the real image (`build-image base snapshot`).",
+        )
 
 
 def render_recipe_text(r) -> str:

@@ -22,15 +22,18 @@ from builder.errors import BadInput, IntegrityError
 from builder.fetch import cached_path, fetch, verified
 from builder.resolve import index as ix
 from builder.resolve.recipe import DOCKERFILE, PIPELINE, BuildFiles, SdistRef
+from builder.resolve.recipe.interpret import OVERSIZE
 from builder.validate import version_string
 
 
 def wanted(rel: str) -> bool:
-    """Whether a path inside the sdist is one a recipe reads (pure)."""
+    """Whether a path inside the sdist is one a recipe reads (pure): the Dockerfile, the release pipeline,
+    the requirements, and the shell scripts a RUN line or a pipeline step may run (the publish scripts under
+    .buildkite/ among them; read only where one does)."""
     return (
         rel in (DOCKERFILE, PIPELINE)
         or (rel.startswith("requirements/") and rel.endswith((".txt", ".in")))
-        or (rel.startswith(".buildkite/") and rel.endswith(".sh"))  # the publish scripts the pipeline calls
+        or rel.endswith(".sh")
     )
 
 
@@ -75,7 +78,9 @@ def read_build_files(path: Path, vllm: str, ref: SdistRef) -> BuildFiles:
                 if not m.isfile():
                     continue
                 rel = m.name.split("/", 1)[1] if "/" in m.name else m.name
-                if wanted(rel):
+                if wanted(rel) and rel.endswith(".sh") and m.size > MAX_BUILD_FILE:
+                    files[rel] = f"{OVERSIZE}{m.size}"  # refused where a RUN line runs it
+                elif wanted(rel):
                     fh = tf.extractfile(m)
                     if fh is not None:
                         files[rel] = fh.read().decode("utf-8", errors="replace")

@@ -148,3 +148,5 @@ def test_base_recipe_takes_variant_and_refuses_writing_it_into_the_shipped_file(
     assert code == 0 and "vllm/vllm-openai:v0.99.0-cu130" in out and "CUDA 13.0" in out
     code, out = run("base", "recipe", "--vllm", "0.99.0", "--variant", "cu130", "--write")
     assert code == 2 and "--write with --variant needs --recipes FILE" in out
+    code, out = run("base", "reconstruct", "--vllm", "0.99.0", "--variant", "cu130")
+    assert code == 2 and "--variant needs -o FILE" in out

@@ -212,7 +212,8 @@ def _local_recipe(vllm, sdist_path, source, accept_undecided, output, target, va
         return None, None
     if output is None:
         what = "--variant" if variant else "--sdist/--source"
-        raise BadInput(f"{what} need -o FILE: the shipped manifest is the one of the release's plain tag.")
+        verb = "needs" if variant else "need"
+        raise BadInput(f"{what} {verb} -o FILE: the shipped manifest is the one of the release's plain tag.")
     local = local if local is not None else sdist.load(vllm)
     return local, derive(local, accept_undecided=accept_undecided, platform=target, variant=variant or "")
 

@@ -297,39 +297,7 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
         out += [f"## build-image upgrade: {head}", "", f"**{verdict}**", ""]
     else:
         out += [f"build-image upgrade: {head}", f"  verdict: {verdict}"]
-    # base
-    changed = [m for m in r.moves if m.changed]
-    if md:
-        out += [
-            "### Base image",
-            "",
-            f"`{r.base_from}` -> `{r.base_to}` ({r.base_to_source})",
-            "",
-            "| | " + r.from_version + " | " + r.to_version + " |",
-            "| --- | --- | --- |",
-        ]
-        out += [
-            f"| {'**' + m.what + '**' if m.changed else m.what} | {m.old or '-'} | {m.new or '-'}"
-            + (f" ({m.note})" if m.note else "")
-            + " |"
-            for m in r.moves
-        ]
-    else:
-        out.append(f"  base: {r.base_from} -> {r.base_to} ({r.base_to_source})")
-        out += [
-            f"    {m.what:38} {m.old or '-'} -> {m.new or '-'}" + (f"\n      not replayed: {m.note}" if m.note else "")
-            for m in changed
-        ]
-        same = [m.what for m in r.moves if not m.changed]
-        if same:
-            out.append(f"    unchanged: {', '.join(same)}")
-    if r.base_notes:
-        title = f"What the reconstructed {r.to_version} base approximates (its manifest's lacks)"
-        out += (
-            (["", f"#### {title}", ""] + [f"- {n}" for n in r.base_notes])
-            if md
-            else [f"    {title}:"] + [f"      - {n}" for n in r.base_notes]
-        )
+    out += _base_lines(r, md)
     # lock
     lk = r.lock
     if md:
@@ -381,6 +349,45 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
             else ["  written:"] + [f"    {w}" for w in r.written]
         )
     return "\n".join(out) + "\n"
+
+
+def _base_lines(r: UpgradeReport, md: bool) -> list[str]:
+    """The report's base part: the moves (a left-out distribution with its recipe's version and why), what
+    the reconstructed base approximates."""
+    out: list[str] = []
+    changed = [m for m in r.moves if m.changed]
+    if md:
+        out += [
+            "### Base image",
+            "",
+            f"`{r.base_from}` -> `{r.base_to}` ({r.base_to_source})",
+            "",
+            "| | " + r.from_version + " | " + r.to_version + " |",
+            "| --- | --- | --- |",
+        ]
+        out += [
+            f"| {'**' + m.what + '**' if m.changed else m.what} | {m.old or '-'} | {m.new or '-'}"
+            + (f" ({m.note})" if m.note else "")
+            + " |"
+            for m in r.moves
+        ]
+    else:
+        out.append(f"  base: {r.base_from} -> {r.base_to} ({r.base_to_source})")
+        out += [
+            f"    {m.what:38} {m.old or '-'} -> {m.new or '-'}" + (f"\n      not replayed: {m.note}" if m.note else "")
+            for m in changed
+        ]
+        same = [m.what for m in r.moves if not m.changed]
+        if same:
+            out.append(f"    unchanged: {', '.join(same)}")
+    if r.base_notes:
+        title = f"What the reconstructed {r.to_version} base approximates (its manifest's lacks)"
+        out += (
+            (["", f"#### {title}", ""] + [f"- {n}" for n in r.base_notes])
+            if md
+            else [f"    {title}:"] + [f"      - {n}" for n in r.base_notes]
+        )
+    return out
 
 
 def render_platform(p: PlatformSection, a: str, b: str, md: bool) -> list[str]:

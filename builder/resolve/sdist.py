@@ -22,12 +22,19 @@ from builder.errors import BadInput, IntegrityError
 from builder.fetch import cached_path, fetch, verified
 from builder.resolve import index as ix
 from builder.resolve.recipe import DOCKERFILE, PIPELINE, BuildFiles, SdistRef
+from builder.resolve.recipe.interpret import OVERSIZE
 from builder.validate import version_string
 
 
 def wanted(rel: str) -> bool:
-    """Whether a path inside the sdist is one a recipe reads (pure)."""
-    return rel in (DOCKERFILE, PIPELINE) or (rel.startswith("requirements/") and rel.endswith((".txt", ".in")))
+    """Whether a path inside the sdist is one a recipe reads (pure): the Dockerfile, the release pipeline,
+    the requirements, and the shell scripts a RUN line or a pipeline step may run (the publish scripts under
+    .buildkite/ among them; read only where one does)."""
+    return (
+        rel in (DOCKERFILE, PIPELINE)
+        or (rel.startswith("requirements/") and rel.endswith((".txt", ".in")))
+        or rel.endswith(".sh")
+    )
 
 
 def sdist_name(vllm: str) -> str:
@@ -71,7 +78,9 @@ def read_build_files(path: Path, vllm: str, ref: SdistRef) -> BuildFiles:
                 if not m.isfile():
                     continue
                 rel = m.name.split("/", 1)[1] if "/" in m.name else m.name
-                if wanted(rel):
+                if wanted(rel) and rel.endswith(".sh") and m.size > MAX_BUILD_FILE:
+                    files[rel] = f"{OVERSIZE}{m.size}"  # refused where a RUN line runs it
+                elif wanted(rel):
                     fh = tf.extractfile(m)
                     if fh is not None:
                         files[rel] = fh.read().decode("utf-8", errors="replace")
@@ -199,7 +208,8 @@ def load_source(folder: Path, vllm: str | None = None, git=None) -> BuildFiles:
     root = folder.resolve()
     for sub in ("docker/Dockerfile", ".buildkite/release-pipeline.yaml"):
         files[sub] = ""
-    for p in [folder / DOCKERFILE, folder / PIPELINE, *sorted((folder / "requirements").glob("*"))]:
+    scripts = sorted((folder / ".buildkite").rglob("*.sh")) if (folder / ".buildkite").is_dir() else []
+    for p in [folder / DOCKERFILE, folder / PIPELINE, *sorted((folder / "requirements").glob("*")), *scripts]:
         rel = p.relative_to(folder).as_posix()
         if not wanted(rel) or not p.exists():
             continue

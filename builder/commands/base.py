@@ -662,3 +662,13 @@ def list_cmd(as_json):
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     for row in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _register_materialize() -> None:
+    """``base materialize`` (builder/commands/materialize.py)."""
+    from builder.commands.materialize import command as materialize
+
+    command.add_command(materialize)
+
+
+_register_materialize()

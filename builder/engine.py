@@ -10,7 +10,8 @@ engine's own credential store and never pass through this tool.
 Two engines: Docker and podman (:func:`engine_kind`: ``BUILD_IMAGE_ENGINE`` / ``--engine``,
 else a CLI named ``podman*``).  Where they differ, the difference is one method here:
 podman builds with ``--pull=never`` (Docker's BuildKit never pulls an image its store
-holds, and build-image checks the store first), reports a push's digest through
+holds, and build-image checks the store first), without its layer cache and at the
+context's ``SOURCE_DATE_EPOCH`` (:meth:`DockerEngine._build_flags`), reports a push's digest through
 ``--digestfile``, pushes to a loopback registry without TLS, and requests GPUs the CDI
 way (:func:`gpu_flags`).  Any other engine name is :class:`BadInput` (exit 2) naming it.
 
@@ -465,7 +466,8 @@ class DockerEngine:
         None: the engine's own platform, no flag."""
         with tempfile.TemporaryDirectory(prefix="build-image-iid.") as tmp:
             iid = Path(tmp) / "iid"
-            args = ["build", *self._build_flags(), f"--network={network}", "--iidfile", str(iid)]
+            args = ["build", *self._build_flags(), *self._timestamp(context, build_args)]
+            args += [f"--network={network}", "--iidfile", str(iid)]
             if platform is not None:
                 args.append(f"--platform={platform.name}")
             for t in tags:
@@ -495,8 +497,29 @@ class DockerEngine:
 
     def _build_flags(self) -> list[str]:
         """Docker: BuildKit's plain progress (it never pulls a base its store holds; callers check the store
-        first).  podman: ``--pull=never``, the base must be in its store."""
-        return ["--pull=never"] if self.kind == "podman" else ["--progress=plain"]
+        first).  podman: ``--pull=never``, the base must be in its store; and ``--no-cache``: its layer cache
+        keys a RUN step on its text, not on the files the step bind-mounts (the wheelhouse, the lock), so a
+        cached layer could hold another lock's wheels."""
+        if self.kind != "podman":
+            return ["--progress=plain"]
+        return ["--pull=never", "--no-cache"]
+
+    def _timestamp(self, context: Path, build_args: Mapping[str, str] | None) -> list[str]:
+        """podman: ``--timestamp N`` (the image's creation time and its files' times) from the build's
+        ``SOURCE_DATE_EPOCH`` (a build arg, else the Dockerfile's ``ARG SOURCE_DATE_EPOCH=N``), as BuildKit
+        takes it; nothing when the context names none.  (A podman rebuild is still not byte-identical: the
+        installers' bytecode records when it was written.)"""
+        if self.kind != "podman":
+            return []
+        value = (build_args or {}).get("SOURCE_DATE_EPOCH")
+        if value is None:
+            try:
+                text = (Path(context) / "Dockerfile").read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                return []
+            m = re.search(r"^ARG SOURCE_DATE_EPOCH=(\d+)\s*$", text, re.M)
+            value = m.group(1) if m else None
+        return [f"--timestamp={value}"] if value is not None and str(value).isdigit() else []
 
     def inspect(self, ref: str) -> ImageInfo | None:
         proc = self._run(["image", "inspect", ref], check=False)
@@ -504,8 +527,11 @@ class DockerEngine:
             self._raise_unreachable(proc.stderr)
             return None
         doc = json.loads(proc.stdout)[0]
+        image_id = str(doc["Id"])
+        if re.fullmatch(r"[0-9a-f]{64}", image_id):  # podman's ID has no algorithm; Docker's and --iidfile's do
+            image_id = "sha256:" + image_id
         return ImageInfo(
-            id=doc["Id"],
+            id=image_id,
             size=int(doc.get("Size") or 0),
             labels=(doc.get("Config") or {}).get("Labels") or {},
             repo_digests=doc.get("RepoDigests") or [],

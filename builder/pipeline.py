@@ -558,7 +558,9 @@ class _Run:
     def build(self, engine) -> BuildResult:
         rendered = self.rendered
         assert rendered is not None
-        with self.stages.stage("build", "BuildKit, --network=none"):
+        with self.stages.stage(
+            "build", f"{'podman' if getattr(engine, 'name', '') == 'podman' else 'BuildKit'}, --network=none"
+        ):
             built = build_image(
                 rendered.out_dir,
                 rendered.tags,

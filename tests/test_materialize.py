@@ -332,3 +332,66 @@ def test_manifest_fixture_is_a_replay(index_files, tmp_path, monkeypatch):
     assert m.provenance_kind == "reconstructed"
     assert {k: d.version for k, d in m.distributions.items()} == {"extra-a": "1.5.0", "purepkg": "1.0.0", "vllm": VLLM}
     assert mat.recipe_mismatches(m, _recipe())[0].startswith("provenance.recipe.sdist.sha256")  # a made-up sha
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_the_drift_check_says_it_compared_against_a_replay(
+    index_files, standin_base_image, docker_engine, standin_wheels, tmp_path, monkeypatch
+):
+    """A replay tagged with the published name (the manifest's image.ref) is what the engine holds: the
+    pipeline's drift check compares against it and says so, in its message and its summary."""
+    published = f"vllm/vllm-openai:v{VLLM}"
+    with serve_index(index_files) as url:
+        recipes, manifest = _replay(url, tmp_path, monkeypatch)
+        r = _build_image(
+            "base", "materialize", "--vllm", VLLM, "--manifest", str(manifest), "--recipes", str(recipes),
+            "--from", standin_base_image.ref, "--tag", published, env={"UV_DEFAULT_INDEX": url},
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "a REPLAY of vllm/vllm-openai:v0.99.0" in r.stdout and "the replay lacks:" in r.stdout
+    assert "os packages: python3.11" in r.stdout  # the manifest's lacks, listed
+    try:
+        fl = tmp_path / "findlinks"
+        shutil.copytree(standin_wheels, fl)
+        for p in index_files:
+            if p.name.endswith(".whl"):
+                shutil.copy(p, fl / p.name)
+        write_wheel(fl, "overlaypkg", "1.0.0", "py3-none-any", {"overlaypkg/__init__.py": ""})
+        r = _build_image(
+            "--vllm", VLLM, "--base", str(manifest), "--no-patches", "--no-default-overlay", "--with",
+            "overlaypkg==1.0.0", "--no-index", "--find-links", str(fl), "--lock", str(tmp_path / "req.lock"),
+            "-o", str(tmp_path / "ctx"), "--tag", "build-image-test/on-replay-drift", "--allow-base-drift", "--json",
+        )  # fmt: skip
+    finally:
+        docker_engine.remove(published)
+    assert r.returncode == 0, r.stderr[-4000:]
+    said = " ".join(r.stderr.split())
+    assert "a REPLAY of vllm/vllm-openai:v0.99.0 built by `build-image base materialize`" in said
+    check = json.loads(r.stdout)["base_check"]
+    digest = __import__("hashlib").sha256(manifest.read_bytes()).hexdigest()
+    assert check["against_replay"] == {"replays": published, "manifest_sha256": digest}
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_materialize_through_podman(index_files, standin_base_image, podman_env, tmp_path, monkeypatch):
+    from tests.fx_podman import podman_inspect
+
+    tag = "build-image-test/materialized-podman:v0.99.0-replay"
+    env = {k: v for k, v in podman_env.items() if k == "CONTAINERS_CONF"}
+    with serve_index(index_files) as url:
+        recipes, manifest = _replay(url, tmp_path, monkeypatch)
+        r = _build_image(
+            "--engine", "podman", "base", "materialize", "--vllm", VLLM, "--manifest", str(manifest),
+            "--recipes", str(recipes), "--from", standin_base_image.ref, "--tag", tag, "--json",
+            env={**env, "UV_DEFAULT_INDEX": url},
+        )  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert podman_inspect(tag, podman_env, '{{index .Labels "org.build-image.base.replay"}}') == "true"
+    assert json.loads(r.stdout)["image_id"].endswith(podman_inspect(tag, podman_env, "{{.Id}}"))
+    from builder.engine import DockerEngine
+    from tests.fx_podman import podman_path
+
+    ran = DockerEngine(docker=str(podman_path()), env=podman_env).run(tag, ["--port", "2"])
+    assert ran.returncode == 0 and ran.stdout.strip() == "vllm serve --port 2", ran.stderr

@@ -78,7 +78,7 @@ def command(vllm, platform, tag, floor, manifest_path, recipes, find_links, no_i
         vllm, recipes=recipes, index=ix.for_request(list(find_links), no_index), platform=target
     )
     mat.check_manifest(manifest, recipe, str(path))
-    floor = str(ImageRef(floor, "--from")) if floor else recipe.final_base_image.value
+    floor = str(ImageRef(floor or recipe.final_base_image.value, "--from (the floor image)"))
     config = image_config(files, recipe)
     reporter = reporter_for(stderr_console()).scoped("materialize: ")
     built = mat.build_replay(

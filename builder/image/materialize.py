@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -154,12 +155,12 @@ def sources(manifest: BaseManifest, find_links: Iterable[str], no_index: bool, i
 # --------------------------------------------------------------------------- the context
 def _q(text: str) -> str:
     """A Dockerfile double-quoted word with no expansion (pure)."""
-    return json.dumps(text).replace("$", "\\$")
+    return json.dumps(text, ensure_ascii=False).replace("$", "\\$")
 
 
 def _env_line(name: str, value: str, from_floor: bool) -> str:
     """``ENV NAME="value"``: expanded by the engine only where the value uses the floor's variables (pure)."""
-    return f"ENV {name}={json.dumps(value) if from_floor else _q(value)}"
+    return f"ENV {name}={json.dumps(value, ensure_ascii=False) if from_floor else _q(value)}"
 
 
 def lacks_summary(manifest: BaseManifest, floor: str, recipe: Recipe) -> dict[str, list[str]]:
@@ -236,6 +237,8 @@ def dockerfile_text(
 ) -> str:
     """The replay image's Dockerfile (pure): the floor, the offline hash-checked install of the wheelhouse, the
     release's environment, working directory and entrypoint, the manifest in the image, the labels."""
+    if not re.fullmatch(r"\d+\.\d+", recipe.python.value):  # it reaches a shell line of the build
+        raise BadInput(f"the recipe's Python {recipe.python.value!r} is not X.Y.")
     py = f"python{recipe.python.value}"
     lines = [
         "# Rendered by build-image base materialize: the replay of "

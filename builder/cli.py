@@ -117,6 +117,16 @@ def _internal_error(ctx: click.Context, exc: BaseException) -> None:
     cls=ErrorHandlingGroup, invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]}
 )
 @click.version_option(__version__, prog_name="build-image")
+@click.option(
+    "--engine",
+    type=click.Choice(["docker", "podman"]),
+    default=None,
+    expose_value=False,
+    is_eager=True,
+    callback=lambda _ctx, _param, value: _use_engine(value),
+    help="Container engine for every command (default: BUILD_IMAGE_ENGINE, else docker; a CLI named "
+    "podman in BUILD_IMAGE_DOCKER means podman).",
+)
 @click.pass_context
 def main(ctx: click.Context, **kwargs):
     """Build dependency-consistent vLLM + Ray serving images.
@@ -134,6 +144,17 @@ def main(ctx: click.Context, **kwargs):
         return
 
     pipeline.run_pipeline.callback(**kwargs)  # the command's function itself: its options are the group's
+
+
+def _use_engine(value: str | None) -> None:
+    """``--engine``: the engine every command of this run drives (``BUILD_IMAGE_ENGINE``, read by
+    :func:`builder.engine.engine_kind`)."""
+    if value:
+        import os
+
+        from builder.engine import ENGINE_ENV
+
+        os.environ[ENGINE_ENV] = value
 
 
 def _register() -> None:

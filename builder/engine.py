@@ -1,12 +1,19 @@
 """The container-engine adapter: the only module that runs the container engine.
 
 One small :class:`Engine` protocol; :class:`DockerEngine` implements it over the
-Docker CLI: ``BUILD_IMAGE_DOCKER`` (a path or a command name) when set, else
-``docker`` on ``PATH`` (:func:`docker_cli`); neither -> :class:`EngineUnavailable`,
-exit 8, with one message for every command.  The CLI honours
-``DOCKER_HOST``/``DOCKER_CONFIG``, so registry credentials stay in the engine's own
-credential store and never pass through this tool.  A Podman implementation would
-satisfy the same protocol (``podman build``/``push`` accept the same flags used here).
+engine's CLI: ``BUILD_IMAGE_DOCKER`` (a path or a command name) when set, else
+``docker`` (``podman`` when the engine is podman) on ``PATH`` (:func:`docker_cli`);
+neither -> :class:`EngineUnavailable`, exit 8, with one message for every command.
+The CLI honours ``DOCKER_HOST``/``DOCKER_CONFIG``, so registry credentials stay in the
+engine's own credential store and never pass through this tool.
+
+Two engines: Docker and podman (:func:`engine_kind`: ``BUILD_IMAGE_ENGINE`` / ``--engine``,
+else a CLI named ``podman*``).  Where they differ, the difference is one method here:
+podman builds with ``--pull=never`` (Docker's BuildKit never pulls an image its store
+holds, and build-image checks the store first), without its layer cache and at the
+context's ``SOURCE_DATE_EPOCH`` (:meth:`DockerEngine._build_flags`), reports a push's digest through
+``--digestfile``, pushes to a loopback registry without TLS, and requests GPUs the CDI
+way (:func:`gpu_flags`).  Any other engine name is :class:`BadInput` (exit 2) naming it.
 
 Every other module reaches the engine through this one: builds and pushes
 (:meth:`~DockerEngine.build`, :meth:`~DockerEngine.push`), the base snapshot's
@@ -26,7 +33,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -41,6 +48,8 @@ from builder.values import split_ref
 UNIX_SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL (Linux)
 
 DOCKER_ENV = "BUILD_IMAGE_DOCKER"
+ENGINE_ENV = "BUILD_IMAGE_ENGINE"
+ENGINES = ("docker", "podman")
 # Only the CLI's own connection to the engine: a registry's dial error ("dial tcp HOST:PORT:
 # connect: connection refused", relayed by the engine during a push or pull) is a registry fault.
 _UNREACHABLE = re.compile(
@@ -102,6 +111,11 @@ def docker_cli(env: dict[str, str] | None = None) -> str:
         if not found:
             raise _cli_missing(f"{DOCKER_ENV}={env[DOCKER_ENV]}")
         return found
+    if engine_kind(env) == "podman":
+        found = shutil.which("podman", path=search)
+        if not found:
+            raise _cli_missing(f"`podman` on PATH ({ENGINE_ENV}=podman)")
+        return found
     key = (search, env.get("DOCKER_CONFIG", ""))
     if key not in _found:
         cands: list[str] = []
@@ -115,6 +129,64 @@ def docker_cli(env: dict[str, str] | None = None) -> str:
             cands[0] if len(cands) == 1 else next((c for c in cands if _builds_with_buildkit(c, env)), cands[0])
         )
     return _found[key]
+
+
+def engine_kind(env: Mapping[str, str] | None = None) -> str:
+    """Which engine the CLI drives: ``docker`` or ``podman``.  ``BUILD_IMAGE_ENGINE`` (the ``--engine`` flag
+    sets it) when given, and it must name one of the two; else ``podman`` when ``BUILD_IMAGE_DOCKER`` names a
+    CLI called ``podman*``, else ``docker``.  Any other engine name is :class:`BadInput` (exit 2) naming it:
+    build-image speaks to Docker and podman only."""
+    env = os.environ if env is None else env
+    named = (env.get(ENGINE_ENV) or "").strip()
+    if named:
+        if named.lower() not in ENGINES:
+            raise BadInput(
+                f"{ENGINE_ENV}={named!r} (or --engine) names an engine build-image does not drive; it drives "
+                f"{' and '.join(ENGINES)}.",
+                hint="set --engine docker or --engine podman (BUILD_IMAGE_DOCKER may name the CLI's path).",
+            )
+        return named.lower()
+    cli = os.path.basename((env.get(DOCKER_ENV) or "").strip())
+    return "podman" if cli.startswith("podman") and cli != "podman-docker" else "docker"
+
+
+def gpu_flags(kind: str, gpus: str | None) -> list[str]:
+    """Pure: the ``run`` flags that give a container GPUs.  Docker: ``--gpus VALUE``; podman: CDI devices, the
+    form RHEL/OpenShift hosts use: ``--device nvidia.com/gpu=all``, one ``nvidia.com/gpu=ID`` per ID of
+    ``device=0,1`` (or ``0,1``), the first N for a count ``N``.  None or "": no flag."""
+    if not gpus:
+        return []
+    if kind != "podman":
+        return ["--gpus", gpus]
+    raw = gpus.strip().strip("\"'")
+    if raw.startswith("device="):
+        ids = [x.strip() for x in raw[len("device=") :].split(",") if x.strip()]
+    elif raw == "all":
+        ids = ["all"]
+    elif raw.isdigit():
+        ids = [str(i) for i in range(int(raw))]
+    else:
+        ids = [x.strip() for x in raw.split(",") if x.strip()]
+    if not ids or not all(i == "all" or re.fullmatch(r"[0-9]+|GPU-[0-9a-fA-F-]+", i) for i in ids):
+        raise BadInput(
+            f"GPUs {gpus!r}: podman requests GPUs as CDI devices; give all, a count, or device indices/UUIDs."
+        )
+    return [a for i in ids for a in ("--device", f"nvidia.com/gpu={i}")]
+
+
+def is_loopback_registry(registry: str) -> bool:
+    """Pure: does a registry address (``host[:port]``) name this machine (127.0.0.0/8, ::1, localhost)?"""
+    host = registry.rsplit(":", 1)[0] if not registry.startswith("[") else registry[1:].split("]", 1)[0]
+    return host == "localhost" or host == "::1" or bool(re.fullmatch(r"127(\.\d{1,3}){3}", host))
+
+
+def builds_for(platform: Platform, machine: str | None = None, binfmt: Path = Path("/proc/sys/fs/binfmt_misc")) -> bool:
+    """Whether an engine on this host can build ``platform``'s image: the host's own machine, or one whose
+    binaries the kernel runs under QEMU (a ``qemu-<machine>`` handler in binfmt_misc)."""
+    machine = machine or os.uname().machine
+    if platform.machine == machine:
+        return True
+    return (binfmt / f"qemu-{platform.machine}").exists()
 
 
 def _builds_with_buildkit(cli: str, env: dict[str, str]) -> bool:
@@ -236,14 +308,23 @@ class Engine(Protocol):
 
 
 class DockerEngine:
-    """Docker CLI adapter (BuildKit builds)."""
+    """The engine CLI's adapter: Docker (BuildKit builds) or podman (:attr:`kind`, :func:`engine_kind`)."""
 
-    name = "docker"
-
-    def __init__(self, docker: str | None = None, env: dict[str, str] | None = None):
+    def __init__(self, docker: str | None = None, env: dict[str, str] | None = None, kind: str | None = None):
         self.env = dict(os.environ if env is None else env)
         self.env["DOCKER_BUILDKIT"] = "1"
         self._docker = docker
+        if kind is None:  # a CLI named podman* given by path is podman, as BUILD_IMAGE_DOCKER=podman is
+            kind = engine_kind(self.env if docker is None else {**self.env, DOCKER_ENV: docker})
+        self.kind = kind
+
+    @property
+    def name(self) -> str:
+        return self.kind
+
+    def gpu_flags(self, gpus: str | None) -> list[str]:
+        """The ``run`` flags that give a container GPUs on this engine (:func:`gpu_flags`)."""
+        return gpu_flags(self.kind, gpus)
 
     @property
     def docker(self) -> str:
@@ -356,7 +437,13 @@ class DockerEngine:
     def ping(self) -> str:
         """Server version; raises EngineUnavailable when the engine does not answer."""
         self._refuse_long_socket_path()
-        proc = self._run(["version", "--format", "{{.Server.Version}}"], timeout=30, check=False)
+        # podman runs no daemon: `podman info` answers when its store and runtime work
+        asked = (
+            ["info", "--format", "{{.Version.Version}}"]
+            if self.kind == "podman"
+            else ["version", "--format", "{{.Server.Version}}"]
+        )
+        proc = self._run(asked, timeout=30, check=False)
         if proc.returncode != 0 or not proc.stdout.strip():
             self._refuse_silent_cli(proc)
             self._raise_unreachable(proc.stderr)
@@ -379,7 +466,8 @@ class DockerEngine:
         None: the engine's own platform, no flag."""
         with tempfile.TemporaryDirectory(prefix="build-image-iid.") as tmp:
             iid = Path(tmp) / "iid"
-            args = ["build", "--progress=plain", f"--network={network}", "--iidfile", str(iid)]
+            args = ["build", *self._build_flags(), *self._timestamp(context, build_args)]
+            args += [f"--network={network}", "--iidfile", str(iid)]
             if platform is not None:
                 args.append(f"--platform={platform.name}")
             for t in tags:
@@ -407,14 +495,43 @@ class DockerEngine:
             image_id = iid.read_text().strip()
         return BuiltImage(image_id=image_id, tags=list(tags), log=log)
 
+    def _build_flags(self) -> list[str]:
+        """Docker: BuildKit's plain progress (it never pulls a base its store holds; callers check the store
+        first).  podman: ``--pull=never``, the base must be in its store; and ``--no-cache``: its layer cache
+        keys a RUN step on its text, not on the files the step bind-mounts (the wheelhouse, the lock), so a
+        cached layer could hold another lock's wheels."""
+        if self.kind != "podman":
+            return ["--progress=plain"]
+        return ["--pull=never", "--no-cache"]
+
+    def _timestamp(self, context: Path, build_args: Mapping[str, str] | None) -> list[str]:
+        """podman: ``--timestamp N`` (the image's creation time and its files' times) from the build's
+        ``SOURCE_DATE_EPOCH`` (a build arg, else the Dockerfile's ``ARG SOURCE_DATE_EPOCH=N``), as BuildKit
+        takes it; nothing when the context names none.  (A podman rebuild is still not byte-identical: the
+        installers' bytecode records when it was written.)"""
+        if self.kind != "podman":
+            return []
+        value = (build_args or {}).get("SOURCE_DATE_EPOCH")
+        if value is None:
+            try:
+                text = (Path(context) / "Dockerfile").read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                return []
+            m = re.search(r"^ARG SOURCE_DATE_EPOCH=(\d+)\s*$", text, re.M)
+            value = m.group(1) if m else None
+        return [f"--timestamp={value}"] if value is not None and str(value).isdigit() else []
+
     def inspect(self, ref: str) -> ImageInfo | None:
         proc = self._run(["image", "inspect", ref], check=False)
         if proc.returncode != 0:
             self._raise_unreachable(proc.stderr)
             return None
         doc = json.loads(proc.stdout)[0]
+        image_id = str(doc["Id"])
+        if re.fullmatch(r"[0-9a-f]{64}", image_id):  # podman's ID has no algorithm; Docker's and --iidfile's do
+            image_id = "sha256:" + image_id
         return ImageInfo(
-            id=doc["Id"],
+            id=image_id,
             size=int(doc.get("Size") or 0),
             labels=(doc.get("Config") or {}).get("Labels") or {},
             repo_digests=doc.get("RepoDigests") or [],
@@ -431,8 +548,26 @@ class DockerEngine:
         return info.platform if info else None
 
     def push(self, ref: str, *, reporter: Reporter = SILENT, timeout: int = 3600) -> PushedRef:
-        """``docker push``; each line it prints is a step event on ``reporter``."""
+        """``docker push``; each line it prints is a step event on ``reporter``.  podman: the digest comes from
+        ``--digestfile``, and a loopback registry is spoken to without TLS (``--tls-verify=false``)."""
+        if self.kind == "podman":
+            return self._podman_push(ref, reporter, timeout)
         rc, log = self._stream(["push", ref], reporter, timeout)
+        return self._pushed(ref, rc, log)
+
+    def _podman_push(self, ref: str, reporter: Reporter, timeout: int) -> PushedRef:
+        with tempfile.TemporaryDirectory(prefix="build-image-digest.") as tmp:
+            digest_file = Path(tmp) / "digest"
+            args = ["push", "--digestfile", str(digest_file)]
+            if is_loopback_registry(registry_of(ref)):
+                args.append("--tls-verify=false")
+            rc, log = self._stream([*args, ref], reporter, timeout)
+            if rc == 0 and digest_file.is_file():
+                log += f"\ndigest: {digest_file.read_text().strip()}"
+        return self._pushed(ref, rc, log)
+
+    def _pushed(self, ref: str, rc: int, log: str) -> PushedRef:
+        """The pushed ref's digest from the push's output; a failed push is :class:`RegistryError`."""
         if rc != 0:
             registry = registry_of(ref)
             if not registry_fault(log, registry):
@@ -475,8 +610,5 @@ class DockerEngine:
 
 
 def get_engine() -> Engine:
-    """The engine to use (only Docker today; ``BUILD_IMAGE_ENGINE=docker``)."""
-    kind = os.environ.get("BUILD_IMAGE_ENGINE", "docker")
-    if kind != "docker":
-        raise BadInput(f"BUILD_IMAGE_ENGINE={kind!r} is not supported (known: docker).")
-    return DockerEngine()
+    """The engine to use: Docker or podman (:func:`engine_kind`; another engine name is exit 2 naming it)."""
+    return DockerEngine(kind=engine_kind())

@@ -144,6 +144,7 @@ class HeldBase:
     ref: str  # the manifest's pinned reference, as the engine holds it
     image_id: str
     digest: str | None  # the registry digest the engine knows for it, if any
+    replay: dict | None = None  # the image is a `base materialize` replay (builder.resolve.base.replay_of)
 
 
 @dataclass(frozen=True)
@@ -158,12 +159,14 @@ class BaseCheck:
     differences: tuple[str, ...]
     seconds: float
     reused: bool  # the snapshot came from the cache (same image ID)
+    replay: dict | None = None  # compared against a `base materialize` replay, not the published image
 
     def to_dict(self, context: Path) -> dict:
         return {
             "status": self.status,
             "image": self.ref,
             "against": self.image,
+            "against_replay": self.replay,
             "differences": list(self.differences),
             "snapshot_s": self.seconds,
             "snapshot_reused": self.reused,
@@ -276,7 +279,9 @@ def base_held_by_engine(release: Release, engine) -> HeldBase | None:
             (d.split("@", 1)[1] for d in info.repo_digests if "@" in d and split_ref(d).familiar_name == repo), None
         )
     )
-    return HeldBase(resolved=release.base, ref=ref, image_id=info.id, digest=digest)
+    return HeldBase(
+        resolved=release.base, ref=ref, image_id=info.id, digest=digest, replay=base_snapshot.replay_of(info.labels)
+    )
 
 
 def verify_base(held: HeldBase, reporter: Reporter) -> BaseCheck:
@@ -287,6 +292,8 @@ def verify_base(held: HeldBase, reporter: Reporter) -> BaseCheck:
     snap, reused = base_snapshot.snapshot_cached(held.ref, image_id=held.image_id)
     seconds = round(time.monotonic() - t0, 2)
     against = held.digest or f"image {held.image_id}"
+    if held.replay is not None:  # a materialized base under the published name is never taken for it
+        against += f", {base_snapshot.replay_words(held.replay)}"
     diffs = tuple(compare(held.resolved.manifest, snap))
     how = f"snapshot {'reused' if reused else 'taken'} in {seconds}s"
     if not diffs:
@@ -299,18 +306,26 @@ def verify_base(held: HeldBase, reporter: Reporter) -> BaseCheck:
             differences=(),
             seconds=seconds,
             reused=reused,
+            replay=held.replay,
         )
     reporter.warning(
         f"base manifest {held.resolved.label} differs from the image {held.ref} ({against}; {how}) in "
         f"{len(diffs)} place(s):\n"
         + "\n".join(f"  - {d}" for d in diffs)
-        + "\nlocking against the snapshot of the real image (shipped in the context as "
-        "checks/base-manifest.json)."
+        + f"\nlocking against the snapshot of {'the replay' if held.replay else 'the real image'} (shipped in the "
+        "context as checks/base-manifest.json)."
     )
     text = snap.to_json()
     snapshot = ResolvedBase(manifest=snap, data=text.encode("utf-8"), label=f"snapshot of {held.ref}", kind="image")
     return BaseCheck(
-        status="drift", base=snapshot, ref=held.ref, image=against, differences=diffs, seconds=seconds, reused=reused
+        status="drift",
+        base=snapshot,
+        ref=held.ref,
+        image=against,
+        differences=diffs,
+        seconds=seconds,
+        reused=reused,
+        replay=held.replay,
     )
 
 
@@ -543,7 +558,9 @@ class _Run:
     def build(self, engine) -> BuildResult:
         rendered = self.rendered
         assert rendered is not None
-        with self.stages.stage("build", "BuildKit, --network=none"):
+        with self.stages.stage(
+            "build", f"{'podman' if getattr(engine, 'name', '') == 'podman' else 'BuildKit'}, --network=none"
+        ):
             built = build_image(
                 rendered.out_dir,
                 rendered.tags,

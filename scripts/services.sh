@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start/stop what the tests need: a Docker engine and a registry on 127.0.0.1:5000.
 #   scripts/services.sh install   apt-get the packages (docker.io docker-registry skopeo debootstrap
-#                                 qemu-user-static) and, on a host that is not aarch64, register
+#                                 qemu-user-static, and podman crun conmon: the podman engine's tests,
+#                                 rootful, no daemon) and, on a host that is not aarch64, register
 #                                 qemu-aarch64 in binfmt_misc (linux/arm64 builds under emulation)
 #   scripts/services.sh start     install, start dockerd and the registry (PIDs in $STATE_DIR), wait until ready
 #   scripts/services.sh stop [registry] [dockerd] [binfmt]   stop those (default registry and dockerd), by
@@ -19,6 +20,7 @@ install() {
   command -v docker-registry >/dev/null || need+=(docker-registry)
   command -v skopeo >/dev/null || need+=(skopeo)
   command -v debootstrap >/dev/null || need+=(debootstrap)
+  command -v podman >/dev/null || need+=(podman crun conmon)
   [ "$(uname -m)" = aarch64 ] || [ -x /usr/bin/qemu-aarch64-static ] || need+=(qemu-user-static)
   if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

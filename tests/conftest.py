@@ -4,6 +4,7 @@ Shared fixtures live in plugin modules (one per area) so that parallel work on
 different stages does not collide in one file:
   tests/fx_wheels.py  - small wheels built by the tests into a find-links folder (+ gcc extensions)
   tests/fx_docker.py  - Docker engine / local registry / stand-in base image (session scoped)
+  tests/fx_podman.py  - podman with the stand-in in its store (skipped where podman cannot run)
   tests/fx_cache.py   - locks for what the tests make in the shared download cache (no fixtures)
 
 Under pytest-xdist (``scripts/test.sh`` runs the tests that need no engine with ``-n N --dist
@@ -21,7 +22,7 @@ import signal
 import pytest
 from click.testing import CliRunner
 
-pytest_plugins = ["tests.fx_wheels", "tests.fx_docker"]
+pytest_plugins = ["tests.fx_wheels", "tests.fx_docker", "tests.fx_podman"]
 
 # A suite started in the background of a non-interactive shell (`cmd &`) inherits SIGINT ignored,
 # and an ignored signal stays ignored across exec: the Ctrl-C tests' commands would never see the

@@ -165,3 +165,67 @@ def test_one_classifier_decides_whether_the_engine_itself_was_unreachable(stderr
     assert engine_unreachable(stderr) is unreachable
     err = base._engine_error(["run", "--rm", "x:1"], stderr)
     assert isinstance(err, EngineUnavailable if unreachable else ExternalToolError)
+
+
+# --------------------------------------------------------------------------- podman beside Docker
+def test_engine_kind_from_the_flag_the_cli_name_and_refused_otherwise():
+    from builder.engine import engine_kind
+    from builder.errors import BadInput
+
+    assert engine_kind({}) == "docker"
+    assert engine_kind({"BUILD_IMAGE_DOCKER": "/usr/bin/podman"}) == "podman"
+    assert engine_kind({"BUILD_IMAGE_DOCKER": "podman-docker"}) == "docker"  # Debian's docker-CLI shim
+    assert engine_kind({"BUILD_IMAGE_ENGINE": "Podman", "BUILD_IMAGE_DOCKER": "/x/docker"}) == "podman"
+    with pytest.raises(BadInput, match="'nerdctl'.*drives docker and podman"):
+        engine_kind({"BUILD_IMAGE_ENGINE": "nerdctl"})
+
+
+def test_podman_cli_found_for_the_podman_engine_and_named_when_missing(tmp_path):
+    exe = _fake_cli(tmp_path / "bin", "podman")
+    assert docker_cli({"PATH": str(exe.parent), "BUILD_IMAGE_ENGINE": "podman"}) == str(exe)
+    with pytest.raises(EngineUnavailable, match="`podman` on PATH"):
+        docker_cli({"PATH": str(tmp_path / "none"), "BUILD_IMAGE_ENGINE": "podman"})
+
+
+def test_gpus_the_docker_way_and_the_cdi_way():
+    from builder.engine import gpu_flags
+    from builder.errors import BadInput
+
+    assert gpu_flags("docker", "all") == ["--gpus", "all"]
+    assert gpu_flags("podman", "all") == ["--device", "nvidia.com/gpu=all"]
+    assert gpu_flags("podman", "device=0,1") == ["--device", "nvidia.com/gpu=0", "--device", "nvidia.com/gpu=1"]
+    assert gpu_flags("podman", "2") == ["--device", "nvidia.com/gpu=0", "--device", "nvidia.com/gpu=1"]
+    assert gpu_flags("podman", None) == [] == gpu_flags("docker", "")
+    with pytest.raises(BadInput, match="CDI"):
+        gpu_flags("podman", "device=0;rm")
+
+
+def test_the_smoke_requests_gpus_as_its_engine_does(tmp_path, monkeypatch):
+    from builder.serving.smoke.config import SmokeConfig
+    from builder.serving.smoke.server import build_docker_command
+
+    cfg = SmokeConfig(model=str(tmp_path), image="x:1")
+    monkeypatch.delenv("BUILD_IMAGE_ENGINE", raising=False)
+    docker = build_docker_command(cfg, 1, "n", "/usr/bin/docker")
+    assert docker[docker.index("--gpus") + 1] == "all" and "--device" not in docker
+    podman = build_docker_command(cfg, 1, "n", "/usr/bin/podman")
+    assert "--gpus" not in podman and podman[podman.index("--device") + 1] == "nvidia.com/gpu=all"
+    assert "--pull=never" in podman
+
+
+def test_loopback_registries():
+    from builder.engine import is_loopback_registry
+
+    assert all(map(is_loopback_registry, ["127.0.0.1:5000", "localhost:5000", "[::1]:5000", "127.1.2.3"]))
+    assert not any(map(is_loopback_registry, ["ghcr.io", "10.0.0.1:5000", "127.0.0.1.example.com"]))
+
+
+def test_builds_for_the_host_and_binfmt_handlers(tmp_path):
+    from builder import platforms
+    from builder.engine import builds_for
+
+    arm = platforms.parse("linux/arm64")
+    assert builds_for(platforms.parse("linux/amd64"), machine="x86_64", binfmt=tmp_path)
+    assert not builds_for(arm, machine="x86_64", binfmt=tmp_path)
+    (tmp_path / "qemu-aarch64").write_text("enabled\n")
+    assert builds_for(arm, machine="x86_64", binfmt=tmp_path)

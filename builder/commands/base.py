@@ -773,3 +773,13 @@ def _not_replayed(m) -> dict[str, dict]:
         if h is not None and not h.replayed:
             out[name] = {"version": h.version, "reason": h.reason}
     return out
+
+
+def _register_materialize() -> None:
+    """``base materialize`` (builder/commands/materialize.py)."""
+    from builder.commands.materialize import command as materialize
+
+    command.add_command(materialize)
+
+
+_register_materialize()

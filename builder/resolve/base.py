@@ -365,6 +365,30 @@ def _versions_from_lib_dirs(tree: _ImageTree) -> list[str]:
     return sorted(vers, key=Version)
 
 
+#: labels of a base image built by ``build-image base materialize`` (builder/image/materialize.py): the replay
+#: of a release's recipe, never the published image
+REPLAY_LABEL = "org.build-image.base.replay"
+REPLAY_MANIFEST_LABEL = "org.build-image.base.manifest-sha256"
+REPLAYS_LABEL = "org.build-image.base.replays"
+
+
+def replay_of(labels: dict | None) -> dict | None:
+    """Pure: what an image's labels say of it being a materialized replay (``{"replays": the published image,
+    "manifest_sha256": …}``), None for any other image."""
+    labels = labels or {}
+    if labels.get(REPLAY_LABEL) != "true":
+        return None
+    return {"replays": labels.get(REPLAYS_LABEL), "manifest_sha256": labels.get(REPLAY_MANIFEST_LABEL)}
+
+
+def replay_words(replay: dict) -> str:
+    """Pure: how a report names a materialized replay."""
+    return (
+        f"a REPLAY of {replay.get('replays') or 'the published image'} built by `build-image base materialize` "
+        f"from the manifest sha256 {replay.get('manifest_sha256') or '?'}, not the published image"
+    )
+
+
 def snapshot_image(
     ref: str,
     *,
@@ -411,6 +435,9 @@ def snapshot_image(
         + (", CUDA from the image's CUDA_VERSION" if env.get("CUDA_VERSION") else "")
         + "."
     )
+    replay = replay_of((info.get("Config") or {}).get("Labels"))
+    if replay is not None:
+        method += f" The image is {replay_words(replay)}."
     return BaseManifest(
         image_ref=ref,
         image_digest=_local_image_digest(ref, info),

@@ -76,11 +76,12 @@ def build_docker_command(
     volumes: list[tuple[str, str]] | None = None,
     env: dict[str, str] | None = None,
 ) -> list[str]:
-    """``docker run`` of the image: ``vllm serve`` by default, or ``entrypoint args``."""
+    """``docker run`` of the image: ``vllm serve`` by default, or ``entrypoint args``.  GPUs as the engine
+    requests them (:func:`builder.engine.gpu_flags`: ``--gpus`` for Docker, CDI ``--device nvidia.com/gpu=...``
+    for podman)."""
     model = str(Path(cfg.model).resolve())
     cmd = [docker_bin, "run", "--rm", "--name", name, "--pull=never"]
-    if cfg.docker_gpus:
-        cmd += ["--gpus", cfg.docker_gpus]
+    cmd += DockerEngine(docker=docker_bin).gpu_flags(cfg.docker_gpus)
     # host networking: the server binds 127.0.0.1:PORT on the host itself (no bridge needed,
     # nothing exposed beyond loopback)
     cmd += [

@@ -21,6 +21,13 @@ Rules (rule ids are stable; ``diff`` and the docs refer to them):
 ``elf-machine``     a wheel's ELF files are for another machine than the base's platform (an x86_64
                     ``.so`` in a lock for the aarch64 image, or the reverse), whatever its tags say:
                     read from each ELF header's ``e_machine``.
+``torch-abi``       a distribution the lock adds or moves ships ELF files linked against torch
+                    (``libtorch*``/``libc10*`` in DT_NEEDED, or undefined symbols of torch's C++
+                    namespaces) that do not fit the base's torch: evidence in order (1) its undefined
+                    torch symbols against the exports the base manifest records for torch
+                    (``torch_exports``), (2) an exact ``torch==X`` pin in its requirements or a local
+                    tag (``+pt214``, ``torch2.14``) naming another torch minor; (3) neither: the
+                    notice ``torch-abi-unverified``.
 ``unversioned-in-base`` the lock pins a distribution the image holds but the manifest cannot
                     version (a wheel from another index, one built from source in the image:
                     the manifest's ``lacks.unversioned``): installing it would replace the
@@ -38,7 +45,7 @@ is moved to ``allowed`` with the reason; the lock records it in its header.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -46,6 +53,7 @@ from packaging.version import InvalidVersion, Version
 
 from builder import platforms
 from builder.errors import BadInput
+from builder.resolve.elfsyms import symbol_key, unpack_symbols
 from builder.resolve.lockfile import LockEntry
 from builder.resolve.manifest import BaseManifest, DistFacts, Distribution, target_environment
 from builder.util import canonical_name, same_version
@@ -57,14 +65,25 @@ NUMPY_ABI = "numpy-abi"
 GLIBC = "glibc"
 PYTHON_ABI = "python-abi"
 ELF_MACHINE = "elf-machine"
+TORCH_ABI = "torch-abi"
+TORCH_ABI_UNVERIFIED = "torch-abi-unverified"
 UNVERSIONED_IN_BASE = "unversioned-in-base"
 NEWER_THAN_BASE = "newer-than-base"
 OLDER_THAN_BASE = "older-than-base"
 BINARY_MOVE = "binary-move"
 
-VIOLATION_RULES = (EXACT_COUPLED, CUDA_VARIANT, NUMPY_ABI, GLIBC, PYTHON_ABI, ELF_MACHINE, UNVERSIONED_IN_BASE)
+VIOLATION_RULES = (
+    EXACT_COUPLED,
+    CUDA_VARIANT,
+    NUMPY_ABI,
+    GLIBC,
+    PYTHON_ABI,
+    ELF_MACHINE,
+    TORCH_ABI,
+    UNVERSIONED_IN_BASE,
+)
 NEW_STACK = "new-vllm-stack"
-NOTICE_RULES = (NEWER_THAN_BASE, OLDER_THAN_BASE, BINARY_MOVE, NEW_STACK)
+NOTICE_RULES = (NEWER_THAN_BASE, OLDER_THAN_BASE, BINARY_MOVE, NEW_STACK, TORCH_ABI_UNVERIFIED)
 
 _EXACT_NAMES = frozenset({"torch", "torchvision", "torchaudio", "triton", "vllm", "xformers"})
 _EXACT_PREFIXES = ("flashinfer", "nvidia-", "cuda-")
@@ -356,6 +375,15 @@ class _Gate:
     base_versions: dict[str, str] = field(default_factory=dict)
     base_cu: str | None = None
     fresh_stack: bool = False
+    demangle: Callable[[list[str]], list[str]] = list
+    _torch_keys: frozenset[int] | None = None
+
+    def torch_keys(self) -> frozenset[int] | None:
+        """The keys of the base torch's exported symbols (None: the manifest records none)."""
+        torch = self.base.get("torch")
+        if self._torch_keys is None and torch is not None and torch.facts.torch_exports:
+            self._torch_keys = unpack_symbols(torch.facts.torch_exports, "base manifest: 'distributions.torch'")
+        return self._torch_keys
 
     def chain(self, name: str) -> list[str]:
         return build_chain(
@@ -382,21 +410,27 @@ def evaluate(
     vllm: str | None = None,
     requires: Mapping[str, list[str]] | None = None,
     overlay: Iterable[str] = (),
+    demangle: Callable[[list[str]], list[str]] | None = None,
 ) -> GateResult:
     """Judge ``entries`` (packages installed on top of ``base``) against the rules.
 
     ``allow`` maps a distribution name to the reason given with
     ``--allow-abi-change``; ``vllm`` is the version named in messages (default:
-    the base's vllm); ``requires``/``overlay`` only enrich the chains.
+    the base's vllm); ``requires``/``overlay`` enrich the chains (``requires``: also the
+    torch pins ``torch-abi`` reads); ``demangle`` turns the few symbol names a message shows
+    into C++ (default: shown mangled).
     """
     allow = {canonical_name(k): v for k, v in (allow or {}).items()}
     gate = _gate_of(base, entries, vllm, requires, overlay)
+    if demangle is not None:
+        gate.demangle = demangle
     findings: list[Finding] = []
     for e in sorted(entries, key=lambda x: x.key):
         b: Distribution | None = base.get(e.name)
         findings += _unversioned_findings(gate, e, b)
         findings += _stack_findings(gate, e, b)
         findings += _binary_findings(gate, e, b.version if b else None)
+        findings += _torch_findings(gate, e, b)
         findings += _move_findings(gate, e, b)
     findings.extend(_numpy_findings(base, entries, gate.final, gate.final_facts, gate.chain))
     return _sorted_out(findings, allow)
@@ -564,6 +598,99 @@ def _machine_findings(gate: _Gate, e: LockEntry, old: str | None) -> list[Findin
     ]
 
 
+_TORCH_TAG = re.compile(r"(?:^|[^a-z])(?:pt|torch)(\d)\.?(\d{1,2})(?!\d)")
+
+
+def torch_claim(name: str, version: str, requires: Iterable[str] = ()) -> str | None:
+    """The torch a build says it is for: an exact ``torch==X`` in its requirements, else its local
+    version tag (``0.3.0+pt214`` -> ``2.14``, ``+cu130torch2.10`` -> ``2.10``); None when it says neither."""
+    for raw in requires:
+        try:
+            req = Requirement(raw)
+        except InvalidRequirement:
+            continue
+        pins = [s.version for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version]
+        if canonical_name(req.name) == "torch" and req.marker is None and pins:
+            return pins[0]
+    if "+" in version:
+        m = _TORCH_TAG.search(version.split("+", 1)[1].lower())
+        if m:
+            return f"{m.group(1)}.{m.group(2)}"
+    return None
+
+
+def _same_minor(a: str, b: str) -> bool:
+    return _vtuple(a.split("+")[0])[:2] == _vtuple(b.split("+")[0])[:2]
+
+
+def _torch_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
+    """``torch-abi``: an added or moved distribution whose ELF files are linked against torch, against the base's
+    torch — by symbols when the manifest records torch's exports, else by its pins or tags, else a notice."""
+    torch = gate.base.get("torch")
+    if torch is None or not e.facts.torch_needs or is_exact_coupled(e.name):
+        return []
+    if b is not None and same_version(b.version, e.version):
+        return []
+    old = b.version if b else None
+    claim = torch_claim(e.name, e.version, (gate.requires or {}).get(e.key, []))
+    keys = gate.torch_keys()
+    if keys is not None:
+        missing = {f: [s for s in syms if symbol_key(s) not in keys] for f, syms in sorted(e.facts.torch_needs.items())}
+        missing = {f: m for f, m in missing.items() if m}
+        if not missing:
+            return []
+        return [_torch_rejection(gate, e, old, torch.version, missing, claim)]
+    if claim is not None and not _same_minor(claim, torch.version):
+        files = ", ".join(sorted(e.facts.torch_needs)[:3])
+        return [
+            gate.finding(
+                TORCH_ABI,
+                e,
+                old,
+                f"{e.name} {e.version} ships extensions linked against torch ({files}) and is built for torch "
+                f"{claim}, but the base runs torch {torch.version}: it fails at import with 'undefined symbol'.",
+                [f"{e.name} {e.version}: built for torch {claim} (its torch pin or local version tag)"],
+            )
+        ]
+    if claim is not None:
+        return []
+    return [
+        Finding(
+            e.name,
+            TORCH_ABI_UNVERIFIED,
+            old,
+            e.version,
+            f"{e.name} {e.version} ships extensions linked against torch, and neither the base manifest (no "
+            "torch_exports: made before build-image recorded them) nor the wheel (no torch==X pin, no +ptXY tag) "
+            f"says which torch it was built for; it cannot be verified against torch {torch.version}.",
+            [],
+            gate.chain(e.name),
+        )
+    ]
+
+
+def _torch_rejection(
+    gate: _Gate, e: LockEntry, old: str | None, torch: str, missing: dict[str, list[str]], claim: str | None
+) -> Finding:
+    total = sum(len(m) for m in missing.values())
+    first = next(iter(missing))
+    shown = gate.demangle(missing[first][:3])
+    need = f"torch {claim}" if claim else "another torch than the base's"
+    evidence = [
+        f"{f}: {len(m)} undefined torch symbol(s) not exported by the base's torch {torch}, e.g. "
+        + "; ".join(gate.demangle(m[:3]))
+        for f, m in list(missing.items())[:4]
+    ]
+    return gate.finding(
+        TORCH_ABI,
+        e,
+        old,
+        f"{e.name} {e.version} was built for {need}: {first} needs {total} torch symbol(s) the base's torch "
+        f"{torch} does not export ({'; '.join(shown)}), so importing it fails with 'undefined symbol'.",
+        evidence,
+    )
+
+
 def _move_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
     """A base distribution outside the exact-coupled family that moves: a notice, binary or pure Python."""
     if b is None or same_version(b.version, e.version) or is_exact_coupled(e.name):
@@ -706,6 +833,11 @@ def ways_out(fd: Finding) -> list[str]:
         outs.append(
             f"pin an older version of the package that pulls it ({fd.chain[1].split(' (')[0]})"
             " with --with so it fits the base"
+        )
+    if fd.rule == TORCH_ABI:
+        outs.append(
+            f"use a build of {fd.name} made for the base's torch (a release whose requirements pin that torch, "
+            "or a wheel with its local tag, +ptXY), or build it from source against the image's torch"
         )
     if fd.rule == NUMPY_ABI and canonical_name(fd.name) == "numpy" and _major(fd.new) not in (None, "0", "1"):
         # numpy goes to 2.x: the distributions in the evidence (built against 1.x) can move to a

@@ -50,6 +50,7 @@ from builder.resolve import index as ix
 from builder.resolve import pylock as _pylock
 from builder.resolve.abi import GateResult, evaluate, format_rejection, is_exact_coupled
 from builder.resolve.baseref import ResolvedBase, vllm_on_base
+from builder.resolve.elfsyms import demangle
 from builder.resolve.explain import (
     explain_unsatisfiable,
     find_pin_moves,
@@ -76,7 +77,7 @@ from builder.util import (
 )
 from builder.validate import read_bounded_text
 
-FACTS_CACHE_VERSION = "2"  # 2: the ELF machines of a wheel (the gate's elf-machine rule)
+FACTS_CACHE_VERSION = "3"  # 2: the ELF machines of a wheel (elf-machine); 3: its torch symbols (torch-abi)
 DEFAULT_RAY = "ray[serve]"  # the default overlay (builder.spec.DEFAULT_OVERLAY)
 RAY_POLICY = "ray[llm]-pins-vllm/1"  # inputs-sha256 names the rule that picks the default ray
 
@@ -440,14 +441,16 @@ def lock(
     entries, chosen = build_entries(base, resolved, wheels, tags)
     t0 = time.monotonic()
     requires = _scan_wheels(req, entries, chosen, reporter)
-    gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving)
+    gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving, demangle=demangle)
     flagged = [f.name for f in gate.violations + gate.allowed + gate.notices]
     missing = [k for k in chain_ancestors(entries, flagged) if not requires.get(k)]
     if missing:  # what each link of the chains asked for: fetch those few (pure) wheels
         reporter.step(f"reading the requirements of {len(missing)} package(s) on the chains")
         for k in missing:
             requires[k] = requires_of(chosen[k])
-        gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving)
+        gate = evaluate(
+            base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving, demangle=demangle
+        )
     timings["scan"] = time.monotonic() - t0
     header = lock_header(req, uv.version())
     header.update(ray_header(req, entries, base))

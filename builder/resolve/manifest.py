@@ -23,7 +23,8 @@ File format (JSON, ``schema = "build-image/base-manifest/v1"``)::
                   "numpy_abi": {"1": 0, "2": 0},   # extensions referencing each C-API generation
                   "glibc": "2.17" | null,          # highest GLIBC_x.y needed by its ELF files
                   "python_abi": "cp312" | "abi3" | "none",
-                  "native_sha256": "..."}          # optional: digest of its ELF files (below)
+                  "native_sha256": "...",          # optional: digest of its ELF files (below)
+                  "torch_exports": "v1:..."}       # optional, torch's entry: its exported C++ symbols (below)
       },
       "consistency": {"tool": "pip" | "uv",        # optional: the base's own `pip check` problems
                       "problems": ["..."]}
@@ -32,6 +33,10 @@ File format (JSON, ``schema = "build-image/base-manifest/v1"``)::
 ``native_sha256`` (optional, distributions with native code): sha256 over the lines
 ``relpath<TAB>sha256`` of the ELF files its RECORD lists (``templates/checks/base_check.py``
 computes it, on the host for the manifest and in the image's checks stage).
+``torch_exports`` (optional, the distribution shipping ``libtorch*.so``/``libc10*.so``): the
+torch-namespace symbols those libraries export, as a compact set (:mod:`builder.resolve.elfsyms`:
+sorted 32-bit keys of the names, delta-encoded, zlib'd, base64'd); the gate's ``torch-abi`` rule
+checks an added extension's undefined torch symbols against it without the image.
 ``consistency`` (optional): what ``pip check`` (``uv pip check`` on a base whose
 manifest lists uv but not pip) reports on the base itself, recorded when the manifest
 is made; the image build allows exactly these.  Manifests without either field stay
@@ -73,6 +78,12 @@ class DistFacts:
     # ELF files by the header's e_machine (EM_X86_64, EM_AARCH64): read by the gate from a wheel's files; neither
     # a manifest nor a lock records it (a base's files are its platform's by construction)
     machines: dict[str, int] = field(default_factory=dict, compare=False)
+    # the torch-namespace symbols its ELF files leave undefined, by file name (only files linked against torch):
+    # read by the gate from an added wheel (``torch-abi``); neither a manifest nor a lock records it
+    torch_needs: dict[str, list[str]] = field(default_factory=dict, compare=False)
+    # the torch-namespace symbols its libtorch*/libc10* libraries export, as the compact set of
+    # builder.resolve.elfsyms.pack_symbols (torch's entry in a manifest; None elsewhere)
+    torch_exports: str | None = field(default=None, compare=False)
 
     @property
     def numpy_generations(self) -> set[str]:
@@ -207,8 +218,10 @@ def _facts_doc(facts: DistFacts) -> dict:
     """The facts as the file holds them: an optional field that is None is left out (old files stay byte-identical)."""
     doc = asdict(facts)
     doc.pop("machines", None)
-    if doc.get("native_sha256") is None:
-        doc.pop("native_sha256", None)
+    doc.pop("torch_needs", None)
+    for optional in ("native_sha256", "torch_exports"):
+        if doc.get(optional) is None:
+            doc.pop(optional, None)
     return doc
 
 
@@ -317,6 +330,7 @@ def _distributions(dists_doc: dict, path: str) -> dict[str, Distribution]:
             glibc=_opt(d, "glibc", str, where, path),
             python_abi=_opt(d, "python_abi", str, where, path) or "none",
             native_sha256=_opt(d, "native_sha256", str, where, path),
+            torch_exports=_torch_exports(d, where, path),
         )
         if facts.native_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", facts.native_sha256):
             raise BadInput(
@@ -325,6 +339,21 @@ def _distributions(dists_doc: dict, path: str) -> dict[str, Distribution]:
             )
         dists[canonical_name(name)] = Distribution(name=name, version=version, facts=facts)
     return dists
+
+
+#: the longest ``torch_exports`` text a manifest may hold (torch 2.14's: ~140 KB)
+MAX_TORCH_EXPORTS = 8 << 20
+
+
+def _torch_exports(d: dict, where: str, path: str) -> str | None:
+    """A distribution's ``torch_exports``: ``v1:`` and base64 (decoded only when the gate reads it)."""
+    val = _opt(d, "torch_exports", str, where, path)
+    if val is not None and (len(val) > MAX_TORCH_EXPORTS or not re.fullmatch(r"v1:[A-Za-z0-9+/]*={0,2}", val)):
+        raise BadInput(
+            f"base manifest {path}: field '{where}torch_exports' must be 'v1:' and base64 text of at most "
+            f"{MAX_TORCH_EXPORTS} characters (the set `base snapshot` writes), got {val[:40]!r}..."
+        )
+    return val
 
 
 def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:

@@ -1,0 +1,181 @@
+"""The ``torch-abi`` rule: torch symbols read from small built ELF files (a stand-in ``libc10.so`` and an
+extension linking it), the compact set the manifest records, and the gate's three kinds of evidence."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from builder.errors import BadInput
+from builder.resolve import abi, elfsyms
+from builder.resolve.manifest import parse_manifest
+from builder.resolve.scanner import scan_files, scan_wheel
+from tests.fx_wheels import write_wheel
+from tests.test_abi import entry, facts, manifest
+
+# a stand-in c10: free functions in namespace c10, named as g++ mangles them
+_C10_V2 = 'void foo(void) __asm__("_ZN3c103fooEv");\nvoid foo(void) {}\n'
+_C10_V1 = _C10_V2 + 'void baz(void) __asm__("_ZN3c103bazEv");\nvoid baz(void) {}\n'
+_EXT = (
+    'void foo(void) __asm__("_ZN3c103fooEv");\nvoid baz(void) __asm__("_ZN3c103bazEv");\n'
+    "int PyInit__ext(void) { foo(); baz(); return 0; }\n"
+)
+_EXT_FOO = 'void foo(void) __asm__("_ZN3c103fooEv");\nint PyInit__ext(void) { foo(); return 0; }\n'
+
+
+def _cc(work: Path, out: str, src: str, *libs: str) -> Path:
+    (work / f"{out}.c").write_text(src)
+    args = ["gcc", "-shared", "-fPIC", "-O0", "-o", out, f"{out}.c", *libs]
+    subprocess.run(args, cwd=work, check=True, capture_output=True)
+    return work / out
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> dict[str, Path]:
+    """v1/ and v2/ stand-in ``libc10.so``; ``_ext.so`` linked against v1 needing foo and baz, ``_ext_foo.so``
+    needing only foo."""
+    work = tmp_path_factory.mktemp("c10")
+    (work / "v1").mkdir()
+    (work / "v2").mkdir()
+    out = {"v1": _cc(work / "v1", "libc10.so", _C10_V1), "v2": _cc(work / "v2", "libc10.so", _C10_V2)}
+    out["ext"] = _cc(work / "v1", "_ext.so", _EXT, "-L.", "-lc10")
+    out["ext_foo"] = _cc(work / "v1", "_ext_foo.so", _EXT_FOO, "-L.", "-lc10")
+    return out
+
+
+def test_scan_reads_needs_of_an_extension_and_exports_of_libc10(built):
+    ext = scan_files([built["ext"]])
+    assert ext.torch_needs == {"_ext.so": ["_ZN3c103bazEv", "_ZN3c103fooEv"]}
+    assert ext.torch_exports is None
+    lib = scan_files([built["v2"]])
+    assert lib.torch_needs == {}
+    keys = elfsyms.unpack_symbols(lib.torch_exports, "test")
+    assert keys == {elfsyms.symbol_key("_ZN3c103fooEv")}
+
+
+def test_a_library_linking_c10_without_symbols_counts_as_linked(tmp_path, built):
+    src = "int f(void) { return 1; }\n"
+    lib = _cc(built["v1"].parent, "_only_linked.so", src, "-L.", "-Wl,--no-as-needed", "-lc10")
+    assert scan_files([lib]).torch_needs == {"_only_linked.so": []}
+    plain = _cc(tmp_path, "_plain.so", "int f(void) { return 1; }\n")
+    assert scan_files([plain]).torch_needs == {}
+
+
+@given(st.sets(st.text(alphabet="abcdefgh_Z0123456789", min_size=1, max_size=30), max_size=200))
+def test_packed_set_holds_exactly_the_keys(names):
+    packed = elfsyms.pack_symbols(names)
+    assert elfsyms.unpack_symbols(packed, "x") == {elfsyms.symbol_key(n) for n in names}
+
+
+@pytest.mark.parametrize("text", ["v2:AAAA", "v1:!!!!", "v1:" + "QUJD", ""])
+def test_unpack_refuses_what_pack_did_not_write(text):
+    with pytest.raises(BadInput, match="not a packed symbol set"):
+        elfsyms.unpack_symbols(text, "base manifest x")
+
+
+def _base(exports: str | None, torch="2.14.0"):
+    f = facts(True, 3, 0, 1, "2.28", "cp312")
+    f.torch_exports = exports
+    return manifest({"torch": (torch, f), "vllm": ("0.34.0", facts(True, 1, 0, 0, "2.28", "abi3"))})
+
+
+def _linked(needs: dict[str, list[str]]):
+    f = facts(True, 1, 0, 0, "2.17", "cp312")
+    f.torch_needs = needs
+    return f
+
+
+def test_gate_rejects_an_extension_needing_a_symbol_torch_does_not_export(built):
+    base = _base(scan_files([built["v2"]]).torch_exports)
+    ext = entry("lmcache", "0.3.0", scan_files([built["ext"]]))
+    result = abi.evaluate(base, [ext], demangle=elfsyms.demangle)
+    [fd] = result.violations
+    assert fd.rule == abi.TORCH_ABI
+    assert "_ext.so" in fd.message and "c10::baz()" in fd.message and "2.14.0" in fd.message
+    assert "c10::foo()" not in fd.message
+    assert any("made for the base's torch" in w for w in abi.ways_out(fd))
+    ok = abi.evaluate(base, [entry("lmcache", "0.3.0", scan_files([built["ext_foo"]]))])
+    assert ok.ok and not ok.notices
+
+
+def test_gate_reads_pins_and_tags_when_the_manifest_records_no_exports():
+    base = _base(None)
+    needs = _linked({"_C.so": ["_ZN3c103fooEv"]})
+    other = abi.evaluate(base, [entry("lmcache", "0.3.0", needs)], requires={"lmcache": ["torch==2.10.0"]})
+    assert [f.rule for f in other.violations] == [abi.TORCH_ABI]
+    assert "torch 2.10.0" in other.violations[0].message
+    tagged = abi.evaluate(base, [entry("lmcache", "0.3.0+pt213", needs)])
+    assert [f.rule for f in tagged.violations] == [abi.TORCH_ABI]
+    same = abi.evaluate(base, [entry("lmcache", "0.3.0+cu130torch2.14", needs)])
+    assert same.ok and not same.notices
+    unknown = abi.evaluate(base, [entry("lmcache", "0.3.0", needs)], requires={"lmcache": ["torch>=2.8"]})
+    assert unknown.ok and [f.rule for f in unknown.notices] == [abi.TORCH_ABI_UNVERIFIED]
+
+
+def test_gate_leaves_unlinked_unmoved_and_torch_family_alone(built):
+    base = _base(scan_files([built["v2"]]).torch_exports)
+    bad = scan_files([built["ext"]])
+    assert abi.evaluate(base, [entry("numpy", "2.3.0", facts(True, 3, 0, 0, "2.17", "cp312"))]).ok
+    stay = abi.evaluate(base, [entry("vllm", "0.34.0", bad)])
+    assert not any(f.rule == abi.TORCH_ABI for f in stay.violations)
+    no_torch = manifest({"vllm": ("0.34.0", facts())})
+    assert not any(f.rule == abi.TORCH_ABI for f in abi.evaluate(no_torch, [entry("lmcache", "0.3", bad)]).violations)
+
+
+@pytest.mark.parametrize(
+    "version,requires,claim",
+    [
+        ("0.3.0+pt214", [], "2.14"),
+        ("0.3.0+cu130torch2.10", [], "2.10"),
+        ("0.3.0", ["torch==2.9.1"], "2.9.1"),
+        ("0.3.0", ["torch==2.9.1; platform_machine == 'ppc'"], None),
+        ("0.3.0", ["torch>=2.9"], None),
+        ("0.3.0+cu130", [], None),
+    ],
+)
+def test_torch_claim(version, requires, claim):
+    assert abi.torch_claim("x", version, requires) == claim
+
+
+def test_manifest_round_trips_torch_exports_and_refuses_garbage(built):
+    base = _base(scan_files([built["v2"]]).torch_exports)
+    back = parse_manifest(base.to_json())
+    assert back.get("torch").facts.torch_exports == base.get("torch").facts.torch_exports
+    assert "torch_needs" not in base.to_json()
+    bad = base.to_json().replace(base.get("torch").facts.torch_exports, "v1:$$$")
+    with pytest.raises(BadInput, match="torch_exports"):
+        parse_manifest(bad, "m.json")
+
+
+def _dynsym_header_offset(data: bytes) -> int:
+    """The file offset of the .dynsym section header of a 64-bit little-endian ELF."""
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    for i in range(shnum):
+        if struct.unpack_from("<I", data, shoff + i * shentsize + 4)[0] == 11:  # SHT_DYNSYM
+            return shoff + i * shentsize
+    raise AssertionError("no .dynsym")
+
+
+@pytest.mark.parametrize("size", [1 << 40, 1 << 33])
+def test_a_symbol_table_that_lies_about_its_size_is_bad_input_naming_the_file(tmp_path, built, size):
+    data = bytearray(built["ext"].read_bytes())
+    struct.pack_into("<Q", data, _dynsym_header_offset(data) + 0x20, size)  # sh_size
+    bad = tmp_path / "_liar.so"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(BadInput, match=r"_liar\.so: its \.dynsym section claims bytes"):
+        scan_files([bad])
+    wheel = write_wheel(tmp_path, "liar", "1.0", "cp312-cp312-linux_x86_64", {"liar/_liar.so": bytes(data)})
+    with pytest.raises(BadInput, match=r"liar-1\.0-cp312-cp312-linux_x86_64\.whl: liar/_liar\.so"):
+        scan_wheel(wheel)
+
+
+def test_millions_of_symbols_are_refused_not_read(tmp_path, built, monkeypatch):
+    monkeypatch.setattr(elfsyms, "MAX_DYNSYM", 2)
+    with pytest.raises(BadInput, match="over the"):
+        scan_files([built["ext"]])

@@ -14,6 +14,13 @@ Example ``build-image.toml``::
     [allow-abi-change]
     numpy = "reason text, recorded in the lock header"
 
+    [[lockstep]]                       # lock: a family the gate's lockstep rule adds to its shipped table
+    name = "lmcache-vllm"
+    kind = "requires"                  # or "same-version" with members = ["a", "b"]
+    when = "lmcache>=0.3.10"
+    needs = "vllm>=0.11.1"
+    source = "where the rule comes from"
+
     [serving]
     model = "/models/qwen"
     gpus = 8                 # GPUs per node
@@ -143,6 +150,8 @@ class Spec:
     lock: str | None = None
     repo: str | None = None
     allow_abi_change: dict[str, str] = field(default_factory=dict)
+    # [[lockstep]] tables as written (checked by builder.resolve.lockstep.parse_families when a lock is made)
+    lockstep: list = field(default_factory=list)
     find_links: list[str] = field(default_factory=list)  # extra wheel folders (uv --find-links)
     no_index: bool = False
     exclude_newer: str | None = None
@@ -207,6 +216,7 @@ _TOP_KEYS = {
     "lock": str,
     "repo": str,
     "allow-abi-change": dict,
+    "lockstep": list,
     "serving": dict,
     "find-links": list,
     "no-index": bool,
@@ -286,6 +296,7 @@ def parse_spec(text: str, path: str) -> Spec:
         lock=doc.get("lock"),
         repo=doc.get("repo"),
         allow_abi_change=dict(allow),
+        lockstep=list(doc.get("lockstep", [])),
         find_links=list(doc.get("find-links", [])),
         no_index=doc.get("no-index", False),
         exclude_newer=doc.get("exclude-newer"),

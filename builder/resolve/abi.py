@@ -28,6 +28,11 @@ Rules (rule ids are stable; ``diff`` and the docs refer to them):
                     (``torch_exports``), (2) an exact ``torch==X`` pin in its requirements or a local
                     tag (``+pt214``, ``torch2.14``) naming another torch minor; (3) neither: the
                     notice ``torch-abi-unverified``.
+``lockstep``        a family that must move together does not (:mod:`builder.resolve.lockstep`: the
+                    shipped table with its sources, and a spec's ``[[lockstep]]``): the members of a
+                    ``same-version`` family present in the final set differ (flashinfer-python /
+                    flashinfer-cubin / flashinfer-jit-cache), or a ``requires`` entry's ``when``
+                    holds and its ``needs`` does not; only when the lock adds or moves a member.
 ``unversioned-in-base`` the lock pins a distribution the image holds but the manifest cannot
                     version (a wheel from another index, one built from source in the image:
                     the manifest's ``lacks.unversioned``): installing it would replace the
@@ -55,6 +60,7 @@ from builder import platforms
 from builder.errors import BadInput
 from builder.resolve.elfsyms import symbol_key, unpack_symbols
 from builder.resolve.lockfile import LockEntry
+from builder.resolve.lockstep import Family, all_families, member_versions
 from builder.resolve.manifest import BaseManifest, DistFacts, Distribution, target_environment
 from builder.util import canonical_name, same_version
 
@@ -67,6 +73,7 @@ PYTHON_ABI = "python-abi"
 ELF_MACHINE = "elf-machine"
 TORCH_ABI = "torch-abi"
 TORCH_ABI_UNVERIFIED = "torch-abi-unverified"
+LOCKSTEP = "lockstep"
 UNVERSIONED_IN_BASE = "unversioned-in-base"
 NEWER_THAN_BASE = "newer-than-base"
 OLDER_THAN_BASE = "older-than-base"
@@ -80,6 +87,7 @@ VIOLATION_RULES = (
     PYTHON_ABI,
     ELF_MACHINE,
     TORCH_ABI,
+    LOCKSTEP,
     UNVERSIONED_IN_BASE,
 )
 NEW_STACK = "new-vllm-stack"
@@ -411,6 +419,7 @@ def evaluate(
     requires: Mapping[str, list[str]] | None = None,
     overlay: Iterable[str] = (),
     demangle: Callable[[list[str]], list[str]] | None = None,
+    lockstep: Iterable[Family] | None = None,
 ) -> GateResult:
     """Judge ``entries`` (packages installed on top of ``base``) against the rules.
 
@@ -418,7 +427,8 @@ def evaluate(
     ``--allow-abi-change``; ``vllm`` is the version named in messages (default:
     the base's vllm); ``requires``/``overlay`` enrich the chains (``requires``: also the
     torch pins ``torch-abi`` reads); ``demangle`` turns the few symbol names a message shows
-    into C++ (default: shown mangled).
+    into C++ (default: shown mangled); ``lockstep`` the families the ``lockstep`` rule reads
+    (default: the shipped table, :func:`builder.resolve.lockstep.all_families`).
     """
     allow = {canonical_name(k): v for k, v in (allow or {}).items()}
     gate = _gate_of(base, entries, vllm, requires, overlay)
@@ -433,6 +443,8 @@ def evaluate(
         findings += _torch_findings(gate, e, b)
         findings += _move_findings(gate, e, b)
     findings.extend(_numpy_findings(base, entries, gate.final, gate.final_facts, gate.chain))
+    families = all_families() if lockstep is None else tuple(lockstep)
+    findings.extend(_lockstep_findings(gate, entries, families))
     return _sorted_out(findings, allow)
 
 
@@ -691,6 +703,64 @@ def _torch_rejection(
     )
 
 
+def _public(version: str) -> str:
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version.split("+", 1)[0]
+
+
+def _lockstep_findings(gate: _Gate, entries: list[LockEntry], families: Iterable[Family]) -> list[Finding]:
+    """``lockstep``: each family the lock touches (adds or moves a member of) against the final set; the finding
+    is on the member that moved (the first in the lock), naming the others and the rule's source."""
+    moved = {e.key: e for e in entries if not same_version(gate.base_versions.get(e.key, ""), e.version)}
+    out: list[Finding] = []
+    for fam in families:
+        if fam.kind == "same-version":
+            have = member_versions(fam, gate.final)
+            touched = [moved[canonical_name(m)] for m in have if canonical_name(m) in moved]
+            if not touched or len({_public(v) for v in have.values()}) < 2:
+                continue
+            e = touched[0]
+            state = "; ".join(
+                f"{n} {v}" + (" (the lock)" if canonical_name(n) in moved else " (the base)") for n, v in have.items()
+            )
+            what = f"the lock moves {e.name} to {e.version}"
+            out.append(
+                _lockstep_finding(gate, e, fam, f"{what}, but family {fam.name} must share one version: {state}")
+            )
+            continue
+        when, needs = Requirement(fam.when or ""), Requirement(fam.needs or "")
+        w, n = gate.final.get(canonical_name(when.name)), gate.final.get(canonical_name(needs.name))
+        if w is None or not when.specifier.contains(w[1], prereleases=True):
+            continue
+        if n is not None and needs.specifier.contains(n[1], prereleases=True):
+            continue
+        e = moved.get(canonical_name(when.name)) or moved.get(canonical_name(needs.name))
+        if e is None:
+            continue
+        got = f"{n[0]} {n[1]}" if n else f"no {needs.name}"
+        out.append(
+            _lockstep_finding(
+                gate,
+                e,
+                fam,
+                f"the lock moves {e.name} to {e.version}: {w[0]} {w[1]} needs {needs}, the final set has {got}",
+            )
+        )
+    return out
+
+
+def _lockstep_finding(gate: _Gate, e: LockEntry, fam: Family, text: str) -> Finding:
+    return gate.finding(
+        LOCKSTEP,
+        e,
+        gate.base_versions.get(e.key),
+        text + ".",
+        [f"lockstep family {fam.name} ({fam.kind}): {fam.source}"],
+    )
+
+
 def _move_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
     """A base distribution outside the exact-coupled family that moves: a notice, binary or pure Python."""
     if b is None or same_version(b.version, e.version) or is_exact_coupled(e.name):
@@ -839,6 +909,8 @@ def ways_out(fd: Finding) -> list[str]:
             f"use a build of {fd.name} made for the base's torch (a release whose requirements pin that torch, "
             "or a wheel with its local tag, +ptXY), or build it from source against the image's torch"
         )
+    if fd.rule == LOCKSTEP:
+        outs.append("move the other members with it (--with NAME==VERSION for each) or keep this one at the base's")
     if fd.rule == NUMPY_ABI and canonical_name(fd.name) == "numpy" and _major(fd.new) not in (None, "0", "1"):
         # numpy goes to 2.x: the distributions in the evidence (built against 1.x) can move to a
         # release built against numpy 2 — naming them in --with releases their base pins

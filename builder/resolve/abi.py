@@ -33,6 +33,10 @@ Rules (rule ids are stable; ``diff`` and the docs refer to them):
                     ``same-version`` family present in the final set differ (flashinfer-python /
                     flashinfer-cubin / flashinfer-jit-cache), or a ``requires`` entry's ``when``
                     holds and its ``needs`` does not; only when the lock adds or moves a member.
+``cuda-arch``       a distribution the lock adds or moves ships CUDA binaries linking a CUDA runtime major
+                    (``libcudart.so.N``, read from the files) other than the base's; with the base
+                    torch's architectures recorded, an added CUDA binary that covers fewer of them is
+                    the notice ``cuda-arch-gap`` (the GPUs it has no kernel for).
 ``unversioned-in-base`` the lock pins a distribution the image holds but the manifest cannot
                     version (a wheel from another index, one built from source in the image:
                     the manifest's ``lacks.unversioned``): installing it would replace the
@@ -59,6 +63,7 @@ from packaging.version import InvalidVersion, Version
 from builder import platforms
 from builder.errors import BadInput
 from builder.resolve.elfsyms import symbol_key, unpack_symbols
+from builder.resolve.fatbin import covers
 from builder.resolve.lockfile import LockEntry
 from builder.resolve.lockstep import Family, all_families, member_versions
 from builder.resolve.manifest import BaseManifest, DistFacts, Distribution, target_environment
@@ -74,6 +79,8 @@ ELF_MACHINE = "elf-machine"
 TORCH_ABI = "torch-abi"
 TORCH_ABI_UNVERIFIED = "torch-abi-unverified"
 LOCKSTEP = "lockstep"
+CUDA_ARCH = "cuda-arch"
+CUDA_ARCH_GAP = "cuda-arch-gap"
 UNVERSIONED_IN_BASE = "unversioned-in-base"
 NEWER_THAN_BASE = "newer-than-base"
 OLDER_THAN_BASE = "older-than-base"
@@ -88,10 +95,11 @@ VIOLATION_RULES = (
     ELF_MACHINE,
     TORCH_ABI,
     LOCKSTEP,
+    CUDA_ARCH,
     UNVERSIONED_IN_BASE,
 )
 NEW_STACK = "new-vllm-stack"
-NOTICE_RULES = (NEWER_THAN_BASE, OLDER_THAN_BASE, BINARY_MOVE, NEW_STACK, TORCH_ABI_UNVERIFIED)
+NOTICE_RULES = (NEWER_THAN_BASE, OLDER_THAN_BASE, BINARY_MOVE, NEW_STACK, TORCH_ABI_UNVERIFIED, CUDA_ARCH_GAP)
 
 _EXACT_NAMES = frozenset({"torch", "torchvision", "torchaudio", "triton", "vllm", "xformers"})
 _EXACT_PREFIXES = ("flashinfer", "nvidia-", "cuda-")
@@ -441,6 +449,7 @@ def evaluate(
         findings += _stack_findings(gate, e, b)
         findings += _binary_findings(gate, e, b.version if b else None)
         findings += _torch_findings(gate, e, b)
+        findings += _cuda_arch_findings(gate, e, b)
         findings += _move_findings(gate, e, b)
     findings.extend(_numpy_findings(base, entries, gate.final, gate.final_facts, gate.chain))
     families = all_families() if lockstep is None else tuple(lockstep)
@@ -749,6 +758,45 @@ def _lockstep_findings(gate: _Gate, entries: list[LockEntry], families: Iterable
             )
         )
     return out
+
+
+def _cuda_arch_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
+    """``cuda-arch``: an added or moved distribution's CUDA binaries against the base's CUDA major (their
+    ``libcudart.so.N``) and, as a notice, against the GPUs the base torch's kernels cover."""
+    f = e.facts
+    if (b is not None and same_version(b.version, e.version)) or not (f.cuda_sass or f.cuda_ptx or f.cuda_runtime):
+        return []
+    old = b.version if b else None
+    base_major = gate.base_cu[2:] if gate.base_cu else None
+    if f.cuda_runtime and base_major and str(f.cuda_runtime) != base_major:
+        return [
+            gate.finding(
+                CUDA_ARCH,
+                e,
+                old,
+                f"{e.name} {e.version}'s CUDA binaries link the CUDA {f.cuda_runtime} runtime "
+                f"(libcudart.so.{f.cuda_runtime}), but the base runs CUDA {base_major}.",
+                [f"{e.name} {e.version}: libcudart.so.{f.cuda_runtime} in DT_NEEDED; base: CUDA {base_major}"],
+            )
+        ]
+    torch = gate.base.get("torch")
+    if torch is None or not torch.facts.cuda_sass or not (f.cuda_sass or f.cuda_ptx):
+        return []
+    gaps = [a for a in torch.facts.cuda_sass if not covers(f.cuda_sass, f.cuda_ptx, a)]
+    if not gaps:
+        return []
+    return [
+        Finding(
+            e.name,
+            CUDA_ARCH_GAP,
+            old,
+            e.version,
+            f"{e.name} {e.version} has no kernels for {' '.join(f'sm_{a}' for a in gaps)}, which the base's torch "
+            f"{torch.version} runs on: on those GPUs it fails with 'no kernel image is available'.",
+            [],
+            gate.chain(e.name),
+        )
+    ]
 
 
 def _lockstep_finding(gate: _Gate, e: LockEntry, fam: Family, text: str) -> Finding:

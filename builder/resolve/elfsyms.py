@@ -126,12 +126,9 @@ def _dynsyms(elf, mm, secs: list, where: str) -> tuple[list[bytes], list[bytes]]
     return undefined, exported
 
 
-def torch_symbols(mm, where: str, *, exports: bool) -> tuple[bool, list[str], list[str]]:
-    """(linked against torch, undefined torch names, exported torch names) of the ELF image in ``mm``
-    (a ``bytes`` or ``mmap``; ``where`` names the file in errors).  ``exports``: also collect the names
-    it defines (only torch's own libraries need it).  A file cut before its section header table (or
-    whose ELF header pyelftools cannot read) yields nothing, as the glibc fact does; tables whose sizes
-    point past the file or over the bounds, or that pyelftools cannot parse, are BadInput naming ``where``."""
+def elf_sections(mm, where: str) -> tuple[object | None, list]:
+    """(pyelftools' ELFFile, section headers) of the ELF image in ``mm`` (bytes or mmap); (None, []) when
+    pyelftools cannot read its ELF header (no facts, as for glibc). Bounds as :func:`torch_symbols`."""
     import io
 
     from elftools.common.exceptions import ELFError
@@ -140,10 +137,56 @@ def torch_symbols(mm, where: str, *, exports: bool) -> tuple[bool, list[str], li
 
     try:
         elf = ELFFile(io.BytesIO(mm) if isinstance(mm, bytes) else _MapStream(mm))
-    except (ELFError, ConstructError, struct.error, ValueError):  # not an ELF header pyelftools reads: no facts
+    except (ELFError, ConstructError, struct.error, ValueError):
+        return None, []
+    try:
+        return elf, _section_headers(elf, mm, where)
+    except (ELFError, ConstructError, struct.error, ValueError, IndexError, KeyError, OverflowError) as exc:
+        raise _bad(where, f"its headers cannot be read ({exc})") from None
+
+
+def section_names(elf, mm, secs: list, where: str) -> list[str]:
+    """The name of each section (``.nv_fatbin``), read from the section name string table."""
+    idx = elf.header["e_shstrndx"]
+    if not secs or idx >= len(secs):
+        return [""] * len(secs)
+    off, size = _table(mm, secs[idx], MAX_DYNSTR, where, "section name table")
+    names = []
+    for sec in secs:
+        start = off + sec["sh_name"]
+        end = mm.find(b"\0", start, min(start + 256, off + size)) if sec["sh_name"] < size else -1
+        names.append(mm[start:end].decode("ascii", "replace") if end != -1 else "")
+    return names
+
+
+def section_range(mm, sec, size_limit: int, where: str, what: str) -> tuple[int, int]:
+    """(offset, size) of a section, checked against the file's size and ``size_limit``."""
+    return _table(mm, sec, size_limit, where, what)
+
+
+def needed_of(elf, mm, secs: list, where: str) -> list[str]:
+    """The DT_NEEDED names of the dynamic section."""
+    return _needed(elf, mm, secs, where)
+
+
+def torch_symbols(mm, where: str, *, exports: bool) -> tuple[bool, list[str], list[str]]:
+    """(linked against torch, undefined torch names, exported torch names) of the ELF image in ``mm``
+    (a ``bytes`` or ``mmap``; ``where`` names the file in errors).  ``exports``: also collect the names
+    it defines (only torch's own libraries need it).  A file cut before its section header table (or
+    whose ELF header pyelftools cannot read) yields nothing, as the glibc fact does; tables whose sizes
+    point past the file or over the bounds, or that pyelftools cannot parse, are BadInput naming ``where``."""
+    elf, secs = elf_sections(mm, where)
+    return torch_symbols_in(elf, secs, mm, where, exports=exports)
+
+
+def torch_symbols_in(elf, secs: list, mm, where: str, *, exports: bool) -> tuple[bool, list[str], list[str]]:
+    """:func:`torch_symbols` of a file whose sections :func:`elf_sections` read."""
+    from elftools.common.exceptions import ELFError
+    from elftools.construct import ConstructError
+
+    if elf is None:
         return False, [], []
     try:
-        secs = _section_headers(elf, mm, where)
         needed = _needed(elf, mm, secs, where)
         undefined, exported = _dynsyms(elf, mm, secs, where)
     except (ELFError, ConstructError, struct.error, ValueError, IndexError, KeyError, OverflowError) as exc:

@@ -40,7 +40,8 @@ from packaging.version import Version
 from builder import values
 from builder.errors import BadInput
 from builder.events import PlainReporter, Reporter
-from builder.resolve.elfsyms import TORCH_LIBRARY, pack_symbols, torch_symbols
+from builder.resolve.elfsyms import TORCH_LIBRARY, elf_sections, pack_symbols, torch_symbols_in
+from builder.resolve.fatbin import CudaFacts, cuda_facts_in
 from builder.resolve.floor import native_digest
 from builder.resolve.manifest import DistFacts, Distribution
 from builder.util import canonical_name
@@ -74,6 +75,7 @@ class _FileFacts:
     torch_linked: bool = False  # links libtorch*/libc10* or leaves a torch-namespace symbol undefined
     torch_needs: list[str] | None = None  # the torch-namespace symbols it leaves undefined
     torch_exports: list[str] | None = None  # the torch-namespace symbols it exports (torch's own libraries)
+    cuda: CudaFacts | None = None  # its fat binary's SASS/PTX architectures and CUDA runtime major
 
 
 #: e_machine values of the architectures a wheel for a build-image platform may hold, by pyelftools' names
@@ -221,7 +223,7 @@ def _scan_elf_file(path, *, want_numpy: bool) -> _FileFacts:
         want = want_numpy and facts.is_shared_object
         size = os.fstat(fh.fileno()).st_size
         if facts.is_shared_object and size:
-            _torch_facts(fh, path, facts)
+            _extra_facts(fh, path, facts)
         try:
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 facts.glibc, facts.numpy_gen = _elf_fast(mm, want_numpy=want)
@@ -240,12 +242,15 @@ def _scan_elf_file(path, *, want_numpy: bool) -> _FileFacts:
     return facts
 
 
-def _torch_facts(fh, path, facts: _FileFacts) -> None:
-    """The torch symbols of a shared object (:func:`builder.resolve.elfsyms.torch_symbols`); exports only
-    for torch's own libraries (``libtorch*.so``, ``libc10*.so``)."""
-    name = os.path.basename(path)
+def _extra_facts(fh, path, facts: _FileFacts) -> None:
+    """A shared object's torch symbols (:func:`builder.resolve.elfsyms.torch_symbols`; exports only for torch's
+    own libraries, ``libtorch*.so``, ``libc10*.so``) and its fat binary's architectures
+    (:func:`builder.resolve.fatbin.cuda_facts`), from one read of its section headers."""
+    name, where = os.path.basename(path), os.fspath(path)
     with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        linked, needs, exports = torch_symbols(mm, os.fspath(path), exports=bool(TORCH_LIBRARY.match(name)))
+        elf, secs = elf_sections(mm, where)
+        linked, needs, exports = torch_symbols_in(elf, secs, mm, where, exports=bool(TORCH_LIBRARY.match(name)))
+        facts.cuda = cuda_facts_in(elf, secs, mm, where)
     facts.torch_linked = linked
     facts.torch_needs = needs if linked else None
     facts.torch_exports = exports or None
@@ -322,6 +327,7 @@ def scan_files(
     best_glibc: Version | None = None
     so_names: list[str] = []
     exports: set[str] = set()
+    cuda = CudaFacts()
     for p in paths:
         p = os.fspath(p)
         name = os.path.basename(p)
@@ -348,7 +354,12 @@ def scan_files(
         if ff.torch_linked:
             facts.torch_needs[name] = sorted(set(facts.torch_needs.get(name, [])) | set(ff.torch_needs or ()))
         exports.update(ff.torch_exports or ())
+        if ff.cuda is not None:
+            cuda.sass |= ff.cuda.sass
+            cuda.ptx |= ff.cuda.ptx
+            cuda.runtime = max(filter(None, (cuda.runtime, ff.cuda.runtime)), default=None)
     facts.torch_exports = pack_symbols(exports) if exports else None
+    facts.cuda_sass, facts.cuda_ptx, facts.cuda_runtime = sorted(cuda.sass), sorted(cuda.ptx), cuda.runtime
     facts.glibc = str(best_glibc) if best_glibc is not None else None
     facts.python_abi = _decide_python_abi(
         python_abi_from_tags(wheel_tags) if wheel_tags is not None else None,

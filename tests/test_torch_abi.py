@@ -179,3 +179,45 @@ def test_millions_of_symbols_are_refused_not_read(tmp_path, built, monkeypatch):
     monkeypatch.setattr(elfsyms, "MAX_DYNSYM", 2)
     with pytest.raises(BadInput, match="over the"):
         scan_files([built["ext"]])
+
+
+# ------------------------------------------------------------------ real wheels (PyPI)
+
+_TV = "https://files.pythonhosted.org/packages"
+TORCHVISION_028 = (
+    f"{_TV}/93/e4/e9b2495d0d57b9f60d63c57d0a910410a81b4b073bf70917bef815291119/"
+    "torchvision-0.28.0-cp312-cp312-manylinux_2_28_x86_64.whl",
+    "028a3d481b37d785605620d7cdad897064c5a55bae2aa1f2658766333e291940",
+)
+TORCHVISION_0291 = (
+    f"{_TV}/22/6f/78267c9791b5b883421fe4dbba6041f06b59c01d43dbe0f57b4497a74f59/"
+    "torchvision-0.29.1-cp312-cp312-manylinux_2_28_x86_64.whl",
+    "6c717bd68dddaebbd9525377a17a84e38a291a33a218f59fdb76e8bb41e61c99",
+)
+#: the one symbol torchvision 0.28.0's extensions need that torch 2.14's libc10_cuda.so no longer exports
+#: (measured: docs/lock.md, the torch-abi evidence table)
+GONE_IN_214 = "_ZN3c104cuda29c10_cuda_check_implementationEiPKcS2_jb"
+
+
+@pytest.mark.slow
+def test_real_torchvision_wheels_torch_symbols_and_the_gate():
+    """torchvision 0.28.0 (torch 2.13's C++ ABI) and 0.29.1 (torch's stable C ABI), read from PyPI: the gate
+    rejects 0.28.0 on a torch whose exports lack the one symbol torch 2.14 dropped, naming the file and the
+    demangled symbol; 0.29.1 passes on the same exports."""
+    from builder.fetch import fetch
+
+    _, _, old = scan_wheel(fetch(*TORCHVISION_028))
+    _, _, new = scan_wheel(fetch(*TORCHVISION_0291))
+    assert set(old.torch_needs) == {"_C.so", "image.so"} and GONE_IN_214 in old.torch_needs["_C.so"]
+    assert set(new.torch_needs) == {"_C_stable.so", "image_stable.so"}
+    assert all(s.startswith("aoti_torch_") or s.startswith("torch_") for s in new.torch_needs["_C_stable.so"])
+    assert {80, 90, 100, 120} <= set(old.cuda_sass) and old.cuda_runtime == 13
+    # the exports of a torch holding everything both wheels need but the dropped symbol
+    needed = {s for f in (old, new) for syms in f.torch_needs.values() for s in syms} - {GONE_IN_214}
+    base = _base(elfsyms.pack_symbols(needed))
+    # (torchvision itself is exact-coupled, rejected by name: the same files under another name)
+    bad = abi.evaluate(base, [entry("vision-ops", "0.28.0", old)], demangle=elfsyms.demangle)
+    [fd] = [f for f in bad.violations if f.rule == abi.TORCH_ABI]
+    assert "_C.so" in fd.message and "c10::cuda::c10_cuda_check_implementation(int" in fd.message
+    ok = abi.evaluate(base, [entry("vision-ops", "0.29.1", new)])
+    assert not [f for f in ok.violations if f.rule == abi.TORCH_ABI]

@@ -42,6 +42,8 @@ Example ``build-image.toml``::
     replicas = 2                          # Serve replicas (each tp x pp GPUs)
     autoscaler = true                     # KubeRay's in-tree autoscaler
     gateway_class = "istio"               # with autoscaler and replicas >= 2: incremental RayService upgrade
+    gpu_node_affinity = true              # KubeRay: GPU workers on nodes whose driver meets the image's CUDA
+                                          # (nvidia.com/cuda.driver.major) and, with gpu_model, of that GPU
     platform = "linux/arm64"              # KubeRay: the pods' kubernetes.io/arch (of a multi-platform image;
                                           # default: the image's one platform, linux/amd64 for both)
 
@@ -138,6 +140,9 @@ class Serving:
     checkpoint_sha256: str | None = None  # sha256 of the checkpoint's safetensors index (smoke --attest records it)
     replicas: int = 1  # Serve replicas of the model (each tp x pp GPUs)
     autoscaler: bool = False  # KubeRay in-tree autoscaler enabled
+    # KubeRay: the GPU workers require nodes whose driver meets the image's CUDA floor (and, with gpu_model, of
+    # that GPU), as GPU feature discovery labels them (nvidia.com/cuda.driver.major, nvidia.com/gpu.product)
+    gpu_node_affinity: bool = False
     gateway_class: str | None = None  # Gateway API class; with autoscaler and replicas >= 2: incremental upgrade
     platform: str | None = None  # KubeRay: the image platform the pods run on (node selector kubernetes.io/arch)
 

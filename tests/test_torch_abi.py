@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from builder.errors import BadInput
@@ -221,3 +221,33 @@ def test_real_torchvision_wheels_torch_symbols_and_the_gate():
     assert "_C.so" in fd.message and "c10::cuda::c10_cuda_check_implementation(int" in fd.message
     ok = abi.evaluate(base, [entry("vision-ops", "0.29.1", new)])
     assert not [f for f in ok.violations if f.rule == abi.TORCH_ABI]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_a_damaged_elf_is_facts_or_bad_input_never_a_crash(tmp_path_factory, built, data):
+    """Bytes of a real extension overwritten anywhere (most often in its section headers, where the sizes live):
+    the scan returns facts or refuses with BadInput naming the file: no other exception, no hang."""
+    blob = bytearray(built["ext"].read_bytes())
+    (shoff,) = struct.unpack_from("<Q", blob, 0x28)
+    for _ in range(data.draw(st.integers(1, 6))):
+        lo = data.draw(st.sampled_from([0, shoff, shoff]))
+        at = data.draw(st.integers(lo, len(blob) - 8))
+        blob[at : at + 8] = data.draw(st.binary(min_size=8, max_size=8))
+    path = tmp_path_factory.mktemp("fuzz") / "_ext.so"
+    path.write_bytes(bytes(blob))
+    try:
+        scan_files([path])
+    except BadInput as exc:
+        assert "_ext.so" in exc.message
+
+
+def test_a_section_header_offset_past_any_file_is_no_crash(tmp_path, built):
+    """e_shoff = 2^64 - 1 (past ssize_t): the glibc reader and the torch/CUDA reader both give up on the
+    headers; the file still counts as binary."""
+    blob = bytearray(built["ext"].read_bytes())
+    struct.pack_into("<Q", blob, 0x28, (1 << 64) - 1)
+    path = tmp_path / "_far.so"
+    path.write_bytes(bytes(blob))
+    f = scan_files([path])
+    assert f.binary and f.glibc is None and f.torch_needs == {}

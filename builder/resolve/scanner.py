@@ -210,7 +210,7 @@ def _elf_fast(mm, *, want_numpy: bool) -> tuple[Version | None, str | None]:
             elif any(mm.find(NUMPY1_MARKER, lo, hi) != -1 for lo, hi in ranges):
                 gen = "1"
         return best, gen
-    except (struct.error, IndexError, ValueError) as exc:
+    except (struct.error, IndexError, ValueError, OverflowError) as exc:  # Overflow: an offset past ssize_t
         raise _NotParsed from exc
 
 

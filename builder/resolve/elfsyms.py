@@ -129,6 +129,7 @@ def _dynsyms(elf, mm, secs: list, where: str) -> tuple[list[bytes], list[bytes]]
 def elf_sections(mm, where: str) -> tuple[object | None, list]:
     """(pyelftools' ELFFile, section headers) of the ELF image in ``mm`` (bytes or mmap); (None, []) when
     pyelftools cannot read its ELF header (no facts, as for glibc). Bounds as :func:`torch_symbols`."""
+    # why: pyelftools costs tens of ms to import, and `lock --check` or an up-to-date re-lock reads no ELF file
     import io
 
     from elftools.common.exceptions import ELFError

@@ -29,6 +29,7 @@ import struct
 from dataclasses import dataclass, field
 
 from builder.errors import BadInput
+from builder.resolve import elfsyms
 
 FATBIN_MAGIC = 0xBA55ED50
 KIND_PTX = 1
@@ -99,16 +100,12 @@ def parse_fatbin(blob, where: str, start: int = 0, end: int | None = None) -> Cu
 def cuda_facts(mm, where: str) -> CudaFacts:
     """The fat binary facts of the ELF image in ``mm`` (bytes or mmap): its ``.nv_fatbin`` section and its
     ``libcudart.so.N``. Nothing for a file without section headers."""
-    from builder.resolve import elfsyms
-
     elf, secs = elfsyms.elf_sections(mm, where)
     return cuda_facts_in(elf, secs, mm, where)
 
 
 def cuda_facts_in(elf, secs: list, mm, where: str) -> CudaFacts:
     """:func:`cuda_facts` of a file whose sections :func:`builder.resolve.elfsyms.elf_sections` read."""
-    from builder.resolve import elfsyms
-
     out = CudaFacts()
     if elf is None:
         return out

@@ -41,6 +41,7 @@ from builder.platforms import parse as parse_platform
 from builder.resolve.baseref import classify, resolve_base
 from builder.resolve.lockfile import LockFile
 from builder.resolve.manifest import BaseManifest
+from builder.serving import gpus
 from builder.serving.plan import check_kv_cache_dtype, check_load_format, release_facts
 from builder.spec import Spec
 from builder.util import atomic_write_text
@@ -451,8 +452,6 @@ def gpu_affinity(spec: Spec) -> dict[str, Any]:
     (:func:`builder.serving.gpus.driver_floor`), and with ``gpu_model`` the GPU product
     (``nvidia.com/gpu.product``: nvidia-smi's name with '-' for spaces). A floor that cannot be read (a base
     given as an image, a CUDA major not in the table) is refused, never left out."""
-    from builder.serving import gpus
-
     manifest = None if classify(spec.base) == "image" else resolve_base(spec.base, spec.vllm).manifest
     floor = gpus.driver_floor(gpus.image_cuda_major(manifest)) if manifest is not None else None
     if floor is None:

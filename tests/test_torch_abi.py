@@ -99,6 +99,10 @@ def test_gate_rejects_an_extension_needing_a_symbol_torch_does_not_export(built)
     assert "_ext.so" in fd.message and "c10::baz()" in fd.message and "2.14.0" in fd.message
     assert "c10::foo()" not in fd.message
     assert any("made for the base's torch" in w for w in abi.ways_out(fd))
+    asked = abi.evaluate(base, [ext], requires={"lmcache": ["torch>=2.10,<2.12"]})
+    assert "another torch than the base's (it requires torch<2.12,>=2.10)" in asked.violations[0].message
+    pinned = abi.evaluate(base, [ext], requires={"lmcache": ["torch==2.11.0"]})
+    assert "was built for torch 2.11.0:" in pinned.violations[0].message
     ok = abi.evaluate(base, [entry("lmcache", "0.3.0", scan_files([built["ext_foo"]]))])
     assert ok.ok and not ok.notices
 
@@ -251,3 +255,41 @@ def test_a_section_header_offset_past_any_file_is_no_crash(tmp_path, built):
     path.write_bytes(bytes(blob))
     f = scan_files([path])
     assert f.binary and f.glibc is None and f.torch_needs == {}
+
+
+# ------------------------------------------------------------------ end to end: base snapshot, then lock
+
+
+@pytest.mark.usefixtures("private_cache")
+def test_lock_rejects_an_extension_built_for_another_torch_end_to_end(tmp_path, built):
+    """`base snapshot` of a site-packages holding a stand-in torch (its libc10.so exports foo only) records
+    torch_exports; `lock` of a connector whose extension needs c10::baz() is exit 3 naming the file and the
+    demangled symbol, nothing written; its release needing only foo locks."""
+    from builder.resolve.manifest import load_manifest
+    from tests.conftest import run
+    from tests.fx_wheels import install_into
+
+    house = tmp_path / "house"
+    house.mkdir()
+    tag = "cp312-cp312-manylinux_2_17_x86_64"
+    write_wheel(
+        house, "torch", "2.14.0", tag, {"torch/__init__.py": "", "torch/lib/libc10.so": built["v2"].read_bytes()}
+    )
+    for version, ext in (("0.3.0", "ext"), ("0.2.0", "ext_foo")):
+        files = {"kvconnector/__init__.py": "", "kvconnector/_ext.so": built[ext].read_bytes()}
+        write_wheel(house, "kvconnector", version, tag, files, requires=["torch"])
+    sp = install_into(tmp_path / "site-packages", ["torch==2.14.0"], house)
+    base = tmp_path / "base.json"
+    code, text = run(
+        "base", "snapshot", "--site-packages", str(sp), "--python", "3.12", "--glibc", "2.35", "-o", str(base)
+    )
+    assert code == 0, text
+    assert load_manifest(base).get("torch").facts.torch_exports
+    common = ["lock", "--base", str(base), "--no-default-overlay", "--no-index", "--find-links", str(house)]
+    out = tmp_path / "r.lock"
+    code, text = run(*common, "--with", "kvconnector==0.3.0", "-o", str(out))
+    assert code == 3, text
+    assert "[torch-abi] kvconnector 0.3.0" in text and "_ext.so" in text and "c10::baz()" in text
+    assert not out.exists()
+    code, text = run(*common, "--with", "kvconnector==0.2.0", "-o", str(out))
+    assert code == 0, text

@@ -660,7 +660,9 @@ def _torch_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[F
         missing = {f: m for f, m in missing.items() if m}
         if not missing:
             return []
-        return [_torch_rejection(gate, e, old, torch.version, missing, claim)]
+        env = target_environment(gate.base.python_version, gate.base.platform)
+        asked = _requirement_on((gate.requires or {}).get(e.key, []), "torch", env)
+        return [_torch_rejection(gate, e, old, torch.version, missing, claim, asked)]
     if claim is not None and not _same_minor(claim, torch.version):
         files = ", ".join(sorted(e.facts.torch_needs)[:3])
         return [
@@ -691,12 +693,23 @@ def _torch_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[F
 
 
 def _torch_rejection(
-    gate: _Gate, e: LockEntry, old: str | None, torch: str, missing: dict[str, list[str]], claim: str | None
+    gate: _Gate,
+    e: LockEntry,
+    old: str | None,
+    torch: str,
+    missing: dict[str, list[str]],
+    claim: str | None,
+    asked: str | None,
 ) -> Finding:
+    """The ``torch-abi`` rejection by symbols: ``claim`` the torch its pin or tag names, ``asked`` its torch
+    requirement (a range)."""
     total = sum(len(m) for m in missing.values())
     first = next(iter(missing))
     shown = gate.demangle(missing[first][:3])
-    need = f"torch {claim}" if claim else "another torch than the base's"
+    if claim:
+        need = f"torch {claim}"
+    else:
+        need = "another torch than the base's" + (f" (it requires {asked})" if asked else "")
     evidence = [
         f"{f}: {len(m)} undefined torch symbol(s) not exported by the base's torch {torch}, e.g. "
         + "; ".join(gate.demangle(m[:3]))

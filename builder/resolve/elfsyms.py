@@ -111,18 +111,22 @@ def _dynsyms(elf, mm, secs: list, where: str) -> tuple[list[bytes], list[bytes]]
     e = "<" if elf.little_endian else ">"
     # (st_name, st_info, st_shndx) at fixed places of each entry
     fmt = e + ("IBxHxxxxxxxxxxxxxxxx" if entsize == 24 else "IxxxxxxxxBxH")
-    strtab = mm[str_off : str_off + str_size]
     undefined: list[bytes] = []
     exported: list[bytes] = []
-    for name_off, info, shndx in struct.iter_unpack(fmt, mm[off : off + size - size % entsize]):
-        if not name_off or name_off >= str_size or (info >> 4) not in (1, 2):  # GLOBAL / WEAK only
-            continue
-        if not TORCH_SYMBOL.match(strtab, name_off):
-            continue
-        end = strtab.find(b"\0", name_off, name_off + MAX_NAME)
-        name = strtab[name_off : end if end != -1 else name_off + MAX_NAME]
-        if _PRINTABLE.fullmatch(name):  # a name reaches messages: nothing else is a real symbol
-            (undefined if shndx == 0 else exported).append(name)
+    str_end = str_off + str_size
+    # read in place (the mapped file, no copy of a table that may be hundreds of MB); the views are released
+    # whatever happens, so the map can close
+    with memoryview(mm) as whole, whole[off : off + size - size % entsize] as table:
+        for name_off, info, shndx in struct.iter_unpack(fmt, table):
+            if not name_off or name_off >= str_size or (info >> 4) not in (1, 2):  # GLOBAL / WEAK only
+                continue
+            start = str_off + name_off
+            if not TORCH_SYMBOL.match(mm, start, str_end):
+                continue
+            end = mm.find(b"\0", start, min(start + MAX_NAME, str_end))
+            name = mm[start : end if end != -1 else min(start + MAX_NAME, str_end)]
+            if _PRINTABLE.fullmatch(name):  # a name reaches messages: nothing else is a real symbol
+                (undefined if shndx == 0 else exported).append(name)
     return undefined, exported
 
 

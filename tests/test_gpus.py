@@ -244,3 +244,23 @@ def test_gate_notes_the_gpus_an_added_cuda_binary_has_no_kernels_for():
     assert not [f for f in full.notices if f.rule == abi.CUDA_ARCH_GAP]
     same = abi.evaluate(BASE, [_cuda_entry("deep-gemm", "2.1.0", [90], runtime=12)])
     assert same.ok and not same.notices
+
+
+def test_a_2gb_shared_object_is_read_by_its_headers_only(tmp_path, cuda_so):
+    """A CUDA library grown to 2 GiB (sparse: the file system holds only its first bytes): the fat binary and
+    symbol readers map it and read headers and tables in place, so they take what the small file takes."""
+    import mmap
+    import os
+    import time
+
+    from builder.resolve import elfsyms
+
+    big = tmp_path / "_big.so"
+    big.write_bytes(cuda_so.read_bytes())
+    os.truncate(big, 2 << 30)
+    start = time.monotonic()
+    with open(big, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        got = fatbin.cuda_facts(mm, str(big))
+        linked, needs, _ = elfsyms.torch_symbols(mm, str(big), exports=True)
+    assert (got.sass, got.ptx, got.runtime) == ({90, 100}, {120}, 13) and not linked and needs == []
+    assert time.monotonic() - start < 2

@@ -14,6 +14,13 @@ Example ``build-image.toml``::
     [allow-abi-change]
     numpy = "reason text, recorded in the lock header"
 
+    [[lockstep]]                       # lock: a family the gate's lockstep rule adds to its shipped table
+    name = "lmcache-vllm"
+    kind = "requires"                  # or "same-version" with members = ["a", "b"]
+    when = "lmcache>=0.3.10"
+    needs = "vllm>=0.11.1"
+    source = "where the rule comes from"
+
     [serving]
     model = "/models/qwen"
     gpus = 8                 # GPUs per node
@@ -35,6 +42,8 @@ Example ``build-image.toml``::
     replicas = 2                          # Serve replicas (each tp x pp GPUs)
     autoscaler = true                     # KubeRay's in-tree autoscaler
     gateway_class = "istio"               # with autoscaler and replicas >= 2: incremental RayService upgrade
+    gpu_node_affinity = true              # KubeRay: GPU workers on nodes whose driver meets the image's CUDA
+                                          # (nvidia.com/cuda.driver.major) and, with gpu_model, of that GPU
     platform = "linux/arm64"              # KubeRay: the pods' kubernetes.io/arch (of a multi-platform image;
                                           # default: the image's one platform, linux/amd64 for both)
 
@@ -131,6 +140,9 @@ class Serving:
     checkpoint_sha256: str | None = None  # sha256 of the checkpoint's safetensors index (smoke --attest records it)
     replicas: int = 1  # Serve replicas of the model (each tp x pp GPUs)
     autoscaler: bool = False  # KubeRay in-tree autoscaler enabled
+    # KubeRay: the GPU workers require nodes whose driver meets the image's CUDA floor (and, with gpu_model, of
+    # that GPU), as GPU feature discovery labels them (nvidia.com/cuda.driver.major, nvidia.com/gpu.product)
+    gpu_node_affinity: bool = False
     gateway_class: str | None = None  # Gateway API class; with autoscaler and replicas >= 2: incremental upgrade
     platform: str | None = None  # KubeRay: the image platform the pods run on (node selector kubernetes.io/arch)
 
@@ -143,6 +155,8 @@ class Spec:
     lock: str | None = None
     repo: str | None = None
     allow_abi_change: dict[str, str] = field(default_factory=dict)
+    # [[lockstep]] tables as written (checked by builder.resolve.lockstep.parse_families when a lock is made)
+    lockstep: list = field(default_factory=list)
     find_links: list[str] = field(default_factory=list)  # extra wheel folders (uv --find-links)
     no_index: bool = False
     exclude_newer: str | None = None
@@ -207,6 +221,7 @@ _TOP_KEYS = {
     "lock": str,
     "repo": str,
     "allow-abi-change": dict,
+    "lockstep": list,
     "serving": dict,
     "find-links": list,
     "no-index": bool,
@@ -286,6 +301,7 @@ def parse_spec(text: str, path: str) -> Spec:
         lock=doc.get("lock"),
         repo=doc.get("repo"),
         allow_abi_change=dict(allow),
+        lockstep=list(doc.get("lockstep", [])),
         find_links=list(doc.get("find-links", [])),
         no_index=doc.get("no-index", False),
         exclude_newer=doc.get("exclude-newer"),

@@ -147,7 +147,12 @@ def _validate_pod_template(template: dict) -> None:
 
 @pytest.mark.parametrize(
     "spec_kw",
-    [{}, {"tp": 16, "gpus": 8, "pp": 1}, {"tp": 1, "gpus": None, "max_model_len": None, "max_num_seqs": None}],
+    [
+        {},
+        {"tp": 16, "gpus": 8, "pp": 1},
+        {"tp": 1, "gpus": None, "max_model_len": None, "max_num_seqs": None},
+        {"gpu_node_affinity": True, "gpu_model": "NVIDIA H100 80GB HBM3"},
+    ],
 )
 def test_manifests_validate_against_kuberay_crds_and_k8s_schemas(crd_validators, spec_kw):
     docs = render(spec=make_spec(**spec_kw))
@@ -507,3 +512,26 @@ def test_a_multi_pod_model_on_a_vllm_server_lock_is_refused(tmp_path):
         yaml.safe_load(docs["rayservice.yaml"]["spec"]["serveConfigV2"])["applications"][0]["args"]["backend"]
         == "ray-serve-llm"
     )
+
+
+def test_gpu_node_affinity_requires_the_driver_floor_and_the_gpu_product():
+    from dataclasses import replace
+
+    docs = render(spec=make_spec(gpu_node_affinity=True, gpu_model="NVIDIA H100 80GB HBM3"))
+    for which in ("cluster", "service"):
+        spec = cluster_spec(docs, which)
+        assert "affinity" not in spec["headGroupSpec"]["template"]["spec"]
+        [worker] = spec["workerGroupSpecs"]
+        [term] = worker["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        # the 0.26.0 base runs CUDA 13.0: driver >= 580 (lockfiles/gate/cuda-drivers.toml)
+        assert term["matchExpressions"] == [
+            {"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": ["579"]},
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]},
+        ]
+    plain = render(spec=make_spec(gpu_model="NVIDIA H200"))
+    assert "affinity" not in cluster_spec(plain, "cluster")["workerGroupSpecs"][0]["template"]["spec"]
+    on_image = replace(make_spec(gpu_node_affinity=True), base="vllm/vllm-openai:v0.26.0")
+    with pytest.raises(BadInput, match="driver floor"):
+        render(spec=on_image)

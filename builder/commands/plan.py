@@ -6,12 +6,14 @@ Exit 0: fits.  Exit 1: does not fit (the plan is printed first).  Exit 2: bad in
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import click
 
 from builder.errors import BadInput
 from builder.report import emit_json
-from builder.serving import coldstart
+from builder.resolve.manifest import load_manifest
+from builder.serving import coldstart, gpus
 from builder.serving.plan import (
     GiB,
     check_load_format,
@@ -21,7 +23,7 @@ from builder.serving.plan import (
     release_facts,
     render_text,
 )
-from builder.spec import load_spec
+from builder.spec import default_base_manifest, load_spec
 
 _OPTIONS = [
     click.option(
@@ -155,6 +157,13 @@ _OPTIONS = [
         help="Seconds from process start to /health without the weights load (default: measured).",
     ),
     click.option("--nodes", type=int, default=1, show_default=True, help="Nodes one replica spans (cold start)."),
+    click.option(
+        "--gpu-model",
+        "gpu_model",
+        default=None,
+        help="Target GPU (nvidia-smi's name, \"NVIDIA H200\", or sm_XY; default: spec serving.gpu_model): refused "
+        "before anything else when torch's or vllm's kernels in the base do not cover it.",
+    ),
     click.option("--json", "as_json", is_flag=True, default=False, help="Machine-readable plan on stdout."),
 ]
 
@@ -179,6 +188,7 @@ _SPEC_FLAGS = (
     "max_num_seqs",
     "kv_cache_dtype",
     "cpu_offload_gb",
+    "gpu_model",
 )
 
 
@@ -192,6 +202,8 @@ def command(spec_file, weights_bytes, reserve_gib, max_num_batched_tokens, enfor
     """
     spec = load_spec(spec_file).with_flags(**{k: opts.pop(k) for k in _SPEC_FLAGS})
     serving = spec.serving
+    gpu = gpu_check(spec)
+    gpus.refuse_uncovered(gpu)  # before the model is read: a GPU the kernels do not cover is the first answer
     if not serving.model:
         raise BadInput("no model: pass --model DIR_OR_CONFIG_JSON or set serving.model in the spec.")
     wb = (
@@ -215,13 +227,37 @@ def command(spec_file, weights_bytes, reserve_gib, max_num_batched_tokens, enfor
     if as_json:
         doc = plan.to_dict()
         doc["cold_start"] = {**cold["model"].to_dict(), "reference_600gb": cold["reference_600gb"].to_dict()}
+        doc["gpu"] = gpu.to_dict()
         emit_json(doc, sort_keys=True)
     else:
         click.echo(render_text(plan))
+        click.echo("\n".join(gpus.render(gpu)))
         click.echo("\n".join(coldstart.render_text(cold["model"], f"cold start of {serving.model}")))
         reference = coldstart.render_text(cold["reference_600gb"], "cold start of 600 GB over 8 GPUs of one node")
         click.echo("\n".join(reference))
     refuse_unless_fits(plan, show_plan=False)  # the plan is already on stdout
+
+
+def gpu_check(spec) -> gpus.GpuCheck:
+    """The target GPU (``serving.gpu_model``) and the driver floor against the base manifest of ``spec``: its
+    ``base`` when that is a manifest file, else the release's shipped one; none (a base given as an image
+    reference, a release without a manifest): the floor and the architectures are not known."""
+    model = spec.serving.gpu_model
+    target = gpus.capability_of(model, "--gpu-model / serving.gpu_model") if model else None
+    path = None
+    if spec.base and not _looks_like_image_ref(spec.base):
+        path = Path(spec.base)
+    elif not spec.base and default_base_manifest(spec.vllm, spec.platform).is_file():
+        path = default_base_manifest(spec.vllm, spec.platform)
+    if path is None:
+        out = gpus.GpuCheck(target=target, cuda_major=None, floor=None)
+        out.notes.append("no base manifest to read the image's CUDA and kernels from: not checked")
+        return out
+    return gpus.check(load_manifest(path), target)
+
+
+def _looks_like_image_ref(base: str) -> bool:
+    return not (base.endswith(".json") or Path(base).exists())
 
 
 def cold_start_of(

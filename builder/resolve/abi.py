@@ -21,6 +21,22 @@ Rules (rule ids are stable; ``diff`` and the docs refer to them):
 ``elf-machine``     a wheel's ELF files are for another machine than the base's platform (an x86_64
                     ``.so`` in a lock for the aarch64 image, or the reverse), whatever its tags say:
                     read from each ELF header's ``e_machine``.
+``torch-abi``       a distribution the lock adds or moves ships ELF files linked against torch
+                    (``libtorch*``/``libc10*`` in DT_NEEDED, or undefined symbols of torch's C++
+                    namespaces) that do not fit the base's torch: evidence in order (1) its undefined
+                    torch symbols against the exports the base manifest records for torch
+                    (``torch_exports``), (2) an exact ``torch==X`` pin in its requirements or a local
+                    tag (``+pt214``, ``torch2.14``) naming another torch minor; (3) neither: the
+                    notice ``torch-abi-unverified``.
+``lockstep``        a family that must move together does not (:mod:`builder.resolve.lockstep`: the
+                    shipped table with its sources, and a spec's ``[[lockstep]]``): the members of a
+                    ``same-version`` family present in the final set differ (flashinfer-python /
+                    flashinfer-cubin / flashinfer-jit-cache), or a ``requires`` entry's ``when``
+                    holds and its ``needs`` does not; only when the lock adds or moves a member.
+``cuda-arch``       a distribution the lock adds or moves ships CUDA binaries linking a CUDA runtime major
+                    (``libcudart.so.N``, read from the files) other than the base's; with the base
+                    torch's architectures recorded, an added CUDA binary that covers fewer of them is
+                    the notice ``cuda-arch-gap`` (the GPUs it has no kernel for).
 ``unversioned-in-base`` the lock pins a distribution the image holds but the manifest cannot
                     version (a wheel from another index, one built from source in the image:
                     the manifest's ``lacks.unversioned``): installing it would replace the
@@ -38,7 +54,7 @@ is moved to ``allowed`` with the reason; the lock records it in its header.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from packaging.requirements import InvalidRequirement, Requirement
@@ -46,7 +62,10 @@ from packaging.version import InvalidVersion, Version
 
 from builder import platforms
 from builder.errors import BadInput
+from builder.resolve.elfsyms import symbol_key, unpack_symbols
+from builder.resolve.fatbin import covers
 from builder.resolve.lockfile import LockEntry
+from builder.resolve.lockstep import Family, all_families, member_versions
 from builder.resolve.manifest import BaseManifest, DistFacts, Distribution, target_environment
 from builder.util import canonical_name, same_version
 
@@ -57,14 +76,30 @@ NUMPY_ABI = "numpy-abi"
 GLIBC = "glibc"
 PYTHON_ABI = "python-abi"
 ELF_MACHINE = "elf-machine"
+TORCH_ABI = "torch-abi"
+TORCH_ABI_UNVERIFIED = "torch-abi-unverified"
+LOCKSTEP = "lockstep"
+CUDA_ARCH = "cuda-arch"
+CUDA_ARCH_GAP = "cuda-arch-gap"
 UNVERSIONED_IN_BASE = "unversioned-in-base"
 NEWER_THAN_BASE = "newer-than-base"
 OLDER_THAN_BASE = "older-than-base"
 BINARY_MOVE = "binary-move"
 
-VIOLATION_RULES = (EXACT_COUPLED, CUDA_VARIANT, NUMPY_ABI, GLIBC, PYTHON_ABI, ELF_MACHINE, UNVERSIONED_IN_BASE)
+VIOLATION_RULES = (
+    EXACT_COUPLED,
+    CUDA_VARIANT,
+    NUMPY_ABI,
+    GLIBC,
+    PYTHON_ABI,
+    ELF_MACHINE,
+    TORCH_ABI,
+    LOCKSTEP,
+    CUDA_ARCH,
+    UNVERSIONED_IN_BASE,
+)
 NEW_STACK = "new-vllm-stack"
-NOTICE_RULES = (NEWER_THAN_BASE, OLDER_THAN_BASE, BINARY_MOVE, NEW_STACK)
+NOTICE_RULES = (NEWER_THAN_BASE, OLDER_THAN_BASE, BINARY_MOVE, NEW_STACK, TORCH_ABI_UNVERIFIED, CUDA_ARCH_GAP)
 
 _EXACT_NAMES = frozenset({"torch", "torchvision", "torchaudio", "triton", "vllm", "xformers"})
 _EXACT_PREFIXES = ("flashinfer", "nvidia-", "cuda-")
@@ -356,6 +391,15 @@ class _Gate:
     base_versions: dict[str, str] = field(default_factory=dict)
     base_cu: str | None = None
     fresh_stack: bool = False
+    demangle: Callable[[list[str]], list[str]] = list
+    _torch_keys: frozenset[int] | None = None
+
+    def torch_keys(self) -> frozenset[int] | None:
+        """The keys of the base torch's exported symbols (None: the manifest records none)."""
+        torch = self.base.get("torch")
+        if self._torch_keys is None and torch is not None and torch.facts.torch_exports:
+            self._torch_keys = unpack_symbols(torch.facts.torch_exports, "base manifest: 'distributions.torch'")
+        return self._torch_keys
 
     def chain(self, name: str) -> list[str]:
         return build_chain(
@@ -382,23 +426,34 @@ def evaluate(
     vllm: str | None = None,
     requires: Mapping[str, list[str]] | None = None,
     overlay: Iterable[str] = (),
+    demangle: Callable[[list[str]], list[str]] | None = None,
+    lockstep: Iterable[Family] | None = None,
 ) -> GateResult:
     """Judge ``entries`` (packages installed on top of ``base``) against the rules.
 
     ``allow`` maps a distribution name to the reason given with
     ``--allow-abi-change``; ``vllm`` is the version named in messages (default:
-    the base's vllm); ``requires``/``overlay`` only enrich the chains.
+    the base's vllm); ``requires``/``overlay`` enrich the chains (``requires``: also the
+    torch pins ``torch-abi`` reads); ``demangle`` turns the few symbol names a message shows
+    into C++ (default: shown mangled); ``lockstep`` the families the ``lockstep`` rule reads
+    (default: the shipped table, :func:`builder.resolve.lockstep.all_families`).
     """
     allow = {canonical_name(k): v for k, v in (allow or {}).items()}
     gate = _gate_of(base, entries, vllm, requires, overlay)
+    if demangle is not None:
+        gate.demangle = demangle
     findings: list[Finding] = []
     for e in sorted(entries, key=lambda x: x.key):
         b: Distribution | None = base.get(e.name)
         findings += _unversioned_findings(gate, e, b)
         findings += _stack_findings(gate, e, b)
         findings += _binary_findings(gate, e, b.version if b else None)
+        findings += _torch_findings(gate, e, b)
+        findings += _cuda_arch_findings(gate, e, b)
         findings += _move_findings(gate, e, b)
     findings.extend(_numpy_findings(base, entries, gate.final, gate.final_facts, gate.chain))
+    families = all_families() if lockstep is None else tuple(lockstep)
+    findings.extend(_lockstep_findings(gate, entries, families))
     return _sorted_out(findings, allow)
 
 
@@ -564,6 +619,209 @@ def _machine_findings(gate: _Gate, e: LockEntry, old: str | None) -> list[Findin
     ]
 
 
+_TORCH_TAG = re.compile(r"(?:^|[^a-z])(?:pt|torch)(\d)\.?(\d{1,2})(?!\d)")
+
+
+def torch_claim(name: str, version: str, requires: Iterable[str] = ()) -> str | None:
+    """The torch a build says it is for: an exact ``torch==X`` in its requirements, else its local
+    version tag (``0.3.0+pt214`` -> ``2.14``, ``+cu130torch2.10`` -> ``2.10``); None when it says neither."""
+    for raw in requires:
+        try:
+            req = Requirement(raw)
+        except InvalidRequirement:
+            continue
+        pins = [s.version for s in req.specifier if s.operator in ("==", "===") and "*" not in s.version]
+        if canonical_name(req.name) == "torch" and req.marker is None and pins:
+            return pins[0]
+    if "+" in version:
+        m = _TORCH_TAG.search(version.split("+", 1)[1].lower())
+        if m:
+            return f"{m.group(1)}.{m.group(2)}"
+    return None
+
+
+def _same_minor(a: str, b: str) -> bool:
+    return _vtuple(a.split("+")[0])[:2] == _vtuple(b.split("+")[0])[:2]
+
+
+def _torch_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
+    """``torch-abi``: an added or moved distribution whose ELF files are linked against torch, against the base's
+    torch — by symbols when the manifest records torch's exports, else by its pins or tags, else a notice."""
+    torch = gate.base.get("torch")
+    if torch is None or not e.facts.torch_needs or is_exact_coupled(e.name):
+        return []
+    if b is not None and same_version(b.version, e.version):
+        return []
+    old = b.version if b else None
+    claim = torch_claim(e.name, e.version, (gate.requires or {}).get(e.key, []))
+    keys = gate.torch_keys()
+    if keys is not None:
+        missing = {f: [s for s in syms if symbol_key(s) not in keys] for f, syms in sorted(e.facts.torch_needs.items())}
+        missing = {f: m for f, m in missing.items() if m}
+        if not missing:
+            return []
+        env = target_environment(gate.base.python_version, gate.base.platform)
+        asked = _requirement_on((gate.requires or {}).get(e.key, []), "torch", env)
+        return [_torch_rejection(gate, e, old, torch.version, missing, claim, asked)]
+    if claim is not None and not _same_minor(claim, torch.version):
+        files = ", ".join(sorted(e.facts.torch_needs)[:3])
+        return [
+            gate.finding(
+                TORCH_ABI,
+                e,
+                old,
+                f"{e.name} {e.version} ships extensions linked against torch ({files}) and is built for torch "
+                f"{claim}, but the base runs torch {torch.version}: it fails at import with 'undefined symbol'.",
+                [f"{e.name} {e.version}: built for torch {claim} (its torch pin or local version tag)"],
+            )
+        ]
+    if claim is not None:
+        return []
+    return [
+        Finding(
+            e.name,
+            TORCH_ABI_UNVERIFIED,
+            old,
+            e.version,
+            f"{e.name} {e.version} ships extensions linked against torch, and neither the base manifest (no "
+            "torch_exports: made before build-image recorded them) nor the wheel (no torch==X pin, no +ptXY tag) "
+            f"says which torch it was built for; it cannot be verified against torch {torch.version}.",
+            [],
+            gate.chain(e.name),
+        )
+    ]
+
+
+def _torch_rejection(
+    gate: _Gate,
+    e: LockEntry,
+    old: str | None,
+    torch: str,
+    missing: dict[str, list[str]],
+    claim: str | None,
+    asked: str | None,
+) -> Finding:
+    """The ``torch-abi`` rejection by symbols: ``claim`` the torch its pin or tag names, ``asked`` its torch
+    requirement (a range)."""
+    total = sum(len(m) for m in missing.values())
+    first = next(iter(missing))
+    shown = gate.demangle(missing[first][:3])
+    if claim:
+        need = f"torch {claim}"
+    else:
+        need = "another torch than the base's" + (f" (it requires {asked})" if asked else "")
+    evidence = [
+        f"{f}: {len(m)} undefined torch symbol(s) not exported by the base's torch {torch}, e.g. "
+        + "; ".join(gate.demangle(m[:3]))
+        for f, m in list(missing.items())[:4]
+    ]
+    return gate.finding(
+        TORCH_ABI,
+        e,
+        old,
+        f"{e.name} {e.version} was built for {need}: {first} needs {total} torch symbol(s) the base's torch "
+        f"{torch} does not export ({'; '.join(shown)}), so importing it fails with 'undefined symbol'.",
+        evidence,
+    )
+
+
+def _public(version: str) -> str:
+    try:
+        return Version(version).public
+    except InvalidVersion:
+        return version.split("+", 1)[0]
+
+
+def _lockstep_findings(gate: _Gate, entries: list[LockEntry], families: Iterable[Family]) -> list[Finding]:
+    """``lockstep``: each family the lock touches (adds or moves a member of) against the final set; the finding
+    is on the member that moved (the first in the lock), naming the others and the rule's source."""
+    moved = {e.key: e for e in entries if not same_version(gate.base_versions.get(e.key, ""), e.version)}
+    out: list[Finding] = []
+    for fam in families:
+        if fam.kind == "same-version":
+            have = member_versions(fam, gate.final)
+            touched = [moved[canonical_name(m)] for m in have if canonical_name(m) in moved]
+            if not touched or len({_public(v) for v in have.values()}) < 2:
+                continue
+            e = touched[0]
+            state = "; ".join(
+                f"{n} {v}" + (" (the lock)" if canonical_name(n) in moved else " (the base)") for n, v in have.items()
+            )
+            what = f"the lock moves {e.name} to {e.version}"
+            out.append(
+                _lockstep_finding(gate, e, fam, f"{what}, but family {fam.name} must share one version: {state}")
+            )
+            continue
+        when, needs = Requirement(fam.when or ""), Requirement(fam.needs or "")
+        w, n = gate.final.get(canonical_name(when.name)), gate.final.get(canonical_name(needs.name))
+        if w is None or not when.specifier.contains(w[1], prereleases=True):
+            continue
+        if n is not None and needs.specifier.contains(n[1], prereleases=True):
+            continue
+        e = moved.get(canonical_name(when.name)) or moved.get(canonical_name(needs.name))
+        if e is None:
+            continue
+        got = f"{n[0]} {n[1]}" if n else f"no {needs.name}"
+        out.append(
+            _lockstep_finding(
+                gate,
+                e,
+                fam,
+                f"the lock moves {e.name} to {e.version}: {w[0]} {w[1]} needs {needs}, the final set has {got}",
+            )
+        )
+    return out
+
+
+def _cuda_arch_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
+    """``cuda-arch``: an added or moved distribution's CUDA binaries against the base's CUDA major (their
+    ``libcudart.so.N``) and, as a notice, against the GPUs the base torch's kernels cover."""
+    f = e.facts
+    if (b is not None and same_version(b.version, e.version)) or not (f.cuda_sass or f.cuda_ptx or f.cuda_runtime):
+        return []
+    old = b.version if b else None
+    base_major = gate.base_cu[2:] if gate.base_cu else None
+    if f.cuda_runtime and base_major and str(f.cuda_runtime) != base_major:
+        return [
+            gate.finding(
+                CUDA_ARCH,
+                e,
+                old,
+                f"{e.name} {e.version}'s CUDA binaries link the CUDA {f.cuda_runtime} runtime "
+                f"(libcudart.so.{f.cuda_runtime}), but the base runs CUDA {base_major}.",
+                [f"{e.name} {e.version}: libcudart.so.{f.cuda_runtime} in DT_NEEDED; base: CUDA {base_major}"],
+            )
+        ]
+    torch = gate.base.get("torch")
+    if torch is None or not torch.facts.cuda_sass or not (f.cuda_sass or f.cuda_ptx):
+        return []
+    gaps = [a for a in torch.facts.cuda_sass if not covers(f.cuda_sass, f.cuda_ptx, a)]
+    if not gaps:
+        return []
+    return [
+        Finding(
+            e.name,
+            CUDA_ARCH_GAP,
+            old,
+            e.version,
+            f"{e.name} {e.version} has no kernels for {' '.join(f'sm_{a}' for a in gaps)}, which the base's torch "
+            f"{torch.version} runs on: on those GPUs it fails with 'no kernel image is available'.",
+            [],
+            gate.chain(e.name),
+        )
+    ]
+
+
+def _lockstep_finding(gate: _Gate, e: LockEntry, fam: Family, text: str) -> Finding:
+    return gate.finding(
+        LOCKSTEP,
+        e,
+        gate.base_versions.get(e.key),
+        text + ".",
+        [f"lockstep family {fam.name} ({fam.kind}): {fam.source}"],
+    )
+
+
 def _move_findings(gate: _Gate, e: LockEntry, b: Distribution | None) -> list[Finding]:
     """A base distribution outside the exact-coupled family that moves: a notice, binary or pure Python."""
     if b is None or same_version(b.version, e.version) or is_exact_coupled(e.name):
@@ -707,6 +965,13 @@ def ways_out(fd: Finding) -> list[str]:
             f"pin an older version of the package that pulls it ({fd.chain[1].split(' (')[0]})"
             " with --with so it fits the base"
         )
+    if fd.rule == TORCH_ABI:
+        outs.append(
+            f"use a build of {fd.name} made for the base's torch (a release whose requirements pin that torch, "
+            "or a wheel with its local tag, +ptXY), or build it from source against the image's torch"
+        )
+    if fd.rule == LOCKSTEP:
+        outs.append("move the other members with it (--with NAME==VERSION for each) or keep this one at the base's")
     if fd.rule == NUMPY_ABI and canonical_name(fd.name) == "numpy" and _major(fd.new) not in (None, "0", "1"):
         # numpy goes to 2.x: the distributions in the evidence (built against 1.x) can move to a
         # release built against numpy 2 — naming them in --with releases their base pins

@@ -51,6 +51,7 @@ from builder.resolve import index as ix
 from builder.resolve import pylock as _pylock
 from builder.resolve.abi import GateResult, evaluate, format_rejection, is_exact_coupled
 from builder.resolve.baseref import ResolvedBase, vllm_on_base
+from builder.resolve.elfsyms import demangle
 from builder.resolve.explain import (
     explain_unsatisfiable,
     find_pin_moves,
@@ -58,6 +59,7 @@ from builder.resolve.explain import (
     trim_derivation,
 )
 from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, load_lock, parse_lock
+from builder.resolve.lockstep import Family, all_families
 from builder.resolve.manifest import BaseManifest, DistFacts
 from builder.resolve.pylock import WheelCandidate
 from builder.resolve.raychoice import BACKEND_FALLBACK, RayChoice, backend_for, choose, ray_releases
@@ -77,7 +79,7 @@ from builder.util import (
 )
 from builder.validate import read_bounded_text
 
-FACTS_CACHE_VERSION = "2"  # 2: the ELF machines of a wheel (the gate's elf-machine rule)
+FACTS_CACHE_VERSION = "3"  # 2: the ELF machines of a wheel (elf-machine); 3: its torch symbols (torch-abi)
 DEFAULT_RAY = "ray[serve]"  # the default overlay (builder.spec.DEFAULT_OVERLAY)
 RAY_POLICY = "ray[llm]-pins-vllm/1"  # inputs-sha256 names the rule that picks the default ray
 
@@ -101,6 +103,7 @@ class LockRequest:
     # overlay names ray itself or the default overlay is off
     default_ray: bool = False
     ray: RayChoice | None = None  # the choice, made when resolving (not an input: the policy is)
+    lockstep: tuple[Family, ...] = ()  # the spec's [[lockstep]] families, added to the shipped table
 
     @property
     def manifest_sha256(self) -> str:
@@ -179,6 +182,8 @@ def inputs_sha256(req: LockRequest, uv_version: str, tool_version: str = __versi
     }
     if req.default_ray:
         doc["ray_policy"] = RAY_POLICY
+    if req.lockstep:  # only when given: a lock without them keeps its hash
+        doc["lockstep"] = [f.doc() for f in req.lockstep]
     return sha256_bytes(json.dumps(doc, sort_keys=True).encode())
 
 
@@ -441,20 +446,36 @@ def lock(
     entries, chosen = build_entries(base, resolved, wheels, tags)
     t0 = time.monotonic()
     requires = _scan_wheels(req, entries, chosen, reporter)
-    gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving)
+    gate = _judge(req, entries, requires, resolving)
     flagged = [f.name for f in gate.violations + gate.allowed + gate.notices]
     missing = [k for k in chain_ancestors(entries, flagged) if not requires.get(k)]
     if missing:  # what each link of the chains asked for: fetch those few (pure) wheels
         reporter.step(f"reading the requirements of {len(missing)} package(s) on the chains")
         for k in missing:
             requires[k] = requires_of(chosen[k])
-        gate = evaluate(base, entries, req.allow, vllm=req.vllm, requires=requires, overlay=resolving)
+        gate = _judge(req, entries, requires, resolving)
     timings["scan"] = time.monotonic() - t0
     header = lock_header(req, uv.version())
     header.update(ray_header(req, entries, base))
     allow_used = {canonical_name(k): v for k, v in req.allow.items()}
     lockfile = LockFile(header=header, overlay=recorded_overlay(req), allow_abi_change=allow_used, entries=entries)
     return LockResult(lock=lockfile, gate=gate, resolved=len(resolved), timings=timings)
+
+
+def _judge(
+    req: LockRequest, entries: list[LockEntry], requires: dict[str, list[str]], resolving: list[str]
+) -> GateResult:
+    """The gate's verdict on ``entries`` (symbol names demangled, the shipped and the spec's lockstep families)."""
+    return evaluate(
+        req.base,
+        entries,
+        req.allow,
+        vllm=req.vllm,
+        requires=requires,
+        overlay=resolving,
+        demangle=demangle,
+        lockstep=all_families(req.lockstep),
+    )
 
 
 @dataclass
@@ -801,6 +822,7 @@ def request_for(
     no_index: bool = False,
     exclude_newer: str | None = None,
     where: str = "--with",
+    lockstep: Iterable[Family] = (),
 ) -> LockRequest:
     """The :class:`LockRequest` for ``--vllm X`` on ``base`` (pure but for resolving find-links paths).
 
@@ -832,6 +854,7 @@ def request_for(
         no_index=no_index,
         exclude_newer=exclude_newer,
         default_ray=default_overlay and not names_ray,
+        lockstep=tuple(lockstep),
     )
 
 

@@ -20,6 +20,7 @@ from builder.resolve import lock as L
 from builder.resolve.abi import GateResult, format_notices
 from builder.resolve.baseref import ResolvedBase, resolve_base
 from builder.resolve.lockfile import LockFile, parse_lock, refuse_other_platform
+from builder.resolve.lockstep import parse_families
 from builder.resolve.pylock import is_pylock_path
 from builder.resolve.twin import refuse_pylock_output, twin_path
 from builder.util import output_lock
@@ -192,6 +193,7 @@ def _request(spec, resolved: ResolvedBase, default_overlay: bool):
         no_index=spec.no_index,
         exclude_newer=spec.exclude_newer,
         where="--with" if not spec.source else f"--with / {spec.source} 'with'",
+        lockstep=parse_families(spec.lockstep, f"spec {spec.source} 'lockstep'") if spec.lockstep else (),
     )
 
 

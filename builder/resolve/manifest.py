@@ -23,7 +23,10 @@ File format (JSON, ``schema = "build-image/base-manifest/v1"``)::
                   "numpy_abi": {"1": 0, "2": 0},   # extensions referencing each C-API generation
                   "glibc": "2.17" | null,          # highest GLIBC_x.y needed by its ELF files
                   "python_abi": "cp312" | "abi3" | "none",
-                  "native_sha256": "..."}          # optional: digest of its ELF files (below)
+                  "native_sha256": "...",          # optional: digest of its ELF files (below)
+                  "torch_exports": "v1:...",       # optional, torch's entry: its exported C++ symbols (below)
+                  "cuda_sass": [80, 90, 100],      # optional: GPU architectures of its CUDA binaries (below)
+                  "cuda_ptx": [120], "cuda_runtime": 13}
       },
       "consistency": {"tool": "pip" | "uv",        # optional: the base's own `pip check` problems
                       "problems": ["..."]}
@@ -32,6 +35,14 @@ File format (JSON, ``schema = "build-image/base-manifest/v1"``)::
 ``native_sha256`` (optional, distributions with native code): sha256 over the lines
 ``relpath<TAB>sha256`` of the ELF files its RECORD lists (``templates/checks/base_check.py``
 computes it, on the host for the manifest and in the image's checks stage).
+``torch_exports`` (optional, the distribution shipping ``libtorch*.so``/``libc10*.so``): the
+torch-namespace symbols those libraries export, as a compact set (:mod:`builder.resolve.elfsyms`:
+sorted 32-bit keys of the names, delta-encoded, zlib'd, base64'd); the gate's ``torch-abi`` rule
+checks an added extension's undefined torch symbols against it without the image.
+``cuda_sass``/``cuda_ptx``/``cuda_runtime`` (optional, distributions with CUDA binaries): the
+architectures (compute capability x 10) of the SASS and PTX entries of their ELF files' fat binaries,
+and the CUDA runtime major they link (``libcudart.so.N``), read by :mod:`builder.resolve.fatbin`;
+``plan`` refuses a GPU they do not cover.
 ``consistency`` (optional): what ``pip check`` (``uv pip check`` on a base whose
 manifest lists uv but not pip) reports on the base itself, recorded when the manifest
 is made; the image build allows exactly these.  Manifests without either field stay
@@ -74,6 +85,18 @@ class DistFacts:
     # ELF files by the header's e_machine (EM_X86_64, EM_AARCH64): read by the gate from a wheel's files; neither
     # a manifest nor a lock records it (a base's files are its platform's by construction)
     machines: dict[str, int] = field(default_factory=dict, compare=False)
+    # the torch-namespace symbols its ELF files leave undefined, by file name (only files linked against torch):
+    # read by the gate from an added wheel (``torch-abi``); neither a manifest nor a lock records it
+    torch_needs: dict[str, list[str]] = field(default_factory=dict, compare=False)
+    # the torch-namespace symbols its libtorch*/libc10* libraries export, as the compact set of
+    # builder.resolve.elfsyms.pack_symbols (torch's entry in a manifest; None elsewhere)
+    torch_exports: str | None = field(default=None, compare=False)
+    # the GPU architectures its CUDA binaries carry (90 = sm_90), as SASS (runs on that major's GPUs of the same
+    # or a later minor) and as PTX (the driver compiles it for that and any later GPU), and the CUDA runtime
+    # major they link (libcudart.so.N): read from each ELF file's .nv_fatbin (builder.resolve.fatbin)
+    cuda_sass: list[int] = field(default_factory=list, compare=False)
+    cuda_ptx: list[int] = field(default_factory=list, compare=False)
+    cuda_runtime: int | None = field(default=None, compare=False)
 
     @property
     def numpy_generations(self) -> set[str]:
@@ -259,8 +282,10 @@ def _facts_doc(facts: DistFacts) -> dict:
     """The facts as the file holds them: an optional field that is None is left out (old files stay byte-identical)."""
     doc = asdict(facts)
     doc.pop("machines", None)
-    if doc.get("native_sha256") is None:
-        doc.pop("native_sha256", None)
+    doc.pop("torch_needs", None)
+    for optional in ("native_sha256", "torch_exports", "cuda_sass", "cuda_ptx", "cuda_runtime"):
+        if doc.get(optional) in (None, []):
+            doc.pop(optional, None)
     return doc
 
 
@@ -369,6 +394,10 @@ def _distributions(dists_doc: dict, path: str) -> dict[str, Distribution]:
             glibc=_opt(d, "glibc", str, where, path),
             python_abi=_opt(d, "python_abi", str, where, path) or "none",
             native_sha256=_opt(d, "native_sha256", str, where, path),
+            torch_exports=_torch_exports(d, where, path),
+            cuda_sass=_archs(d, "cuda_sass", where, path),
+            cuda_ptx=_archs(d, "cuda_ptx", where, path),
+            cuda_runtime=_opt(d, "cuda_runtime", int, where, path),
         )
         if facts.native_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", facts.native_sha256):
             raise BadInput(
@@ -377,6 +406,32 @@ def _distributions(dists_doc: dict, path: str) -> dict[str, Distribution]:
             )
         dists[canonical_name(name)] = Distribution(name=name, version=version, facts=facts)
     return dists
+
+
+#: the longest ``torch_exports`` text a manifest may hold (torch 2.14's: ~140 KB)
+MAX_TORCH_EXPORTS = 8 << 20
+
+
+def _torch_exports(d: dict, where: str, path: str) -> str | None:
+    """A distribution's ``torch_exports``: ``v1:`` and base64 (decoded only when the gate reads it)."""
+    val = _opt(d, "torch_exports", str, where, path)
+    if val is not None and (len(val) > MAX_TORCH_EXPORTS or not re.fullmatch(r"v1:[A-Za-z0-9+/]*={0,2}", val)):
+        raise BadInput(
+            f"base manifest {path}: field '{where}torch_exports' must be 'v1:' and base64 text of at most "
+            f"{MAX_TORCH_EXPORTS} characters (the set `base snapshot` writes), got {val[:40]!r}..."
+        )
+    return val
+
+
+def _archs(d: dict, key: str, where: str, path: str) -> list[int]:
+    """``cuda_sass``/``cuda_ptx``: at most 256 architectures, each compute capability x 10 (``90``)."""
+    val = _opt(d, key, list, where, path) or []
+    if len(val) > 256 or not all(isinstance(a, int) and not isinstance(a, bool) and 10 <= a < 1000 for a in val):
+        raise BadInput(
+            f"base manifest {path}: field '{where}{key}' must list GPU architectures as integers "
+            f"(compute capability x 10: 90 for sm_90), got {val!r:.60}."
+        )
+    return sorted(set(val))
 
 
 def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:

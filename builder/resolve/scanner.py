@@ -40,6 +40,8 @@ from packaging.version import Version
 from builder import values
 from builder.errors import BadInput
 from builder.events import PlainReporter, Reporter
+from builder.resolve.elfsyms import TORCH_LIBRARY, elf_sections, pack_symbols, torch_symbols_in
+from builder.resolve.fatbin import CudaFacts, cuda_facts_in
 from builder.resolve.floor import native_digest
 from builder.resolve.manifest import DistFacts, Distribution
 from builder.util import canonical_name
@@ -70,6 +72,10 @@ class _FileFacts:
     glibc: Version | None = None
     numpy_gen: str | None = None  # "1" | "2" | None
     machine: str | None = None  # the ELF header's e_machine, as pyelftools names it (EM_X86_64, EM_AARCH64)
+    torch_linked: bool = False  # links libtorch*/libc10* or leaves a torch-namespace symbol undefined
+    torch_needs: list[str] | None = None  # the torch-namespace symbols it leaves undefined
+    torch_exports: list[str] | None = None  # the torch-namespace symbols it exports (torch's own libraries)
+    cuda: CudaFacts | None = None  # its fat binary's SASS/PTX architectures and CUDA runtime major
 
 
 #: e_machine values of the architectures a wheel for a build-image platform may hold, by pyelftools' names
@@ -204,7 +210,7 @@ def _elf_fast(mm, *, want_numpy: bool) -> tuple[Version | None, str | None]:
             elif any(mm.find(NUMPY1_MARKER, lo, hi) != -1 for lo, hi in ranges):
                 gen = "1"
         return best, gen
-    except (struct.error, IndexError, ValueError) as exc:
+    except (struct.error, IndexError, ValueError, OverflowError) as exc:  # Overflow: an offset past ssize_t
         raise _NotParsed from exc
 
 
@@ -216,6 +222,8 @@ def _scan_elf_file(path, *, want_numpy: bool) -> _FileFacts:
         facts.machine = _elf_machine(ELF_MAGIC + fh.read(16))
         want = want_numpy and facts.is_shared_object
         size = os.fstat(fh.fileno()).st_size
+        if facts.is_shared_object and size:
+            _extra_facts(fh, path, facts)
         try:
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 facts.glibc, facts.numpy_gen = _elf_fast(mm, want_numpy=want)
@@ -232,6 +240,20 @@ def _scan_elf_file(path, *, want_numpy: bool) -> _FileFacts:
             with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 facts.numpy_gen = _numpy_generation(mm)
     return facts
+
+
+def _extra_facts(fh, path, facts: _FileFacts) -> None:
+    """A shared object's torch symbols (:func:`builder.resolve.elfsyms.torch_symbols`; exports only for torch's
+    own libraries, ``libtorch*.so``, ``libc10*.so``) and its fat binary's architectures
+    (:func:`builder.resolve.fatbin.cuda_facts`), from one read of its section headers."""
+    name, where = os.path.basename(path), os.fspath(path)
+    with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        elf, secs = elf_sections(mm, where)
+        linked, needs, exports = torch_symbols_in(elf, secs, mm, where, exports=bool(TORCH_LIBRARY.match(name)))
+        facts.cuda = cuda_facts_in(elf, secs, mm, where)
+    facts.torch_linked = linked
+    facts.torch_needs = needs if linked else None
+    facts.torch_exports = exports or None
 
 
 def _python_abi_from_suffixes(names: Iterable[str]) -> str | None:
@@ -304,6 +326,8 @@ def scan_files(
     facts = DistFacts()
     best_glibc: Version | None = None
     so_names: list[str] = []
+    exports: set[str] = set()
+    cuda = CudaFacts()
     for p in paths:
         p = os.fspath(p)
         name = os.path.basename(p)
@@ -327,6 +351,15 @@ def scan_files(
             facts.numpy_abi[ff.numpy_gen] += 1
         if ff.glibc is not None and (best_glibc is None or ff.glibc > best_glibc):
             best_glibc = ff.glibc
+        if ff.torch_linked:
+            facts.torch_needs[name] = sorted(set(facts.torch_needs.get(name, [])) | set(ff.torch_needs or ()))
+        exports.update(ff.torch_exports or ())
+        if ff.cuda is not None:
+            cuda.sass |= ff.cuda.sass
+            cuda.ptx |= ff.cuda.ptx
+            cuda.runtime = max(filter(None, (cuda.runtime, ff.cuda.runtime)), default=None)
+    facts.torch_exports = pack_symbols(exports) if exports else None
+    facts.cuda_sass, facts.cuda_ptx, facts.cuda_runtime = sorted(cuda.sass), sorted(cuda.ptx), cuda.runtime
     facts.glibc = str(best_glibc) if best_glibc is not None else None
     facts.python_abi = _decide_python_abi(
         python_abi_from_tags(wheel_tags) if wheel_tags is not None else None,
@@ -382,6 +415,7 @@ def scan_wheel(path: Path) -> tuple[str, str, DistFacts]:
         if not tags and m:
             tags = [f"{py}-{m['abi']}-{m['plat']}" for py in m["py"].split(".")]
         extracted: list[Path] = []
+        members: list[str] = []
         for idx, info in enumerate(infos):
             if info.is_dir() or not might_be_elf(info.filename):
                 continue
@@ -396,7 +430,14 @@ def scan_wheel(path: Path) -> tuple[str, str, DistFacts]:
                     out.write(head)
                     shutil.copyfileobj(src, out, 1 << 20)
             extracted.append(dst)
-        facts = scan_files(extracted, is_numpy=canonical_name(name) == "numpy", wheel_tags=tags)
+            members.append(info.filename)
+        try:
+            facts = scan_files(extracted, is_numpy=canonical_name(name) == "numpy", wheel_tags=tags)
+        except BadInput as exc:  # name the wheel and its member, not the scratch copy
+            msg = exc.message
+            for dst, member in zip(extracted, members, strict=True):
+                msg = msg.replace(os.fspath(dst), f"{path.name}: {member}")
+            raise BadInput(msg) from None
     return name, version, facts
 
 

@@ -41,6 +41,7 @@ from builder.platforms import parse as parse_platform
 from builder.resolve.baseref import classify, resolve_base
 from builder.resolve.lockfile import LockFile
 from builder.resolve.manifest import BaseManifest
+from builder.serving import gpus
 from builder.serving.plan import check_kv_cache_dtype, check_load_format, release_facts
 from builder.spec import Spec
 from builder.util import atomic_write_text
@@ -432,6 +433,7 @@ def _context(
         "name": name,
         "image": image,
         "node_selector": {"kubernetes.io/arch": arch},
+        "worker_affinity": gpu_affinity(spec) if getattr(spec.serving, "gpu_node_affinity", False) else None,
         "ray_version": ray_version(lock, base),
         "head": head,
         "worker_groups": [worker],
@@ -441,6 +443,35 @@ def _context(
         "serve_config": yaml.safe_dump(serve_config(spec, lock), sort_keys=False, default_flow_style=False).rstrip(
             "\n"
         ),
+    }
+
+
+def gpu_affinity(spec: Spec) -> dict[str, Any]:
+    """The GPU workers' required node affinity (``[serving] gpu_node_affinity``): the node's driver major
+    (``nvidia.com/cuda.driver.major``, a GPU feature discovery label) at least the floor of the image's CUDA
+    (:func:`builder.serving.gpus.driver_floor`), and with ``gpu_model`` the GPU product
+    (``nvidia.com/gpu.product``: nvidia-smi's name with '-' for spaces). A floor that cannot be read (a base
+    given as an image, a CUDA major not in the table) is refused, never left out."""
+    manifest = None if classify(spec.base) == "image" else resolve_base(spec.base, spec.vllm).manifest
+    floor = gpus.driver_floor(gpus.image_cuda_major(manifest)) if manifest is not None else None
+    if floor is None:
+        raise BadInput(
+            "[serving] gpu_node_affinity: the driver floor of the image's CUDA is not known "
+            + (
+                "(the base is an image reference: give its manifest file as 'base')."
+                if manifest is None
+                else f"(CUDA {gpus.image_cuda_major(manifest)} is not in lockfiles/gate/cuda-drivers.toml)."
+            )
+        )
+    major = int(floor.split(".")[0])
+    terms = [{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": [str(major - 1)]}]
+    if spec.serving.gpu_model:
+        product = re.sub(r"\s+", "-", spec.serving.gpu_model.strip())
+        terms.append({"key": "nvidia.com/gpu.product", "operator": "In", "values": [product]})
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": terms}]}
+        }
     }
 
 

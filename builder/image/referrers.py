@@ -36,6 +36,38 @@ TITLE = "org.opencontainers.image.title"
 KIND = "org.build-image.attestation"  # sbom | provenance: the one of each kind build-image keeps indexed
 
 
+#: JSON Schema (draft 2020-12) of an OCI content descriptor, and of an artifact manifest as a reader of
+#: referrers takes one (:func:`builder.validate.load_typed_json`): fields typed, sizes bounded, the
+#: digest in the OCI grammar; unknown fields an OCI document may carry are allowed.
+_STRINGS = {"type": "object", "maxProperties": 256, "additionalProperties": {"type": "string", "maxLength": 8192}}
+DESCRIPTOR_SCHEMA: dict = {
+    "type": "object",
+    "properties": {
+        "mediaType": {"type": "string", "maxLength": 255},
+        "artifactType": {"type": "string", "maxLength": 255},
+        "digest": {"type": "string", "pattern": "^[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-zA-Z0-9=_-]{1,256}$"},
+        "size": {"type": "integer", "minimum": 0, "maximum": 2**62},
+        "annotations": _STRINGS,
+        "data": {"type": "string"},
+    },
+    "required": ["mediaType", "digest", "size"],
+}
+REFERRERS_SCHEMA: dict = {"type": "array", "maxItems": 10000, "items": DESCRIPTOR_SCHEMA}
+ARTIFACT_SCHEMA: dict = {
+    "type": "object",
+    "properties": {
+        "schemaVersion": {"const": 2},
+        "mediaType": {"const": OCI_MANIFEST},
+        "artifactType": {"type": "string", "maxLength": 255},
+        "config": DESCRIPTOR_SCHEMA,
+        "layers": {"type": "array", "minItems": 1, "maxItems": 64, "items": DESCRIPTOR_SCHEMA},
+        "subject": DESCRIPTOR_SCHEMA,
+        "annotations": _STRINGS,
+    },
+    "required": ["schemaVersion", "config", "layers", "subject"],
+}
+
+
 def digest_of(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 

@@ -31,6 +31,7 @@ from builder.image import referrers, retag
 from builder.image.registry import RegistryClient
 from builder.serving import attestation, history, kuberay
 from builder.util import GENERATED_MARK, atomic_write_text, output_lock, refuse_foreign, write_target
+from builder.validate import load_typed_json
 from builder.values import parse_ref
 
 RECORD_TYPE = "application/vnd.build-image.rollback-record.v1+json"
@@ -94,12 +95,30 @@ def _settle(client: RegistryClient, target: Ref, path: Path, entries: list[dict]
     return current
 
 
-MANIFEST_FILES = (kuberay.RAYSERVICE_FILE, kuberay.RAYCLUSTER_FILE)
+MANIFEST_FILES = history.MANIFEST_NAMES
+
+
+def manifest_path(out_dir: Path, name: str) -> Path:
+    """The one place a manifest's output path is made: ``out_dir`` joined with one of the names build-image
+    composes itself (:data:`MANIFEST_FILES`, never a name read from a history or a record), and not a
+    symlink leading out of ``out_dir``.  Anything else is BadInput; nothing is written."""
+    if name not in MANIFEST_FILES:
+        raise BadInput(f"-o {out_dir}: {name!r:.80} is not a manifest build-image writes; nothing was written.")
+    path = Path(out_dir) / name
+    if path.is_symlink():
+        root = os.path.realpath(out_dir)
+        if os.path.commonpath([root, os.path.realpath(path)]) != root:
+            raise BadInput(
+                f"-o {out_dir}: {name} is a symlink to {os.path.realpath(path)}, outside {out_dir}; "
+                "build-image writes the manifests only inside -o; nothing was moved.",
+                hint="remove the link or choose another -o.",
+            )
+    return path
 
 
 def check_out_dir(out_dir: Path | None, force: bool = False) -> None:
     """Before anything moves: ``-o`` can take the manifests (a directory, writable, holding no file of those
-    names that build-image did not write, nor anything but a regular file there)."""
+    names that build-image did not write, nor anything but a regular file there, nor a link out of it)."""
     if out_dir is None:
         return
     out = Path(out_dir)
@@ -109,17 +128,100 @@ def check_out_dir(out_dir: Path | None, force: bool = False) -> None:
     if not os.access(probe, os.W_OK | os.X_OK):
         raise BadInput(f"-o {out}: {probe} is not writable; nothing was moved.")
     for name in MANIFEST_FILES:
-        write_target(out / name)
-        refuse_foreign(out / name, "KubeRay manifest", force=force, marks=(GENERATED_MARK,))
+        path = manifest_path(out, name)
+        write_target(path)
+        refuse_foreign(path, "KubeRay manifest", force=force, marks=(GENERATED_MARK,))
 
 
 def write_manifests(out_dir: Path, texts: dict[str, str], force: bool = False) -> list[str]:
-    """The KubeRay manifests into ``out_dir`` (atomically each; checked by :func:`check_out_dir` first)."""
-    for name in texts:
-        refuse_foreign(out_dir / name, "KubeRay manifest", force=force, marks=(GENERATED_MARK,))
-    for name, text in texts.items():
-        atomic_write_text(out_dir / name, text)
-    return [str(out_dir / n) for n in texts]
+    """The KubeRay manifests into ``out_dir`` (atomically each; checked by :func:`check_out_dir` first), each
+    under the path :func:`manifest_path` makes."""
+    paths = {manifest_path(out_dir, name): text for name, text in texts.items()}
+    for path in paths:
+        refuse_foreign(path, "KubeRay manifest", force=force, marks=(GENERATED_MARK,))
+    for path, text in paths.items():
+        atomic_write_text(path, text)
+    return [str(p) for p in paths]
+
+
+# --------------------------------------------------------------------------- the registry's rollback records
+
+#: The rollback record as :func:`_record` writes it, every field typed (read back by :func:`read_record`).
+RECORD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "schema": {"const": "build-image/rollback-record/v1"},
+        "tag": {"type": "string", "maxLength": 1024},
+        "created": {"type": "string", "maxLength": 64},
+        "new": {
+            "type": "object",
+            "properties": {"digest": history.DIGEST_SCHEMA, "config": history.CONFIG_SCHEMA},
+            "required": ["digest", "config"],
+        },
+        "previous": {
+            "anyOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "properties": {"digest": history.DIGEST_SCHEMA, "config": history.CONFIG_SCHEMA},
+                    "required": ["digest", "config"],
+                },
+            ]
+        },
+        "manifests": {
+            "type": "object",
+            "properties": {
+                "new": history.MANIFESTS_SCHEMA,
+                "previous": {"anyOf": [{"type": "null"}, history.MANIFESTS_SCHEMA]},
+                "previous_source": {"type": "string", "maxLength": 4096},
+            },
+            "required": ["new", "previous"],
+            "additionalProperties": False,
+        },
+        "verdict": {"type": ["object", "null"]},
+        "forced": {"type": "boolean"},
+        "reason": {"type": ["string", "null"], "maxLength": 1 << 16},
+        "upgrade": {"type": "object"},
+    },
+    "required": ["schema", "tag", "new", "previous", "manifests", "forced"],
+    "additionalProperties": False,
+}
+
+
+def read_record(client: RegistryClient, dst: Ref, digest: str, want: str | None) -> tuple[str, dict] | None:
+    """(artifact digest, record) of the rollback record for the tag ``dst`` attached in the registry to
+    ``digest``: the one named ``want`` (a history entry's ``record``), else the last one listed; None when
+    there is none.  The record is fetched by digest, verified, read by :data:`RECORD_SCHEMA` and must be
+    about ``dst`` moving to ``digest``.  A ``want`` the registry does not list for that digest is BadInput:
+    the history disagrees with the registry, and the registry is the truth."""
+    kind = f"{RECORD_KIND}:{dst.tag}"
+    listed = [
+        d["digest"]
+        for d in attestation.referrer_descriptors(client, dst.repository, digest)
+        if (d.get("annotations") or {}).get(referrers.KIND) == kind
+    ]
+    if want is not None and want not in listed:
+        raise BadInput(
+            f"the cutover history names the rollback record {want} for {dst.name}@{digest}, but the registry "
+            f"lists {', '.join(listed) or 'none'} for {dst}: the history file is not the one build-image "
+            "wrote, or the record was replaced; nothing was moved.",
+            hint=f"see `build-image history {dst}`; move the history file aside if the registry is right.",
+        )
+    if not listed:
+        return None
+    chosen = want or listed[-1]
+    where = f"rollback record {dst.registry}/{dst.repository}@{chosen}"
+    _doc, blob = attestation.fetch_artifact(client, dst.repository, chosen, digest, where)
+    try:
+        record = load_typed_json(blob, where, RECORD_SCHEMA)
+    except BadInput as exc:
+        raise BadInput(f"{exc.message.rstrip('.')}; nothing was moved.") from None
+    if record["tag"] != str(dst) or record["new"]["digest"] != digest:
+        raise BadInput(
+            f"{where} is about {record['tag']!r:.200} moving to {record['new']['digest']}, not {dst} moving "
+            f"to {digest}; nothing was moved."
+        )
+    return chosen, record
 
 
 # --------------------------------------------------------------------------- promote
@@ -139,16 +241,31 @@ def _choose_verdict(
 
 
 def _previous_manifests(
-    entries: list[dict], current: str | None, render: Callable[[str], dict[str, str]], image: str
+    client: RegistryClient,
+    dst: Ref,
+    entries: list[dict],
+    current: str | None,
+    render: Callable[[str], dict[str, str]],
 ) -> tuple[dict[str, str] | None, str]:
-    """The manifests the tag's current image was applied with: those recorded when build-image promoted it,
-    else rendered now from this lock and spec (said so)."""
+    """The manifests the tag's current image was applied with: those of the registry's rollback record that
+    promoted it (the one the history names, checked against the registry by :func:`read_record`), else
+    rendered now from this lock and spec (said so).  Nothing is taken from the history file itself."""
     if current is None:
         return None, "none: the tag did not exist"
-    for e in reversed(entries):
-        if e["status"] == "done" and e["to"] == current and e.get("manifests", {}).get("new"):
-            return e["manifests"]["new"], f"recorded by history entry {e['id']} ({e['action']})"
-    return render(image), "rendered now from this lock and spec (no build-image promotion put it there)"
+    want = next(
+        (
+            e.get("record")
+            for e in reversed(entries)
+            if e["action"] == "promote" and e["status"] == "done" and e["to"] == current and e.get("record")
+        ),
+        None,
+    )
+    found = read_record(client, dst, current, want)
+    if found is not None:
+        return found[1]["manifests"]["new"], f"recorded by the rollback record {found[0]}"
+    return render(
+        f"{dst.name}@{current}"
+    ), "rendered now from this lock and spec (no build-image promotion put it there)"
 
 
 def promote(
@@ -299,7 +416,7 @@ def _record(
         if prev is None:  # the tag names it, so the registry holds it: anything else is the registry's fault
             raise RegistryError(f"registry {dst.registry}: {dst} points at {current}, which it does not serve.")
         prev_config = retag.container_config(client, dst.repository, prev)
-    prev_manifests, prev_source = _previous_manifests(entries, current, render, f"{dst.name}@{current}")
+    prev_manifests, prev_source = _previous_manifests(client, dst, entries, current, render)
     retag.mount_blobs(client, dst.repository, src.repository, new)
     if src.repository != dst.repository:
         retag.put_tag(client, dst.repository, new.digest, new)  # the manifest by digest: no tag moves
@@ -359,6 +476,44 @@ def _move(
 # --------------------------------------------------------------------------- rollback and history
 
 
+def _undo_target(client: RegistryClient, dst: Ref, path: Path, entries: list[dict], current: str) -> tuple[dict, dict]:
+    """(the history entry to undo, the registry's rollback record of it): the entry found in the history (the
+    cache), the record that entry names read from the registry (the truth) and the two compared.  Anything
+    that does not agree is a refusal; nothing has moved."""
+    e = history.rollback_target(entries, current)
+    if e is None:
+        undone = history.undone_ids(entries)
+        live = [x for x in entries if x["action"] == "promote" and x["status"] == "done" and x["id"] not in undone]
+        if live:
+            raise TagConflict(
+                f"rollback: {dst} points at {current}, but its last promotion (history entry "
+                f"{live[-1]['id']}) put it on {live[-1]['to']}: it was moved outside build-image; "
+                "nothing was moved.",
+                hint=f"see `build-image history {dst}`.",
+            )
+        raise BadInput(f"rollback: no promotion recorded in {path} is left to undo; nothing was moved.")
+    if not e.get("from"):
+        raise BadInput(
+            f"rollback: history entry {e['id']} created {dst} (there was no image before it); nothing was moved."
+        )
+    found = read_record(client, dst, current, e.get("record")) if e.get("record") else None
+    if found is None:
+        raise BadInput(
+            f"rollback: history entry {e['id']} names no rollback record the registry holds for "
+            f"{dst.name}@{current}; the history file alone is not trusted to move the tag; nothing was moved.",
+            hint=f"see `build-image history {dst}`; move the tag with `build-image promote … --force --reason`.",
+        )
+    record = found[1]
+    if (record["previous"] or {}).get("digest") != e["from"]:
+        raise BadInput(
+            f"rollback: history entry {e['id']} says {dst} came from {e['from']}, the registry's rollback record "
+            f"{found[0]} says {(record['previous'] or {}).get('digest') or 'nothing'}: the history file is not "
+            "the one build-image wrote; nothing was moved.",
+            hint="the registry is the truth: move the history file aside, or restore the one build-image wrote.",
+        )
+    return e, record
+
+
 def rollback(
     to: str,
     *,
@@ -367,7 +522,8 @@ def rollback(
     force: bool = False,
     reporter: Reporter = SILENT,
 ) -> dict[str, Any]:
-    """Put ``to`` back on the digest its latest promotion replaced and write that image's manifests."""
+    """Put ``to`` back on the digest its latest promotion replaced (as the registry's rollback record of that
+    promotion says) and write that image's recorded manifests."""
     dst = clean_ref(to, "rollback", reporter)
     if dst.digest or not dst.tag:
         raise BadInput(f"rollback {dst}: give REPO:TAG (the deploy tag to move back).")
@@ -386,46 +542,28 @@ def rollback(
         current = _settle(client, dst, path, entries)
         if current is None:
             raise BadInput(f"rollback: the tag {dst} does not exist in the registry; nothing was moved.")
-        e = history.rollback_target(entries, current)
-        if e is None:
-            live = [
-                x
-                for x in entries
-                if x["action"] == "promote" and x["status"] == "done" and x["id"] not in history.undone_ids(entries)
-            ]
-            if live:
-                raise TagConflict(
-                    f"rollback: {dst} points at {current}, but its last promotion (history entry "
-                    f"{live[-1]['id']}) put it on {live[-1]['to']}: it was moved outside build-image; "
-                    "nothing was moved.",
-                    hint=f"see `build-image history {dst}`.",
-                )
-            raise BadInput(f"rollback: no promotion recorded in {path} is left to undo; nothing was moved.")
-        if not e.get("from"):
-            raise BadInput(
-                f"rollback: history entry {e['id']} created {dst} (there was no image before it); nothing was moved."
-            )
-        prev = retag.manifest_by_digest(client, dst.repository, e["from"])
+        e, record = _undo_target(client, dst, path, entries, current)
+        target = record["previous"]["digest"]
+        prev = retag.manifest_by_digest(client, dst.repository, target)
         if prev is None:
             raise BadInput(
-                f"rollback: the registry {dst.registry} no longer holds {dst.name}@{e['from']} (the "
+                f"rollback: the registry {dst.registry} no longer holds {dst.name}@{target} (the "
                 f"rollback target of history entry {e['id']}); nothing was moved."
             )
         cfg = retag.container_config(client, dst.repository, prev)
-        want = (e.get("previous") or {}).get("config") or {}
+        want = record["previous"]["config"]
         if cfg != want:
             raise BadInput(
-                f"rollback: {dst.name}@{e['from']} in the registry has another container configuration "
-                f"than history entry {e['id']} recorded ({cfg.get('digest')} vs {want.get('digest')}); "
-                "nothing was moved."
+                f"rollback: {dst.name}@{target} in the registry has another container configuration "
+                f"than its rollback record holds ({cfg.get('digest')} vs {want.get('digest')}); nothing was moved."
             )
-        manifests = (e.get("manifests") or {}).get("previous") or {}
+        manifests = record["manifests"]["previous"] or {}
         entry = {
             "id": history.next_id(entries),
             "action": "rollback",
             "time": _now(),
             "from": current,
-            "to": e["from"],
+            "to": target,
             "undoes": e["id"],
             "status": "moving",
             "previous": {"digest": current},
@@ -437,7 +575,7 @@ def rollback(
         written = write_manifests(out_dir, manifests, force=force) if out_dir and manifests else []
     return {
         "target": str(dst),
-        "digest": e["from"],
+        "digest": target,
         "previous": current,
         "undoes": e["id"],
         "status": entry["status"],

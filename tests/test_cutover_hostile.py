@@ -12,11 +12,13 @@ import os
 import threading
 
 import pytest
+import yaml
 
+from builder import signing
 from builder.errors import BadInput
 from builder.image import referrers
 from builder.serving import attestation, cutover, history
-from tests.fx_cutover import GPU, attest, cli, make_world, statement, tag_digest
+from tests.fx_cutover import GPU, attest, cli, make_key, make_world, signing_key, statement, tag_digest
 from tests.test_fuzz import invoke
 
 DIGEST = "sha256:" + "ab" * 32
@@ -172,10 +174,12 @@ class FakeRegistry:
         return (404, {}, b"") if body is None else (200, {}, body)
 
 
-def _registry_with(manifest_of, descriptors=None) -> FakeRegistry:
+def _registry_with(manifest_of, descriptors=None, signer=None) -> FakeRegistry:
     reg = FakeRegistry()
-    blob = attestation.statement_bytes(statement("r/app", DIGEST))
-    layer = {"mediaType": referrers.INTOTO_TYPE, "digest": reg.put("blobs", blob), "size": len(blob)}
+    blob, media = attestation.statement_bytes(statement("r/app", DIGEST)), referrers.INTOTO_TYPE
+    if signer is not None:
+        blob, media = signing.sign_envelope(blob, signer), signing.ENVELOPE_TYPE
+    layer = {"mediaType": media, "digest": reg.put("blobs", blob), "size": len(blob)}
     subject = {"mediaType": referrers.OCI_MANIFEST, "digest": DIGEST, "size": 10}
     art = reg.put("manifests", manifest_of(layer, subject))
     if descriptors is None:
@@ -209,13 +213,20 @@ def _manifest(**kw):
 )
 def test_an_artifact_manifest_or_index_of_any_wrong_shape_is_a_refusal(reg, says):
     with pytest.raises(BadInput) as exc:
-        attestation.read_verdicts(reg, "app", DIGEST)
+        attestation.read_verdicts(reg, "app", DIGEST, {})
     assert says in exc.value.message and "nothing was moved" in exc.value.message, exc.value.message
 
 
-def test_a_well_formed_artifact_is_read(tmp_path):
-    (v,) = attestation.read_verdicts(_registry_with(_manifest()), "app", DIGEST)
-    assert v.passed and v.predicate["gpu"]["model"] == GPU
+def test_a_well_formed_artifact_counts_only_when_a_trusted_key_signed_it(tmp_path):
+    priv, pub = make_key(tmp_path)
+    signer = signing.load_signer(priv)
+    reg = _registry_with(_manifest(), signer=signer)
+    (v,), untrusted = attestation.read_verdicts(reg, "app", DIGEST, signing.trusted_keys([pub]))
+    assert v.passed and v.predicate["gpu"]["model"] == GPU and v.signers == (signer.fingerprint,) and not untrusted
+    verdicts, untrusted = attestation.read_verdicts(reg, "app", DIGEST, {})
+    assert verdicts == [] and "1 signature(s), none by a trusted key" in untrusted[0]
+    verdicts, untrusted = attestation.read_verdicts(_registry_with(_manifest()), "app", DIGEST, {})
+    assert verdicts == [] and untrusted[0].endswith(": unsigned")
 
 
 # --------------------------------------------------------------------------- class 4 against the registry
@@ -265,3 +276,104 @@ def test_rollback_writes_the_registry_records_manifests_not_the_historys(promote
     text = (out / "rayservice.yaml").read_text()
     assert "forged" not in text and f"{w.base}@{w.old}" in text
     assert sorted(p.name for p in out.iterdir()) == ["raycluster.yaml", "rayservice.yaml"]
+
+
+# --------------------------------------------------------------------------- signed verdicts (issue 46)
+
+
+def _attach_envelope(w, envelope: bytes, *, settings: str = "x") -> None:
+    """An envelope attached as build-image attaches a signed verdict (a forger's, byte for byte)."""
+    from builder.image.registry import RegistryClient
+
+    client = RegistryClient(w.registry)
+    subject = referrers.subject_descriptor(client, w.repo, w.new)
+    ann = {referrers.KIND: f"{attestation.KIND}:{settings}", attestation.VERDICT_ANNOTATION: "PASS"}
+    referrers.attach(
+        client, w.repo, subject, envelope, referrers.INTOTO_TYPE, "t", ann, layer_type=signing.ENVELOPE_TYPE
+    )
+
+
+def _flip(envelope: bytes, field: str) -> bytes:
+    import base64
+
+    env = json.loads(envelope)
+    holder = env if field == "payload" else env["signatures"][0]
+    raw = bytearray(base64.b64decode(holder[field]))
+    raw[len(raw) // 2] ^= 1
+    holder[field] = base64.b64encode(bytes(raw)).decode()
+    return json.dumps(env).encode()
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+@pytest.mark.parametrize("forgery", ["unsigned", "unknown key", "flipped payload", "flipped signature"])
+def test_a_pass_no_trusted_key_signed_is_refused_naming_the_keys(tmp_path, local_registry, forgery):
+    w = make_world(tmp_path, local_registry)
+    trusted = signing.trusted_keys([signing_key()[1]])
+    if forgery == "unsigned":
+        attest(w.registry, w.repo, w.new, sign_key=False)
+    elif forgery == "unknown key":
+        attest(w.registry, w.repo, w.new, sign_key=make_key(tmp_path / "k")[0])
+    else:
+        blob = attestation.statement_bytes(statement(f"{w.base}", w.new))
+        good = signing.sign_envelope(blob, signing.load_signer(signing_key()[0]))
+        _attach_envelope(w, _flip(good, "payload" if "payload" in forgery else "sig"))
+    r = cli("promote", f"{w.base}@{w.new}", "--to", w.tag, "--spec", str(w.spec), "--history", str(w.history))
+    assert r.returncode == 1, r.stderr
+    says = "unsigned" if forgery == "unsigned" else "none by a trusted key"
+    assert says in r.stderr and f"Trusted keys: {next(iter(trusted))}" in r.stderr.replace("\n", " "), r.stderr
+    assert tag_digest(w.tag) == w.old and not w.history.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_a_signed_pass_is_promoted_stored_as_cosign_stores_it_and_admitted_by_the_written_policies(
+    tmp_path, local_registry
+):
+    from builder.image.registry import RegistryClient
+    from builder.serving import admission
+
+    w = make_world(tmp_path, local_registry)
+    attest(w.registry, w.repo, w.new)
+    rec_priv, rec_pub = make_key(tmp_path / "promoter", "ed25519")
+    out = tmp_path / "apply"
+    args = ("--spec", str(w.spec), "--history", str(w.history))
+    r = cli("promote", f"{w.base}@{w.new}", "--to", w.tag, *args, "-o", str(out), "--sign-key", str(rec_priv), "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    fp = signing.load_signer(signing_key()[0]).fingerprint
+    assert res["verdict"]["signers"] == [fp] and res["record_signers"] == [signing.load_signer(rec_priv).fingerprint]
+    assert tag_digest(w.tag) == w.new
+    # cosign's tag layout: sha256-<hex>.att, one DSSE layer with the signature and predicateType annotations
+    client = RegistryClient(w.registry)
+    tag = referrers.cosign_tag(w.new)
+    status, _h, body = client.request("GET", f"/v2/{w.repo}/manifests/{tag}", {"Accept": referrers.OCI_MANIFEST})
+    assert status == 200 and tag == "sha256-" + w.new.split(":")[1] + ".att"
+    man = json.loads(body)
+    (layer,) = man["layers"]
+    assert layer["mediaType"] == "application/vnd.dsse.envelope.v1+json"
+    assert layer["annotations"]["dev.cosignproject.cosign/signature"] == ""
+    assert layer["annotations"]["predicateType"] == attestation.PREDICATE_TYPE
+    assert man["config"]["mediaType"] == "application/vnd.oci.image.config.v1+json"
+    envelope = client.request("GET", f"/v2/{w.repo}/blobs/{layer['digest']}")[2]
+    image = f"{w.base}@{w.new}"
+    for name, admits in (
+        (admission.KYVERNO_FILE, admission.kyverno_admits),
+        (admission.SIGSTORE_FILE, admission.cip_admits),
+    ):
+        text = (out / name).read_text()
+        assert text.startswith("# Generated by build-image")
+        policy = yaml.safe_load(text)
+        assert admits(policy, image, [envelope]) == (True, "admitted")
+        assert not admits(policy, image, [_flip(envelope, "sig")])[0]
+    # history shows the signer; rollback with the promoter's key reads the signed record, another key refuses
+    r = cli("history", w.tag, "--history", str(w.history))
+    assert f"[signed by {fp}]" in r.stdout, r.stdout
+    _, stranger = make_key(tmp_path / "other")
+    r = cli("rollback", w.tag, "--history", str(w.history), "--trusted-key", str(stranger))
+    assert r.returncode == 2 and "signed by none of the trusted keys" in r.stderr and tag_digest(w.tag) == w.new
+    r = cli("rollback", w.tag, "--history", str(w.history), "--trusted-key", str(rec_pub))
+    assert r.returncode == 0, r.stderr
+    assert tag_digest(w.tag) == w.old
+    for path in (w.history, *out.iterdir()):
+        assert "PRIVATE KEY" not in path.read_text()

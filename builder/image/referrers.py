@@ -78,16 +78,29 @@ def referrers_tag(subject_digest: str) -> str:
 
 
 def artifact_manifest(
-    artifact_type: str, blob: bytes, title: str, subject: dict, annotations: dict | None = None
+    artifact_type: str,
+    blob: bytes,
+    title: str,
+    subject: dict,
+    annotations: dict | None = None,
+    *,
+    layer_type: str | None = None,
+    layer_annotations: dict | None = None,
 ) -> bytes:
-    """The artifact's manifest bytes (pure; the digest is of exactly these bytes)."""
+    """The artifact's manifest bytes (pure; the digest is of exactly these bytes).  The layer's media type is
+    ``artifact_type`` unless ``layer_type`` says otherwise (a signed statement: a DSSE envelope)."""
     doc = {
         "schemaVersion": 2,
         "mediaType": OCI_MANIFEST,
         "artifactType": artifact_type,
         "config": {"mediaType": EMPTY_TYPE, "digest": digest_of(EMPTY), "size": len(EMPTY), "data": "e30="},
         "layers": [
-            {"mediaType": artifact_type, "digest": digest_of(blob), "size": len(blob), "annotations": {TITLE: title}}
+            {
+                "mediaType": layer_type or artifact_type,
+                "digest": digest_of(blob),
+                "size": len(blob),
+                "annotations": {**(layer_annotations or {}), TITLE: title},
+            }
         ],
         "subject": subject,
     }
@@ -171,12 +184,23 @@ def subject_descriptor(client, repository: str, digest: str) -> dict:
 
 
 def attach(
-    client, repository: str, subject: dict, blob: bytes, artifact_type: str, title: str, annotations: dict | None = None
+    client,
+    repository: str,
+    subject: dict,
+    blob: bytes,
+    artifact_type: str,
+    title: str,
+    annotations: dict | None = None,
+    *,
+    layer_type: str | None = None,
+    layer_annotations: dict | None = None,
 ) -> Attached:
     """Push ``blob`` as an artifact referring to ``subject``; index it when the registry has no referrers API."""
     upload_blob(client, repository, EMPTY)
     upload_blob(client, repository, blob)
-    manifest = artifact_manifest(artifact_type, blob, title, subject, annotations)
+    manifest = artifact_manifest(
+        artifact_type, blob, title, subject, annotations, layer_type=layer_type, layer_annotations=layer_annotations
+    )
     digest = digest_of(manifest)
     status, headers, body = client.request(
         "PUT", f"/v2/{repository}/manifests/{digest}", {"Content-Type": OCI_MANIFEST}, manifest
@@ -198,6 +222,73 @@ def attach(
     status, _, body = client.request("PUT", f"/v2/{repository}/manifests/{tag}", {"Content-Type": OCI_INDEX}, data)
     _check(status, body, f"the referrers index {tag}", client.registry)
     return Attached(artifact_type, digest, len(manifest), "tag-schema")
+
+
+COSIGN_SIGNATURE = "dev.cosignproject.cosign/signature"
+COSIGN_CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+
+
+def cosign_tag(subject_digest: str, suffix: str = "att") -> str:
+    """cosign's tag-based discovery: ``sha256:<hex>`` -> ``sha256-<hex>.att`` (attestations), ``.sig``."""
+    return f"{referrers_tag(subject_digest)}.{suffix}"
+
+
+def cosign_manifest(layers: list[tuple[dict, bytes]]) -> tuple[bytes, bytes]:
+    """Pure: (config, manifest) bytes of cosign's attestation image: an OCI image manifest whose layers are
+    the DSSE envelopes (each with its descriptor annotations), and an image config listing them as its
+    uncompressed layers (``rootfs.diff_ids``), as go-containerregistry writes one for cosign."""
+    digests = [digest_of(blob) for _ann, blob in layers]
+    config = {
+        "architecture": "",
+        "config": {},
+        "created": "0001-01-01T00:00:00Z",
+        "history": [{"created": "0001-01-01T00:00:00Z"} for _ in layers],
+        "os": "",
+        "rootfs": {"type": "layers", "diff_ids": digests},
+    }
+    cfg = json.dumps(config, separators=(",", ":"), sort_keys=True).encode()
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "config": {"mediaType": COSIGN_CONFIG_TYPE, "size": len(cfg), "digest": digest_of(cfg)},
+        "layers": [
+            {"mediaType": "application/vnd.dsse.envelope.v1+json", "size": len(blob), "digest": d, "annotations": ann}
+            for (ann, blob), d in zip(layers, digests)
+        ],
+    }
+    return cfg, json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+def attach_cosign_attestation(
+    client, repository: str, subject_digest: str, envelope: bytes, annotations: dict, replaces: tuple[str, str] | None
+) -> str:
+    """Add ``envelope`` to the subject's cosign attestation image (``sha256-<hex>.att``), the layout
+    ``cosign attest --key`` writes and ``cosign verify-attestation`` / Kyverno read: the envelope a layer with
+    ``dev.cosignproject.cosign/signature: ""`` and ``annotations`` (``predicateType``, …).  A layer whose
+    annotation ``replaces[0]`` equals ``replaces[1]`` is replaced; every other layer (cosign's, other
+    tools') is kept.  Returns the attestation image's manifest digest."""
+    tag = cosign_tag(subject_digest)
+    status, _h, body = client.request("GET", f"/v2/{repository}/manifests/{tag}", {"Accept": OCI_MANIFEST})
+    kept: list[tuple[dict, bytes]] = []
+    if status == 200:
+        old = registry_json(body, f"the attestation image {tag}", client.registry)
+        for layer in old.get("layers") or []:
+            ann = layer.get("annotations") if isinstance(layer, dict) else None
+            if not isinstance(ann, dict) or (replaces and ann.get(replaces[0]) == replaces[1]):
+                continue
+            st, _h, blob = client.request("GET", f"/v2/{repository}/blobs/{layer.get('digest')}")
+            if st == 200 and digest_of(blob) == layer.get("digest"):
+                kept.append((ann, blob))
+    layers = [*kept, ({**annotations, COSIGN_SIGNATURE: ""}, envelope)]
+    cfg, manifest = cosign_manifest(layers)
+    upload_blob(client, repository, cfg)
+    for _ann, blob in layers:
+        upload_blob(client, repository, blob)
+    status, _h, body = client.request(
+        "PUT", f"/v2/{repository}/manifests/{tag}", {"Content-Type": OCI_MANIFEST}, manifest
+    )
+    _check(status, body, f"the attestation image {tag}", client.registry)
+    return digest_of(manifest)
 
 
 def list_referrers(client, repository: str, subject_digest: str) -> tuple[str, list[dict]]:

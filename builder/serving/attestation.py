@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import __version__
+from builder import __version__, signing
 from builder.credentials import redact_value
 from builder.errors import BadInput, RegistryError
 from builder.image import referrers
@@ -248,6 +248,7 @@ class Verdict:
     artifact: str  # the artifact manifest's digest (how a refusal names it)
     subject: str  # sha256:<hex> of the image it is about
     predicate: dict[str, Any]
+    signers: tuple[str, ...] = ()  # fingerprints of the trusted keys whose DSSE signature verified
 
     @property
     def passed(self) -> bool:
@@ -405,9 +406,15 @@ def resolve_subject(image: str, local_id: str | None) -> tuple[str, str]:
     return name, digest
 
 
-def attach_statement(pinned: str, doc: dict[str, Any]) -> referrers.Attached:
+SIGNER_ANNOTATION = "org.build-image.signer"  # the fingerprint the signer claims (a hint; the signature decides)
+
+
+def attach_statement(pinned: str, doc: dict[str, Any], signer: signing.Signer | None = None) -> referrers.Attached:
     """Attach the statement to ``HOST/REPO@sha256:…`` as an in-toto referrer; a newer verdict at the same
-    settings replaces the older one in the referrers index, other settings' verdicts stay."""
+    settings replaces the older one in the referrers index, other settings' verdicts stay.  With ``signer``
+    the layer is the statement's DSSE envelope (``application/vnd.dsse.envelope.v1+json``), and the same
+    envelope is added to the digest's cosign attestation image (``sha256-<hex>.att``), where ``cosign
+    verify-attestation --key`` and Kyverno find it."""
     client, ref = client_for(pinned)
     client.ping()
     subject = referrers.subject_descriptor(client, ref.repository, ref.digest)
@@ -418,7 +425,32 @@ def attach_statement(pinned: str, doc: dict[str, Any]) -> referrers.Attached:
         SETTINGS_ANNOTATION: settings_key(pred),
         "org.opencontainers.image.created": pred["smoke"]["created"],
     }
-    return referrers.attach(client, ref.repository, subject, statement_bytes(doc), referrers.INTOTO_TYPE, TITLE, ann)
+    blob = statement_bytes(doc)
+    if signer is None:
+        return referrers.attach(client, ref.repository, subject, blob, referrers.INTOTO_TYPE, TITLE, ann)
+    envelope = signing.sign_envelope(blob, signer)
+    ann[SIGNER_ANNOTATION] = signer.fingerprint
+    layer_ann = {"predicateType": PREDICATE_TYPE, referrers.COSIGN_SIGNATURE: ""}
+    att = referrers.attach(
+        client,
+        ref.repository,
+        subject,
+        envelope,
+        referrers.INTOTO_TYPE,
+        TITLE,
+        ann,
+        layer_type=signing.ENVELOPE_TYPE,
+        layer_annotations=layer_ann,
+    )
+    referrers.attach_cosign_attestation(
+        client,
+        ref.repository,
+        ref.digest,
+        envelope,
+        {"predicateType": PREDICATE_TYPE, SETTINGS_ANNOTATION: settings_key(pred)},
+        replaces=(SETTINGS_ANNOTATION, settings_key(pred)),
+    )
+    return att
 
 
 def referrer_descriptors(client, repository: str, digest: str) -> list[dict]:
@@ -455,24 +487,38 @@ def fetch_artifact(client, repository: str, artifact: str, subject: str, where: 
     return doc, fetch_verified(client, repository, doc["layers"][0]["digest"], where, blob=True)
 
 
-def read_verdicts(client, repository: str, digest: str) -> list[Verdict]:
-    """Every smoke verdict attached to ``repository@digest``, each blob's digest checked against its artifact
-    manifest and each statement by :func:`parse_statement` (a bad one is BadInput naming its artifact)."""
-    out = []
+def read_verdicts(client, repository: str, digest: str, trusted: dict[str, Any]) -> tuple[list[Verdict], list[str]]:
+    """(the verdicts attached to ``repository@digest`` that a key in ``trusted`` signed, why each other one
+    does not count).  Each artifact and blob is verified by digest; a signed one's DSSE envelope is checked
+    against every trusted key before its statement is read by :func:`parse_statement` (a bad one is BadInput
+    naming its artifact); an unsigned statement, or one no trusted key signed, is never read as a verdict."""
+    out, untrusted = [], []
     for d in referrer_descriptors(client, repository, digest):
         ann = d.get("annotations") or {}
         if not ann.get(referrers.KIND, "").startswith(KIND):
             continue
         where = f"smoke attestation {client.registry}/{repository}@{d['digest']}"
-        _doc, blob = fetch_artifact(client, repository, d["digest"], digest, where)
-        v = parse_statement(blob, where=where.removeprefix("smoke attestation "), subject_digest=digest)
+        doc, blob = fetch_artifact(client, repository, d["digest"], digest, where)
+        short = f"{d['digest'][:19]}… ({ann.get(VERDICT_ANNOTATION, '?')})"
+        if doc["layers"][0]["mediaType"] != signing.ENVELOPE_TYPE:
+            untrusted.append(f"{short}: unsigned")
+            continue
+        opened = signing.open_envelope(blob, where, trusted)
+        if not opened.signers:
+            claim = ann.get(SIGNER_ANNOTATION)
+            untrusted.append(
+                f"{short}: {opened.signatures} signature(s), none by a trusted key"
+                + (f" (it names signer {claim[:80]})" if claim else "")
+            )
+            continue
+        v = parse_statement(opened.payload, where=where.removeprefix("smoke attestation "), subject_digest=digest)
         if ann.get(VERDICT_ANNOTATION) not in (None, v.predicate["verdict"]):
             raise BadInput(
                 f"{where}: its annotation says {ann.get(VERDICT_ANNOTATION)}, the "
                 f"statement says {v.predicate['verdict']}; nothing was moved."
             )
-        out.append(v)
-    return out
+        out.append(Verdict(v.artifact, v.subject, v.predicate, opened.signers))
+    return out, untrusted
 
 
 def fetch_verified(

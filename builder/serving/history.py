@@ -46,6 +46,8 @@ DIGEST_SCHEMA = {"type": "string", "pattern": _DIGEST.pattern}
 _ID = {"type": "integer", "minimum": 1, "maximum": 2**53}
 _TEXT = {"type": "string", "maxLength": 1 << 16}
 _NULL_OR_DIGEST = {"anyOf": [{"type": "null"}, DIGEST_SCHEMA]}
+#: signer key fingerprints (builder.signing.fingerprint)
+_FINGERPRINTS = {"type": "array", "maxItems": 16, "items": DIGEST_SCHEMA}
 #: A container configuration as a record keeps it (retag.container_config): its digest and the fields.
 CONFIG_SCHEMA = {"type": "object", "properties": {"digest": DIGEST_SCHEMA}, "required": ["digest"]}
 #: Manifests by file name: only the names build-image writes, each a text.
@@ -66,11 +68,16 @@ _ENTRY = {
         "tag_at": _NULL_OR_DIGEST,
         "source": _TEXT,
         "record": _NULL_OR_DIGEST,
+        "record_signers": _FINGERPRINTS,
         "undoes": _ID,
         "verdict": {
             "anyOf": [
                 {"type": "null"},
-                {"type": "object", "properties": {"artifact": _TEXT, "summary": _TEXT}, "required": ["summary"]},
+                {
+                    "type": "object",
+                    "properties": {"artifact": _TEXT, "summary": _TEXT, "signers": _FINGERPRINTS},
+                    "required": ["summary"],
+                },
             ]
         },
         "forced": {"type": "boolean"},

@@ -218,6 +218,37 @@ _TOML_TYPE = {str: "string", list: "array", dict: "table", int: "integer", float
 _SERVING_TYPES = {f.name: f.type for f in fields(Serving)}
 
 
+def _serving_value(key: str, val: Any, path: str) -> Any:
+    """``serving.KEY``'s value when it has its field's TOML type (a list of strings for a tuple field, kept
+    as a tuple), else BadInput naming the key, the type wanted and the value."""
+    typ = str(_SERVING_TYPES[key])
+    listed = "tuple" in typ
+    ok = (
+        (listed and isinstance(val, list) and all(isinstance(x, str) for x in val))
+        or (not listed and "int" in typ and isinstance(val, int) and not isinstance(val, bool))
+        or (not listed and "float" in typ and isinstance(val, (int, float)) and not isinstance(val, bool))
+        or (not listed and "str" in typ and isinstance(val, str))
+        or (not listed and "bool" in typ and isinstance(val, bool))
+    )
+    if not ok:
+        want = (
+            "a list of strings"
+            if listed
+            else "an integer"
+            if "int" in typ
+            else "a number"
+            if "float" in typ
+            else "a boolean"
+            if "bool" in typ
+            else "a string"
+        )
+        raise BadInput(
+            f"spec {path}: 'serving.{key}' has the wrong type: it must be {want}, "
+            f"got {_TOML_TYPE.get(type(val), type(val).__name__)} {val!r:.60}."
+        )
+    return tuple(val) if listed else val
+
+
 def parse_spec(text: str, path: str) -> Spec:
     try:
         doc = load_toml(text, f"spec {path}")
@@ -244,32 +275,7 @@ def parse_spec(text: str, path: str) -> Spec:
     for key, val in serving_doc.items():
         if key not in _SERVING_TYPES:
             raise BadInput(f"spec {path}: unknown key 'serving.{key}' (known: {', '.join(sorted(_SERVING_TYPES))}).")
-        typ = str(_SERVING_TYPES[key])
-        listed = "tuple" in typ
-        ok = (
-            (listed and isinstance(val, list) and all(isinstance(x, str) for x in val))
-            or (not listed and "int" in typ and isinstance(val, int) and not isinstance(val, bool))
-            or (not listed and "float" in typ and isinstance(val, (int, float)) and not isinstance(val, bool))
-            or (not listed and "str" in typ and isinstance(val, str))
-            or (not listed and "bool" in typ and isinstance(val, bool))
-        )
-        if not ok:
-            want = (
-                "a list of strings"
-                if listed
-                else "an integer"
-                if "int" in typ
-                else "a number"
-                if "float" in typ
-                else "a boolean"
-                if "bool" in typ
-                else "a string"
-            )
-            raise BadInput(
-                f"spec {path}: 'serving.{key}' has the wrong type: it must be {want}, "
-                f"got {_TOML_TYPE.get(type(val), type(val).__name__)} {val!r:.60}."
-            )
-        serving_kwargs[key] = tuple(val) if listed else val
+        serving_kwargs[key] = _serving_value(key, val, path)
     for key in ("tp", "pp"):
         if key in serving_kwargs and serving_kwargs[key] < 1:
             raise BadInput(f"spec {path}: 'serving.{key}' must be a positive integer, got {serving_kwargs[key]!r}.")

@@ -377,3 +377,19 @@ def test_a_signed_pass_is_promoted_stored_as_cosign_stores_it_and_admitted_by_th
     assert tag_digest(w.tag) == w.old
     for path in (w.history, *out.iterdir()):
         assert "PRIVATE KEY" not in path.read_text()
+
+
+def test_trusted_keys_in_the_spec_are_relative_to_its_folder_and_checked(tmp_path):
+    from builder.spec import load_spec
+
+    _, pub = make_key(tmp_path / "keys")
+    spec_file = tmp_path / "build-image.toml"
+    spec_file.write_text(f'vllm = "0.26.0"\n[serving]\ntrusted_keys = ["keys/{pub.name}"]\n')
+    trust = cutover.trust_from(load_spec(spec_file))
+    assert list(trust.keys) == [signing.fingerprint(signing.load_public_key(pub))] and trust.signer is None
+    spec_file.write_text('vllm = "0.26.0"\n[serving]\ntrusted_keys = ["keys/missing.pub"]\n')
+    with pytest.raises(BadInput, match=r"\[serving\] trusted_keys: .*keys/missing.pub: no such file"):
+        cutover.trust_from(load_spec(spec_file))
+    spec_file.write_text('vllm = "0.26.0"\n[serving]\ntrusted_keys = "keys/a.pub"\n')
+    with pytest.raises(BadInput, match="'serving.trusted_keys' has the wrong type: it must be a list of strings"):
+        load_spec(spec_file)

@@ -136,3 +136,38 @@ def test_fuzz_statement_fields(data):
         attestation.mismatches(v, TARGET)
         v.summary()
         attestation.settings_key(v.predicate)
+
+
+@given(data=st.data())
+@examples(150)
+def test_fuzz_dsse_envelopes(data):
+    """A signed envelope with one field (or the whole) replaced by any JSON value: opened (its signers only
+    the keys that signed those bytes) or BadInput naming it."""
+    from builder import signing
+
+    envelope = json.loads(signing.sign_envelope(json.dumps(statement("r/app", DIGEST)).encode(), _SIGNER))
+    path = data.draw(st.sampled_from(list(_paths(envelope))))
+    envelope = _replace(envelope, path, data.draw(replacement))
+    try:
+        blob = json.dumps(envelope).encode()
+    except (ValueError, RecursionError):
+        return
+    with bounded(20):
+        try:
+            opened = signing.open_envelope(blob, "ENV@sha256:feed", _TRUSTED)
+        except BadInput as exc:
+            assert "ENV@sha256:feed" in exc.message
+            return
+        assert set(opened.signers) <= set(_TRUSTED)
+
+
+def _key():
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from builder import signing
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    return signing.KeySigner(key=key, path="fuzz"), {signing.fingerprint(key.public_key()): key.public_key()}
+
+
+_SIGNER, _TRUSTED = _key()

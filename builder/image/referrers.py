@@ -21,10 +21,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from builder.errors import RegistryError
+from builder import signing
+from builder.errors import BadInput, RegistryError
 from builder.image import provenance
 from builder.image.naming import PROVENANCE_FILE, SBOM_FILE
 from builder.image.registry import client_for, registry_json
+from builder.validate import load_json
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -306,10 +308,56 @@ def list_referrers(client, repository: str, subject_digest: str) -> tuple[str, l
     return "none", []
 
 
-def push_attestations(context: str | Path, pinned: str, tags: list[str]) -> dict:
+CYCLONEDX_PREDICATE = "https://cyclonedx.org/bom"  # cosign attest --type cyclonedx
+SIGNER_ANNOTATION = "org.build-image.signer"  # the fingerprint the signer claims (a hint; the signature decides)
+
+
+def sbom_statement(sbom: bytes, name: str, digest: str) -> bytes:
+    """Pure: the CycloneDX SBOM as an in-toto Statement v1 about ``name@digest`` (predicate type
+    ``https://cyclonedx.org/bom``, as ``cosign attest --type cyclonedx`` writes it), to be signed."""
+    try:
+        predicate = load_json(sbom, f"the context's {SBOM_FILE}")
+    except ValueError as exc:
+        raise BadInput(f"the context's {SBOM_FILE} is not JSON ({exc}); it cannot be signed.") from None
+    doc = {
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"name": name, "digest": {"sha256": digest.split(":", 1)[1]}}],
+        "predicateType": CYCLONEDX_PREDICATE,
+        "predicate": predicate,
+    }
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _attach_signed(client, repository: str, subject: dict, statement: bytes, kind: str, title: str, signer) -> Attached:
+    """``statement`` (an in-toto statement) signed by ``signer`` as a DSSE envelope: attached as a referrer
+    (artifact type in-toto, the envelope its layer) and added to cosign's ``sha256-<hex>.att`` image."""
+    envelope = signing.sign_envelope(statement, signer)
+    ptype = str(json.loads(statement).get("predicateType"))
+    layer_ann = {"predicateType": ptype, COSIGN_SIGNATURE: ""}
+    ann = {KIND: kind, SIGNER_ANNOTATION: signer.fingerprint}
+    att = attach(
+        client,
+        repository,
+        subject,
+        envelope,
+        INTOTO_TYPE,
+        title,
+        ann,
+        layer_type=signing.ENVELOPE_TYPE,
+        layer_annotations=layer_ann,
+    )
+    attach_cosign_attestation(
+        client, repository, subject["digest"], envelope, {"predicateType": ptype, KIND: kind}, replaces=(KIND, kind)
+    )
+    return att
+
+
+def push_attestations(context: str | Path, pinned: str, tags: list[str], signer=None) -> dict:
     """After a push: record the registry digest as the provenance subject, then push the SBOM and the
-    provenance as referrers of ``pinned`` (``HOST/REPO@sha256:…``).  A registry that refuses them
-    is reported (``pushed: false`` and why), not an error: the files stay in the context."""
+    provenance as referrers of ``pinned`` (``HOST/REPO@sha256:…``).  With ``signer``
+    (:class:`builder.signing.Signer`), the provenance and the SBOM (wrapped in an in-toto statement) are
+    attached as signed DSSE envelopes too, where cosign stores key-signed attestations.  A registry that
+    refuses them is reported (``pushed: false`` and why), not an error: the files stay in the context."""
     ctx = Path(context)
     client, ref = client_for(pinned)
     digest = ref.digest
@@ -334,6 +382,12 @@ def push_attestations(context: str | Path, pinned: str, tags: list[str]) -> dict
                 "ref": f"{ref.registry}/{ref.repository}@{a.digest}",
                 "referrers": a.referrers,
             }
+            if signer is not None:
+                statement = (
+                    blob if key == "provenance" else sbom_statement(blob, f"{ref.registry}/{ref.repository}", digest)
+                )
+                signed = _attach_signed(client, ref.repository, subject, statement, f"{key}-signed", name, signer)
+                out[key]["signed"] = {"digest": signed.digest, "signer": signer.fingerprint}
         out["pushed"] = bool(docs)
         if docs:
             out["referrers"] = out[docs[0][0]]["referrers"]
@@ -354,7 +408,9 @@ def summary_line(att: dict) -> str:
             if att.get("referrers") == "api"
             else f"indexed under the referrers tag {att.get('index')} (the registry has no referrers API)"
         )
-        return f"attached to {att['subject']}: {kinds}; {how}"
+        signed = [att[k]["signed"]["signer"] for k in ("sbom", "provenance") if "signed" in att.get(k, {})]
+        sig = f"; signed by {signed[0]} (also under {cosign_tag(att['subject'].rsplit('@', 1)[-1])})" if signed else ""
+        return f"attached to {att['subject']}: {kinds}; {how}{sig}"
     files = ", ".join(att.get("files", {}).values()) or "none"
     reason = str(att.get("reason") or "nothing to push").rstrip(".")
     return f"SBOM/provenance not pushed ({reason}); kept as files: {files}"

@@ -406,7 +406,7 @@ def resolve_subject(image: str, local_id: str | None) -> tuple[str, str]:
     return name, digest
 
 
-SIGNER_ANNOTATION = "org.build-image.signer"  # the fingerprint the signer claims (a hint; the signature decides)
+SIGNER_ANNOTATION = referrers.SIGNER_ANNOTATION
 
 
 def attach_statement(pinned: str, doc: dict[str, Any], signer: signing.Signer | None = None) -> referrers.Attached:

@@ -156,3 +156,45 @@ def test_a_flipped_byte_in_the_payload_or_the_signature_is_refused(keys):
         blob = json.dumps(bad).encode()
         assert not admission.kyverno_admits(docs[admission.KYVERNO_FILE], IMAGE, [blob])[0]
         assert not admission.cip_admits(docs[admission.SIGSTORE_FILE], IMAGE, [blob])[0]
+
+
+def test_render_kuberay_writes_the_policies_when_the_spec_trusts_keys(tmp_path, monkeypatch, keys):
+    from click.testing import CliRunner
+
+    from builder.cli import main
+    from tests.test_render import _lock, _manifest, _wheel_bytes
+
+    monkeypatch.setenv("BUILD_IMAGE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "src").mkdir()
+    lock = _lock(base_dir=tmp_path / "src")
+    for e in lock.entries:
+        (tmp_path / "src" / e.wheel.filename).write_bytes(_wheel_bytes(e.name))
+    lock.save(tmp_path / "requirements.lock")
+    _manifest().save(tmp_path / "base.json")
+    _, pub = make_key(tmp_path / "keys")
+    (tmp_path / "build-image.toml").write_text(
+        'vllm = "0.26.0"\n[serving]\nconcurrency = 16\ngpu_model = "NVIDIA H200"\n'
+        f'checkpoint_sha256 = "{CHECKPOINT_SHA}"\ntrusted_keys = ["keys/{pub.name}"]\n'
+    )
+    args = ["render", "--base", "base.json", "--lock", "requirements.lock", "--no-patches", "--json"]
+    image = "127.0.0.1:5000/serving/vllm@sha256:" + "c" * 64
+    r = CliRunner().invoke(
+        main,
+        [*args, "--tag", "127.0.0.1:5000/serving/vllm", "--model", "/m", "--kuberay", "--image", image, "-o", "ctx"],
+    )
+    assert r.exit_code == 0, r.output
+    assert set(admission.POLICY_FILES) <= set(json.loads(r.stdout)["files"])
+    policy = yaml.safe_load((tmp_path / "ctx" / admission.KYVERNO_FILE).read_text())
+    assert policy["spec"]["rules"][0]["verifyImages"][0]["imageReferences"] == ["127.0.0.1:5000/serving/vllm*"]
+    assert policy["metadata"]["annotations"]["build-image/trusted-keys"] == signing.fingerprint(
+        signing.load_public_key(pub)
+    )
+    # without trusted keys: the manifests only
+    (tmp_path / "build-image.toml").write_text('vllm = "0.26.0"\n')
+    r = CliRunner().invoke(
+        main,
+        [*args, "--tag", "127.0.0.1:5000/serving/vllm", "--model", "/m", "--kuberay", "--image", image, "-o", "plain"],
+    )
+    assert r.exit_code == 0, r.output
+    assert not (tmp_path / "plain" / admission.KYVERNO_FILE).exists()

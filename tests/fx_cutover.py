@@ -7,6 +7,7 @@ independently of build-image's registry client.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import io
@@ -199,7 +200,9 @@ def make_key(folder: Path, kind: str = "ec", *, password: bytes | None = None) -
 def signing_key() -> tuple[Path, Path]:
     """The key the cutover tests sign verdicts with (one per test process); its public key is the specs'
     ``[serving] trusted_keys``."""
-    return make_key(Path(tempfile.mkdtemp(prefix="bi-test-keys-")))
+    folder = Path(tempfile.mkdtemp(prefix="bi-test-keys-"))
+    atexit.register(shutil.rmtree, folder, True)  # gone with the test process
+    return make_key(folder)
 
 
 def attest(registry: str, repo: str, digest: str, *, sign_key: Path | None | bool = True, **kw):

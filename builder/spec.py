@@ -145,6 +145,8 @@ class Serving:
     gpu_node_affinity: bool = False
     gateway_class: str | None = None  # Gateway API class; with autoscaler and replicas >= 2: incremental upgrade
     platform: str | None = None  # KubeRay: the image platform the pods run on (node selector kubernetes.io/arch)
+    # promote: public keys (PEM files, relative to the spec's folder) whose signed verdicts count
+    trusted_keys: tuple[str, ...] = ()
 
 
 @dataclass
@@ -231,6 +233,37 @@ _TOML_TYPE = {str: "string", list: "array", dict: "table", int: "integer", float
 _SERVING_TYPES = {f.name: f.type for f in fields(Serving)}
 
 
+def _serving_value(key: str, val: Any, path: str) -> Any:
+    """``serving.KEY``'s value when it has its field's TOML type (a list of strings for a tuple field, kept
+    as a tuple), else BadInput naming the key, the type wanted and the value."""
+    typ = str(_SERVING_TYPES[key])
+    listed = "tuple" in typ
+    ok = (
+        (listed and isinstance(val, list) and all(isinstance(x, str) for x in val))
+        or (not listed and "int" in typ and isinstance(val, int) and not isinstance(val, bool))
+        or (not listed and "float" in typ and isinstance(val, (int, float)) and not isinstance(val, bool))
+        or (not listed and "str" in typ and isinstance(val, str))
+        or (not listed and "bool" in typ and isinstance(val, bool))
+    )
+    if not ok:
+        want = (
+            "a list of strings"
+            if listed
+            else "an integer"
+            if "int" in typ
+            else "a number"
+            if "float" in typ
+            else "a boolean"
+            if "bool" in typ
+            else "a string"
+        )
+        raise BadInput(
+            f"spec {path}: 'serving.{key}' has the wrong type: it must be {want}, "
+            f"got {_TOML_TYPE.get(type(val), type(val).__name__)} {val!r:.60}."
+        )
+    return tuple(val) if listed else val
+
+
 def parse_spec(text: str, path: str) -> Spec:
     try:
         doc = load_toml(text, f"spec {path}")
@@ -257,28 +290,7 @@ def parse_spec(text: str, path: str) -> Spec:
     for key, val in serving_doc.items():
         if key not in _SERVING_TYPES:
             raise BadInput(f"spec {path}: unknown key 'serving.{key}' (known: {', '.join(sorted(_SERVING_TYPES))}).")
-        typ = str(_SERVING_TYPES[key])
-        ok = (
-            ("int" in typ and isinstance(val, int) and not isinstance(val, bool))
-            or ("float" in typ and isinstance(val, (int, float)) and not isinstance(val, bool))
-            or ("str" in typ and isinstance(val, str))
-            or ("bool" in typ and isinstance(val, bool))
-        )
-        if not ok:
-            want = (
-                "an integer"
-                if "int" in typ
-                else "a number"
-                if "float" in typ
-                else "a boolean"
-                if "bool" in typ
-                else "a string"
-            )
-            raise BadInput(
-                f"spec {path}: 'serving.{key}' has the wrong type: it must be {want}, "
-                f"got {_TOML_TYPE.get(type(val), type(val).__name__)} {val!r:.60}."
-            )
-        serving_kwargs[key] = val
+        serving_kwargs[key] = _serving_value(key, val, path)
     for key in ("tp", "pp"):
         if key in serving_kwargs and serving_kwargs[key] < 1:
             raise BadInput(f"spec {path}: 'serving.{key}' must be a positive integer, got {serving_kwargs[key]!r}.")
@@ -341,9 +353,11 @@ def _check_values(doc: dict, serving: dict, path: str) -> None:
     exclude_newer(doc.get("exclude-newer"), where=f"spec {path}: 'exclude-newer'")
     # every string reaches a Dockerfile, a lock line, a YAML document or a hint: none holds a line break
     for key, val in [*((f"serving.{k}", v) for k, v in serving.items()), *doc.items()]:
-        for i, item in enumerate(val if isinstance(val, list) else [val]):
+        for i, item in enumerate(val if isinstance(val, (list, tuple)) else [val]):
             if isinstance(item, str):
-                values.control_free(item, f"spec {path}: '{key}'" + (f"[{i}]" if isinstance(val, list) else ""))
+                values.control_free(
+                    item, f"spec {path}: '{key}'" + (f"[{i}]" if isinstance(val, (list, tuple)) else "")
+                )
     for name, reason in (doc.get("allow-abi-change") or {}).items():
         values.control_free(name, f"spec {path}: 'allow-abi-change' key")
         values.control_free(reason, f"spec {path}: 'allow-abi-change.{name}'")

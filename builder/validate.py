@@ -280,6 +280,59 @@ def load_toml(text: str, what: str, *, limit: int = MAX_DEPTH, error: type[Excep
     return check_depth(doc, what, limit=limit, error=error)
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of range for a number")
+    return value
+
+
+#: Most schema errors one refusal lists (the first by position in the document).
+MAX_SCHEMA_ERRORS = 5
+
+
+def schema_errors(doc: Any, schema: dict[str, Any]) -> list[str]:
+    """Pure: where ``doc`` breaks the JSON Schema (draft 2020-12) ``schema``, each as ``$.path: why`` (at
+    most :data:`MAX_SCHEMA_ERRORS`, each at most 240 characters); [] when it conforms.  ``doc`` must
+    already be depth-bounded (:func:`check_depth`): the validator recurses."""
+    import itertools
+
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema)
+    found = itertools.islice(validator.iter_errors(doc), 50)
+    errs = sorted(found, key=lambda e: [str(p) for p in e.absolute_path])[:MAX_SCHEMA_ERRORS]
+    return [f"{e.json_path}: {e.message}"[:240] for e in errs]
+
+
+def load_typed_json(
+    text: str | bytes,
+    what: str,
+    schema: dict[str, Any],
+    *,
+    limit: int = MAX_DEPTH,
+    error: type[Exception] = BadInput,
+) -> Any:
+    """The one typed reader of a JSON document from outside (a file, a registry blob): JSON (NaN,
+    Infinity and numbers past a double refused), nested at most ``limit`` deep, and conforming to
+    ``schema`` (every field's type, range and shape).  Anything else is ``error`` naming ``what`` and
+    the first places it goes wrong, so no reader after it meets a value of a type it does not expect."""
+    try:
+        doc = load_json(
+            text, what, limit=limit, error=error, parse_constant=_refuse_constant, parse_float=_finite_float
+        )
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise error(f"{what} is not JSON ({str(exc)[:200]}; truncated?)") from None
+    errs = schema_errors(doc, schema)
+    if errs:
+        raise error(f"{what} is not in the expected form: " + "; ".join(errs))
+    return doc
+
+
 # ---------------------------------------------------------------- files the user names
 def read_bounded(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_DOC_BYTES) -> bytes:
     """The bytes of the regular file ``path``, at most ``max_bytes``; BadInput naming ``what`` and the
@@ -292,10 +345,11 @@ def read_bounded(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_DOC
         raise BadInput(f"{what} {p}: no such file.") from None
     except OSError as exc:
         raise BadInput(f"{what} {p} cannot be read: {exc.strerror or exc}.") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # before fdopen, which refuses a directory with an OSError of its own
+        os.close(fd)
+        raise BadInput(f"{what} {p}: {describe_kind(st.st_mode)}, not a regular file; only a file is read.")
     with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise BadInput(f"{what} {p}: {describe_kind(st.st_mode)}, not a regular file; only a file is read.")
         if st.st_size > max_bytes:
             raise BadInput(f"{what} {p}: {st.st_size} bytes, more than the {max_bytes}-byte bound for this input.")
         try:

@@ -7,6 +7,8 @@ independently of build-image's registry client.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import io
 import json
@@ -15,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -175,10 +178,41 @@ def statement(name: str, digest: str, *, checkpoint_sha: str = CHECKPOINT_SHA, g
     )
 
 
-def attest(registry: str, repo: str, digest: str, **kw):
-    from builder.serving.attestation import attach_statement
+def make_key(folder: Path, kind: str = "ec", *, password: bytes | None = None) -> tuple[Path, Path]:
+    """(private key file, mode 0600; public key file) of a fresh ECDSA P-256 or Ed25519 key in ``folder``."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-    return attach_statement(f"{registry}/{repo}@{digest}", statement(f"{registry}/{repo}", digest, **kw))
+    key = ec.generate_private_key(ec.SECP256R1()) if kind == "ec" else ed25519.Ed25519PrivateKey.generate()
+    folder.mkdir(parents=True, exist_ok=True)
+    name = f"{kind}-{uuid.uuid4().hex[:8]}"
+    enc = serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
+    priv, pub = folder / f"{name}.key", folder / f"{name}.pub"
+    priv.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, enc))
+    priv.chmod(0o600)
+    pub.write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+    return priv, pub
+
+
+@functools.lru_cache(maxsize=1)
+def signing_key() -> tuple[Path, Path]:
+    """The key the cutover tests sign verdicts with (one per test process); its public key is the specs'
+    ``[serving] trusted_keys``."""
+    folder = Path(tempfile.mkdtemp(prefix="bi-test-keys-"))
+    atexit.register(shutil.rmtree, folder, True)  # gone with the test process
+    return make_key(folder)
+
+
+def attest(registry: str, repo: str, digest: str, *, sign_key: Path | None | bool = True, **kw):
+    """Attach a verdict signed by :func:`signing_key` (``sign_key``: another key file, or False: unsigned)."""
+    from builder.serving.attestation import attach_statement
+    from builder.signing import load_signer
+
+    key = signing_key()[0] if sign_key is True else sign_key
+    signer = load_signer(key) if key else None
+    return attach_statement(f"{registry}/{repo}@{digest}", statement(f"{registry}/{repo}", digest, **kw), signer)
 
 
 def write_spec(path: Path, *, concurrency: int = 16, max_model_len: int = 4096, tp: int = 1) -> Path:
@@ -193,6 +227,7 @@ max_model_len = {max_model_len}
 concurrency = {concurrency}
 gpu_model = "{GPU}"
 checkpoint_sha256 = "{CHECKPOINT_SHA}"
+trusted_keys = ["{signing_key()[1]}"]
 ''')
     return path
 

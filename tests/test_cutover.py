@@ -23,6 +23,7 @@ from tests.fx_cutover import (
     cli,
     make_world,
     push_image,
+    signing_key,
     statement,
     tag_digest,
 )
@@ -34,6 +35,12 @@ TARGET = attestation.Target(concurrency=16, max_model_len=4096, tp=1, gpu_model=
 @pytest.fixture
 def world(tmp_path, local_registry):
     return make_world(tmp_path, local_registry)
+
+
+def _trusted() -> dict:
+    from builder.signing import trusted_keys
+
+    return trusted_keys([signing_key()[1]])
 
 
 def verdict_of(doc: dict, digest: str = DIGEST) -> attestation.Verdict:
@@ -110,9 +117,12 @@ def test_equivalence_failure_blocks_the_promotion():
     [
         (lambda b: b[: len(b) // 2], "not JSON"),
         (lambda b: b.replace(b'"ab', b'"cd', 1), "subject is sha256:cd"),
-        (lambda b: b.replace(b'"PASS"', b'"MAYBE"'), "not PASS or FAIL"),
-        (lambda b: b.replace(b'"concurrency":16', b'"concurrency":"16"'), "predicate.load.concurrency is str"),
-        (lambda b: b.replace(b'"rounds_completed":3,', b''), "rounds_completed is missing"),
+        (lambda b: b.replace(b'"PASS"', b'"MAYBE"'), "$.predicate.verdict: 'MAYBE' is not one of"),
+        (
+            lambda b: b.replace(b'"concurrency":16', b'"concurrency":"16"'),
+            "$.predicate.load.concurrency: '16' is not of type 'integer'",
+        ),
+        (lambda b: b.replace(b'"rounds_completed":3,', b''), "'rounds_completed' is a required property"),
         (lambda b: b.replace(b"smoke-verdict/v1", b"smoke-verdict/v9"), "predicateType"),
         (lambda b: b.replace(b"Statement/v1", b"Statement/v0.1"), "in-toto"),
     ],
@@ -250,9 +260,10 @@ def test_force_needs_a_reason_and_records_it(world):
 @pytest.mark.docker
 def test_an_attestation_about_another_digest_is_bad_input(world):
     from builder.serving.attestation import attach_statement
+    from builder.signing import load_signer
 
-    other = statement(world.base, world.old)  # a PASS about the old image, attached to the new one
-    attach_statement(f"{world.base}@{world.new}", other)
+    other = statement(world.base, world.old)  # a PASS about the old image, signed, attached to the new one
+    attach_statement(f"{world.base}@{world.new}", other, load_signer(signing_key()[0]))
     r = promote(world, world.new)
     assert r.returncode == 2, r.stderr
     assert f"its subject is {world.old}, not the image {world.new}" in r.stderr
@@ -261,13 +272,30 @@ def test_an_attestation_about_another_digest_is_bad_input(world):
 
 @pytest.mark.slow
 @pytest.mark.docker
-def test_a_truncated_statement_in_the_registry_is_bad_input(world):
+@pytest.mark.parametrize("cut", ["the signed statement", "the envelope"])
+def test_a_truncated_statement_in_the_registry_is_bad_input(world, cut):
+    from builder import signing
     from builder.image.referrers import INTOTO_TYPE, KIND, attach, subject_descriptor
 
     client = RegistryClient(world.registry)
-    blob = attestation.statement_bytes(statement(world.base, world.new))[:200]
+    blob = attestation.statement_bytes(statement(world.base, world.new))
+    signer = signing.load_signer(signing_key()[0])
+    envelope = (
+        signing.sign_envelope(blob[:200], signer)
+        if cut == "the signed statement"
+        else signing.sign_envelope(blob, signer)[:200]
+    )
     subject = subject_descriptor(client, world.repo, world.new)
-    att = attach(client, world.repo, subject, blob, INTOTO_TYPE, "x.json", {KIND: "smoke-verdict:x"})
+    att = attach(
+        client,
+        world.repo,
+        subject,
+        envelope,
+        INTOTO_TYPE,
+        "x.json",
+        {KIND: "smoke-verdict:x"},
+        layer_type=signing.ENVELOPE_TYPE,
+    )
     r = promote(world, world.new)
     assert r.returncode == 2 and att.digest in r.stderr and "not JSON" in r.stderr, r.stderr
     assert tag_digest(world.tag) == world.old
@@ -370,7 +398,7 @@ def test_two_promotes_at_once_serialize(world):
 
 
 def _e(i, action, frm, to, status="done", **kw):
-    return {"id": i, "action": action, "from": frm, "to": to, "status": status, **kw}
+    return {"id": i, "action": action, "time": "2026-12-06T00:00:00Z", "from": frm, "to": to, "status": status, **kw}
 
 
 def test_rollback_target_walks_back_one_promotion_at_a_time():
@@ -479,9 +507,14 @@ def test_the_smoke_commands_attestation_is_what_promote_reads(world, tmp_path, m
     rep = smoke_report_obj()
     said = []
     cfg = SmokeConfig(model=str(ck), image=f"{world.base}@{world.new}", checkpoint_check=False)
-    smoke_cmd._attest(rep, cfg, (world.base, world.new), Recorder(said))
+    from builder.signing import load_signer
+
+    signer = load_signer(signing_key()[0])
+    smoke_cmd._attest(rep, cfg, (world.base, world.new), Recorder(said), signer)
     assert said and said[0].startswith(f"attested: PASS attached to {world.base}@{world.new}")
-    verdicts = attestation.read_verdicts(RegistryClient(world.registry), world.repo, world.new)
+    assert f"signed by {signer.fingerprint}" in said[0]
+    verdicts, untrusted = attestation.read_verdicts(RegistryClient(world.registry), world.repo, world.new, _trusted())
+    assert untrusted == []
     (v,) = verdicts
     ckp = v.predicate["checkpoint"]
     assert ckp["path"] == str(ck) and ckp["verify"] == "not checked"
@@ -587,7 +620,7 @@ def test_promote_across_repositories_of_one_registry_mounts_the_image(world):
 def test_a_later_fail_at_the_same_settings_replaces_the_pass(world):
     attest(world.registry, world.repo, world.new)
     attest(world.registry, world.repo, world.new, verdict="FAIL")
-    (v,) = attestation.read_verdicts(RegistryClient(world.registry), world.repo, world.new)
+    (v,), _ = attestation.read_verdicts(RegistryClient(world.registry), world.repo, world.new, _trusted())
     assert v.predicate["verdict"] == "FAIL"
     r = promote(world, world.new)
     assert r.returncode == 1 and "verdict is FAIL (round 2: 3 of 16 requests failed)" in r.stderr, r.stderr

@@ -171,6 +171,7 @@ def _layered_package(tmp_path: Path, files: dict[str, str]) -> Path:
         "report",
         "scratch",
         "signals",
+        "signing",
         "spec",
         "util",
         "validate",

@@ -124,7 +124,7 @@ def world(tmp_path, monkeypatch, wheelhouse):
     monkeypatch.setattr("builder.engine.get_engine", lambda: engine)
     attached = []  # the referrers upload is tested against a real registry (test_image_e2e); here: what it is handed
 
-    def push_attestations(context, pinned, tags):
+    def push_attestations(context, pinned, tags, signer=None):
         attached.append((Path(context), pinned, list(tags)))
         return {"subject": pinned, "pushed": False, "reason": "in-memory registry", "files": {}}
 

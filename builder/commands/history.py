@@ -19,6 +19,9 @@ def render_text(res: dict) -> str:
         what = (e.get("verdict") or {}).get("summary") if e["action"] == "promote" else f"undoes entry {e['undoes']}"
         if e["action"] == "promote" and e.get("forced"):
             what = f"FORCED: {e.get('reason')}"
+        signers = (e.get("verdict") or {}).get("signers") if e["action"] == "promote" else None
+        if signers:
+            what = f"{what} [signed by {', '.join(signers)}]"
         status = {
             "done": "moved",
             "not-moved": "NOT moved (the tag stayed)",

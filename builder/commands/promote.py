@@ -44,20 +44,38 @@ from builder.report import emit_json, emit_text
     type=click.Path(dir_okay=False, path_type=Path),
     help="The tag's history file (default: $XDG_STATE_HOME/build-image/cutover/HOST/REPO/TAG.json).",
 )
+@click.option(
+    "--trusted-key",
+    "trusted_keys",
+    multiple=True,
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="A PEM public key whose signed verdicts count (repeatable; added to [serving] trusted_keys).",
+)
+@click.option(
+    "--sign-key",
+    "sign_key",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Sign the rollback record with this private key (ECDSA P-256 or Ed25519 PEM, mode 0600; an encrypted "
+    "one opens with $BUILD_IMAGE_SIGN_KEY_PASSPHRASE).",
+)
 @click.option("--force", is_flag=True, help="Move the tag without a matching PASS verdict (needs --reason).")
 @click.option("--reason", default=None, metavar="TEXT", help="Why --force: recorded in the history and the record.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-def command(image, to, spec_file, lock_file, out_dir, history_file, force, reason, as_json):
-    """Move REPO:TAG to IMAGE@DIGEST when a smoke attestation attached to that digest is a PASS at the target's
-    [serving] settings: concurrency at least serving.concurrency, the same max_model_len, tp, gpu_model and
-    checkpoint (checkpoint_sha256).  Before the tag moves, the digest it pointed at, that image's container
-    configuration and the KubeRay manifests of both are recorded as an OCI artifact referring to the new digest
-    and in the tag's history file.
+def command(image, to, spec_file, lock_file, out_dir, history_file, trusted_keys, sign_key, force, reason, as_json):
+    """Move REPO:TAG to IMAGE@DIGEST when a smoke attestation attached to that digest, signed by a trusted key
+    ([serving] trusted_keys, --trusted-key), is a PASS at the target's [serving] settings: concurrency at least
+    serving.concurrency, the same max_model_len, tp, gpu_model and checkpoint (checkpoint_sha256).  Before the
+    tag moves, the digest it pointed at, that image's container configuration and the KubeRay manifests of both
+    are recorded as an OCI artifact referring to the new digest (signed with --sign-key) and in the tag's
+    history file.  With -o, the admission policies (Kyverno, Sigstore policy-controller) are written too.
 
-    Exit codes: 0 moved (or already there), 1 refused: no attached PASS verdict matches the target (nothing
-    moved), 2 bad input (a digest the registry does not hold, a forged or truncated attestation, an attestation
-    about another digest, an image of another platform than the lock or [serving] platform, a history file
-    edited by hand, unstated [serving] settings, --force without --reason; nothing moved), 10 registry
+    Exit codes: 0 moved (or already there), 1 refused: no attached PASS signed by a trusted key matches the
+    target (nothing moved), 2 bad input (a digest the registry does not hold, a forged or truncated
+    attestation, an attestation about another digest, an image of another platform than the lock or [serving]
+    platform, a history file edited by hand, unstated [serving] settings, no trusted key, an unreadable key
+    file, --force without --reason; nothing moved), 10 registry
     unreachable / refused (the history says where the tag is), 14 another run holds the tag's history longer
     than BUILD_IMAGE_LOCK_TIMEOUT.
     """
@@ -78,6 +96,8 @@ def command(image, to, spec_file, lock_file, out_dir, history_file, force, reaso
         reason=reason,
         history_file=history_file,
         out_dir=out_dir,
+        trusted_keys=trusted_keys,
+        sign_key=sign_key,
         reporter=reporter_for(console).scoped("promote: "),
     )
     if as_json:
@@ -89,7 +109,9 @@ def command(image, to, spec_file, lock_file, out_dir, history_file, force, reaso
     lines = [
         f"promoted {res['target']}: {res['previous'] or '(new tag)'} -> {res['digest']}",
         "  verdict: " + (res["verdict"]["summary"] if res["verdict"] else f"none, FORCED: {res['reason']}"),
-        f"  rollback record: {res['record']} (refers to {res['digest']})",
+        *(["  signed by " + ", ".join(res["verdict"]["signers"])] if res["verdict"] else []),
+        f"  rollback record: {res['record']} (refers to {res['digest']})"
+        + (f", signed by {res['record_signers'][0]}" if res["record_signers"] else ", unsigned"),
         f"  history: {res['history']}",
         f"  upgrade: {res['upgrade']['cost']}",
     ]

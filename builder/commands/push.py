@@ -30,8 +30,16 @@ from builder.spec import load_spec
     metavar="OS/ARCH[,OS/ARCH]",
     help="Of a multi-platform context, push only these (and an index of them; default: every platform).",
 )
+@click.option(
+    "--sign-key",
+    "sign_key",
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="Also attach the SBOM and the provenance as DSSE envelopes signed with this private key (ECDSA P-256 "
+    "or Ed25519 PEM, mode 0600), where cosign stores key-signed attestations (single-platform contexts).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-def command(context, vllm, repo, spec_file, force, platform, as_json):
+def command(context, vllm, repo, spec_file, force, platform, sign_key, as_json):
     """Push the image built from CONTEXT (both tags) and verify the registry's manifest digest.
 
     A multi-platform context (platforms.json): each platform's image is pushed under its own tags
@@ -54,13 +62,25 @@ def command(context, vllm, repo, spec_file, force, platform, as_json):
         raise BadInput("push needs a repository with a registry host: --tag HOST[:PORT]/REPO (or 'repo' in the spec).")
     out = context or default_out_dir(spec.vllm)
     console = stderr_console()
+    from builder.signing import load_signer
+
+    signer = load_signer(sign_key) if sign_key else None  # before anything is pushed
     if is_multi(out):
+        if signer is not None:
+            raise BadInput(
+                "push --sign-key signs a single-platform context's SBOM and provenance; a multi-platform "
+                "context is not signed yet (sign each platform's digest with cosign attest)."
+            )
         push_multi(out, spec.repo, platform, force=force, as_json=as_json, console=console)
         return
     ctx = read_context(out, spec.repo)
     select((lock_platform(ctx.lock),), platform, ctx.out_dir)
     pushed = push_image(
-        ctx.tags, force=force, context=ctx.out_dir, reporter=reporter_for(console, as_json=as_json).scoped("push: ")
+        ctx.tags,
+        force=force,
+        context=ctx.out_dir,
+        reporter=reporter_for(console, as_json=as_json).scoped("push: "),
+        signer=signer,
     )
     if as_json:
         emit_json(pushed.to_dict())

@@ -167,10 +167,12 @@ def _render_one(
     out = out or default_out_dir(spec.vllm)
     console = stderr_console()
 
+    policies = _policy_writer(spec) if kuberay else None  # trusted keys read before anything is rendered
+
     def kuberay_manifests(tmp: Path, tags: list[str]) -> list[Path]:  # into the context before its rename
-        return write_manifests(
-            tmp, lock=lock, spec=spec, image=kuberay_image or tags[0], allow_tag=allow_tag, base=manifest
-        )
+        image = kuberay_image or tags[0]
+        paths = write_manifests(tmp, lock=lock, spec=spec, image=image, allow_tag=allow_tag, base=manifest)
+        return paths + (policies(tmp, image) if policies else [])
 
     with console.status("render") as status:
         result = render_context(
@@ -245,6 +247,31 @@ def _render_platforms(
         click.echo(f"wrote {ctx.out_dir / c.context}: {c.platform.name} FROM {c.base_ref}, lock {c.lock_hash[:12]}")
     click.echo(f"index {ctx.index_tags[0]}: " + ", ".join(c.platform.name for c in ctx.platforms))
     click.echo("build it:\n  " + "\n  ".join(build_plan(ctx)))
+
+
+def _policy_writer(spec):
+    """With ``[serving] trusted_keys``: a writer of the admission policies (Kyverno, Sigstore policy-controller)
+    for the image's repository into the context (docs/cutover.md); None without trusted keys."""
+    if not spec.serving.trusted_keys:
+        return None
+    from builder.serving import admission
+    from builder.serving.attestation import Target
+    from builder.serving.cutover import trust_from
+    from builder.util import atomic_write_text
+    from builder.values import parse_ref
+
+    keys = trust_from(spec).keys
+
+    def write(folder: Path, image: str) -> list[Path]:
+        ref = parse_ref(image)
+        texts = admission.render_policies(
+            ref.registry, ref.repository, ref.tag or "latest", keys, Target.from_spec(spec)
+        )
+        for name, text in texts.items():
+            atomic_write_text(folder / name, text)
+        return [folder / name for name in texts]
+
+    return write
 
 
 def check_kuberay_flags(kuberay: bool, image: str | None, allow_tag: bool) -> None:

@@ -25,12 +25,21 @@ from builder.report import emit_json, emit_text
     type=click.Path(dir_okay=False, path_type=Path),
     help="The tag's history file (default: $XDG_STATE_HOME/build-image/cutover/HOST/REPO/TAG.json).",
 )
+@click.option(
+    "--trusted-key",
+    "trusted_keys",
+    multiple=True,
+    metavar="FILE",
+    type=click.Path(dir_okay=False),
+    help="A PEM public key the rollback record must be signed by (promote --sign-key's; repeatable).",
+)
 @click.option("--force", is_flag=True, help="Replace -o files that build-image did not write.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-def command(target, out_dir, history_file, force, as_json):
+def command(target, out_dir, history_file, trusted_keys, force, as_json):
     """Move REPO:TAG back to the digest recorded as the rollback target of its latest promotion (the digest and
-    its container configuration verified against the registry), and write that image's recorded KubeRay
-    manifests.  A second rollback undoes the promotion before.
+    its container configuration verified against the registry's rollback record; with --trusted-key, a record
+    one of those keys signed), and write that image's recorded KubeRay manifests.  A second rollback undoes the
+    promotion before.
 
     Exit codes: 0 moved back, 2 bad input (no history, a history file edited by hand, a tag that does not
     exist, a rollback target the registry no longer holds or holds with another configuration; nothing moved),
@@ -47,6 +56,7 @@ def command(target, out_dir, history_file, force, as_json):
         history_file=history_file,
         out_dir=out_dir,
         force=force,
+        trusted_keys=trusted_keys,
         reporter=reporter_for(console).scoped("rollback: "),
     )
     if as_json:

@@ -205,6 +205,15 @@ _OPTIONS = [
         "FAIL is attached too. IMAGE must be HOST/REPO@sha256:… or a tag the registry resolves to the "
         "local image.",
     ),
+    click.option(
+        "--sign-key",
+        "sign_key",
+        metavar="FILE",
+        type=click.Path(dir_okay=False),
+        help="With --attest: sign the statement (a DSSE envelope, stored where cosign stores a key-signed "
+        "attestation) with this private key: ECDSA P-256 or Ed25519 PEM, mode 0600; an encrypted one opens "
+        "with $BUILD_IMAGE_SIGN_KEY_PASSPHRASE. promote counts only signed verdicts.",
+    ),
     click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout."),
 ]
 
@@ -229,6 +238,7 @@ def command(**opts):
     image, release, env = _target(opts)
     cfg = _config(opts, image, release, env)
     reporter = _reporter()
+    signer = _signer(opts)
     subject = _attest_subject(image, opts["server_cmd"]) if opts["attest"] else None
     rep = run_smoke(cfg, reporter=reporter)
     if opts["as_json"]:
@@ -236,7 +246,7 @@ def command(**opts):
     else:
         click.echo(render_text(rep))
     if subject is not None and not rep.interrupted:  # after the report: a registry failure here loses no result
-        _attest(rep, cfg, subject, reporter)
+        _attest(rep, cfg, subject, reporter, signer)
     if rep.interrupted:
         sys.exit(130)
     if not rep.passed:
@@ -362,7 +372,18 @@ def _attest_subject(image: str | None, server_cmd: str | None) -> tuple[str, str
     return resolve_subject(image, info.id if info else None)
 
 
-def _attest(rep, cfg, subject: tuple[str, str], reporter: Reporter) -> None:
+def _signer(opts: dict):
+    """Before any GPU time: the --sign-key signer (its file checked), or None."""
+    if not opts.get("sign_key"):
+        return None
+    if not opts["attest"]:
+        raise BadInput("smoke --sign-key signs the attestation: give --attest too.")
+    from builder.signing import load_signer
+
+    return load_signer(opts["sign_key"])
+
+
+def _attest(rep, cfg, subject: tuple[str, str], reporter: Reporter, signer=None) -> None:
     from builder.image.provenance import now_iso
     from builder.image.referrers import referrers_tag
     from builder.serving.attestation import attach_statement, checkpoint_facts, smoke_statement
@@ -379,9 +400,10 @@ def _attest(rep, cfg, subject: tuple[str, str], reporter: Reporter) -> None:
         gpu_names=nvidia_smi_names(),
         created=now_iso(),
     )
-    att = attach_statement(f"{name}@{digest}", doc)
+    att = attach_statement(f"{name}@{digest}", doc, signer)
     how = "listed by the referrers API" if att.referrers == "api" else f"indexed under {name}:{referrers_tag(digest)}"
-    reporter.step(f"attested: {rep.verdict} attached to {name}@{digest} as {att.digest} ({how})")
+    signed = f"signed by {signer.fingerprint}" if signer else "UNSIGNED: promote will not count it"
+    reporter.step(f"attested: {rep.verdict} attached to {name}@{digest} as {att.digest} ({how}; {signed})")
 
 
 def _reporter() -> Reporter:

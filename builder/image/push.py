@@ -89,10 +89,17 @@ def tag_conflicts(
 
 
 def push_image(
-    tags: Sequence[str], *, force: bool = False, engine=None, context: Path | None = None, reporter: Reporter = SILENT
+    tags: Sequence[str],
+    *,
+    force: bool = False,
+    engine=None,
+    context: Path | None = None,
+    reporter: Reporter = SILENT,
+    signer=None,
 ) -> PushResult:
     """Push every tag of one local image; verify the registry's manifest digest; with ``context``
-    (the rendered context the image was built from), attach its SBOM and provenance as referrers.
+    (the rendered context the image was built from), attach its SBOM and provenance as referrers (signed
+    DSSE envelopes too, with ``signer``).
 
     Before pushing: a content-addressed tag (``…:vllm<v>-<12 hex>``) that already points at a
     different image in the registry -> TagConflict (unless ``force``).  The moving tag
@@ -143,7 +150,7 @@ def push_image(
     digests = {p.digest for p in pushed}
     attestations = None
     if context is not None:
-        attestations = referrers.push_attestations(context, pushed[0].pinned, list(tags))
+        attestations = referrers.push_attestations(context, pushed[0].pinned, list(tags), signer)
         say(referrers.summary_line(attestations))
     return PushResult(
         image_id=image_id,

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import __version__
+from builder import __version__, signing
 from builder.credentials import redact_value
 from builder.errors import BadInput, RegistryError
 from builder.image import referrers
 from builder.image.registry import client_for, config_of
 from builder.serving.checkpoint import INDEX_NAME
 from builder.util import sha256_file
+from builder.validate import load_typed_json, schema_errors
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://build-image.dev/attestation/smoke-verdict/v1"
@@ -144,31 +145,99 @@ def statement_bytes(doc: dict[str, Any]) -> bytes:
 
 # --------------------------------------------------------------------------- reading one back (pure)
 
-#: predicate field -> (types allowed, required); nested dicts are checked by the same table
-_FIELDS: dict[str, tuple[tuple, bool]] = {
-    "verdict": ((str,), True),
-    "failures": ((list,), True),
-    "load": ((dict,), True),
-    "engine_args": ((dict,), True),
-    "gpu": ((dict,), True),
-    "checkpoint": ((dict,), True),
-    "equivalence": ((dict, type(None)), True),
-    "engine": ((dict, type(None)), True),
-    "smoke": ((dict,), True),
-    "load.rounds": ((int,), True),
-    "load.concurrency": ((int,), True),
-    "load.rounds_completed": ((int,), True),
-    "load.prompt_tokens": ((int,), True),
-    "load.max_tokens": ((int,), True),
-    "engine_args.max_model_len": ((int, type(None)), True),
-    "engine_args.tensor_parallel_size": ((int,), True),
-    "engine_args.pipeline_parallel_size": ((int,), True),
-    "gpu.model": ((str, type(None)), True),
-    "gpu.count": ((int, type(None)), True),
-    "checkpoint.path": ((str,), True),
-    "checkpoint.size_bytes": ((int, type(None)), True),
-    "checkpoint.verify": ((str,), True),
-    "checkpoint.index_sha256": ((str, type(None)), True),
+#: JSON Schema pieces (draft 2020-12) of what ``smoke --attest`` writes; every number is bounded, so no
+#: reader after :func:`parse_statement` meets a value of another type or an integer too large to format.
+_COUNT = {"type": "integer", "minimum": 0, "maximum": 2**31}
+_POSITIVE = {"type": "integer", "minimum": 1, "maximum": 2**31}
+_SIZE = {"type": "integer", "minimum": 0, "maximum": 2**62}
+_REAL = {"type": "number", "minimum": -1e15, "maximum": 1e15}
+_TEXT = {"type": "string", "maxLength": 4096}
+_HEX64 = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+
+
+def _obj(props: dict[str, Any], required: list[str] | None = None, *, nullable: bool = False) -> dict[str, Any]:
+    """An object with exactly ``props`` (every one required unless ``required`` says which), nothing else."""
+    return {
+        "type": ["object", "null"] if nullable else "object",
+        "properties": props,
+        "required": list(props) if required is None else required,
+        "additionalProperties": False,
+    }
+
+
+def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [{"type": "null"}, schema]}
+
+
+PREDICATE_SCHEMA: dict[str, Any] = _obj(
+    {
+        "verdict": {"enum": ["PASS", "FAIL"]},
+        "failures": {"type": "array", "maxItems": 100, "items": _TEXT},
+        "load": _obj(
+            {
+                "rounds": _POSITIVE,
+                "concurrency": _POSITIVE,
+                "rounds_completed": _COUNT,
+                "prompt_tokens": _COUNT,
+                "max_tokens": _COUNT,
+            }
+        ),
+        "engine_args": _obj(
+            {
+                "max_model_len": _or_null(_POSITIVE),
+                "tensor_parallel_size": _POSITIVE,
+                "pipeline_parallel_size": _POSITIVE,
+                "max_num_seqs": _or_null(_POSITIVE),
+                "gpu_memory_utilization": _or_null(_REAL),
+                "kv_cache_dtype": _or_null(_TEXT),
+                "extra_args": {"type": "array", "maxItems": 1000, "items": _TEXT},
+            },
+            ["max_model_len", "tensor_parallel_size", "pipeline_parallel_size"],
+        ),
+        "gpu": _obj(
+            {"model": _or_null(_TEXT), "count": _or_null(_COUNT), "memory_used_mib_peak": _or_null(_REAL)},
+            ["model", "count"],
+        ),
+        "checkpoint": _obj(
+            {"path": _TEXT, "size_bytes": _or_null(_SIZE), "verify": _TEXT, "index_sha256": _or_null(_HEX64)}
+        ),
+        "equivalence": _obj(
+            {"verdict": _or_null(_TEXT), "max_abs_dlogprob": _or_null(_REAL), "first_diff": _or_null(_COUNT)},
+            ["verdict"],
+            nullable=True,
+        ),
+        "engine": {
+            "type": ["object", "null"],
+            "maxProperties": 100,
+            "additionalProperties": {"anyOf": [_TEXT, _REAL]},
+        },
+        "smoke": _obj(
+            {"mode": _or_null(_TEXT), "serve": {"type": "boolean"}, "created": _TEXT, "tool": _TEXT}, ["created"]
+        ),
+    }
+)
+
+#: The whole statement: in-toto Statement v1's envelope around :data:`PREDICATE_SCHEMA` (the in-toto
+#: package then checks what is in-toto's own: ``_type`` and the subject's form).
+STATEMENT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "_type": {"type": "string", "maxLength": 200},
+        "subject": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 100,
+            "items": {
+                "type": "object",
+                "properties": {"name": _TEXT, "digest": {"type": "object", "properties": {"sha256": _HEX64}}},
+                "required": ["digest"],
+            },
+        },
+        "predicateType": {"const": PREDICATE_TYPE},
+        "predicate": PREDICATE_SCHEMA,
+    },
+    "required": ["_type", "subject", "predicateType", "predicate"],
+    "additionalProperties": False,
 }
 
 
@@ -179,6 +248,7 @@ class Verdict:
     artifact: str  # the artifact manifest's digest (how a refusal names it)
     subject: str  # sha256:<hex> of the image it is about
     predicate: dict[str, Any]
+    signers: tuple[str, ...] = ()  # fingerprints of the trusted keys whose DSSE signature verified
 
     @property
     def passed(self) -> bool:
@@ -194,37 +264,6 @@ class Verdict:
             f"{p['gpu']['count'] or '?'} x {p['gpu']['model'] or 'unknown GPU'}, checkpoint {ck['path']} "
             f"(index sha256 {(ck['index_sha256'] or 'none')[:12]}…, {ck['verify']})"
         )
-
-
-def _field_errors(pred: dict[str, Any]) -> list[str]:
-    errs = []
-    for key, (types, required) in _FIELDS.items():
-        node: Any = pred
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if not isinstance(node, dict):
-            continue
-        if parts[-1] not in node:
-            if required:
-                errs.append(f"predicate.{key} is missing")
-            continue
-        val = node[parts[-1]]
-        if isinstance(val, bool) or not isinstance(val, types):
-            errs.append(
-                f"predicate.{key} is {type(val).__name__} {val!r:.40}, not "
-                + " or ".join("null" if t is type(None) else t.__name__ for t in types)
-            )
-    if pred.get("verdict") not in ("PASS", "FAIL"):
-        errs.append(f"predicate.verdict is {pred.get('verdict')!r:.40}, not PASS or FAIL")
-    ck = pred.get("checkpoint") if isinstance(pred.get("checkpoint"), dict) else {}
-    if isinstance(ck.get("index_sha256"), str) and not _SHA256.match(ck["index_sha256"]):
-        errs.append("predicate.checkpoint.index_sha256 is not 64 hex digits")
-    load = pred.get("load") if isinstance(pred.get("load"), dict) else {}
-    for k in ("rounds", "concurrency"):
-        if isinstance(load.get(k), int) and not isinstance(load.get(k), bool) and load[k] < 1:
-            errs.append(f"predicate.load.{k} is {load[k]}, not a positive count")
-    return errs
 
 
 def parse_statement(blob: bytes, *, where: str, subject_digest: str) -> Verdict:
@@ -245,25 +284,18 @@ def parse_statement(blob: bytes, *, where: str, subject_digest: str) -> Verdict:
     if len(blob) > MAX_STATEMENT_BYTES:
         raise bad(f"it is {len(blob)} bytes, more than a statement can be")
     try:
-        doc = json.loads(blob)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad(f"it is not JSON ({exc}; truncated?)") from None
-    if not isinstance(doc, dict):
-        raise bad("it is not a JSON object")
+        doc = load_typed_json(blob, "it", STATEMENT_SCHEMA)
+    except BadInput as exc:
+        raise bad(exc.message.rstrip(".")) from None
     try:
         Statement.copy_from_pb(jf.ParseDict(doc, statement_pb2.Statement())).validate()
-    except (jf.ParseError, ValueError, TypeError) as exc:
-        raise bad(f"in-toto: {exc}") from None
-    if doc.get("predicateType") != PREDICATE_TYPE:
-        raise bad(f"predicateType is {doc.get('predicateType')!r:.80}, not {PREDICATE_TYPE}")
-    subjects = [s.get("digest", {}).get("sha256") for s in doc["subject"] if isinstance(s, dict)]
+    except (jf.ParseError, ValueError, TypeError, OverflowError) as exc:
+        raise bad(f"in-toto: {str(exc)[:300]}") from None
+    subjects = [s["digest"].get("sha256") for s in doc["subject"]]
     if subjects != [subject_digest.split(":", 1)[1]]:
         shown = ", ".join(f"sha256:{s}" for s in subjects if isinstance(s, str)) or "no digest"
         raise bad(f"its subject is {shown}, not the image {subject_digest}")
-    pred = doc.get("predicate")
-    errs = _field_errors(pred) if isinstance(pred, dict) else ["predicate is not an object"]
-    if errs:
-        raise bad("; ".join(errs[:5]))
+    pred = doc["predicate"]
     return Verdict(artifact=where, subject=subject_digest, predicate=pred)
 
 
@@ -374,9 +406,15 @@ def resolve_subject(image: str, local_id: str | None) -> tuple[str, str]:
     return name, digest
 
 
-def attach_statement(pinned: str, doc: dict[str, Any]) -> referrers.Attached:
+SIGNER_ANNOTATION = referrers.SIGNER_ANNOTATION
+
+
+def attach_statement(pinned: str, doc: dict[str, Any], signer: signing.Signer | None = None) -> referrers.Attached:
     """Attach the statement to ``HOST/REPO@sha256:…`` as an in-toto referrer; a newer verdict at the same
-    settings replaces the older one in the referrers index, other settings' verdicts stay."""
+    settings replaces the older one in the referrers index, other settings' verdicts stay.  With ``signer``
+    the layer is the statement's DSSE envelope (``application/vnd.dsse.envelope.v1+json``), and the same
+    envelope is added to the digest's cosign attestation image (``sha256-<hex>.att``), where ``cosign
+    verify-attestation --key`` and Kyverno find it."""
     client, ref = client_for(pinned)
     client.ping()
     subject = referrers.subject_descriptor(client, ref.repository, ref.digest)
@@ -387,51 +425,100 @@ def attach_statement(pinned: str, doc: dict[str, Any]) -> referrers.Attached:
         SETTINGS_ANNOTATION: settings_key(pred),
         "org.opencontainers.image.created": pred["smoke"]["created"],
     }
-    return referrers.attach(client, ref.repository, subject, statement_bytes(doc), referrers.INTOTO_TYPE, TITLE, ann)
+    blob = statement_bytes(doc)
+    if signer is None:
+        return referrers.attach(client, ref.repository, subject, blob, referrers.INTOTO_TYPE, TITLE, ann)
+    envelope = signing.sign_envelope(blob, signer)
+    ann[SIGNER_ANNOTATION] = signer.fingerprint
+    layer_ann = {"predicateType": PREDICATE_TYPE, referrers.COSIGN_SIGNATURE: ""}
+    att = referrers.attach(
+        client,
+        ref.repository,
+        subject,
+        envelope,
+        referrers.INTOTO_TYPE,
+        TITLE,
+        ann,
+        layer_type=signing.ENVELOPE_TYPE,
+        layer_annotations=layer_ann,
+    )
+    referrers.attach_cosign_attestation(
+        client,
+        ref.repository,
+        ref.digest,
+        envelope,
+        {"predicateType": PREDICATE_TYPE, SETTINGS_ANNOTATION: settings_key(pred)},
+        replaces=(SETTINGS_ANNOTATION, settings_key(pred)),
+    )
+    return att
 
 
-def read_verdicts(client, repository: str, digest: str) -> list[Verdict]:
-    """Every smoke verdict attached to ``repository@digest``, each blob's digest checked against its artifact
-    manifest and each statement by :func:`parse_statement` (a bad one is BadInput naming its artifact)."""
+def referrer_descriptors(client, repository: str, digest: str) -> list[dict]:
+    """The descriptors of every referrer of ``repository@digest`` (the referrers API or the referrers tag),
+    each an OCI descriptor by :data:`referrers.REFERRERS_SCHEMA`; anything else is BadInput naming it."""
+    where = f"the referrers of {client.registry}/{repository}@{digest}"
     try:
         _how, descs = referrers.list_referrers(client, repository, digest)
     except (ValueError, AttributeError):
         descs = None
-    if not isinstance(descs, list):
+    errs = schema_errors(descs, referrers.REFERRERS_SCHEMA)
+    if errs:
         raise BadInput(
-            f"the referrers of {client.registry}/{repository}@{digest} are not an OCI image index (the "
-            f"{referrers.referrers_tag(digest)} tag or the referrers API answer); nothing was moved."
+            f"{where} are not an OCI image index (the {referrers.referrers_tag(digest)} tag or the referrers "
+            f"API answer): {'; '.join(errs)}; nothing was moved."
         )
-    out = []
-    for d in descs:
-        ann = (d.get("annotations") if isinstance(d, dict) else None) or {}
-        if not isinstance(ann, dict) or not str(ann.get(referrers.KIND, "")).startswith(KIND):
+    return descs
+
+
+def fetch_artifact(client, repository: str, artifact: str, subject: str, where: str) -> tuple[dict, bytes]:
+    """(the artifact manifest, its first layer's bytes) of the referrer ``repository@artifact``: both fetched
+    by digest and verified, the manifest read by :data:`referrers.ARTIFACT_SCHEMA` and referring to
+    ``subject``.  Anything else is BadInput naming ``where``."""
+    manifest = fetch_verified(client, repository, artifact, where, accept=referrers.OCI_MANIFEST)
+    try:
+        doc = load_typed_json(manifest, f"the artifact manifest of {where}", referrers.ARTIFACT_SCHEMA)
+    except BadInput as exc:
+        raise BadInput(f"{exc.message.rstrip('.')}; nothing was moved.") from None
+    if doc["subject"]["digest"] != subject:
+        raise BadInput(
+            f"{where} is indexed for {subject} but its artifact refers to {doc['subject']['digest']}; "
+            "nothing was moved."
+        )
+    return doc, fetch_verified(client, repository, doc["layers"][0]["digest"], where, blob=True)
+
+
+def read_verdicts(client, repository: str, digest: str, trusted: dict[str, Any]) -> tuple[list[Verdict], list[str]]:
+    """(the verdicts attached to ``repository@digest`` that a key in ``trusted`` signed, why each other one
+    does not count).  Each artifact and blob is verified by digest; a signed one's DSSE envelope is checked
+    against every trusted key before its statement is read by :func:`parse_statement` (a bad one is BadInput
+    naming its artifact); an unsigned statement, or one no trusted key signed, is never read as a verdict."""
+    out, untrusted = [], []
+    for d in referrer_descriptors(client, repository, digest):
+        ann = d.get("annotations") or {}
+        if not ann.get(referrers.KIND, "").startswith(KIND):
             continue
-        where = f"{client.registry}/{repository}@{d.get('digest')}"
-        manifest = fetch_verified(client, repository, d.get("digest"), where, accept=referrers.OCI_MANIFEST)
-        try:
-            doc = json.loads(manifest)
-            layer = doc["layers"][0]
-            subject = doc["subject"]["digest"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise BadInput(
-                f"smoke attestation {where}: its artifact manifest is not an OCI artifact with one "
-                "layer and a subject; nothing was moved."
-            ) from None
-        if subject != digest:
-            raise BadInput(
-                f"smoke attestation {where} is indexed for {digest} but its artifact refers to {subject}; "
-                "nothing was moved."
+        where = f"smoke attestation {client.registry}/{repository}@{d['digest']}"
+        doc, blob = fetch_artifact(client, repository, d["digest"], digest, where)
+        short = f"{d['digest'][:19]}… ({ann.get(VERDICT_ANNOTATION, '?')})"
+        if doc["layers"][0]["mediaType"] != signing.ENVELOPE_TYPE:
+            untrusted.append(f"{short}: unsigned")
+            continue
+        opened = signing.open_envelope(blob, where, trusted)
+        if not opened.signers:
+            claim = ann.get(SIGNER_ANNOTATION)
+            untrusted.append(
+                f"{short}: {opened.signatures} signature(s), none by a trusted key"
+                + (f" (it names signer {claim[:80]})" if claim else "")
             )
-        blob = fetch_verified(client, repository, layer.get("digest"), where, blob=True)
-        v = parse_statement(blob, where=where, subject_digest=digest)
+            continue
+        v = parse_statement(opened.payload, where=where.removeprefix("smoke attestation "), subject_digest=digest)
         if ann.get(VERDICT_ANNOTATION) not in (None, v.predicate["verdict"]):
             raise BadInput(
-                f"smoke attestation {where}: its annotation says {ann.get(VERDICT_ANNOTATION)}, the "
+                f"{where}: its annotation says {ann.get(VERDICT_ANNOTATION)}, the "
                 f"statement says {v.predicate['verdict']}; nothing was moved."
             )
-        out.append(v)
-    return out
+        out.append(Verdict(v.artifact, v.subject, v.predicate, opened.signers))
+    return out, untrusted
 
 
 def fetch_verified(

@@ -24,14 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from builder import signing
 from builder.credentials import redact_text
 from builder.errors import BadInput, RegistryError, TagConflict, VerdictFailure
 from builder.events import SILENT, Reporter
 from builder.image import referrers, retag
 from builder.image.registry import RegistryClient
 from builder.resolve.lockfile import refuse_other_platform
-from builder.serving import attestation, history, kuberay
+from builder.serving import admission, attestation, history, kuberay
 from builder.util import GENERATED_MARK, atomic_write_text, output_lock, refuse_foreign, write_target
+from builder.validate import load_typed_json
 from builder.values import parse_ref
 
 RECORD_TYPE = "application/vnd.build-image.rollback-record.v1+json"
@@ -95,12 +97,32 @@ def _settle(client: RegistryClient, target: Ref, path: Path, entries: list[dict]
     return current
 
 
-MANIFEST_FILES = (kuberay.RAYSERVICE_FILE, kuberay.RAYCLUSTER_FILE)
+MANIFEST_FILES = history.MANIFEST_NAMES
+#: every name -o receives: the KubeRay manifests and (promote) the admission policies
+OUTPUT_FILES = (*MANIFEST_FILES, *admission.POLICY_FILES)
+
+
+def manifest_path(out_dir: Path, name: str) -> Path:
+    """The one place a manifest's output path is made: ``out_dir`` joined with one of the names build-image
+    composes itself (:data:`OUTPUT_FILES`, never a name read from a history or a record), and not a
+    symlink leading out of ``out_dir``.  Anything else is BadInput; nothing is written."""
+    if name not in OUTPUT_FILES:
+        raise BadInput(f"-o {out_dir}: {name!r:.80} is not a manifest build-image writes; nothing was written.")
+    path = Path(out_dir) / name
+    if path.is_symlink():
+        root = os.path.realpath(out_dir)
+        if os.path.commonpath([root, os.path.realpath(path)]) != root:
+            raise BadInput(
+                f"-o {out_dir}: {name} is a symlink to {os.path.realpath(path)}, outside {out_dir}; "
+                "build-image writes the manifests only inside -o; nothing was moved.",
+                hint="remove the link or choose another -o.",
+            )
+    return path
 
 
 def check_out_dir(out_dir: Path | None, force: bool = False) -> None:
     """Before anything moves: ``-o`` can take the manifests (a directory, writable, holding no file of those
-    names that build-image did not write, nor anything but a regular file there)."""
+    names that build-image did not write, nor anything but a regular file there, nor a link out of it)."""
     if out_dir is None:
         return
     out = Path(out_dir)
@@ -109,18 +131,115 @@ def check_out_dir(out_dir: Path | None, force: bool = False) -> None:
     probe = out if out.exists() else next((p for p in out.parents if p.exists()), Path("/"))
     if not os.access(probe, os.W_OK | os.X_OK):
         raise BadInput(f"-o {out}: {probe} is not writable; nothing was moved.")
-    for name in MANIFEST_FILES:
-        write_target(out / name)
-        refuse_foreign(out / name, "KubeRay manifest", force=force, marks=(GENERATED_MARK,))
+    for name in OUTPUT_FILES:
+        path = manifest_path(out, name)
+        write_target(path)
+        refuse_foreign(path, "KubeRay manifest", force=force, marks=(GENERATED_MARK,))
 
 
 def write_manifests(out_dir: Path, texts: dict[str, str], force: bool = False) -> list[str]:
-    """The KubeRay manifests into ``out_dir`` (atomically each; checked by :func:`check_out_dir` first)."""
-    for name in texts:
-        refuse_foreign(out_dir / name, "KubeRay manifest", force=force, marks=(GENERATED_MARK,))
-    for name, text in texts.items():
-        atomic_write_text(out_dir / name, text)
-    return [str(out_dir / n) for n in texts]
+    """The KubeRay manifests into ``out_dir`` (atomically each; checked by :func:`check_out_dir` first), each
+    under the path :func:`manifest_path` makes."""
+    paths = {manifest_path(out_dir, name): text for name, text in texts.items()}
+    for path in paths:
+        refuse_foreign(path, "KubeRay manifest", force=force, marks=(GENERATED_MARK,))
+    for path, text in paths.items():
+        atomic_write_text(path, text)
+    return [str(p) for p in paths]
+
+
+# --------------------------------------------------------------------------- the registry's rollback records
+
+#: The rollback record as :func:`_record` writes it, every field typed (read back by :func:`read_record`).
+RECORD_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "schema": {"const": "build-image/rollback-record/v1"},
+        "tag": {"type": "string", "maxLength": 1024},
+        "created": {"type": "string", "maxLength": 64},
+        "new": {
+            "type": "object",
+            "properties": {"digest": history.DIGEST_SCHEMA, "config": history.CONFIG_SCHEMA},
+            "required": ["digest", "config"],
+        },
+        "previous": {
+            "anyOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "properties": {"digest": history.DIGEST_SCHEMA, "config": history.CONFIG_SCHEMA},
+                    "required": ["digest", "config"],
+                },
+            ]
+        },
+        "manifests": {
+            "type": "object",
+            "properties": {
+                "new": history.MANIFESTS_SCHEMA,
+                "previous": {"anyOf": [{"type": "null"}, history.MANIFESTS_SCHEMA]},
+                "previous_source": {"type": "string", "maxLength": 4096},
+            },
+            "required": ["new", "previous"],
+            "additionalProperties": False,
+        },
+        "verdict": {"type": ["object", "null"]},
+        "forced": {"type": "boolean"},
+        "reason": {"type": ["string", "null"], "maxLength": 1 << 16},
+        "upgrade": {"type": "object"},
+    },
+    "required": ["schema", "tag", "new", "previous", "manifests", "forced"],
+    "additionalProperties": False,
+}
+
+
+def read_record(
+    client: RegistryClient, dst: Ref, digest: str, want: str | None, trust: Trust | None = None
+) -> tuple[str, dict] | None:
+    """(artifact digest, record) of the rollback record for the tag ``dst`` attached in the registry to
+    ``digest``: the one named ``want`` (a history entry's ``record``), else the last one listed; None when
+    there is none.  The record is fetched by digest, verified, read by :data:`RECORD_SCHEMA` and must be
+    about ``dst`` moving to ``digest``.  A ``want`` the registry does not list for that digest is BadInput:
+    the history disagrees with the registry, and the registry is the truth.  A record signed by promote's
+    ``--sign-key`` is a DSSE envelope; with ``trust`` holding keys, only one a trusted key signed is read."""
+    kind = f"{RECORD_KIND}:{dst.tag}"
+    listed = [
+        d["digest"]
+        for d in attestation.referrer_descriptors(client, dst.repository, digest)
+        if (d.get("annotations") or {}).get(referrers.KIND) == kind
+    ]
+    if want is not None and want not in listed:
+        raise BadInput(
+            f"the cutover history names the rollback record {want} for {dst.name}@{digest}, but the registry "
+            f"lists {', '.join(listed) or 'none'} for {dst}: the history file is not the one build-image "
+            "wrote, or the record was replaced; nothing was moved.",
+            hint=f"see `build-image history {dst}`; move the history file aside if the registry is right.",
+        )
+    if not listed:
+        return None
+    chosen = want or listed[-1]
+    where = f"rollback record {dst.registry}/{dst.repository}@{chosen}"
+    doc, blob = attestation.fetch_artifact(client, dst.repository, chosen, digest, where)
+    keys = trust.keys if trust else {}
+    if doc["layers"][0]["mediaType"] == signing.ENVELOPE_TYPE:
+        opened = signing.open_envelope(blob, where, keys, RECORD_TYPE)
+        blob = opened.payload
+        if keys and not opened.signers:
+            raise BadInput(
+                f"{where} is signed by none of the trusted keys ({trust.wanted()}); nothing was moved.",
+                hint="pass the promoting key's public key with --trusted-key.",
+            )
+    elif keys:
+        raise BadInput(f"{where} is not signed, and trusted keys were given ({trust.wanted()}); nothing was moved.")
+    try:
+        record = load_typed_json(blob, where, RECORD_SCHEMA)
+    except BadInput as exc:
+        raise BadInput(f"{exc.message.rstrip('.')}; nothing was moved.") from None
+    if record["tag"] != str(dst) or record["new"]["digest"] != digest:
+        raise BadInput(
+            f"{where} is about {record['tag']!r:.200} moving to {record['new']['digest']}, not {dst} moving "
+            f"to {digest}; nothing was moved."
+        )
+    return chosen, record
 
 
 # --------------------------------------------------------------------------- promote
@@ -139,35 +258,106 @@ def _choose_verdict(
     return None, why
 
 
+@dataclass(frozen=True)
+class Trust:
+    """The keys a cutover trusts (fingerprint -> public key) and the key it signs its record with."""
+
+    keys: dict[str, Any]
+    signer: signing.Signer | None = None
+
+    def wanted(self) -> str:
+        return ", ".join(self.keys) or "none configured"
+
+
+def trust_from(spec, trusted_keys: tuple = (), sign_key: str | os.PathLike | None = None) -> Trust:
+    """The spec's ``[serving] trusted_keys`` (relative to the spec's folder) and ``--trusted-key`` files, read
+    and checked (:func:`builder.signing.load_public_key`), and the ``--sign-key`` signer (or None)."""
+    folder = Path(spec.source).parent if getattr(spec, "source", None) else Path(".")
+    keys = signing.trusted_keys([folder / k for k in spec.serving.trusted_keys], "[serving] trusted_keys:")
+    keys.update(signing.trusted_keys(list(trusted_keys), "--trusted-key"))
+    return Trust(keys, signing.load_signer(sign_key) if sign_key else None)
+
+
+def _check_target(target: attestation.Target, spec, trust: Trust) -> None:
+    """Without --force: the target states what a verdict must match, and some key is trusted to sign one."""
+    unstated = target.unstated()
+    if unstated:
+        what = (
+            f"the spec {spec.source} does not set"
+            if spec.source
+            else "there is no spec (./build-image.toml or --spec) to set"
+        )
+        raise BadInput(
+            f"promote: {what} {', '.join(unstated)}, so no verdict can be checked against the target; "
+            "nothing was moved.",
+            hint="set them in build-image.toml's [serving] (docs/cutover.md).",
+        )
+    if not trust.keys:
+        raise BadInput(
+            "promote counts only smoke verdicts signed by a trusted key, and none is configured; nothing was moved.",
+            hint="add the signer's public key to [serving] trusted_keys in build-image.toml, or pass "
+            "--trusted-key FILE (docs/cutover.md, \"Signed verdicts\").",
+        )
+
+
+def _verdict_for(
+    client: RegistryClient,
+    src: Ref,
+    dst: Ref,
+    current: str | None,
+    target: attestation.Target,
+    trust: Trust,
+    force: bool,
+) -> attestation.Verdict | None:
+    """The newest trusted PASS attached to ``src`` that clears the target; without one and without --force,
+    VerdictFailure naming why each attached verdict does not count (the signers found and wanted)."""
+    verdicts, untrusted = attestation.read_verdicts(client, src.repository, src.digest, trust.keys)
+    chosen, why = _choose_verdict(verdicts, target)
+    if chosen is not None or force:
+        return chosen
+    if not verdicts and not untrusted:
+        what = "no smoke attestation is attached to it"
+    else:
+        what = "no attached verdict signed by a trusted key matches the target: " + " | ".join(why + untrusted)
+    raise VerdictFailure(
+        f"promote refused: {src} -> {dst}: {what}. Trusted keys: {trust.wanted()}. Nothing was moved; {dst} still "
+        f"points at {current or 'nothing'}.",
+        hint=f"smoke it at the target's settings and sign the verdict: build-image smoke {src} --attest "
+        f"--sign-key KEY --model DIR --concurrency {target.concurrency or 'N'} --tp {target.tp}"
+        + (f" --max-model-len {target.max_model_len}" if target.max_model_len else "")
+        + f" on {target.gpu_model or 'the target GPU'}; or --force --reason TEXT.",
+    )
+
+
 def _previous_manifests(
-    entries: list[dict], current: str | None, render: Callable[[str], dict[str, str]], image: str
+    client: RegistryClient,
+    dst: Ref,
+    entries: list[dict],
+    current: str | None,
+    render: Callable[[str], dict[str, str]],
 ) -> tuple[dict[str, str] | None, str]:
-    """The manifests the tag's current image was applied with: those recorded when build-image promoted it,
-    else rendered now from this lock and spec (said so)."""
+    """The manifests the tag's current image was applied with: those of the registry's rollback record that
+    promoted it (the one the history names, checked against the registry by :func:`read_record`), else
+    rendered now from this lock and spec (said so).  Nothing is taken from the history file itself."""
     if current is None:
         return None, "none: the tag did not exist"
-    for e in reversed(entries):
-        if e["status"] == "done" and e["to"] == current and e.get("manifests", {}).get("new"):
-            return e["manifests"]["new"], f"recorded by history entry {e['id']} ({e['action']})"
-    return render(image), "rendered now from this lock and spec (no build-image promotion put it there)"
+    want = next(
+        (
+            e.get("record")
+            for e in reversed(entries)
+            if e["action"] == "promote" and e["status"] == "done" and e["to"] == current and e.get("record")
+        ),
+        None,
+    )
+    found = read_record(client, dst, current, want)
+    if found is not None:
+        return found[1]["manifests"]["new"], f"recorded by the rollback record {found[0]}"
+    return render(
+        f"{dst.name}@{current}"
+    ), "rendered now from this lock and spec (no build-image promotion put it there)"
 
 
-def promote(
-    source: str,
-    to: str,
-    *,
-    spec,
-    lock,
-    force: bool = False,
-    reason: str | None = None,
-    history_file: Path | None = None,
-    out_dir: Path | None = None,
-    reporter: Reporter = SILENT,
-) -> dict[str, Any]:
-    """Move ``to`` (``HOST/REPO:TAG``) to ``source`` (``HOST/REPO@sha256:…``); see the module docstring.
-
-    Raises VerdictFailure (exit 1) when no attached PASS matches the target (without ``force``), BadInput
-    (exit 2) for bad input -- nothing moved -- and RegistryError (exit 10) when the registry fails."""
+def _promote_refs(source: str, to: str, force: bool, reason: str | None, reporter: Reporter) -> tuple[Ref, Ref]:
     src = clean_ref(source, "promote", reporter)
     dst = clean_ref(to, "promote --to", reporter)
     if not src.digest:
@@ -181,8 +371,34 @@ def promote(
         )
     if force and not (reason or "").strip():
         raise BadInput("promote --force needs --reason TEXT: a forced cutover is recorded with why.")
+    return src, dst
+
+
+def promote(
+    source: str,
+    to: str,
+    *,
+    spec,
+    lock,
+    force: bool = False,
+    reason: str | None = None,
+    history_file: Path | None = None,
+    out_dir: Path | None = None,
+    trusted_keys: tuple = (),
+    sign_key: str | os.PathLike | None = None,
+    reporter: Reporter = SILENT,
+) -> dict[str, Any]:
+    """Move ``to`` (``HOST/REPO:TAG``) to ``source`` (``HOST/REPO@sha256:…``); see the module docstring.
+
+    Raises VerdictFailure (exit 1) when no attached PASS signed by a trusted key matches the target (without
+    ``force``), BadInput (exit 2) for bad input -- nothing moved -- and RegistryError (exit 10) when the
+    registry fails."""
+    src, dst = _promote_refs(source, to, force, reason, reporter)
     check_out_dir(out_dir)
     target = attestation.Target.from_spec(spec)
+    trust = trust_from(spec, trusted_keys, sign_key)
+    if not force:
+        _check_target(target, spec, trust)
     path = _history_path(dst, history_file)
     with _tag_lock(dst, path):
         entries = history.load(path, str(dst))
@@ -194,79 +410,58 @@ def promote(
             raise BadInput(f"promote: the registry {src.registry} does not hold {src}; nothing was moved.")
         _check_image_platform(client, src, new, spec=spec, lock=lock)  # one image, of the pods' platform
         current = _settle(client, dst, path, entries)
+        res = {"target": str(dst), "digest": new.digest, "previous": current, "history": str(path)}
         if current == new.digest:
             reporter.step(f"{dst} already points at {new.digest}; nothing to do")
-            return {
-                "target": str(dst),
-                "digest": new.digest,
-                "previous": current,
-                "status": "unchanged",
-                "history": str(path),
-            }
-        unstated = target.unstated()
-        if unstated and not force:
-            what = (
-                f"the spec {spec.source} does not set"
-                if spec.source
-                else "there is no spec (./build-image.toml or --spec) to set"
-            )
-            raise BadInput(
-                f"promote: {what} {', '.join(unstated)}, so no verdict can be checked against the "
-                "target; nothing was moved.",
-                hint="set them in build-image.toml's [serving] (docs/cutover.md).",
-            )
-        verdicts = attestation.read_verdicts(client, src.repository, src.digest)
-        chosen, why = _choose_verdict(verdicts, target)
-        if chosen is None and not force:
-            what = (
-                "no smoke attestation is attached to it"
-                if not verdicts
-                else "no attached verdict matches the target: " + " | ".join(why)
-            )
-            raise VerdictFailure(
-                f"promote refused: {src} -> {dst}: {what}. Nothing was moved; {dst} still points "
-                f"at {current or 'nothing'}.",
-                hint=f"smoke it at the target's settings: build-image smoke {src} --attest "
-                f"--model DIR --concurrency {target.concurrency or 'N'} --tp {target.tp}"
-                + (f" --max-model-len {target.max_model_len}" if target.max_model_len else "")
-                + f" on {target.gpu_model or 'the target GPU'}; or --force --reason TEXT.",
-            )
+            return {**res, "status": "unchanged"}
+        chosen = _verdict_for(client, src, dst, current, target, trust, force)
         record, att = _record(
-            client, src, dst, new, current, entries, spec=spec, lock=lock, chosen=chosen, reason=reason
+            client, src, dst, new, current, entries, spec=spec, lock=lock, chosen=chosen, reason=reason, trust=trust
         )
-        forced = record["forced"]
-        entry = {
-            "id": history.next_id(entries),
-            "action": "promote",
-            "time": _now(),
-            "from": current,
-            "to": new.digest,
-            "source": str(src),
-            "status": "moving",
-            "record": att.digest,
-            "verdict": record["verdict"],
-            "forced": forced,
-            "reason": record["reason"],
-            "previous": record["previous"],
-            "new_config": record["new"]["config"],
-            "manifests": record["manifests"],
-            "upgrade": record["upgrade"],
-        }
+        entry = _promote_entry(history.next_id(entries), src, new, current, record, att)
         entries.append(entry)
         history.save(path, str(dst), entries)
         _move(client, dst, new, path, entries, entry)
-        written = write_manifests(out_dir, record["manifests"]["new"]) if out_dir else []
+        written = (
+            write_manifests(out_dir, {**record["manifests"]["new"], **_policies(dst, trust, target)}) if out_dir else []
+        )
+    keys = ("verdict", "forced", "reason", "upgrade", "record_signers")
     return {
-        "target": str(dst),
-        "digest": new.digest,
-        "previous": current,
+        **res,
         "status": entry["status"],
-        "verdict": record["verdict"],
-        "forced": forced,
-        "reason": record["reason"],
         "record": att.digest,
-        "history": str(path),
         "manifests": written,
+        **{k: record[k] for k in keys},
+    }
+
+
+def _policies(dst: Ref, trust: Trust, target: attestation.Target) -> dict[str, str]:
+    """The admission policies for ``-o`` (none without a trusted key: a forced promote may have none)."""
+    if not trust.keys:
+        return {}
+    return admission.render_policies(dst.registry, dst.repository, dst.tag, trust.keys, target)
+
+
+def _promote_entry(
+    i: int, src: Ref, new: retag.Manifest, current: str | None, record: dict, att: referrers.Attached
+) -> dict:
+    """The history entry of a promotion (status ``moving`` until the move is read back)."""
+    return {
+        "id": i,
+        "action": "promote",
+        "time": _now(),
+        "from": current,
+        "to": new.digest,
+        "source": str(src),
+        "status": "moving",
+        "record": att.digest,
+        "record_signers": record["record_signers"],
+        "verdict": record["verdict"],
+        "forced": record["forced"],
+        "reason": record["reason"],
+        "previous": record["previous"],
+        "new_config": record["new"]["config"],
+        "manifests": record["manifests"],
         "upgrade": record["upgrade"],
     }
 
@@ -295,6 +490,7 @@ def _record(
     lock,
     chosen: attestation.Verdict | None,
     reason: str | None,
+    trust: Trust,
 ) -> tuple[dict, referrers.Attached]:
     """The rollback record -- both digests, their container configs, both images' KubeRay manifests, the verdict
     or the forced reason -- attached in the target repository as an artifact referring to the new digest."""
@@ -312,7 +508,7 @@ def _record(
         if prev is None:  # the tag names it, so the registry holds it: anything else is the registry's fault
             raise RegistryError(f"registry {dst.registry}: {dst} points at {current}, which it does not serve.")
         prev_config = retag.container_config(client, dst.repository, prev)
-    prev_manifests, prev_source = _previous_manifests(entries, current, render, f"{dst.name}@{current}")
+    prev_manifests, prev_source = _previous_manifests(client, dst, entries, current, render)
     retag.mount_blobs(client, dst.repository, src.repository, new)
     if src.repository != dst.repository:
         retag.put_tag(client, dst.repository, new.digest, new)  # the manifest by digest: no tag moves
@@ -324,7 +520,9 @@ def _record(
         "new": {"digest": new.digest, "config": new_config},
         "previous": None if current is None else {"digest": current, "config": prev_config},
         "manifests": {"new": new_manifests, "previous": prev_manifests, "previous_source": prev_source},
-        "verdict": None if chosen is None else {"artifact": chosen.artifact, "summary": chosen.summary()},
+        "verdict": None
+        if chosen is None
+        else {"artifact": chosen.artifact, "summary": chosen.summary(), "signers": list(chosen.signers)},
         "forced": forced,
         "reason": redact_text(reason.strip()) if forced and reason else None,
         "upgrade": plan.to_dict(),
@@ -338,9 +536,12 @@ def _record(
     }
     if forced:
         ann["org.build-image.reason"] = redact_text(reason.strip())[:500]
-    att = referrers.attach(
-        client, dst.repository, subject, attestation.statement_bytes(record), RECORD_TYPE, RECORD_TITLE, ann
-    )
+    blob, layer_type = attestation.statement_bytes(record), None
+    if trust.signer is not None:  # the record as a DSSE envelope of its own payload type
+        blob, layer_type = signing.sign_envelope(blob, trust.signer, RECORD_TYPE), signing.ENVELOPE_TYPE
+        ann[attestation.SIGNER_ANNOTATION] = trust.signer.fingerprint
+    att = referrers.attach(client, dst.repository, subject, blob, RECORD_TYPE, RECORD_TITLE, ann, layer_type=layer_type)
+    record["record_signers"] = [trust.signer.fingerprint] if trust.signer else []
     return record, att
 
 
@@ -372,19 +573,63 @@ def _move(
 # --------------------------------------------------------------------------- rollback and history
 
 
+def _undo_target(
+    client: RegistryClient, dst: Ref, path: Path, entries: list[dict], current: str, trust: Trust
+) -> tuple[dict, dict]:
+    """(the history entry to undo, the registry's rollback record of it): the entry found in the history (the
+    cache), the record that entry names read from the registry (the truth) and the two compared.  Anything
+    that does not agree is a refusal; nothing has moved."""
+    e = history.rollback_target(entries, current)
+    if e is None:
+        undone = history.undone_ids(entries)
+        live = [x for x in entries if x["action"] == "promote" and x["status"] == "done" and x["id"] not in undone]
+        if live:
+            raise TagConflict(
+                f"rollback: {dst} points at {current}, but its last promotion (history entry "
+                f"{live[-1]['id']}) put it on {live[-1]['to']}: it was moved outside build-image; "
+                "nothing was moved.",
+                hint=f"see `build-image history {dst}`.",
+            )
+        raise BadInput(f"rollback: no promotion recorded in {path} is left to undo; nothing was moved.")
+    if not e.get("from"):
+        raise BadInput(
+            f"rollback: history entry {e['id']} created {dst} (there was no image before it); nothing was moved."
+        )
+    found = read_record(client, dst, current, e.get("record"), trust) if e.get("record") else None
+    if found is None:
+        raise BadInput(
+            f"rollback: history entry {e['id']} names no rollback record the registry holds for "
+            f"{dst.name}@{current}; the history file alone is not trusted to move the tag; nothing was moved.",
+            hint=f"see `build-image history {dst}`; move the tag with `build-image promote … --force --reason`.",
+        )
+    record = found[1]
+    if (record["previous"] or {}).get("digest") != e["from"]:
+        raise BadInput(
+            f"rollback: history entry {e['id']} says {dst} came from {e['from']}, the registry's rollback record "
+            f"{found[0]} says {(record['previous'] or {}).get('digest') or 'nothing'}: the history file is not "
+            "the one build-image wrote; nothing was moved.",
+            hint="the registry is the truth: move the history file aside, or restore the one build-image wrote.",
+        )
+    return e, record
+
+
 def rollback(
     to: str,
     *,
     history_file: Path | None = None,
     out_dir: Path | None = None,
     force: bool = False,
+    trusted_keys: tuple = (),
     reporter: Reporter = SILENT,
 ) -> dict[str, Any]:
-    """Put ``to`` back on the digest its latest promotion replaced and write that image's manifests."""
+    """Put ``to`` back on the digest its latest promotion replaced (as the registry's rollback record of that
+    promotion says; with ``trusted_keys``, a record one of them signed) and write that image's recorded
+    manifests."""
     dst = clean_ref(to, "rollback", reporter)
     if dst.digest or not dst.tag:
         raise BadInput(f"rollback {dst}: give REPO:TAG (the deploy tag to move back).")
     check_out_dir(out_dir, force)
+    trust = Trust(signing.trusted_keys(list(trusted_keys), "--trusted-key"))
     path = _history_path(dst, history_file)
     with _tag_lock(dst, path):
         entries = history.load(path, str(dst))
@@ -399,46 +644,28 @@ def rollback(
         current = _settle(client, dst, path, entries)
         if current is None:
             raise BadInput(f"rollback: the tag {dst} does not exist in the registry; nothing was moved.")
-        e = history.rollback_target(entries, current)
-        if e is None:
-            live = [
-                x
-                for x in entries
-                if x["action"] == "promote" and x["status"] == "done" and x["id"] not in history.undone_ids(entries)
-            ]
-            if live:
-                raise TagConflict(
-                    f"rollback: {dst} points at {current}, but its last promotion (history entry "
-                    f"{live[-1]['id']}) put it on {live[-1]['to']}: it was moved outside build-image; "
-                    "nothing was moved.",
-                    hint=f"see `build-image history {dst}`.",
-                )
-            raise BadInput(f"rollback: no promotion recorded in {path} is left to undo; nothing was moved.")
-        if not e.get("from"):
-            raise BadInput(
-                f"rollback: history entry {e['id']} created {dst} (there was no image before it); nothing was moved."
-            )
-        prev = retag.manifest_by_digest(client, dst.repository, e["from"])
+        e, record = _undo_target(client, dst, path, entries, current, trust)
+        target = record["previous"]["digest"]
+        prev = retag.manifest_by_digest(client, dst.repository, target)
         if prev is None:
             raise BadInput(
-                f"rollback: the registry {dst.registry} no longer holds {dst.name}@{e['from']} (the "
+                f"rollback: the registry {dst.registry} no longer holds {dst.name}@{target} (the "
                 f"rollback target of history entry {e['id']}); nothing was moved."
             )
         cfg = retag.container_config(client, dst.repository, prev)
-        want = (e.get("previous") or {}).get("config") or {}
+        want = record["previous"]["config"]
         if cfg != want:
             raise BadInput(
-                f"rollback: {dst.name}@{e['from']} in the registry has another container configuration "
-                f"than history entry {e['id']} recorded ({cfg.get('digest')} vs {want.get('digest')}); "
-                "nothing was moved."
+                f"rollback: {dst.name}@{target} in the registry has another container configuration "
+                f"than its rollback record holds ({cfg.get('digest')} vs {want.get('digest')}); nothing was moved."
             )
-        manifests = (e.get("manifests") or {}).get("previous") or {}
+        manifests = record["manifests"]["previous"] or {}
         entry = {
             "id": history.next_id(entries),
             "action": "rollback",
             "time": _now(),
             "from": current,
-            "to": e["from"],
+            "to": target,
             "undoes": e["id"],
             "status": "moving",
             "previous": {"digest": current},
@@ -450,7 +677,7 @@ def rollback(
         written = write_manifests(out_dir, manifests, force=force) if out_dir and manifests else []
     return {
         "target": str(dst),
-        "digest": e["from"],
+        "digest": target,
         "previous": current,
         "undoes": e["id"],
         "status": entry["status"],

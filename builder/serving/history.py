@@ -1,9 +1,14 @@
 """The local cutover history of one deploy tag: every promotion and rollback, with what it moved.
 
 One JSON file per tag (default ``$XDG_STATE_HOME/build-image/cutover/<host_port>/<repo>/<tag>.json``, else
-``~/.local/state/…``; ``--history FILE``).  It carries the sha256 of its own content: a file edited by hand
-(or cut short) is bad input naming it, never silently used to move a tag.  Written atomically, and only
-under the output lock of the file (two promotes of one tag serialize on it).
+``~/.local/state/…``; ``--history FILE``).  It is a cache, not the truth: the truth about where a tag came
+from is the rollback record each promotion attaches in the registry to the digest it promoted
+(:mod:`builder.serving.cutover` reads it and refuses a history entry that disagrees with it).  The sha256
+the file carries of its own content only catches a truncated or hand-edited file early -- anyone can
+recompute it, so nothing trusts the file for it.  The file is read by :func:`load`: through the bounded
+reader (a regular file, at most :data:`MAX_HISTORY_BYTES`), depth-bounded, and by :data:`HISTORY_SCHEMA`
+(every field typed); nothing in it is ever used as a path.  Written atomically, and only under the output
+lock of the file (two promotes of one tag serialize on it).
 
 An entry's ``status``: ``moving`` (written just before the tag moves), then ``done`` (the tag points at
 ``to``), ``not-moved`` (it still points at ``from``) or ``unconfirmed`` (the registry stopped answering
@@ -23,13 +28,98 @@ from typing import Any
 from builder.credentials import credential_fields, redact_value
 from builder.errors import BadInput
 from builder.report import render_json
+from builder.serving.kuberay import RAYCLUSTER_FILE, RAYSERVICE_FILE
 from builder.util import atomic_write_text
+from builder.validate import MAX_DEPTH, load_typed_json, read_bounded_text
 
 SCHEMA = "build-image/cutover-history/v1"
 ACTIONS = ("promote", "rollback")
 STATUSES = ("moving", "done", "not-moved", "unconfirmed")
 SETTLED = ("done", "not-moved")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: The only file names a history or a rollback record may carry manifests under (the -o files).
+MANIFEST_NAMES = (RAYSERVICE_FILE, RAYCLUSTER_FILE)
+MAX_HISTORY_BYTES = 64 << 20
+MAX_ENTRIES = 100_000
+
+DIGEST_SCHEMA = {"type": "string", "pattern": _DIGEST.pattern}
+_ID = {"type": "integer", "minimum": 1, "maximum": 2**53}
+_TEXT = {"type": "string", "maxLength": 1 << 16}
+_NULL_OR_DIGEST = {"anyOf": [{"type": "null"}, DIGEST_SCHEMA]}
+#: signer key fingerprints (builder.signing.fingerprint)
+_FINGERPRINTS = {"type": "array", "maxItems": 16, "items": DIGEST_SCHEMA}
+#: A container configuration as a record keeps it (retag.container_config): its digest and the fields.
+CONFIG_SCHEMA = {"type": "object", "properties": {"digest": DIGEST_SCHEMA}, "required": ["digest"]}
+#: Manifests by file name: only the names build-image writes, each a text.
+MANIFESTS_SCHEMA = {
+    "type": "object",
+    "propertyNames": {"enum": list(MANIFEST_NAMES)},
+    "additionalProperties": {"type": "string", "maxLength": 1 << 20},
+}
+_ENTRY = {
+    "type": "object",
+    "properties": {
+        "id": _ID,
+        "action": {"enum": list(ACTIONS)},
+        "status": {"enum": list(STATUSES)},
+        "time": {"type": "string", "maxLength": 64},
+        "from": _NULL_OR_DIGEST,
+        "to": DIGEST_SCHEMA,
+        "tag_at": _NULL_OR_DIGEST,
+        "source": _TEXT,
+        "record": _NULL_OR_DIGEST,
+        "record_signers": _FINGERPRINTS,
+        "undoes": _ID,
+        "verdict": {
+            "anyOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "properties": {"artifact": _TEXT, "summary": _TEXT, "signers": _FINGERPRINTS},
+                    "required": ["summary"],
+                },
+            ]
+        },
+        "forced": {"type": "boolean"},
+        "reason": {"anyOf": [{"type": "null"}, _TEXT]},
+        "previous": {
+            "anyOf": [
+                {"type": "null"},
+                {
+                    "type": "object",
+                    "properties": {"digest": _NULL_OR_DIGEST, "config": {"anyOf": [{"type": "null"}, CONFIG_SCHEMA]}},
+                },
+            ]
+        },
+        "new_config": CONFIG_SCHEMA,
+        "manifests": {
+            "type": "object",
+            "properties": {
+                "new": MANIFESTS_SCHEMA,
+                "previous": {"anyOf": [{"type": "null"}, MANIFESTS_SCHEMA]},
+                "previous_source": _TEXT,
+            },
+            "additionalProperties": False,
+        },
+        "upgrade": {"type": "object"},
+    },
+    "required": ["id", "action", "status", "time", "to"],
+    "additionalProperties": False,
+    "if": {"properties": {"action": {"const": "rollback"}}},
+    "then": {"required": ["undoes"]},
+}
+#: The history file, every field typed (:func:`load` reads it by this).
+HISTORY_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "schema": {"const": SCHEMA},
+        "tag": {"type": "string", "maxLength": 1024},
+        "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "entries": {"type": "array", "maxItems": MAX_ENTRIES, "items": _ENTRY},
+    },
+    "required": ["schema", "tag", "sha256", "entries"],
+    "additionalProperties": False,
+}
 
 
 def default_path(registry: str, repository: str, tag: str) -> Path:
@@ -52,26 +142,12 @@ def render(target: str, entries: list[dict]) -> str:
     return render_json(doc, sort_keys=True, ensure_ascii=True)
 
 
-def _entry_errors(i: int, e: Any) -> list[str]:
-    if not isinstance(e, dict):
-        return [f"entries[{i}] is not an object"]
-    errs = []
-    if e.get("action") not in ACTIONS:
-        errs.append(f"entries[{i}].action is {e.get('action')!r:.40}")
-    if e.get("status") not in STATUSES:
-        errs.append(f"entries[{i}].status is {e.get('status')!r:.40}")
-    if not _DIGEST.match(str(e.get("to"))):
-        errs.append(f"entries[{i}].to is not a digest")
-    if e.get("from") is not None and not _DIGEST.match(str(e.get("from"))):
-        errs.append(f"entries[{i}].from is not a digest")
-    if not isinstance(e.get("id"), int):
-        errs.append(f"entries[{i}].id is not an integer")
-    return errs
-
-
 def load(path: Path, target: str) -> list[dict]:
-    """The entries of the history file (``[]`` when there is none); BadInput naming the file when it is not one
-    build-image wrote for ``target``, or when its content no longer matches its sha256 (edited by hand)."""
+    """The entries of the history file (``[]`` when there is none), read by the bounded reader and
+    :data:`HISTORY_SCHEMA`; BadInput naming the file when it is not a regular file build-image could have
+    written for ``target`` (a FIFO, a device, too large, too deep, a field of another type, a manifest under
+    another name, a content that no longer matches its sha256).  The entries are a cache: the cutover checks
+    what it acts on against the registry's rollback records."""
     if not path.exists():
         return []
 
@@ -84,25 +160,18 @@ def load(path: Path, target: str) -> list[dict]:
         )
 
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise bad(f"cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
-    try:
-        doc = json.loads(text)
-    except ValueError as exc:
-        raise bad(f"is not JSON ({exc}; truncated?)") from None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        raise bad(f"is not a cutover history (schema is not {SCHEMA!r})")
-    if doc.get("tag") != target:
-        raise bad(f"is the history of {doc.get('tag')!r:.120}, not of {target}")
-    entries = doc.get("entries")
-    if not isinstance(entries, list):
-        raise bad("has no list of entries")
-    if doc.get("sha256") != content_sha256(target, entries):
-        raise bad("was edited by hand: its content no longer matches the sha256 build-image recorded in it")
-    errs = [x for i, e in enumerate(entries) for x in _entry_errors(i, e)]
-    if errs:
-        raise bad("; ".join(errs[:5]))
+        text = read_bounded_text(path, "cutover history", max_bytes=MAX_HISTORY_BYTES)
+        doc = load_typed_json(text, "it", HISTORY_SCHEMA, limit=MAX_DEPTH)
+    except BadInput as exc:
+        raise bad(exc.message.removeprefix(f"cutover history {path}").lstrip(": ").rstrip(".")) from None
+    if doc["tag"] != target:
+        raise bad(f"is the history of {doc['tag']!r:.120}, not of {target}")
+    entries = doc["entries"]
+    if doc["sha256"] != content_sha256(target, entries):
+        raise bad("was edited by hand or cut short: its content no longer matches the sha256 recorded in it")
+    ids = [e["id"] for e in entries]
+    if len(set(ids)) != len(ids):
+        raise bad("holds two entries with one id")
     if credential_fields(entries):
         raise bad("holds a credential (" + ", ".join(credential_fields(entries)[:3]) + ")")
     return entries

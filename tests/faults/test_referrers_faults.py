@@ -94,3 +94,36 @@ def test_a_registry_that_refuses_them_is_reported_and_the_files_stay(own_registr
     # the statement still names the pushed digest: the image is in the registry, its provenance is a file
     prov = json.loads((ctx / "provenance.intoto.json").read_text())
     assert prov["subject"][0]["digest"]["sha256"] == digest.split(":")[1]
+
+
+def test_signed_sbom_and_provenance_verify_and_sit_where_cosign_looks(own_registry, tmp_path):
+    from builder import signing
+    from builder.image.referrers import COSIGN_SIGNATURE, CYCLONEDX_PREDICATE, cosign_tag
+    from tests.fx_cutover import make_key
+    from tests.test_render import _write
+
+    ctx, _plan = _write(tmp_path / "r")
+    digest = _push_subject(own_registry.addr)
+    priv, pub = make_key(tmp_path / "keys", "ed25519")
+    signer = signing.load_signer(priv)
+    att = push_attestations(ctx, f"{own_registry.addr}/t/img@{digest}", [], signer)
+    assert att["sbom"]["signed"]["signer"] == att["provenance"]["signed"]["signer"] == signer.fingerprint
+    client = RegistryClient(own_registry.addr)
+    status, _h, body = client.request("GET", f"/v2/t/img/manifests/{cosign_tag(digest)}", {"Accept": OCI_MANIFEST})
+    assert status == 200, body
+    layers = json.loads(body)["layers"]
+    prov_type = json.loads((ctx / "provenance.intoto.json").read_text())["predicateType"]
+    assert sorted(x["annotations"]["predicateType"] for x in layers) == sorted([CYCLONEDX_PREDICATE, prov_type])
+    trusted = signing.trusted_keys([pub])
+    for layer in layers:
+        assert layer["mediaType"] == signing.ENVELOPE_TYPE and layer["annotations"][COSIGN_SIGNATURE] == ""
+        opened = signing.open_envelope(client.request("GET", f"/v2/t/img/blobs/{layer['digest']}")[2], "t", trusted)
+        statement = json.loads(opened.payload)
+        assert opened.signers == (signer.fingerprint,) and statement["subject"][0]["digest"]["sha256"] == digest[7:]
+    # the unsigned referrers stay for readers that take them as they are; the signed ones are added beside
+    _, found = list_referrers(client, "t/img", digest)
+    assert len(found) == 4
+    # signing again replaces each signed layer instead of piling them up
+    push_attestations(ctx, f"{own_registry.addr}/t/img@{digest}", [], signer)
+    body = client.request("GET", f"/v2/t/img/manifests/{cosign_tag(digest)}", {"Accept": OCI_MANIFEST})[2]
+    assert len(json.loads(body)["layers"]) == 2

@@ -1117,7 +1117,7 @@ def reconstruct(
     index_args = uv_index_args(find_links, no_index, index_url)
     plans = step_index_plans(recipe, index_args, reachable or ix.reachable)
     t0 = time.monotonic()
-    uploaded, instant = release_instant(index, recipe.vllm, recipe.python.value, recipe.platform)
+    uploaded, instant = release_instant(index, recipe.wheel_version, recipe.python.value, recipe.platform)
     timings["index"] = time.monotonic() - t0
     release = _Release(recipe, files, index, index_args, plans, uploaded, instant)
     return _replay_and_scan(
@@ -1237,7 +1237,7 @@ def _describe_replayed(
     recipe, instant = release.recipe, release.instant
     unmet = unmet_requirements(requirements_in(target), target_environment(recipe.python.value, recipe.platform))
     manifest.provenance_recipe = {
-        "sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},
+        "sdist": recipe.sdist.to_json(),
         "exclude_newer": instant,
         "steps": records,
         # the replayed tree is not pip-consistent where the image's steps leave it so

@@ -268,7 +268,7 @@ def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), p
             **inherited,
             "TARGETPLATFORM": Var(platform.name, label_where),
             "TARGETARCH": Var(platform.arch, label_where),
-            "VLLM_RELEASE": Var(files.vllm, ()),
+            "VLLM_RELEASE": Var(files.wheel or files.vllm, ()),  # the wheel a replay installs
         }
         walk.stage(st, local)
         inherited = {**inherited, **{k: v for k, v in local.items() if v.env}}  # ENV carries to the next stage
@@ -297,6 +297,7 @@ def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), p
         off_index_fetches=tuple(walk.fetches),
         image_overrides=tuple(Derived(pin, walk.overrides[1]) for pin in walk.overrides[0]),
         target_platform=platform,
+        wheel=files.wheel,
     )
 
 

@@ -80,14 +80,14 @@ def environment() -> dict[str, str]:
 
 
 def command_line(args: list[str] | tuple[str, ...], git_dir: Path | None = None) -> list[str]:
-    """The full argv for ``git ARGS`` (pure; BadInput-free: a subcommand or argument outside the rules is a
-    programming error, ValueError)."""
+    """The full argv for ``git ARGS`` (pure): a subcommand outside :data:`COMMANDS` is a programming error
+    (ValueError); an argument of :data:`REFUSED_ARGS` (a revision a user named, say) is BadInput."""
     if not args or args[0] not in COMMANDS:
         raise ValueError(f"git {args[:1]} is not a read-only plumbing command build-image runs")
     head = args[: args.index("--")] if "--" in args else args
     for a in head:
         if a.startswith(REFUSED_ARGS):
-            raise ValueError(f"git argument {a!r} would run a configured program")
+            raise BadInput(f"git argument {a[:100]!r} is refused: it would run a program the repository configures.")
     argv = ["git", "--no-pager", "--no-replace-objects"]
     for c in SAFE_CONFIG:
         argv += ["-c", c]

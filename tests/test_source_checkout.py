@@ -114,9 +114,13 @@ def test_the_checkouts_git_configuration_runs_nothing(tmp_path):
 
 
 def test_the_adapter_refuses_commands_and_arguments_that_run_programs():
-    for args in (("status",), ("log",), ("cat-file", "--textconv", "HEAD:x"), ("describe", "--dirty"), ("fetch",)):
+    for args in (("status",), ("log",), ("fetch",), ("checkout", "x")):
         with pytest.raises(ValueError):
             gitcli.command_line(list(args))
+    for args in (("cat-file", "--textconv", "HEAD:x"), ("describe", "--dirty"), ("diff", "--ext-diff", "a", "b")):
+        with pytest.raises(BadInput, match="refused"):
+            gitcli.command_line(list(args))
+    assert "--ext-diff" in gitcli.command_line(["diff", "a", "--", "--ext-diff"])  # a path after --
     env = gitcli.environment()
     assert env["GIT_CONFIG_GLOBAL"] == "/dev/null" and not any(
         k.startswith("GIT_") and k not in gitcli.ENV for k in env

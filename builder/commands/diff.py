@@ -50,6 +50,12 @@ class Git:
             msg = err[-1] if err else f"exit {p.returncode}"
             if "not a git repository" in msg:
                 raise BadInput(f"`diff --git` must run inside a git repository ({self.cwd.resolve()} is not one).")
+            if "dubious ownership" in " ".join(err):
+                raise BadInput(
+                    f"`diff --git`: the repository at {self.cwd.resolve()} belongs to another user; git reads it "
+                    "only for its owner (build-image runs git without the user's configuration, so a "
+                    "safe.directory entry does not apply): run as its owner."
+                )
             raise BadInput(f"git could not {what}: {msg}")
         return p.stdout
 

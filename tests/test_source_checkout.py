@@ -275,3 +275,49 @@ def test_a_context_path_never_leaves_the_context(parts, absolute):
     for p in rel.split("/"):  # every prefix of the path stays inside
         depth += -1 if p == ".." else (p not in ("", "."))
         assert depth >= 0
+
+
+# ----------------------------------------------------------------------------- upgrade --sdist/--source
+def _upgrade(*args: str):
+    return CliRunner().invoke(main, ["upgrade", "--from", "0.34.0", *args])
+
+
+def test_upgrade_takes_bs_build_files_from_a_checkout(tmp_path, monkeypatch):
+    import builder.upgrade as U
+
+    seen = {}
+
+    def fake_upgrade(**kw):
+        seen.update(kw)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(U, "upgrade", fake_upgrade)
+    repo = _checkout(tmp_path)
+    commit = _git(repo, "rev-parse", "HEAD")
+    r = _upgrade("--to", "0.99.0", "--source", str(repo))
+    assert r.exit_code == 0, r.output
+    files = seen["b_files"]
+    assert files.vllm == "0.99.0" and files.sdist.filename == f"vllm@{commit}" and not files.wheel
+    assert "sdist_path" not in seen and "source" not in seen
+    r = _upgrade("--to", "0.98.0", "--source", str(repo))  # --to disagrees with the tag
+    assert r.exit_code == 2 and "0.98.0" in r.output and "v0.99.0" in r.output
+    (repo / "README").write_text("later")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "later")
+    r = _upgrade("--to", "0.100.0", "--source", str(repo))  # main before the release: no wheel holds its code
+    assert r.exit_code == 2 and "--to-wheel" in r.output and "not a published release" in r.output
+    wheel = tmp_path / "vllm-tree"
+    wheel.mkdir()
+    seen.clear()
+    assert _upgrade("--to", "0.100.0", "--source", str(repo), "--to-wheel", str(wheel)).exit_code == 0
+    assert seen["b_files"].vllm == "0.100.0" and seen["b_files"].wheel == "0.99.0"
+
+
+def test_upgrade_refuses_two_sources_of_bs_base(tmp_path):
+    repo = _checkout(tmp_path)
+    manifest = tmp_path / "m.json"
+    manifest.write_text("{}")
+    r = _upgrade("--to", "0.99.0", "--source", str(repo), "--sdist", str(manifest))
+    assert r.exit_code == 2 and "give one" in r.output
+    r = _upgrade("--to", "0.99.0", "--source", str(repo), "--base-to", str(manifest))
+    assert r.exit_code == 2 and "give one" in r.output

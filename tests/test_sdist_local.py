@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from builder.cli import main
+from builder.errors import BadInput
 from builder.resolve import sdist
 from tests.fx_sdist import DOCKERFILE, PIPELINE, REQUIREMENTS, write_sdist
 
@@ -126,3 +127,50 @@ def test_load_local_sdist_reads_without_extracting(tmp_path, monkeypatch):
     monkeypatch.setattr(tarfile.TarFile, "extract", lambda *a, **k: pytest.fail("extracted"))
     files = sdist.load_local_sdist(p)
     assert files.vllm == "0.99.0" and "docker/Dockerfile" in files.files
+
+
+def test_a_script_of_a_local_sdist_is_read_on_demand_and_confined(tmp_path):
+    link = tarfile.TarInfo("vllm-0.99.0/tools/evil.sh")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    big = tarfile.TarInfo("vllm-0.99.0/tools/big.sh")
+    big.size = sdist.MAX_BUILD_FILE + 1
+    p = _tar(
+        tmp_path / "vllm-0.99.0.tar.gz",
+        [
+            *(_file(f"vllm-0.99.0/{k}", v.encode()) for k, v in FILES.items()),
+            _file("vllm-0.99.0/tools/install.sh", b"uv pip install --system x\n"),
+            (link, None),
+            (big, b"x" * big.size),
+        ],
+    )
+    files = sdist.load_local_sdist(p)
+    assert "tools/install.sh" not in files.files  # not read until a RUN line names it
+    assert files.text("tools/install.sh", "a script") == "uv pip install --system x\n"
+    assert files.text("./tools/install.sh", "a script") == "uv pip install --system x\n"
+    for rel, why in (
+        ("tools/evil.sh", "is a link"),
+        ("tools/big.sh", "more than a build file holds"),
+        ("../escape.sh", "leaves the build context"),
+        ("/etc/passwd", "leaves the build context"),
+    ):
+        with pytest.raises(BadInput, match=why) as exc:
+            files.text(rel, "a script")
+        assert str(p) in str(exc.value)
+    with pytest.raises(BadInput, match="has no tools/none.sh"):
+        files.text("tools/none.sh", "a script")
+
+
+def test_the_index_sdist_is_read_under_the_same_rules(tmp_path):
+    from builder.resolve.recipe import SdistRef
+
+    ref = SdistRef("vllm-0.99.0.tar.gz", "0" * 64)
+    good = [_file(f"vllm-0.99.0/{k}", v.encode()) for k, v in FILES.items()]
+    p = _tar(tmp_path / "ok.tar.gz", [*good, _file("vllm-0.99.0/tools/a.sh", b"echo\n")])
+    files = sdist.read_build_files(p, "0.99.0", ref)
+    assert files.text("tools/a.sh", "a script") == "echo\n"
+    link = tarfile.TarInfo("vllm-0.99.0/requirements/evil.txt")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    for name, extra in (("dotdot", _file("vllm-0.99.0/../x", b"x")), ("link", (link, None))):
+        bad = _tar(tmp_path / f"{name}.tar.gz", [*good, extra])
+        with pytest.raises(BadInput, match="vllm-0.99.0.tar.gz"):
+            sdist.read_build_files(bad, "0.99.0", ref)

@@ -328,7 +328,6 @@ def render_recipe_text(r) -> str:
     lines = [
         f"{r.image}: recipe from {r.sdist.filename} (sha256 {r.sdist.sha256})",
         *(f"  {k.replace('_', ' '):<17}{v}" for k, v in r.sdist.detail),
-        *([f"  vllm wheel       {r.wheel} stands in for the build's own"] if r.wheel and r.wheel != r.vllm else []),
         f"  target {r.target}, pipeline step {r.pipeline_step.value!r} ({src(r.pipeline_step)})",
         "  stages: " + " <- ".join(s.value.split(" FROM ")[0] for s in reversed(r.stages)),
     ]

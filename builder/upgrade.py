@@ -157,10 +157,14 @@ class UpgradeReport:
     base_notes: list[str] = field(default_factory=list)
     relaxed: list[str] = field(default_factory=list)
     platforms: list[PlatformSection] = field(default_factory=list)  # --platform: each other platform's part
+    # B not yet published (build files from a checkout past its tag): the published vllm whose wheel stands in
+    stand_in: str | None = None
 
     @property
     def review(self) -> list[str]:
         out = [f"base: relaxed {r}" for r in self.relaxed]
+        if self.stand_in:
+            out.append(f"base: vllm {self.to_version} is not published; the vllm {self.stand_in} wheel stands in")
         out += [f"patch {p.name}: {p.status}" for p in self.port.patches if p.status in (PO.MERGED, PO.CONFLICT)]
         if self.lock.status != "written":
             out.append(f"lock: {self.lock.status}")
@@ -741,6 +745,7 @@ def upgrade(
             base_notes=b.notes,
             relaxed=b.relaxed,
             platforms=sections,
+            stand_in=_stand_in(b_files),
         )
         try:
             rep.shipped_series = str(P.series_dir_for(to_version, series.package))

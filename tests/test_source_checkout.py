@@ -215,6 +215,12 @@ def test_the_version_agrees_with_the_tag(tmp_path):
     assert r.exit_code == 2 and "1 commit past the tag v0.99.0" in r.output
     doc = json.loads(_recipe("--source", str(repo), "--vllm", "0.100.0", "--json").stdout)
     assert doc["vllm"] == "0.100.0" and doc["vllm_wheel"] == "0.99.0"
+    from builder import values
+    from builder.resolve.recipe import derive
+
+    recipe = derive(sdist.load_source(repo))
+    assert recipe.wheel_version == "0.99.0"  # what the replay installs and takes its instant from
+    assert values.ImageRef(recipe.image, "image") == f"vllm/vllm-openai:v0.99.1.dev1-g{commit[:9]}"
 
 
 def test_no_tag_and_no_vllm_says_to_pass_vllm(tmp_path):

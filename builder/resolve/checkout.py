@@ -92,7 +92,15 @@ class CommitTree:
         self.commit = self._git("rev-parse", "--verify", "--end-of-options", "HEAD^{commit}").decode().strip()
         if not re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", self.commit):
             raise BadInput(f"{self.label}: HEAD does not name a commit.")
-        self.entries = parse_ls_tree(self._git("ls-tree", "-r", "-t", "-l", "-z", "--full-tree", self.commit))
+        tree = self._git("rev-parse", "--verify", "--end-of-options", self.commit + "^{tree}").decode().strip()
+        self.root = Entry("040000", "tree", tree, -1)
+        self._trees: dict[str, dict[str, Entry]] = {}
+
+    def _listing(self, tree: str) -> dict[str, Entry]:
+        """One tree's entries by name (listed once, on demand: only the folders on the way of a path read)."""
+        if tree not in self._trees:
+            self._trees[tree] = parse_ls_tree(self._git("ls-tree", "-l", "-z", tree))
+        return self._trees[tree]
 
     def _git(self, *args: str, stdin: bytes | None = None) -> bytes:
         r = git(args, git_dir=self.git_dir, stdin=stdin)
@@ -116,40 +124,36 @@ class CommitTree:
         submodule."""
         label = label or self.label
         parts = context_path(rel, label).split("/")
-        hops, i = 0, 0
+        hops, i, cur = 0, 0, self.root
         while i < len(parts):
             here = "/".join(parts[: i + 1])
-            e = self.entries.get(here)
+            e = self._listing(cur.oid).get(parts[i]) if cur.kind == "tree" else None
             if e is None:
                 return None
             if e.mode == "160000":
                 raise BadInput(f"{label}: {rel} lies in the submodule {here}; its files are not in this commit.")
-            if e.mode == "120000":
-                hops += 1
-                if hops > MAX_LINK_HOPS:
-                    raise BadInput(f"{label}: {rel}: more than {MAX_LINK_HOPS} symbolic links on its way.")
-                if e.size > MAX_LINK_TARGET:
-                    raise BadInput(f"{label}: {rel}: the symbolic link {here} names a target of {e.size} bytes.")
-                target = self._blob(e.oid, e.size, f"the link {here}")
-                target_s = target.decode("utf-8", errors="replace")
-                joined = posixpath.join(posixpath.dirname(here), target_s)
-                norm = posixpath.normpath(joined)
-                if target_s.startswith("/") or norm == ".." or norm.startswith("../") or "\0" in target_s:
-                    raise BadInput(
-                        f"{label}: {here} is a symbolic link to {target_s[:200]!r}, outside the checkout; "
-                        f"{rel} is not read (only files of the commit's tree are)."
-                    )
-                rest = parts[i + 1 :]
-                parts = [p for p in norm.split("/") if p not in ("", ".")] + rest
-                i = 0
-                if not parts:
-                    return "", Entry("040000", "tree", "", -1)
+            if e.mode != "120000":
+                cur, i = e, i + 1
                 continue
-            if i < len(parts) - 1 and e.kind != "tree":
-                return None
-            i += 1
-        path = "/".join(parts)
-        return path, self.entries[path]
+            hops += 1
+            if hops > MAX_LINK_HOPS:
+                raise BadInput(f"{label}: {rel}: more than {MAX_LINK_HOPS} symbolic links on its way.")
+            parts = self._link_target(here, e, rel, label) + parts[i + 1 :]
+            i, cur = 0, self.root
+        return "/".join(parts), cur
+
+    def _link_target(self, here: str, e: Entry, rel: str, label: str) -> list[str]:
+        """The parts of the path the link ``here`` names, from the tree's root; BadInput when it leaves the tree."""
+        if e.size > MAX_LINK_TARGET:
+            raise BadInput(f"{label}: {rel}: the symbolic link {here} names a target of {e.size} bytes.")
+        target = self._blob(e.oid, e.size, f"the link {here}").decode("utf-8", errors="replace")
+        norm = posixpath.normpath(posixpath.join(posixpath.dirname(here), target))
+        if target.startswith("/") or norm == ".." or norm.startswith(("../", "/")) or "\0" in target:
+            raise BadInput(
+                f"{label}: {here} is a symbolic link to {target[:200]!r}, outside the checkout; "
+                f"{rel} is not read (only files of the commit's tree are)."
+            )
+        return [p for p in norm.split("/") if p not in ("", ".")]
 
     def read(self, rel: str) -> str:
         """The text of ``rel`` as the commit holds it (BadInput: not a file of the tree, over the bound)."""
@@ -162,17 +166,13 @@ class CommitTree:
         return self._blob(e.oid, e.size, rel).decode("utf-8", errors="replace")
 
     def files_under(self, folder: str) -> list[str]:
-        """The paths (as named under ``folder``, links followed) of the tree's files and links below ``folder``."""
+        """The paths (as named under ``folder``, links on its way followed) of the files and links below
+        ``folder`` in the commit's tree."""
         found = self.locate(folder)
         if found is None or found[1].kind != "tree":
             return []
-        real = found[0]
-        prefix = real + "/" if real else ""
-        return sorted(
-            folder + "/" + p[len(prefix) :]
-            for p, e in self.entries.items()
-            if p.startswith(prefix) and (e.kind == "blob")
-        )
+        below = parse_ls_tree(self._git("ls-tree", "-r", "-l", "-z", found[1].oid))
+        return sorted(f"{folder}/{p}" for p, e in below.items() if e.kind == "blob")
 
     def worktree_differs(self, rels: list[str]) -> list[str]:
         """Which of ``rels`` the work tree does not hold as the commit does (a missing file, a link on the

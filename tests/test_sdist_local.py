@@ -139,6 +139,7 @@ def test_a_script_of_a_local_sdist_is_read_on_demand_and_confined(tmp_path):
         [
             *(_file(f"vllm-0.99.0/{k}", v.encode()) for k, v in FILES.items()),
             _file("vllm-0.99.0/tools/install.sh", b"uv pip install --system x\n"),
+            _file("vllm-0.99.0/vllm/scripts/x.sh", b"echo x\n"),  # not kept by the first pass: found again
             (link, None),
             (big, b"x" * big.size),
         ],
@@ -147,6 +148,7 @@ def test_a_script_of_a_local_sdist_is_read_on_demand_and_confined(tmp_path):
     assert "tools/install.sh" not in files.files  # not read until a RUN line names it
     assert files.text("tools/install.sh", "a script") == "uv pip install --system x\n"
     assert files.text("./tools/install.sh", "a script") == "uv pip install --system x\n"
+    assert files.text("vllm/scripts/x.sh", "a script") == "echo x\n"
     for rel, why in (
         ("tools/evil.sh", "is a link"),
         ("tools/big.sh", "more than a build file holds"),

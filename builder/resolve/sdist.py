@@ -10,12 +10,20 @@ Adapter module (index + download cache + disk).  Public interface:
   with no sdist on the index is :class:`BadInput`; an index hash that differs from the
   recorded one is :class:`IntegrityError`.
 * :func:`read_build_files` ``(path, vllm, ref) -> BuildFiles`` — the files a recipe is derived
-  from (:data:`WANTED`), read from the archive without unpacking it.
+  from (:func:`wanted`), read from the archive without unpacking it.
+* :func:`load_local_sdist` (``--sdist PATH``) and :func:`load_source` (``--source DIR``, through
+  :mod:`builder.resolve.checkout`) — the same from a file or a git checkout the user gives.
+
+Every sdist, the index's or the user's, is read under one set of rules: each member's path inside the
+archive's folder (:func:`_member_rel`), each file read a regular file within :data:`MAX_BUILD_FILE`
+(:func:`_member_text`); a file a RUN line names later (a script) comes through :func:`tar_reader` under
+the same rules, its path confined by :func:`builder.resolve.checkout.context_path`.
 """
 
 from __future__ import annotations
 
 import tarfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.errors import BadInput, IntegrityError
@@ -67,8 +75,8 @@ def read_build_files(path: Path, vllm: str, ref: SdistRef) -> BuildFiles:
     """The recipe's files of the index's sdist at ``path`` (text by path, the archive's top folder stripped),
     under the same rules as a local sdist (:func:`read_tar`); other files of it through ``reader``."""
     label = ref.filename
-    files, _pkg_info, _tops = read_tar(path, label)
-    return BuildFiles(vllm=vllm, sdist=ref, files=files, reader=tar_reader(path, label))
+    got = read_tar(path, label)
+    return BuildFiles(vllm=vllm, sdist=ref, files=got.files, reader=tar_reader(path, label, got))
 
 
 # The largest build file read from a local sdist or checkout (a Dockerfile or requirements file is kilobytes).
@@ -135,39 +143,72 @@ def _tar_error(label: str, exc: BaseException) -> BadInput:
     return BadInput(f"{label} cannot be read as a tar archive (gzip, bzip2, xz or plain): {why}.")
 
 
-def read_tar(path: Path, label: str) -> tuple[dict[str, str], str | None, set[str]]:
-    """(the build files a recipe reads by path below the top folder, the PKG-INFO text, the top folders) of the
-    sdist at ``path``, read in memory, never unpacked.  Every member is checked by :func:`_member_rel`; the
-    files read by :func:`_member_text`."""
-    files: dict[str, str] = {}
-    pkg_info = None
-    tops: set[str] = set()
+# Files of an sdist kept in memory by the first read for a later on-demand read (a script a RUN line calls):
+# small files outside the Python package and its sources; any other file is found by reading the archive again.
+KEEP_FOR_LATER = 256 << 10
+_PACKAGE_FOLDERS = frozenset({"vllm", "csrc", "tests", "benchmarks", "docs", "examples", "cmake"})
+
+
+@dataclass
+class TarRead:
+    """What one pass over an sdist gives: the build files a recipe reads by path below the top folder, the
+    PKG-INFO text, the top folders, and the small build-context files kept for :func:`tar_reader`."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    pkg_info: str | None = None
+    tops: set[str] = field(default_factory=set)
+    kept: dict[str, bytes | None] = field(default_factory=dict)  # None: a path some member holds as a link
+    names: set[str] = field(default_factory=set)  # every member's path below the top folder
+
+
+def _keep(out: TarRead, tf: tarfile.TarFile, m: tarfile.TarInfo, rel: str) -> None:
+    if rel.split("/", 1)[0] in _PACKAGE_FOLDERS or m.isdir():
+        return
+    if not m.isfile():
+        out.kept[rel] = None
+    elif m.size <= KEEP_FOR_LATER and rel not in out.kept:
+        fh = tf.extractfile(m)
+        out.kept[rel] = fh.read(KEEP_FOR_LATER + 1) if fh else b""
+
+
+def read_tar(path: Path, label: str) -> TarRead:
+    """One pass over the sdist at ``path``, read in memory, never unpacked (see :class:`TarRead`).  Every
+    member is checked by :func:`_member_rel`; the files read by :func:`_member_text`."""
+    out = TarRead()
     try:
         with tarfile.open(path, "r:*") as tf:
             for m in tf:
                 top, rel = _member_rel(m, label)
-                tops.add(top)
+                out.tops.add(top)
+                out.names.add(rel)
                 if not (wanted(rel) or rel == "PKG-INFO") or m.isdir():
+                    _keep(out, tf, m, rel)
                     continue
                 if not (m.isfile() or m.issym() or m.islnk()):
                     continue
                 text = _member_text(tf, m, label)
                 if rel == "PKG-INFO":
-                    pkg_info = text
+                    out.pkg_info = text
                 else:
-                    files[rel] = text
+                    out.files[rel] = text
     except (OSError, tarfile.TarError, EOFError, ValueError) as exc:
         raise _tar_error(label, exc) from None
-    return files, pkg_info, tops
+    return out
 
 
-def tar_reader(path: Path, label: str):
+def tar_reader(path: Path, label: str, first: TarRead | None = None):
     """A reader of any other file of the sdist at ``path`` by its path below the top folder (for
     :attr:`BuildFiles.reader`): the path confined to the archive (:func:`context_path`), the member read by
-    :func:`_member_text`; None when the archive has no such file."""
+    :func:`_member_text` (from what the ``first`` pass kept, where it kept it); None when the archive has no
+    such file."""
 
     def read(rel: str) -> str | None:
         want = context_path(rel, label)
+        if first is not None and want not in first.names:
+            return None
+        hit = first.kept.get(want) if first is not None else None
+        if hit is not None:
+            return hit.decode("utf-8", errors="replace")
         try:
             with tarfile.open(path, "r:*") as tf:
                 for m in tf:
@@ -191,16 +232,17 @@ def load_local_sdist(path: Path, vllm: str | None = None) -> BuildFiles:
     if not path.is_file():
         raise BadInput(f"{label}: no such file.")
     ref = SdistRef(path.name, _sha256_of(path))
-    files, pkg_info, tops = read_tar(path, label)
-    if len(tops) != 1 or pkg_info is None:
+    got = read_tar(path, label)
+    files = got.files
+    if len(got.tops) != 1 or got.pkg_info is None:
         raise BadInput(f"--sdist {path} is not an sdist (one top folder with a PKG-INFO).")
-    name, version = _pkg_version(pkg_info)
+    name, version = _pkg_version(got.pkg_info)
     if (name or "").lower() != "vllm":
         raise BadInput(f"--sdist {path} is the sdist of {name!r}, not of vllm.")
     if DOCKERFILE not in files:
         raise BadInput(f"--sdist {path} has no {DOCKERFILE}: the image recipe cannot be derived from it.")
     return BuildFiles(
-        vllm=_checked_version(vllm, version, label), sdist=ref, files=files, reader=tar_reader(path, label)
+        vllm=_checked_version(vllm, version, label), sdist=ref, files=files, reader=tar_reader(path, label, got)
     )
 
 

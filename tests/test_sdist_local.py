@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from builder.cli import main
 from builder.errors import BadInput
@@ -176,3 +178,38 @@ def test_the_index_sdist_is_read_under_the_same_rules(tmp_path):
         bad = _tar(tmp_path / f"{name}.tar.gz", [*good, extra])
         with pytest.raises(BadInput, match="vllm-0.99.0.tar.gz"):
             sdist.read_build_files(bad, "0.99.0", ref)
+
+
+_PARTS = st.sampled_from(["..", ".", "", "vllm-0.99.0", "docker", "Dockerfile", "requirements", "a.txt", "tools"])
+_KINDS = st.sampled_from([tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.DIRTYPE, tarfile.FIFOTYPE])
+
+
+@given(
+    members=st.lists(
+        st.tuples(st.lists(_PARTS, min_size=1, max_size=5), _KINDS, st.sampled_from(["/etc/passwd", "../x", "a"])),
+        max_size=6,
+    ),
+    reads=st.lists(st.lists(_PARTS, min_size=1, max_size=4), max_size=3),
+)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_fuzz_a_hostile_sdist_is_read_or_refused_never_crashes(tmp_path, members, reads):
+    """Any member names and kinds beside a good sdist's files: the sdist is read or refused (exit-2
+    BadInput), and every file read on demand is one of the archive's regular files or refused."""
+    good = [_file(f"vllm-0.99.0/{k}", v.encode()) for k, v in FILES.items()]
+    extra = []
+    for parts, kind, target in members:
+        info = tarfile.TarInfo("/".join(parts))
+        info.type, info.linkname = kind, target if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE) else ""
+        extra.append((info, b"" if kind == tarfile.REGTYPE else None))
+    p = _tar(tmp_path / "fuzz.tar.gz", [*good, *extra])
+    try:
+        files = sdist.load_local_sdist(p)
+    except BadInput as exc:
+        assert str(p) in str(exc)
+        return
+    for parts in reads:
+        try:
+            text = files.text("/".join(parts), "a file")
+        except BadInput:
+            continue
+        assert text in ("", *FILES.values())  # a regular file of the archive, never a link's target

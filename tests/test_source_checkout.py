@@ -228,6 +228,8 @@ def test_no_tag_and_no_vllm_says_to_pass_vllm(tmp_path):
     r = _recipe("--source", str(repo))
     assert r.exit_code == 2 and "pass --vllm" in r.output and "No names found" not in r.output
     assert _recipe("--source", str(repo), "--vllm", "0.99.0").exit_code == 0
+    r = _recipe("--source", str(repo), "--vllm", "../../etc")
+    assert r.exit_code == 2 and "not a version" in r.output
 
 
 def test_not_a_checkout_is_bad_input(tmp_path):

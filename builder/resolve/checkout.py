@@ -261,6 +261,7 @@ def source_version(vllm: str | None, described: tuple[str, int] | None, commit: 
     * N commits past the tag: the development version (:func:`dev_version`), or ``--vllm`` when it names
       that version or a release after the tag (the release the commit is to become); the tag's published
       wheel stands in for the commit's."""
+    given = _given(vllm, label)
     if described is None:
         if vllm is None:
             raise BadInput(
@@ -273,7 +274,6 @@ def source_version(vllm: str | None, described: tuple[str, int] | None, commit: 
     tv = tag_version(tag)
     if tv is None:
         raise BadInput(f"{label}: the nearest tag {tag[:100]!r} names no version; pass --vllm X.")
-    given = _given(vllm, label)
     if distance == 0:
         if given is not None and given != tv:
             raise BadInput(f"{label}: --vllm {vllm} disagrees with the checkout's tag {tag} (vllm {tv}).")

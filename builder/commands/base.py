@@ -228,7 +228,9 @@ _LOCAL_SOURCES = [
         "source",
         type=click.Path(path_type=Path, file_okay=False),
         default=None,
-        help="Read the build files from this vLLM git checkout; the provenance names its commit.",
+        help="Read the build files from the HEAD commit's tree of this vLLM git checkout (never its work tree; "
+        "git runs none of the checkout's configured programs); the provenance names the commit and whether "
+        "the work tree matches it, the version is its tag's (or a development version past it).",
     ),
     click.option(
         "--accept-undecided",

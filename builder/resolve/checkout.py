@@ -86,7 +86,8 @@ class CommitTree:
         self.folder = Path(folder)
         self.max_file = max_file
         self.label = f"--source {self.folder}"
-        if not (self.folder / ".git").exists():
+        dot_git = self.folder / ".git"
+        if not (dot_git.is_dir() or dot_git.is_file()):  # a folder, or a worktree's `gitdir:` file
             raise BadInput(f"{self.label}: not a git checkout (no .git); give the root of a vLLM checkout.")
         self.git_dir = self.folder / ".git"
         self.commit = self._git("rev-parse", "--verify", "--end-of-options", "HEAD^{commit}").decode().strip()

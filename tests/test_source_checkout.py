@@ -329,3 +329,24 @@ def test_upgrade_refuses_two_sources_of_bs_base(tmp_path):
     assert r.exit_code == 2 and "give one" in r.output
     r = _upgrade("--to", "0.99.0", "--source", str(repo), "--base-to", str(manifest))
     assert r.exit_code == 2 and "give one" in r.output
+
+
+def test_reconstruct_replays_the_commits_recipe_with_the_stand_in_wheel(tmp_path, monkeypatch):
+    import builder.resolve.reconstruct as R
+
+    seen = {}
+
+    def fake_reconstruct(vllm, **kw):
+        seen.update(kw, vllm=vllm)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(R, "reconstruct", fake_reconstruct)
+    repo = _checkout(tmp_path)
+    (repo / "README").write_text("later")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-qm", "later")
+    r = CliRunner().invoke(main, ["base", "reconstruct", "--source", str(repo), "-o", str(tmp_path / "m.json")])
+    assert r.exit_code == 0, r.output
+    recipe, files = seen["recipe"], seen["files"]
+    assert seen["vllm"] == recipe.vllm == files.vllm and recipe.vllm.startswith("0.99.1.dev1+g")
+    assert recipe.wheel_version == "0.99.0" and recipe.sdist.to_json()["commit"] == _git(repo, "rev-parse", "HEAD")

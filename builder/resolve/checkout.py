@@ -103,8 +103,8 @@ class CommitTree:
             self._trees[tree] = parse_ls_tree(self._git("ls-tree", "-l", "-z", tree))
         return self._trees[tree]
 
-    def _git(self, *args: str, stdin: bytes | None = None) -> bytes:
-        r = git(args, git_dir=self.git_dir, stdin=stdin)
+    def _git(self, *args: str) -> bytes:
+        r = git(args, git_dir=self.git_dir)
         if r.returncode != 0:
             msg = (r.stderr.decode("utf-8", errors="replace").strip().splitlines() or [f"exit {r.returncode}"])[-1]
             raise BadInput(f"{self.label}: git cannot read the checkout (`git {args[0]}`: {msg[:300]}).")

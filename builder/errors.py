@@ -123,7 +123,8 @@ class BuildFailed(BuildImageError):
 
 
 class RegistryError(BuildImageError):
-    """Registry unreachable, push refused, or digest mismatch after push."""
+    """Registry unreachable, push refused, digest mismatch after push, or an answer the HTTP policy refuses
+    (a redirect it does not follow, larger than its bound, past its deadline: ``builder/httpclient.py``)."""
 
     exit_code = 10
     title = "registry error"
@@ -167,10 +168,11 @@ EXIT_CODES: dict[int, str] = {
     Unsatisfiable.exit_code: "unsatisfiable resolution on top of the base",
     StaleLock.exit_code: "lock is stale against its inputs (lock --check)",
     PatchFailed.exit_code: "patch series does not apply / refused",
-    IntegrityError.exit_code: "download or sha256 verification failure",
+    IntegrityError.exit_code: "download or sha256 verification failure (or an index/download answer refused)",
     EngineUnavailable.exit_code: "container engine unreachable",
     BuildFailed.exit_code: "image build failed",
-    RegistryError.exit_code: "registry unreachable / push refused / digest mismatch",
+    RegistryError.exit_code: "registry unreachable / push refused / digest mismatch / an answer refused (redirect, "
+    "size, deadline)",
     TagConflict.exit_code: "tag already points to a different digest",
     ExternalToolError.exit_code: "a helper tool (uv, docker) failed unexpectedly",
     CheckpointNotReady.exit_code: "smoke: the checkpoint is not ready (checkpoint verify's structural checks); no "

@@ -18,7 +18,6 @@ Adapter module (network + disk).  Public interface:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -33,8 +32,10 @@ from builder import __version__
 from builder.credentials import auth_header
 from builder.errors import BadInput, IntegrityError
 from builder.events import SILENT, Reporter, stderr_reporter
+from builder.httpclient import open_url
 from builder.scratch import process_tag
 from builder.util import cache_dir, file_digest, remember_digest, sha256_file
+from builder.validate import load_json
 
 PYPI_JSON = os.environ.get("BUILD_IMAGE_PYPI_JSON", "https://pypi.org/pypi")
 WHEEL_ENV = "BUILD_IMAGE_VLLM_WHEEL"
@@ -122,7 +123,9 @@ def _download_to(url: str, out, name: str, reporter: Reporter | None) -> None:
     target, auth = auth_header(url)  # credentials from the URL, the flags' URLs, netrc or keyring
     try:
         req = urllib.request.Request(target, headers={"User-Agent": f"build-image/{__version__}", **auth})
-        with urllib.request.urlopen(req, timeout=120) as resp:
+        # through the HTTP policy: the credential never follows a redirect to another host; the bytes are
+        # streamed to disk and verified by their sha256 (no size limit, no deadline: each read times out)
+        with open_url(req, limit=None, timeout=120, deadline=None, what=f"the download of {url}") as resp:
             total = int(resp.headers.get("Content-Length") or 0)
             got = _copy_with_progress(resp, out, total, name, reporter)
     except urllib.error.HTTPError as exc:
@@ -157,12 +160,20 @@ def _copy_with_progress(resp, out, total: int, name: str, reporter: Reporter | N
 
 
 # --------------------------------------------------------------------------- vllm wheel
+#: a PyPI JSON document: the size and the time one answer may take
+JSON_LIMIT = 64 << 20
+JSON_DEADLINE_S = 300.0
+
+
 def _get_json(url: str):
     req = urllib.request.Request(
         url, headers={"User-Agent": f"build-image/{__version__}", "Accept": "application/json"}
     )
-    with urllib.request.urlopen(req, timeout=120) as resp:
-        return json.load(resp)
+    with open_url(req, limit=JSON_LIMIT, timeout=120, deadline=JSON_DEADLINE_S, what=f"the query {url}") as resp:
+        doc = load_json(resp.read(), url, error=IntegrityError)  # nesting bounded
+    if not isinstance(doc, dict):
+        raise IntegrityError(f"{url} answered {type(doc).__name__}, not a JSON object.")
+    return doc
 
 
 def pypi_release_files(project: str, version: str) -> list[dict]:

@@ -121,6 +121,34 @@ def from_uv_platform(platform: str, *, where: str = "platform") -> Platform:
     return from_machine((platform or "").split("-", 1)[0], where=where)
 
 
+#: uv's ``--python-platform`` as a base manifest and a lock header record it: a known machine, a manylinux glibc.
+_PYTHON_PLATFORM = re.compile(r"(x86_64|aarch64)-manylinux_(\d{1,3})_(\d{1,3})")
+
+
+def parse_python_platform(text: object, *, where: str) -> Platform:
+    """``x86_64-manylinux_2_39`` / ``aarch64-manylinux_2_39`` (a base manifest's ``platform``, a lock header's
+    ``platform``, ``base snapshot --platform``) -> the platform; anything else (another machine, another libc,
+    not text) is :class:`BadInput` naming ``where``."""
+    m = _PYTHON_PLATFORM.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        shown = re.sub(r"[^\x20-\x7e]", "?", str(text))[:80]
+        raise BadInput(
+            f"{where}: {shown!r} is not <machine>-manylinux_<major>_<minor> for a machine build-image builds "
+            f"({', '.join(p.machine for p in KNOWN)}), e.g. {DEFAULT.uv_platform('2.35')}."
+        )
+    return from_machine(m.group(1), where=where)
+
+
+def snapshot_platform(text: str, glibc: str | None, *, where: str) -> tuple[Platform, str | None]:
+    """What ``base snapshot --platform`` may say: an image platform (``linux/arm64``, read by :func:`parse`;
+    its uv platform is made at the base's glibc, so None comes back for it) or uv's
+    ``aarch64-manylinux_2_39`` (:func:`parse_python_platform`, returned as given).  Anything else: BadInput."""
+    if "/" in text:
+        p = parse(text, where=where)
+        return p, (p.uv_platform(glibc) if glibc else None)
+    return parse_python_platform(text.strip(), where=where), text.strip()
+
+
 def from_elf_machine(e_machine: str) -> Platform | None:
     """pyelftools' ``e_machine`` name -> the platform, None for another machine."""
     for p in KNOWN:

@@ -20,7 +20,7 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 _TAG = re.compile(r"(\d+)-(\d+)")
@@ -83,6 +83,8 @@ def sweep(cache: Path) -> list[Path]:
         if not owner_alive(d.name):
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
+    for folder in ("probe-env", "probe-trees"):
+        removed += sweep_cache_entries(cache / folder)
     downloads = cache / "downloads"
     for part in downloads.glob("*/.*.part") if downloads.is_dir() else []:
         m = re.search(r"\.(\d+-\d+)\.[^.]*\.part$", part.name)
@@ -133,6 +135,63 @@ def scratch(cache: Path) -> Iterator[Path]:
         for p in reversed(made):
             with contextlib.suppress(OSError):
                 p.rmdir()  # only when empty: a run that wrote nothing leaves nothing
+
+
+#: The folder a cache entry is built in, beside its final name: ``.<name>.building-<pid>-<start>.<random>``.
+_BUILDING = re.compile(r"\.(?P<name>.+)\.building-(?P<tag>\d+-\d+)\..+")
+
+
+def cache_entry(entry: Path, build: Callable[[Path], None], usable: Callable[[Path], bool] = Path.is_dir) -> Path:
+    """``entry``, a cached folder, built once: by ``build(folder)`` in a folder of this process's own
+    beside it, marked complete and renamed into place.  Nothing ever deletes a complete entry, so two
+    processes (two users or CI jobs sharing one cache) may build it at once: the first rename wins and
+    the other's copy is dropped, and a reader never sees a folder another process is still filling.  A
+    folder at ``entry`` without the mark (left by an older build-image that built in place) is renamed
+    aside before it is removed, as is a complete one that ``usable`` says is broken."""
+    if (entry / ".complete").is_file():
+        if usable(entry):
+            return entry
+        _set_aside(entry)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    # one of its own for each call, threads of one process included
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.building-{process_tag()}.", dir=entry.parent))
+    try:
+        build(tmp)
+        (tmp / ".complete").touch()
+        _rename_into_place(tmp, entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after the rename; dropped when another won
+    return entry
+
+
+def _rename_into_place(tmp: Path, entry: Path) -> None:
+    for _ in range(3):
+        try:
+            os.rename(tmp, entry)
+            return
+        except OSError:
+            if (entry / ".complete").is_file():
+                return  # another process finished first: its entry is the same content
+            _set_aside(entry)
+    os.rename(tmp, entry)
+
+
+def _set_aside(entry: Path) -> None:
+    stale = entry.parent / f".{entry.name}.stale-{process_tag()}"
+    with contextlib.suppress(OSError):
+        os.rename(entry, stale)
+    shutil.rmtree(stale, ignore_errors=True)
+
+
+def sweep_cache_entries(folder: Path) -> list[Path]:
+    """Remove the half-built cache entries in ``folder`` whose building process is gone."""
+    removed = []
+    for d in folder.iterdir() if folder.is_dir() else []:
+        m = _BUILDING.fullmatch(d.name)
+        if m is not None and not owner_alive(m.group("tag")):
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 _PR_SET_PDEATHSIG = 1

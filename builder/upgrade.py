@@ -69,13 +69,15 @@ class Move:
     what: str
     old: str | None
     new: str | None
+    note: str = ""  # a base distribution a side's replay does not hold: why (the version is its recipe's)
 
     @property
     def changed(self) -> bool:
-        return self.old != self.new
+        return self.old != self.new or bool(self.note)
 
     def to_dict(self) -> dict:
-        return {"what": self.what, "old": self.old, "new": self.new, "changed": self.changed}
+        d = {"what": self.what, "old": self.old, "new": self.new, "changed": self.changed}
+        return {**d, "note": self.note} if self.note else d
 
 
 @dataclass
@@ -246,11 +248,12 @@ def base_moves(
         Move("image uv overrides", listed(a.uv_overrides or []), listed(b.uv_overrides or [])),
         Move("unversioned in the image", listed(a.unversioned), listed(b.unversioned)),
     ]
-    for name in KEY_DISTS:
-        da, db = a.get(name), b.get(name)
-        if da is None and db is None:
+    for name in KEY_DISTS:  # a distribution a replay leaves out: the version its recipe names, and why
+        ha, hb = a.held(name), b.held(name)
+        if ha is None and hb is None:
             continue
-        moves.append(Move(name, da.version if da else None, db.version if db else None))
+        note = "; ".join(f"{side}: {h.reason}" for side, h in (("from", ha), ("to", hb)) if h and not h.replayed)
+        moves.append(Move(name, ha.text() if ha else None, hb.text() if hb else None, note))
     wa, wb = wheel_requirement(a_wheel, "transformers"), wheel_requirement(b_wheel, "transformers")
     if wa or wb:
         moves.append(Move("transformers window (vllm requires)", wa, wb))
@@ -298,33 +301,7 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
         out += [f"## build-image upgrade: {head}", "", f"**{verdict}**", ""]
     else:
         out += [f"build-image upgrade: {head}", f"  verdict: {verdict}"]
-    # base
-    changed = [m for m in r.moves if m.changed]
-    if md:
-        out += [
-            "### Base image",
-            "",
-            f"`{r.base_from}` -> `{r.base_to}` ({r.base_to_source})",
-            "",
-            "| | " + r.from_version + " | " + r.to_version + " |",
-            "| --- | --- | --- |",
-        ]
-        out += [
-            f"| {'**' + m.what + '**' if m.changed else m.what} | {m.old or '-'} | {m.new or '-'} |" for m in r.moves
-        ]
-    else:
-        out.append(f"  base: {r.base_from} -> {r.base_to} ({r.base_to_source})")
-        out += [f"    {m.what:38} {m.old or '-'} -> {m.new or '-'}" for m in changed]
-        same = [m.what for m in r.moves if not m.changed]
-        if same:
-            out.append(f"    unchanged: {', '.join(same)}")
-    if r.base_notes:
-        title = f"What the reconstructed {r.to_version} base approximates (its manifest's lacks)"
-        out += (
-            (["", f"#### {title}", ""] + [f"- {n}" for n in r.base_notes])
-            if md
-            else [f"    {title}:"] + [f"      - {n}" for n in r.base_notes]
-        )
+    out += _base_lines(r, md)
     # lock
     lk = r.lock
     if md:
@@ -376,6 +353,45 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
             else ["  written:"] + [f"    {w}" for w in r.written]
         )
     return "\n".join(out) + "\n"
+
+
+def _base_lines(r: UpgradeReport, md: bool) -> list[str]:
+    """The report's base part: the moves (a left-out distribution with its recipe's version and why), what
+    the reconstructed base approximates."""
+    out: list[str] = []
+    changed = [m for m in r.moves if m.changed]
+    if md:
+        out += [
+            "### Base image",
+            "",
+            f"`{r.base_from}` -> `{r.base_to}` ({r.base_to_source})",
+            "",
+            "| | " + r.from_version + " | " + r.to_version + " |",
+            "| --- | --- | --- |",
+        ]
+        out += [
+            f"| {'**' + m.what + '**' if m.changed else m.what} | {m.old or '-'} | {m.new or '-'}"
+            + (f" ({m.note})" if m.note else "")
+            + " |"
+            for m in r.moves
+        ]
+    else:
+        out.append(f"  base: {r.base_from} -> {r.base_to} ({r.base_to_source})")
+        out += [
+            f"    {m.what:38} {m.old or '-'} -> {m.new or '-'}" + (f"\n      not replayed: {m.note}" if m.note else "")
+            for m in changed
+        ]
+        same = [m.what for m in r.moves if not m.changed]
+        if same:
+            out.append(f"    unchanged: {', '.join(same)}")
+    if r.base_notes:
+        title = f"What the reconstructed {r.to_version} base approximates (its manifest's lacks)"
+        out += (
+            (["", f"#### {title}", ""] + [f"- {n}" for n in r.base_notes])
+            if md
+            else [f"    {title}:"] + [f"      - {n}" for n in r.base_notes]
+        )
+    return out
 
 
 def render_platform(p: PlatformSection, a: str, b: str, md: bool) -> list[str]:
@@ -585,7 +601,7 @@ def write_b_recipe_table(out: Path, recipe, platform: Platform = DEFAULT) -> Pat
         out / "lockfiles" / "base" / shipped.name,
         recipe.vllm,
         recipe_table(recipe),
-        seed=load_recipes(shipped) if shipped.is_file() else {},
+        seed=load_recipes(shipped, platform) if shipped.is_file() else {},
         platform=platform,
     )
 

@@ -106,6 +106,10 @@ steps:
   - label: "Build wheel - x86_64 - CUDA 13.0"
     commands:
       - "docker build --build-arg CUDA_VERSION=12.9.1 --target build -f docker/Dockerfile ."
+  - label: "Publish release images"
+    commands:
+      - "docker manifest create vllm/vllm-openai:v$RELEASE_VERSION r:$BUILDKITE_COMMIT-x86_64"
+      - "docker manifest push vllm/vllm-openai:v$RELEASE_VERSION"
   - group: "Build release Docker images"
     steps:
       - label: "Build release image - x86_64 - CUDA 13.0"
@@ -119,6 +123,7 @@ steps:
               --build-arg UBUNTU_VERSION=24.04 \\
               --target vllm-openai \\
               -f docker/Dockerfile .
+          - "docker push r:$BUILDKITE_COMMIT-$(uname -m)"
 """
 
 REQUIREMENTS = {

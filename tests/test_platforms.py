@@ -16,7 +16,7 @@ from builder.resolve import recipe as R
 from builder.resolve.abi import ELF_MACHINE, foreign_machines
 from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import load_manifest
-from builder.resolve.recipe.dockerfile import published_platforms
+from builder.resolve.recipe.publish import published_images
 from builder.resolve.scanner import scan_wheel
 from builder.spec import default_base_manifest, default_lock_path, lockfiles_dir, supported_vllm_versions
 from tests.conftest import run
@@ -77,8 +77,8 @@ def test_each_tool_s_spelling_of_a_platform_comes_from_one_place():
 
 
 # --------------------------------------------------------------------------- the recipe of the aarch64 image
-ARM_PIPELINE = (
-    PIPELINE
+ARM_PIPELINE = (  # the publish step joins the aarch64 image under the release's tag too
+    PIPELINE.replace("r:$BUILDKITE_COMMIT-x86_64\"", "r:$BUILDKITE_COMMIT-x86_64 r:$BUILDKITE_COMMIT-aarch64\"")
     + """\
       - label: "Build release image - aarch64 - CUDA 13.0"
         commands:
@@ -90,6 +90,7 @@ ARM_PIPELINE = (
               --build-arg UBUNTU_VERSION=24.04 \\
               --target vllm-openai \\
               -f docker/Dockerfile .
+          - "docker push r:$BUILDKITE_COMMIT-$(uname -m)"
       - label: "Create multi-arch manifest - CUDA 13.0"
         commands:
           - "docker manifest create r:$BUILDKITE_COMMIT r:$BUILDKITE_COMMIT-x86_64 r:$BUILDKITE_COMMIT-aarch64 --amend"
@@ -107,11 +108,12 @@ ARM_DOCKERFILE = DOCKERFILE.replace(
 )
 
 
+def _files(pipeline=ARM_PIPELINE, dockerfile=ARM_DOCKERFILE):
+    return R.BuildFiles("0.99.0", R.SdistRef("vllm-0.99.0.tar.gz", "0" * 64), build_files(dockerfile, pipeline))
+
+
 def _derive(platform, pipeline=ARM_PIPELINE, dockerfile=ARM_DOCKERFILE):
-    return R.derive(
-        R.BuildFiles("0.99.0", R.SdistRef("vllm-0.99.0.tar.gz", "0" * 64), build_files(dockerfile, pipeline)),
-        platform=platform,
-    )
+    return R.derive(_files(pipeline, dockerfile), platform=platform)
 
 
 def test_the_aarch64_recipe_is_the_aarch64_pipeline_step_with_its_build_args_and_target_platform():
@@ -126,11 +128,14 @@ def test_the_aarch64_recipe_is_the_aarch64_pipeline_step_with_its_build_args_and
     assert arm.to_json()["target_platform"] == "linux/arm64" and "target_platform" not in x86.to_json()
 
 
-def test_what_a_release_publishes_comes_from_its_multi_arch_manifest_step():
-    said = published_platforms(ARM_PIPELINE)
-    assert [p for p, _ in said] == [P.AMD64, P.ARM64]
-    assert all(str(w).startswith(".buildkite/release-pipeline.yaml:") for _, w in said)
-    assert [p for p, _ in published_platforms(PIPELINE)] == [P.AMD64]  # no multi-arch step: the x86_64 tag alone
+def test_what_a_release_publishes_comes_from_the_images_its_publish_command_joins():
+    said = published_images(_files(ARM_PIPELINE))
+    assert [(p.platform, p.step) for p in said] == [
+        (P.AMD64, "Build release image - x86_64 - CUDA 13.0"),
+        (P.ARM64, "Build release image - aarch64 - CUDA 13.0"),
+    ]
+    assert all(str(w).startswith(".buildkite/release-pipeline.yaml:") for p in said for w in p.where)
+    assert [p.platform for p in published_images(_files(PIPELINE))] == [P.AMD64]  # the x86_64 image alone
 
 
 def test_a_platform_the_release_does_not_publish_is_exit_2_naming_what_it_publishes():

@@ -128,7 +128,10 @@ def test_platforms_json_must_match_its_sub_contexts(tmp_path):
 def test_the_lock_names_its_platform():
     out_lock = type("L", (), {"header": {"platform": "aarch64-manylinux_2_39"}})()
     assert lock_platform(out_lock) is ARM64
-    assert lock_platform(type("L", (), {"header": {}})()) is AMD64
+    assert lock_platform(type("L", (), {"header": {"platform": "x86_64-manylinux_2_35"}})()) is AMD64
+    for header in ({}, {"platform": "riscv64-manylinux_2_39"}, {"platform": "linux/arm64"}, {"platform": 5}):
+        with pytest.raises(BadInput, match="header 'platform'"):  # a lock of unknown platform is neither's
+            lock_platform(type("L", (), {"header": header})())
 
 
 class Engine:

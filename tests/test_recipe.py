@@ -182,8 +182,10 @@ def test_a_dockerfile_without_the_target_stage_is_refused():
         derive(dockerfile=DOCKERFILE.replace("AS vllm-openai\n", "AS vllm-api\n"))
 
 
-def test_a_pipeline_without_the_release_step_is_refused():
-    with pytest.raises(BadInput, match=r"release-pipeline.yaml has no step labelled 'Build release image - x86_64"):
+def test_a_build_step_whose_machine_nothing_names_is_refused_naming_its_line():
+    with pytest.raises(
+        BadInput, match=r"release-pipeline.yaml:\d+: the step 'Build image' may build r:\{commit\}-x86_64"
+    ):
         derive(pipeline=PIPELINE.replace("Build release image - x86_64 - CUDA 13.0", "Build image"))
 
 
@@ -251,13 +253,13 @@ def test_base_recipe_of_a_release_without_an_sdist_is_exit_2_and_writes_nothing(
             "stage 'vllm-openai' is built FROM 'vllm-openai-base', which is no stage of docker/Dockerfile",
         ),
         (
-            build_files(pipeline=PIPELINE.replace("Build release image - x86_64 - CUDA 13.0", "Build image")),
-            ".buildkite/release-pipeline.yaml has no step labelled 'Build release image - x86_64 - CUDA 13.0'",
+            build_files(pipeline=PIPELINE.replace("vllm/vllm-openai:v$RELEASE_VERSION", "vllm/vllm-openai:nightly")),
+            "no command in .buildkite/release-pipeline.yaml or the scripts it calls publishes vllm/vllm-openai:v0.99.0",
         ),
         (build_files(dockerfile=None), "vllm-0.99.0.tar.gz has no docker/Dockerfile"),
         (build_files(pipeline=None), "vllm-0.99.0.tar.gz has no .buildkite/release-pipeline.yaml"),
     ],
-    ids=["no-target-stage", "no-stage-of-the-chain", "no-release-step", "no-dockerfile", "no-pipeline"],
+    ids=["no-target-stage", "no-stage-of-the-chain", "no-publish", "no-dockerfile", "no-pipeline"],
 )
 def test_base_recipe_of_an_sdist_lacking_what_it_needs_is_exit_2_naming_it_and_writes_nothing(
     tmp_path, monkeypatch, files, message
@@ -336,7 +338,7 @@ def test_the_aarch64_recipes_file_is_exactly_the_derivation_of_each_release_s_aa
     from builder.resolve import sdist
     from builder.resolve.reconstruct import default_recipes_path, load_recipes
 
-    table = load_recipes(default_recipes_path(platforms.ARM64))[vllm]
+    table = load_recipes(default_recipes_path(platforms.ARM64), platforms.ARM64)[vllm]
     files = sdist.load(vllm, sha256=table["sdist_sha256"])
     arm, x86 = R.derive(files, platform=platforms.ARM64), R.derive(files)
     assert R.recipe_table(arm) == table

@@ -64,8 +64,9 @@ PIPELINE = """\
 steps:
   - label: "Build release image - x86_64 - CUDA 13.0"
     commands:
-      - "docker build --build-arg INSTALL_KV_CONNECTORS=true --target vllm-openai -f docker/Dockerfile ."
-"""
+      - "docker build -t r:$BUILDKITE_COMMIT-$(uname -m) --build-arg INSTALL_KV_CONNECTORS=true --target vllm-openai -f docker/Dockerfile ."
+      - "docker tag r:$BUILDKITE_COMMIT-$(uname -m) vllm/vllm-openai:v$RELEASE_VERSION"
+"""  # noqa: E501 - a pipeline's one-line command
 
 REQS = {
     "requirements/common.txt": "purepkg\n",

@@ -49,7 +49,8 @@ PIPELINE = """\
 steps:
   - label: "Build release image - x86_64 - CUDA 13.0"
     commands:
-      - "docker build --target vllm-openai -f docker/Dockerfile ."
+      - "docker build -t r:$BUILDKITE_COMMIT-$(uname -m) --target vllm-openai -f docker/Dockerfile ."
+      - "docker tag r:$BUILDKITE_COMMIT-$(uname -m) vllm/vllm-openai:v$RELEASE_VERSION"
 """
 REQS = {"requirements/cuda.txt": "torchlike==2.0.0+cu130\npurepkg\n"}
 

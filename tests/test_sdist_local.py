@@ -132,28 +132,34 @@ def test_load_local_sdist_reads_without_extracting(tmp_path, monkeypatch):
 
 
 def test_a_script_of_a_local_sdist_is_read_on_demand_and_confined(tmp_path):
-    link = tarfile.TarInfo("vllm-0.99.0/tools/evil.sh")
+    from builder.resolve.recipe.interpret import OVERSIZE
+
+    link = tarfile.TarInfo("vllm-0.99.0/tools/evil.py")
     link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
-    big = tarfile.TarInfo("vllm-0.99.0/tools/big.sh")
+    big = tarfile.TarInfo("vllm-0.99.0/tools/big.py")
     big.size = sdist.MAX_BUILD_FILE + 1
+    big_sh = tarfile.TarInfo("vllm-0.99.0/tools/big.sh")
+    big_sh.size = sdist.MAX_BUILD_FILE + 1
     p = _tar(
         tmp_path / "vllm-0.99.0.tar.gz",
         [
             *(_file(f"vllm-0.99.0/{k}", v.encode()) for k, v in FILES.items()),
-            _file("vllm-0.99.0/tools/install.sh", b"uv pip install --system x\n"),
-            _file("vllm-0.99.0/vllm/scripts/x.sh", b"echo x\n"),  # not kept by the first pass: found again
+            _file("vllm-0.99.0/tools/install.py", b"print(1)\n"),
+            _file("vllm-0.99.0/tools/run.sh", b"uv pip install --system x\n"),
             (link, None),
             (big, b"x" * big.size),
+            (big_sh, b"x" * big_sh.size),
         ],
     )
     files = sdist.load_local_sdist(p)
-    assert "tools/install.sh" not in files.files  # not read until a RUN line names it
-    assert files.text("tools/install.sh", "a script") == "uv pip install --system x\n"
-    assert files.text("./tools/install.sh", "a script") == "uv pip install --system x\n"
-    assert files.text("vllm/scripts/x.sh", "a script") == "echo x\n"
+    assert files.files["tools/run.sh"] == "uv pip install --system x\n"  # every shell script, up front
+    assert files.files["tools/big.sh"] == f"{OVERSIZE}{big_sh.size}"  # refused where a RUN line runs it
+    assert "tools/install.py" not in files.files  # not read until something names it
+    assert files.text("tools/install.py", "a script") == "print(1)\n"
+    assert files.text("./tools/install.py", "a script") == "print(1)\n"
     for rel, why in (
-        ("tools/evil.sh", "is a link"),
-        ("tools/big.sh", "more than a build file holds"),
+        ("tools/evil.py", "is a link"),
+        ("tools/big.py", "more than a build file holds"),
         ("../escape.sh", "leaves the build context"),
         ("/etc/passwd", "leaves the build context"),
     ):
@@ -169,9 +175,9 @@ def test_the_index_sdist_is_read_under_the_same_rules(tmp_path):
 
     ref = SdistRef("vllm-0.99.0.tar.gz", "0" * 64)
     good = [_file(f"vllm-0.99.0/{k}", v.encode()) for k, v in FILES.items()]
-    p = _tar(tmp_path / "ok.tar.gz", [*good, _file("vllm-0.99.0/tools/a.sh", b"echo\n")])
+    p = _tar(tmp_path / "ok.tar.gz", [*good, _file("vllm-0.99.0/tools/a.py", b"echo\n")])
     files = sdist.read_build_files(p, "0.99.0", ref)
-    assert files.text("tools/a.sh", "a script") == "echo\n"
+    assert files.text("tools/a.py", "a script") == "echo\n"
     link = tarfile.TarInfo("vllm-0.99.0/requirements/evil.txt")
     link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
     for name, extra in (("dotdot", _file("vllm-0.99.0/../x", b"x")), ("link", (link, None))):

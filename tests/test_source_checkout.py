@@ -20,6 +20,7 @@ from builder.cli import main
 from builder.errors import BadInput
 from builder.resolve import sdist
 from builder.resolve.checkout import context_path, dev_version, source_version
+from builder.resolve.recipe.interpret import OVERSIZE
 from tests.fx_sdist import DOCKERFILE, PIPELINE, REQUIREMENTS
 
 FILES = {"docker/Dockerfile": DOCKERFILE, ".buildkite/release-pipeline.yaml": PIPELINE, **REQUIREMENTS}
@@ -175,23 +176,28 @@ def test_a_link_inside_the_tree_is_followed_and_a_requirement_link_out_is_refuse
 
 def test_a_build_file_over_the_bound_is_refused_unread(tmp_path, monkeypatch):
     monkeypatch.setattr(sdist, "MAX_BUILD_FILE", 1 << 16)
-    repo = _checkout(tmp_path, {**FILES, "requirements/huge.txt": "x" * (1 << 17), "tools/big.sh": "y" * (1 << 17)})
+    big = {"tools/big.py": "y" * (1 << 17), "tools/big.sh": "z" * (1 << 17)}
+    repo = _checkout(tmp_path, {**FILES, "requirements/huge.txt": "x" * (1 << 17), **big})
     r = _recipe("--source", str(repo))
     assert r.exit_code == 2 and "requirements/huge.txt" in r.output and str(1 << 17) in r.output
     (repo / "requirements" / "huge.txt").unlink()
     _git(repo, "add", "-A")
     _git(repo, "commit", "-qm", "small")
     files = sdist.load_source(repo, "0.99.1")
-    with pytest.raises(BadInput, match="tools/big.sh"):
-        files.text("tools/big.sh", "a script")
+    with pytest.raises(BadInput, match="tools/big.py"):
+        files.text("tools/big.py", "a script")
+    # a shell script is read up front; one over the bound is kept as its size, refused where a RUN line runs it
+    assert files.files["tools/big.sh"] == f"{OVERSIZE}{1 << 17}"
 
 
 def test_a_script_is_read_on_demand_and_confined(tmp_path):
-    repo = _checkout(tmp_path, {**FILES, "tools/install.sh": "uv pip install --system x\n"})
+    repo = _checkout(tmp_path, {**FILES, "tools/install.py": "print(1)\n", "tools/x/run.sh": "echo\n"})
     files = sdist.load_source(repo)
-    assert files.text("tools/install.sh", "a script") == "uv pip install --system x\n"
-    assert files.text("./tools/../tools/install.sh", "a script") == "uv pip install --system x\n"
-    for bad in ("../vllm/tools/install.sh", "/etc/passwd", "tools/../../x"):
+    assert files.files["tools/x/run.sh"] == "echo\n"  # every shell script, read up front
+    assert "tools/install.py" not in files.files
+    assert files.text("tools/install.py", "a script") == "print(1)\n"
+    assert files.text("./tools/../tools/install.py", "a script") == "print(1)\n"
+    for bad in ("../vllm/tools/install.py", "/etc/passwd", "tools/../../x"):
         with pytest.raises(BadInput, match="leaves the build context"):
             files.text(bad, "a script")
     with pytest.raises(BadInput, match="has no tools/none.sh"):

@@ -57,7 +57,11 @@ _SNAPSHOT_OPTIONS = [
         "--cuda", "cuda", metavar="X.Y", help="CUDA version (default: the image's CUDA_VERSION / nvidia-cuda-runtime)."
     ),
     click.option(
-        "--platform", "platform", metavar="P", help="uv --python-platform (default: x86_64-manylinux_<glibc>)."
+        "--platform",
+        "platform",
+        metavar="P",
+        help="The base's platform: linux/amd64 or linux/arm64, or uv's --python-platform "
+        "(x86_64|aarch64-manylinux_<major>_<minor>); default: the image's, x86_64-manylinux_<glibc> for a tree.",
     ),
     click.option(
         "--image-ref", "image_ref", metavar="REF", help="With --site-packages: the image this directory stands for."
@@ -134,6 +138,7 @@ def snapshot(
 
     from builder.resolve.manifest import refuse_foreign_manifest
 
+    wanted, platform = _snapshot_platform(platform, glibc)
     refuse_foreign_manifest(output, force=force)
     with _reporter() as reporter:
         if image:
@@ -153,12 +158,38 @@ def snapshot(
                 method=method,
                 reporter=reporter,
             )
+    _check_snapshot_platform(manifest, wanted, image)
     try:
         manifest.save(output)
     except OSError as exc:  # atomic: a manifest already there is untouched
         raise BadInput(f"cannot write the manifest {output}: {exc.strerror or exc}.") from None
 
     _print_summary(manifest, output, as_json)
+
+
+def _snapshot_platform(text: str | None, glibc: str | None):
+    """``--platform`` as :func:`builder.platforms.snapshot_platform` reads it (exit 2 for anything else, before
+    the image or the tree is read): (the platform or None, uv's platform string or None to derive it)."""
+    if text is None:
+        return None, None
+    from builder import platforms
+
+    return platforms.snapshot_platform(text, glibc, where="base snapshot --platform")
+
+
+def _check_snapshot_platform(manifest, wanted, image: str | None) -> None:
+    """A manifest of an image of another platform than ``--platform`` says is refused (nothing written)."""
+    if wanted is None or not image:
+        return
+    from builder.resolve.baseref import base_platform
+
+    have = base_platform(manifest, image or "snapshot")
+    if have != wanted:
+        raise BadInput(
+            f"base snapshot --platform {wanted.name}: the image {image} is a {have.name} image; a manifest never "
+            "describes one platform's image as the other's. Nothing was written.",
+            hint=f"snapshot the {wanted.name} image (or drop --platform).",
+        )
 
 
 def _print_summary(manifest, output: Path, as_json: bool) -> None:
@@ -202,16 +233,20 @@ def _local_build_files(vllm, sdist_path, source):
     return None
 
 
-def _local_recipe(vllm, sdist_path, source, accept_undecided, output, target):
-    """(build files, recipe) of --sdist/--source for reconstruct ((None, None) without them)."""
+def _local_recipe(vllm, sdist_path, source, accept_undecided, output, target, variant=None):
+    """(build files, recipe) of --sdist/--source or --variant for reconstruct ((None, None) without them)."""
+    from builder.resolve import sdist
     from builder.resolve.recipe import derive
 
     local = _local_build_files(vllm, sdist_path, source)
-    if local is None:
+    if local is None and not variant:
         return None, None
     if output is None:
-        raise BadInput("--sdist/--source need -o FILE: the shipped manifest is the release's own.")
-    return local, derive(local, accept_undecided=accept_undecided, platform=target)
+        what = "--variant" if variant else "--sdist/--source"
+        verb = "needs" if variant else "need"
+        raise BadInput(f"{what} {verb} -o FILE: the shipped manifest is the one of the release's plain tag.")
+    local = local if local is not None else sdist.load(vllm)
+    return local, derive(local, accept_undecided=accept_undecided, platform=target, variant=variant or "")
 
 
 _LOCAL_SOURCES = [
@@ -240,6 +275,14 @@ _LOCAL_SOURCES = [
         help="Record this RUN line the reader cannot decide as a step replayed as nothing (in lacks) "
         "instead of exit 2.",
     ),
+    click.option(
+        "--variant",
+        "variant",
+        default=None,
+        metavar="SUFFIX",
+        help="The image the release publishes as vllm/vllm-openai:v<vllm>-SUFFIX (cu129, cu130, ...) instead of "
+        "the plain tag: its build step is the one the release's publish commands put under that tag.",
+    ),
 ]
 
 
@@ -267,13 +310,30 @@ def _with_local_sources(fn):
     help="Recipes file --write updates (default: lockfiles/base/recipes.toml).",
 )
 @click.option("--force", is_flag=True, help="With --write: replace a --recipes file that build-image did not write.")
+@click.option(
+    "--audit",
+    is_flag=True,
+    help="One row per RUN line of the target's stage chain (and per command of the scripts, sh -c strings and "
+    "heredocs it runs) with the reader's conclusion: installs ..., harmless because ..., accepted undecided, "
+    "refused.  Exit 2 after the rows when a line is refused.",
+)
 @platform_option(
     several=False,
     help_extra=" The recipe is the release pipeline's step for that platform's image; "
     "its table goes to lockfiles/base/recipes-linux-arm64.toml.",
 )
 def recipe_cmd(
-    vllm, as_json, write, recipes, force=False, sdist_path=None, source=None, accept_undecided=(), platform=None
+    vllm,
+    as_json,
+    write,
+    recipes,
+    force=False,
+    sdist_path=None,
+    source=None,
+    accept_undecided=(),
+    platform=None,
+    variant=None,
+    audit=False,
 ):
     """Derive vllm/vllm-openai:v<vllm>'s recipe from the release's sdist (Dockerfile, release pipeline,
     requirements): base image, OS, glibc, CUDA, Python, and every install step, each value with its
@@ -286,39 +346,68 @@ def recipe_cmd(
     from builder.resolve import sdist
     from builder.resolve.recipe import (
         check_recipes_output,
-        derive,
         read_recipes_file,
         recipe_table,
         write_recipe_table,
     )
+    from builder.resolve.recipe.derive import audit_derive
     from builder.resolve.reconstruct import default_recipes_path
 
     target = platforms.parse(platform) if platform else platforms.DEFAULT
     path = recipes or default_recipes_path(target)
     local = _local_build_files(vllm, sdist_path, source)
-    if local is not None and write and recipes is None:
+    if (local is not None or variant) and write and recipes is None:
         raise BadInput(
-            "--write with --sdist/--source needs --recipes FILE: the shipped recipes file holds "
-            "the releases' own tables."
+            f"--write with {'--variant' if variant else '--sdist/--source'} needs --recipes FILE: the shipped "
+            "recipes file holds the tables of the releases' own plain tags."
         )
     if write:
         check_recipes_output(path, force=force)  # before the sdist is fetched: a user's file is never replaced
-    tables = read_recipes_file(path)
+    tables = read_recipes_file(path, target)  # another platform's recipes file: exit 2 before any download
     if local is not None:
         vllm = local.vllm
-        recipe = derive(local, accept_undecided=accept_undecided, platform=target)
-    else:
-        recipe = derive(
-            sdist.load(vllm, sha256=(tables.get(vllm) or {}).get("sdist_sha256")),
-            accept_undecided=accept_undecided,
-            platform=target,
-        )
+    files = local or sdist.load(vllm, sha256=(tables.get(vllm) or {}).get("sdist_sha256"))
+    recipe, rows = audit_derive(
+        files, accept_undecided=accept_undecided, platform=target, keep_going=audit, variant=variant or ""
+    )
+    if audit:
+        _print_audit(recipe, rows, as_json)
     if write:
         write_recipe_table(path, vllm, recipe_table(recipe), force=force, platform=target)
+    if audit and not write:
+        return
     if as_json:
         emit_json(recipe.to_json())
         return
     click.echo(render_recipe_text(recipe) + (f"\nwrote the table of {vllm} into {path}" if write else ""))
+
+
+def _print_audit(recipe, rows, as_json: bool) -> None:
+    """``base recipe --audit``: the rows, then exit 2 (BadInput naming them) when a line was refused."""
+    from builder.resolve.recipe.audit import render_audit
+
+    refused = [a for a in rows if a.conclusion.startswith("refused")]
+    if as_json:
+        emit_json(
+            {
+                "vllm": recipe.vllm,
+                "image": recipe.image,
+                "sdist": recipe.sdist.filename,
+                "platform": recipe.target_platform.name,
+                "runs": [a.to_json() for a in rows],
+                "refused": [str(a.where) for a in refused],
+            }
+        )
+    else:
+        click.echo(f"{recipe.image}: every RUN line of target {recipe.target} ({recipe.sdist.filename})")
+        click.echo(render_audit(rows))
+    if refused:
+        raise BadInput(
+            f"{recipe.sdist.filename}: {len(refused)} RUN line(s) refused: "
+            + "; ".join(f"{a.where} ({a.conclusion[len('refused: ') :][:200]})" for a in refused),
+            hint="`--accept-undecided FILE:LINE` replays the image without such a line and records it in the "
+            "manifest's lacks; or take the manifest from the real image (`build-image base snapshot`).",
+        )
 
 
 def render_recipe_text(r) -> str:
@@ -331,6 +420,11 @@ def render_recipe_text(r) -> str:
         f"{r.image}: recipe from {r.sdist.filename} (sha256 {r.sdist.sha256})",
         *(f"  {k.replace('_', ' '):<17}{v}" for k, v in r.sdist.detail),
         f"  target {r.target}, pipeline step {r.pipeline_step.value!r} ({src(r.pipeline_step)})",
+        *(
+            [f"  published as {r.image} ({r.published.platform.name}) by " + ", ".join(map(str, r.published.where))]
+            if r.published is not None
+            else []
+        ),
         "  stages: " + " <- ".join(s.value.split(" FROM ")[0] for s in reversed(r.stages)),
     ]
     for key in ("final_base_image", "os", "glibc", "cuda", "python", "site_packages"):
@@ -452,6 +546,7 @@ def reconstruct_cmd(
     sdist_path=None,
     source=None,
     platform=None,
+    variant=None,
 ):
     """Rebuild the Python layer of vllm/vllm-openai:v<vllm> by replaying its recipe's install steps
     in order, and write its manifest.
@@ -473,7 +568,7 @@ def reconstruct_cmd(
 
     target = platforms.parse(platform) if platform else platforms.DEFAULT
     parse_relaxations(relax)  # bad input before any download
-    local, recipe = _local_recipe(vllm, sdist_path, source, accept_undecided, output, target)
+    local, recipe = _local_recipe(vllm, sdist_path, source, accept_undecided, output, target, variant)
     vllm = local.vllm if local is not None else vllm
     out = output or default_base_manifest(vllm, target)
     old_text = _reconstruct_inputs(out, recipes, check=check, force=force)
@@ -586,9 +681,9 @@ def _reconstruct_summary(rec, vllm: str, out: Path, as_json: bool) -> None:
 
 
 def _row(m) -> dict:
-    def v(name: str) -> str | None:
-        d = m.get(name)
-        return d.version if d is not None else None
+    def v(name: str) -> str | None:  # a distribution the replay leaves out: its recipe's version, marked
+        h = m.held(name)
+        return h.text() if h is not None else None
 
     return {
         "torch": v("torch"),
@@ -642,6 +737,7 @@ def list_cmd(as_json):
                 "sdist_sha256": (recipe.get("sdist") or {}).get("sha256"),
                 "steps": len(recipe.get("steps") or []),
                 "unversioned": sorted(m.unversioned),
+                "not_replayed": _not_replayed(m),
             }
         )
     if as_json:
@@ -665,3 +761,18 @@ def list_cmd(as_json):
     widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
     for row in table:
         click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    left = [(r["vllm"], name, x) for r in rows for name, x in r["not_replayed"].items()]
+    if left:
+        click.echo("\nin the image but not in its replayed floor (the version its recipe names, and why):")
+    for vllm, name, x in left:
+        click.echo(f"  {vllm}  {name} {x['version'] or 'unversioned'}: {x['reason']}")
+
+
+def _not_replayed(m) -> dict[str, dict]:
+    """{name: {version, reason}} of what the image holds that its replayed floor does not (pure)."""
+    out = {}
+    for name in sorted(m.unversioned):
+        h = m.held(name)
+        if h is not None and not h.replayed:
+            out[name] = {"version": h.version, "reason": h.reason}
+    return out

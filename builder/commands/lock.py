@@ -126,7 +126,8 @@ def command(as_json, **opts):
     that fits; the Serve app then uses `vllm serve`); the lock header says which and why.  On a base
     without vllm, --vllm X adds vllm==X to the overlay.
 
-    Exit codes: 0 written / up to date, 2 bad input (an unknown platform, a base of another platform),
+    Exit codes: 0 written / up to date, 2 bad input (an unknown platform, a base of another platform, an -o
+    lock or pylock twin of another platform: never replaced, --force included),
     3 ABI gate rejection, 4 unsatisfiable on top of the base, 5 stale lock (--check), 7 wheel
     download / sha256 failure, 12 uv failed.  With --json every outcome is a JSON document on stdout.
     """

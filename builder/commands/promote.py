@@ -56,9 +56,10 @@ def command(image, to, spec_file, lock_file, out_dir, history_file, force, reaso
 
     Exit codes: 0 moved (or already there), 1 refused: no attached PASS verdict matches the target (nothing
     moved), 2 bad input (a digest the registry does not hold, a forged or truncated attestation, an attestation
-    about another digest, a history file edited by hand, unstated [serving] settings, --force without --reason;
-    nothing moved), 10 registry unreachable / refused (the history says where the tag is), 14 another run holds
-    the tag's history longer than BUILD_IMAGE_LOCK_TIMEOUT.
+    about another digest, an image of another platform than the lock or [serving] platform, a history file
+    edited by hand, unstated [serving] settings, --force without --reason; nothing moved), 10 registry
+    unreachable / refused (the history says where the tag is), 14 another run holds the tag's history longer
+    than BUILD_IMAGE_LOCK_TIMEOUT.
     """
     from builder.events import reporter_for
     from builder.resolve.lockfile import load_lock

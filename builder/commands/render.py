@@ -121,7 +121,8 @@ def command(
     """Write a self-contained build context: Dockerfile, requirements.lock, wheels/, patches/, app/.
 
     Exit codes: 0 written, 2 bad input (an unknown platform, a platform without a base manifest or
-    lock here, a base of another platform than its lock), 6 patch series does not apply, 7
+    lock here, a base of another platform than its lock, a --lock of another platform, a context holding
+    what render did not write, a tampered platforms.json), 6 patch series does not apply, 7
     download/sha256 failure.  Nothing is written on failure (the context is built in a temp dir and
     renamed into place).
     """

@@ -49,7 +49,7 @@ from builder.image.naming import image_tags, is_content_addressed, lock_platform
 from builder.image.push import PushResult, push_image, registry_clients, tag_conflicts
 from builder.image.render import ContextOnDisk, default_repo, read_context
 from builder.platforms import Platform, joined, parse, parse_list
-from builder.validate import load_json, read_bounded_text
+from builder.validate import load_json, read_bounded, read_bounded_text
 from builder.values import DOCKER_HUB, split_ref
 
 PLATFORMS_FILE = "platforms.json"
@@ -91,11 +91,83 @@ def platform_tags(tags: Sequence[str], platform: Platform) -> tuple[str, ...]:
     return tuple(f"{t}-{platform.slug}" for t in tags)
 
 
+@dataclass(frozen=True)
+class PlatformEntry:
+    """One platform of ``platforms.json``, checked: a known platform, its folder (always its slug), its base
+    and lock digests as render wrote them."""
+
+    platform: Platform
+    context: str
+    base_ref: str
+    base_digest: str | None
+    lock_sha256: str
+
+
+@dataclass(frozen=True)
+class PlatformsFile:
+    """``platforms.json`` as :func:`read_platforms_file` accepts it."""
+
+    path: Path
+    vllm: str
+    entries: tuple[PlatformEntry, ...]
+
+    @property
+    def held(self) -> tuple[Platform, ...]:
+        return tuple(e.platform for e in self.entries)
+
+
 def held_platforms(context: str | Path) -> tuple[Platform, ...]:
     """The platforms a multi-platform context was rendered for (from ``platforms.json``)."""
-    return tuple(
-        parse(e["platform"], where=f"{Path(context) / PLATFORMS_FILE}") for e in _entries(_read_doc(Path(context)))
-    )
+    return read_platforms_file(context).held
+
+
+def read_platforms_file(context: str | Path) -> PlatformsFile:
+    """The one reader of a context's ``platforms.json`` (``build``, ``push`` and a re-``render`` all call it):
+    bounded JSON with the schema, a ``vllm`` string and a non-empty ``platforms`` list whose every entry is an
+    object with a known ``platform`` (each once), ``context`` equal to that platform's folder (a fixed name:
+    nothing outside the context is read or replaced), a ``base_ref`` string, a ``base_digest`` null or
+    ``sha256:<64 hex>`` and a ``lock_sha256`` of 64 hex.  Anything else is :class:`BadInput` (exit 2) naming the
+    file and the field."""
+    ctx = Path(context)
+    where = str(ctx / PLATFORMS_FILE)
+    doc = _read_doc(ctx)
+    vllm = doc.get("vllm")
+    if not isinstance(vllm, str) or not vllm.strip():
+        raise BadInput(f"{where}: 'vllm' is missing or not a string.", hint=_RERENDER)
+    raw = doc.get("platforms")
+    if not isinstance(raw, list) or not raw or not all(isinstance(e, dict) for e in raw):
+        raise BadInput(f"{where}: 'platforms' must be a non-empty list of objects.", hint=_RERENDER)
+    entries: list[PlatformEntry] = []
+    for i, e in enumerate(raw):
+        entry = _platform_entry(e, f"{where}: platforms[{i}]")
+        if any(x.platform == entry.platform for x in entries):
+            raise BadInput(f"{where}: {entry.platform.name} is listed twice.", hint=_RERENDER)
+        entries.append(entry)
+    return PlatformsFile(path=ctx / PLATFORMS_FILE, vllm=vllm, entries=tuple(entries))
+
+
+_RERENDER = "re-run `build-image render --platform ...`."
+
+
+def _platform_entry(e: dict, where: str) -> PlatformEntry:
+    """One ``platforms`` entry, every field checked (see :func:`read_platforms_file`)."""
+    text = e.get("platform")
+    if not isinstance(text, str):
+        raise BadInput(f"{where}: 'platform' is missing or not a string.", hint=_RERENDER)
+    p = parse(text, where=f"{where}: 'platform'")
+    if e.get("context") != p.slug:
+        raise BadInput(
+            f"{where}: 'context' is {str(e.get('context'))[:80]!r}; the {p.name} context is the folder {p.slug}.",
+            hint=_RERENDER,
+        )
+    base_ref, digest, lock_sha = e.get("base_ref"), e.get("base_digest"), e.get("lock_sha256")
+    if not isinstance(base_ref, str) or not base_ref:
+        raise BadInput(f"{where}: 'base_ref' is missing or not a string.", hint=_RERENDER)
+    if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", digest)):
+        raise BadInput(f"{where}: 'base_digest' {str(digest)[:80]!r} is neither null nor sha256:<64 hex>.")
+    if not (isinstance(lock_sha, str) and re.fullmatch(r"[0-9a-f]{64}", lock_sha)):
+        raise BadInput(f"{where}: 'lock_sha256' {str(lock_sha)[:80]!r} is not 64 hex digits.", hint=_RERENDER)
+    return PlatformEntry(platform=p, context=p.slug, base_ref=base_ref, base_digest=digest, lock_sha256=lock_sha)
 
 
 def _read_doc(ctx: Path) -> dict:
@@ -103,20 +175,13 @@ def _read_doc(ctx: Path) -> dict:
     try:
         doc = load_json(read_bounded_text(ctx / PLATFORMS_FILE, "platforms.json"), where)
     except ValueError as exc:
-        raise BadInput(f"{where} is not JSON ({exc}).", hint="re-run `build-image render --platform ...`.") from None
+        raise BadInput(f"{where} is not JSON ({exc}).", hint=_RERENDER) from None
     if not isinstance(doc, dict) or doc.get("schema") != PLATFORMS_SCHEMA:
         raise BadInput(
             f"{where} is not a build-image platforms file (schema {PLATFORMS_SCHEMA}).",
-            hint="re-run `build-image render --platform ...`.",
+            hint=_RERENDER,
         )
     return doc
-
-
-def _entries(doc: dict) -> list[dict]:
-    entries = doc.get("platforms")
-    if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
-        raise BadInput(f"{PLATFORMS_FILE}: 'platforms' must be a non-empty list of objects.")
-    return entries
 
 
 def select(held: Sequence[Platform], wanted: str | None, context: Path) -> tuple[Platform, ...]:
@@ -136,39 +201,30 @@ def select(held: Sequence[Platform], wanted: str | None, context: Path) -> tuple
 
 
 def read_multi_context(context: str | Path, repo: str | None, *, wanted: str | None = None) -> MultiContext:
-    """Read and verify a multi-platform context (every sub-context as :func:`read_context` does, each lock
-    against ``platforms.json``'s sha256 and platform, each base ref against the sub-context's Dockerfile)."""
+    """Read and verify a multi-platform context (``platforms.json`` by :func:`read_platforms_file`, every
+    sub-context as :func:`read_context` does, each lock against ``platforms.json``'s sha256 and platform, each
+    base ref against the sub-context's Dockerfile)."""
     ctx = Path(context)
-    doc = _read_doc(ctx)
-    vllm = doc.get("vllm")
-    if not isinstance(vllm, str) or not vllm:
-        raise BadInput(f"{ctx / PLATFORMS_FILE}: 'vllm' is missing.")
-    entries = _entries(doc)
-    held = tuple(parse(str(e.get("platform")), where=f"{ctx / PLATFORMS_FILE}") for e in entries)
-    chosen = select(held, wanted, ctx)
-    subs = []
-    for p, entry in zip(held, entries):
-        if p in chosen:
-            subs.append(_platform_context(ctx, p, entry, repo, vllm))
-    tags = image_tags(repo or default_repo(), vllm, index_lock_hash([(s.platform, s.context.lock_hash) for s in subs]))
-    return MultiContext(out_dir=ctx, vllm=vllm, held=held, platforms=tuple(subs), tags=tuple(tags))
+    pf = read_platforms_file(ctx)
+    chosen = select(pf.held, wanted, ctx)
+    subs = [_platform_context(ctx, e, repo, pf.vllm) for e in pf.entries if e.platform in chosen]
+    tags = image_tags(
+        repo or default_repo(), pf.vllm, index_lock_hash([(s.platform, s.context.lock_hash) for s in subs])
+    )
+    return MultiContext(out_dir=ctx, vllm=pf.vllm, held=pf.held, platforms=tuple(subs), tags=tuple(tags))
 
 
-def _platform_context(ctx: Path, p: Platform, entry: dict, repo: str | None, vllm: str) -> PlatformContext:
+def _platform_context(ctx: Path, entry: PlatformEntry, repo: str | None, vllm: str) -> PlatformContext:
+    p = entry.platform
     where = f"{ctx / PLATFORMS_FILE} ({p.name})"
-    if entry.get("context") != p.slug:  # a fixed folder name: nothing outside the context is read
-        raise BadInput(f"{where}: 'context' is {entry.get('context')!r}; the {p.name} context is the folder {p.slug}.")
     sub = ctx / p.slug
     lock_file = sub / "requirements.lock"
     if not lock_file.is_file():
-        raise BadInput(
-            f"{where}: {sub} holds no requirements.lock.", hint="re-run `build-image render --platform ...`."
-        )
-    got = hashlib.sha256(lock_file.read_bytes()).hexdigest()
-    if entry.get("lock_sha256") != got:
+        raise BadInput(f"{where}: {sub} holds no requirements.lock.", hint=_RERENDER)
+    got = hashlib.sha256(read_bounded(lock_file, "lock")).hexdigest()
+    if entry.lock_sha256 != got:
         raise IntegrityError(
-            f"{where}: {lock_file} has sha256 {got[:16]}..., platforms.json says "
-            f"{str(entry.get('lock_sha256'))[:16]}...",
+            f"{where}: {lock_file} has sha256 {got[:16]}..., platforms.json says {entry.lock_sha256[:16]}...",
             hint="re-run `build-image render`.",
         )
     one = read_context(sub, repo)  # verifies every wheel and patched file
@@ -176,19 +232,13 @@ def _platform_context(ctx: Path, p: Platform, entry: dict, repo: str | None, vll
         raise BadInput(f"{where}: the lock is for vllm {one.vllm}, platforms.json for {vllm}.")
     locked_for = lock_platform(one.lock)
     if locked_for != p:
+        raise BadInput(f"{where}: its lock was made for {locked_for.name}, not {p.name}.", hint=_RERENDER)
+    if entry.base_ref not in one.base_refs:
         raise BadInput(
-            f"{where}: its lock was made for {locked_for.name}, not {p.name}.",
-            hint="re-run `build-image render --platform ...`.",
+            f"{where}: base_ref {entry.base_ref!r} is not what its Dockerfile builds FROM ({', '.join(one.base_refs)})."
         )
-    base_ref, digest = entry.get("base_ref"), entry.get("base_digest")
-    if not isinstance(base_ref, str) or base_ref not in one.base_refs:
-        raise BadInput(
-            f"{where}: base_ref {base_ref!r} is not what its Dockerfile builds FROM ({', '.join(one.base_refs)})."
-        )
-    if digest is not None and not (isinstance(digest, str) and re.fullmatch(r"sha256:[0-9a-f]{64}", digest)):
-        raise BadInput(f"{where}: base_digest {digest!r} is neither null nor sha256:<64 hex>.")
     return PlatformContext(
-        platform=p, context=one, base_ref=base_ref, base_digest=digest, tags=platform_tags(one.tags, p)
+        platform=p, context=one, base_ref=entry.base_ref, base_digest=entry.base_digest, tags=platform_tags(one.tags, p)
     )
 
 

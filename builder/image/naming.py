@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from builder import values
 from builder.data import path as data_path
 from builder.errors import BadInput
-from builder.platforms import DEFAULT, KNOWN, Platform, from_uv_platform
+from builder.platforms import KNOWN, Platform
 
 if TYPE_CHECKING:  # types only: the smoke test imports this module, which stays light
     from builder.resolve.lockfile import LockFile
@@ -60,10 +60,11 @@ def serve_backend_of(lock: LockFile) -> str:
 
 
 def lock_platform(lock: LockFile) -> Platform:
-    """The platform a lock was made for: its header's uv platform (``aarch64-manylinux_2_39``); the
-    default platform for a lock that names none."""
-    text = (lock.header.get("platform") or "").strip()
-    return from_uv_platform(text, where="the lock's header 'platform'") if text else DEFAULT
+    """The platform a lock was made for (:func:`builder.resolve.lockfile.lock_platform`: its header's
+    ``platform``; a lock naming none or another is refused)."""
+    from builder.resolve.lockfile import lock_platform as header_lock_platform
+
+    return header_lock_platform(lock)
 
 
 def tag_names(vllm: str, lock_hash: str) -> list[str]:

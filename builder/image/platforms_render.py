@@ -28,7 +28,7 @@ from pathlib import Path
 
 from builder.errors import BadInput
 from builder.events import SILENT, Reporter
-from builder.image.multiplatform import PLATFORMS_FILE, PLATFORMS_SCHEMA, held_platforms, index_lock_hash
+from builder.image.multiplatform import PLATFORMS_FILE, PLATFORMS_SCHEMA, index_lock_hash, read_platforms_file
 from builder.image.naming import default_repo, image_tags
 from builder.image.render import (
     check_replaceable,
@@ -38,9 +38,9 @@ from builder.image.render import (
     swap_into_place,
     sweep_leftovers,
 )
-from builder.platforms import Platform
+from builder.platforms import KNOWN, Platform
 from builder.report import render_json
-from builder.util import file_digest, output_lock, temp_path
+from builder.util import file_digest, output_lock, temp_path, through_link
 
 
 @dataclass(frozen=True)
@@ -108,18 +108,10 @@ def write_platforms_context(
     """Render each platform's context with ``render_one(platform, folder)`` into a temp folder beside ``out``,
     write ``platforms.json``, and rename the whole into place (see the module doc).  ``check_replaceable(out)``
     refuses an ``out`` that is not a context build-image rendered (nothing is changed then)."""
-    out = Path(out)
+    out = through_link(out)  # a symlinked -o: written through (the folder it names replaced), the link kept
     with output_lock(out):
-        if out.is_dir() and (out / PLATFORMS_FILE).is_file():
-            held_platforms(out)  # an earlier multi-platform context: replaceable when it is one we wrote
-            for entry in out.iterdir():
-                if entry.name != PLATFORMS_FILE and entry.is_dir():
-                    check_replaceable(entry)
-                elif entry.name != PLATFORMS_FILE:
-                    raise BadInput(
-                        f"-o {out}: the context holds {entry.name}, which render did not write; render "
-                        "replaces a context as a whole, so it refuses rather than delete it."
-                    )
+        if out.is_dir() and (out / PLATFORMS_FILE).exists():
+            check_multi_replaceable(out, check_replaceable)
         else:
             check_replaceable(out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -135,6 +127,27 @@ def write_platforms_context(
             shutil.rmtree(tmp, ignore_errors=True)
             raise
     return RenderedPlatforms(out_dir=out, vllm=vllm, index_tags=tuple(doc["index_tags"]), platforms=tuple(contexts))
+
+
+def check_multi_replaceable(out: Path, check_replaceable: Callable[[Path], None]) -> None:
+    """The rule for re-rendering over an earlier multi-platform context: it is replaced as a whole only when all
+    it holds is what render wrote — ``platforms.json`` (read by
+    :func:`builder.image.multiplatform.read_platforms_file`, so a tampered one is the exit 2 ``build`` gives)
+    and the platforms' folders (``linux-amd64/``, ``linux-arm64/``), each a context render wrote
+    (``check_replaceable``).  Anything else — a user's ``keep-amd64/`` copy, a note, a symlink — is
+    :class:`BadInput` naming it, and nothing is changed."""
+    read_platforms_file(out)
+    ours = {PLATFORMS_FILE} | {p.slug for p in KNOWN}
+    foreign = sorted(e.name for e in out.iterdir() if e.name not in ours or e.is_symlink())
+    if foreign:
+        more = f" and {len(foreign) - 5} more" if len(foreign) > 5 else ""
+        raise BadInput(
+            f"-o {out}: the multi-platform context holds {', '.join(foreign[:5])}{more}, which render did not write; "
+            "render replaces a context as a whole, so it refuses rather than delete them. Nothing was changed.",
+            hint="move them out of the context (keep copies beside it), or render into a new directory.",
+        )
+    for p in KNOWN:
+        check_replaceable(out / p.slug)
 
 
 def render_platforms(

@@ -10,6 +10,12 @@ engine's own store (``$DOCKER_CONFIG/config.json``: its ``auths`` entry, base64
 ``user:password``, or the ``credHelpers``/``credsStore`` helper ``docker login``
 used); they are sent in an Authorization header and never logged, printed or
 written anywhere.
+
+Every request goes through :func:`builder.httpclient.open_url`: the credential goes only to the registry's
+own scheme://host:port (a blob GET the registry redirects to a storage host or a CDN is fetched without it),
+each answer is bounded in size (:data:`~builder.httpclient.JSON_LIMIT` for manifests, indexes, tokens and
+error documents; a blob read by the descriptor's size, :func:`blob_limit`) and in time (:data:`DEADLINE_S`
+for the whole answer, :data:`TIMEOUT_S` for each read).  A refusal is :class:`RegistryError` (exit 10).
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from builder import httpclient
 from builder.errors import BadInput, RegistryError
 from builder.validate import load_json, read_bounded
 from builder.values import RefParts, parse_ref
@@ -33,6 +40,10 @@ MANIFEST_TYPES = ", ".join(
         "application/vnd.oci.image.index.v1+json",
     ]
 )
+#: the longest a blob build-image reads into memory may be (image configs, attestation statements)
+MAX_BLOB = 64 << 20
+TIMEOUT_S = 10.0  # each read
+DEADLINE_S = 120.0  # the whole answer (a registry trickling one byte at a time is cut off here)
 _LOOPBACK = re.compile(r"^(127\.\d+\.\d+\.\d+|localhost|\[::1\])(:\d+)?$")
 
 
@@ -84,9 +95,10 @@ def _helper_auth(helper: str, server: str) -> str | None:
 
 
 class RegistryClient:
-    def __init__(self, registry: str, *, timeout: float = 10.0):
+    def __init__(self, registry: str, *, timeout: float | None = None, deadline: float | None = None):
         self.registry = registry
-        self.timeout = timeout
+        self.timeout = TIMEOUT_S if timeout is None else timeout
+        self.deadline = DEADLINE_S if deadline is None else deadline
         host = "registry-1.docker.io" if registry == "docker.io" else registry
         scheme = "http" if _LOOPBACK.match(registry) else "https"
         self.base = f"{scheme}://{host}"
@@ -99,17 +111,20 @@ class RegistryClient:
         headers: dict[str, str] | None = None,
         data: bytes | None = None,
         _retried: bool = False,
+        *,
+        limit: int = httpclient.JSON_LIMIT,
     ):
         hdrs = dict(headers or {})
         if self._auth_header:
             hdrs["Authorization"] = self._auth_header
         req = urllib.request.Request(self.base + path, method=method, headers=hdrs, data=data)
         try:
-            return urllib.request.urlopen(req, timeout=self.timeout)
+            return self._send(req, limit, f"registry {self.registry}: {method} {path}")
         except urllib.error.HTTPError as exc:
             # one (re-)authentication per request: a pull-scoped token is traded for a push-scoped one
             if exc.code == 401 and not _retried and self._authenticate(exc.headers.get("WWW-Authenticate", "")):
-                return self._open(method, path, headers, data, _retried=True)
+                exc.close()
+                return self._open(method, path, headers, data, _retried=True, limit=limit)
             raise
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -117,6 +132,12 @@ class RegistryClient:
                 f"registry {self.registry} is unreachable ({reason}).",
                 hint="is the registry running? (scripts/services.sh start runs one on 127.0.0.1:5000)",
             ) from None
+
+    def _send(self, req: urllib.request.Request, limit: int, what: str):
+        """One request through the HTTP policy (module doc)."""
+        return httpclient.open_url(
+            req, limit=limit, timeout=self.timeout, deadline=self.deadline, error=RegistryError, what=what
+        )
 
     def _authenticate(self, challenge: str) -> bool:
         basic = _docker_config_auth(self.registry)
@@ -132,10 +153,14 @@ class RegistryClient:
                 return False
             url = realm + "?" + urllib.parse.urlencode(params)
             req = urllib.request.Request(url, headers={"Authorization": f"Basic {basic}"} if basic else {})
+            try:  # the realm the registry names gets the credential; a redirect from it does not
+                with self._send(req, httpclient.JSON_LIMIT, f"registry {self.registry}: the token service") as resp:
+                    body = resp.read()
+            except (OSError, ValueError):
+                return False
             try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    doc = registry_json(resp.read(), "the token answer", self.registry)
-            except (OSError, ValueError, RegistryError):
+                doc = registry_json(body, "the token answer", self.registry)
+            except RegistryError:
                 return False
             token = doc.get("token") or doc.get("access_token")
             if token:
@@ -144,9 +169,16 @@ class RegistryClient:
         return False
 
     def request(
-        self, method: str, path: str, headers: dict[str, str] | None = None, data: bytes | None = None
+        self,
+        method: str,
+        path: str,
+        headers: dict[str, str] | None = None,
+        data: bytes | None = None,
+        *,
+        limit: int = httpclient.JSON_LIMIT,
     ) -> tuple[int, dict[str, str], bytes]:
-        """(status, headers, body) of one request; an HTTP error status is returned, not raised."""
+        """(status, headers, body) of one request; an HTTP error status is returned, not raised.  The body is
+        at most ``limit`` bytes (a blob's: :func:`blob_limit` of its descriptor), else RegistryError."""
         if path.startswith(("http://", "https://")):
             if not path.startswith(self.base + "/"):
                 raise RegistryError(
@@ -154,7 +186,7 @@ class RegistryClient:
                 )
             path = path[len(self.base) :]
         try:
-            with self._open(method, path, headers, data) as resp:
+            with self._open(method, path, headers, data, limit=limit) as resp:
                 return resp.status, dict(resp.headers), resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, dict(exc.headers or {}), exc.read() if exc.fp else b""
@@ -199,6 +231,18 @@ class RegistryClient:
         """The image config digest (= the engine's image ID) a tag points at, or None."""
         got = self.manifest(repository, reference)
         return config_of(got[1]) if got else None
+
+
+def blob_limit(descriptor, what: str, registry: str) -> int:
+    """Pure: how many bytes the blob ``descriptor`` (an OCI descriptor: ``digest``, ``size``) may be read
+    with: its ``size``, a whole number from 0 to :data:`MAX_BLOB`; RegistryError naming ``what`` otherwise."""
+    size = descriptor.get("size") if isinstance(descriptor, dict) else None
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= MAX_BLOB:
+        raise RegistryError(
+            f"registry {registry}: {what} gives the size {size!r:.40}; a blob read into memory is a whole number "
+            f"of bytes from 0 to {MAX_BLOB}."
+        )
+    return size
 
 
 def config_of(manifest: dict) -> str | None:

@@ -70,9 +70,9 @@ from builder.image.sbom import IMAGE_SBOM_PATH, SbomInput, sbom_json
 from builder.patching import series as P
 from builder.patching.series import PatchedFile, sha256_list
 from builder.platforms import DEFAULT, Platform
-from builder.resolve.baseref import resolve_base, vllm_on_base
+from builder.resolve.baseref import base_platform, resolve_base, vllm_on_base
 from builder.resolve.floor import checker_path, consistency_tool
-from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock
+from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock, refuse_other_platform
 from builder.resolve.lockstage import Locked, read_lock_file
 from builder.resolve.manifest import BaseManifest
 from builder.resolve.pylock import PYLOCK_NAME
@@ -759,7 +759,13 @@ def render_inputs(
     else:
         resolved = resolve_base(base or spec.base, spec.vllm, platform=spec.platform)
         lock_path = Path(lock_file) if lock_file else spec.lock_path
-        lock, text = read_lock_file(lock_path)  # BadInput naming the file/line when missing or malformed
+        lock, text = None, None
+    want = base_platform(resolved.manifest, resolved.label)
+    doing = f"rendering on base {resolved.label}"
+    if lock is None:  # BadInput naming the file/line when missing, malformed or another platform's
+        lock, text = read_lock_file(lock_path, want, doing=doing)
+    else:
+        refuse_other_platform(lock, want, lock_path, doing=doing)
     vllm_on_base(resolved, spec.vllm)  # a base with another vllm: exit 2 naming both
     manifest = resolved.manifest
     return RenderInputs(manifest=manifest, lock=lock, lock_text=text, lock_path=lock_path, base_data=resolved.data)

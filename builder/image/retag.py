@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from builder.errors import BadInput, RegistryError
 from builder.image.referrers import OCI_INDEX, OCI_MANIFEST, digest_of
-from builder.image.registry import MANIFEST_TYPES, registry_json
+from builder.image.registry import MANIFEST_TYPES, blob_limit, registry_json
+from builder.platforms import Platform, from_oci, known_names
 
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 #: what a rollback record keeps of an image's config: what the container runs with
@@ -65,13 +66,41 @@ def tag_digest(client, repository: str, tag: str) -> str | None:
 def container_config(client, repository: str, manifest: Manifest) -> dict:
     """The container configuration (env, entrypoint, cmd, labels, …) of a single-image manifest, from its config
     blob (digest verified); an index has none (BadInput: promote names one image, not a list)."""
+    cfg, doc = _image_config(client, repository, manifest)
+    inner = doc.get("config") or {}
+    if not isinstance(inner, dict):
+        raise RegistryError(f"registry {client.registry}: the config {cfg} is not an image config.")
+    return {"digest": cfg, **{k: inner.get(k) for k in CONFIG_KEYS if inner.get(k) is not None}}
+
+
+def config_platform(client, repository: str, manifest: Manifest) -> Platform:
+    """The platform of a single-image manifest, from its config blob's ``os`` / ``architecture`` / ``variant``
+    (digest verified; :func:`builder.platforms.from_oci`).  An image of a platform build-image does not build,
+    or whose config names none, is :class:`BadInput`: what it runs on is unknown, so it is never promoted."""
+    cfg, doc = _image_config(client, repository, manifest)
+    os_name, arch, variant = doc.get("os"), doc.get("architecture"), doc.get("variant")
+    found = None
+    if isinstance(os_name, str) and isinstance(arch, str) and (variant is None or isinstance(variant, str)):
+        found = from_oci(os_name, arch, variant)
+    if found is None:
+        shown = "/".join(str(x)[:40] for x in (os_name, arch, variant) if x is not None) or "none"
+        raise BadInput(
+            f"{client.registry}/{repository}@{manifest.digest}: its config {cfg} names the platform {shown!r}, "
+            f"not one of {known_names()}; the pods' nodes cannot be chosen for it."
+        )
+    return found
+
+
+def _image_config(client, repository: str, manifest: Manifest) -> tuple[str, dict]:
+    """(digest, document) of a single-image manifest's config blob, its digest verified."""
     cfg = manifest.config_digest
     if manifest.media_type in (OCI_INDEX, "application/vnd.docker.distribution.manifest.list.v2+json") or not cfg:
         raise BadInput(
             f"{client.registry}/{repository}@{manifest.digest} is an image index, not one image; "
             "promote the platform's image digest (KubeRay pods run one image)."
         )
-    status, _h, body = client.request("GET", f"/v2/{repository}/blobs/{cfg}")
+    limit = blob_limit(manifest.doc.get("config"), f"the config of {repository}@{manifest.digest}", client.registry)
+    status, _h, body = client.request("GET", f"/v2/{repository}/blobs/{cfg}", limit=limit)
     if status != 200:
         raise RegistryError(
             f"registry {client.registry}: the config {cfg} of {repository}@{manifest.digest} answered HTTP {status}."
@@ -80,10 +109,10 @@ def container_config(client, repository: str, manifest: Manifest) -> dict:
         raise RegistryError(
             f"registry {client.registry} served the config {cfg} with content of digest {digest_of(body)}."
         )
-    inner = registry_json(body, f"the config {cfg}", client.registry).get("config") or {}
-    if not isinstance(inner, dict):
+    doc = registry_json(body, f"the config {cfg}", client.registry)
+    if not isinstance(doc, dict):
         raise RegistryError(f"registry {client.registry}: the config {cfg} is not an image config.")
-    return {"digest": cfg, **{k: inner.get(k) for k in CONFIG_KEYS if inner.get(k) is not None}}
+    return cfg, doc
 
 
 def mount_blobs(client, repository: str, source_repository: str, manifest: Manifest) -> None:

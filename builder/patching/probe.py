@@ -45,6 +45,7 @@ from builder.errors import BadInput, ExternalToolError
 from builder.events import SILENT, Reporter
 from builder.patching import series as P
 from builder.resolve.uv import Uv
+from builder.scratch import cache_entry
 from builder.util import atomic_write_bytes, cache_dir, sha256_file
 
 PROBE_FIELD = "Probe"
@@ -232,25 +233,22 @@ class ProbeRunner:
 
 
 def cpu_env(requirements: list[str], *, find_links: list[str] | None = None) -> str:
-    """The python of a CPU venv holding ``requirements`` (built once per content, cached)."""
+    """The python of a CPU venv holding ``requirements`` (built once per content, cached; a relocatable
+    venv built beside its cache entry and renamed into place, so concurrent builders never share one)."""
     key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
-    venv = cache_dir() / "probe-env" / f"venv-{key}"
-    python = venv / "bin" / "python"
-    if (venv / ".complete").is_file() and python.exists():
-        return str(python)
-    shutil.rmtree(venv, ignore_errors=True)
-    venv.parent.mkdir(parents=True, exist_ok=True)
     links = find_links if find_links is not None else default_find_links()
-    uv = Uv()
-    uv.venv(venv, python=sys.executable)
-    r = uv.pip_install(python, requirements, find_links=links)
-    if r.returncode != 0:
-        shutil.rmtree(venv, ignore_errors=True)
-        raise ExternalToolError(
-            f"cannot build the probe environment ({', '.join(requirements[:3])}, ...): " + r.stderr.strip()[-1500:]
-        )
-    (venv / ".complete").touch()
-    return str(python)
+
+    def build(venv: Path) -> None:
+        uv = Uv()
+        uv.venv(venv, python=sys.executable, relocatable=True)
+        r = uv.pip_install(venv / "bin" / "python", requirements, find_links=links)
+        if r.returncode != 0:
+            raise ExternalToolError(
+                f"cannot build the probe environment ({', '.join(requirements[:3])}, ...): " + r.stderr.strip()[-1500:]
+            )
+
+    venv = cache_entry(cache_dir() / "probe-env" / f"venv-{key}", build, lambda v: (v / "bin" / "python").exists())
+    return str(venv / "bin" / "python")
 
 
 def default_find_links() -> list[str]:
@@ -270,25 +268,15 @@ def unpatched_tree(source: str | os.PathLike, package: str = "vllm") -> Path:
         return src
     if not (src.is_file() and zipfile.is_zipfile(src)):
         raise BadInput(f"probe source {src} is neither a wheel nor a directory.")
-    tree = cache_dir() / "probe-trees" / sha256_file(src)[:32]
-    if (tree / ".complete").is_file():
-        return tree
-    shutil.rmtree(tree, ignore_errors=True)
-    tree.parent.mkdir(parents=True, exist_ok=True)
-    # extracted beside the entry: the rename is atomic and never crosses filesystems
-    tmp = Path(tempfile.mkdtemp(prefix=".extract-", dir=tree.parent))
-    try:
+
+    def extract(tmp: Path) -> None:
         with zipfile.ZipFile(src) as z:
             members = [
                 m for m in z.namelist() if (m.startswith(f"{package}/") and not m.endswith(".so")) or ".dist-info/" in m
             ]
             z.extractall(tmp, members)
-        (tmp / ".complete").touch()
-        os.replace(tmp, tree)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return tree
+
+    return cache_entry(cache_dir() / "probe-trees" / sha256_file(src)[:32], extract)
 
 
 def patched_tree(unpatched: Path, files: dict[str, bytes], dest: Path) -> Path:

@@ -420,12 +420,28 @@ def snapshot_image(
         python_abi="cp" + scan.python.replace(".", ""),
         site_packages="/" + max(scan.dirs, key=lambda d: scan.counts[d]),
         cuda=cuda,
-        platform=platform or platform_for(glibc, image_platform(ref, info).machine),
+        platform=_image_python_platform(ref, info, platform, glibc),
         provenance_kind="read-from-image",
         provenance_method=method,
         distributions=scan.dists,
         consistency=image_consistency(ref, scan.dists, scan.interpreter),
     )
+
+
+def _image_python_platform(ref: str, info: dict, platform: str | None, glibc: str) -> str:
+    """uv's platform of a snapshot of ``ref``: ``platform`` as given (``--platform``) when it is the image's
+    machine, else the image's machine at ``glibc``; a ``--platform`` of the other machine is BadInput."""
+    actual = image_platform(ref, info)
+    if platform is None:
+        return platform_for(glibc, actual.machine)
+    given = P.parse_python_platform(platform, where="base snapshot --platform")
+    if given != actual:
+        raise BadInput(
+            f"base snapshot --platform {platform}: the image {ref!r} is a {actual.name} image; a manifest never "
+            f"describes one platform's image as the other's.",
+            hint=f"snapshot the {given.name} image, or drop --platform.",
+        )
+    return platform
 
 
 def image_platform(ref: str, info: dict) -> Platform:

@@ -156,24 +156,52 @@ class CommitTree:
             )
         return [p for p in norm.split("/") if p not in ("", ".")]
 
-    def read(self, rel: str) -> str:
-        """The text of ``rel`` as the commit holds it (BadInput: not a file of the tree, over the bound)."""
+    def _file_entry(self, rel: str) -> Entry:
         found = self.locate(rel)
         if found is None:
             raise BadInput(f"{self.label}: the commit {self.commit[:12]} has no {rel}.")
-        path, e = found
+        e = found[1]
         if e.kind != "blob" or e.mode not in ("100644", "100755"):
             raise BadInput(f"{self.label}: {rel} is not a file of the commit's tree.")
+        if e.size > self.max_file:
+            raise BadInput(
+                f"{self.label}: {rel} is {e.size} bytes, more than a build file holds ({self.max_file} at most); "
+                "it is not read."
+            )
+        return e
+
+    def read(self, rel: str) -> str:
+        """The text of ``rel`` as the commit holds it (BadInput: not a file of the tree, over the bound)."""
+        e = self._file_entry(rel)
         return self._blob(e.oid, e.size, rel).decode("utf-8", errors="replace")
 
-    def files_under(self, folder: str) -> list[str]:
-        """The paths (as named under ``folder``, links on its way followed) of the files and links below
-        ``folder`` in the commit's tree."""
-        found = self.locate(folder)
+    def read_many(self, rels: list[str]) -> dict[str, str]:
+        """:meth:`read` of each of ``rels``, the blobs brought by one ``git cat-file --batch``."""
+        entries = {rel: self._file_entry(rel) for rel in rels}
+        if not entries:
+            return {}
+        oids = sorted({e.oid for e in entries.values()})
+        out = git(("cat-file", "--batch"), git_dir=self.git_dir, stdin="".join(o + "\n" for o in oids).encode())
+        if out.returncode != 0:
+            raise BadInput(f"{self.label}: git cannot read the checkout's files (`git cat-file`).")
+        blobs, pos = {}, 0
+        for oid in oids:  # "<oid> blob <size>\n<content>\n", in the order asked
+            head_end = out.stdout.index(b"\n", pos)
+            got, kind, size = out.stdout[pos:head_end].decode("ascii").split()
+            if got != oid or kind != "blob":
+                raise BadInput(f"{self.label}: git answered {got} {kind} for the blob {oid}.")
+            blobs[oid] = out.stdout[head_end + 1 : head_end + 1 + int(size)]
+            pos = head_end + 1 + int(size) + 1
+        return {rel: blobs[e.oid].decode("utf-8", errors="replace") for rel, e in entries.items()}
+
+    def files_under(self, folder: str) -> dict[str, int]:
+        """The files and links below ``folder`` of the commit's tree (``""``: all of it), named as under
+        ``folder`` (links on its way followed), with their sizes."""
+        found = self.locate(folder) if folder else ("", self.root)
         if found is None or found[1].kind != "tree":
-            return []
+            return {}
         below = parse_ls_tree(self._git("ls-tree", "-r", "-l", "-z", found[1].oid))
-        return sorted(f"{folder}/{p}" for p, e in below.items() if e.kind == "blob")
+        return {(f"{folder}/{p}" if folder else p): e.size for p, e in sorted(below.items()) if e.kind == "blob"}
 
     def worktree_differs(self, rels: list[str]) -> list[str]:
         """Which of ``rels`` the work tree does not hold as the commit does (a missing file, a link on the

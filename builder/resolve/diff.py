@@ -114,6 +114,7 @@ class HeaderChange:
     key: str
     old: str | None
     new: str | None
+    note: str = ""  # a base move: why a side's version is the one its recipe names, not a replayed one
 
     def text(self) -> str:
         if self.old is None:
@@ -123,7 +124,7 @@ class HeaderChange:
         return f"{self.key}: {self.old} → {self.new}"
 
     def to_dict(self) -> dict:
-        return {"key": self.key, "old": self.old, "new": self.new}
+        return {"key": self.key, "old": self.old, "new": self.new, **({"note": self.note} if self.note else {})}
 
 
 @dataclass
@@ -261,21 +262,25 @@ BASE_MOVE_FIELDS = (
 
 def base_move(old: BaseManifest | None, new: BaseManifest | None) -> list[HeaderChange]:
     """What moved between two base manifests (pure): the image, torch, torchvision, CUDA, Python, glibc,
-    numpy, transformers, flashinfer and vllm, each only when it differs."""
+    numpy, transformers, flashinfer and vllm, each when it differs; a distribution a side's replay does not
+    hold (approximated, relaxed, built from source) is shown with the version its recipe names and the
+    reason (:meth:`BaseManifest.held`), never as removed, and listed even when the versions agree."""
     if old is None or new is None:
         return []
-
-    def value(m: BaseManifest, label: str, dist: str | None) -> str | None:
-        if dist is not None:
-            d = m.get(dist)
-            return d.version if d is not None else None
-        return {"image": m.image_ref, "CUDA": m.cuda, "Python": m.python_version, "glibc": m.glibc}[label]
-
+    fields = {"image": (old.image_ref, new.image_ref), "CUDA": (old.cuda, new.cuda)}
+    fields |= {"Python": (old.python_version, new.python_version), "glibc": (old.glibc, new.glibc)}
     out = []
     for label, dist in BASE_MOVE_FIELDS:
-        a, b = value(old, label, dist), value(new, label, dist)
-        if a != b:
-            out.append(HeaderChange(label, a, b))
+        if dist is None:
+            a, b = fields[label]
+            if a != b:
+                out.append(HeaderChange(label, a, b))
+            continue
+        ha, hb = old.held(dist), new.held(dist)
+        notes = [f"{side}: {h.reason}" for side, h in (("old", ha), ("new", hb)) if h is not None and not h.replayed]
+        a, b = (h.text() if h is not None else None for h in (ha, hb))
+        if a != b or notes:
+            out.append(HeaderChange(label, a, b, "; ".join(notes)))
     return out
 
 
@@ -853,11 +858,12 @@ def to_document(d: LockDiff):
             )
         )
     if d.base_move:  # a release upgrade: what the new base image moves, before any package of the lock
+        noted = any(h.note for h in d.base_move)
         sections.append(
             Section(
                 title="0. base move (from the two base manifests)",
-                columns=["", "old", "new"],
-                rows=[[h.key, h.old or "-", h.new or "-"] for h in d.base_move],
+                columns=["", "old", "new", *(["not replayed because"] if noted else [])],
+                rows=[[h.key, h.old or "-", h.new or "-", *([h.note] if noted else [])] for h in d.base_move],
                 style="warn",
             )
         )

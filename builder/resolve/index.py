@@ -42,7 +42,7 @@ from typing import Protocol
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from builder import __version__, credentials
+from builder import __version__, credentials, httpclient
 from builder.errors import IntegrityError
 from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes, sha256_file
 from builder.validate import load_json
@@ -213,8 +213,15 @@ class _RangeReader(io.RawIOBase):
         return len(data)
 
 
+#: an index answer (a listing, a .metadata file, a range of a wheel): the size and the time it may take
+ANSWER_LIMIT = 64 << 20
+DEADLINE_S = 300.0
+
+
 def _urlopen(req, timeout: float = 60):
-    return urllib.request.urlopen(req, timeout=timeout)
+    """Every index request, through the HTTP policy (``builder/httpclient.py``): the credential only to the
+    index's own host, the answer bounded in size and time (IntegrityError otherwise)."""
+    return httpclient.open_url(req, limit=ANSWER_LIMIT, timeout=timeout, deadline=DEADLINE_S, error=IntegrityError)
 
 
 class SimpleIndex:

@@ -46,6 +46,7 @@ from builder.credentials import redact_text, redact_url, remember
 from builder.errors import AbiRejected, BadInput, ExternalToolError, IntegrityError, StaleLock, Unsatisfiable
 from builder.events import SILENT, Reporter
 from builder.fetch import fetch
+from builder.platforms import from_uv_platform
 from builder.resolve import index as ix
 from builder.resolve import pylock as _pylock
 from builder.resolve.abi import GateResult, evaluate, format_rejection, is_exact_coupled
@@ -61,7 +62,7 @@ from builder.resolve.manifest import BaseManifest, DistFacts
 from builder.resolve.pylock import WheelCandidate
 from builder.resolve.raychoice import BACKEND_FALLBACK, RayChoice, backend_for, choose, ray_releases
 from builder.resolve.scanner import scan_wheel
-from builder.resolve.twin import sync_twin, twin_path, write_pylock
+from builder.resolve.twin import refuse_other_platform_files, sync_twin, twin_path, write_pylock
 from builder.resolve.uv import Uv, is_resolution_failure
 from builder.util import (
     atomic_write_text,
@@ -886,6 +887,7 @@ def run(
     lock_path = through_link(lock_path)  # a symlinked -o: the lock it points to (and its twin beside it) is written
     if lock_path.is_dir():
         raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
+    refuse_other_platform_files(lock_path, from_uv_platform(req.base.platform, where="the base manifest's platform"))
     if not check:
         refuse_foreign_outputs(lock_path, force)
         _sweep_killed_writes(lock_path, reporter)

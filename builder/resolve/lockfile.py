@@ -54,6 +54,7 @@ from packaging.version import Version
 from builder import values
 from builder.credentials import redact_text
 from builder.errors import BadInput
+from builder.platforms import Platform, parse_python_platform
 from builder.resolve import pylock
 from builder.resolve.manifest import DistFacts
 from builder.util import atomic_write_text, canonical_name, sha256_bytes
@@ -223,6 +224,10 @@ def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockF
         _require_lock_header(header, items[0][0], path)
     entries = _parse_entries(items, path, found)
     _check_header(header, path)
+    try:
+        header_platform(header, path)
+    except BadInput as exc:
+        found.add(exc)
     _check_count(header, entries, path, found)
     return LockFile(header=header, overlay=overlay, allow_abi_change=allow, entries=entries, problems=found.messages)
 
@@ -473,6 +478,35 @@ def _check_header(header: dict[str, str], path: str) -> None:
         )
 
 
+# ------------------------------------------------------------------------------------------ the lock's platform
+def header_platform(header: Mapping[str, str], path: str) -> Platform:
+    """The platform a lock was made for, from its header's ``platform`` line (uv's ``--python-platform``,
+    ``x86_64-manylinux_2_39`` / ``aarch64-manylinux_2_39``, read by :func:`builder.platforms.parse_python_platform`;
+    every format-1 lock carries it, the lock files shipped in ``lockfiles/`` included).  A header without one,
+    or with any other value, is :class:`BadInput` naming the file: a lock whose platform is unknown is never
+    read as either platform's."""
+    return parse_python_platform(header.get("platform"), where=f"lock {path}: header 'platform'")
+
+
+def lock_platform(lock: LockFile, path: str = "<lock>") -> Platform:
+    """The platform ``lock`` was made for (:func:`header_platform`)."""
+    return header_platform(lock.header, path)
+
+
+def refuse_other_platform(lock: LockFile, want: Platform, path: str | Path, *, doing: str) -> None:
+    """The one rule every reader and writer of a lock applies: a lock made for another platform than ``want``
+    is :class:`BadInput` (exit 2) naming both platforms and the file; ``doing`` says what was asked (``rendering on
+    base B``, ``the lock being written there``).  Each platform's lock has its own path
+    (``lockfiles/vllm-X/requirements.lock``, ``lockfiles/vllm-X/linux-arm64/requirements.lock``)."""
+    have = lock_platform(lock, str(path))
+    if have != want:
+        raise BadInput(
+            f"{path} is a {have.name} lock (header platform {lock.header.get('platform')}), but {doing} is for "
+            f"{want.name}: one platform's lock never stands in for or replaces the other's; nothing was written.",
+            hint=f"name the {want.name} lock (or write one with `build-image lock --platform {want.name} -o FILE`).",
+        )
+
+
 def _check_count(header: dict[str, str], entries: list[LockEntry], path: str, found: _Findings) -> None:
     if COUNT_HEADER in header and header[COUNT_HEADER] != str(len(entries)):
         last = f"; the last is '{entries[-1].name}=={entries[-1].version}' (line {entries[-1].line})" if entries else ""
@@ -559,11 +593,8 @@ def _facts_from(t: Mapping, where: str) -> DistFacts:
 def to_pylock(lock: LockFile) -> Pylock:
     """The PEP 751 twin of a :class:`LockFile` (one wheel per package)."""
     h = lock.header
-    python, platform = h.get("python", ""), h.get("platform", "")
-    arch = platform.split("-", 1)[0] if platform else ""
-    env_marker = f"python_version == '{python}' and sys_platform == 'linux'" + (
-        f" and platform_machine == '{arch}'" if arch else ""
-    )
+    python = h.get("python", "")
+    env_marker = _environment(h)
     packages = []
     for e in sorted(lock.entries, key=lambda e: e.key):
         if e.wheel is None:
@@ -608,6 +639,30 @@ def to_pylock(lock: LockFile) -> Pylock:
     return doc
 
 
+def _environment(header: Mapping[str, str]) -> str:
+    """The PEP 751 ``environments`` marker of a lock's header: its python and its platform's machine."""
+    python, platform = header.get("python", ""), header.get("platform", "")
+    arch = platform.split("-", 1)[0] if platform else ""
+    return f"python_version == '{python}' and sys_platform == 'linux'" + (
+        f" and platform_machine == '{arch}'" if arch else ""
+    )
+
+
+def _check_pylock_platform(doc: Pylock, header: Mapping[str, str], path: str) -> None:
+    """A pylock's ``[tool.build-image.header] platform`` is one build-image writes, and its ``environments``
+    (what pip and uv install it on) are the ones that platform's lock gets: a twin whose header says one
+    platform and whose environments say the other is hand-edited."""
+    header_platform(header, path)
+    want = [str(Marker(_environment(header)))]
+    have = [str(m) for m in doc.environments or ()]
+    if have != want:
+        raise BadInput(
+            f"{path}: 'environments' {have!r:.200} is not what its header's platform {header.get('platform')} "
+            f"and python {header.get('python')} give ({want[0]}); the file is hand-edited.",
+            hint="regenerate it with `build-image lock`.",
+        )
+
+
 def format_pylock(lock: LockFile, wheel_dir: str | None = None) -> str:
     """TOML text of the twin.  ``wheel_dir`` (relative to the pylock file, e.g. ``wheels``): each
     wheel is given by ``path`` into that folder instead of its URL (a build context's offline copy)."""
@@ -636,6 +691,7 @@ def parse_pylock_lock(text: str, path: str = pylock.PYLOCK_NAME) -> LockFile:
     missing = [k for k in REQUIRED_HEADER if k not in header]
     if missing:
         raise BadInput(f"{path}: [tool.build-image.header] lacks {', '.join(missing)}; the file is hand-edited.")
+    _check_pylock_platform(doc, header, path)
     pylock.refuse_duplicates(doc.packages, path)
     entries = []
     for i, pkg in enumerate(doc.packages):

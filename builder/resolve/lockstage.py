@@ -15,10 +15,11 @@ from pathlib import Path
 
 from builder.errors import BadInput
 from builder.events import SILENT, Reporter
+from builder.platforms import Platform
 from builder.resolve import lock as L
 from builder.resolve.abi import GateResult, format_notices
 from builder.resolve.baseref import ResolvedBase, resolve_base
-from builder.resolve.lockfile import LockFile, parse_lock
+from builder.resolve.lockfile import LockFile, parse_lock, refuse_other_platform
 from builder.resolve.pylock import is_pylock_path
 from builder.resolve.twin import refuse_pylock_output, twin_path
 from builder.util import output_lock
@@ -194,13 +195,16 @@ def _request(spec, resolved: ResolvedBase, default_overlay: bool):
     )
 
 
-def read_lock_file(lock_path: Path) -> tuple[LockFile, str | None]:
+def read_lock_file(lock_path: Path, platform: Platform, *, doing: str) -> tuple[LockFile, str | None]:
     """The lock on disk, read once: (lock, text; None for a pylock.toml, which the context
-    does not carry verbatim)."""
+    does not carry verbatim).  A lock made for another platform than ``platform`` is refused, naming both
+    (:func:`builder.resolve.lockfile.refuse_other_platform`; ``doing``: what the lock is read for)."""
     try:
         text = Path(lock_path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise BadInput(f"lock {lock_path} does not exist.", hint="create it with `build-image lock`.") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"lock {lock_path} cannot be read: {exc}.") from None
-    return parse_lock(text, str(lock_path)), (None if is_pylock_path(lock_path) else text)
+    lock = parse_lock(text, str(lock_path))
+    refuse_other_platform(lock, platform, lock_path, doing=doing)
+    return lock, (None if is_pylock_path(lock_path) else text)

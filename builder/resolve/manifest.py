@@ -52,6 +52,7 @@ from typing import Any
 from builder import values
 from builder.credentials import credential_fields, redact_text
 from builder.errors import BadInput
+from builder.platforms import parse_python_platform
 from builder.report import render_json
 from builder.util import atomic_write_text, canonical_name, refuse_foreign, write_target
 from builder.validate import load_json, read_bounded_text
@@ -88,6 +89,43 @@ class Distribution:
     @property
     def key(self) -> str:
         return canonical_name(self.name)
+
+
+@dataclass(frozen=True)
+class Held:
+    """What a base image holds of one distribution, as its manifest knows it: the scanned version (``reason``
+    None), or for one the replay does not hold (``lacks.unversioned``) the version its recipe names (None
+    where it names none) and the reason it is not replayed."""
+
+    version: str | None
+    reason: str | None = None
+
+    @property
+    def replayed(self) -> bool:
+        return self.reason is None
+
+    @property
+    def kind(self) -> str:
+        """``approximated``, ``off-index``, ``source-build``, ``relaxed``: the reason's first word."""
+        if self.reason is None:
+            return ""
+        return self.reason.split(":", 1)[0].strip() or "not replayed"
+
+    def text(self) -> str:
+        """``0.7.2`` (replayed), ``0.7.3 (approximated, not replayed)``, ``unversioned (source-build, not
+        replayed)``."""
+        if self.replayed:
+            return self.version or "-"
+        return f"{self.version or 'unversioned'} ({self.kind}, not replayed)"
+
+
+def _named_version(name: str, reason: str) -> str | None:
+    """The version a not-replayed distribution's reason names (``NAME==VERSION`` or ``NAME VERSION``), None when
+    it names none."""
+    spelled = r"[-_.]".join(re.escape(p) for p in re.split(r"[-_.]+", name))
+    pattern = r"(?<![\w.-])" + spelled + r"(?:\[[^\]]*\])?(?:==|\s+)(\d[A-Za-z0-9.+!_-]*?)(?=[\s,;()]|$)"
+    m = re.search(pattern, reason, re.I)
+    return m.group(1) if m else None
 
 
 @dataclass
@@ -162,6 +200,20 @@ class BaseManifest:
 
     def get(self, name: str) -> Distribution | None:
         return self.distributions.get(canonical_name(name))
+
+    def held(self, name: str) -> Held | None:
+        """What the image holds of ``name`` (:class:`Held`): the scanned version, or — for a distribution
+        the replay approximates, relaxes or cannot build (``lacks.unversioned``) — the version its recipe names
+        and why it is not replayed; None when the image holds none.  The one place a reviewer's view (diff,
+        upgrade report, ``base list``) reads a base's version from, so that a left-out distribution is never
+        shown as removed."""
+        d = self.get(name)
+        if d is not None:
+            return Held(d.version)
+        reason = self.unversioned.get(canonical_name(name))
+        if reason is None:
+            return None
+        return Held(_named_version(name, reason), reason)
 
     @property
     def pinned_ref(self) -> str | None:
@@ -352,15 +404,10 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
     for field_, val, pat, example in (
         ("glibc", _req(doc, "glibc", str, "", path), r"\d+\.\d+", "2.35"),
         ("python.version", _req(py, "version", str, "python.", path), r"\d+\.\d+", "3.12"),
-        (
-            "platform",
-            _req(doc, "platform", str, "", path),
-            r"(x86_64|aarch64)-manylinux_\d+_\d+",
-            "x86_64-manylinux_2_35",
-        ),
     ):
         if not re.fullmatch(pat, val):
             raise BadInput(f"base manifest {path}: field '{field_}' must look like {example}, got {val!r:.60}.")
+    parse_python_platform(_req(doc, "platform", str, "", path), where=f"base manifest {path}: field 'platform'")
     return BaseManifest(
         image_ref=_opt(image, "ref", str, "image.", path),
         image_digest=_opt(image, "digest", str, "image.", path),

@@ -54,6 +54,7 @@ from builder.resolve.recipe import (
     derive,
     parse_recipes,
     recipe_table,
+    refuse_other_platform_tables,
     requirement_lines,
 )
 from builder.resolve.stepindex import (
@@ -77,13 +78,17 @@ def default_recipes_path(platform: Platform = DEFAULT) -> Path:
     return lockfiles_dir() / "base" / f"recipes{platform.file_suffix()}.toml"
 
 
-def load_recipes(path: Path | None = None) -> dict[str, dict]:
-    p = Path(path) if path else default_recipes_path()
+def load_recipes(path: Path | None = None, platform: Platform = DEFAULT) -> dict[str, dict]:
+    """``platform``'s recipe tables (its recipes file, or ``path``): a table of another platform is exit 2
+    (:func:`builder.resolve.recipe.table.refuse_other_platform_tables`)."""
+    p = Path(path) if path else default_recipes_path(platform)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise BadInput(f"recipes file {p} cannot be read: {exc.strerror or exc}.") from None
-    return parse_recipes(text, str(p))
+    tables = parse_recipes(text, str(p))
+    refuse_other_platform_tables(tables, platform, p)
+    return tables
 
 
 def recipe_table_for(tables: Mapping[str, dict], vllm: str, path: str = "lockfiles/base/recipes.toml") -> dict:
@@ -114,7 +119,7 @@ def derived_recipe(
     sha = None
     table = None
     if check:
-        tables = load_recipes(path)
+        tables = load_recipes(path, platform)
         if recorded_only or vllm in tables:
             table = recipe_table_for(tables, vllm, str(path))
             sha = table.get("sdist_sha256")

@@ -31,12 +31,19 @@ from builder.fetch import cached_path, fetch, verified
 from builder.resolve import index as ix
 from builder.resolve.checkout import context_path
 from builder.resolve.recipe import DOCKERFILE, PIPELINE, BuildFiles, SdistRef
+from builder.resolve.recipe.interpret import OVERSIZE
 from builder.validate import version_string
 
 
 def wanted(rel: str) -> bool:
-    """Whether a path inside the sdist is one a recipe reads (pure)."""
-    return rel in (DOCKERFILE, PIPELINE) or (rel.startswith("requirements/") and rel.endswith((".txt", ".in")))
+    """Whether a path inside the sdist is one a recipe reads (pure): the Dockerfile, the release pipeline,
+    the requirements, and the shell scripts a RUN line or a pipeline step may run (the publish scripts under
+    .buildkite/ among them; read only where one does)."""
+    return (
+        rel in (DOCKERFILE, PIPELINE)
+        or (rel.startswith("requirements/") and rel.endswith((".txt", ".in")))
+        or rel.endswith(".sh")
+    )
 
 
 def sdist_name(vllm: str) -> str:
@@ -143,37 +150,22 @@ def _tar_error(label: str, exc: BaseException) -> BadInput:
     return BadInput(f"{label} cannot be read as a tar archive (gzip, bzip2, xz or plain): {why}.")
 
 
-# Files of an sdist kept in memory by the first read for a later on-demand read (a script a RUN line calls):
-# small files outside the Python package and its sources; any other file is found by reading the archive again.
-KEEP_FOR_LATER = 256 << 10
-_PACKAGE_FOLDERS = frozenset({"vllm", "csrc", "tests", "benchmarks", "docs", "examples", "cmake"})
-
-
 @dataclass
 class TarRead:
     """What one pass over an sdist gives: the build files a recipe reads by path below the top folder, the
-    PKG-INFO text, the top folders, and the small build-context files kept for :func:`tar_reader`."""
+    PKG-INFO text, the top folders and every member's path below its top folder (for :func:`tar_reader`)."""
 
     files: dict[str, str] = field(default_factory=dict)
     pkg_info: str | None = None
     tops: set[str] = field(default_factory=set)
-    kept: dict[str, bytes | None] = field(default_factory=dict)  # None: a path some member holds as a link
-    names: set[str] = field(default_factory=set)  # every member's path below the top folder
-
-
-def _keep(out: TarRead, tf: tarfile.TarFile, m: tarfile.TarInfo, rel: str) -> None:
-    if rel.split("/", 1)[0] in _PACKAGE_FOLDERS or m.isdir():
-        return
-    if not m.isfile():
-        out.kept[rel] = None
-    elif m.size <= KEEP_FOR_LATER and rel not in out.kept:
-        fh = tf.extractfile(m)
-        out.kept[rel] = fh.read(KEEP_FOR_LATER + 1) if fh else b""
+    names: set[str] = field(default_factory=set)
 
 
 def read_tar(path: Path, label: str) -> TarRead:
     """One pass over the sdist at ``path``, read in memory, never unpacked (see :class:`TarRead`).  Every
-    member is checked by :func:`_member_rel`; the files read by :func:`_member_text`."""
+    member is checked by :func:`_member_rel`; the files read by :func:`_member_text`, except a shell script
+    over :data:`MAX_BUILD_FILE`, kept as ``OVERSIZE`` and its size (the recipe reader refuses it where a RUN
+    line runs it; a script nothing runs does not matter)."""
     out = TarRead()
     try:
         with tarfile.open(path, "r:*") as tf:
@@ -181,10 +173,10 @@ def read_tar(path: Path, label: str) -> TarRead:
                 top, rel = _member_rel(m, label)
                 out.tops.add(top)
                 out.names.add(rel)
-                if not (wanted(rel) or rel == "PKG-INFO") or m.isdir():
-                    _keep(out, tf, m, rel)
+                if not (wanted(rel) or rel == "PKG-INFO") or not (m.isfile() or m.issym() or m.islnk()):
                     continue
-                if not (m.isfile() or m.issym() or m.islnk()):
+                if rel.endswith(".sh") and m.isfile() and m.size > MAX_BUILD_FILE:
+                    out.files[rel] = f"{OVERSIZE}{m.size}"
                     continue
                 text = _member_text(tf, m, label)
                 if rel == "PKG-INFO":
@@ -198,17 +190,14 @@ def read_tar(path: Path, label: str) -> TarRead:
 
 def tar_reader(path: Path, label: str, first: TarRead | None = None):
     """A reader of any other file of the sdist at ``path`` by its path below the top folder (for
-    :attr:`BuildFiles.reader`): the path confined to the archive (:func:`context_path`), the member read by
-    :func:`_member_text` (from what the ``first`` pass kept, where it kept it); None when the archive has no
-    such file."""
+    :attr:`BuildFiles.reader`: a Dockerfile a pipeline step names, a file no recipe reads up front): the path
+    confined to the archive (:func:`context_path`), the member read by :func:`_member_text`; None when the
+    archive has no such file (known from the ``first`` pass's names without reading it again)."""
 
     def read(rel: str) -> str | None:
         want = context_path(rel, label)
         if first is not None and want not in first.names:
             return None
-        hit = first.kept.get(want) if first is not None else None
-        if hit is not None:
-            return hit.decode("utf-8", errors="replace")
         try:
             with tarfile.open(path, "r:*") as tf:
                 for m in tf:
@@ -265,12 +254,16 @@ def load_source(folder: Path, vllm: str | None = None) -> BuildFiles:
         raise BadInput(
             f"--source {folder}: the commit {tree.commit[:12]} has no {DOCKERFILE}; give the root of a vLLM checkout."
         )
-    files = {DOCKERFILE: tree.read(DOCKERFILE)}
-    if tree.locate(PIPELINE) is not None:
-        files[PIPELINE] = tree.read(PIPELINE)
-    for rel in tree.files_under("requirements"):
-        if wanted(rel):
-            files[rel] = tree.read(rel)
+    rels = [DOCKERFILE, *([PIPELINE] if tree.locate(PIPELINE) is not None else [])]
+    rels += [rel for rel in tree.files_under("requirements") if wanted(rel)]
+    oversize: dict[str, str] = {}
+    for rel, size in tree.files_under("").items():  # the shell scripts a RUN line or a pipeline step may run
+        if rel.endswith(".sh") and wanted(rel):
+            if size > MAX_BUILD_FILE:
+                oversize[rel] = f"{OVERSIZE}{size}"  # refused where a RUN line runs it
+            else:
+                rels.append(rel)
+    files = {**tree.read_many(rels), **oversize}
     ver = source_version(vllm, tree.described(), tree.commit, f"--source {folder}")
     h = hashlib.sha256()
     for rel in sorted(files):

@@ -13,7 +13,16 @@ from pathlib import Path
 
 from builder.errors import BadInput, StaleLock
 from builder.events import SILENT, Reporter
-from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock
+from builder.platforms import Platform
+from builder.resolve.lockfile import (
+    LockFile,
+    format_pylock,
+    load_lock,
+    lock_platform,
+    parse_lock,
+    parse_pylock_lock,
+    refuse_other_platform,
+)
 from builder.resolve.pylock import PYLOCK_NAME, is_pylock_path
 from builder.util import atomic_write_text
 from builder.validate import read_bounded_text
@@ -64,6 +73,11 @@ def twin_problem(lock_path: str | Path, lock: LockFile) -> str | None:
     if diffs:
         more = f" (+{len(diffs) - 3} more)" if len(diffs) > 3 else ""
         return f"{twin} pins other packages than {Path(lock_path).name}: {'; '.join(diffs[:3])}{more}"
+    if other.header.get("platform") != lock.header.get("platform"):
+        return (
+            f"{twin} was written for platform {other.header.get('platform')}, "
+            f"{Path(lock_path).name} for {lock.header.get('platform')}"
+        )
     if other.header.get("inputs-sha256") != lock.header.get("inputs-sha256"):
         return f"{twin} was written for other inputs (inputs-sha256 differs from {Path(lock_path).name}'s)"
     return None
@@ -96,3 +110,29 @@ def refuse_pylock_output(lock_path: str | Path, check: bool) -> None:
             f"-o {p}: name the requirements.lock; `lock` writes its PEP 751 twin "
             f"({twin_path(p).name}) beside it. `lock --check` accepts either file."
         )
+
+
+def refuse_other_platform_files(lock_path: str | Path, want: Platform) -> None:
+    """Before ``lock`` reads or writes ``lock_path`` for ``want``: the lock there and its PEP 751 twin, when they
+    are build-image locks, were made for ``want`` — another platform's lock (or twin) is :class:`BadInput`
+    naming both platforms, with ``--force`` and ``--check`` too, and nothing is written
+    (:func:`builder.resolve.lockfile.refuse_other_platform`).  A file that is no readable lock is left to the
+    output rules (a damaged lock is replaced, a foreign file refused)."""
+    p = Path(lock_path)
+    for f in (p, twin_path(p)) if not is_pylock_path(p) else (p,):
+        lock = _readable_lock(f)
+        if lock is not None:
+            refuse_other_platform(lock, want, f, doing="the lock being written there")
+
+
+def _readable_lock(f: Path) -> LockFile | None:
+    """The lock (or pylock twin) at ``f`` with a known platform; None when there is none or it is damaged."""
+    if not f.is_file():
+        return None
+    try:
+        text = read_bounded_text(f, "lock")
+        lock = parse_pylock_lock(text, str(f)) if is_pylock_path(f) else parse_lock(text, str(f), strict=False)
+        lock_platform(lock, str(f))
+    except (BadInput, OSError, UnicodeDecodeError):
+        return None
+    return lock

@@ -140,10 +140,11 @@ class Uv:
     def compile(self, sources: list[Path], out: Path, *, cwd: Path | None = None, **kw) -> subprocess.CompletedProcess:
         return self.wait(self.start(sources, out, cwd=cwd, **kw))
 
-    def venv(self, path: Path, *, python: str) -> None:
-        """``uv venv`` at ``path`` for the interpreter ``python`` (never downloads one)."""
+    def venv(self, path: Path, *, python: str, relocatable: bool = False) -> None:
+        """``uv venv`` at ``path`` for the interpreter ``python`` (never downloads one); ``relocatable``:
+        one that works after its folder is renamed (its scripts find their interpreter by relative path)."""
         r = subprocess.run(
-            [self.binary, "venv", "-q", "--python", python, str(path)],
+            [self.binary, "venv", "-q", *(["--relocatable"] if relocatable else []), "--python", python, str(path)],
             capture_output=True,
             text=True,
             env=self.env(),

@@ -29,6 +29,7 @@ from builder.errors import BadInput, RegistryError, TagConflict, VerdictFailure
 from builder.events import SILENT, Reporter
 from builder.image import referrers, retag
 from builder.image.registry import RegistryClient
+from builder.resolve.lockfile import refuse_other_platform
 from builder.serving import attestation, history, kuberay
 from builder.util import GENERATED_MARK, atomic_write_text, output_lock, refuse_foreign, write_target
 from builder.values import parse_ref
@@ -191,7 +192,7 @@ def promote(
         new = retag.manifest_by_digest(client, src.repository, src.digest)
         if new is None:
             raise BadInput(f"promote: the registry {src.registry} does not hold {src}; nothing was moved.")
-        retag.container_config(client, src.repository, new)  # one image, not an index: BadInput before anything
+        _check_image_platform(client, src, new, spec=spec, lock=lock)  # one image, of the pods' platform
         current = _settle(client, dst, path, entries)
         if current == new.digest:
             reporter.step(f"{dst} already points at {new.digest}; nothing to do")
@@ -268,6 +269,18 @@ def promote(
         "manifests": written,
         "upgrade": record["upgrade"],
     }
+
+
+def _check_image_platform(client: RegistryClient, src: Ref, new: retag.Manifest, *, spec, lock) -> None:
+    """Before anything moves: ``new`` is one image (an index is BadInput, :func:`retag.container_config`) whose
+    platform, read from its config (:func:`retag.config_platform`), is the lock's (the manifests are rendered
+    from it: :func:`builder.resolve.lockfile.refuse_other_platform`) and the one the pods run on
+    (:func:`kuberay.serving_platform`: ``[serving] platform`` must be the image's) — the manifests never put
+    one platform's image on the other's nodes."""
+    retag.container_config(client, src.repository, new)
+    have = retag.config_platform(client, src.repository, new)
+    refuse_other_platform(lock, have, "the lock (--lock or the spec's)", doing=f"promoting {src} ({have.name})")
+    kuberay.serving_platform(spec, (have,))
 
 
 def _record(

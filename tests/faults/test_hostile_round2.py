@@ -354,7 +354,8 @@ _WRITER = textwrap.dedent("""
         return render(tables, *args)
 
     table.render_recipes = slow
-    table.write_recipe_table(Path(sys.argv[1]), sys.argv[2], {"sdist_sha256": sys.argv[2] * 4}, force=False)
+    t = {"sdist_sha256": sys.argv[2] * 4, "platform": "x86_64-manylinux_2_35"}
+    table.write_recipe_table(Path(sys.argv[1]), sys.argv[2], t, force=False)
 """)
 
 

@@ -11,10 +11,11 @@ How the files are read:
   instruction, value, start and end line, comment lines inside a continued RUN dropped the way
   BuildKit drops them).  Its own ARG/ENV substitution is not used: build args from the pipeline
   override ARG defaults, which it does not model.
-* The release pipeline (``.buildkite/release-pipeline.yaml``): the step labelled
-  :data:`RELEASE_STEP` builds the image that is published as ``vllm/vllm-openai:vX`` (x86_64);
-  its ``docker build`` command gives the target and the ``--build-arg`` overrides, with the
-  pipeline's ``env`` expanded.
+* The release pipeline (``.buildkite/release-pipeline.yaml``) and the ``.buildkite/`` scripts its
+  steps call: their publish commands (tags, retags, multi-arch joins) decide which build step's
+  image is published as ``vllm/vllm-openai:vX`` for each platform, or as ``vX-<variant>``
+  (:mod:`builder.resolve.recipe.publish`); that step's ``docker build`` command gives the target
+  and the ``--build-arg`` overrides, with the pipeline's ``env`` expanded.
 * The final stage for the target and the stages it is built ``FROM`` are walked in order; ARG
   values are resolved as BuildKit does (global ARG defaults, build args win, a stage's bare
   ``ARG X`` brings the global value in).
@@ -74,6 +75,7 @@ from builder.resolve.recipe.table import (
     parse_recipes,
     read_recipes_file,
     recipe_table,
+    refuse_other_platform_tables,
     render_recipes,
     write_recipe_table,
 )
@@ -122,5 +124,6 @@ __all__ = [
     "RECIPES_MARKS",
     "check_recipes_output",
     "read_recipes_file",
+    "refuse_other_platform_tables",
     "write_recipe_table",
 ]

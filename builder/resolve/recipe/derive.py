@@ -10,16 +10,24 @@ from dataclasses import dataclass, field, replace
 
 from builder.errors import BadInput
 from builder.platforms import DEFAULT, Platform
+from builder.resolve.recipe.audit import AuditRow, accepted_lines, conclusion, step_text
 from builder.resolve.recipe.dockerfile import (
     Instruction,
     Stage,
-    check_published,
     parse_dockerfile,
     release_step,
     split_arg,
     stage_chain,
 )
-from builder.resolve.recipe.interpret import OFF_INDEX_COMMANDS, ScriptContext, apt_packages, run_mounts, run_script
+from builder.resolve.recipe.harmless import HEREDOC_PATH
+from builder.resolve.recipe.interpret import (
+    ScriptContext,
+    apt_packages,
+    context_scripts,
+    copy_targets,
+    run_mounts,
+    run_text,
+)
 from builder.resolve.recipe.model import (
     DOCKERFILE,
     PIPELINE,
@@ -29,9 +37,9 @@ from builder.resolve.recipe.model import (
     Recipe,
     Step,
     Where,
-    release_step_label,
 )
-from builder.resolve.recipe.shell import Unknown, Var, expand, parse_script
+from builder.resolve.recipe.publish import normalise_variant, publishing_step
+from builder.resolve.recipe.shell import Unknown, Var, expand
 
 # glibc of each Ubuntu release (the version of its libc6 package: jammy 2.35, noble 2.39, focal 2.31):
 # the final base image's libc, which decides the manylinux platform the image can install.
@@ -133,6 +141,8 @@ class _Walk:
     overrides: tuple[tuple[str, ...], tuple[Where, ...]] = ((), ())
     python_line: Where | None = None
     accept_undecided: frozenset[str] = frozenset()  # "file:line" of RUN lines replayed as nothing
+    keep_going: bool = False  # --audit: a refused line is recorded and the walk goes on
+    audit: list[AuditRow] = field(default_factory=list)
 
     def arg(self, value: str, w: Where, local: dict[str, Var]) -> None:
         for k, v in split_arg(value):
@@ -155,12 +165,15 @@ class _Walk:
             local[k] = Var(val, (w,), env=True)
             if k == "UV_OVERRIDE":
                 content = self.written.get(val)
-                if content is None:
+                if content is None or content[0].startswith("\x00"):
                     raise BadInput(f"{w}: ENV UV_OVERRIDE={val} names a file the Dockerfile does not write.")
                 self.overrides = (tuple(ln.strip() for ln in content[0].splitlines() if ln.strip()), (content[1], w))
 
-    def run(self, st: Stage, value: str, w: Where, local: dict[str, Var], copies: Mapping[str, str]) -> None:
-        script_mounts, binds, script = run_mounts(value)
+    def run(self, st: Stage, ins: Instruction, w: Where, local: dict[str, Var], copies: Mapping[str, str]) -> None:
+        """Every RUN of the chain is read: installs become steps, every other command must be known harmless
+        (:mod:`builder.resolve.recipe.harmless`), else the line is refused (or, accepted, replayed as nothing).
+        The line's decisions are kept only when the whole line is read."""
+        script_mounts, binds, script = run_mounts(ins.value)
         for pkg in apt_packages(script, _getter(local)):
             self.apt.setdefault(pkg, w)
         if re.search(r"update-alternatives --install /usr/bin/python3", script):
@@ -168,41 +181,62 @@ class _Walk:
         if re.search(r"curl[^|;&]*\$\{?GET_PIP_URL\}?[^|;&]*\|\s*python", script):
             url = local.get("GET_PIP_URL", Var("", ())).value or "GET_PIP_URL"
             self.fetches.append(Derived(f"pip (get-pip.py from {url})", (w,)))
-        wants = bool(re.search(r"\b(uv pip|pip install|pip uninstall)\b", script)) or any(
-            p in script for p in _override_targets(st.instructions)
-        )
-        if not wants and not any(" ".join(k) in script for k in OFF_INDEX_COMMANDS):
-            return
+        mounts = {**copies, **script_mounts}
         ctx = ScriptContext(
             vars=dict(local),
-            files=self.written,
-            mounts={**copies, **script_mounts},
+            files=dict(self.written),
+            mounts=mounts,
             binds=binds,
             stage=st.name or "",
             where=w,
-            steps=self.steps,
+            steps=list(self.steps),
             overrides=self.overrides,
-            fetches=self.fetches,
+            fetches=list(self.fetches),
             sdist_files=frozenset(self.files.files),
             sdist_text=dict(self.files.files),
+            script=context_scripts(mounts, self.files.files),
+            at=str(w),
         )
+        ctx.files.update({p: (b, w) for p, b in ins.heredocs})
+        n0, f0 = len(self.steps), len(self.fetches)
         try:
-            run_script(parse_script(script), ctx)
-        except Unknown as exc:
-            if str(w) in self.accept_undecided:
-                self.steps.append(
-                    Step(len(self.steps) + 1, st.name or "", w, "undecided", note=f"accepted undecided: {exc}")
-                )
-                return
-            raise BadInput(
-                f"{self.files.sdist.filename}: {w}: cannot interpret the RUN line ({exc}); the "
-                "recipe reader does not guess an install step.",
-                hint=f"`--accept-undecided {w}` replays the image without this line and records it "
-                "in the manifest's lacks; or take the manifest from the real image "
-                "(`build-image base snapshot --image REF -o FILE`).",
-            ) from None
+            if ins.error:
+                raise Unknown(ins.error)
+            run_text(script, ctx, str(w))
+        except (Unknown, RecursionError) as exc:
+            why = str(exc) if isinstance(exc, Unknown) else "shell text nested deeper than the reader follows"
+            self.undecided(st, ins, w, why, ctx)
+            return
         except (ValueError, IndexError) as exc:
-            raise BadInput(f"{self.files.sdist.filename}: {w}: cannot read the RUN line ({exc}).") from None
+            self.undecided(st, ins, w, f"the RUN line cannot be read ({exc})", ctx)
+            return
+        self.audit.append(AuditRow(w, script, conclusion(ctx.steps[n0:], ctx.fetches[f0:], ctx.rows), tuple(ctx.rows)))
+        self.steps[:], self.fetches[:] = ctx.steps, ctx.fetches
+        self.written.clear()
+        self.written.update((k, v) for k, v in ctx.files.items() if not k.startswith(HEREDOC_PATH))
+
+    def undecided(self, st: Stage, ins: Instruction, w: Where, why: str, ctx: ScriptContext) -> None:
+        """A RUN line the reader cannot decide: refused (exit 2 naming the line, the construct and the way
+        through), or, accepted, one ``undecided`` step that records what the line decided before the
+        construct, none of which the replay keeps."""
+        kept = "; ".join(step_text(s) for s in ctx.steps[len(self.steps) :])
+        lost = f"; the line also decides, not replayed: {kept}" if kept else ""
+        accepted = str(w) in self.accept_undecided
+        said = ("accepted undecided: " if accepted else "refused: ") + why + lost
+        self.audit.append(AuditRow(w, ins.value, said, tuple(ctx.rows)))
+        if accepted:
+            note = f"accepted undecided: {why}{lost}"
+            self.steps.append(Step(len(self.steps) + 1, st.name or "", w, "undecided", note=note))
+            return
+        if self.keep_going:
+            return
+        raise BadInput(
+            f"{self.files.sdist.filename}: {w}: cannot interpret the RUN line ({why}); the recipe reader "
+            "does not guess what a command it does not know does to site-packages.",
+            hint=f"`--accept-undecided {w}` replays the image without this line and records it in the "
+            "manifest's lacks; or take the manifest from the real image "
+            "(`build-image base snapshot --image REF -o FILE`).",
+        )
 
     def stage(self, st: Stage, local: dict[str, Var]) -> None:
         copies: dict[str, str] = {}
@@ -212,12 +246,10 @@ class _Walk:
                 self.arg(ins.value, w, local)
             elif ins.op == "ENV":
                 self.env(ins.value, w, local)
-            elif ins.op == "COPY":
-                parts = [p for p in shlex.split(ins.value) if not p.startswith("--")]
-                if len(parts) == 2 and "--from" not in ins.value:
-                    copies[parts[1]] = parts[0]
+            elif ins.op == "COPY" and "--from" not in ins.value:
+                copies.update(copy_targets(ins.value))
             elif ins.op == "RUN":
-                self.run(st, ins.value, w, local, copies)
+                self.run(st, ins, w, local, copies)
 
 
 def _numbered(steps: list[Step], files: BuildFiles) -> tuple[Step, ...]:
@@ -233,23 +265,39 @@ def _numbered(steps: list[Step], files: BuildFiles) -> tuple[Step, ...]:
     return tuple(out)
 
 
-def derive(files: BuildFiles, *, accept_undecided: Iterable[str] = (), platform: Platform = DEFAULT) -> Recipe:
-    """The recipe of ``files.vllm``'s published image for ``platform`` (pure; :class:`BadInput` on what the
-    files lack, on a platform the release does not publish, and on text the readers cannot take apart: an
-    unbalanced quote, a malformed instruction)."""
+def derive(
+    files: BuildFiles, *, accept_undecided: Iterable[str] = (), platform: Platform = DEFAULT, variant: str = ""
+) -> Recipe:
+    """The recipe of ``files.vllm``'s image published for ``platform`` as ``vllm/vllm-openai:v<vllm><variant>``
+    (pure; :class:`BadInput` on what the files lack, on a platform or variant the release does not publish,
+    and on text the readers cannot take apart: an unbalanced quote, a malformed instruction)."""
+    return audit_derive(files, accept_undecided=accept_undecided, platform=platform, variant=variant)[0]
+
+
+def audit_derive(
+    files: BuildFiles,
+    *,
+    accept_undecided: Iterable[str] = (),
+    platform: Platform = DEFAULT,
+    keep_going: bool = False,
+    variant: str = "",
+) -> tuple[Recipe, list[AuditRow]]:
+    """:func:`derive` and what the reader concluded of each RUN line of the chain (``base recipe --audit``);
+    ``keep_going``: a refused line is recorded and the walk goes on (the caller then refuses)."""
     try:
-        return _derive(files, frozenset(accept_undecided), platform)
+        return _derive(files, accepted_lines(accept_undecided), platform, keep_going, normalise_variant(variant))
     except (ValueError, IndexError, KeyError) as exc:
         raise BadInput(
             f"{files.sdist.filename}: its build files cannot be read ({type(exc).__name__}: {exc})."
         ) from None
 
 
-def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), platform: Platform = DEFAULT) -> Recipe:
+def _derive(
+    files: BuildFiles, accept_undecided: frozenset[str], platform: Platform, keep_going: bool, variant: str = ""
+) -> tuple[Recipe, list[AuditRow]]:
     pipeline = files.text(PIPELINE, "the release pipeline")
-    if not platform.is_default:
-        check_published(pipeline, platform, files.vllm)
-    label = release_step_label(platform)
+    published = publishing_step(files, platform, variant)  # the build step whose image the release publishes
+    label = published.step
     step = release_step(pipeline, label=label)
     if step.target != TARGET:
         raise BadInput(
@@ -260,7 +308,7 @@ def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), p
     chain = stage_chain(stages, TARGET, dpath)
     glob = global_args(pre, step.build_args, dpath)
     facts = base_facts(chain[0], glob, dpath)
-    walk = _Walk(files, dpath, step.build_args, glob, accept_undecided=accept_undecided)
+    walk = _Walk(files, dpath, step.build_args, glob, accept_undecided=accept_undecided, keep_going=keep_going)
     inherited: dict[str, Var] = base_image_env(facts.final_base_image.value, facts.final_base_image.where)
     label_where = (step.label.where[0],)
     for st in chain:
@@ -279,7 +327,7 @@ def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), p
         rule=f"python3 is Ubuntu's python{py} (update-alternatives); `uv pip install --system` and pip "
         "install into its /usr/local/lib/pythonX.Y/dist-packages",
     )
-    return Recipe(
+    recipe = Recipe(
         vllm=files.vllm,
         sdist=files.sdist,
         target=TARGET,
@@ -297,8 +345,10 @@ def _derive(files: BuildFiles, accept_undecided: frozenset[str] = frozenset(), p
         off_index_fetches=tuple(walk.fetches),
         image_overrides=tuple(Derived(pin, walk.overrides[1]) for pin in walk.overrides[0]),
         target_platform=platform,
+        published=published,
         wheel=files.wheel,
     )
+    return recipe, walk.audit
 
 
 def requirement_lines(

@@ -8,10 +8,10 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from builder import platforms as P
 from builder.errors import BadInput
-from builder.platforms import Platform
-from builder.resolve.recipe.model import DOCKERFILE, PIPELINE, RELEASE_STEP, Derived, Where, release_step_label
+from builder.resolve.recipe.harmless import heredoc_marks, lift_line
+from builder.resolve.recipe.model import DOCKERFILE, PIPELINE, RELEASE_STEP, Derived, Where
+from builder.resolve.recipe.shell import Unknown
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -79,58 +79,6 @@ def release_step(text: str, path: str = PIPELINE, label: str = RELEASE_STEP) -> 
     return ReleaseStep(Derived(label, (Where(path, label_line),)), target, dockerfile, args)
 
 
-#: the pipeline step that joins the per-platform release images into the published manifest list
-MULTI_ARCH_STEP = "Create multi-arch manifest - CUDA 13.0"
-
-
-def published_platforms(text: str, path: str = PIPELINE) -> tuple[tuple[Platform, Where], ...]:
-    """The platforms the release publishes ``vllm/vllm-openai:vX`` for, each with the pipeline line that says
-    so (pure).  Where the pipeline has the step :data:`MULTI_ARCH_STEP`, the images its ``docker manifest
-    create`` joins (``…:$BUILDKITE_COMMIT-x86_64``, ``…-aarch64``) are the published ones; without it, the
-    x86_64 release image is the published tag alone (its step re-tags it to the default tag)."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise BadInput(f"{path} is not valid YAML: {exc}.") from None
-    lines = text.splitlines()
-
-    def line_of(label: str) -> int:
-        label_re = re.compile(r"label:\s*[\"']?" + re.escape(label) + r"[\"']?\s*$")
-        return next((i + 1 for i, ln in enumerate(lines) if label_re.search(ln)), 1)
-
-    multi = _find_step(doc, MULTI_ARCH_STEP)
-    out: list[tuple[Platform, Where]] = []
-    if multi is not None:
-        cmds = multi.get("commands") or multi.get("command") or []
-        cmds = [cmds] if isinstance(cmds, str) else cmds
-        create = next((c for c in cmds if isinstance(c, str) and "manifest create" in c), "")
-        start = line_of(MULTI_ARCH_STEP)
-        where = Where(path, _line_after(lines, start, "manifest create"))
-        for m in re.finditer(r"-(x86_64|aarch64)(?=[\s\"']|$)", create):
-            p = P.from_machine(m.group(1))
-            if p not in [q for q, _ in out]:
-                out.append((p, where))
-    if not out and _find_step(doc, release_step_label(P.DEFAULT)) is not None:
-        out.append((P.DEFAULT, Where(path, line_of(release_step_label(P.DEFAULT)))))
-    return tuple(out)
-
-
-def check_published(text: str, platform: Platform, vllm: str, path: str = PIPELINE) -> None:
-    """:class:`BadInput` (exit 2) when the release does not publish its image for ``platform``, naming what it
-    publishes and the pipeline line that says so (pure)."""
-    published = published_platforms(text, path)
-    if any(p == platform for p, _ in published):
-        return
-    said = ", ".join(f"{p.name} ({w})" for p, w in published) or "no platform"
-    raise BadInput(
-        f"vllm {vllm} does not publish vllm/vllm-openai:v{vllm} for {platform.name}: its release "
-        f"pipeline publishes it for {said}.",
-        hint="build for a platform the release publishes (--platform " + ",".join(p.name for p, _ in published) + ").",
-    )
-
-
 def _find_step(node, label: str):
     if isinstance(node, dict):
         if node.get("label") == label:
@@ -161,6 +109,8 @@ class Instruction:
     value: str
     line: int  # 1-based start line
     end: int
+    heredocs: tuple[tuple[str, str], ...] = ()  # a RUN's heredoc bodies: (the path its command reads, body)
+    error: str = ""  # a RUN the file does not let the reader take apart (a heredoc never closed)
 
 
 @dataclass(frozen=True)
@@ -171,41 +121,47 @@ class Stage:
     instructions: tuple[Instruction, ...]
 
 
-_HEREDOC = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+_SHELL_HEAD = re.compile(r"(ba)?sh( -\w*)*")
 
 
-def _lift_heredocs(text: str) -> tuple[str, dict[int, str]]:
-    """BuildKit's heredoc RUN (``RUN <<EOF`` … ``EOF``), which dockerfile-parse reads as one instruction
-    per line: each body is lifted out (its lines left blank, so every later line keeps its number) and
-    returned by the RUN's 1-based line as the script that RUN runs (pure)."""
+def _lift_heredocs(text: str, path: str = DOCKERFILE) -> tuple[str, dict[int, Instruction]]:
+    """BuildKit's heredocs (``RUN <<EOF``, ``RUN python3 <<'EOF'``, ``RUN cmd <<-EOF``, ``COPY <<EOF``), which
+    dockerfile-parse reads as one instruction per line: each body is lifted out (its lines left blank, so
+    every later line keeps its number).  A RUN's is returned by its 1-based line: a bare or shell heredoc
+    becomes the script the RUN runs; another command gets the body as its input (``< /dev/heredoc/…``).  A
+    heredoc never closed is recorded on its RUN (refused where the walk reaches it, acceptable) (pure)."""
     lines = text.split("\n")
-    bodies: dict[int, str] = {}
+    runs: dict[int, Instruction] = {}
     i = 0
     while i < len(lines):
-        m = re.match(r"^\s*RUN\s", lines[i], re.IGNORECASE)
-        h = _HEREDOC.search(lines[i]) if m else None
-        if h is None or lines[i].rstrip().endswith("\\"):
+        m = re.match(r"^\s*(RUN|COPY|ADD)\s", lines[i], re.IGNORECASE)
+        if m is None or not heredoc_marks(lines[i]):
             i += 1
             continue
-        strip_tabs, word = h.group(1) == "-", h.group(3)
-        head = lines[i][: h.start()].rstrip()
-        end = i + 1
-        while end < len(lines) and (lines[end].lstrip("\t") if strip_tabs else lines[end]).rstrip() != word:
-            end += 1
-        if end >= len(lines):
-            raise BadInput(f"{DOCKERFILE}:{i + 1}: the heredoc <<{word} is never closed.")
-        body = "\n".join(ln.lstrip("\t") if strip_tabs else ln for ln in lines[i + 1 : end])
+        first = i
+        try:
+            i, bodies = lift_line(lines, i, path)
+        except Unknown as exc:
+            bodies, error = {}, str(exc)
+            for j in range(first + 1, len(lines)):
+                lines[j] = ""
+            i = len(lines)
+        else:
+            error = ""
+        head = lines[first]
+        if m.group(1).upper() != "RUN":
+            continue
         cmd = re.sub(r"^\s*RUN\s+", "", head, flags=re.IGNORECASE)
         flags = " ".join(w for w in cmd.split() if w.startswith("--"))
         rest = " ".join(w for w in cmd.split() if not w.startswith("--"))
-        if rest and not re.fullmatch(r"(ba)?sh( -\w+)*", rest):
-            raise BadInput(f"{DOCKERFILE}:{i + 1}: a heredoc fed to {rest!r} (not a shell) is not read.")
-        bodies[i + 1] = (flags + " " if flags else "") + body + "\n"
-        lines[i] = head + " true"  # a placeholder RUN on the same line; its value is replaced by the body
-        for j in range(i + 1, end + 1):
-            lines[j] = ""
-        i = end + 1
-    return "\n".join(lines), bodies
+        shell = re.fullmatch(r"(?:" + _SHELL_HEAD.pattern + r"\s+)?<\s+(\S+)", rest)
+        if shell and len(bodies) == 1:
+            value, docs = bodies[shell.group(3)], ()
+        else:
+            value, docs = rest, tuple(bodies.items())
+        runs[first + 1] = Instruction("RUN", (flags + " " if flags else "") + value, first + 1, first + 1, docs, error)
+        lines[first] = head[: len(head) - len(cmd)] + (flags + " " if flags else "") + "true"
+    return "\n".join(lines), runs
 
 
 def parse_dockerfile(text: str) -> tuple[tuple[Instruction, ...], tuple[Stage, ...]]:
@@ -221,7 +177,7 @@ def parse_dockerfile(text: str) -> tuple[tuple[Instruction, ...], tuple[Stage, .
             continue
         ins = Instruction(d["instruction"].upper(), d["value"], d["startline"] + 1, d["endline"] + 1)
         if ins.op == "RUN" and ins.line in heredocs:
-            ins = Instruction("RUN", heredocs[ins.line], ins.line, ins.end)
+            ins = heredocs[ins.line]
         if ins.op == "FROM":
             parts = [x for x in ins.value.split() if not x.startswith("--")]  # FROM --platform=... is not the base
             name = parts[2] if len(parts) >= 3 and parts[1].lower() == "as" else None

@@ -12,6 +12,22 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from builder.resolve import sedit
+from builder.resolve.recipe.harmless import (
+    MAX_DEPTH,
+    MAX_TEXT,
+    PIP_QUERIES,
+    SITE_PATH,
+    Row,
+    Scope,
+    classify,
+    command_substitutions,
+    install_kind,
+    lexical_command,
+    lexical_read,
+    lift_heredocs,
+    python_text_installs,
+    unquote,
+)
 from builder.resolve.recipe.model import Derived, Step, Where
 from builder.resolve.recipe.shell import (
     INSTALLED_RE,
@@ -26,6 +42,7 @@ from builder.resolve.recipe.shell import (
     Unknown,
     Var,
     expand,
+    parse_script,
 )
 
 # Wheels the image builds from source in another stage: the distributions they install.
@@ -34,10 +51,6 @@ SOURCE_BUILDS = {
         "deep-ep",
         "DeepEP built from git in stage extensions-build (tools/ep_kernels/install_python_libraries.sh)",
     ),
-}
-# Commands inside an interpreted RUN that bring files from outside the Python indexes.
-OFF_INDEX_COMMANDS = {
-    ("flashinfer", "download-kernels"): "FlashInfer's precompiled kernels (flashinfer download-kernels)",
 }
 
 
@@ -59,39 +72,92 @@ class ScriptContext:
     fallback: str | None = None
     # sed edits of a copied file, by image path: (the sed script, -E, where), applied before a step reads it
     edits: dict[str, list[tuple[str, bool, Where]]] = field(default_factory=dict)
+    # the build context's scripts: an image path -> (its path in the source, its text), or None
+    script: Callable[[str], tuple[str, str] | None] = lambda _p: None
+    rows: list[Row] = field(default_factory=list)  # every command classified, for `base recipe --audit`
+    at: str = ""  # the text being read (the RUN line, or a script of the source)
+    depth: int = 0  # shell texts deep (sh -c, a script run by a script …)
+
+    def scope(self) -> Scope:
+        tainted = {k for k, v in self.vars.items() if SITE_PATH.search(v.value)}
+        return Scope(tainted, self.script, self.depth)
 
     def get(self, name: str) -> str:
-        if name in self.vars:
+        if name in self.vars and not self.vars[name].value.startswith(UNDETERMINED):
             return self.vars[name].value
         raise Unknown(f"${name}")
 
+    def assign(self, name: str, raw: str) -> None:
+        """``name=raw``: its value where the reader can decide it; else the variable is undetermined (a
+        later use that decides an install is Unknown) and the commands its ``$(…)`` runs must be harmless."""
+        try:
+            self.vars[name] = Var("".join(expand(raw, self.get, split=False)), (self.where,))
+        except Unknown:
+            for inner in command_substitutions(raw):
+                lexical_read(inner, self.at, self.scope(), self.rows)
+            self.vars[name] = Var(UNDETERMINED + raw, (self.where,))
+
 
 _FREEZE = "\x00freeze\x00"
+UNDETERMINED = "\x00undetermined:"
 
 
-def _relevant(node) -> bool:
+def _writes(node) -> bool:
     """Whether a subtree installs, uninstalls or writes a file (a condition on it then matters)."""
     if isinstance(node, Cmd):
         s = " ".join(node.words)
         touches = len(node.words) >= 2 and node.words[0] in ("touch", "sed")
-        return bool(re.search(r"\bpip\b", s)) or bool(node.redirects) or touches
+        return (
+            bool(re.search(r"\bpip\b", s)) or any(op != "<" and t != "/dev/null" for op, t in node.redirects) or touches
+        )
     if isinstance(node, Opaque):
         return bool(re.search(r"\bpip\b", node.text))
-    if isinstance(node, (Seq,)):
-        return any(_relevant(x) for x in node.items)
+    return any(_writes(x) for x in _children(node))
+
+
+def _children(node) -> list:
+    if isinstance(node, Seq):
+        return list(node.items)
     if isinstance(node, AndOr):
-        return _relevant(node.first) or any(_relevant(x) for _, x in node.rest)
+        return [node.first, *(x for _, x in node.rest)]
     if isinstance(node, Pipe):
-        return any(_relevant(x) for x in node.cmds)
+        return list(node.cmds)
     if isinstance(node, If):
-        return any(_relevant(c) or _relevant(b) for c, b in node.branches) or (
-            node.otherwise is not None and _relevant(node.otherwise)
-        )
+        return [x for c, b in node.branches for x in (c, b)] + ([node.otherwise] if node.otherwise is not None else [])
     if isinstance(node, Group):
-        return _relevant(node.body)
+        return [node.body]
     if isinstance(node, Case):
-        return any(_relevant(b) for _p, b in node.arms)
-    return False
+        return [b for _p, b in node.arms]
+    return []
+
+
+def _harmless(node, ctx: ScriptContext) -> bool:
+    """Whether every command of a subtree the interpreter does not run is harmless (read lexically:
+    :func:`builder.resolve.recipe.harmless.lexical_command`; an install or an unknown command is not)."""
+    try:
+        _lexical_node(node, ctx)
+    except Unknown:
+        return False
+    return True
+
+
+def _lexical_node(node, ctx: ScriptContext) -> None:
+    if isinstance(node, Cmd):
+        if node.words:
+            stdin = next((ctx.files.get(t, ("",))[0] for op, t in node.redirects if op == "<"), None)
+            lexical_command(node.words, stdin, ctx.at, ctx.scope(), [])
+        return
+    if isinstance(node, Opaque):
+        lexical_read(node.text, ctx.at, ctx.scope(), [])
+        return
+    for x in _children(node):
+        _lexical_node(x, ctx)
+
+
+def _relevant(node, ctx: ScriptContext | None = None) -> bool:
+    """Whether a subtree the interpreter does not run matters: it installs or writes a file, or holds a
+    command that is not known harmless."""
+    return _writes(node) or (ctx is not None and not _harmless(node, ctx))
 
 
 def _run_seq(node: Seq, ctx: ScriptContext) -> bool | str:
@@ -109,7 +175,7 @@ def _run_andor(node: AndOr, ctx: ScriptContext) -> bool | str:
     try:
         status = run_script(node.first, ctx)
     except Unknown as exc:
-        if _is_test(node.first) and not any(_relevant(x) for _, x in node.rest):
+        if _is_test(node.first) and not any(_relevant(x, ctx) for _, x in node.rest):
             return True  # a test that decides nothing the reader must know
         if _is_test(node.first):
             raise Unknown(f"the test {_describe(node.first)!r} ({exc})") from None
@@ -129,11 +195,13 @@ def _run_andor(node: AndOr, ctx: ScriptContext) -> bool | str:
         else:  # || : the left side is taken; the right side is the documented fallback
             if status is False:
                 status = run_script(x, ctx)
-            elif _relevant(x) and ctx.steps and ctx.steps[-1].where == ctx.where:
+            elif _writes(x) and ctx.steps and ctx.steps[-1].where == ctx.where:
                 text = _describe(x)
                 ctx.steps[-1] = replace(
                     ctx.steps[-1], fallback=text, fallback_steps=_fallback_steps(x, ctx, ctx.steps[-1])
                 )
+            elif not _is_test(node.first) and _relevant(x, ctx):
+                raise Unknown(f"the fallback {_describe(x)[:120]!r}, which runs when the command before it fails")
     return status
 
 
@@ -161,8 +229,10 @@ def _fallback_steps(node, ctx: ScriptContext, failed: Step) -> tuple[Step, ...]:
 
 
 def _run_opaque(node: Opaque, ctx: ScriptContext) -> bool:
+    """A loop or ``{ }`` group: every command in it must be harmless (read lexically, not run)."""
     if re.search(r"\bpip\b", node.text):
         raise Unknown(f"a compound command that installs ({node.text[:60]}...)")
+    lexical_read(node.text, ctx.at, ctx.scope(), ctx.rows)
     return True
 
 
@@ -171,10 +241,8 @@ def _run_if(node: If, ctx: ScriptContext) -> bool | str:
         try:
             c = _cond(cond, ctx)
         except Unknown as exc:
-            if (
-                not _relevant(body)
-                and not (node.otherwise is not None and _relevant(node.otherwise))
-                and not any(_relevant(b) for _c, b in node.branches)
+            if not _relevant(node.otherwise, ctx) and not any(
+                _relevant(c, ctx) or _relevant(b, ctx) for c, b in node.branches
             ):
                 return True
             raise Unknown(f"the if condition {_describe(cond)!r} ({exc})") from None
@@ -195,7 +263,7 @@ def _run_case(node: Case, ctx: ScriptContext) -> bool | str:
     try:
         word = "".join(expand(node.word, ctx.get, split=False))
     except Unknown as exc:
-        if not _relevant(node):
+        if not _relevant(node, ctx):
             return True
         raise Unknown(f"the case word {node.word} ({exc})") from None
     for pats, body in node.arms:
@@ -209,6 +277,26 @@ def _run_case(node: Case, ctx: ScriptContext) -> bool | str:
     return True
 
 
+def _run_pipe(node: Pipe, ctx: ScriptContext) -> bool | str:
+    """``a | b``: each command in turn; a download piped into a shell or Python runs code the reader cannot
+    see, except pip's own installer (``curl …get-pip… | python3``, recorded as an off-index fetch)."""
+    first, last = node.cmds[0], node.cmds[-1]
+    if isinstance(first, Cmd) and isinstance(last, Cmd) and first.words and last.words:
+        try:
+            kind = classify(resolved(last.words, ctx), ctx.scope()).kind
+        except Unknown:
+            kind = ""
+        if kind in ("stdin-shell", "stdin-python") and not any(op == "<" for op, _t in last.redirects):
+            if first.words[0] in ("curl", "wget") and re.search(r"GET_PIP_URL|get-pip", " ".join(first.words)):
+                ctx.rows.append(Row(ctx.at, _describe(node), "installs pip (get-pip.py; in off_index_fetches)"))
+                return True
+            raise Unknown(f"{_describe(node)[:120]!r} pipes text into {last.words[0]}, which runs it unseen")
+    status: bool | str = True
+    for c in node.cmds:
+        status = run_script(c, ctx)
+    return status
+
+
 # The constructs the interpreter knows: each node of the shell tree and the rule that runs it.  A node
 # of another kind, or one whose value cannot be decided where it decides an install, is Unknown.
 NODE_RULES: dict[type, Callable] = {
@@ -216,7 +304,7 @@ NODE_RULES: dict[type, Callable] = {
     AndOr: _run_andor,  # a && b      b when a succeeds (or may, by install state)
     #                                                  a || b      a; b is recorded as the fallback
     Group: lambda node, ctx: run_script(node.body, ctx),  # ( a )       as a
-    Pipe: lambda node, ctx: True,  # a | b       installs nothing the reader must know
+    Pipe: lambda node, ctx: _run_pipe(node, ctx),  # a | b       each command in turn
     Opaque: _run_opaque,  # for/while/{ }  only when it installs nothing
     If: _run_if,  # if/elif/else on [ ] tests over known values
     Case: _run_case,  # case W in P) ...;; esac, glob patterns
@@ -241,6 +329,8 @@ def _describe(node) -> str:
         return " ".join([_describe(node.first)] + [f"{op} {_describe(x)}" for op, x in node.rest])
     if isinstance(node, Cmd):
         return " ".join(node.words)
+    if isinstance(node, Pipe):
+        return " | ".join(_describe(c) for c in node.cmds)
     if isinstance(node, If):
         return "if ..."
     if isinstance(node, Case):
@@ -335,22 +425,37 @@ def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
     if all(re.match(r"^\w+=", w) for w in words):
         for w in words:
             k, _, v = w.partition("=")
-            ctx.vars[k] = Var("".join(expand(v, ctx.get, split=False)), (ctx.where,))
+            ctx.assign(k, v)
         return True
-    if words[0] == "export":
+    if words[0] in ("export", "readonly", "local", "declare"):
         for w in words[1:]:
-            if "=" in w:
+            if re.match(r"^\w+=", w):
                 k, _, v = w.partition("=")
-                ctx.vars[k] = Var("".join(expand(v, ctx.get, split=False)), (ctx.where,))
+                ctx.assign(k, v)
         return True
     while len(words) > 1 and re.match(r"^\w+=", words[0]):
         words = words[1:]  # VAR=value cmd: the assignment only reaches cmd's environment
-    argv = [w for raw in words for w in expand(raw, ctx.get)]
-    out = next((t for op, t in cmd.redirects if op in (">", ">>")), None)
-    out_path = "".join(expand(out, ctx.get, split=False)) if out else None
+    try:
+        argv = [w for raw in words for w in expand(raw, ctx.get)]
+    except Unknown:
+        if _decides(words):
+            raise
+        for raw in words:  # the command's words are not all known: it must be harmless as written
+            for inner in command_substitutions(raw):
+                lexical_read(inner, ctx.at, ctx.scope(), ctx.rows)
+        return _classified(Cmd(words, cmd.redirects), ctx)
+    out = next(((op, t) for op, t in cmd.redirects if op in (">", ">>", "&>")), None)
+    out_path = "".join(expand(out[1], ctx.get, split=False)) if out else None
+    if out_path and SITE_PATH.search(out_path):
+        raise Unknown(f"{_describe(cmd)[:120]!r} writes {out_path}, under a site directory")
     prog = argv[0]
-    if prog == "echo" and out_path:
-        ctx.files[out_path] = (" ".join(argv[1:]) + "\n", ctx.where)
+    if prog in ("echo", "cat") and out_path:
+        stdin = next((ctx.files.get(t) for op, t in cmd.redirects if op == "<"), None)
+        text = stdin[0] if prog == "cat" and stdin else " ".join(argv[1:]) + "\n"
+        if prog == "cat" and (stdin is None or len(argv) > 1):
+            return _classified(cmd, ctx)
+        before = ctx.files.get(out_path, ("", ctx.where))[0] if out[0] == ">>" else ""
+        ctx.files[out_path] = (before + text, ctx.where)
         return True
     if prog == "touch":
         for p in argv[1:]:
@@ -360,31 +465,7 @@ def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
         return _sed(argv[1:], ctx)
     pip_at = _pip_start(argv)
     if pip_at is not None:
-        installer, sub, rest = pip_at
-        if sub == "freeze":
-            if out_path:
-                ctx.files[out_path] = (_FREEZE, ctx.where)
-            return True
-        if sub == "uninstall":
-            names = tuple(a for a in rest if not a.startswith("-"))
-            ctx.steps.append(
-                Step(
-                    len(ctx.steps) + 1,
-                    ctx.stage,
-                    ctx.where,
-                    "uninstall",
-                    installer,
-                    requirements=names,
-                    when_installed=ctx.when,
-                )
-            )
-            return True
-        if sub == "install":
-            ctx.steps.append(_install_step(installer, rest, ctx))
-            return True
-        if sub in ("list", "show", "check"):
-            return True
-        raise Unknown(f"{installer} pip {sub}")
+        return _pip_command(*pip_at, out_path, ctx)
     if prog == "grep" and out_path and len(argv) >= 3:
         src = argv[-1]
         if ctx.files.get(src, ("",))[0] == _FREEZE:
@@ -393,10 +474,167 @@ def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
                 raise Unknown(f"grep {argv[-2]!r} of a freeze")
             ctx.files[out_path] = ("\x00installed-pins:" + ",".join(m.group(1).split("|")), ctx.where)
             return True
-    for key, what in OFF_INDEX_COMMANDS.items():
-        if tuple(argv[: len(key)]) == key:
-            ctx.fetches.append(Derived(what, (ctx.where,)))
+    return _classified(cmd, ctx)
+
+
+def _pip_command(installer: str, sub: str, rest: list[str], out_path: str | None, ctx: ScriptContext) -> bool:
+    """``pip``/``uv pip`` SUB: an install or uninstall becomes a step; freeze, list, show … read only."""
+    if sub == "freeze":
+        if out_path:
+            ctx.files[out_path] = (_FREEZE, ctx.where)
+        return True
+    if sub == "uninstall":
+        names = tuple(a for a in rest if not a.startswith("-"))
+        ctx.steps.append(
+            Step(
+                len(ctx.steps) + 1,
+                ctx.stage,
+                ctx.where,
+                "uninstall",
+                installer,
+                requirements=names,
+                when_installed=ctx.when,
+            )
+        )
+        return True
+    if sub == "install":
+        for args in _per_wheel(rest, ctx):
+            ctx.steps.append(_install_step(installer, args, ctx))
+        return True
+    if sub in PIP_QUERIES:
+        return True
+    raise Unknown(f"{installer} pip {sub}")
+
+
+def _classified(cmd: Cmd, ctx: ScriptContext) -> bool:
+    """A command that is no install the interpreter reads: shell text and the build context's scripts are
+    run in turn, a fetch recorded, a command of the harmless table passed; anything else is Unknown."""
+    v = classify(resolved(cmd.words, ctx), ctx.scope())
+    shown = _describe(cmd)[:160]
+    for op, target in cmd.redirects:  # a file this command writes holds what the reader cannot say
+        if op in (">", ">>", "&>") and target != "/dev/null":
+            path = "".join(_soft(target, ctx))
+            if SITE_PATH.search(path) or ctx.scope().site(target):
+                raise Unknown(f"{shown!r} writes {target}, under a site directory")
+            ctx.files[path] = (UNDETERMINED + shown, ctx.where)
+    if v.kind == "installs":
+        raise Unknown(f"{v.reason[:120]!r}, an install the reader does not interpret")
+    if v.kind == "fetch":
+        ctx.fetches.append(Derived(v.reason, (ctx.where,)))
+    elif v.kind == "shell":
+        run_text(v.text, ctx, f"{ctx.at} ({v.reason})", child=True)
+    elif v.kind in ("script", "python"):
+        path = "".join(expand(v.text, ctx.get, split=False)) if "$" in v.text else v.text
+        found = _context_file(path, ctx)
+        if found is None:
+            raise Unknown(f"{path} ({v.reason}) is not a file of the build context the reader has")
+        name, body = found
+        ctx.rows.append(Row(ctx.at, shown, f"{name} ({v.reason}), read"))
+        if v.kind == "python":
+            bad = python_text_installs(body)
+            if bad:
+                raise Unknown(f"the Python file {name} may install or write ({bad!r})")
+            return True
+        sourced = cmd.words[0] in (".", "source")
+        at = next((i for i, w in enumerate(cmd.words) if unquote(w) == v.text), len(cmd.words))
+        args = [] if sourced else [w for raw in cmd.words[at + 1 :] for w in _soft(raw, ctx)]
+        run_text(body, ctx, name, child=not sourced, args=args)
+        return True
+    elif v.kind in ("stdin-shell", "stdin-python"):
+        body = next((ctx.files.get(t, (None,))[0] for op, t in cmd.redirects if op == "<"), None)
+        if body is None:
+            raise Unknown(f"{shown!r}: {v.reason}, which the reader cannot see")
+        if v.kind == "stdin-python":
+            bad = python_text_installs(body)
+            if bad:
+                raise Unknown(f"the Python heredoc of {shown!r} may install or write ({bad!r})")
+            ctx.rows.append(Row(ctx.at, shown, "harmless: a Python heredoc with no install"))
+            return True
+        run_text(body, ctx, f"{ctx.at} (heredoc)", child=True)
+        return True
+    ctx.rows.append(Row(ctx.at, shown, f"{'fetches' if v.kind == 'fetch' else 'harmless'}: {v.reason}"))
     return True
+
+
+def _decides(words: list[str]) -> bool:
+    """Whether a command's exact words decide what the recipe holds (an install, a sed of a requirements
+    file, a file written by echo): such a command with a word the reader cannot decide is Unknown."""
+    head = [w.strip("'\"") for w in words[:4]]
+    return install_kind(head) is not None or head[0] in ("sed", "touch", "grep")
+
+
+def resolved(words: list[str], ctx: ScriptContext) -> list[str]:
+    """A command's raw words with each one the reader can expand to exactly one word replaced by it (quoted),
+    the others as written: what :func:`builder.resolve.recipe.harmless.classify` judges."""
+    import shlex
+
+    out = []
+    for raw in words:
+        if "$" not in raw and "`" not in raw:
+            out.append(raw)
+            continue
+        try:
+            vals = expand(raw, ctx.get)
+        except (Unknown, ValueError, IndexError):
+            out.append(raw)
+            continue
+        out.append(shlex.quote(vals[0]) if len(vals) == 1 else raw)
+    return out
+
+
+def _soft(raw: str, ctx: ScriptContext) -> list[str]:
+    try:
+        return expand(raw, ctx.get)
+    except Unknown:
+        return ["\x00undetermined"]
+
+
+def _context_file(path: str, ctx: ScriptContext) -> tuple[str, str] | None:
+    """(name, text) of a file a command runs: one an earlier line of the image wrote, or one of the build
+    context (copied or mounted; :attr:`ScriptContext.script`)."""
+    if path in ctx.files and not ctx.files[path][0].startswith(("\x00", _FREEZE)):
+        return f"{path} (written at {ctx.files[path][1]})", ctx.files[path][0]
+    return ctx.script(path)
+
+
+def run_text(text: str, ctx: ScriptContext, name: str, *, child: bool = False, args: list[str] | None = None) -> None:
+    """Read shell text (a RUN line, ``sh -c``, a script, a heredoc) with the interpreter; text it cannot parse
+    (arrays, ``[[``) is read lexically, where every command must be harmless.  ``child``: a new shell (its
+    assignments do not reach the caller); ``args``: its positional parameters."""
+    if len(text) > MAX_TEXT:
+        raise Unknown(f"{name} is {len(text)} bytes, more than a build script holds ({MAX_TEXT} at most)")
+    if ctx.depth >= MAX_DEPTH:
+        raise Unknown(f"{name}: shell texts nested more than {MAX_DEPTH} deep")
+    text, bodies = lift_heredocs(text, name)
+    outer = (ctx.vars, ctx.at, ctx.depth)
+    if child:
+        ctx.vars = dict(ctx.vars)
+    for k, a in enumerate(args or [], 1):
+        if a != "\x00undetermined":
+            ctx.vars[str(k)] = Var(a, (ctx.where,))
+        else:
+            ctx.vars.pop(str(k), None)
+    ctx.files.update({p: (b, ctx.where) for p, b in bodies.items()})
+    ctx.at, ctx.depth = name, ctx.depth + 1
+    try:
+        try:
+            tree = parse_script(text)
+        except (Unknown, ValueError, IndexError):
+            rows: list[Row] = []
+            lexical_read(text, name, ctx.scope(), rows)
+            ctx.rows.extend(rows)
+            done = {d.value for d in ctx.fetches if ctx.where in d.where}
+            for r in rows:
+                what = r.conclusion.split(": ", 1)[1] if r.conclusion.startswith("fetches: ") else None
+                if what and what not in done:
+                    ctx.fetches.append(Derived(what, (ctx.where,)))
+                    done.add(what)
+            return
+        run_script(tree, ctx)
+    finally:
+        if child:
+            ctx.vars = outer[0]
+        ctx.at, ctx.depth = outer[1], outer[2]
 
 
 def _sed(args: list[str], ctx: ScriptContext) -> bool:
@@ -510,8 +748,8 @@ def _install_options(args: list[str], ctx: ScriptContext) -> _InstallOptions:
                     edits += [(cfiles[-1], s, ere, str(w)) for s, ere, w in ctx.edits.get(v, ())]
             elif a == "--override":
                 content = ctx.files.get(v)
-                if content is None:
-                    raise Unknown(f"--override {v} (not written by the Dockerfile)")
+                if content is None or content[0].startswith(UNDETERMINED):
+                    raise Unknown(f"--override {v} (not written by the Dockerfile in text the reader can say)")
                 overrides += [ln for ln in content[0].splitlines() if ln.strip()]
                 owhere.append(content[1])
             elif a in ("--index-url", "-i"):
@@ -548,6 +786,18 @@ class _InstallOptions:
     edits: list[tuple[str, str, bool, str]]
     overrides: tuple[str, ...]
     override_where: tuple[Where, ...]
+
+
+def _per_wheel(args: list[str], ctx: ScriptContext) -> list[list[str]]:
+    """One install's arguments split so that each wheel file is a step of its own (``uv pip install a/*.whl
+    b/*.whl`` installs both), the other requirements one more step, each with the install's options."""
+    reqs = _install_options(args, ctx).reqs
+    wheels = [r for r in reqs if r.endswith(".whl")]
+    if not wheels or len(reqs) == 1:
+        return [args]
+    opts = [a for a in args if a not in set(reqs)]
+    others = [r for r in reqs if not r.endswith(".whl")]
+    return [[*opts, w] for w in wheels] + ([[*opts, *others]] if others else [])
 
 
 def _install_step(installer: str, args: list[str], ctx: ScriptContext) -> Step:
@@ -699,7 +949,7 @@ def apt_packages(script: str, get) -> list[str]:
     for m in re.finditer(r"(?:^|[;&|(\s])(\w+)=(\$\([^)]*\)|\"[^\"]*\"|'[^']*'|[^\s;&|]+)", script):
         try:
             local[m.group(1)] = "".join(expand(m.group(2), get2, split=False))
-        except (Unknown, ValueError):
+        except (Unknown, ValueError, IndexError):
             pass
     out = []
     for m in re.finditer(r"apt-get install((?:\s+(?:\\\n)?\s*[^\s;&|\\]+)+)", script):
@@ -708,9 +958,56 @@ def apt_packages(script: str, get) -> list[str]:
                 continue
             try:
                 vals = expand(w, get2)
-            except (Unknown, ValueError):
+            except (Unknown, ValueError, IndexError):
                 continue
             for v in vals:
                 if v and not v.startswith("-") and "$" not in v and "=" not in v and v not in out:
                     out.append(v)
     return out
+
+
+def copy_targets(value: str) -> dict[str, str]:
+    """``COPY SRC... DST`` from the build context: image path -> path in the source, one per source (a DST
+    ending in ``/``, or several sources, is a folder that receives each by its base name) (pure)."""
+    import posixpath
+    import shlex
+
+    parts = [p for p in shlex.split(value) if not p.startswith("--")]
+    if len(parts) < 2:
+        return {}
+    *srcs, dst = parts
+    if len(srcs) == 1 and not dst.endswith("/"):
+        return {dst: srcs[0]}
+    return {posixpath.join(dst, posixpath.basename(src.rstrip("/"))): src for src in srcs}
+
+
+def context_scripts(mounts: dict[str, str], files: dict[str, str]) -> Callable[[str], tuple[str, str] | None]:
+    """The resolver of a path a RUN line runs to (its path in the source, its text): through the stage's
+    COPYs and the line's bind mounts of the build context; a path that leaves the context is Unknown, one
+    the reader has no text for gives None (pure)."""
+    import posixpath
+
+    def resolve(path: str) -> tuple[str, str] | None:
+        p = posixpath.normpath(path)
+        for dst, src in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+            d = dst.rstrip("/") or "/"
+            if p == d:
+                rel = src
+            elif p.startswith(d.rstrip("/") + "/"):
+                rel = src.rstrip("/") + "/" + p[len(d.rstrip("/")) + 1 :]
+            else:
+                continue
+            rel = posixpath.normpath(rel)
+            if rel == ".." or rel.startswith(("../", "/")):
+                raise Unknown(f"{path} is {rel} of the build context, which leaves it")
+            text = files.get(rel)
+            if text is not None and text.startswith(OVERSIZE):
+                raise Unknown(f"{rel} is {text[len(OVERSIZE) :]} bytes, more than a build script holds")
+            return None if text is None else (rel, text)
+        return None
+
+    return resolve
+
+
+#: the text a source reader stores for a script too large to read: this prefix and its size
+OVERSIZE = "\x00oversize:"

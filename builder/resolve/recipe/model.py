@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from builder.errors import BadInput
 from builder.platforms import DEFAULT, Platform
@@ -184,11 +185,14 @@ class Recipe:
     # (an overlay too) resolves with them
     image_overrides: tuple[Derived, ...] = ()
     target_platform: Platform = DEFAULT  # the image platform the pipeline step builds (linux/amd64, linux/arm64)
+    # how the release publishes the step's image (publish.Published: the tag, and the lines from it to the step)
+    published: Any = None
     wheel: str = ""  # the published vllm release whose wheel stands in for the build's own ("": vllm's)
 
     @property
     def image(self) -> str:
-        return f"vllm/vllm-openai:v{self.vllm.replace('+', '-')}"  # a tag holds no '+' (a development version)
+        tag = self.published.tag if self.published is not None else f"vllm/vllm-openai:v{self.vllm}"
+        return tag.replace("+", "-")  # a tag holds no '+' (a development version's local part)
 
     @property
     def wheel_version(self) -> str:
@@ -268,4 +272,5 @@ class Recipe:
             "image_overrides": [d.to_json() for d in self.image_overrides],
             "lacks": self.lacks(),
             **({} if self.target_platform.is_default else {"target_platform": self.target_platform.name}),
+            **({"published": self.published.to_json()} if self.published is not None else {}),
         }

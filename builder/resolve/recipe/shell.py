@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,10 @@ class Unknown(Exception):
 _INSTALLED_CMD = re.compile(
     r"""^python3 -c "import importlib\.metadata as m; """
     r"""print\(m\.version\('([\w.-]+)'\)\)"( 2>/dev/null)?( \|\| true)?$"""
+)
+# ``uv pip show --system NAME | awk '/^Version:/{print $2}'``: the same installed version, as uv reports it
+_INSTALLED_SHOW = re.compile(
+    r"""^uv pip show --system ([\w.-]+)( 2>/dev/null)? \| awk '/\^Version:/\{print \$2\}'( \|\| true)?$"""
 )
 INSTALLED = "{{installed:{}}}"
 INSTALLED_RE = re.compile(r"\{installed:([\w.-]+)\}")
@@ -98,16 +103,31 @@ def _echo(args: list[str]) -> str:
     return " ".join(args)
 
 
+def _sed(text: str, args: list[str]) -> str:
+    """``sed [-E] SCRIPT`` (no file, no -i) over the text, by :mod:`builder.resolve.sedit`."""
+    from builder.resolve import sedit
+
+    ere = bool(args) and args[0] in ("-E", "-r")
+    rest = args[1:] if ere else args
+    if len(rest) != 1 or rest[0].startswith("-"):
+        raise Unknown(f"sed {' '.join(args)}")
+    try:
+        cmds = sedit.parse(rest[0], ere=ere)
+    except sedit.SedUnknown as exc:
+        raise Unknown(f"sed {rest[0]!r}: {exc}") from None
+    return sedit.apply(text, cmds)
+
+
 # the commands a ``$(...)`` may run: a source makes text from its arguments, a filter transforms it
 SOURCES: dict[str, Callable[[list[str]], str]] = {"echo": _echo}
-FILTERS: dict[str, Callable[[str, list[str]], str]] = {"cut": _cut, "tr": _tr}
+FILTERS: dict[str, Callable[[str, list[str]], str]] = {"cut": _cut, "tr": _tr, "sed": _sed}
 
 
 def substitute(cmd: str, get: Callable[[str], str]) -> str:
     """The value of one ``$(cmd)`` (pure): a pipeline whose first command is one of :data:`SOURCES` and
     whose others are :data:`FILTERS`, over known values; anything else raises :class:`Unknown`."""
     flat = " ".join(cmd.split())
-    m = _INSTALLED_CMD.match(flat)
+    m = _INSTALLED_CMD.match(flat) or _INSTALLED_SHOW.match(flat)
     if m:
         return INSTALLED.format(m.group(1))
     try:
@@ -195,7 +215,7 @@ def _dollar(raw: str, i: int, get: Callable[[str], str]) -> tuple[str, int]:
     if raw.startswith("${", i):
         j = raw.index("}", i)
         body = raw[i + 2 : j]
-        m = re.fullmatch(r"(\w+)(?:(:-|:\+|%%|%|-)(.*))?", body)
+        m = re.fullmatch(r"(\w+)(?:(:-|:\+|%%|%|-|,,|\^\^)(.*))?", body)
         if not m:
             raise Unknown("${" + body + "}")
         name, op, arg = m.group(1), m.group(2), m.group(3) or ""
@@ -209,6 +229,10 @@ def _dollar(raw: str, i: int, get: Callable[[str], str]) -> tuple[str, int]:
             val = val or arg
         elif op == ":+":
             val = arg if val else ""
+        elif op in (",,", "^^"):
+            if arg:
+                raise Unknown("${" + body + "}")
+            val = val.lower() if op == ",," else val.upper()
         elif op in ("%%", "%"):
             pat = re.escape(arg).replace(r"\*", ".*" if op == "%%" else ".*?")
             m2 = re.match(r"^(.*?)" + pat + r"$", val) if op == "%%" else re.match(r"^(.*)" + pat + r"$", val)
@@ -241,19 +265,55 @@ def _close(s: str, i: int) -> int:
 
 
 # --------------------------------------------------------------------------- shell reader
-_OPS = ("&&", "||", ";;", "2>&1", "2>/dev/null", ">>", "2>", ";", "|", "(", ")", ">", "<", "&")
+_OPS = (
+    "&&",
+    "||",
+    ";;",
+    "2>&1",
+    "1>&2",
+    ">&2",
+    "2>/dev/null",
+    "&>",
+    ">>",
+    "2>",
+    ";",
+    "|",
+    "(",
+    ")",
+    ">",
+    "<",
+    "&",
+)
+#: the redirections that only join or silence output streams (no file is named)
+STREAM_JOINS = ("2>&1", "1>&2", ">&2", "2>/dev/null")
+#: how deep ``if``/``( )``/``case`` may nest in one script: deeper text is refused, never followed to
+#: Python's recursion limit
+MAX_NESTING = 40
 _KEYWORDS = {"if", "then", "elif", "else", "fi", "for", "while", "do", "done", "case", "esac", "{", "}", "!"}
 
 
 def tokenize(script: str) -> list[str]:
     """Raw shell words and operators (quotes kept, for :func:`expand`); newlines are ``;`` (pure)."""
+    return tokenize_lines(script)[0]
+
+
+def tokenize_lines(script: str) -> tuple[list[str], list[int]]:
+    """:func:`tokenize`'s tokens and the 1-based line each starts on (pure)."""
     toks: list[str] = []
+    lines: list[int] = []
     i, n = 0, len(script)
     cur: list[str] = []
+    start = [1]
+
+    breaks = [k for k, ch in enumerate(script) if ch == "\n"]
+
+    def line_at(k: int) -> int:
+        return bisect.bisect_left(breaks, k) + 1
 
     def flush():
         if cur:
             toks.append("".join(cur))
+            lines.append(start[0])
             cur.clear()
 
     while i < n:
@@ -262,9 +322,12 @@ def tokenize(script: str) -> list[str]:
             flush()
             i += 1
             continue
+        if not cur:
+            start[0] = line_at(i)
         if c == "\n":
             flush()
             toks.append(";")
+            lines.append(start[0])
             i += 1
             continue
         if c == "\\" and i + 1 < n:
@@ -301,15 +364,16 @@ def tokenize(script: str) -> list[str]:
                 i += 1
             continue
         op = next((o for o in _OPS if script.startswith(o, i)), None)
-        if op and not (op in ("2>", "2>&1", "2>/dev/null") and cur):
+        if op and not (op in ("2>", "2>&1", "2>/dev/null", "1>&2") and cur):
             flush()
             toks.append(op)
+            lines.append(line_at(i))
             i += len(op)
             continue
         cur.append(c)
         i += 1
     flush()
-    return toks
+    return toks, lines
 
 
 @dataclass
@@ -362,6 +426,7 @@ class _Parser:
     def __init__(self, toks: list[str]):
         self.t = toks
         self.i = 0
+        self.depth = 0
 
     def peek(self) -> str | None:
         return self.t[self.i] if self.i < len(self.t) else None
@@ -377,12 +442,16 @@ class _Parser:
         return tok
 
     def seq(self, stop: tuple[str, ...] = ()) -> Seq:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise Unknown(f"commands nested more than {MAX_NESTING} deep (if, ( ), case)")
         items = []
         while True:
             while self.peek() == ";":
                 self.i += 1
             tok = self.peek()
             if tok is None or tok in stop:
+                self.depth -= 1
                 return Seq(items)
             items.append(self.andor(stop))
             if self.peek() in (";", "&"):
@@ -454,11 +523,11 @@ class _Parser:
             tok = self.peek()
             if tok is None or tok in ("&&", "||", ";", ";;", "|", ")", "&") or tok in stop and not words:
                 break
-            if tok in (">", ">>", "<", "2>"):
+            if tok in (">", ">>", "<", "2>", "&>"):
                 self.take()
                 redirects.append((tok, self.take()))
                 continue
-            if tok in ("2>&1", "2>/dev/null"):
+            if tok in STREAM_JOINS:
                 self.take()
                 continue
             if tok in ("then", "fi", "else", "elif", "do", "done") and not words:

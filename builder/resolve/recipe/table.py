@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from builder.errors import BadInput
-from builder.platforms import DEFAULT, Platform
+from builder.platforms import DEFAULT, Platform, parse_python_platform
 from builder.resolve.recipe.model import RELEASE_STEP, Recipe, release_step_label
 from builder.util import atomic_write_text, output_lock, refuse_foreign, write_target
 from builder.validate import load_toml, read_bounded_text
@@ -107,13 +107,34 @@ def check_recipes_output(path: Path, *, force: bool) -> None:
     refuse_foreign(path, "recipes file", force=force, marks=RECIPES_MARKS)
 
 
-def read_recipes_file(path: Path) -> dict[str, dict]:
-    """The release tables of the recipes file at ``path`` ({} when there is none, or it holds another schema),
-    read through the bounded reader (a FIFO, a device or a file over the bound is exit 2 naming it)."""
+def read_recipes_file(path: Path, platform: Platform) -> dict[str, dict]:
+    """The release tables of ``platform``'s recipes file at ``path`` ({} when there is none, or it holds another
+    schema), read through the bounded reader (a FIFO, a device or a file over the bound is exit 2 naming it);
+    a table of another platform is refused (:func:`refuse_other_platform_tables`)."""
     if not (path.exists() or path.is_symlink()):
         return {}
     text = read_bounded_text(path, "recipes file")
-    return parse_recipes(text, str(path)) if f'schema = "{RECIPES_SCHEMA}"' in text else {}
+    tables = parse_recipes(text, str(path)) if f'schema = "{RECIPES_SCHEMA}"' in text else {}
+    refuse_other_platform_tables(tables, platform, path)
+    return tables
+
+
+def refuse_other_platform_tables(tables: Mapping[str, dict], platform: Platform, path: str | Path) -> None:
+    """The rule for a recipes file: each platform has its own (``recipes.toml``, ``recipes-linux-arm64.toml``)
+    and every table in it is of that platform — its ``platform`` (uv's ``aarch64-manylinux_2_39``) read by
+    :func:`builder.platforms.parse_python_platform`.  A table of the other platform, or of none, is
+    :class:`BadInput` (exit 2) naming both platforms: an arm64 table never lands in the amd64 file, nor is read
+    as amd64's recipe."""
+    for vllm, table in tables.items():
+        have = parse_python_platform(table.get("platform"), where=f"recipes {path}: release {vllm!r} 'platform'")
+        if have != platform:
+            raise BadInput(
+                f"recipes {path}: the table of vllm {vllm} is a {have.name} recipe ({table.get('platform')}), "
+                f"but this is {platform.name}'s recipes file or run; one platform's recipes never stand in for "
+                "or join the other's. Nothing was written.",
+                hint=f"{platform.name}'s recipes live in lockfiles/base/recipes{platform.file_suffix()}.toml "
+                "(or name another --recipes FILE).",
+            )
 
 
 def write_recipe_table(
@@ -131,7 +152,8 @@ def write_recipe_table(
     with output_lock(path):
         check_recipes_output(path, force=force)
         exists = path.exists() or path.is_symlink()
-        tables = {**(read_recipes_file(path) if exists else (seed or {})), vllm: table}
+        tables = {**(read_recipes_file(path, platform) if exists else (seed or {})), vllm: table}
+        refuse_other_platform_tables(tables, platform, path)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, render_recipes(tables, platform))
     return path

@@ -1,0 +1,77 @@
+"""What the recipe reader concluded of each RUN line of the target's stage chain (``base recipe --audit``):
+installs …, harmless because …, accepted undecided, refused (pure data and text)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from builder.errors import BadInput
+from builder.resolve.recipe.harmless import Row
+from builder.resolve.recipe.model import Derived, Step, Where
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    """One RUN line: where, its text, the conclusion, and the rows of every command read on the way (the
+    scripts, ``sh -c`` strings and heredocs it runs, line by line where the lexical reader read them)."""
+
+    where: Where
+    text: str
+    conclusion: str
+    commands: tuple[Row, ...] = ()
+
+    def to_json(self) -> dict:
+        return {
+            "from": str(self.where),
+            "run": " ".join(self.text.split())[:400],
+            "conclusion": self.conclusion,
+            "commands": [{"from": r.where, "command": r.command, "conclusion": r.conclusion} for r in self.commands],
+        }
+
+
+def step_text(s: Step) -> str:
+    """One install step in a few words (pure)."""
+    what = ", ".join((*s.requirements, *(f"-r {f}" for f in s.requirement_files), *s.names)) or "?"
+    return f"{s.replay} {what}"[:200]
+
+
+def conclusion(steps: Sequence[Step], fetches: Sequence[Derived], rows: Sequence[Row]) -> str:
+    """The conclusion of a RUN line the reader read whole (pure)."""
+    parts = [f"installs: {step_text(s)} (step {s.n})" for s in steps]
+    parts += [f"fetches: {d.value}" for d in fetches]
+    if parts:
+        return "; ".join(parts)
+    reasons = {r.conclusion for r in rows}
+    if not reasons:
+        return "harmless: assignments and tests only"
+    return "harmless: every command is known not to change site-packages"
+
+
+def render_audit(rows: Sequence[AuditRow]) -> str:
+    """The text of ``base recipe --audit`` (pure)."""
+    out = []
+    for a in rows:
+        out.append(f"{a.where}: {a.conclusion}")
+        out.append(f"    RUN {' '.join(a.text.split())[:160]}")
+        for r in a.commands:
+            out.append(f"      {r.where}: {r.command[:100]}  -> {r.conclusion}")
+    return "\n".join(out)
+
+
+_FILE_LINE = re.compile(r"^[^\s:][^\s]*:[1-9]\d{0,8}$")
+
+
+def accepted_lines(values: Iterable[str]) -> frozenset[str]:
+    """The ``--accept-undecided`` values, each ``FILE:LINE`` as a refusal names it; anything else is
+    :class:`BadInput` (exit 2), never ignored (pure)."""
+    out = set()
+    for v in values:
+        if not isinstance(v, str) or not _FILE_LINE.match(v):
+            raise BadInput(
+                f"--accept-undecided {str(v)[:200]!r} is not FILE:LINE; give the RUN line a refusal names "
+                "(e.g. docker/Dockerfile:957)."
+            )
+        out.add(v)
+    return frozenset(out)

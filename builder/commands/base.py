@@ -656,6 +656,7 @@ def _reconstruct_summary(rec, vllm: str, out: Path, as_json: bool) -> None:
         "vllm": vllm,
         "exclude_newer": rec.exclude_newer,
         "vllm_uploaded": rec.uploaded.isoformat(),
+        **({"vllm_wheel": rec.recipe.wheel} if rec.recipe.wheel else {}),
         "distributions": len(m.distributions),
         "binary": sum(1 for d in m.distributions.values() if d.facts.binary),
         "sdist": rec.recipe.sdist.filename,
@@ -674,7 +675,7 @@ def _reconstruct_summary(rec, vllm: str, out: Path, as_json: bool) -> None:
         f"wrote {out}: {summary['distributions']} distributions ({summary['binary']} binary); torch "
         f"{summary['torch']}, numpy {summary['numpy']}, CUDA {m.cuda}, Python {m.python_version}, glibc "
         f"{m.glibc}; {done} of {len(rec.steps)} steps replayed; exclude-newer {rec.exclude_newer} (vllm "
-        f"{vllm} uploaded {rec.uploaded.isoformat()}); install {rec.timings['install']:.1f} s "
+        f"{rec.recipe.wheel_version} uploaded {rec.uploaded.isoformat()}); install {rec.timings['install']:.1f} s "
         f"({rec.uv_steps.get('offline', 0)} step(s) from uv's cache, {rec.uv_steps.get('online', 0)} "
         f"asking the index), scan {rec.timings['scan']:.1f} s"
     )

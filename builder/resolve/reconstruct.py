@@ -418,10 +418,12 @@ def provenance_text(
         f"{recipe.sdist.filename} (sha256 {recipe.sdist.sha256}) replayed in order into one tree "
         f"({n_replayed} resolved from the index with `uv pip install --target DIR --python-version "
         f"{recipe.python.value} --python-platform {recipe.platform} --no-build --exclude-newer {instant}`, each "
-        f"step seeing what the earlier ones installed; the exclude-newer instant is the vllm {recipe.vllm} "
-        f"wheel's upload time on the index, {uploaded.isoformat()}, rounded up), then the binary scan of "
-        f"`build-image base snapshot --site-packages DIR`. Each step, its source line and what it moved are in "
-        f"provenance.recipe.steps. Knowingly different from the real image: " + "; ".join(diff) + "."
+        f"step seeing what the earlier ones installed; the exclude-newer instant is the vllm "
+        f"{recipe.wheel_version} wheel's upload time on the index, {uploaded.isoformat()}, rounded up), then "
+        f"the binary scan of `build-image base snapshot --site-packages DIR`. Each step, its source line and "
+        f"what it moved are in provenance.recipe.steps. Knowingly different from the real image: "
+        + "; ".join(diff)
+        + "."
     )
 
 

@@ -199,21 +199,7 @@ def command(
     if from_version == to_version:
         raise BadInput(f"--from and --to are both {to_version}: nothing to upgrade.")
     direction = release_direction(from_version, to_version, allow_downgrade=allow_downgrade)
-    b_files = _b_build_files(
-        to_version, inputs.pop("sdist_path", None), inputs.pop("source", None), base_to, inputs.get("to_wheel")
-    )
-    if out_dir:  # the output rule, before any work: nothing under DIR is replaced that build-image did not write
-        check_writable_dir(out_dir)  # a read-only DIR: exit 2 naming it, before any work
-        U.check_outputs(
-            out_dir,
-            from_version,
-            to_version,
-            fmt,
-            base_to=base_to,
-            force=force,
-            platforms=targets,
-            local=b_files is not None,
-        )
+    b_files = _before_work(out_dir, from_version, to_version, fmt, base_to, force, targets, inputs)
     reporter = PlainReporter().scoped("upgrade: ") if fmt == "text" or out_dir else SILENT
     rep = U.upgrade(
         from_version=from_version,
@@ -238,6 +224,30 @@ def command(
         U.write_report(dest, text)
     emit_text(text)
     sys.exit(rep.exit_code)
+
+
+def _before_work(out_dir, from_version, to_version, fmt, base_to, force, targets, inputs: dict):
+    """What is checked before any work: B's build files (--sdist/--source, taken out of ``inputs``:
+    :func:`_b_build_files`) and the output rule for -o DIR (nothing under DIR is replaced that build-image did
+    not write; a read-only DIR is exit 2 naming it).  Returns B's build files or None."""
+    from builder import upgrade as U
+
+    b_files = _b_build_files(
+        to_version, inputs.pop("sdist_path", None), inputs.pop("source", None), base_to, inputs.get("to_wheel")
+    )
+    if out_dir:
+        check_writable_dir(out_dir)
+        U.check_outputs(
+            out_dir,
+            from_version,
+            to_version,
+            fmt,
+            base_to=base_to,
+            force=force,
+            platforms=targets,
+            local=b_files is not None,
+        )
+    return b_files
 
 
 def _b_build_files(to_version: str, sdist_path, source, base_to, to_wheel):

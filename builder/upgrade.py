@@ -541,7 +541,8 @@ def _base_for(
     notes += [f"index: {x}" for x in lacks.get("other_indexes", []) if ": asked (" not in x]
     notes += [f"undecided: {x}" for x in lacks.get("undecided", [])]
     if files is not None:
-        notes += [f"build files: {files.sdist.filename} ({k.replace('_', ' ')}: {v})" for k, v in files.sdist.detail]
+        said = "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in files.sdist.detail if k != "commit")
+        notes.append(f"build files: {files.sdist.filename}" + (f" ({said})" if said else ""))
         if files.wheel:
             notes.append(
                 f"stand-in: vllm {version} is not published; the vllm {files.wheel} wheel stands in for it in "

@@ -45,7 +45,7 @@ from builder.resolve import lock as L
 from builder.resolve.baseref import resolve_base
 from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import BaseManifest, load_manifest, refuse_foreign_manifest
-from builder.resolve.recipe import recipe_table, write_recipe_table
+from builder.resolve.recipe import derive, recipe_table, write_recipe_table
 from builder.resolve.reconstruct import default_recipes_path, load_recipes, reconstruct
 from builder.serving import plan as PL
 from builder.serving import release_facts as RF
@@ -159,10 +159,14 @@ class UpgradeReport:
     base_notes: list[str] = field(default_factory=list)
     relaxed: list[str] = field(default_factory=list)
     platforms: list[PlatformSection] = field(default_factory=list)  # --platform: each other platform's part
+    # B not yet published (build files from a checkout past its tag): the published vllm whose wheel stands in
+    stand_in: str | None = None
 
     @property
     def review(self) -> list[str]:
         out = [f"base: relaxed {r}" for r in self.relaxed]
+        if self.stand_in:
+            out.append(f"base: vllm {self.to_version} is not published; the vllm {self.stand_in} wheel stands in")
         out += [f"patch {p.name}: {p.status}" for p in self.port.patches if p.status in (PO.MERGED, PO.CONFLICT)]
         if self.lock.status != "written":
             out.append(f"lock: {self.lock.status}")
@@ -441,6 +445,7 @@ def check_outputs(
     base_to: str | None = None,
     force: bool = False,
     platforms: tuple[Platform, ...] = (),
+    local: bool = False,
 ) -> None:
     """The output rule for ``-o DIR``, applied before any work (nothing is written when it refuses): the
     report, B's lock and its pylock twin, and B's base manifest when it is reconstructed (no ``base_to``,
@@ -448,7 +453,8 @@ def check_outputs(
     of that kind build-image wrote (symlinks are written through), or replaced only with ``force``; a device
     node, FIFO, socket or directory in their place is refused even then (BadInput, exit 2).  What a killed
     run left beside the report (``.NAME.<pid>-<start>.<random>.tmp``) is swept.  B's series folder under
-    ``DIR/patches/`` is refused when it holds a series build-image did not port (``refuse_foreign_series``)."""
+    ``DIR/patches/`` is refused when it holds a series build-image did not port (``refuse_foreign_series``).
+    ``local``: B's build files are given (--sdist/--source), so B's manifests are reconstructed into DIR."""
     report = report_path(out_dir, from_version, to_version, fmt)
     write_target(report)
     refuse_foreign(report, "upgrade report", force=force, marks=REPORT_MARKS)
@@ -456,14 +462,14 @@ def check_outputs(
         PO.refuse_foreign_series(series_out, force=force)
     L.refuse_foreign_outputs(b_lock_path(out_dir, to_version), force)
     shipped = default_base_manifest(to_version)
-    if base_to is None and not shipped.is_file():  # B's manifest is reconstructed into DIR
+    if base_to is None and (local or not shipped.is_file()):  # B's manifest is reconstructed into DIR
         refuse_foreign_manifest(Path(out_dir) / "lockfiles" / "base" / shipped.name, force=force)
     for p in platforms:  # each other platform's lock and reconstructed manifest
         if p.is_default:
             continue
         L.refuse_foreign_outputs(b_lock_path(out_dir, to_version, p), force)
         theirs = default_base_manifest(to_version, p)
-        if not theirs.is_file():
+        if local or not theirs.is_file():
             refuse_foreign_manifest(Path(out_dir) / "lockfiles" / "base" / theirs.name, force=force)
     sweep_write_leftovers(report)
 
@@ -500,18 +506,21 @@ def _base_for(
     auto_relax: bool = True,
     accept_undecided: tuple[str, ...] = (),
     platform: Platform = DEFAULT,
+    files=None,
 ) -> BaseB:
+    """B's base: ``given`` (--base-to), else the shipped one, else reconstructed from the release's sdist;
+    with ``files`` (--sdist/--source: B's build files) always reconstructed from them."""
     if given:
         p = Path(given)
         if not p.is_file():
             raise BadInput(f"base manifest {p} does not exist.")
         return BaseB(p, "given")
     shipped = default_base_manifest(version, platform)
-    if shipped.is_file():
+    if shipped.is_file() and files is None:
         return BaseB(shipped, "shipped")
     reporter.step(
-        f"reconstructing the {platform.name} base manifest of vllm {version}: its recipe derived from its "
-        "sdist, the install steps replayed"
+        f"reconstructing the {platform.name} base manifest of vllm {version}: its recipe derived from "
+        f"{files.sdist.filename if files is not None else 'its sdist'}, the install steps replayed"
     )
     rec = reconstruct(
         version,
@@ -521,6 +530,8 @@ def _base_for(
         accept_undecided=accept_undecided,
         auto_relax=MAX_AUTO_RELAX if auto_relax else 0,
         platform=platform,
+        recipe=None if files is None else derive(files, accept_undecided=accept_undecided, platform=platform),
+        files=files,
     )
     dest = (out_dir / "lockfiles" / "base" / shipped.name) if out_dir else scratch / shipped.name
     atomic_write_text(dest, rec.manifest.to_json())
@@ -529,6 +540,14 @@ def _base_for(
     notes += [f"approximated: {x}" for x in lacks.get("approximated", [])]
     notes += [f"index: {x}" for x in lacks.get("other_indexes", []) if ": asked (" not in x]
     notes += [f"undecided: {x}" for x in lacks.get("undecided", [])]
+    if files is not None:
+        said = "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in files.sdist.detail if k != "commit")
+        notes.append(f"build files: {files.sdist.filename}" + (f" ({said})" if said else ""))
+        if files.wheel:
+            notes.append(
+                f"stand-in: vllm {version} is not published; the vllm {files.wheel} wheel stands in for it in "
+                "the base and the lock (run upgrade again once the release is out)"
+            )
     if rec.manifest.consistency and rec.manifest.consistency.get("problems"):
         notes += [
             f"the base's own dependency problem (allowed at build): {p}" for p in rec.manifest.consistency["problems"]
@@ -588,6 +607,12 @@ def write_b_recipe_table(out: Path, recipe, platform: Platform = DEFAULT) -> Pat
     )
 
 
+def _stand_in(files) -> str | None:
+    """The published vllm whose wheel stands in for B's own in B's base (B's build files from a checkout
+    past its last tag), or None."""
+    return (files.wheel or None) if files is not None else None
+
+
 def _entries(lock) -> dict[str, str]:
     return {e.name: e.version for e in lock.entries}
 
@@ -614,6 +639,7 @@ def upgrade(
     auto_relax: bool = True,
     accept_undecided: tuple[str, ...] = (),
     platforms: tuple[Platform, ...] = (),
+    b_files=None,
 ) -> UpgradeReport:
     for p in platforms:  # before any work: each other platform needs A's base of that platform
         if not p.is_default:
@@ -637,6 +663,7 @@ def upgrade(
             relax=relax,
             auto_relax=auto_relax,
             accept_undecided=accept_undecided,
+            files=b_files,
         )
         b_path, b_source = b.path, b.source
         if b_source == "reconstructed" and out:
@@ -690,6 +717,7 @@ def upgrade(
             scratch,
             written,
             reporter,
+            vllm=_stand_in(b_files),
         )
         timings["lock"] = time.monotonic() - t0
         # 4. plan
@@ -711,6 +739,7 @@ def upgrade(
                 relax=relax,
                 auto_relax=auto_relax,
                 accept_undecided=accept_undecided,
+                b_files=b_files,
             )
             for p in platforms
             if not p.is_default
@@ -733,6 +762,7 @@ def upgrade(
             base_notes=b.notes,
             relaxed=b.relaxed,
             platforms=sections,
+            stand_in=_stand_in(b_files),
         )
         try:
             rep.shipped_series = str(P.series_dir_for(to_version, series.package))
@@ -757,9 +787,11 @@ def _lock_on_b(
     written: list[str],
     reporter: Reporter,
     platform: Platform = DEFAULT,
+    vllm: str | None = None,
 ) -> LockStep:
     """A's overlay (its lock's, or ``with_``) locked on B's base; a lock the gate rejects or
-    that cannot be resolved is a step with that status, not an error."""
+    that cannot be resolved is a step with that status, not an error.  ``vllm``: the vllm B's base holds
+    when it is not ``to_version`` (a published wheel standing in for an unreleased B's)."""
     a_lock_path = Path(lock_from) if lock_from else default_lock_path(from_version, platform)
     a_lock = load_lock(a_lock_path) if a_lock_path.is_file() else None
     overlay = list(with_) if with_ else (list(a_lock.overlay) if a_lock else [])
@@ -767,9 +799,9 @@ def _lock_on_b(
         default_overlay = L.DEFAULT_RAY in overlay or not overlay
     named = [w for w in overlay if w != L.DEFAULT_RAY]
     lock_path = b_lock_path(out, to_version, platform) if out else scratch / platform.slug / "requirements.lock"
-    resolved = resolve_base(str(b_path), to_version, platform=platform)
+    resolved = resolve_base(str(b_path), vllm or to_version, platform=platform)
     req = L.request_for(
-        vllm=to_version,
+        vllm=vllm or to_version,
         base=resolved,
         with_=named,
         default_overlay=default_overlay,
@@ -825,6 +857,7 @@ def _platform_section(
     relax,
     auto_relax: bool,
     accept_undecided,
+    b_files=None,
 ) -> PlatformSection:
     """Another platform's part: A's and B's bases of ``platform`` (B's reconstructed from the release's step for
     that platform when none is shipped, written with its recipes table under -o), their moves, and A's overlay of
@@ -840,6 +873,7 @@ def _platform_section(
         auto_relax=auto_relax,
         accept_undecided=accept_undecided,
         platform=platform,
+        files=b_files,
     )
     if b.source == "reconstructed" and out:
         written += [str(b.path), str(write_b_recipe_table(out, b.recipe, platform))]
@@ -859,6 +893,7 @@ def _platform_section(
         written,
         reporter.scoped(f"{platform.name}: "),
         platform,
+        vllm=_stand_in(b_files),
     )
     return PlatformSection(
         platform=platform.name,

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from builder.cli import main
+from builder.errors import BadInput
 from builder.resolve import sdist
 from tests.fx_sdist import DOCKERFILE, PIPELINE, REQUIREMENTS, write_sdist
 
@@ -115,8 +118,9 @@ def test_a_git_checkout_gives_the_recipe_with_its_commit(tmp_path):
     assert r.exit_code == 0, r.output
     assert f"vllm@{commit}" in r.output and "0.99.0" in r.output
     (repo / "docker" / "Dockerfile").write_text(DOCKERFILE + "\n# a local change\n")
-    r = _recipe("--source", str(repo))
-    assert r.exit_code == 2 and "uncommitted changes" in r.output
+    r = _recipe("--source", str(repo))  # the commit's files are read; the work tree's change is said
+    assert r.exit_code == 0 and f"vllm@{commit}" in r.output
+    assert "differs from the commit in docker/Dockerfile" in r.output
 
 
 def test_load_local_sdist_reads_without_extracting(tmp_path, monkeypatch):
@@ -125,3 +129,93 @@ def test_load_local_sdist_reads_without_extracting(tmp_path, monkeypatch):
     monkeypatch.setattr(tarfile.TarFile, "extract", lambda *a, **k: pytest.fail("extracted"))
     files = sdist.load_local_sdist(p)
     assert files.vllm == "0.99.0" and "docker/Dockerfile" in files.files
+
+
+def test_a_script_of_a_local_sdist_is_read_on_demand_and_confined(tmp_path):
+    from builder.resolve.recipe.interpret import OVERSIZE
+
+    link = tarfile.TarInfo("vllm-0.99.0/tools/evil.py")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    big = tarfile.TarInfo("vllm-0.99.0/tools/big.py")
+    big.size = sdist.MAX_BUILD_FILE + 1
+    big_sh = tarfile.TarInfo("vllm-0.99.0/tools/big.sh")
+    big_sh.size = sdist.MAX_BUILD_FILE + 1
+    p = _tar(
+        tmp_path / "vllm-0.99.0.tar.gz",
+        [
+            *(_file(f"vllm-0.99.0/{k}", v.encode()) for k, v in FILES.items()),
+            _file("vllm-0.99.0/tools/install.py", b"print(1)\n"),
+            _file("vllm-0.99.0/tools/run.sh", b"uv pip install --system x\n"),
+            (link, None),
+            (big, b"x" * big.size),
+            (big_sh, b"x" * big_sh.size),
+        ],
+    )
+    files = sdist.load_local_sdist(p)
+    assert files.files["tools/run.sh"] == "uv pip install --system x\n"  # every shell script, up front
+    assert files.files["tools/big.sh"] == f"{OVERSIZE}{big_sh.size}"  # refused where a RUN line runs it
+    assert "tools/install.py" not in files.files  # not read until something names it
+    assert files.text("tools/install.py", "a script") == "print(1)\n"
+    assert files.text("./tools/install.py", "a script") == "print(1)\n"
+    for rel, why in (
+        ("tools/evil.py", "is a link"),
+        ("tools/big.py", "more than a build file holds"),
+        ("../escape.sh", "leaves the build context"),
+        ("/etc/passwd", "leaves the build context"),
+    ):
+        with pytest.raises(BadInput, match=why) as exc:
+            files.text(rel, "a script")
+        assert str(p) in str(exc.value)
+    with pytest.raises(BadInput, match="has no tools/none.sh"):
+        files.text("tools/none.sh", "a script")
+
+
+def test_the_index_sdist_is_read_under_the_same_rules(tmp_path):
+    from builder.resolve.recipe import SdistRef
+
+    ref = SdistRef("vllm-0.99.0.tar.gz", "0" * 64)
+    good = [_file(f"vllm-0.99.0/{k}", v.encode()) for k, v in FILES.items()]
+    p = _tar(tmp_path / "ok.tar.gz", [*good, _file("vllm-0.99.0/tools/a.py", b"echo\n")])
+    files = sdist.read_build_files(p, "0.99.0", ref)
+    assert files.text("tools/a.py", "a script") == "echo\n"
+    link = tarfile.TarInfo("vllm-0.99.0/requirements/evil.txt")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    for name, extra in (("dotdot", _file("vllm-0.99.0/../x", b"x")), ("link", (link, None))):
+        bad = _tar(tmp_path / f"{name}.tar.gz", [*good, extra])
+        with pytest.raises(BadInput, match="vllm-0.99.0.tar.gz"):
+            sdist.read_build_files(bad, "0.99.0", ref)
+
+
+_PARTS = st.sampled_from(["..", ".", "", "vllm-0.99.0", "docker", "Dockerfile", "requirements", "a.txt", "tools"])
+_KINDS = st.sampled_from([tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.DIRTYPE, tarfile.FIFOTYPE])
+
+
+@given(
+    members=st.lists(
+        st.tuples(st.lists(_PARTS, min_size=1, max_size=5), _KINDS, st.sampled_from(["/etc/passwd", "../x", "a"])),
+        max_size=6,
+    ),
+    reads=st.lists(st.lists(_PARTS, min_size=1, max_size=4), max_size=3),
+)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_fuzz_a_hostile_sdist_is_read_or_refused_never_crashes(tmp_path, members, reads):
+    """Any member names and kinds beside a good sdist's files: the sdist is read or refused (exit-2
+    BadInput), and every file read on demand is one of the archive's regular files or refused."""
+    good = [_file(f"vllm-0.99.0/{k}", v.encode()) for k, v in FILES.items()]
+    extra = []
+    for parts, kind, target in members:
+        info = tarfile.TarInfo("/".join(parts))
+        info.type, info.linkname = kind, target if kind in (tarfile.SYMTYPE, tarfile.LNKTYPE) else ""
+        extra.append((info, b"" if kind == tarfile.REGTYPE else None))
+    p = _tar(tmp_path / "fuzz.tar.gz", [*good, *extra])
+    try:
+        files = sdist.load_local_sdist(p)
+    except BadInput as exc:
+        assert str(p) in str(exc)
+        return
+    for parts in reads:
+        try:
+            text = files.text("/".join(parts), "a file")
+        except BadInput:
+            continue
+        assert text in ("", *FILES.values())  # a regular file of the archive, never a link's target

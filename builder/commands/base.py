@@ -263,7 +263,9 @@ _LOCAL_SOURCES = [
         "source",
         type=click.Path(path_type=Path, file_okay=False),
         default=None,
-        help="Read the build files from this vLLM git checkout; the provenance names its commit.",
+        help="Read the build files from the HEAD commit's tree of this vLLM git checkout (never its work tree; "
+        "git runs none of the checkout's configured programs); the provenance names the commit and whether "
+        "the work tree matches it, the version is its tag's (or a development version past it).",
     ),
     click.option(
         "--accept-undecided",
@@ -416,6 +418,7 @@ def render_recipe_text(r) -> str:
 
     lines = [
         f"{r.image}: recipe from {r.sdist.filename} (sha256 {r.sdist.sha256})",
+        *(f"  {k.replace('_', ' '):<17}{v}" for k, v in r.sdist.detail),
         f"  target {r.target}, pipeline step {r.pipeline_step.value!r} ({src(r.pipeline_step)})",
         *(
             [f"  published as {r.image} ({r.published.platform.name}) by " + ", ".join(map(str, r.published.where))]
@@ -653,6 +656,7 @@ def _reconstruct_summary(rec, vllm: str, out: Path, as_json: bool) -> None:
         "vllm": vllm,
         "exclude_newer": rec.exclude_newer,
         "vllm_uploaded": rec.uploaded.isoformat(),
+        **({"vllm_wheel": rec.recipe.wheel} if rec.recipe.wheel else {}),
         "distributions": len(m.distributions),
         "binary": sum(1 for d in m.distributions.values() if d.facts.binary),
         "sdist": rec.recipe.sdist.filename,
@@ -671,7 +675,7 @@ def _reconstruct_summary(rec, vllm: str, out: Path, as_json: bool) -> None:
         f"wrote {out}: {summary['distributions']} distributions ({summary['binary']} binary); torch "
         f"{summary['torch']}, numpy {summary['numpy']}, CUDA {m.cuda}, Python {m.python_version}, glibc "
         f"{m.glibc}; {done} of {len(rec.steps)} steps replayed; exclude-newer {rec.exclude_newer} (vllm "
-        f"{vllm} uploaded {rec.uploaded.isoformat()}); install {rec.timings['install']:.1f} s "
+        f"{rec.recipe.wheel_version} uploaded {rec.uploaded.isoformat()}); install {rec.timings['install']:.1f} s "
         f"({rec.uv_steps.get('offline', 0)} step(s) from uv's cache, {rec.uv_steps.get('online', 0)} "
         f"asking the index), scan {rec.timings['scan']:.1f} s"
     )

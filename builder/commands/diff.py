@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from builder.data import path as data_path
-from builder.errors import BadInput, ExternalToolError, VerdictFailure
+from builder.errors import BadInput, VerdictFailure
 from builder.util import sha256_bytes
 from builder.validate import read_bounded, read_bounded_text
 
@@ -34,24 +34,28 @@ FORMATS = ("text", "markdown", "json")
 
 
 class Git:
-    """Thin adapter over the git CLI (read-only commands)."""
+    """The repository's revisions, read through :func:`builder.gitcli.git` (read-only plumbing, none of the
+    repository's configured programs)."""
 
     def __init__(self, cwd: str | Path = "."):
         self.cwd = Path(cwd)
         self.root = Path(self._run("rev-parse", "--show-toplevel", what="find the repository").decode().strip())
 
     def _run(self, *args: str, what: str, ok_codes=(0,)) -> bytes:
-        import subprocess
+        from builder.gitcli import git
 
-        try:
-            p = subprocess.run(["git", *args], cwd=getattr(self, "root", self.cwd), capture_output=True)
-        except FileNotFoundError:
-            raise ExternalToolError("git is not installed (needed by `build-image diff --git`).") from None
+        p = git(args, cwd=getattr(self, "root", self.cwd))
         if p.returncode not in ok_codes:
             err = p.stderr.decode(errors="replace").strip().splitlines()
             msg = err[-1] if err else f"exit {p.returncode}"
             if "not a git repository" in msg:
                 raise BadInput(f"`diff --git` must run inside a git repository ({self.cwd.resolve()} is not one).")
+            if "dubious ownership" in " ".join(err):
+                raise BadInput(
+                    f"`diff --git`: the repository at {self.cwd.resolve()} belongs to another user; git reads it "
+                    "only for its owner (build-image runs git without the user's configuration, so a "
+                    "safe.directory entry does not apply): run as its owner."
+                )
             raise BadInput(f"git could not {what}: {msg}")
         return p.stdout
 
@@ -75,9 +79,9 @@ class Git:
 
     def show(self, rev: str, path: str) -> bytes | None:
         """The blob ``rev:path`` or None when the path does not exist there."""
-        import subprocess
+        from builder.gitcli import git
 
-        p = subprocess.run(["git", "cat-file", "blob", f"{rev}:{path}"], cwd=self.root, capture_output=True)
+        p = git(("cat-file", "blob", f"{rev}:{path}"), cwd=self.root)
         return p.stdout if p.returncode == 0 else None
 
     def rel(self, path: str) -> str:

@@ -70,6 +70,23 @@ _OPTIONS = [
         help="B's base manifest (default: shipped, else reconstructed from its recipe).",
     ),
     click.option(
+        "--sdist",
+        "sdist_path",
+        type=click.Path(dir_okay=False),
+        default=None,
+        help="B's build files from this vLLM sdist (a release candidate, a nightly) instead of the index's: "
+        "B's base is reconstructed from them; --to must be the version its PKG-INFO says.",
+    ),
+    click.option(
+        "--source",
+        "source",
+        type=click.Path(file_okay=False),
+        default=None,
+        help="B's build files from the HEAD commit of this vLLM git checkout (main before the release): B's "
+        "base is reconstructed from them; --to must agree with its tag (a release after the tag when the "
+        "commit is past it; then the tag's published wheel stands in for B's and --to-wheel is needed).",
+    ),
+    click.option(
         "--series",
         "series_dir",
         type=click.Path(file_okay=False),
@@ -182,9 +199,7 @@ def command(
     if from_version == to_version:
         raise BadInput(f"--from and --to are both {to_version}: nothing to upgrade.")
     direction = release_direction(from_version, to_version, allow_downgrade=allow_downgrade)
-    if out_dir:  # the output rule, before any work: nothing under DIR is replaced that build-image did not write
-        check_writable_dir(out_dir)  # a read-only DIR: exit 2 naming it, before any work
-        U.check_outputs(out_dir, from_version, to_version, fmt, base_to=base_to, force=force, platforms=targets)
+    b_files = _before_work(out_dir, from_version, to_version, fmt, base_to, force, targets, inputs)
     reporter = PlainReporter().scoped("upgrade: ") if fmt == "text" or out_dir else SILENT
     rep = U.upgrade(
         from_version=from_version,
@@ -198,6 +213,7 @@ def command(
         auto_relax=not strict,
         accept_undecided=tuple(accept_undecided),
         platforms=targets,
+        b_files=b_files,
         **inputs,  # A's and B's inputs as given: series, wheels, base manifests, lock, spec, indexes, probe python
     )
     text = mark_direction(U.render(rep, fmt), fmt, direction, from_version, to_version)
@@ -208,6 +224,61 @@ def command(
         U.write_report(dest, text)
     emit_text(text)
     sys.exit(rep.exit_code)
+
+
+def _before_work(out_dir, from_version, to_version, fmt, base_to, force, targets, inputs: dict):
+    """What is checked before any work: B's build files (--sdist/--source, taken out of ``inputs``:
+    :func:`_b_build_files`) and the output rule for -o DIR (nothing under DIR is replaced that build-image did
+    not write; a read-only DIR is exit 2 naming it).  Returns B's build files or None."""
+    from builder import upgrade as U
+
+    b_files = _b_build_files(
+        to_version, inputs.pop("sdist_path", None), inputs.pop("source", None), base_to, inputs.get("to_wheel")
+    )
+    if out_dir:
+        check_writable_dir(out_dir)
+        U.check_outputs(
+            out_dir,
+            from_version,
+            to_version,
+            fmt,
+            base_to=base_to,
+            force=force,
+            platforms=targets,
+            local=b_files is not None,
+        )
+    return b_files
+
+
+def _b_build_files(to_version: str, sdist_path, source, base_to, to_wheel):
+    """B's build files from --sdist PATH or --source DIR (None without them), read and checked against --to
+    before any work (:func:`builder.resolve.sdist.load_local_sdist` / ``load_source``).  Bad input: both
+    given, either with --base-to, and a B whose wheel is not published (a checkout past its tag) without
+    --to-wheel (the patches are ported onto B's own code, which no published wheel holds)."""
+    if not (sdist_path or source):
+        return None
+    from pathlib import Path
+
+    from builder.resolve import sdist
+
+    if sdist_path and source:
+        raise BadInput("--sdist and --source name two sources of B's build files; give one.")
+    if base_to:
+        raise BadInput(
+            "--base-to gives B's base manifest and --sdist/--source the files to reconstruct it from; give one."
+        )
+    files = (
+        sdist.load_local_sdist(Path(sdist_path), to_version)
+        if sdist_path
+        else sdist.load_source(Path(source), to_version)
+    )
+    if files.wheel and not to_wheel:
+        raise BadInput(
+            f"vllm {to_version} ({files.sdist.filename}) is not a published release, so no wheel holds its code "
+            "for A's patches to be ported onto; pass --to-wheel (B's vllm wheel, or the vllm/ package folder "
+            "of the checkout).",
+        )
+    return files
 
 
 def _previous_series(to_version: str) -> str:

@@ -418,10 +418,12 @@ def provenance_text(
         f"{recipe.sdist.filename} (sha256 {recipe.sdist.sha256}) replayed in order into one tree "
         f"({n_replayed} resolved from the index with `uv pip install --target DIR --python-version "
         f"{recipe.python.value} --python-platform {recipe.platform} --no-build --exclude-newer {instant}`, each "
-        f"step seeing what the earlier ones installed; the exclude-newer instant is the vllm {recipe.vllm} "
-        f"wheel's upload time on the index, {uploaded.isoformat()}, rounded up), then the binary scan of "
-        f"`build-image base snapshot --site-packages DIR`. Each step, its source line and what it moved are in "
-        f"provenance.recipe.steps. Knowingly different from the real image: " + "; ".join(diff) + "."
+        f"step seeing what the earlier ones installed; the exclude-newer instant is the vllm "
+        f"{recipe.wheel_version} wheel's upload time on the index, {uploaded.isoformat()}, rounded up), then "
+        f"the binary scan of `build-image base snapshot --site-packages DIR`. Each step, its source line and "
+        f"what it moved are in provenance.recipe.steps. Knowingly different from the real image: "
+        + "; ".join(diff)
+        + "."
     )
 
 
@@ -1122,7 +1124,7 @@ def reconstruct(
     index_args = uv_index_args(find_links, no_index, index_url)
     plans = step_index_plans(recipe, index_args, reachable or ix.reachable)
     t0 = time.monotonic()
-    uploaded, instant = release_instant(index, recipe.vllm, recipe.python.value, recipe.platform)
+    uploaded, instant = release_instant(index, recipe.wheel_version, recipe.python.value, recipe.platform)
     timings["index"] = time.monotonic() - t0
     release = _Release(recipe, files, index, index_args, plans, uploaded, instant)
     return _replay_and_scan(
@@ -1242,7 +1244,7 @@ def _describe_replayed(
     recipe, instant = release.recipe, release.instant
     unmet = unmet_requirements(requirements_in(target), target_environment(recipe.python.value, recipe.platform))
     manifest.provenance_recipe = {
-        "sdist": {"filename": recipe.sdist.filename, "sha256": recipe.sdist.sha256},
+        "sdist": recipe.sdist.to_json(),
         "exclude_newer": instant,
         "steps": records,
         # the replayed tree is not pip-consistent where the image's steps leave it so

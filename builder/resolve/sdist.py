@@ -10,17 +10,26 @@ Adapter module (index + download cache + disk).  Public interface:
   with no sdist on the index is :class:`BadInput`; an index hash that differs from the
   recorded one is :class:`IntegrityError`.
 * :func:`read_build_files` ``(path, vllm, ref) -> BuildFiles`` — the files a recipe is derived
-  from (:data:`WANTED`), read from the archive without unpacking it.
+  from (:func:`wanted`), read from the archive without unpacking it.
+* :func:`load_local_sdist` (``--sdist PATH``) and :func:`load_source` (``--source DIR``, through
+  :mod:`builder.resolve.checkout`) — the same from a file or a git checkout the user gives.
+
+Every sdist, the index's or the user's, is read under one set of rules: each member's path inside the
+archive's folder (:func:`_member_rel`), each file read a regular file within :data:`MAX_BUILD_FILE`
+(:func:`_member_text`); a file a RUN line names later (a script) comes through :func:`tar_reader` under
+the same rules, its path confined by :func:`builder.resolve.checkout.context_path`.
 """
 
 from __future__ import annotations
 
 import tarfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.errors import BadInput, IntegrityError
 from builder.fetch import cached_path, fetch, verified
 from builder.resolve import index as ix
+from builder.resolve.checkout import context_path
 from builder.resolve.recipe import DOCKERFILE, PIPELINE, BuildFiles, SdistRef
 from builder.resolve.recipe.interpret import OVERSIZE
 from builder.validate import version_string
@@ -70,23 +79,11 @@ def sdist_file(vllm: str, *, sha256: str | None = None, index=None) -> tuple[Pat
 
 
 def read_build_files(path: Path, vllm: str, ref: SdistRef) -> BuildFiles:
-    """The recipe's files of the sdist at ``path`` (text by path, the archive's top folder stripped)."""
-    files: dict[str, str] = {}
-    try:
-        with tarfile.open(path, "r:gz") as tf:
-            for m in tf:
-                if not m.isfile():
-                    continue
-                rel = m.name.split("/", 1)[1] if "/" in m.name else m.name
-                if wanted(rel) and rel.endswith(".sh") and m.size > MAX_BUILD_FILE:
-                    files[rel] = f"{OVERSIZE}{m.size}"  # refused where a RUN line runs it
-                elif wanted(rel):
-                    fh = tf.extractfile(m)
-                    if fh is not None:
-                        files[rel] = fh.read().decode("utf-8", errors="replace")
-    except (OSError, tarfile.TarError, EOFError) as exc:
-        raise BadInput(f"{ref.filename} cannot be read as a gzip tar: {exc}.") from None
-    return BuildFiles(vllm=vllm, sdist=ref, files=files)
+    """The recipe's files of the index's sdist at ``path`` (text by path, the archive's top folder stripped),
+    under the same rules as a local sdist (:func:`read_tar`); other files of it through ``reader``."""
+    label = ref.filename
+    got = read_tar(path, label)
+    return BuildFiles(vllm=vllm, sdist=ref, files=got.files, reader=tar_reader(path, label, got))
 
 
 # The largest build file read from a local sdist or checkout (a Dockerfile or requirements file is kilobytes).
@@ -121,6 +118,98 @@ def _checked_version(vllm: str | None, found: str | None, what: str) -> str:
     return vllm
 
 
+def _member_rel(m: tarfile.TarInfo, label: str) -> tuple[str, str]:
+    """(the member's top folder, its path below it); BadInput when the member's path is absolute or holds
+    ``..`` (the one rule every sdist member meets, read or not)."""
+    parts = m.name.split("/")
+    if m.name.startswith("/") or ".." in parts:
+        raise BadInput(
+            f"{label}: the member {m.name[:200]!r} points outside the archive's folder; the file is refused."
+        )
+    return parts[0], "/".join(p for p in parts[1:] if p not in ("", "."))
+
+
+def _member_text(tf: tarfile.TarFile, m: tarfile.TarInfo, label: str) -> str:
+    """The text of a member a recipe reads: a file of the archive (a link is refused) within
+    :data:`MAX_BUILD_FILE`, refused from its header before it is read."""
+    if m.issym() or m.islnk():
+        raise BadInput(f"{label}: {m.name[:200]!r} is a link; the build files must be files of the archive.")
+    if not m.isfile():
+        raise BadInput(f"{label}: {m.name[:200]!r} is not a file of the archive.")
+    if m.size > MAX_BUILD_FILE:
+        raise BadInput(
+            f"{label}: {m.name[:200]!r} is {m.size} bytes, more than a build file holds "
+            f"({MAX_BUILD_FILE} at most); the file is refused."
+        )
+    fh = tf.extractfile(m)
+    return fh.read(MAX_BUILD_FILE + 1).decode("utf-8", errors="replace") if fh else ""
+
+
+def _tar_error(label: str, exc: BaseException) -> BadInput:
+    why = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
+    return BadInput(f"{label} cannot be read as a tar archive (gzip, bzip2, xz or plain): {why}.")
+
+
+@dataclass
+class TarRead:
+    """What one pass over an sdist gives: the build files a recipe reads by path below the top folder, the
+    PKG-INFO text, the top folders and every member's path below its top folder (for :func:`tar_reader`)."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    pkg_info: str | None = None
+    tops: set[str] = field(default_factory=set)
+    names: set[str] = field(default_factory=set)
+
+
+def read_tar(path: Path, label: str) -> TarRead:
+    """One pass over the sdist at ``path``, read in memory, never unpacked (see :class:`TarRead`).  Every
+    member is checked by :func:`_member_rel`; the files read by :func:`_member_text`, except a shell script
+    over :data:`MAX_BUILD_FILE`, kept as ``OVERSIZE`` and its size (the recipe reader refuses it where a RUN
+    line runs it; a script nothing runs does not matter)."""
+    out = TarRead()
+    try:
+        with tarfile.open(path, "r:*") as tf:
+            for m in tf:
+                top, rel = _member_rel(m, label)
+                out.tops.add(top)
+                out.names.add(rel)
+                if not (wanted(rel) or rel == "PKG-INFO") or not (m.isfile() or m.issym() or m.islnk()):
+                    continue
+                if rel.endswith(".sh") and m.isfile() and m.size > MAX_BUILD_FILE:
+                    out.files[rel] = f"{OVERSIZE}{m.size}"
+                    continue
+                text = _member_text(tf, m, label)
+                if rel == "PKG-INFO":
+                    out.pkg_info = text
+                else:
+                    out.files[rel] = text
+    except (OSError, tarfile.TarError, EOFError, ValueError) as exc:
+        raise _tar_error(label, exc) from None
+    return out
+
+
+def tar_reader(path: Path, label: str, first: TarRead | None = None):
+    """A reader of any other file of the sdist at ``path`` by its path below the top folder (for
+    :attr:`BuildFiles.reader`: a Dockerfile a pipeline step names, a file no recipe reads up front): the path
+    confined to the archive (:func:`context_path`), the member read by :func:`_member_text`; None when the
+    archive has no such file (known from the ``first`` pass's names without reading it again)."""
+
+    def read(rel: str) -> str | None:
+        want = context_path(rel, label)
+        if first is not None and want not in first.names:
+            return None
+        try:
+            with tarfile.open(path, "r:*") as tf:
+                for m in tf:
+                    if _member_rel(m, label)[1] == want and not m.isdir():
+                        return _member_text(tf, m, label)
+        except (OSError, tarfile.TarError, EOFError, ValueError) as exc:
+            raise _tar_error(label, exc) from None
+        return None
+
+    return read
+
+
 def load_local_sdist(path: Path, vllm: str | None = None) -> BuildFiles:
     """The build files of a vLLM sdist the user gives (``--sdist PATH``: a nightly, a fork): read from the
     archive in memory, never unpacked.  Refused (BadInput naming the file and member): not a readable
@@ -128,106 +217,75 @@ def load_local_sdist(path: Path, vllm: str | None = None) -> BuildFiles:
     ``..``, a link among the files read, a build file over :data:`MAX_BUILD_FILE`.  The provenance
     carries the file's own sha256."""
     path = Path(path)
+    label = f"--sdist {path}"
     if not path.is_file():
-        raise BadInput(f"--sdist {path}: no such file.")
+        raise BadInput(f"{label}: no such file.")
     ref = SdistRef(path.name, _sha256_of(path))
-    files: dict[str, str] = {}
-    pkg_info = None
-    tops: set[str] = set()
-    try:
-        with tarfile.open(path, "r:*") as tf:
-            for m in tf:
-                parts = m.name.split("/")
-                if m.name.startswith("/") or ".." in parts:
-                    raise BadInput(
-                        f"--sdist {path}: the member {m.name[:200]!r} points outside the archive's "
-                        "folder; the file is refused."
-                    )
-                tops.add(parts[0])
-                rel = "/".join(parts[1:])
-                if m.issym() or m.islnk():
-                    if wanted(rel) or rel == "PKG-INFO":
-                        raise BadInput(
-                            f"--sdist {path}: {m.name[:200]!r} is a link; the build files must be files of the archive."
-                        )
-                    continue
-                if not m.isfile() or not (wanted(rel) or rel == "PKG-INFO"):
-                    continue
-                if m.size > MAX_BUILD_FILE:
-                    raise BadInput(
-                        f"--sdist {path}: {m.name[:200]!r} is {m.size} bytes, more than a build file "
-                        f"holds ({MAX_BUILD_FILE} at most); the file is refused."
-                    )
-                fh = tf.extractfile(m)
-                text = fh.read(MAX_BUILD_FILE + 1).decode("utf-8", errors="replace") if fh else ""
-                if rel == "PKG-INFO":
-                    pkg_info = text
-                else:
-                    files[rel] = text
-    except (OSError, tarfile.TarError, EOFError, ValueError) as exc:
-        why = str(exc).splitlines()[0].rstrip(":") if str(exc) else type(exc).__name__
-        raise BadInput(f"--sdist {path} cannot be read as a tar archive (gzip, bzip2, xz or plain): {why}.") from None
-    if len(tops) != 1 or pkg_info is None:
+    got = read_tar(path, label)
+    files = got.files
+    if len(got.tops) != 1 or got.pkg_info is None:
         raise BadInput(f"--sdist {path} is not an sdist (one top folder with a PKG-INFO).")
-    name, version = _pkg_version(pkg_info)
+    name, version = _pkg_version(got.pkg_info)
     if (name or "").lower() != "vllm":
         raise BadInput(f"--sdist {path} is the sdist of {name!r}, not of vllm.")
     if DOCKERFILE not in files:
         raise BadInput(f"--sdist {path} has no {DOCKERFILE}: the image recipe cannot be derived from it.")
-    return BuildFiles(vllm=_checked_version(vllm, version, f"--sdist {path}"), sdist=ref, files=files)
+    return BuildFiles(
+        vllm=_checked_version(vllm, version, label), sdist=ref, files=files, reader=tar_reader(path, label, got)
+    )
 
 
-def load_source(folder: Path, vllm: str | None = None, git=None) -> BuildFiles:
-    """The build files of a vLLM git checkout (``--source DIR``): the files a recipe reads, from the work
-    tree; the provenance names the commit (``git rev-parse HEAD``; a tree with changes is refused, so the
-    commit says what was read) and a sha256 over the files read.  The version is --vllm, else
-    ``git describe --tags`` (``v0.34.0`` → ``0.34.0``)."""
+def load_source(folder: Path, vllm: str | None = None) -> BuildFiles:
+    """The build files of a vLLM git checkout (``--source DIR``), read from the tree object of its ``HEAD``
+    commit (:class:`builder.resolve.checkout.CommitTree`: every path confined to the tree, git run only
+    through :func:`builder.gitcli.git`).  The provenance names the commit, a sha256 over the files read,
+    whether the work tree holds them as the commit does, and how the version was decided
+    (:func:`builder.resolve.checkout.source_version`: the tag, ``--vllm``, or a development version with
+    the tag's wheel standing in)."""
     import hashlib
-    import subprocess
+
+    from builder.resolve.checkout import CommitTree, source_version
 
     folder = Path(folder)
-    if not (folder / DOCKERFILE).is_file():
-        raise BadInput(f"--source {folder}: no {DOCKERFILE}; give the root of a vLLM checkout.")
-
-    def run_git(*args: str) -> str:
-        try:
-            r = (git or subprocess.run)(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=60)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise BadInput(f"--source {folder}: git cannot read it ({exc}).") from None
-        if r.returncode != 0:
-            raise BadInput(f"--source {folder}: `git {' '.join(args)}` failed: {r.stderr.strip()[:300]}.")
-        return r.stdout.strip()
-
-    commit = run_git("rev-parse", "HEAD")
-    if run_git("status", "--porcelain", "--", "docker", "requirements", ".buildkite"):
+    if not folder.is_dir():
+        raise BadInput(f"--source {folder}: no such folder; give the root of a vLLM checkout.")
+    tree = CommitTree(folder, MAX_BUILD_FILE)
+    if tree.locate(DOCKERFILE) is None:
         raise BadInput(
-            f"--source {folder}: the build files have uncommitted changes; commit them so that the "
-            "provenance's commit says what was read."
+            f"--source {folder}: the commit {tree.commit[:12]} has no {DOCKERFILE}; give the root of a vLLM checkout."
         )
-    files: dict[str, str] = {}
-    root = folder.resolve()
-    for sub in ("docker/Dockerfile", ".buildkite/release-pipeline.yaml"):
-        files[sub] = ""
-    scripts = sorted((folder / ".buildkite").rglob("*.sh")) if (folder / ".buildkite").is_dir() else []
-    for p in [folder / DOCKERFILE, folder / PIPELINE, *sorted((folder / "requirements").glob("*")), *scripts]:
-        rel = p.relative_to(folder).as_posix()
-        if not wanted(rel) or not p.exists():
-            continue
-        if p.is_symlink() and not p.resolve().is_relative_to(root) or not p.is_file():
-            raise BadInput(f"--source {folder}: {rel} is not a file of the checkout.")
-        if p.stat().st_size > MAX_BUILD_FILE:
-            raise BadInput(f"--source {folder}: {rel} is larger than a build file ({MAX_BUILD_FILE} bytes at most).")
-        files[rel] = p.read_text(encoding="utf-8", errors="replace")
-    files = {k: v for k, v in files.items() if v or k.startswith("requirements/")}
-    found = None
-    if vllm is None:
-        tag = run_git("describe", "--tags", "--abbrev=0")
-        found = tag[1:] if tag.startswith("v") else tag
+    rels = [DOCKERFILE, *([PIPELINE] if tree.locate(PIPELINE) is not None else [])]
+    rels += [rel for rel in tree.files_under("requirements") if wanted(rel)]
+    oversize: dict[str, str] = {}
+    for rel, size in tree.files_under("").items():  # the shell scripts a RUN line or a pipeline step may run
+        if rel.endswith(".sh") and wanted(rel):
+            if size > MAX_BUILD_FILE:
+                oversize[rel] = f"{OVERSIZE}{size}"  # refused where a RUN line runs it
+            else:
+                rels.append(rel)
+    files = {**tree.read_many(rels), **oversize}
+    ver = source_version(vllm, tree.described(), tree.commit, f"--source {folder}")
     h = hashlib.sha256()
     for rel in sorted(files):
         h.update(rel.encode() + b"\0" + files[rel].encode() + b"\0")
-    version = _checked_version(vllm, found, f"--source {folder}")
-    return BuildFiles(vllm=version, sdist=SdistRef(f"{folder.name}@{commit}", h.hexdigest()), files=files)
+    differs = tree.worktree_differs(sorted(files))
+    detail = (
+        ("commit", tree.commit),
+        (
+            "work_tree",
+            "holds the files read as the commit does"
+            if not differs
+            else "differs from the commit in " + ", ".join(differs) + " (the commit's files were read)",
+        ),
+        ("version", ver.how),
+    )
+    return BuildFiles(
+        vllm=ver.version,
+        sdist=SdistRef(f"{folder.name}@{tree.commit}", h.hexdigest(), detail),
+        files=files,
+        wheel=ver.wheel if ver.wheel != ver.version else "",
+        reader=lambda rel: tree.read(rel) if tree.locate(rel) is not None else None,
+    )
 
 
 def load(vllm: str, *, sha256: str | None = None, index=None) -> BuildFiles:

@@ -316,7 +316,7 @@ def _derive(
             **inherited,
             "TARGETPLATFORM": Var(platform.name, label_where),
             "TARGETARCH": Var(platform.arch, label_where),
-            "VLLM_RELEASE": Var(files.vllm, ()),
+            "VLLM_RELEASE": Var(files.wheel or files.vllm, ()),  # the wheel a replay installs
         }
         walk.stage(st, local)
         inherited = {**inherited, **{k: v for k, v in local.items() if v.env}}  # ENV carries to the next stage
@@ -346,6 +346,7 @@ def _derive(
         image_overrides=tuple(Derived(pin, walk.overrides[1]) for pin in walk.overrides[0]),
         target_platform=platform,
         published=published,
+        wheel=files.wheel,
     )
     return recipe, walk.audit
 

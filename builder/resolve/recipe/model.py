@@ -3,8 +3,8 @@ install steps and the recipe itself (pure data; the reading lives in the sibling
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from builder.errors import BadInput
@@ -57,20 +57,37 @@ class Derived:
 class SdistRef:
     filename: str
     sha256: str
+    # where the files came from beyond the file itself (a checkout: its commit, whether the work tree matches,
+    # how the version was decided), as (key, text) pairs
+    detail: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict:
+        return {"filename": self.filename, "sha256": self.sha256, **dict(self.detail)}
 
 
 @dataclass(frozen=True)
 class BuildFiles:
-    """The build files of one release: text by path inside the sdist (top folder stripped)."""
+    """The build files of one release: text by path inside the sdist (top folder stripped).
+
+    ``files`` holds what every recipe reads (the Dockerfile, the release pipeline, requirements); ``reader``
+    brings any other file of the build context on demand (a script a RUN line calls), confined to the sdist
+    or the checkout's commit by :mod:`builder.resolve.sdist` (None: the file is not there; BadInput: a path
+    leaving the context, a link, a file over the bound).  ``wheel``: the published vllm release whose wheel
+    stands in for the files' own (a checkout past its tag), ``""`` for ``vllm`` itself."""
 
     vllm: str
     sdist: SdistRef
     files: Mapping[str, str]
+    wheel: str = ""
+    reader: Callable[[str], str | None] | None = field(default=None, compare=False, repr=False)
 
     def text(self, path: str, what: str) -> str:
-        if path not in self.files:
+        if path in self.files:
+            return self.files[path]
+        found = self.reader(path) if self.reader is not None else None
+        if found is None:
             raise BadInput(f"{self.sdist.filename} has no {path} ({what}).")
-        return self.files[path]
+        return found
 
 
 # --------------------------------------------------------------------------- recipe
@@ -170,10 +187,17 @@ class Recipe:
     target_platform: Platform = DEFAULT  # the image platform the pipeline step builds (linux/amd64, linux/arm64)
     # how the release publishes the step's image (publish.Published: the tag, and the lines from it to the step)
     published: Any = None
+    wheel: str = ""  # the published vllm release whose wheel stands in for the build's own ("": vllm's)
 
     @property
     def image(self) -> str:
-        return self.published.tag if self.published is not None else f"vllm/vllm-openai:v{self.vllm}"
+        tag = self.published.tag if self.published is not None else f"vllm/vllm-openai:v{self.vllm}"
+        return tag.replace("+", "-")  # a tag holds no '+' (a development version's local part)
+
+    @property
+    def wheel_version(self) -> str:
+        """The vllm release whose wheel a replay installs (and whose upload time bounds it)."""
+        return self.wheel or self.vllm
 
     @property
     def platform(self) -> str:
@@ -229,7 +253,8 @@ class Recipe:
         return {
             "vllm": self.vllm,
             "image": self.image,
-            "sdist": {"filename": self.sdist.filename, "sha256": self.sdist.sha256},
+            "sdist": self.sdist.to_json(),
+            **({"vllm_wheel": self.wheel} if self.wheel and self.wheel != self.vllm else {}),
             "target": self.target,
             "pipeline_step": self.pipeline_step.to_json(),
             "stages": [s.to_json() for s in self.stages],

@@ -152,7 +152,7 @@ def _use_engine(value: str | None) -> None:
     if value:
         import os
 
-        from builder.engine import ENGINE_ENV
+        from builder.engine import ENGINE_ENV  # only when --engine is given: startup stays light
 
         os.environ[ENGINE_ENV] = value
 

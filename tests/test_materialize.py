@@ -55,9 +55,14 @@ ENTRYPOINT ["vllm", "serve"]
 
 PIPELINE = """\
 steps:
+  - label: "Publish release images"
+    commands:
+      - "docker manifest create vllm/vllm-openai:v$RELEASE_VERSION r:$BUILDKITE_COMMIT-x86_64"
+      - "docker manifest push vllm/vllm-openai:v$RELEASE_VERSION"
   - label: "Build release image - x86_64 - CUDA 13.0"
     commands:
       - "docker build --target vllm-openai -f docker/Dockerfile ."
+      - "docker push r:$BUILDKITE_COMMIT-$(uname -m)"
 """
 
 
@@ -233,9 +238,9 @@ def test_a_manifest_that_is_not_its_recipe_s_replay_is_exit_2_naming_the_fields(
 
 
 def test_a_platform_the_engine_cannot_build_and_an_unknown_engine_are_exit_2(monkeypatch, tmp_path):
-    import builder.engine
+    import builder.image.materialize
 
-    monkeypatch.setattr(builder.engine, "builds_for", lambda platform: False)
+    monkeypatch.setattr(builder.image.materialize, "builds_for", lambda platform: False)
     r = CliRunner().invoke(main, ["base", "materialize", "--vllm", VLLM, "--platform", "linux/arm64"])
     assert r.exit_code == 2 and "cannot build linux/arm64 images" in " ".join(r.output.split()), r.output
     monkeypatch.setenv("BUILD_IMAGE_ENGINE", "nerdctl")

@@ -55,7 +55,7 @@ def lock_with(**pins: str) -> LockFile:
         "base-digest": "-",
         "base-manifest-sha256": "0" * 64,
         "python": "3.12",
-        "platform": "p",
+        "platform": "x86_64-manylinux_2_35",
         "inputs-sha256": "1" * 64,
     }
     entries = [

@@ -36,8 +36,11 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
+from builder.credentials import redact_text, redact_value
+from builder.engine import builds_for
 from builder.errors import BadInput, Unsatisfiable
 from builder.events import SILENT, Reporter
+from builder.fetch import fetch
 from builder.image.replay_config import ImageConfig
 from builder.platforms import Platform
 from builder.resolve import index as ix
@@ -309,8 +312,9 @@ def replay_labels(
         REPLAY_LABEL: "true",
         MANIFEST_LABEL: manifest_sha256,
         REPLAYS_LABEL: recipe.image,
-        FLOOR_LABEL: f"{floor} ({floor_id})",
-        LACKS_LABEL: json.dumps(lacks, sort_keys=True, separators=(",", ":")),
+        FLOOR_LABEL: redact_text(f"{floor} ({floor_id})"),
+        # a label is read by anyone who can pull the image: every string in it redacted, as a report is
+        LACKS_LABEL: json.dumps(redact_value(lacks), sort_keys=True, separators=(",", ":")),
         "org.build-image.base.recipe-sdist-sha256": recipe.sdist.sha256,
         "org.opencontainers.image.title": f"replay of {recipe.image} (build-image base materialize; not the "
         "published image)",
@@ -357,8 +361,6 @@ def write_context(
 def check_platform(engine, platform: Platform) -> None:
     """The engine on this host must be able to build ``platform``'s image; else :class:`BadInput` (exit 2)
     naming the platform (:func:`builder.engine.builds_for`)."""
-    from builder.engine import builds_for
-
     if not builds_for(platform):
         raise BadInput(
             f"base materialize --platform {platform.name}: the {engine.name} engine on this {os.uname().machine} "
@@ -391,8 +393,6 @@ def check_floor(engine, floor: str, platform: Platform) -> str:
 
 def download_wheels(chosen: Mapping[str, IndexFile], reporter: Reporter) -> dict[str, Path]:
     """Each chosen wheel, downloaded and sha256-verified into the download cache (adapter)."""
-    from builder.fetch import fetch
-
     out = {}
     for key, f in sorted(chosen.items()):
         reporter.step(f"fetching {f.filename}")

@@ -16,6 +16,7 @@ from builder import values
 from builder.data import path as data_path
 from builder.errors import BadInput
 from builder.platforms import KNOWN, Platform
+from builder.resolve.lockfile import lock_platform as header_lock_platform
 
 if TYPE_CHECKING:  # types only: the smoke test imports this module, which stays light
     from builder.resolve.lockfile import LockFile
@@ -62,8 +63,6 @@ def serve_backend_of(lock: LockFile) -> str:
 def lock_platform(lock: LockFile) -> Platform:
     """The platform a lock was made for (:func:`builder.resolve.lockfile.lock_platform`: its header's
     ``platform``; a lock naming none or another is refused)."""
-    from builder.resolve.lockfile import lock_platform as header_lock_platform
-
     return header_lock_platform(lock)
 
 

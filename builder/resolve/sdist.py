@@ -29,7 +29,7 @@ from pathlib import Path
 from builder.errors import BadInput, IntegrityError
 from builder.fetch import cached_path, fetch, verified
 from builder.resolve import index as ix
-from builder.resolve.checkout import context_path
+from builder.resolve.checkout import CommitTree, context_path, source_version
 from builder.resolve.recipe import DOCKERFILE, PIPELINE, BuildFiles, SdistRef
 from builder.resolve.recipe.interpret import OVERSIZE
 from builder.validate import version_string
@@ -243,8 +243,6 @@ def load_source(folder: Path, vllm: str | None = None) -> BuildFiles:
     (:func:`builder.resolve.checkout.source_version`: the tag, ``--vllm``, or a development version with
     the tag's wheel standing in)."""
     import hashlib
-
-    from builder.resolve.checkout import CommitTree, source_version
 
     folder = Path(folder)
     if not folder.is_dir():

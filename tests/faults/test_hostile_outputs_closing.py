@@ -64,7 +64,10 @@ _JSON_ALLOWED = {
     "builder/resolve/lock.py": 3,  # inputs-sha256 (hashed), the facts cache (x2)
     "builder/image/sbom.py": 1,  # the serial number's seed (hashed)
     "builder/resolve/reconstruct.py": 1,  # the replay record's key (hashed; it holds the index options)
-    "builder/image/referrers.py": 2,  # OCI descriptors pushed to the registry (digests)
+    "builder/image/referrers.py": 5,  # OCI descriptors, the .att manifest and its config pushed (digests)
+    "builder/image/materialize.py": 5,  # the Dockerfile's ENV/ENTRYPOINT/CMD quoting (x4), the lacks label (redacted)
+    "builder/serving/admission.py": 2,  # scalars quoted in the admission policies (digests, numbers, GPU names)
+    "builder/signing.py": 1,  # the DSSE envelope's canonical bytes (pushed by digest)
     "builder/image/multiplatform.py": 1,  # the OCI image index pushed to the registry (its digest)
     "builder/serving/smoke/client.py": 2,  # request bodies to the server under test
     "builder/serving/smoke/equivalence.py": 1,  # canonical bytes for a digest (the reference: render_json)

@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from builder.resolve import sedit
 from builder.resolve.recipe.model import Where
 
 
@@ -105,8 +106,6 @@ def _echo(args: list[str]) -> str:
 
 def _sed(text: str, args: list[str]) -> str:
     """``sed [-E] SCRIPT`` (no file, no -i) over the text, by :mod:`builder.resolve.sedit`."""
-    from builder.resolve import sedit
-
     ere = bool(args) and args[0] in ("-E", "-r")
     rest = args[1:] if ere else args
     if len(rest) != 1 or rest[0].startswith("-"):

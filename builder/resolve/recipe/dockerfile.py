@@ -14,6 +14,7 @@ from builder.platforms import Platform
 from builder.resolve.recipe.harmless import heredoc_marks, lift_line
 from builder.resolve.recipe.model import DOCKERFILE, PIPELINE, RELEASE_STEP, Derived, Where, release_step_label
 from builder.resolve.recipe.shell import Unknown
+from builder.validate import load_yaml
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -27,12 +28,7 @@ class ReleaseStep:
 
 def release_step(text: str, path: str = PIPELINE, label: str = RELEASE_STEP) -> ReleaseStep:
     """The release-image step of the pipeline: its target, Dockerfile and build args (pure)."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise BadInput(f"{path} is not valid YAML: {exc}.") from None
+    doc = load_yaml(text, path)
     env = {k: str(v) for k, v in ((doc or {}).get("env") or {}).items()} if isinstance(doc, dict) else {}
     step = _find_step(doc, label)
     if step is None:
@@ -90,12 +86,7 @@ def published_platforms(text: str, path: str = PIPELINE) -> tuple[tuple[Platform
     so (pure).  Where the pipeline has the step :data:`MULTI_ARCH_STEP`, the images its ``docker manifest
     create`` joins (``…:$BUILDKITE_COMMIT-x86_64``, ``…-aarch64``) are the published ones; without it, the
     x86_64 release image is the published tag alone (its step re-tags it to the default tag)."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise BadInput(f"{path} is not valid YAML: {exc}.") from None
+    doc = load_yaml(text, path)
     lines = text.splitlines()
 
     def line_of(label: str) -> int:
@@ -134,18 +125,20 @@ def check_published(text: str, platform: Platform, vllm: str, path: str = PIPELI
 
 
 def _find_step(node, label: str):
-    if isinstance(node, dict):
-        if node.get("label") == label:
-            return node
-        for v in node.values():
-            hit = _find_step(v, label)
-            if hit is not None:
-                return hit
-    elif isinstance(node, list):
-        for v in node:
-            hit = _find_step(v, label)
-            if hit is not None:
-                return hit
+    """The first mapping (depth first, in document order) whose ``label`` is ``label`` (iterative; a node
+    shared through YAML aliases is visited once)."""
+    stack, seen = [node], set()
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, dict):
+            if cur.get("label") == label:
+                return cur
+            stack.extend(reversed(list(cur.values())))
+        elif isinstance(cur, list):
+            stack.extend(reversed(cur))
     return None
 
 

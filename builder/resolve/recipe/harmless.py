@@ -492,8 +492,8 @@ def lexical_read(text: str, where: str, scope: Scope, rows: list[Row]) -> None:
     while i < n:
         t = toks[i]
         if t in _SEPARATORS or t in _OPENERS:
-            if t == ";;" or (t == "in" and case_arms):
-                i = _skip_pattern(toks, i + 1, case_arms)
+            if t == ";;" and case_arms:
+                i = _skip_pattern(toks, i + 1, f"{where}:{lines[i]}")
                 continue
             if t == "esac" and case_arms:
                 case_arms.pop()
@@ -503,13 +503,18 @@ def lexical_read(text: str, where: str, scope: Scope, rows: list[Row]) -> None:
         i = _lexical_unit(toks, lines, i, at, scope, rows, bodies, case_arms)
 
 
-def _skip_pattern(toks: list[str], i: int, case_arms: list[int]) -> int:
-    """Past a case arm's patterns (``a|b)``), or at ``esac``."""
+def _skip_pattern(toks: list[str], i: int, at: str) -> int:
+    """Past a case arm's patterns (``a|b)``), or at ``esac``; anything but words and ``|`` before the ``)``
+    is Unknown (a command is never skipped as a pattern)."""
     while i < len(toks) and toks[i] == ";":
         i += 1
     if i < len(toks) and toks[i] == "esac":
         return i
+    if i < len(toks) and toks[i] == "(":
+        i += 1
     while i < len(toks) and toks[i] != ")":
+        if toks[i] in _SEPARATORS and toks[i] != "|" or toks[i] in _OPENERS:
+            raise Unknown(f"{at}: a case arm whose pattern has no ')'")
         i += 1
     return i + 1
 
@@ -518,8 +523,10 @@ def _lexical_unit(toks, lines, i, at, scope, rows, bodies, case_arms) -> int:
     t, n = toks[i], len(toks)
     if t == "case":
         _substitutions(toks[i + 1] if i + 1 < n else "", at, scope, rows)
+        if i + 2 >= n or toks[i + 2] != "in":
+            raise Unknown(f"{at}: a case without its 'in'")
         case_arms.append(i)
-        return _skip_pattern(toks, i + 3, case_arms)
+        return _skip_pattern(toks, i + 3, at)
     if t in ("for", "select"):
         j = i + 2
         while j < n and toks[j] not in (";", "do"):

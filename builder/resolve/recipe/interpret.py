@@ -630,7 +630,12 @@ def run_text(text: str, ctx: ScriptContext, name: str, *, child: bool = False, a
                     ctx.fetches.append(Derived(what, (ctx.where,)))
                     done.add(what)
             return
-        run_script(tree, ctx)
+        try:
+            run_script(tree, ctx)
+        except Unknown as exc:
+            if name == str(ctx.where) or str(exc).startswith(name):
+                raise
+            raise Unknown(f"{name}: {exc}") from None
     finally:
         if child:
             ctx.vars = outer[0]

@@ -151,7 +151,10 @@ def test_the_sh_c_of_the_deepgemm_form_is_refused_not_dropped():
 
 
 SCRIPT = "#!/bin/bash\nset -euo pipefail\necho installing\nuv pip install --system from-script==2.0\n"
-ARRAYS = '#!/bin/bash\ndeps=(\n  libfoo\n  libbar\n)\napt-get install -y "${deps[@]}"\nif [[ $(id -u) -ne 0 ]]; then exit 1; fi\n'
+ARRAYS = (
+    '#!/bin/bash\ndeps=(\n  libfoo\n  libbar\n)\napt-get install -y "${deps[@]}"\n'
+    "if [[ $(id -u) -ne 0 ]]; then exit 1; fi\n"
+)
 
 
 def test_a_script_of_the_build_context_is_read_and_its_install_is_a_step():
@@ -372,8 +375,9 @@ SHIPPED = [("0.26.0", "amd64"), ("0.30.0", "amd64"), ("0.34.0", "amd64"), ("0.34
 @pytest.mark.slow
 @pytest.mark.parametrize("vllm,arch", SHIPPED)
 def test_the_property_on_shipped_releases(vllm, arch):
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     from builder import platforms
     from builder.resolve import sdist

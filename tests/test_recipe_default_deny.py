@@ -404,3 +404,17 @@ def test_the_miniature_keeps_its_recipe():
     r = derive(build_files())
     assert [s.replay for s in r.steps] and all(s.replay != "undecided" for s in r.steps)
     assert DOCKERFILE and PIPELINE and REQUIREMENTS
+
+
+def test_the_command_substitutions_of_a_heredoc_run_first_and_must_be_harmless():
+    exc = refusal(files_with("RUN cat > /etc/x.conf <<EOF\nkey=$(frobnicate)\nEOF"))
+    assert "frobnicate" in str(exc)
+    assert derive(files_with("RUN cat > /etc/x.conf <<EOF\nkey=$(date +%s)\nEOF"))
+
+
+def test_an_accepted_line_s_note_lists_the_installs_its_text_holds():
+    line = "RUN sh -c 'if ls /tmp/w/*.whl; then uv pip install --system /tmp/w/*.whl; fi'"
+    files = files_with(line)
+    n = added(files)
+    (step,) = [s for s in derive(files, accept_undecided=[f"docker/Dockerfile:{n}"]).steps if s.where.line == n]
+    assert "uv pip install --system /tmp/w/*.whl" in step.note

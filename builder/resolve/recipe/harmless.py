@@ -618,6 +618,8 @@ def lexical_command(words: list[str], stdin: str | None, at: str, scope: Scope, 
         raise Unknown(f"{at}: {exc}") from None
     text = " ".join(words)[:160]
     deeper = Scope(scope.tainted, scope.script, scope.depth + 1, scope.functions)
+    if stdin is not None and v.kind != "stdin-shell":
+        _substitutions(stdin, at, scope, rows)  # an unquoted heredoc runs its $(…) before the command reads it
     if v.kind == "installs":
         raise Unknown(f"{at}: {v.reason[:160]} installs, in text the reader does not interpret")
     if v.kind == "shell":

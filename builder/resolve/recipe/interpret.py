@@ -13,6 +13,7 @@ from packaging.utils import canonicalize_name
 
 from builder.resolve import sedit
 from builder.resolve.recipe.harmless import (
+    HEREDOC_PATH,
     MAX_DEPTH,
     MAX_TEXT,
     PIP_QUERIES,
@@ -454,6 +455,7 @@ def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
         text = stdin[0] if prog == "cat" and stdin else " ".join(argv[1:]) + "\n"
         if prog == "cat" and (stdin is None or len(argv) > 1):
             return _classified(cmd, ctx)
+        _heredoc_substitutions(cmd, ctx)
         before = ctx.files.get(out_path, ("", ctx.where))[0] if out[0] == ">>" else ""
         ctx.files[out_path] = (before + text, ctx.where)
         return True
@@ -511,6 +513,8 @@ def _classified(cmd: Cmd, ctx: ScriptContext) -> bool:
     run in turn, a fetch recorded, a command of the harmless table passed; anything else is Unknown."""
     v = classify(resolved(cmd.words, ctx), ctx.scope())
     shown = _describe(cmd)[:160]
+    if v.kind != "stdin-shell":
+        _heredoc_substitutions(cmd, ctx)
     for op, target in cmd.redirects:  # a file this command writes holds what the reader cannot say
         if op in (">", ">>", "&>") and target != "/dev/null":
             path = "".join(_soft(target, ctx))
@@ -580,6 +584,14 @@ def resolved(words: list[str], ctx: ScriptContext) -> list[str]:
             continue
         out.append(shlex.quote(vals[0]) if len(vals) == 1 else raw)
     return out
+
+
+def _heredoc_substitutions(cmd: Cmd, ctx: ScriptContext) -> None:
+    """The ``$(…)`` of a heredoc a command reads run before it does: each must be harmless."""
+    for op, target in cmd.redirects:
+        body = ctx.files.get(target, ("",))[0] if op == "<" and target.startswith(HEREDOC_PATH) else ""
+        for inner in command_substitutions(body):
+            lexical_read(inner, ctx.at, ctx.scope(), ctx.rows)
 
 
 def _soft(raw: str, ctx: ScriptContext) -> list[str]:

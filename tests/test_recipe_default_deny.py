@@ -418,3 +418,36 @@ def test_an_accepted_line_s_note_lists_the_installs_its_text_holds():
     n = added(files)
     (step,) = [s for s in derive(files, accept_undecided=[f"docker/Dockerfile:{n}"]).steps if s.where.line == n]
     assert "uv pip install --system /tmp/w/*.whl" in step.note
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "COPY vllm/v1 /usr/local/lib/python${PYTHON_VERSION}/dist-packages/vllm/v1",
+        "ADD https://example.invalid/x.pth /usr/local/lib/python3.12/site-packages/",
+        "WORKDIR /usr/local/lib/python3.12",
+        "RUN cp /tmp/x.so /usr/local/lib/python3.12/d*-packages/",
+        "RUN cd /usr/local/lib/python3.12 && cp /tmp/x.so d*/",
+    ],
+)
+def test_a_copy_workdir_or_glob_into_a_python_folder_is_refused_and_acceptable(line):
+    files = files_with(line)
+    n = added(files)
+    assert f"docker/Dockerfile:{n}" in str(refusal(files))
+    r = derive(files, accept_undecided=[f"docker/Dockerfile:{n}"])
+    assert [s.replay for s in r.steps if s.where.line == n] == ["undecided"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "import importlib; importlib.import_module('sub' + 'process').run(['uv'])",
+        "__import__('o' + 's').system('x')",
+        "getattr(__builtins__, 'ex' + 'ec')('x')",
+        "from os import system as s; s('x')",
+        "import pathlib; pathlib.Path('/x').write_text('y')",
+    ],
+)
+def test_python_text_that_reaches_a_program_or_a_write_indirectly_is_refused(text):
+    files = files_with(f"RUN python3 <<'EOF'\n{text}\nEOF")
+    assert f"docker/Dockerfile:{added(files)}" in str(refusal(files))

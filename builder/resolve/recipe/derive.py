@@ -26,6 +26,7 @@ from builder.resolve.recipe.interpret import (
     apt_packages,
     context_scripts,
     copy_targets,
+    into_python_tree,
     run_mounts,
     run_text,
 )
@@ -249,6 +250,9 @@ class _Walk:
                 self.arg(ins.value, w, local)
             elif ins.op == "ENV":
                 self.env(ins.value, w, local)
+            elif ins.op in ("COPY", "ADD", "WORKDIR") and into_python_tree(ins.op, ins.value, local):
+                why = f"{ins.op} {' '.join(ins.value.split())[:160]} reaches a Python folder of the image"
+                self.undecided(st, ins, w, why, ScriptContext({}, {}, {}, {}, "", w, list(self.steps), ((), ()), []))
             elif ins.op == "COPY" and "--from" not in ins.value:
                 copies.update(copy_targets(ins.value))
             elif ins.op == "RUN":

@@ -21,6 +21,13 @@ from builder.resolve.recipe.shell import STREAM_JOINS, Unknown, tokenize_lines
 # a command whose path operand matches is not harmless, whatever the table says of it.
 SITE_PATH = re.compile(r"(site|dist)-packages|\.pth\b|\.egg-link\b|purelib|platlib|getsitepackages|PYTHONPATH")
 
+
+def python_tree(path: str) -> bool:
+    """Whether a path (as written) may be under one of Python's site directories: it names one
+    (:data:`SITE_PATH`), or it is under a ``lib/python…`` folder and holds a glob that may reach one (pure)."""
+    return bool(SITE_PATH.search(path)) or ("lib/python" in path and bool(re.search(r"[*?\[]", path)))
+
+
 #: program -> (rule, reason).  Rules: ``any`` (arguments do not matter), ``paths`` (no operand names a
 #: path under a site directory), ``dest`` (the last operand, the one written, is not under one), ``apt``
 #: (Debian packages other than Ubuntu's own Python modules), ``wrapper`` (runs the command that follows,
@@ -170,11 +177,89 @@ _PY_INSTALLS = re.compile(
 )
 
 
+# what a harmless Python text may not name: modules that run programs, install or write files, and the
+# builtins and attributes that reach them indirectly (read by ``ast``, so string tricks need one of these)
+_PY_MODULES = {
+    "subprocess",
+    "shutil",
+    "pty",
+    "runpy",
+    "ctypes",
+    "multiprocessing",
+    "pip",
+    "setuptools",
+    "ensurepip",
+    "site",
+    "importlib.util",
+    "importlib.machinery",
+    "builtins",
+    "socket",
+    "urllib",
+    "code",
+    "codeop",
+    "pathlib",
+    "tempfile",
+    "zipfile",
+    "tarfile",
+    "distutils",
+    "sysconfig_write",
+    "uv",
+}
+_PY_NAMES = {
+    "exec",
+    "eval",
+    "compile",
+    "__import__",
+    "open",
+    "getattr",
+    "setattr",
+    "delattr",
+    "globals",
+    "locals",
+    "vars",
+    "breakpoint",
+    "input",
+    "__builtins__",
+    "__loader__",
+    "__spec__",
+}
+_PY_ATTRS = re.compile(
+    r"^(system|popen|spawn\w*|exec\w*|fork\w*|run|call|check_call|check_output|Popen|import_module|"
+    r"write\w*|copy\w*|move|rmtree|symlink|link|rename|replace|remove|unlink|mkdir|makedirs|chmod|chown|"
+    r"install|putenv|truncate|open\w*|load_module|exec_module|__\w+__)$"
+)
+
+
 def python_text_installs(text: str) -> str | None:
-    """The first construct of a Python program's text that can install, run a program or write into a site
-    directory, or None (pure): a Python heredoc or ``python3 -c`` is harmless only when this is None."""
+    """The first construct of a Python program's text that can install, run a program or write a file, or
+    None (pure): a Python heredoc or ``python3 -c`` is harmless only when this is None.  The text is read by
+    :mod:`ast`: an import of a module that runs programs or writes files, a builtin that reaches one
+    indirectly (``__import__``, ``getattr``, ``exec``, ``open``), or such an attribute (``.system``,
+    ``.run``, ``.write_text``, ``.import_module``, dunders) is named; text that is not Python is too."""
+    import ast
+
     m = _PY_INSTALLS.search(text)
-    return m.group(0) if m else None
+    if m:
+        return m.group(0)
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return "text that is not Python the reader can parse"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for mod in mods:
+                if mod in _PY_MODULES or mod.split(".")[0] in _PY_MODULES:
+                    return f"import {mod}"
+            if isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    if a.name in _PY_NAMES or _PY_ATTRS.match(a.name) or a.name == "*":
+                        return f"from {node.module} import {a.name}"
+        elif isinstance(node, ast.Name) and node.id in _PY_NAMES:
+            return node.id
+        elif isinstance(node, ast.Attribute) and _PY_ATTRS.match(node.attr) and node.attr != "__version__":
+            return f".{node.attr}"
+    return None
 
 
 def apt_python(argv: list[str]) -> str | None:
@@ -230,7 +315,7 @@ class Scope:
     functions: set[str] = field(default_factory=set)
 
     def site(self, raw: str) -> bool:
-        if SITE_PATH.search(raw):
+        if python_tree(raw):
             return True
         return any(name in self.tainted for name in re.findall(r"\$\{?(\w+)", raw))
 
@@ -250,6 +335,8 @@ def table_verdict(words: list[str], scope: Scope) -> Verdict:
     ops = _operands(words)
     if prog == "sed" and any(_SED_INPLACE.match(unquote(w)) for w in words[1:]):
         rule = "paths"
+    if prog == "cd" and any("lib/python" in w or scope.site(w) for w in ops):
+        raise Unknown(f"cd into a Python folder ({' '.join(words)[:120]}): later paths may reach site-packages")
     if rule == "paths" and any(scope.site(w) for w in ops):
         raise Unknown(f"{prog} on a path under a site directory ({' '.join(words)[:120]})")
     if rule == "dest" and ops and scope.site(ops[-1]):

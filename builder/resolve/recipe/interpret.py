@@ -27,6 +27,7 @@ from builder.resolve.recipe.harmless import (
     lexical_read,
     lift_heredocs,
     python_text_installs,
+    python_tree,
     unquote,
 )
 from builder.resolve.recipe.model import Derived, Step, Where
@@ -1028,3 +1029,23 @@ def context_scripts(mounts: dict[str, str], files: dict[str, str]) -> Callable[[
 
 #: the text a source reader stores for a script too large to read: this prefix and its size
 OVERSIZE = "\x00oversize:"
+
+
+def into_python_tree(op: str, value: str, local: dict[str, Var]) -> bool:
+    """Whether a COPY/ADD's destination or a WORKDIR may be under one of Python's site directories (or, for
+    WORKDIR, inside a ``lib/python…`` folder, where later relative paths may reach one): the instruction
+    changes what the replay cannot see, so it is refused like an undecided RUN line (pure)."""
+    import shlex
+
+    try:
+        parts = [p for p in shlex.split(value) if not p.startswith("--")]
+    except ValueError:
+        return True
+    if not parts:
+        return False
+    get = ScriptContext(dict(local), {}, {}, {}, "", Where("", 0), [], ((), ()), []).get
+    try:
+        dest = "".join(expand(parts[-1], get, split=False))
+    except (Unknown, ValueError, IndexError):
+        dest = parts[-1]
+    return python_tree(dest) or (op == "WORKDIR" and "lib/python" in dest)

@@ -42,9 +42,9 @@ def line_of(files: dict[str, str], needle: str) -> int:
     return next(i for i, ln in enumerate(files["docker/Dockerfile"].split("\n"), 1) if needle in ln)
 
 
-def added(files: dict[str, str]) -> int:
+def added(files: dict[str, str], stage: str = "") -> int:
     """The line of the first line :func:`files_with` added (right after the target stage's FROM)."""
-    return line_of(files, TARGET_FROM) + 1
+    return line_of(files, f"AS {stage}" if stage else TARGET_FROM) + 1
 
 
 def derive(files: dict[str, str], **kw) -> R.Recipe:
@@ -451,3 +451,28 @@ def test_a_copy_workdir_or_glob_into_a_python_folder_is_refused_and_acceptable(l
 def test_python_text_that_reaches_a_program_or_a_write_indirectly_is_refused(text):
     files = files_with(f"RUN python3 <<'EOF'\n{text}\nEOF")
     assert f"docker/Dockerfile:{added(files)}" in str(refusal(files))
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        "ENV UV_INDEX_URL=https://mirror.invalid/simple",
+        "ARG PIP_EXTRA_INDEX_URL=https://mirror.invalid/simple",
+        "ENV PYTHONPATH=/opt/extra",
+    ],
+)
+def test_an_installer_setting_that_changes_what_resolves_refuses_the_installs_after_it(lines):
+    files = files_with(lines, stage="FROM ${FINAL_BASE_IMAGE} AS vllm-runtime-base")
+    exc = refusal(files)
+    assert lines.split()[1].split("=")[0] in str(exc)
+    assert f"docker/Dockerfile:{added(files, 'vllm-runtime-base')}" in str(exc)  # where it was set
+
+
+def test_an_installer_setting_before_one_install_is_refused_an_empty_arg_is_not():
+    assert "UV_EXTRA_INDEX_URL" in str(
+        refusal(files_with("RUN UV_EXTRA_INDEX_URL=https://m.invalid/ uv pip install --system x==1"))
+    )
+    files = files_with(
+        "ARG PIP_INDEX_URL\nARG UV_INDEX_URL=${PIP_INDEX_URL}", stage="FROM ${FINAL_BASE_IMAGE} AS vllm-runtime-base"
+    )
+    assert [s.requirements for s in derive(files).steps] == [s.requirements for s in derive(build_files()).steps]

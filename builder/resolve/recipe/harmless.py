@@ -22,6 +22,44 @@ from builder.resolve.recipe.shell import STREAM_JOINS, Unknown, tokenize_lines
 SITE_PATH = re.compile(r"(site|dist)-packages|\.pth\b|\.egg-link\b|purelib|platlib|getsitepackages|PYTHONPATH")
 
 
+#: installer settings an image may set (ENV, ARG, ``export``, ``VAR=x cmd``) that change nothing about what
+#: an install resolves; any other ``UV_*``/``PIP_*`` (an index, a target, a config file …) or a Python path
+#: variable makes an install the reader cannot say, and is refused there
+INSTALLER_ENV_OK = {
+    "UV_CACHE_DIR": "where uv caches downloads",
+    "UV_COMPILE_BYTECODE": "uv writes .pyc files",
+    "UV_HTTP_TIMEOUT": "uv's network timeout",
+    "UV_LINK_MODE": "how uv places files (copy, hardlink)",
+    "UV_PYTHON_INSTALL_DIR": "where uv puts Pythons it downloads (none is used with --system)",
+    "UV_NO_CACHE": "uv without its cache",
+    "UV_CONCURRENT_DOWNLOADS": "uv's parallelism",
+    "UV_INDEX_STRATEGY": "read by the reader: the step's index strategy",
+    "UV_OVERRIDE": "read by the reader: the image's override pins",
+    "UV_SYSTEM_PYTHON": "install into the system Python (the image's site-packages)",
+    "PIP_CACHE_DIR": "where pip caches downloads",
+    "PIP_NO_CACHE_DIR": "pip without its cache",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "pip does not look for a newer pip",
+    "PIP_ROOT_USER_ACTION": "pip's warning about running as root",
+    "PIP_BREAK_SYSTEM_PACKAGES": "pip ignores EXTERNALLY-MANAGED",
+    "PIP_PROGRESS_BAR": "pip's output",
+    "PIP_KEYRING_PROVIDER": "how pip asks a keyring for index credentials",
+    "UV_KEYRING_PROVIDER": "how uv asks a keyring for index credentials",
+    "UV_INSTALL_DIR": "where uv's own installer puts uv",
+}
+
+
+def installer_setting(names) -> str | None:
+    """The first variable among ``names`` that changes what pip or uv installs and is not in
+    :data:`INSTALLER_ENV_OK` (``UV_INDEX_URL``, ``PIP_EXTRA_INDEX_URL``, ``PYTHONPATH`` …), or None (pure).
+    The caller passes the variables set to something (an ARG declared empty changes nothing)."""
+    for n in names:
+        if re.match(r"^(UV_|PIP_)", n) and n not in INSTALLER_ENV_OK:
+            return n
+        if n in ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "VIRTUAL_ENV", "CONDA_PREFIX"):
+            return n
+    return None
+
+
 def python_tree(path: str) -> bool:
     """Whether a path (as written) may be under one of Python's site directories: it names one
     (:data:`SITE_PATH`), or it is under a ``lib/python…`` folder and holds a glob that may reach one (pure)."""

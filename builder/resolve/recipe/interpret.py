@@ -23,6 +23,7 @@ from builder.resolve.recipe.harmless import (
     classify,
     command_substitutions,
     install_kind,
+    installer_setting,
     lexical_command,
     lexical_read,
     lift_heredocs,
@@ -435,8 +436,13 @@ def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
                 k, _, v = w.partition("=")
                 ctx.assign(k, v)
         return True
+    prefix = []
     while len(words) > 1 and re.match(r"^\w+=", words[0]):
+        prefix.append(words[0].split("=", 1)[0])
         words = words[1:]  # VAR=value cmd: the assignment only reaches cmd's environment
+    setting = installer_setting(prefix)
+    if setting and install_kind([w.strip("'\"") for w in words[:4]]) == "install":
+        raise Unknown(f"{setting}=… before an install (it changes what the install resolves)")
     try:
         argv = [w for raw in words for w in expand(raw, ctx.get)]
     except Unknown:
@@ -819,6 +825,10 @@ def _per_wheel(args: list[str], ctx: ScriptContext) -> list[list[str]]:
 
 
 def _install_step(installer: str, args: list[str], ctx: ScriptContext) -> Step:
+    setting = installer_setting(k for k, v in ctx.vars.items() if v.value)
+    if setting:
+        where = ", ".join(map(str, ctx.vars[setting].where)) or "the build"
+        raise Unknown(f"{setting} ({where}) is set for this install and changes what it resolves")
     o = _install_options(args, ctx)
     reqs, rfiles, cfiles, pins, flags, extra = o.reqs, o.rfiles, o.cfiles, o.pins, o.flags, o.extra
     index_url, strategy, edits = o.index_url, o.strategy, o.edits

@@ -507,6 +507,10 @@ def _pip_command(installer: str, sub: str, rest: list[str], out_path: str | None
         )
         return True
     if sub == "install":
+        setting = installer_setting(k for k, v in ctx.vars.items() if v.value)
+        if setting:
+            where = ", ".join(map(str, ctx.vars[setting].where)) or "the build"
+            raise Unknown(f"{setting} ({where}) is set for this install and changes what it resolves")
         for args in _per_wheel(rest, ctx):
             ctx.steps.append(_install_step(installer, args, ctx))
         return True
@@ -825,10 +829,6 @@ def _per_wheel(args: list[str], ctx: ScriptContext) -> list[list[str]]:
 
 
 def _install_step(installer: str, args: list[str], ctx: ScriptContext) -> Step:
-    setting = installer_setting(k for k, v in ctx.vars.items() if v.value)
-    if setting:
-        where = ", ".join(map(str, ctx.vars[setting].where)) or "the build"
-        raise Unknown(f"{setting} ({where}) is set for this install and changes what it resolves")
     o = _install_options(args, ctx)
     reqs, rfiles, cfiles, pins, flags, extra = o.reqs, o.rfiles, o.cfiles, o.pins, o.flags, o.extra
     index_url, strategy, edits = o.index_url, o.strategy, o.edits

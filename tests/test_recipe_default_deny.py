@@ -476,3 +476,11 @@ def test_an_installer_setting_before_one_install_is_refused_an_empty_arg_is_not(
         "ARG PIP_INDEX_URL\nARG UV_INDEX_URL=${PIP_INDEX_URL}", stage="FROM ${FINAL_BASE_IMAGE} AS vllm-runtime-base"
     )
     assert [s.requirements for s in derive(files).steps] == [s.requirements for s in derive(build_files()).steps]
+
+
+@pytest.mark.parametrize(
+    "opts", ["--target /opt/lib", "--python /opt/venv/bin/python", "-e .", "--find-links /w", "--user", "--frobnicate"]
+)
+def test_an_install_option_the_reader_does_not_model_is_refused(opts):
+    files = files_with(f"RUN uv pip install --system {opts} some-dist==1")
+    assert opts.split()[0] in str(refusal(files))

@@ -725,14 +725,57 @@ _VALUE_OPTS = {
     "--index-url",
     "-i",
     "--extra-index-url",
-    "--python",
-    "-p",
     "--index-strategy",
     "--prerelease",
+    # options that only change how, not what or where (their value is read and dropped)
+    "--cache-dir",
+    "--link-mode",
+    "--root-user-action",
+    "--progress-bar",
+    "--keyring-provider",
+    "--color",
+}
+# options that change where an install puts its files or what it takes them from, which the reader does
+# not model: an install with one is Unknown
+_UNMODELED_OPTS = {
+    "--python",
+    "-p",
     "--target",
+    "-t",
     "--prefix",
+    "--root",
+    "--user",
     "--find-links",
     "-f",
+    "--no-index",
+    "--editable",
+    "-e",
+    "--only-binary",
+    "--no-binary",
+    "--python-version",
+    "--python-platform",
+    "--config-file",
+    "--exclude-newer",
+    "--resolution",
+}
+# flags that change nothing about what is installed or where
+_NOOP_FLAGS = {
+    "--system",
+    "--verbose",
+    "-v",
+    "-vv",
+    "-q",
+    "--quiet",
+    "--no-cache",
+    "--no-cache-dir",
+    "--break-system-packages",
+    "--compile",
+    "--compile-bytecode",
+    "--disable-pip-version-check",
+    "--no-progress",
+    "--no-color",
+    "--no-warn-script-location",
+    "--strict",
 }
 _PASS_FLAGS = {
     "--no-deps",
@@ -759,6 +802,8 @@ def _install_options(args: list[str], ctx: ScriptContext) -> _InstallOptions:
         if "=" in a and a.startswith("--") and a.split("=", 1)[0] in _VALUE_OPTS:
             a, v = a.split("=", 1)
             args = args[:i] + [a, v] + args[i + 1 :]
+        if a.split("=", 1)[0] in _UNMODELED_OPTS:
+            raise Unknown(f"the install option {a} (where or from what it installs, which the reader does not model)")
         if a in _VALUE_OPTS:
             if i + 1 >= len(args):
                 raise Unknown(f"{a} without its value")
@@ -788,10 +833,14 @@ def _install_options(args: list[str], ctx: ScriptContext) -> _InstallOptions:
                 strategy = v
             elif a == "--prerelease" and v == "allow":
                 flags.append("--pre")
+            elif a == "--prerelease" and v != "disallow":
+                raise Unknown(f"--prerelease {v}")
             continue
         if a.startswith("-"):
             if a in _PASS_FLAGS:
                 flags.append(a)
+            elif a not in _NOOP_FLAGS:
+                raise Unknown(f"the install option {a}")
             i += 1
             continue
         reqs.append(a)

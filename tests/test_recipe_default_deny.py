@@ -484,3 +484,32 @@ def test_an_installer_setting_before_one_install_is_refused_an_empty_arg_is_not(
 def test_an_install_option_the_reader_does_not_model_is_refused(opts):
     files = files_with(f"RUN uv pip install --system {opts} some-dist==1")
     assert opts.split()[0] in str(refusal(files))
+
+
+def test_a_checkout_s_scripts_are_read_and_one_linked_out_is_not(tmp_path):
+    import subprocess
+
+    from builder.resolve import sdist
+
+    outside = tmp_path / "outside.sh"
+    outside.write_text("uv pip install --system smuggled==1\n")
+    repo = tmp_path / "vllm"
+    files = files_with(
+        "COPY tools/inst.sh /tmp/inst.sh\nRUN bash /tmp/inst.sh\nCOPY tools/out.sh /tmp/out.sh\nRUN bash /tmp/out.sh",
+        {"tools/inst.sh": SCRIPT},
+    )
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    (repo / "tools" / "out.sh").symlink_to(outside)
+    git = ["git", "-C", str(repo), "-c", "user.email=t@e", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    bf = sdist.load_source(repo, "0.99.0")
+    assert bf.files["tools/inst.sh"] == SCRIPT and "tools/out.sh" not in bf.files
+    exc = refusal(dict(bf.files))
+    assert "/tmp/out.sh" in str(exc) and "smuggled" not in str(exc)
+    n = line_of(files, "RUN bash /tmp/out.sh")
+    r = derive(dict(bf.files), accept_undecided=[f"docker/Dockerfile:{n}"])
+    assert ("from-script==2.0",) in [s.requirements for s in r.steps]

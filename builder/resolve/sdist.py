@@ -217,6 +217,7 @@ def load_source(folder: Path, vllm: str | None = None, git=None) -> BuildFiles:
             raise BadInput(f"--source {folder}: {rel} is larger than a build file ({MAX_BUILD_FILE} bytes at most).")
         files[rel] = p.read_text(encoding="utf-8", errors="replace")
     files = {k: v for k, v in files.items() if v or k.startswith("requirements/")}
+    files.update(_source_scripts(folder))
     found = None
     if vllm is None:
         tag = run_git("describe", "--tags", "--abbrev=0")
@@ -226,6 +227,35 @@ def load_source(folder: Path, vllm: str | None = None, git=None) -> BuildFiles:
         h.update(rel.encode() + b"\0" + files[rel].encode() + b"\0")
     version = _checked_version(vllm, found, f"--source {folder}")
     return BuildFiles(vllm=version, sdist=SdistRef(f"{folder.name}@{commit}", h.hexdigest()), files=files)
+
+
+#: the folders of a checkout whose shell scripts a RUN line may run (the release Dockerfiles COPY them from here)
+SCRIPT_FOLDERS = ("tools", "docker", ".buildkite")
+
+
+def _source_scripts(folder: Path) -> dict[str, str]:
+    """The ``*.sh`` files under :data:`SCRIPT_FOLDERS` of a checkout, by path: only regular files whose real
+    path stays inside the checkout (a link out, or through a linked folder, is left out: a RUN line that runs
+    it is then refused); one over :data:`MAX_BUILD_FILE` is recorded by its size (refused where run)."""
+    import os
+
+    root = folder.resolve()
+    out: dict[str, str] = {}
+    for sub in SCRIPT_FOLDERS:
+        top = folder / sub
+        if top.is_symlink() or not top.is_dir():
+            continue
+        for dirpath, dirnames, filenames in os.walk(top):  # never follows a linked folder
+            for name in sorted(filenames):
+                p = Path(dirpath) / name
+                if not name.endswith(".sh") or p.is_symlink() or not p.is_file():
+                    continue
+                if not p.resolve().is_relative_to(root):
+                    continue
+                rel = p.relative_to(folder).as_posix()
+                size = p.stat().st_size
+                out[rel] = f"{OVERSIZE}{size}" if size > MAX_BUILD_FILE else p.read_text("utf-8", errors="replace")
+    return out
 
 
 def load(vllm: str, *, sha256: str | None = None, index=None) -> BuildFiles:

@@ -513,3 +513,72 @@ def test_a_checkout_s_scripts_are_read_and_one_linked_out_is_not(tmp_path):
     n = line_of(files, "RUN bash /tmp/out.sh")
     r = derive(dict(bf.files), accept_undecided=[f"docker/Dockerfile:{n}"])
     assert ("from-script==2.0",) in [s.requirements for s in r.steps]
+
+
+SHELL_BITS = [
+    "$(",
+    ")",
+    "(",
+    "'",
+    '"',
+    "`",
+    "<<EOF",
+    "<<-X",
+    "EOF",
+    "X",
+    "case",
+    "in",
+    "esac",
+    ";;",
+    "[[",
+    "]]",
+    "{",
+    "}",
+    "for",
+    "do",
+    "done",
+    "if",
+    "then",
+    "fi",
+    "else",
+    "\n",
+    ";",
+    "&&",
+    "||",
+    "|",
+    ">",
+    "<",
+    ">&2",
+    "&>",
+    "$X",
+    "${X",
+    "${X:-a}",
+    "${X,,}",
+    "X=1",
+    "sh -c",
+    "bash",
+    "/tmp/s.sh",
+    ". /etc/environment",
+    "python3 -c",
+    "uv pip install --system",
+    "pip install",
+    "echo",
+    "rm -rf",
+    "dist-packages",
+    "a",
+    "b",
+    "\\",
+    "#",
+    "$((1+2))",
+]
+
+
+@given(bits=st.lists(st.sampled_from(SHELL_BITS), max_size=30))
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_any_shell_text_in_a_run_line_is_read_or_refused_never_a_crash(bits):
+    text = " ".join(bits)
+    files = files_with("COPY tools/s.sh /tmp/s.sh\nRUN " + text.replace("\n", " \\\n"), {"tools/s.sh": text})
+    try:
+        derive(files)
+    except BadInput as exc:
+        assert exc.exit_code == 2

@@ -582,3 +582,18 @@ def test_any_shell_text_in_a_run_line_is_read_or_refused_never_a_crash(bits):
         derive(files)
     except BadInput as exc:
         assert exc.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RUN echo `uv pip install --system hidden==1`",
+        "RUN X=`pip install hidden` && echo $X",
+        'RUN if [ "`pip install hidden`" ]; then echo; fi',
+        "RUN diff <(pip install hidden) /dev/null",
+        "RUN tee >(sh) < /dev/null",
+    ],
+)
+def test_a_command_in_backquotes_or_a_process_substitution_is_never_hidden(line):
+    files = files_with(line)
+    assert f"docker/Dockerfile:{added(files)}" in str(refusal(files))

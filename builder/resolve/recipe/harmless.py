@@ -684,6 +684,8 @@ def _lexical_unit(toks, lines, i, at, scope, rows, bodies, case_arms) -> int:
     while j < n and toks[j] not in _SEPARATORS:
         if toks[j] in _REDIRECTS and j + 1 < n:
             target = toks[j + 1]
+            if target == "(":
+                raise Unknown(f"{at}: a process substitution ({toks[j]}( … )), which the reader does not follow")
             _substitutions(target, at, scope, rows)
             if toks[j] == "<":
                 stdin = bodies.get(unquote(target), stdin)

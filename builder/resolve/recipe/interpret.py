@@ -641,6 +641,8 @@ def run_text(text: str, ctx: ScriptContext, name: str, *, child: bool = False, a
     ctx.at, ctx.depth = name, ctx.depth + 1
     try:
         try:
+            if re.search(r"`|[<>]\(", text):  # backquotes and process substitutions: read lexically only
+                raise Unknown("backquotes or a process substitution")
             tree = parse_script(text)
         except (Unknown, ValueError, IndexError):
             rows: list[Row] = []

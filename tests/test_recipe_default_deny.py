@@ -95,6 +95,7 @@ def test_the_same_line_in_a_stage_outside_the_chain_is_not_read():
         "RUN find / -name '*.so' -exec rm {} +",
         "RUN eval \"$(cat /tmp/x)\"",
         "RUN pip3 download x && python3 setup.py install",
+        "RUN touch /usr/local/lib/python3.12/dist-packages/empty.pth",
     ],
 )
 def test_a_harmless_looking_command_that_reaches_site_packages_is_refused(line):

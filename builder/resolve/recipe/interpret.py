@@ -467,6 +467,8 @@ def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
         ctx.files[out_path] = (before + text, ctx.where)
         return True
     if prog == "touch":
+        if any(python_tree(p) for p in argv[1:]):
+            raise Unknown(f"{_describe(cmd)[:120]!r} creates a file under a site directory")
         for p in argv[1:]:
             ctx.files.setdefault(p, ("", ctx.where))
         return True

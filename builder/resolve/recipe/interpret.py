@@ -414,6 +414,20 @@ def _test(args: list[str], ctx: ScriptContext) -> bool | str:
     raise Unknown(f"[ {' '.join(args)} ]")
 
 
+def _assignments(words: list[str], ctx: ScriptContext) -> bool:
+    """``A=1 B=2`` or ``export/readonly/local/declare A=1``: the variables set; False for another command."""
+    if all(re.match(r"^\w+=", w) for w in words):
+        assigned = words
+    elif words[0] in ("export", "readonly", "local", "declare"):
+        assigned = [w for w in words[1:] if re.match(r"^\w+=", w)]
+    else:
+        return False
+    for w in assigned:
+        k, _, v = w.partition("=")
+        ctx.assign(k, v)
+    return True
+
+
 def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
     words = cmd.words
     if not words:
@@ -425,16 +439,7 @@ def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
                 raise Unknown(f"an unclosed [ in {_describe(cmd)!r}")
             args = args[:-1]
         return _test(args, ctx)
-    if all(re.match(r"^\w+=", w) for w in words):
-        for w in words:
-            k, _, v = w.partition("=")
-            ctx.assign(k, v)
-        return True
-    if words[0] in ("export", "readonly", "local", "declare"):
-        for w in words[1:]:
-            if re.match(r"^\w+=", w):
-                k, _, v = w.partition("=")
-                ctx.assign(k, v)
+    if _assignments(words, ctx):
         return True
     prefix = []
     while len(words) > 1 and re.match(r"^\w+=", words[0]):

@@ -598,3 +598,10 @@ def test_any_shell_text_in_a_run_line_is_read_or_refused_never_a_crash(bits):
 def test_a_command_in_backquotes_or_a_process_substitution_is_never_hidden(line):
     files = files_with(line)
     assert f"docker/Dockerfile:{added(files)}" in str(refusal(files))
+
+
+def test_an_install_behind_a_plain_wrapper_is_a_step_and_env_settings_are_seen():
+    files = files_with("RUN sudo uv pip install --system wrapped==1")
+    assert [s.requirements for s in added_steps(files, added(files))] == [("wrapped==1",)]
+    exc = refusal(files_with("RUN env UV_INDEX_URL=https://m.invalid/simple uv pip install --system x==1"))
+    assert "UV_INDEX_URL" in str(exc)

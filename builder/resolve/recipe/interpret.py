@@ -414,6 +414,10 @@ def _test(args: list[str], ctx: ScriptContext) -> bool | str:
     raise Unknown(f"[ {' '.join(args)} ]")
 
 
+# wrappers that run the command after them unchanged (``env`` with only VAR=value words before it)
+_PLAIN_WRAPPERS = ("sudo", "env", "time", "nohup", "command")
+
+
 def _assignments(words: list[str], ctx: ScriptContext) -> bool:
     """``A=1 B=2`` or ``export/readonly/local/declare A=1``: the variables set; False for another command."""
     if all(re.match(r"^\w+=", w) for w in words):
@@ -442,9 +446,12 @@ def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
     if _assignments(words, ctx):
         return True
     prefix = []
-    while len(words) > 1 and re.match(r"^\w+=", words[0]):
-        prefix.append(words[0].split("=", 1)[0])
-        words = words[1:]  # VAR=value cmd: the assignment only reaches cmd's environment
+    while len(words) > 1 and (re.match(r"^\w+=", words[0]) or words[0] in _PLAIN_WRAPPERS):
+        if words[0] not in _PLAIN_WRAPPERS:
+            prefix.append(words[0].split("=", 1)[0])
+        elif words[1].startswith("-"):
+            break  # a wrapper with options: classified as written
+        words = words[1:]  # VAR=value cmd / sudo cmd / env VAR=value cmd: what runs is cmd
     setting = installer_setting(prefix)
     if setting and install_kind([w.strip("'\"") for w in words[:4]]) == "install":
         raise Unknown(f"{setting}=… before an install (it changes what the install resolves)")

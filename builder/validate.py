@@ -333,6 +333,32 @@ def load_typed_json(
     return doc
 
 
+def load_yaml(text: str, what: str, *, limit: int = MAX_DEPTH, error: type[Exception] = BadInput) -> Any:
+    """``yaml.safe_load(text)`` with the nesting bounded (a document deeper than ``limit``, or one PyYAML
+    cannot compose within the stack, is ``error`` naming ``what``) and its aliases counted once (a shared
+    node is not walked again, so an alias bomb costs its size, not its expansion); a YAML error is ``error``
+    naming ``what``."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
+    except RecursionError:
+        raise _too_deep(what, limit, error) from None
+    except yaml.YAMLError as exc:
+        raise error(f"{what} is not valid YAML: {exc}.") from None
+    seen: set[int] = set()
+    stack: list[tuple[Any, int]] = [(doc, 0)]
+    while stack:
+        obj, d = stack.pop()
+        if not isinstance(obj, (dict, list)) or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if d + 1 > limit:
+            raise _too_deep(what, limit, error)
+        stack.extend((c, d + 1) for c in (obj.values() if isinstance(obj, dict) else obj))
+    return doc
+
+
 # ---------------------------------------------------------------- files the user names
 def read_bounded(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_DOC_BYTES) -> bytes:
     """The bytes of the regular file ``path``, at most ``max_bytes``; BadInput naming ``what`` and the

@@ -19,13 +19,15 @@ How the files are read:
 * The final stage for the target and the stages it is built ``FROM`` are walked in order; ARG
   values are resolved as BuildKit does (global ARG defaults, build args win, a stage's bare
   ``ARG X`` brings the global value in).
-* RUN lines that install, uninstall or freeze Python packages, or write the file an ``ENV
-  UV_OVERRIDE`` names, are interpreted by a small shell reader (:func:`run_script`): ``;``,
-  ``&&``, ``||`` (the left side; the right side is recorded as the fallback), ``( )``,
-  ``if/elif/else/fi`` on ``[ ]`` tests, variable assignments, ``echo/touch > file``, ``uv pip
-  freeze > f`` + ``grep -E '^(a|b)==' f > g`` (constraints from what is installed), and the
-  ``$(...)`` forms in :data:`SUBSTITUTIONS`.  Anything else inside such a RUN that would decide an
-  install is refused (:class:`builder.errors.BadInput` naming the file and line), never guessed.
+* Every RUN line of the chain is read (default-deny, :mod:`builder.resolve.recipe.harmless`): each
+  command it runs is an install the interpreter understands (:func:`run_script` over the command tree of
+  :mod:`builder.resolve.recipe.shell`: ``;``, ``&&``, ``||``, pipes, ``( )``, ``if``/``case`` on ``[ ]``
+  tests, assignments, ``echo/cat > file``, ``uv pip freeze > f`` + ``grep``, the ``$(...)`` forms in
+  ``shell.SOURCES``/``shell.FILTERS``), a command of the harmless table (``HARMLESS``, a rule and a reason per entry),
+  or shell text read the same way (``sh -c``, the build context's scripts, heredocs); text the
+  interpreter cannot parse is read lexically, where every command must be harmless.  Anything else is
+  refused (:class:`builder.errors.BadInput` naming the file, line and construct), never guessed;
+  ``--accept-undecided FILE:LINE`` replays such a line as nothing and records what it would have done.
 """
 
 from builder.resolve.recipe.derive import (

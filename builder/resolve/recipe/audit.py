@@ -31,6 +31,23 @@ class AuditRow:
         }
 
 
+_INSTALL_TEXT = re.compile(
+    r"(?:\buv\s+pip|\bpython[\d.]*\s+-m\s+pip|\bpip[\d.]*)\s+(?:install|uninstall)\b[^;&|\n)]*|"
+    r"\bflashinfer\s+download-\w+|\bsetup\.py\s+\w+"
+)
+
+
+def install_texts(text: str) -> list[str]:
+    """The install commands written in a line's text (and the scripts it runs), as written: what an accepted
+    undecided line would have installed, for its note (pure; a listing, not an interpretation)."""
+    out: list[str] = []
+    for m in _INSTALL_TEXT.finditer(text):
+        t = " ".join(m.group(0).replace("\\\n", " ").split())[:200]
+        if t not in out:
+            out.append(t)
+    return out
+
+
 def step_text(s: Step) -> str:
     """One install step in a few words (pure)."""
     what = ", ".join((*s.requirements, *(f"-r {f}" for f in s.requirement_files), *s.names)) or "?"

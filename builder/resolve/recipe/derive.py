@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from builder.errors import BadInput
 from builder.platforms import DEFAULT, Platform
-from builder.resolve.recipe.audit import AuditRow, accepted_lines, conclusion, step_text
+from builder.resolve.recipe.audit import AuditRow, accepted_lines, conclusion, install_texts, step_text
 from builder.resolve.recipe.dockerfile import (
     Instruction,
     Stage,
@@ -25,6 +25,7 @@ from builder.resolve.recipe.interpret import (
     apt_packages,
     context_scripts,
     copy_targets,
+    into_python_tree,
     run_mounts,
     run_text,
 )
@@ -221,6 +222,8 @@ class _Walk:
         construct, none of which the replay keeps."""
         kept = "; ".join(step_text(s) for s in ctx.steps[len(self.steps) :])
         lost = f"; the line also decides, not replayed: {kept}" if kept else ""
+        written = install_texts(ins.value + "".join(r.command for r in ctx.rows) + "".join(b for _p, b in ins.heredocs))
+        lost += f"; its text installs, not replayed: {' | '.join(written)}" if written else ""
         accepted = str(w) in self.accept_undecided
         said = ("accepted undecided: " if accepted else "refused: ") + why + lost
         self.audit.append(AuditRow(w, ins.value, said, tuple(ctx.rows)))
@@ -246,6 +249,9 @@ class _Walk:
                 self.arg(ins.value, w, local)
             elif ins.op == "ENV":
                 self.env(ins.value, w, local)
+            elif ins.op in ("COPY", "ADD", "WORKDIR") and into_python_tree(ins.op, ins.value, local):
+                why = f"{ins.op} {' '.join(ins.value.split())[:160]} reaches a Python folder of the image"
+                self.undecided(st, ins, w, why, ScriptContext({}, {}, {}, {}, "", w, list(self.steps), ((), ()), []))
             elif ins.op == "COPY" and "--from" not in ins.value:
                 copies.update(copy_targets(ins.value))
             elif ins.op == "RUN":

@@ -12,6 +12,7 @@ from builder.errors import BadInput
 from builder.resolve.recipe.harmless import heredoc_marks, lift_line
 from builder.resolve.recipe.model import DOCKERFILE, PIPELINE, RELEASE_STEP, Derived, Where
 from builder.resolve.recipe.shell import Unknown
+from builder.validate import load_yaml
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -25,12 +26,7 @@ class ReleaseStep:
 
 def release_step(text: str, path: str = PIPELINE, label: str = RELEASE_STEP) -> ReleaseStep:
     """The release-image step of the pipeline: its target, Dockerfile and build args (pure)."""
-    import yaml
-
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise BadInput(f"{path} is not valid YAML: {exc}.") from None
+    doc = load_yaml(text, path)
     env = {k: str(v) for k, v in ((doc or {}).get("env") or {}).items()} if isinstance(doc, dict) else {}
     step = _find_step(doc, label)
     if step is None:
@@ -80,18 +76,20 @@ def release_step(text: str, path: str = PIPELINE, label: str = RELEASE_STEP) -> 
 
 
 def _find_step(node, label: str):
-    if isinstance(node, dict):
-        if node.get("label") == label:
-            return node
-        for v in node.values():
-            hit = _find_step(v, label)
-            if hit is not None:
-                return hit
-    elif isinstance(node, list):
-        for v in node:
-            hit = _find_step(v, label)
-            if hit is not None:
-                return hit
+    """The first mapping (depth first, in document order) whose ``label`` is ``label`` (iterative; a node
+    shared through YAML aliases is visited once)."""
+    stack, seen = [node], set()
+    while stack:
+        cur = stack.pop()
+        if id(cur) in seen:
+            continue
+        seen.add(id(cur))
+        if isinstance(cur, dict):
+            if cur.get("label") == label:
+                return cur
+            stack.extend(reversed(list(cur.values())))
+        elif isinstance(cur, list):
+            stack.extend(reversed(cur))
     return None
 
 

@@ -21,6 +21,51 @@ from builder.resolve.recipe.shell import STREAM_JOINS, Unknown, tokenize_lines
 # a command whose path operand matches is not harmless, whatever the table says of it.
 SITE_PATH = re.compile(r"(site|dist)-packages|\.pth\b|\.egg-link\b|purelib|platlib|getsitepackages|PYTHONPATH")
 
+
+#: installer settings an image may set (ENV, ARG, ``export``, ``VAR=x cmd``) that change nothing about what
+#: an install resolves; any other ``UV_*``/``PIP_*`` (an index, a target, a config file …) or a Python path
+#: variable makes an install the reader cannot say, and is refused there
+INSTALLER_ENV_OK = {
+    "UV_CACHE_DIR": "where uv caches downloads",
+    "UV_COMPILE_BYTECODE": "uv writes .pyc files",
+    "UV_HTTP_TIMEOUT": "uv's network timeout",
+    "UV_LINK_MODE": "how uv places files (copy, hardlink)",
+    "UV_PYTHON_INSTALL_DIR": "where uv puts Pythons it downloads (none is used with --system)",
+    "UV_NO_CACHE": "uv without its cache",
+    "UV_CONCURRENT_DOWNLOADS": "uv's parallelism",
+    "UV_INDEX_STRATEGY": "read by the reader: the step's index strategy",
+    "UV_OVERRIDE": "read by the reader: the image's override pins",
+    "UV_SYSTEM_PYTHON": "install into the system Python (the image's site-packages)",
+    "PIP_CACHE_DIR": "where pip caches downloads",
+    "PIP_NO_CACHE_DIR": "pip without its cache",
+    "PIP_DISABLE_PIP_VERSION_CHECK": "pip does not look for a newer pip",
+    "PIP_ROOT_USER_ACTION": "pip's warning about running as root",
+    "PIP_BREAK_SYSTEM_PACKAGES": "pip ignores EXTERNALLY-MANAGED",
+    "PIP_PROGRESS_BAR": "pip's output",
+    "PIP_KEYRING_PROVIDER": "how pip asks a keyring for index credentials",
+    "UV_KEYRING_PROVIDER": "how uv asks a keyring for index credentials",
+    "UV_INSTALL_DIR": "where uv's own installer puts uv",
+}
+
+
+def installer_setting(names) -> str | None:
+    """The first variable among ``names`` that changes what pip or uv installs and is not in
+    :data:`INSTALLER_ENV_OK` (``UV_INDEX_URL``, ``PIP_EXTRA_INDEX_URL``, ``PYTHONPATH`` …), or None (pure).
+    The caller passes the variables set to something (an ARG declared empty changes nothing)."""
+    for n in names:
+        if re.match(r"^(UV_|PIP_)", n) and n not in INSTALLER_ENV_OK:
+            return n
+        if n in ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "VIRTUAL_ENV", "CONDA_PREFIX"):
+            return n
+    return None
+
+
+def python_tree(path: str) -> bool:
+    """Whether a path (as written) may be under one of Python's site directories: it names one
+    (:data:`SITE_PATH`), or it is under a ``lib/python…`` folder and holds a glob that may reach one (pure)."""
+    return bool(SITE_PATH.search(path)) or ("lib/python" in path and bool(re.search(r"[*?\[]", path)))
+
+
 #: program -> (rule, reason).  Rules: ``any`` (arguments do not matter), ``paths`` (no operand names a
 #: path under a site directory), ``dest`` (the last operand, the one written, is not under one), ``apt``
 #: (Debian packages other than Ubuntu's own Python modules), ``wrapper`` (runs the command that follows,
@@ -170,11 +215,89 @@ _PY_INSTALLS = re.compile(
 )
 
 
+# what a harmless Python text may not name: modules that run programs, install or write files, and the
+# builtins and attributes that reach them indirectly (read by ``ast``, so string tricks need one of these)
+_PY_MODULES = {
+    "subprocess",
+    "shutil",
+    "pty",
+    "runpy",
+    "ctypes",
+    "multiprocessing",
+    "pip",
+    "setuptools",
+    "ensurepip",
+    "site",
+    "importlib.util",
+    "importlib.machinery",
+    "builtins",
+    "socket",
+    "urllib",
+    "code",
+    "codeop",
+    "pathlib",
+    "tempfile",
+    "zipfile",
+    "tarfile",
+    "distutils",
+    "sysconfig_write",
+    "uv",
+}
+_PY_NAMES = {
+    "exec",
+    "eval",
+    "compile",
+    "__import__",
+    "open",
+    "getattr",
+    "setattr",
+    "delattr",
+    "globals",
+    "locals",
+    "vars",
+    "breakpoint",
+    "input",
+    "__builtins__",
+    "__loader__",
+    "__spec__",
+}
+_PY_ATTRS = re.compile(
+    r"^(system|popen|spawn\w*|exec\w*|fork\w*|run|call|check_call|check_output|Popen|import_module|"
+    r"write\w*|copy\w*|move|rmtree|symlink|link|rename|replace|remove|unlink|mkdir|makedirs|chmod|chown|"
+    r"install|putenv|truncate|open\w*|load_module|exec_module|__\w+__)$"
+)
+
+
 def python_text_installs(text: str) -> str | None:
-    """The first construct of a Python program's text that can install, run a program or write into a site
-    directory, or None (pure): a Python heredoc or ``python3 -c`` is harmless only when this is None."""
+    """The first construct of a Python program's text that can install, run a program or write a file, or
+    None (pure): a Python heredoc or ``python3 -c`` is harmless only when this is None.  The text is read by
+    :mod:`ast`: an import of a module that runs programs or writes files, a builtin that reaches one
+    indirectly (``__import__``, ``getattr``, ``exec``, ``open``), or such an attribute (``.system``,
+    ``.run``, ``.write_text``, ``.import_module``, dunders) is named; text that is not Python is too."""
+    import ast
+
     m = _PY_INSTALLS.search(text)
-    return m.group(0) if m else None
+    if m:
+        return m.group(0)
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return "text that is not Python the reader can parse"
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for mod in mods:
+                if mod in _PY_MODULES or mod.split(".")[0] in _PY_MODULES:
+                    return f"import {mod}"
+            if isinstance(node, ast.ImportFrom):
+                for a in node.names:
+                    if a.name in _PY_NAMES or _PY_ATTRS.match(a.name) or a.name == "*":
+                        return f"from {node.module} import {a.name}"
+        elif isinstance(node, ast.Name) and node.id in _PY_NAMES:
+            return node.id
+        elif isinstance(node, ast.Attribute) and _PY_ATTRS.match(node.attr) and node.attr != "__version__":
+            return f".{node.attr}"
+    return None
 
 
 def apt_python(argv: list[str]) -> str | None:
@@ -230,7 +353,7 @@ class Scope:
     functions: set[str] = field(default_factory=set)
 
     def site(self, raw: str) -> bool:
-        if SITE_PATH.search(raw):
+        if python_tree(raw):
             return True
         return any(name in self.tainted for name in re.findall(r"\$\{?(\w+)", raw))
 
@@ -250,6 +373,8 @@ def table_verdict(words: list[str], scope: Scope) -> Verdict:
     ops = _operands(words)
     if prog == "sed" and any(_SED_INPLACE.match(unquote(w)) for w in words[1:]):
         rule = "paths"
+    if prog == "cd" and any("lib/python" in w or scope.site(w) for w in ops):
+        raise Unknown(f"cd into a Python folder ({' '.join(words)[:120]}): later paths may reach site-packages")
     if rule == "paths" and any(scope.site(w) for w in ops):
         raise Unknown(f"{prog} on a path under a site directory ({' '.join(words)[:120]})")
     if rule == "dest" and ops and scope.site(ops[-1]):
@@ -492,8 +617,8 @@ def lexical_read(text: str, where: str, scope: Scope, rows: list[Row]) -> None:
     while i < n:
         t = toks[i]
         if t in _SEPARATORS or t in _OPENERS:
-            if t == ";;" or (t == "in" and case_arms):
-                i = _skip_pattern(toks, i + 1, case_arms)
+            if t == ";;" and case_arms:
+                i = _skip_pattern(toks, i + 1, f"{where}:{lines[i]}")
                 continue
             if t == "esac" and case_arms:
                 case_arms.pop()
@@ -503,13 +628,18 @@ def lexical_read(text: str, where: str, scope: Scope, rows: list[Row]) -> None:
         i = _lexical_unit(toks, lines, i, at, scope, rows, bodies, case_arms)
 
 
-def _skip_pattern(toks: list[str], i: int, case_arms: list[int]) -> int:
-    """Past a case arm's patterns (``a|b)``), or at ``esac``."""
+def _skip_pattern(toks: list[str], i: int, at: str) -> int:
+    """Past a case arm's patterns (``a|b)``), or at ``esac``; anything but words and ``|`` before the ``)``
+    is Unknown (a command is never skipped as a pattern)."""
     while i < len(toks) and toks[i] == ";":
         i += 1
     if i < len(toks) and toks[i] == "esac":
         return i
+    if i < len(toks) and toks[i] == "(":
+        i += 1
     while i < len(toks) and toks[i] != ")":
+        if toks[i] in _SEPARATORS and toks[i] != "|" or toks[i] in _OPENERS:
+            raise Unknown(f"{at}: a case arm whose pattern has no ')'")
         i += 1
     return i + 1
 
@@ -518,8 +648,10 @@ def _lexical_unit(toks, lines, i, at, scope, rows, bodies, case_arms) -> int:
     t, n = toks[i], len(toks)
     if t == "case":
         _substitutions(toks[i + 1] if i + 1 < n else "", at, scope, rows)
+        if i + 2 >= n or toks[i + 2] != "in":
+            raise Unknown(f"{at}: a case without its 'in'")
         case_arms.append(i)
-        return _skip_pattern(toks, i + 3, case_arms)
+        return _skip_pattern(toks, i + 3, at)
     if t in ("for", "select"):
         j = i + 2
         while j < n and toks[j] not in (";", "do"):
@@ -552,6 +684,8 @@ def _lexical_unit(toks, lines, i, at, scope, rows, bodies, case_arms) -> int:
     while j < n and toks[j] not in _SEPARATORS:
         if toks[j] in _REDIRECTS and j + 1 < n:
             target = toks[j + 1]
+            if target == "(":
+                raise Unknown(f"{at}: a process substitution ({toks[j]}( … )), which the reader does not follow")
             _substitutions(target, at, scope, rows)
             if toks[j] == "<":
                 stdin = bodies.get(unquote(target), stdin)
@@ -611,6 +745,8 @@ def lexical_command(words: list[str], stdin: str | None, at: str, scope: Scope, 
         raise Unknown(f"{at}: {exc}") from None
     text = " ".join(words)[:160]
     deeper = Scope(scope.tainted, scope.script, scope.depth + 1, scope.functions)
+    if stdin is not None and v.kind != "stdin-shell":
+        _substitutions(stdin, at, scope, rows)  # an unquoted heredoc runs its $(…) before the command reads it
     if v.kind == "installs":
         raise Unknown(f"{at}: {v.reason[:160]} installs, in text the reader does not interpret")
     if v.kind == "shell":

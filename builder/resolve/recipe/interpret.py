@@ -13,6 +13,7 @@ from packaging.utils import canonicalize_name
 
 from builder.resolve import sedit
 from builder.resolve.recipe.harmless import (
+    HEREDOC_PATH,
     MAX_DEPTH,
     MAX_TEXT,
     PIP_QUERIES,
@@ -22,10 +23,12 @@ from builder.resolve.recipe.harmless import (
     classify,
     command_substitutions,
     install_kind,
+    installer_setting,
     lexical_command,
     lexical_read,
     lift_heredocs,
     python_text_installs,
+    python_tree,
     unquote,
 )
 from builder.resolve.recipe.model import Derived, Step, Where
@@ -411,6 +414,24 @@ def _test(args: list[str], ctx: ScriptContext) -> bool | str:
     raise Unknown(f"[ {' '.join(args)} ]")
 
 
+# wrappers that run the command after them unchanged (``env`` with only VAR=value words before it)
+_PLAIN_WRAPPERS = ("sudo", "env", "time", "nohup", "command")
+
+
+def _assignments(words: list[str], ctx: ScriptContext) -> bool:
+    """``A=1 B=2`` or ``export/readonly/local/declare A=1``: the variables set; False for another command."""
+    if all(re.match(r"^\w+=", w) for w in words):
+        assigned = words
+    elif words[0] in ("export", "readonly", "local", "declare"):
+        assigned = [w for w in words[1:] if re.match(r"^\w+=", w)]
+    else:
+        return False
+    for w in assigned:
+        k, _, v = w.partition("=")
+        ctx.assign(k, v)
+    return True
+
+
 def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
     words = cmd.words
     if not words:
@@ -422,19 +443,18 @@ def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
                 raise Unknown(f"an unclosed [ in {_describe(cmd)!r}")
             args = args[:-1]
         return _test(args, ctx)
-    if all(re.match(r"^\w+=", w) for w in words):
-        for w in words:
-            k, _, v = w.partition("=")
-            ctx.assign(k, v)
+    if _assignments(words, ctx):
         return True
-    if words[0] in ("export", "readonly", "local", "declare"):
-        for w in words[1:]:
-            if re.match(r"^\w+=", w):
-                k, _, v = w.partition("=")
-                ctx.assign(k, v)
-        return True
-    while len(words) > 1 and re.match(r"^\w+=", words[0]):
-        words = words[1:]  # VAR=value cmd: the assignment only reaches cmd's environment
+    prefix = []
+    while len(words) > 1 and (re.match(r"^\w+=", words[0]) or words[0] in _PLAIN_WRAPPERS):
+        if words[0] not in _PLAIN_WRAPPERS:
+            prefix.append(words[0].split("=", 1)[0])
+        elif words[1].startswith("-"):
+            break  # a wrapper with options: classified as written
+        words = words[1:]  # VAR=value cmd / sudo cmd / env VAR=value cmd: what runs is cmd
+    setting = installer_setting(prefix)
+    if setting and install_kind([w.strip("'\"") for w in words[:4]]) == "install":
+        raise Unknown(f"{setting}=… before an install (it changes what the install resolves)")
     try:
         argv = [w for raw in words for w in expand(raw, ctx.get)]
     except Unknown:
@@ -454,10 +474,13 @@ def _command(cmd: Cmd, ctx: ScriptContext) -> bool:
         text = stdin[0] if prog == "cat" and stdin else " ".join(argv[1:]) + "\n"
         if prog == "cat" and (stdin is None or len(argv) > 1):
             return _classified(cmd, ctx)
+        _heredoc_substitutions(cmd, ctx)
         before = ctx.files.get(out_path, ("", ctx.where))[0] if out[0] == ">>" else ""
         ctx.files[out_path] = (before + text, ctx.where)
         return True
     if prog == "touch":
+        if any(python_tree(p) for p in argv[1:]):
+            raise Unknown(f"{_describe(cmd)[:120]!r} creates a file under a site directory")
         for p in argv[1:]:
             ctx.files.setdefault(p, ("", ctx.where))
         return True
@@ -498,6 +521,10 @@ def _pip_command(installer: str, sub: str, rest: list[str], out_path: str | None
         )
         return True
     if sub == "install":
+        setting = installer_setting(k for k, v in ctx.vars.items() if v.value)
+        if setting:
+            where = ", ".join(map(str, ctx.vars[setting].where)) or "the build"
+            raise Unknown(f"{setting} ({where}) is set for this install and changes what it resolves")
         for args in _per_wheel(rest, ctx):
             ctx.steps.append(_install_step(installer, args, ctx))
         return True
@@ -511,6 +538,8 @@ def _classified(cmd: Cmd, ctx: ScriptContext) -> bool:
     run in turn, a fetch recorded, a command of the harmless table passed; anything else is Unknown."""
     v = classify(resolved(cmd.words, ctx), ctx.scope())
     shown = _describe(cmd)[:160]
+    if v.kind != "stdin-shell":
+        _heredoc_substitutions(cmd, ctx)
     for op, target in cmd.redirects:  # a file this command writes holds what the reader cannot say
         if op in (">", ">>", "&>") and target != "/dev/null":
             path = "".join(_soft(target, ctx))
@@ -582,6 +611,14 @@ def resolved(words: list[str], ctx: ScriptContext) -> list[str]:
     return out
 
 
+def _heredoc_substitutions(cmd: Cmd, ctx: ScriptContext) -> None:
+    """The ``$(…)`` of a heredoc a command reads run before it does: each must be harmless."""
+    for op, target in cmd.redirects:
+        body = ctx.files.get(target, ("",))[0] if op == "<" and target.startswith(HEREDOC_PATH) else ""
+        for inner in command_substitutions(body):
+            lexical_read(inner, ctx.at, ctx.scope(), ctx.rows)
+
+
 def _soft(raw: str, ctx: ScriptContext) -> list[str]:
     try:
         return expand(raw, ctx.get)
@@ -618,6 +655,8 @@ def run_text(text: str, ctx: ScriptContext, name: str, *, child: bool = False, a
     ctx.at, ctx.depth = name, ctx.depth + 1
     try:
         try:
+            if re.search(r"`|[<>]\(", text):  # backquotes and process substitutions: read lexically only
+                raise Unknown("backquotes or a process substitution")
             tree = parse_script(text)
         except (Unknown, ValueError, IndexError):
             rows: list[Row] = []
@@ -630,7 +669,12 @@ def run_text(text: str, ctx: ScriptContext, name: str, *, child: bool = False, a
                     ctx.fetches.append(Derived(what, (ctx.where,)))
                     done.add(what)
             return
-        run_script(tree, ctx)
+        try:
+            run_script(tree, ctx)
+        except Unknown as exc:
+            if name == str(ctx.where) or str(exc).startswith(name):
+                raise
+            raise Unknown(f"{name}: {exc}") from None
     finally:
         if child:
             ctx.vars = outer[0]
@@ -697,14 +741,57 @@ _VALUE_OPTS = {
     "--index-url",
     "-i",
     "--extra-index-url",
-    "--python",
-    "-p",
     "--index-strategy",
     "--prerelease",
+    # options that only change how, not what or where (their value is read and dropped)
+    "--cache-dir",
+    "--link-mode",
+    "--root-user-action",
+    "--progress-bar",
+    "--keyring-provider",
+    "--color",
+}
+# options that change where an install puts its files or what it takes them from, which the reader does
+# not model: an install with one is Unknown
+_UNMODELED_OPTS = {
+    "--python",
+    "-p",
     "--target",
+    "-t",
     "--prefix",
+    "--root",
+    "--user",
     "--find-links",
     "-f",
+    "--no-index",
+    "--editable",
+    "-e",
+    "--only-binary",
+    "--no-binary",
+    "--python-version",
+    "--python-platform",
+    "--config-file",
+    "--exclude-newer",
+    "--resolution",
+}
+# flags that change nothing about what is installed or where
+_NOOP_FLAGS = {
+    "--system",
+    "--verbose",
+    "-v",
+    "-vv",
+    "-q",
+    "--quiet",
+    "--no-cache",
+    "--no-cache-dir",
+    "--break-system-packages",
+    "--compile",
+    "--compile-bytecode",
+    "--disable-pip-version-check",
+    "--no-progress",
+    "--no-color",
+    "--no-warn-script-location",
+    "--strict",
 }
 _PASS_FLAGS = {
     "--no-deps",
@@ -731,6 +818,8 @@ def _install_options(args: list[str], ctx: ScriptContext) -> _InstallOptions:
         if "=" in a and a.startswith("--") and a.split("=", 1)[0] in _VALUE_OPTS:
             a, v = a.split("=", 1)
             args = args[:i] + [a, v] + args[i + 1 :]
+        if a.split("=", 1)[0] in _UNMODELED_OPTS:
+            raise Unknown(f"the install option {a} (where or from what it installs, which the reader does not model)")
         if a in _VALUE_OPTS:
             if i + 1 >= len(args):
                 raise Unknown(f"{a} without its value")
@@ -760,10 +849,14 @@ def _install_options(args: list[str], ctx: ScriptContext) -> _InstallOptions:
                 strategy = v
             elif a == "--prerelease" and v == "allow":
                 flags.append("--pre")
+            elif a == "--prerelease" and v != "disallow":
+                raise Unknown(f"--prerelease {v}")
             continue
         if a.startswith("-"):
             if a in _PASS_FLAGS:
                 flags.append(a)
+            elif a not in _NOOP_FLAGS:
+                raise Unknown(f"the install option {a}")
             i += 1
             continue
         reqs.append(a)
@@ -1011,3 +1104,23 @@ def context_scripts(mounts: dict[str, str], files: dict[str, str]) -> Callable[[
 
 #: the text a source reader stores for a script too large to read: this prefix and its size
 OVERSIZE = "\x00oversize:"
+
+
+def into_python_tree(op: str, value: str, local: dict[str, Var]) -> bool:
+    """Whether a COPY/ADD's destination or a WORKDIR may be under one of Python's site directories (or, for
+    WORKDIR, inside a ``lib/python…`` folder, where later relative paths may reach one): the instruction
+    changes what the replay cannot see, so it is refused like an undecided RUN line (pure)."""
+    import shlex
+
+    try:
+        parts = [p for p in shlex.split(value) if not p.startswith("--")]
+    except ValueError:
+        return True
+    if not parts:
+        return False
+    get = ScriptContext(dict(local), {}, {}, {}, "", Where("", 0), [], ((), ()), []).get
+    try:
+        dest = "".join(expand(parts[-1], get, split=False))
+    except (Unknown, ValueError, IndexError):
+        dest = parts[-1]
+    return python_tree(dest) or (op == "WORKDIR" and "lib/python" in dest)

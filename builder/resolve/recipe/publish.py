@@ -27,6 +27,7 @@ from builder import platforms as P
 from builder.errors import BadInput
 from builder.platforms import Platform
 from builder.resolve.recipe.model import PIPELINE, BuildFiles, Where
+from builder.validate import load_yaml
 
 REPOSITORY = "vllm/vllm-openai"
 COMMIT = "{commit}"  # $BUILDKITE_COMMIT: the same value in every step of one build
@@ -281,12 +282,7 @@ def _docker_op(args: list[str], w: Where) -> list[Op]:
 
 # --------------------------------------------------------------------------- the pipeline's steps
 def _steps(text: str, reader: _Reader) -> list[_Step]:
-    import yaml
-
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise BadInput(f"{PIPELINE} is not valid YAML: {exc}.") from None
+    doc = load_yaml(text, PIPELINE)  # nesting bounded, aliases walked once
     lines = text.splitlines()
     env = _mapping(doc.get("env")) if isinstance(doc, dict) else {}
     out: list[_Step] = []
@@ -311,14 +307,18 @@ def _mapping(value) -> dict[str, str | None]:
 
 
 def _step_nodes(node):
-    if isinstance(node, dict):
-        if "label" in node and ("commands" in node or "command" in node):
-            yield node
-        for v in node.values():
-            yield from _step_nodes(v)
-    elif isinstance(node, list):
-        for v in node:
-            yield from _step_nodes(v)
+    """The step mappings of the pipeline document, in document order; each node visited once (an alias
+    shared by many nodes is walked once: a YAML alias bomb costs its size, not its expansion)."""
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if not isinstance(n, (dict, list)) or id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, dict) and "label" in n and ("commands" in n or "command" in n):
+            yield n
+        stack.extend(reversed(list(n.values()) if isinstance(n, dict) else n))
 
 
 def _label_line(lines: list[str], label: str, before: list[_Step]) -> int:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from builder.credentials import redact_text
-from builder.errors import AbiRejected, BadInput, Unsatisfiable
+from builder.errors import AbiRejected, BadInput, BuildImageError, Unsatisfiable
 from builder.events import SILENT, Reporter
 from builder.fetch import vllm_wheel
 from builder.patching import port as PO
@@ -42,10 +42,13 @@ from builder.patching.probe import PROBE_ENV as PR_ENV
 from builder.platforms import DEFAULT, Platform
 from builder.report import render_json
 from builder.resolve import lock as L
+from builder.resolve import sdist
 from builder.resolve.baseref import resolve_base
 from builder.resolve.lockfile import load_lock
 from builder.resolve.manifest import BaseManifest, load_manifest, refuse_foreign_manifest
 from builder.resolve.recipe import derive, recipe_table, write_recipe_table
+from builder.resolve.recipe.audit import AuditRow, changed_runs
+from builder.resolve.recipe.derive import audit_derive
 from builder.resolve.reconstruct import default_recipes_path, load_recipes, reconstruct
 from builder.serving import plan as PL
 from builder.serving import release_facts as RF
@@ -140,6 +143,19 @@ class PlatformSection:
 
 
 @dataclass
+class RunChanges:
+    """The RUN lines of B's target chain that A's does not have as they are, each with what the recipe reader
+    concluded (installs …, harmless because …, accepted undecided, refused); ``note`` when they could not be
+    compared (the sdists not at hand), said as such, never as "nothing changed"."""
+
+    rows: list[AuditRow]
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return {"changed": [a.to_json() for a in self.rows], "note": self.note}
+
+
+@dataclass
 class UpgradeReport:
     from_version: str
     to_version: str
@@ -161,6 +177,8 @@ class UpgradeReport:
     platforms: list[PlatformSection] = field(default_factory=list)  # --platform: each other platform's part
     # B not yet published (build files from a checkout past its tag): the published vllm whose wheel stands in
     stand_in: str | None = None
+    # the RUN lines of B's image build new or changed against A's, with the recipe reader's conclusions
+    runs: RunChanges | None = None
 
     @property
     def review(self) -> list[str]:
@@ -197,6 +215,7 @@ class UpgradeReport:
             "base_notes": self.base_notes,
             "relaxed": self.relaxed,
             **({"platforms": [p.to_dict() for p in self.platforms]} if self.platforms else {}),
+            **({"runs": self.runs.to_dict()} if self.runs is not None else {}),
             "shipped_series": self.shipped_series,
             "written": self.written,
             "seconds": self.seconds,
@@ -302,6 +321,7 @@ def render(r: UpgradeReport, fmt: str = "text") -> str:
     else:
         out += [f"build-image upgrade: {head}", f"  verdict: {verdict}"]
     out += _base_lines(r, md)
+    out += _run_lines(r, md)
     # lock
     lk = r.lock
     if md:
@@ -392,6 +412,55 @@ def _base_lines(r: UpgradeReport, md: bool) -> list[str]:
             else [f"    {title}:"] + [f"      - {n}" for n in r.base_notes]
         )
     return out
+
+
+def _run_lines(r: UpgradeReport, md: bool) -> list[str]:
+    """The report's part on B's image build: the RUN lines new or changed against A's, with the recipe
+    reader's conclusions, or why they were not compared (pure)."""
+    if r.runs is None:
+        return []
+    title = f"RUN lines of the {r.to_version} image build new or changed since {r.from_version}"
+    rows = r.runs.rows
+    if md:
+        out = ["", f"### {title}", ""]
+        if r.runs.note:
+            out.append(f"not compared: {r.runs.note}")
+        elif not rows:
+            out.append("none: every RUN line of the target chain reads as it did")
+        for a in rows:
+            out.append(f"- `{a.where}`: {a.conclusion}")
+            out.append(f"  - `RUN {' '.join(a.text.split())[:200]}`")
+            out += [f"  - `{c.where}`: `{c.command[:100]}` → {c.conclusion}" for c in a.commands]
+        return out
+    out = [f"  {title}:"]
+    if r.runs.note:
+        out.append(f"    not compared: {r.runs.note}")
+    elif not rows:
+        out.append("    none: every RUN line of the target chain reads as it did")
+    for a in rows:
+        out.append(f"    {a.where}: {a.conclusion}")
+        out.append(f"      RUN {' '.join(a.text.split())[:160]}")
+        out += [f"        {c.where}: {c.command[:100]}  -> {c.conclusion}" for c in a.commands]
+    return out
+
+
+def run_changes(
+    from_version: str, to_version: str, b_files=None, *, accept_undecided: tuple[str, ...] = (), offline: bool = False
+) -> RunChanges:
+    """The RUN lines of B's target chain (its sdist, or the --sdist/--source build files) new or changed
+    against A's, each with the reader's conclusion; read to the end (a refused line is a row, not an error).
+    Where a release's build files cannot be had (offline, no sdist on the index), the note says so."""
+    if offline:
+        return RunChanges([], "--no-index: the releases' sdists were not fetched")
+    tables = load_recipes()
+    try:
+        a_files = sdist.load(from_version, sha256=(tables.get(from_version) or {}).get("sdist_sha256"))
+        b_files = b_files or sdist.load(to_version, sha256=(tables.get(to_version) or {}).get("sdist_sha256"))
+        _, a_rows = audit_derive(a_files, keep_going=True)
+        _, b_rows = audit_derive(b_files, accept_undecided=accept_undecided, keep_going=True)
+    except BuildImageError as exc:
+        return RunChanges([], redact_text(" ".join(exc.message.split()))[:300])
+    return RunChanges(changed_runs(a_rows, b_rows, a_files.vllm, b_files.vllm))
 
 
 def render_platform(p: PlatformSection, a: str, b: str, md: bool) -> list[str]:
@@ -763,6 +832,9 @@ def upgrade(
             relaxed=b.relaxed,
             platforms=sections,
             stand_in=_stand_in(b_files),
+            runs=run_changes(
+                from_version, to_version, b_files, accept_undecided=accept_undecided, offline=bool(no_index)
+            ),
         )
         try:
             rep.shipped_series = str(P.series_dir_for(to_version, series.package))

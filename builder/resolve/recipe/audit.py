@@ -66,6 +66,33 @@ def conclusion(steps: Sequence[Step], fetches: Sequence[Derived], rows: Sequence
     return "harmless: every command is known not to change site-packages"
 
 
+_STEP_NO = re.compile(r" \(step \d+\)")
+
+
+def _key(a: AuditRow, version: str) -> tuple:
+    """What makes two RUN lines the same for a reviewer: the line's text (whitespace folded), what the reader
+    concluded, and each command read on the way with its conclusion (a script whose text changed changes it);
+    the step numbers (a line added earlier renumbers the rest) and the release's own version (the vllm wheel
+    each release installs) left out."""
+
+    def norm(text: str) -> str:
+        folded = _STEP_NO.sub("", " ".join(text.split()))
+        return folded.replace(version, "{release}") if version else folded
+
+    return (norm(a.text), norm(a.conclusion), tuple((norm(r.command), norm(r.conclusion)) for r in a.commands))
+
+
+def changed_runs(
+    a_rows: Sequence[AuditRow], b_rows: Sequence[AuditRow], a_version: str = "", b_version: str = ""
+) -> list[AuditRow]:
+    """The RUN lines of B's chain that A's chain does not have as they are (new, or changed in their text,
+    in what a script they run holds, or in the reader's conclusion), in B's order: the part of a release's
+    build a reviewer must read (pure; a line that only moved, or that differs only by the release's own
+    version, is not listed)."""
+    seen = {_key(a, a_version) for a in a_rows}
+    return [b for b in b_rows if _key(b, b_version) not in seen]
+
+
 def render_audit(rows: Sequence[AuditRow]) -> str:
     """The text of ``base recipe --audit`` (pure)."""
     out = []

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from builder.cli import main
 from builder.errors import BadInput, VerdictFailure
 from builder.resolve import fatbin
-from builder.resolve.manifest import parse_manifest
+from builder.resolve.manifest import load_manifest, parse_manifest
 from builder.resolve.scanner import scan_files
 from builder.serving import gpus
 from tests.test_abi import facts, manifest
@@ -211,6 +211,31 @@ def test_plan_states_the_driver_floor_and_the_covering_kernels(tmp_path):
     assert doc["gpu"]["covered_by"] == ["deep-gemm 2.1.0", "torch 2.14.0", "vllm 0.34.0"]
     r = CliRunner().invoke(main, [*args, "--spec", str(spec)])
     assert "needs an NVIDIA driver >= 580.65.06" in r.output
+
+
+def test_the_shipped_0_34_0_base_refuses_a_v100_and_runs_on_an_h200(tmp_path, monkeypatch):
+    """The shipped linux/amd64 0.34.0 manifest records its kernels' architectures and CUDA runtime: `plan`
+    refuses a V100 (sm_70) by torch and vllm before the model is read, and states the driver floor on an H200."""
+    from tests.test_plan import _model_dir
+
+    shipped = load_manifest(str(Path(__file__).resolve().parent.parent / "lockfiles/base/vllm-openai-v0.34.0.json"))
+    for name in ("torch", "vllm"):
+        f = shipped.get(name).facts
+        assert f.cuda_runtime == 13 and 90 in f.cuda_sass and 70 not in f.cuda_sass + f.cuda_ptx, name
+    h200 = gpus.check(shipped, gpus.capability_of("NVIDIA H200"))
+    assert not h200.uncovered and {"torch 2.14.0", "vllm 0.34.0"} <= set(h200.covered)
+    assert (h200.cuda_major, h200.floor) == (13, "580.65.06")
+    monkeypatch.chdir(tmp_path)  # no spec here: plan reads the release's shipped manifest
+    r = CliRunner().invoke(
+        main, ["plan", "--vllm", "0.34.0", "--gpu-model", "Tesla V100-SXM2-32GB", "--model", "missing"]
+    )
+    assert r.exit_code == 1, r.output
+    assert "sm_70" in r.output and "torch 2.14.0 (SASS" in r.output and "vllm 0.34.0 (SASS" in r.output
+    d = _model_dir(tmp_path)
+    args = ["plan", "--vllm", "0.34.0", "--model", str(d), "--weights-bytes", "1GB", "--gpu-memory", "h200"]
+    r = CliRunner().invoke(main, [*args, "--tp", "1", "--gpu-model", "NVIDIA H200"])
+    assert r.exit_code == 0, r.output
+    assert "needs an NVIDIA driver >= 580.65.06" in r.output and "not checked" not in r.output
 
 
 def _cuda_entry(name, version, sass, ptx=(), runtime=13):

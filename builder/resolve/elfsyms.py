@@ -29,8 +29,15 @@ from builder.errors import BadInput
 #: a mangled name in torch's C++ namespaces: ``_ZN2at...``, ``_ZNK3c10...``, ``_ZN5torch...``, typeinfo/vtables
 #: ``_ZTIN3c10...`` and free functions ``_ZN6caffe2...``
 TORCH_SYMBOL = re.compile(rb"_Z(?:T[ISV])?N[rVKO]*(?:2at|3c10|5torch|6caffe2)(?=\d|S|I)|aoti_torch_|torch_stable_")
-#: a DT_NEEDED entry naming one of torch's libraries
-TORCH_LIBRARY = re.compile(r"^lib(?:torch|c10)[A-Za-z0-9_]*\.so(?:\.\d+)*$")
+#: a DT_NEEDED entry (or a file name) naming one of torch's own libraries, as torch's wheels ship them in
+#: ``torch/lib``: libtorch.so, libtorch_{cpu,python,global_deps,nvshmem}.so, libtorch_cuda.so and
+#: libtorch_cuda_{linalg,cpp,cu}.so, libtorch_{hip,xpu}.so, libc10.so, libc10_{cuda,hip,xpu}.so. Libraries
+#: of other distributions whose names merely start so (torchcodec's ``libtorchcodec_core8.so``, torchaudio's
+#: ``libtorchaudio.so``, ``libtorch_c_dlpack_addon_*.so``) are not torch's.
+TORCH_LIBRARY = re.compile(
+    r"^lib(?:torch(?:_(?:cpu|python|global_deps|nvshmem|hip|xpu|cuda(?:_linalg|_cpp|_cu)?))?|c10(?:_(?:cuda|hip|xpu))?)"
+    r"\.so(?:\.\d+)*$"
+)
 #: the most dynamic symbols one file's table may hold (libtorch_cpu.so: ~2.5 * 10^5)
 MAX_DYNSYM = 4_000_000
 #: the most .dynamic entries read (a real library has a few dozen)

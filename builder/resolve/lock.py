@@ -79,7 +79,7 @@ from builder.util import (
 )
 from builder.validate import read_bounded_text
 
-FACTS_CACHE_VERSION = "3"  # 2: the ELF machines of a wheel (elf-machine); 3: its torch symbols (torch-abi)
+FACTS_CACHE_VERSION = "4"  # 2: ELF machines (elf-machine); 3: torch symbols (torch-abi); 4: all fat binaries
 DEFAULT_RAY = "ray[serve]"  # the default overlay (builder.spec.DEFAULT_OVERLAY)
 RAY_POLICY = "ray[llm]-pins-vllm/1"  # inputs-sha256 names the rule that picks the default ray
 

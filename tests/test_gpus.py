@@ -111,6 +111,92 @@ def test_a_lying_fatbin_inside_an_elf_is_bad_input_naming_it(tmp_path, cuda_so):
         scan_files([bad])
 
 
+def _so(work: Path, name: str, decl: str) -> Path:
+    """A shared object built from ``decl`` (C declarations of the data it holds)."""
+    (work / f"{name}.c").write_text(decl + "int run(void) { return 0; }\n")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O0", "-o", name, f"{name}.c"], cwd=work, check=True)
+    return work / name
+
+
+def _bytes(blob: bytes) -> str:
+    return ", ".join(str(b) for b in blob)
+
+
+#: other data on both sides of the containers, as in a library's .rodata
+_AROUND = 'const char before[] = "header text";\n'
+
+
+@pytest.mark.parametrize(
+    "decl",
+    [
+        # .rodata (cuSPARSE): two containers among other constants, one 8-byte aligned after odd data
+        _AROUND + "const unsigned char k[] = {{{blob}, 7, 7, 7, {two}}};\nconst int after = 3;\n",
+        # a section of its own (cuBLASLt's .cask_resource), data around the containers
+        '__attribute__((section(".cask_resource"), used)) const unsigned char k[] = {{1, 2, 3, {blob}, 9, {two}}};\n',
+        # a writable one (libcufft's .ldata holds ~24,000)
+        '__attribute__((section(".ldata"), used)) unsigned char k[] = {{{blob}, {two}, 0, 0}};\n',
+    ],
+    ids=["rodata", "custom", "ldata"],
+)
+def test_containers_outside_nv_fatbin_are_read_from_any_allocated_section(tmp_path, decl):
+    two = container(entry(fatbin.KIND_ELF, 75), entry(fatbin.KIND_PTX, 86))
+    lib = _so(tmp_path, "libcufft.so.12", decl.format(blob=_bytes(BLOB), two=_bytes(two)))
+    f = scan_files([lib])
+    assert (f.cuda_sass, f.cuda_ptx) == ([75, 90, 100], [86, 120])
+
+
+def test_a_container_in_a_section_not_loaded_is_not_read(tmp_path):
+    lib = _so(tmp_path, "_k.so", "")
+    note = tmp_path / "blob.bin"
+    note.write_bytes(BLOB)
+    subprocess.run(["objcopy", "--add-section", f".note.kept={note}", str(lib)], check=True)
+    assert fatbin.FATBIN_MAGIC.to_bytes(4, "little") in lib.read_bytes()
+    assert scan_files([lib]).cuda_sass == []
+
+
+def test_the_header_bytes_in_code_are_not_read(tmp_path):
+    """Instructions may hold the header's bytes as an operand (cuDNN's libcudnn_engines_tensor_ir.so.9 does,
+    followed by bytes that read as a size of terabytes): executable sections are not searched."""
+    liar = container(entry(fatbin.KIND_ELF, 90), size=1 << 40)
+    code = ",".join(f"{b:#04x}" for b in liar)
+    lib = _so(tmp_path, "_code.so", f'__asm__(".section .text.k,\\"ax\\",@progbits\\n.byte {code}\\n.previous");\n')
+    assert struct.pack("<IHHQ", fatbin.FATBIN_MAGIC, 1, 16, 1 << 40) in lib.read_bytes()
+    assert scan_files([lib]).cuda_sass == []
+
+
+def test_a_lying_container_in_rodata_is_bad_input_naming_file_and_section(tmp_path):
+    liar = container(entry(fatbin.KIND_ELF, 90), size=1 << 40)
+    lib = _so(tmp_path, "_liar.so", _AROUND + f"const unsigned char k[] = {{{_bytes(liar)}}};\n")
+    with pytest.raises(BadInput, match=r"_liar\.so: its \.rodata section has a container at byte \d+ claiming 16"):
+        scan_files([lib])
+
+
+def test_containers_and_bytes_searched_outside_nv_fatbin_are_bounded(tmp_path, monkeypatch):
+    lib = _so(tmp_path, "_many.so", f"const unsigned char k[] = {{{_bytes(BLOB + BLOB + BLOB)}}};\n")
+    assert scan_files([lib]).cuda_sass == [90, 100]
+    monkeypatch.setattr(fatbin, "MAX_CONTAINERS", 2)
+    with pytest.raises(BadInput, match=r"_many\.so: its \.rodata section brings the file over 2 fat binary"):
+        scan_files([lib])
+    monkeypatch.setattr(fatbin, "MAX_CONTAINERS", 10)
+    monkeypatch.setattr(fatbin, "MAX_SCAN", 64)
+    with pytest.raises(BadInput, match=r"_many\.so: its \S+ section brings the bytes to search .* over 64"):
+        scan_files([lib])
+
+
+def test_overlapping_sections_are_searched_once(monkeypatch):
+    """A section table whose sections all claim the same bytes: each byte is searched once, however many
+    sections name it."""
+    calls = []
+    real = fatbin.scan_fatbins
+    monkeypatch.setattr(fatbin, "scan_fatbins", lambda *a: calls.append(a[3:5]) or real(*a))
+    secs = [{"sh_type": "SHT_PROGBITS", "sh_flags": 2, "sh_size": 400, "sh_offset": 100}] * 1000
+    monkeypatch.setattr(fatbin.elfsyms, "section_names", lambda *a: [".rodata"] * len(secs))
+    monkeypatch.setattr(fatbin.elfsyms, "needed_of", lambda *a: [])
+    data = b"\0" * 100 + BLOB + b"\0" * (400 - len(BLOB))
+    got = fatbin.cuda_facts_in(object(), secs, data, "x.so")
+    assert calls == [(100, 500)] and got.sass == {90, 100}
+
+
 @pytest.mark.parametrize(
     "model,cc",
     [

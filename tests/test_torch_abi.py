@@ -66,6 +66,34 @@ def test_a_library_linking_c10_without_symbols_counts_as_linked(tmp_path, built)
     assert scan_files([plain]).torch_needs == {}
 
 
+#: the libraries torch 2.11's and 2.14's CUDA wheels ship in torch/lib, and older torch's split CUDA libraries
+_TORCH_OWN = [
+    "libtorch.so", "libtorch_cpu.so", "libtorch_cuda.so", "libtorch_cuda_linalg.so", "libtorch_global_deps.so",
+    "libtorch_nvshmem.so", "libtorch_python.so", "libc10.so", "libc10_cuda.so", "libtorch_cuda_cu.so",
+    "libtorch_cuda_cpp.so", "libtorch_hip.so", "libc10_hip.so",
+]  # fmt: skip
+#: libraries of other distributions (torchcodec 0.17, torchaudio, tvm-ffi's addon) and torch's non-torch helpers
+_NOT_TORCH = [
+    "libtorchcodec_core8.so", "libtorchcodec_custom_ops8.so", "libtorchcodec_pybind_ops.so", "libtorchaudio.so",
+    "libtorchaudio.abi3.so", "libtorch_c_dlpack_addon_torch29-cuda.so", "libtorchbind_test.so", "libshm.so",
+    "libcaffe2_nvrtc.so", "libc10d.so", "libtorch.so.bak",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name,own", [(n, True) for n in _TORCH_OWN] + [(n, False) for n in _NOT_TORCH])
+def test_torch_library_names_torch_own_libraries_only(name, own):
+    assert bool(elfsyms.TORCH_LIBRARY.match(name)) is own
+
+
+def test_a_library_named_like_torch_but_not_torch_records_no_exports(tmp_path):
+    """torchcodec's ``libtorchcodec_core8.so`` defines c10 names (inline templates it instantiates): they are not
+    torch's exports, and a distribution shipping it records none."""
+    lib = _cc(tmp_path, "libtorchcodec_core8.so", _C10_V2)
+    assert scan_files([lib]).torch_exports is None
+    same = _cc(tmp_path, "libc10_cuda.so", _C10_V2)
+    assert scan_files([same]).torch_exports is not None
+
+
 @given(st.sets(st.text(alphabet="abcdefgh_Z0123456789", min_size=1, max_size=30), max_size=200))
 def test_packed_set_holds_exactly_the_keys(names):
     packed = elfsyms.pack_symbols(names)

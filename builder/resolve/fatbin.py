@@ -47,6 +47,7 @@ MAX_SCAN = 4 << 30
 #: the start of a container header as nvcc writes it: magic, version 1, header size 16
 _NEEDLE = struct.pack("<IHH", FATBIN_MAGIC, 1, 16)
 _SHF_ALLOC = 0x2
+_SHF_EXECINSTR = 0x4
 _CONTAINER = struct.Struct("<IHHQ")
 _ENTRY = struct.Struct("<HHIQIIHHI")
 _CUDART = re.compile(r"^libcudart(?:[.-][0-9a-f]{8})?\.so\.(\d+)")  # auditwheel renames: libcudart.faf08d9a.so.13
@@ -143,9 +144,10 @@ def cuda_facts(mm, where: str) -> CudaFacts:
 
 def cuda_facts_in(elf, secs: list, mm, where: str) -> CudaFacts:
     """:func:`cuda_facts` of a file whose sections :func:`builder.resolve.elfsyms.elf_sections` read: every
-    section loaded with the file that has bytes in it (``SHF_ALLOC``, not ``SHT_NOBITS``) and ``.nv_fatbin``
-    are read, ``.nv_fatbin`` container after container and the others by search. A byte range shared by several
-    sections is searched once (a lying section table cannot multiply the work), and more than
+    data section loaded with the file that has bytes in it (``SHF_ALLOC``, not ``SHF_EXECINSTR``, not
+    ``SHT_NOBITS``) and ``.nv_fatbin`` are read, ``.nv_fatbin`` container after container and the others by
+    search (code is not: cuDNN's instructions hold the header's bytes as an operand). A byte range shared by
+    several sections is searched once (a lying section table cannot multiply the work), and more than
     :data:`MAX_SCAN` bytes to search is BadInput naming the file."""
     out = CudaFacts()
     if elf is None:
@@ -155,8 +157,8 @@ def cuda_facts_in(elf, secs: list, mm, where: str) -> CudaFacts:
     for sec, name in zip(secs, names, strict=True):
         if sec["sh_type"] == "SHT_NOBITS" or not sec["sh_size"]:
             continue
-        if name != ".nv_fatbin" and not sec["sh_flags"] & _SHF_ALLOC:
-            continue
+        if name != ".nv_fatbin" and (sec["sh_flags"] & (_SHF_ALLOC | _SHF_EXECINSTR)) != _SHF_ALLOC:
+            continue  # not loaded, or code (whose instructions may hold the magic as an operand)
         off, size = elfsyms.section_range(mm, sec, len(mm), where, f"{name or 'unnamed'} section")
         if name == ".nv_fatbin":
             parse_fatbin(mm, where, off, off + size, out)

@@ -310,6 +310,10 @@ def test_the_shipped_0_34_0_base_refuses_a_v100_and_runs_on_an_h200(tmp_path, mo
         assert f.cuda_runtime == 13 and 90 in f.cuda_sass and 70 not in f.cuda_sass + f.cuda_ptx, name
     h200 = gpus.check(shipped, gpus.capability_of("NVIDIA H200"))
     assert not h200.uncovered and {"torch 2.14.0", "vllm 0.34.0"} <= set(h200.covered)
+    # cuFFT keeps all but one of its containers in .ldata: read there, it covers the H200 and no note is made
+    assert 90 in shipped.get("nvidia-cufft").facts.cuda_sass and not h200.notes
+    # torchcodec's libtorchcodec_*.so are not torch's libraries: only torch records torch's exports
+    assert [n for n, d in shipped.distributions.items() if d.facts.torch_exports] == ["torch"]
     assert (h200.cuda_major, h200.floor) == (13, "580.65.06")
     monkeypatch.chdir(tmp_path)  # no spec here: plan reads the release's shipped manifest
     r = CliRunner().invoke(

@@ -244,7 +244,7 @@ def _scan_elf_file(path, *, want_numpy: bool) -> _FileFacts:
 
 def _extra_facts(fh, path, facts: _FileFacts) -> None:
     """A shared object's torch symbols (:func:`builder.resolve.elfsyms.torch_symbols`; exports only for torch's
-    own libraries, ``libtorch*.so``, ``libc10*.so``) and its fat binary's architectures
+    own libraries, :data:`builder.resolve.elfsyms.TORCH_LIBRARY`) and its fat binary's architectures
     (:func:`builder.resolve.fatbin.cuda_facts`), from one read of its section headers."""
     name, where = os.path.basename(path), os.fspath(path)
     with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:

@@ -73,6 +73,18 @@ def test_any_bytes_end_in_facts_or_bad_input(tail):
         pass
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.binary(max_size=400))
+def test_any_bytes_searched_end_in_facts_or_bad_input(head, tail):
+    """Other data around a found header (the search outside ``.nv_fatbin``): facts, or BadInput naming the
+    section, never another error or a read past the range."""
+    blob = head + fatbin._NEEDLE + tail
+    try:
+        fatbin.scan_fatbins(blob, "x.so", ".rodata", 0, len(blob), fatbin.CudaFacts())
+    except BadInput as exc:
+        assert exc.message.startswith("x.so: its .rodata section")
+
+
 @pytest.fixture(scope="module")
 def cuda_so(tmp_path_factory) -> Path:
     """A shared object linking a stand-in ``libcudart.so.13`` whose ``.nv_fatbin`` section holds :data:`BLOB`."""

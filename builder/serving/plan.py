@@ -921,17 +921,12 @@ def make_plan(
         max_num_seqs=max_num_seqs,
         block_size=block_size,
     )
-    model = describe_model(config, tp=tp, kv_cache_dtype=kv_cache_dtype, where=where, vllm=facts.vllm)
-    n_layers = len(model.layers)
-    if pp > n_layers:
-        raise BadInput(f"--pp {pp} is larger than the model's {n_layers} layers.")
-    notes = list(model.notes) + _unset_utilization_notes(facts, gpu_memory_utilization)
-    max_model_len = _max_model_len(model, max_model_len, where, notes)
-    big_gpu = gpu_memory_bytes >= 70 * GiB
-    if max_num_batched_tokens is None:
-        max_num_batched_tokens = 8192 if big_gpu else 2048  # vLLM OpenAI-server defaults (arg_utils.py)
-    sampler_rows = min(max_num_seqs or (1024 if big_gpu else 256), max_num_batched_tokens)
-    in_flight = (2 if pp == 1 else pp) * max_num_batched_tokens  # async scheduling keeps 2 batches in flight
+    model, notes, max_model_len = _shape(
+        config, facts, tp, pp, kv_cache_dtype, where, gpu_memory_utilization, max_model_len
+    )
+    max_num_batched_tokens, sampler_rows, in_flight = _batching(
+        gpu_memory_bytes, max_num_batched_tokens, max_num_seqs, pp
+    )
     budget = _budget(
         model,
         gpu_memory_bytes=gpu_memory_bytes,
@@ -945,9 +940,48 @@ def make_plan(
         sampler_rows=sampler_rows,
         enforce_eager=enforce_eager,
     )
+    layout = _noted_layout(model, block_size, notes)
+    pool = _Pool(_workers(layout, len(model.layers), pp), layout.specs, in_flight)
+    kv = _kv_per_token(model, pp_partition(len(model.layers), pp), pool, max_model_len, tp)
+    v, fit, suggestions = _judge(pool, budget, u, gpu_memory_bytes, max_model_len, max_num_seqs)
+    settings = dict(
+        gpus=gpus,
+        tp=tp,
+        pp=pp,
+        gpu_memory_bytes=gpu_memory_bytes,
+        gpu_memory_utilization=float(u),
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        weights_bytes=weights_bytes,
+    )
+    return _assemble(settings, model, layout, budget, kv, v, fit, suggestions, notes, facts.vllm)
+
+
+def _shape(
+    config: dict, facts, tp: int, pp: int, kv_cache_dtype: str, where: str, util: float | None, max_model_len
+) -> tuple[ModelShape, list[str], int]:
+    """The model's shape on ``tp`` GPUs, the notes it starts the plan with, and the context length planned."""
+    model = describe_model(config, tp=tp, kv_cache_dtype=kv_cache_dtype, where=where, vllm=facts.vllm)
+    n_layers = len(model.layers)
+    if pp > n_layers:
+        raise BadInput(f"--pp {pp} is larger than the model's {n_layers} layers.")
+    notes = list(model.notes) + _unset_utilization_notes(facts, util)
+    return model, notes, _max_model_len(model, max_model_len, where, notes)
+
+
+def _noted_layout(model: ModelShape, block_size: int, notes: list[str]):
+    """The layout across the layers (:func:`_build_layout`); a block size vLLM raises is noted."""
     layout = _build_layout(model, block_size)
-    pool = _Pool(_workers(layout, n_layers, pp), layout.specs, in_flight)
-    kv_tok_gpu, kv_tok_node, fixed = _kv_per_token(model, pp_partition(n_layers, pp), pool, max_model_len, tp)
+    if layout.block_size != block_size:
+        notes.append(
+            f"attention block size raised to {layout.block_size} tokens (vLLM aligns it to the state/MLA page)"
+        )
+    return layout
+
+
+def _judge(pool, budget, u: float, gpu_memory_bytes: int, max_model_len: int, max_num_seqs: int | None):
+    """Whether the settings boot and fit, what would fit, and what to change when they do not."""
     v = _verdict(
         pool, budget, u=u, gpu_memory_bytes=gpu_memory_bytes, max_model_len=max_model_len, max_num_seqs=max_num_seqs
     )
@@ -957,24 +991,31 @@ def make_plan(
     suggestions = (
         [] if v.fits else _suggestions(fit, budget, u=u, max_model_len=max_model_len, max_num_seqs=max_num_seqs)
     )
+    return v, fit, suggestions
+
+
+def _batching(
+    gpu_memory_bytes: int, max_num_batched_tokens: int | None, max_num_seqs: int | None, pp: int
+) -> tuple[int, int, int]:
+    """vLLM OpenAI-server defaults (arg_utils.py): tokens per step, the sampler's rows, and the tokens in flight
+    (async scheduling keeps 2 batches in flight, a pipeline one per stage)."""
+    big_gpu = gpu_memory_bytes >= 70 * GiB
+    if max_num_batched_tokens is None:
+        max_num_batched_tokens = 8192 if big_gpu else 2048
+    sampler_rows = min(max_num_seqs or (1024 if big_gpu else 256), max_num_batched_tokens)
+    in_flight = (2 if pp == 1 else pp) * max_num_batched_tokens
+    return max_num_batched_tokens, sampler_rows, in_flight
+
+
+def _assemble(settings: dict, model, layout, budget, kv, v, fit, suggestions, notes, vllm) -> Plan:
+    """The plan from the settings (make_plan's, defaults applied) and each step's result."""
+    kv_tok_gpu, kv_tok_node, fixed = kv
     kinds = [l.kind for l in model.layers]
-    if layout.block_size != block_size:
-        notes.append(
-            f"attention block size raised to {layout.block_size} tokens (vLLM aligns it to the state/MLA page)"
-        )
     return Plan(
-        gpus=gpus,
-        tp=tp,
-        pp=pp,
-        replicas=gpus // (tp * pp),
-        gpu_memory_bytes=gpu_memory_bytes,
-        gpu_memory_utilization=float(u),
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
+        **settings,
+        replicas=settings["gpus"] // (settings["tp"] * settings["pp"]),
         kv_cache_dtype=model.kv_dtype,
         block_size=layout.block_size,
-        weights_bytes=weights_bytes,
         cpu_offload_bytes=budget.offload,
         requested_bytes=budget.requested,
         weights_per_gpu=budget.weights_per_gpu,
@@ -1001,7 +1042,7 @@ def make_plan(
         suggestions=suggestions,
         layers={k: kinds.count(k) for k in sorted(set(kinds))},
         notes=notes,
-        vllm=facts.vllm,
+        vllm=vllm,
     )
 
 

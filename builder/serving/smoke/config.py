@@ -122,24 +122,7 @@ class SmokeConfig:
         ):
             if not isinstance(value, int) or value < lo:
                 raise BadInput(f"{where}: {name} must be an integer >= {lo}, got {value!r}")
-        if self.distributed_executor_backend is not None and self.distributed_executor_backend not in EXECUTOR_BACKENDS:
-            raise BadInput(
-                f"{where}: --distributed-executor-backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
-                f"got {self.distributed_executor_backend!r}"
-            )
-        if self.ray_address is not None:
-            if self.distributed_executor_backend != "ray":
-                raise BadInput(
-                    f"{where}: --ray-address joins a Ray cluster for vLLM's Ray executor; "
-                    "give it with --distributed-executor-backend ray"
-                )
-            if self.serve:
-                raise BadInput(
-                    f"{where}: --serve starts its own Ray head for the Serve application; "
-                    "it does not take --ray-address"
-                )
-            if not self.ray_address.strip():
-                raise BadInput(f"{where}: --ray-address must name a Ray cluster (HOST:PORT or ray://...), got ''")
+        self._validate_parallel(where)
         if self.concurrency > MAX_CONCURRENCY:
             raise BadInput(
                 f"{where}: --concurrency {self.concurrency} is above the probe's bound of "
@@ -185,6 +168,27 @@ class SmokeConfig:
                 f"{where}: --prompt-tokens ({self.prompt_tokens}) + --max-tokens ({self.max_tokens}) "
                 f"exceeds --max-model-len ({self.max_model_len}); the requests could never be served"
             )
+
+    def _validate_parallel(self, where: str) -> None:
+        """The executor backend and the Ray cluster it joins (part of :meth:`validate`)."""
+        if self.distributed_executor_backend is not None and self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise BadInput(
+                f"{where}: --distributed-executor-backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+                f"got {self.distributed_executor_backend!r}"
+            )
+        if self.ray_address is not None:
+            if self.distributed_executor_backend != "ray":
+                raise BadInput(
+                    f"{where}: --ray-address joins a Ray cluster for vLLM's Ray executor; "
+                    "give it with --distributed-executor-backend ray"
+                )
+            if self.serve:
+                raise BadInput(
+                    f"{where}: --serve starts its own Ray head for the Serve application; "
+                    "it does not take --ray-address"
+                )
+            if not self.ray_address.strip():
+                raise BadInput(f"{where}: --ray-address must name a Ray cluster (HOST:PORT or ray://...), got ''")
 
 
 def check_gpus_visible(cfg: SmokeConfig, visible: int | None) -> None:

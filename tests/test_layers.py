@@ -268,3 +268,24 @@ def test_an_unexplained_function_level_import_is_found(tmp_path):
     )
     lazy = unexplained_lazy_imports(root)
     assert lazy == ["builder.image.render line 2: from builder.serving import kuberay"]
+
+
+def test_each_multi_stage_commands_request_is_frozen():
+    """A command builds its request once (docs/design.md); a stage cannot change what was asked."""
+    import dataclasses
+
+    from builder.pipeline import PipelineRequest
+    from builder.serving.cutover import PromoteRequest, RollbackRequest
+    from builder.serving.smoke import SmokeConfig
+    from builder.upgrade import UpgradeRequest
+
+    for cls, kw in (
+        (UpgradeRequest, {"from_version": "1.0", "to_version": "2.0"}),
+        (PromoteRequest, {"source": "r/x@sha256:" + "a" * 64, "to": "r/x:prod", "spec": None, "lock": None}),
+        (RollbackRequest, {"to": "r/x:prod"}),
+        (SmokeConfig, {"model": "/m"}),
+    ):
+        req = cls(**kw)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            req.out_dir = "elsewhere"
+    assert PipelineRequest.__dataclass_params__.frozen

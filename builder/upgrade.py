@@ -676,151 +676,80 @@ def write_b_recipe_table(out: Path, recipe, platform: Platform = DEFAULT) -> Pat
     )
 
 
-def _stand_in(files) -> str | None:
-    """The published vllm whose wheel stands in for B's own in B's base (B's build files from a checkout
-    past its last tag), or None."""
-    return (files.wheel or None) if files is not None else None
-
-
 def _entries(lock) -> dict[str, str]:
     return {e.name: e.version for e in lock.entries}
 
 
-def upgrade(
-    *,
-    from_version: str,
-    to_version: str,
-    series_dir: str | None = None,
-    from_wheel=None,
-    to_wheel=None,
-    base_from: str | None = None,
-    base_to: str | None = None,
-    lock_from: str | None = None,
-    with_: list[str] | None = None,
-    default_overlay: bool | None = None,
-    find_links=(),
-    no_index=False,
-    spec_path: str | None = None,
-    out_dir: str | None = None,
-    probe_python: str | None = None,
-    reporter: Reporter = SILENT,
-    relax: tuple[str, ...] = (),
-    auto_relax: bool = True,
-    accept_undecided: tuple[str, ...] = (),
-    platforms: tuple[Platform, ...] = (),
-    b_files=None,
-) -> UpgradeReport:
-    for p in platforms:  # before any work: each other platform needs A's base of that platform
+@dataclass(frozen=True)
+class UpgradeRequest:
+    """What ``upgrade`` was asked to do, built once by the command from its flags: releases A and B, their inputs
+    as given (None: the shipped or downloaded one), the overlay, how B's base may be reconstructed, and -o."""
+
+    from_version: str
+    to_version: str
+    series_dir: str | None = None  # A's patch series
+    from_wheel: str | None = None  # A's and B's vllm wheels or package trees
+    to_wheel: str | None = None
+    base_from: str | None = None  # A's and B's base manifests
+    base_to: str | None = None
+    lock_from: str | None = None  # A's lock, whose overlay is re-locked
+    with_: tuple[str, ...] = ()  # overlay requirements replacing the lock's
+    default_overlay: bool | None = None  # None: as A's overlay has it
+    find_links: tuple[str, ...] = ()
+    no_index: bool = False
+    spec_path: str | None = None  # whose [serving] settings are planned on both releases
+    out_dir: str | None = None  # -o: nothing is written without it
+    probe_python: str | None = None
+    relax: tuple[str, ...] = ()
+    auto_relax: bool = True
+    accept_undecided: tuple[str, ...] = ()
+    platforms: tuple[Platform, ...] = ()  # each other platform gets its own section
+    b_files: object | None = None  # B's build files (--sdist/--source), or None
+
+    @property
+    def out(self) -> Path | None:
+        return Path(self.out_dir) if self.out_dir else None
+
+    @property
+    def stand_in(self) -> str | None:
+        """The published vllm whose wheel stands in for B's own in B's base (B's build files from a checkout
+        past its last tag), or None."""
+        return (self.b_files.wheel or None) if self.b_files is not None else None
+
+
+def upgrade(req: UpgradeRequest, reporter: Reporter = SILENT) -> UpgradeReport:
+    """The four stages (the module doc) on ``req``; the scratch folder goes with the run."""
+    for p in req.platforms:  # before any work: each other platform needs A's base of that platform
         if not p.is_default:
-            _platform_base_from(from_version, p)
+            _platform_base_from(req.from_version, p)
     timings: dict[str, float] = {}
-    out = Path(out_dir) if out_dir else None
     scratch = Path(tempfile.mkdtemp(prefix="build-image-upgrade-"))
     written: list[str] = []
     try:
-        # 1. bases
         t0 = time.monotonic()
-        a_path = _base_for(from_version, base_from, None, scratch, SILENT).path
-        if not a_path.is_file():
-            raise BadInput(f"no base manifest for vllm {from_version} ({a_path}); pass --base-from MANIFEST.")
-        b = _base_for(
-            to_version,
-            base_to,
-            out,
-            scratch,
-            reporter,
-            relax=relax,
-            auto_relax=auto_relax,
-            accept_undecided=accept_undecided,
-            files=b_files,
-        )
-        b_path, b_source = b.path, b.source
-        if b_source == "reconstructed" and out:
-            written.append(str(b_path))
-            written.append(str(write_b_recipe_table(out, b.recipe)))
-        a_base, b_base = load_manifest(a_path), load_manifest(b_path)
+        a_path, b = _bases(req, scratch, written, reporter)
+        a_base, b_base = load_manifest(a_path), load_manifest(b.path)
         timings["bases"] = time.monotonic() - t0
-        # 2. port
         t0 = time.monotonic()
-        series = P.load_series(series_dir or P.series_dir_for(from_version), from_version)
-        a_src = Path(from_wheel) if from_wheel else vllm_wheel(from_version, series.wheel_sha256, reporter=SILENT)
-        b_src = Path(to_wheel) if to_wheel else vllm_wheel(to_version, reporter=SILENT)
-        series_out = out / "patches" / series.package / to_version if out else None
-        a_env = series.dir / PR_ENV
-        if series_out is not None and a_env.is_file() and not (series_out / PR_ENV).is_file():
-            tf = b_base.get("transformers")
-            series_out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(
-                series_out / PR_ENV,
-                b_probe_env(a_env.read_text(encoding="utf-8"), from_version, to_version, tf.version if tf else None),
-            )
-        report = PO.port(
-            series, a_src, b_src, to_version, out_dir=series_out, probe_python=probe_python, reporter=reporter
-        )
-        if series_out:
-            written.append(str(series_out))
-        if out and b_src.is_file():
-            written.append(
-                str(
-                    RF.write_entry(
-                        out / "lockfiles" / "release-facts.json", to_version, RF.facts_from_wheel(b_src, to_version)
-                    )
-                )
-            )
+        series, report, a_src, b_src = _port(req, b_base, written, reporter)
         timings["port"] = time.monotonic() - t0
         moves = base_moves(
             a_base, b_base, a_wheel=a_src if a_src.is_file() else None, b_wheel=b_src if b_src.is_file() else None
         )
-        # 3. lock: A's overlay on B's base
         t0 = time.monotonic()
-        step = _lock_on_b(
-            from_version,
-            to_version,
-            b_path,
-            lock_from,
-            with_,
-            default_overlay,
-            find_links,
-            no_index,
-            out,
-            scratch,
-            written,
-            reporter,
-            vllm=_stand_in(b_files),
-        )
+        step = _lock_on_b(req, b.path, scratch, written, reporter)
         timings["lock"] = time.monotonic() - t0
-        # 4. plan
-        plan_moves, plan_notes = _plan_diff(spec_path, a_src, b_src, from_version, to_version)
+        plan_moves, plan_notes = _plan_diff(req.spec_path, a_src, b_src, req.from_version, req.to_version)
         t0 = time.monotonic()
-        sections = [
-            _platform_section(
-                p,
-                from_version,
-                to_version,
-                with_,
-                default_overlay,
-                find_links,
-                no_index,
-                out,
-                scratch,
-                written,
-                reporter,
-                relax=relax,
-                auto_relax=auto_relax,
-                accept_undecided=accept_undecided,
-                b_files=b_files,
-            )
-            for p in platforms
-            if not p.is_default
-        ]
+        sections = [_platform_section(req, p, scratch, written, reporter) for p in req.platforms if not p.is_default]
         if sections:
             timings["platforms"] = time.monotonic() - t0
         rep = UpgradeReport(
-            from_version,
-            to_version,
+            req.from_version,
+            req.to_version,
             str(a_path),
-            str(b_path),
-            b_source,
+            str(b.path),
+            b.source,
             moves,
             report,
             step,
@@ -831,61 +760,126 @@ def upgrade(
             base_notes=b.notes,
             relaxed=b.relaxed,
             platforms=sections,
-            stand_in=_stand_in(b_files),
+            stand_in=req.stand_in,
             runs=run_changes(
-                from_version, to_version, b_files, accept_undecided=accept_undecided, offline=bool(no_index)
+                req.from_version,
+                req.to_version,
+                req.b_files,
+                accept_undecided=req.accept_undecided,
+                offline=bool(req.no_index),
             ),
         )
-        try:
-            rep.shipped_series = str(P.series_dir_for(to_version, series.package))
-        except BadInput:
-            rep.shipped_series = None
+        rep.shipped_series = _shipped_series(req.to_version, series.package)
         return rep
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _shipped_series(version: str, package: str) -> str | None:
+    """The series for ``version`` already in this checkout, or None."""
+    try:
+        return str(P.series_dir_for(version, package))
+    except BadInput:
+        return None
+
+
+def _base_b(req: UpgradeRequest, scratch: Path, reporter: Reporter, platform: Platform = DEFAULT) -> BaseB:
+    """B's base of ``platform`` (--base-to is the default platform's), reconstructed as ``req`` allows."""
+    return _base_for(
+        req.to_version,
+        req.base_to if platform.is_default else None,
+        req.out,
+        scratch,
+        reporter,
+        relax=req.relax,
+        auto_relax=req.auto_relax,
+        accept_undecided=req.accept_undecided,
+        platform=platform,
+        files=req.b_files,
+    )
+
+
+def _bases(req: UpgradeRequest, scratch: Path, written: list[str], reporter: Reporter) -> tuple[Path, BaseB]:
+    """Stage 1: A's base manifest and B's (B's reconstruction written with its recipes table under -o)."""
+    a_path = _base_for(req.from_version, req.base_from, None, scratch, SILENT).path
+    if not a_path.is_file():
+        raise BadInput(f"no base manifest for vllm {req.from_version} ({a_path}); pass --base-from MANIFEST.")
+    b = _base_b(req, scratch, reporter)
+    if b.source == "reconstructed" and req.out:
+        written.append(str(b.path))
+        written.append(str(write_b_recipe_table(req.out, b.recipe)))
+    return a_path, b
+
+
+def _port(req: UpgradeRequest, b_base: BaseManifest, written: list[str], reporter: Reporter):
+    """Stage 2: A's series ported onto B's code (under -o: B's series with its probe-env.txt, and B's release
+    facts).  Returns the series, the port report and A's and B's vllm (wheel or tree)."""
+    series = P.load_series(req.series_dir or P.series_dir_for(req.from_version), req.from_version)
+    a_src = (
+        Path(req.from_wheel) if req.from_wheel else vllm_wheel(req.from_version, series.wheel_sha256, reporter=SILENT)
+    )
+    b_src = Path(req.to_wheel) if req.to_wheel else vllm_wheel(req.to_version, reporter=SILENT)
+    out = req.out
+    series_out = out / "patches" / series.package / req.to_version if out else None
+    a_env = series.dir / PR_ENV
+    if series_out is not None and a_env.is_file() and not (series_out / PR_ENV).is_file():
+        tf = b_base.get("transformers")
+        series_out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(
+            series_out / PR_ENV,
+            b_probe_env(
+                a_env.read_text(encoding="utf-8"), req.from_version, req.to_version, tf.version if tf else None
+            ),
+        )
+    report = PO.port(
+        series, a_src, b_src, req.to_version, out_dir=series_out, probe_python=req.probe_python, reporter=reporter
+    )
+    if series_out:
+        written.append(str(series_out))
+    if out and b_src.is_file():
+        facts = RF.facts_from_wheel(b_src, req.to_version)
+        written.append(str(RF.write_entry(out / "lockfiles" / "release-facts.json", req.to_version, facts)))
+    return series, report, a_src, b_src
+
+
 def _lock_on_b(
-    from_version: str,
-    to_version: str,
+    req: UpgradeRequest,
     b_path: Path,
-    lock_from: str | None,
-    with_: list[str] | None,
-    default_overlay: bool | None,
-    find_links,
-    no_index: bool,
-    out: Path | None,
     scratch: Path,
     written: list[str],
     reporter: Reporter,
     platform: Platform = DEFAULT,
-    vllm: str | None = None,
 ) -> LockStep:
-    """A's overlay (its lock's, or ``with_``) locked on B's base; a lock the gate rejects or
-    that cannot be resolved is a step with that status, not an error.  ``vllm``: the vllm B's base holds
-    when it is not ``to_version`` (a published wheel standing in for an unreleased B's)."""
-    a_lock_path = Path(lock_from) if lock_from else default_lock_path(from_version, platform)
+    """A's overlay (its lock's, or ``req.with_``) locked on B's base; a lock the gate rejects or
+    that cannot be resolved is a step with that status, not an error.  The vllm B's base holds is
+    ``req.stand_in`` when that is given (a published wheel standing in for an unreleased B's).  An explicit
+    --lock is the default platform's lock: another platform's overlay comes from its own lock."""
+    out, vllm = req.out, req.stand_in or req.to_version
+    lock_from = req.lock_from if platform.is_default else None
+    a_lock_path = Path(lock_from) if lock_from else default_lock_path(req.from_version, platform)
     a_lock = load_lock(a_lock_path) if a_lock_path.is_file() else None
-    overlay = list(with_) if with_ else (list(a_lock.overlay) if a_lock else [])
+    overlay = list(req.with_) if req.with_ else (list(a_lock.overlay) if a_lock else [])
+    default_overlay = req.default_overlay
     if default_overlay is None:
         default_overlay = L.DEFAULT_RAY in overlay or not overlay
     named = [w for w in overlay if w != L.DEFAULT_RAY]
-    lock_path = b_lock_path(out, to_version, platform) if out else scratch / platform.slug / "requirements.lock"
-    resolved = resolve_base(str(b_path), vllm or to_version, platform=platform)
-    req = L.request_for(
-        vllm=vllm or to_version,
+    lock_path = b_lock_path(out, req.to_version, platform) if out else scratch / platform.slug / "requirements.lock"
+    resolved = resolve_base(str(b_path), vllm, platform=platform)
+    lock_req = L.request_for(
+        vllm=vllm,
         base=resolved,
         with_=named,
         default_overlay=default_overlay,
         vllm_given=False,
         allow=dict(a_lock.allow_abi_change) if a_lock else {},
-        find_links=list(find_links),
-        no_index=no_index,
+        find_links=list(req.find_links),
+        no_index=req.no_index,
     )
-    step = LockStep(status="written", overlay=list(req.overlay))
+    step = LockStep(status="written", overlay=list(lock_req.overlay))
     try:
-        reporter.step(f"locking {' '.join(req.overlay)} on {b_path.name}")
-        outcome = L.run(req, lock_path, upgrade=True, force=True, reporter=reporter)  # foreign files: check_outputs
+        reporter.step(f"locking {' '.join(lock_req.overlay)} on {b_path.name}")
+        # foreign files: check_outputs
+        outcome = L.run(lock_req, lock_path, upgrade=True, force=True, reporter=reporter)
         b_lock = load_lock(outcome.path)
         step.path = str(outcome.path) if out else None
         step.ray = b_lock.header.get("ray")
@@ -914,59 +908,18 @@ def _platform_base_from(from_version: str, platform: Platform) -> Path:
 
 
 def _platform_section(
-    platform: Platform,
-    from_version: str,
-    to_version: str,
-    with_,
-    default_overlay,
-    find_links,
-    no_index: bool,
-    out: Path | None,
-    scratch: Path,
-    written: list[str],
-    reporter: Reporter,
-    *,
-    relax,
-    auto_relax: bool,
-    accept_undecided,
-    b_files=None,
+    req: UpgradeRequest, platform: Platform, scratch: Path, written: list[str], reporter: Reporter
 ) -> PlatformSection:
     """Another platform's part: A's and B's bases of ``platform`` (B's reconstructed from the release's step for
     that platform when none is shipped, written with its recipes table under -o), their moves, and A's overlay of
     that platform locked on B's."""
-    a_path = _platform_base_from(from_version, platform)
-    b = _base_for(
-        to_version,
-        None,
-        out,
-        scratch / platform.slug,
-        reporter.scoped(f"{platform.name}: "),
-        relax=relax,
-        auto_relax=auto_relax,
-        accept_undecided=accept_undecided,
-        platform=platform,
-        files=b_files,
-    )
-    if b.source == "reconstructed" and out:
-        written += [str(b.path), str(write_b_recipe_table(out, b.recipe, platform))]
+    a_path = _platform_base_from(req.from_version, platform)
+    scoped = reporter.scoped(f"{platform.name}: ")
+    b = _base_b(req, scratch / platform.slug, scoped, platform)
+    if b.source == "reconstructed" and req.out:
+        written += [str(b.path), str(write_b_recipe_table(req.out, b.recipe, platform))]
     moves = base_moves(load_manifest(a_path), load_manifest(b.path))
-    # an explicit --lock is the default platform's lock: another platform's overlay comes from its own lock
-    step = _lock_on_b(
-        from_version,
-        to_version,
-        b.path,
-        None,
-        with_,
-        default_overlay,
-        find_links,
-        no_index,
-        out,
-        scratch,
-        written,
-        reporter.scoped(f"{platform.name}: "),
-        platform,
-        vllm=_stand_in(b_files),
-    )
+    step = _lock_on_b(req, b.path, scratch, written, scoped, platform)
     return PlatformSection(
         platform=platform.name,
         base_from=str(a_path),

@@ -144,7 +144,7 @@ def test_check_load_format_lowercases_and_refuses_naming_the_release_formats():
 
 def test_smoke_passes_the_load_format_to_vllm(tmp_path):
     cfg = SmokeConfig(model=str(tmp_path), load_format="Fastsafetensors")
-    cfg.validate()
+    cfg = cfg.validate()  # --load-format in the spelling vLLM takes
     flags = serve_flags(cfg, str(tmp_path), 8000, "127.0.0.1")
     assert flags[flags.index("--load-format") + 1] == "fastsafetensors"
     assert "--load-format" not in serve_flags(SmokeConfig(model=str(tmp_path)), str(tmp_path), 8000, "127.0.0.1")

@@ -110,7 +110,39 @@ def private_imports(root: Path) -> list[str]:
     return out
 
 
+#: the most lines a function of the package may span, ``def`` to its last line (docs/design.md)
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(root: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Every function or method under ``root``/builder longer than ``limit`` lines, from its ``def`` line to its
+    last (a signature, a docstring and a long literal count: ruff's statement count does not see them)."""
+    out = []
+    for name, path in modules(root).items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > limit:
+                    out.append(f"{name}.{node.name} (line {node.lineno}): {lines} lines")
+    return out
+
+
 # ----------------------------------------------------------------------------- the package itself
+
+
+def test_no_function_is_longer_than_80_lines():
+    assert long_functions(ROOT) == []
+
+
+def test_a_long_function_is_found_signature_and_literals_included(tmp_path):
+    pkg = tmp_path / "builder"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""x"""\n')
+    args = "".join(f"    a{i},\n" for i in range(72))
+    body = "    return [\n" + "".join(f"        {i},\n" for i in range(5)) + "    ]\n"
+    (pkg / "a.py").write_text(f"def short():\n    return 1\n\n\ndef wide(\n{args}):\n{body}")
+    assert long_functions(tmp_path) == ["builder.a.wide (line 5): 81 lines"]
+    assert long_functions(tmp_path, limit=81) == []
 
 
 def test_no_module_imports_another_modules_private_names():
@@ -236,3 +268,24 @@ def test_an_unexplained_function_level_import_is_found(tmp_path):
     )
     lazy = unexplained_lazy_imports(root)
     assert lazy == ["builder.image.render line 2: from builder.serving import kuberay"]
+
+
+def test_each_multi_stage_commands_request_is_frozen():
+    """A command builds its request once (docs/design.md); a stage cannot change what was asked."""
+    import dataclasses
+
+    from builder.pipeline import PipelineRequest
+    from builder.serving.cutover import PromoteRequest, RollbackRequest
+    from builder.serving.smoke import SmokeConfig
+    from builder.upgrade import UpgradeRequest
+
+    for cls, kw in (
+        (UpgradeRequest, {"from_version": "1.0", "to_version": "2.0"}),
+        (PromoteRequest, {"source": "r/x@sha256:" + "a" * 64, "to": "r/x:prod", "spec": None, "lock": None}),
+        (RollbackRequest, {"to": "r/x:prod"}),
+        (SmokeConfig, {"model": "/m"}),
+    ):
+        req = cls(**kw)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            req.out_dir = "elsewhere"
+    assert PipelineRequest.__dataclass_params__.frozen

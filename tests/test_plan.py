@@ -1,4 +1,4 @@
-"""Preflight memory plan (builder/serving/plan.py, `build-image plan`): pure arithmetic, fast.
+"""Preflight memory plan (builder/serving/plan/, `build-image plan`): pure arithmetic, fast.
 
 Expected values are derived in each test from the model shape (layers × heads ×
 head_dim × dtype, block rounding), never copied from the code's output.
@@ -1147,10 +1147,10 @@ def test_state_layers_of_an_unknown_shape_count_zero_with_a_note():
     ],
 )
 def test_auto_kv_dtype_of_modelopt_checkpoints(q, kv):
-    from builder.serving.plan import _modelopt_kv_dtype
+    from builder.serving.plan.settings import modelopt_kv_dtype
 
-    assert _modelopt_kv_dtype({"quantization_config": q}) == kv
-    assert _modelopt_kv_dtype({}) is None
+    assert modelopt_kv_dtype({"quantization_config": q}) == kv
+    assert modelopt_kv_dtype({}) is None
 
 
 def test_nvfp4_packs_an_odd_head_dim_in_whole_bytes():
@@ -2251,7 +2251,7 @@ def test_checkpoint_bytes_from_the_safetensors_headers(tmp_path):
 
 
 def test_sizes_print_in_both_units_by_magnitude():
-    from builder.serving.plan import _fmt
+    from builder.serving.plan.text import _fmt
 
     assert _fmt(2 * 10**8) == "0.20 GB (0.19 GiB)"
     assert _fmt(10**8) == "0.10 GB (0.09 GiB)"
@@ -2265,7 +2265,8 @@ def test_sizes_print_in_both_units_by_magnitude():
 
 
 def test_render_text_of_a_fitting_hybrid_plan_on_a_pipeline():
-    from builder.serving.plan import _fmt, render_text
+    from builder.serving.plan import render_text
+    from builder.serving.plan.text import _fmt
 
     c = cfg("sliding")
     p = make_plan(

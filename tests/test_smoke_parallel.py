@@ -6,6 +6,7 @@ stops by PID (or the cluster --ray-address names)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -106,7 +107,7 @@ def test_docker_and_serve_environments_keep_multicast_off(tmp_path):
     assert "RAY_ADDRESS=127.0.0.1:6380" in env_args
     assert _flag(argv, "--distributed-executor-backend") == "ray" and _flag(argv, "--tensor-parallel-size") == "4"
     # serve mode in the image: the runner's container gets the same -e lines and the backend as an app arg
-    cfg.serve, cfg.ray_address = True, None
+    cfg = dataclasses.replace(cfg, serve=True, ray_address=None)
     launch = prepare_launch(cfg)
     env_args = [launch.argv[i + 1] for i, a in enumerate(launch.argv) if a == "-e"]
     for k, v in MULTICAST_OFF.items():
@@ -114,7 +115,7 @@ def test_docker_and_serve_environments_keep_multicast_off(tmp_path):
     args = json.loads(_flag(launch.argv, "--args"))
     assert args["distributed_executor_backend"] == "ray" and args["tensor_parallel_size"] == 4
     # local serve mode: the runner's own environment
-    cfg.image = None
+    cfg = dataclasses.replace(cfg, image=None)
     launch = prepare_launch(cfg)
     for k, v in MULTICAST_OFF.items():
         assert launch.env[k] == v

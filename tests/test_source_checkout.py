@@ -301,8 +301,8 @@ def test_upgrade_takes_bs_build_files_from_a_checkout(tmp_path, monkeypatch):
 
     seen = {}
 
-    def fake_upgrade(**kw):
-        seen.update(kw)
+    def fake_upgrade(req, reporter):
+        seen.update(vars(req))
         raise SystemExit(0)
 
     monkeypatch.setattr(U, "upgrade", fake_upgrade)

@@ -169,3 +169,26 @@ def test_base_moves_and_window_are_pure(bases):
         U.Move("y", "2", "3"),
         U.Move("z", None, "1"),
     ]
+
+
+def test_upgrade_output_is_unchanged(bases, release, tmp_path, wheelhouse):
+    """The whole command's reports (text, markdown, JSON) of a clean and a needs-review upgrade, byte for byte
+    against tests/data/golden/upgrade (paths and timings replaced by placeholders)."""
+    import re
+
+    from tests.test_golden_output import check
+
+    clean = tree(tmp_path / "b-clean", A_MOD.replace('"""toy module."""\n', '"""toy module."""\n\nV = 2\n'))
+    merged = tree(tmp_path / "b-merged", A_MOD.replace("    a = x + 1\n", "    a = x + 1  # B\n", 1))
+    for name, b_tree, pin in (("cli-clean", clean, "numpy2user==1.0.0"), ("cli-review", merged, "fakearrow==14.0.2")):
+        for fmt in ("text", "markdown", "json"):
+            out = tmp_path / f"{name}-{fmt}"
+            args = _args(bases, release, b_tree, "--find-links", str(wheelhouse), "--with", pin, "--format", fmt)
+            r = CliRunner().invoke(main, [*args, "-o", str(out)])
+            text = f"exit {r.exit_code}\n{r.stdout}"
+            for path, mark in ((str(tmp_path), "<TMP>"), (str(bases[0]), "<BASE-A>"), (str(bases[1]), "<BASE-B>")):
+                text = text.replace(path, mark)
+            text = re.sub(r'("[a-z_]+": )\d+\.\d+', r"\1<S>", text)
+            text = re.sub(r"\d+\.\d+ ?s\b", "<S>", text)
+            written = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+            check(f"upgrade/{name}.{fmt}", text + "\nfiles:\n" + "\n".join(written) + "\n")

@@ -81,13 +81,13 @@ def command(image, to, spec_file, lock_file, out_dir, history_file, trusted_keys
     """
     from builder.events import reporter_for
     from builder.resolve.lockfile import load_lock
-    from builder.serving.cutover import promote
+    from builder.serving.cutover import PromoteRequest, promote
     from builder.spec import load_spec
 
     console = stderr_console()
     spec = load_spec(spec_file)
     lock = load_lock(lock_file or spec.lock_path)
-    res = promote(
+    req = PromoteRequest(
         image,
         to,
         spec=spec,
@@ -98,8 +98,8 @@ def command(image, to, spec_file, lock_file, out_dir, history_file, trusted_keys
         out_dir=out_dir,
         trusted_keys=trusted_keys,
         sign_key=sign_key,
-        reporter=reporter_for(console).scoped("promote: "),
     )
+    res = promote(req, reporter_for(console).scoped("promote: "))
     if as_json:
         emit_json(res)
         return

@@ -48,17 +48,11 @@ def command(target, out_dir, history_file, trusted_keys, force, as_json):
     BUILD_IMAGE_LOCK_TIMEOUT.
     """
     from builder.events import reporter_for
-    from builder.serving.cutover import rollback
+    from builder.serving.cutover import RollbackRequest, rollback
 
     console = stderr_console()
-    res = rollback(
-        target,
-        history_file=history_file,
-        out_dir=out_dir,
-        force=force,
-        trusted_keys=trusted_keys,
-        reporter=reporter_for(console).scoped("rollback: "),
-    )
+    req = RollbackRequest(target, history_file=history_file, out_dir=out_dir, force=force, trusted_keys=trusted_keys)
+    res = rollback(req, reporter_for(console).scoped("rollback: "))
     if as_json:
         emit_json(res)
         return

@@ -201,14 +201,13 @@ def command(
     direction = release_direction(from_version, to_version, allow_downgrade=allow_downgrade)
     b_files = _before_work(out_dir, from_version, to_version, fmt, base_to, force, targets, inputs)
     reporter = PlainReporter().scoped("upgrade: ") if fmt == "text" or out_dir else SILENT
-    rep = U.upgrade(
+    req = U.UpgradeRequest(
         from_version=from_version,
         to_version=to_version,
         base_to=base_to,
-        with_=list(with_) or None,
+        with_=tuple(with_),
         default_overlay=False if no_default_overlay else None,
         out_dir=out_dir,
-        reporter=reporter,
         relax=tuple(relax),
         auto_relax=not strict,
         accept_undecided=tuple(accept_undecided),
@@ -216,6 +215,7 @@ def command(
         b_files=b_files,
         **inputs,  # A's and B's inputs as given: series, wheels, base manifests, lock, spec, indexes, probe python
     )
+    rep = U.upgrade(req, reporter)
     text = mark_direction(U.render(rep, fmt), fmt, direction, from_version, to_version)
     if out_dir:
         dest = U.report_path(out_dir, from_version, to_version, fmt)

@@ -357,9 +357,40 @@ def _previous_manifests(
     ), "rendered now from this lock and spec (no build-image promotion put it there)"
 
 
-def _promote_refs(source: str, to: str, force: bool, reason: str | None, reporter: Reporter) -> tuple[Ref, Ref]:
-    src = clean_ref(source, "promote", reporter)
-    dst = clean_ref(to, "promote --to", reporter)
+@dataclass(frozen=True)
+class PromoteRequest:
+    """What ``promote`` was asked to do, built once by the command from its flags and spec: move ``to``
+    (``HOST/REPO:TAG``) to ``source`` (``HOST/REPO@sha256:…``) for the spec's serving target and the lock's
+    manifests."""
+
+    source: str
+    to: str
+    spec: Any
+    lock: Any
+    force: bool = False
+    reason: str | None = None  # why --force (recorded)
+    history_file: Path | None = None
+    out_dir: Path | None = None  # -o: the manifests and admission policies
+    trusted_keys: tuple = ()
+    sign_key: str | os.PathLike | None = None  # signs the rollback record
+
+
+@dataclass(frozen=True)
+class RollbackRequest:
+    """What ``rollback`` was asked to do: put ``to`` (``HOST/REPO:TAG``) back where its latest promotion found
+    it; with ``trusted_keys``, only on a rollback record one of them signed."""
+
+    to: str
+    history_file: Path | None = None
+    out_dir: Path | None = None
+    force: bool = False  # replace -o files build-image did not write
+    trusted_keys: tuple = ()
+
+
+def _promote_refs(req: PromoteRequest, reporter: Reporter) -> tuple[Ref, Ref]:
+    force, reason = req.force, req.reason
+    src = clean_ref(req.source, "promote", reporter)
+    dst = clean_ref(req.to, "promote --to", reporter)
     if not src.digest:
         raise BadInput(f"promote: {src} names no digest; promote IMAGE@sha256:… (the digest the smoke attested).")
     if dst.digest or not dst.tag:
@@ -374,32 +405,20 @@ def _promote_refs(source: str, to: str, force: bool, reason: str | None, reporte
     return src, dst
 
 
-def promote(
-    source: str,
-    to: str,
-    *,
-    spec,
-    lock,
-    force: bool = False,
-    reason: str | None = None,
-    history_file: Path | None = None,
-    out_dir: Path | None = None,
-    trusted_keys: tuple = (),
-    sign_key: str | os.PathLike | None = None,
-    reporter: Reporter = SILENT,
-) -> dict[str, Any]:
-    """Move ``to`` (``HOST/REPO:TAG``) to ``source`` (``HOST/REPO@sha256:…``); see the module docstring.
+def promote(req: PromoteRequest, reporter: Reporter = SILENT) -> dict[str, Any]:
+    """Move ``req.to`` (``HOST/REPO:TAG``) to ``req.source`` (``HOST/REPO@sha256:…``); see the module docstring.
 
     Raises VerdictFailure (exit 1) when no attached PASS signed by a trusted key matches the target (without
     ``force``), BadInput (exit 2) for bad input -- nothing moved -- and RegistryError (exit 10) when the
     registry fails."""
-    src, dst = _promote_refs(source, to, force, reason, reporter)
+    src, dst = _promote_refs(req, reporter)
+    spec, out_dir = req.spec, req.out_dir
     check_out_dir(out_dir)
     target = attestation.Target.from_spec(spec)
-    trust = trust_from(spec, trusted_keys, sign_key)
-    if not force:
+    trust = trust_from(spec, req.trusted_keys, req.sign_key)
+    if not req.force:
         _check_target(target, spec, trust)
-    path = _history_path(dst, history_file)
+    path = _history_path(dst, req.history_file)
     with _tag_lock(dst, path):
         entries = history.load(path, str(dst))
         history.check_writable(path)
@@ -408,16 +427,14 @@ def promote(
         new = retag.manifest_by_digest(client, src.repository, src.digest)
         if new is None:
             raise BadInput(f"promote: the registry {src.registry} does not hold {src}; nothing was moved.")
-        _check_image_platform(client, src, new, spec=spec, lock=lock)  # one image, of the pods' platform
+        _check_image_platform(client, src, new, spec=spec, lock=req.lock)  # one image, of the pods' platform
         current = _settle(client, dst, path, entries)
         res = {"target": str(dst), "digest": new.digest, "previous": current, "history": str(path)}
         if current == new.digest:
             reporter.step(f"{dst} already points at {new.digest}; nothing to do")
             return {**res, "status": "unchanged"}
-        chosen = _verdict_for(client, src, dst, current, target, trust, force)
-        record, att = _record(
-            client, src, dst, new, current, entries, spec=spec, lock=lock, chosen=chosen, reason=reason, trust=trust
-        )
+        chosen = _verdict_for(client, src, dst, current, target, trust, req.force)
+        record, att = _record(req, client, src, dst, new, current, entries, chosen=chosen, trust=trust)
         entry = _promote_entry(history.next_id(entries), src, new, current, record, att)
         entries.append(entry)
         history.save(path, str(dst), entries)
@@ -479,6 +496,7 @@ def _check_image_platform(client: RegistryClient, src: Ref, new: retag.Manifest,
 
 
 def _record(
+    req: PromoteRequest,
     client: RegistryClient,
     src: Ref,
     dst: Ref,
@@ -486,14 +504,12 @@ def _record(
     current: str | None,
     entries: list[dict],
     *,
-    spec,
-    lock,
     chosen: attestation.Verdict | None,
-    reason: str | None,
     trust: Trust,
 ) -> tuple[dict, referrers.Attached]:
     """The rollback record -- both digests, their container configs, both images' KubeRay manifests, the verdict
     or the forced reason -- attached in the target repository as an artifact referring to the new digest."""
+    spec, lock, reason = req.spec, req.lock, req.reason
     image = f"{dst.name}@{new.digest}"
     new_config = retag.container_config(client, src.repository, new)
 
@@ -613,24 +629,16 @@ def _undo_target(
     return e, record
 
 
-def rollback(
-    to: str,
-    *,
-    history_file: Path | None = None,
-    out_dir: Path | None = None,
-    force: bool = False,
-    trusted_keys: tuple = (),
-    reporter: Reporter = SILENT,
-) -> dict[str, Any]:
-    """Put ``to`` back on the digest its latest promotion replaced (as the registry's rollback record of that
-    promotion says; with ``trusted_keys``, a record one of them signed) and write that image's recorded
+def rollback(req: RollbackRequest, reporter: Reporter = SILENT) -> dict[str, Any]:
+    """Put ``req.to`` back on the digest its latest promotion replaced (as the registry's rollback record of that
+    promotion says; with ``req.trusted_keys``, a record one of them signed) and write that image's recorded
     manifests."""
-    dst = clean_ref(to, "rollback", reporter)
+    dst = clean_ref(req.to, "rollback", reporter)
     if dst.digest or not dst.tag:
         raise BadInput(f"rollback {dst}: give REPO:TAG (the deploy tag to move back).")
-    check_out_dir(out_dir, force)
-    trust = Trust(signing.trusted_keys(list(trusted_keys), "--trusted-key"))
-    path = _history_path(dst, history_file)
+    check_out_dir(req.out_dir, req.force)
+    trust = Trust(signing.trusted_keys(list(req.trusted_keys), "--trusted-key"))
+    path = _history_path(dst, req.history_file)
     with _tag_lock(dst, path):
         entries = history.load(path, str(dst))
         if not entries:
@@ -674,7 +682,7 @@ def rollback(
         entries.append(entry)
         history.save(path, str(dst), entries)
         _move(client, dst, prev, path, entries, entry)
-        written = write_manifests(out_dir, manifests, force=force) if out_dir and manifests else []
+        written = write_manifests(req.out_dir, manifests, force=req.force) if req.out_dir and manifests else []
     return {
         "target": str(dst),
         "digest": target,

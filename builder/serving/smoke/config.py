@@ -4,7 +4,7 @@ the configuration built from a spec's ``[serving]`` table."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ def ensure_fd_room(concurrency: int) -> None:
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class SmokeConfig:
     model: str  # host path of the checkpoint directory
     image: str | None = None  # docker mode when set, else local mode
@@ -103,7 +103,9 @@ class SmokeConfig:
     reference_logprob_tolerance: float | None = None  # default: equivalence.LOGPROB_TOLERANCE
     reference_tie_margin: float | None = None  # default: equivalence.TIE_MARGIN
 
-    def validate(self) -> None:
+    def validate(self) -> SmokeConfig:
+        """Bad flags: BadInput naming the flag.  Returns the configuration with --load-format in the spelling the
+        release accepts (:func:`check_load_format`)."""
         where = "smoke"
         if not self.model:
             raise BadInput(f"{where}: --model is required (the checkpoint directory to serve)")
@@ -122,24 +124,7 @@ class SmokeConfig:
         ):
             if not isinstance(value, int) or value < lo:
                 raise BadInput(f"{where}: {name} must be an integer >= {lo}, got {value!r}")
-        if self.distributed_executor_backend is not None and self.distributed_executor_backend not in EXECUTOR_BACKENDS:
-            raise BadInput(
-                f"{where}: --distributed-executor-backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
-                f"got {self.distributed_executor_backend!r}"
-            )
-        if self.ray_address is not None:
-            if self.distributed_executor_backend != "ray":
-                raise BadInput(
-                    f"{where}: --ray-address joins a Ray cluster for vLLM's Ray executor; "
-                    "give it with --distributed-executor-backend ray"
-                )
-            if self.serve:
-                raise BadInput(
-                    f"{where}: --serve starts its own Ray head for the Serve application; "
-                    "it does not take --ray-address"
-                )
-            if not self.ray_address.strip():
-                raise BadInput(f"{where}: --ray-address must name a Ray cluster (HOST:PORT or ray://...), got ''")
+        self._validate_parallel(where)
         if self.concurrency > MAX_CONCURRENCY:
             raise BadInput(
                 f"{where}: --concurrency {self.concurrency} is above the probe's bound of "
@@ -158,10 +143,9 @@ class SmokeConfig:
                 raise BadInput(f"{where}: {name} must be a positive number of seconds, got {value!r}")
         if self.cpu_offload_gb is not None and not (math.isfinite(self.cpu_offload_gb) and self.cpu_offload_gb >= 0):
             raise BadInput(f"{where}: --cpu-offload-gb must be a finite number >= 0, got {self.cpu_offload_gb!r}")
-        if self.load_format is not None:
-            self.load_format = check_load_format(
-                self.load_format, release_facts(self.vllm), where="smoke: --load-format"
-            )
+        load_format = self.load_format
+        if load_format is not None:
+            load_format = check_load_format(load_format, release_facts(self.vllm), where="smoke: --load-format")
         if (
             self.reference
             and self.save_reference
@@ -185,6 +169,28 @@ class SmokeConfig:
                 f"{where}: --prompt-tokens ({self.prompt_tokens}) + --max-tokens ({self.max_tokens}) "
                 f"exceeds --max-model-len ({self.max_model_len}); the requests could never be served"
             )
+        return self if load_format == self.load_format else replace(self, load_format=load_format)
+
+    def _validate_parallel(self, where: str) -> None:
+        """The executor backend and the Ray cluster it joins (part of :meth:`validate`)."""
+        if self.distributed_executor_backend is not None and self.distributed_executor_backend not in EXECUTOR_BACKENDS:
+            raise BadInput(
+                f"{where}: --distributed-executor-backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+                f"got {self.distributed_executor_backend!r}"
+            )
+        if self.ray_address is not None:
+            if self.distributed_executor_backend != "ray":
+                raise BadInput(
+                    f"{where}: --ray-address joins a Ray cluster for vLLM's Ray executor; "
+                    "give it with --distributed-executor-backend ray"
+                )
+            if self.serve:
+                raise BadInput(
+                    f"{where}: --serve starts its own Ray head for the Serve application; "
+                    "it does not take --ray-address"
+                )
+            if not self.ray_address.strip():
+                raise BadInput(f"{where}: --ray-address must name a Ray cluster (HOST:PORT or ray://...), got ''")
 
 
 def check_gpus_visible(cfg: SmokeConfig, visible: int | None) -> None:
@@ -221,8 +227,7 @@ def config_from_serving(serving: Any, *, model: str, image: str | None = None, *
         gpu_memory_bytes=gpu_mem,
         gpus=getattr(serving, "gpus", None),
     )
-    for k, v in overrides.items():
+    for k in overrides:
         if not hasattr(cfg, k):
             raise TypeError(f"SmokeConfig has no field {k!r}")
-        setattr(cfg, k, v)
-    return cfg
+    return replace(cfg, **overrides)

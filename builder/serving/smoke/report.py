@@ -279,30 +279,7 @@ def decide(
 def render_text(rep: SmokeReport) -> str:
     """Human summary (the --json form is ``rep.to_dict()``)."""
     lines = [f"smoke: {rep.verdict}  ({rep.mode}{' ' + rep.image if rep.image else ''}, model {rep.model})"]
-    s = rep.settings
-    lines.append(
-        "  settings: tp={tp} max_model_len={max_model_len} gpu_memory_utilization={gpu_memory_utilization} "
-        "max_num_seqs={max_num_seqs} concurrency={concurrency} rounds={rounds} prompt~{prompt_tokens} "
-        "max_tokens={max_tokens}".format(**s)
-    )
-    if s.get("pp", 1) != 1 or s.get("distributed_executor_backend") or s.get("ray_address"):
-        lines.append(
-            f"  parallel: tp={s.get('tp')} pp={s.get('pp')} "
-            f"executor={s.get('distributed_executor_backend') or 'vLLM default'}"
-            + (f" ray={s['ray_address']}" if s.get("ray_address") else "")
-        )
-    rel = s.get("release")
-    if rel:
-        lines.append(
-            f"  release: vllm {rel['vllm']}, lock {rel.get('lock') or 'none committed'}"
-            + (f" ({rel['lock_hash'][:12]}, serve-backend {rel.get('serve_backend')})" if rel.get("lock_hash") else "")
-            + ", patch series "
-            + (
-                f"{rel['patch_series']} ({len(rel.get('patches') or [])} patch(es))"
-                if rel.get("patch_series")
-                else "none shipped"
-            )
-        )
+    lines += _settings_lines(rep.settings)
     b = rep.boot
     if rep.serve is not None:
         sv = rep.serve
@@ -357,6 +334,35 @@ def render_text(rep: SmokeReport) -> str:
         lines.append(f"  replica log tail ({rep.serve.get('replica_log')}):")
         lines.extend("    | " + ln for ln in rep.serve["replica_log_tail"])
     return "\n".join(lines)
+
+
+def _settings_lines(s: dict) -> list[str]:
+    """The settings, the parallel layout when not one GPU's, and the release the image holds."""
+    lines: list[str] = []
+    lines.append(
+        "  settings: tp={tp} max_model_len={max_model_len} gpu_memory_utilization={gpu_memory_utilization} "
+        "max_num_seqs={max_num_seqs} concurrency={concurrency} rounds={rounds} prompt~{prompt_tokens} "
+        "max_tokens={max_tokens}".format(**s)
+    )
+    if s.get("pp", 1) != 1 or s.get("distributed_executor_backend") or s.get("ray_address"):
+        lines.append(
+            f"  parallel: tp={s.get('tp')} pp={s.get('pp')} "
+            f"executor={s.get('distributed_executor_backend') or 'vLLM default'}"
+            + (f" ray={s['ray_address']}" if s.get("ray_address") else "")
+        )
+    rel = s.get("release")
+    if rel:
+        lines.append(
+            f"  release: vllm {rel['vllm']}, lock {rel.get('lock') or 'none committed'}"
+            + (f" ({rel['lock_hash'][:12]}, serve-backend {rel.get('serve_backend')})" if rel.get("lock_hash") else "")
+            + ", patch series "
+            + (
+                f"{rel['patch_series']} ({len(rel.get('patches') or [])} patch(es))"
+                if rel.get("patch_series")
+                else "none shipped"
+            )
+        )
+    return lines
 
 
 def fmt_value(v: float | None, unit: str) -> str:

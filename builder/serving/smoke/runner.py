@@ -694,7 +694,7 @@ def run_smoke(cfg: SmokeConfig, *, reporter: Reporter = SILENT, planned: dict[st
 
     ``planned``: the preflight plan the caller computed in this run, after its checkpoint
     check (the pipeline's preflight); both are then not done again."""
-    cfg.validate()
+    cfg = cfg.validate()  # the flags checked, --load-format in the release's spelling
     gpus = nvidia_smi_memory()
     check_gpus_visible(cfg, gpus["gpus"] if gpus else None)  # TP x PP GPUs must exist here
     ensure_fd_room(cfg.concurrency)  # one socket per simultaneous request

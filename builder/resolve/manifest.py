@@ -66,9 +66,10 @@ from builder.errors import BadInput
 from builder.platforms import parse_python_platform
 from builder.report import render_json
 from builder.util import atomic_write_text, canonical_name, refuse_foreign, write_target
-from builder.validate import load_json, read_bounded_text
+from builder.validate import exclude_newer, load_json, read_bounded_text
 
 SCHEMA = "build-image/base-manifest/v1"
+_XY = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}")  # glibc, python.version, cuda: X.Y in ASCII digits
 PROVENANCE_KINDS = ("read-from-image", "reconstructed")
 
 
@@ -384,31 +385,63 @@ def _distributions(dists_doc: dict, path: str) -> dict[str, Distribution]:
             )
         if canonical_name(name) in dists:
             raise BadInput(f"base manifest {path}: distribution {name!r} is listed twice.")
-        numpy_abi = _opt(d, "numpy_abi", dict, where, path) or {"1": 0, "2": 0}
-        for gen in ("1", "2"):
-            _opt(numpy_abi, gen, int, f"{where}numpy_abi.", path)
-        facts = DistFacts(
-            binary=bool(_opt(d, "binary", bool, where, path)),
-            extensions=_opt(d, "extensions", int, where, path) or 0,
-            numpy_abi={"1": numpy_abi.get("1", 0), "2": numpy_abi.get("2", 0)},
-            glibc=_opt(d, "glibc", str, where, path),
-            python_abi=_opt(d, "python_abi", str, where, path) or "none",
-            native_sha256=_opt(d, "native_sha256", str, where, path),
-            torch_exports=_torch_exports(d, where, path),
-            cuda_sass=_archs(d, "cuda_sass", where, path),
-            cuda_ptx=_archs(d, "cuda_ptx", where, path),
-            cuda_runtime=_opt(d, "cuda_runtime", int, where, path),
-        )
-        if facts.native_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", facts.native_sha256):
-            raise BadInput(
-                f"base manifest {path}: field '{where}native_sha256' must be 64 lowercase hex digits, "
-                f"got {facts.native_sha256!r:.60}."
-            )
+        facts = _facts(d, where, path)
         dists[canonical_name(name)] = Distribution(name=name, version=version, facts=facts)
     return dists
 
 
-#: the longest ``torch_exports`` text a manifest may hold (torch 2.14's: ~140 KB)
+#: the grammar of the facts a reader compares or writes into a lock line (ASCII digits: a ``²`` or a 5000-digit
+#: number is no version a scanner writes, and ``int()`` refuses it where it is read)
+_GLIBC = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,2}")  # GLIBC_2.17, GLIBC_2.2.5
+_ABI_TAG = re.compile(r"[A-Za-z0-9_]{1,32}")  # cp312, abi3, none
+_COUNT_MAX = 1 << 31
+
+
+def _count(d: dict, key: str, where: str, path: str, low: int = 0, high: int = _COUNT_MAX) -> int | None:
+    """An optional integer field in ``[low, high]`` (a count of files, a CUDA runtime major)."""
+    val = _opt(d, key, int, where, path)
+    if val is not None and not low <= val <= high:
+        raise BadInput(
+            f"base manifest {path}: field '{where}{key}' must be an integer in [{low}, {high}], got {str(val)[:40]}."
+        )
+    return val
+
+
+def _facts(d: dict, where: str, path: str) -> DistFacts:
+    """One distribution's binary facts, each field to its grammar (:data:`_GLIBC`, :data:`_ABI_TAG`, counts in
+    range, :func:`_archs`, :func:`_torch_exports`)."""
+    numpy_abi = _opt(d, "numpy_abi", dict, where, path) or {"1": 0, "2": 0}
+    generations = {gen: _count(numpy_abi, gen, f"{where}numpy_abi.", path) or 0 for gen in ("1", "2")}
+    glibc = _opt(d, "glibc", str, where, path)
+    if glibc is not None and not _GLIBC.fullmatch(glibc):
+        raise BadInput(f"base manifest {path}: field '{where}glibc' must look like 2.17, got {glibc!r:.60}.")
+    python_abi = _opt(d, "python_abi", str, where, path) or "none"
+    if not _ABI_TAG.fullmatch(python_abi):
+        raise BadInput(
+            f"base manifest {path}: field '{where}python_abi' must be an ABI tag (cp312, abi3, none), "
+            f"got {python_abi!r:.60}."
+        )
+    facts = DistFacts(
+        binary=bool(_opt(d, "binary", bool, where, path)),
+        extensions=_count(d, "extensions", where, path) or 0,
+        numpy_abi=generations,
+        glibc=glibc,
+        python_abi=python_abi,
+        native_sha256=_opt(d, "native_sha256", str, where, path),
+        torch_exports=_torch_exports(d, where, path),
+        cuda_sass=_archs(d, "cuda_sass", where, path),
+        cuda_ptx=_archs(d, "cuda_ptx", where, path),
+        cuda_runtime=_count(d, "cuda_runtime", where, path, low=1, high=999),
+    )
+    if facts.native_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", facts.native_sha256):
+        raise BadInput(
+            f"base manifest {path}: field '{where}native_sha256' must be 64 lowercase hex digits, "
+            f"got {facts.native_sha256!r:.60}."
+        )
+    return facts
+
+
+#: the longest ``torch_exports` text a manifest may hold (torch 2.14's: ~140 KB)
 MAX_TORCH_EXPORTS = 8 << 20
 
 
@@ -456,11 +489,12 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
         raise BadInput(f"base manifest {path}: 'provenance.kind' must be one of {PROVENANCE_KINDS}, got {kind!r}.")
     dists_doc = _req(doc, "distributions", dict, "", path)
     dists = _distributions(dists_doc, path)
-    for field_, val, pat, example in (
-        ("glibc", _req(doc, "glibc", str, "", path), r"\d+\.\d+", "2.35"),
-        ("python.version", _req(py, "version", str, "python.", path), r"\d+\.\d+", "3.12"),
+    for field_, val, example in (
+        ("glibc", _req(doc, "glibc", str, "", path), "2.35"),
+        ("python.version", _req(py, "version", str, "python.", path), "3.12"),
+        ("cuda", _opt(doc, "cuda", str, "", path) or "0.0", "13.0"),
     ):
-        if not re.fullmatch(pat, val):
+        if not _XY.fullmatch(val):
             raise BadInput(f"base manifest {path}: field '{field_}' must look like {example}, got {val!r:.60}.")
     parse_python_platform(_req(doc, "platform", str, "", path), where=f"base manifest {path}: field 'platform'")
     return BaseManifest(
@@ -478,11 +512,37 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
         provenance_kind=kind,
         provenance_method=_req(prov, "method", str, "provenance.", path),
         distributions=dists,
-        provenance_recipe=_opt(prov, "recipe", dict, "provenance.", path),
+        provenance_recipe=_provenance_recipe(prov, path),
         lacks=_lacks(doc, path),
         uv_overrides=_overrides(doc, path),
         consistency=_consistency(doc, path),
     )
+
+
+def _provenance_recipe(prov: dict, path: str) -> dict | None:
+    """``provenance.recipe`` (a reconstructed base): ``sdist`` {filename, sha256}, ``exclude_newer`` (an
+    instant), ``steps`` (objects; their ``indexes`` URLs) and ``unmet_requirements`` (text), each of its
+    type here, so ``base list``, ``base materialize`` and the replay read them without checking."""
+    recipe = _opt(prov, "recipe", dict, "provenance.", path)
+    if recipe is None:
+        return None
+    where = "provenance.recipe."
+    sdist = _opt(recipe, "sdist", dict, where, path)
+    if sdist is not None:
+        _opt(sdist, "filename", str, f"{where}sdist.", path)
+        sha = _opt(sdist, "sha256", str, f"{where}sdist.", path)
+        if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise BadInput(f"base manifest {path}: field '{where}sdist.sha256' must be 64 lowercase hex digits.")
+    exclude_newer(recipe.get("exclude_newer"), where=f"base manifest {path}: field '{where}exclude_newer'")
+    for i, step in enumerate(_opt(recipe, "steps", list, where, path) or ()):
+        if not isinstance(step, dict):
+            raise BadInput(f"base manifest {path}: '{where}steps[{i}]' must be an object.")
+        for key in ("indexes", "unreachable_indexes"):
+            if not all(isinstance(u, str) for u in _opt(step, key, list, f"{where}steps[{i}].", path) or ()):
+                raise BadInput(f"base manifest {path}: '{where}steps[{i}].{key}' must be a list of URLs.")
+    if not all(isinstance(r, str) for r in _opt(recipe, "unmet_requirements", list, where, path) or ()):
+        raise BadInput(f"base manifest {path}: '{where}unmet_requirements' must be a list of strings.")
+    return recipe
 
 
 def _overrides(doc: dict, path: str) -> list[str] | None:

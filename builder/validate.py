@@ -329,10 +329,11 @@ def read_bounded(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_DOC
         raise BadInput(f"{what} {p}: no such file.") from None
     except OSError as exc:
         raise BadInput(f"{what} {p} cannot be read: {exc.strerror or exc}.") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # before fdopen, which refuses a directory with its own error
+        os.close(fd)
+        raise BadInput(f"{what} {p}: {describe_kind(st.st_mode)}, not a regular file; only a file is read.")
     with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise BadInput(f"{what} {p}: {describe_kind(st.st_mode)}, not a regular file; only a file is read.")
         if st.st_size > max_bytes:
             raise BadInput(f"{what} {p}: {st.st_size} bytes, more than the {max_bytes}-byte bound for this input.")
         try:

@@ -285,6 +285,18 @@ class Version(Value):
             raise BadInput(f"{where} {_show(text)} is not a PEP 440 version (like {cls.example}).") from None
 
 
+class Glibc(Value):
+    kind = "a glibc version"
+    example = "2.17"
+    pattern = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,2}")  # GLIBC_2.17, GLIBC_2.2.5: ASCII digits only
+
+
+class AbiTag(Value):
+    kind = "a Python ABI tag"
+    example = "cp312, abi3 or none"
+    pattern = re.compile(r"[A-Za-z0-9_]{1,32}")
+
+
 class Url(Value):
     kind = "an http, https or file URL"
     example = "https://pypi.org/simple"

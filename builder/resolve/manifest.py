@@ -390,10 +390,7 @@ def _distributions(dists_doc: dict, path: str) -> dict[str, Distribution]:
     return dists
 
 
-#: the grammar of the facts a reader compares or writes into a lock line (ASCII digits: a ``²`` or a 5000-digit
-#: number is no version a scanner writes, and ``int()`` refuses it where it is read)
-_GLIBC = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,2}")  # GLIBC_2.17, GLIBC_2.2.5
-_ABI_TAG = re.compile(r"[A-Za-z0-9_]{1,32}")  # cp312, abi3, none
+#: the highest count (ELF files, extensions per numpy generation) a reader takes
 _COUNT_MAX = 1 << 31
 
 
@@ -407,26 +404,31 @@ def _count(d: dict, key: str, where: str, path: str, low: int = 0, high: int = _
     return val
 
 
+def check_facts(facts: DistFacts, where: str) -> DistFacts:
+    """The one grammar of a distribution's binary facts, whichever file they are read from (a base manifest, a
+    lock's ``# facts:`` line, a pylock's facts table): ``glibc`` :class:`~builder.values.Glibc` (ASCII digits: a
+    ``²`` or a 5000-digit number reaches ``int()`` where the gate compares), ``python_abi``
+    :class:`~builder.values.AbiTag`, counts in ``[0, 2**31]``; ``facts`` with the typed values, else BadInput
+    naming ``where``."""
+    counts = {"extensions": facts.extensions, **{f"numpy_abi.{g}": n for g, n in facts.numpy_abi.items()}}
+    for key, n in counts.items():
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= _COUNT_MAX:
+            raise BadInput(f"{where}: '{key}' must be a count in [0, {_COUNT_MAX}], got {str(n)[:40]}.")
+    facts.glibc = values.Glibc.optional(facts.glibc, f"{where}: 'glibc'")
+    facts.python_abi = values.AbiTag(facts.python_abi, f"{where}: 'python_abi'")
+    return facts
+
+
 def _facts(d: dict, where: str, path: str) -> DistFacts:
-    """One distribution's binary facts, each field to its grammar (:data:`_GLIBC`, :data:`_ABI_TAG`, counts in
-    range, :func:`_archs`, :func:`_torch_exports`)."""
+    """One distribution's binary facts from a manifest: each field of its JSON type, then :func:`check_facts`,
+    :func:`_archs`, :func:`_torch_exports` and ``cuda_runtime`` in [1, 999]."""
     numpy_abi = _opt(d, "numpy_abi", dict, where, path) or {"1": 0, "2": 0}
-    generations = {gen: _count(numpy_abi, gen, f"{where}numpy_abi.", path) or 0 for gen in ("1", "2")}
-    glibc = _opt(d, "glibc", str, where, path)
-    if glibc is not None and not _GLIBC.fullmatch(glibc):
-        raise BadInput(f"base manifest {path}: field '{where}glibc' must look like 2.17, got {glibc!r:.60}.")
-    python_abi = _opt(d, "python_abi", str, where, path) or "none"
-    if not _ABI_TAG.fullmatch(python_abi):
-        raise BadInput(
-            f"base manifest {path}: field '{where}python_abi' must be an ABI tag (cp312, abi3, none), "
-            f"got {python_abi!r:.60}."
-        )
     facts = DistFacts(
         binary=bool(_opt(d, "binary", bool, where, path)),
         extensions=_count(d, "extensions", where, path) or 0,
-        numpy_abi=generations,
-        glibc=glibc,
-        python_abi=python_abi,
+        numpy_abi={gen: _count(numpy_abi, gen, f"{where}numpy_abi.", path) or 0 for gen in ("1", "2")},
+        glibc=_opt(d, "glibc", str, where, path),
+        python_abi=_opt(d, "python_abi", str, where, path) or "none",
         native_sha256=_opt(d, "native_sha256", str, where, path),
         torch_exports=_torch_exports(d, where, path),
         cuda_sass=_archs(d, "cuda_sass", where, path),
@@ -438,10 +440,10 @@ def _facts(d: dict, where: str, path: str) -> DistFacts:
             f"base manifest {path}: field '{where}native_sha256' must be 64 lowercase hex digits, "
             f"got {facts.native_sha256!r:.60}."
         )
-    return facts
+    return check_facts(facts, f"base manifest {path}: '{where.rstrip('.')}'")
 
 
-#: the longest ``torch_exports` text a manifest may hold (torch 2.14's: ~140 KB)
+#: the longest ``torch_exports`` text a manifest may hold (torch 2.14's: ~140 KB)
 MAX_TORCH_EXPORTS = 8 << 20
 
 

@@ -1,0 +1,182 @@
+"""Hostile inputs, fourth round: the base manifest's new fields, numbers past Python's digit limit, lone
+surrogates, a directory where a file is read, a lock's hand-edited header and facts (docs/faults.md).
+
+Each class is closed where the input is read; every case here reached exit 70 before.  The properties run
+in-process (:func:`builder.resolve.manifest.parse_manifest`, :func:`builder.resolve.lockfile.parse_lock`,
+:func:`builder.validate.load_json`): BadInput or a value, never another exception.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from builder.errors import BadInput
+from builder.resolve.lockfile import parse_lock
+from builder.resolve.manifest import parse_manifest
+from builder.validate import load_json, load_toml, read_bounded
+from tests.faults.conftest import ROOT, cli
+from tests.test_fuzz import examples
+
+MANIFEST = (ROOT / "lockfiles/base/vllm-openai-v0.34.0.json").read_text()
+LOCK = (ROOT / "lockfiles/vllm-0.34.0/requirements.lock").read_text()
+HUGE = "9" * 5000  # past int()'s 4300-digit limit: a ValueError wherever it is converted
+MODEL = str(ROOT / "tests/data/plan/mla/config.json")
+
+
+def _manifest(**torch_fields) -> dict:
+    doc = json.loads(MANIFEST)
+    doc["distributions"]["torch"].update(torch_fields)
+    return doc
+
+
+def _plan(tmp_path: Path, manifest_text: str):
+    (tmp_path / "m.json").write_text(manifest_text, encoding="utf-8")
+    (tmp_path / "build-image.toml").write_text('vllm = "0.34.0"\nbase = "m.json"\n')
+    args = ["plan", "--model", MODEL, "--gpu-model", "NVIDIA H200", "--gpu-memory", "h200", "--weights-bytes", "10GB"]
+    return cli(args, cwd=tmp_path, timeout=120)
+
+
+# ---------------------------------------------------------------- the manifest's cuda and facts (plan, base list)
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param(lambda d: d.update(cuda="²"), id="cuda-superscript"),
+        pytest.param(lambda d: d.update(cuda="x.y"), id="cuda-not-a-version"),
+        pytest.param(lambda d: d["distributions"]["torch"].update(glibc="2." + HUGE[:3000]), id="facts-glibc-long"),
+        pytest.param(lambda d: d["distributions"]["torch"].update(cuda_runtime=10**30), id="cuda-runtime-huge"),
+        pytest.param(lambda d: d["distributions"]["torch"].update(python_abi="cp3\n12"), id="python-abi-line"),
+        pytest.param(lambda d: d["provenance"].update(recipe={"sdist": 5}), id="recipe-sdist-int"),
+        pytest.param(lambda d: d["provenance"].update(recipe={"exclude_newer": 5}), id="recipe-instant-int"),
+        pytest.param(lambda d: d["provenance"].update(recipe={"steps": [1]}), id="recipe-step-int"),
+    ],
+)
+def test_a_manifest_field_off_its_grammar_is_exit_2_naming_it(tmp_path, edit):
+    doc = json.loads(MANIFEST)
+    edit(doc)
+    r = _plan(tmp_path, json.dumps(doc))
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "base manifest m.json" in r.stderr
+
+
+def test_base_list_refuses_a_shipped_manifest_holding_a_lone_surrogate(tmp_path):
+    (tmp_path / "lockfiles").mkdir()
+    for sub in ("base", "vllm-0.34.0"):
+        src = ROOT / "lockfiles" / sub
+        dst = tmp_path / "lockfiles" / sub
+        dst.mkdir()
+        for f in src.iterdir():
+            if f.is_file() and ("0.34.0" in f.name or sub != "base"):
+                (dst / f.name).write_bytes(f.read_bytes())
+    doc = json.loads(MANIFEST)
+    doc["lacks"]["unversioned"]["zz"] = "\ud800"
+    (tmp_path / "lockfiles/base/vllm-openai-v0.34.0.json").write_text(json.dumps(doc))  # ascii: the \ud800 escape
+    r = cli(["base", "list"], cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "surrogate" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_number_past_the_digit_limit_is_bad_input_in_json_and_toml():
+    text = MANIFEST.replace('"glibc": "2.39"', f'"glibc": "2.39", "n": {HUGE}', 1)
+    with pytest.raises(BadInput, match="cannot be read.*5000 digits"):
+        parse_manifest(text, "m.json")
+    with pytest.raises(BadInput, match="5000 digits"):
+        load_toml(f"a = {HUGE}\n", "spec x.toml")
+    with pytest.raises(BadInput, match="not UTF-8"):
+        load_json(b'{"a": "\xff"}', "doc")
+
+
+def test_a_directory_given_as_a_file_is_bad_input(tmp_path):
+    with pytest.raises(BadInput, match="a directory, not a regular file"):
+        read_bounded(tmp_path, "base manifest")
+    (tmp_path / "build-image.toml").write_text(f'vllm = "0.34.0"\nbase = "{tmp_path}"\n')
+    r = cli(["plan", "--model", MODEL, "--gpu-memory", "h200", "--weights-bytes", "10GB"], cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and "a directory" in r.stderr, r.stderr
+
+
+# ---------------------------------------------------------------- a hand-edited lock (diff)
+@pytest.mark.parametrize(
+    ("edit", "code"),
+    [
+        pytest.param(lambda t: re.sub(r"^# vllm: .*$", f"# vllm: {HUGE}", t, count=1, flags=re.M), 2, id="vllm-huge"),
+        pytest.param(lambda t: re.sub(r"^# vllm: .*$", "# vllm: ../../x", t, count=1, flags=re.M), 2, id="vllm-path"),
+        pytest.param(lambda t: t.replace("glibc=-", "glibc=2." + HUGE, 1), 1, id="facts-glibc-huge"),
+        pytest.param(lambda t: t.replace("aiohttp-cors==0.8.1", f"aiohttp-cors=={HUGE}!1", 1), 1, id="version-huge"),
+    ],
+)
+def test_diff_of_a_hand_edited_lock_never_crashes(tmp_path, edit, code):
+    (tmp_path / "old.lock").write_text(LOCK)
+    (tmp_path / "new.lock").write_text(edit(LOCK))
+    for args in (["old.lock", "new.lock"], ["new.lock", "old.lock", "--json"]):
+        r = cli(["diff", *args], cwd=tmp_path, timeout=120)
+        assert r.returncode == code, r.stderr
+        assert "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------- properties
+_VALUES = st.one_of(
+    st.integers(min_value=-(10**40), max_value=10**40),
+    st.text(max_size=12),
+    st.sampled_from(["²", "٣.0", "2." + HUGE[:300], "\ud800", "", "v1:AAAA", 1e308]),
+    st.lists(st.integers(min_value=-5, max_value=2000), max_size=4),
+    st.none(),
+    st.booleans(),
+    st.dictionaries(st.text(max_size=4), st.integers(), max_size=2),
+)
+_FIELDS = st.sampled_from(
+    [
+        "cuda_sass",
+        "cuda_ptx",
+        "cuda_runtime",
+        "torch_exports",
+        "glibc",
+        "python_abi",
+        "extensions",
+        "numpy_abi",
+        "native_sha256",
+        "binary",
+    ]
+)
+_TOP = st.sampled_from(["cuda", "glibc", "os", "lacks", "uv_overrides", "consistency", "platform"])
+
+
+@examples(60)
+@given(torch_fields=st.dictionaries(_FIELDS, _VALUES, max_size=3), top=st.dictionaries(_TOP, _VALUES, max_size=2))
+def test_any_manifest_fields_are_read_or_refused(torch_fields, top):
+    doc = _manifest(**torch_fields)
+    doc.update(top)
+    try:
+        m = parse_manifest(json.dumps(doc), "m.json")
+    except BadInput:
+        return
+    torch = m.get("torch")
+    # what was read is of the grammar the readers rely on
+    assert m.cuda is None or re.fullmatch(r"[0-9]{1,4}\.[0-9]{1,4}", m.cuda)
+    assert torch.facts.glibc is None or re.fullmatch(r"[0-9.]{3,14}", torch.facts.glibc)
+    assert torch.facts.cuda_runtime is None or 1 <= torch.facts.cuda_runtime <= 999
+    assert all(10 <= a < 1000 for a in torch.facts.cuda_sass + torch.facts.cuda_ptx)
+
+
+@examples(60)
+@given(
+    key=st.sampled_from(["vllm", "platform", "python", "entries", "base-digest"]),
+    value=st.one_of(st.text(max_size=20), st.sampled_from([HUGE, "٠.1", "-", "²"])),
+    facts=st.sampled_from(["glibc=", "extensions=", "numpy-abi=", "python-abi=", "base="]),
+    fact=st.one_of(
+        st.text(alphabet=st.characters(blacklist_categories=("Cc", "Zs", "Zl", "Zp")), max_size=8), st.just(HUGE)
+    ),
+)
+def test_any_lock_header_or_facts_value_is_read_or_refused(key, value, facts, fact):
+    value = value.replace("\n", " ").replace("\r", " ")
+    text = re.sub(rf"^# {key}: .*$", lambda _: f"# {key}: {value}", LOCK, count=1, flags=re.M)
+    text = re.sub(rf"{facts}\S*", lambda _: f"{facts}{fact}", text, count=1)
+    for strict in (True, False):
+        try:
+            parse_lock(text, "x.lock", strict=strict)
+        except BadInput:
+            pass

@@ -243,7 +243,7 @@ def gpu_check(spec) -> gpus.GpuCheck:
     ``base`` when that is a manifest file, else the release's shipped one; none (a base given as an image
     reference, a release without a manifest): the floor and the architectures are not known."""
     model = spec.serving.gpu_model
-    target = gpus.capability_of(model, "--gpu-model / serving.gpu_model") if model else None
+    target = gpus.capability_of(model, "--gpu-model / serving.gpu_model") if model is not None else None
     path = None
     if spec.base and not _looks_like_image_ref(spec.base):
         path = Path(spec.base)

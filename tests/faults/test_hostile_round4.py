@@ -180,3 +180,22 @@ def test_any_lock_header_or_facts_value_is_read_or_refused(key, value, facts, fa
             parse_lock(text, "x.lock", strict=strict)
         except BadInput:
             pass
+
+
+# ---------------------------------------------------------------- the target GPU
+@pytest.mark.parametrize("model", ["", "sm_00", "0.0", "\u0661\u0660\u0660", "sm_\u00b2"])
+def test_plan_gpu_model_that_names_no_gpu_is_exit_2(tmp_path, model):
+    (tmp_path / "build-image.toml").write_text('vllm = "0.34.0"\n')
+    args = ["plan", "--model", MODEL, "--gpu-model", model, "--gpu-memory", "h200", "--weights-bytes", "10GB"]
+    r = cli(args, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "--gpu-model" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("model", ["sm_90", "9.0", "NVIDIA H200 (80GB)", "H" * 70])
+def test_gpu_node_affinity_needs_a_product_label_value(model):
+    from builder.serving import gpus
+
+    with pytest.raises(BadInput, match="product name"):
+        gpus.product_label(model)
+    assert gpus.product_label("NVIDIA H100 80GB HBM3") == "NVIDIA-H100-80GB-HBM3"

@@ -70,6 +70,7 @@ from builder.resolve.stepindex import (
 from builder.resolve.uv import Uv, is_resolution_failure
 from builder.spec import lockfiles_dir
 from builder.util import atomic_write_text, cache_dir, canonical_name
+from builder.validate import read_bounded_text
 
 
 def default_recipes_path(platform: Platform = DEFAULT) -> Path:
@@ -82,11 +83,7 @@ def load_recipes(path: Path | None = None, platform: Platform = DEFAULT) -> dict
     """``platform``'s recipe tables (its recipes file, or ``path``): a table of another platform is exit 2
     (:func:`builder.resolve.recipe.table.refuse_other_platform_tables`)."""
     p = Path(path) if path else default_recipes_path(platform)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BadInput(f"recipes file {p} cannot be read: {exc.strerror or exc}.") from None
-    tables = parse_recipes(text, str(p))
+    tables = parse_recipes(read_bounded_text(p, "recipes file"), str(p))  # a FIFO, a device: exit 2, no hang
     refuse_other_platform_tables(tables, platform, p)
     return tables
 

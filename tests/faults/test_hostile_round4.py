@@ -199,3 +199,35 @@ def test_gpu_node_affinity_needs_a_product_label_value(model):
     with pytest.raises(BadInput, match="product name"):
         gpus.product_label(model)
     assert gpus.product_label("NVIDIA H100 80GB HBM3") == "NVIDIA-H100-80GB-HBM3"
+
+
+# ---------------------------------------------------------------- a hand-edited recipes file
+_SCHEMA = 'schema = "build-image/base-recipes/v2"\n'
+
+
+@pytest.mark.parametrize(
+    ("table", "match"),
+    [
+        pytest.param('[release."x"]\nplatform = "x86_64-manylinux_2_39"\n', "release name 'x'", id="release-name"),
+        pytest.param(f'[release."{HUGE}"]\nplatform = "x86_64-manylinux_2_39"\n', "release name", id="release-huge"),
+        pytest.param(
+            '[release."0.34.0"]\nplatform = "x86_64-manylinux_2_39"\nsdist_sha256 = 5\n', "sdist_sha256", id="sha-int"
+        ),
+        pytest.param('[release."0.34.0"]\nplatform = 5\n', "'platform' must be a string", id="platform-int"),
+    ],
+)
+def test_a_recipes_table_off_its_grammar_is_bad_input(table, match):
+    from builder.resolve.recipe.table import parse_recipes
+
+    with pytest.raises(BadInput, match=match):
+        parse_recipes(_SCHEMA + table, "r.toml")
+
+
+def test_load_recipes_reads_a_fifo_through_the_bounded_reader(tmp_path):
+    import os
+
+    from builder.resolve.reconstruct import load_recipes
+
+    os.mkfifo(tmp_path / "r.toml")
+    with pytest.raises(BadInput, match="FIFO"):
+        load_recipes(tmp_path / "r.toml")

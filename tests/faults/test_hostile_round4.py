@@ -231,3 +231,17 @@ def test_load_recipes_reads_a_fifo_through_the_bounded_reader(tmp_path):
     os.mkfifo(tmp_path / "r.toml")
     with pytest.raises(BadInput, match="FIFO"):
         load_recipes(tmp_path / "r.toml")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dir"])
+def test_render_lock_that_is_no_file_is_exit_2_without_waiting(tmp_path, kind):
+    import os
+
+    target = tmp_path / "l.lock"
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        target.mkdir()
+    r = cli(["render", "--vllm", "0.34.0", "--lock", str(target), "-o", str(tmp_path / "ctx")], timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert "not a regular file" in r.stderr and not (tmp_path / "ctx").exists()

@@ -42,7 +42,7 @@ from typing import Protocol
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from builder import __version__, credentials, httpclient
+from builder import __version__, credentials, httpclient, values
 from builder.errors import IntegrityError
 from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes, sha256_file
 from builder.validate import load_json
@@ -97,9 +97,11 @@ class Index(Protocol):
 
 
 def index_url() -> str:
+    """The Python index: the first of ``UV_DEFAULT_INDEX``, ``UV_INDEX_URL``, ``PIP_INDEX_URL`` that is set, as an
+    http(s)/file URL (:class:`builder.values.Url`: BadInput naming the variable for any other text), else PyPI."""
     for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
         if os.environ.get(var):
-            return os.environ[var].rstrip("/")
+            return str(values.Url(os.environ[var], f"environment variable {var}")).rstrip("/")
     return DEFAULT_INDEX
 
 

@@ -245,3 +245,18 @@ def test_render_lock_that_is_no_file_is_exit_2_without_waiting(tmp_path, kind):
     r = cli(["render", "--vllm", "0.34.0", "--lock", str(target), "-o", str(tmp_path / "ctx")], timeout=60)
     assert r.returncode == 2, r.stderr
     assert "not a regular file" in r.stderr and not (tmp_path / "ctx").exists()
+
+
+# ---------------------------------------------------------------- the index from the environment
+@pytest.mark.parametrize("value", ["http://[bad", "notaurl", "ftp://x/simple", "http://x y/simple"])
+@pytest.mark.parametrize("var", ["UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"])
+def test_an_index_variable_that_is_no_url_is_bad_input_naming_it(monkeypatch, var, value):
+    from builder.resolve import index
+
+    for other in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(var, value)
+    with pytest.raises(BadInput, match=f"environment variable {var}"):
+        index.index_url()
+    monkeypatch.setenv(var, "https://mirror.example/simple/")
+    assert index.index_url() == "https://mirror.example/simple"

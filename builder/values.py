@@ -289,12 +289,14 @@ class Glibc(Value):
     kind = "a glibc version"
     example = "2.17"
     pattern = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,2}")  # GLIBC_2.17, GLIBC_2.2.5: ASCII digits only
+    max_len = 32
 
 
 class AbiTag(Value):
     kind = "a Python ABI tag"
     example = "cp312, abi3 or none"
     pattern = re.compile(r"[A-Za-z0-9_]{1,32}")
+    max_len = 32
 
 
 class Url(Value):

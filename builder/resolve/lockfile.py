@@ -587,21 +587,33 @@ def _facts_table(f: DistFacts) -> dict:
     }
 
 
-def _facts_from(t: Mapping, where: str) -> DistFacts:
-    try:
-        n1, n2 = t.get("numpy-abi", [0, 0])
-        facts = DistFacts(
-            binary=bool(t.get("binary", False)),
-            extensions=int(t.get("extensions", 0)),
-            numpy_abi={"1": int(n1), "2": int(n2)},
-            glibc=t.get("glibc") or None,
-            python_abi=str(t.get("python-abi", "none")),
-        )
-        if facts.glibc is not None and not isinstance(facts.glibc, str):
-            raise TypeError
-        return check_facts(facts, where)
-    except (TypeError, ValueError):
-        raise BadInput(f"{where}: malformed [tool.build-image.facts] table {dict(t)!r}.") from None
+def _facts_from(t: object, where: str) -> DistFacts:
+    """A pylock package's ``[tool.build-image.facts]`` table: each field of the type :func:`_facts_table` writes
+    (a float, an ``inf``, a string where a count goes is refused, never rounded), then :func:`check_facts`."""
+    counts = t.get("numpy-abi", [0, 0]) if isinstance(t, Mapping) else None
+    shapes = isinstance(t, Mapping) and (
+        isinstance(t.get("binary", False), bool)
+        and _is_count(t.get("extensions", 0))
+        and isinstance(counts, list)
+        and len(counts) == 2
+        and all(_is_count(n) for n in counts)
+        and isinstance(t.get("glibc", ""), str)
+        and isinstance(t.get("python-abi", "none"), str)
+    )
+    if not shapes:
+        raise BadInput(f"{where}: malformed [tool.build-image.facts] table {t!r:.300}.")
+    facts = DistFacts(
+        binary=t.get("binary", False),
+        extensions=t.get("extensions", 0),
+        numpy_abi={"1": counts[0], "2": counts[1]},
+        glibc=t.get("glibc") or None,
+        python_abi=t.get("python-abi", "none"),
+    )
+    return check_facts(facts, where)
+
+
+def _is_count(n: object) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool)
 
 
 def to_pylock(lock: LockFile) -> Pylock:

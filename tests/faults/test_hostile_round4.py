@@ -260,3 +260,32 @@ def test_an_index_variable_that_is_no_url_is_bad_input_naming_it(monkeypatch, va
         index.index_url()
     monkeypatch.setenv(var, "https://mirror.example/simple/")
     assert index.index_url() == "https://mirror.example/simple"
+
+
+# ---------------------------------------------------------------- a hand-edited pylock twin
+PYLOCK = (ROOT / "lockfiles/vllm-0.34.0/pylock.toml").read_text()
+_FACTS = 'numpy-abi = [\n    0,\n    0,\n]'
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (_FACTS, "numpy-abi = [1e999, 0]"),  # int(inf): OverflowError
+        (_FACTS, "numpy-abi = [1.5, 0]"),  # a count rounded
+        ("extensions = 0", "extensions = inf"),
+        ('glibc = ""', "glibc = 5"),
+        ('glibc = ""', f'glibc = "2.{HUGE}"'),
+        ('python-abi = "none"', 'python-abi = "cp3 12"'),
+    ],
+)
+def test_a_pylock_facts_table_off_its_types_is_bad_input(old, new):
+    assert old in PYLOCK
+    with pytest.raises(BadInput, match=r"packages\[0\] \(aiohttp-cors\)"):
+        parse_lock(PYLOCK.replace(old, new, 1), "x/pylock.toml")
+
+
+def test_a_pylock_facts_value_that_is_no_table_is_bad_input():
+    text = PYLOCK.replace("[packages.tool.build-image.facts]\n", "[packages.tool.build-image.other]\n", 1)
+    text = text.replace('via = [\n    "ray",\n]', 'via = [\n    "ray",\n]\nfacts = "x"', 1)
+    with pytest.raises(BadInput, match="malformed"):
+        parse_lock(text, "x/pylock.toml")

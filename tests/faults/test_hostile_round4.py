@@ -289,3 +289,16 @@ def test_a_pylock_facts_value_that_is_no_table_is_bad_input():
     text = text.replace('via = [\n    "ray",\n]', 'via = [\n    "ray",\n]\nfacts = "x"', 1)
     with pytest.raises(BadInput, match="malformed"):
         parse_lock(text, "x/pylock.toml")
+
+
+# ---------------------------------------------------------------- serving numbers given as flags
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--cpu-offload-gb", "1e308"), ("--reserve-gib", "1e308"), ("--tp", "5000"), ("--max-num-seqs", "0")],
+)
+def test_plan_serving_number_flags_meet_the_spec_s_bounds(tmp_path, flag, value):
+    (tmp_path / "build-image.toml").write_text('vllm = "0.34.0"\n')
+    args = ["plan", "--model", MODEL, "--gpu-memory", "h200", "--weights-bytes", "10GB", flag, value]
+    r = cli(args, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert flag in r.stderr and "Traceback" not in r.stderr

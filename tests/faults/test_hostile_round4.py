@@ -302,3 +302,24 @@ def test_plan_serving_number_flags_meet_the_spec_s_bounds(tmp_path, flag, value)
     r = cli(args, cwd=tmp_path, timeout=120)
     assert r.returncode == 2, r.stderr
     assert flag in r.stderr and "Traceback" not in r.stderr
+
+
+# ---------------------------------------------------------------- smoke's counts, port and seconds
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--timeout", "1e308"),  # socket.settimeout(1e308): OverflowError on the first request
+        ("--boot-timeout", "1e308"),
+        ("--port", "99999"),
+        ("--port", "-1"),
+        ("--prompt-tokens", str(10**17)),  # the prompt is built in memory
+        ("--rounds", str(10**20)),
+        ("--cpu-offload-gb", "1e308"),
+    ],
+)
+def test_smoke_numbers_out_of_range_are_exit_2_before_anything_starts(flag, value):
+    model = str(ROOT / "tests/data/plan/mla")
+    args = ["smoke", "--local", "--vllm-bin", "/bin/false", "--model", model, "--no-plan", "--skip-checkpoint-check"]
+    r = cli([*args, flag, value], timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert flag in r.stderr and "Traceback" not in r.stderr

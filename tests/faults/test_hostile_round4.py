@@ -323,3 +323,18 @@ def test_smoke_numbers_out_of_range_are_exit_2_before_anything_starts(flag, valu
     r = cli([*args, flag, value], timeout=120)
     assert r.returncode == 2, r.stderr
     assert flag in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [({"timeout": float("nan")}, "--timeout"), ({"timeout": 1e308}, "--timeout"), ({"workers": 10**11}, "--workers")],
+)
+def test_ray_check_bounds_its_workers_and_seconds_before_the_engine(kw, match):
+    from builder.serving import raycheck
+
+    class NoEngine:
+        def ping(self):
+            raise AssertionError("the engine is asked only after the flags are checked")
+
+    with pytest.raises(BadInput, match=match):
+        raycheck.run_check("img:1", engine=NoEngine(), **kw)

@@ -293,10 +293,10 @@ class Glibc(Value):
 
 
 class AbiTag(Value):
-    kind = "a Python ABI tag"
-    example = "cp312, abi3 or none"
-    pattern = re.compile(r"[A-Za-z0-9_]{1,32}")
-    max_len = 32
+    kind = "a Python ABI tag (or several, dot-separated)"
+    example = "cp312, cp311.cp312, abi3 or none"
+    pattern = re.compile(r"[A-Za-z0-9_]{1,32}(?:\.[A-Za-z0-9_]{1,32}){0,31}")
+    max_len = 1024
 
 
 class Url(Value):

@@ -38,7 +38,13 @@ KIND_ELF = 2
 MAX_ENTRIES = 1_000_000
 _CONTAINER = struct.Struct("<IHHQ")
 _ENTRY = struct.Struct("<HHIQIIHHI")
-_CUDART = re.compile(r"^libcudart(?:[.-][0-9a-f]{8})?\.so\.(\d+)")  # auditwheel renames: libcudart.faf08d9a.so.13
+# auditwheel renames: libcudart.faf08d9a.so.13; the major in ASCII digits, 1-999 (what a manifest records)
+_CUDART = re.compile(r"^libcudart(?:[.-][0-9a-f]{8})?\.so\.([1-9][0-9]{0,2})(?:\.|$)")
+#: the architectures (compute capability x 10) a fat binary entry may name, and how many distinct ones one
+#: distribution may carry: the one rule of the scanner that writes ``cuda_sass``/``cuda_ptx`` and of the
+#: manifest reader (:func:`builder.resolve.manifest._archs`)
+ARCHS = range(10, 1000)
+MAX_ARCHS = 256
 
 
 @dataclass
@@ -88,6 +94,8 @@ def parse_fatbin(blob, where: str, start: int = 0, end: int | None = None) -> Cu
             seen += 1
             if seen > MAX_ENTRIES:
                 raise _bad(where, f"holds more than {MAX_ENTRIES} entries")
+            if kind in (KIND_ELF, KIND_PTX) and arch not in ARCHS:
+                raise _bad(where, f"has an entry at byte {epos - base} for architecture {arch}, which no GPU has")
             if kind == KIND_ELF:
                 out.sass.add(arch)
             elif kind == KIND_PTX:

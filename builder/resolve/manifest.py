@@ -65,6 +65,7 @@ from builder.credentials import credential_fields, redact_text
 from builder.errors import BadInput
 from builder.platforms import parse_python_platform
 from builder.report import render_json
+from builder.resolve.fatbin import ARCHS, MAX_ARCHS
 from builder.util import atomic_write_text, canonical_name, refuse_foreign, write_target
 from builder.validate import exclude_newer, load_json, read_bounded_text
 
@@ -459,9 +460,10 @@ def _torch_exports(d: dict, where: str, path: str) -> str | None:
 
 
 def _archs(d: dict, key: str, where: str, path: str) -> list[int]:
-    """``cuda_sass``/``cuda_ptx``: at most 256 architectures, each compute capability x 10 (``90``)."""
+    """``cuda_sass``/``cuda_ptx``: at most :data:`~builder.resolve.fatbin.MAX_ARCHS` architectures, each compute
+    capability x 10 (``90``) in :data:`~builder.resolve.fatbin.ARCHS` (the scanner's rule)."""
     val = _opt(d, key, list, where, path) or []
-    if len(val) > 256 or not all(isinstance(a, int) and not isinstance(a, bool) and 10 <= a < 1000 for a in val):
+    if len(val) > MAX_ARCHS or not all(isinstance(a, int) and not isinstance(a, bool) and a in ARCHS for a in val):
         raise BadInput(
             f"base manifest {path}: field '{where}{key}' must list GPU architectures as integers "
             f"(compute capability x 10: 90 for sm_90), got {val!r:.60}."

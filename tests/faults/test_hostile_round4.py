@@ -338,3 +338,39 @@ def test_ray_check_bounds_its_workers_and_seconds_before_the_engine(kw, match):
 
     with pytest.raises(BadInput, match=match):
         raycheck.run_check("img:1", engine=NoEngine(), **kw)
+
+
+# ---------------------------------------------------------------- what the scanner writes, the reader reads
+@pytest.mark.parametrize("arch", [0, 9, 1000, 2**32 - 1])
+def test_a_fatbin_entry_for_no_gpu_is_refused_by_the_scanner_as_by_the_reader(arch):
+    from builder.resolve import fatbin
+    from tests.test_gpus import container, entry
+
+    with pytest.raises(BadInput, match=f"architecture {arch}"):
+        fatbin.parse_fatbin(container(entry(fatbin.KIND_ELF, arch)), "x.so")
+    doc = _manifest(cuda_sass=[arch])
+    with pytest.raises(BadInput, match="cuda_sass"):
+        parse_manifest(json.dumps(doc), "m.json")
+
+
+@pytest.mark.parametrize(
+    ("needed", "runtime"),
+    [
+        ("libcudart.so.13", 13),
+        ("libcudart.faf08d9a.so.12.4", 12),
+        ("libcudart.so." + HUGE, None),
+        ("libcudart.so.0", None),
+    ],
+)
+def test_the_cuda_runtime_a_scan_records_is_one_the_manifest_reads(needed, runtime):
+    from builder.resolve import fatbin
+
+    m = fatbin._CUDART.match(needed)
+    assert (int(m.group(1)) if m else None) == runtime
+
+
+@pytest.mark.parametrize(("name", "kept"), [("GLIBC_2.17", True), ("GLIBC_2.2.5", True), (f"GLIBC_2.{HUGE}", False)])
+def test_a_glibc_version_name_outside_the_manifest_grammar_is_not_recorded(name, kept):
+    from builder.resolve.scanner import GLIBC_VER
+
+    assert bool(GLIBC_VER.match(name)) is kept

@@ -564,8 +564,14 @@ def _lacks(doc: dict, path: str) -> dict | None:
         if k == "unversioned":
             if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
                 raise BadInput(f"base manifest {path}: 'lacks.unversioned' must map names to reasons.")
+            for name, reason in v.items():  # a name reaches labels and reports; a reason is one line of text
+                values.DistName(name, f"base manifest {path}: 'lacks.unversioned' key")
+                values.Line(reason, f"base manifest {path}: 'lacks.unversioned.{name}'")
         elif not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise BadInput(f"base manifest {path}: 'lacks.{k}' must be a list of strings.")
+        else:
+            for i, item in enumerate(v):
+                values.Line(item, f"base manifest {path}: 'lacks.{k[:40]}[{i}]'")
     return lacks
 
 

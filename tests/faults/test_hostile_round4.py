@@ -54,6 +54,8 @@ def _plan(tmp_path: Path, manifest_text: str):
         pytest.param(lambda d: d["provenance"].update(recipe={"sdist": 5}), id="recipe-sdist-int"),
         pytest.param(lambda d: d["provenance"].update(recipe={"exclude_newer": 5}), id="recipe-instant-int"),
         pytest.param(lambda d: d["provenance"].update(recipe={"steps": [1]}), id="recipe-step-int"),
+        pytest.param(lambda d: d["lacks"]["unversioned"].update({"!!!": "x"}), id="lacks-name"),
+        pytest.param(lambda d: d["lacks"]["off_index"].append("a\nFROM x"), id="lacks-line"),
     ],
 )
 def test_a_manifest_field_off_its_grammar_is_exit_2_naming_it(tmp_path, edit):

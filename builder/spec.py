@@ -86,12 +86,12 @@ def lockfiles_dir() -> Path:
 
 def supported_vllm_versions(platform: Platform = DEFAULT) -> list[str]:
     """vLLM versions this checkout has a base manifest for (of ``platform``'s image)."""
-    from packaging.version import InvalidVersion, Version
+    from packaging.version import Version
 
     def key(v: str):
         try:
             return (0, Version(v))
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a part past int()'s digit limit
             return (1, v)
 
     base = lockfiles_dir() / "base"
@@ -108,14 +108,20 @@ def supported_vllm_versions(platform: Platform = DEFAULT) -> list[str]:
     )
 
 
+def _release_part(vllm: str) -> str:
+    """``vllm`` as it names a shipped file: a PEP 440 version of at most 200 characters (:class:`values.Version`),
+    so a path (``../x``) or a 5000-digit text never becomes a file name (``File name too long``)."""
+    return str(values.Version(vllm, "vLLM release"))
+
+
 def default_base_manifest(vllm: str, platform: Platform = DEFAULT) -> Path:
     """``lockfiles/base/vllm-openai-vX.json`` (linux/amd64) or ``vllm-openai-vX-linux-arm64.json``."""
-    return lockfiles_dir() / "base" / f"vllm-openai-v{vllm}{platform.file_suffix()}.json"
+    return lockfiles_dir() / "base" / f"vllm-openai-v{_release_part(vllm)}{platform.file_suffix()}.json"
 
 
 def default_lock_path(vllm: str, platform: Platform = DEFAULT) -> Path:
     """``lockfiles/vllm-X/requirements.lock`` (linux/amd64) or ``lockfiles/vllm-X/linux-arm64/requirements.lock``."""
-    folder = lockfiles_dir() / f"vllm-{vllm}"
+    folder = lockfiles_dir() / f"vllm-{_release_part(vllm)}"
     return (folder if platform.is_default else folder / platform.slug) / "requirements.lock"
 
 

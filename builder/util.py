@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from builder.errors import BadInput, OutputBusy
 from builder.scratch import UNTAGGED_PART_IDLE_S, owner_alive, process_tag, system_tmp
@@ -303,7 +303,7 @@ def same_version(a: str | None, b: str | None) -> bool:
         return a is b
     try:
         return Version(a) == Version(b)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a part past int()'s digit limit
         return a == b
 
 

@@ -87,11 +87,11 @@ _RELEASE_NUMBER = re.compile(r"\d{1,4}(\.\d{1,4}){1,3}((a|b|rc)\d{1,3})?(\.post\
 def version_string(value: str, *, where: str = "--vllm") -> str:
     """``value`` when it is a PEP 440 version (``0.26.0``, ``0.27.0rc1``), else BadInput: a word like
     ``latest`` or a path like ``../../etc`` is not a release."""
-    from packaging.version import InvalidVersion, Version
+    from packaging.version import Version
 
     try:
         Version(value)
-    except (InvalidVersion, TypeError):
+    except (ValueError, TypeError):  # InvalidVersion, a part past int()'s digit limit
         raise BadInput(f"{where} {value!r:.60} is not a version (like 0.26.0); name a vLLM release.") from None
     return value
 

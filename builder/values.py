@@ -276,12 +276,11 @@ class Version(Value):
 
     @classmethod
     def check(cls, text: str, where: str) -> None:
-        from packaging.version import InvalidVersion
         from packaging.version import Version as _V
 
         try:
             _V(text)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a part past int()'s digit limit
             raise BadInput(f"{where} {_show(text)} is not a PEP 440 version (like {cls.example}).") from None
 
 

@@ -39,8 +39,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
+from packaging.utils import parse_wheel_filename
+from packaging.version import Version
 
 from builder import __version__, credentials, httpclient, values
 from builder.errors import IntegrityError
@@ -76,7 +76,7 @@ class IndexFile:
             return None
         try:
             return parse_wheel_filename(self.filename)
-        except (InvalidWheelFilename, InvalidVersion):
+        except ValueError:  # InvalidWheelFilename, InvalidVersion, a part past int()'s digit limit
             return None
 
     @property
@@ -318,7 +318,7 @@ class FindLinks:
             for p in sorted(d.glob("*.whl")) if d.is_dir() else []:
                 try:
                     name = parse_wheel_filename(p.name)[0]
-                except (InvalidWheelFilename, InvalidVersion):
+                except ValueError:  # InvalidWheelFilename, InvalidVersion, a part past int()'s digit limit
                     continue
                 if name != want:
                     continue

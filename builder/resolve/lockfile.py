@@ -548,16 +548,16 @@ def _check_entry(e: LockEntry, has_facts: bool, path: str, end: int) -> None:
             "--hash lines; the file is hand-edited.",
             hint="regenerate it with `build-image lock`.",
         )
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-    from packaging.version import InvalidVersion, Version
+    from packaging.utils import parse_wheel_filename
+    from packaging.version import Version
 
     try:
         wname, wver, _, _ = parse_wheel_filename(e.wheel.filename)
-    except (InvalidWheelFilename, InvalidVersion):
+    except ValueError:  # InvalidWheelFilename, InvalidVersion, a part past int()'s digit limit
         return  # not a standard wheel file name (a stand-in URL): nothing more to compare
     try:
         same = wname == canonical_name(e.name) and wver == Version(e.version)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a part past int()'s digit limit
         same = False
     if not same:
         raise BadInput(

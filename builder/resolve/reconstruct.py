@@ -34,7 +34,7 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from builder.errors import BadInput, ExternalToolError, Unsatisfiable
 from builder.events import SILENT, Reporter
@@ -499,7 +499,7 @@ def off_index_pins(recipe: Recipe, files, index) -> list[tuple[str, str, str, st
         for name, version, where, idx in pinned_in_index_files(files.files, step.requirement_files):
             try:
                 want = Version(version)
-            except InvalidVersion:
+            except ValueError:  # InvalidVersion, or a part past int()'s digit limit
                 continue
             if not any(f.version == want for f in index.files(name)):
                 out.append((name, version, where, idx))
@@ -540,7 +540,7 @@ def unmatched_pins(
                 continue
             try:
                 want = Version(version)
-            except InvalidVersion:
+            except ValueError:  # InvalidVersion, or a part past int()'s digit limit
                 continue
             if not any(f.version == want for f in index.files(name)):
                 out.append((name, version, where, si.unreachable[0]))

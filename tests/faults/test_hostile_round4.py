@@ -376,3 +376,19 @@ def test_a_glibc_version_name_outside_the_manifest_grammar_is_not_recorded(name,
     from builder.resolve.scanner import GLIBC_VER
 
     assert bool(GLIBC_VER.match(name)) is kept
+
+
+# ---------------------------------------------------------------- a release given on the command line
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["upgrade", "--to", HUGE, "-o", "up"],  # Version(): a ValueError that is not InvalidVersion
+        ["plan", "--vllm", "1." + HUGE[:4000], "--model", MODEL, "--weights-bytes", "1GB", "--gpu-memory", "h200"],
+        ["plan", "--vllm", "../../x", "--model", MODEL, "--weights-bytes", "1GB", "--gpu-memory", "h200"],
+    ],
+    ids=["upgrade-to-huge", "plan-vllm-file-name-too-long", "plan-vllm-path"],
+)
+def test_a_release_that_is_no_version_is_exit_2(tmp_path, args):
+    r = cli(args, cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and "version" in r.stderr

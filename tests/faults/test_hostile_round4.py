@@ -392,3 +392,12 @@ def test_a_release_that_is_no_version_is_exit_2(tmp_path, args):
     r = cli(args, cwd=tmp_path, timeout=120)
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and ("version" in r.stderr or "release" in r.stderr)
+
+
+def test_a_cache_path_the_file_system_refuses_is_no_crash(tmp_path):
+    lock = str(ROOT / "lockfiles/vllm-0.34.0/requirements.lock")
+    r = cli(["diff", lock, lock], env={"BUILD_IMAGE_CACHE": str(tmp_path / ("a" * 5000))}, timeout=120)
+    assert r.returncode == 0, r.stderr  # diff needs no cache: its scratch goes to the temp dir
+    from builder.scratch import scratch_home
+
+    assert scratch_home(tmp_path / ("a" * 5000)) != tmp_path / ("a" * 5000)

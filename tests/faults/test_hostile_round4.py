@@ -401,3 +401,27 @@ def test_a_cache_path_the_file_system_refuses_is_no_crash(tmp_path):
     from builder.scratch import scratch_home
 
     assert scratch_home(tmp_path / ("a" * 5000)) != tmp_path / ("a" * 5000)
+
+
+# ---------------------------------------------------------------- a path the file system cannot name
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plan", "--spec", "LONG", "--model", MODEL],
+        ["plan", "--model", "LONG"],
+        ["lock", "--vllm", "0.34.0", "-o", "LONG"],
+        ["render", "--vllm", "0.34.0", "-o", "LONG"],
+        ["patch", "check", "--vllm", "0.34.0", "--series", "LONG"],
+        ["lock", "--vllm", "0.34.0", "-o", "LOOP"],
+    ],
+    ids=["spec", "model", "lock-o", "render-o", "series", "lock-o-loop"],
+)
+def test_a_path_too_long_or_looping_is_exit_2_naming_it(tmp_path, args):
+    import os
+
+    os.symlink(tmp_path / "loop-b", tmp_path / "loop-a")
+    os.symlink(tmp_path / "loop-a", tmp_path / "loop-b")
+    subst = {"LONG": "a" * 5000, "LOOP": str(tmp_path / "loop-a")}
+    r = cli([subst.get(a, a) for a in args], cwd=tmp_path, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr and ("ENAMETOOLONG" in r.stderr or "ELOOP" in r.stderr)

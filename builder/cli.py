@@ -19,7 +19,7 @@ from builder.credentials import redact_text
 from builder.errors import BuildImageError, printable
 from builder.scratch import scratch, scratch_home
 from builder.signals import SIGINT_EXIT, SIGTERM_EXIT, Terminated, signals_unwind
-from builder.util import cache_dir, write_error
+from builder.util import cache_dir, name_error, write_error
 
 INTERNAL_ERROR = 70
 
@@ -82,7 +82,7 @@ class ErrorHandlingGroup(click.Group):
             click.echo("terminated (SIGTERM): stopped; every output is as it was before this run.", err=True)
             ctx.exit(SIGTERM_EXIT)
         except OSError as exc:
-            err = write_error(exc.filename or "an output", exc) if exc.errno in OUTPUT_ERRNOS else None
+            err = write_error(exc.filename or "an output", exc) if exc.errno in OUTPUT_ERRNOS else name_error(exc)
             if err is None:
                 _internal_error(ctx, exc)
             click.echo(err.render(), err=True)  # a full or read-only file system is the user's, not a bug

@@ -63,9 +63,13 @@ def scratch_home(cache: Path) -> Path:
     writable directory, else a per-user folder in the system temp dir, so a command that needs no cache
     (``diff``, ``checkpoint verify``) runs with a cache path that is a file, read-only or under /dev/null."""
     probe = cache
-    while not probe.exists() and probe.parent != probe:
-        probe = probe.parent
-    if probe.is_dir() and os.access(probe, os.W_OK | os.X_OK):
+    try:
+        while not probe.exists() and probe.parent != probe:
+            probe = probe.parent
+        usable = probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)
+    except OSError:  # a name the file system refuses (ENAMETOOLONG): no cache there either
+        usable = False
+    if usable:
         return cache
     return Path(tempfile.gettempdir()) / f"build-image-{os.getuid()}-scratch"
 

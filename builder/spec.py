@@ -53,6 +53,7 @@ Unknown keys are rejected (a typo must not be silently ignored).
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -85,12 +86,12 @@ def lockfiles_dir() -> Path:
 
 def supported_vllm_versions(platform: Platform = DEFAULT) -> list[str]:
     """vLLM versions this checkout has a base manifest for (of ``platform``'s image)."""
-    from packaging.version import InvalidVersion, Version
+    from packaging.version import Version
 
     def key(v: str):
         try:
             return (0, Version(v))
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a part past int()'s digit limit
             return (1, v)
 
     base = lockfiles_dir() / "base"
@@ -107,14 +108,20 @@ def supported_vllm_versions(platform: Platform = DEFAULT) -> list[str]:
     )
 
 
+def _release_part(vllm: str) -> str:
+    """``vllm`` as it names a shipped file: a PEP 440 version of at most 200 characters (:class:`values.Version`),
+    so a path (``../x``) or a 5000-digit text never becomes a file name (``File name too long``)."""
+    return str(values.Version(vllm, "vLLM release"))
+
+
 def default_base_manifest(vllm: str, platform: Platform = DEFAULT) -> Path:
     """``lockfiles/base/vllm-openai-vX.json`` (linux/amd64) or ``vllm-openai-vX-linux-arm64.json``."""
-    return lockfiles_dir() / "base" / f"vllm-openai-v{vllm}{platform.file_suffix()}.json"
+    return lockfiles_dir() / "base" / f"vllm-openai-v{_release_part(vllm)}{platform.file_suffix()}.json"
 
 
 def default_lock_path(vllm: str, platform: Platform = DEFAULT) -> Path:
     """``lockfiles/vllm-X/requirements.lock`` (linux/amd64) or ``lockfiles/vllm-X/linux-arm64/requirements.lock``."""
-    folder = lockfiles_dir() / f"vllm-{vllm}"
+    folder = lockfiles_dir() / f"vllm-{_release_part(vllm)}"
     return (folder if platform.is_default else folder / platform.slug) / "requirements.lock"
 
 
@@ -195,6 +202,7 @@ class Spec:
         if isinstance(top.get("repo"), str):  # --tag: its grammar is image_tags'; no line break gets that far
             top["repo"] = values.control_free(top["repo"].strip(), "--tag")
         serving = {k: v for k, v in flags.items() if v is not None and k in {f.name for f in fields(Serving)}}
+        check_serving_numbers(serving, lambda key: f"--{key.replace('_', '-')}")
         if "with_" in top:  # a --with naming a package replaces the spec's requirement on it (flags win)
             named = {_req_key(w) for w in top["with_"]} - {None}
             kept = [w for w in self.with_ if _req_key(w) not in named]
@@ -337,19 +345,26 @@ _SERVING_BOUNDS = {
 }
 
 
-def _check_values(doc: dict, serving: dict, path: str) -> None:
-    """The spec's values through :mod:`builder.validate`: serving numbers finite and in range, counts whole,
-    ``exclude-newer`` a real date or instant."""
+def check_serving_numbers(serving: dict, where: Callable[[str], str]) -> None:
+    """The one rule for the serving numbers (:data:`_SERVING_BOUNDS`), whether a spec's ``[serving]`` table or a
+    command's flags give them (``where(key)`` names the field or flag): finite, in range, counts whole; a
+    ``--cpu-offload-gb 1e308`` is refused here, not turned into an infinite byte count later."""
     for key, (low, high, whole) in _SERVING_BOUNDS.items():
-        if key in serving:
+        if serving.get(key) is not None:
             number(
                 serving[key],
-                f"spec {path}: 'serving.{key}'",
+                where(key),
                 minimum=low,
                 maximum=high,
                 integral=whole,
                 exclusive_minimum=key == "gpu_memory_utilization",
             )
+
+
+def _check_values(doc: dict, serving: dict, path: str) -> None:
+    """The spec's values through :mod:`builder.validate`: serving numbers finite and in range, counts whole,
+    ``exclude-newer`` a real date or instant."""
+    check_serving_numbers(serving, lambda key: f"spec {path}: 'serving.{key}'")
     exclude_newer(doc.get("exclude-newer"), where=f"spec {path}: 'exclude-newer'")
     # every string reaches a Dockerfile, a lock line, a YAML document or a hint: none holds a line break
     for key, val in [*((f"serving.{k}", v) for k, v in serving.items()), *doc.items()]:

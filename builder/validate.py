@@ -45,6 +45,7 @@ else:  # pragma: no cover
 MAX_DEPTH = 64
 #: Largest structured document (spec, manifest, config, lock, sums list) read whole.
 MAX_DOC_BYTES = 64 << 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # ---------------------------------------------------------------- releases
@@ -86,11 +87,11 @@ _RELEASE_NUMBER = re.compile(r"\d{1,4}(\.\d{1,4}){1,3}((a|b|rc)\d{1,3})?(\.post\
 def version_string(value: str, *, where: str = "--vllm") -> str:
     """``value`` when it is a PEP 440 version (``0.26.0``, ``0.27.0rc1``), else BadInput: a word like
     ``latest`` or a path like ``../../etc`` is not a release."""
-    from packaging.version import InvalidVersion, Version
+    from packaging.version import Version
 
     try:
         Version(value)
-    except (InvalidVersion, TypeError):
+    except (ValueError, TypeError):  # InvalidVersion, a part past int()'s digit limit
         raise BadInput(f"{where} {value!r:.60} is not a version (like 0.26.0); name a vLLM release.") from None
     return value
 
@@ -251,6 +252,34 @@ def _too_deep(what: str, limit: int, error: type[Exception]) -> Exception:
     )
 
 
+def _unreadable(what: str, exc: ValueError, error: type[Exception]) -> Exception:
+    reason = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else f"{str(exc).split(';')[0]}"
+    return error(
+        f"{what} cannot be read: {reason}; no document build-image reads holds that (a damaged or hostile file)."
+    )
+
+
+def check_text(doc: Any, what: str, *, error: type[Exception] = BadInput) -> Any:
+    """``doc`` when every key and string in it is Unicode text, else ``error`` naming ``what``: JSON's
+    ``\\ud800`` escape decodes to a lone surrogate, which no file, terminal or label can hold (writing it
+    fails wherever it reaches). Iterative, like :func:`nesting_depth`."""
+    stack: list[Any] = [doc]
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, str):
+            if not obj.isascii() and _SURROGATE.search(obj):
+                raise error(
+                    f"{what} holds {obj[:40]!r}: a \\u escape of a lone UTF-16 surrogate is not text; no document "
+                    "build-image reads holds one (a damaged or hostile file)."
+                )
+        elif isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+    return doc
+
+
 def check_depth(doc: Any, what: str, *, limit: int = MAX_DEPTH, error: type[Exception] = BadInput) -> Any:
     """``doc`` when it nests at most ``limit`` levels deep, else ``error`` naming ``what``."""
     if nesting_depth(doc, limit) > limit:
@@ -265,9 +294,13 @@ def load_json(
     ``error`` naming ``what`` (:class:`json.JSONDecodeError` still propagates for the caller's own message)."""
     try:
         doc = json.loads(text, **kwargs)
+    except json.JSONDecodeError:
+        raise
     except RecursionError:
         raise _too_deep(what, limit, error) from None
-    return check_depth(doc, what, limit=limit, error=error)
+    except ValueError as exc:  # bytes not UTF-8, an integer of more digits than Python converts
+        raise _unreadable(what, exc, error) from None
+    return check_text(check_depth(doc, what, limit=limit, error=error), what, error=error)
 
 
 def load_toml(text: str, what: str, *, limit: int = MAX_DEPTH, error: type[Exception] = BadInput) -> dict:
@@ -275,8 +308,12 @@ def load_toml(text: str, what: str, *, limit: int = MAX_DEPTH, error: type[Excep
     :class:`tomllib.TOMLDecodeError` propagates."""
     try:
         doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        raise
     except RecursionError:
         raise _too_deep(what, limit, error) from None
+    except ValueError as exc:  # an integer of more digits than Python converts
+        raise _unreadable(what, exc, error) from None
     return check_depth(doc, what, limit=limit, error=error)
 
 

@@ -276,13 +276,26 @@ class Version(Value):
 
     @classmethod
     def check(cls, text: str, where: str) -> None:
-        from packaging.version import InvalidVersion
         from packaging.version import Version as _V
 
         try:
             _V(text)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a part past int()'s digit limit
             raise BadInput(f"{where} {_show(text)} is not a PEP 440 version (like {cls.example}).") from None
+
+
+class Glibc(Value):
+    kind = "a glibc version"
+    example = "2.17"
+    pattern = re.compile(r"[0-9]{1,4}(?:\.[0-9]{1,4}){1,2}")  # GLIBC_2.17, GLIBC_2.2.5: ASCII digits only
+    max_len = 32
+
+
+class AbiTag(Value):
+    kind = "a Python ABI tag (or several, dot-separated)"
+    example = "cp312, cp311.cp312, abi3 or none"
+    pattern = re.compile(r"[A-Za-z0-9_]{1,32}(?:\.[A-Za-z0-9_]{1,32}){0,31}")
+    max_len = 1024
 
 
 class Url(Value):

@@ -454,7 +454,7 @@ def test_cli_exit_codes_and_json(tmp_path):
     doc = json.loads(r.output)
     assert doc["verdict"] == "fits" and doc["max_seqs_at_context"] == 61 and doc["kv_bytes_per_token_node"] == 57344
     r = runner.invoke(main, common + ["--gpu-memory-utilization", "1.2"])
-    assert r.exit_code == 2 and "(0, 1]" in r.output
+    assert r.exit_code == 2 and "--gpu-memory-utilization must be at most 1" in r.output
     r = runner.invoke(
         main, ["plan", "--model", str(DATA / "malformed"), "--weights-bytes", "1", "--gpu-memory", "h200"]
     )

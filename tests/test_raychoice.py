@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from packaging.utils import InvalidWheelFilename
 
 from builder.cli import main
 from builder.resolve import index as ix
@@ -98,7 +99,7 @@ def test_an_index_files_version_and_tags_from_its_name():
     assert {str(t) for t in f.tags} == {"cp312-cp312-manylinux2014_x86_64"}
     sdist = ix.IndexFile(filename="ray-2.58.1.tar.gz", url="u", sha256="0", upload_time=None)
     assert sdist.version is None
-    with pytest.raises(ix.InvalidWheelFilename):
+    with pytest.raises(InvalidWheelFilename):
         sdist.tags
 
 

@@ -192,6 +192,10 @@ _SPEC_FLAGS = (
 )
 
 
+#: the largest per-GPU reserve ``--reserve-gib`` takes (GiB; far above any GPU's memory)
+MAX_RESERVE_GIB = 1 << 20
+
+
 @click.command("plan")
 @_with_options
 def command(spec_file, weights_bytes, reserve_gib, max_num_batched_tokens, enforce_eager, as_json, **opts):
@@ -209,8 +213,8 @@ def command(spec_file, weights_bytes, reserve_gib, max_num_batched_tokens, enfor
     wb = (
         None if weights_bytes is None else parse_size(weights_bytes, what="--weights-bytes", bare_unit=1, presets=False)
     )
-    if reserve_gib is not None and not (math.isfinite(reserve_gib) and reserve_gib >= 0):
-        raise BadInput(f"--reserve-gib must be a finite number >= 0, got {reserve_gib}.")
+    if reserve_gib is not None and not (math.isfinite(reserve_gib) and 0 <= reserve_gib <= MAX_RESERVE_GIB):
+        raise BadInput(f"--reserve-gib must be a number in [0, {MAX_RESERVE_GIB}], got {reserve_gib}.")
     reserve = None if reserve_gib is None else int(reserve_gib * GiB)
     if max_num_batched_tokens is not None and max_num_batched_tokens < 1:
         raise BadInput(f"--max-num-batched-tokens must be >= 1, got {max_num_batched_tokens}.")
@@ -243,7 +247,7 @@ def gpu_check(spec) -> gpus.GpuCheck:
     ``base`` when that is a manifest file, else the release's shipped one; none (a base given as an image
     reference, a release without a manifest): the floor and the architectures are not known."""
     model = spec.serving.gpu_model
-    target = gpus.capability_of(model, "--gpu-model / serving.gpu_model") if model else None
+    target = gpus.capability_of(model, "--gpu-model / serving.gpu_model") if model is not None else None
     path = None
     if spec.base and not _looks_like_image_ref(spec.base):
         path = Path(spec.base)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from builder.credentials import redact_text, redact_value
 from builder.engine import builds_for
@@ -126,7 +126,7 @@ def select_wheels(manifest: BaseManifest, index, *, before: datetime | None) -> 
     for key, dist in sorted(manifest.distributions.items()):
         try:
             want = Version(dist.version)
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a part past int()'s digit limit
             missing.append(f"{dist.name} {dist.version} (not a version an index can serve)")
             continue
         files = [

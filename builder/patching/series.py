@@ -169,11 +169,11 @@ def shipped_series(vllm_version: str, package: str = "vllm") -> Path:
 
 
 def _vkey(v: str):
-    from packaging.version import InvalidVersion, Version
+    from packaging.version import Version
 
     try:
         return Version(v)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a part past int()'s digit limit
         return Version("0")
 
 

@@ -58,7 +58,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from builder import platforms
 from builder.errors import BadInput
@@ -268,7 +268,7 @@ def _major(version: str | None) -> str | None:
         return None
     try:
         return str(Version(version).major)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a part past int()'s digit limit
         m = re.match(r"\d+", version)
         return m.group(0) if m else None
 
@@ -348,7 +348,7 @@ def build_chain(
                 return False
             try:
                 return not Requirement(spec).specifier.contains(old, prereleases=True)
-            except (InvalidRequirement, InvalidVersion):
+            except ValueError:  # InvalidRequirement, InvalidVersion, a part past int()'s digit limit
                 return False
 
         specs = {p: _requirement_on(requires.get(p, []), child_name, env) for p in cands}
@@ -728,7 +728,7 @@ def _torch_rejection(
 def _public(version: str) -> str:
     try:
         return Version(version).public
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a part past int()'s digit limit
         return version.split("+", 1)[0]
 
 
@@ -875,7 +875,7 @@ def _sorted_out(findings: list[Finding], allow: Mapping[str, str]) -> GateResult
 def _newer(new: str, old: str | None) -> bool:
     try:
         return old is None or Version(new) > Version(old)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a part past int()'s digit limit
         return new > (old or "")
 
 

@@ -123,11 +123,11 @@ def vllm_on_base(base: ResolvedBase, vllm: str) -> str | None:
     have = base.vllm
     if have is None:
         return f"vllm=={vllm}"
-    from packaging.version import InvalidVersion, Version
+    from packaging.version import Version
 
     try:
         same = Version(have) == Version(vllm)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a part past int()'s digit limit
         same = have == vllm
     if not same:
         raise BadInput(

@@ -341,11 +341,11 @@ def _facts_eq(a: DistFacts, b: DistFacts) -> bool:
 
 
 def _parse_version(v: str):
-    from packaging.version import InvalidVersion, Version
+    from packaging.version import Version
 
     try:
         return Version(v)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a part past int()'s digit limit
         return None
 
 

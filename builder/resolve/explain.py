@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from packaging.requirements import Requirement
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from builder.resolve.abi import is_exact_coupled
 from builder.resolve.manifest import BaseManifest
@@ -49,7 +49,7 @@ def pin_evidence(key: str, base: BaseManifest) -> list[str]:
     if key == "numpy":
         try:
             gen = "2" if Version(d.version).major >= 2 else "1"
-        except InvalidVersion:
+        except ValueError:  # InvalidVersion, or a part past int()'s digit limit
             gen = "1"
         users = [
             (o.name, o.version, o.facts.numpy_abi.get(gen, 0))

@@ -50,7 +50,13 @@ _SHF_ALLOC = 0x2
 _SHF_EXECINSTR = 0x4
 _CONTAINER = struct.Struct("<IHHQ")
 _ENTRY = struct.Struct("<HHIQIIHHI")
-_CUDART = re.compile(r"^libcudart(?:[.-][0-9a-f]{8})?\.so\.(\d+)")  # auditwheel renames: libcudart.faf08d9a.so.13
+# auditwheel renames: libcudart.faf08d9a.so.13; the major in ASCII digits, 1-999 (what a manifest records)
+_CUDART = re.compile(r"^libcudart(?:[.-][0-9a-f]{8})?\.so\.([1-9][0-9]{0,2})(?:\.|$)")
+#: the architectures (compute capability x 10) a fat binary entry may name, and how many distinct ones one
+#: distribution may carry: the one rule of the scanner that writes ``cuda_sass``/``cuda_ptx`` and of the
+#: manifest reader (:func:`builder.resolve.manifest._archs`)
+ARCHS = range(10, 1000)
+MAX_ARCHS = 256
 
 
 @dataclass
@@ -94,6 +100,8 @@ def _container(blob, pos: int, base: int, end: int, out: CudaFacts, where: str, 
         out.seen += 1
         if out.seen > MAX_ENTRIES:
             raise _bad(where, f"holds more than {MAX_ENTRIES} entries", section)
+        if kind in (KIND_ELF, KIND_PTX) and arch not in ARCHS:
+            raise _bad(where, f"has an entry at byte {epos - base} for architecture {arch}, which no GPU has", section)
         if kind == KIND_ELF:
             out.sass.add(arch)
         elif kind == KIND_PTX:

@@ -39,10 +39,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
-from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
+from packaging.utils import parse_wheel_filename
+from packaging.version import Version
 
-from builder import __version__, credentials, httpclient
+from builder import __version__, credentials, httpclient, values
 from builder.errors import IntegrityError
 from builder.util import atomic_write_text, cache_dir, canonical_name, sha256_bytes, sha256_file
 from builder.validate import load_json
@@ -76,7 +76,7 @@ class IndexFile:
             return None
         try:
             return parse_wheel_filename(self.filename)
-        except (InvalidWheelFilename, InvalidVersion):
+        except ValueError:  # InvalidWheelFilename, InvalidVersion, a part past int()'s digit limit
             return None
 
     @property
@@ -97,9 +97,11 @@ class Index(Protocol):
 
 
 def index_url() -> str:
+    """The Python index: the first of ``UV_DEFAULT_INDEX``, ``UV_INDEX_URL``, ``PIP_INDEX_URL`` that is set, as an
+    http(s)/file URL (:class:`builder.values.Url`: BadInput naming the variable for any other text), else PyPI."""
     for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL", "PIP_INDEX_URL"):
         if os.environ.get(var):
-            return os.environ[var].rstrip("/")
+            return str(values.Url(os.environ[var], f"environment variable {var}")).rstrip("/")
     return DEFAULT_INDEX
 
 
@@ -316,7 +318,7 @@ class FindLinks:
             for p in sorted(d.glob("*.whl")) if d.is_dir() else []:
                 try:
                     name = parse_wheel_filename(p.name)[0]
-                except (InvalidWheelFilename, InvalidVersion):
+                except ValueError:  # InvalidWheelFilename, InvalidVersion, a part past int()'s digit limit
                     continue
                 if name != want:
                     continue

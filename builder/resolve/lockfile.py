@@ -56,7 +56,7 @@ from builder.credentials import redact_text
 from builder.errors import BadInput
 from builder.platforms import Platform, parse_python_platform
 from builder.resolve import pylock
-from builder.resolve.manifest import DistFacts
+from builder.resolve.manifest import DistFacts, check_facts
 from builder.util import atomic_write_text, canonical_name, sha256_bytes
 from builder.validate import read_bounded_text
 
@@ -195,9 +195,12 @@ def _parse_facts(text: str, path: str, lineno: int) -> tuple[DistFacts, str | No
             python_abi=kv.get("python-abi", "none"),
         )
     except ValueError:
-        raise BadInput(f"lock {path}, line {lineno}: malformed facts line {text!r}.") from None
+        raise BadInput(f"lock {path}, line {lineno}: malformed facts line {text!r:.200}.") from None
+    where = f"lock {path}, line {lineno}: facts"
     base = kv.get("base", "-")
-    return facts, (None if base == "-" else base)
+    if base != "-":
+        values.control_free(base, f"{where}: 'base'", max_len=values.Version.max_len)
+    return check_facts(facts, where), (None if base == "-" else base)
 
 
 def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockFile:
@@ -398,6 +401,11 @@ def _parse_requirement(line: _Line, seen: dict[str, int], path: str, found: _Fin
     name, version = m.group(1), m.group(3)
     key = canonical_name(name)
     entry = LockEntry(name=name, version=version, hashes=[], line=i)
+    try:  # a version is at most 200 characters: one longer (a 5000-digit part) fails in int() where compared
+        values.control_free(version, f"lock {path}, line {i}: the version of '{name}'", max_len=values.Version.max_len)
+    except BadInput as exc:
+        found.add(exc)
+        return entry, False
     if key in seen:
         found.add(
             BadInput(
@@ -476,6 +484,9 @@ def _check_header(header: dict[str, str], path: str) -> None:
         raise BadInput(
             f"lock {path}: header lacks {', '.join(missing)}; the file is truncated or not written by build-image."
         )
+    # the release names the base manifest's file (lockfiles/base/vllm-openai-v<vllm>.json) and is compared
+    if header["vllm"] != "-":  # "-": a base without vllm
+        values.Version(header["vllm"], f"lock {path}: header 'vllm'")
 
 
 # ------------------------------------------------------------------------------------------ the lock's platform
@@ -537,16 +548,16 @@ def _check_entry(e: LockEntry, has_facts: bool, path: str, end: int) -> None:
             "--hash lines; the file is hand-edited.",
             hint="regenerate it with `build-image lock`.",
         )
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-    from packaging.version import InvalidVersion, Version
+    from packaging.utils import parse_wheel_filename
+    from packaging.version import Version
 
     try:
         wname, wver, _, _ = parse_wheel_filename(e.wheel.filename)
-    except (InvalidWheelFilename, InvalidVersion):
+    except ValueError:  # InvalidWheelFilename, InvalidVersion, a part past int()'s digit limit
         return  # not a standard wheel file name (a stand-in URL): nothing more to compare
     try:
         same = wname == canonical_name(e.name) and wver == Version(e.version)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a part past int()'s digit limit
         same = False
     if not same:
         raise BadInput(
@@ -576,18 +587,33 @@ def _facts_table(f: DistFacts) -> dict:
     }
 
 
-def _facts_from(t: Mapping, where: str) -> DistFacts:
-    try:
-        n1, n2 = t.get("numpy-abi", [0, 0])
-        return DistFacts(
-            binary=bool(t.get("binary", False)),
-            extensions=int(t.get("extensions", 0)),
-            numpy_abi={"1": int(n1), "2": int(n2)},
-            glibc=t.get("glibc") or None,
-            python_abi=str(t.get("python-abi", "none")),
-        )
-    except (TypeError, ValueError):
-        raise BadInput(f"{where}: malformed [tool.build-image.facts] table {dict(t)!r}.") from None
+def _facts_from(t: object, where: str) -> DistFacts:
+    """A pylock package's ``[tool.build-image.facts]`` table: each field of the type :func:`_facts_table` writes
+    (a float, an ``inf``, a string where a count goes is refused, never rounded), then :func:`check_facts`."""
+    counts = t.get("numpy-abi", [0, 0]) if isinstance(t, Mapping) else None
+    shapes = isinstance(t, Mapping) and (
+        isinstance(t.get("binary", False), bool)
+        and _is_count(t.get("extensions", 0))
+        and isinstance(counts, list)
+        and len(counts) == 2
+        and all(_is_count(n) for n in counts)
+        and isinstance(t.get("glibc", ""), str)
+        and isinstance(t.get("python-abi", "none"), str)
+    )
+    if not shapes:
+        raise BadInput(f"{where}: malformed [tool.build-image.facts] table {t!r:.300}.")
+    facts = DistFacts(
+        binary=t.get("binary", False),
+        extensions=t.get("extensions", 0),
+        numpy_abi={"1": counts[0], "2": counts[1]},
+        glibc=t.get("glibc") or None,
+        python_abi=t.get("python-abi", "none"),
+    )
+    return check_facts(facts, where)
+
+
+def _is_count(n: object) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool)
 
 
 def to_pylock(lock: LockFile) -> Pylock:

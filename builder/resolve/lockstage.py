@@ -24,6 +24,7 @@ from builder.resolve.lockstep import parse_families
 from builder.resolve.pylock import is_pylock_path
 from builder.resolve.twin import refuse_pylock_output, twin_path
 from builder.util import output_lock
+from builder.validate import read_bounded_text
 
 
 @dataclass(frozen=True)
@@ -201,12 +202,9 @@ def read_lock_file(lock_path: Path, platform: Platform, *, doing: str) -> tuple[
     """The lock on disk, read once: (lock, text; None for a pylock.toml, which the context
     does not carry verbatim).  A lock made for another platform than ``platform`` is refused, naming both
     (:func:`builder.resolve.lockfile.refuse_other_platform`; ``doing``: what the lock is read for)."""
-    try:
-        text = Path(lock_path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"lock {lock_path} does not exist.", hint="create it with `build-image lock`.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"lock {lock_path} cannot be read: {exc}.") from None
+    if not (Path(lock_path).exists() or Path(lock_path).is_symlink()):
+        raise BadInput(f"lock {lock_path} does not exist.", hint="create it with `build-image lock`.")
+    text = read_bounded_text(lock_path, "lock")  # a FIFO, a device, a directory: exit 2, never a hang
     lock = parse_lock(text, str(lock_path))
     refuse_other_platform(lock, platform, lock_path, doing=doing)
     return lock, (None if is_pylock_path(lock_path) else text)

@@ -65,10 +65,12 @@ from builder.credentials import credential_fields, redact_text
 from builder.errors import BadInput
 from builder.platforms import parse_python_platform
 from builder.report import render_json
+from builder.resolve.fatbin import ARCHS, MAX_ARCHS
 from builder.util import atomic_write_text, canonical_name, refuse_foreign, write_target
-from builder.validate import load_json, read_bounded_text
+from builder.validate import exclude_newer, load_json, read_bounded_text
 
 SCHEMA = "build-image/base-manifest/v1"
+_XY = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}")  # glibc, python.version, cuda: X.Y in ASCII digits
 PROVENANCE_KINDS = ("read-from-image", "reconstructed")
 
 
@@ -384,28 +386,62 @@ def _distributions(dists_doc: dict, path: str) -> dict[str, Distribution]:
             )
         if canonical_name(name) in dists:
             raise BadInput(f"base manifest {path}: distribution {name!r} is listed twice.")
-        numpy_abi = _opt(d, "numpy_abi", dict, where, path) or {"1": 0, "2": 0}
-        for gen in ("1", "2"):
-            _opt(numpy_abi, gen, int, f"{where}numpy_abi.", path)
-        facts = DistFacts(
-            binary=bool(_opt(d, "binary", bool, where, path)),
-            extensions=_opt(d, "extensions", int, where, path) or 0,
-            numpy_abi={"1": numpy_abi.get("1", 0), "2": numpy_abi.get("2", 0)},
-            glibc=_opt(d, "glibc", str, where, path),
-            python_abi=_opt(d, "python_abi", str, where, path) or "none",
-            native_sha256=_opt(d, "native_sha256", str, where, path),
-            torch_exports=_torch_exports(d, where, path),
-            cuda_sass=_archs(d, "cuda_sass", where, path),
-            cuda_ptx=_archs(d, "cuda_ptx", where, path),
-            cuda_runtime=_opt(d, "cuda_runtime", int, where, path),
-        )
-        if facts.native_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", facts.native_sha256):
-            raise BadInput(
-                f"base manifest {path}: field '{where}native_sha256' must be 64 lowercase hex digits, "
-                f"got {facts.native_sha256!r:.60}."
-            )
+        facts = _facts(d, where, path)
         dists[canonical_name(name)] = Distribution(name=name, version=version, facts=facts)
     return dists
+
+
+#: the highest count (ELF files, extensions per numpy generation) a reader takes
+_COUNT_MAX = 1 << 31
+
+
+def _count(d: dict, key: str, where: str, path: str, low: int = 0, high: int = _COUNT_MAX) -> int | None:
+    """An optional integer field in ``[low, high]`` (a count of files, a CUDA runtime major)."""
+    val = _opt(d, key, int, where, path)
+    if val is not None and not low <= val <= high:
+        raise BadInput(
+            f"base manifest {path}: field '{where}{key}' must be an integer in [{low}, {high}], got {str(val)[:40]}."
+        )
+    return val
+
+
+def check_facts(facts: DistFacts, where: str) -> DistFacts:
+    """The one grammar of a distribution's binary facts, whichever file they are read from (a base manifest, a
+    lock's ``# facts:`` line, a pylock's facts table): ``glibc`` :class:`~builder.values.Glibc` (ASCII digits: a
+    ``²`` or a 5000-digit number reaches ``int()`` where the gate compares), ``python_abi``
+    :class:`~builder.values.AbiTag`, counts in ``[0, 2**31]``; ``facts`` with the typed values, else BadInput
+    naming ``where``."""
+    counts = {"extensions": facts.extensions, **{f"numpy_abi.{g}": n for g, n in facts.numpy_abi.items()}}
+    for key, n in counts.items():
+        if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= _COUNT_MAX:
+            raise BadInput(f"{where}: '{key}' must be a count in [0, {_COUNT_MAX}], got {str(n)[:40]}.")
+    facts.glibc = values.Glibc.optional(facts.glibc, f"{where}: 'glibc'")
+    facts.python_abi = values.AbiTag(facts.python_abi, f"{where}: 'python_abi'")
+    return facts
+
+
+def _facts(d: dict, where: str, path: str) -> DistFacts:
+    """One distribution's binary facts from a manifest: each field of its JSON type, then :func:`check_facts`,
+    :func:`_archs`, :func:`_torch_exports` and ``cuda_runtime`` in [1, 999]."""
+    numpy_abi = _opt(d, "numpy_abi", dict, where, path) or {"1": 0, "2": 0}
+    facts = DistFacts(
+        binary=bool(_opt(d, "binary", bool, where, path)),
+        extensions=_count(d, "extensions", where, path) or 0,
+        numpy_abi={gen: _count(numpy_abi, gen, f"{where}numpy_abi.", path) or 0 for gen in ("1", "2")},
+        glibc=_opt(d, "glibc", str, where, path),
+        python_abi=_opt(d, "python_abi", str, where, path) or "none",
+        native_sha256=_opt(d, "native_sha256", str, where, path),
+        torch_exports=_torch_exports(d, where, path),
+        cuda_sass=_archs(d, "cuda_sass", where, path),
+        cuda_ptx=_archs(d, "cuda_ptx", where, path),
+        cuda_runtime=_count(d, "cuda_runtime", where, path, low=1, high=999),
+    )
+    if facts.native_sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", facts.native_sha256):
+        raise BadInput(
+            f"base manifest {path}: field '{where}native_sha256' must be 64 lowercase hex digits, "
+            f"got {facts.native_sha256!r:.60}."
+        )
+    return check_facts(facts, f"base manifest {path}: '{where.rstrip('.')}'")
 
 
 #: the longest ``torch_exports`` text a manifest may hold (torch 2.14's: ~140 KB)
@@ -424,9 +460,10 @@ def _torch_exports(d: dict, where: str, path: str) -> str | None:
 
 
 def _archs(d: dict, key: str, where: str, path: str) -> list[int]:
-    """``cuda_sass``/``cuda_ptx``: at most 256 architectures, each compute capability x 10 (``90``)."""
+    """``cuda_sass``/``cuda_ptx``: at most :data:`~builder.resolve.fatbin.MAX_ARCHS` architectures, each compute
+    capability x 10 (``90``) in :data:`~builder.resolve.fatbin.ARCHS` (the scanner's rule)."""
     val = _opt(d, key, list, where, path) or []
-    if len(val) > 256 or not all(isinstance(a, int) and not isinstance(a, bool) and 10 <= a < 1000 for a in val):
+    if len(val) > MAX_ARCHS or not all(isinstance(a, int) and not isinstance(a, bool) and a in ARCHS for a in val):
         raise BadInput(
             f"base manifest {path}: field '{where}{key}' must list GPU architectures as integers "
             f"(compute capability x 10: 90 for sm_90), got {val!r:.60}."
@@ -456,11 +493,12 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
         raise BadInput(f"base manifest {path}: 'provenance.kind' must be one of {PROVENANCE_KINDS}, got {kind!r}.")
     dists_doc = _req(doc, "distributions", dict, "", path)
     dists = _distributions(dists_doc, path)
-    for field_, val, pat, example in (
-        ("glibc", _req(doc, "glibc", str, "", path), r"\d+\.\d+", "2.35"),
-        ("python.version", _req(py, "version", str, "python.", path), r"\d+\.\d+", "3.12"),
+    for field_, val, example in (
+        ("glibc", _req(doc, "glibc", str, "", path), "2.35"),
+        ("python.version", _req(py, "version", str, "python.", path), "3.12"),
+        ("cuda", _opt(doc, "cuda", str, "", path) or "0.0", "13.0"),
     ):
-        if not re.fullmatch(pat, val):
+        if not _XY.fullmatch(val):
             raise BadInput(f"base manifest {path}: field '{field_}' must look like {example}, got {val!r:.60}.")
     parse_python_platform(_req(doc, "platform", str, "", path), where=f"base manifest {path}: field 'platform'")
     return BaseManifest(
@@ -478,11 +516,37 @@ def parse_manifest(text: str, path: str = "<manifest>") -> BaseManifest:
         provenance_kind=kind,
         provenance_method=_req(prov, "method", str, "provenance.", path),
         distributions=dists,
-        provenance_recipe=_opt(prov, "recipe", dict, "provenance.", path),
+        provenance_recipe=_provenance_recipe(prov, path),
         lacks=_lacks(doc, path),
         uv_overrides=_overrides(doc, path),
         consistency=_consistency(doc, path),
     )
+
+
+def _provenance_recipe(prov: dict, path: str) -> dict | None:
+    """``provenance.recipe`` (a reconstructed base): ``sdist`` {filename, sha256}, ``exclude_newer`` (an
+    instant), ``steps`` (objects; their ``indexes`` URLs) and ``unmet_requirements`` (text), each of its
+    type here, so ``base list``, ``base materialize`` and the replay read them without checking."""
+    recipe = _opt(prov, "recipe", dict, "provenance.", path)
+    if recipe is None:
+        return None
+    where = "provenance.recipe."
+    sdist = _opt(recipe, "sdist", dict, where, path)
+    if sdist is not None:
+        _opt(sdist, "filename", str, f"{where}sdist.", path)
+        sha = _opt(sdist, "sha256", str, f"{where}sdist.", path)
+        if sha is not None and not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise BadInput(f"base manifest {path}: field '{where}sdist.sha256' must be 64 lowercase hex digits.")
+    exclude_newer(recipe.get("exclude_newer"), where=f"base manifest {path}: field '{where}exclude_newer'")
+    for i, step in enumerate(_opt(recipe, "steps", list, where, path) or ()):
+        if not isinstance(step, dict):
+            raise BadInput(f"base manifest {path}: '{where}steps[{i}]' must be an object.")
+        for key in ("indexes", "unreachable_indexes"):
+            if not all(isinstance(u, str) for u in _opt(step, key, list, f"{where}steps[{i}].", path) or ()):
+                raise BadInput(f"base manifest {path}: '{where}steps[{i}].{key}' must be a list of URLs.")
+    if not all(isinstance(r, str) for r in _opt(recipe, "unmet_requirements", list, where, path) or ()):
+        raise BadInput(f"base manifest {path}: '{where}unmet_requirements' must be a list of strings.")
+    return recipe
 
 
 def _overrides(doc: dict, path: str) -> list[str] | None:
@@ -500,8 +564,14 @@ def _lacks(doc: dict, path: str) -> dict | None:
         if k == "unversioned":
             if not isinstance(v, dict) or not all(isinstance(x, str) for x in v.values()):
                 raise BadInput(f"base manifest {path}: 'lacks.unversioned' must map names to reasons.")
+            for name, reason in v.items():  # a name reaches labels and reports; a reason is one line of text
+                values.DistName(name, f"base manifest {path}: 'lacks.unversioned' key")
+                values.Line(reason, f"base manifest {path}: 'lacks.unversioned.{name}'")
         elif not isinstance(v, list) or not all(isinstance(x, str) for x in v):
             raise BadInput(f"base manifest {path}: 'lacks.{k}' must be a list of strings.")
+        else:
+            for i, item in enumerate(v):
+                values.Line(item, f"base manifest {path}: 'lacks.{k[:40]}[{i}]'")
     return lacks
 
 

@@ -25,7 +25,7 @@ from datetime import datetime
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.tags import Tag
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from builder.resolve.index import Index, IndexFile, metadata_field
 
@@ -95,7 +95,7 @@ def choose(vllm: str, releases: Iterable[RayRelease]) -> RayChoice:
 def _v(text: str) -> Version | None:
     try:
         return Version(text)
-    except InvalidVersion:
+    except ValueError:  # InvalidVersion, or a part past int()'s digit limit
         return None
 
 

@@ -34,7 +34,7 @@ from email.parser import HeaderParser
 from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from builder.errors import BadInput, ExternalToolError, Unsatisfiable
 from builder.events import SILENT, Reporter
@@ -70,6 +70,7 @@ from builder.resolve.stepindex import (
 from builder.resolve.uv import Uv, is_resolution_failure
 from builder.spec import lockfiles_dir
 from builder.util import atomic_write_text, cache_dir, canonical_name
+from builder.validate import read_bounded_text
 
 
 def default_recipes_path(platform: Platform = DEFAULT) -> Path:
@@ -82,11 +83,7 @@ def load_recipes(path: Path | None = None, platform: Platform = DEFAULT) -> dict
     """``platform``'s recipe tables (its recipes file, or ``path``): a table of another platform is exit 2
     (:func:`builder.resolve.recipe.table.refuse_other_platform_tables`)."""
     p = Path(path) if path else default_recipes_path(platform)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise BadInput(f"recipes file {p} cannot be read: {exc.strerror or exc}.") from None
-    tables = parse_recipes(text, str(p))
+    tables = parse_recipes(read_bounded_text(p, "recipes file"), str(p))  # a FIFO, a device: exit 2, no hang
     refuse_other_platform_tables(tables, platform, p)
     return tables
 
@@ -504,7 +501,7 @@ def off_index_pins(recipe: Recipe, files, index) -> list[tuple[str, str, str, st
         for name, version, where, idx in pinned_in_index_files(files.files, step.requirement_files):
             try:
                 want = Version(version)
-            except InvalidVersion:
+            except ValueError:  # InvalidVersion, or a part past int()'s digit limit
                 continue
             if not any(f.version == want for f in index.files(name)):
                 out.append((name, version, where, idx))
@@ -545,7 +542,7 @@ def unmatched_pins(
                 continue
             try:
                 want = Version(version)
-            except InvalidVersion:
+            except ValueError:  # InvalidVersion, or a part past int()'s digit limit
                 continue
             if not any(f.version == want for f in index.files(name)):
                 out.append((name, version, where, si.unreachable[0]))

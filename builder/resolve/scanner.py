@@ -41,7 +41,7 @@ from builder import values
 from builder.errors import BadInput
 from builder.events import PlainReporter, Reporter
 from builder.resolve.elfsyms import TORCH_LIBRARY, elf_sections, pack_symbols, torch_symbols_in
-from builder.resolve.fatbin import CudaFacts, cuda_facts_in
+from builder.resolve.fatbin import MAX_ARCHS, CudaFacts, cuda_facts_in
 from builder.resolve.floor import native_digest
 from builder.resolve.manifest import DistFacts, Distribution
 from builder.util import canonical_name
@@ -52,7 +52,8 @@ NUMPY2_MARKER = b"numpy._core._multiarray_umath"
 NUMPY1_MARKER = b"numpy.core._multiarray_umath"
 
 _SO_NAME = re.compile(r"\.so(\.\d+)*$")
-GLIBC_VER = re.compile(r"^GLIBC_(\d+(?:\.\d+)+)$")
+# the grammar a manifest and a lock record (values.Glibc): a GLIBC_ name outside it is no glibc version
+GLIBC_VER = re.compile(r"^GLIBC_([0-9]{1,4}(?:\.[0-9]{1,4}){1,2})$")
 _CPYTHON_SUFFIX = re.compile(r"\.cpython-(\d)(\d+)[a-z]*-[^.]*\.so$")
 _ABI3_SUFFIX = re.compile(r"\.abi3\.so$")
 # Files that are never ELF: skip even opening them (site-packages hold ~10^5 files).
@@ -327,7 +328,7 @@ def scan_files(
     best_glibc: Version | None = None
     so_names: list[str] = []
     exports: set[str] = set()
-    cuda = CudaFacts()
+    cuda, cuda_file = CudaFacts(), None
     for p in paths:
         p = os.fspath(p)
         name = os.path.basename(p)
@@ -355,10 +356,17 @@ def scan_files(
             facts.torch_needs[name] = sorted(set(facts.torch_needs.get(name, [])) | set(ff.torch_needs or ()))
         exports.update(ff.torch_exports or ())
         if ff.cuda is not None:
+            cuda_file = p
             cuda.sass |= ff.cuda.sass
             cuda.ptx |= ff.cuda.ptx
             cuda.runtime = max(filter(None, (cuda.runtime, ff.cuda.runtime)), default=None)
     facts.torch_exports = pack_symbols(exports) if exports else None
+    if max(len(cuda.sass), len(cuda.ptx)) > MAX_ARCHS:  # the manifest reader's bound, kept by its writer
+        raise BadInput(
+            f"{cuda_file}: with its distribution's other CUDA binaries it names {len(cuda.sass)} SASS and "
+            f"{len(cuda.ptx)} PTX architectures, more "
+            f"than the {MAX_ARCHS} a base manifest records; the files are damaged or not what they claim."
+        )
     facts.cuda_sass, facts.cuda_ptx, facts.cuda_runtime = sorted(cuda.sass), sorted(cuda.ptx), cuda.runtime
     facts.glibc = str(best_glibc) if best_glibc is not None else None
     facts.python_abi = _decide_python_abi(

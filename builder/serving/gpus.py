@@ -25,7 +25,10 @@ from builder.validate import load_toml, read_bounded_text
 
 #: the distributions whose kernels must cover the target GPU (the others' gaps are notes)
 REQUIRED = ("torch", "vllm")
-_SM = re.compile(r"^(?:sm_?)?(\d{1,2})(\d)$|^(\d{1,2})\.(\d)$")
+# ASCII digits, major 1-99 (``sm_00``, ``0.0``, Arabic-Indic digits name no GPU)
+_SM = re.compile(r"^(?:sm_?)?([1-9][0-9]?)([0-9])$|^([1-9][0-9]?)\.([0-9])$")
+# a Kubernetes label value (nvidia.com/gpu.product): at most 63, alphanumeric at both ends
+_LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
 _DROP = ("nvidia", "tesla", "geforce")
 
 
@@ -77,6 +80,22 @@ def capability_of(model: str, where: str = "--gpu-model") -> GpuTarget:
             hint="give nvidia-smi's model name (\"NVIDIA H200\"), or its compute capability as sm_XY (sm_90).",
         )
     return GpuTarget(model, table[best], best)
+
+
+def product_label(model: str, where: str = "serving.gpu_model") -> str:
+    """The GPU feature discovery label ``nvidia.com/gpu.product`` a node with the GPU ``model`` carries:
+    nvidia-smi's name with '-' for spaces (``NVIDIA H100 80GB HBM3`` -> ``NVIDIA-H100-80GB-HBM3``).  BadInput
+    for a compute capability (``sm_90`` names no product) or a name that is no label value (a node
+    selector on it would match no node, or the API server refuses the manifest)."""
+    product = re.sub(r"\s+", "-", model.strip())
+    if _SM.match(model.strip().lower()) or not _LABEL_VALUE.fullmatch(product):
+        raise BadInput(
+            f"{where} {model!r:.80}: a node affinity needs the GPU's product name as nvidia-smi prints it "
+            "(the nvidia.com/gpu.product label: letters, digits, '-', '_', '.', spaces, at most 63), not "
+            "a compute capability or another text.",
+            hint='give nvidia-smi\'s model name, e.g. "NVIDIA H200".',
+        )
+    return product
 
 
 def image_cuda_major(manifest: BaseManifest) -> int | None:

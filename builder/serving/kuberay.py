@@ -466,7 +466,7 @@ def gpu_affinity(spec: Spec) -> dict[str, Any]:
     major = int(floor.split(".")[0])
     terms = [{"key": "nvidia.com/cuda.driver.major", "operator": "Gt", "values": [str(major - 1)]}]
     if spec.serving.gpu_model:
-        product = re.sub(r"\s+", "-", spec.serving.gpu_model.strip())
+        product = gpus.product_label(spec.serving.gpu_model, "[serving] gpu_model (with gpu_node_affinity)")
         terms.append({"key": "nvidia.com/gpu.product", "operator": "In", "values": [product]})
     return {
         "nodeAffinity": {

@@ -27,6 +27,7 @@ container its task ran in.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import signal
 import socket
@@ -613,6 +614,11 @@ def node_specs(image: str, workers: int, worker_image: str | None, containers: C
     return out
 
 
+#: the most worker containers ``ray-check`` starts on one host, and its longest --timeout (a day)
+MAX_WORKERS = 256
+MAX_TIMEOUT_S = 86400.0
+
+
 def run_check(
     image: str,
     *,
@@ -626,10 +632,10 @@ def run_check(
 ) -> CheckResult:
     """Start the cluster, collect one report per node, compare.  Containers are always removed.  Each
     container started and waited for is a step on ``reporter``."""
-    if workers < 1:
-        raise BadInput(f"ray-check: --workers must be at least 1, got {workers}.")
-    if timeout <= 0:
-        raise BadInput(f"ray-check: --timeout must be positive, got {timeout}.")
+    if not 1 <= workers <= MAX_WORKERS:
+        raise BadInput(f"ray-check: --workers must be in [1, {MAX_WORKERS}] (containers on this host), got {workers}.")
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):  # nan never expires; 1e308 overflows
+        raise BadInput(f"ray-check: --timeout must be positive seconds, at most {MAX_TIMEOUT_S}, got {timeout}.")
     if engine is None:
         engine = engine_adapter.get_engine()
     engine.ping()

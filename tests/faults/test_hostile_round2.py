@@ -354,7 +354,7 @@ _WRITER = textwrap.dedent("""
         return render(tables, *args)
 
     table.render_recipes = slow
-    t = {"sdist_sha256": sys.argv[2] * 4, "platform": "x86_64-manylinux_2_35"}
+    t = {"sdist_sha256": (sys.argv[2].replace(".", "") * 64)[:64], "platform": "x86_64-manylinux_2_35"}
     table.write_recipe_table(Path(sys.argv[1]), sys.argv[2], t, force=False)
 """)
 

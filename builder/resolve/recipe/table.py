@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from builder.platforms import DEFAULT, Platform, parse_python_platform
 from builder.resolve.recipe.model import RELEASE_STEP, Recipe, release_step_label
 from builder.util import atomic_write_text, output_lock, refuse_foreign, write_target
 from builder.validate import load_toml, read_bounded_text
+from builder.values import Version as VersionText
 
 # --------------------------------------------------------------------------- recipes.toml
 RECIPES_SCHEMA = "build-image/base-recipes/v2"
@@ -93,7 +95,23 @@ def parse_recipes(text: str, path: str = "recipes.toml") -> dict[str, dict]:
     rel = doc.get("release") or {}
     if not isinstance(rel, dict) or not all(isinstance(v, dict) for v in rel.values()):
         raise BadInput(f"recipes {path}: 'release' must be a table of release tables.")
+    for vllm, table in rel.items():
+        _check_table(vllm, table, path)
     return rel
+
+
+def _check_table(vllm: str, table: dict, path: str) -> None:
+    """What a release table is read for before it is compared with its derivation (any other field that is
+    not the derivation's only differs, exit 2): its name a release (sorted as a version), ``sdist_sha256`` the
+    sdist's digest (the download is checked against it), ``sdist`` and ``platform`` text."""
+    where = f"recipes {path}: release {vllm[:60]!r}"
+    VersionText(vllm, f"recipes {path}: the release name")
+    sha = table.get("sdist_sha256")
+    if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
+        raise BadInput(f"{where}: 'sdist_sha256' must be 64 lowercase hex digits, got {sha!r:.80}.")
+    for key in ("sdist", "platform"):
+        if key in table and not isinstance(table[key], str):
+            raise BadInput(f"{where}: '{key}' must be a string, got {table[key]!r:.80}.")
 
 
 #: the first line of the recipes file (:data:`RECIPES_HEADER`): how a recipes file build-image wrote is known

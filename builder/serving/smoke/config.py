@@ -33,6 +33,10 @@ def with_multicast_off(env: dict[str, str]) -> dict[str, str]:
 # A smoke run sends a round's requests at once, one thread and one socket each: a documented bound
 # (far above any engine's --max-num-seqs) refused up front, not a thread that cannot start mid-run.
 MAX_CONCURRENCY = 4096
+#: the most rounds, prompt tokens or output tokens one smoke run asks for
+MAX_COUNT = 1 << 24
+#: the longest --timeout / --boot-timeout: a week (1e308 seconds does not fit a socket's timeout)
+MAX_TIMEOUT_S = 7 * 86400
 _SPARE_FDS = 64  # the server log, the health checks, the interpreter's own files
 
 
@@ -103,6 +107,30 @@ class SmokeConfig:
     reference_logprob_tolerance: float | None = None  # default: equivalence.LOGPROB_TOLERANCE
     reference_tie_margin: float | None = None  # default: equivalence.TIE_MARGIN
 
+    def _check_numbers(self, where: str) -> None:
+        """The counts and the seconds, each in its range: a count of at least 1 and at most what one run can
+        hold (a ``--prompt-tokens 10**17`` prompt is never built), a port a TCP port, a timeout finite and at most
+        :data:`MAX_TIMEOUT_S` (``1e308`` seconds does not fit a socket's timeout: OverflowError)."""
+        for name, value, lo, hi in (
+            ("--tp", self.tp, 1, 4096),
+            ("--pp", self.pp, 1, 4096),
+            ("--concurrency", self.concurrency, 1, None),  # its bound below names why
+            ("--rounds", self.rounds, 1, MAX_COUNT),
+            ("--max-tokens", self.max_tokens, 1, MAX_COUNT),
+            ("--prompt-tokens", self.prompt_tokens, 1, MAX_COUNT),
+        ):
+            if not isinstance(value, int) or value < lo or (hi is not None and value > hi):
+                bound = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+                raise BadInput(f"{where}: {name} must be an integer {bound}, got {value!r}")
+        if self.port is not None and not (isinstance(self.port, int) and 1 <= self.port <= 65535):
+            raise BadInput(f"{where}: --port must be a TCP port in [1, 65535], got {self.port!r}")
+        for name, value in (("--timeout", self.timeout), ("--boot-timeout", self.boot_timeout)):
+            # nan/inf would make the deadlines never expire: a smoke run must stay bounded
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
+                raise BadInput(
+                    f"{where}: {name} must be a positive number of seconds (at most {MAX_TIMEOUT_S}), got {value!r}"
+                )
+
     def validate(self) -> SmokeConfig:
         """Bad flags: BadInput naming the flag.  Returns the configuration with --load-format in the spelling the
         release accepts (:func:`check_load_format`)."""
@@ -114,16 +142,7 @@ class SmokeConfig:
             raise BadInput(f"{where}: --model {self.model}: no such file or directory")
         if self.image is None and self.server_cmd is None and not p.is_dir():
             raise BadInput(f"{where}: --model {self.model}: not a directory")
-        for name, value, lo in (
-            ("--tp", self.tp, 1),
-            ("--pp", self.pp, 1),
-            ("--concurrency", self.concurrency, 1),
-            ("--rounds", self.rounds, 1),
-            ("--max-tokens", self.max_tokens, 1),
-            ("--prompt-tokens", self.prompt_tokens, 1),
-        ):
-            if not isinstance(value, int) or value < lo:
-                raise BadInput(f"{where}: {name} must be an integer >= {lo}, got {value!r}")
+        self._check_numbers(where)
         self._validate_parallel(where)
         if self.concurrency > MAX_CONCURRENCY:
             raise BadInput(
@@ -137,12 +156,12 @@ class SmokeConfig:
             raise BadInput(f"{where}: --max-num-seqs must be >= 1, got {self.max_num_seqs}")
         if self.gpu_memory_utilization is not None and not (0.0 < self.gpu_memory_utilization <= 1.0):
             raise BadInput(f"{where}: --gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        for name, value in (("--timeout", self.timeout), ("--boot-timeout", self.boot_timeout)):
-            # nan/inf would make the deadlines never expire: a smoke run must stay bounded
-            if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-                raise BadInput(f"{where}: {name} must be a positive number of seconds, got {value!r}")
-        if self.cpu_offload_gb is not None and not (math.isfinite(self.cpu_offload_gb) and self.cpu_offload_gb >= 0):
-            raise BadInput(f"{where}: --cpu-offload-gb must be a finite number >= 0, got {self.cpu_offload_gb!r}")
+        if self.cpu_offload_gb is not None and not (
+            math.isfinite(self.cpu_offload_gb) and 0 <= self.cpu_offload_gb <= MAX_COUNT
+        ):
+            raise BadInput(
+                f"{where}: --cpu-offload-gb must be a number in [0, {MAX_COUNT}], got {self.cpu_offload_gb!r}"
+            )
         load_format = self.load_format
         if load_format is not None:
             load_format = check_load_format(load_format, release_facts(self.vllm), where="smoke: --load-format")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -26,7 +27,10 @@ from tests.fx_docker import BUILD_IMAGE, DOCKER, REGISTRY, run_pipeline, standin
 pytestmark = [pytest.mark.slow, pytest.mark.docker]
 
 OVERLAY = ("six==1.17.0",)  # pure Python: the same wheel locks for both machines
-REPO = f"{REGISTRY}/platforms/vllm"
+#: a repository of this run's own: a registry that outlives a run (a developer's) may hold the tags of a
+#: build made by other code, which a content-addressed push rightly refuses to move
+RUN_ID = f"{os.getpid()}-{int(time.time())}"
+REPO = f"{REGISTRY}/platforms-{RUN_ID}/vllm"
 # test-only refs for the refusal: a tag of one stand-in under a name the other platform's lock builds FROM
 MISMATCH_REF = {
     "amd64": "standin.local/mismatch/vllm-openai:v0.26.0-amd64-lock",
@@ -286,7 +290,7 @@ def test_the_main_job_locks_renders_builds_and_pushes_both_platforms_as_one_inde
     (checkout / "lockfiles" / "base").mkdir(parents=True)
     shutil.copyfile(manifests["amd64"], checkout / "lockfiles" / "base" / "vllm-openai-v0.26.0.json")
     shutil.copyfile(manifests["arm64"], checkout / "lockfiles" / "base" / "vllm-openai-v0.26.0-linux-arm64.json")
-    repo = f"{REGISTRY}/platforms-main/vllm"
+    repo = f"{REGISTRY}/platforms-main-{RUN_ID}/vllm"
     t0 = time.monotonic()
     r = subprocess.run(
         [

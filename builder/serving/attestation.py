@@ -336,10 +336,6 @@ class Target:
         ]
 
 
-def _norm_gpu(name: str | None) -> str:
-    return re.sub(r"\s+", " ", (name or "").strip().lower())
-
-
 def mismatches(v: Verdict, t: Target) -> list[str]:
     """Pure: why verdict ``v`` does not clear target ``t`` ([] when it does)."""
     p = v.predicate
@@ -358,7 +354,9 @@ def mismatches(v: Verdict, t: Target) -> list[str]:
         )
     if args["tensor_parallel_size"] != t.tp:
         out.append(f"tensor-parallel size {args['tensor_parallel_size']} != the target's {t.tp}")
-    if t.gpu_model is not None and _norm_gpu(p["gpu"]["model"]) != _norm_gpu(t.gpu_model):
+    # compared as written, as the admission policies compare it (builder/serving/admission.py): what promote
+    # admits, the cluster admits
+    if t.gpu_model is not None and p["gpu"]["model"] != t.gpu_model:
         out.append(f"GPU model {p['gpu']['model'] or 'unknown'!r} != the target's {t.gpu_model!r}")
     if t.checkpoint_sha256 is not None and ck["index_sha256"] != t.checkpoint_sha256:
         out.append(

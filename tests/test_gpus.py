@@ -391,3 +391,22 @@ def test_a_2gb_shared_object_is_read_by_its_headers_only(tmp_path, cuda_so):
         linked, needs, _ = elfsyms.torch_symbols(mm, str(big), exports=True)
     assert (got.sass, got.ptx, got.runtime) == ({90, 100}, {120}, 13) and not linked and needs == []
     assert time.monotonic() - start < 2
+
+
+def test_smoke_gpu_model_refuses_an_uncovered_gpu_before_anything_starts(tmp_path):
+    """``smoke --vllm 0.34.0 --gpu-model``: the shipped base's kernels against the GPU before the checkpoint
+    or a server is touched (a V100 is exit 1 naming torch; an H200 goes on, the driver floor said)."""
+    from click.testing import CliRunner
+
+    from builder.cli import main
+
+    missing = str(tmp_path / "no-such-model")
+    args = ["smoke", "--local", "--vllm", "0.34.0", "--model", missing]
+    r = CliRunner().invoke(main, [*args, "--gpu-model", "Tesla V100-SXM2-32GB"])
+    assert r.exit_code == 1, r.output
+    assert "torch" in r.output and "sm_70" in r.output and "no-such-model" not in r.output
+    r = CliRunner().invoke(main, [*args, "--gpu-model", "NVIDIA H200"])
+    assert r.exit_code == 2 and "no-such-model" in r.output  # past the GPU check: the model is the problem
+    assert "driver floor: the image's CUDA 13 needs an NVIDIA driver >= 580" in r.output
+    r = CliRunner().invoke(main, [*args, "--gpu-model", "sm_"])
+    assert r.exit_code == 2 and "--gpu-model" in r.output

@@ -214,6 +214,15 @@ _OPTIONS = [
         "attestation) with this private key: ECDSA P-256 or Ed25519 PEM, mode 0600; an encrypted one opens "
         "with $BUILD_IMAGE_SIGN_KEY_PASSPHRASE. promote counts only signed verdicts.",
     ),
+    click.option(
+        "--gpu-model",
+        "gpu_model",
+        default=None,
+        metavar="NAME",
+        help="The GPU the smoke is for (a name from lockfiles/gate/gpus.toml, e.g. 'NVIDIA H200', or sm_XY): with "
+        "--vllm X, a GPU X's torch or vLLM kernels do not cover is exit 1 before anything starts; the driver "
+        "floor of X's CUDA is printed.",
+    ),
     click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout."),
 ]
 
@@ -236,6 +245,7 @@ def command(**opts):
     not ready (no server started); 130/143 interrupted.
     """
     image, release, env = _target(opts)
+    _gpu_preflight(opts["gpu_model"], opts["vllm"])
     cfg = _config(opts, image, release, env)
     reporter = _reporter()
     signer = _signer(opts)
@@ -291,6 +301,28 @@ def _target(opts: dict) -> tuple:
             " (or --vllm X for the image of X's default lock)"
         )
     return image, release, env
+
+
+def _gpu_preflight(model: str | None, vllm: str | None) -> None:
+    """--gpu-model: the GPU against the kernels of --vllm X's shipped base (its manifest's fat-binary facts),
+    before the checkpoint or a server is touched; exit 1 naming the binaries that do not cover it. The
+    driver floor goes to stderr; without --vllm the image's kernels are not known here: said, not assumed."""
+    if model is None:
+        return
+    from builder.platforms import DEFAULT
+    from builder.resolve.manifest import load_manifest
+    from builder.serving import gpus
+    from builder.spec import default_base_manifest
+
+    target = gpus.capability_of(model, "smoke --gpu-model")
+    path = default_base_manifest(vllm, DEFAULT) if vllm else None
+    if path is None or not path.is_file():
+        click.echo("smoke --gpu-model: no --vllm release with a shipped base manifest: kernels not checked", err=True)
+        return
+    check = gpus.check(load_manifest(path), target)
+    for line in gpus.render(check):
+        click.echo(f"smoke: {line}", err=True)
+    gpus.refuse_uncovered(check)
 
 
 def _check_release_image(image: str, vllm: str, release) -> None:

@@ -420,27 +420,21 @@ def _run_lines(r: UpgradeReport, md: bool) -> list[str]:
     if r.runs is None:
         return []
     title = f"RUN lines of the {r.to_version} image build new or changed since {r.from_version}"
-    rows = r.runs.rows
-    if md:
-        out = ["", f"### {title}", ""]
-        if r.runs.note:
-            out.append(f"not compared: {r.runs.note}")
-        elif not rows:
-            out.append("none: every RUN line of the target chain reads as it did")
-        for a in rows:
-            out.append(f"- `{a.where}`: {a.conclusion}")
-            out.append(f"  - `RUN {' '.join(a.text.split())[:200]}`")
-            out += [f"  - `{c.where}`: `{c.command[:100]}` → {c.conclusion}" for c in a.commands]
-        return out
-    out = [f"  {title}:"]
+    # markdown: a heading and a list (code in backticks); text: indented lines
+    head, row, run, cmd = (
+        ("", "- `{}`: {}", "  - `RUN {}`", "  - `{}`: `{}` → {}")
+        if md
+        else ("    ", "    {}: {}", "      RUN {}", "        {}: {}  -> {}")
+    )
+    out = ["", f"### {title}", ""] if md else [f"  {title}:"]
     if r.runs.note:
-        out.append(f"    not compared: {r.runs.note}")
-    elif not rows:
-        out.append("    none: every RUN line of the target chain reads as it did")
-    for a in rows:
-        out.append(f"    {a.where}: {a.conclusion}")
-        out.append(f"      RUN {' '.join(a.text.split())[:160]}")
-        out += [f"        {c.where}: {c.command[:100]}  -> {c.conclusion}" for c in a.commands]
+        out.append(f"{head}not compared: {r.runs.note}")
+    elif not r.runs.rows:
+        out.append(f"{head}none: every RUN line of the target chain reads as it did")
+    for a in r.runs.rows:
+        out.append(row.format(a.where, a.conclusion))
+        out.append(run.format(" ".join(a.text.split())[: 200 if md else 160]))
+        out += [cmd.format(c.where, c.command[:100], c.conclusion) for c in a.commands]
     return out
 
 

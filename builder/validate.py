@@ -28,7 +28,7 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -383,6 +383,15 @@ def load_yaml(text: str, what: str, *, limit: int = MAX_DEPTH, error: type[Excep
         raise _too_deep(what, limit, error) from None
     except yaml.YAMLError as exc:
         raise error(f"{what} is not valid YAML: {exc}.") from None
+    for _node, d in nodes_once(doc):
+        if d + 1 > limit:
+            raise _too_deep(what, limit, error)
+    return doc
+
+
+def nodes_once(doc: Any) -> Iterator[tuple[Any, int]]:
+    """Each mapping and list of a parsed document with its depth, depth first in document order, each node
+    once: a node shared through YAML aliases is not walked again (an alias bomb costs its size) (pure)."""
     seen: set[int] = set()
     stack: list[tuple[Any, int]] = [(doc, 0)]
     while stack:
@@ -390,10 +399,8 @@ def load_yaml(text: str, what: str, *, limit: int = MAX_DEPTH, error: type[Excep
         if not isinstance(obj, (dict, list)) or id(obj) in seen:
             continue
         seen.add(id(obj))
-        if d + 1 > limit:
-            raise _too_deep(what, limit, error)
-        stack.extend((c, d + 1) for c in (obj.values() if isinstance(obj, dict) else obj))
-    return doc
+        yield obj, d
+        stack.extend((c, d + 1) for c in reversed(list(obj.values()) if isinstance(obj, dict) else obj))
 
 
 # ---------------------------------------------------------------- files the user names

@@ -152,3 +152,17 @@ def write_sdist(folder: Path, version: str, files: dict[str, str]) -> Path:
             tf.addfile(info, io.BytesIO(data))
     path.write_bytes(buf.getvalue())
     return path
+
+
+TARGET_FROM = "FROM vllm-openai-base AS vllm-openai"
+
+
+def files_with(lines: str, extra: dict[str, str] | None = None, *, stage: str = TARGET_FROM) -> dict[str, str]:
+    """The miniature's build files with ``lines`` added right after the ``stage`` line."""
+    files = build_files()
+    d = files["docker/Dockerfile"].split("\n")
+    i = d.index(stage)
+    d[i + 1 : i + 1] = lines.split("\n")
+    files["docker/Dockerfile"] = "\n".join(d)
+    files.update(extra or {})
+    return files

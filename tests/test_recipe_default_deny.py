@@ -22,21 +22,9 @@ from builder.errors import BadInput
 from builder.resolve import recipe as R
 from builder.resolve.recipe.derive import audit_derive
 from builder.resolve.recipe.harmless import HARMLESS, MAX_TEXT, SITE_PATH
-from tests.fx_sdist import DOCKERFILE, PIPELINE, REQUIREMENTS, build_files, write_sdist
+from tests.fx_sdist import DOCKERFILE, PIPELINE, REQUIREMENTS, TARGET_FROM, build_files, files_with, write_sdist
 
 SHA = "0" * 64
-TARGET_FROM = "FROM vllm-openai-base AS vllm-openai"
-
-
-def files_with(lines: str, extra: dict[str, str] | None = None, *, stage: str = TARGET_FROM) -> dict[str, str]:
-    """The miniature's build files with ``lines`` added right after the ``stage`` line."""
-    files = build_files()
-    d = files["docker/Dockerfile"].split("\n")
-    i = d.index(stage)
-    d[i + 1 : i + 1] = lines.split("\n")
-    files["docker/Dockerfile"] = "\n".join(d)
-    files.update(extra or {})
-    return files
 
 
 def line_of(files: dict[str, str], needle: str) -> int:

@@ -10,21 +10,10 @@ from builder.resolve import recipe as R
 from builder.resolve import sdist
 from builder.resolve.recipe.audit import changed_runs
 from builder.resolve.recipe.derive import audit_derive
-from tests.fx_sdist import build_files
+from tests.fx_sdist import files_with
 
 SHA = "0" * 64
-TARGET_FROM = "FROM vllm-openai-base AS vllm-openai"
 SCRIPT = "#!/bin/bash\nset -e\nuv pip install --system from-script==2.0\n"
-
-
-def files_with(lines: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    files = build_files()
-    d = files["docker/Dockerfile"].split("\n")
-    i = d.index(TARGET_FROM)
-    d[i + 1 : i + 1] = lines.split("\n")
-    files["docker/Dockerfile"] = "\n".join(d)
-    files.update(extra or {})
-    return files
 
 
 def _bf(version: str, files: dict[str, str]) -> R.BuildFiles:

@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from builder.errors import BadInput
 from builder.resolve.recipe import BuildFiles, Recipe
-from builder.resolve.recipe.derive import base_image_env, global_args
+from builder.resolve.recipe.derive import base_image_env, global_args, var_getter
 from builder.resolve.recipe.dockerfile import parse_dockerfile, release_step, split_arg, stage_chain
 from builder.resolve.recipe.model import DOCKERFILE, PIPELINE, TARGET, Where, release_step_label
 from builder.resolve.recipe.shell import Unknown, Var, expand
@@ -45,15 +45,6 @@ class ImageConfig:
     entrypoint: tuple[str, ...] | None = None
     cmd: tuple[str, ...] | None = None
     where: dict[str, str] = field(default_factory=dict)  # workdir/entrypoint/cmd -> file:line
-
-
-def _getter(table: Mapping[str, Var]) -> Callable[[str], str]:
-    def get(name: str) -> str:
-        if name in table:
-            return table[name].value
-        raise Unknown(f"${name}")
-
-    return get
 
 
 def _env_pairs(value: str) -> list[tuple[str, str]]:
@@ -117,7 +108,7 @@ def image_config(files: BuildFiles, recipe: Recipe) -> ImageConfig:
                     if not _NAME.match(k):
                         raise BadInput(f"{w}: ENV name {k!r} is not a variable name.")
                     try:
-                        val = "".join(expand(raw, _getter(local), split=False))
+                        val = "".join(expand(raw, var_getter(local), split=False))
                         local[k] = Var(val, (Where(dpath, ins.line),), env=True)
                         env.append(EnvValue(k, _checked(val, f"ENV {k}", w), w))
                     except Unknown:  # the floor image's variable: the engine expands it, later uses too
@@ -127,7 +118,7 @@ def image_config(files: BuildFiles, recipe: Recipe) -> ImageConfig:
             elif ins.op in ("WORKDIR", "ENTRYPOINT", "CMD"):
                 key = ins.op.lower()
                 try:
-                    text = "".join(expand(ins.value, _getter(local), split=False)) if key == "workdir" else ins.value
+                    text = "".join(expand(ins.value, var_getter(local), split=False)) if key == "workdir" else ins.value
                 except Unknown:
                     text = ins.value
                 _checked(text, ins.op, w)
@@ -155,6 +146,6 @@ def _arg(value: str, w: str, local: dict[str, Var], glob: Mapping[str, Var], bui
             local[k] = glob[k] if k in glob else local.get(k, Var("", ()))
         else:
             try:
-                local[k] = Var("".join(expand(v, _getter(local), split=False)), ())
+                local[k] = Var("".join(expand(v, var_getter(local), split=False)), ())
             except Unknown:
                 local[k] = Var("", ())

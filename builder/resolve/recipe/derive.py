@@ -49,7 +49,9 @@ UBUNTU_GLIBC_SOURCE = "Ubuntu's libc6 package of that release (focal 2.31, jammy
 
 
 # --------------------------------------------------------------------------- derive
-def _getter(table: Mapping[str, Var]) -> Callable[[str], str]:
+def var_getter(table: Mapping[str, Var]) -> Callable[[str], str]:
+    """``$NAME``'s value in ``table``, for :func:`expand`; an unknown name raises :class:`Unknown` (pure)."""
+
     def get(name: str) -> str:
         if name in table:
             return table[name].value
@@ -69,7 +71,7 @@ def global_args(pre: Iterable[Instruction], build_args: Mapping[str, Derived], d
                 glob[k] = Var(build_args[k].value, build_args[k].where)
             elif v is not None:
                 try:
-                    val = "".join(expand(v, _getter(glob), split=False))
+                    val = "".join(expand(v, var_getter(glob), split=False))
                 except Unknown:
                     val = ""
                 glob[k] = Var(val, (Where(dpath, ins.line),), default=v)
@@ -100,7 +102,7 @@ class _BaseFacts:
 def base_facts(root: Stage, glob: Mapping[str, Var], dpath: str) -> _BaseFacts:
     """The final base image and what it decides: OS, glibc (:data:`UBUNTU_GLIBC`), CUDA, Python (pure)."""
     try:
-        image = "".join(expand(root.base, _getter(glob), split=False))
+        image = "".join(expand(root.base, var_getter(glob), split=False))
     except Unknown as exc:
         raise BadInput(
             f"{dpath}:{root.line}: the base image {root.base} of stage {root.name!r} is not determined ({exc})."
@@ -153,14 +155,14 @@ class _Walk:
                 local[k] = self.glob[k] if k in self.glob else local.get(k, Var("", (w,)))
             else:
                 try:
-                    local[k] = Var("".join(expand(v, _getter(local), split=False)), (w,))
+                    local[k] = Var("".join(expand(v, var_getter(local), split=False)), (w,))
                 except Unknown:
                     local[k] = Var("", (w,))
 
     def env(self, value: str, w: Where, local: dict[str, Var]) -> None:
         for k, v in _env_pairs(value):
             try:
-                val = "".join(expand(v, _getter(local), split=False))
+                val = "".join(expand(v, var_getter(local), split=False))
             except Unknown:
                 val = v
             local[k] = Var(val, (w,), env=True)
@@ -175,7 +177,7 @@ class _Walk:
         (:mod:`builder.resolve.recipe.harmless`), else the line is refused (or, accepted, replayed as nothing).
         The line's decisions are kept only when the whole line is read."""
         script_mounts, binds, script = run_mounts(ins.value)
-        for pkg in apt_packages(script, _getter(local)):
+        for pkg in apt_packages(script, var_getter(local)):
             self.apt.setdefault(pkg, w)
         if re.search(r"update-alternatives --install /usr/bin/python3", script):
             self.python_line = w

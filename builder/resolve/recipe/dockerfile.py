@@ -12,7 +12,7 @@ from builder.errors import BadInput
 from builder.resolve.recipe.harmless import heredoc_marks, lift_line
 from builder.resolve.recipe.model import DOCKERFILE, PIPELINE, RELEASE_STEP, Derived, Where
 from builder.resolve.recipe.shell import Unknown
-from builder.validate import load_yaml
+from builder.validate import load_yaml, nodes_once
 
 
 # --------------------------------------------------------------------------- pipeline
@@ -76,21 +76,8 @@ def release_step(text: str, path: str = PIPELINE, label: str = RELEASE_STEP) -> 
 
 
 def _find_step(node, label: str):
-    """The first mapping (depth first, in document order) whose ``label`` is ``label`` (iterative; a node
-    shared through YAML aliases is visited once)."""
-    stack, seen = [node], set()
-    while stack:
-        cur = stack.pop()
-        if id(cur) in seen:
-            continue
-        seen.add(id(cur))
-        if isinstance(cur, dict):
-            if cur.get("label") == label:
-                return cur
-            stack.extend(reversed(list(cur.values())))
-        elif isinstance(cur, list):
-            stack.extend(reversed(cur))
-    return None
+    """The first mapping (depth first, in document order) whose ``label`` is ``label``."""
+    return next((n for n, _ in nodes_once(node) if isinstance(n, dict) and n.get("label") == label), None)
 
 
 def _line_after(lines: list[str], start: int, needle: str) -> int:

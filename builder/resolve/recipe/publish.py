@@ -27,7 +27,7 @@ from builder import platforms as P
 from builder.errors import BadInput
 from builder.platforms import Platform
 from builder.resolve.recipe.model import PIPELINE, BuildFiles, Where
-from builder.validate import load_yaml
+from builder.validate import load_yaml, nodes_once
 
 REPOSITORY = "vllm/vllm-openai"
 COMMIT = "{commit}"  # $BUILDKITE_COMMIT: the same value in every step of one build
@@ -307,18 +307,10 @@ def _mapping(value) -> dict[str, str | None]:
 
 
 def _step_nodes(node):
-    """The step mappings of the pipeline document, in document order; each node visited once (an alias
-    shared by many nodes is walked once: a YAML alias bomb costs its size, not its expansion)."""
-    seen: set[int] = set()
-    stack = [node]
-    while stack:
-        n = stack.pop()
-        if not isinstance(n, (dict, list)) or id(n) in seen:
-            continue
-        seen.add(id(n))
+    """The step mappings of the pipeline document, in document order, each once."""
+    for n, _ in nodes_once(node):
         if isinstance(n, dict) and "label" in n and ("commands" in n or "command" in n):
             yield n
-        stack.extend(reversed(list(n.values()) if isinstance(n, dict) else n))
 
 
 def _label_line(lines: list[str], label: str, before: list[_Step]) -> int:

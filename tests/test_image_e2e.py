@@ -659,7 +659,7 @@ def test_base_whose_vllm_files_differ_from_the_wheel_fails_the_early_check(e2e, 
 def test_uv_installer_path_on_a_base_that_has_uv(standin_base_image, tmp_path):
     """The official image carries uv; the Dockerfile then installs with `uv pip install --system`.
     A stand-in variant with uv installed goes the whole way: snapshot (uv in the manifest) ->
-    lock -> render (uv chosen) -> build -> run."""
+    lock -> render (uv chosen) -> build -> run, with the base's ENV UV_OVERRIDE in place."""
     import shutil
 
     fl = tmp_path / "fl"
@@ -697,13 +697,18 @@ def test_uv_installer_path_on_a_base_that_has_uv(standin_base_image, tmp_path):
         f"FROM {standin_base_image.ref}\nCOPY {uv_wheel.name} /tmp/\n"
         f"RUN PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --no-index --no-deps --root-user-action=ignore "
         f"/tmp/{uv_wheel.name} && rm /tmp/{uv_wheel.name}\n"
+        # as vllm/vllm-openai 0.34.0 pins NCCL: an override file in the image's environment, which a
+        # --require-hashes install would take as an unhashed requirement unless the overlay's install clears it
+        "RUN echo 'vllm==0.26.0' > /etc/uv-overrides.txt\nENV UV_OVERRIDE=/etc/uv-overrides.txt\n"
     )
     ref = "standin.local/vllm/vllm-openai:v0.26.0-uv"
     docker("build", "--network=none", "-q", "-t", ref, str(ctx))
     manifest = tmp_path / "uv-base.json"
     r = run_pipeline(["base", "snapshot", "--image", ref, "-o", str(manifest)])
     assert r.returncode == 0, r.stderr
-    assert "uv" in json.loads(manifest.read_text())["distributions"]
+    snap = json.loads(manifest.read_text())
+    assert "uv" in snap["distributions"]
+    assert snap["uv_overrides"] == ["vllm==0.26.0"]  # read from the image's UV_OVERRIDE file
     args = [
         "--vllm",
         "0.26.0",

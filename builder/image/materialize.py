@@ -191,7 +191,8 @@ RUN --mount=type=bind,source=wheels,target=/build-image/wheels \\
     py={py}; \\
     command -v "$py" >/dev/null || {{ \\
       echo "build-image check: the floor image {floor} has no $py (the recipe's Python {version})" >&2; exit 1; }}; \\
-    for var in $(env | sed -n 's/^\\(UV_[A-Za-z0-9_]*\\)=.*/\\1/p; s/^\\(PIP_[A-Za-z0-9_]*\\)=.*/\\1/p'); do unset "$var"; done; \\
+    for var in $(env | sed -n 's/^\\(UV_[A-Za-z0-9_]*\\)=.*/\\1/p; s/^\\(PIP_[A-Za-z0-9_]*\\)=.*/\\1/p'); \\
+      do unset "$var"; done; \\
     if "$py" -c 'import pip' 2>/dev/null; then \\
       PIP_BREAK_SYSTEM_PACKAGES=1 "$py" -m pip install --no-cache-dir --no-index --no-deps --require-hashes \\
         --disable-pip-version-check --find-links /build-image/wheels -r /build-image/requirements.txt; \\

@@ -194,9 +194,10 @@ def _reading(seen: int, said: str, reporter: Reporter) -> str:
     return now
 
 
-def _read_image_tree(cid: str, dest: Path, reporter: Reporter) -> _ImageTree:
-    """Stream ``docker export`` and keep only what the manifest needs; the bytes read so far are a step on
-    ``reporter`` (``reading image 1.23 GB``) each time their 10 MB figure changes."""
+def _read_image_tree(cid: str, dest: Path, reporter: Reporter, also: frozenset[str] = frozenset()) -> _ImageTree:
+    """Stream ``docker export`` and keep only what the manifest needs (and the files ``also`` names, as paths
+    in the image); the bytes read so far are a step on ``reporter`` (``reading image 1.23 GB``) each time their
+    10 MB figure changes."""
     import tarfile
 
     proc = _docker_stream(["export", cid])
@@ -213,7 +214,7 @@ def _read_image_tree(cid: str, dest: Path, reporter: Reporter) -> _ImageTree:
                 if member.issym():
                     links[name] = member.linkname
                     continue
-                if not _wanted(name):
+                if not _wanted(name) and name not in also:
                     continue
                 if member.isfile():
                     src = tar.extractfile(member)
@@ -222,7 +223,7 @@ def _read_image_tree(cid: str, dest: Path, reporter: Reporter) -> _ImageTree:
                     # Only metadata and ELF files are ever read: skip writing the rest
                     # (file creation dominates the cost on slow disks).
                     head = b""
-                    if not _is_metadata(name):
+                    if not _is_metadata(name) and name not in also:
                         if not might_be_elf(name):
                             continue
                         head = src.read(4)
@@ -250,6 +251,55 @@ def _read_image_tree(cid: str, dest: Path, reporter: Reporter) -> _ImageTree:
     if rc != 0:
         raise _engine_error(["export", cid], err)
     return _ImageTree(root=dest, links=links, entries=entries)
+
+
+def override_files(env: dict[str, str]) -> list[str]:
+    """The files the image's ``UV_OVERRIDE`` names (uv reads it as a space-separated list of paths; pure)."""
+    return [p for p in env.get("UV_OVERRIDE", "").split() if p]
+
+
+def parse_override_pins(text: str, where: str) -> list[str]:
+    """The requirements of a uv override file (pure): one PEP 508 requirement a line, ``#`` comments; an option
+    line (``-r``, ``--index-url``) or anything unreadable is :class:`BadInput` naming ``where`` and the line --
+    pins the lock cannot replay are refused, not dropped."""
+    from packaging.requirements import InvalidRequirement, Requirement  # only snapshots with UV_OVERRIDE read one
+
+    pins: list[str] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.split(" #", 1)[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        try:
+            if line.startswith("-"):
+                raise InvalidRequirement("an option, not a requirement")
+            pins.append(str(Requirement(line)))
+        except (InvalidRequirement, ValueError) as exc:
+            raise BadInput(
+                f"{where}:{n}: {line[:200]!r} is not a requirement build-image can take as an override pin ({exc}); "
+                "uv applies this file to every install in the image, so the lock cannot be made without it.",
+                hint="make the image's UV_OVERRIDE file plain requirements (name==version), or lock on a manifest.",
+            ) from None
+    return pins
+
+
+def _image_overrides(ref: str, tree: _ImageTree, env: dict[str, str]) -> list[str] | None:
+    """The pins of the image's ``UV_OVERRIDE`` files, read from the exported tree; a named file the tree does
+    not hold as a plain file is :class:`BadInput` (uv would fail on it, or read what build-image did not)."""
+    files = override_files(env)
+    if not files:
+        return None
+    pins: list[str] = []
+    for path in files:
+        name = _norm(path)
+        got = tree.root / name
+        if not got.is_file():
+            what = "is a link" if name in tree.links else "is not in the image"
+            raise BadInput(
+                f"image {ref!r}: its UV_OVERRIDE names {path}, which {what}; build-image reads the override "
+                "pins only from a plain file in the image.",
+            )
+        pins += parse_override_pins(got.read_text(encoding="utf-8", errors="replace"), f"{ref}:{path}")
+    return pins
 
 
 def _read_os_release(tree: _ImageTree) -> str | None:
@@ -433,6 +483,7 @@ def snapshot_image(
         f"`docker create` + streamed `docker export`; scanned {', '.join('/' + d for d in scan.dirs)} "
         f"({sum(scan.counts.values())} dist-info), glibc from /lib libc.so.6, OS from /etc/os-release"
         + (", CUDA from the image's CUDA_VERSION" if env.get("CUDA_VERSION") else "")
+        + (f", override pins from its UV_OVERRIDE ({env['UV_OVERRIDE']})" if scan.uv_overrides is not None else "")
         + "."
     )
     replay = replay_of((info.get("Config") or {}).get("Labels"))
@@ -452,6 +503,7 @@ def snapshot_image(
         provenance_method=method,
         distributions=scan.dists,
         consistency=image_consistency(ref, scan.dists, scan.interpreter),
+        uv_overrides=scan.uv_overrides or None,
     )
 
 
@@ -521,13 +573,14 @@ class _TreeScan:
     counts: dict[str, int]  # site-packages directory -> dist-info found there
     glibc: str | None
     os_name: str | None
+    uv_overrides: list[str] | None = None  # the pins of the image's UV_OVERRIDE files
 
 
 def _scan_image_tree(
     ref: str, cid: str, tmp: Path, env: dict[str, str], python: str | None, reporter: Reporter
 ) -> _TreeScan:
     """Export the created container's file tree into ``tmp`` and read it."""
-    tree = _read_image_tree(cid, tmp, reporter)
+    tree = _read_image_tree(cid, tmp, reporter, frozenset(_norm(p) for p in override_files(env)))
     cands = _python_candidates(tree, env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"))
     interpreter = None
     if python is None:
@@ -563,6 +616,7 @@ def _scan_image_tree(
         counts=counts,
         glibc=_image_glibc(tree),
         os_name=_read_os_release(tree),
+        uv_overrides=_image_overrides(ref, tree, env),
     )
 
 
@@ -605,8 +659,13 @@ def image_consistency(ref: str, dists: dict[str, Distribution], interpreter: str
 # --------------------------------------------------------------------------- snapshots cached by image
 
 
+# what a snapshot reads from an image; a cached snapshot of an older reading is not reused (2: the override pins
+# of the image's UV_OVERRIDE)
+SNAPSHOT_READING = 2
+
+
 def _snapshot_cache_path(ref: str, image_id: str) -> Path:
-    key = sha256_bytes(f"{__version__}\n{image_id}\n{ref}".encode())[:32]
+    key = sha256_bytes(f"{__version__}\n{SNAPSHOT_READING}\n{image_id}\n{ref}".encode())[:32]
     return cache_dir() / "snapshots" / f"{key}.json"
 
 

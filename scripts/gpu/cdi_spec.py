@@ -60,7 +60,9 @@ def main() -> int:
     # the driver's own binary (a host's /usr/bin/nvidia-smi can be a script that runs it)
     smi = next((p for p in ("/usr/local/nvidia/bin/nvidia-smi", "/usr/bin/nvidia-smi") if os.path.exists(p)), None)
     if smi:
-        mounts.append({"hostPath": smi, "containerPath": "/usr/bin/nvidia-smi", "options": ["ro", "nosuid", "nodev", "bind"]})
+        mounts.append(
+            {"hostPath": smi, "containerPath": "/usr/bin/nvidia-smi", "options": ["ro", "nosuid", "nodev", "bind"]}
+        )
     spec = {
         "cdiVersion": "0.5.0",
         "kind": "nvidia.com/gpu",

@@ -161,16 +161,12 @@ def main() -> int:
         for link in sorted(alternatives.iterdir()) if alternatives.is_dir() else []:
             if link.is_symlink() and os.readlink(link) in done:
                 add_path(tar, str(link), done)
-        status = "\n\n".join(
-            "\n".join(f"{k}: {v}" for k, v in pkgs[n].items()) for n in names
-        )
+        status = "\n\n".join("\n".join(f"{k}: {v}" for k, v in pkgs[n].items()) for n in names)
         add_text(tar, "/var/lib/dpkg/status", status + "\n")
         add_text(tar, "/etc/passwd", PASSWD)
         add_text(tar, "/etc/group", GROUP)
     digest = hashlib.sha256(Path(a.out).read_bytes()).hexdigest()
-    os_release = dict(
-        line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line
-    )
+    os_release = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line)
     report = {
         "os": os_release.get("PRETTY_NAME", "").strip('"'),
         "version_id": os_release.get("VERSION_ID", "").strip('"'),

@@ -6,7 +6,10 @@
 #                                           /var/lib/proof-registry
 #   scripts/gpu/image-proof.sh recv N       carry .imgparts/manifest.json, .imgparts/images.json and .imgparts/pNNN:
 #                                           registry_pack.py recv (the storage unpacked once all parts are here)
-#   scripts/gpu/image-proof.sh launch N     recv N, then image-proof-run.sh in the background; returns at once
+#   scripts/gpu/image-proof.sh launch N     recv N, then image-proof-run.sh (from setup's copy of the checkout)
+#                                           in the background; returns at once.  recv and launch need only this
+#                                           script and registry_pack.py of the checkout: the rest of the tree may
+#                                           be left behind, so a call carries a larger part
 #   [WAIT=S] scripts/gpu/image-proof.sh wait   until PROOF DONE (at most S s), then $OUT/proof.tgz
 # Every call prints the boot id and the run's last progress lines.
 set -uo pipefail
@@ -36,7 +39,6 @@ case "${1:-}" in
     python3 "$REPO/scripts/gpu/registry_pack.py" recv "$REPO/.imgparts" "$2" /var/lib/proof-registry || exit 1
     echo "$(date -u +%T) last part received and unpacked at +$(( $(date +%s) - t0 )) s of this call" >> "$P/phases.txt"
     cp "$REPO/.imgparts/images.json" "$REPO"/.imgparts/*.lock "$P/" 2>/dev/null
-    rm -rf /tmp/repo-run/scripts && cp -r "$REPO/scripts" /tmp/repo-run/scripts
     setsid bash /tmp/repo-run/scripts/gpu/image-proof-run.sh > "$P/run.log" 2>&1 < /dev/null &
     sleep 5; progress 5 ;;
   wait)

@@ -40,7 +40,9 @@ def repo_blobs(storage: Path, repo: str) -> set[str]:
 
 def tags(storage: Path, repo: str) -> dict[str, str]:
     root = storage / V2 / "repositories" / repo / "_manifests" / "tags"
-    return {t.name: (t / "current" / "link").read_text().strip() for t in sorted(root.iterdir())} if root.is_dir() else {}
+    return (
+        {t.name: (t / "current" / "link").read_text().strip() for t in sorted(root.iterdir())} if root.is_dir() else {}
+    )
 
 
 def pack(storage: Path, out: Path, repos: list[str], part_mib: int) -> int:

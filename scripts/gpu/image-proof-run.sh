@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Started by image-proof.sh launch (in the background): the images pulled from the registry by digest, the
 # checkpoints made inside the patched image, the smokes through podman with CDI GPUs (attested and signed), then
-# promote, a refused promote, rollback and history on those verdicts.  Progress in $P/progress.txt, one line per
+# promote of the patched image, a refused promote, the unpatched image promoted (forced where its verdict does not
+# clear the target), rollback to the patched one and history, on those verdicts.  Progress in $P/progress.txt, one line per
 # step with its seconds; reports in $P/results, server logs in $P/logs.
 set -uo pipefail
 REPO=/tmp/repo-run
@@ -72,12 +73,16 @@ spec "$P/spec/qwen" qwen3-sparse 4096; spec "$P/spec/ple" gemma4-ple-long 2048
 TO=127.0.0.1:5001/serving/deploy:prod
 step() {  # step NAME ARGS...: a cutover command, its JSON kept, its exit code said
   local name=$1 t rc; shift; t=$(date +%s)
-  bi "$@" > "$R/$name.json" 2> "$L/$name.txt"; rc=$?
+  bi "$@" > "$R/$name.json" 2> "$L/$name.txt"; rc=$?; RC=$rc
   say "$name: exit $rc in $(( $(date +%s) - t )) s: $(tail -c 300 "$L/$name.txt" | tr '\n' ' ')"
 }
-step promote-unpatched promote "$UI" --to "$TO" --spec "$P/spec/qwen/build-image.toml" --lock "$LOCK" --sign-key "$KEY" -o "$P/kuberay/1" --json
-step promote-patched promote "$PI" --to "$TO" --spec "$P/spec/qwen/build-image.toml" --lock "$LOCK" --sign-key "$KEY" -o "$P/kuberay/2" --json
+step promote-patched promote "$PI" --to "$TO" --spec "$P/spec/qwen/build-image.toml" --lock "$LOCK" --sign-key "$KEY" -o "$P/kuberay/1" --json
 step promote-unpatched-ple-refused promote "$UI" --to "$TO" --spec "$P/spec/ple/build-image.toml" --lock "$LOCK" --sign-key "$KEY" --json
+step promote-unpatched promote "$UI" --to "$TO" --spec "$P/spec/qwen/build-image.toml" --lock "$LOCK" --sign-key "$KEY" -o "$P/kuberay/2" --json
+if [ "$RC" != 0 ]; then
+  step promote-unpatched-forced promote "$UI" --to "$TO" --spec "$P/spec/qwen/build-image.toml" --lock "$LOCK" --sign-key "$KEY" \
+    --force --reason "rollback drill on the GPU machine: the unpatched image's verdict does not clear the target" -o "$P/kuberay/2" --json
+fi
 step rollback rollback "$TO" --trusted-key "$PUB" -o "$P/kuberay/3" --json
 step history history "$TO" --json
 bi history "$TO" >> "$P/progress.txt" 2>&1

@@ -7,6 +7,7 @@ Exit 0 PASS, 1 FAIL (or the plan refuses the configuration), 2 bad input,
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 
@@ -121,6 +122,15 @@ _OPTIONS = [
         "--boot-timeout", default=900.0, show_default=True, type=float, help="Seconds until /health must answer."
     ),
     click.option("--extra-arg", "extra_args", multiple=True, help="Extra `vllm serve` argument (repeatable)."),
+    click.option(
+        "--env",
+        "engine_env",
+        multiple=True,
+        metavar="NAME=VALUE",
+        help="An environment variable for the engine: the container's -e, or the local server's environment "
+        "(repeatable). Recorded in the report's settings and the attestation, a value whose name reads as a "
+        "secret (TOKEN, SECRET, PASSWORD, KEY, CREDENTIAL, AUTH) as <redacted>.",
+    ),
     click.option("--no-plan", is_flag=True, help="Boot even if the memory plan says the configuration cannot fit."),
     click.option(
         "--skip-checkpoint-check",
@@ -245,6 +255,7 @@ def command(**opts):
     not ready (no server started); 130/143 interrupted.
     """
     image, release, env = _target(opts)
+    env.update(engine_env(opts["engine_env"]))
     _gpu_preflight(opts["gpu_model"], opts["vllm"])
     cfg = _config(opts, image, release, env)
     reporter = _reporter()
@@ -263,6 +274,27 @@ def command(**opts):
         # exit 1 through the CLI's error handler
         raise VerdictFailure(f"smoke FAIL: {rep.failures[0] if rep.failures else 'see the report'}")
     return rep
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+
+
+def engine_env(pairs) -> dict[str, str]:
+    """``--env NAME=VALUE`` values as a mapping (pure); a value without ``=``, a name that is not an environment
+    variable's, or one name given twice with two values is exit 2 naming it."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not _ENV_NAME.fullmatch(name):
+            raise BadInput(
+                f"smoke --env {pair[:200]!r}: give NAME=VALUE, NAME a variable name ([A-Za-z_][A-Za-z0-9_]*)."
+            )
+        if "\0" in value:
+            raise BadInput(f"smoke --env {name}: the value holds a NUL byte, which no environment can carry.")
+        if name in out and out[name] != value:
+            raise BadInput(f"smoke --env {name} is given twice with two values; give it once.")
+        out[name] = value
+    return out
 
 
 def _target(opts: dict) -> tuple:

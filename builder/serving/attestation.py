@@ -99,6 +99,7 @@ def smoke_statement(
             "gpu_memory_utilization": st.get("gpu_memory_utilization"),
             "kv_cache_dtype": st.get("kv_cache_dtype"),
             "extra_args": list(st.get("extra_args") or []),
+            **({"env": dict(st["env"])} if st.get("env") else {}),
         },
         "gpu": {
             "model": gpu_names[0] if gpu_names else None,
@@ -191,6 +192,7 @@ PREDICATE_SCHEMA: dict[str, Any] = _obj(
                 "gpu_memory_utilization": _or_null(_REAL),
                 "kv_cache_dtype": _or_null(_TEXT),
                 "extra_args": {"type": "array", "maxItems": 1000, "items": _TEXT},
+                "env": {"type": "object", "maxProperties": 200, "additionalProperties": _TEXT},
             },
             ["max_model_len", "tensor_parallel_size", "pipeline_parallel_size"],
         ),

@@ -5,7 +5,7 @@
 # clear the target), rollback to the patched one and history, on those verdicts.  Progress in $P/progress.txt, one line per
 # step with its seconds; reports in $P/results, server logs in $P/logs.
 set -uo pipefail
-REPO=/tmp/repo-run
+REPO=/tmp/repo-run; cd "$REPO"  # build-image finds the shipped releases in the checkout it runs from
 P=${P:-/tmp/iproof}; R=$P/results; L=$P/logs; CK=/tmp/ck
 mkdir -p "$R" "$L" "$CK" "$P/keys" "$P/spec" "$P/kuberay"
 say() { echo "$(date -u +%T) $*" | tee -a "$P/progress.txt"; }
@@ -49,7 +49,9 @@ SMALLQ=(--gpu-memory-utilization 0.08 --no-plan --extra-arg=--kv-cache-memory --
 PAR=(--gpu-memory-utilization 0.08 --no-plan --extra-arg=--kv-cache-memory --extra-arg=2147483648 --max-model-len 2048 --extra-arg=--enforce-eager --boot-timeout 420 --timeout 120 --concurrency 16 --rounds 3 --max-tokens 64 --prompt-tokens 128)
 smoke() {  # smoke NAME IMAGE ARGS...
   local name=$1 image=$2 t rc; shift 2; t=$(date +%s)
-  bi smoke "$image" --vllm 0.34.0 --log-file "$L/$name.log" --attest --sign-key "$KEY" --json "$@" > "$R/$name.json" 2> "$L/$name.smoke.txt"
+  # the replay has no FlashInfer (flashinfer-python 0.7.3 is served only by download.pytorch.org): vLLM 0.34.0's
+  # sampler imports it at engine start unless told not to
+  bi smoke "$image" --vllm 0.34.0 --env VLLM_USE_FLASHINFER_SAMPLER=0 --log-file "$L/$name.log" --attest --sign-key "$KEY" --json "$@" > "$R/$name.json" 2> "$L/$name.smoke.txt"
   rc=$?
   say "$name: exit $rc in $(( $(date +%s) - t )) s: $(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('verdict'), r.get('failure') or '', (r.get('attestation') or {}).get('digest',''))" "$R/$name.json" 2>&1 | head -c 400)"
 }
@@ -63,7 +65,10 @@ wait
 say "smokes done at +$(lap) s"
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-ck_sha() { sha256sum "$CK/$1/model.safetensors.index.json" | cut -c1-64; }
+ck_sha() {  # the checkpoint's identity as smoke --attest records it: its safetensors index, else its one file
+  local d=$CK/$1
+  if [ -f "$d/model.safetensors.index.json" ]; then sha256sum "$d/model.safetensors.index.json"; else sha256sum "$d/model.safetensors"; fi | cut -c1-64
+}
 spec() {  # spec DIR CHECKPOINT MAX_MODEL_LEN
   mkdir -p "$1"; cp "$PUB" "$1/trusted.pem"
   printf '[serving]\nmodel = "/models/%s"\ntp = 1\nmax_model_len = %s\nconcurrency = 16\ngpu_model = "%s"\ncheckpoint_sha256 = "%s"\ntrusted_keys = ["trusted.pem"]\n' \

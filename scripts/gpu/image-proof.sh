@@ -22,7 +22,7 @@ progress() { [ -f "$P/progress.txt" ] && tail -"${1:-3}" "$P/progress.txt"; }
 case "${1:-}" in
   setup)
     mkdir -p "$P"
-    DEBS=$REPO/.pm . "$REPO/scripts/gpu/podman-env.sh" | tee "$P/podman.txt"
+    DEBS=$REPO/.pm . "$REPO/scripts/gpu/podman-env.sh" > "$P/podman.txt"; cat "$P/podman.txt"
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/bi-site "$REPO"/.biwhl/*.whl \
       && echo "build-image's requirements in /tmp/bi-site"
     rm -rf /tmp/repo-run && mkdir -p /tmp/repo-run && tar -C "$REPO" --exclude=./.pm --exclude=./.biwhl --exclude=./.imgparts -cf - . | tar -C /tmp/repo-run -xf -

@@ -404,7 +404,7 @@ def test_the_release_is_resolved_before_any_stage_a_bad_series_writes_no_lock(wo
 
 def test_a_lock_that_is_up_to_date_is_read_and_parsed_once_per_run(world, monkeypatch):
     """Freshness, the twin's check, the base check and the render inputs share one parse of the lock."""
-    import builder.resolve.lockfile.files as LF
+    import builder.resolve.lockfile as LF
     from builder.pipeline import run
 
     run(_request(world), Recorder(), engine=world.engine)  # writes the lock

@@ -859,7 +859,9 @@ def run(
     uv = uv or Uv()
     want = from_uv_platform(req.base.platform, where="the base manifest's platform")
     read = check or not (upgrade and force)  # the lock there is read once, if at all
-    on_disk = lockfile.open_output(lock_path, want, check=check, force=force, read=read, reporter=reporter)
+    on_disk: lockfile.Output = lockfile.open_output(
+        lock_path, want, check=check, force=force, read=read, reporter=reporter
+    )
     lock_path = on_disk.path
     if check or (not upgrade and lock_path.exists()):
         kept = _kept_if_fresh(req, on_disk, check, uv, reporter)

@@ -1,5 +1,5 @@
 """PEP 751 ``pylock.toml``, with ``packaging.pylock``: any such file read, its wheels selected, and the
-lock as its PEP 751 twin.  Pure data: no file is read or written here (:mod:`builder.resolve.lockfile.files`).
+lock as its PEP 751 twin.  Pure data: no file is read or written here (:mod:`builder.resolve.lockfile`).
 
 * :func:`read` validates a text (the ``pylock.toml`` uv writes for a resolution: every file
   of every package); :func:`candidates` lists each package's wheels and :func:`select_wheel`

@@ -33,7 +33,7 @@ the exact wheel, diff reads the binary facts, the gate reads base versions)::
 Entries are sorted by canonical name.
 
 The same lock as PEP 751 ``pylock.toml`` is :mod:`builder.resolve.lockfile.pylock`'s; which
-file is which format, and every read and write of a lock on disk, is :mod:`builder.resolve.lockfile.files`'s.
+file is which format, and every read and write of a lock on disk, is :mod:`builder.resolve.lockfile`'s.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from builder.report import render_json
 from builder.resolve import lock as L
 from builder.resolve import sdist
 from builder.resolve.baseref import resolve_base
-from builder.resolve.lockfile import load_lock
+from builder.resolve.lockfile import load_lock, refuse_foreign_outputs
 from builder.resolve.manifest import BaseManifest, load_manifest, refuse_foreign_manifest
 from builder.resolve.recipe import derive, recipe_table, write_recipe_table
 from builder.resolve.recipe.audit import AuditRow, changed_runs
@@ -523,14 +523,14 @@ def check_outputs(
     refuse_foreign(report, "upgrade report", force=force, marks=REPORT_MARKS)
     for series_out in sorted((Path(out_dir) / "patches").glob(f"*/{to_version}")):  # B's ported series
         PO.refuse_foreign_series(series_out, force=force)
-    L.refuse_foreign_outputs(b_lock_path(out_dir, to_version), force)
+    refuse_foreign_outputs(b_lock_path(out_dir, to_version), force)
     shipped = default_base_manifest(to_version)
     if base_to is None and (local or not shipped.is_file()):  # B's manifest is reconstructed into DIR
         refuse_foreign_manifest(Path(out_dir) / "lockfiles" / "base" / shipped.name, force=force)
     for p in platforms:  # each other platform's lock and reconstructed manifest
         if p.is_default:
             continue
-        L.refuse_foreign_outputs(b_lock_path(out_dir, to_version, p), force)
+        refuse_foreign_outputs(b_lock_path(out_dir, to_version, p), force)
         theirs = default_base_manifest(to_version, p)
         if local or not theirs.is_file():
             refuse_foreign_manifest(Path(out_dir) / "lockfiles" / "base" / theirs.name, force=force)

@@ -44,7 +44,7 @@ VENV_BIN = Path(sys.executable).parent
 MODULES: dict[str, str] = {
     "abi": "builder/resolve/abi.py",
     "diff": "builder/resolve/diff.py",
-    "lockfile": "builder/resolve/lockfile.py",
+    "lockfile": "builder/resolve/lockfile/requirements.py",
     "plan": "builder/serving/plan/budget.py",
     "plan_shape": "builder/serving/plan/shape.py",
     "plan_layout": "builder/serving/plan/layout.py",

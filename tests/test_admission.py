@@ -170,7 +170,7 @@ def test_render_kuberay_writes_the_policies_when_the_spec_trusts_keys(tmp_path, 
     lock = _lock(base_dir=tmp_path / "src")
     for e in lock.entries:
         (tmp_path / "src" / e.wheel.filename).write_bytes(_wheel_bytes(e.name))
-    lock.save(tmp_path / "requirements.lock")
+    (tmp_path / "requirements.lock").write_text(lock.format(), encoding="utf-8")
     _manifest().save(tmp_path / "base.json")
     _, pub = make_key(tmp_path / "keys")
     (tmp_path / "build-image.toml").write_text(

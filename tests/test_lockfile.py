@@ -273,12 +273,16 @@ def test_load_lock_names_the_missing_or_unreadable_file(tmp_path):
         load_lock(tmp_path / "cut.lock")
 
 
-def test_save_writes_the_formatted_lock_and_format_is_format_lock(tmp_path):
+def test_the_lock_is_written_formatted_with_its_twin_and_format_is_format_lock(tmp_path):
+    from builder.resolve.lockfile import Output, format_pylock, twin_path
+
     lk = two_entries()
     assert lk.format() == WRITTEN
-    lk.save(tmp_path / "r.lock")
+    Output(tmp_path / "r.lock").write(lk)
     assert (tmp_path / "r.lock").read_text() == WRITTEN
-    assert [p.name for p in tmp_path.iterdir()] == ["r.lock"]  # no temporary file left beside it
+    twin = twin_path(tmp_path / "r.lock")
+    assert twin.read_text() == format_pylock(lk)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pylock.r.toml", "r.lock"]  # no temporary file left
 
 
 def test_sparse_data_is_written_with_the_documented_placeholders():
@@ -552,7 +556,7 @@ def test_a_lock_is_read_as_utf8_whatever_the_locale(tmp_path):
     reason = "numpy 2 \u2014 every extension rebuilt upstream"
     lk = two_entries()
     lk.allow_abi_change = {"numpy": reason}
-    lk.save(tmp_path / "u.lock")
+    (tmp_path / "u.lock").write_text(lk.format(), encoding="utf-8")
     assert load_lock(tmp_path / "u.lock").allow_abi_change == {"numpy": reason}
     root = Path(__file__).resolve().parents[1]
     env = {

@@ -404,9 +404,7 @@ def test_the_release_is_resolved_before_any_stage_a_bad_series_writes_no_lock(wo
 
 def test_a_lock_that_is_up_to_date_is_read_and_parsed_once_per_run(world, monkeypatch):
     """Freshness, the twin's check, the base check and the render inputs share one parse of the lock."""
-    import builder.resolve.lock as L
     import builder.resolve.lockfile as LF
-    import builder.resolve.lockstage as LS
     from builder.pipeline import run
 
     run(_request(world), Recorder(), engine=world.engine)  # writes the lock
@@ -417,8 +415,7 @@ def test_a_lock_that_is_up_to_date_is_read_and_parsed_once_per_run(world, monkey
         parsed.append(path)
         return real(text, path, **kw)
 
-    for mod in (LF, L, LS):
-        monkeypatch.setattr(mod, "parse_lock", counting)
+    monkeypatch.setattr(LF, "parse_lock", counting)  # the one reader of a lock file
     again = run(_request(world), Recorder(), engine=world.engine)
     assert again.locked.status == "up-to-date"
     assert parsed == [str(world.tmp / "overlay.lock")]

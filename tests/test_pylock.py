@@ -12,10 +12,10 @@ import pytest
 from packaging.pylock import Pylock
 
 from builder.errors import BadInput
-from builder.resolve import pylock as P
-from builder.resolve import twin as T
+from builder.resolve import lockfile as T
 from builder.resolve.lock import target_tags
 from builder.resolve.lockfile import LockFile, WheelRef, format_pylock, load_lock, parse_lock, to_pylock
+from builder.resolve.lockfile import pylock as P
 from builder.resolve.manifest import DistFacts, target_environment
 from builder.resolve.uv import find_uv
 from builder.util import project_root
@@ -392,7 +392,7 @@ def test_one_lock_run_checks_and_rewrites_the_twin_once(tmp_path, monkeypatch):
     """An up-to-date lock whose twin is missing: the lock stage looks at the twin once and
     rewrites it once (no resolution); an -o naming the twin is refused before anything runs."""
     from builder.events import Recorder
-    from builder.resolve import twin as twin_mod
+    from builder.resolve import lockfile as twin_mod
     from builder.resolve.lockstage import run_lock
     from builder.spec import Spec
 

@@ -390,7 +390,7 @@ def test_render_command_writes_kuberay_manifests_into_the_context(tmp_path, monk
     lock = _lock(base_dir=src)
     for e in lock.entries:
         (src / e.wheel.filename).write_bytes(_wheel_bytes(e.name))
-    lock.save(tmp_path / "requirements.lock")
+    (tmp_path / "requirements.lock").write_text(lock.format(), encoding="utf-8")
     _manifest().save(tmp_path / "base.json")
     args = [
         "render",

@@ -236,7 +236,7 @@ def _diff_git(spec: str, paths: tuple[str, ...], base_manifest: Path | None, fai
     scope = [git.rel(p) for p in paths] if paths else ["lockfiles"]
     changed = [p for p in git.changed(ca, cb, scope) if p.endswith(".lock")]
     if paths:
-        from builder.resolve.pylock import is_pylock_path
+        from builder.resolve.lockfile import is_pylock_path
 
         for p, given in zip(scope, paths):
             if not (p.endswith(".lock") or is_pylock_path(p)) and (

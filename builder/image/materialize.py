@@ -47,8 +47,8 @@ from builder.resolve import index as ix
 from builder.resolve.base import REPLAY_LABEL, REPLAY_MANIFEST_LABEL, REPLAYS_LABEL
 from builder.resolve.index import IndexFile, parse_time
 from builder.resolve.lock import select_wheel, target_tags
+from builder.resolve.lockfile import WheelCandidate
 from builder.resolve.manifest import BaseManifest
-from builder.resolve.pylock import WheelCandidate
 from builder.resolve.recipe import Recipe
 from builder.util import canonical_name
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # types only: the smoke test imports this module, which stays
     from builder.resolve.lockfile import LockFile
     from builder.resolve.manifest import BaseManifest
 
-# files of a build context (its pylock.toml: builder.resolve.pylock.PYLOCK_NAME)
+# files of a build context (its pylock.toml: builder.resolve.lockfile.PYLOCK_NAME)
 SBOM_FILE = "sbom.cdx.json"
 PROVENANCE_FILE = "provenance.intoto.json"
 CHECKS_DIR = "checks"  # the floor checks the image build runs (templates/checks/)

@@ -72,11 +72,18 @@ from builder.patching.series import PatchedFile, sha256_list
 from builder.platforms import DEFAULT, Platform
 from builder.resolve.baseref import base_platform, resolve_base, vllm_on_base
 from builder.resolve.floor import checker_path, consistency_tool
-from builder.resolve.lockfile import LockFile, format_pylock, load_lock, parse_pylock_lock, refuse_other_platform
-from builder.resolve.lockstage import Locked, read_lock_file
+from builder.resolve.lockfile import (
+    PYLOCK_NAME,
+    LockFile,
+    load_lock,
+    parse_pylock_lock,
+    read_lock_file,
+    refuse_other_platform,
+    same_pins,
+    write_context_copies,
+)
+from builder.resolve.lockstage import Locked
 from builder.resolve.manifest import BaseManifest
-from builder.resolve.pylock import PYLOCK_NAME
-from builder.resolve.twin import same_pins
 from builder.util import (
     file_digest,
     output_lock,
@@ -492,16 +499,12 @@ def _write_context_locked(
         tmp.mkdir(mode=0o700)  # under the output lock, after the sweep: no other run's temp has this name
         (tmp / "Dockerfile").write_text(dockerfile, encoding="utf-8")
 
-        (tmp / "requirements.lock").write_text(
-            redact_text(lock_text) if lock_text is not None else plan.lock.format(), encoding="utf-8"
-        )
-        pylock_text = format_pylock(plan.lock, wheel_dir="wheels")
-        (tmp / PYLOCK_NAME).write_text(pylock_text, encoding="utf-8")
+        lock_copy, pylock_text = write_context_copies(tmp, plan.lock, lock_text)
         (tmp / SBOM_FILE).write_text(sbom, encoding="utf-8")
 
         prov = provenance.for_render(
             plan,
-            lock_text=(tmp / "requirements.lock").read_text(encoding="utf-8"),
+            lock_text=lock_copy,
             outputs={"Dockerfile": dockerfile, PYLOCK_NAME: pylock_text, SBOM_FILE: sbom},
             template_text=_env().loader.get_source(_env(), "Dockerfile.j2")[0],
         )

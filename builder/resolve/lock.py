@@ -4,15 +4,16 @@ Layers (each usable on its own):
 
 * pure functions — :func:`base_requirements`, :func:`inputs_sha256`,
   :func:`parse_uv_requirements`, :func:`parse_pylock`, :func:`select_wheel` (both by
-  ``packaging.pylock``, :mod:`builder.resolve.pylock`),
+  ``packaging.pylock``, :mod:`builder.resolve.lockfile.pylock`),
   :func:`explain_unsatisfiable`, :func:`build_entries` — data in, data out;
 * the **uv adapter** (:class:`Uv`): the only place that runs uv (its CLI, the
   binary shipped by the pinned ``uv`` package);
 * the **wheel fetcher** (:func:`fetch_wheel`): sha256-verified download cache
   under ``builder.util.cache_dir()/wheels``; plus a facts cache keyed by the
   wheel's sha256 so a wheel is scanned once;
-* :func:`lock` — the stage: request in, :class:`LockResult` out (nothing is
-  written here; the command writes the file atomically after the gate).
+* :func:`lock` — the resolution: request in, :class:`LockResult` out (nothing is written);
+* :func:`run` — the stage: freshness, resolution, gate; the lock file is read, checked, swept and written
+  (with its PEP 751 twin) through :mod:`builder.resolve.lockfile` alone.
 
 Resolution: every base distribution is passed as a *requirement* ``name==version``
 (not only a constraint) so uv's derivation names the real culprit; a base
@@ -48,7 +49,7 @@ from builder.events import SILENT, Reporter
 from builder.fetch import fetch
 from builder.platforms import from_uv_platform
 from builder.resolve import index as ix
-from builder.resolve import pylock as _pylock
+from builder.resolve import lockfile
 from builder.resolve.abi import GateResult, evaluate, format_rejection, is_exact_coupled
 from builder.resolve.baseref import ResolvedBase, vllm_on_base
 from builder.resolve.elfsyms import demangle
@@ -58,26 +59,14 @@ from builder.resolve.explain import (
     format_pin_moves,
     trim_derivation,
 )
-from builder.resolve.lockfile import LockEntry, LockFile, WheelRef, load_lock, parse_lock
+from builder.resolve.lockfile import LockEntry, LockFile, WheelCandidate, WheelRef
+from builder.resolve.lockfile import pylock as _pylock
 from builder.resolve.lockstep import Family, all_families
 from builder.resolve.manifest import BaseManifest, DistFacts
-from builder.resolve.pylock import WheelCandidate
 from builder.resolve.raychoice import BACKEND_FALLBACK, RayChoice, backend_for, choose, ray_releases
 from builder.resolve.scanner import scan_wheel
-from builder.resolve.twin import refuse_other_platform_files, sync_twin, twin_path, write_pylock
 from builder.resolve.uv import Uv, is_resolution_failure
-from builder.util import (
-    atomic_write_text,
-    cache_dir,
-    canonical_name,
-    refuse_foreign,
-    same_version,
-    sha256_bytes,
-    sweep_write_leftovers,
-    through_link,
-    write_target,
-)
-from builder.validate import read_bounded_text
+from builder.util import atomic_write_text, cache_dir, canonical_name, same_version, sha256_bytes
 
 FACTS_CACHE_VERSION = "4"  # 2: ELF machines (elf-machine); 3: torch symbols (torch-abi); 4: all fat binaries
 DEFAULT_RAY = "ray[serve]"  # the default overlay (builder.spec.DEFAULT_OVERLAY)
@@ -696,15 +685,14 @@ def ray_header(req: LockRequest, entries: list[LockEntry], base: BaseManifest) -
 
 
 def is_up_to_date(
-    lock_path: Path, req: LockRequest, uv: Uv | None = None, existing: LockFile | None = None
+    lock_path: Path, req: LockRequest, existing: LockFile | None, uv: Uv | None = None
 ) -> tuple[bool, str]:
     """(fresh?, why) comparing every input the lock's header records (and their hash,
     ``inputs-sha256``) with the request's — no resolution.  A header edited by hand
     (``vllm: 0.25.0`` under the hash of a 0.26.0 request) is stale, not up to date.
-    ``existing``: the lock at ``lock_path``, when the caller has read it already."""
-    if existing is None and not lock_path.exists():
+    ``existing``: the lock read at ``lock_path`` (None: there is none)."""
+    if existing is None:
         return False, f"{lock_path} does not exist"
-    existing = existing or load_lock(lock_path)
     uv = uv or Uv()
     want_header = lock_header(req, uv.version())
     fields = header_mismatches(existing.header, want_header)
@@ -737,29 +725,11 @@ class LockOutcome:
 
     status: str
     path: Path
+    pylock: Path  # the PEP 751 file of the lock: its twin, or the lock itself when it is a pylock.toml
     result: LockResult | None = None
     unused_allow: list[str] = field(default_factory=list)
     kept: LockFile | None = None  # up-to-date: the lock on disk, as read (once) by the freshness check
-    kept_text: str | None = None  # ... and its text
-
-
-@dataclass(frozen=True)
-class _OnDisk:
-    """The lock at ``-o`` before this run, read once: parsed, or why it cannot be (a damaged lock is stale)."""
-
-    lock: LockFile | None
-    text: str | None
-    error: BadInput | None = None
-
-    @staticmethod
-    def read(lock_path: Path) -> _OnDisk | None:
-        if not lock_path.exists() and not lock_path.is_symlink():
-            return None
-        try:
-            text = read_bounded_text(lock_path, "lock")
-            return _OnDisk(lock=parse_lock(text, str(lock_path)), text=text)
-        except BadInput as exc:
-            return _OnDisk(lock=None, text=None, error=exc)
+    kept_text: str | None = None  # ... and its text, as a build context carries it (None for a pylock.toml)
 
 
 def check_wheel_sources(find_links: Iterable[str], no_index: bool) -> None:
@@ -858,27 +828,7 @@ def request_for(
     )
 
 
-def refuse_foreign_outputs(lock_path: Path, force: bool) -> None:
-    """The output rule for ``lock``: an existing ``-o`` file or pylock twin that build-image did not write
-    (a README, a hand-made file: no "# Generated by build-image" first line) is not replaced without
-    ``--force``; a device node or FIFO never is (:func:`builder.util.write_target`)."""
-    for p in (lock_path, twin_path(lock_path)):
-        write_target(p)
-        refuse_foreign(p, "lock", force=force)
-
-
-def _sweep_killed_writes(lock_path: Path, reporter: Reporter) -> None:
-    """The temp files a killed write of the lock or its twin left beside them (owner gone), removed on every
-    run that may write them, even one that keeps the lock as it is (:func:`builder.util.sweep_write_leftovers`)."""
-    swept = [p.name for x in (lock_path, twin_path(lock_path)) for p in sweep_write_leftovers(x)]
-    if swept:
-        reporter.step(
-            f"removed {len(swept)} temp file(s) a killed earlier write left beside {lock_path.name} "
-            f"(their owner is gone): {', '.join(sorted(swept))}"
-        )
-
-
-def _other_base(on_disk: _OnDisk, req: LockRequest) -> str | None:
+def _other_base(on_disk: lockfile.Output, req: LockRequest) -> str | None:
     """The base-ref of the lock on disk when it names another base than ``req``'s."""
     if on_disk.lock is None:
         return None  # a damaged lock is replaced
@@ -907,26 +857,24 @@ def run(
     * a gate violation is :class:`AbiRejected` (exit 3) carrying ``.gate``; nothing is written.
     """
     uv = uv or Uv()
-    lock_path = through_link(lock_path)  # a symlinked -o: the lock it points to (and its twin beside it) is written
-    if lock_path.is_dir():
-        raise BadInput(f"lock path {lock_path} is a directory; -o/--output (or the spec's 'lock') names the lock file.")
-    refuse_other_platform_files(lock_path, from_uv_platform(req.base.platform, where="the base manifest's platform"))
-    if not check:
-        refuse_foreign_outputs(lock_path, force)
-        _sweep_killed_writes(lock_path, reporter)
-    on_disk = _OnDisk.read(lock_path) if check or not (upgrade and force) else None  # read once, if at all
+    want = from_uv_platform(req.base.platform, where="the base manifest's platform")
+    read = check or not (upgrade and force)  # the lock there is read once, if at all
+    on_disk: lockfile.Output = lockfile.open_output(
+        lock_path, want, check=check, force=force, read=read, reporter=reporter
+    )
+    lock_path = on_disk.path
     if check or (not upgrade and lock_path.exists()):
-        kept = _kept_if_fresh(req, lock_path, check, uv, reporter, on_disk)
+        kept = _kept_if_fresh(req, on_disk, check, uv, reporter)
         if kept is not None:
             return kept
-    other = _other_base(on_disk, req) if on_disk is not None and not force else None
+    other = _other_base(on_disk, req) if on_disk.found and not force else None
     if other is not None:
         raise BadInput(
             f"{lock_path} was made on another base ({other}); a lock on {req.base.image_ref or 'this base'} "
             "does not replace it.",
             hint="write this lock elsewhere with -o FILE, or pass --force to replace it.",
         )
-    prefer = _previous_pins(on_disk) if not upgrade and on_disk is not None else None
+    prefer = _previous_pins(on_disk) if not upgrade and on_disk.found else None
     tags = target_tags(req.base.python_version, req.base.python_abi, req.base.platform)
     if req.default_ray and req.ray is None:
         _choose_default_ray(req, index, tags, reporter)
@@ -939,28 +887,31 @@ def run(
     gate = result.gate
     if not gate.ok:
         _reject(req, gate, lock_path)
-    _write_lock(result, lock_path)
+    on_disk.write(result.lock)  # with its PEP 751 twin beside it
     used = {canonical_name(f.name) for f in gate.allowed}
     unused = sorted(k for k in result.lock.allow_abi_change if k not in used)
-    return LockOutcome(status="written", path=lock_path, result=result, unused_allow=unused)
+    return LockOutcome(status="written", path=lock_path, pylock=on_disk.twin, result=result, unused_allow=unused)
 
 
 def _kept_if_fresh(
-    req: LockRequest, lock_path: Path, check: bool, uv: Uv, reporter: Reporter, on_disk: _OnDisk | None
+    req: LockRequest, on_disk: lockfile.Output, check: bool, uv: Uv, reporter: Reporter
 ) -> LockOutcome | None:
     """The lock on disk, kept when it is up to date with its inputs; with ``check``, a stale
     one is :class:`StaleLock`.  None: it is to be (re)written."""
+    lock_path = on_disk.path
     try:
-        if on_disk is not None and on_disk.error is not None:
+        if on_disk.error is not None:
             raise on_disk.error
-        fresh, why = is_up_to_date(lock_path, req, uv, existing=on_disk.lock if on_disk else None)
+        fresh, why = is_up_to_date(lock_path, req, on_disk.lock, uv)
     except BadInput as exc:  # a damaged lock on disk is stale; a new lock replaces it
         if check:
             raise StaleLock(f"{lock_path} is not a readable lock: {exc.message}") from None
         fresh, why = False, exc.message
-    if fresh and on_disk is not None:
-        sync_twin(lock_path, check, reporter, lock=on_disk.lock)  # its PEP 751 twin: missing or different is stale too
-        return LockOutcome(status="up-to-date", path=lock_path, kept=on_disk.lock, kept_text=on_disk.text)
+    if fresh and on_disk.found:
+        on_disk.keep(check, reporter)  # its PEP 751 twin: missing or different is stale too
+        return LockOutcome(
+            status="up-to-date", path=lock_path, pylock=on_disk.twin, kept=on_disk.lock, kept_text=on_disk.verbatim
+        )
     if check:
         raise StaleLock(
             f"{lock_path} is stale: {why}.", hint="run `build-image lock` (without --check) to regenerate it."
@@ -968,7 +919,7 @@ def _kept_if_fresh(
     return None
 
 
-def _previous_pins(on_disk: _OnDisk) -> dict[str, str] | None:
+def _previous_pins(on_disk: lockfile.Output) -> dict[str, str] | None:
     """The previous lock's pins, preferred by a re-lock (None when it cannot be read)."""
     return {e.name: e.version for e in on_disk.lock.entries} if on_disk.lock is not None else None
 
@@ -1040,12 +991,3 @@ def _reject(req: LockRequest, gate: GateResult, lock_path: Path) -> None:
     )
     exc.gate = gate
     raise exc
-
-
-def _write_lock(result: LockResult, lock_path: Path) -> None:
-    """The lock and its PEP 751 twin beside it, each written atomically."""
-    try:
-        result.lock.save(lock_path)
-        write_pylock(twin_path(lock_path), result.lock)  # its PEP 751 twin beside it
-    except OSError as exc:  # the lock on disk (if any) is untouched: the write is atomic
-        raise BadInput(f"cannot write the lock {lock_path}: {exc.strerror or exc}.") from None

@@ -8,23 +8,17 @@ so nothing downstream reads the lock or the manifest from disk again.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from builder.errors import BadInput
 from builder.events import SILENT, Reporter
-from builder.platforms import Platform
 from builder.resolve import lock as L
+from builder.resolve import lockfile
 from builder.resolve.abi import GateResult, format_notices
 from builder.resolve.baseref import ResolvedBase, resolve_base
-from builder.resolve.lockfile import LockFile, parse_lock, refuse_other_platform
+from builder.resolve.lockfile import LockFile
 from builder.resolve.lockstep import parse_families
-from builder.resolve.pylock import is_pylock_path
-from builder.resolve.twin import refuse_pylock_output, twin_path
-from builder.util import output_lock
-from builder.validate import read_bounded_text
 
 
 @dataclass(frozen=True)
@@ -123,7 +117,8 @@ def run_lock(
     Raises what :func:`builder.resolve.lock.run` raises (StaleLock with ``check``, AbiRejected,
     Unsatisfiable, BadInput).  ``reporter`` hears the steps as they happen, then the gate's notices and
     the warnings (kept in :attr:`Locked.messages` too).
-    The twin is refused as an output here and kept in step by :func:`builder.resolve.lock.run`."""
+    The twin is refused as an output here (:func:`builder.resolve.lockfile.writing`) and kept in step by
+    :func:`builder.resolve.lock.run`."""
     t_start = time.monotonic()
     said: list[str] = []
 
@@ -131,23 +126,19 @@ def run_lock(
     if not spec.vllm_given and resolved.vllm:  # no --vllm: the base's vllm (and its default lock path)
         spec = spec.with_flags(vllm=resolved.vllm)
     req = _request(spec, resolved, default_overlay)
-    refuse_pylock_output(spec.lock_path, check)
-    # a second writer of the same lock waits, then sees the first's lock (--check writes nothing)
-    with contextlib.nullcontext() if check else output_lock(spec.lock_path):
+    with lockfile.writing(spec.lock_path, check):  # one writer of a lock at a time; -o pylock.toml refused
         out = L.run(req, spec.lock_path, check=check, upgrade=upgrade, force=force, reporter=reporter)
     lock_path = out.path
     if out.status == "up-to-date":  # the lock as the freshness check read it
         assert out.kept is not None
-        text = None if is_pylock_path(lock_path) else out.kept_text
-        twin = lock_path if is_pylock_path(lock_path) else twin_path(lock_path)
         return Locked(
             status="up-to-date",
             path=lock_path,
             lock=out.kept,
-            text=text,
+            text=out.kept_text,
             base=resolved,
             overlay=tuple(req.overlay),
-            pylock=str(twin),
+            pylock=str(out.pylock),
             messages=tuple(said),
             seconds=time.monotonic() - t_start,
         )
@@ -174,7 +165,7 @@ def run_lock(
         resolved=result.resolved,
         timings=dict(result.timings),
         unused_allow=tuple(out.unused_allow),
-        pylock=str(twin_path(lock_path)),
+        pylock=str(out.pylock),
         messages=tuple(said),
         seconds=time.monotonic() - t_start,
     )
@@ -196,15 +187,3 @@ def _request(spec, resolved: ResolvedBase, default_overlay: bool):
         where="--with" if not spec.source else f"--with / {spec.source} 'with'",
         lockstep=parse_families(spec.lockstep, f"spec {spec.source} 'lockstep'") if spec.lockstep else (),
     )
-
-
-def read_lock_file(lock_path: Path, platform: Platform, *, doing: str) -> tuple[LockFile, str | None]:
-    """The lock on disk, read once: (lock, text; None for a pylock.toml, which the context
-    does not carry verbatim).  A lock made for another platform than ``platform`` is refused, naming both
-    (:func:`builder.resolve.lockfile.refuse_other_platform`; ``doing``: what the lock is read for)."""
-    if not (Path(lock_path).exists() or Path(lock_path).is_symlink()):
-        raise BadInput(f"lock {lock_path} does not exist.", hint="create it with `build-image lock`.")
-    text = read_bounded_text(lock_path, "lock")  # a FIFO, a device, a directory: exit 2, never a hang
-    lock = parse_lock(text, str(lock_path))
-    refuse_other_platform(lock, platform, lock_path, doing=doing)
-    return lock, (None if is_pylock_path(lock_path) else text)

@@ -168,7 +168,7 @@ def tiny_context(tmp_path: Path, names=("six",), *, via_cache: bool = False) -> 
     out = tmp_path / "ctx"
     write_context(out, plan, wheels=wheels)
     base.save(tmp_path / "base.json")
-    lock.save(tmp_path / "requirements.lock")
+    (tmp_path / "requirements.lock").write_text(lock.format(), encoding="utf-8")
     return out, plan
 
 

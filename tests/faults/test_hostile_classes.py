@@ -365,7 +365,7 @@ def test_a_lock_written_through_a_symlink_updates_the_lock_it_points_to(offline,
     r = cli(offline("--with", "purepkg", "-o", str(link)), env=env)
     assert r.returncode == 0, r.stderr
     assert link.is_symlink() and real.read_text() != before and "purepkg" in real.read_text()
-    from builder.resolve.twin import twin_path
+    from builder.resolve.lockfile import twin_path
 
     assert "purepkg" in twin_path(real).read_text() and not twin_path(link).exists()  # the twin beside the lock
 
@@ -514,7 +514,7 @@ def _slow_render_inputs(tmp_path: Path) -> list[str]:
     e = lock.entries[0]
     e.hashes = [h.hexdigest()]
     e.wheel = type(e.wheel)(url=big.as_uri(), sha256=h.hexdigest())
-    lock.save(tmp_path / "requirements.lock")
+    (tmp_path / "requirements.lock").write_text(lock.format(), encoding="utf-8")
     return render_args(tmp_path, tmp_path / "ctx")
 
 
@@ -815,7 +815,7 @@ def test_lock_check_of_a_duplicated_pylock_is_stale(offline, tmp_path, env):
     import tomli_w
     import tomllib
 
-    from builder.resolve.twin import twin_path
+    from builder.resolve.lockfile import twin_path
 
     twin = twin_path(out)
     doc = tomllib.loads(twin.read_text())

@@ -436,7 +436,7 @@ def test_the_next_lock_run_sweeps_what_a_killed_write_left_beside_the_lock_and_t
     assert r.returncode == 0, r.stderr
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     lock_left = _killed_write(out)
-    from builder.resolve.twin import twin_path
+    from builder.resolve.lockfile import twin_path
 
     twin_left = _killed_write(twin_path(out))
     # the killed writes changed nothing the user had

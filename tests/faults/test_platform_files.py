@@ -29,8 +29,14 @@ from builder.errors import BadInput
 from builder.image.multiplatform import PLATFORMS_FILE, read_multi_context, read_platforms_file
 from builder.image.platforms_render import RenderedPlatform, write_platforms_context
 from builder.image.render import RENDERED_MARK, check_replaceable
-from builder.resolve.lockfile import header_platform, load_lock, lock_platform, parse_lock, parse_pylock_lock
-from builder.resolve.lockstage import read_lock_file
+from builder.resolve.lockfile import (
+    header_platform,
+    load_lock,
+    lock_platform,
+    parse_lock,
+    parse_pylock_lock,
+    read_lock_file,
+)
 from builder.resolve.recipe.table import read_recipes_file, write_recipe_table
 from tests.conftest import run
 from tests.test_fuzz import examples  # CI's example counts, scaled by the nightly profile

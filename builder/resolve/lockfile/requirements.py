@@ -1,4 +1,5 @@
-"""The lock file format: read, write, validate.  Pure data, no resolution.
+"""The ``requirements.lock`` format: the :class:`LockFile` it holds, its text written and parsed.  Pure
+data: no file is read or written here, no resolution.
 
 A lock is a pip requirements file (``pip install --require-hashes -r`` and
 ``uv pip install --require-hashes`` accept it as is) listing the packages to
@@ -31,11 +32,8 @@ the exact wheel, diff reads the binary facts, the gate reads base versions)::
 ``base=-``: not in the base image; ``base=X`` the base's version this entry moves.
 Entries are sorted by canonical name.
 
-The same lock as PEP 751 ``pylock.toml`` (the twin ``build-image lock`` writes beside it,
-:mod:`builder.resolve.twin`): :func:`to_pylock` / :func:`format_pylock` write it, one wheel per
-package, with the header and each entry's ``# via`` / ``# facts:`` / extra ``--hash`` lines in
-``[tool.build-image]`` tables, so :func:`parse_pylock_lock` reads it back into the same
-:class:`LockFile` (``render``, ``diff`` and ``lock --check`` accept either file).
+The same lock as PEP 751 ``pylock.toml`` is :mod:`builder.resolve.lockfile.pylock`'s; which
+file is which format, and every read and write of a lock on disk, is :mod:`builder.resolve.lockfile`'s.
 """
 
 from __future__ import annotations
@@ -45,20 +43,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from packaging.markers import Marker
-from packaging.pylock import Package, PackageWheel, Pylock
-from packaging.specifiers import SpecifierSet
-from packaging.utils import canonicalize_name
+from packaging.utils import parse_wheel_filename
 from packaging.version import Version
 
 from builder import values
 from builder.credentials import redact_text
 from builder.errors import BadInput
 from builder.platforms import Platform, parse_python_platform
-from builder.resolve import pylock
 from builder.resolve.manifest import DistFacts, check_facts
-from builder.util import atomic_write_text, canonical_name, sha256_bytes
-from builder.validate import read_bounded_text
+from builder.util import canonical_name, sha256_bytes
 
 LOCK_FORMAT = "1"
 REQUIRED_HEADER = (
@@ -135,9 +128,6 @@ class LockFile:
     def format(self) -> str:
         return format_lock(self)
 
-    def save(self, path: str | Path) -> None:
-        atomic_write_text(path, format_lock(self))
-
 
 def _facts_str(f: DistFacts, base_version: str | None) -> str:
     return (
@@ -203,10 +193,10 @@ def _parse_facts(text: str, path: str, lineno: int) -> tuple[DistFacts, str | No
     return check_facts(facts, where), (None if base == "-" else base)
 
 
-def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockFile:
-    """Parse a lock; every problem is a :class:`BadInput` naming the file and line.
-    A ``pylock.toml`` (PEP 751, the twin ``build-image lock`` writes) is read by
-    :func:`parse_pylock_lock` into the same :class:`LockFile`.
+def parse_requirements(text: str, path: str = "<lock>", *, strict: bool = True) -> LockFile:
+    """Parse a ``requirements.lock``; every problem is a :class:`BadInput` naming the file and line.
+    (:func:`builder.resolve.lockfile.parse_lock` reads a ``pylock.toml`` by its name into the same
+    :class:`LockFile`.)
 
     ``strict=False`` (``diff``: a reviewer must see a hand-edited lock): a file that is a lock
     (its header says so) but that `build-image lock` did not write as it stands — an entry
@@ -218,8 +208,6 @@ def parse_lock(text: str, path: str = "<lock>", *, strict: bool = True) -> LockF
     The file is read in two passes: its lines are grouped (:func:`_group_lines`: the header,
     then items that are an entry with its lines or a comment), then the header and each entry
     are parsed."""
-    if pylock.is_pylock_path(path):
-        return parse_pylock_lock(text, path)
     header_lines, items = _group_lines(text.splitlines())
     found = _Findings(strict)
     header, overlay, allow = _parse_header(header_lines, path, found)
@@ -548,9 +536,6 @@ def _check_entry(e: LockEntry, has_facts: bool, path: str, end: int) -> None:
             "--hash lines; the file is hand-edited.",
             hint="regenerate it with `build-image lock`.",
         )
-    from packaging.utils import parse_wheel_filename
-    from packaging.version import Version
-
     try:
         wname, wver, _, _ = parse_wheel_filename(e.wheel.filename)
     except ValueError:  # InvalidWheelFilename, InvalidVersion, a part past int()'s digit limit
@@ -565,230 +550,3 @@ def _check_entry(e: LockEntry, has_facts: bool, path: str, end: int) -> None:
             f"{wname} {wver}; the file is hand-edited.",
             hint="regenerate it with `build-image lock`.",
         )
-
-
-def load_lock(path: str | Path) -> LockFile:
-    p = Path(path)
-    if not p.exists() and not p.is_symlink():
-        raise BadInput(f"lock {p} does not exist.", hint="create it with `build-image lock`.")
-    return parse_lock(read_bounded_text(p, "lock"), str(p))
-
-
-# =========================================================================== the same lock as PEP 751
-
-
-def _facts_table(f: DistFacts) -> dict:
-    return {
-        "binary": f.binary,
-        "extensions": f.extensions,
-        "numpy-abi": [f.numpy_abi.get("1", 0), f.numpy_abi.get("2", 0)],
-        "glibc": f.glibc or "",
-        "python-abi": f.python_abi or "none",
-    }
-
-
-def _facts_from(t: object, where: str) -> DistFacts:
-    """A pylock package's ``[tool.build-image.facts]`` table: each field of the type :func:`_facts_table` writes
-    (a float, an ``inf``, a string where a count goes is refused, never rounded), then :func:`check_facts`."""
-    counts = t.get("numpy-abi", [0, 0]) if isinstance(t, Mapping) else None
-    shapes = isinstance(t, Mapping) and (
-        isinstance(t.get("binary", False), bool)
-        and _is_count(t.get("extensions", 0))
-        and isinstance(counts, list)
-        and len(counts) == 2
-        and all(_is_count(n) for n in counts)
-        and isinstance(t.get("glibc", ""), str)
-        and isinstance(t.get("python-abi", "none"), str)
-    )
-    if not shapes:
-        raise BadInput(f"{where}: malformed [tool.build-image.facts] table {t!r:.300}.")
-    facts = DistFacts(
-        binary=t.get("binary", False),
-        extensions=t.get("extensions", 0),
-        numpy_abi={"1": counts[0], "2": counts[1]},
-        glibc=t.get("glibc") or None,
-        python_abi=t.get("python-abi", "none"),
-    )
-    return check_facts(facts, where)
-
-
-def _is_count(n: object) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool)
-
-
-def to_pylock(lock: LockFile) -> Pylock:
-    """The PEP 751 twin of a :class:`LockFile` (one wheel per package)."""
-    h = lock.header
-    python = h.get("python", "")
-    env_marker = _environment(h)
-    packages = []
-    for e in sorted(lock.entries, key=lambda e: e.key):
-        if e.wheel is None:
-            raise BadInput(f"lock: {e.name}=={e.version} has no '# wheel:' line; pylock.toml needs its wheel.")
-        extra: dict = {"facts": _facts_table(e.facts)}
-        others = sorted(set(e.hashes) - {e.wheel.sha256})
-        if others:  # the lock's other files (other platforms): requirements.lock's --hash lines
-            extra["other-hashes"] = others
-        if e.name != str(canonicalize_name(e.name)):
-            extra["name"] = e.name
-        if e.via:
-            extra["via"] = list(e.via)
-        if e.base_version:
-            extra["base-version"] = e.base_version
-        packages.append(
-            Package(
-                name=canonicalize_name(e.name),
-                version=Version(e.version),
-                wheels=[
-                    PackageWheel(
-                        name=e.wheel.filename, url=e.wheel.url.split("#")[0], hashes={"sha256": e.wheel.sha256}
-                    )
-                ],
-                tool={pylock.TOOL: extra},
-            )
-        )
-    header = {k: v for k, v in h.items() if k != "entries"}
-    tool = {
-        "header": header,
-        "overlay": list(lock.overlay),
-        "allow-abi-change": dict(sorted(lock.allow_abi_change.items())),
-    }
-    doc = Pylock(
-        lock_version=Version("1.0"),
-        created_by=pylock.CREATED_BY,
-        requires_python=SpecifierSet(f"=={python}.*") if python else None,
-        environments=[Marker(env_marker)] if python else None,
-        packages=packages,
-        tool={pylock.TOOL: tool},
-    )
-    doc.validate()
-    return doc
-
-
-def _environment(header: Mapping[str, str]) -> str:
-    """The PEP 751 ``environments`` marker of a lock's header: its python and its platform's machine."""
-    python, platform = header.get("python", ""), header.get("platform", "")
-    arch = platform.split("-", 1)[0] if platform else ""
-    return f"python_version == '{python}' and sys_platform == 'linux'" + (
-        f" and platform_machine == '{arch}'" if arch else ""
-    )
-
-
-def _check_pylock_platform(doc: Pylock, header: Mapping[str, str], path: str) -> None:
-    """A pylock's ``[tool.build-image.header] platform`` is one build-image writes, and its ``environments``
-    (what pip and uv install it on) are the ones that platform's lock gets: a twin whose header says one
-    platform and whose environments say the other is hand-edited."""
-    header_platform(header, path)
-    want = [str(Marker(_environment(header)))]
-    have = [str(m) for m in doc.environments or ()]
-    if have != want:
-        raise BadInput(
-            f"{path}: 'environments' {have!r:.200} is not what its header's platform {header.get('platform')} "
-            f"and python {header.get('python')} give ({want[0]}); the file is hand-edited.",
-            hint="regenerate it with `build-image lock`.",
-        )
-
-
-def format_pylock(lock: LockFile, wheel_dir: str | None = None) -> str:
-    """TOML text of the twin.  ``wheel_dir`` (relative to the pylock file, e.g. ``wheels``): each
-    wheel is given by ``path`` into that folder instead of its URL (a build context's offline copy)."""
-    head = (
-        "# Generated by build-image from requirements.lock; do not edit by hand. Regenerate with "
-        "`build-image lock`.\n# PEP 751 lock: `uv pip install -r pylock.toml` / `pip install -r pylock.toml`.\n"
-    )
-    return redact_text(head + pylock.dumps(to_pylock(lock), wheel_dir))  # the file rule, as format_lock
-
-
-def parse_pylock_lock(text: str, path: str = pylock.PYLOCK_NAME) -> LockFile:
-    """A :class:`LockFile` from a ``pylock.toml`` written by build-image."""
-    doc = pylock.read(text, path)
-    tool = (doc.tool or {}).get(pylock.TOOL)
-    if not isinstance(tool, Mapping) or not isinstance(tool.get("header"), Mapping):
-        raise BadInput(
-            f"{path} is a PEP 751 lock but not one build-image wrote (no [tool.build-image.header] table); "
-            "build-image reads the pylock.toml that `build-image lock` writes beside requirements.lock.",
-        )
-    header = {
-        _header_key(k, path): values.Line(
-            _scalar(v, f"{path}: [tool.build-image.header] {k}"), f"{path}: [tool.build-image.header] {k}"
-        )
-        for k, v in tool["header"].items()
-    }
-    missing = [k for k in REQUIRED_HEADER if k not in header]
-    if missing:
-        raise BadInput(f"{path}: [tool.build-image.header] lacks {', '.join(missing)}; the file is hand-edited.")
-    _check_pylock_platform(doc, header, path)
-    pylock.refuse_duplicates(doc.packages, path)
-    entries = []
-    for i, pkg in enumerate(doc.packages):
-        where = f"{path}, packages[{i}] ({pkg.name})"
-        extra = (pkg.tool or {}).get(pylock.TOOL) or {}
-        wheels = list(pkg.wheels or ())
-        if len(wheels) != 1 or pkg.version is None:
-            raise BadInput(f"{where}: a build-image pylock has exactly one wheel and a version per package.")
-        w = wheels[0]
-        sha = (w.hashes or {}).get("sha256")
-        url = pylock.wheel_url(w, Path(path).parent)
-        if not sha or not url:
-            raise BadInput(f"{where}: the wheel has no sha256 or no url/path.")
-        hashes = sorted(set(extra.get("other-hashes") or []) | {sha})
-        base_version = extra.get("base-version") or None
-        entries.append(
-            LockEntry(
-                name=values.DistName(extra.get("name") or str(pkg.name), f"{where}: name"),
-                version=str(pkg.version),
-                hashes=[_sha256_hex(h, where) for h in hashes],
-                via=[values.Line(v, f"{where}: via") for v in _list(extra.get("via", []), f"{where}: via")],
-                wheel=WheelRef(url=values.Url(url, f"{where}: the wheel's url"), sha256=_sha256_hex(sha, where)),
-                facts=_facts_from(extra.get("facts") or {}, where),
-                base_version=None if base_version is None else values.Version(base_version, f"{where}: base-version"),
-                line=i + 1,
-            )
-        )
-    header["entries"] = str(len(entries))
-    allow = tool.get("allow-abi-change") or {}
-    if not isinstance(allow, Mapping):
-        raise BadInput(f"{path}: [tool.build-image.allow-abi-change] must be a table of name = reason.")
-    return LockFile(
-        header=header,
-        overlay=[
-            values.Line(o, f"{path}: [tool.build-image] overlay")
-            for o in _list(tool.get("overlay", []), f"{path}: [tool.build-image] overlay")
-        ],
-        allow_abi_change={
-            canonical_name(values.DistName(k, f"{path}: allow-abi-change")): values.Line(
-                v, f"{path}: allow-abi-change.{k}"
-            )
-            for k, v in allow.items()
-        },
-        entries=entries,
-    )
-
-
-def _header_key(key: object, path: str) -> str:
-    """A header key as the lock writes it (``# key: value``): lowercase letters, digits and '-'."""
-    if not isinstance(key, str) or not re.fullmatch(r"[a-z0-9-]{1,64}", key):
-        raise BadInput(
-            f"{path}: [tool.build-image.header] key {key!r:.60} is not one build-image writes "
-            "(lowercase letters, digits, '-')."
-        )
-    return key
-
-
-def _scalar(value: object, where: str) -> str:
-    """A header value: a string, or a number/boolean written as one (TOML types them; the lock holds text)."""
-    if isinstance(value, (dict, list)):
-        raise BadInput(f"{where} must be a string, got {type(value).__name__}.")
-    return value if isinstance(value, str) else str(value)
-
-
-def _list(value: object, where: str) -> list:
-    if not isinstance(value, list):
-        raise BadInput(f"{where} must be a list of strings, got {type(value).__name__}.")
-    return value
-
-
-def _sha256_hex(value: object, where: str) -> str:
-    if not isinstance(value, str) or not re.fullmatch(r"[0-9a-f]{64}", value):
-        raise BadInput(f"{where}: sha256 {value!r:.80} is not 64 lowercase hex digits.")
-    return value

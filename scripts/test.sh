@@ -49,11 +49,12 @@ curl -fsS http://127.0.0.1:5000/v2/ >/dev/null 2>&1 && registry_was_up=1
 images_before=""
 [ "$engine_was_up" = 1 ] && images_before=$("$DOCKER" image ls -aq --no-trunc | sort -u)
 
-prepare_pid=""
+prepare_pid=""; docker_pid=""
 cleanup() {
   local rc=$?
   [ "$rc" = 0 ] || disk "at the end, exit $rc"
   [ -z "$prepare_pid" ] || kill "$prepare_pid" 2>/dev/null || true
+  [ -z "$docker_pid" ] || kill "$docker_pid" 2>/dev/null || true
   if "$DOCKER" info >/dev/null 2>&1; then
     if [ "$engine_was_up" = 1 ]; then
       # a shared engine: remove only the images this run added (by ID), keep its build cache
@@ -77,27 +78,34 @@ cleanup() {
 }
 trap cleanup EXIT
 scripts/services.sh start
-# Two pytest runs, each printing its summary ("N passed"): the tests that need no engine in
-# parallel (pytest-xdist, BUILD_IMAGE_TEST_WORKERS processes; tests sharing a cache, a wheel or a
-# local Ray head are grouped onto one worker by their xdist_group mark), then the Docker tests one
-# after another (one engine, one registry port, shared image tags).  Meanwhile, in the background,
-# tests/prepare_docker.py makes what the Docker tests download and build into the cache (the
-# stand-in base image, find-links folders, the ray wheelhouse; each under its lock, so a fixture
-# needing one waits for it).  The script fails when either run fails; a run that selects no test
-# (pytest's exit 5, e.g. a file argument) is not a failure unless neither selects one.
-# Each run ends with its ten slowest tests (--durations): where the time goes, in every CI log.
+# Two pytest runs side by side, each printing its summary ("N passed"): the tests that need no engine in
+# parallel (pytest-xdist, BUILD_IMAGE_TEST_WORKERS processes; tests sharing a cache, a wheel or a local Ray
+# head are grouped onto one worker by their xdist_group mark), and the Docker tests one after another (one
+# engine, one registry port, shared image tags), whose log is printed when both have ended.  The two runs
+# overlap because neither keeps both cores busy alone (a cold run measured 62% of two cores with them one after
+# the other: downloads, container starts and builds wait).  Meanwhile, in the background,
+# tests/prepare_docker.py makes what the Docker tests download and build into the cache (the stand-in base
+# image, find-links folders, the ray wheelhouse; each under its lock, so a fixture needing one waits for it).
+# The script fails when either run fails; a run that selects no test (pytest's exit 5, e.g. a file argument) is
+# not a failure unless neither selects one.  Each run ends with its ten slowest tests (--durations): where the
+# time goes, in every CI log.
 WORKERS=${BUILD_IMAGE_TEST_WORKERS:-3}
 .venv/bin/python -m tests.prepare_docker >"$RUN_DIR/prepare-docker.log" 2>&1 &
 prepare_pid=$!
 parallel=0; serial=0
+.venv/bin/python -m pytest -m "docker and not gpu" --durations=10 "$@" >"$RUN_DIR/docker-tests.log" 2>&1 &
+docker_pid=$!
 .venv/bin/python -m pytest -m "not gpu and not docker" -n "$WORKERS" --dist loadgroup --durations=10 "$@" || parallel=$?
+wait "$docker_pid" || serial=$?
+docker_pid=""
+echo "==== the Docker tests (run beside the others) ===="
+cat "$RUN_DIR/docker-tests.log"
 if ! wait "$prepare_pid"; then
-  echo "tests/prepare_docker.py: not everything was prepared (the Docker tests' fixtures make it again):"
+  echo "tests/prepare_docker.py: not everything was prepared (the Docker tests' fixtures made it again):"
   cat "$RUN_DIR/prepare-docker.log"
 fi
 prepare_pid=""
-disk "before the Docker tests"
-.venv/bin/python -m pytest -m "docker and not gpu" --durations=10 "$@" || serial=$?
+disk "after the tests"
 if [ "$parallel" = 5 ] && [ "$serial" = 5 ]; then exit 5; fi
 [ "$parallel" = 5 ] && parallel=0
 [ "$serial" = 5 ] && serial=0

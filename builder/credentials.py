@@ -27,6 +27,17 @@ _TOKEN_PARAM = re.compile(
     r"x-amz-(?:signature|credential|security-token)|x-goog-(?:signature|credential)|se?ssion(?:id)?|credential)$",
     re.I,
 )
+# an environment variable whose value is a secret, by its name (HF_TOKEN, AWS_SECRET_ACCESS_KEY, API_KEY, ...)
+_SECRET_ENV = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|(?:^|_)KEYS?(?:$|_)", re.I)
+ENV_MASK = "<redacted>"
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """Pure: an environment as a report shows it, sorted by name, a value whose name reads as a secret
+    :data:`ENV_MASK`, so a token given to an engine reaches no report, attestation or log."""
+    return {k: (ENV_MASK if _SECRET_ENV.search(k) else v) for k, v in sorted(env.items())}
+
+
 _URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>`]+")
 _remembered: dict[str, tuple[str, str]] = {}
 

@@ -7,10 +7,11 @@ import json
 import pytest
 
 from builder.commands.smoke import engine_env
+from builder.credentials import redact_env
 from builder.errors import BadInput
 from builder.serving.attestation import parse_statement, smoke_statement, statement_bytes
 from builder.serving.smoke import SmokeConfig
-from builder.serving.smoke.runner import settings_of, shown_env
+from builder.serving.smoke.runner import settings_of
 from builder.serving.smoke.server import build_docker_command
 from tests.fx_cutover import smoke_report
 
@@ -35,7 +36,9 @@ def test_env_pairs_are_read_and_bad_ones_refused_naming_them():
 
 
 def test_a_secrets_value_is_never_shown():
-    shown = shown_env({"HF_TOKEN": "hf_abc", "AWS_SECRET_ACCESS_KEY": "s", "API_KEY": "k", "VLLM_X": "1", "KEYS": "k2"})
+    shown = redact_env(
+        {"HF_TOKEN": "hf_abc", "AWS_SECRET_ACCESS_KEY": "s", "API_KEY": "k", "VLLM_X": "1", "KEYS": "k2"}
+    )
     assert shown == {
         "API_KEY": "<redacted>",
         "AWS_SECRET_ACCESS_KEY": "<redacted>",

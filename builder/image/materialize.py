@@ -41,6 +41,7 @@ from builder.engine import builds_for
 from builder.errors import BadInput, Unsatisfiable
 from builder.events import SILENT, Reporter
 from builder.fetch import fetch
+from builder.image.naming import CLEAR_INSTALLER_ENV
 from builder.image.replay_config import ImageConfig
 from builder.platforms import Platform
 from builder.resolve import index as ix
@@ -182,7 +183,6 @@ def lacks_summary(manifest: BaseManifest, floor: str, recipe: Recipe) -> dict[st
     return out
 
 
-# the floor's own UV_*/PIP_* settings (an override or constraint file) are cleared for the hash-checked install
 _INSTALL = """\
 RUN --mount=type=bind,source=wheels,target=/build-image/wheels \\
     --mount=type=bind,source=requirements.txt,target=/build-image/requirements.txt \\
@@ -191,8 +191,7 @@ RUN --mount=type=bind,source=wheels,target=/build-image/wheels \\
     py={py}; \\
     command -v "$py" >/dev/null || {{ \\
       echo "build-image check: the floor image {floor} has no $py (the recipe's Python {version})" >&2; exit 1; }}; \\
-    for var in $(env | sed -n 's/^\\(UV_[A-Za-z0-9_]*\\)=.*/\\1/p; s/^\\(PIP_[A-Za-z0-9_]*\\)=.*/\\1/p'); \\
-      do unset "$var"; done; \\
+    {clear_env} \\
     if "$py" -c 'import pip' 2>/dev/null; then \\
       PIP_BREAK_SYSTEM_PACKAGES=1 "$py" -m pip install --no-cache-dir --no-index --no-deps --require-hashes \\
         --disable-pip-version-check --find-links /build-image/wheels -r /build-image/requirements.txt; \\
@@ -250,7 +249,13 @@ def dockerfile_text(
         "# Rendered by build-image base materialize: the replay of "
         f"{recipe.image} ({recipe.sdist.filename}) on the local floor {floor}; do not edit by hand.",
         f"FROM {floor}",
-        _INSTALL.format(py=py, floor=floor, version=recipe.python.value, site=_q(recipe.site_packages.value)),
+        _INSTALL.format(
+            py=py,
+            floor=floor,
+            version=recipe.python.value,
+            site=_q(recipe.site_packages.value),
+            clear_env=CLEAR_INSTALLER_ENV,
+        ),
     ]
     if overrides_path:  # the image's ENV UV_OVERRIDE names a file its own steps write
         lines.append(f"COPY uv-overrides.txt {_q(overrides_path)}")

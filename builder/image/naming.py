@@ -22,6 +22,14 @@ if TYPE_CHECKING:  # types only: the smoke test imports this module, which stays
     from builder.resolve.lockfile import LockFile
     from builder.resolve.manifest import BaseManifest
 
+# the shell an install runs first: the image's own UV_*/PIP_* settings cleared for that install alone (a base's
+# UV_OVERRIDE, as vllm/vllm-openai pins NCCL, would enter --require-hashes as an unhashed requirement); the
+# overlay's install (templates/Dockerfile.j2) and materialize's install on its floor both run it
+CLEAR_INSTALLER_ENV = (
+    "for var in $(env | sed -n 's/^\\(UV_[A-Za-z0-9_]*\\)=.*/\\1/p; s/^\\(PIP_[A-Za-z0-9_]*\\)=.*/\\1/p'); "
+    'do unset "$var"; done;'
+)
+
 # files of a build context (its pylock.toml: builder.resolve.lockfile.PYLOCK_NAME)
 SBOM_FILE = "sbom.cdx.json"
 PROVENANCE_FILE = "provenance.intoto.json"

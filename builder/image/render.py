@@ -49,6 +49,7 @@ from builder.image import provenance
 from builder.image.naming import (
     CHECKER_FILE,
     CHECKS_DIR,
+    CLEAR_INSTALLER_ENV,
     CONSTRAINTS_PATH,
     LABEL_PREFIX,
     MANIFEST_COPY,
@@ -307,6 +308,7 @@ def render_dockerfile(plan: RenderPlan, sbom_sha256: str | None = None) -> str:
             python=plan.base.python_version,
             from_ref=from_ref(plan.base),
             installer=choose_installer(plan.base),
+            clear_installer_env=CLEAR_INSTALLER_ENV,
             patched=sorted(plan.patched, key=lambda p: p.relpath),
             patches=plan.patches,
             serve_app=SERVE_APP_FILE if plan.serve_app else None,

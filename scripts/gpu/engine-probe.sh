@@ -12,12 +12,6 @@ F=/tmp/floor
 FLOOR_WITH=${FLOOR_WITH:-"python3.12 python3.12-dev python3.12-venv gcc libc6-dev ca-certificates curl sudo libnuma1"}
 t0=$(date +%s)
 echo "BOOT $(cat /proc/sys/kernel/random/boot_id)"
-registry_up() {  # docker-registry on 127.0.0.1:5001 over /var/lib/proof-registry
-  mkdir -p /var/lib/proof-registry
-  printf 'version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: /var/lib/proof-registry\nhttp:\n  addr: 127.0.0.1:5001\n' > /tmp/registry.yml
-  setsid docker-registry serve /tmp/registry.yml > /tmp/registry.log 2>&1 < /dev/null &
-  for _ in $(seq 1 40); do curl -fsS http://127.0.0.1:5001/v2/ > /dev/null 2>&1 && break; sleep 0.25; done
-  curl -fsS http://127.0.0.1:5001/v2/ > /dev/null && echo "REGISTRY up" || { echo "REGISTRY failed"; tail -5 /tmp/registry.log; }
 }
 case "${1:-}" in
   probe)
@@ -43,7 +37,7 @@ case "${1:-}" in
       || true
     echo "--- again with --cgroups=disabled"
     podman run --rm --pull=never --cgroups=disabled --network=host --device nvidia.com/gpu=all localhost/floor:probe sh -c "$probe" 2>&1 | tail -6
-    registry_up
+    proof_registry_up /tmp/registry.log
     podman push --tls-verify=false localhost/floor:probe 127.0.0.1:5001/floor:probe 2>&1 | tail -2
     podman rmi localhost/floor:probe > /dev/null 2>&1; podman pull --tls-verify=false 127.0.0.1:5001/floor:probe 2>&1 | tail -1
     echo "TIME total $(( $(date +%s)-t0 )) s"

@@ -165,7 +165,11 @@ def main() -> int:
         add_text(tar, "/var/lib/dpkg/status", status + "\n")
         add_text(tar, "/etc/passwd", PASSWD)
         add_text(tar, "/etc/group", GROUP)
-    digest = hashlib.sha256(Path(a.out).read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    with open(a.out, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    digest = h.hexdigest()
     os_release = dict(line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line)
     report = {
         "os": os_release.get("PRETTY_NAME", "").strip('"'),

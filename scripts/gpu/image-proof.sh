@@ -27,11 +27,7 @@ case "${1:-}" in
       && echo "build-image's requirements in /tmp/bi-site"
     rm -rf /tmp/repo-run && mkdir -p /tmp/repo-run && tar -C "$REPO" --exclude=./.pm --exclude=./.biwhl --exclude=./.imgparts -cf - . | tar -C /tmp/repo-run -xf -
     PYTHONPATH=/tmp/bi-site:/tmp/repo-run python3 -c 'from builder.cli import main; main()' --version
-    mkdir -p /var/lib/proof-registry
-    printf 'version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: /var/lib/proof-registry\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:5001\n' > /tmp/registry.yml
-    setsid docker-registry serve /tmp/registry.yml > "$P/registry.log" 2>&1 < /dev/null &
-    for _ in $(seq 1 40); do curl -fsS http://127.0.0.1:5001/v2/ > /dev/null 2>&1 && break; sleep 0.25; done
-    curl -fsS http://127.0.0.1:5001/v2/ > /dev/null && echo "registry up on 127.0.0.1:5001" || tail -5 "$P/registry.log"
+    proof_registry_up "$P/registry.log"
     echo "$(date -u +%T) setup done in $(( $(date +%s) - t0 )) s" >> "$P/phases.txt"; cat "$P/phases.txt" ;;
   recv)
     python3 "$REPO/scripts/gpu/registry_pack.py" recv "$REPO/.imgparts" "$2" /var/lib/proof-registry; progress 2 ;;

@@ -71,3 +71,13 @@ if [ ! -s /etc/cdi/nvidia.json ] && [ ! -s /etc/cdi/nvidia.yaml ]; then
   [ -n "${_cdi:-}" ] || { "$_py" "$_REPO/scripts/gpu/cdi_spec.py" /etc/cdi/nvidia.json --hook "$PM/cdi-hook" >/dev/null && _cdi=cdi_spec.py; }
 fi
 echo "PODMAN $(podman --version 2>&1 | head -1); storage $_driver; CDI ${_cdi:-existing} ($(ls /etc/cdi))"
+# proof_registry_up LOG: Debian's docker-registry on $REGISTRY_HOSTPORT (loopback) over /var/lib/proof-registry, in a
+# session of its own (it outlives the call that starts it); says whether it answers
+proof_registry_up() {
+  mkdir -p /var/lib/proof-registry
+  printf 'version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: /var/lib/proof-registry\n  delete:\n    enabled: true\nhttp:\n  addr: %s\n' \
+    "$REGISTRY_HOSTPORT" > /tmp/registry.yml
+  setsid docker-registry serve /tmp/registry.yml > "$1" 2>&1 < /dev/null &
+  for _ in $(seq 1 40); do curl -fsS "http://$REGISTRY_HOSTPORT/v2/" > /dev/null 2>&1 && break; sleep 0.25; done
+  if curl -fsS "http://$REGISTRY_HOSTPORT/v2/" > /dev/null 2>&1; then echo "REGISTRY up on $REGISTRY_HOSTPORT"; else echo "REGISTRY failed"; tail -5 "$1"; fi
+}

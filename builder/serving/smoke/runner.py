@@ -11,7 +11,6 @@ import contextlib
 import http.client
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -25,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from builder.credentials import redact_env
 from builder.errors import BadInput
 from builder.events import SILENT, Reporter
 from builder.serving.smoke import equivalence as eqv
@@ -287,17 +287,8 @@ def settings_of(cfg: SmokeConfig) -> dict[str, Any]:
         "serve_backend": (cfg.serve_backend or "image default") if cfg.serve else None,
         "vllm": cfg.vllm,
         "release": cfg.release,
-        **({"env": shown_env(cfg.env)} if cfg.env else {}),
+        **({"env": redact_env(cfg.env)} if cfg.env else {}),
     }
-
-
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|(?:^|_)KEY(?:$|_)|(?:^|_)KEYS?$", re.I)
-
-
-def shown_env(env: dict[str, str]) -> dict[str, str]:
-    """The engine's extra environment as a report shows it (pure): a value whose name reads as a secret is
-    ``<redacted>``, so a token given with ``--env`` reaches no report, attestation or log."""
-    return {k: ("<redacted>" if _SECRET_NAME.search(k) else v) for k, v in sorted(env.items())}
 
 
 def refused_report(cfg: SmokeConfig, launch: Launch, settings: dict[str, Any], plan: dict[str, Any]) -> SmokeReport:
